@@ -1,0 +1,17 @@
+# spool_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2])
+# Builds a GoogleTest binary and registers its tests with CTest. Tests find their data
+# through the SPOOL_TEST_DATA_DIR / SPOOL_DEFAULT_MODEL_DIR compile definitions.
+function(spool_add_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE
+    SPOOL_TEST_DATA_DIR="${SPOOL_TEST_DATA_DIR}"
+    SPOOL_DEFAULT_MODEL_DIR="${SPOOL_DEFAULT_MODEL_DIR}"
+    SPOOL_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  add_dependencies(${name} spool_test_data spool_models)
+  if(NOT T_LABELS)
+    set(T_LABELS unit)
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS "${T_LABELS}" DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,219 @@
+#include "io/checkpoint.h"
+
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace spool::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+uint64_t expert_key(int layer, int expert, ExpertProj proj) {
+  return (static_cast<uint64_t>(layer) << 32) | (static_cast<uint64_t>(expert) << 2) | static_cast<uint64_t>(proj);
+}
+
+}  // namespace
+
+int64_t TensorRef::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorRef::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string normalize_tensor_name(std::string_view name) {
+  if (starts_with(name, "model.visual.") || starts_with(name, "visual.") || starts_with(name, "mtp.") ||
+      starts_with(name, "model.mtp.")) {
+    return "";
+  }
+  for (std::string_view p : {"model.language_model.", "language_model.model.", "model.", "language_model."}) {
+    if (starts_with(name, p)) return std::string(name.substr(p.size()));
+  }
+  return std::string(name);
+}
+
+void Checkpoint::add(TensorRef t) {
+  if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
+  index_[t.name] = tensors_.size();
+  if (t.expert_layer >= 0) expert_index_[expert_key(t.expert_layer, t.expert_id, t.expert_proj)] = tensors_.size();
+  tensors_.push_back(std::move(t));
+}
+
+Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
+  Checkpoint c;
+  c.dir_ = dir;
+  if (!fs::is_directory(dir)) fail("%s: model directory does not exist", dir.c_str());
+  c.raw_config_ = Config::load_file(dir + "/config.json");
+  const auto& raw = c.raw_config_.json();
+  c.top_model_type_ = c.raw_config_.get_string("model_type", "");
+  if (raw.contains("text_config") && raw["text_config"].is_object()) {
+    nlohmann::json merged = raw["text_config"];
+    for (auto it = raw.begin(); it != raw.end(); ++it) {
+      if (it.key() == "text_config" || it.key() == "vision_config") continue;
+      if (!merged.contains(it.key())) merged[it.key()] = it.value();
+    }
+    c.config_ = Config(merged, dir + "/config.json:text_config");
+  } else {
+    c.config_ = c.raw_config_;
+  }
+  c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
+  if (fs::exists(dir + "/generation_config.json"))
+    c.generation_ = parse_generation_config(Config::load_file(dir + "/generation_config.json"));
+
+  // Shards.
+  std::vector<std::string> files;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    Config idx = Config::load_file(index_path);
+    if (!idx.json().contains("weight_map") || !idx.json()["weight_map"].is_object())
+      fail("%s: missing object 'weight_map'", index_path.c_str());
+    std::set<std::string> uniq;
+    for (auto it = idx.json()["weight_map"].begin(); it != idx.json()["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) fail("%s: weight_map['%s'] is not a string", index_path.c_str(), it.key().c_str());
+      std::string f = it.value().get<std::string>();
+      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos)
+        fail("%s: shard name '%s' must be a plain file name", index_path.c_str(), f.c_str());
+      uniq.insert(f);
+    }
+    for (const auto& f : uniq) {
+      if (!fs::exists(dir + "/" + f)) fail("%s: missing shard '%s' (listed in model.safetensors.index.json)", dir.c_str(), f.c_str());
+      files.push_back(dir + "/" + f);
+    }
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    files.push_back(dir + "/model.safetensors");
+  } else {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::string n = e.path().filename().string();
+      if (starts_with(n, "model-") && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors") files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+  }
+  if (files.empty()) fail("%s: no model weights (model.safetensors or model.safetensors.index.json) found", dir.c_str());
+
+  static const std::regex fused_re(R"(^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(\.weight)?$)");
+  static const std::regex mixtral_re(R"(^layers\.(\d+)\.block_sparse_moe\.(experts\.(\d+)\.(w1|w2|w3)\.weight|gate\.weight)$)");
+  static const std::regex expert_re(R"(^layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
+
+  for (const auto& path : files) c.shards_.push_back(SafetensorsFile::open(path, opt.map));
+  for (int s = 0; s < static_cast<int>(c.shards_.size()); ++s) {
+    const SafetensorsFile& sf = c.shards_[s];
+    for (const TensorInfo& ti : sf.tensors()) {
+      std::string name = normalize_tensor_name(ti.name);
+      if (name.empty()) {
+        ++c.dropped_;
+        continue;
+      }
+      if (ti.dtype != DType::F32 && ti.dtype != DType::F16 && ti.dtype != DType::BF16)
+        fail("%s: tensor '%s' has dtype %s; spool reads F32, F16 and BF16 checkpoints for now", sf.path().c_str(),
+             ti.name.c_str(), dtype_name(ti.dtype));
+      TensorRef t;
+      t.shard = s;
+      t.dtype = ti.dtype;
+      t.shape = ti.shape;
+      t.offset = ti.offset;
+      t.nbytes = ti.nbytes;
+      t.data = sf.mapping() ? sf.mapping() + ti.offset : nullptr;
+      std::smatch m;
+      if (std::regex_match(name, m, fused_re)) {
+        // Fused experts: split [E, rows, cols] into per-expert views of the same bytes.
+        if (ti.shape.size() != 3) fail("%s: fused expert tensor '%s' must be 3-D [E, out, in], got %zu-D", sf.path().c_str(), ti.name.c_str(), ti.shape.size());
+        int layer = std::stoi(m[1]);
+        bool gate_up = m[2] == "gate_up_proj";
+        int64_t E = ti.shape[0], R = ti.shape[1], C = ti.shape[2];
+        if (gate_up && R % 2 != 0) fail("%s: '%s' has an odd row count %lld (gate and up stacked)", sf.path().c_str(), ti.name.c_str(), (long long)R);
+        uint64_t es = dtype_size(ti.dtype);
+        uint64_t per_expert = static_cast<uint64_t>(R * C) * es;
+        for (int64_t e = 0; e < E; ++e) {
+          int parts = gate_up ? 2 : 1;
+          for (int p = 0; p < parts; ++p) {
+            TensorRef x = t;
+            int64_t rows = gate_up ? R / 2 : R;
+            x.shape = {rows, C};
+            x.nbytes = static_cast<uint64_t>(rows * C) * es;
+            x.offset = t.offset + e * per_expert + p * x.nbytes;
+            x.data = t.data ? t.data + e * per_expert + p * x.nbytes : nullptr;
+            x.expert_layer = layer;
+            x.expert_id = static_cast<int>(e);
+            x.expert_proj = gate_up ? (p == 0 ? ExpertProj::kGate : ExpertProj::kUp) : ExpertProj::kDown;
+            static const char* pn[] = {"gate_proj", "up_proj", "down_proj"};
+            x.name = strfmt("layers.%d.mlp.experts.%lld.%s.weight", layer, (long long)e, pn[static_cast<int>(x.expert_proj)]);
+            c.add(std::move(x));
+          }
+        }
+        c.expert_layout_ = ExpertLayout::kFused;
+        continue;
+      }
+      if (std::regex_match(name, m, mixtral_re)) {
+        if (m[3].matched) {
+          std::string w = m[4];
+          const char* pn = w == "w1" ? "gate_proj" : w == "w3" ? "up_proj" : "down_proj";
+          name = strfmt("layers.%s.mlp.experts.%s.%s.weight", std::string(m[1]).c_str(), std::string(m[3]).c_str(), pn);
+        } else {
+          name = strfmt("layers.%s.mlp.gate.weight", std::string(m[1]).c_str());
+        }
+      }
+      if (std::regex_match(name, m, expert_re)) {
+        t.expert_layer = std::stoi(m[1]);
+        t.expert_id = std::stoi(m[2]);
+        std::string p = m[3];
+        t.expert_proj = p == "gate_proj" ? ExpertProj::kGate : p == "up_proj" ? ExpertProj::kUp : ExpertProj::kDown;
+        if (t.shape.size() != 2) fail("%s: expert tensor '%s' must be 2-D, got %s", sf.path().c_str(), ti.name.c_str(), t.shape_str().c_str());
+        if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;
+      }
+      t.name = std::move(name);
+      c.add(std::move(t));
+    }
+  }
+  return c;
+}
+
+const TensorRef* Checkpoint::find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const TensorRef& Checkpoint::tensor(std::string_view name) const {
+  const TensorRef* t = find(name);
+  if (t == nullptr) fail("%s: missing tensor '%s'", dir_.c_str(), std::string(name).c_str());
+  return *t;
+}
+
+bool Checkpoint::has_expert(int layer, int expert, ExpertProj proj) const {
+  return expert_index_.count(expert_key(layer, expert, proj)) != 0;
+}
+
+const TensorRef& Checkpoint::expert(int layer, int expert, ExpertProj proj) const {
+  auto it = expert_index_.find(expert_key(layer, expert, proj));
+  if (it == expert_index_.end()) {
+    static const char* pn[] = {"gate_proj", "up_proj", "down_proj"};
+    fail("%s: missing expert tensor layers.%d.mlp.experts.%d.%s", dir_.c_str(), layer, expert, pn[static_cast<int>(proj)]);
+  }
+  return tensors_[it->second];
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : tensors_) n += t.nbytes;
+  return n;
+}
+
+uint64_t Checkpoint::expert_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : tensors_)
+    if (t.expert_layer >= 0) n += t.nbytes;
+  return n;
+}
+
+}  // namespace spool::io

@@ -1,0 +1,107 @@
+// A Hugging Face checkpoint directory: config.json (+ text_config), generation_config.json,
+// one or more safetensors shards (model.safetensors or model.safetensors.index.json), with
+// tensor names normalised and routed experts exposed one (layer, expert, projection) at a time.
+//
+// Name normalisation: the text-model prefixes "model.language_model.", "language_model.model.",
+// "model." are stripped ("lm_head.weight" stays); "model.visual.*", "visual.*" and "mtp.*" are
+// dropped. Routed experts always appear as
+//   layers.{L}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.weight   [out, in]
+// whatever the file layout: per-expert tensors keep their names; the fused layout
+// (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]) is split
+// into per-expert byte ranges of the same file (no copy); Mixtral's
+// block_sparse_moe.experts.{e}.{w1,w3,w2} map to gate/up/down and block_sparse_moe.gate to mlp.gate.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+
+namespace spool::io {
+
+/// Which projection of a routed expert a tensor is.
+enum class ExpertProj { kGate = 0, kUp = 1, kDown = 2 };
+
+/// One logical tensor of the checkpoint: a contiguous byte range of one shard.
+struct TensorRef {
+  std::string name;  // normalised name
+  int shard = -1;    // index into Checkpoint::shards()
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // absolute file offset
+  uint64_t nbytes = 0;
+  const uint8_t* data = nullptr;  // inside the shard's mmap (nullptr when opened header-only)
+  // Routed-expert identity (expert_layer < 0 for non-expert tensors).
+  int expert_layer = -1;
+  int expert_id = -1;
+  ExpertProj expert_proj = ExpertProj::kGate;
+  int64_t numel() const;
+  /// Shape as "[a, b]".
+  std::string shape_str() const;
+};
+
+/// Layout in which a checkpoint stores routed experts.
+enum class ExpertLayout { kNone, kPerExpert, kFused };
+
+/// An opened checkpoint. Movable, not copyable. Keeps shards mmap'd for its lifetime.
+class Checkpoint {
+ public:
+  struct Options {
+    bool map = true;  // mmap shards (false: headers only, e.g. for planning)
+  };
+  /// Opens `dir`. Throws spool::Error for: missing config.json, malformed JSON, missing shard,
+  /// invalid safetensors header, a tensor dtype other than F32/F16/BF16, duplicate names.
+  static Checkpoint open(const std::string& dir, Options opt);
+  static Checkpoint open(const std::string& dir) { return open(dir, Options{}); }
+
+  const std::string& dir() const { return dir_; }
+  /// The text model's config: `text_config` merged over the top level when present.
+  const Config& config() const { return config_; }
+  /// config.json as written.
+  const Config& raw_config() const { return raw_config_; }
+  /// Text model_type (e.g. "qwen3_5_moe_text"), else the top-level model_type.
+  const std::string& model_type() const { return model_type_; }
+  /// Top-level model_type (e.g. "qwen3_5_moe" for a multimodal checkpoint).
+  const std::string& top_model_type() const { return top_model_type_; }
+  /// generation_config.json (empty defaults when absent).
+  const GenerationDefaults& generation() const { return generation_; }
+
+  const std::vector<SafetensorsFile>& shards() const { return shards_; }
+  const std::vector<TensorRef>& tensors() const { return tensors_; }
+  /// Finds a tensor by normalised name; nullptr if absent.
+  const TensorRef* find(std::string_view name) const;
+  /// Finds a tensor or throws spool::Error "<dir>: missing tensor '<name>'".
+  const TensorRef& tensor(std::string_view name) const;
+  /// Routed expert tensor; throws if absent.
+  const TensorRef& expert(int layer, int expert, ExpertProj proj) const;
+  bool has_expert(int layer, int expert, ExpertProj proj) const;
+  ExpertLayout expert_layout() const { return expert_layout_; }
+  /// Number of tensors dropped by name (vision tower, MTP head).
+  int dropped_tensors() const { return dropped_; }
+  /// Total bytes of kept tensors, and of routed experts among them.
+  uint64_t total_bytes() const;
+  uint64_t expert_bytes() const;
+
+ private:
+  void add(TensorRef t);
+  std::string dir_;
+  Config config_, raw_config_;
+  std::string model_type_, top_model_type_;
+  GenerationDefaults generation_;
+  std::vector<SafetensorsFile> shards_;
+  std::vector<TensorRef> tensors_;
+  std::unordered_map<std::string, size_t> index_;
+  std::unordered_map<uint64_t, size_t> expert_index_;
+  ExpertLayout expert_layout_ = ExpertLayout::kNone;
+  int dropped_ = 0;
+};
+
+/// Normalises a checkpoint tensor name (see file comment). Returns "" for dropped tensors.
+std::string normalize_tensor_name(std::string_view name);
+
+}  // namespace spool::io

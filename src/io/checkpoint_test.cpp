@@ -1,0 +1,91 @@
+// Checkpoint loading: name normalisation, text_config, both expert layouts, bad directories.
+#include "io/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+
+namespace spool::io {
+namespace {
+
+const std::string kData = SPOOL_TEST_DATA_DIR;
+namespace fs = std::filesystem;
+
+TEST(Checkpoint, NormalizeNames) {
+  EXPECT_EQ(normalize_tensor_name("model.language_model.layers.0.mlp.gate.weight"), "layers.0.mlp.gate.weight");
+  EXPECT_EQ(normalize_tensor_name("language_model.model.norm.weight"), "norm.weight");
+  EXPECT_EQ(normalize_tensor_name("model.embed_tokens.weight"), "embed_tokens.weight");
+  EXPECT_EQ(normalize_tensor_name("lm_head.weight"), "lm_head.weight");
+  EXPECT_EQ(normalize_tensor_name("model.visual.blocks.0.attn.qkv.weight"), "");
+  EXPECT_EQ(normalize_tensor_name("mtp.fc.weight"), "");
+}
+
+TEST(Checkpoint, MultimodalDropsVisionAndReadsTextConfig) {
+  Checkpoint c = Checkpoint::open(kData + "/models/qwen3_5_moe_vl");
+  EXPECT_EQ(c.model_type(), "qwen3_5_moe_text");
+  EXPECT_EQ(c.top_model_type(), "qwen3_5_moe");
+  EXPECT_EQ(c.config().get_int("hidden_size"), 64);
+  EXPECT_GT(c.dropped_tensors(), 10);
+  EXPECT_NE(c.find("embed_tokens.weight"), nullptr);
+  EXPECT_NE(c.find("lm_head.weight"), nullptr);
+  EXPECT_EQ(c.expert_layout(), ExpertLayout::kPerExpert);
+}
+
+TEST(Checkpoint, FusedExpertsMatchPerExpert) {
+  Checkpoint a = Checkpoint::open(kData + "/models/qwen3_5_moe_vl");
+  Checkpoint b = Checkpoint::open(kData + "/models/qwen3_5_moe_vl_fused");
+  EXPECT_EQ(b.expert_layout(), ExpertLayout::kFused);
+  for (int e = 0; e < 8; ++e) {
+    for (auto p : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
+      const TensorRef& ta = a.expert(2, e, p);
+      const TensorRef& tb = b.expert(2, e, p);
+      ASSERT_EQ(ta.shape, tb.shape);
+      ASSERT_EQ(ta.nbytes, tb.nbytes);
+      EXPECT_EQ(std::memcmp(ta.data, tb.data, ta.nbytes), 0) << "expert " << e;
+    }
+  }
+  EXPECT_EQ(a.expert_bytes(), b.expert_bytes());
+}
+
+TEST(Checkpoint, ShardedDemo) {
+  Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR);
+  EXPECT_EQ(c.shards().size(), 4u);
+  EXPECT_EQ(c.config().get_int("num_experts"), 64);
+  EXPECT_EQ(c.expert(7, 63, ExpertProj::kDown).shape, (std::vector<int64_t>{256, 32}));
+  EXPECT_EQ(c.tensor("embed_tokens.weight").dtype, DType::BF16);
+}
+
+std::string open_error(const std::string& dir) {
+  try {
+    Checkpoint::open(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, BadDirectories) {
+  std::string base = ::testing::TempDir() + "/ckpt_bad";
+  fs::remove_all(base);
+  fs::create_directories(base + "/noconfig");
+  EXPECT_NE(open_error(base + "/noconfig").find("config.json"), std::string::npos);
+  EXPECT_NE(open_error(base + "/nonexistent").find("does not exist"), std::string::npos);
+  fs::create_directories(base + "/badjson");
+  std::ofstream(base + "/badjson/config.json") << "{\"model_type\": ";
+  EXPECT_NE(open_error(base + "/badjson").find("not valid JSON"), std::string::npos);
+  fs::create_directories(base + "/noweights");
+  std::ofstream(base + "/noweights/config.json") << "{\"model_type\": \"qwen3_moe\"}";
+  EXPECT_NE(open_error(base + "/noweights").find("no model weights"), std::string::npos);
+  fs::create_directories(base + "/missingshard");
+  std::ofstream(base + "/missingshard/config.json") << "{\"model_type\": \"qwen3_moe\"}";
+  std::ofstream(base + "/missingshard/model.safetensors.index.json")
+      << R"({"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}})";
+  EXPECT_NE(open_error(base + "/missingshard").find("missing shard"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spool::io
