@@ -9,7 +9,7 @@ function(spool_add_test name)
     SPOOL_TEST_DATA_DIR="${SPOOL_TEST_DATA_DIR}"
     SPOOL_DEFAULT_MODEL_DIR="${SPOOL_DEFAULT_MODEL_DIR}"
     SPOOL_BINARY_DIR="${CMAKE_BINARY_DIR}")
-  add_dependencies(${name} spool_test_data spool_models)
+  add_dependencies(${name} spool_test_data spool_model_data)
   if(NOT T_LABELS)
     set(T_LABELS unit)
   endif()

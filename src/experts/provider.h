@@ -1,0 +1,30 @@
+// The expert-provider seam: the model asks for the routed experts of a layer and gets
+// WeightViews, never knowing whether they are resident, streamed from disk or quantized.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "ops/weights.h"
+
+namespace spool::experts {
+
+/// The three projections of one routed expert: gate/up [I, H], down [H, I].
+struct ExpertWeights {
+  ops::WeightView gate, up, down;
+};
+
+/// Supplies routed-expert weights to the MoE block.
+class ExpertProvider {
+ public:
+  virtual ~ExpertProvider() = default;
+  /// Makes experts `ids` of `layer` available; out[i] receives the views of ids[i], valid
+  /// until release(layer). Throws spool::Error if an expert cannot be provided (e.g. read error).
+  virtual void acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) = 0;
+  /// The views handed out by the last acquire(layer) are no longer used.
+  virtual void release(int layer) = 0;
+  /// One-line description for startup logs.
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace spool::experts

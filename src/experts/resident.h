@@ -1,0 +1,32 @@
+// ResidentExperts: expert views straight into the checkpoint's memory-mapped shards.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "experts/provider.h"
+#include "io/checkpoint.h"
+
+namespace spool::experts {
+
+/// Converts a checkpoint tensor to a WeightView [shape[0], prod(rest)] (no copy).
+ops::WeightView view_of(const io::TensorRef& t);
+
+/// Serves every expert from the mmap'd checkpoint. Validates all expert shapes up front:
+/// gate/up [intermediate, hidden], down [hidden, intermediate] for each MoE layer.
+class ResidentExperts final : public ExpertProvider {
+ public:
+  /// `moe_layers[l]` is true for MoE layers. Throws spool::Error naming a missing or
+  /// mis-shaped expert tensor.
+  ResidentExperts(std::shared_ptr<const io::Checkpoint> ckpt, const std::vector<bool>& moe_layers, int n_experts,
+                  int hidden, int intermediate);
+  void acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) override;
+  void release(int layer) override {}
+  std::string describe() const override;
+
+ private:
+  std::shared_ptr<const io::Checkpoint> ckpt_;
+  std::vector<std::vector<ExpertWeights>> experts_;  // [layer][expert]
+};
+
+}  // namespace spool::experts

@@ -1,0 +1,38 @@
+// Softmax attention layer with optional per-head q/k RMSNorm, partial RoPE and output gate.
+// Qwen3.5-MoE / Qwen3-Next gated attention (HF Qwen3_5MoeAttention): q_proj emits per head
+// [query (head_dim) | gate (head_dim)]; q,k normed with (1+w) RMSNorm; RoPE on the first
+// rotary_dim dims; out = o_proj(attn * sigmoid(gate)). Qwen3-MoE (HF Qwen3MoeAttention): no
+// gate, plain-weight q/k norms, full RoPE.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "models/spec.h"
+#include "models/state.h"
+#include "ops/rope.h"
+#include "ops/thread_pool.h"
+#include "ops/weights.h"
+
+namespace spool::models {
+
+class AttentionLayer {
+ public:
+  /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
+  /// "layers.3.self_attn.").
+  void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
+  /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends k/v to `cache`
+  /// (capacity must already hold pos0 + T); out: [T, hidden].
+  void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::ThreadPool* pool);
+
+ private:
+  AttentionSpec a_;
+  float eps_ = 1e-6f;
+  ops::WeightView wq_, wk_, wv_, wo_;
+  std::vector<float> q_norm_, k_norm_;
+  ops::Rope rope_;
+  std::vector<float> qg_, q_, gate_, kx_, vx_, att_;
+};
+
+}  // namespace spool::models

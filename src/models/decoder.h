@@ -1,0 +1,54 @@
+// DecoderModel: the pre-norm decoder stack shared by the Qwen MoE families.
+//   h = embed(ids)
+//   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet
+//   logits = lm_head(norm(h))                               ffn: MoE | dense SwiGLU
+// Family files (qwen3_5_moe.cpp, qwen3_moe.cpp) decide names and layouts and call bind_*.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/attention.h"
+#include "models/gated_deltanet.h"
+#include "models/mlp.h"
+#include "models/model.h"
+#include "models/moe.h"
+
+namespace spool::models {
+
+class DecoderModel : public Model {
+ public:
+  DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, ops::ThreadPool* pool);
+
+  /// Binds embeddings, final norm, lm_head and every layer with the default Qwen names
+  /// (layers.{i}.{input_layernorm,post_attention_layernorm,self_attn,linear_attn,mlp}).
+  void bind(GdnLayout gdn_layout);
+
+  const ModelSpec& spec() const override { return spec_; }
+  State new_state() const override { return State(spec_); }
+  void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) override;
+  void set_max_active_experts(int k) override;
+  void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
+  experts::ExpertProvider& expert_provider() override { return *provider_; }
+
+ private:
+  struct Layer {
+    std::vector<float> in_norm, post_norm;  // effective RMSNorm weights [H]
+    std::unique_ptr<AttentionLayer> attn;
+    std::unique_ptr<GatedDeltaNetLayer> gdn;
+    std::unique_ptr<MoeBlock> moe;
+    std::unique_ptr<DenseMlp> mlp;
+  };
+  std::shared_ptr<const io::Checkpoint> ckpt_;
+  ModelSpec spec_;
+  ops::ThreadPool* pool_;
+  ops::WeightView embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  std::shared_ptr<experts::ExpertProvider> resident_, provider_;
+  int top_k_ = 0;
+  std::vector<float> h_, xn_, tmp_;
+};
+
+}  // namespace spool::models

@@ -1,0 +1,46 @@
+// Gated DeltaNet token mixer (linear_attention layers of Qwen3.5-MoE and Qwen3-Next).
+// HF Qwen3_5MoeGatedDeltaNet: qkv = in_proj_qkv(x) -> causal conv1d + SiLU -> split q|k|v;
+// z = in_proj_z(x); beta = sigmoid(in_proj_b(x)); g = -exp(A_log) * softplus(in_proj_a(x) + dt_bias);
+// q, k L2-normalised (eps 1e-6), q /= sqrt(d_k); gated delta rule; o = RMSNorm_w(o) * silu(z)
+// per value head; out = out_proj(o).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "models/spec.h"
+#include "models/state.h"
+#include "ops/thread_pool.h"
+#include "ops/weights.h"
+
+namespace spool::models {
+
+/// Row layout of the Gated DeltaNet input projections in a checkpoint.
+enum class GdnLayout {
+  kQwen3_5,   // in_proj_qkv [q|k|v flat], in_proj_z, in_proj_b, in_proj_a
+  kQwen3Next  // in_proj_qkvz / in_proj_ba grouped per key head: [q_g|k_g|v_g|z_g], [b_g|a_g]
+};
+
+class GatedDeltaNetLayer {
+ public:
+  /// Binds `{prefix}...` (prefix e.g. "layers.0.linear_attn."). The Qwen3-Next layout is
+  /// regrouped once at load into the flat Qwen3.5 layout (a copy of those two tensors).
+  void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, GdnLayout layout);
+  /// x: [T, hidden] (normed input); updates `st`; out: [T, hidden]. T == 1 runs the
+  /// recurrent form, T > 1 the chunked form (chunks of 64 tokens, as HF).
+  void forward(const float* x, int64_t T, GdnState& st, float* out, ops::ThreadPool* pool);
+
+ private:
+  GdnSpec g_;
+  float eps_ = 1e-6f;
+  ops::WeightView qkv_, z_, b_, a_, out_;
+  std::vector<uint8_t> regrouped_;  // owns qkv/z/b/a rows for the Qwen3-Next layout
+  std::vector<float> conv_w_;       // [conv_dim, K]
+  std::vector<float> a_log_exp_;    // [n_v] exp(A_log)
+  std::vector<float> dt_bias_;      // [n_v]
+  std::vector<float> norm_w_;       // [d_v]
+  std::vector<float> mixed_, conv_out_, zx_, bx_, ax_, q_, k_, v_, beta_, gate_, o_;
+};
+
+}  // namespace spool::models

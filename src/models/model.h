@@ -1,0 +1,56 @@
+// Model: a loaded decoder-only MoE language model. forward() runs a chunk of tokens through
+// every layer, updating a State, and returns logits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "experts/provider.h"
+#include "io/checkpoint.h"
+#include "models/moe.h"
+#include "models/spec.h"
+#include "models/state.h"
+#include "ops/thread_pool.h"
+
+namespace spool::models {
+
+/// Which logits forward() writes.
+enum class LogitsMode {
+  kNone,  // none (e.g. prefill chunks before the last)
+  kLast,  // [1, vocab] for the last token of the chunk
+  kAll,   // [T, vocab] for every token (perplexity, tests)
+};
+
+/// Optional observers for tests and tools (calibration, debugging).
+struct ForwardHooks {
+  RouteObserver on_route;  // per (MoE layer, token) chosen experts
+  /// hidden[T, H] entering layer `index` (index == n_layers: after the final norm).
+  std::function<void(int index, const float* hidden, int64_t T)> on_hidden;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelSpec& spec() const = 0;
+  /// Fresh, empty state for one sequence.
+  virtual State new_state() const = 0;
+  /// Runs ids[0..T) at positions [state.pos, state.pos + T), then advances state.pos by T.
+  /// logits: [T or 1, vocab] f32 per `mode`. Throws spool::Error for an id outside the
+  /// vocabulary (state unchanged in that case).
+  virtual void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) = 0;
+  /// Caps routed experts per token to k (0 = native top-k). k > native is an error.
+  virtual void set_max_active_experts(int k) = 0;
+  /// Replaces the expert provider (e.g. a streaming one); nullptr restores resident experts.
+  virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
+  virtual experts::ExpertProvider& expert_provider() = 0;
+
+  ForwardHooks hooks;
+};
+
+/// Loads the model of a checkpoint (family chosen by model_type). `pool` must outlive the
+/// model. Throws spool::Error for an unknown model_type, missing/mis-shaped tensors.
+std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool);
+
+}  // namespace spool::models

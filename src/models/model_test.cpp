@@ -1,0 +1,220 @@
+// Golden tests: every tiny fixture family and the demo model against transformers (f32).
+// Logits: per row max|diff| <= 1e-4 * max|ref|; greedy ids and routed-expert sets exact.
+#include "models/model.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "../../tests/support/golden.h"
+#include "common/error.h"
+
+namespace spool::models {
+namespace {
+
+using spool::testing::argmax;
+using spool::testing::data_dir;
+using spool::testing::expect_rows_close;
+using spool::testing::Golden;
+
+constexpr double kTol = 1e-4;
+
+struct Loaded {
+  std::shared_ptr<io::Checkpoint> ckpt;
+  std::unique_ptr<ops::ThreadPool> pool;
+  std::unique_ptr<Model> model;
+};
+
+Loaded load(const std::string& dir, int threads = 2) {
+  Loaded l;
+  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  l.pool = std::make_unique<ops::ThreadPool>(threads);
+  l.model = load_model(l.ckpt, l.pool.get());
+  return l;
+}
+
+// Prefills `ids` in chunks of `step` and returns logits of every position [T, V].
+std::vector<float> prefill_all(Model& m, State& st, const std::vector<int32_t>& ids, int64_t step) {
+  const int64_t V = m.spec().vocab_size;
+  std::vector<float> out(ids.size() * V);
+  for (size_t i = 0; i < ids.size(); i += step) {
+    size_t n = std::min<size_t>(step, ids.size() - i);
+    m.forward(std::span<const int32_t>(ids.data() + i, n), st, LogitsMode::kAll, out.data() + i * V);
+  }
+  return out;
+}
+
+// Greedy continuation of `n` tokens after prefilling `ids` in chunks of `step`.
+std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& ids, int n, int64_t step = 512) {
+  State st = m.new_state();
+  const int64_t V = m.spec().vocab_size;
+  std::vector<float> logits(V);
+  for (size_t i = 0; i < ids.size(); i += step) {
+    size_t k = std::min<size_t>(step, ids.size() - i);
+    m.forward(std::span<const int32_t>(ids.data() + i, k), st,
+              i + k == ids.size() ? LogitsMode::kLast : LogitsMode::kNone, logits.data());
+  }
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int32_t t = argmax(logits.data(), V);
+    out.push_back(t);
+    if (i + 1 < n) m.forward(std::span<const int32_t>(&t, 1), st, LogitsMode::kLast, logits.data());
+  }
+  return out;
+}
+
+class TinyFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TinyFixture, LogitsAndGreedyMatchTransformers) {
+  const std::string dir = data_dir() + "/models/" + GetParam();
+  Loaded l = load(dir);
+  Golden g(dir + "/golden.safetensors");
+  std::vector<int32_t> ids = g.i32("input_ids");
+  std::vector<float> ref = g.f32("logits");
+  State st = l.model->new_state();
+  std::vector<float> got = prefill_all(*l.model, st, ids, 512);
+  expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, kTol, GetParam());
+  std::vector<int32_t> want = g.i32("greedy_ids");
+  EXPECT_EQ(greedy(*l.model, ids, static_cast<int>(want.size())), want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
+                         ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl",
+                                           "qwen3_5_moe_vl_fused"));
+
+class Demo : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { demo_ = new Loaded(load(SPOOL_DEFAULT_MODEL_DIR)); }
+  static void TearDownTestSuite() {
+    delete demo_;
+    demo_ = nullptr;
+  }
+  static Loaded* demo_;
+};
+Loaded* Demo::demo_ = nullptr;
+
+TEST_F(Demo, PromptsLogitsRoutingGreedy) {
+  Model& m = *demo_->model;
+  Golden g(data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
+  const int64_t V = m.spec().vocab_size;
+  const int L = m.spec().n_layers, K = m.spec().moe.top_k;
+  for (int p = 0; p < 4; ++p) {
+    const std::string k = "p" + std::to_string(p) + ".";
+    std::vector<int32_t> ids = g.i32(k + "input_ids");
+    const int64_t T = static_cast<int64_t>(ids.size());
+    std::vector<std::set<int>> routes(L * T);
+    m.hooks.on_route = [&](int layer, int64_t t, std::span<const int> e, std::span<const float>) {
+      routes[layer * T + t] = std::set<int>(e.begin(), e.end());
+    };
+    State st = m.new_state();
+    std::vector<float> got = prefill_all(m, st, ids, 512);
+    m.hooks.on_route = nullptr;
+    std::vector<float> ref = g.f32(k + "logits");
+    expect_rows_close(got.data(), ref.data(), T, V, kTol, "prompt " + std::to_string(p));
+    std::vector<int32_t> topk = g.i32(k + "topk_experts");  // [L, T, K]
+    for (int layer = 0; layer < L; ++layer)
+      for (int64_t t = 0; t < T; ++t) {
+        std::set<int> want(topk.begin() + (layer * T + t) * K, topk.begin() + (layer * T + t + 1) * K);
+        EXPECT_EQ(routes[layer * T + t], want) << "prompt " << p << " layer " << layer << " token " << t;
+      }
+    EXPECT_EQ(greedy(m, ids, 48), g.i32(k + "greedy_ids")) << "prompt " << p;
+  }
+}
+
+TEST_F(Demo, HiddenStatesOfPrompt0) {
+  Model& m = *demo_->model;
+  Golden g(data_dir() + "/models/spool-demo-moe/demo_hidden_states.safetensors");
+  std::vector<int32_t> ids = g.i32("input_ids");
+  const int64_t T = static_cast<int64_t>(ids.size()), H = m.spec().hidden_size;
+  std::vector<std::vector<float>> hs(m.spec().n_layers + 1);
+  m.hooks.on_hidden = [&](int i, const float* h, int64_t n) { hs[i].assign(h, h + n * H); };
+  State st = m.new_state();
+  std::vector<float> logits(T * m.spec().vocab_size);
+  m.forward(ids, st, LogitsMode::kAll, logits.data());
+  m.hooks.on_hidden = nullptr;
+  for (int i = 0; i <= m.spec().n_layers; ++i) {
+    std::vector<float> ref = g.f32("hidden_states." + std::to_string(i));
+    expect_rows_close(hs[i].data(), ref.data(), T, H, kTol, "hidden_states." + std::to_string(i));
+  }
+  // Attention KV cache after the prompt: [n_kv, T, head_dim].
+  for (int layer : {3, 7}) {
+    const int nkv = m.spec().attn.n_kv_heads, hd = m.spec().attn.head_dim;
+    const AttnCache& c = st.attn[layer];
+    std::vector<float> rk = g.f32("cache." + std::to_string(layer) + ".keys");
+    std::vector<float> rv = g.f32("cache." + std::to_string(layer) + ".values");
+    for (int h = 0; h < nkv; ++h) {
+      expect_rows_close(c.k.data() + h * c.capacity * hd, rk.data() + h * T * hd, T, hd, kTol, "keys");
+      expect_rows_close(c.v.data() + h * c.capacity * hd, rv.data() + h * T * hd, T, hd, kTol, "values");
+    }
+  }
+}
+
+TEST_F(Demo, LongPromptAcrossChunkBoundaries) {
+  Model& m = *demo_->model;
+  Golden g(data_dir() + "/models/spool-demo-moe/demo_long_prompt.safetensors");
+  std::vector<int32_t> ids = g.i32("input_ids");
+  std::vector<int32_t> rows = g.i32("rows");
+  std::vector<float> ref = g.f32("logits");
+  const int64_t V = m.spec().vocab_size, T = static_cast<int64_t>(ids.size());
+  for (int64_t step : {512, 64, 7, 1}) {
+    State st = m.new_state();
+    std::vector<float> all = prefill_all(m, st, ids, step);
+    std::vector<float> got;
+    for (int32_t r : rows) got.insert(got.end(), all.begin() + r * V, all.begin() + (r + 1) * V);
+    expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(rows.size()), V, kTol,
+                      "long prompt, prefill step " + std::to_string(step));
+    const int nkv = m.spec().attn.n_kv_heads, hd = m.spec().attn.head_dim;
+    for (int layer : {3, 7}) {
+      const AttnCache& c = st.attn[layer];
+      std::vector<float> rk = g.f32("cache.layers." + std::to_string(layer) + ".keys");
+      for (int h = 0; h < nkv; ++h)
+        expect_rows_close(c.k.data() + h * c.capacity * hd, rk.data() + h * T * hd, T, hd, kTol, "long prompt keys");
+    }
+  }
+}
+
+TEST_F(Demo, GreedyDoesNotDependOnPrefillStep) {
+  Model& m = *demo_->model;
+  Golden g(data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
+  std::vector<int32_t> ids = g.i32("p3.input_ids");
+  std::vector<int32_t> want = g.i32("p3.greedy_ids");
+  for (int64_t step : {1, 7, 64, 512}) EXPECT_EQ(greedy(m, ids, 48, step), want) << "prefill step " << step;
+}
+
+TEST(ModelErrors, UnknownModelTypeAndBadIds) {
+  const std::string dir = ::testing::TempDir() + "/unknown_arch";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(data_dir() + "/models/qwen3_moe/model.safetensors", dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama4_moe", "hidden_size": 64})";
+  auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  ops::ThreadPool pool(1);
+  try {
+    load_model(ck, &pool);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("llama4_moe"), std::string::npos) << e.what();
+  }
+  // Missing a required config field.
+  std::ofstream(dir + "/config.json") << R"({"model_type": "qwen3_moe", "hidden_size": 64})";
+  auto ck2 = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  try {
+    load_model(ck2, &pool);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing field"), std::string::npos) << e.what();
+  }
+  Loaded l = load(data_dir() + "/models/qwen3_moe", 1);
+  State st = l.model->new_state();
+  std::vector<int32_t> bad = {1, 99999};
+  std::vector<float> logits(l.model->spec().vocab_size);
+  EXPECT_THROW(l.model->forward(bad, st, LogitsMode::kLast, logits.data()), Error);
+  EXPECT_EQ(st.pos, 0);
+}
+
+}  // namespace
+}  // namespace spool::models

@@ -1,0 +1,116 @@
+#include "models/moe.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "models/bind.h"
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+
+namespace spool::models {
+
+void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights) {
+  ops::softmax(logits, n_experts);
+  // Partial selection: best k by (probability desc, id asc).
+  int order[1024];
+  std::vector<int> big;
+  int* idx = order;
+  if (n_experts > 1024) {
+    big.resize(n_experts);
+    idx = big.data();
+  }
+  std::iota(idx, idx + n_experts, 0);
+  std::partial_sort(idx, idx + k, idx + n_experts, [&](int a, int b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  float sum = 0.0f;
+  for (int i = 0; i < k; ++i) {
+    ids[i] = idx[i];
+    weights[i] = logits[idx[i]];
+    sum += weights[i];
+  }
+  if (renormalize)
+    for (int i = 0; i < k; ++i) weights[i] /= sum;
+}
+
+void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
+  m_ = spec.moe;
+  hidden_ = spec.hidden_size;
+  router_ = bind_matrix(ck, prefix + "gate.weight", m_.n_experts, hidden_);
+  if (m_.shared_intermediate > 0) {
+    shared_.bind(ck, prefix + "shared_expert.", hidden_, m_.shared_intermediate);
+    if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
+  }
+}
+
+void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
+                       const RouteObserver& observer, float* out, ops::ThreadPool* pool) {
+  const int E = m_.n_experts, K = top_k, H = hidden_, I = m_.intermediate;
+  logits_.resize(T * E);
+  ids_.resize(T * K);
+  weights_.resize(T * K);
+  ops::matmul(router_, x, T, logits_.data(), pool);  // [T, E]
+  for (int64_t t = 0; t < T; ++t) {
+    route_top_k(logits_.data() + t * E, E, K, m_.norm_topk_prob, ids_.data() + t * K, weights_.data() + t * K);
+    if (observer)
+      observer(layer, t, std::span<const int>(ids_.data() + t * K, K), std::span<const float>(weights_.data() + t * K, K));
+  }
+
+  // Group (token, slot) pairs by expert; experts in ascending id order.
+  std::vector<int> count(E, 0);
+  for (int64_t i = 0; i < T * K; ++i) ++count[ids_[i]];
+  std::vector<int> active;
+  std::vector<int64_t> first(E + 1, 0);  // row offset of each expert's block in ybuf
+  for (int e = 0; e < E; ++e) {
+    first[e + 1] = first[e] + count[e];
+    if (count[e] > 0) active.push_back(e);
+  }
+  std::vector<int64_t> rows(T * K);  // rows[r] = token*K + slot, grouped by expert
+  {
+    std::vector<int64_t> fill(first.begin(), first.end() - 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int s = 0; s < K; ++s) rows[fill[ids_[t * K + s]]++] = t * K + s;
+  }
+  std::vector<experts::ExpertWeights> w(active.size());
+  provider.acquire(layer, active, w);
+  ybuf_.resize(T * K * H);
+  auto run_expert = [&](int64_t ai, int) {
+    const int e = active[ai];
+    const int64_t n = count[e], r0 = first[e];
+    thread_local std::vector<float> xe, g, u;
+    xe.resize(n * H);
+    g.resize(n * I);
+    u.resize(n * I);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(x + (rows[r0 + j] / K) * H, H, xe.data() + j * H);
+    ops::matmul_rows(w[ai].gate, xe.data(), n, g.data(), I, 0, I);  // [n, I]
+    ops::matmul_rows(w[ai].up, xe.data(), n, u.data(), I, 0, I);    // [n, I]
+    ops::swiglu(g.data(), u.data(), n * I, g.data());
+    ops::matmul_rows(w[ai].down, g.data(), n, ybuf_.data() + r0 * H, H, 0, H);  // [n, H]
+  };
+  if (pool == nullptr) {
+    for (size_t i = 0; i < active.size(); ++i) run_expert(static_cast<int64_t>(i), 0);
+  } else {
+    pool->run(static_cast<int64_t>(active.size()), run_expert);
+  }
+  provider.release(layer);
+
+  // out[t] = sum over experts in ascending id of w * y (deterministic order).
+  std::fill(out, out + T * H, 0.0f);
+  for (int e : active) {
+    for (int64_t j = first[e]; j < first[e + 1]; ++j) {
+      const int64_t ts = rows[j];
+      ops::axpy(weights_[ts], ybuf_.data() + j * H, H, out + (ts / K) * H);
+    }
+  }
+  if (shared_.bound()) {
+    shared_out_.resize(T * H);
+    shared_.forward(x, T, shared_out_.data(), pool);
+    for (int64_t t = 0; t < T; ++t) {
+      const float gate = shared_gate_.empty() ? 1.0f : ops::sigmoid(ops::dot(x + t * H, shared_gate_.data(), H));
+      ops::axpy(gate, shared_out_.data() + t * H, H, out + t * H);
+    }
+  }
+}
+
+}  // namespace spool::models

@@ -1,0 +1,19 @@
+// Qwen3.5 / Qwen3.6 MoE (model_type qwen3_5_moe, qwen3_5_moe_text) and Qwen3-Next
+// (qwen3_next): hybrid Gated DeltaNet + gated attention decoders with (1+w) RMSNorms, a
+// softmax top-k router and a sigmoid-gated shared expert. Qwen3-Next differs only in its
+// grouped GDN input projections (regrouped at load) and its norm_topk_prob / dense layers.
+// Source: HF transformers models/qwen3_5_moe/modeling_qwen3_5_moe.py, models/qwen3_next/.
+#include "models/families.h"
+
+#include "models/decoder.h"
+
+namespace spool::models {
+
+std::unique_ptr<Model> load_qwen3_5_moe(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, ops::ThreadPool* pool) {
+  const GdnLayout layout = spec.family == "qwen3_next" ? GdnLayout::kQwen3Next : GdnLayout::kQwen3_5;
+  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), pool);
+  m->bind(layout);
+  return m;
+}
+
+}  // namespace spool::models

@@ -1,0 +1,212 @@
+#include "models/spec.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace spool::models {
+
+namespace {
+
+// Reads the rope settings HF accepts: rope_parameters {rope_theta, partial_rotary_factor,
+// rope_type} (v5) or top-level rope_theta / partial_rotary_factor / rope_scaling (v4).
+void read_rope(const io::Config& c, double default_partial, AttentionSpec* a) {
+  io::Config rp = c.get_object("rope_parameters");
+  double theta = rp.get_double("rope_theta", c.get_double("rope_theta", 10000.0));
+  double partial = rp.get_double("partial_rotary_factor", c.get_double("partial_rotary_factor", default_partial));
+  std::string type = rp.get_string("rope_type", "default");
+  io::Config rs = c.get_object("rope_scaling");
+  if (rs.has("rope_type") || rs.has("type")) type = rs.get_string("rope_type", rs.get_string("type", "default"));
+  if (type != "default")
+    fail("%s: rope_type '%s' is not supported for this model yet (only 'default')", c.source().c_str(), type.c_str());
+  if (theta <= 0) fail("%s: rope_theta must be positive", c.source().c_str());
+  if (partial <= 0 || partial > 1) fail("%s: partial_rotary_factor must be in (0, 1]", c.source().c_str());
+  a->rope_theta = theta;
+  a->rotary_dim = static_cast<int>(a->head_dim * partial);
+  a->rotary_dim -= a->rotary_dim % 2;
+}
+
+int positive(const io::Config& c, const char* key) {
+  int64_t v = c.get_int(key);
+  if (v <= 0 || v > (1 << 24)) fail("%s: field '%s' must be a positive integer (got %lld)", c.source().c_str(), key, (long long)v);
+  return static_cast<int>(v);
+}
+
+int experts_count(const io::Config& c) {
+  if (c.has("num_experts")) return positive(c, "num_experts");
+  if (c.has("num_local_experts")) return positive(c, "num_local_experts");
+  fail("%s: missing field 'num_experts' (or 'num_local_experts')", c.source().c_str());
+}
+
+void read_attention(const io::Config& c, AttentionSpec* a, int hidden) {
+  a->n_heads = positive(c, "num_attention_heads");
+  a->n_kv_heads = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : a->n_heads;
+  if (a->n_heads % a->n_kv_heads != 0)
+    fail("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", c.source().c_str(), a->n_heads, a->n_kv_heads);
+  // head_dim absent or null means hidden_size / num_attention_heads.
+  a->head_dim = c.has("head_dim") ? positive(c, "head_dim") : hidden / a->n_heads;
+  if (a->head_dim <= 0) fail("%s: cannot derive head_dim", c.source().c_str());
+  if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported", c.source().c_str());
+}
+
+std::vector<MixerKind> hybrid_layer_types(const io::Config& c, int n_layers) {
+  std::vector<MixerKind> m;
+  if (c.has("layer_types")) {
+    auto lt = c.get_string_list("layer_types");
+    if (static_cast<int>(lt.size()) < n_layers)
+      fail("%s: layer_types has %zu entries for %d layers", c.source().c_str(), lt.size(), n_layers);
+    for (int i = 0; i < n_layers; ++i) {
+      if (lt[i] == "linear_attention") m.push_back(MixerKind::kGatedDeltaNet);
+      else if (lt[i] == "full_attention") m.push_back(MixerKind::kAttention);
+      else fail("%s: layer_types[%d] = '%s' (expected linear_attention or full_attention)", c.source().c_str(), i, lt[i].c_str());
+    }
+  } else {
+    int interval = static_cast<int>(c.get_int("full_attention_interval", 4));
+    if (interval <= 0) fail("%s: full_attention_interval must be positive", c.source().c_str());
+    for (int i = 0; i < n_layers; ++i) m.push_back((i + 1) % interval == 0 ? MixerKind::kAttention : MixerKind::kGatedDeltaNet);
+  }
+  return m;
+}
+
+void read_gdn(const io::Config& c, GdnSpec* g) {
+  g->n_k = positive(c, "linear_num_key_heads");
+  g->n_v = positive(c, "linear_num_value_heads");
+  g->d_k = positive(c, "linear_key_head_dim");
+  g->d_v = positive(c, "linear_value_head_dim");
+  g->conv_kernel = static_cast<int>(c.get_int("linear_conv_kernel_dim", 4));
+  if (g->conv_kernel < 1 || g->conv_kernel > 64) fail("%s: linear_conv_kernel_dim out of range", c.source().c_str());
+  if (g->n_v % g->n_k != 0)
+    fail("%s: linear_num_value_heads (%d) must be a multiple of linear_num_key_heads (%d)", c.source().c_str(), g->n_v, g->n_k);
+}
+
+// FFN kinds for Qwen2-MoE-style configs: layer i is MoE iff i not in mlp_only_layers,
+// num_experts > 0 and (i + 1) % decoder_sparse_step == 0.
+std::vector<FfnKind> sparse_layers(const io::Config& c, int n_layers) {
+  std::vector<int64_t> only = c.get_int_list("mlp_only_layers");
+  int64_t step = c.get_int("decoder_sparse_step", 1);
+  std::vector<FfnKind> f;
+  for (int i = 0; i < n_layers; ++i) {
+    bool dense = std::find(only.begin(), only.end(), i) != only.end() || step <= 0 || (i + 1) % step != 0;
+    f.push_back(dense ? FfnKind::kDense : FfnKind::kMoE);
+  }
+  return f;
+}
+
+void check_act(const io::Config& c) {
+  std::string act = c.get_string("hidden_act", "silu");
+  if (act != "silu" && act != "swish") fail("%s: hidden_act '%s' is not supported (silu only)", c.source().c_str(), act.c_str());
+}
+
+}  // namespace
+
+int ModelSpec::n_layers_of(MixerKind k) const {
+  return static_cast<int>(std::count(mixers.begin(), mixers.end(), k));
+}
+
+const std::vector<std::string>& supported_model_types() {
+  static const std::vector<std::string> v = {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "qwen3_moe"};
+  return v;
+}
+
+ModelSpec build_spec(const io::Checkpoint& ckpt) {
+  const io::Config& c = ckpt.config();
+  ModelSpec s;
+  s.model_type = ckpt.model_type();
+  const std::string& mt = s.model_type;
+  if (mt == "qwen3_5_moe_text" || mt == "qwen3_5_moe") s.family = "qwen3_5_moe";
+  else if (mt == "qwen3_next") s.family = "qwen3_next";
+  else if (mt == "qwen3_moe") s.family = "qwen3_moe";
+  else {
+    std::string list;
+    for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
+    fail("%s/config.json: unknown or unsupported model_type '%s' (supported: %s)", ckpt.dir().c_str(),
+         mt.empty() ? "(missing)" : mt.c_str(), list.c_str());
+  }
+  check_act(c);
+  s.vocab_size = positive(c, "vocab_size");
+  s.hidden_size = positive(c, "hidden_size");
+  s.n_layers = positive(c, "num_hidden_layers");
+  s.rms_norm_eps = static_cast<float>(c.get_double("rms_norm_eps", 1e-6));
+  s.tie_word_embeddings = ckpt.raw_config().get_bool("tie_word_embeddings", c.get_bool("tie_word_embeddings", false));
+  s.max_position_embeddings = c.get_int("max_position_embeddings", 0);
+  read_attention(c, &s.attn, s.hidden_size);
+  s.moe.n_experts = experts_count(c);
+  s.moe.top_k = positive(c, "num_experts_per_tok");
+  s.moe.intermediate = positive(c, "moe_intermediate_size");
+  if (s.moe.top_k > s.moe.n_experts)
+    fail("%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", c.source().c_str(), s.moe.top_k, s.moe.n_experts);
+
+  if (s.family == "qwen3_5_moe" || s.family == "qwen3_next") {
+    s.norm_one_plus = true;
+    s.attn.output_gate = true;
+    s.attn.qk_norm = true;
+    read_rope(c, 0.25, &s.attn);
+    s.mixers = hybrid_layer_types(c, s.n_layers);
+    read_gdn(c, &s.gdn);
+    s.moe.shared_intermediate = c.has("shared_expert_intermediate_size") ? positive(c, "shared_expert_intermediate_size") : 0;
+    s.moe.shared_expert_gate = s.moe.shared_intermediate > 0;
+    if (s.family == "qwen3_5_moe") {
+      s.moe.norm_topk_prob = true;  // hard-coded in HF Qwen3_5MoeTopKRouter
+      s.ffns.assign(s.n_layers, FfnKind::kMoE);
+    } else {
+      s.moe.norm_topk_prob = c.get_bool("norm_topk_prob", true);
+      s.ffns = sparse_layers(c, s.n_layers);
+    }
+  } else {  // qwen3_moe
+    s.norm_one_plus = false;
+    s.attn.output_gate = false;
+    s.attn.qk_norm = true;
+    read_rope(c, 1.0, &s.attn);
+    s.mixers.assign(s.n_layers, MixerKind::kAttention);
+    s.moe.norm_topk_prob = c.get_bool("norm_topk_prob", false);
+    s.ffns = sparse_layers(c, s.n_layers);
+    if (c.get_bool("use_sliding_window", false)) fail("%s: use_sliding_window=true is not supported", c.source().c_str());
+  }
+  if (std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense) > 0) s.dense_intermediate = positive(c, "intermediate_size");
+
+  // Stop ids: generation_config.json, then config.json; ids outside the vocabulary are ignored.
+  std::vector<int64_t> eos = ckpt.generation().eos_token_ids;
+  for (int64_t e : c.get_int_list("eos_token_id")) eos.push_back(e);
+  for (int64_t e : eos) {
+    if (e < 0 || e >= s.vocab_size) {
+      log_warn("eos_token_id %lld is outside the vocabulary (%lld tokens); ignored", (long long)e, (long long)s.vocab_size);
+      continue;
+    }
+    if (std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), e) == s.eos_token_ids.end()) s.eos_token_ids.push_back(e);
+  }
+
+  // Parameter counts.
+  const int64_t H = s.hidden_size;
+  int64_t total = s.vocab_size * H * (s.tie_word_embeddings ? 1 : 2) + H, active = total;
+  for (int i = 0; i < s.n_layers; ++i) {
+    int64_t mixer;
+    if (s.mixers[i] == MixerKind::kAttention) {
+      const auto& a = s.attn;
+      mixer = H * a.n_heads * a.head_dim * (a.output_gate ? 2 : 1) + 2 * H * a.n_kv_heads * a.head_dim +
+              a.n_heads * a.head_dim * H + (a.qk_norm ? 2 * a.head_dim : 0);
+    } else {
+      const auto& g = s.gdn;
+      mixer = H * g.conv_dim() + H * g.value_dim() + 2 * H * g.n_v + g.conv_dim() * g.conv_kernel + 2 * g.n_v + g.d_v +
+              g.value_dim() * H;
+    }
+    int64_t ffn_total, ffn_active;
+    if (s.ffns[i] == FfnKind::kMoE) {
+      const auto& m = s.moe;
+      int64_t expert = 3 * H * m.intermediate;
+      int64_t shared = 3 * H * m.shared_intermediate + (m.shared_expert_gate ? H : 0);
+      ffn_total = H * m.n_experts + expert * m.n_experts + shared;
+      ffn_active = H * m.n_experts + expert * m.top_k + shared;
+    } else {
+      ffn_total = ffn_active = 3 * H * s.dense_intermediate;
+    }
+    total += mixer + ffn_total + 2 * H;
+    active += mixer + ffn_active + 2 * H;
+  }
+  s.params_total = total;
+  s.params_active = active;
+  return s;
+}
+
+}  // namespace spool::models

@@ -1,0 +1,78 @@
+// ModelSpec: everything a model family needs from config.json, validated once at load.
+// Sources: HF configuration_qwen3_5_moe.py, configuration_qwen3_next.py,
+// configuration_qwen3_moe.py (see docs in the repository's README for the tensor math).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+
+namespace spool::models {
+
+/// Token mixer of a decoder layer.
+enum class MixerKind { kAttention, kGatedDeltaNet };
+/// Feed-forward block of a decoder layer.
+enum class FfnKind { kMoE, kDense };
+
+/// Softmax attention geometry. Query heads share KV heads in groups (GQA).
+struct AttentionSpec {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int rotary_dim = 0;        // first rotary_dim dims of each head are rotated (partial RoPE)
+  double rope_theta = 10000.0;
+  bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
+  bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE
+};
+
+/// Gated DeltaNet geometry (linear_attention layers).
+struct GdnSpec {
+  int n_k = 0, n_v = 0;  // key heads, value heads (n_v multiple of n_k)
+  int d_k = 0, d_v = 0;  // head dims
+  int conv_kernel = 4;
+  int64_t key_dim() const { return static_cast<int64_t>(n_k) * d_k; }
+  int64_t value_dim() const { return static_cast<int64_t>(n_v) * d_v; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+/// Routed experts and the optional shared expert.
+struct MoeSpec {
+  int n_experts = 0, top_k = 0, intermediate = 0;
+  bool norm_topk_prob = true;    // renormalise the kept top-k weights to sum to 1
+  int shared_intermediate = 0;   // 0 = no shared expert
+  bool shared_expert_gate = false;  // shared output *= sigmoid(x . w_gate)
+};
+
+/// A decoder-only MoE language model's configuration.
+struct ModelSpec {
+  std::string model_type;      // text model_type, e.g. "qwen3_5_moe_text"
+  std::string family;          // "qwen3_5_moe", "qwen3_next", "qwen3_moe"
+  int64_t vocab_size = 0;
+  int hidden_size = 0;
+  int n_layers = 0;
+  float rms_norm_eps = 1e-6f;
+  bool norm_one_plus = false;  // Gemma-style (1 + w) RMSNorm weights (hidden and q/k norms)
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 0;
+  std::vector<MixerKind> mixers;  // per layer
+  std::vector<FfnKind> ffns;      // per layer
+  AttentionSpec attn;
+  GdnSpec gdn;
+  MoeSpec moe;
+  int dense_intermediate = 0;     // width of dense MLP layers
+  std::vector<int64_t> eos_token_ids;  // from generation_config.json and config.json, in vocab
+
+  int n_layers_of(MixerKind k) const;
+  /// Parameter counts (elements): total, and active per token (top_k routed experts).
+  int64_t params_total = 0, params_active = 0;
+};
+
+/// Builds the spec of a supported model_type from a checkpoint's config. Throws spool::Error
+/// naming config.json and the field for a missing/invalid field, and for an unknown model_type
+/// (listing the supported ones).
+ModelSpec build_spec(const io::Checkpoint& ckpt);
+
+/// model_type values spool can run.
+const std::vector<std::string>& supported_model_types();
+
+}  // namespace spool::models

@@ -1,0 +1,48 @@
+// Per-sequence model state: attention KV caches, Gated DeltaNet conv and recurrent states,
+// and the number of tokens processed. Owned by the caller (engine::Session); one per sequence.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "models/spec.h"
+
+namespace spool::models {
+
+/// KV cache of one attention layer, head-major: k[(h * capacity + p) * head_dim + d].
+struct AttnCache {
+  std::vector<float> k, v;
+  int64_t capacity = 0;  // positions allocated per KV head
+};
+
+/// State of one Gated DeltaNet layer.
+struct GdnState {
+  std::vector<float> conv;       // [conv_dim, K-1] last K-1 pre-conv inputs per channel, oldest first
+  std::vector<float> recurrent;  // [n_v, d_k, d_v] S per value head
+};
+
+/// All state of one sequence.
+class State {
+ public:
+  State() = default;
+  /// Allocates empty state for `spec` (attention caches grow on demand).
+  explicit State(const ModelSpec& spec);
+
+  /// Tokens processed so far (= position of the next token).
+  int64_t pos = 0;
+  std::vector<AttnCache> attn;  // [n_layers]; empty for non-attention layers
+  std::vector<GdnState> gdn;    // [n_layers]; empty for non-GDN layers
+
+  /// Makes room for `n_positions` positions in every attention cache (copying existing rows).
+  void reserve(int64_t n_positions);
+  /// Back to an empty sequence (zeroes GDN state, keeps allocations).
+  void reset();
+  /// Bytes held by caches and states.
+  uint64_t bytes() const;
+
+ private:
+  int n_kv_heads_ = 0, head_dim_ = 0;
+  std::vector<char> is_attn_;  // [n_layers]
+};
+
+}  // namespace spool::models

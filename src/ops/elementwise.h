@@ -1,0 +1,37 @@
+// Small f32 vector kernels: norms, activations, softmax. Row-wise; callers loop over tokens.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace spool::ops {
+
+/// y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], over n elements (HF RMSNorm in f32).
+/// `w` is the effective weight: Gemma-style "(1 + w)" norms pass 1 + w precomputed.
+/// Safe in place (y == x).
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y);
+
+/// Applies rms_norm independently to `rows` consecutive rows of length n (in place allowed).
+void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
+
+/// x *= 1 / sqrt(sum(x^2) + eps) (the Gated DeltaNet l2norm, eps = 1e-6), in place.
+void l2_norm(float* x, int64_t n, float eps);
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+/// log(1 + e^x) with PyTorch's threshold: x when x > 20.
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+/// out[i] = silu(gate[i]) * up[i].
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+
+/// In-place softmax over n elements (max-subtracted, f32).
+void softmax(float* x, int64_t n);
+
+/// y[i] += a * x[i].
+void axpy(float a, const float* x, int64_t n, float* y);
+
+/// Returns true if any element is NaN or infinite.
+bool has_non_finite(const float* x, int64_t n);
+
+}  // namespace spool::ops

@@ -1,0 +1,240 @@
+// Highway kernels for matmul(): compiled once per SIMD target (foreach_target), dispatched at
+// runtime. Decode (T == 1) streams each weight row once, converting bf16/f16 to f32 in
+// registers; prefill (T > 1) converts a 4-row block of W to f32 once per token tile and reuses
+// it for every token of the tile with a 4x2 register block.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/attention.h"
+#include "ops/matmul.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace spool::ops {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// Loads lanes [i, i + Lanes) of a weight row as f32.
+struct RowF32 {
+  const float* p;
+  HWY_INLINE hn::Vec<DF> load(DF df, int64_t i) const { return hn::LoadU(df, p + i); }
+  HWY_INLINE float at(int64_t i) const { return p[i]; }
+};
+struct RowBF16 {
+  const uint16_t* p;
+  HWY_INLINE hn::Vec<DF> load(DF df, int64_t i) const {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<uint32_t, DF> d32;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, p + i))));
+  }
+  HWY_INLINE float at(int64_t i) const { return bf16_to_f32(p[i]); }
+};
+struct RowF16 {
+  const uint16_t* p;
+  HWY_INLINE hn::Vec<DF> load(DF df, int64_t i) const {
+    const hn::Rebind<hwy::float16_t, DF> d16;
+    return hn::PromoteTo(df, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(p + i)));
+  }
+  HWY_INLINE float at(int64_t i) const { return f16_to_f32(p[i]); }
+};
+
+// out[r] = dot(row_r, x) for R rows, one token.
+template <int R, class Row>
+HWY_INLINE void GemvBlock(const Row* rows, const float* HWY_RESTRICT x, int64_t cols, float* out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+  int64_t c = 0;
+  for (; c + N <= cols; c += N) {
+    const auto xv = hn::LoadU(df, x + c);
+    for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(rows[r].load(df, c), xv, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+    for (int64_t k = c; k < cols; ++k) s += rows[r].at(k) * x[k];
+    out[r] = s;
+  }
+}
+
+template <class Row, class Elem>
+void GemvRowsT(const Elem* w, int64_t cols, const float* x, float* y, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    Row rows[4] = {{w + r * cols}, {w + (r + 1) * cols}, {w + (r + 2) * cols}, {w + (r + 3) * cols}};
+    GemvBlock<4>(rows, x, cols, y + r);
+  }
+  for (; r < r1; ++r) {
+    Row rows[1] = {{w + r * cols}};
+    GemvBlock<1>(rows, x, cols, y + r);
+  }
+}
+
+// out[t * ldo + r] = dot(w_r, x_t) for R f32 rows (stride ldw) and TT tokens (stride ldx).
+template <int R, int TT>
+HWY_INLINE void GemmBlock(const float* HWY_RESTRICT w, int64_t ldw, const float* HWY_RESTRICT x, int64_t ldx,
+                          int64_t cols, float* out, int64_t ldo) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
+  int64_t c = 0;
+  for (; c + N <= cols; c += N) {
+    hn::Vec<DF> wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = hn::LoadU(df, w + r * ldw + c);
+    for (int t = 0; t < TT; ++t) {
+      const auto xv = hn::LoadU(df, x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    for (int r = 0; r < R; ++r) {
+      float s = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+      for (int64_t k = c; k < cols; ++k) s += w[r * ldw + k] * x[t * ldx + k];
+      out[t * ldo + r] = s;
+    }
+  }
+}
+
+template <int R>
+void GemmRowBlock(const float* w, int64_t cols, const float* x, int64_t t0, int64_t t1, float* y, int64_t ldy) {
+  int64_t t = t0;
+  for (; t + 2 <= t1; t += 2) GemmBlock<R, 2>(w, cols, x + t * cols, cols, cols, y + t * ldy, ldy);
+  for (; t < t1; ++t) GemmBlock<R, 1>(w, cols, x + t * cols, cols, cols, y + t * ldy, ldy);
+}
+
+constexpr int64_t kTokenTile = 64;
+
+void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int64_t T, float* y, int64_t ldy,
+                int64_t r0, int64_t r1) {
+  if (T == 1) {
+    switch (type) {
+      case WType::kF32: GemvRowsT<RowF32>(static_cast<const float*>(data), cols, x, y, r0, r1); return;
+      case WType::kBF16: GemvRowsT<RowBF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
+      case WType::kF16: GemvRowsT<RowF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
+    }
+    return;
+  }
+  thread_local std::vector<float> scratch;
+  if (type != WType::kF32 && scratch.size() < static_cast<size_t>(4 * cols)) scratch.resize(4 * cols);
+  const int esz = wtype_size(type);
+  for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+    const int64_t t1 = std::min(T, t0 + kTokenTile);
+    for (int64_t r = r0; r < r1; r += 4) {
+      const int64_t nr = std::min<int64_t>(4, r1 - r);
+      const float* wf;
+      if (type == WType::kF32) {
+        wf = static_cast<const float*>(data) + r * cols;
+      } else {
+        row_to_f32(type, static_cast<const uint8_t*>(data) + r * cols * esz, nr * cols, scratch.data());
+        wf = scratch.data();
+      }
+      float* yr = y + r;
+      switch (nr) {
+        case 4: GemmRowBlock<4>(wf, cols, x, t0, t1, yr, ldy); break;
+        case 3: GemmRowBlock<3>(wf, cols, x, t0, t1, yr, ldy); break;
+        case 2: GemmRowBlock<2>(wf, cols, x, t0, t1, yr, ldy); break;
+        default: GemmRowBlock<1>(wf, cols, x, t0, t1, yr, ldy); break;
+      }
+    }
+  }
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N), acc1);
+  }
+  for (; i + N <= n; i += N) acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void RowToF32(WType type, const void* src, int64_t n, float* dst) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  if (type == WType::kF32) {
+    std::copy_n(static_cast<const float*>(src), n, dst);
+  } else if (type == WType::kBF16) {
+    RowBF16 r{static_cast<const uint16_t*>(src)};
+    for (; i + N <= n; i += N) hn::StoreU(r.load(df, i), df, dst + i);
+    for (; i < n; ++i) dst[i] = r.at(i);
+  } else {
+    RowF16 r{static_cast<const uint16_t*>(src)};
+    for (; i + N <= n; i += N) hn::StoreU(r.load(df, i), df, dst + i);
+    for (; i < n; ++i) dst[i] = r.at(i);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace spool::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spool::ops {
+
+HWY_EXPORT(MatmulRows);
+HWY_EXPORT(RowToF32);
+HWY_EXPORT(Dot);
+
+float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n); }
+
+void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (r0 >= r1 || T <= 0) return;
+  HWY_DYNAMIC_DISPATCH(MatmulRows)(w.type, w.data, w.cols, x, T, y, ldy, r0, r1);
+}
+
+void row_to_f32(WType t, const void* src, int64_t n, float* dst) { HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst); }
+
+void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  const int64_t work = w.rows * w.cols * T;
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
+    matmul_rows(w, x, T, y, w.rows, 0, w.rows);
+    return;
+  }
+  // Chunks of 16 rows keep threads off each other's cache lines of y.
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { matmul_rows(w, x, T, y, w.rows, b, e); });
+}
+
+void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * w.cols * wtype_size(w.type);
+    for (int64_t c = 0; c < w.cols; ++c) {
+      uint16_t h;
+      if (w.type == WType::kF32) {
+        std::memcpy(&row[c], src + 4 * c, 4);
+      } else {
+        std::memcpy(&h, src + 2 * c, 2);
+        row[c] = w.type == WType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t c = 0; c < w.cols; ++c) s += static_cast<double>(row[c]) * x[t * w.cols + c];
+      y[t * w.rows + r] = static_cast<float>(s);
+    }
+  }
+}
+
+const char* simd_target_name() {
+  // Lower target bits are better; dispatch picks the best supported compiled-in target.
+  const int64_t t = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(t & -t);
+}
+
+}  // namespace spool::ops
+#endif  // HWY_ONCE

@@ -1,0 +1,26 @@
+// Dense matrix products against WeightViews (f32 / f16 / bf16 weights, f32 activations and
+// f32 accumulation), SIMD via Highway with runtime dispatch to the best target of the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/thread_pool.h"
+#include "ops/weights.h"
+
+namespace spool::ops {
+
+/// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows.
+/// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
+void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool);
+
+/// Same as matmul() on one thread, for rows [r0, r1) only; y rows have stride `ldy`
+/// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts).
+void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+/// Scalar reference of matmul() (double accumulation) for tests.
+void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y);
+
+/// Name of the SIMD target chosen at runtime (e.g. "AVX3", "AVX2", "NEON").
+const char* simd_target_name();
+
+}  // namespace spool::ops

@@ -1,0 +1,34 @@
+// Rotary position embedding, NeoX / HF "rotate_half" convention: dim j pairs with j + d_r/2
+// within the first d_r (rotary) dims of a head; the remaining dims pass through.
+// Numerics follow HF: inv_freq[i] = 1 / theta^(2i/d_r) in f32, angle = f32(pos) * inv_freq[i]
+// rounded to f32, then cos/sin (times attention_scaling).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace spool::ops {
+
+/// Precomputed frequencies for one rotary configuration.
+class Rope {
+ public:
+  Rope() = default;
+  /// rotary_dim: even number of rotated dims per head; theta: base; scaling: factor on cos/sin.
+  Rope(int rotary_dim, double theta, float attention_scaling = 1.0f);
+  /// Builds from explicit inverse frequencies (e.g. YaRN), rotary_dim = 2 * inv_freq.size().
+  explicit Rope(std::vector<float> inv_freq, float attention_scaling = 1.0f);
+
+  int rotary_dim() const { return rotary_dim_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+
+  /// Rotates `n_heads` heads of `head_dim` values at `x` (head h at x + h * head_dim) in place
+  /// for position `pos`.
+  void apply(float* x, int n_heads, int head_dim, int64_t pos) const;
+
+ private:
+  int rotary_dim_ = 0;
+  float scaling_ = 1.0f;
+  std::vector<float> inv_freq_;  // [rotary_dim / 2]
+};
+
+}  // namespace spool::ops

@@ -1,0 +1,97 @@
+#include "ops/thread_pool.h"
+
+#include <algorithm>
+#include <exception>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPOOL_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define SPOOL_PAUSE() asm volatile("yield")
+#else
+#define SPOOL_PAUSE() ((void)0)
+#endif
+
+namespace spool::ops {
+
+namespace {
+constexpr int kSpinIters = 1 << 14;  // ~50-100 us of spinning before sleeping
+}
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+  for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::work(int thread) {
+  for (;;) {
+    int64_t i = next_task_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_tasks_) break;
+    try {
+      (*fn_)(i, thread);
+    } catch (...) {
+      bool expected = false;
+      if (has_error_.compare_exchange_strong(expected, true)) error_ = std::current_exception();
+    }
+  }
+}
+
+void ThreadPool::worker_loop(int thread) {
+  uint32_t seen = 0;
+  for (;;) {
+    uint32_t g = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; g == seen && spin < kSpinIters; ++spin) {
+      SPOOL_PAUSE();
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
+      generation_.wait(seen, std::memory_order_acquire);
+      continue;
+    }
+    seen = g;
+    if (stop_.load()) return;
+    work(thread);
+    active_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& fn) {
+  if (n_tasks <= 0) return;
+  if (n_threads_ == 1 || n_tasks == 1) {
+    for (int64_t i = 0; i < n_tasks; ++i) fn(i, 0);
+    return;
+  }
+  fn_ = &fn;
+  n_tasks_ = n_tasks;
+  has_error_.store(false);
+  error_ = nullptr;
+  next_task_.store(0, std::memory_order_relaxed);
+  active_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+  work(0);
+  while (active_.load(std::memory_order_acquire) != 0) SPOOL_PAUSE();
+  fn_ = nullptr;
+  if (has_error_.load()) std::rethrow_exception(error_);
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  align = std::max<int64_t>(1, align);
+  int64_t units = (n + align - 1) / align;
+  int64_t chunks = std::min<int64_t>(n_threads_, units);
+  int64_t per = (units + chunks - 1) / chunks;
+  run(chunks, [&](int64_t c, int thread) {
+    int64_t b = c * per * align;
+    int64_t e = std::min(n, (c + 1) * per * align);
+    if (b < e) fn(b, e, thread);
+  });
+}
+
+}  // namespace spool::ops

@@ -1,0 +1,50 @@
+// A fixed pool of worker threads for data-parallel kernels. The calling thread takes part,
+// so ThreadPool(n) runs work on n threads in total. Workers spin briefly between jobs (decode
+// issues hundreds of small jobs per token) and then sleep on a futex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace spool::ops {
+
+class ThreadPool {
+ public:
+  /// Creates a pool running jobs on `n_threads` threads (>= 1), the caller included.
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  /// Total threads a job runs on (workers + caller).
+  int size() const { return n_threads_; }
+
+  /// Runs fn(task, thread) for every task in [0, n_tasks), tasks claimed dynamically; blocks
+  /// until all are done. `thread` is in [0, size()). Not reentrant: call from one thread only.
+  /// The first exception thrown by a task is rethrown here after all tasks finish.
+  void run(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& fn);
+
+  /// Splits [0, n) into contiguous chunks whose sizes are multiples of `align` (except the
+  /// last) and runs fn(begin, end, thread) on each, one chunk per thread.
+  void parallel_for(int64_t n, int64_t align, const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
+
+ private:
+  void worker_loop(int thread);
+  void work(int thread);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<int64_t> next_task_{0};
+  std::atomic<int> active_{0};
+  std::atomic<bool> stop_{false};
+  int64_t n_tasks_ = 0;
+  const std::function<void(int64_t, int)>* fn_ = nullptr;
+  std::atomic<bool> has_error_{false};
+  std::exception_ptr error_;
+};
+
+}  // namespace spool::ops

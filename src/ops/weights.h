@@ -1,0 +1,83 @@
+// WeightView: one weight matrix as the kernels see it, whatever its storage. Models hold
+// views and never know whether a weight is resident, streamed or (later) quantized.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace spool::ops {
+
+/// Storage type of a weight matrix's elements.
+enum class WType : uint8_t { kF32, kF16, kBF16 };
+
+/// Bytes per element of a WType.
+inline int wtype_size(WType t) { return t == WType::kF32 ? 4 : 2; }
+
+/// A row-major matrix [rows, cols] (= [out, in] of a Linear layer). `data` points to
+/// rows * cols elements of `type`, rows contiguous.
+struct WeightView {
+  WType type = WType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+
+  bool empty() const { return data == nullptr; }
+  /// Bytes occupied by the matrix.
+  uint64_t nbytes() const { return static_cast<uint64_t>(rows * cols) * wtype_size(type); }
+  /// View of rows [r0, r0 + n).
+  WeightView row_slice(int64_t r0, int64_t n) const {
+    WeightView v = *this;
+    v.rows = n;
+    v.data = static_cast<const uint8_t*>(data) + r0 * cols * wtype_size(type);
+    return v;
+  }
+};
+
+/// bfloat16 bits → float (exact).
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// float → bfloat16 bits, round to nearest even (NaN kept quiet).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+/// IEEE half bits → float (exact, handles subnormals, inf, NaN).
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
+      u = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 112) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// Converts n elements of a weight row of type `t` to float.
+void row_to_f32(WType t, const void* src, int64_t n, float* dst);
+
+}  // namespace spool::ops

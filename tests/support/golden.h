@@ -1,0 +1,86 @@
+// Test helpers: read golden tensors (safetensors written by transformers) and compare logits.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "ops/weights.h"
+
+namespace spool::testing {
+
+/// Directory of the build tree's copy of tests/data.
+inline std::string data_dir() { return SPOOL_TEST_DATA_DIR; }
+
+/// A golden safetensors file with typed accessors.
+class Golden {
+ public:
+  explicit Golden(const std::string& path) : f_(io::SafetensorsFile::open(path)) {}
+  std::vector<float> f32(const std::string& name) const {
+    const io::TensorInfo& t = get(name);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    if (t.dtype == io::DType::F32) {
+      std::memcpy(v.data(), f_.data(t), t.nbytes);
+    } else {
+      EXPECT_EQ(t.dtype, io::DType::BF16) << name;
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(f_.data(t));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = ops::bf16_to_f32(p[i]);
+    }
+    return v;
+  }
+  std::vector<int32_t> i32(const std::string& name) const {
+    const io::TensorInfo& t = get(name);
+    std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+    if (t.dtype == io::DType::I32) {
+      std::memcpy(v.data(), f_.data(t), t.nbytes);
+    } else {
+      EXPECT_EQ(t.dtype, io::DType::I64) << name;
+      const int64_t* p = reinterpret_cast<const int64_t*>(f_.data(t));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(p[i]);
+    }
+    return v;
+  }
+  std::vector<int64_t> shape(const std::string& name) const { return get(name).shape; }
+  bool has(const std::string& name) const { return f_.find(name) != nullptr; }
+
+ private:
+  const io::TensorInfo& get(const std::string& name) const {
+    const io::TensorInfo* t = f_.find(name);
+    if (t == nullptr) throw std::runtime_error("golden tensor missing: " + name);
+    return *t;
+  }
+  io::SafetensorsFile f_;
+};
+
+/// Per row r of [rows, cols]: max |got - ref| <= tol * max |ref|. Returns the worst ratio
+/// max|d| / max|ref| over rows; reports the first failing row.
+inline double expect_rows_close(const float* got, const float* ref, int64_t rows, int64_t cols, double tol,
+                                const std::string& what) {
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double md = 0.0, mr = 0.0;
+    for (int64_t c = 0; c < cols; ++c) {
+      md = std::max(md, std::fabs(static_cast<double>(got[r * cols + c]) - ref[r * cols + c]));
+      mr = std::max(mr, std::fabs(static_cast<double>(ref[r * cols + c])));
+    }
+    const double ratio = mr > 0 ? md / mr : md;
+    worst = std::max(worst, ratio);
+    EXPECT_LE(ratio, tol) << what << ": row " << r << " max|diff| " << md << " max|ref| " << mr;
+    if (ratio > tol) break;
+  }
+  return worst;
+}
+
+/// Index of the largest element (first on ties), as torch.argmax.
+inline int32_t argmax(const float* x, int64_t n) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[b]) b = i;
+  return static_cast<int32_t>(b);
+}
+
+}  // namespace spool::testing
