@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: builds (scripts/setup.sh), runs ctest, then rebuilds the
+# input-parsing tests under AddressSanitizer + UBSan (build-asan/) and runs them.
+# Pass --slow to include the full dev-corpus perplexity test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+jobs="$(nproc)"
+exclude=(-LE slow)
+[ "${1:-}" = "--slow" ] && exclude=()
+ctest --test-dir build --output-on-failure -j"$jobs" "${exclude[@]}"
+
+# Sanitizer step: the tests labelled "sanitize" (parsers, bad input, CLI error paths).
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOOL_SANITIZE=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L sanitize
+echo "test.sh: all tests passed"

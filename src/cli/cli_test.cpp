@@ -1,0 +1,197 @@
+// End-to-end tests of the spool binary: golden output, JSON shape, exit codes, bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kSpool = std::string(SPOOL_BINARY_DIR) + "/spool";
+const std::string kData = SPOOL_TEST_DATA_DIR;
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `spool <args>` through the shell; args must be shell-quoted by the caller.
+Run spool(const std::string& args) {
+  static int n = 0;
+  const std::string base = ::testing::TempDir() + "/cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
+  const std::string cmd = kSpool + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int st = std::system(cmd.c_str());
+  Run r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+// A scratch copy of a fixture model directory (model.safetensors unpacked by the build).
+std::string copy_fixture(const std::string& name, const std::string& tag) {
+  const std::string dst = ::testing::TempDir() + "/cli_fx_" + tag;
+  fs::remove_all(dst);
+  fs::copy(kData + "/models/" + name, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+TEST(Cli, GenerateDemoGoldenContinuation) {
+  Run r = spool("generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  auto g = nlohmann::json::parse(slurp(kData + "/models/spool-demo-moe/golden_prompts.json"));
+  EXPECT_EQ(j["prompt_ids"], g[0]["prompt_ids"]);
+  EXPECT_EQ(j["output_ids"], g[0]["greedy_ids"]);
+  EXPECT_EQ(j["text"], g[0]["greedy_text"]);
+  EXPECT_EQ(j["finish_reason"], "length");
+  for (const char* k : {"load_s", "prefill_s", "prefill_tok_s", "decode_s", "decode_tok_s"}) EXPECT_TRUE(j["timings"].contains(k)) << k;
+  EXPECT_GT(j["peak_rss_bytes"].get<uint64_t>(), 1000000u);
+  // Streaming text mode prints the same continuation, stats on stderr.
+  Run t = spool("generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(t.out, g[0]["greedy_text"].get<std::string>() + "\n");
+  EXPECT_NE(t.err.find("decode"), std::string::npos);
+  EXPECT_NE(t.err.find("peak RSS"), std::string::npos);
+}
+
+TEST(Cli, PromptIdsWithoutTokenizer) {
+  auto g = nlohmann::json::parse(slurp(kData + "/models/qwen3_5_moe_vl_fused/golden.json"));
+  std::string ids;
+  for (auto& x : g["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(x.get<int>());
+  Run r = spool("generate --model " + kData + "/models/qwen3_5_moe_vl_fused --prompt-ids " + ids + " --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["output_ids"], g["greedy_ids"]);
+  EXPECT_FALSE(j.contains("text"));
+  Run p = spool("generate --model " + kData + "/models/qwen3_moe --prompt hello");
+  EXPECT_EQ(p.code, 1);
+  EXPECT_NE(p.err.find("tokenizer.json"), std::string::npos) << p.err;
+}
+
+TEST(Cli, UsageErrorsExit2) {
+  EXPECT_EQ(spool("").code, 2);
+  EXPECT_EQ(spool("generate").code, 2);
+  EXPECT_EQ(spool("generate --prompt a --prompt-ids 1").code, 2);
+  EXPECT_EQ(spool("generate --prompt a --temp -1").code, 2);
+  EXPECT_EQ(spool("generate --prompt a --top-p 1.5").code, 2);
+  EXPECT_EQ(spool("generate --prompt a --max-tokens abc").code, 2);
+  EXPECT_EQ(spool("generate --prompt-ids 1,x").code, 2);
+  EXPECT_EQ(spool("generate --no-such-flag").code, 2);
+  EXPECT_EQ(spool("frobnicate").code, 2);
+  EXPECT_EQ(spool("perplexity").code, 2);
+  EXPECT_EQ(spool("generate --help").code, 0);
+}
+
+// Each broken checkpoint gives exit 1 and a message naming the problem.
+void expect_model_error(const std::string& dir, const std::string& needle) {
+  Run r = spool("generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 2");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+}
+
+TEST(Cli, BadCheckpointsExit1) {
+  expect_model_error(::testing::TempDir() + "/no/such/dir", "does not exist");
+  {  // truncated weights
+    std::string d = copy_fixture("qwen3_moe", "trunc");
+    fs::resize_file(d + "/model.safetensors", fs::file_size(d + "/model.safetensors") / 2);
+    expect_model_error(d, "past the end");
+  }
+  {  // header length past EOF
+    std::string d = copy_fixture("qwen3_moe", "hlen");
+    std::fstream f(d + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    const char big[8] = {'\xff', '\xff', '\xff', '\x00', 0, 0, 0, 0};
+    f.write(big, 8);
+    f.close();
+    expect_model_error(d, "header length");
+  }
+  {  // offsets edited to overlap: rewrite the header with the first two tensors sharing bytes
+    std::string d = copy_fixture("qwen3_moe", "overlap");
+    std::string bytes = slurp(d + "/model.safetensors");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+    auto h = nlohmann::ordered_json::parse(bytes.substr(8, n));
+    auto it = h.begin();
+    if (it.key() == "__metadata__") ++it;
+    auto& a = it.value();
+    ++it;
+    auto& b = it.value();
+    b["data_offsets"][0] = a["data_offsets"][0];
+    b["data_offsets"][1] = a["data_offsets"][0].get<uint64_t>() + (b["data_offsets"][1].get<uint64_t>() - b["data_offsets"][0].get<uint64_t>());
+    std::string hs = h.dump();
+    hs.resize(n, ' ');
+    ASSERT_EQ(hs.size(), n);
+    bytes.replace(8, n, hs);
+    std::ofstream(d + "/model.safetensors", std::ios::binary) << bytes;
+    expect_model_error(d, "overlap");
+  }
+  {  // config disagrees with tensor shapes
+    std::string d = copy_fixture("qwen3_moe", "shape");
+    auto c = nlohmann::json::parse(slurp(d + "/config.json"));
+    c["moe_intermediate_size"] = 48;
+    std::ofstream(d + "/config.json") << c.dump();
+    expect_model_error(d, "has shape");
+  }
+  {  // missing config field
+    std::string d = copy_fixture("qwen3_next", "field");
+    auto c = nlohmann::json::parse(slurp(d + "/config.json"));
+    c.erase("num_hidden_layers");
+    std::ofstream(d + "/config.json") << c.dump();
+    expect_model_error(d, "num_hidden_layers");
+  }
+  {  // unknown architecture
+    std::string d = copy_fixture("qwen3_moe", "arch");
+    auto c = nlohmann::json::parse(slurp(d + "/config.json"));
+    c["model_type"] = "gpt_oss";
+    std::ofstream(d + "/config.json") << c.dump();
+    expect_model_error(d, "gpt_oss");
+  }
+  {  // missing shard
+    std::string d = copy_fixture("qwen3_moe", "shard");
+    std::ofstream(d + "/model.safetensors.index.json") << R"({"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})";
+    expect_model_error(d, "missing shard");
+  }
+  {  // malformed config.json
+    std::string d = copy_fixture("qwen3_moe", "json");
+    std::ofstream(d + "/config.json") << "{\"model_type\": \"qwen3_moe\",";
+    expect_model_error(d, "not valid JSON");
+  }
+  {  // token id outside the vocabulary
+    Run r = spool("generate --model " + kData + "/models/qwen3_moe --prompt-ids 1,999999 --max-tokens 2");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("vocabulary"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, TokenizeInfoPerplexity) {
+  Run t = spool("tokenize --text 'The whale' --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(t.out)["ids"], nlohmann::json::parse("[1935, 886]"));
+  Run i = spool("info");
+  ASSERT_EQ(i.code, 0) << i.err;
+  EXPECT_NE(i.out.find("qwen3_5_moe_text"), std::string::npos);
+  Run ij = spool("info --json --model " + kData + "/models/qwen3_5_moe_vl_fused");
+  ASSERT_EQ(ij.code, 0) << ij.err;
+  EXPECT_EQ(nlohmann::json::parse(ij.out)["expert_layout"], "fused");
+  Run p = spool("perplexity --file " + kData + "/corpus/dev.txt --chunks 2 --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  auto pj = nlohmann::json::parse(p.out);
+  EXPECT_EQ(pj["tokens"], 1024);
+  EXPECT_GT(pj["ppl"].get<double>(), 10.0);
+  EXPECT_LT(pj["ppl"].get<double>(), 200.0);
+  EXPECT_EQ(spool("perplexity --file /no/such/file.txt").code, 1);
+}
+
+}  // namespace

@@ -1,0 +1,147 @@
+// spool generate: prompt in, text (or ids) out, streamed to stdout; stats to stderr.
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/common.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/sysinfo.h"
+#include "engine/session.h"
+
+namespace spool::cli {
+
+namespace {
+
+struct GenerateOptions {
+  ModelOptions model;
+  std::string prompt, prompt_ids, file;
+  int max_tokens = 256;
+  std::optional<float> temp, top_p, min_p, repeat_penalty;
+  std::optional<int> top_k;
+  std::optional<uint64_t> seed;
+  int64_t prefill_step = 512;
+  bool json = false;
+};
+
+engine::SamplingParams sampling_from(const GenerateOptions& o, const io::GenerationDefaults& g) {
+  engine::SamplingParams p;  // spool defaults: 0.8 / 0.95 / 40 / 0.05 / 1.0
+  if (g.do_sample.has_value() && !*g.do_sample) p.temperature = 0.0f;
+  if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
+  if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
+  if (g.top_k) p.top_k = static_cast<int>(*g.top_k);
+  if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
+  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+  if (o.temp) p.temperature = *o.temp;
+  if (o.top_p) p.top_p = *o.top_p;
+  if (o.top_k) p.top_k = *o.top_k;
+  if (o.min_p) p.min_p = *o.min_p;
+  if (o.repeat_penalty) p.repetition_penalty = *o.repeat_penalty;
+  p.seed = o.seed ? *o.seed : std::random_device{}();
+  p.validate();
+  return p;
+}
+
+void run(const GenerateOptions& o) {
+  const int sources = !o.prompt.empty() + !o.prompt_ids.empty() + !o.file.empty();
+  if (sources != 1) throw UsageError("give exactly one of --prompt, --prompt-ids or --file");
+  if (o.max_tokens < 0) throw UsageError(strfmt("--max-tokens must be >= 0 (got %d)", o.max_tokens));
+  if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  // Validate the parameters before loading anything.
+  sampling_from(o, {});
+  Loaded l = load_model(o.model);
+  const auto& spec = l.model->spec();
+
+  engine::GenerateRequest req;
+  if (!o.prompt_ids.empty()) {
+    req.prompt = parse_id_list(o.prompt_ids);
+  } else {
+    if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; use --prompt-ids to give token ids", o.model.dir().c_str()));
+    const std::string text = o.file.empty() ? o.prompt : read_file(o.file);
+    req.prompt = l.tok->encode(text, /*add_special=*/false);
+  }
+  for (int32_t id : req.prompt)
+    if (id >= spec.vocab_size) throw Error(strfmt("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)spec.vocab_size));
+  req.max_tokens = o.max_tokens;
+  req.sampling = sampling_from(o, l.ckpt->generation());
+  req.prefill_step = o.prefill_step;
+  for (int64_t e : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(e));
+
+  std::optional<tokenizer::StreamDecoder> dec;
+  if (l.tok && !o.json) dec.emplace(*l.tok);
+  bool first_id = true;
+  engine::Session session(*l.model);
+  engine::GenerateResult res = session.generate(req, [&](int32_t id) {
+    if (o.json) return true;
+    if (dec) {
+      // Stop ids end the text; they are not printed.
+      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), id) == req.stop_ids.end()) {
+        std::string piece = dec->push(id);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      }
+    } else {
+      std::printf(first_id ? "%d" : ",%d", id);
+      first_id = false;
+    }
+    std::fflush(stdout);
+    return true;
+  });
+  const uint64_t rss = peak_rss_bytes();
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["prompt_ids"] = req.prompt;
+    j["output_ids"] = res.output;
+    if (l.tok) {
+      std::vector<int32_t> text_ids = res.output;
+      if (!text_ids.empty() && res.finish_reason == "stop" &&
+          std::find(req.stop_ids.begin(), req.stop_ids.end(), text_ids.back()) != req.stop_ids.end())
+        text_ids.pop_back();
+      j["text"] = l.tok->decode(text_ids);
+    }
+    j["finish_reason"] = res.finish_reason;
+    j["seed"] = req.sampling.seed;
+    j["timings"] = {{"load_s", l.load_s},
+                    {"prefill_s", res.timings.prefill_s},
+                    {"prefill_tok_s", res.timings.prefill_tok_s()},
+                    {"decode_s", res.timings.decode_s},
+                    {"decode_tok_s", res.timings.decode_tok_s()}};
+    j["peak_rss_bytes"] = rss;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    if (dec) {
+      std::string rest = dec->flush();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "spool: load %.2f s | prompt %lld tok, %.1f tok/s | decode %zu tok, %.1f tok/s | finish %s | peak RSS %s\n",
+               l.load_s, (long long)res.timings.prompt_tokens, res.timings.prefill_tok_s(), res.output.size(),
+               res.timings.decode_tok_s(), res.finish_reason.c_str(), format_bytes(rss).c_str());
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* c = app.add_subcommand("generate", "Generate text from a prompt (raw text, no chat template)");
+  o->model.add_to(c);
+  c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
+  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
+  c->add_option("-f,--file", o->file, "Read the prompt from a file");
+  c->add_option("-n,--max-tokens", o->max_tokens, "Tokens to generate at most (default 256)");
+  c->add_option("--temp", o->temp, "Temperature; 0 = greedy (default: generation_config.json, else 0.8)");
+  c->add_option("--top-p", o->top_p, "Nucleus sampling mass (default: generation_config.json, else 0.95)");
+  c->add_option("--top-k", o->top_k, "Keep the k most likely tokens, 0 = off (default: generation_config.json, else 40)");
+  c->add_option("--min-p", o->min_p, "Drop tokens below min_p x p(best) (default 0.05)");
+  c->add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty, 1 = off (default: generation_config.json, else 1.0)");
+  c->add_option("-s,--seed", o->seed, "Random seed (default: random; reported with --json)");
+  c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");
+  c->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
+  c->callback([o] { run(*o); });
+}
+
+}  // namespace spool::cli

@@ -1,0 +1,37 @@
+// spool: run Mixture-of-Experts language models larger than memory.
+// Exit codes: 0 success, 1 error (message on stderr), 2 usage error.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/common.h"
+#include "common/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"spool: run Mixture-of-Experts language models larger than memory"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "spool 0.1.0");
+  spool::cli::register_generate(app);
+  spool::cli::register_perplexity(app);
+  spool::cli::register_tokenize(app);
+  spool::cli::register_info(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const spool::UsageError& e) {
+    std::fprintf(stderr, "spool: usage error: %s\n", e.what());
+    return 2;
+  } catch (const spool::Error& e) {
+    std::fprintf(stderr, "spool: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "spool: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "spool: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,74 @@
+// spool perplexity: dev-set perplexity with the golden's window definition.
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "common/error.h"
+#include "common/sysinfo.h"
+#include "engine/perplexity.h"
+
+namespace spool::cli {
+
+namespace {
+
+struct PerplexityOptions {
+  ModelOptions model;
+  std::string file;
+  int64_t window = 512;
+  int64_t chunks = 0;
+  int64_t prefill_step = 512;
+  bool json = false;
+};
+
+void run(const PerplexityOptions& o) {
+  if (o.window <= 0) throw UsageError(strfmt("--window must be positive (got %lld)", (long long)o.window));
+  if (o.chunks < 0) throw UsageError("--chunks must be >= 0");
+  if (o.prefill_step <= 0) throw UsageError("--prefill-step-size must be positive");
+  const std::string text = read_file(o.file);
+  Loaded l = load_model(o.model);
+  if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; perplexity needs one", o.model.dir().c_str()));
+  std::vector<int32_t> ids = l.tok->encode(text, false);
+  const bool tty = isatty(STDERR_FILENO);
+  const double t0 = now_seconds();
+  int64_t last_pct = -1;
+  engine::PerplexityResult r = engine::perplexity(
+      *l.model, ids, o.window, o.chunks, o.prefill_step, [&](int64_t done, int64_t total, const engine::PerplexityResult& acc) {
+        const int64_t pct = done * 100 / total;
+        if (!tty && pct / 10 == last_pct / 10 && done != total) return;
+        last_pct = pct;
+        const int bar = static_cast<int>(done * 30 / total);
+        std::fprintf(stderr, "%sperplexity [%.*s%*s] %lld/%lld windows, ppl %.4f, %.0f tok/s%s", tty ? "\r" : "", bar,
+                     "==============================", 30 - bar, "", (long long)done, (long long)total, acc.ppl(),
+                     acc.tokens / (now_seconds() - t0), tty ? "" : "\n");
+        if (tty && done == total) std::fprintf(stderr, "\n");
+      });
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["tokens"] = r.tokens;
+    j["mean_nll"] = r.mean_nll();
+    j["ppl"] = r.ppl();
+    j["windows"] = r.window_nll.size();
+    j["seconds"] = now_seconds() - t0;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("tokens %lld\nmean_nll %.6f\nppl %.4f\n", (long long)r.tokens, r.mean_nll(), r.ppl());
+  }
+}
+
+}  // namespace
+
+void register_perplexity(CLI::App& app) {
+  auto o = std::make_shared<PerplexityOptions>();
+  CLI::App* c = app.add_subcommand("perplexity", "Perplexity of a text file (windows of --window tokens, fresh state each)");
+  o->model.add_to(c);
+  c->add_option("-f,--file", o->file, "Text file to score")->required();
+  c->add_option("--window", o->window, "Predicted tokens per window (default 512)");
+  c->add_option("--chunks", o->chunks, "Score only the first N windows (default 0 = all)");
+  c->add_option("--prefill-step-size", o->prefill_step, "Tokens per forward pass (default 512)");
+  c->add_flag("--json", o->json, "Print {\"tokens\", \"mean_nll\", \"ppl\"} as JSON");
+  c->callback([o] { run(*o); });
+}
+
+}  // namespace spool::cli

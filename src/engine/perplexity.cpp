@@ -1,0 +1,51 @@
+#include "engine/perplexity.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace spool::engine {
+
+double PerplexityResult::ppl() const { return std::exp(mean_nll()); }
+
+double token_nll(const float* logits, int64_t vocab, int32_t target) {
+  float m = *std::max_element(logits, logits + vocab);
+  double s = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) s += std::exp(static_cast<double>(logits[i] - m));
+  return std::log(s) - static_cast<double>(logits[target] - m);
+}
+
+PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, int64_t window, int64_t max_windows,
+                            int64_t step, const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress) {
+  if (ids.size() < 2) fail("perplexity needs at least 2 tokens (got %zu)", ids.size());
+  if (window <= 0) throw UsageError(strfmt("--window must be positive (got %lld)", (long long)window));
+  if (step <= 0) throw UsageError(strfmt("prefill step must be positive (got %lld)", (long long)step));
+  const int64_t N = static_cast<int64_t>(ids.size());
+  const int64_t V = model.spec().vocab_size;
+  int64_t total = (N - 1 + window - 1) / window;
+  if (max_windows > 0) total = std::min(total, max_windows);
+  PerplexityResult r;
+  models::State st = model.new_state();
+  std::vector<float> logits;
+  for (int64_t w = 0; w < total; ++w) {
+    const int64_t s = w * window;
+    const int64_t n = std::min(window, N - 1 - s);  // predicted tokens of this window
+    st.reset();
+    logits.resize(static_cast<size_t>(n * V));
+    for (int64_t i = 0; i < n; i += step) {
+      const int64_t k = std::min(step, n - i);
+      model.forward(ids.subspan(s + i, k), st, models::LogitsMode::kAll, logits.data() + i * V);
+    }
+    double nll = 0.0;
+    for (int64_t i = 0; i < n; ++i) nll += token_nll(logits.data() + i * V, V, ids[s + i + 1]);
+    r.window_nll.push_back(nll);
+    r.window_tokens.push_back(n);
+    r.sum_nll += nll;
+    r.tokens += n;
+    if (progress) progress(w + 1, total, r);
+  }
+  return r;
+}
+
+}  // namespace spool::engine

@@ -1,0 +1,34 @@
+// Perplexity over a token sequence with the golden's window definition: window k is
+// ids[w*k : w*k + w + 1] (neighbouring windows share one boundary token), scored with fresh
+// state; it predicts ids[w*k + 1 : w*k + w + 1], so every token but the first is predicted
+// exactly once. NLL in nats, log-softmax in double.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "models/model.h"
+
+namespace spool::engine {
+
+struct PerplexityResult {
+  int64_t tokens = 0;               // predicted tokens
+  double sum_nll = 0;               // nats
+  std::vector<double> window_nll;   // summed NLL per window
+  std::vector<int64_t> window_tokens;
+  double mean_nll() const { return tokens > 0 ? sum_nll / tokens : 0; }
+  double ppl() const;
+};
+
+/// Scores `ids` in windows of `window` predicted tokens; at most `max_windows` windows
+/// (0 = all). Each window is run in forward() calls of `step` tokens. `progress(done, total)`
+/// is called after each window. Throws spool::Error if fewer than 2 ids are given.
+PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, int64_t window, int64_t max_windows,
+                            int64_t step, const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress);
+
+/// -log softmax(logits)[target] in double precision.
+double token_nll(const float* logits, int64_t vocab, int32_t target);
+
+}  // namespace spool::engine

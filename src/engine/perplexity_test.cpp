@@ -1,0 +1,64 @@
+// Dev-corpus perplexity of the demo model against transformers' per-window NLL sums.
+#include "engine/perplexity.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../../tests/support/golden.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spool::engine {
+namespace {
+
+struct Fixture {
+  std::shared_ptr<io::Checkpoint> ckpt;
+  std::unique_ptr<ops::ThreadPool> pool;
+  std::unique_ptr<models::Model> model;
+  std::vector<int32_t> ids;
+  nlohmann::json golden;
+};
+
+Fixture load() {
+  Fixture f;
+  f.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  f.pool = std::make_unique<ops::ThreadPool>(2);
+  f.model = models::load_model(f.ckpt, f.pool.get());
+  auto tok = tokenizer::Tokenizer::load(SPOOL_DEFAULT_MODEL_DIR);
+  std::ifstream in(spool::testing::data_dir() + "/corpus/dev.txt", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  f.ids = tok.encode(ss.str(), false);
+  std::ifstream gj(spool::testing::data_dir() + "/models/spool-demo-moe/perplexity_windows_dev.json");
+  f.golden = nlohmann::json::parse(gj);
+  return f;
+}
+
+TEST(Perplexity, First16WindowsMatchTransformers) {
+  Fixture f = load();
+  ASSERT_EQ(static_cast<int64_t>(f.ids.size()), f.golden["tokens_in_text"].get<int64_t>());
+  PerplexityResult r = perplexity(*f.model, f.ids, 512, 16, 512, nullptr);
+  ASSERT_EQ(r.window_nll.size(), 16u);
+  for (size_t w = 0; w < 16; ++w) {
+    const double want = f.golden["windows"][w]["sum_nll"].get<double>();
+    EXPECT_EQ(r.window_tokens[w], f.golden["windows"][w]["predicted"].get<int64_t>());
+    EXPECT_NEAR(r.window_nll[w], want, 1e-4 * want) << "window " << w;
+  }
+}
+
+TEST(Perplexity, WholeDevCorpusWithinPointOnePercent) {
+  Fixture f = load();
+  PerplexityResult r = perplexity(*f.model, f.ids, 512, 0, 512, nullptr);
+  const double want = f.golden["ppl"].get<double>();
+  EXPECT_EQ(r.tokens, f.golden["predicted"].get<int64_t>());
+  EXPECT_NEAR(r.ppl(), want, 1e-3 * want);
+  for (size_t w = 0; w < r.window_nll.size(); ++w) {
+    const double g = f.golden["windows"][w]["sum_nll"].get<double>();
+    EXPECT_NEAR(r.window_nll[w], g, 1e-4 * g) << "window " << w;
+  }
+}
+
+}  // namespace
+}  // namespace spool::engine

@@ -1,0 +1,106 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace spool::engine {
+
+void SamplingParams::validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) throw UsageError(strfmt("temperature must be >= 0 (got %g)", temperature));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) throw UsageError(strfmt("top_p must be in (0, 1] (got %g)", top_p));
+  if (top_k < 0) throw UsageError(strfmt("top_k must be >= 0 (got %d)", top_k));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) throw UsageError(strfmt("min_p must be in [0, 1] (got %g)", min_p));
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+    throw UsageError(strfmt("repetition penalty must be > 0 (got %g)", repetition_penalty));
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    throw UsageError(strfmt("presence_penalty must be in [-2, 2] (got %g)", presence_penalty));
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    throw UsageError(strfmt("frequency_penalty must be in [-2, 2] (got %g)", frequency_penalty));
+}
+
+Sampler::Sampler(SamplingParams p, int64_t vocab_size) : p_(p), vocab_(vocab_size), rng_(p.seed) {}
+
+float Sampler::log_prob(const float* logits, int64_t vocab, int32_t id) {
+  float m = *std::max_element(logits, logits + vocab);
+  double s = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) s += std::exp(static_cast<double>(logits[i]) - m);
+  return static_cast<float>(logits[id] - m - std::log(s));
+}
+
+int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated) {
+  for (int64_t i = 0; i < vocab_; ++i)
+    if (!std::isfinite(logits[i]))
+      fail("the model produced a non-finite logit (%s) for token %lld; refusing to sample", std::isnan(logits[i]) ? "NaN" : "inf",
+           (long long)i);
+  if (p_.repetition_penalty != 1.0f) {
+    // Each distinct token once (HF gathers, penalises and scatters).
+    std::vector<char> seen(vocab_, 0);
+    for (int32_t id : context) {
+      if (id < 0 || id >= vocab_ || seen[id]) continue;
+      seen[id] = 1;
+      logits[id] = logits[id] > 0 ? logits[id] / p_.repetition_penalty : logits[id] * p_.repetition_penalty;
+    }
+  }
+  if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+    counts_.assign(vocab_, 0);
+    for (int32_t id : generated)
+      if (id >= 0 && id < vocab_) ++counts_[id];
+    for (int64_t i = 0; i < vocab_; ++i)
+      if (counts_[i] > 0) logits[i] -= p_.presence_penalty + p_.frequency_penalty * counts_[i];
+  }
+  if (p_.temperature == 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
+  }
+  // Candidates sorted by logit (descending); truncations keep prefixes.
+  cand_.resize(vocab_);
+  for (int64_t i = 0; i < vocab_; ++i) cand_[i] = {logits[i] / p_.temperature, static_cast<int32_t>(i)};
+  auto by_logit = [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; };
+  int64_t n = vocab_;
+  if (p_.top_k > 0 && p_.top_k < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+    n = p_.top_k;
+  } else {
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+  }
+  // Softmax over the kept candidates.
+  std::vector<double> prob(n);
+  const double m = cand_[0].first;
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    prob[i] = std::exp(cand_[i].first - m);
+    s += prob[i];
+  }
+  for (auto& x : prob) x /= s;
+  if (p_.top_p < 1.0f) {
+    // HF TopPWarper keeps the smallest prefix whose mass reaches top_p (at least one token).
+    double cum = 0.0;
+    int64_t keep = n;
+    for (int64_t i = 0; i < n; ++i) {
+      cum += prob[i];
+      if (cum >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+  }
+  if (p_.min_p > 0.0f) {
+    const double thr = p_.min_p * prob[0];
+    int64_t keep = 1;
+    while (keep < n && prob[keep] >= thr) ++keep;
+    n = keep;
+  }
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += prob[i];
+  std::uniform_real_distribution<double> u(0.0, total);
+  double r = u(rng_), acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc += prob[i];
+    if (r < acc) return cand_[i].second;
+  }
+  return cand_[n - 1].second;
+}
+
+}  // namespace spool::engine
