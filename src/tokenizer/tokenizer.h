@@ -1,0 +1,93 @@
+// spool::tokenizer::Tokenizer: a Hugging Face tokenizer.json byte-level BPE tokenizer that
+// produces exactly the ids of HF `tokenizers` (added tokens, normalizer, pre-tokenizer,
+// BPE model, ByteLevel decoder), plus the tokenizer_config.json facts the engine needs
+// (bos/eos, chat template, what add_special_tokens=True adds).
+//
+// Thread safety: a loaded Tokenizer is immutable apart from an internal, locked word
+// cache; all const methods may be called concurrently. Copies share the loaded data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace spool::tokenizer {
+
+class StreamDecoder;
+
+/// A loaded tokenizer. Create with load() or from_json().
+class Tokenizer {
+ public:
+  /// Loads `dir`/tokenizer.json, plus `dir`/tokenizer_config.json and
+  /// `dir`/chat_template.jinja when present. Throws spool::Error naming the file on a
+  /// missing or malformed file or an unsupported tokenizer component.
+  static Tokenizer load(const std::string& dir);
+
+  /// Builds a tokenizer from the text of tokenizer.json and of tokenizer_config.json (may
+  /// be empty). `label` names the source in error messages.
+  static Tokenizer from_json(const std::string& tokenizer_json_text,
+                             const std::string& tokenizer_config_text, const std::string& label);
+
+  /// Token ids of `text` (UTF-8; ill-formed bytes are read as U+FFFD). With
+  /// `add_special`, adds what transformers adds with add_special_tokens=True (e.g. the BOS
+  /// of DeepSeek-V3; nothing for Qwen).
+  std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+
+  /// Text of `ids`; always well-formed UTF-8 (ill-formed byte sequences become U+FFFD).
+  /// With `skip_special`, special added tokens are left out. Throws spool::Error on an
+  /// id that is not in the vocabulary.
+  std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+
+  /// Id of the token string `token` (added tokens first, then the model vocabulary);
+  /// -1 if unknown.
+  int32_t token_to_id(std::string_view token) const;
+
+  /// The raw vocabulary string of `id` (byte-level alphabet form, e.g. "Ġthe"); "" if out
+  /// of range or unassigned.
+  std::string id_to_token(int32_t id) const;
+
+  /// Max id + 1 over the vocabulary and the added tokens.
+  int32_t vocab_size() const;
+
+  /// True if `id` is an added token marked special.
+  bool is_special(int32_t id) const;
+
+  /// Id of tokenizer_config.json "bos_token", if set and known.
+  std::optional<int32_t> bos_id() const;
+
+  /// Id of tokenizer_config.json "eos_token", if set and known.
+  std::optional<int32_t> eos_id() const;
+
+  /// The chat template: chat_template.jinja in the directory, else tokenizer_config.json
+  /// "chat_template"; "" if none.
+  const std::string& chat_template() const;
+
+  /// tokenizer_config.json as parsed (an empty object if absent).
+  const nlohmann::json& config() const;
+
+ private:
+  friend class StreamDecoder;
+  struct Impl;
+  explicit Tokenizer(std::shared_ptr<const Impl> impl);
+  // Parses and assembles everything; labels name the sources in error messages.
+  static std::shared_ptr<const Impl> build(const std::string& json_text, const std::string& label,
+                                           const std::string& config_text,
+                                           const std::string& config_label,
+                                           const std::string* chat_template_file);
+  // Validates `id` (spool::Error if unknown) and tells whether decode(skip_special) drops it.
+  bool check_id(int32_t id, bool skip_special) const;
+  // Bytes the decoder produces for `id` (valid id required).
+  const std::string& token_bytes(int32_t id) const;
+  // True if the decoder joins token strings with spaces (null decoder).
+  bool joins_with_space() const;
+
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace spool::tokenizer
