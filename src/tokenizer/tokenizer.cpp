@@ -147,6 +147,13 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::build(const std::string& json_
     impl->wrap = build_special_wrap(
         field(j, "post_processor"), config,
         [&ref](std::string_view t) { return ref.lookup(t); }, label, config_label);
+    for (const auto* part : {&impl->wrap.prefix, &impl->wrap.suffix}) {
+      for (const int32_t id : *part) {
+        if (id < 0 || id >= impl->vocab_size || (impl->flags[static_cast<size_t>(id)] & kValid) == 0) {
+          fail("%s: post_processor special token id %d is not in the vocabulary", label.c_str(), id);
+        }
+      }
+    }
     if (const auto bos = config_token(config, "bos_token", config_label)) impl->bos = ref.lookup(*bos);
     if (const auto eos = config_token(config, "eos_token", config_label)) impl->eos = ref.lookup(*eos);
     impl->chat_template = chat_template_file != nullptr
