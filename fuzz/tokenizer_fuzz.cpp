@@ -75,13 +75,17 @@ std::string builtin_tokenizer_json() {
   vocab["Ġthe"] = 258;
   const nlohmann::json j = {
       {"version", "1.0"},
-      {"added_tokens", {{{"id", 259}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}}}},
+      {"added_tokens",
+       {{{"id", 259}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}}}},
       {"normalizer", {{"type", "NFC"}}},
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
          {{{"type", "Split"},
-           {"pattern", {{"Regex", "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+           {"pattern",
+            {{"Regex",
+              "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+              "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
            {"behavior", "Isolated"},
            {"invert", false}},
           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
@@ -105,7 +109,8 @@ const TextTarget& text_target() {
     if (dir.empty()) dir = std::string(SPOOL_TEST_DATA_DIR) + "/tokenizers/qwen3";
 #endif
     std::error_code ec;
-    if (!dir.empty() && std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json", ec)) {
+    if (!dir.empty() &&
+        std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json", ec)) {
       std::fprintf(stderr, "tokenizer_fuzz: text mode uses %s\n", dir.c_str());
       Tokenizer t = Tokenizer::load(dir);
       // Probe whether the tokenizer composes "e" + U+0301 (NFC normalizer).
@@ -127,7 +132,8 @@ void fuzz_json(std::string_view data) {
     return;  // rejected with a proper error: fine
   }
   for (const std::string_view text :
-       {std::string_view("Hello world! 123 <|im_end|> héllo\xF0\x9F\x98\x80 \xFF"), data.substr(0, 256)}) {
+       {std::string_view("Hello world! 123 <|im_end|> héllo\xF0\x9F\x98\x80 \xFF"),
+        data.substr(0, 256)}) {
     for (const bool special : {false, true}) {
       try {
         const std::vector<int32_t> ids = tok->encode(text, special);

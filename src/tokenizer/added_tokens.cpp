@@ -146,7 +146,7 @@ AddedVocab AddedVocab::from_json(const nlohmann::json& added_tokens, const Bpe& 
     }
     if (file_id >= 0 && file_id != *id) {
       log_warn("%s: added token '%s' has id %lld in the file but gets id %d", label.c_str(),
-               tok.content.c_str(), static_cast<long long>(file_id), *id);
+               utf8::clip(tok.content).c_str(), static_cast<long long>(file_id), *id);
     }
     tok.id = *id;
     v.by_content_[tok.content] = tok.id;

@@ -5,14 +5,13 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace spool::tokenizer {
 
@@ -89,9 +88,9 @@ class AddedVocab {
 
   void rebuild_matchers(const Normalizer& normalizer);
 
-  std::vector<AddedToken> tokens_;                      // registration order
-  std::unordered_map<int32_t, size_t> by_id_;          // id -> index in tokens_
-  std::unordered_map<std::string, int32_t> by_content_;  // content -> id
+  std::vector<AddedToken> tokens_;                               // registration order
+  std::unordered_map<int32_t, size_t> by_id_;                    // id -> index in tokens_
+  std::unordered_map<std::string, int32_t> by_content_;          // content -> id
   std::unordered_map<int32_t, std::string> normalized_content_;  // only where it differs
   std::unordered_set<std::string> special_contents_;
   Trie raw_;

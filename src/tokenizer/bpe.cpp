@@ -13,8 +13,8 @@ namespace spool::tokenizer {
 namespace {
 
 constexpr int64_t kMaxVocabId = int64_t{1} << 24;  // sanity bound on ids (real vocabs < 300k)
-constexpr size_t kCacheCapacity = 1 << 16;          // words kept in the cache
-constexpr size_t kMaxCachedWord = 256;              // longer words are not cached (bytes)
+constexpr size_t kCacheCapacity = 1 << 16;         // words kept in the cache
+constexpr size_t kMaxCachedWord = 256;             // longer words are not cached (bytes)
 
 // Transparent string hashing so the cache can be probed with a string_view.
 struct StringHash {
@@ -39,7 +39,7 @@ bool opt_bool(const nlohmann::json& model, const char* key, const std::string& l
 }
 
 // Printable, bounded rendering of a token for error messages.
-std::string show(std::string_view s) { return utf8::to_valid(s.substr(0, 100)); }
+std::string show(std::string_view s) { return utf8::clip(s); }
 
 }  // namespace
 
@@ -74,8 +74,8 @@ void Bpe::PairMap::insert_or_assign(int32_t a, int32_t b, MergeRule rule) {
     reserve(std::max<size_t>(size_ + 1, old.size()));
     for (const Slot& s : old) {
       if (s.key != kEmpty) {
-        insert_or_assign(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xffffffffu),
-                         s.rule);
+        insert_or_assign(static_cast<int32_t>(s.key >> 32),
+                         static_cast<int32_t>(s.key & 0xffffffffu), s.rule);
       }
     }
   }
@@ -202,13 +202,12 @@ Bpe Bpe::from_json(const nlohmann::json& model, const std::string& label) {
     const int32_t a_id = bpe.lookup(a);
     const int32_t b_id = bpe.lookup(b);
     if (a_id < 0 || b_id < 0) {
-      fail("%s: merge #%u ('%s', '%s') names a token that is not in the vocab: '%s'",
-           label.c_str(), rank + 1, show(a).c_str(), show(b).c_str(),
-           show(a_id < 0 ? a : b).c_str());
+      fail("%s: merge #%u ('%s', '%s') names a token that is not in the vocab: '%s'", label.c_str(),
+           rank + 1, show(a).c_str(), show(b).c_str(), show(a_id < 0 ? a : b).c_str());
     }
     if (b.size() < prefix_len) {
-      fail("%s: merge #%u: '%s' is shorter than continuing_subword_prefix", label.c_str(),
-           rank + 1, show(b).c_str());
+      fail("%s: merge #%u: '%s' is shorter than continuing_subword_prefix", label.c_str(), rank + 1,
+           show(b).c_str());
     }
     merged.assign(a);
     merged.append(b.substr(prefix_len));
@@ -269,7 +268,8 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (cacheable) {
     std::unique_lock lock(cache_->mu);
     if (cache_->words.size() < kCacheCapacity) {
-      cache_->words.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
+      cache_->words.emplace(std::string(word),
+                            std::vector<int32_t>(out.begin() + first, out.end()));
     }
   }
 }

@@ -7,13 +7,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace spool::tokenizer {
 
@@ -81,9 +80,9 @@ class Bpe {
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
   int32_t lookup(std::string_view s) const;  // -1 if absent
 
-  std::vector<std::string> strings_;                    // vocab keys, stable storage
+  std::vector<std::string> strings_;                     // vocab keys, stable storage
   std::unordered_map<std::string_view, int32_t> vocab_;  // views into strings_
-  std::vector<int32_t> id_index_;                       // id -> index in strings_, -1 if none
+  std::vector<int32_t> id_index_;                        // id -> index in strings_, -1 if none
   PairMap merges_;
   std::optional<std::string> unk_token_;
   int32_t unk_id_ = -1;

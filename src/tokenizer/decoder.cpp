@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/utf8.h"
 
 namespace spool::tokenizer {
 
@@ -20,14 +21,14 @@ Decoder Decoder::from_json(const nlohmann::json& j, const std::string& label) {
     // A Sequence holding exactly one ByteLevel decoder is the same as that decoder.
     const auto it = j.find("decoders");
     if (it != j.end() && it->is_array() && it->size() == 1 && (*it)[0].is_object() &&
-        (*it)[0].contains("type") &&
-        (*it)[0]["type"] == "ByteLevel") {
+        (*it)[0].contains("type") && (*it)[0]["type"] == "ByteLevel") {
       return d;
     }
     fail("%s: unsupported decoder Sequence (only a single ByteLevel decoder is supported)",
          label.c_str());
   }
-  fail("%s: unsupported decoder type '%s' (supported: ByteLevel)", label.c_str(), type.c_str());
+  fail("%s: unsupported decoder type '%s' (supported: ByteLevel)", label.c_str(),
+       utf8::clip(type).c_str());
 }
 
 std::string Decoder::token_bytes(std::string_view token) const {

@@ -2,10 +2,9 @@
 // (also inside a Sequence) and null (HF then joins token strings with spaces).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace spool::tokenizer {
 

@@ -1,11 +1,12 @@
 #include "tokenizer/normalizer.h"
 
+#include <utf8proc.h>
+
 #include <cstdlib>
 #include <memory>
 
-#include <utf8proc.h>
-
 #include "common/error.h"
+#include "tokenizer/utf8.h"
 
 namespace spool::tokenizer {
 namespace {
@@ -35,17 +36,16 @@ void parse(const nlohmann::json& j, const std::string& label, int depth, std::ve
     for (const auto& sub : *it) parse(sub, label, depth + 1, forms);
   } else {
     fail("%s: unsupported normalizer type '%s' (supported: NFC, NFD, NFKC, NFKD, Sequence)",
-         label.c_str(), type.c_str());
+         label.c_str(), utf8::clip(type).c_str());
   }
 }
 
 // Applies one utf8proc normalization to well-formed UTF-8.
 void apply_form(std::string_view text, int options, std::string& out) {
   utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &result,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &result,
+                                          static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(result, &std::free);
   if (n < 0) {
     // Only possible on ill-formed input or out of memory; keep the text unchanged.

@@ -2,11 +2,10 @@
 // Sequence; null means identity. Other normalizer types are rejected at load time.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace spool::tokenizer {
 

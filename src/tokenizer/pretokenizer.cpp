@@ -35,13 +35,14 @@ Behavior parse_behavior(const nlohmann::json& j, const std::string& label) {
   if (b == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
   if (b == "MergedWithNext") return Behavior::kMergedWithNext;
   if (b == "Contiguous") return Behavior::kContiguous;
-  fail("%s: unknown Split behavior '%s'", label.c_str(), b.c_str());
+  fail("%s: unknown Split behavior '%s'", label.c_str(), utf8::clip(b).c_str());
 }
 
 bool get_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& label) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail("%s: pre_tokenizer field \"%s\" must be a boolean", label.c_str(), key);
+  if (!it->is_boolean())
+    fail("%s: pre_tokenizer field \"%s\" must be a boolean", label.c_str(), key);
   return it->get<bool>();
 }
 
@@ -68,8 +69,10 @@ void emit(std::string_view piece, std::vector<Flagged>& m, Behavior behavior,
       bool previous = false;
       for (const Flagged& f : m) {
         const bool merge = contiguous ? f.match == previous : (f.match && !previous);
-        if (merge && !acc.empty()) acc.back().end = f.end;
-        else acc.push_back(f);
+        if (merge && !acc.empty())
+          acc.back().end = f.end;
+        else
+          acc.push_back(f);
         previous = f.match;
       }
       for (const Flagged& f : acc) push(f.start, f.end);
@@ -79,8 +82,10 @@ void emit(std::string_view piece, std::vector<Flagged>& m, Behavior behavior,
       std::vector<Flagged> acc;
       bool previous = false;
       for (auto it = m.rbegin(); it != m.rend(); ++it) {
-        if (it->match && !previous && !acc.empty()) acc.back().start = it->start;
-        else acc.push_back(*it);
+        if (it->match && !previous && !acc.empty())
+          acc.back().start = it->start;
+        else
+          acc.push_back(*it);
         previous = it->match;
       }
       for (auto it = acc.rbegin(); it != acc.rend(); ++it) push(it->start, it->end);
@@ -219,8 +224,9 @@ void PreTokenizer::parse_steps(const nlohmann::json& j, const std::string& label
       fail("%s: Split needs \"pattern\": {\"Regex\": ...} or {\"String\": ...}", label.c_str());
     }
     const bool is_regex = pat->contains("Regex");
-    const auto& text = is_regex ? (*pat)["Regex"] : pat->contains("String") ? (*pat)["String"]
-                                                                            : nlohmann::json();
+    const auto& text = is_regex                  ? (*pat)["Regex"]
+                       : pat->contains("String") ? (*pat)["String"]
+                                                 : nlohmann::json();
     if (!text.is_string()) {
       fail("%s: Split \"pattern\" must be {\"Regex\": string} or {\"String\": string}",
            label.c_str());
@@ -244,12 +250,13 @@ void PreTokenizer::parse_steps(const nlohmann::json& j, const std::string& label
     Step s;
     s.kind = Step::Kind::kDigits;
     s.behavior = get_bool(j, "individual_digits", false, label) ? Behavior::kIsolated
-                                                                 : Behavior::kContiguous;
+                                                                : Behavior::kContiguous;
     steps.push_back(std::move(s));
   } else {
-    fail("%s: unsupported pre_tokenizer type '%s' (supported: Split, ByteLevel, Digits, "
-         "Sequence)",
-         label.c_str(), type.c_str());
+    fail(
+        "%s: unsupported pre_tokenizer type '%s' (supported: Split, ByteLevel, Digits, "
+        "Sequence)",
+        label.c_str(), utf8::clip(type).c_str());
   }
 }
 

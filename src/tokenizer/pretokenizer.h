@@ -6,11 +6,10 @@
 
 #include <deque>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tokenizer/regex.h"
 
@@ -21,7 +20,8 @@ struct PreTokenizeScratch {
   MatchScratch match;                  ///< PCRE2 match data
   std::vector<ByteRange> ranges;       ///< regex matches of the current piece
   std::vector<std::string_view> next;  ///< pieces being built by the current step
-  std::deque<std::string> arena;       ///< storage for text created by a step (prefix space, byte mapping)
+  std::deque<std::string>
+      arena;  ///< storage for text created by a step (prefix space, byte mapping)
 };
 
 /// An immutable pre-tokenizer pipeline; safe to share between threads.

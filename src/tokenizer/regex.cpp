@@ -40,13 +40,29 @@ std::string onig_to_pcre(std::string_view p) {
       std::string_view set;
       bool negated = false;
       switch (e) {
-        case 's': set = kSpaceSet; break;
-        case 'S': set = kSpaceSet; negated = true; break;
-        case 'w': set = kWordSet; break;
-        case 'W': set = kWordSet; negated = true; break;
-        case 'h': set = kHexSet; break;
-        case 'H': set = kHexSet; negated = true; break;
-        default: break;
+        case 's':
+          set = kSpaceSet;
+          break;
+        case 'S':
+          set = kSpaceSet;
+          negated = true;
+          break;
+        case 'w':
+          set = kWordSet;
+          break;
+        case 'W':
+          set = kWordSet;
+          negated = true;
+          break;
+        case 'h':
+          set = kHexSet;
+          break;
+        case 'H':
+          set = kHexSet;
+          negated = true;
+          break;
+        default:
+          break;
       }
       if (!set.empty() && !(in_class && negated)) {
         if (in_class) {
@@ -112,9 +128,9 @@ Regex::Regex(std::string_view pattern, bool literal, const std::string& label) :
   if (code->code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    fail("%s: invalid regex at offset %zu: %s (pattern: %.200s)", label.c_str(),
-         static_cast<size_t>(err_offset), reinterpret_cast<const char*>(msg),
-         utf8::to_valid(pattern).c_str());
+    fail("%s: invalid regex (%s at offset %zu of '%s')", label.c_str(),
+         reinterpret_cast<const char*>(msg), static_cast<size_t>(err_offset),
+         utf8::clip(translated, 200).c_str());
   }
   code->jit = pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE) == 0;
   code_ = std::move(code);
@@ -125,14 +141,14 @@ void Regex::find_all(std::string_view text, MatchScratch& scratch,
   auto* md = static_cast<pcre2_match_data*>(scratch.data());
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
-  size_t pos = 0;            // where the next search starts
+  size_t pos = 0;              // where the next search starts
   size_t last_end = SIZE_MAX;  // end of the previous reported match
   while (pos <= n) {
     // Callers guarantee well-formed UTF-8 and char-aligned offsets.
     int rc = pcre2_match(code_->code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
-      rc = pcre2_match(code_->code, subject, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
-                       nullptr);
+      rc =
+          pcre2_match(code_->code, subject, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "tokenizer/utf8.h"
 
 namespace spool::tokenizer {
 namespace {
@@ -13,8 +14,8 @@ constexpr int kMaxDepth = 16;  // nesting limit for Sequence post-processors
 // Tokenizer classes whose transformers implementation rebuilds the post-processor from
 // add_bos_token (default true) / add_eos_token (default false).
 constexpr std::array<std::string_view, 6> kLlamaClasses = {
-    "LlamaTokenizer",     "LlamaTokenizerFast", "CodeLlamaTokenizer",
-    "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast"};
+    "LlamaTokenizer",         "LlamaTokenizerFast", "CodeLlamaTokenizer",
+    "CodeLlamaTokenizerFast", "GemmaTokenizer",     "GemmaTokenizerFast"};
 
 std::optional<bool> config_bool(const nlohmann::json& config, const char* key,
                                 const std::string& config_label) {
@@ -30,17 +31,18 @@ std::vector<int32_t> template_ids(const nlohmann::json& specials, const std::str
   const auto it = specials.find(name);
   if (it == specials.end() || !it->is_object()) {
     fail("%s: TemplateProcessing uses special token '%s' missing from special_tokens",
-         label.c_str(), name.c_str());
+         label.c_str(), utf8::clip(name).c_str());
   }
   const auto ids = it->find("ids");
   if (ids == it->end() || !ids->is_array()) {
     fail("%s: TemplateProcessing special token '%s' needs an \"ids\" array", label.c_str(),
-         name.c_str());
+         utf8::clip(name).c_str());
   }
   std::vector<int32_t> out;
   for (const auto& id : *ids) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      fail("%s: TemplateProcessing special token '%s' has a bad id", label.c_str(), name.c_str());
+      fail("%s: TemplateProcessing special token '%s' has a bad id", label.c_str(),
+           utf8::clip(name).c_str());
     }
     out.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
@@ -119,7 +121,7 @@ void parse_post_processor(const nlohmann::json& j, const std::string& label, int
     for (const auto& sub : *it) parse_post_processor(sub, label, depth + 1, w);
     return;
   } else {
-    fail("%s: unsupported post_processor type '%s'", label.c_str(), type.c_str());
+    fail("%s: unsupported post_processor type '%s'", label.c_str(), utf8::clip(type).c_str());
   }
   // A later processor wraps the output of the earlier ones.
   add.prefix.insert(add.prefix.end(), w.prefix.begin(), w.prefix.end());
@@ -161,7 +163,7 @@ SpecialWrap build_special_wrap(const nlohmann::json& post_processor, const nlohm
         dst.push_back(*id);
       } else {
         log_warn("%s: %s '%s' is not in the vocabulary", config_label.c_str(), key,
-                 content->c_str());
+                 utf8::clip(*content).c_str());
       }
     };
     if (add_bos.value_or(llama)) resolve("bos_token", w.prefix);

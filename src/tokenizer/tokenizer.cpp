@@ -106,7 +106,9 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::build(const std::string& json_
     const nlohmann::json j = parse_json(json_text, label);
     if (!j.is_object()) fail("%s: top level must be a JSON object", label.c_str());
     if (const nlohmann::json& v = field(j, "version"); !v.is_null() && v != "1.0") {
-      fail("%s: unsupported tokenizer.json version %s", label.c_str(), v.dump().c_str());
+      fail("%s: unsupported tokenizer.json version '%s' (expected \"1.0\")", label.c_str(),
+           v.is_string() ? utf8::to_valid(v.get_ref<const std::string&>().substr(0, 40)).c_str()
+                         : "(not a string)");
     }
     nlohmann::json config = nlohmann::json::object();
     if (config_text.find_first_not_of(" \t\r\n") != std::string::npos) {
@@ -122,8 +124,8 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::build(const std::string& json_
     impl->pre = PreTokenizer::from_json(field(j, "pre_tokenizer"), label);
     impl->model.set_raw_byte_input(impl->pre.defers_byte_mapping());
     impl->decoder = Decoder::from_json(field(j, "decoder"), label);
-    impl->added = AddedVocab::from_json(field(j, "added_tokens"), impl->model, impl->normalizer,
-                                        label);
+    impl->added =
+        AddedVocab::from_json(field(j, "added_tokens"), impl->model, impl->normalizer, label);
 
     // Per-id tables for decoding.
     int32_t max_id = impl->model.max_id();
@@ -145,17 +147,21 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::build(const std::string& json_
 
     const Impl& ref = *impl;
     impl->wrap = build_special_wrap(
-        field(j, "post_processor"), config,
-        [&ref](std::string_view t) { return ref.lookup(t); }, label, config_label);
+        field(j, "post_processor"), config, [&ref](std::string_view t) { return ref.lookup(t); },
+        label, config_label);
     for (const auto* part : {&impl->wrap.prefix, &impl->wrap.suffix}) {
       for (const int32_t id : *part) {
-        if (id < 0 || id >= impl->vocab_size || (impl->flags[static_cast<size_t>(id)] & kValid) == 0) {
-          fail("%s: post_processor special token id %d is not in the vocabulary", label.c_str(), id);
+        if (id < 0 || id >= impl->vocab_size ||
+            (impl->flags[static_cast<size_t>(id)] & kValid) == 0) {
+          fail("%s: post_processor special token id %d is not in the vocabulary", label.c_str(),
+               id);
         }
       }
     }
-    if (const auto bos = config_token(config, "bos_token", config_label)) impl->bos = ref.lookup(*bos);
-    if (const auto eos = config_token(config, "eos_token", config_label)) impl->eos = ref.lookup(*eos);
+    if (const auto bos = config_token(config, "bos_token", config_label))
+      impl->bos = ref.lookup(*bos);
+    if (const auto eos = config_token(config, "eos_token", config_label))
+      impl->eos = ref.lookup(*eos);
     impl->chat_template = chat_template_file != nullptr
                               ? *chat_template_file
                               : config_chat_template(config, config_label);

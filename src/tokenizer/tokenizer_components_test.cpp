@@ -21,10 +21,12 @@ const std::string kFFFD = "\xEF\xBF\xBD";
 TEST(Utf8, LossyRepairFollowsMaximalSubpartRule) {
   // Expected strings as produced by Python bytes.decode("utf-8", errors="replace").
   EXPECT_EQ(utf8::to_valid("abc"), "abc");
-  EXPECT_EQ(utf8::to_valid("\xF0\x9F\x98"), kFFFD);                   // truncated 4-byte
-  EXPECT_EQ(utf8::to_valid("\xF0\x9F\x98" "a"), kFFFD + "a");
-  EXPECT_EQ(utf8::to_valid("\xE0\x80\x80"), kFFFD + kFFFD + kFFFD);   // overlong
-  EXPECT_EQ(utf8::to_valid("\xED\xA0\x80"), kFFFD + kFFFD + kFFFD);   // surrogate
+  EXPECT_EQ(utf8::to_valid("\xF0\x9F\x98"), kFFFD);  // truncated 4-byte
+  EXPECT_EQ(utf8::to_valid("\xF0\x9F\x98"
+                           "a"),
+            kFFFD + "a");
+  EXPECT_EQ(utf8::to_valid("\xE0\x80\x80"), kFFFD + kFFFD + kFFFD);  // overlong
+  EXPECT_EQ(utf8::to_valid("\xED\xA0\x80"), kFFFD + kFFFD + kFFFD);  // surrogate
   EXPECT_EQ(utf8::to_valid("\xC0\xAF"), kFFFD + kFFFD);
   EXPECT_EQ(utf8::to_valid("\xF4\x90\x80\x80"), kFFFD + kFFFD + kFFFD + kFFFD);
   EXPECT_EQ(utf8::to_valid("\xE2\x82"), kFFFD);
@@ -39,7 +41,7 @@ TEST(Utf8, CompletePrefixHoldsBackOnlyIncompleteTail) {
   EXPECT_EQ(utf8::complete_prefix("ab"), 2u);
   EXPECT_EQ(utf8::complete_prefix("a\xF0\x9F\x98"), 1u);  // 3 of 4 bytes: wait
   EXPECT_EQ(utf8::complete_prefix("a\xF0\x9F\x98\x80"), 5u);
-  EXPECT_EQ(utf8::complete_prefix("a\xFF"), 2u);  // never valid: emit now
+  EXPECT_EQ(utf8::complete_prefix("a\xFF"), 2u);      // never valid: emit now
   EXPECT_EQ(utf8::complete_prefix("a\xE0\x80"), 3u);  // E0 80 can never complete
   EXPECT_EQ(utf8::complete_prefix(""), 0u);
 }
@@ -71,9 +73,11 @@ nlohmann::json tiny(const nlohmann::json& pre_tokenizer,
                     const nlohmann::json& added = nlohmann::json::array(),
                     const nlohmann::json& normalizer = nullptr) {
   nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[std::string(byte_level::byte_to_utf8(static_cast<uint8_t>(b)))] = b;
+  for (int b = 0; b < 256; ++b)
+    vocab[std::string(byte_level::byte_to_utf8(static_cast<uint8_t>(b)))] = b;
   const std::vector<std::pair<std::string, std::string>> merges = {
-      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"}, {"o", "r"}, {"Ġw", "or"}, {"1", "2"}};
+      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"},
+      {"Ġ", "w"}, {"o", "r"}, {"Ġw", "or"}, {"1", "2"}};
   nlohmann::json m = nlohmann::json::array();
   for (const auto& [a, b] : merges) {
     vocab[a + b] = static_cast<int>(vocab.size());
@@ -84,11 +88,23 @@ nlohmann::json tiny(const nlohmann::json& pre_tokenizer,
           {"normalizer", normalizer},
           {"pre_tokenizer", pre_tokenizer},
           {"post_processor", nullptr},
-          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
-          {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"vocab", vocab}, {"merges", m}}}};
+          {"decoder",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", false},
+            {"use_regex", false}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"vocab", vocab},
+            {"merges", m}}}};
 }
 
-const nlohmann::json kByteLevel = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+const nlohmann::json kByteLevel = {{"type", "ByteLevel"},
+                                   {"add_prefix_space", false},
+                                   {"trim_offsets", false},
+                                   {"use_regex", false}};
 
 nlohmann::json seq(const nlohmann::json& first) {
   return {{"type", "Sequence"}, {"pretokenizers", {first, kByteLevel}}};
@@ -108,17 +124,24 @@ void expect_encodes(const nlohmann::json& j, const std::vector<std::string>& tex
 }
 
 nlohmann::json split(const char* behavior, bool invert) {
-  return {{"type", "Split"}, {"pattern", {{"Regex", "\\s+|\\d"}}}, {"behavior", behavior}, {"invert", invert}};
+  return {{"type", "Split"},
+          {"pattern", {{"Regex", "\\s+|\\d"}}},
+          {"behavior", behavior},
+          {"invert", invert}};
 }
 
 TEST(PreTokenizer, SplitBehaviours) {
-  expect_encodes(tiny(seq(split("Removed", false))), kTexts,
-                 {{259, 119, 261, 108, 100, 259}, {259, 119, 261, 108, 100}, {259, 119, 261, 108, 100, 120}}, "Removed");
+  expect_encodes(
+      tiny(seq(split("Removed", false))), kTexts,
+      {{259, 119, 261, 108, 100, 259}, {259, 119, 261, 108, 100}, {259, 119, 261, 108, 100, 120}},
+      "Removed");
   expect_encodes(tiny(seq(split("Removed", true))), kTexts,
-                 {{32, 32, 49, 50, 32}, {32, 32, 49, 50, 51}, {32, 10, 10, 32, 49, 50, 49, 50}}, "Removed inverted");
-  const std::vector<Ids> isolated = {{259, 32, 119, 261, 108, 100, 32, 49, 50, 32, 259},
-                                     {259, 32, 32, 119, 261, 108, 100, 49, 50, 51},
-                                     {32, 259, 10, 10, 119, 261, 108, 100, 32, 49, 50, 49, 50, 120}};
+                 {{32, 32, 49, 50, 32}, {32, 32, 49, 50, 51}, {32, 10, 10, 32, 49, 50, 49, 50}},
+                 "Removed inverted");
+  const std::vector<Ids> isolated = {
+      {259, 32, 119, 261, 108, 100, 32, 49, 50, 32, 259},
+      {259, 32, 32, 119, 261, 108, 100, 49, 50, 51},
+      {32, 259, 10, 10, 119, 261, 108, 100, 32, 49, 50, 49, 50, 120}};
   const std::vector<Ids> merged = {{259, 262, 108, 100, 32, 49, 50, 32, 259},
                                    {259, 32, 262, 108, 100, 49, 50, 51},
                                    {32, 259, 10, 10, 119, 261, 108, 100, 32, 49, 50, 49, 50, 120}};
@@ -127,38 +150,52 @@ TEST(PreTokenizer, SplitBehaviours) {
                                        {32, 259, 10, 10, 119, 261, 108, 100, 32, 263, 263, 120}};
   expect_encodes(tiny(seq(split("Isolated", false))), kTexts, isolated, "Isolated");
   expect_encodes(tiny(seq(split("Isolated", true))), kTexts, isolated, "Isolated inverted");
-  expect_encodes(tiny(seq(split("MergedWithPrevious", false))), kTexts, isolated, "MergedWithPrevious");
-  expect_encodes(tiny(seq(split("MergedWithPrevious", true))), kTexts, merged, "MergedWithPrevious inverted");
+  expect_encodes(tiny(seq(split("MergedWithPrevious", false))), kTexts, isolated,
+                 "MergedWithPrevious");
+  expect_encodes(tiny(seq(split("MergedWithPrevious", true))), kTexts, merged,
+                 "MergedWithPrevious inverted");
   expect_encodes(tiny(seq(split("MergedWithNext", false))), kTexts, merged, "MergedWithNext");
-  expect_encodes(tiny(seq(split("MergedWithNext", true))), kTexts, isolated, "MergedWithNext inverted");
+  expect_encodes(tiny(seq(split("MergedWithNext", true))), kTexts, isolated,
+                 "MergedWithNext inverted");
   expect_encodes(tiny(seq(split("Contiguous", false))), kTexts, contiguous, "Contiguous");
   expect_encodes(tiny(seq(split("Contiguous", true))), kTexts, contiguous, "Contiguous inverted");
 }
 
 TEST(PreTokenizer, StringPatternDigitsAndGpt2ByteLevel) {
-  expect_encodes(tiny(seq({{"type", "Split"}, {"pattern", {{"String", "l"}}}, {"behavior", "Removed"}, {"invert", false}})),
+  expect_encodes(tiny(seq({{"type", "Split"},
+                           {"pattern", {{"String", "l"}}},
+                           {"behavior", "Removed"},
+                           {"invert", false}})),
                  kTexts,
-                 {{256, 111, 262, 100, 32, 263, 32, 256, 111}, {256, 111, 32, 262, 100, 263, 51},
+                 {{256, 111, 262, 100, 32, 263, 32, 256, 111},
+                  {256, 111, 32, 262, 100, 263, 51},
                   {32, 256, 111, 10, 10, 119, 261, 100, 32, 263, 263, 120}},
                  "String");
   expect_encodes(tiny(seq({{"type", "Digits"}, {"individual_digits", true}})), kTexts,
-                 {{259, 262, 108, 100, 32, 49, 50, 32, 259}, {259, 32, 262, 108, 100, 49, 50, 51},
+                 {{259, 262, 108, 100, 32, 49, 50, 32, 259},
+                  {259, 32, 262, 108, 100, 49, 50, 51},
                   {32, 259, 10, 10, 119, 261, 108, 100, 32, 49, 50, 49, 50, 120}},
                  "Digits individual");
   expect_encodes(tiny(seq({{"type", "Digits"}, {"individual_digits", false}})), kTexts,
-                 {{259, 262, 108, 100, 32, 263, 32, 259}, {259, 32, 262, 108, 100, 263, 51},
+                 {{259, 262, 108, 100, 32, 263, 32, 259},
+                  {259, 32, 262, 108, 100, 263, 51},
                   {32, 259, 10, 10, 119, 261, 108, 100, 32, 263, 263, 120}},
                  "Digits");
-  expect_encodes(tiny({{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}),
+  expect_encodes(tiny({{"type", "ByteLevel"},
+                       {"add_prefix_space", true},
+                       {"trim_offsets", false},
+                       {"use_regex", true}}),
                  kTexts,
-                 {{32, 259, 262, 108, 100, 32, 263, 32, 259}, {32, 259, 32, 262, 108, 100, 263, 51},
+                 {{32, 259, 262, 108, 100, 32, 263, 32, 259},
+                  {32, 259, 32, 262, 108, 100, 263, 51},
                   {32, 259, 10, 10, 119, 261, 108, 100, 32, 263, 263, 120}},
                  "GPT-2 ByteLevel");
 }
 
 nlohmann::json added_tokens(const nlohmann::json& flags) {
-  nlohmann::json s = {{"id", 264}, {"content", "<s>"}, {"single_word", false}, {"lstrip", false},
-                      {"rstrip", false}, {"normalized", false}, {"special", true}};
+  nlohmann::json s = {{"id", 264},       {"content", "<s>"}, {"single_word", false},
+                      {"lstrip", false}, {"rstrip", false},  {"normalized", false},
+                      {"special", true}};
   nlohmann::json m = s;
   m["id"] = 265;
   m["content"] = "<mask>";
@@ -168,32 +205,53 @@ nlohmann::json added_tokens(const nlohmann::json& flags) {
   return {s, m};
 }
 
-const std::vector<std::string> kAddedTexts = {"x<s>  y", "x <s> y", "hello<s>world", "<s>", " <s> ",
-                                              "a<mask>b a <mask> b", "<mask>"};
+const std::vector<std::string> kAddedTexts = {
+    "x<s>  y", "x <s> y", "hello<s>world", "<s>", " <s> ", "a<mask>b a <mask> b", "<mask>"};
 
 TEST(AddedTokens, FlagsFollowHuggingFace) {
   expect_encodes(tiny(kByteLevelOnly, added_tokens(nlohmann::json::object())), kAddedTexts,
-                 {{120, 264, 32, 32, 121}, {120, 32, 264, 32, 121}, {259, 264, 119, 261, 108, 100}, {264},
-                  {32, 264, 32}, {97, 265, 98, 32, 97, 32, 265, 32, 98}, {265}},
+                 {{120, 264, 32, 32, 121},
+                  {120, 32, 264, 32, 121},
+                  {259, 264, 119, 261, 108, 100},
+                  {264},
+                  {32, 264, 32},
+                  {97, 265, 98, 32, 97, 32, 265, 32, 98},
+                  {265}},
                  "plain");
   expect_encodes(tiny(kByteLevelOnly, added_tokens({{"lstrip", true}})), kAddedTexts,
-                 {{120, 264, 32, 32, 121}, {120, 264, 32, 121}, {259, 264, 119, 261, 108, 100}, {264},
-                  {264, 32}, {97, 265, 98, 32, 97, 265, 32, 98}, {265}},
+                 {{120, 264, 32, 32, 121},
+                  {120, 264, 32, 121},
+                  {259, 264, 119, 261, 108, 100},
+                  {264},
+                  {264, 32},
+                  {97, 265, 98, 32, 97, 265, 32, 98},
+                  {265}},
                  "lstrip");
   expect_encodes(tiny(kByteLevelOnly, added_tokens({{"rstrip", true}})), kAddedTexts,
-                 {{120, 264, 121}, {120, 32, 264, 121}, {259, 264, 119, 261, 108, 100}, {264}, {32, 264},
-                  {97, 265, 98, 32, 97, 32, 265, 98}, {265}},
+                 {{120, 264, 121},
+                  {120, 32, 264, 121},
+                  {259, 264, 119, 261, 108, 100},
+                  {264},
+                  {32, 264},
+                  {97, 265, 98, 32, 97, 32, 265, 98},
+                  {265}},
                  "rstrip");
   expect_encodes(tiny(kByteLevelOnly, added_tokens({{"single_word", true}})), kAddedTexts,
-                 {{120, 60, 115, 62, 32, 32, 121}, {120, 32, 264, 32, 121}, {259, 60, 115, 62, 119, 261, 108, 100},
-                  {264}, {32, 264, 32}, {97, 60, 109, 97, 115, 107, 62, 98, 32, 97, 32, 265, 32, 98}, {265}},
+                 {{120, 60, 115, 62, 32, 32, 121},
+                  {120, 32, 264, 32, 121},
+                  {259, 60, 115, 62, 119, 261, 108, 100},
+                  {264},
+                  {32, 264, 32},
+                  {97, 60, 109, 97, 115, 107, 62, 98, 32, 97, 32, 265, 32, 98},
+                  {265}},
                  "single_word");
 }
 
 TEST(AddedTokens, SkipSpecialAndStreaming) {
-  const Tokenizer t =
-      Tokenizer::from_json(tiny(kByteLevelOnly, added_tokens(nlohmann::json::object())).dump(), "", "tiny");
-  const std::vector<std::string> skipped = {"x  y", "x  y", "helloworld", "", "  ", "a<mask>b a <mask> b", "<mask>"};
+  const Tokenizer t = Tokenizer::from_json(
+      tiny(kByteLevelOnly, added_tokens(nlohmann::json::object())).dump(), "", "tiny");
+  const std::vector<std::string> skipped = {
+      "x  y", "x  y", "helloworld", "", "  ", "a<mask>b a <mask> b", "<mask>"};
   for (size_t i = 0; i < kAddedTexts.size(); ++i) {
     const Ids ids = t.encode(kAddedTexts[i]);
     EXPECT_EQ(t.decode(ids, true), skipped[i]);
@@ -209,22 +267,31 @@ TEST(AddedTokens, SkipSpecialAndStreaming) {
 }
 
 TEST(Normalizer, NfcComposesBeforeBpe) {
-  const Tokenizer t = Tokenizer::from_json(tiny(kByteLevelOnly, nlohmann::json::array(), {{"type", "NFC"}}).dump(), "", "tiny");
+  const Tokenizer t = Tokenizer::from_json(
+      tiny(kByteLevelOnly, nlohmann::json::array(), {{"type", "NFC"}}).dump(), "", "tiny");
   EXPECT_EQ(t.encode("he\xCC\x81llo"), (Ids{104, 195, 169, 257, 111}));
   EXPECT_EQ(t.encode("h\xC3\xA9llo"), (Ids{104, 195, 169, 257, 111}));
 }
 
 TEST(PostProcessor, TemplateAndConfigBos) {
   nlohmann::json j = tiny(kByteLevelOnly, added_tokens(nlohmann::json::object()));
-  j["post_processor"] = {{"type", "TemplateProcessing"},
-                         {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, {{"SpecialToken", {{"id", "<mask>"}, {"type_id", 0}}}}}},
-                         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {264}}, {"tokens", {"<s>"}}}}, {"<mask>", {{"id", "<mask>"}, {"ids", {265}}, {"tokens", {"<mask>"}}}}}}};
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single",
+       {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        {{"SpecialToken", {{"id", "<mask>"}, {"type_id", 0}}}}}},
+      {"special_tokens",
+       {{"<s>", {{"id", "<s>"}, {"ids", {264}}, {"tokens", {"<s>"}}}},
+        {"<mask>", {{"id", "<mask>"}, {"ids", {265}}, {"tokens", {"<mask>"}}}}}}};
   const Tokenizer t = Tokenizer::from_json(j.dump(), "", "tiny");
   EXPECT_EQ(t.encode("hello", true), (Ids{264, 259, 265}));
   EXPECT_EQ(t.encode("hello", false), (Ids{259}));
   // A config with add_bos_token takes over, as transformers' Llama tokenizers do.
   const Tokenizer c = Tokenizer::from_json(
-      j.dump(), R"({"add_bos_token": true, "bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "<mask>"})", "tiny");
+      j.dump(),
+      R"({"add_bos_token": true, "bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "<mask>"})",
+      "tiny");
   EXPECT_EQ(c.encode("hello", true), (Ids{264, 259}));
   EXPECT_EQ(c.bos_id(), 264);
   EXPECT_EQ(c.eos_id(), 265);
@@ -233,7 +300,8 @@ TEST(PostProcessor, TemplateAndConfigBos) {
 TEST(Bpe, IgnoreMergesAndLegacyMergeStrings) {
   nlohmann::json j = tiny(kByteLevelOnly);
   nlohmann::json legacy = nlohmann::json::array();
-  for (const auto& m : j["model"]["merges"]) legacy.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  for (const auto& m : j["model"]["merges"])
+    legacy.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
   j["model"]["merges"] = legacy;
   j["model"]["vocab"]["hellowor"] = 300;  // reachable only as a whole word
   const Tokenizer t = Tokenizer::from_json(j.dump(), "", "tiny");

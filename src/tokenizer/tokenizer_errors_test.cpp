@@ -18,12 +18,20 @@ namespace {
 // A minimal valid tokenizer.json: byte-level alphabet as the vocab, one merge.
 nlohmann::json minimal() {
   nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[std::string(byte_level::byte_to_utf8(static_cast<uint8_t>(b)))] = b;
+  for (int b = 0; b < 256; ++b)
+    vocab[std::string(byte_level::byte_to_utf8(static_cast<uint8_t>(b)))] = b;
   vocab["ab"] = 256;
   return {{"version", "1.0"},
           {"added_tokens", {{{"id", 257}, {"content", "<eos>"}, {"special", true}}}},
           {"normalizer", {{"type", "NFC"}}},
-          {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+|\\w+"}}}, {"behavior", "Isolated"}, {"invert", false}}, {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"},
+               {"pattern", {{"Regex", "\\s+|\\w+"}}},
+               {"behavior", "Isolated"},
+               {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
           {"decoder", {{"type", "ByteLevel"}}},
           {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b"}}}}};
 }
@@ -42,7 +50,8 @@ void expect_error(const std::string& json, const std::vector<std::string>& words
 
 TEST(TokenizerErrors, MinimalTokenizerLoads) {
   const Tokenizer t = Tokenizer::from_json(minimal().dump(), "", "minimal");
-  EXPECT_EQ(t.encode("ab ab<eos>"), (std::vector<int32_t>{256, byte_level::codepoint_to_byte(0x120), 256, 257}));
+  EXPECT_EQ(t.encode("ab ab<eos>"),
+            (std::vector<int32_t>{256, byte_level::codepoint_to_byte(0x120), 256, 257}));
   EXPECT_EQ(t.decode(t.encode("ab ab<eos>")), "ab ab<eos>");
 }
 
@@ -51,7 +60,8 @@ TEST(TokenizerErrors, MissingFilesNameThePath) {
     (void)Tokenizer::load("/nonexistent/spool-tokenizer-dir");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/spool-tokenizer-dir/tokenizer.json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/spool-tokenizer-dir/tokenizer.json"),
+              std::string::npos);
     EXPECT_NE(std::string(e.what()).find("not found"), std::string::npos);
   }
 }
@@ -69,7 +79,8 @@ TEST(TokenizerErrors, MalformedConfigInDirectoryNamesConfigFile) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("malformed JSON"), std::string::npos) << e.what();
   }
-  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<eos>", "chat_template": "cfg"})";
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"eos_token": "<eos>", "chat_template": "cfg"})";
   std::ofstream(dir / "chat_template.jinja") << "jinja";
   const Tokenizer t = Tokenizer::load(dir.string());
   EXPECT_EQ(t.eos_id(), 257);
@@ -94,7 +105,8 @@ TEST(TokenizerErrors, UnsupportedComponents) {
   j["normalizer"] = {{"type", "BertNormalizer"}};
   expect_error(j.dump(), {"unsupported normalizer", "BertNormalizer"});
   j = minimal();
-  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
   expect_error(j.dump(), {"unsupported normalizer", "Lowercase"});
   j = minimal();
   j["pre_tokenizer"] = {{"type", "Metaspace"}};
@@ -189,9 +201,15 @@ TEST(TokenizerErrors, CorruptedFilesNeverCrash) {
     for (int e = 0; e < edits; ++e) {
       const size_t pos = rng() % s.size();
       switch (rng() % 3) {
-        case 0: s[pos] = static_cast<char>(rng() % 256); break;
-        case 1: s.erase(pos, 1 + rng() % 8); break;
-        default: s.insert(s.begin() + static_cast<std::ptrdiff_t>(pos), "{}[]\",:0a\\"[rng() % 10]); break;
+        case 0:
+          s[pos] = static_cast<char>(rng() % 256);
+          break;
+        case 1:
+          s.erase(pos, 1 + rng() % 8);
+          break;
+        default:
+          s.insert(s.begin() + static_cast<std::ptrdiff_t>(pos), "{}[]\",:0a\\"[rng() % 10]);
+          break;
       }
       if (s.empty()) s.push_back('{');
     }

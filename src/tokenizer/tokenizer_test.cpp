@@ -6,10 +6,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <thread>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tokenizer/stream_decoder.h"
@@ -50,7 +50,8 @@ struct Case {
 };
 
 std::vector<Case> load_cases(const std::string& name) {
-  const auto j = nlohmann::json::parse(read_text(kData + "/tokenizer/" + name + "/encode_cases.json"));
+  const auto j =
+      nlohmann::json::parse(read_text(kData + "/tokenizer/" + name + "/encode_cases.json"));
   std::vector<Case> cases;
   for (const auto& c : j) {
     cases.push_back({c["text"].get<std::string>(), c["ids"].get<std::vector<int32_t>>(),
@@ -125,6 +126,28 @@ TEST(TokenizerDemo, DevCorpusTokenCountAndSpeed) {
               text.size(), ids.size(), cold_ms, warm_ms);
 }
 
+TEST(TokenizerRealFiles, DevCorpusTokenCounts) {
+  // Counts computed with HF tokenizers on the same files.
+  const std::string text = read_text(kData + "/corpus/dev.txt");
+  EXPECT_EQ(qwen3().encode(text).size(), 103268u);
+  EXPECT_EQ(deepseek().encode(text).size(), 101391u);
+  EXPECT_EQ(deepseek().decode(deepseek().encode(text)), text);
+}
+
+TEST(TokenizerRealFiles, Qwen35StyleRegexWithMarks) {
+  // Qwen3.5 adds \p{M} to the letter runs of the Split regex; the file's regex decides.
+  auto j = nlohmann::json::parse(read_text(kData + "/tokenizers/qwen3/tokenizer.json"));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+      "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const Tokenizer q35 = Tokenizer::from_json(j.dump(), "", "qwen3.5-style");
+  const std::string thai = "\u0e01\u0e49\u0e32\u0e27\u0e2b\u0e19\u0e49\u0e32";
+  EXPECT_EQ(q35.encode(thai), (std::vector<int32_t>{136680, 124767}));
+  EXPECT_EQ(qwen3().encode(thai), (std::vector<int32_t>{25200, 57995, 37213, 123936, 57995}));
+  EXPECT_EQ(q35.encode("x\u0301\u0302y \u0301z"),
+            (std::vector<int32_t>{87, 53839, 136, 224, 88, 220, 53839, 89}));
+}
+
 TEST(TokenizerStream, MatchesWholeDecodeOnAllCases) {
   for (const char* name : {"qwen3", "deepseek_v3"}) {
     const Tokenizer& tok = std::string(name) == "qwen3" ? qwen3() : deepseek();
@@ -137,7 +160,9 @@ TEST(TokenizerStream, MatchesWholeDecodeOnAllCases) {
 
 TEST(TokenizerStream, HoldsBackSplitCharacters) {
   // Emoji, flags and rare CJK are split into byte tokens by both tokenizers.
-  const std::string text = "flags 🇺🇸🇯🇵 emoji 😀🎉👍🏽 family 👨‍👩‍👧‍👦 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 龘靐齉";
+  const std::string text =
+      "flags 🇺🇸🇯🇵 emoji 😀🎉👍🏽 family 👨‍👩‍👧‍👦 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 "
+      "龘靐齉";
   for (const Tokenizer* tok : {&qwen3(), &deepseek(), &demo()}) {
     const std::vector<int32_t> ids = tok->encode(text);
     EXPECT_GT(check_stream(*tok, ids), 0) << "expected some token to end mid-character";
@@ -152,11 +177,16 @@ TEST(TokenizerStream, InvalidSequencesBecomeReplacementChars) {
   ASSERT_GE(f0, 0);
   ASSERT_GE(x9f, 0);
   const std::vector<int32_t> ids = {f0, x9f, a, f0};
-  EXPECT_EQ(t.decode(ids), "\xEF\xBF\xBD" "a" "\xEF\xBF\xBD");
+  EXPECT_EQ(t.decode(ids),
+            "\xEF\xBF\xBD"
+            "a"
+            "\xEF\xBF\xBD");
   StreamDecoder dec(t);
   EXPECT_EQ(dec.push(f0), "");
   EXPECT_EQ(dec.push(x9f), "");
-  EXPECT_EQ(dec.push(a), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(dec.push(a),
+            "\xEF\xBF\xBD"
+            "a");
   EXPECT_EQ(dec.push(f0), "");
   EXPECT_EQ(dec.flush(), "\xEF\xBF\xBD");
   check_stream(t, ids);
@@ -209,7 +239,10 @@ TEST(TokenizerEncode, EdgeInputs) {
   EXPECT_TRUE(t.encode("").empty());
   EXPECT_TRUE(t.decode(std::vector<int32_t>{}).empty());
   // Ill-formed UTF-8 is read as U+FFFD.
-  EXPECT_EQ(t.encode("a\xFF" "b"), t.encode("a\xEF\xBF\xBD" "b"));
+  EXPECT_EQ(t.encode("a\xFF"
+                     "b"),
+            t.encode("a\xEF\xBF\xBD"
+                     "b"));
   EXPECT_EQ(t.decode(t.encode("a\xC3")), "a\xEF\xBF\xBD");
   // NUL bytes and long runs.
   EXPECT_EQ(t.decode(t.encode(std::string("a\0b", 3))), std::string("a\0b", 3));

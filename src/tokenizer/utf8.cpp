@@ -19,13 +19,17 @@ Seq examine(std::string_view s, size_t i) {
   } else if (b0 >= 0xE0 && b0 <= 0xEF) {
     need = 2;
     cp = b0 & 0x0F;
-    if (b0 == 0xE0) lo = 0xA0;       // no overlong forms
-    else if (b0 == 0xED) hi = 0x9F;  // no surrogates
+    if (b0 == 0xE0)
+      lo = 0xA0;  // no overlong forms
+    else if (b0 == 0xED)
+      hi = 0x9F;  // no surrogates
   } else if (b0 >= 0xF0 && b0 <= 0xF4) {
     need = 3;
     cp = b0 & 0x07;
-    if (b0 == 0xF0) lo = 0x90;       // no overlong forms
-    else if (b0 == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    if (b0 == 0xF0)
+      lo = 0x90;  // no overlong forms
+    else if (b0 == 0xF4)
+      hi = 0x8F;  // nothing above U+10FFFF
   } else {
     return {SeqStatus::kInvalid, 0, 1};
   }
@@ -73,8 +77,10 @@ void append_lossy(std::string_view s, std::string& out) {
     i = j;
     if (i >= s.size()) break;
     const Seq q = examine(s, i);
-    if (q.status == SeqStatus::kValid) out.append(s.data() + i, q.len);
-    else out.append(kReplacement);
+    if (q.status == SeqStatus::kValid)
+      out.append(s.data() + i, q.len);
+    else
+      out.append(kReplacement);
     i += q.len;
   }
 }
@@ -94,6 +100,13 @@ size_t complete_prefix(std::string_view s) {
     i += q.len;
   }
   return s.size();
+}
+
+std::string clip(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return to_valid(s);
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return to_valid(s.substr(0, cut)) + "...";
 }
 
 void append_codepoint(uint32_t cp, std::string& out) {

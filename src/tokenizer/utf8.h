@@ -45,6 +45,9 @@ std::string to_valid(std::string_view s);
 /// character that is well-formed so far but incomplete (0 to 3 bytes held back).
 size_t complete_prefix(std::string_view s);
 
+/// At most `max_bytes` of `s` (cut at a character boundary, repaired), for error messages.
+std::string clip(std::string_view s, size_t max_bytes = 100);
+
 /// Appends the UTF-8 encoding of code point `cp` (must be a Unicode scalar value).
 void append_codepoint(uint32_t cp, std::string& out);
 
