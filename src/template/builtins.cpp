@@ -1,0 +1,1618 @@
+// Built-in filters, tests, globals and Python methods; see builtins.h. Each filter follows
+// the corresponding function in jinja2/filters.py (argument names, defaults, generator vs
+// list results, Undefined handling); tojson is transformers' json.dumps override.
+#include "template/builtins.h"
+
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <initializer_list>
+
+#include "common/error.h"
+#include "template/evaluator.h"
+#include "template/format.h"
+#include "template/pystr.h"
+
+namespace spool::tmpl {
+
+namespace {
+
+// ------------------------------------------------------------------ argument helpers
+
+/// Validates call arguments against a Python signature (names in positional order).
+void check_args(const CallArgs& a, const char* fn, std::initializer_list<const char*> names) {
+  if (a.pos.size() > names.size())
+    fail("%s() takes at most %zu argument(s) (%zu given)", fn, names.size(), a.pos.size());
+  for (const auto& kv : a.kw) {
+    size_t idx = 0;
+    bool ok = false;
+    for (const char* n : names) {
+      if (kv.first == n) {
+        ok = true;
+        if (idx < a.pos.size()) fail("%s() got multiple values for argument '%s'", fn, n);
+      }
+      ++idx;
+    }
+    if (!ok) fail("%s() got an unexpected keyword argument '%s'", fn, kv.first.c_str());
+  }
+}
+
+/// Argument i (or keyword `name`), else `dflt`.
+Value arg(const CallArgs& a, size_t i, const char* name, const Value& dflt = Value()) {
+  if (i < a.pos.size()) return a.pos[i];
+  for (const auto& kv : a.kw)
+    if (kv.first == name) return kv.second;
+  return dflt;
+}
+
+bool has_arg(const CallArgs& a, size_t i, const char* name) {
+  if (i < a.pos.size()) return true;
+  for (const auto& kv : a.kw)
+    if (kv.first == name) return true;
+  return false;
+}
+
+/// Required argument.
+Value req(const CallArgs& a, size_t i, const char* name, const char* fn) {
+  if (!has_arg(a, i, name)) fail("%s() missing required argument: '%s'", fn, name);
+  return arg(a, i, name);
+}
+
+int64_t int_arg(const Value& v, const char* what) {
+  if (v.is_integral()) return v.as_int();
+  fail("'%s' object cannot be interpreted as an integer (%s)", type_name(v), what);
+}
+
+const std::string& str_arg(const Value& v, const char* what) {
+  if (!v.is_string()) fail("%s must be str, not %s", what, type_name(v));
+  return v.str();
+}
+
+std::optional<int64_t> opt_index(const Value& v) {
+  if (v.is_undefined() || v.is_none()) return std::nullopt;
+  if (!v.is_integral()) fail("slice indices must be integers or None");
+  return v.as_int();
+}
+
+/// jinja2 soft_str: strings unchanged (Markup kept), everything else str().
+Value soft_str(const Value& v) { return v.is_string() ? v : Value::string(to_str(v)); }
+
+Value str_value(Interp& in, std::string s, bool safe = false) {
+  in.check_size(s.size());
+  return Value::string(std::move(s), safe);
+}
+
+Value lower_if_str(const Value& v) { return v.is_string() ? Value::string(py::lower(v.str())) : v; }
+
+/// jinja2 _prepare_attribute_parts: "a.0.b" -> ["a", 0, "b"].
+std::vector<Value> attr_parts(const Value& attribute) {
+  std::vector<Value> parts;
+  if (attribute.is_none() || attribute.is_undefined()) return parts;
+  if (attribute.is_string()) {
+    for (const std::string& p : py::split(attribute.str(), std::string_view("."), -1)) {
+      bool digits = !p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits && p.size() < 18) {
+        parts.push_back(Value::integer(std::stoll(p)));
+      } else {
+        parts.push_back(Value::string(p));
+      }
+    }
+    return parts;
+  }
+  parts.push_back(attribute);
+  return parts;
+}
+
+/// jinja2 make_attrgetter.
+Value get_path(Interp& in, Value item, const std::vector<Value>& parts, const Value* dflt = nullptr) {
+  for (const Value& p : parts) {
+    item = in.getitem(item, p);
+    if (dflt && item.is_undefined()) item = *dflt;
+  }
+  return item;
+}
+
+/// Stable merge sort with a throwing "less" (Python sorted() is stable).
+template <typename T, typename Less>
+void stable_sort_values(std::vector<T>& v, Less less) {
+  if (v.size() < 2) return;
+  std::vector<T> tmp(v.size());
+  for (size_t width = 1; width < v.size(); width *= 2) {
+    for (size_t lo = 0; lo < v.size(); lo += 2 * width) {
+      size_t mid = std::min(lo + width, v.size()), hi = std::min(lo + 2 * width, v.size());
+      size_t i = lo, j = mid, k = lo;
+      while (i < mid && j < hi) {
+        if (less(v[j], v[i])) {
+          tmp[k++] = v[j++];
+        } else {
+          tmp[k++] = v[i++];
+        }
+      }
+      while (i < mid) tmp[k++] = v[i++];
+      while (j < hi) tmp[k++] = v[j++];
+    }
+    v.swap(tmp);
+  }
+}
+
+int64_t py_len(Interp& in, const Value& v) {
+  switch (v.kind()) {
+    case Kind::Undefined: return 0;
+    case Kind::String: return static_cast<int64_t>(py::length(v.str()));
+    case Kind::List: return static_cast<int64_t>(v.list()->items.size());
+    case Kind::Dict: return static_cast<int64_t>(v.dict()->items.size());
+    default: (void)in; fail("object of type '%s' has no len()", type_name(v));
+  }
+}
+
+// ------------------------------------------------------------------ filters
+
+Value f_abs(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "abs", {});
+  if (v.is_float()) return Value::number(std::fabs(v.as_double()));
+  if (v.is_integral()) {
+    if (v.as_int() == INT64_MIN) fail("integer overflow");
+    return Value::integer(std::llabs(v.as_int()));
+  }
+  fail("bad operand type for abs(): '%s'", type_name(v));
+}
+
+Value f_attr(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "attr", {"name"});
+  const std::string& name = str_arg(req(a, 0, "name", "attr"), "attribute name");
+  if (v.is_undefined()) in.fail_undefined(v);
+  if (v.is_dict() || v.is_string() || v.is_list()) {
+    if (has_method(v, name)) return in.getattr(v, name);
+    return Value::undefined("'" + std::string(type_name(v)) + " object' has no attribute '" + name + "'");
+  }
+  if (v.kind() == Kind::Namespace || v.kind() == Kind::Loop) return in.getattr(v, name);
+  return Value::undefined("'" + std::string(type_name(v)) + " object' has no attribute '" + name + "'");
+}
+
+Value f_batch_now(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "batch", {"linecount", "fill_with"});
+  int64_t n = int_arg(req(a, 0, "linecount", "batch"), "linecount");
+  Value fill = arg(a, 1, "fill_with", Value::none());
+  std::vector<Value> out, tmp;
+  for (const Value& x : in.iterate(v)) {
+    if (static_cast<int64_t>(tmp.size()) == n) {
+      out.push_back(in.make_list(std::move(tmp)));
+      tmp.clear();
+    }
+    tmp.push_back(x);
+  }
+  if (!tmp.empty()) {
+    if (!fill.is_none()) {
+      if (n > static_cast<int64_t>(in.limits().max_heap_cells)) in.heap().charge(SIZE_MAX / 2);
+      while (static_cast<int64_t>(tmp.size()) < n) tmp.push_back(fill);
+    }
+    out.push_back(in.make_list(std::move(tmp)));
+  }
+  return in.make_iter(std::move(out), "generator");
+}
+
+Value f_capitalize(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "capitalize", {});
+  return str_value(in, py::capitalize(soft_str(v).str()));
+}
+
+Value f_center(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "center", {"width"});
+  int64_t w = int_arg(arg(a, 0, "width", Value::integer(80)), "width");
+  in.check_size(static_cast<size_t>(std::max<int64_t>(w, 0)));
+  return Value::string(py::pad(soft_str(v).str(), w, " ", '^'));
+}
+
+Value f_length(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "length", {});
+  return Value::integer(py_len(in, v));
+}
+
+Value f_default(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "default", {"default_value", "boolean"});
+  Value dflt = arg(a, 0, "default_value", Value::string(""));
+  bool boolean = truthy(arg(a, 1, "boolean", Value::boolean(false)));
+  if (v.is_undefined() || (boolean && !truthy(v))) return dflt;
+  return v;
+}
+
+Value f_dictsort(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "dictsort", {"case_sensitive", "by", "reverse"});
+  bool cs = truthy(arg(a, 0, "case_sensitive", Value::boolean(false)));
+  Value by = arg(a, 1, "by", Value::string("key"));
+  bool reverse = truthy(arg(a, 2, "reverse", Value::boolean(false)));
+  size_t pos;
+  if (by.is_string() && by.str() == "key") {
+    pos = 0;
+  } else if (by.is_string() && by.str() == "value") {
+    pos = 1;
+  } else {
+    fail("You can only sort by either \"key\" or \"value\"");
+  }
+  if (v.is_undefined()) in.fail_undefined(v);
+  if (!v.is_dict()) fail("'%s' object has no attribute 'items'", type_name(v));
+  std::vector<std::pair<Value, Value>> items;  // (sort key, item tuple)
+  for (const auto& kv : v.dict()->items) {
+    Value key = pos == 0 ? kv.first : kv.second;
+    if (!cs) key = lower_if_str(key);
+    items.emplace_back(key, in.make_list({kv.first, kv.second}, ListFlavor::Tuple));
+  }
+  stable_sort_values(items, [&](const auto& x, const auto& y) {
+    return reverse ? compare(y.first, x.first, "<") : compare(x.first, y.first, "<");
+  });
+  std::vector<Value> out;
+  for (auto& it : items) out.push_back(it.second);
+  return in.make_list(std::move(out));
+}
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+Value f_escape(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "escape", {});
+  if (v.is_string() && v.safe()) return v;
+  return str_value(in, html_escape(to_str(v)), true);
+}
+
+Value f_forceescape(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "forceescape", {});
+  return str_value(in, html_escape(to_str(v)), true);
+}
+
+Value f_first(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "first", {});
+  if (v.kind() == Kind::Iterator) {
+    IterObj* it = v.iter();
+    in.force(it);
+    if (it->pos < it->items.size()) return it->items[it->pos++];
+    return Value::undefined("No first item, sequence was empty.");
+  }
+  if (v.is_string() || v.is_list() || v.is_dict() || v.is_undefined()) {
+    if (v.is_list() && !v.list()->items.empty()) return v.list()->items.front();
+    if (v.is_dict() && !v.dict()->items.empty()) return v.dict()->items.front().first;
+    if (v.is_string() && !v.str().empty()) {
+      size_t i = 0;
+      py::decode_at(v.str(), i);
+      return Value::string(v.str().substr(0, i));
+    }
+    return Value::undefined("No first item, sequence was empty.");
+  }
+  return in.iterate(v).empty() ? Value() : Value();  // iterate() throws for non-iterables
+}
+
+Value f_last(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "last", {});
+  if (v.kind() == Kind::Iterator) fail("'%s' object is not reversible", type_name(v));
+  if (v.is_list() && !v.list()->items.empty()) return v.list()->items.back();
+  if (v.is_dict() && !v.dict()->items.empty()) return v.dict()->items.back().first;
+  if (v.is_string() && !v.str().empty()) {
+    std::vector<Value> chars = in.iterate(v);
+    return chars.back();
+  }
+  if (v.is_string() || v.is_list() || v.is_dict() || v.is_undefined())
+    return Value::undefined("No last item, sequence was empty.");
+  fail("'%s' object is not reversible", type_name(v));
+}
+
+/// Python float(str) parsing (whitespace, sign, digits with '_' separators, inf/nan).
+bool parse_py_float(const std::string& s0, double* out) {
+  std::string s = py::strip(s0, std::nullopt, true, true);
+  std::string t;
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) t.push_back(s[i++]);
+  std::string rest = py::lower(s.substr(i));
+  if (rest == "inf" || rest == "infinity" || rest == "nan") {
+    *out = std::strtod((t + rest).c_str(), nullptr);
+    return true;
+  }
+  bool digits = false, dot = false, exp = false;
+  char prev = 0;
+  for (; i < s.size(); ++i) {
+    char c = s[i];
+    if (c >= '0' && c <= '9') {
+      digits = true;
+      t.push_back(c);
+    } else if (c == '_') {
+      if (!(prev >= '0' && prev <= '9') || i + 1 >= s.size() || !(s[i + 1] >= '0' && s[i + 1] <= '9')) return false;
+    } else if (c == '.' && !dot && !exp) {
+      dot = true;
+      t.push_back(c);
+    } else if ((c == 'e' || c == 'E') && digits && !exp) {
+      exp = true;
+      t.push_back('e');
+      if (i + 1 < s.size() && (s[i + 1] == '+' || s[i + 1] == '-')) t.push_back(s[++i]);
+      if (i + 1 >= s.size()) return false;
+      digits = false;
+    } else {
+      return false;
+    }
+    prev = c;
+  }
+  if (!digits) return false;
+  *out = std::strtod(t.c_str(), nullptr);
+  return true;
+}
+
+/// Python int(str, base).
+bool parse_py_int(const std::string& s0, int base, int64_t* out) {
+  std::string s = py::strip(s0, std::nullopt, true, true);
+  size_t i = 0;
+  bool neg = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+  if (base == 0 || base == 2 || base == 8 || base == 16) {
+    if (i + 1 < s.size() && s[i] == '0') {
+      char p = static_cast<char>(s[i + 1] | 0x20);
+      int b = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+      if (b && (base == 0 || base == b)) {
+        base = b;
+        i += 2;
+        if (i < s.size() && s[i] == '_') ++i;
+      }
+    }
+    if (base == 0) base = 10;
+  }
+  if (base < 2 || base > 36) return false;
+  if (i >= s.size()) return false;
+  unsigned __int128 v = 0;
+  char prev = 0;
+  for (; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '_') {
+      if (prev == '_' || prev == 0 || i + 1 >= s.size()) return false;
+      prev = c;
+      continue;
+    }
+    int d = (c >= '0' && c <= '9') ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'z' ? (c | 0x20) - 'a' + 10 : 99;
+    if (d >= base) return false;
+    v = v * static_cast<unsigned>(base) + static_cast<unsigned>(d);
+    if (v > static_cast<unsigned __int128>(INT64_MAX) + 1) fail("integer value too large");
+    prev = c;
+  }
+  if (!neg && v > static_cast<unsigned __int128>(INT64_MAX)) fail("integer value too large");
+  *out = neg ? static_cast<int64_t>(-static_cast<__int128>(v)) : static_cast<int64_t>(v);
+  return true;
+}
+
+Value f_int(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "int", {"default", "base"});
+  Value dflt = arg(a, 0, "default", Value::integer(0));
+  int64_t base = int_arg(arg(a, 1, "base", Value::integer(10)), "base");
+  if (v.is_undefined()) in.fail_undefined(v);
+  if (v.is_integral()) return Value::integer(v.as_int());
+  auto from_double = [&](double d) -> Value {
+    if (std::isnan(d) || std::isinf(d)) return dflt;
+    if (std::fabs(d) >= 9.2233720368547758e18) fail("integer value too large");
+    return Value::integer(static_cast<int64_t>(d));
+  };
+  if (v.is_float()) return from_double(v.as_double());
+  if (v.is_string()) {
+    int64_t r;
+    if (parse_py_int(v.str(), static_cast<int>(base), &r)) return Value::integer(r);
+    double d;
+    if (parse_py_float(v.str(), &d)) return from_double(d);
+  }
+  return dflt;
+}
+
+Value f_float(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "float", {"default"});
+  Value dflt = arg(a, 0, "default", Value::number(0.0));
+  if (v.is_undefined()) in.fail_undefined(v);
+  if (v.is_number()) return Value::number(v.as_double());
+  if (v.is_string()) {
+    double d;
+    if (parse_py_float(v.str(), &d)) return Value::number(d);
+  }
+  return dflt;
+}
+
+Value f_format(Interp& in, const Value& v, CallArgs& a) {
+  if (!a.pos.empty() && !a.kw.empty()) fail("can't handle positional and keyword arguments at the same time");
+  Value args;
+  if (!a.kw.empty()) {
+    DictObj* d = in.heap().make<DictObj>();
+    for (const auto& kv : a.kw) d->set(Value::string(kv.first), kv.second);
+    args = Value::object(Kind::Dict, d);
+  } else {
+    args = in.make_list(a.pos, ListFlavor::Tuple);
+  }
+  return Value::string(percent_format(in, soft_str(v).str(), args));
+}
+
+Value f_groupby(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "groupby", {"attribute", "default", "case_sensitive"});
+  std::vector<Value> parts = attr_parts(req(a, 0, "attribute", "groupby"));
+  Value dflt = arg(a, 1, "default", Value::none());
+  bool cs = truthy(arg(a, 2, "case_sensitive", Value::boolean(false)));
+  const Value* dp = dflt.is_none() ? nullptr : &dflt;
+  std::vector<std::pair<Value, Value>> keyed;
+  for (const Value& x : in.iterate(v)) {
+    Value k = get_path(in, x, parts, dp);
+    if (!cs) k = lower_if_str(k);
+    keyed.emplace_back(k, x);
+  }
+  stable_sort_values(keyed, [&](const auto& p, const auto& q) { return compare(p.first, q.first, "<"); });
+  std::vector<Value> out;
+  size_t i = 0;
+  while (i < keyed.size()) {
+    size_t j = i;
+    std::vector<Value> group;
+    while (j < keyed.size() && equals(keyed[j].first, keyed[i].first)) group.push_back(keyed[j++].second);
+    Value grouper = cs ? keyed[i].first : get_path(in, group.front(), parts, dp);
+    Value t = in.make_list({grouper, in.make_list(std::move(group))}, ListFlavor::Tuple);
+    t.list()->named_group = true;
+    out.push_back(t);
+    i = j;
+  }
+  return in.make_list(std::move(out));
+}
+
+Value f_indent(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "indent", {"width", "first", "blank"});
+  Value w = arg(a, 0, "width", Value::integer(4));
+  bool first = truthy(arg(a, 1, "first", Value::boolean(false)));
+  bool blank = truthy(arg(a, 2, "blank", Value::boolean(false)));
+  std::string ind;
+  if (w.is_string()) {
+    ind = w.str();
+  } else {
+    int64_t n = int_arg(w, "width");
+    in.check_size(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    ind.assign(static_cast<size_t>(std::max<int64_t>(n, 0)), ' ');
+  }
+  if (v.is_undefined()) in.fail_undefined(v);
+  if (!v.is_string()) fail("unsupported operand type(s) for +=: '%s' and 'str'", type_name(v));
+  std::string s = v.str() + "\n";
+  std::vector<std::string> lines = py::splitlines(s, false);
+  std::string rv;
+  size_t total = s.size() + lines.size() * ind.size();
+  in.check_size(total);
+  if (blank) {
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i) rv += "\n" + ind;
+      rv += lines[i];
+    }
+  } else {
+    rv = lines.empty() ? std::string() : lines[0];
+    for (size_t i = 1; i < lines.size(); ++i) {
+      rv += "\n";
+      if (!lines[i].empty()) rv += ind;
+      rv += lines[i];
+    }
+  }
+  if (first) rv = ind + rv;
+  return Value::string(std::move(rv), v.safe());
+}
+
+Value f_items_now(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "items", {});
+  if (v.is_undefined()) return in.make_iter({}, "generator");
+  if (!v.is_dict()) fail("Can only get item pairs from a mapping.");
+  std::vector<Value> out;
+  for (const auto& kv : v.dict()->items) out.push_back(in.make_list({kv.first, kv.second}, ListFlavor::Tuple));
+  return in.make_iter(std::move(out), "generator");
+}
+
+Value f_join(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "join", {"d", "attribute"});
+  Value d = arg(a, 0, "d", Value::string(""));
+  Value attribute = arg(a, 1, "attribute", Value::none());
+  std::string sep = to_str(d);
+  std::vector<Value> parts = attr_parts(attribute);
+  std::string out;
+  bool first = true;
+  for (const Value& x : in.iterate(v)) {
+    if (!first) out += sep;
+    first = false;
+    append_str(out, parts.empty() ? x : get_path(in, x, parts));
+    in.check_size(out.size());
+  }
+  return Value::string(std::move(out));
+}
+
+Value f_list(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "list", {});
+  return in.make_list(in.iterate(v));
+}
+
+Value f_lower(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "lower", {});
+  Value s = soft_str(v);
+  return str_value(in, py::lower(s.str()), s.safe());
+}
+
+Value f_upper(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "upper", {});
+  Value s = soft_str(v);
+  return str_value(in, py::upper(s.str()), s.safe());
+}
+
+Value f_title(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "title", {});
+  // jinja2: words start after runs of [-\s({\[<]; first char upper, rest lower.
+  std::u32string u = py::decode(soft_str(v).str());
+  std::string out;
+  bool start = true;
+  for (char32_t c : u) {
+    bool delim = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py::is_space(c);
+    if (delim) {
+      py::append_utf8(out, c);
+      start = true;
+    } else if (start) {
+      py::append_utf8(out, py::to_upper(c));
+      start = false;
+    } else {
+      py::append_utf8(out, py::to_lower(c));
+    }
+  }
+  return str_value(in, std::move(out));
+}
+
+Value f_trim(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "trim", {"chars"});
+  Value chars = arg(a, 0, "chars", Value::none());
+  Value s = soft_str(v);
+  std::optional<std::string_view> cs;
+  if (!chars.is_none()) cs = str_arg(chars, "strip arg");
+  return str_value(in, py::strip(s.str(), cs, true, true), s.safe());
+}
+
+Value f_string(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "string", {});
+  return soft_str(v);
+}
+
+Value f_safe(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "safe", {});
+  return str_value(in, to_str(v), true);
+}
+
+Value f_map_now(Interp& in, const Value& v, CallArgs& a) {
+  std::vector<Value> out;
+  if (!truthy(v)) return in.make_iter({}, "generator");
+  if (a.pos.empty() && has_arg(a, 99, "attribute")) {
+    Value attribute, dflt = Value::none();
+    for (const auto& kv : a.kw) {
+      if (kv.first == "attribute") {
+        attribute = kv.second;
+      } else if (kv.first == "default") {
+        dflt = kv.second;
+      } else {
+        fail("Unexpected keyword argument '%s'", kv.first.c_str());
+      }
+    }
+    std::vector<Value> parts = attr_parts(attribute);
+    const Value* dp = dflt.is_none() ? nullptr : &dflt;
+    for (const Value& x : in.iterate(v)) out.push_back(get_path(in, x, parts, dp));
+    return in.make_iter(std::move(out), "generator");
+  }
+  if (a.pos.empty()) fail("map requires a filter argument");
+  const std::string& name = str_arg(a.pos[0], "filter name");
+  CallArgs rest;
+  rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+  rest.kw = a.kw;
+  for (const Value& x : in.iterate(v)) {
+    CallArgs copy = rest;
+    out.push_back(in.apply_filter(name, x, copy));
+  }
+  return in.make_iter(std::move(out), "generator");
+}
+
+Value select_or_reject_now(Interp& in, const Value& v, CallArgs& a, bool select, bool lookup_attr) {
+  if (!truthy(v)) return in.make_iter({}, "generator");
+  size_t off = 0;
+  std::vector<Value> parts;
+  if (lookup_attr) {
+    if (a.pos.empty()) fail("Missing parameter for attribute name");
+    parts = attr_parts(a.pos[0]);
+    off = 1;
+  }
+  bool have_test = a.pos.size() > off;
+  std::string test = have_test ? str_arg(a.pos[off], "test name") : std::string();
+  CallArgs rest;
+  if (have_test) rest.pos.assign(a.pos.begin() + static_cast<std::ptrdiff_t>(off + 1), a.pos.end());
+  rest.kw = a.kw;
+  std::vector<Value> out;
+  for (const Value& x : in.iterate(v)) {
+    Value probe = lookup_attr ? get_path(in, x, parts) : x;
+    bool r;
+    if (have_test) {
+      CallArgs copy = rest;
+      r = in.apply_test(test, probe, copy);
+    } else {
+      r = truthy(probe);
+    }
+    if (r == select) out.push_back(x);
+  }
+  return in.make_iter(std::move(out), "generator");
+}
+
+/// A filter returning a Python generator: its body runs when the result is first consumed.
+Value lazy(Interp& in, const Value& v, CallArgs& a, Value (*now)(Interp&, const Value&, CallArgs&)) {
+  return in.make_lazy_iter(
+      [&in, v, a, now]() mutable {
+        Value r = now(in, v, a);
+        in.force(r.iter());
+        return r.iter()->items;
+      },
+      "generator");
+}
+
+Value select_or_reject(Interp& in, const Value& v, CallArgs& a, bool select, bool lookup_attr) {
+  return in.make_lazy_iter(
+      [&in, v, a, select, lookup_attr]() mutable {
+        Value r = select_or_reject_now(in, v, a, select, lookup_attr);
+        return r.iter()->items;
+      },
+      "generator");
+}
+
+Value f_select(Interp& in, const Value& v, CallArgs& a) { return select_or_reject(in, v, a, true, false); }
+Value f_reject(Interp& in, const Value& v, CallArgs& a) { return select_or_reject(in, v, a, false, false); }
+Value f_selectattr(Interp& in, const Value& v, CallArgs& a) { return select_or_reject(in, v, a, true, true); }
+Value f_rejectattr(Interp& in, const Value& v, CallArgs& a) { return select_or_reject(in, v, a, false, true); }
+
+Value min_max(Interp& in, const Value& v, CallArgs& a, bool want_max) {
+  check_args(a, want_max ? "max" : "min", {"case_sensitive", "attribute"});
+  bool cs = truthy(arg(a, 0, "case_sensitive", Value::boolean(false)));
+  std::vector<Value> parts = attr_parts(arg(a, 1, "attribute", Value::none()));
+  std::vector<Value> items = in.iterate(v);
+  if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+  auto key = [&](const Value& x) {
+    Value k = get_path(in, x, parts);
+    return cs ? k : lower_if_str(k);
+  };
+  Value best = items[0], best_key = key(items[0]);
+  for (size_t i = 1; i < items.size(); ++i) {
+    Value k = key(items[i]);
+    if (compare(k, best_key, want_max ? ">" : "<")) {
+      best = items[i];
+      best_key = k;
+    }
+  }
+  return best;
+}
+
+Value f_min(Interp& in, const Value& v, CallArgs& a) { return min_max(in, v, a, false); }
+Value f_max(Interp& in, const Value& v, CallArgs& a) { return min_max(in, v, a, true); }
+
+Value f_replace(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "replace", {"old", "new", "count"});
+  std::string old = to_str(req(a, 0, "old", "replace"));
+  std::string repl = to_str(req(a, 1, "new", "replace"));
+  Value c = arg(a, 2, "count", Value::none());
+  int64_t count = c.is_none() ? -1 : int_arg(c, "count");
+  std::string s = to_str(v);
+  if (old.empty()) {
+    in.check_size(s.size() + (py::length(s) + 1) * repl.size());
+  } else if (!repl.empty() && repl.size() > old.size()) {
+    in.check_size(s.size() + (s.size() / old.size() + 1) * (repl.size() - old.size()));
+  }
+  return Value::string(py::replace(s, old, repl, count));
+}
+
+Value f_reverse(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "reverse", {});
+  if (v.is_string()) {
+    std::u32string u = py::decode(v.str());
+    std::reverse(u.begin(), u.end());
+    return Value::string(py::encode(u));
+  }
+  if (v.is_list() || v.is_dict() || v.is_undefined()) {
+    std::vector<Value> items = in.iterate(v);
+    std::reverse(items.begin(), items.end());
+    return in.make_iter(std::move(items), v.is_list() ? "list_reverseiterator" : "reversed");
+  }
+  std::vector<Value> items = in.iterate(v);
+  std::reverse(items.begin(), items.end());
+  return in.make_list(std::move(items));
+}
+
+/// Python round(x, ndigits) for floats (correctly rounded, half-even on exact ties).
+double py_round(double x, int64_t nd) {
+  if (std::isnan(x) || std::isinf(x)) return x;
+  if (nd > 300) return x;
+  if (nd < -308) return std::copysign(0.0, x);
+  if (nd >= 0) {
+    char buf[400];
+    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(nd), x);
+    return std::strtod(buf, nullptr);
+  }
+  double p = std::pow(10.0, static_cast<double>(-nd));
+  double y = x / p;
+  double r = std::nearbyint(y);
+  return r * p;
+}
+
+Value f_round(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "round", {"precision", "method"});
+  int64_t prec = int_arg(arg(a, 0, "precision", Value::integer(0)), "precision");
+  Value method = arg(a, 1, "method", Value::string("common"));
+  std::string m = method.is_string() ? method.str() : "";
+  if (m != "common" && m != "ceil" && m != "floor") fail("method must be common, ceil or floor");
+  if (!v.is_number()) fail("type %s doesn't define __round__ method", type_name(v));
+  if (m == "common") {
+    if (v.is_integral()) {
+      int64_t x = v.as_int();
+      if (prec >= 0) return Value::integer(x);
+      if (prec < -18) return Value::integer(0);
+      int64_t p = 1;
+      for (int64_t i = 0; i < -prec; ++i) p *= 10;
+      int64_t q = x / p, r = x % p;
+      if (r < 0) {
+        r += p;
+        q -= 1;
+      }
+      if (2 * r > p || (2 * r == p && (q & 1))) ++q;
+      return Value::integer(q * p);
+    }
+    return Value::number(py_round(v.as_double(), prec));
+  }
+  double p = std::pow(10.0, static_cast<double>(prec));
+  double x = v.as_double() * p;
+  double r = m == "ceil" ? std::ceil(x) : std::floor(x);
+  if (std::isinf(r) || std::isnan(r)) fail("cannot convert float infinity to integer");
+  return Value::number(r / p);
+}
+
+Value f_slice_now(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "slice", {"slices", "fill_with"});
+  int64_t slices = int_arg(req(a, 0, "slices", "slice"), "slices");
+  Value fill = arg(a, 1, "fill_with", Value::none());
+  std::vector<Value> seq = in.iterate(v);
+  if (slices <= 0) {
+    if (slices == 0 && !seq.empty()) fail("integer division or modulo by zero");
+    return in.make_iter({}, "generator");
+  }
+  if (slices > static_cast<int64_t>(in.limits().max_heap_cells)) in.heap().charge(SIZE_MAX / 2);
+  int64_t len = static_cast<int64_t>(seq.size());
+  int64_t per = len / slices, extra = len % slices, offset = 0;
+  std::vector<Value> out;
+  for (int64_t n = 0; n < slices; ++n) {
+    int64_t start = offset + n * per;
+    if (n < extra) ++offset;
+    int64_t end = offset + (n + 1) * per;
+    std::vector<Value> tmp(seq.begin() + start, seq.begin() + end);
+    if (!fill.is_none() && n >= extra) tmp.push_back(fill);
+    out.push_back(in.make_list(std::move(tmp)));
+  }
+  return in.make_iter(std::move(out), "generator");
+}
+
+Value f_sort(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "sort", {"reverse", "case_sensitive", "attribute"});
+  bool reverse = truthy(arg(a, 0, "reverse", Value::boolean(false)));
+  bool cs = truthy(arg(a, 1, "case_sensitive", Value::boolean(false)));
+  Value attribute = arg(a, 2, "attribute", Value::none());
+  std::vector<std::vector<Value>> paths;
+  if (attribute.is_string()) {
+    for (const std::string& p : py::split(attribute.str(), std::string_view(","), -1))
+      paths.push_back(attr_parts(Value::string(p)));
+  } else {
+    paths.push_back(attr_parts(attribute));
+  }
+  std::vector<std::pair<Value, Value>> keyed;
+  for (const Value& x : in.iterate(v)) {
+    std::vector<Value> ks;
+    for (const auto& path : paths) {
+      Value k = get_path(in, x, path);
+      ks.push_back(cs ? k : lower_if_str(k));
+    }
+    keyed.emplace_back(in.make_list(std::move(ks)), x);
+  }
+  stable_sort_values(keyed, [&](const auto& p, const auto& q) {
+    return reverse ? compare(q.first, p.first, "<") : compare(p.first, q.first, "<");
+  });
+  std::vector<Value> out;
+  for (auto& kv : keyed) out.push_back(kv.second);
+  return in.make_list(std::move(out));
+}
+
+Value f_sum(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "sum", {"attribute", "start"});
+  std::vector<Value> parts = attr_parts(arg(a, 0, "attribute", Value::none()));
+  Value total = arg(a, 1, "start", Value::integer(0));
+  if (total.is_string()) fail("sum() can't sum strings [use ''.join(seq) instead]");
+  CallArgs none;
+  for (const Value& x : in.iterate(v)) {
+    Value item = parts.empty() ? x : get_path(in, x, parts);
+    // reuse the interpreter's + semantics through a tiny expression-free path
+    if (total.is_number() && item.is_number()) {
+      if (total.is_integral() && item.is_integral()) {
+        int64_t r;
+        if (__builtin_add_overflow(total.as_int(), item.as_int(), &r)) fail("integer overflow");
+        total = Value::integer(r);
+      } else {
+        total = Value::number(total.as_double() + item.as_double());
+      }
+    } else if (total.is_list() && item.is_list() && total.list()->flavor == item.list()->flavor) {
+      std::vector<Value> items = total.list()->items;
+      items.insert(items.end(), item.list()->items.begin(), item.list()->items.end());
+      total = in.make_list(std::move(items), total.list()->flavor);
+    } else {
+      if (item.is_undefined()) in.fail_undefined(item);
+      fail("unsupported operand type(s) for +: '%s' and '%s'", type_name(total), type_name(item));
+    }
+  }
+  return total;
+}
+
+Value f_tojson(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "tojson", {"ensure_ascii", "indent", "separators", "sort_keys"});
+  JsonFormat fmt;
+  fmt.ensure_ascii = truthy(arg(a, 0, "ensure_ascii", Value::boolean(false)));
+  Value indent = arg(a, 1, "indent", Value::none());
+  Value seps = arg(a, 2, "separators", Value::none());
+  fmt.sort_keys = truthy(arg(a, 3, "sort_keys", Value::boolean(false)));
+  if (!indent.is_none()) {
+    fmt.indent = true;
+    if (indent.is_string()) {
+      fmt.indent_str = indent.str();
+    } else if (indent.is_integral()) {
+      int64_t n = indent.as_int();
+      in.check_size(static_cast<size_t>(std::max<int64_t>(n, 0)));
+      fmt.indent_str.assign(static_cast<size_t>(std::max<int64_t>(n, 0)), ' ');
+    } else {
+      fail("indent must be an int or a str, not %s", type_name(indent));
+    }
+    fmt.item_sep = ",";
+  }
+  if (!seps.is_none()) {
+    std::vector<Value> s = in.iterate(seps);
+    if (s.size() != 2) fail("separators must be a (item_separator, key_separator) pair");
+    fmt.item_sep = str_arg(s[0], "item separator");
+    fmt.key_sep = str_arg(s[1], "key separator");
+  }
+  if (v.is_undefined()) fail("Object of type Undefined is not JSON serializable");
+  std::string out;
+  append_json(out, v, fmt);
+  return str_value(in, std::move(out));
+}
+
+Value f_truncate(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "truncate", {"length", "killwords", "end", "leeway"});
+  int64_t length = int_arg(arg(a, 0, "length", Value::integer(255)), "length");
+  bool killwords = truthy(arg(a, 1, "killwords", Value::boolean(false)));
+  std::string end = to_str(arg(a, 2, "end", Value::string("...")));
+  Value lw = arg(a, 3, "leeway", Value::none());
+  int64_t leeway = lw.is_none() ? 5 : int_arg(lw, "leeway");
+  int64_t end_len = static_cast<int64_t>(py::length(end));
+  if (length < end_len) fail("expected length >= %lld, got %lld", static_cast<long long>(end_len), static_cast<long long>(length));
+  if (leeway < 0) fail("expected leeway >= 0, got %lld", static_cast<long long>(leeway));
+  std::string s = to_str(v);
+  std::u32string u = py::decode(s);
+  if (static_cast<int64_t>(u.size()) <= length + leeway) return Value::string(s);
+  std::string head = py::encode(u.data(), u.data() + (length - end_len));
+  if (killwords) return str_value(in, head + end);
+  std::vector<std::string> parts = py::rsplit(head, std::string_view(" "), 1);
+  return str_value(in, parts[0] + end);
+}
+
+Value f_unique_now(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "unique", {"case_sensitive", "attribute"});
+  bool cs = truthy(arg(a, 0, "case_sensitive", Value::boolean(false)));
+  std::vector<Value> parts = attr_parts(arg(a, 1, "attribute", Value::none()));
+  std::vector<Value> seen, out;
+  for (const Value& x : in.iterate(v)) {
+    Value k = get_path(in, x, parts);
+    if (!cs) k = lower_if_str(k);
+    check_hashable(k);
+    bool dup = false;
+    for (const Value& s : seen)
+      if (equals(s, k)) {
+        dup = true;
+        break;
+      }
+    if (!dup) {
+      seen.push_back(k);
+      out.push_back(x);
+    }
+  }
+  return in.make_iter(std::move(out), "generator");
+}
+
+Value f_wordcount(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "wordcount", {});
+  std::u32string u = py::decode(soft_str(v).str());
+  int64_t n = 0;
+  bool in_word = false;
+  for (char32_t c : u) {
+    bool w = c == '_' || py::str_is(py::encode(&c, &c + 1), py::StrClass::Alnum);
+    if (w && !in_word) ++n;
+    in_word = w;
+  }
+  return Value::integer(n);
+}
+
+Value f_batch(Interp& in, const Value& v, CallArgs& a) { return lazy(in, v, a, f_batch_now); }
+Value f_items(Interp& in, const Value& v, CallArgs& a) { return lazy(in, v, a, f_items_now); }
+Value f_map(Interp& in, const Value& v, CallArgs& a) { return lazy(in, v, a, f_map_now); }
+Value f_slice(Interp& in, const Value& v, CallArgs& a) { return lazy(in, v, a, f_slice_now); }
+Value f_unique(Interp& in, const Value& v, CallArgs& a) { return lazy(in, v, a, f_unique_now); }
+
+struct FilterEntry {
+  const char* name;
+  FilterFn fn;
+};
+
+const FilterEntry kFilters[] = {
+    {"abs", f_abs},           {"attr", f_attr},         {"batch", f_batch},
+    {"capitalize", f_capitalize}, {"center", f_center}, {"count", f_length},
+    {"d", f_default},         {"default", f_default},   {"dictsort", f_dictsort},
+    {"e", f_escape},          {"escape", f_escape},     {"first", f_first},
+    {"float", f_float},       {"forceescape", f_forceescape}, {"format", f_format},
+    {"groupby", f_groupby},   {"indent", f_indent},     {"int", f_int},
+    {"items", f_items},       {"join", f_join},         {"last", f_last},
+    {"length", f_length},     {"list", f_list},         {"lower", f_lower},
+    {"map", f_map},           {"max", f_max},           {"min", f_min},
+    {"reject", f_reject},     {"rejectattr", f_rejectattr}, {"replace", f_replace},
+    {"reverse", f_reverse},   {"round", f_round},       {"safe", f_safe},
+    {"select", f_select},     {"selectattr", f_selectattr}, {"slice", f_slice},
+    {"sort", f_sort},         {"string", f_string},     {"sum", f_sum},
+    {"title", f_title},       {"tojson", f_tojson},     {"trim", f_trim},
+    {"truncate", f_truncate}, {"unique", f_unique},     {"upper", f_upper},
+    {"wordcount", f_wordcount},
+};
+
+// ------------------------------------------------------------------ tests
+
+bool mod_equals(Interp& in, const Value& v, const Value& m, int64_t want) {
+  (void)in;
+  if (v.is_undefined()) in.fail_undefined(v);
+  if (m.is_undefined()) in.fail_undefined(m);
+  if (!v.is_number() || !m.is_number()) fail("unsupported operand type(s) for %%: '%s' and '%s'", type_name(v), type_name(m));
+  if (v.is_integral() && m.is_integral()) {
+    int64_t d = m.as_int();
+    if (d == 0) fail("integer division or modulo by zero");
+    int64_t r = d == -1 ? 0 : v.as_int() % d;
+    if (r != 0 && ((r < 0) != (d < 0))) r += d;
+    return r == want;
+  }
+  double d = m.as_double();
+  if (d == 0) fail("float modulo by zero");
+  double r = std::fmod(v.as_double(), d);
+  if (r != 0 && ((r < 0) != (d < 0))) r += d;
+  return r == static_cast<double>(want);
+}
+
+bool t_odd(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "odd", {});
+  return mod_equals(in, v, Value::integer(2), 1);
+}
+bool t_even(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "even", {});
+  return mod_equals(in, v, Value::integer(2), 0);
+}
+bool t_divisibleby(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "divisibleby", {"num"});
+  return mod_equals(in, v, req(a, 0, "num", "divisibleby"), 0);
+}
+bool t_defined(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "defined", {});
+  return !v.is_undefined();
+}
+bool t_undefined(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "undefined", {});
+  return v.is_undefined();
+}
+bool t_none(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "none", {});
+  return v.is_none();
+}
+bool t_boolean(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "boolean", {});
+  return v.is_bool();
+}
+bool t_false(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "false", {});
+  return v.is_bool() && !v.as_bool();
+}
+bool t_true(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "true", {});
+  return v.is_bool() && v.as_bool();
+}
+bool t_integer(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "integer", {});
+  return v.is_int();
+}
+bool t_float(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "float", {});
+  return v.is_float();
+}
+bool t_number(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "number", {});
+  return v.is_number();
+}
+bool t_string(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "string", {});
+  return v.is_string();
+}
+bool t_mapping(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "mapping", {});
+  return v.is_dict();
+}
+bool t_sequence(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "sequence", {});
+  if (v.is_list()) return v.list()->flavor == ListFlavor::List || v.list()->flavor == ListFlavor::Tuple;
+  return v.is_string() || v.is_dict() || v.is_undefined();
+}
+bool t_iterable(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "iterable", {});
+  return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined() || v.kind() == Kind::Iterator;
+}
+bool t_callable(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "callable", {});
+  return v.kind() == Kind::Callable || v.kind() == Kind::Loop || v.is_undefined();
+}
+bool t_sameas(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "sameas", {"other"});
+  Value o = req(a, 0, "other", "sameas");
+  if (v.kind() != o.kind()) return false;
+  switch (v.kind()) {
+    case Kind::None:
+    case Kind::Undefined: return v.is_none() || v.str() == o.str();
+    case Kind::Bool: return v.as_bool() == o.as_bool();
+    case Kind::Int: return v.as_int() == o.as_int() && v.as_int() >= -5 && v.as_int() <= 256;
+    case Kind::Float: return false;
+    case Kind::String: return v.str_ptr() == o.str_ptr();
+    default: (void)in; return v.obj() == o.obj();
+  }
+}
+bool t_escaped(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "escaped", {});
+  return v.is_string() && v.safe();
+}
+bool t_in(Interp& in, const Value& v, CallArgs& a) {
+  check_args(a, "in", {"seq"});
+  Value seq = req(a, 0, "seq", "in");
+  switch (seq.kind()) {
+    case Kind::Undefined: return false;
+    case Kind::String:
+      if (!v.is_string()) fail("'in <string>' requires string as left operand, not %s", type_name(v));
+      return seq.str().find(v.str()) != std::string::npos;
+    case Kind::List:
+      for (const Value& x : seq.list()->items)
+        if (equals(x, v)) return true;
+      return false;
+    case Kind::Dict: return seq.dict()->find(v) != nullptr;
+    case Kind::Iterator:
+      for (const Value& x : in.iterate(seq))
+        if (equals(x, v)) return true;
+      return false;
+    default: fail("argument of type '%s' is not iterable", type_name(seq));
+  }
+}
+bool cmp_test(const Value& v, CallArgs& a, const char* name, std::string_view op) {
+  check_args(a, name, {"other"});
+  Value o = req(a, 0, "other", name);
+  if (op == "==") return equals(v, o);
+  if (op == "!=") return !equals(v, o);
+  return compare(v, o, op);
+}
+bool t_eq(Interp&, const Value& v, CallArgs& a) { return cmp_test(v, a, "eq", "=="); }
+bool t_ne(Interp&, const Value& v, CallArgs& a) { return cmp_test(v, a, "ne", "!="); }
+bool t_lt(Interp&, const Value& v, CallArgs& a) { return cmp_test(v, a, "lt", "<"); }
+bool t_le(Interp&, const Value& v, CallArgs& a) { return cmp_test(v, a, "le", "<="); }
+bool t_gt(Interp&, const Value& v, CallArgs& a) { return cmp_test(v, a, "gt", ">"); }
+bool t_ge(Interp&, const Value& v, CallArgs& a) { return cmp_test(v, a, "ge", ">="); }
+bool t_lower(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "lower", {});
+  return py::str_is(to_str(v), py::StrClass::Lower);
+}
+bool t_upper(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "upper", {});
+  return py::str_is(to_str(v), py::StrClass::Upper);
+}
+bool t_filter(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "filter", {});
+  return v.is_string() && find_filter(v.str()) >= 0;
+}
+bool t_test(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "test", {});
+  return v.is_string() && find_test(v.str()) >= 0;
+}
+/// Extension (not in jinja2): `x is startingwith 'prefix'`.
+bool t_startingwith(Interp&, const Value& v, CallArgs& a) {
+  check_args(a, "startingwith", {"prefix"});
+  Value p = req(a, 0, "prefix", "startingwith");
+  return v.is_string() && p.is_string() && v.str().compare(0, p.str().size(), p.str()) == 0;
+}
+
+struct TestEntry {
+  const char* name;
+  TestFn fn;
+};
+
+const TestEntry kTests[] = {
+    {"odd", t_odd},         {"even", t_even},       {"divisibleby", t_divisibleby},
+    {"defined", t_defined}, {"undefined", t_undefined}, {"filter", t_filter},
+    {"test", t_test},       {"none", t_none},       {"boolean", t_boolean},
+    {"false", t_false},     {"true", t_true},       {"integer", t_integer},
+    {"float", t_float},     {"lower", t_lower},     {"upper", t_upper},
+    {"string", t_string},   {"mapping", t_mapping}, {"number", t_number},
+    {"sequence", t_sequence}, {"iterable", t_iterable}, {"callable", t_callable},
+    {"sameas", t_sameas},   {"escaped", t_escaped}, {"in", t_in},
+    {"==", t_eq},           {"eq", t_eq},           {"equalto", t_eq},
+    {"!=", t_ne},           {"ne", t_ne},           {">", t_gt},
+    {"gt", t_gt},           {"greaterthan", t_gt},  {"ge", t_ge},
+    {">=", t_ge},           {"<", t_lt},            {"lt", t_lt},
+    {"lessthan", t_lt},     {"<=", t_le},           {"le", t_le},
+    {"startingwith", t_startingwith},
+};
+
+// ------------------------------------------------------------------ globals
+
+using GlobalFn = Value (*)(Interp&, CallArgs&);
+
+struct BuiltinObj : CallableObj {
+  std::string name;
+  GlobalFn fn = nullptr;
+  Value call(Interp& in, CallArgs& a) override { return fn(in, a); }
+  std::string repr() const override { return "<built-in function " + name + ">"; }
+};
+
+Value g_raise_exception(Interp&, CallArgs& a) {
+  check_args(a, "raise_exception", {"message"});
+  throw RaisedError(to_str(req(a, 0, "message", "raise_exception")));
+}
+
+Value g_strftime_now(Interp& in, CallArgs& a) {
+  check_args(a, "strftime_now", {"format"});
+  std::string fmt = str_arg(req(a, 0, "format", "strftime_now"), "strftime() argument 1");
+  struct timeval tv;
+  gettimeofday(&tv, nullptr);
+  time_t t = tv.tv_sec;
+  struct tm tm;
+  localtime_r(&t, &tm);
+  // Python handles %f itself; everything else goes to the C library like time.strftime.
+  std::string f2;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] == '%' && i + 1 < fmt.size()) {
+      if (fmt[i + 1] == 'f') {
+        char us[16];
+        std::snprintf(us, sizeof us, "%06ld", static_cast<long>(tv.tv_usec));
+        f2 += us;
+        ++i;
+        continue;
+      }
+      f2 += fmt[i];
+      f2 += fmt[++i];
+      continue;
+    }
+    f2 += fmt[i];
+  }
+  if (f2.empty()) return Value::string("");
+  for (size_t cap = 256 + f2.size() * 4;; cap *= 4) {
+    if (cap > (1u << 20)) break;
+    std::string buf(cap, '\0');
+    size_t n = std::strftime(buf.data(), buf.size(), f2.c_str(), &tm);
+    if (n > 0) {
+      buf.resize(n);
+      return str_value(in, std::move(buf));
+    }
+  }
+  return Value::string("");
+}
+
+Value g_range(Interp& in, CallArgs& a) {
+  if (!a.kw.empty()) fail("range() takes no keyword arguments");
+  if (a.pos.empty() || a.pos.size() > 3) fail("range expected 1 to 3 arguments, got %zu", a.pos.size());
+  int64_t start = 0, stop, step = 1;
+  for (const Value& v : a.pos)
+    if (!v.is_integral()) fail("'%s' object cannot be interpreted as an integer", type_name(v));
+  if (a.pos.size() == 1) {
+    stop = a.pos[0].as_int();
+  } else {
+    start = a.pos[0].as_int();
+    stop = a.pos[1].as_int();
+    if (a.pos.size() == 3) step = a.pos[2].as_int();
+  }
+  if (step == 0) fail("range() arg 3 must not be zero");
+  __int128 n = 0;
+  if (step > 0 && stop > start) n = (static_cast<__int128>(stop) - start + step - 1) / step;
+  if (step < 0 && stop < start) n = (static_cast<__int128>(start) - stop - step - 1) / (-static_cast<__int128>(step));
+  if (n > 100000) fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+  std::vector<Value> out;
+  out.reserve(static_cast<size_t>(n));
+  int64_t x = start;
+  for (__int128 i = 0; i < n; ++i, x += (i < n ? step : 0)) out.push_back(Value::integer(x));
+  return in.make_list(std::move(out));
+}
+
+/// dict(*args, **kwargs) into d.
+void fill_dict(Interp& in, DictObj* d, CallArgs& a, const char* fn) {
+  if (a.pos.size() > 1) fail("%s expected at most 1 argument, got %zu", fn, a.pos.size());
+  if (!a.pos.empty()) {
+    const Value& src = a.pos[0];
+    if (src.is_dict()) {
+      for (const auto& kv : src.dict()->items) d->set(kv.first, kv.second);
+    } else {
+      for (const Value& item : in.iterate(src)) {
+        std::vector<Value> pair = in.iterate(item);
+        if (pair.size() != 2) fail("dictionary update sequence element has length %zu; 2 is required", pair.size());
+        check_hashable(pair[0]);
+        d->set(pair[0], pair[1]);
+      }
+    }
+  }
+  for (const auto& kv : a.kw) d->set(Value::string(kv.first), kv.second);
+  in.heap().charge(d->items.size());
+}
+
+Value g_dict(Interp& in, CallArgs& a) {
+  DictObj* d = in.heap().make<DictObj>();
+  fill_dict(in, d, a, "dict");
+  return Value::object(Kind::Dict, d);
+}
+
+Value g_namespace(Interp& in, CallArgs& a) {
+  DictObj tmp;
+  fill_dict(in, &tmp, a, "namespace");
+  NamespaceObj* ns = in.heap().make<NamespaceObj>();
+  for (const auto& kv : tmp.items) {
+    if (!kv.first.is_string()) fail("namespace attribute names must be strings");
+    ns->set(kv.first.str(), kv.second);
+  }
+  return Value::object(Kind::Namespace, ns);
+}
+
+struct JoinerObj : CallableObj {
+  std::string sep;
+  bool used = false;
+  Value call(Interp&, CallArgs& a) override {
+    check_args(a, "joiner", {});
+    if (!used) {
+      used = true;
+      return Value::string("");
+    }
+    return Value::string(sep);
+  }
+  std::string repr() const override { return "<jinja2.utils.Joiner object>"; }
+};
+
+Value g_joiner(Interp& in, CallArgs& a) {
+  check_args(a, "joiner", {"sep"});
+  JoinerObj* j = in.heap().make<JoinerObj>();
+  j->sep = to_str(arg(a, 0, "sep", Value::string(", ")));
+  return Value::object(Kind::Callable, j);
+}
+
+struct GlobalEntry {
+  const char* name;
+  GlobalFn fn;
+};
+
+const GlobalEntry kGlobals[] = {
+    {"raise_exception", g_raise_exception}, {"strftime_now", g_strftime_now}, {"range", g_range},
+    {"dict", g_dict}, {"namespace", g_namespace}, {"joiner", g_joiner},
+};
+
+// ------------------------------------------------------------------ methods
+
+const char* const kStrMethods[] = {
+    "capitalize", "casefold", "center", "count", "endswith", "find", "format", "index", "isalnum", "isalpha",
+    "isascii", "isdecimal", "isdigit", "islower", "isnumeric", "isspace", "istitle", "isupper", "join", "ljust",
+    "lower", "lstrip", "partition", "removeprefix", "removesuffix", "replace", "rfind", "rindex", "rjust",
+    "rpartition", "rsplit", "rstrip", "split", "splitlines", "startswith", "strip", "swapcase", "title", "upper",
+    "zfill"};
+const char* const kDictMethods[] = {"clear", "copy", "get", "items", "keys", "pop", "popitem", "setdefault",
+                                    "update", "values"};
+const char* const kListMethods[] = {"append", "clear", "copy", "count", "extend", "index", "insert",
+                                    "pop", "remove", "reverse", "sort"};
+const char* const kTupleMethods[] = {"count", "index"};
+
+template <size_t N>
+bool in_list(const char* const (&names)[N], std::string_view name) {
+  for (const char* n : names)
+    if (name == n) return true;
+  return false;
+}
+
+bool affix_match(Interp& in, const std::string& s, CallArgs& a, bool at_end, const char* fn) {
+  check_args(a, fn, {"prefix", "start", "end"});
+  Value p = req(a, 0, "prefix", fn);
+  auto start = opt_index(arg(a, 1, "start", Value::none()));
+  auto end = opt_index(arg(a, 2, "end", Value::none()));
+  if (p.is_string()) return py::starts_ends_with(s, p.str(), start, end, at_end);
+  if (p.is_list() && p.list()->flavor == ListFlavor::Tuple) {
+    for (const Value& x : in.iterate(p)) {
+      if (!x.is_string())
+        fail("tuple for %s must only contain str, not %s", fn, type_name(x));
+      if (py::starts_ends_with(s, x.str(), start, end, at_end)) return true;
+    }
+    return false;
+  }
+  fail("%s first arg must be str or a tuple of str, not %s", fn, type_name(p));
+}
+
+Value str_method(Interp& in, const Value& self, std::string_view name, CallArgs& a) {
+  const std::string& s = self.str();
+  auto strv = [&](std::string r) { return str_value(in, std::move(r)); };
+  auto list_of = [&](std::vector<std::string> parts) {
+    std::vector<Value> out;
+    out.reserve(parts.size());
+    for (auto& p : parts) out.push_back(Value::string(std::move(p)));
+    return in.make_list(std::move(out));
+  };
+  auto opt_str = [&](size_t i, const char* n) -> std::optional<std::string_view> {
+    Value v = arg(a, i, n, Value::none());
+    if (v.is_none()) return std::nullopt;
+    return std::string_view(str_arg(v, n));
+  };
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    check_args(a, "strip", {"chars"});
+    return strv(py::strip(s, opt_str(0, "chars"), name != "rstrip", name != "lstrip"));
+  }
+  if (name == "split" || name == "rsplit") {
+    check_args(a, "split", {"sep", "maxsplit"});
+    int64_t maxsplit = int_arg(arg(a, 1, "maxsplit", Value::integer(-1)), "maxsplit");
+    auto sep = opt_str(0, "sep");
+    in.check_size(s.size() * 8);
+    return list_of(name == "split" ? py::split(s, sep, maxsplit) : py::rsplit(s, sep, maxsplit));
+  }
+  if (name == "splitlines") {
+    check_args(a, "splitlines", {"keepends"});
+    return list_of(py::splitlines(s, truthy(arg(a, 0, "keepends", Value::boolean(false)))));
+  }
+  if (name == "startswith") return Value::boolean(affix_match(in, s, a, false, "startswith"));
+  if (name == "endswith") return Value::boolean(affix_match(in, s, a, true, "endswith"));
+  if (name == "replace") {
+    check_args(a, "replace", {"old", "new", "count"});
+    const std::string& old = str_arg(req(a, 0, "old", "replace"), "replace() argument 1");
+    const std::string& repl = str_arg(req(a, 1, "new", "replace"), "replace() argument 2");
+    int64_t count = int_arg(arg(a, 2, "count", Value::integer(-1)), "count");
+    if (old.empty()) {
+      in.check_size(s.size() + (py::length(s) + 1) * repl.size());
+    } else if (repl.size() > old.size()) {
+      in.check_size(s.size() + (s.size() / old.size() + 1) * (repl.size() - old.size()));
+    }
+    return strv(py::replace(s, old, repl, count));
+  }
+  if (name == "lower" || name == "casefold") {
+    check_args(a, "lower", {});
+    return strv(py::lower(s));
+  }
+  if (name == "upper") {
+    check_args(a, "upper", {});
+    return strv(py::upper(s));
+  }
+  if (name == "title") {
+    check_args(a, "title", {});
+    return strv(py::title(s));
+  }
+  if (name == "capitalize") {
+    check_args(a, "capitalize", {});
+    return strv(py::capitalize(s));
+  }
+  if (name == "swapcase") {
+    check_args(a, "swapcase", {});
+    return strv(py::swapcase(s));
+  }
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
+    check_args(a, std::string(name).c_str(), {"sub", "start", "end"});
+    const std::string& sub = str_arg(req(a, 0, "sub", "find"), "must be str");
+    auto start = opt_index(arg(a, 1, "start", Value::none()));
+    auto end = opt_index(arg(a, 2, "end", Value::none()));
+    if (name == "count") return Value::integer(py::count(s, sub, start, end));
+    int64_t r = py::find(s, sub, start, end, name[0] == 'r');
+    if (r < 0 && (name == "index" || name == "rindex")) fail("substring not found");
+    return Value::integer(r);
+  }
+  if (name == "join") {
+    check_args(a, "join", {"iterable"});
+    std::string out;
+    size_t i = 0;
+    for (const Value& x : in.iterate(req(a, 0, "iterable", "join"))) {
+      if (!x.is_string()) fail("sequence item %zu: expected str instance, %s found", i, type_name(x));
+      if (i++) out += s;
+      out += x.str();
+      in.check_size(out.size());
+    }
+    return Value::string(std::move(out));
+  }
+  if (name == "format") return strv(str_format(in, s, a));
+  if (name.substr(0, 2) == "is") {
+    check_args(a, std::string(name).c_str(), {});
+    if (name == "isascii") return Value::boolean(py::is_ascii(s));
+    static const std::pair<const char*, py::StrClass> classes[] = {
+        {"isalnum", py::StrClass::Alnum},     {"isalpha", py::StrClass::Alpha},
+        {"isdecimal", py::StrClass::Decimal}, {"isdigit", py::StrClass::Digit},
+        {"islower", py::StrClass::Lower},     {"isnumeric", py::StrClass::Numeric},
+        {"isspace", py::StrClass::Space},     {"istitle", py::StrClass::Title},
+        {"isupper", py::StrClass::Upper}};
+    for (const auto& c : classes)
+      if (name == c.first) return Value::boolean(py::str_is(s, c.second));
+  }
+  if (name == "center" || name == "ljust" || name == "rjust") {
+    check_args(a, "center", {"width", "fillchar"});
+    int64_t w = int_arg(req(a, 0, "width", "center"), "width");
+    std::string fill = " ";
+    Value fc = arg(a, 1, "fillchar", Value::none());
+    if (!fc.is_none()) {
+      fill = str_arg(fc, "fillchar");
+      if (py::length(fill) != 1) fail("The fill character must be exactly one character long");
+    }
+    in.check_size(static_cast<size_t>(std::max<int64_t>(w, 0)) * fill.size());
+    return Value::string(py::pad(s, w, fill, name == "center" ? '^' : name == "ljust" ? '<' : '>'));
+  }
+  if (name == "zfill") {
+    check_args(a, "zfill", {"width"});
+    int64_t w = int_arg(req(a, 0, "width", "zfill"), "width");
+    int64_t len = static_cast<int64_t>(py::length(s));
+    if (w <= len) return self;
+    in.check_size(static_cast<size_t>(w));
+    std::string pad(static_cast<size_t>(w - len), '0');
+    if (!s.empty() && (s[0] == '+' || s[0] == '-')) return Value::string(s.substr(0, 1) + pad + s.substr(1));
+    return Value::string(pad + s);
+  }
+  if (name == "partition" || name == "rpartition") {
+    check_args(a, "partition", {"sep"});
+    const std::string& sep = str_arg(req(a, 0, "sep", "partition"), "sep");
+    if (sep.empty()) fail("empty separator");
+    size_t p = name == "partition" ? s.find(sep) : s.rfind(sep);
+    std::vector<Value> parts;
+    if (p == std::string::npos) {
+      if (name == "partition") {
+        parts = {self, Value::string(""), Value::string("")};
+      } else {
+        parts = {Value::string(""), Value::string(""), self};
+      }
+    } else {
+      parts = {Value::string(s.substr(0, p)), Value::string(sep), Value::string(s.substr(p + sep.size()))};
+    }
+    return in.make_list(std::move(parts), ListFlavor::Tuple);
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    check_args(a, std::string(name).c_str(), {"affix"});
+    const std::string& x = str_arg(req(a, 0, "affix", "removeprefix"), "argument");
+    if (name == "removeprefix" && s.compare(0, x.size(), x) == 0) return Value::string(s.substr(x.size()));
+    if (name == "removesuffix" && !x.empty() && s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0)
+      return Value::string(s.substr(0, s.size() - x.size()));
+    return self;
+  }
+  fail("'str' object has no attribute '%.*s'", static_cast<int>(name.size()), name.data());
+}
+
+Value dict_method(Interp& in, const Value& self, std::string_view name, CallArgs& a) {
+  DictObj* d = self.dict();
+  if (name == "keys" || name == "values" || name == "items") {
+    check_args(a, std::string(name).c_str(), {});
+    std::vector<Value> out;
+    out.reserve(d->items.size());
+    for (const auto& kv : d->items) {
+      if (name == "keys") {
+        out.push_back(kv.first);
+      } else if (name == "values") {
+        out.push_back(kv.second);
+      } else {
+        out.push_back(in.make_list({kv.first, kv.second}, ListFlavor::Tuple));
+      }
+    }
+    return in.make_list(std::move(out),
+                        name == "keys" ? ListFlavor::Keys : name == "values" ? ListFlavor::Values : ListFlavor::Items);
+  }
+  if (name == "get") {
+    if (!a.kw.empty()) fail("get() takes no keyword arguments");
+    if (a.pos.empty() || a.pos.size() > 2) fail("get expected 1 or 2 arguments, got %zu", a.pos.size());
+    const Value* v = d->find(a.pos[0]);
+    if (v) return *v;
+    return a.pos.size() > 1 ? a.pos[1] : Value::none();
+  }
+  if (name == "copy") {
+    check_args(a, "copy", {});
+    DictObj* c = in.heap().make<DictObj>();
+    in.heap().charge(d->items.size());
+    for (const auto& kv : d->items) c->set(kv.first, kv.second);
+    return Value::object(Kind::Dict, c);
+  }
+  fail("access to attribute '%.*s' of 'dict' object is unsafe.", static_cast<int>(name.size()), name.data());
+}
+
+Value list_method(Interp& in, const Value& self, std::string_view name, CallArgs& a) {
+  ListObj* l = self.list();
+  if (name == "count") {
+    check_args(a, "count", {"value"});
+    Value x = req(a, 0, "value", "count");
+    int64_t n = 0;
+    for (const Value& v : l->items)
+      if (equals(v, x)) ++n;
+    return Value::integer(n);
+  }
+  if (name == "index") {
+    check_args(a, "index", {"value", "start", "stop"});
+    Value x = req(a, 0, "value", "index");
+    int64_t len = static_cast<int64_t>(l->items.size()), lo, hi;
+    py::clamp_range(len, opt_index(arg(a, 1, "start", Value::none())), opt_index(arg(a, 2, "stop", Value::none())),
+                    &lo, &hi);
+    for (int64_t i = lo; i < hi; ++i)
+      if (equals(l->items[static_cast<size_t>(i)], x)) return Value::integer(i);
+    fail("%s.index(x): x not in %s", type_name(self), type_name(self));
+  }
+  if (name == "copy" && l->flavor == ListFlavor::List) {
+    check_args(a, "copy", {});
+    return in.make_list(l->items);
+  }
+  if (name == "append" && l->flavor == ListFlavor::List) {
+    // Extension: transformers' sandbox rejects list.append; spool allows it (see README).
+    check_args(a, "append", {"object"});
+    in.heap().charge(1);
+    l->items.push_back(req(a, 0, "object", "append"));
+    return Value::none();
+  }
+  fail("access to attribute '%.*s' of '%s' object is unsafe.", static_cast<int>(name.size()), name.data(),
+       type_name(self));
+}
+
+}  // namespace
+
+int find_filter(std::string_view name) {
+  for (size_t i = 0; i < sizeof(kFilters) / sizeof(kFilters[0]); ++i)
+    if (name == kFilters[i].name) return static_cast<int>(i);
+  return -1;
+}
+
+int find_test(std::string_view name) {
+  for (size_t i = 0; i < sizeof(kTests) / sizeof(kTests[0]); ++i)
+    if (name == kTests[i].name) return static_cast<int>(i);
+  return -1;
+}
+
+FilterFn filter_fn(int id) { return kFilters[id].fn; }
+TestFn test_fn(int id) { return kTests[id].fn; }
+
+const std::vector<std::string>& global_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& g : kGlobals) v.emplace_back(g.name);
+    return v;
+  }();
+  return names;
+}
+
+Value make_global(Interp& in, const std::string& name) {
+  for (const auto& g : kGlobals) {
+    if (name == g.name) {
+      BuiltinObj* b = in.heap().make<BuiltinObj>();
+      b->name = g.name;
+      b->fn = g.fn;
+      return Value::object(Kind::Callable, b);
+    }
+  }
+  return Value::undefined("'" + name + "' is undefined");
+}
+
+bool has_method(const Value& self, std::string_view name) {
+  if (self.is_string()) return in_list(kStrMethods, name);
+  if (self.is_dict()) return in_list(kDictMethods, name);
+  if (self.is_list()) {
+    if (self.list()->flavor == ListFlavor::List) return in_list(kListMethods, name);
+    if (self.list()->flavor == ListFlavor::Tuple) return in_list(kTupleMethods, name);
+  }
+  return false;
+}
+
+Value call_method(Interp& in, const Value& self, std::string_view name, CallArgs& args) {
+  if (self.is_string()) return str_method(in, self, name, args);
+  if (self.is_dict()) return dict_method(in, self, name, args);
+  if (self.is_list()) return list_method(in, self, name, args);
+  fail("'%s' object has no attribute '%.*s'", type_name(self), static_cast<int>(name.size()), name.data());
+}
+
+}  // namespace spool::tmpl

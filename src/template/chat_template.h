@@ -1,0 +1,82 @@
+// Chat-template engine: a Jinja2 interpreter that renders Hugging Face chat templates
+// byte-identically to transformers' apply_chat_template(tokenize=False).
+//
+// transformers renders with jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
+// lstrip_blocks=True, extensions=[loopcontrols, {% generation %}]), a `tojson` filter that is
+// json.dumps(ensure_ascii=False) and the globals raise_exception / strftime_now. This module
+// reimplements exactly that subset of Jinja2 (see README notes in template_test.cpp for what is
+// deliberately unsupported). Templates come from model repositories, so rendering is bounded:
+// recursion depth, steps, memory and output size are limited and every failure is a
+// spool::Error, never a crash or a hang.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace spool::tmpl {
+
+namespace ast {
+struct Program;
+}
+
+/// Resource bounds of one render; exceeding any of them throws spool::Error.
+struct RenderLimits {
+  size_t max_output_bytes = 64u << 20;  ///< rendered text and any single string value
+  uint64_t max_steps = 20'000'000;      ///< evaluated expressions + executed statements
+  int max_call_depth = 100;             ///< nested macro calls (recursion)
+  int max_nesting = 1500;               ///< combined statement/expression recursion depth
+  size_t max_heap_cells = 8u << 20;     ///< objects + container elements allocated
+};
+
+/// A compiled template: parse once, render many times (render is const and thread-safe).
+class Template {
+ public:
+  /// Parses `source`; `label` names the template in error messages (e.g. a file name).
+  /// Throws spool::Error on syntax errors, unknown filters/tests and unsupported tags
+  /// (extends, include, import, from, block, autoescape).
+  static Template parse(std::string_view source, const std::string& label);
+
+  /// Renders with `context` as the template variables (object keys keep their order, which
+  /// tojson and items() expose). Throws spool::Error for raise_exception(...) (what() is exactly
+  /// the template's message), runtime type errors and exceeded limits.
+  std::string render(const nlohmann::ordered_json& context) const;
+  /// render() with explicit resource limits.
+  std::string render(const nlohmann::ordered_json& context, const RenderLimits& limits) const;
+
+  /// The label given to parse().
+  const std::string& label() const;
+
+ private:
+  std::shared_ptr<const ast::Program> prog_;
+};
+
+/// Options of apply_chat_template.
+struct ChatOptions {
+  /// Append the assistant header so the model starts a reply.
+  bool add_generation_prompt = true;
+  /// Tool JSON schemas (array) or null for "no tools argument".
+  nlohmann::ordered_json tools;
+  /// Extra template variables (enable_thinking, preserve_thinking, ...); an object or null.
+  nlohmann::ordered_json extra_kwargs;
+  /// Resource limits of the render.
+  RenderLimits limits;
+};
+
+/// Renders a chat template like transformers' apply_chat_template(tokenize=False). The context
+/// is, in increasing priority: special tokens, extra_kwargs, then messages, tools,
+/// documents (always null) and add_generation_prompt. Like transformers, `tools` is passed even
+/// when null (so `tools is none` holds and `tools is defined` is true).
+std::string apply_chat_template(const Template& t, const nlohmann::ordered_json& messages, const ChatOptions& opt,
+                                const nlohmann::ordered_json& special_tokens);
+
+/// Special-token strings from a tokenizer_config.json object: bos/eos/unk/sep/pad/cls/mask
+/// tokens given as a string or an AddedToken object {"content": ...}; null or absent ones are
+/// omitted (transformers' special_tokens_map).
+nlohmann::json special_tokens_from_config(const nlohmann::ordered_json& tokenizer_config);
+
+}  // namespace spool::tmpl
