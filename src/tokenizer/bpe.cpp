@@ -130,6 +130,8 @@ Bpe Bpe::from_json(const nlohmann::json& model, const std::string& label) {
 
   Bpe bpe;
   bpe.strings_.reserve(vocab_it->size());
+  std::vector<int32_t> ids;  // ids[i] is the id of strings_[i]
+  ids.reserve(vocab_it->size());
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab_it->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxVocabId) {
@@ -137,18 +139,14 @@ Bpe Bpe::from_json(const nlohmann::json& model, const std::string& label) {
            show(token).c_str(), static_cast<long long>(kMaxVocabId));
     }
     bpe.strings_.push_back(token);
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
     max_id = std::max(max_id, id.get<int64_t>());
   }
   bpe.id_index_.assign(static_cast<size_t>(max_id + 1), -1);
   bpe.vocab_.reserve(bpe.strings_.size());
-  {
-    size_t index = 0;
-    for (const auto& [token, id] : vocab_it->items()) {
-      const auto i = static_cast<int32_t>(id.get<int64_t>());
-      bpe.vocab_[bpe.strings_[index]] = i;
-      bpe.id_index_[static_cast<size_t>(i)] = static_cast<int32_t>(index);
-      ++index;
-    }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    bpe.vocab_[bpe.strings_[i]] = ids[i];
+    bpe.id_index_[static_cast<size_t>(ids[i])] = static_cast<int32_t>(i);
   }
 
   bpe.unk_token_ = opt_string(model, "unk_token", label);

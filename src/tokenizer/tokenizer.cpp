@@ -1,10 +1,10 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "common/error.h"
 #include "tokenizer/added_tokens.h"
@@ -30,12 +30,14 @@ std::optional<std::string> read_file(const std::filesystem::path& path, bool req
     if (required) fail("%s: file not found", path.c_str());
     return std::nullopt;
   }
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail("%s: cannot open: %s", path.c_str(), std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("%s: read error", path.c_str());
-  return std::move(ss).str();
+  std::string text(static_cast<size_t>(std::max<std::streamoff>(in.tellg(), 0)), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
+    fail("%s: read error", path.c_str());
+  }
+  return text;
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& label) {
