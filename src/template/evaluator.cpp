@@ -1019,6 +1019,7 @@ Value Interp::eval(const Expr* e, Frame* f) {
       CallArgs a;
       eval_args(n->args, f, &a);
       cur_offset_ = e->offset;
+      if (n->fn < 0) fail("no filter named '%s'", n->name.c_str());
       return filter_fn(n->fn)(*this, input, a);
     }
     case EK::Test: {
@@ -1027,6 +1028,7 @@ Value Interp::eval(const Expr* e, Frame* f) {
       CallArgs a;
       eval_args(n->args, f, &a);
       cur_offset_ = e->offset;
+      if (n->fn < 0) fail("no test named '%s'", n->name.c_str());
       return Value::boolean(test_fn(n->fn)(*this, v, a));
     }
     case EK::Neg:

@@ -94,6 +94,7 @@ class Parser {
   void parse() {
     p_.body = subparse({});
     if (cur().type != Tok::Eof) fail_at(cur(), "unexpected token");
+    check_body(p_.body, false);
   }
 
  private:
@@ -944,8 +945,7 @@ class Parser {
       uint32_t off = cur().offset;
       auto* f = make<Filter>(off);
       f->name = dotted_name();
-      f->fn = find_filter(f->name);
-      if (f->fn < 0) fail_at(off, "no filter named '" + f->name + "'");
+      f->fn = find_filter(f->name);  // unknown names are checked by check_names()
       f->arg = node;
       if (is_op(cur(), "(")) f->args = parse_call_args();
       node = done(f);
@@ -959,8 +959,8 @@ class Parser {
     uint32_t name_off = cur().offset;
     auto* t = make<Test>(off);
     t->name = dotted_name();
-    t->fn = find_test(t->name);
-    if (t->fn < 0) fail_at(name_off, "no test named '" + t->name + "'");
+    t->fn = find_test(t->name);  // unknown names are checked by check_names()
+    (void)name_off;
     t->arg = node;
     const Token& c = cur();
     if (is_op(c, "(")) {
@@ -979,6 +979,72 @@ class Parser {
       result = done(u);
     }
     return result;
+  }
+
+  // ---- unknown filters / tests ----
+  // jinja2 rejects unknown filters and tests when compiling, except inside if-statements and
+  // conditional expressions ("soft" frames), where the error is deferred to runtime.
+  void check_expr(const Expr* e, bool soft) {
+    if (!e) return;
+    if (e->kind == EK::Filter) {
+      auto* f = static_cast<const Filter*>(e);
+      if (f->fn < 0 && !soft) fail_at(f->offset, "no filter named '" + f->name + "'");
+    } else if (e->kind == EK::Test) {
+      auto* t = static_cast<const Test*>(e);
+      if (t->fn < 0 && !soft) fail_at(t->offset, "no test named '" + t->name + "'");
+    } else if (e->kind == EK::Cond) {
+      soft = true;
+    }
+    for_children(e, [&](const Expr* c) { check_expr(c, soft); });
+  }
+
+  void check_body(const Body& body, bool soft) {
+    for (const Stmt* s : body) {
+      switch (s->kind) {
+        case SK::Output:
+          for (const auto& it : static_cast<const Output*>(s)->items) check_expr(it.expr, soft);
+          break;
+        case SK::If:
+          for (const auto& br : static_cast<const If*>(s)->branches) {
+            check_expr(br.first, true);
+            check_body(br.second, true);
+          }
+          check_body(static_cast<const If*>(s)->otherwise, true);
+          break;
+        case SK::For: {
+          auto* f = static_cast<const For*>(s);
+          check_expr(f->iter, soft);
+          check_expr(f->filter, false);
+          check_body(f->body, false);
+          check_body(f->otherwise, false);
+          break;
+        }
+        case SK::Set: check_expr(static_cast<const Set*>(s)->value, soft); break;
+        case SK::SetBlock:
+          check_expr(static_cast<const SetBlock*>(s)->filter, false);
+          check_body(static_cast<const SetBlock*>(s)->body, false);
+          break;
+        case SK::Macro:
+          for (const Expr* d : static_cast<const Macro*>(s)->def.defaults) check_expr(d, false);
+          check_body(static_cast<const Macro*>(s)->def.body, false);
+          break;
+        case SK::CallBlock:
+          check_expr(static_cast<const CallBlock*>(s)->call, soft);
+          for (const Expr* d : static_cast<const CallBlock*>(s)->def.defaults) check_expr(d, false);
+          check_body(static_cast<const CallBlock*>(s)->def.body, false);
+          break;
+        case SK::FilterBlock:
+          check_expr(static_cast<const FilterBlock*>(s)->filter, false);
+          check_body(static_cast<const FilterBlock*>(s)->body, false);
+          break;
+        case SK::With:
+          for (const auto& a : static_cast<const With*>(s)->assigns) check_expr(a.second, soft);
+          check_body(static_cast<const With*>(s)->body, false);
+          break;
+        case SK::Scope: check_body(static_cast<const Scope*>(s)->body, false); break;
+        default: break;
+      }
+    }
   }
 
   Program& p_;
