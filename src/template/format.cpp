@@ -365,10 +365,7 @@ std::string format_value(Interp& in, const Value& v, const std::string& spec) {
     return pad_spec(sp, sign + prefix, digits, '>');
   }
   if (v.is_number()) {
-    if (v.is_bool() && !sp.type) {
-      Spec s2 = sp;
-      return pad_spec(s2, "", to_str(v), '>');
-    }
+
     double x = v.as_double();
     char type = sp.type;
     if (type && std::string_view("eEfFgG%").find(type) == std::string_view::npos)

@@ -88,6 +88,68 @@ bool is_upper_cp(char32_t c) { return category(c) == UTF8PROC_CATEGORY_LU; }
 bool is_lower_cp(char32_t c) { return category(c) == UTF8PROC_CATEGORY_LL; }
 bool is_title_cp(char32_t c) { return category(c) == UTF8PROC_CATEGORY_LT; }
 
+/// Unconditional multi-character case mappings of Unicode SpecialCasing.txt (the ones
+/// Python applies in str.upper/lower/title that simple mappings miss).
+struct Special {
+  char32_t cp;
+  const char* lower;
+  const char* title;
+  const char* upper;
+};
+const Special kSpecial[] = {
+    {0x00DF, nullptr, "Ss", "SS"},
+    {0x0130, "i\xCC\x87", nullptr, nullptr},
+    {0x0149, nullptr, "\xCA\xBCN", "\xCA\xBCN"},
+    {0x01F0, nullptr, "J\xCC\x8C", "J\xCC\x8C"},
+    {0x0587, nullptr, "\xD4\xB5\xD6\x82", "\xD4\xB5\xD5\x92"},
+    {0x1E96, nullptr, "H\xCC\xB1", "H\xCC\xB1"},
+    {0x1E97, nullptr, "T\xCC\x88", "T\xCC\x88"},
+    {0x1E98, nullptr, "W\xCC\x8A", "W\xCC\x8A"},
+    {0x1E99, nullptr, "Y\xCC\x8A", "Y\xCC\x8A"},
+    {0x1E9A, nullptr, "A\xCA\xBE", "A\xCA\xBE"},
+    {0xFB00, nullptr, "Ff", "FF"},
+    {0xFB01, nullptr, "Fi", "FI"},
+    {0xFB02, nullptr, "Fl", "FL"},
+    {0xFB03, nullptr, "Ffi", "FFI"},
+    {0xFB04, nullptr, "Ffl", "FFL"},
+    {0xFB05, nullptr, "St", "ST"},
+    {0xFB06, nullptr, "St", "ST"},
+};
+
+/// Appends the full case mapping of c (kind: 'l', 't' or 'u').
+void append_cased(std::string& out, char32_t c, char kind) {
+  if (c >= 0xDF) {
+    for (const Special& sp : kSpecial) {
+      if (sp.cp != c) continue;
+      const char* m = kind == 'l' ? sp.lower : kind == 't' ? sp.title : sp.upper;
+      if (m) {
+        out += m;
+        return;
+      }
+      break;
+    }
+  }
+  append_utf8(out, kind == 'l' ? to_lower(c) : kind == 't' ? to_title(c) : to_upper(c));
+}
+
+/// Maps each code point through a full case mapping chosen per character.
+template <typename F>
+std::string map_case(std::string_view s, F kind_of) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    char32_t c = next_cp(s, i);
+    char k = kind_of(c);
+    if (k == 0) {
+      append_utf8(out, c);
+    } else {
+      append_cased(out, c, k);
+    }
+  }
+  return out;
+}
+
 template <typename F>
 std::string map_cps(std::string_view s, F f) {
   std::string out;
@@ -191,7 +253,7 @@ bool is_printable(char32_t c) {
 
 char32_t to_upper(char32_t c) {
   if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
-  if (c > 0x10FFFF) return c;
+  if (c > 0x10FFFF || c == 0xDF) return c;  // utf8proc maps U+00DF to U+1E9E; Unicode does not
   return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c)));
 }
 char32_t to_lower(char32_t c) {
@@ -205,8 +267,14 @@ char32_t to_title(char32_t c) {
   return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c)));
 }
 
-std::string upper(std::string_view s) { return map_cps(s, to_upper); }
-std::string lower(std::string_view s) { return map_cps(s, to_lower); }
+std::string upper(std::string_view s) {
+  if (is_ascii(s)) return map_cps(s, to_upper);
+  return map_case(s, [](char32_t) { return 'u'; });
+}
+std::string lower(std::string_view s) {
+  if (is_ascii(s)) return map_cps(s, to_lower);
+  return map_case(s, [](char32_t) { return 'l'; });
+}
 std::string swapcase(std::string_view s) {
   return map_cps(s, [](char32_t c) {
     if (is_upper_cp(c)) return to_lower(c);
@@ -217,19 +285,19 @@ std::string swapcase(std::string_view s) {
 
 std::string title(std::string_view s) {
   bool prev_cased = false;
-  return map_cps(s, [&](char32_t c) {
-    char32_t m = prev_cased ? to_lower(c) : to_title(c);
+  return map_case(s, [&](char32_t c) {
+    char k = prev_cased ? 'l' : 't';
     prev_cased = is_cased(c);
-    return m;
+    return k;
   });
 }
 
 std::string capitalize(std::string_view s) {
   bool first = true;
-  return map_cps(s, [&](char32_t c) {
-    char32_t m = first ? to_title(c) : to_lower(c);
+  return map_case(s, [&](char32_t) {
+    char k = first ? 't' : 'l';
     first = false;
-    return m;
+    return k;
   });
 }
 
@@ -348,9 +416,7 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
   skip_ws(i);
   while (i < n) {
     if (maxsplit == 0) {
-      // remainder, with trailing whitespace stripped
-      std::string rest = strip(s.substr(i), std::nullopt, false, true);
-      out.push_back(std::move(rest));
+      out.emplace_back(s.substr(i));  // Python keeps the remainder's trailing whitespace
       return out;
     }
     size_t start = i;
@@ -390,9 +456,7 @@ std::vector<std::string> rsplit(std::string_view s, const std::optional<std::str
   while (e > 0 && is_space(u[e - 1])) --e;
   while (e > 0) {
     if (maxsplit == 0) {
-      int64_t b = 0;
-      while (b < e && is_space(u[b])) ++b;
-      out.push_back(encode(u.data() + b, u.data() + e));
+      out.push_back(encode(u.data(), u.data() + e));  // leading whitespace kept
       break;
     }
     int64_t b = e;
