@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 const std::string kSpool = std::string(SPOOL_BINARY_DIR) + "/spool";
 const std::string kData = SPOOL_TEST_DATA_DIR;
 
-struct Run {
+struct Result {
   int code = -1;
   std::string out, err;
 };
@@ -28,12 +28,12 @@ std::string slurp(const std::string& p) {
 }
 
 // Runs `spool <args>` through the shell; args must be shell-quoted by the caller.
-Run spool(const std::string& args) {
+Result spool(const std::string& args) {
   static int n = 0;
   const std::string base = ::testing::TempDir() + "/cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
   const std::string cmd = kSpool + " " + args + " >" + base + ".out 2>" + base + ".err";
   int st = std::system(cmd.c_str());
-  Run r;
+  Result r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   r.out = slurp(base + ".out");
   r.err = slurp(base + ".err");
@@ -49,7 +49,7 @@ std::string copy_fixture(const std::string& name, const std::string& tag) {
 }
 
 TEST(Cli, GenerateDemoGoldenContinuation) {
-  Run r = spool("generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48 --json");
+  Result r = spool("generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   auto g = nlohmann::json::parse(slurp(kData + "/models/spool-demo-moe/golden_prompts.json"));
@@ -60,7 +60,7 @@ TEST(Cli, GenerateDemoGoldenContinuation) {
   for (const char* k : {"load_s", "prefill_s", "prefill_tok_s", "decode_s", "decode_tok_s"}) EXPECT_TRUE(j["timings"].contains(k)) << k;
   EXPECT_GT(j["peak_rss_bytes"].get<uint64_t>(), 1000000u);
   // Streaming text mode prints the same continuation, stats on stderr.
-  Run t = spool("generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48");
+  Result t = spool("generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_EQ(t.out, g[0]["greedy_text"].get<std::string>() + "\n");
   EXPECT_NE(t.err.find("decode"), std::string::npos);
@@ -71,12 +71,12 @@ TEST(Cli, PromptIdsWithoutTokenizer) {
   auto g = nlohmann::json::parse(slurp(kData + "/models/qwen3_5_moe_vl_fused/golden.json"));
   std::string ids;
   for (auto& x : g["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(x.get<int>());
-  Run r = spool("generate --model " + kData + "/models/qwen3_5_moe_vl_fused --prompt-ids " + ids + " --temp 0 --max-tokens 12 --json");
+  Result r = spool("generate --model " + kData + "/models/qwen3_5_moe_vl_fused --prompt-ids " + ids + " --temp 0 --max-tokens 12 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["output_ids"], g["greedy_ids"]);
   EXPECT_FALSE(j.contains("text"));
-  Run p = spool("generate --model " + kData + "/models/qwen3_moe --prompt hello");
+  Result p = spool("generate --model " + kData + "/models/qwen3_moe --prompt hello");
   EXPECT_EQ(p.code, 1);
   EXPECT_NE(p.err.find("tokenizer.json"), std::string::npos) << p.err;
 }
@@ -97,7 +97,7 @@ TEST(Cli, UsageErrorsExit2) {
 
 // Each broken checkpoint gives exit 1 and a message naming the problem.
 void expect_model_error(const std::string& dir, const std::string& needle) {
-  Run r = spool("generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 2");
+  Result r = spool("generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 2");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
 }
@@ -169,23 +169,23 @@ TEST(Cli, BadCheckpointsExit1) {
     expect_model_error(d, "not valid JSON");
   }
   {  // token id outside the vocabulary
-    Run r = spool("generate --model " + kData + "/models/qwen3_moe --prompt-ids 1,999999 --max-tokens 2");
+    Result r = spool("generate --model " + kData + "/models/qwen3_moe --prompt-ids 1,999999 --max-tokens 2");
     EXPECT_EQ(r.code, 1);
     EXPECT_NE(r.err.find("vocabulary"), std::string::npos) << r.err;
   }
 }
 
 TEST(Cli, TokenizeInfoPerplexity) {
-  Run t = spool("tokenize --text 'The whale' --json");
+  Result t = spool("tokenize --text 'The whale' --json");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_EQ(nlohmann::json::parse(t.out)["ids"], nlohmann::json::parse("[1935, 886]"));
-  Run i = spool("info");
+  Result i = spool("info");
   ASSERT_EQ(i.code, 0) << i.err;
   EXPECT_NE(i.out.find("qwen3_5_moe_text"), std::string::npos);
-  Run ij = spool("info --json --model " + kData + "/models/qwen3_5_moe_vl_fused");
+  Result ij = spool("info --json --model " + kData + "/models/qwen3_5_moe_vl_fused");
   ASSERT_EQ(ij.code, 0) << ij.err;
   EXPECT_EQ(nlohmann::json::parse(ij.out)["expert_layout"], "fused");
-  Run p = spool("perplexity --file " + kData + "/corpus/dev.txt --chunks 2 --json");
+  Result p = spool("perplexity --file " + kData + "/corpus/dev.txt --chunks 2 --json");
   ASSERT_EQ(p.code, 0) << p.err;
   auto pj = nlohmann::json::parse(p.out);
   EXPECT_EQ(pj["tokens"], 1024);

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "engine/session.h"
+#include "tokenizer/stream_decoder.h"
 
 namespace spool::cli {
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "common/error.h"
 #include "common/sysinfo.h"
 #include "models/spec.h"
 
