@@ -72,7 +72,7 @@ class AddedVocab {
   /// True if `content` is the content of a special added token.
   bool is_special_content(std::string_view content) const;
 
-  /// All registered tokens, by id order of registration.
+  /// All registered tokens, in registration order.
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 
  private:

@@ -48,7 +48,7 @@ bool get_bool(const nlohmann::json& j, const char* key, bool fallback, const std
 
 // Turns a flagged partition of `piece` into the kept pieces (HF NormalizedString::split),
 // appending the non-empty ones to `out`. `m` covers the piece left to right.
-void emit(std::string_view piece, std::vector<Flagged>& m, Behavior behavior,
+void emit(std::string_view piece, const std::vector<Flagged>& m, Behavior behavior,
           std::vector<std::string_view>& out) {
   auto push = [&](size_t s, size_t e) {
     if (e > s) out.push_back(piece.substr(s, e - s));
