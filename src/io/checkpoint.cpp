@@ -44,6 +44,18 @@ std::string normalize_tensor_name(std::string_view name) {
   return std::string(name);
 }
 
+Config text_config_of(const Config& raw_cfg, const std::string& label) {
+  const auto& raw = raw_cfg.json();
+  auto tc = raw.find("text_config");
+  if (tc == raw.end() || !tc->is_object()) return raw_cfg;
+  nlohmann::json merged = *tc;
+  for (auto it = raw.begin(); it != raw.end(); ++it) {
+    if (it.key() == "text_config" || it.key() == "vision_config") continue;
+    if (!merged.contains(it.key())) merged[it.key()] = it.value();
+  }
+  return Config(merged, label + ":text_config");
+}
+
 void Checkpoint::add(TensorRef t) {
   if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
   index_[t.name] = tensors_.size();
@@ -56,18 +68,8 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
   c.dir_ = dir;
   if (!fs::is_directory(dir)) fail("%s: model directory does not exist", dir.c_str());
   c.raw_config_ = Config::load_file(dir + "/config.json");
-  const auto& raw = c.raw_config_.json();
   c.top_model_type_ = c.raw_config_.get_string("model_type", "");
-  if (raw.contains("text_config") && raw["text_config"].is_object()) {
-    nlohmann::json merged = raw["text_config"];
-    for (auto it = raw.begin(); it != raw.end(); ++it) {
-      if (it.key() == "text_config" || it.key() == "vision_config") continue;
-      if (!merged.contains(it.key())) merged[it.key()] = it.value();
-    }
-    c.config_ = Config(merged, dir + "/config.json:text_config");
-  } else {
-    c.config_ = c.raw_config_;
-  }
+  c.config_ = text_config_of(c.raw_config_, dir + "/config.json");
   c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
   if (fs::exists(dir + "/generation_config.json"))
     c.generation_ = parse_generation_config(Config::load_file(dir + "/generation_config.json"));

@@ -101,6 +101,10 @@ class Checkpoint {
   int dropped_ = 0;
 };
 
+/// The text model's config of a config.json: `text_config` merged over the top level
+/// (text_config wins) when present, else the whole object. `label` names the source.
+Config text_config_of(const Config& raw, const std::string& label);
+
 /// Normalises a checkpoint tensor name (see file comment). Returns "" for dropped tensors.
 std::string normalize_tensor_name(std::string_view name);
 

@@ -111,9 +111,13 @@ const std::vector<std::string>& supported_model_types() {
 }
 
 ModelSpec build_spec(const io::Checkpoint& ckpt) {
-  const io::Config& c = ckpt.config();
+  return build_spec(ckpt.config(), ckpt.generation(), ckpt.raw_config().get_bool("tie_word_embeddings", false),
+                    ckpt.dir() + "/config.json");
+}
+
+ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generation, bool tie_default, const std::string& label) {
   ModelSpec s;
-  s.model_type = ckpt.model_type();
+  s.model_type = c.get_string("model_type", "");
   const std::string& mt = s.model_type;
   if (mt == "qwen3_5_moe_text" || mt == "qwen3_5_moe") s.family = "qwen3_5_moe";
   else if (mt == "qwen3_next") s.family = "qwen3_next";
@@ -121,7 +125,7 @@ ModelSpec build_spec(const io::Checkpoint& ckpt) {
   else {
     std::string list;
     for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
-    fail("%s/config.json: unknown or unsupported model_type '%s' (supported: %s)", ckpt.dir().c_str(),
+    fail("%s: unknown or unsupported model_type '%s' (supported: %s)", label.c_str(),
          mt.empty() ? "(missing)" : mt.c_str(), list.c_str());
   }
   check_act(c);
@@ -129,7 +133,7 @@ ModelSpec build_spec(const io::Checkpoint& ckpt) {
   s.hidden_size = positive(c, "hidden_size");
   s.n_layers = positive(c, "num_hidden_layers");
   s.rms_norm_eps = static_cast<float>(c.get_double("rms_norm_eps", 1e-6));
-  s.tie_word_embeddings = ckpt.raw_config().get_bool("tie_word_embeddings", c.get_bool("tie_word_embeddings", false));
+  s.tie_word_embeddings = c.get_bool("tie_word_embeddings", tie_default);
   s.max_position_embeddings = c.get_int("max_position_embeddings", 0);
   read_attention(c, &s.attn, s.hidden_size);
   s.moe.n_experts = experts_count(c);
@@ -167,7 +171,7 @@ ModelSpec build_spec(const io::Checkpoint& ckpt) {
   if (std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense) > 0) s.dense_intermediate = positive(c, "intermediate_size");
 
   // Stop ids: generation_config.json, then config.json; ids outside the vocabulary are ignored.
-  std::vector<int64_t> eos = ckpt.generation().eos_token_ids;
+  std::vector<int64_t> eos = generation.eos_token_ids;
   for (int64_t e : c.get_int_list("eos_token_id")) eos.push_back(e);
   for (int64_t e : eos) {
     if (e < 0 || e >= s.vocab_size) {

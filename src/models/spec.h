@@ -72,6 +72,11 @@ struct ModelSpec {
 /// (listing the supported ones).
 ModelSpec build_spec(const io::Checkpoint& ckpt);
 
+/// Same from parsed config parts: `config` is the text config (see io::text_config_of),
+/// `tie_default` the top-level tie_word_embeddings, `label` names the source in errors.
+ModelSpec build_spec(const io::Config& config, const io::GenerationDefaults& generation, bool tie_default,
+                     const std::string& label);
+
 /// model_type values spool can run.
 const std::vector<std::string>& supported_model_types();
 
