@@ -1,0 +1,209 @@
+// Kernels against scalar references: matmul (f32/bf16/f16, ragged shapes), Gated DeltaNet
+// chunked vs recurrent, conv1d, attention, RoPE, bf16/f16 conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/gated_delta.h"
+#include "ops/matmul.h"
+#include "ops/rope.h"
+
+namespace spool::ops {
+namespace {
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+uint16_t f32_to_f16(float f) {  // test-only, round to nearest (normal range)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  int32_t e = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
+  uint32_t m = u & 0x7fffffu;
+  if (e <= 0) return static_cast<uint16_t>(sign);
+  uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (m >> 13);
+  if (m & 0x1000u) ++h;
+  return static_cast<uint16_t>(h);
+}
+
+TEST(Conversions, Bf16AndF16) {
+  for (float f : {0.0f, 1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f}) {
+    EXPECT_NEAR(bf16_to_f32(f32_to_bf16(f)), f, std::fabs(f) * 4e-3f);
+    EXPECT_NEAR(f16_to_f32(f32_to_f16(f)), f, std::fabs(f) * 1e-3f);
+  }
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_TRUE(std::isinf(f16_to_f32(0x7c00)));
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7e00)));
+}
+
+class MatmulTest : public ::testing::TestWithParam<std::tuple<WType, int, int, int>> {};
+
+TEST_P(MatmulTest, MatchesReference) {
+  auto [type, rows, cols, T] = GetParam();
+  std::vector<float> wf = randn(static_cast<size_t>(rows) * cols, 1 + rows * 7 + cols, 0.3f);
+  std::vector<uint8_t> storage(static_cast<size_t>(rows) * cols * wtype_size(type));
+  for (size_t i = 0; i < wf.size(); ++i) {
+    if (type == WType::kF32) std::memcpy(storage.data() + 4 * i, &wf[i], 4);
+    uint16_t h = type == WType::kBF16 ? f32_to_bf16(wf[i]) : f32_to_f16(wf[i]);
+    if (type != WType::kF32) std::memcpy(storage.data() + 2 * i, &h, 2);
+  }
+  WeightView w{type, rows, cols, storage.data()};
+  std::vector<float> x = randn(static_cast<size_t>(T) * cols, 99 + T);
+  std::vector<float> want(static_cast<size_t>(T) * rows), got(want.size(), -1.0f), got2(want.size(), -1.0f);
+  matmul_reference(w, x.data(), T, want.data());
+  ThreadPool pool(3);
+  matmul(w, x.data(), T, got.data(), &pool);
+  matmul(w, x.data(), T, got2.data(), nullptr);
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-4f * (1.0f + std::fabs(want[i]))) << i;
+    ASSERT_EQ(got[i], got2[i]) << "threading changed the result at " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Combine(::testing::Values(WType::kF32, WType::kBF16, WType::kF16),
+                                            ::testing::Values(3, 17, 130), ::testing::Values(15, 33, 256),
+                                            ::testing::Values(1, 3, 70)));
+
+// Recurrent reference straight from the definition, in double.
+void delta_reference(const GatedDeltaArgs& a, std::vector<double>& S, std::vector<double>& out) {
+  const int r = a.n_v / a.n_k;
+  for (int64_t t = 0; t < a.T; ++t)
+    for (int h = 0; h < a.n_v; ++h) {
+      const int kh = h / r;
+      const float* q = a.q + (t * a.n_k + kh) * a.d_k;
+      const float* k = a.k + (t * a.n_k + kh) * a.d_k;
+      const float* v = a.v + (t * a.n_v + h) * a.d_v;
+      double* s = S.data() + static_cast<size_t>(h) * a.d_k * a.d_v;
+      const double decay = std::exp(static_cast<double>(a.g[t * a.n_v + h])), beta = a.beta[t * a.n_v + h];
+      for (int i = 0; i < a.d_k * a.d_v; ++i) s[i] *= decay;
+      for (int j = 0; j < a.d_v; ++j) {
+        double kv = 0;
+        for (int i = 0; i < a.d_k; ++i) kv += s[i * a.d_v + j] * k[i];
+        const double u = beta * (v[j] - kv);
+        for (int i = 0; i < a.d_k; ++i) s[i * a.d_v + j] += k[i] * u;
+      }
+      for (int j = 0; j < a.d_v; ++j) {
+        double o = 0;
+        for (int i = 0; i < a.d_k; ++i) o += s[i * a.d_v + j] * q[i];
+        out[(t * a.n_v + h) * a.d_v + j] = o;
+      }
+    }
+}
+
+TEST(GatedDelta, ChunkedAndRecurrentMatchDefinition) {
+  const int64_t T = 150;  // crosses two chunk boundaries with chunk 64
+  const int nk = 2, nv = 4, dk = 16, dv = 8;
+  std::vector<float> q = randn(T * nk * dk, 1), k = randn(T * nk * dk, 2), v = randn(T * nv * dv, 3);
+  for (int64_t t = 0; t < T * nk; ++t) {
+    l2_norm(q.data() + t * dk, dk, 1e-6f);
+    l2_norm(k.data() + t * dk, dk, 1e-6f);
+    for (int d = 0; d < dk; ++d) q[t * dk + d] /= 4.0f;
+  }
+  std::vector<float> beta(T * nv), g(T * nv);
+  std::vector<float> rb = randn(T * nv, 4), rg = randn(T * nv, 5);
+  for (size_t i = 0; i < beta.size(); ++i) {
+    beta[i] = sigmoid(rb[i]);
+    g[i] = -std::exp(0.5f * rg[i]) * 0.3f;
+  }
+  std::vector<float> init = randn(static_cast<size_t>(nv) * dk * dv, 6, 0.1f);
+  GatedDeltaArgs a{T, nk, nv, dk, dv, q.data(), k.data(), v.data(), beta.data(), g.data(), nullptr, nullptr};
+  std::vector<double> Sref(init.begin(), init.end()), oref(T * nv * dv);
+  delta_reference(a, Sref, oref);
+  ThreadPool pool(2);
+  for (int mode = 0; mode < 3; ++mode) {
+    std::vector<float> S = init, out(T * nv * dv);
+    a.state = S.data();
+    a.out = out.data();
+    if (mode == 0) gated_delta_recurrent(a, &pool);
+    if (mode == 1) gated_delta_chunked(a, 64, &pool);
+    if (mode == 2) gated_delta_chunked(a, 7, nullptr);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
+    for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
+  }
+}
+
+TEST(Conv1d, CarriedStateEqualsOneShot) {
+  const int64_t T = 11, C = 5;
+  const int K = 4;
+  std::vector<float> x = randn(T * C, 7), w = randn(C * K, 8);
+  std::vector<float> st1(C * (K - 1), 0.0f), out1(T * C);
+  causal_conv1d_silu(x.data(), T, C, w.data(), K, st1.data(), out1.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int j = 0; j < K; ++j) {
+        const int64_t src = t - (K - 1) + j;
+        if (src >= 0) acc += w[c * K + j] * x[src * C + c];
+      }
+      EXPECT_NEAR(out1[t * C + c], acc / (1 + std::exp(-acc)), 1e-5);
+    }
+  std::vector<float> st2(C * (K - 1), 0.0f), out2(T * C);
+  for (int64_t t = 0; t < T; ++t) causal_conv1d_silu(x.data() + t * C, 1, C, w.data(), K, st2.data(), out2.data() + t * C);
+  for (size_t i = 0; i < out1.size(); ++i) EXPECT_FLOAT_EQ(out1[i], out2[i]);
+  EXPECT_EQ(st1, st2);
+}
+
+TEST(Attention, MatchesNaiveSoftmax) {
+  const int nh = 4, nkv = 2, hd = 8;
+  const int64_t cap = 16, pos0 = 5, T = 3;
+  std::vector<float> kc = randn(nkv * cap * hd, 9), vc = randn(nkv * cap * hd, 10), q = randn(T * nh * hd, 11);
+  std::vector<float> out(T * nh * hd);
+  KVView kv{kc.data(), vc.data(), cap, nkv, hd, hd};
+  attention(q.data(), T, nh, kv, pos0, 0.35f, out.data(), nullptr);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < nh; ++h) {
+      const int kvh = h / (nh / nkv);
+      const int64_t n = pos0 + t + 1;
+      std::vector<double> s(n);
+      double m = -1e30, sum = 0;
+      for (int64_t p = 0; p < n; ++p) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += q[(t * nh + h) * hd + i] * kc[(kvh * cap + p) * hd + i];
+        s[p] = d * 0.35;
+        m = std::max(m, s[p]);
+      }
+      for (auto& x : s) sum += (x = std::exp(x - m));
+      for (int i = 0; i < hd; ++i) {
+        double o = 0;
+        for (int64_t p = 0; p < n; ++p) o += s[p] / sum * vc[(kvh * cap + p) * hd + i];
+        EXPECT_NEAR(out[(t * nh + h) * hd + i], o, 1e-5);
+      }
+    }
+}
+
+TEST(Rope, RotatesPairsHalfApart) {
+  Rope r(4, 10000.0);
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};  // head_dim 6, rotary dims 0..3, dims 4..5 pass through
+  r.apply(x.data(), 1, 6, 3);
+  const double f0 = 3.0, f1 = 3.0 / 100.0;  // inv_freq = [1, 1/100]
+  EXPECT_NEAR(x[0], 1 * std::cos(f0) - 3 * std::sin(f0), 1e-5);
+  EXPECT_NEAR(x[2], 3 * std::cos(f0) + 1 * std::sin(f0), 1e-5);
+  EXPECT_NEAR(x[1], 2 * std::cos(f1) - 4 * std::sin(f1), 1e-5);
+  EXPECT_NEAR(x[3], 4 * std::cos(f1) + 2 * std::sin(f1), 1e-5);
+  EXPECT_EQ(x[4], 5);
+  EXPECT_EQ(x[5], 6);
+}
+
+TEST(ThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(1000);
+  pool.run(1000, [&](int64_t i, int) { hits[i]++; });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_THROW(pool.run(10, [](int64_t i, int) { if (i == 7) throw std::runtime_error("x"); }), std::runtime_error);
+  int64_t covered = 0;
+  pool.parallel_for(1001, 16, [&](int64_t b, int64_t e, int) { __atomic_add_fetch(&covered, e - b, __ATOMIC_RELAXED); });
+  EXPECT_EQ(covered, 1001);
+}
+
+}  // namespace
+}  // namespace spool::ops
