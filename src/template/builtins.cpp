@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <initializer_list>
+#include <unordered_set>
 
 #include "common/error.h"
 #include "template/evaluator.h"
@@ -905,25 +906,54 @@ Value f_truncate(Interp& in, const Value& v, CallArgs& a) {
   return str_value(in, parts[0] + end);
 }
 
+/// A string that is equal for values Python considers equal (for hashable values).
+void hash_key(std::string& out, const Value& v, int depth = 0) {
+  if (depth > kMaxValueDepth) fail("value nesting too deep");
+  switch (v.kind()) {
+    case Kind::String: out += 's'; out += std::to_string(v.str().size()); out += ':'; out += v.str(); return;
+    case Kind::Bool:
+    case Kind::Int: out += 'i'; out += std::to_string(v.as_int()); out += ';'; return;
+    case Kind::Float: {
+      double d = v.as_double();
+      if (d == std::floor(d) && std::fabs(d) < 9.2e18) {
+        out += 'i';
+        out += std::to_string(static_cast<int64_t>(d));
+        out += ';';
+      } else {
+        out += 'f';
+        out += py::float_repr(d);
+        out += ';';
+      }
+      return;
+    }
+    case Kind::None: out += 'n'; return;
+    case Kind::Undefined: out += 'u'; return;
+    case Kind::List:
+      out += '(';
+      for (const Value& x : v.list()->items) hash_key(out, x, depth + 1);
+      out += ')';
+      return;
+    default: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "p%p;", static_cast<const void*>(v.obj()));
+      out += buf;
+    }
+  }
+}
+
 Value f_unique_now(Interp& in, const Value& v, CallArgs& a) {
   check_args(a, "unique", {"case_sensitive", "attribute"});
   bool cs = truthy(arg(a, 0, "case_sensitive", Value::boolean(false)));
   std::vector<Value> parts = attr_parts(arg(a, 1, "attribute", Value::none()));
-  std::vector<Value> seen, out;
+  std::unordered_set<std::string> seen;
+  std::vector<Value> out;
   for (const Value& x : in.iterate(v)) {
     Value k = get_path(in, x, parts);
     if (!cs) k = lower_if_str(k);
     check_hashable(k);
-    bool dup = false;
-    for (const Value& s : seen)
-      if (equals(s, k)) {
-        dup = true;
-        break;
-      }
-    if (!dup) {
-      seen.push_back(k);
-      out.push_back(x);
-    }
+    std::string key;
+    hash_key(key, k);
+    if (seen.insert(std::move(key)).second) out.push_back(x);
   }
   return in.make_iter(std::move(out), "generator");
 }
@@ -1527,6 +1557,7 @@ Value dict_method(Interp& in, const Value& self, std::string_view name, CallArgs
 
 Value list_method(Interp& in, const Value& self, std::string_view name, CallArgs& a) {
   ListObj* l = self.list();
+  add_work(l->items.size());
   if (name == "count") {
     check_args(a, "count", {"value"});
     Value x = req(a, 0, "value", "count");

@@ -138,6 +138,7 @@ void Interp::fail_undefined(const Value& u) const {
 
 Value Interp::make_list(std::vector<Value> items, ListFlavor f) {
   heap_.charge(items.size());
+  add_work(items.size());
   ListObj* l = heap_.make<ListObj>();
   l->flavor = f;
   l->items = std::move(items);
@@ -200,6 +201,7 @@ struct OutputCapture {
 }  // namespace
 
 void Interp::emit(std::string_view s) {
+  add_work(s.size() / 16);
   if (out_->size() + s.size() > limits_.max_output_bytes)
     fail("rendered output exceeds the limit of %zu bytes", limits_.max_output_bytes);
   out_->append(s);
@@ -212,6 +214,7 @@ std::string Interp::render_body(const Body& body, Frame* f) {
 }
 
 std::string Interp::render(const nlohmann::ordered_json& context) {
+  work_counter() = 0;
   globals_ = heap_.make<Frame>();
   for (const std::string& name : global_names()) {
     int sym = prog_.lookup(name);
@@ -594,10 +597,14 @@ Value Interp::lookup(int sym, Frame* f) {
 }
 
 std::vector<Value> Interp::iterate(const Value& v) {
+  step();
   switch (v.kind()) {
     case Kind::Undefined: return {};
-    case Kind::List: return v.list()->items;
+    case Kind::List:
+      add_work(v.list()->items.size());
+      return v.list()->items;
     case Kind::Dict: {
+      add_work(v.dict()->items.size());
       std::vector<Value> keys;
       keys.reserve(v.dict()->items.size());
       for (const auto& kv : v.dict()->items) keys.push_back(kv.first);
@@ -607,6 +614,7 @@ std::vector<Value> Interp::iterate(const Value& v) {
       std::vector<Value> chars;
       const std::string& s = v.str();
       check_size(s.size() * 40);
+      add_work(s.size());
       size_t i = 0;
       while (i < s.size()) {
         size_t st = i;
@@ -744,6 +752,7 @@ Value Interp::eval_slice(const Value& obj, const Slice* s, Frame* f) {
   int64_t start = adjust(parts[0], step < 0 ? upper : lower);
   int64_t stop = adjust(parts[1], step < 0 ? lower : upper);
   std::vector<int64_t> idx;
+  add_work(static_cast<uint64_t>(len));
   if (step > 0) {
     for (int64_t i = start; i < stop; i += step) idx.push_back(i);
   } else {
@@ -835,10 +844,12 @@ bool Interp::apply_test(std::string_view name, const Value& v, CallArgs& args) {
 }
 
 bool Interp::contains(const Value& c, const Value& item) {
+  step();
   switch (c.kind()) {
     case Kind::Undefined: return false;
     case Kind::String:
       if (!item.is_string()) fail("'in <string>' requires string as left operand, not %s", type_name(item));
+      add_work(c.str().size() / 16);
       return c.str().find(item.str()) != std::string::npos;
     case Kind::List:
       for (const Value& x : c.list()->items)
@@ -946,6 +957,7 @@ Value Interp::binop(BinOp op, const Value& a, const Value& b) {
         return Value::string(l + r, true);
       }
       std::string s;
+      add_work((a.str().size() + b.str().size()) / 16);
       s.reserve(a.str().size() + b.str().size());
       s += a.str();
       s += b.str();
@@ -1053,6 +1065,10 @@ Value Interp::eval(const Expr* e, Frame* f) {
     }
     case EK::Concat: {
       std::string s;
+      struct Charge {
+        std::string& s;
+        ~Charge() { add_work(s.size() / 16); }
+      } charge{s};
       for (const Expr* p : static_cast<const Concat*>(e)->parts) {
         append_str(s, eval(p, f));
         check_size(s.size());

@@ -117,7 +117,7 @@ class Interp {
   [[noreturn]] void fail_nesting() const;
 
   void step() {
-    if (++steps_ > limits_.max_steps) fail_steps();
+    if (++steps_ + work_counter() > limits_.max_steps) fail_steps();
   }
   [[noreturn]] void fail_steps() const;
 

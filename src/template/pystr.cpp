@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "template/value.h"
 
 namespace spool::tmpl::py {
 
@@ -135,6 +136,7 @@ void append_cased(std::string& out, char32_t c, char kind) {
 /// Maps each code point through a full case mapping chosen per character.
 template <typename F>
 std::string map_case(std::string_view s, F kind_of) {
+  add_work(s.size() / 16);
   std::string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -152,6 +154,7 @@ std::string map_case(std::string_view s, F kind_of) {
 
 template <typename F>
 std::string map_cps(std::string_view s, F f) {
+  add_work(s.size() / 16);
   std::string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -172,6 +175,7 @@ std::string map_cps(std::string_view s, F f) {
 char32_t decode_at(std::string_view s, size_t& i) { return next_cp(s, i); }
 
 std::u32string decode(std::string_view s) {
+  add_work(s.size() / 16);
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -214,6 +218,7 @@ bool is_ascii(std::string_view s) {
 }
 
 size_t length(std::string_view s) {
+  add_work(s.size() / 16);
   size_t n = 0, i = 0;
   while (i < s.size()) {
     if (static_cast<unsigned char>(s[i]) < 0x80) {
@@ -363,6 +368,7 @@ bool str_is(std::string_view s, StrClass k) {
 }
 
 std::string strip(std::string_view s, const std::optional<std::string_view>& chars, bool left, bool right) {
+  add_work(s.size() / 16);
   std::u32string set;
   if (chars) set = decode(*chars);
   auto strip_it = [&](char32_t c) {
@@ -390,6 +396,7 @@ std::string strip(std::string_view s, const std::optional<std::string_view>& cha
 
 std::vector<std::string> split(std::string_view s, const std::optional<std::string_view>& sep,
                                int64_t maxsplit) {
+  add_work(s.size() / 16);
   std::vector<std::string> out;
   if (maxsplit < 0) maxsplit = INT64_MAX;
   if (sep) {
@@ -471,6 +478,7 @@ std::vector<std::string> rsplit(std::string_view s, const std::optional<std::str
 }
 
 std::vector<std::string> splitlines(std::string_view s, bool keepends) {
+  add_work(s.size() / 16);
   std::vector<std::string> out;
   size_t i = 0, start = 0, n = s.size();
   while (i < n) {
@@ -492,6 +500,7 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
 }
 
 std::string replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count) {
+  add_work(s.size() / 16);
   if (count < 0) count = INT64_MAX;
   std::string out;
   if (old.empty()) {
@@ -539,6 +548,7 @@ void clamp_range(int64_t len, const std::optional<int64_t>& start, const std::op
 }
 
 size_t byte_offset(std::string_view s, int64_t cp) {
+  add_work(s.size() / 16);
   size_t i = 0;
   while (cp > 0 && i < s.size()) {
     next_cp(s, i);

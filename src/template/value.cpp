@@ -11,8 +11,14 @@ namespace spool::tmpl {
 
 namespace {
 
-void check_depth(int depth) {
+void check_depth_only(int depth) {
   if (depth > kMaxValueDepth) fail("value nesting deeper than %d levels (recursive structure?)", kMaxValueDepth);
+}
+
+/// Depth guard that also counts one unit of work per visited value.
+void check_depth(int depth) {
+  check_depth_only(depth);
+  add_work(1);
 }
 
 long double exact(const Value& v) {
@@ -45,6 +51,11 @@ bool same_seq_type(const Value& a, const Value& b) {
 }
 
 }  // namespace
+
+uint64_t& work_counter() {
+  thread_local uint64_t counter = 0;
+  return counter;
+}
 
 Value Value::undefined(std::string hint) {
   Value v;
@@ -82,6 +93,7 @@ const Value* DictObj::find(const Value& key) const {
     return nullptr;
   }
   check_hashable(key);
+  add_work(items.size());
   for (const auto& kv : items)
     if (equals(kv.first, key)) return &kv.second;
   return nullptr;
@@ -193,6 +205,7 @@ void append_repr(std::string& out, const Value& v, int depth) {
     case Kind::Int: out += std::to_string(v.as_int()); return;
     case Kind::Float: out += py::float_repr(v.as_double()); return;
     case Kind::String:
+      add_work(v.str().size() / 16);
       if (v.safe()) {
         out += "Markup(";
         py::repr_str(out, v.str());
@@ -264,7 +277,9 @@ bool equals(const Value& a, const Value& b, int depth) {
   switch (a.kind()) {
     case Kind::Undefined:
     case Kind::None: return true;
-    case Kind::String: return a.str_ptr() == b.str_ptr() || a.str() == b.str();
+    case Kind::String:
+      add_work(a.str().size() / 16);
+      return a.str_ptr() == b.str_ptr() || a.str() == b.str();
     case Kind::List: {
       if (a.list() == b.list()) return true;
       if (!same_seq_type(a, b)) return false;
@@ -370,7 +385,10 @@ void json_value(std::string& out, const Value& v, const JsonFormat& fmt, int dep
       }
       return;
     }
-    case Kind::String: py::json_str(out, v.str(), fmt.ensure_ascii); return;
+    case Kind::String:
+      add_work(v.str().size() / 16);
+      py::json_str(out, v.str(), fmt.ensure_ascii);
+      return;
     case Kind::List: {
       const ListObj* l = v.list();
       if (l->flavor != ListFlavor::List && l->flavor != ListFlavor::Tuple)

@@ -258,6 +258,12 @@ void append_json(std::string& out, const Value& v, const JsonFormat& fmt, int de
 /// Converts parsed JSON (keeping key order) into heap values.
 Value from_json(const nlohmann::ordered_json& j, Heap& heap, int depth = 0);
 
+/// Work units done by value operations on this thread (elements visited, bytes / 16 scanned).
+/// The interpreter adds it to its step count so that loops of expensive builtins stay bounded.
+uint64_t& work_counter();
+/// Adds work units.
+inline void add_work(uint64_t units) { work_counter() += units; }
+
 /// Maximum nesting of values for repr/json/equality/conversion (guards cycles and stack).
 constexpr int kMaxValueDepth = 400;
 
