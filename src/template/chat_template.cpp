@@ -19,6 +19,8 @@ Template Template::parse(std::string_view source, const std::string& label) {
     throw;
   } catch (const std::bad_alloc&) {
     throw Error("template '" + label + "': out of memory while parsing");
+  } catch (const std::exception& e) {
+    throw Error("template '" + label + "': internal error: " + e.what());
   }
   return t;
 }
@@ -45,6 +47,8 @@ std::string Template::render(const nlohmann::ordered_json& context, const Render
     throw Error("template '" + prog_->src.label + "': out of memory while rendering");
   } catch (const std::length_error& e) {
     throw Error("template '" + prog_->src.label + "': value too large (" + e.what() + ")");
+  } catch (const std::exception& e) {
+    throw Error("template '" + prog_->src.label + "': internal error: " + e.what());
   }
 }
 

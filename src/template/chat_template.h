@@ -4,10 +4,19 @@
 // transformers renders with jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
 // lstrip_blocks=True, extensions=[loopcontrols, {% generation %}]), a `tojson` filter that is
 // json.dumps(ensure_ascii=False) and the globals raise_exception / strftime_now. This module
-// reimplements exactly that subset of Jinja2 (see README notes in template_test.cpp for what is
-// deliberately unsupported). Templates come from model repositories, so rendering is bounded:
-// recursion depth, steps, memory and output size are limited and every failure is a
-// spool::Error, never a crash or a hang.
+// reimplements exactly that dialect: Python value semantics (repr, int/float, slicing, str
+// methods), Undefined, jinja2 scoping, macros/call blocks, loop variables and most builtin
+// filters and tests.
+//
+// Deliberately unsupported (a spool::Error, never a wrong prompt): the extends / include /
+// import / from / block / autoescape tags (rejected at parse time), the filters pprint, random,
+// striptags, urlize, urlencode, wordwrap, xmlattr and filesizeformat, the globals lipsum and
+// cycler, and integers beyond 64 bits. Extensions over transformers: list.append() works
+// (the sandbox forbids it) and an `is startingwith` test exists.
+//
+// Templates come from model repositories, so rendering is bounded: recursion depth, steps,
+// memory and output size are limited (RenderLimits) and every failure is a spool::Error,
+// never a crash or a hang.
 #pragma once
 
 #include <cstddef>

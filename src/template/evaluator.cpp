@@ -190,15 +190,22 @@ struct FrameRelease {
     if (!f->captured) pool.push_back(f);
   }
 };
-/// Redirects output into a local buffer for the lifetime of the guard.
-struct OutputCapture {
-  std::string*& slot;
-  std::string* saved;
-  std::string buf;
-  explicit OutputCapture(std::string*& s) : slot(s), saved(s) { slot = &buf; }
-  ~OutputCapture() { slot = saved; }
-};
 }  // namespace
+
+struct Interp::Capture {
+  Interp& in;
+  std::string* saved;
+  explicit Capture(Interp& i) : in(i), saved(i.out_) {
+    in.capture_stack_.emplace_back();
+    in.out_ = &in.capture_stack_.back();
+  }
+  /// The captured text (call once, before destruction).
+  std::string take() { return std::move(in.capture_stack_.back()); }
+  ~Capture() {
+    in.capture_stack_.pop_back();
+    in.out_ = saved;
+  }
+};
 
 void Interp::emit(std::string_view s) {
   add_work(s.size() / 16);
@@ -208,9 +215,9 @@ void Interp::emit(std::string_view s) {
 }
 
 std::string Interp::render_body(const Body& body, Frame* f) {
-  OutputCapture cap(out_);
+  Capture cap(*this);
   exec_body(body, f);
-  return std::move(cap.buf);
+  return cap.take();
 }
 
 std::string Interp::render(const nlohmann::ordered_json& context) {
@@ -583,9 +590,9 @@ Value Interp::loop_call(LoopObj* l, std::string_view method, CallArgs& args) {
     int& d;
     ~Dec() { --d; }
   } dec{call_depth_};
-  OutputCapture cap(out_);
+  Capture cap(*this);
   exec_for(l->node, l->scope, args.pos[0], l->depth0 + 1);
-  return Value::string(std::move(cap.buf));
+  return Value::string(cap.take());
 }
 
 // ---------------------------------------------------------------- expressions
@@ -613,7 +620,7 @@ std::vector<Value> Interp::iterate(const Value& v) {
     case Kind::String: {
       std::vector<Value> chars;
       const std::string& s = v.str();
-      check_size(s.size() * 40);
+      heap_.charge(s.size());
       add_work(s.size());
       size_t i = 0;
       while (i < s.size()) {

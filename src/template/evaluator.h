@@ -121,6 +121,7 @@ class Interp {
   }
   [[noreturn]] void fail_steps() const;
 
+  struct Capture;  // redirects output into a fresh buffer for its lifetime
   Frame* new_frame(Frame* parent);
   void emit(std::string_view s);
   std::string render_body(const ast::Body& body, Frame* f);
@@ -145,6 +146,7 @@ class Interp {
   RenderLimits limits_;
   Heap heap_;
   std::string* out_ = nullptr;
+  std::deque<std::string> capture_stack_;  ///< buffers of macro bodies, set blocks, ...
   std::vector<Value> input_stack_;
   uint64_t steps_ = 0;
   uint32_t cur_offset_ = 0;  ///< source position of the node being evaluated (for errors)

@@ -1,13 +1,7 @@
 // Tests of the chat-template engine. Expected strings were produced with Python jinja2 3.1
 // configured like transformers (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
 // loopcontrols, tojson = json.dumps(ensure_ascii=False)) and are hard-coded here.
-//
-// Deliberately unsupported (clear spool::Error instead of output): extends/include/import/
-// from/block/autoescape tags, filters pprint/random/striptags/urlize/urlencode/wordwrap/
-// xmlattr/filesizeformat, globals lipsum/cycler, integers beyond 64 bits.
-// Deliberate extensions over transformers: list.append() works (the sandbox forbids it) and
-// the `startingwith` test exists.
-#include <gmock/gmock.h>
+// Unsupported features and extensions are listed in chat_template.h.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -21,7 +15,12 @@ namespace spool::tmpl {
 namespace {
 
 using nlohmann::ordered_json;
-using ::testing::HasSubstr;
+
+/// gtest predicate: `hay` contains `needle`.
+::testing::AssertionResult Contains(const std::string& hay, const std::string& needle) {
+  if (hay.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << hay << "\" does not contain \"" << needle << "\"";
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -513,33 +512,33 @@ TEST(Jinja, Globals) {
 // ---------------------------------------------------------------- errors
 
 TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
-  EXPECT_THAT(E("{% if x %}never closed"), HasSubstr("unexpected end of template"));
-  EXPECT_THAT(E("{% if x %}never closed"), HasSubstr("'endif'"));
-  EXPECT_THAT(E("{% for x in y %}\n{{ x }}"), HasSubstr("'endfor'"));
-  EXPECT_THAT(E("{{ x"), HasSubstr("unexpected end of template"));
-  EXPECT_THAT(E("a\n{# comment"), HasSubstr("Missing end of comment tag at line 2"));
-  EXPECT_THAT(E("{% raw %}x"), HasSubstr("Missing end of raw directive"));
-  EXPECT_THAT(E("line1\n{{ 1 + }}"), HasSubstr("line 2"));
-  EXPECT_THAT(E("{{ ) }}"), HasSubstr("unexpected ')'"));
-  EXPECT_THAT(E("{{ x..y }}"), HasSubstr("expected name or number"));
-  EXPECT_THAT(E("{{ 'unterminated }}"), HasSubstr("unexpected char"));
-  EXPECT_THAT(E("{{ a $ b }}"), HasSubstr("unexpected char '$'"));
-  EXPECT_THAT(E("{% endif %}"), HasSubstr("unknown Jinja tag 'endif'"));
-  EXPECT_THAT(E("{% if true %}{% endfor %}{% endif %}"), HasSubstr("unknown Jinja tag 'endfor'"));
-  EXPECT_THAT(E("{% break %}"), HasSubstr("outside of a for loop"));
-  EXPECT_THAT(E("{% macro m(a=1, b) %}{% endmacro %}"), HasSubstr("non-default argument follows default"));
-  EXPECT_THAT(E("{{ 'x' is nope }}"), HasSubstr("no test named 'nope'"));
-  EXPECT_THAT(E("{{ x|nope }}"), HasSubstr("no filter named 'nope'"));
-  EXPECT_THAT(E("{{ 99999999999999999999 }}"), HasSubstr("integer literal too large"));
-  EXPECT_THAT(E("{{ '\\x4' }}"), HasSubstr("truncated"));
+  EXPECT_TRUE(Contains(E("{% if x %}never closed"), "unexpected end of template"));
+  EXPECT_TRUE(Contains(E("{% if x %}never closed"), "'endif'"));
+  EXPECT_TRUE(Contains(E("{% for x in y %}\n{{ x }}"), "'endfor'"));
+  EXPECT_TRUE(Contains(E("{{ x"), "unexpected end of template"));
+  EXPECT_TRUE(Contains(E("a\n{# comment"), "Missing end of comment tag at line 2"));
+  EXPECT_TRUE(Contains(E("{% raw %}x"), "Missing end of raw directive"));
+  EXPECT_TRUE(Contains(E("line1\n{{ 1 + }}"), "line 2"));
+  EXPECT_TRUE(Contains(E("{{ ) }}"), "unexpected ')'"));
+  EXPECT_TRUE(Contains(E("{{ x..y }}"), "expected name or number"));
+  EXPECT_TRUE(Contains(E("{{ 'unterminated }}"), "unexpected char"));
+  EXPECT_TRUE(Contains(E("{{ a $ b }}"), "unexpected char '$'"));
+  EXPECT_TRUE(Contains(E("{% endif %}"), "unknown Jinja tag 'endif'"));
+  EXPECT_TRUE(Contains(E("{% if true %}{% endfor %}{% endif %}"), "unknown Jinja tag 'endfor'"));
+  EXPECT_TRUE(Contains(E("{% break %}"), "outside of a for loop"));
+  EXPECT_TRUE(Contains(E("{% macro m(a=1, b) %}{% endmacro %}"), "non-default argument follows default"));
+  EXPECT_TRUE(Contains(E("{{ 'x' is nope }}"), "no test named 'nope'"));
+  EXPECT_TRUE(Contains(E("{{ x|nope }}"), "no filter named 'nope'"));
+  EXPECT_TRUE(Contains(E("{{ 99999999999999999999 }}"), "integer literal too large"));
+  EXPECT_TRUE(Contains(E("{{ '\\x4' }}"), "truncated"));
 }
 
 TEST(JinjaErrors, UnknownTagAndUnsupportedFeatures) {
-  EXPECT_THAT(E("{% foo %}"), HasSubstr("unknown Jinja tag 'foo' at line 1"));
-  EXPECT_THAT(E("{% do x %}"), HasSubstr("unknown Jinja tag 'do'"));
+  EXPECT_TRUE(Contains(E("{% foo %}"), "unknown Jinja tag 'foo' at line 1"));
+  EXPECT_TRUE(Contains(E("{% do x %}"), "unknown Jinja tag 'do'"));
   for (const char* tag : {"include", "extends", "import", "from", "block", "autoescape"}) {
     std::string src = std::string("text\n  {% ") + tag + " 'x' %}";
-    EXPECT_THAT(E(src), HasSubstr(std::string("unsupported Jinja tag '") + tag + "' at line 2")) << tag;
+    EXPECT_TRUE(Contains(E(src), std::string("unsupported Jinja tag '") + tag + "' at line 2")) << tag;
   }
   // Even in a branch that never runs: unsupported syntax is rejected at parse time.
   EXPECT_THROW(Template::parse("{% if false %}{% include 'x' %}{% endif %}", "t"), Error);
@@ -548,8 +547,8 @@ TEST(JinjaErrors, UnknownTagAndUnsupportedFeatures) {
 TEST(JinjaErrors, UnknownFilterInsideIfIsDeferredLikeJinja) {
   EXPECT_EQ(R("{% if 'from_json' is filter %}{{ x|from_json }}{% else %}no{% endif %}"), "no");
   EXPECT_EQ(R("{{ (x|from_json) if false else 'ok' }}"), "ok");
-  EXPECT_THAT(E("{% if true %}{{ x|from_json }}{% endif %}"), HasSubstr("no filter named 'from_json'"));
-  EXPECT_THAT(E("{% for i in [1] %}{{ i|from_json }}{% endfor %}"), HasSubstr("no filter named"));
+  EXPECT_TRUE(Contains(E("{% if true %}{{ x|from_json }}{% endif %}"), "no filter named 'from_json'"));
+  EXPECT_TRUE(Contains(E("{% for i in [1] %}{{ i|from_json }}{% endfor %}"), "no filter named"));
 }
 
 TEST(JinjaErrors, RaiseExceptionCarriesTheMessage) {
@@ -562,24 +561,24 @@ TEST(JinjaErrors, RaiseExceptionCarriesTheMessage) {
 }
 
 TEST(JinjaErrors, RuntimeTypeErrors) {
-  EXPECT_THAT(E("{{ 'a' + 1 }}"), HasSubstr("can only concatenate str"));
-  EXPECT_THAT(E("{{ u.x }}"), HasSubstr("'u' is undefined"));
-  EXPECT_THAT(E("{{ u + 1 }}"), HasSubstr("'u' is undefined"));
-  EXPECT_THAT(E("{{ u() }}"), HasSubstr("'u' is undefined"));
-  EXPECT_THAT(E("{{ d.q.z }}", R"({"d": {}})"), HasSubstr("'dict object' has no attribute 'q'"));
-  EXPECT_THAT(E("{{ 1 / 0 }}"), HasSubstr("division by zero"));
-  EXPECT_THAT(E("{{ 'a' < 1 }}"), HasSubstr("not supported between instances of 'str' and 'int'"));
-  EXPECT_THAT(E("{% for x in 5 %}{% endfor %}"), HasSubstr("'int' object is not iterable"));
-  EXPECT_THAT(E("{{ [1]|select('odd')|length }}"), HasSubstr("has no len()"));
-  EXPECT_THAT(E("{% set a, b = [1] %}"), HasSubstr("not enough values to unpack"));
-  EXPECT_THAT(E("{% set x = 1 %}{% set x.y = 2 %}"), HasSubstr("non-namespace"));
-  EXPECT_THAT(E("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"), HasSubstr("takes not more than 1 argument"));
-  EXPECT_THAT(E("{{ {}|pop }}"), HasSubstr("no filter named 'pop'"));
-  EXPECT_THAT(E("{{ {}.pop('x') }}"), HasSubstr("unsafe"));
-  EXPECT_THAT(E("{{ u|tojson }}"), HasSubstr("not JSON serializable"));
-  EXPECT_THAT(E("{{ 2 ** 64 }}"), HasSubstr("integer overflow"));
-  EXPECT_THAT(E("{{ range(200000)|length }}"), HasSubstr("MAX_RANGE"));
-  EXPECT_THAT(E("line1\n{{ 1 / 0 }}"), HasSubstr("at line 2"));
+  EXPECT_TRUE(Contains(E("{{ 'a' + 1 }}"), "can only concatenate str"));
+  EXPECT_TRUE(Contains(E("{{ u.x }}"), "'u' is undefined"));
+  EXPECT_TRUE(Contains(E("{{ u + 1 }}"), "'u' is undefined"));
+  EXPECT_TRUE(Contains(E("{{ u() }}"), "'u' is undefined"));
+  EXPECT_TRUE(Contains(E("{{ d.q.z }}", R"({"d": {}})"), "'dict object' has no attribute 'q'"));
+  EXPECT_TRUE(Contains(E("{{ 1 / 0 }}"), "division by zero"));
+  EXPECT_TRUE(Contains(E("{{ 'a' < 1 }}"), "not supported between instances of 'str' and 'int'"));
+  EXPECT_TRUE(Contains(E("{% for x in 5 %}{% endfor %}"), "'int' object is not iterable"));
+  EXPECT_TRUE(Contains(E("{{ [1]|select('odd')|length }}"), "has no len()"));
+  EXPECT_TRUE(Contains(E("{% set a, b = [1] %}"), "not enough values to unpack"));
+  EXPECT_TRUE(Contains(E("{% set x = 1 %}{% set x.y = 2 %}"), "non-namespace"));
+  EXPECT_TRUE(Contains(E("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"), "takes not more than 1 argument"));
+  EXPECT_TRUE(Contains(E("{{ {}|pop }}"), "no filter named 'pop'"));
+  EXPECT_TRUE(Contains(E("{{ {}.pop('x') }}"), "unsafe"));
+  EXPECT_TRUE(Contains(E("{{ u|tojson }}"), "not JSON serializable"));
+  EXPECT_TRUE(Contains(E("{{ 2 ** 64 }}"), "integer overflow"));
+  EXPECT_TRUE(Contains(E("{{ range(200000)|length }}"), "MAX_RANGE"));
+  EXPECT_TRUE(Contains(E("line1\n{{ 1 / 0 }}"), "at line 2"));
 }
 
 // ---------------------------------------------------------------- limits and robustness
@@ -591,14 +590,14 @@ TEST(JinjaLimits, RunawayTemplatesFailCleanly) {
   Template loop = Template::parse("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "t");
   EXPECT_THROW(loop.render(ordered_json::object(), lim), Error);
   Template rec = Template::parse("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "t");
-  EXPECT_THAT([&] {
+  EXPECT_TRUE(Contains([&] {
     try {
       rec.render(ordered_json::object(), lim);
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string();
-  }(), HasSubstr("recursion"));
+  }(), "recursion"));
   Template big = Template::parse("{{ 'x' * 100000000 }}", "t");
   EXPECT_THROW(big.render(ordered_json::object(), lim), Error);
   Template doubling =

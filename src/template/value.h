@@ -96,19 +96,28 @@ class Value {
 
   /// Dynamic type.
   Kind kind() const { return kind_; }
+  /// Kind predicates.
   bool is_undefined() const { return kind_ == Kind::Undefined; }
+  /// Python None.
   bool is_none() const { return kind_ == Kind::None; }
+  /// Python bool.
   bool is_bool() const { return kind_ == Kind::Bool; }
+  /// Python int that is not a bool.
   bool is_int() const { return kind_ == Kind::Int; }
+  /// Python float.
   bool is_float() const { return kind_ == Kind::Float; }
   /// bool, int or float (Python numbers.Number).
   bool is_number() const { return kind_ == Kind::Bool || kind_ == Kind::Int || kind_ == Kind::Float; }
   /// bool or int (Python int instances).
   bool is_integral() const { return kind_ == Kind::Bool || kind_ == Kind::Int; }
+  /// Python str.
   bool is_string() const { return kind_ == Kind::String; }
+  /// list, tuple or dict view.
   bool is_list() const { return kind_ == Kind::List; }
+  /// Python dict.
   bool is_dict() const { return kind_ == Kind::Dict; }
 
+  /// Value of a bool.
   bool as_bool() const { return b_; }
   /// Integer value of a bool or int.
   int64_t as_int() const { return kind_ == Kind::Bool ? (b_ ? 1 : 0) : i_; }
@@ -127,6 +136,7 @@ class Value {
   IterObj* iter() const;
   NamespaceObj* ns() const;
   CallableObj* callable() const;
+  /// Heap object of any object kind.
   Object* obj() const { return o_; }
 
  private:
@@ -142,7 +152,7 @@ class Value {
   Str s_;
 };
 
-/// list / tuple / dict view.
+/// Python list / tuple / dict view (see ListFlavor).
 struct ListObj : Object {
   std::vector<Value> items;
   ListFlavor flavor = ListFlavor::List;
