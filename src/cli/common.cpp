@@ -10,15 +10,46 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
-#include "ops/matmul.h"
 
 namespace spool::cli {
 
 namespace fs = std::filesystem;
 
-void ModelOptions::add_to(CLI::App* app, bool with_threads) {
+void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("-m,--model", model, "Model directory (HF layout: config.json, *.safetensors, tokenizer.json); default: the demo model");
-  if (with_threads) app->add_option("-t,--threads", threads, "Threads for compute (default: all hardware threads)");
+  if (!runs_model) return;
+  app->add_option("-t,--threads", threads, "Threads for compute (default: all hardware threads)");
+  app->add_flag("--stream", stream, "Stream routed experts from disk through a cache (default: only when the model does not fit in memory)");
+  app->add_flag("--no-stream", no_stream, "Keep every expert resident even if the model looks too big");
+  app->add_option("--cache-budget-gb", cache_budget, "Expert cache size in GB, or 'auto' (available memory - resident weights - KV - reserve)");
+  app->add_option("--prefetch-workers", prefetch_workers, "Threads reading missing experts in parallel (default 8)");
+  app->add_option("--io-engine", io_engine, "How experts are read: pread or uring (default pread)");
+  app->add_flag("--use-page-cache", use_page_cache, "Read experts through the OS page cache (default: when the model files are < 0.6 x available memory)");
+  app->add_flag("--no-page-cache", no_page_cache, "Read experts with O_DIRECT, bypassing the page cache");
+  app->add_option("--prefetch-ahead", prefetch_ahead, "Read the next N layers' likely experts in the background (default 0 = off)");
+  app->add_option("--pin-file", pin_file, "JSON {\"pin\": [[layer, expert], ...]} of experts kept resident (from spool calibrate)");
+  app->add_option("--max-active-experts", max_active_experts,
+                  "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
+}
+
+engine::LoadOptions ModelOptions::load_options() const {
+  if (stream && no_stream) throw UsageError("--stream and --no-stream contradict each other");
+  if (use_page_cache && no_page_cache) throw UsageError("--use-page-cache and --no-page-cache contradict each other");
+  if (max_active_experts < 0) throw UsageError(strfmt("--max-active-experts must be >= 0 (got %d)", max_active_experts));
+  engine::LoadOptions o;
+  o.model_dir = dir();
+  o.threads = thread_count();
+  if (stream) o.stream = true;
+  if (no_stream) o.stream = false;
+  o.cache_budget = cache_budget;
+  o.prefetch_workers = prefetch_workers;
+  o.io_engine = io_engine;
+  if (use_page_cache) o.page_cache = true;
+  if (no_page_cache) o.page_cache = false;
+  o.prefetch_ahead = prefetch_ahead;
+  o.pin_file = pin_file;
+  o.max_active_experts = max_active_experts;
+  return o;
 }
 
 std::string ModelOptions::dir() const {
@@ -45,21 +76,37 @@ int ModelOptions::thread_count() const {
 
 bool has_tokenizer(const std::string& dir) { return fs::exists(dir + "/tokenizer.json"); }
 
-Loaded load_model(const ModelOptions& opt) {
-  Loaded l;
-  const std::string dir = opt.dir();
-  const int threads = opt.thread_count();
-  double t0 = now_seconds();
-  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
-  l.pool = std::make_unique<ops::ThreadPool>(threads);
-  l.model = models::load_model(l.ckpt, l.pool.get());
-  if (has_tokenizer(dir)) l.tok = tokenizer::Tokenizer::load(dir);
-  l.load_s = now_seconds() - t0;
-  const auto& s = l.model->spec();
-  log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, SIMD %s", s.model_type.c_str(),
-           s.family.c_str(), s.n_layers, s.params_total / 1e6, s.params_active / 1e6, dir.c_str(), l.load_s, threads,
-           ops::simd_target_name());
-  return l;
+Loaded load_model(const ModelOptions& opt) { return engine::load(opt.load_options()); }
+
+experts::StreamingStats stats_snapshot(const Loaded& l) { return l.streaming ? l.streaming->stats() : experts::StreamingStats{}; }
+
+nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats& w, int64_t tokens) {
+  nlohmann::ordered_json j;
+  const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
+  j["streaming"] = l.streaming != nullptr;
+  j["cache_hit_rate"] = l.streaming ? w.hit_rate() : 1.0;
+  j["experts_read_per_token"] = static_cast<double>(w.misses) * per;
+  j["bytes_read"] = w.bytes_read;
+  j["bytes_read_per_token"] = static_cast<double>(w.bytes_read) * per;
+  j["prefetch_rescue_rate"] = w.rescue_rate();
+  j["prefetch_issued"] = w.prefetch_issued;
+  j["page_cache_resident_bytes"] = engine::page_cache_resident_bytes(*l.ckpt);
+  j["model_file_bytes"] = l.ckpt->file_bytes();
+  j["tokens"] = tokens;
+  return j;
+}
+
+std::string stats_line(const Loaded& l, const experts::StreamingStats& w, int64_t tokens) {
+  const uint64_t pc = engine::page_cache_resident_bytes(*l.ckpt);
+  if (!l.streaming)
+    return strfmt("experts resident; page cache holds %s of the %s model", format_bytes(pc).c_str(),
+                  format_bytes(l.ckpt->file_bytes()).c_str());
+  const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
+  return strfmt("experts: hit rate %.1f%%, %.2f read/token, %s/token from disk (%s total)%s; page cache holds %s of the %s model",
+                100.0 * w.hit_rate(), w.misses * per, format_bytes(static_cast<uint64_t>(w.bytes_read * per)).c_str(),
+                format_bytes(w.bytes_read).c_str(),
+                w.prefetch_issued ? strfmt(", prefetch rescue %.1f%% of %llu", 100.0 * w.rescue_rate(), (unsigned long long)w.prefetch_issued).c_str() : "",
+                format_bytes(pc).c_str(), format_bytes(l.ckpt->file_bytes()).c_str());
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s) {

@@ -10,31 +10,45 @@
 #include "io/checkpoint.h"
 #include "models/model.h"
 #include "ops/thread_pool.h"
+#include "engine/loader.h"
 #include "tokenizer/tokenizer.h"
+#include <nlohmann/json.hpp>
 
 namespace spool::cli {
 
-/// --model and --threads, common to every command that runs a model.
+/// --model, --threads and the expert-streaming flags, common to commands that run a model.
 struct ModelOptions {
   std::string model;  // "" = the demo model unpacked by the build
   int threads = 0;    // 0 = all hardware threads
-  void add_to(CLI::App* app, bool with_threads = true);
+  bool stream = false, no_stream = false;
+  std::string cache_budget = "auto";
+  int prefetch_workers = 8;
+  std::string io_engine = "pread";
+  bool use_page_cache = false, no_page_cache = false;
+  int prefetch_ahead = 0;
+  std::string pin_file;
+  int max_active_experts = 0;
+  /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
+  void add_to(CLI::App* app, bool runs_model = true);
   /// The model directory to use (resolves the default; checks it exists).
   std::string dir() const;
   int thread_count() const;
+  /// The loader settings these flags describe.
+  engine::LoadOptions load_options() const;
 };
 
-/// A checkpoint, thread pool, model and (if present) tokenizer, loaded together.
-struct Loaded {
-  std::shared_ptr<io::Checkpoint> ckpt;
-  std::unique_ptr<ops::ThreadPool> pool;
-  std::unique_ptr<models::Model> model;
-  std::optional<tokenizer::Tokenizer> tok;  // absent when the directory has no tokenizer.json
-  double load_s = 0;
-};
+using Loaded = engine::LoadedModel;
 
-/// Loads everything from `opt`. Logs a one-line summary to stderr.
+/// Loads everything from `opt`. Logs a summary to stderr.
 Loaded load_model(const ModelOptions& opt);
+
+/// The `stats` object of --json output: expert cache and disk counters over `window`
+/// (a difference of two snapshots) for `tokens` tokens, plus page-cache residency now.
+nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats& window, int64_t tokens);
+/// The same as one human-readable line.
+std::string stats_line(const Loaded& l, const experts::StreamingStats& window, int64_t tokens);
+/// Current counters of the streaming provider (zeros when experts are resident).
+experts::StreamingStats stats_snapshot(const Loaded& l);
 
 /// True if `dir` has a tokenizer.json.
 bool has_tokenizer(const std::string& dir);

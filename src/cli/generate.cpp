@@ -72,9 +72,14 @@ void run(const GenerateOptions& o) {
 
   std::optional<tokenizer::StreamDecoder> dec;
   if (l.tok && !o.json) dec.emplace(*l.tok);
-  bool first_id = true;
+  bool first_id = true, prefilled = false;
+  experts::StreamingStats after_prefill = stats_snapshot(l);
   engine::Session session(*l.model);
   engine::GenerateResult res = session.generate(req, [&](int32_t id) {
+    if (!prefilled) {  // first callback: the prompt has been processed
+      after_prefill = stats_snapshot(l);
+      prefilled = true;
+    }
     if (o.json) return true;
     if (dec) {
       // Stop ids end the text; they are not printed.
@@ -90,6 +95,11 @@ void run(const GenerateOptions& o) {
     return true;
   });
   const uint64_t rss = peak_rss_bytes();
+  // Expert statistics of the decode phase (per decode forward), or of the prompt if none.
+  const experts::StreamingStats end = stats_snapshot(l);
+  const bool decoded = res.timings.decode_forwards > 0;
+  const experts::StreamingStats window = decoded ? end - after_prefill : end;
+  const int64_t window_tokens = decoded ? res.timings.decode_forwards : res.timings.prompt_tokens;
   if (o.json) {
     nlohmann::ordered_json j;
     j["prompt_ids"] = req.prompt;
@@ -108,6 +118,7 @@ void run(const GenerateOptions& o) {
                     {"prefill_tok_s", res.timings.prefill_tok_s()},
                     {"decode_s", res.timings.decode_s},
                     {"decode_tok_s", res.timings.decode_tok_s()}};
+    j["stats"] = stats_json(l, window, window_tokens);
     j["peak_rss_bytes"] = rss;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -122,6 +133,7 @@ void run(const GenerateOptions& o) {
                "spool: load %.2f s | prompt %lld tok, %.1f tok/s | decode %zu tok, %.1f tok/s | finish %s | peak RSS %s\n",
                l.load_s, (long long)res.timings.prompt_tokens, res.timings.prefill_tok_s(), res.output.size(),
                res.timings.decode_tok_s(), res.finish_reason.c_str(), format_bytes(rss).c_str());
+  std::fprintf(stderr, "spool: %s\n", stats_line(l, window, window_tokens).c_str());
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ void run(const InfoOptions& o) {
 void register_info(CLI::App& app) {
   auto o = std::make_shared<InfoOptions>();
   CLI::App* c = app.add_subcommand("info", "Describe a checkpoint: architecture, parameters, bytes by class");
-  o->model.add_to(c, /*with_threads=*/false);
+  o->model.add_to(c, /*runs_model=*/false);
   c->add_flag("--json", o->json, "Print JSON");
   c->callback([o] { run(*o); });
 }

@@ -51,10 +51,13 @@ void run(const PerplexityOptions& o) {
     j["ppl"] = r.ppl();
     j["windows"] = r.window_nll.size();
     j["seconds"] = now_seconds() - t0;
+    j["stats"] = stats_json(l, stats_snapshot(l), r.tokens);
+    j["peak_rss_bytes"] = peak_rss_bytes();
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("tokens %lld\nmean_nll %.6f\nppl %.4f\n", (long long)r.tokens, r.mean_nll(), r.ppl());
   }
+  std::fprintf(stderr, "spool: %s; peak RSS %s\n", stats_line(l, stats_snapshot(l), r.tokens).c_str(), format_bytes(peak_rss_bytes()).c_str());
 }
 
 }  // namespace

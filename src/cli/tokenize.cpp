@@ -35,7 +35,7 @@ void run(const TokenizeOptions& o) {
 void register_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
   CLI::App* c = app.add_subcommand("tokenize", "Encode text into token ids (a directory with only tokenizer files is fine)");
-  o->model.add_to(c, /*with_threads=*/false);
+  o->model.add_to(c, /*runs_model=*/false);
   c->add_option("--text", o->text, "Text to encode, as is")->required();
   c->add_flag("--add-special", o->add_special, "Add what transformers adds with add_special_tokens=True (e.g. a BOS)");
   c->add_flag("--json", o->json, "Print {\"ids\": [...]}");

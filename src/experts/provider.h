@@ -25,6 +25,9 @@ class ExpertProvider {
   virtual void release(int layer) = 0;
   /// One-line description for startup logs.
   virtual std::string describe() const = 0;
+  /// Most experts that may be acquired at once (callers split larger sets into batches,
+  /// releasing each batch before acquiring the next).
+  virtual int max_batch() const { return 1 << 30; }
 };
 
 }  // namespace spool::experts

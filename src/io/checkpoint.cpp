@@ -211,6 +211,12 @@ uint64_t Checkpoint::total_bytes() const {
   return n;
 }
 
+uint64_t Checkpoint::file_bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : shards_) n += s.file_size();
+  return n;
+}
+
 uint64_t Checkpoint::expert_bytes() const {
   uint64_t n = 0;
   for (const auto& t : tensors_)

@@ -85,6 +85,8 @@ class Checkpoint {
   int dropped_tensors() const { return dropped_; }
   /// Total bytes of kept tensors, and of routed experts among them.
   uint64_t total_bytes() const;
+  /// Sum of the shard file sizes (headers included).
+  uint64_t file_bytes() const;
   uint64_t expert_bytes() const;
 
  private:

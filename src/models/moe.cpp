@@ -72,28 +72,39 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     for (int64_t t = 0; t < T; ++t)
       for (int s = 0; s < K; ++s) rows[fill[ids_[t * K + s]]++] = t * K + s;
   }
-  std::vector<experts::ExpertWeights> w(active.size());
-  provider.acquire(layer, active, w);
   ybuf_.resize(T * K * H);
-  auto run_expert = [&](int64_t ai, int) {
-    const int e = active[ai];
-    const int64_t n = count[e], r0 = first[e];
-    thread_local std::vector<float> xe, g, u;
-    xe.resize(n * H);
-    g.resize(n * I);
-    u.resize(n * I);
-    for (int64_t j = 0; j < n; ++j) std::copy_n(x + (rows[r0 + j] / K) * H, H, xe.data() + j * H);
-    ops::matmul_rows(w[ai].gate, xe.data(), n, g.data(), I, 0, I);  // [n, I]
-    ops::matmul_rows(w[ai].up, xe.data(), n, u.data(), I, 0, I);    // [n, I]
-    ops::swiglu(g.data(), u.data(), n * I, g.data());
-    ops::matmul_rows(w[ai].down, g.data(), n, ybuf_.data() + r0 * H, H, 0, H);  // [n, H]
-  };
-  if (pool == nullptr) {
-    for (size_t i = 0; i < active.size(); ++i) run_expert(static_cast<int64_t>(i), 0);
-  } else {
-    pool->run(static_cast<int64_t>(active.size()), run_expert);
+  // Experts are acquired in batches the provider can hold at once (a streaming cache may be
+  // smaller than a prefill chunk's expert set); each batch is released before the next.
+  const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
+  std::vector<experts::ExpertWeights> w(std::min(batch, active.size()));
+  for (size_t b0 = 0; b0 < active.size(); b0 += batch) {
+    const size_t nb = std::min(batch, active.size() - b0);
+    provider.acquire(layer, std::span<const int>(active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
+    auto run_expert = [&](int64_t bi, int) {
+      const int e = active[b0 + bi];
+      const int64_t n = count[e], r0 = first[e];
+      thread_local std::vector<float> xe, g, u;
+      xe.resize(n * H);
+      g.resize(n * I);
+      u.resize(n * I);
+      for (int64_t j = 0; j < n; ++j) std::copy_n(x + (rows[r0 + j] / K) * H, H, xe.data() + j * H);
+      ops::matmul_rows(w[bi].gate, xe.data(), n, g.data(), I, 0, I);  // [n, I]
+      ops::matmul_rows(w[bi].up, xe.data(), n, u.data(), I, 0, I);    // [n, I]
+      ops::swiglu(g.data(), u.data(), n * I, g.data());
+      ops::matmul_rows(w[bi].down, g.data(), n, ybuf_.data() + r0 * H, H, 0, H);  // [n, H]
+    };
+    try {
+      if (pool == nullptr) {
+        for (size_t i = 0; i < nb; ++i) run_expert(static_cast<int64_t>(i), 0);
+      } else {
+        pool->run(static_cast<int64_t>(nb), run_expert);
+      }
+    } catch (...) {
+      provider.release(layer);
+      throw;
+    }
+    provider.release(layer);
   }
-  provider.release(layer);
 
   // out[t] = sum over experts in ascending id of w * y (deterministic order).
   std::fill(out, out + T * H, 0.0f);

@@ -1,0 +1,143 @@
+#include "engine/loader.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/sysinfo.h"
+#include "ops/matmul.h"
+
+namespace spool::engine {
+
+namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+// Memory kept free for the OS, allocator slack and activations.
+uint64_t reserve_bytes(uint64_t available) { return std::max<uint64_t>(512ull << 20, available / 20); }
+
+}  // namespace
+
+uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx) {
+  uint64_t n = 0;
+  for (int i = 0; i < s.n_layers; ++i) {
+    if (s.mixers[i] == models::MixerKind::kAttention) {
+      n += 2ull * s.attn.n_kv_heads * s.attn.head_dim * static_cast<uint64_t>(ctx) * sizeof(float);
+    } else {
+      const auto& g = s.gdn;
+      n += (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * sizeof(float);
+    }
+  }
+  return n;
+}
+
+uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt) {
+  const long page = sysconf(_SC_PAGESIZE);
+  uint64_t resident = 0;
+  std::vector<unsigned char> vec;
+  for (const auto& s : ckpt.shards()) {
+    if (s.mapping() == nullptr || s.file_size() == 0) continue;
+    const size_t pages = (s.file_size() + page - 1) / page;
+    vec.resize(pages);
+    if (mincore(const_cast<uint8_t*>(s.mapping()), s.file_size(), vec.data()) != 0) continue;
+    for (size_t i = 0; i < pages; ++i)
+      if (vec[i] & 1) resident += static_cast<uint64_t>(page);
+  }
+  return resident;
+}
+
+std::vector<std::pair<int, int>> read_pin_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail("%s: cannot open pin file", path.c_str());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s: not valid JSON (%s)", path.c_str(), e.what());
+  }
+  if (!j.is_object() || !j.contains("pin") || !j["pin"].is_array()) fail("%s: expected {\"pin\": [[layer, expert], ...]}", path.c_str());
+  std::vector<std::pair<int, int>> pins;
+  for (const auto& p : j["pin"]) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number_integer())
+      fail("%s: each pin must be [layer, expert] (got %s)", path.c_str(), p.dump().c_str());
+    pins.emplace_back(p[0].get<int>(), p[1].get<int>());
+  }
+  return pins;
+}
+
+LoadedModel load(const LoadOptions& opt) {
+  if (opt.prefetch_workers < 1 || opt.prefetch_workers > 256)
+    throw UsageError(strfmt("--prefetch-workers must be between 1 and 256 (got %d)", opt.prefetch_workers));
+  if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
+  if (opt.io_engine != "pread" && opt.io_engine != "uring")
+    throw UsageError(strfmt("--io-engine must be pread or uring (got '%s')", opt.io_engine.c_str()));
+  double budget_gb = -1;
+  if (opt.cache_budget != "auto") {
+    char* end = nullptr;
+    budget_gb = std::strtod(opt.cache_budget.c_str(), &end);
+    if (end == opt.cache_budget.c_str() || *end != '\0' || !(budget_gb > 0) || !std::isfinite(budget_gb))
+      throw UsageError(strfmt("--cache-budget-gb must be a positive number of GB or 'auto' (got '%s')", opt.cache_budget.c_str()));
+  }
+  LoadedModel l;
+  const double t0 = now_seconds();
+  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
+  l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
+  l.model = models::load_model(l.ckpt, l.pool.get());
+  const models::ModelSpec& spec = l.model->spec();
+  if (opt.max_active_experts != 0) l.model->set_max_active_experts(opt.max_active_experts);
+
+  const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes(), dense = total - experts;
+  const uint64_t available = available_memory_bytes();
+  const uint64_t kv = state_bytes(spec, opt.ctx_size);
+  const uint64_t reserve = reserve_bytes(available);
+  bool stream = opt.stream.value_or(false);
+  if (!opt.stream.has_value() && experts > 0 && total + kv + reserve > available) {
+    stream = true;
+    log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk", format_bytes(total).c_str(),
+             format_bytes(available).c_str());
+  }
+  if (stream) {
+    if (experts == 0) fail("%s: --stream was given but the model has no routed experts to stream", opt.model_dir.c_str());
+    experts::StreamingOptions so;
+    if (budget_gb > 0) {
+      so.cache_budget_bytes = static_cast<uint64_t>(budget_gb * kGiB);
+    } else {
+      const uint64_t used = dense + kv + reserve;
+      so.cache_budget_bytes = available > used ? available - used : 0;
+      so.cache_budget_bytes = std::min(so.cache_budget_bytes, experts);
+      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - reserve %s",
+               format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(dense).c_str(),
+               format_bytes(kv).c_str(), format_bytes(reserve).c_str());
+    }
+    so.workers = opt.prefetch_workers;
+    so.engine = opt.io_engine == "uring" ? io::IoEngine::kUring : io::IoEngine::kPread;
+    // Trust the page cache when the model files fit comfortably (< 0.6 x available memory).
+    const bool use_page_cache = opt.page_cache.value_or(static_cast<double>(total) < 0.6 * static_cast<double>(available));
+    so.direct = !use_page_cache;
+    so.prefetch_ahead = opt.prefetch_ahead;
+    so.top_k = spec.moe.top_k;
+    if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
+    std::vector<bool> moe_layers(spec.n_layers);
+    for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+    l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
+                                                              spec.moe.intermediate, so);
+    l.model->set_expert_provider(l.streaming);
+    log_info("%s", l.streaming->describe().c_str());
+  } else if (!opt.pin_file.empty() || opt.prefetch_ahead > 0) {
+    log_warn("--pin-file and --prefetch-ahead only apply when streaming (--stream); the experts are resident");
+  }
+  if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
+  l.load_s = now_seconds() - t0;
+  log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, SIMD %s", spec.model_type.c_str(),
+           spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
+           opt.threads, ops::simd_target_name());
+  return l;
+}
+
+}  // namespace spool::engine

@@ -1,0 +1,76 @@
+#include "experts/cache.h"
+
+#include <cstdlib>
+#include <new>
+
+#include "common/error.h"
+
+namespace spool::experts {
+
+ExpertCache::ExpertCache(uint64_t budget_bytes, uint64_t slot_bytes) : budget_(budget_bytes), slot_bytes_(slot_bytes) {}
+
+ExpertCache::~ExpertCache() {
+  for (auto& [k, e] : map_) {
+    std::free(e->data);
+    delete e;
+  }
+  for (uint8_t* b : free_) std::free(b);
+}
+
+int64_t ExpertCache::capacity() const {
+  const int64_t n = static_cast<int64_t>(budget_ / slot_bytes_);
+  return n < 1 ? 1 : n;
+}
+
+ExpertCache::Entry* ExpertCache::find(int layer, int expert) {
+  auto it = map_.find(key(layer, expert));
+  return it == map_.end() ? nullptr : it->second;
+}
+
+void ExpertCache::touch(Entry* e) { lru_.splice(lru_.begin(), lru_, e->lru); }
+
+uint8_t* ExpertCache::take_buffer() {
+  if (!free_.empty()) {
+    uint8_t* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  void* p = std::aligned_alloc(4096, slot_bytes_);
+  if (p == nullptr) fail("out of memory allocating a %llu-byte expert cache slot", (unsigned long long)slot_bytes_);
+  return static_cast<uint8_t*>(p);
+}
+
+ExpertCache::Entry* ExpertCache::insert(int layer, int expert) {
+  // Evict from the LRU end while at the budget.
+  while (static_cast<int64_t>(map_.size()) >= capacity()) {
+    Entry* victim = nullptr;
+    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+      Entry* c = *it;
+      if (c->pins == 0 && !c->pinned && c->state != State::kLoading) {
+        victim = c;
+        break;
+      }
+    }
+    if (victim == nullptr) break;  // everything is in use: grow past the budget
+    erase(victim);
+    ++evictions_;
+  }
+  Entry* e = new Entry;
+  e->layer = layer;
+  e->expert = expert;
+  e->data = take_buffer();
+  lru_.push_front(e);
+  e->lru = lru_.begin();
+  map_[key(layer, expert)] = e;
+  if (bytes() > peak_) peak_ = bytes();
+  return e;
+}
+
+void ExpertCache::erase(Entry* e) {
+  map_.erase(key(e->layer, e->expert));
+  lru_.erase(e->lru);
+  free_.push_back(e->data);
+  delete e;
+}
+
+}  // namespace spool::experts

@@ -1,0 +1,261 @@
+#include "experts/streaming.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/sysinfo.h"
+#include "experts/resident.h"
+
+namespace spool::experts {
+
+namespace {
+constexpr uint64_t kPrefetchJudgeAfter = 2000;  // prefetches before judging usefulness
+constexpr double kPrefetchMinRescue = 0.03;
+}  // namespace
+
+StreamingStats StreamingStats::operator-(const StreamingStats& o) const {
+  StreamingStats d = *this;
+  d.requests -= o.requests;
+  d.hits -= o.hits;
+  d.misses -= o.misses;
+  d.bytes_read -= o.bytes_read;
+  d.reads -= o.reads;
+  d.prefetch_issued -= o.prefetch_issued;
+  d.prefetch_rescued -= o.prefetch_rescued;
+  d.evictions -= o.evictions;
+  return d;
+}
+
+StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, const std::vector<bool>& moe_layers,
+                                   int n_experts, int hidden, int intermediate, StreamingOptions opt)
+    : ckpt_(std::move(ckpt)),
+      opt_(std::move(opt)),
+      store_(*ckpt_, moe_layers, n_experts, opt_.direct),
+      cache_(opt_.cache_budget_bytes, store_.slot_bytes()) {
+  // Every expert must have the same dtype and shape (one WeightView prototype per projection).
+  const int64_t rows[3] = {intermediate, intermediate, hidden}, cols[3] = {hidden, hidden, intermediate};
+  bool first = true;
+  io::DType dtypes[3] = {};
+  for (int l = 0; l < static_cast<int>(moe_layers.size()); ++l) {
+    if (!moe_layers[l]) continue;
+    for (int e = 0; e < n_experts; ++e) {
+      for (int p = 0; p < 3; ++p) {
+        const io::TensorRef& t = ckpt_->expert(l, e, static_cast<io::ExpertProj>(p));
+        if (t.shape.size() != 2 || t.shape[0] != rows[p] || t.shape[1] != cols[p])
+          fail("%s: expert tensor '%s' has shape %s, expected [%lld, %lld]", ckpt_->dir().c_str(), t.name.c_str(),
+               t.shape_str().c_str(), (long long)rows[p], (long long)cols[p]);
+        if (first) {
+          dtypes[p] = t.dtype;
+          io::TensorRef tmp = t;
+          tmp.data = reinterpret_cast<const uint8_t*>(1);  // shape/type only
+          proto_[p] = view_of(tmp);
+          proto_[p].data = nullptr;
+        } else if (t.dtype != dtypes[p]) {
+          fail("%s: expert tensor '%s' has a different dtype from the other experts", ckpt_->dir().c_str(), t.name.c_str());
+        }
+      }
+      first = false;
+    }
+  }
+  if (first) fail("%s: streaming was requested but the model has no routed experts", ckpt_->dir().c_str());
+  std::vector<std::string> paths;
+  for (const auto& s : ckpt_->shards()) paths.push_back(s.path());
+  reader_ = std::make_unique<io::ExpertReader>(paths, io::ExpertReader::Options{opt_.engine, opt_.workers, opt_.direct});
+  in_use_.resize(moe_layers.size());
+  last_ids_.resize(moe_layers.size());
+  if (cache_.capacity() < opt_.top_k)
+    log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
+             (long long)cache_.capacity(), opt_.top_k);
+  load_pins();
+}
+
+StreamingExperts::~StreamingExperts() {
+  reader_.reset();  // joins I/O threads: no callback touches the cache after this
+}
+
+void StreamingExperts::load_pins() {
+  if (opt_.pins.empty()) return;
+  std::vector<ExpertCache::Entry*> entries;
+  const int64_t limit = cache_.capacity() - std::max(opt_.top_k, 1);
+  for (const auto& [l, e] : opt_.pins) {
+    if (!store_.has_layer(l) || e < 0 || e >= store_.n_experts())
+      fail("pin file names expert (%d, %d), which the model does not have", l, e);
+    if (static_cast<int64_t>(entries.size()) >= limit) {
+      log_warn("pin file: %zu pins fit in the cache budget; the remaining %zu are ignored", entries.size(),
+               opt_.pins.size() - entries.size());
+      break;
+    }
+    if (cache_.find(l, e) != nullptr) continue;
+    ExpertCache::Entry* en = cache_.insert(l, e);
+    en->pinned = true;
+    entries.push_back(en);
+  }
+  reader_->read_all(plan_reads(entries));
+  for (auto* en : entries) en->state = ExpertCache::State::kReady;
+  pinned_count_ = static_cast<int>(entries.size());
+  log_info("pinned %d experts (%s) resident", pinned_count_, format_bytes(entries.size() * store_.slot_bytes()).c_str());
+}
+
+std::vector<io::ReadRequest> StreamingExperts::plan_reads(const std::vector<ExpertCache::Entry*>& entries) const {
+  // One request per extent, then merge requests whose file ranges touch (same shard).
+  std::vector<io::ReadRequest> reqs;
+  for (const auto* e : entries) {
+    const io::ExpertLocation& loc = store_.at(e->layer, e->expert);
+    for (const auto& x : loc.extents) {
+      io::ReadRequest r;
+      r.shard = x.shard;
+      r.offset = x.file_offset;
+      r.iov.push_back({e->data + x.buf_offset, x.length});
+      reqs.push_back(std::move(r));
+    }
+  }
+  std::sort(reqs.begin(), reqs.end(), [](const io::ReadRequest& a, const io::ReadRequest& b) {
+    return a.shard != b.shard ? a.shard < b.shard : a.offset < b.offset;
+  });
+  std::vector<io::ReadRequest> merged;
+  for (auto& r : reqs) {
+    if (!merged.empty() && merged.back().shard == r.shard && merged.back().offset + merged.back().length() == r.offset &&
+        merged.back().iov.size() < 64) {
+      merged.back().iov.insert(merged.back().iov.end(), r.iov.begin(), r.iov.end());
+    } else {
+      merged.push_back(std::move(r));
+    }
+  }
+  return merged;
+}
+
+void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) {
+  std::vector<ExpertCache::Entry*> entries(ids.size()), misses, waits;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ExpertCache::Entry* e = cache_.find(layer, ids[i]);
+      ++stats_.requests;
+      if (e != nullptr) {
+        ++stats_.hits;
+        if (e->prefetched) {
+          ++stats_.prefetch_rescued;
+          e->prefetched = false;
+        }
+        if (e->state == ExpertCache::State::kLoading) waits.push_back(e);
+      } else {
+        ++stats_.misses;
+        e = cache_.insert(layer, ids[i]);
+        misses.push_back(e);
+      }
+      ++e->pins;
+      cache_.touch(e);
+      entries[i] = e;
+    }
+    in_use_[layer].insert(in_use_[layer].end(), entries.begin(), entries.end());
+  }
+  std::exception_ptr err;
+  if (!misses.empty()) {
+    try {
+      reader_->read_all(plan_reads(misses));
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (auto* e : misses) e->state = err ? ExpertCache::State::kFailed : ExpertCache::State::kReady;
+    for (auto* e : waits) {
+      ready_cv_.wait(lk, [&] { return e->state != ExpertCache::State::kLoading; });
+      if (e->state == ExpertCache::State::kFailed && !err)
+        err = std::make_exception_ptr(Error(strfmt("reading expert %d of layer %d failed (see the earlier read error)", e->expert, layer)));
+    }
+    if (err) {
+      // Unpin and drop what this call pinned; failed entries must not serve later requests.
+      for (auto* e : entries) --e->pins;
+      for (auto* e : misses) cache_.erase(e);
+      auto& use = in_use_[layer];
+      use.erase(std::remove_if(use.begin(), use.end(), [&](ExpertCache::Entry* x) {
+                  return std::find(entries.begin(), entries.end(), x) != entries.end();
+                }),
+                use.end());
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const io::ExpertLocation& loc = store_.at(layer, ids[i]);
+    out[i].gate = proto_[0];
+    out[i].up = proto_[1];
+    out[i].down = proto_[2];
+    out[i].gate.data = entries[i]->data + loc.proj_offset[0];
+    out[i].up.data = entries[i]->data + loc.proj_offset[1];
+    out[i].down.data = entries[i]->data + loc.proj_offset[2];
+  }
+  if (opt_.prefetch_ahead > 0 && static_cast<int>(ids.size()) <= opt_.top_k) {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_ids_[layer].assign(ids.begin(), ids.end());
+    prefetch_after(layer);
+  }
+}
+
+void StreamingExperts::prefetch_after(int layer) {
+  // Called with mu_ held. Predict layers layer+1 .. layer+N from their last routing.
+  if (stats_.prefetch_disabled) return;
+  if (stats_.prefetch_issued >= kPrefetchJudgeAfter && stats_.rescue_rate() < kPrefetchMinRescue) {
+    stats_.prefetch_disabled = true;
+    log_info("prefetch-ahead disabled: it rescued %.1f%% of %llu prefetched experts (< %.0f%%)", 100.0 * stats_.rescue_rate(),
+             (unsigned long long)stats_.prefetch_issued, 100.0 * kPrefetchMinRescue);
+    return;
+  }
+  std::vector<ExpertCache::Entry*> todo;
+  for (int l = layer + 1; l <= layer + opt_.prefetch_ahead && l < store_.n_layers(); ++l) {
+    if (!store_.has_layer(l)) continue;
+    for (int id : last_ids_[l]) {
+      if (cache_.find(l, id) != nullptr) continue;
+      ExpertCache::Entry* e = cache_.insert(l, id);
+      e->prefetched = true;
+      todo.push_back(e);
+    }
+  }
+  if (todo.empty()) return;
+  stats_.prefetch_issued += todo.size();
+  reader_->submit(plan_reads(todo), [this, todo](std::exception_ptr err) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto* e : todo) e->state = err ? ExpertCache::State::kFailed : ExpertCache::State::kReady;
+      // A failed prefetch is dropped unless someone is waiting on it (they report the error).
+      if (err)
+        for (auto* e : todo)
+          if (e->pins == 0) cache_.erase(e);
+    }
+    ready_cv_.notify_all();
+  });
+}
+
+void StreamingExperts::release(int layer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto* e : in_use_[layer]) --e->pins;
+  in_use_[layer].clear();
+}
+
+int StreamingExperts::max_batch() const {
+  const int64_t free_slots = cache_.capacity() - pinned_count_;
+  return static_cast<int>(std::max<int64_t>(std::max(opt_.top_k, 1), free_slots));
+}
+
+StreamingStats StreamingExperts::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  StreamingStats s = stats_;
+  s.bytes_read = reader_->bytes_read();
+  s.reads = reader_->reads_issued();
+  s.evictions = cache_.evictions();
+  s.cache_peak_bytes = cache_.peak_bytes();
+  return s;
+}
+
+std::string StreamingExperts::describe() const {
+  return strfmt("streaming %lld expert tensors (%s) through a %s cache (%lld experts of %s), %s %s, %d workers%s",
+                (long long)store_.tensor_count(), format_bytes(store_.total_bytes()).c_str(),
+                format_bytes(cache_.budget()).c_str(), (long long)cache_.capacity(), format_bytes(store_.slot_bytes()).c_str(),
+                opt_.engine == io::IoEngine::kUring ? "io_uring" : "pread",
+                reader_->direct() ? "O_DIRECT" : (opt_.direct ? "buffered+DONTNEED" : "page cache"), opt_.workers,
+                opt_.prefetch_ahead > 0 ? strfmt(", prefetch-ahead %d", opt_.prefetch_ahead).c_str() : "");
+}
+
+}  // namespace spool::experts

@@ -1,0 +1,89 @@
+// StreamingExperts: routed experts read from disk on demand into an LRU cache; the dense
+// part of the model stays resident. Output is bit-identical to ResidentExperts: the bytes
+// in a cache slot are the checkpoint's bytes, and the kernels are the same.
+//
+// Per acquire(layer, ids): hits are pinned; misses get cache slots (evicting LRU entries)
+// and are read together, contiguous ranges coalesced into one vectored read, by the
+// ExpertReader's worker pool. Prefetch-ahead (optional) guesses the next layers' experts
+// from the previous token's routing at those layers and reads them in the background; it
+// switches itself off when, after 2000 prefetches, it rescues fewer than 3% of them.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "experts/cache.h"
+#include "experts/provider.h"
+#include "io/checkpoint.h"
+#include "io/expert_reader.h"
+#include "io/expert_store.h"
+
+namespace spool::experts {
+
+/// Settings of the streaming provider (CLI: --cache-budget-gb, --prefetch-workers,
+/// --io-engine, --use-page-cache/--no-page-cache, --prefetch-ahead, --pin-file).
+struct StreamingOptions {
+  uint64_t cache_budget_bytes = 1ull << 30;
+  int workers = 8;
+  io::IoEngine engine = io::IoEngine::kPread;
+  bool direct = false;   // O_DIRECT reads (no page cache)
+  int prefetch_ahead = 0;
+  int top_k = 8;         // native experts per token (prefetch applies to decode-sized sets)
+  std::vector<std::pair<int, int>> pins;  // (layer, expert) kept resident, hottest first
+};
+
+/// Counters since construction. A "request" is one expert asked for by a layer.
+struct StreamingStats {
+  uint64_t requests = 0, hits = 0, misses = 0;
+  uint64_t bytes_read = 0, reads = 0;
+  uint64_t prefetch_issued = 0, prefetch_rescued = 0;
+  bool prefetch_disabled = false;
+  uint64_t evictions = 0, cache_peak_bytes = 0;
+  double hit_rate() const { return requests ? static_cast<double>(hits) / requests : 0.0; }
+  double rescue_rate() const { return prefetch_issued ? static_cast<double>(prefetch_rescued) / prefetch_issued : 0.0; }
+  StreamingStats operator-(const StreamingStats& o) const;
+};
+
+class StreamingExperts final : public ExpertProvider {
+ public:
+  /// moe_layers[l] true for MoE layers; expert shapes gate/up [inter, hidden], down
+  /// [hidden, inter] are checked. Throws spool::Error for missing/mis-shaped experts,
+  /// unopenable shards or unusable io_uring.
+  StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, const std::vector<bool>& moe_layers, int n_experts,
+                   int hidden, int intermediate, StreamingOptions opt);
+  ~StreamingExperts() override;
+
+  void acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) override;
+  void release(int layer) override;
+  std::string describe() const override;
+  int max_batch() const override;
+
+  StreamingStats stats() const;
+  const io::ExpertStore& store() const { return store_; }
+  /// Expert tensors served by streaming (3 per expert).
+  int64_t streamed_tensors() const { return store_.tensor_count(); }
+
+ private:
+  std::vector<io::ReadRequest> plan_reads(const std::vector<ExpertCache::Entry*>& entries) const;
+  void prefetch_after(int layer);
+  void load_pins();
+
+  std::shared_ptr<const io::Checkpoint> ckpt_;
+  StreamingOptions opt_;
+  io::ExpertStore store_;
+  std::unique_ptr<io::ExpertReader> reader_;
+  ops::WeightView proto_[3];  // dtype and shape of gate/up/down (data filled per expert)
+  mutable std::mutex mu_;
+  std::condition_variable ready_cv_;
+  ExpertCache cache_;
+  std::vector<std::vector<ExpertCache::Entry*>> in_use_;  // [layer] entries pinned by acquire
+  std::vector<std::vector<int>> last_ids_;                // [layer] experts of the last acquire
+  StreamingStats stats_;
+  int pinned_count_ = 0;
+};
+
+}  // namespace spool::experts
