@@ -60,5 +60,19 @@ TEST(Perplexity, WholeDevCorpusWithinPointOnePercent) {
   }
 }
 
+// K-reduction changes the model; transformers with num_experts_per_tok = K is the reference.
+TEST(Perplexity, KReductionDevWithinPointOnePercent) {
+  Fixture f = load();
+  std::ifstream kj(spool::testing::data_dir() + "/models/spool-demo-moe/k_reduction.json");
+  nlohmann::json kr = nlohmann::json::parse(kj);
+  for (auto& [k, v] : kr["k"].items()) {
+    f.model->set_max_active_experts(std::stoi(k));
+    PerplexityResult r = perplexity(*f.model, f.ids, 512, 0, 512, nullptr);
+    const double want = v["dev"]["ppl"].get<double>();
+    EXPECT_EQ(r.tokens, v["dev"]["tokens"].get<int64_t>());
+    EXPECT_NEAR(r.ppl(), want, 1e-3 * want) << "K=" << k;
+  }
+}
+
 }  // namespace
 }  // namespace spool::engine
