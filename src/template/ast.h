@@ -62,6 +62,9 @@ struct Getattr : Expr {
 struct Getitem : Expr {
   Expr* obj = nullptr;
   Expr* index = nullptr;
+  /// jinja2 constant-folds subscripts of constants through sandbox getitem, so a failing
+  /// constant slice yields Undefined instead of raising like a runtime slice.
+  bool folded = false;
   Getitem() : Expr(EK::Getitem) {}
 };
 /// start:stop:step inside a subscript; parts may be null.

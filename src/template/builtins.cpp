@@ -198,14 +198,16 @@ Value f_batch_now(Interp& in, const Value& v, CallArgs& a) {
 
 Value f_capitalize(Interp& in, const Value& v, CallArgs& a) {
   check_args(a, "capitalize", {});
-  return str_value(in, py::capitalize(soft_str(v).str()));
+  Value s = soft_str(v);
+  return str_value(in, py::capitalize(s.str()), s.safe());
 }
 
 Value f_center(Interp& in, const Value& v, CallArgs& a) {
   check_args(a, "center", {"width"});
   int64_t w = int_arg(arg(a, 0, "width", Value::integer(80)), "width");
   in.check_size(static_cast<size_t>(std::max<int64_t>(w, 0)));
-  return Value::string(py::pad(soft_str(v).str(), w, " ", '^'));
+  Value s = soft_str(v);
+  return Value::string(py::pad(s.str(), w, " ", '^'), s.safe());
 }
 
 Value f_length(Interp& in, const Value& v, CallArgs& a) {
@@ -897,9 +899,15 @@ Value f_truncate(Interp& in, const Value& v, CallArgs& a) {
   int64_t end_len = static_cast<int64_t>(py::length(end));
   if (length < end_len) fail("expected length >= %lld, got %lld", static_cast<long long>(end_len), static_cast<long long>(length));
   if (leeway < 0) fail("expected leeway >= 0, got %lld", static_cast<long long>(leeway));
-  std::string s = to_str(v);
+  if (v.is_undefined()) return v;
+  if (!v.is_string()) {
+    int64_t n = py_len(in, v);  // throws for unsized values
+    if (n <= length + leeway) return v;
+    fail("can only truncate strings, not %s", type_name(v));
+  }
+  const std::string& s = v.str();
   std::u32string u = py::decode(s);
-  if (static_cast<int64_t>(u.size()) <= length + leeway) return Value::string(s);
+  if (static_cast<int64_t>(u.size()) <= length + leeway) return v;
   std::string head = py::encode(u.data(), u.data() + (length - end_len));
   if (killwords) return str_value(in, head + end);
   std::vector<std::string> parts = py::rsplit(head, std::string_view(" "), 1);
@@ -1263,7 +1271,13 @@ Value g_range(Interp& in, CallArgs& a) {
   out.reserve(static_cast<size_t>(n));
   int64_t x = start;
   for (__int128 i = 0; i < n; ++i, x += (i < n ? step : 0)) out.push_back(Value::integer(x));
-  return in.make_list(std::move(out));
+  Value r = in.make_list(std::move(out), ListFlavor::Tuple);
+  ListObj* l = r.list();
+  l->is_range = true;
+  l->range_start = start;
+  l->range_stop = stop;
+  l->range_step = step;
+  return r;
 }
 
 /// dict(*args, **kwargs) into d.

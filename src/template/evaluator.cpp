@@ -522,6 +522,10 @@ Value Interp::invoke_macro(const MacroDef& def, Frame* closure, CallArgs& args) 
     fail("macro '%s' takes not more than %zu argument(s)", def.name.c_str(), np);
   }
   size_t first_default = np - def.defaults.size();
+  // Missing parameters are locals of the macro even while defaults are evaluated (b=b sees
+  // its own, still missing, parameter), like jinja2's compiled macros.
+  for (size_t i = 0; i < np; ++i)
+    if (missing[i]) mf->set(def.params[i], Value::undefined("parameter '" + def.param_names[i] + "' was not provided"));
   for (size_t i = 0; i < np; ++i) {
     if (!missing[i]) continue;
     if (i >= first_default) {
@@ -728,15 +732,24 @@ Value Interp::getitem(const Value& obj, const Value& key) {
   return Value::undefined("'" + std::string(type_name(obj)) + " object' has no element " + to_str(key));
 }
 
-Value Interp::eval_slice(const Value& obj, const Slice* s, Frame* f) {
+Value Interp::eval_slice(const Value& obj, const Slice* s, Frame* f, bool folded) {
   Value parts[3] = {s->start ? eval(s->start, f) : Value::none(), s->stop ? eval(s->stop, f) : Value::none(),
                     s->step ? eval(s->step, f) : Value::none()};
   if (obj.is_undefined()) fail_undefined(obj);
+  // jinja2 compiles slices to plain Python subscripts (no getitem fallback): errors propagate,
+  // except for constant-folded slices, which went through the sandbox getitem (Undefined).
   bool seq = obj.is_string() ||
              (obj.is_list() && (obj.list()->flavor == ListFlavor::List || obj.list()->flavor == ListFlavor::Tuple));
+  bool int_bounds = true;
   for (const Value& p : parts)
-    if (!p.is_none() && !p.is_integral()) seq = false;  // TypeError -> undefined
-  if (!seq) return Value::undefined("'" + std::string(type_name(obj)) + " object' cannot be sliced");
+    if (!p.is_none() && !p.is_integral()) int_bounds = false;
+  if (folded && (!seq || !int_bounds)) return Value::undefined("'" + std::string(type_name(obj)) + " object' has no slice");
+  if (!seq) {
+    if (obj.is_dict()) fail("unhashable type: 'slice'");
+    fail("'%s' object is not subscriptable", type_name(obj));
+  }
+  for (const Value& p : parts)
+    if (!p.is_none() && !p.is_integral()) fail("slice indices must be integers or None or have an __index__ method");
   int64_t step = parts[2].is_none() ? 1 : parts[2].as_int();
   if (step == 0) fail("slice step cannot be zero");
   std::u32string u;
@@ -780,7 +793,16 @@ Value Interp::eval_slice(const Value& obj, const Slice* s, Frame* f) {
   std::vector<Value> items;
   items.reserve(idx.size());
   for (int64_t i : idx) items.push_back(obj.list()->items[static_cast<size_t>(i)]);
-  return make_list(std::move(items), obj.list()->flavor);
+  const ListObj* src = obj.list();
+  Value r = make_list(std::move(items), src->flavor);
+  if (src->is_range) {  // range(a, b, s)[i:j:k] == range(a + i*s, a + j*s, s*k)
+    ListObj* l = r.list();
+    l->is_range = true;
+    l->range_start = src->range_start + start * src->range_step;
+    l->range_stop = src->range_start + stop * src->range_step;
+    l->range_step = src->range_step * step;
+  }
+  return r;
 }
 
 void Interp::eval_args(const Args& a, Frame* f, CallArgs* out) {
@@ -970,8 +992,8 @@ Value Interp::binop(BinOp op, const Value& a, const Value& b) {
       s += b.str();
       return Value::string(std::move(s));
     }
-    if (a.is_list() && b.is_list() && a.list()->flavor == b.list()->flavor &&
-        (a.list()->flavor == ListFlavor::List || a.list()->flavor == ListFlavor::Tuple)) {
+    if (a.is_list() && b.is_list() && a.list()->flavor == b.list()->flavor && !a.list()->is_range &&
+        !b.list()->is_range && (a.list()->flavor == ListFlavor::List || a.list()->flavor == ListFlavor::Tuple)) {
       std::vector<Value> items = a.list()->items;
       items.insert(items.end(), b.list()->items.begin(), b.list()->items.end());
       return make_list(std::move(items), a.list()->flavor);
@@ -985,8 +1007,8 @@ Value Interp::binop(BinOp op, const Value& a, const Value& b) {
     const Value* num = nullptr;
     if (b.is_integral() && (a.is_string() || a.is_list())) seq = &a, num = &b;
     if (a.is_integral() && (b.is_string() || b.is_list())) seq = &b, num = &a;
-    if (seq && (seq->is_string() || seq->list()->flavor == ListFlavor::List ||
-                seq->list()->flavor == ListFlavor::Tuple)) {
+    if (seq && (seq->is_string() || ((seq->list()->flavor == ListFlavor::List ||
+                                      seq->list()->flavor == ListFlavor::Tuple) && !seq->list()->is_range))) {
       int64_t n = std::max<int64_t>(0, num->as_int());
       if (seq->is_string()) {
         const std::string& s = seq->str();
@@ -1025,7 +1047,7 @@ Value Interp::eval(const Expr* e, Frame* f) {
     case EK::Getitem: {
       auto* g = static_cast<const Getitem*>(e);
       Value obj = eval(g->obj, f);
-      if (g->index->kind == EK::Slice) return eval_slice(obj, static_cast<const Slice*>(g->index), f);
+      if (g->index->kind == EK::Slice) return eval_slice(obj, static_cast<const Slice*>(g->index), f, g->folded);
       Value key = eval(g->index, f);
       cur_offset_ = e->offset;
       return getitem(obj, key);

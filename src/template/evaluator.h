@@ -137,7 +137,7 @@ class Interp {
   Value lookup(int sym, Frame* f);
   Value eval_call(const ast::Call* c, Frame* f, const Value& caller);
   void eval_args(const ast::Args& a, Frame* f, CallArgs* out);
-  Value eval_slice(const Value& obj, const ast::Slice* s, Frame* f);
+  Value eval_slice(const Value& obj, const ast::Slice* s, Frame* f, bool folded);
   Value binop(ast::BinOp op, const Value& a, const Value& b);
   bool compare_op(ast::CmpOp op, const Value& a, const Value& b);
   bool contains(const Value& container, const Value& item);

@@ -853,6 +853,7 @@ class Parser {
     g->obj = node;
     if (args.size() == 1) {
       g->index = args[0];
+      g->folded = args[0]->kind == EK::Slice && is_const(node) && is_const(args[0]);
     } else {
       auto* tup = make<Seq>(t.offset, EK::Tuple);
       tup->items = std::move(args);
@@ -979,6 +980,37 @@ class Parser {
       result = done(u);
     }
     return result;
+  }
+
+  /// Whether jinja2's optimizer could fold e to a constant (as_const() not Impossible).
+  static bool is_const(const Expr* e) {
+    switch (e->kind) {
+      case EK::Const: return true;
+      case EK::Name:
+      case EK::Call:
+      case EK::NSRef:
+      case EK::Input: return false;
+      case EK::Cond:
+        if (!static_cast<const Cond*>(e)->otherwise) return false;
+        break;
+      case EK::Filter: {
+        auto* f = static_cast<const Filter*>(e);
+        if (f->fn < 0 || f->args.dyn_args || f->args.dyn_kwargs) return false;
+        static const char* const context_filters[] = {"map", "select", "reject", "selectattr", "rejectattr"};
+        for (const char* n : context_filters)
+          if (f->name == n) return false;
+        break;
+      }
+      case EK::Test: {
+        auto* t = static_cast<const Test*>(e);
+        if (t->fn < 0 || t->args.dyn_args || t->args.dyn_kwargs) return false;
+        break;
+      }
+      default: break;
+    }
+    bool all = true;
+    for_children(e, [&](const Expr* c) { all = all && is_const(c); });
+    return all;
   }
 
   // ---- unknown filters / tests ----

@@ -47,7 +47,8 @@ bool num_cmp(const Value& a, const Value& b, std::string_view op) {
 
 /// Lists of the same Python type compare elementwise (list vs tuple never).
 bool same_seq_type(const Value& a, const Value& b) {
-  return a.is_list() && b.is_list() && a.list()->flavor == b.list()->flavor;
+  return a.is_list() && b.is_list() && a.list()->flavor == b.list()->flavor &&
+         a.list()->is_range == b.list()->is_range;
 }
 
 }  // namespace
@@ -150,6 +151,7 @@ const char* type_name(const Value& v) {
     case Kind::Float: return "float";
     case Kind::String: return "str";
     case Kind::List:
+      if (v.list()->is_range) return "range";
       switch (v.list()->flavor) {
         case ListFlavor::List: return "list";
         case ListFlavor::Tuple: return "tuple";
@@ -216,6 +218,12 @@ void append_repr(std::string& out, const Value& v, int depth) {
       return;
     case Kind::List: {
       const ListObj* l = v.list();
+      if (l->is_range) {
+        out += "range(" + std::to_string(l->range_start) + ", " + std::to_string(l->range_stop);
+        if (l->range_step != 1) out += ", " + std::to_string(l->range_step);
+        out += ")";
+        return;
+      }
       const char* open = "[";
       const char* close = "]";
       switch (l->flavor) {
@@ -391,7 +399,7 @@ void json_value(std::string& out, const Value& v, const JsonFormat& fmt, int dep
       return;
     case Kind::List: {
       const ListObj* l = v.list();
-      if (l->flavor != ListFlavor::List && l->flavor != ListFlavor::Tuple)
+      if ((l->flavor != ListFlavor::List && l->flavor != ListFlavor::Tuple) || l->is_range)
         fail("Object of type %s is not JSON serializable", type_name(v));
       if (l->items.empty()) {
         out += "[]";

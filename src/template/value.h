@@ -157,6 +157,8 @@ struct ListObj : Object {
   std::vector<Value> items;
   ListFlavor flavor = ListFlavor::List;
   bool named_group = false;  ///< groupby() result tuple with .grouper / .list attributes
+  bool is_range = false;     ///< a range() object (immutable, prints as range(a, b[, s]))
+  int64_t range_start = 0, range_stop = 0, range_step = 1;
 };
 
 /// Insertion-ordered dict with Python key semantics (1 == 1.0 == True).
