@@ -64,5 +64,6 @@ void register_generate(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_info(CLI::App& app);
+void register_synth(CLI::App& app);
 
 }  // namespace spool::cli

@@ -83,7 +83,7 @@ void run(const GenerateOptions& o) {
     if (o.json) return true;
     if (dec) {
       // Stop ids end the text; they are not printed.
-      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), id) == req.stop_ids.end()) {
+      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), id) == req.stop_ids.end() && id < l.tok->vocab_size()) {
         std::string piece = dec->push(id);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
       }
@@ -109,6 +109,9 @@ void run(const GenerateOptions& o) {
       if (!text_ids.empty() && res.finish_reason == "stop" &&
           std::find(req.stop_ids.begin(), req.stop_ids.end(), text_ids.back()) != req.stop_ids.end())
         text_ids.pop_back();
+      // Ids the tokenizer does not know (a synthetic model's vocabulary can be larger) are
+      // skipped, as transformers' decode does.
+      std::erase_if(text_ids, [&](int32_t id) { return id >= l.tok->vocab_size(); });
       j["text"] = l.tok->decode(text_ids);
     }
     j["finish_reason"] = res.finish_reason;

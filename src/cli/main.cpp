@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   spool::cli::register_perplexity(app);
   spool::cli::register_tokenize(app);
   spool::cli::register_info(app);
+  spool::cli::register_synth(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -255,4 +255,57 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("%s: rename failed (%s)", path.c_str(), std::strerror(errno));
 }
 
+uint64_t SafetensorsWriter::Spec::nbytes() const {
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tmp_(path + ".tmp") {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) h["__metadata__"] = metadata;
+  for (const auto& t : specs) {
+    const uint64_t n = t.nbytes();
+    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {total_, total_ + n}}};
+    total_ += n;
+  }
+  std::string hs = h.dump();
+  while ((hs.size() + 8) % 8 != 0) hs.push_back(' ');
+  fp_ = std::fopen(tmp_.c_str(), "wb");
+  if (fp_ == nullptr) fail("%s: cannot create (%s)", tmp_.c_str(), std::strerror(errno));
+  uint8_t lenbuf[8];
+  const uint64_t hl = hs.size();
+  for (int i = 0; i < 8; ++i) lenbuf[i] = static_cast<uint8_t>(hl >> (8 * i));
+  if (std::fwrite(lenbuf, 1, 8, fp_) != 8 || std::fwrite(hs.data(), 1, hs.size(), fp_) != hs.size())
+    fail("%s: write failed (disk full?)", tmp_.c_str());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fp_ != nullptr) {
+    std::fclose(fp_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void SafetensorsWriter::append(const void* data, uint64_t n) {
+  if (fp_ == nullptr) fail("%s: append after finish", tmp_.c_str());
+  if (written_ + n > total_) fail("%s: more tensor bytes than declared", tmp_.c_str());
+  if (n > 0 && std::fwrite(data, 1, n, fp_) != n) fail("%s: write failed (disk full?)", tmp_.c_str());
+  written_ += n;
+}
+
+void SafetensorsWriter::finish() {
+  if (written_ != total_) fail("%s: %llu of %llu tensor bytes written", tmp_.c_str(), (unsigned long long)written_, (unsigned long long)total_);
+  const bool ok = std::fflush(fp_) == 0 && fsync(fileno(fp_)) == 0;
+  const bool closed = std::fclose(fp_) == 0;
+  fp_ = nullptr;
+  if (!ok || !closed) {
+    std::remove(tmp_.c_str());
+    fail("%s: write failed (disk full?)", tmp_.c_str());
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) fail("%s: rename failed (%s)", path_.c_str(), std::strerror(errno));
+}
+
 }  // namespace spool::io

@@ -93,4 +93,31 @@ struct TensorToWrite {
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+/// Writes a safetensors file tensor by tensor without holding them in memory: the header
+/// (all names, dtypes, shapes) is written first, then append() must be called with each
+/// tensor's bytes in the declared order. Writes to `path`.tmp; finish() renames it.
+class SafetensorsWriter {
+ public:
+  struct Spec {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t nbytes() const;
+  };
+  /// Throws spool::Error if the file cannot be created.
+  SafetensorsWriter(const std::string& path, std::vector<Spec> specs, const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();  // removes the .tmp file if finish() was not reached
+  /// Appends `n` bytes of the current tensor (may be called several times per tensor).
+  void append(const void* data, uint64_t n);
+  /// Checks every tensor was written in full, flushes, renames to `path`.
+  void finish();
+  /// Bytes of tensor data declared in total.
+  uint64_t data_bytes() const { return total_; }
+
+ private:
+  std::string path_, tmp_;
+  FILE* fp_ = nullptr;
+  uint64_t total_ = 0, written_ = 0;
+};
+
 }  // namespace spool::io

@@ -1,0 +1,288 @@
+#include "models/synth.h"
+
+#include <sys/statvfs.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "common/error.h"
+#include "common/sysinfo.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "models/spec.h"
+#include "ops/weights.h"
+
+namespace spool::models {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class Init { kNormal, kConst, kALog, kDtBias };
+
+struct TensorPlan {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init = Init::kNormal;
+  float value = 0.0f;  // std for kNormal, constant for kConst
+  int layer = -1;
+};
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+// Fills `n` elements of dtype `dt` at `out` from a shared N(0,1) pool, scaled by std.
+class Filler {
+ public:
+  explicit Filler(uint64_t seed) : rng_(seed), pool_(1 << 22) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : pool_) x = nd(rng_);
+  }
+  void fill(const TensorPlan& t, io::DType dt, int64_t n, uint8_t* out) {
+    const size_t es = io::dtype_size(dt);
+    if (t.init == Init::kNormal || t.init == Init::kDtBias) {
+      // Copy runs of a pre-scaled, pre-converted N(0, std) pool from random offsets: fast
+      // enough to write tens of GB, and not periodic across experts.
+      const float std = t.init == Init::kNormal ? t.value : 0.5f;
+      const std::vector<uint8_t>& pool = scaled_pool(std, dt);
+      const size_t pool_n = pool.size() / es;
+      constexpr int64_t kRun = 1 << 16;
+      std::uniform_int_distribution<size_t> start(0, pool_n - kRun - 1);
+      for (int64_t i = 0; i < n; i += kRun) {
+        const int64_t m = std::min(kRun, n - i);
+        std::memcpy(out + i * es, pool.data() + start(rng_) * es, static_cast<size_t>(m) * es);
+      }
+      return;
+    }
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = t.init == Init::kConst ? t.value : std::log(1.0f + 15.0f * u(rng_));  // kALog: log U(1, 16)
+      store(v, dt, out + i * es);
+    }
+  }
+
+ private:
+  static void store(float v, io::DType dt, uint8_t* out) {
+    if (dt == io::DType::F32) {
+      std::memcpy(out, &v, 4);
+    } else {
+      const uint16_t h = dt == io::DType::BF16 ? ops::f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(out, &h, 2);
+    }
+  }
+  const std::vector<uint8_t>& scaled_pool(float std, io::DType dt) {
+    auto key = std::make_pair(std, static_cast<int>(dt));
+    auto it = pools_.find(key);
+    if (it != pools_.end()) return it->second;
+    std::vector<uint8_t>& p = pools_[key];
+    const size_t es = io::dtype_size(dt);
+    p.resize(pool_.size() * es);
+    for (size_t i = 0; i < pool_.size(); ++i) store(pool_[i] * std, dt, p.data() + i * es);
+    return p;
+  }
+  static uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const int32_t e = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
+    if (e <= 0) return static_cast<uint16_t>(sign);
+    if (e >= 31) return static_cast<uint16_t>(sign | 0x7bffu);
+    uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | ((u & 0x7fffffu) >> 13);
+    if (u & 0x1000u) ++h;
+    return static_cast<uint16_t>(h);
+  }
+  std::mt19937_64 rng_;
+  std::vector<float> pool_;  // N(0, 1)
+  std::map<std::pair<float, int>, std::vector<uint8_t>> pools_;
+};
+
+std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& prefix, bool fused) {
+  std::vector<TensorPlan> v;
+  const int64_t H = s.hidden_size;
+  const float out_scale = 1.0f / std::sqrt(2.0f * s.n_layers);
+  auto lin = [](int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
+  const float norm_id = s.norm_one_plus ? 0.0f : 1.0f;  // stored value of an identity norm
+  v.push_back({prefix + "embed_tokens.weight", {s.vocab_size, H}, Init::kNormal, 1.0f});
+  for (int i = 0; i < s.n_layers; ++i) {
+    const std::string p = prefix + "layers." + std::to_string(i) + ".";
+    v.push_back({p + "input_layernorm.weight", {H}, Init::kConst, norm_id, i});
+    v.push_back({p + "post_attention_layernorm.weight", {H}, Init::kConst, norm_id, i});
+    if (s.mixers[i] == MixerKind::kAttention) {
+      const auto& a = s.attn;
+      const std::string q = p + "self_attn.";
+      v.push_back({q + "q_proj.weight", {a.n_heads * a.head_dim * (a.output_gate ? 2 : 1), H}, Init::kNormal, lin(H), i});
+      v.push_back({q + "k_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
+      v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
+      v.push_back({q + "o_proj.weight", {H, a.n_heads * a.head_dim}, Init::kNormal, lin(a.n_heads * a.head_dim) * out_scale, i});
+      if (a.qk_norm) {
+        v.push_back({q + "q_norm.weight", {a.head_dim}, Init::kConst, norm_id, i});
+        v.push_back({q + "k_norm.weight", {a.head_dim}, Init::kConst, norm_id, i});
+      }
+    } else {
+      const auto& g = s.gdn;
+      const std::string q = p + "linear_attn.";
+      if (s.family == "qwen3_next") {
+        v.push_back({q + "in_proj_qkvz.weight", {2 * g.key_dim() + 2 * g.value_dim(), H}, Init::kNormal, lin(H), i});
+        v.push_back({q + "in_proj_ba.weight", {2 * g.n_v, H}, Init::kNormal, lin(H), i});
+      } else {
+        v.push_back({q + "in_proj_qkv.weight", {g.conv_dim(), H}, Init::kNormal, lin(H), i});
+        v.push_back({q + "in_proj_z.weight", {g.value_dim(), H}, Init::kNormal, lin(H), i});
+        v.push_back({q + "in_proj_b.weight", {g.n_v, H}, Init::kNormal, lin(H), i});
+        v.push_back({q + "in_proj_a.weight", {g.n_v, H}, Init::kNormal, lin(H), i});
+      }
+      v.push_back({q + "conv1d.weight", {g.conv_dim(), 1, g.conv_kernel}, Init::kNormal, 0.5f, i});
+      v.push_back({q + "A_log", {g.n_v}, Init::kALog, 0.0f, i});
+      v.push_back({q + "dt_bias", {g.n_v}, Init::kDtBias, 0.0f, i});
+      v.push_back({q + "norm.weight", {g.d_v}, Init::kConst, 1.0f, i});
+      v.push_back({q + "out_proj.weight", {H, g.value_dim()}, Init::kNormal, lin(g.value_dim()) * out_scale, i});
+    }
+    const std::string m = p + "mlp.";
+    if (s.ffns[i] == FfnKind::kDense) {
+      const int64_t I = s.dense_intermediate;
+      v.push_back({m + "gate_proj.weight", {I, H}, Init::kNormal, lin(H), i});
+      v.push_back({m + "up_proj.weight", {I, H}, Init::kNormal, lin(H), i});
+      v.push_back({m + "down_proj.weight", {H, I}, Init::kNormal, lin(I) * out_scale, i});
+      continue;
+    }
+    const auto& mo = s.moe;
+    const int64_t E = mo.n_experts, I = mo.intermediate;
+    v.push_back({m + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
+    if (fused) {
+      v.push_back({m + "experts.gate_up_proj", {E, 2 * I, H}, Init::kNormal, lin(H), i});
+      v.push_back({m + "experts.down_proj", {E, H, I}, Init::kNormal, lin(I) * out_scale, i});
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        v.push_back({x + "gate_proj.weight", {I, H}, Init::kNormal, lin(H), i});
+        v.push_back({x + "up_proj.weight", {I, H}, Init::kNormal, lin(H), i});
+        v.push_back({x + "down_proj.weight", {H, I}, Init::kNormal, lin(I) * out_scale, i});
+      }
+    }
+    if (mo.shared_intermediate > 0) {
+      const int64_t S = mo.shared_intermediate;
+      v.push_back({m + "shared_expert.gate_proj.weight", {S, H}, Init::kNormal, lin(H), i});
+      v.push_back({m + "shared_expert.up_proj.weight", {S, H}, Init::kNormal, lin(H), i});
+      v.push_back({m + "shared_expert.down_proj.weight", {H, S}, Init::kNormal, lin(S) * out_scale, i});
+      if (mo.shared_expert_gate) v.push_back({m + "shared_expert_gate.weight", {1, H}, Init::kNormal, lin(H), i});
+    }
+  }
+  v.push_back({prefix + "norm.weight", {H}, Init::kConst, norm_id});
+  v.push_back({"lm_head.weight", {s.vocab_size, H}, Init::kNormal, lin(H)});
+  return v;
+}
+
+}  // namespace
+
+SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
+  const Preset& pr = preset(opt.preset);
+  io::DType dt;
+  if (opt.dtype == "bf16") dt = io::DType::BF16;
+  else if (opt.dtype == "f16") dt = io::DType::F16;
+  else if (opt.dtype == "f32") dt = io::DType::F32;
+  else throw UsageError(strfmt("--dtype must be bf16, f16 or f32 (got '%s')", opt.dtype.c_str()));
+  bool fused = pr.fused_experts;
+  if (opt.layout == "fused") fused = true;
+  else if (opt.layout == "per-expert") fused = false;
+  else if (!opt.layout.empty()) throw UsageError(strfmt("--layout must be fused or per-expert (got '%s')", opt.layout.c_str()));
+
+  // Config with the requested depth.
+  nlohmann::ordered_json cfg = pr.config;
+  nlohmann::ordered_json& text = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  const int full_layers = text["num_hidden_layers"].get<int>();
+  const int layers = opt.layers > 0 ? opt.layers : full_layers;
+  if (layers > full_layers) throw UsageError(strfmt("--layers %d exceeds the preset's %d layers", layers, full_layers));
+  text["num_hidden_layers"] = layers;
+  if (text.contains("layer_types")) {
+    nlohmann::ordered_json lt = nlohmann::ordered_json::array();
+    for (int i = 0; i < layers; ++i) lt.push_back(text["layer_types"][i]);
+    text["layer_types"] = lt;
+  }
+  text["dtype"] = opt.dtype == "bf16" ? "bfloat16" : opt.dtype == "f16" ? "float16" : "float32";
+  io::Config raw(nlohmann::json::parse(cfg.dump()), "preset " + pr.name);
+  ModelSpec spec = build_spec(io::text_config_of(raw, "preset"), {}, false, "preset " + pr.name);
+
+  std::vector<TensorPlan> plan = plan_tensors(spec, pr.prefix, fused);
+  uint64_t total = 0;
+  for (const auto& t : plan) total += static_cast<uint64_t>(numel(t.shape)) * io::dtype_size(dt);
+
+  if (opt.out_dir.empty()) throw UsageError("--out is required");
+  fs::create_directories(opt.out_dir);
+  if (!opt.force && !fs::is_empty(opt.out_dir))
+    fail("%s is not empty; choose an empty directory (or pass --force to overwrite spool's files there)", opt.out_dir.c_str());
+  struct statvfs vfs;
+  if (statvfs(opt.out_dir.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (total + (64ull << 20) > free_bytes)
+      fail("%s: the checkpoint needs %s but only %s is free; use --layers to write fewer layers", opt.out_dir.c_str(),
+           format_bytes(total).c_str(), format_bytes(free_bytes).c_str());
+  }
+
+  // Shards: whole layers per shard, new shard past shard_bytes.
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t cur = 0;
+  int cur_layer = -2;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const uint64_t n = static_cast<uint64_t>(numel(plan[i].shape)) * io::dtype_size(dt);
+    if (plan[i].layer != cur_layer && cur > 0 && cur + n > opt.shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    cur_layer = plan[i].layer;
+    shards.back().push_back(i);
+    cur += n;
+  }
+  Filler filler(opt.seed);
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t done = 0;
+  std::vector<uint8_t> buf;
+  const int ns = static_cast<int>(shards.size());
+  for (int s = 0; s < ns; ++s) {
+    const std::string fname = ns == 1 ? "model.safetensors" : strfmt("model-%05d-of-%05d.safetensors", s + 1, ns);
+    std::vector<io::SafetensorsWriter::Spec> specs;
+    for (size_t i : shards[s]) {
+      specs.push_back({plan[i].name, dt, plan[i].shape});
+      weight_map[plan[i].name] = fname;
+    }
+    io::SafetensorsWriter w(opt.out_dir + "/" + fname, specs, {{"format", "pt"}, {"spool", "synthetic"}});
+    for (size_t i : shards[s]) {
+      const int64_t n = numel(plan[i].shape);
+      const int64_t chunk = (32 << 20) / static_cast<int64_t>(io::dtype_size(dt));
+      for (int64_t off = 0; off < n; off += chunk) {
+        const int64_t m = std::min(chunk, n - off);
+        buf.resize(static_cast<size_t>(m) * io::dtype_size(dt));
+        filler.fill(plan[i], dt, m, buf.data());
+        w.append(buf.data(), buf.size());
+        done += buf.size();
+        if (progress) progress(done, total);
+      }
+    }
+    w.finish();
+  }
+  auto write_json = [&](const std::string& name, const nlohmann::ordered_json& j) {
+    std::ofstream f(opt.out_dir + "/" + name);
+    f << j.dump(2) << "\n";
+    if (!f) fail("%s/%s: write failed", opt.out_dir.c_str(), name.c_str());
+  };
+  if (ns > 1) write_json("model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  write_json("config.json", cfg);
+  write_json("generation_config.json", {{"eos_token_id", text["eos_token_id"]}, {"do_sample", true}, {"temperature", 1.0},
+                                        {"top_p", 0.95}, {"top_k", 20}});
+  if (!opt.tokenizer_dir.empty())
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+      if (fs::exists(opt.tokenizer_dir + "/" + f))
+        fs::copy_file(opt.tokenizer_dir + "/" + f, opt.out_dir + "/" + f, fs::copy_options::overwrite_existing);
+  SynthResult r;
+  r.bytes = total;
+  r.shards = ns;
+  r.tensors = static_cast<int64_t>(plan.size());
+  r.model_type = spec.model_type;
+  return r;
+}
+
+}  // namespace spool::models
