@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "template/chat_template.h"
@@ -626,6 +628,37 @@ TEST(JinjaLimits, DeepJsonInputIsRejected) {
   deep += std::string(2000, ']');
   ordered_json ctx = {{"x", ordered_json::parse(deep)}};
   EXPECT_THROW(Template::parse("{{ x }}", "t").render(ctx), Error);
+}
+
+TEST(JinjaApi, ConcurrentRendersOfOneTemplate) {
+  Template t = Template::parse(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + m.content|length %}"
+      "{{ m.role }}:{{ m.content|upper }};{% endfor %}{{ ns.n }}",
+      "mt");
+  ordered_json ctx = {{"messages", ordered_json::array()}};
+  for (int i = 0; i < 50; ++i) ctx["messages"].push_back({{"role", "user"}, {"content", "msg" + std::to_string(i)}});
+  const std::string want = t.render(ctx);
+  std::vector<std::thread> threads;
+  std::vector<int> ok(8, 0);
+  for (int k = 0; k < 8; ++k)
+    threads.emplace_back([&, k] {
+      for (int r = 0; r < 50; ++r) ok[k] += t.render(ctx) == want;
+    });
+  for (auto& th : threads) th.join();
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(ok[k], 50);
+}
+
+TEST(JinjaApi, AcceptsUnorderedJsonContext) {
+  nlohmann::json ctx = {{"b", 1}, {"a", 2}};
+  EXPECT_EQ(Template::parse("{{ a }}{{ b }}", "j").render(ctx), "21");
+  ChatOptions opt;
+  opt.tools = nlohmann::json::array();
+  opt.extra_kwargs = nlohmann::json{{"enable_thinking", true}};
+  nlohmann::json msgs = nlohmann::json::array({{{"role", "user"}, {"content", "hi"}}});
+  nlohmann::json cfg = {{"eos_token", "</s>"}};
+  EXPECT_EQ(apply_chat_template(Template::parse("{{ messages[0].content }}{{ eos_token }}{{ tools|length }}", "j"), msgs,
+                                opt, special_tokens_from_config(cfg)),
+            "hi</s>0");
 }
 
 TEST(JinjaApi, TemplateIsReusableAndKeepsKeyOrder) {
