@@ -65,5 +65,7 @@ void register_perplexity(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_info(CLI::App& app);
 void register_synth(CLI::App& app);
+void register_calibrate(CLI::App& app);
+void register_repack(CLI::App& app);
 
 }  // namespace spool::cli

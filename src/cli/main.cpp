@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   spool::cli::register_tokenize(app);
   spool::cli::register_info(app);
   spool::cli::register_synth(app);
+  spool::cli::register_calibrate(app);
+  spool::cli::register_repack(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -106,14 +106,15 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     provider.release(layer);
   }
 
-  // out[t] = sum over experts in ascending id of w * y (deterministic order).
+  // out[t] = sum over the token's experts in routing-rank order (best first) of w * y.
+  // (HF adds in ascending expert id; rank order differs only by float rounding and makes
+  // the result independent of how experts are numbered, so a repacked checkpoint whose
+  // experts and router rows are permuted together gives bit-identical output.)
+  std::vector<int64_t> row_of(T * K);
+  for (int64_t j = 0; j < T * K; ++j) row_of[rows[j]] = j;
   std::fill(out, out + T * H, 0.0f);
-  for (int e : active) {
-    for (int64_t j = first[e]; j < first[e + 1]; ++j) {
-      const int64_t ts = rows[j];
-      ops::axpy(weights_[ts], ybuf_.data() + j * H, H, out + (ts / K) * H);
-    }
-  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int s = 0; s < K; ++s) ops::axpy(weights_[t * K + s], ybuf_.data() + row_of[t * K + s] * H, H, out + t * H);
   if (shared_.bound()) {
     shared_out_.resize(T * H);
     shared_.forward(x, T, shared_out_.data(), pool);

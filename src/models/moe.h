@@ -2,7 +2,7 @@
 // from an ExpertProvider, optional shared expert with a sigmoid gate.
 // HF Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock / Qwen3MoeSparseMoeBlock:
 // p = softmax(x W_r^T) (f32); top-k of p; w /= sum(w) when norm_topk_prob;
-// y = sum_k w_k * down_k(silu(gate_k x) * up_k x), accumulated in ascending expert order;
+// y = sum_k w_k * down_k(silu(gate_k x) * up_k x), accumulated in routing-rank order;
 // y += sigmoid(x . w_sg) * shared(x).
 #pragma once
 
