@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -39,12 +40,78 @@ uint64_t peak_rss_bytes() { return read_kb_field("/proc/self/status", "VmHWM"); 
 
 uint64_t current_rss_bytes() { return read_kb_field("/proc/self/status", "VmRSS"); }
 
+namespace {
+
+// Memory-controller directories of this process's cgroup and its ancestors (innermost
+// first), for cgroup v2 ("0::/path") and v1 ("N:...memory...:/path").
+struct CgroupDirs {
+  std::vector<std::string> v2, v1;
+};
+
+CgroupDirs cgroup_dirs() {
+  CgroupDirs d;
+  std::ifstream f("/proc/self/cgroup");
+  std::string line;
+  auto ancestors = [](const std::string& root, std::string path, std::vector<std::string>* out) {
+    for (;;) {
+      out->push_back(root + (path == "/" ? "" : path));
+      if (path == "/" || path.empty()) break;
+      size_t p = path.find_last_of('/');
+      path = p == 0 ? "/" : path.substr(0, p);
+    }
+  };
+  while (std::getline(f, line)) {
+    size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && ctrl.empty()) {
+      ancestors("/sys/fs/cgroup", path, &d.v2);
+      ancestors("/sys/fs/cgroup/unified", path, &d.v2);
+    } else if ((',' + ctrl + ',').find(",memory,") != std::string::npos) {
+      ancestors("/sys/fs/cgroup/memory", path, &d.v1);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
 uint64_t cgroup_memory_limit_bytes() {
-  uint64_t v = read_u64_file("/sys/fs/cgroup/memory.max");
-  if (v == 0) v = read_u64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-  // cgroup v1 reports "no limit" as a huge number.
-  if (v > (1ull << 60)) v = 0;
-  return v;
+  // The tightest limit on the path from this cgroup to the root.
+  uint64_t best = 0;
+  CgroupDirs d = cgroup_dirs();
+  for (const auto& dir : d.v2) {
+    uint64_t v = read_u64_file((dir + "/memory.max").c_str());
+    if (v != 0 && (best == 0 || v < best)) best = v;
+  }
+  for (const auto& dir : d.v1) {
+    uint64_t v = read_u64_file((dir + "/memory.limit_in_bytes").c_str());
+    if (v > (1ull << 60)) v = 0;  // v1 reports "no limit" as a huge number
+    if (v != 0 && (best == 0 || v < best)) best = v;
+  }
+  return best;
+}
+
+// Usage of the cgroup whose limit is the tightest (0 if none).
+static uint64_t cgroup_memory_usage_bytes() {
+  uint64_t best_limit = 0, usage = 0;
+  CgroupDirs d = cgroup_dirs();
+  for (const auto& dir : d.v2) {
+    uint64_t v = read_u64_file((dir + "/memory.max").c_str());
+    if (v != 0 && (best_limit == 0 || v < best_limit)) {
+      best_limit = v;
+      usage = read_u64_file((dir + "/memory.current").c_str());
+    }
+  }
+  for (const auto& dir : d.v1) {
+    uint64_t v = read_u64_file((dir + "/memory.limit_in_bytes").c_str());
+    if (v > (1ull << 60)) v = 0;
+    if (v != 0 && (best_limit == 0 || v < best_limit)) {
+      best_limit = v;
+      usage = read_u64_file((dir + "/memory.usage_in_bytes").c_str());
+    }
+  }
+  return usage;
 }
 
 uint64_t total_memory_bytes() {
@@ -58,8 +125,7 @@ uint64_t available_memory_bytes() {
   uint64_t avail = read_kb_field("/proc/meminfo", "MemAvailable");
   uint64_t lim = cgroup_memory_limit_bytes();
   if (lim != 0) {
-    uint64_t used = read_u64_file("/sys/fs/cgroup/memory.current");
-    if (used == 0) used = read_u64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    const uint64_t used = cgroup_memory_usage_bytes();
     uint64_t left = lim > used ? lim - used : 0;
     if (avail == 0 || left < avail) avail = left;
   }
