@@ -243,7 +243,10 @@ class Parser {
     if (cur().type == Tok::Eof) {
       std::string want;
       for (size_t k = 0; k < ends.size(); ++k) want += (k ? " or '" : "'") + std::string(ends[k]) + "'";
-      fail_at(cur(), "unexpected end of template, expected " + want + open_blocks_hint());
+      std::string unclosed;
+      if (!tag_stack_.empty())
+        unclosed = "unclosed '" + tag_stack_.back().first + "' block opened at " + p_.src.where(tag_stack_.back().second) + ": ";
+      fail_at(cur(), unclosed + "unexpected end of template, expected " + want);
     }
     if (drop_needle) next();
     return body;
@@ -256,7 +259,8 @@ class Parser {
     for (const char* u : unsupported)
       if (t.text == u) fail_at(t, "unsupported Jinja tag '" + t.text + "'");
     DepthGuard g(*this, t.offset);
-    tag_stack_.emplace_back(t.text, t.offset);
+    uint32_t tag_open = (i_ > 0 && toks_[i_ - 1].type == Tok::BlockBegin) ? toks_[i_ - 1].offset : t.offset;
+    tag_stack_.emplace_back(t.text, tag_open);
     Stmt* s = nullptr;
     const std::string& k = t.text;
     if (k == "for") {
@@ -289,7 +293,7 @@ class Parser {
       s = sc;
     } else {
       tag_stack_.pop_back();
-      std::string msg = "unknown Jinja tag '" + k + "'";
+      std::string msg = "Encountered unknown tag '" + k + "'";
       if (!end_stack_.empty()) {
         std::string want;
         const auto& ends = end_stack_.back();

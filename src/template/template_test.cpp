@@ -516,6 +516,7 @@ TEST(Jinja, Globals) {
 TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
   EXPECT_TRUE(Contains(E("{% if x %}never closed"), "unexpected end of template"));
   EXPECT_TRUE(Contains(E("{% if x %}never closed"), "'endif'"));
+  EXPECT_TRUE(Contains(E("a\n  {% if x %}never closed"), "unclosed 'if' block opened at line 2, column 3"));
   EXPECT_TRUE(Contains(E("{% for x in y %}\n{{ x }}"), "'endfor'"));
   EXPECT_TRUE(Contains(E("{{ x"), "unexpected end of template"));
   EXPECT_TRUE(Contains(E("a\n{# comment"), "Missing end of comment tag at line 2"));
@@ -525,8 +526,8 @@ TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
   EXPECT_TRUE(Contains(E("{{ x..y }}"), "expected name or number"));
   EXPECT_TRUE(Contains(E("{{ 'unterminated }}"), "unexpected char"));
   EXPECT_TRUE(Contains(E("{{ a $ b }}"), "unexpected char '$'"));
-  EXPECT_TRUE(Contains(E("{% endif %}"), "unknown Jinja tag 'endif'"));
-  EXPECT_TRUE(Contains(E("{% if true %}{% endfor %}{% endif %}"), "unknown Jinja tag 'endfor'"));
+  EXPECT_TRUE(Contains(E("{% endif %}"), "unknown tag 'endif'"));
+  EXPECT_TRUE(Contains(E("{% if true %}{% endfor %}{% endif %}"), "unknown tag 'endfor'"));
   EXPECT_TRUE(Contains(E("{% break %}"), "outside of a for loop"));
   EXPECT_TRUE(Contains(E("{% macro m(a=1, b) %}{% endmacro %}"), "non-default argument follows default"));
   EXPECT_TRUE(Contains(E("{{ 'x' is nope }}"), "no test named 'nope'"));
@@ -536,8 +537,8 @@ TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
 }
 
 TEST(JinjaErrors, UnknownTagAndUnsupportedFeatures) {
-  EXPECT_TRUE(Contains(E("{% foo %}"), "unknown Jinja tag 'foo' at line 1"));
-  EXPECT_TRUE(Contains(E("{% do x %}"), "unknown Jinja tag 'do'"));
+  EXPECT_TRUE(Contains(E("{% foo %}"), "unknown tag 'foo' at line 1"));
+  EXPECT_TRUE(Contains(E("{% do x %}"), "unknown tag 'do'"));
   for (const char* tag : {"include", "extends", "import", "from", "block", "autoescape"}) {
     std::string src = std::string("text\n  {% ") + tag + " 'x' %}";
     EXPECT_TRUE(Contains(E(src), std::string("unsupported Jinja tag '") + tag + "' at line 2")) << tag;
