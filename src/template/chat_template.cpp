@@ -66,6 +66,7 @@ std::string apply_chat_template(const Template& t, const nlohmann::ordered_json&
     throw Error("chat template extra_kwargs must be a JSON object");
   }
   if (!messages.is_array()) throw Error("chat messages must be a JSON array");
+  if (messages.empty()) throw Error("Cannot apply chat template to an empty conversation");
   if (!opt.tools.is_null() && !opt.tools.is_array()) throw Error("chat template tools must be a JSON array or null");
   ctx["messages"] = messages;
   ctx["tools"] = opt.tools;

@@ -81,7 +81,8 @@ struct ChatOptions {
 /// Renders a chat template like transformers' apply_chat_template(tokenize=False). The context
 /// is, in increasing priority: special tokens, extra_kwargs, then messages, tools,
 /// documents (always null) and add_generation_prompt. Like transformers, `tools` is passed even
-/// when null (so `tools is none` holds and `tools is defined` is true).
+/// when null (so `tools is none` holds and `tools is defined` is true), and an empty
+/// conversation is an error.
 std::string apply_chat_template(const Template& t, const nlohmann::ordered_json& messages, const ChatOptions& opt,
                                 const nlohmann::ordered_json& special_tokens);
 

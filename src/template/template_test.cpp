@@ -113,8 +113,9 @@ TEST(ChatTemplate, ContextLikeTransformers) {
             "True True True <B> True 1 False");
   opt.tools = ordered_json::array({{{"name", "f"}}});
   opt.add_generation_prompt = false;
-  EXPECT_EQ(apply_chat_template(t, ordered_json::array(), opt, ordered_json::object()),
-            "True False True <B> False 0 False");
+  ordered_json two = ordered_json::array({{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}});
+  EXPECT_EQ(apply_chat_template(t, two, opt, ordered_json::object()), "True False True <B> False 2 False");
+  EXPECT_THROW(apply_chat_template(t, ordered_json::array(), opt, ordered_json::object()), Error);
 }
 
 // ---------------------------------------------------------------- Jinja features
