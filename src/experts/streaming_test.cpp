@@ -59,13 +59,19 @@ std::vector<float> run(models::Model& m, const std::vector<int32_t>& prompt, int
   return out;
 }
 
+// One reader setting. The cache budget is a fraction of all expert bytes (0 = no room:
+// every expert is read when used and evicted after its layer).
 struct Config {
-  const char* name;
-  io::IoEngine engine;
-  bool direct;
-  double budget_experts;  // cache budget in experts (fractional: smaller than one token's set)
-  int prefetch;
+  double budget_frac;
   int workers;
+  bool direct;
+  io::IoEngine engine;
+  int prefetch;
+  std::string name() const {
+    return "budget" + std::to_string(static_cast<int>(budget_frac * 100)) + "_w" + std::to_string(workers) +
+           (direct ? "_direct" : "_pagecache") + (engine == io::IoEngine::kUring ? "_uring" : "_pread") +
+           (prefetch ? "_prefetch" + std::to_string(prefetch) : "");
+  }
 };
 
 class BitIdentical : public ::testing::TestWithParam<std::tuple<std::string, Config>> {};
@@ -81,37 +87,61 @@ TEST_P(BitIdentical, StreamingEqualsResident) {
   o.direct = cfg.direct;
   o.prefetch_ahead = cfg.prefetch;
   o.workers = cfg.workers;
-  auto probe = make_streaming(s, o);  // to learn the slot size
-  o.cache_budget_bytes = static_cast<uint64_t>(cfg.budget_experts * probe->store().slot_bytes());
-  probe.reset();
+  o.cache_budget_bytes = static_cast<uint64_t>(cfg.budget_frac * static_cast<double>(s.ckpt->expert_bytes()));
   auto streaming = make_streaming(s, o);
   s.model->set_expert_provider(streaming);
   const std::vector<float> got = run(*s.model, prompt, 16, 12);
   ASSERT_EQ(got.size(), want.size());
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << cfg.name << ": logits differ";
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << cfg.name() << ": logits differ";
   StreamingStats st = streaming->stats();
   EXPECT_GT(st.misses, 0u);
   EXPECT_GT(st.bytes_read, 0u);
   EXPECT_EQ(st.requests, st.hits + st.misses);
+  if (cfg.budget_frac >= 1.0) EXPECT_LE(st.misses, static_cast<uint64_t>(s.ckpt->expert_bytes() / streaming->store().slot_bytes() + 1));
 }
 
-const Config kConfigs[] = {
-    {"pread_pagecache_tiny", io::IoEngine::kPread, false, 3.5, 0, 8},
-    {"pread_direct_small", io::IoEngine::kPread, true, 20, 0, 8},
-    {"uring_direct_small", io::IoEngine::kUring, true, 20, 0, 4},
-    {"uring_pagecache_large", io::IoEngine::kUring, false, 1e6, 0, 2},
-    {"pread_prefetch", io::IoEngine::kPread, false, 200, 2, 8},
-    {"uring_direct_prefetch_tight", io::IoEngine::kUring, true, 12, 3, 8},
-    {"single_worker", io::IoEngine::kPread, true, 9, 1, 1},
-};
+std::vector<Config> all_configs() {
+  std::vector<Config> v;
+  for (double b : {0.0, 0.1, 0.5, 1.0})
+    for (int w : {1, 8})
+      for (bool direct : {false, true})
+        for (auto eng : {io::IoEngine::kPread, io::IoEngine::kUring})
+          for (int pf : {0, 2}) v.push_back({b, w, direct, eng, pf});
+  return v;
+}
 
-INSTANTIATE_TEST_SUITE_P(Readers, BitIdentical,
-                         ::testing::Combine(::testing::Values("demo", "qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe"),
-                                            ::testing::ValuesIn(kConfigs)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) == "demo" ? std::string("demo_") + std::get<1>(info.param).name
-                                                                   : std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-                         });
+std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, Config>>& info) {
+  return std::get<0>(info.param) + "_" + std::get<1>(info.param).name();
+}
+
+// Every combination on the demo model; a cross-section on the tiny fixtures of each family.
+INSTANTIATE_TEST_SUITE_P(Demo, BitIdentical, ::testing::Combine(::testing::Values("demo"), ::testing::ValuesIn(all_configs())),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Fixtures, BitIdentical,
+                         ::testing::Combine(::testing::Values("qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe"),
+                                            ::testing::Values(Config{0.0, 1, true, io::IoEngine::kPread, 0},
+                                                              Config{0.1, 8, false, io::IoEngine::kUring, 2},
+                                                              Config{0.5, 8, true, io::IoEngine::kUring, 0},
+                                                              Config{1.0, 1, false, io::IoEngine::kPread, 1})),
+                         param_name);
+
+TEST(KReduction, RenormalisesOnlyWhenTheModelDoes) {
+  float logits[6] = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f, -1.0f};
+  int ids[2];
+  float w[2];
+  float l2[6];
+  std::memcpy(l2, logits, sizeof(l2));
+  models::route_top_k(logits, 6, 2, /*renormalize=*/true, ids, w);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 4);
+  EXPECT_NEAR(w[0] + w[1], 1.0f, 1e-6f);
+  EXPECT_NEAR(w[0] / w[1], std::exp(0.5f), 1e-5f);
+  models::route_top_k(l2, 6, 2, /*renormalize=*/false, ids, w);
+  double z = 0;
+  for (float x : {1.0f, 3.0f, 2.0f, 0.5f, 2.5f, -1.0f}) z += std::exp(x);
+  EXPECT_NEAR(w[0], std::exp(3.0) / z, 1e-6);  // raw softmax probability
+  EXPECT_NEAR(w[1], std::exp(2.5) / z, 1e-6);
+}
 
 TEST(Streaming, CoalescesAdjacentExperts) {
   Bench s = load(SPOOL_DEFAULT_MODEL_DIR);

@@ -95,6 +95,7 @@ class Parser {
     p_.body = subparse({});
     if (cur().type != Tok::Eof) fail_at(cur(), "unexpected token");
     check_body(p_.body, false);
+    fold_body(p_.body);
   }
 
  private:
@@ -857,7 +858,6 @@ class Parser {
     g->obj = node;
     if (args.size() == 1) {
       g->index = args[0];
-      g->folded = args[0]->kind == EK::Slice && is_const(node) && is_const(args[0]);
     } else {
       auto* tup = make<Seq>(t.offset, EK::Tuple);
       tup->items = std::move(args);
@@ -1015,6 +1015,79 @@ class Parser {
     bool all = true;
     for_children(e, [&](const Expr* c) { all = all && is_const(c); });
     return all;
+  }
+
+  // ---- constant folding of slices ----
+  // jinja2 folds constant expressions at compile time. A failing slice of a constant (say
+  // `(2.5)[1:]`) evaluates to Undefined while folding instead of raising; the fold sticks when
+  // the whole {{ }} expression is constant or when a constant ancestor (a test, comparison,
+  // `not`, `~` or filter) turns the result into a plain value. Elsewhere the slice raises.
+  void fold_expr(Expr* e, bool ok) {
+    if (!e) return;
+    bool c = is_const(e);
+    if (e->kind == EK::Getitem && static_cast<Getitem*>(e)->index->kind == EK::Slice && c && ok)
+      static_cast<Getitem*>(e)->folded = true;
+    bool safe_result = e->kind == EK::Test || e->kind == EK::Not || e->kind == EK::Compare ||
+                       e->kind == EK::Concat || e->kind == EK::Filter;
+    bool child_ok = c && (ok || safe_result);
+    for_children(e, [&](const Expr* ch) { fold_expr(const_cast<Expr*>(ch), child_ok); });
+  }
+
+  void fold_body(const Body& body) {
+    auto args = [&](const Args& a) {
+      for (Expr* x : a.pos) fold_expr(x, false);
+      for (const auto& kv : a.kw) fold_expr(kv.second, false);
+    };
+    for (const Stmt* st : body) {
+      switch (st->kind) {
+        case SK::Output:
+          for (const auto& it : static_cast<const Output*>(st)->items)
+            if (it.expr) fold_expr(it.expr, is_const(it.expr));
+          break;
+        case SK::If:
+          for (const auto& br : static_cast<const If*>(st)->branches) {
+            fold_expr(br.first, false);
+            fold_body(br.second);
+          }
+          fold_body(static_cast<const If*>(st)->otherwise);
+          break;
+        case SK::For: {
+          auto* f = static_cast<const For*>(st);
+          fold_expr(f->iter, false);
+          fold_expr(f->filter, false);
+          fold_body(f->body);
+          fold_body(f->otherwise);
+          break;
+        }
+        case SK::Set: fold_expr(static_cast<const Set*>(st)->value, false); break;
+        case SK::SetBlock:
+          fold_expr(static_cast<const SetBlock*>(st)->filter, false);
+          fold_body(static_cast<const SetBlock*>(st)->body);
+          break;
+        case SK::Macro:
+          for (Expr* d : static_cast<const Macro*>(st)->def.defaults) fold_expr(d, false);
+          fold_body(static_cast<const Macro*>(st)->def.body);
+          break;
+        case SK::CallBlock: {
+          auto* cb = static_cast<const CallBlock*>(st);
+          fold_expr(cb->call->callee, false);
+          args(cb->call->args);
+          for (Expr* d : cb->def.defaults) fold_expr(d, false);
+          fold_body(cb->def.body);
+          break;
+        }
+        case SK::FilterBlock:
+          fold_expr(static_cast<const FilterBlock*>(st)->filter, false);
+          fold_body(static_cast<const FilterBlock*>(st)->body);
+          break;
+        case SK::With:
+          for (const auto& a : static_cast<const With*>(st)->assigns) fold_expr(a.second, false);
+          fold_body(static_cast<const With*>(st)->body);
+          break;
+        case SK::Scope: fold_body(static_cast<const Scope*>(st)->body); break;
+        default: break;
+      }
+    }
   }
 
   // ---- unknown filters / tests ----

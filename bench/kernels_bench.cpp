@@ -1,0 +1,90 @@
+// Micro-benchmarks (Google Benchmark): weight-streaming GEMV/GEMM throughput of the matmul
+// kernels in GB/s of weights, next to a plain memory-read baseline on the same buffer sizes
+// (the machine's physical limit for decode).
+//   build/bench/kernels_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ops/matmul.h"
+#include "ops/thread_pool.h"
+
+namespace {
+
+using spool::ops::WType;
+
+std::vector<uint16_t> random_bf16(size_t n) {
+  std::mt19937 g(1);
+  std::normal_distribution<float> d(0, 0.02f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = spool::ops::f32_to_bf16(d(g));
+  return v;
+}
+
+// Read bandwidth: sum of a buffer with wide loads (the bound a GEMV can approach).
+void BM_MemoryRead(benchmark::State& st) {
+  const size_t bytes = static_cast<size_t>(st.range(0)) << 20;
+  const int threads = static_cast<int>(st.range(1));
+  std::vector<uint64_t> buf(bytes / 8, 1);
+  spool::ops::ThreadPool pool(threads);
+  std::vector<uint64_t> sums(threads);
+  for (auto _ : st) {
+    pool.parallel_for(static_cast<int64_t>(buf.size()), 4096, [&](int64_t b, int64_t e, int t) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t i = b; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      sums[t] += s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MemoryRead)->Args({1024, 1})->Args({1024, 2})->Args({4, 1})->UseRealTime();
+
+// Decode GEMV: y = W x for a bf16 W [rows, cols].
+void BM_GemvBF16(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1);
+  const int threads = static_cast<int>(st.range(2));
+  std::vector<uint16_t> w = random_bf16(static_cast<size_t>(rows * cols));
+  std::vector<float> x(cols, 0.5f), y(rows);
+  spool::ops::WeightView v{WType::kBF16, rows, cols, w.data()};
+  spool::ops::ThreadPool pool(threads);
+  for (auto _ : st) {
+    spool::ops::matmul(v, x.data(), 1, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(v.nbytes()) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemvBF16)
+    ->Args({8192, 2048, 1})
+    ->Args({8192, 2048, 2})
+    ->Args({248320, 2048, 2})  // Qwen3.6 lm_head (1 GB): DRAM-bound
+    ->Args({8256, 256, 1})     // demo lm_head
+    ->Args({8256, 256, 2})
+    ->Args({512, 256, 2})
+    ->UseRealTime();
+
+// Prefill GEMM: Y = X W^T for T tokens.
+void BM_GemmBF16(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1), T = st.range(2);
+  std::vector<uint16_t> w = random_bf16(static_cast<size_t>(rows * cols));
+  std::vector<float> x(T * cols, 0.5f), y(T * rows);
+  spool::ops::WeightView v{WType::kBF16, rows, cols, w.data()};
+  spool::ops::ThreadPool pool(2);
+  for (auto _ : st) {
+    spool::ops::matmul(v, x.data(), T, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemmBF16)->Args({2048, 2048, 64})->Args({2048, 2048, 512})->Args({512, 256, 512})->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
