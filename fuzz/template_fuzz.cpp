@@ -1,10 +1,11 @@
 // libFuzzer target for the chat-template engine: parses arbitrary bytes as a template and
 // renders it against a small fixed chat context under tight limits. Any spool::Error is an
 // accepted outcome; crashes, sanitizer reports, other exception types, hangs and unbounded
-// memory are bugs. Build by hand, e.g.:
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I src \
-//     fuzz/template_fuzz.cpp src/template/*.cpp $(ls src/template/*.cpp | grep -v _test) -lutf8proc
-// (without template_test.cpp) and run: ./template_fuzz -max_len=4096 corpus/
+// memory are bugs. Build by hand from the repository root:
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+//     -I src fuzz/template_fuzz.cpp $(ls src/template/*.cpp | grep -v _test) -lutf8proc -o template_fuzz
+// and run e.g.: ./template_fuzz -max_len=4096 -timeout=10 corpus/ seeds/
+// (seeding with real chat templates and a dictionary of Jinja keywords helps coverage).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
