@@ -36,7 +36,7 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     // [T, nh, 2*hd] -> query [T, nh, hd] and gate [T, nh*hd].
     qg_.resize(T * nh * 2 * hd);
     gate_.resize(T * nh * hd);
-    ops::matmul(wq_, x, T, qg_.data(), pool);
+    ops::matmul_multi({{&wq_, qg_.data()}, {&wk_, kx_.data()}, {&wv_, vx_.data()}}, x, T, pool);
     for (int64_t t = 0; t < T; ++t)
       for (int h = 0; h < nh; ++h) {
         const float* src = qg_.data() + (t * nh + h) * 2 * hd;
@@ -44,10 +44,8 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
         std::memcpy(gate_.data() + (t * nh + h) * hd, src + hd, hd * sizeof(float));
       }
   } else {
-    ops::matmul(wq_, x, T, q_.data(), pool);
+    ops::matmul_multi({{&wq_, q_.data()}, {&wk_, kx_.data()}, {&wv_, vx_.data()}}, x, T, pool);
   }
-  ops::matmul(wk_, x, T, kx_.data(), pool);
-  ops::matmul(wv_, x, T, vx_.data(), pool);
   for (int64_t t = 0; t < T; ++t) {
     float* qt = q_.data() + t * nh * hd;
     float* kt = kx_.data() + t * nkv * hd;

@@ -72,10 +72,8 @@ void GatedDeltaNetLayer::forward(const float* x, int64_t T, GdnState& st, float*
   zx_.resize(T * vd);
   bx_.resize(T * nv);
   ax_.resize(T * nv);
-  ops::matmul(qkv_, x, T, mixed_.data(), pool);  // [T, conv_dim]
-  ops::matmul(z_, x, T, zx_.data(), pool);       // [T, n_v * d_v]
-  ops::matmul(b_, x, T, bx_.data(), pool);       // [T, n_v]
-  ops::matmul(a_, x, T, ax_.data(), pool);       // [T, n_v]
+  // mixed: [T, conv_dim]; z: [T, n_v * d_v]; b, a: [T, n_v]
+  ops::matmul_multi({{&qkv_, mixed_.data()}, {&z_, zx_.data()}, {&b_, bx_.data()}, {&a_, ax_.data()}}, x, T, pool);
   ops::causal_conv1d_silu(mixed_.data(), T, cd, conv_w_.data(), g_.conv_kernel, st.conv.data(), conv_out_.data());
 
   q_.resize(T * kd);

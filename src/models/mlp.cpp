@@ -16,8 +16,7 @@ void DenseMlp::forward(const float* x, int64_t T, float* out, ops::ThreadPool* p
   const int64_t I = gate_.rows;
   g_.resize(T * I);
   u_.resize(T * I);
-  ops::matmul(gate_, x, T, g_.data(), pool);  // [T, I]
-  ops::matmul(up_, x, T, u_.data(), pool);    // [T, I]
+  ops::matmul_multi({{&gate_, g_.data()}, {&up_, u_.data()}}, x, T, pool);  // [T, I] each
   ops::swiglu(g_.data(), u_.data(), T * I, g_.data());
   ops::matmul(down_, g_.data(), T, out, pool);  // [T, H]
 }

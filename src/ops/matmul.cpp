@@ -209,6 +209,28 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
   pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { matmul_rows(w, x, T, y, w.rows, b, e); });
 }
 
+void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> outs, const float* x, int64_t T,
+                  ThreadPool* pool) {
+  int64_t total = 0, work = 0;
+  for (const auto& [w, y] : outs) {
+    total += w->rows;
+    work += w->rows * w->cols * T;
+  }
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
+    for (const auto& [w, y] : outs) matmul_rows(*w, x, T, y, w->rows, 0, w->rows);
+    return;
+  }
+  // Rows of all matrices, concatenated, split across threads in chunks of 16.
+  pool->parallel_for(total, 16, [&](int64_t b, int64_t e, int) {
+    int64_t base = 0;
+    for (const auto& [w, y] : outs) {
+      const int64_t lo = std::max(b, base), hi = std::min(e, base + w->rows);
+      if (lo < hi) matmul_rows(*w, x, T, y, w->rows, lo - base, hi - base);
+      base += w->rows;
+    }
+  });
+}
+
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
   std::vector<float> row(w.cols);
   for (int64_t r = 0; r < w.rows; ++r) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "ops/thread_pool.h"
 #include "ops/weights.h"
@@ -12,6 +14,10 @@ namespace spool::ops {
 /// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows.
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool);
+
+/// Several products of the same input in one parallel job (fewer hand-offs in decode):
+/// y[i][t, r] = sum_c x[t, c] * W_i[r, c]; all W_i must have x's column count.
+void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> outs, const float* x, int64_t T, ThreadPool* pool);
 
 /// Same as matmul() on one thread, for rows [r0, r1) only; y rows have stride `ldy`
 /// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts).

@@ -74,6 +74,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                             ::testing::Values(3, 17, 130), ::testing::Values(15, 33, 256),
                                             ::testing::Values(1, 3, 70)));
 
+TEST(Matmul, MultiEqualsSeparate) {
+  std::vector<float> a = randn(37 * 64, 1), b = randn(5 * 64, 2), c = randn(130 * 64, 3), x = randn(3 * 64, 4);
+  WeightView wa{WType::kF32, 37, 64, a.data()}, wb{WType::kF32, 5, 64, b.data()}, wc{WType::kF32, 130, 64, c.data()};
+  for (int64_t T : {1, 3}) {
+    std::vector<float> ya(T * 37), yb(T * 5), yc(T * 130), ra(ya.size()), rb(yb.size()), rc(yc.size());
+    ThreadPool pool(3);
+    matmul_multi({{&wa, ya.data()}, {&wb, yb.data()}, {&wc, yc.data()}}, x.data(), T, &pool);
+    matmul(wa, x.data(), T, ra.data(), nullptr);
+    matmul(wb, x.data(), T, rb.data(), nullptr);
+    matmul(wc, x.data(), T, rc.data(), nullptr);
+    EXPECT_EQ(ya, ra);
+    EXPECT_EQ(yb, rb);
+    EXPECT_EQ(yc, rc);
+  }
+}
+
 // Recurrent reference straight from the definition, in double.
 void delta_reference(const GatedDeltaArgs& a, std::vector<double>& S, std::vector<double>& out) {
   const int r = a.n_v / a.n_k;
