@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/attention.h"
 #include "ops/matmul.h"
 #include "ops/thread_pool.h"
 
@@ -88,3 +89,18 @@ BENCHMARK(BM_GemmBF16)->Args({2048, 2048, 64})->Args({2048, 2048, 512})->Args({5
 }  // namespace
 
 BENCHMARK_MAIN();
+
+// Decode attention over a long context (one KV head, a GQA group of query heads).
+void BM_AttentionDecode(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  const int hd = 64, nh = 4, nkv = 2;
+  std::vector<float> k(static_cast<size_t>(nkv) * hd * n, 0.01f), v(k.size(), 0.02f), q(nh * hd, 0.1f), out(nh * hd);
+  spool::ops::KVView kv{k.data(), v.data(), n, nkv, hd, hd};
+  spool::ops::ThreadPool pool(static_cast<int>(st.range(1)));
+  for (auto _ : st) {
+    spool::ops::attention(q.data(), 1, nh, kv, n - 1, 0.125f, out.data(), &pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["KV GB/s"] = benchmark::Counter(2.0 * k.size() * 4 * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionDecode)->Args({2332, 1})->Args({2332, 2})->Args({32768, 2})->UseRealTime();

@@ -57,7 +57,7 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     rope_.apply(kt, nkv, hd, pos0 + t);
     // Append k (normed, rotated) and raw v to the cache at position pos0 + t.
     for (int h = 0; h < nkv; ++h) {
-      std::memcpy(cache.k.data() + (h * cache.capacity + pos0 + t) * hd, kt + h * hd, hd * sizeof(float));
+      for (int d = 0; d < hd; ++d) cache.k[(static_cast<int64_t>(h) * hd + d) * cache.capacity + pos0 + t] = kt[h * hd + d];
       std::memcpy(cache.v.data() + (h * cache.capacity + pos0 + t) * hd, vx_.data() + (t * nkv + h) * hd,
                   hd * sizeof(float));
     }

@@ -1,6 +1,7 @@
 #include "models/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "models/bind.h"
@@ -11,8 +12,11 @@
 namespace spool::models {
 
 void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights) {
-  ops::softmax(logits, n_experts);
-  // Partial selection: best k by (probability desc, id asc).
+  // Softmax numerators e_i = exp(l_i - max), each computed on its own; everything below
+  // depends on the logits as a set, not on expert numbering (so a repacked checkpoint with
+  // permuted experts and router rows routes and weighs bit-identically).
+  const float m = *std::max_element(logits, logits + n_experts);
+  for (int i = 0; i < n_experts; ++i) logits[i] = std::exp(logits[i] - m);
   int order[1024];
   std::vector<int> big;
   int* idx = order;
@@ -21,17 +25,23 @@ void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids
     idx = big.data();
   }
   std::iota(idx, idx + n_experts, 0);
+  // Best k by (probability desc, id asc).
   std::partial_sort(idx, idx + k, idx + n_experts, [&](int a, int b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   });
-  float sum = 0.0f;
+  double z = 0.0;
+  if (renormalize) {
+    for (int i = 0; i < k; ++i) z += logits[idx[i]];  // rank order
+  } else {
+    // Full normaliser summed in ascending order of value: independent of numbering.
+    std::vector<float> e(logits, logits + n_experts);
+    std::sort(e.begin(), e.end());
+    for (float x : e) z += x;
+  }
   for (int i = 0; i < k; ++i) {
     ids[i] = idx[i];
-    weights[i] = logits[idx[i]];
-    sum += weights[i];
+    weights[i] = static_cast<float>(logits[idx[i]] / z);
   }
-  if (renormalize)
-    for (int i = 0; i < k; ++i) weights[i] /= sum;
 }
 
 void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {

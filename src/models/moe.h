@@ -23,9 +23,10 @@ namespace spool::models {
 /// Called once per token and MoE layer with the chosen experts (best first) and their weights.
 using RouteObserver = std::function<void(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights)>;
 
-/// Selects the top-k experts of one token from router logits [n_experts] (modified in place
-/// into probabilities). Ties go to the lower expert id (as torch.topk in practice). Writes k
-/// ids (best first) and weights; renormalises the kept weights when `renormalize`.
+/// Selects the top-k experts of one token from router logits [n_experts] (overwritten with
+/// softmax numerators). Ties go to the lower expert id (as torch.topk in practice). Writes k
+/// ids (best first) and their softmax probabilities, renormalised over the k kept when
+/// `renormalize`. The result does not depend on how experts are numbered.
 void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights);
 
 class MoeBlock {

@@ -27,11 +27,12 @@ void State::reserve(int64_t n_positions) {
     cap = (cap + 255) / 256 * 256;
     const size_t hd = static_cast<size_t>(head_dim_);
     std::vector<float> k(static_cast<size_t>(n_kv_heads_) * cap * hd), v(k.size());
-    for (int h = 0; h < n_kv_heads_; ++h) {
-      if (c.capacity == 0) break;
-      std::copy_n(c.k.data() + h * c.capacity * hd, pos * hd, k.data() + h * cap * hd);
+    for (int h = 0; h < n_kv_heads_ && c.capacity > 0; ++h) {
+      for (size_t d = 0; d < hd; ++d)  // key rows: one per (head, dimension)
+        std::copy_n(c.k.data() + (h * hd + d) * c.capacity, pos, k.data() + (h * hd + d) * cap);
       std::copy_n(c.v.data() + h * c.capacity * hd, pos * hd, v.data() + h * cap * hd);
     }
+    c.head_dim = head_dim_;
     c.k.swap(k);
     c.v.swap(v);
     c.capacity = cap;

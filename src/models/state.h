@@ -9,10 +9,16 @@
 
 namespace spool::models {
 
-/// KV cache of one attention layer, head-major: k[(h * capacity + p) * head_dim + d].
+/// KV cache of one attention layer (layout of ops::KVView): keys transposed,
+/// k[(h * head_dim + d) * capacity + p]; values v[(h * capacity + p) * head_dim + d].
 struct AttnCache {
   std::vector<float> k, v;
   int64_t capacity = 0;  // positions allocated per KV head
+  int head_dim = 0;
+  /// Key of KV head h at position p, dimension d.
+  float key(int h, int64_t p, int d) const { return k[(static_cast<int64_t>(h) * head_dim + d) * capacity + p]; }
+  /// Value of KV head h at position p, dimension d.
+  float value(int h, int64_t p, int d) const { return v[(h * capacity + p) * head_dim + d]; }
 };
 
 /// State of one Gated DeltaNet layer.

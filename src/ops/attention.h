@@ -4,11 +4,13 @@
 #include <cstdint>
 
 #include "ops/thread_pool.h"
+#include "ops/vec.h"
 
 namespace spool::ops {
 
-/// Keys/values of one attention layer for one sequence, head-major:
-/// k[(h * capacity + p) * head_dim + d], v[(h * capacity + p) * v_dim + d].
+/// Keys/values of one attention layer for one sequence. Keys are stored transposed, one row
+/// per (head, dimension): k[(h * head_dim + d) * capacity + p]; values one row per position:
+/// v[(h * capacity + p) * v_dim + d].
 struct KVView {
   const float* k = nullptr;
   const float* v = nullptr;
@@ -24,8 +26,5 @@ struct KVView {
 /// Scores and softmax in f32 (double-accumulated normaliser). Parallel over (t, h).
 void attention(const float* q, int64_t T, int n_heads, const KVView& kv, int64_t pos0, float scale, float* out,
                ThreadPool* pool);
-
-/// Dot product of two f32 vectors (SIMD).
-float dot(const float* a, const float* b, int64_t n);
 
 }  // namespace spool::ops

@@ -5,8 +5,7 @@
 namespace spool::ops {
 
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const double ss = sum_squares(x, n);
   const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * inv) * w[i];
 }
@@ -16,30 +15,12 @@ void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t n, floa
 }
 
 void l2_norm(float* x, int64_t n, float eps) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = 1.0f / std::sqrt(static_cast<float>(ss) + eps);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  const float inv = 1.0f / std::sqrt(static_cast<float>(sum_squares(x, n)) + eps);
+  scale(inv, x, n);
 }
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
-}
-
-void softmax(float* x, int64_t n) {
-  if (n <= 0) return;
-  float m = *std::max_element(x, x + n);
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    s += x[i];
-  }
-  const float inv = static_cast<float>(1.0 / s);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
-
-void axpy(float a, const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 bool has_non_finite(const float* x, int64_t n) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/vec.h"
+
 namespace spool::ops {
 
 /// y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], over n elements (HF RMSNorm in f32).
@@ -26,10 +28,7 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
 
 /// In-place softmax over n elements (max-subtracted, f32).
-void softmax(float* x, int64_t n);
-
-/// y[i] += a * x[i].
-void axpy(float a, const float* x, int64_t n, float* y);
+inline void softmax(float* x, int64_t n) { softmax_inplace(x, n); }
 
 /// Returns true if any element is NaN or infinite.
 bool has_non_finite(const float* x, int64_t n);

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "ops/attention.h"
 #include "ops/matmul.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -147,21 +146,6 @@ void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int6
   }
 }
 
-float Dot(const float* a, const float* b, int64_t n) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
-    acc1 = hn::MulAdd(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N), acc1);
-  }
-  for (; i + N <= n; i += N) acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
-  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 void RowToF32(WType type, const void* src, int64_t n, float* dst) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -188,9 +172,6 @@ namespace spool::ops {
 
 HWY_EXPORT(MatmulRows);
 HWY_EXPORT(RowToF32);
-HWY_EXPORT(Dot);
-
-float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n); }
 
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r0 >= r1 || T <= 0) return;

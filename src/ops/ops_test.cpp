@@ -173,8 +173,11 @@ TEST(Attention, MatchesNaiveSoftmax) {
   const int nh = 4, nkv = 2, hd = 8;
   const int64_t cap = 16, pos0 = 5, T = 3;
   std::vector<float> kc = randn(nkv * cap * hd, 9), vc = randn(nkv * cap * hd, 10), q = randn(T * nh * hd, 11);
-  std::vector<float> out(T * nh * hd);
-  KVView kv{kc.data(), vc.data(), cap, nkv, hd, hd};
+  std::vector<float> kt(kc.size()), out(T * nh * hd);  // keys transposed per head: [h][d][p]
+  for (int h = 0; h < nkv; ++h)
+    for (int64_t p = 0; p < cap; ++p)
+      for (int d = 0; d < hd; ++d) kt[(h * hd + d) * cap + p] = kc[(h * cap + p) * hd + d];
+  KVView kv{kt.data(), vc.data(), cap, nkv, hd, hd};
   attention(q.data(), T, nh, kv, pos0, 0.35f, out.data(), nullptr);
   for (int64_t t = 0; t < T; ++t)
     for (int h = 0; h < nh; ++h) {

@@ -1,0 +1,190 @@
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/vec.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/vec.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace spool::ops {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+float Dot(const float* a, const float* b, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N), acc1);
+  }
+  for (; i + N <= n; i += N) acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void Axpy(float a, const float* x, int64_t n, float* y) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto va = hn::Set(df, a);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void Scale(float a, float* x, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto va = hn::Set(df, a);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(va, hn::LoadU(df, x + i)), df, x + i);
+  for (; i < n; ++i) x[i] *= a;
+}
+
+double SumSquares(const float* x, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  double total = 0.0;
+  int64_t i = 0;
+  // f32 lanes over blocks of 256 elements, each block summed into a double.
+  while (i + N <= n) {
+    auto acc = hn::Zero(df);
+    const int64_t end = std::min(n, i + 256);
+    for (; i + N <= end; i += N) {
+      const auto v = hn::LoadU(df, x + i);
+      acc = hn::MulAdd(v, v, acc);
+    }
+    total += hn::GetLane(hn::SumOfLanes(df, acc));
+  }
+  for (; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  return total;
+}
+
+float SoftmaxInplace(float* x, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  float m = -INFINITY;
+  int64_t i = 0;
+  if (n >= N) {
+    auto vm = hn::Set(df, -INFINITY);
+    for (; i + N <= n; i += N) vm = hn::Max(vm, hn::LoadU(df, x + i));
+    m = hn::GetLane(hn::MaxOfLanes(df, vm));
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  const auto vmax = hn::Set(df, m);
+  auto vs = hn::Zero(df);
+  i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vmax));
+    hn::StoreU(e, df, x + i);
+    vs = hn::Add(vs, e);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, vs));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  Scale(1.0f / s, x, n);
+  return s;
+}
+
+void AccumulateRows(const float* p, int64_t ldp, int64_t m, const float* v, int64_t ldv, int64_t n, int64_t vd, float* out,
+                    int64_t ldo) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r0 = 0; r0 < m; r0 += 4) {
+    const int64_t mr = std::min<int64_t>(4, m - r0);
+    for (int64_t d = 0; d < vd; d += N) {
+      if (d + N > vd) {  // ragged tail: scalar
+        for (int64_t r = r0; r < r0 + mr; ++r)
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t k = d; k < vd; ++k) out[r * ldo + k] += p[r * ldp + j] * v[j * ldv + k];
+        break;
+      }
+      auto a0 = hn::LoadU(df, out + r0 * ldo + d);
+      auto a1 = mr > 1 ? hn::LoadU(df, out + (r0 + 1) * ldo + d) : hn::Zero(df);
+      auto a2 = mr > 2 ? hn::LoadU(df, out + (r0 + 2) * ldo + d) : hn::Zero(df);
+      auto a3 = mr > 3 ? hn::LoadU(df, out + (r0 + 3) * ldo + d) : hn::Zero(df);
+      const float* p0 = p + r0 * ldp;
+      for (int64_t j = 0; j < n; ++j) {
+        const auto vv = hn::LoadU(df, v + j * ldv + d);
+        a0 = hn::MulAdd(hn::Set(df, p0[j]), vv, a0);
+        if (mr > 1) a1 = hn::MulAdd(hn::Set(df, p0[ldp + j]), vv, a1);
+        if (mr > 2) a2 = hn::MulAdd(hn::Set(df, p0[2 * ldp + j]), vv, a2);
+        if (mr > 3) a3 = hn::MulAdd(hn::Set(df, p0[3 * ldp + j]), vv, a3);
+      }
+      hn::StoreU(a0, df, out + r0 * ldo + d);
+      if (mr > 1) hn::StoreU(a1, df, out + (r0 + 1) * ldo + d);
+      if (mr > 2) hn::StoreU(a2, df, out + (r0 + 2) * ldo + d);
+      if (mr > 3) hn::StoreU(a3, df, out + (r0 + 3) * ldo + d);
+    }
+  }
+}
+
+void ScoresKt(const float* q, int64_t ldq, int64_t m, const float* kt, int64_t ldk, int64_t n, int64_t dim, float* out,
+              int64_t ldo) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r0 = 0; r0 < m; r0 += 4) {
+    const int64_t mr = std::min<int64_t>(4, m - r0);
+    const float* q0 = q + r0 * ldq;
+    int64_t p = 0;
+    for (; p + N <= n; p += N) {
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (int64_t d = 0; d < dim; ++d) {
+        const auto k = hn::LoadU(df, kt + d * ldk + p);
+        a0 = hn::MulAdd(hn::Set(df, q0[d]), k, a0);
+        if (mr > 1) a1 = hn::MulAdd(hn::Set(df, q0[ldq + d]), k, a1);
+        if (mr > 2) a2 = hn::MulAdd(hn::Set(df, q0[2 * ldq + d]), k, a2);
+        if (mr > 3) a3 = hn::MulAdd(hn::Set(df, q0[3 * ldq + d]), k, a3);
+      }
+      hn::StoreU(a0, df, out + r0 * ldo + p);
+      if (mr > 1) hn::StoreU(a1, df, out + (r0 + 1) * ldo + p);
+      if (mr > 2) hn::StoreU(a2, df, out + (r0 + 2) * ldo + p);
+      if (mr > 3) hn::StoreU(a3, df, out + (r0 + 3) * ldo + p);
+    }
+    for (; p < n; ++p)
+      for (int64_t r = r0; r < r0 + mr; ++r) {
+        float acc = 0.0f;
+        for (int64_t d = 0; d < dim; ++d) acc += q[r * ldq + d] * kt[d * ldk + p];
+        out[r * ldo + p] = acc;
+      }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace spool::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spool::ops {
+HWY_EXPORT(Dot);
+HWY_EXPORT(Axpy);
+HWY_EXPORT(Scale);
+HWY_EXPORT(SumSquares);
+HWY_EXPORT(SoftmaxInplace);
+HWY_EXPORT(AccumulateRows);
+HWY_EXPORT(ScoresKt);
+
+float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n); }
+void axpy(float a, const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(Axpy)(a, x, n, y); }
+void scale(float a, float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Scale)(a, x, n); }
+double sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquares)(x, n); }
+float softmax_inplace(float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SoftmaxInplace)(x, n); }
+void accumulate_rows(const float* p, int64_t ldp, int64_t m, const float* v, int64_t ldv, int64_t n, int64_t vd, float* out,
+                     int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(AccumulateRows)(p, ldp, m, v, ldv, n, vd, out, ldo);
+}
+void scores_kt(const float* q, int64_t ldq, int64_t m, const float* kt, int64_t ldk, int64_t n, int64_t dim, float* out,
+               int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(ScoresKt)(q, ldq, m, kt, ldk, n, dim, out, ldo);
+}
+}  // namespace spool::ops
+#endif  // HWY_ONCE
