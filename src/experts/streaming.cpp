@@ -183,9 +183,9 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
     out[i].gate = proto_[0];
     out[i].up = proto_[1];
     out[i].down = proto_[2];
-    out[i].gate.data = entries[i]->data + loc.proj_offset[0];
-    out[i].up.data = entries[i]->data + loc.proj_offset[1];
-    out[i].down.data = entries[i]->data + loc.proj_offset[2];
+    out[i].gate.data = entries[i]->data + loc.part_offset[0][0];
+    out[i].up.data = entries[i]->data + loc.part_offset[1][0];
+    out[i].down.data = entries[i]->data + loc.part_offset[2][0];
   }
   if (opt_.prefetch_ahead > 0 && static_cast<int>(ids.size()) <= opt_.top_k) {
     std::lock_guard<std::mutex> lk(mu_);

@@ -15,8 +15,22 @@ namespace {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-uint64_t expert_key(int layer, int expert, ExpertProj proj) {
-  return (static_cast<uint64_t>(layer) << 32) | (static_cast<uint64_t>(expert) << 2) | static_cast<uint64_t>(proj);
+uint64_t expert_key(int layer, int expert, ExpertProj proj, ExpertPart part) {
+  return (static_cast<uint64_t>(layer) << 32) | (static_cast<uint64_t>(expert) << 4) | (static_cast<uint64_t>(proj) << 2) |
+         static_cast<uint64_t>(part);
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The dtype a tensor must have: quantized parts have fixed types, other tensors are floats.
+bool dtype_allowed(std::string_view name, DType t) {
+  if (ends_with(name, ".qweight")) return t == DType::U8;
+  if (ends_with(name, ".scales")) return t == DType::F16;
+  if (ends_with(name, ".codebook")) return t == DType::F32;
+  if (ends_with(name, ".signs")) return t == DType::I8;
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
 
 }  // namespace
@@ -59,7 +73,7 @@ Config text_config_of(const Config& raw_cfg, const std::string& label) {
 void Checkpoint::add(TensorRef t) {
   if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
   index_[t.name] = tensors_.size();
-  if (t.expert_layer >= 0) expert_index_[expert_key(t.expert_layer, t.expert_id, t.expert_proj)] = tensors_.size();
+  if (t.expert_layer >= 0) expert_index_[expert_key(t.expert_layer, t.expert_id, t.expert_proj, t.expert_part)] = tensors_.size();
   tensors_.push_back(std::move(t));
 }
 
@@ -106,7 +120,8 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
 
   static const std::regex fused_re(R"(^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(\.weight)?$)");
   static const std::regex mixtral_re(R"(^layers\.(\d+)\.block_sparse_moe\.(experts\.(\d+)\.(w1|w2|w3)\.weight|gate\.weight)$)");
-  static const std::regex expert_re(R"(^layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
+  static const std::regex expert_re(
+      R"(^layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|qweight|scales|codebook)$)");
 
   for (const auto& path : files) c.shards_.push_back(SafetensorsFile::open(path, opt.map));
   for (int s = 0; s < static_cast<int>(c.shards_.size()); ++s) {
@@ -117,9 +132,9 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
         ++c.dropped_;
         continue;
       }
-      if (ti.dtype != DType::F32 && ti.dtype != DType::F16 && ti.dtype != DType::BF16)
-        fail("%s: tensor '%s' has dtype %s; spool reads F32, F16 and BF16 checkpoints for now", sf.path().c_str(),
-             ti.name.c_str(), dtype_name(ti.dtype));
+      if (!dtype_allowed(name, ti.dtype))
+        fail("%s: tensor '%s' has dtype %s; spool reads F32, F16 and BF16 weights (and its own quantized format)",
+             sf.path().c_str(), ti.name.c_str(), dtype_name(ti.dtype));
       TensorRef t;
       t.shard = s;
       t.dtype = ti.dtype;
@@ -171,7 +186,14 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
         t.expert_id = std::stoi(m[2]);
         std::string p = m[3];
         t.expert_proj = p == "gate_proj" ? ExpertProj::kGate : p == "up_proj" ? ExpertProj::kUp : ExpertProj::kDown;
-        if (t.shape.size() != 2) fail("%s: expert tensor '%s' must be 2-D, got %s", sf.path().c_str(), ti.name.c_str(), t.shape_str().c_str());
+        const std::string part = m[4];
+        t.expert_part = part == "weight" ? ExpertPart::kWeight : part == "qweight" ? ExpertPart::kQWeight
+                        : part == "scales"                     ? ExpertPart::kScales
+                                                               : ExpertPart::kCodebook;
+        if (t.expert_part != ExpertPart::kWeight) c.experts_quantized_ = true;
+        const size_t want_dims = t.expert_part == ExpertPart::kCodebook ? 1 : 2;
+        if (t.shape.size() != want_dims)
+          fail("%s: expert tensor '%s' must be %zu-D, got %s", sf.path().c_str(), ti.name.c_str(), want_dims, t.shape_str().c_str());
         if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;
       }
       t.name = std::move(name);
@@ -192,17 +214,32 @@ const TensorRef& Checkpoint::tensor(std::string_view name) const {
   return *t;
 }
 
+const TensorRef* Checkpoint::expert_part(int layer, int expert, ExpertProj proj, ExpertPart part) const {
+  auto it = expert_index_.find(expert_key(layer, expert, proj, part));
+  return it == expert_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::vector<const TensorRef*> Checkpoint::expert_tensors(int layer, int expert) const {
+  std::vector<const TensorRef*> out;
+  for (int p = 0; p < 3; ++p)
+    for (int q = 0; q < 4; ++q)
+      if (const TensorRef* t = expert_part(layer, expert, static_cast<ExpertProj>(p), static_cast<ExpertPart>(q))) out.push_back(t);
+  return out;
+}
+
 bool Checkpoint::has_expert(int layer, int expert, ExpertProj proj) const {
-  return expert_index_.count(expert_key(layer, expert, proj)) != 0;
+  return expert_part(layer, expert, proj, ExpertPart::kWeight) != nullptr ||
+         expert_part(layer, expert, proj, ExpertPart::kQWeight) != nullptr;
 }
 
 const TensorRef& Checkpoint::expert(int layer, int expert, ExpertProj proj) const {
-  auto it = expert_index_.find(expert_key(layer, expert, proj));
-  if (it == expert_index_.end()) {
+  const TensorRef* t = expert_part(layer, expert, proj, ExpertPart::kWeight);
+  if (t == nullptr) t = expert_part(layer, expert, proj, ExpertPart::kQWeight);
+  if (t == nullptr) {
     static const char* pn[] = {"gate_proj", "up_proj", "down_proj"};
     fail("%s: missing expert tensor layers.%d.mlp.experts.%d.%s", dir_.c_str(), layer, expert, pn[static_cast<int>(proj)]);
   }
-  return tensors_[it->second];
+  return *t;
 }
 
 uint64_t Checkpoint::total_bytes() const {

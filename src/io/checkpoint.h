@@ -26,6 +26,9 @@ namespace spool::io {
 
 /// Which projection of a routed expert a tensor is.
 enum class ExpertProj { kGate = 0, kUp = 1, kDown = 2 };
+/// Which part of a projection a tensor is: the float weight, or the packed codes, fp16
+/// group scales and codebook of a quantized weight (docs/quant-format.md).
+enum class ExpertPart { kWeight = 0, kQWeight = 1, kScales = 2, kCodebook = 3 };
 
 /// One logical tensor of the checkpoint: a contiguous byte range of one shard.
 struct TensorRef {
@@ -40,6 +43,7 @@ struct TensorRef {
   int expert_layer = -1;
   int expert_id = -1;
   ExpertProj expert_proj = ExpertProj::kGate;
+  ExpertPart expert_part = ExpertPart::kWeight;
   int64_t numel() const;
   /// Shape as "[a, b]".
   std::string shape_str() const;
@@ -77,9 +81,16 @@ class Checkpoint {
   const TensorRef* find(std::string_view name) const;
   /// Finds a tensor or throws spool::Error "<dir>: missing tensor '<name>'".
   const TensorRef& tensor(std::string_view name) const;
-  /// Routed expert tensor; throws if absent.
+  /// Routed expert tensor: the float weight, or the packed codes of a quantized expert;
+  /// throws if absent.
   const TensorRef& expert(int layer, int expert, ExpertProj proj) const;
   bool has_expert(int layer, int expert, ExpertProj proj) const;
+  /// One part of an expert projection; nullptr if absent.
+  const TensorRef* expert_part(int layer, int expert, ExpertProj proj, ExpertPart part) const;
+  /// Every tensor of one expert (all projections and parts).
+  std::vector<const TensorRef*> expert_tensors(int layer, int expert) const;
+  /// True if the routed experts are stored quantized.
+  bool experts_quantized() const { return experts_quantized_; }
   ExpertLayout expert_layout() const { return expert_layout_; }
   /// Number of tensors dropped by name (vision tower, MTP head).
   int dropped_tensors() const { return dropped_; }
@@ -100,6 +111,7 @@ class Checkpoint {
   std::unordered_map<std::string, size_t> index_;
   std::unordered_map<uint64_t, size_t> expert_index_;
   ExpertLayout expert_layout_ = ExpertLayout::kNone;
+  bool experts_quantized_ = false;
   int dropped_ = 0;
 };
 

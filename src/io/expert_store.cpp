@@ -17,14 +17,17 @@ ExpertStore::ExpertStore(const Checkpoint& ckpt, const std::vector<bool>& moe_la
   for (int l = 0; l < static_cast<int>(moe_layers.size()); ++l) {
     if (!moe_layers[l]) continue;
     for (int e = 0; e < n_experts; ++e) {
-      const TensorRef* t[3] = {&ckpt.expert(l, e, ExpertProj::kGate), &ckpt.expert(l, e, ExpertProj::kUp),
-                               &ckpt.expert(l, e, ExpertProj::kDown)};
-      // Sort the three tensors by (shard, offset) and merge touching ranges.
-      int order[3] = {0, 1, 2};
-      std::sort(order, order + 3, [&](int a, int b) {
+      const std::vector<const TensorRef*> t = ckpt.expert_tensors(l, e);
+      if (t.empty()) fail("%s: missing expert %d of layer %d", ckpt.dir().c_str(), e, l);
+      // Sort the expert's tensors by (shard, offset) and merge touching ranges.
+      std::vector<int> order(t.size());
+      for (size_t k = 0; k < t.size(); ++k) order[k] = static_cast<int>(k);
+      std::sort(order.begin(), order.end(), [&](int a, int b) {
         return t[a]->shard != t[b]->shard ? t[a]->shard < t[b]->shard : t[a]->offset < t[b]->offset;
       });
       ExpertLocation& loc = plans_[index(l, e)];
+      for (auto& row : loc.part_offset)
+        for (auto& x : row) x = UINT64_MAX;
       struct Range {
         int shard;
         uint64_t begin, end;
@@ -49,14 +52,15 @@ ExpertStore::ExpertStore(const Checkpoint& ckpt, const std::vector<bool>& moe_la
         const uint64_t end = direct ? align_up(r.end) : r.end;
         ext.length = end - ext.file_offset;
         ext.buf_offset = buf;
-        for (int k : r.members) loc.proj_offset[k] = buf + (t[k]->offset - ext.file_offset);
+        for (int k : r.members)
+          loc.part_offset[static_cast<int>(t[k]->expert_proj)][static_cast<int>(t[k]->expert_part)] = buf + (t[k]->offset - ext.file_offset);
         loc.extents.push_back(ext);
         loc.read_bytes += ext.length;
         buf += direct ? ext.length : align_up(ext.length);  // keep every region 4096-aligned anyway
       }
       slot_bytes_ = std::max(slot_bytes_, align_up(buf));
       total_bytes_ += loc.payload_bytes;
-      tensor_count_ += 3;
+      tensor_count_ += static_cast<int64_t>(t.size());
     }
   }
 }

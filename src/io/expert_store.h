@@ -31,7 +31,9 @@ struct ExpertExtent {
 /// Read plan of one expert.
 struct ExpertLocation {
   std::vector<ExpertExtent> extents;
-  uint64_t proj_offset[3] = {0, 0, 0};  // gate, up, down bytes inside the buffer
+  /// Offset inside the buffer of each [projection][part] tensor (gate/up/down x weight,
+  /// qweight, scales, codebook); UINT64_MAX where the part is absent.
+  uint64_t part_offset[3][4];
   uint64_t payload_bytes = 0;           // sum of the three tensors' sizes
   uint64_t read_bytes = 0;              // sum of extent lengths (>= payload in direct mode)
 };
