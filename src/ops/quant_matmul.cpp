@@ -1,0 +1,733 @@
+// Highway kernels for quant_matmul() and the blockwise Hadamard transform, compiled once per SIMD
+// target (foreach_target) and dispatched at runtime.
+//
+// Lane layout. A packed row is cut into "super-blocks" (SB) of N lanes (N = f32 lanes of the
+// target); lane k of an SB owns a few whole bytes holding consecutive codes of one group:
+//   q4: 4 bytes = 8 codes, q2: 4 bytes = 16 codes, q3: 3 bytes = 8 codes, ternary: 1 byte = 5.
+// Decoding a lane word slot by slot (shift, or base-3 digit) gives, for slot s, a vector whose
+// lane k holds code (k, s); the codebook lookup is an in-register permute (AVX-512 vpermps of a
+// 16-entry table, AVX2 two 8-entry permutes + blend for q4). Instead of shuffling decoded
+// values back to column order, the activation is permuted ONCE per call into the same "slot
+// order" (zeros in padding slots), so the inner loop is decode -> permute -> FMA. Each lane's
+// partial sum is multiplied by its group's scale (per-lane scale vector: lanes of one SB may
+// belong to different groups). Layout tables are cached per thread and per (type, cols, group).
+// Decode (T == 1) streams 4 rows at a time; prefill (T > 1) dequantizes 4 rows into f32 slot
+// order once per token tile and runs a 4-row x 2-token FMA block over the tile.
+// Group sizes whose groups do not start on a lane boundary (only possible when group == cols)
+// and the HWY_SCALAR target use a plain "dequantize row, then dot" path.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/quant_matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/aligned_allocator.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "common/error.h"
+#include "ops/quant_matmul.h"
+#include "ops/weights.h"
+
+// ---- Target-independent helpers (compiled once) ----
+#ifndef SPOOL_OPS_QUANT_MATMUL_SHARED
+#define SPOOL_OPS_QUANT_MATMUL_SHARED
+namespace spool::ops::qmm {
+
+/// Code j (0-based) of one packed group (scalar, the format's definition).
+inline int code_at(QType t, const uint8_t* grp, int64_t j) {
+  if (t == QType::kTernary) {
+    int v = grp[j / 5];
+    for (int64_t d = j % 5; d > 0; --d) v /= 3;
+    return v % 3;
+  }
+  const int b = qtype_bits(t);
+  const int64_t bit = j * b;
+  const int sh = static_cast<int>(bit & 7);
+  unsigned v = grp[bit >> 3];
+  if (sh + b > 8) v |= static_cast<unsigned>(grp[(bit >> 3) + 1]) << 8;
+  return static_cast<int>((v >> sh) & ((1u << b) - 1));
+}
+
+/// Bytes per lane and codes per lane of the SIMD layout.
+constexpr int lane_bytes(QType t) { return t == QType::kQ3 ? 3 : t == QType::kTernary ? 1 : 4; }
+constexpr int lane_slots(QType t) { return t == QType::kQ2 ? 16 : t == QType::kTernary ? 5 : 8; }
+
+/// True when every group starts on a lane boundary (lanes never straddle groups).
+inline bool lanes_aligned(QType t, int g) {
+  if (t == QType::kTernary) return true;
+  return (static_cast<int64_t>(g) * qtype_bits(t)) % (8 * lane_bytes(t)) == 0;
+}
+
+/// Blockwise normalized FWHT in double (reference).
+inline void fwht_double(double* x, int64_t n) {
+  const int64_t B = n & -n;
+  const double norm = 1.0 / std::sqrt(static_cast<double>(B));
+  for (int64_t b0 = 0; b0 < n; b0 += B) {
+    double* v = x + b0;
+    for (int64_t h = 1; h < B; h <<= 1)
+      for (int64_t i = 0; i < B; i += 2 * h)
+        for (int64_t k = i; k < i + h; ++k) {
+          const double a = v[k], c = v[k + h];
+          v[k] = a + c;
+          v[k + h] = a - c;
+        }
+    for (int64_t i = 0; i < B; ++i) v[i] *= norm;
+  }
+}
+
+/// Growable 64-byte aligned scratch (one per use site and thread).
+template <class T>
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<T[]> p;
+  size_t n = 0;
+  T* get(size_t need) {
+    if (need > n) {
+      p = hwy::AllocateAligned<T>(need);
+      n = need;
+    }
+    return p.get();
+  }
+};
+
+}  // namespace spool::ops::qmm
+#endif  // SPOOL_OPS_QUANT_MATMUL_SHARED
+
+HWY_BEFORE_NAMESPACE();
+namespace spool::ops {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using VF = hn::Vec<DF>;
+using VU = hn::Vec<DU>;
+using IndF = decltype(hn::IndicesFromVec(DF(), hn::Zero(DI())));
+using qmm::Scratch;
+
+constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
+
+// ---------------------------------------------------------------------------------------------
+// Hadamard transform
+
+#if HWY_TARGET != HWY_SCALAR
+// v with lanes i and i ^ h swapped (h < N).
+template <int h>
+HWY_INLINE VF SwapLanes(DF df, VF v) {
+  if constexpr (h == 1) {
+    return hn::Shuffle2301(v);
+  } else if constexpr (h == 2) {
+    return hn::Shuffle1032(v);
+  } else if constexpr (h == 4 && kN == 8) {
+    return hn::ConcatLowerUpper(df, v, v);
+#if HWY_TARGET == HWY_AVX3
+  } else if constexpr (h == 4 && kN == 16) {
+    return VF{_mm512_shuffle_f32x4(v.raw, v.raw, _MM_SHUFFLE(2, 3, 0, 1))};
+#endif
+  } else {
+    static_assert(h == 8 && kN == 16, "unsupported lane swap");
+    return hn::ConcatLowerUpper(df, v, v);
+  }
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// Butterfly stages h = 1 .. N/2 inside one vector: out[i] = v[i ^ h] + (i & h ? -1 : 1) v[i].
+HWY_INLINE VF IntraFwht(DF df, VF v) {
+#if HWY_TARGET != HWY_SCALAR
+  {
+    alignas(64) static constexpr float kSgn[4][16] = {
+        {1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1},
+        {1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1},
+        {1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1},
+        {1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1}};
+    v = hn::MulAdd(v, hn::Load(df, kSgn[0]), SwapLanes<1>(df, v));
+    if constexpr (kN >= 4) v = hn::MulAdd(v, hn::Load(df, kSgn[1]), SwapLanes<2>(df, v));
+    if constexpr (kN >= 8) v = hn::MulAdd(v, hn::Load(df, kSgn[2]), SwapLanes<kN >= 8 ? 4 : 1>(df, v));
+    if constexpr (kN >= 16) v = hn::MulAdd(v, hn::Load(df, kSgn[3]), SwapLanes<kN >= 16 ? 8 : 1>(df, v));
+  }
+#endif
+  return v;
+}
+
+// Unnormalized FWHT of one block of B >= N elements whose within-vector stages are done.
+HWY_INLINE void InterFwht(DF df, float* HWY_RESTRICT v, int64_t B) {
+  int64_t h = kN;
+  for (; 4 * h <= B; h *= 4) {  // two stages (h, 2h) per pass
+    for (int64_t i = 0; i < B; i += 4 * h) {
+      for (int64_t k = i; k < i + h; k += kN) {
+        const VF a = hn::Load(df, v + k), b = hn::Load(df, v + k + h);
+        const VF c = hn::Load(df, v + k + 2 * h), d = hn::Load(df, v + k + 3 * h);
+        const VF s0 = hn::Add(a, b), d0 = hn::Sub(a, b), s1 = hn::Add(c, d), d1 = hn::Sub(c, d);
+        hn::Store(hn::Add(s0, s1), df, v + k);
+        hn::Store(hn::Add(d0, d1), df, v + k + h);
+        hn::Store(hn::Sub(s0, s1), df, v + k + 2 * h);
+        hn::Store(hn::Sub(d0, d1), df, v + k + 3 * h);
+      }
+    }
+  }
+  if (h < B) {  // one stage left
+    for (int64_t k = 0; k < h; k += kN) {
+      const VF a = hn::Load(df, v + k), b = hn::Load(df, v + k + h);
+      hn::Store(hn::Add(a, b), df, v + k);
+      hn::Store(hn::Sub(a, b), df, v + k + h);
+    }
+  }
+}
+
+void ScalarFwhtBlock(float* v, int64_t B, float norm) {
+  for (int64_t h = 1; h < B; h <<= 1)
+    for (int64_t i = 0; i < B; i += 2 * h)
+      for (int64_t k = i; k < i + h; ++k) {
+        const float a = v[k], c = v[k + h];
+        v[k] = a + c;
+        v[k + h] = a - c;
+      }
+  for (int64_t i = 0; i < B; ++i) v[i] *= norm;
+}
+
+// out = H_blk (s .* x); signs may be null; out may alias x.
+void HadamardRotate(const int8_t* signs, const float* x, int64_t n, float* out) {
+  const DF df;
+  const int64_t B = n & -n;
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
+  // Vector loads/stores in InterFwht need aligned data: work in an aligned block buffer.
+  thread_local Scratch<float> tmp;
+  if (B < kN || B < 2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = signs ? x[i] * static_cast<float>(signs[i]) : x[i];
+    for (int64_t b0 = 0; b0 < n; b0 += B) ScalarFwhtBlock(out + b0, B, norm);
+    return;
+  }
+  float* v = tmp.get(static_cast<size_t>(B));
+  const VF vnorm = hn::Set(df, norm);
+  const hn::Rebind<int8_t, DF> d8;
+  const DI di;
+  for (int64_t b0 = 0; b0 < n; b0 += B) {
+    for (int64_t i = 0; i < B; i += kN) {
+      VF xv = hn::Mul(hn::LoadU(df, x + b0 + i), vnorm);
+      if (signs != nullptr) {
+        const VF s = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, signs + b0 + i)));
+        xv = hn::Mul(xv, s);
+      }
+      hn::Store(IntraFwht(df, xv), df, v + i);
+    }
+    InterFwht(df, v, B);
+    std::copy_n(v, B, out + b0);
+  }
+}
+
+void HadamardTransform(float* x, int64_t n) { HadamardRotate(nullptr, x, n, x); }
+
+// ---------------------------------------------------------------------------------------------
+// Lane decoding
+#if HWY_TARGET != HWY_SCALAR
+
+// Layout of one (type, cols, group) for this target; see the file comment.
+struct Layout {
+  QType type = QType::kQ4;
+  int64_t cols = -1;
+  int group = 0;
+  int64_t nsb = 0;  // super-blocks per row
+  int64_t len = 0;  // slots per row = nsb * slots * N
+  std::vector<int32_t> map;  // [len] column of each slot, -1 for padding
+  std::vector<int32_t> g0;   // [nsb] group of lane 0
+  std::vector<int32_t> rel;  // [nsb * N] group of each lane minus g0 (< N)
+};
+
+const Layout& GetLayout(QType type, int64_t cols, int group) {
+  constexpr int kCache = 8;
+  thread_local Layout cache[kCache];
+  thread_local int next = 0;
+  for (const Layout& l : cache)
+    if (l.cols == cols && l.group == group && l.type == type) return l;
+  Layout& L = cache[next];
+  next = (next + 1) % kCache;
+  const int bpl = qmm::lane_bytes(type), S = qmm::lane_slots(type), bits = qtype_bits(type);
+  const int64_t gb = qtype_group_bytes(type, group), ngroups = cols / group, rb = ngroups * gb;
+  const int64_t sbb = kN * bpl;
+  L.type = type;
+  L.cols = cols;
+  L.group = group;
+  L.nsb = (rb + sbb - 1) / sbb;
+  L.len = L.nsb * S * kN;
+  L.map.assign(static_cast<size_t>(L.len), -1);
+  L.g0.assign(static_cast<size_t>(L.nsb), 0);
+  L.rel.assign(static_cast<size_t>(L.nsb * kN), 0);
+  for (int64_t j = 0; j < L.nsb; ++j) {
+    int64_t first = -1;
+    for (int64_t k = 0; k < kN; ++k) {
+      const int64_t o = j * sbb + k * bpl;
+      int64_t grp = ngroups - 1;
+      if (o < rb) {
+        grp = o / gb;
+        const int64_t ob = o % gb;
+        const int64_t base = type == QType::kTernary ? ob * 5 : ob * 8 / bits;
+        for (int s = 0; s < S; ++s)
+          if (base + s < group) L.map[static_cast<size_t>((j * S + s) * kN + k)] = static_cast<int32_t>(grp * group + base + s);
+      }
+      if (first < 0) first = grp;
+      L.g0[static_cast<size_t>(j)] = static_cast<int32_t>(first);
+      // Padding lanes past the row take the row's last group (their x slots are zero).
+      L.rel[static_cast<size_t>(j * kN + k)] = static_cast<int32_t>(std::min<int64_t>(grp - first, kN - 1));
+    }
+  }
+  return L;
+}
+
+// x [cols] -> slot order [L.len].
+HWY_INLINE void ToSlots(const Layout& L, const float* HWY_RESTRICT x, float* HWY_RESTRICT xk) {
+  const int32_t* m = L.map.data();
+  for (int64_t i = 0; i < L.len; ++i) xk[i] = m[i] >= 0 ? x[m[i]] : 0.0f;
+}
+
+// Bytes a fast-path lane load of one SB may touch.
+template <QType Q>
+constexpr int64_t LoadExtent() {
+  return (Q == QType::kQ3 && kN == 4) ? 16 : kN * qmm::lane_bytes(Q);
+}
+
+// The N lane words of one SB at p.
+template <QType Q>
+HWY_INLINE VU LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
+  if constexpr (Q == QType::kQ2 || Q == QType::kQ4) {
+    return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  } else if constexpr (Q == QType::kTernary) {
+    return hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), p));
+  } else {
+    // q3: lane k <- bytes 3k, 3k+1, 3k+2 (zero-extended). Each 128-bit block takes 4 lanes =
+    // 12 bytes; the last block of a wide vector is loaded 4 bytes early so nothing past the
+    // SB is read.
+#if HWY_TARGET == HWY_AVX3
+    alignas(64) static constexpr uint8_t kPat[64] = {
+        0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
+        0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
+        0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
+        4, 5, 6, 0x80, 7, 8, 9, 0x80, 10, 11, 12, 0x80, 13, 14, 15, 0x80};
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 12)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 24)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32)), 3);
+    return VU{_mm512_shuffle_epi8(v, _mm512_load_si512(kPat))};
+#elif HWY_TARGET == HWY_AVX2
+    alignas(32) static constexpr uint8_t kPat[32] = {
+        0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
+        4, 5, 6, 0x80, 7, 8, 9, 0x80, 10, 11, 12, 0x80, 13, 14, 15, 0x80};
+    __m256i v = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    v = _mm256_inserti128_si256(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)), 1);
+    return VU{_mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPat)))};
+#else
+    static_assert(kN == 4, "q3 lane loader expects 128-bit vectors");
+    const hn::Repartition<uint8_t, DU> d8;
+    alignas(16) static constexpr uint8_t kPat[16] = {0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80};
+    return hn::BitCast(du, hn::TableLookupBytesOr0(hn::LoadU(d8, p), hn::Load(d8, kPat)));
+#endif
+  }
+}
+
+// Codebook as lookup-table vectors (see Lookup).
+struct Tables {
+  VF t[4];
+};
+
+template <QType Q>
+HWY_INLINE Tables MakeTables(const float* cb) {
+  const DF df;
+  constexpr int L = qtype_levels(Q);
+  constexpr int nt = (L + kN - 1) / kN;
+  alignas(64) float buf[4 * 16] = {};
+  // Entries repeat with period L (a power of two for b-bit types) so that permutes which use
+  // only the low index bits see the right code; ternary pads with zeros.
+  for (int i = 0; i < nt * kN; ++i) buf[i] = Q == QType::kTernary ? (i < L ? cb[i] : 0.0f) : cb[i % L];
+  Tables tb;
+  for (int i = 0; i < nt; ++i) tb.t[i] = hn::Load(df, buf + i * kN);
+  for (int i = nt; i < 4; ++i) tb.t[i] = hn::Zero(df);
+  return tb;
+}
+
+// Centroids of the codes in the low bits of `raw` (higher bits may hold other codes).
+template <QType Q>
+HWY_INLINE VF Lookup(const Tables& tb, VU raw) {
+#if HWY_TARGET == HWY_AVX3
+  return VF{_mm512_permutexvar_ps(raw.raw, tb.t[0].raw)};
+#elif HWY_TARGET == HWY_AVX2
+  if constexpr (Q == QType::kQ4) {
+    const __m256 lo = _mm256_permutevar8x32_ps(tb.t[0].raw, raw.raw);
+    const __m256 hi = _mm256_permutevar8x32_ps(tb.t[1].raw, raw.raw);
+    return VF{_mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(raw.raw, 28)))};
+  } else {
+    return VF{_mm256_permutevar8x32_ps(tb.t[0].raw, raw.raw)};
+  }
+#else
+  const DF df;
+  const DI di;
+  constexpr int L = qtype_levels(Q);
+  constexpr int nt = (L + kN - 1) / kN;
+  const auto idx = hn::BitCast(di, hn::And(raw, hn::Set(DU(), Q == QType::kTernary ? 3u : uint32_t(L - 1))));
+  if constexpr (nt == 1) {
+    return hn::TableLookupLanes(tb.t[0], hn::IndicesFromVec(df, idx));
+  } else {
+    const auto lane = hn::IndicesFromVec(df, hn::And(idx, hn::Set(di, static_cast<int32_t>(kN - 1))));
+    VF r = hn::TableLookupLanes(tb.t[0], lane);
+    for (int j = 1; j < nt; ++j) {
+      const auto m = hn::RebindMask(df, hn::Gt(idx, hn::Set(di, static_cast<int32_t>(j * kN - 1))));
+      r = hn::IfThenElse(m, hn::TableLookupLanes(tb.t[j], lane), r);
+    }
+    return r;
+  }
+#endif
+}
+
+// Per-row decoder state: yields the raw code vector of slot 0, 1, ... of an SB.
+template <QType Q>
+struct Stepper {
+  VU w;
+  HWY_INLINE void init(VU lanes) { w = lanes; }
+  template <int s>
+  HWY_INLINE VU next() {
+    const VU r = w;
+    if constexpr (s + 1 < qmm::lane_slots(Q)) w = hn::ShiftRight<qtype_bits(Q)>(w);
+    return r;
+  }
+};
+template <>
+struct Stepper<QType::kTernary> {
+  VF q;  // remaining base-3 digits as a float (exact integers < 256)
+  HWY_INLINE void init(VU lanes) { q = hn::ConvertTo(DF(), hn::BitCast(DI(), lanes)); }
+  template <int s>
+  HWY_INLINE VU next() {
+    const DF df;
+    const DI di;
+    if constexpr (s == 4) {
+      return hn::BitCast(DU(), hn::ConvertTo(di, q));
+    } else {
+      // floor(q * fl(1/3)) == floor(q / 3) for integers q < 2^10 since fl(1/3) > 1/3.
+      const VF nq = hn::Floor(hn::Mul(q, hn::Set(df, 1.0f / 3.0f)));
+      const VF c = hn::NegMulAdd(nq, hn::Set(df, 3.0f), q);
+      q = nq;
+      return hn::BitCast(DU(), hn::ConvertTo(di, c));
+    }
+  }
+};
+
+template <class F, int... I>
+HWY_INLINE void ForSlotsImpl(F& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int S, class F>
+HWY_INLINE void ForSlots(F&& f) {
+  ForSlotsImpl(f, std::make_integer_sequence<int, S>{});
+}
+
+// Scale vector of SB j: lane k gets the scale of its group. sc: f32 scales of the row (padded).
+HWY_INLINE VF LaneScales(DF df, const float* sc, const Layout& L, int64_t j, const IndF& ind) {
+  return hn::TableLookupLanes(hn::LoadU(df, sc + L.g0[static_cast<size_t>(j)]), ind);
+}
+
+// out[r] = dot(row r, xk) for R rows in slot order.
+template <QType Q, int R>
+HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* const* qrow, const float* const* sc,
+                          const float* HWY_RESTRICT xk, float* out) {
+  const DF df;
+  const DU du;
+  const DI di;
+  constexpr int S = qmm::lane_slots(Q);
+  constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
+  VF acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+  for (int64_t j = 0; j < L.nsb; ++j) {
+    Stepper<Q> st[R];
+    for (int r = 0; r < R; ++r) st[r].init(LoadLanes<Q>(du, qrow[r] + j * sbb));
+    VF p[R];
+    const float* xj = xk + j * S * kN;
+    ForSlots<S>([&](auto s) {
+      const VF xv = hn::Load(df, xj + s * kN);
+      for (int r = 0; r < R; ++r) {
+        const VF c = Lookup<Q>(tb, st[r].template next<decltype(s)::value>());
+        if constexpr (s == 0) {
+          p[r] = hn::Mul(c, xv);
+        } else {
+          p[r] = hn::MulAdd(c, xv, p[r]);
+        }
+      }
+    });
+    const auto ind = hn::IndicesFromVec(df, hn::LoadU(di, L.rel.data() + j * kN));
+    for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(p[r], LaneScales(df, sc[r], L, j, ind), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+}
+
+// Row r of w in slot order, scaled: wk[L.len].
+template <QType Q>
+HWY_INLINE void DequantSlots(const Layout& L, const Tables& tb, const uint8_t* qrow, const float* sc, float* wk) {
+  const DF df;
+  const DU du;
+  const DI di;
+  constexpr int S = qmm::lane_slots(Q);
+  constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
+  for (int64_t j = 0; j < L.nsb; ++j) {
+    Stepper<Q> st;
+    st.init(LoadLanes<Q>(du, qrow + j * sbb));
+    const auto ind = hn::IndicesFromVec(df, hn::LoadU(di, L.rel.data() + j * kN));
+    const VF scv = LaneScales(df, sc, L, j, ind);
+    float* out = wk + j * S * kN;
+    ForSlots<S>([&](auto s) { hn::Store(hn::Mul(Lookup<Q>(tb, st.template next<decltype(s)::value>()), scv), df, out + s * kN); });
+  }
+}
+
+// out[t * ldo + r] = dot(w_r, x_t) for R f32 rows (stride ldw) and TT tokens (stride ldx);
+// n is a multiple of N and the data aligned.
+template <int R, int TT>
+HWY_INLINE void GemmBlock(const float* HWY_RESTRICT w, int64_t ldw, const float* HWY_RESTRICT x, int64_t ldx,
+                          int64_t n, float* out, int64_t ldo) {
+  const DF df;
+  VF acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
+  for (int64_t c = 0; c < n; c += kN) {
+    VF wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = hn::Load(df, w + r * ldw + c);
+    for (int t = 0; t < TT; ++t) {
+      const VF xv = hn::Load(df, x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+}
+
+template <int R>
+void GemmRowBlock(const float* w, int64_t n, const float* x, int64_t nt, float* y, int64_t ldy) {
+  int64_t t = 0;
+  for (; t + 2 <= nt; t += 2) GemmBlock<R, 2>(w, n, x + t * n, n, n, y + t * ldy, ldy);
+  for (; t < nt; ++t) GemmBlock<R, 1>(w, n, x + t * n, n, n, y + t * ldy, ldy);
+}
+
+// f16 scales of one row -> f32, padded with N zeros.
+HWY_INLINE void ScalesToF32(const uint16_t* HWY_RESTRICT s, int64_t n, float* HWY_RESTRICT out) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  int64_t i = 0;
+  for (; i + kN <= n; i += kN)
+    hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(s + i))), df, out + i);
+  for (; i < n; ++i) out[i] = f16_to_f32(s[i]);
+  for (int64_t k = 0; k < kN; ++k) out[n + k] = 0.0f;
+}
+
+constexpr int64_t kTokenTile = 64;
+
+template <QType Q>
+void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const Layout& L = GetLayout(Q, w.cols, w.group);
+  const Tables tb = MakeTables<Q>(w.codebook);
+  constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
+  const uint8_t* qend = w.qweight + w.rows * rb;
+  const int64_t scs = ng + kN;                // stride of one row's f32 scales
+  const int64_t padded = L.nsb * sbb + 64;    // a row copied away from the end of the buffer
+  thread_local Scratch<float> scb, xkb, wkb;
+  thread_local Scratch<uint8_t> rowb;
+  float* scales = scb.get(static_cast<size_t>(4 * scs));
+  uint8_t* rowcopy = rowb.get(static_cast<size_t>(4 * padded));
+
+  // Pointer to row r's packed bytes, readable up to the last SB's load extent.
+  auto row_ptr = [&](int64_t r, int i) -> const uint8_t* {
+    const uint8_t* p = w.qweight + r * rb;
+    if (p + (L.nsb - 1) * sbb + LoadExtent<Q>() <= qend) return p;
+    uint8_t* c = rowcopy + i * padded;
+    std::memset(c, 0, static_cast<size_t>(padded));
+    std::memcpy(c, p, static_cast<size_t>(rb));
+    return c;
+  };
+  auto prep = [&](int64_t r, int i, const uint8_t** qrow, const float** sc) {
+    qrow[i] = row_ptr(r, i);
+    float* s = scales + i * scs;
+    ScalesToF32(w.scales + r * ng, ng, s);
+    sc[i] = s;
+  };
+
+  if (T == 1) {
+    float* xk = xkb.get(static_cast<size_t>(L.len));
+    ToSlots(L, x, xk);
+    const uint8_t* qrow[4];
+    const float* sc[4];
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      for (int i = 0; i < 4; ++i) prep(r + i, i, qrow, sc);
+      float out[4];
+      GemvBlock<Q, 4>(L, tb, qrow, sc, xk, out);
+      for (int i = 0; i < 4; ++i) y[r + i] = out[i];
+    }
+    for (; r < r1; ++r) {
+      prep(r, 0, qrow, sc);
+      GemvBlock<Q, 1>(L, tb, qrow, sc, xk, y + r);
+    }
+    return;
+  }
+
+  const int64_t tile = std::min(T, kTokenTile);
+  float* xk = xkb.get(static_cast<size_t>(tile * L.len));
+  float* wk = wkb.get(static_cast<size_t>(4 * L.len));
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t nt = std::min(tile, T - t0);
+    for (int64_t t = 0; t < nt; ++t) ToSlots(L, x + (t0 + t) * w.cols, xk + t * L.len);
+    for (int64_t r = r0; r < r1; r += 4) {
+      const int nr = static_cast<int>(std::min<int64_t>(4, r1 - r));
+      const uint8_t* qrow[4];
+      const float* sc[4];
+      for (int i = 0; i < nr; ++i) {
+        prep(r + i, i, qrow, sc);
+        DequantSlots<Q>(L, tb, qrow[i], sc[i], wk + i * L.len);
+      }
+      float* yr = y + t0 * ldy + r;
+      switch (nr) {
+        case 4: GemmRowBlock<4>(wk, L.len, xk, nt, yr, ldy); break;
+        case 3: GemmRowBlock<3>(wk, L.len, xk, nt, yr, ldy); break;
+        case 2: GemmRowBlock<2>(wk, L.len, xk, nt, yr, ldy); break;
+        default: GemmRowBlock<1>(wk, L.len, xk, nt, yr, ldy); break;
+      }
+    }
+  }
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+float DotF32(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
+  const DF df;
+  VF acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + kN <= n; i += kN) acc = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc);
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Plain path: dequantize each row to f32 in column order, then dot with every token.
+void NaturalRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.cols));
+  const int64_t ng = w.groups_per_row(), gb = qtype_group_bytes(w.type, w.group);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const uint8_t* grp = w.qweight + r * ng * gb + gi * gb;
+      const float s = f16_to_f32(w.scales[r * ng + gi]);
+      for (int64_t j = 0; j < w.group; ++j) row[gi * w.group + j] = w.codebook[qmm::code_at(w.type, grp, j)] * s;
+    }
+    for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = DotF32(row.data(), x + t * w.cols, w.cols);
+  }
+}
+
+void QuantRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#if HWY_TARGET != HWY_SCALAR
+  {
+    if (qmm::lanes_aligned(w.type, w.group)) {
+      switch (w.type) {
+        case QType::kQ2: return LaneRows<QType::kQ2>(w, x, T, y, ldy, r0, r1);
+        case QType::kQ3: return LaneRows<QType::kQ3>(w, x, T, y, ldy, r0, r1);
+        case QType::kQ4: return LaneRows<QType::kQ4>(w, x, T, y, ldy, r0, r1);
+        case QType::kTernary: return LaneRows<QType::kTernary>(w, x, T, y, ldy, r0, r1);
+      }
+    }
+  }
+#endif
+  NaturalRows(w, x, T, y, ldy, r0, r1);
+}
+
+const char* KernelTarget() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace spool::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spool::ops {
+
+HWY_EXPORT(QuantRows);
+HWY_EXPORT(HadamardRotate);
+HWY_EXPORT(HadamardTransform);
+HWY_EXPORT(KernelTarget);
+
+const char* quant_kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTarget)(); }
+
+void validate(const QuantView& w) {
+  if (w.rows < 0 || w.cols <= 0)
+    fail("quantized matrix: bad shape [%lld x %lld]", static_cast<long long>(w.rows), static_cast<long long>(w.cols));
+  const int g = w.group;
+  if (g <= 0 || g > w.cols || w.cols % g != 0 || !(g == 32 || g == 64 || g == 128 || g == w.cols))
+    fail("quantized matrix [%lld x %lld]: group size %d must be 32, 64 or 128 (or the column count) and divide the "
+         "column count",
+         static_cast<long long>(w.rows), static_cast<long long>(w.cols), g);
+  if (w.type != QType::kQ2 && w.type != QType::kQ3 && w.type != QType::kQ4 && w.type != QType::kTernary)
+    fail("quantized matrix: unknown type %d", static_cast<int>(w.type));
+  if (w.rows > 0 && (w.qweight == nullptr || w.scales == nullptr || w.codebook == nullptr))
+    fail("quantized matrix [%lld x %lld]: missing qweight, scales or codebook", static_cast<long long>(w.rows),
+         static_cast<long long>(w.cols));
+}
+
+void quant_matmul_rows(const QuantView& w, const float* x_rot, int64_t T, float* y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+  validate(w);
+  if (r0 < 0 || r1 > w.rows) fail("quant_matmul_rows: rows [%lld, %lld) outside [0, %lld)", static_cast<long long>(r0),
+                                  static_cast<long long>(r1), static_cast<long long>(w.rows));
+  if (r0 >= r1 || T <= 0) return;
+  HWY_DYNAMIC_DISPATCH(QuantRows)(w, x_rot, T, y, ldy, r0, r1);
+}
+
+void hadamard_transform(float* x, int64_t n) {
+  if (n <= 0) return;
+  HWY_DYNAMIC_DISPATCH(HadamardTransform)(x, n);
+}
+
+void hadamard_rotate(const int8_t* signs, const float* x, int64_t n, float* out) {
+  if (n <= 0) return;
+  HWY_DYNAMIC_DISPATCH(HadamardRotate)(signs, x, n, out);
+}
+
+void quant_matmul(const QuantView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  validate(w);
+  if (T <= 0 || w.rows == 0) return;
+  const float* xr = x;
+  thread_local qmm::Scratch<float> rot;
+  if (w.signs != nullptr) {
+    float* buf = rot.get(static_cast<size_t>(T * w.cols));
+    for (int64_t t = 0; t < T; ++t) hadamard_rotate(w.signs, x + t * w.cols, w.cols, buf + t * w.cols);
+    xr = buf;
+  }
+  const int64_t work = w.rows * w.cols * T;
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
+    HWY_DYNAMIC_DISPATCH(QuantRows)(w, xr, T, y, w.rows, 0, w.rows);
+    return;
+  }
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(QuantRows)(w, xr, T, y, w.rows, b, e);
+  });
+}
+
+void quant_matmul_reference(const QuantView& w, const float* x, int64_t T, float* y) {
+  validate(w);
+  const int64_t n = w.cols, ng = w.groups_per_row(), gb = qtype_group_bytes(w.type, w.group);
+  std::vector<double> xr(static_cast<size_t>(T * n)), row(static_cast<size_t>(n));
+  for (int64_t t = 0; t < T; ++t) {
+    double* v = xr.data() + t * n;
+    for (int64_t c = 0; c < n; ++c) v[c] = static_cast<double>(x[t * n + c]) * (w.signs ? w.signs[c] : 1);
+    if (w.signs != nullptr) qmm::fwht_double(v, n);
+  }
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const uint8_t* grp = w.qweight + (r * ng + gi) * gb;
+      const double s = f16_to_f32(w.scales[r * ng + gi]);
+      for (int64_t j = 0; j < w.group; ++j)
+        row[gi * w.group + j] = static_cast<double>(w.codebook[qmm::code_at(w.type, grp, j)]) * s;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      double acc = 0;
+      for (int64_t c = 0; c < n; ++c) acc += row[c] * xr[t * n + c];
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace spool::ops
+#endif  // HWY_ONCE
