@@ -511,7 +511,7 @@ HWY_INLINE void ScalesToF32(const uint16_t* HWY_RESTRICT s, int64_t n, float* HW
   const hn::Rebind<hwy::float16_t, DF> dh;
   int64_t i = 0;
   for (; i + kN <= n; i += kN)
-    hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(s + i))), df, out + i);
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(s + i))), df, out + i);
   for (; i < n; ++i) out[i] = f16_to_f32(s[i]);
   for (int64_t k = 0; k < kN; ++k) out[n + k] = 0.0f;
 }
