@@ -1,0 +1,222 @@
+// Micro-benchmarks of the quantized kernels (Google Benchmark), all against baselines measured
+// in the same binary (the VM's memory bandwidth is noisy: compare within one run):
+//   - memory read bandwidth (sum of a 1 GiB buffer), 1 and 2 threads;
+//   - decode GEMV in GB/s of weight bytes (qweight + fp16 scales) for q2/q3/q4/ternary and the
+//     bf16 GEMV, "hot" (one matrix, L3-resident when small) and "stream" (cycling through copies
+//     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts);
+//   - prefill GEMM GFLOP/s at T = 512; input rotation time.
+//   build/bench/quant_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "ops/matmul.h"
+#include "ops/quant_matmul.h"
+#include "ops/thread_pool.h"
+#include "quant/hadamard.h"
+#include "quant/quantize.h"
+
+namespace {
+
+using spool::ops::QType;
+using spool::quant::QuantizedMatrix;
+
+constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary};
+constexpr size_t kStreamBytes = size_t{256} << 20;
+
+std::vector<float> randn(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// One quantized matrix per (type, shape, group), copied `copies` times into separate buffers.
+struct QuantSet {
+  std::vector<QuantizedMatrix> mats;
+  std::vector<spool::ops::QuantView> views;
+  uint64_t bytes_each = 0;
+};
+
+QuantSet make_set(QType t, int64_t rows, int64_t cols, int g, bool stream) {
+  static spool::ops::ThreadPool qpool(2);
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 1);
+  const std::vector<int8_t> s = spool::quant::rotation_signs(1, "bench", cols);
+  QuantSet set;
+  set.mats.push_back(spool::quant::quantize(W.data(), rows, cols, t, g, s.data(), &qpool));
+  set.bytes_each = set.mats[0].view().nbytes();
+  const size_t copies = stream ? (kStreamBytes + set.bytes_each - 1) / set.bytes_each : 1;
+  for (size_t i = 1; i < copies; ++i) set.mats.push_back(set.mats[0]);
+  for (const auto& m : set.mats) set.views.push_back(m.view());
+  return set;
+}
+
+// Read bandwidth: sum of a buffer (the bound a GEMV can approach).
+void BM_MemoryRead(benchmark::State& st) {
+  const size_t bytes = static_cast<size_t>(st.range(0)) << 20;
+  const int threads = static_cast<int>(st.range(1));
+  std::vector<uint64_t> buf(bytes / 8, 1);
+  spool::ops::ThreadPool pool(threads);
+  std::vector<uint64_t> sums(threads);
+  for (auto _ : st) {
+    pool.parallel_for(static_cast<int64_t>(buf.size()), 4096, [&](int64_t b, int64_t e, int t) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t i = b; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      sums[t] += s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MemoryRead)->ArgNames({"MiB", "threads"})->Args({1024, 1})->Args({1024, 2})->UseRealTime();
+
+// Decode GEMV, y = W x (one token, x already rotated: quant_matmul_rows per thread chunk the
+// way quant_matmul does, so the rotation is measured separately). Args: type, rows, cols,
+// threads, stream, group.
+void BM_QuantGemv(benchmark::State& st) {
+  const QType t = static_cast<QType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2);
+  const int threads = static_cast<int>(st.range(3));
+  const bool stream = st.range(4) != 0;
+  const int g = static_cast<int>(st.range(5));
+  const QuantSet set = make_set(t, rows, cols, g, stream);
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  spool::ops::ThreadPool pool(threads);
+  size_t i = 0;
+  for (auto _ : st) {
+    const spool::ops::QuantView& v = set.views[i];
+    i = (i + 1) % set.views.size();
+    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
+      spool::ops::quant_matmul_rows(v, x.data(), 1, y.data(), rows, b, e);
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + " " +
+              spool::ops::quant_kernel_target());
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+
+void QuantGemvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g"});
+  for (int stream : {1, 0})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8192, 2048}, {2048, 8192}})
+      for (QType t : kTypes)
+        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64});
+  for (int g : {32, 128})  // group size effect, q4 and ternary
+    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g});
+}
+BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
+
+// bf16 GEMV through the existing dense kernel. Args: rows, cols, threads, stream.
+void BM_GemvBF16(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1);
+  const int threads = static_cast<int>(st.range(2));
+  const bool stream = st.range(3) != 0;
+  const uint64_t bytes = static_cast<uint64_t>(rows * cols) * 2;
+  const size_t copies = stream ? (kStreamBytes + bytes - 1) / bytes : 1;
+  std::vector<std::vector<uint16_t>> ws(copies);
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 2);
+  for (auto& w : ws) {
+    w.resize(W.size());
+    for (size_t k = 0; k < W.size(); ++k) w[k] = spool::ops::f32_to_bf16(W[k]);
+  }
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  spool::ops::ThreadPool pool(threads);
+  size_t i = 0;
+  for (auto _ : st) {
+    spool::ops::WeightView v{spool::ops::WType::kBF16, rows, cols, ws[i].data()};
+    i = (i + 1) % ws.size();
+    spool::ops::matmul(v, x.data(), 1, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(stream ? "bf16 stream" : "bf16 hot");
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemvBF16)
+    ->ArgNames({"rows", "cols", "thr", "stream"})
+    ->Args({8192, 2048, 1, 1})
+    ->Args({8192, 2048, 2, 1})
+    ->Args({2048, 8192, 1, 1})
+    ->Args({2048, 8192, 2, 1})
+    ->Args({8192, 2048, 2, 0})
+    ->UseRealTime();
+
+// Prefill GEMM, Y = X W^T for T tokens (2 threads; includes the input rotation).
+void BM_QuantGemm(benchmark::State& st) {
+  const QType t = static_cast<QType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
+  const QuantSet set = make_set(t, rows, cols, 64, false);
+  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
+  spool::ops::ThreadPool pool(2);
+  for (auto _ : st) {
+    spool::ops::quant_matmul(set.views[0], x.data(), T, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(spool::quant::qtype_name(t));
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+void QuantGemmArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "T"});
+  for (QType t : kTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 512});
+  b->Args({static_cast<int64_t>(QType::kQ4), 8192, 2048, 512});
+  b->Args({static_cast<int64_t>(QType::kQ4), 2048, 2048, 3});
+}
+BENCHMARK(BM_QuantGemm)->Apply(QuantGemmArgs)->UseRealTime();
+
+void BM_GemmBF16(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1), T = st.range(2);
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 2);
+  std::vector<uint16_t> w(W.size());
+  for (size_t k = 0; k < W.size(); ++k) w[k] = spool::ops::f32_to_bf16(W[k]);
+  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
+  spool::ops::WeightView v{spool::ops::WType::kBF16, rows, cols, w.data()};
+  spool::ops::ThreadPool pool(2);
+  for (auto _ : st) {
+    spool::ops::matmul(v, x.data(), T, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel("bf16");
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemmBF16)->ArgNames({"rows", "cols", "T"})->Args({2048, 2048, 512})->UseRealTime();
+
+// Input rotation (once per token and sign vector).
+void BM_RotateInput(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  const std::vector<int8_t> s = spool::quant::rotation_signs(1, "bench", n);
+  std::vector<float> x = randn(static_cast<size_t>(n), 3), y(static_cast<size_t>(n));
+  for (auto _ : st) {
+    spool::quant::rotate_input(s.data(), x.data(), n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+BENCHMARK(BM_RotateInput)->Arg(2048)->Arg(2880)->Arg(8192);
+
+// Quantization speed (converter), rows of 2048 on 2 threads.
+void BM_Quantize(benchmark::State& st) {
+  const QType t = static_cast<QType>(st.range(0));
+  const int64_t rows = 1024, cols = 2048;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 4);
+  const std::vector<int8_t> s = spool::quant::rotation_signs(1, "bench", cols);
+  spool::ops::ThreadPool pool(2);
+  for (auto _ : st) benchmark::DoNotOptimize(spool::quant::quantize(W.data(), rows, cols, t, 64, s.data(), &pool));
+  st.SetLabel(spool::quant::qtype_name(t));
+  st.counters["Mw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e6, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Quantize)->Arg(static_cast<int64_t>(QType::kQ4))->Arg(static_cast<int64_t>(QType::kTernary))->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
