@@ -89,7 +89,7 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
     for (int64_t j = 0; j < T * H; ++j) h_[j] += tmp_[j];
     ops::rms_norm_rows(h_.data(), L.post_norm.data(), T, H, spec_.rms_norm_eps, xn_.data());
     if (L.moe) {
-      L.moe->forward(xn_.data(), T, i, top_k_, *provider_, hooks.on_route, tmp_.data(), pool_);
+      L.moe->forward(xn_.data(), T, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, tmp_.data(), pool_);
     } else {
       L.mlp->forward(xn_.data(), T, tmp_.data(), pool_);
     }

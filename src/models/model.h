@@ -25,7 +25,8 @@ enum class LogitsMode {
 
 /// Optional observers for tests and tools (calibration, debugging).
 struct ForwardHooks {
-  RouteObserver on_route;  // per (MoE layer, token) chosen experts
+  RouteObserver on_route;     // per (MoE layer, token) chosen experts
+  MarginObserver on_margin;   // per (MoE layer, token) routing margin
   /// hidden[T, H] entering layer `index` (index == n_layers: after the final norm).
   std::function<void(int index, const float* hidden, int64_t T)> on_hidden;
 };

@@ -11,7 +11,7 @@
 
 namespace spool::models {
 
-void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights) {
+void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights, float* margin) {
   // Softmax numerators e_i = exp(l_i - max), each computed on its own; everything below
   // depends on the logits as a set, not on expert numbering (so a repacked checkpoint with
   // permuted experts and router rows routes and weighs bit-identically).
@@ -25,11 +25,19 @@ void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids
     idx = big.data();
   }
   std::iota(idx, idx + n_experts, 0);
-  // Best k by (probability desc, id asc).
-  std::partial_sort(idx, idx + k, idx + n_experts, [&](int a, int b) {
+  // Best k (k + 1 when the margin is wanted) by (probability desc, id asc).
+  const int sorted = margin != nullptr && k < n_experts ? k + 1 : k;
+  std::partial_sort(idx, idx + sorted, idx + n_experts, [&](int a, int b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   });
   double z = 0.0;
+  if (margin != nullptr) {
+    std::vector<float> e(logits, logits + n_experts);
+    std::sort(e.begin(), e.end());
+    double full = 0.0;
+    for (float x : e) full += x;
+    *margin = k < n_experts ? static_cast<float>((logits[idx[k - 1]] - logits[idx[k]]) / full) : 1.0f;
+  }
   if (renormalize) {
     for (int i = 0; i < k; ++i) z += logits[idx[i]];  // rank order
   } else {
@@ -55,14 +63,17 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
 }
 
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
-                       const RouteObserver& observer, float* out, ops::ThreadPool* pool) {
+                       const RouteObserver& observer, const MarginObserver& margins, float* out, ops::ThreadPool* pool) {
   const int E = m_.n_experts, K = top_k, H = hidden_, I = m_.intermediate;
   logits_.resize(T * E);
   ids_.resize(T * K);
   weights_.resize(T * K);
   ops::matmul(router_, x, T, logits_.data(), pool);  // [T, E]
   for (int64_t t = 0; t < T; ++t) {
-    route_top_k(logits_.data() + t * E, E, K, m_.norm_topk_prob, ids_.data() + t * K, weights_.data() + t * K);
+    float margin = 0.0f;
+    route_top_k(logits_.data() + t * E, E, K, m_.norm_topk_prob, ids_.data() + t * K, weights_.data() + t * K,
+                margins ? &margin : nullptr);
+    if (margins) margins(layer, t, margin);
     if (observer)
       observer(layer, t, std::span<const int>(ids_.data() + t * K, K), std::span<const float>(weights_.data() + t * K, K));
   }

@@ -22,12 +22,18 @@ namespace spool::models {
 
 /// Called once per token and MoE layer with the chosen experts (best first) and their weights.
 using RouteObserver = std::function<void(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights)>;
+/// Called once per token and MoE layer with the routing margin: the softmax probability of
+/// the k-th chosen expert minus that of the best expert left out. A margin near float
+/// precision (~1e-7) means another implementation may legitimately route differently.
+using MarginObserver = std::function<void(int layer, int64_t token, float margin)>;
 
 /// Selects the top-k experts of one token from router logits [n_experts] (overwritten with
 /// softmax numerators). Ties go to the lower expert id (as torch.topk in practice). Writes k
 /// ids (best first) and their softmax probabilities, renormalised over the k kept when
 /// `renormalize`. The result does not depend on how experts are numbered.
-void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights);
+/// If `margin` is not null it receives p_k - p_{k+1} (full-softmax probabilities; 1 when
+/// k == n_experts).
+void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights, float* margin = nullptr);
 
 class MoeBlock {
  public:
@@ -37,7 +43,7 @@ class MoeBlock {
   /// x: [T, H] (normed input); out: [T, H]. `top_k` experts per token (<= native; the caller
   /// applies K-reduction), renormalised when the model renormalises its native top-k.
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
-               const RouteObserver& observer, float* out, ops::ThreadPool* pool);
+               const RouteObserver& observer, const MarginObserver& margins, float* out, ops::ThreadPool* pool);
 
  private:
   MoeSpec m_;
