@@ -58,10 +58,7 @@ int nearest_code(QType t, float x) {
   if (std::isnan(x)) x = 0.0f;
   const float lim = 1.5f * std::max(std::fabs(c.front()), std::fabs(c.back()));
   x = std::clamp(x, -lim, lim);
-  const double xd = x;
-  int code = 0;
-  for (double b : m) code += xd > b ? 1 : 0;  // boundaries ascending: count of those below x
-  return code;
+  return code_from_boundaries(m, x);  // boundaries ascending: count of those below x
 }
 
 QType qtype_from_levels(int64_t n) {

@@ -32,6 +32,21 @@ int nearest_code(QType t, float x);
 /// Decision boundaries (midpoints, double) of a type: levels(t) - 1 values, ascending.
 std::span<const double> boundaries(QType t);
 
+/// Number of boundaries strictly below x (= the nearest code, ties low) for ascending
+/// boundaries `mid`; x already clipped. Branch-free binary search when mid.size() + 1 is a
+/// power of two. The inner step of nearest_code(), exposed for the quantizer's hot loop.
+inline int code_from_boundaries(std::span<const double> mid, double x) {
+  const size_t levels = mid.size() + 1;
+  if ((levels & (levels - 1)) == 0) {
+    size_t code = 0;
+    for (size_t step = levels / 2; step > 0; step /= 2) code += x > mid[code + step - 1] ? step : 0;
+    return static_cast<int>(code);
+  }
+  int code = 0;
+  for (double b : mid) code += x > b ? 1 : 0;
+  return code;
+}
+
 /// The type with `n` codebook entries: 3 -> ternary, 4 -> q2, 8 -> q3, 16 -> q4.
 /// Throws spool::Error for any other count (e.g. a corrupt `.codebook` tensor).
 QType qtype_from_levels(int64_t n);

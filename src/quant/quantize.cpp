@@ -81,9 +81,7 @@ void quantize_rows(const float* W, int64_t cols, QType t, int g, const int8_t* s
       scales[r * ng + gi] = h;
       for (int j = 0; j < g; ++j) {
         const double x = std::clamp(v[j] / s, -lim, lim);
-        int code = 0;
-        for (double b : mid) code += x > b ? 1 : 0;
-        codes[static_cast<size_t>(j)] = static_cast<uint8_t>(code);
+        codes[static_cast<size_t>(j)] = static_cast<uint8_t>(code_from_boundaries(mid, x));
       }
       pack_group(t, codes.data(), g, qweight + r * rb + gi * gb);
     }
