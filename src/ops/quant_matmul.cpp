@@ -233,7 +233,6 @@ struct Layout {
   int group = 0;
   int64_t nsb = 0;  // super-blocks per row
   int64_t len = 0;  // slots per row = nsb * slots * N
-  std::vector<int32_t> map;  // [len] column of each slot, -1 for padding
   std::vector<int32_t> g0;   // [nsb] group of lane 0
   std::vector<int32_t> rel;  // [nsb * N] group of each lane minus g0 (< N)
 };
@@ -254,7 +253,6 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
   L.group = group;
   L.nsb = (rb + sbb - 1) / sbb;
   L.len = L.nsb * S * kN;
-  L.map.assign(static_cast<size_t>(L.len), -1);
   L.g0.assign(static_cast<size_t>(L.nsb), 0);
   L.rel.assign(static_cast<size_t>(L.nsb * kN), 0);
   for (int64_t j = 0; j < L.nsb; ++j) {
@@ -262,13 +260,7 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
     for (int64_t k = 0; k < kN; ++k) {
       const int64_t o = j * sbb + k * bpl;
       int64_t grp = ngroups - 1;
-      if (o < rb) {
-        grp = o / gb;
-        const int64_t ob = o % gb;
-        const int64_t base = type == QType::kTernary ? ob * 5 : ob * 8 / bits;
-        for (int s = 0; s < S; ++s)
-          if (base + s < group) L.map[static_cast<size_t>((j * S + s) * kN + k)] = static_cast<int32_t>(grp * group + base + s);
-      }
+      if (o < rb) grp = o / gb;
       if (first < 0) first = grp;
       L.g0[static_cast<size_t>(j)] = static_cast<int32_t>(first);
       // Padding lanes past the row take the row's last group (their x slots are zero).
@@ -278,10 +270,47 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
   return L;
 }
 
-// x [cols] -> slot order [L.len].
+// One SB of x in lane-major order (lane k holds S consecutive values) -> slot-major.
+template <int S>
+HWY_INLINE void TransposeSB(const float* HWY_RESTRICT in, float* HWY_RESTRICT out) {
+  if constexpr (S == 5) {
+    for (int s = 0; s < S; ++s)
+      for (int64_t k = 0; k < kN; ++k) out[s * kN + k] = in[k * S + s];
+  } else {
+    for (int64_t k = 0; k < kN; ++k)
+      for (int s = 0; s < S; ++s) out[s * kN + k] = in[k * S + s];
+  }
+}
+
+// x [cols] -> slot order [L.len]: slot s of lane k of SB j holds the column decoded there, 0 for
+// padding. For b-bit types lane k of SB j holds columns (j N + k) S + s; for ternary, byte o of
+// the row holds codes 5 (o % gb) + d of group o / gb, so x is first spread to 5 slots per byte
+// with zeros in the padding slots of each group.
+template <QType Q>
 HWY_INLINE void ToSlots(const Layout& L, const float* HWY_RESTRICT x, float* HWY_RESTRICT xk) {
-  const int32_t* m = L.map.data();
-  for (int64_t i = 0; i < L.len; ++i) xk[i] = m[i] >= 0 ? x[m[i]] : 0.0f;
+  constexpr int S = qmm::lane_slots(Q);
+  constexpr int64_t sbn = kN * S;  // floats per SB
+  const float* src = x;
+  int64_t avail = L.cols;
+  if constexpr (Q == QType::kTernary) {
+    thread_local Scratch<float> xgb;
+    const int64_t g = L.group, gs = qtype_group_bytes(Q, g) * 5, ng = L.cols / g;
+    float* xg = xgb.get(static_cast<size_t>(L.len));
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      std::copy_n(x + gi * g, g, xg + gi * gs);
+      std::fill(xg + gi * gs + g, xg + (gi + 1) * gs, 0.0f);
+    }
+    std::fill(xg + ng * gs, xg + L.len, 0.0f);
+    src = xg;
+    avail = L.len;
+  }
+  const int64_t full = std::min(L.nsb, avail / sbn);
+  for (int64_t j = 0; j < full; ++j) TransposeSB<S>(src + j * sbn, xk + j * sbn);
+  if (full < L.nsb) {  // one partial SB at the end of a b-bit row
+    alignas(64) float tmp[16 * 16] = {};
+    std::copy_n(src + full * sbn, avail - full * sbn, tmp);
+    TransposeSB<S>(tmp, xk + full * sbn);
+  }
 }
 
 // Bytes a fast-path lane load of one SB may touch.
@@ -615,7 +644,7 @@ void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
 
   if (T == 1) {
     float* xk = xkb.get(static_cast<size_t>(L.len));
-    ToSlots(L, x, xk);
+    ToSlots<Q>(L, x, xk);
     const uint8_t* qrow[kMaxRows];
     const float* sc[kMaxRows];
     int64_t r = r0;
@@ -642,7 +671,7 @@ void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
   float* wk = wkb.get(static_cast<size_t>(4 * L.len));
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
     const int64_t nt = std::min(tile, T - t0);
-    for (int64_t t = 0; t < nt; ++t) ToSlots(L, x + (t0 + t) * w.cols, xk + t * L.len);
+    for (int64_t t = 0; t < nt; ++t) ToSlots<Q>(L, x + (t0 + t) * w.cols, xk + t * L.len);
     for (int64_t r = r0; r < r1; r += 4) {
       const int nr = static_cast<int>(std::min<int64_t>(4, r1 - r));
       const uint8_t* qrow[4];
