@@ -238,7 +238,7 @@ struct Layout {
 };
 
 const Layout& GetLayout(QType type, int64_t cols, int group) {
-  constexpr int kCache = 8;
+  constexpr int kCache = 16;
   thread_local Layout cache[kCache];
   thread_local int next = 0;
   for (const Layout& l : cache)
