@@ -506,17 +506,19 @@ HWY_INLINE VF LaneScales(DF df, const float* sc, const Layout& L, int64_t j, con
   return hn::TableLookupLanes(hn::LoadU(df, sc + L.g0[static_cast<size_t>(j)]), ind);
 }
 
-// out[r] = dot(row r, xk) for R rows in slot order.
-template <QType Q, int R>
+// out[t * ldo + r] = dot(row r, token t) for R rows and TT tokens in slot order (token t's
+// slots at xk + t * L.len): each decoded centroid vector serves TT tokens.
+template <QType Q, int R, int TT>
 HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* const* qrow, const float* const* sc,
-                          const float* HWY_RESTRICT xk, float* out, const uint8_t* pf) {
+                          const float* HWY_RESTRICT xk, float* out, int64_t ldo, const uint8_t* pf) {
   const DF df;
   const DU du;
   const DI di;
   constexpr int S = qmm::lane_slots(Q);
   constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
-  VF acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+  VF acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
   for (int64_t j = 0; j < L.nsb; ++j) {
     // The R rows are contiguous in memory but read interleaved, which the hardware prefetchers
     // follow poorly: prefetch the rows of a later block at the same pace.
@@ -524,23 +526,30 @@ HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* cons
       for (int64_t k = 0; k < R * sbb; k += 64) hwy::Prefetch(pf + j * R * sbb + k);
     Stepper<Q> st[R];
     for (int r = 0; r < R; ++r) st[r].init(LoadLanes<Q>(du, qrow[r] + j * sbb));
-    VF p[R];
+    VF p[TT][R];
     const float* xj = xk + j * S * kN;
     ForSlots<S>([&](auto s) {
-      const VF xv = hn::Load(df, xj + s * kN);
+      VF xv[TT];
+      for (int t = 0; t < TT; ++t) xv[t] = hn::Load(df, xj + t * L.len + s * kN);
       for (int r = 0; r < R; ++r) {
         const VF c = Lookup<Q, Stepper<Q>::kTable[decltype(s)::value]>(tb, st[r].template next<decltype(s)::value>());
-        if constexpr (s == 0) {
-          p[r] = hn::Mul(c, xv);
-        } else {
-          p[r] = hn::MulAdd(c, xv, p[r]);
+        for (int t = 0; t < TT; ++t) {
+          if constexpr (s == 0) {
+            p[t][r] = hn::Mul(c, xv[t]);
+          } else {
+            p[t][r] = hn::MulAdd(c, xv[t], p[t][r]);
+          }
         }
       }
     });
     const auto ind = hn::IndicesFromVec(df, hn::LoadU(di, L.rel.data() + j * kN));
-    for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(p[r], LaneScales(df, sc[r], L, j, ind), acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const VF scv = LaneScales(df, sc[r], L, j, ind);
+      for (int t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(p[t][r], scv, acc[t][r]);
+    }
   }
-  for (int r = 0; r < R; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
 }
 
 // Row r of w in slot order, scaled: wk[L.len].
@@ -586,6 +595,8 @@ HWY_INLINE void GemmBlock(const float* HWY_RESTRICT w, int64_t ldw, const float*
 template <int R>
 void GemmRowBlock(const float* w, int64_t n, const float* x, int64_t nt, float* y, int64_t ldy) {
   int64_t t = 0;
+  if constexpr (kN == 16)  // 32 registers: a 4x4 block (16 accumulators)
+    for (; t + 4 <= nt; t += 4) GemmBlock<R, 4>(w, n, x + t * n, n, n, y + t * ldy, ldy);
   for (; t + 2 <= nt; t += 2) GemmBlock<R, 2>(w, n, x + t * n, n, n, y + t * ldy, ldy);
   for (; t < nt; ++t) GemmBlock<R, 1>(w, n, x + t * n, n, n, y + t * ldy, ldy);
 }
@@ -602,6 +613,9 @@ HWY_INLINE void ScalesToF32(const uint16_t* HWY_RESTRICT s, int64_t n, float* HW
 }
 
 constexpr int64_t kTokenTile = 64;
+// Token counts up to which the decode kernel (decode once per 2 tokens) beats dequantizing
+// into a scratch block (measured on Zen 4; AVX2 has too few registers for 2-token blocks).
+constexpr int64_t kSmallT = HWY_TARGET == HWY_AVX3 ? 4 : 1;
 constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (into L1)
 constexpr int kMaxRows = 8;
 
@@ -642,9 +656,10 @@ void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
     sc[i] = s;
   };
 
-  if (T == 1) {
-    float* xk = xkb.get(static_cast<size_t>(L.len));
-    ToSlots<Q>(L, x, xk);
+  if (T <= kSmallT) {
+    // Decode: stream the rows once; each decoded block serves up to 2 tokens at a time.
+    float* xk = xkb.get(static_cast<size_t>(T * L.len));
+    for (int64_t t = 0; t < T; ++t) ToSlots<Q>(L, x + t * w.cols, xk + t * L.len);
     const uint8_t* qrow[kMaxRows];
     const float* sc[kMaxRows];
     int64_t r = r0;
@@ -653,10 +668,21 @@ void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
     auto block = [&](auto rows) {
       constexpr int R = decltype(rows)::value;
       for (int i = 0; i < R; ++i) prep(r + i, i, qrow, sc);
-      float out[R];
       const int64_t rp = r + R * pf_blocks;
-      GemvBlock<Q, R>(L, tb, qrow, sc, xk, out, rp + R <= w.rows ? w.qweight + rp * rb : nullptr);
-      for (int i = 0; i < R; ++i) y[r + i] = out[i];
+      const uint8_t* pf = rp + R <= w.rows ? w.qweight + rp * rb : nullptr;
+      float out[2 * R];
+      int64_t t = 0;
+      for (; t + 2 <= T; t += 2) {
+        GemvBlock<Q, R, 2>(L, tb, qrow, sc, xk + t * L.len, out, R, pf);
+        for (int i = 0; i < R; ++i) {
+          y[t * ldy + r + i] = out[i];
+          y[(t + 1) * ldy + r + i] = out[R + i];
+        }
+      }
+      if (t < T) {
+        GemvBlock<Q, R, 1>(L, tb, qrow, sc, xk + t * L.len, out, R, pf);
+        for (int i = 0; i < R; ++i) y[t * ldy + r + i] = out[i];
+      }
       r += R;
     };
     constexpr int RB = DecodeRows<Q>();
