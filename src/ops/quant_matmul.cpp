@@ -11,8 +11,9 @@
 // order" (zeros in padding slots), so the inner loop is decode -> permute -> FMA. Each lane's
 // partial sum is multiplied by its group's scale (per-lane scale vector: lanes of one SB may
 // belong to different groups). Layout tables are cached per thread and per (type, cols, group).
-// Decode (T == 1) streams 4 rows at a time; prefill (T > 1) dequantizes 4 rows into f32 slot
-// order once per token tile and runs a 4-row x 2-token FMA block over the tile.
+// Decode (T == 1, and T <= 4 on AVX3, 2 tokens per pass) streams 4 rows at a time, prefetching
+// the rows of a later block; prefill (larger T) dequantizes 4 rows into f32 slot order once per
+// token tile and runs a 4-row x 4-token (AVX3; else x 2) FMA block over the tile.
 // Group sizes whose groups do not start on a lane boundary (only possible when group == cols)
 // and the HWY_SCALAR target use a plain "dequantize row, then dot" path.
 #undef HWY_TARGET_INCLUDE

@@ -86,7 +86,7 @@ TEST(QuantMatmul, KernelsMatchReferenceEveryTarget) {
         const QuantizedMatrix q =
             spool::quant::quantize(W.data(), sh.rows, sh.cols, type, sh.group, rotated ? signs.data() : nullptr);
         const QuantView v = q.view();
-        for (int64_t T : {1, 3, 70}) {
+        for (int64_t T : {1, 2, 3, 5, 70}) {
           const std::vector<float> x = randn(static_cast<size_t>(T * sh.cols), 7 * T + sh.cols);
           std::vector<float> ref(static_cast<size_t>(T * sh.rows));
           quant_matmul_reference(v, x.data(), T, ref.data());
