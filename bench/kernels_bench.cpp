@@ -94,7 +94,11 @@ BENCHMARK_MAIN();
 void BM_AttentionDecode(benchmark::State& st) {
   const int64_t n = st.range(0);
   const int hd = 64, nh = 4, nkv = 2;
-  std::vector<float> k(static_cast<size_t>(nkv) * hd * n, 0.01f), v(k.size(), 0.02f), q(nh * hd, 0.1f), out(nh * hd);
+  const size_t kv_floats = static_cast<size_t>(nkv) * hd * static_cast<size_t>(n);
+  std::vector<float> k(kv_floats, 0.01f);
+  std::vector<float> v(kv_floats, 0.02f);
+  std::vector<float> q(static_cast<size_t>(nh) * hd, 0.1f);
+  std::vector<float> out(static_cast<size_t>(nh) * hd);
   spool::ops::KVView kv{k.data(), v.data(), n, nkv, hd, hd};
   spool::ops::ThreadPool pool(static_cast<int>(st.range(1)));
   for (auto _ : st) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages spool needs (only those missing) and builds spool
-# (Release, Ninja) into build/. Safe to run again: it only rebuilds what changed.
+# Installs the Debian 12 packages spool needs (only those missing) and builds the spool
+# binary (Release, Ninja) into build/, unpacking the demo model next to it. Safe to run
+# again: it only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,4 +24,5 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+# The spool binary and the demo model only; scripts/test.sh builds the tests.
+cmake --build build -j"$(nproc)" --target spool

@@ -24,6 +24,7 @@ void run(const CalibrateOptions& o) {
   if (o.pin_out.empty() && o.perm_out.empty()) throw UsageError("give --pin-out and/or --perm-out");
   if (!o.pin_out.empty() && !(o.pin_gb > 0)) throw UsageError("--pin-out needs --pin-gb > 0");
   if (o.max_tokens < 2) throw UsageError("--max-tokens must be at least 2");
+  if (o.window <= 0) throw UsageError(strfmt("--window must be positive (got %lld)", (long long)o.window));
   const std::string text = read_file(o.file);
   Loaded l = load_model(o.model);
   if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; calibrate needs one", o.model.dir().c_str()));

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("-m,--model", model, "Model directory (HF layout: config.json, *.safetensors, tokenizer.json); default: the demo model");
   if (!runs_model) return;
-  app->add_option("-t,--threads", threads, "Threads for compute (default: all hardware threads)");
+  app->add_option("-t,--threads", threads, "Threads for compute (default 0 = all hardware threads)");
   app->add_flag("--stream", stream, "Stream routed experts from disk through a cache (default: only when the model does not fit in memory)");
   app->add_flag("--no-stream", no_stream, "Keep every expert resident even if the model looks too big");
   app->add_option("--cache-budget-gb", cache_budget, "Expert cache size in GB, or 'auto' (available memory - resident weights - KV - reserve)");
@@ -54,7 +54,8 @@ engine::LoadOptions ModelOptions::load_options() const {
 
 std::string ModelOptions::dir() const {
   if (!model.empty()) {
-    if (!fs::is_directory(model)) throw Error(strfmt("model directory '%s' does not exist", model.c_str()));
+    if (!fs::exists(model)) throw Error(strfmt("model directory '%s' does not exist", model.c_str()));
+    if (!fs::is_directory(model)) throw Error(strfmt("--model '%s' is not a directory (give the checkpoint's directory)", model.c_str()));
     return model;
   }
   // The demo model the build unpacked, or one next to the executable (installed layouts).
@@ -68,7 +69,7 @@ std::string ModelOptions::dir() const {
 }
 
 int ModelOptions::thread_count() const {
-  if (threads < 0 || threads > 1024) throw UsageError(strfmt("--threads must be between 1 and 1024 (got %d)", threads));
+  if (threads < 0 || threads > 1024) throw UsageError(strfmt("--threads must be 1..1024, or 0 for all hardware threads (got %d)", threads));
   if (threads > 0) return threads;
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
@@ -85,11 +86,12 @@ nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
   j["streaming"] = l.streaming != nullptr;
   j["cache_hit_rate"] = l.streaming ? w.hit_rate() : 1.0;
-  j["experts_read_per_token"] = static_cast<double>(w.misses) * per;
+  j["experts_read_per_token"] = static_cast<double>(w.experts_read()) * per;
   j["bytes_read"] = w.bytes_read;
   j["bytes_read_per_token"] = static_cast<double>(w.bytes_read) * per;
   j["prefetch_rescue_rate"] = w.rescue_rate();
   j["prefetch_issued"] = w.prefetch_issued;
+  j["cache_peak_bytes"] = w.cache_peak_bytes;
   j["page_cache_resident_bytes"] = engine::page_cache_resident_bytes(*l.ckpt);
   j["model_file_bytes"] = l.ckpt->file_bytes();
   j["tokens"] = tokens;
@@ -103,9 +105,9 @@ std::string stats_line(const Loaded& l, const experts::StreamingStats& w, int64_
                   format_bytes(l.ckpt->file_bytes()).c_str());
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
   return strfmt("experts: hit rate %.1f%%, %.2f read/token, %s/token from disk (%s total)%s; page cache holds %s of the %s model",
-                100.0 * w.hit_rate(), w.misses * per, format_bytes(static_cast<uint64_t>(w.bytes_read * per)).c_str(),
+                100.0 * w.hit_rate(), w.experts_read() * per, format_bytes(static_cast<uint64_t>(w.bytes_read * per)).c_str(),
                 format_bytes(w.bytes_read).c_str(),
-                w.prefetch_issued ? strfmt(", prefetch rescue %.1f%% of %llu", 100.0 * w.rescue_rate(), (unsigned long long)w.prefetch_issued).c_str() : "",
+                w.prefetch_issued ? strfmt(", prefetch rescued %.1f%% of misses (%llu prefetched)", 100.0 * w.rescue_rate(), (unsigned long long)w.prefetch_issued).c_str() : "",
                 format_bytes(pc).c_str(), format_bytes(l.ckpt->file_bytes()).c_str());
 }
 

@@ -22,32 +22,47 @@ struct GenerateOptions {
   int max_tokens = 256;
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
-  std::optional<uint64_t> seed;
+  int64_t seed = -1;  // -1 = random
+  bool has_prompt = false, has_ids = false, has_file = false;
   int64_t prefill_step = 512;
   bool json = false;
 };
 
 engine::SamplingParams sampling_from(const GenerateOptions& o, const io::GenerationDefaults& g) {
   engine::SamplingParams p;  // spool defaults: 0.8 / 0.95 / 40 / 0.05 / 1.0
+  // Values from generation_config.json are checked on their own below: a bad file is an
+  // error (exit 1) naming the file, not a usage error.
   if (g.do_sample.has_value() && !*g.do_sample) p.temperature = 0.0f;
   if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
   if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
   if (g.top_k) p.top_k = static_cast<int>(*g.top_k);
   if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
   if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+  try {
+    p.validate();
+  } catch (const UsageError& e) {
+    throw Error(strfmt("generation_config.json: %s", e.what()));
+  }
   if (o.temp) p.temperature = *o.temp;
   if (o.top_p) p.top_p = *o.top_p;
   if (o.top_k) p.top_k = *o.top_k;
   if (o.min_p) p.min_p = *o.min_p;
   if (o.repeat_penalty) p.repetition_penalty = *o.repeat_penalty;
-  p.seed = o.seed ? *o.seed : std::random_device{}();
+  p.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
   p.validate();
   return p;
 }
 
 void run(const GenerateOptions& o) {
-  const int sources = !o.prompt.empty() + !o.prompt_ids.empty() + !o.file.empty();
+  const int sources = o.has_prompt + o.has_ids + o.has_file;
   if (sources != 1) throw UsageError("give exactly one of --prompt, --prompt-ids or --file");
+  if (o.has_prompt && o.prompt.empty()) throw UsageError("--prompt is empty");
+  if (o.seed < -1) throw UsageError(strfmt("--seed must be >= 0, or -1 for a random seed (got %lld)", (long long)o.seed));
+  // Check what can be checked before loading (a big model takes a while to load).
+  std::vector<int32_t> given_ids;
+  if (o.has_ids) given_ids = parse_id_list(o.prompt_ids);
+  const std::string file_text = o.has_file ? read_file(o.file) : std::string();
+  if (o.has_file && file_text.empty()) throw Error(strfmt("%s is empty", o.file.c_str()));
   if (o.max_tokens < 0) throw UsageError(strfmt("--max-tokens must be >= 0 (got %d)", o.max_tokens));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
   // Validate the parameters before loading anything.
@@ -56,12 +71,11 @@ void run(const GenerateOptions& o) {
   const auto& spec = l.model->spec();
 
   engine::GenerateRequest req;
-  if (!o.prompt_ids.empty()) {
-    req.prompt = parse_id_list(o.prompt_ids);
+  if (o.has_ids) {
+    req.prompt = given_ids;
   } else {
     if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; use --prompt-ids to give token ids", o.model.dir().c_str()));
-    const std::string text = o.file.empty() ? o.prompt : read_file(o.file);
-    req.prompt = l.tok->encode(text, /*add_special=*/false);
+    req.prompt = l.tok->encode(o.has_file ? file_text : o.prompt, /*add_special=*/false);
   }
   for (int32_t id : req.prompt)
     if (id >= spec.vocab_size) throw Error(strfmt("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)spec.vocab_size));
@@ -145,19 +159,24 @@ void register_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a prompt (raw text, no chat template)");
   o->model.add_to(c);
-  c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
-  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
-  c->add_option("-f,--file", o->file, "Read the prompt from a file");
+  CLI::Option* op = c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
+  CLI::Option* oi = c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
+  CLI::Option* of = c->add_option("-f,--file", o->file, "Read the prompt from a file");
   c->add_option("-n,--max-tokens", o->max_tokens, "Tokens to generate at most (default 256)");
   c->add_option("--temp", o->temp, "Temperature; 0 = greedy (default: generation_config.json, else 0.8)");
   c->add_option("--top-p", o->top_p, "Nucleus sampling mass (default: generation_config.json, else 0.95)");
   c->add_option("--top-k", o->top_k, "Keep the k most likely tokens, 0 = off (default: generation_config.json, else 40)");
   c->add_option("--min-p", o->min_p, "Drop tokens below min_p x p(best) (default 0.05)");
   c->add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty, 1 = off (default: generation_config.json, else 1.0)");
-  c->add_option("-s,--seed", o->seed, "Random seed (default: random; reported with --json)");
+  c->add_option("-s,--seed", o->seed, "Random seed; -1 = random (default; the seed used is reported with --json)");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");
   c->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
-  c->callback([o] { run(*o); });
+  c->callback([o, op, oi, of] {
+    o->has_prompt = op->count() > 0;
+    o->has_ids = oi->count() > 0;
+    o->has_file = of->count() > 0;
+    run(*o);
+  });
 }
 
 }  // namespace spool::cli

@@ -50,7 +50,8 @@ void run(const PerplexityOptions& o) {
     j["mean_nll"] = r.mean_nll();
     j["ppl"] = r.ppl();
     j["windows"] = r.window_nll.size();
-    j["seconds"] = now_seconds() - t0;
+    const double secs = now_seconds() - t0;
+    j["timings"] = {{"load_s", l.load_s}, {"eval_s", secs}, {"tok_s", secs > 0 ? r.tokens / secs : 0.0}};
     j["stats"] = stats_json(l, stats_snapshot(l), r.tokens);
     j["peak_rss_bytes"] = peak_rss_bytes();
     std::printf("%s\n", j.dump().c_str());

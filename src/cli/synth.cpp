@@ -84,7 +84,8 @@ void register_synth(CLI::App& app) {
   std::string presets;
   for (const auto& p : models::presets()) presets += "\n  " + p.name + ": " + p.description;
   c->add_option("--preset", o->s.preset, "Architecture:" + presets)->required();
-  c->add_option("--layers", o->s.layers, "Write only the first N layers (default: all; a full 35B is ~70 GB in bf16)");
+  c->add_option("--layers", o->s.layers, "Write only the first N layers (default: all; a full 35B is ~70 GB in bf16)")
+      ->check(CLI::PositiveNumber);
   c->add_option("-o,--out", o->s.out_dir, "Output directory (must be empty unless --force)")->required();
   c->add_option("--dtype", o->s.dtype, "bf16 (default), f16 or f32");
   c->add_option("--layout", o->s.layout, "Expert layout: fused or per-expert (default: the release's)");

@@ -46,8 +46,10 @@ uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt) {
     const size_t pages = (s.file_size() + page - 1) / page;
     vec.resize(pages);
     if (mincore(const_cast<uint8_t*>(s.mapping()), s.file_size(), vec.data()) != 0) continue;
+    uint64_t shard = 0;
     for (size_t i = 0; i < pages; ++i)
-      if (vec[i] & 1) resident += static_cast<uint64_t>(page);
+      if (vec[i] & 1) shard += static_cast<uint64_t>(page);
+    resident += std::min<uint64_t>(shard, s.file_size());  // the last page is partly past EOF
   }
   return resident;
 }
@@ -77,12 +79,12 @@ LoadedModel load(const LoadOptions& opt) {
   if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
   if (opt.io_engine != "pread" && opt.io_engine != "uring")
     throw UsageError(strfmt("--io-engine must be pread or uring (got '%s')", opt.io_engine.c_str()));
-  double budget_gb = -1;
+  double budget_gb = -1;  // < 0: auto; 0: no cache beyond the experts of the current layer
   if (opt.cache_budget != "auto") {
     char* end = nullptr;
     budget_gb = std::strtod(opt.cache_budget.c_str(), &end);
-    if (end == opt.cache_budget.c_str() || *end != '\0' || !(budget_gb > 0) || !std::isfinite(budget_gb))
-      throw UsageError(strfmt("--cache-budget-gb must be a positive number of GB or 'auto' (got '%s')", opt.cache_budget.c_str()));
+    if (end == opt.cache_budget.c_str() || *end != '\0' || !(budget_gb >= 0) || !(budget_gb <= 1e6))
+      throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.cache_budget.c_str()));
   }
   LoadedModel l;
   const double t0 = now_seconds();
@@ -90,7 +92,12 @@ LoadedModel load(const LoadOptions& opt) {
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   l.model = models::load_model(l.ckpt, l.pool.get());
   const models::ModelSpec& spec = l.model->spec();
-  if (opt.max_active_experts != 0) l.model->set_max_active_experts(opt.max_active_experts);
+  if (opt.max_active_experts != 0) {
+    if (opt.max_active_experts < 0 || opt.max_active_experts > spec.moe.top_k)
+      throw UsageError(strfmt("--max-active-experts %d is out of range: the model routes to %d experts per token (0 = native)",
+                              opt.max_active_experts, spec.moe.top_k));
+    l.model->set_max_active_experts(opt.max_active_experts);
+  }
 
   const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes(), dense = total - experts;
   const uint64_t available = available_memory_bytes();
@@ -105,15 +112,17 @@ LoadedModel load(const LoadOptions& opt) {
   if (stream) {
     if (experts == 0) fail("%s: --stream was given but the model has no routed experts to stream", opt.model_dir.c_str());
     experts::StreamingOptions so;
-    if (budget_gb > 0) {
+    if (budget_gb >= 0) {
       so.cache_budget_bytes = static_cast<uint64_t>(budget_gb * kGiB);
     } else {
       const uint64_t used = dense + kv + reserve;
       so.cache_budget_bytes = available > used ? available - used : 0;
+      const bool capped = so.cache_budget_bytes > experts;
       so.cache_budget_bytes = std::min(so.cache_budget_bytes, experts);
-      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - reserve %s",
+      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - reserve %s%s",
                format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(dense).c_str(),
-               format_bytes(kv).c_str(), format_bytes(reserve).c_str());
+               format_bytes(kv).c_str(), format_bytes(reserve).c_str(),
+               capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
     }
     so.workers = opt.prefetch_workers;
     so.engine = opt.io_engine == "uring" ? io::IoEngine::kUring : io::IoEngine::kPread;
@@ -129,8 +138,13 @@ LoadedModel load(const LoadOptions& opt) {
                                                               spec.moe.intermediate, so);
     l.model->set_expert_provider(l.streaming);
     log_info("%s", l.streaming->describe().c_str());
-  } else if (!opt.pin_file.empty() || opt.prefetch_ahead > 0) {
-    log_warn("--pin-file and --prefetch-ahead only apply when streaming (--stream); the experts are resident");
+  } else {
+    if (!opt.pin_file.empty()) {
+      read_pin_file(opt.pin_file);  // still a clear error if the file is missing or malformed
+      log_warn("--pin-file applies only when streaming experts (--stream); all experts are resident, so it has no effect");
+    }
+    if (opt.prefetch_ahead > 0)
+      log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
   }
   if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;

@@ -32,13 +32,14 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
     const int64_t s = w * window;
     const int64_t n = std::min(window, N - 1 - s);  // predicted tokens of this window
     st.reset();
-    logits.resize(static_cast<size_t>(n * V));
+    // Score each forward step as it finishes: only step x vocab logits are held.
+    double nll = 0.0;
     for (int64_t i = 0; i < n; i += step) {
       const int64_t k = std::min(step, n - i);
-      model.forward(ids.subspan(s + i, k), st, models::LogitsMode::kAll, logits.data() + i * V);
+      logits.resize(static_cast<size_t>(k * V));
+      model.forward(ids.subspan(s + i, k), st, models::LogitsMode::kAll, logits.data());
+      for (int64_t j = 0; j < k; ++j) nll += token_nll(logits.data() + j * V, V, ids[s + i + j + 1]);
     }
-    double nll = 0.0;
-    for (int64_t i = 0; i < n; ++i) nll += token_nll(logits.data() + i * V, V, ids[s + i + 1]);
     r.window_nll.push_back(nll);
     r.window_tokens.push_back(n);
     r.sum_nll += nll;

@@ -55,10 +55,17 @@ ExpertCache::Entry* ExpertCache::insert(int layer, int expert) {
     erase(victim);
     ++evictions_;
   }
-  Entry* e = new Entry;
+  uint8_t* buf = take_buffer();
+  Entry* e = nullptr;
+  try {
+    e = new Entry;
+  } catch (...) {
+    free_.push_back(buf);
+    throw;
+  }
   e->layer = layer;
   e->expert = expert;
-  e->data = take_buffer();
+  e->data = buf;
   lru_.push_front(e);
   e->lru = lru_.begin();
   map_[key(layer, expert)] = e;
@@ -69,7 +76,13 @@ ExpertCache::Entry* ExpertCache::insert(int layer, int expert) {
 void ExpertCache::erase(Entry* e) {
   map_.erase(key(e->layer, e->expert));
   lru_.erase(e->lru);
-  free_.push_back(e->data);
+  // Keep the buffer for reuse only while entries + spare buffers fit the budget; buffers of
+  // an over-budget burst (everything pinned) go back to the allocator.
+  if (static_cast<int64_t>(map_.size() + free_.size()) < capacity()) {
+    free_.push_back(e->data);
+  } else {
+    std::free(e->data);
+  }
   delete e;
 }
 

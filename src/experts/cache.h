@@ -1,7 +1,8 @@
 // ExpertCache: one LRU of experts under a byte budget. Each entry owns one buffer of
 // slot_bytes (4096-aligned, reusable for O_DIRECT). Entries in use by the current layer
 // (pins > 0), entries still loading and --pin-file entries are never evicted; when nothing
-// else can go, the cache grows past its budget rather than fail (and reports it).
+// else can go, the cache grows past its budget rather than fail (peak_bytes() tells by how
+// much; the extra buffers are freed as entries leave).
 // Not thread-safe: the owner (StreamingExperts) serialises access.
 #pragma once
 

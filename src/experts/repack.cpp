@@ -1,7 +1,6 @@
 #include "experts/repack.h"
 
 #include <filesystem>
-#include <regex>
 
 #include "common/error.h"
 #include "io/safetensors.h"
@@ -15,10 +14,6 @@ void repack(const io::Checkpoint& in, const std::vector<std::vector<int>>& perm,
   if (fs::exists(out_dir) && !fs::is_empty(out_dir)) fail("%s is not empty; choose a new directory", out_dir.c_str());
   fs::create_directories(out_dir);
   if (fs::equivalent(in.dir(), out_dir)) fail("%s: the output directory must differ from the input", out_dir.c_str());
-  static const std::regex per_expert(R"(^layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
-  static const std::regex fused(R"(^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(\.weight)?$)");
-  static const std::regex router(R"(^layers\.(\d+)\.mlp\.gate\.(weight|e_score_correction_bias)$)");
-  static const std::regex mixtral(R"(^layers\.(\d+)\.block_sparse_moe\.(experts\.(\d+)\.(w1|w2|w3)\.weight|gate\.weight)$)");
   auto layer_perm = [&](int l) -> const std::vector<int>& {
     if (l < 0 || l >= static_cast<int>(perm.size())) fail("repack: no permutation for layer %d", l);
     return perm[l];
@@ -33,40 +28,27 @@ void repack(const io::Checkpoint& in, const std::vector<std::vector<int>>& perm,
     for (const auto& t : sh.tensors()) {
       const std::string n = io::normalize_tensor_name(t.name);
       const uint8_t* src = sh.data(t);
-      std::smatch m;
-      auto proj_of = [](const std::string& p) {
-        return p == "gate_proj" || p == "w1" ? io::ExpertProj::kGate : p == "up_proj" || p == "w3" ? io::ExpertProj::kUp : io::ExpertProj::kDown;
-      };
-      if (std::regex_match(n, m, per_expert)) {
-        const int l = std::stoi(m[1]);
-        const io::TensorRef& s = in.expert(l, layer_perm(l).at(std::stoi(m[2])), proj_of(m[3]));
-        w.append(s.data, s.nbytes);
-      } else if (std::regex_match(n, m, mixtral)) {
-        const int l = std::stoi(m[1]);
-        if (m[3].matched) {  // experts.{e}.w1/w2/w3
-          const io::TensorRef& s = in.expert(l, layer_perm(l).at(std::stoi(m[3])), proj_of(m[4]));
-          w.append(s.data, s.nbytes);
-        } else {  // router rows
-          const auto& pm = layer_perm(l);
-          const uint64_t row = t.nbytes / static_cast<uint64_t>(t.shape[0]);
-          for (int e : pm) w.append(src + e * row, row);
-        }
-      } else if (std::regex_match(n, m, fused)) {
-        const int l = std::stoi(m[1]);
-        const bool gate_up = m[2] == "gate_up_proj";
-        for (int e : layer_perm(l)) {
-          if (gate_up) {
-            const io::TensorRef& g = in.expert(l, e, io::ExpertProj::kGate);
-            const io::TensorRef& u = in.expert(l, e, io::ExpertProj::kUp);
-            w.append(g.data, g.nbytes);
-            w.append(u.data, u.nbytes);
-          } else {
-            const io::TensorRef& d = in.expert(l, e, io::ExpertProj::kDown);
-            w.append(d.data, d.nbytes);
+      if (std::optional<io::ExpertName> en = io::parse_expert_name(n)) {
+        const auto& pm = layer_perm(en->layer);
+        if (en->fused) {  // [E, rows, cols]: write each new expert's slice from its source expert
+          for (int e : pm) {
+            if (en->proj == io::ExpertProj::kGate) {
+              for (auto proj : {io::ExpertProj::kGate, io::ExpertProj::kUp}) {
+                const io::TensorRef& x = in.expert(en->layer, e, proj);
+                w.append(x.data, x.nbytes);
+              }
+            } else {
+              const io::TensorRef& x = in.expert(en->layer, e, io::ExpertProj::kDown);
+              w.append(x.data, x.nbytes);
+            }
           }
+        } else {  // one expert's tensor: take the source expert's bytes of the same part
+          const io::TensorRef* x = in.expert_part(en->layer, pm.at(en->expert), en->proj, en->part);
+          if (x == nullptr) fail("repack: %s has no source tensor for expert %d", t.name.c_str(), pm.at(en->expert));
+          w.append(x->data, x->nbytes);
         }
-      } else if (std::regex_match(n, m, router)) {
-        const auto& pm = layer_perm(std::stoi(m[1]));
+      } else if (std::optional<int> layer = io::parse_router_name(n)) {  // router rows follow the experts
+        const auto& pm = layer_perm(*layer);
         if (t.shape.empty() || static_cast<size_t>(t.shape[0]) != pm.size())
           fail("%s: router '%s' has %lld rows, the permutation %zu", sh.path().c_str(), t.name.c_str(),
                t.shape.empty() ? 0LL : (long long)t.shape[0], pm.size());

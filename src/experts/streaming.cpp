@@ -125,13 +125,19 @@ std::vector<io::ReadRequest> StreamingExperts::plan_reads(const std::vector<Expe
   return merged;
 }
 
-void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) {
-  std::vector<ExpertCache::Entry*> entries(ids.size()), misses, waits;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (size_t i = 0; i < ids.size(); ++i) {
+// Under mu_: finds or inserts an entry for every id and pins it. New entries (misses) and
+// entries still loading (prefetches in flight) are returned for the caller to read / wait on.
+void StreamingExperts::lookup_and_pin(int layer, std::span<const int> ids, std::vector<ExpertCache::Entry*>& entries,
+                                      std::vector<ExpertCache::Entry*>& misses, std::vector<ExpertCache::Entry*>& waits) {
+  size_t i = 0;
+  try {
+    for (; i < ids.size(); ++i) {
       ExpertCache::Entry* e = cache_.find(layer, ids[i]);
       ++stats_.requests;
+      if (e != nullptr && e->state == ExpertCache::State::kFailed && e->pins == 0) {
+        cache_.erase(e);  // a failed read never serves data: read it again
+        e = nullptr;
+      }
       if (e != nullptr) {
         ++stats_.hits;
         if (e->prefetched) {
@@ -148,7 +154,19 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
       cache_.touch(e);
       entries[i] = e;
     }
-    in_use_[layer].insert(in_use_[layer].end(), entries.begin(), entries.end());
+  } catch (...) {  // e.g. out of memory for a slot: undo this call's pins and new entries
+    for (size_t j = 0; j < i; ++j) --entries[j]->pins;
+    for (auto* e : misses) cache_.erase(e);
+    throw;
+  }
+  in_use_[layer].insert(in_use_[layer].end(), entries.begin(), entries.end());
+}
+
+void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) {
+  std::vector<ExpertCache::Entry*> entries(ids.size()), misses, waits;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    lookup_and_pin(layer, ids, entries, misses, waits);
   }
   std::exception_ptr err;
   if (!misses.empty()) {
@@ -167,14 +185,20 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
         err = std::make_exception_ptr(Error(strfmt("reading expert %d of layer %d failed (see the earlier read error)", e->expert, layer)));
     }
     if (err) {
-      // Unpin and drop what this call pinned; failed entries must not serve later requests.
+      // Unpin what this call pinned and drop every failed entry (ours, and prefetches we
+      // waited on): a failed read must never serve data later.
       for (auto* e : entries) --e->pins;
-      for (auto* e : misses) cache_.erase(e);
+      std::vector<ExpertCache::Entry*> failed;
+      for (auto* e : entries)
+        if (e->state == ExpertCache::State::kFailed && e->pins == 0 &&
+            std::find(failed.begin(), failed.end(), e) == failed.end())
+          failed.push_back(e);
       auto& use = in_use_[layer];
       use.erase(std::remove_if(use.begin(), use.end(), [&](ExpertCache::Entry* x) {
                   return std::find(entries.begin(), entries.end(), x) != entries.end();
                 }),
                 use.end());
+      for (auto* e : failed) cache_.erase(e);
     }
   }
   if (err) std::rethrow_exception(err);
@@ -199,8 +223,8 @@ void StreamingExperts::prefetch_after(int layer) {
   if (stats_.prefetch_disabled) return;
   if (stats_.prefetch_issued >= kPrefetchJudgeAfter && stats_.rescue_rate() < kPrefetchMinRescue) {
     stats_.prefetch_disabled = true;
-    log_info("prefetch-ahead disabled: it rescued %.1f%% of %llu prefetched experts (< %.0f%%)", 100.0 * stats_.rescue_rate(),
-             (unsigned long long)stats_.prefetch_issued, 100.0 * kPrefetchMinRescue);
+    log_info("prefetch-ahead disabled: after %llu prefetches it rescued %.1f%% of the misses (< %.0f%%)",
+             (unsigned long long)stats_.prefetch_issued, 100.0 * stats_.rescue_rate(), 100.0 * kPrefetchMinRescue);
     return;
   }
   std::vector<ExpertCache::Entry*> todo;

@@ -6,7 +6,8 @@
 // and are read together, contiguous ranges coalesced into one vectored read, by the
 // ExpertReader's worker pool. Prefetch-ahead (optional) guesses the next layers' experts
 // from the previous token's routing at those layers and reads them in the background; it
-// switches itself off when, after 2000 prefetches, it rescues fewer than 3% of them.
+// switches itself off when, after 2000 prefetches, it has rescued fewer than 3% of the
+// misses (rescued / (rescued + misses)).
 #pragma once
 
 #include <condition_variable>
@@ -44,7 +45,12 @@ struct StreamingStats {
   bool prefetch_disabled = false;
   uint64_t evictions = 0, cache_peak_bytes = 0;
   double hit_rate() const { return requests ? static_cast<double>(hits) / requests : 0.0; }
-  double rescue_rate() const { return prefetch_issued ? static_cast<double>(prefetch_rescued) / prefetch_issued : 0.0; }
+  /// Share of would-be misses that prefetch-ahead turned into hits: rescued / (rescued + misses).
+  double rescue_rate() const {
+    return prefetch_rescued + misses ? static_cast<double>(prefetch_rescued) / (prefetch_rescued + misses) : 0.0;
+  }
+  /// Experts read from disk: demand misses plus prefetches.
+  uint64_t experts_read() const { return misses + prefetch_issued; }
   StreamingStats operator-(const StreamingStats& o) const;
 };
 
@@ -62,12 +68,15 @@ class StreamingExperts final : public ExpertProvider {
   std::string describe() const override;
   int max_batch() const override;
 
+  /// Counters since construction (a consistent snapshot).
   StreamingStats stats() const;
   const io::ExpertStore& store() const { return store_; }
   /// Expert tensors served by streaming (3 per expert).
   int64_t streamed_tensors() const { return store_.tensor_count(); }
 
  private:
+  void lookup_and_pin(int layer, std::span<const int> ids, std::vector<ExpertCache::Entry*>& entries,
+                      std::vector<ExpertCache::Entry*>& misses, std::vector<ExpertCache::Entry*>& waits);
   std::vector<io::ReadRequest> plan_reads(const std::vector<ExpertCache::Entry*>& entries) const;
   void prefetch_after(int layer);
   void load_pins();

@@ -97,7 +97,9 @@ TEST_P(BitIdentical, StreamingEqualsResident) {
   EXPECT_GT(st.misses, 0u);
   EXPECT_GT(st.bytes_read, 0u);
   EXPECT_EQ(st.requests, st.hits + st.misses);
-  if (cfg.budget_frac >= 1.0) EXPECT_LE(st.misses, static_cast<uint64_t>(s.ckpt->expert_bytes() / streaming->store().slot_bytes() + 1));
+  if (cfg.budget_frac >= 1.0) {
+    EXPECT_LE(st.misses, static_cast<uint64_t>(s.ckpt->expert_bytes() / streaming->store().slot_bytes() + 1));
+  }
 }
 
 std::vector<Config> all_configs() {

@@ -1,7 +1,6 @@
 #include "io/checkpoint.h"
 
 #include <filesystem>
-#include <regex>
 #include <set>
 
 #include "common/error.h"
@@ -70,6 +69,34 @@ Config text_config_of(const Config& raw_cfg, const std::string& label) {
   return Config(merged, label + ":text_config");
 }
 
+// Splits a fused expert tensor [E, rows, cols] into per-expert views of the same bytes
+// (gate_up_proj: gate rows first, then up rows, per expert).
+void Checkpoint::add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original) {
+  if (t.shape.size() != 3)
+    fail("%s: fused expert tensor '%s' must be 3-D [E, out, in], got %zu-D", file.c_str(), original.c_str(), t.shape.size());
+  const bool gate_up = n.proj == ExpertProj::kGate;
+  const int64_t E = t.shape[0], R = t.shape[1], C = t.shape[2];
+  if (gate_up && R % 2 != 0) fail("%s: '%s' has an odd row count %lld (gate and up stacked)", file.c_str(), original.c_str(), (long long)R);
+  const uint64_t es = dtype_size(t.dtype);
+  const uint64_t per_expert = static_cast<uint64_t>(R * C) * es;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int p = 0; p < (gate_up ? 2 : 1); ++p) {
+      TensorRef x = t;
+      const int64_t rows = gate_up ? R / 2 : R;
+      x.shape = {rows, C};
+      x.nbytes = static_cast<uint64_t>(rows * C) * es;
+      x.offset = t.offset + e * per_expert + p * x.nbytes;
+      x.data = t.data ? t.data + e * per_expert + p * x.nbytes : nullptr;
+      x.expert_layer = n.layer;
+      x.expert_id = static_cast<int>(e);
+      x.expert_proj = gate_up ? (p == 0 ? ExpertProj::kGate : ExpertProj::kUp) : ExpertProj::kDown;
+      x.name = expert_tensor_name(n.layer, static_cast<int>(e), x.expert_proj);
+      add(std::move(x));
+    }
+  }
+  expert_layout_ = ExpertLayout::kFused;
+}
+
 void Checkpoint::add(TensorRef t) {
   if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
   index_[t.name] = tensors_.size();
@@ -118,11 +145,6 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
   }
   if (files.empty()) fail("%s: no model weights (model.safetensors or model.safetensors.index.json) found", dir.c_str());
 
-  static const std::regex fused_re(R"(^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(\.weight)?$)");
-  static const std::regex mixtral_re(R"(^layers\.(\d+)\.block_sparse_moe\.(experts\.(\d+)\.(w1|w2|w3)\.weight|gate\.weight)$)");
-  static const std::regex expert_re(
-      R"(^layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|qweight|scales|codebook)$)");
-
   for (const auto& path : files) c.shards_.push_back(SafetensorsFile::open(path, opt.map));
   for (int s = 0; s < static_cast<int>(c.shards_.size()); ++s) {
     const SafetensorsFile& sf = c.shards_[s];
@@ -142,59 +164,23 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
       t.offset = ti.offset;
       t.nbytes = ti.nbytes;
       t.data = sf.mapping() ? sf.mapping() + ti.offset : nullptr;
-      std::smatch m;
-      if (std::regex_match(name, m, fused_re)) {
-        // Fused experts: split [E, rows, cols] into per-expert views of the same bytes.
-        if (ti.shape.size() != 3) fail("%s: fused expert tensor '%s' must be 3-D [E, out, in], got %zu-D", sf.path().c_str(), ti.name.c_str(), ti.shape.size());
-        int layer = std::stoi(m[1]);
-        bool gate_up = m[2] == "gate_up_proj";
-        int64_t E = ti.shape[0], R = ti.shape[1], C = ti.shape[2];
-        if (gate_up && R % 2 != 0) fail("%s: '%s' has an odd row count %lld (gate and up stacked)", sf.path().c_str(), ti.name.c_str(), (long long)R);
-        uint64_t es = dtype_size(ti.dtype);
-        uint64_t per_expert = static_cast<uint64_t>(R * C) * es;
-        for (int64_t e = 0; e < E; ++e) {
-          int parts = gate_up ? 2 : 1;
-          for (int p = 0; p < parts; ++p) {
-            TensorRef x = t;
-            int64_t rows = gate_up ? R / 2 : R;
-            x.shape = {rows, C};
-            x.nbytes = static_cast<uint64_t>(rows * C) * es;
-            x.offset = t.offset + e * per_expert + p * x.nbytes;
-            x.data = t.data ? t.data + e * per_expert + p * x.nbytes : nullptr;
-            x.expert_layer = layer;
-            x.expert_id = static_cast<int>(e);
-            x.expert_proj = gate_up ? (p == 0 ? ExpertProj::kGate : ExpertProj::kUp) : ExpertProj::kDown;
-            static const char* pn[] = {"gate_proj", "up_proj", "down_proj"};
-            x.name = strfmt("layers.%d.mlp.experts.%lld.%s.weight", layer, (long long)e, pn[static_cast<int>(x.expert_proj)]);
-            c.add(std::move(x));
-          }
+      if (std::optional<ExpertName> en = parse_expert_name(name)) {
+        if (en->fused) {
+          c.add_fused(t, *en, sf.path(), ti.name);
+          continue;
         }
-        c.expert_layout_ = ExpertLayout::kFused;
-        continue;
-      }
-      if (std::regex_match(name, m, mixtral_re)) {
-        if (m[3].matched) {
-          std::string w = m[4];
-          const char* pn = w == "w1" ? "gate_proj" : w == "w3" ? "up_proj" : "down_proj";
-          name = strfmt("layers.%s.mlp.experts.%s.%s.weight", std::string(m[1]).c_str(), std::string(m[3]).c_str(), pn);
-        } else {
-          name = strfmt("layers.%s.mlp.gate.weight", std::string(m[1]).c_str());
-        }
-      }
-      if (std::regex_match(name, m, expert_re)) {
-        t.expert_layer = std::stoi(m[1]);
-        t.expert_id = std::stoi(m[2]);
-        std::string p = m[3];
-        t.expert_proj = p == "gate_proj" ? ExpertProj::kGate : p == "up_proj" ? ExpertProj::kUp : ExpertProj::kDown;
-        const std::string part = m[4];
-        t.expert_part = part == "weight" ? ExpertPart::kWeight : part == "qweight" ? ExpertPart::kQWeight
-                        : part == "scales"                     ? ExpertPart::kScales
-                                                               : ExpertPart::kCodebook;
+        t.expert_layer = en->layer;
+        t.expert_id = en->expert;
+        t.expert_proj = en->proj;
+        t.expert_part = en->part;
         if (t.expert_part != ExpertPart::kWeight) c.experts_quantized_ = true;
         const size_t want_dims = t.expert_part == ExpertPart::kCodebook ? 1 : 2;
         if (t.shape.size() != want_dims)
           fail("%s: expert tensor '%s' must be %zu-D, got %s", sf.path().c_str(), ti.name.c_str(), want_dims, t.shape_str().c_str());
         if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;
+        name = expert_tensor_name(en->layer, en->expert, en->proj, en->part);  // Mixtral w1/w3/w2 -> gate/up/down
+      } else if (std::optional<int> router = parse_router_name(name); router && name.find("block_sparse_moe") != std::string::npos) {
+        name = strfmt("layers.%d.mlp.gate.weight", *router);
       }
       t.name = std::move(name);
       c.add(std::move(t));
@@ -236,8 +222,7 @@ const TensorRef& Checkpoint::expert(int layer, int expert, ExpertProj proj) cons
   const TensorRef* t = expert_part(layer, expert, proj, ExpertPart::kWeight);
   if (t == nullptr) t = expert_part(layer, expert, proj, ExpertPart::kQWeight);
   if (t == nullptr) {
-    static const char* pn[] = {"gate_proj", "up_proj", "down_proj"};
-    fail("%s: missing expert tensor layers.%d.mlp.experts.%d.%s", dir_.c_str(), layer, expert, pn[static_cast<int>(proj)]);
+    fail("%s: missing expert tensor %s", dir_.c_str(), expert_tensor_name(layer, expert, proj).c_str());
   }
   return *t;
 }

@@ -21,14 +21,10 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "io/tensor_names.h"
 
 namespace spool::io {
 
-/// Which projection of a routed expert a tensor is.
-enum class ExpertProj { kGate = 0, kUp = 1, kDown = 2 };
-/// Which part of a projection a tensor is: the float weight, or the packed codes, fp16
-/// group scales and codebook of a quantized weight (docs/quant-format.md).
-enum class ExpertPart { kWeight = 0, kQWeight = 1, kScales = 2, kCodebook = 3 };
 
 /// One logical tensor of the checkpoint: a contiguous byte range of one shard.
 struct TensorRef {
@@ -84,6 +80,7 @@ class Checkpoint {
   /// Routed expert tensor: the float weight, or the packed codes of a quantized expert;
   /// throws if absent.
   const TensorRef& expert(int layer, int expert, ExpertProj proj) const;
+  /// True if the expert's projection is present (float or quantized).
   bool has_expert(int layer, int expert, ExpertProj proj) const;
   /// One part of an expert projection; nullptr if absent.
   const TensorRef* expert_part(int layer, int expert, ExpertProj proj, ExpertPart part) const;
@@ -102,6 +99,7 @@ class Checkpoint {
 
  private:
   void add(TensorRef t);
+  void add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original);
   std::string dir_;
   Config config_, raw_config_;
   std::string model_type_, top_model_type_;

@@ -24,6 +24,30 @@ TEST(Checkpoint, NormalizeNames) {
   EXPECT_EQ(normalize_tensor_name("mtp.fc.weight"), "");
 }
 
+TEST(TensorNames, ParseExpertAndRouterNames) {
+  auto a = parse_expert_name("layers.12.mlp.experts.255.down_proj.qweight");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->layer, 12);
+  EXPECT_EQ(a->expert, 255);
+  EXPECT_EQ(a->proj, ExpertProj::kDown);
+  EXPECT_EQ(a->part, ExpertPart::kQWeight);
+  auto f = parse_expert_name("layers.3.mlp.experts.gate_up_proj");
+  ASSERT_TRUE(f.has_value());
+  EXPECT_TRUE(f->fused);
+  EXPECT_EQ(f->proj, ExpertProj::kGate);
+  auto m = parse_expert_name("layers.0.block_sparse_moe.experts.7.w3.weight");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->proj, ExpertProj::kUp);
+  EXPECT_FALSE(parse_expert_name("layers.0.mlp.experts.99999999999.gate_proj.weight").has_value());
+  EXPECT_FALSE(parse_expert_name("layers.0.mlp.experts.1.gate_proj.bias").has_value());
+  EXPECT_FALSE(parse_expert_name("layers.x.mlp.experts.1.gate_proj.weight").has_value());
+  EXPECT_FALSE(parse_expert_name("layers.0.mlp.shared_expert.gate_proj.weight").has_value());
+  EXPECT_EQ(parse_router_name("layers.4.mlp.gate.weight"), 4);
+  EXPECT_EQ(parse_router_name("layers.4.block_sparse_moe.gate.weight"), 4);
+  EXPECT_FALSE(parse_router_name("layers.4.mlp.gate_proj.weight").has_value());
+  EXPECT_EQ(expert_tensor_name(1, 2, ExpertProj::kUp, ExpertPart::kScales), "layers.1.mlp.experts.2.up_proj.scales");
+}
+
 TEST(Checkpoint, MultimodalDropsVisionAndReadsTextConfig) {
   Checkpoint c = Checkpoint::open(kData + "/models/qwen3_5_moe_vl");
   EXPECT_EQ(c.model_type(), "qwen3_5_moe_text");

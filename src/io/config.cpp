@@ -1,5 +1,6 @@
 #include "io/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -23,8 +24,10 @@ int64_t Config::get_int(const std::string& key) const {
   if (!has(key)) bad(key, "an integer");
   const Json& v = j_.at(key);
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-    return static_cast<int64_t>(v.get<double>());
+  if (v.is_number_float()) {  // 64.0 is accepted as 64; range-checked before the cast
+    const double d = v.get<double>();
+    if (d >= -9.2e18 && d <= 9.2e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
+  }
   bad(key, "an integer");
 }
 

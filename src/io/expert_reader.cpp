@@ -22,9 +22,26 @@ uint64_t ReadRequest::length() const {
 ExpertReader::ExpertReader(std::vector<std::string> shard_paths, Options opt) : opt_(opt) {
   if (opt_.workers < 1 || opt_.workers > 256) fail("--prefetch-workers must be between 1 and 256 (got %d)", opt_.workers);
   direct_all_ = opt_.direct;
-  for (auto& p : shard_paths) {
-    File f;
-    f.path = p;
+  try {
+    open_files(shard_paths);
+    if (opt_.engine == IoEngine::kUring) {  // probe once so a missing io_uring is a clear error now
+      io_uring ring;
+      const int rc = io_uring_queue_init(8, &ring, 0);
+      if (rc < 0) fail("io_uring is not available (%s); use --io-engine pread", std::strerror(-rc));
+      io_uring_queue_exit(&ring);
+    }
+  } catch (...) {
+    for (auto& f : files_)
+      if (f.fd >= 0) ::close(f.fd);
+    throw;
+  }
+  for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this, i] { worker(i); });
+}
+
+void ExpertReader::open_files(const std::vector<std::string>& shard_paths) {
+  for (const auto& p : shard_paths) {
+    files_.push_back(File{p});
+    File& f = files_.back();
     if (opt_.direct) {
       f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
       if (f.fd >= 0) {
@@ -43,16 +60,8 @@ ExpertReader::ExpertReader(std::vector<std::string> shard_paths, Options opt) : 
     struct stat st;
     if (fstat(f.fd, &st) != 0) fail("%s: cannot stat (%s)", p.c_str(), std::strerror(errno));
     f.size = static_cast<uint64_t>(st.st_size);
-    files_.push_back(std::move(f));
   }
   if (opt_.direct && !direct_all_) log_warn("O_DIRECT is not supported for some model files; using buffered reads + posix_fadvise(DONTNEED)");
-  if (opt_.engine == IoEngine::kUring) {  // probe once so a missing io_uring is a clear error now
-    io_uring ring;
-    int rc = io_uring_queue_init(8, &ring, 0);
-    if (rc < 0) fail("io_uring is not available (%s); use --io-engine pread", std::strerror(-rc));
-    io_uring_queue_exit(&ring);
-  }
-  for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
 ExpertReader::~ExpertReader() {
@@ -124,7 +133,17 @@ void ExpertReader::run_uring(std::vector<ReadRequest>& reqs, void* ring_ptr) {
       ++inflight;
     }
     int rc = io_uring_submit_and_wait(ring, 1);
-    if (rc < 0 && rc != -EINTR) fail("io_uring submit failed (%s)", std::strerror(-rc));
+    if (rc < 0 && rc != -EINTR) {
+      // Nothing new was queued; wait out what is in flight so no buffer is written after
+      // we report the failure (the caller recycles them), then fail.
+      while (inflight > 0) {
+        io_uring_cqe* c;
+        if (io_uring_wait_cqe(ring, &c) != 0) break;
+        io_uring_cqe_seen(ring, c);
+        --inflight;
+      }
+      fail("io_uring submit failed (%s)", std::strerror(-rc));
+    }
     io_uring_cqe* cqe;
     while (io_uring_peek_cqe(ring, &cqe) == 0) {
       const size_t i = io_uring_cqe_get_data64(cqe);
@@ -176,7 +195,10 @@ void ExpertReader::finish(const BatchPtr& b, int64_t n, std::exception_ptr err) 
 void ExpertReader::worker(int) {
   io_uring ring;
   bool have_ring = false;
-  if (opt_.engine == IoEngine::kUring) have_ring = io_uring_queue_init(64, &ring, 0) == 0;
+  if (opt_.engine == IoEngine::kUring) {
+    have_ring = io_uring_queue_init(64, &ring, 0) == 0;
+    if (!have_ring) log_warn("an io_uring ring could not be set up for an I/O worker; it uses pread instead");
+  }
   for (;;) {
     Task t;
     {

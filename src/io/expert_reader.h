@@ -90,6 +90,7 @@ class ExpertReader {
     BatchPtr batch;
     std::vector<ReadRequest> reqs;  // one request (pread) or the whole batch (uring)
   };
+  void open_files(const std::vector<std::string>& shard_paths);
   void worker(int index);
   void run_pread(const ReadRequest& r);
   void run_uring(std::vector<ReadRequest>& reqs, void* ring);

@@ -158,11 +158,14 @@ SafetensorsFile SafetensorsFile::parse_header(std::string_view header_json, uint
   std::sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.nbytes < b.nbytes;
   });
-  for (size_t i = 1; i < f.tensors_.size(); ++i) {
-    const TensorInfo& a = f.tensors_[i - 1];
-    const TensorInfo& b = f.tensors_[i];
-    if (a.nbytes != 0 && b.nbytes != 0 && a.offset + a.nbytes > b.offset)
-      fail("%s: tensors '%s' and '%s' overlap in the data region", label.c_str(), a.name.c_str(), b.name.c_str());
+  // Sorted by offset: a non-empty tensor must start at or after the end of every earlier
+  // non-empty one (empty tensors occupy no bytes and cannot hide an overlap).
+  const TensorInfo* furthest = nullptr;
+  for (const TensorInfo& b : f.tensors_) {
+    if (b.nbytes == 0) continue;
+    if (furthest != nullptr && b.offset < furthest->offset + furthest->nbytes)
+      fail("%s: tensors '%s' and '%s' overlap in the data region", label.c_str(), furthest->name.c_str(), b.name.c_str());
+    if (furthest == nullptr || b.offset + b.nbytes > furthest->offset + furthest->nbytes) furthest = &b;
   }
   for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
   return f;
@@ -223,36 +226,11 @@ const uint8_t* SafetensorsFile::data(const TensorInfo& t) const {
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata.empty()) h["__metadata__"] = metadata;
-  uint64_t off = 0;
-  for (const auto& t : tensors) {
-    uint64_t n = dtype_size(t.dtype);
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
-    off += n;
-  }
-  std::string hs = h.dump();
-  while ((hs.size() + 8) % 8 != 0) hs.push_back(' ');
-  std::string tmp = path + ".tmp";
-  FILE* fp = std::fopen(tmp.c_str(), "wb");
-  if (fp == nullptr) fail("%s: cannot create (%s)", tmp.c_str(), std::strerror(errno));
-  uint64_t hl = hs.size();
-  uint8_t lenbuf[8];
-  for (int i = 0; i < 8; ++i) lenbuf[i] = static_cast<uint8_t>(hl >> (8 * i));
-  bool ok = std::fwrite(lenbuf, 1, 8, fp) == 8 && std::fwrite(hs.data(), 1, hs.size(), fp) == hs.size();
-  for (const auto& t : tensors) {
-    uint64_t n = dtype_size(t.dtype);
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    if (ok && n > 0) ok = std::fwrite(t.data, 1, n, fp) == n;
-  }
-  ok = (std::fflush(fp) == 0) && ok;
-  ok = (std::fclose(fp) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail("%s: write failed (disk full?)", tmp.c_str());
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("%s: rename failed (%s)", path.c_str(), std::strerror(errno));
+  std::vector<SafetensorsWriter::Spec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter w(path, specs, metadata);
+  for (size_t i = 0; i < tensors.size(); ++i) w.append(tensors[i].data, specs[i].nbytes());
+  w.finish();
 }
 
 uint64_t SafetensorsWriter::Spec::nbytes() const {
@@ -278,8 +256,12 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> 
   uint8_t lenbuf[8];
   const uint64_t hl = hs.size();
   for (int i = 0; i < 8; ++i) lenbuf[i] = static_cast<uint8_t>(hl >> (8 * i));
-  if (std::fwrite(lenbuf, 1, 8, fp_) != 8 || std::fwrite(hs.data(), 1, hs.size(), fp_) != hs.size())
+  if (std::fwrite(lenbuf, 1, 8, fp_) != 8 || std::fwrite(hs.data(), 1, hs.size(), fp_) != hs.size()) {
+    std::fclose(fp_);
+    fp_ = nullptr;
+    std::remove(tmp_.c_str());
     fail("%s: write failed (disk full?)", tmp_.c_str());
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {

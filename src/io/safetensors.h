@@ -82,14 +82,15 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-/// Writes tensors to a new safetensors file (header padded to 8 bytes, data in the given order).
-/// Written to `path`.tmp and renamed, so a failed write never leaves a partial file.
+/// One tensor for write_safetensors().
 struct TensorToWrite {
   std::string name;
   DType dtype;
   std::vector<int64_t> shape;
   const void* data;  // prod(shape) * dtype_size bytes
 };
+/// Writes tensors held in memory to a new safetensors file (header padded to 8 bytes, data in
+/// the given order), through SafetensorsWriter: a failed write never leaves a partial file.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -66,6 +66,7 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
   const int64_t T = static_cast<int64_t>(ids.size());
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
   if (T == 0) return;
+  if (state.poisoned) fail("this sequence's state is incomplete after an earlier error; reset it before reuse");
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("token id %d is outside the vocabulary (0..%lld)", id, (long long)(V - 1));
   const int64_t pos0 = state.pos;
@@ -77,6 +78,18 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
   for (int64_t t = 0; t < T; ++t)
     ops::row_to_f32(embed_.type, static_cast<const uint8_t*>(embed_.data) + ids[t] * H * esz, H, h_.data() + t * H);
 
+  try {
+    run_layers(T, pos0, state);
+  } catch (...) {
+    state.poisoned = true;  // layers before the failure have advanced their caches
+    throw;
+  }
+  state.pos = pos0 + T;
+  finish(T, mode, logits);
+}
+
+void DecoderModel::run_layers(int64_t T, int64_t pos0, State& state) {
+  const int64_t H = spec_.hidden_size;
   for (int i = 0; i < spec_.n_layers; ++i) {
     Layer& L = layers_[i];
     if (hooks.on_hidden) hooks.on_hidden(i, h_.data(), T);
@@ -95,7 +108,10 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
     }
     for (int64_t j = 0; j < T * H; ++j) h_[j] += tmp_[j];
   }
-  state.pos = pos0 + T;
+}
+
+void DecoderModel::finish(int64_t T, LogitsMode mode, float* logits) {
+  const int64_t H = spec_.hidden_size;
   if (mode == LogitsMode::kNone && !hooks.on_hidden) return;
   // Final norm only for the rows whose logits are wanted (all rows when observed).
   const int64_t first = (mode == LogitsMode::kAll || hooks.on_hidden) ? 0 : T - 1;

@@ -2,7 +2,8 @@
 //   h = embed(ids)
 //   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet
 //   logits = lm_head(norm(h))                               ffn: MoE | dense SwiGLU
-// Family files (qwen3_5_moe.cpp, qwen3_moe.cpp) decide names and layouts and call bind_*.
+// Family files (qwen3_5_moe.cpp, qwen3_moe.cpp) choose the family's layout options and call
+// bind(), which binds every tensor by its HF name.
 #pragma once
 
 #include <memory>
@@ -40,6 +41,10 @@ class DecoderModel : public Model {
     std::unique_ptr<MoeBlock> moe;
     std::unique_ptr<DenseMlp> mlp;
   };
+  // forward() steps: every layer over h_ (updates state), then final norm + lm_head.
+  void run_layers(int64_t T, int64_t pos0, State& state);
+  void finish(int64_t T, LogitsMode mode, float* logits);
+
   std::shared_ptr<const io::Checkpoint> ckpt_;
   ModelSpec spec_;
   ops::ThreadPool* pool_;

@@ -36,24 +36,22 @@ void GatedDeltaNetLayer::bind(const io::Checkpoint& ck, const std::string& prefi
     const io::TensorRef& qkvz = ck.tensor(prefix + "in_proj_qkvz.weight");
     const io::TensorRef& ba = ck.tensor(prefix + "in_proj_ba.weight");
     regrouped_.clear();
+    regrouped_ba_.clear();
     for (int part = 0; part < 3; ++part)  // q, k, v blocks of every group, in group order
       for (int grp = 0; grp < g_.n_k; ++grp) {
         const int64_t off = grp * blk + (part == 0 ? 0 : part == 1 ? g_.d_k : 2 * g_.d_k);
         append_rows(qkvz, off, part == 2 ? r * g_.d_v : g_.d_k, &regrouped_);
       }
     for (int grp = 0; grp < g_.n_k; ++grp) append_rows(qkvz, grp * blk + 2 * g_.d_k + r * g_.d_v, r * g_.d_v, &regrouped_);
-    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(ba, grp * 2 * r, r, &regrouped_);
-    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(ba, grp * 2 * r + r, r, &regrouped_);
-    ops::WeightView base = experts::view_of(qkvz);
-    const int64_t row_bytes = H * ops::wtype_size(base.type);
-    auto view = [&](int64_t row0, int64_t rows) {
-      ops::WeightView v{base.type, rows, H, regrouped_.data() + row0 * row_bytes};
-      return v;
-    };
-    qkv_ = view(0, cd);
-    z_ = view(cd, vd);
-    b_ = view(cd + vd, g_.n_v);
-    a_ = view(cd + vd + g_.n_v, g_.n_v);
+    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(ba, grp * 2 * r, r, &regrouped_ba_);
+    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(ba, grp * 2 * r + r, r, &regrouped_ba_);
+    // Views keep each source tensor's dtype (the two may differ).
+    const ops::WType t_qkvz = experts::view_of(qkvz).type, t_ba = experts::view_of(ba).type;
+    const int64_t qkvz_row = H * ops::wtype_size(t_qkvz), ba_row = H * ops::wtype_size(t_ba);
+    qkv_ = ops::WeightView{t_qkvz, cd, H, regrouped_.data()};
+    z_ = ops::WeightView{t_qkvz, vd, H, regrouped_.data() + cd * qkvz_row};
+    b_ = ops::WeightView{t_ba, g_.n_v, H, regrouped_ba_.data()};
+    a_ = ops::WeightView{t_ba, g_.n_v, H, regrouped_ba_.data() + g_.n_v * ba_row};
   }
   out_ = bind_matrix(ck, prefix + "out_proj.weight", H, vd);
   conv_w_ = bind_f32(ck, prefix + "conv1d.weight", {cd, 1, g_.conv_kernel});

@@ -39,7 +39,8 @@ class Model {
   virtual State new_state() const = 0;
   /// Runs ids[0..T) at positions [state.pos, state.pos + T), then advances state.pos by T.
   /// logits: [T or 1, vocab] f32 per `mode`. Throws spool::Error for an id outside the
-  /// vocabulary (state unchanged in that case).
+  /// vocabulary (state unchanged). Any other failure part-way (e.g. an expert read error)
+  /// leaves `state.poisoned` set: later calls refuse it until state.reset().
   virtual void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) = 0;
   /// Caps routed experts per token to k (0 = native top-k). k > native is an error.
   virtual void set_max_active_experts(int k) = 0;

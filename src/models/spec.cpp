@@ -181,25 +181,25 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
     if (std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), e) == s.eos_token_ids.end()) s.eos_token_ids.push_back(e);
   }
 
-  // Parameter counts.
-  const int64_t H = s.hidden_size;
-  int64_t total = s.vocab_size * H * (s.tie_word_embeddings ? 1 : 2) + H, active = total;
+  // Parameter counts, in double: a config's dimensions are individually bounded but their
+  // products are not.
+  const double H = s.hidden_size;
+  double total = static_cast<double>(s.vocab_size) * H * (s.tie_word_embeddings ? 1 : 2) + H, active = total;
   for (int i = 0; i < s.n_layers; ++i) {
-    int64_t mixer;
+    double mixer;
     if (s.mixers[i] == MixerKind::kAttention) {
       const auto& a = s.attn;
-      mixer = H * a.n_heads * a.head_dim * (a.output_gate ? 2 : 1) + 2 * H * a.n_kv_heads * a.head_dim +
-              a.n_heads * a.head_dim * H + (a.qk_norm ? 2 * a.head_dim : 0);
+      const double q = static_cast<double>(a.n_heads) * a.head_dim, kv = static_cast<double>(a.n_kv_heads) * a.head_dim;
+      mixer = H * q * (a.output_gate ? 2 : 1) + 2 * H * kv + q * H + (a.qk_norm ? 2.0 * a.head_dim : 0.0);
     } else {
       const auto& g = s.gdn;
-      mixer = H * g.conv_dim() + H * g.value_dim() + 2 * H * g.n_v + g.conv_dim() * g.conv_kernel + 2 * g.n_v + g.d_v +
-              g.value_dim() * H;
+      const double cd = static_cast<double>(g.conv_dim()), vd = static_cast<double>(g.value_dim());
+      mixer = H * cd + H * vd + 2 * H * g.n_v + cd * g.conv_kernel + 2.0 * g.n_v + g.d_v + vd * H;
     }
-    int64_t ffn_total, ffn_active;
+    double ffn_total, ffn_active;
     if (s.ffns[i] == FfnKind::kMoE) {
       const auto& m = s.moe;
-      int64_t expert = 3 * H * m.intermediate;
-      int64_t shared = 3 * H * m.shared_intermediate + (m.shared_expert_gate ? H : 0);
+      const double expert = 3 * H * m.intermediate, shared = 3 * H * m.shared_intermediate + (m.shared_expert_gate ? H : 0);
       ffn_total = H * m.n_experts + expert * m.n_experts + shared;
       ffn_active = H * m.n_experts + expert * m.top_k + shared;
     } else {
@@ -208,8 +208,9 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
     total += mixer + ffn_total + 2 * H;
     active += mixer + ffn_active + 2 * H;
   }
-  s.params_total = total;
-  s.params_active = active;
+  if (!(total < 9e18)) fail("%s: the configured dimensions give an impossible parameter count (%g)", label.c_str(), total);
+  s.params_total = static_cast<int64_t>(total);
+  s.params_active = static_cast<int64_t>(active);
   return s;
 }
 

@@ -41,6 +41,7 @@ void State::reserve(int64_t n_positions) {
 
 void State::reset() {
   pos = 0;
+  poisoned = false;
   for (auto& g : gdn) {
     std::fill(g.conv.begin(), g.conv.end(), 0.0f);
     std::fill(g.recurrent.begin(), g.recurrent.end(), 0.0f);

@@ -36,6 +36,9 @@ class State {
 
   /// Tokens processed so far (= position of the next token).
   int64_t pos = 0;
+  /// Set when a forward() failed part-way (some layers advanced, others not): the state is
+  /// unusable until reset().
+  bool poisoned = false;
   std::vector<AttnCache> attn;  // [n_layers]; empty for non-attention layers
   std::vector<GdnState> gdn;    // [n_layers]; empty for non-GDN layers
 

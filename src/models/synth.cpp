@@ -195,6 +195,7 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   nlohmann::ordered_json cfg = pr.config;
   nlohmann::ordered_json& text = cfg.contains("text_config") ? cfg["text_config"] : cfg;
   const int full_layers = text["num_hidden_layers"].get<int>();
+  if (opt.layers < 0) throw UsageError(strfmt("--layers must be >= 1 (got %d)", opt.layers));
   const int layers = opt.layers > 0 ? opt.layers : full_layers;
   if (layers > full_layers) throw UsageError(strfmt("--layers %d exceeds the preset's %d layers", layers, full_layers));
   text["num_hidden_layers"] = layers;
@@ -212,9 +213,18 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   for (const auto& t : plan) total += static_cast<uint64_t>(numel(t.shape)) * io::dtype_size(dt);
 
   if (opt.out_dir.empty()) throw UsageError("--out is required");
-  fs::create_directories(opt.out_dir);
+  if (fs::exists(opt.out_dir) && !fs::is_directory(opt.out_dir)) fail("--out %s exists and is not a directory", opt.out_dir.c_str());
+  std::error_code ec;
+  fs::create_directories(opt.out_dir, ec);
+  if (ec) fail("%s: cannot create the directory (%s)", opt.out_dir.c_str(), ec.message().c_str());
   if (!opt.force && !fs::is_empty(opt.out_dir))
     fail("%s is not empty; choose an empty directory (or pass --force to overwrite spool's files there)", opt.out_dir.c_str());
+  if (opt.force) {  // earlier weights (e.g. more shards and their index) must not survive
+    for (const auto& e : fs::directory_iterator(opt.out_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("model", 0) == 0 && n.find(".safetensors") != std::string::npos) fs::remove(e.path());
+    }
+  }
   struct statvfs vfs;
   if (statvfs(opt.out_dir.c_str(), &vfs) == 0) {
     const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;

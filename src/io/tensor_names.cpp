@@ -1,0 +1,83 @@
+#include "io/tensor_names.h"
+
+#include <charconv>
+
+#include "common/error.h"
+
+namespace spool::io {
+
+namespace {
+
+constexpr int kMaxIndex = 1 << 24;
+
+// Consumes `prefix` from the front of `s`.
+bool eat(std::string_view& s, std::string_view prefix) {
+  if (s.substr(0, prefix.size()) != prefix) return false;
+  s.remove_prefix(prefix.size());
+  return true;
+}
+
+// Consumes a decimal index followed by '.'.
+bool eat_index(std::string_view& s, int* out) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p == s.data() || v < 0 || v >= kMaxIndex || p == s.data() + s.size() || *p != '.') return false;
+  if (s[0] == '0' && p - s.data() > 1) return false;  // no leading zeros
+  *out = v;
+  s.remove_prefix(static_cast<size_t>(p - s.data()) + 1);
+  return true;
+}
+
+bool parse_part(std::string_view s, ExpertPart* part) {
+  if (s == "weight") *part = ExpertPart::kWeight;
+  else if (s == "qweight") *part = ExpertPart::kQWeight;
+  else if (s == "scales") *part = ExpertPart::kScales;
+  else if (s == "codebook") *part = ExpertPart::kCodebook;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<ExpertName> parse_expert_name(std::string_view s) {
+  ExpertName n;
+  if (!eat(s, "layers.") || !eat_index(s, &n.layer)) return std::nullopt;
+  if (eat(s, "block_sparse_moe.experts.")) {
+    n.mixtral = true;
+    if (!eat_index(s, &n.expert)) return std::nullopt;
+    if (s == "w1.weight") n.proj = ExpertProj::kGate;
+    else if (s == "w3.weight") n.proj = ExpertProj::kUp;
+    else if (s == "w2.weight") n.proj = ExpertProj::kDown;
+    else return std::nullopt;
+    return n;
+  }
+  if (!eat(s, "mlp.experts.")) return std::nullopt;
+  if (s == "gate_up_proj" || s == "gate_up_proj.weight" || s == "down_proj" || s == "down_proj.weight") {
+    n.fused = true;
+    n.proj = s[0] == 'g' ? ExpertProj::kGate : ExpertProj::kDown;
+    return n;
+  }
+  if (!eat_index(s, &n.expert)) return std::nullopt;
+  if (eat(s, "gate_proj.")) n.proj = ExpertProj::kGate;
+  else if (eat(s, "up_proj.")) n.proj = ExpertProj::kUp;
+  else if (eat(s, "down_proj.")) n.proj = ExpertProj::kDown;
+  else return std::nullopt;
+  if (!parse_part(s, &n.part)) return std::nullopt;
+  return n;
+}
+
+std::optional<int> parse_router_name(std::string_view s) {
+  int layer = 0;
+  if (!eat(s, "layers.") || !eat_index(s, &layer)) return std::nullopt;
+  if (s == "mlp.gate.weight" || s == "mlp.gate.e_score_correction_bias" || s == "block_sparse_moe.gate.weight") return layer;
+  return std::nullopt;
+}
+
+std::string expert_tensor_name(int layer, int expert, ExpertProj proj, ExpertPart part) {
+  static const char* proj_names[] = {"gate_proj", "up_proj", "down_proj"};
+  static const char* part_names[] = {"weight", "qweight", "scales", "codebook"};
+  return strfmt("layers.%d.mlp.experts.%d.%s.%s", layer, expert, proj_names[static_cast<int>(proj)],
+                part_names[static_cast<int>(part)]);
+}
+
+}  // namespace spool::io

@@ -1,0 +1,41 @@
+// Parsing of normalised checkpoint tensor names that identify routed experts and routers,
+// shared by the checkpoint loader and the repacker.
+//   layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.{weight,qweight,scales,codebook}  per expert
+//   layers.{L}.mlp.experts.{gate_up_proj,down_proj}[.weight]                         fused [E, out, in]
+//   layers.{L}.block_sparse_moe.experts.{E}.{w1,w3,w2}.weight                        Mixtral (gate, up, down)
+//   layers.{L}.mlp.gate.{weight,e_score_correction_bias}, layers.{L}.block_sparse_moe.gate.weight   routers
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace spool::io {
+
+/// Which projection of a routed expert a tensor is.
+enum class ExpertProj { kGate = 0, kUp = 1, kDown = 2 };
+/// Which part of a projection a tensor is: the float weight, or the packed codes, fp16
+/// group scales and codebook of a quantized weight (docs/quant-format.md).
+enum class ExpertPart { kWeight = 0, kQWeight = 1, kScales = 2, kCodebook = 3 };
+
+/// A parsed expert tensor name.
+struct ExpertName {
+  int layer = 0;
+  int expert = -1;       // -1 for fused tensors (all experts)
+  ExpertProj proj = ExpertProj::kGate;
+  ExpertPart part = ExpertPart::kWeight;
+  bool fused = false;    // [E, out, in] tensor; proj kGate means gate_up_proj (gate rows, then up rows)
+  bool mixtral = false;  // block_sparse_moe naming
+};
+
+/// Parses an expert tensor name; nullopt if the name is not one (or its numbers are out of
+/// range: layer and expert ids must be < 2^24).
+std::optional<ExpertName> parse_expert_name(std::string_view name);
+
+/// Layer of a router tensor name (gate weight or correction bias); nullopt if not a router.
+std::optional<int> parse_router_name(std::string_view name);
+
+/// The canonical per-expert name: layers.{L}.mlp.experts.{E}.{proj}.{part}.
+std::string expert_tensor_name(int layer, int expert, ExpertProj proj, ExpertPart part = ExpertPart::kWeight);
+
+}  // namespace spool::io
