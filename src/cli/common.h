@@ -32,6 +32,7 @@ struct ModelOptions {
   void add_to(CLI::App* app, bool runs_model = true);
   /// The model directory to use (resolves the default; checks it exists).
   std::string dir() const;
+  /// --threads resolved (0 = all hardware threads); UsageError outside 0..1024.
   int thread_count() const;
   /// The loader settings these flags describe.
   engine::LoadOptions load_options() const;

@@ -49,6 +49,7 @@ class ExpertReader {
   /// Completion handle of a submitted set of reads.
   class Batch {
    public:
+    /// True once every read finished and on_done ran.
     bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
 
    private:

@@ -16,6 +16,7 @@ class DenseMlp {
   void bind(const io::Checkpoint& ck, const std::string& prefix, int hidden, int inter);
   /// x: [T, hidden] -> out: [T, hidden] (overwritten).
   void forward(const float* x, int64_t T, float* out, ops::ThreadPool* pool);
+  /// True once bind() has run.
   bool bound() const { return !gate_.empty(); }
 
  private:

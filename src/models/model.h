@@ -34,6 +34,7 @@ struct ForwardHooks {
 class Model {
  public:
   virtual ~Model() = default;
+  /// The configuration the model was built from.
   virtual const ModelSpec& spec() const = 0;
   /// Fresh, empty state for one sequence.
   virtual State new_state() const = 0;
@@ -46,6 +47,7 @@ class Model {
   virtual void set_max_active_experts(int k) = 0;
   /// Replaces the expert provider (e.g. a streaming one); nullptr restores resident experts.
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
+  /// The provider serving routed experts now.
   virtual experts::ExpertProvider& expert_provider() = 0;
 
   ForwardHooks hooks;

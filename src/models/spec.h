@@ -62,6 +62,7 @@ struct ModelSpec {
   int dense_intermediate = 0;     // width of dense MLP layers
   std::vector<int64_t> eos_token_ids;  // from generation_config.json and config.json, in vocab
 
+  /// Number of layers whose mixer is `k`.
   int n_layers_of(MixerKind k) const;
   /// Parameter counts (elements): total, and active per token (top_k routed experts).
   int64_t params_total = 0, params_active = 0;

@@ -23,7 +23,7 @@ struct KVView {
 /// out[t, h, :] = softmax_p(scale * q[t, h] . k[kvh, p]) @ v[kvh, p] over p <= pos0 + t,
 /// with kvh = h / (n_heads / n_kv_heads) (HF repeat_kv). The cache must already hold
 /// positions [0, pos0 + T). q: [T, n_heads, head_dim]; out: [T, n_heads, v_dim].
-/// Scores and softmax in f32 (double-accumulated normaliser). Parallel over (t, h).
+/// Scores and softmax in f32 (SIMD exp, f32 normaliser). Parallel over (KV head, query tile).
 void attention(const float* q, int64_t T, int n_heads, const KVView& kv, int64_t pos0, float scale, float* out,
                ThreadPool* pool);
 
