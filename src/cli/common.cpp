@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
 
@@ -129,12 +130,6 @@ std::vector<int32_t> parse_id_list(const std::string& s) {
   return ids;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(strfmt("%s: cannot open file", path.c_str()));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_whole_file(path); }
 
 }  // namespace spool::cli

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "engine/perplexity.h"
@@ -30,20 +31,17 @@ void run(const PerplexityOptions& o) {
   Loaded l = load_model(o.model);
   if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; perplexity needs one", o.model.dir().c_str()));
   std::vector<int32_t> ids = l.tok->encode(text, false);
-  const bool tty = isatty(STDERR_FILENO);
   const double t0 = now_seconds();
-  int64_t last_pct = -1;
-  engine::PerplexityResult r = engine::perplexity(
-      *l.model, ids, o.window, o.chunks, o.prefill_step, [&](int64_t done, int64_t total, const engine::PerplexityResult& acc) {
-        const int64_t pct = done * 100 / total;
-        if (!tty && pct / 10 == last_pct / 10 && done != total) return;
-        last_pct = pct;
-        const int bar = static_cast<int>(done * 30 / total);
-        std::fprintf(stderr, "%sperplexity [%.*s%*s] %lld/%lld windows, ppl %.4f, %.0f tok/s%s", tty ? "\r" : "", bar,
-                     "==============================", 30 - bar, "", (long long)done, (long long)total, acc.ppl(),
-                     acc.tokens / (now_seconds() - t0), tty ? "" : "\n");
-        if (tty && done == total) std::fprintf(stderr, "\n");
-      });
+  engine::PerplexityResult r;
+  {
+    ProgressBar bar("perplexity");
+    r = engine::perplexity(*l.model, ids, o.window, o.chunks, o.prefill_step,
+                           [&](int64_t done, int64_t total, const engine::PerplexityResult& acc) {
+                             bar.update(done, total,
+                                        strfmt("%lld/%lld windows, ppl %.4f, %.0f tok/s", (long long)done, (long long)total,
+                                               acc.ppl(), acc.tokens / bar.elapsed()));
+                           });
+  }
   if (o.json) {
     nlohmann::ordered_json j;
     j["tokens"] = r.tokens;

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "experts/calibrate.h"
@@ -23,17 +24,13 @@ void run(const RepackOptions& o) {
   io::Checkpoint ck = io::Checkpoint::open(o.model.dir());
   models::ModelSpec spec = models::build_spec(ck);
   auto perm = experts::read_perm_file(o.perm, spec.n_layers, spec.moe.n_experts);
-  const bool tty = isatty(STDERR_FILENO);
-  int last = -1;
   const double t0 = now_seconds();
-  experts::repack(ck, perm, o.out, [&](uint64_t done, uint64_t total) {
-    const int pct = static_cast<int>(done * 100 / std::max<uint64_t>(total, 1));
-    if (pct == last || (!tty && pct % 25 != 0)) return;
-    last = pct;
-    std::fprintf(stderr, "%srepack %3d%% %s / %s%s", tty ? "\r" : "", pct, format_bytes(done).c_str(), format_bytes(total).c_str(),
-                 tty ? "" : "\n");
-  });
-  if (tty) std::fprintf(stderr, "\n");
+  {
+    ProgressBar bar("repack");
+    experts::repack(ck, perm, o.out, [&](uint64_t done, uint64_t total) {
+      bar.update(done, total, format_bytes(done) + " / " + format_bytes(total));
+    });
+  }
   std::printf("wrote %s (experts permuted per %s) in %.1f s\n", o.out.c_str(), o.perm.c_str(), now_seconds() - t0);
 }
 

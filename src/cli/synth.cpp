@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
@@ -30,21 +31,15 @@ void run(SynthCmd& o) {
   } catch (const Error&) {
     log_warn("demo model not found: the synthetic checkpoint gets no tokenizer");
   }
-  const bool tty = isatty(STDERR_FILENO);
   const double t0 = now_seconds();
-  int last_pct = -1;
-  models::SynthResult r = models::write_synthetic(o.s, [&](uint64_t done, uint64_t total) {
-    const int pct = static_cast<int>(done * 100 / std::max<uint64_t>(total, 1));
-    if (pct == last_pct) return;
-    last_pct = pct;
-    if (!tty && pct % 10 != 0) return;
-    const int bar = pct * 30 / 100;
-    const double el = now_seconds() - t0;
-    std::fprintf(stderr, "%ssynth [%.*s%*s] %3d%% %s / %s, %.0f MB/s%s", tty ? "\r" : "", bar, "==============================",
-                 30 - bar, "", pct, format_bytes(done).c_str(), format_bytes(total).c_str(), el > 0 ? done / el / 1e6 : 0.0,
-                 tty ? "" : "\n");
-  });
-  if (tty) std::fprintf(stderr, "\n");
+  models::SynthResult r;
+  {
+    ProgressBar bar("synth");
+    r = models::write_synthetic(o.s, [&](uint64_t done, uint64_t total) {
+      bar.update(done, total, strfmt("%s / %s, %.0f MB/s", format_bytes(done).c_str(), format_bytes(total).c_str(),
+                                     done / std::max(bar.elapsed(), 1e-9) / 1e6));
+    });
+  }
   std::printf("wrote %s: %s (%lld tensors, %d shard(s), %s) in %.1f s\n", o.s.out_dir.c_str(), r.model_type.c_str(),
               (long long)r.tensors, r.shards, format_bytes(r.bytes).c_str(), now_seconds() - t0);
   if (!o.check) return;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace spool::experts {
 
@@ -86,18 +87,14 @@ void write_pin_file(const std::string& path, const std::vector<std::pair<int, in
   j["bytes"] = pins.size() * expert_bytes;
   j["expected_hit_rate"] = coverage;
   j["calibration_tokens"] = tokens;
-  std::ofstream f(path);
-  f << j.dump() << "\n";
-  if (!f) fail("%s: write failed", path.c_str());
+  write_file_atomic(path, j.dump() + "\n");
 }
 
 void write_perm_file(const std::string& path, const std::vector<std::vector<int>>& order) {
   nlohmann::ordered_json j;
   j["perm"] = order;
   j["note"] = "perm[layer][new_position] = old expert id";
-  std::ofstream f(path);
-  f << j.dump() << "\n";
-  if (!f) fail("%s: write failed", path.c_str());
+  write_file_atomic(path, j.dump() + "\n");
 }
 
 std::vector<std::vector<int>> read_perm_file(const std::string& path, int n_layers, int n_experts) {

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -275,9 +276,7 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
     w.finish();
   }
   auto write_json = [&](const std::string& name, const nlohmann::ordered_json& j) {
-    std::ofstream f(opt.out_dir + "/" + name);
-    f << j.dump(2) << "\n";
-    if (!f) fail("%s/%s: write failed", opt.out_dir.c_str(), name.c_str());
+    write_file_atomic(opt.out_dir + "/" + name, j.dump(2) + "\n");
   };
   if (ns > 1) write_json("model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
   write_json("config.json", cfg);
