@@ -236,6 +236,7 @@ struct Layout {
   int64_t len = 0;  // slots per row = nsb * slots * N
   std::vector<int32_t> g0;   // [nsb] group of lane 0
   std::vector<int32_t> rel;  // [nsb * N] group of each lane minus g0 (< N)
+  bool ok = true;            // false if an SB spans more than N groups (never for valid groups)
 };
 
 const Layout& GetLayout(QType type, int64_t cols, int group) {
@@ -246,12 +247,13 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
     if (l.cols == cols && l.group == group && l.type == type) return l;
   Layout& L = cache[next];
   next = (next + 1) % kCache;
-  const int bpl = qmm::lane_bytes(type), S = qmm::lane_slots(type), bits = qtype_bits(type);
+  const int bpl = qmm::lane_bytes(type), S = qmm::lane_slots(type);
   const int64_t gb = qtype_group_bytes(type, group), ngroups = cols / group, rb = ngroups * gb;
   const int64_t sbb = kN * bpl;
   L.type = type;
   L.cols = cols;
   L.group = group;
+  L.ok = true;
   L.nsb = (rb + sbb - 1) / sbb;
   L.len = L.nsb * S * kN;
   L.g0.assign(static_cast<size_t>(L.nsb), 0);
@@ -266,6 +268,7 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
       L.g0[static_cast<size_t>(j)] = static_cast<int32_t>(first);
       // Padding lanes past the row take the row's last group (their x slots are zero).
       L.rel[static_cast<size_t>(j * kN + k)] = static_cast<int32_t>(std::min<int64_t>(grp - first, kN - 1));
+      if (grp - first >= kN) L.ok = false;
     }
   }
   return L;
@@ -628,8 +631,9 @@ constexpr int DecodeRows() {
 }
 
 template <QType Q>
-void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+bool LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const Layout& L = GetLayout(Q, w.cols, w.group);
+  if (!L.ok) return false;
   const Tables tb = MakeTables<Q>(w.codebook);
   constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
@@ -690,7 +694,7 @@ void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
     while (r + RB <= r1) block(std::integral_constant<int, RB>{});
     while (r + 4 <= r1) block(std::integral_constant<int, 4>{});
     while (r < r1) block(std::integral_constant<int, 1>{});
-    return;
+    return true;
   }
 
   const int64_t tile = std::min(T, kTokenTile);
@@ -716,6 +720,7 @@ void LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
       }
     }
   }
+  return true;
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
@@ -750,10 +755,10 @@ void QuantRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t 
   {
     if (qmm::lanes_aligned(w.type, w.group)) {
       switch (w.type) {
-        case QType::kQ2: return LaneRows<QType::kQ2>(w, x, T, y, ldy, r0, r1);
-        case QType::kQ3: return LaneRows<QType::kQ3>(w, x, T, y, ldy, r0, r1);
-        case QType::kQ4: return LaneRows<QType::kQ4>(w, x, T, y, ldy, r0, r1);
-        case QType::kTernary: return LaneRows<QType::kTernary>(w, x, T, y, ldy, r0, r1);
+        case QType::kQ2: if (LaneRows<QType::kQ2>(w, x, T, y, ldy, r0, r1)) return; break;
+        case QType::kQ3: if (LaneRows<QType::kQ3>(w, x, T, y, ldy, r0, r1)) return; break;
+        case QType::kQ4: if (LaneRows<QType::kQ4>(w, x, T, y, ldy, r0, r1)) return; break;
+        case QType::kTernary: if (LaneRows<QType::kTernary>(w, x, T, y, ldy, r0, r1)) return; break;
       }
     }
   }
