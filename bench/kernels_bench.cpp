@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/attention.h"
+#include "ops/kv_cache.h"
 #include "ops/matmul.h"
 #include "ops/thread_pool.h"
 
@@ -90,21 +90,24 @@ BENCHMARK(BM_GemmBF16)->Args({2048, 2048, 64})->Args({2048, 2048, 512})->Args({5
 
 BENCHMARK_MAIN();
 
-// Decode attention over a long context (one KV head, a GQA group of query heads).
+// Decode attention over a long context (2 KV heads, a GQA group of 2 query heads each).
 void BM_AttentionDecode(benchmark::State& st) {
   const int64_t n = st.range(0);
   const int hd = 64, nh = 4, nkv = 2;
-  const size_t kv_floats = static_cast<size_t>(nkv) * hd * static_cast<size_t>(n);
-  std::vector<float> k(kv_floats, 0.01f);
-  std::vector<float> v(kv_floats, 0.02f);
+  spool::ops::KvCache kv;
+  kv.configure(static_cast<spool::ops::KvType>(st.range(2)), nkv, hd);
+  kv.reserve(n, 0);
+  std::vector<float> row(static_cast<size_t>(nkv) * hd, 0.01f);
+  for (int64_t p = 0; p < n; ++p) kv.write(p, row.data(), row.data());
   std::vector<float> q(static_cast<size_t>(nh) * hd, 0.1f);
   std::vector<float> out(static_cast<size_t>(nh) * hd);
-  spool::ops::KVView kv{k.data(), v.data(), n, nkv, hd, hd};
   spool::ops::ThreadPool pool(static_cast<int>(st.range(1)));
   for (auto _ : st) {
     spool::ops::attention(q.data(), 1, nh, kv, n - 1, 0.125f, out.data(), &pool);
     benchmark::DoNotOptimize(out.data());
   }
-  st.counters["KV GB/s"] = benchmark::Counter(2.0 * k.size() * 4 * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["KV GB/s"] = benchmark::Counter(static_cast<double>(kv.bytes_per_position()) * n * st.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_AttentionDecode)->Args({2332, 1})->Args({2332, 2})->Args({32768, 2})->UseRealTime();
+// Args: context, threads, KvType (0 f32, 1 f16, 2 int8).
+BENCHMARK(BM_AttentionDecode)->Args({2332, 1, 0})->Args({2332, 2, 0})->Args({32768, 2, 0})->Args({32768, 2, 1})->Args({32768, 2, 2})->UseRealTime();

@@ -29,6 +29,7 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_flag("--no-page-cache", no_page_cache, "Read experts with O_DIRECT, bypassing the page cache");
   app->add_option("--prefetch-ahead", prefetch_ahead, "Read the next N layers' likely experts in the background (default 0 = off)");
   app->add_option("--pin-file", pin_file, "JSON {\"pin\": [[layer, expert], ...]} of experts kept resident (from spool calibrate)");
+  app->add_option("--kv-bits", kv_bits, "KV cache entries: 32 (f32, exact; default), 16 (f16) or 8 (int8 with group scales)");
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
 }
@@ -50,6 +51,8 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.prefetch_ahead = prefetch_ahead;
   o.pin_file = pin_file;
   o.max_active_experts = max_active_experts;
+  ops::kv_type_from_bits(kv_bits);  // UsageError for other values
+  o.kv_bits = kv_bits;
   return o;
 }
 

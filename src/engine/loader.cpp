@@ -24,11 +24,13 @@ uint64_t reserve_bytes(uint64_t available) { return std::max<uint64_t>(512ull <<
 
 }  // namespace
 
-uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx) {
+uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
+  ops::KvCache probe;
+  probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
   uint64_t n = 0;
   for (int i = 0; i < s.n_layers; ++i) {
     if (s.mixers[i] == models::MixerKind::kAttention) {
-      n += 2ull * s.attn.n_kv_heads * s.attn.head_dim * static_cast<uint64_t>(ctx) * sizeof(float);
+      n += probe.bytes_per_position() * static_cast<uint64_t>(ctx);
     } else {
       const auto& g = s.gdn;
       n += (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * sizeof(float);
@@ -92,6 +94,7 @@ LoadedModel load(const LoadOptions& opt) {
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   l.model = models::load_model(l.ckpt, l.pool.get());
   const models::ModelSpec& spec = l.model->spec();
+  l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
   if (opt.max_active_experts != 0) {
     if (opt.max_active_experts < 0 || opt.max_active_experts > spec.moe.top_k)
       throw UsageError(strfmt("--max-active-experts %d is out of range: the model routes to %d experts per token (0 = native)",
@@ -101,7 +104,7 @@ LoadedModel load(const LoadOptions& opt) {
 
   const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes(), dense = total - experts;
   const uint64_t available = available_memory_bytes();
-  const uint64_t kv = state_bytes(spec, opt.ctx_size);
+  const uint64_t kv = state_bytes(spec, opt.ctx_size, opt.kv_bits);
   const uint64_t reserve = reserve_bytes(available);
   bool stream = opt.stream.value_or(false);
   if (!opt.stream.has_value() && experts > 0 && total + kv + reserve > available) {

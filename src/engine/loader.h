@@ -27,6 +27,7 @@ struct LoadOptions {
   int prefetch_ahead = 0;              // --prefetch-ahead
   std::string pin_file;                // --pin-file
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
+  int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
   int64_t ctx_size = 4096;             // context the KV estimate assumes (bytes kept out of the cache budget)
 };
 
@@ -50,7 +51,7 @@ std::vector<std::pair<int, int>> read_pin_file(const std::string& path);
 /// Bytes of the model files resident in the page cache (mincore over the shard mappings).
 uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt);
 
-/// Estimated bytes of one sequence's KV cache and recurrent state at `ctx` tokens (f32).
-uint64_t state_bytes(const models::ModelSpec& spec, int64_t ctx);
+/// Bytes of one sequence's KV cache and recurrent state at `ctx` tokens with --kv-bits.
+uint64_t state_bytes(const models::ModelSpec& spec, int64_t ctx, int kv_bits);
 
 }  // namespace spool::engine

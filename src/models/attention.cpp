@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "models/bind.h"
-#include "ops/attention.h"
+#include "ops/kv_cache.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 
@@ -55,15 +55,9 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     }
     rope_.apply(qt, nh, hd, pos0 + t);
     rope_.apply(kt, nkv, hd, pos0 + t);
-    // Append k (normed, rotated) and raw v to the cache at position pos0 + t.
-    for (int h = 0; h < nkv; ++h) {
-      for (int d = 0; d < hd; ++d) cache.k[(static_cast<int64_t>(h) * hd + d) * cache.capacity + pos0 + t] = kt[h * hd + d];
-      std::memcpy(cache.v.data() + (h * cache.capacity + pos0 + t) * hd, vx_.data() + (t * nkv + h) * hd,
-                  hd * sizeof(float));
-    }
+    cache.write(pos0 + t, kt, vx_.data() + t * nkv * hd);  // k normed and rotated, v raw
   }
-  ops::KVView kv{cache.k.data(), cache.v.data(), cache.capacity, nkv, hd, hd};
-  ops::attention(q_.data(), T, nh, kv, pos0, 1.0f / std::sqrt(static_cast<float>(hd)), att_.data(), pool);
+  ops::attention(q_.data(), T, nh, cache, pos0, 1.0f / std::sqrt(static_cast<float>(hd)), att_.data(), pool);
   if (a_.output_gate)
     for (int64_t i = 0; i < T * nh * hd; ++i) att_[i] *= ops::sigmoid(gate_[i]);
   ops::matmul(wo_, att_.data(), T, out, pool);

@@ -27,7 +27,8 @@ class DecoderModel : public Model {
   void bind(GdnLayout gdn_layout);
 
   const ModelSpec& spec() const override { return spec_; }
-  State new_state() const override { return State(spec_); }
+  State new_state() const override { return State(spec_, kv_type_); }
+  void set_kv_type(ops::KvType type) override { kv_type_ = type; }
   void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) override;
   void set_max_active_experts(int k) override;
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
@@ -53,6 +54,7 @@ class DecoderModel : public Model {
   std::vector<Layer> layers_;
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
+  ops::KvType kv_type_ = ops::KvType::kF32;
   std::vector<float> h_, xn_, tmp_;
 };
 

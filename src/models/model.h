@@ -36,8 +36,10 @@ class Model {
   virtual ~Model() = default;
   /// The configuration the model was built from.
   virtual const ModelSpec& spec() const = 0;
-  /// Fresh, empty state for one sequence.
+  /// Fresh, empty state for one sequence (KV entries of the type set by set_kv_type).
   virtual State new_state() const = 0;
+  /// KV-cache element type of states made from now on (default f32).
+  virtual void set_kv_type(ops::KvType type) = 0;
   /// Runs ids[0..T) at positions [state.pos, state.pos + T), then advances state.pos by T.
   /// logits: [T or 1, vocab] f32 per `mode`. Throws spool::Error for an id outside the
   /// vocabulary (state unchanged). Any other failure part-way (e.g. an expert read error)

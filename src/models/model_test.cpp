@@ -155,7 +155,8 @@ TEST_F(Demo, HiddenStatesOfPrompt0) {
     std::vector<float> rk = g.f32("cache." + std::to_string(layer) + ".keys");
     std::vector<float> rv = g.f32("cache." + std::to_string(layer) + ".values");
     for (int h = 0; h < nkv; ++h) {
-      std::vector<float> k = cache_rows(c, h, T, hd, true), v = cache_rows(c, h, T, hd, false);
+      std::vector<float> k = cache_rows(c, h, T, hd, true);
+      std::vector<float> v = cache_rows(c, h, T, hd, false);
       expect_rows_close(k.data(), rk.data() + h * T * hd, T, hd, kTol, "keys");
       expect_rows_close(v.data(), rv.data() + h * T * hd, T, hd, kTol, "values");
     }

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "models/bind.h"
-#include "ops/attention.h"
+#include "ops/vec.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 

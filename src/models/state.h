@@ -6,20 +6,12 @@
 #include <vector>
 
 #include "models/spec.h"
+#include "ops/kv_cache.h"
 
 namespace spool::models {
 
-/// KV cache of one attention layer (layout of ops::KVView): keys transposed,
-/// k[(h * head_dim + d) * capacity + p]; values v[(h * capacity + p) * head_dim + d].
-struct AttnCache {
-  std::vector<float> k, v;
-  int64_t capacity = 0;  // positions allocated per KV head
-  int head_dim = 0;
-  /// Key of KV head h at position p, dimension d.
-  float key(int h, int64_t p, int d) const { return k[(static_cast<int64_t>(h) * head_dim + d) * capacity + p]; }
-  /// Value of KV head h at position p, dimension d.
-  float value(int h, int64_t p, int d) const { return v[(h * capacity + p) * head_dim + d]; }
-};
+/// KV cache of one attention layer (f32, f16 or int8; see ops/kv_cache.h).
+using AttnCache = ops::KvCache;
 
 /// State of one Gated DeltaNet layer.
 struct GdnState {
@@ -31,8 +23,9 @@ struct GdnState {
 class State {
  public:
   State() = default;
-  /// Allocates empty state for `spec` (attention caches grow on demand).
-  explicit State(const ModelSpec& spec);
+  /// Allocates empty state for `spec` (attention caches grow on demand) with KV entries of
+  /// `kv` (f32 by default: exact; f16 / int8 trade accuracy for memory).
+  explicit State(const ModelSpec& spec, ops::KvType kv = ops::KvType::kF32);
 
   /// Tokens processed so far (= position of the next token).
   int64_t pos = 0;
@@ -50,7 +43,6 @@ class State {
   uint64_t bytes() const;
 
  private:
-  int n_kv_heads_ = 0, head_dim_ = 0;
   std::vector<char> is_attn_;  // [n_layers]
 };
 

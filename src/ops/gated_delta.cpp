@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/attention.h"
+#include "ops/vec.h"
 #include "ops/elementwise.h"
 
 namespace spool::ops {

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/attention.h"
+#include "ops/kv_cache.h"
 #include "ops/elementwise.h"
 #include "ops/gated_delta.h"
 #include "ops/matmul.h"
@@ -169,35 +169,72 @@ TEST(Conv1d, CarriedStateEqualsOneShot) {
   EXPECT_EQ(st1, st2);
 }
 
-TEST(Attention, MatchesNaiveSoftmax) {
-  const int nh = 4, nkv = 2, hd = 8;
-  const int64_t cap = 16, pos0 = 5, T = 3;
-  std::vector<float> kc = randn(nkv * cap * hd, 9), vc = randn(nkv * cap * hd, 10), q = randn(T * nh * hd, 11);
-  std::vector<float> kt(kc.size()), out(T * nh * hd);  // keys transposed per head: [h][d][p]
-  for (int h = 0; h < nkv; ++h)
-    for (int64_t p = 0; p < cap; ++p)
-      for (int d = 0; d < hd; ++d) kt[(h * hd + d) * cap + p] = kc[(h * cap + p) * hd + d];
-  KVView kv{kt.data(), vc.data(), cap, nkv, hd, hd};
-  attention(q.data(), T, nh, kv, pos0, 0.35f, out.data(), nullptr);
-  for (int64_t t = 0; t < T; ++t)
-    for (int h = 0; h < nh; ++h) {
-      const int kvh = h / (nh / nkv);
-      const int64_t n = pos0 + t + 1;
-      std::vector<double> s(n);
-      double m = -1e30, sum = 0;
-      for (int64_t p = 0; p < n; ++p) {
-        double d = 0;
-        for (int i = 0; i < hd; ++i) d += q[(t * nh + h) * hd + i] * kc[(kvh * cap + p) * hd + i];
-        s[p] = d * 0.35;
-        m = std::max(m, s[p]);
-      }
-      for (auto& x : s) sum += (x = std::exp(x - m));
-      for (int i = 0; i < hd; ++i) {
-        double o = 0;
-        for (int64_t p = 0; p < n; ++p) o += s[p] / sum * vc[(kvh * cap + p) * hd + i];
-        EXPECT_NEAR(out[(t * nh + h) * hd + i], o, 1e-5);
-      }
+// Attention over each KV storage type against a naive double-precision softmax over the same
+// (dequantized) cache contents; the quantized caches also stay close to the f32 result.
+TEST(Attention, MatchesNaiveSoftmaxForEveryKvType) {
+  const int nh = 4, nkv = 2, hd = 64;
+  const int64_t pos0 = 37, T = 3;
+  std::vector<float> kc = randn(nkv * (pos0 + T) * hd, 9), vc = randn(nkv * (pos0 + T) * hd, 10), q = randn(T * nh * hd, 11);
+  std::vector<float> exact;
+  for (KvType type : {KvType::kF32, KvType::kF16, KvType::kI8}) {
+    KvCache kv;
+    kv.configure(type, nkv, hd);
+    kv.reserve(pos0 + T, 0);
+    for (int64_t p = 0; p < pos0 + T; ++p) {
+      std::vector<float> k(nkv * hd), v(nkv * hd);
+      for (int h = 0; h < nkv; ++h)
+        for (int d = 0; d < hd; ++d) {
+          k[h * hd + d] = kc[(h * (pos0 + T) + p) * hd + d];
+          v[h * hd + d] = vc[(h * (pos0 + T) + p) * hd + d];
+        }
+      kv.write(p, k.data(), v.data());
     }
+    std::vector<float> out(T * nh * hd);
+    ThreadPool pool(2);
+    attention(q.data(), T, nh, kv, pos0, 0.125f, out.data(), &pool);
+    for (int64_t t = 0; t < T; ++t)
+      for (int h = 0; h < nh; ++h) {
+        const int kvh = h / (nh / nkv);
+        const int64_t n = pos0 + t + 1;
+        std::vector<double> s(n);
+        double m = -1e30, sum = 0;
+        for (int64_t p = 0; p < n; ++p) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += q[(t * nh + h) * hd + i] * kv.key(kvh, p, i);
+          s[p] = d * 0.125;
+          m = std::max(m, s[p]);
+        }
+        for (auto& x : s) sum += (x = std::exp(x - m));
+        for (int i = 0; i < hd; ++i) {
+          double o = 0;
+          for (int64_t p = 0; p < n; ++p) o += s[p] / sum * kv.value(kvh, p, i);
+          ASSERT_NEAR(out[(t * nh + h) * hd + i], o, 1e-5) << "kv type " << static_cast<int>(type);
+        }
+      }
+    if (type == KvType::kF32) exact = out;
+    const double tol = type == KvType::kF16 ? 2e-3 : 3e-2;
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], exact[i], tol) << "kv type " << static_cast<int>(type);
+  }
+}
+
+TEST(KvCache, GrowsAndCopiesPrefixes) {
+  for (KvType type : {KvType::kF32, KvType::kF16, KvType::kI8}) {
+    KvCache a, b;
+    a.configure(type, 2, 64);
+    b.configure(type, 2, 64);
+    std::vector<float> k = randn(128, 1), v = randn(128, 2);
+    for (int64_t p = 0; p < 300; ++p) {  // crosses the first growth (256)
+      a.reserve(p + 1, p);
+      a.write(p, k.data(), v.data());
+    }
+    b.copy_prefix(a, 300);
+    for (int64_t p : {0, 255, 256, 299})
+      for (int d : {0, 33, 63}) {
+        EXPECT_EQ(a.key(1, p, d), b.key(1, p, d));
+        EXPECT_EQ(a.value(0, p, d), b.value(0, p, d));
+        EXPECT_NEAR(a.key(1, p, d), k[64 + d], type == KvType::kF32 ? 0 : type == KvType::kF16 ? 2e-3 : 3e-2);
+      }
+  }
 }
 
 TEST(Rope, RotatesPairsHalfApart) {

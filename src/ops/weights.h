@@ -77,6 +77,33 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
+/// float -> IEEE half bits, round to nearest even; overflow gives +-inf, NaN stays NaN,
+/// values below the half subnormal range flush to signed zero.
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
+  if (abs >= 0x38800000u) {                                              // normal half
+    const uint32_t mant = abs & 0x7fffffu;
+    uint32_t h = ((abs >> 23) - 112) << 10 | (mant >> 13);
+    const uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25: zero
+  // Subnormal half: value = m * 2^-24.
+  const uint32_t e = abs >> 23;
+  const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - e;  // 14..24
+  uint32_t h = mant >> shift;
+  const uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
 /// Converts n elements of a weight row of type `t` to float.
 void row_to_f32(WType t, const void* src, int64_t n, float* dst);
 

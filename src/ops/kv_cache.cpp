@@ -1,0 +1,220 @@
+#include "ops/kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "ops/kv_kernels.h"
+#include "ops/vec.h"
+#include "ops/weights.h"
+
+namespace spool::ops {
+
+KvType kv_type_from_bits(int bits) {
+  if (bits == 32) return KvType::kF32;
+  if (bits == 16) return KvType::kF16;
+  if (bits == 8) return KvType::kI8;
+  throw UsageError(strfmt("--kv-bits must be 32, 16 or 8 (got %d)", bits));
+}
+
+void KvCache::configure(KvType type, int n_kv_heads, int head_dim) {
+  type_ = type;
+  n_kv_ = n_kv_heads;
+  hd_ = head_dim;
+  groups_ = (head_dim % kKvGroup == 0 && head_dim > kKvGroup) ? head_dim / kKvGroup : 1;
+  cap_ = 0;
+  k_.clear();
+  v_.clear();
+  ks_.clear();
+  vs_.clear();
+}
+
+uint64_t KvCache::bytes_per_position() const {
+  uint64_t n = 2ull * n_kv_ * hd_ * elem();
+  if (type_ == KvType::kI8) n += 2ull * n_kv_ * groups_ * sizeof(float);
+  return n;
+}
+
+void KvCache::reserve(int64_t positions, int64_t keep) {
+  if (positions <= cap_) return;
+  int64_t cap = std::max<int64_t>({positions, 2 * cap_, 256});
+  cap = (cap + 255) / 256 * 256;
+  keep = std::min(keep, cap_);
+  const int es = elem();
+  std::vector<uint8_t> k(static_cast<size_t>(n_kv_) * hd_ * cap * es), v(k.size());
+  for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_ && keep > 0; ++row)  // key rows: (head, dim)
+    std::memcpy(k.data() + row * cap * es, k_.data() + row * cap_ * es, keep * es);
+  for (int h = 0; h < n_kv_ && keep > 0; ++h)  // value rows: (head, position)
+    std::memcpy(v.data() + h * cap * hd_ * es, v_.data() + h * cap_ * hd_ * es, keep * hd_ * es);
+  if (type_ == KvType::kI8) {
+    std::vector<float> ks(static_cast<size_t>(n_kv_) * groups_ * cap), vs(ks.size());
+    for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_ && keep > 0; ++row)
+      std::copy_n(ks_.data() + row * cap_, keep, ks.data() + row * cap);
+    for (int h = 0; h < n_kv_ && keep > 0; ++h) std::copy_n(vs_.data() + h * cap_ * groups_, keep * groups_, vs.data() + h * cap * groups_);
+    ks_.swap(ks);
+    vs_.swap(vs);
+  }
+  k_.swap(k);
+  v_.swap(v);
+  cap_ = cap;
+}
+
+namespace {
+
+// Symmetric int8 of n values: returns the scale (max|x| / 127; 0 for an all-zero group).
+float quantize_i8(const float* x, int n, int8_t* out) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax / 127.0f;
+  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  for (int i = 0; i < n; ++i) out[i] = static_cast<int8_t>(std::lrint(std::clamp(x[i] * inv, -127.0f, 127.0f)));
+  return scale;
+}
+
+}  // namespace
+
+void KvCache::write(int64_t pos, const float* k, const float* v) {
+  const int gd = group_dim();
+  for (int h = 0; h < n_kv_; ++h) {
+    const float* kh = k + h * hd_;
+    const float* vh = v + h * hd_;
+    const int64_t vrow = (static_cast<int64_t>(h) * cap_ + pos) * hd_;
+    switch (type_) {
+      case KvType::kF32: {
+        float* kb = reinterpret_cast<float*>(k_.data());
+        for (int d = 0; d < hd_; ++d) kb[(static_cast<int64_t>(h) * hd_ + d) * cap_ + pos] = kh[d];
+        std::memcpy(reinterpret_cast<float*>(v_.data()) + vrow, vh, hd_ * sizeof(float));
+        break;
+      }
+      case KvType::kF16: {
+        uint16_t* kb = reinterpret_cast<uint16_t*>(k_.data());
+        uint16_t* vb = reinterpret_cast<uint16_t*>(v_.data()) + vrow;
+        for (int d = 0; d < hd_; ++d) {
+          kb[(static_cast<int64_t>(h) * hd_ + d) * cap_ + pos] = f32_to_f16(kh[d]);
+          vb[d] = f32_to_f16(vh[d]);
+        }
+        break;
+      }
+      case KvType::kI8: {
+        int8_t q[1024];
+        int8_t* kb = reinterpret_cast<int8_t*>(k_.data());
+        for (int g = 0; g < groups_; ++g) {
+          ks_[(static_cast<int64_t>(h) * groups_ + g) * cap_ + pos] = quantize_i8(kh + g * gd, gd, q);
+          for (int d = 0; d < gd; ++d) kb[(static_cast<int64_t>(h) * hd_ + g * gd + d) * cap_ + pos] = q[d];
+          vs_[(static_cast<int64_t>(h) * cap_ + pos) * groups_ + g] =
+              quantize_i8(vh + g * gd, gd, reinterpret_cast<int8_t*>(v_.data()) + vrow + g * gd);
+        }
+        break;
+      }
+    }
+  }
+}
+
+void KvCache::copy_prefix(const KvCache& o, int64_t n) {
+  if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_) fail("KV cache snapshot has a different geometry");
+  reserve(n, 0);
+  const int es = elem();
+  for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_; ++row)
+    std::memcpy(k_.data() + row * cap_ * es, o.k_.data() + row * o.cap_ * es, n * es);
+  for (int h = 0; h < n_kv_; ++h) std::memcpy(v_.data() + h * cap_ * hd_ * es, o.v_.data() + h * o.cap_ * hd_ * es, n * hd_ * es);
+  if (type_ == KvType::kI8) {
+    for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_; ++row)
+      std::copy_n(o.ks_.data() + row * o.cap_, n, ks_.data() + row * cap_);
+    for (int h = 0; h < n_kv_; ++h) std::copy_n(o.vs_.data() + h * o.cap_ * groups_, n * groups_, vs_.data() + h * cap_ * groups_);
+  }
+}
+
+float KvCache::key(int h, int64_t p, int d) const {
+  const int64_t i = (static_cast<int64_t>(h) * hd_ + d) * cap_ + p;
+  switch (type_) {
+    case KvType::kF32: return reinterpret_cast<const float*>(k_.data())[i];
+    case KvType::kF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(k_.data())[i]);
+    default: return reinterpret_cast<const int8_t*>(k_.data())[i] * ks_[(static_cast<int64_t>(h) * groups_ + d / group_dim()) * cap_ + p];
+  }
+}
+
+float KvCache::value(int h, int64_t p, int d) const {
+  const int64_t i = (static_cast<int64_t>(h) * cap_ + p) * hd_ + d;
+  switch (type_) {
+    case KvType::kF32: return reinterpret_cast<const float*>(v_.data())[i];
+    case KvType::kF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(v_.data())[i]);
+    default: return reinterpret_cast<const int8_t*>(v_.data())[i] * vs_[(static_cast<int64_t>(h) * cap_ + p) * groups_ + d / group_dim()];
+  }
+}
+
+namespace {
+constexpr int64_t kQueryTile = 32;  // query rows (tokens x heads of one KV group) per task
+}
+
+// Per task: one KV head and a tile of queries of that head's group: scores against the
+// transposed keys (SIMD over positions), causal mask + softmax per row, then P.V
+// accumulated row by row with SIMD.
+void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out,
+               ThreadPool* pool) {
+  const int group = n_heads / kv.n_kv_heads();
+  const int hd = kv.head_dim();
+  const int64_t cap = kv.capacity();
+  const int64_t rows_per_head = T * group;  // query rows of one KV head: (t, g)
+  const int64_t tiles = (rows_per_head + kQueryTile - 1) / kQueryTile;
+  auto task = [&](int64_t i, int) {
+    const int kvh = static_cast<int>(i / tiles);
+    const int64_t r0 = (i % tiles) * kQueryTile;
+    const int64_t nr = std::min(kQueryTile, rows_per_head - r0);
+    // Row r of the tile is query (t, g) with t = (r0 + r) / group, head kvh * group + g.
+    const int64_t n = pos0 + (r0 + nr - 1) / group + 1;  // keys any row of the tile may see
+    thread_local std::vector<float> qs, sc, acc;
+    qs.resize(nr * hd);
+    sc.resize(nr * n);
+    acc.assign(nr * hd, 0.0f);
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t t = (r0 + r) / group, g = (r0 + r) % group;
+      std::memcpy(qs.data() + r * hd, q + (t * n_heads + kvh * group + g) * hd, hd * sizeof(float));
+    }
+    const int64_t krow0 = static_cast<int64_t>(kvh) * hd;  // first key row of this head
+    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap;  // first value row of this head
+    switch (kv.type()) {
+      case KvType::kF32:
+        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap, cap, n, hd, sc.data(), n);
+        break;
+      case KvType::kF16:
+        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap, cap, n, hd, sc.data(), n);
+        break;
+      case KvType::kI8:
+        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap,
+                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap, cap, kv.group_dim(), n, hd, sc.data(), n);
+        break;
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t visible = pos0 + (r0 + r) / group + 1;
+      float* row = sc.data() + r * n;
+      ops::scale(scale, row, visible);
+      softmax_inplace(row, visible);
+      std::fill(row + visible, row + n, 0.0f);
+    }
+    switch (kv.type()) {
+      case KvType::kF32:
+        accumulate_rows(sc.data(), n, nr, reinterpret_cast<const float*>(kv.v_data()) + vrow0 * hd, hd, n, hd, acc.data(), hd);
+        break;
+      case KvType::kF16:
+        accumulate_rows_f16(sc.data(), n, nr, reinterpret_cast<const uint16_t*>(kv.v_data()) + vrow0 * hd, hd, n, hd, acc.data(), hd);
+        break;
+      case KvType::kI8:
+        accumulate_rows_i8(sc.data(), n, nr, reinterpret_cast<const int8_t*>(kv.v_data()) + vrow0 * hd,
+                           kv.v_scales() + vrow0 * kv.groups(), hd, kv.groups(), kv.group_dim(), n, hd, acc.data(), hd);
+        break;
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t t = (r0 + r) / group, g = (r0 + r) % group;
+      std::memcpy(out + (t * n_heads + kvh * group + g) * hd, acc.data() + r * hd, hd * sizeof(float));
+    }
+  };
+  const int64_t tasks = static_cast<int64_t>(kv.n_kv_heads()) * tiles;
+  if (pool == nullptr || tasks == 1 || T * n_heads * (pos0 + T) * hd < (1 << 14)) {
+    for (int64_t i = 0; i < tasks; ++i) task(i, 0);
+  } else {
+    pool->run(tasks, task);
+  }
+}
+
+}  // namespace spool::ops
