@@ -5,12 +5,10 @@
 #include <vector>
 
 #include "experts/provider.h"
+#include "experts/weight_views.h"
 #include "io/checkpoint.h"
 
 namespace spool::experts {
-
-/// Converts a checkpoint tensor to a WeightView [shape[0], prod(rest)] (no copy).
-ops::WeightView view_of(const io::TensorRef& t);
 
 /// Serves every expert from the mmap'd checkpoint. Validates all expert shapes up front:
 /// gate/up [intermediate, hidden], down [hidden, intermediate] for each MoE layer.

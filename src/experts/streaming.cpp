@@ -5,7 +5,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
-#include "experts/resident.h"
+#include "experts/weight_views.h"
 
 namespace spool::experts {
 
@@ -33,32 +33,30 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
       opt_(std::move(opt)),
       store_(*ckpt_, moe_layers, n_experts, opt_.direct),
       cache_(opt_.cache_budget_bytes, store_.slot_bytes()) {
-  // Every expert must have the same dtype and shape (one WeightView prototype per projection).
-  const int64_t rows[3] = {intermediate, intermediate, hidden}, cols[3] = {hidden, hidden, intermediate};
-  bool first = true;
-  io::DType dtypes[3] = {};
+  // Every expert of a layer must have the same storage (one view prototype per projection);
+  // expert_views() checks each expert's shapes.
+  bool any = false;
+  proto_.resize(moe_layers.size());
+  auto same = [](const ops::WeightView& a, const ops::WeightView& b) {
+    return a.type == b.type && (a.type != ops::WType::kQuant || (a.quant.type == b.quant.type && a.quant.group == b.quant.group));
+  };
   for (int l = 0; l < static_cast<int>(moe_layers.size()); ++l) {
     if (!moe_layers[l]) continue;
+    any = true;
     for (int e = 0; e < n_experts; ++e) {
+      const ExpertWeights v = expert_views(*ckpt_, l, e, hidden, intermediate);
+      const ops::WeightView* views[3] = {&v.gate, &v.up, &v.down};
       for (int p = 0; p < 3; ++p) {
-        const io::TensorRef& t = ckpt_->expert(l, e, static_cast<io::ExpertProj>(p));
-        if (t.shape.size() != 2 || t.shape[0] != rows[p] || t.shape[1] != cols[p])
-          fail("%s: expert tensor '%s' has shape %s, expected [%lld, %lld]", ckpt_->dir().c_str(), t.name.c_str(),
-               t.shape_str().c_str(), (long long)rows[p], (long long)cols[p]);
-        if (first) {
-          dtypes[p] = t.dtype;
-          io::TensorRef tmp = t;
-          tmp.data = reinterpret_cast<const uint8_t*>(1);  // shape/type only
-          proto_[p] = view_of(tmp);
-          proto_[p].data = nullptr;
-        } else if (t.dtype != dtypes[p]) {
-          fail("%s: expert tensor '%s' has a different dtype from the other experts", ckpt_->dir().c_str(), t.name.c_str());
+        if (e == 0) {
+          proto_[l][p] = *views[p];
+        } else if (!same(proto_[l][p], *views[p])) {
+          fail("%s: %s is stored differently from expert 0 of its layer", ckpt_->dir().c_str(),
+               io::expert_tensor_name(l, e, static_cast<io::ExpertProj>(p)).c_str());
         }
       }
-      first = false;
     }
   }
-  if (first) fail("%s: streaming was requested but the model has no routed experts", ckpt_->dir().c_str());
+  if (!any) fail("%s: streaming was requested but the model has no routed experts", ckpt_->dir().c_str());
   std::vector<std::string> paths;
   for (const auto& s : ckpt_->shards()) paths.push_back(s.path());
   reader_ = std::make_unique<io::ExpertReader>(paths, io::ExpertReader::Options{opt_.engine, opt_.workers, opt_.direct});
@@ -95,6 +93,24 @@ void StreamingExperts::load_pins() {
   for (auto* en : entries) en->state = ExpertCache::State::kReady;
   pinned_count_ = static_cast<int>(entries.size());
   log_info("pinned %d experts (%s) resident", pinned_count_, format_bytes(entries.size() * store_.slot_bytes()).c_str());
+}
+
+ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t* slot) const {
+  const io::ExpertLocation& loc = store_.at(layer, expert);
+  ExpertWeights w{proto_[layer][0], proto_[layer][1], proto_[layer][2]};
+  ops::WeightView* views[3] = {&w.gate, &w.up, &w.down};
+  for (int p = 0; p < 3; ++p) {
+    ops::WeightView& v = *views[p];
+    const uint64_t* off = loc.part_offset[p];
+    if (v.type == ops::WType::kQuant) {  // codes, scales and codebook from the slot; signs stay resident
+      v.quant.qweight = slot + off[static_cast<int>(io::ExpertPart::kQWeight)];
+      v.quant.scales = reinterpret_cast<const uint16_t*>(slot + off[static_cast<int>(io::ExpertPart::kScales)]);
+      v.quant.codebook = reinterpret_cast<const float*>(slot + off[static_cast<int>(io::ExpertPart::kCodebook)]);
+    } else {
+      v.data = slot + off[static_cast<int>(io::ExpertPart::kWeight)];
+    }
+  }
+  return w;
 }
 
 std::vector<io::ReadRequest> StreamingExperts::plan_reads(const std::vector<ExpertCache::Entry*>& entries) const {
@@ -202,15 +218,7 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
     }
   }
   if (err) std::rethrow_exception(err);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const io::ExpertLocation& loc = store_.at(layer, ids[i]);
-    out[i].gate = proto_[0];
-    out[i].up = proto_[1];
-    out[i].down = proto_[2];
-    out[i].gate.data = entries[i]->data + loc.part_offset[0][0];
-    out[i].up.data = entries[i]->data + loc.part_offset[1][0];
-    out[i].down.data = entries[i]->data + loc.part_offset[2][0];
-  }
+  for (size_t i = 0; i < ids.size(); ++i) out[i] = slot_views(layer, ids[i], entries[i]->data);
   if (opt_.prefetch_ahead > 0 && static_cast<int>(ids.size()) <= opt_.top_k) {
     std::lock_guard<std::mutex> lk(mu_);
     last_ids_[layer].assign(ids.begin(), ids.end());

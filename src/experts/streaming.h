@@ -10,6 +10,7 @@
 // misses (rescued / (rescued + misses)).
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -79,13 +80,15 @@ class StreamingExperts final : public ExpertProvider {
                       std::vector<ExpertCache::Entry*>& misses, std::vector<ExpertCache::Entry*>& waits);
   std::vector<io::ReadRequest> plan_reads(const std::vector<ExpertCache::Entry*>& entries) const;
   void prefetch_after(int layer);
+  // Views of an expert whose bytes are in `slot`.
+  ExpertWeights slot_views(int layer, int expert, const uint8_t* slot) const;
   void load_pins();
 
   std::shared_ptr<const io::Checkpoint> ckpt_;
   StreamingOptions opt_;
   io::ExpertStore store_;
   std::unique_ptr<io::ExpertReader> reader_;
-  ops::WeightView proto_[3];  // dtype and shape of gate/up/down (data filled per expert)
+  std::vector<std::array<ops::WeightView, 3>> proto_;  // [layer] gate/up/down storage (data set per slot)
   mutable std::mutex mu_;
   std::condition_variable ready_cv_;
   ExpertCache cache_;

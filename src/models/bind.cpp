@@ -1,7 +1,9 @@
 #include "models/bind.h"
 
+#include <cstring>
+
 #include "common/error.h"
-#include "experts/resident.h"
+#include "experts/weight_views.h"
 
 namespace spool::models {
 
@@ -24,6 +26,9 @@ const io::TensorRef& shaped(const io::Checkpoint& ck, const std::string& name, c
 }  // namespace
 
 ops::WeightView bind_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
+  const std::string suffix = ".weight";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return experts::bind_weight(ck, name.substr(0, name.size() - suffix.size()), rows, cols);
   return experts::view_of(shaped(ck, name, {rows, cols}));
 }
 
@@ -42,10 +47,41 @@ std::vector<float> bind_norm(const io::Checkpoint& ck, const std::string& name, 
   return w;
 }
 
-void append_rows(const io::TensorRef& src, int64_t r0, int64_t n, std::vector<uint8_t>* dst) {
-  const int64_t row_bytes = static_cast<int64_t>(src.nbytes / static_cast<uint64_t>(src.shape[0]));
-  const uint8_t* p = src.data + r0 * row_bytes;
-  dst->insert(dst->end(), p, p + n * row_bytes);
+ops::WeightView gather_rows(const ops::WeightView& src, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                            std::vector<uint8_t>* storage) {
+  int64_t rows = 0;
+  for (auto [r0, n] : ranges) {
+    if (r0 < 0 || n < 0 || r0 + n > src.rows) fail("gather_rows: rows [%lld, %lld) outside %lld", (long long)r0, (long long)(r0 + n), (long long)src.rows);
+    rows += n;
+  }
+  ops::WeightView v = src;
+  v.rows = rows;
+  if (src.type != ops::WType::kQuant) {
+    const int64_t rb = src.cols * ops::wtype_size(src.type);
+    storage->resize(static_cast<size_t>(rows * rb));
+    int64_t at = 0;
+    for (auto [r0, n] : ranges) {
+      std::memcpy(storage->data() + at * rb, static_cast<const uint8_t*>(src.data) + r0 * rb, n * rb);
+      at += n;
+    }
+    v.data = storage->data();
+    return v;
+  }
+  const ops::QuantView& q = src.quant;
+  const int64_t qb = q.row_bytes(), sb = q.groups_per_row() * 2;
+  storage->resize(static_cast<size_t>(rows * (qb + sb)));
+  uint8_t* codes = storage->data();
+  uint8_t* scales = storage->data() + rows * qb;  // rows * qb is even: scales stay 2-byte aligned
+  int64_t at = 0;
+  for (auto [r0, n] : ranges) {
+    std::memcpy(codes + at * qb, q.qweight + r0 * qb, n * qb);
+    std::memcpy(scales + at * sb, reinterpret_cast<const uint8_t*>(q.scales) + r0 * sb, n * sb);
+    at += n;
+  }
+  v.quant.rows = rows;
+  v.quant.qweight = codes;
+  v.quant.scales = reinterpret_cast<const uint16_t*>(scales);
+  return v;
 }
 
 }  // namespace spool::models

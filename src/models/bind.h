@@ -10,7 +10,8 @@
 
 namespace spool::models {
 
-/// A matrix [rows, cols] viewed in place (no copy). Throws if missing or mis-shaped.
+/// A matrix [rows, cols] viewed in place (no copy): `name` ("X.weight"), or its quantized
+/// form X.qweight/.scales/.codebook(/.signs). Throws if missing or mis-shaped.
 ops::WeightView bind_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
 
 /// A tensor of exactly `numel` elements with the given shape, converted to f32.
@@ -19,8 +20,10 @@ std::vector<float> bind_f32(const io::Checkpoint& ck, const std::string& name, c
 /// An RMSNorm weight [n] as the effective f32 multiplier: 1 + w when `one_plus`, else w.
 std::vector<float> bind_norm(const io::Checkpoint& ck, const std::string& name, int64_t n, bool one_plus);
 
-/// Copies rows of a matrix tensor into `dst` (same dtype as the tensor), for layout adapters.
-/// Appends rows [r0, r0 + n) of `src` to `dst`.
-void append_rows(const io::TensorRef& src, int64_t r0, int64_t n, std::vector<uint8_t>* dst);
+/// A copy of the rows of `src` listed as (first row, count) ranges, in order, held in
+/// `storage` (float rows, or quantized code and scale rows; codebook and signs are shared
+/// since rotation acts on columns). For layout adapters that regroup fused projections.
+ops::WeightView gather_rows(const ops::WeightView& src, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                            std::vector<uint8_t>* storage);
 
 }  // namespace spool::models

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "experts/resident.h"
+#include "experts/weight_views.h"
 #include "models/bind.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "experts/resident.h"
 #include "models/bind.h"
 #include "ops/elementwise.h"
 #include "ops/gated_delta.h"
@@ -31,27 +30,21 @@ void GatedDeltaNetLayer::bind(const io::Checkpoint& ck, const std::string& prefi
     // Per key head g: qkvz rows [q_g (d_k) | k_g (d_k) | v_g (r*d_v) | z_g (r*d_v)], ba rows [b_g (r) | a_g (r)].
     const int r = g_.n_v / g_.n_k;
     const int64_t blk = 2 * g_.d_k + 2 * r * g_.d_v;
-    bind_matrix(ck, prefix + "in_proj_qkvz.weight", g_.n_k * blk, H);
-    bind_matrix(ck, prefix + "in_proj_ba.weight", 2 * g_.n_v, H);
-    const io::TensorRef& qkvz = ck.tensor(prefix + "in_proj_qkvz.weight");
-    const io::TensorRef& ba = ck.tensor(prefix + "in_proj_ba.weight");
-    regrouped_.clear();
-    regrouped_ba_.clear();
+    const ops::WeightView qkvz = bind_matrix(ck, prefix + "in_proj_qkvz.weight", g_.n_k * blk, H);
+    const ops::WeightView ba = bind_matrix(ck, prefix + "in_proj_ba.weight", 2 * g_.n_v, H);
+    std::vector<std::pair<int64_t, int64_t>> qkv_rows, z_rows, b_rows, a_rows;
     for (int part = 0; part < 3; ++part)  // q, k, v blocks of every group, in group order
-      for (int grp = 0; grp < g_.n_k; ++grp) {
-        const int64_t off = grp * blk + (part == 0 ? 0 : part == 1 ? g_.d_k : 2 * g_.d_k);
-        append_rows(qkvz, off, part == 2 ? r * g_.d_v : g_.d_k, &regrouped_);
-      }
-    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(qkvz, grp * blk + 2 * g_.d_k + r * g_.d_v, r * g_.d_v, &regrouped_);
-    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(ba, grp * 2 * r, r, &regrouped_ba_);
-    for (int grp = 0; grp < g_.n_k; ++grp) append_rows(ba, grp * 2 * r + r, r, &regrouped_ba_);
-    // Views keep each source tensor's dtype (the two may differ).
-    const ops::WType t_qkvz = experts::view_of(qkvz).type, t_ba = experts::view_of(ba).type;
-    const int64_t qkvz_row = H * ops::wtype_size(t_qkvz), ba_row = H * ops::wtype_size(t_ba);
-    qkv_ = ops::WeightView{t_qkvz, cd, H, regrouped_.data()};
-    z_ = ops::WeightView{t_qkvz, vd, H, regrouped_.data() + cd * qkvz_row};
-    b_ = ops::WeightView{t_ba, g_.n_v, H, regrouped_ba_.data()};
-    a_ = ops::WeightView{t_ba, g_.n_v, H, regrouped_ba_.data() + g_.n_v * ba_row};
+      for (int grp = 0; grp < g_.n_k; ++grp)
+        qkv_rows.emplace_back(grp * blk + (part == 0 ? 0 : part == 1 ? g_.d_k : 2 * g_.d_k), part == 2 ? r * g_.d_v : g_.d_k);
+    for (int grp = 0; grp < g_.n_k; ++grp) {
+      z_rows.emplace_back(grp * blk + 2 * g_.d_k + r * g_.d_v, r * g_.d_v);
+      b_rows.emplace_back(grp * 2 * r, r);
+      a_rows.emplace_back(grp * 2 * r + r, r);
+    }
+    qkv_ = gather_rows(qkvz, qkv_rows, &regrouped_[0]);
+    z_ = gather_rows(qkvz, z_rows, &regrouped_[1]);
+    b_ = gather_rows(ba, b_rows, &regrouped_[2]);
+    a_ = gather_rows(ba, a_rows, &regrouped_[3]);
   }
   out_ = bind_matrix(ck, prefix + "out_proj.weight", H, vd);
   conv_w_ = bind_f32(ck, prefix + "conv1d.weight", {cd, 1, g_.conv_kernel});

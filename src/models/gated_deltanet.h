@@ -35,8 +35,7 @@ class GatedDeltaNetLayer {
   GdnSpec g_;
   float eps_ = 1e-6f;
   ops::WeightView qkv_, z_, b_, a_, out_;
-  std::vector<uint8_t> regrouped_;     // owns qkv/z rows for the Qwen3-Next layout
-  std::vector<uint8_t> regrouped_ba_;  // owns b/a rows (in_proj_ba's own dtype)
+  std::vector<uint8_t> regrouped_[4];  // owns the qkv, z, b, a rows of the Qwen3-Next layout
   std::vector<float> conv_w_;       // [conv_dim, K]
   std::vector<float> a_log_exp_;    // [n_v] exp(A_log)
   std::vector<float> dt_bias_;      // [n_v]

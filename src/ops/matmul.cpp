@@ -175,12 +175,28 @@ HWY_EXPORT(RowToF32);
 
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r0 >= r1 || T <= 0) return;
+  if (w.type == WType::kQuant) {
+    // Rotate the input rows once for this call, then the quantized kernel.
+    const float* xr = x;
+    thread_local std::vector<float> rotated;
+    if (w.quant.signs != nullptr) {
+      rotated.resize(static_cast<size_t>(T * w.cols));
+      for (int64_t t = 0; t < T; ++t) hadamard_rotate(w.quant.signs, x + t * w.cols, w.cols, rotated.data() + t * w.cols);
+      xr = rotated.data();
+    }
+    quant_matmul_rows(w.quant, xr, T, y, ldy, r0, r1);
+    return;
+  }
   HWY_DYNAMIC_DISPATCH(MatmulRows)(w.type, w.data, w.cols, x, T, y, ldy, r0, r1);
 }
 
 void row_to_f32(WType t, const void* src, int64_t n, float* dst) { HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst); }
 
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  if (w.type == WType::kQuant) {
+    quant_matmul(w.quant, x, T, y, pool);  // rotates once, then parallel over rows
+    return;
+  }
   const int64_t work = w.rows * w.cols * T;
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
     matmul_rows(w, x, T, y, w.rows, 0, w.rows);
@@ -193,9 +209,15 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
 void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> outs, const float* x, int64_t T,
                   ThreadPool* pool) {
   int64_t total = 0, work = 0;
+  bool quantized = false;
   for (const auto& [w, y] : outs) {
     total += w->rows;
     work += w->rows * w->cols * T;
+    quantized = quantized || w->type == WType::kQuant;
+  }
+  if (quantized) {  // each quantized matrix rotates its input once: run them one by one
+    for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool);
+    return;
   }
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
     for (const auto& [w, y] : outs) matmul_rows(*w, x, T, y, w->rows, 0, w->rows);
@@ -213,6 +235,10 @@ void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> ou
 }
 
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
+  if (w.type == WType::kQuant) {
+    quant_matmul_reference(w.quant, x, T, y);
+    return;
+  }
   std::vector<float> row(w.cols);
   for (int64_t r = 0; r < w.rows; ++r) {
     const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * w.cols * wtype_size(w.type);

@@ -5,33 +5,42 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ops/quant_matmul.h"
+
 namespace spool::ops {
 
-/// Storage type of a weight matrix's elements.
-enum class WType : uint8_t { kF32, kF16, kBF16 };
+/// Storage type of a weight matrix: float elements, or quantized (docs/quant-format.md).
+enum class WType : uint8_t { kF32, kF16, kBF16, kQuant };
 
-/// Bytes per element of a WType.
-inline int wtype_size(WType t) { return t == WType::kF32 ? 4 : 2; }
+/// Bytes per element of a float WType (0 for kQuant).
+inline int wtype_size(WType t) { return t == WType::kF32 ? 4 : t == WType::kQuant ? 0 : 2; }
 
-/// A row-major matrix [rows, cols] (= [out, in] of a Linear layer). `data` points to
-/// rows * cols elements of `type`, rows contiguous.
+/// A row-major matrix [rows, cols] (= [out, in] of a Linear layer). Float types: `data`
+/// points to rows * cols elements of `type`, rows contiguous. kQuant: `quant` describes the
+/// packed codes, fp16 group scales, codebook and optional rotation signs.
 struct WeightView {
   WType type = WType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
+  QuantView quant;  // kQuant only (rows/cols mirror the fields above)
 
-  bool empty() const { return data == nullptr; }
-  /// Bytes occupied by the matrix.
-  uint64_t nbytes() const { return static_cast<uint64_t>(rows * cols) * wtype_size(type); }
-  /// View of rows [r0, r0 + n).
-  WeightView row_slice(int64_t r0, int64_t n) const {
-    WeightView v = *this;
-    v.rows = n;
-    v.data = static_cast<const uint8_t*>(data) + r0 * cols * wtype_size(type);
-    return v;
+  bool empty() const { return data == nullptr && quant.qweight == nullptr; }
+  /// Bytes the kernels stream for the matrix.
+  uint64_t nbytes() const {
+    return type == WType::kQuant ? quant.nbytes() : static_cast<uint64_t>(rows * cols) * wtype_size(type);
   }
 };
+
+/// A WeightView of a quantized matrix.
+inline WeightView quant_weight_view(const QuantView& q) {
+  WeightView v;
+  v.type = WType::kQuant;
+  v.rows = q.rows;
+  v.cols = q.cols;
+  v.quant = q;
+  return v;
+}
 
 /// bfloat16 bits → float (exact).
 inline float bf16_to_f32(uint16_t h) {

@@ -1,0 +1,100 @@
+#include "experts/weight_views.h"
+
+#include "common/error.h"
+
+namespace spool::experts {
+
+ops::WeightView view_of(const io::TensorRef& t) {
+  ops::WeightView v;
+  switch (t.dtype) {
+    case io::DType::F32: v.type = ops::WType::kF32; break;
+    case io::DType::BF16: v.type = ops::WType::kBF16; break;
+    case io::DType::F16: v.type = ops::WType::kF16; break;
+    default: fail("tensor '%s': dtype %s cannot be used as a weight", t.name.c_str(), io::dtype_name(t.dtype));
+  }
+  if (t.shape.empty()) fail("tensor '%s' is a scalar, expected a matrix", t.name.c_str());
+  v.rows = t.shape[0];
+  v.cols = t.shape[0] == 0 ? 0 : t.numel() / t.shape[0];
+  v.data = t.data;
+  if (v.data == nullptr) fail("tensor '%s': checkpoint was opened without data", t.name.c_str());
+  return v;
+}
+
+ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
+                              const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what) {
+  const char* w = what.c_str();
+  if (codebook.shape.size() != 1) fail("%s: codebook must be 1-D, got %s", w, codebook.shape_str().c_str());
+  ops::QuantView q;
+  switch (codebook.shape[0]) {
+    case 3: q.type = ops::QType::kTernary; break;
+    case 4: q.type = ops::QType::kQ2; break;
+    case 8: q.type = ops::QType::kQ3; break;
+    case 16: q.type = ops::QType::kQ4; break;
+    default: fail("%s: codebook has %lld entries (3, 4, 8 or 16 expected)", w, (long long)codebook.shape[0]);
+  }
+  if (scales.shape.size() != 2 || scales.shape[0] != rows || scales.shape[1] < 1 || cols % scales.shape[1] != 0)
+    fail("%s: scales have shape %s, expected [%lld, G] with G dividing %lld", w, scales.shape_str().c_str(), (long long)rows,
+         (long long)cols);
+  q.rows = rows;
+  q.cols = cols;
+  q.group = static_cast<int>(cols / scales.shape[1]);
+  const int64_t row_bytes = scales.shape[1] * ops::qtype_group_bytes(q.type, q.group);
+  if (qweight.shape != std::vector<int64_t>{rows, row_bytes})
+    fail("%s: qweight has shape %s, expected [%lld, %lld] for %d-entry codebook groups of %d", w, qweight.shape_str().c_str(),
+         (long long)rows, (long long)row_bytes, ops::qtype_levels(q.type), q.group);
+  if (signs != nullptr && signs->shape != std::vector<int64_t>{cols})
+    fail("%s: signs have shape %s, expected [%lld]", w, signs->shape_str().c_str(), (long long)cols);
+  q.qweight = qweight.data;
+  q.scales = reinterpret_cast<const uint16_t*>(scales.data);
+  q.codebook = reinterpret_cast<const float*>(codebook.data);
+  q.signs = signs ? reinterpret_cast<const int8_t*>(signs->data) : nullptr;
+  if (q.qweight != nullptr) {
+    try {
+      ops::validate(q);
+    } catch (const Error& e) {
+      fail("%s: %s", w, e.what());
+    }
+  }
+  return ops::quant_weight_view(q);
+}
+
+ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, int64_t rows, int64_t cols) {
+  if (const io::TensorRef* t = ck.find(base + ".weight")) {
+    if (t->shape != std::vector<int64_t>{rows, cols})
+      fail("%s: tensor '%s' has shape %s, expected [%lld, %lld] (config.json and weights disagree)", ck.dir().c_str(),
+           t->name.c_str(), t->shape_str().c_str(), (long long)rows, (long long)cols);
+    return view_of(*t);
+  }
+  if (ck.find(base + ".qweight") == nullptr) fail("%s: missing tensor '%s.weight'", ck.dir().c_str(), base.c_str());
+  return quant_view_of(ck.tensor(base + ".qweight"), ck.tensor(base + ".scales"), ck.tensor(base + ".codebook"),
+                       ck.find(base + ".signs"), rows, cols, ck.dir() + ": " + base);
+}
+
+std::string expert_signs_name(int layer, io::ExpertProj proj) {
+  return strfmt("layers.%d.mlp.experts.%s.signs", layer, proj == io::ExpertProj::kDown ? "down" : "gate_up");
+}
+
+ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter) {
+  ops::WeightView v[3];
+  const int64_t rows[3] = {inter, inter, hidden}, cols[3] = {hidden, hidden, inter};
+  for (int p = 0; p < 3; ++p) {
+    const auto proj = static_cast<io::ExpertProj>(p);
+    if (const io::TensorRef* t = ck.expert_part(layer, expert, proj, io::ExpertPart::kWeight)) {
+      if (t->shape != std::vector<int64_t>{rows[p], cols[p]})
+        fail("%s: expert tensor '%s' has shape %s, expected [%lld, %lld]", ck.dir().c_str(), t->name.c_str(),
+             t->shape_str().c_str(), (long long)rows[p], (long long)cols[p]);
+      v[p] = view_of(*t);
+      continue;
+    }
+    const io::TensorRef* q = ck.expert_part(layer, expert, proj, io::ExpertPart::kQWeight);
+    const io::TensorRef* s = ck.expert_part(layer, expert, proj, io::ExpertPart::kScales);
+    const io::TensorRef* c = ck.expert_part(layer, expert, proj, io::ExpertPart::kCodebook);
+    if (q == nullptr || s == nullptr || c == nullptr)
+      fail("%s: missing expert tensor %s", ck.dir().c_str(), io::expert_tensor_name(layer, expert, proj).c_str());
+    v[p] = quant_view_of(*q, *s, *c, ck.find(expert_signs_name(layer, proj)), rows[p], cols[p],
+                         ck.dir() + ": " + io::expert_tensor_name(layer, expert, proj, io::ExpertPart::kQWeight));
+  }
+  return {v[0], v[1], v[2]};
+}
+
+}  // namespace spool::experts

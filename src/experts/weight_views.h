@@ -1,0 +1,37 @@
+// Building WeightViews from checkpoint tensors, float or quantized (docs/quant-format.md),
+// with every shape checked: one place for the dense binders (models/bind.h) and both expert
+// providers.
+#pragma once
+
+#include <string>
+
+#include "experts/provider.h"
+#include "io/checkpoint.h"
+#include "ops/weights.h"
+
+namespace spool::experts {
+
+/// A float tensor as a WeightView [shape[0], prod(rest)] (no copy). Throws for non-float
+/// dtypes or a checkpoint opened without data.
+ops::WeightView view_of(const io::TensorRef& t);
+
+/// The quantized matrix [rows, cols] made of `qweight` U8 [rows, row_bytes], `scales` F16
+/// [rows, G], `codebook` F32 [levels] and optional `signs` I8 [cols]: type from the codebook
+/// length, group = cols / G. Data pointers are those of the tensors (nullptr-safe: a
+/// header-only checkpoint gives a view for shape checks only). Throws spool::Error naming
+/// `what` for any inconsistency.
+ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
+                              const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what);
+
+/// The weight `{base}.weight` [rows, cols], or its quantized form `{base}.qweight/.scales/
+/// .codebook` (+ `{base}.signs`). Throws naming the tensor when missing or mis-shaped.
+ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, int64_t rows, int64_t cols);
+
+/// Views of expert `e` of `layer` (gate/up [inter, hidden], down [hidden, inter]), float or
+/// quantized (signs: layers.{L}.mlp.experts.{gate_up,down}.signs), pointing into the mapping.
+ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter);
+
+/// Name of the shared sign vector of an expert projection of `layer` ("gate_up" or "down").
+std::string expert_signs_name(int layer, io::ExpertProj proj);
+
+}  // namespace spool::experts

@@ -1,0 +1,109 @@
+#include "quant/recipe.h"
+
+#include "common/error.h"
+#include "io/tensor_names.h"
+
+namespace spool::quant {
+
+namespace {
+
+ClassSpec q(ops::QType t, int g) { return ClassSpec{false, t, g}; }
+
+bool ends_with(std::string_view s, std::string_view x) { return s.size() >= x.size() && s.substr(s.size() - x.size()) == x; }
+
+// "2", "3", "4" or "ternary".
+ops::QType parse_bits(const std::string& v, const char* flag) {
+  if (v == "2") return ops::QType::kQ2;
+  if (v == "3") return ops::QType::kQ3;
+  if (v == "4") return ops::QType::kQ4;
+  if (v == "ternary") return ops::QType::kTernary;
+  throw UsageError(strfmt("%s must be 2, 3, 4 or ternary (got '%s')", flag, v.c_str()));
+}
+
+}  // namespace
+
+std::string ClassSpec::describe() const {
+  if (keep) return "bf16";
+  const char* n = type == ops::QType::kTernary ? "ternary" : type == ops::QType::kQ2 ? "q2" : type == ops::QType::kQ3 ? "q3" : "q4";
+  return strfmt("%s g%d", n, group);
+}
+
+const ClassSpec& Recipe::spec(TensorClass c) const {
+  static const ClassSpec keep;
+  switch (c) {
+    case TensorClass::kDense: return dense;
+    case TensorClass::kLmHead: return lm_head;
+    case TensorClass::kExpertGateUp: return expert_gate_up;
+    case TensorClass::kExpertDown: return expert_down;
+    default: return keep;
+  }
+}
+
+const std::vector<std::string>& recipe_names() {
+  static const std::vector<std::string> v = {"q4", "tq3", "tq3-g64", "q2", "tq3a-tqTe", "tq3a-tqTe-down3", "tq3a-tqTe-down4"};
+  return v;
+}
+
+Recipe recipe(const std::string& name) {
+  using ops::QType;
+  Recipe r;
+  r.name = name;
+  auto all = [&](ClassSpec s) { r.dense = r.lm_head = r.expert_gate_up = r.expert_down = s; };
+  if (name == "q4") all(q(QType::kQ4, 64));
+  else if (name == "tq3") all(q(QType::kQ3, 32));
+  else if (name == "tq3-g64") all(q(QType::kQ3, 64));
+  else if (name == "q2") all(q(QType::kQ2, 64));
+  else if (name == "tq3a-tqTe" || name == "tq3a-tqTe-down3" || name == "tq3a-tqTe-down4") {
+    all(q(QType::kQ3, 64));
+    r.expert_gate_up = q(QType::kTernary, 64);
+    r.expert_down = name == "tq3a-tqTe" ? q(QType::kTernary, 64) : name == "tq3a-tqTe-down3" ? q(QType::kQ3, 64) : q(QType::kQ4, 64);
+  } else {
+    std::string list;
+    for (const auto& n : recipe_names()) list += (list.empty() ? "" : ", ") + n;
+    throw UsageError(strfmt("unknown recipe '%s' (known: %s)", name.c_str(), list.c_str()));
+  }
+  return r;
+}
+
+void apply_overrides(Recipe* r, const RecipeOverrides& o) {
+  ClassSpec* classes[4] = {&r->dense, &r->lm_head, &r->expert_gate_up, &r->expert_down};
+  if (o.bits) {
+    if (*o.bits < 2 || *o.bits > 4) throw UsageError(strfmt("--bits must be 2, 3 or 4 (got %d)", *o.bits));
+    for (ClassSpec* c : classes) *c = ClassSpec{false, parse_bits(std::to_string(*o.bits), "--bits"), c->group};
+  }
+  if (o.attn_bits) r->dense = ClassSpec{false, parse_bits(*o.attn_bits, "--attn-bits"), r->dense.group};
+  if (o.lm_head_bits) r->lm_head = ClassSpec{false, parse_bits(*o.lm_head_bits, "--lm-head-bits"), r->lm_head.group};
+  if (o.expert_bits) {
+    const ops::QType t = parse_bits(*o.expert_bits, "--expert-bits");
+    r->expert_gate_up = ClassSpec{false, t, r->expert_gate_up.group};
+    if (!o.expert_down_bits) r->expert_down = ClassSpec{false, t, r->expert_down.group};
+  }
+  if (o.expert_down_bits) r->expert_down = ClassSpec{false, parse_bits(*o.expert_down_bits, "--expert-down-bits"), r->expert_down.group};
+  if (o.group_size) {
+    if (*o.group_size != 32 && *o.group_size != 64 && *o.group_size != 128)
+      throw UsageError(strfmt("--group-size must be 32, 64 or 128 (got %d)", *o.group_size));
+    for (ClassSpec* c : classes) c->group = *o.group_size;
+  }
+}
+
+TensorClass classify(std::string_view n, const std::vector<int64_t>& shape) {
+  if (std::optional<io::ExpertName> e = io::parse_expert_name(n))
+    return e->proj == io::ExpertProj::kDown ? TensorClass::kExpertDown : TensorClass::kExpertGateUp;
+  if (shape.size() != 2 || !ends_with(n, ".weight")) return TensorClass::kKeep;
+  if (n == "lm_head.weight") return TensorClass::kLmHead;
+  if (io::parse_router_name(n) || n.find("shared_expert_gate") != std::string_view::npos || n.find("in_proj_a.") != std::string_view::npos ||
+      n.find("in_proj_b.") != std::string_view::npos || n.find("in_proj_ba.") != std::string_view::npos ||
+      n.find("conv1d") != std::string_view::npos || n.find("norm") != std::string_view::npos ||
+      n.find("embed_tokens") != std::string_view::npos)
+    return TensorClass::kKeep;
+  return TensorClass::kDense;
+}
+
+int effective_group(int requested, int64_t cols) {
+  if (requested <= cols && cols % requested == 0) return requested;
+  for (int g : {128, 64, 32})
+    if (g <= requested && g <= cols && cols % g == 0) return g;
+  return static_cast<int>(cols);
+}
+
+}  // namespace spool::quant

@@ -1,0 +1,63 @@
+// Quantization recipes: which tensors are quantized how. Classes (design notes §2):
+//   dense           every other 2-D projection: attention, Gated DeltaNet in/out projections,
+//                   shared experts (and dense MLP layers)
+//   lm_head         the output projection
+//   expert_gate_up  routed experts' gate_proj and up_proj
+//   expert_down     routed experts' down_proj
+// Kept in bf16: routers, shared_expert_gate, in_proj_a/b (in_proj_ba), conv1d, norms,
+// embeddings, and every 1-D tensor (A_log, dt_bias, biases).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/quant_matmul.h"
+
+namespace spool::quant {
+
+/// How one class is stored: kept (bf16) or quantized to `type` with group size `group`.
+struct ClassSpec {
+  bool keep = true;
+  ops::QType type = ops::QType::kQ4;
+  int group = 64;
+  /// "q3 g64", "ternary g32" or "bf16".
+  std::string describe() const;
+};
+
+/// Tensor classes of a recipe.
+enum class TensorClass { kKeep, kDense, kLmHead, kExpertGateUp, kExpertDown };
+
+struct Recipe {
+  std::string name;
+  ClassSpec dense, lm_head, expert_gate_up, expert_down;
+  const ClassSpec& spec(TensorClass c) const;
+};
+
+/// The named recipes: q4, tq3 (3-bit g32), tq3-g64, q2, tq3a-tqTe, tq3a-tqTe-down3,
+/// tq3a-tqTe-down4 (see the README table). Throws spool::UsageError listing them if unknown.
+Recipe recipe(const std::string& name);
+/// Names of all recipes.
+const std::vector<std::string>& recipe_names();
+
+/// Command-line overrides applied over a recipe (unset = keep the recipe's value).
+struct RecipeOverrides {
+  std::optional<int> bits;              // --bits 2|3|4: every quantized class
+  std::optional<int> group_size;        // --group-size 32|64|128: every quantized class
+  std::optional<std::string> attn_bits;         // --attn-bits: dense class
+  std::optional<std::string> expert_bits;       // --expert-bits N|ternary: expert gate/up (and down unless --expert-down-bits)
+  std::optional<std::string> expert_down_bits;  // --expert-down-bits N|ternary
+  std::optional<std::string> lm_head_bits;      // --lm-head-bits N|ternary
+};
+/// Applies overrides; throws spool::UsageError for bad values.
+void apply_overrides(Recipe* r, const RecipeOverrides& o);
+
+/// The class of a normalised tensor name with `shape`.
+TensorClass classify(std::string_view name, const std::vector<int64_t>& shape);
+
+/// The group size actually used for a matrix with `cols` columns: the requested one if it
+/// divides cols, else the largest of 128/64/32 not above it that does, else cols.
+int effective_group(int requested, int64_t cols);
+
+}  // namespace spool::quant
