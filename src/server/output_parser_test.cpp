@@ -417,11 +417,14 @@ TEST(OutputParser, Qwen35XmlStreamsPerParameter) {
   EXPECT_EQ(d.tool_calls[0].name, "get_weather");
   EXPECT_EQ(d.tool_calls[0].arguments, "");
   EXPECT_FALSE(p.in_markup());
+  // "<param" may still become literal value text ("</parameter>\n<paramX"): a </parameter>
+  // ends the value only once "<parameter=" (or </function>, </tool_call>) is complete.
   d = p.push("is\n</parameter>\n<param");
+  EXPECT_TRUE(d.tool_calls.empty());
+  EXPECT_TRUE(p.in_markup());
+  d = p.push("eter=unit>\nc\n</parameter>\n");
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(d.tool_calls[0].arguments, "{\"city\": \"Paris\"");
-  d = p.push("eter=unit>\nc\n</parameter>\n");
-  EXPECT_TRUE(d.tool_calls.empty());  // waits for what follows </parameter>
   d = p.push("</function>\n</tool_call>");
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(d.tool_calls[0].arguments, ", \"unit\": \"c\"}");
@@ -826,6 +829,11 @@ TEST(ToolCalls, TypedParamJson) {
   EXPECT_EQ(typed_param_json(props, "unknown", "hello \"x\"\n"), "\"hello \\\"x\\\"\\n\"");
   EXPECT_EQ(typed_param_json(nullptr, "x", "true"), "true");
   EXPECT_EQ(typed_param_json(nullptr, "x", std::string(200, '[')), "\"" + std::string(200, '[') + "\"");
+  // A NUL byte is text, not the end of the value (nlohmann's lexer would stop there; found
+  // by fuzz/output_parser_fuzz.cpp).
+  using namespace std::string_literals;
+  EXPECT_EQ(typed_param_json(props, "passengers", "5\0x"s), "\"5\\u0000x\"");
+  EXPECT_EQ(typed_param_json(nullptr, "x", "[1]\0]"s), "\"[1]\\u0000]\"");
   EXPECT_EQ(find_tool_properties(tools, "nope"), nullptr);
   EXPECT_EQ(find_tool_properties(nlohmann::json(), "get_weather"), nullptr);
 }

@@ -113,6 +113,8 @@ constexpr size_t kMaxValueNesting = 128;
 
 std::optional<ojson> parse_json(std::string_view v) {
   if (nesting_depth(v) > kMaxValueNesting) return std::nullopt;
+  // nlohmann's lexer reads a NUL byte as the end of input ("5\0junk" would parse as 5).
+  if (v.find('\0') != std::string_view::npos) return std::nullopt;
   ojson j = ojson::parse(v.begin(), v.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
   return j;
@@ -305,6 +307,7 @@ std::string JsonArgsStreamer::healing() const {
 
 bool JsonArgsStreamer::in_value() const {
   if (stack_.size() != 1) return !stack_.empty();
+  if (just_colon_) return false;  // the byte after ':' (space, quote) is still punctuation
   switch (mode_) {
     case Mode::kKeyOrClose:
     case Mode::kKey:
@@ -461,6 +464,7 @@ JsonArgsStreamer::Status JsonArgsStreamer::string_byte(char c, size_t raw_pos, b
 }
 
 JsonArgsStreamer::Status JsonArgsStreamer::feed(char c, size_t raw_pos) {
+  just_colon_ = false;
   switch (mode_) {
     case Mode::kKeyOrClose:
     case Mode::kKey:
@@ -479,7 +483,7 @@ JsonArgsStreamer::Status JsonArgsStreamer::feed(char c, size_t raw_pos) {
       return string_byte(c, raw_pos, true);
     case Mode::kColon:
       if (is_space(c)) { out_ += c; return Status::kOk; }
-      if (c == ':') { out_ += c; mode_ = Mode::kValue; return Status::kOk; }
+      if (c == ':') { out_ += c; mode_ = Mode::kValue; just_colon_ = true; return Status::kOk; }
       return Status::kError;
     case Mode::kValue:
     case Mode::kValueOrClose:

@@ -86,8 +86,10 @@ class JsonArgsStreamer {
   std::string healing() const;
 
   /// True while the model is writing free text: inside a top-level argument value (strings,
-  /// numbers, literals, nested containers) or right before one (after ':'); false on keys and
-  /// the punctuation of the top-level object.
+  /// numbers, literals, nested containers) or between ':' and the value once a byte follows
+  /// the ':'; false on keys and the punctuation of the top-level object, including right
+  /// after a ':' (so --tool-syntax-greedy picks the `: "` punctuation token greedily and
+  /// samples the value).
   bool in_value() const;
 
  private:
@@ -113,6 +115,7 @@ class JsonArgsStreamer {
 
   std::vector<char> stack_;  // open containers: '{' or '['
   Mode mode_ = Mode::kKeyOrClose;
+  bool just_colon_ = false;  // the last byte fed was a top-level key's ':'
   std::string out_;          // output not yet taken; its first safe_len_ bytes are safe
   size_t safe_len_ = 0;
   size_t safe_raw_ = 0;
