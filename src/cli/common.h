@@ -69,5 +69,6 @@ void register_info(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_repack(CLI::App& app);
+void register_convert(CLI::App& app);
 
 }  // namespace spool::cli

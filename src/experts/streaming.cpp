@@ -106,6 +106,9 @@ ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t*
       v.quant.qweight = slot + off[static_cast<int>(io::ExpertPart::kQWeight)];
       v.quant.scales = reinterpret_cast<const uint16_t*>(slot + off[static_cast<int>(io::ExpertPart::kScales)]);
       v.quant.codebook = reinterpret_cast<const float*>(slot + off[static_cast<int>(io::ExpertPart::kCodebook)]);
+      if (!codebook_ok(v.quant.codebook, ops::qtype_levels(v.quant.type)))
+        fail("%s: tensor '%s' read from disk is not a valid codebook (corrupt file?)", ckpt_->dir().c_str(),
+             io::expert_tensor_name(layer, expert, static_cast<io::ExpertProj>(p), io::ExpertPart::kCodebook).c_str());
     } else {
       v.data = slot + off[static_cast<int>(io::ExpertPart::kWeight)];
     }

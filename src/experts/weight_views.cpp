@@ -1,5 +1,7 @@
 #include "experts/weight_views.h"
 
+#include <cmath>
+
 #include "common/error.h"
 
 namespace spool::experts {
@@ -18,6 +20,12 @@ ops::WeightView view_of(const io::TensorRef& t) {
   v.data = t.data;
   if (v.data == nullptr) fail("tensor '%s': checkpoint was opened without data", t.name.c_str());
   return v;
+}
+
+bool codebook_ok(const float* cb, int levels) {
+  for (int i = 0; i < levels; ++i)
+    if (!std::isfinite(cb[i]) || (i > 0 && !(cb[i] > cb[i - 1]))) return false;
+  return true;
 }
 
 ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
@@ -48,6 +56,12 @@ ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef&
   q.scales = reinterpret_cast<const uint16_t*>(scales.data);
   q.codebook = reinterpret_cast<const float*>(codebook.data);
   q.signs = signs ? reinterpret_cast<const int8_t*>(signs->data) : nullptr;
+  if (q.codebook != nullptr && !codebook_ok(q.codebook, ops::qtype_levels(q.type)))
+    fail("%s: codebook entries are not finite and strictly ascending (corrupt file?)", w);
+  if (q.signs != nullptr)
+    for (int64_t i = 0; i < cols; ++i)
+      if (q.signs[i] != 1 && q.signs[i] != -1)
+        fail("%s: sign vector entry %lld is %d (must be +1 or -1)", w, (long long)i, static_cast<int>(q.signs[i]));
   if (q.qweight != nullptr) {
     try {
       ops::validate(q);

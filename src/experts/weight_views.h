@@ -23,6 +23,10 @@ ops::WeightView view_of(const io::TensorRef& t);
 ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
                               const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what);
 
+/// True if the `levels` codebook entries are finite and strictly ascending (a corrupt file
+/// must be rejected before it reaches the kernels).
+bool codebook_ok(const float* cb, int levels);
+
 /// The weight `{base}.weight` [rows, cols], or its quantized form `{base}.qweight/.scales/
 /// .codebook` (+ `{base}.signs`). Throws naming the tensor when missing or mis-shaped.
 ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, int64_t rows, int64_t cols);

@@ -1,0 +1,98 @@
+// spool convert: quantize a Hugging Face checkpoint into spool's format (docs/quant-format.md).
+#include <cstdio>
+
+#include "cli/common.h"
+#include "cli/progress.h"
+#include "common/error.h"
+#include "common/sysinfo.h"
+#include "quant/convert.h"
+
+namespace spool::cli {
+
+namespace {
+
+struct ConvertCmd {
+  ModelOptions model;
+  std::string out, recipe = "tq3a-tqTe-down4", rotation = "hadamard";
+  quant::RecipeOverrides ov;
+  int bits = 0, group_size = 0;
+  uint64_t seed = 42;
+  double shard_gb = 4.0;
+  bool force = false, json = false;
+};
+
+void run(ConvertCmd& o) {
+  quant::ConvertOptions c;
+  c.in_dir = o.model.dir();
+  c.out_dir = o.out;
+  c.recipe = quant::recipe(o.recipe);
+  if (o.bits) o.ov.bits = o.bits;
+  if (o.group_size) o.ov.group_size = o.group_size;
+  quant::apply_overrides(&c.recipe, o.ov);
+  if (o.rotation != "hadamard" && o.rotation != "none")
+    throw UsageError(strfmt("--rotation must be hadamard or none (got '%s')", o.rotation.c_str()));
+  c.rotate = o.rotation == "hadamard";
+  c.rotation_seed = o.seed;
+  c.threads = o.model.thread_count();
+  if (!(o.shard_gb > 0)) throw UsageError("--shard-size-gb must be positive");
+  c.shard_bytes = static_cast<uint64_t>(o.shard_gb * (1ull << 30));
+  c.force = o.force;
+  std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, rotation %s\n",
+               c.in_dir.c_str(), c.out_dir.c_str(), c.recipe.name.c_str(), c.recipe.dense.describe().c_str(),
+               c.recipe.lm_head.describe().c_str(), c.recipe.expert_gate_up.describe().c_str(),
+               c.recipe.expert_down.describe().c_str(), o.rotation.c_str());
+  const double t0 = now_seconds();
+  quant::ConvertResult r;
+  {
+    ProgressBar bar("convert");
+    r = quant::convert(c, [&](uint64_t done, uint64_t total) {
+      bar.update(done, total, strfmt("%s / %s, %.0f MB/s", format_bytes(done).c_str(), format_bytes(total).c_str(),
+                                     done / std::max(bar.elapsed(), 1e-9) / 1e6));
+    });
+  }
+  const double secs = now_seconds() - t0;
+  if (o.json) {
+    nlohmann::ordered_json j = {{"out", c.out_dir}, {"recipe", c.recipe.name}, {"params", r.params},
+                                {"data_bytes", r.data_bytes}, {"file_bytes", r.file_bytes}, {"source_bytes", r.source_bytes},
+                                {"padding_bytes", 0}, {"bits_per_weight", r.bpw()}, {"shards", r.shards},
+                                {"tensors", r.tensors}, {"seconds", secs}, {"peak_rss_bytes", peak_rss_bytes()}};
+    for (const auto& [k, cs] : r.classes)
+      j["classes"][k] = {{"tensors", cs.tensors}, {"params", cs.params}, {"bytes", cs.bytes}, {"bits_per_weight", cs.bpw()}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("wrote %s: %s -> %s (%.2fx smaller), %.3f bits per weight, %d shard(s), %lld tensors, no padding, %.1f s\n",
+              c.out_dir.c_str(), format_bytes(r.source_bytes).c_str(), format_bytes(r.file_bytes).c_str(),
+              static_cast<double>(r.source_bytes) / static_cast<double>(std::max<uint64_t>(r.file_bytes, 1)), r.bpw(), r.shards,
+              (long long)r.tensors, secs);
+  for (const auto& [k, cs] : r.classes)
+    std::printf("  %-15s %6lld tensors %12lld weights %10s %6.3f bits/weight\n", k.c_str(), (long long)cs.tensors,
+                (long long)cs.params, format_bytes(cs.bytes).c_str(), cs.bpw());
+}
+
+}  // namespace
+
+void register_convert(CLI::App& app) {
+  auto o = std::make_shared<ConvertCmd>();
+  CLI::App* c = app.add_subcommand("convert", "Quantize a checkpoint data-free (Hadamard rotation + Lloyd-Max codebooks)");
+  o->model.add_to(c, /*runs_model=*/false);
+  c->add_option("-t,--threads", o->model.threads, "Threads (default: all cores)");
+  c->add_option("-o,--out", o->out, "Output directory (new or empty)")->required();
+  std::string names;
+  for (const auto& n : quant::recipe_names()) names += (names.empty() ? "" : ", ") + n;
+  c->add_option("--recipe", o->recipe, "Recipe: " + names + " (default tq3a-tqTe-down4)");
+  c->add_option("--bits", o->bits, "Bits for every quantized class (2, 3 or 4)");
+  c->add_option("--group-size", o->group_size, "Group size for every quantized class (32, 64 or 128)");
+  c->add_option("--attn-bits", o->ov.attn_bits, "Bits for dense projections (attention, DeltaNet, shared experts): 2|3|4|ternary");
+  c->add_option("--expert-bits", o->ov.expert_bits, "Bits for routed experts (gate/up, and down unless --expert-down-bits): 2|3|4|ternary");
+  c->add_option("--expert-down-bits", o->ov.expert_down_bits, "Bits for routed experts' down_proj: 2|3|4|ternary");
+  c->add_option("--lm-head-bits", o->ov.lm_head_bits, "Bits for lm_head: 2|3|4|ternary");
+  c->add_option("--rotation", o->rotation, "Input rotation: hadamard (default) or none");
+  c->add_option("--rotation-seed", o->seed, "Seed of the rotation sign vectors (default 42)");
+  c->add_option("--shard-size-gb", o->shard_gb, "Shard size in GB (default 4; shards hold whole layers)");
+  c->add_flag("--force", o->force, "Write into a non-empty directory (replaces its shards)");
+  c->add_flag("--json", o->json, "Print the summary as JSON");
+  c->callback([o] { run(*o); });
+}
+
+}  // namespace spool::cli

@@ -1,0 +1,430 @@
+#include "quant/convert.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "io/tensor_names.h"
+#include "ops/thread_pool.h"
+#include "ops/weights.h"
+#include "quant/codebook.h"
+#include "quant/hadamard.h"
+#include "quant/quantize.h"
+
+namespace spool::quant {
+
+namespace fs = std::filesystem;
+using io::SafetensorsWriter;
+using Sink = std::function<void(const void*, uint64_t)>;
+
+namespace {
+
+const char* class_key(TensorClass c) {
+  switch (c) {
+    case TensorClass::kDense: return "dense";
+    case TensorClass::kLmHead: return "lm_head";
+    case TensorClass::kExpertGateUp: return "expert_gate_up";
+    case TensorClass::kExpertDown: return "expert_down";
+    default: return "kept";
+  }
+}
+
+ops::WType wtype_of(const io::TensorRef& t) {
+  switch (t.dtype) {
+    case io::DType::F32: return ops::WType::kF32;
+    case io::DType::BF16: return ops::WType::kBF16;
+    case io::DType::F16: return ops::WType::kF16;
+    default: fail("tensor '%s': dtype %s cannot be converted", t.name.c_str(), io::dtype_name(t.dtype));
+  }
+}
+
+/// Drops the source pages of `t` from this process's mapping (they stay in the page cache):
+/// keeps RSS bounded while converting a checkpoint larger than RAM.
+void release(const io::TensorRef& t) {
+  if (t.data == nullptr || t.nbytes == 0) return;
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(t.data), b = a + t.nbytes;
+  const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+/// Layer of a normalised name "layers.N.…"; -1 before the layers (embeddings), INT_MAX after.
+int layer_of(const std::string& n) {
+  if (n.rfind("layers.", 0) == 0) return std::atoi(n.c_str() + 7);
+  return n.find("embed") != std::string::npos ? -1 : 1 << 30;
+}
+
+/// Output name of a normalised name: HF-style "model." prefix (lm_head stays top-level).
+std::string out_name(const std::string& n) { return n.rfind("lm_head", 0) == 0 ? n : "model." + n; }
+
+/// The base of a quantized weight: "x.weight" -> "x"; fused-style names keep theirs.
+std::string base_of(const std::string& n) {
+  const std::string s = ".weight";
+  return n.size() > s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0 ? n.substr(0, n.size() - s.size()) : n;
+}
+
+/// One step of the output: a few consecutive tensors and the code that produces their bytes.
+struct Unit {
+  std::vector<SafetensorsWriter::Spec> specs;
+  int layer = 0;
+  bool expert = false;       // independent small unit: produced in parallel with its neighbours
+  uint64_t source_bytes = 0;
+  std::vector<const io::TensorRef*> sources;  // released from the mapping once written
+  std::function<void(ops::ThreadPool*, const Sink&)> produce;
+};
+
+/// The quantized tensors of a matrix: specs for {base}.qweight/.scales/.codebook.
+void quant_specs(std::vector<SafetensorsWriter::Spec>* specs, const std::string& base, const ClassSpec& s, int64_t rows,
+                 int64_t cols) {
+  const int g = effective_group(s.group, cols);
+  const int64_t G = cols / g;
+  specs->push_back({base + ".qweight", io::DType::U8, {rows, G * ops::qtype_group_bytes(s.type, g)}});
+  specs->push_back({base + ".scales", io::DType::F16, {rows, G}});
+  specs->push_back({base + ".codebook", io::DType::F32, {levels(s.type)}});
+}
+
+/// Quantizes the source matrix `t` ([rows, cols] float) and sends qweight, scales, codebook.
+/// Rows are split over `pool` (nullptr: the calling thread only).
+void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs, ops::ThreadPool* pool, const Sink& sink) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int g = effective_group(s.group, cols);
+  check_group(cols, g);
+  const int64_t G = cols / g, rb = G * ops::qtype_group_bytes(s.type, g);
+  const ops::WType wt = wtype_of(t);
+  const uint64_t src_row = static_cast<uint64_t>(cols) * ops::wtype_size(wt);
+  std::vector<uint8_t> qweight(static_cast<size_t>(rows * rb));
+  std::vector<uint16_t> scales(static_cast<size_t>(rows * G));
+  auto work = [&](int64_t r0, int64_t r1) {
+    constexpr int64_t kBlock = 64;
+    std::vector<float> buf;
+    for (int64_t b = r0; b < r1; b += kBlock) {
+      const int64_t n = std::min(kBlock, r1 - b);
+      buf.resize(static_cast<size_t>(n * cols));
+      ops::row_to_f32(wt, t.data + b * src_row, n * cols, buf.data());
+      try {
+        quantize_rows(buf.data(), cols, s.type, g, signs, 0, n, qweight.data() + b * rb, scales.data() + b * G);
+      } catch (const Error& e) {
+        fail("%s (rows %lld..%lld): %s", t.name.c_str(), (long long)b, (long long)(b + n), e.what());
+      }
+    }
+  };
+  if (pool != nullptr && rows >= 64) pool->parallel_for(rows, 16, [&](int64_t r0, int64_t r1, int) { work(r0, r1); });
+  else work(0, rows);
+  std::span<const float> cb = codebook(s.type);
+  sink(qweight.data(), qweight.size());
+  sink(scales.data(), scales.size() * 2);
+  sink(cb.data(), cb.size() * 4);
+}
+
+/// Sends `t` as bf16, converting in chunks of 1M elements.
+void bf16_to(const io::TensorRef& t, const Sink& sink) {
+  if (t.dtype == io::DType::BF16) {
+    sink(t.data, t.nbytes);
+    return;
+  }
+  const ops::WType wt = wtype_of(t);
+  const int64_t n = t.numel();
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    f.resize(static_cast<size_t>(m));
+    h.resize(static_cast<size_t>(m));
+    ops::row_to_f32(wt, t.data + i * ops::wtype_size(wt), m, f.data());
+    for (int64_t j = 0; j < m; ++j) h[j] = ops::f32_to_bf16(f[j]);
+    sink(h.data(), h.size() * 2);
+  }
+}
+
+/// Sends a sign vector as I8.
+void signs_to(const std::vector<int8_t>& s, const Sink& sink) { sink(s.data(), s.size()); }
+
+struct Planner {
+  const io::Checkpoint& ck;
+  const ConvertOptions& opt;
+  ConvertResult* result;
+  std::vector<Unit> units;
+  // Sign vectors live as long as the conversion (units reference them).
+  std::map<std::string, std::vector<int8_t>> signs;
+
+  const int8_t* signs_for(const std::string& name, int64_t cols) {
+    if (!opt.rotate) return nullptr;
+    auto [it, fresh] = signs.try_emplace(name);
+    if (fresh) it->second = rotation_signs(opt.rotation_seed, name, cols);
+    return it->second.data();
+  }
+
+  void count(TensorClass c, int64_t params, const std::vector<SafetensorsWriter::Spec>& specs, size_t from) {
+    ClassStats& cs = result->classes[class_key(c)];
+    cs.tensors += 1;
+    cs.params += params;
+    for (size_t i = from; i < specs.size(); ++i) cs.bytes += specs[i].nbytes();
+  }
+
+  /// A non-expert tensor: kept (bf16) or quantized with its own sign vector.
+  void plain(const io::TensorRef& t) {
+    const TensorClass c = classify(t.name, t.shape);
+    const ClassSpec& s = opt.recipe.spec(c);
+    Unit u;
+    u.layer = layer_of(t.name);
+    u.source_bytes = t.nbytes;
+    u.sources.push_back(&t);
+    if (c == TensorClass::kKeep || s.keep) {
+      u.specs.push_back({out_name(t.name), io::DType::BF16, t.shape});
+      u.produce = [&t](ops::ThreadPool*, const Sink& sink) { bf16_to(t, sink); };
+    } else {
+      const std::string base = out_name(base_of(t.name));
+      const int64_t cols = t.shape[1];
+      quant_specs(&u.specs, base, s, t.shape[0], cols);
+      const int8_t* sg = signs_for(t.name, cols);
+      if (sg != nullptr) u.specs.push_back({base + ".signs", io::DType::I8, {cols}});
+      u.produce = [&t, &s, sg, cols](ops::ThreadPool* pool, const Sink& sink) {
+        quantize_to(t, s, sg, pool, sink);
+        if (sg != nullptr) sink(sg, static_cast<uint64_t>(cols));
+      };
+    }
+    count(c, t.numel(), u.specs, 0);
+    units.push_back(std::move(u));
+  }
+
+  /// The routed experts of `layer`: the two shared sign vectors, then expert by expert.
+  void experts(int layer, int n_experts) {
+    const io::TensorRef& g0 = ck.expert(layer, 0, io::ExpertProj::kGate);
+    const io::TensorRef& d0 = ck.expert(layer, 0, io::ExpertProj::kDown);
+    const int64_t H = g0.shape[1], I = d0.shape[1];
+    const std::string gu_name = strfmt("layers.%d.mlp.experts.gate_up", layer);
+    const std::string dn_name = strfmt("layers.%d.mlp.experts.down", layer);
+    const ClassSpec& sgu = opt.recipe.expert_gate_up;
+    const ClassSpec& sdn = opt.recipe.expert_down;
+    const int8_t* gu = sgu.keep ? nullptr : signs_for(gu_name, H);
+    const int8_t* dn = sdn.keep ? nullptr : signs_for(dn_name, I);
+    for (auto [sg, name, cols] : {std::tuple{gu, gu_name, H}, std::tuple{dn, dn_name, I}}) {
+      if (sg == nullptr) continue;
+      Unit u;
+      u.layer = layer;
+      u.specs.push_back({"model." + name + ".signs", io::DType::I8, {cols}});
+      u.produce = [sg, cols = cols](ops::ThreadPool*, const Sink& sink) { sink(sg, static_cast<uint64_t>(cols)); };
+      const TensorClass c = name == gu_name ? TensorClass::kExpertGateUp : TensorClass::kExpertDown;
+      result->classes[class_key(c)].bytes += static_cast<uint64_t>(cols);
+      units.push_back(std::move(u));
+    }
+    for (int e = 0; e < n_experts; ++e) {
+      Unit u;
+      u.layer = layer;
+      u.expert = true;
+      std::vector<std::pair<const io::TensorRef*, const ClassSpec*>> parts;
+      std::vector<const int8_t*> part_signs;
+      for (io::ExpertProj p : {io::ExpertProj::kGate, io::ExpertProj::kUp, io::ExpertProj::kDown}) {
+        const io::TensorRef& t = ck.expert(layer, e, p);
+        const bool down = p == io::ExpertProj::kDown;
+        const ClassSpec& s = down ? sdn : sgu;
+        const std::vector<int64_t> want = down ? std::vector<int64_t>{H, I} : std::vector<int64_t>{I, H};
+        if (t.shape != want)
+          fail("%s: expert tensor '%s' has shape %s, expected [%lld, %lld]", ck.dir().c_str(), t.name.c_str(), t.shape_str().c_str(),
+               (long long)want[0], (long long)want[1]);
+        const size_t from = u.specs.size();
+        const std::string base = out_name(base_of(t.name));
+        if (s.keep) u.specs.push_back({base + ".weight", io::DType::BF16, t.shape});
+        else quant_specs(&u.specs, base, s, t.shape[0], t.shape[1]);
+        count(down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, t.numel(), u.specs, from);
+        u.source_bytes += t.nbytes;
+        u.sources.push_back(&t);
+        parts.push_back({&t, &s});
+        part_signs.push_back(down ? dn : gu);
+      }
+      u.produce = [parts, part_signs](ops::ThreadPool*, const Sink& sink) {
+        for (size_t i = 0; i < parts.size(); ++i) {
+          if (parts[i].second->keep) bf16_to(*parts[i].first, sink);
+          else quantize_to(*parts[i].first, *parts[i].second, part_signs[i], nullptr, sink);
+        }
+      };
+      units.push_back(std::move(u));
+    }
+  }
+
+  void plan() {
+    // Non-expert tensors in source order, grouped by layer; each layer's experts after them.
+    std::vector<const io::TensorRef*> plain_tensors;
+    std::map<int, int> expert_layers;  // layer -> number of experts
+    for (const auto& t : ck.tensors()) {
+      if (t.expert_layer >= 0) {
+        if (t.expert_part != io::ExpertPart::kWeight)
+          fail("%s is already quantized (tensor '%s'); convert the original checkpoint", ck.dir().c_str(), t.name.c_str());
+        int& n = expert_layers[t.expert_layer];
+        n = std::max(n, t.expert_id + 1);
+        continue;
+      }
+      if (t.dtype != io::DType::F32 && t.dtype != io::DType::F16 && t.dtype != io::DType::BF16)
+        fail("%s: tensor '%s' has dtype %s; only F32/F16/BF16 checkpoints can be converted (is it already quantized?)",
+             ck.dir().c_str(), t.name.c_str(), io::dtype_name(t.dtype));
+      plain_tensors.push_back(&t);
+    }
+    std::stable_sort(plain_tensors.begin(), plain_tensors.end(),
+                     [](const io::TensorRef* a, const io::TensorRef* b) { return layer_of(a->name) < layer_of(b->name); });
+    size_t i = 0;
+    auto flush_until = [&](int layer) {  // plain tensors of layers < layer ... and == layer
+      while (i < plain_tensors.size() && layer_of(plain_tensors[i]->name) <= layer) plain(*plain_tensors[i++]);
+    };
+    for (auto [layer, n] : expert_layers) {
+      flush_until(layer);
+      for (int e = 0; e < n; ++e)
+        for (io::ExpertProj p : {io::ExpertProj::kGate, io::ExpertProj::kUp, io::ExpertProj::kDown})
+          if (!ck.has_expert(layer, e, p)) fail("%s: layer %d is missing expert %d's %s", ck.dir().c_str(), layer, e, p == io::ExpertProj::kDown ? "down_proj" : p == io::ExpertProj::kGate ? "gate_proj" : "up_proj");
+      experts(layer, n);
+    }
+    flush_until(1 << 30);
+  }
+};
+
+nlohmann::ordered_json class_json(const ClassSpec& s) {
+  return s.keep ? nlohmann::ordered_json{{"bits", "bf16"}}
+                : nlohmann::ordered_json{{"bits", s.type == ops::QType::kTernary ? nlohmann::ordered_json("ternary")
+                                                                                  : nlohmann::ordered_json(qtype_bits(s.type))},
+                                         {"group_size", s.group}};
+}
+
+void prepare_out_dir(const ConvertOptions& opt) {
+  if (opt.out_dir.empty()) throw UsageError("--out is required");
+  std::error_code ec;
+  if (fs::exists(opt.out_dir) && !fs::is_directory(opt.out_dir)) fail("--out %s exists and is not a directory", opt.out_dir.c_str());
+  fs::create_directories(opt.out_dir, ec);
+  if (ec) fail("%s: cannot create the directory (%s)", opt.out_dir.c_str(), ec.message().c_str());
+  if (fs::equivalent(opt.in_dir, opt.out_dir)) fail("%s: the output directory must differ from the input", opt.out_dir.c_str());
+  if (!fs::is_empty(opt.out_dir)) {
+    if (!opt.force) fail("%s is not empty; choose an empty directory (or pass --force to replace spool's files there)", opt.out_dir.c_str());
+    for (const auto& e : fs::directory_iterator(opt.out_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("model", 0) == 0 && n.find(".safetensors") != std::string::npos) fs::remove(e.path());
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t quantized_bytes(const ClassSpec& s, int64_t rows, int64_t cols, bool with_signs) {
+  if (s.keep) return static_cast<uint64_t>(rows * cols) * 2;
+  const int g = effective_group(s.group, cols);
+  const int64_t G = cols / g;
+  return static_cast<uint64_t>(rows * G * (ops::qtype_group_bytes(s.type, g) + 2) + 4 * levels(s.type) + (with_signs ? cols : 0));
+}
+
+ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
+  io::Checkpoint ck = io::Checkpoint::open(opt.in_dir);
+  if (ck.raw_config().json().contains("quantization"))
+    fail("%s is already a spool quantized checkpoint; convert the original", opt.in_dir.c_str());
+  prepare_out_dir(opt);
+
+  ConvertResult r;
+  Planner p{ck, opt, &r, {}, {}};
+  p.plan();
+  for (const Unit& u : p.units) {
+    r.source_bytes += u.source_bytes;
+    for (const auto& s : u.specs) {
+      r.data_bytes += s.nbytes();
+      r.tensors += 1;
+    }
+  }
+  for (const auto& [k, c] : r.classes) r.params += c.params;
+
+  // Shards: whole layers, a new shard once the current one passes shard_bytes.
+  std::vector<std::pair<size_t, size_t>> shards;  // unit ranges
+  uint64_t cur = 0;
+  for (size_t i = 0; i < p.units.size(); ++i) {
+    uint64_t n = 0;
+    for (const auto& s : p.units[i].specs) n += s.nbytes();
+    const bool new_layer = i > 0 && p.units[i].layer != p.units[i - 1].layer;
+    if (shards.empty() || (new_layer && cur > 0 && cur + n > opt.shard_bytes)) {
+      shards.push_back({i, i});
+      cur = 0;
+    }
+    shards.back().second = i + 1;
+    cur += n;
+  }
+
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  ops::ThreadPool pool(threads);
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  const int ns = static_cast<int>(shards.size());
+  uint64_t done = 0;
+  for (int si = 0; si < ns; ++si) {
+    const std::string fname = ns == 1 ? "model.safetensors" : strfmt("model-%05d-of-%05d.safetensors", si + 1, ns);
+    std::vector<SafetensorsWriter::Spec> specs;
+    for (size_t i = shards[si].first; i < shards[si].second; ++i)
+      for (const auto& s : p.units[i].specs) {
+        specs.push_back(s);
+        weight_map[s.name] = fname;
+      }
+    const std::string path = opt.out_dir + "/" + fname;
+    SafetensorsWriter w(path, specs, {{"format", "pt"}, {"spool", "quantized"}, {"recipe", opt.recipe.name}});
+    const Sink to_file = [&w](const void* d, uint64_t n) { w.append(d, n); };
+    size_t i = shards[si].first;
+    while (i < shards[si].second) {
+      if (!p.units[i].expert) {
+        p.units[i].produce(&pool, to_file);
+        for (const io::TensorRef* t : p.units[i].sources) release(*t);
+        done += p.units[i].source_bytes;
+        ++i;
+      } else {  // a window of experts in parallel, written in order
+        size_t j = i;
+        while (j < shards[si].second && p.units[j].expert && j - i < static_cast<size_t>(8 * threads)) ++j;
+        std::vector<std::vector<uint8_t>> out(j - i);
+        pool.run(static_cast<int64_t>(j - i), [&](int64_t k, int) {
+          std::vector<uint8_t>& o = out[k];
+          p.units[i + k].produce(nullptr, [&o](const void* d, uint64_t n) {
+            const uint8_t* b = static_cast<const uint8_t*>(d);
+            o.insert(o.end(), b, b + n);
+          });
+        });
+        for (size_t k = i; k < j; ++k) {
+          w.append(out[k - i].data(), out[k - i].size());
+          for (const io::TensorRef* t : p.units[k].sources) release(*t);
+          done += p.units[k].source_bytes;
+        }
+        i = j;
+      }
+      if (progress) progress(done, r.source_bytes);
+    }
+    w.finish();
+    r.file_bytes += fs::file_size(path);
+  }
+  r.shards = ns;
+
+  auto write_json = [&](const std::string& name, const nlohmann::ordered_json& j) {
+    write_file_atomic(opt.out_dir + "/" + name, j.dump(2) + "\n");
+  };
+  if (ns > 1) write_json("model.safetensors.index.json", {{"metadata", {{"total_size", r.data_bytes}}}, {"weight_map", weight_map}});
+  // config.json as written, plus the quantization block.
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_whole_file(opt.in_dir + "/config.json"));
+  nlohmann::ordered_json classes = nlohmann::ordered_json::object();
+  classes["dense"] = class_json(opt.recipe.dense);
+  classes["lm_head"] = class_json(opt.recipe.lm_head);
+  classes["expert_gate_up"] = class_json(opt.recipe.expert_gate_up);
+  classes["expert_down"] = class_json(opt.recipe.expert_down);
+  cfg["quantization"] = {{"quant_method", "spool"},
+                         {"format_version", 1},
+                         {"recipe", opt.recipe.name},
+                         {"rotation", opt.rotate ? "hadamard" : "none"},
+                         {"rotation_seed", opt.rotation_seed},
+                         {"classes", classes},
+                         {"bits_per_weight", r.bpw()}};
+  write_json("config.json", cfg);
+  for (const auto& e : fs::directory_iterator(opt.in_dir)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "config.json" || name == "model.safetensors.index.json" ||
+        e.path().extension() == ".safetensors" || name.find(".tmp") != std::string::npos)
+      continue;
+    fs::copy_file(e.path(), opt.out_dir + "/" + name, fs::copy_options::overwrite_existing);
+  }
+  return r;
+}
+
+}  // namespace spool::quant

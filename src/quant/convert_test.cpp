@@ -1,0 +1,305 @@
+// spool convert end to end: the quantized checkpoint loads and runs, and it computes exactly
+// what a float model made of its dequantized weights computes (so the format, the loader and
+// the kernels agree with the quantizer); streaming quantized experts is bit-identical to
+// keeping them resident; the size on disk follows the recipe's bits per weight; corrupt
+// quantized files are rejected clearly.
+#include "quant/convert.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../../tests/support/golden.h"
+#include "common/error.h"
+#include "engine/loader.h"
+#include "experts/weight_views.h"
+#include "io/safetensors.h"
+#include "quant/quantize.h"
+
+namespace spool::quant {
+namespace {
+
+namespace fs = std::filesystem;
+using spool::testing::data_dir;
+using spool::testing::expect_rows_close;
+
+std::string fixture(const std::string& name) {
+  return name == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : data_dir() + "/models/" + name;
+}
+
+std::string scratch(const std::string& tag) {
+  const std::string d = ::testing::TempDir() + "/convert_" + tag;
+  fs::remove_all(d);
+  return d;
+}
+
+ConvertResult run_convert(const std::string& in, const std::string& out, const std::string& recipe_name, bool rotate = true,
+                          uint64_t shard_bytes = 4ull << 30) {
+  ConvertOptions o;
+  o.in_dir = in;
+  o.out_dir = out;
+  o.recipe = recipe(recipe_name);
+  o.rotate = rotate;
+  o.threads = 2;
+  o.shard_bytes = shard_bytes;
+  return convert(o, nullptr);
+}
+
+/// Writes `out` = the quantized checkpoint `q` with every quantized matrix replaced by its f32
+/// dequantization (original basis) and every other tensor copied: the float model the
+/// quantized one must compute exactly.
+void write_dequantized(const std::string& src_dir, const std::string& q, const std::string& out) {
+  io::Checkpoint ck = io::Checkpoint::open(q);
+  io::Checkpoint src = io::Checkpoint::open(src_dir, {.map = false});
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<io::TensorToWrite> tensors;
+  for (const auto& t : ck.tensors()) {
+    const std::string& n = t.name;
+    auto ends = [&](const char* s) { return n.size() > std::strlen(s) && n.compare(n.size() - std::strlen(s), std::strlen(s), s) == 0; };
+    if (ends(".scales") || ends(".codebook") || ends(".signs")) continue;
+    if (!ends(".qweight")) {
+      keep.emplace_back(t.data, t.data + t.nbytes);
+      tensors.push_back({"model." + n, t.dtype, t.shape, keep.back().data()});
+      continue;
+    }
+    const std::string base = n.substr(0, n.size() - 8);
+    const io::TensorRef& sc = ck.tensor(base + ".scales");
+    const io::TensorRef& cb = ck.tensor(base + ".codebook");
+    const io::TensorRef* sg = nullptr;
+    if (t.expert_layer >= 0) sg = ck.find(experts::expert_signs_name(t.expert_layer, t.expert_proj));
+    else sg = ck.find(base + ".signs");
+    // The matrix shape is the source tensor's.
+    const io::TensorRef& orig = t.expert_layer >= 0 ? src.expert(t.expert_layer, t.expert_id, t.expert_proj)
+                                                    : src.tensor(base + ".weight");
+    const int64_t rows = orig.shape[0], cols = orig.shape[1];
+    ops::WeightView v = experts::quant_view_of(t, sc, cb, sg, rows, cols, n);
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    dequantize(v.quant, w.data());
+    keep.emplace_back(reinterpret_cast<uint8_t*>(w.data()), reinterpret_cast<uint8_t*>(w.data() + w.size()));
+    tensors.push_back({"model." + base + ".weight", io::DType::F32, {rows, cols}, keep.back().data()});
+  }
+  fs::create_directories(out);
+  io::write_safetensors(out + "/model.safetensors", tensors);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(q + "/config.json"));
+  cfg.erase("quantization");
+  std::ofstream(out + "/config.json") << cfg.dump(2);
+}
+
+engine::LoadedModel load(const std::string& dir, std::optional<bool> stream = false, const std::string& budget = "auto") {
+  engine::LoadOptions o;
+  o.model_dir = dir;
+  o.threads = 2;
+  o.stream = stream;
+  o.cache_budget = budget;
+  o.page_cache = true;
+  return engine::load(o);
+}
+
+std::vector<int32_t> prompt_ids(int64_t vocab, int n) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
+  return ids;
+}
+
+/// Logits of every position of `ids` [T, V], prefilled in chunks of 5.
+std::vector<float> all_logits(models::Model& m, const std::vector<int32_t>& ids) {
+  const int64_t V = m.spec().vocab_size;
+  models::State st = m.new_state();
+  std::vector<float> out(ids.size() * V);
+  for (size_t i = 0; i < ids.size(); i += 5) {
+    const size_t n = std::min<size_t>(5, ids.size() - i);
+    m.forward(std::span<const int32_t>(ids.data() + i, n), st, models::LogitsMode::kAll, out.data() + i * V);
+  }
+  return out;
+}
+
+struct Case {
+  std::string model, recipe;
+  bool rotate;
+};
+
+class ConvertEquivalence : public ::testing::TestWithParam<Case> {};
+
+// The quantized engine equals a float engine running the dequantized weights (1e-4, the f32
+// golden tolerance), so every quantized tensor is where the loader expects it, in the basis
+// the kernels assume; and streaming the quantized experts gives bit-identical logits.
+TEST_P(ConvertEquivalence, QuantizedEqualsDequantizedFloatModel) {
+  const Case& c = GetParam();
+  const std::string tag = c.model + "_" + c.recipe + (c.rotate ? "" : "_norot");
+  const std::string q = scratch(tag), f = scratch(tag + "_deq");
+  ConvertResult r = run_convert(fixture(c.model), q, c.recipe, c.rotate, /*shard_bytes=*/1 << 20);
+  EXPECT_GT(r.classes["expert_gate_up"].params, 0);
+  EXPECT_GT(r.classes["dense"].params, 0);
+  write_dequantized(fixture(c.model), q, f);
+
+  engine::LoadedModel lq = load(q), lf = load(f);
+  ASSERT_TRUE(lq.ckpt->experts_quantized());
+  const int64_t V = lq.model->spec().vocab_size;
+  const std::vector<int32_t> ids = prompt_ids(V, 12);
+  const std::vector<float> got = all_logits(*lq.model, ids), want = all_logits(*lf.model, ids);
+  expect_rows_close(got.data(), want.data(), static_cast<int64_t>(ids.size()), V, 1e-4, tag);
+
+  engine::LoadedModel ls = load(q, /*stream=*/true, "0.0001");
+  ASSERT_NE(ls.streaming, nullptr);
+  const std::vector<float> streamed = all_logits(*ls.model, ids);
+  EXPECT_EQ(0, std::memcmp(streamed.data(), got.data(), got.size() * sizeof(float))) << tag << ": streaming differs";
+  EXPECT_GT(ls.streaming->stats().misses, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
+                         ::testing::Values(Case{"qwen3_moe", "q4", true}, Case{"qwen3_next", "tq3a-tqTe-down3", true},
+                                           Case{"qwen3_5_moe_text", "tq3", true}, Case{"qwen3_5_moe_vl_fused", "q2", false},
+                                           Case{"qwen3_5_moe_vl", "tq3a-tqTe", true}, Case{"demo", "tq3a-tqTe-down4", true}),
+                         [](const auto& i) {
+                           std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
+                           for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+// Bits per weight of a class, computed from the format's definition, independently of the
+// converter: b bits per code (ternary: 8/5 per code in whole bytes per group), 16 per group
+// scale.
+double class_bits(const char* bits, int g) {
+  const std::string b = bits;
+  if (b == "ternary") return 8.0 * ((g + 4) / 5) / g + 16.0 / g;
+  return std::stod(b) + 16.0 / g;
+}
+
+TEST(Convert, SizeOnDiskFollowsTheRecipe) {
+  const std::string q = scratch("size");
+  ConvertResult r = run_convert(fixture("demo"), q, "tq3a-tqTe-down4");
+  io::Checkpoint src = io::Checkpoint::open(fixture("demo"));
+  // Expected: per source tensor, its class's bits per weight (codebooks and signs are
+  // per-tensor constants, < 0.1% here); bf16 for kept tensors.
+  double bits = 0;
+  for (const auto& t : src.tensors()) {
+    const TensorClass c = classify(t.name, t.shape);
+    const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 0;
+    switch (c) {
+      case TensorClass::kKeep: bits += 16.0 * t.numel(); break;
+      case TensorClass::kDense:
+      case TensorClass::kLmHead: bits += class_bits("3", 64) * t.numel(); break;
+      case TensorClass::kExpertGateUp: bits += class_bits("ternary", 64) * t.numel(); break;
+      case TensorClass::kExpertDown: bits += class_bits("4", std::min<int64_t>(64, cols)) * t.numel(); break;
+    }
+  }
+  uint64_t files = 0, headers = 0;
+  for (const auto& e : fs::directory_iterator(q))
+    if (e.path().extension() == ".safetensors") {
+      io::SafetensorsFile f = io::SafetensorsFile::open(e.path().string(), false);
+      files += f.file_size();
+      headers += f.data_start();
+    }
+  const double data = static_cast<double>(files - headers);
+  EXPECT_NEAR(data, bits / 8, 0.01 * bits / 8) << "data " << data << " expected " << bits / 8;
+  EXPECT_EQ(static_cast<uint64_t>(data), r.data_bytes);
+  EXPECT_EQ(files, r.file_bytes);
+  // The quantization block describes the recipe.
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(q + "/config.json"));
+  EXPECT_EQ(cfg["quantization"]["quant_method"], "spool");
+  EXPECT_EQ(cfg["quantization"]["recipe"], "tq3a-tqTe-down4");
+  EXPECT_EQ(cfg["quantization"]["classes"]["expert_gate_up"]["bits"], "ternary");
+  EXPECT_EQ(cfg["quantization"]["classes"]["expert_down"]["bits"], 4);
+  EXPECT_TRUE(fs::exists(q + "/tokenizer.json"));
+  EXPECT_TRUE(fs::exists(q + "/generation_config.json"));
+}
+
+TEST(Convert, ExpertIsOneContiguousRange) {
+  const std::string q = scratch("contig");
+  run_convert(fixture("qwen3_moe"), q, "tq3a-tqTe-down3");
+  io::Checkpoint ck = io::Checkpoint::open(q);
+  for (const auto& t : ck.tensors()) {
+    if (t.expert_layer < 0 || t.expert_proj != io::ExpertProj::kGate || t.expert_part != io::ExpertPart::kQWeight) continue;
+    std::vector<const io::TensorRef*> parts = ck.expert_tensors(t.expert_layer, t.expert_id);
+    ASSERT_EQ(parts.size(), 9u);
+    std::sort(parts.begin(), parts.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+    for (size_t i = 1; i < parts.size(); ++i) {
+      EXPECT_EQ(parts[i]->shard, parts[0]->shard);
+      EXPECT_EQ(parts[i]->offset, parts[i - 1]->offset + parts[i - 1]->nbytes) << parts[i]->name;
+    }
+  }
+}
+
+TEST(Convert, RejectsBadInputAndOutput) {
+  const std::string q = scratch("bad");
+  run_convert(fixture("qwen3_moe"), q, "q4");
+  EXPECT_THROW(run_convert(fixture("qwen3_moe"), q, "q4"), Error);  // not empty
+  try {
+    run_convert(q, scratch("bad2"), "q4");
+    FAIL() << "converting a quantized checkpoint must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(recipe("q5"), UsageError);
+  Recipe r = recipe("q4");
+  RecipeOverrides o;
+  o.expert_bits = "7";
+  EXPECT_THROW(apply_overrides(&r, o), UsageError);
+}
+
+/// Rewrites the single shard of `dir` with `edit` applied to the named tensor's bytes (or with
+/// its dtype/shape changed), then expects loading to fail mentioning `want`.
+void expect_corrupt_rejected(const std::string& tag, const std::string& tensor,
+                             const std::function<void(io::TensorToWrite&, std::vector<uint8_t>&)>& edit, const std::string& want,
+                             bool stream = false) {
+  const std::string q = scratch("corrupt_" + tag);
+  run_convert(fixture("qwen3_moe"), q, "q4");
+  const std::string path = q + "/model.safetensors";
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<io::TensorToWrite> ts;
+  {
+    io::SafetensorsFile f = io::SafetensorsFile::open(path);
+    for (const auto& t : f.tensors()) bytes.emplace_back(f.data(t), f.data(t) + t.nbytes);
+    size_t i = 0;
+    for (const auto& t : f.tensors()) {
+      ts.push_back({t.name, t.dtype, t.shape, bytes[i].data()});
+      if (t.name == tensor) edit(ts.back(), bytes[i]);
+      ts.back().data = bytes[i].data();
+      ++i;
+    }
+  }
+  fs::remove(path);
+  io::write_safetensors(path, ts);
+  try {
+    engine::LoadedModel l = load(q, stream, "0.0001");
+    std::vector<int32_t> ids = prompt_ids(l.model->spec().vocab_size, 6);
+    all_logits(*l.model, ids);
+    FAIL() << tag << ": corrupt file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << tag << ": " << e.what();
+  }
+}
+
+TEST(Convert, CorruptQuantizedFilesAreRejected) {
+  const std::string dense = "model.layers.0.self_attn.q_proj";
+  const std::string expert = "model.layers.0.mlp.experts.3.down_proj";
+  expect_corrupt_rejected("codebook_len", dense + ".codebook", [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
+    t.shape = {5};
+    b.resize(20);
+  }, "codebook has 5 entries");
+  expect_corrupt_rejected("codebook_order", dense + ".codebook", [](io::TensorToWrite&, std::vector<uint8_t>& b) {
+    std::swap_ranges(b.begin(), b.begin() + 4, b.begin() + 4);
+  }, "codebook");
+  expect_corrupt_rejected("signs", dense + ".signs", [](io::TensorToWrite&, std::vector<uint8_t>& b) { b[3] = 2; },
+                          "sign vector entry 3");
+  expect_corrupt_rejected("qweight_shape", dense + ".qweight", [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
+    t.shape[1] -= 1;
+    b.resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
+  }, "qweight has shape");
+  expect_corrupt_rejected("scales_dtype", dense + ".scales", [](io::TensorToWrite& t, std::vector<uint8_t>&) {
+    t.dtype = io::DType::BF16;
+  }, "scales");
+  expect_corrupt_rejected("expert_codebook", expert + ".codebook", [](io::TensorToWrite&, std::vector<uint8_t>& b) {
+    const float nan = std::nanf("");
+    std::memcpy(b.data() + 8, &nan, 4);
+  }, "codebook");
+  expect_corrupt_rejected("streamed_codebook", expert + ".codebook", [](io::TensorToWrite&, std::vector<uint8_t>& b) {
+    const float nan = std::nanf("");
+    std::memcpy(b.data() + 8, &nan, 4);
+  }, "codebook", /*stream=*/true);
+}
+
+}  // namespace
+}  // namespace spool::quant
