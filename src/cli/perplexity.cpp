@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
@@ -20,6 +21,7 @@ struct PerplexityOptions {
   int64_t window = 512;
   int64_t chunks = 0;
   int64_t prefill_step = 512;
+  std::string kl_reference;
   bool json = false;
 };
 
@@ -31,6 +33,14 @@ void run(const PerplexityOptions& o) {
   Loaded l = load_model(o.model);
   if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; perplexity needs one", o.model.dir().c_str()));
   std::vector<int32_t> ids = l.tok->encode(text, false);
+  std::optional<Loaded> ref;
+  if (!o.kl_reference.empty()) {
+    ModelOptions ro = o.model;
+    ro.model = o.kl_reference;
+    ro.pin_file.clear();
+    ro.max_active_experts = 0;  // the reference is the exact model
+    ref.emplace(load_model(ro));
+  }
   const double t0 = now_seconds();
   engine::PerplexityResult r;
   {
@@ -38,9 +48,11 @@ void run(const PerplexityOptions& o) {
     r = engine::perplexity(*l.model, ids, o.window, o.chunks, o.prefill_step,
                            [&](int64_t done, int64_t total, const engine::PerplexityResult& acc) {
                              bar.update(done, total,
-                                        strfmt("%lld/%lld windows, ppl %.4f, %.0f tok/s", (long long)done, (long long)total,
-                                               acc.ppl(), acc.tokens / bar.elapsed()));
-                           });
+                                        strfmt("%lld/%lld windows, ppl %.4f%s, %.0f tok/s", (long long)done, (long long)total,
+                                               acc.ppl(), acc.compared ? strfmt(", KL %.4f", acc.mean_kl()).c_str() : "",
+                                               acc.tokens / bar.elapsed()));
+                           },
+                           ref ? ref->model.get() : nullptr);
   }
   if (o.json) {
     nlohmann::ordered_json j;
@@ -48,6 +60,8 @@ void run(const PerplexityOptions& o) {
     j["mean_nll"] = r.mean_nll();
     j["ppl"] = r.ppl();
     j["windows"] = r.window_nll.size();
+    if (r.compared)
+      j["reference"] = {{"model", o.kl_reference}, {"ppl", r.ref_ppl()}, {"mean_kl", r.mean_kl()}, {"top1_agreement", r.top1_agreement()}};
     const double secs = now_seconds() - t0;
     j["timings"] = {{"load_s", l.load_s}, {"eval_s", secs}, {"tok_s", secs > 0 ? r.tokens / secs : 0.0}};
     j["stats"] = stats_json(l, stats_snapshot(l), r.tokens);
@@ -55,6 +69,8 @@ void run(const PerplexityOptions& o) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("tokens %lld\nmean_nll %.6f\nppl %.4f\n", (long long)r.tokens, r.mean_nll(), r.ppl());
+    if (r.compared)
+      std::printf("reference_ppl %.4f\nmean_kl %.6f\ntop1_agreement %.4f\n", r.ref_ppl(), r.mean_kl(), r.top1_agreement());
   }
   std::fprintf(stderr, "spool: %s; peak RSS %s\n", stats_line(l, stats_snapshot(l), r.tokens).c_str(), format_bytes(peak_rss_bytes()).c_str());
 }
@@ -69,6 +85,9 @@ void register_perplexity(CLI::App& app) {
   c->add_option("--window", o->window, "Predicted tokens per window (default 512)");
   c->add_option("--chunks", o->chunks, "Score only the first N windows (default 0 = all)");
   c->add_option("--prefill-step-size", o->prefill_step, "Tokens per forward pass (default 512)");
+  c->add_option("--kl-reference", o->kl_reference,
+                 "Also run this model (e.g. the unquantized checkpoint) on the same tokens: mean KL(reference || model) "
+                 "per token and top-1 agreement");
   c->add_flag("--json", o->json, "Print {\"tokens\", \"mean_nll\", \"ppl\"} as JSON");
   c->callback([o] { run(*o); });
 }

@@ -18,15 +18,34 @@ struct PerplexityResult {
   double sum_nll = 0;               // nats
   std::vector<double> window_nll;   // summed NLL per window
   std::vector<int64_t> window_tokens;
+  // Against a reference model (perplexity(..., reference)): summed KL(P_ref || P_model) in
+  // nats, predicted tokens whose argmax agrees, and the reference's own summed NLL.
+  bool compared = false;
+  double sum_kl = 0;
+  int64_t top1_agree = 0;
+  double ref_sum_nll = 0;
   double mean_nll() const { return tokens > 0 ? sum_nll / tokens : 0; }
   double ppl() const;
+  /// Mean KL divergence to the reference per predicted token (nats).
+  double mean_kl() const { return tokens > 0 ? sum_kl / tokens : 0; }
+  /// Fraction of predicted tokens whose top-1 token equals the reference's.
+  double top1_agreement() const { return tokens > 0 ? static_cast<double>(top1_agree) / tokens : 0; }
+  /// The reference model's perplexity on the same tokens.
+  double ref_ppl() const;
 };
 
 /// Scores `ids` in windows of `window` predicted tokens; at most `max_windows` windows
 /// (0 = all). Each window is run in forward() calls of `step` tokens. `progress(done, total)`
-/// is called after each window. Throws spool::Error if fewer than 2 ids are given.
+/// is called after each window. With `reference` (same vocabulary), every step also runs the
+/// reference on the same tokens and accumulates KL(P_ref || P_model) and top-1 agreement.
+/// Throws spool::Error if fewer than 2 ids are given or the vocabularies differ.
 PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, int64_t window, int64_t max_windows,
-                            int64_t step, const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress);
+                            int64_t step, const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress,
+                            models::Model* reference = nullptr);
+
+/// KL(P || Q) in nats of the softmax distributions of logits p and q (vocab entries each),
+/// computed in double.
+double kl_divergence(const float* p, const float* q, int64_t vocab);
 
 /// -log softmax(logits)[target] in double precision.
 double token_nll(const float* logits, int64_t vocab, int32_t target);

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../../tests/support/golden.h"
+#include "quant/convert.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spool::engine {
@@ -92,6 +95,54 @@ TEST(Perplexity, KReductionDevWithinPointOnePercent) {
     const double want = v["dev"]["ppl"].get<double>();
     EXPECT_EQ(r.tokens, v["dev"]["tokens"].get<int64_t>());
     EXPECT_NEAR(r.ppl(), want, 1e-3 * want) << "K=" << k;
+  }
+}
+
+TEST(KlDivergence, KnownValues) {
+  const float p[2] = {0.0f, 0.0f}, q[2] = {std::log(3.0f), 0.0f};
+  // P = (1/2, 1/2), Q = (3/4, 1/4): KL = 1/2 ln(2/3) + 1/2 ln 2.
+  EXPECT_NEAR(kl_divergence(p, q, 2), 0.5 * std::log(2.0 / 3.0) + 0.5 * std::log(2.0), 1e-7);
+  EXPECT_NEAR(kl_divergence(q, q, 2), 0.0, 1e-12);
+  const float big[3] = {1000.0f, 0.0f, -1000.0f}, shifted[3] = {1010.0f, 10.0f, -990.0f};  // shift-invariant
+  EXPECT_NEAR(kl_divergence(big, shifted, 3), 0.0, 1e-12);
+}
+
+TEST(Perplexity, AgainstItselfKlIsZero) {
+  Fixture f = load();
+  PerplexityResult r = perplexity(*f.model, f.ids, 128, 2, 64, nullptr, f.model.get());
+  ASSERT_TRUE(r.compared);
+  EXPECT_EQ(r.tokens, 256);
+  EXPECT_NEAR(r.mean_kl(), 0.0, 1e-12);
+  EXPECT_EQ(r.top1_agreement(), 1.0);
+  EXPECT_NEAR(r.ref_ppl(), r.ppl(), 1e-9 * r.ppl());
+}
+
+// Each recipe converted by spool lands within 3% of the float64 reference simulation of the
+// same algorithm (quant_reference.json; its sign vectors differ from spool's, which moves
+// perplexity by ~1%). Prints KL to the bf16 model and top-1 agreement.
+TEST(Perplexity, QuantRecipesWithinThreePercentOfReference) {
+  Fixture f = load();
+  std::ifstream qj(spool::testing::data_dir() + "/models/spool-demo-moe/quant_reference.json");
+  nlohmann::json ref = nlohmann::json::parse(qj);
+  for (const std::string& name : quant::recipe_names()) {
+    ASSERT_TRUE(ref.contains(name)) << name;
+    const std::string dir = ::testing::TempDir() + "/ppl_recipe_" + name;
+    std::filesystem::remove_all(dir);
+    quant::ConvertOptions o;
+    o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
+    o.out_dir = dir;
+    o.recipe = quant::recipe(name);
+    o.threads = 2;
+    quant::convert(o, nullptr);
+    auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto m = models::load_model(ck, f.pool.get());
+    PerplexityResult r = perplexity(*m, f.ids, 512, 0, 512, nullptr, f.model.get());
+    const double want = ref[name]["dev"]["ppl"].get<double>();
+    EXPECT_EQ(r.tokens, ref[name]["dev"]["tokens"].get<int64_t>());
+    EXPECT_NEAR(r.ppl(), want, 0.03 * want) << name;
+    std::printf("%-16s ppl %.4f reference %.4f (%+.2f%%) KL %.5f top-1 %.4f\n", name.c_str(), r.ppl(), want,
+                100.0 * (r.ppl() / want - 1.0), r.mean_kl(), r.top1_agreement());
+    std::filesystem::remove_all(dir);
   }
 }
 
