@@ -47,6 +47,7 @@ void run(const InfoOptions& o) {
     j["dtypes"] = by_dtype;
     j["expert_layout"] = ck.expert_layout() == io::ExpertLayout::kFused ? "fused" : "per-expert";
     j["shards"] = ck.shards().size();
+    if (ck.raw_config().json().contains("quantization")) j["quantization"] = ck.raw_config().json()["quantization"];
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -69,6 +70,19 @@ void run(const InfoOptions& o) {
   std::string dts;
   for (const auto& [k, v] : by_dtype) dts += (dts.empty() ? "" : ", ") + k + " " + format_bytes(v);
   std::printf("dtypes      %s\n", dts.c_str());
+  if (ck.raw_config().json().contains("quantization")) {
+    const nlohmann::json& q = ck.raw_config().json()["quantization"];
+    std::string classes;
+    if (q.contains("classes") && q["classes"].is_object())
+      for (auto it = q["classes"].begin(); it != q["classes"].end(); ++it) {
+        const nlohmann::json& c = it.value();
+        classes += strfmt("%s%s %s", classes.empty() ? "" : ", ", it.key().c_str(),
+                          c.contains("bits") ? (c["bits"].is_string() ? c["bits"].get<std::string>() : c["bits"].dump()).c_str() : "?");
+        if (c.contains("group_size")) classes += strfmt(" g%s", c["group_size"].dump().c_str());
+      }
+    std::printf("quantized   spool recipe %s, rotation %s: %s\n", q.value("recipe", "?").c_str(), q.value("rotation", "?").c_str(),
+                classes.c_str());
+  }
 }
 
 }  // namespace
