@@ -69,6 +69,9 @@ void register_info(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_repack(CLI::App& app);
+void register_plan(CLI::App& app);
+void register_doctor(CLI::App& app);
+void register_bench(CLI::App& app);
 void register_convert(CLI::App& app);
 
 }  // namespace spool::cli

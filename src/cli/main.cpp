@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   spool::cli::register_synth(app);
   spool::cli::register_calibrate(app);
   spool::cli::register_repack(app);
+  spool::cli::register_plan(app);
+  spool::cli::register_doctor(app);
+  spool::cli::register_bench(app);
   spool::cli::register_convert(app);
   try {
     app.parse(argc, argv);

@@ -12,6 +12,8 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "ops/matmul.h"
+#include "plan/budget.h"
+#include "plan/projection.h"
 
 namespace spool::engine {
 
@@ -19,24 +21,11 @@ namespace {
 
 constexpr uint64_t kGiB = 1ull << 30;
 
-// Memory kept free for the OS, allocator slack and activations.
-uint64_t reserve_bytes(uint64_t available) { return std::max<uint64_t>(512ull << 20, available / 20); }
-
 }  // namespace
 
 uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
-  ops::KvCache probe;
-  probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
-  uint64_t n = 0;
-  for (int i = 0; i < s.n_layers; ++i) {
-    if (s.mixers[i] == models::MixerKind::kAttention) {
-      n += probe.bytes_per_position() * static_cast<uint64_t>(ctx);
-    } else {
-      const auto& g = s.gdn;
-      n += (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * sizeof(float);
-    }
-  }
-  return n;
+  const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacity(ctx, ctx, 512), kv_bits);
+  return b.kv + b.recurrent;
 }
 
 uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt) {
@@ -102,12 +91,21 @@ LoadedModel load(const LoadOptions& opt) {
     l.model->set_max_active_experts(opt.max_active_experts);
   }
 
-  const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes(), dense = total - experts;
+  // The memory rule is plan/'s, shared with `spool plan` (same components, same numbers).
+  const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes();
   const uint64_t available = available_memory_bytes();
-  const uint64_t kv = state_bytes(spec, opt.ctx_size, opt.kv_bits);
-  const uint64_t reserve = reserve_bytes(available);
+  std::error_code ec;
+  plan::RunShape shape;
+  shape.ctx = opt.ctx_size;
+  shape.prefill_step = opt.prefill_step;
+  shape.kv_bits = opt.kv_bits;
+  shape.threads = opt.threads;
+  shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
+                                   ? std::filesystem::file_size(opt.model_dir + "/tokenizer.json", ec) : 0;
+  const plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
+  const uint64_t reserve = plan::reserve_bytes(available);
   bool stream = opt.stream.value_or(false);
-  if (!opt.stream.has_value() && experts > 0 && total + kv + reserve > available) {
+  if (!opt.stream.has_value() && experts > 0 && plan::must_stream(available, base, experts)) {
     stream = true;
     log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk", format_bytes(total).c_str(),
              format_bytes(available).c_str());
@@ -118,19 +116,18 @@ LoadedModel load(const LoadOptions& opt) {
     if (budget_gb >= 0) {
       so.cache_budget_bytes = static_cast<uint64_t>(budget_gb * kGiB);
     } else {
-      const uint64_t used = dense + kv + reserve;
-      so.cache_budget_bytes = available > used ? available - used : 0;
-      const bool capped = so.cache_budget_bytes > experts;
-      so.cache_budget_bytes = std::min(so.cache_budget_bytes, experts);
-      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - reserve %s%s",
-               format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(dense).c_str(),
-               format_bytes(kv).c_str(), format_bytes(reserve).c_str(),
+      so.cache_budget_bytes = plan::auto_cache_budget(available, base, experts);
+      const bool capped = so.cache_budget_bytes == experts;
+      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - workspace %s - runtime %s - reserve %s%s",
+               format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(base.dense).c_str(),
+               format_bytes(base.state).c_str(), format_bytes(base.workspace).c_str(),
+               format_bytes(base.runtime + base.tokenizer).c_str(), format_bytes(reserve).c_str(),
                capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
     }
     so.workers = opt.prefetch_workers;
     so.engine = opt.io_engine == "uring" ? io::IoEngine::kUring : io::IoEngine::kPread;
     // Trust the page cache when the model files fit comfortably (< 0.6 x available memory).
-    const bool use_page_cache = opt.page_cache.value_or(static_cast<double>(total) < 0.6 * static_cast<double>(available));
+    const bool use_page_cache = opt.page_cache.value_or(plan::default_page_cache(l.ckpt->file_bytes(), available));
     so.direct = !use_page_cache;
     so.prefetch_ahead = opt.prefetch_ahead;
     so.top_k = spec.moe.top_k;

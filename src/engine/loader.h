@@ -29,6 +29,7 @@ struct LoadOptions {
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
   int64_t ctx_size = 4096;             // context the KV estimate assumes (bytes kept out of the cache budget)
+  int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
 };
 
 /// Everything a command needs, loaded together.

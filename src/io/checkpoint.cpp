@@ -104,11 +104,33 @@ void Checkpoint::add(TensorRef t) {
   tensors_.push_back(std::move(t));
 }
 
+namespace {
+// config.json's quantization: spool's own block (quant_method "spool", format_version 1) is
+// fine; another engine's `quantization_config` (FP8, GPTQ, AWQ, ...) is named, not half-loaded.
+void check_quantization(const Config& raw, const std::string& label) {
+  const nlohmann::json& j = raw.json();
+  if (j.contains("quantization_config")) {
+    const nlohmann::json& q = j["quantization_config"];
+    const std::string m = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>() : "unknown";
+    fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
+         "quantizes it)", label.c_str(), m.c_str());
+  }
+  if (!j.contains("quantization")) return;
+  const nlohmann::json& q = j["quantization"];
+  if (!q.is_object() || q.value("quant_method", "") != "spool")
+    fail("%s: 'quantization' is not a spool quantization block (quant_method \"spool\")", label.c_str());
+  if (!q.contains("format_version") || !q["format_version"].is_number_integer() || q["format_version"].get<int64_t>() != 1)
+    fail("%s: spool quantization format_version %s is not supported (this build reads version 1)", label.c_str(),
+         q.contains("format_version") ? q["format_version"].dump().c_str() : "(missing)");
+}
+}  // namespace
+
 Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
   Checkpoint c;
   c.dir_ = dir;
   if (!fs::is_directory(dir)) fail("%s: model directory does not exist", dir.c_str());
   c.raw_config_ = Config::load_file(dir + "/config.json");
+  check_quantization(c.raw_config_, dir + "/config.json");
   c.top_model_type_ = c.raw_config_.get_string("model_type", "");
   c.config_ = text_config_of(c.raw_config_, dir + "/config.json");
   c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
@@ -145,7 +167,30 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
   }
   if (files.empty()) fail("%s: no model weights (model.safetensors or model.safetensors.index.json) found", dir.c_str());
 
-  for (const auto& path : files) c.shards_.push_back(SafetensorsFile::open(path, opt.map));
+  std::vector<SafetensorsFile> shards;
+  for (const auto& path : files) shards.push_back(SafetensorsFile::open(path, opt.map));
+  c.index_shards(std::move(shards));
+  return c;
+}
+
+Checkpoint Checkpoint::from_parts(const std::string& label, const Config& raw_config, const Config* generation_config,
+                                  std::vector<SafetensorsFile> shards) {
+  Checkpoint c;
+  c.dir_ = label;
+  c.raw_config_ = raw_config;
+  check_quantization(c.raw_config_, raw_config.source());
+  c.top_model_type_ = c.raw_config_.get_string("model_type", "");
+  c.config_ = text_config_of(c.raw_config_, raw_config.source());
+  c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
+  if (generation_config != nullptr) c.generation_ = parse_generation_config(*generation_config);
+  if (shards.empty()) fail("%s: no safetensors shards given", label.c_str());
+  c.index_shards(std::move(shards));
+  return c;
+}
+
+void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
+  Checkpoint& c = *this;
+  c.shards_ = std::move(shards);
   for (int s = 0; s < static_cast<int>(c.shards_.size()); ++s) {
     const SafetensorsFile& sf = c.shards_[s];
     for (const TensorInfo& ti : sf.tensors()) {
@@ -186,7 +231,6 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
       c.add(std::move(t));
     }
   }
-  return c;
 }
 
 const TensorRef* Checkpoint::find(std::string_view name) const {

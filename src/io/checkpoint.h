@@ -58,6 +58,12 @@ class Checkpoint {
   /// invalid safetensors header, a tensor dtype other than F32/F16/BF16, duplicate names.
   static Checkpoint open(const std::string& dir, Options opt);
   static Checkpoint open(const std::string& dir) { return open(dir, Options{}); }
+  /// Builds a checkpoint from parts already read elsewhere (e.g. headers fetched over HTTP by
+  /// the planner): config.json, generation_config.json (nullptr when absent) and the shards'
+  /// parsed headers (SafetensorsFile::parse_header; nothing mapped). `label` stands for the
+  /// directory in errors. Same validation and name handling as open().
+  static Checkpoint from_parts(const std::string& label, const Config& raw_config, const Config* generation_config,
+                               std::vector<SafetensorsFile> shards);
 
   const std::string& dir() const { return dir_; }
   /// The text model's config: `text_config` merged over the top level when present.
@@ -98,6 +104,8 @@ class Checkpoint {
   uint64_t expert_bytes() const;
 
  private:
+  // Indexes the tensors of `shards` (names normalised, experts resolved); takes ownership.
+  void index_shards(std::vector<SafetensorsFile> shards);
   void add(TensorRef t);
   void add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original);
   std::string dir_;

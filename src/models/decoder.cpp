@@ -1,5 +1,8 @@
 #include "models/decoder.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "common/error.h"
@@ -24,6 +27,15 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     lm_head_ = bind_matrix(ck, "lm_head.weight", V, H);
   }
   final_norm_ = bind_norm(ck, "norm.weight", H, spec_.norm_one_plus);
+  if (lm_head_.data != embed_.data && embed_.type != ops::WType::kQuant) {
+    const io::TensorRef& et = ck.tensor("embed_tokens.weight");
+    const int fd = ck.shards()[et.shard].fd();
+    if (fd >= 0) {
+      embed_fd_ = fd;
+      embed_offset_ = et.offset;
+      embed_row_.resize(static_cast<size_t>(H) * ops::wtype_size(embed_.type));
+    }
+  }
   layers_.resize(spec_.n_layers);
   std::vector<bool> moe_layers(spec_.n_layers, false);
   for (int i = 0; i < spec_.n_layers; ++i) {
@@ -76,8 +88,22 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
   xn_.resize(T * H);
   tmp_.resize(T * H);
   const int esz = ops::wtype_size(embed_.type);
-  for (int64_t t = 0; t < T; ++t)
-    ops::row_to_f32(embed_.type, static_cast<const uint8_t*>(embed_.data) + ids[t] * H * esz, H, h_.data() + t * H);
+  for (int64_t t = 0; t < T; ++t) {
+    const uint8_t* row = static_cast<const uint8_t*>(embed_.data) + ids[t] * H * esz;
+    if (embed_fd_ >= 0) {
+      const size_t n = embed_row_.size();
+      const off_t at = static_cast<off_t>(embed_offset_ + static_cast<uint64_t>(ids[t]) * n);
+      size_t got = 0;
+      while (got < n) {
+        const ssize_t r = ::pread(embed_fd_, embed_row_.data() + got, n - got, at + static_cast<off_t>(got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) fail("%s: reading embedding row %d failed (%s)", ckpt_->dir().c_str(), ids[t], r < 0 ? std::strerror(errno) : "end of file");
+        got += static_cast<size_t>(r);
+      }
+      row = embed_row_.data();
+    }
+    ops::row_to_f32(embed_.type, row, H, h_.data() + t * H);
+  }
 
   try {
     run_layers(T, pos0, state);

@@ -50,6 +50,11 @@ class DecoderModel : public Model {
   ModelSpec spec_;
   ops::ThreadPool* pool_;
   ops::WeightView embed_, lm_head_;
+  // When the embedding table is not lm_head, its rows are read with pread (one row per
+  // token) instead of through the mapping: the table never becomes resident memory.
+  int embed_fd_ = -1;
+  uint64_t embed_offset_ = 0;     // file offset of row 0
+  std::vector<uint8_t> embed_row_;  // one row's bytes
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;

@@ -1,0 +1,151 @@
+// spool bench: prompt processing (pp) and token generation (tg) throughput in the format
+// of llama.cpp's llama-bench (test, t/s mean ± sd), plus expert-cache columns. Inputs are
+// pseudo-random token ids (as llama-bench uses); each test runs once to warm up, then -r
+// times on a fresh sequence state.
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "cli/common.h"
+#include "common/error.h"
+#include "common/sysinfo.h"
+#include "ops/matmul.h"
+
+namespace spool::cli {
+
+namespace {
+
+struct BenchOptions {
+  ModelOptions model;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int reps = 5;
+  std::string output = "md";
+};
+
+struct Result {
+  std::string test;
+  int n_prompt = 0, n_gen = 0;
+  std::vector<double> ts;  // tokens per second per repetition
+  double hit_rate = 1.0, bytes_per_token = 0;
+  double mean() const {
+    double s = 0;
+    for (double x : ts) s += x;
+    return ts.empty() ? 0 : s / ts.size();
+  }
+  double sd() const {
+    if (ts.size() < 2) return 0;
+    const double m = mean();
+    double s = 0;
+    for (double x : ts) s += (x - m) * (x - m);
+    return std::sqrt(s / (ts.size() - 1));
+  }
+};
+
+std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
+  std::uniform_int_distribution<int64_t> d(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = static_cast<int32_t>(d(rng));
+  return v;
+}
+
+// One pp (n_gen == 0) or tg (n_prompt == 0) test: warm-up + reps timed runs.
+Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step) {
+  models::Model& m = *l.model;
+  const int64_t V = m.spec().vocab_size;
+  std::vector<float> logits(V);
+  std::mt19937_64 rng(1234);
+  Result r;
+  r.n_prompt = n_prompt;
+  r.n_gen = n_gen;
+  r.test = n_gen == 0 ? strfmt("pp%d", n_prompt) : strfmt("tg%d", n_gen);
+  experts::StreamingStats before{};
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+    if (rep == 0) before = stats_snapshot(l);
+    models::State st = m.new_state();
+    double dt = 0;
+    if (n_gen == 0) {
+      const std::vector<int32_t> ids = random_ids(rng, n_prompt, V);
+      const double t0 = now_seconds();
+      for (int64_t i = 0; i < n_prompt; i += step) {
+        const int64_t n = std::min<int64_t>(step, n_prompt - i);
+        m.forward(std::span<const int32_t>(ids.data() + i, n), st, i + n == n_prompt ? models::LogitsMode::kLast : models::LogitsMode::kNone,
+                  logits.data());
+      }
+      dt = now_seconds() - t0;
+    } else {
+      const std::vector<int32_t> ids = random_ids(rng, n_gen, V);
+      const double t0 = now_seconds();
+      for (int i = 0; i < n_gen; ++i) m.forward(std::span<const int32_t>(&ids[i], 1), st, models::LogitsMode::kLast, logits.data());
+      dt = now_seconds() - t0;
+    }
+    if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : n_gen) / std::max(dt, 1e-9));
+  }
+  const experts::StreamingStats w = stats_snapshot(l) - before;
+  const double tokens = static_cast<double>(reps) * (n_gen == 0 ? n_prompt : n_gen);
+  r.hit_rate = l.streaming ? w.hit_rate() : 1.0;
+  r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
+  return r;
+}
+
+void run(const BenchOptions& o) {
+  if (o.n_prompt < 0 || o.n_gen < 0) throw UsageError("-p and -n must be >= 0");
+  if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("nothing to run: -p and -n are both 0");
+  if (o.reps < 1 || o.reps > 1000) throw UsageError(strfmt("-r must be 1..1000 (got %d)", o.reps));
+  if (o.output != "md" && o.output != "json") throw UsageError(strfmt("-o must be md or json (got '%s')", o.output.c_str()));
+  engine::LoadOptions lo = o.model.load_options();
+  lo.ctx_size = std::max(o.n_prompt, o.n_gen) + 1;
+  engine::LoadedModel l = engine::load(lo);
+  const auto& s = l.model->spec();
+  std::vector<Result> results;
+  if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, 512));
+  if (o.n_gen > 0) results.push_back(run_test(l, 0, o.n_gen, o.reps, 512));
+  const uint64_t size = l.ckpt->total_bytes();
+  const std::string model = strfmt("%s %.1fB", s.model_type.c_str(), s.params_total / 1e9);
+  const std::string backend = strfmt("CPU (%s)%s", ops::simd_target_name(), l.streaming ? " +stream" : "");
+  const int threads = lo.threads;
+  if (o.output == "json") {
+    nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    for (const auto& r : results) {
+      arr.push_back({{"model_type", model},
+                     {"model_size", size},
+                     {"model_n_params", s.params_total},
+                     {"backend", backend},
+                     {"n_threads", threads},
+                     {"n_prompt", r.n_prompt},
+                     {"n_gen", r.n_gen},
+                     {"test", r.test},
+                     {"avg_ts", r.mean()},
+                     {"stddev_ts", r.sd()},
+                     {"samples_ts", r.ts},
+                     {"streaming", l.streaming != nullptr},
+                     {"cache_hit_rate", r.hit_rate},
+                     {"bytes_read_per_token", r.bytes_per_token},
+                     {"peak_rss_bytes", peak_rss_bytes()}});
+    }
+    std::printf("%s\n", arr.dump(2).c_str());
+    return;
+  }
+  std::printf("| model | size | params | backend | threads | test | t/s | expert hit rate | read/token |\n");
+  std::printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: | --------------: | ---------: |\n");
+  for (const auto& r : results)
+    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f | %.1f%% | %s |\n", model.c_str(), format_bytes(size).c_str(),
+                s.params_total / 1e6, backend.c_str(), threads, r.test.c_str(), r.mean(), r.sd(), 100.0 * r.hit_rate,
+                format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str());
+  std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* c = app.add_subcommand("bench", "Throughput in llama-bench format: pp (prompt) and tg (generation) t/s, expert-cache columns");
+  o->model.add_to(c);
+  c->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens of the pp test (default 512; 0 = skip)");
+  c->add_option("-n,--n-gen", o->n_gen, "Generated tokens of the tg test (default 128; 0 = skip)");
+  c->add_option("-r,--repetitions", o->reps, "Timed repetitions per test (default 5; one warm-up run first)");
+  c->add_option("-o,--output", o->output, "Output format: md or json (default md)");
+  c->callback([o] { run(*o); });
+}
+
+}  // namespace spool::cli

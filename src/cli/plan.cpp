@@ -1,0 +1,194 @@
+// spool plan: will a model fit, and with which flags? From safetensors headers alone (local
+// directory or HTTP(S) Range requests), projected against this machine or a stated one.
+// Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "cli/common.h"
+#include "common/error.h"
+#include "common/sysinfo.h"
+#include "plan/probe.h"
+#include "plan/projection.h"
+#include "plan/source.h"
+
+namespace spool::cli {
+
+namespace {
+
+struct PlanOptions {
+  std::string model;
+  int64_t ctx = 4096;
+  int kv_bits = 32;
+  bool kv_bits_given = false;
+  int64_t prefill_step = 512;
+  double ram_gb = 0;
+  double disk_gbps = 0, mem_gbps = 0;
+  int threads = 0;
+  bool json = false;
+};
+
+std::string gib(uint64_t b) { return format_bytes(b); }
+
+void print_text(const plan::Projection& p, const plan::ModelSource& src) {
+  const auto& s = p.spec;
+  const auto& w = p.weights;
+  const int n_attn = s.n_layers_of(models::MixerKind::kAttention);
+  std::printf("model      %s\n", src.location.c_str());
+  std::printf("           %s, %d layers (%d full attention), %d experts top-%d; %s in %d shard(s)%s\n", s.model_type.c_str(),
+              s.n_layers, n_attn, s.moe.n_experts, s.moe.top_k, format_bytes(w.file_bytes).c_str(), w.shards,
+              src.remote ? strfmt("; headers read with %d requests, %s fetched", src.requests, format_bytes(src.bytes_fetched).c_str()).c_str() : "");
+  std::printf("projection at %lld tokens of context, --kv-bits %d, --prefill-step-size %lld, %d threads\n", (long long)p.shape.ctx,
+              p.shape.kv_bits, (long long)p.shape.prefill_step, p.shape.threads);
+  std::printf("  weights            %12s   routed experts %s, dense %s%s\n", gib(w.total).c_str(), gib(w.experts).c_str(),
+              gib(w.dense).c_str(),
+              w.embed_on_demand ? strfmt(" (embedding table %s read row by row, not resident)", gib(w.embed_on_demand).c_str()).c_str() : "");
+  std::printf("  resident dense     %12s   mapped weights + f32 copies\n", gib(p.base.dense).c_str());
+  if (p.verdict == plan::Verdict::kStream)
+    std::printf("  expert cache       %12s   %llu slots of %s (budget %s), %s\n", gib(p.cache_bytes).c_str(),
+                (unsigned long long)(p.slot_bytes ? p.cache_bytes / p.slot_bytes : 0), format_bytes(p.slot_bytes).c_str(),
+                gib(p.cache_budget).c_str(), p.use_page_cache ? "reads through the page cache" : "O_DIRECT reads");
+  else
+    std::printf("  routed experts     %12s   resident\n", gib(w.experts).c_str());
+  std::printf("  KV cache           %12s   %s/token over %d of %d layers, %lld positions allocated\n", gib(p.state.kv).c_str(),
+              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers, (long long)p.kv_capacity);
+  if (p.state.recurrent) std::printf("  recurrent state    %12s   Gated DeltaNet conv + state per sequence\n", gib(p.state.recurrent).c_str());
+  std::printf("  prefill workspace  %12s   activations of %lld-token chunks, logits, sampler\n", gib(p.base.workspace).c_str(),
+              (long long)std::min(p.shape.prefill_step, p.shape.ctx));
+  std::printf("  tokenizer+runtime  %12s\n", gib(p.base.tokenizer + p.base.runtime).c_str());
+  std::printf("  ---------------------------------\n");
+  const int64_t headroom = static_cast<int64_t>(p.available) - static_cast<int64_t>(p.reserve) - static_cast<int64_t>(p.peak);
+  std::printf("  peak (VmHWM)       %12s   of %s available, %s kept free; headroom %s%s\n", gib(p.peak).c_str(),
+              gib(p.available).c_str(), gib(p.reserve).c_str(), headroom < 0 ? "-" : "",
+              gib(static_cast<uint64_t>(headroom < 0 ? -headroom : headroom)).c_str());
+  switch (p.verdict) {
+    case plan::Verdict::kResident: std::printf("verdict    RESIDENT: everything fits in memory\n"); break;
+    case plan::Verdict::kStream:
+      std::printf("verdict    STREAM: dense part resident, experts from disk through a %s cache (expected hit rate >= %.0f%%)\n",
+                  gib(p.cache_budget).c_str(), 100.0 * p.expected_hit_rate);
+      break;
+    case plan::Verdict::kNoFit: std::printf("verdict    DOES NOT FIT: even streaming needs %s\n", gib(p.peak + p.reserve).c_str()); break;
+  }
+  if (p.tok_s_mem_bound || p.tok_s_disk_bound) {
+    std::printf("decode     ");
+    if (p.tok_s_mem_bound)
+      std::printf("<= %.1f tok/s from memory bandwidth (%.1f GB/s, %s read per token)", *p.tok_s_mem_bound, *p.mem_gbps,
+                  format_bytes(p.active_bytes_per_token).c_str());
+    if (p.tok_s_disk_bound)
+      std::printf("%s<= %.1f tok/s from disk (%.2f GB/s direct reads, %s of experts per token, %.0f%% missing)",
+                  p.tok_s_mem_bound ? "; " : "", *p.tok_s_disk_bound, *p.disk_gbps, format_bytes(p.expert_bytes_per_token).c_str(),
+                  100.0 * (1.0 - p.expected_hit_rate));
+    std::printf("\n");
+  }
+  for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
+  if (p.verdict != plan::Verdict::kNoFit) {
+    if (src.remote) std::printf("download   huggingface-cli download <repo> --local-dir %s   (or any copy of %s)\n", src.suggested_dir.c_str(), src.location.c_str());
+    std::printf("command    %s\n", p.command.c_str());
+  }
+}
+
+void print_json(const plan::Projection& p, const plan::ModelSource& src) {
+  nlohmann::ordered_json j;
+  j["verdict"] = plan::verdict_name(p.verdict);
+  j["peak_bytes"] = p.peak;
+  j["resident_weight_bytes"] = p.base.dense;
+  j["expert_bytes"] = p.weights.experts;
+  j["kv_bytes_per_token"] = p.state.kv_per_token;
+  j["cache_budget_bytes"] = p.cache_budget;
+  j["command"] = p.verdict == plan::Verdict::kNoFit ? "" : p.command;
+  j["model"] = src.location;
+  j["remote"] = src.remote;
+  j["bytes_fetched"] = src.bytes_fetched;
+  j["model_type"] = p.spec.model_type;
+  j["ctx_size"] = p.shape.ctx;
+  j["kv_bits"] = p.shape.kv_bits;
+  j["prefill_step"] = p.shape.prefill_step;
+  j["threads"] = p.shape.threads;
+  j["available_bytes"] = p.available;
+  j["reserve_bytes"] = p.reserve;
+  j["components"] = {{"weights_total", p.weights.total},
+                     {"dense_resident", p.base.dense},
+                     {"embedding_on_demand", p.weights.embed_on_demand},
+                     {"experts_resident", p.verdict == plan::Verdict::kStream ? 0 : p.weights.experts},
+                     {"expert_cache", p.cache_bytes},
+                     {"expert_slot", p.slot_bytes},
+                     {"kv", p.state.kv},
+                     {"kv_positions", p.kv_capacity},
+                     {"recurrent_state", p.state.recurrent},
+                     {"kv_grow_transient", p.state.grow_transient},
+                     {"workspace", p.base.workspace},
+                     {"tokenizer", p.base.tokenizer},
+                     {"runtime", p.base.runtime}};
+  j["use_page_cache"] = p.use_page_cache;
+  j["expected_hit_rate"] = p.expected_hit_rate;
+  j["active_bytes_per_token"] = p.active_bytes_per_token;
+  j["expert_bytes_per_token"] = p.expert_bytes_per_token;
+  j["mem_gbps"] = p.mem_gbps ? nlohmann::ordered_json(*p.mem_gbps) : nlohmann::ordered_json();
+  j["disk_gbps"] = p.disk_gbps ? nlohmann::ordered_json(*p.disk_gbps) : nlohmann::ordered_json();
+  j["decode_tok_s_mem_bound"] = p.tok_s_mem_bound ? nlohmann::ordered_json(*p.tok_s_mem_bound) : nlohmann::ordered_json();
+  j["decode_tok_s_disk_bound"] = p.tok_s_disk_bound ? nlohmann::ordered_json(*p.tok_s_disk_bound) : nlohmann::ordered_json();
+  j["notes"] = p.notes;
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void run(const PlanOptions& o) {
+  if (o.model.empty()) throw UsageError("--model DIR|URL is required");
+  if (o.ctx < 1 || o.ctx > (int64_t{1} << 24)) throw UsageError(strfmt("--ctx-size must be 1..16777216 (got %lld)", (long long)o.ctx));
+  if (o.kv_bits != 8 && o.kv_bits != 16 && o.kv_bits != 32) throw UsageError(strfmt("--kv-bits must be 8, 16 or 32 (got %d)", o.kv_bits));
+  if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (o.ram_gb < 0 || o.ram_gb > 1e6) throw UsageError("--ram-gb must be in (0, 1e6]");
+  if (o.disk_gbps < 0 || o.mem_gbps < 0) throw UsageError("--disk-gbps and --mem-gbps must be positive");
+  if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads must be 1..1024, or 0 for all hardware threads");
+
+  plan::ModelSource src = plan::open_source(o.model);
+  plan::PlanInputs in;
+  in.shape.ctx = o.ctx;
+  in.shape.kv_bits = o.kv_bits;
+  in.shape.prefill_step = o.prefill_step;
+  const unsigned hw = std::thread::hardware_concurrency();
+  in.shape.threads = o.threads > 0 ? o.threads : (hw ? static_cast<int>(hw) : 1);
+  in.shape.tokenizer_json_bytes = src.tokenizer_json_bytes;
+  in.kv_bits_given = o.kv_bits_given;
+  in.model_arg = src.suggested_dir;
+  const bool this_machine = o.ram_gb == 0;
+  in.available = this_machine ? available_memory_bytes() : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
+  if (o.mem_gbps > 0) in.mem_gbps = o.mem_gbps;
+  else if (this_machine) in.mem_gbps = plan::measure_memory_gbps(256ull << 20, in.shape.threads, 0.3);
+  if (o.disk_gbps > 0) {
+    in.disk_gbps = o.disk_gbps;
+  } else if (this_machine && !src.remote && !src.ckpt.shards().empty()) {
+    const auto& shards = src.ckpt.shards();
+    const auto big = std::max_element(shards.begin(), shards.end(), [](const auto& a, const auto& b) { return a.file_size() < b.file_size(); });
+    const plan::DiskProbe d = plan::measure_disk_gbps(big->path(), 256ull << 20, 4ull << 20, 4, 1.0);
+    if (d.ok && d.direct) in.disk_gbps = d.gbps;
+  }
+  plan::Projection p = plan::project(src.ckpt, in);
+  if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
+  if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");
+  if (o.json) print_json(p, src);
+  else print_text(p, src);
+  std::fflush(stdout);
+  if (p.verdict == plan::Verdict::kNoFit) std::exit(1);  // documented exit status: does not fit
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* c = app.add_subcommand("plan", "Project memory and speed of a model from its safetensors headers (local dir or URL)");
+  c->add_option("-m,--model", o->model, "Model directory, or base URL (e.g. https://huggingface.co/ORG/NAME/resolve/main/)")->required();
+  c->add_option("-c,--ctx-size", o->ctx, "Tokens of context to plan for (default 4096)");
+  CLI::Option* kv = c->add_option("--kv-bits", o->kv_bits, "KV cache bits: 32 (exact, default), 16 or 8");
+  c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");
+  c->add_option("--ram-gb", o->ram_gb, "Plan for this much available memory (GiB) instead of this machine's");
+  c->add_option("--disk-gbps", o->disk_gbps, "Direct-read disk bandwidth, GB/s (default: measured on a local model's shard)");
+  c->add_option("--mem-gbps", o->mem_gbps, "Memory read bandwidth, GB/s (default: measured on this machine)");
+  c->add_option("-t,--threads", o->threads, "Threads the run will use (default 0 = all hardware threads)");
+  c->add_flag("--json", o->json, "Print JSON");
+  c->callback([o, kv] {
+    o->kv_bits_given = kv->count() > 0;
+    run(*o);
+  });
+}
+
+}  // namespace spool::cli

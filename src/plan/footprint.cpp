@@ -1,0 +1,139 @@
+#include "plan/footprint.h"
+
+#include <algorithm>
+
+#include "io/expert_store.h"
+#include "ops/kv_cache.h"
+
+namespace spool::plan {
+
+namespace {
+
+constexpr uint64_t kF = sizeof(float);
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::char_traits<char>::length(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
+WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec) {
+  WeightBytes w;
+  w.total = ck.total_bytes();
+  w.experts = ck.expert_bytes();
+  w.dense = w.total - w.experts;
+  w.file_bytes = ck.file_bytes();
+  w.shards = static_cast<int>(ck.shards().size());
+  w.experts_quantized = ck.experts_quantized();
+  // models/decoder.cpp reads embedding rows with pread when lm_head is its own tensor.
+  const io::TensorRef* embed = ck.find("embed_tokens.weight");
+  const bool tied = ck.find("lm_head.weight") == nullptr;
+  if (embed != nullptr && !tied) w.embed_on_demand = embed->nbytes;
+  w.resident_dense = w.dense - w.embed_on_demand;
+  // Copies made by models/bind.cpp (bind_f32 / bind_norm) and gated_deltanet.cpp (regroups).
+  for (const auto& t : ck.tensors()) {
+    if (t.expert_layer >= 0) continue;
+    const std::string& n = t.name;
+    if (ends_with(n, "norm.weight") || ends_with(n, "conv1d.weight") || ends_with(n, "A_log") || ends_with(n, "dt_bias") ||
+        ends_with(n, "shared_expert_gate.weight"))
+      w.f32_copies += static_cast<uint64_t>(t.numel()) * kF;
+    if (ends_with(n, "in_proj_qkvz.weight") || ends_with(n, "in_proj_ba.weight")) w.f32_copies += t.nbytes;  // gathered rows
+  }
+  // GDN layers keep exp(A_log) (a_log_exp_) beside the A_log copy freed after bind: counted once.
+  (void)spec;
+  return w;
+}
+
+uint64_t expert_slot_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec, bool direct) {
+  if (ck.expert_bytes() == 0) return 0;
+  std::vector<bool> moe(spec.n_layers);
+  for (int i = 0; i < spec.n_layers; ++i) moe[i] = spec.ffns[i] == models::FfnKind::kMoE;
+  io::ExpertStore store(ck, moe, spec.moe.n_experts, direct);
+  return store.slot_bytes();
+}
+
+int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step) {
+  int64_t cap = 0;
+  auto need = [&](int64_t positions) {
+    if (positions <= cap) return;
+    int64_t c = std::max<int64_t>({positions, 2 * cap, 256});
+    cap = (c + 255) / 256 * 256;
+  };
+  step = std::max<int64_t>(step, 1);
+  for (int64_t p = 0; p < prompt; p += step) need(std::min(prompt, p + step));
+  for (int64_t p = prompt; p < total; ++p) need(p + 1);
+  return cap;
+}
+
+StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits) {
+  StateBytes b;
+  ops::KvCache probe;
+  probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
+  const uint64_t per = probe.bytes_per_position();
+  // KvCache::reserve doubles: the previous capacity is at most half of the final one.
+  int64_t prev = capacity / 2 / 256 * 256;
+  for (int i = 0; i < s.n_layers; ++i) {
+    if (s.mixers[i] == models::MixerKind::kAttention) {
+      b.kv += per * static_cast<uint64_t>(capacity);
+      b.kv_per_token += per;
+      b.grow_transient = per * static_cast<uint64_t>(prev);
+    } else {
+      const auto& g = s.gdn;
+      b.recurrent += (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * kF;
+    }
+  }
+  return b;
+}
+
+uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int threads) {
+  const uint64_t t = static_cast<uint64_t>(std::max<int64_t>(T, 1));
+  const uint64_t H = s.hidden_size, V = s.vocab_size;
+  uint64_t n = 3 * t * H * kF;  // decoder.cpp h_, xn_, tmp_
+  const auto& a = s.attn;
+  const auto& g = s.gdn;
+  const auto& m = s.moe;
+  uint64_t widest = H;  // widest matmul input (matmul.cpp per-thread bf16 row scratch: 4 rows)
+  for (int i = 0; i < s.n_layers; ++i) {
+    if (s.mixers[i] == models::MixerKind::kAttention) {
+      const uint64_t q = static_cast<uint64_t>(a.n_heads) * a.head_dim, kv = static_cast<uint64_t>(a.n_kv_heads) * a.head_dim;
+      n += t * (q + 2 * kv + q) * kF;                  // attention.cpp q_, kx_, vx_, att_
+      if (a.output_gate) n += t * (2 * q + q) * kF;    // qg_, gate_
+      widest = std::max(widest, q);
+    } else {
+      const uint64_t kd = g.key_dim(), vd = g.value_dim(), cd = g.conv_dim(), nv = g.n_v;
+      n += t * (2 * cd + vd + 2 * nv + 2 * kd + vd + 2 * nv + vd) * kF;  // gated_deltanet.cpp mixed_ .. o_
+      widest = std::max(widest, vd);
+    }
+    if (s.ffns[i] == models::FfnKind::kMoE) {
+      n += t * m.n_experts * kF + t * m.top_k * (sizeof(int) + kF) + t * m.top_k * H * kF;  // moe.cpp logits_, ids_, weights_, ybuf_
+      if (m.shared_intermediate > 0) n += t * H * kF + 2 * t * m.shared_intermediate * kF;  // shared_out_, shared_ g_/u_
+      widest = std::max<uint64_t>(widest, m.intermediate);
+    } else {
+      n += 2 * t * s.dense_intermediate * kF;  // mlp.cpp g_, u_
+      widest = std::max<uint64_t>(widest, s.dense_intermediate);
+    }
+  }
+  // Per pool thread: moe.cpp xe/g/u (up to all T tokens on one expert), matmul.cpp scratch,
+  // kv_cache.cpp attention tile scores over the context (32 query rows).
+  const uint64_t per_thread = t * (H + 2 * m.intermediate) * kF + 4 * widest * kF +
+                              (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * a.head_dim) * kF : 0);
+  n += per_thread * static_cast<uint64_t>(std::max(threads, 1));
+  n += V * kF + V * (kF + sizeof(int32_t)) + V * sizeof(int32_t);  // session.cpp logits_, sampler cand_, counts_
+  return n;
+}
+
+uint64_t tokenizer_bytes(uint64_t json_bytes) {
+  // Measured: peak heap of loading Qwen3's 11.4 MB tokenizer.json 88 MB, DeepSeek-V3's
+  // 7.6 MB 54 MB, the demo's 0.57 MB 3.3 MB (`spool tokenize`, VmHWM minus `spool info`).
+  return json_bytes * 15 / 2;
+}
+
+uint64_t runtime_base_bytes(int threads) {
+  // Measured: `spool info` on the demo model peaks at 6.7 MB (code and shared-library pages
+  // 5.0 MB, heap 1.6 MB); generate touches about 1 MB more code. Thread stacks are charged by
+  // the pages they touch (~64 KB each).
+  return (7ull << 20) + static_cast<uint64_t>(std::max(threads, 1)) * (64ull << 10);
+}
+
+}  // namespace spool::plan

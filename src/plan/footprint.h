@@ -1,0 +1,64 @@
+// Peak-memory accounting of one spool process, from a ModelSpec and a checkpoint's tensor
+// table alone (no weights read): what each component costs in resident bytes. The planner
+// (`spool plan`) and the loader's cache-budget rule both use these numbers, so the command
+// plan prints and the budget the engine picks agree.
+//
+// Each formula mirrors the buffers the engine allocates (file:member named beside it);
+// footprint_test.cpp checks them against the process's measured heap growth.
+#pragma once
+
+#include <cstdint>
+
+#include "io/checkpoint.h"
+#include "models/spec.h"
+
+namespace spool::plan {
+
+/// Weight bytes of a checkpoint, split by how the engine holds them.
+struct WeightBytes {
+  uint64_t total = 0;          // every kept tensor
+  uint64_t experts = 0;        // routed experts (streamable)
+  uint64_t dense = 0;          // total - experts
+  uint64_t embed_on_demand = 0;  // embedding table read row by row (not resident); 0 when tied to lm_head
+  uint64_t resident_dense = 0;   // dense - embed_on_demand: mapped and touched every token
+  uint64_t f32_copies = 0;     // copies made at bind time (norms, conv1d, A_log, dt_bias, Qwen3-Next regroups)
+  uint64_t file_bytes = 0;     // shard files (headers included)
+  int shards = 0;
+  bool experts_quantized = false;
+};
+
+/// Classifies the tensors of `ck` (opened header-only or mapped).
+WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec);
+
+/// Bytes of one expert cache slot (io::ExpertStore's layout) for O_DIRECT (`direct`) or
+/// page-cache reads; 0 when the model has no routed experts.
+uint64_t expert_slot_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec, bool direct);
+
+/// KV capacity (positions) an attention cache reaches when `prompt` tokens are prefilled in
+/// chunks of `step` and then `total - prompt` tokens are decoded one by one (ops::KvCache
+/// growth: max(needed, 2 x capacity, 256) rounded up to 256).
+int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step);
+
+/// Per-sequence state at `capacity` KV positions with --kv-bits `kv_bits`: KV caches of the
+/// attention layers and Gated DeltaNet conv + recurrent state, in bytes.
+struct StateBytes {
+  uint64_t kv = 0;             // all attention layers at `capacity`
+  uint64_t kv_per_token = 0;   // bytes per position over all attention layers
+  uint64_t recurrent = 0;      // Gated DeltaNet conv + recurrent state
+  uint64_t grow_transient = 0; // one layer's old buffers alive while it grows
+};
+StateBytes state_bytes(const models::ModelSpec& spec, int64_t capacity, int kv_bits);
+
+/// Scratch buffers of a forward pass over `T` tokens (per-layer activations kept between
+/// calls, per-thread kernel scratch for `threads` threads, attention scores over `ctx`
+/// positions) plus logits and sampler buffers, in bytes.
+uint64_t workspace_bytes(const models::ModelSpec& spec, int64_t T, int64_t ctx, int threads);
+
+/// Memory the tokenizer holds after loading a tokenizer.json of `json_bytes` bytes.
+uint64_t tokenizer_bytes(uint64_t json_bytes);
+
+/// The process without a model: executable, shared libraries, thread stacks, allocator
+/// arenas; measured (see README "Calibration").
+uint64_t runtime_base_bytes(int threads);
+
+}  // namespace spool::plan

@@ -1,0 +1,135 @@
+// The planner's memory accounting against the engine's real allocations: KV growth and
+// state bytes against models::State, the forward-pass workspace against the process's
+// measured anonymous RSS growth, weight classes against the checkpoint, and the budget rule.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "io/checkpoint.h"
+#include "models/model.h"
+#include "ops/thread_pool.h"
+#include "plan/budget.h"
+#include "plan/footprint.h"
+#include "plan/projection.h"
+
+namespace spool::plan {
+namespace {
+
+const std::string kDemo = SPOOL_DEFAULT_MODEL_DIR;
+
+uint64_t rss_anon() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
+  return 0;
+}
+
+TEST(Footprint, KvCapacityFollowsKvCacheGrowth) {
+  io::Checkpoint ck = io::Checkpoint::open(kDemo);
+  const models::ModelSpec spec = models::build_spec(ck);
+  struct Case {
+    int64_t prompt, total, step;
+  } cases[] = {{10, 58, 512}, {778, 1034, 512}, {3000, 3100, 512}, {100, 100, 7}, {1, 5000, 512}, {4096, 4096, 128}};
+  for (const auto& c : cases) {
+    models::State st(spec);
+    int64_t pos = 0;
+    for (; pos < c.prompt; pos += c.step) {
+      st.reserve(std::min(c.prompt, pos + c.step));
+      st.pos = std::min(c.prompt, pos + c.step);
+    }
+    for (pos = c.prompt; pos < c.total; ++pos) {
+      st.reserve(pos + 1);
+      st.pos = pos + 1;
+    }
+    const int64_t cap = kv_capacity(c.prompt, c.total, c.step);
+    EXPECT_EQ(st.attn[3].capacity(), cap) << c.prompt << " " << c.total << " " << c.step;
+    for (int bits : {32, 16, 8}) {
+      models::State s2(spec, ops::kv_type_from_bits(bits));
+      s2.reserve(cap);
+      const StateBytes b = state_bytes(spec, cap, bits);
+      EXPECT_EQ(s2.bytes(), b.kv + b.recurrent) << bits;
+    }
+  }
+}
+
+TEST(Footprint, WeightClassesMatchTheCheckpoint) {
+  io::Checkpoint ck = io::Checkpoint::open(kDemo, {.map = false});
+  const models::ModelSpec spec = models::build_spec(ck);
+  const WeightBytes w = weight_bytes(ck, spec);
+  EXPECT_EQ(w.total, ck.total_bytes());
+  EXPECT_EQ(w.experts, ck.expert_bytes());
+  EXPECT_EQ(w.embed_on_demand, ck.tensor("embed_tokens.weight").nbytes);  // lm_head is its own tensor
+  EXPECT_EQ(w.resident_dense + w.embed_on_demand + w.experts, w.total);
+  EXPECT_GT(w.f32_copies, 0u);
+  // One slot holds one expert's three projections (4 KiB-aligned regions).
+  const uint64_t per_expert = w.experts / (static_cast<uint64_t>(spec.n_layers) * spec.moe.n_experts);
+  EXPECT_GE(expert_slot_bytes(ck, spec, false), per_expert);
+  EXPECT_LT(expert_slot_bytes(ck, spec, false), per_expert + 3 * 8192);
+}
+
+// The forward pass allocates what workspace_bytes() says (within 5%): measured as the growth
+// of anonymous RSS over the first forward of T tokens on a fresh model (the KV cache it
+// allocates is added to the expectation; logits are allocated before measuring). One T per
+// process: a second model would reuse the first one's freed pages.
+TEST(Footprint, WorkspaceMatchesMeasuredAllocation) {
+  for (int64_t T : {512}) {
+    auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(kDemo));
+    ops::ThreadPool pool(2);
+    auto model = models::load_model(ck, &pool);
+    const models::ModelSpec& spec = model->spec();
+    std::vector<float> logits(spec.vocab_size);
+    std::vector<int32_t> ids(T);
+    for (int64_t i = 0; i < T; ++i) ids[i] = static_cast<int32_t>((i * 7919) % spec.vocab_size);
+    models::State st = model->new_state();
+    const uint64_t before = rss_anon();
+    model->forward(ids, st, models::LogitsMode::kLast, logits.data());
+    const uint64_t grown = rss_anon() - before;
+    const uint64_t v = static_cast<uint64_t>(spec.vocab_size);
+    const uint64_t want = workspace_bytes(spec, T, T, 2) - v * 16 + st.bytes();  // minus logits + sampler
+    EXPECT_NEAR(static_cast<double>(grown), static_cast<double>(want), 0.05 * want) << "T=" << T;
+  }
+}
+
+TEST(Budget, SharedRule) {
+  EXPECT_EQ(reserve_bytes(1ull << 30), 512ull << 20);
+  EXPECT_EQ(reserve_bytes(100ull << 30), (100ull << 30) / 20);
+  BaseNeeds b;
+  b.dense = 1ull << 30;
+  b.workspace = 1ull << 28;
+  const uint64_t experts = 10ull << 30;
+  EXPECT_TRUE(must_stream(8ull << 30, b, experts));
+  EXPECT_FALSE(must_stream(16ull << 30, b, experts));
+  const uint64_t avail = 8ull << 30;
+  EXPECT_EQ(auto_cache_budget(avail, b, experts), avail - b.sum() - reserve_bytes(avail));
+  EXPECT_EQ(auto_cache_budget(64ull << 30, b, experts), experts);  // capped at the experts
+  EXPECT_EQ(auto_cache_budget(1ull << 30, b, experts), 0u);        // never negative
+  EXPECT_EQ(cache_peak_bytes(10 * 100 + 50, 100, 8, 1000), 1000u);  // 10 slots
+  EXPECT_EQ(cache_peak_bytes(0, 100, 8, 1000), 800u);               // a token's top-8 at least
+  EXPECT_EQ(cache_peak_bytes(1ull << 40, 100, 8, 1000), 100000u);   // at most every expert
+}
+
+TEST(Projection, VerdictsAndCommand) {
+  io::Checkpoint ck = io::Checkpoint::open(kDemo, {.map = false});
+  PlanInputs in;
+  in.model_arg = "DIR";
+  in.shape.threads = 2;
+  in.available = 16ull << 30;
+  Projection p = project(ck, in);
+  EXPECT_EQ(p.verdict, Verdict::kResident);
+  EXPECT_EQ(p.command, "spool generate --model DIR --no-stream --prompt \"...\"");
+  EXPECT_EQ(p.peak, p.base.sum() + p.weights.experts);
+  // Just enough for everything but 10 MB of experts: stream with the auto budget.
+  in.available = p.base.sum() + p.weights.experts + (512ull << 20) - (10ull << 20);
+  p = project(ck, in);
+  EXPECT_EQ(p.verdict, Verdict::kStream);
+  EXPECT_EQ(p.cache_budget, auto_cache_budget(in.available, p.base, p.weights.experts));
+  EXPECT_NE(p.command.find("--stream --cache-budget-gb "), std::string::npos) << p.command;
+  EXPECT_LE(p.peak + p.reserve, in.available);
+  in.available = 64ull << 20;
+  EXPECT_EQ(project(ck, in).verdict, Verdict::kNoFit);
+}
+
+}  // namespace
+}  // namespace spool::plan

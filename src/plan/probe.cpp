@@ -1,0 +1,156 @@
+#include "plan/probe.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common/sysinfo.h"
+
+namespace spool::plan {
+
+double measure_memory_gbps(uint64_t bytes, int threads, double seconds) {
+  threads = std::max(threads, 1);
+  const size_t n = static_cast<size_t>(bytes / sizeof(uint64_t));
+  std::vector<uint64_t> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = i;  // touch every page
+  double best = 0;
+  const double t_end = now_seconds() + seconds;
+  std::atomic<uint64_t> sink{0};
+  do {
+    const double t0 = now_seconds();
+    std::vector<std::thread> th;
+    for (int k = 0; k < threads; ++k) {
+      th.emplace_back([&, k] {
+        const size_t b = n * k / threads, e = n * (k + 1) / threads;
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        size_t i = b;
+        for (; i + 4 <= e; i += 4) {
+          s0 += buf[i];
+          s1 += buf[i + 1];
+          s2 += buf[i + 2];
+          s3 += buf[i + 3];
+        }
+        for (; i < e; ++i) s0 += buf[i];
+        sink += s0 + s1 + s2 + s3;
+      });
+    }
+    for (auto& t : th) t.join();
+    const double dt = now_seconds() - t0;
+    if (dt > 0) best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / dt / 1e9);
+  } while (now_seconds() < t_end);
+  return best;
+}
+
+DiskProbe measure_disk_gbps(const std::string& path, uint64_t bytes, uint64_t block, int depth, double seconds) {
+  DiskProbe p;
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  p.direct = fd >= 0;
+  if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    p.error = path + ": " + std::strerror(errno);
+    return p;
+  }
+  struct stat st {};
+  fstat(fd, &st);
+  const uint64_t size = static_cast<uint64_t>(st.st_size) / 4096 * 4096;
+  if (size < block) {
+    p.error = path + ": too small for a read probe";
+    ::close(fd);
+    return p;
+  }
+  const uint64_t blocks_in_file = size / block;
+  const uint64_t want = std::min<uint64_t>(bytes / block, blocks_in_file);
+  std::atomic<uint64_t> next{0}, done_bytes{0};
+  std::atomic<bool> failed{false};
+  const double t0 = now_seconds();
+  std::vector<std::thread> th;
+  for (int k = 0; k < std::max(depth, 1); ++k) {
+    th.emplace_back([&] {
+      void* mem = std::aligned_alloc(4096, block);
+      if (mem == nullptr) {
+        failed = true;
+        return;
+      }
+      for (;;) {
+        const uint64_t i = next++;
+        if (i >= want || now_seconds() - t0 > seconds) break;
+        // Spread the blocks over the file (stride), as expert reads are.
+        const uint64_t blk = (i * 7919) % blocks_in_file;
+        const ssize_t r = ::pread(fd, mem, block, static_cast<off_t>(blk * block));
+        if (r <= 0) {
+          failed = true;
+          break;
+        }
+        done_bytes += static_cast<uint64_t>(r);
+        if (!p.direct) posix_fadvise(fd, static_cast<off_t>(blk * block), static_cast<off_t>(block), POSIX_FADV_DONTNEED);
+      }
+      std::free(mem);
+    });
+  }
+  for (auto& t : th) t.join();
+  const double dt = now_seconds() - t0;
+  ::close(fd);
+  if (failed || done_bytes == 0) {
+    p.error = path + ": read failed";
+    return p;
+  }
+  p.ok = true;
+  p.bytes = done_bytes;
+  p.gbps = static_cast<double>(done_bytes) / dt / 1e9;
+  return p;
+}
+
+bool direct_io_supported(const std::string& dir, std::string* detail) {
+  std::string path = dir + "/.spool-direct-probe-XXXXXX";
+  std::vector<char> tmpl(path.begin(), path.end());
+  tmpl.push_back('\0');
+  const int wfd = mkstemp(tmpl.data());
+  if (wfd < 0) {
+    if (detail) *detail = dir + ": cannot create a probe file (" + std::strerror(errno) + ")";
+    return false;
+  }
+  path = tmpl.data();
+  std::vector<char> page(4096, 'x');
+  const bool wrote = ::write(wfd, page.data(), page.size()) == static_cast<ssize_t>(page.size());
+  ::close(wfd);
+  bool ok = false;
+  if (!wrote) {
+    if (detail) *detail = dir + ": cannot write a probe file";
+  } else {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+      if (detail) *detail = std::string("O_DIRECT open refused: ") + std::strerror(errno);
+    } else {
+      void* mem = std::aligned_alloc(4096, 4096);
+      const ssize_t r = mem ? ::pread(fd, mem, 4096, 0) : -1;
+      ok = r == 4096;
+      if (!ok && detail) *detail = std::string("O_DIRECT read failed: ") + std::strerror(errno);
+      std::free(mem);
+      ::close(fd);
+    }
+  }
+  ::unlink(path.c_str());
+  return ok;
+}
+
+bool io_uring_supported(std::string* detail) {
+  io_uring ring;
+  const int rc = io_uring_queue_init(8, &ring, 0);
+  if (rc < 0) {
+    if (detail) *detail = std::strerror(-rc);
+    return false;
+  }
+  io_uring_queue_exit(&ring);
+  return true;
+}
+
+}  // namespace spool::plan

@@ -1,0 +1,121 @@
+#include "plan/projection.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/sysinfo.h"
+
+namespace spool::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string gb_arg(uint64_t bytes) {
+  // Rounded down to 0.01 GiB so the engine never gets more than was planned.
+  const double g = std::floor(static_cast<double>(bytes) / kGiB * 100.0) / 100.0;
+  return strfmt("%.2f", g);
+}
+
+}  // namespace
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kResident: return "resident";
+    case Verdict::kStream: return "stream";
+    case Verdict::kNoFit: return "no_fit";
+  }
+  return "no_fit";
+}
+
+BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const RunShape& sh) {
+  BaseNeeds b;
+  const int64_t cap = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
+  const StateBytes st = state_bytes(spec, cap, sh.kv_bits);
+  b.dense = w.resident_dense + w.f32_copies;
+  b.state = st.kv + st.recurrent + st.grow_transient;
+  b.workspace = workspace_bytes(spec, std::min(sh.prefill_step, sh.ctx), sh.ctx, sh.threads);
+  b.tokenizer = sh.tokenizer_json_bytes ? tokenizer_bytes(sh.tokenizer_json_bytes) : 0;
+  b.runtime = runtime_base_bytes(sh.threads);
+  return b;
+}
+
+Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
+  Projection p;
+  p.spec = models::build_spec(ck);
+  p.weights = weight_bytes(ck, p.spec);
+  p.shape = in.shape;
+  p.available = in.available;
+  p.reserve = reserve_bytes(in.available);
+  p.mem_gbps = in.mem_gbps;
+  p.disk_gbps = in.disk_gbps;
+  const int n_moe = static_cast<int>(std::count(p.spec.ffns.begin(), p.spec.ffns.end(), models::FfnKind::kMoE));
+  p.expert_count = static_cast<uint64_t>(n_moe) * std::max(p.spec.moe.n_experts, 0);
+  p.use_page_cache = default_page_cache(p.weights.file_bytes, in.available);
+
+  auto evaluate = [&](int kv_bits) {
+    RunShape sh = in.shape;
+    sh.kv_bits = kv_bits;
+    p.shape = sh;
+    p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
+    p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
+    p.base = base_needs(p.weights, p.spec, sh);
+    if (p.weights.experts == 0 || !must_stream(in.available, p.base, p.weights.experts)) {
+      p.verdict = p.base.sum() + p.weights.experts + p.reserve <= in.available ? Verdict::kResident : Verdict::kNoFit;
+      p.cache_budget = p.cache_bytes = 0;
+      p.peak = p.base.sum() + p.weights.experts;
+      return;
+    }
+    p.slot_bytes = expert_slot_bytes(ck, p.spec, !p.use_page_cache);
+    p.cache_budget = auto_cache_budget(in.available, p.base, p.weights.experts);
+    p.cache_bytes = cache_peak_bytes(p.cache_budget, p.slot_bytes, p.spec.moe.top_k, p.expert_count);
+    p.peak = p.base.sum() + p.cache_bytes;
+    p.verdict = p.peak + p.reserve <= in.available ? Verdict::kStream : Verdict::kNoFit;
+  };
+  evaluate(in.shape.kv_bits);
+  if (!in.kv_bits_given && in.shape.kv_bits == 32 && p.verdict != Verdict::kResident && p.state.kv > 0) {
+    const Verdict before = p.verdict;
+    const uint64_t budget_before = p.cache_budget;
+    Projection keep = p;
+    evaluate(8);
+    if (p.verdict < before || (p.verdict == before && p.cache_budget > budget_before + (256ull << 20))) {
+      p.notes.push_back(strfmt("--kv-bits 8 chosen: int8 KV (%s less at %lld tokens) %s; it changes outputs slightly (32 is exact)",
+                               format_bytes(keep.state.kv - p.state.kv).c_str(), (long long)in.shape.ctx,
+                               p.verdict < before ? strfmt("turns '%s' into '%s'", verdict_name(before), verdict_name(p.verdict)).c_str()
+                                                  : "leaves more memory for the expert cache"));
+    } else {
+      p = std::move(keep);
+    }
+  }
+
+  // Bytes read per decoded token: every dense weight but the embedding table, top-k experts.
+  const uint64_t per_expert = p.expert_count ? p.weights.experts / p.expert_count : 0;
+  p.expert_bytes_per_token = per_expert * static_cast<uint64_t>(p.spec.moe.top_k) * n_moe;
+  p.active_bytes_per_token = p.weights.resident_dense + p.expert_bytes_per_token + p.state.kv_per_token * in.shape.ctx;
+  p.expected_hit_rate = p.verdict == Verdict::kStream && p.weights.experts
+                            ? std::min(1.0, static_cast<double>(p.cache_bytes) / static_cast<double>(p.weights.experts))
+                            : 1.0;
+  if (in.mem_gbps && p.active_bytes_per_token) p.tok_s_mem_bound = *in.mem_gbps * 1e9 / static_cast<double>(p.active_bytes_per_token);
+  if (in.disk_gbps && p.verdict == Verdict::kStream && p.expert_bytes_per_token) {
+    const double miss = std::max(1e-9, 1.0 - p.expected_hit_rate);
+    p.tok_s_disk_bound = *in.disk_gbps * 1e9 / (static_cast<double>(p.expert_bytes_per_token) * miss);
+  }
+
+  // The command line.
+  std::string cmd = "spool generate --model " + in.model_arg;
+  if (p.verdict == Verdict::kStream) cmd += " --stream --cache-budget-gb " + gb_arg(p.cache_budget);
+  if (p.verdict == Verdict::kResident && p.weights.experts > 0) cmd += " --no-stream";
+  if (p.shape.kv_bits != 32) cmd += strfmt(" --kv-bits %d", p.shape.kv_bits);
+  if (in.shape.prefill_step != 512) cmd += strfmt(" --prefill-step-size %lld", (long long)in.shape.prefill_step);
+  if (in.shape.ctx > p.spec.max_position_embeddings && p.spec.max_position_embeddings > 0)
+    p.notes.push_back(strfmt("--ctx-size %lld is beyond the model's max_position_embeddings %lld", (long long)in.shape.ctx,
+                             (long long)p.spec.max_position_embeddings));
+  cmd += " --prompt \"...\"";
+  p.command = cmd;
+  if (p.verdict == Verdict::kStream && p.cache_bytes < static_cast<uint64_t>(p.spec.moe.top_k) * n_moe * p.slot_bytes)
+    p.notes.push_back("the cache holds fewer experts than one token uses: every token reads most of its experts from disk");
+  return p;
+}
+
+}  // namespace spool::plan

@@ -1,0 +1,74 @@
+// The planner's projection: components of the peak resident memory of a run, the verdict
+// (resident / stream / does not fit) for a memory size, the command line to use and decode
+// speed bounds from memory and disk bandwidth. Pure arithmetic over a header-only
+// checkpoint; the loader uses base_needs() for its own decisions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "models/spec.h"
+#include "plan/budget.h"
+#include "plan/footprint.h"
+
+namespace spool::plan {
+
+/// The shape of a run: context, prompt chunking, KV storage, threads.
+struct RunShape {
+  int64_t ctx = 4096;            // tokens of context the KV cache must hold
+  int64_t prefill_step = 512;    // --prefill-step-size (tokens per forward pass)
+  int kv_bits = 32;              // --kv-bits
+  int threads = 1;
+  uint64_t tokenizer_json_bytes = 0;  // 0 when the model has no tokenizer.json
+};
+
+/// Resident needs besides the routed experts (see BaseNeeds) of a run of `shape`.
+BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const RunShape& shape);
+
+/// Inputs of a projection beyond the checkpoint.
+struct PlanInputs {
+  RunShape shape;
+  uint64_t available = 0;          // bytes of memory the run may use
+  std::optional<double> mem_gbps;  // memory read bandwidth, GB/s (1e9 bytes)
+  std::optional<double> disk_gbps; // direct-read disk bandwidth, GB/s
+  std::string model_arg;           // what --model should be in the printed command
+  bool kv_bits_given = false;      // the user chose --kv-bits (otherwise 8 may be suggested)
+};
+
+enum class Verdict { kResident, kStream, kNoFit };
+/// "resident", "stream" or "no_fit".
+const char* verdict_name(Verdict v);
+
+/// Everything `spool plan` prints.
+struct Projection {
+  models::ModelSpec spec;
+  WeightBytes weights;
+  StateBytes state;
+  int64_t kv_capacity = 0;       // KV positions allocated at shape.ctx
+  BaseNeeds base;
+  RunShape shape;
+  uint64_t available = 0, reserve = 0;
+  uint64_t slot_bytes = 0;       // one expert cache slot (default page-cache policy)
+  uint64_t expert_count = 0;     // routed experts in the model (layers x experts)
+  Verdict verdict = Verdict::kNoFit;
+  uint64_t cache_budget = 0;     // bytes (stream verdict)
+  uint64_t cache_bytes = 0;      // cache when full (slot-rounded)
+  uint64_t peak = 0;             // predicted VmHWM, bytes
+  bool use_page_cache = false;
+  uint64_t active_bytes_per_token = 0;  // weights read per decoded token (dense + top-k experts)
+  uint64_t expert_bytes_per_token = 0;  // top-k experts' bytes per token over all MoE layers
+  double expected_hit_rate = 0;  // cache / experts (uniform routing; real routing is skewed higher)
+  std::optional<double> mem_gbps, disk_gbps;
+  std::optional<double> tok_s_mem_bound, tok_s_disk_bound;  // decode tokens/s upper bounds
+  std::vector<std::string> notes;
+  std::string command;
+};
+
+/// Projects a run of the model in `ck` (header-only is enough). Throws spool::Error for an
+/// unsupported model_type or inconsistent config (via models::build_spec).
+Projection project(const io::Checkpoint& ck, const PlanInputs& in);
+
+}  // namespace spool::plan

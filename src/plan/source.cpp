@@ -1,0 +1,153 @@
+#include "plan/source.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/error.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "plan/http.h"
+
+namespace spool::plan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kFirstRange = 16 << 10;         // first bytes asked of each shard
+constexpr uint64_t kMaxHeader = 100ull << 20;      // safetensors' own header limit
+constexpr uint64_t kMaxJson = 32ull << 20;         // config / index files
+
+// GET of a whole small file; nullopt on 404 when `optional`.
+std::optional<std::string> get_file(HttpClient& http, const std::string& url, bool optional) {
+  HttpResponse r = http.get(url, kMaxJson);
+  if (r.status == 404 && optional) return std::nullopt;
+  if (r.status == 404) fail("%s: not found (HTTP 404)", url.c_str());
+  if (r.status != 200) fail("%s: HTTP %ld", url.c_str(), r.status);
+  if (r.cut_short) fail("%s: larger than %llu bytes", url.c_str(), (unsigned long long)kMaxJson);
+  return r.body;
+}
+
+io::Config parse_json(const std::string& text, const std::string& label) {
+  try {
+    return io::Config(nlohmann::json::parse(text), label);
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s: not valid JSON (%s)", label.c_str(), e.what());
+  }
+}
+
+// Fetches and validates the safetensors header of one remote shard.
+io::SafetensorsFile remote_header(HttpClient& http, const std::string& url) {
+  HttpResponse r = http.get(url, kFirstRange, 0, kFirstRange - 1);
+  if (r.status == 404) fail("%s: not found (HTTP 404)", url.c_str());
+  if (r.status != 200 && r.status != 206) fail("%s: HTTP %ld", url.c_str(), r.status);
+  if (r.status == 206 && !r.range_honored) fail("%s: the server answered a different byte range than asked for", url.c_str());
+  const bool ranged = r.range_honored;
+  std::string buf = std::move(r.body);
+  const std::optional<uint64_t> total = r.total_size;
+  if (buf.size() < 8)
+    fail("%s: truncated safetensors file: %zu bytes, shorter than the 8-byte header length", url.c_str(), buf.size());
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(buf[i]);
+  if (n > kMaxHeader) fail("%s: safetensors header length %llu is over the 100 MB limit", url.c_str(), (unsigned long long)n);
+  const uint64_t need = 8 + n;
+  if (total && need > *total)
+    fail("%s: truncated safetensors header: it declares %llu bytes but the file has only %llu", url.c_str(),
+         (unsigned long long)n, (unsigned long long)(*total - std::min<uint64_t>(*total, 8)));
+  if (buf.size() > need) buf.resize(need);
+  if (buf.size() < need) {
+    if (ranged) {
+      HttpResponse rest = http.get(url, need - buf.size(), buf.size(), need - 1);
+      if (!rest.range_honored) fail("%s: the server stopped honouring Range requests (HTTP %ld)", url.c_str(), rest.status);
+      buf += rest.body;
+    } else if (!r.cut_short) {
+      // The whole file came back and it is shorter than its header.
+    } else {
+      HttpResponse again = http.get(url, need);  // no Range support: read the prefix again, stop at the header's end
+      if (again.status != 200) fail("%s: HTTP %ld", url.c_str(), again.status);
+      buf = std::move(again.body);
+    }
+    if (buf.size() < need)
+      fail("%s: truncated safetensors header: it declares %llu bytes, only %zu arrived", url.c_str(), (unsigned long long)n,
+           buf.size() >= 8 ? buf.size() - 8 : 0);
+  }
+  return io::SafetensorsFile::parse_header(std::string_view(buf).substr(8, n), need, total.value_or(0), url);
+}
+
+std::string repo_name(const std::string& base) {
+  // ".../ORG/NAME/resolve/main/" -> "NAME"; else the last path segment.
+  std::string s = base;
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  const size_t res = s.find("/resolve/");
+  if (res != std::string::npos) s = s.substr(0, res);
+  const size_t slash = s.find_last_of('/');
+  std::string name = slash == std::string::npos ? s : s.substr(slash + 1);
+  return name.empty() ? "model" : name;
+}
+
+ModelSource open_remote(const std::string& url) {
+  ModelSource m;
+  m.remote = true;
+  m.location = normalize_base_url(url);
+  m.suggested_dir = "./" + repo_name(m.location);
+  HttpClient http;
+  const std::string base = m.location;
+  const io::Config config = parse_json(*get_file(http, base + "config.json", false), base + "config.json");
+  std::optional<io::Config> gen;
+  if (auto g = get_file(http, base + "generation_config.json", true)) gen = parse_json(*g, base + "generation_config.json");
+  std::vector<std::string> files;
+  if (auto idx = get_file(http, base + "model.safetensors.index.json", true)) {
+    const io::Config ix = parse_json(*idx, base + "model.safetensors.index.json");
+    const auto& wm = ix.json().find("weight_map");
+    if (wm == ix.json().end() || !wm->is_object()) fail("%smodel.safetensors.index.json: missing object 'weight_map'", base.c_str());
+    std::set<std::string> uniq;
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      if (!it.value().is_string()) fail("%smodel.safetensors.index.json: weight_map['%s'] is not a string", base.c_str(), it.key().c_str());
+      const std::string f = it.value().get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f.find("..") != std::string::npos || f.find_first_of("?#% ") != std::string::npos)
+        fail("%smodel.safetensors.index.json: shard name '%s' must be a plain file name", base.c_str(), f.c_str());
+      uniq.insert(f);
+    }
+    files.assign(uniq.begin(), uniq.end());
+  } else {
+    files.push_back("model.safetensors");
+  }
+  std::vector<io::SafetensorsFile> shards;
+  for (const auto& f : files) shards.push_back(remote_header(http, base + f));
+  // tokenizer.json: its size only (one byte asked for).
+  HttpResponse tok = http.get(base + "tokenizer.json", 1, 0, 0);
+  if ((tok.status == 200 || tok.status == 206) && tok.total_size) m.tokenizer_json_bytes = *tok.total_size;
+  m.ckpt = io::Checkpoint::from_parts(base, config, gen ? &*gen : nullptr, std::move(shards));
+  m.bytes_fetched = http.bytes_received();
+  m.requests = http.requests();
+  return m;
+}
+
+}  // namespace
+
+bool is_url(const std::string& s) { return s.rfind("http://", 0) == 0 || s.rfind("https://", 0) == 0; }
+
+std::string normalize_base_url(const std::string& url) {
+  std::string u = url;
+  while (!u.empty() && u.back() == '/') u.pop_back();
+  const std::string hf = "://huggingface.co/";
+  const size_t at = u.find(hf);
+  if (at != std::string::npos && u.find("/resolve/") == std::string::npos) {
+    const std::string path = u.substr(at + hf.size());
+    if (std::count(path.begin(), path.end(), '/') == 1) u += "/resolve/main";
+  }
+  return u + "/";
+}
+
+ModelSource open_source(const std::string& where) {
+  if (is_url(where)) return open_remote(where);
+  if (!fs::is_directory(where)) fail("%s: model directory does not exist", where.c_str());
+  ModelSource m{io::Checkpoint::open(where, {.map = false}), where, false, where, 0, 0, 0};
+  const std::string tok = where + "/tokenizer.json";
+  std::error_code ec;
+  if (fs::exists(tok, ec)) m.tokenizer_json_bytes = fs::file_size(tok, ec);
+  return m;
+}
+
+}  // namespace spool::plan
