@@ -194,4 +194,45 @@ TEST(Cli, TokenizeInfoPerplexity) {
   EXPECT_EQ(spool("perplexity --file /no/such/file.txt").code, 1);
 }
 
+// convert -> info -> generate -> perplexity --kl-reference on the demo model, and convert's
+// usage errors.
+TEST(Cli, ConvertThenGenerate) {
+  const std::string out = ::testing::TempDir() + "/cli_convert_q4";
+  fs::remove_all(out);
+  Result c = spool("convert --recipe q4 --out " + out + " --json");
+  ASSERT_EQ(c.code, 0) << c.err;
+  auto cj = nlohmann::json::parse(c.out);
+  EXPECT_EQ(cj["recipe"], "q4");
+  EXPECT_EQ(cj["padding_bytes"], 0);
+  EXPECT_GT(cj["bits_per_weight"].get<double>(), 4.0);
+  EXPECT_LT(cj["bits_per_weight"].get<double>(), 7.0);  // embeddings stay bf16: ~5.9 on the demo
+  Result i = spool("info --model " + out);
+  ASSERT_EQ(i.code, 0) << i.err;
+  EXPECT_NE(i.out.find("quantized   spool recipe q4"), std::string::npos) << i.out;
+  Result g = spool("generate --model " + out + " --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out)["output_ids"].size(), 12u);
+  Result s = spool("generate --model " + out + " --stream --cache-budget-gb 0.001 --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["output_ids"], nlohmann::json::parse(g.out)["output_ids"]);
+  Result p = spool("perplexity --model " + out + " --kl-reference " + std::string(SPOOL_DEFAULT_MODEL_DIR) +
+                   " --file " + kData + "/corpus/dev.txt --chunks 1 --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  auto pj = nlohmann::json::parse(p.out);
+  EXPECT_GT(pj["reference"]["mean_kl"].get<double>(), 0.0);
+  EXPECT_LT(pj["reference"]["mean_kl"].get<double>(), 0.5);
+  EXPECT_GT(pj["reference"]["top1_agreement"].get<double>(), 0.5);
+  // Usage errors exit 2; a non-empty output directory or a quantized source exits 1.
+  EXPECT_EQ(spool("convert --recipe q5 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --bits 5 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --group-size 48 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --expert-bits 1 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --rotation fourier --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --recipe q4").code, 2);  // --out missing
+  EXPECT_EQ(spool("convert --recipe q4 --out " + out).code, 1);
+  Result q = spool("convert --model " + out + " --out " + out + "_y");
+  EXPECT_EQ(q.code, 1);
+  EXPECT_NE(q.err.find("already"), std::string::npos) << q.err;
+}
+
 }  // namespace
