@@ -73,5 +73,6 @@ void register_plan(CLI::App& app);
 void register_doctor(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_convert(CLI::App& app);
+void register_serve(CLI::App& app);
 
 }  // namespace spool::cli

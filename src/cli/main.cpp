@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   spool::cli::register_doctor(app);
   spool::cli::register_bench(app);
   spool::cli::register_convert(app);
+  spool::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

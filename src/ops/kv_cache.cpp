@@ -125,6 +125,40 @@ void KvCache::copy_prefix(const KvCache& o, int64_t n) {
   }
 }
 
+void KvCache::save_prefix(int64_t n, std::string& out) const {
+  if (n < 0 || n > cap_) fail("KV cache: cannot save %lld positions of %lld", (long long)n, (long long)cap_);
+  if (n == 0) return;
+  const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(n), cap = static_cast<size_t>(cap_);
+  out.reserve(out.size() + un * bytes_per_position());
+  auto put = [&](const void* p, size_t bytes) { out.append(static_cast<const char*>(p), bytes); };
+  for (size_t row = 0; row < static_cast<size_t>(n_kv_) * hd_; ++row) put(k_.data() + row * cap * es, un * es);
+  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(v_.data() + h * cap * hd_ * es, un * hd_ * es);
+  if (type_ == KvType::kI8) {
+    for (size_t row = 0; row < static_cast<size_t>(n_kv_) * groups_; ++row) put(ks_.data() + row * cap, un * sizeof(float));
+    for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
+  }
+}
+
+void KvCache::load_prefix(std::string_view data, int64_t n) {
+  if (n < 0 || data.size() != static_cast<uint64_t>(n) * bytes_per_position())
+    fail("KV cache snapshot has %zu bytes, expected %llu for %lld positions", data.size(),
+         (unsigned long long)(static_cast<uint64_t>(std::max<int64_t>(n, 0)) * bytes_per_position()), (long long)n);
+  if (n == 0) return;
+  reserve(n, 0);
+  const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(n), cap = static_cast<size_t>(cap_);
+  const char* p = data.data();
+  auto get = [&](void* dst, size_t bytes) {
+    std::memcpy(dst, p, bytes);
+    p += bytes;
+  };
+  for (size_t row = 0; row < static_cast<size_t>(n_kv_) * hd_; ++row) get(k_.data() + row * cap * es, un * es);
+  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) get(v_.data() + h * cap * hd_ * es, un * hd_ * es);
+  if (type_ == KvType::kI8) {
+    for (size_t row = 0; row < static_cast<size_t>(n_kv_) * groups_; ++row) get(ks_.data() + row * cap, un * sizeof(float));
+    for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) get(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
+  }
+}
+
 float KvCache::key(int h, int64_t p, int d) const {
   const int64_t i = (static_cast<int64_t>(h) * hd_ + d) * cap_ + p;
   switch (type_) {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "ops/thread_pool.h"
@@ -32,6 +34,13 @@ class KvCache {
   void write(int64_t pos, const float* k, const float* v);
   /// Copies positions [0, n) from `other` (same geometry), growing as needed.
   void copy_prefix(const KvCache& other, int64_t n);
+  /// Appends positions [0, n) to `out` in a capacity-independent layout (key rows, value rows,
+  /// then the int8 scales): exactly n * bytes_per_position() bytes. n <= capacity().
+  void save_prefix(int64_t n, std::string& out) const;
+  /// Makes positions [0, n) those of `data` written by save_prefix with the same geometry and
+  /// type (later positions are left as they are). Throws spool::Error when `data` is not
+  /// n * bytes_per_position() bytes.
+  void load_prefix(std::string_view data, int64_t n);
 
   /// Dequantized key / value (tests, debugging).
   float key(int h, int64_t p, int d) const;

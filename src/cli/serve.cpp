@@ -1,0 +1,120 @@
+// spool serve: the OpenAI-compatible HTTP server (src/server/http_server.h). The socket is
+// bound first (so a busy port fails at once and /health answers 503 while the model loads),
+// then the model is loaded and the server turns ready. SIGINT / SIGTERM stop it.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/common.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "server/http_server.h"
+#include "server/serving_engine.h"
+
+namespace spool::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int64_t ctx_size = 0;
+  int64_t prefill_step = 512;
+  bool tool_syntax_greedy = false;
+  std::string disk_cache;
+  double disk_cache_budget_gb = 10;
+  size_t cache_checkpoints = 16;
+  std::string api_key;
+  std::string chat_template_file;
+  std::string chat_template_kwargs;
+};
+
+void run(const ServeOptions& o) {
+  // Everything that can be checked before loading.
+  if (o.port < 0 || o.port > 65535) throw UsageError(strfmt("--port must be in [0, 65535] (got %d)", o.port));
+  if (o.ctx_size < 0) throw UsageError(strfmt("--ctx-size must be >= 0 (got %lld)", (long long)o.ctx_size));
+  if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (!(o.disk_cache_budget_gb > 0)) throw UsageError(strfmt("--disk-cache-budget-gb must be > 0 (got %g)", o.disk_cache_budget_gb));
+  server::EngineOptions eo;
+  if (!o.chat_template_kwargs.empty()) {
+    eo.template_kwargs = nlohmann::ordered_json::parse(o.chat_template_kwargs, nullptr, /*allow_exceptions=*/false);
+    if (!eo.template_kwargs.is_object()) throw UsageError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
+  }
+  if (!o.chat_template_file.empty()) read_whole_file(o.chat_template_file);  // exists and is readable
+  engine::LoadOptions lo = o.model.load_options();
+  const std::string dir = lo.model_dir;
+  eo.model_name = std::filesystem::path(dir).filename().string();
+  if (eo.model_name.empty()) eo.model_name = std::filesystem::path(dir).parent_path().filename().string();
+  eo.chat_template_file = o.chat_template_file;
+  eo.ctx_size = o.ctx_size;
+  eo.prefill_step = o.prefill_step;
+  eo.tool_syntax_greedy = o.tool_syntax_greedy;
+  eo.cache_checkpoints = o.cache_checkpoints;
+  eo.disk_cache_dir = o.disk_cache;
+  eo.disk_cache_budget_gb = o.disk_cache_budget_gb;
+  eo.kv_bits = lo.kv_bits;
+  eo.max_active_experts = lo.max_active_experts;
+  if (o.ctx_size > 0) lo.ctx_size = o.ctx_size;
+
+  // Signals go to one thread that stops the server.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  server::HttpOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.api_key = o.api_key;
+  server::HttpServer http(ho);
+  const int port = http.bind();
+  std::thread signals([&http, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    log_info("signal %d: stopping", sig);
+    http.stop();
+  });
+  signals.detach();
+  std::thread listener([&http] { http.listen(); });
+  std::fprintf(stderr, "spool: listening on http://%s:%d (loading %s)\n", o.host.c_str(), port, dir.c_str());
+  try {
+    engine::LoadedModel loaded = engine::load(lo);
+    auto e = server::make_serving_engine(std::move(loaded), eo);
+    std::fprintf(stderr, "spool: ready: model %s, context %lld, load %.2f s\n", eo.model_name.c_str(), (long long)e->facts.ctx_size,
+                 e->loaded.load_s);
+    http.set_engine(std::move(e));
+  } catch (...) {
+    http.stop();
+    listener.join();
+    throw;
+  }
+  listener.join();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, tools, streaming, prompt cache)");
+  o->model.add_to(c);
+  c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
+  c->add_option("--port", o->port, "Port (default 8080; 0 = any free port, printed at start)");
+  c->add_option("--ctx-size", o->ctx_size, "Prompt + output tokens per request at most (default: the model's max_position_embeddings)");
+  c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass; also the prompt-cache checkpoint spacing (default 512)");
+  c->add_flag("--tool-syntax-greedy", o->tool_syntax_greedy, "Choose tokens by argmax inside tool-call markup (tags, keys, punctuation)");
+  c->add_option("--disk-cache", o->disk_cache, "Directory for prompt-prefix snapshots kept across restarts");
+  c->add_option("--disk-cache-budget-gb", o->disk_cache_budget_gb, "Disk cache size limit in GB; least recently used snapshots go first (default 10)");
+  c->add_option("--prompt-cache-checkpoints", o->cache_checkpoints,
+                "Prompt-cache state checkpoints kept in memory (default 16; 0 = no prefix reuse)");
+  c->add_option("--api-key", o->api_key, "Require \"Authorization: Bearer KEY\" on every route but /health");
+  c->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template to use instead of the model's");
+  c->add_option("--chat-template-kwargs", o->chat_template_kwargs, "JSON object of template variables, e.g. '{\"enable_thinking\": false}'");
+  c->callback([o] { run(*o); });
+}
+
+}  // namespace spool::cli

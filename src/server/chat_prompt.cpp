@@ -1,0 +1,169 @@
+#include "server/chat_prompt.h"
+
+#include <optional>
+
+#include "common/error.h"
+#include "server/api_error.h"
+#include "server/json_body.h"
+
+namespace spool::server {
+
+namespace {
+
+// Content as the templates expect it: a string (text parts joined with "\n") or null.
+json normalize_content(const json& c, const std::string& where) {
+  if (c.is_null() || c.is_string()) return c;
+  if (!c.is_array()) throw bad_request(where + ".content must be a string, null or an array of text parts", where + ".content");
+  std::string text;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const json& part = c[i];
+    const std::string pw = where + ".content[" + std::to_string(i) + "]";
+    if (!part.is_object()) throw bad_request(pw + " must be an object", pw);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) throw bad_request(pw + ".type must be a string", pw + ".type");
+    if (*type != "text") throw bad_request(pw + ": only \"text\" content parts are supported (got \"" + type->get<std::string>() + "\")", pw + ".type");
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) throw bad_request(pw + ".text must be a string", pw + ".text");
+    if (i > 0) text += "\n";
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+json normalize_tool_calls(const json& calls, const std::string& where, bool parse_arguments) {
+  if (!calls.is_array()) throw bad_request(where + ".tool_calls must be an array", where + ".tool_calls");
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string cw = where + ".tool_calls[" + std::to_string(i) + "]";
+    const json& call = calls[i];
+    if (!call.is_object()) throw bad_request(cw + " must be an object", cw);
+    auto fn = call.find("function");
+    if (fn == call.end() || !fn->is_object()) throw bad_request(cw + ".function must be an object", cw + ".function");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) throw bad_request(cw + ".function.name must be a string", cw + ".function.name");
+    json c = call;
+    auto args = fn->find("arguments");
+    if (args != fn->end() && !args->is_string() && !args->is_object())
+      throw bad_request(cw + ".function.arguments must be a JSON string", cw + ".function.arguments");
+    if (parse_arguments && args != fn->end() && args->is_string()) {
+      // The XML templates iterate arguments|items: give them the object the string encodes.
+      json parsed = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_object()) throw bad_request(cw + ".function.arguments must encode a JSON object", cw + ".function.arguments");
+      c["function"]["arguments"] = parsed;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+json normalize_messages(const json& req, bool parse_arguments) {
+  auto it = req.find("messages");
+  if (it == req.end() || it->is_null()) throw bad_request("'messages' is required", "messages");
+  if (!it->is_array()) throw bad_request("'messages' must be an array", "messages");
+  if (it->empty()) throw bad_request("'messages' must not be empty", "messages");
+  json out = json::array();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    const json& m = (*it)[i];
+    if (!m.is_object()) throw bad_request(where + " must be an object", where);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) throw bad_request(where + ".role must be a string", where + ".role");
+    static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+    bool known = false;
+    for (const char* r : kRoles) known = known || *role == r;
+    if (!known) throw bad_request(where + ".role \"" + role->get<std::string>() + "\" is not one of system, developer, user, assistant, tool", where + ".role");
+    json n = m;
+    if (*role == "developer") n["role"] = "system";  // OpenAI's newer name for the system role
+    auto content = m.find("content");
+    n["content"] = content == m.end() ? json() : normalize_content(*content, where);
+    if (auto r = m.find("reasoning_content"); r != m.end() && !r->is_null() && !r->is_string())
+      throw bad_request(where + ".reasoning_content must be a string", where + ".reasoning_content");
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) n["tool_calls"] = normalize_tool_calls(*tc, where, parse_arguments);
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+json normalize_tools(const json& req) {
+  auto it = req.find("tools");
+  if (it == req.end() || it->is_null()) return json();
+  if (!it->is_array()) throw bad_request("'tools' must be an array", "tools");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const std::string w = "tools[" + std::to_string(i) + "]";
+    const json& t = (*it)[i];
+    if (!t.is_object()) throw bad_request(w + " must be an object", w);
+    auto type = t.find("type");
+    if (type != t.end() && *type != "function") throw bad_request(w + ".type must be \"function\"", w + ".type");
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) throw bad_request(w + ".function must be an object", w + ".function");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+      throw bad_request(w + ".function.name must be a non-empty string", w + ".function.name");
+    auto params = fn->find("parameters");
+    if (params != fn->end() && !params->is_null() && !params->is_object())
+      throw bad_request(w + ".function.parameters must be an object", w + ".function.parameters");
+  }
+  return it->empty() ? json() : *it;
+}
+
+// tool_choice: "auto" (default) and "none" are supported; forcing a call needs constrained
+// decoding, which spool does not do, so it is refused rather than silently ignored.
+bool tools_enabled(const json& req) {
+  auto it = req.find("tool_choice");
+  if (it == req.end() || it->is_null()) return true;
+  if (*it == "auto") return true;
+  if (*it == "none") return false;
+  if (it->is_string() || it->is_object())
+    throw bad_request("tool_choice \"required\" or a named function is not supported (no constrained decoding); use \"auto\" or \"none\"",
+                      "tool_choice");
+  throw bad_request("'tool_choice' must be \"auto\" or \"none\"", "tool_choice");
+}
+
+bool ends_inside_think(const std::string& text) {
+  const size_t open = text.rfind("<think>");
+  return open != std::string::npos && text.find("</think>", open) == std::string::npos &&
+         text.find_first_not_of(" \n", open + 7) == std::string::npos;
+}
+
+}  // namespace
+
+ChatPrompt render_chat(const json& req, const ChatTemplateInfo& info, bool allow_template_override) {
+  std::optional<tmpl::Template> override_tmpl;
+  const tmpl::Template* t = info.tmpl;
+  std::optional<std::string> override_text = get_string(req, "chat_template");
+  if (override_text && !allow_template_override) throw bad_request("'chat_template' is only accepted by /apply-template", "chat_template");
+  ToolSyntax syntax = info.tool_syntax;
+  if (override_text) {
+    try {
+      override_tmpl.emplace(tmpl::Template::parse(*override_text, "request chat_template"));
+    } catch (const Error& e) {
+      throw bad_request(std::string("chat_template: ") + e.what(), "chat_template");
+    }
+    t = &*override_tmpl;
+    syntax = detect_tool_syntax(*override_text);
+  }
+  if (t == nullptr) throw bad_request("the model has no chat template; use /v1/completions with a raw prompt");
+  ChatPrompt out;
+  json messages = normalize_messages(req, syntax == ToolSyntax::kQwen35Xml);
+  out.tools = normalize_tools(req);
+  const bool enabled = tools_enabled(req);
+  tmpl::ChatOptions opt;
+  opt.add_generation_prompt = get_bool(req, "add_generation_prompt").value_or(true);
+  opt.tools = out.tools;
+  json kwargs = info.default_kwargs.is_object() ? info.default_kwargs : json::object();
+  if (auto it = req.find("chat_template_kwargs"); it != req.end() && !it->is_null()) {
+    if (!it->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    for (const auto& [k, v] : it->items()) kwargs[k] = v;
+  }
+  opt.extra_kwargs = kwargs;
+  try {
+    out.text = tmpl::apply_chat_template(*t, messages, opt, info.special_tokens);
+  } catch (const Error& e) {
+    throw bad_request(std::string("chat template: ") + e.what(), "messages");
+  }
+  out.syntax = enabled ? syntax : ToolSyntax::kNone;
+  out.starts_in_reasoning = opt.add_generation_prompt && ends_inside_think(out.text);
+  return out;
+}
+
+}  // namespace spool::server

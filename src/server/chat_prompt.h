@@ -1,0 +1,39 @@
+// Chat requests to prompt text: validation and normalization of OpenAI `messages` / `tools`
+// and rendering with the model's (or a request's) chat template.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/output_parser.h"
+#include "template/chat_template.h"
+
+namespace spool::server {
+
+/// The chat-template side of a loaded model.
+struct ChatTemplateInfo {
+  const tmpl::Template* tmpl = nullptr;  ///< the model's template (null: the model has none)
+  nlohmann::ordered_json special_tokens;  ///< bos_token, eos_token, ... (special_tokens_from_config)
+  nlohmann::ordered_json default_kwargs;  ///< --chat-template-kwargs (an object, or null)
+  ToolSyntax tool_syntax = ToolSyntax::kNone;  ///< detect_tool_syntax of the template text
+};
+
+/// A rendered chat prompt and what the output parser needs to know about it.
+struct ChatPrompt {
+  std::string text;                 ///< the rendered prompt
+  nlohmann::ordered_json tools;     ///< the request's tools (null when absent)
+  ToolSyntax syntax = ToolSyntax::kNone;  ///< the syntax tool calls are parsed with (kNone: tool_choice "none")
+  bool starts_in_reasoning = false; ///< the prompt ends inside an open <think>
+};
+
+/// Renders `req` (an OpenAI chat request object: messages, tools, tool_choice,
+/// add_generation_prompt, chat_template_kwargs and, when `allow_template_override`,
+/// chat_template). Messages are checked (roles are strings; content is a string, null or an
+/// array of text parts, joined with "\n"; tool_calls is an array of function calls) and, for
+/// XML tool syntax, assistant tool-call `arguments` strings are parsed into objects (the
+/// template iterates them). Throws ApiError 400 naming the field for bad input, and for
+/// template errors (raise_exception text, syntax errors of an override template).
+ChatPrompt render_chat(const nlohmann::ordered_json& req, const ChatTemplateInfo& info, bool allow_template_override);
+
+}  // namespace spool::server

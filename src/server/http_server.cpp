@@ -1,0 +1,187 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/sysinfo.h"
+#include "server/api_error.h"
+#include "server/chat_prompt.h"
+#include "server/json_body.h"
+
+namespace spool::server {
+
+namespace {
+
+void set_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+}
+
+bool equal_const_time(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+}  // namespace
+
+HttpServer::HttpServer(HttpOptions opt) : opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()), seed_state_(std::random_device{}()) {
+  routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host) : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
+  if (port <= 0) fail("cannot listen on %s:%d (address in use or not available)", opt_.host.c_str(), opt_.port);
+  return port;
+}
+
+void HttpServer::listen() {
+  {
+    std::lock_guard lock(run_mu_);
+    if (stopping_) return;
+    listen_entered_ = true;
+  }
+  http_->listen_after_bind();
+  listen_done_ = true;
+}
+
+void HttpServer::stop() {
+  {
+    std::lock_guard lock(run_mu_);
+    stopping_ = true;
+    if (!listen_entered_) return;  // listen() will not start
+  }
+  // httplib's stop() acts only once its loop runs: wait for that (or for listen() to end).
+  while (!http_->is_running() && !listen_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
+}
+
+void HttpServer::set_engine(std::unique_ptr<ServingEngine> engine) {
+  engine_ = std::move(engine);
+  ready_ = true;
+}
+
+bool HttpServer::authorized(const httplib::Request& req) const {
+  if (opt_.api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  return h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 && equal_const_time(h.substr(prefix.size()), opt_.api_key);
+}
+
+void HttpServer::send_error(httplib::Response& res, int status, const std::string& type, const std::string& message,
+                            const std::string& param) const {
+  set_json(res, status, error_json(message, type, param));
+}
+
+ServingEngine& HttpServer::engine_or_503() const {
+  if (!ready_) throw ApiError(503, "unavailable_error", "the model is still loading; retry when GET /health returns 200");
+  return *engine_;
+}
+
+std::string HttpServer::metrics_text() const {
+  EngineGauges g;
+  g.ready = ready_;
+  g.queue_waiting = queue_.waiting();
+  g.busy = queue_.busy();
+  g.rss_bytes = current_rss_bytes();
+  if (ready_) {
+    g.streaming = engine_->loaded.streaming != nullptr;
+    if (g.streaming) g.experts = engine_->loaded.streaming->stats();
+    if (engine_->disk) g.disk_cache = engine_->disk->stats();
+  }
+  return metrics_.render(g);
+}
+
+void HttpServer::routes() {
+  httplib::Server& s = *http_;
+  s.set_payload_max_length(opt_.max_body_bytes);
+  s.set_read_timeout(30, 0);
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+    set_json(res, 401, error_json("invalid or missing API key (send \"Authorization: Bearer KEY\")", "authentication_error", "", "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.request(req.path, res.status); });
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string msg = res.status == 404   ? "no route for " + req.method + " " + req.path
+                            : res.status == 413 ? "the request body is too large"
+                                                : "the request failed (HTTP " + std::to_string(res.status) + ")";
+    const int status = res.status;
+    send_error(res, status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg);
+  });
+  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const ApiError& e) {
+      set_json(res, e.status, error_json(e));
+    } catch (const UsageError& e) {
+      send_error(res, 400, "invalid_request_error", e.what());
+    } catch (const Error& e) {
+      send_error(res, 500, "server_error", e.what());
+    } catch (const std::bad_alloc&) {
+      send_error(res, 500, "server_error", "out of memory");
+    } catch (const std::exception& e) {
+      send_error(res, 500, "server_error", e.what());
+    } catch (...) {
+      send_error(res, 500, "server_error", "unknown error");
+    }
+  });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (ready_) set_json(res, 200, json{{"status", "ok"}});
+    else set_json(res, 503, json{{"status", "loading"}});
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    ServingEngine& e = engine_or_503();
+    json m{{"id", e.facts.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spool"}, {"max_model_len", e.facts.ctx_size}};
+    set_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, false); });
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
+  s.Post("/apply-template", [this](const httplib::Request& req, httplib::Response& res) { handle_apply_template(req, res); });
+}
+
+void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+  ServingEngine& e = engine_or_503();
+  json body = parse_body(req.body);
+  std::optional<std::string> content = get_string(body, "content");
+  if (!content) throw bad_request("'content' is required", "content");
+  const bool add_special = get_bool(body, "add_special").value_or(false);
+  set_json(res, 200, json{{"tokens", e.facts.tok->encode(*content, add_special)}});
+}
+
+void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+  ServingEngine& e = engine_or_503();
+  json body = parse_body(req.body);
+  auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) throw bad_request("'tokens' must be an array of token ids", "tokens");
+  std::vector<int32_t> ids;
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= e.facts.tok->vocab_size())
+      throw bad_request(strfmt("'tokens' must hold token ids in [0, %d)", e.facts.tok->vocab_size()), "tokens");
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  set_json(res, 200, json{{"content", e.facts.tok->decode(ids)}});
+}
+
+void HttpServer::handle_apply_template(const httplib::Request& req, httplib::Response& res) {
+  ServingEngine& e = engine_or_503();
+  json body = parse_body(req.body);
+  ChatPrompt p = render_chat(body, e.facts.chat, /*allow_template_override=*/true);
+  set_json(res, 200, json{{"prompt", p.text}});
+}
+
+}  // namespace spool::server

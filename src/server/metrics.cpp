@@ -1,0 +1,78 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace spool::server {
+
+void Metrics::request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::generation(int64_t prompt_tokens, int64_t cached_tokens, int64_t generated_tokens, double prefill_s, double decode_s,
+                         bool cancelled) {
+  std::lock_guard lock(mu_);
+  ++generations_;
+  if (cancelled) ++cancelled_;
+  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
+  cached_tokens_ += static_cast<uint64_t>(cached_tokens);
+  generated_tokens_ += static_cast<uint64_t>(generated_tokens);
+  prefill_s_ += prefill_s;
+  decode_s_ += decode_s;
+  const int64_t computed = prompt_tokens - cached_tokens;
+  if (prefill_s > 0 && computed > 0) last_prefill_tok_s_ = computed / prefill_s;
+  if (decode_s > 0 && generated_tokens > 1) last_decode_tok_s_ = (generated_tokens - 1) / decode_s;
+}
+
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, value);
+  out += buf;
+}
+
+}  // namespace
+
+std::string Metrics::render(const EngineGauges& g) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  out += "# HELP spool_requests_total HTTP requests by endpoint and status.\n# TYPE spool_requests_total counter\n";
+  for (const auto& [k, n] : requests_) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "spool_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", k.first.c_str(), k.second,
+                  (unsigned long long)n);
+    out += buf;
+  }
+  metric(out, "spool_generations_total", "counter", "Generations run (chat and text completions).", static_cast<double>(generations_));
+  metric(out, "spool_generations_cancelled_total", "counter", "Generations cancelled by a client disconnect.", static_cast<double>(cancelled_));
+  metric(out, "spool_prompt_tokens_total", "counter", "Prompt tokens of all generations.", static_cast<double>(prompt_tokens_));
+  metric(out, "spool_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the prompt cache.", static_cast<double>(cached_tokens_));
+  metric(out, "spool_generated_tokens_total", "counter", "Generated tokens.", static_cast<double>(generated_tokens_));
+  metric(out, "spool_prefill_seconds_total", "counter", "Seconds spent on prompt processing.", prefill_s_);
+  metric(out, "spool_decode_seconds_total", "counter", "Seconds spent generating.", decode_s_);
+  metric(out, "spool_prompt_tokens_per_second", "gauge", "Prompt tokens computed per second, last generation.", last_prefill_tok_s_);
+  metric(out, "spool_generation_tokens_per_second", "gauge", "Decode tokens per second, last generation.", last_decode_tok_s_);
+  metric(out, "spool_ready", "gauge", "1 when the model is loaded.", g.ready ? 1 : 0);
+  metric(out, "spool_requests_waiting", "gauge", "Requests waiting for the engine.", g.queue_waiting);
+  metric(out, "spool_requests_running", "gauge", "Requests running (0 or 1).", g.busy ? 1 : 0);
+  metric(out, "spool_expert_streaming", "gauge", "1 when routed experts are streamed from disk.", g.streaming ? 1 : 0);
+  metric(out, "spool_expert_cache_hit_rate", "gauge", "Expert cache hits / lookups since start (1 when experts are resident).",
+         g.streaming ? g.experts.hit_rate() : 1.0);
+  metric(out, "spool_expert_cache_requests_total", "counter", "Expert cache lookups.", static_cast<double>(g.experts.requests));
+  metric(out, "spool_expert_cache_misses_total", "counter", "Expert cache misses.", static_cast<double>(g.experts.misses));
+  metric(out, "spool_disk_read_bytes_total", "counter", "Bytes of expert weights read from disk.", static_cast<double>(g.experts.bytes_read));
+  metric(out, "spool_resident_memory_bytes", "gauge", "Resident set size (VmRSS).", static_cast<double>(g.rss_bytes));
+  if (g.disk_cache) {
+    const DiskCacheStats& d = *g.disk_cache;
+    metric(out, "spool_disk_cache_files", "gauge", "Prompt snapshots on disk.", static_cast<double>(d.files));
+    metric(out, "spool_disk_cache_bytes", "gauge", "Bytes of prompt snapshots on disk.", static_cast<double>(d.bytes));
+    metric(out, "spool_disk_cache_hits_total", "counter", "Prompt snapshots loaded from disk.", static_cast<double>(d.hits));
+    metric(out, "spool_disk_cache_saves_total", "counter", "Prompt snapshots written.", static_cast<double>(d.saves));
+    metric(out, "spool_disk_cache_evictions_total", "counter", "Snapshots deleted to stay under the budget.", static_cast<double>(d.evictions));
+    metric(out, "spool_disk_cache_corrupt_total", "counter", "Snapshots deleted because they failed a check.", static_cast<double>(d.corrupt));
+  }
+  return out;
+}
+
+}  // namespace spool::server

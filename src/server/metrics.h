@@ -1,0 +1,45 @@
+// Server metrics in the Prometheus text exposition format (GET /metrics).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "experts/streaming.h"
+#include "server/disk_cache.h"
+
+namespace spool::server {
+
+/// Values read at scrape time from the engine and the process.
+struct EngineGauges {
+  bool ready = false;                 ///< model loaded
+  int queue_waiting = 0;              ///< requests waiting for the engine
+  bool busy = false;                  ///< a request is running
+  bool streaming = false;             ///< experts are streamed from disk
+  experts::StreamingStats experts;    ///< expert-cache and disk counters (streaming only)
+  uint64_t rss_bytes = 0;             ///< VmRSS
+  std::optional<DiskCacheStats> disk_cache;  ///< with --disk-cache
+};
+
+/// Request and token counters, updated by the handlers (thread-safe).
+class Metrics {
+ public:
+  /// Counts one finished HTTP request on `endpoint` with HTTP `status`.
+  void request(const std::string& endpoint, int status);
+  /// Adds one generation's tokens and seconds (cancelled ones too: they used the engine).
+  void generation(int64_t prompt_tokens, int64_t cached_tokens, int64_t generated_tokens, double prefill_s, double decode_s,
+                  bool cancelled);
+  /// The exposition text.
+  std::string render(const EngineGauges& g) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, generations_ = 0, cancelled_ = 0;
+  double prefill_s_ = 0, decode_s_ = 0;
+  double last_prefill_tok_s_ = 0, last_decode_tok_s_ = 0;
+};
+
+}  // namespace spool::server

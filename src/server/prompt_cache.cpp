@@ -1,0 +1,108 @@
+#include "server/prompt_cache.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace spool::server {
+
+PromptCache::PromptCache(int64_t step, size_t max_checkpoints, DiskCache* disk) : step_(step), max_cps_(max_checkpoints), disk_(disk) {
+  if (step <= 0) throw UsageError(strfmt("prefill step size must be positive (got %lld)", (long long)step));
+}
+
+void PromptCache::clear() {
+  tokens_.clear();
+  cps_.clear();
+}
+
+std::vector<int64_t> PromptCache::checkpoint_positions() const {
+  std::vector<int64_t> v;
+  for (const auto& c : cps_) v.push_back(c.pos);
+  return v;
+}
+
+void PromptCache::add_checkpoint(const models::State& st) {
+  if (max_cps_ == 0) return;
+  cps_.push_back(Checkpoint{st.pos, st.gdn});
+  if (cps_.size() <= max_cps_) return;
+  // Over the limit: drop the checkpoint whose removal leaves the smallest gap (never the newest),
+  // which keeps early prefixes (shared system prompts) and recent ones reachable.
+  size_t drop = 0;
+  int64_t best = INT64_MAX;
+  for (size_t i = 0; i + 1 < cps_.size(); ++i) {
+    const int64_t gap = cps_[i + 1].pos - (i > 0 ? cps_[i - 1].pos : 0);
+    if (gap < best) {
+      best = gap;
+      drop = i;
+    }
+  }
+  cps_.erase(cps_.begin() + static_cast<std::ptrdiff_t>(drop));
+}
+
+int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt, const std::function<bool()>& keep_going) {
+  if (prompt.empty()) fail("the prompt is empty (at least one token is needed)");
+  models::State& st = s.state();
+  if (st.poisoned || st.pos != static_cast<int64_t>(tokens_.size())) clear();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t lcp = std::mismatch(tokens_.begin(), tokens_.end(), prompt.begin(), prompt.end()).first - tokens_.begin();
+  const int64_t limit = std::min(lcp, n - 1);
+  // Nearest memory checkpoint at or before the limit.
+  int ci = -1;
+  for (size_t i = 0; i < cps_.size(); ++i)
+    if (cps_[i].pos <= limit) ci = static_cast<int>(i);
+  int64_t from = ci >= 0 ? cps_[ci].pos : 0;
+  bool loaded_from_disk = false;
+  if (disk_ && disk_->best_match(prompt, n - 1) > from) {
+    st.reset();
+    const int64_t got = disk_->load(prompt, n - 1, st);
+    if (got > from) {
+      // The disk snapshot's prefix replaces the state; memory checkpoints stay valid up to
+      // where the old tokens agree with the new prompt.
+      std::erase_if(cps_, [&](const Checkpoint& c) { return c.pos > std::min(lcp, got); });
+      tokens_.assign(prompt.begin(), prompt.begin() + got);
+      if (max_cps_ > 0 && (cps_.empty() || cps_.back().pos < got)) add_checkpoint(st);
+      from = got;
+      loaded_from_disk = true;
+    } else {
+      clear();
+      st.reset();
+      from = 0;
+      ci = -1;
+    }
+  }
+  if (!loaded_from_disk) {
+    if (from == 0) {
+      st.reset();
+      tokens_.clear();
+      cps_.clear();
+    } else {
+      st.pos = from;
+      st.gdn = cps_[ci].gdn;
+      tokens_.resize(from);
+      cps_.resize(ci + 1);
+    }
+  }
+  int64_t last_saved = loaded_from_disk ? from : -1;
+  try {
+    for (int64_t i = from; i < n; i += step_) {
+      if (keep_going && !keep_going()) {
+        clear();
+        st.reset();
+        return -1;
+      }
+      const int64_t e = std::min(i + step_, n);
+      s.prefill(prompt.subspan(i, e - i), step_);
+      tokens_.insert(tokens_.end(), prompt.begin() + i, prompt.begin() + e);
+      if (e - i == step_) add_checkpoint(st);
+    }
+  } catch (...) {
+    clear();
+    st.reset();
+    throw;
+  }
+  if (disk_ && !cps_.empty() && cps_.back().pos > last_saved && cps_.back().pos > 0)
+    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos), st, cps_.back().gdn);
+  return from;
+}
+
+}  // namespace spool::server

@@ -1,0 +1,63 @@
+// PromptCache: reuse of the previous requests' prompt prefix in one engine::Session.
+//
+// Attention KV caches can be cut back to any position, but Gated DeltaNet layers keep a
+// recurrent state that cannot be rewound. So the prompt is prefilled in chunks of `step`
+// aligned to absolute positions (0, step, 2*step, ...), and after each full chunk the GDN
+// states are copied into a checkpoint. A new prompt restores the nearest checkpoint at or
+// before min(longest common prefix, prompt length - 1) (at least one token is always run to get
+// logits), cuts the KV caches back to it, and prefills the rest in the same aligned chunks.
+// Because the restored state was computed by exactly the chunks a fresh run computes, reuse
+// never changes the output (bit for bit). Checkpoints are kept only for full chunks of prefill
+// (decoded tokens and partial chunks are never restored). With a DiskCache, the last checkpoint
+// of each prompt is also persisted, and loaded when it reaches further than memory does.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "engine/session.h"
+#include "server/disk_cache.h"
+
+namespace spool::server {
+
+class PromptCache {
+ public:
+  /// `step`: prefill chunk (--prefill-step-size) > 0; `max_checkpoints`: GDN checkpoints kept
+  /// in memory (0 disables reuse); `disk`: optional persistent snapshots (not owned).
+  PromptCache(int64_t step, size_t max_checkpoints, DiskCache* disk);
+
+  /// Brings `session` to the state after `prompt` (non-empty), reusing what it can, with the
+  /// next-token logits in session.logits(). Returns the number of prompt tokens reused.
+  /// `keep_going` is asked between chunks; when it returns false, prefill stops and
+  /// spool::Error is not thrown: the return value is then -1. A failed forward rethrows after
+  /// clear().
+  int64_t prefill(engine::Session& session, std::span<const int32_t> prompt, const std::function<bool()>& keep_going);
+
+  /// Records that `id` was run by session.decode(id) after prefill().
+  void append(int32_t id) { tokens_.push_back(id); }
+
+  /// Forgets all reuse information (the next prefill starts from an empty state).
+  void clear();
+
+  /// Positions of the checkpoints held (ascending; tests and metrics).
+  std::vector<int64_t> checkpoint_positions() const;
+  /// Tokens the session state currently holds.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+
+ private:
+  struct Checkpoint {
+    int64_t pos;
+    std::vector<models::GdnState> gdn;  // [n_layers]; empty entries for attention layers
+  };
+  void add_checkpoint(const models::State& st);
+
+  int64_t step_;
+  size_t max_cps_;
+  DiskCache* disk_;
+  std::vector<int32_t> tokens_;   // tokens whose effect the session state holds (state.pos == size)
+  std::vector<Checkpoint> cps_;   // ascending pos, each a multiple of step_ <= tokens_.size()
+};
+
+}  // namespace spool::server

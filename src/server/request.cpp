@@ -1,0 +1,144 @@
+#include "server/request.h"
+
+#include <limits>
+
+#include "common/error.h"
+#include "server/json_body.h"
+#include "server/stop_strings.h"
+
+namespace spool::server {
+
+namespace {
+
+std::vector<std::string> parse_stop(const json& b) {
+  auto it = b.find("stop");
+  if (it == b.end() || it->is_null()) return {};
+  std::vector<std::string> out;
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    if (it->size() > 16) throw bad_request("'stop' has more than 16 strings", "stop");
+    for (const auto& s : *it) {
+      if (!s.is_string()) throw bad_request("'stop' must be a string or an array of strings", "stop");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    throw bad_request("'stop' must be a string or an array of strings", "stop");
+  }
+  for (const auto& s : out)
+    if (s.empty()) throw bad_request("'stop' strings must not be empty", "stop");
+  return out;
+}
+
+// Everything chat and text completions share: sampling, limits, stop, stream options.
+void parse_common(const json& b, const ModelFacts& f, GenRequest& r, uint64_t seed_source, std::optional<int64_t> max_tokens) {
+  if (auto n = get_int(b, "n", 1, 128); n && *n != 1) throw bad_request("only n = 1 is supported", "n");
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    if (!it->is_object() || it->value("type", "") != "text")
+      throw bad_request("response_format other than {\"type\": \"text\"} is not supported (no constrained decoding)", "response_format");
+  }
+  engine::SamplingParams& p = r.sampling;
+  p = f.defaults;
+  if (auto v = get_number(b, "temperature", 0, 2)) p.temperature = static_cast<float>(*v);
+  if (auto v = get_number(b, "top_p", 0, 1)) {
+    if (*v <= 0) throw bad_request("'top_p' must be in (0, 1]", "top_p");
+    p.top_p = static_cast<float>(*v);
+  }
+  if (auto v = get_int(b, "top_k", -1, std::numeric_limits<int32_t>::max())) p.top_k = *v < 0 ? 0 : static_cast<int>(*v);
+  if (auto v = get_number(b, "min_p", 0, 1)) p.min_p = static_cast<float>(*v);
+  if (auto v = get_number(b, "repetition_penalty", 0, 100)) {
+    if (*v <= 0) throw bad_request("'repetition_penalty' must be > 0", "repetition_penalty");
+    p.repetition_penalty = static_cast<float>(*v);
+  }
+  if (auto v = get_number(b, "presence_penalty", -2, 2)) p.presence_penalty = static_cast<float>(*v);
+  if (auto v = get_number(b, "frequency_penalty", -2, 2)) p.frequency_penalty = static_cast<float>(*v);
+  if (auto v = get_int(b, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
+    p.seed = static_cast<uint64_t>(*v);
+    r.seeded = true;
+  } else {
+    p.seed = seed_source;
+  }
+  try {
+    p.validate();
+  } catch (const UsageError& e) {
+    throw bad_request(e.what());
+  }
+  r.parser.stop = parse_stop(b);
+  r.parser.id_seed = seed_source ^ 0x5bd1e995u;
+  r.stream = get_bool(b, "stream").value_or(false);
+  if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
+    if (!it->is_object()) throw bad_request("'stream_options' must be an object", "stream_options");
+    r.include_usage = get_bool(*it, "include_usage").value_or(false);
+  }
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (n == 0) throw bad_request("the prompt is empty (at least one token is needed)", r.chat ? "messages" : "prompt");
+  if (n >= f.ctx_size)
+    throw ApiError(400, "invalid_request_error",
+                   strfmt("the prompt has %lld tokens, but the context size is %lld (at least one position must remain for output)",
+                          (long long)n, (long long)f.ctx_size),
+                   r.chat ? "messages" : "prompt");
+  const int64_t room = f.ctx_size - n;
+  r.max_tokens = static_cast<int>(std::min(max_tokens.value_or(room), room));
+  r.stop_ids = f.stop_ids;
+}
+
+}  // namespace
+
+std::vector<int32_t> encode_text(const ModelFacts& facts, const std::string& text, bool add_special) {
+  if (!facts.tok) throw bad_request("the model has no tokenizer.json; send token ids");
+  return facts.tok->encode(text, add_special);
+}
+
+GenRequest parse_chat_request(const json& body, const ModelFacts& f, uint64_t seed_source) {
+  GenRequest r;
+  r.chat = true;
+  if (!f.tok) throw bad_request("the model has no tokenizer.json; chat completions need one");
+  ChatPrompt prompt = render_chat(body, f.chat, /*allow_template_override=*/false);
+  r.prompt = f.tok->encode(prompt.text, /*add_special=*/false);
+  std::optional<int64_t> max_tokens = get_int(body, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max());
+  if (!max_tokens) max_tokens = get_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max());
+  parse_common(body, f, r, seed_source, max_tokens);
+  r.logprobs = get_bool(body, "logprobs").value_or(false);
+  if (auto k = get_int(body, "top_logprobs", 0, 20)) {
+    if (!r.logprobs && *k > 0) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    r.top_logprobs = static_cast<int>(*k);
+  }
+  r.parser.syntax = prompt.syntax;
+  r.parser.parse_reasoning = true;
+  r.parser.starts_in_reasoning = prompt.starts_in_reasoning;
+  r.parser.tools = prompt.tools.is_null() ? nlohmann::json() : nlohmann::json::parse(prompt.tools.dump());
+  return r;
+}
+
+GenRequest parse_completion_request(const json& body, const ModelFacts& f, uint64_t seed_source) {
+  GenRequest r;
+  r.chat = false;
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) throw bad_request("'prompt' is required", "prompt");
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
+    r.prompt = encode_text(f, (*it)[0].get<std::string>(), false);
+  } else if (it->is_string()) {
+    r.prompt = encode_text(f, it->get<std::string>(), false);
+  } else if (it->is_array()) {
+    for (const auto& id : *it) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= f.vocab_size)
+        throw bad_request(strfmt("'prompt' must be a string or an array of token ids in [0, %lld)", (long long)f.vocab_size), "prompt");
+      r.prompt.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  } else {
+    throw bad_request("'prompt' must be a string or an array of token ids", "prompt");
+  }
+  if (get_bool(body, "echo").value_or(false)) throw bad_request("'echo' is not supported", "echo");
+  if (get_string(body, "suffix")) throw bad_request("'suffix' is not supported", "suffix");
+  if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1) throw bad_request("only best_of = 1 is supported", "best_of");
+  parse_common(body, f, r, seed_source, get_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
+  if (auto k = get_int(body, "logprobs", 0, 5)) {
+    r.logprobs = true;
+    r.top_logprobs = static_cast<int>(*k);
+  }
+  r.parser.syntax = ToolSyntax::kNone;
+  r.parser.parse_reasoning = false;
+  return r;
+}
+
+}  // namespace spool::server

@@ -1,0 +1,56 @@
+// OpenAI request bodies (/v1/chat/completions, /v1/completions) to engine requests: sampling,
+// limits, stop strings, streaming and logprobs options, validated (ApiError 400 naming the
+// field for any bad value).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/sampler.h"
+#include "server/chat_prompt.h"
+#include "server/output_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spool::server {
+
+/// Facts about the loaded model that requests are checked against.
+struct ModelFacts {
+  std::string name;                         ///< model id (/v1/models)
+  const tokenizer::Tokenizer* tok = nullptr;  ///< null: no tokenizer (text endpoints refuse)
+  ChatTemplateInfo chat;                    ///< chat template and its settings
+  engine::SamplingParams defaults;          ///< generation_config.json defaults
+  int64_t ctx_size = 4096;                  ///< prompt + output positions at most
+  int64_t vocab_size = 0;                   ///< model vocabulary (ids must be below)
+  std::vector<int32_t> stop_ids;            ///< end-of-sequence ids (generation stops, not output)
+};
+
+/// One generation as the engine runs it.
+struct GenRequest {
+  bool chat = true;                   ///< chat.completion vs text_completion objects
+  std::vector<int32_t> prompt;        ///< token ids, 1 <= size < ctx_size
+  engine::SamplingParams sampling;
+  bool seeded = false;                ///< `seed` was given
+  int max_tokens = 0;                 ///< generated tokens at most (already capped by the context)
+  std::vector<int32_t> stop_ids;      ///< ids that end generation (not part of the output)
+  bool stream = false;
+  bool include_usage = false;         ///< stream_options.include_usage
+  bool logprobs = false;              ///< report the chosen tokens' log-probabilities
+  int top_logprobs = 0;               ///< and that many alternatives per position (0..20)
+  OutputParser::Options parser;       ///< stop strings, reasoning and tool-call parsing
+};
+
+/// Parses a /v1/chat/completions body (rendering the chat template). `seed_source` gives the
+/// seed when the request has none. Throws ApiError.
+GenRequest parse_chat_request(const nlohmann::ordered_json& body, const ModelFacts& facts, uint64_t seed_source);
+
+/// Parses a /v1/completions body: `prompt` is a string, an array of one string, or an array of
+/// token ids (encoded as is, no special tokens). Throws ApiError.
+GenRequest parse_completion_request(const nlohmann::ordered_json& body, const ModelFacts& facts, uint64_t seed_source);
+
+/// Ids of `text` (no special tokens added); 400 when the model has no tokenizer.
+std::vector<int32_t> encode_text(const ModelFacts& facts, const std::string& text, bool add_special);
+
+}  // namespace spool::server

@@ -1,0 +1,70 @@
+#include "server/serving_engine.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+
+namespace spool::server {
+
+namespace {
+
+engine::SamplingParams defaults_from(const io::GenerationDefaults& g) {
+  engine::SamplingParams p;
+  if (g.do_sample.has_value() && !*g.do_sample) p.temperature = 0.0f;
+  if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
+  if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
+  if (g.top_k) p.top_k = static_cast<int>(*g.top_k);
+  if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
+  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+  try {
+    p.validate();
+  } catch (const UsageError& e) {
+    throw Error(strfmt("generation_config.json: %s", e.what()));
+  }
+  return p;
+}
+
+}  // namespace
+
+std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, const EngineOptions& opt) {
+  auto e = std::make_unique<ServingEngine>();
+  e->loaded = std::move(loaded);
+  engine::LoadedModel& l = e->loaded;
+  if (!l.tok) fail("%s has no tokenizer.json; spool serve needs one", l.ckpt->dir().c_str());
+  const models::ModelSpec& spec = l.model->spec();
+  ModelFacts& f = e->facts;
+  f.name = opt.model_name;
+  f.tok = &*l.tok;
+  f.defaults = defaults_from(l.ckpt->generation());
+  f.vocab_size = spec.vocab_size;
+  f.ctx_size = opt.ctx_size > 0 ? opt.ctx_size : (spec.max_position_embeddings > 0 ? spec.max_position_embeddings : 4096);
+  for (int64_t id : spec.eos_token_ids) f.stop_ids.push_back(static_cast<int32_t>(id));
+  if (auto eos = l.tok->eos_id(); eos && *eos < spec.vocab_size &&
+                                  std::find(f.stop_ids.begin(), f.stop_ids.end(), *eos) == f.stop_ids.end())
+    f.stop_ids.push_back(*eos);
+  std::string text = opt.chat_template_file.empty() ? l.tok->chat_template() : read_whole_file(opt.chat_template_file);
+  if (!text.empty()) {
+    const std::string label = opt.chat_template_file.empty() ? l.ckpt->dir() + " chat template" : opt.chat_template_file;
+    e->tmpl.emplace(tmpl::Template::parse(text, label));
+    f.chat.tmpl = &*e->tmpl;
+    f.chat.tool_syntax = detect_tool_syntax(text);
+  } else {
+    log_warn("%s has no chat template: /v1/chat/completions will refuse requests", l.ckpt->dir().c_str());
+  }
+  f.chat.special_tokens = tmpl::special_tokens_from_config(nlohmann::ordered_json(l.tok->config()));
+  f.chat.default_kwargs = opt.template_kwargs;
+  e->session = std::make_unique<engine::Session>(*l.model);
+  if (!opt.disk_cache_dir.empty()) {
+    if (!(opt.disk_cache_budget_gb > 0)) throw UsageError("--disk-cache-budget-gb must be > 0");
+    const uint64_t budget = static_cast<uint64_t>(opt.disk_cache_budget_gb * 1e9);
+    e->disk = std::make_unique<DiskCache>(opt.disk_cache_dir, budget,
+                                          model_fingerprint(*l.ckpt, opt.kv_bits, opt.prefill_step, opt.max_active_experts));
+  }
+  e->cache = std::make_unique<PromptCache>(opt.prefill_step, opt.cache_checkpoints, e->disk.get());
+  e->gen = std::make_unique<Generator>(*e->session, *e->cache, *l.tok, opt.tool_syntax_greedy);
+  return e;
+}
+
+}  // namespace spool::server

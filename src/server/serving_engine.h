@@ -1,0 +1,51 @@
+// ServingEngine: a loaded model plus everything `spool serve` runs requests with — the chat
+// template and model facts requests are validated against, one Session, the prompt cache
+// (memory checkpoints and the optional disk cache) and the Generator.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/loader.h"
+#include "engine/session.h"
+#include "server/disk_cache.h"
+#include "server/generator.h"
+#include "server/prompt_cache.h"
+#include "server/request.h"
+#include "template/chat_template.h"
+
+namespace spool::server {
+
+/// Settings of the serving engine (from `spool serve` flags).
+struct EngineOptions {
+  std::string model_name;               ///< id reported by /v1/models and in responses
+  std::string chat_template_file;       ///< overrides the model's template when set
+  nlohmann::ordered_json template_kwargs;  ///< --chat-template-kwargs: an object or null
+  int64_t ctx_size = 0;                 ///< 0 = the model's max_position_embeddings (4096 if unset)
+  int64_t prefill_step = 512;
+  bool tool_syntax_greedy = false;
+  size_t cache_checkpoints = 16;        ///< prompt-cache GDN checkpoints in memory (0 = no reuse)
+  std::string disk_cache_dir;           ///< "" = no disk cache
+  double disk_cache_budget_gb = 10;
+  int kv_bits = 32, max_active_experts = 0;  ///< part of the disk-cache fingerprint
+};
+
+struct ServingEngine {
+  engine::LoadedModel loaded;
+  std::optional<tmpl::Template> tmpl;
+  ModelFacts facts;
+  std::unique_ptr<engine::Session> session;
+  std::unique_ptr<DiskCache> disk;
+  std::unique_ptr<PromptCache> cache;
+  std::unique_ptr<Generator> gen;
+};
+
+/// Builds the engine around a loaded model. Throws spool::Error when the model has no
+/// tokenizer, the chat template (file or model's) does not parse, or the disk cache directory
+/// cannot be used; UsageError for bad option values.
+std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, const EngineOptions& opt);
+
+}  // namespace spool::server
