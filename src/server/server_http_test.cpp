@@ -1,0 +1,276 @@
+// The HTTP API over loopback with the demo model: endpoints, SSE framing, errors (status and
+// OpenAI error object), API key, /health while loading, disconnect cancellation, and a loop of
+// ~1000 malformed requests after which the server still answers.
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "server/http_server.h"
+
+namespace spool::server {
+namespace {
+
+std::unique_ptr<ServingEngine> demo_engine() {
+  engine::LoadOptions o;
+  o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
+  o.threads = 2;
+  EngineOptions eo;
+  eo.model_name = "demo";
+  eo.ctx_size = 256;
+  eo.prefill_step = 32;
+  return make_serving_engine(engine::load(o), eo);
+}
+
+// A server on a free loopback port, serving until destroyed.
+struct Running {
+  explicit Running(const std::string& api_key = "", bool with_engine = true) {
+    HttpOptions ho;
+    ho.port = 0;
+    ho.api_key = api_key;
+    server = std::make_unique<HttpServer>(ho);
+    port = server->bind();
+    thread = std::thread([this] { server->listen(); });
+    if (with_engine) server->set_engine(demo_engine());
+  }
+  ~Running() {
+    server->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  std::unique_ptr<HttpServer> server;
+  int port = 0;
+  std::thread thread;
+};
+
+nlohmann::json body_json(const httplib::Result& r) { return nlohmann::json::parse(r->body, nullptr, false); }
+
+void expect_error(const httplib::Result& r, int status, const std::string& what) {
+  ASSERT_TRUE(r) << what;
+  EXPECT_EQ(r->status, status) << what << ": " << r->body;
+  auto j = body_json(r);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << what << ": " << r->body;
+  EXPECT_TRUE(j["error"]["message"].is_string()) << what;
+  EXPECT_TRUE(j["error"]["type"].is_string()) << what;
+}
+
+const char* kChat = R"({"model": "demo", "messages": [{"role": "user", "content": "Tell me about the sea"}], "max_tokens": 12, "temperature": 0)";
+
+TEST(HttpApi, HealthIs503WhileLoadingThen200) {
+  Running s("", /*with_engine=*/false);
+  auto c = s.client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  expect_error(c.Post("/v1/chat/completions", std::string(kChat) + "}", "application/json"), 503, "loading");
+  s.server->set_engine(demo_engine());
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(HttpApi, EndpointsAndStreaming) {
+  Running s;
+  auto c = s.client();
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(body_json(models)["data"][0]["id"], "demo");
+
+  auto plain = c.Post("/v1/chat/completions", std::string(kChat) + "}", "application/json");
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  auto pj = body_json(plain);
+  EXPECT_EQ(pj["object"], "chat.completion");
+  EXPECT_EQ(pj["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(pj["usage"]["completion_tokens"], 12);
+  EXPECT_TRUE(pj["usage"]["prompt_tokens_details"]["cached_tokens"].is_number());
+  const std::string text = pj["choices"][0]["message"]["content"];
+
+  // Streaming: role chunk, content chunks, finish chunk, usage chunk, [DONE]; same text.
+  auto st = c.Post("/v1/chat/completions", std::string(kChat) + R"(, "stream": true, "stream_options": {"include_usage": true}})",
+                   "application/json");
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->status, 200);
+  EXPECT_NE(st->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string streamed, finish;
+  bool usage = false, done = false;
+  size_t pos = 0;
+  while ((pos = st->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = st->body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string data = st->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    EXPECT_FALSE(done) << "data after [DONE]";
+    auto j = nlohmann::json::parse(data);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    if (j["choices"].empty()) {
+      usage = true;
+      EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+      continue;
+    }
+    const auto& ch = j["choices"][0];
+    if (ch["delta"].contains("content")) streamed += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_TRUE(done && usage);
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(streamed, text);
+
+  // Text completions with logprobs.
+  auto tc = c.Post("/v1/completions", R"({"prompt": "The whale", "max_tokens": 4, "temperature": 0, "logprobs": 2})", "application/json");
+  ASSERT_TRUE(tc);
+  ASSERT_EQ(tc->status, 200) << tc->body;
+  auto tj = body_json(tc);
+  EXPECT_EQ(tj["object"], "text_completion");
+  EXPECT_EQ(tj["choices"][0]["logprobs"]["tokens"].size(), 4u);
+  EXPECT_EQ(tj["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+
+  // Chat logprobs.
+  auto lp = c.Post("/v1/chat/completions", std::string(kChat) + R"(, "logprobs": true, "top_logprobs": 3})", "application/json");
+  ASSERT_TRUE(lp);
+  auto lj = body_json(lp);
+  ASSERT_EQ(lj["choices"][0]["logprobs"]["content"].size(), 12u);
+  EXPECT_LE(lj["choices"][0]["logprobs"]["content"][0]["logprob"].get<double>(), 0.0);
+  EXPECT_EQ(lj["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 3u);
+
+  // tokenize / detokenize / apply-template.
+  auto tk = c.Post("/tokenize", R"({"content": "Call me Ishmael."})", "application/json");
+  ASSERT_TRUE(tk);
+  auto ids = body_json(tk)["tokens"];
+  ASSERT_TRUE(ids.is_array() && !ids.empty());
+  auto dt = c.Post("/detokenize", nlohmann::json{{"tokens", ids}}.dump(), "application/json");
+  ASSERT_TRUE(dt);
+  EXPECT_EQ(body_json(dt)["content"], "Call me Ishmael.");
+  auto at = c.Post("/apply-template", R"({"messages": [{"role": "user", "content": "Hi"}]})", "application/json");
+  ASSERT_TRUE(at);
+  EXPECT_EQ(body_json(at)["prompt"], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  auto at2 = c.Post("/apply-template", R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template": "[{{ messages[0].content }}]"})",
+                    "application/json");
+  ASSERT_TRUE(at2);
+  EXPECT_EQ(body_json(at2)["prompt"], "[Hi]");
+
+  // Metrics.
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* name : {"spool_prompt_tokens_total", "spool_generated_tokens_total", "spool_generation_tokens_per_second",
+                           "spool_expert_cache_hit_rate", "spool_disk_read_bytes_total", "spool_resident_memory_bytes",
+                           "spool_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}"})
+    EXPECT_NE(m->body.find(name), std::string::npos) << name;
+}
+
+TEST(HttpApi, ErrorsAreOpenAIObjects) {
+  Running s("secret");
+  auto c = s.client();
+  expect_error(c.Post("/v1/chat/completions", std::string(kChat) + "}", "application/json"), 401, "no key");
+  httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
+  expect_error(c.Post("/v1/chat/completions", wrong, std::string(kChat) + "}", "application/json"), 401, "wrong key");
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);  // /health needs no key
+  c.set_bearer_token_auth("secret");
+  expect_error(c.Post("/v1/chat/completions", "", "application/json"), 400, "empty body");
+  expect_error(c.Post("/v1/chat/completions", "{\"messages\": [", "application/json"), 400, "malformed");
+  expect_error(c.Post("/v1/chat/completions", "{\"messages\": \"\xc3\x28\"}", "application/json"), 400, "invalid UTF-8");
+  expect_error(c.Post("/v1/chat/completions", R"({"model": "demo"})", "application/json"), 400, "missing messages");
+  expect_error(c.Post("/v1/chat/completions", R"({"messages": 5})", "application/json"), 400, "wrong type");
+  expect_error(c.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": "1"})", "application/json"),
+               400, "wrong type");
+  std::string long_prompt = R"({"messages": [{"role": "user", "content": ")";
+  for (int i = 0; i < 300; ++i) long_prompt += "word" + std::to_string(i) + " ";
+  expect_error(c.Post("/v1/chat/completions", long_prompt + "\"}]}", "application/json"), 400, "prompt > ctx");
+  expect_error(c.Post("/v1/completions", R"({"prompt": [1, 2, 999999]})", "application/json"), 400, "bad ids");
+  expect_error(c.Get("/v1/nothing"), 404, "unknown route");
+  expect_error(c.Post("/detokenize", R"({"tokens": [-1]})", "application/json"), 400, "bad detokenize");
+  expect_error(c.Post("/tokenize", R"({"content": 5})", "application/json"), 400, "bad tokenize");
+  // max_tokens larger than the context is capped, finish_reason "length".
+  auto big = c.Post("/v1/completions", R"({"prompt": "The sea", "max_tokens": 100000, "temperature": 0.9, "seed": 1})", "application/json");
+  ASSERT_TRUE(big);
+  ASSERT_EQ(big->status, 200) << big->body;
+  auto bj = body_json(big);
+  if (bj["choices"][0]["finish_reason"] == "length") EXPECT_EQ(bj["usage"]["total_tokens"], 256);
+}
+
+TEST(HttpApi, DisconnectCancelsAndTheNextRequestRuns) {
+  Running s;
+  // A raw socket client that reads the first SSE bytes of a long generation and hangs up.
+  {
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_read_timeout(60, 0);
+    int chunks = 0;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "The sea", "max_tokens": 200, "temperature": 0.9, "seed": 3, "stream": true})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+    auto r = c.send(req);
+    EXPECT_GE(chunks, 3);
+  }
+  // The cancelled generation stops well before 200 tokens and the engine serves the next one.
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "The sea", "max_tokens": 3, "temperature": 0})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("spool_generations_cancelled_total 1"), std::string::npos) << m->body.substr(0, 2000);
+  const size_t at = m->body.find("\nspool_generated_tokens_total ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_LT(std::stod(m->body.substr(at + 30)), 200.0);
+}
+
+TEST(Robustness, ThousandMalformedRequestsLeaveTheServerUp) {
+  Running s;
+  auto c = s.client();
+  std::mt19937 rng(12345);
+  const std::vector<std::string> bodies = {
+      "", "{", "}", "[]", "null", "42", "\"str\"", "{\"messages\": null}", "{\"messages\": {}}", "{\"messages\": [null]}",
+      "{\"messages\": [{\"role\": 1}]}", "{\"messages\": [{\"role\": \"user\", \"content\": {\"a\": 1}}]}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": -1}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 1e400}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": [[]]}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"function\": {\"name\": 5}}]}",
+      "{\"prompt\": [[1]]}", "{\"prompt\": [1.5]}", "{\"tokens\": \"abc\"}", "{\"content\": null}",
+      std::string("{\"messages\": \"\xff\xfe\"}"), std::string("{\"a\": \"\0\"}", 10), std::string(10000, '['),
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template_kwargs\": []}",
+  };
+  const std::vector<std::string> paths = {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/apply-template"};
+  int n = 0;
+  for (int i = 0; i < 1000; ++i) {
+    std::string body = bodies[rng() % bodies.size()];
+    if (i % 3 == 0 && !body.empty()) {  // random byte damage
+      for (int k = 0; k < 3; ++k) body[rng() % body.size()] = static_cast<char>(rng());
+    }
+    const std::string& path = paths[rng() % paths.size()];
+    auto r = c.Post(path, body, "application/json");
+    ASSERT_TRUE(r) << "request " << i << " got no response";
+    ++n;
+    if (r->status == 200 && path == "/apply-template") {  // it ignores the sampling fields
+      EXPECT_TRUE(body_json(r).contains("prompt"));
+      continue;
+    }
+    ASSERT_GE(r->status, 400) << path << " " << body;
+    ASSERT_LT(r->status, 500) << path << " " << body << " -> " << r->body;
+    auto j = body_json(r);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+  }
+  EXPECT_EQ(n, 1000);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto ok = c.Post("/v1/chat/completions", std::string(kChat) + "}", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+}  // namespace
+}  // namespace spool::server
