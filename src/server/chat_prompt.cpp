@@ -75,7 +75,9 @@ json normalize_messages(const json& req, bool parse_arguments) {
     json n = m;
     if (*role == "developer") n["role"] = "system";  // OpenAI's newer name for the system role
     auto content = m.find("content");
-    n["content"] = content == m.end() ? json() : normalize_content(*content, where);
+    // null / missing content (assistant tool-call turns) becomes "": templates test it with `in`
+    // and string operations (Qwen3's fails on None, as it does in transformers).
+    n["content"] = content == m.end() || content->is_null() ? json("") : normalize_content(*content, where);
     if (auto r = m.find("reasoning_content"); r != m.end() && !r->is_null() && !r->is_string())
       throw bad_request(where + ".reasoning_content must be a string", where + ".reasoning_content");
     if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) n["tool_calls"] = normalize_tool_calls(*tc, where, parse_arguments);

@@ -29,7 +29,7 @@ struct ChatPrompt {
 
 /// Renders `req` (an OpenAI chat request object: messages, tools, tool_choice,
 /// add_generation_prompt, chat_template_kwargs and, when `allow_template_override`,
-/// chat_template). Messages are checked (roles are strings; content is a string, null or an
+/// chat_template). Messages are checked (roles are strings; content is a string, null (read as ""), or an
 /// array of text parts, joined with "\n"; tool_calls is an array of function calls) and, for
 /// XML tool syntax, assistant tool-call `arguments` strings are parsed into objects (the
 /// template iterates them). Throws ApiError 400 naming the field for bad input, and for

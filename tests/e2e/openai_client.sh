@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# End-to-end test of `spool serve` with the official `openai` Python client.
+# Usage: tests/e2e/openai_client.sh SPOOL_BINARY BUILD_DIR
+# Creates BUILD_DIR/e2e-venv (python3 -m venv; pip install openai), starts the server on a free
+# loopback port with the demo model and runs tests/e2e/openai_client.py against it.
+# Exit 77 (ctest SKIP_RETURN_CODE) only when PyPI cannot be reached to install the client.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+spool="$1"
+build="$2"
+venv="$build/e2e-venv"
+work="$build/test-tmp/e2e"
+mkdir -p "$work"
+
+if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+  python3 -m venv "$venv"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check openai; then
+    if ! curl -sf -m 15 -o /dev/null https://pypi.org/simple/openai/; then
+      echo "e2e: SKIP: PyPI is unreachable, cannot install the openai client"
+      exit 77
+    fi
+    echo "e2e: pip install openai failed although PyPI is reachable" >&2
+    exit 1
+  fi
+fi
+
+log="$work/serve.log"
+"$spool" serve --port 0 --api-key e2e-key --threads 2 --ctx-size 512 --prefill-step-size 16 >"$log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
+port=""
+for _ in $(seq 1 300); do
+  port="$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1)"
+  if [ -n "$port" ] && curl -sf -o /dev/null "http://127.0.0.1:$port/health"; then break; fi
+  if ! kill -0 "$pid" 2>/dev/null; then
+    echo "e2e: spool serve exited early:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+curl -sf -o /dev/null "http://127.0.0.1:$port/health" || { echo "e2e: server not ready" >&2; cat "$log" >&2; exit 1; }
+"$venv/bin/python" "$here/openai_client.py" "http://127.0.0.1:$port/v1" e2e-key
+echo "e2e: openai client test passed"
