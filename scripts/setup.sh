@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev libutf8proc-dev libhwy-dev
   liburing-dev libcurl4-openssl-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
+  python3-venv curl
 )
 missing=()
 for p in "${packages[@]}"; do
