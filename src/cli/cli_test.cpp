@@ -67,6 +67,21 @@ TEST(Cli, GenerateDemoGoldenContinuation) {
   EXPECT_NE(t.err.find("peak RSS"), std::string::npos);
 }
 
+TEST(Cli, GenerateChatRendersTheChatTemplate) {
+  Result r = spool("generate --chat --system 'Be brief.' --prompt 'Hello there' --temp 0 --max-tokens 4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The same ids as the rendered Qwen3 prompt given as raw text.
+  const std::string raw = ::testing::TempDir() + "/cli_chat_prompt.txt";
+  std::ofstream(raw) << "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n";
+  Result ids = spool("generate --file " + raw + " --max-tokens 0 --json");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  auto j = nlohmann::json::parse(r.out), t = nlohmann::json::parse(ids.out);
+  EXPECT_EQ(j["prompt_ids"], t["prompt_ids"]) << ids.out;
+  EXPECT_EQ(spool("generate --system x --prompt hi").code, 2);
+  EXPECT_EQ(spool("generate --chat --prompt-ids 1,2").code, 2);
+  EXPECT_EQ(spool("generate --chat --prompt hi --chat-template-kwargs '[1]'").code, 2);
+}
+
 TEST(Cli, PromptIdsWithoutTokenizer) {
   auto g = nlohmann::json::parse(slurp(kData + "/models/qwen3_5_moe_vl_fused/golden.json"));
   std::string ids;

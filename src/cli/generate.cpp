@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "engine/session.h"
+#include "template/chat_template.h"
 #include "tokenizer/stream_decoder.h"
 
 namespace spool::cli {
@@ -26,7 +27,24 @@ struct GenerateOptions {
   bool has_prompt = false, has_ids = false, has_file = false;
   int64_t prefill_step = 512;
   bool json = false;
+  bool chat = false;                // --chat: the prompt is a user message rendered with the chat template
+  std::string system;               // --system: a system message before it (with --chat)
+  std::string chat_template_kwargs; // --chat-template-kwargs JSON object (with --chat)
 };
+
+// The prompt text as one user turn (after an optional system turn) rendered with the model's
+// chat template, ending with the assistant header (add_generation_prompt).
+std::string chat_prompt(const GenerateOptions& o, const tokenizer::Tokenizer& tok, const std::string& user, const std::string& dir) {
+  if (tok.chat_template().empty()) throw Error(strfmt("%s has no chat template (chat_template.jinja or tokenizer_config.json); drop --chat", dir.c_str()));
+  tmpl::Template t = tmpl::Template::parse(tok.chat_template(), dir + " chat template");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+  messages.push_back({{"role", "user"}, {"content", user}});
+  tmpl::ChatOptions opt;
+  opt.add_generation_prompt = true;
+  if (!o.chat_template_kwargs.empty()) opt.extra_kwargs = nlohmann::ordered_json::parse(o.chat_template_kwargs);
+  return tmpl::apply_chat_template(t, messages, opt, tmpl::special_tokens_from_config(nlohmann::ordered_json(tok.config())));
+}
 
 engine::SamplingParams sampling_from(const GenerateOptions& o, const io::GenerationDefaults& g) {
   engine::SamplingParams p;  // spool defaults: 0.8 / 0.95 / 40 / 0.05 / 1.0
@@ -65,6 +83,10 @@ void run(const GenerateOptions& o) {
   if (o.has_file && file_text.empty()) throw Error(strfmt("%s is empty", o.file.c_str()));
   if (o.max_tokens < 0) throw UsageError(strfmt("--max-tokens must be >= 0 (got %d)", o.max_tokens));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (!o.chat && (!o.system.empty() || !o.chat_template_kwargs.empty())) throw UsageError("--system and --chat-template-kwargs need --chat");
+  if (o.chat && o.has_ids) throw UsageError("--chat takes text (--prompt or --file), not --prompt-ids");
+  if (!o.chat_template_kwargs.empty() && !nlohmann::ordered_json::parse(o.chat_template_kwargs, nullptr, false).is_object())
+    throw UsageError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
   // Validate the parameters before loading anything.
   sampling_from(o, {});
   Loaded l = load_model(o.model);
@@ -75,7 +97,8 @@ void run(const GenerateOptions& o) {
     req.prompt = given_ids;
   } else {
     if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; use --prompt-ids to give token ids", o.model.dir().c_str()));
-    req.prompt = l.tok->encode(o.has_file ? file_text : o.prompt, /*add_special=*/false);
+    const std::string& text = o.has_file ? file_text : o.prompt;
+    req.prompt = l.tok->encode(o.chat ? chat_prompt(o, *l.tok, text, o.model.dir()) : text, /*add_special=*/false);
   }
   for (int32_t id : req.prompt)
     if (id >= spec.vocab_size) throw Error(strfmt("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)spec.vocab_size));
@@ -83,6 +106,8 @@ void run(const GenerateOptions& o) {
   req.sampling = sampling_from(o, l.ckpt->generation());
   req.prefill_step = o.prefill_step;
   for (int64_t e : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(e));
+  // A chat turn also ends at the tokenizer's eos_token (e.g. <|im_end|>).
+  if (o.chat && l.tok->eos_id() && *l.tok->eos_id() < spec.vocab_size) req.stop_ids.push_back(*l.tok->eos_id());
 
   std::optional<tokenizer::StreamDecoder> dec;
   if (l.tok && !o.json) dec.emplace(*l.tok);
@@ -157,7 +182,7 @@ void run(const GenerateOptions& o) {
 
 void register_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  CLI::App* c = app.add_subcommand("generate", "Generate text from a prompt (raw text, no chat template)");
+  CLI::App* c = app.add_subcommand("generate", "Generate text from a prompt (raw text, or a chat turn with --chat)");
   o->model.add_to(c);
   CLI::Option* op = c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
   CLI::Option* oi = c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
@@ -171,6 +196,9 @@ void register_generate(CLI::App& app) {
   c->add_option("-s,--seed", o->seed, "Random seed; -1 = random (default; the seed used is reported with --json)");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");
   c->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
+  c->add_flag("--chat", o->chat, "Send the prompt as a user message through the model's chat template");
+  c->add_option("--system", o->system, "System message before the prompt (with --chat)");
+  c->add_option("--chat-template-kwargs", o->chat_template_kwargs, "JSON object of template variables (with --chat), e.g. '{\"enable_thinking\": false}'");
   c->callback([o, op, oi, of] {
     o->has_prompt = op->count() > 0;
     o->has_ids = oi->count() > 0;
