@@ -25,6 +25,8 @@ struct PlanOptions {
   double ram_gb = 0;
   double disk_gbps = 0, mem_gbps = 0;
   int threads = 0;
+  bool stream = false, no_stream = false;
+  std::string cache_budget = "auto";
   bool json = false;
 };
 
@@ -132,6 +134,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
 }
 
 void run(const PlanOptions& o) {
+  const uint64_t start_rss = current_rss_bytes();  // this binary before it reads anything: the runtime base
   if (o.model.empty()) throw UsageError("--model DIR|URL is required");
   if (o.ctx < 1 || o.ctx > (int64_t{1} << 24)) throw UsageError(strfmt("--ctx-size must be 1..16777216 (got %lld)", (long long)o.ctx));
   if (o.kv_bits != 8 && o.kv_bits != 16 && o.kv_bits != 32) throw UsageError(strfmt("--kv-bits must be 8, 16 or 32 (got %d)", o.kv_bits));
@@ -140,6 +143,15 @@ void run(const PlanOptions& o) {
   if (o.disk_gbps < 0 || o.mem_gbps < 0) throw UsageError("--disk-gbps and --mem-gbps must be positive");
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads must be 1..1024, or 0 for all hardware threads");
 
+  if (o.stream && o.no_stream) throw UsageError("--stream and --no-stream contradict each other");
+  std::optional<uint64_t> budget;
+  if (o.cache_budget != "auto") {
+    char* end = nullptr;
+    const double g = std::strtod(o.cache_budget.c_str(), &end);
+    if (end == o.cache_budget.c_str() || *end != '\0' || !(g >= 0) || !(g <= 1e6))
+      throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", o.cache_budget.c_str()));
+    budget = static_cast<uint64_t>(g * (1ull << 30));
+  }
   plan::ModelSource src = plan::open_source(o.model);
   plan::PlanInputs in;
   in.shape.ctx = o.ctx;
@@ -148,8 +160,12 @@ void run(const PlanOptions& o) {
   const unsigned hw = std::thread::hardware_concurrency();
   in.shape.threads = o.threads > 0 ? o.threads : (hw ? static_cast<int>(hw) : 1);
   in.shape.tokenizer_json_bytes = src.tokenizer_json_bytes;
+  in.shape.start_rss = start_rss;
   in.kv_bits_given = o.kv_bits_given;
   in.model_arg = src.suggested_dir;
+  if (o.stream || budget) in.stream = true;
+  if (o.no_stream) in.stream = false;
+  in.cache_budget = budget;
   const bool this_machine = o.ram_gb == 0;
   in.available = this_machine ? available_memory_bytes() : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
   if (o.mem_gbps > 0) in.mem_gbps = o.mem_gbps;
@@ -184,6 +200,9 @@ void register_plan(CLI::App& app) {
   c->add_option("--disk-gbps", o->disk_gbps, "Direct-read disk bandwidth, GB/s (default: measured on a local model's shard)");
   c->add_option("--mem-gbps", o->mem_gbps, "Memory read bandwidth, GB/s (default: measured on this machine)");
   c->add_option("-t,--threads", o->threads, "Threads the run will use (default 0 = all hardware threads)");
+  c->add_flag("--stream", o->stream, "Plan a streaming run even if the experts would fit");
+  c->add_flag("--no-stream", o->no_stream, "Plan with every expert resident");
+  c->add_option("--cache-budget-gb", o->cache_budget, "Plan a streaming run with this expert cache budget (GB) instead of auto");
   c->add_flag("--json", o->json, "Print JSON");
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;

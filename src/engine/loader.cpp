@@ -79,6 +79,7 @@ LoadedModel load(const LoadOptions& opt) {
   }
   LoadedModel l;
   const double t0 = now_seconds();
+  const uint64_t start_rss = current_rss_bytes();  // the runtime base of plan::base_needs
   l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   l.model = models::load_model(l.ckpt, l.pool.get());
@@ -100,6 +101,7 @@ LoadedModel load(const LoadOptions& opt) {
   shape.prefill_step = opt.prefill_step;
   shape.kv_bits = opt.kv_bits;
   shape.threads = opt.threads;
+  shape.start_rss = start_rss;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
                                    ? std::filesystem::file_size(opt.model_dir + "/tokenizer.json", ec) : 0;
   const plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);

@@ -33,6 +33,7 @@ WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec
   w.resident_dense = w.dense - w.embed_on_demand;
   // Copies made by models/bind.cpp (bind_f32 / bind_norm) and gated_deltanet.cpp (regroups).
   for (const auto& t : ck.tensors()) {
+    if (ends_with(t.name, ".qweight")) w.any_quantized = true;
     if (t.expert_layer >= 0) continue;
     const std::string& n = t.name;
     if (ends_with(n, "norm.weight") || ends_with(n, "conv1d.weight") || ends_with(n, "A_log") || ends_with(n, "dt_bias") ||
@@ -86,7 +87,7 @@ StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits
   return b;
 }
 
-uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int threads) {
+uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int threads, bool quantized) {
   const uint64_t t = static_cast<uint64_t>(std::max<int64_t>(T, 1));
   const uint64_t H = s.hidden_size, V = s.vocab_size;
   uint64_t n = 3 * t * H * kF;  // decoder.cpp h_, xn_, tmp_
@@ -119,6 +120,11 @@ uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int
   const uint64_t per_thread = t * (H + 2 * m.intermediate) * kF + 4 * widest * kF +
                               (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * a.head_dim) * kF : 0);
   n += per_thread * static_cast<uint64_t>(std::max(threads, 1));
+  if (quantized) {
+    // quant_matmul.cpp `rot` (the calling thread rotates a whole matmul's input) and
+    // matmul.cpp `rotated` (each thread rotates its expert's tokens).
+    n += t * widest * kF + static_cast<uint64_t>(std::max(threads, 1)) * t * std::max<uint64_t>(H, m.intermediate) * kF;
+  }
   n += V * kF + V * (kF + sizeof(int32_t)) + V * sizeof(int32_t);  // session.cpp logits_, sampler cand_, counts_
   return n;
 }
@@ -129,11 +135,12 @@ uint64_t tokenizer_bytes(uint64_t json_bytes) {
   return json_bytes * 15 / 2;
 }
 
-uint64_t runtime_base_bytes(int threads) {
-  // Measured: `spool info` on the demo model peaks at 6.7 MB (code and shared-library pages
-  // 5.0 MB, heap 1.6 MB); generate touches about 1 MB more code. Thread stacks are charged by
-  // the pages they touch (~64 KB each).
-  return (7ull << 20) + static_cast<uint64_t>(std::max(threads, 1)) * (64ull << 10);
+uint64_t runtime_base_bytes(int threads, uint64_t start_rss) {
+  // Measured with a 0.5 ms /proc/self/status sampler: `spool generate` on the demo model maps
+  // 0.8 MiB more of the executable and libraries than `spool info` (kernels, tokenizer code),
+  // and each thread touches ~64 KiB of stack.
+  const uint64_t start = start_rss ? start_rss : (15ull << 20);
+  return start + (1ull << 20) + static_cast<uint64_t>(std::max(threads, 1)) * (64ull << 10);
 }
 
 }  // namespace spool::plan

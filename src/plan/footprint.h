@@ -25,6 +25,7 @@ struct WeightBytes {
   uint64_t file_bytes = 0;     // shard files (headers included)
   int shards = 0;
   bool experts_quantized = false;
+  bool any_quantized = false;  // some weight is in spool's quantized format (.qweight)
 };
 
 /// Classifies the tensors of `ck` (opened header-only or mapped).
@@ -51,14 +52,17 @@ StateBytes state_bytes(const models::ModelSpec& spec, int64_t capacity, int kv_b
 
 /// Scratch buffers of a forward pass over `T` tokens (per-layer activations kept between
 /// calls, per-thread kernel scratch for `threads` threads, attention scores over `ctx`
-/// positions) plus logits and sampler buffers, in bytes.
-uint64_t workspace_bytes(const models::ModelSpec& spec, int64_t T, int64_t ctx, int threads);
+/// positions, rotated inputs when weights are `quantized`) plus logits and sampler buffers,
+/// in bytes.
+uint64_t workspace_bytes(const models::ModelSpec& spec, int64_t T, int64_t ctx, int threads, bool quantized = false);
 
 /// Memory the tokenizer holds after loading a tokenizer.json of `json_bytes` bytes.
 uint64_t tokenizer_bytes(uint64_t json_bytes);
 
-/// The process without a model: executable, shared libraries, thread stacks, allocator
-/// arenas; measured (see README "Calibration").
-uint64_t runtime_base_bytes(int threads);
+/// The process without a model: executable, shared libraries, heap of the command line,
+/// thread stacks. `start_rss` is the resident size of this same binary measured before it
+/// loads anything (current_rss_bytes() early in the command; 0 = use a typical 15 MiB); a
+/// run adds about 1 MiB of code pages (kernels) and `threads` stacks.
+uint64_t runtime_base_bytes(int threads, uint64_t start_rss);
 
 }  // namespace spool::plan

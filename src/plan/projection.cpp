@@ -35,9 +35,9 @@ BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const 
   const StateBytes st = state_bytes(spec, cap, sh.kv_bits);
   b.dense = w.resident_dense + w.f32_copies;
   b.state = st.kv + st.recurrent + st.grow_transient;
-  b.workspace = workspace_bytes(spec, std::min(sh.prefill_step, sh.ctx), sh.ctx, sh.threads);
+  b.workspace = workspace_bytes(spec, std::min(sh.prefill_step, sh.ctx), sh.ctx, sh.threads, w.any_quantized);
   b.tokenizer = sh.tokenizer_json_bytes ? tokenizer_bytes(sh.tokenizer_json_bytes) : 0;
-  b.runtime = runtime_base_bytes(sh.threads);
+  b.runtime = runtime_base_bytes(sh.threads, sh.start_rss);
   return b;
 }
 
@@ -61,20 +61,21 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
     p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
-    if (p.weights.experts == 0 || !must_stream(in.available, p.base, p.weights.experts)) {
+    const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));
+    if (!stream) {
       p.verdict = p.base.sum() + p.weights.experts + p.reserve <= in.available ? Verdict::kResident : Verdict::kNoFit;
       p.cache_budget = p.cache_bytes = 0;
       p.peak = p.base.sum() + p.weights.experts;
       return;
     }
     p.slot_bytes = expert_slot_bytes(ck, p.spec, !p.use_page_cache);
-    p.cache_budget = auto_cache_budget(in.available, p.base, p.weights.experts);
+    p.cache_budget = in.cache_budget.value_or(auto_cache_budget(in.available, p.base, p.weights.experts));
     p.cache_bytes = cache_peak_bytes(p.cache_budget, p.slot_bytes, p.spec.moe.top_k, p.expert_count);
     p.peak = p.base.sum() + p.cache_bytes;
     p.verdict = p.peak + p.reserve <= in.available ? Verdict::kStream : Verdict::kNoFit;
   };
   evaluate(in.shape.kv_bits);
-  if (!in.kv_bits_given && in.shape.kv_bits == 32 && p.verdict != Verdict::kResident && p.state.kv > 0) {
+  if (!in.kv_bits_given && !in.stream && !in.cache_budget && in.shape.kv_bits == 32 && p.verdict != Verdict::kResident && p.state.kv > 0) {
     const Verdict before = p.verdict;
     const uint64_t budget_before = p.cache_budget;
     Projection keep = p;
@@ -106,6 +107,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   std::string cmd = "spool generate --model " + in.model_arg;
   if (p.verdict == Verdict::kStream) cmd += " --stream --cache-budget-gb " + gb_arg(p.cache_budget);
   if (p.verdict == Verdict::kResident && p.weights.experts > 0) cmd += " --no-stream";
+  if (p.verdict == Verdict::kStream && !p.use_page_cache) cmd += " --no-page-cache";
   if (p.shape.kv_bits != 32) cmd += strfmt(" --kv-bits %d", p.shape.kv_bits);
   if (in.shape.prefill_step != 512) cmd += strfmt(" --prefill-step-size %lld", (long long)in.shape.prefill_step);
   if (in.shape.ctx > p.spec.max_position_embeddings && p.spec.max_position_embeddings > 0)

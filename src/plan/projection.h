@@ -23,6 +23,7 @@ struct RunShape {
   int kv_bits = 32;              // --kv-bits
   int threads = 1;
   uint64_t tokenizer_json_bytes = 0;  // 0 when the model has no tokenizer.json
+  uint64_t start_rss = 0;             // resident bytes of the process before loading (0 = typical)
 };
 
 /// Resident needs besides the routed experts (see BaseNeeds) of a run of `shape`.
@@ -36,6 +37,8 @@ struct PlanInputs {
   std::optional<double> disk_gbps; // direct-read disk bandwidth, GB/s
   std::string model_arg;           // what --model should be in the printed command
   bool kv_bits_given = false;      // the user chose --kv-bits (otherwise 8 may be suggested)
+  std::optional<bool> stream;      // --stream / --no-stream; nullopt = decide as the loader does
+  std::optional<uint64_t> cache_budget;  // --cache-budget-gb in bytes; nullopt = auto
 };
 
 enum class Verdict { kResident, kStream, kNoFit };

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# spool vs llama.cpp on the same machine, threads and weights (not in CI; root for cgroups and
+# drop_caches). A synthetic Qwen3-30B-A3B-shaped checkpoint (BF16, fewer layers) is written by
+# `spool synth`, converted to a BF16 GGUF (bench/qwen3moe_to_gguf.py, gguf package), and both
+# tools run llama-bench-style pp/tg tests: fully resident, then inside memory cgroups of 8 and
+# 4 GiB (llama.cpp with mmap, as users run it; spool streaming experts with its auto budget).
+# Runs are interleaved (llama.cpp, spool, ...). The physical limits are measured in the same
+# run: memory read bandwidth (spool plan's probe) and direct-read disk bandwidth (fio).
+# Writes bench/results/compare.md and bench/results/compare.png.
+#
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin PYTHON=/path/to/venv/bin/python bench/compare.sh
+#
+# llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:
+#   pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
+#   cmake -S llama_cpp_python-*/vendor/llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+#     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF && ninja -C build llama-bench
+# PYTHON needs numpy and the gguf package (pip install gguf numpy, or llama.cpp's gguf-py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+SPOOL=$BUILD/spool
+LLAMA_BIN=${LLAMA_BIN:-/work/scratch/llama.cpp/build/bin}
+PYTHON=${PYTHON:-/work/scratch/venv/bin/python}
+LAYERS=${LAYERS:-8}                      # 8 of Qwen3-30B-A3B's 48 layers: 10.4 GiB in BF16
+DIR=${SPOOL_BENCH_DIR:-$HOME/.cache/spool-bench}
+MODEL=${MODEL:-$DIR/qwen3-30b-a3b-${LAYERS}l}
+GGUF=${GGUF:-$MODEL.bf16.gguf}
+THREADS=${THREADS:-$(nproc)}
+CAPS=${CAPS:-"8 4"}                      # cgroup limits, GiB
+RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-3}   # resident tests
+CAP_P=${CAP_P:-64} CAP_N=${CAP_N:-32} CAP_R=${CAP_R:-2}     # capped tests (each token may read from disk)
+OUT=bench/results/compare.md
+PNG=bench/results/compare.png
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+[ "$(id -u)" -eq 0 ] || { echo "compare.sh: run as root (memory cgroups, drop_caches)"; exit 1; }
+[ -x "$SPOOL" ] || { echo "compare.sh: build spool first ($SPOOL)"; exit 1; }
+[ -x "$LLAMA_BIN/llama-bench" ] || { echo "compare.sh: no llama-bench in $LLAMA_BIN (see the header of this script)"; exit 1; }
+command -v fio >/dev/null || { echo "compare.sh: install fio"; exit 1; }
+command -v gnuplot >/dev/null || { echo "compare.sh: install gnuplot (apt-get install gnuplot-nox)"; exit 1; }
+
+[ -f "$MODEL/config.json" ] || "$SPOOL" synth --preset qwen3-30b-a3b --layers "$LAYERS" --out "$MODEL"
+[ -f "$GGUF" ] || "$PYTHON" bench/qwen3moe_to_gguf.py "$MODEL" "$GGUF"
+
+# --- physical limits, measured now -------------------------------------------------------
+plan_json=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --json || true)
+mem_gbps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['mem_gbps'])" "$plan_json")
+active=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['active_bytes_per_token'])" "$plan_json")
+shard=$(ls "$MODEL"/*.safetensors | head -1)
+sync; echo 3 > /proc/sys/vm/drop_caches
+disk_gbps=$(fio --name=probe --filename="$shard" --readonly --direct=1 --rw=randread --bs=4M --ioengine=psync \
+  --numjobs=8 --group_reporting --runtime=10 --time_based --output-format=json 2>/dev/null |
+  python3 -c "import json,sys; print(round(json.load(sys.stdin)['jobs'][0]['read']['bw']*1024/1e9, 3))")
+echo "memory read bandwidth $mem_gbps GB/s; direct-read disk bandwidth $disk_gbps GB/s; weights read per token $active B"
+
+# --- runs ---------------------------------------------------------------------------------
+# run_in CG_DIR CMD...: runs CMD inside the memory cgroup (empty: no cgroup); prints stdout,
+# leaves the peak RSS (ru_maxrss of the child, bytes) in $TMP/maxrss.
+run_in() {
+  local cg=$1; shift
+  python3 - "$cg" "$TMP/maxrss" "$@" <<'PY'
+import os, resource, subprocess, sys
+cg, out, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
+def enter():
+    if cg:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+p = subprocess.run(cmd, preexec_fn=enter, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+open(out, "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+sys.stdout.write(p.stdout.decode())
+sys.exit(p.returncode)
+PY
+}
+
+rows=()
+data=()
+# bench CONFIG CG P N R SPOOL_FLAGS
+bench() {
+  local config=$1 cg=$2 p=$3 n=$4 r=$5 sflags=$6
+  local tests=("llama.cpp" "spool")
+  for tool in "${tests[@]}"; do
+    if [ -n "$cg" ]; then
+      sync; echo 3 > /proc/sys/vm/drop_caches
+      echo 0 > "$cg/memory.force_empty" 2>/dev/null || true
+      echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
+    fi
+    local json
+    if [ "$tool" = llama.cpp ]; then
+      json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" -o json)
+    else
+      json=$(run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json)
+    fi
+    local rss cgpeak=0
+    rss=$(cat "$TMP/maxrss")
+    [ -n "$cg" ] && cgpeak=$(cat "$cg/memory.max_usage_in_bytes")
+    local row
+    row=$(python3 - "$config" "$tool" "$json" "$rss" "$cgpeak" "$mem_gbps" "$disk_gbps" "$active" <<'PY'
+import json, sys
+config, tool, js, rss, cgpeak, mem, disk, active = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
+pp = next(t for t in js if t["n_gen"] == 0)
+tg = next(t for t in js if t["n_prompt"] == 0)
+mem_bound = mem * 1e9 / active
+hit = f"{100*tg['cache_hit_rate']:.1f}%" if tool == "spool" else "-"
+mbt = tg.get("bytes_read_per_token", 0) / 1e6 if tool == "spool" else 0
+disk_frac = f"{100 * tg['avg_ts'] * mbt / 1e3 / disk:.0f}%" if tool == "spool" and mbt > 0 else "-"
+cg = f"{cgpeak/2**30:.2f}" if cgpeak else "-"
+print(f"| {config} | {tool} | {pp['avg_ts']:.2f} ± {pp['stddev_ts']:.2f} | {tg['avg_ts']:.2f} ± {tg['stddev_ts']:.2f} | "
+      f"{100*tg['avg_ts']/mem_bound:.0f}% | {hit} | {mbt:.0f} | {disk_frac} | {rss/2**30:.2f} | {cg} |")
+print(f"DATA\t{config}\t{tool}\t{tg['avg_ts']:.4f}\t{pp['avg_ts']:.4f}", file=sys.stderr)
+PY
+    2>>"$TMP/data.tsv")
+    rows+=("$row")
+    echo "$row"
+  done
+}
+
+bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "--no-stream"
+for cap in $CAPS; do
+  cg=/sys/fs/cgroup/memory/spool-cmp${cap}g
+  mkdir -p "$cg"
+  echo $((cap * 1024 * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
+  bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" ""
+done
+
+model_gib=$(python3 -c "import os,sys; print(round(sum(os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1]) if f.endswith('.safetensors'))/2**30, 1))" "$MODEL")
+{
+  echo "spool vs llama.cpp ($("$LLAMA_BIN/llama-bench" --version 2>&1 | head -1 || true)), synthetic Qwen3-30B-A3B shape,"
+  echo "$LAYERS layers, $model_gib GiB BF16 (same weights: safetensors for spool, GGUF for llama.cpp), $THREADS threads,"
+  echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
+  echo "Resident: pp$RES_P / tg$RES_N, $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_R repetitions, page cache dropped before each run;"
+  echo "llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
+  echo
+  echo "Physical limits measured in the same run: memory read **$mem_gbps GB/s** (one token reads"
+  echo "$(python3 -c "print(round($active/1e6))") MB of weights: decode bound $(python3 -c "print(round($mem_gbps*1e9/$active, 1))") tok/s);"
+  echo "direct-read disk **$disk_gbps GB/s** (fio, 4 MiB random reads x 8)."
+  echo
+  echo "| config | tool | pp t/s | tg t/s | tg / memory bound | expert hit rate | MB read/token | disk reads / disk bound | peak RSS GiB | cgroup peak GiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$OUT"
+
+grep '^DATA' "$TMP/data.tsv" | cut -f2- > "$TMP/plot.tsv"
+python3 - "$TMP/plot.tsv" "$TMP/plot.dat" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+configs = []
+for c, tool, tg, pp in rows:
+    if c not in configs:
+        configs.append(c)
+with open(sys.argv[2], "w") as f:
+    for c in configs:
+        v = {tool: tg for cc, tool, tg, pp in rows if cc == c}
+        f.write(f"\"{c}\" {v.get('llama.cpp', 0)} {v.get('spool', 0)}\n")
+PY
+gnuplot <<GP
+set terminal pngcairo size 800,450 noenhanced
+set output "$PNG"
+set title "Decode (tg$CAP_N/tg$RES_N) tokens/s, Qwen3-30B-A3B shape, $LAYERS layers BF16, $THREADS threads"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set ylabel "tokens/s"
+set yrange [0:*]
+set grid ytics
+set key top right
+plot "$TMP/plot.dat" using 2:xtic(1) title "llama.cpp (mmap)", "" using 3 title "spool"
+GP
+echo "wrote $OUT and $PNG"

@@ -1,0 +1,109 @@
+// spool plan / doctor / bench as a user runs them: exit codes (0 fits, 1 does not fit or
+// error, 2 usage), the documented --json keys, and the llama-bench-style table.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+// Runs `spool <args>` (stderr discarded); args are shell-quoted by the caller.
+Result spool(const std::string& args) {
+  const std::string cmd = std::string(SPOOL_BINARY_DIR) + "/spool " + args + " 2>/dev/null";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kDemo = SPOOL_DEFAULT_MODEL_DIR;
+
+TEST(PlanCli, JsonKeysAndExitCodes) {
+  Result r = spool("plan -m " + kDemo + " --json --mem-gbps 10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"verdict", "peak_bytes", "resident_weight_bytes", "expert_bytes", "kv_bytes_per_token", "cache_budget_bytes", "command"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["verdict"], "resident");
+  EXPECT_EQ(j["kv_bytes_per_token"], 2 * 2 * 64 * 4 * 2);  // K and V, 2 KV heads x 64 dims, f32, 2 attention layers
+  EXPECT_GT(j["decode_tok_s_mem_bound"].get<double>(), 0);
+
+  r = spool("plan -m " + kDemo + " --json --ram-gb 0.6");  // 0.6 GiB: the 512 MiB reserve leaves too little
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["verdict"], "no_fit");
+
+  r = spool("plan -m " + kDemo + " --json --cache-budget-gb 0.005 --kv-bits 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = nlohmann::json::parse(r.out);
+  EXPECT_EQ(s["verdict"], "stream");
+  EXPECT_EQ(s["cache_budget_bytes"], static_cast<uint64_t>(0.005 * (1ull << 30)));
+  EXPECT_NE(s["command"].get<std::string>().find("--stream --cache-budget-gb 0.00 --kv-bits 8"), std::string::npos) << s["command"];
+
+  EXPECT_EQ(spool("plan -m /nonexistent/dir").code, 1);
+  EXPECT_EQ(spool("plan").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --kv-bits 7").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --ctx-size 0").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --cache-budget-gb lots").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --stream --no-stream").code, 2);
+}
+
+TEST(PlanCli, TextNamesTheVerdictAndCommand) {
+  const Result r = spool("plan -m " + kDemo + " --ram-gb 8 --mem-gbps 10 --disk-gbps 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("verdict    RESIDENT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("command    spool generate --model " + kDemo + " --no-stream"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak (VmHWM)"), std::string::npos) << r.out;
+}
+
+TEST(DoctorCli, ChecksWithFixes) {
+  Result r = spool("doctor -m " + kDemo + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["ok"].get<bool>());
+  std::set<std::string> names;
+  for (const auto& c : j["checks"]) {
+    names.insert(c["name"].get<std::string>());
+    const std::string st = c["status"];
+    EXPECT_TRUE(st == "ok" || st == "warn" || st == "fail") << st;
+    if (st != "ok") EXPECT_FALSE(c["fix"].get<std::string>().empty()) << c.dump();
+  }
+  for (const char* n : {"model", "tokenizer", "simd", "memory", "disk", "o_direct", "io_uring"}) EXPECT_TRUE(names.count(n)) << n;
+  r = spool("doctor -m /nonexistent/dir --json");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["checks"][0]["status"], "fail");
+}
+
+TEST(BenchCli, LlamaBenchTable) {
+  Result r = spool("bench -m " + kDemo + " -p 16 -n 4 -r 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("| model | size | params | backend | threads | test | t/s |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| pp16 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| tg4 |"), std::string::npos) << r.out;
+  r = spool("bench -m " + kDemo + " -p 8 -n 2 -r 2 --stream --cache-budget-gb 0.002 -o json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["test"], "pp8");
+  EXPECT_EQ(j[0]["samples_ts"].size(), 2u);
+  EXPECT_TRUE(j[1]["streaming"].get<bool>());
+  EXPECT_LT(j[1]["cache_hit_rate"].get<double>(), 1.0);
+  EXPECT_GT(j[1]["bytes_read_per_token"].get<double>(), 0);
+  EXPECT_EQ(spool("bench -m " + kDemo + " -r 0").code, 2);
+  EXPECT_EQ(spool("bench -m " + kDemo + " -o xml").code, 2);
+  EXPECT_EQ(spool("bench -m " + kDemo + " -p 0 -n 0").code, 2);
+}
+
+}  // namespace
