@@ -59,7 +59,16 @@ void run(const ServeOptions& o) {
   eo.disk_cache_budget_gb = o.disk_cache_budget_gb;
   eo.kv_bits = lo.kv_bits;
   eo.max_active_experts = lo.max_active_experts;
-  if (o.ctx_size > 0) lo.ctx_size = o.ctx_size;
+  // The loader keeps the KV cache of the whole context out of the expert-cache budget: give it the
+  // context requests may use (the model's max_position_embeddings unless --ctx-size says).
+  if (o.ctx_size > 0) {
+    lo.ctx_size = o.ctx_size;
+  } else {
+    auto cfg = nlohmann::json::parse(read_whole_file(dir + "/config.json"), nullptr, /*allow_exceptions=*/false);
+    const auto& text = cfg.is_object() && cfg.contains("text_config") ? cfg["text_config"] : cfg;
+    if (text.is_object() && text.contains("max_position_embeddings") && text["max_position_embeddings"].is_number_unsigned())
+      lo.ctx_size = text["max_position_embeddings"].get<int64_t>();
+  }
 
   // Signals go to one thread that stops the server.
   sigset_t set;
