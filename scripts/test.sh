@@ -18,7 +18,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1
   -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes) and the CLI with its tests.
-cmake --build build-asan -j"$jobs" --target spool io_test tokenizer_test template_test streaming_test cli_test output_parser_test server_request_test
+cmake --build build-asan -j"$jobs" --target spool io_test tokenizer_test template_test streaming_test cli_test plan_test output_parser_test server_request_test
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L sanitize
 echo "test.sh: all tests passed"
