@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # spool vs llama.cpp on the same machine, threads and weights (not in CI; root for cgroups and
 # drop_caches). A synthetic Qwen3-30B-A3B-shaped checkpoint (BF16, fewer layers) is written by
-# `spool synth`, converted to a BF16 GGUF (bench/qwen3moe_to_gguf.py, gguf package), and both
+# `spool synth`, converted to a BF16 GGUF (bench/moe_to_gguf.py, gguf package), and both
 # tools run llama-bench-style pp/tg tests: fully resident, then inside memory cgroups of 8 and
 # 4 GiB (llama.cpp with mmap, as users run it; spool streaming experts with its auto budget).
 # Runs are interleaved (llama.cpp, spool, ...). The physical limits are measured in the same
@@ -9,6 +9,8 @@
 # Writes bench/results/compare.md and bench/results/compare.png.
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin PYTHON=/path/to/venv/bin/python bench/compare.sh
+#   PRESET=qwen3.6-35b-a3b LAYERS=4 NAME=compare-q36 bench/compare.sh     # the Qwen3.6-35B-A3B shape
+#   MODEL=build/models/spool-demo-moe LABEL="demo model" CAPS= NAME=compare-demo bench/compare.sh
 #
 # llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:
 #   pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
@@ -21,16 +23,19 @@ BUILD=${BUILD:-build}
 SPOOL=$BUILD/spool
 LLAMA_BIN=${LLAMA_BIN:-/work/scratch/llama.cpp/build/bin}
 PYTHON=${PYTHON:-/work/scratch/venv/bin/python}
+PRESET=${PRESET:-qwen3-30b-a3b}          # spool synth preset (qwen3-30b-a3b or qwen3.6-35b-a3b)
 LAYERS=${LAYERS:-8}                      # 8 of Qwen3-30B-A3B's 48 layers: 10.4 GiB in BF16
 DIR=${SPOOL_BENCH_DIR:-$HOME/.cache/spool-bench}
-MODEL=${MODEL:-$DIR/qwen3-30b-a3b-${LAYERS}l}
+MODEL=${MODEL:-$DIR/${PRESET}-${LAYERS}l}
+LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}
 GGUF=${GGUF:-$MODEL.bf16.gguf}
 THREADS=${THREADS:-$(nproc)}
 CAPS=${CAPS:-"8 4"}                      # cgroup limits, GiB
 RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-3}   # resident tests
 CAP_P=${CAP_P:-64} CAP_N=${CAP_N:-32} CAP_R=${CAP_R:-2}     # capped tests (each token may read from disk)
-OUT=bench/results/compare.md
-PNG=bench/results/compare.png
+NAME=${NAME:-compare}
+OUT=bench/results/$NAME.md
+PNG=bench/results/$NAME.png
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -40,11 +45,11 @@ trap 'rm -rf "$TMP"' EXIT
 command -v fio >/dev/null || { echo "compare.sh: install fio"; exit 1; }
 command -v gnuplot >/dev/null || { echo "compare.sh: install gnuplot (apt-get install gnuplot-nox)"; exit 1; }
 
-[ -f "$MODEL/config.json" ] || "$SPOOL" synth --preset qwen3-30b-a3b --layers "$LAYERS" --out "$MODEL"
-[ -f "$GGUF" ] || "$PYTHON" bench/qwen3moe_to_gguf.py "$MODEL" "$GGUF"
+[ -f "$MODEL/config.json" ] || "$SPOOL" synth --preset "$PRESET" --layers "$LAYERS" --out "$MODEL"
+[ -f "$GGUF" ] || "$PYTHON" bench/moe_to_gguf.py "$MODEL" "$GGUF"
 
 # --- physical limits, measured now -------------------------------------------------------
-plan_json=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --json || true)
+plan_json=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --ctx-size "$RES_N" --json || true)
 mem_gbps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['mem_gbps'])" "$plan_json")
 active=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['active_bytes_per_token'])" "$plan_json")
 shard=$(ls "$MODEL"/*.safetensors | head -1)
@@ -125,8 +130,8 @@ done
 
 model_gib=$(python3 -c "import os,sys; print(round(sum(os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1]) if f.endswith('.safetensors'))/2**30, 1))" "$MODEL")
 {
-  echo "spool vs llama.cpp ($("$LLAMA_BIN/llama-bench" --version 2>&1 | head -1 || true)), synthetic Qwen3-30B-A3B shape,"
-  echo "$LAYERS layers, $model_gib GiB BF16 (same weights: safetensors for spool, GGUF for llama.cpp), $THREADS threads,"
+  echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist), $LABEL,"
+  echo "$model_gib GiB BF16 (same weights: safetensors for spool, GGUF for llama.cpp), $THREADS threads,"
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
   echo "Resident: pp$RES_P / tg$RES_N, $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_R repetitions, page cache dropped before each run;"
   echo "llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
@@ -156,7 +161,7 @@ PY
 gnuplot <<GP
 set terminal pngcairo size 800,450 noenhanced
 set output "$PNG"
-set title "Decode (tg$CAP_N/tg$RES_N) tokens/s, Qwen3-30B-A3B shape, $LAYERS layers BF16, $THREADS threads"
+set title "Decode tokens/s (tg$RES_N resident, tg$CAP_N capped): $LABEL, BF16, $THREADS threads"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
