@@ -100,7 +100,7 @@ bench() {
     rss=$(cat "$TMP/maxrss")
     [ -n "$cg" ] && cgpeak=$(cat "$cg/memory.max_usage_in_bytes")
     local row
-    row=$(python3 - "$config" "$tool" "$json" "$rss" "$cgpeak" "$mem_gbps" "$disk_gbps" "$active" <<'PY'
+    row=$(python3 - "$config" "$tool" "$json" "$rss" "$cgpeak" "$mem_gbps" "$disk_gbps" "$active" 2>>"$TMP/data.tsv" <<'PY'
 import json, sys
 config, tool, js, rss, cgpeak, mem, disk, active = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
 pp = next(t for t in js if t["n_gen"] == 0)
@@ -114,7 +114,7 @@ print(f"| {config} | {tool} | {pp['avg_ts']:.2f} ± {pp['stddev_ts']:.2f} | {tg[
       f"{100*tg['avg_ts']/mem_bound:.0f}% | {hit} | {mbt:.0f} | {disk_frac} | {rss/2**30:.2f} | {cg} |")
 print(f"DATA\t{config}\t{tool}\t{tg['avg_ts']:.4f}\t{pp['avg_ts']:.4f}", file=sys.stderr)
 PY
-    2>>"$TMP/data.tsv")
+)
     rows+=("$row")
     echo "$row"
   done
