@@ -50,7 +50,7 @@ command -v gnuplot >/dev/null || { echo "compare.sh: install gnuplot (apt-get in
 
 # --- physical limits, measured now -------------------------------------------------------
 plan_json=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --ctx-size "$RES_N" --json || true)
-mem_gbps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['mem_gbps'])" "$plan_json")
+mem_gbps=$(python3 -c "import json,sys; print(round(json.loads(sys.argv[1])['mem_gbps'], 1))" "$plan_json")
 active=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['active_bytes_per_token'])" "$plan_json")
 shard=$(ls "$MODEL"/*.safetensors | head -1)
 sync; echo 3 > /proc/sys/vm/drop_caches
@@ -159,9 +159,9 @@ with open(sys.argv[2], "w") as f:
         f.write(f"\"{c}\" {v.get('llama.cpp', 0)} {v.get('spool', 0)}\n")
 PY
 gnuplot <<GP
-set terminal pngcairo size 800,450 noenhanced
+set terminal pngcairo size 900,480 noenhanced font ",10"
 set output "$PNG"
-set title "Decode tokens/s (tg$RES_N resident, tg$CAP_N capped): $LABEL, BF16, $THREADS threads"
+set title "Decode tokens/s (tg$RES_N resident, tg$CAP_N capped)\n$LABEL, BF16, $THREADS threads"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
