@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a BF16 Hugging Face MoE checkpoint (safetensors, per-expert tensors) as a GGUF for
+"""Writes a BF16 Hugging Face MoE checkpoint (safetensors, per-expert or fused experts) as a GGUF for
 llama.cpp, with the `gguf` package (llama.cpp's gguf-py): qwen3_moe -> `qwen3moe`,
 qwen3_5_moe(_text) -> `qwen35moe`. Used by bench/compare.sh so that llama.cpp and spool run
 the same weights. Matrices stay BF16; norms, conv1d, A and dt biases are F32 (as llama.cpp's
@@ -155,6 +155,13 @@ def main() -> None:
             for g, h in (("ffn_gate_shexp", "gate_proj"), ("ffn_up_shexp", "up_proj"), ("ffn_down_shexp", "down_proj")):
                 add(f"blk.{b}.{g}.weight", p + f"mlp.shared_expert.{h}.weight")
             add(f"blk.{b}.ffn_gate_inp_shexp.weight", p + "mlp.shared_expert_gate.weight", "f32", lambda a: a.reshape(-1))
+        fused = next((p + n for n in ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj.weight") if p + n in table), None)
+        if fused is not None:  # [E, 2I, H] (gate rows, then up rows) and [E, H, I]
+            down = next(p + n for n in ("mlp.experts.down_proj", "mlp.experts.down_proj.weight") if p + n in table)
+            plan.append((f"blk.{b}.ffn_gate_exps.weight", [E, I, H], "bf16", lambda f=fused: load(f)[:, :I, :]))
+            plan.append((f"blk.{b}.ffn_up_exps.weight", [E, I, H], "bf16", lambda f=fused: load(f)[:, I:, :]))
+            plan.append((f"blk.{b}.ffn_down_exps.weight", list(table[down][1]), "bf16", lambda d=down: load(d)))
+            continue
         for g, h in (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj")):
             first = p + f"mlp.experts.0.{h}.weight"
             plan.append((f"blk.{b}.{g}.weight", [E] + list(table[first][1]), "bf16",
