@@ -5,6 +5,7 @@
 #include "cli/progress.h"
 #include "common/error.h"
 #include "common/sysinfo.h"
+#include "models/spec.h"
 #include "quant/convert.h"
 
 namespace spool::cli {
@@ -15,7 +16,6 @@ struct ConvertCmd {
   ModelOptions model;
   std::string out, recipe = "tq3a-tqTe-down4", rotation = "hadamard";
   quant::RecipeOverrides ov;
-  int bits = 0, group_size = 0;
   uint64_t seed = 42;
   double shard_gb = 4.0;
   bool force = false, json = false;
@@ -26,9 +26,9 @@ void run(ConvertCmd& o) {
   c.in_dir = o.model.dir();
   c.out_dir = o.out;
   c.recipe = quant::recipe(o.recipe);
-  if (o.bits) o.ov.bits = o.bits;
-  if (o.group_size) o.ov.group_size = o.group_size;
   quant::apply_overrides(&c.recipe, o.ov);
+  // Only what spool can run is worth converting: unknown architectures fail here, in seconds.
+  models::build_spec(io::Checkpoint::open(c.in_dir, {.map = false}));
   if (o.rotation != "hadamard" && o.rotation != "none")
     throw UsageError(strfmt("--rotation must be hadamard or none (got '%s')", o.rotation.c_str()));
   c.rotate = o.rotation == "hadamard";
@@ -57,7 +57,8 @@ void run(ConvertCmd& o) {
                                 {"padding_bytes", 0}, {"bits_per_weight", r.bpw()}, {"shards", r.shards},
                                 {"tensors", r.tensors}, {"seconds", secs}, {"peak_rss_bytes", peak_rss_bytes()}};
     for (const auto& [k, cs] : r.classes)
-      j["classes"][k] = {{"tensors", cs.tensors}, {"params", cs.params}, {"bytes", cs.bytes}, {"bits_per_weight", cs.bpw()}};
+      j["classes"][k] = {{"tensors", cs.tensors}, {"params", cs.params}, {"bytes", cs.bytes}, {"bits_per_weight", cs.bpw()},
+                         {"group_sizes", cs.groups}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -65,9 +66,12 @@ void run(ConvertCmd& o) {
               c.out_dir.c_str(), format_bytes(r.source_bytes).c_str(), format_bytes(r.file_bytes).c_str(),
               static_cast<double>(r.source_bytes) / static_cast<double>(std::max<uint64_t>(r.file_bytes, 1)), r.bpw(), r.shards,
               (long long)r.tensors, secs);
-  for (const auto& [k, cs] : r.classes)
-    std::printf("  %-15s %6lld tensors %12lld weights %10s %6.3f bits/weight\n", k.c_str(), (long long)cs.tensors,
-                (long long)cs.params, format_bytes(cs.bytes).c_str(), cs.bpw());
+  for (const auto& [k, cs] : r.classes) {
+    std::string groups;
+    for (int g : cs.groups) groups += strfmt("%sg%d", groups.empty() ? "" : ",", g);
+    std::printf("  %-15s %6lld tensors %12lld weights %10s %6.3f bits/weight %s\n", k.c_str(), (long long)cs.tensors,
+                (long long)cs.params, format_bytes(cs.bytes).c_str(), cs.bpw(), groups.c_str());
+  }
 }
 
 }  // namespace
@@ -81,8 +85,8 @@ void register_convert(CLI::App& app) {
   std::string names;
   for (const auto& n : quant::recipe_names()) names += (names.empty() ? "" : ", ") + n;
   c->add_option("--recipe", o->recipe, "Recipe: " + names + " (default tq3a-tqTe-down4)");
-  c->add_option("--bits", o->bits, "Bits for every quantized class (2, 3 or 4)");
-  c->add_option("--group-size", o->group_size, "Group size for every quantized class (32, 64 or 128)");
+  c->add_option("--bits", o->ov.bits, "Bits for every quantized class (2, 3 or 4)");
+  c->add_option("--group-size", o->ov.group_size, "Group size for every quantized class (32, 64 or 128; narrower matrices use their width)");
   c->add_option("--attn-bits", o->ov.attn_bits, "Bits for dense projections (attention, DeltaNet, shared experts): 2|3|4|ternary");
   c->add_option("--expert-bits", o->ov.expert_bits, "Bits for routed experts (gate/up, and down unless --expert-down-bits): 2|3|4|ternary");
   c->add_option("--expert-down-bits", o->ov.expert_down_bits, "Bits for routed experts' down_proj: 2|3|4|ternary");

@@ -1,6 +1,7 @@
 #include "experts/streaming.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -44,7 +45,9 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
     if (!moe_layers[l]) continue;
     any = true;
     for (int e = 0; e < n_experts; ++e) {
-      const ExpertWeights v = expert_views(*ckpt_, l, e, hidden, intermediate);
+      // Expert 0's data (codebooks, shared signs) is checked here; the others' shapes only, from
+      // the headers: their bytes are checked when read (check_slot), never faulted in at load.
+      const ExpertWeights v = expert_views(*ckpt_, l, e, hidden, intermediate, /*check_data=*/e == 0);
       const ops::WeightView* views[3] = {&v.gate, &v.up, &v.down};
       for (int p = 0; p < 3; ++p) {
         if (e == 0) {
@@ -90,7 +93,10 @@ void StreamingExperts::load_pins() {
     entries.push_back(en);
   }
   reader_->read_all(plan_reads(entries));
-  for (auto* en : entries) en->state = ExpertCache::State::kReady;
+  for (auto* en : entries) {
+    if (std::string why = check_slot(en->layer, en->expert, en->data); !why.empty()) fail("%s", why.c_str());
+    en->state = ExpertCache::State::kReady;
+  }
   pinned_count_ = static_cast<int>(entries.size());
   log_info("pinned %d experts (%s) resident", pinned_count_, format_bytes(entries.size() * store_.slot_bytes()).c_str());
 }
@@ -106,14 +112,25 @@ ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t*
       v.quant.qweight = slot + off[static_cast<int>(io::ExpertPart::kQWeight)];
       v.quant.scales = reinterpret_cast<const uint16_t*>(slot + off[static_cast<int>(io::ExpertPart::kScales)]);
       v.quant.codebook = reinterpret_cast<const float*>(slot + off[static_cast<int>(io::ExpertPart::kCodebook)]);
-      if (!codebook_ok(v.quant.codebook, ops::qtype_levels(v.quant.type)))
-        fail("%s: tensor '%s' read from disk is not a valid codebook (corrupt file?)", ckpt_->dir().c_str(),
-             io::expert_tensor_name(layer, expert, static_cast<io::ExpertProj>(p), io::ExpertPart::kCodebook).c_str());
     } else {
       v.data = slot + off[static_cast<int>(io::ExpertPart::kWeight)];
     }
   }
   return w;
+}
+
+std::string StreamingExperts::check_slot(int layer, int expert, const uint8_t* slot) const {
+  const io::ExpertLocation& loc = store_.at(layer, expert);
+  for (int p = 0; p < 3; ++p) {
+    const ops::WeightView& v = proto_[layer][p];
+    if (v.type != ops::WType::kQuant) continue;
+    float cb[16];
+    std::memcpy(cb, slot + loc.part_offset[p][static_cast<int>(io::ExpertPart::kCodebook)], sizeof(float) * ops::qtype_levels(v.quant.type));
+    if (!codebook_ok(cb, ops::qtype_levels(v.quant.type)))
+      return strfmt("%s: tensor '%s' read from disk is not a valid codebook (corrupt file?)", ckpt_->dir().c_str(),
+                    io::expert_tensor_name(layer, expert, static_cast<io::ExpertProj>(p), io::ExpertPart::kCodebook).c_str());
+  }
+  return "";
 }
 
 std::vector<io::ReadRequest> StreamingExperts::plan_reads(const std::vector<ExpertCache::Entry*>& entries) const {
@@ -191,6 +208,8 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
   if (!misses.empty()) {
     try {
       reader_->read_all(plan_reads(misses));
+      for (auto* e : misses)  // corrupt data is a failed read: never cached, never served
+        if (std::string why = check_slot(layer, e->expert, e->data); !why.empty()) throw Error(why);
     } catch (...) {
       err = std::current_exception();
     }
@@ -201,7 +220,8 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
     for (auto* e : waits) {
       ready_cv_.wait(lk, [&] { return e->state != ExpertCache::State::kLoading; });
       if (e->state == ExpertCache::State::kFailed && !err)
-        err = std::make_exception_ptr(Error(strfmt("reading expert %d of layer %d failed (see the earlier read error)", e->expert, layer)));
+        err = std::make_exception_ptr(
+            Error(strfmt("reading expert %d of layer %d failed (read error or corrupt data; see the earlier message)", e->expert, layer)));
     }
     if (err) {
       // Unpin what this call pinned and drop every failed entry (ours, and prefetches we
@@ -253,11 +273,14 @@ void StreamingExperts::prefetch_after(int layer) {
   reader_->submit(plan_reads(todo), [this, todo](std::exception_ptr err) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      for (auto* e : todo) e->state = err ? ExpertCache::State::kFailed : ExpertCache::State::kReady;
+      for (auto* e : todo) {
+        std::string why = err ? "" : check_slot(e->layer, e->expert, e->data);
+        if (!why.empty()) log_warn("%s", why.c_str());
+        e->state = err || !why.empty() ? ExpertCache::State::kFailed : ExpertCache::State::kReady;
+      }
       // A failed prefetch is dropped unless someone is waiting on it (they report the error).
-      if (err)
-        for (auto* e : todo)
-          if (e->pins == 0) cache_.erase(e);
+      for (auto* e : todo)
+        if (e->state == ExpertCache::State::kFailed && e->pins == 0) cache_.erase(e);
     }
     ready_cv_.notify_all();
   });

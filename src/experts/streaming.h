@@ -82,6 +82,9 @@ class StreamingExperts final : public ExpertProvider {
   void prefetch_after(int layer);
   // Views of an expert whose bytes are in `slot`.
   ExpertWeights slot_views(int layer, int expert, const uint8_t* slot) const;
+  // "" if the expert's bytes in `slot` are usable (quantized codebooks finite and ascending),
+  // else an error message naming the tensor.
+  std::string check_slot(int layer, int expert, const uint8_t* slot) const;
   void load_pins();
 
   std::shared_ptr<const io::Checkpoint> ckpt_;

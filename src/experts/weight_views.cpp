@@ -1,6 +1,8 @@
 #include "experts/weight_views.h"
 
 #include <cmath>
+#include <optional>
+#include <cstring>
 
 #include "common/error.h"
 
@@ -23,13 +25,16 @@ ops::WeightView view_of(const io::TensorRef& t) {
 }
 
 bool codebook_ok(const float* cb, int levels) {
+  float c[16];
+  if (levels < 1 || levels > 16) return false;
+  std::memcpy(c, cb, sizeof(float) * levels);  // may be unaligned inside the file
   for (int i = 0; i < levels; ++i)
-    if (!std::isfinite(cb[i]) || (i > 0 && !(cb[i] > cb[i - 1]))) return false;
+    if (!std::isfinite(c[i]) || (i > 0 && !(c[i] > c[i - 1]))) return false;
   return true;
 }
 
 ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
-                              const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what) {
+                              const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what, bool check_data) {
   const char* w = what.c_str();
   if (codebook.shape.size() != 1) fail("%s: codebook must be 1-D, got %s", w, codebook.shape_str().c_str());
   ops::QuantView q;
@@ -56,9 +61,9 @@ ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef&
   q.scales = reinterpret_cast<const uint16_t*>(scales.data);
   q.codebook = reinterpret_cast<const float*>(codebook.data);
   q.signs = signs ? reinterpret_cast<const int8_t*>(signs->data) : nullptr;
-  if (q.codebook != nullptr && !codebook_ok(q.codebook, ops::qtype_levels(q.type)))
+  if (check_data && q.codebook != nullptr && !codebook_ok(q.codebook, ops::qtype_levels(q.type)))
     fail("%s: codebook entries are not finite and strictly ascending (corrupt file?)", w);
-  if (q.signs != nullptr)
+  if (check_data && q.signs != nullptr)
     for (int64_t i = 0; i < cols; ++i)
       if (q.signs[i] != 1 && q.signs[i] != -1)
         fail("%s: sign vector entry %lld is %d (must be +1 or -1)", w, (long long)i, static_cast<int>(q.signs[i]));
@@ -81,14 +86,24 @@ ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, i
   }
   if (ck.find(base + ".qweight") == nullptr) fail("%s: missing tensor '%s.weight'", ck.dir().c_str(), base.c_str());
   return quant_view_of(ck.tensor(base + ".qweight"), ck.tensor(base + ".scales"), ck.tensor(base + ".codebook"),
-                       ck.find(base + ".signs"), rows, cols, ck.dir() + ": " + base);
+                       signs_of(ck, base + ".signs"), rows, cols, ck.dir() + ": " + base);
 }
 
-std::string expert_signs_name(int layer, io::ExpertProj proj) {
-  return strfmt("layers.%d.mlp.experts.%s.signs", layer, proj == io::ExpertProj::kDown ? "down" : "gate_up");
+const io::TensorRef* signs_of(const io::Checkpoint& ck, const std::string& name) {
+  const std::optional<bool> rotated = ck.quant_rotated();
+  if (!rotated)
+    fail("%s: quantized tensors but config.json has no spool 'quantization' block (was the checkpoint written by spool "
+         "convert?)", ck.dir().c_str());
+  const io::TensorRef* t = ck.find(name);
+  if (*rotated && t == nullptr)
+    fail("%s: missing sign vector '%s' (config.json says rotation \"hadamard\")", ck.dir().c_str(), name.c_str());
+  if (!*rotated && t != nullptr)
+    fail("%s: sign vector '%s' present but config.json says rotation \"none\"", ck.dir().c_str(), name.c_str());
+  return t;
 }
 
-ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter) {
+
+ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter, bool check_data) {
   ops::WeightView v[3];
   const int64_t rows[3] = {inter, inter, hidden}, cols[3] = {hidden, hidden, inter};
   for (int p = 0; p < 3; ++p) {
@@ -105,8 +120,8 @@ ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int 
     const io::TensorRef* c = ck.expert_part(layer, expert, proj, io::ExpertPart::kCodebook);
     if (q == nullptr || s == nullptr || c == nullptr)
       fail("%s: missing expert tensor %s", ck.dir().c_str(), io::expert_tensor_name(layer, expert, proj).c_str());
-    v[p] = quant_view_of(*q, *s, *c, ck.find(expert_signs_name(layer, proj)), rows[p], cols[p],
-                         ck.dir() + ": " + io::expert_tensor_name(layer, expert, proj, io::ExpertPart::kQWeight));
+    v[p] = quant_view_of(*q, *s, *c, signs_of(ck, io::expert_signs_name(layer, proj)), rows[p], cols[p],
+                         ck.dir() + ": " + io::expert_tensor_name(layer, expert, proj, io::ExpertPart::kQWeight), check_data);
   }
   return {v[0], v[1], v[2]};
 }

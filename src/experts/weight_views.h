@@ -18,10 +18,17 @@ ops::WeightView view_of(const io::TensorRef& t);
 /// The quantized matrix [rows, cols] made of `qweight` U8 [rows, row_bytes], `scales` F16
 /// [rows, G], `codebook` F32 [levels] and optional `signs` I8 [cols]: type from the codebook
 /// length, group = cols / G. Data pointers are those of the tensors (nullptr-safe: a
-/// header-only checkpoint gives a view for shape checks only). Throws spool::Error naming
-/// `what` for any inconsistency.
+/// header-only checkpoint gives a view for shape checks only). With `check_data`, the
+/// codebook (finite, ascending) and signs (+-1) are read and checked too. Throws spool::Error
+/// naming `what` for any inconsistency.
 ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
-                              const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what);
+                              const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what,
+                              bool check_data = true);
+
+/// The sign vector `name` of a quantized matrix, enforcing the quantization block: required
+/// when it says rotation "hadamard" (nullptr never returned then), absent for "none". Throws
+/// spool::Error when the checkpoint has quantized tensors but no block, or the rule is broken.
+const io::TensorRef* signs_of(const io::Checkpoint& ck, const std::string& name);
 
 /// True if the `levels` codebook entries are finite and strictly ascending (a corrupt file
 /// must be rejected before it reaches the kernels).
@@ -33,9 +40,8 @@ ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, i
 
 /// Views of expert `e` of `layer` (gate/up [inter, hidden], down [hidden, inter]), float or
 /// quantized (signs: layers.{L}.mlp.experts.{gate_up,down}.signs), pointing into the mapping.
-ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter);
-
-/// Name of the shared sign vector of an expert projection of `layer` ("gate_up" or "down").
-std::string expert_signs_name(int layer, io::ExpertProj proj);
+/// `check_data` = false checks shapes from the headers only, touching none of the expert's bytes
+/// (the streaming provider checks them after reading).
+ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter, bool check_data = true);
 
 }  // namespace spool::experts

@@ -12,23 +12,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-
 uint64_t expert_key(int layer, int expert, ExpertProj proj, ExpertPart part) {
   return (static_cast<uint64_t>(layer) << 32) | (static_cast<uint64_t>(expert) << 4) | (static_cast<uint64_t>(proj) << 2) |
          static_cast<uint64_t>(part);
 }
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 // The dtype a tensor must have: quantized parts have fixed types, other tensors are floats.
 bool dtype_allowed(std::string_view name, DType t) {
-  if (ends_with(name, ".qweight")) return t == DType::U8;
-  if (ends_with(name, ".scales")) return t == DType::F16;
-  if (ends_with(name, ".codebook")) return t == DType::F32;
-  if (ends_with(name, ".signs")) return t == DType::I8;
+  if (name.ends_with(".qweight")) return t == DType::U8;
+  if (name.ends_with(".scales")) return t == DType::F16;
+  if (name.ends_with(".codebook")) return t == DType::F32;
+  if (name.ends_with(".signs")) return t == DType::I8;
   return t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
 
@@ -47,12 +41,12 @@ std::string TensorRef::shape_str() const {
 }
 
 std::string normalize_tensor_name(std::string_view name) {
-  if (starts_with(name, "model.visual.") || starts_with(name, "visual.") || starts_with(name, "mtp.") ||
-      starts_with(name, "model.mtp.")) {
+  if (name.starts_with("model.visual.") || name.starts_with("visual.") || name.starts_with("mtp.") ||
+      name.starts_with("model.mtp.")) {
     return "";
   }
   for (std::string_view p : {"model.language_model.", "language_model.model.", "model.", "language_model."}) {
-    if (starts_with(name, p)) return std::string(name.substr(p.size()));
+    if (name.starts_with(p)) return std::string(name.substr(p.size()));
   }
   return std::string(name);
 }
@@ -105,23 +99,31 @@ void Checkpoint::add(TensorRef t) {
 }
 
 namespace {
-// config.json's quantization: spool's own block (quant_method "spool", format_version 1) is
-// fine; another engine's `quantization_config` (FP8, GPTQ, AWQ, ...) is named, not half-loaded.
-void check_quantization(const Config& raw, const std::string& label) {
+// config.json's quantization: spool's own block (quant_method "spool", format_version 1,
+// rotation "hadamard" or "none") is fine and says whether sign vectors are required; another
+// engine's `quantization_config` (FP8, GPTQ, AWQ, ...) is named, not half-loaded.
+std::optional<bool> check_quantization(const Config& raw, const std::string& label) {
   const nlohmann::json& j = raw.json();
+  auto str = [](const nlohmann::json& o, const char* k) {
+    return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
+  };
   if (j.contains("quantization_config")) {
-    const nlohmann::json& q = j["quantization_config"];
-    const std::string m = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>() : "unknown";
+    const std::string m = str(j["quantization_config"], "quant_method");
     fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
-         "quantizes it)", label.c_str(), m.c_str());
+         "quantizes it)", label.c_str(), m.empty() ? "unknown" : m.c_str());
   }
-  if (!j.contains("quantization")) return;
+  if (!j.contains("quantization")) return std::nullopt;
   const nlohmann::json& q = j["quantization"];
-  if (!q.is_object() || q.value("quant_method", "") != "spool")
+  if (str(q, "quant_method") != "spool")
     fail("%s: 'quantization' is not a spool quantization block (quant_method \"spool\")", label.c_str());
   if (!q.contains("format_version") || !q["format_version"].is_number_integer() || q["format_version"].get<int64_t>() != 1)
     fail("%s: spool quantization format_version %s is not supported (this build reads version 1)", label.c_str(),
          q.contains("format_version") ? q["format_version"].dump().c_str() : "(missing)");
+  const std::string rot = str(q, "rotation");
+  if (rot != "hadamard" && rot != "none")
+    fail("%s: quantization.rotation must be \"hadamard\" or \"none\" (got %s)", label.c_str(),
+         q.contains("rotation") ? q["rotation"].dump().c_str() : "nothing");
+  return rot == "hadamard";
 }
 }  // namespace
 
@@ -130,7 +132,7 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
   c.dir_ = dir;
   if (!fs::is_directory(dir)) fail("%s: model directory does not exist", dir.c_str());
   c.raw_config_ = Config::load_file(dir + "/config.json");
-  check_quantization(c.raw_config_, dir + "/config.json");
+  c.quant_rotated_ = check_quantization(c.raw_config_, dir + "/config.json");
   c.top_model_type_ = c.raw_config_.get_string("model_type", "");
   c.config_ = text_config_of(c.raw_config_, dir + "/config.json");
   c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
@@ -161,7 +163,7 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
   } else {
     for (const auto& e : fs::directory_iterator(dir)) {
       std::string n = e.path().filename().string();
-      if (starts_with(n, "model-") && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors") files.push_back(e.path().string());
+      if (n.starts_with("model-") && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors") files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());
   }
@@ -178,7 +180,7 @@ Checkpoint Checkpoint::from_parts(const std::string& label, const Config& raw_co
   Checkpoint c;
   c.dir_ = label;
   c.raw_config_ = raw_config;
-  check_quantization(c.raw_config_, raw_config.source());
+  c.quant_rotated_ = check_quantization(c.raw_config_, raw_config.source());
   c.top_model_type_ = c.raw_config_.get_string("model_type", "");
   c.config_ = text_config_of(c.raw_config_, raw_config.source());
   c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -94,6 +95,10 @@ class Checkpoint {
   std::vector<const TensorRef*> expert_tensors(int layer, int expert) const;
   /// True if the routed experts are stored quantized.
   bool experts_quantized() const { return experts_quantized_; }
+  /// For a spool-quantized checkpoint (config.json has a `quantization` block): true when it
+  /// says rotation "hadamard" (every quantized matrix then needs its sign vector), false for
+  /// "none" (no sign vectors allowed). nullopt for checkpoints without the block.
+  std::optional<bool> quant_rotated() const { return quant_rotated_; }
   ExpertLayout expert_layout() const { return expert_layout_; }
   /// Number of tensors dropped by name (vision tower, MTP head).
   int dropped_tensors() const { return dropped_; }
@@ -118,6 +123,7 @@ class Checkpoint {
   std::unordered_map<uint64_t, size_t> expert_index_;
   ExpertLayout expert_layout_ = ExpertLayout::kNone;
   bool experts_quantized_ = false;
+  std::optional<bool> quant_rotated_;
   int dropped_ = 0;
 };
 

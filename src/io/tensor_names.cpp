@@ -80,4 +80,8 @@ std::string expert_tensor_name(int layer, int expert, ExpertProj proj, ExpertPar
                 part_names[static_cast<int>(part)]);
 }
 
+std::string expert_signs_name(int layer, ExpertProj proj) {
+  return "layers." + std::to_string(layer) + ".mlp.experts." + (proj == ExpertProj::kDown ? "down" : "gate_up") + ".signs";
+}
+
 }  // namespace spool::io

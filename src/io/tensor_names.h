@@ -35,6 +35,10 @@ std::optional<ExpertName> parse_expert_name(std::string_view name);
 /// Layer of a router tensor name (gate weight or correction bias); nullopt if not a router.
 std::optional<int> parse_router_name(std::string_view name);
 
+/// Name of the sign vector shared by every expert's `proj` of `layer` in spool's quantized
+/// format: layers.{L}.mlp.experts.gate_up.signs (gate and up) or ...experts.down.signs.
+std::string expert_signs_name(int layer, ExpertProj proj);
+
 /// The canonical per-expert name: layers.{L}.mlp.experts.{E}.{proj}.{part}.
 std::string expert_tensor_name(int layer, int expert, ExpertProj proj, ExpertPart part = ExpertPart::kWeight);
 

@@ -32,6 +32,16 @@ ops::WeightView bind_matrix(const io::Checkpoint& ck, const std::string& name, i
   return experts::view_of(shaped(ck, name, {rows, cols}));
 }
 
+ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
+  if (ck.find(name) == nullptr) {
+    const std::string base = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 ? name.substr(0, name.size() - 7) : name;
+    if (ck.find(base + ".qweight") != nullptr)
+      fail("%s: '%s' is quantized, but it must be stored as F32/F16/BF16 (spool convert keeps it in bf16)", ck.dir().c_str(),
+           name.c_str());
+  }
+  return experts::view_of(shaped(ck, name, {rows, cols}));
+}
+
 std::vector<float> bind_f32(const io::Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape) {
   const io::TensorRef& t = shaped(ck, name, shape);
   std::vector<float> out(static_cast<size_t>(t.numel()));
@@ -71,7 +81,7 @@ ops::WeightView gather_rows(const ops::WeightView& src, const std::vector<std::p
   const int64_t qb = q.row_bytes(), sb = q.groups_per_row() * 2;
   storage->resize(static_cast<size_t>(rows * (qb + sb)));
   uint8_t* codes = storage->data();
-  uint8_t* scales = storage->data() + rows * qb;  // rows * qb is even: scales stay 2-byte aligned
+  uint8_t* scales = storage->data() + rows * qb;  // may be unaligned: QuantView readers use memcpy loads
   int64_t at = 0;
   for (auto [r0, n] : ranges) {
     std::memcpy(codes + at * qb, q.qweight + r0 * qb, n * qb);

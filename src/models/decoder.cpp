@@ -20,8 +20,8 @@ DecoderModel::DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec
 void DecoderModel::bind(GdnLayout gdn_layout) {
   const io::Checkpoint& ck = *ckpt_;
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
-  embed_ = bind_matrix(ck, "embed_tokens.weight", V, H);
-  if (spec_.tie_word_embeddings && ck.find("lm_head.weight") == nullptr) {
+  embed_ = bind_float_matrix(ck, "embed_tokens.weight", V, H);
+  if (spec_.tie_word_embeddings && ck.find("lm_head.weight") == nullptr && ck.find("lm_head.qweight") == nullptr) {
     lm_head_ = embed_;
   } else {
     lm_head_ = bind_matrix(ck, "lm_head.weight", V, H);

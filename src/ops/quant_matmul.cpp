@@ -367,8 +367,10 @@ struct Tables {
 };
 
 template <QType Q>
-HWY_INLINE Tables MakeTables(const float* cb) {
+HWY_INLINE Tables MakeTables(const float* cb_unaligned) {
   const DF df;
+  float cb[16];
+  std::memcpy(cb, cb_unaligned, sizeof(float) * qtype_levels(Q));
   constexpr int L = qtype_levels(Q);
   constexpr int nt = (L + kN - 1) / kN;
   alignas(64) float buf[4 * 16] = {};
@@ -612,7 +614,11 @@ HWY_INLINE void ScalesToF32(const uint16_t* HWY_RESTRICT s, int64_t n, float* HW
   int64_t i = 0;
   for (; i + kN <= n; i += kN)
     hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(s + i))), df, out + i);
-  for (; i < n; ++i) out[i] = f16_to_f32(s[i]);
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, s + i, sizeof h);
+    out[i] = f16_to_f32(h);
+  }
   for (int64_t k = 0; k < kN; ++k) out[n + k] = 0.0f;
 }
 
@@ -743,8 +749,8 @@ void NaturalRows(const QuantView& w, const float* x, int64_t T, float* y, int64_
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t gi = 0; gi < ng; ++gi) {
       const uint8_t* grp = w.qweight + r * ng * gb + gi * gb;
-      const float s = f16_to_f32(w.scales[r * ng + gi]);
-      for (int64_t j = 0; j < w.group; ++j) row[gi * w.group + j] = w.codebook[qmm::code_at(w.type, grp, j)] * s;
+      const float s = w.scale(r * ng + gi);
+      for (int64_t j = 0; j < w.group; ++j) row[gi * w.group + j] = w.centroid(qmm::code_at(w.type, grp, j)) * s;
     }
     for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = DotF32(row.data(), x + t * w.cols, w.cols);
   }
@@ -781,6 +787,12 @@ HWY_EXPORT(HadamardTransform);
 HWY_EXPORT(KernelTarget);
 
 const char* quant_kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTarget)(); }
+
+float QuantView::scale(int64_t i) const {
+  uint16_t h;
+  std::memcpy(&h, scales + i, sizeof h);
+  return f16_to_f32(h);
+}
 
 void validate(const QuantView& w) {
   if (w.rows < 0 || w.cols <= 0)
@@ -848,9 +860,9 @@ void quant_matmul_reference(const QuantView& w, const float* x, int64_t T, float
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t gi = 0; gi < ng; ++gi) {
       const uint8_t* grp = w.qweight + (r * ng + gi) * gb;
-      const double s = f16_to_f32(w.scales[r * ng + gi]);
+      const double s = w.scale(r * ng + gi);
       for (int64_t j = 0; j < w.group; ++j)
-        row[gi * w.group + j] = static_cast<double>(w.codebook[qmm::code_at(w.type, grp, j)]) * s;
+        row[gi * w.group + j] = static_cast<double>(w.centroid(qmm::code_at(w.type, grp, j))) * s;
     }
     for (int64_t t = 0; t < T; ++t) {
       double acc = 0;

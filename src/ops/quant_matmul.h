@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "ops/thread_pool.h"
 
@@ -48,6 +49,16 @@ struct QuantView {
   int64_t groups_per_row() const { return group > 0 ? cols / group : 0; }
   /// Packed bytes of one row.
   int64_t row_bytes() const { return groups_per_row() * qtype_group_bytes(type, group); }
+  /// Group scale i (row-major [rows, cols / group]) as float. scales and codebook point into a
+  /// file where tensors are packed back to back, so they may be unaligned: read them only
+  /// through these accessors (or memcpy / unaligned SIMD loads).
+  float scale(int64_t i) const;
+  /// Codebook entry k as float (unaligned-safe).
+  float centroid(int k) const {
+    float c;
+    std::memcpy(&c, codebook + k, sizeof c);
+    return c;
+  }
   /// Bytes the kernels stream: packed codes + fp16 scales.
   uint64_t nbytes() const { return static_cast<uint64_t>(rows) * (row_bytes() + 2 * groups_per_row()); }
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -66,10 +67,7 @@ int layer_of(const std::string& n) {
 std::string out_name(const std::string& n) { return n.rfind("lm_head", 0) == 0 ? n : "model." + n; }
 
 /// The base of a quantized weight: "x.weight" -> "x"; fused-style names keep theirs.
-std::string base_of(const std::string& n) {
-  const std::string s = ".weight";
-  return n.size() > s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0 ? n.substr(0, n.size() - s.size()) : n;
-}
+std::string base_of(const std::string& n) { return n.ends_with(".weight") ? n.substr(0, n.size() - 7) : n; }
 
 /// One step of the output: a few consecutive tensors and the code that produces their bytes.
 struct Unit {
@@ -163,8 +161,10 @@ struct Planner {
     return it->second.data();
   }
 
-  void count(TensorClass c, int64_t params, const std::vector<SafetensorsWriter::Spec>& specs, size_t from) {
+  void count(TensorClass c, int64_t params, const std::vector<SafetensorsWriter::Spec>& specs, size_t from, int64_t cols) {
     ClassStats& cs = result->classes[class_key(c)];
+    const ClassSpec& s = opt.recipe.spec(c);
+    if (c != TensorClass::kKeep && !s.keep && cols > 0) cs.groups.insert(effective_group(s.group, cols));
     cs.tensors += 1;
     cs.params += params;
     for (size_t i = from; i < specs.size(); ++i) cs.bytes += specs[i].nbytes();
@@ -178,7 +178,7 @@ struct Planner {
     u.layer = layer_of(t.name);
     u.source_bytes = t.nbytes;
     u.sources.push_back(&t);
-    if (c == TensorClass::kKeep || s.keep) {
+    if (c == TensorClass::kKeep || s.keep || t.numel() == 0) {
       u.specs.push_back({out_name(t.name), io::DType::BF16, t.shape});
       u.produce = [&t](ops::ThreadPool*, const Sink& sink) { bf16_to(t, sink); };
     } else {
@@ -192,7 +192,7 @@ struct Planner {
         if (sg != nullptr) sink(sg, static_cast<uint64_t>(cols));
       };
     }
-    count(c, t.numel(), u.specs, 0);
+    count(c, t.numel(), u.specs, 0, t.numel() == 0 || t.shape.size() != 2 ? 0 : t.shape[1]);
     units.push_back(std::move(u));
   }
 
@@ -201,8 +201,10 @@ struct Planner {
     const io::TensorRef& g0 = ck.expert(layer, 0, io::ExpertProj::kGate);
     const io::TensorRef& d0 = ck.expert(layer, 0, io::ExpertProj::kDown);
     const int64_t H = g0.shape[1], I = d0.shape[1];
-    const std::string gu_name = strfmt("layers.%d.mlp.experts.gate_up", layer);
-    const std::string dn_name = strfmt("layers.%d.mlp.experts.down", layer);
+    // Seeds come from the name without ".signs" (layers.L.mlp.experts.gate_up / .down).
+    const std::string gu_file = io::expert_signs_name(layer, io::ExpertProj::kGate);
+    const std::string dn_file = io::expert_signs_name(layer, io::ExpertProj::kDown);
+    const std::string gu_name = gu_file.substr(0, gu_file.size() - 6), dn_name = dn_file.substr(0, dn_file.size() - 6);
     const ClassSpec& sgu = opt.recipe.expert_gate_up;
     const ClassSpec& sdn = opt.recipe.expert_down;
     const int8_t* gu = sgu.keep ? nullptr : signs_for(gu_name, H);
@@ -211,7 +213,7 @@ struct Planner {
       if (sg == nullptr) continue;
       Unit u;
       u.layer = layer;
-      u.specs.push_back({"model." + name + ".signs", io::DType::I8, {cols}});
+      u.specs.push_back({out_name(name + ".signs"), io::DType::I8, {cols}});
       u.produce = [sg, cols = cols](ops::ThreadPool*, const Sink& sink) { sink(sg, static_cast<uint64_t>(cols)); };
       const TensorClass c = name == gu_name ? TensorClass::kExpertGateUp : TensorClass::kExpertDown;
       result->classes[class_key(c)].bytes += static_cast<uint64_t>(cols);
@@ -235,7 +237,7 @@ struct Planner {
         const std::string base = out_name(base_of(t.name));
         if (s.keep) u.specs.push_back({base + ".weight", io::DType::BF16, t.shape});
         else quant_specs(&u.specs, base, s, t.shape[0], t.shape[1]);
-        count(down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, t.numel(), u.specs, from);
+        count(down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, t.numel(), u.specs, from, t.shape[1]);
         u.source_bytes += t.nbytes;
         u.sources.push_back(&t);
         parts.push_back({&t, &s});
@@ -285,11 +287,16 @@ struct Planner {
   }
 };
 
-nlohmann::ordered_json class_json(const ClassSpec& s) {
-  return s.keep ? nlohmann::ordered_json{{"bits", "bf16"}}
-                : nlohmann::ordered_json{{"bits", s.type == ops::QType::kTernary ? nlohmann::ordered_json("ternary")
-                                                                                  : nlohmann::ordered_json(qtype_bits(s.type))},
-                                         {"group_size", s.group}};
+// One class of the quantization block: bits and group size as requested, plus the group sizes
+// actually used when a matrix was narrower than the group (e.g. g32 for 32-input down_proj).
+nlohmann::ordered_json class_json(const ClassSpec& s, const ClassStats* stats) {
+  if (s.keep) return {{"bits", "bf16"}};
+  nlohmann::ordered_json j = {{"bits", s.type == ops::QType::kTernary ? nlohmann::ordered_json("ternary")
+                                                                      : nlohmann::ordered_json(qtype_bits(s.type))},
+                              {"group_size", s.group}};
+  if (stats != nullptr && !(stats->groups.size() == 1 && *stats->groups.begin() == s.group) && !stats->groups.empty())
+    j["group_sizes_used"] = stats->groups;
+  return j;
 }
 
 void prepare_out_dir(const ConvertOptions& opt) {
@@ -309,13 +316,6 @@ void prepare_out_dir(const ConvertOptions& opt) {
 }
 
 }  // namespace
-
-uint64_t quantized_bytes(const ClassSpec& s, int64_t rows, int64_t cols, bool with_signs) {
-  if (s.keep) return static_cast<uint64_t>(rows * cols) * 2;
-  const int g = effective_group(s.group, cols);
-  const int64_t G = cols / g;
-  return static_cast<uint64_t>(rows * G * (ops::qtype_group_bytes(s.type, g) + 2) + 4 * levels(s.type) + (with_signs ? cols : 0));
-}
 
 ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
   io::Checkpoint ck = io::Checkpoint::open(opt.in_dir);
@@ -405,10 +405,13 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
   // config.json as written, plus the quantization block.
   nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_whole_file(opt.in_dir + "/config.json"));
   nlohmann::ordered_json classes = nlohmann::ordered_json::object();
-  classes["dense"] = class_json(opt.recipe.dense);
-  classes["lm_head"] = class_json(opt.recipe.lm_head);
-  classes["expert_gate_up"] = class_json(opt.recipe.expert_gate_up);
-  classes["expert_down"] = class_json(opt.recipe.expert_down);
+  auto stats = [&](const char* k) -> const ClassStats* { auto it = r.classes.find(k); return it == r.classes.end() ? nullptr : &it->second; };
+  classes["dense"] = class_json(opt.recipe.dense, stats("dense"));
+  // Tied embeddings: no lm_head tensor, the output projection is the bf16 embedding.
+  classes["lm_head"] = stats("lm_head") ? class_json(opt.recipe.lm_head, stats("lm_head"))
+                                        : nlohmann::ordered_json{{"bits", "bf16"}, {"tied_to", "embed_tokens"}};
+  classes["expert_gate_up"] = class_json(opt.recipe.expert_gate_up, stats("expert_gate_up"));
+  classes["expert_down"] = class_json(opt.recipe.expert_down, stats("expert_down"));
   cfg["quantization"] = {{"quant_method", "spool"},
                          {"format_version", 1},
                          {"recipe", opt.recipe.name},
@@ -419,8 +422,9 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
   write_json("config.json", cfg);
   for (const auto& e : fs::directory_iterator(opt.in_dir)) {
     const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name == "config.json" || name == "model.safetensors.index.json" ||
-        e.path().extension() == ".safetensors" || name.find(".tmp") != std::string::npos)
+    static const std::set<std::string> kWeightExt = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx"};
+    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".index.json") || kWeightExt.count(e.path().extension().string()) ||
+        name.find(".tmp") != std::string::npos)
       continue;
     fs::copy_file(e.path(), opt.out_dir + "/" + name, fs::copy_options::overwrite_existing);
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 
 #include "quant/recipe.h"
@@ -35,6 +36,7 @@ struct ClassStats {
   int64_t tensors = 0;  ///< source matrices (one per expert projection)
   int64_t params = 0;   ///< weights (elements of the source tensors)
   uint64_t bytes = 0;   ///< bytes written for them (codes + scales + codebooks + signs, or bf16)
+  std::set<int> groups; ///< group sizes used (the requested one, or smaller for narrow matrices)
   /// Bits per weight of the class (0 when empty).
   double bpw() const { return params > 0 ? 8.0 * static_cast<double>(bytes) / static_cast<double>(params) : 0.0; }
 };
@@ -51,11 +53,6 @@ struct ConvertResult {
   /// Bits per weight over everything written (headers excluded).
   double bpw() const { return params > 0 ? 8.0 * static_cast<double>(data_bytes) / static_cast<double>(params) : 0.0; }
 };
-
-/// Bytes a matrix [rows, cols] takes in class spec `s` (codes + fp16 scales + f32 codebook,
-/// plus `cols` sign bytes when `with_signs`; bf16 when kept). The group is
-/// effective_group(s.group, cols).
-uint64_t quantized_bytes(const ClassSpec& s, int64_t rows, int64_t cols, bool with_signs);
 
 /// Converts opt.in_dir into opt.out_dir: shards, model.safetensors.index.json (when sharded),
 /// config.json with a `quantization` block, and every other non-weight file copied.

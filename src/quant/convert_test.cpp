@@ -16,6 +16,7 @@
 #include "engine/loader.h"
 #include "experts/weight_views.h"
 #include "io/safetensors.h"
+#include "quant/hadamard.h"
 #include "quant/quantize.h"
 
 namespace spool::quant {
@@ -68,7 +69,7 @@ void write_dequantized(const std::string& src_dir, const std::string& q, const s
     const io::TensorRef& sc = ck.tensor(base + ".scales");
     const io::TensorRef& cb = ck.tensor(base + ".codebook");
     const io::TensorRef* sg = nullptr;
-    if (t.expert_layer >= 0) sg = ck.find(experts::expert_signs_name(t.expert_layer, t.expert_proj));
+    if (t.expert_layer >= 0) sg = ck.find(io::expert_signs_name(t.expert_layer, t.expert_proj));
     else sg = ck.find(base + ".signs");
     // The matrix shape is the source tensor's.
     const io::TensorRef& orig = t.expert_layer >= 0 ? src.expert(t.expert_layer, t.expert_id, t.expert_proj)
@@ -125,14 +126,20 @@ class ConvertEquivalence : public ::testing::TestWithParam<Case> {};
 // The quantized engine equals a float engine running the dequantized weights (1e-4, the f32
 // golden tolerance), so every quantized tensor is where the loader expects it, in the basis
 // the kernels assume; and streaming the quantized experts gives bit-identical logits.
-TEST_P(ConvertEquivalence, QuantizedEqualsDequantizedFloatModel) {
-  const Case& c = GetParam();
-  const std::string tag = c.model + "_" + c.recipe + (c.rotate ? "" : "_norot");
+void check_equivalence(const std::string& src, const std::string& recipe_name, bool rotate, const std::string& tag) {
   const std::string q = scratch(tag), f = scratch(tag + "_deq");
-  ConvertResult r = run_convert(fixture(c.model), q, c.recipe, c.rotate, /*shard_bytes=*/1 << 20);
+  ConvertResult r = run_convert(src, q, recipe_name, rotate, /*shard_bytes=*/1 << 20);
   EXPECT_GT(r.classes["expert_gate_up"].params, 0);
   EXPECT_GT(r.classes["dense"].params, 0);
-  write_dequantized(fixture(c.model), q, f);
+  // With rotation every quantized matrix has its sign vector (the loader refuses otherwise).
+  io::Checkpoint qck = io::Checkpoint::open(q, {.map = false});
+  int64_t qweights = 0, signs = 0;
+  for (const auto& t : qck.tensors()) {
+    qweights += t.name.ends_with(".qweight") && t.expert_layer < 0;
+    signs += t.name.ends_with(".signs") && t.name.find(".experts.") == std::string::npos;
+  }
+  EXPECT_EQ(signs, rotate ? qweights : 0) << tag;
+  write_dequantized(src, q, f);
 
   engine::LoadedModel lq = load(q), lf = load(f);
   ASSERT_TRUE(lq.ckpt->experts_quantized());
@@ -146,6 +153,60 @@ TEST_P(ConvertEquivalence, QuantizedEqualsDequantizedFloatModel) {
   const std::vector<float> streamed = all_logits(*ls.model, ids);
   EXPECT_EQ(0, std::memcmp(streamed.data(), got.data(), got.size() * sizeof(float))) << tag << ": streaming differs";
   EXPECT_GT(ls.streaming->stats().misses, 0u);
+}
+
+TEST_P(ConvertEquivalence, QuantizedEqualsDequantizedFloatModel) {
+  const Case& c = GetParam();
+  check_equivalence(fixture(c.model), c.recipe, c.rotate, c.model + "_" + c.recipe + (c.rotate ? "" : "_norot"));
+}
+
+// tie_word_embeddings with a separate lm_head tensor: the quantized lm_head is used, not the
+// embedding.
+TEST(Convert, TiedConfigWithLmHeadTensor) {
+  const std::string src = scratch("tied_src");
+  fs::copy(fixture("qwen3_moe"), src, fs::copy_options::recursive);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  cfg["tie_word_embeddings"] = true;
+  std::ofstream(src + "/config.json") << cfg.dump(2);
+  check_equivalence(src, "q4", true, "tied");
+}
+
+// An embedding table must stay float: a quantized one is a clear error, not a crash.
+TEST(Convert, QuantizedEmbeddingIsRefused) {
+  const std::string q = scratch("qembed");
+  run_convert(fixture("qwen3_moe"), q, "q4");
+  const std::string path = q + "/model.safetensors";
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<io::TensorToWrite> ts;
+  QuantizedMatrix m;
+  std::vector<int8_t> sg;
+  {
+    io::SafetensorsFile f = io::SafetensorsFile::open(path);
+    for (const auto& t : f.tensors()) {
+      keep.emplace_back(f.data(t), f.data(t) + t.nbytes);
+      if (t.name != "model.embed_tokens.weight") {
+        ts.push_back({t.name, t.dtype, t.shape, keep.back().data()});
+        continue;
+      }
+      std::vector<float> w(static_cast<size_t>(t.numel()));
+      ops::row_to_f32(ops::WType::kBF16, keep.back().data(), t.numel(), w.data());
+      sg = rotation_signs(42, "embed", t.shape[1]);
+      m = quantize(w.data(), t.shape[0], t.shape[1], ops::QType::kQ4, 64, sg.data());
+    }
+  }
+  ASSERT_GT(m.rows, 0);
+  ts.push_back({"model.embed_tokens.qweight", io::DType::U8, {m.rows, static_cast<int64_t>(m.qweight.size()) / m.rows}, m.qweight.data()});
+  ts.push_back({"model.embed_tokens.scales", io::DType::F16, {m.rows, m.cols / m.group}, m.scales.data()});
+  ts.push_back({"model.embed_tokens.codebook", io::DType::F32, {static_cast<int64_t>(m.codebook.size())}, m.codebook.data()});
+  ts.push_back({"model.embed_tokens.signs", io::DType::I8, {m.cols}, sg.data()});
+  fs::remove(path);
+  io::write_safetensors(path, ts);
+  try {
+    load(q);
+    FAIL() << "a quantized embedding was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embed_tokens.weight' is quantized"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
@@ -239,9 +300,10 @@ TEST(Convert, RejectsBadInputAndOutput) {
   EXPECT_THROW(apply_overrides(&r, o), UsageError);
 }
 
-/// Rewrites the single shard of `dir` with `edit` applied to the named tensor's bytes (or with
-/// its dtype/shape changed), then expects loading to fail mentioning `want`.
-void expect_corrupt_rejected(const std::string& tag, const std::string& tensor,
+/// Converts the qwen3_moe fixture (q4), rewrites its shard with `edit` applied to every tensor
+/// `match` accepts (bytes, dtype, shape; an emptied name drops the tensor), then expects loading
+/// and a forward pass (resident, or streamed with a tiny cache) to fail mentioning `want`.
+void expect_corrupt_rejected(const std::string& tag, const std::function<bool(const std::string&)>& match,
                              const std::function<void(io::TensorToWrite&, std::vector<uint8_t>&)>& edit, const std::string& want,
                              bool stream = false) {
   const std::string q = scratch("corrupt_" + tag);
@@ -255,8 +317,9 @@ void expect_corrupt_rejected(const std::string& tag, const std::string& tensor,
     size_t i = 0;
     for (const auto& t : f.tensors()) {
       ts.push_back({t.name, t.dtype, t.shape, bytes[i].data()});
-      if (t.name == tensor) edit(ts.back(), bytes[i]);
+      if (match(t.name)) edit(ts.back(), bytes[i]);
       ts.back().data = bytes[i].data();
+      if (ts.back().name.empty()) ts.pop_back();  // the edit removed the tensor
       ++i;
     }
   }
@@ -272,30 +335,44 @@ void expect_corrupt_rejected(const std::string& tag, const std::string& tensor,
   }
 }
 
+std::function<bool(const std::string&)> is(const std::string& name) {
+  return [name](const std::string& n) { return n == name; };
+}
+
 TEST(Convert, CorruptQuantizedFilesAreRejected) {
   const std::string dense = "model.layers.0.self_attn.q_proj";
   const std::string expert = "model.layers.0.mlp.experts.3.down_proj";
-  expect_corrupt_rejected("codebook_len", dense + ".codebook", [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
+  expect_corrupt_rejected("codebook_len", is(dense + ".codebook"), [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
     t.shape = {5};
     b.resize(20);
   }, "codebook has 5 entries");
-  expect_corrupt_rejected("codebook_order", dense + ".codebook", [](io::TensorToWrite&, std::vector<uint8_t>& b) {
+  expect_corrupt_rejected("codebook_order", is(dense + ".codebook"), [](io::TensorToWrite&, std::vector<uint8_t>& b) {
     std::swap_ranges(b.begin(), b.begin() + 4, b.begin() + 4);
   }, "codebook");
-  expect_corrupt_rejected("signs", dense + ".signs", [](io::TensorToWrite&, std::vector<uint8_t>& b) { b[3] = 2; },
+  expect_corrupt_rejected("signs", is(dense + ".signs"), [](io::TensorToWrite&, std::vector<uint8_t>& b) { b[3] = 2; },
                           "sign vector entry 3");
-  expect_corrupt_rejected("qweight_shape", dense + ".qweight", [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
+  expect_corrupt_rejected("qweight_shape", is(dense + ".qweight"), [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
     t.shape[1] -= 1;
     b.resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
   }, "qweight has shape");
-  expect_corrupt_rejected("scales_dtype", dense + ".scales", [](io::TensorToWrite& t, std::vector<uint8_t>&) {
+  expect_corrupt_rejected("scales_dtype", is(dense + ".scales"), [](io::TensorToWrite& t, std::vector<uint8_t>&) {
     t.dtype = io::DType::BF16;
-  }, "scales");
-  expect_corrupt_rejected("expert_codebook", expert + ".codebook", [](io::TensorToWrite&, std::vector<uint8_t>& b) {
+  }, "has dtype BF16");
+  // Sign vectors removed from a rotated checkpoint: refused, not run unrotated.
+  expect_corrupt_rejected("signs_dropped", is(dense + ".signs"), [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); },
+                          "missing sign vector 'layers.0.self_attn.q_proj.signs'");
+  expect_corrupt_rejected("expert_signs_dropped", is("model.layers.0.mlp.experts.down.signs"),
+                          [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); },
+                          "missing sign vector 'layers.0.mlp.experts.down.signs'", /*stream=*/true);
+  expect_corrupt_rejected("expert_codebook", is(expert + ".codebook"), [](io::TensorToWrite&, std::vector<uint8_t>& b) {
     const float nan = std::nanf("");
     std::memcpy(b.data() + 8, &nan, 4);
   }, "codebook");
-  expect_corrupt_rejected("streamed_codebook", expert + ".codebook", [](io::TensorToWrite&, std::vector<uint8_t>& b) {
+  auto streamed = [](const std::string& n) {
+    return n.starts_with("model.layers.0.mlp.experts.") && n.ends_with("down_proj.codebook") &&
+           !n.starts_with("model.layers.0.mlp.experts.0.");
+  };
+  expect_corrupt_rejected("streamed_codebook", streamed, [](io::TensorToWrite&, std::vector<uint8_t>& b) {
     const float nan = std::nanf("");
     std::memcpy(b.data() + 8, &nan, 4);
   }, "codebook", /*stream=*/true);

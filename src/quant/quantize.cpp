@@ -120,8 +120,8 @@ void dequantize_row(const spool::ops::QuantView& w, int64_t r, float* out) {
   std::vector<uint8_t> codes(static_cast<size_t>(w.group));
   for (int64_t gi = 0; gi < ng; ++gi) {
     unpack_group(w.type, w.qweight + (r * ng + gi) * gb, w.group, codes.data());
-    const float s = spool::ops::f16_to_f32(w.scales[r * ng + gi]);
-    for (int j = 0; j < w.group; ++j) out[gi * w.group + j] = w.codebook[codes[static_cast<size_t>(j)]] * s;
+    const float s = w.scale(r * ng + gi);
+    for (int j = 0; j < w.group; ++j) out[gi * w.group + j] = w.centroid(codes[static_cast<size_t>(j)]) * s;
   }
 }
 

@@ -9,8 +9,6 @@ namespace {
 
 ClassSpec q(ops::QType t, int g) { return ClassSpec{false, t, g}; }
 
-bool ends_with(std::string_view s, std::string_view x) { return s.size() >= x.size() && s.substr(s.size() - x.size()) == x; }
-
 // "2", "3", "4" or "ternary".
 ops::QType parse_bits(const std::string& v, const char* flag) {
   if (v == "2") return ops::QType::kQ2;
@@ -89,7 +87,7 @@ void apply_overrides(Recipe* r, const RecipeOverrides& o) {
 TensorClass classify(std::string_view n, const std::vector<int64_t>& shape) {
   if (std::optional<io::ExpertName> e = io::parse_expert_name(n))
     return e->proj == io::ExpertProj::kDown ? TensorClass::kExpertDown : TensorClass::kExpertGateUp;
-  if (shape.size() != 2 || !ends_with(n, ".weight")) return TensorClass::kKeep;
+  if (shape.size() != 2 || !n.ends_with(".weight")) return TensorClass::kKeep;
   if (n == "lm_head.weight") return TensorClass::kLmHead;
   if (io::parse_router_name(n) || n.find("shared_expert_gate") != std::string_view::npos || n.find("in_proj_a.") != std::string_view::npos ||
       n.find("in_proj_b.") != std::string_view::npos || n.find("in_proj_ba.") != std::string_view::npos ||
