@@ -6,6 +6,7 @@
 #   bench/quality.sh                 # the whole dev corpus (~214 windows of 512 tokens)
 #   CHUNKS=20 bench/quality.sh       # a quick look at the first 20 windows
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 CHUNKS=${CHUNKS:-0}
 THREADS=${THREADS:-$(nproc)}
@@ -36,7 +37,8 @@ size_of() { du -cb "$1"/*.safetensors | tail -1 | cut -f1; }
 row() {
   local label=$1 dir=$2; shift 2
   local j
-  j=$(build/spool perplexity --model "$dir" -f "$DEV" --chunks "$CHUNKS" -t "$THREADS" --kl-reference "$DEMO" --json "$@" 2>/dev/null)
+  j=$(build/spool perplexity --model "$dir" -f "$DEV" --chunks "$CHUNKS" -t "$THREADS" --kl-reference "$DEMO" --json "$@" 2>"$WORK/last.err") ||
+    { echo "quality.sh: perplexity of $label failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
   local bytes; bytes=$(size_of "$dir")
   python3 - "$label" "$bytes" "$params" "$j" <<'EOF'
 import json, sys
@@ -55,10 +57,9 @@ EOF
   echo "|---|---|---|---|---|---|"
   row "bf16 (K=8)" "$DEMO"
   for r in $RECIPES; do
-    if [ ! -f "$WORK/$r/config.json" ]; then
-      rm -rf "${WORK:?}/$r"
-      build/spool convert --model "$DEMO" --recipe "$r" --out "$WORK/$r" -t "$THREADS" >/dev/null 2>&1
-    fi
+    rm -rf "${WORK:?}/$r"  # always fresh: a conversion takes under a second
+    build/spool convert --model "$DEMO" --recipe "$r" --out "$WORK/$r" -t "$THREADS" >/dev/null 2>"$WORK/last.err" ||
+      { echo "quality.sh: convert $r failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
     row "$r" "$WORK/$r"
   done
   for k in $KS; do row "bf16, K=$k" "$DEMO" --max-active-experts "$k"; done

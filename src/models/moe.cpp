@@ -109,8 +109,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
       g.resize(n * I);
       u.resize(n * I);
       for (int64_t j = 0; j < n; ++j) std::copy_n(x + (rows[r0 + j] / K) * H, H, xe.data() + j * H);
-      ops::matmul_rows(w[bi].gate, xe.data(), n, g.data(), I, 0, I);  // [n, I]
-      ops::matmul_rows(w[bi].up, xe.data(), n, u.data(), I, 0, I);    // [n, I]
+      ops::matmul_rows_pair(w[bi].gate, g.data(), w[bi].up, u.data(), xe.data(), n);  // [n, I] each
       ops::swiglu(g.data(), u.data(), n * I, g.data());
       ops::matmul_rows(w[bi].down, g.data(), n, ybuf_.data() + r0 * H, H, 0, H);  // [n, H]
     };

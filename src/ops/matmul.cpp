@@ -190,6 +190,24 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
   HWY_DYNAMIC_DISPATCH(MatmulRows)(w.type, w.data, w.cols, x, T, y, ldy, r0, r1);
 }
 
+void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T) {
+  if (T <= 0) return;
+  if (a.type == WType::kQuant && b.type == WType::kQuant && a.quant.signs == b.quant.signs && a.cols == b.cols) {
+    const float* xr = x;
+    thread_local std::vector<float> rotated;
+    if (a.quant.signs != nullptr) {  // one rotation serves both (e.g. an expert's gate and up)
+      rotated.resize(static_cast<size_t>(T * a.cols));
+      for (int64_t t = 0; t < T; ++t) hadamard_rotate(a.quant.signs, x + t * a.cols, a.cols, rotated.data() + t * a.cols);
+      xr = rotated.data();
+    }
+    quant_matmul_rows(a.quant, xr, T, ya, a.rows, 0, a.rows);
+    quant_matmul_rows(b.quant, xr, T, yb, b.rows, 0, b.rows);
+    return;
+  }
+  matmul_rows(a, x, T, ya, a.rows, 0, a.rows);
+  matmul_rows(b, x, T, yb, b.rows, 0, b.rows);
+}
+
 void row_to_f32(WType t, const void* src, int64_t n, float* dst) { HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst); }
 
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {

@@ -23,6 +23,11 @@ void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> ou
 /// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts).
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
+/// ya = A x and yb = B x for T tokens on one thread (ya [T, A.rows], yb [T, B.rows]). When A
+/// and B are quantized with the same sign vector (an expert's gate and up), x is rotated once
+/// for both. Same results as two matmul_rows() calls.
+void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T);
+
 /// Scalar reference of matmul() (double accumulation) for tests.
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y);
 
