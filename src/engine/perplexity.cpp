@@ -21,6 +21,10 @@ double log_sum_exp(const float* x, int64_t n) {
 }
 }  // namespace
 
+double token_nll(const float* logits, int64_t vocab, int32_t target) {
+  return log_sum_exp(logits, vocab) - static_cast<double>(logits[target]);
+}
+
 double kl_divergence(const float* p, const float* q, int64_t vocab) {
   const double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab);
   double kl = 0.0;
@@ -32,12 +36,6 @@ double kl_divergence(const float* p, const float* q, int64_t vocab) {
   return std::max(kl, 0.0);
 }
 
-double token_nll(const float* logits, int64_t vocab, int32_t target) {
-  float m = *std::max_element(logits, logits + vocab);
-  double s = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) s += std::exp(static_cast<double>(logits[i] - m));
-  return std::log(s) - static_cast<double>(logits[target] - m);
-}
 
 PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, int64_t window, int64_t max_windows,
                             int64_t step, const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress,

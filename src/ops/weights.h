@@ -23,7 +23,7 @@ struct WeightView {
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
-  QuantView quant;  // kQuant only (rows/cols mirror the fields above)
+  QuantView quant;  ///< kQuant only (rows/cols mirror the fields above)
 
   bool empty() const { return data == nullptr && quant.qweight == nullptr; }
   /// Bytes the kernels stream for the matrix.

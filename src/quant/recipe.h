@@ -19,19 +19,21 @@ namespace spool::quant {
 
 /// How one class is stored: kept (bf16) or quantized to `type` with group size `group`.
 struct ClassSpec {
-  bool keep = true;
-  ops::QType type = ops::QType::kQ4;
-  int group = 64;
+  bool keep = true;                   ///< stored in bf16 (type and group unused)
+  ops::QType type = ops::QType::kQ4;  ///< code type when quantized
+  int group = 64;                     ///< requested group size (effective_group() narrows it per matrix)
   /// "q3 g64", "ternary g32" or "bf16".
   std::string describe() const;
 };
 
-/// Tensor classes of a recipe.
+/// Tensor classes of a recipe (see the file comment).
 enum class TensorClass { kKeep, kDense, kLmHead, kExpertGateUp, kExpertDown };
 
+/// A named recipe: one ClassSpec per tensor class (README table, quant_reference.json).
 struct Recipe {
-  std::string name;
+  std::string name;  ///< e.g. "tq3a-tqTe-down4"
   ClassSpec dense, lm_head, expert_gate_up, expert_down;
+  /// The spec of class `c` (kKeep gives a bf16 spec).
   const ClassSpec& spec(TensorClass c) const;
 };
 
@@ -43,12 +45,12 @@ const std::vector<std::string>& recipe_names();
 
 /// Command-line overrides applied over a recipe (unset = keep the recipe's value).
 struct RecipeOverrides {
-  std::optional<int> bits;              // --bits 2|3|4: every quantized class
-  std::optional<int> group_size;        // --group-size 32|64|128: every quantized class
-  std::optional<std::string> attn_bits;         // --attn-bits: dense class
-  std::optional<std::string> expert_bits;       // --expert-bits N|ternary: expert gate/up (and down unless --expert-down-bits)
-  std::optional<std::string> expert_down_bits;  // --expert-down-bits N|ternary
-  std::optional<std::string> lm_head_bits;      // --lm-head-bits N|ternary
+  std::optional<int> bits;                      ///< --bits 2|3|4: every quantized class
+  std::optional<int> group_size;                ///< --group-size 32|64|128: every quantized class
+  std::optional<std::string> attn_bits;         ///< --attn-bits: dense class
+  std::optional<std::string> expert_bits;       ///< --expert-bits N|ternary: expert gate/up (and down unless --expert-down-bits)
+  std::optional<std::string> expert_down_bits;  ///< --expert-down-bits N|ternary
+  std::optional<std::string> lm_head_bits;      ///< --lm-head-bits N|ternary
 };
 /// Applies overrides; throws spool::UsageError for bad values.
 void apply_overrides(Recipe* r, const RecipeOverrides& o);
