@@ -30,7 +30,7 @@ MODEL=${MODEL:-$DIR/${PRESET}-${LAYERS}l}
 LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}
 GGUF=${GGUF:-$MODEL.bf16.gguf}
 THREADS=${THREADS:-$(nproc)}
-CAPS=${CAPS:-"8 4"}                      # cgroup limits, GiB
+CAPS=${CAPS-"8 4"}                      # cgroup limits, GiB
 RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-3}   # resident tests
 CAP_P=${CAP_P:-64} CAP_N=${CAP_N:-32} CAP_R=${CAP_R:-2}     # capped tests (each token may read from disk)
 NAME=${NAME:-compare}
@@ -128,10 +128,10 @@ for cap in $CAPS; do
   bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" ""
 done
 
-model_gib=$(python3 -c "import os,sys; print(round(sum(os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1]) if f.endswith('.safetensors'))/2**30, 1))" "$MODEL")
+model_gib=$(python3 -c "import os,sys; b=sum(os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1]) if f.endswith('.safetensors')); print(f'{b/2**30:.1f} GiB' if b >= 2**30 else f'{b/2**20:.0f} MiB')" "$MODEL")
 {
   echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist), $LABEL,"
-  echo "$model_gib GiB BF16 (same weights: safetensors for spool, GGUF for llama.cpp), $THREADS threads,"
+  echo "$model_gib BF16 (same weights: safetensors for spool, GGUF for llama.cpp), $THREADS threads,"
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
   echo "Resident: pp$RES_P / tg$RES_N, $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_R repetitions, page cache dropped before each run;"
   echo "llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
