@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "memory_read.h"
 #include "ops/matmul.h"
 #include "ops/quant_matmul.h"
 #include "ops/thread_pool.h"
@@ -53,28 +54,7 @@ QuantSet make_set(QType t, int64_t rows, int64_t cols, int g, bool stream) {
   return set;
 }
 
-// Read bandwidth: sum of a buffer (the bound a GEMV can approach).
-void BM_MemoryRead(benchmark::State& st) {
-  const size_t bytes = static_cast<size_t>(st.range(0)) << 20;
-  const int threads = static_cast<int>(st.range(1));
-  std::vector<uint64_t> buf(bytes / 8, 1);
-  spool::ops::ThreadPool pool(threads);
-  std::vector<uint64_t> sums(threads);
-  for (auto _ : st) {
-    pool.parallel_for(static_cast<int64_t>(buf.size()), 4096, [&](int64_t b, int64_t e, int t) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (int64_t i = b; i + 4 <= e; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      sums[t] += s0 + s1 + s2 + s3;
-    });
-    benchmark::DoNotOptimize(sums.data());
-  }
-  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
-}
+void BM_MemoryRead(benchmark::State& st) { spool::bench::MemoryRead(st); }
 BENCHMARK(BM_MemoryRead)->ArgNames({"MiB", "threads"})->Args({1024, 1})->Args({1024, 2})->UseRealTime();
 
 // Decode GEMV, y = W x (one token, x already rotated: quant_matmul_rows per thread chunk the

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "../../tests/support/random.h"
 #include "ops/kv_cache.h"
 #include "ops/elementwise.h"
 #include "ops/gated_delta.h"
@@ -15,13 +16,7 @@
 namespace spool::ops {
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using spool::testing::randn;
 
 uint16_t f32_to_f16(float f) {  // test-only, round to nearest (normal range)
   uint32_t u;

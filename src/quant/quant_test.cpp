@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "../../tests/support/random.h"
 #include "common/error.h"
 #include "ops/weights.h"
 #include "quant/codebook.h"
@@ -22,23 +23,15 @@ namespace {
 
 constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary};
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using spool::testing::randn;
 
 // Runs fn once per SIMD target compiled in and supported by this CPU.
 template <class F>
 void for_each_target(F&& fn) {
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(t);
+  spool::testing::for_each_target([&](int64_t t) {
     SCOPED_TRACE(hwy::TargetName(t));
     fn(t);
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 // ------------------------------------------------------------------------------ codebooks
