@@ -47,20 +47,9 @@ std::string chat_prompt(const GenerateOptions& o, const tokenizer::Tokenizer& to
 }
 
 engine::SamplingParams sampling_from(const GenerateOptions& o, const io::GenerationDefaults& g) {
-  engine::SamplingParams p;  // spool defaults: 0.8 / 0.95 / 40 / 0.05 / 1.0
-  // Values from generation_config.json are checked on their own below: a bad file is an
-  // error (exit 1) naming the file, not a usage error.
-  if (g.do_sample.has_value() && !*g.do_sample) p.temperature = 0.0f;
-  if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
-  if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
-  if (g.top_k) p.top_k = static_cast<int>(*g.top_k);
-  if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
-  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
-  try {
-    p.validate();
-  } catch (const UsageError& e) {
-    throw Error(strfmt("generation_config.json: %s", e.what()));
-  }
+  // spool defaults under generation_config.json (a bad file is an error naming it, not a usage
+  // error), then the flags.
+  engine::SamplingParams p = engine::sampling_defaults(g);
   if (o.temp) p.temperature = *o.temp;
   if (o.top_p) p.top_p = *o.top_p;
   if (o.top_k) p.top_k = *o.top_k;

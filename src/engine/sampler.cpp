@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "io/config.h"
 
 namespace spool::engine {
 
@@ -18,6 +19,23 @@ void SamplingParams::validate() const {
     throw UsageError(strfmt("presence_penalty must be in [-2, 2] (got %g)", presence_penalty));
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     throw UsageError(strfmt("frequency_penalty must be in [-2, 2] (got %g)", frequency_penalty));
+}
+
+SamplingParams sampling_defaults(const io::GenerationDefaults& g) {
+  SamplingParams p;  // spool defaults: 0.8 / 0.95 / 40 / 0.05 / 1.0
+  if (g.do_sample.has_value() && !*g.do_sample) p.temperature = 0.0f;
+  if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
+  if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
+  if (g.top_k) p.top_k = static_cast<int>(*g.top_k);
+  if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
+  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+  // A bad file is an error (exit 1) naming the file, not a usage error.
+  try {
+    p.validate();
+  } catch (const UsageError& e) {
+    throw Error(strfmt("generation_config.json: %s", e.what()));
+  }
+  return p;
 }
 
 Sampler::Sampler(SamplingParams p, int64_t vocab_size) : p_(p), vocab_(vocab_size), rng_(p.seed) {}

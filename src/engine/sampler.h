@@ -7,6 +7,10 @@
 #include <span>
 #include <vector>
 
+namespace spool::io {
+struct GenerationDefaults;
+}
+
 namespace spool::engine {
 
 /// Sampling parameters; names follow llama.cpp flags and OpenAI/HF fields.
@@ -25,6 +29,10 @@ struct SamplingParams {
   /// repetition_penalty <= 0, penalties outside [-2, 2]).
   void validate() const;
 };
+
+/// spool's defaults overridden by a checkpoint's generation_config.json (do_sample false means
+/// greedy), validated: an out-of-range value throws spool::Error naming generation_config.json.
+SamplingParams sampling_defaults(const io::GenerationDefaults& g);
 
 class Sampler {
  public:

@@ -71,6 +71,26 @@ json tool_calls_json(const std::vector<ToolCall>& calls) {
 
 json nullable(const std::string& s) { return s.empty() ? json() : json(s); }
 
+// A choice: its leading fields (`head`, e.g. index and message) then logprobs and finish_reason.
+json choice_json(json head, json logprobs, json finish_reason) {
+  head["logprobs"] = std::move(logprobs);
+  head["finish_reason"] = std::move(finish_reason);
+  return head;
+}
+
+// The fields every response object has (id, object, created, model, choices), then `usage`
+// when given.
+json response_json(const ResponseMeta& m, const char* object, json choices, const GenResult* usage = nullptr) {
+  json j;
+  j["id"] = m.id;
+  j["object"] = object;
+  j["created"] = m.created;
+  j["model"] = m.model;
+  j["choices"] = std::move(choices);
+  if (usage) j["usage"] = usage_json(*usage);
+  return j;
+}
+
 }  // namespace
 
 json usage_json(const GenResult& r) {
@@ -88,19 +108,8 @@ json chat_completion_json(const ResponseMeta& m, const GenResult& r, bool logpro
   msg["content"] = r.content.empty() && !r.tool_calls.empty() ? json() : json(r.content);
   if (!r.reasoning.empty()) msg["reasoning_content"] = r.reasoning;
   if (!r.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(r.tool_calls);
-  json choice;
-  choice["index"] = 0;
-  choice["message"] = msg;
-  choice["logprobs"] = logprobs ? chat_logprobs(r.logprobs, tok) : json();
-  choice["finish_reason"] = r.finish_reason;
-  json j;
-  j["id"] = m.id;
-  j["object"] = "chat.completion";
-  j["created"] = m.created;
-  j["model"] = m.model;
-  j["choices"] = json::array({choice});
-  j["usage"] = usage_json(r);
-  return j;
+  json choice = choice_json(json{{"index", 0}, {"message", msg}}, logprobs ? chat_logprobs(r.logprobs, tok) : json(), r.finish_reason);
+  return response_json(m, "chat.completion", json::array({choice}), &r);
 }
 
 json delta_json(const OutputDelta& d) {
@@ -128,61 +137,25 @@ json delta_json(const OutputDelta& d) {
 
 json chat_chunk_json(const ResponseMeta& m, const json& delta, const std::string& finish_reason, const std::vector<TokenLogprob>* logprobs,
                      const tokenizer::Tokenizer& tok) {
-  json choice;
-  choice["index"] = 0;
-  choice["delta"] = delta;
-  choice["logprobs"] = logprobs ? chat_logprobs(*logprobs, tok) : json();
-  choice["finish_reason"] = nullable(finish_reason);
-  json j;
-  j["id"] = m.id;
-  j["object"] = "chat.completion.chunk";
-  j["created"] = m.created;
-  j["model"] = m.model;
-  j["choices"] = json::array({choice});
-  return j;
+  json choice = choice_json(json{{"index", 0}, {"delta", delta}}, logprobs ? chat_logprobs(*logprobs, tok) : json(), nullable(finish_reason));
+  return response_json(m, "chat.completion.chunk", json::array({choice}));
 }
 
 json usage_chunk_json(const ResponseMeta& m, const GenResult& r, bool chat) {
-  json j;
-  j["id"] = m.id;
-  j["object"] = chat ? "chat.completion.chunk" : "text_completion";
-  j["created"] = m.created;
-  j["model"] = m.model;
-  j["choices"] = json::array();
-  j["usage"] = usage_json(r);
-  return j;
+  return response_json(m, chat ? "chat.completion.chunk" : "text_completion", json::array(), &r);
 }
 
 json completion_json(const ResponseMeta& m, const GenResult& r, bool logprobs, const tokenizer::Tokenizer& tok) {
-  json choice;
-  choice["text"] = r.content;
-  choice["index"] = 0;
-  choice["logprobs"] = logprobs ? completion_logprobs(r.logprobs, tok) : json();
-  choice["finish_reason"] = r.finish_reason;
-  json j;
-  j["id"] = m.id;
-  j["object"] = "text_completion";
-  j["created"] = m.created;
-  j["model"] = m.model;
-  j["choices"] = json::array({choice});
-  j["usage"] = usage_json(r);
-  return j;
+  json choice =
+      choice_json(json{{"text", r.content}, {"index", 0}}, logprobs ? completion_logprobs(r.logprobs, tok) : json(), r.finish_reason);
+  return response_json(m, "text_completion", json::array({choice}), &r);
 }
 
 json completion_chunk_json(const ResponseMeta& m, const std::string& text, const std::string& finish_reason,
                            const std::vector<TokenLogprob>* logprobs, const tokenizer::Tokenizer& tok) {
-  json choice;
-  choice["text"] = text;
-  choice["index"] = 0;
-  choice["logprobs"] = logprobs ? completion_logprobs(*logprobs, tok) : json();
-  choice["finish_reason"] = nullable(finish_reason);
-  json j;
-  j["id"] = m.id;
-  j["object"] = "text_completion";
-  j["created"] = m.created;
-  j["model"] = m.model;
-  j["choices"] = json::array({choice});
-  return j;
+  json choice =
+      choice_json(json{{"text", text}, {"index", 0}}, logprobs ? completion_logprobs(*logprobs, tok) : json(), nullable(finish_reason));
+  return response_json(m, "text_completion", json::array({choice}));
 }
 
 std::string sse_data(const json& j) {

@@ -8,26 +8,6 @@
 
 namespace spool::server {
 
-namespace {
-
-engine::SamplingParams defaults_from(const io::GenerationDefaults& g) {
-  engine::SamplingParams p;
-  if (g.do_sample.has_value() && !*g.do_sample) p.temperature = 0.0f;
-  if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
-  if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
-  if (g.top_k) p.top_k = static_cast<int>(*g.top_k);
-  if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
-  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
-  try {
-    p.validate();
-  } catch (const UsageError& e) {
-    throw Error(strfmt("generation_config.json: %s", e.what()));
-  }
-  return p;
-}
-
-}  // namespace
-
 std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, const EngineOptions& opt) {
   auto e = std::make_unique<ServingEngine>();
   e->loaded = std::move(loaded);
@@ -37,7 +17,7 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
   ModelFacts& f = e->facts;
   f.name = opt.model_name;
   f.tok = &*l.tok;
-  f.defaults = defaults_from(l.ckpt->generation());
+  f.defaults = engine::sampling_defaults(l.ckpt->generation());
   f.vocab_size = spec.vocab_size;
   f.ctx_size = opt.ctx_size > 0 ? opt.ctx_size : (spec.max_position_embeddings > 0 ? spec.max_position_embeddings : 4096);
   for (int64_t id : spec.eos_token_ids) f.stop_ids.push_back(static_cast<int32_t>(id));

@@ -12,15 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_string.h"
+
 namespace spool::server {
 
-/// Appends `s` as a JSON string literal the way Python's json.dumps(ensure_ascii=False) writes
-/// it: `"` and `\` escaped, \n \r \t \b \f short escapes, other control bytes as \u00XX,
-/// everything else (UTF-8 included) verbatim.
-void append_json_string(std::string& out, std::string_view s);
-
 /// `v` as JSON text with Python json.dumps separators (", " and ": "), keys in stored order,
-/// strings as append_json_string writes them.
+/// strings as append_json_string (common/json_string.h, ensure_ascii off) writes them.
 std::string dump_json_py(const nlohmann::ordered_json& v);
 
 /// The `parameters.properties` object of the tool named `name` in an OpenAI `tools` array

@@ -94,22 +94,6 @@ void float_divmod(double vx, double wx, double* floordiv, double* modv) {
   *modv = mod;
 }
 
-std::string html_escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 Interp::Interp(const Program& prog, const RenderLimits& limits)
@@ -981,8 +965,8 @@ Value Interp::binop(BinOp op, const Value& a, const Value& b) {
     if (a.is_string() && b.is_string()) {
       check_size(a.str().size() + b.str().size());
       if (a.safe() || b.safe()) {
-        std::string l = a.safe() ? a.str() : html_escape(a.str());
-        std::string r = b.safe() ? b.str() : html_escape(b.str());
+        std::string l = a.safe() ? a.str() : py::html_escape(a.str());
+        std::string r = b.safe() ? b.str() : py::html_escape(b.str());
         return Value::string(l + r, true);
       }
       std::string s;

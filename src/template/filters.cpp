@@ -185,31 +185,15 @@ Value f_dictsort(Interp& in, const Value& v, CallArgs& a) {
   return in.make_list(std::move(out));
 }
 
-std::string html_escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
-    }
-  }
-  return out;
-}
-
 Value f_escape(Interp& in, const Value& v, CallArgs& a) {
   check_args(a, "escape", {});
   if (v.is_string() && v.safe()) return v;
-  return str_value(in, html_escape(to_str(v)), true);
+  return str_value(in, py::html_escape(to_str(v)), true);
 }
 
 Value f_forceescape(Interp& in, const Value& v, CallArgs& a) {
   check_args(a, "forceescape", {});
-  return str_value(in, html_escape(to_str(v)), true);
+  return str_value(in, py::html_escape(to_str(v)), true);
 }
 
 Value f_first(Interp& in, const Value& v, CallArgs& a) {

@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/json_string.h"
+#include "common/utf8.h"
 #include "template/value.h"
 
 namespace spool::tmpl::py {
@@ -16,43 +18,7 @@ namespace spool::tmpl::py {
 namespace {
 
 /// Decodes one code point at s[i], advancing i (surrogateescape on invalid bytes).
-char32_t next_cp(std::string_view s, size_t& i) {
-  unsigned char c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) {
-    ++i;
-    return c;
-  }
-  int n = 0;
-  char32_t cp = 0, min = 0;
-  if ((c & 0xE0) == 0xC0) {
-    n = 1, cp = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 2, cp = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 3, cp = c & 0x07, min = 0x10000;
-  } else {
-    ++i;
-    return 0xDC00 + c;
-  }
-  for (int k = 1; k <= n; ++k) {
-    if (i + k >= s.size()) {
-      ++i;
-      return 0xDC00 + c;
-    }
-    unsigned char cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) {
-      ++i;
-      return 0xDC00 + c;
-    }
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    ++i;
-    return 0xDC00 + c;
-  }
-  i += n + 1;
-  return cp;
-}
+char32_t next_cp(std::string_view s, size_t& i) { return utf8::next_escaped(s, i); }
 
 /// Byte length of the code point starting at s[i].
 size_t cp_bytes(std::string_view s, size_t i) {
@@ -184,23 +150,10 @@ std::u32string decode(std::string_view s) {
 }
 
 void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp >= 0xDC80 && cp <= 0xDCFF) {
+  if (cp >= 0xDC80 && cp <= 0xDCFF) {
     out.push_back(static_cast<char>(cp - 0xDC00));  // surrogateescape: the original byte
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   } else {
-    if (cp > 0x10FFFF) cp = 0xFFFD;
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    utf8::append_codepoint(cp > 0x10FFFF ? 0xFFFD : cp, out);
   }
 }
 
@@ -726,43 +679,22 @@ void repr_str(std::string& out, std::string_view s) {
   out.push_back(q);
 }
 
-void json_str(std::string& out, std::string_view s, bool ensure_ascii) {
-  out.push_back('"');
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char b = static_cast<unsigned char>(s[i]);
-    if (b >= 0x80) {
-      size_t start = i;
-      char32_t c = next_cp(s, i);
-      if (!ensure_ascii) {
-        out.append(s.substr(start, i - start));
-      } else if (c >= 0x10000) {
-        uint32_t v = c - 0x10000;
-        hex_escape(out, 'u', 0xD800 + (v >> 10), 4);
-        hex_escape(out, 'u', 0xDC00 + (v & 0x3FF), 4);
-      } else {
-        hex_escape(out, 'u', c, 4);
-      }
-      continue;
-    }
-    ++i;
-    switch (b) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (b < 0x20 || (ensure_ascii && b == 0x7F)) {
-          hex_escape(out, 'u', b, 4);
-        } else {
-          out.push_back(static_cast<char>(b));
-        }
+void json_str(std::string& out, std::string_view s, bool ensure_ascii) { append_json_string(out, s, ensure_ascii); }
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
     }
   }
-  out.push_back('"');
+  return out;
 }
 
 std::string unescape_literal(std::string_view body) {

@@ -86,6 +86,8 @@ std::string float_repr(double v);
 void repr_str(std::string& out, std::string_view s);
 /// json.dumps string encoding (with quotes); ensure_ascii escapes everything non-ASCII.
 void json_str(std::string& out, std::string_view s, bool ensure_ascii);
+/// markupsafe.escape: & < > " ' as HTML entities (&amp; &lt; &gt; &#34; &#39;).
+std::string html_escape(std::string_view s);
 
 /// Decodes a Jinja string literal body the way Python's "unicode-escape" codec does
 /// after jinja2 backslash-replaces non-ASCII characters. Throws spool::Error on a bad escape.

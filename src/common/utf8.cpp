@@ -1,8 +1,8 @@
-#include "tokenizer/utf8.h"
+#include "common/utf8.h"
 
 #include <cstring>
 
-namespace spool::tokenizer::utf8 {
+namespace spool::utf8 {
 
 Seq examine(std::string_view s, size_t i) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -137,4 +137,13 @@ uint32_t next(std::string_view s, size_t& i) {
   return cp;
 }
 
-}  // namespace spool::tokenizer::utf8
+uint32_t next_escaped(std::string_view s, size_t& i) {
+  const Seq q = examine(s, i);
+  if (q.status == SeqStatus::kValid) {
+    i += q.len;
+    return q.cp;
+  }
+  return 0xDC00 + static_cast<unsigned char>(s[i++]);
+}
+
+}  // namespace spool::utf8
