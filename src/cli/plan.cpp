@@ -1,6 +1,8 @@
 // spool plan: will a model fit, and with which flags? From safetensors headers alone (local
 // directory or HTTP(S) Range requests), projected against this machine or a stated one.
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
+// Families spool cannot run yet (DeepSeek-V2/V3, Mixtral, OLMoE) are projected all the same,
+// marked "runnable": false with no command; the exit status still says whether it would fit.
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -40,6 +42,10 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   std::printf("           %s, %d layers (%d full attention), %d experts top-%d; %s in %d shard(s)%s\n", s.model_type.c_str(),
               s.n_layers, n_attn, s.moe.n_experts, s.moe.top_k, format_bytes(w.file_bytes).c_str(), w.shards,
               src.remote ? strfmt("; headers read with %d requests, %s fetched", src.requests, format_bytes(src.bytes_fetched).c_str()).c_str() : "");
+  if (!p.architecture.empty()) std::printf("           %s\n", p.architecture.c_str());
+  if (!p.runnable)
+    std::printf("runnable   NO: spool cannot run model_type '%s' yet; this projection is for planning a download\n",
+                s.model_type.c_str());
   std::printf("projection at %lld tokens of context, --kv-bits %d, --prefill-step-size %lld, %d threads\n", (long long)p.shape.ctx,
               p.shape.kv_bits, (long long)p.shape.prefill_step, p.shape.threads);
   std::printf("  weights            %12s   routed experts %s, dense %s%s\n", gib(w.total).c_str(), gib(w.experts).c_str(),
@@ -83,7 +89,11 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
     std::printf("\n");
   }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
-  if (p.verdict != plan::Verdict::kNoFit) {
+  if (!p.runnable) {
+    std::string list;
+    for (const auto& t : models::supported_model_types()) list += (list.empty() ? "" : ", ") + t;
+    std::printf("command    none: spool runs %s\n", list.c_str());
+  } else if (p.verdict != plan::Verdict::kNoFit) {
     if (src.remote) std::printf("download   huggingface-cli download <repo> --local-dir %s   (or any copy of %s)\n", src.suggested_dir.c_str(), src.location.c_str());
     std::printf("command    %s\n", p.command.c_str());
   }
@@ -97,11 +107,13 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
   j["expert_bytes"] = p.weights.experts;
   j["kv_bytes_per_token"] = p.state.kv_per_token;
   j["cache_budget_bytes"] = p.cache_budget;
-  j["command"] = p.verdict == plan::Verdict::kNoFit ? "" : p.command;
+  j["command"] = p.verdict == plan::Verdict::kNoFit ? "" : p.command;  // "" too when not runnable
+  j["runnable"] = p.runnable;
   j["model"] = src.location;
   j["remote"] = src.remote;
   j["bytes_fetched"] = src.bytes_fetched;
   j["model_type"] = p.spec.model_type;
+  j["architecture"] = p.architecture;
   j["ctx_size"] = p.shape.ctx;
   j["kv_bits"] = p.shape.kv_bits;
   j["prefill_step"] = p.shape.prefill_step;

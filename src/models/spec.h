@@ -23,6 +23,9 @@ struct AttentionSpec {
   double rope_theta = 10000.0;
   bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
   bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE
+  // Planner only (spool plan of families spool cannot run; build_spec leaves both 0):
+  int kv_latent_dim = 0;        // MLA: elements cached per position and layer (kv_lora_rank + qk_rope_head_dim); 0 = K and V heads
+  int64_t sliding_window = 0;   // the cache holds at most this many positions; 0 = the whole context
 };
 
 /// Gated DeltaNet geometry (linear_attention layers).

@@ -70,8 +70,18 @@ int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step) {
 StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits) {
   StateBytes b;
   ops::KvCache probe;
-  probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
-  const uint64_t per = probe.bytes_per_position();
+  uint64_t per;
+  if (s.attn.kv_latent_dim > 0) {
+    // MLA (planner only): one vector of kv_latent_dim per position, stored as spool stores one
+    // K row (KvCache holds K and V: half of a one-head cache of that width).
+    probe.configure(ops::kv_type_from_bits(kv_bits), 1, s.attn.kv_latent_dim);
+    per = probe.bytes_per_position() / 2;
+  } else {
+    probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
+    per = probe.bytes_per_position();
+  }
+  // A sliding window (planner only) caps the positions held.
+  if (s.attn.sliding_window > 0) capacity = std::min(capacity, s.attn.sliding_window);
   // KvCache::reserve doubles: the previous capacity is at most half of the final one.
   int64_t prev = capacity / 2 / 256 * 256;
   for (int i = 0; i < s.n_layers; ++i) {

@@ -41,9 +41,11 @@ uint64_t expert_slot_bytes(const io::Checkpoint& ck, const models::ModelSpec& sp
 int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step);
 
 /// Per-sequence state at `capacity` KV positions with --kv-bits `kv_bits`: KV caches of the
-/// attention layers and Gated DeltaNet conv + recurrent state, in bytes.
+/// attention layers and Gated DeltaNet conv + recurrent state, in bytes. For the planner-only
+/// geometries: an MLA cache (attn.kv_latent_dim) holds one latent vector per position and
+/// layer; a sliding window (attn.sliding_window) caps the positions held at the window.
 struct StateBytes {
-  uint64_t kv = 0;             // all attention layers at `capacity`
+  uint64_t kv = 0;             // all attention layers at `capacity` (at most the sliding window)
   uint64_t kv_per_token = 0;   // bytes per position over all attention layers
   uint64_t recurrent = 0;      // Gated DeltaNet conv + recurrent state
   uint64_t grow_transient = 0; // one layer's old buffers alive while it grows

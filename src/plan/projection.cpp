@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/sysinfo.h"
+#include "plan/arch.h"
 
 namespace spool::plan {
 
@@ -16,6 +17,16 @@ std::string gb_arg(uint64_t bytes) {
   // Rounded down to 0.01 GiB so the engine never gets more than was planned.
   const double g = std::floor(static_cast<double>(bytes) / kGiB * 100.0) / 100.0;
   return strfmt("%.2f", g);
+}
+
+// Layer index of a normalised tensor name "layers.N.*", else -1.
+int layer_of(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  size_t i = 7;
+  int n = 0;
+  bool digit = false;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digit = true) n = n * 10 + (name[i] - '0');
+  return digit && i < name.size() && name[i] == '.' ? n : -1;
 }
 
 }  // namespace
@@ -43,8 +54,26 @@ BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const 
 
 Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   Projection p;
-  p.spec = models::build_spec(ck);
+  PlanModel pm = plan_model(ck);
+  p.spec = std::move(pm.spec);
+  p.runnable = pm.runnable;
+  p.architecture = std::move(pm.architecture);
+  p.notes = std::move(pm.notes);
   p.weights = weight_bytes(ck, p.spec);
+  if (!p.runnable) {
+    // Layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction layer, stored as
+    // layers.61) are not used to decode: left out of every figure.
+    uint64_t extra = 0, extra_experts = 0;
+    for (const auto& t : ck.tensors()) {
+      if (layer_of(t.name) < p.spec.n_layers) continue;
+      extra += t.nbytes;
+      if (t.expert_layer >= 0) extra_experts += t.nbytes;
+    }
+    p.weights.total -= extra;
+    p.weights.experts -= extra_experts;
+    p.weights.dense -= extra - extra_experts;
+    p.weights.resident_dense -= extra - extra_experts;
+  }
   p.shape = in.shape;
   p.available = in.available;
   p.reserve = reserve_bytes(in.available);
@@ -59,6 +88,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     sh.kv_bits = kv_bits;
     p.shape = sh;
     p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
+    if (p.spec.attn.sliding_window > 0) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
     p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
     const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));
@@ -93,7 +123,8 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   // Bytes read per decoded token: every dense weight but the embedding table, top-k experts.
   const uint64_t per_expert = p.expert_count ? p.weights.experts / p.expert_count : 0;
   p.expert_bytes_per_token = per_expert * static_cast<uint64_t>(p.spec.moe.top_k) * n_moe;
-  p.active_bytes_per_token = p.weights.resident_dense + p.expert_bytes_per_token + p.state.kv_per_token * in.shape.ctx;
+  const int64_t kv_seen = p.spec.attn.sliding_window > 0 ? std::min(in.shape.ctx, p.spec.attn.sliding_window) : in.shape.ctx;
+  p.active_bytes_per_token = p.weights.resident_dense + p.expert_bytes_per_token + p.state.kv_per_token * kv_seen;
   p.expected_hit_rate = p.verdict == Verdict::kStream && p.weights.experts
                             ? std::min(1.0, static_cast<double>(p.cache_bytes) / static_cast<double>(p.weights.experts))
                             : 1.0;
@@ -114,7 +145,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     p.notes.push_back(strfmt("--ctx-size %lld is beyond the model's max_position_embeddings %lld", (long long)in.shape.ctx,
                              (long long)p.spec.max_position_embeddings));
   cmd += " --prompt \"...\"";
-  p.command = cmd;
+  p.command = p.runnable ? cmd : "";
   if (p.verdict == Verdict::kStream && p.cache_bytes < static_cast<uint64_t>(p.spec.moe.top_k) * n_moe * p.slot_bytes)
     p.notes.push_back("the cache holds fewer experts than one token uses: every token reads most of its experts from disk");
   return p;

@@ -1,0 +1,204 @@
+// The planner on model families spool cannot run yet (DeepSeek-V2/V3, Mixtral, OLMoE): KV
+// bytes per token against hand-computed values from each fixture's config.json, the sliding
+// window cap, and routed-expert bytes against sums over the safetensors headers.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "common/error.h"
+#include "io/checkpoint.h"
+#include "plan/arch.h"
+#include "plan/projection.h"
+
+namespace spool::plan {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixture(const char* name) { return std::string(SPOOL_TEST_DATA_DIR) + "/models/" + name; }
+
+struct HeaderSums {
+  uint64_t experts = 0;  // routed experts' gate/up/down weights of layers < n_layers
+  uint64_t kept = 0;     // every tensor but those of layers >= n_layers
+};
+
+// Reads model.safetensors' header directly (not through io::) and sums tensor sizes.
+HeaderSums header_sums(const std::string& dir, int n_layers) {
+  std::ifstream f(dir + "/model.safetensors", std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string h(n, '\0');
+  f.read(h.data(), static_cast<std::streamsize>(n));
+  const auto j = nlohmann::json::parse(h);
+  static const std::regex expert(R"(model\.layers\.(\d+)\.(mlp\.experts\.\d+\.(gate|up|down)_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight)");
+  static const std::regex layer(R"(model\.layers\.(\d+)\..*)");
+  HeaderSums s;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") continue;
+    const uint64_t bytes = v["data_offsets"][1].get<uint64_t>() - v["data_offsets"][0].get<uint64_t>();
+    std::smatch m;
+    if (std::regex_match(name, m, layer) && std::stoi(m[1]) >= n_layers) continue;
+    s.kept += bytes;
+    if (std::regex_match(name, m, expert)) s.experts += bytes;
+  }
+  return s;
+}
+
+PlanInputs inputs(int64_t ctx, int kv_bits = 32) {
+  PlanInputs in;
+  in.available = 64ull << 30;
+  in.shape.ctx = ctx;
+  in.shape.kv_bits = kv_bits;
+  in.kv_bits_given = true;
+  in.model_arg = "m";
+  return in;
+}
+
+// A copy of fixture `name` whose config.json is edited by `edit` (the weights are linked).
+struct EditedFixture {
+  std::string dir;
+  template <class F>
+  EditedFixture(const char* name, F edit) {
+    char tmpl[] = "/tmp/spool_arch_test_XXXXXX";
+    dir = mkdtemp(tmpl);
+    const std::string src = fixture(name);
+    nlohmann::json c = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+    edit(c);
+    std::ofstream(dir + "/config.json") << c.dump(2);
+    fs::create_symlink(src + "/model.safetensors", dir + "/model.safetensors");
+  }
+  ~EditedFixture() { fs::remove_all(dir); }
+};
+
+TEST(PlanArch, DeepSeekCachesTheMlaLatent) {
+  for (const char* name : {"deepseek_v3", "deepseek_v2_lite"}) {
+    SCOPED_TRACE(name);
+    const io::Checkpoint ck = io::Checkpoint::open(fixture(name), {.map = false});
+    const PlanModel pm = plan_model(ck);
+    EXPECT_FALSE(pm.runnable);
+    // config.json: kv_lora_rank 32 + qk_rope_head_dim 8 per layer and token, 3 layers.
+    EXPECT_EQ(pm.spec.attn.kv_latent_dim, 32 + 8);
+    ASSERT_EQ(pm.spec.ffns.size(), 3u);  // first_k_dense_replace 1: layer 0 dense, 1 and 2 MoE
+    EXPECT_EQ(pm.spec.ffns[0], models::FfnKind::kDense);
+    EXPECT_EQ(pm.spec.ffns[1], models::FfnKind::kMoE);
+    EXPECT_EQ(pm.spec.ffns[2], models::FfnKind::kMoE);
+    EXPECT_EQ(pm.spec.moe.n_experts, 16);
+    EXPECT_EQ(pm.spec.moe.top_k, 4);
+    EXPECT_EQ(pm.spec.moe.shared_intermediate, (std::string(name) == "deepseek_v3" ? 1 : 2) * 32);  // n_shared_experts x 32
+
+    const Projection p = project(ck, inputs(1000));
+    EXPECT_EQ(p.state.kv_per_token, 3u * (32 + 8) * 4);  // f32
+    EXPECT_EQ(p.kv_capacity, 1024);
+    EXPECT_EQ(p.state.kv, 3u * (32 + 8) * 4 * 1024);
+    EXPECT_EQ(project(ck, inputs(1000, 16)).state.kv_per_token, 3u * (32 + 8) * 2);
+    EXPECT_EQ(project(ck, inputs(1000, 8)).state.kv_per_token, 3u * (32 + 8 + 4));  // int8 + one f32 scale (40 % 32 != 0)
+    EXPECT_FALSE(p.runnable);
+    EXPECT_EQ(p.command, "");
+    EXPECT_EQ(p.verdict, Verdict::kResident);
+
+    // Routed experts: 2 MoE layers x 16 experts x (gate + up + down) [32 x 64] f32.
+    const HeaderSums h = header_sums(fixture(name), 3);
+    EXPECT_EQ(h.experts, 2u * 16 * 3 * 32 * 64 * 4);
+    EXPECT_EQ(p.weights.experts, h.experts);
+    EXPECT_EQ(p.weights.total, h.kept);
+    EXPECT_EQ(p.expert_count, 2u * 16);
+    EXPECT_EQ(p.expert_bytes_per_token, 2u * 4 * 3 * 32 * 64 * 4);  // top-4 in each MoE layer
+  }
+}
+
+TEST(PlanArch, DeepSeekLayersPastNumHiddenLayersAreLeftOut) {
+  // DeepSeek-V3 stores its multi-token-prediction layer as layers.<num_hidden_layers>: with
+  // num_hidden_layers 2, the fixture's layer 2 plays that part.
+  EditedFixture d("deepseek_v3", [](nlohmann::json& c) { c["num_hidden_layers"] = 2; });
+  const io::Checkpoint ck = io::Checkpoint::open(d.dir, {.map = false});
+  const Projection p = project(ck, inputs(256));
+  const HeaderSums h = header_sums(d.dir, 2);
+  EXPECT_EQ(h.experts, 1u * 16 * 3 * 32 * 64 * 4);
+  EXPECT_EQ(p.weights.experts, h.experts);
+  EXPECT_EQ(p.weights.total, h.kept);
+  EXPECT_EQ(p.weights.dense, h.kept - h.experts);
+  EXPECT_EQ(p.state.kv_per_token, 2u * 40 * 4);
+}
+
+TEST(PlanArch, MixtralAndOlmoeCacheKAndVPerKvHead) {
+  {
+    // Mixtral: 2 layers x (K + V) x 2 KV heads x head_dim 64/4 = 16, f32.
+    const io::Checkpoint ck = io::Checkpoint::open(fixture("mixtral"), {.map = false});
+    const Projection p = project(ck, inputs(4096));
+    EXPECT_FALSE(p.runnable);
+    EXPECT_EQ(p.state.kv_per_token, 2u * 2 * 2 * 16 * 4);
+    EXPECT_EQ(p.kv_capacity, 4096);  // sliding_window null: the whole context
+    EXPECT_EQ(p.state.kv, 2u * 2 * 2 * 16 * 4 * 4096);
+    // Experts from block_sparse_moe.experts.E.w1/w2/w3: 2 layers x 4 x 3 x [96 x 64] f32.
+    const HeaderSums h = header_sums(fixture("mixtral"), 2);
+    EXPECT_EQ(h.experts, 2u * 4 * 3 * 96 * 64 * 4);
+    EXPECT_EQ(p.weights.experts, h.experts);
+    EXPECT_EQ(p.weights.total, h.kept);
+    EXPECT_EQ(p.expert_count, 8u);
+    EXPECT_EQ(p.expert_bytes_per_token, 2u * 2 * 3 * 96 * 64 * 4);
+  }
+  {
+    // OLMoE: 2 layers x (K + V) x 4 KV heads x 16, f32.
+    const io::Checkpoint ck = io::Checkpoint::open(fixture("olmoe"), {.map = false});
+    const Projection p = project(ck, inputs(300));
+    EXPECT_FALSE(p.runnable);
+    EXPECT_EQ(p.state.kv_per_token, 2u * 2 * 4 * 16 * 4);
+    EXPECT_EQ(p.kv_capacity, 512);
+    const HeaderSums h = header_sums(fixture("olmoe"), 2);
+    EXPECT_EQ(h.experts, 2u * 8 * 3 * 32 * 64 * 4);
+    EXPECT_EQ(p.weights.experts, h.experts);
+    EXPECT_EQ(p.weights.total, h.kept);
+    EXPECT_EQ(p.expert_count, 16u);
+  }
+}
+
+TEST(PlanArch, SlidingWindowCapsTheKvCache) {
+  EditedFixture d("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 300; });
+  const io::Checkpoint ck = io::Checkpoint::open(d.dir, {.map = false});
+  const uint64_t per = 2u * 2 * 2 * 16 * 4;
+  const Projection p = project(ck, inputs(4096));
+  EXPECT_EQ(p.spec.attn.sliding_window, 300);
+  EXPECT_EQ(p.state.kv_per_token, per);  // per token unchanged
+  EXPECT_EQ(p.kv_capacity, 300);         // positions held: the window
+  EXPECT_EQ(p.state.kv, per * 300);
+  EXPECT_EQ(p.active_bytes_per_token, p.weights.resident_dense + p.expert_bytes_per_token + per * 300);
+  // A context shorter than the window is not affected.
+  const Projection q = project(ck, inputs(100));
+  EXPECT_EQ(q.kv_capacity, 256);
+  EXPECT_EQ(q.state.kv, per * 256);
+  // Window larger than the context at 4096: the whole context.
+  EditedFixture wide("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 1 << 20; });
+  EXPECT_EQ(project(io::Checkpoint::open(wide.dir, {.map = false}), inputs(4096)).state.kv, per * 4096);
+  EditedFixture bad("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 0; });
+  EXPECT_THROW(project(io::Checkpoint::open(bad.dir, {.map = false}), inputs(4096)), Error);
+}
+
+TEST(PlanArch, SupportedModelsStayRunnableAndOthersAreRefused) {
+  const io::Checkpoint ck = io::Checkpoint::open(fixture("qwen3_moe"), {.map = false});
+  const PlanModel pm = plan_model(ck);
+  EXPECT_TRUE(pm.runnable);
+  EXPECT_EQ(pm.spec.attn.kv_latent_dim, 0);
+  EXPECT_EQ(pm.spec.attn.sliding_window, 0);
+  const Projection p = project(ck, inputs(512));
+  EXPECT_TRUE(p.runnable);
+  EXPECT_NE(p.command.find("spool generate"), std::string::npos);
+
+  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "gpt_oss"; });
+  try {
+    project(io::Checkpoint::open(d.dir, {.map = false}), inputs(512));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'gpt_oss'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("deepseek_v3"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace spool::plan
