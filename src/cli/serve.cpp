@@ -61,6 +61,9 @@ void run(const ServeOptions& o) {
   eo.max_active_experts = lo.max_active_experts;
   // The loader keeps the KV cache of the whole context out of the expert-cache budget: give it the
   // context requests may use (the model's max_position_embeddings unless --ctx-size says).
+  // The prompt cache's memory checkpoints each copy the whole Gated DeltaNet state: keep them
+  // out of the budget too.
+  lo.state_copies = static_cast<int64_t>(o.cache_checkpoints);
   if (o.ctx_size > 0) {
     lo.ctx_size = o.ctx_size;
   } else {
@@ -82,13 +85,24 @@ void run(const ServeOptions& o) {
   ho.api_key = o.api_key;
   server::HttpServer http(ho);
   const int port = http.bind();
+  // The signal thread is joined before `http` goes away: when run() ends for another reason
+  // (a load error), it is woken with SIGUSR1 sent to it alone and exits without touching `http`.
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread signals([&http, set] {
     int sig = 0;
     sigwait(&set, &sig);
+    if (sig == SIGUSR1) return;
     log_info("signal %d: stopping", sig);
     http.stop();
   });
-  signals.detach();
+  struct JoinSignals {
+    std::thread& t;
+    ~JoinSignals() {
+      pthread_kill(t.native_handle(), SIGUSR1);
+      t.join();
+    }
+  } join_signals{signals};
   std::thread listener([&http] { http.listen(); });
   std::fprintf(stderr, "spool: listening on http://%s:%d (loading %s)\n", o.host.c_str(), port, dir.c_str());
   try {

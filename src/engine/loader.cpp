@@ -104,7 +104,9 @@ LoadedModel load(const LoadOptions& opt) {
   shape.start_rss = start_rss;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
                                    ? std::filesystem::file_size(opt.model_dir + "/tokenizer.json", ec) : 0;
-  const plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
+  plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
+  if (opt.state_copies < 0) throw UsageError(strfmt("state copies must be >= 0 (got %lld)", (long long)opt.state_copies));
+  base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, 0, opt.kv_bits).recurrent;
   const uint64_t reserve = plan::reserve_bytes(available);
   bool stream = opt.stream.value_or(false);
   if (!opt.stream.has_value() && experts > 0 && plan::must_stream(available, base, experts)) {

@@ -30,6 +30,8 @@ struct LoadOptions {
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
   int64_t ctx_size = 4096;             // context the KV estimate assumes (bytes kept out of the cache budget)
   int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
+  int64_t state_copies = 0;            // extra copies of the recurrent (GDN) state the caller keeps, e.g. serve's
+                                       // prompt-cache checkpoints (bytes kept out of the cache budget)
 };
 
 /// Everything a command needs, loaded together.

@@ -31,13 +31,6 @@ uint64_t fnv1a64(std::string_view s) {
   return h;
 }
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 std::vector<int8_t> rotation_signs(uint64_t seed, std::string_view name, int64_t n) {
   if (n < 0) fail("rotation_signs: negative length %lld", static_cast<long long>(n));
   std::vector<int8_t> s(static_cast<size_t>(n));

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/splitmix.h"
+
 namespace spool::quant {
 
 /// Block size of the blockwise transform for n columns: n & -n. n >= 1.
@@ -30,9 +32,8 @@ void unrotate(const int8_t* signs, const float* x, int64_t n, float* out);
 /// FNV-1a 64-bit hash of the bytes of `s` (offset basis 0xcbf29ce484222325, prime 0x100000001b3).
 uint64_t fnv1a64(std::string_view s);
 
-/// splitmix64 step: state += 0x9e3779b97f4a7c15, returns the mixed state
-/// (z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb; z ^= z >> 31).
-uint64_t splitmix64(uint64_t& state);
+/// splitmix64 step (src/common/splitmix.h); part of the format: rotation_signs draws from it.
+using spool::splitmix64;
 
 /// The sign vector of a tensor: n values in {+1, -1}, deterministic on every platform.
 /// state = seed ^ fnv1a64(name); z_k = the k-th splitmix64 output (k = 0, 1, ...);

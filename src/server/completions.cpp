@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "common/error.h"
+#include "common/splitmix.h"
 #include "server/connection_probe.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
@@ -14,25 +15,20 @@ namespace spool::server {
 
 namespace {
 
-uint64_t splitmix(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // HTTP status for a response nobody receives (the client went away), as nginx logs it.
 constexpr int kClientClosed = 499;
 
+ApiError shutting_down() { return ApiError(503, "server_error", "the server is shutting down; the request was not completed"); }
+
 }  // namespace
 
-void HttpServer::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+void HttpServer::handle_generation(const httplib::Request& req, const std::string& body_text, httplib::Response& res, bool chat) {
   ServingEngine& e = engine_or_503();
-  const json body = parse_body(req.body);
+  const json body = parse_body(body_text);
   uint64_t seed;
   {
     std::lock_guard lock(seed_mu_);
-    seed = splitmix(seed_state_);
+    seed = splitmix64(seed_state_);
   }
   auto g = std::make_shared<const GenRequest>(chat ? parse_chat_request(body, e.facts, seed) : parse_completion_request(body, e.facts, seed));
   const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
@@ -43,25 +39,35 @@ void HttpServer::handle_generation(const httplib::Request& req, httplib::Respons
     metrics_.generation(r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.prefill_s, r.decode_s, r.cancelled);
   };
 
+  // Counted in from here until the response is done (the stream's provider holds it).
+  std::shared_ptr<void> slot = admit();
+
   if (!g->stream) {
     std::optional<RequestQueue::Turn> turn = queue_.wait(alive);
     if (!turn) {
+      if (stopping_) throw shutting_down();
       res.status = kClientClosed;
       return;
     }
     GenResult r = e.gen->run(*g, nullptr, alive);
     record(r);
     if (r.cancelled) {
+      if (stopping_) throw shutting_down();
       res.status = kClientClosed;
       return;
     }
     const json j = chat ? chat_completion_json(meta, r, g->logprobs, tok) : completion_json(meta, r, g->logprobs, tok);
-    res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+    res.set_content(dump_json(j), "application/json");
     return;
   }
 
+  // With include_usage every chunk but the last carries "usage": null, as OpenAI sends them.
+  auto chunk = [g](json j) {
+    if (g->include_usage) j["usage"] = nullptr;
+    return sse_data(j);
+  };
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, &e, &tok, g, meta, alive, chat, record](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [this, &e, &tok, g, meta, alive, chat, record, chunk, slot](size_t, httplib::DataSink& sink) {
     bool ok = true;
     auto write = [&](const std::string& s) {
       if (ok && !sink.write(s.data(), s.size())) ok = false;
@@ -69,25 +75,29 @@ void HttpServer::handle_generation(const httplib::Request& req, httplib::Respons
     };
     try {
       std::optional<RequestQueue::Turn> turn = queue_.wait(alive);
-      if (!turn) return false;
-      if (chat) write(sse_data(chat_chunk_json(meta, json{{"role", "assistant"}, {"content", ""}}, "", nullptr, tok)));
+      if (!turn) {
+        if (stopping_) throw shutting_down();
+        return false;
+      }
+      if (chat) write(chunk(chat_chunk_json(meta, json{{"role", "assistant"}, {"content", ""}}, "", nullptr, tok)));
       GenResult r = e.gen->run(
           *g,
           [&](const GenEvent& ev) {
             const std::vector<TokenLogprob>* lp = g->logprobs ? &ev.logprobs : nullptr;
             if (chat) {
               const json delta = delta_json(ev.delta);
-              if (!delta.empty() || !ev.logprobs.empty()) write(sse_data(chat_chunk_json(meta, delta, "", lp, tok)));
+              if (!delta.empty() || !ev.logprobs.empty()) write(chunk(chat_chunk_json(meta, delta, "", lp, tok)));
             } else if (!ev.delta.content.empty() || !ev.logprobs.empty()) {
-              write(sse_data(completion_chunk_json(meta, ev.delta.content, "", lp, tok)));
+              write(chunk(completion_chunk_json(meta, ev.delta.content, "", lp, tok)));
             }
             return ok;
           },
           [&] { return ok && alive(); });
       record(r);
+      if (r.cancelled && ok && stopping_) throw shutting_down();
       if (r.cancelled || !ok) return false;
-      write(sse_data(chat ? chat_chunk_json(meta, json::object(), r.finish_reason, nullptr, tok)
-                          : completion_chunk_json(meta, "", r.finish_reason, nullptr, tok)));
+      write(chunk(chat ? chat_chunk_json(meta, json::object(), r.finish_reason, nullptr, tok)
+                       : completion_chunk_json(meta, "", r.finish_reason, nullptr, tok)));
       if (g->include_usage) write(sse_data(usage_chunk_json(meta, r, chat)));
       write("data: [DONE]\n\n");
     } catch (const ApiError& ex) {

@@ -127,16 +127,14 @@ void DiskCache::index_file(const std::string& path) {
   e.path = path;
   e.size = ec ? 0 : size;
   e.mtime_ns = mtime_ns(path);
-  size_t need = 0;
-  std::string head = read_head(path, 16);
-  size_t ok = parse_head(head, e.size, e.fingerprint, e.tokens, need);
-  if (!ok && need > head.size()) {
+  // Magic and header length, then the header, then the tokens: each read takes the bytes the
+  // previous parse said it needs (a file shorter than that is malformed).
+  std::string head;
+  size_t need = 16, ok = 0;
+  while (!ok && need > head.size()) {
     head = read_head(path, need);
+    if (head.size() < need) break;
     ok = parse_head(head, e.size, e.fingerprint, e.tokens, need);
-    if (!ok && need > head.size()) {
-      head = read_head(path, need);
-      ok = parse_head(head, e.size, e.fingerprint, e.tokens, need);
-    }
   }
   if (!ok) {
     log_warn("disk cache: %s is not a valid snapshot; deleted", path.c_str());
@@ -200,24 +198,30 @@ int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   const size_t end = data.size() - 8;
+  // Every layer's size is checked before `state` is touched: a bad file leaves it as it was.
+  std::vector<std::string_view> layers;
   for (size_t l = 0; l < state.attn.size(); ++l) {
     if (off + 8 > end) return drop_locked(i, true), 0;
     const uint64_t len = get_u64(data.data() + off);
     off += 8;
     if (len > end - off) return drop_locked(i, true), 0;
-    std::string_view bytes(data.data() + off, len);
+    const models::GdnState& g = state.gdn[l];
+    const uint64_t want = g.recurrent.empty() ? static_cast<uint64_t>(n) * state.attn[l].bytes_per_position()
+                                              : (g.conv.size() + g.recurrent.size()) * sizeof(float);
+    if (len != want) return drop_locked(i, true), 0;
+    layers.emplace_back(data.data() + off, len);
     off += len;
-    models::GdnState& g = state.gdn[l];
-    if (g.recurrent.empty()) {
-      if (len != static_cast<uint64_t>(n) * state.attn[l].bytes_per_position()) return drop_locked(i, true), 0;
-      state.attn[l].load_prefix(bytes, n);
-    } else {
-      if (len != (g.conv.size() + g.recurrent.size()) * sizeof(float)) return drop_locked(i, true), 0;
-      std::memcpy(g.conv.data(), bytes.data(), g.conv.size() * sizeof(float));
-      std::memcpy(g.recurrent.data(), bytes.data() + g.conv.size() * sizeof(float), g.recurrent.size() * sizeof(float));
-    }
   }
   if (off != end) return drop_locked(i, true), 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    models::GdnState& g = state.gdn[l];
+    if (g.recurrent.empty()) {
+      state.attn[l].load_prefix(layers[l], n);
+    } else {
+      std::memcpy(g.conv.data(), layers[l].data(), g.conv.size() * sizeof(float));
+      std::memcpy(g.recurrent.data(), layers[l].data() + g.conv.size() * sizeof(float), g.recurrent.size() * sizeof(float));
+    }
+  }
   state.pos = n;
   state.poisoned = false;
   std::error_code ec;

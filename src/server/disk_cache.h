@@ -40,6 +40,8 @@ struct DiskCacheStats {
   uint64_t evictions = 0, corrupt = 0;   ///< files deleted for the budget / for failing a check
 };
 
+/// The snapshot directory of one server: an index of its files (tokens and fingerprints, read
+/// at start), loads and saves, and LRU eviction under the byte budget. Thread-safe.
 class DiskCache {
  public:
   /// Opens (creating) `dir`, indexes its snapshots (reading only headers and tokens), deletes
@@ -53,7 +55,7 @@ class DiskCache {
 
   /// Loads the snapshot best_match() names into `state` (KV positions [0, n), GDN states,
   /// state.pos = n) and returns n; returns 0, deleting the file, when it is missing or fails a
-  /// check (state is then unspecified: the caller resets it).
+  /// check (checksum and sizes are verified first: `state` is then left untouched).
   int64_t load(std::span<const int32_t> prompt, int64_t limit, models::State& state);
 
   /// Writes a snapshot of tokens[0, n) from `state` (KV positions [0, n) must be valid) with GDN
@@ -62,7 +64,9 @@ class DiskCache {
   /// logged, not thrown (the cache is an optimisation).
   void save(std::span<const int32_t> tokens, const models::State& state, const std::vector<models::GdnState>& gdn);
 
+  /// The counters, with files and bytes counted now.
   DiskCacheStats stats() const;
+  /// The directory (as given).
   const std::string& dir() const { return dir_; }
 
  private:

@@ -5,19 +5,18 @@
 
 #include "common/error.h"
 #include "common/sysinfo.h"
+#include "engine/perplexity.h"
 #include "tokenizer/stream_decoder.h"
 
 namespace spool::server {
 
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k) {
-  double m = -INFINITY;
-  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, static_cast<double>(logits[i]));
-  double s = 0;
-  for (int64_t i = 0; i < vocab; ++i) s += std::exp(static_cast<double>(logits[i]) - m);
-  const double lse = m + std::log(s);
+  // token_nll is log-sum-exp(logits) - logits[id].
+  const double nll = engine::token_nll(logits, vocab, id);
+  const double lse = nll + static_cast<double>(logits[id]);
   TokenLogprob t;
   t.id = id;
-  t.logprob = static_cast<float>(logits[id] - lse);
+  t.logprob = static_cast<float>(-nll);
   if (k > 0) {
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     for (int64_t i = 0; i < vocab; ++i) idx[i] = static_cast<int32_t>(i);
@@ -57,11 +56,7 @@ GenResult Generator::run(const GenRequest& req, const std::function<bool(const G
   std::vector<int32_t> context = req.prompt, generated;
   std::vector<float> logits;
   GenEvent ev;
-  auto absorb = [&](OutputDelta d) {
-    ev.delta.content += d.content;
-    ev.delta.reasoning += d.reasoning;
-    for (auto& tc : d.tool_calls) ev.delta.tool_calls.push_back(std::move(tc));
-  };
+  auto absorb = [&](OutputDelta d) { ev.delta.append(std::move(d)); };
   auto flush_event = [&](bool force) {
     if (!force && ev.delta.empty() && ev.logprobs.empty()) return true;
     const bool ok = on_event ? on_event(ev) : true;
@@ -75,6 +70,8 @@ GenResult Generator::run(const GenRequest& req, const std::function<bool(const G
     const bool argmax = greedy_markup_ && parser.in_markup();
     std::vector<float> raw;
     if (req.logprobs) raw = logits;
+    for (const auto& [bias_id, bias] : req.logit_bias)
+      if (bias_id < vocab) logits[static_cast<size_t>(bias_id)] += bias;
     const int32_t id = (argmax ? greedy : sampler).sample(logits.data(), context, generated);
     generated.push_back(id);
     context.push_back(id);

@@ -1,4 +1,4 @@
-// Generator: runs one GenRequest on the engine — prompt-cache prefill, sampling (penalties,
+// Generator: runs one GenRequest on the engine — prompt-cache prefill, sampling (logit_bias, penalties,
 // seed, --tool-syntax-greedy), stop ids and strings, streaming detokenization and output
 // parsing — and reports what became known after each token.
 #pragma once

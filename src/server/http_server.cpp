@@ -19,7 +19,11 @@ namespace {
 
 void set_json(httplib::Response& res, int status, const json& j) {
   res.status = status;
-  res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+  res.set_content(dump_json(j), "application/json");
+}
+
+json model_json(const ServingEngine& e) {
+  return json{{"id", e.facts.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spool"}, {"max_model_len", e.facts.ctx_size}};
 }
 
 bool equal_const_time(const std::string& a, const std::string& b) {
@@ -31,6 +35,14 @@ bool equal_const_time(const std::string& a, const std::string& b) {
 }  // namespace
 
 HttpServer::HttpServer(HttpOptions opt) : opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()), seed_state_(std::random_device{}()) {
+  if (opt_.max_body_bytes == 0 || opt_.max_body_bytes > kMaxBodyBytes)
+    throw UsageError(strfmt("the body limit must be in [1, %zu] bytes (got %zu)", kMaxBodyBytes, opt_.max_body_bytes));
+  if (opt_.max_waiting < 0) throw UsageError(strfmt("the queue length must be >= 0 (got %d)", opt_.max_waiting));
+  if (opt_.threads < opt_.max_waiting + 2)
+    throw UsageError(strfmt("%d connection threads leave none for other routes with %d queued requests (need > %d)", opt_.threads,
+                            opt_.max_waiting, opt_.max_waiting + 1));
+  const size_t threads = static_cast<size_t>(opt_.threads);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   routes();
 }
 
@@ -85,6 +97,15 @@ ServingEngine& HttpServer::engine_or_503() const {
   return *engine_;
 }
 
+std::shared_ptr<void> HttpServer::admit() {
+  if (admitted_.fetch_add(1) >= opt_.max_waiting + 1) {
+    --admitted_;
+    throw ApiError(503, "server_error",
+                   strfmt("the server is busy: %d requests are already waiting for the model; retry later", opt_.max_waiting));
+  }
+  return std::shared_ptr<void>(nullptr, [this](void*) { --admitted_; });
+}
+
 std::string HttpServer::metrics_text() const {
   EngineGauges g;
   g.ready = ready_;
@@ -108,14 +129,14 @@ void HttpServer::routes() {
     set_json(res, 401, error_json("invalid or missing API key (send \"Authorization: Bearer KEY\")", "authentication_error", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.request(req.path, res.status); });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.request(route_label(req.path), res.status); });
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string msg = res.status == 404   ? "no route for " + req.method + " " + req.path
                             : res.status == 413 ? "the request body is too large"
                                                 : "the request failed (HTTP " + std::to_string(res.status) + ")";
     const int status = res.status;
-    send_error(res, status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg);
+    send_error(res, status, status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error", msg);
   });
   s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     try {
@@ -143,29 +164,56 @@ void HttpServer::routes() {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    ServingEngine& e = engine_or_503();
-    json m{{"id", e.facts.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spool"}, {"max_model_len", e.facts.ctx_size}};
-    set_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
+    set_json(res, 200, json{{"object", "list"}, {"data", json::array({model_json(engine_or_503())})}});
   });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, false); });
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
-  s.Post("/apply-template", [this](const httplib::Request& req, httplib::Response& res) { handle_apply_template(req, res); });
+  s.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+    const ServingEngine& e = engine_or_503();
+    const std::string id = req.matches[1];
+    if (id != e.facts.name) throw ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model");
+    set_json(res, 200, model_json(e));
+  });
+  // POST routes read the body themselves: httplib's own reader answers 413 to a form-encoded
+  // body over 8 KB (a limit built into the shared library), and `curl -d` sends JSON as
+  // form-encoded. The body size limit (set_payload_max_length) still applies.
+  auto post = [&s](const char* path, std::function<void(const httplib::Request&, const std::string&, httplib::Response&)> handler) {
+    s.Post(path, [handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+      if (req.is_multipart_form_data()) throw bad_request("multipart bodies are not accepted; send a JSON object");
+      std::string body;
+      const bool complete = read([&body](const char* data, size_t n) {
+        body.append(data, n);
+        return true;
+      });
+      if (!complete) {  // too large (httplib set 413) or the connection failed
+        if (res.status < 400) res.status = 400;
+        return;
+      }
+      handler(req, body, res);
+    });
+  };
+  post("/v1/chat/completions", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    handle_generation(req, body, res, true);
+  });
+  post("/v1/completions", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    handle_generation(req, body, res, false);
+  });
+  post("/tokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_tokenize(body, res); });
+  post("/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_detokenize(body, res); });
+  post("/apply-template",
+       [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_apply_template(body, res); });
 }
 
-void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_tokenize(const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
-  json body = parse_body(req.body);
+  json body = parse_body(body_text);
   std::optional<std::string> content = get_string(body, "content");
   if (!content) throw bad_request("'content' is required", "content");
   const bool add_special = get_bool(body, "add_special").value_or(false);
   set_json(res, 200, json{{"tokens", e.facts.tok->encode(*content, add_special)}});
 }
 
-void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_detokenize(const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
-  json body = parse_body(req.body);
+  json body = parse_body(body_text);
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array()) throw bad_request("'tokens' must be an array of token ids", "tokens");
   std::vector<int32_t> ids;
@@ -177,9 +225,9 @@ void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Respons
   set_json(res, 200, json{{"content", e.facts.tok->decode(ids)}});
 }
 
-void HttpServer::handle_apply_template(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_apply_template(const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
-  json body = parse_body(req.body);
+  json body = parse_body(body_text);
   ChatPrompt p = render_chat(body, e.facts.chat, /*allow_template_override=*/true);
   set_json(res, 200, json{{"prompt", p.text}});
 }

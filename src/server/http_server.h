@@ -1,11 +1,12 @@
 // HttpServer: the OpenAI-compatible HTTP API of `spool serve` on cpp-httplib.
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE), GET /v1/models,
-// GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize, /detokenize,
-// /apply-template. Every error is an OpenAI error object with a 4xx/5xx status; with an API
-// key, every route but /health needs "Authorization: Bearer KEY" (else 401). Generation
-// requests wait in a FIFO queue and run one at a time; a client that disconnects (while
-// queued or generating) cancels its request.
+// GET /v1/models/{id}, GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize,
+// /detokenize, /apply-template. Every error is an OpenAI error object with a 4xx/5xx status; with
+// an API key, every route but /health needs "Authorization: Bearer KEY" (else 401). Generation
+// requests wait in a FIFO queue and run one at a time (503 when max_waiting already wait); a
+// client that disconnects (while queued or generating) cancels its request, and stopping the
+// server ends queued and running ones with 503.
 #pragma once
 
 #include <atomic>
@@ -25,17 +26,32 @@ struct Response;
 
 namespace spool::server {
 
+/// Largest request body accepted (413 beyond), whatever its Content-Type (a JSON body sent as
+/// form-encoded by `curl -d` too).
+inline constexpr size_t kMaxBodyBytes = 16u << 20;
+
 /// Network settings.
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8080;          ///< 0 = any free port (see bind())
   std::string api_key;      ///< "" = no authentication
-  size_t max_body_bytes = 64u << 20;
+  size_t max_body_bytes = kMaxBodyBytes;  ///< at most kMaxBodyBytes
+  /// Generation requests waiting for the engine at most (besides the running one); more are
+  /// refused at once with 503 instead of tying up a connection thread.
+  int max_waiting = 32;
+  /// Connection threads. Each queued or running generation holds one, so this must exceed
+  /// max_waiting + 1 for other routes (/health, /metrics) to answer while the queue is full.
+  int threads = 64;
 };
 
+/// The HTTP server: owns the listening socket, the routes, the request queue and the metrics;
+/// the engine arrives later through set_engine() (routes that need it answer 503 until then).
 class HttpServer {
  public:
+  /// Installs the routes; does not bind (see bind()). UsageError when `threads` is not above
+  /// `max_waiting` + 1 or a limit is out of range.
   explicit HttpServer(HttpOptions opt);
+  /// Stops the server (stop()); listen() must have returned before the object is destroyed.
   ~HttpServer();
 
   /// Binds the listening socket and returns the port. Throws spool::Error when it cannot.
@@ -53,10 +69,13 @@ class HttpServer {
   void send_error(httplib::Response& res, int status, const std::string& type, const std::string& message,
                   const std::string& param = "") const;
   ServingEngine& engine_or_503() const;
-  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
-  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_apply_template(const httplib::Request& req, httplib::Response& res);
+  /// Counts a generation request in until the returned handle is destroyed; 503 when
+  /// max_waiting + 1 are already in (one running, the rest queued).
+  std::shared_ptr<void> admit();
+  void handle_generation(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat);
+  void handle_tokenize(const std::string& body, httplib::Response& res);
+  void handle_detokenize(const std::string& body, httplib::Response& res);
+  void handle_apply_template(const std::string& body, httplib::Response& res);
   std::string metrics_text() const;
 
   HttpOptions opt_;
@@ -68,6 +87,7 @@ class HttpServer {
   bool listen_entered_ = false;
   std::atomic<bool> listen_done_{false};
   RequestQueue queue_;
+  std::atomic<int> admitted_{0};           // generation requests between admit() and their end
   mutable Metrics metrics_;
   std::mutex seed_mu_;
   uint64_t seed_state_;

@@ -1,8 +1,29 @@
 #include "server/metrics.h"
 
-#include <cstdio>
+#include "common/error.h"
 
 namespace spool::server {
+
+std::string route_label(const std::string& path) {
+  static const char* kRoutes[] = {"/health",        "/metrics",     "/v1/models", "/v1/chat/completions", "/v1/completions",
+                                  "/tokenize",      "/detokenize",  "/apply-template"};
+  for (const char* r : kRoutes)
+    if (path == r) return r;
+  if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
+  return "other";
+}
+
+std::string escape_label(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
 
 void Metrics::request(const std::string& endpoint, int status) {
   std::lock_guard lock(mu_);
@@ -27,9 +48,7 @@ void Metrics::generation(int64_t prompt_tokens, int64_t cached_tokens, int64_t g
 namespace {
 
 void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, value);
-  out += buf;
+  out += strfmt("# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, value);
 }
 
 }  // namespace
@@ -38,12 +57,9 @@ std::string Metrics::render(const EngineGauges& g) const {
   std::lock_guard lock(mu_);
   std::string out;
   out += "# HELP spool_requests_total HTTP requests by endpoint and status.\n# TYPE spool_requests_total counter\n";
-  for (const auto& [k, n] : requests_) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "spool_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", k.first.c_str(), k.second,
-                  (unsigned long long)n);
-    out += buf;
-  }
+  for (const auto& [k, n] : requests_)
+    out += "spool_requests_total{endpoint=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) + "\"} " +
+           std::to_string(n) + "\n";
   metric(out, "spool_generations_total", "counter", "Generations run (chat and text completions).", static_cast<double>(generations_));
   metric(out, "spool_generations_cancelled_total", "counter", "Generations cancelled by a client disconnect.", static_cast<double>(cancelled_));
   metric(out, "spool_prompt_tokens_total", "counter", "Prompt tokens of all generations.", static_cast<double>(prompt_tokens_));

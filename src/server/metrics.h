@@ -23,10 +23,18 @@ struct EngineGauges {
   std::optional<DiskCacheStats> disk_cache;  ///< with --disk-cache
 };
 
+/// The /metrics `endpoint` label of a request: its route from a fixed set ("/v1/models/{id}"
+/// for a model id), "other" for a path no route serves (404) — never the raw path, so the
+/// series stay few and label values hold no client bytes.
+std::string route_label(const std::string& path);
+
+/// `v` escaped as a Prometheus label value (backslash, double quote and newline).
+std::string escape_label(const std::string& v);
+
 /// Request and token counters, updated by the handlers (thread-safe).
 class Metrics {
  public:
-  /// Counts one finished HTTP request on `endpoint` with HTTP `status`.
+  /// Counts one finished HTTP request on `endpoint` (a route_label) with HTTP `status`.
   void request(const std::string& endpoint, int status);
   /// Adds one generation's tokens and seconds (cancelled ones too: they used the engine).
   void generation(int64_t prompt_tokens, int64_t cached_tokens, int64_t generated_tokens, double prefill_s, double decode_s,

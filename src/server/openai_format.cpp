@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "server/json_body.h"
 #include "server/stop_strings.h"
 #include "tokenizer/byte_level.h"
 
@@ -159,7 +160,7 @@ json completion_chunk_json(const ResponseMeta& m, const std::string& text, const
 }
 
 std::string sse_data(const json& j) {
-  return "data: " + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+  return "data: " + dump_json(j) + "\n\n";
 }
 
 std::string new_response_id(const std::string& prefix) {

@@ -130,8 +130,10 @@ struct OutputParser::Impl {
     if (t.empty()) return;
     int idx = static_cast<int>(calls.size()) - 1;
     calls.back().arguments += t;
+    // One entry per call and delta: the arguments join the announcement (id and name) when
+    // that is in this delta too, as OpenAI streams a call's first piece.
     auto& v = cur.tool_calls;
-    if (!v.empty() && v.back().index == idx && v.back().id.empty()) {
+    if (!v.empty() && v.back().index == idx) {
       v.back().arguments += t;
     } else {
       v.push_back(ToolCallDelta{idx, "", "", std::string(t)});
@@ -560,6 +562,18 @@ struct OutputParser::Impl {
     }
   }
 };
+
+void OutputDelta::append(OutputDelta d) {
+  content += d.content;
+  reasoning += d.reasoning;
+  for (auto& tc : d.tool_calls) {
+    if (!tool_calls.empty() && tool_calls.back().index == tc.index && tc.id.empty()) {
+      tool_calls.back().arguments += tc.arguments;
+    } else {
+      tool_calls.push_back(std::move(tc));
+    }
+  }
+}
 
 OutputParser::OutputParser(Options opt) : impl_(std::make_unique<Impl>(std::move(opt))) {}
 OutputParser::~OutputParser() = default;

@@ -84,6 +84,9 @@ struct OutputDelta {
   std::vector<ToolCallDelta> tool_calls; ///< tool-call pieces, in order
   /// True when there is nothing to send.
   bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty(); }
+  /// Appends the later delta `d`: texts are joined, and tool-call pieces of the call the last
+  /// entry belongs to join that entry (one entry per call index and delta).
+  void append(OutputDelta d);
 };
 
 /// One aggregated tool call.

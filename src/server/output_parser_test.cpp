@@ -62,11 +62,11 @@ Result run_pieces(const Options& opt, const std::vector<std::string>& pieces) {
     cat.content += d.content;
     cat.reasoning += d.reasoning;
     for (const auto& tc : d.tool_calls) {
-      if (!tc.id.empty()) {
+      if (!tc.id.empty()) {  // the announcement, with the call's first arguments when they are known
         EXPECT_EQ(tc.index, static_cast<int>(cat.calls.size()));
         EXPECT_FALSE(tc.name.empty());
-        EXPECT_EQ(tc.arguments, "");
-        cat.calls.push_back(ToolCall{tc.id, tc.name, "", true});
+        EXPECT_TRUE(valid_utf8(tc.arguments)) << tc.arguments;
+        cat.calls.push_back(ToolCall{tc.id, tc.name, tc.arguments, true});
       } else {
         EXPECT_TRUE(tc.name.empty());
         EXPECT_FALSE(tc.arguments.empty());
@@ -79,13 +79,18 @@ Result run_pieces(const Options& opt, const std::vector<std::string>& pieces) {
       }
     }
   };
+  auto absorb_delta = [&](const OutputDelta& d) {
+    // At most one entry per call in a delta.
+    for (size_t i = 1; i < d.tool_calls.size(); ++i) EXPECT_NE(d.tool_calls[i].index, d.tool_calls[i - 1].index);
+    absorb(d);
+  };
   for (const auto& piece : pieces) {
-    absorb(p.push(piece));
+    absorb_delta(p.push(piece));
     if (p.stopped()) {
       EXPECT_TRUE(p.push("ignored").empty());
     }
   }
-  absorb(p.finish());
+  absorb_delta(p.finish());
   EXPECT_TRUE(p.finish().empty());
   EXPECT_FALSE(p.in_markup());
   Result agg{p.content(), p.reasoning(), p.tool_calls(), p.stopped()};
@@ -303,17 +308,35 @@ TEST(OutputParser, Qwen3JsonMultipleCallsAfterContent) {
   EXPECT_NE(r.calls[0].id, r.calls[1].id);
 }
 
+TEST(OutputParser, DeltasAppendOneEntryPerCall) {
+  OutputDelta a;
+  a.content = "x";
+  a.tool_calls.push_back(ToolCallDelta{0, "call_a", "f", "{"});
+  OutputDelta b;
+  b.content = "y";
+  b.tool_calls.push_back(ToolCallDelta{0, "", "", "\"k\": 1}"});
+  b.tool_calls.push_back(ToolCallDelta{1, "call_b", "g", "{}"});
+  a.append(std::move(b));
+  EXPECT_EQ(a.content, "xy");
+  ASSERT_EQ(a.tool_calls.size(), 2u);
+  EXPECT_EQ(a.tool_calls[0].id, "call_a");
+  EXPECT_EQ(a.tool_calls[0].arguments, "{\"k\": 1}");
+  EXPECT_EQ(a.tool_calls[1].name, "g");
+}
+
 TEST(OutputParser, Qwen3JsonStreamsHeaderThenArgumentFragments) {
   OutputParser p(qwen3_opts());
   OutputDelta d = p.push("<tool_call>\n{\"name\": \"get_weather\", \"arg");
   EXPECT_TRUE(d.tool_calls.empty());  // not announced before "arguments": {
   EXPECT_TRUE(p.in_markup());
   d = p.push("uments\": {\"city\": \"Par");
-  ASSERT_EQ(d.tool_calls.size(), 2u);
+  // One entry per call in a delta: the announcement carries the first arguments (two entries
+  // with the same index in one chunk confuse clients).
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].index, 0);
   EXPECT_EQ(d.tool_calls[0].name, "get_weather");
   EXPECT_FALSE(d.tool_calls[0].id.empty());
-  EXPECT_EQ(d.tool_calls[0].arguments, "");
-  EXPECT_EQ(d.tool_calls[1].arguments, "{\"city\": \"Par");
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"city\": \"Par");
   EXPECT_FALSE(p.in_markup());  // inside a value
   d = p.push("is\"");
   ASSERT_EQ(d.tool_calls.size(), 1u);

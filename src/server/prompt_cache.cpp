@@ -52,22 +52,18 @@ int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt
     if (cps_[i].pos <= limit) ci = static_cast<int>(i);
   int64_t from = ci >= 0 ? cps_[ci].pos : 0;
   bool loaded_from_disk = false;
+  // A disk snapshot reaching further replaces the state. DiskCache::load checks the file before
+  // it touches `st`, so a corrupt one (0) leaves the state and the memory checkpoints usable:
+  // the memory checkpoint is restored below as if there were no disk cache.
   if (disk_ && disk_->best_match(prompt, n - 1) > from) {
-    st.reset();
     const int64_t got = disk_->load(prompt, n - 1, st);
     if (got > from) {
-      // The disk snapshot's prefix replaces the state; memory checkpoints stay valid up to
-      // where the old tokens agree with the new prompt.
+      // Memory checkpoints stay valid up to where the old tokens agree with the new prompt.
       std::erase_if(cps_, [&](const Checkpoint& c) { return c.pos > std::min(lcp, got); });
       tokens_.assign(prompt.begin(), prompt.begin() + got);
       if (max_cps_ > 0 && (cps_.empty() || cps_.back().pos < got)) add_checkpoint(st);
       from = got;
       loaded_from_disk = true;
-    } else {
-      clear();
-      st.reset();
-      from = 0;
-      ci = -1;
     }
   }
   if (!loaded_from_disk) {

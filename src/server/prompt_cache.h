@@ -22,6 +22,8 @@
 
 namespace spool::server {
 
+/// Prefix reuse for one Session: the tokens its state holds, GDN checkpoints at chunk
+/// boundaries, and the optional DiskCache. Not thread-safe (the engine runs one request at a time).
 class PromptCache {
  public:
   /// `step`: prefill chunk (--prefill-step-size) > 0; `max_checkpoints`: GDN checkpoints kept

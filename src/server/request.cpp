@@ -1,5 +1,7 @@
 #include "server/request.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "common/error.h"
@@ -27,6 +29,29 @@ std::vector<std::string> parse_stop(const json& b) {
   }
   for (const auto& s : out)
     if (s.empty()) throw bad_request("'stop' strings must not be empty", "stop");
+  return out;
+}
+
+// logit_bias: {"token id": bias} with ids in [0, vocab) and biases in [-100, 100], as OpenAI
+// accepts it. Returned sorted by id.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& b, int64_t vocab) {
+  auto it = b.find("logit_bias");
+  if (it == b.end() || it->is_null()) return {};
+  if (!it->is_object()) throw bad_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, v] : it->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const long long id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id >= vocab)
+      throw bad_request(strfmt("'logit_bias' keys must be token ids in [0, %lld)", (long long)vocab), "logit_bias");
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
+      throw bad_request(strfmt("'logit_bias' values must be numbers in [-100, 100] (token %lld)", id), "logit_bias");
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(v.get<double>()));
+  }
+  std::sort(out.begin(), out.end());
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].first == out[i - 1].first)
+      throw bad_request(strfmt("'logit_bias' names token %d twice", out[i].first), "logit_bias");
   return out;
 }
 
@@ -63,6 +88,7 @@ void parse_common(const json& b, const ModelFacts& f, GenRequest& r, uint64_t se
   } catch (const UsageError& e) {
     throw bad_request(e.what());
   }
+  r.logit_bias = parse_logit_bias(b, f.vocab_size);
   r.parser.stop = parse_stop(b);
   r.parser.id_seed = seed_source ^ 0x5bd1e995u;
   r.stream = get_bool(b, "stream").value_or(false);

@@ -39,6 +39,9 @@ struct GenRequest {
   bool include_usage = false;         ///< stream_options.include_usage
   bool logprobs = false;              ///< report the chosen tokens' log-probabilities
   int top_logprobs = 0;               ///< and that many alternatives per position (0..20)
+  /// logit_bias: (token id, bias in [-100, 100]) added to the logits before sampling (logprobs
+  /// report the unbiased distribution); ids ascending, each once.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   OutputParser::Options parser;       ///< stop strings, reasoning and tool-call parsing
 };
 

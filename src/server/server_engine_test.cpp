@@ -1,6 +1,7 @@
 // The serving engine on the demo model: prompt-cache reuse gives the same output as fresh runs
 // (same request twice, prefix + 1 token, disk snapshots after a restart), corrupt snapshots are
-// deleted and never loaded, no state leaks between requests, seeds reproduce, stop strings that
+// deleted and never loaded (memory checkpoints still serve), no state leaks between requests,
+// logit_bias forces and bans tokens, seeds reproduce, stop strings that
 // span tokens cut the same text streamed and not, non-finite logits are an error, and
 // --tool-syntax-greedy picks argmax inside tool-call markup.
 #include <gtest/gtest.h>
@@ -105,14 +106,83 @@ TEST_F(ServerEngine, SameRequestTwiceAndPrefixPlusOneReuseWithoutChangingOutput)
 
 TEST_F(ServerEngine, NoStateLeaksBetweenRequests) {
   auto e = make_engine(16);
-  GenRequest a = request(*e, "The sea was calm and the sky", 20, 0.9f, 7);
-  GenRequest b = request(*e, "In the morning the captain", 20, 0.9f, 8);
+  // Prompts sharing more than two prefill chunks (step 16), then differing: the second of each
+  // pair restores a checkpoint of the first and must not see the first's tail or output.
+  const std::string shared = kText.substr(0, 150);
+  GenRequest a = request(*e, shared + " The sea was calm and the sky", 20, 0.9f, 7);
+  GenRequest b = request(*e, shared + " In the morning the captain", 20, 0.9f, 8);
+  size_t common = 0;
+  while (common < std::min(a.prompt.size(), b.prompt.size()) && a.prompt[common] == b.prompt[common]) ++common;
+  ASSERT_GE(common, 33u);
   Outcome ra = reference(a), rb = reference(b);
   // b after a (and a after b, and repeated) equals b and a alone.
   EXPECT_EQ(run(*e, a).ids, ra.ids);
-  EXPECT_EQ(run(*e, b).ids, rb.ids);
+  Outcome got_b = run(*e, b);
+  EXPECT_GE(got_b.res.cached_tokens, 32);  // the reuse path ran
+  EXPECT_EQ(got_b.ids, rb.ids);
+  Outcome got_a = run(*e, a);
+  EXPECT_GE(got_a.res.cached_tokens, 32);
+  EXPECT_EQ(got_a.ids, ra.ids);
   EXPECT_EQ(run(*e, a).ids, ra.ids);
-  EXPECT_EQ(run(*e, a).ids, ra.ids);
+}
+
+TEST_F(ServerEngine, LogitBiasForcesAndBansTokens) {
+  GenRequest a = request(*fresh_, "Whales are", 6);
+  Outcome plain = run(*fresh_, a);
+  ASSERT_FALSE(plain.ids.empty());
+  GenRequest forced = a;
+  forced.logit_bias = {{300, 100.0f}};
+  EXPECT_EQ(run(*fresh_, forced).ids, std::vector<int32_t>(6, 300));
+  GenRequest banned = a;
+  banned.logit_bias = {{plain.ids[0], -100.0f}};
+  Outcome b = run(*fresh_, banned);
+  ASSERT_FALSE(b.ids.empty());
+  EXPECT_NE(b.ids[0], plain.ids[0]);
+  // Logprobs report the model's distribution, not the biased one (where 300 has probability ~1).
+  EXPECT_LT(run(*fresh_, forced).res.logprobs[0].logprob, -0.5f);
+}
+
+TEST_F(ServerEngine, CorruptDiskSnapshotFallsBackToMemoryCheckpoints) {
+  const std::string dir = ::testing::TempDir() + "/server_disk_fallback";
+  fs::remove_all(dir);
+  // Prefill step 8 (a fresh run with the same step is the reference: chunking is part of the result).
+  GenRequest full = request(*fresh_, kText, 8);
+  GenRequest part = request(*fresh_, kText.substr(0, 100), 4);
+  ASSERT_GT(full.prompt.size(), part.prompt.size() + 16);
+  Outcome ref = run(*make_engine(0, "", 8), full);
+  {
+    auto e = make_engine(16, dir, 8);
+    run(*e, full);  // writes a snapshot of `full` (further than `part` reaches)
+  }
+  std::vector<fs::path> files;
+  for (const auto& f : fs::directory_iterator(dir)) files.push_back(f.path());
+  ASSERT_EQ(files.size(), 1u);
+  auto e = make_engine(16, dir, 8);
+  run(*e, part);  // memory checkpoints of `part`'s chunks
+  // The checkpoint a request for `full` restores from memory: the last one within the common prefix.
+  size_t common = 0;
+  while (common < part.prompt.size() && part.prompt[common] == full.prompt[common]) ++common;
+  int64_t mem = 0;
+  for (int64_t p : e->cache->checkpoint_positions())
+    if (p <= static_cast<int64_t>(common)) mem = p;
+  ASSERT_GE(mem, 16);
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    const auto mid = static_cast<std::streamoff>(fs::file_size(files[0]) / 2);
+    f.seekg(mid);
+    char c;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(mid);
+    f.write(&c, 1);
+  }
+  // The snapshot reaches further than memory but fails its check: deleted, and the memory
+  // checkpoint is still used.
+  Outcome r = run(*e, full);
+  EXPECT_EQ(e->disk->stats().corrupt, 1u);
+  EXPECT_EQ(r.res.cached_tokens, mem);
+  EXPECT_EQ(r.ids, ref.ids);
+  for (size_t i = 0; i < ref.res.logprobs.size(); ++i) EXPECT_EQ(r.res.logprobs[i].logprob, ref.res.logprobs[i].logprob) << i;
 }
 
 TEST_F(ServerEngine, SeedsReproduce) {

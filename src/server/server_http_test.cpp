@@ -4,7 +4,11 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "server/http_server.h"
@@ -12,27 +16,31 @@
 namespace spool::server {
 namespace {
 
-std::unique_ptr<ServingEngine> demo_engine() {
+std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256) {
   engine::LoadOptions o;
   o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.threads = 2;
   EngineOptions eo;
   eo.model_name = "demo";
-  eo.ctx_size = 256;
+  eo.ctx_size = ctx;
   eo.prefill_step = 32;
   return make_serving_engine(engine::load(o), eo);
 }
 
 // A server on a free loopback port, serving until destroyed.
 struct Running {
-  explicit Running(const std::string& api_key = "", bool with_engine = true) {
-    HttpOptions ho;
+  explicit Running(const std::string& api_key = "", bool with_engine = true, HttpOptions ho = {}, int64_t ctx = 256) {
     ho.port = 0;
     ho.api_key = api_key;
     server = std::make_unique<HttpServer>(ho);
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
-    if (with_engine) server->set_engine(demo_engine());
+    if (with_engine) {
+      auto e = demo_engine(ctx);
+      // "logit_bias" that bans every end-of-sequence id: generation runs to max_tokens.
+      for (int32_t id : e->facts.stop_ids) no_eos[std::to_string(id)] = -100;
+      server->set_engine(std::move(e));
+    }
   }
   ~Running() {
     server->stop();
@@ -46,6 +54,7 @@ struct Running {
   std::unique_ptr<HttpServer> server;
   int port = 0;
   std::thread thread;
+  nlohmann::json no_eos = nlohmann::json::object();
 };
 
 nlohmann::json body_json(const httplib::Result& r) { return nlohmann::json::parse(r->body, nullptr, false); }
@@ -80,6 +89,12 @@ TEST(HttpApi, EndpointsAndStreaming) {
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(body_json(models)["data"][0]["id"], "demo");
+  auto one = c.Get("/v1/models/demo");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200) << one->body;
+  EXPECT_EQ(body_json(one)["id"], "demo");
+  EXPECT_EQ(body_json(one)["object"], "model");
+  expect_error(c.Get("/v1/models/gpt-4"), 404, "unknown model");
 
   auto plain = c.Post("/v1/chat/completions", std::string(kChat) + "}", "application/json");
   ASSERT_TRUE(plain);
@@ -117,6 +132,8 @@ TEST(HttpApi, EndpointsAndStreaming) {
       EXPECT_EQ(j["usage"]["completion_tokens"], 12);
       continue;
     }
+    // With include_usage, every other chunk has "usage": null (as OpenAI sends them).
+    EXPECT_TRUE(j.contains("usage") && j["usage"].is_null()) << data;
     const auto& ch = j["choices"][0];
     if (ch["delta"].contains("content")) streamed += ch["delta"]["content"].get<std::string>();
     if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
@@ -191,12 +208,166 @@ TEST(HttpApi, ErrorsAreOpenAIObjects) {
   expect_error(c.Get("/v1/nothing"), 404, "unknown route");
   expect_error(c.Post("/detokenize", R"({"tokens": [-1]})", "application/json"), 400, "bad detokenize");
   expect_error(c.Post("/tokenize", R"({"content": 5})", "application/json"), 400, "bad tokenize");
-  // max_tokens larger than the context is capped, finish_reason "length".
-  auto big = c.Post("/v1/completions", R"({"prompt": "The sea", "max_tokens": 100000, "temperature": 0.9, "seed": 1})", "application/json");
+  // max_tokens larger than the context is capped, finish_reason "length" (end-of-sequence ids
+  // are banned, so the cap is what ends it).
+  nlohmann::json capped = {{"prompt", "The sea"}, {"max_tokens", 100000}, {"temperature", 0.9}, {"seed", 1}, {"logit_bias", s.no_eos}};
+  auto big = c.Post("/v1/completions", capped.dump(), "application/json");
   ASSERT_TRUE(big);
   ASSERT_EQ(big->status, 200) << big->body;
   auto bj = body_json(big);
-  if (bj["choices"][0]["finish_reason"] == "length") EXPECT_EQ(bj["usage"]["total_tokens"], 256);
+  EXPECT_EQ(bj["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(bj["usage"]["total_tokens"], 256);
+}
+
+TEST(HttpApi, LogitBiasSteersSampling) {
+  Running s;
+  auto c = s.client();
+  // +100 on one token makes greedy decoding repeat it.
+  auto r = c.Post("/v1/completions", R"({"prompt": "The whale", "max_tokens": 5, "temperature": 0, "logprobs": 0, "logit_bias": {"300": 100}})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto tk = c.Post("/detokenize", R"({"tokens": [300, 300, 300, 300, 300]})", "application/json");
+  ASSERT_TRUE(tk);
+  EXPECT_EQ(body_json(r)["choices"][0]["text"], body_json(tk)["content"]);
+  expect_error(c.Post("/v1/completions", R"({"prompt": "x", "logit_bias": {"300": 101}})", "application/json"), 400, "bias range");
+  expect_error(c.Post("/v1/completions", R"({"prompt": "x", "logit_bias": {"abc": 1}})", "application/json"), 400, "bias id");
+}
+
+TEST(HttpApi, FormEncodedJsonBodiesOver8KBAreRead) {
+  // `curl -d` sends application/x-www-form-urlencoded; httplib alone refuses such bodies > 8 KB.
+  Running s;
+  auto c = s.client();
+  const nlohmann::json body = {{"content", std::string(20000, 'a')}};
+  auto r = c.Post("/tokenize", body.dump(), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  EXPECT_TRUE(body_json(r)["tokens"].is_array());
+  // The body limit still holds, whatever the Content-Type.
+  expect_error(c.Post("/tokenize", std::string(kMaxBodyBytes + 1, ' '), "application/x-www-form-urlencoded"), 413, "too large");
+  expect_error(c.Post("/tokenize", std::string(kMaxBodyBytes + 1, ' '), "application/json"), 413, "too large");
+}
+
+// A Prometheus text exposition line: a comment, or `name{label="value",...} number`.
+bool valid_prometheus_line(const std::string& line) {
+  if (line.starts_with("# HELP ") || line.starts_with("# TYPE ")) return true;
+  size_t i = 0;
+  auto name_char = [](char ch, bool first) { return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_' || ch == ':' || (!first && std::isdigit(static_cast<unsigned char>(ch))); };
+  while (i < line.size() && name_char(line[i], i == 0)) ++i;
+  if (i == 0) return false;
+  if (i < line.size() && line[i] == '{') {
+    ++i;
+    while (i < line.size() && line[i] != '}') {
+      const size_t start = i;
+      while (i < line.size() && name_char(line[i], i == start)) ++i;
+      if (i == start || line.compare(i, 2, "=\"") != 0) return false;
+      i += 2;
+      while (i < line.size() && line[i] != '"') {
+        if (line[i] == '\\') {
+          if (i + 1 >= line.size() || (line[i + 1] != '\\' && line[i + 1] != '"' && line[i + 1] != 'n')) return false;
+          ++i;
+        }
+        ++i;
+      }
+      if (i >= line.size()) return false;
+      ++i;  // closing quote
+      if (i < line.size() && line[i] == ',') ++i;
+    }
+    if (i >= line.size()) return false;
+    ++i;  // '}'
+  }
+  if (i >= line.size() || line[i] != ' ') return false;
+  char* end = nullptr;
+  std::strtod(line.c_str() + i + 1, &end);
+  return end != line.c_str() + i + 1 && *end == '\0';
+}
+
+TEST(HttpApi, MetricsStayValidAfterOddPaths) {
+  Running s;
+  auto c = s.client();
+  const std::string long_path = "/" + std::string(400, 'x');
+  for (const std::string& path : {std::string("/v1/%22quoted%22%0Aline%5C"), long_path, std::string("/v1/models/%22%7D%20x"),
+                                  std::string("/health"), std::string("/nope")})
+    ASSERT_TRUE(c.Get(path)) << path;
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(c.Get("/unique-" + std::to_string(i)));
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  std::istringstream in(m->body);
+  int series = 0;
+  for (std::string line; std::getline(in, line);) {
+    EXPECT_TRUE(valid_prometheus_line(line)) << line;
+    if (line.starts_with("spool_requests_total{")) ++series;
+  }
+  // Labels are routes from a fixed set, not paths: no path bytes, and few series.
+  EXPECT_EQ(m->body.find("quoted"), std::string::npos);
+  EXPECT_EQ(m->body.find("unique-"), std::string::npos);
+  EXPECT_NE(m->body.find("spool_requests_total{endpoint=\"other\",status=\"404\"} 53\n"), std::string::npos) << m->body.substr(0, 600);
+  EXPECT_NE(m->body.find("spool_requests_total{endpoint=\"/health\",status=\"200\"} 1"), std::string::npos);
+  EXPECT_NE(m->body.find("spool_requests_total{endpoint=\"/v1/models/{id}\",status=\"404\"}"), std::string::npos);
+  EXPECT_LE(series, 4);
+}
+
+TEST(HttpApi, FullQueueIs503AndHealthStaysFast) {
+  HttpOptions ho;
+  ho.max_waiting = 2;
+  ho.threads = 8;
+  Running s("", true, ho, /*ctx=*/4096);
+  // A long generation holds the engine until the client hangs up.
+  std::atomic<bool> hang_up{false}, started{false};
+  std::thread holder([&] {
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_read_timeout(120, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = nlohmann::json{{"prompt", "The sea"}, {"max_tokens", 4000}, {"temperature", 0.9}, {"stream", true}, {"logit_bias", s.no_eos}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      started = true;
+      return !hang_up;
+    };
+    c.send(req);
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Six more: two wait in the queue, four are refused at once.
+  constexpr int kMore = 6;
+  std::vector<int> status(kMore, 0);
+  std::vector<std::string> bodies(kMore);
+  std::atomic<int> refused{0};
+  std::vector<std::thread> more;
+  for (int i = 0; i < kMore; ++i)
+    more.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", s.port);
+      c.set_read_timeout(60, 0);
+      auto r = c.Post("/v1/completions", R"({"prompt": "The sea", "max_tokens": 1})", "application/json");
+      status[i] = r ? r->status : -1;
+      bodies[i] = r ? r->body : "";
+      if (status[i] == 503) ++refused;
+    });
+  for (int i = 0; i < 500 && refused < kMore - 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(refused.load(), kMore - 2);
+  auto c = s.client();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = c.Get("/health");
+  const double health_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_LT(health_s, 1.0);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("spool_requests_waiting 2"), std::string::npos);
+  hang_up = true;
+  holder.join();
+  for (auto& t : more) t.join();
+  int ok = 0;
+  for (int i = 0; i < kMore; ++i) {
+    if (status[i] == 200) ++ok;
+    if (status[i] != 503) continue;
+    auto j = nlohmann::json::parse(bodies[i], nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << bodies[i];
+    EXPECT_EQ(j["error"]["type"], "server_error");
+  }
+  EXPECT_EQ(ok, 2);
 }
 
 TEST(HttpApi, DisconnectCancelsAndTheNextRequestRuns) {
@@ -264,6 +435,25 @@ TEST(Robustness, ThousandMalformedRequestsLeaveTheServerUp) {
     ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
   }
   EXPECT_EQ(n, 1000);
+  // Deep nesting inside a message field (once a stack overflow when the value was copied) and
+  // a very wide object (once seconds of ordered_json key scans): 400 at once.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& path : paths) {
+    const std::string body = "{\"messages\": [{\"role\": \"user\", \"content\": " + deep + "}], \"content\": " + deep + "}";
+    auto r = c.Post(path, body, "application/json");
+    ASSERT_TRUE(r) << path << ": no response to deep nesting";
+    EXPECT_EQ(r->status, 400) << path;
+    EXPECT_NE(r->body.find("deeper than"), std::string::npos) << r->body;
+  }
+  std::string wide = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"x\": {";
+  for (int i = 0; i < 100000; ++i) wide += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 0";
+  wide += "}}";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = c.Post("/v1/chat/completions", wide, "application/json");
+  const double wide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->status, 400) << w->body;
+  EXPECT_LT(wide_s, 2.0);
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);

@@ -53,6 +53,43 @@ TEST(ServerRequest, BadBodies) {
   EXPECT_EQ(parse_body(" {\"a\": 1} ")["a"], 1);
 }
 
+TEST(ServerRequest, NestingAndKeysAreBounded) {
+  // kMaxJsonDepth levels of arrays and objects (the body object is the first) are accepted.
+  auto nested = [](int levels) {
+    return "{\"a\": " + std::string(levels - 1, '[') + std::string(levels - 1, ']') + "}";
+  };
+  EXPECT_NO_THROW(parse_body(nested(kMaxJsonDepth)));
+  EXPECT_EQ(error_of([&] { parse_body(nested(kMaxJsonDepth + 1)); }).first, 400);
+  EXPECT_EQ(error_of([] { parse_body("{\"a\": " + std::string(200000, '[') + std::string(200000, ']') + "}"); }).first, 400);
+  EXPECT_EQ(error_of([] { parse_body(std::string(200000, '[')); }).first, 400);
+  auto wide = [](size_t keys) {
+    std::string b = "{\"o\": {";
+    for (size_t i = 0; i < keys; ++i) b += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": [{}]";
+    return b + "}}";
+  };
+  EXPECT_EQ(parse_body(wide(kMaxJsonKeys))["o"].size(), kMaxJsonKeys);
+  EXPECT_EQ(error_of([&] { parse_body(wide(kMaxJsonKeys + 1)); }).first, 400);
+}
+
+TEST(ServerRequest, LogitBiasAndLargeSeeds) {
+  Fixture f;
+  for (const char* extra : {R"(, "logit_bias": [1])", R"(, "logit_bias": {"x": 1})", R"(, "logit_bias": {"-1": 1})",
+                            R"(, "logit_bias": {"1.5": 1})", R"(, "logit_bias": {" 1": 1})", R"(, "logit_bias": {"99999999": 1})",
+                            R"(, "logit_bias": {"1": 100.5})", R"(, "logit_bias": {"1": "5"})", R"(, "logit_bias": {"1": 1, "01": 2})",
+                            // above INT64_MAX: once read as -1 (is_number_integer() holds for unsigned values too)
+                            R"(, "seed": 18446744073709551615)", R"(, "seed": 9223372036854775808)"}) {
+    auto [status, param] = error_of([&] { parse_chat_request(chat(extra), f.facts, 1); });
+    EXPECT_EQ(status, 400) << extra;
+    EXPECT_TRUE(param == "logit_bias" || param == "seed") << extra << " " << param;
+  }
+  GenRequest r = parse_chat_request(chat(R"(, "logit_bias": {"7": -100, "3": 2.5}, "seed": 9223372036854775807)"), f.facts, 1);
+  ASSERT_EQ(r.logit_bias.size(), 2u);
+  EXPECT_EQ(r.logit_bias[0], std::make_pair(int32_t{3}, 2.5f));
+  EXPECT_EQ(r.logit_bias[1], std::make_pair(int32_t{7}, -100.0f));
+  EXPECT_EQ(r.sampling.seed, 9223372036854775807ull);
+  EXPECT_EQ(parse_chat_request(chat(R"(, "seed": -1)"), f.facts, 1).sampling.seed, ~0ull);
+}
+
 TEST(ServerRequest, MessagesValidation) {
   Fixture f;
   auto err = [&](const std::string& body) { return error_of([&] { parse_chat_request(json::parse(body), f.facts, 1); }); };

@@ -33,14 +33,17 @@ struct EngineOptions {
   int kv_bits = 32, max_active_experts = 0;  ///< part of the disk-cache fingerprint
 };
 
+/// Everything one loaded model serves with. Built by make_serving_engine(); members refer to
+/// each other (facts.tok into loaded, gen into session and cache), so it is never copied or moved.
+/// Requests use it one at a time (RequestQueue); only facts is read concurrently.
 struct ServingEngine {
-  engine::LoadedModel loaded;
-  std::optional<tmpl::Template> tmpl;
-  ModelFacts facts;
-  std::unique_ptr<engine::Session> session;
-  std::unique_ptr<DiskCache> disk;
-  std::unique_ptr<PromptCache> cache;
-  std::unique_ptr<Generator> gen;
+  engine::LoadedModel loaded;           ///< model, tokenizer, checkpoint and expert streaming
+  std::optional<tmpl::Template> tmpl;   ///< the parsed chat template (none: chat refuses requests)
+  ModelFacts facts;                     ///< what requests are validated against
+  std::unique_ptr<engine::Session> session;  ///< the one inference state
+  std::unique_ptr<DiskCache> disk;      ///< --disk-cache snapshots (null without the flag)
+  std::unique_ptr<PromptCache> cache;   ///< prefix reuse for `session`
+  std::unique_ptr<Generator> gen;       ///< runs requests on `session` through `cache`
 };
 
 /// Builds the engine around a loaded model. Throws spool::Error when the model has no

@@ -1,7 +1,9 @@
 """Drives `spool serve` (demo model) with the official openai client: models, chat (plain and
-streamed, with usage), prompt-cache reuse, seeds, stop strings, logprobs, tools request/response
+streamed, with usage), GET /v1/models/{id}, prompt-cache reuse, seeds, stop strings, logprobs, tools request/response
 plumbing, text completions and errors. Usage: openai_client.py BASE_URL API_KEY"""
+import json
 import sys
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -9,6 +11,7 @@ from openai import OpenAI
 base_url, key = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
 model = client.models.list().data[0].id
+assert client.models.retrieve(model).id == model  # GET /v1/models/{id}
 messages = [{"role": "user", "content": "Tell me a story about the sea and a whale named Moby."}]
 
 # Chat, non-streamed.
@@ -31,6 +34,7 @@ stream = client.chat.completions.create(model=model, messages=messages, max_toke
                                         stream_options={"include_usage": True})
 for chunk in stream:
     if chunk.usage is not None:
+        assert not chunk.choices, chunk  # only the last chunk has usage; the others carry null
         usage = chunk.usage
     for c in chunk.choices:
         text += c.delta.content or ""
@@ -65,8 +69,19 @@ history = [{"role": "user", "content": "Weather in Paris?"},
             "tool_calls": [{"id": "call_1", "type": "function",
                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+# The prompt the model sees holds the tool's schema and the assistant's earlier call (what a request
+# with tools must change; the reply of an untrained model cannot show it).
+req = urllib.request.Request(base_url.rsplit("/v1", 1)[0] + "/apply-template",
+                             data=json.dumps({"messages": history, "tools": tools}).encode(),
+                             headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+prompt = json.loads(urllib.request.urlopen(req, timeout=60).read())["prompt"]
+assert '"name": "get_weather"' in prompt and '"description": "Weather of a city"' in prompt and '"city"' in prompt, prompt
+call_at = prompt.find("<tool_call>", prompt.find("Weather in Paris?"))
+assert call_at > 0 and "get_weather" in prompt[call_at:] and "Paris" in prompt[call_at:], prompt
+assert "sunny, 21 C" in prompt[call_at:], prompt
 t = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=12, temperature=0)
 assert t.choices[0].finish_reason in ("stop", "length", "tool_calls")
+assert t.usage.prompt_tokens > len(history)  # the schema and the call were part of the prompt
 assert t.choices[0].message.tool_calls is None or all(c.function.name for c in t.choices[0].message.tool_calls)
 t2 = client.chat.completions.create(model=model, messages=history, tools=tools, tool_choice="none", max_tokens=4)
 assert t2.choices[0].message.tool_calls is None
