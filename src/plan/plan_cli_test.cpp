@@ -107,7 +107,9 @@ TEST(DoctorCli, ChecksWithFixes) {
     names.insert(c["name"].get<std::string>());
     const std::string st = c["status"];
     EXPECT_TRUE(st == "ok" || st == "warn" || st == "fail") << st;
-    if (st != "ok") EXPECT_FALSE(c["fix"].get<std::string>().empty()) << c.dump();
+    if (st != "ok") {
+      EXPECT_FALSE(c["fix"].get<std::string>().empty()) << c.dump();
+    }
   }
   for (const char* n : {"model", "tokenizer", "simd", "memory", "disk", "o_direct", "io_uring"}) EXPECT_TRUE(names.count(n)) << n;
   r = spool("doctor -m /nonexistent/dir --json");
