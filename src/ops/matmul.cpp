@@ -118,6 +118,7 @@ void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int6
       case WType::kF32: GemvRowsT<RowF32>(static_cast<const float*>(data), cols, x, y, r0, r1); return;
       case WType::kBF16: GemvRowsT<RowBF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
       case WType::kF16: GemvRowsT<RowF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
+      case WType::kQuant: break;  // routed to quant_matmul_rows by matmul_rows(); never reaches here
     }
     return;
   }

@@ -143,8 +143,6 @@ void bf16_to(const io::TensorRef& t, const Sink& sink) {
   }
 }
 
-/// Sends a sign vector as I8.
-void signs_to(const std::vector<int8_t>& s, const Sink& sink) { sink(s.data(), s.size()); }
 
 struct Planner {
   const io::Checkpoint& ck;

@@ -121,6 +121,9 @@ struct Case {
   bool rotate;
 };
 
+// Readable parameter in test listings (gtest would hex-dump the struct otherwise).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << "/" << c.recipe << (c.rotate ? "" : "/norot"); }
+
 class ConvertEquivalence : public ::testing::TestWithParam<Case> {};
 
 // The quantized engine equals a float engine running the dequantized weights (1e-4, the f32
