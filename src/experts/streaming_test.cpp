@@ -74,6 +74,9 @@ struct Config {
   }
 };
 
+// Readable parameter in test listings (gtest would hex-dump the struct otherwise).
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name(); }
+
 class BitIdentical : public ::testing::TestWithParam<std::tuple<std::string, Config>> {};
 
 TEST_P(BitIdentical, StreamingEqualsResident) {
