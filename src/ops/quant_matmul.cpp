@@ -63,21 +63,24 @@ inline bool lanes_aligned(QType t, int g) {
   return (static_cast<int64_t>(g) * qtype_bits(t)) % (8 * lane_bytes(t)) == 0;
 }
 
+/// One block of B (a power of two) elements: v <- Sylvester(B) v * norm, scalar.
+template <class T>
+inline void fwht_block(T* v, int64_t B, T norm) {
+  for (int64_t h = 1; h < B; h <<= 1)
+    for (int64_t i = 0; i < B; i += 2 * h)
+      for (int64_t k = i; k < i + h; ++k) {
+        const T a = v[k], c = v[k + h];
+        v[k] = a + c;
+        v[k + h] = a - c;
+      }
+  for (int64_t i = 0; i < B; ++i) v[i] *= norm;
+}
+
 /// Blockwise normalized FWHT in double (reference).
 inline void fwht_double(double* x, int64_t n) {
   const int64_t B = n & -n;
   const double norm = 1.0 / std::sqrt(static_cast<double>(B));
-  for (int64_t b0 = 0; b0 < n; b0 += B) {
-    double* v = x + b0;
-    for (int64_t h = 1; h < B; h <<= 1)
-      for (int64_t i = 0; i < B; i += 2 * h)
-        for (int64_t k = i; k < i + h; ++k) {
-          const double a = v[k], c = v[k + h];
-          v[k] = a + c;
-          v[k + h] = a - c;
-        }
-    for (int64_t i = 0; i < B; ++i) v[i] *= norm;
-  }
+  for (int64_t b0 = 0; b0 < n; b0 += B) fwht_block(x + b0, B, norm);
 }
 
 /// Growable 64-byte aligned scratch (one per use site and thread).
@@ -180,16 +183,7 @@ HWY_INLINE void InterFwht(DF df, float* HWY_RESTRICT v, int64_t B) {
   }
 }
 
-void ScalarFwhtBlock(float* v, int64_t B, float norm) {
-  for (int64_t h = 1; h < B; h <<= 1)
-    for (int64_t i = 0; i < B; i += 2 * h)
-      for (int64_t k = i; k < i + h; ++k) {
-        const float a = v[k], c = v[k + h];
-        v[k] = a + c;
-        v[k + h] = a - c;
-      }
-  for (int64_t i = 0; i < B; ++i) v[i] *= norm;
-}
+void ScalarFwhtBlock(float* v, int64_t B, float norm) { qmm::fwht_block(v, B, norm); }
 
 // out = H_blk (s .* x); signs may be null; out may alias x.
 void HadamardRotate(const int8_t* signs, const float* x, int64_t n, float* out) {

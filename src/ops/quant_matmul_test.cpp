@@ -25,14 +25,7 @@ constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary}
 
 using spool::testing::randn;
 
-// Runs fn once per SIMD target compiled in and supported by this CPU.
-template <class F>
-void for_each_target(F&& fn) {
-  spool::testing::for_each_target([&](int64_t t) {
-    SCOPED_TRACE(hwy::TargetName(t));
-    fn(t);
-  });
-}
+using spool::testing::for_each_target;
 
 // Checks y against the reference: |y - ref| <= 1e-5 * |What'_r| |x_t| (Cauchy-Schwarz bound of
 // the output's magnitude; the rotation preserves |x|).

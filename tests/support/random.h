@@ -1,6 +1,7 @@
-// Test and benchmark helpers: reproducible random data and a loop over the SIMD targets.
+// Test helpers: reproducible random data and a loop over the SIMD targets.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <hwy/targets.h>
 
 #include <cstdint>
@@ -19,11 +20,12 @@ inline std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
 }
 
 /// Runs fn(target) once per Highway target compiled in and supported by this CPU, with
-/// dispatch forced to that target (restored afterwards). Use SCOPED_TRACE in fn for gtest.
+/// dispatch forced to that target (restored afterwards); failures name the target.
 template <class F>
 void for_each_target(F&& fn) {
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(t);
+    SCOPED_TRACE(hwy::TargetName(t));
     fn(t);
   }
   hwy::SetSupportedTargetsForTest(0);
