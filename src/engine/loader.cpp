@@ -85,6 +85,8 @@ LoadedModel load(const LoadOptions& opt) {
   l.model = models::load_model(l.ckpt, l.pool.get());
   const models::ModelSpec& spec = l.model->spec();
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
+  // The workspace arena for the chunks this run feeds (plan::workspace_bytes counts the same).
+  l.model->reserve_workspace(opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step);
   if (opt.max_active_experts != 0) {
     if (opt.max_active_experts < 0 || opt.max_active_experts > spec.moe.top_k)
       throw UsageError(strfmt("--max-active-experts %d is out of range: the model routes to %d experts per token (0 = native)",

@@ -5,14 +5,12 @@
 #include <span>
 #include <string>
 
-#include "ops/weights.h"
+#include "ops/backend.h"
 
 namespace spool::experts {
 
-/// The three projections of one routed expert: gate/up [I, H], down [H, I].
-struct ExpertWeights {
-  ops::WeightView gate, up, down;
-};
+/// The three projections of one routed expert: gate/up [I, H], down [H, I] (ops/backend.h).
+using ExpertWeights = ops::ExpertMats;
 
 /// Supplies routed-expert weights to the MoE block.
 class ExpertProvider {

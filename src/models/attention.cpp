@@ -1,14 +1,24 @@
 #include "models/attention.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "models/bind.h"
-#include "ops/kv_cache.h"
-#include "ops/elementwise.h"
-#include "ops/matmul.h"
 
 namespace spool::models {
+
+AttentionLayer::Scratch AttentionLayer::Scratch::take(ops::Workspace& ws, const AttentionSpec& a, int64_t T) {
+  const int64_t q = static_cast<int64_t>(a.n_heads) * a.head_dim, kv = static_cast<int64_t>(a.n_kv_heads) * a.head_dim;
+  Scratch s;
+  s.q = ws.floats(T * q);
+  s.k = ws.floats(T * kv);
+  s.v = ws.floats(T * kv);
+  s.att = ws.floats(T * q);
+  if (a.output_gate) {
+    s.qg = ws.floats(T * 2 * q);
+    s.gate = ws.floats(T * q);
+  }
+  return s;
+}
 
 void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
   a_ = spec.attn;
@@ -25,42 +35,31 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
   rope_ = ops::Rope(a_.rotary_dim, a_.rope_theta);
 }
 
-void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out,
-                             ops::ThreadPool* pool) {
+void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
+                             ops::Workspace& ws) const {
+  ops::WorkspaceScope scope(ws);
   const int nh = a_.n_heads, nkv = a_.n_kv_heads, hd = a_.head_dim;
-  q_.resize(T * nh * hd);
-  kx_.resize(T * nkv * hd);
-  vx_.resize(T * nkv * hd);
-  att_.resize(T * nh * hd);
+  const Scratch s = Scratch::take(ws, a_, T);
   if (a_.output_gate) {
-    // [T, nh, 2*hd] -> query [T, nh, hd] and gate [T, nh*hd].
-    qg_.resize(T * nh * 2 * hd);
-    gate_.resize(T * nh * hd);
-    ops::matmul_multi({{&wq_, qg_.data()}, {&wk_, kx_.data()}, {&wv_, vx_.data()}}, x, T, pool);
-    for (int64_t t = 0; t < T; ++t)
-      for (int h = 0; h < nh; ++h) {
-        const float* src = qg_.data() + (t * nh + h) * 2 * hd;
-        std::memcpy(q_.data() + (t * nh + h) * hd, src, hd * sizeof(float));
-        std::memcpy(gate_.data() + (t * nh + h) * hd, src + hd, hd * sizeof(float));
-      }
+    // [T, nh, 2*hd] -> query [T, nh, hd] and gate [T, nh, hd].
+    const ops::MatmulOut qkv[] = {{&wq_, s.qg}, {&wk_, s.k}, {&wv_, s.v}};
+    be.matmul_multi(qkv, x, T);
+    be.copy_2d(s.q, hd, s.qg, 2 * hd, T * nh, hd);
+    be.copy_2d(s.gate, hd, s.qg + hd, 2 * hd, T * nh, hd);
   } else {
-    ops::matmul_multi({{&wq_, q_.data()}, {&wk_, kx_.data()}, {&wv_, vx_.data()}}, x, T, pool);
+    const ops::MatmulOut qkv[] = {{&wq_, s.q}, {&wk_, s.k}, {&wv_, s.v}};
+    be.matmul_multi(qkv, x, T);
   }
-  for (int64_t t = 0; t < T; ++t) {
-    float* qt = q_.data() + t * nh * hd;
-    float* kt = kx_.data() + t * nkv * hd;
-    if (a_.qk_norm) {
-      ops::rms_norm_rows(qt, q_norm_.data(), nh, hd, eps_, qt);
-      ops::rms_norm_rows(kt, k_norm_.data(), nkv, hd, eps_, kt);
-    }
-    rope_.apply(qt, nh, hd, pos0 + t);
-    rope_.apply(kt, nkv, hd, pos0 + t);
-    cache.write(pos0 + t, kt, vx_.data() + t * nkv * hd);  // k normed and rotated, v raw
+  if (a_.qk_norm) {
+    be.rms_norm(s.q, q_norm_.data(), T * nh, hd, eps_, s.q);
+    be.rms_norm(s.k, k_norm_.data(), T * nkv, hd, eps_, s.k);
   }
-  ops::attention(q_.data(), T, nh, cache, pos0, 1.0f / std::sqrt(static_cast<float>(hd)), att_.data(), pool);
-  if (a_.output_gate)
-    for (int64_t i = 0; i < T * nh * hd; ++i) att_[i] *= ops::sigmoid(gate_[i]);
-  ops::matmul(wo_, att_.data(), T, out, pool);
+  be.rope(rope_, s.q, T, static_cast<int64_t>(nh) * hd, nh, hd, pos0);
+  be.rope(rope_, s.k, T, static_cast<int64_t>(nkv) * hd, nkv, hd, pos0);
+  be.kv_append(cache, pos0, T, s.k, s.v);  // k normed and rotated, v raw
+  be.attention(s.q, T, nh, cache, pos0, 1.0f / std::sqrt(static_cast<float>(hd)), s.att);
+  if (a_.output_gate) be.mul_sigmoid(s.att, s.gate, T * nh * hd);
+  be.matmul(wo_, s.att, T, out);
 }
 
 }  // namespace spool::models

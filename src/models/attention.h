@@ -11,20 +11,30 @@
 #include "io/checkpoint.h"
 #include "models/spec.h"
 #include "models/state.h"
+#include "ops/backend.h"
 #include "ops/rope.h"
-#include "ops/thread_pool.h"
 #include "ops/weights.h"
+#include "ops/workspace.h"
 
 namespace spool::models {
 
 class AttentionLayer {
  public:
+  /// Scratch of one forward over T tokens (nh = n_heads, nkv = n_kv_heads, hd = head_dim):
+  /// q [T, nh*hd], k and v [T, nkv*hd], att [T, nh*hd]; with an output gate also the fused
+  /// projection qg [T, nh*2*hd] and gate [T, nh*hd].
+  struct Scratch {
+    float *q, *k, *v, *att, *qg = nullptr, *gate = nullptr;
+    static Scratch take(ops::Workspace& ws, const AttentionSpec& a, int64_t T);
+  };
+
   /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
   /// "layers.3.self_attn.").
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends k/v to `cache`
-  /// (capacity must already hold pos0 + T); out: [T, hidden].
-  void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::ThreadPool* pool);
+  /// (capacity must already hold pos0 + T); out: [T, hidden]. Scratch from `ws`.
+  void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
+               ops::Workspace& ws) const;
 
  private:
   AttentionSpec a_;
@@ -32,7 +42,6 @@ class AttentionLayer {
   ops::WeightView wq_, wk_, wv_, wo_;
   std::vector<float> q_norm_, k_norm_;
   ops::Rope rope_;
-  std::vector<float> qg_, q_, gate_, kx_, vx_, att_;
 };
 
 }  // namespace spool::models

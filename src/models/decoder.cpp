@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -9,13 +10,44 @@
 #include "experts/resident.h"
 #include "experts/weight_views.h"
 #include "models/bind.h"
-#include "ops/elementwise.h"
-#include "ops/matmul.h"
 
 namespace spool::models {
 
-DecoderModel::DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, ops::ThreadPool* pool)
-    : ckpt_(std::move(ckpt)), spec_(std::move(spec)), pool_(pool), top_k_(spec_.moe.top_k) {}
+DecoderModel::DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
+                           std::shared_ptr<ops::Backend> backend)
+    : ckpt_(std::move(ckpt)), spec_(std::move(spec)), be_(std::move(backend)), top_k_(spec_.moe.top_k) {}
+
+uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T) {
+  // The same take() calls, in the same nesting, as forward() makes (measuring workspace).
+  ops::Workspace m;
+  const int64_t H = spec.hidden_size;
+  Scratch::take(m, H, T);
+  for (int i = 0; i < spec.n_layers; ++i) {
+    {
+      ops::WorkspaceScope scope(m);
+      if (spec.mixers[i] == MixerKind::kAttention) {
+        AttentionLayer::Scratch::take(m, spec.attn, T);
+      } else {
+        GatedDeltaNetLayer::Scratch::take(m, spec.gdn, T);
+      }
+    }
+    ops::WorkspaceScope scope(m);
+    if (spec.ffns[i] == FfnKind::kMoE) {
+      MoeBlock::Scratch::take(m, spec.moe, H, T, spec.moe.top_k);
+    } else {
+      DenseMlp::Scratch::take(m, T, spec.dense_intermediate);
+    }
+  }
+  return m.high_water();
+}
+
+void DecoderModel::reserve_workspace(int64_t max_tokens) {
+  max_tokens = std::max<int64_t>(max_tokens, 1);
+  if (max_tokens == ws_tokens_) return;
+  ws_ = ops::Workspace();  // the old arena goes back before the new one is mapped
+  ws_ = ops::Workspace(arena_bytes(spec_, max_tokens), be_->device());
+  ws_tokens_ = max_tokens;
+}
 
 void DecoderModel::bind(GdnLayout gdn_layout) {
   const io::Checkpoint& ck = *ckpt_;
@@ -84,9 +116,9 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
     if (id < 0 || id >= V) fail("token id %d is outside the vocabulary (0..%lld)", id, (long long)(V - 1));
   const int64_t pos0 = state.pos;
   state.reserve(pos0 + T);
-  h_.resize(T * H);
-  xn_.resize(T * H);
-  tmp_.resize(T * H);
+  if (T > ws_tokens_) reserve_workspace(T);
+  ops::WorkspaceScope scope(ws_);
+  const Scratch s = Scratch::take(ws_, H, T);
   const int esz = ops::wtype_size(embed_.type);
   for (int64_t t = 0; t < T; ++t) {
     const uint8_t* row = static_cast<const uint8_t*>(embed_.data) + ids[t] * H * esz;
@@ -102,52 +134,53 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
       }
       row = embed_row_.data();
     }
-    ops::row_to_f32(embed_.type, row, H, h_.data() + t * H);
+    be_->row_to_f32(embed_.type, row, H, s.h + t * H);
   }
 
   try {
-    run_layers(T, pos0, state);
+    run_layers(s, T, pos0, state);
   } catch (...) {
     state.poisoned = true;  // layers before the failure have advanced their caches
     throw;
   }
   state.pos = pos0 + T;
-  finish(T, mode, logits);
+  finish(s, T, mode, logits);
 }
 
-void DecoderModel::run_layers(int64_t T, int64_t pos0, State& state) {
+void DecoderModel::run_layers(const Scratch& s, int64_t T, int64_t pos0, State& state) {
   const int64_t H = spec_.hidden_size;
+  ops::Backend& be = *be_;
   for (int i = 0; i < spec_.n_layers; ++i) {
-    Layer& L = layers_[i];
-    if (hooks.on_hidden) hooks.on_hidden(i, h_.data(), T);
-    ops::rms_norm_rows(h_.data(), L.in_norm.data(), T, H, spec_.rms_norm_eps, xn_.data());
+    const Layer& L = layers_[i];
+    if (hooks.on_hidden) hooks.on_hidden(i, s.h, T);
+    be.rms_norm(s.h, L.in_norm.data(), T, H, spec_.rms_norm_eps, s.xn);
     if (L.attn) {
-      L.attn->forward(xn_.data(), T, pos0, state.attn[i], tmp_.data(), pool_);
+      L.attn->forward(s.xn, T, pos0, state.attn[i], s.tmp, be, ws_);
     } else {
-      L.gdn->forward(xn_.data(), T, state.gdn[i], tmp_.data(), pool_);
+      L.gdn->forward(s.xn, T, state.gdn[i], s.tmp, be, ws_);
     }
-    for (int64_t j = 0; j < T * H; ++j) h_[j] += tmp_[j];
-    ops::rms_norm_rows(h_.data(), L.post_norm.data(), T, H, spec_.rms_norm_eps, xn_.data());
+    be.add(s.h, s.tmp, T * H);
+    be.rms_norm(s.h, L.post_norm.data(), T, H, spec_.rms_norm_eps, s.xn);
     if (L.moe) {
-      L.moe->forward(xn_.data(), T, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, tmp_.data(), pool_);
+      L.moe->forward(s.xn, T, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws_);
     } else {
-      L.mlp->forward(xn_.data(), T, tmp_.data(), pool_);
+      L.mlp->forward(s.xn, T, s.tmp, be, ws_);
     }
-    for (int64_t j = 0; j < T * H; ++j) h_[j] += tmp_[j];
+    be.add(s.h, s.tmp, T * H);
   }
 }
 
-void DecoderModel::finish(int64_t T, LogitsMode mode, float* logits) {
+void DecoderModel::finish(const Scratch& s, int64_t T, LogitsMode mode, float* logits) {
   const int64_t H = spec_.hidden_size;
   if (mode == LogitsMode::kNone && !hooks.on_hidden) return;
   // Final norm only for the rows whose logits are wanted (all rows when observed).
   const int64_t first = (mode == LogitsMode::kAll || hooks.on_hidden) ? 0 : T - 1;
-  ops::rms_norm_rows(h_.data() + first * H, final_norm_.data(), T - first, H, spec_.rms_norm_eps, xn_.data() + first * H);
-  if (hooks.on_hidden) hooks.on_hidden(spec_.n_layers, xn_.data(), T);
+  be_->rms_norm(s.h + first * H, final_norm_.data(), T - first, H, spec_.rms_norm_eps, s.xn + first * H);
+  if (hooks.on_hidden) hooks.on_hidden(spec_.n_layers, s.xn, T);
   if (mode == LogitsMode::kAll) {
-    ops::matmul(lm_head_, xn_.data(), T, logits, pool_);
+    be_->matmul(lm_head_, s.xn, T, logits);
   } else if (mode == LogitsMode::kLast) {
-    ops::matmul(lm_head_, xn_.data() + (T - 1) * H, 1, logits, pool_);
+    be_->matmul(lm_head_, s.xn + (T - 1) * H, 1, logits);
   }
 }
 

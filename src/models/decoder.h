@@ -20,7 +20,16 @@ namespace spool::models {
 
 class DecoderModel : public Model {
  public:
-  DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, ops::ThreadPool* pool);
+  /// Scratch of the decoder stack over T tokens: residual stream h, normed input xn and layer
+  /// output tmp, [T, H] each (kept across layers; each layer's own scratch comes after).
+  struct Scratch {
+    float *h, *xn, *tmp;
+    static Scratch take(ops::Workspace& ws, int64_t H, int64_t T) { return {ws.floats(T * H), ws.floats(T * H), ws.floats(T * H)}; }
+  };
+  /// workspace_arena_bytes() of this stack: Scratch plus the largest layer scratch.
+  static uint64_t arena_bytes(const ModelSpec& spec, int64_t T);
+
+  DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend);
 
   /// Binds embeddings, final norm, lm_head and every layer with the default Qwen names
   /// (layers.{i}.{input_layernorm,post_attention_layernorm,self_attn,linear_attn,mlp}).
@@ -33,6 +42,9 @@ class DecoderModel : public Model {
   void set_max_active_experts(int k) override;
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
   experts::ExpertProvider& expert_provider() override { return *provider_; }
+  void reserve_workspace(int64_t max_tokens) override;
+  uint64_t workspace_capacity() const override { return ws_.capacity(); }
+  ops::Backend& backend() override { return *be_; }
 
  private:
   struct Layer {
@@ -42,13 +54,15 @@ class DecoderModel : public Model {
     std::unique_ptr<MoeBlock> moe;
     std::unique_ptr<DenseMlp> mlp;
   };
-  // forward() steps: every layer over h_ (updates state), then final norm + lm_head.
-  void run_layers(int64_t T, int64_t pos0, State& state);
-  void finish(int64_t T, LogitsMode mode, float* logits);
+  // forward() steps: every layer over s.h (updates state), then final norm + lm_head.
+  void run_layers(const Scratch& s, int64_t T, int64_t pos0, State& state);
+  void finish(const Scratch& s, int64_t T, LogitsMode mode, float* logits);
 
   std::shared_ptr<const io::Checkpoint> ckpt_;
   ModelSpec spec_;
-  ops::ThreadPool* pool_;
+  std::shared_ptr<ops::Backend> be_;
+  ops::Workspace ws_;       // one arena for every layer's activations (workspace_arena_bytes)
+  int64_t ws_tokens_ = 0;   // chunk length ws_ is sized for
   ops::WeightView embed_, lm_head_;
   // When the embedding table is not lm_head, its rows are read with pread (one row per
   // token) instead of through the mapping: the table never becomes resident memory.
@@ -60,7 +74,6 @@ class DecoderModel : public Model {
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
   ops::KvType kv_type_ = ops::KvType::kF32;
-  std::vector<float> h_, xn_, tmp_;
 };
 
 }  // namespace spool::models

@@ -5,9 +5,6 @@
 
 #include "common/error.h"
 #include "models/bind.h"
-#include "ops/elementwise.h"
-#include "ops/gated_delta.h"
-#include "ops/matmul.h"
 
 namespace spool::models {
 
@@ -55,67 +52,57 @@ void GatedDeltaNetLayer::bind(const io::Checkpoint& ck, const std::string& prefi
   norm_w_ = bind_norm(ck, prefix + "norm.weight", g_.d_v, /*one_plus=*/false);
 }
 
-void GatedDeltaNetLayer::forward(const float* x, int64_t T, GdnState& st, float* out, ops::ThreadPool* pool) {
+GatedDeltaNetLayer::Scratch GatedDeltaNetLayer::Scratch::take(ops::Workspace& ws, const GdnSpec& g, int64_t T) {
+  const int64_t kd = g.key_dim(), vd = g.value_dim(), cd = g.conv_dim(), nv = g.n_v;
+  Scratch s;
+  s.mixed = ws.floats(T * cd);
+  s.conv_out = ws.floats(T * cd);
+  s.z = ws.floats(T * vd);
+  s.b = ws.floats(T * nv);
+  s.a = ws.floats(T * nv);
+  s.q = ws.floats(T * kd);
+  s.k = ws.floats(T * kd);
+  s.v = ws.floats(T * vd);
+  s.beta = ws.floats(T * nv);
+  s.g = ws.floats(T * nv);
+  s.o = ws.floats(T * vd);
+  return s;
+}
+
+void GatedDeltaNetLayer::forward(const float* x, int64_t T, GdnState& st, float* out, ops::Backend& be,
+                                 ops::Workspace& ws) const {
+  ops::WorkspaceScope scope(ws);
   const int64_t kd = g_.key_dim(), vd = g_.value_dim(), cd = g_.conv_dim();
   const int nk = g_.n_k, nv = g_.n_v, dk = g_.d_k, dv = g_.d_v;
-  mixed_.resize(T * cd);
-  conv_out_.resize(T * cd);
-  zx_.resize(T * vd);
-  bx_.resize(T * nv);
-  ax_.resize(T * nv);
+  const Scratch s = Scratch::take(ws, g_, T);
   // mixed: [T, conv_dim]; z: [T, n_v * d_v]; b, a: [T, n_v]
-  ops::matmul_multi({{&qkv_, mixed_.data()}, {&z_, zx_.data()}, {&b_, bx_.data()}, {&a_, ax_.data()}}, x, T, pool);
-  ops::causal_conv1d_silu(mixed_.data(), T, cd, conv_w_.data(), g_.conv_kernel, st.conv.data(), conv_out_.data());
-
-  q_.resize(T * kd);
-  k_.resize(T * kd);
-  v_.resize(T * vd);
-  beta_.resize(T * nv);
-  gate_.resize(T * nv);
-  o_.resize(T * vd);
-  const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* c = conv_out_.data() + t * cd;
-    std::memcpy(q_.data() + t * kd, c, kd * sizeof(float));
-    std::memcpy(k_.data() + t * kd, c + kd, kd * sizeof(float));
-    std::memcpy(v_.data() + t * vd, c + 2 * kd, vd * sizeof(float));
-    for (int h = 0; h < nk; ++h) {
-      float* qh = q_.data() + t * kd + h * dk;
-      ops::l2_norm(qh, dk, 1e-6f);
-      for (int d = 0; d < dk; ++d) qh[d] *= qscale;
-      ops::l2_norm(k_.data() + t * kd + h * dk, dk, 1e-6f);
-    }
-    for (int h = 0; h < nv; ++h) {
-      beta_[t * nv + h] = ops::sigmoid(bx_[t * nv + h]);
-      gate_[t * nv + h] = -a_log_exp_[h] * ops::softplus(ax_[t * nv + h] + dt_bias_[h]);
-    }
-  }
+  const ops::MatmulOut proj[] = {{&qkv_, s.mixed}, {&z_, s.z}, {&b_, s.b}, {&a_, s.a}};
+  be.matmul_multi(proj, x, T);
+  be.causal_conv1d_silu(s.mixed, T, cd, conv_w_.data(), g_.conv_kernel, st.conv.data(), s.conv_out);
+  // conv_out rows [q (kd) | k (kd) | v (vd)] -> q, k [T, n_k, d_k] (L2-normalised, q / sqrt(d_k)), v [T, n_v, d_v].
+  be.copy_2d(s.q, kd, s.conv_out, cd, T, kd);
+  be.copy_2d(s.k, kd, s.conv_out + kd, cd, T, kd);
+  be.copy_2d(s.v, vd, s.conv_out + 2 * kd, cd, T, vd);
+  be.l2_norm(s.q, T * nk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)));
+  be.l2_norm(s.k, T * nk, dk, 1e-6f, 1.0f);
+  be.gdn_gates(s.b, s.a, a_log_exp_.data(), dt_bias_.data(), T, nv, s.beta, s.g);
   ops::GatedDeltaArgs args;
   args.T = T;
   args.n_k = nk;
   args.n_v = nv;
   args.d_k = dk;
   args.d_v = dv;
-  args.q = q_.data();
-  args.k = k_.data();
-  args.v = v_.data();
-  args.beta = beta_.data();
-  args.g = gate_.data();
+  args.q = s.q;
+  args.k = s.k;
+  args.v = s.v;
+  args.beta = s.beta;
+  args.g = s.g;
   args.state = st.recurrent.data();
-  args.out = o_.data();
-  if (T == 1) {
-    ops::gated_delta_recurrent(args, pool);
-  } else {
-    ops::gated_delta_chunked(args, kChunk, pool);
-  }
+  args.out = s.o;
+  be.gated_delta(args, kChunk);
   // Gated RMSNorm per value head: o = (o / rms(o)) * w * silu(z).
-  for (int64_t i = 0; i < T * nv; ++i) {
-    float* oh = o_.data() + i * dv;
-    const float* zh = zx_.data() + i * dv;
-    ops::rms_norm(oh, norm_w_.data(), dv, eps_, oh);
-    for (int d = 0; d < dv; ++d) oh[d] *= ops::silu(zh[d]);
-  }
-  ops::matmul(out_, o_.data(), T, out, pool);  // [T, hidden]
+  be.rms_norm_gated(s.o, s.z, norm_w_.data(), T * nv, dv, eps_);
+  be.matmul(out_, s.o, T, out);  // [T, hidden]
 }
 
 }  // namespace spool::models

@@ -11,8 +11,9 @@
 #include "io/checkpoint.h"
 #include "models/spec.h"
 #include "models/state.h"
-#include "ops/thread_pool.h"
+#include "ops/backend.h"
 #include "ops/weights.h"
+#include "ops/workspace.h"
 
 namespace spool::models {
 
@@ -24,12 +25,20 @@ enum class GdnLayout {
 
 class GatedDeltaNetLayer {
  public:
+  /// Scratch of one forward over T tokens (cd = conv_dim, kd = key_dim, vd = value_dim):
+  /// mixed and conv_out [T, cd], z [T, vd], b and a [T, n_v], q and k [T, kd], v [T, vd],
+  /// beta and g [T, n_v], o [T, vd].
+  struct Scratch {
+    float *mixed, *conv_out, *z, *b, *a, *q, *k, *v, *beta, *g, *o;
+    static Scratch take(ops::Workspace& ws, const GdnSpec& g, int64_t T);
+  };
+
   /// Binds `{prefix}...` (prefix e.g. "layers.0.linear_attn."). The Qwen3-Next layout is
   /// regrouped once at load into the flat Qwen3.5 layout (a copy of those two tensors).
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, GdnLayout layout);
   /// x: [T, hidden] (normed input); updates `st`; out: [T, hidden]. T == 1 runs the
-  /// recurrent form, T > 1 the chunked form (chunks of 64 tokens, as HF).
-  void forward(const float* x, int64_t T, GdnState& st, float* out, ops::ThreadPool* pool);
+  /// recurrent form, T > 1 the chunked form (chunks of 64 tokens, as HF). Scratch from `ws`.
+  void forward(const float* x, int64_t T, GdnState& st, float* out, ops::Backend& be, ops::Workspace& ws) const;
 
  private:
   GdnSpec g_;
@@ -40,7 +49,6 @@ class GatedDeltaNetLayer {
   std::vector<float> a_log_exp_;    // [n_v] exp(A_log)
   std::vector<float> dt_bias_;      // [n_v]
   std::vector<float> norm_w_;       // [d_v]
-  std::vector<float> mixed_, conv_out_, zx_, bx_, ax_, q_, k_, v_, beta_, gate_, o_;
 };
 
 }  // namespace spool::models

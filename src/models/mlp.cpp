@@ -1,8 +1,6 @@
 #include "models/mlp.h"
 
 #include "models/bind.h"
-#include "ops/elementwise.h"
-#include "ops/matmul.h"
 
 namespace spool::models {
 
@@ -12,13 +10,17 @@ void DenseMlp::bind(const io::Checkpoint& ck, const std::string& prefix, int hid
   down_ = bind_matrix(ck, prefix + "down_proj.weight", hidden, inter);
 }
 
-void DenseMlp::forward(const float* x, int64_t T, float* out, ops::ThreadPool* pool) {
+void DenseMlp::forward(const float* x, int64_t T, float* out, ops::Backend& be, ops::Workspace& ws) const {
+  ops::WorkspaceScope scope(ws);
+  forward(x, T, out, be, Scratch::take(ws, T, gate_.rows));
+}
+
+void DenseMlp::forward(const float* x, int64_t T, float* out, ops::Backend& be, const Scratch& s) const {
   const int64_t I = gate_.rows;
-  g_.resize(T * I);
-  u_.resize(T * I);
-  ops::matmul_multi({{&gate_, g_.data()}, {&up_, u_.data()}}, x, T, pool);  // [T, I] each
-  ops::swiglu(g_.data(), u_.data(), T * I, g_.data());
-  ops::matmul(down_, g_.data(), T, out, pool);  // [T, H]
+  const ops::MatmulOut gu[] = {{&gate_, s.g}, {&up_, s.u}};
+  be.matmul_multi(gu, x, T);         // [T, I] each
+  be.swiglu(s.g, s.u, T * I, s.g);
+  be.matmul(down_, s.g, T, out);     // [T, H]
 }
 
 }  // namespace spool::models

@@ -1,15 +1,24 @@
 #include "models/model.h"
 
 #include "common/error.h"
+#include "models/decoder.h"
 #include "models/families.h"
+#include "ops/cpu_backend.h"
 
 namespace spool::models {
 
-std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool) {
+std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend) {
   ModelSpec spec = build_spec(*ckpt);
-  if (spec.family == "qwen3_5_moe" || spec.family == "qwen3_next") return load_qwen3_5_moe(std::move(ckpt), std::move(spec), pool);
-  if (spec.family == "qwen3_moe") return load_qwen3_moe(std::move(ckpt), std::move(spec), pool);
+  if (spec.family == "qwen3_5_moe" || spec.family == "qwen3_next")
+    return load_qwen3_5_moe(std::move(ckpt), std::move(spec), std::move(backend));
+  if (spec.family == "qwen3_moe") return load_qwen3_moe(std::move(ckpt), std::move(spec), std::move(backend));
   fail("%s: no loader for model family '%s'", ckpt->dir().c_str(), spec.family.c_str());
 }
+
+std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool) {
+  return load_model(std::move(ckpt), std::make_shared<ops::CpuBackend>(pool));
+}
+
+uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T) { return DecoderModel::arena_bytes(spec, T); }
 
 }  // namespace spool::models

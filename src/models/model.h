@@ -12,6 +12,7 @@
 #include "models/moe.h"
 #include "models/spec.h"
 #include "models/state.h"
+#include "ops/backend.h"
 #include "ops/thread_pool.h"
 
 namespace spool::models {
@@ -51,12 +52,28 @@ class Model {
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
   /// The provider serving routed experts now.
   virtual experts::ExpertProvider& expert_provider() = 0;
+  /// Sizes the forward-pass workspace for chunks of up to `max_tokens` tokens
+  /// (workspace_arena_bytes); forward() grows it when a longer chunk comes.
+  virtual void reserve_workspace(int64_t max_tokens) = 0;
+  /// Bytes of the workspace arena now (its pages become resident only as they are used).
+  virtual uint64_t workspace_capacity() const = 0;
+  /// The backend every op of forward() runs on.
+  virtual ops::Backend& backend() = 0;
 
   ForwardHooks hooks;
 };
 
-/// Loads the model of a checkpoint (family chosen by model_type). `pool` must outlive the
-/// model. Throws spool::Error for an unknown model_type, missing/mis-shaped tensors.
+/// Loads the model of a checkpoint (family chosen by model_type), running on `backend`.
+/// Throws spool::Error for an unknown model_type, missing/mis-shaped tensors.
+std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend);
+/// The same on a CpuBackend over `pool` (which must outlive the model; null = one thread).
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool);
+
+/// Bytes of the forward-pass workspace arena for chunks of up to T tokens: the residual
+/// stream h, the normed input and the layer output [T, H] each, plus the largest scratch any
+/// one layer takes (its Scratch::take). The engine allocates exactly this (Model::
+/// reserve_workspace) and the planner counts exactly this: one function, measured by running
+/// the layers' own take() code on a measuring ops::Workspace.
+uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T);
 
 }  // namespace spool::models

@@ -15,8 +15,10 @@
 #include "io/checkpoint.h"
 #include "models/mlp.h"
 #include "models/spec.h"
-#include "ops/thread_pool.h"
+#include "ops/backend.h"
+#include "ops/routing.h"
 #include "ops/weights.h"
+#include "ops/workspace.h"
 
 namespace spool::models {
 
@@ -27,23 +29,31 @@ using RouteObserver = std::function<void(int layer, int64_t token, std::span<con
 /// precision (~1e-7) means another implementation may legitimately route differently.
 using MarginObserver = std::function<void(int layer, int64_t token, float margin)>;
 
-/// Selects the top-k experts of one token from router logits [n_experts] (overwritten with
-/// softmax numerators). Ties go to the lower expert id (as torch.topk in practice). Writes k
-/// ids (best first) and their softmax probabilities, renormalised over the k kept when
-/// `renormalize`. The result does not depend on how experts are numbered.
-/// If `margin` is not null it receives p_k - p_{k+1} (full-softmax probabilities; 1 when
-/// k == n_experts).
-void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids, float* weights, float* margin = nullptr);
+/// Router top-k selection (ops/routing.h), named here for model code and tests.
+using ops::route_top_k;
 
 class MoeBlock {
  public:
+  /// Scratch of one forward over T tokens with `top_k` experts per token (H hidden, E
+  /// experts): router logits [T, E], ids [T, k] (host ints), weights [T, k], margins [T],
+  /// expert outputs y [T*k, H] and, with a shared expert, its output [T, H] and scratch.
+  struct Scratch {
+    float* logits;
+    int* ids;
+    float *weights, *margins, *y, *shared = nullptr;
+    DenseMlp::Scratch shared_mlp{};
+    static Scratch take(ops::Workspace& ws, const MoeSpec& m, int64_t H, int64_t T, int top_k);
+  };
+
   /// Binds `{prefix}gate.weight` [E, H] and, when the spec has one, the shared expert
   /// `{prefix}shared_expert.*` and `{prefix}shared_expert_gate.weight` [1, H].
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// x: [T, H] (normed input); out: [T, H]. `top_k` experts per token (<= native; the caller
   /// applies K-reduction), renormalised when the model renormalises its native top-k.
+  /// Scratch from `ws` (the shared expert's too).
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
-               const RouteObserver& observer, const MarginObserver& margins, float* out, ops::ThreadPool* pool);
+               const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
+               ops::Workspace& ws) const;
 
  private:
   MoeSpec m_;
@@ -51,9 +61,6 @@ class MoeBlock {
   ops::WeightView router_;
   DenseMlp shared_;
   std::vector<float> shared_gate_;  // [H]
-  // Scratch.
-  std::vector<float> logits_, weights_, ybuf_, shared_out_;
-  std::vector<int> ids_;
 };
 
 }  // namespace spool::models

@@ -9,9 +9,10 @@
 
 namespace spool::models {
 
-std::unique_ptr<Model> load_qwen3_5_moe(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, ops::ThreadPool* pool) {
+std::unique_ptr<Model> load_qwen3_5_moe(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
+                                         std::shared_ptr<ops::Backend> backend) {
   const GdnLayout layout = spec.family == "qwen3_next" ? GdnLayout::kQwen3Next : GdnLayout::kQwen3_5;
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), pool);
+  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
   m->bind(layout);
   return m;
 }

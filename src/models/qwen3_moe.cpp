@@ -8,8 +8,9 @@
 
 namespace spool::models {
 
-std::unique_ptr<Model> load_qwen3_moe(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, ops::ThreadPool* pool) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), pool);
+std::unique_ptr<Model> load_qwen3_moe(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
+                                         std::shared_ptr<ops::Backend> backend) {
+  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
   m->bind(GdnLayout::kQwen3_5);  // no GDN layers in this family
   return m;
 }

@@ -225,8 +225,7 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
   pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { matmul_rows(w, x, T, y, w.rows, b, e); });
 }
 
-void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> outs, const float* x, int64_t T,
-                  ThreadPool* pool) {
+void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool) {
   int64_t total = 0, work = 0;
   bool quantized = false;
   for (const auto& [w, y] : outs) {

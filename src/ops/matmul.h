@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <utility>
 
 #include "ops/thread_pool.h"
@@ -15,9 +16,18 @@ namespace spool::ops {
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool);
 
+/// One product of a matmul_multi(): y = x W^T with W [rows, cols] and y [T, rows].
+struct MatmulOut {
+  const WeightView* w = nullptr;
+  float* y = nullptr;
+};
+
 /// Several products of the same input in one parallel job (fewer hand-offs in decode):
 /// y[i][t, r] = sum_c x[t, c] * W_i[r, c]; all W_i must have x's column count.
-void matmul_multi(std::initializer_list<std::pair<const WeightView*, float*>> outs, const float* x, int64_t T, ThreadPool* pool);
+void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool);
+inline void matmul_multi(std::initializer_list<MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool) {
+  matmul_multi(std::span<const MatmulOut>(outs.begin(), outs.size()), x, T, pool);
+}
 
 /// Same as matmul() on one thread, for rows [r0, r1) only; y rows have stride `ldy`
 /// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts).

@@ -20,6 +20,8 @@ class Rope {
 
   int rotary_dim() const { return rotary_dim_; }
   const std::vector<float>& inv_freq() const { return inv_freq_; }
+  /// Factor on cos/sin (YaRN attention scaling; 1 otherwise).
+  float scaling() const { return scaling_; }
 
   /// Rotates `n_heads` heads of `head_dim` values at `x` (head h at x + h * head_dim) in place
   /// for position `pos`.

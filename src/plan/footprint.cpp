@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "io/expert_store.h"
+#include "models/model.h"
+#include "ops/cpu_backend.h"
 #include "ops/kv_cache.h"
 
 namespace spool::plan {
@@ -100,34 +102,24 @@ StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits
 uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int threads, bool quantized) {
   const uint64_t t = static_cast<uint64_t>(std::max<int64_t>(T, 1));
   const uint64_t H = s.hidden_size, V = s.vocab_size;
-  uint64_t n = 3 * t * H * kF;  // decoder.cpp h_, xn_, tmp_
   const auto& a = s.attn;
   const auto& g = s.gdn;
   const auto& m = s.moe;
+  // The one arena of the forward pass: the engine maps exactly this (Model::reserve_workspace).
+  uint64_t n = models::workspace_arena_bytes(s, static_cast<int64_t>(t));
   uint64_t widest = H;  // widest matmul input (matmul.cpp per-thread bf16 row scratch: 4 rows)
   for (int i = 0; i < s.n_layers; ++i) {
     if (s.mixers[i] == models::MixerKind::kAttention) {
-      const uint64_t q = static_cast<uint64_t>(a.n_heads) * a.head_dim, kv = static_cast<uint64_t>(a.n_kv_heads) * a.head_dim;
-      n += t * (q + 2 * kv + q) * kF;                  // attention.cpp q_, kx_, vx_, att_
-      if (a.output_gate) n += t * (2 * q + q) * kF;    // qg_, gate_
-      widest = std::max(widest, q);
+      widest = std::max<uint64_t>(widest, static_cast<uint64_t>(a.n_heads) * a.head_dim);
     } else {
-      const uint64_t kd = g.key_dim(), vd = g.value_dim(), cd = g.conv_dim(), nv = g.n_v;
-      n += t * (2 * cd + vd + 2 * nv + 2 * kd + vd + 2 * nv + vd) * kF;  // gated_deltanet.cpp mixed_ .. o_
-      widest = std::max(widest, vd);
+      widest = std::max<uint64_t>(widest, g.value_dim());
     }
-    if (s.ffns[i] == models::FfnKind::kMoE) {
-      n += t * m.n_experts * kF + t * m.top_k * (sizeof(int) + kF) + t * m.top_k * H * kF;  // moe.cpp logits_, ids_, weights_, ybuf_
-      if (m.shared_intermediate > 0) n += t * H * kF + 2 * t * m.shared_intermediate * kF;  // shared_out_, shared_ g_/u_
-      widest = std::max<uint64_t>(widest, m.intermediate);
-    } else {
-      n += 2 * t * s.dense_intermediate * kF;  // mlp.cpp g_, u_
-      widest = std::max<uint64_t>(widest, s.dense_intermediate);
-    }
+    widest = std::max<uint64_t>(widest, s.ffns[i] == models::FfnKind::kMoE ? m.intermediate : s.dense_intermediate);
   }
-  // Per pool thread: moe.cpp xe/g/u (up to all T tokens on one expert), matmul.cpp scratch,
-  // kv_cache.cpp attention tile scores over the context (32 query rows).
-  const uint64_t per_thread = t * (H + 2 * m.intermediate) * kF + 4 * widest * kF +
+  // Kernel scratch, per pool thread (thread-local buffers inside the kernels): the expert
+  // path's gathered rows (up to all T tokens on one expert), matmul.cpp row scratch, and the
+  // attention tile's scores over the context (kv_cache.cpp, 32 query rows).
+  const uint64_t per_thread = ops::expert_ffn_thread_bytes(static_cast<int64_t>(t), H, m.intermediate) + 4 * widest * kF +
                               (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * a.head_dim) * kF : 0);
   n += per_thread * static_cast<uint64_t>(std::max(threads, 1));
   if (quantized) {

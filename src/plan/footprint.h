@@ -52,10 +52,10 @@ struct StateBytes {
 };
 StateBytes state_bytes(const models::ModelSpec& spec, int64_t capacity, int kv_bits);
 
-/// Scratch buffers of a forward pass over `T` tokens (per-layer activations kept between
-/// calls, per-thread kernel scratch for `threads` threads, attention scores over `ctx`
-/// positions, rotated inputs when weights are `quantized`) plus logits and sampler buffers,
-/// in bytes.
+/// Scratch of a forward pass over `T` tokens: the workspace arena the engine maps
+/// (models::workspace_arena_bytes: one arena shared by every layer), per-thread kernel scratch
+/// for `threads` threads (expert rows, matmul rows, attention scores over `ctx` positions,
+/// rotated inputs when weights are `quantized`), plus logits and sampler buffers, in bytes.
 uint64_t workspace_bytes(const models::ModelSpec& spec, int64_t T, int64_t ctx, int threads, bool quantized = false);
 
 /// Memory the tokenizer holds after loading a tokenizer.json of `json_bytes` bytes.

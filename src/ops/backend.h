@@ -1,0 +1,147 @@
+// Backend: the only door from model code to compute. Model files (src/models/) state the math
+// of a layer as calls on a Backend and never loop over activations themselves; a backend runs
+// each op where its data lives (CpuBackend: the Highway kernels of src/ops on host memory; a
+// GPU backend later). ReferenceBackend is a plain scalar implementation of every op that the
+// backend op test (backend_test.cpp) checks every other backend against, in the manner of
+// llama.cpp's test-backend-ops.
+//
+// Conventions: activations are f32, row-major, on the backend's device (a Workspace of the same
+// device holds them); shapes are given beside each op as [rows, cols]. Index arrays (routing,
+// expert groups) and the per-layer parameter vectors (norm weights, conv kernels) are host
+// arrays on every backend (small, written once at load or per step by the host).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ops/gated_delta.h"
+#include "ops/kv_cache.h"
+#include "ops/matmul.h"
+#include "ops/rope.h"
+#include "ops/weights.h"
+
+namespace spool::ops {
+
+/// The three projections of one routed expert: gate/up [I, H], down [H, I].
+struct ExpertMats {
+  WeightView gate, up, down;
+};
+
+/// Activation between an expert's gate/up and down projections.
+enum class Activation : uint8_t {
+  kSwiGLU,  ///< silu(gate) * up (HF Qwen2MoeMLP / LlamaMLP act_fn "silu")
+};
+
+/// Rows of a MoE layer's routing, grouped by expert (the gather of the expert path).
+/// Routing of T tokens to K experts each gives T*K (token, slot) pairs r = token * K + slot.
+/// Experts with at least one pair are `active` (ascending id); the pairs of active[i] are
+/// rows[first[i] .. first[i+1]) (ascending r), and row_of[r] is the position of pair r in
+/// `rows` (= the row of its output in the expert path's y buffer).
+struct ExpertGroups {
+  int64_t T = 0;
+  int K = 0;
+  std::vector<int> active;       // [n_active] expert ids, ascending
+  std::vector<int64_t> first;    // [n_active + 1] offsets into rows
+  std::vector<int64_t> rows;     // [T*K] pairs r = token * K + slot, grouped by expert
+  std::vector<int64_t> row_of;   // [T*K] inverse of rows
+};
+
+/// Groups routed pairs by expert: ids [T, K] expert ids in [0, n_experts). Host bookkeeping
+/// shared by every backend. Throws spool::Error for an id outside [0, n_experts).
+ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts);
+
+/// Where a buffer or weight lives.
+enum class Device : uint8_t { kCpu, kCuda };
+
+/// Name of a device ("cpu", "cuda").
+const char* device_name(Device d);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// Where this backend's activations and KV caches live.
+  virtual Device device() const = 0;
+  /// Short name for logs and test names ("cpu", "reference").
+  virtual const char* name() const = 0;
+  /// Threads the backend runs host work on (for workspace sizing: per-thread scratch).
+  virtual int threads() const = 0;
+
+  // ---- Matrix products -------------------------------------------------------------------
+  /// y[t, r] = sum_c x[t, c] W[r, c]: x [T, W.cols], y [T, W.rows]. Any WType (float or
+  /// quantized; quantized inputs are rotated by the backend when the weight carries signs).
+  virtual void matmul(const WeightView& w, const float* x, int64_t T, float* y) = 0;
+  /// Several products of the same x (all W of x's width), as one job where possible.
+  virtual void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) = 0;
+
+  // ---- MoE expert path -------------------------------------------------------------------
+  /// For the active experts i in [g0, g0 + experts.size()) of `groups`: gathers the token rows
+  /// of their pairs from x [T, H], computes y[row] = down(act(gate x, up x)) for each, written
+  /// to y at the pair's row (y [T*K, H], rows grouped as groups.rows). experts[j] holds the
+  /// weights of groups.active[g0 + j].
+  virtual void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
+                          int64_t H, Activation act, float* y) = 0;
+  /// out[t] = sum_{s<K} weights[t, s] * y[row_of[t*K + s]], summed in slot order (best first):
+  /// y [T*K, H] from expert_ffn, weights [T, K], out [T, H] (overwritten).
+  virtual void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) = 0;
+  /// Router selection for T tokens: logits [T, E] (clobbered) -> ids [T, k] (best first) and
+  /// weights [T, k] (softmax probabilities, renormalised over the k kept when `renormalize`);
+  /// margins [T] (may be null): p_k - p_{k+1} of the full softmax. Ties go to the lower id.
+  /// HF Qwen3MoeSparseMoeBlock routing (softmax, topk, optional norm_topk_prob).
+  virtual void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
+                                   float* margins) = 0;
+
+  // ---- Attention ---------------------------------------------------------------------------
+  /// Stores positions [pos0, pos0 + T) of k, v [T, n_kv_heads * head_dim] into `cache` (its
+  /// capacity must hold pos0 + T).
+  virtual void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) = 0;
+  /// Causal softmax attention of q [T, n_heads, head_dim] at positions [pos0, pos0 + T) over
+  /// cache positions [0, pos0 + t] (GQA: head h reads KV head h / (n_heads / n_kv_heads)),
+  /// scores scaled by `scale`; out [T, n_heads, head_dim].
+  virtual void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) = 0;
+  /// Rotary embedding of T rows, each of `n_heads` heads of head_dim at x + t * row_stride,
+  /// row t at position pos0 + t (NeoX rotate_half convention, see rope.h).
+  virtual void rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) = 0;
+
+  // ---- Gated DeltaNet ------------------------------------------------------------------------
+  /// Causal depthwise conv1d + SiLU with carried state (gated_delta.h causal_conv1d_silu):
+  /// x [T, C], w [C, K] (host), state [C, K-1], out [T, C].
+  virtual void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) = 0;
+  /// Gated delta rule over a.T tokens: recurrent form when a.T == 1, else chunked with `chunk`
+  /// tokens per chunk (algebraically the same). See gated_delta.h for the arguments.
+  virtual void gated_delta(const GatedDeltaArgs& a, int chunk) = 0;
+  /// Gated DeltaNet gates per (token, value head): beta = sigmoid(b), g = -a_exp[h] *
+  /// softplus(a + dt_bias[h]). b, a [T, n_v]; a_exp, dt_bias [n_v] (host); beta, g [T, n_v].
+  /// HF Qwen3_5MoeGatedDeltaNet.forward.
+  virtual void gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v,
+                         float* beta, float* g) = 0;
+
+  // ---- Norms ---------------------------------------------------------------------------------
+  /// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for `rows` rows of n (w [n] host; in place ok).
+  virtual void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) = 0;
+  /// x[r] = x[r] / sqrt(sum(x[r]^2) + eps), then * post_scale when post_scale != 1; in place.
+  virtual void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) = 0;
+  /// Gated RMSNorm: x[r] = rms_norm(x[r], w) * silu(z[r]) for rows of n (w [n] host).
+  virtual void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) = 0;
+
+  // ---- Elementwise ---------------------------------------------------------------------------
+  /// y[i] += x[i] for i < n.
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  /// out[i] = silu(gate[i]) * up[i] (out may alias gate).
+  virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+  /// x[i] *= sigmoid(gate[i]).
+  virtual void mul_sigmoid(float* x, const float* gate, int64_t n) = 0;
+  /// out[t] += sigmoid(x[t] . w) * s[t] for T rows of n (w [n] host; the shared expert's gate).
+  /// With w == nullptr the gate is 1.
+  virtual void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) = 0;
+  /// dst[r * ld_dst + c] = src[r * ld_src + c] for r < rows, c < cols (head splits).
+  virtual void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) = 0;
+
+  // ---- Embeddings and logits -----------------------------------------------------------------
+  /// Converts n elements of a host row of type t (F32/F16/BF16) into dst (device).
+  virtual void row_to_f32(WType t, const void* src, int64_t n, float* dst) = 0;
+  /// Copies n floats of device memory to host memory (the sampler's input).
+  virtual void to_host(const float* src, int64_t n, float* dst) = 0;
+};
+
+}  // namespace spool::ops

@@ -1,0 +1,637 @@
+// Backend op test (the pattern of llama.cpp's test-backend-ops): every op of ops::Backend, on
+// every backend compiled in, against ReferenceBackend (plain double-precision loops), over a
+// table of shapes and weight / KV types, on every SIMD target of this CPU. A new backend
+// (CUDA) adds itself to backends() and is checked by the same table.
+//
+// Also here: the ops every model family calls are all in the table (a counting backend runs
+// each tiny fixture family and the demo model), and the reference backend itself reproduces
+// the transformers goldens (so it is a trustworthy oracle).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../../tests/support/golden.h"
+#include "../../tests/support/random.h"
+#include "common/error.h"
+#include "models/model.h"
+#include "ops/cpu_backend.h"
+#include "ops/reference_backend.h"
+#include "quant/quantize.h"
+
+namespace spool::ops {
+namespace {
+
+using spool::testing::for_each_target;
+using spool::testing::randn;
+
+// ---- Backends under test ----------------------------------------------------------------------
+
+struct BackendCase {
+  std::string name;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+
+ThreadPool* shared_pool() {
+  static ThreadPool pool(3);
+  return &pool;
+}
+
+std::vector<BackendCase> backends() {
+  return {
+      {"cpu-1thread", [] { return std::make_unique<CpuBackend>(nullptr); }},
+      {"cpu-3threads", [] { return std::make_unique<CpuBackend>(shared_pool()); }},
+  };
+}
+
+// Ops the table below exercises. Each TEST registers its ops next to it (static data, so the
+// coverage check sees them even when ctest runs every test in its own process), and
+// for_each_backend refuses an op that is not registered.
+std::set<std::string>& covered() {
+  static std::set<std::string> s;
+  return s;
+}
+bool covers(std::initializer_list<const char*> ops) {
+  for (const char* op : ops) covered().insert(op);
+  return true;
+}
+
+// Runs fn(backend, reference) for every backend and SIMD target (op must be registered).
+void for_each_backend(const std::string& op, const std::function<void(Backend&, ReferenceBackend&)>& fn) {
+  ASSERT_TRUE(covered().count(op)) << op << " is tested but not registered with covers()";
+  // Every SIMD target this CPU has (AVX3 here: AVX3, AVX2, SSE4, SSSE3, ...), not just the best.
+  ASSERT_GE(hwy::SupportedAndGeneratedTargets().size(), 2u) << "expected several SIMD targets to test";
+  for (const BackendCase& bc : backends()) {
+    SCOPED_TRACE(bc.name);
+    for_each_target([&](int64_t) {
+      std::unique_ptr<Backend> be = bc.make();
+      ReferenceBackend ref;
+      fn(*be, ref);
+    });
+  }
+}
+
+// |got - want| <= tol * (1 + |want|) elementwise; reports the first failure.
+void expect_close(const float* got, const float* want, int64_t n, double tol, const std::string& what) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    ASSERT_TRUE(std::isfinite(got[i]) && d <= tol * (1.0 + std::fabs(want[i])))
+        << what << ": element " << i << " got " << got[i] << " want " << want[i];
+  }
+}
+
+// ---- Weights of every type -------------------------------------------------------------------
+
+enum class WKind { kF32, kBF16, kF16, kQ4, kQ3, kQ2, kTernary, kQ4Rotated, kTernaryRotated };
+
+const char* wkind_name(WKind k) {
+  switch (k) {
+    case WKind::kF32: return "f32";
+    case WKind::kBF16: return "bf16";
+    case WKind::kF16: return "f16";
+    case WKind::kQ4: return "q4";
+    case WKind::kQ3: return "q3";
+    case WKind::kQ2: return "q2";
+    case WKind::kTernary: return "ternary";
+    case WKind::kQ4Rotated: return "q4+hadamard";
+    case WKind::kTernaryRotated: return "ternary+hadamard";
+  }
+  return "?";
+}
+
+const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4, WKind::kQ3,
+                                      WKind::kQ2, WKind::kTernary, WKind::kQ4Rotated, WKind::kTernaryRotated};
+
+// A matrix of one kind owning its storage; view() is what the kernels see.
+struct TestWeight {
+  WKind kind;
+  int64_t rows, cols;
+  std::vector<uint8_t> raw;
+  quant::QuantizedMatrix q;
+  std::vector<int8_t> signs;
+
+  TestWeight(WKind k, int64_t r, int64_t c, uint64_t seed, const std::vector<int8_t>* shared_signs = nullptr)
+      : kind(k), rows(r), cols(c) {
+    const std::vector<float> w = randn(static_cast<size_t>(r * c), seed, 0.2f);
+    auto qt = [&](quant::QType t, bool rot) {
+      if (rot) {
+        if (shared_signs) {
+          signs = *shared_signs;
+        } else {
+          std::mt19937 g(static_cast<uint32_t>(seed));
+          signs.resize(c);
+          for (auto& s : signs) s = (g() & 1) ? 1 : -1;
+        }
+      }
+      q = quant::quantize(w.data(), r, c, t, c % 64 == 0 ? 64 : 32, rot ? signs.data() : nullptr);
+    };
+    switch (k) {
+      case WKind::kF32:
+        raw.resize(w.size() * 4);
+        std::memcpy(raw.data(), w.data(), raw.size());
+        break;
+      case WKind::kBF16:
+      case WKind::kF16:
+        raw.resize(w.size() * 2);
+        for (size_t i = 0; i < w.size(); ++i) {
+          const uint16_t h = k == WKind::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+          std::memcpy(raw.data() + 2 * i, &h, 2);
+        }
+        break;
+      case WKind::kQ4: qt(quant::QType::kQ4, false); break;
+      case WKind::kQ3: qt(quant::QType::kQ3, false); break;
+      case WKind::kQ2: qt(quant::QType::kQ2, false); break;
+      case WKind::kTernary: qt(quant::QType::kTernary, false); break;
+      case WKind::kQ4Rotated: qt(quant::QType::kQ4, true); break;
+      case WKind::kTernaryRotated: qt(quant::QType::kTernary, true); break;
+    }
+  }
+  TestWeight(const TestWeight&) = delete;
+
+  WeightView view() const {
+    if (!raw.empty()) {
+      const WType t = kind == WKind::kF32 ? WType::kF32 : kind == WKind::kBF16 ? WType::kBF16 : WType::kF16;
+      return WeightView{t, rows, cols, raw.data()};
+    }
+    return quant_weight_view(q.view());
+  }
+};
+
+// ---- Matrix products -------------------------------------------------------------------------
+
+struct MatmulShape {
+  int64_t rows, cols, T;
+};
+const MatmulShape kMatmulShapes[] = {{3, 64, 1}, {17, 128, 3}, {130, 256, 70}, {64, 512, 1}, {5, 192, 9}};
+
+[[maybe_unused]] const bool kMatmulOps = covers({"matmul"});
+TEST(BackendOps, Matmul) {
+  for (WKind k : kAllKinds)
+    for (const MatmulShape& s : kMatmulShapes) {
+      SCOPED_TRACE(std::string(wkind_name(k)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " T=" + std::to_string(s.T));
+      const TestWeight w(k, s.rows, s.cols, 7 + s.rows);
+      const std::vector<float> x = randn(s.T * s.cols, 11 + s.T);
+      for_each_backend("matmul", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> got(s.T * s.rows, NAN), want(got.size());
+        be.matmul(w.view(), x.data(), s.T, got.data());
+        ref.matmul(w.view(), x.data(), s.T, want.data());
+        expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4, "matmul");
+      });
+    }
+}
+
+[[maybe_unused]] const bool kMatmulMultiOps = covers({"matmul_multi"});
+TEST(BackendOps, MatmulMulti) {
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kQ4Rotated, WKind::kTernary})
+    for (int64_t T : {1, 5, 33}) {
+      SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(T));
+      const TestWeight a(k, 37, 128, 1), b(k, 5, 128, 2), c(k, 130, 128, 3);
+      const std::vector<float> x = randn(T * 128, 4);
+      for_each_backend("matmul_multi", [&](Backend& be, ReferenceBackend& ref) {
+        const WeightView va = a.view(), vb = b.view(), vc = c.view();
+        std::vector<float> g[3] = {std::vector<float>(T * 37), std::vector<float>(T * 5), std::vector<float>(T * 130)};
+        std::vector<float> r[3] = {g[0], g[1], g[2]};
+        const MatmulOut go[] = {{&va, g[0].data()}, {&vb, g[1].data()}, {&vc, g[2].data()}};
+        const MatmulOut ro[] = {{&va, r[0].data()}, {&vb, r[1].data()}, {&vc, r[2].data()}};
+        be.matmul_multi(go, x.data(), T);
+        ref.matmul_multi(ro, x.data(), T);
+        for (int i = 0; i < 3; ++i) expect_close(g[i].data(), r[i].data(), static_cast<int64_t>(g[i].size()), 1e-4, "matmul_multi");
+      });
+    }
+}
+
+// ---- MoE expert path -------------------------------------------------------------------------
+
+struct MoeShape {
+  int64_t T, H, I;
+  int E, K;
+};
+const MoeShape kMoeShapes[] = {{1, 64, 32, 8, 2}, {7, 128, 64, 16, 4}, {40, 64, 96, 64, 8}};
+
+[[maybe_unused]] const bool kExpertFfnAndCombineOps = covers({"expert_ffn", "moe_combine"});
+TEST(BackendOps, ExpertFfnAndCombine) {
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kQ3, WKind::kTernaryRotated})
+    for (const MoeShape& s : kMoeShapes) {
+      SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
+      // Each expert's gate and up share one sign vector (as spool's converter writes them).
+      std::vector<std::unique_ptr<TestWeight>> store;
+      std::vector<ExpertMats> experts(s.E);
+      for (int e = 0; e < s.E; ++e) {
+        std::vector<int8_t> gs(s.H), ds(s.I);
+        std::mt19937 g(e);
+        for (auto& v : gs) v = (g() & 1) ? 1 : -1;
+        for (auto& v : ds) v = (g() & 1) ? 1 : -1;
+        store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 100 + e, &gs));
+        store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 200 + e, &gs));
+        store.push_back(std::make_unique<TestWeight>(k, s.H, s.I, 300 + e, &ds));
+        experts[e] = {store[3 * e]->view(), store[3 * e + 1]->view(), store[3 * e + 2]->view()};
+      }
+      // Random distinct experts per token, random weights.
+      std::mt19937 g(5);
+      std::vector<int> ids(s.T * s.K);
+      for (int64_t t = 0; t < s.T; ++t) {
+        std::vector<int> perm(s.E);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), g);
+        for (int j = 0; j < s.K; ++j) ids[t * s.K + j] = perm[j];
+      }
+      const std::vector<float> wts = randn(s.T * s.K, 6, 0.5f);
+      const std::vector<float> x = randn(s.T * s.H, 7);
+      const ExpertGroups groups = group_by_expert(ids.data(), s.T, s.K, s.E);
+      std::vector<ExpertMats> active;
+      for (int e : groups.active) active.push_back(experts[e]);
+      for_each_backend("expert_ffn", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> y(s.T * s.K * s.H, NAN), yr(y.size(), NAN);
+        // Acquired in two batches (as a small streaming cache hands them out).
+        const size_t half = active.size() / 2;
+        be.expert_ffn(std::span<const ExpertMats>(active.data(), half), groups, 0, x.data(), s.H, Activation::kSwiGLU, y.data());
+        be.expert_ffn(std::span<const ExpertMats>(active.data() + half, active.size() - half), groups, half, x.data(), s.H,
+                      Activation::kSwiGLU, y.data());
+        ref.expert_ffn(active, groups, 0, x.data(), s.H, Activation::kSwiGLU, yr.data());
+        expect_close(y.data(), yr.data(), static_cast<int64_t>(y.size()), 2e-4, "expert_ffn");
+      });
+      for_each_backend("moe_combine", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> yr(s.T * s.K * s.H, NAN);
+        ref.expert_ffn(active, groups, 0, x.data(), s.H, Activation::kSwiGLU, yr.data());
+        std::vector<float> out(s.T * s.H, NAN), outr(out.size(), NAN);
+        be.moe_combine(yr.data(), groups, wts.data(), s.H, out.data());
+        ref.moe_combine(yr.data(), groups, wts.data(), s.H, outr.data());
+        expect_close(out.data(), outr.data(), static_cast<int64_t>(out.size()), 1e-5, "moe_combine");
+      });
+    }
+}
+
+TEST(BackendOps, GroupByExpert) {
+  const int ids[] = {3, 1, 1, 0, 3, 2};  // T = 3, K = 2
+  const ExpertGroups g = group_by_expert(ids, 3, 2, 4);
+  EXPECT_EQ(g.active, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g.first, (std::vector<int64_t>{0, 1, 3, 4, 6}));
+  EXPECT_EQ(g.rows, (std::vector<int64_t>{3, 1, 2, 5, 0, 4}));
+  for (int64_t r = 0; r < 6; ++r) EXPECT_EQ(g.rows[g.row_of[r]], r);
+  const int bad[] = {0, 4};
+  EXPECT_THROW(group_by_expert(bad, 1, 2, 4), spool::Error);
+}
+
+[[maybe_unused]] const bool kRouteSoftmaxTopKOps = covers({"route_softmax_top_k"});
+TEST(BackendOps, RouteSoftmaxTopK) {
+  for (int E : {8, 64, 256})
+    for (int k : {1, 2, 8})
+      for (bool renorm : {false, true}) {
+        SCOPED_TRACE("E=" + std::to_string(E) + " k=" + std::to_string(k) + " renorm=" + std::to_string(renorm));
+        const int64_t T = 9;
+        const std::vector<float> logits = randn(T * E, E + k, 2.0f);
+        for_each_backend("route_softmax_top_k", [&](Backend& be, ReferenceBackend& ref) {
+          std::vector<float> l1 = logits, l2 = logits, w1(T * k), w2(T * k), m1(T), m2(T);
+          std::vector<int> i1(T * k), i2(T * k);
+          be.route_softmax_top_k(l1.data(), T, E, k, renorm, i1.data(), w1.data(), m1.data());
+          ref.route_softmax_top_k(l2.data(), T, E, k, renorm, i2.data(), w2.data(), m2.data());
+          EXPECT_EQ(i1, i2);
+          expect_close(w1.data(), w2.data(), T * k, 1e-5, "routing weights");
+          expect_close(m1.data(), m2.data(), T, 1e-5, "routing margins");
+        });
+      }
+}
+
+// ---- Attention -------------------------------------------------------------------------------
+
+struct AttnShape {
+  int n_heads, n_kv, hd;
+  int64_t pos0, T;
+};
+const AttnShape kAttnShapes[] = {{4, 2, 32, 0, 1}, {4, 2, 32, 0, 40}, {8, 1, 64, 13, 7}, {2, 2, 128, 300, 1}, {6, 3, 64, 5, 33}};
+
+[[maybe_unused]] const bool kKvAppendAndAttentionOps = covers({"kv_append", "attention"});
+TEST(BackendOps, KvAppendAndAttention) {
+  for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
+    for (const AttnShape& s : kAttnShapes) {
+      SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.n_heads) + "/" +
+                   std::to_string(s.n_kv) + " hd=" + std::to_string(s.hd) + " pos0=" + std::to_string(s.pos0) + " T=" + std::to_string(s.T));
+      const int64_t P = s.pos0 + s.T, kvw = static_cast<int64_t>(s.n_kv) * s.hd;
+      const std::vector<float> k = randn(P * kvw, 1), v = randn(P * kvw, 2), q = randn(s.T * s.n_heads * s.hd, 3);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+      for_each_backend("kv_append", [&](Backend& be, ReferenceBackend& ref) {
+        KvCache c1, c2;
+        c1.configure(kt, s.n_kv, s.hd);
+        c2.configure(kt, s.n_kv, s.hd);
+        c1.reserve(P, 0);
+        c2.reserve(P, 0);
+        // Earlier positions in one call, the new chunk in another (prefill then next chunk).
+        be.kv_append(c1, 0, s.pos0, k.data(), v.data());
+        be.kv_append(c1, s.pos0, s.T, k.data() + s.pos0 * kvw, v.data() + s.pos0 * kvw);
+        ref.kv_append(c2, 0, P, k.data(), v.data());
+        const double store_tol = kt == KvType::kF32 ? 0 : kt == KvType::kF16 ? 1e-3 : 2e-2;
+        for (int h = 0; h < s.n_kv; ++h)
+          for (int64_t p = 0; p < P; ++p)
+            for (int d = 0; d < s.hd; d += 7) {
+              ASSERT_EQ(c1.key(h, p, d), c2.key(h, p, d));
+              ASSERT_NEAR(c1.key(h, p, d), k[p * kvw + h * s.hd + d], store_tol * (1 + std::fabs(k[p * kvw + h * s.hd + d])) * 4);
+              ASSERT_EQ(c1.value(h, p, d), c2.value(h, p, d));
+            }
+      });
+      for_each_backend("attention", [&](Backend& be, ReferenceBackend& ref) {
+        KvCache c1, c2;
+        c1.configure(kt, s.n_kv, s.hd);
+        c2.configure(kt, s.n_kv, s.hd);
+        c1.reserve(P, 0);
+        c2.reserve(P, 0);
+        ref.kv_append(c1, 0, P, k.data(), v.data());
+        ref.kv_append(c2, 0, P, k.data(), v.data());
+        std::vector<float> got(q.size(), NAN), want(q.size(), NAN);
+        be.attention(q.data(), s.T, s.n_heads, c1, s.pos0, scale, got.data());
+        ref.attention(q.data(), s.T, s.n_heads, c2, s.pos0, scale, want.data());
+        expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention");
+      });
+    }
+}
+
+[[maybe_unused]] const bool kRopeOps = covers({"rope"});
+TEST(BackendOps, Rope) {
+  struct R {
+    int rotary, hd, heads;
+    int64_t T, pos0, stride_pad;
+  };
+  for (const R& r : {R{64, 64, 4, 3, 0, 0}, R{16, 64, 2, 5, 1000, 0}, R{128, 128, 3, 1, 262000, 0}, R{32, 64, 2, 4, 7, 64}}) {
+    SCOPED_TRACE("rotary=" + std::to_string(r.rotary) + " pos0=" + std::to_string(r.pos0));
+    const Rope rope(r.rotary, 1e7);
+    const int64_t stride = static_cast<int64_t>(r.heads) * r.hd + r.stride_pad;
+    const std::vector<float> x = randn(r.T * stride, 9);
+    for_each_backend("rope", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = x, b = x;
+      be.rope(rope, a.data(), r.T, stride, r.heads, r.hd, r.pos0);
+      ref.rope(rope, b.data(), r.T, stride, r.heads, r.hd, r.pos0);
+      expect_close(a.data(), b.data(), static_cast<int64_t>(a.size()), 1e-6, "rope");
+    });
+  }
+}
+
+// ---- Gated DeltaNet --------------------------------------------------------------------------
+
+[[maybe_unused]] const bool kCausalConv1dSiluOps = covers({"causal_conv1d_silu"});
+TEST(BackendOps, CausalConv1dSilu) {
+  for (int K : {2, 4})
+    for (int64_t T : {1, 5, 70}) {
+      SCOPED_TRACE("K=" + std::to_string(K) + " T=" + std::to_string(T));
+      const int64_t C = 48;
+      const std::vector<float> x = randn(T * C, 1), w = randn(C * K, 2, 0.5f), st = randn(C * (K - 1), 3);
+      for_each_backend("causal_conv1d_silu", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> s1 = st, s2 = st, o1(T * C, NAN), o2(T * C, NAN);
+        be.causal_conv1d_silu(x.data(), T, C, w.data(), K, s1.data(), o1.data());
+        ref.causal_conv1d_silu(x.data(), T, C, w.data(), K, s2.data(), o2.data());
+        expect_close(o1.data(), o2.data(), T * C, 1e-5, "conv out");
+        expect_close(s1.data(), s2.data(), static_cast<int64_t>(s1.size()), 0, "conv state");
+      });
+    }
+}
+
+[[maybe_unused]] const bool kGatedDeltaOps = covers({"gated_delta"});
+TEST(BackendOps, GatedDelta) {
+  struct G {
+    int n_k, n_v, d_k, d_v;
+    int64_t T;
+    int chunk;
+  };
+  for (const G& c : {G{2, 4, 16, 32, 1, 64}, G{2, 4, 16, 32, 3, 64}, G{1, 2, 32, 16, 130, 64}, G{2, 2, 16, 16, 70, 16}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " chunk=" + std::to_string(c.chunk));
+    std::vector<float> q = randn(c.T * c.n_k * c.d_k, 1), k = randn(c.T * c.n_k * c.d_k, 2);
+    for (int64_t r = 0; r < c.T * c.n_k; ++r) {  // l2-normalised like the model's q and k
+      for (auto* v : {&q, &k}) {
+        double ss = 0;
+        for (int d = 0; d < c.d_k; ++d) ss += (*v)[r * c.d_k + d] * (*v)[r * c.d_k + d];
+        for (int d = 0; d < c.d_k; ++d) (*v)[r * c.d_k + d] /= static_cast<float>(std::sqrt(ss));
+      }
+    }
+    const std::vector<float> v = randn(c.T * c.n_v * c.d_v, 3), b = randn(c.T * c.n_v, 4), gl = randn(c.T * c.n_v, 5);
+    std::vector<float> beta(b.size()), g(gl.size());
+    for (size_t i = 0; i < b.size(); ++i) {
+      beta[i] = 1.0f / (1.0f + std::exp(-b[i]));
+      g[i] = -std::fabs(gl[i]) * 0.3f;
+    }
+    const std::vector<float> s0 = randn(static_cast<size_t>(c.n_v) * c.d_k * c.d_v, 6, 0.1f);
+    for_each_backend("gated_delta", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> s1 = s0, s2 = s0, o1(v.size(), NAN), o2(v.size(), NAN);
+      GatedDeltaArgs a;
+      a.T = c.T;
+      a.n_k = c.n_k;
+      a.n_v = c.n_v;
+      a.d_k = c.d_k;
+      a.d_v = c.d_v;
+      a.q = q.data();
+      a.k = k.data();
+      a.v = v.data();
+      a.beta = beta.data();
+      a.g = g.data();
+      a.state = s1.data();
+      a.out = o1.data();
+      be.gated_delta(a, c.chunk);
+      a.state = s2.data();
+      a.out = o2.data();
+      ref.gated_delta(a, c.chunk);
+      expect_close(o1.data(), o2.data(), static_cast<int64_t>(o1.size()), 1e-4, "gated delta out");
+      expect_close(s1.data(), s2.data(), static_cast<int64_t>(s1.size()), 1e-4, "gated delta state");
+    });
+  }
+}
+
+[[maybe_unused]] const bool kGdnGatesOps = covers({"gdn_gates"});
+TEST(BackendOps, GdnGates) {
+  const int64_t T = 11;
+  const int nv = 6;
+  const std::vector<float> b = randn(T * nv, 1, 3.0f), a = randn(T * nv, 2, 8.0f), ae = randn(nv, 3), dt = randn(nv, 4);
+  std::vector<float> a_exp(nv);
+  for (int h = 0; h < nv; ++h) a_exp[h] = std::exp(ae[h]);
+  for_each_backend("gdn_gates", [&](Backend& be, ReferenceBackend& ref) {
+    std::vector<float> b1(T * nv), g1(T * nv), b2(T * nv), g2(T * nv);
+    be.gdn_gates(b.data(), a.data(), a_exp.data(), dt.data(), T, nv, b1.data(), g1.data());
+    ref.gdn_gates(b.data(), a.data(), a_exp.data(), dt.data(), T, nv, b2.data(), g2.data());
+    expect_close(b1.data(), b2.data(), T * nv, 1e-6, "beta");
+    expect_close(g1.data(), g2.data(), T * nv, 1e-6, "g");
+  });
+}
+
+// ---- Norms and elementwise -------------------------------------------------------------------
+
+[[maybe_unused]] const bool kNormsOps = covers({"rms_norm", "l2_norm", "rms_norm_gated"});
+TEST(BackendOps, Norms) {
+  for (int64_t n : {16, 128, 2048})
+    for (int64_t rows : {1, 7}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(rows));
+      const std::vector<float> x = randn(rows * n, 1, 3.0f), w = randn(n, 2), z = randn(rows * n, 3);
+      for_each_backend("rms_norm", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> a(rows * n), b(rows * n);
+        be.rms_norm(x.data(), w.data(), rows, n, 1e-6f, a.data());
+        ref.rms_norm(x.data(), w.data(), rows, n, 1e-6f, b.data());
+        expect_close(a.data(), b.data(), rows * n, 1e-5, "rms_norm");
+      });
+      for (float post : {1.0f, 0.125f})
+        for_each_backend("l2_norm", [&](Backend& be, ReferenceBackend& ref) {
+          std::vector<float> a = x, b = x;
+          be.l2_norm(a.data(), rows, n, 1e-6f, post);
+          ref.l2_norm(b.data(), rows, n, 1e-6f, post);
+          expect_close(a.data(), b.data(), rows * n, 1e-5, "l2_norm");
+        });
+      for_each_backend("rms_norm_gated", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> a = x, b = x;
+        be.rms_norm_gated(a.data(), z.data(), w.data(), rows, n, 1e-6f);
+        ref.rms_norm_gated(b.data(), z.data(), w.data(), rows, n, 1e-6f);
+        expect_close(a.data(), b.data(), rows * n, 1e-5, "rms_norm_gated");
+      });
+    }
+}
+
+[[maybe_unused]] const bool kElementwiseOps = covers({"add", "swiglu", "mul_sigmoid", "add_gated_rows", "copy_2d"});
+TEST(BackendOps, Elementwise) {
+  for (int64_t n : {1, 15, 1000}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> x = randn(n, 1, 4.0f), y = randn(n, 2, 4.0f);
+    for_each_backend("add", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = y, b = y;
+      be.add(a.data(), x.data(), n);
+      ref.add(b.data(), x.data(), n);
+      expect_close(a.data(), b.data(), n, 1e-7, "add");
+    });
+    for_each_backend("swiglu", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = x, b(n);
+      be.swiglu(a.data(), y.data(), n, a.data());  // in place, as the models call it
+      ref.swiglu(x.data(), y.data(), n, b.data());
+      expect_close(a.data(), b.data(), n, 1e-6, "swiglu");
+    });
+    for_each_backend("mul_sigmoid", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = x, b = x;
+      be.mul_sigmoid(a.data(), y.data(), n);
+      ref.mul_sigmoid(b.data(), y.data(), n);
+      expect_close(a.data(), b.data(), n, 1e-6, "mul_sigmoid");
+    });
+  }
+  for (bool gated : {false, true}) {
+    const int64_t T = 5, n = 96;
+    const std::vector<float> out0 = randn(T * n, 1), s = randn(T * n, 2), x = randn(T * n, 3), w = randn(n, 4, 0.1f);
+    for_each_backend("add_gated_rows", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = out0, b = out0;
+      be.add_gated_rows(a.data(), s.data(), x.data(), gated ? w.data() : nullptr, T, n);
+      ref.add_gated_rows(b.data(), s.data(), x.data(), gated ? w.data() : nullptr, T, n);
+      expect_close(a.data(), b.data(), T * n, 1e-6, "add_gated_rows");
+    });
+  }
+  const std::vector<float> src = randn(6 * 40, 5);
+  for_each_backend("copy_2d", [&](Backend& be, ReferenceBackend& ref) {
+    std::vector<float> a(6 * 16, 0.0f), b(6 * 16, 0.0f);
+    be.copy_2d(a.data(), 16, src.data() + 8, 40, 6, 16);
+    ref.copy_2d(b.data(), 16, src.data() + 8, 40, 6, 16);
+    expect_close(a.data(), b.data(), 6 * 16, 0, "copy_2d");
+  });
+}
+
+[[maybe_unused]] const bool kRowToF32AndToHostOps = covers({"row_to_f32", "to_host"});
+TEST(BackendOps, RowToF32AndToHost) {
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16}) {
+    SCOPED_TRACE(wkind_name(k));
+    const TestWeight w(k, 1, 77, 3);
+    for_each_backend("row_to_f32", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a(77, NAN), b(77, NAN);
+      be.row_to_f32(w.view().type, w.raw.data(), 77, a.data());
+      ref.row_to_f32(w.view().type, w.raw.data(), 77, b.data());
+      expect_close(a.data(), b.data(), 77, 0, "row_to_f32");
+    });
+  }
+  const std::vector<float> x = randn(33, 1);
+  for_each_backend("to_host", [&](Backend& be, ReferenceBackend& ref) {
+    std::vector<float> a(33, NAN), b(33, NAN);
+    be.to_host(x.data(), 33, a.data());
+    ref.to_host(x.data(), 33, b.data());
+    expect_close(a.data(), b.data(), 33, 0, "to_host");
+  });
+}
+
+// ---- What the models call --------------------------------------------------------------------
+
+// Forwards every op to CpuBackend and records its name.
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(ThreadPool* pool) : cpu_(pool) {}
+  std::set<std::string> called;
+  Device device() const override { return cpu_.device(); }
+  const char* name() const override { return "counting"; }
+  int threads() const override { return cpu_.threads(); }
+#define SPOOL_FWD(op, params, args) \
+  void op params override {         \
+    called.insert(#op);             \
+    cpu_.op args;                   \
+  }
+  SPOOL_FWD(matmul, (const WeightView& w, const float* x, int64_t T, float* y), (w, x, T, y))
+  SPOOL_FWD(matmul_multi, (std::span<const MatmulOut> o, const float* x, int64_t T), (o, x, T))
+  SPOOL_FWD(expert_ffn, (std::span<const ExpertMats> e, const ExpertGroups& g, size_t g0, const float* x, int64_t H, Activation a, float* y),
+            (e, g, g0, x, H, a, y))
+  SPOOL_FWD(moe_combine, (const float* y, const ExpertGroups& g, const float* w, int64_t H, float* out), (y, g, w, H, out))
+  SPOOL_FWD(route_softmax_top_k, (float* l, int64_t T, int E, int k, bool r, int* ids, float* w, float* m), (l, T, E, k, r, ids, w, m))
+  SPOOL_FWD(kv_append, (KvCache& c, int64_t p, int64_t T, const float* k, const float* v), (c, p, T, k, v))
+  SPOOL_FWD(attention, (const float* q, int64_t T, int nh, const KvCache& kv, int64_t p, float s, float* o), (q, T, nh, kv, p, s, o))
+  SPOOL_FWD(rope, (const Rope& r, float* x, int64_t T, int64_t st, int nh, int hd, int64_t p), (r, x, T, st, nh, hd, p))
+  SPOOL_FWD(causal_conv1d_silu, (const float* x, int64_t T, int64_t C, const float* w, int K, float* s, float* o), (x, T, C, w, K, s, o))
+  SPOOL_FWD(gated_delta, (const GatedDeltaArgs& a, int c), (a, c))
+  SPOOL_FWD(gdn_gates, (const float* b, const float* a, const float* ae, const float* dt, int64_t T, int nv, float* be, float* g),
+            (b, a, ae, dt, T, nv, be, g))
+  SPOOL_FWD(rms_norm, (const float* x, const float* w, int64_t r, int64_t n, float e, float* y), (x, w, r, n, e, y))
+  SPOOL_FWD(l2_norm, (float* x, int64_t r, int64_t n, float e, float p), (x, r, n, e, p))
+  SPOOL_FWD(rms_norm_gated, (float* x, const float* z, const float* w, int64_t r, int64_t n, float e), (x, z, w, r, n, e))
+  SPOOL_FWD(add, (float* y, const float* x, int64_t n), (y, x, n))
+  SPOOL_FWD(swiglu, (const float* g, const float* u, int64_t n, float* o), (g, u, n, o))
+  SPOOL_FWD(mul_sigmoid, (float* x, const float* g, int64_t n), (x, g, n))
+  SPOOL_FWD(add_gated_rows, (float* o, const float* s, const float* x, const float* w, int64_t T, int64_t n), (o, s, x, w, T, n))
+  SPOOL_FWD(copy_2d, (float* d, int64_t ld, const float* s, int64_t ls, int64_t r, int64_t c), (d, ld, s, ls, r, c))
+  SPOOL_FWD(row_to_f32, (WType t, const void* s, int64_t n, float* d), (t, s, n, d))
+  SPOOL_FWD(to_host, (const float* s, int64_t n, float* d), (s, n, d))
+#undef SPOOL_FWD
+
+ private:
+  CpuBackend cpu_;
+};
+
+const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused"};
+
+// Runs after the op tables above (gtest runs tests in definition order within a binary).
+TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
+  std::set<std::string> called;
+  auto run = [&](const std::string& dir) {
+    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto be = std::make_shared<CountingBackend>(nullptr);
+    auto model = models::load_model(ckpt, be);
+    models::State st = model->new_state();
+    std::vector<float> logits(model->spec().vocab_size);
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+    model->forward(prompt, st, models::LogitsMode::kLast, logits.data());  // prefill (chunked forms)
+    const int32_t next = 6;
+    model->forward(std::span<const int32_t>(&next, 1), st, models::LogitsMode::kLast, logits.data());  // decode
+    called.insert(be->called.begin(), be->called.end());
+  };
+  for (const char* f : kFamilies) run(spool::testing::data_dir() + "/models/" + f);
+  run(SPOOL_DEFAULT_MODEL_DIR);
+  for (const std::string& op : called) EXPECT_TRUE(covered().count(op)) << "op '" << op << "' is called by a model but not in the op table";
+  EXPECT_GE(called.size(), 15u);  // the counting backend saw the models' ops
+}
+
+// The oracle itself: whole fixture models on ReferenceBackend match transformers' f32 logits.
+TEST(BackendOps, ReferenceBackendReproducesGoldens) {
+  for (const char* f : kFamilies) {
+    SCOPED_TRACE(f);
+    const std::string dir = spool::testing::data_dir() + "/models/" + f;
+    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto model = models::load_model(ckpt, std::make_shared<ReferenceBackend>());
+    spool::testing::Golden g(dir + "/golden.safetensors");
+    const std::vector<int32_t> ids = g.i32("input_ids");
+    const std::vector<float> want = g.f32("logits");
+    models::State st = model->new_state();
+    std::vector<float> got(want.size());
+    model->forward(ids, st, models::LogitsMode::kAll, got.data());
+    spool::testing::expect_rows_close(got.data(), want.data(), static_cast<int64_t>(ids.size()), model->spec().vocab_size, 1e-4, f);
+  }
+}
+
+}  // namespace
+}  // namespace spool::ops

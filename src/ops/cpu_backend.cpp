@@ -1,0 +1,147 @@
+#include "ops/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/routing.h"
+#include "ops/vec.h"
+
+namespace spool::ops {
+
+void CpuBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) { ops::matmul(w, x, T, y, pool_); }
+
+void CpuBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) {
+  ops::matmul_multi(outs, x, T, pool_);
+}
+
+uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I) {
+  return static_cast<uint64_t>(rows) * static_cast<uint64_t>(H + 2 * I) * sizeof(float);
+}
+
+void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
+                            int64_t H, Activation act, float* y) {
+  const int K = groups.K;
+  auto run_expert = [&](int64_t bi, int) {
+    const size_t gi = g0 + static_cast<size_t>(bi);
+    const ExpertMats& w = experts[bi];
+    const int64_t r0 = groups.first[gi], n = groups.first[gi + 1] - r0, I = w.gate.rows;
+    thread_local std::vector<float> xe, g, u;  // expert_ffn_thread_bytes
+    xe.resize(n * H);
+    g.resize(n * I);
+    u.resize(n * I);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(x + (groups.rows[r0 + j] / K) * H, H, xe.data() + j * H);
+    matmul_rows_pair(w.gate, g.data(), w.up, u.data(), xe.data(), n);  // [n, I] each
+    switch (act) {
+      case Activation::kSwiGLU: ops::swiglu(g.data(), u.data(), n * I, g.data()); break;
+    }
+    matmul_rows(w.down, g.data(), n, y + r0 * H, H, 0, H);  // [n, H]
+  };
+  const int64_t nb = static_cast<int64_t>(experts.size());
+  if (pool_ == nullptr) {
+    for (int64_t i = 0; i < nb; ++i) run_expert(i, 0);
+  } else {
+    pool_->run(nb, run_expert);
+  }
+}
+
+void CpuBackend::moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) {
+  const int64_t T = groups.T;
+  const int K = groups.K;
+  std::fill(out, out + T * H, 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int s = 0; s < K; ++s) axpy(weights[t * K + s], y + groups.row_of[t * K + s] * H, H, out + t * H);
+}
+
+void CpuBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
+                                     float* margins) {
+  for (int64_t t = 0; t < T; ++t)
+    route_top_k(logits + t * E, E, k, renormalize, ids + t * k, weights + t * k, margins ? margins + t : nullptr);
+}
+
+void CpuBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) {
+  const int64_t w = static_cast<int64_t>(cache.n_kv_heads()) * cache.head_dim();
+  for (int64_t t = 0; t < T; ++t) cache.write(pos0 + t, k + t * w, v + t * w);
+}
+
+void CpuBackend::attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) {
+  ops::attention(q, T, n_heads, kv, pos0, scale, out, pool_);
+}
+
+void CpuBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) {
+  for (int64_t t = 0; t < T; ++t) rope.apply(x + t * row_stride, n_heads, head_dim, pos0 + t);
+}
+
+void CpuBackend::causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) {
+  ops::causal_conv1d_silu(x, T, C, w, K, state, out);
+}
+
+void CpuBackend::gated_delta(const GatedDeltaArgs& a, int chunk) {
+  if (a.T == 1) {
+    gated_delta_recurrent(a, pool_);
+  } else {
+    gated_delta_chunked(a, chunk, pool_);
+  }
+}
+
+void CpuBackend::gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v,
+                           float* beta, float* g) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < n_v; ++h) {
+      beta[t * n_v + h] = sigmoid(b[t * n_v + h]);
+      g[t * n_v + h] = -a_exp[h] * softplus(a[t * n_v + h] + dt_bias[h]);
+    }
+}
+
+void CpuBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
+  rms_norm_rows(x, w, rows, n, eps, y);
+}
+
+void CpuBackend::l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    ops::l2_norm(row, n, eps);
+    if (post_scale != 1.0f)
+      for (int64_t d = 0; d < n; ++d) row[d] *= post_scale;
+  }
+}
+
+void CpuBackend::rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * n;
+    const float* zr = z + r * n;
+    ops::rms_norm(xr, w, n, eps, xr);
+    for (int64_t d = 0; d < n; ++d) xr[d] *= silu(zr[d]);
+  }
+}
+
+void CpuBackend::add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) { ops::swiglu(gate, up, n, out); }
+
+void CpuBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= sigmoid(gate[i]);
+}
+
+void CpuBackend::add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float gate = w == nullptr ? 1.0f : sigmoid(dot(x + t * n, w, n));
+    axpy(gate, s + t * n, n, out + t * n);
+  }
+}
+
+void CpuBackend::copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, static_cast<size_t>(cols) * sizeof(float));
+}
+
+void CpuBackend::row_to_f32(WType t, const void* src, int64_t n, float* dst) { ops::row_to_f32(t, src, n, dst); }
+
+void CpuBackend::to_host(const float* src, int64_t n, float* dst) {
+  if (src != dst) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+}  // namespace spool::ops

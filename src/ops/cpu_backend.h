@@ -1,0 +1,55 @@
+// CpuBackend: the Backend on host memory, running spool's Highway kernels (runtime dispatch to
+// the best SIMD target of the CPU) on a ThreadPool.
+#pragma once
+
+#include "ops/backend.h"
+#include "ops/thread_pool.h"
+
+namespace spool::ops {
+
+class CpuBackend final : public Backend {
+ public:
+  /// `pool` (may be null: single-threaded) must outlive the backend.
+  explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}
+
+  Device device() const override { return Device::kCpu; }
+  const char* name() const override { return "cpu"; }
+  int threads() const override { return pool_ ? pool_->size() : 1; }
+  /// The pool kernels run on (null: the calling thread only).
+  ThreadPool* pool() const { return pool_; }
+
+  void matmul(const WeightView& w, const float* x, int64_t T, float* y) override;
+  void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) override;
+  void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
+                  Activation act, float* y) override;
+  void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
+  void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
+                           float* margins) override;
+  void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
+  void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) override;
+  void rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) override;
+  void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) override;
+  void gated_delta(const GatedDeltaArgs& a, int chunk) override;
+  void gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v, float* beta,
+                 float* g) override;
+  void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) override;
+  void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) override;
+  void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void mul_sigmoid(float* x, const float* gate, int64_t n) override;
+  void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override;
+  void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override;
+  void row_to_f32(WType t, const void* src, int64_t n, float* dst) override;
+  void to_host(const float* src, int64_t n, float* dst) override;
+
+ private:
+  ThreadPool* pool_;
+};
+
+/// Per-thread scratch (bytes) of CpuBackend::expert_ffn when one expert gets up to `rows` token
+/// rows: the gathered input [rows, H] and gate/up [rows, I] each. Taken from thread-local
+/// buffers that grow to this size; the planner counts them once per pool thread.
+uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I);
+
+}  // namespace spool::ops

@@ -1,0 +1,43 @@
+// ReferenceBackend: every Backend op as a plain scalar loop in double precision, written from the
+// op's definition (backend.h) and sharing no kernel code with CpuBackend. The backend op test
+// (backend_test.cpp) checks every real backend against it over a table of shapes and types.
+// Host memory, single-threaded, slow: for tests only.
+#pragma once
+
+#include "ops/backend.h"
+
+namespace spool::ops {
+
+class ReferenceBackend final : public Backend {
+ public:
+  Device device() const override { return Device::kCpu; }
+  const char* name() const override { return "reference"; }
+  int threads() const override { return 1; }
+
+  void matmul(const WeightView& w, const float* x, int64_t T, float* y) override;
+  void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) override;
+  void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
+                  Activation act, float* y) override;
+  void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
+  void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
+                           float* margins) override;
+  void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
+  void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) override;
+  void rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) override;
+  void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) override;
+  void gated_delta(const GatedDeltaArgs& a, int chunk) override;
+  void gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v, float* beta,
+                 float* g) override;
+  void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) override;
+  void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) override;
+  void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void mul_sigmoid(float* x, const float* gate, int64_t n) override;
+  void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override;
+  void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override;
+  void row_to_f32(WType t, const void* src, int64_t n, float* dst) override;
+  void to_host(const float* src, int64_t n, float* dst) override;
+};
+
+}  // namespace spool::ops

@@ -1,0 +1,79 @@
+// Workspace: one arena for the activations of a forward pass. Layers take their scratch from
+// it while they run and give it back (mark / release), so every layer of a model shares the
+// same bytes and no layer owns buffers. A measuring workspace (no memory) runs the same take()
+// calls and reports the bytes they need: the engine and the planner size the arena with one
+// function (models::workspace_bytes), which measures the layers' own take() code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "ops/backend.h"
+
+namespace spool::ops {
+
+class Workspace {
+ public:
+  /// Alignment of every buffer taken (bytes): a cache line and any SIMD vector.
+  static constexpr size_t kAlign = 64;
+
+  /// A measuring workspace: take() returns nullptr and only counts bytes.
+  Workspace() = default;
+  /// An arena of `bytes` on `device` (host memory for Device::kCpu). Pages are touched only
+  /// when used. Throws spool::Error when the memory cannot be had.
+  Workspace(size_t bytes, Device device);
+  Workspace(Workspace&& o) noexcept { *this = std::move(o); }
+  Workspace& operator=(Workspace&& o) noexcept {
+    mem_ = std::move(o.mem_);
+    base_ = std::exchange(o.base_, nullptr);
+    cap_ = std::exchange(o.cap_, 0);
+    used_ = std::exchange(o.used_, 0);
+    high_ = std::exchange(o.high_, 0);
+    device_ = o.device_;
+    return *this;
+  }
+
+  /// n floats (64-byte aligned). Throws spool::Error past the arena's capacity (a sizing bug).
+  float* floats(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * sizeof(float))); }
+  /// n 32-bit ints (host-visible on every device: routing ids).
+  int* ints(int64_t n) { return static_cast<int*>(take(static_cast<size_t>(n) * sizeof(int))); }
+  /// `bytes` bytes, 64-byte aligned.
+  void* take(size_t bytes);
+
+  /// Current fill; release(mark()) gives back everything taken after it.
+  size_t mark() const { return used_; }
+  void release(size_t mark) { used_ = mark; }
+
+  /// Most bytes in use at once since construction (measuring: the size the arena needs).
+  size_t high_water() const { return high_; }
+  /// Capacity in bytes (0 when measuring).
+  size_t capacity() const { return cap_; }
+  bool measuring() const { return base_ == nullptr; }
+  Device device() const { return device_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> mem_;
+  char* base_ = nullptr;
+  size_t cap_ = 0, used_ = 0, high_ = 0;
+  Device device_ = Device::kCpu;
+};
+
+/// Takes scratch from a workspace for one scope and gives it back on exit.
+class WorkspaceScope {
+ public:
+  explicit WorkspaceScope(Workspace& ws) : ws_(ws), mark_(ws.mark()) {}
+  ~WorkspaceScope() { ws_.release(mark_); }
+  WorkspaceScope(const WorkspaceScope&) = delete;
+  WorkspaceScope& operator=(const WorkspaceScope&) = delete;
+
+ private:
+  Workspace& ws_;
+  size_t mark_;
+};
+
+}  // namespace spool::ops
