@@ -236,7 +236,11 @@ int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::
 
 void DiskCache::save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n <= 0 || at.pos() != n) return;
+  if (n <= 0) return;
+  if (at.pos() != n) {
+    log_warn("disk cache: not saved: the snapshot is at position %lld, not after the %lld tokens given", (long long)at.pos(), (long long)n);
+    return;
+  }
   std::string name = hex64(checksum64(fp_ + std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4))) + kExt;
   const std::string path = (fs::path(dir_) / name).string();
   {
