@@ -1,8 +1,60 @@
 #include "models/state.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "common/error.h"
 
 namespace spool::models {
+
+namespace {
+
+constexpr char kImageMagic[4] = {'S', 'P', 'S', 'T'};
+constexpr uint32_t kImageVersion = 1;
+constexpr uint32_t kLayerAttention = 1, kLayerGdn = 2;
+
+uint32_t kv_code(ops::KvType t) { return t == ops::KvType::kF32 ? 0 : t == ops::KvType::kF16 ? 1 : 2; }
+const char* kv_name(uint32_t code) { return code == 0 ? "f32" : code == 1 ? "f16" : code == 2 ? "int8" : "unknown"; }
+
+template <class T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Bounds-checked little-endian reads from a state image.
+struct Reader {
+  std::string_view d;
+  size_t off = 0;
+  template <class T>
+  T get(const char* what) {
+    if (d.size() - off < sizeof(T)) fail("state image is truncated (%s at byte %zu of %zu)", what, off, d.size());
+    T v;
+    std::memcpy(&v, d.data() + off, sizeof v);
+    off += sizeof v;
+    return v;
+  }
+  std::string_view bytes(uint64_t n, const char* what) {
+    if (d.size() - off < n) fail("state image is truncated (%s: %llu bytes at byte %zu of %zu)", what, (unsigned long long)n, off, d.size());
+    std::string_view v = d.substr(off, static_cast<size_t>(n));
+    off += static_cast<size_t>(n);
+    return v;
+  }
+};
+
+}  // namespace
+
+uint64_t StateSnapshot::bytes() const {
+  uint64_t n = 0;
+  for (const auto& g : gdn_) n += (g.conv.size() + g.recurrent.size()) * sizeof(float);
+  for (const auto& c : kv_) n += c.bytes();
+  return n;
+}
+
+State::Identity::Identity() {
+  static std::atomic<uint64_t> next{1};
+  v = next.fetch_add(1, std::memory_order_relaxed);
+}
 
 State::State(const ModelSpec& spec, ops::KvType kv) {
   attn.resize(spec.n_layers);
@@ -32,6 +84,7 @@ void State::reset() {
     std::fill(g.conv.begin(), g.conv.end(), 0.0f);
     std::fill(g.recurrent.begin(), g.recurrent.end(), 0.0f);
   }
+  record_rewind(0);
 }
 
 uint64_t State::bytes() const {
@@ -39,6 +92,197 @@ uint64_t State::bytes() const {
   for (const auto& c : attn) n += c.bytes();
   for (const auto& g : gdn) n += (g.conv.size() + g.recurrent.size()) * sizeof(float);
   return n;
+}
+
+bool State::has_recurrent() const {
+  return std::any_of(gdn.begin(), gdn.end(), [](const GdnState& g) { return !g.recurrent.empty(); });
+}
+
+void State::record_rewind(int64_t to) {
+  ++epoch_;
+  while (!rewinds_.empty() && rewinds_.back().second >= to) rewinds_.pop_back();
+  rewinds_.emplace_back(epoch_, to);
+}
+
+void State::check_kv_less(const StateSnapshot& s, const char* what) const {
+  if (s.owner_ != id_.v) fail("%s: the snapshot holds no KV rows and was taken from another state", what);
+  auto it = std::upper_bound(rewinds_.begin(), rewinds_.end(), s.epoch_,
+                             [](uint64_t e, const std::pair<uint64_t, int64_t>& r) { return e < r.first; });
+  if (it != rewinds_.end() && it->second < s.pos_)
+    fail("%s: the snapshot at position %lld is stale (the state was rewound to %lld since, overwriting its KV rows)", what,
+         (long long)s.pos_, (long long)it->second);
+  if (pos < s.pos_) fail("%s: the snapshot at position %lld is ahead of the state (position %lld)", what, (long long)s.pos_, (long long)pos);
+}
+
+namespace {
+
+// Throws unless `s` (not default-constructed) fits a state with these layers.
+void check_fits(const StateSnapshot& s, const std::vector<GdnState>& gdn_live, const std::vector<AttnCache>& attn_live,
+                const std::vector<GdnState>& gdn_snap, const std::vector<ops::KvCache>& kv_snap, const char* what) {
+  if (s.pos() < 0) fail("%s: the snapshot is empty (default-constructed)", what);
+  if (gdn_snap.size() != gdn_live.size()) fail("%s: the snapshot has %zu layers, the state %zu", what, gdn_snap.size(), gdn_live.size());
+  for (size_t l = 0; l < gdn_live.size(); ++l) {
+    if (gdn_snap[l].conv.size() != gdn_live[l].conv.size() || gdn_snap[l].recurrent.size() != gdn_live[l].recurrent.size())
+      fail("%s: layer %zu's recurrent state has another size in the snapshot", what, l);
+    if (!s.has_kv()) continue;
+    const ops::KvCache &a = kv_snap[l], &b = attn_live[l];
+    if (a.type() != b.type() || a.n_kv_heads() != b.n_kv_heads() || a.head_dim() != b.head_dim())
+      fail("%s: layer %zu's KV cache has another type or geometry in the snapshot (%s %d x %d, state %s %d x %d)", what, l,
+           kv_name(kv_code(a.type())), a.n_kv_heads(), a.head_dim(), kv_name(kv_code(b.type())), b.n_kv_heads(), b.head_dim());
+  }
+}
+
+}  // namespace
+
+StateSnapshot State::snapshot(bool with_kv) const {
+  if (poisoned) fail("cannot snapshot a state left incomplete by an earlier error");
+  StateSnapshot s;
+  s.pos_ = pos;
+  s.owner_ = id_.v;
+  s.epoch_ = epoch_;
+  s.has_kv_ = with_kv;
+  s.gdn_ = gdn;
+  if (with_kv) {
+    s.kv_.resize(attn.size());
+    for (size_t l = 0; l < attn.size(); ++l) {
+      if (!is_attn_[l]) continue;
+      s.kv_[l].configure(attn[l].type(), attn[l].n_kv_heads(), attn[l].head_dim());
+      if (pos > 0) s.kv_[l].copy_prefix(attn[l], pos);
+    }
+  }
+  return s;
+}
+
+void State::restore(const StateSnapshot& s) {
+  check_fits(s, gdn, attn, s.gdn_, s.kv_, "restore");
+  // KV rows [0, s.pos_) of a snapshot with KV replace the live ones: KV-less snapshots of this
+  // state up to s.pos_ stay valid only when it is this state's own, still-valid snapshot.
+  int64_t rewind_to = s.pos_;
+  if (s.has_kv_) {
+    bool own_and_valid = s.owner_ == id_.v;
+    if (own_and_valid) {
+      try {
+        check_kv_less(s, "restore");
+      } catch (const Error&) {
+        own_and_valid = false;
+      }
+    }
+    if (!own_and_valid) rewind_to = 0;
+    for (size_t l = 0; l < attn.size(); ++l)
+      if (is_attn_[l] && s.pos_ > 0) attn[l].copy_prefix(s.kv_[l], s.pos_);
+  } else {
+    check_kv_less(s, "restore");
+  }
+  for (size_t l = 0; l < gdn.size(); ++l) {
+    std::copy(s.gdn_[l].conv.begin(), s.gdn_[l].conv.end(), gdn[l].conv.begin());
+    std::copy(s.gdn_[l].recurrent.begin(), s.gdn_[l].recurrent.end(), gdn[l].recurrent.begin());
+  }
+  pos = s.pos_;
+  poisoned = false;
+  record_rewind(rewind_to);
+}
+
+void State::truncate(int64_t n) {
+  if (n < 0 || n > pos) fail("truncate: position %lld is outside [0, %lld]", (long long)n, (long long)pos);
+  if (n == 0) return reset();
+  if (poisoned) fail("truncate: the state is incomplete after an earlier error; reset() or restore() it");
+  if (n == pos) return;
+  if (has_recurrent())
+    fail("truncate: this model has recurrent (Gated DeltaNet) layers, which cannot be cut back to position %lld; "
+         "restore() a snapshot taken there",
+         (long long)n);
+  pos = n;
+  record_rewind(n);
+}
+
+void State::serialize(std::string& out) const {
+  if (poisoned) fail("cannot serialize a state left incomplete by an earlier error");
+  serialize(snapshot(false), out);
+}
+
+void State::serialize(const StateSnapshot& at, std::string& out) const {
+  check_fits(at, gdn, attn, at.gdn_, at.kv_, "serialize");
+  if (!at.has_kv_) check_kv_less(at, "serialize");
+  const int64_t n = at.pos_;
+  out.append(kImageMagic, 4);
+  put<uint32_t>(out, kImageVersion);
+  put<int64_t>(out, n);
+  put<uint32_t>(out, static_cast<uint32_t>(attn.size()));
+  for (size_t l = 0; l < attn.size(); ++l) {
+    if (is_attn_[l]) {
+      const ops::KvCache& c = at.has_kv_ ? at.kv_[l] : attn[l];
+      put<uint32_t>(out, kLayerAttention);
+      put<uint32_t>(out, kv_code(c.type()));
+      put<uint32_t>(out, static_cast<uint32_t>(c.n_kv_heads()));
+      put<uint32_t>(out, static_cast<uint32_t>(c.head_dim()));
+      put<uint64_t>(out, static_cast<uint64_t>(n) * c.bytes_per_position());
+      c.save_prefix(n, out);
+    } else {
+      const GdnState& g = at.gdn_[l];
+      put<uint32_t>(out, kLayerGdn);
+      put<uint64_t>(out, g.conv.size());
+      put<uint64_t>(out, g.recurrent.size());
+      out.append(reinterpret_cast<const char*>(g.conv.data()), g.conv.size() * sizeof(float));
+      out.append(reinterpret_cast<const char*>(g.recurrent.data()), g.recurrent.size() * sizeof(float));
+    }
+  }
+}
+
+void State::deserialize(std::string_view data, int64_t n) {
+  Reader r{data};
+  // Check everything first; only then touch the state.
+  if (data.size() < 4 || std::memcmp(data.data(), kImageMagic, 4) != 0) fail("not a state image (bad magic)");
+  r.off = 4;
+  const uint32_t version = r.get<uint32_t>("version");
+  if (version != kImageVersion) fail("state image version %u is not supported (this build reads version %u)", version, kImageVersion);
+  const int64_t got_n = r.get<int64_t>("position count");
+  if (got_n != n) fail("state image holds %lld positions, expected %lld", (long long)got_n, (long long)n);
+  if (n < 0) fail("state image holds a negative position count (%lld)", (long long)n);
+  const uint32_t layers = r.get<uint32_t>("layer count");
+  if (layers != attn.size()) fail("state image has %u layers, this model %zu", layers, attn.size());
+  std::vector<std::string_view> payload(layers), conv(layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    const uint32_t kind = r.get<uint32_t>("layer kind");
+    if (kind != kLayerAttention && kind != kLayerGdn) fail("state image: layer %u has unknown kind %u", l, kind);
+    if ((kind == kLayerAttention) != static_cast<bool>(is_attn_[l]))
+      fail("state image: layer %u is %s, in this model %s", l, kind == kLayerAttention ? "attention" : "Gated DeltaNet",
+           is_attn_[l] ? "attention" : "Gated DeltaNet");
+    if (kind == kLayerAttention) {
+      const ops::KvCache& c = attn[l];
+      const uint32_t type = r.get<uint32_t>("KV type");
+      const uint32_t heads = r.get<uint32_t>("KV heads");
+      const uint32_t hd = r.get<uint32_t>("head dim");
+      if (type != kv_code(c.type()))
+        fail("state image: layer %u holds %s KV entries, this state %s (another --kv-bits)", l, kv_name(type), kv_name(kv_code(c.type())));
+      if (heads != static_cast<uint32_t>(c.n_kv_heads()) || hd != static_cast<uint32_t>(c.head_dim()))
+        fail("state image: layer %u has %u KV heads x %u dims, this model %d x %d", l, heads, hd, c.n_kv_heads(), c.head_dim());
+      const uint64_t len = r.get<uint64_t>("KV byte count");
+      const uint64_t want = static_cast<uint64_t>(n) * c.bytes_per_position();
+      if (len != want) fail("state image: layer %u has %llu KV bytes, expected %llu for %lld positions", l, (unsigned long long)len,
+                            (unsigned long long)want, (long long)n);
+      payload[l] = r.bytes(len, "KV rows");
+    } else {
+      const GdnState& g = gdn[l];
+      const uint64_t nc = r.get<uint64_t>("conv size"), nr = r.get<uint64_t>("recurrent size");
+      if (nc != g.conv.size() || nr != g.recurrent.size())
+        fail("state image: layer %u has a %llu + %llu float recurrent state, this model %zu + %zu", l, (unsigned long long)nc,
+             (unsigned long long)nr, g.conv.size(), g.recurrent.size());
+      conv[l] = r.bytes(nc * sizeof(float), "conv state");
+      payload[l] = r.bytes(nr * sizeof(float), "recurrent state");
+    }
+  }
+  if (r.off != data.size()) fail("state image has %zu bytes after its last layer", data.size() - r.off);
+  for (uint32_t l = 0; l < layers; ++l) {
+    if (is_attn_[l]) {
+      attn[l].load_prefix(payload[l], n);
+    } else {
+      std::memcpy(gdn[l].conv.data(), conv[l].data(), conv[l].size());
+      std::memcpy(gdn[l].recurrent.data(), payload[l].data(), payload[l].size());
+    }
+  }
+  pos = n;
+  poisoned = false;
+  record_rewind(n);
 }
 
 }  // namespace spool::models

@@ -1,8 +1,17 @@
 // Per-sequence model state: attention KV caches, Gated DeltaNet conv and recurrent states,
 // and the number of tokens processed. Owned by the caller (engine::Session); one per sequence.
+//
+// Besides the fields the forward pass reads and writes, State is the one interface for moving a
+// sequence back and forth (the prompt cache and the disk cache use nothing else):
+//   snapshot() / restore()   bring the state back to an earlier position (cheap: recurrent only);
+//   truncate()               cut attention-only state back to any earlier position;
+//   serialize() / deserialize()  a versioned, checked byte image of positions [0, n).
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "models/spec.h"
@@ -19,6 +28,36 @@ struct GdnState {
   std::vector<float> recurrent;  // [n_v, d_k, d_v] S per value head
 };
 
+/// What brings a State back to position pos(): the conv and recurrent state of every Gated
+/// DeltaNet layer after pos() tokens, and, only when taken with `with_kv`, a copy of the
+/// attention KV rows [0, pos()).
+///
+/// A KV-less snapshot (the default) costs the recurrent state only (constant in the sequence
+/// length): it relies on the live state it was taken from still holding KV rows [0, pos()).
+/// Attention layers only ever write rows at positions >= State::pos, so those rows stay valid
+/// until the state is rewound below pos() by reset(), truncate(), restore() or deserialize();
+/// the State records its rewinds and refuses (spool::Error) to restore a KV-less snapshot that a
+/// rewind made stale, or one taken from another State object. A snapshot with KV is
+/// self-contained and can be restored into any State of the same geometry.
+class StateSnapshot {
+ public:
+  /// Position the snapshot restores (tokens processed); -1 for a default-constructed one.
+  int64_t pos() const { return pos_; }
+  /// Whether the attention KV rows [0, pos()) are held (snapshot(true)).
+  bool has_kv() const { return has_kv_; }
+  /// Bytes held (GDN floats, plus KV cache bytes when has_kv()).
+  uint64_t bytes() const;
+
+ private:
+  friend class State;
+  int64_t pos_ = -1;
+  uint64_t owner_ = 0;  // State identity it was taken from
+  uint64_t epoch_ = 0;  // that State's rewind count when taken
+  bool has_kv_ = false;
+  std::vector<GdnState> gdn_;      // [n_layers]; empty entries for attention layers
+  std::vector<ops::KvCache> kv_;   // [n_layers] when has_kv_ (unconfigured for GDN layers)
+};
+
 /// All state of one sequence.
 class State {
  public:
@@ -30,20 +69,79 @@ class State {
   /// Tokens processed so far (= position of the next token).
   int64_t pos = 0;
   /// Set when a forward() failed part-way (some layers advanced, others not): the state is
-  /// unusable until reset().
+  /// unusable until reset() or restore().
   bool poisoned = false;
   std::vector<AttnCache> attn;  // [n_layers]; empty for non-attention layers
   std::vector<GdnState> gdn;    // [n_layers]; empty for non-GDN layers
 
   /// Makes room for `n_positions` positions in every attention cache (copying existing rows).
   void reserve(int64_t n_positions);
-  /// Back to an empty sequence (zeroes GDN state, keeps allocations).
+  /// Back to an empty sequence (zeroes GDN state, keeps allocations). Counts as a rewind to 0.
   void reset();
   /// Bytes held by caches and states.
   uint64_t bytes() const;
 
+  /// Whether any layer keeps a recurrent (Gated DeltaNet) state, which cannot be rewound
+  /// without a snapshot.
+  bool has_recurrent() const;
+
+  /// Snapshot at the current position (see StateSnapshot); `with_kv` also copies KV rows
+  /// [0, pos). Throws spool::Error when the state is poisoned.
+  StateSnapshot snapshot(bool with_kv = false) const;
+  /// Brings the state to `s`: pos = s.pos(), GDN states from `s`, KV rows [0, s.pos()) from `s`
+  /// when it has them (otherwise the live rows are kept); clears `poisoned` (a failed forward
+  /// only writes rows at or after the position it started from). Rows after s.pos() are left
+  /// as they are and are overwritten by later forwards. Throws spool::Error, leaving the state
+  /// untouched, for a default-constructed snapshot, another geometry, or a KV-less snapshot
+  /// that is stale or of another State.
+  void restore(const StateSnapshot& s);
+  /// Cuts the sequence back to its first `n` tokens (0 <= n <= pos). Valid for any n when the
+  /// model has no recurrent layers, and for n == 0 (reset) or n == pos (no-op) otherwise: a
+  /// state with GDN layers is rewound with restore() of a snapshot taken at n. Throws
+  /// spool::Error otherwise, or when the state is poisoned and n > 0; the state is then untouched.
+  void truncate(int64_t n);
+
+  /// Appends the byte image of the current position (KV rows [0, pos) and GDN states) to
+  /// `out`. Layout, little-endian (version 1):
+  ///   "SPST" | u32 version | i64 n | u32 n_layers | per layer:
+  ///     attention: u32 1 | u32 kv type (0 f32, 1 f16, 2 int8) | u32 n_kv_heads | u32 head_dim |
+  ///                u64 byte count | KV rows [0, n) (ops::KvCache::save_prefix layout)
+  ///     GDN:       u32 2 | u64 conv floats | u64 recurrent floats | f32 conv | f32 recurrent
+  /// Integrity (a checksum) is the container's job (server/disk_cache.h). Throws spool::Error
+  /// when the state is poisoned.
+  void serialize(std::string& out) const;
+  /// The byte image at snapshot `at` instead: KV rows [0, at.pos()) (from `at` when it has them,
+  /// else from the live state, with the same validity rules as restore()) and `at`'s GDN states.
+  void serialize(const StateSnapshot& at, std::string& out) const;
+  /// Loads an image written by serialize() of a state of the same geometry and KV type, which
+  /// must hold exactly `n` positions: pos = n, KV rows [0, n) and GDN states replaced, poisoned
+  /// cleared. The whole image is checked first: a wrong magic, version, size, layer layout,
+  /// KV geometry or KV type, or a position other than `n`, throws spool::Error naming the
+  /// problem and leaves the state untouched. Counts as a rewind to n: KV-less snapshots at or
+  /// before n stay restorable (the caller guarantees the image is of the same token prefix).
+  void deserialize(std::string_view data, int64_t n);
+
  private:
+  // Identity for KV-less snapshots: every State object, copies included, gets its own.
+  struct Identity {
+    uint64_t v;
+    Identity();
+    Identity(const Identity&) : Identity() {}
+    Identity& operator=(const Identity&) {
+      v = Identity().v;
+      return *this;
+    }
+  };
+  // Whether a KV-less snapshot's rows [0, s.pos_) are still those of the live state.
+  void check_kv_less(const StateSnapshot& s, const char* what) const;
+  void record_rewind(int64_t to);
+
   std::vector<char> is_attn_;  // [n_layers]
+  Identity id_;
+  uint64_t epoch_ = 0;  // rewinds so far
+  // (epoch, position) of rewinds, positions strictly increasing: the first entry with an epoch
+  // after a snapshot's holds the lowest position rewound to since it was taken.
+  std::vector<std::pair<uint64_t, int64_t>> rewinds_;
 };
 
 }  // namespace spool::models

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -17,7 +18,10 @@ namespace spool::server {
 
 namespace {
 
-constexpr char kMagic[8] = {'S', 'P', 'O', 'O', 'L', 'P', 'C', '1'};
+constexpr char kMagic[8] = {'S', 'P', 'O', 'O', 'L', 'P', 'C', '2'};
+constexpr size_t kFamily = 7;      // "SPOOLPC": any version of the format
+constexpr size_t kAccessAt = 8;    // offset of the access counter
+constexpr size_t kHeaderAt = 16;   // offset of the header length; the checksum starts here
 constexpr const char* kExt = ".spc";
 constexpr uint64_t kMaxHeader = 1 << 20;
 constexpr uint64_t kMaxTokens = 1ull << 28;
@@ -35,12 +39,6 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-int64_t mtime_ns(const fs::path& p) {
-  std::error_code ec;
-  auto t = fs::last_write_time(p, ec);
-  return ec ? 0 : static_cast<int64_t>(t.time_since_epoch().count());
-}
-
 // The first `n` bytes of a file (fewer if it is shorter).
 std::string read_head(const std::string& path, size_t n) {
   std::ifstream f(path, std::ios::binary);
@@ -50,26 +48,35 @@ std::string read_head(const std::string& path, size_t n) {
   return s;
 }
 
-// Parses magic, header and tokens from the start of a snapshot. Returns the offset after the
-// tokens, or 0 when malformed / more bytes are needed than `head` holds (`need` tells how many).
-size_t parse_head(std::string_view head, uint64_t file_size, std::string& fp, std::vector<int32_t>& tokens, size_t& need) {
-  need = 16;
-  if (head.size() < 16 || std::memcmp(head.data(), kMagic, 8) != 0) return 0;
-  const uint64_t hl = get_u64(head.data() + 8);
-  if (hl == 0 || hl > kMaxHeader || 16 + hl > file_size) return 0;
-  need = 16 + hl;
+// Whether `head` starts like a snapshot of another format version.
+bool other_version(std::string_view head) {
+  return head.size() >= 8 && std::memcmp(head.data(), kMagic, kFamily) == 0 && head[kFamily] != kMagic[kFamily];
+}
+
+// Parses magic, access counter, header and tokens from the start of a snapshot. Returns the
+// offset after the tokens, or 0 when malformed / more bytes are needed than `head` holds
+// (`need` tells how many).
+size_t parse_head(std::string_view head, uint64_t file_size, std::string& fp, std::vector<int32_t>& tokens, uint64_t& access,
+                  size_t& need) {
+  need = kHeaderAt + 8;
+  if (head.size() < need || std::memcmp(head.data(), kMagic, 8) != 0) return 0;
+  access = get_u64(head.data() + kAccessAt);
+  const uint64_t hl = get_u64(head.data() + kHeaderAt);
+  const uint64_t h0 = kHeaderAt + 8;  // header start
+  if (hl == 0 || hl > kMaxHeader || h0 + hl > file_size) return 0;
+  need = h0 + hl;
   if (head.size() < need) return 0;
-  auto j = nlohmann::json::parse(head.substr(16, hl), nullptr, /*allow_exceptions=*/false);
+  auto j = nlohmann::json::parse(head.substr(h0, hl), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("fingerprint") || !j["fingerprint"].is_string() || !j.contains("tokens") ||
       !j["tokens"].is_number_unsigned())
     return 0;
   const uint64_t n = j["tokens"].get<uint64_t>();
-  if (n == 0 || n > kMaxTokens || 16 + hl + 4 * n + 8 > file_size) return 0;
-  need = 16 + hl + 4 * n;
+  if (n == 0 || n > kMaxTokens || h0 + hl + 4 * n + 8 > file_size) return 0;
+  need = h0 + hl + 4 * n;
   if (head.size() < need) return 0;
   fp = j["fingerprint"].get<std::string>();
   tokens.resize(n);
-  std::memcpy(tokens.data(), head.data() + 16 + hl, 4 * n);
+  std::memcpy(tokens.data(), head.data() + h0 + hl, 4 * n);
   return need;
 }
 
@@ -117,6 +124,7 @@ DiskCache::DiskCache(std::string dir, uint64_t budget_bytes, std::string fingerp
   }
   if (ec) fail("--disk-cache %s: cannot read the directory (%s)", dir_.c_str(), ec.message().c_str());
   std::lock_guard lock(mu_);
+  for (const Entry& e : entries_) clock_ = std::max(clock_, e.access);
   evict_locked();
 }
 
@@ -126,15 +134,19 @@ void DiskCache::index_file(const std::string& path) {
   Entry e;
   e.path = path;
   e.size = ec ? 0 : size;
-  e.mtime_ns = mtime_ns(path);
-  // Magic and header length, then the header, then the tokens: each read takes the bytes the
-  // previous parse said it needs (a file shorter than that is malformed).
+  // Magic, access counter and header length, then the header, then the tokens: each read takes
+  // the bytes the previous parse said it needs (a file shorter than that is malformed).
   std::string head;
-  size_t need = 16, ok = 0;
+  size_t need = kHeaderAt + 8, ok = 0;
   while (!ok && need > head.size()) {
     head = read_head(path, need);
     if (head.size() < need) break;
-    ok = parse_head(head, e.size, e.fingerprint, e.tokens, need);
+    ok = parse_head(head, e.size, e.fingerprint, e.tokens, e.access, need);
+  }
+  if (!ok && other_version(head)) {
+    log_info("disk cache: %s is a snapshot of another format version; deleted", path.c_str());
+    fs::remove(path, ec);
+    return;
   }
   if (!ok) {
     log_warn("disk cache: %s is not a valid snapshot; deleted", path.c_str());
@@ -175,6 +187,16 @@ void DiskCache::drop_locked(size_t i, bool corrupt) {
   entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
+void DiskCache::touch_locked(size_t i) {
+  Entry& e = entries_[i];
+  e.access = ++clock_;
+  // In place, outside the checksum: a failed or torn write only changes the eviction order.
+  std::fstream f(e.path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(kAccessAt));
+  f.write(reinterpret_cast<const char*>(&e.access), 8);
+  if (!f) log_warn("disk cache: cannot update the access counter of %s", e.path.c_str());
+}
+
 int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::State& state) {
   std::lock_guard lock(mu_);
   const int i = best_index_locked(prompt, limit);
@@ -189,75 +211,63 @@ int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::
   }
   std::string fp;
   std::vector<int32_t> tokens;
+  uint64_t access = 0;
   size_t need = 0;
-  size_t off = data.size() >= 8 ? parse_head(data, data.size(), fp, tokens, need) : 0;
+  const size_t off = parse_head(data, data.size(), fp, tokens, access, need);
+  // parse_head guarantees the checksum's 8 bytes after the tokens.
   if (!off || fp != fp_ || tokens != e.tokens ||
-      get_u64(data.data() + data.size() - 8) != checksum64(std::string_view(data).substr(0, data.size() - 8))) {
+      get_u64(data.data() + data.size() - 8) != checksum64(std::string_view(data).substr(kHeaderAt, data.size() - 8 - kHeaderAt))) {
     drop_locked(i, true);
     return 0;
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const size_t end = data.size() - 8;
-  // Every layer's size is checked before `state` is touched: a bad file leaves it as it was.
-  std::vector<std::string_view> layers;
-  for (size_t l = 0; l < state.attn.size(); ++l) {
-    if (off + 8 > end) return drop_locked(i, true), 0;
-    const uint64_t len = get_u64(data.data() + off);
-    off += 8;
-    if (len > end - off) return drop_locked(i, true), 0;
-    const models::GdnState& g = state.gdn[l];
-    const uint64_t want = g.recurrent.empty() ? static_cast<uint64_t>(n) * state.attn[l].bytes_per_position()
-                                              : (g.conv.size() + g.recurrent.size()) * sizeof(float);
-    if (len != want) return drop_locked(i, true), 0;
-    layers.emplace_back(data.data() + off, len);
-    off += len;
+  try {
+    // Checks the whole image before it touches `state`: a bad file leaves it as it was.
+    state.deserialize(std::string_view(data).substr(off, data.size() - 8 - off), n);
+  } catch (const Error& err) {
+    log_warn("disk cache: %s: %s", e.path.c_str(), err.what());
+    drop_locked(i, true);
+    return 0;
   }
-  if (off != end) return drop_locked(i, true), 0;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    models::GdnState& g = state.gdn[l];
-    if (g.recurrent.empty()) {
-      state.attn[l].load_prefix(layers[l], n);
-    } else {
-      std::memcpy(g.conv.data(), layers[l].data(), g.conv.size() * sizeof(float));
-      std::memcpy(g.recurrent.data(), layers[l].data() + g.conv.size() * sizeof(float), g.recurrent.size() * sizeof(float));
-    }
-  }
-  state.pos = n;
-  state.poisoned = false;
-  std::error_code ec;
-  fs::last_write_time(e.path, fs::file_time_type::clock::now(), ec);  // LRU: most recently used
-  entries_[i].mtime_ns = mtime_ns(e.path);
+  touch_locked(i);
   ++st_.hits;
   return n;
 }
 
-void DiskCache::save(std::span<const int32_t> tokens, const models::State& state, const std::vector<models::GdnState>& gdn) {
+void DiskCache::save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n <= 0 || gdn.size() != state.attn.size()) return;
+  if (n <= 0) return;
+  if (at.pos() != n) {
+    log_warn("disk cache: not saved: the snapshot is at position %lld, not after the %lld tokens given", (long long)at.pos(), (long long)n);
+    return;
+  }
   std::string name = hex64(checksum64(fp_ + std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4))) + kExt;
   const std::string path = (fs::path(dir_) / name).string();
   {
     std::lock_guard lock(mu_);
-    for (const Entry& e : entries_)
-      if (e.path == path) return;
+    for (size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].path == path) return touch_locked(i);
   }
   std::string out(kMagic, 8);
+  put_u64(out, 0);  // access counter, set below
   const std::string header = nlohmann::json{{"fingerprint", fp_}, {"tokens", static_cast<uint64_t>(n)}}.dump();
   put_u64(out, header.size());
   out += header;
   out.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
-  for (size_t l = 0; l < state.attn.size(); ++l) {
-    if (gdn[l].recurrent.empty()) {
-      put_u64(out, static_cast<uint64_t>(n) * state.attn[l].bytes_per_position());
-      state.attn[l].save_prefix(n, out);
-    } else {
-      put_u64(out, (gdn[l].conv.size() + gdn[l].recurrent.size()) * sizeof(float));
-      out.append(reinterpret_cast<const char*>(gdn[l].conv.data()), gdn[l].conv.size() * sizeof(float));
-      out.append(reinterpret_cast<const char*>(gdn[l].recurrent.data()), gdn[l].recurrent.size() * sizeof(float));
-    }
+  try {
+    state.serialize(at, out);
+  } catch (const Error& e) {
+    log_warn("disk cache: not saved: %s", e.what());
+    return;
   }
-  put_u64(out, checksum64(out));
+  put_u64(out, checksum64(std::string_view(out).substr(kHeaderAt)));
   if (out.size() > budget_) return;
+  uint64_t access;
+  {
+    std::lock_guard lock(mu_);
+    access = ++clock_;
+  }
+  std::memcpy(out.data() + kAccessAt, &access, 8);
   try {
     write_file_atomic(path, out);
   } catch (const Error& e) {
@@ -270,19 +280,26 @@ void DiskCache::save(std::span<const int32_t> tokens, const models::State& state
   e.fingerprint = fp_;
   e.tokens.assign(tokens.begin(), tokens.end());
   e.size = out.size();
-  e.mtime_ns = mtime_ns(path);
+  e.access = access;
   entries_.push_back(std::move(e));
   ++st_.saves;
   evict_locked();
+}
+
+uint64_t DiskCache::last_use(std::span<const int32_t> tokens) const {
+  std::lock_guard lock(mu_);
+  for (const Entry& e : entries_)
+    if (e.fingerprint == fp_ && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) return e.access;
+  return 0;
 }
 
 void DiskCache::evict_locked() {
   uint64_t total = 0;
   for (const Entry& e : entries_) total += e.size;
   while (total > budget_ && !entries_.empty()) {
-    size_t oldest = 0;
+    size_t oldest = 0;  // smallest access counter; ties by file name (deterministic)
     for (size_t i = 1; i < entries_.size(); ++i)
-      if (entries_[i].mtime_ns < entries_[oldest].mtime_ns) oldest = i;
+      if (std::tie(entries_[i].access, entries_[i].path) < std::tie(entries_[oldest].access, entries_[oldest].path)) oldest = i;
     total -= entries_[oldest].size;
     drop_locked(oldest, false);
   }

@@ -1,17 +1,21 @@
 // DiskCache: prompt-prefix snapshots persisted in a directory (--disk-cache DIR), so a restart
 // or an evicted in-memory checkpoint does not force re-reading a long prompt.
 //
-// A snapshot holds the tokens [0, n) of a prefix, the attention KV caches of positions [0, n)
-// and the Gated DeltaNet states after position n, taken at a prefill chunk boundary (see
-// prompt_cache.h). File layout (little-endian):
-//   "SPOOLPC1" | u64 header length | header JSON {"fingerprint", "tokens"} | i32 tokens[n] |
-//   per layer: u64 byte count + bytes (KV prefix, or GDN conv then recurrent floats) |
-//   u64 checksum of everything before it.
+// A snapshot holds the tokens [0, n) of a prefix and the models::State image of position n
+// (State::serialize: attention KV rows [0, n) and the Gated DeltaNet states after n), taken at a
+// prefill chunk boundary (see prompt_cache.h). File layout (little-endian, version 2):
+//   "SPOOLPC2" | u64 access counter | u64 header length | header JSON {"fingerprint", "tokens"} |
+//   i32 tokens[n] | state image | u64 checksum of the bytes after the access counter and before it.
 // Files are written with write+fsync+rename (a reader never sees a partial file), named by a
 // hash of the fingerprint and the tokens, and kept under a byte budget by evicting the least
-// recently used (file mtime, refreshed on use). A file that fails any check (magic, sizes,
-// checksum) is deleted and never loaded. Snapshots of other models (another fingerprint) stay
-// on disk, count toward the budget and are never matched.
+// recently used. Recency is an explicit counter, not a clock: the cache keeps a monotonic u64
+// that every save and load bumps and stores in the entry and in the file's access-counter slot
+// (rewritten in place on a load; outside the checksum, so a torn update can only reorder
+// eviction). At start the cache reads each file's counter and continues from the largest; ties
+// are broken by file name. A file that fails any check (magic, sizes, checksum, state image) is
+// deleted and never loaded. Files of another format version ("SPOOLPC1", ...) are deleted at
+// start (not counted as corrupt). Snapshots of other models (another fingerprint) stay on
+// disk, count toward the budget and are never matched.
 #pragma once
 
 #include <cstdint>
@@ -53,16 +57,21 @@ class DiskCache {
   /// prompt[0, limit); 0 if none.
   int64_t best_match(std::span<const int32_t> prompt, int64_t limit) const;
 
-  /// Loads the snapshot best_match() names into `state` (KV positions [0, n), GDN states,
-  /// state.pos = n) and returns n; returns 0, deleting the file, when it is missing or fails a
-  /// check (checksum and sizes are verified first: `state` is then left untouched).
+  /// Loads the snapshot best_match() names into `state` (State::deserialize: state.pos = n)
+  /// and returns n, bumping its access counter; returns 0, deleting the file, when it is
+  /// missing or fails a check (checksum, then the whole state image, are verified before `state`
+  /// is touched: it is then left as it was).
   int64_t load(std::span<const int32_t> prompt, int64_t limit, models::State& state);
 
-  /// Writes a snapshot of tokens[0, n) from `state` (KV positions [0, n) must be valid) with GDN
-  /// states `gdn` (one per layer, empty for attention layers), unless one exists; then evicts
-  /// down to the budget. A snapshot larger than the budget is not written. I/O errors are
-  /// logged, not thrown (the cache is an optimisation).
-  void save(std::span<const int32_t> tokens, const models::State& state, const std::vector<models::GdnState>& gdn);
+  /// Writes a snapshot of tokens[0, n) from `state` at snapshot `at` (at.pos() == n; see
+  /// State::serialize(at, ...)), or bumps the access counter of the one that exists; then evicts
+  /// down to the budget. A snapshot larger than the budget is not written. I/O and state errors
+  /// are logged, not thrown (the cache is an optimisation).
+  void save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at);
+
+  /// Access counter of this model's snapshot of exactly `tokens` (larger = used more recently);
+  /// 0 when there is none. For tests and debugging.
+  uint64_t last_use(std::span<const int32_t> tokens) const;
 
   /// The counters, with files and bytes counted now.
   DiskCacheStats stats() const;
@@ -75,11 +84,12 @@ class DiskCache {
     std::string fingerprint;
     std::vector<int32_t> tokens;
     uint64_t size = 0;
-    int64_t mtime_ns = 0;
+    uint64_t access = 0;  // the cache's access counter at its last save or load
   };
   void index_file(const std::string& path);
   void evict_locked();
   void drop_locked(size_t i, bool corrupt);
+  void touch_locked(size_t i);
   int best_index_locked(std::span<const int32_t> prompt, int64_t limit) const;
 
   std::string dir_;
@@ -87,6 +97,7 @@ class DiskCache {
   std::string fp_;
   mutable std::mutex mu_;
   std::vector<Entry> entries_;
+  uint64_t clock_ = 0;  // last access counter handed out
   DiskCacheStats st_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace spool::server {
 
@@ -17,20 +18,20 @@ void PromptCache::clear() {
 
 std::vector<int64_t> PromptCache::checkpoint_positions() const {
   std::vector<int64_t> v;
-  for (const auto& c : cps_) v.push_back(c.pos);
+  for (const auto& c : cps_) v.push_back(c.pos());
   return v;
 }
 
 void PromptCache::add_checkpoint(const models::State& st) {
   if (max_cps_ == 0) return;
-  cps_.push_back(Checkpoint{st.pos, st.gdn});
+  cps_.push_back(st.snapshot());
   if (cps_.size() <= max_cps_) return;
   // Over the limit: drop the checkpoint whose removal leaves the smallest gap (never the newest),
   // which keeps early prefixes (shared system prompts) and recent ones reachable.
   size_t drop = 0;
   int64_t best = INT64_MAX;
   for (size_t i = 0; i + 1 < cps_.size(); ++i) {
-    const int64_t gap = cps_[i + 1].pos - (i > 0 ? cps_[i - 1].pos : 0);
+    const int64_t gap = cps_[i + 1].pos() - (i > 0 ? cps_[i - 1].pos() : 0);
     if (gap < best) {
       best = gap;
       drop = i;
@@ -49,8 +50,8 @@ int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt
   // Nearest memory checkpoint at or before the limit.
   int ci = -1;
   for (size_t i = 0; i < cps_.size(); ++i)
-    if (cps_[i].pos <= limit) ci = static_cast<int>(i);
-  int64_t from = ci >= 0 ? cps_[ci].pos : 0;
+    if (cps_[i].pos() <= limit) ci = static_cast<int>(i);
+  int64_t from = ci >= 0 ? cps_[ci].pos() : 0;
   bool loaded_from_disk = false;
   // A disk snapshot reaching further replaces the state. DiskCache::load checks the file before
   // it touches `st`, so a corrupt one (0) leaves the state and the memory checkpoints usable:
@@ -59,24 +60,29 @@ int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt
     const int64_t got = disk_->load(prompt, n - 1, st);
     if (got > from) {
       // Memory checkpoints stay valid up to where the old tokens agree with the new prompt.
-      std::erase_if(cps_, [&](const Checkpoint& c) { return c.pos > std::min(lcp, got); });
+      std::erase_if(cps_, [&](const models::StateSnapshot& c) { return c.pos() > std::min(lcp, got); });
       tokens_.assign(prompt.begin(), prompt.begin() + got);
-      if (max_cps_ > 0 && (cps_.empty() || cps_.back().pos < got)) add_checkpoint(st);
+      if (max_cps_ > 0 && (cps_.empty() || cps_.back().pos() < got)) add_checkpoint(st);
       from = got;
       loaded_from_disk = true;
     }
   }
-  if (!loaded_from_disk) {
-    if (from == 0) {
-      st.reset();
-      tokens_.clear();
-      cps_.clear();
-    } else {
-      st.pos = from;
-      st.gdn = cps_[ci].gdn;
+  if (!loaded_from_disk && from > 0) {
+    try {
+      st.restore(cps_[ci]);
       tokens_.resize(from);
       cps_.resize(ci + 1);
+    } catch (const Error& e) {
+      // Only when something else moved the session's state behind this cache's back (restore
+      // checks that the KV rows the checkpoint relies on are still there): start over.
+      log_warn("prompt cache: %s; prefilling from the start", e.what());
+      from = 0;
     }
+  }
+  if (!loaded_from_disk && from == 0) {
+    st.reset();
+    tokens_.clear();
+    cps_.clear();
   }
   int64_t last_saved = loaded_from_disk ? from : -1;
   try {
@@ -96,8 +102,8 @@ int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt
     st.reset();
     throw;
   }
-  if (disk_ && !cps_.empty() && cps_.back().pos > last_saved && cps_.back().pos > 0)
-    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos), st, cps_.back().gdn);
+  if (disk_ && !cps_.empty() && cps_.back().pos() > last_saved && cps_.back().pos() > 0)
+    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos()), st, cps_.back());
   return from;
 }
 

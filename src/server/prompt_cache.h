@@ -2,10 +2,12 @@
 //
 // Attention KV caches can be cut back to any position, but Gated DeltaNet layers keep a
 // recurrent state that cannot be rewound. So the prompt is prefilled in chunks of `step`
-// aligned to absolute positions (0, step, 2*step, ...), and after each full chunk the GDN
-// states are copied into a checkpoint. A new prompt restores the nearest checkpoint at or
-// before min(longest common prefix, prompt length - 1) (at least one token is always run to get
-// logits), cuts the KV caches back to it, and prefills the rest in the same aligned chunks.
+// aligned to absolute positions (0, step, 2*step, ...), and after each full chunk a KV-less
+// models::StateSnapshot (the GDN states only) is kept as a checkpoint. A new prompt restores the
+// nearest checkpoint at or before min(longest common prefix, prompt length - 1) (at least one
+// token is always run to get logits) with State::restore, which keeps the KV rows before it, and
+// prefills the rest in the same aligned chunks. The session state is only ever touched through
+// State's snapshot / restore / reset / serialize interface.
 // Because the restored state was computed by exactly the chunks a fresh run computes, reuse
 // never changes the output (bit for bit). Checkpoints are kept only for full chunks of prefill
 // (decoded tokens and partial chunks are never restored). With a DiskCache, the last checkpoint
@@ -22,11 +24,11 @@
 
 namespace spool::server {
 
-/// Prefix reuse for one Session: the tokens its state holds, GDN checkpoints at chunk
+/// Prefix reuse for one Session: the tokens its state holds, state snapshots at chunk
 /// boundaries, and the optional DiskCache. Not thread-safe (the engine runs one request at a time).
 class PromptCache {
  public:
-  /// `step`: prefill chunk (--prefill-step-size) > 0; `max_checkpoints`: GDN checkpoints kept
+  /// `step`: prefill chunk (--prefill-step-size) > 0; `max_checkpoints`: checkpoints kept
   /// in memory (0 disables reuse); `disk`: optional persistent snapshots (not owned).
   PromptCache(int64_t step, size_t max_checkpoints, DiskCache* disk);
 
@@ -49,17 +51,13 @@ class PromptCache {
   const std::vector<int32_t>& tokens() const { return tokens_; }
 
  private:
-  struct Checkpoint {
-    int64_t pos;
-    std::vector<models::GdnState> gdn;  // [n_layers]; empty entries for attention layers
-  };
   void add_checkpoint(const models::State& st);
 
   int64_t step_;
   size_t max_cps_;
   DiskCache* disk_;
   std::vector<int32_t> tokens_;   // tokens whose effect the session state holds (state.pos == size)
-  std::vector<Checkpoint> cps_;   // ascending pos, each a multiple of step_ <= tokens_.size()
+  std::vector<models::StateSnapshot> cps_;  // KV-less; ascending pos, multiples of step_ <= tokens_.size()
 };
 
 }  // namespace spool::server

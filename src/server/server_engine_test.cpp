@@ -1,6 +1,7 @@
 // The serving engine on the demo model: prompt-cache reuse gives the same output as fresh runs
 // (same request twice, prefix + 1 token, disk snapshots after a restart), corrupt snapshots are
-// deleted and never loaded (memory checkpoints still serve), no state leaks between requests,
+// deleted and never loaded (memory checkpoints still serve), the disk cache evicts by its access
+// counter (not file times) and deletes old-format files, no state leaks between requests,
 // logit_bias forces and bans tokens, seeds reproduce, stop strings that
 // span tokens cut the same text streamed and not, non-finite logits are an error, and
 // --tool-syntax-greedy picks argmax inside tool-call markup.
@@ -8,7 +9,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <thread>
+#include <algorithm>
+#include <chrono>
 
 #include "common/error.h"
 #include "engine/loader.h"
@@ -284,7 +286,23 @@ TEST_F(ServerEngine, DiskSnapshotsSurviveRestartAndCorruptFilesAreDeleted) {
   }
 }
 
-TEST(DiskCache, EvictsLeastRecentlyUsedUnderTheBudget) {
+// The files of `dir` (sorted).
+std::vector<fs::path> files_in(const std::string& dir) {
+  std::vector<fs::path> v;
+  for (const auto& f : fs::directory_iterator(dir)) v.push_back(f.path());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The one file of `after` that is not in `before`.
+fs::path new_file(const std::vector<fs::path>& before, const std::vector<fs::path>& after) {
+  for (const auto& f : after)
+    if (std::find(before.begin(), before.end(), f) == before.end()) return f;
+  ADD_FAILURE() << "no new file";
+  return {};
+}
+
+TEST(DiskCache, EvictsLeastRecentlyUsedByAccessCounter) {
   const std::string dir = ::testing::TempDir() + "/server_disk_lru";
   fs::remove_all(dir);
   engine::LoadedModel l = load_demo();
@@ -293,33 +311,72 @@ TEST(DiskCache, EvictsLeastRecentlyUsedUnderTheBudget) {
       "Another prompt entirely, with words enough for one chunk of sixteen tokens and then a few more of them.");
   ASSERT_GE(p2.size(), 16u);
   ASSERT_GE(p1.size(), 32u);
-  s.prefill(std::span<const int32_t>(p1).first(16), 16);
-  std::string probe;
-  DiskCache sizing(dir, 1ull << 30, "fp");
-  sizing.save(std::span<const int32_t>(p1).first(16), s.state(), s.state().gdn);
-  const uint64_t one = sizing.stats().bytes;
+  auto first = [](const std::vector<int32_t>& p, size_t n) { return std::span<const int32_t>(p).first(n); };
+  s.prefill(first(p1, 16), 16);
+  uint64_t one = 0;
+  {
+    DiskCache sizing(dir, 1ull << 30, "fp");
+    sizing.save(first(p1, 16), s.state(), s.state().snapshot());
+    one = sizing.stats().bytes;
+  }
   ASSERT_GT(one, 0u);
   fs::remove_all(dir);
+  // A snapshot of an older format version is deleted at start (not loaded, not counted corrupt).
+  fs::create_directories(dir);
+  std::ofstream(dir + "/old.spc") << std::string("SPOOLPC1") + std::string(64, '\x01');
   DiskCache c(dir, one * 2 + one / 2, "fp");  // room for two snapshots
-  c.save(std::span<const int32_t>(p1).first(16), s.state(), s.state().gdn);
+  EXPECT_FALSE(fs::exists(dir + "/old.spc"));
+  EXPECT_EQ(c.stats().corrupt, 0u);
+  EXPECT_EQ(c.stats().files, 0u);
+  c.save(first(p1, 16), s.state(), s.state().snapshot());
+  const fs::path f1 = files_in(dir).at(0);
   s.state().reset();
-  s.prefill(std::span<const int32_t>(p2).first(16), 16);
-  c.save(std::span<const int32_t>(p2).first(16), s.state(), s.state().gdn);
+  s.prefill(first(p2, 16), 16);
+  auto before = files_in(dir);
+  c.save(first(p2, 16), s.state(), s.state().snapshot());
+  const fs::path f2 = new_file(before, files_in(dir));
+  EXPECT_EQ(c.last_use(first(p1, 16)), 1u);
+  EXPECT_EQ(c.last_use(first(p2, 16)), 2u);
   EXPECT_EQ(c.best_match(p1, 100), 16);
   EXPECT_EQ(c.best_match(p2, 100), 16);
   EXPECT_EQ(c.best_match(p2, 15), 0);  // longer than the limit
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(c.load(p1, 100, s.state()), 16);  // p1 is now the most recently used
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(c.last_use(first(p1, 16)), 3u);
+  // File times say the opposite (p1's file is years older than p2's): the counter decides.
+  const auto t0 = fs::file_time_type() + std::chrono::hours(24 * 365 * 40);
+  fs::last_write_time(f1, t0);
+  fs::last_write_time(f2, t0 + std::chrono::hours(24 * 365));
   s.state().reset();
-  s.prefill(std::span<const int32_t>(p1).first(32), 16);
-  c.save(std::span<const int32_t>(p1).first(32), s.state(), s.state().gdn);
+  s.prefill(first(p1, 32), 16);
+  c.save(first(p1, 32), s.state(), s.state().snapshot());
+  EXPECT_EQ(c.last_use(first(p1, 32)), 4u);
   EXPECT_EQ(c.stats().files, 2u);
   EXPECT_EQ(c.stats().evictions, 1u);
   EXPECT_EQ(c.best_match(p2, 100), 0);  // p2 was the least recently used
   EXPECT_EQ(c.best_match(p1, 100), 32);
+  EXPECT_EQ(c.best_match(p1, 20), 16);
+  // Saving a snapshot that exists counts as a use.
+  c.save(first(p1, 32), s.state(), s.state().snapshot());
+  EXPECT_EQ(c.last_use(first(p1, 32)), 5u);
+  EXPECT_EQ(c.stats().saves, 3u);
+  {
+    // Restart: the counters come back from the files, and the next use continues after them.
+    DiskCache again(dir, 1ull << 30, "fp");
+    EXPECT_EQ(again.last_use(first(p1, 16)), 3u);
+    EXPECT_EQ(again.last_use(first(p1, 32)), 5u);
+    EXPECT_EQ(again.load(p1, 20, s.state()), 16);  // the 16-token snapshot
+    EXPECT_EQ(again.last_use(first(p1, 16)), 6u);
+  }
+  {
+    // The load's counter was written to the file: with room for one snapshot, the 32-token one
+    // (used at 5, before 6) goes.
+    DiskCache small(dir, c.stats().bytes - 1, "fp");
+    EXPECT_EQ(small.stats().evictions, 1u);
+    EXPECT_EQ(small.best_match(p1, 100), 16);
+  }
   DiskCache other(dir, 1ull << 30, "other-model");
   EXPECT_EQ(other.best_match(p1, 100), 0);  // another fingerprint never matches
+  EXPECT_EQ(other.last_use(first(p1, 16)), 0u);
 }
 
 // A model that follows a script: position p's logits favour script[p - prompt] by `bump[p]`
