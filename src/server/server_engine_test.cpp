@@ -399,6 +399,9 @@ class ScriptModel : public models::Model {
   void set_max_active_experts(int) override {}
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider>) override {}
   experts::ExpertProvider& expert_provider() override { return base_.expert_provider(); }
+  void reserve_workspace(int64_t) override {}
+  uint64_t workspace_capacity() const override { return 0; }
+  ops::Backend& backend() override { return base_.backend(); }
   int64_t nan_at = -1;
 
  private:
