@@ -169,7 +169,9 @@ TEST(PlanArch, SlidingWindowCapsTheKvCache) {
   EXPECT_EQ(p.state.kv_per_token, per);  // per token unchanged
   EXPECT_EQ(p.kv_capacity, 300);         // positions held: the window
   EXPECT_EQ(p.state.kv, per * 300);
-  EXPECT_EQ(p.active_bytes_per_token, p.weights.resident_dense + p.expert_bytes_per_token + per * 300);
+  // Per token: KV over the window, not the context (and one row of the untied embedding).
+  EXPECT_EQ(p.active_bytes_per_token,
+            p.weights.resident_dense + p.weights.embed_on_demand / p.spec.vocab_size + p.expert_bytes_per_token + per * 300);
   // A context shorter than the window is not affected.
   const Projection q = project(ck, inputs(100));
   EXPECT_EQ(q.kv_capacity, 256);
