@@ -20,6 +20,8 @@ struct BenchOptions {
   int n_prompt = 512;
   int n_gen = 128;
   int reps = 5;
+  int64_t ctx_size = 0;       // 0 = the longer test's tokens + 1
+  int64_t prefill_step = 512;
   std::string output = "md";
 };
 
@@ -93,13 +95,18 @@ void run(const BenchOptions& o) {
   if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("nothing to run: -p and -n are both 0");
   if (o.reps < 1 || o.reps > 1000) throw UsageError(strfmt("-r must be 1..1000 (got %d)", o.reps));
   if (o.output != "md" && o.output != "json") throw UsageError(strfmt("-o must be md or json (got '%s')", o.output.c_str()));
+  if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  const int64_t needed = std::max(o.n_prompt, o.n_gen) + 1;
+  if (o.ctx_size < 0 || (o.ctx_size > 0 && o.ctx_size < needed))
+    throw UsageError(strfmt("--ctx-size must hold the longer test (%lld tokens), or be 0 (got %lld)", (long long)needed, (long long)o.ctx_size));
   engine::LoadOptions lo = o.model.load_options();
-  lo.ctx_size = std::max(o.n_prompt, o.n_gen) + 1;
+  lo.ctx_size = o.ctx_size > 0 ? o.ctx_size : needed;
+  lo.prefill_step = o.prefill_step;
   engine::LoadedModel l = engine::load(lo);
   const auto& s = l.model->spec();
   std::vector<Result> results;
-  if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, 512));
-  if (o.n_gen > 0) results.push_back(run_test(l, 0, o.n_gen, o.reps, 512));
+  if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, o.prefill_step));
+  if (o.n_gen > 0) results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step));
   const uint64_t size = l.ckpt->total_bytes();
   const std::string model = strfmt("%s %.1fB", s.model_type.c_str(), s.params_total / 1e9);
   const std::string backend = strfmt("CPU (%s)%s", ops::simd_target_name(), l.streaming ? " +stream" : "");
@@ -145,6 +152,8 @@ void register_bench(CLI::App& app) {
   c->add_option("-n,--n-gen", o->n_gen, "Generated tokens of the tg test (default 128; 0 = skip)");
   c->add_option("-r,--repetitions", o->reps, "Timed repetitions per test (default 5; one warm-up run first)");
   c->add_option("-o,--output", o->output, "Output format: md or json (default md)");
+  c->add_option("-c,--ctx-size", o->ctx_size, "Context the expert-cache budget leaves KV room for (default 0 = the longer test + 1)");
+  c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass of the pp test (default 512)");
   c->callback([o] { run(*o); });
 }
 

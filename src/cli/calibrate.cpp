@@ -26,7 +26,10 @@ void run(const CalibrateOptions& o) {
   if (o.max_tokens < 2) throw UsageError("--max-tokens must be at least 2");
   if (o.window <= 0) throw UsageError(strfmt("--window must be positive (got %lld)", (long long)o.window));
   const std::string text = read_file(o.file);
-  Loaded l = load_model(o.model);
+  engine::LoadOptions lo = o.model.load_options();  // windows of --window tokens in one forward pass each
+  lo.ctx_size = std::min(o.window, o.max_tokens);
+  lo.prefill_step = lo.ctx_size;
+  Loaded l = engine::load(lo);
   if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; calibrate needs one", o.model.dir().c_str()));
   const auto& spec = l.model->spec();
   std::vector<int32_t> ids = l.tok->encode(text, false);

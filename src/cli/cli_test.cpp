@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 #include <string>
 
 namespace {
@@ -207,6 +208,61 @@ TEST(Cli, TokenizeInfoPerplexity) {
   EXPECT_GT(pj["ppl"].get<double>(), 10.0);
   EXPECT_LT(pj["ppl"].get<double>(), 200.0);
   EXPECT_EQ(spool("perplexity --file /no/such/file.txt").code, 1);
+}
+
+// --ctx-size and --prefill-step-size reach the loader: the KV/state and workspace it keeps out
+// of the expert-cache budget are `spool plan`'s for the same settings (stats.memory of --json).
+TEST(Cli, LoaderBudgetUsesCtxSizeAndPrefillStep) {
+  auto plan = [](int64_t ctx, int64_t step) {
+    Result r = spool("plan --model " + std::string(SPOOL_DEFAULT_MODEL_DIR) + " --stream --threads 2 --mem-gbps 10 --ctx-size " +
+                     std::to_string(ctx) + " --prefill-step-size " + std::to_string(step) + " --json");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["components"];
+  };
+  auto expect_same = [](const nlohmann::json& m, const nlohmann::json& c) {
+    EXPECT_EQ(m["dense_resident"], c["dense_resident"]);
+    EXPECT_EQ(m["state"].get<uint64_t>(), c["kv"].get<uint64_t>() + c["recurrent_state"].get<uint64_t>() + c["kv_grow_transient"].get<uint64_t>());
+    EXPECT_EQ(m["workspace"], c["workspace"]);
+    EXPECT_EQ(m["tokenizer"], c["tokenizer"]);
+  };
+  const std::string ids7 = " --prompt-ids 1,2,3,4,5,6,7";
+  std::set<uint64_t> workspaces;
+  for (int64_t step : {16, 64, 512}) {
+    SCOPED_TRACE(step);
+    Result g = spool("generate --stream --threads 2 --temp 0 -n 4 --ctx-size 600 --prefill-step-size " + std::to_string(step) + ids7 +
+                     " --json");
+    ASSERT_EQ(g.code, 0) << g.err;
+    const auto m = nlohmann::json::parse(g.out)["stats"]["memory"];
+    EXPECT_EQ(m["ctx_size"], 600);
+    EXPECT_EQ(m["prefill_step"], step);
+    EXPECT_TRUE(m["streaming"]);
+    EXPECT_TRUE(m["cache_budget_auto"]);
+    expect_same(m, plan(600, step));
+    workspaces.insert(m["workspace"].get<uint64_t>());
+  }
+  EXPECT_EQ(workspaces.size(), 3u);  // the step sizes the workspace
+  {
+    // Default context: the prompt's 7 tokens + --max-tokens 9.
+    Result g = spool("generate --stream --threads 2 --temp 0 -n 9 --prefill-step-size 64" + ids7 + " --json");
+    ASSERT_EQ(g.code, 0) << g.err;
+    const auto m = nlohmann::json::parse(g.out)["stats"]["memory"];
+    EXPECT_EQ(m["ctx_size"], 16);
+    expect_same(m, plan(16, 64));
+  }
+  // An explicit --ctx-size sizes the KV cache and attention scores.
+  Result g = spool("generate --stream --threads 2 --temp 0 -n 4 --ctx-size 3000 --prefill-step-size 128" + ids7 + " --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  const auto m = nlohmann::json::parse(g.out)["stats"]["memory"];
+  EXPECT_EQ(m["ctx_size"], 3000);
+  expect_same(m, plan(3000, 128));
+  EXPECT_EQ(spool("generate --ctx-size 5 -n 1" + ids7).code, 2);  // the prompt does not fit
+  // perplexity: a window is the context.
+  Result p = spool("perplexity --file " + kData + "/corpus/dev.txt --chunks 1 --window 200 --prefill-step-size 64 --threads 2 --stream --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const auto pm = nlohmann::json::parse(p.out)["stats"]["memory"];
+  EXPECT_EQ(pm["ctx_size"], 200);
+  EXPECT_EQ(pm["prefill_step"], 64);
+  expect_same(pm, plan(200, 64));
 }
 
 // convert -> info -> generate -> perplexity --kl-reference on the demo model, and convert's

@@ -99,6 +99,7 @@ nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats
   j["page_cache_resident_bytes"] = engine::page_cache_resident_bytes(*l.ckpt);
   j["model_file_bytes"] = l.ckpt->file_bytes();
   j["tokens"] = tokens;
+  j["memory"] = engine::memory_json(l.memory);
   return j;
 }
 

@@ -45,7 +45,8 @@ using Loaded = engine::LoadedModel;
 Loaded load_model(const ModelOptions& opt);
 
 /// The `stats` object of --json output: expert cache and disk counters over `window`
-/// (a difference of two snapshots) for `tokens` tokens, plus page-cache residency now.
+/// (a difference of two snapshots) for `tokens` tokens, page-cache residency now, and the
+/// loader's memory decision (`memory`: engine::memory_json, with the cache budget).
 nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats& window, int64_t tokens);
 /// The same as one human-readable line.
 std::string stats_line(const Loaded& l, const experts::StreamingStats& window, int64_t tokens);

@@ -26,6 +26,7 @@ struct GenerateOptions {
   int64_t seed = -1;  // -1 = random
   bool has_prompt = false, has_ids = false, has_file = false;
   int64_t prefill_step = 512;
+  int64_t ctx_size = 0;             // --ctx-size; 0 = the prompt's tokens + --max-tokens
   bool json = false;
   bool chat = false;                // --chat: the prompt is a user message rendered with the chat template
   std::string system;               // --system: a system message before it (with --chat)
@@ -61,6 +62,10 @@ engine::SamplingParams sampling_from(const GenerateOptions& o, const io::Generat
 }
 
 void run(const GenerateOptions& o) {
+  // Memory available before this process reads any of the model's files (the tokenizer is
+  // read first, to count the prompt's tokens): the budget `spool plan` computes at its start.
+  const uint64_t available = available_memory_bytes();
+  const uint64_t start_rss = current_rss_bytes();
   const int sources = o.has_prompt + o.has_ids + o.has_file;
   if (sources != 1) throw UsageError("give exactly one of --prompt, --prompt-ids or --file");
   if (o.has_prompt && o.prompt.empty()) throw UsageError("--prompt is empty");
@@ -72,28 +77,45 @@ void run(const GenerateOptions& o) {
   if (o.has_file && file_text.empty()) throw Error(strfmt("%s is empty", o.file.c_str()));
   if (o.max_tokens < 0) throw UsageError(strfmt("--max-tokens must be >= 0 (got %d)", o.max_tokens));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (o.ctx_size < 0 || o.ctx_size > (int64_t{1} << 24))
+    throw UsageError(strfmt("--ctx-size must be 1..16777216, or 0 for the prompt's tokens + --max-tokens (got %lld)", (long long)o.ctx_size));
   if (!o.chat && (!o.system.empty() || !o.chat_template_kwargs.empty())) throw UsageError("--system and --chat-template-kwargs need --chat");
   if (o.chat && o.has_ids) throw UsageError("--chat takes text (--prompt or --file), not --prompt-ids");
   if (!o.chat_template_kwargs.empty() && !nlohmann::ordered_json::parse(o.chat_template_kwargs, nullptr, false).is_object())
     throw UsageError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
   // Validate the parameters before loading anything.
   sampling_from(o, {});
-  Loaded l = load_model(o.model);
-  const auto& spec = l.model->spec();
+  engine::LoadOptions lo = o.model.load_options();
+  lo.available = available;
+  lo.start_rss = start_rss;
+  const std::string dir = lo.model_dir;
 
+  // The prompt's tokens first: the context they and --max-tokens need sizes the KV cache and
+  // workspace the loader keeps out of the expert-cache budget.
   engine::GenerateRequest req;
+  std::optional<tokenizer::Tokenizer> tok;
+  if (has_tokenizer(dir)) tok = tokenizer::Tokenizer::load(dir);
   if (o.has_ids) {
     req.prompt = given_ids;
   } else {
-    if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; use --prompt-ids to give token ids", o.model.dir().c_str()));
+    if (!tok) throw Error(strfmt("%s has no tokenizer.json; use --prompt-ids to give token ids", dir.c_str()));
     const std::string& text = o.has_file ? file_text : o.prompt;
-    req.prompt = l.tok->encode(o.chat ? chat_prompt(o, *l.tok, text, o.model.dir()) : text, /*add_special=*/false);
+    req.prompt = tok->encode(o.chat ? chat_prompt(o, *tok, text, dir) : text, /*add_special=*/false);
   }
+  const int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
+  if (o.ctx_size > 0 && prompt_len > o.ctx_size)
+    throw UsageError(strfmt("the prompt has %lld tokens, more than --ctx-size %lld", (long long)prompt_len, (long long)o.ctx_size));
+  lo.ctx_size = o.ctx_size > 0 ? o.ctx_size : std::max<int64_t>(prompt_len + o.max_tokens, 1);
+  lo.prefill_step = o.prefill_step;
+  Loaded l = engine::load(lo, std::move(tok));
+  const auto& spec = l.model->spec();
+
   for (int32_t id : req.prompt)
     if (id >= spec.vocab_size) throw Error(strfmt("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)spec.vocab_size));
   req.max_tokens = o.max_tokens;
   req.sampling = sampling_from(o, l.ckpt->generation());
   req.prefill_step = o.prefill_step;
+  req.ctx_size = lo.ctx_size;
   for (int64_t e : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(e));
   // A chat turn also ends at the tokenizer's eos_token (e.g. <|im_end|>).
   if (o.chat && l.tok->eos_id() && *l.tok->eos_id() < spec.vocab_size) req.stop_ids.push_back(*l.tok->eos_id());
@@ -184,6 +206,9 @@ void register_generate(CLI::App& app) {
   c->add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty, 1 = off (default: generation_config.json, else 1.0)");
   c->add_option("-s,--seed", o->seed, "Random seed; -1 = random (default; the seed used is reported with --json)");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");
+  c->add_option("-c,--ctx-size", o->ctx_size,
+                "Prompt + generated tokens at most; sizes the KV cache the expert-cache budget leaves room for "
+                "(default 0 = the prompt's tokens + --max-tokens)");
   c->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   c->add_flag("--chat", o->chat, "Send the prompt as a user message through the model's chat template");
   c->add_option("--system", o->system, "System message before the prompt (with --chat)");

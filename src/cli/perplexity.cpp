@@ -30,7 +30,11 @@ void run(const PerplexityOptions& o) {
   if (o.chunks < 0) throw UsageError("--chunks must be >= 0");
   if (o.prefill_step <= 0) throw UsageError("--prefill-step-size must be positive");
   const std::string text = read_file(o.file);
-  Loaded l = load_model(o.model);
+  // Each window is a fresh sequence of at most --window tokens, run in --prefill-step-size chunks.
+  engine::LoadOptions lo = o.model.load_options();
+  lo.ctx_size = o.window;
+  lo.prefill_step = o.prefill_step;
+  Loaded l = engine::load(lo);
   if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; perplexity needs one", o.model.dir().c_str()));
   std::vector<int32_t> ids = l.tok->encode(text, false);
   std::optional<Loaded> ref;
@@ -39,7 +43,10 @@ void run(const PerplexityOptions& o) {
     ro.model = o.kl_reference;
     ro.pin_file.clear();
     ro.max_active_experts = 0;  // the reference is the exact model
-    ref.emplace(load_model(ro));
+    engine::LoadOptions rlo = ro.load_options();
+    rlo.ctx_size = o.window;
+    rlo.prefill_step = o.prefill_step;
+    ref.emplace(engine::load(rlo));
   }
   const double t0 = now_seconds();
   engine::PerplexityResult r;

@@ -147,6 +147,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
 
 void run(const PlanOptions& o) {
   const uint64_t start_rss = current_rss_bytes();  // this binary before it reads anything: the runtime base
+  // Available memory before the model's headers are read, as the loader measures it.
+  const uint64_t available_now = o.ram_gb == 0 ? available_memory_bytes() : 0;
   if (o.model.empty()) throw UsageError("--model DIR|URL is required");
   if (o.ctx < 1 || o.ctx > (int64_t{1} << 24)) throw UsageError(strfmt("--ctx-size must be 1..16777216 (got %lld)", (long long)o.ctx));
   if (o.kv_bits != 8 && o.kv_bits != 16 && o.kv_bits != 32) throw UsageError(strfmt("--kv-bits must be 8, 16 or 32 (got %d)", o.kv_bits));
@@ -179,7 +181,7 @@ void run(const PlanOptions& o) {
   if (o.no_stream) in.stream = false;
   in.cache_budget = budget;
   const bool this_machine = o.ram_gb == 0;
-  in.available = this_machine ? available_memory_bytes() : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
+  in.available = this_machine ? available_now : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
   if (o.mem_gbps > 0) in.mem_gbps = o.mem_gbps;
   else if (this_machine) in.mem_gbps = plan::measure_memory_gbps(256ull << 20, in.shape.threads, 0.3);
   if (o.disk_gbps > 0) {

@@ -64,6 +64,7 @@ void run(const ServeOptions& o) {
   // The prompt cache's memory checkpoints each copy the whole Gated DeltaNet state: keep them
   // out of the budget too.
   lo.state_copies = static_cast<int64_t>(o.cache_checkpoints);
+  lo.prefill_step = o.prefill_step;
   if (o.ctx_size > 0) {
     lo.ctx_size = o.ctx_size;
   } else {

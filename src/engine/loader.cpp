@@ -64,10 +64,34 @@ std::vector<std::pair<int, int>> read_pin_file(const std::string& path) {
   return pins;
 }
 
-LoadedModel load(const LoadOptions& opt) {
+nlohmann::ordered_json memory_json(const MemoryDecision& m) {
+  nlohmann::ordered_json j;
+  j["available_bytes"] = m.available;
+  j["available_source"] = m.source;
+  j["ctx_size"] = m.ctx_size;
+  j["prefill_step"] = m.prefill_step;
+  j["dense_resident"] = m.base.dense;
+  j["state"] = m.base.state;
+  j["workspace"] = m.base.workspace;
+  j["tokenizer"] = m.base.tokenizer;
+  j["runtime"] = m.base.runtime;
+  j["reserve_bytes"] = m.reserve;
+  j["streaming"] = m.streaming;
+  j["cache_budget_auto"] = m.budget_auto;
+  j["cache_budget_bytes"] = m.cache_budget;
+  return j;
+}
+
+LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
+  // Before anything of the model is read: pages this process maps and touches turn active and
+  // then count as used in a cgroup (see common/sysinfo.h).
+  const uint64_t available = opt.available.value_or(available_memory_bytes());
+  const CgroupMemory cg = cgroup_memory();
   if (opt.prefetch_workers < 1 || opt.prefetch_workers > 256)
     throw UsageError(strfmt("--prefetch-workers must be between 1 and 256 (got %d)", opt.prefetch_workers));
   if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
+  if (opt.ctx_size < 1) throw UsageError(strfmt("--ctx-size must be positive (got %lld)", (long long)opt.ctx_size));
+  if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
   if (opt.io_engine != "pread" && opt.io_engine != "uring")
     throw UsageError(strfmt("--io-engine must be pread or uring (got '%s')", opt.io_engine.c_str()));
   double budget_gb = -1;  // < 0: auto; 0: no cache beyond the experts of the current layer
@@ -79,7 +103,7 @@ LoadedModel load(const LoadOptions& opt) {
   }
   LoadedModel l;
   const double t0 = now_seconds();
-  const uint64_t start_rss = current_rss_bytes();  // the runtime base of plan::base_needs
+  const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
   l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   l.model = models::load_model(l.ckpt, l.pool.get());
@@ -96,7 +120,6 @@ LoadedModel load(const LoadOptions& opt) {
 
   // The memory rule is plan/'s, shared with `spool plan` (same components, same numbers).
   const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes();
-  const uint64_t available = available_memory_bytes();
   std::error_code ec;
   plan::RunShape shape;
   shape.ctx = opt.ctx_size;
@@ -110,6 +133,12 @@ LoadedModel load(const LoadOptions& opt) {
   if (opt.state_copies < 0) throw UsageError(strfmt("state copies must be >= 0 (got %lld)", (long long)opt.state_copies));
   base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, 0, opt.kv_bits).recurrent;
   const uint64_t reserve = plan::reserve_bytes(available);
+  l.memory.available = available;
+  l.memory.source = cg.version != 0 && cg.available() <= available ? cg.describe() : "MemAvailable";
+  l.memory.base = base;
+  l.memory.reserve = reserve;
+  l.memory.ctx_size = opt.ctx_size;
+  l.memory.prefill_step = opt.prefill_step;
   bool stream = opt.stream.value_or(false);
   if (!opt.stream.has_value() && experts > 0 && plan::must_stream(available, base, experts)) {
     stream = true;
@@ -123,6 +152,8 @@ LoadedModel load(const LoadOptions& opt) {
       so.cache_budget_bytes = static_cast<uint64_t>(budget_gb * kGiB);
     } else {
       so.cache_budget_bytes = plan::auto_cache_budget(available, base, experts);
+      l.memory.budget_auto = true;
+      log_info("memory available: %s (%s)", format_bytes(available).c_str(), l.memory.source.c_str());
       const bool capped = so.cache_budget_bytes == experts;
       log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - workspace %s - runtime %s - reserve %s%s",
                format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(base.dense).c_str(),
@@ -130,6 +161,8 @@ LoadedModel load(const LoadOptions& opt) {
                format_bytes(base.runtime + base.tokenizer).c_str(), format_bytes(reserve).c_str(),
                capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
     }
+    l.memory.streaming = true;
+    l.memory.cache_budget = so.cache_budget_bytes;
     so.workers = opt.prefetch_workers;
     so.engine = opt.io_engine == "uring" ? io::IoEngine::kUring : io::IoEngine::kPread;
     // Trust the page cache when the model files fit comfortably (< 0.6 x available memory).
@@ -152,7 +185,8 @@ LoadedModel load(const LoadOptions& opt) {
     if (opt.prefetch_ahead > 0)
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
   }
-  if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
+  if (tok) l.tok = std::move(tok);
+  else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, SIMD %s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,

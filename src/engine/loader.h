@@ -10,6 +10,8 @@
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
 #include "models/model.h"
+#include "plan/budget.h"
+#include <nlohmann/json.hpp>
 #include "ops/thread_pool.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,10 +30,28 @@ struct LoadOptions {
   std::string pin_file;                // --pin-file
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
-  int64_t ctx_size = 4096;             // context the KV estimate assumes (bytes kept out of the cache budget)
+  int64_t ctx_size = 4096;             // --ctx-size: tokens of context the run holds (sizes the KV and workspace
+                                       // estimates kept out of the cache budget); commands set what they use
   int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
   int64_t state_copies = 0;            // extra copies of the recurrent (GDN) state the caller keeps, e.g. serve's
                                        // prompt-cache checkpoints (bytes kept out of the cache budget)
+  std::optional<uint64_t> available;   // bytes of memory available, measured by the caller before it read anything
+                                       // of the model (available_memory_bytes()); nullopt = measured when load() starts
+  std::optional<uint64_t> start_rss;   // resident bytes of the process measured by the caller at the same point
+                                       // (current_rss_bytes(): plan::RunShape::start_rss); nullopt = when load() starts
+};
+
+/// The memory decision of a load: what was available and what the expert cache got.
+struct MemoryDecision {
+  uint64_t available = 0;       // bytes (available_memory_bytes() before the model files were read)
+  std::string source;           // where `available` came from: "MemAvailable" or CgroupMemory::describe()
+  plan::BaseNeeds base;         // resident needs besides the experts (plan::base_needs at ctx_size / prefill_step)
+  uint64_t reserve = 0;         // plan::reserve_bytes(available)
+  int64_t ctx_size = 0;         // the context and prefill step the estimate used
+  int64_t prefill_step = 0;
+  bool streaming = false;
+  bool budget_auto = false;     // the budget is --cache-budget-gb auto's (plan::auto_cache_budget)
+  uint64_t cache_budget = 0;    // expert cache budget in bytes (0 when experts are resident)
 };
 
 /// Everything a command needs, loaded together.
@@ -42,11 +62,18 @@ struct LoadedModel {
   std::optional<tokenizer::Tokenizer> tok;       // absent without tokenizer.json
   std::shared_ptr<experts::StreamingExperts> streaming;  // null when experts are resident
   double load_s = 0;
+  MemoryDecision memory;
 };
 
-/// Loads per `opt`. Throws spool::Error (bad files, streaming requested on a model without
-/// experts) or spool::UsageError (bad option values).
-LoadedModel load(const LoadOptions& opt);
+/// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller
+/// (e.g. to count the prompt's tokens for ctx_size); otherwise tokenizer.json is loaded here.
+/// Throws spool::Error (bad files, streaming requested on a model without experts) or
+/// spool::UsageError (bad option values).
+LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok = std::nullopt);
+
+/// The `memory` object of --json output: available bytes and their source, ctx_size and
+/// prefill_step of the estimate, the components kept out of the cache and the cache budget.
+nlohmann::ordered_json memory_json(const MemoryDecision& m);
 
 /// Parses a pin file {"pin": [[layer, expert], ...]}.
 std::vector<std::pair<int, int>> read_pin_file(const std::string& path);

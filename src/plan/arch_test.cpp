@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "plan/arch.h"
 #include "plan/projection.h"
 
@@ -168,7 +169,9 @@ TEST(PlanArch, SlidingWindowCapsTheKvCache) {
   EXPECT_EQ(p.state.kv_per_token, per);  // per token unchanged
   EXPECT_EQ(p.kv_capacity, 300);         // positions held: the window
   EXPECT_EQ(p.state.kv, per * 300);
-  EXPECT_EQ(p.active_bytes_per_token, p.weights.resident_dense + p.expert_bytes_per_token + per * 300);
+  // Per token: KV over the window, not the context (and one row of the untied embedding).
+  EXPECT_EQ(p.active_bytes_per_token,
+            p.weights.resident_dense + p.weights.embed_on_demand / p.spec.vocab_size + p.expert_bytes_per_token + per * 300);
   // A context shorter than the window is not affected.
   const Projection q = project(ck, inputs(100));
   EXPECT_EQ(q.kv_capacity, 256);
@@ -178,6 +181,78 @@ TEST(PlanArch, SlidingWindowCapsTheKvCache) {
   EXPECT_EQ(project(io::Checkpoint::open(wide.dir, {.map = false}), inputs(4096)).state.kv, per * 4096);
   EditedFixture bad("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 0; });
   EXPECT_THROW(project(io::Checkpoint::open(bad.dir, {.map = false}), inputs(4096)), Error);
+}
+
+// Bytes read per decoded token: the engine reads one row of an untied embedding table
+// (models/decoder.cpp: pread of the token's row), all of lm_head and the other resident dense
+// weights, the top-k experts and the KV cache; never the whole embedding table.
+TEST(PlanArch, ActiveBytesCountOneEmbeddingRow) {
+  const std::string src = fixture("qwen3_moe");
+  auto expect_active = [](const Projection& p, uint64_t embed_row, int64_t ctx) {
+    EXPECT_EQ(p.active_bytes_per_token, p.weights.resident_dense + embed_row + p.expert_bytes_per_token + p.state.kv_per_token * ctx);
+  };
+  {
+    SCOPED_TRACE("untied, float lm_head");
+    const io::Checkpoint ck = io::Checkpoint::open(src, {.map = false});
+    const Projection p = project(ck, inputs(300));
+    const uint64_t table = ck.tensor("embed_tokens.weight").nbytes;
+    EXPECT_EQ(p.weights.embed_on_demand, table);
+    expect_active(p, table / p.spec.vocab_size, 300);
+  }
+  // Rewrites the fixture's shard with lm_head replaced by `lm_head` tensors (none: tied).
+  auto rewrite = [&](const std::string& dir, bool quantized_head) {
+    fs::create_directories(dir);
+    nlohmann::json c = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+    if (!quantized_head) c["tie_word_embeddings"] = true;
+    std::ofstream(dir + "/config.json") << c.dump(2);
+    io::SafetensorsFile f = io::SafetensorsFile::open(src + "/model.safetensors");
+    std::vector<io::TensorToWrite> ts;
+    std::vector<uint8_t> q, scales;
+    int64_t V = 0, H = 0;
+    for (const auto& t : f.tensors()) {
+      if (t.name == "lm_head.weight") {
+        V = t.shape[0], H = t.shape[1];
+        continue;
+      }
+      ts.push_back({t.name, t.dtype, t.shape, f.data(t)});
+    }
+    ASSERT_GT(V, 0);
+    q.assign(static_cast<size_t>(V * H / 2), 0);
+    scales.assign(static_cast<size_t>(V * (H / 32) * 2), 0);
+    if (quantized_head) {  // spool's quantized layout: 4-bit codes, f16 scales per 32 columns
+      ts.push_back({"lm_head.qweight", io::DType::U8, {V, H / 2}, q.data()});
+      ts.push_back({"lm_head.scales", io::DType::F16, {V, H / 32}, scales.data()});
+    }
+    io::write_safetensors(dir + "/model.safetensors", ts);
+  };
+  const std::string tmp = testing::TempDir() + "arch_test_active";
+  fs::remove_all(tmp);
+  {
+    SCOPED_TRACE("untied, quantized lm_head (lm_head.qweight)");
+    rewrite(tmp + "/qhead", true);
+    const io::Checkpoint ck = io::Checkpoint::open(tmp + "/qhead", {.map = false});
+    const Projection p = project(ck, inputs(300));
+    const uint64_t table = ck.tensor("embed_tokens.weight").nbytes;
+    EXPECT_EQ(p.weights.embed_on_demand, table);  // the table is read row by row, not resident
+    EXPECT_EQ(p.weights.resident_dense + table + p.weights.experts, p.weights.total);
+    expect_active(p, table / p.spec.vocab_size, 300);
+  }
+  {
+    SCOPED_TRACE("tied: the embedding table is lm_head");
+    rewrite(tmp + "/tied", false);
+    const io::Checkpoint ck = io::Checkpoint::open(tmp + "/tied", {.map = false});
+    const Projection p = project(ck, inputs(300));
+    EXPECT_EQ(p.weights.embed_on_demand, 0u);
+    EXPECT_EQ(p.weights.resident_dense + p.weights.experts, p.weights.total);
+    expect_active(p, 0, 300);
+  }
+  // The memory-bandwidth decode bound divides by these bytes.
+  PlanInputs in = inputs(300);
+  in.mem_gbps = 10.0;
+  const Projection p = project(io::Checkpoint::open(src, {.map = false}), in);
+  ASSERT_TRUE(p.tok_s_mem_bound.has_value());
+  EXPECT_DOUBLE_EQ(*p.tok_s_mem_bound, 10e9 / static_cast<double>(p.active_bytes_per_token));
+  fs::remove_all(tmp);
 }
 
 TEST(PlanArch, SupportedModelsStayRunnableAndOthersAreRefused) {

@@ -28,9 +28,10 @@ WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec
   w.file_bytes = ck.file_bytes();
   w.shards = static_cast<int>(ck.shards().size());
   w.experts_quantized = ck.experts_quantized();
-  // models/decoder.cpp reads embedding rows with pread when lm_head is its own tensor.
+  // models/decoder.cpp reads embedding rows with pread when lm_head is its own tensor (float,
+  // or quantized: lm_head.qweight).
   const io::TensorRef* embed = ck.find("embed_tokens.weight");
-  const bool tied = ck.find("lm_head.weight") == nullptr;
+  const bool tied = ck.find("lm_head.weight") == nullptr && ck.find("lm_head.qweight") == nullptr;
   if (embed != nullptr && !tied) w.embed_on_demand = embed->nbytes;
   w.resident_dense = w.dense - w.embed_on_demand;
   // Copies made by models/bind.cpp (bind_f32 / bind_norm) and gated_deltanet.cpp (regroups).

@@ -120,11 +120,14 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     }
   }
 
-  // Bytes read per decoded token: every dense weight but the embedding table, top-k experts.
+  // Bytes read per decoded token: the resident dense weights (lm_head included; it is the
+  // embedding table itself when tied), one row of an untied embedding table (read on demand),
+  // the top-k experts of every MoE layer and the KV cache over the context.
   const uint64_t per_expert = p.expert_count ? p.weights.experts / p.expert_count : 0;
   p.expert_bytes_per_token = per_expert * static_cast<uint64_t>(p.spec.moe.top_k) * n_moe;
   const int64_t kv_seen = p.spec.attn.sliding_window > 0 ? std::min(in.shape.ctx, p.spec.attn.sliding_window) : in.shape.ctx;
-  p.active_bytes_per_token = p.weights.resident_dense + p.expert_bytes_per_token + p.state.kv_per_token * kv_seen;
+  const uint64_t embed_row = p.spec.vocab_size > 0 ? p.weights.embed_on_demand / static_cast<uint64_t>(p.spec.vocab_size) : 0;
+  p.active_bytes_per_token = p.weights.resident_dense + embed_row + p.expert_bytes_per_token + p.state.kv_per_token * kv_seen;
   p.expected_hit_rate = p.verdict == Verdict::kStream && p.weights.experts
                             ? std::min(1.0, static_cast<double>(p.cache_bytes) / static_cast<double>(p.weights.experts))
                             : 1.0;

@@ -63,7 +63,8 @@ struct Projection {
   uint64_t cache_bytes = 0;      // cache when full (slot-rounded)
   uint64_t peak = 0;             // predicted VmHWM, bytes
   bool use_page_cache = false;
-  uint64_t active_bytes_per_token = 0;  // weights read per decoded token (dense + top-k experts)
+  uint64_t active_bytes_per_token = 0;  // bytes read per decoded token: resident dense (with lm_head) + one row of an
+                                        // untied embedding + top-k experts + KV over the context
   uint64_t expert_bytes_per_token = 0;  // top-k experts' bytes per token over all MoE layers
   double expected_hit_rate = 0;  // cache / experts (uniform routing; real routing is skewed higher)
   std::optional<double> mem_gbps, disk_gbps;

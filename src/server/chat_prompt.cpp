@@ -75,6 +75,14 @@ json normalize_messages(const json& req, bool parse_arguments) {
     json n = m;
     if (*role == "developer") n["role"] = "system";  // OpenAI's newer name for the system role
     auto content = m.find("content");
+    auto calls = m.find("tool_calls");
+    const bool has_content = content != m.end() && !content->is_null();
+    const bool has_calls = calls != m.end() && calls->is_array() && !calls->empty();
+    // A turn with nothing in it would render as an empty turn and the model would generate to
+    // the end of the context: refused, as OpenAI refuses it.
+    if (!has_content && !has_calls)
+      throw bad_request(where + " has neither 'content' nor 'tool_calls': give the message's text (assistant turns may "
+                        "instead carry tool_calls, with null content)", where + ".content");
     // null / missing content (assistant tool-call turns) becomes "": templates test it with `in`
     // and string operations (Qwen3's fails on None, as it does in transformers).
     n["content"] = content == m.end() || content->is_null() ? json("") : normalize_content(*content, where);

@@ -30,7 +30,8 @@ struct ChatPrompt {
 /// Renders `req` (an OpenAI chat request object: messages, tools, tool_choice,
 /// add_generation_prompt, chat_template_kwargs and, when `allow_template_override`,
 /// chat_template). Messages are checked (roles are strings; content is a string, null (read as ""), or an
-/// array of text parts, joined with "\n"; tool_calls is an array of function calls) and, for
+/// array of text parts, joined with "\n"; tool_calls is an array of function calls; a message
+/// needs content or a non-empty tool_calls: null / missing content only with tool calls) and, for
 /// XML tool syntax, assistant tool-call `arguments` strings are parsed into objects (the
 /// template iterates them). Throws ApiError 400 naming the field for bad input, and for
 /// template errors (raise_exception text, syntax errors of an override template).

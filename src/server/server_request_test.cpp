@@ -109,6 +109,36 @@ TEST(ServerRequest, MessagesValidation) {
   EXPECT_EQ(err(R"({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ x }}"})").second, "chat_template");
 }
 
+TEST(ServerRequest, MessageNeedsContentOrToolCalls) {
+  Fixture f;
+  auto err = [&](const std::string& body) { return error_of([&] { parse_chat_request(json::parse(body), f.facts, 1); }); };
+  // Neither content nor tool_calls: a 400 naming the message, not an empty turn.
+  for (const char* m : {R"({"role": "user"})", R"({"role": "user", "content": null})", R"({"role": "assistant"})",
+                        R"({"role": "assistant", "content": null, "tool_calls": []})", R"({"role": "tool", "tool_call_id": "c1"})",
+                        R"({"role": "system", "content": null, "tool_calls": null})"})
+    EXPECT_EQ(err(std::string(R"({"messages": [{"role": "user", "content": "hi"}, )") + m + "]}"),
+              std::make_pair(400, std::string("messages[1].content")))
+        << m;
+  // The error reaches the client as an OpenAI error object.
+  try {
+    parse_chat_request(json::parse(R"({"messages": [{"role": "user"}]})"), f.facts, 1);
+    FAIL() << "expected an ApiError";
+  } catch (const ApiError& e) {
+    const auto j = error_json(e);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(j["error"]["param"], "messages[0].content");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("neither 'content' nor 'tool_calls'"), std::string::npos) << j.dump();
+  }
+  // Assistant tool-call turns with null or missing content stay valid; empty text is content.
+  for (const char* content : {R"("content": null, )", "", R"("content": "", )"}) {
+    const std::string body = std::string(R"({"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", )") + content +
+                             R"("tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]})";
+    EXPECT_EQ(err(body).first, 0) << body;
+  }
+  EXPECT_EQ(err(R"({"messages": [{"role": "user", "content": ""}]})").first, 0);
+}
+
 TEST(ServerRequest, SamplingFieldsAreTypedAndRanged) {
   Fixture f;
   for (const char* extra : {R"(, "temperature": "hot")", R"(, "temperature": -1)", R"(, "top_p": 0)", R"(, "top_p": 1.5)",
