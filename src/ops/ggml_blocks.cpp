@@ -304,6 +304,10 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
 
+// Everything but the exported entry points lives in gb:: (other kernel files of spool_ops
+// define functions of the same names in HWY_NAMESPACE).
+namespace gb {
+
 // Dot product of n floats (scalar fallback path).
 float DotF32(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
   const DF df;
@@ -709,32 +713,34 @@ void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t l
 
 #endif  // HWY_TARGET != HWY_SCALAR
 
+}  // namespace gb
+
 void GgmlRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
 #if HWY_TARGET != HWY_SCALAR
   switch (w.type) {
-    case GgmlType::F32: return TypedRows<GgmlType::F32>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::F16: return TypedRows<GgmlType::F16>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::BF16: return TypedRows<GgmlType::BF16>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q8_0: return TypedRows<GgmlType::Q8_0>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q4_0: return TypedRows<GgmlType::Q4_0>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q4_1: return TypedRows<GgmlType::Q4_1>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q5_0: return TypedRows<GgmlType::Q5_0>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q5_1: return TypedRows<GgmlType::Q5_1>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q2_K: return TypedRows<GgmlType::Q2_K>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q3_K: return TypedRows<GgmlType::Q3_K>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q4_K: return TypedRows<GgmlType::Q4_K>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q5_K: return TypedRows<GgmlType::Q5_K>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::Q6_K: return TypedRows<GgmlType::Q6_K>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::IQ4_NL: return TypedRows<GgmlType::IQ4_NL>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::IQ4_XS: return TypedRows<GgmlType::IQ4_XS>(w, x, T, y, ldy, r0, r1);
-    case GgmlType::MXFP4: return TypedRows<GgmlType::MXFP4>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::F32: return gb::TypedRows<GgmlType::F32>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::F16: return gb::TypedRows<GgmlType::F16>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::BF16: return gb::TypedRows<GgmlType::BF16>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q8_0: return gb::TypedRows<GgmlType::Q8_0>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q4_0: return gb::TypedRows<GgmlType::Q4_0>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q4_1: return gb::TypedRows<GgmlType::Q4_1>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q5_0: return gb::TypedRows<GgmlType::Q5_0>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q5_1: return gb::TypedRows<GgmlType::Q5_1>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q2_K: return gb::TypedRows<GgmlType::Q2_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q3_K: return gb::TypedRows<GgmlType::Q3_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q4_K: return gb::TypedRows<GgmlType::Q4_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q5_K: return gb::TypedRows<GgmlType::Q5_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q6_K: return gb::TypedRows<GgmlType::Q6_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::IQ4_NL: return gb::TypedRows<GgmlType::IQ4_NL>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::IQ4_XS: return gb::TypedRows<GgmlType::IQ4_XS>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::MXFP4: return gb::TypedRows<GgmlType::MXFP4>(w, x, T, y, ldy, r0, r1);
     default: break;
   }
 #endif
-  RowsByDequant(w, x, T, y, ldy, r0, r1);
+  gb::RowsByDequant(w, x, T, y, ldy, r0, r1);
 }
 
-const char* KernelTarget() { return hwy::TargetName(HWY_TARGET); }
+const char* GgmlKernelTarget() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace spool::ops
@@ -744,7 +750,7 @@ HWY_AFTER_NAMESPACE();
 namespace spool::ops {
 
 HWY_EXPORT(GgmlRows);
-HWY_EXPORT(KernelTarget);
+HWY_EXPORT(GgmlKernelTarget);
 
 bool ggml_supported(GgmlType t) {
   switch (t) {
@@ -819,7 +825,7 @@ void ggml_matmul_reference(const GgmlView& w, const float* x, int64_t T, float* 
   }
 }
 
-const char* ggml_kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTarget)(); }
+const char* ggml_kernel_target() { return HWY_DYNAMIC_DISPATCH(GgmlKernelTarget)(); }
 
 }  // namespace spool::ops
 #endif  // HWY_ONCE
