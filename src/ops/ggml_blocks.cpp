@@ -455,6 +455,52 @@ struct Sink {
   }
 };
 
+// out[i] = (float(in[i]) + bias) * (i < 8 ? a : b) for 16 int8 values (block scales decoded
+// with vector ops and kept in memory, so that the per-group broadcasts are loads).
+HWY_INLINE void Scales16(const int8_t* in, float bias, float a, float b, float* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8n;
+  const VF vb = hn::Set(df, bias);
+  for (int k = 0; k < 16; k += static_cast<int>(kN)) {
+    VF mul;
+    if constexpr (kN == 16) {
+      mul = hn::IfThenElse(hn::FirstN(df, 8), hn::Set(df, a), hn::Set(df, b));
+    } else {
+      mul = hn::Set(df, k < 8 ? a : b);
+    }
+    const VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, in + k)));
+    hn::StoreU(hn::Mul(hn::Add(v, vb), mul), df, out + k);
+  }
+}
+
+// Q4_K / Q5_K: the 8 scales and 8 mins of the 12 packed bytes as 16 bytes (scales first).
+HWY_INLINE void UnpackK4Scales(const uint8_t* q, uint8_t* out16) {
+  constexpr uint32_t kM1 = 0x3f3f3f3f, kM2 = 0x0f0f0f0f, kM3 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  u[3] = ((u[2] >> 4) & kM2) | (((u[1] >> 6) & kM3) << 4);
+  const uint32_t m1 = u[1] & kM1;
+  u[1] = (u[2] & kM2) | (((u[0] >> 6) & kM3) << 4);
+  u[2] = m1;
+  u[0] &= kM1;
+  // bytes 0-3: sc0-3, 4-7: sc4-7, 8-11: mn0-3, 12-15: mn4-7
+  std::memcpy(out16, u, 16);
+}
+
+// Q3_K: the 16 6-bit scales of the 12 packed bytes, minus 32 not yet applied.
+HWY_INLINE void UnpackQ3Scales(const uint8_t* b, uint8_t* out16) {
+  constexpr uint32_t kM1 = 0x03030303, kM2 = 0x0f0f0f0f;
+  uint32_t a[4];
+  std::memcpy(a, b, 12);
+  const uint32_t tmp = a[2];
+  a[2] = ((a[0] >> 4) & kM2) | (((tmp >> 4) & kM1) << 4);
+  a[3] = ((a[1] >> 4) & kM2) | (((tmp >> 6) & kM1) << 4);
+  a[0] = (a[0] & kM2) | (((tmp >> 0) & kM1) << 4);
+  a[1] = (a[1] & kM2) | (((tmp >> 2) & kM1) << 4);
+  std::memcpy(out16, a, 16);
+}
+
 // Decodes one block of type Q at p into groups of 16 columns.
 template <GgmlType Q, class S>
 HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
@@ -510,16 +556,20 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     }
   } else if constexpr (Q == GgmlType::Q2_K) {
     const float d = Half(p + 80), dmin = Half(p + 82);
-    const uint8_t* sc = p;
+    alignas(16) uint8_t lo[16], hi[16];
+    const VU8 scv = Load16(p);
+    hn::Store(Shr<0>(scv, 0x0F), DU8(), lo);
+    hn::Store(Shr<4>(scv, 0x0F), DU8(), hi);
+    alignas(64) float sv[16], mv[16];
+    Scales16(reinterpret_cast<const int8_t*>(lo), 0.0f, d, d, sv);
+    Scales16(reinterpret_cast<const int8_t*>(hi), 0.0f, -dmin, -dmin, mv);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 16 + 32 * h), b = Load16(p + 32 + 32 * h);
       auto sub = [&](auto jc) HWY_ATTR {
         constexpr int j = decltype(jc)::value;
         const int i = 8 * h + 2 * j;
-        const float s0 = d * static_cast<float>(sc[i] & 0xF), m0 = -(dmin * static_cast<float>(sc[i] >> 4));
-        const float s1 = d * static_cast<float>(sc[i + 1] & 0xF), m1 = -(dmin * static_cast<float>(sc[i + 1] >> 4));
-        s.template Group<true>(128 * h + 32 * j, I8(Shr<2 * j>(a, 3)), s0, m0);
-        s.template Group<true>(128 * h + 32 * j + 16, I8(Shr<2 * j>(b, 3)), s1, m1);
+        s.template Group<true>(128 * h + 32 * j, I8(Shr<2 * j>(a, 3)), sv[i], mv[i]);
+        s.template Group<true>(128 * h + 32 * j + 16, I8(Shr<2 * j>(b, 3)), sv[i + 1], mv[i + 1]);
       };
       sub(std::integral_constant<int, 0>());
       sub(std::integral_constant<int, 1>());
@@ -527,9 +577,11 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
       sub(std::integral_constant<int, 3>());
     }
   } else if constexpr (Q == GgmlType::Q3_K) {
-    int sc[16];
-    ggml::q3k_scales(p + 96, sc);
     const float d = Half(p + 108);
+    alignas(16) uint8_t raw[16];
+    UnpackQ3Scales(p + 96, raw);
+    alignas(64) float sc[16];
+    Scales16(reinterpret_cast<const int8_t*>(raw), -32.0f, d, d, sc);
     const VU8 ha = Load16(p), hb = Load16(p + 16);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 32 + 32 * h), b = Load16(p + 48 + 32 * h);
@@ -540,8 +592,8 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
         // q = low2 - 4 + (hbit ? 4 : 0)
         const V8 qa = SubI8(hn::Or(Shr<2 * j>(a, 3), BitOfBytes(ha, bit, 4)), 4);
         const V8 qb = SubI8(hn::Or(Shr<2 * j>(b, 3), BitOfBytes(hb, bit, 4)), 4);
-        s.template Group<false>(128 * h + 32 * j, qa, d * static_cast<float>(sc[i]), 0.0f);
-        s.template Group<false>(128 * h + 32 * j + 16, qb, d * static_cast<float>(sc[i + 1]), 0.0f);
+        s.template Group<false>(128 * h + 32 * j, qa, sc[i], 0.0f);
+        s.template Group<false>(128 * h + 32 * j + 16, qb, sc[i + 1], 0.0f);
       };
       sub(std::integral_constant<int, 0>());
       sub(std::integral_constant<int, 1>());
@@ -558,12 +610,12 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
       ha = Load16(p + 16);
       hb = Load16(p + 32);
     }
+    alignas(16) uint8_t raw[16];
+    UnpackK4Scales(scales, raw);
+    alignas(64) float sv[16];  // d * sc_j (j < 8), -dmin * mn_j (8 + j)
+    Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, sv);
     for (int c = 0; c < 4; ++c) {
-      int sc0, mn0, sc1, mn1;
-      ggml::scale_min_k4(2 * c, scales, &sc0, &mn0);
-      ggml::scale_min_k4(2 * c + 1, scales, &sc1, &mn1);
-      const float s0 = d * static_cast<float>(sc0), m0 = -(dmin * static_cast<float>(mn0));
-      const float s1 = d * static_cast<float>(sc1), m1 = -(dmin * static_cast<float>(mn1));
+      const float s0 = sv[2 * c], m0 = sv[8 + 2 * c], s1 = sv[2 * c + 1], m1 = sv[9 + 2 * c];
       const VU8 a = Load16(q + 32 * c), b = Load16(q + 32 * c + 16);
       VU8 a0 = Shr<0>(a, 0x0F), b0 = Shr<0>(b, 0x0F), a1 = Shr<4>(a, 0x0F), b1 = Shr<4>(b, 0x0F);
       if constexpr (five) {
@@ -579,26 +631,27 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
       s.template Group<true>(64 * c + 48, I8(b1), s1, m1);
     }
   } else if constexpr (Q == GgmlType::Q6_K) {
-    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
     const float d = Half(p + 208);
+    alignas(64) float sv[16];
+    Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, d, d, sv);
     for (int h = 0; h < 2; ++h) {
       const uint8_t* ql = p + 64 * h;
       const uint8_t* qh = p + 128 + 32 * h;
       const VU8 l0 = Load16(ql), l1 = Load16(ql + 16), l2 = Load16(ql + 32), l3 = Load16(ql + 48);
       const VU8 h0 = Load16(qh), h1 = Load16(qh + 16);
-      const int8_t* s8 = sc + 8 * h;
+      const float* s8 = sv + 8 * h;
       // t = 0: low nibbles of ql[0..32), qh bits 0-1
-      s.template Group<false>(128 * h + 0, SubI8(hn::Or(Shr<0>(l0, 0x0F), Shl<4>(h0, 0x30)), 32), d * s8[0], 0.0f);
-      s.template Group<false>(128 * h + 16, SubI8(hn::Or(Shr<0>(l1, 0x0F), Shl<4>(h1, 0x30)), 32), d * s8[1], 0.0f);
+      s.template Group<false>(128 * h + 0, SubI8(hn::Or(Shr<0>(l0, 0x0F), Shl<4>(h0, 0x30)), 32), s8[0], 0.0f);
+      s.template Group<false>(128 * h + 16, SubI8(hn::Or(Shr<0>(l1, 0x0F), Shl<4>(h1, 0x30)), 32), s8[1], 0.0f);
       // t = 1: low nibbles of ql[32..64), qh bits 2-3
-      s.template Group<false>(128 * h + 32, SubI8(hn::Or(Shr<0>(l2, 0x0F), Shl<2>(h0, 0x30)), 32), d * s8[2], 0.0f);
-      s.template Group<false>(128 * h + 48, SubI8(hn::Or(Shr<0>(l3, 0x0F), Shl<2>(h1, 0x30)), 32), d * s8[3], 0.0f);
+      s.template Group<false>(128 * h + 32, SubI8(hn::Or(Shr<0>(l2, 0x0F), Shl<2>(h0, 0x30)), 32), s8[2], 0.0f);
+      s.template Group<false>(128 * h + 48, SubI8(hn::Or(Shr<0>(l3, 0x0F), Shl<2>(h1, 0x30)), 32), s8[3], 0.0f);
       // t = 2: high nibbles of ql[0..32), qh bits 4-5
-      s.template Group<false>(128 * h + 64, SubI8(hn::Or(Shr<4>(l0, 0x0F), Shr<0>(h0, 0x30)), 32), d * s8[4], 0.0f);
-      s.template Group<false>(128 * h + 80, SubI8(hn::Or(Shr<4>(l1, 0x0F), Shr<0>(h1, 0x30)), 32), d * s8[5], 0.0f);
+      s.template Group<false>(128 * h + 64, SubI8(hn::Or(Shr<4>(l0, 0x0F), Shr<0>(h0, 0x30)), 32), s8[4], 0.0f);
+      s.template Group<false>(128 * h + 80, SubI8(hn::Or(Shr<4>(l1, 0x0F), Shr<0>(h1, 0x30)), 32), s8[5], 0.0f);
       // t = 3: high nibbles of ql[32..64), qh bits 6-7
-      s.template Group<false>(128 * h + 96, SubI8(hn::Or(Shr<4>(l2, 0x0F), Shr<2>(h0, 0x30)), 32), d * s8[6], 0.0f);
-      s.template Group<false>(128 * h + 112, SubI8(hn::Or(Shr<4>(l3, 0x0F), Shr<2>(h1, 0x30)), 32), d * s8[7], 0.0f);
+      s.template Group<false>(128 * h + 96, SubI8(hn::Or(Shr<4>(l2, 0x0F), Shr<2>(h0, 0x30)), 32), s8[6], 0.0f);
+      s.template Group<false>(128 * h + 112, SubI8(hn::Or(Shr<4>(l3, 0x0F), Shr<2>(h1, 0x30)), 32), s8[7], 0.0f);
     }
   }
 }
