@@ -4,14 +4,18 @@
 //   - decode GEMV in GB/s of weight bytes (qweight + fp16 scales) for q2/q3/q4/ternary and the
 //     bf16 GEMV, "hot" (one matrix, L3-resident when small) and "stream" (cycling through copies
 //     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts);
-//   - prefill GEMM GFLOP/s at T = 512; input rotation time.
+//   - prefill GEMM GFLOP/s at T = 512; input rotation time;
+//   - the ggml block formats of GGUF files (ops/ggml_blocks.h): decode GEMV GB/s per type
+//     (stream and hot) and prefill GEMM GFLOP/s, on random valid blocks.
 //   build/bench/quant_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "memory_read.h"
+#include "ops/ggml_blocks.h"
 #include "ops/matmul.h"
 #include "ops/quant_matmul.h"
 #include "ops/thread_pool.h"
@@ -196,6 +200,102 @@ void BM_Quantize(benchmark::State& st) {
   st.counters["Mw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e6, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Quantize)->Arg(static_cast<int64_t>(QType::kQ4))->Arg(static_cast<int64_t>(QType::kTernary))->UseRealTime();
+
+// ---- ggml block formats (GGUF weights) ----
+
+constexpr spool::GgmlType kGgmlTypes[] = {
+    spool::GgmlType::F32,  spool::GgmlType::F16,  spool::GgmlType::BF16, spool::GgmlType::Q8_0,
+    spool::GgmlType::Q4_0, spool::GgmlType::Q4_1, spool::GgmlType::Q5_0, spool::GgmlType::Q5_1,
+    spool::GgmlType::Q2_K, spool::GgmlType::Q3_K, spool::GgmlType::Q4_K, spool::GgmlType::Q5_K,
+    spool::GgmlType::Q6_K, spool::GgmlType::IQ4_NL, spool::GgmlType::IQ4_XS, spool::GgmlType::MXFP4};
+
+// rows x cols of random valid blocks: random bytes, f16 scales of magnitude ~2^-8 (float types:
+// small random values).
+std::vector<uint8_t> ggml_random(spool::GgmlType t, int64_t rows, int64_t cols) {
+  using spool::GgmlType;
+  std::mt19937_64 g(42);
+  const spool::GgmlTypeTraits tr = spool::ggml_type_traits(t);
+  std::vector<uint8_t> m(static_cast<size_t>(rows * spool::ggml_row_bytes(t, cols)));
+  for (auto& b : m) b = static_cast<uint8_t>(g());
+  std::vector<int> halves;
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: {  // keep exponents small
+      const size_t es = tr.size;
+      for (size_t i = 0; i + es <= m.size(); i += es) m[i + es - 1] = static_cast<uint8_t>(0x3c + (g() & 1) * 0x80);
+      return m;
+    }
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+      halves = {0}; break;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: halves = {0, 2}; break;
+    case GgmlType::Q2_K: halves = {80, 82}; break;
+    case GgmlType::Q3_K: halves = {108}; break;
+    case GgmlType::Q6_K: halves = {208}; break;
+    default: break;
+  }
+  for (size_t b = 0; b + tr.size <= m.size(); b += tr.size) {
+    for (int off : halves) {
+      const uint16_t h = static_cast<uint16_t>(0x1c00 | (g() & 0x3ff));
+      std::memcpy(&m[b + off], &h, 2);
+    }
+    if (t == GgmlType::MXFP4) m[b] = 120;
+  }
+  return m;
+}
+
+// Decode GEMV y = W x per ggml type. Args: type, rows, cols, threads, stream.
+void BM_GgmlGemv(benchmark::State& st) {
+  const auto t = static_cast<spool::GgmlType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2);
+  const int threads = static_cast<int>(st.range(3));
+  const bool stream = st.range(4) != 0;
+  const std::vector<uint8_t> m0 = ggml_random(t, rows, cols);
+  const size_t copies = stream ? (kStreamBytes + m0.size() - 1) / m0.size() : 1;
+  std::vector<std::vector<uint8_t>> ms(copies, m0);
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  spool::ops::ThreadPool pool(threads);
+  size_t i = 0;
+  for (auto _ : st) {
+    const spool::ops::GgmlView v{t, rows, cols, ms[i].data(), nullptr};
+    i = (i + 1) % ms.size();
+    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
+      spool::ops::ggml_matmul_rows(v, x.data(), 1, y.data(), rows, b, e);
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string(spool::ggml_type_name(t)) + (stream ? " stream " : " hot ") + spool::ops::ggml_kernel_target());
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(m0.size()) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+void GgmlGemvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream"});
+  for (spool::GgmlType t : kGgmlTypes)
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, 1});
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 1, 0});
+}
+BENCHMARK(BM_GgmlGemv)->Apply(GgmlGemvArgs)->UseRealTime();
+
+// Prefill GEMM Y = X W^T at T tokens, 2 threads. Args: type, rows, cols, T.
+void BM_GgmlGemm(benchmark::State& st) {
+  const auto t = static_cast<spool::GgmlType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
+  const std::vector<uint8_t> m = ggml_random(t, rows, cols);
+  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
+  spool::ops::ThreadPool pool(2);
+  const spool::ops::GgmlView v{t, rows, cols, m.data(), nullptr};
+  for (auto _ : st) {
+    spool::ops::ggml_matmul(v, x.data(), T, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(spool::ggml_type_name(t));
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "T"});
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 512});
+}
+BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
 
 }  // namespace
 

@@ -1,0 +1,884 @@
+// ggml block formats: scalar reference dequantization (compiled once) and Highway kernels
+// (compiled once per SIMD target by foreach_target, dispatched at runtime).
+//
+// Kernel design. Every quantized type is decoded, block by block, into "groups" of 16
+// consecutive columns: a 128-bit vector of 16 int8 codes q plus one scale s and one offset m
+// (w = s * q + m). A group is widened to f32 in chunks of N lanes (N = 4, 8 or 16), turned into
+// weights with one FMA and multiplied into the accumulators of up to TT tokens, with x loaded
+// at the group's columns: no activation reordering, and the weights exist as floats only in
+// registers. Decode (T = 1) runs 4 rows at a time (4 independent streams and FMA chains);
+// prefill runs one row against TT tokens (8 on AVX-512, else 4) so that each decoded weight
+// vector serves TT FMAs, over token tiles whose x stays in L2.
+// The float types (F32 / F16 / BF16) use the same tiles with N-lane weight loads and a scalar
+// column tail. HWY_SCALAR falls back to the scalar reference (dequantize row, then dot).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/ggml_blocks.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "ops/ggml_blocks.h"
+
+// ---- Target-independent part (compiled once) ----
+#ifndef SPOOL_OPS_GGML_BLOCKS_SHARED
+#define SPOOL_OPS_GGML_BLOCKS_SHARED
+namespace spool::ops::ggml {
+
+/// IEEE half bits -> float (exact: subnormals, inf, NaN).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
+      u = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 112) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// f16 stored at p (unaligned).
+inline float load_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+/// E8M0 exponent -> half its value, 2^(e - 128), bit-exact as ggml_e8m0_to_fp32_half.
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// IQ4_NL / IQ4_XS non-linear codebook.
+alignas(16) inline constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                  1,    13,   25,  38,  53,  69,  89,  113};
+/// MXFP4 E2M1 values, doubled.
+alignas(16) inline constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/// Q4_K / Q5_K 6-bit (scale, min) pair j of the 12 packed bytes q (ggml get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+/// Q3_K 6-bit signed sub-block scales (16) from the 12 packed bytes b.
+inline void q3k_scales(const uint8_t* b, int* s) {
+  for (int i = 0; i < 16; ++i) {
+    const int low4 = i < 8 ? (b[i] & 0xF) : (b[i - 8] >> 4);
+    const int hi2 = (b[8 + (i % 4)] >> (2 * (i / 4))) & 3;
+    s[i] = (low4 | (hi2 << 4)) - 32;
+  }
+}
+
+/// Scalar dequantization of one block of type t at p into y[0, blck).
+inline void dequant_block(GgmlType t, const uint8_t* p, float* y) {
+  switch (t) {
+    case GgmlType::Q4_0: {
+      const float d = load_half(p);
+      const uint8_t* qs = p + 2;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
+        y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+      }
+      return;
+    }
+    case GgmlType::Q4_1: {
+      const float d = load_half(p), m = load_half(p + 2);
+      const uint8_t* qs = p + 4;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
+        y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+      }
+      return;
+    }
+    case GgmlType::Q5_0: {
+      const float d = load_half(p);
+      uint32_t qh;
+      std::memcpy(&qh, p + 2, 4);
+      const uint8_t* qs = p + 6;
+      for (int j = 0; j < 16; ++j) {
+        const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+        y[j] = static_cast<float>(((qs[j] & 0xF) | h0) - 16) * d;
+        y[j + 16] = static_cast<float>(((qs[j] >> 4) | h1) - 16) * d;
+      }
+      return;
+    }
+    case GgmlType::Q5_1: {
+      const float d = load_half(p), m = load_half(p + 2);
+      uint32_t qh;
+      std::memcpy(&qh, p + 4, 4);
+      const uint8_t* qs = p + 8;
+      for (int j = 0; j < 16; ++j) {
+        const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+        y[j] = static_cast<float>((qs[j] & 0xF) | h0) * d + m;
+        y[j + 16] = static_cast<float>((qs[j] >> 4) | h1) * d + m;
+      }
+      return;
+    }
+    case GgmlType::Q8_0: {
+      const float d = load_half(p);
+      for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(p[2 + j])) * d;
+      return;
+    }
+    case GgmlType::IQ4_NL: {
+      const float d = load_half(p);
+      const uint8_t* qs = p + 2;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>(kIq4nl[qs[j] & 0xF]);
+        y[j + 16] = d * static_cast<float>(kIq4nl[qs[j] >> 4]);
+      }
+      return;
+    }
+    case GgmlType::MXFP4: {
+      const float d = e8m0_half(p[0]);
+      const uint8_t* qs = p + 1;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>(kMxfp4[qs[j] & 0xF]) * d;
+        y[j + 16] = static_cast<float>(kMxfp4[qs[j] >> 4]) * d;
+      }
+      return;
+    }
+    case GgmlType::Q2_K: {
+      const uint8_t* sc = p;
+      const uint8_t* q = p + 16;
+      const float d = load_half(p + 80), dmin = load_half(p + 82);
+      int is = 0;
+      for (int n = 0; n < 256; n += 128) {
+        for (int j = 0; j < 4; ++j) {
+          const int shift = 2 * j;
+          for (int half = 0; half < 2; ++half) {
+            const uint8_t s = sc[is++];
+            const float dl = d * static_cast<float>(s & 0xF), ml = dmin * static_cast<float>(s >> 4);
+            for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
+          }
+        }
+        q += 32;
+      }
+      return;
+    }
+    case GgmlType::Q3_K: {
+      const uint8_t* hm = p;
+      const uint8_t* q = p + 32;
+      int s[16];
+      q3k_scales(p + 96, s);
+      const float d = load_half(p + 108);
+      int is = 0;
+      uint8_t m = 1;
+      for (int n = 0; n < 256; n += 128) {
+        for (int j = 0; j < 4; ++j) {
+          const int shift = 2 * j;
+          for (int half = 0; half < 2; ++half) {
+            const float dl = d * static_cast<float>(s[is++]);
+            for (int l = 16 * half; l < 16 * half + 16; ++l)
+              *y++ = dl * static_cast<float>(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+          }
+          m = static_cast<uint8_t>(m << 1);
+        }
+        q += 32;
+      }
+      return;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool five = t == GgmlType::Q5_K;
+      const float d = load_half(p), dmin = load_half(p + 2);
+      const uint8_t* scales = p + 4;
+      const uint8_t* qh = p + 16;
+      const uint8_t* q = five ? p + 48 : p + 16;
+      int is = 0;
+      for (int j = 0; j < 256; j += 64) {
+        int sc, mn;
+        scale_min_k4(is, scales, &sc, &mn);
+        const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
+        scale_min_k4(is + 1, scales, &sc, &mn);
+        const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
+        for (int l = 0; l < 32; ++l) {
+          const int h = five && (qh[l] >> is) & 1 ? 16 : 0;
+          *y++ = d1 * static_cast<float>((q[l] & 0xF) + h) - m1;
+        }
+        for (int l = 0; l < 32; ++l) {
+          const int h = five && (qh[l] >> (is + 1)) & 1 ? 16 : 0;
+          *y++ = d2 * static_cast<float>((q[l] >> 4) + h) - m2;
+        }
+        q += 32;
+        is += 2;
+      }
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* ql = p;
+      const uint8_t* qh = p + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+      const float d = load_half(p + 208);
+      for (int n = 0; n < 256; n += 128) {
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+          const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+          y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+          y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+          y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+      }
+      return;
+    }
+    case GgmlType::IQ4_XS: {
+      const float d = load_half(p);
+      uint16_t sh;
+      std::memcpy(&sh, p + 2, 2);
+      const uint8_t* sl = p + 4;
+      const uint8_t* qs = p + 8;
+      for (int ib = 0; ib < 8; ++ib) {
+        const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        const float dl = d * static_cast<float>(ls - 32);
+        for (int j = 0; j < 16; ++j) {
+          y[j] = dl * static_cast<float>(kIq4nl[qs[j] & 0xF]);
+          y[j + 16] = dl * static_cast<float>(kIq4nl[qs[j] >> 4]);
+        }
+        y += 32;
+        qs += 16;
+      }
+      return;
+    }
+    case GgmlType::F32:
+      std::memcpy(y, p, 4);
+      return;
+    case GgmlType::F16:
+      *y = load_half(p);
+      return;
+    case GgmlType::BF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      std::memcpy(y, &u, 4);
+      return;
+    }
+    default:
+      fail("ggml type %s (id %u) is not supported", ggml_type_name(t), static_cast<unsigned>(t));
+  }
+}
+
+}  // namespace spool::ops::ggml
+#endif  // SPOOL_OPS_GGML_BLOCKS_SHARED
+
+HWY_BEFORE_NAMESPACE();
+namespace spool::ops {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
+
+// Everything but the exported entry points lives in gb:: (other kernel files of spool_ops
+// define functions of the same names in HWY_NAMESPACE).
+namespace gb {
+
+// Dot product of n floats (scalar fallback path).
+float DotF32(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
+  const DF df;
+  VF acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + kN <= n; i += kN) acc = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc);
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Reference path: dequantize each row into a thread-local buffer, then dot.
+void RowsByDequant(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.cols));
+  const int64_t rb = w.row_bytes();
+  const GgmlTypeTraits tr = ggml_type_traits(w.type);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* p = w.data + r * rb;
+    for (int64_t b = 0; b < w.cols / tr.blck; ++b) ggml::dequant_block(w.type, p + b * tr.size, row.data() + b * tr.blck);
+    for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = DotF32(row.data(), x + t * w.cols, w.cols);
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+
+using D8 = hn::Full128<int8_t>;
+using DU8 = hn::Full128<uint8_t>;
+using DU16 = hn::Full128<uint16_t>;
+using V8 = hn::Vec<D8>;
+using VU8 = hn::Vec<DU8>;
+using DI = hn::RebindToSigned<DF>;
+
+HWY_INLINE float Half(const uint8_t* p) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+#else
+  return ggml::load_half(p);
+#endif
+}
+
+HWY_INLINE VU8 Load16(const uint8_t* p) { return hn::LoadU(DU8(), p); }
+
+// (v >> k) & mask per byte; mask must not have bits above 8 - k (shifts 16-bit lanes).
+template <int k>
+HWY_INLINE VU8 Shr(VU8 v, uint8_t mask) {
+  const DU8 du8;
+  if constexpr (k == 0) {
+    return hn::And(v, hn::Set(du8, mask));
+  } else {
+    return hn::And(hn::BitCast(du8, hn::ShiftRight<k>(hn::BitCast(DU16(), v))), hn::Set(du8, mask));
+  }
+}
+// (v << k) & mask per byte; mask must not have bits below k.
+template <int k>
+HWY_INLINE VU8 Shl(VU8 v, uint8_t mask) {
+  const DU8 du8;
+  if constexpr (k == 0) {
+    return hn::And(v, hn::Set(du8, mask));
+  } else {
+    return hn::And(hn::BitCast(du8, hn::ShiftLeft<k>(hn::BitCast(DU16(), v))), hn::Set(du8, mask));
+  }
+}
+
+HWY_INLINE V8 I8(VU8 v) { return hn::BitCast(D8(), v); }
+HWY_INLINE V8 SubI8(VU8 v, int8_t c) { return hn::Sub(I8(v), hn::Set(D8(), c)); }
+
+// Byte i of the result = (bit i of bits16) ? val : 0, for 16 bits.
+HWY_INLINE VU8 BitsToBytes(uint32_t bits16, uint8_t val) {
+  const DU8 du8;
+  alignas(16) static constexpr uint8_t kIdx[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  alignas(16) static constexpr uint8_t kSel[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const VU8 b = hn::BitCast(du8, hn::Set(DU16(), static_cast<uint16_t>(bits16)));
+  const VU8 spread = hn::TableLookupBytes(b, hn::Load(du8, kIdx));
+  return hn::IfThenElseZero(hn::TestBit(spread, hn::Load(du8, kSel)), hn::Set(du8, val));
+}
+
+// Byte i = (bit `bit` of v[i]) ? val : 0.
+HWY_INLINE VU8 BitOfBytes(VU8 v, uint8_t bit, uint8_t val) {
+  const DU8 du8;
+  return hn::IfThenElseZero(hn::TestBit(v, hn::Set(du8, bit)), hn::Set(du8, val));
+}
+
+// 16-entry int8 table lookup of 16 nibbles.
+HWY_INLINE V8 Lut(V8 table, VU8 nib) { return hn::TableLookupBytes(table, I8(nib)); }
+
+// Calls f(k, vf) for the 16 / N chunks of 16 int8 codes widened to f32 (chunk k = columns
+// [k N, (k + 1) N) of the group). Q16 is D8; a template parameter so that only the branch of
+// this target's N is instantiated.
+template <class Q16, class F>
+HWY_INLINE void ForChunks(hn::Vec<Q16> q, const F& f) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  if constexpr (kN == 16) {
+    f(0, hn::ConvertTo(df, hn::PromoteTo(di, q)));
+  } else if constexpr (kN == 8) {
+    const hn::Half<Q16> dh;
+    f(0, hn::ConvertTo(df, hn::PromoteTo(di, hn::LowerHalf(dh, q))));
+    f(1, hn::ConvertTo(df, hn::PromoteTo(di, hn::UpperHalf(dh, q))));
+  } else {
+    static_assert(kN == 4 && sizeof(Q16) > 0, "unexpected vector size");
+    const hn::Half<Q16> dh;
+    const hn::Half<hn::Half<Q16>> dq;
+    const auto lo = hn::LowerHalf(dh, q), hi = hn::UpperHalf(dh, q);
+    f(0, hn::ConvertTo(df, hn::PromoteTo(di, hn::LowerHalf(dq, lo))));
+    f(1, hn::ConvertTo(df, hn::PromoteTo(di, hn::UpperHalf(dq, lo))));
+    f(2, hn::ConvertTo(df, hn::PromoteTo(di, hn::LowerHalf(dq, hi))));
+    f(3, hn::ConvertTo(df, hn::PromoteTo(di, hn::UpperHalf(dq, hi))));
+  }
+}
+
+// Accumulators of one row against TT tokens; x points at the block's first column of token 0.
+template <int TT>
+struct Sink {
+  VF* acc;  // [TT], stride kAccStride
+  int64_t stride;
+  const float* x;
+  int64_t ldx;
+
+  // Group of 16 columns at `col` (relative to the block): w = s * q + m.
+  template <bool kMin>
+  HWY_INLINE void Group(int col, V8 q, float s, float m) const {
+    const DF df;
+    const VF vs = hn::Set(df, s);
+    const VF vm = hn::Set(df, m);
+    ForChunks<D8>(q, [&](int k, VF v) HWY_ATTR {
+      const VF wv = kMin ? hn::MulAdd(v, vs, vm) : hn::Mul(v, vs);
+      const float* xc = x + col + k * kN;
+      for (int t = 0; t < TT; ++t) acc[t * stride] = hn::MulAdd(wv, hn::LoadU(df, xc + t * ldx), acc[t * stride]);
+    });
+  }
+  // 16 int8 codes read straight from memory (Q8_0): chunk loads widen from memory.
+  HWY_INLINE void GroupMem(int col, const int8_t* q, float s) const {
+    const DF df;
+    const DI di;
+    const hn::Rebind<int8_t, DI> d8n;
+    const VF vs = hn::Set(df, s);
+    for (int k = 0; k < 16 / kN; ++k) {
+      const VF wv = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, q + k * kN))), vs);
+      const float* xc = x + col + k * kN;
+      for (int t = 0; t < TT; ++t) acc[t * stride] = hn::MulAdd(wv, hn::LoadU(df, xc + t * ldx), acc[t * stride]);
+    }
+  }
+};
+
+// out[i] = (float(in[i]) + bias) * (i < 8 ? a : b) for 16 int8 values (block scales decoded
+// with vector ops and kept in memory, so that the per-group broadcasts are loads).
+HWY_INLINE void Scales16(const int8_t* in, float bias, float a, float b, float* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8n;
+  const VF vb = hn::Set(df, bias);
+  for (int k = 0; k < 16; k += static_cast<int>(kN)) {
+    VF mul;
+    if constexpr (kN == 16) {
+      mul = hn::IfThenElse(hn::FirstN(df, 8), hn::Set(df, a), hn::Set(df, b));
+    } else {
+      mul = hn::Set(df, k < 8 ? a : b);
+    }
+    const VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, in + k)));
+    hn::StoreU(hn::Mul(hn::Add(v, vb), mul), df, out + k);
+  }
+}
+
+// Q4_K / Q5_K: the 8 scales and 8 mins of the 12 packed bytes as 16 bytes (scales first).
+HWY_INLINE void UnpackK4Scales(const uint8_t* q, uint8_t* out16) {
+  constexpr uint32_t kM1 = 0x3f3f3f3f, kM2 = 0x0f0f0f0f, kM3 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  u[3] = ((u[2] >> 4) & kM2) | (((u[1] >> 6) & kM3) << 4);
+  const uint32_t m1 = u[1] & kM1;
+  u[1] = (u[2] & kM2) | (((u[0] >> 6) & kM3) << 4);
+  u[2] = m1;
+  u[0] &= kM1;
+  // bytes 0-3: sc0-3, 4-7: sc4-7, 8-11: mn0-3, 12-15: mn4-7
+  std::memcpy(out16, u, 16);
+}
+
+// Q3_K: the 16 6-bit scales of the 12 packed bytes, minus 32 not yet applied.
+HWY_INLINE void UnpackQ3Scales(const uint8_t* b, uint8_t* out16) {
+  constexpr uint32_t kM1 = 0x03030303, kM2 = 0x0f0f0f0f;
+  uint32_t a[4];
+  std::memcpy(a, b, 12);
+  const uint32_t tmp = a[2];
+  a[2] = ((a[0] >> 4) & kM2) | (((tmp >> 4) & kM1) << 4);
+  a[3] = ((a[1] >> 4) & kM2) | (((tmp >> 6) & kM1) << 4);
+  a[0] = (a[0] & kM2) | (((tmp >> 0) & kM1) << 4);
+  a[1] = (a[1] & kM2) | (((tmp >> 2) & kM1) << 4);
+  std::memcpy(out16, a, 16);
+}
+
+// Decodes one block of type Q at p into groups of 16 columns.
+template <GgmlType Q, class S>
+HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
+  if constexpr (Q == GgmlType::Q8_0) {
+    const float d = Half(p);
+    s.GroupMem(0, reinterpret_cast<const int8_t*>(p + 2), d);
+    s.GroupMem(16, reinterpret_cast<const int8_t*>(p + 18), d);
+  } else if constexpr (Q == GgmlType::Q4_0) {
+    const float d = Half(p);
+    const VU8 v = Load16(p + 2);
+    s.template Group<false>(0, SubI8(Shr<0>(v, 0x0F), 8), d, 0.0f);
+    s.template Group<false>(16, SubI8(Shr<4>(v, 0x0F), 8), d, 0.0f);
+  } else if constexpr (Q == GgmlType::Q4_1) {
+    const float d = Half(p), m = Half(p + 2);
+    const VU8 v = Load16(p + 4);
+    s.template Group<true>(0, I8(Shr<0>(v, 0x0F)), d, m);
+    s.template Group<true>(16, I8(Shr<4>(v, 0x0F)), d, m);
+  } else if constexpr (Q == GgmlType::Q5_0 || Q == GgmlType::Q5_1) {
+    constexpr bool k1 = Q == GgmlType::Q5_1;
+    const float d = Half(p), m = k1 ? Half(p + 2) : 0.0f;
+    const uint8_t* b = p + (k1 ? 4 : 2);
+    uint32_t qh;
+    std::memcpy(&qh, b, 4);
+    const VU8 v = Load16(b + 4);
+    const VU8 lo = hn::Or(Shr<0>(v, 0x0F), BitsToBytes(qh & 0xFFFF, 0x10));
+    const VU8 hi = hn::Or(Shr<4>(v, 0x0F), BitsToBytes(qh >> 16, 0x10));
+    if constexpr (k1) {
+      s.template Group<true>(0, I8(lo), d, m);
+      s.template Group<true>(16, I8(hi), d, m);
+    } else {
+      s.template Group<false>(0, SubI8(lo, 16), d, 0.0f);
+      s.template Group<false>(16, SubI8(hi, 16), d, 0.0f);
+    }
+  } else if constexpr (Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) {
+    constexpr bool mx = Q == GgmlType::MXFP4;
+    const float d = mx ? ggml::e8m0_half(p[0]) : Half(p);
+    const V8 table = hn::Load(D8(), mx ? ggml::kMxfp4 : ggml::kIq4nl);
+    const VU8 v = Load16(p + (mx ? 1 : 2));
+    s.template Group<false>(0, Lut(table, Shr<0>(v, 0x0F)), d, 0.0f);
+    s.template Group<false>(16, Lut(table, Shr<4>(v, 0x0F)), d, 0.0f);
+  } else if constexpr (Q == GgmlType::IQ4_XS) {
+    const float d = Half(p);
+    uint16_t sh;
+    std::memcpy(&sh, p + 2, 2);
+    const uint8_t* sl = p + 4;
+    const V8 table = hn::Load(D8(), ggml::kIq4nl);
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      const VU8 v = Load16(p + 8 + 16 * ib);
+      s.template Group<false>(32 * ib, Lut(table, Shr<0>(v, 0x0F)), dl, 0.0f);
+      s.template Group<false>(32 * ib + 16, Lut(table, Shr<4>(v, 0x0F)), dl, 0.0f);
+    }
+  } else if constexpr (Q == GgmlType::Q2_K) {
+    const float d = Half(p + 80), dmin = Half(p + 82);
+    alignas(16) uint8_t lo[16], hi[16];
+    const VU8 scv = Load16(p);
+    hn::Store(Shr<0>(scv, 0x0F), DU8(), lo);
+    hn::Store(Shr<4>(scv, 0x0F), DU8(), hi);
+    alignas(64) float sv[16], mv[16];
+    Scales16(reinterpret_cast<const int8_t*>(lo), 0.0f, d, d, sv);
+    Scales16(reinterpret_cast<const int8_t*>(hi), 0.0f, -dmin, -dmin, mv);
+    for (int h = 0; h < 2; ++h) {
+      const VU8 a = Load16(p + 16 + 32 * h), b = Load16(p + 32 + 32 * h);
+      auto sub = [&](auto jc) HWY_ATTR {
+        constexpr int j = decltype(jc)::value;
+        const int i = 8 * h + 2 * j;
+        s.template Group<true>(128 * h + 32 * j, I8(Shr<2 * j>(a, 3)), sv[i], mv[i]);
+        s.template Group<true>(128 * h + 32 * j + 16, I8(Shr<2 * j>(b, 3)), sv[i + 1], mv[i + 1]);
+      };
+      sub(std::integral_constant<int, 0>());
+      sub(std::integral_constant<int, 1>());
+      sub(std::integral_constant<int, 2>());
+      sub(std::integral_constant<int, 3>());
+    }
+  } else if constexpr (Q == GgmlType::Q3_K) {
+    const float d = Half(p + 108);
+    alignas(16) uint8_t raw[16];
+    UnpackQ3Scales(p + 96, raw);
+    alignas(64) float sc[16];
+    Scales16(reinterpret_cast<const int8_t*>(raw), -32.0f, d, d, sc);
+    const VU8 ha = Load16(p), hb = Load16(p + 16);
+    for (int h = 0; h < 2; ++h) {
+      const VU8 a = Load16(p + 32 + 32 * h), b = Load16(p + 48 + 32 * h);
+      auto sub = [&](auto jc) HWY_ATTR {
+        constexpr int j = decltype(jc)::value;
+        const int i = 8 * h + 2 * j;
+        const uint8_t bit = static_cast<uint8_t>(1u << (4 * h + j));
+        // q = low2 - 4 + (hbit ? 4 : 0)
+        const V8 qa = SubI8(hn::Or(Shr<2 * j>(a, 3), BitOfBytes(ha, bit, 4)), 4);
+        const V8 qb = SubI8(hn::Or(Shr<2 * j>(b, 3), BitOfBytes(hb, bit, 4)), 4);
+        s.template Group<false>(128 * h + 32 * j, qa, sc[i], 0.0f);
+        s.template Group<false>(128 * h + 32 * j + 16, qb, sc[i + 1], 0.0f);
+      };
+      sub(std::integral_constant<int, 0>());
+      sub(std::integral_constant<int, 1>());
+      sub(std::integral_constant<int, 2>());
+      sub(std::integral_constant<int, 3>());
+    }
+  } else if constexpr (Q == GgmlType::Q4_K || Q == GgmlType::Q5_K) {
+    constexpr bool five = Q == GgmlType::Q5_K;
+    const float d = Half(p), dmin = Half(p + 2);
+    const uint8_t* scales = p + 4;
+    const uint8_t* q = p + (five ? 48 : 16);
+    VU8 ha, hb;
+    if constexpr (five) {
+      ha = Load16(p + 16);
+      hb = Load16(p + 32);
+    }
+    alignas(16) uint8_t raw[16];
+    UnpackK4Scales(scales, raw);
+    alignas(64) float sv[16];  // d * sc_j (j < 8), -dmin * mn_j (8 + j)
+    Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, sv);
+    for (int c = 0; c < 4; ++c) {
+      const float s0 = sv[2 * c], m0 = sv[8 + 2 * c], s1 = sv[2 * c + 1], m1 = sv[9 + 2 * c];
+      const VU8 a = Load16(q + 32 * c), b = Load16(q + 32 * c + 16);
+      VU8 a0 = Shr<0>(a, 0x0F), b0 = Shr<0>(b, 0x0F), a1 = Shr<4>(a, 0x0F), b1 = Shr<4>(b, 0x0F);
+      if constexpr (five) {
+        const uint8_t bit0 = static_cast<uint8_t>(1u << (2 * c)), bit1 = static_cast<uint8_t>(2u << (2 * c));
+        a0 = hn::Or(a0, BitOfBytes(ha, bit0, 16));
+        b0 = hn::Or(b0, BitOfBytes(hb, bit0, 16));
+        a1 = hn::Or(a1, BitOfBytes(ha, bit1, 16));
+        b1 = hn::Or(b1, BitOfBytes(hb, bit1, 16));
+      }
+      s.template Group<true>(64 * c, I8(a0), s0, m0);
+      s.template Group<true>(64 * c + 16, I8(b0), s0, m0);
+      s.template Group<true>(64 * c + 32, I8(a1), s1, m1);
+      s.template Group<true>(64 * c + 48, I8(b1), s1, m1);
+    }
+  } else if constexpr (Q == GgmlType::Q6_K) {
+    const float d = Half(p + 208);
+    alignas(64) float sv[16];
+    Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, d, d, sv);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = p + 64 * h;
+      const uint8_t* qh = p + 128 + 32 * h;
+      const VU8 l0 = Load16(ql), l1 = Load16(ql + 16), l2 = Load16(ql + 32), l3 = Load16(ql + 48);
+      const VU8 h0 = Load16(qh), h1 = Load16(qh + 16);
+      const float* s8 = sv + 8 * h;
+      // t = 0: low nibbles of ql[0..32), qh bits 0-1
+      s.template Group<false>(128 * h + 0, SubI8(hn::Or(Shr<0>(l0, 0x0F), Shl<4>(h0, 0x30)), 32), s8[0], 0.0f);
+      s.template Group<false>(128 * h + 16, SubI8(hn::Or(Shr<0>(l1, 0x0F), Shl<4>(h1, 0x30)), 32), s8[1], 0.0f);
+      // t = 1: low nibbles of ql[32..64), qh bits 2-3
+      s.template Group<false>(128 * h + 32, SubI8(hn::Or(Shr<0>(l2, 0x0F), Shl<2>(h0, 0x30)), 32), s8[2], 0.0f);
+      s.template Group<false>(128 * h + 48, SubI8(hn::Or(Shr<0>(l3, 0x0F), Shl<2>(h1, 0x30)), 32), s8[3], 0.0f);
+      // t = 2: high nibbles of ql[0..32), qh bits 4-5
+      s.template Group<false>(128 * h + 64, SubI8(hn::Or(Shr<4>(l0, 0x0F), Shr<0>(h0, 0x30)), 32), s8[4], 0.0f);
+      s.template Group<false>(128 * h + 80, SubI8(hn::Or(Shr<4>(l1, 0x0F), Shr<0>(h1, 0x30)), 32), s8[5], 0.0f);
+      // t = 3: high nibbles of ql[32..64), qh bits 6-7
+      s.template Group<false>(128 * h + 96, SubI8(hn::Or(Shr<4>(l2, 0x0F), Shr<2>(h0, 0x30)), 32), s8[6], 0.0f);
+      s.template Group<false>(128 * h + 112, SubI8(hn::Or(Shr<4>(l3, 0x0F), Shr<2>(h1, 0x30)), 32), s8[7], 0.0f);
+    }
+  }
+}
+
+constexpr int64_t BlockCols(GgmlType Q) { return ggml_type_traits(Q).blck; }
+constexpr int64_t BlockBytes(GgmlType Q) { return ggml_type_traits(Q).size; }
+
+// out[t * ldo + r] = dot(row r, x_t) for R rows and TT tokens over `nb` blocks.
+template <GgmlType Q, int R, int TT>
+HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x, int64_t ldx, float* out,
+                          int64_t ldo) {
+  const DF df;
+  VF acc[TT * R];
+  for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  constexpr int64_t kB = BlockCols(Q), kS = BlockBytes(Q);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const Sink<TT> s{acc + r, R, x + b * kB, ldx};
+      DecodeBlock<Q>(rows[r] + b * kS, s);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
+}
+
+// Float weights: W element type F (F32 / F16 / BF16) in chunks of N, scalar tail.
+template <GgmlType Q>
+HWY_INLINE VF LoadW(const uint8_t* p) {
+  const DF df;
+  if constexpr (Q == GgmlType::F32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(p));
+  } else if constexpr (Q == GgmlType::F16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    return hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+  }
+}
+
+template <GgmlType Q, int R, int TT>
+HWY_INLINE void FloatTile(const uint8_t* const* rows, int64_t cols, const float* x, int64_t ldx, float* out,
+                          int64_t ldo) {
+  const DF df;
+  constexpr int64_t es = BlockBytes(Q);
+  VF acc[TT * R];
+  for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  int64_t c = 0;
+  for (; c + kN <= cols; c += kN) {
+    for (int r = 0; r < R; ++r) {
+      const VF wv = LoadW<Q>(rows[r] + c * es);
+      for (int t = 0; t < TT; ++t) acc[t * R + r] = hn::MulAdd(wv, hn::LoadU(df, x + t * ldx + c), acc[t * R + r]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) {
+      float sum = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
+      for (int64_t k = c; k < cols; ++k) {
+        float wk;
+        ggml::dequant_block(Q, rows[r] + k * es, &wk);
+        sum += wk * x[t * ldx + k];
+      }
+      out[t * ldo + r] = sum;
+    }
+}
+
+template <GgmlType Q, int R, int TT>
+HWY_INLINE void Tile(const GgmlView& w, const uint8_t* const* rows, const float* x, float* out, int64_t ldo) {
+  if constexpr (BlockCols(Q) == 1) {
+    FloatTile<Q, R, TT>(rows, w.cols, x, w.cols, out, ldo);
+  } else {
+    QuantTile<Q, R, TT>(rows, w.cols / BlockCols(Q), x, w.cols, out, ldo);
+  }
+}
+
+constexpr int kGemmTokens = kN == 16 ? 8 : 4;  // tokens per prefill tile
+constexpr int64_t kTokenTile = 64;             // tokens whose x stays in L2 while rows stream
+
+template <GgmlType Q>
+void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t rb = w.row_bytes();
+  if (T < kGemmTokens) {
+    // Decode: 4 rows at a time, token by token (T is small: the rows stay in L1/L2).
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * w.cols;
+      float* yt = y + t * ldy;
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        const uint8_t* rows[4] = {w.data + r * rb, w.data + (r + 1) * rb, w.data + (r + 2) * rb,
+                                  w.data + (r + 3) * rb};
+        Tile<Q, 4, 1>(w, rows, xt, yt + r, 1);
+      }
+      for (; r < r1; ++r) {
+        const uint8_t* rows[1] = {w.data + r * rb};
+        Tile<Q, 1, 1>(w, rows, xt, yt + r, 1);
+      }
+    }
+    return;
+  }
+  // Prefill: token tiles of kTokenTile; each row against kGemmTokens tokens at a time.
+  for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+    const int64_t t1 = std::min(T, t0 + kTokenTile);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* rows[1] = {w.data + r * rb};
+      int64_t t = t0;
+      for (; t + kGemmTokens <= t1; t += kGemmTokens)
+        Tile<Q, 1, kGemmTokens>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+      for (; t < t1; ++t) Tile<Q, 1, 1>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+    }
+  }
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+}  // namespace gb
+
+void GgmlRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#if HWY_TARGET != HWY_SCALAR
+  switch (w.type) {
+    case GgmlType::F32: return gb::TypedRows<GgmlType::F32>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::F16: return gb::TypedRows<GgmlType::F16>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::BF16: return gb::TypedRows<GgmlType::BF16>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q8_0: return gb::TypedRows<GgmlType::Q8_0>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q4_0: return gb::TypedRows<GgmlType::Q4_0>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q4_1: return gb::TypedRows<GgmlType::Q4_1>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q5_0: return gb::TypedRows<GgmlType::Q5_0>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q5_1: return gb::TypedRows<GgmlType::Q5_1>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q2_K: return gb::TypedRows<GgmlType::Q2_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q3_K: return gb::TypedRows<GgmlType::Q3_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q4_K: return gb::TypedRows<GgmlType::Q4_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q5_K: return gb::TypedRows<GgmlType::Q5_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::Q6_K: return gb::TypedRows<GgmlType::Q6_K>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::IQ4_NL: return gb::TypedRows<GgmlType::IQ4_NL>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::IQ4_XS: return gb::TypedRows<GgmlType::IQ4_XS>(w, x, T, y, ldy, r0, r1);
+    case GgmlType::MXFP4: return gb::TypedRows<GgmlType::MXFP4>(w, x, T, y, ldy, r0, r1);
+    default: break;
+  }
+#endif
+  gb::RowsByDequant(w, x, T, y, ldy, r0, r1);
+}
+
+const char* GgmlKernelTarget() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace spool::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spool::ops {
+
+HWY_EXPORT(GgmlRows);
+HWY_EXPORT(GgmlKernelTarget);
+
+bool ggml_supported(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
+    case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q2_K: case GgmlType::Q3_K:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+    case GgmlType::MXFP4:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string ggml_describe(const GgmlView& w) {
+  const char* n = ggml_type_traits(w.type).name;
+  std::string s = n != nullptr ? n : "unknown type id " + std::to_string(static_cast<unsigned>(w.type));
+  if (w.name != nullptr) s += std::string(" tensor '") + w.name + "'";
+  return s;
+}
+
+void validate(const GgmlView& w) {
+  if (!ggml_supported(w.type))
+    fail("%s: ggml type %s (id %u) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
+         "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
+         ggml_describe(w).c_str(), ggml_type_name(w.type), static_cast<unsigned>(w.type));
+  const uint32_t blck = ggml_type_traits(w.type).blck;
+  if (w.rows < 0 || w.cols <= 0 || w.cols % blck != 0)
+    fail("%s: bad shape [%lld x %lld] (columns must be a positive multiple of the block size %u)",
+         ggml_describe(w).c_str(), static_cast<long long>(w.rows), static_cast<long long>(w.cols), blck);
+  if (w.rows > 0 && w.data == nullptr) fail("%s: no data", ggml_describe(w).c_str());
+}
+
+void ggml_dequantize_row(GgmlType t, const uint8_t* src, int64_t n, float* dst) {
+  const GgmlTypeTraits tr = ggml_type_traits(t);
+  if (!ggml_supported(t)) fail("ggml type %s (id %u) is not supported", ggml_type_name(t), static_cast<unsigned>(t));
+  if (n < 0 || n % tr.blck != 0)
+    fail("ggml_dequantize_row: %lld elements is not a multiple of the %s block size %u", static_cast<long long>(n),
+         tr.name, tr.blck);
+  for (int64_t b = 0; b < n / tr.blck; ++b) ggml::dequant_block(t, src + b * tr.size, dst + b * tr.blck);
+}
+
+void ggml_matmul_rows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  validate(w);
+  if (r0 < 0 || r1 > w.rows)
+    fail("ggml_matmul_rows (%s): rows [%lld, %lld) outside [0, %lld)", ggml_describe(w).c_str(),
+         static_cast<long long>(r0), static_cast<long long>(r1), static_cast<long long>(w.rows));
+  if (r0 >= r1 || T <= 0) return;
+  HWY_DYNAMIC_DISPATCH(GgmlRows)(w, x, T, y, ldy, r0, r1);
+}
+
+void ggml_matmul(const GgmlView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  validate(w);
+  if (T <= 0 || w.rows == 0) return;
+  const int64_t work = w.rows * w.cols * T;
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
+    HWY_DYNAMIC_DISPATCH(GgmlRows)(w, x, T, y, w.rows, 0, w.rows);
+    return;
+  }
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { HWY_DYNAMIC_DISPATCH(GgmlRows)(w, x, T, y, w.rows, b, e); });
+}
+
+void ggml_matmul_reference(const GgmlView& w, const float* x, int64_t T, float* y) {
+  validate(w);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    ggml_dequantize_row(w.type, w.data + r * w.row_bytes(), w.cols, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double acc = 0;
+      for (int64_t c = 0; c < w.cols; ++c) acc += static_cast<double>(row[c]) * x[t * w.cols + c];
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+const char* ggml_kernel_target() { return HWY_DYNAMIC_DISPATCH(GgmlKernelTarget)(); }
+
+}  // namespace spool::ops
+#endif  // HWY_ONCE

@@ -1,0 +1,240 @@
+// ggml block kernels: the scalar dequantization against gguf-py's dequantize (blocks written by
+// tests/reference/gguf_fixtures.py: quantized by the package where it can, random valid blocks
+// otherwise), and the SIMD GEMV / GEMM on every compiled target against the scalar reference
+// (random valid blocks, ragged shapes, token counts around the tile sizes), and the errors.
+#include "ops/ggml_blocks.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../tests/support/random.h"
+#include "common/error.h"
+#include "io/gguf.h"
+
+namespace spool::ops {
+namespace {
+
+using spool::testing::for_each_target;
+using spool::testing::randn;
+
+constexpr GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  GgmlType::Q8_0,
+                               GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,  GgmlType::Q5_1,
+                               GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,  GgmlType::Q5_K,
+                               GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+
+// Byte offsets of the f16 scale fields of one block.
+std::vector<int> half_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+      return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+// Random f16 bits of magnitude 2^-10 .. 2^5, either sign.
+uint16_t random_half(std::mt19937_64& g) {
+  const uint32_t sign = g() & 1, exp = 5 + static_cast<uint32_t>(g() % 16), mant = g() & 0x3ff;
+  return static_cast<uint16_t>(sign << 15 | exp << 10 | mant);
+}
+
+// rows x cols of type t: random bytes with sane scales (quantized types), random floats (float
+// types).
+std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
+  const GgmlTypeTraits tr = ggml_type_traits(t);
+  std::mt19937_64 g(seed);
+  std::vector<uint8_t> m(static_cast<size_t>(rows * ggml_row_bytes(t, cols)));
+  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) {
+    const std::vector<float> v = randn(static_cast<size_t>(rows * cols), seed);
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], 4);
+      if (t == GgmlType::F32) {
+        std::memcpy(&m[4 * i], &u, 4);
+      } else if (t == GgmlType::BF16) {
+        const uint16_t h = static_cast<uint16_t>(u >> 16);
+        std::memcpy(&m[2 * i], &h, 2);
+      } else {
+        const uint16_t h = random_half(g);
+        std::memcpy(&m[2 * i], &h, 2);
+      }
+    }
+    return m;
+  }
+  for (auto& b : m) b = static_cast<uint8_t>(g());
+  const int64_t nb = static_cast<int64_t>(m.size()) / tr.size;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* p = m.data() + b * tr.size;
+    for (int off : half_fields(t)) {
+      const uint16_t h = random_half(g);
+      std::memcpy(p + off, &h, 2);
+    }
+    if (t == GgmlType::MXFP4) p[0] = static_cast<uint8_t>(115 + g() % 20);  // 2^-13 .. 2^6
+  }
+  return m;
+}
+
+// |y - ref| <= 1e-5 * |W_r| |x_t| + 1e-30 for every output (the Cauchy-Schwarz bound of the
+// output's magnitude).
+void expect_close(const GgmlView& w, const std::vector<float>& x, int64_t T, const std::vector<float>& y,
+                  const std::vector<float>& ref, const std::string& what) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  int bad = 0;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    ggml_dequantize_row(w.type, w.data + r * w.row_bytes(), w.cols, row.data());
+    double wn = 0;
+    for (float v : row) wn += double(v) * v;
+    for (int64_t t = 0; t < T; ++t) {
+      double xn = 0;
+      for (int64_t c = 0; c < w.cols; ++c) xn += double(x[t * w.cols + c]) * x[t * w.cols + c];
+      const double tol = 1e-5 * std::sqrt(wn * xn) + 1e-30;
+      const double e = std::fabs(double(y[t * w.rows + r]) - ref[t * w.rows + r]);
+      if (!(e <= tol) && ++bad <= 5)
+        ADD_FAILURE() << what << " t=" << t << " r=" << r << ": " << y[t * w.rows + r] << " vs " << ref[t * w.rows + r]
+                      << " (tol " << tol << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+io::GgufFile blocks_file() { return io::GgufFile::open(std::string(SPOOL_TEST_DATA_DIR) + "/gguf/blocks.gguf"); }
+
+TEST(GgmlBlocks, DequantizeMatchesGgufPackageBitForBit) {
+  const io::GgufFile f = blocks_file();
+  for (GgmlType t : kTypes) {
+    const std::string name = ggml_type_name(t);
+    const io::GgufTensor* w = f.find("w." + name);
+    const io::GgufTensor* r = f.find("ref." + name);
+    ASSERT_TRUE(w != nullptr && r != nullptr) << name;
+    ASSERT_EQ(w->type, t);
+    std::vector<float> got(static_cast<size_t>(w->numel()));
+    for (int64_t row = 0; row < w->rows(); ++row)
+      ggml_dequantize_row(t, f.data(*w) + row * w->row_bytes(), w->ne[0], got.data() + row * w->ne[0]);
+    const float* ref = reinterpret_cast<const float*>(f.data(*r));
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool same = std::memcmp(&got[i], &ref[i], 4) == 0 || (std::isnan(got[i]) && std::isnan(ref[i]));
+      if (!same && ++bad <= 3) ADD_FAILURE() << name << " element " << i << ": " << got[i] << " vs gguf " << ref[i];
+    }
+    EXPECT_EQ(bad, 0) << name;
+  }
+}
+
+TEST(GgmlBlocks, KernelsOnGgufPackageBlocksEveryTarget) {
+  const io::GgufFile f = blocks_file();
+  ThreadPool pool(2);
+  for (GgmlType t : kTypes) {
+    const io::GgufTensor* w = f.find(std::string("w.") + ggml_type_name(t));
+    ASSERT_NE(w, nullptr);
+    const GgmlView v{t, w->rows(), w->ne[0], f.data(*w), w->name.c_str()};
+    for (int64_t T : {1, 9}) {
+      const std::vector<float> x = randn(static_cast<size_t>(T * v.cols), 3 + T);
+      std::vector<float> ref(static_cast<size_t>(T * v.rows));
+      ggml_matmul_reference(v, x.data(), T, ref.data());
+      for_each_target([&](int64_t target) {
+        std::vector<float> y(ref.size(), NAN);
+        ggml_matmul(v, x.data(), T, y.data(), &pool);
+        expect_close(v, x, T, y, ref, std::string(hwy::TargetName(target)) + " " + ggml_type_name(t));
+      });
+    }
+  }
+}
+
+TEST(GgmlBlocks, KernelsMatchReferenceEveryTarget) {
+  ThreadPool pool(2);
+  int checked = 0;
+  for (GgmlType t : kTypes) {
+    const int64_t blck = ggml_type_traits(t).blck;
+    std::vector<std::pair<int64_t, int64_t>> shapes;  // rows, cols
+    if (blck == 1) {
+      shapes = {{5, 7}, {3, 16}, {9, 33}, {17, 100}, {6, 256}, {4, 1031}};
+    } else if (blck == 32) {
+      shapes = {{5, 32}, {3, 96}, {9, 160}, {17, 512}, {6, 2048}};
+    } else {
+      shapes = {{5, 256}, {3, 512}, {9, 768}, {6, 2048}};
+    }
+    for (auto [rows, cols] : shapes) {
+      const std::vector<uint8_t> m = random_matrix(t, rows, cols, 17 * rows + cols);
+      const GgmlView v{t, rows, cols, m.data(), "w"};
+      for (int64_t T : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {
+        const std::vector<float> x = randn(static_cast<size_t>(T * cols), 7 * T + cols);
+        std::vector<float> ref(static_cast<size_t>(T * rows));
+        ggml_matmul_reference(v, x.data(), T, ref.data());
+        for_each_target([&](int64_t target) {
+          ASSERT_STREQ(ggml_kernel_target(), hwy::TargetName(target));
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            std::vector<float> y(ref.size(), NAN);
+            ggml_matmul(v, x.data(), T, y.data(), p);
+            expect_close(v, x, T, y, ref,
+                         std::string(hwy::TargetName(target)) + " " + ggml_type_name(t) + " [" + std::to_string(rows) +
+                             "x" + std::to_string(cols) + "] T" + std::to_string(T) + (p ? " pool" : ""));
+            ++checked;
+          }
+        });
+      }
+    }
+  }
+  std::printf("checked %d kernel configurations\n", checked);
+}
+
+TEST(GgmlBlocks, RowsRangeAndStride) {
+  const int64_t rows = 45, cols = 512, T = 10, ldy = 50;
+  for (GgmlType t : kTypes) {
+    const std::vector<uint8_t> m = random_matrix(t, rows, cols, 5);
+    const GgmlView v{t, rows, cols, m.data(), nullptr};
+    const std::vector<float> x = randn(static_cast<size_t>(T * cols), 4);
+    std::vector<float> full(static_cast<size_t>(T * rows)), y(static_cast<size_t>(T * ldy), -7.0f);
+    ggml_matmul(v, x.data(), T, full.data(), nullptr);
+    ggml_matmul_rows(v, x.data(), T, y.data(), ldy, 13, 30);
+    for (int64_t tk = 0; tk < T; ++tk)
+      for (int64_t r = 0; r < ldy; ++r) {
+        if (r >= 13 && r < 30) {
+          EXPECT_EQ(y[tk * ldy + r], full[tk * rows + r]) << ggml_type_name(t) << " " << r;
+        } else {
+          EXPECT_EQ(y[tk * ldy + r], -7.0f) << ggml_type_name(t) << " " << r;
+        }
+      }
+  }
+}
+
+TEST(GgmlBlocks, Errors) {
+  std::vector<uint8_t> buf(1 << 16, 0);
+  std::vector<float> x(4096, 1.0f), y(4096);
+  for (GgmlType t : {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::IQ2_XXS, GgmlType::IQ1_M, GgmlType::TQ1_0,
+                     GgmlType::NVFP4, GgmlType::I32, static_cast<GgmlType>(77)}) {
+    const GgmlView v{t, 2, 256, buf.data(), "blk.3.ffn_down_exps.weight"};
+    EXPECT_FALSE(ggml_supported(t));
+    try {
+      ggml_matmul(v, x.data(), 1, y.data(), nullptr);
+      ADD_FAILURE() << "no error for type " << static_cast<unsigned>(t);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("blk.3.ffn_down_exps.weight"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(ggml_type_name(t)), std::string::npos) << msg;
+    }
+    EXPECT_THROW(ggml_dequantize_row(t, buf.data(), 256, y.data()), Error);
+  }
+  const GgmlView ok{GgmlType::Q4_K, 4, 512, buf.data(), "w"};
+  EXPECT_NO_THROW(ggml_matmul(ok, x.data(), 1, y.data(), nullptr));
+  GgmlView bad = ok;
+  bad.cols = 300;  // not a multiple of 256
+  EXPECT_THROW(ggml_matmul(bad, x.data(), 1, y.data(), nullptr), Error);
+  bad = ok;
+  bad.data = nullptr;
+  EXPECT_THROW(ggml_matmul(bad, x.data(), 1, y.data(), nullptr), Error);
+  EXPECT_THROW(ggml_matmul_rows(ok, x.data(), 1, y.data(), 4, 0, 5), Error);
+  EXPECT_THROW(ggml_matmul_rows(ok, x.data(), 1, y.data(), 4, -1, 2), Error);
+  EXPECT_THROW(ggml_dequantize_row(GgmlType::Q4_0, buf.data(), 48, y.data()), Error);
+}
+
+}  // namespace
+}  // namespace spool::ops
