@@ -1,6 +1,8 @@
 // End-to-end tests of the spool binary: golden output, JSON shape, exit codes, bad input.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -248,6 +250,90 @@ TEST(Cli, ConvertThenGenerate) {
   Result q = spool("convert --model " + out + " --out " + out + "_y");
   EXPECT_EQ(q.code, 1);
   EXPECT_NE(q.err.find("already"), std::string::npos) << q.err;
+}
+
+// The streaming statistics of `generate --json` are the counts they are named after, checked
+// against what is known independently: every decode token asks for K experts at each of the L
+// MoE layers (the demo model has no dense-MLP layers).
+TEST(Cli, StreamingStatsAreTheCounts) {
+  Result info = spool("info --json");
+  ASSERT_EQ(info.code, 0) << info.err;
+  const auto ij = nlohmann::json::parse(info.out);
+  const double L = ij["layers"].get<double>(), K = ij["experts_per_token"].get<double>();
+  const std::string gen = "generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 9 --json --stream ";
+  auto stats = [&](const std::string& flags) {
+    Result r = spool(gen + flags);
+    EXPECT_EQ(r.code, 0) << flags << ": " << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("stats")) << r.out;
+    return j.is_object() && j.contains("stats") ? j["stats"] : nlohmann::json::object();
+  };
+  // No cache beyond the current layer: every request is a read, K * L per token, no hits.
+  const auto none = stats("--cache-budget-gb 0");
+  ASSERT_TRUE(none.contains("tokens"));
+  const double T = none["tokens"].get<double>();
+  EXPECT_EQ(T, 8);  // 9 tokens: the first comes from the prefill, 8 decode forwards
+  EXPECT_EQ(none["streaming"], true);
+  EXPECT_DOUBLE_EQ(none["experts_read_per_token"].get<double>(), K * L);
+  EXPECT_EQ(none["cache_hit_rate"].get<double>(), 0.0);
+  EXPECT_EQ(none["prefetch_issued"].get<uint64_t>(), 0u);
+  EXPECT_EQ(none["prefetch_rescue_rate"].get<double>(), 0.0);
+  EXPECT_NEAR(none["bytes_read_per_token"].get<double>() * T, none["bytes_read"].get<double>(), 1.0);
+  // Every expert fits: requests = hits + reads.
+  const double requests = K * L * T;
+  const auto all = stats("--cache-budget-gb 1");
+  const double reads = all["experts_read_per_token"].get<double>() * T, hits = all["cache_hit_rate"].get<double>() * requests;
+  EXPECT_NEAR(reads + hits, requests, 1e-6);
+  EXPECT_GT(hits, 0.0);
+  EXPECT_EQ(all["prefetch_rescue_rate"].get<double>(), 0.0);
+  // Prefetch-ahead on the same run: each would-be miss it read in time is a hit now, so the
+  // extra hits are the rescued misses; experts read = the remaining misses + the prefetches.
+  const auto pf = stats("--cache-budget-gb 1 --prefetch-ahead 2");
+  const double issued = pf["prefetch_issued"].get<double>();
+  const double pf_hits = pf["cache_hit_rate"].get<double>() * requests, pf_misses = requests - pf_hits;
+  const double rescued = pf_hits - hits;
+  EXPECT_GT(issued, 0.0);
+  EXPECT_GT(rescued, 0.5);
+  EXPECT_NEAR(pf["experts_read_per_token"].get<double>() * T, pf_misses + issued, 1e-6);
+  EXPECT_NEAR(pf["prefetch_rescue_rate"].get<double>(), rescued / (rescued + pf_misses), 1e-9);
+}
+
+// page_cache_resident_bytes counts the model's pages in the page cache: after dropping a
+// fresh copy's pages, an O_DIRECT streaming run leaves at most the dense weights there; a
+// resident run then adds the experts it touched.
+TEST(Cli, PageCacheResidentBytesFollowsTheReads) {
+  const std::string d = ::testing::TempDir() + "/cli_pagecache_demo";
+  fs::remove_all(d);
+  fs::copy(SPOOL_DEFAULT_MODEL_DIR, d, fs::copy_options::recursive);
+  for (const auto& e : fs::directory_iterator(d)) {
+    if (e.path().extension() != ".safetensors") continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << e.path();
+    ASSERT_EQ(::fdatasync(fd), 0);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  }
+  Result info = spool("info --json --model " + d);
+  ASSERT_EQ(info.code, 0) << info.err;
+  const auto ij = nlohmann::json::parse(info.out);
+  const uint64_t dense = ij["bytes_dense"].get<uint64_t>(), experts = ij["bytes_routed_experts"].get<uint64_t>();
+  const std::string gen = "generate --model " + d + " --prompt 'Call me Ishmael.' --temp 0 --max-tokens 4 --json ";
+  Result direct = spool(gen + "--stream --no-page-cache --cache-budget-gb 0");
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  const auto ds = nlohmann::json::parse(direct.out)["stats"];
+  const uint64_t file_bytes = ds["model_file_bytes"].get<uint64_t>();
+  const uint64_t pc_direct = ds["page_cache_resident_bytes"].get<uint64_t>();
+  EXPECT_GT(pc_direct, 0u);
+  // Dense weights plus the shard headers and the pages they share with experts (4 per shard).
+  EXPECT_LE(pc_direct, dense + (file_bytes - dense - experts) + 4 * 4 * 4096) << "O_DIRECT expert reads left pages behind";
+  Result resident = spool(gen + "--no-stream");
+  ASSERT_EQ(resident.code, 0) << resident.err;
+  const auto rs = nlohmann::json::parse(resident.out)["stats"];
+  EXPECT_EQ(rs["streaming"], false);
+  const uint64_t pc_resident = rs["page_cache_resident_bytes"].get<uint64_t>();
+  EXPECT_GT(pc_resident, pc_direct) << "the resident run's expert pages are not counted";
+  EXPECT_LE(pc_resident, file_bytes);
+  fs::remove_all(d);
 }
 
 }  // namespace
