@@ -73,10 +73,10 @@ std::vector<int64_t> spread(int64_t total, int64_t count) {
 
 // 32 windows spread over the whole dev corpus (not only its start), each against
 // transformers' summed NLL: within 1e-4, or, where some token's routing is a near-tie, within
-// kNearTieNll (a flipped expert choice moves a window's NLL by up to ~1e-3 relative; measured
-// on the whole corpus by WholeDevCorpusWithinPointOnePercent). Near-tie windows are checked,
-// not skipped.
-constexpr double kNearTieNll = 5e-3;
+// kNearTieNll. Near-tie windows are checked, not skipped. Measured over all 215 windows
+// (WholeDevCorpusWithinPointOnePercent): 192 have a near-tie somewhere, 3 differ by more than
+// 1e-5 and one by more than 1e-4 (window 105, margin 0, +1.7e-4); the loose bound is 6x that.
+constexpr double kNearTieNll = 1e-3;
 TEST(Perplexity, SpreadWindowsMatchTransformers) {
   Fixture f = load();
   ASSERT_EQ(static_cast<int64_t>(f.ids.size()), f.golden["tokens_in_text"].get<int64_t>());
@@ -100,9 +100,10 @@ TEST(Perplexity, SpreadWindowsMatchTransformers) {
 // The whole text within 0.1% of transformers. Each window also within 1e-4, except windows
 // where some token's routing is a near-tie (margin < kNearTie): there f32 rounding differences
 // between two correct implementations can pick a different expert (measured against
-// transformers: margins of 7e-9..6e-8 at the four windows that differ by more than 1e-5), so
-// such windows are held to kNearTieNll, and their number to what was measured.
-constexpr int kMeasuredNearTies = 20;
+// transformers: margins of 0..6e-8 at the windows that differ by more than 1e-5), so such
+// windows are held to kNearTieNll, and the number beyond 1e-4 to what was measured (one:
+// window 105, +1.7e-4; 192 of the 215 windows have some near-tie).
+constexpr int kMeasuredBeyond1e4 = 1;
 TEST(Perplexity, WholeDevCorpusWithinPointOnePercent) {
   Fixture f = load();
   std::vector<float> min_margin;
@@ -116,22 +117,26 @@ TEST(Perplexity, WholeDevCorpusWithinPointOnePercent) {
   const double want = f.golden["ppl"].get<double>();
   EXPECT_EQ(r.tokens, f.golden["predicted"].get<int64_t>());
   EXPECT_NEAR(r.ppl(), want, 1e-3 * want);
-  int near_ties = 0;
+  int near_ties = 0, beyond = 0;
   double worst_tie = 0;
   for (size_t w = 0; w < r.window_nll.size(); ++w) {
     const double g = f.golden["windows"][w]["sum_nll"].get<double>();
+    const double rel = std::fabs(r.window_nll[w] / g - 1.0);
+    beyond += rel > 1e-4;
     if (min_margin.at(w) < kNearTie) {
       ++near_ties;
-      worst_tie = std::max(worst_tie, std::fabs(r.window_nll[w] / g - 1.0));
-      std::printf("window %zu: routing near-tie (margin %.2e), NLL %.4f vs %.4f (%+.2e)\n", w, min_margin[w], r.window_nll[w], g,
-                  r.window_nll[w] / g - 1.0);
+      worst_tie = std::max(worst_tie, rel);
+      if (rel > 1e-5)
+        std::printf("window %zu: routing near-tie (margin %.2e), NLL %.4f vs %.4f (%+.2e)\n", w, min_margin[w], r.window_nll[w], g,
+                    r.window_nll[w] / g - 1.0);
       EXPECT_NEAR(r.window_nll[w], g, kNearTieNll * g) << "window " << w << " (near-tie, margin " << min_margin[w] << ")";
       continue;
     }
     EXPECT_NEAR(r.window_nll[w], g, 1e-4 * g) << "window " << w << " (min routing margin " << min_margin[w] << ")";
   }
-  std::printf("%d near-tie windows, worst relative NLL difference %.2e\n", near_ties, worst_tie);
-  EXPECT_LE(near_ties, kMeasuredNearTies);
+  std::printf("%d windows with a routing near-tie, worst relative NLL difference among them %.2e; %d beyond 1e-4\n", near_ties,
+              worst_tie, beyond);
+  EXPECT_LE(beyond, kMeasuredBeyond1e4);
 }
 
 // K-reduction changes the model; transformers with num_experts_per_tok = K is the reference.
@@ -205,8 +210,9 @@ std::string type_name(ops::QType t) {
 std::string type_name(const nlohmann::json& bits) { return bits.is_string() ? bits.get<std::string>() : "q" + std::to_string(bits.get<int>()); }
 
 // Every recipe's code type and group size per tensor class, as applied to the demo model's
-// matrices (effective_group narrows a group to the matrix width), equal the reference's
-// `recipe` block, which the reference perplexities were simulated with.
+// matrices, equal the reference's `recipe` block, which the reference perplexities were
+// simulated with. Groups are compared as applied (effective_group narrows a group to the
+// matrix width): the block records 64 or 32 for the expert down_proj, whose width is 32.
 TEST(QuantRecipes, ParametersMatchTheReference) {
   const nlohmann::json ref = quant_reference();
   io::Checkpoint ck = io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, {.map = false});
@@ -229,7 +235,8 @@ TEST(QuantRecipes, ParametersMatchTheReference) {
       for (const io::TensorRef& t : ck.tensors()) {
         if (t.shape.size() < 2 || quant::classify(t.name, t.shape) != cls) continue;
         ++matrices;
-        EXPECT_EQ(quant::effective_group(spec.group, t.shape.back()), want[1].get<int>()) << name << " " << key << " " << t.name;
+        EXPECT_EQ(quant::effective_group(spec.group, t.shape.back()), quant::effective_group(want[1].get<int>(), t.shape.back()))
+            << name << " " << key << " " << t.name << " (requested g" << spec.group << ", reference g" << want[1] << ")";
       }
       EXPECT_GT(matrices, 0) << name << " " << key;
     }
@@ -255,8 +262,9 @@ std::map<std::string, std::pair<double, double>> quality_table() {
 // on kQualityWindows windows spread over the dev corpus: mean KL(bf16 || recipe) and top-1
 // agreement within 10% of the whole-corpus values in the README's table (10% of the KL; 10% of
 // the disagreement 1 - top-1). A recipe that quantized nothing (KL 0, top-1 100%) or the wrong
-// class fails. (The few-window estimates were measured within QUALITY_MEASURED of the table.)
-const int kQualityWindows = std::getenv("QW") ? std::atoi(std::getenv("QW")) : 16;  // TEMP
+// class fails. Measured with 8 windows (52 s for all recipes on 2 cores): KL +4.4%..+7.3% and
+// disagreement +2.3%..+6.4% of the table. Deterministic: the same windows every run.
+constexpr int kQualityWindows = 8;
 TEST(QuantRecipes, FewWindowKlAndTop1NearTheQualityTable) {
   Fixture f = load();
   const auto table = quality_table();
