@@ -1,10 +1,15 @@
+# main() of every test binary: gtest's, except that with SPOOL_NO_SKIP=1 (set by .ci/run) a
+# skipped test fails the run (tests/support/gtest_main.cpp).
+add_library(spool_gtest_main STATIC ${CMAKE_SOURCE_DIR}/tests/support/gtest_main.cpp)
+target_link_libraries(spool_gtest_main PUBLIC GTest::gtest)
+
 # spool_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2])
 # Builds a GoogleTest binary and registers its tests with CTest. Tests find their data
 # through the SPOOL_TEST_DATA_DIR / SPOOL_DEFAULT_MODEL_DIR compile definitions.
 function(spool_add_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest spool_gtest_main)
   # GCC 12 reports false -Wrestrict warnings inside std::string operator+ (GCC bug 105329).
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${name} PRIVATE -Wno-restrict)

@@ -1,4 +1,6 @@
-// Dev-corpus perplexity of the demo model against transformers' per-window NLL sums.
+// Dev-corpus perplexity of the demo model against transformers' per-window NLL sums, and the
+// quantization recipes against their reference (parameters, few-window quality in CI, whole
+// corpus perplexity in the slow test).
 #include "engine/perplexity.h"
 
 #include <gtest/gtest.h>
@@ -8,11 +10,13 @@
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../../tests/support/golden.h"
 #include "quant/convert.h"
+#include "quant/recipe.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spool::engine {
@@ -41,23 +45,65 @@ Fixture load() {
   return f;
 }
 
-TEST(Perplexity, First16WindowsMatchTransformers) {
+// Minimum top-k boundary margin (router probability) of each token's routing in one forward.
+// Below kNearTie, f32 rounding differences between two correct implementations can pick a
+// different expert than transformers did (measured: margins of 7e-9..6e-8 at the windows that
+// differ by more than 1e-5).
+constexpr float kNearTie = 1e-6f;
+
+// Scores window w of the golden's definition (ids[512w : 512w + 513]) alone; *min_margin gets
+// the smallest routing margin seen in it.
+PerplexityResult score_window(models::Model& m, const std::vector<int32_t>& ids, int64_t w, float* min_margin,
+                              models::Model* reference = nullptr) {
+  const size_t begin = static_cast<size_t>(512 * w), n = std::min<size_t>(513, ids.size() - begin);
+  float mm = 1.0f;
+  m.hooks.on_margin = [&](int, int64_t, float v) { mm = std::min(mm, v); };
+  PerplexityResult r = perplexity(m, std::span<const int32_t>(ids).subspan(begin, n), 512, 1, 512, nullptr, reference);
+  m.hooks.on_margin = nullptr;
+  if (min_margin) *min_margin = mm;
+  return r;
+}
+
+// `count` window indices spread evenly over [0, total): first and last included.
+std::vector<int64_t> spread(int64_t total, int64_t count) {
+  std::vector<int64_t> w;
+  for (int64_t k = 0; k < count; ++k) w.push_back(k * (total - 1) / (count - 1));
+  return w;
+}
+
+// 32 windows spread over the whole dev corpus (not only its start), each against
+// transformers' summed NLL: within 1e-4, or, where some token's routing is a near-tie, within
+// kNearTieNll. Near-tie windows are checked, not skipped. Measured over all 215 windows
+// (WholeDevCorpusWithinPointOnePercent): 192 have a near-tie somewhere, 3 differ by more than
+// 1e-5 and one by more than 1e-4 (window 105, margin 0, +1.7e-4); the loose bound is 6x that.
+constexpr double kNearTieNll = 1e-3;
+TEST(Perplexity, SpreadWindowsMatchTransformers) {
   Fixture f = load();
   ASSERT_EQ(static_cast<int64_t>(f.ids.size()), f.golden["tokens_in_text"].get<int64_t>());
-  PerplexityResult r = perplexity(*f.model, f.ids, 512, 16, 512, nullptr);
-  ASSERT_EQ(r.window_nll.size(), 16u);
-  for (size_t w = 0; w < 16; ++w) {
+  const int64_t total = static_cast<int64_t>(f.golden["windows"].size());
+  ASSERT_GT(total, 200);
+  int near_ties = 0;
+  for (int64_t w : spread(total, 32)) {
+    float margin = 1.0f;
+    PerplexityResult r = score_window(*f.model, f.ids, w, &margin);
+    ASSERT_EQ(r.window_nll.size(), 1u);
     const double want = f.golden["windows"][w]["sum_nll"].get<double>();
-    EXPECT_EQ(r.window_tokens[w], f.golden["windows"][w]["predicted"].get<int64_t>());
-    EXPECT_NEAR(r.window_nll[w], want, 1e-4 * want) << "window " << w;
+    EXPECT_EQ(r.window_tokens[0], f.golden["windows"][w]["predicted"].get<int64_t>()) << "window " << w;
+    const bool tie = margin < kNearTie;
+    near_ties += tie;
+    EXPECT_NEAR(r.window_nll[0], want, (tie ? kNearTieNll : 1e-4) * want)
+        << "window " << w << " (min routing margin " << margin << (tie ? ", a near-tie)" : ")");
   }
+  std::printf("32 windows spread over %lld: %d with a routing near-tie\n", (long long)total, near_ties);
 }
 
 // The whole text within 0.1% of transformers. Each window also within 1e-4, except windows
-// where some token's routing is a near-tie (top-k boundary margin < 1e-6 in probability):
-// there f32 rounding differences between two correct implementations can pick a different
-// expert (measured against transformers: margins of 7e-9..6e-8 at the four windows that
-// differ by more than 1e-5), so such windows are reported, not failed.
+// where some token's routing is a near-tie (margin < kNearTie): there f32 rounding differences
+// between two correct implementations can pick a different expert (measured against
+// transformers: margins of 0..6e-8 at the windows that differ by more than 1e-5), so such
+// windows are held to kNearTieNll, and the number beyond 1e-4 to what was measured (one:
+// window 105, +1.7e-4; 192 of the 215 windows have some near-tie).
+constexpr int kMeasuredBeyond1e4 = 1;
 TEST(Perplexity, WholeDevCorpusWithinPointOnePercent) {
   Fixture f = load();
   std::vector<float> min_margin;
@@ -71,17 +117,26 @@ TEST(Perplexity, WholeDevCorpusWithinPointOnePercent) {
   const double want = f.golden["ppl"].get<double>();
   EXPECT_EQ(r.tokens, f.golden["predicted"].get<int64_t>());
   EXPECT_NEAR(r.ppl(), want, 1e-3 * want);
-  int near_ties = 0;
+  int near_ties = 0, beyond = 0;
+  double worst_tie = 0;
   for (size_t w = 0; w < r.window_nll.size(); ++w) {
     const double g = f.golden["windows"][w]["sum_nll"].get<double>();
-    if (min_margin.at(w) < 1e-6f) {
+    const double rel = std::fabs(r.window_nll[w] / g - 1.0);
+    beyond += rel > 1e-4;
+    if (min_margin.at(w) < kNearTie) {
       ++near_ties;
-      std::printf("window %zu: routing near-tie (margin %.2e), NLL %.4f vs %.4f\n", w, min_margin[w], r.window_nll[w], g);
+      worst_tie = std::max(worst_tie, rel);
+      if (rel > 1e-5)
+        std::printf("window %zu: routing near-tie (margin %.2e), NLL %.4f vs %.4f (%+.2e)\n", w, min_margin[w], r.window_nll[w], g,
+                    r.window_nll[w] / g - 1.0);
+      EXPECT_NEAR(r.window_nll[w], g, kNearTieNll * g) << "window " << w << " (near-tie, margin " << min_margin[w] << ")";
       continue;
     }
     EXPECT_NEAR(r.window_nll[w], g, 1e-4 * g) << "window " << w << " (min routing margin " << min_margin[w] << ")";
   }
-  EXPECT_LT(near_ties, 20);
+  std::printf("%d windows with a routing near-tie, worst relative NLL difference among them %.2e; %d beyond 1e-4\n", near_ties,
+              worst_tie, beyond);
+  EXPECT_LE(beyond, kMeasuredBeyond1e4);
 }
 
 // K-reduction changes the model; transformers with num_experts_per_tok = K is the reference.
@@ -117,32 +172,141 @@ TEST(Perplexity, AgainstItselfKlIsZero) {
   EXPECT_NEAR(r.ref_ppl(), r.ppl(), 1e-9 * r.ppl());
 }
 
-// Each recipe converted by spool lands within 3% of the float64 reference simulation of the
-// same algorithm (quant_reference.json; its sign vectors differ from spool's, which moves
-// perplexity by ~1%). (bench/quality.sh adds KL to bf16 and top-1 agreement.)
-TEST(Perplexity, QuantRecipesWithinThreePercentOfReference) {
-  Fixture f = load();
+// Converts the demo model with `name` into a scratch directory and loads it.
+struct Converted {
+  std::string dir;
+  std::shared_ptr<io::Checkpoint> ckpt;
+  std::unique_ptr<models::Model> model;
+  ~Converted() {
+    model.reset();
+    ckpt.reset();
+    std::filesystem::remove_all(dir);
+  }
+};
+std::unique_ptr<Converted> convert_demo(const std::string& name, ops::ThreadPool* pool) {
+  auto c = std::make_unique<Converted>();
+  c->dir = ::testing::TempDir() + "/ppl_recipe_" + name;
+  std::filesystem::remove_all(c->dir);
+  quant::ConvertOptions o;
+  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
+  o.out_dir = c->dir;
+  o.recipe = quant::recipe(name);
+  o.threads = 2;
+  quant::convert(o, nullptr);
+  c->ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(c->dir));
+  c->model = models::load_model(c->ckpt, pool);
+  return c;
+}
+
+nlohmann::json quant_reference() {
   std::ifstream qj(spool::testing::data_dir() + "/models/spool-demo-moe/quant_reference.json");
-  nlohmann::json ref = nlohmann::json::parse(qj);
+  return nlohmann::json::parse(qj);
+}
+
+// "q4", "q3", "q2" or "ternary" of a code type; of a reference entry (2, 3, 4 or "ternary").
+std::string type_name(ops::QType t) {
+  return t == ops::QType::kTernary ? "ternary" : t == ops::QType::kQ2 ? "q2" : t == ops::QType::kQ3 ? "q3" : "q4";
+}
+std::string type_name(const nlohmann::json& bits) { return bits.is_string() ? bits.get<std::string>() : "q" + std::to_string(bits.get<int>()); }
+
+// Every recipe's code type and group size per tensor class, as applied to the demo model's
+// matrices, equal the reference's `recipe` block, which the reference perplexities were
+// simulated with. Groups are compared as applied (effective_group narrows a group to the
+// matrix width): the block records 64 or 32 for the expert down_proj, whose width is 32.
+TEST(QuantRecipes, ParametersMatchTheReference) {
+  const nlohmann::json ref = quant_reference();
+  io::Checkpoint ck = io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, {.map = false});
+  size_t recipes_in_ref = 0;
+  for (auto& [k, v] : ref.items()) recipes_in_ref += v.is_object() && v.contains("recipe");
+  EXPECT_EQ(quant::recipe_names().size(), recipes_in_ref) << "recipes with a reference vs spool's recipes";
+  const std::pair<quant::TensorClass, const char*> classes[] = {{quant::TensorClass::kDense, "dense"},
+                                                                {quant::TensorClass::kLmHead, "lm_head"},
+                                                                {quant::TensorClass::kExpertGateUp, "expert_gate_up"},
+                                                                {quant::TensorClass::kExpertDown, "expert_down"}};
+  for (const std::string& name : quant::recipe_names()) {
+    ASSERT_TRUE(ref.contains(name) && ref[name].contains("recipe")) << name;
+    const quant::Recipe r = quant::recipe(name);
+    for (const auto& [cls, key] : classes) {
+      const nlohmann::json& want = ref[name]["recipe"][key];
+      const quant::ClassSpec& spec = r.spec(cls);
+      EXPECT_FALSE(spec.keep) << name << " " << key;
+      EXPECT_EQ(type_name(spec.type), type_name(want[0])) << name << " " << key;
+      int matrices = 0;
+      for (const io::TensorRef& t : ck.tensors()) {
+        if (t.shape.size() < 2 || quant::classify(t.name, t.shape) != cls) continue;
+        ++matrices;
+        EXPECT_EQ(quant::effective_group(spec.group, t.shape.back()), quant::effective_group(want[1].get<int>(), t.shape.back()))
+            << name << " " << key << " " << t.name << " (requested g" << spec.group << ", reference g" << want[1] << ")";
+      }
+      EXPECT_GT(matrices, 0) << name << " " << key;
+    }
+  }
+}
+
+// The README's quality table (bench/results/quality.md, made by bench/quality.sh over the
+// whole dev corpus): model -> (KL to bf16, top-1 agreement).
+std::map<std::string, std::pair<double, double>> quality_table() {
+  std::ifstream in(std::string(SPOOL_SOURCE_DIR) + "/bench/results/quality.md");
+  std::map<std::string, std::pair<double, double>> t;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("| ") || line.starts_with("| model") || line.starts_with("|---")) continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line.substr(1));
+    for (std::string c; std::getline(ss, c, '|');) cells.push_back(c.substr(c.find_first_not_of(' '), c.find_last_not_of(' ') - c.find_first_not_of(' ') + 1));
+    if (cells.size() >= 4) t[cells[0]] = {std::stod(cells[2]), std::stod(cells[3]) / 100.0};
+  }
+  return t;
+}
+
+// Quantization quality in CI: each recipe, converted by spool, scored against the bf16 model
+// on kQualityWindows windows spread over the dev corpus: mean KL(bf16 || recipe) and top-1
+// agreement within 10% of the whole-corpus values in the README's table (10% of the KL; 10% of
+// the disagreement 1 - top-1). A recipe that quantized nothing (KL 0, top-1 100%) or the wrong
+// class fails. Measured with 8 windows (52 s for all recipes on 2 cores): KL +4.4%..+7.3% and
+// disagreement +2.3%..+6.4% of the table. Deterministic: the same windows every run.
+constexpr int kQualityWindows = 8;
+TEST(QuantRecipes, FewWindowKlAndTop1NearTheQualityTable) {
+  Fixture f = load();
+  const auto table = quality_table();
+  ASSERT_GE(table.size(), quant::recipe_names().size()) << "bench/results/quality.md unreadable";
+  const int64_t total = static_cast<int64_t>(f.golden["windows"].size());
+  for (const std::string& name : quant::recipe_names()) {
+    ASSERT_TRUE(table.count(name)) << name << " missing from bench/results/quality.md";
+    const auto [kl_want, top1_want] = table.at(name);
+    auto c = convert_demo(name, f.pool.get());
+    double kl = 0, agree = 0, tokens = 0;
+    for (int64_t w : spread(total, kQualityWindows)) {
+      PerplexityResult r = score_window(*c->model, f.ids, w, nullptr, f.model.get());
+      ASSERT_TRUE(r.compared);
+      kl += r.sum_kl;
+      agree += static_cast<double>(r.top1_agree);
+      tokens += static_cast<double>(r.tokens);
+    }
+    kl /= tokens;
+    const double top1 = agree / tokens;
+    std::printf("%-16s KL %.4f (table %.4f, %+.1f%%)  top-1 %.4f (table %.4f, disagreement %+.1f%%)\n", name.c_str(), kl, kl_want,
+                100.0 * (kl / kl_want - 1.0), top1, top1_want, 100.0 * ((1.0 - top1) / (1.0 - top1_want) - 1.0));
+    std::fflush(stdout);
+    EXPECT_NEAR(kl, kl_want, 0.10 * kl_want) << name;
+    EXPECT_NEAR(1.0 - top1, 1.0 - top1_want, 0.10 * (1.0 - top1_want)) << name;
+  }
+}
+
+// Each recipe converted by spool lands within 1% of the float64 reference simulation of the
+// same algorithm over the whole dev corpus (quant_reference.json; its sign vectors differ from
+// spool's, which moved perplexity by -0.52%..+0.64%: bench/results/quant_reference_check.txt).
+TEST(Perplexity, QuantRecipesWithinOnePercentOfReference) {
+  Fixture f = load();
+  const nlohmann::json ref = quant_reference();
   for (const std::string& name : quant::recipe_names()) {
     ASSERT_TRUE(ref.contains(name)) << name;
-    const std::string dir = ::testing::TempDir() + "/ppl_recipe_" + name;
-    std::filesystem::remove_all(dir);
-    quant::ConvertOptions o;
-    o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
-    o.out_dir = dir;
-    o.recipe = quant::recipe(name);
-    o.threads = 2;
-    quant::convert(o, nullptr);
-    auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
-    auto m = models::load_model(ck, f.pool.get());
-    PerplexityResult r = perplexity(*m, f.ids, 512, 0, 512, nullptr);
+    auto c = convert_demo(name, f.pool.get());
+    PerplexityResult r = perplexity(*c->model, f.ids, 512, 0, 512, nullptr);
     const double want = ref[name]["dev"]["ppl"].get<double>();
     EXPECT_EQ(r.tokens, ref[name]["dev"]["tokens"].get<int64_t>());
-    EXPECT_NEAR(r.ppl(), want, 0.03 * want) << name;
+    EXPECT_NEAR(r.ppl(), want, 0.01 * want) << name;
     std::printf("%-16s ppl %.4f reference %.4f (%+.2f%%)\n", name.c_str(), r.ppl(), want, 100.0 * (r.ppl() / want - 1.0));
     std::fflush(stdout);
-    std::filesystem::remove_all(dir);
   }
 }
 

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
-#include <ctime>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -327,26 +326,8 @@ TEST(Hadamard, InvolutionAndRotateInputMatchExplicit) {
   });
 }
 
-TEST(Hadamard, Fast2048) {
-  std::vector<float> x = randn(2048, 5);
-  const std::vector<int8_t> s = rotation_signs(1, "t", 2048);
-  std::vector<float> y(2048);
-  for (int i = 0; i < 100; ++i) rotate_input(s.data(), x.data(), 2048, y.data());  // warm up
-  // Thread CPU time: the machine is shared, wall time would count other processes.
-  auto cpu_us = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-  };
-  const int reps = 20000;
-  const double t0 = cpu_us();
-  for (int i = 0; i < reps; ++i) rotate_input(s.data(), y.data(), 2048, y.data());
-  const double us = (cpu_us() - t0) / reps;
-  std::printf("rotate_input n=2048: %.3f us (%s)\n", us, spool::ops::quant_kernel_target());
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
-  EXPECT_LT(us, 5.0);
-#endif
-}
+// The speed of rotate_input (n = 2048 in a few microseconds) is measured by bench/quant_bench
+// (BM_RotateInput), not asserted here: ctest has no wall-clock thresholds.
 
 TEST(Hadamard, SignsDeterministic) {
   EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);

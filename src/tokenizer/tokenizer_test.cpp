@@ -92,6 +92,26 @@ TEST(TokenizerQwen3, EncodeCasesMatchHuggingFace) { check_cases(qwen3(), "qwen3"
 
 TEST(TokenizerDeepSeekV3, EncodeCasesMatchHuggingFace) { check_cases(deepseek(), "deepseek_v3"); }
 
+// The chat goldens' ids: HF's tokenization of the rendered template (special tokens as text,
+// add_special_tokens=False). Only tokenizer/qwen3/chat_cases.json has ids (make_fixtures2.py
+// wrote the Qwen3.5 and DeepSeek-V3 cases without). The rendering is checked in template_test.
+void check_chat_ids(const Tokenizer& tok, const std::string& name) {
+  const auto j = nlohmann::json::parse(read_text(kData + "/tokenizer/" + name + "/chat_cases.json"));
+  int checked = 0;
+  for (size_t i = 0; i < j.size(); ++i) {
+    ASSERT_TRUE(j[i].contains("ids") || j[i].contains("error")) << name << " chat case " << i;
+    if (!j[i].contains("ids")) continue;  // a case the reference could not render
+    const std::string rendered = j[i]["rendered"].get<std::string>();
+    const std::vector<int32_t> want = j[i]["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(rendered), want) << name << " chat case " << i;
+    EXPECT_EQ(tok.decode(want), rendered) << name << " chat case " << i;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4) << name;
+}
+
+TEST(TokenizerQwen3, ChatCaseIdsMatchHuggingFace) { check_chat_ids(qwen3(), "qwen3"); }
+
 TEST(TokenizerDemo, KnownStrings) {
   const Tokenizer& t = demo();
   EXPECT_EQ(t.encode("Call me Ishmael. Some years ago"),

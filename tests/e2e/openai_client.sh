@@ -3,7 +3,8 @@
 # Usage: tests/e2e/openai_client.sh SPOOL_BINARY BUILD_DIR
 # Creates BUILD_DIR/e2e-venv (python3 -m venv; pip install openai), starts the server on a free
 # loopback port with the demo model and runs tests/e2e/openai_client.py against it.
-# Exit 77 (ctest SKIP_RETURN_CODE) only when PyPI cannot be reached to install the client.
+# Exit 77 (ctest SKIP_RETURN_CODE) only when PyPI cannot be reached to install the client, and
+# only outside CI: with SPOOL_NO_SKIP=1 (.ci/run sets it) that case fails (exit 1) instead.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 spool="$1"
@@ -16,6 +17,10 @@ if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   python3 -m venv "$venv"
   if ! "$venv/bin/pip" install -q --disable-pip-version-check openai; then
     if ! curl -sf -m 15 -o /dev/null https://pypi.org/simple/openai/; then
+      if [ "${SPOOL_NO_SKIP:-0}" = 1 ]; then
+        echo "e2e: FAIL: PyPI is unreachable, cannot install the openai client (SPOOL_NO_SKIP=1: no skip in CI)" >&2
+        exit 1
+      fi
       echo "e2e: SKIP: PyPI is unreachable, cannot install the openai client"
       exit 77
     fi
