@@ -82,6 +82,27 @@ nlohmann::ordered_json memory_json(const MemoryDecision& m) {
   return j;
 }
 
+namespace {
+
+// With --no-page-cache the experts are read with O_DIRECT, but the dense tensors stay mapped:
+// the kernel's readahead around their page faults would pull the neighbouring expert bytes of
+// the same shard into the page cache. MADV_RANDOM turns fault readahead off for the mappings,
+// and MADV_WILLNEED reads exactly the dense ranges ahead instead.
+void keep_experts_out_of_page_cache(const io::Checkpoint& ck) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (const auto& sh : ck.shards())
+    if (sh.mapping() != nullptr) madvise(const_cast<uint8_t*>(sh.mapping()), sh.file_size(), MADV_RANDOM);
+  for (const auto& t : ck.tensors()) {
+    if (t.expert_layer >= 0 || t.nbytes == 0) continue;
+    const auto& sh = ck.shards()[t.shard];
+    if (sh.mapping() == nullptr) continue;
+    const uint64_t lo = t.offset / page * page, hi = t.offset + t.nbytes;
+    madvise(const_cast<uint8_t*>(sh.mapping()) + lo, hi - lo, MADV_WILLNEED);
+  }
+}
+
+}  // namespace
+
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
   // Before anything of the model is read: pages this process maps and touches turn active and
   // then count as used in a cgroup (see common/sysinfo.h).
@@ -168,6 +189,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     // Trust the page cache when the model files fit comfortably (< 0.6 x available memory).
     const bool use_page_cache = opt.page_cache.value_or(plan::default_page_cache(l.ckpt->file_bytes(), available));
     so.direct = !use_page_cache;
+    if (so.direct) keep_experts_out_of_page_cache(*l.ckpt);
     so.prefetch_ahead = opt.prefetch_ahead;
     so.top_k = spec.moe.top_k;
     if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);

@@ -88,9 +88,11 @@ void ExpertReader::run_pread(const ReadRequest& r) {
       fail("%s: read of %llu bytes at offset %llu failed (%s)", f.path.c_str(), (unsigned long long)left,
            (unsigned long long)off, std::strerror(errno));
     }
-    if (n == 0 && f.direct && off >= f.size) {
-      // A direct read widened to 4096 bytes runs past the end of the file: the tail is
-      // padding nobody uses; zero it.
+    if (n == 0 && opt_.direct && off >= f.size) {
+      // A read widened to 4096 bytes for O_DIRECT runs past the end of the file: the tail is
+      // padding nobody uses; zero it. (Also when this file fell back to buffered reads: the
+      // store widened the request all the same. Tensor ranges were checked against the file
+      // size at open, so only padding can lie past the end.)
       for (size_t i = first; i < iov.size(); ++i) std::memset(iov[i].iov_base, 0, iov[i].iov_len);
       break;
     }
