@@ -9,8 +9,9 @@
 
 namespace spool::ops {
 
-// Host arenas come from mmap: page-aligned, untouched pages cost no resident memory, and the
-// whole arena goes back to the OS when freed (no allocator retention).
+// Host arenas come from mmap, populated at once (MAP_POPULATE): the arena is committed memory
+// from the start, so the peak a run reaches does not depend on how long its prompts happen to
+// be (the planner counts the whole arena), and it goes back to the OS when freed.
 void Workspace::Free::operator()(void* p) const {
   if (p == nullptr) return;
   size_t bytes;
@@ -22,7 +23,7 @@ Workspace::Workspace(size_t bytes, Device device) : device_(device) {
   if (device != Device::kCpu) fail("workspace: no allocator for device %s in this build", device_name(device));
   bytes = (bytes + kAlign - 1) / kAlign * kAlign;
   if (bytes == 0) bytes = kAlign;
-  void* p = ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p = ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) fail("workspace: cannot reserve %zu bytes (%s)", bytes, std::strerror(errno));
   std::memcpy(p, &bytes, sizeof bytes);  // size header in the first (touched) line
   base_ = static_cast<char*>(p) + kAlign;

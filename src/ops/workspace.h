@@ -21,8 +21,8 @@ class Workspace {
 
   /// A measuring workspace: take() returns nullptr and only counts bytes.
   Workspace() = default;
-  /// An arena of `bytes` on `device` (host memory for Device::kCpu). Pages are touched only
-  /// when used. Throws spool::Error when the memory cannot be had.
+  /// An arena of `bytes` on `device` (host memory for Device::kCpu), committed at once (host
+  /// pages populated). Throws spool::Error when the memory cannot be had.
   Workspace(size_t bytes, Device device);
   Workspace(Workspace&& o) noexcept { *this = std::move(o); }
   Workspace& operator=(Workspace&& o) noexcept {
