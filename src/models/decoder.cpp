@@ -17,11 +17,15 @@ DecoderModel::DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec
                            std::shared_ptr<ops::Backend> backend)
     : ckpt_(std::move(ckpt)), spec_(std::move(spec)), be_(std::move(backend)), top_k_(spec_.moe.top_k) {}
 
-uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T) {
-  // The same take() calls, in the same nesting, as forward() makes (measuring workspace).
+uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
+  // The same take() calls, in the same nesting, as forward_batch() makes (measuring workspace).
   ops::Workspace m;
   const int64_t H = spec.hidden_size;
   Scratch::take(m, H, T);
+  if (max_seqs > 1) {
+    ops::WorkspaceScope scope(m);
+    HeadScratch::take(m, H, spec.vocab_size, max_seqs);
+  }
   for (int i = 0; i < spec.n_layers; ++i) {
     {
       ops::WorkspaceScope scope(m);
@@ -41,12 +45,14 @@ uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T) {
   return m.high_water();
 }
 
-void DecoderModel::reserve_workspace(int64_t max_tokens) {
+void DecoderModel::reserve_workspace(int64_t max_tokens, int max_seqs) {
   max_tokens = std::max<int64_t>(max_tokens, 1);
-  if (max_tokens == ws_tokens_) return;
+  max_seqs = std::max(max_seqs, 1);
+  if (max_tokens == ws_tokens_ && max_seqs == ws_seqs_) return;
   ws_ = ops::Workspace();  // the old arena goes back before the new one is mapped
-  ws_ = ops::Workspace(arena_bytes(spec_, max_tokens), be_->device());
+  ws_ = ops::Workspace(arena_bytes(spec_, max_tokens, max_seqs), be_->device());
   ws_tokens_ = max_tokens;
+  ws_seqs_ = max_seqs;
 }
 
 void DecoderModel::bind(GdnLayout gdn_layout) {
@@ -108,19 +114,14 @@ void DecoderModel::set_expert_provider(std::shared_ptr<experts::ExpertProvider> 
 }
 
 void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) {
-  const int64_t T = static_cast<int64_t>(ids.size());
-  const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
-  if (T == 0) return;
-  if (state.poisoned) fail("this sequence's state is incomplete after an earlier error; reset it before reuse");
-  for (int32_t id : ids)
-    if (id < 0 || id >= V) fail("token id %d is outside the vocabulary (0..%lld)", id, (long long)(V - 1));
-  const int64_t pos0 = state.pos;
-  state.reserve(pos0 + T);
-  if (T > ws_tokens_) reserve_workspace(T);
-  ops::WorkspaceScope scope(ws_);
-  const Scratch s = Scratch::take(ws_, H, T);
+  const SeqStep one{ids, &state, mode, logits};
+  forward_batch(std::span<const SeqStep>(&one, 1));
+}
+
+void DecoderModel::embed(std::span<const int32_t> ids, float* h) {
+  const int64_t H = spec_.hidden_size;
   const int esz = ops::wtype_size(embed_.type);
-  for (int64_t t = 0; t < T; ++t) {
+  for (size_t t = 0; t < ids.size(); ++t) {
     const uint8_t* row = static_cast<const uint8_t*>(embed_.data) + ids[t] * H * esz;
     if (embed_fd_ >= 0) {
       const size_t n = embed_row_.size();
@@ -134,54 +135,115 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
       }
       row = embed_row_.data();
     }
-    be_->row_to_f32(embed_.type, row, H, s.h + t * H);
+    be_->row_to_f32(embed_.type, row, H, h + t * H);
   }
-
-  try {
-    run_layers(s, T, pos0, state);
-  } catch (...) {
-    state.poisoned = true;  // layers before the failure have advanced their caches
-    throw;
-  }
-  state.pos = pos0 + T;
-  finish(s, T, mode, logits);
 }
 
-void DecoderModel::run_layers(const Scratch& s, int64_t T, int64_t pos0, State& state) {
+void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
+  const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
+  // Validate everything before any state changes.
+  std::vector<Part> parts;
+  int64_t N = 0;
+  for (const SeqStep& q : seqs) {
+    if (q.state == nullptr) fail("forward_batch: a sequence has no state");
+    if (q.state->poisoned) fail("this sequence's state is incomplete after an earlier error; reset it before reuse");
+    for (int32_t id : q.ids)
+      if (id < 0 || id >= V) fail("token id %d is outside the vocabulary (0..%lld)", id, (long long)(V - 1));
+    for (const Part& p : parts)
+      if (p.state == q.state) fail("forward_batch: the same state appears twice in one step");
+    if (q.ids.empty()) continue;
+    parts.push_back({N, static_cast<int64_t>(q.ids.size()), q.state->pos, q.state});
+    N += static_cast<int64_t>(q.ids.size());
+  }
+  if (N == 0) return;
+  for (const Part& p : parts) p.state->reserve(p.pos0 + p.T);
+  const int n_seqs = static_cast<int>(parts.size());
+  if (N > ws_tokens_ || n_seqs > ws_seqs_) reserve_workspace(std::max(N, ws_tokens_), std::max(n_seqs, ws_seqs_));
+  ops::WorkspaceScope scope(ws_);
+  const Scratch s = Scratch::take(ws_, H, N);
+  for (size_t i = 0, j = 0; i < seqs.size(); ++i) {
+    if (seqs[i].ids.empty()) continue;
+    embed(seqs[i].ids, s.h + parts[j++].row0 * H);
+  }
+  try {
+    run_layers(s, N, parts);
+  } catch (...) {
+    for (const Part& p : parts) p.state->poisoned = true;  // layers before the failure have advanced their caches
+    throw;
+  }
+  for (const Part& p : parts) p.state->pos = p.pos0 + p.T;
+  finish(s, N, seqs, parts);
+}
+
+void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts) {
   const int64_t H = spec_.hidden_size;
   ops::Backend& be = *be_;
   for (int i = 0; i < spec_.n_layers; ++i) {
     const Layer& L = layers_[i];
-    if (hooks.on_hidden) hooks.on_hidden(i, s.h, T);
-    be.rms_norm(s.h, L.in_norm.data(), T, H, spec_.rms_norm_eps, s.xn);
-    if (L.attn) {
-      L.attn->forward(s.xn, T, pos0, state.attn[i], s.tmp, be, ws_);
-    } else {
-      L.gdn->forward(s.xn, T, state.gdn[i], s.tmp, be, ws_);
+    if (hooks.on_hidden) hooks.on_hidden(i, s.h, N);
+    be.rms_norm(s.h, L.in_norm.data(), N, H, spec_.rms_norm_eps, s.xn);
+    for (const Part& p : parts) {  // token mixers: per sequence, on its own state
+      const float* x = s.xn + p.row0 * H;
+      float* out = s.tmp + p.row0 * H;
+      if (L.attn) {
+        L.attn->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws_);
+      } else {
+        L.gdn->forward(x, p.T, p.state->gdn[i], out, be, ws_);
+      }
     }
-    be.add(s.h, s.tmp, T * H);
-    be.rms_norm(s.h, L.post_norm.data(), T, H, spec_.rms_norm_eps, s.xn);
-    if (L.moe) {
-      L.moe->forward(s.xn, T, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws_);
+    be.add(s.h, s.tmp, N * H);
+    be.rms_norm(s.h, L.post_norm.data(), N, H, spec_.rms_norm_eps, s.xn);
+    if (L.moe) {  // all rows of the step together: each routed expert acquired once
+      L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws_);
     } else {
-      L.mlp->forward(s.xn, T, s.tmp, be, ws_);
+      L.mlp->forward(s.xn, N, s.tmp, be, ws_);
     }
-    be.add(s.h, s.tmp, T * H);
+    be.add(s.h, s.tmp, N * H);
   }
 }
 
-void DecoderModel::finish(const Scratch& s, int64_t T, LogitsMode mode, float* logits) {
-  const int64_t H = spec_.hidden_size;
-  if (mode == LogitsMode::kNone && !hooks.on_hidden) return;
-  // Final norm only for the rows whose logits are wanted (all rows when observed).
-  const int64_t first = (mode == LogitsMode::kAll || hooks.on_hidden) ? 0 : T - 1;
-  be_->rms_norm(s.h + first * H, final_norm_.data(), T - first, H, spec_.rms_norm_eps, s.xn + first * H);
-  if (hooks.on_hidden) hooks.on_hidden(spec_.n_layers, s.xn, T);
-  if (mode == LogitsMode::kAll) {
-    be_->matmul(lm_head_, s.xn, T, logits);
-  } else if (mode == LogitsMode::kLast) {
-    be_->matmul(lm_head_, s.xn + (T - 1) * H, 1, logits);
+void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> seqs, std::span<const Part> parts) {
+  const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
+  const float eps = spec_.rms_norm_eps;
+  if (hooks.on_hidden) {  // observed: every row normed
+    be_->rms_norm(s.h, final_norm_.data(), N, H, eps, s.xn);
+    hooks.on_hidden(spec_.n_layers, s.xn, N);
   }
+  // Sequences wanting all rows: their own lm_head product.
+  std::vector<size_t> last;  // indices into parts of sequences wanting the last row
+  for (size_t i = 0, j = 0; i < seqs.size(); ++i) {
+    if (seqs[i].ids.empty()) continue;
+    const Part& p = parts[j++];
+    if (seqs[i].mode == LogitsMode::kAll) {
+      if (!hooks.on_hidden) be_->rms_norm(s.h + p.row0 * H, final_norm_.data(), p.T, H, eps, s.xn + p.row0 * H);
+      be_->matmul(lm_head_, s.xn + p.row0 * H, p.T, seqs[i].logits);
+    } else if (seqs[i].mode == LogitsMode::kLast) {
+      last.push_back(i);
+    }
+  }
+  if (last.empty()) return;
+  if (last.size() == 1) {  // one sequence: straight into its buffer
+    const SeqStep& q = seqs[last[0]];
+    const Part* p = nullptr;
+    for (const Part& c : parts)
+      if (c.state == q.state) p = &c;
+    const int64_t r = p->row0 + p->T - 1;
+    if (!hooks.on_hidden) be_->rms_norm(s.h + r * H, final_norm_.data(), 1, H, eps, s.xn + r * H);
+    be_->matmul(lm_head_, s.xn + r * H, 1, q.logits);
+    return;
+  }
+  // Several: gather the last rows, one lm_head product (its weights read once), scatter.
+  ops::WorkspaceScope scope(ws_);
+  const int64_t S = static_cast<int64_t>(last.size());
+  const HeadScratch hs = HeadScratch::take(ws_, H, V, S);
+  for (int64_t k = 0; k < S; ++k) {
+    const SeqStep& q = seqs[last[k]];
+    for (const Part& c : parts)
+      if (c.state == q.state) be_->copy_2d(hs.xn + k * H, H, s.h + (c.row0 + c.T - 1) * H, H, 1, H);
+  }
+  be_->rms_norm(hs.xn, final_norm_.data(), S, H, eps, hs.xn);
+  be_->matmul(lm_head_, hs.xn, S, hs.logits);
+  for (int64_t k = 0; k < S; ++k) be_->to_host(hs.logits + k * V, V, seqs[last[k]].logits);
 }
 
 }  // namespace spool::models

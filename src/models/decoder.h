@@ -26,8 +26,15 @@ class DecoderModel : public Model {
     float *h, *xn, *tmp;
     static Scratch take(ops::Workspace& ws, int64_t H, int64_t T) { return {ws.floats(T * H), ws.floats(T * H), ws.floats(T * H)}; }
   };
-  /// workspace_arena_bytes() of this stack: Scratch plus the largest layer scratch.
-  static uint64_t arena_bytes(const ModelSpec& spec, int64_t T);
+  /// Rows of the last token of each sequence gathered for one lm_head product when a step has
+  /// several sequences: normed input [S, H] and logits [S, vocab].
+  struct HeadScratch {
+    float *xn, *logits;
+    static HeadScratch take(ops::Workspace& ws, int64_t H, int64_t V, int64_t S) { return {ws.floats(S * H), ws.floats(S * V)}; }
+  };
+  /// workspace_arena_bytes() of this stack: Scratch plus the largest layer scratch, plus
+  /// HeadScratch for more than one sequence.
+  static uint64_t arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs = 1);
 
   DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend);
 
@@ -39,10 +46,11 @@ class DecoderModel : public Model {
   State new_state() const override { return State(spec_, kv_type_); }
   void set_kv_type(ops::KvType type) override { kv_type_ = type; }
   void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) override;
+  void forward_batch(std::span<const SeqStep> seqs) override;
   void set_max_active_experts(int k) override;
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
   experts::ExpertProvider& expert_provider() override { return *provider_; }
-  void reserve_workspace(int64_t max_tokens) override;
+  void reserve_workspace(int64_t max_tokens, int max_seqs = 1) override;
   uint64_t workspace_capacity() const override { return ws_.capacity(); }
   ops::Backend& backend() override { return *be_; }
 
@@ -54,15 +62,23 @@ class DecoderModel : public Model {
     std::unique_ptr<MoeBlock> moe;
     std::unique_ptr<DenseMlp> mlp;
   };
-  // forward() steps: every layer over s.h (updates state), then final norm + lm_head.
-  void run_layers(const Scratch& s, int64_t T, int64_t pos0, State& state);
-  void finish(const Scratch& s, int64_t T, LogitsMode mode, float* logits);
+  // One sequence's rows within a step.
+  struct Part {
+    int64_t row0, T, pos0;
+    State* state;
+  };
+  // forward_batch() steps: embeddings, every layer over s.h (updates the states), then final
+  // norm + lm_head for the rows whose logits are wanted.
+  void embed(std::span<const int32_t> ids, float* h);
+  void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts);
+  void finish(const Scratch& s, int64_t N, std::span<const SeqStep> seqs, std::span<const Part> parts);
 
   std::shared_ptr<const io::Checkpoint> ckpt_;
   ModelSpec spec_;
   std::shared_ptr<ops::Backend> be_;
   ops::Workspace ws_;       // one arena for every layer's activations (workspace_arena_bytes)
-  int64_t ws_tokens_ = 0;   // chunk length ws_ is sized for
+  int64_t ws_tokens_ = 0;   // token rows per step ws_ is sized for
+  int ws_seqs_ = 0;         // sequences per step ws_ is sized for
   ops::WeightView embed_, lm_head_;
   // When the embedding table is not lm_head, its rows are read with pread (one row per
   // token) instead of through the mapping: the table never becomes resident memory.

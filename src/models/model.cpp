@@ -19,6 +19,8 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, op
   return load_model(std::move(ckpt), std::make_shared<ops::CpuBackend>(pool));
 }
 
-uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T) { return DecoderModel::arena_bytes(spec, T); }
+uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
+  return DecoderModel::arena_bytes(spec, T, max_seqs);
+}
 
 }  // namespace spool::models

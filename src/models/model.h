@@ -24,6 +24,14 @@ enum class LogitsMode {
   kAll,   // [T, vocab] for every token (perplexity, tests)
 };
 
+/// One sequence's part of a batched forward step (Model::forward_batch).
+struct SeqStep {
+  std::span<const int32_t> ids;       ///< new tokens of this sequence (at least one)
+  State* state = nullptr;             ///< its state: positions [state->pos, state->pos + ids.size())
+  LogitsMode mode = LogitsMode::kLast;
+  float* logits = nullptr;            ///< [ids.size() or 1, vocab] per mode (host memory)
+};
+
 /// Optional observers for tests and tools (calibration, debugging).
 struct ForwardHooks {
   RouteObserver on_route;     // per (MoE layer, token) chosen experts
@@ -46,15 +54,22 @@ class Model {
   /// vocabulary (state unchanged). Any other failure part-way (e.g. an expert read error)
   /// leaves `state.poisoned` set: later calls refuse it until state.reset().
   virtual void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) = 0;
+  /// One step over several sequences, each with its own state and position (ragged): the
+  /// token rows of all go through the norms, projections and MoE together (an expert routed
+  /// to by several sequences is acquired once), attention and the Gated DeltaNet recurrence
+  /// run per sequence on its own state. Each sequence gets what forward() would give it alone,
+  /// up to float rounding of row-blocked kernels. States must be distinct. Errors as forward():
+  /// a bad id throws before any state changes; a failure part-way poisons every state.
+  virtual void forward_batch(std::span<const SeqStep> seqs) = 0;
   /// Caps routed experts per token to k (0 = native top-k). k > native is an error.
   virtual void set_max_active_experts(int k) = 0;
   /// Replaces the expert provider (e.g. a streaming one); nullptr restores resident experts.
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
   /// The provider serving routed experts now.
   virtual experts::ExpertProvider& expert_provider() = 0;
-  /// Sizes the forward-pass workspace for chunks of up to `max_tokens` tokens
-  /// (workspace_arena_bytes); forward() grows it when a longer chunk comes.
-  virtual void reserve_workspace(int64_t max_tokens) = 0;
+  /// Sizes the forward-pass workspace for steps of up to `max_tokens` token rows over up to
+  /// `max_seqs` sequences (workspace_arena_bytes); forward() grows it when a larger step comes.
+  virtual void reserve_workspace(int64_t max_tokens, int max_seqs = 1) = 0;
   /// Bytes of the workspace arena now (its pages become resident only as they are used).
   virtual uint64_t workspace_capacity() const = 0;
   /// The backend every op of forward() runs on.
@@ -69,11 +84,12 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, st
 /// The same on a CpuBackend over `pool` (which must outlive the model; null = one thread).
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool);
 
-/// Bytes of the forward-pass workspace arena for chunks of up to T tokens: the residual
-/// stream h, the normed input and the layer output [T, H] each, plus the largest scratch any
-/// one layer takes (its Scratch::take). The engine allocates exactly this (Model::
+/// Bytes of the forward-pass workspace arena for steps of up to T token rows over up to
+/// `max_seqs` sequences: the residual stream h, the normed input and the layer output [T, H]
+/// each, plus the largest scratch any one layer takes (its Scratch::take), plus with several
+/// sequences their last rows' normed input and logits [max_seqs, H + vocab]. The engine allocates exactly this (Model::
 /// reserve_workspace) and the planner counts exactly this: one function, measured by running
 /// the layers' own take() code on a measuring ops::Workspace.
-uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T);
+uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs = 1);
 
 }  // namespace spool::models

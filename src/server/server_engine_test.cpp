@@ -399,7 +399,10 @@ class ScriptModel : public models::Model {
   void set_max_active_experts(int) override {}
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider>) override {}
   experts::ExpertProvider& expert_provider() override { return base_.expert_provider(); }
-  void reserve_workspace(int64_t) override {}
+  void forward_batch(std::span<const models::SeqStep> seqs) override {
+    for (const models::SeqStep& q : seqs) forward(q.ids, *q.state, q.mode, q.logits);
+  }
+  void reserve_workspace(int64_t, int) override {}
   uint64_t workspace_capacity() const override { return 0; }
   ops::Backend& backend() override { return base_.backend(); }
   int64_t nan_at = -1;
