@@ -1,7 +1,9 @@
 // spool bench: prompt processing (pp) and token generation (tg) throughput in the format
 // of llama.cpp's llama-bench (test, t/s mean ± sd), plus expert-cache columns. Inputs are
 // pseudo-random token ids (as llama-bench uses); each test runs once to warm up, then -r
-// times on a fresh sequence state.
+// times on a fresh sequence state. --parallel N adds aggregate generation over N concurrent
+// sequences decoded together (Model::forward_batch: one step = one token of each), the
+// throughput a server with N busy slots gets (test "tgNNN xN", t/s summed over sequences).
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -23,13 +25,15 @@ struct BenchOptions {
   int64_t ctx_size = 0;       // 0 = the longer test's tokens + 1
   int64_t prefill_step = 512;
   std::string output = "md";
+  std::vector<int> parallel = {1};  // concurrent sequences of the tg tests
 };
 
 struct Result {
   std::string test;
   int n_prompt = 0, n_gen = 0;
-  std::vector<double> ts;  // tokens per second per repetition
-  double hit_rate = 1.0, bytes_per_token = 0;
+  int n_seqs = 1;          // sequences decoded together (tg)
+  std::vector<double> ts;  // tokens per second per repetition (all sequences together)
+  double hit_rate = 1.0, bytes_per_token = 0, experts_per_token = 0;
   double mean() const {
     double s = 0;
     for (double x : ts) s += x;
@@ -51,8 +55,9 @@ std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
   return v;
 }
 
-// One pp (n_gen == 0) or tg (n_prompt == 0) test: warm-up + reps timed runs.
-Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step) {
+// One pp (n_gen == 0) or tg (n_prompt == 0, n_seqs sequences together) test: warm-up + reps
+// timed runs.
+Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int n_seqs = 1) {
   models::Model& m = *l.model;
   const int64_t V = m.spec().vocab_size;
   std::vector<float> logits(V);
@@ -60,7 +65,8 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step) {
   Result r;
   r.n_prompt = n_prompt;
   r.n_gen = n_gen;
-  r.test = n_gen == 0 ? strfmt("pp%d", n_prompt) : strfmt("tg%d", n_gen);
+  r.n_seqs = n_seqs;
+  r.test = n_gen == 0 ? strfmt("pp%d", n_prompt) : n_seqs == 1 ? strfmt("tg%d", n_gen) : strfmt("tg%d x%d", n_gen, n_seqs);
   experts::StreamingStats before{};
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
     if (rep == 0) before = stats_snapshot(l);
@@ -75,16 +81,32 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step) {
                   logits.data());
       }
       dt = now_seconds() - t0;
-    } else {
+    } else if (n_seqs == 1) {
       const std::vector<int32_t> ids = random_ids(rng, n_gen, V);
       const double t0 = now_seconds();
       for (int i = 0; i < n_gen; ++i) m.forward(std::span<const int32_t>(&ids[i], 1), st, models::LogitsMode::kLast, logits.data());
       dt = now_seconds() - t0;
+    } else {
+      std::vector<models::State> states;
+      std::vector<std::vector<int32_t>> ids;
+      std::vector<std::vector<float>> out(n_seqs, std::vector<float>(V));
+      for (int q = 0; q < n_seqs; ++q) {
+        states.push_back(m.new_state());
+        ids.push_back(random_ids(rng, n_gen, V));
+      }
+      std::vector<models::SeqStep> step_seqs(n_seqs);
+      const double t0 = now_seconds();
+      for (int i = 0; i < n_gen; ++i) {
+        for (int q = 0; q < n_seqs; ++q) step_seqs[q] = {std::span<const int32_t>(&ids[q][i], 1), &states[q], models::LogitsMode::kLast, out[q].data()};
+        m.forward_batch(step_seqs);
+      }
+      dt = now_seconds() - t0;
     }
-    if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : n_gen) / std::max(dt, 1e-9));
+    if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
   }
   const experts::StreamingStats w = stats_snapshot(l) - before;
-  const double tokens = static_cast<double>(reps) * (n_gen == 0 ? n_prompt : n_gen);
+  const double tokens = static_cast<double>(reps) * (n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs);
+  r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
   r.hit_rate = l.streaming ? w.hit_rate() : 1.0;
   r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
   return r;
@@ -102,11 +124,18 @@ void run(const BenchOptions& o) {
   engine::LoadOptions lo = o.model.load_options();
   lo.ctx_size = o.ctx_size > 0 ? o.ctx_size : needed;
   lo.prefill_step = o.prefill_step;
+  int max_seqs = 1;
+  for (int n : o.parallel) {
+    if (n < 1 || n > 256) throw UsageError(strfmt("--parallel values must be 1..256 (got %d)", n));
+    max_seqs = std::max(max_seqs, n);
+  }
   engine::LoadedModel l = engine::load(lo);
+  l.model->reserve_workspace(std::max<int64_t>(std::min<int64_t>(o.prefill_step, lo.ctx_size), max_seqs), max_seqs);
   const auto& s = l.model->spec();
   std::vector<Result> results;
   if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, o.prefill_step));
-  if (o.n_gen > 0) results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step));
+  if (o.n_gen > 0)
+    for (int n : o.parallel) results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n));
   const uint64_t size = l.ckpt->total_bytes();
   const std::string model = strfmt("%s %.1fB", s.model_type.c_str(), s.params_total / 1e9);
   const std::string backend = strfmt("CPU (%s)%s", ops::simd_target_name(), l.streaming ? " +stream" : "");
@@ -122,23 +151,25 @@ void run(const BenchOptions& o) {
                      {"n_prompt", r.n_prompt},
                      {"n_gen", r.n_gen},
                      {"test", r.test},
+                     {"n_parallel", r.n_seqs},
                      {"avg_ts", r.mean()},
                      {"stddev_ts", r.sd()},
                      {"samples_ts", r.ts},
                      {"streaming", l.streaming != nullptr},
                      {"cache_hit_rate", r.hit_rate},
                      {"bytes_read_per_token", r.bytes_per_token},
+                     {"experts_acquired_per_token", r.experts_per_token},
                      {"peak_rss_bytes", peak_rss_bytes()}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
     return;
   }
-  std::printf("| model | size | params | backend | threads | test | t/s | expert hit rate | read/token |\n");
-  std::printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: | --------------: | ---------: |\n");
+  std::printf("| model | size | params | backend | threads | test | t/s | expert hit rate | read/token | experts/token |\n");
+  std::printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: | --------------: | ---------: | ------------: |\n");
   for (const auto& r : results)
-    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f | %.1f%% | %s |\n", model.c_str(), format_bytes(size).c_str(),
+    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f | %.1f%% | %s | %.1f |\n", model.c_str(), format_bytes(size).c_str(),
                 s.params_total / 1e6, backend.c_str(), threads, r.test.c_str(), r.mean(), r.sd(), 100.0 * r.hit_rate,
-                format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str());
+                format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token);
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
 }
 
@@ -154,6 +185,10 @@ void register_bench(CLI::App& app) {
   c->add_option("-o,--output", o->output, "Output format: md or json (default md)");
   c->add_option("-c,--ctx-size", o->ctx_size, "Context the expert-cache budget leaves KV room for (default 0 = the longer test + 1)");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass of the pp test (default 512)");
+  c->add_option("--parallel", o->parallel,
+                "Concurrent sequences of the tg test, comma-separated (e.g. 1,2,4,8): each N adds a 'tgNNN xN' row, "
+                "t/s summed over the N sequences decoded together (default 1)")
+      ->delimiter(',');
   c->callback([o] { run(*o); });
 }
 
