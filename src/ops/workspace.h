@@ -75,7 +75,7 @@ class Workspace {
     void operator()(void* p) const;
   };
   struct DevFree {
-    void (*fn)(void*) = nullptr;
+    void (*fn)(void*);  // (no initializer: a nested class with one is not default-constructible here)
     void operator()(void* p) const {
       if (p != nullptr && fn != nullptr) fn(p);
     }
