@@ -51,9 +51,6 @@ struct ExpertGroups {
 /// shared by every backend. Throws spool::Error for an id outside [0, n_experts).
 ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts);
 
-/// Where a buffer or weight lives.
-enum class Device : uint8_t { kCpu, kCuda };
-
 /// Name of a device ("cpu", "cuda").
 const char* device_name(Device d);
 
@@ -66,6 +63,12 @@ class Backend {
   virtual const char* name() const = 0;
   /// Threads the backend runs host work on (for workspace sizing: per-thread scratch).
   virtual int threads() const = 0;
+
+  /// A view of `w` that this backend's kernels read fastest: on a GPU backend a device copy
+  /// (owned by the backend, valid until it is destroyed; view.device == device()), made once
+  /// at load time for resident weights. Host backends return `w` unchanged. Weights left on
+  /// the host still work on every backend (a GPU backend then copies them per call).
+  virtual WeightView upload(const WeightView& w) { return w; }
 
   // ---- Matrix products -------------------------------------------------------------------
   /// y[t, r] = sum_c x[t, c] W[r, c]: x [T, W.cols], y [T, W.rows]. Any WType (float or

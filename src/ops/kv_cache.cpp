@@ -1,6 +1,7 @@
 #include "ops/kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -18,7 +19,13 @@ KvType kv_type_from_bits(int bits) {
   throw UsageError(strfmt("--kv-bits must be 32, 16 or 8 (got %d)", bits));
 }
 
+void KvCache::touch() {
+  static std::atomic<uint64_t> counter{0};
+  gen_ = ++counter;
+}
+
 void KvCache::configure(KvType type, int n_kv_heads, int head_dim) {
+  touch();
   type_ = type;
   n_kv_ = n_kv_heads;
   hd_ = head_dim;
@@ -58,6 +65,7 @@ void KvCache::reserve(int64_t positions, int64_t keep) {
   k_.swap(k);
   v_.swap(v);
   cap_ = cap;
+  touch();
 }
 
 namespace {
@@ -75,6 +83,7 @@ float quantize_i8(const float* x, int n, int8_t* out) {
 }  // namespace
 
 void KvCache::write(int64_t pos, const float* k, const float* v) {
+  touch();
   const int gd = group_dim();
   for (int h = 0; h < n_kv_; ++h) {
     const float* kh = k + h * hd_;
@@ -114,6 +123,7 @@ void KvCache::write(int64_t pos, const float* k, const float* v) {
 void KvCache::copy_prefix(const KvCache& o, int64_t n) {
   if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_) fail("KV cache snapshot has a different geometry");
   reserve(n, 0);
+  touch();
   const int es = elem();
   for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_; ++row)
     std::memcpy(k_.data() + row * cap_ * es, o.k_.data() + row * o.cap_ * es, n * es);
@@ -145,6 +155,7 @@ void KvCache::load_prefix(std::string_view data, int64_t n) {
          (unsigned long long)(static_cast<uint64_t>(std::max<int64_t>(n, 0)) * bytes_per_position()), (long long)n);
   if (n == 0) return;
   reserve(n, 0);
+  touch();
   const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(n), cap = static_cast<size_t>(cap_);
   const char* p = data.data();
   auto get = [&](void* dst, size_t bytes) {

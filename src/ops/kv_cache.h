@@ -56,6 +56,10 @@ class KvCache {
   uint64_t bytes() const { return k_.size() + v_.size() + (ks_.size() + vs_.size()) * sizeof(float); }
   /// Bytes per position (all heads, keys and values, scales included).
   uint64_t bytes_per_position() const;
+  /// Changes whenever the contents or geometry change (a process-wide counter, so two caches
+  /// never share a value unless one is a copy of the other with the same contents). A GPU
+  /// backend keeps a device mirror of the cache and re-uploads it when this moves.
+  uint64_t generation() const { return gen_; }
 
   const uint8_t* k_data() const { return k_.data(); }
   const uint8_t* v_data() const { return v_.data(); }
@@ -64,6 +68,8 @@ class KvCache {
 
  private:
   int elem() const { return type_ == KvType::kF32 ? 4 : type_ == KvType::kF16 ? 2 : 1; }
+  void touch();  // new generation
+  uint64_t gen_ = 0;
   KvType type_ = KvType::kF32;
   int n_kv_ = 0, hd_ = 0, groups_ = 1;
   int64_t cap_ = 0;

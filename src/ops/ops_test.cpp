@@ -12,6 +12,8 @@
 #include "ops/gated_delta.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"
+#include "ops/workspace.h"
+#include "common/error.h"
 
 namespace spool::ops {
 namespace {
@@ -230,6 +232,76 @@ TEST(KvCache, GrowsAndCopiesPrefixes) {
         EXPECT_NEAR(a.key(1, p, d), k[64 + d], type == KvType::kF32 ? 0 : type == KvType::kF16 ? 2e-3 : 3e-2);
       }
   }
+}
+
+// A GPU backend keeps a device mirror of each cache and re-uploads it when generation() moves:
+// every change moves it, reads do not, and a copy carries its source's generation.
+TEST(KvCache, GenerationMovesOnEveryChange) {
+  KvCache a, b;
+  a.configure(KvType::kI8, 2, 64);
+  b.configure(KvType::kI8, 2, 64);
+  EXPECT_NE(a.generation(), b.generation());
+  uint64_t g = a.generation();
+  auto moved = [&](const char* what) {
+    EXPECT_NE(a.generation(), g) << what;
+    g = a.generation();
+  };
+  a.reserve(10, 0);
+  moved("reserve (growth)");
+  a.reserve(5, 5);
+  EXPECT_EQ(a.generation(), g) << "reserve within capacity";
+  const std::vector<float> k = randn(128, 1), v = randn(128, 2);
+  a.write(3, k.data(), v.data());
+  moved("write");
+  std::string img;
+  a.save_prefix(4, img);
+  (void)a.key(0, 3, 5);
+  EXPECT_EQ(a.generation(), g) << "reads";
+  const KvCache c = a;
+  EXPECT_EQ(c.generation(), a.generation());
+  a.load_prefix(img, 4);
+  moved("load_prefix");
+  b.reserve(4, 0);
+  a.copy_prefix(b, 4);
+  moved("copy_prefix");
+  a.configure(KvType::kF16, 2, 64);
+  moved("configure");
+}
+
+// A device workspace (here with a stand-in allocator) hands out floats from the device arena
+// and ints from a host shadow at the same offsets; without an allocator it refuses.
+TEST(Workspace, DeviceArenaKeepsIntsOnTheHost) {
+  set_device_allocator(Device::kCuda, DeviceAllocator{});
+  EXPECT_THROW(Workspace(1 << 16, Device::kCuda), spool::Error);
+  static std::vector<char>* arena = nullptr;
+  static int frees = 0;
+  set_device_allocator(Device::kCuda, DeviceAllocator{[](size_t n) -> void* {
+                                                        arena = new std::vector<char>(n + 64);
+                                                        return arena->data();
+                                                      },
+                                                      [](void*) {
+                                                        delete arena;
+                                                        arena = nullptr;
+                                                        ++frees;
+                                                      }});
+  {
+    Workspace ws(1 << 16, Device::kCuda);
+    const char* lo = arena->data();
+    const char* hi = lo + arena->size();
+    float* f = ws.floats(100);
+    EXPECT_TRUE(reinterpret_cast<char*>(f) >= lo && reinterpret_cast<char*>(f) < hi);
+    const size_t m = ws.mark();
+    int* ids = ws.ints(8);
+    EXPECT_FALSE(reinterpret_cast<char*>(ids) >= lo && reinterpret_cast<char*>(ids) < hi);
+    for (int i = 0; i < 8; ++i) ids[i] = i;  // host-writable
+    ws.release(m);
+    EXPECT_EQ(ws.ints(8), ids);  // same offset after release
+    Workspace moved = std::move(ws);
+    EXPECT_EQ(moved.device(), Device::kCuda);
+    EXPECT_EQ(frees, 0);
+  }
+  EXPECT_EQ(frees, 1);
+  set_device_allocator(Device::kCuda, DeviceAllocator{});
 }
 
 TEST(Rope, RotatesPairsHalfApart) {

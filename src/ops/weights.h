@@ -9,6 +9,9 @@
 
 namespace spool::ops {
 
+/// Where a buffer or weight lives.
+enum class Device : uint8_t { kCpu, kCuda };
+
 /// Storage type of a weight matrix: float elements, or quantized (docs/quant-format.md).
 enum class WType : uint8_t { kF32, kF16, kBF16, kQuant };
 
@@ -24,6 +27,9 @@ struct WeightView {
   int64_t cols = 0;
   const void* data = nullptr;
   QuantView quant;  ///< kQuant only (rows/cols mirror the fields above)
+  /// Where `data` / the `quant` pointers live: host memory (the checkpoint's mmap, an expert
+  /// cache) or a device copy made by Backend::upload().
+  Device device = Device::kCpu;
 
   bool empty() const { return data == nullptr && quant.qweight == nullptr; }
   /// Bytes the kernels stream for the matrix.

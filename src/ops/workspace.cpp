@@ -19,8 +19,18 @@ void Workspace::Free::operator()(void* p) const {
   ::munmap(static_cast<char*>(p) - kAlign, bytes + kAlign);
 }
 
+namespace {
+DeviceAllocator g_cuda_alloc;
+}
+
+void set_device_allocator(Device device, DeviceAllocator a) {
+  if (device == Device::kCuda) g_cuda_alloc = a;
+}
+
 Workspace::Workspace(size_t bytes, Device device) : device_(device) {
-  if (device != Device::kCpu) fail("workspace: no allocator for device %s in this build", device_name(device));
+  if (device != Device::kCpu && g_cuda_alloc.alloc == nullptr)
+    fail("workspace: no allocator for device %s (build with -DSPOOL_CUDA=ON and create its backend first)",
+         device_name(device));
   bytes = (bytes + kAlign - 1) / kAlign * kAlign;
   if (bytes == 0) bytes = kAlign;
   void* p = ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
@@ -29,6 +39,13 @@ Workspace::Workspace(size_t bytes, Device device) : device_(device) {
   base_ = static_cast<char*>(p) + kAlign;
   mem_.reset(base_);
   cap_ = bytes;
+  if (device != Device::kCpu) {
+    host_ = base_;
+    void* d = g_cuda_alloc.alloc(bytes);
+    if (d == nullptr) fail("workspace: cannot allocate %zu bytes on device %s", bytes, device_name(device));
+    dev_ = std::unique_ptr<void, DevFree>(d, DevFree{g_cuda_alloc.free});
+    base_ = static_cast<char*>(d);
+  }
 }
 
 void* Workspace::take(size_t bytes) {

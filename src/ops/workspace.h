@@ -14,6 +14,15 @@
 
 namespace spool::ops {
 
+/// Allocator of device memory for Workspace arenas (a GPU backend registers its own when it is
+/// created; spool_ops itself links no GPU runtime). alloc returns nullptr on failure.
+struct DeviceAllocator {
+  void* (*alloc)(size_t bytes) = nullptr;
+  void (*free)(void* p) = nullptr;
+};
+/// Registers the allocator of `device` (Device::kCuda); later registrations replace it.
+void set_device_allocator(Device device, DeviceAllocator a);
+
 class Workspace {
  public:
   /// Alignment of every buffer taken (bytes): a cache line and any SIMD vector.
@@ -21,8 +30,11 @@ class Workspace {
 
   /// A measuring workspace: take() returns nullptr and only counts bytes.
   Workspace() = default;
-  /// An arena of `bytes` on `device` (host memory for Device::kCpu), committed at once (host
-  /// pages populated). Throws spool::Error when the memory cannot be had.
+  /// An arena of `bytes` on `device`, committed at once (host pages populated). Throws
+  /// spool::Error when the memory cannot be had, or for a device whose allocator is not
+  /// registered (set_device_allocator). A device arena also reserves (but does not touch) a
+  /// host shadow of the same size, from which ints() is served at the same offsets, so that
+  /// routing ids are host-visible on every device.
   Workspace(size_t bytes, Device device);
   Workspace(Workspace&& o) noexcept { *this = std::move(o); }
   Workspace& operator=(Workspace&& o) noexcept {
@@ -32,13 +44,18 @@ class Workspace {
     used_ = std::exchange(o.used_, 0);
     high_ = std::exchange(o.high_, 0);
     device_ = o.device_;
+    dev_ = std::move(o.dev_);
+    host_ = std::exchange(o.host_, nullptr);
     return *this;
   }
 
   /// n floats (64-byte aligned). Throws spool::Error past the arena's capacity (a sizing bug).
   float* floats(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * sizeof(float))); }
   /// n 32-bit ints (host-visible on every device: routing ids).
-  int* ints(int64_t n) { return static_cast<int*>(take(static_cast<size_t>(n) * sizeof(int))); }
+  int* ints(int64_t n) {
+    char* p = static_cast<char*>(take(static_cast<size_t>(n) * sizeof(int)));
+    return reinterpret_cast<int*>(host_ != nullptr && p != nullptr ? host_ + (p - base_) : p);
+  }
   /// `bytes` bytes, 64-byte aligned.
   void* take(size_t bytes);
 
@@ -57,8 +74,16 @@ class Workspace {
   struct Free {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, Free> mem_;
+  struct DevFree {
+    void (*fn)(void*);  // (no initializer: a nested class with one is not default-constructible here)
+    void operator()(void* p) const {
+      if (p != nullptr && fn != nullptr) fn(p);
+    }
+  };
+  std::unique_ptr<void, Free> mem_;       // host arena (kCpu) or host shadow (device arenas)
+  std::unique_ptr<void, DevFree> dev_;    // device arena (base_) when device_ != kCpu
   char* base_ = nullptr;
+  char* host_ = nullptr;                  // host shadow of a device arena (ints())
   size_t cap_ = 0, used_ = 0, high_ = 0;
   Device device_ = Device::kCpu;
 };

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Builds and runs spool's CUDA tests (the backend op table on CudaBackend, fixture models on CUDA
+# against the CPU) on a machine with an NVIDIA GPU.
+#
+#   scripts/test-cuda.sh                  build with -DSPOOL_CUDA=ON in $BUILD_DIR and run the tests here
+#   scripts/test-cuda.sh stage DIR        build here (no GPU needed), then copy into DIR what the tests
+#                                         need on a GPU machine that lacks the Debian -dev packages: the
+#                                         test binaries, their data, the shared libraries not in a CUDA
+#                                         image (Highway, the CUDA runtime) and this script
+#   DIR/test-cuda.sh run DIR              on the GPU machine, from the repository root: run the staged tests
+#                                         (builds there instead when DIR holds no binaries but cmake, nvcc
+#                                         and ninja exist and the -dev packages are installed)
+#
+# Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), OUT (a folder for
+# the logs, optional), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases).
+# Exit status: that of the tests (0 when all pass; a GPU-less machine reports the CUDA cases as
+# SKIPPED, so run this where `nvidia-smi -L` lists a GPU).
+set -euo pipefail
+
+mode=${1:-local}
+here=$(cd "$(dirname "$0")" && pwd)
+archs=${SPOOL_CUDA_ARCHS:-90}
+tests=(backend_test)
+
+build() {  # build [dir]: configure and build the CUDA test binaries
+  local repo bdir
+  repo=$(cd "$here/.." && pwd)
+  bdir=${BUILD_DIR:-$repo/build-cuda}
+  local launch=()
+  if command -v ccache >/dev/null; then
+    launch=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  cmake -S "$repo" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPOOL_CUDA=ON -DSPOOL_CUDA_ARCHS="$archs" \
+    -DSPOOL_BUILD_BENCH=OFF "${launch[@]}" >&2
+  cmake --build "$bdir" -j"$(nproc)" --target "${tests[@]}" spool_test_data spool_model_data >&2
+  echo "$bdir"
+}
+
+run_tests() {  # run_tests BIN_DIR: runs every test binary, logs to $OUT when set
+  local bin=$1 rc=0 log
+  nvidia-smi -L || echo "nvidia-smi: no GPU listed"
+  for t in "${tests[@]}"; do
+    log=${OUT:+$OUT/$t.log}
+    echo "== $t"
+    if [ -n "$log" ]; then
+      "$bin/$t" --gtest_color=no > "$log" 2>&1 || rc=1
+      grep -E '^\[  (FAILED|SKIPPED|PASSED) |^\[==========\]|Failure|rror' "$log" | head -80 || true
+    else
+      "$bin/$t" --gtest_color=no || rc=1
+    fi
+    if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+      echo "== compute-sanitizer memcheck: $t (CUDA cases)"
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/$t" --gtest_filter='*cuda*:CudaModel*' \
+        --gtest_brief=1 > "${OUT:-/tmp}/$t.memcheck.log" 2>&1 || { echo "memcheck failed (rc $?)"; rc=1; }
+      tail -5 "${OUT:-/tmp}/$t.memcheck.log"
+    fi
+  done
+  return $rc
+}
+
+case "$mode" in
+  local)
+    bdir=$(build | tail -1)
+    run_tests "$bdir/src/models"
+    ;;
+  stage)
+    dir=${2:?usage: test-cuda.sh stage DIR}
+    bdir=$(build | tail -1)
+    rm -rf "$dir" && mkdir -p "$dir/lib" "$dir/data/models"
+    for t in "${tests[@]}"; do strip -o "$dir/$t" "$(find "$bdir/src" -name "$t" -type f -perm -u+x | head -1)"; done
+    # Shared libraries a CUDA image lacks (cuBLAS is taken from the image: it is too large to carry).
+    for lib in $(ldd "$dir/${tests[0]}" | awk '/=>/ {print $3}'); do
+      case "$(basename "$lib")" in
+        libhwy*|libcudart*) cp -L "$lib" "$dir/lib/" ;;
+      esac
+    done
+    # Test data (the fixture families the tests run; the demo model is unpacked from the
+    # repository's models/ on the GPU machine) and the build path compiled into the binaries.
+    for f in qwen3_moe qwen3_next qwen3_5_moe_text qwen3_5_moe_vl qwen3_5_moe_vl_fused; do
+      cp -r "$bdir/tests/data/models/$f" "$dir/data/models/"
+    done
+    mkdir -p "$dir/data/models/spool-demo-moe"
+    cp "$bdir/tests/data/models/spool-demo-moe/golden_prompts.safetensors" "$dir/data/models/spool-demo-moe/"
+    echo "$bdir" > "$dir/build_dir"
+    cp "$0" "$dir/test-cuda.sh"
+    du -sh "$dir"
+    ;;
+  run)
+    dir=$(cd "${2:?usage: test-cuda.sh run DIR}" && pwd)
+    if [ ! -x "$dir/${tests[0]}" ]; then  # nothing staged: build here
+      bdir=$(build | tail -1)
+      run_tests "$bdir/src/models"
+      exit
+    fi
+    bdir=$(cat "$dir/build_dir")
+    # The binaries look for their data under the build directory they were built in.
+    mkdir -p "$bdir/tests" "$bdir/models/spool-demo-moe"
+    ln -sfn "$dir/data" "$bdir/tests/data"
+    demo=$bdir/models/spool-demo-moe
+    repo=$(pwd)
+    for f in "$repo"/models/spool-demo-moe/*; do
+      case "$f" in
+        *.xz) [ -f "$demo/$(basename "${f%.xz}")" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$demo/$(basename "${f%.xz}")" ;;
+        *) cp "$f" "$demo/" ;;
+      esac
+    done
+    cublas=$(ldconfig -p | awk '/libcublas.so.13 / {print $NF; exit}')
+    [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+    export LD_LIBRARY_PATH=$dir/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    run_tests "$dir"
+    ;;
+  *)
+    echo "usage: $0 [local | stage DIR | run DIR]" >&2
+    exit 2
+    ;;
+esac

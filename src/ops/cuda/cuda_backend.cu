@@ -1,0 +1,1269 @@
+// CudaBackend kernels and bookkeeping (see cuda_backend.h for the memory model).
+//
+// This is the correct, straightforward first version: one kernel per op, f32 accumulation,
+// weights decoded element by element. Known slow spots (to be replaced, not to be trusted for
+// timings): the quantized / 16-bit GEMV decodes every element separately; T > 8 products
+// dequantize W into scratch and run cuBLAS SGEMM; attention keeps a score row per query in
+// scratch (no flash tiling); the delta rule runs the recurrence for every T (the chunked form
+// is an algebraic rewrite of it); host parameters are copied up on every call.
+#include "ops/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "common/error.h"
+#include "ops/kv_cache.h"
+#include "ops/quant_matmul.h"
+#include "ops/rope.h"
+#include "ops/weights.h"
+#include "ops/workspace.h"
+
+namespace spool::ops {
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what, int line) {
+  if (e != cudaSuccess) fail("CUDA error %s (%s) in %s (cuda_backend.cu:%d)", cudaGetErrorName(e), cudaGetErrorString(e), what, line);
+}
+#define CU(call) check_cuda((call), #call, __LINE__)
+#define CU_LAUNCHED(what) check_cuda(cudaGetLastError(), what, __LINE__)
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error %d in %s", static_cast<int>(s), what);
+}
+
+void* dev_alloc(size_t n) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, n == 0 ? 1 : n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+void dev_free(void* p) { (void)cudaFree(p); }
+
+// Whether p is device memory (cudaMalloc / managed); host memory (pageable or pinned) is not.
+bool is_device_ptr(const void* p) {
+  if (p == nullptr) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+constexpr size_t kAlignDev = 256;
+size_t round_up(size_t n, size_t a = kAlignDev) { return (n + a - 1) / a * a; }
+unsigned blocks_for(int64_t n, int threads = 256) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 1 << 20)));
+}
+
+// Bump allocator of device scratch, reset at the start of every public op (all work is ordered on
+// one stream, so memory freed by reset() is reused only by later work). Grows by adding blocks;
+// reset() merges them into one (synchronizing first, since earlier work may still read them).
+class Arena {
+ public:
+  explicit Arena(cudaStream_t s) : s_(s) {}
+  ~Arena() {
+    for (Block& b : blocks_) dev_free(b.p);
+  }
+  void* get(size_t bytes) {
+    bytes = round_up(std::max<size_t>(bytes, 1));
+    if (!blocks_.empty() && blocks_.back().used + bytes <= blocks_.back().cap) {
+      Block& b = blocks_.back();
+      void* p = static_cast<char*>(b.p) + b.used;
+      b.used += bytes;
+      return p;
+    }
+    const size_t cap = std::max(bytes, blocks_.empty() ? size_t{8} << 20 : 2 * blocks_.back().cap);
+    void* p = dev_alloc(cap);
+    if (p == nullptr) fail("cuda backend: out of device memory for %zu bytes of scratch", cap);
+    blocks_.push_back({p, cap, bytes});
+    return p;
+  }
+  template <class T>
+  T* get_n(int64_t n) {
+    return static_cast<T*>(get(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)));
+  }
+  struct Mark {
+    size_t block, used;
+  };
+  Mark mark() const { return blocks_.empty() ? Mark{0, 0} : Mark{blocks_.size() - 1, blocks_.back().used}; }
+  // Gives back what was taken after m (blocks added since stay, empty, until reset()).
+  void release(Mark m) {
+    if (blocks_.empty()) return;
+    if (m.block == blocks_.size() - 1) {
+      blocks_.back().used = m.used;
+    } else {
+      for (size_t i = m.block + 1; i < blocks_.size(); ++i) blocks_[i].used = 0;
+    }
+  }
+  void reset() {
+    if (blocks_.size() > 1) {
+      size_t total = 0;
+      for (Block& b : blocks_) total += b.cap;
+      CU(cudaStreamSynchronize(s_));
+      for (Block& b : blocks_) dev_free(b.p);
+      blocks_.clear();
+      void* p = dev_alloc(total);
+      if (p == nullptr) fail("cuda backend: out of device memory for %zu bytes of scratch", total);
+      blocks_.push_back({p, total, 0});
+    } else if (!blocks_.empty()) {
+      blocks_[0].used = 0;
+    }
+  }
+
+ private:
+  struct Block {
+    void* p;
+    size_t cap, used;
+  };
+  cudaStream_t s_;
+  std::vector<Block> blocks_;
+};
+
+// ---- Device views of weights --------------------------------------------------------------------
+
+enum WKindDev : int { kWF32 = 0, kWF16 = 1, kWBF16 = 2, kWQuant = 3 };
+
+struct WDev {
+  int kind;
+  int qtype;  // QType as int (quant only)
+  int64_t rows, cols;
+  int group;
+  int64_t ng;  // groups per row
+  int gb;      // bytes per packed group
+  const void* data;
+  const uint8_t* q;
+  const uint16_t* scales;
+  const float* cb;
+};
+
+WDev make_wdev(const WeightView& w) {
+  WDev d{};
+  d.rows = w.rows;
+  d.cols = w.cols;
+  switch (w.type) {
+    case WType::kF32: d.kind = kWF32; break;
+    case WType::kF16: d.kind = kWF16; break;
+    case WType::kBF16: d.kind = kWBF16; break;
+    case WType::kQuant:
+      d.kind = kWQuant;
+      d.qtype = static_cast<int>(w.quant.type);
+      d.group = w.quant.group;
+      d.ng = w.quant.groups_per_row();
+      d.gb = static_cast<int>(qtype_group_bytes(w.quant.type, w.quant.group));
+      d.q = w.quant.qweight;
+      d.scales = w.quant.scales;
+      d.cb = w.quant.codebook;
+      break;
+  }
+  d.data = w.data;
+  return d;
+}
+
+__device__ __forceinline__ int code_at(int type, const uint8_t* grp, int64_t j) {
+  if (type == static_cast<int>(QType::kTernary)) {
+    int v = grp[j / 5];
+    for (int64_t d = j % 5; d > 0; --d) v /= 3;
+    return v % 3;
+  }
+  const int b = type == static_cast<int>(QType::kQ2) ? 2 : type == static_cast<int>(QType::kQ3) ? 3 : 4;
+  const int64_t bit = j * b;
+  const int sh = static_cast<int>(bit & 7);
+  unsigned v = grp[bit >> 3];
+  if (sh + b > 8) v |= static_cast<unsigned>(grp[(bit >> 3) + 1]) << 8;
+  return static_cast<int>((v >> sh) & ((1u << b) - 1));
+}
+
+// W[r, c] as f32 (exact: f16/bf16 widen exactly; quantized = codebook entry * fp16 group scale).
+__device__ __forceinline__ float wval(const WDev& w, int64_t r, int64_t c) {
+  switch (w.kind) {
+    case kWF32: return static_cast<const float*>(w.data)[r * w.cols + c];
+    case kWF16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(w.data)[r * w.cols + c]));
+    case kWBF16: return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(w.data)[r * w.cols + c]) << 16);
+    default: {
+      const int64_t gi = c / w.group, j = c - gi * w.group;
+      const uint8_t* grp = w.q + (r * w.ng + gi) * w.gb;
+      return w.cb[code_at(w.qtype, grp, j)] * __half2float(__ushort_as_half(w.scales[r * w.ng + gi]));
+    }
+  }
+}
+
+// ---- Kernels -----------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float s = lane < nw ? part[lane] : 0.0f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float s = lane < nw ? part[lane] : -INFINITY;
+    s = warp_max(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// out[row] = H_blk(signs .* x[row]) / sqrt(B) for one row per block (dynamic smem: n floats).
+__global__ void k_rotate(const float* x, const int8_t* signs, int64_t n, int64_t B, float norm, float* out) {
+  extern __shared__ float v[];
+  const float* xr = x + blockIdx.x * n;
+  float* o = out + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = signs ? xr[i] * static_cast<float>(signs[i]) : xr[i];
+  __syncthreads();
+  for (int64_t h = 1; h < B; h <<= 1) {
+    for (int64_t idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
+      const int64_t i = (idx / h) * 2 * h + idx % h;
+      const float a = v[i], c = v[i + h];
+      v[i] = a + c;
+      v[i + h] = a - c;
+    }
+    __syncthreads();
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
+}
+
+// y[t, r] = sum_c W[r, c] x[t, c] for T <= kMaxGemvT: one warp per row.
+constexpr int kMaxGemvT = 8;
+__global__ void k_gemv(WDev w, const float* x, int T, float* y) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= w.rows) return;
+  float acc[kMaxGemvT];
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+  for (int64_t c = lane; c < w.cols; c += 32) {
+    const float wv = wval(w, r, c);
+#pragma unroll
+    for (int t = 0; t < kMaxGemvT; ++t)
+      if (t < T) acc[t] += wv * x[t * w.cols + c];
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) {
+    if (t >= T) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * w.rows + r] = s;
+  }
+}
+
+// out[(r - r0) * cols + c] = W[r, c] for rows [r0, r0 + nr).
+__global__ void k_dequant(WDev w, int64_t r0, int64_t nr, float* out) {
+  const int64_t n = nr * w.cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = wval(w, r0 + i / w.cols, i % w.cols);
+}
+
+// xg[i, :] = x[tok[i], :] for n rows of H.
+__global__ void k_gather(const float* x, const int64_t* tok, int64_t n, int64_t H, float* xg) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * H; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    xg[i] = x[tok[i / H] * H + i % H];
+}
+
+__global__ void k_swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = silu_f(gate[i]) * up[i];
+}
+
+__global__ void k_add(float* y, const float* x, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void k_mul_sigmoid(float* x, const float* g, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= sigmoid_f(g[i]);
+}
+
+// out[t, d] = sum_k w[t, k] y[row_of[t K + k], d], k in slot order.
+__global__ void k_moe_combine(const float* y, const int64_t* row_of, const float* w, int64_t T, int K, int64_t H, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < T * H; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / H, d = i % H;
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += w[t * K + k] * y[row_of[t * K + k] * H + d];
+    out[i] = s;
+  }
+}
+
+__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
+  if (v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+// One block per token: softmax over E logits, the k best (ties: lower id), their probabilities
+// (renormalised over the k when asked) and the margin p_k - p_{k+1}. Selection compares logits
+// (same order as the probabilities). Dynamic smem: E floats + E bytes.
+constexpr int kMaxTopK = 64;
+__global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids, float* weights, float* margins) {
+  extern __shared__ float sm[];
+  float* l = sm;
+  unsigned char* taken = reinterpret_cast<unsigned char*>(sm + E);
+  __shared__ int sel[kMaxTopK + 1];
+  __shared__ float wv[32];
+  __shared__ int wi[32];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * E;
+  float mx = -INFINITY;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    l[e] = row[e];
+    taken[e] = 0;
+    mx = fmaxf(mx, l[e]);
+  }
+  mx = block_max(mx);
+  float z = 0.0f;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) z += expf(l[e] - mx);
+  z = block_sum(z);
+  const int n_sel = k < E ? k + 1 : k;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int s = 0; s < n_sel; ++s) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!taken[e]) better(bv, bi, l[e], e);
+    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) {
+      wv[wid] = bv;
+      wi[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = wv[0];
+      int i = wi[0];
+      for (int w = 1; w < nw; ++w) better(v, i, wv[w], wi[w]);
+      sel[s] = i;
+      taken[i] = 1;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const int64_t t = blockIdx.x;
+    float kept = 0.0f;
+    for (int s = 0; s < k; ++s) kept += expf(l[sel[s]] - mx) / z;
+    for (int s = 0; s < k; ++s) {
+      const float p = expf(l[sel[s]] - mx) / z;
+      ids[t * k + s] = sel[s];
+      weights[t * k + s] = renorm ? p / kept : p;
+    }
+    if (margins) margins[t] = k < E ? expf(l[sel[k - 1]] - mx) / z - expf(l[sel[k]] - mx) / z : 1.0f;
+  }
+}
+
+// KV cache device mirror (layouts of ops::KvCache).
+struct KvDev {
+  int type;  // 0 f32, 1 f16, 2 i8
+  int hd, groups, gd;
+  int64_t cap;
+  const void* k;
+  const void* v;
+  const float* ks;
+  const float* vs;
+};
+
+__device__ __forceinline__ float kv_key(const KvDev& kv, int kvh, int d, int64_t p) {
+  const int64_t i = (static_cast<int64_t>(kvh) * kv.hd + d) * kv.cap + p;
+  if (kv.type == 0) return static_cast<const float*>(kv.k)[i];
+  if (kv.type == 1) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(kv.k)[i]));
+  return static_cast<float>(static_cast<const int8_t*>(kv.k)[i]) * kv.ks[(static_cast<int64_t>(kvh) * kv.groups + d / kv.gd) * kv.cap + p];
+}
+__device__ __forceinline__ float kv_value(const KvDev& kv, int kvh, int64_t p, int d) {
+  const int64_t row = static_cast<int64_t>(kvh) * kv.cap + p;
+  const int64_t i = row * kv.hd + d;
+  if (kv.type == 0) return static_cast<const float*>(kv.v)[i];
+  if (kv.type == 1) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(kv.v)[i]));
+  return static_cast<float>(static_cast<const int8_t*>(kv.v)[i]) * kv.vs[row * kv.groups + d / kv.gd];
+}
+
+// One block per query row (t, h) of a tile starting at token t0: scores into a scratch row,
+// softmax, then out = P V. Dynamic smem: head_dim floats (the query).
+__global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, int64_t pos0, int64_t t0, float scale,
+                            float* scores, int64_t ld_scores, float* out) {
+  extern __shared__ float qs[];
+  const int64_t qi = blockIdx.x;
+  const int64_t t = t0 + qi / n_heads;
+  const int h = static_cast<int>(qi % n_heads), kvh = h / group, hd = kv.hd;
+  const int64_t n = pos0 + t + 1;
+  const float* qr = q + (t * n_heads + h) * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
+  __syncthreads();
+  float* s = scores + qi * ld_scores;
+  float mx = -INFINITY;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    float d = 0.0f;
+    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, p);
+    d *= scale;
+    s[p] = d;
+    mx = fmaxf(mx, d);
+  }
+  mx = block_max(mx);
+  float z = 0.0f;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    const float e = expf(s[p] - mx);
+    s[p] = e;
+    z += e;
+  }
+  z = block_sum(z);  // (its __syncthreads also orders the score writes before the reads below)
+  const float inv = 1.0f / z;
+  float* o = out + (t * n_heads + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < n; ++p) acc += s[p] * kv_value(kv, kvh, p, d);
+    o[d] = acc * inv;
+  }
+}
+
+// NeoX rotate_half on the first 2*half dims of each head; angle f32(pos) * inv_freq in f32 (HF),
+// cos / sin in double.
+__global__ void k_rope(float* x, int64_t T, int64_t stride, int n_heads, int head_dim, int half, const float* inv_freq,
+                       float scaling, int64_t pos0) {
+  const int64_t n = T * n_heads * half;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int j = static_cast<int>(i % half);
+    const int h = static_cast<int>((i / half) % n_heads);
+    const int64_t t = i / (static_cast<int64_t>(half) * n_heads);
+    float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
+    const float ang = static_cast<float>(pos0 + t) * inv_freq[j];
+    double sn, cs;
+    sincos(static_cast<double>(ang), &sn, &cs);
+    cs *= scaling;
+    sn *= scaling;
+    const double a = v[j], b = v[j + half];
+    v[j] = static_cast<float>(a * cs - b * sn);
+    v[j + half] = static_cast<float>(b * cs + a * sn);
+  }
+}
+
+constexpr int kMaxConvK = 16;
+// One thread per channel: out[t, c] = silu(sum_j w[c, j] in[t - (K-1) + j, c]); state <- last K-1 inputs.
+__global__ void k_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int S = K - 1;
+  float* st = state + c * S;
+  auto in = [&](int64_t i) { return i < 0 ? st[S + i] : x[i * C + c]; };
+  for (int64_t t = 0; t < T; ++t) {
+    float acc = 0.0f;
+    for (int j = 0; j < K; ++j) acc += w[c * K + j] * in(t - (K - 1) + j);
+    out[t * C + c] = silu_f(acc);
+  }
+  float last[kMaxConvK];
+  for (int j = 0; j < S; ++j) last[j] = in(T - S + j);
+  for (int j = 0; j < S; ++j) st[j] = last[j];
+}
+
+// Gated delta rule, recurrent form, one block per value head, one thread per state column j
+// (columns are independent): S <- e^g S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q.
+// Dynamic smem: 2 * d_k floats (q, k of the token).
+__global__ void k_gated_delta(int64_t T, int n_k, int n_v, int d_k, int d_v, const float* q, const float* k, const float* v,
+                              const float* beta, const float* g, float* state, float* out) {
+  extern __shared__ float sm[];
+  float* qs = sm;
+  float* ks = sm + d_k;
+  const int h = blockIdx.x, kh = h / (n_v / n_k);
+  float* S = state + static_cast<int64_t>(h) * d_k * d_v;
+  for (int64_t t = 0; t < T; ++t) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
+      qs[i] = q[(t * n_k + kh) * d_k + i];
+      ks[i] = k[(t * n_k + kh) * d_k + i];
+    }
+    __syncthreads();
+    const float decay = expf(g[t * n_v + h]), b = beta[t * n_v + h];
+    for (int j = threadIdx.x; j < d_v; j += blockDim.x) {
+      float kS = 0.0f;
+      for (int i = 0; i < d_k; ++i) {
+        const float s = S[static_cast<int64_t>(i) * d_v + j] * decay;
+        S[static_cast<int64_t>(i) * d_v + j] = s;
+        kS += ks[i] * s;
+      }
+      const float u = (v[(t * n_v + h) * d_v + j] - kS) * b;
+      float o = 0.0f;
+      for (int i = 0; i < d_k; ++i) {
+        const float s = S[static_cast<int64_t>(i) * d_v + j] + ks[i] * u;
+        S[static_cast<int64_t>(i) * d_v + j] = s;
+        o += qs[i] * s;
+      }
+      out[(t * n_v + h) * d_v + j] = o;
+    }
+  }
+}
+
+__global__ void k_gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v,
+                            float* beta, float* g) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < T * n_v; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int h = static_cast<int>(i % n_v);
+    beta[i] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(b[i]))));
+    const double x = static_cast<double>(a[i]) + dt_bias[h];
+    const double sp = x > 20.0 ? x : log1p(exp(x));
+    g[i] = static_cast<float>(-static_cast<double>(a_exp[h]) * sp);
+  }
+}
+
+// One block per row. mode 0: y = x / sqrt(mean(x^2) + eps) * w; 1: x = x / sqrt(sum(x^2) + eps) * post;
+// 2: x = rms_norm(x) * w * silu(z).
+__global__ void k_norm(int mode, const float* x, const float* w, const float* z, int64_t n, float eps, float post, float* y) {
+  const float* xr = x + blockIdx.x * n;
+  float* yr = y + blockIdx.x * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  if (mode == 1) {
+    const float inv = 1.0f / sqrtf(ss + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * post;
+    return;
+  }
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  if (mode == 0) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+  } else {
+    const float* zr = z + blockIdx.x * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i] * silu_f(zr[i]);
+  }
+}
+
+// One block per row: out[t] += sigmoid(x[t] . w) * s[t] (gate 1 without w).
+__global__ void k_add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t n) {
+  const int64_t t = blockIdx.x;
+  float gate = 1.0f;
+  if (w != nullptr) {
+    float d = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d += x[t * n + i] * w[i];
+    gate = sigmoid_f(block_sum(d));
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[t * n + i] += gate * s[t * n + i];
+}
+
+__global__ void k_row_to_f32(int type, const void* src, int64_t n, float* dst) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (type == kWF32) {
+      dst[i] = static_cast<const float*>(src)[i];
+    } else {
+      const uint16_t h = static_cast<const uint16_t*>(src)[i];
+      dst[i] = type == kWF16 ? __half2float(__ushort_as_half(h)) : __uint_as_float(static_cast<uint32_t>(h) << 16);
+    }
+  }
+}
+
+// Bytes of the device copy of w: float data, or codes | scales | codebook | signs (each aligned).
+size_t weight_bytes(const WeightView& w) {
+  if (w.type != WType::kQuant) return round_up(static_cast<size_t>(w.rows * w.cols) * wtype_size(w.type));
+  const QuantView& q = w.quant;
+  size_t n = round_up(static_cast<size_t>(q.rows * q.row_bytes()));
+  n += round_up(static_cast<size_t>(q.rows * q.groups_per_row()) * 2);
+  n += round_up(static_cast<size_t>(qtype_levels(q.type)) * 4);
+  if (q.signs) n += round_up(static_cast<size_t>(q.cols));
+  return n;
+}
+
+// Copies host weight w into device memory at dst (weight_bytes(w) bytes) on stream s.
+WeightView copy_weight(const WeightView& w, void* dst, cudaStream_t s) {
+  WeightView d = w;
+  d.device = Device::kCuda;
+  char* p = static_cast<char*>(dst);
+  if (w.type != WType::kQuant) {
+    const size_t n = static_cast<size_t>(w.rows * w.cols) * wtype_size(w.type);
+    CU(cudaMemcpyAsync(p, w.data, n, cudaMemcpyDefault, s));
+    d.data = p;
+    return d;
+  }
+  const QuantView& q = w.quant;
+  auto put = [&](const void* src, size_t n) {
+    CU(cudaMemcpyAsync(p, src, n, cudaMemcpyDefault, s));
+    void* at = p;
+    p += round_up(n);
+    return at;
+  };
+  d.quant.qweight = static_cast<const uint8_t*>(put(q.qweight, static_cast<size_t>(q.rows * q.row_bytes())));
+  d.quant.scales = static_cast<const uint16_t*>(put(q.scales, static_cast<size_t>(q.rows * q.groups_per_row()) * 2));
+  d.quant.codebook = static_cast<const float*>(put(q.codebook, static_cast<size_t>(qtype_levels(q.type)) * 4));
+  if (q.signs) d.quant.signs = static_cast<const int8_t*>(put(q.signs, static_cast<size_t>(q.cols)));
+  return d;
+}
+
+struct KvMirror {
+  uint64_t gen = 0;
+  int64_t cap = -1;
+  KvType type = KvType::kF32;
+  int n_kv = 0, hd = 0, groups = 0;
+  CudaBuffer k, v, ks, vs;
+};
+
+int kv_elem(KvType t) { return t == KvType::kF32 ? 4 : t == KvType::kF16 ? 2 : 1; }
+
+}  // namespace
+
+// ---- Public helpers ------------------------------------------------------------------------------
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+CudaDeviceInfo cuda_device_info(int index) {
+  CudaDeviceInfo info;
+  cudaDeviceProp p{};
+  if (index < 0 || index >= cuda_device_count() || cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return info;
+  }
+  std::snprintf(info.name, sizeof info.name, "%s", p.name);
+  info.total_bytes = p.totalGlobalMem;
+  info.major = p.major;
+  info.minor = p.minor;
+  return info;
+}
+
+CudaBuffer::CudaBuffer(size_t bytes) : n_(bytes) {
+  p_ = dev_alloc(bytes);
+  if (p_ == nullptr) fail("cuda: cannot allocate %zu bytes of device memory", bytes);
+}
+CudaBuffer& CudaBuffer::operator=(CudaBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) dev_free(p_);
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+CudaBuffer::~CudaBuffer() {
+  if (p_) dev_free(p_);
+}
+void CudaBuffer::upload(const void* src, size_t n) {
+  if (n > n_) fail("cuda: upload of %zu bytes into a buffer of %zu", n, n_);
+  if (n) CU(cudaMemcpy(p_, src, n, cudaMemcpyHostToDevice));
+}
+void CudaBuffer::download(void* dst, size_t n) const {
+  if (n > n_) fail("cuda: download of %zu bytes from a buffer of %zu", n, n_);
+  if (n) CU(cudaMemcpy(dst, p_, n, cudaMemcpyDeviceToHost));
+}
+
+// ---- Backend state ------------------------------------------------------------------------------
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  std::unique_ptr<Arena> arena;
+  std::vector<void*> uploads;
+  uint64_t uploaded = 0, staged = 0;
+  std::unordered_map<const KvCache*, KvMirror> kv;
+  int smem_optin = 48 << 10;
+  bool sync_each = false;  // SPOOL_CUDA_SYNC=1: synchronize after every op (debugging)
+
+  // Start of a public op: scratch of the previous op is free again.
+  void begin() { arena->reset(); }
+  void end() {
+    if (sync_each) CU(cudaStreamSynchronize(stream));
+  }
+
+  // A device pointer holding n elements of p: p itself when it is device memory, else a copy.
+  // `count` says whether this is a slow-path staging (activations) or a contract parameter.
+  template <class T>
+  const T* in(const T* p, int64_t n, bool count = true) {
+    if (p == nullptr || n <= 0 || is_device_ptr(p)) return p;
+    T* d = arena->get_n<T>(n);
+    CU(cudaMemcpyAsync(d, p, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    if (count) staged += static_cast<uint64_t>(n) * sizeof(T);
+    return d;
+  }
+  // An output (copy_in: in/out) buffer: the device pointer to write; finish() copies it back.
+  template <class T>
+  struct Out {
+    T* host = nullptr;
+    T* d = nullptr;
+    int64_t n = 0;
+  };
+  template <class T>
+  Out<T> out(T* p, int64_t n, bool copy_in, bool count = true) {
+    Out<T> o;
+    o.n = n;
+    if (p == nullptr || n <= 0 || is_device_ptr(p)) {
+      o.d = p;
+      return o;
+    }
+    o.host = p;
+    o.d = arena->get_n<T>(n);
+    if (copy_in) CU(cudaMemcpyAsync(o.d, p, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    if (count) staged += static_cast<uint64_t>(n) * sizeof(T) * (copy_in ? 2 : 1);
+    return o;
+  }
+  template <class T>
+  void finish(const Out<T>& o) {
+    if (o.host == nullptr) return;
+    CU(cudaMemcpyAsync(o.host, o.d, static_cast<size_t>(o.n) * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    CU(cudaStreamSynchronize(stream));
+  }
+
+  // A device view of w: w itself when uploaded, else a copy in scratch for this op.
+  WeightView dev_weight(const WeightView& w) {
+    if (w.type == WType::kQuant) validate(w.quant);
+    if (w.device == Device::kCuda) return w;
+    const size_t n = weight_bytes(w);
+    staged += n;
+    return copy_weight(w, arena->get(n), stream);
+  }
+
+  cublasHandle_t cublas() {
+    if (blas == nullptr) {
+      check_blas(cublasCreate(&blas), "cublasCreate");
+      check_blas(cublasSetStream(blas, stream), "cublasSetStream");
+      check_blas(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");  // no TF32: f32 products stay f32
+    }
+    return blas;
+  }
+
+  // x_rot[t] = H_blk(signs .* x[t]) for T rows of n (device pointers).
+  void rotate(const int8_t* signs, const float* x, int64_t T, int64_t n, float* out) {
+    const int64_t B = n & -n;
+    const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
+    const size_t smem = static_cast<size_t>(n) * sizeof(float);
+    if (smem > static_cast<size_t>(smem_optin))
+      fail("cuda backend: a rotated input of %lld columns needs %zu bytes of shared memory (device has %d)", (long long)n, smem, smem_optin);
+    if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    k_rotate<<<static_cast<unsigned>(T), 256, smem, stream>>>(x, signs, n, B, norm, out);
+    CU_LAUNCHED("k_rotate");
+  }
+
+  // y [T, rows] = x [T, cols] W^T, all device pointers (w may be a host view: copied for the call).
+  void mm(const WeightView& w_in, const float* x, int64_t T, float* y) {
+    if (T <= 0 || w_in.rows == 0) return;
+    const Arena::Mark m = arena->mark();
+    const WeightView w = dev_weight(w_in);
+    const int64_t rows = w.rows, cols = w.cols;
+    if (w.type == WType::kQuant && w.quant.signs != nullptr) {
+      float* xr = arena->get_n<float>(T * cols);
+      rotate(w.quant.signs, x, T, cols, xr);
+      x = xr;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    if (w.type == WType::kF32) {
+      check_blas(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(T), static_cast<int>(cols), &one,
+                             static_cast<const float*>(w.data), static_cast<int>(cols), x, static_cast<int>(cols), &zero, y,
+                             static_cast<int>(rows)),
+                 "cublasSgemm");
+    } else if (T <= kMaxGemvT) {
+      const WDev wd = make_wdev(w);
+      const int64_t threads = rows * 32;
+      k_gemv<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(wd, x, static_cast<int>(T), y);
+      CU_LAUNCHED("k_gemv");
+    } else {
+      // Dequantize row chunks (<= 64 MiB of f32) and multiply with SGEMM.
+      const WDev wd = make_wdev(w);
+      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t{64} << 20) / 4 / cols));
+      float* deq = arena->get_n<float>(chunk * cols);
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t nr = std::min(chunk, rows - r0);
+        k_dequant<<<blocks_for(nr * cols), 256, 0, stream>>>(wd, r0, nr, deq);
+        CU_LAUNCHED("k_dequant");
+        check_blas(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr), static_cast<int>(T), static_cast<int>(cols), &one,
+                               deq, static_cast<int>(cols), x, static_cast<int>(cols), &zero, y + r0, static_cast<int>(rows)),
+                   "cublasSgemm");
+      }
+    }
+    arena->release(m);
+  }
+
+  // The device mirror of `c`, brought up to date with the host copy when its generation moved.
+  KvMirror& mirror(const KvCache& c, bool refresh) {
+    KvMirror& m = kv[&c];
+    const bool same_shape = m.cap == c.capacity() && m.type == c.type() && m.n_kv == c.n_kv_heads() && m.hd == c.head_dim();
+    if (!same_shape) {
+      const size_t es = static_cast<size_t>(kv_elem(c.type()));
+      const size_t kvn = static_cast<size_t>(c.n_kv_heads()) * c.head_dim() * static_cast<size_t>(c.capacity());
+      m.k = CudaBuffer(std::max<size_t>(kvn * es, 1));
+      m.v = CudaBuffer(std::max<size_t>(kvn * es, 1));
+      const size_t sn = c.type() == KvType::kI8 ? static_cast<size_t>(c.n_kv_heads()) * c.groups() * c.capacity() : 0;
+      m.ks = CudaBuffer(std::max<size_t>(sn * 4, 1));
+      m.vs = CudaBuffer(std::max<size_t>(sn * 4, 1));
+      m.cap = c.capacity();
+      m.type = c.type();
+      m.n_kv = c.n_kv_heads();
+      m.hd = c.head_dim();
+      m.groups = c.groups();
+      m.gen = 0;
+    }
+    if (refresh && m.gen != c.generation()) {
+      upload_rows(c, m, 0, c.capacity());
+      m.gen = c.generation();
+    }
+    return m;
+  }
+
+  // Copies positions [p0, p0 + n) of the host cache into its mirror.
+  void upload_rows(const KvCache& c, KvMirror& m, int64_t p0, int64_t n) {
+    if (n <= 0 || c.capacity() == 0) return;
+    const size_t es = static_cast<size_t>(kv_elem(c.type())), cap = static_cast<size_t>(c.capacity());
+    const size_t hd = static_cast<size_t>(c.head_dim()), nkv = static_cast<size_t>(c.n_kv_heads()), g = static_cast<size_t>(c.groups());
+    const size_t up0 = static_cast<size_t>(p0), un = static_cast<size_t>(n);
+    // keys: nkv * hd rows of cap positions; values: nkv rows of cap * hd.
+    CU(cudaMemcpy2DAsync(static_cast<char*>(m.k.get()) + up0 * es, cap * es, c.k_data() + up0 * es, cap * es, un * es, nkv * hd,
+                         cudaMemcpyHostToDevice, stream));
+    CU(cudaMemcpy2DAsync(static_cast<char*>(m.v.get()) + up0 * hd * es, cap * hd * es, c.v_data() + up0 * hd * es, cap * hd * es,
+                         un * hd * es, nkv, cudaMemcpyHostToDevice, stream));
+    if (c.type() == KvType::kI8) {
+      CU(cudaMemcpy2DAsync(static_cast<float*>(m.ks.get()) + up0, cap * 4, c.k_scales() + up0, cap * 4, un * 4, nkv * g,
+                           cudaMemcpyHostToDevice, stream));
+      CU(cudaMemcpy2DAsync(static_cast<float*>(m.vs.get()) + up0 * g, cap * g * 4, c.v_scales() + up0 * g, cap * g * 4, un * g * 4, nkv,
+                           cudaMemcpyHostToDevice, stream));
+    }
+    // The host vectors may change right after we return (the next write): wait for the copies.
+    CU(cudaStreamSynchronize(stream));
+  }
+};
+
+CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
+  const int n = cuda_device_count();
+  if (device_index < 0 || device_index >= n) fail("cuda: no CUDA device %d (this machine has %d)", device_index, n);
+  impl_->device = device_index;
+  CU(cudaSetDevice(device_index));
+  CU(cudaStreamCreate(&impl_->stream));
+  impl_->arena = std::make_unique<Arena>(impl_->stream);
+  CU(cudaDeviceGetAttribute(&impl_->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
+  const char* e = std::getenv("SPOOL_CUDA_SYNC");
+  impl_->sync_each = e != nullptr && e[0] == '1';
+  set_device_allocator(Device::kCuda, DeviceAllocator{dev_alloc, dev_free});
+}
+
+CudaBackend::~CudaBackend() {
+  if (!impl_) return;
+  (void)cudaStreamSynchronize(impl_->stream);
+  impl_->kv.clear();
+  impl_->arena.reset();
+  for (void* p : impl_->uploads) dev_free(p);
+  if (impl_->blas) cublasDestroy(impl_->blas);
+  (void)cudaStreamDestroy(impl_->stream);
+}
+
+void CudaBackend::synchronize() { CU(cudaStreamSynchronize(impl_->stream)); }
+uint64_t CudaBackend::staged_bytes() const { return impl_->staged; }
+uint64_t CudaBackend::uploaded_bytes() const { return impl_->uploaded; }
+
+WeightView CudaBackend::upload(const WeightView& w) {
+  if (w.device == Device::kCuda || w.empty()) return w;
+  if (w.type == WType::kQuant) validate(w.quant);
+  const size_t n = weight_bytes(w);
+  void* p = dev_alloc(n);
+  if (p == nullptr) fail("cuda: cannot allocate %zu bytes of device memory for a [%lld x %lld] weight", n, (long long)w.rows, (long long)w.cols);
+  impl_->uploads.push_back(p);
+  impl_->uploaded += n;
+  const WeightView d = copy_weight(w, p, impl_->stream);
+  CU(cudaStreamSynchronize(impl_->stream));  // the host view may be unmapped after return
+  return d;
+}
+
+// ---- Matrix products ------------------------------------------------------------------------------
+
+void CudaBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) {
+  Impl& I = *impl_;
+  I.begin();
+  const float* xd = I.in(x, T * w.cols);
+  auto yo = I.out(y, T * w.rows, false);
+  I.mm(w, xd, T, yo.d);
+  I.finish(yo);
+  I.end();
+}
+
+void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) {
+  Impl& I = *impl_;
+  I.begin();
+  if (outs.empty()) return;
+  const float* xd = I.in(x, T * outs[0].w->cols);
+  for (const MatmulOut& o : outs) {
+    if (o.w->cols != outs[0].w->cols) fail("matmul_multi: weights of %lld and %lld columns share one input", (long long)outs[0].w->cols, (long long)o.w->cols);
+    auto yo = I.out(o.y, T * o.w->rows, false);
+    I.mm(*o.w, xd, T, yo.d);
+    I.finish(yo);
+  }
+  I.end();
+}
+
+// ---- MoE ------------------------------------------------------------------------------------------
+
+void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
+                             int64_t H, Activation act, float* y) {
+  Impl& I = *impl_;
+  I.begin();
+  if (experts.empty()) return;
+  if (g0 + experts.size() > groups.active.size()) fail("expert_ffn: experts [%zu, %zu) beyond the %zu active", g0, g0 + experts.size(), groups.active.size());
+  const int64_t r_begin = groups.first[g0], r_end = groups.first[g0 + experts.size()];
+  const float* xd = I.in(x, groups.T * H);
+  // Rows of y written here: [r_begin, r_end) (y itself may be larger: other batches).
+  auto yo = I.out(y + r_begin * H, (r_end - r_begin) * H, false);
+  std::vector<int64_t> tok(static_cast<size_t>(r_end - r_begin));
+  for (int64_t r = r_begin; r < r_end; ++r) tok[r - r_begin] = groups.rows[r] / groups.K;
+  const int64_t* tokd = I.in(tok.data(), static_cast<int64_t>(tok.size()), false);
+  for (size_t j = 0; j < experts.size(); ++j) {
+    const ExpertMats& e = experts[j];
+    const int64_t r0 = groups.first[g0 + j], n = groups.first[g0 + j + 1] - r0, Idim = e.gate.rows;
+    if (n == 0) continue;
+    const Arena::Mark m = I.arena->mark();
+    float* xg = I.arena->get_n<float>(n * H);
+    k_gather<<<blocks_for(n * H), 256, 0, I.stream>>>(xd, tokd + (r0 - r_begin), n, H, xg);
+    CU_LAUNCHED("k_gather");
+    float* gate = I.arena->get_n<float>(n * Idim);
+    float* up = I.arena->get_n<float>(n * Idim);
+    I.mm(e.gate, xg, n, gate);
+    I.mm(e.up, xg, n, up);
+    switch (act) {
+      case Activation::kSwiGLU:
+        k_swiglu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(gate, up, n * Idim, gate);
+        CU_LAUNCHED("k_swiglu");
+        break;
+    }
+    I.mm(e.down, gate, n, yo.d + (r0 - r_begin) * H);
+    I.arena->release(m);
+  }
+  I.finish(yo);
+  I.end();
+}
+
+void CudaBackend::moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) {
+  Impl& I = *impl_;
+  I.begin();
+  const int64_t T = groups.T;
+  const int K = groups.K;
+  if (T == 0) return;
+  const float* yd = I.in(y, T * K * H);
+  const float* wd = I.in(weights, T * K);
+  const int64_t* rod = I.in(groups.row_of.data(), T * K, false);
+  auto oo = I.out(out, T * H, false);
+  k_moe_combine<<<blocks_for(T * H), 256, 0, I.stream>>>(yd, rod, wd, T, K, H, oo.d);
+  CU_LAUNCHED("k_moe_combine");
+  I.finish(oo);
+  I.end();
+}
+
+void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
+                                      float* margins) {
+  Impl& I = *impl_;
+  I.begin();
+  if (T == 0) return;
+  if (k < 1 || k > E || k > kMaxTopK) fail("routing: top-k %d must be in 1..min(%d, %d)", k, E, kMaxTopK);
+  const float* ld = I.in(logits, T * E);
+  auto io = I.out(ids, T * k, false, false);
+  auto wo = I.out(weights, T * k, false);
+  auto mo = I.out(margins, T, false);
+  const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
+  if (smem > static_cast<size_t>(I.smem_optin)) fail("routing: %d experts need more shared memory than the device has", E);
+  if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k_route<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
+  CU_LAUNCHED("k_route");
+  I.finish(io);
+  I.finish(wo);
+  I.finish(mo);
+  // The host reads the ids right after (group_by_expert): make sure they are there.
+  CU(cudaStreamSynchronize(I.stream));
+  I.end();
+}
+
+// ---- Attention ------------------------------------------------------------------------------------
+
+// The host cache stays authoritative (snapshots, serialization read it): the new rows are brought
+// to the host, written there by KvCache::write (its quantization), and the same bytes copied up.
+void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) {
+  Impl& I = *impl_;
+  I.begin();
+  if (T <= 0) return;
+  if (pos0 + T > cache.capacity()) fail("kv_append: positions up to %lld do not fit a cache of %lld", (long long)(pos0 + T), (long long)cache.capacity());
+  const int64_t w = static_cast<int64_t>(cache.n_kv_heads()) * cache.head_dim();
+  std::vector<float> kh(static_cast<size_t>(T * w)), vh(kh.size());
+  const bool kd = is_device_ptr(k), vd = is_device_ptr(v);
+  if (kd) CU(cudaMemcpyAsync(kh.data(), k, kh.size() * 4, cudaMemcpyDeviceToHost, I.stream));
+  if (vd) CU(cudaMemcpyAsync(vh.data(), v, vh.size() * 4, cudaMemcpyDeviceToHost, I.stream));
+  CU(cudaStreamSynchronize(I.stream));
+  const float* ksrc = kd ? kh.data() : k;
+  const float* vsrc = vd ? vh.data() : v;
+  KvMirror& m = I.mirror(cache, false);
+  const bool was_current = m.gen == cache.generation() && m.gen != 0;
+  for (int64_t t = 0; t < T; ++t) cache.write(pos0 + t, ksrc + t * w, vsrc + t * w);
+  if (was_current) {
+    I.upload_rows(cache, m, pos0, T);
+  } else {
+    I.upload_rows(cache, m, 0, cache.capacity());
+  }
+  m.gen = cache.generation();
+  I.end();
+}
+
+void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) {
+  Impl& I = *impl_;
+  I.begin();
+  if (T <= 0) return;
+  const int hd = kv.head_dim();
+  if (kv.n_kv_heads() <= 0 || n_heads % kv.n_kv_heads() != 0) fail("attention: %d heads over %d KV heads", n_heads, kv.n_kv_heads());
+  if (pos0 + T > kv.capacity()) fail("attention: positions up to %lld beyond the cache's %lld", (long long)(pos0 + T), (long long)kv.capacity());
+  const KvMirror& m = I.mirror(kv, true);
+  KvDev d{};
+  d.type = kv.type() == KvType::kF32 ? 0 : kv.type() == KvType::kF16 ? 1 : 2;
+  d.hd = hd;
+  d.groups = kv.groups();
+  d.gd = kv.group_dim();
+  d.cap = kv.capacity();
+  d.k = m.k.get();
+  d.v = m.v.get();
+  d.ks = static_cast<const float*>(m.ks.get());
+  d.vs = static_cast<const float*>(m.vs.get());
+  const float* qd = I.in(q, T * n_heads * hd);
+  auto oo = I.out(out, T * n_heads * hd, false);
+  const int64_t nmax = pos0 + T;
+  // Query tiles whose score rows fit 64 MiB of scratch.
+  const int64_t tile_t = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t{16} << 20) / (nmax * n_heads)));
+  float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
+  for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
+    const int64_t nt = std::min(tile_t, T - t0);
+    k_attention<<<static_cast<unsigned>(nt * n_heads), 128, static_cast<size_t>(hd) * 4, I.stream>>>(
+        qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0, scale, scores, nmax, oo.d);
+    CU_LAUNCHED("k_attention");
+  }
+  I.finish(oo);
+  I.end();
+}
+
+void CudaBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) {
+  Impl& I = *impl_;
+  I.begin();
+  const int half = rope.rotary_dim() / 2;
+  if (T <= 0 || half == 0) return;
+  const float* inv = I.in(rope.inv_freq().data(), half, false);
+  auto xo = I.out(x, (T - 1) * row_stride + static_cast<int64_t>(n_heads) * head_dim, true);
+  k_rope<<<blocks_for(T * n_heads * half), 256, 0, I.stream>>>(xo.d, T, row_stride, n_heads, head_dim, half, inv, rope.scaling(), pos0);
+  CU_LAUNCHED("k_rope");
+  I.finish(xo);
+  I.end();
+}
+
+// ---- Gated DeltaNet --------------------------------------------------------------------------------
+
+void CudaBackend::causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) {
+  Impl& I = *impl_;
+  I.begin();
+  if (K < 1 || K > kMaxConvK) fail("causal_conv1d: kernel size %d outside 1..%d", K, kMaxConvK);
+  const float* xd = I.in(x, T * C);
+  const float* wd = I.in(w, C * K, false);
+  auto so = I.out(state, C * (K - 1), true);
+  auto oo = I.out(out, T * C, false);
+  k_conv1d_silu<<<blocks_for(C, 128), 128, 0, I.stream>>>(xd, T, C, wd, K, so.d, oo.d);
+  CU_LAUNCHED("k_conv1d_silu");
+  I.finish(so);
+  I.finish(oo);
+  I.end();
+}
+
+void CudaBackend::gated_delta(const GatedDeltaArgs& a, int /*chunk*/) {
+  Impl& I = *impl_;
+  I.begin();
+  if (a.T <= 0) return;
+  if (a.n_k <= 0 || a.n_v % a.n_k != 0) fail("gated_delta: %d value heads over %d key heads", a.n_v, a.n_k);
+  const float* q = I.in(a.q, a.T * a.n_k * a.d_k);
+  const float* k = I.in(a.k, a.T * a.n_k * a.d_k);
+  const float* v = I.in(a.v, a.T * a.n_v * a.d_v);
+  const float* beta = I.in(a.beta, a.T * a.n_v);
+  const float* g = I.in(a.g, a.T * a.n_v);
+  auto so = I.out(a.state, static_cast<int64_t>(a.n_v) * a.d_k * a.d_v, true);
+  auto oo = I.out(a.out, a.T * a.n_v * a.d_v, false);
+  const int threads = std::min(1024, (a.d_v + 31) / 32 * 32);
+  k_gated_delta<<<static_cast<unsigned>(a.n_v), threads, 2 * static_cast<size_t>(a.d_k) * 4, I.stream>>>(
+      a.T, a.n_k, a.n_v, a.d_k, a.d_v, q, k, v, beta, g, so.d, oo.d);
+  CU_LAUNCHED("k_gated_delta");
+  I.finish(so);
+  I.finish(oo);
+  I.end();
+}
+
+void CudaBackend::gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v,
+                            float* beta, float* g) {
+  Impl& I = *impl_;
+  I.begin();
+  if (T <= 0) return;
+  const float* bd = I.in(b, T * n_v);
+  const float* ad = I.in(a, T * n_v);
+  const float* aed = I.in(a_exp, n_v, false);
+  const float* dtd = I.in(dt_bias, n_v, false);
+  auto bo = I.out(beta, T * n_v, false);
+  auto go = I.out(g, T * n_v, false);
+  k_gdn_gates<<<blocks_for(T * n_v), 256, 0, I.stream>>>(bd, ad, aed, dtd, T, n_v, bo.d, go.d);
+  CU_LAUNCHED("k_gdn_gates");
+  I.finish(bo);
+  I.finish(go);
+  I.end();
+}
+
+// ---- Norms -----------------------------------------------------------------------------------------
+
+void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
+  Impl& I = *impl_;
+  I.begin();
+  if (rows <= 0) return;
+  const float* xd = I.in(x, rows * n);
+  const float* wd = I.in(w, n, false);
+  auto yo = I.out(y, rows * n, false);
+  k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(0, xd, wd, nullptr, n, eps, 1.0f, yo.d);
+  CU_LAUNCHED("k_norm");
+  I.finish(yo);
+  I.end();
+}
+
+void CudaBackend::l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) {
+  Impl& I = *impl_;
+  I.begin();
+  if (rows <= 0) return;
+  auto xo = I.out(x, rows * n, true);
+  k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(1, xo.d, nullptr, nullptr, n, eps, post_scale, xo.d);
+  CU_LAUNCHED("k_norm");
+  I.finish(xo);
+  I.end();
+}
+
+void CudaBackend::rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
+  Impl& I = *impl_;
+  I.begin();
+  if (rows <= 0) return;
+  auto xo = I.out(x, rows * n, true);
+  const float* zd = I.in(z, rows * n);
+  const float* wd = I.in(w, n, false);
+  k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(2, xo.d, wd, zd, n, eps, 1.0f, xo.d);
+  CU_LAUNCHED("k_norm");
+  I.finish(xo);
+  I.end();
+}
+
+// ---- Elementwise -----------------------------------------------------------------------------------
+
+void CudaBackend::add(float* y, const float* x, int64_t n) {
+  Impl& I = *impl_;
+  I.begin();
+  if (n <= 0) return;
+  const float* xd = I.in(x, n);
+  auto yo = I.out(y, n, true);
+  k_add<<<blocks_for(n), 256, 0, I.stream>>>(yo.d, xd, n);
+  CU_LAUNCHED("k_add");
+  I.finish(yo);
+  I.end();
+}
+
+void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  Impl& I = *impl_;
+  I.begin();
+  if (n <= 0) return;
+  const float* ud = I.in(up, n);
+  // out may alias gate: copy gate in first when out is a host buffer.
+  auto oo = I.out(out, n, out == gate);
+  const float* gd = out == gate ? oo.d : I.in(gate, n);
+  k_swiglu<<<blocks_for(n), 256, 0, I.stream>>>(gd, ud, n, oo.d);
+  CU_LAUNCHED("k_swiglu");
+  I.finish(oo);
+  I.end();
+}
+
+void CudaBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
+  Impl& I = *impl_;
+  I.begin();
+  if (n <= 0) return;
+  const float* gd = I.in(gate, n);
+  auto xo = I.out(x, n, true);
+  k_mul_sigmoid<<<blocks_for(n), 256, 0, I.stream>>>(xo.d, gd, n);
+  CU_LAUNCHED("k_mul_sigmoid");
+  I.finish(xo);
+  I.end();
+}
+
+void CudaBackend::add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) {
+  Impl& I = *impl_;
+  I.begin();
+  if (T <= 0) return;
+  const float* sd = I.in(s, T * n);
+  const float* xd = w ? I.in(x, T * n) : nullptr;
+  const float* wd = I.in(w, n, false);
+  auto oo = I.out(out, T * n, true);
+  k_add_gated_rows<<<static_cast<unsigned>(T), 256, 0, I.stream>>>(oo.d, sd, xd, wd, n);
+  CU_LAUNCHED("k_add_gated_rows");
+  I.finish(oo);
+  I.end();
+}
+
+void CudaBackend::copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  Impl& I = *impl_;
+  I.begin();
+  if (rows <= 0 || cols <= 0) return;
+  CU(cudaMemcpy2DAsync(dst, static_cast<size_t>(ld_dst) * 4, src, static_cast<size_t>(ld_src) * 4, static_cast<size_t>(cols) * 4,
+                       static_cast<size_t>(rows), cudaMemcpyDefault, I.stream));
+  if (!is_device_ptr(dst) || !is_device_ptr(src)) {
+    I.staged += static_cast<uint64_t>(rows * cols) * 4;
+    CU(cudaStreamSynchronize(I.stream));
+  }
+  I.end();
+}
+
+// ---- Embeddings and logits ----------------------------------------------------------------------------
+
+void CudaBackend::row_to_f32(WType t, const void* src, int64_t n, float* dst) {
+  Impl& I = *impl_;
+  I.begin();
+  if (n <= 0) return;
+  if (t == WType::kQuant) fail("row_to_f32: rows of quantized tables cannot be read");
+  const int64_t bytes = n * wtype_size(t);
+  const void* sd = I.in(static_cast<const uint8_t*>(src), bytes, false);
+  auto dd = I.out(dst, n, false);
+  k_row_to_f32<<<blocks_for(n), 256, 0, I.stream>>>(t == WType::kF32 ? kWF32 : t == WType::kF16 ? kWF16 : kWBF16, sd, n, dd.d);
+  CU_LAUNCHED("k_row_to_f32");
+  I.finish(dd);
+  I.end();
+}
+
+void CudaBackend::to_host(const float* src, int64_t n, float* dst) {
+  Impl& I = *impl_;
+  I.begin();
+  if (n <= 0) return;
+  CU(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyDefault, I.stream));
+  CU(cudaStreamSynchronize(I.stream));
+  I.end();
+}
+
+}  // namespace spool::ops

@@ -1,0 +1,122 @@
+// CudaBackend: ops::Backend on one NVIDIA GPU (CUDA kernels; cuBLAS for plain f32 GEMMs and for
+// large-T products after a dequantization pass). Built when SPOOL_CUDA is on.
+//
+// Memory. Activations are device pointers (a Workspace(bytes, Device::kCuda) arena, whose
+// allocator this backend registers when it is created). Every op also accepts host pointers
+// for its activations and copies them through device scratch (correct, slow: counted in
+// staged_bytes()); the model's logits buffer is such a host pointer. The contract's host arrays
+// (norm weights, conv kernels, gate parameters, routing ids, expert groups) are copied up per
+// call. Weights: upload() makes a device copy owned by the backend; a host weight (an expert
+// handed out by a streaming cache) is copied into scratch for the one call. KV caches keep their
+// host storage (ops::KvCache stays authoritative for snapshots and serialization); the backend
+// keeps a device mirror per cache, written together with the host copy by kv_append and
+// re-uploaded whole when KvCache::generation() shows a change made elsewhere (restore, load).
+// Gated DeltaNet states (conv, recurrent) may be host or device memory; host states are copied
+// up before and back after the op.
+//
+// Numerics: f32 accumulation everywhere; softmax, norms and the delta rule in f32; rope angles
+// in f32 as HF (cos/sin in double); quantized weights dequantized exactly (codebook * fp16 scale)
+// and inputs Hadamard-rotated in f32 as CpuBackend. Tolerances against ReferenceBackend are
+// those of the backend op table (backend_test.cpp).
+//
+// All work runs in order on one CUDA stream owned by the backend; ops that hand results to the
+// host (to_host, routing ids, host outputs) synchronize it. Not thread-safe: one backend per
+// thread of work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "ops/backend.h"
+
+namespace spool::ops {
+
+/// Number of CUDA devices the runtime sees (0 when there is no GPU or no driver).
+int cuda_device_count();
+
+/// Name of CUDA device `index` and its memory in bytes ("" / 0 when absent).
+struct CudaDeviceInfo {
+  char name[256] = {};
+  uint64_t total_bytes = 0;
+  int major = 0, minor = 0;
+};
+CudaDeviceInfo cuda_device_info(int index);
+
+/// A device allocation (RAII), for tests and tools that move host data to and from the GPU.
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  /// `bytes` of device memory on the current device; throws spool::Error when it cannot be had.
+  explicit CudaBuffer(size_t bytes);
+  CudaBuffer(CudaBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept;
+  ~CudaBuffer();
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+  /// Copies n bytes from host `src` to the start of the buffer (synchronous).
+  void upload(const void* src, size_t n);
+  /// Copies n bytes from the start of the buffer to host `dst` (synchronous).
+  void download(void* dst, size_t n) const;
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  /// Uses CUDA device `device_index` (throws spool::Error when it does not exist) and registers
+  /// the device allocator for Workspace.
+  explicit CudaBackend(int device_index = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::kCuda; }
+  const char* name() const override { return "cuda"; }
+  int threads() const override { return 1; }
+  /// Device copy of `w` (float or quantized), owned by this backend; a device view is returned
+  /// as it is.
+  WeightView upload(const WeightView& w) override;
+
+  void matmul(const WeightView& w, const float* x, int64_t T, float* y) override;
+  void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) override;
+  void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
+                  Activation act, float* y) override;
+  void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
+  void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
+                           float* margins) override;
+  void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
+  void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) override;
+  void rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) override;
+  void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) override;
+  void gated_delta(const GatedDeltaArgs& a, int chunk) override;
+  void gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v, float* beta,
+                 float* g) override;
+  void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) override;
+  void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) override;
+  void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void mul_sigmoid(float* x, const float* gate, int64_t n) override;
+  void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override;
+  void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override;
+  void row_to_f32(WType t, const void* src, int64_t n, float* dst) override;
+  void to_host(const float* src, int64_t n, float* dst) override;
+
+  /// Waits for all work queued so far; throws spool::Error naming a failed kernel's error.
+  void synchronize();
+  /// Bytes copied between host and device for host-resident activations, states and weights
+  /// (the slow paths above; 0 when everything lives on the device).
+  uint64_t staged_bytes() const;
+  /// Bytes of device memory held by upload() copies.
+  uint64_t uploaded_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spool::ops
