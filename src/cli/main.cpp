@@ -1,5 +1,7 @@
 // spool: run Mixture-of-Experts language models larger than memory.
 // Exit codes: 0 success, 1 error (message on stderr), 2 usage error.
+#include <malloc.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -8,6 +10,13 @@
 #include "common/error.h"
 
 int main(int argc, char** argv) {
+  // A fixed mmap threshold (glibc's default value; setting it turns the dynamic threshold off):
+  // every block of 128 KiB or more (KV caches, kernel scratch, tensor tables' arrays) is its
+  // own mapping and goes back to the OS when freed. With the dynamic threshold a freed large
+  // block raises the threshold and later ones land in the heap, where their pages stay
+  // resident after free: the old KV buffers of a growth would stay in the peak RSS that
+  // `spool plan` counts as a transient.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   CLI::App app{"spool: run Mixture-of-Experts language models larger than memory"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "spool 0.1.0");

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +99,45 @@ void keep_experts_out_of_page_cache(const io::Checkpoint& ck) {
     if (sh.mapping() == nullptr) continue;
     const uint64_t lo = t.offset / page * page, hi = t.offset + t.nbytes;
     madvise(const_cast<uint8_t*>(sh.mapping()) + lo, hi - lo, MADV_WILLNEED);
+  }
+}
+
+// Resident experts: every weight the forward pass reads from the mapping is made resident at
+// load (MADV_POPULATE_READ, or one read per page on kernels before 5.14), so the run holds the
+// whole model from the start, as `spool plan` counts it (plan::WeightBytes::resident_dense +
+// experts), whatever the prompt happens to route to. The embedding table read row by row
+// (WeightBytes::embed_on_demand) stays out.
+void populate_resident_weights(const io::Checkpoint& ck) {
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const io::TensorRef* embed = ck.find("embed_tokens.weight");
+  const bool embed_on_demand = embed != nullptr && (ck.find("lm_head.weight") != nullptr || ck.find("lm_head.qweight") != nullptr);
+  // Page ranges per shard, merged (neighbouring tensors share pages).
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(ck.shards().size());
+  for (const auto& t : ck.tensors()) {
+    if (t.nbytes == 0 || (embed_on_demand && &t == embed)) continue;
+    ranges[t.shard].emplace_back(t.offset / page * page, (t.offset + t.nbytes + page - 1) / page * page);
+  }
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    const auto& sh = ck.shards()[s];
+    if (sh.mapping() == nullptr || ranges[s].empty()) continue;
+    auto& r = ranges[s];
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<uint64_t, uint64_t>> merged;
+    for (const auto& x : r) {
+      if (!merged.empty() && x.first <= merged.back().second) merged.back().second = std::max(merged.back().second, x.second);
+      else merged.push_back(x);
+    }
+    uint8_t* base = const_cast<uint8_t*>(sh.mapping());
+    for (auto [lo, hi] : merged) {
+      hi = std::min<uint64_t>(hi, (sh.file_size() + page - 1) / page * page);
+      if (hi <= lo) continue;
+      if (madvise(base + lo, hi - lo, MADV_POPULATE_READ) == 0) continue;
+      volatile uint8_t sink = 0;
+      for (uint64_t at = lo; at < std::min<uint64_t>(hi, sh.file_size()); at += page) sink = sink + base[at];
+    }
   }
 }
 
@@ -200,6 +240,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     l.model->set_expert_provider(l.streaming);
     log_info("%s", l.streaming->describe().c_str());
   } else {
+    populate_resident_weights(*l.ckpt);
     if (!opt.pin_file.empty()) {
       read_pin_file(opt.pin_file);  // still a clear error if the file is missing or malformed
       log_warn("--pin-file applies only when streaming experts (--stream); all experts are resident, so it has no effect");

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "engine/loader.h"
 #include "io/checkpoint.h"
 #include "models/model.h"
 #include "ops/thread_pool.h"
@@ -93,6 +94,41 @@ TEST(Footprint, WorkspaceMatchesMeasuredAllocation) {
     const uint64_t want = workspace_bytes(spec, T, T, 2) - v * 16 + st.bytes();  // minus logits + sampler
     EXPECT_NEAR(static_cast<double>(grown), static_cast<double>(want), 0.05 * want) << "T=" << T;
   }
+}
+
+// Resident bytes of the mappings of files whose path ends with ".safetensors" (/proc/self/smaps).
+uint64_t shard_rss() {
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool shard = false;
+  uint64_t rss = 0;
+  while (std::getline(f, line)) {
+    const size_t sp = line.find(' ');
+    if (sp != std::string::npos && line.find('-') < sp) {  // a mapping's header line: "lo-hi perms ... path"
+      shard = line.size() >= 12 && line.compare(line.size() - 12, 12, ".safetensors") == 0;
+    } else if (shard && line.rfind("Rss:", 0) == 0) {
+      rss += std::stoull(line.substr(4)) * 1024;
+    }
+  }
+  return rss;
+}
+
+// A resident load holds every weight the plan counts (resident dense + experts, the embedding
+// read on demand left out) before any token runs: the planned peak does not depend on which
+// experts a prompt routes to.
+TEST(Footprint, ResidentLoadHoldsTheWholeModel) {
+  engine::LoadOptions lo;
+  lo.model_dir = kDemo;
+  lo.stream = false;
+  lo.threads = 1;
+  lo.ctx_size = 16;
+  engine::LoadedModel l = engine::load(lo);
+  const WeightBytes w = weight_bytes(*l.ckpt, l.model->spec());
+  const uint64_t mapped = w.resident_dense + w.experts;  // file bytes the forward pass reads through the mapping
+  const uint64_t rss = shard_rss();
+  EXPECT_GE(rss, mapped);
+  // At most a page more per shard boundary and tensor edge next to the embedding (header pages too).
+  EXPECT_LE(rss, mapped + static_cast<uint64_t>(l.ckpt->shards().size()) * 4 * 4096 + (256u << 10));
 }
 
 TEST(Budget, SharedRule) {
