@@ -17,6 +17,10 @@ t_start=$SECONDS
 step() { echo "test.sh: $1 done in $((SECONDS - t_step)) s (total $((SECONDS - t_start)) s)"; t_step=$SECONDS; }
 t_step=$SECONDS
 
+# The CUDA backend (when nvcc is installed) is compiled for one architecture here, to keep the
+# suite's build short; its GPU tests report "skipped" on a machine without a GPU
+# (scripts/test-cuda.sh runs them on one). SPOOL_CUDA_ARCHS="80;86;89;90;120" builds them all.
+cmake -S . -B build -DSPOOL_CUDA_ARCHS="${SPOOL_CUDA_ARCHS:-90}" >/dev/null
 cmake --build build -j"$jobs"
 exclude=(-LE slow)
 [ "${1:-}" = "--slow" ] && exclude=()
@@ -26,7 +30,7 @@ step "build + ctest"
 # Sanitizer step: the tests labelled "sanitize" (parsers, bad input, CLI error paths, streaming,
 # the server's HTTP and engine tests). -O1 without debug info and one SIMD target keep this
 # build quick on small machines.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_SANITIZE=ON \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_SANITIZE=ON -DSPOOL_CUDA=OFF \
   -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
@@ -40,7 +44,7 @@ step "ASan + UBSan"
 
 # ThreadSanitizer: the server tests whose threads share state (HTTP workers, the request
 # queue, the engine thread, cancellation on disconnect, the prompt cache and disk snapshots).
-cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_TSAN=ON \
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_TSAN=ON -DSPOOL_CUDA=OFF \
   -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j"$jobs" --target server_http_test server_engine_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
@@ -51,8 +55,8 @@ step "ThreadSanitizer"
 # Fuzzers: every libFuzzer target of fuzz/ for a bounded time, two at a time (one per core).
 # Corpora persist in build-fuzz/corpus/NAME; the seeds are the repository's own files.
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_BUILD_TESTS=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
-fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz)
+  -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_BUILD_TESTS=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
+fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz)
 cmake --build build-fuzz -j"$jobs" --target "${fuzzers[@]}"
 mkdir -p build-fuzz/corpus build-fuzz/logs
 seed() {  # seed NAME FILES...: copy seeds into a new corpus
@@ -68,6 +72,7 @@ seed config_fuzz tests/data/models/*/config.json models/spool-demo-moe/config.js
 seed tokenizer_fuzz tests/data/tokenizer/qwen3/encode_cases.json
 seed template_fuzz tests/data/tokenizers/qwen3_5/chat_template.jinja
 seed output_parser_fuzz
+seed gguf_fuzz tests/data/gguf/*.gguf
 run_fuzzer() {
   SPOOL_FUZZ_TOKENIZER_DIR="$PWD/build/tests/data/tokenizers/qwen3" \
     "build-fuzz/fuzz/$1" -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
