@@ -12,7 +12,10 @@
 #                                         and ninja exist and the -dev packages are installed)
 #
 # Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), OUT (a folder for
-# the logs, optional), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases).
+# the logs, optional), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases),
+# BENCH=1 (after the tests, `spool bench` CPU vs CUDA of the demo model and of a
+# Qwen3.6-35B-A3B-shaped q4 synthetic of BENCH_LAYERS layers (default 8) made on the GPU machine,
+# with the host->device bandwidth; logs bench*.log in $OUT).
 # Exit status: that of the tests (0 when all pass; a GPU-less machine reports the CUDA cases as
 # SKIPPED, so run this where `nvidia-smi -L` lists a GPU).
 set -euo pipefail
@@ -32,7 +35,7 @@ build() {  # build [dir]: configure and build the CUDA test binaries
   fi
   cmake -S "$repo" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPOOL_CUDA=ON -DSPOOL_CUDA_ARCHS="$archs" \
     -DSPOOL_BUILD_BENCH=OFF "${launch[@]}" >&2
-  cmake --build "$bdir" -j"$(nproc)" --target "${tests[@]}" spool_test_data spool_model_data >&2
+  cmake --build "$bdir" -j"$(nproc)" --target "${tests[@]}" spool spool_test_data spool_model_data >&2
   echo "$bdir"
 }
 
@@ -58,6 +61,31 @@ run_tests() {  # run_tests BIN_DIR: runs every test binary, logs to $OUT when se
   return $rc
 }
 
+run_bench() {  # run_bench SPOOL DEMO_DIR: spool bench CPU vs CUDA (demo model, 35B-shaped q4 synthetic)
+  local spool=$1 demo=$2 out=${OUT:-/tmp} layers=${BENCH_LAYERS:-8} rc=0
+  local cores; cores=$(nproc)
+  echo "== bench: demo model"
+  for d in cpu cuda; do
+    "$spool" bench -m "$demo" --device $d -t "$cores" -p 128 -n 64 -r 3 > "$out/bench-demo-$d.log" 2>&1 || rc=1
+    grep -E '^\||GB/s|rror' "$out/bench-demo-$d.log" || tail -5 "$out/bench-demo-$d.log"
+  done
+  echo "== bench: qwen3.6-35b-a3b shape, $layers layers, q4 (synthetic)"
+  local m=/tmp/spool-synth35 q=/tmp/spool-synth35-q4
+  rm -rf "$m" "$q"
+  ( time timeout 200 "$spool" synth --preset qwen3.6-35b-a3b --layers "$layers" --out "$m" --no-check -t "$cores" ) > "$out/synth.log" 2>&1 || { rc=1; tail -5 "$out/synth.log"; }
+  ( time timeout 240 "$spool" convert -m "$m" --recipe q4 -o "$q" -t "$cores" ) > "$out/convert.log" 2>&1 || { rc=1; tail -5 "$out/convert.log"; }
+  rm -rf "$m"
+  tail -3 "$out/synth.log" "$out/convert.log"
+  for d in cuda cpu; do
+    timeout 120 "$spool" bench -m "$q" --device $d -t "$cores" -p 64 -n 32 -r 2 > "$out/bench-35b-$d.log" 2>&1 || rc=1
+    grep -E '^\||GB/s|rror|experts|device' "$out/bench-35b-$d.log" | grep -v '^| ---' | tail -8
+  done
+  # Experts left in host memory (a VRAM budget below dense + KV + experts): copied per use.
+  timeout 120 "$spool" bench -m "$q" --device cuda --vram-budget-gb 2 -p 64 -n 32 -r 2 > "$out/bench-35b-cuda-hostexperts.log" 2>&1 || rc=1
+  grep -E '^\||GB/s|rror|VRAM|host memory' "$out/bench-35b-cuda-hostexperts.log" | grep -v '^| ---' | tail -8
+  return $rc
+}
+
 case "$mode" in
   local)
     bdir=$(build | tail -1)
@@ -68,10 +96,13 @@ case "$mode" in
     bdir=$(build | tail -1)
     rm -rf "$dir" && mkdir -p "$dir/lib" "$dir/data/models"
     for t in "${tests[@]}"; do strip -o "$dir/$t" "$(find "$bdir/src" -name "$t" -type f -perm -u+x | head -1)"; done
-    # Shared libraries a CUDA image lacks (cuBLAS is taken from the image: it is too large to carry).
-    for lib in $(ldd "$dir/${tests[0]}" | awk '/=>/ {print $3}'); do
+    strip -o "$dir/spool" "$bdir/spool"
+    # Shared libraries a CUDA image may lack (cuBLAS and the C/C++ runtime are taken from the
+    # image: cuBLAS is too large to carry).
+    for lib in $( (ldd "$dir/${tests[0]}"; ldd "$dir/spool") | awk '/=>/ {print $3}' | sort -u); do
       case "$(basename "$lib")" in
-        libhwy*|libcudart*) cp -L "$lib" "$dir/lib/" ;;
+        libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libcublas*|libcuda.so*|libpthread*|libdl.so*|librt.so*) ;;
+        *) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
     # Test data (the fixture families the tests run; the demo model is unpacked from the
@@ -107,7 +138,10 @@ case "$mode" in
     cublas=$(ldconfig -p | awk '/libcublas.so.13 / {print $NF; exit}')
     [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
     export LD_LIBRARY_PATH=$dir/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    run_tests "$dir"
+    rc=0
+    run_tests "$dir" || rc=1
+    if [ "${BENCH:-0}" = 1 ]; then run_bench "$dir/spool" "$demo" || rc=1; fi
+    exit $rc
     ;;
   *)
     echo "usage: $0 [local | stage DIR | run DIR]" >&2

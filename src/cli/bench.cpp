@@ -138,7 +138,17 @@ void run(const BenchOptions& o) {
     for (int n : o.parallel) results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n));
   const uint64_t size = l.ckpt->total_bytes();
   const std::string model = strfmt("%s %.1fB", s.model_type.c_str(), s.params_total / 1e9);
-  const std::string backend = strfmt("CPU (%s)%s", ops::simd_target_name(), l.streaming ? " +stream" : "");
+  const std::string backend =
+      l.device == "cpu" ? strfmt("CPU (%s)%s", ops::simd_target_name(), l.streaming ? " +stream" : "")
+                        : strfmt("CUDA (%s, %s)%s%s", l.device_name.c_str(), l.device.c_str(), l.experts_on_device ? " experts in VRAM" : " host experts",
+                                 l.streaming ? " +stream" : "");
+  // The host->device link of the GPU (pinned and pageable copies of 256 MiB), measured here.
+  double h2d_pinned = 0, h2d_pageable = 0;
+  if (l.device != "cpu") {
+    const int idx = std::atoi(l.device.c_str() + 5);
+    h2d_pinned = engine::h2d_gbps(idx, size_t{256} << 20, true);
+    h2d_pageable = engine::h2d_gbps(idx, size_t{256} << 20, false);
+  }
   const int threads = lo.threads;
   if (o.output == "json") {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
@@ -159,7 +169,10 @@ void run(const BenchOptions& o) {
                      {"cache_hit_rate", r.hit_rate},
                      {"bytes_read_per_token", r.bytes_per_token},
                      {"experts_acquired_per_token", r.experts_per_token},
-                     {"peak_rss_bytes", peak_rss_bytes()}});
+                     {"peak_rss_bytes", peak_rss_bytes()},
+                     {"device", l.device},
+                     {"h2d_pinned_gbps", h2d_pinned},
+                     {"h2d_pageable_gbps", h2d_pageable}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
     return;
@@ -171,6 +184,9 @@ void run(const BenchOptions& o) {
                 s.params_total / 1e6, backend.c_str(), threads, r.test.c_str(), r.mean(), r.sd(), 100.0 * r.hit_rate,
                 format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token);
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
+  if (l.device != "cpu")
+    std::printf("%s: %s uploaded; host->device %.1f GB/s pinned, %.1f GB/s pageable (cudaMemcpy of 256 MiB)\n", l.device.c_str(),
+                format_bytes(l.vram_used).c_str(), h2d_pinned, h2d_pageable);
 }
 
 }  // namespace

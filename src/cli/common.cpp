@@ -30,6 +30,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("--prefetch-ahead", prefetch_ahead, "Read the next N layers' likely experts in the background (default 0 = off)");
   app->add_option("--pin-file", pin_file, "JSON {\"pin\": [[layer, expert], ...]} of experts kept resident (from spool calibrate)");
   app->add_option("--kv-bits", kv_bits, "KV cache entries: 32 (f32, exact; default), 16 (f16) or 8 (int8 with group scales)");
+  app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
+  app->add_option("--vram-budget-gb", vram_budget,
+                  "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (90% of the GPU); experts go to VRAM only when all fit");
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
 }
@@ -53,6 +56,8 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.max_active_experts = max_active_experts;
   ops::kv_type_from_bits(kv_bits);  // UsageError for other values
   o.kv_bits = kv_bits;
+  o.device = device;
+  o.vram_budget = vram_budget;
   return o;
 }
 
@@ -100,16 +105,26 @@ nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats
   j["model_file_bytes"] = l.ckpt->file_bytes();
   j["tokens"] = tokens;
   j["memory"] = engine::memory_json(l.memory);
+  j["device"] = l.device;
+  if (l.device != "cpu") {
+    j["device_name"] = l.device_name;
+    j["experts_on_device"] = l.experts_on_device;
+    j["vram_budget_bytes"] = l.vram_budget;
+    j["vram_uploaded_bytes"] = l.vram_used;
+  }
   return j;
 }
 
 std::string stats_line(const Loaded& l, const experts::StreamingStats& w, int64_t tokens) {
   const uint64_t pc = engine::page_cache_resident_bytes(*l.ckpt);
+  const std::string dev = l.device == "cpu" ? "device cpu; "
+                          : strfmt("device %s (%s), experts %s; ", l.device.c_str(), l.device_name.c_str(),
+                                   l.experts_on_device ? "in VRAM" : "copied from host per use");
   if (!l.streaming)
-    return strfmt("experts resident; page cache holds %s of the %s model", format_bytes(pc).c_str(),
+    return dev + strfmt("experts resident; page cache holds %s of the %s model", format_bytes(pc).c_str(),
                   format_bytes(l.ckpt->file_bytes()).c_str());
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
-  return strfmt("experts: hit rate %.1f%%, %.2f read/token, %s/token from disk (%s total)%s; page cache holds %s of the %s model",
+  return dev + strfmt("experts: hit rate %.1f%%, %.2f read/token, %s/token from disk (%s total)%s; page cache holds %s of the %s model",
                 100.0 * w.hit_rate(), w.experts_read() * per, format_bytes(static_cast<uint64_t>(w.bytes_read * per)).c_str(),
                 format_bytes(w.bytes_read).c_str(),
                 w.prefetch_issued ? strfmt(", prefetch rescued %.1f%% of misses (%llu prefetched)", 100.0 * w.rescue_rate(), (unsigned long long)w.prefetch_issued).c_str() : "",

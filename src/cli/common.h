@@ -29,6 +29,8 @@ struct ModelOptions {
   std::string pin_file;
   int max_active_experts = 0;
   int kv_bits = 32;
+  std::string device = "auto";
+  std::string vram_budget = "auto";
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);
   /// The model directory to use (resolves the default; checks it exists).

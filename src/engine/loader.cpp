@@ -15,6 +15,11 @@
 #include "ops/matmul.h"
 #include "plan/budget.h"
 #include "plan/projection.h"
+#include "models/device_experts.h"
+#include "ops/cpu_backend.h"
+#if SPOOL_HAVE_CUDA
+#include "ops/cuda/cuda_backend.h"
+#endif
 
 namespace spool::engine {
 
@@ -23,6 +28,23 @@ namespace {
 constexpr uint64_t kGiB = 1ull << 30;
 
 }  // namespace
+
+int cuda_devices() {
+#if SPOOL_HAVE_CUDA
+  return ops::cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+double h2d_gbps(int index, size_t bytes, bool pinned) {
+#if SPOOL_HAVE_CUDA
+  return ops::cuda_h2d_gbps(index, bytes, pinned);
+#else
+  (void)index, (void)bytes, (void)pinned;
+  return 0;
+#endif
+}
 
 uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
   const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacity(ctx, ctx, 512), kv_bits);
@@ -162,12 +184,54 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     if (end == opt.cache_budget.c_str() || *end != '\0' || !(budget_gb >= 0) || !(budget_gb <= 1e6))
       throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.cache_budget.c_str()));
   }
+  // --device: cpu, cuda, cuda:N or auto.
+  int cuda_index = -1;  // -1: the CPU
+  if (opt.device == "auto") {
+    cuda_index = cuda_devices() > 0 ? 0 : -1;
+  } else if (opt.device == "cuda" || opt.device.rfind("cuda:", 0) == 0) {
+    if (opt.device == "cuda") {
+      cuda_index = 0;
+    } else {
+      char* end = nullptr;
+      const long v = std::strtol(opt.device.c_str() + 5, &end, 10);
+      if (end == opt.device.c_str() + 5 || *end != '\0' || v < 0 || v > 1024)
+        throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", opt.device.c_str()));
+      cuda_index = static_cast<int>(v);
+    }
+#if !SPOOL_HAVE_CUDA
+    throw UsageError(strfmt("--device %s: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", opt.device.c_str()));
+#endif
+    if (cuda_index >= cuda_devices())
+      fail("--device %s: no such GPU (the CUDA runtime sees %d)", opt.device.c_str(), cuda_devices());
+  } else if (opt.device != "cpu") {
+    throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", opt.device.c_str()));
+  }
+  double vram_gb = -1;  // < 0: auto
+  if (opt.vram_budget != "auto") {
+    char* end = nullptr;
+    vram_gb = std::strtod(opt.vram_budget.c_str(), &end);
+    if (end == opt.vram_budget.c_str() || *end != '\0' || !(vram_gb >= 0) || !(vram_gb <= 1e6))
+      throw UsageError(strfmt("--vram-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.vram_budget.c_str()));
+  }
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
   l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
-  l.model = models::load_model(l.ckpt, l.pool.get());
+  std::shared_ptr<ops::Backend> backend;
+#if SPOOL_HAVE_CUDA
+  std::shared_ptr<ops::CudaBackend> cuda;
+  if (cuda_index >= 0) {
+    cuda = std::make_shared<ops::CudaBackend>(cuda_index);
+    backend = cuda;
+    const ops::CudaDeviceInfo info = ops::cuda_device_info(cuda_index);
+    l.device = strfmt("cuda:%d", cuda_index);
+    l.device_name = info.name;
+    l.vram_budget = vram_gb >= 0 ? static_cast<uint64_t>(vram_gb * kGiB) : info.total_bytes / 10 * 9;
+  }
+#endif
+  if (!backend) backend = std::make_shared<ops::CpuBackend>(l.pool.get());
+  l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
   // The workspace arena for the chunks this run feeds (plan::workspace_bytes counts the same).
@@ -248,12 +312,42 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     if (opt.prefetch_ahead > 0)
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
   }
+#if SPOOL_HAVE_CUDA
+  if (cuda) {
+    // VRAM: dense weights and parameters (uploaded by the model at bind), the KV cache and
+    // recurrent state of one sequence at ctx_size, the workspace arena, then the routed experts
+    // when they fit too; otherwise the experts stay in host memory (resident mapping or the
+    // streaming cache) and each routed expert is copied to the GPU when used.
+    const uint64_t dense = cuda->uploaded_bytes(), st = state_bytes(spec, opt.ctx_size, opt.kv_bits),
+                   ws = l.model->workspace_capacity();
+    if (dense + st + ws > l.vram_budget)
+      fail("--vram-budget-gb: the dense weights (%s), KV/state at --ctx-size %lld (%s) and workspace (%s) need more than the VRAM "
+           "budget of %s on %s",
+           format_bytes(dense).c_str(), (long long)opt.ctx_size, format_bytes(st).c_str(), format_bytes(ws).c_str(),
+           format_bytes(l.vram_budget).c_str(), l.device.c_str());
+    if (experts > 0 && !stream && dense + st + ws + experts <= l.vram_budget) {
+      std::vector<bool> moe_layers(spec.n_layers);
+      for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+      auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts);
+      log_info("%s", dev->describe().c_str());
+      l.model->set_expert_provider(dev);
+      l.experts_on_device = true;
+    } else if (experts > 0) {
+      log_info("routed experts (%s) stay in host memory: dense %s + KV/state %s + workspace %s + experts exceed the VRAM budget %s%s",
+               format_bytes(experts).c_str(), format_bytes(dense).c_str(), format_bytes(st).c_str(), format_bytes(ws).c_str(),
+               format_bytes(l.vram_budget).c_str(), stream ? " (or --stream was given)" : "");
+    }
+    l.vram_used = cuda->uploaded_bytes();
+    log_info("device %s (%s): %s uploaded of a %s VRAM budget", l.device.c_str(), l.device_name.c_str(),
+             format_bytes(l.vram_used).c_str(), format_bytes(l.vram_budget).c_str());
+  }
+#endif
   if (tok) l.tok = std::move(tok);
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
-  log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, SIMD %s", spec.model_type.c_str(),
+  log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
-           opt.threads, ops::simd_target_name());
+           opt.threads, l.device == "cpu" ? "SIMD" : "device", l.device == "cpu" ? ops::simd_target_name() : l.device.c_str());
   return l;
 }
 

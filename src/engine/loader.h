@@ -30,6 +30,9 @@ struct LoadOptions {
   std::string pin_file;                // --pin-file
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
+  std::string device = "auto";         // --device cpu | cuda | cuda:N | auto (cuda:0 when this build has CUDA and a GPU is present)
+  std::string vram_budget = "auto";    // --vram-budget-gb: GB of GPU memory for dense weights + KV + workspace + experts, or
+                                       // "auto" (90% of the GPU's memory); routed experts go to VRAM only when all fit
   int64_t ctx_size = 4096;             // --ctx-size: tokens of context the run holds (sizes the KV and workspace
                                        // estimates kept out of the cache budget); commands set what they use
   int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
@@ -63,7 +66,18 @@ struct LoadedModel {
   std::shared_ptr<experts::StreamingExperts> streaming;  // null when experts are resident
   double load_s = 0;
   MemoryDecision memory;
+  std::string device = "cpu";     // where the model runs: "cpu" or "cuda:N"
+  std::string device_name;        // the GPU's name ("" on the CPU)
+  bool experts_on_device = false; // routed experts resident in VRAM (else read from host memory or disk per use)
+  uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
+  uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
 };
+
+/// Whether this build has the CUDA backend and, if so, how many GPUs the runtime sees.
+int cuda_devices();
+/// Measured host-to-device bandwidth of GPU `index` in GB/s (pinned or pageable host memory,
+/// `bytes` per copy); 0 in a build without CUDA.
+double h2d_gbps(int index, size_t bytes, bool pinned);
 
 /// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller
 /// (e.g. to count the prompt's tokens for ctx_size); otherwise tokenizer.json is loaded here.

@@ -32,7 +32,20 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
     q_norm_ = bind_norm(ck, prefix + "q_norm.weight", hd, spec.norm_one_plus);
     k_norm_ = bind_norm(ck, prefix + "k_norm.weight", hd, spec.norm_one_plus);
   }
+  q_norm_p_ = q_norm_.data();
+  k_norm_p_ = k_norm_.data();
   rope_ = ops::Rope(a_.rotary_dim, a_.rope_theta);
+}
+
+void AttentionLayer::place(ops::Backend& be) {
+  wq_ = be.upload(wq_);
+  wk_ = be.upload(wk_);
+  wv_ = be.upload(wv_);
+  wo_ = be.upload(wo_);
+  if (a_.qk_norm) {
+    q_norm_p_ = be.upload_floats(q_norm_);
+    k_norm_p_ = be.upload_floats(k_norm_);
+  }
 }
 
 void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -51,8 +64,8 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     be.matmul_multi(qkv, x, T);
   }
   if (a_.qk_norm) {
-    be.rms_norm(s.q, q_norm_.data(), T * nh, hd, eps_, s.q);
-    be.rms_norm(s.k, k_norm_.data(), T * nkv, hd, eps_, s.k);
+    be.rms_norm(s.q, q_norm_p_, T * nh, hd, eps_, s.q);
+    be.rms_norm(s.k, k_norm_p_, T * nkv, hd, eps_, s.k);
   }
   be.rope(rope_, s.q, T, static_cast<int64_t>(nh) * hd, nh, hd, pos0);
   be.rope(rope_, s.k, T, static_cast<int64_t>(nkv) * hd, nkv, hd, pos0);

@@ -31,6 +31,10 @@ class AttentionLayer {
   /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
   /// "layers.3.self_attn.").
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
+  /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
+  /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
+  /// forward() will get.
+  void place(ops::Backend& be);
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends k/v to `cache`
   /// (capacity must already hold pos0 + T); out: [T, hidden]. Scratch from `ws`.
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -41,6 +45,8 @@ class AttentionLayer {
   float eps_ = 1e-6f;
   ops::WeightView wq_, wk_, wv_, wo_;
   std::vector<float> q_norm_, k_norm_;
+  const float* q_norm_p_ = nullptr;  // q_norm_ where the backend reads it (place())
+  const float* k_norm_p_ = nullptr;
   ops::Rope rope_;
 };
 

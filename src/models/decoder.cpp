@@ -97,9 +97,35 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
       L.mlp->bind(ck, p + "mlp.", static_cast<int>(H), spec_.dense_intermediate);
     }
   }
+  // Everything dense goes where the backend reads it, once (a no-op on host backends: the CPU
+  // path keeps reading the mapping and the host vectors).
+  ops::Backend& be = *be_;
+  if (be.device() != ops::Device::kCpu) lm_head_ = be.upload(lm_head_);  // (embeddings stay on the host: read by row)
+  final_norm_p_ = be.upload_floats(final_norm_);
+  for (Layer& L : layers_) {
+    L.in_norm_p = be.upload_floats(L.in_norm);
+    L.post_norm_p = be.upload_floats(L.post_norm);
+    if (L.attn) L.attn->place(be);
+    if (L.gdn) L.gdn->place(be);
+    if (L.moe) L.moe->place(be);
+    if (L.mlp) L.mlp->place(be);
+  }
   resident_ = std::make_shared<experts::ResidentExperts>(ckpt_, moe_layers, spec_.moe.n_experts, static_cast<int>(H),
                                                          spec_.moe.intermediate);
   provider_ = resident_;
+}
+
+State DecoderModel::new_state() const {
+  State st(spec_, kv_type_);
+  if (be_->device() != ops::Device::kCpu) st.place(be_->device());
+  return st;
+}
+
+void DecoderModel::observe_hidden(int index, const float* hidden, int64_t T) {
+  if (be_->device() == ops::Device::kCpu) return hooks.on_hidden(index, hidden, T);
+  std::vector<float> h(static_cast<size_t>(T * spec_.hidden_size));
+  be_->to_host(hidden, T * spec_.hidden_size, h.data());
+  hooks.on_hidden(index, h.data(), T);
 }
 
 void DecoderModel::set_max_active_experts(int k) {
@@ -180,19 +206,19 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
   ops::Backend& be = *be_;
   for (int i = 0; i < spec_.n_layers; ++i) {
     const Layer& L = layers_[i];
-    if (hooks.on_hidden) hooks.on_hidden(i, s.h, N);
-    be.rms_norm(s.h, L.in_norm.data(), N, H, spec_.rms_norm_eps, s.xn);
+    if (hooks.on_hidden) observe_hidden(i, s.h, N);
+    be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
     for (const Part& p : parts) {  // token mixers: per sequence, on its own state
       const float* x = s.xn + p.row0 * H;
       float* out = s.tmp + p.row0 * H;
       if (L.attn) {
         L.attn->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws_);
       } else {
-        L.gdn->forward(x, p.T, p.state->gdn[i], out, be, ws_);
+        L.gdn->forward(x, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i), out, be, ws_);
       }
     }
     be.add(s.h, s.tmp, N * H);
-    be.rms_norm(s.h, L.post_norm.data(), N, H, spec_.rms_norm_eps, s.xn);
+    be.rms_norm(s.h, L.post_norm_p, N, H, spec_.rms_norm_eps, s.xn);
     if (L.moe) {  // all rows of the step together: each routed expert acquired once
       L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws_);
     } else {
@@ -206,8 +232,8 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
   const float eps = spec_.rms_norm_eps;
   if (hooks.on_hidden) {  // observed: every row normed
-    be_->rms_norm(s.h, final_norm_.data(), N, H, eps, s.xn);
-    hooks.on_hidden(spec_.n_layers, s.xn, N);
+    be_->rms_norm(s.h, final_norm_p_, N, H, eps, s.xn);
+    observe_hidden(spec_.n_layers, s.xn, N);
   }
   // Sequences wanting all rows: their own lm_head product.
   std::vector<size_t> last;  // indices into parts of sequences wanting the last row
@@ -215,7 +241,7 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     if (seqs[i].ids.empty()) continue;
     const Part& p = parts[j++];
     if (seqs[i].mode == LogitsMode::kAll) {
-      if (!hooks.on_hidden) be_->rms_norm(s.h + p.row0 * H, final_norm_.data(), p.T, H, eps, s.xn + p.row0 * H);
+      if (!hooks.on_hidden) be_->rms_norm(s.h + p.row0 * H, final_norm_p_, p.T, H, eps, s.xn + p.row0 * H);
       be_->matmul(lm_head_, s.xn + p.row0 * H, p.T, seqs[i].logits);
     } else if (seqs[i].mode == LogitsMode::kLast) {
       last.push_back(i);
@@ -228,7 +254,7 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     for (const Part& c : parts)
       if (c.state == q.state) p = &c;
     const int64_t r = p->row0 + p->T - 1;
-    if (!hooks.on_hidden) be_->rms_norm(s.h + r * H, final_norm_.data(), 1, H, eps, s.xn + r * H);
+    if (!hooks.on_hidden) be_->rms_norm(s.h + r * H, final_norm_p_, 1, H, eps, s.xn + r * H);
     be_->matmul(lm_head_, s.xn + r * H, 1, q.logits);
     return;
   }
@@ -241,7 +267,7 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     for (const Part& c : parts)
       if (c.state == q.state) be_->copy_2d(hs.xn + k * H, H, s.h + (c.row0 + c.T - 1) * H, H, 1, H);
   }
-  be_->rms_norm(hs.xn, final_norm_.data(), S, H, eps, hs.xn);
+  be_->rms_norm(hs.xn, final_norm_p_, S, H, eps, hs.xn);
   be_->matmul(lm_head_, hs.xn, S, hs.logits);
   for (int64_t k = 0; k < S; ++k) be_->to_host(hs.logits + k * V, V, seqs[last[k]].logits);
 }

@@ -43,7 +43,8 @@ class DecoderModel : public Model {
   void bind(GdnLayout gdn_layout);
 
   const ModelSpec& spec() const override { return spec_; }
-  State new_state() const override { return State(spec_, kv_type_); }
+  /// A fresh state; with a GPU backend its Gated DeltaNet states live on the device (State::place).
+  State new_state() const override;
   void set_kv_type(ops::KvType type) override { kv_type_ = type; }
   void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) override;
   void forward_batch(std::span<const SeqStep> seqs) override;
@@ -57,6 +58,7 @@ class DecoderModel : public Model {
  private:
   struct Layer {
     std::vector<float> in_norm, post_norm;  // effective RMSNorm weights [H]
+    const float *in_norm_p = nullptr, *post_norm_p = nullptr;  // where the backend reads them
     std::unique_ptr<AttentionLayer> attn;
     std::unique_ptr<GatedDeltaNetLayer> gdn;
     std::unique_ptr<MoeBlock> moe;
@@ -86,6 +88,9 @@ class DecoderModel : public Model {
   uint64_t embed_offset_ = 0;     // file offset of row 0
   std::vector<uint8_t> embed_row_;  // one row's bytes
   std::vector<float> final_norm_;
+  const float* final_norm_p_ = nullptr;  // final_norm_ where the backend reads it
+  // hooks.on_hidden with a GPU backend: hidden rows copied to the host first.
+  void observe_hidden(int index, const float* hidden, int64_t T);
   std::vector<Layer> layers_;
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;

@@ -50,6 +50,22 @@ void GatedDeltaNetLayer::bind(const io::Checkpoint& ck, const std::string& prefi
   for (int h = 0; h < g_.n_v; ++h) a_log_exp_[h] = std::exp(a_log[h]);
   dt_bias_ = bind_f32(ck, prefix + "dt_bias", {g_.n_v});
   norm_w_ = bind_norm(ck, prefix + "norm.weight", g_.d_v, /*one_plus=*/false);
+  conv_w_p_ = conv_w_.data();
+  a_log_exp_p_ = a_log_exp_.data();
+  dt_bias_p_ = dt_bias_.data();
+  norm_w_p_ = norm_w_.data();
+}
+
+void GatedDeltaNetLayer::place(ops::Backend& be) {
+  qkv_ = be.upload(qkv_);
+  z_ = be.upload(z_);
+  b_ = be.upload(b_);
+  a_ = be.upload(a_);
+  out_ = be.upload(out_);
+  conv_w_p_ = be.upload_floats(conv_w_);
+  a_log_exp_p_ = be.upload_floats(a_log_exp_);
+  dt_bias_p_ = be.upload_floats(dt_bias_);
+  norm_w_p_ = be.upload_floats(norm_w_);
 }
 
 GatedDeltaNetLayer::Scratch GatedDeltaNetLayer::Scratch::take(ops::Workspace& ws, const GdnSpec& g, int64_t T) {
@@ -69,8 +85,8 @@ GatedDeltaNetLayer::Scratch GatedDeltaNetLayer::Scratch::take(ops::Workspace& ws
   return s;
 }
 
-void GatedDeltaNetLayer::forward(const float* x, int64_t T, GdnState& st, float* out, ops::Backend& be,
-                                 ops::Workspace& ws) const {
+void GatedDeltaNetLayer::forward(const float* x, int64_t T, float* conv_state, float* recurrent_state, float* out,
+                                 ops::Backend& be, ops::Workspace& ws) const {
   ops::WorkspaceScope scope(ws);
   const int64_t kd = g_.key_dim(), vd = g_.value_dim(), cd = g_.conv_dim();
   const int nk = g_.n_k, nv = g_.n_v, dk = g_.d_k, dv = g_.d_v;
@@ -78,14 +94,14 @@ void GatedDeltaNetLayer::forward(const float* x, int64_t T, GdnState& st, float*
   // mixed: [T, conv_dim]; z: [T, n_v * d_v]; b, a: [T, n_v]
   const ops::MatmulOut proj[] = {{&qkv_, s.mixed}, {&z_, s.z}, {&b_, s.b}, {&a_, s.a}};
   be.matmul_multi(proj, x, T);
-  be.causal_conv1d_silu(s.mixed, T, cd, conv_w_.data(), g_.conv_kernel, st.conv.data(), s.conv_out);
+  be.causal_conv1d_silu(s.mixed, T, cd, conv_w_p_, g_.conv_kernel, conv_state, s.conv_out);
   // conv_out rows [q (kd) | k (kd) | v (vd)] -> q, k [T, n_k, d_k] (L2-normalised, q / sqrt(d_k)), v [T, n_v, d_v].
   be.copy_2d(s.q, kd, s.conv_out, cd, T, kd);
   be.copy_2d(s.k, kd, s.conv_out + kd, cd, T, kd);
   be.copy_2d(s.v, vd, s.conv_out + 2 * kd, cd, T, vd);
   be.l2_norm(s.q, T * nk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)));
   be.l2_norm(s.k, T * nk, dk, 1e-6f, 1.0f);
-  be.gdn_gates(s.b, s.a, a_log_exp_.data(), dt_bias_.data(), T, nv, s.beta, s.g);
+  be.gdn_gates(s.b, s.a, a_log_exp_p_, dt_bias_p_, T, nv, s.beta, s.g);
   ops::GatedDeltaArgs args;
   args.T = T;
   args.n_k = nk;
@@ -97,11 +113,11 @@ void GatedDeltaNetLayer::forward(const float* x, int64_t T, GdnState& st, float*
   args.v = s.v;
   args.beta = s.beta;
   args.g = s.g;
-  args.state = st.recurrent.data();
+  args.state = recurrent_state;
   args.out = s.o;
   be.gated_delta(args, kChunk);
   // Gated RMSNorm per value head: o = (o / rms(o)) * w * silu(z).
-  be.rms_norm_gated(s.o, s.z, norm_w_.data(), T * nv, dv, eps_);
+  be.rms_norm_gated(s.o, s.z, norm_w_p_, T * nv, dv, eps_);
   be.matmul(out_, s.o, T, out);  // [T, hidden]
 }
 

@@ -36,9 +36,18 @@ class GatedDeltaNetLayer {
   /// Binds `{prefix}...` (prefix e.g. "layers.0.linear_attn."). The Qwen3-Next layout is
   /// regrouped once at load into the flat Qwen3.5 layout (a copy of those two tensors).
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, GdnLayout layout);
+  /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
+  /// upload_floats; a no-op on host backends). Call once after bind().
+  void place(ops::Backend& be);
   /// x: [T, hidden] (normed input); updates `st`; out: [T, hidden]. T == 1 runs the
   /// recurrent form, T > 1 the chunked form (chunks of 64 tokens, as HF). Scratch from `ws`.
-  void forward(const float* x, int64_t T, GdnState& st, float* out, ops::Backend& be, ops::Workspace& ws) const;
+  void forward(const float* x, int64_t T, GdnState& st, float* out, ops::Backend& be, ops::Workspace& ws) const {
+    forward(x, T, st.conv.data(), st.recurrent.data(), out, be, ws);
+  }
+  /// The same on a state given as its two arrays (conv [conv_dim, K-1], recurrent [n_v, d_k,
+  /// d_v]), host or device memory (State::gdn_conv / gdn_recurrent).
+  void forward(const float* x, int64_t T, float* conv_state, float* recurrent_state, float* out, ops::Backend& be,
+               ops::Workspace& ws) const;
 
  private:
   GdnSpec g_;
@@ -49,6 +58,8 @@ class GatedDeltaNetLayer {
   std::vector<float> a_log_exp_;    // [n_v] exp(A_log)
   std::vector<float> dt_bias_;      // [n_v]
   std::vector<float> norm_w_;       // [d_v]
+  // The four vectors above where the backend reads them (host data() until place()).
+  const float *conv_w_p_ = nullptr, *a_log_exp_p_ = nullptr, *dt_bias_p_ = nullptr, *norm_w_p_ = nullptr;
 };
 
 }  // namespace spool::models

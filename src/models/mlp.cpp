@@ -10,6 +10,12 @@ void DenseMlp::bind(const io::Checkpoint& ck, const std::string& prefix, int hid
   down_ = bind_matrix(ck, prefix + "down_proj.weight", hidden, inter);
 }
 
+void DenseMlp::place(ops::Backend& be) {
+  gate_ = be.upload(gate_);
+  up_ = be.upload(up_);
+  down_ = be.upload(down_);
+}
+
 void DenseMlp::forward(const float* x, int64_t T, float* out, ops::Backend& be, ops::Workspace& ws) const {
   ops::WorkspaceScope scope(ws);
   forward(x, T, out, be, Scratch::take(ws, T, gate_.rows));

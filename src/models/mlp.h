@@ -20,6 +20,8 @@ class DenseMlp {
 
   /// Binds `{prefix}{gate,up,down}_proj.weight`: gate/up [inter, hidden], down [hidden, inter].
   void bind(const io::Checkpoint& ck, const std::string& prefix, int hidden, int inter);
+  /// Moves the weights to where `be` reads them (Backend::upload; a no-op on host backends).
+  void place(ops::Backend& be);
   /// x: [T, hidden] -> out: [T, hidden] (overwritten). Scratch from `ws` (given back on return).
   void forward(const float* x, int64_t T, float* out, ops::Backend& be, ops::Workspace& ws) const;
   /// The same with scratch the caller took (Scratch::take with T and intermediate()).

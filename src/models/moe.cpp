@@ -14,6 +14,13 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
     shared_.bind(ck, prefix + "shared_expert.", hidden_, m_.shared_intermediate);
     if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
   }
+  shared_gate_p_ = shared_gate_.empty() ? nullptr : shared_gate_.data();
+}
+
+void MoeBlock::place(ops::Backend& be) {
+  router_ = be.upload(router_);
+  if (shared_.bound()) shared_.place(be);
+  if (!shared_gate_.empty()) shared_gate_p_ = be.upload_floats(shared_gate_);
 }
 
 MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, int64_t H, int64_t T, int top_k) {
@@ -38,9 +45,25 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const Scratch s = Scratch::take(ws, m_, H, T, K);
   be.matmul(router_, x, T, s.logits);  // [T, E]
   be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids, s.weights, margins ? s.margins : nullptr);
-  for (int64_t t = 0; t < T; ++t) {
-    if (margins) margins(layer, t, s.margins[t]);
-    if (observer) observer(layer, t, std::span<const int>(s.ids + t * K, K), std::span<const float>(s.weights + t * K, K));
+  if (margins || observer) {
+    // Observers get host memory: on a GPU backend the weights and margins are copied down.
+    const float* wts = s.weights;
+    const float* mgs = s.margins;
+    std::vector<float> wh, mh;
+    if (be.device() != ops::Device::kCpu) {
+      wh.resize(static_cast<size_t>(T * K));
+      be.to_host(s.weights, T * K, wh.data());
+      wts = wh.data();
+      if (margins) {
+        mh.resize(static_cast<size_t>(T));
+        be.to_host(s.margins, T, mh.data());
+        mgs = mh.data();
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      if (margins) margins(layer, t, mgs[t]);
+      if (observer) observer(layer, t, std::span<const int>(s.ids + t * K, K), std::span<const float>(wts + t * K, K));
+    }
   }
 
   // Expert path: pairs grouped by expert (ascending id); experts acquired in batches the
@@ -69,7 +92,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   be.moe_combine(s.y, groups, s.weights, H, out);
   if (shared_.bound()) {
     shared_.forward(x, T, s.shared, be, s.shared_mlp);
-    be.add_gated_rows(out, s.shared, x, shared_gate_.empty() ? nullptr : shared_gate_.data(), T, H);
+    be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
   }
 }
 

@@ -48,6 +48,9 @@ class MoeBlock {
   /// Binds `{prefix}gate.weight` [E, H] and, when the spec has one, the shared expert
   /// `{prefix}shared_expert.*` and `{prefix}shared_expert_gate.weight` [1, H].
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
+  /// Moves the router, the shared expert and its gate to where `be` reads them (a no-op on
+  /// host backends). Routed experts come from the ExpertProvider, not from here.
+  void place(ops::Backend& be);
   /// x: [T, H] (normed input); out: [T, H]. `top_k` experts per token (<= native; the caller
   /// applies K-reduction), renormalised when the model renormalises its native top-k.
   /// Scratch from `ws` (the shared expert's too).
@@ -61,6 +64,7 @@ class MoeBlock {
   ops::WeightView router_;
   DenseMlp shared_;
   std::vector<float> shared_gate_;  // [H]
+  const float* shared_gate_p_ = nullptr;  // shared_gate_ where the backend reads it (null: no gate)
 };
 
 }  // namespace spool::models

@@ -72,6 +72,44 @@ State::State(const ModelSpec& spec, ops::KvType kv) {
   }
 }
 
+void State::place(ops::Device device) {
+  if (device == ops::Device::kCpu) {
+    if (!gdn_dev_.empty()) pull_gdn(gdn);
+    gdn_dev_.clear();
+    return;
+  }
+  if (!gdn_dev_.empty()) return;
+  std::vector<ops::DeviceFloats> d(gdn.size());
+  for (size_t l = 0; l < gdn.size(); ++l)
+    if (!gdn[l].recurrent.empty()) d[l] = ops::DeviceFloats(device, gdn[l].conv.size() + gdn[l].recurrent.size());
+  gdn_dev_ = std::move(d);
+  push_gdn();
+}
+
+void State::push_gdn() {
+  if (gdn_dev_.empty()) return;
+  std::vector<float> buf;
+  for (size_t l = 0; l < gdn.size(); ++l) {
+    if (gdn_dev_[l].empty()) continue;
+    buf.assign(gdn[l].conv.begin(), gdn[l].conv.end());
+    buf.insert(buf.end(), gdn[l].recurrent.begin(), gdn[l].recurrent.end());
+    gdn_dev_[l].upload(buf.data());
+  }
+}
+
+void State::pull_gdn(std::vector<GdnState>& dst) const {
+  if (gdn_dev_.empty()) return;
+  std::vector<float> buf;
+  for (size_t l = 0; l < gdn.size(); ++l) {
+    if (gdn_dev_[l].empty()) continue;
+    buf.resize(gdn_dev_[l].size());
+    gdn_dev_[l].download(buf.data());
+    const size_t nc = dst[l].conv.size();
+    std::copy(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(nc), dst[l].conv.begin());
+    std::copy(buf.begin() + static_cast<std::ptrdiff_t>(nc), buf.end(), dst[l].recurrent.begin());
+  }
+}
+
 void State::reserve(int64_t n_positions) {
   for (size_t l = 0; l < attn.size(); ++l)
     if (is_attn_[l]) attn[l].reserve(n_positions, pos);
@@ -84,6 +122,7 @@ void State::reset() {
     std::fill(g.conv.begin(), g.conv.end(), 0.0f);
     std::fill(g.recurrent.begin(), g.recurrent.end(), 0.0f);
   }
+  push_gdn();
   record_rewind(0);
 }
 
@@ -142,6 +181,7 @@ StateSnapshot State::snapshot(bool with_kv) const {
   s.epoch_ = epoch_;
   s.has_kv_ = with_kv;
   s.gdn_ = gdn;
+  pull_gdn(s.gdn_);
   if (with_kv) {
     s.kv_.resize(attn.size());
     for (size_t l = 0; l < attn.size(); ++l) {
@@ -177,6 +217,7 @@ void State::restore(const StateSnapshot& s) {
     std::copy(s.gdn_[l].conv.begin(), s.gdn_[l].conv.end(), gdn[l].conv.begin());
     std::copy(s.gdn_[l].recurrent.begin(), s.gdn_[l].recurrent.end(), gdn[l].recurrent.begin());
   }
+  push_gdn();
   pos = s.pos_;
   poisoned = false;
   record_rewind(rewind_to);
@@ -280,6 +321,7 @@ void State::deserialize(std::string_view data, int64_t n) {
       std::memcpy(gdn[l].recurrent.data(), payload[l].data(), payload[l].size());
     }
   }
+  push_gdn();
   pos = n;
   poisoned = false;
   record_rewind(n);

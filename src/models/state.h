@@ -16,13 +16,15 @@
 
 #include "models/spec.h"
 #include "ops/kv_cache.h"
+#include "ops/workspace.h"
 
 namespace spool::models {
 
 /// KV cache of one attention layer (f32, f16 or int8; see ops/kv_cache.h).
 using AttnCache = ops::KvCache;
 
-/// State of one Gated DeltaNet layer.
+/// State of one Gated DeltaNet layer (host arrays; while the State is placed on a GPU with
+/// State::place they are stale and the device copy is the live one).
 struct GdnState {
   std::vector<float> conv;       // [conv_dim, K-1] last K-1 pre-conv inputs per channel, oldest first
   std::vector<float> recurrent;  // [n_v, d_k, d_v] S per value head
@@ -74,6 +76,17 @@ class State {
   std::vector<AttnCache> attn;  // [n_layers]; empty for non-attention layers
   std::vector<GdnState> gdn;    // [n_layers]; empty for non-GDN layers
 
+  /// Keeps the Gated DeltaNet states on `device` from now on: the forward pass reads and
+  /// writes the device copy (gdn_conv / gdn_recurrent), and snapshot(), serialize(), restore(),
+  /// deserialize() and reset() copy between it and the host arrays only when called. kCpu
+  /// brings them back to the host arrays. Throws spool::Error when the device memory cannot be had.
+  void place(ops::Device device);
+  /// Layer l's conv state [conv_dim, K-1] where the forward pass reads it (device or host).
+  float* gdn_conv(size_t l) { return gdn_dev_.empty() ? gdn[l].conv.data() : gdn_dev_[l].data(); }
+  /// Layer l's recurrent state [n_v, d_k, d_v] where the forward pass reads it.
+  float* gdn_recurrent(size_t l) {
+    return gdn_dev_.empty() ? gdn[l].recurrent.data() : gdn_dev_[l].data() + gdn[l].conv.size();
+  }
   /// Makes room for `n_positions` positions in every attention cache (copying existing rows).
   void reserve(int64_t n_positions);
   /// Back to an empty sequence (zeroes GDN state, keeps allocations). Counts as a rewind to 0.
@@ -135,6 +148,11 @@ class State {
   // Whether a KV-less snapshot's rows [0, s.pos_) are still those of the live state.
   void check_kv_less(const StateSnapshot& s, const char* what) const;
   void record_rewind(int64_t to);
+  // Device copies of the GDN states: host arrays -> device (push), device -> `dst` (pull).
+  void push_gdn();
+  void pull_gdn(std::vector<GdnState>& dst) const;
+
+  std::vector<ops::DeviceFloats> gdn_dev_;  // [n_layers] conv | recurrent when placed; empty on the host
 
   std::vector<char> is_attn_;  // [n_layers]
   Identity id_;

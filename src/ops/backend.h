@@ -7,8 +7,9 @@
 //
 // Conventions: activations are f32, row-major, on the backend's device (a Workspace of the same
 // device holds them); shapes are given beside each op as [rows, cols]. Index arrays (routing,
-// expert groups) and the per-layer parameter vectors (norm weights, conv kernels) are host
-// arrays on every backend (small, written once at load or per step by the host).
+// expert groups) are host arrays on every backend (small, written per step by the host); the
+// per-layer parameter vectors (norm weights, conv kernels, gate parameters) are host arrays or,
+// once the model has placed them with upload_floats(), the backend's own copies.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,11 @@ class Backend {
   /// at load time for resident weights. Host backends return `w` unchanged. Weights left on
   /// the host still work on every backend (a GPU backend then copies them per call).
   virtual WeightView upload(const WeightView& w) { return w; }
+  /// The parameter vector v (norm weights, conv kernels, gate parameters) where this backend's
+  /// ops read it fastest, made once at load: on a GPU backend a device copy owned by the
+  /// backend (valid until it is destroyed); host backends return v.data() unchanged. Ops take
+  /// either pointer.
+  virtual const float* upload_floats(std::span<const float> v) { return v.data(); }
 
   // ---- Matrix products -------------------------------------------------------------------
   /// y[t, r] = sum_c x[t, c] W[r, c]: x [T, W.cols], y [T, W.rows]. Any WType (float or

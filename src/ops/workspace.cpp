@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 
@@ -25,6 +28,44 @@ DeviceAllocator g_cuda_alloc;
 
 void set_device_allocator(Device device, DeviceAllocator a) {
   if (device == Device::kCuda) g_cuda_alloc = a;
+}
+
+DeviceFloats::DeviceFloats(Device device, size_t n) : n_(n), device_(device) {
+  if (device == Device::kCpu || g_cuda_alloc.alloc == nullptr || g_cuda_alloc.copy == nullptr)
+    fail("device buffer: no allocator for device %s (create its backend first)", device_name(device));
+  p_ = static_cast<float*>(g_cuda_alloc.alloc(std::max<size_t>(n, 1) * sizeof(float)));
+  if (p_ == nullptr) fail("device buffer: cannot allocate %zu bytes on device %s", n * sizeof(float), device_name(device));
+  const std::vector<float> zeros(n, 0.0f);
+  upload(zeros.data());
+}
+DeviceFloats::DeviceFloats(const DeviceFloats& o) : DeviceFloats() { *this = o; }
+DeviceFloats& DeviceFloats::operator=(const DeviceFloats& o) {
+  if (this == &o) return *this;
+  if (o.p_ == nullptr) {
+    *this = DeviceFloats();
+    return *this;
+  }
+  if (p_ == nullptr || n_ != o.n_ || device_ != o.device_) *this = DeviceFloats(o.device_, o.n_);
+  if (n_) g_cuda_alloc.copy(p_, o.p_, n_ * sizeof(float));
+  return *this;
+}
+DeviceFloats& DeviceFloats::operator=(DeviceFloats&& o) noexcept {
+  if (this != &o) {
+    if (p_ != nullptr && g_cuda_alloc.free != nullptr) g_cuda_alloc.free(p_);
+    p_ = std::exchange(o.p_, nullptr);
+    n_ = std::exchange(o.n_, 0);
+    device_ = o.device_;
+  }
+  return *this;
+}
+DeviceFloats::~DeviceFloats() {
+  if (p_ != nullptr && g_cuda_alloc.free != nullptr) g_cuda_alloc.free(p_);
+}
+void DeviceFloats::upload(const float* src) {
+  if (p_ != nullptr && n_) g_cuda_alloc.copy(p_, src, n_ * sizeof(float));
+}
+void DeviceFloats::download(float* dst) const {
+  if (p_ != nullptr && n_) g_cuda_alloc.copy(dst, p_, n_ * sizeof(float));
 }
 
 Workspace::Workspace(size_t bytes, Device device) : device_(device) {

@@ -19,9 +19,39 @@ namespace spool::ops {
 struct DeviceAllocator {
   void* (*alloc)(size_t bytes) = nullptr;
   void (*free)(void* p) = nullptr;
+  /// Copies `bytes` between any two of host and device memory (synchronous); may be null
+  /// (then DeviceFloats cannot be made for the device).
+  void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 /// Registers the allocator of `device` (Device::kCuda); later registrations replace it.
 void set_device_allocator(Device device, DeviceAllocator a);
+
+/// n floats on `device` from its registered allocator (state that stays on a GPU between steps:
+/// Gated DeltaNet conv and recurrent states). Zeroed at construction; copies are deep (a new
+/// allocation holding the same values). Throws spool::Error when the device has no allocator or
+/// the memory cannot be had.
+class DeviceFloats {
+ public:
+  DeviceFloats() = default;
+  DeviceFloats(Device device, size_t n);
+  DeviceFloats(const DeviceFloats& o);
+  DeviceFloats& operator=(const DeviceFloats& o);
+  DeviceFloats(DeviceFloats&& o) noexcept { *this = std::move(o); }
+  DeviceFloats& operator=(DeviceFloats&& o) noexcept;
+  ~DeviceFloats();
+  float* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return p_ == nullptr; }
+  /// Copies n = size() floats from host `src` into the buffer (synchronous).
+  void upload(const float* src);
+  /// Copies size() floats of the buffer to host `dst` (synchronous).
+  void download(float* dst) const;
+
+ private:
+  float* p_ = nullptr;
+  size_t n_ = 0;
+  Device device_ = Device::kCpu;
+};
 
 class Workspace {
  public:

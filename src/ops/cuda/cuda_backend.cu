@@ -49,6 +49,12 @@ void* dev_alloc(size_t n) {
   return p;
 }
 void dev_free(void* p) { (void)cudaFree(p); }
+// Synchronous copy between any host / device memory (after the device's queued work: the legacy
+// default stream orders it after the backend's blocking stream).
+void dev_copy(void* dst, const void* src, size_t n) {
+  if (n == 0) return;
+  check_cuda(cudaMemcpy(dst, src, n, cudaMemcpyDefault), "cudaMemcpy (device buffer)", __LINE__);
+}
 
 // Whether p is device memory (cudaMalloc / managed); host memory (pageable or pinned) is not.
 bool is_device_ptr(const void* p) {
@@ -285,6 +291,87 @@ __global__ void k_gemv(WDev w, const float* x, int T, float* y) {
     if (t >= T) break;
     const float s = warp_sum(acc[t]);
     if (lane == 0) y[t * w.rows + r] = s;
+  }
+}
+
+// Decode GEMVs that read each weight byte once, in wide coalesced loads (T <= kMaxGemvT rows of
+// x, one warp per weight row, f32 accumulation). 4-bit codes: each lane decodes one 32-bit word
+// (8 codes of one group) per step, so a warp reads 128 consecutive bytes of the row; needs
+// cols % 8 == 0, group % 8 == 0 and x 16-byte aligned.
+__global__ void k_gemv_q4(const uint8_t* q, const uint16_t* scales, const float* cb, int64_t rows, int64_t cols, int group,
+                          const float* x, int T, float* y) {
+  __shared__ float cbs[16];
+  if (threadIdx.x < 16) cbs[threadIdx.x] = cb[threadIdx.x];
+  __syncthreads();
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int64_t ng = cols / group;
+  const uint32_t* qr = reinterpret_cast<const uint32_t*>(q + r * (cols / 2));
+  const uint16_t* sr = scales + r * ng;
+  float acc[kMaxGemvT];
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+  for (int64_t c0 = lane * 8; c0 < cols; c0 += 256) {
+    const uint32_t wq = __ldg(qr + c0 / 8);
+    const float s = __half2float(__ushort_as_half(__ldg(sr + c0 / group)));
+    float wv[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wv[j] = cbs[(wq >> (4 * j)) & 15u] * s;
+#pragma unroll
+    for (int t = 0; t < kMaxGemvT; ++t) {
+      if (t >= T) break;
+      const float4 a = *reinterpret_cast<const float4*>(x + t * cols + c0);
+      const float4 b = *reinterpret_cast<const float4*>(x + t * cols + c0 + 4);
+      acc[t] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) {
+    if (t >= T) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * rows + r] = s;
+  }
+}
+
+// The same for f16 / bf16 weights: each lane reads 8 elements (16 bytes) per step, a warp 512
+// consecutive bytes; needs cols % 8 == 0, W and x 16-byte aligned.
+template <bool kBf16>
+__global__ void k_gemv_16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int T, float* y) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + r * cols);
+  float acc[kMaxGemvT];
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+  for (int64_t c0 = lane * 8; c0 < cols; c0 += 256) {
+    const uint4 p = __ldg(wr + c0 / 8);
+    const uint32_t u[4] = {p.x, p.y, p.z, p.w};
+    float wv[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (kBf16) {
+        wv[2 * j] = __uint_as_float(u[j] << 16);
+        wv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+      } else {
+        wv[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[j] & 0xffffu)));
+        wv[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[j] >> 16)));
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxGemvT; ++t) {
+      if (t >= T) break;
+      const float4 a = *reinterpret_cast<const float4*>(x + t * cols + c0);
+      const float4 b = *reinterpret_cast<const float4*>(x + t * cols + c0 + 4);
+      acc[t] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) {
+    if (t >= T) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * rows + r] = s;
   }
 }
 
@@ -675,6 +762,38 @@ CudaBuffer& CudaBuffer::operator=(CudaBuffer&& o) noexcept {
 CudaBuffer::~CudaBuffer() {
   if (p_) dev_free(p_);
 }
+double cuda_h2d_gbps(int index, size_t bytes, bool pinned, int reps) {
+  if (index < 0 || index >= cuda_device_count()) fail("cuda: no CUDA device %d", index);
+  CU(cudaSetDevice(index));
+  CudaBuffer d(bytes);
+  void* h = nullptr;
+  std::vector<uint8_t> pageable;
+  if (pinned) {
+    CU(cudaMallocHost(&h, bytes));
+  } else {
+    pageable.resize(bytes);
+    h = pageable.data();
+  }
+  std::memset(h, 1, bytes);
+  double best = 0;
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  for (int i = 0; i < std::max(1, reps) + 1; ++i) {  // the first copy warms up
+    CU(cudaEventRecord(a));
+    CU(cudaMemcpy(d.get(), h, bytes, cudaMemcpyHostToDevice));
+    CU(cudaEventRecord(b));
+    CU(cudaEventSynchronize(b));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, a, b));
+    if (i > 0 && ms > 0) best = std::max(best, static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+  }
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  if (pinned) (void)cudaFreeHost(h);
+  return best;
+}
+
 void CudaBuffer::upload(const void* src, size_t n) {
   if (n > n_) fail("cuda: upload of %zu bytes into a buffer of %zu", n, n_);
   if (n) CU(cudaMemcpy(p_, src, n, cudaMemcpyHostToDevice));
@@ -788,6 +907,20 @@ struct CudaBackend::Impl {
                              static_cast<const float*>(w.data), static_cast<int>(cols), x, static_cast<int>(cols), &zero, y,
                              static_cast<int>(rows)),
                  "cublasSgemm");
+    } else if (T <= kMaxGemvT && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+               ((w.type == WType::kQuant && w.quant.type == QType::kQ4 && w.quant.group % 8 == 0 &&
+                 reinterpret_cast<uintptr_t>(w.quant.qweight) % 4 == 0) ||
+                ((w.type == WType::kBF16 || w.type == WType::kF16) && reinterpret_cast<uintptr_t>(w.data) % 16 == 0))) {
+      const unsigned blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
+      if (w.type == WType::kQuant) {
+        k_gemv_q4<<<blocks, 256, 0, stream>>>(w.quant.qweight, w.quant.scales, w.quant.codebook, rows, cols, w.quant.group, x,
+                                              static_cast<int>(T), y);
+      } else if (w.type == WType::kBF16) {
+        k_gemv_16<true><<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(w.data), rows, cols, x, static_cast<int>(T), y);
+      } else {
+        k_gemv_16<false><<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(w.data), rows, cols, x, static_cast<int>(T), y);
+      }
+      CU_LAUNCHED("k_gemv (wide)");
     } else if (T <= kMaxGemvT) {
       const WDev wd = make_wdev(w);
       const int64_t threads = rows * 32;
@@ -868,7 +1001,7 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   CU(cudaDeviceGetAttribute(&impl_->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
   const char* e = std::getenv("SPOOL_CUDA_SYNC");
   impl_->sync_each = e != nullptr && e[0] == '1';
-  set_device_allocator(Device::kCuda, DeviceAllocator{dev_alloc, dev_free});
+  set_device_allocator(Device::kCuda, DeviceAllocator{dev_alloc, dev_free, dev_copy});
 }
 
 CudaBackend::~CudaBackend() {
@@ -884,6 +1017,17 @@ CudaBackend::~CudaBackend() {
 void CudaBackend::synchronize() { CU(cudaStreamSynchronize(impl_->stream)); }
 uint64_t CudaBackend::staged_bytes() const { return impl_->staged; }
 uint64_t CudaBackend::uploaded_bytes() const { return impl_->uploaded; }
+
+const float* CudaBackend::upload_floats(std::span<const float> v) {
+  if (v.empty() || is_device_ptr(v.data())) return v.data();
+  const size_t n = v.size() * sizeof(float);
+  void* p = dev_alloc(n);
+  if (p == nullptr) fail("cuda: cannot allocate %zu bytes of device memory for a parameter vector", n);
+  impl_->uploads.push_back(p);
+  impl_->uploaded += n;
+  CU(cudaMemcpy(p, v.data(), n, cudaMemcpyHostToDevice));
+  return static_cast<const float*>(p);
+}
 
 WeightView CudaBackend::upload(const WeightView& w) {
   if (w.device == Device::kCuda || w.empty()) return w;

@@ -6,7 +6,7 @@
 // for its activations and copies them through device scratch (correct, slow: counted in
 // staged_bytes()); the model's logits buffer is such a host pointer. The contract's host arrays
 // (norm weights, conv kernels, gate parameters, routing ids, expert groups) are copied up per
-// call. Weights: upload() makes a device copy owned by the backend; a host weight (an expert
+// call unless the model placed them with upload_floats(). Weights: upload() makes a device copy owned by the backend; a host weight (an expert
 // handed out by a streaming cache) is copied into scratch for the one call. KV caches keep their
 // host storage (ops::KvCache stays authoritative for snapshots and serialization); the backend
 // keeps a device mirror per cache, written together with the host copy by kv_append and
@@ -42,6 +42,11 @@ struct CudaDeviceInfo {
   int major = 0, minor = 0;
 };
 CudaDeviceInfo cuda_device_info(int index);
+
+/// Host-to-device copy bandwidth of CUDA device `index` in GB/s (1e9 bytes per second): the best
+/// of `reps` synchronous cudaMemcpy calls of `bytes` from pinned (cudaMallocHost) or pageable
+/// host memory. Throws spool::Error when the device or the memory cannot be had.
+double cuda_h2d_gbps(int index, size_t bytes, bool pinned, int reps = 5);
 
 /// A device allocation (RAII), for tests and tools that move host data to and from the GPU.
 class CudaBuffer {
@@ -79,6 +84,8 @@ class CudaBackend final : public Backend {
   /// Device copy of `w` (float or quantized), owned by this backend; a device view is returned
   /// as it is.
   WeightView upload(const WeightView& w) override;
+  /// Device copy of v, owned by this backend.
+  const float* upload_floats(std::span<const float> v) override;
 
   void matmul(const WeightView& w, const float* x, int64_t T, float* y) override;
   void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) override;
