@@ -579,15 +579,19 @@ __global__ void k_conv1d_silu(const float* x, int64_t T, int64_t C, const float*
   for (int j = 0; j < S; ++j) st[j] = last[j];
 }
 
-// Gated delta rule, recurrent form, one block per value head, one thread per state column j
-// (columns are independent): S <- e^g S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q.
-// Dynamic smem: 2 * d_k floats (q, k of the token).
-__global__ void k_gated_delta(int64_t T, int n_k, int n_v, int d_k, int d_v, const float* q, const float* k, const float* v,
+// Gated delta rule, recurrent form: one block per (value head, chunk of `cpb` state columns),
+// one thread per column j (columns are independent): S <- e^g S; u = beta (v - S^T k);
+// S <- S + k u^T; o = S^T q. Splitting the columns over blocks spreads one head's state over
+// several SMs (decode reads and writes the whole state once per token). Dynamic smem: 2 * d_k
+// floats (q, k of the token).
+__global__ void k_gated_delta(int64_t T, int n_k, int n_v, int d_k, int d_v, int cpb, const float* q, const float* k, const float* v,
                               const float* beta, const float* g, float* state, float* out) {
   extern __shared__ float sm[];
   float* qs = sm;
   float* ks = sm + d_k;
-  const int h = blockIdx.x, kh = h / (n_v / n_k);
+  const int nchunk = (d_v + cpb - 1) / cpb;
+  const int h = blockIdx.x / nchunk, kh = h / (n_v / n_k);
+  const int j0 = (blockIdx.x % nchunk) * cpb, j1 = min(d_v, j0 + cpb);
   float* S = state + static_cast<int64_t>(h) * d_k * d_v;
   for (int64_t t = 0; t < T; ++t) {
     __syncthreads();
@@ -597,7 +601,7 @@ __global__ void k_gated_delta(int64_t T, int n_k, int n_v, int d_k, int d_v, con
     }
     __syncthreads();
     const float decay = expf(g[t * n_v + h]), b = beta[t * n_v + h];
-    for (int j = threadIdx.x; j < d_v; j += blockDim.x) {
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
       float kS = 0.0f;
       for (int i = 0; i < d_k; ++i) {
         const float s = S[static_cast<int64_t>(i) * d_v + j] * decay;
@@ -1252,9 +1256,10 @@ void CudaBackend::gated_delta(const GatedDeltaArgs& a, int /*chunk*/) {
   const float* g = I.in(a.g, a.T * a.n_v);
   auto so = I.out(a.state, static_cast<int64_t>(a.n_v) * a.d_k * a.d_v, true);
   auto oo = I.out(a.out, a.T * a.n_v * a.d_v, false);
-  const int threads = std::min(1024, (a.d_v + 31) / 32 * 32);
-  k_gated_delta<<<static_cast<unsigned>(a.n_v), threads, 2 * static_cast<size_t>(a.d_k) * 4, I.stream>>>(
-      a.T, a.n_k, a.n_v, a.d_k, a.d_v, q, k, v, beta, g, so.d, oo.d);
+  const int cpb = 32;  // state columns per block
+  const unsigned blocks = static_cast<unsigned>(a.n_v) * static_cast<unsigned>((a.d_v + cpb - 1) / cpb);
+  k_gated_delta<<<blocks, cpb, 2 * static_cast<size_t>(a.d_k) * 4, I.stream>>>(a.T, a.n_k, a.n_v, a.d_k, a.d_v, cpb, q, k, v, beta, g,
+                                                                              so.d, oo.d);
   CU_LAUNCHED("k_gated_delta");
   I.finish(so);
   I.finish(oo);
