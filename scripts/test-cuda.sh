@@ -75,7 +75,7 @@ run_bench() {  # run_bench SPOOL DEMO_DIR: spool bench CPU vs CUDA (demo model, 
   ( time timeout 150 "$spool" synth --preset qwen3.6-35b-a3b --layers "$layers" --out "$m" --no-check -t "$cores" ) > "$out/synth.log" 2>&1 || { rc=1; tail -5 "$out/synth.log"; }
   ( time timeout 180 "$spool" convert -m "$m" --recipe q4 -o "$q" -t "$cores" ) > "$out/convert.log" 2>&1 || { rc=1; tail -5 "$out/convert.log"; }
   rm -rf "$m"
-  tail -3 "$out/synth.log" "$out/convert.log"
+  tail -n 3 "$out/synth.log" "$out/convert.log"
   for d in cuda cpu; do
     timeout 90 "$spool" bench -m "$q" --device $d -t "$cores" -p 64 -n 32 -r 2 > "$out/bench-35b-$d.log" 2>&1 || rc=1
     grep -E '^\||GB/s|rror|experts|device' "$out/bench-35b-$d.log" | grep -v '^| ---' | tail -8
