@@ -826,13 +826,36 @@ struct CudaBackend::Impl {
     if (sync_each) CU(cudaStreamSynchronize(stream));
   }
 
+  // Pinned staging ring for host->device copies: a copy from pageable memory makes the host wait
+  // until the stream has drained, so each small per-op upload (routing rows, expert token
+  // lists, host parameters) would stall the queue. Host bytes are first put in the ring (a
+  // memcpy) and copied from there asynchronously; when the ring wraps, the stream is
+  // synchronized first, so no queued copy still reads the bytes being overwritten.
+  static constexpr size_t kPinnedRing = size_t{16} << 20;
+  uint8_t* pinned = nullptr;
+  size_t pinned_at = 0;
+  void h2d(void* dst, const void* src, size_t bytes) {
+    if (pinned == nullptr || bytes > kPinnedRing / 4) {
+      CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+      return;
+    }
+    size_t at = round_up(pinned_at, 64);
+    if (at + bytes > kPinnedRing) {
+      CU(cudaStreamSynchronize(stream));
+      at = 0;
+    }
+    std::memcpy(pinned + at, src, bytes);
+    CU(cudaMemcpyAsync(dst, pinned + at, bytes, cudaMemcpyHostToDevice, stream));
+    pinned_at = at + bytes;
+  }
+
   // A device pointer holding n elements of p: p itself when it is device memory, else a copy.
   // `count` says whether this is a slow-path staging (activations) or a contract parameter.
   template <class T>
   const T* in(const T* p, int64_t n, bool count = true) {
     if (p == nullptr || n <= 0 || is_device_ptr(p)) return p;
     T* d = arena->get_n<T>(n);
-    CU(cudaMemcpyAsync(d, p, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    h2d(d, p, static_cast<size_t>(n) * sizeof(T));
     if (count) staged += static_cast<uint64_t>(n) * sizeof(T);
     return d;
   }
@@ -853,7 +876,7 @@ struct CudaBackend::Impl {
     }
     o.host = p;
     o.d = arena->get_n<T>(n);
-    if (copy_in) CU(cudaMemcpyAsync(o.d, p, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    if (copy_in) h2d(o.d, p, static_cast<size_t>(n) * sizeof(T));
     if (count) staged += static_cast<uint64_t>(n) * sizeof(T) * (copy_in ? 2 : 1);
     return o;
   }
@@ -1002,6 +1025,12 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   CU(cudaSetDevice(device_index));
   CU(cudaStreamCreate(&impl_->stream));
   impl_->arena = std::make_unique<Arena>(impl_->stream);
+  void* pinned = nullptr;
+  if (cudaMallocHost(&pinned, Impl::kPinnedRing) == cudaSuccess) {
+    impl_->pinned = static_cast<uint8_t*>(pinned);
+  } else {
+    (void)cudaGetLastError();  // no pinned ring: pageable copies (slower, same results)
+  }
   CU(cudaDeviceGetAttribute(&impl_->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
   const char* e = std::getenv("SPOOL_CUDA_SYNC");
   impl_->sync_each = e != nullptr && e[0] == '1';
@@ -1013,6 +1042,7 @@ CudaBackend::~CudaBackend() {
   (void)cudaStreamSynchronize(impl_->stream);
   impl_->kv.clear();
   impl_->arena.reset();
+  if (impl_->pinned) (void)cudaFreeHost(impl_->pinned);
   for (void* p : impl_->uploads) dev_free(p);
   if (impl_->blas) cublasDestroy(impl_->blas);
   (void)cudaStreamDestroy(impl_->stream);
