@@ -100,6 +100,16 @@ nlohmann::ordered_json memory_json(const MemoryDecision& m) {
   return j;
 }
 
+std::optional<tokenizer::Tokenizer> load_tokenizer(const std::string& model) {
+  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0 && std::filesystem::is_regular_file(model)) {
+    const io::GgufFile g = io::GgufFile::open(model, /*map=*/false);
+    if (g.find_key("tokenizer.ggml.tokens") == nullptr) return std::nullopt;
+    return tokenizer::Tokenizer::from_gguf(gguf_vocab(g));
+  }
+  if (std::filesystem::exists(model + "/tokenizer.json")) return tokenizer::Tokenizer::load(model);
+  return std::nullopt;
+}
+
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
   // Before anything of the model is read: pages this process maps and touches turn active and
   // then count as used in a cgroup (see common/sysinfo.h).
