@@ -29,6 +29,24 @@ uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
   return b.kv + b.recurrent;
 }
 
+// The tokenizer metadata of a GGUF file (tokenizer.ggml.*, tokenizer.chat_template).
+tokenizer::GgufVocab gguf_vocab(const io::GgufFile& g) {
+  tokenizer::GgufVocab v;
+  v.label = g.path();
+  v.model = g.get_string("tokenizer.ggml.model").value_or("");
+  v.pre = g.get_string("tokenizer.ggml.pre").value_or("default");
+  v.tokens = g.find_key("tokenizer.ggml.tokens")->to_strings("tokenizer.ggml.tokens");
+  if (const io::GgufValue* m = g.find_key("tokenizer.ggml.merges")) v.merges = m->to_strings("tokenizer.ggml.merges");
+  if (const io::GgufValue* t = g.find_key("tokenizer.ggml.token_type"))
+    for (int64_t x : t->to_ints("tokenizer.ggml.token_type")) v.token_types.push_back(static_cast<int32_t>(x));
+  v.bos = g.get_int("tokenizer.ggml.bos_token_id");
+  v.eos = g.get_int("tokenizer.ggml.eos_token_id");
+  v.pad = g.get_int("tokenizer.ggml.padding_token_id");
+  if (const io::GgufValue* b = g.find_key("tokenizer.ggml.add_bos_token")) v.add_bos = b->to_bool("tokenizer.ggml.add_bos_token");
+  v.chat_template = g.get_string("tokenizer.chat_template").value_or("");
+  return v;
+}
+
 uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt) {
   const long page = sysconf(_SC_PAGESIZE);
   uint64_t resident = 0;
@@ -143,6 +161,17 @@ void populate_resident_weights(const io::Checkpoint& ck) {
 
 }  // namespace
 
+
+std::optional<tokenizer::Tokenizer> load_tokenizer(const std::string& model) {
+  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0 && std::filesystem::is_regular_file(model)) {
+    const io::GgufFile g = io::GgufFile::open(model, /*map=*/false);
+    if (g.find_key("tokenizer.ggml.tokens") == nullptr) return std::nullopt;
+    return tokenizer::Tokenizer::from_gguf(gguf_vocab(g));
+  }
+  if (std::filesystem::exists(model + "/tokenizer.json")) return tokenizer::Tokenizer::load(model);
+  return std::nullopt;
+}
+
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
   // Before anything of the model is read: pages this process maps and touches turn active and
   // then count as used in a cgroup (see common/sysinfo.h).
@@ -249,6 +278,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
   }
   if (tok) l.tok = std::move(tok);
+  else if (const io::GgufFile* g = l.ckpt->gguf(); g != nullptr && g->find_key("tokenizer.ggml.tokens") != nullptr)
+    l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, SIMD %s", spec.model_type.c_str(),

@@ -71,6 +71,10 @@ struct LoadedModel {
 /// spool::UsageError (bad option values).
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok = std::nullopt);
 
+/// The tokenizer of a model: `model`/tokenizer.json (+ config, chat template) for a checkpoint
+/// directory, the `tokenizer.ggml.*` metadata for a .gguf file; nullopt when it has none.
+std::optional<tokenizer::Tokenizer> load_tokenizer(const std::string& model);
+
 /// The `memory` object of --json output: available bytes and their source, ctx_size and
 /// prefill_step of the estimate, the components kept out of the cache and the cache budget.
 nlohmann::ordered_json memory_json(const MemoryDecision& m);
