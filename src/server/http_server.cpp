@@ -47,7 +47,10 @@ HttpServer::HttpServer(HttpOptions opt) : opt_(std::move(opt)), http_(std::make_
   routes();
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+  engine_.reset();  // joins the engine thread while metrics_ (its on_result target) still exists
+}
 
 int HttpServer::bind() {
   const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host) : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "engine/loader.h"
 #include "server/batch_engine.h"
+#include "plan/projection.h"
 #include "server/serving_engine.h"
 
 namespace spool::server {
@@ -341,6 +342,42 @@ TEST(BatchEngine, BadRequestValuesFailWith400) {
   GenRequest ok = request(*e, "Whales", 4);
   Got g2 = drain(*e->batch->submit(std::make_shared<const GenRequest>(ok), false));
   ASSERT_EQ(g2.last().kind, GenMessage::kDone);
+}
+
+// The loader's memory decision and the planner's projection count every slot the same way:
+// N x (KV + recurrent state) and the workspace of a step of prefill_step + N - 1 rows over N
+// sequences, which is also what the model's arena is sized to.
+TEST(BatchMemory, LoaderAndPlanCountEverySlot) {
+  engine::LoadOptions o;
+  o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
+  o.threads = 2;
+  o.ctx_size = 512;
+  o.prefill_step = 16;
+  engine::LoadedModel one = engine::load(o);
+  o.parallel = 4;
+  engine::LoadedModel four = engine::load(o);
+  const models::ModelSpec& spec = four.model->spec();
+  const plan::StateBytes st = plan::state_bytes(spec, plan::kv_capacity(512, 512, 16), 32);
+  EXPECT_EQ(four.memory.base.state - one.memory.base.state, 3 * (st.kv + st.recurrent));
+  EXPECT_GE(four.memory.base.workspace - one.memory.base.workspace,
+            models::workspace_arena_bytes(spec, 19, 4) - models::workspace_arena_bytes(spec, 16, 1));
+  EXPECT_EQ(four.model->workspace_capacity(), models::workspace_arena_bytes(spec, 19, 4));
+  plan::RunShape sh;
+  sh.ctx = 512;
+  sh.prefill_step = 16;
+  sh.parallel = 4;
+  sh.threads = 2;
+  const plan::BaseNeeds b = plan::base_needs(plan::weight_bytes(*four.ckpt, spec), spec, sh);
+  EXPECT_EQ(b.state, four.memory.base.state);
+  EXPECT_EQ(b.workspace, four.memory.base.workspace);
+  EXPECT_EQ(four.memory.parallel, 4);
+  // The serving engine over it keeps that arena (no larger step is ever run).
+  EngineOptions eo;
+  eo.prefill_step = 16;
+  eo.ctx_size = 512;
+  eo.parallel = 4;
+  auto e = make_serving_engine(std::move(four), eo);
+  EXPECT_EQ(e->loaded.model->workspace_capacity(), models::workspace_arena_bytes(spec, 19, 4));
 }
 
 }  // namespace
