@@ -64,7 +64,9 @@ engine::LoadOptions ModelOptions::load_options() const {
 std::string ModelOptions::dir() const {
   if (!model.empty()) {
     if (!fs::exists(model)) throw Error(strfmt("model directory '%s' does not exist", model.c_str()));
-    if (!fs::is_directory(model)) throw Error(strfmt("--model '%s' is not a directory (give the checkpoint's directory)", model.c_str()));
+    const bool gguf = model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0 && fs::is_regular_file(model);
+    if (!fs::is_directory(model) && !gguf)
+      throw Error(strfmt("--model '%s' is neither a checkpoint directory nor a .gguf file", model.c_str()));
     return model;
   }
   // The demo model the build unpacked, or one next to the executable (installed layouts).

@@ -94,7 +94,7 @@ void run(const GenerateOptions& o) {
   // workspace the loader keeps out of the expert-cache budget.
   engine::GenerateRequest req;
   std::optional<tokenizer::Tokenizer> tok;
-  if (has_tokenizer(dir)) tok = tokenizer::Tokenizer::load(dir);
+  tok = engine::load_tokenizer(dir);  // tokenizer.json, or a .gguf's tokenizer.ggml.* metadata
   if (o.has_ids) {
     req.prompt = given_ids;
   } else {

@@ -51,6 +51,24 @@ uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
   return b.kv + b.recurrent;
 }
 
+// The tokenizer metadata of a GGUF file (tokenizer.ggml.*, tokenizer.chat_template).
+tokenizer::GgufVocab gguf_vocab(const io::GgufFile& g) {
+  tokenizer::GgufVocab v;
+  v.label = g.path();
+  v.model = g.get_string("tokenizer.ggml.model").value_or("");
+  v.pre = g.get_string("tokenizer.ggml.pre").value_or("default");
+  v.tokens = g.find_key("tokenizer.ggml.tokens")->to_strings("tokenizer.ggml.tokens");
+  if (const io::GgufValue* m = g.find_key("tokenizer.ggml.merges")) v.merges = m->to_strings("tokenizer.ggml.merges");
+  if (const io::GgufValue* t = g.find_key("tokenizer.ggml.token_type"))
+    for (int64_t x : t->to_ints("tokenizer.ggml.token_type")) v.token_types.push_back(static_cast<int32_t>(x));
+  v.bos = g.get_int("tokenizer.ggml.bos_token_id");
+  v.eos = g.get_int("tokenizer.ggml.eos_token_id");
+  v.pad = g.get_int("tokenizer.ggml.padding_token_id");
+  if (const io::GgufValue* b = g.find_key("tokenizer.ggml.add_bos_token")) v.add_bos = b->to_bool("tokenizer.ggml.add_bos_token");
+  v.chat_template = g.get_string("tokenizer.chat_template").value_or("");
+  return v;
+}
+
 uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt) {
   const long page = sysconf(_SC_PAGESIZE);
   uint64_t resident = 0;
@@ -93,6 +111,7 @@ nlohmann::ordered_json memory_json(const MemoryDecision& m) {
   j["available_source"] = m.source;
   j["ctx_size"] = m.ctx_size;
   j["prefill_step"] = m.prefill_step;
+  j["parallel"] = m.parallel;
   j["dense_resident"] = m.base.dense;
   j["state"] = m.base.state;
   j["workspace"] = m.base.workspace;
@@ -165,6 +184,17 @@ void populate_resident_weights(const io::Checkpoint& ck) {
 
 }  // namespace
 
+
+std::optional<tokenizer::Tokenizer> load_tokenizer(const std::string& model) {
+  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0 && std::filesystem::is_regular_file(model)) {
+    const io::GgufFile g = io::GgufFile::open(model, /*map=*/false);
+    if (g.find_key("tokenizer.ggml.tokens") == nullptr) return std::nullopt;
+    return tokenizer::Tokenizer::from_gguf(gguf_vocab(g));
+  }
+  if (std::filesystem::exists(model + "/tokenizer.json")) return tokenizer::Tokenizer::load(model);
+  return std::nullopt;
+}
+
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
   // Before anything of the model is read: pages this process maps and touches turn active and
   // then count as used in a cgroup (see common/sysinfo.h).
@@ -234,8 +264,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
-  // The workspace arena for the chunks this run feeds (plan::workspace_bytes counts the same).
-  l.model->reserve_workspace(opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step);
+  if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
+  // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
+  // other sequence (plan::base_needs counts the same).
+  l.model->reserve_workspace(plan::step_rows(opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step, opt.parallel),
+                             opt.parallel);
   if (opt.max_active_experts != 0) {
     if (opt.max_active_experts < 0 || opt.max_active_experts > spec.moe.top_k)
       throw UsageError(strfmt("--max-active-experts %d is out of range: the model routes to %d experts per token (0 = native)",
@@ -250,6 +283,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   shape.ctx = opt.ctx_size;
   shape.prefill_step = opt.prefill_step;
   shape.kv_bits = opt.kv_bits;
+  shape.parallel = opt.parallel;
   shape.threads = opt.threads;
   shape.start_rss = start_rss;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
@@ -264,6 +298,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.memory.reserve = reserve;
   l.memory.ctx_size = opt.ctx_size;
   l.memory.prefill_step = opt.prefill_step;
+  l.memory.parallel = opt.parallel;
   bool stream = opt.stream.value_or(false);
   if (!opt.stream.has_value() && experts > 0 && plan::must_stream(available, base, experts)) {
     stream = true;
@@ -280,9 +315,10 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       l.memory.budget_auto = true;
       log_info("memory available: %s (%s)", format_bytes(available).c_str(), l.memory.source.c_str());
       const bool capped = so.cache_budget_bytes == experts;
-      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - workspace %s - runtime %s - reserve %s%s",
+      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s%s - workspace %s - runtime %s - reserve %s%s",
                format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(base.dense).c_str(),
-               format_bytes(base.state).c_str(), format_bytes(base.workspace).c_str(),
+               format_bytes(base.state).c_str(), opt.parallel > 1 ? strfmt(" (%d sequences)", opt.parallel).c_str() : "",
+               format_bytes(base.workspace).c_str(),
                format_bytes(base.runtime + base.tokenizer).c_str(), format_bytes(reserve).c_str(),
                capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
     }
@@ -343,6 +379,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   }
 #endif
   if (tok) l.tok = std::move(tok);
+  else if (const io::GgufFile* g = l.ckpt->gguf(); g != nullptr && g->find_key("tokenizer.ggml.tokens") != nullptr)
+    l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s", spec.model_type.c_str(),

@@ -5,10 +5,26 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "ops/ggml_blocks.h"
 
 namespace spool::experts {
 
 ops::WeightView view_of(const io::TensorRef& t) {
+  if (t.ggml) {  // a GGUF matrix in a ggml block type: [shape[0], prod(rest)] blocks along the rows
+    if (t.shape.empty()) fail("tensor '%s' is a scalar, expected a matrix", t.name.c_str());
+    if (t.data == nullptr) fail("tensor '%s': checkpoint was opened without data", t.name.c_str());
+    ops::WeightView v = ops::ggml_weight_view(t.ggml_type, t.shape[0], t.shape[0] == 0 ? 0 : t.numel() / t.shape[0], t.data,
+                                              t.name.c_str());
+    v.col_perm = t.col_perm;
+    ops::GgmlView g;
+    g.type = v.ggml;
+    g.rows = v.rows;
+    g.cols = v.cols;
+    g.data = t.data;
+    g.name = t.name.c_str();
+    ops::validate(g);  // supported type, whole blocks per row (the message names the type and tensor)
+    return v;
+  }
   ops::WeightView v;
   switch (t.dtype) {
     case io::DType::F32: v.type = ops::WType::kF32; break;

@@ -128,6 +128,7 @@ std::optional<bool> check_quantization(const Config& raw, const std::string& lab
 }  // namespace
 
 Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
+  if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0 && !fs::is_directory(dir)) return open_gguf(dir, opt);
   Checkpoint c;
   c.dir_ = dir;
   if (!fs::is_directory(dir)) fail("%s: model directory does not exist", dir.c_str());

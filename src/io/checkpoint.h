@@ -20,7 +20,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/ggml_types.h"
 #include "io/config.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
 
@@ -41,6 +43,13 @@ struct TensorRef {
   int expert_id = -1;
   ExpertProj expert_proj = ExpertProj::kGate;
   ExpertPart expert_part = ExpertPart::kWeight;
+  // GGUF tensors in a ggml block type (not F32/F16/BF16): `dtype` is U8, `shape` is the logical
+  // HF shape in elements, the bytes are ggml blocks along the last dimension.
+  bool ggml = false;
+  GgmlType ggml_type = GgmlType::F32;
+  /// Optional input-column permutation [shape.back()] of a ggml matrix (ops::WeightView::col_perm):
+  /// a converter's column reordering kept in the file. Owned by the Checkpoint.
+  const int32_t* col_perm = nullptr;
   int64_t numel() const;
   /// Shape as "[a, b]".
   std::string shape_str() const;
@@ -55,9 +64,18 @@ class Checkpoint {
   struct Options {
     bool map = true;  // mmap shards (false: headers only, e.g. for planning)
   };
-  /// Opens `dir`. Throws spool::Error for: missing config.json, malformed JSON, missing shard,
+  /// Opens `dir`, or a GGUF file (a path ending in .gguf, single or one shard of a split set:
+  /// see open_gguf). Throws spool::Error for: missing config.json, malformed JSON, missing shard,
   /// invalid safetensors header, a tensor dtype other than F32/F16/BF16, duplicate names.
   static Checkpoint open(const std::string& dir, Options opt);
+  /// Opens a GGUF file (io/gguf.h) of a supported architecture (io/gguf_names.h) as a
+  /// checkpoint with HF names: config from the `{arch}.*` metadata, llama.cpp's converter
+  /// transforms undone (norms stored as 1 + w, A = -exp(A_log), Qwen3.5's tiled V heads; small
+  /// converted tensors live in an anonymous in-memory shard), merged expert tensors exposed as
+  /// per-expert byte ranges of the file, block-quantized matrices kept in their ggml type. A
+  /// quantized token embedding is dequantized to F32 (it is read by row). Throws spool::Error
+  /// naming the file and the tensor for unknown architectures, tensors or types and bad shapes.
+  static Checkpoint open_gguf(const std::string& path, Options opt);
   static Checkpoint open(const std::string& dir) { return open(dir, Options{}); }
   /// Builds a checkpoint from parts already read elsewhere (e.g. headers fetched over HTTP by
   /// the planner): config.json, generation_config.json (nullptr when absent) and the shards'
@@ -100,6 +118,8 @@ class Checkpoint {
   /// "none" (no sign vectors allowed). nullopt for checkpoints without the block.
   std::optional<bool> quant_rotated() const { return quant_rotated_; }
   ExpertLayout expert_layout() const { return expert_layout_; }
+  /// The GGUF file (headers and metadata) when opened from one; nullptr otherwise.
+  const GgufFile* gguf() const { return gguf_.get(); }
   /// Number of tensors dropped by name (vision tower, MTP head).
   int dropped_tensors() const { return dropped_; }
   /// Total bytes of kept tensors, and of routed experts among them.
@@ -125,6 +145,8 @@ class Checkpoint {
   bool experts_quantized_ = false;
   std::optional<bool> quant_rotated_;
   int dropped_ = 0;
+  std::shared_ptr<GgufFile> gguf_;
+  std::vector<std::vector<int32_t>> perms_;  // storage of TensorRef::col_perm
 };
 
 /// The text model's config of a config.json: `text_config` merged over the top level

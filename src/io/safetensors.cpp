@@ -171,6 +171,30 @@ SafetensorsFile SafetensorsFile::parse_header(std::string_view header_json, uint
   return f;
 }
 
+SafetensorsFile SafetensorsFile::open_raw(const std::string& path, bool map) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("%s: cannot open (%s)", path.c_str(), std::strerror(errno));
+  return from_fd(fd, path, map);
+}
+
+SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path, bool map) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    fail("%s: not a regular file", path.c_str());
+  }
+  SafetensorsFile f;
+  f.path_ = path;
+  f.fd_ = fd;
+  f.file_size_ = static_cast<uint64_t>(st.st_size);
+  if (map && f.file_size_ > 0) {
+    void* p = mmap(nullptr, f.file_size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) fail("%s: mmap failed (%s)", path.c_str(), std::strerror(errno));
+    f.base_ = static_cast<uint8_t*>(p);
+  }
+  return f;
+}
+
 SafetensorsFile SafetensorsFile::open(const std::string& path, bool map) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("%s: cannot open (%s)", path.c_str(), std::strerror(errno));

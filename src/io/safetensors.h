@@ -46,6 +46,13 @@ class SafetensorsFile {
   /// `file_size` is the full file size the header must fit in (0 = skip the bound check).
   static SafetensorsFile parse_header(std::string_view header_json, uint64_t data_start,
                                       uint64_t file_size, const std::string& label);
+  /// Opens `path` as a plain file with no safetensors header (a GGUF shard, or the memfd that
+  /// holds a GGUF checkpoint's converted tensors): path, fd, size and (if `map`) the read-only
+  /// mapping only; tensors() is empty. Throws spool::Error naming the file.
+  static SafetensorsFile open_raw(const std::string& path, bool map);
+  /// Same as open_raw() for an already open file descriptor, which the object then owns
+  /// (closed on destruction); `path` is what path() reports (e.g. /proc/self/fd/N of a memfd).
+  static SafetensorsFile from_fd(int fd, const std::string& path, bool map);
 
   SafetensorsFile() = default;
   SafetensorsFile(SafetensorsFile&& o) noexcept;

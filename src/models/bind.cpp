@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "experts/weight_views.h"
+#include "ops/ggml_blocks.h"
 
 namespace spool::models {
 
@@ -45,6 +46,11 @@ ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& n
 std::vector<float> bind_f32(const io::Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape) {
   const io::TensorRef& t = shaped(ck, name, shape);
   std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.ggml) {  // a small GGUF tensor in a block type (the loader converts most of them already)
+    if (t.data == nullptr) fail("tensor '%s': checkpoint was opened without data", t.name.c_str());
+    ops::ggml_dequantize_row(t.ggml_type, t.data, t.numel(), out.data());
+    return out;
+  }
   ops::WeightView v = experts::view_of(t);
   ops::row_to_f32(v.type, v.data, t.numel(), out.data());
   return out;
@@ -67,7 +73,8 @@ ops::WeightView gather_rows(const ops::WeightView& src, const std::vector<std::p
   ops::WeightView v = src;
   v.rows = rows;
   if (src.type != ops::WType::kQuant) {
-    const int64_t rb = src.cols * ops::wtype_size(src.type);
+    const int64_t rb = src.type == ops::WType::kGgml ? static_cast<int64_t>(ggml_row_bytes(src.ggml, static_cast<uint64_t>(src.cols)))
+                                                      : src.cols * ops::wtype_size(src.type);
     storage->resize(static_cast<size_t>(rows * rb));
     int64_t at = 0;
     for (auto [r0, n] : ranges) {

@@ -11,7 +11,15 @@ namespace spool::models {
 
 std::unique_ptr<Model> load_qwen3_5_moe(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
                                          std::shared_ptr<ops::Backend> backend) {
-  const GdnLayout layout = spec.family == "qwen3_next" ? GdnLayout::kQwen3Next : GdnLayout::kQwen3_5;
+  // Qwen3-Next stores in_proj_qkvz / in_proj_ba grouped per key head; a qwen3next GGUF written
+  // by current llama.cpp carries them split into in_proj_qkv / in_proj_z (and the loader splits
+  // ssm_ba into in_proj_b / in_proj_a), which is the Qwen3.5 layout.
+  GdnLayout layout = spec.family == "qwen3_next" ? GdnLayout::kQwen3Next : GdnLayout::kQwen3_5;
+  for (int i = 0; i < spec.n_layers && layout == GdnLayout::kQwen3Next; ++i)
+    if (spec.mixers[i] == MixerKind::kGatedDeltaNet) {
+      if (ckpt->find("layers." + std::to_string(i) + ".linear_attn.in_proj_qkv.weight") != nullptr) layout = GdnLayout::kQwen3_5;
+      break;
+    }
   auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
   m->bind(layout);
   return m;

@@ -22,10 +22,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,6 +37,7 @@
 #include "common/error.h"
 #include "models/model.h"
 #include "ops/cpu_backend.h"
+#include "ops/ggml_blocks.h"
 #include "ops/reference_backend.h"
 #ifdef SPOOL_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
@@ -154,7 +157,35 @@ INSTANTIATE_TEST_SUITE_P(All, BackendOpTable,
 
 // ---- Weights of every type -------------------------------------------------------------------
 
-enum class WKind { kF32, kBF16, kF16, kQ4, kQ3, kQ2, kTernary, kQ4Rotated, kTernaryRotated };
+enum class WKind {
+  kF32, kBF16, kF16, kQ4, kQ3, kQ2, kTernary, kQ4Rotated, kTernaryRotated,
+  // ggml block types as stored in GGUF files (kGgml views); kGgmlQ8_0Perm adds a column permutation.
+  kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K,
+  kGgmlIQ4_NL, kGgmlIQ4_XS, kGgmlMXFP4, kGgmlQ8_0Perm
+};
+
+// The ggml type of a kGgml* kind; F32 for the others.
+GgmlType ggml_of(WKind k) {
+  switch (k) {
+    case WKind::kGgmlQ8_0: case WKind::kGgmlQ8_0Perm: return GgmlType::Q8_0;
+    case WKind::kGgmlQ4_0: return GgmlType::Q4_0;
+    case WKind::kGgmlQ4_1: return GgmlType::Q4_1;
+    case WKind::kGgmlQ5_0: return GgmlType::Q5_0;
+    case WKind::kGgmlQ5_1: return GgmlType::Q5_1;
+    case WKind::kGgmlQ2_K: return GgmlType::Q2_K;
+    case WKind::kGgmlQ3_K: return GgmlType::Q3_K;
+    case WKind::kGgmlQ4_K: return GgmlType::Q4_K;
+    case WKind::kGgmlQ5_K: return GgmlType::Q5_K;
+    case WKind::kGgmlQ6_K: return GgmlType::Q6_K;
+    case WKind::kGgmlIQ4_NL: return GgmlType::IQ4_NL;
+    case WKind::kGgmlIQ4_XS: return GgmlType::IQ4_XS;
+    case WKind::kGgmlMXFP4: return GgmlType::MXFP4;
+    default: return GgmlType::F32;
+  }
+}
+bool is_ggml(WKind k) { return ggml_of(k) != GgmlType::F32; }
+// True when a matrix of `cols` columns can be stored in kind k (ggml blocks never straddle rows).
+bool fits(WKind k, int64_t cols) { return !is_ggml(k) || cols % ggml_type_traits(ggml_of(k)).blck == 0; }
 
 const char* wkind_name(WKind k) {
   switch (k) {
@@ -167,12 +198,64 @@ const char* wkind_name(WKind k) {
     case WKind::kTernary: return "ternary";
     case WKind::kQ4Rotated: return "q4+hadamard";
     case WKind::kTernaryRotated: return "ternary+hadamard";
+    case WKind::kGgmlQ8_0Perm: return "ggml Q8_0+col_perm";
+    default: return ggml_type_traits(ggml_of(k)).name;
   }
-  return "?";
 }
 
 const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4, WKind::kQ3,
-                                      WKind::kQ2, WKind::kTernary, WKind::kQ4Rotated, WKind::kTernaryRotated};
+                                      WKind::kQ2, WKind::kTernary, WKind::kQ4Rotated, WKind::kTernaryRotated,
+                                      WKind::kGgmlQ8_0, WKind::kGgmlQ4_0, WKind::kGgmlQ4_1, WKind::kGgmlQ5_0,
+                                      WKind::kGgmlQ5_1, WKind::kGgmlQ2_K, WKind::kGgmlQ3_K, WKind::kGgmlQ4_K,
+                                      WKind::kGgmlQ5_K, WKind::kGgmlQ6_K, WKind::kGgmlIQ4_NL, WKind::kGgmlIQ4_XS,
+                                      WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm};
+
+// Byte offsets of the f16 scale fields of one ggml block of type t.
+std::vector<int> ggml_half_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+      return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+// rows x cols random ggml blocks of type t, rescaled (through the f16 scale fields, and the
+// shared exponent of MXFP4) so that the weights' rms is about 0.1 and products stay O(1).
+std::vector<uint8_t> random_ggml_blocks(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
+  const GgmlTypeTraits tr = ggml_type_traits(t);
+  std::mt19937_64 g(seed);
+  std::vector<uint8_t> m(static_cast<size_t>(rows * ggml_row_bytes(t, cols)));
+  for (auto& b : m) b = static_cast<uint8_t>(g());
+  const size_t nb = m.size() / tr.size;
+  for (size_t b = 0; b < nb; ++b) {
+    uint8_t* p = m.data() + b * tr.size;
+    for (int off : ggml_half_fields(t)) {
+      const uint16_t h = static_cast<uint16_t>((g() & 1) << 15 | (10 + g() % 5) << 10 | (g() & 0x3ff));
+      std::memcpy(p + off, &h, 2);
+    }
+    if (t == GgmlType::MXFP4) p[0] = static_cast<uint8_t>(125 + g() % 3);
+  }
+  std::vector<float> f(static_cast<size_t>(rows * cols));
+  ggml_dequantize_row(t, m.data(), rows * cols, f.data());
+  double ss = 0;
+  for (float v : f) ss += static_cast<double>(v) * v;
+  const double scale = 0.1 / std::sqrt(ss / static_cast<double>(f.size()) + 1e-30);
+  for (size_t b = 0; b < nb; ++b) {
+    uint8_t* p = m.data() + b * tr.size;
+    for (int off : ggml_half_fields(t)) {
+      uint16_t h;
+      std::memcpy(&h, p + off, 2);
+      h = f32_to_f16(static_cast<float>(f16_to_f32(h) * scale));
+      std::memcpy(p + off, &h, 2);
+    }
+    if (t == GgmlType::MXFP4) p[0] = static_cast<uint8_t>(std::clamp<int>(p[0] + static_cast<int>(std::lround(std::log2(scale))), 1, 254));
+  }
+  return m;
+}
 
 // A matrix of one kind owning its storage; view() is what the kernels see.
 struct TestWeight {
@@ -181,9 +264,19 @@ struct TestWeight {
   std::vector<uint8_t> raw;
   quant::QuantizedMatrix q;
   std::vector<int8_t> signs;
+  std::vector<int32_t> perm;  // kGgmlQ8_0Perm: a random column permutation
 
   TestWeight(WKind k, int64_t r, int64_t c, uint64_t seed, const std::vector<int8_t>* shared_signs = nullptr)
       : kind(k), rows(r), cols(c) {
+    if (is_ggml(k)) {
+      raw = random_ggml_blocks(ggml_of(k), r, c, seed);
+      if (k == WKind::kGgmlQ8_0Perm) {
+        perm.resize(c);
+        for (int64_t i = 0; i < c; ++i) perm[i] = static_cast<int32_t>(i);
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(static_cast<uint32_t>(seed)));
+      }
+      return;
+    }
     const std::vector<float> w = randn(static_cast<size_t>(r * c), seed, 0.2f);
     auto qt = [&](quant::QType t, bool rot) {
       if (rot) {
@@ -216,11 +309,17 @@ struct TestWeight {
       case WKind::kTernary: qt(quant::QType::kTernary, false); break;
       case WKind::kQ4Rotated: qt(quant::QType::kQ4, true); break;
       case WKind::kTernaryRotated: qt(quant::QType::kTernary, true); break;
+      default: break;  // ggml kinds returned above
     }
   }
   TestWeight(const TestWeight&) = delete;
 
   WeightView view() const {
+    if (is_ggml(kind)) {
+      WeightView v = ggml_weight_view(ggml_of(kind), rows, cols, raw.data());
+      v.col_perm = perm.empty() ? nullptr : perm.data();
+      return v;
+    }
     if (!raw.empty()) {
       const WType t = kind == WKind::kF32 ? WType::kF32 : kind == WKind::kBF16 ? WType::kBF16 : WType::kF16;
       return WeightView{t, rows, cols, raw.data()};
@@ -240,6 +339,7 @@ const MatmulShape kMatmulShapes[] = {{3, 64, 1}, {17, 128, 3}, {130, 256, 70}, {
 TEST_P(BackendOpTable, Matmul) {
   for (WKind k : kAllKinds)
     for (const MatmulShape& s : kMatmulShapes) {
+      if (!fits(k, s.cols)) continue;  // a K-quant (256-wide blocks) needs cols % 256 == 0
       SCOPED_TRACE(std::string(wkind_name(k)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " T=" + std::to_string(s.T));
       const TestWeight w(k, s.rows, s.cols, 7 + s.rows);
       const std::vector<float> x = randn(s.T * s.cols, 11 + s.T);
@@ -254,7 +354,8 @@ TEST_P(BackendOpTable, Matmul) {
 
 [[maybe_unused]] const bool kMatmulMultiOps = covers({"matmul_multi"});
 TEST_P(BackendOpTable, MatmulMulti) {
-  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kQ4Rotated, WKind::kTernary})
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kQ4Rotated, WKind::kTernary, WKind::kGgmlQ8_0, WKind::kGgmlIQ4_NL,
+                  WKind::kGgmlQ8_0Perm})
     for (int64_t T : {1, 5, 33}) {
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(T));
       const TestWeight a(k, 37, 128, 1), b(k, 5, 128, 2), c(k, 130, 128, 3);
@@ -282,7 +383,8 @@ const MoeShape kMoeShapes[] = {{1, 64, 32, 8, 2}, {7, 128, 64, 16, 4}, {40, 64, 
 
 [[maybe_unused]] const bool kExpertFfnAndCombineOps = covers({"expert_ffn", "moe_combine"});
 TEST_P(BackendOpTable, ExpertFfnAndCombine) {
-  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kQ3, WKind::kTernaryRotated})
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kQ3, WKind::kTernaryRotated,
+                  WKind::kGgmlQ8_0, WKind::kGgmlQ4_1, WKind::kGgmlMXFP4})
     for (const MoeShape& s : kMoeShapes) {
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
       // Each expert's gate and up share one sign vector (as spool's converter writes them).

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/error.h"
+#include "ops/ggml_blocks.h"
 #include "ops/matmul.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -118,7 +120,8 @@ void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int6
       case WType::kF32: GemvRowsT<RowF32>(static_cast<const float*>(data), cols, x, y, r0, r1); return;
       case WType::kBF16: GemvRowsT<RowBF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
       case WType::kF16: GemvRowsT<RowF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
-      case WType::kQuant: break;  // routed to quant_matmul_rows by matmul_rows(); never reaches here
+      case WType::kQuant:
+      case WType::kGgml: break;  // routed to quant_matmul_rows / ggml_matmul_rows by matmul_rows(); never here
     }
     return;
   }
@@ -174,8 +177,37 @@ namespace spool::ops {
 HWY_EXPORT(MatmulRows);
 HWY_EXPORT(RowToF32);
 
+namespace {
+
+GgmlView ggml_view(const WeightView& w) {
+  GgmlView g;
+  g.type = w.ggml;
+  g.rows = w.rows;
+  g.cols = w.cols;
+  g.data = static_cast<const uint8_t*>(w.data);
+  g.name = w.name;
+  return g;
+}
+
+// x with the view's column permutation applied (x'[t, c] = x[t, perm[c]]), in `buf`; x itself
+// when the view has none.
+const float* permuted_input(const WeightView& w, const float* x, int64_t T, std::vector<float>& buf) {
+  if (w.col_perm == nullptr) return x;
+  buf.resize(static_cast<size_t>(T * w.cols));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < w.cols; ++c) buf[t * w.cols + c] = x[t * w.cols + w.col_perm[c]];
+  return buf.data();
+}
+
+}  // namespace
+
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r0 >= r1 || T <= 0) return;
+  if (w.type == WType::kGgml) {
+    thread_local std::vector<float> permuted;
+    ggml_matmul_rows(ggml_view(w), permuted_input(w, x, T, permuted), T, y, ldy, r0, r1);
+    return;
+  }
   if (w.type == WType::kQuant) {
     // Rotate the input rows once for this call, then the quantized kernel.
     const float* xr = x;
@@ -209,9 +241,17 @@ void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float
   matmul_rows(b, x, T, yb, b.rows, 0, b.rows);
 }
 
-void row_to_f32(WType t, const void* src, int64_t n, float* dst) { HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst); }
+void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
+  if (t == WType::kQuant || t == WType::kGgml) fail("row_to_f32: a quantized weight has no float rows to read");
+  HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst);
+}
 
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  if (w.type == WType::kGgml) {  // permute the input once, then the block kernels over rows
+    std::vector<float> permuted;
+    ggml_matmul(ggml_view(w), permuted_input(w, x, T, permuted), T, y, pool);
+    return;
+  }
   if (w.type == WType::kQuant) {
     quant_matmul(w.quant, x, T, y, pool);  // rotates once, then parallel over rows
     return;
@@ -253,6 +293,13 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
 }
 
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
+  if (w.type == WType::kGgml) {
+    if (w.col_perm == nullptr) return ggml_matmul_reference(ggml_view(w), x, T, y);
+    std::vector<float> xp(static_cast<size_t>(T * w.cols));  // its own gather, independent of permuted_input()
+    for (int64_t i = 0; i < T * w.cols; ++i) xp[i] = x[(i / w.cols) * w.cols + w.col_perm[i % w.cols]];
+    ggml_matmul_reference(ggml_view(w), xp.data(), T, y);
+    return;
+  }
   if (w.type == WType::kQuant) {
     quant_matmul_reference(w.quant, x, T, y);
     return;

@@ -241,7 +241,8 @@ void ReferenceBackend::row_to_f32(WType t, const void* src, int64_t n, float* ds
       case WType::kF32: std::memcpy(dst + i, b + 4 * i, 4); break;
       case WType::kBF16: std::memcpy(&h, b + 2 * i, 2); dst[i] = bf16_to_f32(h); break;
       case WType::kF16: std::memcpy(&h, b + 2 * i, 2); dst[i] = f16_to_f32(h); break;
-      case WType::kQuant: dst[i] = NAN; break;  // rows of quantized tables are not read (bind refuses them)
+      case WType::kQuant:
+      case WType::kGgml: dst[i] = NAN; break;  // rows of quantized tables are not read (bind refuses them)
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/ggml_types.h"
 #include "ops/quant_matmul.h"
 
 namespace spool::ops {
@@ -12,15 +13,22 @@ namespace spool::ops {
 /// Where a buffer or weight lives.
 enum class Device : uint8_t { kCpu, kCuda };
 
-/// Storage type of a weight matrix: float elements, or quantized (docs/quant-format.md).
-enum class WType : uint8_t { kF32, kF16, kBF16, kQuant };
+/// Storage type of a weight matrix: float elements, quantized (docs/quant-format.md), or a
+/// ggml block type as stored in GGUF files (kGgml: see WeightView::ggml, ops/ggml_blocks.h).
+enum class WType : uint8_t { kF32, kF16, kBF16, kQuant, kGgml };
 
-/// Bytes per element of a float WType (0 for kQuant).
-inline int wtype_size(WType t) { return t == WType::kF32 ? 4 : t == WType::kQuant ? 0 : 2; }
+/// Bytes per element of a float WType (0 for kQuant and kGgml).
+inline int wtype_size(WType t) {
+  return t == WType::kF32 ? 4 : (t == WType::kQuant || t == WType::kGgml) ? 0 : 2;
+}
 
 /// A row-major matrix [rows, cols] (= [out, in] of a Linear layer). Float types: `data`
 /// points to rows * cols elements of `type`, rows contiguous. kQuant: `quant` describes the
-/// packed codes, fp16 group scales, codebook and optional rotation signs.
+/// packed codes, fp16 group scales, codebook and optional rotation signs. kGgml: `data` points
+/// to rows * ggml_row_bytes(ggml, cols) bytes of ggml blocks (rows contiguous, blocks along
+/// cols); `col_perm` (optional, [cols]) says the stored column c holds input feature
+/// col_perm[c], i.e. y = W_stored · x[col_perm] (a GGUF converter's column reordering kept
+/// in the file and undone on the activations; device-neutral: the index array is plain data).
 struct WeightView {
   WType type = WType::kF32;
   int64_t rows = 0;
@@ -30,13 +38,29 @@ struct WeightView {
   /// Where `data` / the `quant` pointers live: host memory (the checkpoint's mmap, an expert
   /// cache) or a device copy made by Backend::upload().
   Device device = Device::kCpu;
+  GgmlType ggml = GgmlType::F32;       ///< kGgml only: the block type
+  const int32_t* col_perm = nullptr;   ///< kGgml only: optional input permutation [cols]
+  const char* name = nullptr;          ///< kGgml only: tensor name for errors (optional)
 
   bool empty() const { return data == nullptr && quant.qweight == nullptr; }
   /// Bytes the kernels stream for the matrix.
   uint64_t nbytes() const {
+    if (type == WType::kGgml) return static_cast<uint64_t>(rows) * ggml_row_bytes(ggml, static_cast<uint64_t>(cols));
     return type == WType::kQuant ? quant.nbytes() : static_cast<uint64_t>(rows * cols) * wtype_size(type);
   }
 };
+
+/// A WeightView of a ggml-typed matrix [rows, cols] at `data` (borrowed).
+inline WeightView ggml_weight_view(GgmlType t, int64_t rows, int64_t cols, const void* data, const char* name = nullptr) {
+  WeightView v;
+  v.type = WType::kGgml;
+  v.ggml = t;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = data;
+  v.name = name;
+  return v;
+}
 
 /// A WeightView of a quantized matrix.
 inline WeightView quant_weight_view(const QuantView& q) {

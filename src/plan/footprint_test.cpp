@@ -90,9 +90,15 @@ TEST(Footprint, WorkspaceMatchesMeasuredAllocation) {
     const uint64_t before = rss_anon();
     model->forward(ids, st, models::LogitsMode::kLast, logits.data());
     const uint64_t grown = rss_anon() - before;
+    // The arena is exactly what the planner's shared sizing function says, and it is committed.
+    const uint64_t arena = models::workspace_arena_bytes(spec, T);
+    EXPECT_EQ(model->workspace_capacity(), arena);
+    EXPECT_GE(grown, arena) << "the workspace arena is not resident after a forward pass";
+    // The rest (kernels' per-thread scratch, KV/state) is bounded by the planner's terms:
+    // the planner may over-count (an expert gets at most T rows) but never under-count.
     const uint64_t v = static_cast<uint64_t>(spec.vocab_size);
     const uint64_t want = workspace_bytes(spec, T, T, 2) - v * 16 + st.bytes();  // minus logits + sampler
-    EXPECT_NEAR(static_cast<double>(grown), static_cast<double>(want), 0.05 * want) << "T=" << T;
+    EXPECT_LE(grown, want + want / 20) << "T=" << T;
   }
 }
 

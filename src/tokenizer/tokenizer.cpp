@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
@@ -190,6 +192,54 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json_text,
                                const std::string& tokenizer_config_text, const std::string& label) {
   return Tokenizer(build(tokenizer_json_text, label, tokenizer_config_text,
                          label + " (tokenizer_config.json)", nullptr));
+}
+
+Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
+  if (v.model != "gpt2")
+    fail("%s: tokenizer.ggml.model '%s' is not supported (byte-level BPE 'gpt2' only)", v.label.c_str(), v.model.c_str());
+  // llama.cpp's pre-tokenizer ids (llama-vocab.cpp) -> the Split regex of the HF tokenizer.json.
+  std::string regex;
+  if (v.pre == "qwen2" || v.pre == "deepseek-r1-qwen" || v.pre == "default")
+    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  else if (v.pre == "qwen35")
+    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  else
+    fail("%s: tokenizer.ggml.pre '%s' is not supported (qwen2, qwen35)", v.label.c_str(), v.pre.c_str());
+  const std::string& pattern = regex;  // as tokenizer.json holds it after JSON decoding
+  nlohmann::ordered_json j;
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object(), added = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    const int32_t type = i < v.token_types.size() ? v.token_types[i] : 1;
+    if (type == 3 || type == 4) {
+      added.push_back({{"id", i}, {"content", v.tokens[i]}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                       {"normalized", type == 4}, {"special", type == 3}});
+    } else {
+      vocab[v.tokens[i]] = i;
+    }
+  }
+  j["version"] = "1.0";
+  j["added_tokens"] = added;
+  j["normalizer"] = {{"type", "NFC"}};
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
+  j["post_processor"] = nullptr;
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                {"vocab", vocab}, {"merges", v.merges}};
+  nlohmann::ordered_json cfg;
+  auto tok = [&](const std::optional<int64_t>& id) -> nlohmann::ordered_json {
+    if (!id || *id < 0 || *id >= static_cast<int64_t>(v.tokens.size())) return nullptr;
+    return v.tokens[*id];
+  };
+  cfg["add_bos_token"] = v.add_bos;
+  cfg["bos_token"] = v.add_bos ? tok(v.bos) : nlohmann::ordered_json(nullptr);
+  cfg["eos_token"] = tok(v.eos);
+  cfg["pad_token"] = tok(v.pad);
+  if (!v.chat_template.empty()) cfg["chat_template"] = v.chat_template;
+  return from_json(j.dump(), cfg.dump(), v.label);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {

@@ -20,9 +20,30 @@ namespace spool::tokenizer {
 
 class StreamDecoder;
 
-/// A loaded tokenizer. Create with load() or from_json().
+/// A GGUF file's tokenizer metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`; see
+/// ../shared/docs/gguf.md section 2.4), read by the caller from the file.
+struct GgufVocab {
+  std::string label;                 ///< the file, for messages
+  std::string model;                 ///< tokenizer.ggml.model ("gpt2" = byte-level BPE)
+  std::string pre;                   ///< tokenizer.ggml.pre ("qwen2", "qwen35", ...)
+  std::vector<std::string> tokens;   ///< index = id, byte-level alphabet form
+  std::vector<std::string> merges;   ///< "left right", rank = index
+  std::vector<int32_t> token_types;  ///< 1 normal, 3 control, 4 user-defined, ... (may be empty)
+  std::optional<int64_t> bos, eos, pad;
+  bool add_bos = false;
+  std::string chat_template;  ///< tokenizer.chat_template ("" if absent)
+};
+
+/// A loaded tokenizer. Create with load(), from_json() or from_gguf().
 class Tokenizer {
  public:
+  /// Builds the Hugging Face tokenizer a GGUF's metadata describes: byte-level BPE over
+  /// `tokens` and `merges`, the pre-tokenizer regex named by `pre` (qwen2 and its aliases,
+  /// qwen35), NFC normalisation as HF's Qwen tokenizers, control tokens (type 3) as special added
+  /// tokens and user-defined ones (type 4) as non-special added tokens, the chat template.
+  /// Throws spool::Error naming the file for another tokenizer model or an unknown `pre`.
+  static Tokenizer from_gguf(const GgufVocab& v);
+
   /// Loads `dir`/tokenizer.json, plus `dir`/tokenizer_config.json and
   /// `dir`/chat_template.jinja when present. Throws spool::Error naming the file on a
   /// missing or malformed file or an unsupported tokenizer component.

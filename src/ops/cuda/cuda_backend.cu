@@ -172,6 +172,9 @@ WDev make_wdev(const WeightView& w) {
       d.scales = w.quant.scales;
       d.cb = w.quant.codebook;
       break;
+    case WType::kGgml:
+      fail("cuda: weight %s has ggml block type %s, which the CUDA backend does not run yet (use --device cpu)",
+           w.name ? w.name : "(unnamed)", ggml_type_name(w.ggml));
   }
   d.data = w.data;
   return d;

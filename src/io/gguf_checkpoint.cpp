@@ -1,0 +1,372 @@
+// Checkpoint::open_gguf: a GGUF file (or split set) as a checkpoint with HF tensor names and
+// an HF-style config (../shared/docs/gguf.md sections 2, 3 and 5).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "io/checkpoint.h"
+#include "io/gguf_names.h"
+#include "ops/ggml_blocks.h"
+
+namespace spool::io {
+
+namespace {
+
+// The config.json a Hugging Face checkpoint of this GGUF would have (the fields ModelSpec reads).
+nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
+  const std::string p = std::string(a.name) + ".";
+  const std::string label = g.path();
+  auto need = [&](const std::string& k) {
+    std::optional<int64_t> v = g.get_int(p + k);
+    if (!v) fail("%s: missing metadata key '%s%s'", label.c_str(), p.c_str(), k.c_str());
+    return *v;
+  };
+  auto first_int = [&](const std::string& k) -> int64_t {  // scalar or per-layer array
+    const GgufValue* v = g.find_key(p + k);
+    if (v == nullptr) fail("%s: missing metadata key '%s%s'", label.c_str(), p.c_str(), k.c_str());
+    if (v->is_array()) {
+      std::vector<int64_t> xs = v->to_ints(p + k);
+      if (xs.empty()) fail("%s: metadata key '%s%s' is an empty array", label.c_str(), p.c_str(), k.c_str());
+      for (int64_t x : xs)
+        if (x != xs[0]) fail("%s: '%s%s' varies per layer; spool needs one value", label.c_str(), p.c_str(), k.c_str());
+      return xs[0];
+    }
+    return v->to_int(p + k);
+  };
+  nlohmann::json j;
+  j["model_type"] = a.model_type;
+  j["hidden_act"] = "silu";
+  const int64_t H = need("embedding_length");
+  j["hidden_size"] = H;
+  const int64_t blocks = need("block_count");
+  const int64_t nextn = g.get_int(p + "nextn_predict_layers").value_or(0);
+  if (nextn < 0 || nextn >= blocks) fail("%s: nextn_predict_layers %lld out of range", label.c_str(), (long long)nextn);
+  const int64_t L = blocks - nextn;
+  j["num_hidden_layers"] = L;
+  if (auto ff = g.get_int(p + "feed_forward_length")) j["intermediate_size"] = *ff;
+  const int64_t heads = first_int("attention.head_count");
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = first_int("attention.head_count_kv");
+  const int64_t hd = g.get_int(p + "attention.key_length").value_or(heads > 0 ? H / heads : 0);
+  if (auto vl = g.get_int(p + "attention.value_length"); vl && *vl != hd)
+    fail("%s: attention.value_length %lld differs from key_length %lld (not a Qwen layout)", label.c_str(), (long long)*vl,
+         (long long)hd);
+  j["head_dim"] = hd;
+  j["rms_norm_eps"] = g.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-6);
+  if (auto ctx = g.get_int(p + "context_length")) j["max_position_embeddings"] = *ctx;
+  nlohmann::json rope;
+  rope["rope_theta"] = g.get_float(p + "rope.freq_base").value_or(10000.0);
+  rope["rope_type"] = "default";
+  if (auto rd = g.get_int(p + "rope.dimension_count"); rd && hd > 0) rope["partial_rotary_factor"] = static_cast<double>(*rd) / hd;
+  else rope["partial_rotary_factor"] = a.hybrid ? 0.25 : 1.0;
+  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none")
+    fail("%s: rope scaling '%s' is not supported yet", label.c_str(), st->c_str());
+  j["rope_parameters"] = rope;
+  j["num_experts"] = need("expert_count");
+  j["num_experts_per_tok"] = need("expert_used_count");
+  j["moe_intermediate_size"] = need("expert_feed_forward_length");
+  j["norm_topk_prob"] = true;  // llama.cpp's qwen3moe / qwen3next / qwen35moe graphs renormalise the top-k weights
+  j["tie_word_embeddings"] = g.find("output.weight") == nullptr;
+  // Layers without a router are dense (HF mlp_only_layers).
+  nlohmann::json dense = nlohmann::json::array();
+  for (int64_t l = 0; l < L; ++l)
+    if (g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) dense.push_back(l);
+  j["mlp_only_layers"] = dense;
+  j["decoder_sparse_step"] = 1;
+  if (a.hybrid) {
+    if (auto sh = g.get_int(p + "expert_shared_feed_forward_length")) j["shared_expert_intermediate_size"] = *sh;
+    j["linear_conv_kernel_dim"] = need("ssm.conv_kernel");
+    j["linear_key_head_dim"] = need("ssm.state_size");
+    const int64_t nk = need("ssm.group_count"), nv = need("ssm.time_step_rank"), inner = need("ssm.inner_size");
+    j["linear_num_key_heads"] = nk;
+    j["linear_num_value_heads"] = nv;
+    if (nv <= 0 || inner % nv != 0) fail("%s: ssm.inner_size %lld is not a multiple of ssm.time_step_rank %lld", label.c_str(), (long long)inner, (long long)nv);
+    j["linear_value_head_dim"] = inner / nv;
+    nlohmann::json types = nlohmann::json::array();
+    if (const GgufValue* rl = g.find_key(p + "attention.recurrent_layers")) {
+      std::vector<int64_t> r;
+      if (rl->is_array() && rl->elem == GgufType::kBool) {
+        for (uint8_t b : rl->raw) r.push_back(b);
+      } else {
+        r = rl->to_ints(p + "attention.recurrent_layers");
+      }
+      if (static_cast<int64_t>(r.size()) < L) fail("%s: attention.recurrent_layers has %zu entries for %lld layers", label.c_str(), r.size(), (long long)L);
+      for (int64_t l = 0; l < L; ++l) types.push_back(r[l] ? "linear_attention" : "full_attention");
+    } else {
+      const int64_t interval = g.get_int(p + "full_attention_interval").value_or(4);
+      if (interval <= 0) fail("%s: full_attention_interval must be positive", label.c_str());
+      for (int64_t l = 0; l < L; ++l) types.push_back((l + 1) % interval == 0 ? "full_attention" : "linear_attention");
+    }
+    j["layer_types"] = types;
+  }
+  const GgufTensor* emb = g.find("token_embd.weight");
+  if (emb == nullptr) fail("%s: missing tensor 'token_embd.weight'", label.c_str());
+  j["vocab_size"] = emb->ne[1];
+  if (auto eos = g.get_int("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = *eos;
+  if (auto bos = g.get_int("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *bos;
+  return j;
+}
+
+// HF shape of a GGUF tensor (see GgufShape).
+std::vector<int64_t> hf_shape(const GgufTensor& t, GgufShape s, const std::string& label) {
+  std::vector<int64_t> shape;
+  for (int d = static_cast<int>(t.n_dims) - 1; d >= 0; --d) shape.push_back(t.ne[d]);
+  while (shape.size() > 1 && shape.front() == 1) shape.erase(shape.begin());
+  switch (s) {
+    case GgufShape::kReversed: return shape;
+    case GgufShape::kConv1d:
+      if (t.n_dims != 2) fail("%s: '%s' must be 2-D {kernel, channels}, got %s", label.c_str(), t.name.c_str(), t.shape_string().c_str());
+      return {t.ne[1], 1, t.ne[0]};
+    case GgufShape::kRowVector:
+      if (t.numel() != t.ne[0]) fail("%s: '%s' must be a vector, got %s", label.c_str(), t.name.c_str(), t.shape_string().c_str());
+      return {1, t.ne[0]};
+  }
+  return shape;
+}
+
+// For a tiled V-head axis of n_v heads of `blk` elements (n_v = r * n_k): the stored position of
+// HF (grouped) head j = g * r + q is j' = q * n_k + g. Returns hf -> stored head index.
+std::vector<int64_t> tiled_of_grouped(int64_t n_k, int64_t n_v) {
+  const int64_t r = n_v / n_k;
+  std::vector<int64_t> m(static_cast<size_t>(n_v));
+  for (int64_t g = 0; g < n_k; ++g)
+    for (int64_t q = 0; q < r; ++q) m[g * r + q] = q * n_k + g;
+  return m;
+}
+
+struct Pending {  // a tensor whose bytes the loader produces
+  size_t index;   // into tensors_
+  std::vector<uint8_t> bytes;
+};
+
+}  // namespace
+
+Checkpoint Checkpoint::open_gguf(const std::string& path, Options opt) {
+  Checkpoint c;
+  c.dir_ = path;
+  c.gguf_ = std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false));
+  const GgufFile& g = *c.gguf_;
+  const std::string arch_name = g.architecture();
+  const GgufArch* arch = find_gguf_arch(arch_name);
+  if (arch == nullptr)
+    fail("%s: GGUF architecture '%s' is not supported (supported: %s)", path.c_str(), arch_name.c_str(), gguf_arch_list().c_str());
+  const GgufArch& a = *arch;
+  c.raw_config_ = Config(gguf_config_json(g, a), path + ":metadata");
+  c.config_ = c.raw_config_;
+  c.model_type_ = c.top_model_type_ = a.model_type;
+  if (auto eos = g.get_int("tokenizer.ggml.eos_token_id")) c.generation_.eos_token_ids.push_back(*eos);
+  if (auto eot = g.get_int("tokenizer.ggml.eot_token_id"))
+    if (c.generation_.eos_token_ids.empty() || c.generation_.eos_token_ids[0] != *eot) c.generation_.eos_token_ids.push_back(*eot);
+
+  const Config& cfg = c.config_;
+  const int64_t L = cfg.get_int("num_hidden_layers");
+  const int64_t n_k = a.hybrid ? cfg.get_int("linear_num_key_heads") : 0, n_v = a.hybrid ? cfg.get_int("linear_num_value_heads") : 0;
+  const int64_t d_k = a.hybrid ? cfg.get_int("linear_key_head_dim") : 0, d_v = a.hybrid ? cfg.get_int("linear_value_head_dim") : 0;
+  if (a.hybrid && (n_k <= 0 || n_v % n_k != 0)) fail("%s: ssm.time_step_rank must be a multiple of ssm.group_count", path.c_str());
+
+  for (size_t s = 0; s < g.shard_count(); ++s) c.shards_.push_back(SafetensorsFile::open_raw(g.shard(s).label, opt.map));
+  std::vector<Pending> pending;
+  const std::vector<int64_t> v_map = a.v_tiled ? tiled_of_grouped(n_k, n_v) : std::vector<int64_t>{};
+
+  for (const GgufTensor& t : g.tensors()) {
+    const std::string& gname = t.name;
+    std::optional<GgufTensorMap> m = map_gguf_tensor(a, gname);
+    if (!m) {
+      if (gname.find(".nextn.") != std::string::npos) {
+        ++c.dropped_;
+        continue;
+      }
+      fail("%s: tensor '%s' is not part of the %s layout spool knows (../shared/docs/gguf.md)", path.c_str(), gname.c_str(), a.name);
+    }
+    if (m->layer >= L) {  // MTP blocks after the main stack
+      ++c.dropped_;
+      continue;
+    }
+    const GgmlTypeTraits tr = ggml_type_traits(t.type);
+    const bool is_float = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
+    if (!is_float && !ops::ggml_supported(t.type))
+      fail("%s: tensor '%s' has type %s, which spool cannot run (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K "
+           "Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4)", path.c_str(), gname.c_str(), tr.name ? tr.name : "unknown");
+    TensorRef r;
+    r.shard = static_cast<int>(t.shard);
+    r.dtype = t.type == GgmlType::F32 ? DType::F32 : t.type == GgmlType::F16 ? DType::F16 : t.type == GgmlType::BF16 ? DType::BF16 : DType::U8;
+    r.ggml = !is_float;
+    r.ggml_type = t.type;
+    r.offset = t.offset;
+    r.nbytes = t.nbytes;
+    r.data = c.shards_[t.shard].mapping() ? c.shards_[t.shard].mapping() + t.offset : nullptr;
+    r.shape = hf_shape(t, m->shape, path);
+
+    if (m->merged_experts) {  // ne {in, out, E}: one contiguous slab per expert
+      if (t.n_dims != 3) fail("%s: '%s' must be 3-D {in, out, experts}, got %s", path.c_str(), gname.c_str(), t.shape_string().c_str());
+      const int64_t E = t.ne[2], R = t.ne[1], C = t.ne[0];
+      if (m->gate_up && R % 2 != 0) fail("%s: '%s' has an odd row count %lld (gate and up stacked)", path.c_str(), gname.c_str(), (long long)R);
+      const uint64_t row_bytes = t.row_bytes(), slab = static_cast<uint64_t>(R) * row_bytes;
+      for (int64_t e = 0; e < E; ++e)
+        for (int part = 0; part < (m->gate_up ? 2 : 1); ++part) {
+          TensorRef x = r;
+          const int64_t rows = m->gate_up ? R / 2 : R;
+          x.shape = {rows, C};
+          x.nbytes = static_cast<uint64_t>(rows) * row_bytes;
+          x.offset = t.offset + e * slab + part * x.nbytes;
+          x.data = r.data ? r.data + e * slab + part * x.nbytes : nullptr;
+          x.expert_layer = m->layer;
+          x.expert_id = static_cast<int>(e);
+          x.expert_proj = m->gate_up ? (part == 0 ? ExpertProj::kGate : ExpertProj::kUp) : m->proj;
+          x.name = expert_tensor_name(m->layer, static_cast<int>(e), x.expert_proj);
+          c.add(std::move(x));
+        }
+      c.expert_layout_ = ExpertLayout::kFused;
+      continue;
+    }
+
+    GgufTransform tf = m->transform;
+    std::string hf = m->hf_name;
+    if (tf == GgufTransform::kBaSplitB && g.find("blk." + std::to_string(m->layer) + ".ssm_in.weight") != nullptr) {
+      tf = GgufTransform::kNone;  // legacy qwen3next layout: in_proj_qkvz + in_proj_ba as HF stores them
+      hf = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_ba.weight";
+    }
+    r.name = hf;
+    const bool embedding = hf == "embed_tokens.weight";
+    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight");
+    const bool dequant = r.ggml && (embedding || vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
+    const bool f32_out = dequant || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog;
+    if (tf == GgufTransform::kNone && !dequant) {
+      c.add(std::move(r));
+      continue;
+    }
+    if (tf == GgufTransform::kVCols && r.ggml) {  // keep the blocks, permute the activations
+      if (r.shape.size() != 2 || r.shape[1] != n_v * d_v)
+        fail("%s: '%s' has shape %s, expected [*, %lld]", path.c_str(), gname.c_str(), r.shape_str().c_str(), (long long)(n_v * d_v));
+      std::vector<int32_t> perm(static_cast<size_t>(n_v * d_v));
+      std::vector<int64_t> grouped_of_tiled(n_v);
+      for (int64_t j = 0; j < n_v; ++j) grouped_of_tiled[v_map[j]] = j;
+      for (int64_t col = 0; col < n_v * d_v; ++col) perm[col] = static_cast<int32_t>(grouped_of_tiled[col / d_v] * d_v + col % d_v);
+      c.perms_.push_back(std::move(perm));
+      r.col_perm = c.perms_.back().data();
+      c.add(std::move(r));
+      continue;
+    }
+    if (r.data == nullptr) {  // header-only: shapes are enough
+      if (tf == GgufTransform::kBaSplitB) {
+        TensorRef b = r, an = r;
+        b.shape[0] = an.shape[0] = r.shape[0] / 2;
+        an.name = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_a.weight";
+        c.add(std::move(b));
+        c.add(std::move(an));
+      } else {
+        c.add(std::move(r));
+      }
+      continue;
+    }
+    // Rows of the source, as bytes (or floats after dequantization).
+    const int64_t cols = r.shape.back();
+    const int64_t rows = r.numel() / cols;
+    const uint64_t src_row = t.nbytes / static_cast<uint64_t>(rows);
+    std::vector<uint8_t> src;
+    uint64_t row_bytes = src_row;
+    if (f32_out) {
+      std::vector<float> f(static_cast<size_t>(r.numel()));
+      ops::ggml_dequantize_row(t.type, r.data, r.numel(), f.data());  // F32 / F16 / BF16 / blocks
+      if (tf == GgufTransform::kNormMinus1)
+        for (float& x : f) x -= 1.0f;
+      if (tf == GgufTransform::kALog)
+        for (float& x : f) {
+          if (!(x < 0)) fail("%s: '%s' holds %g; llama.cpp stores A = -exp(A_log) < 0", path.c_str(), gname.c_str(), x);
+          x = std::log(-x);
+        }
+      src.resize(f.size() * 4);
+      std::memcpy(src.data(), f.data(), src.size());
+      row_bytes = static_cast<uint64_t>(cols) * 4;
+      r.ggml = false;
+      r.dtype = DType::F32;
+      r.ggml_type = GgmlType::F32;
+    } else {
+      src.assign(r.data, r.data + t.nbytes);
+    }
+    const bool v_axis = a.v_tiled && (tf == GgufTransform::kVRows || tf == GgufTransform::kVCols || tf == GgufTransform::kALog);
+    const int64_t vb = m->v_block < 0 ? d_v : m->v_block;
+    if (v_axis && tf != GgufTransform::kVCols) {
+      // Rows (or, for 1-D tensors, elements) [off, off + n_v * vb): stored tiled, wanted grouped.
+      const int64_t off = m->v_after_qk ? 2 * n_k * d_k : 0;
+      const bool one_d = r.shape.size() == 1;
+      const int64_t n_units = one_d ? r.numel() : rows;
+      const uint64_t unit = one_d ? (f32_out ? 4 : src.size() / r.numel()) : row_bytes;
+      if (off + n_v * vb != n_units)
+        fail("%s: '%s' has %lld %s, expected %lld (V heads %lld x %lld after %lld)", path.c_str(), gname.c_str(), (long long)n_units,
+             one_d ? "elements" : "rows", (long long)(off + n_v * vb), (long long)n_v, (long long)vb, (long long)off);
+      std::vector<uint8_t> out = src;
+      for (int64_t j = 0; j < n_v; ++j)
+        std::memcpy(out.data() + (off + j * vb) * unit, src.data() + (off + v_map[j] * vb) * unit, vb * unit);
+      src = std::move(out);
+    } else if (v_axis && tf == GgufTransform::kVCols) {  // float matrix: permute whole column blocks
+      if (cols != n_v * d_v) fail("%s: '%s' has %lld columns, expected %lld", path.c_str(), gname.c_str(), (long long)cols, (long long)(n_v * d_v));
+      const uint64_t es = src.size() / static_cast<uint64_t>(r.numel());
+      std::vector<uint8_t> out(src.size());
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t j = 0; j < n_v; ++j)
+          std::memcpy(out.data() + (row * cols + j * d_v) * es, src.data() + (row * cols + v_map[j] * d_v) * es, d_v * es);
+      src = std::move(out);
+    }
+    if (tf == GgufTransform::kBaSplitB) {  // rows grouped per k-head [b_g (R) | a_g (R)] -> b rows, a rows
+      const int64_t R = n_v / n_k;
+      if (rows != 2 * n_v) fail("%s: '%s' has %lld rows, expected %lld", path.c_str(), gname.c_str(), (long long)rows, (long long)(2 * n_v));
+      std::vector<uint8_t> b(src.size() / 2), an(src.size() / 2);
+      for (int64_t grp = 0; grp < n_k; ++grp) {
+        std::memcpy(b.data() + grp * R * row_bytes, src.data() + (grp * 2 * R) * row_bytes, R * row_bytes);
+        std::memcpy(an.data() + grp * R * row_bytes, src.data() + (grp * 2 * R + R) * row_bytes, R * row_bytes);
+      }
+      TensorRef tb = r, ta = r;
+      tb.shape[0] = ta.shape[0] = n_v;
+      tb.nbytes = ta.nbytes = b.size();
+      ta.name = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_a.weight";
+      c.add(std::move(tb));
+      pending.push_back({c.tensors_.size() - 1, std::move(b)});
+      c.add(std::move(ta));
+      pending.push_back({c.tensors_.size() - 1, std::move(an)});
+      continue;
+    }
+    r.nbytes = src.size();
+    c.add(std::move(r));
+    pending.push_back({c.tensors_.size() - 1, std::move(src)});
+  }
+
+  // Converted tensors: one anonymous in-memory file, mapped like a shard (so that row readers
+  // that pread from a shard's fd, e.g. the embedding, work unchanged).
+  if (!pending.empty()) {
+    const int fd = memfd_create("spool-gguf-converted", MFD_CLOEXEC);
+    if (fd < 0) fail("%s: memfd_create failed (%s)", path.c_str(), std::strerror(errno));
+    uint64_t at = 0;
+    for (Pending& p : pending) {
+      at = (at + 63) / 64 * 64;
+      TensorRef& t = c.tensors_[p.index];
+      t.offset = at;
+      uint64_t done = 0;
+      while (done < p.bytes.size()) {
+        const ssize_t w = ::pwrite(fd, p.bytes.data() + done, p.bytes.size() - done, static_cast<off_t>(at + done));
+        if (w <= 0) {
+          ::close(fd);
+          fail("%s: writing converted tensors to memory failed (%s)", path.c_str(), std::strerror(errno));
+        }
+        done += static_cast<uint64_t>(w);
+      }
+      at += p.bytes.size();
+    }
+    SafetensorsFile mem = SafetensorsFile::from_fd(fd, "/proc/self/fd/" + std::to_string(fd), true);
+    const int shard = static_cast<int>(c.shards_.size());
+    for (Pending& p : pending) {
+      TensorRef& t = c.tensors_[p.index];
+      t.shard = shard;
+      t.data = mem.mapping() + t.offset;
+    }
+    c.shards_.push_back(std::move(mem));
+  }
+  return c;
+}
+
+}  // namespace spool::io

@@ -1,0 +1,168 @@
+#include "io/gguf_names.h"
+
+#include <charconv>
+#include <vector>
+
+namespace spool::io {
+
+namespace {
+
+// ---- Architectures ------------------------------------------------------------------------
+const GgufArch kArchs[] = {
+    {"qwen3moe", "qwen3_moe", /*hybrid=*/false, /*v_tiled=*/false},
+    {"qwen3next", "qwen3_next", /*hybrid=*/true, /*v_tiled=*/false},
+    {"qwen35moe", "qwen3_5_moe_text", /*hybrid=*/true, /*v_tiled=*/true},
+};
+
+// One row: GGUF per-layer suffix (after "blk.N.") -> HF suffix (after "layers.N.").
+struct Row {
+  const char* gguf;
+  const char* hf;
+  GgufTransform transform = GgufTransform::kNone;
+  GgufShape shape = GgufShape::kReversed;
+  int v_block = 0;  // 0: none; -1: d_v (filled by the loader); 1: one element per head
+  bool v_after_qk = false;
+};
+
+// ---- Table: every architecture (qwen3moe, qwen3next, qwen35moe) ----------------------------
+const std::vector<Row>& common_rows() {
+  static const std::vector<Row> r = {
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_gate_inp.weight", "mlp.gate.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},  // dense (mlp_only) layers
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+  };
+  return r;
+}
+
+// ---- Table: qwen3moe (no value transforms) ---------------------------------------------------
+const std::vector<Row>& qwen3moe_rows() {
+  static const std::vector<Row> r = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+  };
+  return r;
+}
+
+// ---- Table: qwen3next and qwen35moe (norms stored as 1 + w; GDN tensors) --------------------
+const std::vector<Row>& hybrid_rows(bool tiled) {
+  constexpr auto N1 = GgufTransform::kNormMinus1;
+  const GgufTransform V = tiled ? GgufTransform::kVRows : GgufTransform::kNone;
+  static const std::vector<Row> shared = {
+      {"attn_norm.weight", "input_layernorm.weight", N1},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight", N1},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight", N1},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight", N1},
+      {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+      {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", GgufTransform::kNone, GgufShape::kRowVector},
+      {"ssm_norm.weight", "linear_attn.norm.weight"},  // RMSNormGated: no +1 offset
+  };
+  static const std::vector<Row> next = [&] {
+    std::vector<Row> r = shared;
+    r.push_back({"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"});
+    r.push_back({"attn_gate.weight", "linear_attn.in_proj_z.weight"});
+    r.push_back({"ssm_in.weight", "linear_attn.in_proj_qkvz.weight"});  // legacy layout, HF rows unchanged
+    r.push_back({"ssm_ba.weight", "linear_attn.in_proj_b.weight", GgufTransform::kBaSplitB});  // a: see map_gguf_tensor
+    r.push_back({"ssm_conv1d.weight", "linear_attn.conv1d.weight", GgufTransform::kNone, GgufShape::kConv1d});
+    r.push_back({"ssm_dt.bias", "linear_attn.dt_bias"});
+    r.push_back({"ssm_a", "linear_attn.A_log", GgufTransform::kALog});
+    r.push_back({"ssm_out.weight", "linear_attn.out_proj.weight"});
+    return r;
+  }();
+  static const std::vector<Row> q35 = [&] {
+    std::vector<Row> r = shared;
+    const auto VR = GgufTransform::kVRows;
+    r.push_back({"attn_qkv.weight", "linear_attn.in_proj_qkv.weight", VR, GgufShape::kReversed, -1, true});
+    r.push_back({"attn_gate.weight", "linear_attn.in_proj_z.weight", VR, GgufShape::kReversed, -1});
+    r.push_back({"ssm_beta.weight", "linear_attn.in_proj_b.weight", VR, GgufShape::kReversed, 1});
+    r.push_back({"ssm_alpha.weight", "linear_attn.in_proj_a.weight", VR, GgufShape::kReversed, 1});
+    r.push_back({"ssm_conv1d.weight", "linear_attn.conv1d.weight", VR, GgufShape::kConv1d, -1, true});
+    r.push_back({"ssm_dt.bias", "linear_attn.dt_bias", VR, GgufShape::kReversed, 1});
+    r.push_back({"ssm_a", "linear_attn.A_log", GgufTransform::kALog, GgufShape::kReversed, 1});
+    r.push_back({"ssm_out.weight", "linear_attn.out_proj.weight", GgufTransform::kVCols, GgufShape::kReversed, -1});
+    return r;
+  }();
+  (void)V;
+  return tiled ? q35 : next;
+}
+
+// Parses "blk.N." at the start of `name`; returns N and the rest.
+std::optional<std::pair<int, std::string_view>> split_block(std::string_view name) {
+  if (!name.starts_with("blk.")) return std::nullopt;
+  name.remove_prefix(4);
+  int n = 0;
+  auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+  if (ec != std::errc() || p == name.data() || n < 0 || n >= (1 << 24) || p == name.data() + name.size() || *p != '.')
+    return std::nullopt;
+  return std::make_pair(n, std::string_view(p + 1, name.data() + name.size() - p - 1));
+}
+
+}  // namespace
+
+const GgufArch* find_gguf_arch(std::string_view arch) {
+  for (const GgufArch& a : kArchs)
+    if (arch == a.name) return &a;
+  return nullptr;
+}
+
+std::string gguf_arch_list() {
+  std::string s;
+  for (const GgufArch& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
+}
+
+std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view name) {
+  GgufTensorMap m;
+  if (name == "token_embd.weight") return GgufTensorMap{"embed_tokens.weight"};
+  if (name == "output.weight") return GgufTensorMap{"lm_head.weight"};
+  if (name == "output_norm.weight") {
+    m.hf_name = "norm.weight";
+    if (a.hybrid) m.transform = GgufTransform::kNormMinus1;
+    return m;
+  }
+  auto blk = split_block(name);
+  if (!blk) return std::nullopt;
+  const auto [layer, rest] = *blk;
+  const std::string p = "layers." + std::to_string(layer) + ".";
+  m.layer = layer;
+  // Merged routed experts [E, out, in]: one contiguous slab per expert.
+  struct Exps {
+    const char* gguf;
+    ExpertProj proj;
+    bool gate_up;
+  };
+  for (const Exps& e : {Exps{"ffn_gate_exps.weight", ExpertProj::kGate, false}, Exps{"ffn_up_exps.weight", ExpertProj::kUp, false},
+                        Exps{"ffn_down_exps.weight", ExpertProj::kDown, false},
+                        Exps{"ffn_gate_up_exps.weight", ExpertProj::kGate, true}}) {
+    if (rest == e.gguf) {
+      m.merged_experts = true;
+      m.proj = e.proj;
+      m.gate_up = e.gate_up;
+      m.hf_name = p + "mlp.experts";
+      return m;
+    }
+  }
+  const std::vector<Row>* tables[] = {&common_rows(), a.hybrid ? &hybrid_rows(a.v_tiled) : &qwen3moe_rows()};
+  for (const auto* t : tables)
+    for (const Row& r : *t)
+      if (rest == r.gguf) {
+        m.hf_name = p + r.hf;
+        m.transform = r.transform;
+        m.shape = r.shape;
+        m.v_block = r.v_block;
+        m.v_after_qk = r.v_after_qk;
+        if (m.transform == GgufTransform::kALog && !a.v_tiled) m.v_block = 0;
+        return m;
+      }
+  return std::nullopt;
+}
+
+}  // namespace spool::io

@@ -1,0 +1,66 @@
+// GGUF -> Hugging Face tensor names and value transforms, one table per llama.cpp architecture
+// (../shared/docs/gguf.md sections 3 and 5). Kept apart from the loader so that each table can
+// move into its family's registry entry. A GGUF name maps to the normalised HF name the model
+// code binds (checkpoint.h), plus what the loader must do to undo llama.cpp's converter.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "io/tensor_names.h"
+
+namespace spool::io {
+
+/// What the loader does with a GGUF tensor to get the HF tensor back.
+enum class GgufTransform {
+  kNone,        ///< same values (shape reversed to HF order)
+  kNormMinus1,  ///< llama.cpp stored 1 + w (zero-centred RMSNorm of Qwen3-Next / 3.5): w = stored - 1
+  kALog,        ///< llama.cpp stored A = -exp(A_log): A_log = log(-A) (and V heads, for tiled archs)
+  kVRows,       ///< V-head-indexed rows (tiled archs): back to grouped order; `v_offset` rows are not V
+  kVCols,       ///< V-head-indexed columns (ssm_out of tiled archs)
+  kBaSplitB,    ///< qwen3next ssm_ba rows grouped per k-head [b_g (R), a_g (R)]: the b rows
+  kBaSplitA,    ///< ... the a rows
+};
+
+/// Which HF shape a GGUF tensor takes (GGUF ne is reversed HF order, with these exceptions).
+enum class GgufShape {
+  kReversed,   ///< HF shape = reversed ne (trailing 1 dims dropped)
+  kConv1d,     ///< ne {K, C} -> HF conv1d weight [C, 1, K]
+  kRowVector,  ///< ne {H} or {H, 1} -> HF [1, H] (shared_expert_gate)
+};
+
+/// One GGUF tensor's HF identity.
+struct GgufTensorMap {
+  std::string hf_name;  ///< normalised HF name; for merged experts the per-expert name is made by the loader
+  GgufTransform transform = GgufTransform::kNone;
+  GgufShape shape = GgufShape::kReversed;
+  int v_block = 1;        ///< kVRows / kVCols / kALog: elements per V head along the axis (d_v or 1)
+  bool v_after_qk = false;  ///< kVRows: the first 2 * n_k * d_k rows (q and k) are not V rows
+  bool merged_experts = false;  ///< ffn_{gate,up,down,gate_up}_exps [E, out, in]
+  ExpertProj proj = ExpertProj::kGate;  ///< merged experts: which projection
+  bool gate_up = false;   ///< merged experts: ffn_gate_up_exps (gate rows then up rows per expert)
+  int layer = -1;         ///< blk.N, or -1
+};
+
+/// A supported GGUF architecture: its general.architecture string, the HF model_type the
+/// loader reports, and the converter conventions to undo.
+struct GgufArch {
+  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe"
+  const char* model_type;  ///< "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"
+  bool hybrid;             ///< Gated DeltaNet layers, (1 + w) norms, shared expert
+  bool v_tiled;            ///< V heads stored in llama.cpp's tiled order (qwen35*)
+};
+
+/// The architecture named `arch`, or nullptr if spool does not load it.
+const GgufArch* find_gguf_arch(std::string_view arch);
+
+/// Comma-separated list of supported architecture strings (for error messages).
+std::string gguf_arch_list();
+
+/// Maps one GGUF tensor name of architecture `a`; nullopt for a tensor spool does not use (MTP
+/// blocks `blk.N.nextn.*` and tensors of layers >= `n_layers` are skipped by the caller; an
+/// unknown name is an error the caller reports).
+std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view gguf_name);
+
+}  // namespace spool::io

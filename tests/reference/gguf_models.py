@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Writes the test fixture models (tests/data/models/{qwen3_moe,qwen3_next,qwen3_5_moe_text}) as
+GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names, 1 + w norms for the hybrid
+architectures, A = -exp(A_log), conv1d squeezed, Qwen3.5's V heads reordered grouped -> tiled
+(bench/moe_to_gguf.py's reorder_v_heads), Qwen3-Next's in_proj_qkvz split into attn_qkv + attn_gate,
+experts stacked into ffn_*_exps), with the `gguf` package:
+
+  NAME.f32.gguf  every tensor F32 (compared with the safetensors fixture)
+  NAME.q.gguf    a llama.cpp-like mix of block types: matrices Q8_0, token_embd Q8_0, output Q4_1,
+                 attn_qkv Q5_0, expert gate Q4_0 / up Q5_1 / down MXFP4 (norms, router, conv1d F32)
+  NAME.deq.gguf  NAME.q.gguf with every quantized tensor replaced by its F32 dequantization
+                 (gguf.quants.dequantize): "the same model on the dequantized float weights"
+
+  python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy
+  /tmp/gguf-venv/bin/python tests/reference/gguf_models.py tests/data/models tests/data/gguf
+"""
+import json
+import lzma
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from moe_to_gguf import reorder_v_heads  # noqa: E402  (grouped [nk, r, hd] -> tiled [r, nk, hd])
+
+
+def read_safetensors(path):
+    raw = lzma.open(path).read() if str(path).endswith(".xz") else Path(path).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in hdr.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", (name, t["dtype"])
+        a, b = t["data_offsets"]
+        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
+        for p in ("model.language_model.", "model."):
+            if name.startswith(p):
+                name = name[len(p):]
+                break
+        out[name] = arr.copy()
+    return out
+
+
+def convert(cfg, w):
+    """HF tensors -> list of (gguf name, float32 array in PyTorch order, role) with llama.cpp's transforms."""
+    mt = cfg["model_type"]
+    arch = {"qwen3_moe": "qwen3moe", "qwen3_next": "qwen3next", "qwen3_5_moe_text": "qwen35moe"}[mt]
+    hybrid = arch != "qwen3moe"
+    tiled = arch == "qwen35moe"
+    L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
+    E = cfg.get("num_experts", cfg.get("num_local_experts"))
+    out = []
+    plus1 = (lambda a: a + np.float32(1.0)) if hybrid else (lambda a: a)
+    out.append(("token_embd.weight", w["embed_tokens.weight"], "embd"))
+    out.append(("output_norm.weight", plus1(w["norm.weight"]), "norm"))
+    out.append(("output.weight", w["lm_head.weight"], "output"))
+    if hybrid:
+        nk, nv, dk, dv = (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"],
+                          cfg["linear_value_head_dim"])
+        r = nv // nk
+        qk = 2 * nk * dk
+    for b in range(L):
+        p = f"layers.{b}."
+        out.append((f"blk.{b}.attn_norm.weight", plus1(w[p + "input_layernorm.weight"]), "norm"))
+        out.append((f"blk.{b}.{'post_attention_norm' if hybrid else 'ffn_norm'}.weight",
+                    plus1(w[p + "post_attention_layernorm.weight"]), "norm"))
+        if p + "self_attn.q_proj.weight" in w:
+            for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+                out.append((f"blk.{b}.{g}.weight", w[p + f"self_attn.{h}.weight"], "matrix"))
+            out.append((f"blk.{b}.attn_q_norm.weight", plus1(w[p + "self_attn.q_norm.weight"]), "norm"))
+            out.append((f"blk.{b}.attn_k_norm.weight", plus1(w[p + "self_attn.k_norm.weight"]), "norm"))
+        else:
+            la = p + "linear_attn."
+            if tiled:
+                qkv, z = w[la + "in_proj_qkv.weight"], w[la + "in_proj_z.weight"]
+                bb, aa = w[la + "in_proj_b.weight"], w[la + "in_proj_a.weight"]
+                qkv = np.concatenate([qkv[:qk], reorder_v_heads(qkv[qk:], 0, nk, r, dv)])
+                z = reorder_v_heads(z, 0, nk, r, dv)
+                out.append((f"blk.{b}.ssm_beta.weight", reorder_v_heads(bb, 0, nk, r, 1), "matrix"))
+                out.append((f"blk.{b}.ssm_alpha.weight", reorder_v_heads(aa, 0, nk, r, 1), "matrix"))
+            else:  # Qwen3-Next: in_proj_qkvz grouped per k head [q_g, k_g, v_g, z_g] -> [q_all; k_all; v_all] + z
+                qkvz = w[la + "in_proj_qkvz.weight"].reshape(nk, 2 * dk + 2 * r * dv, H)
+                q_, k_ = qkvz[:, :dk], qkvz[:, dk:2 * dk]
+                v_, z_ = qkvz[:, 2 * dk:2 * dk + r * dv], qkvz[:, 2 * dk + r * dv:]
+                qkv = np.concatenate([q_.reshape(-1, H), k_.reshape(-1, H), v_.reshape(-1, H)])
+                z = z_.reshape(-1, H)
+                out.append((f"blk.{b}.ssm_ba.weight", w[la + "in_proj_ba.weight"], "matrix"))
+            out.append((f"blk.{b}.attn_qkv.weight", qkv, "qkv"))
+            out.append((f"blk.{b}.attn_gate.weight", z, "matrix"))
+            conv = w[la + "conv1d.weight"].reshape(w[la + "conv1d.weight"].shape[0], -1)
+            a = -np.exp(w[la + "A_log"].astype(np.float32))
+            dt = w[la + "dt_bias"]
+            o = w[la + "out_proj.weight"]
+            if tiled:
+                conv = np.concatenate([conv[:qk], reorder_v_heads(conv[qk:], 0, nk, r, dv)])
+                a = reorder_v_heads(a[:, None], 0, nk, r, 1)[:, 0]
+                dt = reorder_v_heads(dt[:, None], 0, nk, r, 1)[:, 0]
+                o = reorder_v_heads(o, 1, nk, r, dv)
+            out.append((f"blk.{b}.ssm_conv1d.weight", conv, "norm"))
+            out.append((f"blk.{b}.ssm_a", a, "norm"))
+            out.append((f"blk.{b}.ssm_dt.bias", dt, "norm"))
+            out.append((f"blk.{b}.ssm_norm.weight", w[la + "norm.weight"], "norm"))
+            out.append((f"blk.{b}.ssm_out.weight", o, "matrix"))
+        if p + "mlp.gate.weight" not in w:  # dense layer
+            for g, h in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+                out.append((f"blk.{b}.{g}.weight", w[p + f"mlp.{h}.weight"], "matrix"))
+            continue
+        out.append((f"blk.{b}.ffn_gate_inp.weight", w[p + "mlp.gate.weight"], "norm"))
+        if p + "mlp.shared_expert.gate_proj.weight" in w:
+            for g, h in (("ffn_gate_shexp", "gate_proj"), ("ffn_up_shexp", "up_proj"), ("ffn_down_shexp", "down_proj")):
+                out.append((f"blk.{b}.{g}.weight", w[p + f"mlp.shared_expert.{h}.weight"], "matrix"))
+            out.append((f"blk.{b}.ffn_gate_inp_shexp.weight", w[p + "mlp.shared_expert_gate.weight"].reshape(-1), "norm"))
+        for g, h in (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj")):
+            out.append((f"blk.{b}.{g}.weight", np.stack([w[p + f"mlp.experts.{e}.{h}.weight"] for e in range(E)]), g))
+    return arch, out
+
+
+QUANT_MIX = {"matrix": Q.Q8_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
+             "ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q5_1, "ffn_down_exps": Q.MXFP4}
+
+
+def write(path, arch, cfg, tensors, mode):
+    """mode: 'f32', 'q' (QUANT_MIX) or 'deq' (QUANT_MIX values, stored F32)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    hybrid = arch != "qwen3moe"
+    rope = cfg.get("rope_parameters", {})
+    hd = cfg["head_dim"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg.get("intermediate_size", cfg["moe_intermediate_size"]))
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if hybrid:
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(cfg["linear_key_head_dim"])
+        w.add_ssm_group_count(cfg["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+        w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+        lt = cfg["layer_types"]
+        # The fixtures' layer_types do not all follow an interval rule: write the per-layer array.
+        w.add_array(f"{arch}.attention.recurrent_layers", [t == "linear_attention" for t in lt])
+        w.add_full_attention_interval(4)
+        w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 0.25)))
+    for name, a, role in tensors:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        qt = QUANT_MIX.get(role) if mode != "f32" else None
+        if qt is not None and a.shape[-1] % gguf.GGML_QUANT_SIZES[qt][0] != 0:
+            qt = Q.Q8_0 if a.shape[-1] % 32 == 0 else None
+        if qt is None:
+            w.add_tensor(name, a)
+        elif mode == "q":
+            w.add_tensor(name, gguf.quants.quantize(a, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(name, gguf.quants.dequantize(gguf.quants.quantize(a, qt), qt).astype(np.float32).reshape(a.shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
+        cfg = json.loads((src / name / "config.json").read_text())
+        weights = read_safetensors(src / name / "model.safetensors.xz")
+        arch, tensors = convert(cfg, weights)
+        for mode in ("f32", "q", "deq"):
+            out = dst / f"{name}.{mode}.gguf"
+            write(out, arch, cfg, tensors, mode)
+            print(out, out.stat().st_size)
+
+
+if __name__ == "__main__":
+    main()
