@@ -114,6 +114,21 @@ TEST(Cli, UsageErrorsExit2) {
   EXPECT_EQ(spool("generate --help").code, 0);
 }
 
+// --device: cpu runs and says so in the stats; a malformed value is a usage error (2); cuda on a
+// machine without a GPU (or a build without CUDA) is refused with a message naming the problem.
+TEST(Cli, DeviceFlag) {
+  Result r = spool("generate --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --device cpu --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["stats"]["device"], "cpu");
+  Result bad = spool("generate --prompt-ids 1,2,3 --max-tokens 2 --device gpu");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--device must be cpu, cuda, cuda:N or auto"), std::string::npos) << bad.err;
+  EXPECT_EQ(spool("generate --prompt-ids 1 --max-tokens 1 --device cuda --vram-budget-gb lots").code, 2);
+  Result g = spool("generate --prompt-ids 1,2,3 --max-tokens 2 --device cuda:7");
+  EXPECT_NE(g.code, 0);
+  EXPECT_TRUE(g.err.find("no such GPU") != std::string::npos || g.err.find("no CUDA backend") != std::string::npos) << g.err;
+}
+
 // Each broken checkpoint gives exit 1 and a message naming the problem.
 void expect_model_error(const std::string& dir, const std::string& needle) {
   Result r = spool("generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 2");

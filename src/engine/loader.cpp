@@ -214,10 +214,17 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     if (end == opt.cache_budget.c_str() || *end != '\0' || !(budget_gb >= 0) || !(budget_gb <= 1e6))
       throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.cache_budget.c_str()));
   }
+  double vram_gb = -1;  // < 0: auto
+  if (opt.vram_budget != "auto") {
+    char* end = nullptr;
+    vram_gb = std::strtod(opt.vram_budget.c_str(), &end);
+    if (end == opt.vram_budget.c_str() || *end != '\0' || !(vram_gb >= 0) || !(vram_gb <= 1e6))
+      throw UsageError(strfmt("--vram-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.vram_budget.c_str()));
+  }
   // --device: cpu, cuda, cuda:N or auto.
   int cuda_index = -1;  // -1: the CPU
   if (opt.device == "auto") {
-    cuda_index = cuda_devices() > 0 ? 0 : -1;
+    cuda_index = cuda_devices() > 0 ? 0 : -1;  // (GGUF block weights: CPU only, decided once the checkpoint is open)
   } else if (opt.device == "cuda" || opt.device.rfind("cuda:", 0) == 0) {
     if (opt.device == "cuda") {
       cuda_index = 0;
@@ -236,19 +243,18 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   } else if (opt.device != "cpu") {
     throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", opt.device.c_str()));
   }
-  double vram_gb = -1;  // < 0: auto
-  if (opt.vram_budget != "auto") {
-    char* end = nullptr;
-    vram_gb = std::strtod(opt.vram_budget.c_str(), &end);
-    if (end == opt.vram_budget.c_str() || *end != '\0' || !(vram_gb >= 0) || !(vram_gb <= 1e6))
-      throw UsageError(strfmt("--vram-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.vram_budget.c_str()));
-  }
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
   l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   std::shared_ptr<ops::Backend> backend;
+  if (cuda_index >= 0 && std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; })) {
+    if (opt.device != "auto")
+      throw UsageError(strfmt("--device %s: %s holds ggml block weights (GGUF), which the CUDA backend cannot run yet; use --device cpu",
+                              opt.device.c_str(), opt.model_dir.c_str()));
+    cuda_index = -1;
+  }
 #if SPOOL_HAVE_CUDA
   std::shared_ptr<ops::CudaBackend> cuda;
   if (cuda_index >= 0) {

@@ -1,11 +1,13 @@
 // CudaBackend kernels and bookkeeping (see cuda_backend.h for the memory model).
 //
-// This is the correct, straightforward first version: one kernel per op, f32 accumulation,
-// weights decoded element by element. Known slow spots (to be replaced, not to be trusted for
-// timings): the quantized / 16-bit GEMV decodes every element separately; T > 8 products
-// dequantize W into scratch and run cuBLAS SGEMM; attention keeps a score row per query in
-// scratch (no flash tiling); the delta rule runs the recurrence for every T (the chunked form
-// is an algebraic rewrite of it); host parameters are copied up on every call.
+// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8) of 4-bit and f16/bf16 weights read
+// each weight once in wide coalesced loads (k_gemv_q4 / k_gemv_16; other code widths use the
+// element-wise k_gemv). Known slow spots: T > 8 products dequantize W into scratch and run cuBLAS
+// SGEMM; attention keeps a score row per query in scratch (no flash tiling); the delta rule runs
+// the recurrence for every T (the chunked form is an algebraic rewrite of it); kv_append writes
+// the host cache and copies the new rows up (one host round trip per attention layer); routing
+// synchronizes once per MoE layer (the host groups the ids). Small host inputs go up through a
+// pinned staging ring, so they do not stall the stream.
 #include "ops/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -154,7 +156,15 @@ struct WDev {
   const float* cb;
 };
 
+// ggml block weights (GGUF checkpoints) have no CUDA kernels yet: a clear error, never a guess.
+void check_supported(const WeightView& w) {
+  if (w.type == WType::kGgml)
+    fail("cuda backend: weight %s is in a ggml block type (GGUF), which has no CUDA kernels yet; run it with --device cpu",
+         w.name ? w.name : "(unnamed)");
+}
+
 WDev make_wdev(const WeightView& w) {
+  check_supported(w);
   WDev d{};
   d.rows = w.rows;
   d.cols = w.cols;
@@ -892,6 +902,7 @@ struct CudaBackend::Impl {
 
   // A device view of w: w itself when uploaded, else a copy in scratch for this op.
   WeightView dev_weight(const WeightView& w) {
+    check_supported(w);
     if (w.type == WType::kQuant) validate(w.quant);
     if (w.device == Device::kCuda) return w;
     const size_t n = weight_bytes(w);
@@ -1068,6 +1079,7 @@ const float* CudaBackend::upload_floats(std::span<const float> v) {
 
 WeightView CudaBackend::upload(const WeightView& w) {
   if (w.device == Device::kCuda || w.empty()) return w;
+  check_supported(w);
   if (w.type == WType::kQuant) validate(w.quant);
   const size_t n = weight_bytes(w);
   void* p = dev_alloc(n);
