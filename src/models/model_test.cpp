@@ -92,7 +92,8 @@ TEST_P(TinyFixture, LogitsAndGreedyMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
                          ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl",
-                                           "qwen3_5_moe_vl_fused"));
+                                           "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
+                                           "deepseek_v2_lite"));
 
 class Demo : public ::testing::Test {
  protected:

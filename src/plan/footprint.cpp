@@ -75,16 +75,15 @@ StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits
   ops::KvCache probe;
   uint64_t per;
   if (s.attn.kv_latent_dim > 0) {
-    // MLA (planner only): one vector of kv_latent_dim per position, stored as spool stores one
-    // K row (KvCache holds K and V: half of a one-head cache of that width).
-    probe.configure(ops::kv_type_from_bits(kv_bits), 1, s.attn.kv_latent_dim);
-    per = probe.bytes_per_position() / 2;
+    // MLA: one latent vector of kv_lora_rank + qk_rope_head_dim per position (a keys-only cache).
+    probe.configure(ops::kv_type_from_bits(kv_bits), 1, s.attn.kv_latent_dim, true);
+    per = probe.bytes_per_position();
   } else {
     probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
     per = probe.bytes_per_position();
   }
-  // A sliding window (planner only) caps the positions held.
-  if (s.attn.sliding_window > 0) capacity = std::min(capacity, s.attn.sliding_window);
+  // A sliding window caps the positions held when the family's cache is bounded by it.
+  if (s.attn.sliding_window > 0 && s.attn.window_bounds_kv) capacity = std::min(capacity, s.attn.sliding_window);
   // KvCache::reserve doubles: the previous capacity is at most half of the final one.
   int64_t prev = capacity / 2 / 256 * 256;
   for (int i = 0; i < s.n_layers; ++i) {

@@ -88,7 +88,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     sh.kv_bits = kv_bits;
     p.shape = sh;
     p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
-    if (p.spec.attn.sliding_window > 0) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
+    if (p.spec.attn.sliding_window > 0 && p.spec.attn.window_bounds_kv) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
     p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
     const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));
