@@ -221,39 +221,43 @@ void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_
       const int64_t t = (r0 + r) / group, g = (r0 + r) % group;
       std::memcpy(qs.data() + r * hd, q + (t * n_heads + kvh * group + g) * hd, hd * sizeof(float));
     }
+    // Sliding window: keys before k0 (the first row's window start, the earliest any row of the
+    // tile sees) are neither read nor scored; m = n - k0 keys from k0 on.
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, pos0 + r0 / group + 1 - window) : 0;
+    const int64_t m = n - k0;
     const int64_t krow0 = static_cast<int64_t>(kvh) * hd;  // first key row of this head
-    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap;  // first value row of this head
+    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap + k0;  // value row of (this head, k0)
     switch (kv.type()) {
       case KvType::kF32:
-        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap, cap, n, hd, sc.data(), n);
+        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap + k0, cap, m, hd, sc.data(), m);
         break;
       case KvType::kF16:
-        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap, cap, n, hd, sc.data(), n);
+        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap + k0, cap, m, hd, sc.data(), m);
         break;
       case KvType::kI8:
-        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap,
-                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap, cap, kv.group_dim(), n, hd, sc.data(), n);
+        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap + k0,
+                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap + k0, cap, kv.group_dim(), m, hd, sc.data(), m);
         break;
     }
     for (int64_t r = 0; r < nr; ++r) {
-      const int64_t visible = pos0 + (r0 + r) / group + 1;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window: keys [lo, visible)
-      float* row = sc.data() + r * n;
+      const int64_t visible = pos0 + (r0 + r) / group + 1 - k0;  // local: keys [lo, visible) of the m
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, visible + k0 - window) - k0 : 0;
+      float* row = sc.data() + r * m;
       ops::scale(scale, row + lo, visible - lo);
       softmax_inplace(row + lo, visible - lo);
       std::fill(row, row + lo, 0.0f);
-      std::fill(row + visible, row + n, 0.0f);
+      std::fill(row + visible, row + m, 0.0f);
     }
     switch (kv.type()) {
       case KvType::kF32:
-        accumulate_rows(sc.data(), n, nr, reinterpret_cast<const float*>(kv.v_data()) + vrow0 * hd, hd, n, hd, acc.data(), hd);
+        accumulate_rows(sc.data(), m, nr, reinterpret_cast<const float*>(kv.v_data()) + vrow0 * hd, hd, m, hd, acc.data(), hd);
         break;
       case KvType::kF16:
-        accumulate_rows_f16(sc.data(), n, nr, reinterpret_cast<const uint16_t*>(kv.v_data()) + vrow0 * hd, hd, n, hd, acc.data(), hd);
+        accumulate_rows_f16(sc.data(), m, nr, reinterpret_cast<const uint16_t*>(kv.v_data()) + vrow0 * hd, hd, m, hd, acc.data(), hd);
         break;
       case KvType::kI8:
-        accumulate_rows_i8(sc.data(), n, nr, reinterpret_cast<const int8_t*>(kv.v_data()) + vrow0 * hd,
-                           kv.v_scales() + vrow0 * kv.groups(), hd, kv.groups(), kv.group_dim(), n, hd, acc.data(), hd);
+        accumulate_rows_i8(sc.data(), m, nr, reinterpret_cast<const int8_t*>(kv.v_data()) + vrow0 * hd,
+                           kv.v_scales() + vrow0 * kv.groups(), hd, kv.groups(), kv.group_dim(), m, hd, acc.data(), hd);
         break;
     }
     for (int64_t r = 0; r < nr; ++r) {
