@@ -87,7 +87,9 @@ TEST_P(TinyFixture, LogitsAndGreedyMatchTransformers) {
   std::vector<float> ref = g.f32("logits");
   State st = l.model->new_state();
   std::vector<float> got = prefill_all(*l.model, st, ids, 512);
-  expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, kTol, GetParam());
+  const double worst = expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, kTol, GetParam());
+  RecordProperty("max_rel_error", std::to_string(worst));
+  std::printf("%s: max rel error %.3g\n", GetParam().c_str(), worst);
   std::vector<int32_t> want = g.i32("greedy_ids");
   EXPECT_EQ(greedy(*l.model, ids, static_cast<int>(want.size())), want);
 }
