@@ -38,7 +38,7 @@ std::string gib(uint64_t b) { return format_bytes(b); }
 void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   const auto& s = p.spec;
   const auto& w = p.weights;
-  const int n_attn = s.n_layers_of(models::MixerKind::kAttention);
+  const int n_attn = s.n_layers_of(models::MixerKind::kAttention) + s.n_layers_of(models::MixerKind::kMLA);
   std::printf("model      %s\n", src.location.c_str());
   std::printf("           %s, %d layers (%d full attention), %d experts top-%d; %s in %d shard(s)%s\n", s.model_type.c_str(),
               s.n_layers, n_attn, s.moe.n_experts, s.moe.top_k, format_bytes(w.file_bytes).c_str(), w.shards,

@@ -9,6 +9,7 @@
 #include "engine/loader.h"
 #include "io/checkpoint.h"
 #include "models/model.h"
+#include "models/presets.h"
 #include "ops/thread_pool.h"
 #include "plan/budget.h"
 #include "plan/footprint.h"
@@ -174,6 +175,30 @@ TEST(Projection, VerdictsAndCommand) {
   EXPECT_LE(p.peak + p.reserve, in.available);
   in.available = 64ull << 20;
   EXPECT_EQ(project(ck, in).verdict, Verdict::kNoFit);
+}
+
+}  // namespace
+}  // namespace spool::plan
+
+namespace spool::plan {
+namespace {
+
+// The workspace is one arena sized by the widest layer: a 40-layer Qwen3.6-35B-A3B needs the
+// same workspace as its first 8 layers (per-layer buffers made it grow with the layer count).
+TEST(Footprint, WorkspaceDoesNotGrowWithLayers) {
+  const models::Preset& p = models::preset("qwen3.6-35b-a3b");
+  auto spec_with = [&](int layers) {
+    nlohmann::json cfg = p.config;
+    nlohmann::json& text = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+    text["num_hidden_layers"] = layers;
+    if (text.contains("layer_types")) text["layer_types"] = std::vector<nlohmann::json>(text["layer_types"].begin(), text["layer_types"].begin() + layers);
+    return models::build_spec(io::Config(text, "preset"), io::GenerationDefaults{}, false, "preset");
+  };
+  const models::ModelSpec s8 = spec_with(8), s40 = spec_with(40);
+  ASSERT_EQ(s40.n_layers, 40);
+  const uint64_t w8 = workspace_bytes(s8, 512, 4096, 2, true), w40 = workspace_bytes(s40, 512, 4096, 2, true);
+  EXPECT_LE(static_cast<double>(w40), 1.10 * static_cast<double>(w8)) << "8 layers " << w8 << " B, 40 layers " << w40 << " B";
+  EXPECT_EQ(models::workspace_arena_bytes(s8, 512), models::workspace_arena_bytes(s40, 512));
 }
 
 }  // namespace

@@ -71,9 +71,10 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   p.architecture = std::move(pm.architecture);
   p.notes = std::move(pm.notes);
   p.weights = weight_bytes(ck, p.spec);
-  if (!p.runnable) {
+  {
     // Layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction layer, stored as
-    // layers.61) are not used to decode: left out of every figure.
+    // layers.61) are not used to decode (the engine binds layers below n_layers only): left
+    // out of every figure.
     uint64_t extra = 0, extra_experts = 0;
     for (const auto& t : ck.tensors()) {
       if (layer_of(t.name) < p.spec.n_layers) continue;
@@ -99,7 +100,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     sh.kv_bits = kv_bits;
     p.shape = sh;
     p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
-    if (p.spec.attn.sliding_window > 0) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
+    if (p.spec.attn.sliding_window > 0 && p.spec.attn.window_bounds_kv) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
     p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
     const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));

@@ -128,8 +128,11 @@ void BatchEngine::fail(Slot& s, int status, const std::string& msg) {
     std::lock_guard lock(mu_);
     m.order = ++order_;
   }
-  s.ticket->push(std::move(m));
+  // The slot is free before the client hears of the end (stats and metrics read after a
+  // response never see the finished request as running).
+  auto ticket = s.ticket;
   release(s);
+  ticket->push(std::move(m));
 }
 
 void BatchEngine::loop() {
@@ -161,10 +164,11 @@ void BatchEngine::loop() {
       r.prefill_s = (s.t_prefilled > 0 ? s.t_prefilled : now) - s.t_start;
       r.decode_s = s.t_prefilled > 0 ? now - s.t_prefilled : 0;
       if (on_result_) on_result_(r);
-      s.ticket->push(GenMessage{GenMessage::kDone, {}, r, 0, "", ++order_});
+      auto ticket = std::move(s.ticket);
       s.gen.reset();
       s.ticket.reset();
       s.started = false;
+      ticket->push(GenMessage{GenMessage::kDone, {}, r, 0, "", ++order_});
     }
     // Admission, FIFO: each takes the free slot that reuses most of its prompt.
     while (!queue_.empty()) {
@@ -342,8 +346,9 @@ void BatchEngine::after_logits(Slot& s) {
     m.order = ++order_;
   }
   m.result = std::move(r);
-  s.ticket->push(std::move(m));
+  auto ticket = s.ticket;  // the slot is free before the client hears of the end (see fail())
   release(s);
+  ticket->push(std::move(m));
 }
 
 }  // namespace spool::server
