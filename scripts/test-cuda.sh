@@ -105,10 +105,11 @@ case "$mode" in
         *) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
-    # Test data (the fixture families the tests run; the demo model is unpacked from the
+    # Test data (every fixture family; the demo model is unpacked from the
     # repository's models/ on the GPU machine) and the build path compiled into the binaries.
-    for f in qwen3_moe qwen3_next qwen3_5_moe_text qwen3_5_moe_vl qwen3_5_moe_vl_fused; do
-      cp -r "$bdir/tests/data/models/$f" "$dir/data/models/"
+    for f in "$bdir"/tests/data/models/*/; do
+      case "$(basename "$f")" in spool-demo-moe) continue ;; esac
+      cp -r "$f" "$dir/data/models/"
     done
     mkdir -p "$dir/data/models/spool-demo-moe"
     cp "$bdir/tests/data/models/spool-demo-moe/golden_prompts.safetensors" "$dir/data/models/spool-demo-moe/"

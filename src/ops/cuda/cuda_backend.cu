@@ -33,6 +33,8 @@ namespace spool::ops {
 namespace {
 
 void check_cuda(cudaError_t e, const char* what, int line) {
+  // (cudaGetLastError clears a non-sticky error, so a refused call does not fail the next launch check)
+  if (e != cudaSuccess) (void)cudaGetLastError();
   if (e != cudaSuccess) fail("CUDA error %s (%s) in %s (cuda_backend.cu:%d)", cudaGetErrorName(e), cudaGetErrorString(e), what, line);
 }
 #define CU(call) check_cuda((call), #call, __LINE__)
@@ -1019,13 +1021,15 @@ struct CudaBackend::Impl {
     // keys: nkv * hd rows of cap positions; values: nkv rows of cap * hd.
     CU(cudaMemcpy2DAsync(static_cast<char*>(m.k.get()) + up0 * es, cap * es, c.k_data() + up0 * es, cap * es, un * es, nkv * hd,
                          cudaMemcpyHostToDevice, stream));
-    CU(cudaMemcpy2DAsync(static_cast<char*>(m.v.get()) + up0 * hd * es, cap * hd * es, c.v_data() + up0 * hd * es, cap * hd * es,
-                         un * hd * es, nkv, cudaMemcpyHostToDevice, stream));
+    if (!c.keys_only())  // (a keys-only cache, e.g. MLA's latent, has no value rows)
+      CU(cudaMemcpy2DAsync(static_cast<char*>(m.v.get()) + up0 * hd * es, cap * hd * es, c.v_data() + up0 * hd * es, cap * hd * es,
+                           un * hd * es, nkv, cudaMemcpyHostToDevice, stream));
     if (c.type() == KvType::kI8) {
       CU(cudaMemcpy2DAsync(static_cast<float*>(m.ks.get()) + up0, cap * 4, c.k_scales() + up0, cap * 4, un * 4, nkv * g,
                            cudaMemcpyHostToDevice, stream));
-      CU(cudaMemcpy2DAsync(static_cast<float*>(m.vs.get()) + up0 * g, cap * g * 4, c.v_scales() + up0 * g, cap * g * 4, un * g * 4, nkv,
-                           cudaMemcpyHostToDevice, stream));
+      if (!c.keys_only())
+        CU(cudaMemcpy2DAsync(static_cast<float*>(m.vs.get()) + up0 * g, cap * g * 4, c.v_scales() + up0 * g, cap * g * 4, un * g * 4,
+                             nkv, cudaMemcpyHostToDevice, stream));
     }
     // The host vectors may change right after we return (the next write): wait for the copies.
     CU(cudaStreamSynchronize(stream));
