@@ -69,7 +69,8 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   std::printf("  prefill workspace  %12s   activations of %lld-token steps, logits, sampler%s\n", gib(p.base.workspace).c_str(),
               (long long)plan::step_rows(std::min(p.shape.prefill_step, p.shape.ctx), p.shape.parallel),
               seqs > 1 ? strfmt(" (one chunk + %d decode tokens)", p.shape.parallel - 1).c_str() : "");
-  std::printf("  tokenizer+runtime  %12s\n", gib(p.base.tokenizer + p.base.runtime).c_str());
+  std::printf("  tokenizer+runtime  %12s   tokenizer heap, tensor tables (%s), executable, libraries, stacks\n",
+              gib(p.base.tokenizer + p.base.tables + p.base.runtime).c_str(), format_bytes(p.base.tables).c_str());
   std::printf("  ---------------------------------\n");
   const int64_t headroom = static_cast<int64_t>(p.available) - static_cast<int64_t>(p.reserve) - static_cast<int64_t>(p.peak);
   std::printf("  peak (VmHWM)       %12s   of %s available, %s kept free; headroom %s%s\n", gib(p.peak).c_str(),
@@ -139,6 +140,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
                      {"kv_grow_transient", p.state.grow_transient},
                      {"workspace", p.base.workspace},
                      {"tokenizer", p.base.tokenizer},
+                     {"tables", p.base.tables},
                      {"runtime", p.base.runtime}};
   j["use_page_cache"] = p.use_page_cache;
   j["expected_hit_rate"] = p.expected_hit_rate;

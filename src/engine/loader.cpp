@@ -116,6 +116,7 @@ nlohmann::ordered_json memory_json(const MemoryDecision& m) {
   j["state"] = m.base.state;
   j["workspace"] = m.base.workspace;
   j["tokenizer"] = m.base.tokenizer;
+  j["tables"] = m.base.tables;
   j["runtime"] = m.base.runtime;
   j["reserve_bytes"] = m.reserve;
   j["streaming"] = m.streaming;
@@ -325,7 +326,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
                format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(base.dense).c_str(),
                format_bytes(base.state).c_str(), opt.parallel > 1 ? strfmt(" (%d sequences)", opt.parallel).c_str() : "",
                format_bytes(base.workspace).c_str(),
-               format_bytes(base.runtime + base.tokenizer).c_str(), format_bytes(reserve).c_str(),
+               format_bytes(base.runtime + base.tokenizer + base.tables).c_str(), format_bytes(reserve).c_str(),
                capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
     }
     l.memory.streaming = true;

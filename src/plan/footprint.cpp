@@ -26,6 +26,7 @@ WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec
   w.experts = ck.expert_bytes();
   w.dense = w.total - w.experts;
   w.file_bytes = ck.file_bytes();
+  w.tables = ck.table_bytes();
   w.shards = static_cast<int>(ck.shards().size());
   w.experts_quantized = ck.experts_quantized();
   // models/decoder.cpp reads embedding rows with pread when lm_head is its own tensor (float,

@@ -41,7 +41,7 @@ TEST(PlanCli, JsonKeysAndExitCodes) {
   EXPECT_EQ(j["kv_bytes_per_token"], 2 * 2 * 64 * 4 * 2);  // K and V, 2 KV heads x 64 dims, f32, 2 attention layers
   EXPECT_GT(j["decode_tok_s_mem_bound"].get<double>(), 0);
 
-  r = spool("plan -m " + kDemo + " --json --ram-gb 0.6");  // 0.6 GiB: the 512 MiB reserve leaves too little
+  r = spool("plan -m " + kDemo + " --json --ram-gb 0.5");  // 0.5 GiB: the 512 MiB reserve leaves nothing
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["verdict"], "no_fit");
 

@@ -59,6 +59,10 @@ BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const 
     b.workspace += (n - 1) * (2 * V * sizeof(float) + V * (sizeof(float) + sizeof(int32_t)) + V * sizeof(int32_t));
   }
   b.tokenizer = sh.tokenizer_json_bytes ? tokenizer_bytes(sh.tokenizer_json_bytes) : 0;
+  // The tables are added to the tokenizer's heap, not folded into it: measured on the demo,
+  // only part of them lands in the holes its parse leaves (the TensorRef array is one block
+  // of ~1 MB for 8,000 tensors, which glibc maps on its own), so the sum is an upper bound.
+  b.tables = w.tables;
   b.runtime = runtime_base_bytes(sh.threads, sh.start_rss);
   return b;
 }
