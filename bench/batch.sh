@@ -6,8 +6,9 @@
 # and bytes read from disk per token, on a Qwen3.6-35B-A3B-shaped synthetic checkpoint (q4,
 # 8 layers): resident, then inside a memory cgroup at 0.5x the checkpoint (experts streamed
 # with the automatic cache budget).
-# llama.cpp: llama-server -np 4 on the same weights as GGUF Q4_K_M, 1 and 4 concurrent
-# /completion requests, same threads, same cgroup (mmap, its default, and --no-mmap off).
+# llama.cpp: llama-server -np 4 on the same weights as GGUF Q4_K_M (with the checkpoint's
+# vocabulary added by bench/gguf_add_vocab.py), 1 and 4 concurrent /completion requests, same
+# threads, same cgroup; its default (weight repacking) and --no-repack (plain mmap).
 # Runs are interleaved (spool, llama.cpp) per configuration. Memory read bandwidth (spool
 # plan's probe) and direct-read disk bandwidth (fio) are measured in the same run.
 # Writes bench/results/batch.md and bench/results/batch.png.
@@ -34,6 +35,7 @@ GGUF=${GGUF:-$MODEL-Q4_K_M.gguf}
 THREADS=${THREADS:-$(nproc)}
 NGEN=${NGEN:-32}        # tokens generated per sequence
 REPS=${REPS:-2}
+LLAMA_REPS=${LLAMA_REPS:-$REPS}
 PAR=${PAR:-1,2,4,8}
 CAP_FRACTION=${CAP_FRACTION:-0.5}
 NAME=${NAME:-batch}
@@ -62,7 +64,9 @@ if [ ! -x "$LLAMA_BIN/llama-server" ]; then
   have_llama=0
 elif [ ! -f "$GGUF" ]; then
   [ -f "$BF16.bf16.gguf" ] || "$PYTHON" bench/moe_to_gguf.py "$BF16" "$BF16.bf16.gguf"
-  "$LLAMA_BIN/llama-quantize" "$BF16.bf16.gguf" "$GGUF" Q4_K_M "$THREADS"
+  "$LLAMA_BIN/llama-quantize" "$BF16.bf16.gguf" "$GGUF.novocab" Q4_K_M "$THREADS"
+  "$PYTHON" bench/gguf_add_vocab.py "$GGUF.novocab" "$GGUF" "$MODEL/tokenizer.json"  # llama-server tokenizes
+  rm -f "$GGUF.novocab"
 fi
 
 model_bytes=$(python3 -c "import os,sys; print(sum(os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1]) if f.endswith('.safetensors')))" "$MODEL")
@@ -106,19 +110,24 @@ base = next(t["avg_ts"] for t in js if t["n_parallel"] == 1)
 for t in js:
     n = t["n_parallel"]
     mbt = t["bytes_read_per_token"] / 1e6
+    stream = t.get("streaming", False)  # the expert columns exist when experts stream
+    exp = f"{t['experts_acquired_per_token']:.1f}" if stream else "-"
+    mb = f"{mbt:.1f}" if stream else "-"
+    hit = f"{100*t['cache_hit_rate']:.1f}%" if stream else "-"
     print(f"| {config} | spool | {n} | {t['avg_ts']:.2f} ± {t['stddev_ts']:.2f} | {t['avg_ts']/base:.2f}x | "
-          f"{t['experts_acquired_per_token']:.1f} | {mbt:.1f} | {100*t['cache_hit_rate']:.1f}% | {t['peak_rss_bytes']/2**30:.2f} |")
+          f"{exp} | {mb} | {hit} | {t['peak_rss_bytes']/2**30:.2f} |")
     print(f"DATA\t{config}\tspool\t{n}\t{t['avg_ts']:.4f}", file=sys.stderr)
 PY
 }
 
 # llama.cpp: llama-server -np 4, 1 then 4 concurrent /completion requests of NGEN tokens.
+# llama_rows CONFIG CG LABEL [SERVER FLAGS...]
 llama_rows() {
-  local config=$1 cg=$2
+  local config=$1 cg=$2 label=$3; shift 3
   [ "$have_llama" = 1 ] || return 0
   sync; echo 3 > /proc/sys/vm/drop_caches
   local port=18091
-  in_cg "$cg" "$LLAMA_BIN/llama-server" -m "$GGUF" -t "$THREADS" -np 4 -c $((4 * 256)) --port $port --host 127.0.0.1 \
+  in_cg "$cg" "$LLAMA_BIN/llama-server" -m "$GGUF" -t "$THREADS" -np 4 -c $((4 * 256)) --port $port --host 127.0.0.1 "$@" \
     > "$TMP/server.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 600); do
@@ -126,9 +135,9 @@ llama_rows() {
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 1
   done
-  python3 - "$config" "$port" "$NGEN" "$REPS" "$SERVER_PID" >> "$TMP/rows.txt" <<'PY'
+  python3 - "$config" "$port" "$NGEN" "$LLAMA_REPS" "$SERVER_PID" "$label" >> "$TMP/rows.txt" <<'PY'
 import json, sys, threading, time, urllib.request, os
-config, port, ngen, reps, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+config, port, ngen, reps, pid, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 def alive():
     try:
         os.kill(pid, 0); return True
@@ -143,7 +152,7 @@ def one(seed, out):
 base = None
 for n in (1, 4):
     if not alive():
-        print(f"| {config} | llama.cpp -np 4 | {n} | killed (out of memory) | - | - | - | - | - |")
+        print(f"| {config} | {label} | {n} | server exited (see below) | - | - | - | - | - |")
         continue
     ts = []
     for rep in range(reps + 1):  # first: warm-up
@@ -156,24 +165,35 @@ for n in (1, 4):
         if rep > 0 and len(out) == n:
             ts.append(sum(out) / dt)
     if not ts:
-        print(f"| {config} | llama.cpp -np 4 | {n} | failed | - | - | - | - | - |")
+        print(f"| {config} | {label} | {n} | failed | - | - | - | - | - |")
         continue
     m = sum(ts) / len(ts)
     sd = (sum((x - m) ** 2 for x in ts) / max(len(ts) - 1, 1)) ** 0.5
     base = base or m
-    print(f"| {config} | llama.cpp -np 4 | {n} | {m:.2f} ± {sd:.2f} | {m/base:.2f}x | - | - | - | - |")
-    print(f"DATA\t{config}\tllama.cpp\t{n}\t{m:.4f}", file=sys.stderr)
+    print(f"| {config} | {label} | {n} | {m:.2f} ± {sd:.2f} | {m/base:.2f}x | - | - | - | - |")
+    print(f"DATA\t{config}\t{label}\t{n}\t{m:.4f}", file=sys.stderr)
 PY
+  local rc=0
   kill "$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || rc=$?
   SERVER_PID=
+  # 143: stopped by us at the end; 137: killed (out of memory in the cgroup); 139: crashed.
+  case $rc in
+    0|143) ;;
+    137) echo "$config, $label: llama-server was killed (out of memory)" >> "$TMP/notes.txt" ;;
+    *) echo "$config, $label: llama-server exited with status $rc ($(grep -m1 -iE 'error|fault|abort' "$TMP/server.log" || tail -1 "$TMP/server.log"))" >> "$TMP/notes.txt" ;;
+  esac
 }
 
 : > "$TMP/rows.txt"
+: > "$TMP/notes.txt"
+capcfg="cgroup $(python3 -c "print(round($cap_bytes/2**30, 2))") GiB"
 spool_rows "resident" "" "--no-stream" 2>>"$TMP/data.tsv"
-llama_rows "resident" "" 2>>"$TMP/data.tsv"
-spool_rows "cgroup $(python3 -c "print(round($cap_bytes/2**30, 2))") GiB" "$CG" "" 2>>"$TMP/data.tsv"
-llama_rows "cgroup $(python3 -c "print(round($cap_bytes/2**30, 2))") GiB" "$CG" 2>>"$TMP/data.tsv"
+llama_rows "resident" "" "llama.cpp -np 4 (default)" 2>>"$TMP/data.tsv"
+llama_rows "resident" "" "llama.cpp -np 4 --no-repack" --no-repack 2>>"$TMP/data.tsv"
+spool_rows "$capcfg" "$CG" "" 2>>"$TMP/data.tsv"
+llama_rows "$capcfg" "$CG" "llama.cpp -np 4 (default)" 2>>"$TMP/data.tsv"
+llama_rows "$capcfg" "$CG" "llama.cpp -np 4 --no-repack" --no-repack 2>>"$TMP/data.tsv"
 
 {
   echo "Batched decoding: aggregate decode tokens/s with N sequences decoded together, $THREADS threads,"
@@ -189,6 +209,7 @@ llama_rows "cgroup $(python3 -c "print(round($cap_bytes/2**30, 2))") GiB" "$CG" 
   echo "| config | tool | sequences | aggregate tok/s | vs 1 sequence | experts acquired / token | MB read from disk / token | expert hit rate | peak RSS GiB |"
   echo "|---|---|---|---|---|---|---|---|---|"
   cat "$TMP/rows.txt"
+  if [ -s "$TMP/notes.txt" ]; then echo; sed 's/^/- /' "$TMP/notes.txt"; fi
 } | tee "$OUT"
 
 grep '^DATA' "$TMP/data.tsv" | cut -f2- > "$TMP/plot.tsv" || true
