@@ -4,6 +4,8 @@
 // kernels (src/ops/ggml_blocks) without a link dependency between them.
 #pragma once
 
+#include <vector>
+
 #include <cstdint>
 
 namespace spool {
@@ -90,6 +92,22 @@ constexpr const char* ggml_type_name(GgmlType t) {
 constexpr uint64_t ggml_row_bytes(GgmlType t, uint64_t n) {
   const GgmlTypeTraits tr = ggml_type_traits(t);
   return tr.blck == 0 ? 0 : n / tr.blck * tr.size;
+}
+
+
+/// Byte offsets of the f16 scale fields (d, and dmin where the type has one) inside one block
+/// of type t (gguf.md block layouts); empty for float types and MXFP4 (e8m0 scale). For tools
+/// and tests that build or rescale blocks.
+inline std::vector<int> ggml_half_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+      return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
 }
 
 }  // namespace spool

@@ -213,18 +213,6 @@ const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::kF16, WK
                                       WKind::kGgmlQ5_K, WKind::kGgmlQ6_K, WKind::kGgmlIQ4_NL, WKind::kGgmlIQ4_XS,
                                       WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm};
 
-// Byte offsets of the f16 scale fields of one ggml block of type t.
-std::vector<int> ggml_half_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
-      return {0};
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q2_K: return {80, 82};
-    case GgmlType::Q3_K: return {108};
-    case GgmlType::Q6_K: return {208};
-    default: return {};
-  }
-}
 
 // rows x cols random ggml blocks of type t, rescaled (through the f16 scale fields, and the
 // shared exponent of MXFP4) so that the weights' rms is about 0.1 and products stay O(1).

@@ -23,38 +23,15 @@
 
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
+#include "ops/weights.h"
 
 // ---- Target-independent part (compiled once) ----
 #ifndef SPOOL_OPS_GGML_BLOCKS_SHARED
 #define SPOOL_OPS_GGML_BLOCKS_SHARED
 namespace spool::ops::ggml {
 
-/// IEEE half bits -> float (exact: subnormals, inf, NaN).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (man == 0) {
-      u = sign;
-    } else {  // subnormal: renormalise
-      int e = -1;
-      do {
-        ++e;
-        man <<= 1;
-      } while ((man & 0x400u) == 0);
-      u = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | man << 13;
-  } else {
-    u = sign | (exp + 112) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+/// IEEE half bits -> float (exact: subnormals, inf, NaN); ops::f16_to_f32 (weights.h).
+inline float half_to_float(uint16_t h) { return f16_to_f32(h); }
 
 /// f16 stored at p (unaligned).
 inline float load_half(const uint8_t* p) {

@@ -28,18 +28,6 @@ constexpr GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  
                                GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,  GgmlType::Q5_K,
                                GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
 
-// Byte offsets of the f16 scale fields of one block.
-std::vector<int> half_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
-      return {0};
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q2_K: return {80, 82};
-    case GgmlType::Q3_K: return {108};
-    case GgmlType::Q6_K: return {208};
-    default: return {};
-  }
-}
 
 // Random f16 bits of magnitude 2^-10 .. 2^5, either sign.
 uint16_t random_half(std::mt19937_64& g) {
@@ -74,7 +62,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, uint6
   const int64_t nb = static_cast<int64_t>(m.size()) / tr.size;
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* p = m.data() + b * tr.size;
-    for (int off : half_fields(t)) {
+    for (int off : ggml_half_fields(t)) {
       const uint16_t h = random_half(g);
       std::memcpy(p + off, &h, 2);
     }

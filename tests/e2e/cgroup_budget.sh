@@ -106,7 +106,12 @@ for ver in "${versions[@]}"; do
   in_cg() { sh -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$inner" "$@"; }
   stat_of() { awk -v k="$inactive_key" '$1 == k { print $2 }' "$outer/memory.stat"; }
 
+  # The group's limit must be the tightest constraint plan sees: below the machine's
+  # MemAvailable (a busy machine can have less than 2 GiB available outside the group).
+  avail_kb=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
   L0=$((2048 * MiB))
+  [ $((avail_kb * 1024 / 2)) -lt "$L0" ] && L0=$((avail_kb * 1024 / 2 / MiB * MiB))
+  [ "$L0" -ge $((256 * MiB)) ] || die "the machine has only $((avail_kb / 1024)) MiB available: too little to test a cgroup limit"
   echo "$L0" > "$outer/$limit_f"
   in_cg cat "$work"/model/*.safetensors > /dev/null
   # memory.stat lags the page counters: the kernel flushes per-CPU statistics every 2 s.
