@@ -126,7 +126,7 @@ llama_rows() {
   local config=$1 cg=$2 label=$3; shift 3
   [ "$have_llama" = 1 ] || return 0
   sync; echo 3 > /proc/sys/vm/drop_caches
-  local port=18091
+  local port=$((18100 + RANDOM % 800))  # a fresh port per server (the last one may still hold its own)
   in_cg "$cg" "$LLAMA_BIN/llama-server" -m "$GGUF" -t "$THREADS" -np 4 -c $((4 * 256)) --port $port --host 127.0.0.1 "$@" \
     > "$TMP/server.log" 2>&1 &
   SERVER_PID=$!
