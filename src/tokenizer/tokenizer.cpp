@@ -208,14 +208,17 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   const std::string& pattern = regex;  // as tokenizer.json holds it after JSON decoding
   nlohmann::ordered_json j;
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object(), added = nlohmann::ordered_json::array();
+  // Every token is in the BPE vocabulary at its file id (a control token's string is never the
+  // result of a merge, so this changes no encoding); control (3) and user-defined (4) tokens are
+  // also added tokens, matched in the raw text as llama.cpp does. Were they only added tokens, HF's
+  // rule "an added token missing from the model vocabulary gets the next free id" would move them
+  // whenever they do not sit after the BPE vocabulary (the demo model's <|vision_pad|> is id 11).
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     const int32_t type = i < v.token_types.size() ? v.token_types[i] : 1;
-    if (type == 3 || type == 4) {
+    if (type == 3 || type == 4)
       added.push_back({{"id", i}, {"content", v.tokens[i]}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                       {"normalized", type == 4}, {"special", type == 3}});
-    } else {
-      vocab[v.tokens[i]] = i;
-    }
+                       {"normalized", false}, {"special", type == 3}});
+    vocab[v.tokens[i]] = i;  // a duplicated string: the last id, as llama.cpp's token_to_id
   }
   j["version"] = "1.0";
   j["added_tokens"] = added;
