@@ -27,9 +27,9 @@ struct ModelSource {
   int requests = 0;                   // HTTP requests made
 };
 
-/// The planner's stand-in for the size of tokenizer.json of a GGUF's tokenizer metadata (the
-/// text Tokenizer::from_gguf builds and parses): token and merge string bytes plus the JSON
-/// punctuation around them; 0 without tokenizer.ggml.tokens.
+/// The planner's stand-in for the tokenizer.json size of a GGUF's tokenizer metadata: the size
+/// of a tokenizer.json whose load peaks as high as Tokenizer::from_gguf on this metadata
+/// (calibrated on Qwen3's vocabulary; see source.cpp); 0 without tokenizer.ggml.tokens.
 uint64_t gguf_tokenizer_json_bytes(const io::GgufFile& g);
 
 /// True for "http://..." and "https://...".
