@@ -61,7 +61,7 @@ meas, pred = gen["peak_rss_bytes"], plan["peak_bytes"]
 c = plan["components"]
 m = gen["stats"]["memory"]
 mib = lambda b: b / 2**20
-parts = f"dense {mib(c['dense_resident']):.0f} + experts {mib(c['experts_resident'] + c['expert_cache']):.0f} + KV/state {mib(c['kv'] + c['recurrent_state'] + c['kv_grow_transient']):.1f} + work {mib(c['workspace']):.0f} + tok/rt {mib(c['tokenizer'] + c['runtime']):.0f}"
+parts = f"dense {mib(c['dense_resident']):.0f} + experts {mib(c['experts_resident'] + c['expert_cache']):.0f} + KV/state {mib(c['kv'] + c['recurrent_state'] + c['kv_grow_transient']):.1f} + work {mib(c['workspace']):.0f} + tok/tables/rt {mib(c['tokenizer']):.1f}/{mib(c['tables']):.1f}/{mib(c['runtime']):.1f}"
 budget = f"{plan['cache_budget_bytes']/2**30:.2f} GiB" if plan["verdict"] == "stream" else "-"
 if m["streaming"] and m["cache_budget_auto"]:
     budget += f" (engine auto: {m['cache_budget_bytes']/2**30:.2f} GiB)"

@@ -245,6 +245,7 @@ TEST(Cli, LoaderBudgetUsesCtxSizeAndPrefillStep) {
     EXPECT_EQ(m["state"].get<uint64_t>(), c["kv"].get<uint64_t>() + c["recurrent_state"].get<uint64_t>() + c["kv_grow_transient"].get<uint64_t>());
     EXPECT_EQ(m["workspace"], c["workspace"]);
     EXPECT_EQ(m["tokenizer"], c["tokenizer"]);
+    EXPECT_EQ(m["tables"], c["tables"]);
   };
   const std::string ids7 = " --prompt-ids 1,2,3,4,5,6,7";
   std::set<uint64_t> workspaces;

@@ -26,7 +26,7 @@ void run(const InfoOptions& o) {
   for (const auto& t : ck.tensors()) by_dtype[io::dtype_name(t.dtype)] += t.nbytes;
   std::string layers;
   for (int i = 0; i < s.n_layers; ++i) {
-    layers += s.mixers[i] == models::MixerKind::kAttention ? "A" : "L";
+    layers += s.mixers[i] == models::MixerKind::kAttention ? "A" : s.mixers[i] == models::MixerKind::kMLA ? "M" : "L";
     if (s.ffns[i] == models::FfnKind::kDense) layers += "d";
   }
   if (o.json) {

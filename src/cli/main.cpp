@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/common.h"
 #include "common/error.h"
@@ -32,8 +34,15 @@ int main(int argc, char** argv) {
   spool::cli::register_bench(app);
   spool::cli::register_convert(app);
   spool::cli::register_serve(app);
+  // llama-server's `-np N` for --parallel (CLI11 takes one-letter short names only): the exact
+  // argument "-np" after `serve` or `plan` is read as --parallel.
+  std::vector<char*> args(argv, argv + argc);
+  static char kParallel[] = "--parallel";
+  if (argc > 1 && (std::string(argv[1]) == "serve" || std::string(argv[1]) == "plan"))
+    for (int i = 2; i < argc; ++i)
+      if (std::string(argv[i]) == "-np") args[static_cast<size_t>(i)] = kParallel;
   try {
-    app.parse(argc, argv);
+    app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;

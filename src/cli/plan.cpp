@@ -24,6 +24,7 @@ struct PlanOptions {
   int kv_bits = 32;
   bool kv_bits_given = false;
   int64_t prefill_step = 512;
+  int parallel = 1;
   double ram_gb = 0;
   double disk_gbps = 0, mem_gbps = 0;
   int threads = 0;
@@ -37,7 +38,7 @@ std::string gib(uint64_t b) { return format_bytes(b); }
 void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   const auto& s = p.spec;
   const auto& w = p.weights;
-  const int n_attn = s.n_layers_of(models::MixerKind::kAttention);
+  const int n_attn = s.n_layers_of(models::MixerKind::kAttention) + s.n_layers_of(models::MixerKind::kMLA);
   std::printf("model      %s\n", src.location.c_str());
   std::printf("           %s, %d layers (%d full attention), %d experts top-%d; %s in %d shard(s)%s\n", s.model_type.c_str(),
               s.n_layers, n_attn, s.moe.n_experts, s.moe.top_k, format_bytes(w.file_bytes).c_str(), w.shards,
@@ -46,8 +47,9 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   if (!p.runnable)
     std::printf("runnable   NO: spool cannot run model_type '%s' yet; this projection is for planning a download\n",
                 s.model_type.c_str());
-  std::printf("projection at %lld tokens of context, --kv-bits %d, --prefill-step-size %lld, %d threads\n", (long long)p.shape.ctx,
-              p.shape.kv_bits, (long long)p.shape.prefill_step, p.shape.threads);
+  std::printf("projection at %lld tokens of context, --kv-bits %d, --prefill-step-size %lld, %d threads%s\n", (long long)p.shape.ctx,
+              p.shape.kv_bits, (long long)p.shape.prefill_step, p.shape.threads,
+              p.shape.parallel > 1 ? strfmt(", --parallel %d (sequences)", p.shape.parallel).c_str() : "");
   std::printf("  weights            %12s   routed experts %s, dense %s%s\n", gib(w.total).c_str(), gib(w.experts).c_str(),
               gib(w.dense).c_str(),
               w.embed_on_demand ? strfmt(" (embedding table %s read row by row, not resident)", gib(w.embed_on_demand).c_str()).c_str() : "");
@@ -58,12 +60,17 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
                 gib(p.cache_budget).c_str(), p.use_page_cache ? "reads through the page cache" : "O_DIRECT reads");
   else
     std::printf("  routed experts     %12s   resident\n", gib(w.experts).c_str());
-  std::printf("  KV cache           %12s   %s/token over %d of %d layers, %lld positions allocated\n", gib(p.state.kv).c_str(),
-              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers, (long long)p.kv_capacity);
-  if (p.state.recurrent) std::printf("  recurrent state    %12s   Gated DeltaNet conv + state per sequence\n", gib(p.state.recurrent).c_str());
-  std::printf("  prefill workspace  %12s   activations of %lld-token chunks, logits, sampler\n", gib(p.base.workspace).c_str(),
-              (long long)std::min(p.shape.prefill_step, p.shape.ctx));
-  std::printf("  tokenizer+runtime  %12s\n", gib(p.base.tokenizer + p.base.runtime).c_str());
+  const uint64_t seqs = static_cast<uint64_t>(std::max(p.shape.parallel, 1));
+  const std::string times = seqs > 1 ? strfmt(" x %d sequences", p.shape.parallel) : "";
+  std::printf("  KV cache           %12s   %s/token over %d of %d layers, %lld positions allocated%s\n", gib(seqs * p.state.kv).c_str(),
+              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers, (long long)p.kv_capacity, times.c_str());
+  if (p.state.recurrent)
+    std::printf("  recurrent state    %12s   Gated DeltaNet conv + state per sequence%s\n", gib(seqs * p.state.recurrent).c_str(), times.c_str());
+  std::printf("  prefill workspace  %12s   activations of %lld-token steps, logits, sampler%s\n", gib(p.base.workspace).c_str(),
+              (long long)plan::step_rows(std::min(p.shape.prefill_step, p.shape.ctx), p.shape.parallel),
+              seqs > 1 ? strfmt(" (one chunk + %d decode tokens)", p.shape.parallel - 1).c_str() : "");
+  std::printf("  tokenizer+runtime  %12s   tokenizer heap, tensor tables (%s), executable, libraries, stacks\n",
+              gib(p.base.tokenizer + p.base.tables + p.base.runtime).c_str(), format_bytes(p.base.tables).c_str());
   std::printf("  ---------------------------------\n");
   const int64_t headroom = static_cast<int64_t>(p.available) - static_cast<int64_t>(p.reserve) - static_cast<int64_t>(p.peak);
   std::printf("  peak (VmHWM)       %12s   of %s available, %s kept free; headroom %s%s\n", gib(p.peak).c_str(),
@@ -117,6 +124,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
   j["ctx_size"] = p.shape.ctx;
   j["kv_bits"] = p.shape.kv_bits;
   j["prefill_step"] = p.shape.prefill_step;
+  j["parallel"] = p.shape.parallel;
   j["threads"] = p.shape.threads;
   j["available_bytes"] = p.available;
   j["reserve_bytes"] = p.reserve;
@@ -132,6 +140,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
                      {"kv_grow_transient", p.state.grow_transient},
                      {"workspace", p.base.workspace},
                      {"tokenizer", p.base.tokenizer},
+                     {"tables", p.base.tables},
                      {"runtime", p.base.runtime}};
   j["use_page_cache"] = p.use_page_cache;
   j["expected_hit_rate"] = p.expected_hit_rate;
@@ -153,6 +162,7 @@ void run(const PlanOptions& o) {
   if (o.ctx < 1 || o.ctx > (int64_t{1} << 24)) throw UsageError(strfmt("--ctx-size must be 1..16777216 (got %lld)", (long long)o.ctx));
   if (o.kv_bits != 8 && o.kv_bits != 16 && o.kv_bits != 32) throw UsageError(strfmt("--kv-bits must be 8, 16 or 32 (got %d)", o.kv_bits));
   if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (o.parallel < 1 || o.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", o.parallel));
   if (o.ram_gb < 0 || o.ram_gb > 1e6) throw UsageError("--ram-gb must be in (0, 1e6]");
   if (o.disk_gbps < 0 || o.mem_gbps < 0) throw UsageError("--disk-gbps and --mem-gbps must be positive");
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads must be 1..1024, or 0 for all hardware threads");
@@ -171,6 +181,7 @@ void run(const PlanOptions& o) {
   in.shape.ctx = o.ctx;
   in.shape.kv_bits = o.kv_bits;
   in.shape.prefill_step = o.prefill_step;
+  in.shape.parallel = o.parallel;
   const unsigned hw = std::thread::hardware_concurrency();
   in.shape.threads = o.threads > 0 ? o.threads : (hw ? static_cast<int>(hw) : 1);
   in.shape.tokenizer_json_bytes = src.tokenizer_json_bytes;
@@ -210,6 +221,7 @@ void register_plan(CLI::App& app) {
   c->add_option("-c,--ctx-size", o->ctx, "Tokens of context to plan for (default 4096)");
   CLI::Option* kv = c->add_option("--kv-bits", o->kv_bits, "KV cache bits: 32 (exact, default), 16 or 8");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");
+  c->add_option("--parallel", o->parallel, "Sequences run together, as `spool serve --parallel N` (-np N): KV/state per sequence (default 1)");
   c->add_option("--ram-gb", o->ram_gb, "Plan for this much available memory (GiB) instead of this machine's");
   c->add_option("--disk-gbps", o->disk_gbps, "Direct-read disk bandwidth, GB/s (default: measured on a local model's shard)");
   c->add_option("--mem-gbps", o->mem_gbps, "Memory read bandwidth, GB/s (default: measured on this machine)");

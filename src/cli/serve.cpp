@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -25,6 +26,7 @@ struct ServeOptions {
   int port = 8080;
   int64_t ctx_size = 0;
   int64_t prefill_step = 512;
+  int parallel = 1;
   bool tool_syntax_greedy = false;
   std::string disk_cache;
   double disk_cache_budget_gb = 10;
@@ -39,6 +41,7 @@ void run(const ServeOptions& o) {
   if (o.port < 0 || o.port > 65535) throw UsageError(strfmt("--port must be in [0, 65535] (got %d)", o.port));
   if (o.ctx_size < 0) throw UsageError(strfmt("--ctx-size must be >= 0 (got %lld)", (long long)o.ctx_size));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (o.parallel < 1 || o.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", o.parallel));
   if (!(o.disk_cache_budget_gb > 0)) throw UsageError(strfmt("--disk-cache-budget-gb must be > 0 (got %g)", o.disk_cache_budget_gb));
   server::EngineOptions eo;
   if (!o.chat_template_kwargs.empty()) {
@@ -53,6 +56,7 @@ void run(const ServeOptions& o) {
   eo.chat_template_file = o.chat_template_file;
   eo.ctx_size = o.ctx_size;
   eo.prefill_step = o.prefill_step;
+  eo.parallel = o.parallel;
   eo.tool_syntax_greedy = o.tool_syntax_greedy;
   eo.cache_checkpoints = o.cache_checkpoints;
   eo.disk_cache_dir = o.disk_cache;
@@ -62,8 +66,10 @@ void run(const ServeOptions& o) {
   // The loader keeps the KV cache of the whole context out of the expert-cache budget: give it the
   // context requests may use (the model's max_position_embeddings unless --ctx-size says).
   // The prompt cache's memory checkpoints each copy the whole Gated DeltaNet state: keep them
-  // out of the budget too.
-  lo.state_copies = static_cast<int64_t>(o.cache_checkpoints);
+  // out of the budget too (each slot has its own). Each slot's KV/state at the whole context
+  // and the workspace of a batched step come out of it as well (LoadOptions::parallel).
+  lo.state_copies = static_cast<int64_t>(o.cache_checkpoints) * o.parallel;
+  lo.parallel = o.parallel;
   lo.prefill_step = o.prefill_step;
   if (o.ctx_size > 0) {
     lo.ctx_size = o.ctx_size;
@@ -84,6 +90,8 @@ void run(const ServeOptions& o) {
   ho.host = o.host;
   ho.port = o.port;
   ho.api_key = o.api_key;
+  ho.parallel = o.parallel;
+  ho.threads = std::max(ho.threads, ho.max_waiting + o.parallel + 8);
   server::HttpServer http(ho);
   const int port = http.bind();
   // The signal thread is joined before `http` goes away: when run() ends for another reason
@@ -109,7 +117,8 @@ void run(const ServeOptions& o) {
   try {
     engine::LoadedModel loaded = engine::load(lo);
     auto e = server::make_serving_engine(std::move(loaded), eo);
-    std::fprintf(stderr, "spool: ready: model %s, context %lld, load %.2f s\n", eo.model_name.c_str(), (long long)e->facts.ctx_size,
+    std::fprintf(stderr, "spool: ready: model %s, context %lld, %d slot(s), load %.2f s\n", eo.model_name.c_str(),
+                 (long long)e->facts.ctx_size, o.parallel,
                  e->loaded.load_s);
     http.set_engine(std::move(e));
   } catch (...) {
@@ -130,6 +139,9 @@ void register_serve(CLI::App& app) {
   c->add_option("--port", o->port, "Port (default 8080; 0 = any free port, printed at start)");
   c->add_option("--ctx-size", o->ctx_size, "Prompt + output tokens per request at most (default: the model's max_position_embeddings)");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass; also the prompt-cache checkpoint spacing (default 512)");
+  c->add_option("--parallel", o->parallel,
+                 "Requests decoded together (slots, continuous batching; llama-server's -np, also accepted). Each slot holds its own "
+                 "KV cache and state at --ctx-size; more wait in the queue (default 1)");
   c->add_flag("--tool-syntax-greedy", o->tool_syntax_greedy, "Choose tokens by argmax inside tool-call markup (tags, keys, punctuation)");
   c->add_option("--disk-cache", o->disk_cache, "Directory for prompt-prefix snapshots kept across restarts");
   c->add_option("--disk-cache-budget-gb", o->disk_cache_budget_gb, "Disk cache size limit in GB; least recently used snapshots go first (default 10)");

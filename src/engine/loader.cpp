@@ -90,10 +90,12 @@ nlohmann::ordered_json memory_json(const MemoryDecision& m) {
   j["available_source"] = m.source;
   j["ctx_size"] = m.ctx_size;
   j["prefill_step"] = m.prefill_step;
+  j["parallel"] = m.parallel;
   j["dense_resident"] = m.base.dense;
   j["state"] = m.base.state;
   j["workspace"] = m.base.workspace;
   j["tokenizer"] = m.base.tokenizer;
+  j["tables"] = m.base.tables;
   j["runtime"] = m.base.runtime;
   j["reserve_bytes"] = m.reserve;
   j["streaming"] = m.streaming;
@@ -200,8 +202,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.model = models::load_model(l.ckpt, l.pool.get());
   const models::ModelSpec& spec = l.model->spec();
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
-  // The workspace arena for the chunks this run feeds (plan::workspace_bytes counts the same).
-  l.model->reserve_workspace(opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step);
+  if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
+  // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
+  // other sequence (plan::base_needs counts the same).
+  l.model->reserve_workspace(plan::step_rows(opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step, opt.parallel),
+                             opt.parallel);
   if (opt.max_active_experts != 0) {
     if (opt.max_active_experts < 0 || opt.max_active_experts > spec.moe.top_k)
       throw UsageError(strfmt("--max-active-experts %d is out of range: the model routes to %d experts per token (0 = native)",
@@ -216,6 +221,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   shape.ctx = opt.ctx_size;
   shape.prefill_step = opt.prefill_step;
   shape.kv_bits = opt.kv_bits;
+  shape.parallel = opt.parallel;
   shape.threads = opt.threads;
   shape.start_rss = start_rss;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
@@ -231,6 +237,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.memory.reserve = reserve;
   l.memory.ctx_size = opt.ctx_size;
   l.memory.prefill_step = opt.prefill_step;
+  l.memory.parallel = opt.parallel;
   bool stream = opt.stream.value_or(false);
   if (!opt.stream.has_value() && experts > 0 && plan::must_stream(available, base, experts)) {
     stream = true;
@@ -247,10 +254,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       l.memory.budget_auto = true;
       log_info("memory available: %s (%s)", format_bytes(available).c_str(), l.memory.source.c_str());
       const bool capped = so.cache_budget_bytes == experts;
-      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s - workspace %s - runtime %s - reserve %s%s",
+      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s%s - workspace %s - runtime %s - reserve %s%s",
                format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(base.dense).c_str(),
-               format_bytes(base.state).c_str(), format_bytes(base.workspace).c_str(),
-               format_bytes(base.runtime + base.tokenizer).c_str(), format_bytes(reserve).c_str(),
+               format_bytes(base.state).c_str(), opt.parallel > 1 ? strfmt(" (%d sequences)", opt.parallel).c_str() : "",
+               format_bytes(base.workspace).c_str(),
+               format_bytes(base.runtime + base.tokenizer + base.tables).c_str(), format_bytes(reserve).c_str(),
                capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
     }
     l.memory.streaming = true;

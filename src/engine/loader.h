@@ -33,6 +33,8 @@ struct LoadOptions {
   int64_t ctx_size = 4096;             // --ctx-size: tokens of context the run holds (sizes the KV and workspace
                                        // estimates kept out of the cache budget); commands set what they use
   int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
+  int parallel = 1;                    // --parallel: sequences run together (serve's slots): KV/state per sequence and
+                                       // the workspace of a step of prefill_step + parallel - 1 rows are kept out of the budget
   int64_t state_copies = 0;            // extra copies of the recurrent (GDN) state the caller keeps, e.g. serve's
                                        // prompt-cache checkpoints (bytes kept out of the cache budget)
   std::optional<uint64_t> available;   // bytes of memory available, measured by the caller before it read anything
@@ -49,6 +51,7 @@ struct MemoryDecision {
   uint64_t reserve = 0;         // plan::reserve_bytes(available)
   int64_t ctx_size = 0;         // the context and prefill step the estimate used
   int64_t prefill_step = 0;
+  int parallel = 1;
   bool streaming = false;
   bool budget_auto = false;     // the budget is --cache-budget-gb auto's (plan::auto_cache_budget)
   uint64_t cache_budget = 0;    // expert cache budget in bytes (0 when experts are resident)

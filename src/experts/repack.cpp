@@ -20,7 +20,9 @@ void repack(const io::Checkpoint& in, const std::vector<std::vector<int>>& perm,
   };
   uint64_t total = 0, done = 0;
   for (const auto& sh : in.shards()) total += sh.file_size();
-  for (const auto& sh : in.shards()) {
+  for (const auto& opened : in.shards()) {
+    // The shard's own table (file names and order): the Checkpoint keeps only its normalised one.
+    const io::SafetensorsFile sh = io::SafetensorsFile::open(opened.path());
     std::vector<io::SafetensorsWriter::Spec> specs;
     for (const auto& t : sh.tensors()) specs.push_back({t.name, t.dtype, t.shape});
     const std::string out_path = out_dir + "/" + fs::path(sh.path()).filename().string();

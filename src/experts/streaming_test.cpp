@@ -133,7 +133,8 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, Co
 INSTANTIATE_TEST_SUITE_P(Demo, BitIdentical, ::testing::Combine(::testing::Values("demo"), ::testing::ValuesIn(all_configs())),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Fixtures, BitIdentical,
-                         ::testing::Combine(::testing::Values("qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe"),
+                         ::testing::Combine(::testing::Values("qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe", "mixtral", "olmoe",
+                                                              "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite"),
                                             ::testing::Values(Config{0.0, 1, true, io::IoEngine::kPread, 0},
                                                               Config{0.1, 8, false, io::IoEngine::kUring, 2},
                                                               Config{0.5, 8, true, io::IoEngine::kUring, 0},

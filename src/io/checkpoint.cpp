@@ -1,5 +1,6 @@
 #include "io/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -93,9 +94,17 @@ void Checkpoint::add_fused(const TensorRef& t, const ExpertName& n, const std::s
 
 void Checkpoint::add(TensorRef t) {
   if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
-  index_[t.name] = tensors_.size();
   if (t.expert_layer >= 0) expert_index_[expert_key(t.expert_layer, t.expert_id, t.expert_proj, t.expert_part)] = tensors_.size();
+  // index_ views the names inside tensors_: a reallocation moves them (short names live in
+  // the TensorRef itself), so the index is rebuilt then (amortised O(1); index_shards reserves).
+  const bool moves = tensors_.size() == tensors_.capacity();
   tensors_.push_back(std::move(t));
+  if (moves) {
+    index_.clear();
+    for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+  } else {
+    index_.emplace(tensors_.back().name, tensors_.size() - 1);
+  }
 }
 
 namespace {
@@ -194,8 +203,21 @@ Checkpoint Checkpoint::from_parts(const std::string& label, const Config& raw_co
 void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
   Checkpoint& c = *this;
   c.shards_ = std::move(shards);
+  // One TensorRef per tensor (a fused expert tensor [E, ...] becomes 2E or E): reserved up
+  // front, so the table has no growth slack and index_ is built once.
+  size_t n = 0;
+  for (const SafetensorsFile& sf : c.shards_)
+    for (const TensorInfo& ti : sf.tensors()) {
+      const std::string name = normalize_tensor_name(ti.name);
+      if (name.empty()) continue;  // dropped
+      const std::optional<ExpertName> en = ti.shape.size() == 3 ? parse_expert_name(name) : std::nullopt;
+      n += en && en->fused ? static_cast<size_t>(ti.shape[0]) * (en->proj == ExpertProj::kGate ? 2 : 1) : 1;
+    }
+  n = std::min<size_t>(n, size_t{1} << 24);  // a hint: an absurd shape fails below with its own error
+  c.tensors_.reserve(n);
+  c.index_.reserve(n);
   for (int s = 0; s < static_cast<int>(c.shards_.size()); ++s) {
-    const SafetensorsFile& sf = c.shards_[s];
+    SafetensorsFile& sf = c.shards_[s];
     for (const TensorInfo& ti : sf.tensors()) {
       std::string name = normalize_tensor_name(ti.name);
       if (name.empty()) {
@@ -233,11 +255,12 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
       t.name = std::move(name);
       c.add(std::move(t));
     }
+    sf.drop_tensor_table();  // tensors_ holds all of it now
   }
 }
 
 const TensorRef* Checkpoint::find(std::string_view name) const {
-  auto it = index_.find(std::string(name));
+  auto it = index_.find(name);
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
@@ -290,6 +313,24 @@ uint64_t Checkpoint::expert_bytes() const {
   uint64_t n = 0;
   for (const auto& t : tensors_)
     if (t.expert_layer >= 0) n += t.nbytes;
+  return n;
+}
+
+uint64_t Checkpoint::table_bytes() const {
+  // One malloc block of n requested bytes (glibc, 64-bit): n + 8 rounded up to 16, >= 32.
+  auto block = [](uint64_t n) { return std::max<uint64_t>(32, (n + 8 + 15) / 16 * 16); };
+  constexpr uint64_t kSso = 15;  // libstdc++ keeps names up to 15 chars inside the string
+  uint64_t n = tensors_.capacity() ? block(tensors_.capacity() * sizeof(TensorRef)) : 0;
+  for (const TensorRef& t : tensors_) {
+    if (t.name.capacity() > kSso) n += block(t.name.capacity() + 1);
+    if (t.shape.capacity() > 0) n += block(t.shape.capacity() * sizeof(int64_t));
+  }
+  // unordered_map nodes: next pointer + value (+ the cached hash for string_view keys).
+  n += index_.size() * block(sizeof(void*) + sizeof(std::pair<const std::string_view, size_t>) + sizeof(size_t)) +
+       block(index_.bucket_count() * sizeof(void*));
+  n += expert_index_.size() * block(sizeof(void*) + sizeof(std::pair<const uint64_t, size_t>)) +
+       block(expert_index_.bucket_count() * sizeof(void*));
+  for (const auto& p : perms_) n += block(p.capacity() * sizeof(int32_t));
   return n;
 }
 

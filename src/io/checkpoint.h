@@ -100,6 +100,8 @@ class Checkpoint {
   /// generation_config.json (empty defaults when absent).
   const GenerationDefaults& generation() const { return generation_; }
 
+  /// The open shards: path, fd, mapping, sizes, metadata. Their own tensor tables are
+  /// dropped once indexed (SafetensorsFile::drop_tensor_table): tensors() is the one table.
   const std::vector<SafetensorsFile>& shards() const { return shards_; }
   const std::vector<TensorRef>& tensors() const { return tensors_; }
   /// Finds a tensor by normalised name; nullptr if absent.
@@ -131,6 +133,13 @@ class Checkpoint {
   /// Sum of the shard file sizes (headers included).
   uint64_t file_bytes() const;
   uint64_t expert_bytes() const;
+  /// Heap bytes of this object's tensor tables, which a loaded model holds for its lifetime:
+  /// the TensorRef array (capacity), each name's and shape's own heap block, the nodes and
+  /// buckets of the name and expert indexes, and the column permutations; each block counted
+  /// as glibc malloc hands it out (8-byte header, 16-byte rounding, 32 at least). The same
+  /// with or without mapped shards, so `spool plan` (headers only) counts what a run holds.
+  /// Not counted: config JSON, the shards' metadata, a GGUF file's own tables.
+  uint64_t table_bytes() const;
 
  private:
   // Indexes the tensors of `shards` (names normalised, experts resolved); takes ownership.
@@ -146,7 +155,9 @@ class Checkpoint {
   GenerationDefaults generation_;
   std::vector<SafetensorsFile> shards_;
   std::vector<TensorRef> tensors_;
-  std::unordered_map<std::string, size_t> index_;
+  // Name -> position in tensors_; the keys view the TensorRef names (rebuilt when tensors_
+  // reallocates, see add()).
+  std::unordered_map<std::string_view, size_t> index_;
   std::unordered_map<uint64_t, size_t> expert_index_;
   ExpertLayout expert_layout_ = ExpertLayout::kNone;
   bool experts_quantized_ = false;

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -81,6 +83,22 @@ TEST(Checkpoint, ShardedDemo) {
   EXPECT_EQ(c.config().get_int("num_experts"), 64);
   EXPECT_EQ(c.expert(7, 63, ExpertProj::kDown).shape, (std::vector<int64_t>{256, 32}));
   EXPECT_EQ(c.tensor("embed_tokens.weight").dtype, DType::BF16);
+}
+
+// The checkpoint keeps one tensor table: the shards' own are dropped once indexed, and
+// table_bytes() (what `spool plan` counts) is the heap that opening leaves in use.
+TEST(Checkpoint, OneTableCountedByTableBytes) {
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);  // as spool runs (cli/main.cpp)
+  const size_t before = mallinfo2().uordblks + mallinfo2().hblkhd;
+  Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, {.map = false});
+  const size_t held = mallinfo2().uordblks + mallinfo2().hblkhd - before;
+  for (const auto& s : c.shards()) EXPECT_TRUE(s.tensors().empty()) << s.path();
+  EXPECT_NE(c.find("layers.3.mlp.experts.5.up_proj.weight"), nullptr);
+  EXPECT_NE(c.find("norm.weight"), nullptr);  // a short (in-string) name found through the index
+  const uint64_t tables = c.table_bytes();
+  // Besides the tables the object holds its configs and the shards' paths: a few KB.
+  EXPECT_LE(tables, held);
+  EXPECT_GE(tables, held - held / 10) << "held " << held;
 }
 
 std::string open_error(const std::string& dir) {

@@ -96,24 +96,16 @@ SafetensorsFile SafetensorsFile::parse_header(std::string_view header_json, uint
   f.path_ = label;
   f.data_start_ = data_start;
   f.file_size_ = file_size;
-  json h;
-  try {
-    h = json::parse(header_json.begin(), header_json.end());
-  } catch (const json::exception& e) {
-    fail("%s: safetensors header is not valid JSON (%s)", label.c_str(), e.what());
-  }
-  if (!h.is_object()) fail("%s: safetensors header is not a JSON object", label.c_str());
   const uint64_t data_len = file_size >= data_start ? file_size - data_start : 0;
-  for (auto it = h.begin(); it != h.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
+  // One top-level entry (a tensor or __metadata__), validated into the tables.
+  auto entry = [&](const std::string& name, const json& v) {
     if (name == "__metadata__") {
       if (!v.is_object()) fail("%s: __metadata__ is not an object", label.c_str());
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string()) fail("%s: __metadata__ value '%s' is not a string", label.c_str(), m.key().c_str());
         f.metadata_[m.key()] = m.value().get<std::string>();
       }
-      continue;
+      return;
     }
     const char* n = name.c_str();
     if (!v.is_object()) fail("%s: tensor '%s': entry is not an object", label.c_str(), n);
@@ -154,7 +146,31 @@ SafetensorsFile SafetensorsFile::parse_header(std::string_view header_json, uint
     t.offset = data_start + b;
     t.nbytes = e - b;
     f.tensors_.push_back(std::move(t));
+  };
+  // Entries are validated as the parser completes them and then discarded from the document:
+  // a header of thousands of tensors never exists as a whole JSON tree (which took ~0.6 KB of
+  // heap per tensor, several MB for a quantized checkpoint, on top of the tables).
+  bool top_object = false;
+  std::string key;
+  json h;
+  try {
+    h = json::parse(header_json.begin(), header_json.end(), [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (depth == 0 && ev == json::parse_event_t::object_start) top_object = true;
+      if (depth != 1 || !top_object) return true;
+      if (ev == json::parse_event_t::key) {
+        key = parsed.get<std::string>();
+        return true;
+      }
+      if (ev == json::parse_event_t::object_end || ev == json::parse_event_t::array_end || ev == json::parse_event_t::value) {
+        entry(key, parsed);
+        return false;  // drop the entry from the document
+      }
+      return true;
+    });
+  } catch (const json::exception& e) {
+    fail("%s: safetensors header is not valid JSON (%s)", label.c_str(), e.what());
   }
+  if (!h.is_object()) fail("%s: safetensors header is not a JSON object", label.c_str());
   std::sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.nbytes < b.nbytes;
   });
@@ -167,7 +183,10 @@ SafetensorsFile SafetensorsFile::parse_header(std::string_view header_json, uint
       fail("%s: tensors '%s' and '%s' overlap in the data region", label.c_str(), furthest->name.c_str(), b.name.c_str());
     if (furthest == nullptr || b.offset + b.nbytes > furthest->offset + furthest->nbytes) furthest = &b;
   }
-  for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
+  f.index_.reserve(f.tensors_.size());
+  for (size_t i = 0; i < f.tensors_.size(); ++i)
+    if (!f.index_.emplace(f.tensors_[i].name, i).second)
+      fail("%s: tensor '%s' appears twice in the header", label.c_str(), f.tensors_[i].name.c_str());
   return f;
 }
 
@@ -241,6 +260,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path, bool map) {
 const TensorInfo* SafetensorsFile::find(std::string_view name) const {
   auto it = index_.find(std::string(name));
   return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+void SafetensorsFile::drop_tensor_table() {
+  std::vector<TensorInfo>().swap(tensors_);
+  std::unordered_map<std::string, size_t>().swap(index_);
 }
 
 const uint8_t* SafetensorsFile::data(const TensorInfo& t) const {

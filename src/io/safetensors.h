@@ -37,7 +37,7 @@ struct TensorInfo {
 /// A validated, memory-mapped safetensors file. Move-only; unmaps on destruction.
 /// open() throws spool::Error naming the file for: missing/unreadable file, file shorter than
 /// its header, header length past EOF, malformed JSON, unknown dtype, bad shape, offsets past
-/// the data region, byte size != shape x dtype, overlapping tensors.
+/// the data region, byte size != shape x dtype, overlapping tensors, a tensor named twice.
 class SafetensorsFile {
  public:
   /// Opens and validates `path`. If `map` is false the data region is not mapped (header only).
@@ -69,6 +69,11 @@ class SafetensorsFile {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   /// Finds a tensor by exact name; nullptr if absent.
   const TensorInfo* find(std::string_view name) const;
+  /// Frees the tensor table and its name index (tensors() is then empty, find() returns
+  /// nullptr) for an owner that has copied what it needs: io::Checkpoint keeps one table of
+  /// its own (a quantized checkpoint has ~8,000 tensors, ~2 MB of table). Path, fd, mapping,
+  /// sizes and metadata stay.
+  void drop_tensor_table();
   /// The "__metadata__" string map (may be empty).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// Pointer to a tensor's bytes inside the mapping. Throws if the file is not mapped.

@@ -84,6 +84,28 @@ TEST(Safetensors, Overlap) {
   EXPECT_NE(error_of(p).find("overlap"), std::string::npos) << error_of(p);
 }
 
+TEST(Safetensors, DuplicateName) {
+  // Entries are validated one by one as they are parsed: a name given twice is an error (the
+  // JSON tree used to keep the last one silently).
+  std::string p = write_raw("dup",
+                            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+  EXPECT_NE(error_of(p).find("'a' appears twice"), std::string::npos) << error_of(p);
+}
+
+TEST(Safetensors, EntryNotAnObjectAfterOthers) {
+  std::string p = write_raw("notobj", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":5,"c":[1]})", 4);
+  EXPECT_NE(error_of(p).find("tensor 'b': entry is not an object"), std::string::npos) << error_of(p);
+  p = write_raw("meta", R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+  SafetensorsFile f = SafetensorsFile::open(p);
+  EXPECT_EQ(f.metadata().at("k"), "v");
+  ASSERT_EQ(f.tensors().size(), 1u);
+  EXPECT_NE(f.find("a"), nullptr);
+  f.drop_tensor_table();
+  EXPECT_TRUE(f.tensors().empty());
+  EXPECT_EQ(f.find("a"), nullptr);
+  EXPECT_EQ(f.metadata().at("k"), "v");
+}
+
 TEST(Safetensors, UnknownDtype) {
   std::string p = write_raw("dt", R"({"a":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}})", 4);
   EXPECT_NE(error_of(p).find("unknown dtype"), std::string::npos) << error_of(p);

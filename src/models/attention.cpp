@@ -28,11 +28,12 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
   wk_ = bind_matrix(ck, prefix + "k_proj.weight", a_.n_kv_heads * hd, H);
   wv_ = bind_matrix(ck, prefix + "v_proj.weight", a_.n_kv_heads * hd, H);
   wo_ = bind_matrix(ck, prefix + "o_proj.weight", H, a_.n_heads * hd);
-  if (a_.qk_norm) {
-    q_norm_ = bind_norm(ck, prefix + "q_norm.weight", hd, spec.norm_one_plus);
-    k_norm_ = bind_norm(ck, prefix + "k_norm.weight", hd, spec.norm_one_plus);
+  if (a_.qk_norm) {  // per head, or (OLMoE) over the whole projection
+    q_norm_ = bind_norm(ck, prefix + "q_norm.weight", a_.qk_norm_full ? a_.n_heads * hd : hd, spec.norm_one_plus);
+    k_norm_ = bind_norm(ck, prefix + "k_norm.weight", a_.qk_norm_full ? a_.n_kv_heads * hd : hd, spec.norm_one_plus);
   }
-  rope_ = ops::Rope(a_.rotary_dim, a_.rope_theta);
+  rope_ = a_.inv_freq.empty() ? ops::Rope(a_.rotary_dim, a_.rope_theta, a_.rope_attention_scaling)
+                              : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
 }
 
 void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -50,14 +51,22 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     const ops::MatmulOut qkv[] = {{&wq_, s.q}, {&wk_, s.k}, {&wv_, s.v}};
     be.matmul_multi(qkv, x, T);
   }
-  if (a_.qk_norm) {
+  if (a_.qk_norm_full) {
+    be.rms_norm(s.q, q_norm_.data(), T, static_cast<int64_t>(nh) * hd, eps_, s.q);
+    be.rms_norm(s.k, k_norm_.data(), T, static_cast<int64_t>(nkv) * hd, eps_, s.k);
+  } else if (a_.qk_norm) {
     be.rms_norm(s.q, q_norm_.data(), T * nh, hd, eps_, s.q);
     be.rms_norm(s.k, k_norm_.data(), T * nkv, hd, eps_, s.k);
   }
   be.rope(rope_, s.q, T, static_cast<int64_t>(nh) * hd, nh, hd, pos0);
   be.rope(rope_, s.k, T, static_cast<int64_t>(nkv) * hd, nkv, hd, pos0);
   be.kv_append(cache, pos0, T, s.k, s.v);  // k normed and rotated, v raw
-  be.attention(s.q, T, nh, cache, pos0, 1.0f / std::sqrt(static_cast<float>(hd)), s.att);
+  const float scale = a_.softmax_scale > 0 ? a_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  if (a_.sliding_window > 0 && pos0 + T > a_.sliding_window) {
+    be.attention_window(s.q, T, nh, cache, pos0, scale, a_.sliding_window, s.att);
+  } else {
+    be.attention(s.q, T, nh, cache, pos0, scale, s.att);
+  }
   if (a_.output_gate) be.mul_sigmoid(s.att, s.gate, T * nh * hd);
   be.matmul(wo_, s.att, T, out);
 }

@@ -2,7 +2,8 @@
 // Qwen3.5-MoE / Qwen3-Next gated attention (HF Qwen3_5MoeAttention): q_proj emits per head
 // [query (head_dim) | gate (head_dim)]; q,k normed with (1+w) RMSNorm; RoPE on the first
 // rotary_dim dims; out = o_proj(attn * sigmoid(gate)). Qwen3-MoE (HF Qwen3MoeAttention): no
-// gate, plain-weight q/k norms, full RoPE.
+// gate, plain-weight q/k norms, full RoPE. OLMoE: q/k norms over the whole projection.
+// Mixtral: a sliding window (AttentionSpec::sliding_window) masks keys older than the window.
 #pragma once
 
 #include <string>

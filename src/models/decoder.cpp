@@ -32,6 +32,8 @@ uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seq
       ops::WorkspaceScope scope(m);
       if (spec.mixers[i] == MixerKind::kAttention) {
         AttentionLayer::Scratch::take(m, spec.attn, T);
+      } else if (spec.mixers[i] == MixerKind::kMLA) {
+        MlaLayer::Scratch::take(m, spec, T);
       } else {
         GatedDeltaNetLayer::Scratch::take(m, spec.gdn, T);
       }
@@ -86,6 +88,9 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     if (spec_.mixers[i] == MixerKind::kAttention) {
       L.attn = std::make_unique<AttentionLayer>();
       L.attn->bind(ck, p + "self_attn.", spec_);
+    } else if (spec_.mixers[i] == MixerKind::kMLA) {
+      L.mla = std::make_unique<MlaLayer>();
+      L.mla->bind(ck, p + "self_attn.", spec_);
     } else {
       L.gdn = std::make_unique<GatedDeltaNetLayer>();
       L.gdn->bind(ck, p + "linear_attn.", spec_, gdn_layout);
@@ -199,6 +204,8 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
       float* out = s.tmp + p.row0 * H;
       if (L.attn) {
         L.attn->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws_);
+      } else if (L.mla) {
+        L.mla->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws_);
       } else {
         L.gdn->forward(x, p.T, p.state->gdn[i], out, be, ws_);
       }

@@ -1,8 +1,8 @@
 // DecoderModel: the pre-norm decoder stack shared by the Qwen MoE families.
 //   h = embed(ids)
-//   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet
+//   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet | MLA
 //   logits = lm_head(norm(h))                               ffn: MoE | dense SwiGLU
-// Family files (qwen3_5_moe.cpp, qwen3_moe.cpp) choose the family's layout options and call
+// Family files (models/family.h) choose the family's layout options and call
 // bind(), which binds every tensor by its HF name.
 #pragma once
 
@@ -12,6 +12,7 @@
 
 #include "models/attention.h"
 #include "models/gated_deltanet.h"
+#include "models/mla.h"
 #include "models/mlp.h"
 #include "models/model.h"
 #include "models/moe.h"
@@ -59,6 +60,7 @@ class DecoderModel : public Model {
     std::vector<float> in_norm, post_norm;  // effective RMSNorm weights [H]
     std::unique_ptr<AttentionLayer> attn;
     std::unique_ptr<GatedDeltaNetLayer> gdn;
+    std::unique_ptr<MlaLayer> mla;
     std::unique_ptr<MoeBlock> moe;
     std::unique_ptr<DenseMlp> mlp;
   };

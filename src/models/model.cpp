@@ -2,17 +2,17 @@
 
 #include "common/error.h"
 #include "models/decoder.h"
-#include "models/families.h"
+#include "models/family.h"
 #include "ops/cpu_backend.h"
 
 namespace spool::models {
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend) {
   ModelSpec spec = build_spec(*ckpt);
-  if (spec.family == "qwen3_5_moe" || spec.family == "qwen3_next")
-    return load_qwen3_5_moe(std::move(ckpt), std::move(spec), std::move(backend));
-  if (spec.family == "qwen3_moe") return load_qwen3_moe(std::move(ckpt), std::move(spec), std::move(backend));
-  fail("%s: no loader for model family '%s'", ckpt->dir().c_str(), spec.family.c_str());
+  const Family* f = family_named(spec.family);
+  if (f == nullptr || f->load == nullptr)
+    fail("%s: spool cannot run model family '%s' yet (spool plan can project it)", ckpt->dir().c_str(), spec.family.c_str());
+  return f->load(std::move(ckpt), std::move(spec), std::move(backend));
 }
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool) {

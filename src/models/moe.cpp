@@ -10,8 +10,9 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
   m_ = spec.moe;
   hidden_ = spec.hidden_size;
   router_ = bind_matrix(ck, prefix + "gate.weight", m_.n_experts, hidden_);
+  if (m_.score_bias) score_bias_ = bind_f32(ck, prefix + "gate.e_score_correction_bias", {m_.n_experts});
   if (m_.shared_intermediate > 0) {
-    shared_.bind(ck, prefix + "shared_expert.", hidden_, m_.shared_intermediate);
+    shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate);
     if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
   }
 }
@@ -37,7 +38,19 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
   be.matmul(router_, x, T, s.logits);  // [T, E]
-  be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids, s.weights, margins ? s.margins : nullptr);
+  if (m_.grouped_router) {  // DeepSeek: sigmoid / softmax scores, groups, bias, scaling
+    ops::RouterParams r;
+    r.sigmoid = m_.sigmoid_scores;
+    r.bias = score_bias_.empty() ? nullptr : score_bias_.data();
+    r.n_group = m_.n_group;
+    r.topk_group = m_.topk_group;
+    r.group_top2_sum = m_.group_top2_sum;
+    r.renormalize = m_.norm_topk_prob;
+    r.scaling = m_.routed_scaling_factor;
+    be.route_grouped_top_k(s.logits, T, E, K, r, s.ids, s.weights, margins ? s.margins : nullptr);
+  } else {
+    be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids, s.weights, margins ? s.margins : nullptr);
+  }
   for (int64_t t = 0; t < T; ++t) {
     if (margins) margins(layer, t, s.margins[t]);
     if (observer) observer(layer, t, std::span<const int>(s.ids + t * K, K), std::span<const float>(s.weights + t * K, K));

@@ -4,6 +4,8 @@
 // p = softmax(x W_r^T) (f32); top-k of p; w /= sum(w) when norm_topk_prob;
 // y = sum_k w_k * down_k(silu(gate_k x) * up_k x), accumulated in routing-rank order;
 // y += sigmoid(x . w_sg) * shared(x).
+// DeepSeek (MoeSpec::grouped_router): ops::RouterParams routing (sigmoid + bias + groups, or
+// softmax greedy / group-limited), routed_scaling_factor, ungated shared experts.
 #pragma once
 
 #include <functional>
@@ -45,8 +47,9 @@ class MoeBlock {
     static Scratch take(ops::Workspace& ws, const MoeSpec& m, int64_t H, int64_t T, int top_k);
   };
 
-  /// Binds `{prefix}gate.weight` [E, H] and, when the spec has one, the shared expert
-  /// `{prefix}shared_expert.*` and `{prefix}shared_expert_gate.weight` [1, H].
+  /// Binds `{prefix}gate.weight` [E, H], `{prefix}gate.e_score_correction_bias` [E] when the
+  /// spec routes with a score bias, and, when the spec has one, the shared expert
+  /// `{prefix}{shared_name}.*` and `{prefix}shared_expert_gate.weight` [1, H].
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// x: [T, H] (normed input); out: [T, H]. `top_k` experts per token (<= native; the caller
   /// applies K-reduction), renormalised when the model renormalises its native top-k.
@@ -61,6 +64,7 @@ class MoeBlock {
   ops::WeightView router_;
   DenseMlp shared_;
   std::vector<float> shared_gate_;  // [H]
+  std::vector<float> score_bias_;   // [E] e_score_correction_bias (DeepSeek-V3)
 };
 
 }  // namespace spool::models

@@ -5,20 +5,32 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "models/config_read.h"
+#include "models/family.h"
 
 namespace spool::models {
 
-namespace {
+namespace cfg {
 
 // Reads the rope settings HF accepts: rope_parameters {rope_theta, partial_rotary_factor,
 // rope_type} (v5) or top-level rope_theta / partial_rotary_factor / rope_scaling (v4).
+io::Config rope_parameters(const io::Config& c, std::string* type) {
+  io::Config rp = c.get_object("rope_parameters");
+  *type = rp.get_string("rope_type", "default");
+  io::Config rs = c.get_object("rope_scaling");
+  if (rs.has("rope_type") || rs.has("type")) {
+    *type = rs.get_string("rope_type", rs.get_string("type", "default"));
+    if (!rp.has("rope_type")) return rs;
+  }
+  return rp;
+}
+
 void read_rope(const io::Config& c, double default_partial, AttentionSpec* a) {
   io::Config rp = c.get_object("rope_parameters");
   double theta = rp.get_double("rope_theta", c.get_double("rope_theta", 10000.0));
   double partial = rp.get_double("partial_rotary_factor", c.get_double("partial_rotary_factor", default_partial));
-  std::string type = rp.get_string("rope_type", "default");
-  io::Config rs = c.get_object("rope_scaling");
-  if (rs.has("rope_type") || rs.has("type")) type = rs.get_string("rope_type", rs.get_string("type", "default"));
+  std::string type;
+  rope_parameters(c, &type);
   if (type != "default")
     fail("%s: rope_type '%s' is not supported for this model yet (only 'default')", c.source().c_str(), type.c_str());
   if (theta <= 0) fail("%s: rope_theta must be positive", c.source().c_str());
@@ -51,34 +63,16 @@ void read_attention(const io::Config& c, AttentionSpec* a, int hidden) {
   if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported", c.source().c_str());
 }
 
-std::vector<MixerKind> hybrid_layer_types(const io::Config& c, int n_layers) {
-  std::vector<MixerKind> m;
-  if (c.has("layer_types")) {
-    auto lt = c.get_string_list("layer_types");
-    if (static_cast<int>(lt.size()) < n_layers)
-      fail("%s: layer_types has %zu entries for %d layers", c.source().c_str(), lt.size(), n_layers);
-    for (int i = 0; i < n_layers; ++i) {
-      if (lt[i] == "linear_attention") m.push_back(MixerKind::kGatedDeltaNet);
-      else if (lt[i] == "full_attention") m.push_back(MixerKind::kAttention);
-      else fail("%s: layer_types[%d] = '%s' (expected linear_attention or full_attention)", c.source().c_str(), i, lt[i].c_str());
-    }
-  } else {
-    int interval = static_cast<int>(c.get_int("full_attention_interval", 4));
-    if (interval <= 0) fail("%s: full_attention_interval must be positive", c.source().c_str());
-    for (int i = 0; i < n_layers; ++i) m.push_back((i + 1) % interval == 0 ? MixerKind::kAttention : MixerKind::kGatedDeltaNet);
-  }
-  return m;
+int non_negative(const io::Config& c, const char* key, int def) {
+  const int64_t v = c.get_int(key, def);
+  if (v < 0 || v > (1 << 24)) fail("%s: field '%s' must be a non-negative integer (got %lld)", c.source().c_str(), key, (long long)v);
+  return static_cast<int>(v);
 }
 
-void read_gdn(const io::Config& c, GdnSpec* g) {
-  g->n_k = positive(c, "linear_num_key_heads");
-  g->n_v = positive(c, "linear_num_value_heads");
-  g->d_k = positive(c, "linear_key_head_dim");
-  g->d_v = positive(c, "linear_value_head_dim");
-  g->conv_kernel = static_cast<int>(c.get_int("linear_conv_kernel_dim", 4));
-  if (g->conv_kernel < 1 || g->conv_kernel > 64) fail("%s: linear_conv_kernel_dim out of range", c.source().c_str());
-  if (g->n_v % g->n_k != 0)
-    fail("%s: linear_num_value_heads (%d) must be a multiple of linear_num_key_heads (%d)", c.source().c_str(), g->n_v, g->n_k);
+void read_top_k(const io::Config& c, ModelSpec* s) {
+  s->moe.top_k = positive(c, "num_experts_per_tok");
+  if (s->moe.top_k > s->moe.n_experts)
+    fail("%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", c.source().c_str(), s->moe.top_k, s->moe.n_experts);
 }
 
 // FFN kinds for Qwen2-MoE-style configs: layer i is MoE iff i not in mlp_only_layers,
@@ -99,14 +93,19 @@ void check_act(const io::Config& c) {
   if (act != "silu" && act != "swish") fail("%s: hidden_act '%s' is not supported (silu only)", c.source().c_str(), act.c_str());
 }
 
-}  // namespace
+}  // namespace cfg
 
 int ModelSpec::n_layers_of(MixerKind k) const {
   return static_cast<int>(std::count(mixers.begin(), mixers.end(), k));
 }
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "qwen3_moe"};
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> out;
+    for (const Family* f : families())
+      if (f->load != nullptr) out.insert(out.end(), f->model_types.begin(), f->model_types.end());
+    return out;
+  }();
   return v;
 }
 
@@ -118,57 +117,25 @@ ModelSpec build_spec(const io::Checkpoint& ckpt) {
 ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generation, bool tie_default, const std::string& label) {
   ModelSpec s;
   s.model_type = c.get_string("model_type", "");
-  const std::string& mt = s.model_type;
-  if (mt == "qwen3_5_moe_text" || mt == "qwen3_5_moe") s.family = "qwen3_5_moe";
-  else if (mt == "qwen3_next") s.family = "qwen3_next";
-  else if (mt == "qwen3_moe") s.family = "qwen3_moe";
-  else {
+  const Family* fam = family_of_model_type(s.model_type);
+  if (fam == nullptr) {
     std::string list;
     for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
     fail("%s: unknown or unsupported model_type '%s' (supported: %s)", label.c_str(),
-         mt.empty() ? "(missing)" : mt.c_str(), list.c_str());
+         s.model_type.empty() ? "(missing)" : s.model_type.c_str(), list.c_str());
   }
-  check_act(c);
-  s.vocab_size = positive(c, "vocab_size");
-  s.hidden_size = positive(c, "hidden_size");
-  s.n_layers = positive(c, "num_hidden_layers");
+  s.family = fam->name;
+  s.vocab_size = cfg::positive(c, "vocab_size");
+  s.hidden_size = cfg::positive(c, "hidden_size");
+  s.n_layers = cfg::positive(c, "num_hidden_layers");
   s.rms_norm_eps = static_cast<float>(c.get_double("rms_norm_eps", 1e-6));
   s.tie_word_embeddings = c.get_bool("tie_word_embeddings", tie_default);
   s.max_position_embeddings = c.get_int("max_position_embeddings", 0);
-  read_attention(c, &s.attn, s.hidden_size);
-  s.moe.n_experts = experts_count(c);
-  s.moe.top_k = positive(c, "num_experts_per_tok");
-  s.moe.intermediate = positive(c, "moe_intermediate_size");
-  if (s.moe.top_k > s.moe.n_experts)
-    fail("%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", c.source().c_str(), s.moe.top_k, s.moe.n_experts);
-
-  if (s.family == "qwen3_5_moe" || s.family == "qwen3_next") {
-    s.norm_one_plus = true;
-    s.attn.output_gate = true;
-    s.attn.qk_norm = true;
-    read_rope(c, 0.25, &s.attn);
-    s.mixers = hybrid_layer_types(c, s.n_layers);
-    read_gdn(c, &s.gdn);
-    s.moe.shared_intermediate = c.has("shared_expert_intermediate_size") ? positive(c, "shared_expert_intermediate_size") : 0;
-    s.moe.shared_expert_gate = s.moe.shared_intermediate > 0;
-    if (s.family == "qwen3_5_moe") {
-      s.moe.norm_topk_prob = true;  // hard-coded in HF Qwen3_5MoeTopKRouter
-      s.ffns.assign(s.n_layers, FfnKind::kMoE);
-    } else {
-      s.moe.norm_topk_prob = c.get_bool("norm_topk_prob", true);
-      s.ffns = sparse_layers(c, s.n_layers);
-    }
-  } else {  // qwen3_moe
-    s.norm_one_plus = false;
-    s.attn.output_gate = false;
-    s.attn.qk_norm = true;
-    read_rope(c, 1.0, &s.attn);
-    s.mixers.assign(s.n_layers, MixerKind::kAttention);
-    s.moe.norm_topk_prob = c.get_bool("norm_topk_prob", false);
-    s.ffns = sparse_layers(c, s.n_layers);
-    if (c.get_bool("use_sliding_window", false)) fail("%s: use_sliding_window=true is not supported", c.source().c_str());
-  }
-  if (std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense) > 0) s.dense_intermediate = positive(c, "intermediate_size");
+  fam->configure(c, &s);
+  if (static_cast<int>(s.mixers.size()) != s.n_layers || static_cast<int>(s.ffns.size()) != s.n_layers)
+    fail("%s: family '%s' did not set a mixer and an FFN for every layer", label.c_str(), fam->name.c_str());
+  if (std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense) > 0 && s.dense_intermediate <= 0)
+    s.dense_intermediate = cfg::positive(c, "intermediate_size");
 
   // Stop ids: generation_config.json, then config.json; ids outside the vocabulary are ignored.
   std::vector<int64_t> eos = generation.eos_token_ids;
@@ -187,10 +154,16 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
   double total = static_cast<double>(s.vocab_size) * H * (s.tie_word_embeddings ? 1 : 2) + H, active = total;
   for (int i = 0; i < s.n_layers; ++i) {
     double mixer;
-    if (s.mixers[i] == MixerKind::kAttention) {
+    if (s.mixers[i] == MixerKind::kMLA) {
+      const auto& m = s.mla;
+      const double nh = s.attn.n_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+      const double q = m.q_lora_rank > 0 ? H * m.q_lora_rank + m.q_lora_rank + static_cast<double>(m.q_lora_rank) * nh * qk : H * nh * qk;
+      mixer = q + H * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
+              static_cast<double>(m.kv_lora_rank) * nh * (m.qk_nope_head_dim + m.v_head_dim) + nh * m.v_head_dim * H;
+    } else if (s.mixers[i] == MixerKind::kAttention) {
       const auto& a = s.attn;
       const double q = static_cast<double>(a.n_heads) * a.head_dim, kv = static_cast<double>(a.n_kv_heads) * a.head_dim;
-      mixer = H * q * (a.output_gate ? 2 : 1) + 2 * H * kv + q * H + (a.qk_norm ? 2.0 * a.head_dim : 0.0);
+      mixer = H * q * (a.output_gate ? 2 : 1) + 2 * H * kv + q * H + (a.qk_norm_full ? q + kv : a.qk_norm ? 2.0 * a.head_dim : 0.0);
     } else {
       const auto& g = s.gdn;
       const double cd = static_cast<double>(g.conv_dim()), vd = static_cast<double>(g.value_dim());
@@ -199,7 +172,8 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
     double ffn_total, ffn_active;
     if (s.ffns[i] == FfnKind::kMoE) {
       const auto& m = s.moe;
-      const double expert = 3 * H * m.intermediate, shared = 3 * H * m.shared_intermediate + (m.shared_expert_gate ? H : 0);
+      const double expert = 3 * H * m.intermediate, shared = 3 * H * m.shared_intermediate + (m.shared_expert_gate ? H : 0) +
+                                                         (m.score_bias ? m.n_experts : 0);
       ffn_total = H * m.n_experts + expert * m.n_experts + shared;
       ffn_active = H * m.n_experts + expert * m.top_k + shared;
     } else {

@@ -12,7 +12,7 @@
 namespace spool::models {
 
 /// Token mixer of a decoder layer.
-enum class MixerKind { kAttention, kGatedDeltaNet };
+enum class MixerKind { kAttention, kGatedDeltaNet, kMLA };
 /// Feed-forward block of a decoder layer.
 enum class FfnKind { kMoE, kDense };
 
@@ -23,9 +23,20 @@ struct AttentionSpec {
   double rope_theta = 10000.0;
   bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
   bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE
-  // Planner only (spool plan of families spool cannot run; build_spec leaves both 0):
+  bool qk_norm_full = false;  // OLMoE: q/k RMSNorm over the whole projection (before the head split)
+  std::vector<float> inv_freq;        // explicit RoPE inverse frequencies (YaRN); empty = from rope_theta
+  float rope_attention_scaling = 1.0f;  // factor on cos/sin (YaRN attention_factor)
+  float softmax_scale = 0.0f;         // 0 = 1/sqrt(head_dim)
   int kv_latent_dim = 0;        // MLA: elements cached per position and layer (kv_lora_rank + qk_rope_head_dim); 0 = K and V heads
-  int64_t sliding_window = 0;   // the cache holds at most this many positions; 0 = the whole context
+  int64_t sliding_window = 0;   // attention sees at most this many positions (0 = the whole context)
+  bool window_bounds_kv = true; // planner: the cache holds at most sliding_window positions (false: spool keeps them all)
+};
+
+/// Multi-head latent attention (DeepSeek-V2/V3, HF DeepseekV3Attention).
+struct MlaSpec {
+  int q_lora_rank = 0;  // 0: a direct q_proj (V2-Lite)
+  int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;  // RoPE on adjacent pairs (HF rope_interleave / DeepSeek's complex form)
 };
 
 /// Gated DeltaNet geometry (linear_attention layers).
@@ -44,12 +55,20 @@ struct MoeSpec {
   bool norm_topk_prob = true;    // renormalise the kept top-k weights to sum to 1
   int shared_intermediate = 0;   // 0 = no shared expert
   bool shared_expert_gate = false;  // shared output *= sigmoid(x . w_gate)
+  std::string shared_name = "shared_expert";  // tensor prefix of the shared expert under mlp.
+  // DeepSeek routing (ops::RouterParams): used when `grouped_router`.
+  bool grouped_router = false;
+  bool sigmoid_scores = false;   // sigmoid instead of softmax scores
+  bool score_bias = false;       // mlp.gate.e_score_correction_bias added for selection
+  int n_group = 1, topk_group = 1;
+  bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
+  float routed_scaling_factor = 1.0f;
 };
 
 /// A decoder-only MoE language model's configuration.
 struct ModelSpec {
   std::string model_type;      // text model_type, e.g. "qwen3_5_moe_text"
-  std::string family;          // "qwen3_5_moe", "qwen3_next", "qwen3_moe"
+  std::string family;          // registry name (models/family.h): "qwen3_5_moe", "mixtral", ...
   int64_t vocab_size = 0;
   int hidden_size = 0;
   int n_layers = 0;
@@ -60,6 +79,7 @@ struct ModelSpec {
   std::vector<MixerKind> mixers;  // per layer
   std::vector<FfnKind> ffns;      // per layer
   AttentionSpec attn;
+  MlaSpec mla;  // kMLA layers
   GdnSpec gdn;
   MoeSpec moe;
   int dense_intermediate = 0;     // width of dense MLP layers

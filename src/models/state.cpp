@@ -62,8 +62,10 @@ State::State(const ModelSpec& spec, ops::KvType kv) {
   is_attn_.resize(spec.n_layers);
   const GdnSpec& g = spec.gdn;
   for (int i = 0; i < spec.n_layers; ++i) {
-    is_attn_[i] = spec.mixers[i] == MixerKind::kAttention;
-    if (is_attn_[i]) {
+    is_attn_[i] = spec.mixers[i] == MixerKind::kAttention || spec.mixers[i] == MixerKind::kMLA;
+    if (spec.mixers[i] == MixerKind::kMLA) {  // latent cache: [c | k_pe] per position, keys only
+      attn[i].configure(kv, 1, spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim, true);
+    } else if (is_attn_[i]) {
       attn[i].configure(kv, spec.attn.n_kv_heads, spec.attn.head_dim);
     } else {
       gdn[i].conv.assign(static_cast<size_t>(g.conv_dim() * (g.conv_kernel - 1)), 0.0f);
@@ -146,7 +148,7 @@ StateSnapshot State::snapshot(bool with_kv) const {
     s.kv_.resize(attn.size());
     for (size_t l = 0; l < attn.size(); ++l) {
       if (!is_attn_[l]) continue;
-      s.kv_[l].configure(attn[l].type(), attn[l].n_kv_heads(), attn[l].head_dim());
+      s.kv_[l].configure(attn[l].type(), attn[l].n_kv_heads(), attn[l].head_dim(), attn[l].keys_only());
       if (pos > 0) s.kv_[l].copy_prefix(attn[l], pos);
     }
   }

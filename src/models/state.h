@@ -19,7 +19,9 @@
 
 namespace spool::models {
 
-/// KV cache of one attention layer (f32, f16 or int8; see ops/kv_cache.h).
+/// KV cache of one attention layer (f32, f16 or int8; see ops/kv_cache.h). For an MLA layer
+/// (DeepSeek) it is the latent cache: keys only, one head of kv_lora_rank + qk_rope_head_dim
+/// ([normed c_kv | roped k_pe] per position); snapshots and images carry it like any KV cache.
 using AttnCache = ops::KvCache;
 
 /// State of one Gated DeltaNet layer.
@@ -71,7 +73,7 @@ class State {
   /// Set when a forward() failed part-way (some layers advanced, others not): the state is
   /// unusable until reset() or restore().
   bool poisoned = false;
-  std::vector<AttnCache> attn;  // [n_layers]; empty for non-attention layers
+  std::vector<AttnCache> attn;  // [n_layers]; empty for non-attention layers; latent for MLA layers
   std::vector<GdnState> gdn;    // [n_layers]; empty for non-GDN layers
 
   /// Makes room for `n_positions` positions in every attention cache (copying existing rows).

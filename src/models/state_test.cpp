@@ -258,7 +258,8 @@ TEST_P(StateOps, QuantizedKvImagesRoundTrip) {
 }
 
 // qwen3_moe: attention only; qwen3_next: alternating; qwen3_5_moe_text and the demo: mostly GDN.
-INSTANTIATE_TEST_SUITE_P(Models, StateOps, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "demo"));
+INSTANTIATE_TEST_SUITE_P(Models, StateOps, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "demo", "mixtral",
+                                                                  "olmoe", "deepseek_v3", "deepseek_v2_lite"));
 
 }  // namespace
 }  // namespace spool::models

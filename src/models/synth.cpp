@@ -114,16 +114,31 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     const std::string p = prefix + "layers." + std::to_string(i) + ".";
     v.push_back({p + "input_layernorm.weight", {H}, Init::kConst, norm_id, i});
     v.push_back({p + "post_attention_layernorm.weight", {H}, Init::kConst, norm_id, i});
-    if (s.mixers[i] == MixerKind::kAttention) {
+    if (s.mixers[i] == MixerKind::kMLA) {  // DeepSeek MLA (models/mla.h)
+      const auto& m = s.mla;
+      const int64_t nh = s.attn.n_heads, qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
+      const std::string q = p + "self_attn.";
+      if (m.q_lora_rank > 0) {
+        v.push_back({q + "q_a_proj.weight", {m.q_lora_rank, H}, Init::kNormal, lin(H), i});
+        v.push_back({q + "q_a_layernorm.weight", {m.q_lora_rank}, Init::kConst, 1.0f, i});
+        v.push_back({q + "q_b_proj.weight", {nh * qd, m.q_lora_rank}, Init::kNormal, lin(m.q_lora_rank), i});
+      } else {
+        v.push_back({q + "q_proj.weight", {nh * qd, H}, Init::kNormal, lin(H), i});
+      }
+      v.push_back({q + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_head_dim, H}, Init::kNormal, lin(H), i});
+      v.push_back({q + "kv_a_layernorm.weight", {m.kv_lora_rank}, Init::kConst, 1.0f, i});
+      v.push_back({q + "kv_b_proj.weight", {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}, Init::kNormal, lin(m.kv_lora_rank), i});
+      v.push_back({q + "o_proj.weight", {H, nh * m.v_head_dim}, Init::kNormal, lin(nh * m.v_head_dim) * out_scale, i});
+    } else if (s.mixers[i] == MixerKind::kAttention) {
       const auto& a = s.attn;
       const std::string q = p + "self_attn.";
       v.push_back({q + "q_proj.weight", {a.n_heads * a.head_dim * (a.output_gate ? 2 : 1), H}, Init::kNormal, lin(H), i});
       v.push_back({q + "k_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "o_proj.weight", {H, a.n_heads * a.head_dim}, Init::kNormal, lin(a.n_heads * a.head_dim) * out_scale, i});
-      if (a.qk_norm) {
-        v.push_back({q + "q_norm.weight", {a.head_dim}, Init::kConst, norm_id, i});
-        v.push_back({q + "k_norm.weight", {a.head_dim}, Init::kConst, norm_id, i});
+      if (a.qk_norm) {  // per head, or (OLMoE) over the whole projection
+        v.push_back({q + "q_norm.weight", {a.qk_norm_full ? a.n_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
+        v.push_back({q + "k_norm.weight", {a.qk_norm_full ? a.n_kv_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
       }
     } else {
       const auto& g = s.gdn;
@@ -153,8 +168,17 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     }
     const auto& mo = s.moe;
     const int64_t E = mo.n_experts, I = mo.intermediate;
-    v.push_back({m + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
-    if (fused) {
+    const bool mixtral = s.family == "mixtral";  // block_sparse_moe.experts.{e}.{w1,w3,w2} as released
+    v.push_back({(mixtral ? p + "block_sparse_moe." : m) + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
+    if (mo.score_bias) v.push_back({m + "gate.e_score_correction_bias", {E}, Init::kConst, 0.0f, i});
+    if (mixtral) {
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        v.push_back({x + "w1.weight", {I, H}, Init::kNormal, lin(H), i});
+        v.push_back({x + "w3.weight", {I, H}, Init::kNormal, lin(H), i});
+        v.push_back({x + "w2.weight", {H, I}, Init::kNormal, lin(I) * out_scale, i});
+      }
+    } else if (fused) {
       v.push_back({m + "experts.gate_up_proj", {E, 2 * I, H}, Init::kNormal, lin(H), i});
       v.push_back({m + "experts.down_proj", {E, H, I}, Init::kNormal, lin(I) * out_scale, i});
     } else {
@@ -167,9 +191,10 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     }
     if (mo.shared_intermediate > 0) {
       const int64_t S = mo.shared_intermediate;
-      v.push_back({m + "shared_expert.gate_proj.weight", {S, H}, Init::kNormal, lin(H), i});
-      v.push_back({m + "shared_expert.up_proj.weight", {S, H}, Init::kNormal, lin(H), i});
-      v.push_back({m + "shared_expert.down_proj.weight", {H, S}, Init::kNormal, lin(S) * out_scale, i});
+      const std::string se = m + mo.shared_name + ".";
+      v.push_back({se + "gate_proj.weight", {S, H}, Init::kNormal, lin(H), i});
+      v.push_back({se + "up_proj.weight", {S, H}, Init::kNormal, lin(H), i});
+      v.push_back({se + "down_proj.weight", {H, S}, Init::kNormal, lin(S) * out_scale, i});
       if (mo.shared_expert_gate) v.push_back({m + "shared_expert_gate.weight", {1, H}, Init::kNormal, lin(H), i});
     }
   }

@@ -1,6 +1,7 @@
 #include "ops/backend.h"
 
 #include "common/error.h"
+#include "ops/mla.h"
 
 namespace spool::ops {
 
@@ -32,6 +33,35 @@ ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts) {
     g.row_of[r] = j;
   }
   return g;
+}
+
+// Generic implementations: device data comes to the host (to_host), the host kernel runs, the
+// result goes back (row_to_f32 of an f32 row copies host memory to the backend's device).
+void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
+                                  float* margins) {
+  std::vector<float> l(static_cast<size_t>(T * E)), w(static_cast<size_t>(T * k)), m(static_cast<size_t>(T));
+  to_host(logits, T * E, l.data());
+  for (int64_t t = 0; t < T; ++t) route_grouped(l.data() + t * E, E, k, r, ids + t * k, w.data() + t * k, margins ? m.data() + t : nullptr);
+  row_to_f32(WType::kF32, w.data(), T * k, weights);
+  if (margins) row_to_f32(WType::kF32, m.data(), T, margins);
+}
+
+void Backend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                               int64_t window, float* out) {
+  if (window <= 0 || pos0 + T <= window) return attention(q, T, n_heads, kv, pos0, scale, out);
+  const int64_t n = T * n_heads * kv.head_dim();
+  std::vector<float> qh(static_cast<size_t>(n)), oh(static_cast<size_t>(n));
+  to_host(q, n, qh.data());
+  ops::attention(qh.data(), T, n_heads, kv, pos0, scale, oh.data(), nullptr, window);
+  row_to_f32(WType::kF32, oh.data(), n, out);
+}
+
+void Backend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
+                            float* out) {
+  std::vector<float> qh(static_cast<size_t>(T * n_heads * latent.head_dim())), oh(static_cast<size_t>(T * n_heads * dv));
+  to_host(q, static_cast<int64_t>(qh.size()), qh.data());
+  ops::mla_attention(qh.data(), T, n_heads, latent, pos0, scale, dv, oh.data(), nullptr);
+  row_to_f32(WType::kF32, oh.data(), static_cast<int64_t>(oh.size()), out);
 }
 
 }  // namespace spool::ops

@@ -19,6 +19,7 @@
 #include "ops/kv_cache.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"
+#include "ops/routing.h"
 #include "ops/weights.h"
 
 namespace spool::ops {
@@ -139,6 +140,24 @@ class Backend {
   virtual void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) = 0;
   /// dst[r * ld_dst + c] = src[r * ld_src + c] for r < rows, c < cols (head splits).
   virtual void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) = 0;
+
+  // ---- DeepSeek / Mixtral ops -----------------------------------------------------------------
+  // Each has a generic implementation here (backend.cpp) that works on any backend through
+  // to_host / row_to_f32 and the host kernels (slow on a device, but correct); CpuBackend and
+  // ReferenceBackend override them.
+  /// Router of the DeepSeek family (RouterParams, routing.h) for T tokens: logits [T, E]
+  /// (device; not modified) -> ids [T, k] (host ints, best first), weights [T, k] (device),
+  /// margins [T] (device, may be null).
+  virtual void route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
+                                   float* weights, float* margins);
+  /// attention() with a sliding window (HF Mixtral/Mistral sliding_window): row t sees cache
+  /// positions p with pos0 + t - window < p <= pos0 + t. window <= 0: as attention().
+  virtual void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                                int64_t window, float* out);
+  /// Weight-absorbed MLA attention over a keys-only latent cache (ops/mla.h): q [T, n_heads, D],
+  /// out [T, n_heads, dv] = softmax(scale q.key) . key[:dv] per head, causal.
+  virtual void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale,
+                             int dv, float* out);
 
   // ---- Embeddings and logits -----------------------------------------------------------------
   /// Converts n elements of a host row of type t (F32/F16/BF16) into dst (device).

@@ -521,6 +521,117 @@ TEST_P(BackendOpTable, KvAppendAndAttention) {
     }
 }
 
+// DeepSeek routers: V3 (sigmoid + bias, groups by top-2 sum), Kimi-K2 (sigmoid + bias, one
+// group), V2 (softmax, greedy or groups by max), with and without renormalisation and scaling.
+// Each backend's own op and the generic Backend implementation (the one a GPU backend inherits).
+[[maybe_unused]] const bool kRouteGroupedOps = covers({"route_grouped_top_k"});
+TEST_P(BackendOpTable, RouteGroupedTopK) {
+  struct C {
+    int E, k, groups, topk_groups;
+    bool sigmoid, top2, renorm;
+    float scaling;
+  };
+  for (const C& c : {C{16, 4, 4, 2, true, true, true, 2.5f}, C{256, 8, 8, 4, true, true, true, 2.5f}, C{24, 6, 1, 1, true, true, true, 2.827f},
+                     C{16, 4, 1, 1, false, false, false, 1.0f}, C{160, 6, 8, 3, false, false, false, 16.0f},
+                     C{64, 6, 1, 1, false, false, true, 1.0f}}) {
+    SCOPED_TRACE("E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " groups=" + std::to_string(c.groups) + "/" +
+                 std::to_string(c.topk_groups) + " sigmoid=" + std::to_string(c.sigmoid));
+    const int64_t T = 11;
+    const std::vector<float> logits = randn(T * c.E, c.E + c.k, 2.0f), bias = randn(c.E, 7, 0.3f);
+    RouterParams r;
+    r.sigmoid = c.sigmoid;
+    r.bias = c.sigmoid ? bias.data() : nullptr;
+    r.n_group = c.groups;
+    r.topk_group = c.topk_groups;
+    r.group_top2_sum = c.top2;
+    r.renormalize = c.renorm;
+    r.scaling = c.scaling;
+    for_each_backend("route_grouped_top_k", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> w1(T * c.k), w2(T * c.k), w3(T * c.k), m1(T), m2(T), m3(T);
+      std::vector<int> i1(T * c.k), i2(T * c.k), i3(T * c.k);
+      be.route_grouped_top_k(logits.data(), T, c.E, c.k, r, i1.data(), w1.data(), m1.data());
+      be.Backend::route_grouped_top_k(logits.data(), T, c.E, c.k, r, i3.data(), w3.data(), m3.data());
+      ref.route_grouped_top_k(logits.data(), T, c.E, c.k, r, i2.data(), w2.data(), m2.data());
+      EXPECT_EQ(i1, i2);
+      EXPECT_EQ(i3, i2);
+      expect_close(w1.data(), w2.data(), T * c.k, 1e-5, "grouped routing weights");
+      expect_close(w3.data(), w2.data(), T * c.k, 1e-5, "grouped routing weights (generic)");
+      expect_close(m1.data(), m2.data(), T, 1e-5, "grouped routing margins");
+      if (c.groups > 1)  // group-limited: every chosen expert lies in one of topk_groups groups
+        for (int64_t t = 0; t < T; ++t) {
+          std::set<int> gs;
+          for (int j = 0; j < c.k; ++j) gs.insert(i1[t * c.k + j] / (c.E / c.groups));
+          EXPECT_LE(static_cast<int>(gs.size()), c.topk_groups);
+        }
+    });
+  }
+}
+
+// Sliding-window attention (Mixtral): windows shorter than, equal to and longer than the
+// positions, on every KV type; the generic implementation too.
+[[maybe_unused]] const bool kAttentionWindowOps = covers({"attention_window"});
+TEST_P(BackendOpTable, AttentionWindow) {
+  for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
+    for (const AttnShape& s : kAttnShapes)
+      for (int64_t window : {1, 4, 37, 1000}) {
+        SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.n_heads) + " pos0=" +
+                     std::to_string(s.pos0) + " T=" + std::to_string(s.T) + " window=" + std::to_string(window));
+        const int64_t P = s.pos0 + s.T, kvw = static_cast<int64_t>(s.n_kv) * s.hd;
+        const std::vector<float> k = randn(P * kvw, 1), v = randn(P * kvw, 2), q = randn(s.T * s.n_heads * s.hd, 3);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+        for_each_backend("attention_window", [&](Backend& be, ReferenceBackend& ref) {
+          KvCache c;
+          c.configure(kt, s.n_kv, s.hd);
+          c.reserve(P, 0);
+          ref.kv_append(c, 0, P, k.data(), v.data());
+          std::vector<float> got(q.size(), NAN), gen(q.size(), NAN), want(q.size(), NAN);
+          be.attention_window(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, got.data());
+          be.Backend::attention_window(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, gen.data());
+          ref.attention_window(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, want.data());
+          expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention_window");
+          expect_close(gen.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention_window (generic)");
+          if (window >= P) {  // no masking: the plain op
+            std::vector<float> full(q.size(), NAN);
+            ref.attention(q.data(), s.T, s.n_heads, c, s.pos0, scale, full.data());
+            expect_close(got.data(), full.data(), static_cast<int64_t>(got.size()), 1e-5, "window past the positions");
+          }
+        });
+      }
+}
+
+// Absorbed MLA attention over a keys-only latent cache (DeepSeek): latent widths of the
+// fixtures (32 + 8) and of V3 (512 + 64), every KV type, prefill and decode shapes.
+[[maybe_unused]] const bool kMlaAttentionOps = covers({"mla_attention"});
+TEST_P(BackendOpTable, MlaAttention) {
+  struct M {
+    int heads, R, P;
+    int64_t pos0, T;
+  };
+  for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
+    for (const M& s : {M{4, 32, 8, 0, 24}, M{4, 32, 8, 24, 1}, M{16, 512, 64, 40, 1}, M{3, 64, 16, 5, 9}}) {
+      SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.heads) + " R=" + std::to_string(s.R) +
+                   " pos0=" + std::to_string(s.pos0) + " T=" + std::to_string(s.T));
+      const int D = s.R + s.P;
+      const int64_t N = s.pos0 + s.T;
+      const std::vector<float> lat = randn(N * D, 4), q = randn(s.T * s.heads * D, 5);
+      const float scale = 0.13f;
+      for_each_backend("mla_attention", [&](Backend& be, ReferenceBackend& ref) {
+        KvCache c;
+        c.configure(kt, 1, D, true);
+        c.reserve(N, 0);
+        be.kv_append(c, 0, N, lat.data(), lat.data());
+        EXPECT_EQ(c.bytes_per_position(), static_cast<uint64_t>(D) * (kt == KvType::kF32 ? 4 : kt == KvType::kF16 ? 2 : 1) +
+                                              (kt == KvType::kI8 ? c.groups() * 4u : 0u));
+        std::vector<float> got(s.T * s.heads * s.R, NAN), gen(got.size(), NAN), want(got.size(), NAN);
+        be.mla_attention(q.data(), s.T, s.heads, c, s.pos0, scale, s.R, got.data());
+        be.Backend::mla_attention(q.data(), s.T, s.heads, c, s.pos0, scale, s.R, gen.data());
+        ref.mla_attention(q.data(), s.T, s.heads, c, s.pos0, scale, s.R, want.data());
+        expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "mla_attention");
+        expect_close(gen.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "mla_attention (generic)");
+      });
+    }
+}
+
 [[maybe_unused]] const bool kRopeOps = covers({"rope"});
 TEST_P(BackendOpTable, Rope) {
   struct R {
@@ -743,6 +854,12 @@ class CountingBackend final : public Backend {
   SPOOL_FWD(kv_append, (KvCache& c, int64_t p, int64_t T, const float* k, const float* v), (c, p, T, k, v))
   SPOOL_FWD(attention, (const float* q, int64_t T, int nh, const KvCache& kv, int64_t p, float s, float* o), (q, T, nh, kv, p, s, o))
   SPOOL_FWD(rope, (const Rope& r, float* x, int64_t T, int64_t st, int nh, int hd, int64_t p), (r, x, T, st, nh, hd, p))
+  SPOOL_FWD(route_grouped_top_k, (const float* l, int64_t T, int E, int k, const RouterParams& r, int* ids, float* w, float* m),
+            (l, T, E, k, r, ids, w, m))
+  SPOOL_FWD(attention_window, (const float* q, int64_t T, int nh, const KvCache& kv, int64_t p, float s, int64_t win, float* o),
+            (q, T, nh, kv, p, s, win, o))
+  SPOOL_FWD(mla_attention, (const float* q, int64_t T, int nh, const KvCache& kv, int64_t p, float s, int dv, float* o),
+            (q, T, nh, kv, p, s, dv, o))
   SPOOL_FWD(causal_conv1d_silu, (const float* x, int64_t T, int64_t C, const float* w, int K, float* s, float* o), (x, T, C, w, K, s, o))
   SPOOL_FWD(gated_delta, (const GatedDeltaArgs& a, int c), (a, c))
   SPOOL_FWD(gdn_gates, (const float* b, const float* a, const float* ae, const float* dt, int64_t T, int nv, float* be, float* g),
@@ -763,7 +880,8 @@ class CountingBackend final : public Backend {
   CpuBackend cpu_;
 };
 
-const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused"};
+const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "mixtral", "olmoe",
+                                 "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite"};
 
 // covered() is filled during static initialisation, so the order of tests does not matter.
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {

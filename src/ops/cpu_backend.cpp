@@ -6,6 +6,7 @@
 
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/mla.h"
 #include "ops/routing.h"
 #include "ops/vec.h"
 
@@ -68,6 +69,22 @@ void CpuBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float*
 
 void CpuBackend::attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) {
   ops::attention(q, T, n_heads, kv, pos0, scale, out, pool_);
+}
+
+void CpuBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
+                                     float* weights, float* margins) {
+  for (int64_t t = 0; t < T; ++t)
+    route_grouped(logits + t * E, E, k, r, ids + t * k, weights + t * k, margins ? margins + t : nullptr);
+}
+
+void CpuBackend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                                  int64_t window, float* out) {
+  ops::attention(q, T, n_heads, kv, pos0, scale, out, pool_, window);
+}
+
+void CpuBackend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale,
+                               int dv, float* out) {
+  ops::mla_attention(q, T, n_heads, latent, pos0, scale, dv, out, pool_);
 }
 
 void CpuBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) {

@@ -40,6 +40,12 @@ class CpuBackend final : public Backend {
   void mul_sigmoid(float* x, const float* gate, int64_t n) override;
   void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override;
   void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override;
+  void route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
+                           float* margins) override;
+  void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                        float* out) override;
+  void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
+                     float* out) override;
   void row_to_f32(WType t, const void* src, int64_t n, float* dst) override;
   void to_host(const float* src, int64_t n, float* dst) override;
 

@@ -24,11 +24,12 @@ void KvCache::touch() {
   gen_ = ++counter;
 }
 
-void KvCache::configure(KvType type, int n_kv_heads, int head_dim) {
+void KvCache::configure(KvType type, int n_kv_heads, int head_dim, bool keys_only) {
   touch();
   type_ = type;
   n_kv_ = n_kv_heads;
   hd_ = head_dim;
+  vd_ = keys_only ? 0 : head_dim;
   groups_ = (head_dim % kKvGroup == 0 && head_dim > kKvGroup) ? head_dim / kKvGroup : 1;
   cap_ = 0;
   k_.clear();
@@ -38,8 +39,8 @@ void KvCache::configure(KvType type, int n_kv_heads, int head_dim) {
 }
 
 uint64_t KvCache::bytes_per_position() const {
-  uint64_t n = 2ull * n_kv_ * hd_ * elem();
-  if (type_ == KvType::kI8) n += 2ull * n_kv_ * groups_ * sizeof(float);
+  uint64_t n = static_cast<uint64_t>(n_kv_) * (hd_ + vd_) * elem();
+  if (type_ == KvType::kI8) n += (vd_ > 0 ? 2ull : 1ull) * n_kv_ * groups_ * sizeof(float);
   return n;
 }
 
@@ -49,16 +50,17 @@ void KvCache::reserve(int64_t positions, int64_t keep) {
   cap = (cap + 255) / 256 * 256;
   keep = std::min(keep, cap_);
   const int es = elem();
-  std::vector<uint8_t> k(static_cast<size_t>(n_kv_) * hd_ * cap * es), v(k.size());
+  std::vector<uint8_t> k(static_cast<size_t>(n_kv_) * hd_ * cap * es), v(static_cast<size_t>(n_kv_) * vd_ * cap * es);
   for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_ && keep > 0; ++row)  // key rows: (head, dim)
     std::memcpy(k.data() + row * cap * es, k_.data() + row * cap_ * es, keep * es);
   for (int h = 0; h < n_kv_ && keep > 0; ++h)  // value rows: (head, position)
-    std::memcpy(v.data() + h * cap * hd_ * es, v_.data() + h * cap_ * hd_ * es, keep * hd_ * es);
+    std::memcpy(v.data() + h * cap * vd_ * es, v_.data() + h * cap_ * vd_ * es, keep * vd_ * es);
   if (type_ == KvType::kI8) {
-    std::vector<float> ks(static_cast<size_t>(n_kv_) * groups_ * cap), vs(ks.size());
+    std::vector<float> ks(static_cast<size_t>(n_kv_) * groups_ * cap), vs(vd_ > 0 ? ks.size() : 0);
     for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_ && keep > 0; ++row)
       std::copy_n(ks_.data() + row * cap_, keep, ks.data() + row * cap);
-    for (int h = 0; h < n_kv_ && keep > 0; ++h) std::copy_n(vs_.data() + h * cap_ * groups_, keep * groups_, vs.data() + h * cap * groups_);
+    for (int h = 0; h < n_kv_ && keep > 0 && vd_ > 0; ++h)
+      std::copy_n(vs_.data() + h * cap_ * groups_, keep * groups_, vs.data() + h * cap * groups_);
     ks_.swap(ks);
     vs_.swap(vs);
   }
@@ -93,15 +95,15 @@ void KvCache::write(int64_t pos, const float* k, const float* v) {
       case KvType::kF32: {
         float* kb = reinterpret_cast<float*>(k_.data());
         for (int d = 0; d < hd_; ++d) kb[(static_cast<int64_t>(h) * hd_ + d) * cap_ + pos] = kh[d];
-        std::memcpy(reinterpret_cast<float*>(v_.data()) + vrow, vh, hd_ * sizeof(float));
+        if (vd_ > 0) std::memcpy(reinterpret_cast<float*>(v_.data()) + vrow, vh, hd_ * sizeof(float));
         break;
       }
       case KvType::kF16: {
         uint16_t* kb = reinterpret_cast<uint16_t*>(k_.data());
-        uint16_t* vb = reinterpret_cast<uint16_t*>(v_.data()) + vrow;
-        for (int d = 0; d < hd_; ++d) {
-          kb[(static_cast<int64_t>(h) * hd_ + d) * cap_ + pos] = f32_to_f16(kh[d]);
-          vb[d] = f32_to_f16(vh[d]);
+        for (int d = 0; d < hd_; ++d) kb[(static_cast<int64_t>(h) * hd_ + d) * cap_ + pos] = f32_to_f16(kh[d]);
+        if (vd_ > 0) {
+          uint16_t* vb = reinterpret_cast<uint16_t*>(v_.data()) + vrow;
+          for (int d = 0; d < hd_; ++d) vb[d] = f32_to_f16(vh[d]);
         }
         break;
       }
@@ -111,8 +113,9 @@ void KvCache::write(int64_t pos, const float* k, const float* v) {
         for (int g = 0; g < groups_; ++g) {
           ks_[(static_cast<int64_t>(h) * groups_ + g) * cap_ + pos] = quantize_i8(kh + g * gd, gd, q);
           for (int d = 0; d < gd; ++d) kb[(static_cast<int64_t>(h) * hd_ + g * gd + d) * cap_ + pos] = q[d];
-          vs_[(static_cast<int64_t>(h) * cap_ + pos) * groups_ + g] =
-              quantize_i8(vh + g * gd, gd, reinterpret_cast<int8_t*>(v_.data()) + vrow + g * gd);
+          if (vd_ > 0)
+            vs_[(static_cast<int64_t>(h) * cap_ + pos) * groups_ + g] =
+                quantize_i8(vh + g * gd, gd, reinterpret_cast<int8_t*>(v_.data()) + vrow + g * gd);
         }
         break;
       }
@@ -121,17 +124,17 @@ void KvCache::write(int64_t pos, const float* k, const float* v) {
 }
 
 void KvCache::copy_prefix(const KvCache& o, int64_t n) {
-  if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_) fail("KV cache snapshot has a different geometry");
+  if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_ || o.vd_ != vd_) fail("KV cache snapshot has a different geometry");
   reserve(n, 0);
   touch();
   const int es = elem();
   for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_; ++row)
     std::memcpy(k_.data() + row * cap_ * es, o.k_.data() + row * o.cap_ * es, n * es);
-  for (int h = 0; h < n_kv_; ++h) std::memcpy(v_.data() + h * cap_ * hd_ * es, o.v_.data() + h * o.cap_ * hd_ * es, n * hd_ * es);
+  for (int h = 0; h < n_kv_; ++h) std::memcpy(v_.data() + h * cap_ * vd_ * es, o.v_.data() + h * o.cap_ * vd_ * es, n * vd_ * es);
   if (type_ == KvType::kI8) {
     for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_; ++row)
       std::copy_n(o.ks_.data() + row * o.cap_, n, ks_.data() + row * cap_);
-    for (int h = 0; h < n_kv_; ++h) std::copy_n(o.vs_.data() + h * o.cap_ * groups_, n * groups_, vs_.data() + h * cap_ * groups_);
+    for (int h = 0; h < n_kv_ && vd_ > 0; ++h) std::copy_n(o.vs_.data() + h * o.cap_ * groups_, n * groups_, vs_.data() + h * cap_ * groups_);
   }
 }
 
@@ -142,10 +145,10 @@ void KvCache::save_prefix(int64_t n, std::string& out) const {
   out.reserve(out.size() + un * bytes_per_position());
   auto put = [&](const void* p, size_t bytes) { out.append(static_cast<const char*>(p), bytes); };
   for (size_t row = 0; row < static_cast<size_t>(n_kv_) * hd_; ++row) put(k_.data() + row * cap * es, un * es);
-  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(v_.data() + h * cap * hd_ * es, un * hd_ * es);
+  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(v_.data() + h * cap * vd_ * es, un * vd_ * es);
   if (type_ == KvType::kI8) {
     for (size_t row = 0; row < static_cast<size_t>(n_kv_) * groups_; ++row) put(ks_.data() + row * cap, un * sizeof(float));
-    for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
+    for (size_t h = 0; h < static_cast<size_t>(n_kv_) && vd_ > 0; ++h) put(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
   }
 }
 
@@ -163,10 +166,10 @@ void KvCache::load_prefix(std::string_view data, int64_t n) {
     p += bytes;
   };
   for (size_t row = 0; row < static_cast<size_t>(n_kv_) * hd_; ++row) get(k_.data() + row * cap * es, un * es);
-  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) get(v_.data() + h * cap * hd_ * es, un * hd_ * es);
+  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) get(v_.data() + h * cap * vd_ * es, un * vd_ * es);
   if (type_ == KvType::kI8) {
     for (size_t row = 0; row < static_cast<size_t>(n_kv_) * groups_; ++row) get(ks_.data() + row * cap, un * sizeof(float));
-    for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) get(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
+    for (size_t h = 0; h < static_cast<size_t>(n_kv_) && vd_ > 0; ++h) get(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
   }
 }
 
@@ -180,6 +183,7 @@ float KvCache::key(int h, int64_t p, int d) const {
 }
 
 float KvCache::value(int h, int64_t p, int d) const {
+  if (vd_ == 0) fail("KV cache: a keys-only (latent) cache holds no values");
   const int64_t i = (static_cast<int64_t>(h) * cap_ + p) * hd_ + d;
   switch (type_) {
     case KvType::kF32: return reinterpret_cast<const float*>(v_.data())[i];
@@ -196,7 +200,8 @@ constexpr int64_t kQueryTile = 32;  // query rows (tokens x heads of one KV grou
 // transposed keys (SIMD over positions), causal mask + softmax per row, then P.V
 // accumulated row by row with SIMD.
 void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out,
-               ThreadPool* pool) {
+               ThreadPool* pool, int64_t window) {
+  if (kv.keys_only()) fail("attention: the cache holds keys only (an MLA latent cache: use mla_attention)");
   const int group = n_heads / kv.n_kv_heads();
   const int hd = kv.head_dim();
   const int64_t cap = kv.capacity();
@@ -216,37 +221,43 @@ void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_
       const int64_t t = (r0 + r) / group, g = (r0 + r) % group;
       std::memcpy(qs.data() + r * hd, q + (t * n_heads + kvh * group + g) * hd, hd * sizeof(float));
     }
+    // Sliding window: keys before k0 (the first row's window start, the earliest any row of the
+    // tile sees) are neither read nor scored; m = n - k0 keys from k0 on.
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, pos0 + r0 / group + 1 - window) : 0;
+    const int64_t m = n - k0;
     const int64_t krow0 = static_cast<int64_t>(kvh) * hd;  // first key row of this head
-    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap;  // first value row of this head
+    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap + k0;  // value row of (this head, k0)
     switch (kv.type()) {
       case KvType::kF32:
-        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap, cap, n, hd, sc.data(), n);
+        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap + k0, cap, m, hd, sc.data(), m);
         break;
       case KvType::kF16:
-        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap, cap, n, hd, sc.data(), n);
+        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap + k0, cap, m, hd, sc.data(), m);
         break;
       case KvType::kI8:
-        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap,
-                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap, cap, kv.group_dim(), n, hd, sc.data(), n);
+        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap + k0,
+                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap + k0, cap, kv.group_dim(), m, hd, sc.data(), m);
         break;
     }
     for (int64_t r = 0; r < nr; ++r) {
-      const int64_t visible = pos0 + (r0 + r) / group + 1;
-      float* row = sc.data() + r * n;
-      ops::scale(scale, row, visible);
-      softmax_inplace(row, visible);
-      std::fill(row + visible, row + n, 0.0f);
+      const int64_t visible = pos0 + (r0 + r) / group + 1 - k0;  // local: keys [lo, visible) of the m
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, visible + k0 - window) - k0 : 0;
+      float* row = sc.data() + r * m;
+      ops::scale(scale, row + lo, visible - lo);
+      softmax_inplace(row + lo, visible - lo);
+      std::fill(row, row + lo, 0.0f);
+      std::fill(row + visible, row + m, 0.0f);
     }
     switch (kv.type()) {
       case KvType::kF32:
-        accumulate_rows(sc.data(), n, nr, reinterpret_cast<const float*>(kv.v_data()) + vrow0 * hd, hd, n, hd, acc.data(), hd);
+        accumulate_rows(sc.data(), m, nr, reinterpret_cast<const float*>(kv.v_data()) + vrow0 * hd, hd, m, hd, acc.data(), hd);
         break;
       case KvType::kF16:
-        accumulate_rows_f16(sc.data(), n, nr, reinterpret_cast<const uint16_t*>(kv.v_data()) + vrow0 * hd, hd, n, hd, acc.data(), hd);
+        accumulate_rows_f16(sc.data(), m, nr, reinterpret_cast<const uint16_t*>(kv.v_data()) + vrow0 * hd, hd, m, hd, acc.data(), hd);
         break;
       case KvType::kI8:
-        accumulate_rows_i8(sc.data(), n, nr, reinterpret_cast<const int8_t*>(kv.v_data()) + vrow0 * hd,
-                           kv.v_scales() + vrow0 * kv.groups(), hd, kv.groups(), kv.group_dim(), n, hd, acc.data(), hd);
+        accumulate_rows_i8(sc.data(), m, nr, reinterpret_cast<const int8_t*>(kv.v_data()) + vrow0 * hd,
+                           kv.v_scales() + vrow0 * kv.groups(), hd, kv.groups(), kv.group_dim(), m, hd, acc.data(), hd);
         break;
     }
     for (int64_t r = 0; r < nr; ++r) {

@@ -26,8 +26,10 @@ KvType kv_type_from_bits(int bits);
 
 class KvCache {
  public:
-  /// Sets the geometry; drops contents.
-  void configure(KvType type, int n_kv_heads, int head_dim);
+  /// Sets the geometry; drops contents. `keys_only`: the cache stores keys only (no value rows,
+  /// write() ignores v): the MLA latent cache, one "key" of kv_lora_rank + qk_rope_head_dim per
+  /// position whose first kv_lora_rank elements double as the value (Backend::mla_attention).
+  void configure(KvType type, int n_kv_heads, int head_dim, bool keys_only = false);
   /// Makes room for `positions`, keeping the first `keep` positions.
   void reserve(int64_t positions, int64_t keep);
   /// Stores position `pos` of every KV head: k, v [n_kv_heads, head_dim] f32.
@@ -49,6 +51,8 @@ class KvCache {
   KvType type() const { return type_; }
   int n_kv_heads() const { return n_kv_; }
   int head_dim() const { return hd_; }
+  /// Whether the cache holds keys only (configure(..., keys_only = true)).
+  bool keys_only() const { return vd_ == 0 && hd_ > 0; }
   int groups() const { return groups_; }
   int group_dim() const { return hd_ / groups_; }
   int64_t capacity() const { return cap_; }
@@ -71,7 +75,7 @@ class KvCache {
   void touch();  // new generation
   uint64_t gen_ = 0;
   KvType type_ = KvType::kF32;
-  int n_kv_ = 0, hd_ = 0, groups_ = 1;
+  int n_kv_ = 0, hd_ = 0, vd_ = 0, groups_ = 1;  // vd_: value dims per head (hd_, or 0 keys-only)
   int64_t cap_ = 0;
   std::vector<uint8_t> k_, v_;
   std::vector<float> ks_, vs_;
@@ -81,7 +85,9 @@ class KvCache {
 /// kvh = h / (n_heads / n_kv_heads) (HF repeat_kv). The cache must hold [0, pos0 + T).
 /// q: [T, n_heads, head_dim] f32; out: [T, n_heads, head_dim]. Parallel over (KV head,
 /// query tile); scores and softmax in f32.
+/// window > 0 (sliding-window attention, HF Mixtral/Mistral): only keys p with
+/// pos0 + t - p < window are seen.
 void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out,
-               ThreadPool* pool);
+               ThreadPool* pool, int64_t window = 0);
 
 }  // namespace spool::ops

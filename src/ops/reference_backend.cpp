@@ -77,6 +77,100 @@ void ReferenceBackend::route_softmax_top_k(float* logits, int64_t T, int E, int 
   }
 }
 
+// Written from RouterParams' definition (routing.h) in double precision; group masking to 0.0.
+void ReferenceBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
+                                           float* weights, float* margins) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    std::vector<double> s(E), sel(E);
+    if (r.sigmoid) {
+      for (int e = 0; e < E; ++e) s[e] = sig(l[e]);
+    } else {
+      const double m = *std::max_element(l, l + E);
+      double z = 0;
+      for (int e = 0; e < E; ++e) z += (s[e] = std::exp(l[e] - m));
+      for (int e = 0; e < E; ++e) s[e] /= z;
+    }
+    for (int e = 0; e < E; ++e) sel[e] = s[e] + (r.bias ? r.bias[e] : 0.0);
+    const int G = std::max(1, r.n_group);
+    if (G > 1 && r.topk_group < G && E % G == 0) {
+      const int per = E / G;
+      std::vector<double> gs(G);
+      for (int g = 0; g < G; ++g) {
+        std::vector<double> v(sel.begin() + g * per, sel.begin() + (g + 1) * per);
+        std::sort(v.rbegin(), v.rend());
+        gs[g] = r.group_top2_sum ? v[0] + (per > 1 ? v[1] : 0.0) : v[0];
+      }
+      std::vector<int> go(G);
+      std::iota(go.begin(), go.end(), 0);
+      std::stable_sort(go.begin(), go.end(), [&](int a, int b) { return gs[a] > gs[b]; });
+      for (int i = r.topk_group; i < G; ++i)
+        for (int e = go[i] * per; e < (go[i] + 1) * per; ++e) sel[e] = 0.0;
+    }
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sel[a] > sel[b]; });
+    double kept = 0;
+    for (int i = 0; i < k; ++i) kept += s[order[i]];
+    for (int i = 0; i < k; ++i) {
+      ids[t * k + i] = order[i];
+      weights[t * k + i] = static_cast<float>((r.renormalize ? s[order[i]] / (kept + 1e-20) : s[order[i]]) * r.scaling);
+    }
+    if (margins) margins[t] = k < E ? static_cast<float>(sel[order[k - 1]] - sel[order[k]]) : 1.0f;
+  }
+}
+
+void ReferenceBackend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                                        int64_t window, float* out) {
+  const int hd = kv.head_dim(), group = n_heads / kv.n_kv_heads();
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const float* qh = q + (t * n_heads + h) * hd;
+      const int kvh = h / group;
+      const int64_t n = pos0 + t + 1, lo = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+      std::vector<double> s(n - lo);
+      double m = -INFINITY;
+      for (int64_t p = lo; p < n; ++p) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kv.key(kvh, p, i);
+        s[p - lo] = d * scale;
+        m = std::max(m, s[p - lo]);
+      }
+      double z = 0;
+      for (auto& e : s) z += (e = std::exp(e - m));
+      for (int i = 0; i < hd; ++i) {
+        double acc = 0;
+        for (int64_t p = lo; p < n; ++p) acc += s[p - lo] / z * kv.value(kvh, p, i);
+        out[(t * n_heads + h) * hd + i] = static_cast<float>(acc);
+      }
+    }
+}
+
+void ReferenceBackend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                                     int dv, float* out) {
+  const int D = kv.head_dim();
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const float* qh = q + (t * n_heads + h) * D;
+      const int64_t n = pos0 + t + 1;
+      std::vector<double> s(n);
+      double m = -INFINITY;
+      for (int64_t p = 0; p < n; ++p) {
+        double d = 0;
+        for (int i = 0; i < D; ++i) d += static_cast<double>(qh[i]) * kv.key(0, p, i);
+        s[p] = d * scale;
+        m = std::max(m, s[p]);
+      }
+      double z = 0;
+      for (auto& e : s) z += (e = std::exp(e - m));
+      for (int i = 0; i < dv; ++i) {
+        double acc = 0;
+        for (int64_t p = 0; p < n; ++p) acc += s[p] / z * kv.key(0, p, i);
+        out[(t * n_heads + h) * dv + i] = static_cast<float>(acc);
+      }
+    }
+}
+
 // The cache's storage format (f32 / f16 / int8 with scales) belongs to KvCache itself.
 void ReferenceBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) {
   const int64_t w = static_cast<int64_t>(cache.n_kv_heads()) * cache.head_dim();

@@ -48,4 +48,61 @@ void route_top_k(float* logits, int n_experts, int k, bool renormalize, int* ids
   }
 }
 
+void route_grouped(const float* logits, int n_experts, int k, const RouterParams& r, int* ids, float* weights, float* margin) {
+  const int E = n_experts;
+  std::vector<float> sc(E), sel(E);
+  if (r.sigmoid) {
+    for (int i = 0; i < E; ++i) sc[i] = 1.0f / (1.0f + std::exp(-logits[i]));
+  } else {
+    const float m = *std::max_element(logits, logits + E);
+    double z = 0.0;
+    for (int i = 0; i < E; ++i) z += (sc[i] = std::exp(logits[i] - m));
+    for (int i = 0; i < E; ++i) sc[i] = static_cast<float>(sc[i] / z);
+  }
+  for (int i = 0; i < E; ++i) sel[i] = sc[i] + (r.bias != nullptr ? r.bias[i] : 0.0f);
+  const int G = std::max(1, r.n_group);
+  if (G > 1 && r.topk_group < G && E % G == 0) {
+    const int per = E / G;
+    std::vector<float> gs(G);
+    for (int g = 0; g < G; ++g) {
+      const float* s = sel.data() + g * per;
+      if (r.group_top2_sum) {
+        float a = -INFINITY, b = -INFINITY;  // best, second best
+        for (int i = 0; i < per; ++i) {
+          if (s[i] > a) {
+            b = a;
+            a = s[i];
+          } else if (s[i] > b) {
+            b = s[i];
+          }
+        }
+        gs[g] = per > 1 ? a + b : a;
+      } else {
+        gs[g] = *std::max_element(s, s + per);
+      }
+    }
+    std::vector<int> go(G);
+    std::iota(go.begin(), go.end(), 0);
+    std::partial_sort(go.begin(), go.begin() + r.topk_group, go.end(),
+                      [&](int a, int b) { return gs[a] != gs[b] ? gs[a] > gs[b] : a < b; });
+    std::vector<char> keep(G, 0);
+    for (int i = 0; i < r.topk_group; ++i) keep[go[i]] = 1;
+    for (int i = 0; i < E; ++i)
+      if (!keep[i / per]) sel[i] = 0.0f;
+  }
+  std::vector<int> idx(E);
+  std::iota(idx.begin(), idx.end(), 0);
+  const int sorted = margin != nullptr && k < E ? k + 1 : k;
+  std::partial_sort(idx.begin(), idx.begin() + sorted, idx.end(),
+                    [&](int a, int b) { return sel[a] != sel[b] ? sel[a] > sel[b] : a < b; });
+  if (margin != nullptr) *margin = k < E ? sel[idx[k - 1]] - sel[idx[k]] : 1.0f;
+  double z = 0.0;
+  for (int i = 0; i < k; ++i) z += sc[idx[i]];
+  for (int i = 0; i < k; ++i) {
+    ids[i] = idx[i];
+    const float w = r.renormalize ? static_cast<float>(sc[idx[i]] / (z + 1e-20)) : sc[idx[i]];
+    weights[i] = w * r.scaling;
+  }
+}
+
 }  // namespace spool::ops

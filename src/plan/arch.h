@@ -1,7 +1,7 @@
-// The model spec the planner projects with: the engine's (models::build_spec) for the families
-// spool runs, and a planning-only spec, read from config.json alone, for MoE families spool
-// cannot run yet (DeepSeek-V2/V3, Mixtral, OLMoE), so `spool plan` can answer "does it fit"
-// before anything is downloaded.
+// The model spec the planner projects with: models::build_spec through the family registry
+// (models/family.h), for families spool runs and for families it only plans (a registered
+// family without a loader), so `spool plan` can answer "does it fit" before anything is
+// downloaded. The family's describe() / plan_notes() say what the figures assume.
 #pragma once
 
 #include <string>
@@ -19,7 +19,8 @@ struct PlanModel {
   std::vector<std::string> notes;  // approximations the projection makes for this family
 };
 
-/// model_type values `spool plan` projects without spool being able to run them.
+/// model_type values `spool plan` projects without spool being able to run them (registered
+/// families without a loader).
 const std::vector<std::string>& plan_only_model_types();
 
 /// The spec of `ck`'s model: build_spec for supported model_types (runnable), a planning spec

@@ -16,9 +16,10 @@ struct BaseNeeds {
   uint64_t dense = 0;      // dense weights kept resident (mapped) + their f32 copies
   uint64_t state = 0;      // KV caches and recurrent state (with the growth transient)
   uint64_t workspace = 0;  // forward-pass scratch, logits, sampler
-  uint64_t tokenizer = 0;
+  uint64_t tokenizer = 0;  // the tokenizer's heap (plan::tokenizer_bytes)
+  uint64_t tables = 0;     // the checkpoint's tensor tables (io::Checkpoint::table_bytes)
   uint64_t runtime = 0;    // executable, libraries, stacks
-  uint64_t sum() const { return dense + state + workspace + tokenizer + runtime; }
+  uint64_t sum() const { return dense + state + workspace + tokenizer + tables + runtime; }
 };
 
 /// True when the run with every expert resident (`base` + `experts` bytes) does not fit in

@@ -26,6 +26,7 @@ WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec
   w.experts = ck.expert_bytes();
   w.dense = w.total - w.experts;
   w.file_bytes = ck.file_bytes();
+  w.tables = ck.table_bytes();
   w.shards = static_cast<int>(ck.shards().size());
   w.experts_quantized = ck.experts_quantized();
   // models/decoder.cpp reads embedding rows with pread when lm_head is its own tensor (float,
@@ -75,20 +76,19 @@ StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits
   ops::KvCache probe;
   uint64_t per;
   if (s.attn.kv_latent_dim > 0) {
-    // MLA (planner only): one vector of kv_latent_dim per position, stored as spool stores one
-    // K row (KvCache holds K and V: half of a one-head cache of that width).
-    probe.configure(ops::kv_type_from_bits(kv_bits), 1, s.attn.kv_latent_dim);
-    per = probe.bytes_per_position() / 2;
+    // MLA: one latent vector of kv_lora_rank + qk_rope_head_dim per position (a keys-only cache).
+    probe.configure(ops::kv_type_from_bits(kv_bits), 1, s.attn.kv_latent_dim, true);
+    per = probe.bytes_per_position();
   } else {
     probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
     per = probe.bytes_per_position();
   }
-  // A sliding window (planner only) caps the positions held.
-  if (s.attn.sliding_window > 0) capacity = std::min(capacity, s.attn.sliding_window);
+  // A sliding window caps the positions held when the family's cache is bounded by it.
+  if (s.attn.sliding_window > 0 && s.attn.window_bounds_kv) capacity = std::min(capacity, s.attn.sliding_window);
   // KvCache::reserve doubles: the previous capacity is at most half of the final one.
   int64_t prev = capacity / 2 / 256 * 256;
   for (int i = 0; i < s.n_layers; ++i) {
-    if (s.mixers[i] == models::MixerKind::kAttention) {
+    if (s.mixers[i] == models::MixerKind::kAttention || s.mixers[i] == models::MixerKind::kMLA) {
       b.kv += per * static_cast<uint64_t>(capacity);
       b.kv_per_token += per;
       b.grow_transient = per * static_cast<uint64_t>(prev);
@@ -112,6 +112,8 @@ uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int
   for (int i = 0; i < s.n_layers; ++i) {
     if (s.mixers[i] == models::MixerKind::kAttention) {
       widest = std::max<uint64_t>(widest, static_cast<uint64_t>(a.n_heads) * a.head_dim);
+    } else if (s.mixers[i] == models::MixerKind::kMLA) {
+      widest = std::max<uint64_t>(widest, static_cast<uint64_t>(a.n_heads) * s.mla.v_head_dim);
     } else {
       widest = std::max<uint64_t>(widest, g.value_dim());
     }
@@ -121,7 +123,9 @@ uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int
   // path's gathered rows (up to all T tokens on one expert), matmul.cpp row scratch, and the
   // attention tile's scores over the context (kv_cache.cpp, 32 query rows).
   const uint64_t per_thread = ops::expert_ffn_thread_bytes(static_cast<int64_t>(t), H, m.intermediate) + 4 * widest * kF +
-                              (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * a.head_dim) * kF : 0);
+                              (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * a.head_dim) * kF : 0) +
+                              // mla.cpp: 16 query rows' scores over the context and one latent key row
+                              (s.n_layers_of(models::MixerKind::kMLA) ? (16 + 1) * static_cast<uint64_t>(ctx) * kF : 0);
   n += per_thread * static_cast<uint64_t>(std::max(threads, 1));
   if (quantized) {
     // quant_matmul.cpp `rot` (the calling thread rotates a whole matmul's input) and

@@ -23,6 +23,7 @@ struct WeightBytes {
   uint64_t resident_dense = 0;   // dense - embed_on_demand: mapped and touched every token
   uint64_t f32_copies = 0;     // copies made at bind time (norms, conv1d, A_log, dt_bias, Qwen3-Next regroups)
   uint64_t file_bytes = 0;     // shard files (headers included)
+  uint64_t tables = 0;         // heap of the checkpoint's tensor tables (io::Checkpoint::table_bytes)
   int shards = 0;
   bool experts_quantized = false;
   bool any_quantized = false;  // some weight is in spool's quantized format (.qweight)

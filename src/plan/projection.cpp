@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/sysinfo.h"
+#include "models/model.h"
 #include "plan/arch.h"
 
 namespace spool::plan {
@@ -45,9 +46,23 @@ BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const 
   const int64_t cap = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
   const StateBytes st = state_bytes(spec, cap, sh.kv_bits);
   b.dense = w.resident_dense + w.f32_copies;
-  b.state = st.kv + st.recurrent + st.grow_transient;
-  b.workspace = workspace_bytes(spec, std::min(sh.prefill_step, sh.ctx), sh.ctx, sh.threads, w.any_quantized);
+  const uint64_t n = static_cast<uint64_t>(std::max(sh.parallel, 1));
+  b.state = n * (st.kv + st.recurrent) + st.grow_transient;
+  const int64_t chunk = std::min(sh.prefill_step, sh.ctx), rows = step_rows(chunk, sh.parallel);
+  b.workspace = workspace_bytes(spec, rows, sh.ctx, sh.threads, w.any_quantized);
+  if (n > 1) {
+    // The arena's per-sequence part (last rows' normed input and logits) and each further
+    // slot's logits and sampler buffers (batch_engine.cpp Slot::logits, GenStepper's copy, the
+    // sampler's cand_ and counts_: what workspace_bytes counts once).
+    const uint64_t V = static_cast<uint64_t>(spec.vocab_size);
+    b.workspace += models::workspace_arena_bytes(spec, rows, sh.parallel) - models::workspace_arena_bytes(spec, rows, 1);
+    b.workspace += (n - 1) * (2 * V * sizeof(float) + V * (sizeof(float) + sizeof(int32_t)) + V * sizeof(int32_t));
+  }
   b.tokenizer = sh.tokenizer_json_bytes ? tokenizer_bytes(sh.tokenizer_json_bytes) : 0;
+  // The tables are added to the tokenizer's heap, not folded into it: measured on the demo,
+  // only part of them lands in the holes its parse leaves (the TensorRef array is one block
+  // of ~1 MB for 8,000 tensors, which glibc maps on its own), so the sum is an upper bound.
+  b.tables = w.tables;
   b.runtime = runtime_base_bytes(sh.threads, sh.start_rss);
   return b;
 }
@@ -60,9 +75,10 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   p.architecture = std::move(pm.architecture);
   p.notes = std::move(pm.notes);
   p.weights = weight_bytes(ck, p.spec);
-  if (!p.runnable) {
+  {
     // Layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction layer, stored as
-    // layers.61) are not used to decode: left out of every figure.
+    // layers.61) are not used to decode (the engine binds layers below n_layers only): left
+    // out of every figure.
     uint64_t extra = 0, extra_experts = 0;
     for (const auto& t : ck.tensors()) {
       if (layer_of(t.name) < p.spec.n_layers) continue;
@@ -88,7 +104,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     sh.kv_bits = kv_bits;
     p.shape = sh;
     p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
-    if (p.spec.attn.sliding_window > 0) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
+    if (p.spec.attn.sliding_window > 0 && p.spec.attn.window_bounds_kv) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
     p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
     const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));
@@ -138,16 +154,18 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   }
 
   // The command line.
-  std::string cmd = "spool generate --model " + in.model_arg;
+  const bool serve = in.shape.parallel > 1;  // several sequences: the server's command
+  std::string cmd = std::string(serve ? "spool serve" : "spool generate") + " --model " + in.model_arg;
   if (p.verdict == Verdict::kStream) cmd += " --stream --cache-budget-gb " + gb_arg(p.cache_budget);
   if (p.verdict == Verdict::kResident && p.weights.experts > 0) cmd += " --no-stream";
   if (p.verdict == Verdict::kStream && !p.use_page_cache) cmd += " --no-page-cache";
   if (p.shape.kv_bits != 32) cmd += strfmt(" --kv-bits %d", p.shape.kv_bits);
   if (in.shape.prefill_step != 512) cmd += strfmt(" --prefill-step-size %lld", (long long)in.shape.prefill_step);
+  if (serve) cmd += strfmt(" --ctx-size %lld --parallel %d", (long long)in.shape.ctx, in.shape.parallel);
   if (in.shape.ctx > p.spec.max_position_embeddings && p.spec.max_position_embeddings > 0)
     p.notes.push_back(strfmt("--ctx-size %lld is beyond the model's max_position_embeddings %lld", (long long)in.shape.ctx,
                              (long long)p.spec.max_position_embeddings));
-  cmd += " --prompt \"...\"";
+  if (!serve) cmd += " --prompt \"...\"";
   p.command = p.runnable ? cmd : "";
   if (p.verdict == Verdict::kStream && p.cache_bytes < static_cast<uint64_t>(p.spec.moe.top_k) * n_moe * p.slot_bytes)
     p.notes.push_back("the cache holds fewer experts than one token uses: every token reads most of its experts from disk");

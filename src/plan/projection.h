@@ -16,17 +16,26 @@
 
 namespace spool::plan {
 
-/// The shape of a run: context, prompt chunking, KV storage, threads.
+/// The shape of a run: context, prompt chunking, sequences run together, KV storage, threads.
 struct RunShape {
-  int64_t ctx = 4096;            // tokens of context the KV cache must hold
+  int64_t ctx = 4096;            // tokens of context the KV cache must hold (per sequence)
   int64_t prefill_step = 512;    // --prefill-step-size (tokens per forward pass)
+  int parallel = 1;              // --parallel: sequences run together (serve's slots), each with its own KV/state
   int kv_bits = 32;              // --kv-bits
   int threads = 1;
   uint64_t tokenizer_json_bytes = 0;  // 0 when the model has no tokenizer.json
   uint64_t start_rss = 0;             // resident bytes of the process before loading (0 = typical)
 };
 
-/// Resident needs besides the routed experts (see BaseNeeds) of a run of `shape`.
+/// Token rows of the largest forward step with `parallel` sequences: one prefill chunk of
+/// `chunk` tokens plus one decode token of each other sequence (serve's schedule,
+/// server/batch_engine.h).
+inline int64_t step_rows(int64_t chunk, int parallel) { return chunk + (parallel > 1 ? parallel - 1 : 0); }
+
+/// Resident needs besides the routed experts (see BaseNeeds) of a run of `shape`: per sequence
+/// KV and recurrent state times shape.parallel (one growth transient: the engine grows one
+/// layer's cache at a time), the workspace of a step of step_rows(chunk, parallel) rows over
+/// `parallel` sequences plus each further sequence's logits and sampler buffers.
 BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const RunShape& shape);
 
 /// Inputs of a projection beyond the checkpoint.

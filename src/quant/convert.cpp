@@ -170,7 +170,7 @@ struct Planner {
 
   /// A non-expert tensor: kept (bf16) or quantized with its own sign vector.
   void plain(const io::TensorRef& t) {
-    const TensorClass c = classify(t.name, t.shape);
+    const TensorClass c = opt.keep_float != nullptr && opt.keep_float(t.name) ? TensorClass::kKeep : classify(t.name, t.shape);
     const ClassSpec& s = opt.recipe.spec(c);
     Unit u;
     u.layer = layer_of(t.name);

@@ -29,6 +29,9 @@ struct ConvertOptions {
   int threads = 0;                  ///< worker threads (0 = all cores)
   uint64_t shard_bytes = 4ull << 30;  ///< start a new shard past this many bytes (whole layers)
   bool force = false;               ///< write into a non-empty directory (removes its old shards)
+  /// Normalised names the model family keeps in bf16 besides the recipe's kept class
+  /// (models::Family::keep_float; may be null).
+  bool (*keep_float)(std::string_view name) = nullptr;
 };
 
 /// Parameters and bytes of one tensor class in the output.

@@ -16,6 +16,7 @@
 #include "engine/loader.h"
 #include "experts/weight_views.h"
 #include "io/safetensors.h"
+#include "models/family.h"
 #include "quant/hadamard.h"
 #include "quant/quantize.h"
 
@@ -45,6 +46,9 @@ ConvertResult run_convert(const std::string& in, const std::string& out, const s
   o.rotate = rotate;
   o.threads = 2;
   o.shard_bytes = shard_bytes;
+  // As spool convert: the family's bf16 keep-list (DeepSeek keeps kv_b_proj).
+  const models::Family* f = models::family_named(models::build_spec(io::Checkpoint::open(in, {.map = false})).family);
+  if (f != nullptr) o.keep_float = f->keep_float;
   return convert(o, nullptr);
 }
 
@@ -215,7 +219,9 @@ TEST(Convert, QuantizedEmbeddingIsRefused) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                          ::testing::Values(Case{"qwen3_moe", "q4", true}, Case{"qwen3_next", "tq3a-tqTe-down3", true},
                                            Case{"qwen3_5_moe_text", "tq3", true}, Case{"qwen3_5_moe_vl_fused", "q2", false},
-                                           Case{"qwen3_5_moe_vl", "tq3a-tqTe", true}, Case{"demo", "tq3a-tqTe-down4", true}),
+                                           Case{"qwen3_5_moe_vl", "tq3a-tqTe", true}, Case{"demo", "tq3a-tqTe-down4", true},
+                                           Case{"mixtral", "q4", true}, Case{"olmoe", "q4", true}, Case{"deepseek_v3", "q4", true},
+                                           Case{"deepseek_v3_kimi", "q4", true}, Case{"deepseek_v2_lite", "q4", true}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

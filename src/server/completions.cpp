@@ -35,30 +35,45 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
   auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
   const ResponseMeta meta{new_response_id(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)), e.facts.name};
   const tokenizer::Tokenizer& tok = *e.facts.tok;
-  auto record = [this](const GenResult& r) {
-    metrics_.generation(r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.prefill_s, r.decode_s, r.cancelled);
-  };
+  BatchEngine& engine = *e.batch;
 
   // Counted in from here until the response is done (the stream's provider holds it).
   std::shared_ptr<void> slot = admit();
+  std::shared_ptr<GenTicket> ticket = engine.submit(g, g->stream);
+  // Whatever ends this response (an exception, a stream provider httplib drops unread) gives
+  // the request up; after it finished, cancel() has no effect.
+  std::shared_ptr<void> give_up(nullptr, [&engine, ticket](void*) { engine.cancel(ticket); });
+
+  // Reads the ticket's next message, polling `keep_going` (the client is there, the stream
+  // writes) between waits; on false the request is cancelled and nullopt returned.
+  auto next = [&engine, ticket](const std::function<bool()>& keep_going) -> std::optional<GenMessage> {
+    GenMessage m;
+    for (;;) {
+      if (!keep_going()) {
+        engine.cancel(ticket);
+        return std::nullopt;
+      }
+      if (ticket->next(m, 50)) return m;
+    }
+  };
+  auto failed = [](const GenMessage& m) {
+    return ApiError(m.status, m.status == 400 ? "invalid_request_error" : "server_error", m.error);
+  };
 
   if (!g->stream) {
-    std::optional<RequestQueue::Turn> turn = queue_.wait(alive);
-    if (!turn) {
-      if (stopping_) throw shutting_down();
-      res.status = kClientClosed;
+    for (;;) {
+      std::optional<GenMessage> m = next(alive);
+      if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
+        if (stopping_) throw shutting_down();
+        res.status = kClientClosed;
+        return;
+      }
+      if (m->kind == GenMessage::kFailed) throw failed(*m);
+      if (m->kind != GenMessage::kDone) continue;
+      const json j = chat ? chat_completion_json(meta, m->result, g->logprobs, tok) : completion_json(meta, m->result, g->logprobs, tok);
+      res.set_content(dump_json(j), "application/json");
       return;
     }
-    GenResult r = e.gen->run(*g, nullptr, alive);
-    record(r);
-    if (r.cancelled) {
-      if (stopping_) throw shutting_down();
-      res.status = kClientClosed;
-      return;
-    }
-    const json j = chat ? chat_completion_json(meta, r, g->logprobs, tok) : completion_json(meta, r, g->logprobs, tok);
-    res.set_content(dump_json(j), "application/json");
-    return;
   }
 
   // With include_usage every chunk but the last carries "usage": null, as OpenAI sends them.
@@ -67,49 +82,55 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
     return sse_data(j);
   };
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, &e, &tok, g, meta, alive, chat, record, chunk, slot](size_t, httplib::DataSink& sink) {
-    bool ok = true;
-    auto write = [&](const std::string& s) {
-      if (ok && !sink.write(s.data(), s.size())) ok = false;
-      return ok;
-    };
-    try {
-      std::optional<RequestQueue::Turn> turn = queue_.wait(alive);
-      if (!turn) {
-        if (stopping_) throw shutting_down();
-        return false;
-      }
-      if (chat) write(chunk(chat_chunk_json(meta, json{{"role", "assistant"}, {"content", ""}}, "", nullptr, tok)));
-      GenResult r = e.gen->run(
-          *g,
-          [&](const GenEvent& ev) {
-            const std::vector<TokenLogprob>* lp = g->logprobs ? &ev.logprobs : nullptr;
-            if (chat) {
-              const json delta = delta_json(ev.delta);
-              if (!delta.empty() || !ev.logprobs.empty()) write(chunk(chat_chunk_json(meta, delta, "", lp, tok)));
-            } else if (!ev.delta.content.empty() || !ev.logprobs.empty()) {
-              write(chunk(completion_chunk_json(meta, ev.delta.content, "", lp, tok)));
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, &tok, g, meta, alive, chat, chunk, slot, ticket, next, failed, &engine, give_up](size_t, httplib::DataSink& sink) {
+        bool ok = true;
+        auto write = [&](const std::string& s) {
+          if (ok && !sink.write(s.data(), s.size())) ok = false;
+          return ok;
+        };
+        try {
+          for (;;) {
+            std::optional<GenMessage> m = next([&] { return ok && alive(); });
+            if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
+              if (ok && stopping_) throw shutting_down();
+              return false;
             }
-            return ok;
-          },
-          [&] { return ok && alive(); });
-      record(r);
-      if (r.cancelled && ok && stopping_) throw shutting_down();
-      if (r.cancelled || !ok) return false;
-      write(chunk(chat ? chat_chunk_json(meta, json::object(), r.finish_reason, nullptr, tok)
-                       : completion_chunk_json(meta, "", r.finish_reason, nullptr, tok)));
-      if (g->include_usage) write(sse_data(usage_chunk_json(meta, r, chat)));
-      write("data: [DONE]\n\n");
-    } catch (const ApiError& ex) {
-      write(sse_data(error_json(ex)));
-    } catch (const std::bad_alloc&) {
-      write(sse_data(error_json("out of memory", "server_error")));
-    } catch (const std::exception& ex) {
-      write(sse_data(error_json(ex.what(), "server_error")));
-    }
-    if (ok) sink.done();
-    return ok;
-  });
+            if (m->kind == GenMessage::kFailed) throw failed(*m);
+            if (m->kind == GenMessage::kStarted) {
+              if (chat) write(chunk(chat_chunk_json(meta, json{{"role", "assistant"}, {"content", ""}}, "", nullptr, tok)));
+              continue;
+            }
+            if (m->kind == GenMessage::kEvent) {
+              const GenEvent& ev = m->event;
+              const std::vector<TokenLogprob>* lp = g->logprobs ? &ev.logprobs : nullptr;
+              if (chat) {
+                const json delta = delta_json(ev.delta);
+                if (!delta.empty() || !ev.logprobs.empty()) write(chunk(chat_chunk_json(meta, delta, "", lp, tok)));
+              } else if (!ev.delta.content.empty() || !ev.logprobs.empty()) {
+                write(chunk(completion_chunk_json(meta, ev.delta.content, "", lp, tok)));
+              }
+              if (!ok) engine.cancel(ticket);
+              continue;
+            }
+            const GenResult& r = m->result;  // kDone
+            if (!ok) return false;
+            write(chunk(chat ? chat_chunk_json(meta, json::object(), r.finish_reason, nullptr, tok)
+                             : completion_chunk_json(meta, "", r.finish_reason, nullptr, tok)));
+            if (g->include_usage) write(sse_data(usage_chunk_json(meta, r, chat)));
+            write("data: [DONE]\n\n");
+            break;
+          }
+        } catch (const ApiError& ex) {
+          write(sse_data(error_json(ex)));
+        } catch (const std::bad_alloc&) {
+          write(sse_data(error_json("out of memory", "server_error")));
+        } catch (const std::exception& ex) {
+          write(sse_data(error_json(ex.what(), "server_error")));
+        }
+        if (ok) sink.done();
+        return ok;
+      });
 }
 
 }  // namespace spool::server

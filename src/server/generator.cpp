@@ -6,7 +6,6 @@
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "engine/perplexity.h"
-#include "tokenizer/stream_decoder.h"
 
 namespace spool::server {
 
@@ -28,85 +27,108 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k
   return t;
 }
 
+GenStepper::GenStepper(const GenRequest& req, const tokenizer::Tokenizer& tok, int64_t vocab, bool tool_syntax_greedy)
+    : req_(req),
+      tok_(tok),
+      vocab_(vocab),
+      greedy_markup_(tool_syntax_greedy),
+      parser_(req.parser),  // checks the stop strings before any work
+      sampler_((req.sampling.validate(), req.sampling), vocab),
+      greedy_([&] {
+        engine::SamplingParams gp = req.sampling;
+        gp.temperature = 0.0f;
+        return gp;
+      }(), vocab),
+      dec_(tok, /*skip_special=*/true),
+      context_(req.prompt) {
+  for (int32_t id : req.prompt)
+    if (id < 0 || id >= vocab) fail("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)vocab);
+  if (req.prompt.empty()) fail("the prompt is empty (at least one token is needed)");
+}
+
+GenEvent GenStepper::take_event() {
+  GenEvent e = std::move(ev_);
+  ev_ = GenEvent{};
+  return e;
+}
+
+bool GenStepper::on_logits(const float* logits) {
+  work_.assign(logits, logits + vocab_);
+  const bool argmax = greedy_markup_ && parser_.in_markup();
+  for (const auto& [bias_id, bias] : req_.logit_bias)
+    if (bias_id < vocab_) work_[static_cast<size_t>(bias_id)] += bias;
+  const int32_t id = (argmax ? greedy_ : sampler_).sample(work_.data(), context_, generated_);
+  last_ = id;
+  generated_.push_back(id);
+  context_.push_back(id);
+  if (req_.logprobs) {
+    ev_.logprobs.push_back(token_logprob(logits, vocab_, id, req_.top_logprobs));  // the unbiased distribution
+    logprobs_.push_back(ev_.logprobs.back());
+  }
+  if (std::find(req_.stop_ids.begin(), req_.stop_ids.end(), id) != req_.stop_ids.end()) {
+    finish_ = "stop";
+    return false;
+  }
+  if (id < tok_.vocab_size()) ev_.delta.append(parser_.push(dec_.push(id)));
+  if (parser_.stopped()) {
+    finish_ = "stop";
+    return false;
+  }
+  return static_cast<int64_t>(generated_.size()) < req_.max_tokens;
+}
+
+GenResult GenStepper::finish() {
+  ev_.delta.append(parser_.push(dec_.flush()));
+  ev_.delta.append(parser_.finish());
+  GenResult res;
+  res.prompt_tokens = static_cast<int64_t>(req_.prompt.size());
+  res.completion_tokens = generated();
+  res.content = parser_.content();
+  res.reasoning = parser_.reasoning();
+  res.tool_calls = parser_.tool_calls();
+  res.logprobs = logprobs_;
+  res.finish_reason = finish_ == "stop" && !res.tool_calls.empty() ? "tool_calls" : finish_;
+  return res;
+}
+
 Generator::Generator(engine::Session& session, PromptCache& cache, const tokenizer::Tokenizer& tok, bool tool_syntax_greedy)
     : session_(session), cache_(cache), tok_(tok), greedy_markup_(tool_syntax_greedy) {}
 
 GenResult Generator::run(const GenRequest& req, const std::function<bool(const GenEvent&)>& on_event, const std::function<bool()>& alive) {
-  GenResult res;
-  res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
   const int64_t vocab = session_.model().spec().vocab_size;
-  for (int32_t id : req.prompt)
-    if (id < 0 || id >= vocab) fail("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)vocab);
-  req.sampling.validate();
-  OutputParser parser(req.parser);  // checks the stop strings before any work
+  GenStepper g(req, tok_, vocab, greedy_markup_);
+  GenResult cancelled;
+  cancelled.cancelled = true;
+  cancelled.prompt_tokens = static_cast<int64_t>(req.prompt.size());
   double t0 = now_seconds();
   const int64_t reused = cache_.prefill(session_, req.prompt, alive);
-  res.prefill_s = now_seconds() - t0;
-  if (reused < 0) {
-    res.cancelled = true;
-    return res;
-  }
-  res.cached_tokens = reused;
-
-  engine::Sampler sampler(req.sampling, vocab);
-  engine::SamplingParams gp = req.sampling;
-  gp.temperature = 0.0f;
-  engine::Sampler greedy(gp, vocab);
-  tokenizer::StreamDecoder dec(tok_, /*skip_special=*/true);
-  std::vector<int32_t> context = req.prompt, generated;
-  std::vector<float> logits;
-  GenEvent ev;
-  auto absorb = [&](OutputDelta d) { ev.delta.append(std::move(d)); };
-  auto flush_event = [&](bool force) {
-    if (!force && ev.delta.empty() && ev.logprobs.empty()) return true;
-    const bool ok = on_event ? on_event(ev) : true;
-    ev = GenEvent{};
-    return ok;
-  };
+  const double prefill_s = now_seconds() - t0;
+  if (reused < 0) return cancelled;
   t0 = now_seconds();
-  std::string finish = "length";
-  for (int i = 0; i < req.max_tokens; ++i) {
-    logits = session_.logits();
-    const bool argmax = greedy_markup_ && parser.in_markup();
-    std::vector<float> raw;
-    if (req.logprobs) raw = logits;
-    for (const auto& [bias_id, bias] : req.logit_bias)
-      if (bias_id < vocab) logits[static_cast<size_t>(bias_id)] += bias;
-    const int32_t id = (argmax ? greedy : sampler).sample(logits.data(), context, generated);
-    generated.push_back(id);
-    context.push_back(id);
-    if (req.logprobs) {
-      ev.logprobs.push_back(token_logprob(raw.data(), vocab, id, req.top_logprobs));
-      res.logprobs.push_back(ev.logprobs.back());
+  auto flush = [&](bool final) {
+    GenEvent ev = g.take_event();
+    if (!final && ev.delta.empty() && ev.logprobs.empty()) return true;
+    return on_event ? on_event(ev) : true;
+  };
+  bool more = req.max_tokens > 0;
+  while (more) {
+    more = g.on_logits(session_.logits().data());
+    if (!more) break;
+    if (!flush(false) || (alive && !alive())) {
+      cancelled.completion_tokens = g.generated();
+      cancelled.cached_tokens = reused;
+      cancelled.prefill_s = prefill_s;
+      cancelled.decode_s = now_seconds() - t0;
+      return cancelled;
     }
-    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), id) != req.stop_ids.end()) {
-      finish = "stop";
-      break;
-    }
-    if (id < tok_.vocab_size()) absorb(parser.push(dec.push(id)));
-    if (parser.stopped()) {
-      finish = "stop";
-      break;
-    }
-    if (!flush_event(false) || (alive && !alive())) {
-      res.cancelled = true;
-      break;
-    }
-    if (i + 1 == req.max_tokens) break;
-    session_.decode(id);
-    cache_.append(id);
+    session_.decode(g.token());
+    cache_.append(g.token());
   }
+  GenResult res = g.finish();
+  res.cached_tokens = reused;
+  res.prefill_s = prefill_s;
   res.decode_s = now_seconds() - t0;
-  res.completion_tokens = static_cast<int64_t>(generated.size());
-  if (res.cancelled) return res;
-  absorb(parser.push(dec.flush()));
-  absorb(parser.finish());
-  res.content = parser.content();
-  res.reasoning = parser.reasoning();
-  res.tool_calls = parser.tool_calls();
-  if (finish == "stop" && !res.tool_calls.empty()) finish = "tool_calls";
-  res.finish_reason = finish;
-  if (!flush_event(false)) res.cancelled = true;
+  if (!flush(false)) res.cancelled = true;
   return res;
 }
 

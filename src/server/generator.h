@@ -1,6 +1,8 @@
-// Generator: runs one GenRequest on the engine — prompt-cache prefill, sampling (logit_bias, penalties,
-// seed, --tool-syntax-greedy), stop ids and strings, streaming detokenization and output
-// parsing — and reports what became known after each token.
+// Generation of one request, step by step (GenStepper: logits in, next token or the end out —
+// sampling with logit_bias, penalties and seed, --tool-syntax-greedy, stop ids and strings,
+// logprobs, streaming detokenization and output parsing) and Generator, which drives one
+// GenStepper on one Session through the prompt cache. The batched server engine
+// (server/batch_engine.h) drives one GenStepper per slot: both paths share this code.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include "server/output_parser.h"
 #include "server/prompt_cache.h"
 #include "server/request.h"
+#include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spool::server {
@@ -41,6 +44,51 @@ struct GenResult {
   double prefill_s = 0, decode_s = 0;
 };
 
+/// One request's generation as a state machine, independent of how the forward passes are run.
+/// Construct it (validates the request), feed the next-token logits of the sequence to
+/// on_logits() after the prompt and after every token it returns to feed, collect events with
+/// take_event(), and call finish() once on_logits() returned false. Not thread-safe.
+class GenStepper {
+ public:
+  /// Checks the prompt ids against `vocab`, the sampling parameters and the stop strings
+  /// (spool::Error / UsageError). `req` and `tok` must outlive the stepper.
+  GenStepper(const GenRequest& req, const tokenizer::Tokenizer& tok, int64_t vocab, bool tool_syntax_greedy);
+
+  /// Samples the next token from `logits` [vocab] (the model's next-token logits; copied,
+  /// not modified). Returns true when the token must be fed to the model (then token() is it
+  /// and on_logits is called again with the logits after it); false when generation ended
+  /// (stop id, stop string or max_tokens): call finish(). Throws spool::Error for non-finite
+  /// logits (no token is sampled from them).
+  bool on_logits(const float* logits);
+  /// The token on_logits() chose last.
+  int32_t token() const { return last_; }
+  /// What became known since the previous take_event() (empty delta and logprobs: nothing).
+  GenEvent take_event();
+  /// After on_logits() returned false: flushes the detokenizer and the parser into the pending
+  /// event (take it with take_event()) and returns the result (content, tool calls, reason,
+  /// completion tokens, logprobs; timings and prompt counts are the caller's to fill).
+  GenResult finish();
+  /// Tokens generated so far.
+  int64_t generated() const { return static_cast<int64_t>(generated_.size()); }
+
+ private:
+  const GenRequest& req_;
+  const tokenizer::Tokenizer& tok_;
+  int64_t vocab_;
+  bool greedy_markup_;
+  OutputParser parser_;
+  engine::Sampler sampler_, greedy_;
+  tokenizer::StreamDecoder dec_;
+  std::vector<int32_t> context_, generated_;
+  std::vector<float> work_;
+  std::vector<TokenLogprob> logprobs_;
+  GenEvent ev_;
+  std::string finish_ = "length";
+  int32_t last_ = -1;
+};
+
+/// Runs requests one at a time on one Session through a PromptCache (tests, and the reference
+/// the batched engine is checked against).
 class Generator {
  public:
   /// `tok` decodes output (required); with `tool_syntax_greedy`, tokens are chosen by argmax

@@ -38,15 +38,19 @@ HttpServer::HttpServer(HttpOptions opt) : opt_(std::move(opt)), http_(std::make_
   if (opt_.max_body_bytes == 0 || opt_.max_body_bytes > kMaxBodyBytes)
     throw UsageError(strfmt("the body limit must be in [1, %zu] bytes (got %zu)", kMaxBodyBytes, opt_.max_body_bytes));
   if (opt_.max_waiting < 0) throw UsageError(strfmt("the queue length must be >= 0 (got %d)", opt_.max_waiting));
-  if (opt_.threads < opt_.max_waiting + 2)
-    throw UsageError(strfmt("%d connection threads leave none for other routes with %d queued requests (need > %d)", opt_.threads,
-                            opt_.max_waiting, opt_.max_waiting + 1));
+  if (opt_.parallel < 1) throw UsageError(strfmt("--parallel must be >= 1 (got %d)", opt_.parallel));
+  if (opt_.threads < opt_.max_waiting + opt_.parallel + 1)
+    throw UsageError(strfmt("%d connection threads leave none for other routes with %d queued and %d running requests (need > %d)",
+                            opt_.threads, opt_.max_waiting, opt_.parallel, opt_.max_waiting + opt_.parallel));
   const size_t threads = static_cast<size_t>(opt_.threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   routes();
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+  engine_.reset();  // joins the engine thread while metrics_ (its on_result target) still exists
+}
 
 int HttpServer::bind() {
   const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host) : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
@@ -76,6 +80,12 @@ void HttpServer::stop() {
 }
 
 void HttpServer::set_engine(std::unique_ptr<ServingEngine> engine) {
+  if (!engine->batch) throw UsageError("the serving engine has no batch engine (parallel 0)");
+  if (engine->batch->parallel() > opt_.parallel)
+    throw UsageError(strfmt("the engine has %d slots but the HTTP server was sized for %d", engine->batch->parallel(), opt_.parallel));
+  engine->batch->set_on_result([this](const GenResult& r) {
+    metrics_.generation(r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.prefill_s, r.decode_s, r.cancelled);
+  });
   engine_ = std::move(engine);
   ready_ = true;
 }
@@ -98,7 +108,7 @@ ServingEngine& HttpServer::engine_or_503() const {
 }
 
 std::shared_ptr<void> HttpServer::admit() {
-  if (admitted_.fetch_add(1) >= opt_.max_waiting + 1) {
+  if (admitted_.fetch_add(1) >= opt_.max_waiting + engine_->batch->parallel()) {
     --admitted_;
     throw ApiError(503, "server_error",
                    strfmt("the server is busy: %d requests are already waiting for the model; retry later", opt_.max_waiting));
@@ -109,10 +119,9 @@ std::shared_ptr<void> HttpServer::admit() {
 std::string HttpServer::metrics_text() const {
   EngineGauges g;
   g.ready = ready_;
-  g.queue_waiting = queue_.waiting();
-  g.busy = queue_.busy();
   g.rss_bytes = current_rss_bytes();
   if (ready_) {
+    g.batch = engine_->batch->stats();
     g.streaming = engine_->loaded.streaming != nullptr;
     if (g.streaming) g.experts = engine_->loaded.streaming->stats();
     if (engine_->disk) g.disk_cache = engine_->disk->stats();

@@ -4,9 +4,11 @@
 // GET /v1/models/{id}, GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize,
 // /detokenize, /apply-template. Every error is an OpenAI error object with a 4xx/5xx status; with
 // an API key, every route but /health needs "Authorization: Bearer KEY" (else 401). Generation
-// requests wait in a FIFO queue and run one at a time (503 when max_waiting already wait); a
-// client that disconnects (while queued or generating) cancels its request, and stopping the
-// server ends queued and running ones with 503.
+// requests go to the engine's BatchEngine: up to N run together (--parallel), the rest wait in
+// its FIFO queue (503 when max_waiting already wait); a client that disconnects (while queued
+// or generating) cancels its request, and stopping the server ends queued and running ones
+// with 503. The HTTP thread of a request reads its messages from a GenTicket and writes the
+// JSON or SSE response itself.
 #pragma once
 
 #include <atomic>
@@ -15,7 +17,6 @@
 #include <string>
 
 #include "server/metrics.h"
-#include "server/request_queue.h"
 #include "server/serving_engine.h"
 
 namespace httplib {
@@ -39,8 +40,10 @@ struct HttpOptions {
   /// Generation requests waiting for the engine at most (besides the running one); more are
   /// refused at once with 503 instead of tying up a connection thread.
   int max_waiting = 32;
+  /// Generation requests running at once (the engine's --parallel slots).
+  int parallel = 1;
   /// Connection threads. Each queued or running generation holds one, so this must exceed
-  /// max_waiting + 1 for other routes (/health, /metrics) to answer while the queue is full.
+  /// max_waiting + parallel for other routes (/health, /metrics) to answer while the queue is full.
   int threads = 64;
 };
 
@@ -49,7 +52,7 @@ struct HttpOptions {
 class HttpServer {
  public:
   /// Installs the routes; does not bind (see bind()). UsageError when `threads` is not above
-  /// `max_waiting` + 1 or a limit is out of range.
+  /// `max_waiting` + `parallel` or a limit is out of range.
   explicit HttpServer(HttpOptions opt);
   /// Stops the server (stop()); listen() must have returned before the object is destroyed.
   ~HttpServer();
@@ -60,7 +63,8 @@ class HttpServer {
   void listen();
   /// Stops listen() (thread-safe, also before listen() started).
   void stop();
-  /// Installs the loaded engine: /health turns 200 and model routes start serving.
+  /// Installs the loaded engine: /health turns 200 and model routes start serving. Throws
+  /// UsageError when it has no BatchEngine or more slots than HttpOptions::parallel.
   void set_engine(std::unique_ptr<ServingEngine> engine);
 
  private:
@@ -70,7 +74,7 @@ class HttpServer {
                   const std::string& param = "") const;
   ServingEngine& engine_or_503() const;
   /// Counts a generation request in until the returned handle is destroyed; 503 when
-  /// max_waiting + 1 are already in (one running, the rest queued).
+  /// max_waiting + parallel are already in (running or queued).
   std::shared_ptr<void> admit();
   void handle_generation(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat);
   void handle_tokenize(const std::string& body, httplib::Response& res);
@@ -86,7 +90,6 @@ class HttpServer {
   std::mutex run_mu_;                      // orders listen() against stop()
   bool listen_entered_ = false;
   std::atomic<bool> listen_done_{false};
-  RequestQueue queue_;
   std::atomic<int> admitted_{0};           // generation requests between admit() and their end
   mutable Metrics metrics_;
   std::mutex seed_mu_;

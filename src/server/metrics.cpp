@@ -70,8 +70,29 @@ std::string Metrics::render(const EngineGauges& g) const {
   metric(out, "spool_prompt_tokens_per_second", "gauge", "Prompt tokens computed per second, last generation.", last_prefill_tok_s_);
   metric(out, "spool_generation_tokens_per_second", "gauge", "Decode tokens per second, last generation.", last_decode_tok_s_);
   metric(out, "spool_ready", "gauge", "1 when the model is loaded.", g.ready ? 1 : 0);
-  metric(out, "spool_requests_waiting", "gauge", "Requests waiting for the engine.", g.queue_waiting);
-  metric(out, "spool_requests_running", "gauge", "Requests running (0 or 1).", g.busy ? 1 : 0);
+  const BatchStats& b = g.batch;
+  metric(out, "spool_requests_waiting", "gauge", "Requests waiting for a slot.", b.waiting);
+  metric(out, "spool_requests_running", "gauge", "Requests running (busy slots).", b.busy);
+  metric(out, "spool_slots", "gauge", "Slots: requests that can run together (--parallel).", b.slots);
+  metric(out, "spool_slots_busy", "gauge", "Slots running a request now.", b.busy);
+  metric(out, "spool_batch_steps_total", "counter", "Forward steps run by the batching engine.", static_cast<double>(b.steps));
+  metric(out, "spool_batch_step_sequences_total", "counter", "Sequences over all forward steps (sum; / steps = mean batch).",
+         static_cast<double>(b.step_seqs));
+  out += "# HELP spool_batch_step_tokens Token rows per forward step (decode tokens + one prefill chunk).\n"
+         "# TYPE spool_batch_step_tokens histogram\n";
+  if (b.tokens_le.size() == std::size(BatchStats::kTokenBuckets) + 1) {
+    for (size_t i = 0; i < std::size(BatchStats::kTokenBuckets); ++i)
+      out += strfmt("spool_batch_step_tokens_bucket{le=\"%d\"} %llu\n", BatchStats::kTokenBuckets[i], (unsigned long long)b.tokens_le[i]);
+    out += strfmt("spool_batch_step_tokens_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)b.tokens_le.back());
+  }
+  out += strfmt("spool_batch_step_tokens_sum %llu\nspool_batch_step_tokens_count %llu\n", (unsigned long long)b.step_tokens,
+                (unsigned long long)b.steps);
+  metric(out, "spool_expert_acquisitions_total", "counter",
+         "Routed-expert acquisitions of the forward steps (distinct experts per MoE layer and step).",
+         static_cast<double>(b.expert_acquisitions));
+  metric(out, "spool_expert_acquisitions_saved_total", "counter",
+         "Acquisitions saved by batching: sum over steps and MoE layers of per-sequence distinct experts minus the step's distinct experts.",
+         static_cast<double>(b.expert_acquisitions_alone - b.expert_acquisitions));
   metric(out, "spool_expert_streaming", "gauge", "1 when routed experts are streamed from disk.", g.streaming ? 1 : 0);
   metric(out, "spool_expert_cache_hit_rate", "gauge", "Expert cache hits / lookups since start (1 when experts are resident).",
          g.streaming ? g.experts.hit_rate() : 1.0);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "experts/streaming.h"
+#include "server/batch_engine.h"
 #include "server/disk_cache.h"
 
 namespace spool::server {
@@ -15,8 +16,7 @@ namespace spool::server {
 /// Values read at scrape time from the engine and the process.
 struct EngineGauges {
   bool ready = false;                 ///< model loaded
-  int queue_waiting = 0;              ///< requests waiting for the engine
-  bool busy = false;                  ///< a request is running
+  BatchStats batch;                   ///< slots, queue and step counters of the BatchEngine
   bool streaming = false;             ///< experts are streamed from disk
   experts::StreamingStats experts;    ///< expert-cache and disk counters (streaming only)
   uint64_t rss_bytes = 0;             ///< VmRSS

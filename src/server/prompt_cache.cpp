@@ -40,9 +40,8 @@ void PromptCache::add_checkpoint(const models::State& st) {
   cps_.erase(cps_.begin() + static_cast<std::ptrdiff_t>(drop));
 }
 
-int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt, const std::function<bool()>& keep_going) {
+int64_t PromptCache::begin(models::State& st, std::span<const int32_t> prompt) {
   if (prompt.empty()) fail("the prompt is empty (at least one token is needed)");
-  models::State& st = s.state();
   if (st.poisoned || st.pos != static_cast<int64_t>(tokens_.size())) clear();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t lcp = std::mismatch(tokens_.begin(), tokens_.end(), prompt.begin(), prompt.end()).first - tokens_.begin();
@@ -84,26 +83,50 @@ int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt
     tokens_.clear();
     cps_.clear();
   }
-  int64_t last_saved = loaded_from_disk ? from : -1;
+  saved_ = loaded_from_disk ? from : -1;
+  return from;
+}
+
+int64_t PromptCache::reusable(std::span<const int32_t> prompt) const {
+  if (prompt.empty()) return 0;
+  const int64_t lcp = std::mismatch(tokens_.begin(), tokens_.end(), prompt.begin(), prompt.end()).first - tokens_.begin();
+  return std::min<int64_t>(lcp, static_cast<int64_t>(prompt.size()) - 1);
+}
+
+void PromptCache::chunk_done(const models::State& st, std::span<const int32_t> ids) {
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  if (static_cast<int64_t>(ids.size()) == step_) add_checkpoint(st);
+}
+
+void PromptCache::done(const models::State& st) {
+  if (disk_ && !cps_.empty() && cps_.back().pos() > saved_ && cps_.back().pos() > 0)
+    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos()), st, cps_.back());
+}
+
+void PromptCache::abort(models::State& st) {
+  clear();
+  st.reset();
+}
+
+int64_t PromptCache::prefill(engine::Session& s, std::span<const int32_t> prompt, const std::function<bool()>& keep_going) {
+  models::State& st = s.state();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t from = begin(st, prompt);
   try {
     for (int64_t i = from; i < n; i += step_) {
       if (keep_going && !keep_going()) {
-        clear();
-        st.reset();
+        abort(st);
         return -1;
       }
       const int64_t e = std::min(i + step_, n);
       s.prefill(prompt.subspan(i, e - i), step_);
-      tokens_.insert(tokens_.end(), prompt.begin() + i, prompt.begin() + e);
-      if (e - i == step_) add_checkpoint(st);
+      chunk_done(st, prompt.subspan(i, e - i));
     }
   } catch (...) {
-    clear();
-    st.reset();
+    abort(st);
     throw;
   }
-  if (disk_ && !cps_.empty() && cps_.back().pos() > last_saved && cps_.back().pos() > 0)
-    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos()), st, cps_.back());
+  done(st);
   return from;
 }
 

@@ -25,7 +25,7 @@
 namespace spool::server {
 
 /// Prefix reuse for one Session: the tokens its state holds, state snapshots at chunk
-/// boundaries, and the optional DiskCache. Not thread-safe (the engine runs one request at a time).
+/// boundaries, and the optional DiskCache. Not thread-safe (one per sequence, used by one thread).
 class PromptCache {
  public:
   /// `step`: prefill chunk (--prefill-step-size) > 0; `max_checkpoints`: checkpoints kept
@@ -38,6 +38,26 @@ class PromptCache {
   /// spool::Error is not thrown: the return value is then -1. A failed forward rethrows after
   /// clear().
   int64_t prefill(engine::Session& session, std::span<const int32_t> prompt, const std::function<bool()>& keep_going);
+
+  /// Stepwise prefill (the batched engine, which runs the chunks itself): brings `st` to the
+  /// longest reusable prefix of `prompt` (non-empty) and returns its length `from` (a multiple
+  /// of step(), below prompt.size()). The caller then runs the chunks [from, from + step),
+  /// [from + step, ...) up to the prompt's end on `st`, reports each with chunk_done(), and
+  /// after the last calls done() (disk snapshot). On a failure or cancellation: abort().
+  int64_t begin(models::State& st, std::span<const int32_t> prompt);
+  /// Records that chunk `ids` (the next one of the prompt) was run on `st` (checkpoint after a
+  /// full chunk).
+  void chunk_done(const models::State& st, std::span<const int32_t> ids);
+  /// After the last chunk: persists the last checkpoint to the DiskCache (when there is one and
+  /// it reaches further than what was loaded from it).
+  void done(const models::State& st);
+  /// Forgets everything and resets `st` (a cancelled or failed prefill).
+  void abort(models::State& st);
+  /// Prompt tokens a prefill of `prompt` could reuse from memory (longest common prefix with
+  /// the tokens the state holds, capped at prompt.size() - 1); for choosing among slots.
+  int64_t reusable(std::span<const int32_t> prompt) const;
+  /// The prefill chunk (checkpoint spacing).
+  int64_t step() const { return step_; }
 
   /// Records that `id` was run by session.decode(id) after prefill().
   void append(int32_t id) { tokens_.push_back(id); }
@@ -56,6 +76,7 @@ class PromptCache {
   int64_t step_;
   size_t max_cps_;
   DiskCache* disk_;
+  int64_t saved_ = -1;            // position of the disk snapshot loaded or saved by this prefill
   std::vector<int32_t> tokens_;   // tokens whose effect the session state holds (state.pos == size)
   std::vector<models::StateSnapshot> cps_;  // KV-less; ascending pos, multiples of step_ <= tokens_.size()
 };

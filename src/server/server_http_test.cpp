@@ -18,7 +18,7 @@
 namespace spool::server {
 namespace {
 
-std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256) {
+std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256, int parallel = 1) {
   engine::LoadOptions o;
   o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.threads = 2;
@@ -26,6 +26,8 @@ std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256) {
   eo.model_name = "demo";
   eo.ctx_size = ctx;
   eo.prefill_step = 32;
+  eo.parallel = parallel;
+  o.parallel = parallel;
   return make_serving_engine(engine::load(o), eo);
 }
 
@@ -33,12 +35,13 @@ std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256) {
 struct Running {
   explicit Running(const std::string& api_key = "", bool with_engine = true, HttpOptions ho = {}, int64_t ctx = 256) {
     ho.port = 0;
+    const int parallel = ho.parallel;
     ho.api_key = api_key;
     server = std::make_unique<HttpServer>(ho);
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
     if (with_engine) {
-      auto e = demo_engine(ctx);
+      auto e = demo_engine(ctx, parallel);
       // "logit_bias" that bans every end-of-sequence id: generation runs to max_tokens.
       for (int32_t id : e->facts.stop_ids) no_eos[std::to_string(id)] = -100;
       server->set_engine(std::move(e));
@@ -433,6 +436,71 @@ TEST(HttpApi, DisconnectCancelsAndTheNextRequestRuns) {
   const size_t at = m->body.find("\nspool_generated_tokens_total ");
   ASSERT_NE(at, std::string::npos);
   EXPECT_LT(std::stod(m->body.substr(at + 30)), 200.0);
+}
+
+// --parallel 4: six clients at once (streamed and not) get what each got alone, one after the
+// other; /metrics shows the slots and the batched steps. Every wait has a deadline (the
+// clients' read timeout); nothing is timed.
+TEST(HttpApi, ConcurrentClientsGetTheOutputsOfSequentialRuns) {
+  HttpOptions ho;
+  ho.parallel = 4;
+  ho.max_waiting = 4;
+  ho.threads = 16;
+  Running s("", true, ho);
+  const std::vector<std::string> prompts = {"The sea", "Whales are the largest animals that ever lived, and", "Once upon a time",
+                                            "Call me Ishmael. Some years ago", "The captain said", "A list: 1, 2, 3,"};
+  auto body = [&](size_t i) {
+    return nlohmann::json{{"prompt", prompts[i]}, {"max_tokens", 8 + static_cast<int>(i)}, {"temperature", 0}, {"stream", i % 2 == 1},
+                          {"logit_bias", s.no_eos}}
+        .dump();
+  };
+  // The text of a response: the JSON's choices[0].text, or the concatenated SSE deltas.
+  auto text_of = [](const std::string& raw, bool stream) {
+    if (!stream) {
+      auto j = nlohmann::json::parse(raw, nullptr, false);
+      return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].get<std::string>() : std::string("<bad: ") + raw + ">";
+    }
+    std::string out;
+    std::istringstream in(raw);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.starts_with("data: {")) continue;
+      auto j = nlohmann::json::parse(line.substr(6), nullptr, false);
+      if (j.contains("choices") && !j["choices"].empty()) out += j["choices"][0].value("text", "");
+    }
+    return out;
+  };
+  std::vector<std::string> alone(prompts.size()), together(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto c = s.client();
+    auto r = c.Post("/v1/completions", body(i), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    alone[i] = text_of(r->body, i % 2 == 1);
+    EXPECT_FALSE(alone[i].empty());
+  }
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", s.port);
+      c.set_read_timeout(120, 0);
+      auto r = c.Post("/v1/completions", body(i), "application/json");
+      together[i] = r && r->status == 200 ? text_of(r->body, i % 2 == 1) : "<failed>";
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
+  auto m = s.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("\nspool_slots 4\n"), std::string::npos);
+  EXPECT_NE(m->body.find("\nspool_requests_running 0\n"), std::string::npos);
+  EXPECT_NE(m->body.find("spool_batch_step_tokens_bucket{le=\"+Inf\"}"), std::string::npos);
+  EXPECT_NE(m->body.find("\nspool_generations_total 12\n"), std::string::npos);
+  auto value = [&](const std::string& name) {
+    const size_t at = m->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
+  };
+  EXPECT_GT(value("spool_batch_steps_total"), 0);
+  EXPECT_GT(value("spool_batch_step_sequences_total"), value("spool_batch_steps_total"));  // some steps ran several sequences
+  EXPECT_GT(value("spool_expert_acquisitions_saved_total"), 0);
 }
 
 TEST(Robustness, ThousandMalformedRequestsLeaveTheServerUp) {

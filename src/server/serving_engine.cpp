@@ -44,6 +44,17 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
   }
   e->cache = std::make_unique<PromptCache>(opt.prefill_step, opt.cache_checkpoints, e->disk.get());
   e->gen = std::make_unique<Generator>(*e->session, *e->cache, *l.tok, opt.tool_syntax_greedy);
+  if (opt.parallel < 0) throw UsageError(strfmt("--parallel must be >= 1 (got %d)", opt.parallel));
+  if (opt.parallel > 0) {
+    BatchOptions bo;
+    bo.parallel = opt.parallel;
+    bo.prefill_step = opt.prefill_step;
+    bo.ctx_size = f.ctx_size;
+    bo.cache_checkpoints = opt.cache_checkpoints;
+    bo.disk = e->disk.get();
+    bo.tool_syntax_greedy = opt.tool_syntax_greedy;
+    e->batch = std::make_unique<BatchEngine>(*l.model, *l.tok, bo);
+  }
   return e;
 }
 

@@ -1,6 +1,8 @@
 // ServingEngine: a loaded model plus everything `spool serve` runs requests with — the chat
-// template and model facts requests are validated against, one Session, the prompt cache
-// (memory checkpoints and the optional disk cache) and the Generator.
+// template and model facts requests are validated against, the optional disk cache and the
+// BatchEngine (N slots, continuous batching) the HTTP server submits to. A Session with its
+// own prompt cache and Generator runs requests one at a time on the calling thread (tests and
+// reference runs; never while the BatchEngine has work).
 #pragma once
 
 #include <memory>
@@ -11,6 +13,7 @@
 
 #include "engine/loader.h"
 #include "engine/session.h"
+#include "server/batch_engine.h"
 #include "server/disk_cache.h"
 #include "server/generator.h"
 #include "server/prompt_cache.h"
@@ -31,11 +34,12 @@ struct EngineOptions {
   std::string disk_cache_dir;           ///< "" = no disk cache
   double disk_cache_budget_gb = 10;
   int kv_bits = 32, max_active_experts = 0;  ///< part of the disk-cache fingerprint
+  int parallel = 1;                     ///< --parallel: BatchEngine slots (0 = no BatchEngine, tests)
 };
 
 /// Everything one loaded model serves with. Built by make_serving_engine(); members refer to
 /// each other (facts.tok into loaded, gen into session and cache), so it is never copied or moved.
-/// Requests use it one at a time (RequestQueue); only facts is read concurrently.
+/// HTTP threads use facts (read-only) and batch (thread-safe).
 struct ServingEngine {
   engine::LoadedModel loaded;           ///< model, tokenizer, checkpoint and expert streaming
   std::optional<tmpl::Template> tmpl;   ///< the parsed chat template (none: chat refuses requests)
@@ -44,6 +48,7 @@ struct ServingEngine {
   std::unique_ptr<DiskCache> disk;      ///< --disk-cache snapshots (null without the flag)
   std::unique_ptr<PromptCache> cache;   ///< prefix reuse for `session`
   std::unique_ptr<Generator> gen;       ///< runs requests on `session` through `cache`
+  std::unique_ptr<BatchEngine> batch;   ///< the serving path (null when parallel == 0); destroyed first
 };
 
 /// Builds the engine around a loaded model. Throws spool::Error when the model has no

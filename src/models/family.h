@@ -1,0 +1,65 @@
+// The family registry: everything that differs between model families lives in one file per
+// family under src/models/ (its config -> ModelSpec rules, which mixer / router / MLP each layer
+// uses, its loader, its synth presets, what `spool convert` keeps in bf16 and how `spool plan`
+// describes its KV cache). families.cpp lists them; adding a family = its file, its tests and
+// one line there. Nothing in engine/, server/ or plan/ names a family.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "models/model.h"
+#include "models/presets.h"
+#include "models/spec.h"
+#include "ops/backend.h"
+
+namespace spool::models {
+
+struct Family {
+  /// Registry name, stored as ModelSpec::family ("qwen3_moe", "deepseek_v3", ...).
+  std::string name;
+  /// config.json model_type values of this family (text model_type included).
+  std::vector<std::string> model_types;
+  /// Fills the family-specific part of `s` from the text config `c`: attention geometry,
+  /// mixers and FFN kinds per layer, MoE and routing fields. build_spec has already read the
+  /// common fields (vocab_size, hidden_size, num_hidden_layers, rms_norm_eps,
+  /// tie_word_embeddings, max_position_embeddings). Throws spool::Error naming the field.
+  void (*configure)(const io::Config& c, ModelSpec* s) = nullptr;
+  /// Loads a checkpoint of this family (all tensors bound); nullptr for a family spool plans
+  /// but cannot run yet.
+  std::unique_ptr<Model> (*load)(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
+                                 std::shared_ptr<ops::Backend> backend) = nullptr;
+  /// Presets at the released shapes (and small test shapes) for spool synth and plan.
+  std::vector<Preset> (*presets)() = nullptr;
+  /// Normalised tensor names `spool convert` keeps in bf16 besides the generic rules
+  /// (quant/recipe.h); may be null.
+  bool (*keep_float)(std::string_view name) = nullptr;
+  /// One line for `spool plan`: what its KV and expert figures assume for `s`.
+  std::string (*describe)(const ModelSpec& s) = nullptr;
+  /// Planner notes about approximations for a config (may be null).
+  std::vector<std::string> (*plan_notes)(const io::Config& c) = nullptr;
+};
+
+/// Every registered family (families.cpp).
+const std::vector<const Family*>& families();
+/// The family of a config.json model_type; nullptr if none.
+const Family* family_of_model_type(std::string_view model_type);
+/// The family registered as `name` (ModelSpec::family); nullptr if none.
+const Family* family_named(std::string_view name);
+
+// Registered families (one per family file).
+const Family& qwen3_5_moe_family();
+const Family& qwen3_next_family();
+const Family& qwen3_moe_family();
+const Family& mixtral_family();
+const Family& olmoe_family();
+const Family& deepseek_v2_family();
+const Family& deepseek_v3_family();
+
+/// Generic description of a GQA attention stack with MoE FFNs (the families' describe default).
+std::string describe_gqa_moe(const ModelSpec& s);
+
+}  // namespace spool::models

@@ -1,0 +1,133 @@
+#include "models/mla.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "models/bind.h"
+
+namespace spool::models {
+
+MlaLayer::Scratch MlaLayer::Scratch::take(ops::Workspace& ws, const ModelSpec& s, int64_t T) {
+  const MlaSpec& m = s.mla;
+  const int64_t nh = s.attn.n_heads, R = m.kv_lora_rank, P = m.qk_rope_head_dim, N = m.qk_nope_head_dim, V = m.v_head_dim;
+  Scratch r;
+  if (m.q_lora_rank > 0) r.qa = ws.floats(T * m.q_lora_rank);
+  r.q = ws.floats(T * nh * (N + P));
+  r.kva = ws.floats(T * (R + P));
+  r.key = ws.floats(T * (R + P));
+  r.ckv = ws.floats(T * R);
+  r.kpe = ws.floats(T * P);
+  r.qpe = ws.floats(T * nh * P);
+  r.even = ws.floats(T * nh * P / 2);
+  r.odd = ws.floats(T * nh * P / 2);
+  r.qn = ws.floats(T * N);
+  r.qabs = ws.floats(T * R);
+  r.qfull = ws.floats(T * nh * (R + P));
+  r.att = ws.floats(T * nh * R);
+  r.ah = ws.floats(T * R);
+  r.oh = ws.floats(T * V);
+  r.o = ws.floats(T * nh * V);
+  return r;
+}
+
+void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
+  a_ = spec.attn;
+  m_ = spec.mla;
+  eps_ = spec.rms_norm_eps;
+  const int64_t H = spec.hidden_size, nh = a_.n_heads, R = m_.kv_lora_rank, P = m_.qk_rope_head_dim, N = m_.qk_nope_head_dim,
+                V = m_.v_head_dim;
+  if (m_.q_lora_rank > 0) {
+    wqa_ = bind_matrix(ck, prefix + "q_a_proj.weight", m_.q_lora_rank, H);
+    q_a_norm_ = bind_norm(ck, prefix + "q_a_layernorm.weight", m_.q_lora_rank, false);
+    wqb_ = bind_matrix(ck, prefix + "q_b_proj.weight", nh * (N + P), m_.q_lora_rank);
+  } else {
+    wq_ = bind_matrix(ck, prefix + "q_proj.weight", nh * (N + P), H);
+  }
+  wkva_ = bind_matrix(ck, prefix + "kv_a_proj_with_mqa.weight", R + P, H);
+  kv_a_norm_ = bind_norm(ck, prefix + "kv_a_layernorm.weight", R, false);
+  wo_ = bind_matrix(ck, prefix + "o_proj.weight", H, nh * V);
+  const ops::WeightView kvb = bind_float_matrix(ck, prefix + "kv_b_proj.weight", nh * (N + V), R);
+  const size_t es = static_cast<size_t>(ops::wtype_size(kvb.type));
+  const uint8_t* src = static_cast<const uint8_t*>(kvb.data);
+  uk_t_data_.resize(static_cast<size_t>(nh * R * N) * es);
+  uk_t_.resize(nh);
+  uv_.resize(nh);
+  for (int64_t h = 0; h < nh; ++h) {
+    uint8_t* dst = uk_t_data_.data() + static_cast<size_t>(h * R * N) * es;
+    for (int64_t d = 0; d < N; ++d)  // W_UK_h^T[r, d] = kv_b[h*(N+V) + d, r]
+      for (int64_t r = 0; r < R; ++r) std::memcpy(dst + (r * N + d) * es, src + ((h * (N + V) + d) * R + r) * es, es);
+    ops::WeightView& uk = uk_t_[h];
+    uk.type = kvb.type;
+    uk.rows = R;
+    uk.cols = N;
+    uk.data = dst;
+    ops::WeightView& uv = uv_[h];
+    uv.type = kvb.type;
+    uv.rows = V;
+    uv.cols = R;
+    uv.data = src + static_cast<size_t>((h * (N + V) + N) * R) * es;
+  }
+  rope_ = a_.inv_freq.empty() ? ops::Rope(static_cast<int>(P), a_.rope_theta, a_.rope_attention_scaling)
+                              : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
+}
+
+void MlaLayer::deinterleave(float* x, int64_t rows, int64_t ld, float* even, float* odd, ops::Backend& be) const {
+  const int64_t half = m_.qk_rope_head_dim / 2;
+  // even[r * half + i] = x[r * ld + 2i], odd[...] = x[r * ld + 2i + 1]; then back as halves.
+  for (int64_t i = 0; i < half; ++i) {
+    be.copy_2d(even + i, half, x + 2 * i, ld, rows, 1);
+    be.copy_2d(odd + i, half, x + 2 * i + 1, ld, rows, 1);
+  }
+  be.copy_2d(x, ld, even, half, rows, half);
+  be.copy_2d(x + half, ld, odd, half, rows, half);
+}
+
+void MlaLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
+                       ops::Workspace& ws) const {
+  ops::WorkspaceScope scope(ws);
+  const int nh = a_.n_heads;
+  const int64_t R = m_.kv_lora_rank, P = m_.qk_rope_head_dim, N = m_.qk_nope_head_dim, V = m_.v_head_dim, QD = N + P;
+  ModelSpec probe;  // Scratch::take reads these fields only
+  probe.attn = a_;
+  probe.mla = m_;
+  const Scratch s = Scratch::take(ws, probe, T);
+  // Projections.
+  if (m_.q_lora_rank > 0) {
+    const ops::MatmulOut first[] = {{&wqa_, s.qa}, {&wkva_, s.kva}};
+    be.matmul_multi(first, x, T);
+    be.rms_norm(s.qa, q_a_norm_.data(), T, m_.q_lora_rank, eps_, s.qa);
+    be.matmul(wqb_, s.qa, T, s.q);
+  } else {
+    const ops::MatmulOut first[] = {{&wq_, s.q}, {&wkva_, s.kva}};
+    be.matmul_multi(first, x, T);
+  }
+  // Latent rows: [RMSNorm(c_kv) | RoPE(k_pe)].
+  be.copy_2d(s.ckv, R, s.kva, R + P, T, R);
+  be.rms_norm(s.ckv, kv_a_norm_.data(), T, R, eps_, s.ckv);
+  be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
+  if (m_.rope_interleave) deinterleave(s.kpe, T, P, s.even, s.odd, be);
+  be.rope(rope_, s.kpe, T, P, 1, static_cast<int>(P), pos0);
+  be.copy_2d(s.key, R + P, s.ckv, R, T, R);
+  be.copy_2d(s.key + R, R + P, s.kpe, P, T, P);
+  be.kv_append(cache, pos0, T, s.key, s.key);  // keys-only cache: the value argument is ignored
+  // Queries: q_pe roped per head; q~_h = W_UK_h^T q_nope_h; qfull per head [q~_h | q_pe_h].
+  be.copy_2d(s.qpe, P, s.q + N, QD, T * nh, P);
+  if (m_.rope_interleave) deinterleave(s.qpe, T * nh, P, s.even, s.odd, be);
+  be.rope(rope_, s.qpe, T, nh * P, nh, static_cast<int>(P), pos0);
+  for (int h = 0; h < nh; ++h) {
+    be.copy_2d(s.qn, N, s.q + h * QD, nh * QD, T, N);
+    be.matmul(uk_t_[h], s.qn, T, s.qabs);
+    be.copy_2d(s.qfull + h * (R + P), nh * (R + P), s.qabs, R, T, R);
+    be.copy_2d(s.qfull + h * (R + P) + R, nh * (R + P), s.qpe + h * P, nh * P, T, P);
+  }
+  be.mla_attention(s.qfull, T, nh, cache, pos0, a_.softmax_scale, static_cast<int>(R), s.att);
+  // o_h = W_UV_h (attention-weighted latent); out = o_proj(concat o_h).
+  for (int h = 0; h < nh; ++h) {
+    be.copy_2d(s.ah, R, s.att + h * R, nh * R, T, R);
+    be.matmul(uv_[h], s.ah, T, s.oh);
+    be.copy_2d(s.o + h * V, nh * V, s.oh, V, T, V);
+  }
+  be.matmul(wo_, s.o, T, out);
+}
+
+}  // namespace spool::models
