@@ -14,7 +14,7 @@
 #   MODEL=/work/ckpt/q36-8L-Q4_K_M.gguf CAPS=1.3 LLAMA_FLAGS="--repack 0" NAME=compare-gguf bench/compare.sh
 #     (GGUF mode: MODEL is a .gguf file and both tools run that same file; CAPS may be fractional
 #      GiB; LLAMA_FLAGS go to every llama-bench run, e.g. --repack 0; LLAMA_VARIANTS="--repack 1"
-#      adds a second llama.cpp run per config with those flags instead)
+#      adds a second llama.cpp run per config with those flags instead; RESIDENT=0 runs the capped configs only)
 #
 # llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:
 #   pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
@@ -144,12 +144,15 @@ PY
   done
 }
 
-bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "--no-stream"
+[ "${RESIDENT:-1}" = 1 ] && bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "--no-stream"
 for cap in $CAPS; do
   cg=/sys/fs/cgroup/memory/spool-cmp${cap}g
+  rmdir "$cg" 2>/dev/null || true  # a fresh group: lowering the limit of one still charged fails (EBUSY)
   mkdir -p "$cg"
   # A whole number of pages: some kernels (this Firecracker VM's) store 0 for an unaligned limit.
-  python3 -c "import sys; print(int(float(sys.argv[1]) * 2**30) // 4096 * 4096)" "$cap" > "$cg/memory.limit_in_bytes"
+  limit=$(python3 -c "import sys; print(int(float(sys.argv[1]) * 2**30) // 4096 * 4096)" "$cap")
+  echo "$limit" > "$cg/memory.limit_in_bytes"
+  [ "$(cat "$cg/memory.limit_in_bytes")" = "$limit" ] || { echo "compare.sh: could not set $cg's limit to $limit"; exit 1; }
   bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" ""
 done
 
