@@ -11,6 +11,10 @@
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin PYTHON=/path/to/venv/bin/python bench/compare.sh
 #   PRESET=qwen3.6-35b-a3b LAYERS=4 NAME=compare-q36 bench/compare.sh     # the Qwen3.6-35B-A3B shape
 #   MODEL=build/models/spool-demo-moe LABEL="demo model" CAPS= NAME=compare-demo bench/compare.sh
+#   MODEL=/work/ckpt/q36-8L-Q4_K_M.gguf CAPS=1.3 LLAMA_FLAGS="--repack 0" NAME=compare-gguf bench/compare.sh
+#     (GGUF mode: MODEL is a .gguf file and both tools run that same file; CAPS may be fractional
+#      GiB; LLAMA_FLAGS go to every llama-bench run, e.g. --repack 0; LLAMA_VARIANTS="--repack 1"
+#      adds a second llama.cpp run per config with those flags instead; RESIDENT=0 runs the capped configs only)
 #
 # llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:
 #   pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
@@ -28,7 +32,11 @@ LAYERS=${LAYERS:-8}                      # 8 of Qwen3-30B-A3B's 48 layers: 10.4 
 DIR=${SPOOL_BENCH_DIR:-$HOME/.cache/spool-bench}
 MODEL=${MODEL:-$DIR/${PRESET}-${LAYERS}l}
 LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}
+GGUF_MODE=0
+case "$MODEL" in *.gguf) GGUF_MODE=1; GGUF=$MODEL ;; esac
 GGUF=${GGUF:-$MODEL.bf16.gguf}
+LLAMA_FLAGS=${LLAMA_FLAGS:-}           # extra llama-bench flags (e.g. --repack 0)
+LLAMA_VARIANTS=${LLAMA_VARIANTS:-}     # another llama-bench run per config with these flags instead
 THREADS=${THREADS:-$(nproc)}
 CAPS=${CAPS-"8 4"}                      # cgroup limits, GiB
 RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-3}   # resident tests
@@ -45,14 +53,18 @@ trap 'rm -rf "$TMP"' EXIT
 command -v fio >/dev/null || { echo "compare.sh: install fio"; exit 1; }
 command -v gnuplot >/dev/null || { echo "compare.sh: install gnuplot (apt-get install gnuplot-nox)"; exit 1; }
 
-[ -f "$MODEL/config.json" ] || "$SPOOL" synth --preset "$PRESET" --layers "$LAYERS" --out "$MODEL"
-[ -f "$GGUF" ] || "$PYTHON" bench/moe_to_gguf.py "$MODEL" "$GGUF"
+if [ "$GGUF_MODE" = 1 ]; then
+  [ -f "$MODEL" ] || { echo "compare.sh: $MODEL not found"; exit 1; }
+else
+  [ -f "$MODEL/config.json" ] || "$SPOOL" synth --preset "$PRESET" --layers "$LAYERS" --out "$MODEL"
+  [ -f "$GGUF" ] || "$PYTHON" bench/moe_to_gguf.py "$MODEL" "$GGUF"
+fi
 
 # --- physical limits, measured now -------------------------------------------------------
 plan_json=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --ctx-size "$RES_N" --json || true)
 mem_gbps=$(python3 -c "import json,sys; print(round(json.loads(sys.argv[1])['mem_gbps'], 1))" "$plan_json")
 active=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['active_bytes_per_token'])" "$plan_json")
-shard=$(ls "$MODEL"/*.safetensors | head -1)
+if [ "$GGUF_MODE" = 1 ]; then shard=$MODEL; else shard=$(ls "$MODEL"/*.safetensors | head -1); fi
 sync; echo 3 > /proc/sys/vm/drop_caches
 disk_gbps=$(fio --name=probe --filename="$shard" --readonly --direct=1 --rw=randread --bs=4M --ioengine=psync \
   --numjobs=8 --group_reporting --runtime=10 --time_based --output-format=json 2>/dev/null |
@@ -83,7 +95,9 @@ data=()
 # bench CONFIG CG P N R SPOOL_FLAGS
 bench() {
   local config=$1 cg=$2 p=$3 n=$4 r=$5 sflags=$6
-  local tests=("llama.cpp" "spool")
+  local tests=("llama.cpp")
+  [ -n "$LLAMA_VARIANTS" ] && tests+=("llama.cpp $LLAMA_VARIANTS")
+  tests+=("spool")
   for tool in "${tests[@]}"; do
     if [ -n "$cg" ]; then
       sync; echo 3 > /proc/sys/vm/drop_caches
@@ -92,9 +106,14 @@ bench() {
     fi
     local json
     if [ "$tool" = llama.cpp ]; then
-      json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" -o json)
+      json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json) ||
+        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
+    elif [ "$tool" != spool ]; then
+      json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json) ||
+        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
     else
-      json=$(run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json)
+      json=$(run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json) ||
+        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
     fi
     local rss cgpeak=0
     rss=$(cat "$TMP/maxrss")
@@ -103,6 +122,11 @@ bench() {
     row=$(python3 - "$config" "$tool" "$json" "$rss" "$cgpeak" "$mem_gbps" "$disk_gbps" "$active" 2>>"$TMP/data.tsv" <<'PY'
 import json, sys
 config, tool, js, rss, cgpeak, mem, disk, active = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
+if js and js[0].get("failed"):  # the tool crashed or was OOM-killed
+    print(f"| {config} | {tool} | failed | failed | - | - | - | - | {rss/2**30:.2f} | {cgpeak/2**30:.2f} |" if cgpeak else
+          f"| {config} | {tool} | failed | failed | - | - | - | - | {rss/2**30:.2f} | - |")
+    print(f"DATA\t{config}\t{tool}\t0\t0", file=sys.stderr)
+    sys.exit(0)
 pp = next(t for t in js if t["n_gen"] == 0)
 tg = next(t for t in js if t["n_prompt"] == 0)
 mem_bound = mem * 1e9 / active
@@ -120,18 +144,24 @@ PY
   done
 }
 
-bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "--no-stream"
+[ "${RESIDENT:-1}" = 1 ] && bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "--no-stream"
 for cap in $CAPS; do
   cg=/sys/fs/cgroup/memory/spool-cmp${cap}g
+  rmdir "$cg" 2>/dev/null || true  # a fresh group: lowering the limit of one still charged fails (EBUSY)
   mkdir -p "$cg"
-  echo $((cap * 1024 * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
+  # A whole number of pages: some kernels (this Firecracker VM's) store 0 for an unaligned limit.
+  limit=$(python3 -c "import sys; print(int(float(sys.argv[1]) * 2**30) // 4096 * 4096)" "$cap")
+  echo "$limit" > "$cg/memory.limit_in_bytes"
+  [ "$(cat "$cg/memory.limit_in_bytes")" = "$limit" ] || { echo "compare.sh: could not set $cg's limit to $limit"; exit 1; }
   bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" ""
 done
 
-model_gib=$(python3 -c "import os,sys; b=sum(os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1]) if f.endswith('.safetensors')); print(f'{b/2**30:.1f} GiB' if b >= 2**30 else f'{b/2**20:.0f} MiB')" "$MODEL")
+model_gib=$(python3 -c "import os,sys; p=sys.argv[1]; b=os.path.getsize(p) if os.path.isfile(p) else sum(os.path.getsize(os.path.join(p, f)) for f in os.listdir(p) if f.endswith('.safetensors')); print(f'{b/2**30:.2f} GiB' if b >= 2**30 else f'{b/2**20:.0f} MiB')" "$MODEL")
+if [ "$GGUF_MODE" = 1 ]; then same="the same GGUF file for both: $(basename "$MODEL")"; dtype=""
+else same="same weights: safetensors for spool, GGUF for llama.cpp"; dtype=" BF16"; fi
 {
   echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist), $LABEL,"
-  echo "$model_gib BF16 (same weights: safetensors for spool, GGUF for llama.cpp), $THREADS threads,"
+  echo "$model_gib$dtype ($same), $THREADS threads${LLAMA_FLAGS:+, llama-bench $LLAMA_FLAGS},"
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
   echo "Resident: pp$RES_P / tg$RES_N, $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_R repetitions, page cache dropped before each run;"
   echo "llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
@@ -161,7 +191,7 @@ PY
 gnuplot <<GP
 set terminal pngcairo size 900,480 noenhanced font ",10"
 set output "$PNG"
-set title "Decode tokens/s (tg$RES_N resident, tg$CAP_N capped)\n$LABEL, BF16, $THREADS threads"
+set title "Decode tokens/s (tg$RES_N resident, tg$CAP_N capped)\n$LABEL, $model_gib, $THREADS threads"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1

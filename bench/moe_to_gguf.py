@@ -4,14 +4,20 @@ llama.cpp, with the `gguf` package (llama.cpp's gguf-py): qwen3_moe -> `qwen3moe
 qwen3_5_moe(_text) -> `qwen35moe`. Used by bench/compare.sh so that llama.cpp and spool run
 the same weights. Matrices stay BF16; norms, conv1d, A and dt biases are F32 (as llama.cpp's
 own converter writes them, with the same value transforms: 1 + w norms, A = -exp(A_log), V heads
-reordered to llama.cpp's tiled order). The vocabulary is written as `none` with vocab_size
-dummy tokens: llama-bench feeds random token ids.
+reordered to llama.cpp's tiled order). Without --vocab the vocabulary is written as `none` with
+vocab_size dummy tokens (llama-bench feeds random token ids); with --vocab the directory's
+tokenizer.json / tokenizer_config.json / chat_template.jinja are written as llama.cpp's converter
+writes a byte-level BPE vocabulary (add_hf_vocab), so llama-perplexity and `spool generate` can
+tokenize text with the file alone.
 
-  python3 bench/moe_to_gguf.py MODEL_DIR OUT.gguf
+  python3 bench/moe_to_gguf.py MODEL_DIR OUT.gguf [--vocab]
 """
 import json
+import os
+import shutil
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +42,59 @@ def reorder_v_heads(a, dim, nk, r, hd):
     return np.ascontiguousarray(a.reshape(new).transpose(perm)).reshape(shape)
 
 
+def looks_special(t):
+    """llama.cpp's convert_hf_to_gguf does_token_look_special (facts only: which added tokens it
+    marks CONTROL although Hugging Face has special=false)."""
+    return (t in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (t.startswith("<|") and t.endswith("|>"))
+            or (t.startswith("<\uff5c") and t.endswith("\uff5c>")) or (t.startswith("<unused") and t.endswith(">")))
+
+
+def add_hf_vocab(w, tok_json, tok_config, vocab_size, chat_template=None, config=None):
+    """Writes a Hugging Face byte-level BPE tokenizer (the parsed tokenizer.json and the text of
+    tokenizer_config.json) as llama.cpp's converter does (get_vocab_base + SpecialVocab): model
+    `gpt2`, `pre` qwen2 or qwen35 (from the Split regex), one token per id in [0, vocab_size)
+    (`[PADi]` UNUSED for the ids without one), added tokens CONTROL when special or
+    looks_special, else USER_DEFINED, merges, special ids, add_bos_token, chat template."""
+    vocab = dict(tok_json["model"]["vocab"])
+    added = {a["id"]: a for a in tok_json.get("added_tokens", [])}
+    for i, a in added.items():
+        vocab[a["content"]] = i
+    rev = {i: t for t, i in vocab.items()}
+    assert max(rev) < vocab_size, (max(rev), vocab_size)
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in rev:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            t = added[i]["content"]
+            types.append(gguf.TokenType.CONTROL if added[i]["special"] or looks_special(t) else gguf.TokenType.USER_DEFINED)
+            tokens.append(t)
+        else:
+            tokens.append(rev[i])
+            types.append(gguf.TokenType.NORMAL)
+    regex = json.dumps(tok_json.get("pre_tokenizer"))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen35" if "p{M}" in regex else "qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    d = Path(tempfile.mkdtemp())
+    try:  # gguf.SpecialVocab reads merges, special ids and the template from files
+        (d / "tokenizer.json").write_text(json.dumps(tok_json))
+        (d / "tokenizer_config.json").write_text(tok_config)
+        if chat_template is not None:
+            (d / "chat_template.jinja").write_text(chat_template)
+        if config is not None:
+            (d / "config.json").write_text(json.dumps(config))
+        gguf.SpecialVocab(d, load_merges=True, n_vocab=vocab_size).add_to_gguf(w, quiet=True)
+    finally:
+        shutil.rmtree(d)
+
+
 def main() -> None:
-    src, out = Path(sys.argv[1]), Path(sys.argv[2])
+    args = [a for a in sys.argv[1:] if a != "--vocab"]
+    with_vocab = "--vocab" in sys.argv[1:]
+    src, out = Path(args[0]), Path(args[1])
     raw = json.loads((src / "config.json").read_text())
     cfg = {**raw, **raw.get("text_config", {})}
     mt = cfg.get("model_type")
@@ -89,7 +146,12 @@ def main() -> None:
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_feed_forward_length(I)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    w.add_tokenizer_model("none")
+    if with_vocab:
+        jinja = src / "chat_template.jinja"
+        add_hf_vocab(w, json.loads((src / "tokenizer.json").read_text()), (src / "tokenizer_config.json").read_text(),
+                     cfg["vocab_size"], jinja.read_text() if jinja.exists() else None, raw)
+    else:
+        w.add_tokenizer_model("none")
     w.add_vocab_size(cfg["vocab_size"])
     hybrid = arch == "qwen35moe"
     if hybrid:

@@ -226,6 +226,24 @@ TEST(Cli, TokenizeInfoPerplexity) {
   EXPECT_GT(pj["ppl"].get<double>(), 10.0);
   EXPECT_LT(pj["ppl"].get<double>(), 200.0);
   EXPECT_EQ(spool("perplexity --file /no/such/file.txt").code, 1);
+  // llama-perplexity's definition: 2 chunks of 64 tokens, 31 scored in each; its output format.
+  Result l = spool("perplexity --llama-compat -c 64 --chunks 2 --threads 2 --file " + kData + "/corpus/dev.txt --json");
+  ASSERT_EQ(l.code, 0) << l.err;
+  auto lj = nlohmann::json::parse(l.out);
+  EXPECT_EQ(lj["definition"], "llama-perplexity");
+  EXPECT_EQ(lj["chunks"], 2);
+  EXPECT_EQ(lj["tokens"], 62);
+  ASSERT_EQ(lj["running_ppl"].size(), 2u);
+  EXPECT_DOUBLE_EQ(lj["running_ppl"][1].get<double>(), lj["ppl"].get<double>());
+  Result lt = spool("perplexity --llama-compat -c 64 --chunks 2 --threads 2 --file " + kData + "/corpus/dev.txt");
+  ASSERT_EQ(lt.code, 0) << lt.err;
+  EXPECT_EQ(lt.out.rfind("[1]", 0), 0u) << lt.out;
+  EXPECT_NE(lt.out.find(",[2]"), std::string::npos) << lt.out;
+  EXPECT_NE(lt.out.find("\nFinal estimate: PPL = "), std::string::npos) << lt.out;
+  Result few = spool("perplexity --llama-compat -c 100000 --file " + kData + "/corpus/dev.txt");
+  EXPECT_EQ(few.code, 1);
+  EXPECT_NE(few.err.find("you need at least 200000 tokens"), std::string::npos) << few.err;
+  EXPECT_EQ(spool("perplexity --llama-compat -c 1 --file " + kData + "/corpus/dev.txt").code, 2);
 }
 
 // --ctx-size and --prefill-step-size reach the loader: the KV/state and workspace it keeps out

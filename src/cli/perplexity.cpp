@@ -1,6 +1,8 @@
-// spool perplexity: dev-set perplexity with the golden's window definition.
+// spool perplexity: dev-set perplexity with the golden's window definition, or with
+// llama-perplexity's (--llama-compat: contexts of --ctx-size tokens, second half scored).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -23,9 +25,75 @@ struct PerplexityOptions {
   int64_t prefill_step = 512;
   std::string kl_reference;
   bool json = false;
+  bool llama_compat = false;
+  int64_t ctx_size = 512;
 };
 
+// --llama-compat: llama-perplexity's definition and output ("[k]ppl," running values, then
+// "Final estimate: PPL = x +/- y").
+void run_llama_compat(const PerplexityOptions& o) {
+  if (!o.kl_reference.empty()) throw UsageError("--kl-reference cannot be combined with --llama-compat");
+  if (o.ctx_size < 2) throw UsageError(strfmt("--ctx-size must be at least 2 (got %lld)", (long long)o.ctx_size));
+  const std::string text = read_file(o.file);
+  engine::LoadOptions lo = o.model.load_options();
+  lo.ctx_size = o.ctx_size;
+  lo.prefill_step = std::min(o.prefill_step, o.ctx_size);
+  Loaded l = engine::load(lo);
+  if (!l.tok) throw Error(strfmt("%s has no tokenizer; perplexity needs one", o.model.dir().c_str()));
+  // As llama.cpp's common_tokenize(add_special = true): a BOS first when the vocabulary adds one.
+  const nlohmann::json& cfg = l.tok->config();
+  const bool add_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean() && cfg["add_bos_token"].get<bool>();
+  std::optional<int32_t> bos;
+  if (add_bos) {
+    if (!l.tok->bos_id()) throw Error(strfmt("%s: the vocabulary adds a BOS token but names none", o.model.dir().c_str()));
+    bos = *l.tok->bos_id();
+  }
+  std::vector<int32_t> ids;
+  if (bos) ids.push_back(*bos);
+  const std::vector<int32_t> body = l.tok->encode(text, false);
+  ids.insert(ids.end(), body.begin(), body.end());
+  const int64_t n_chunk = o.chunks > 0 ? std::min<int64_t>(o.chunks, static_cast<int64_t>(ids.size()) / o.ctx_size)
+                                       : static_cast<int64_t>(ids.size()) / o.ctx_size;
+  std::fprintf(stderr, "spool: perplexity (llama.cpp definition): %zu tokens, %lld chunks of n_ctx=%lld, scoring the last %lld of each, BOS %s\n",
+               ids.size(), (long long)n_chunk, (long long)o.ctx_size, (long long)(o.ctx_size - 1 - o.ctx_size / 2),
+               bos ? strfmt("%d", *bos).c_str() : "not added");
+  const double t0 = now_seconds();
+  engine::PerplexityResult r = engine::perplexity_llama(
+      *l.model, ids, o.ctx_size, o.chunks, lo.prefill_step, bos, [&](int64_t done, int64_t, const engine::PerplexityResult& acc) {
+        if (o.json) return;
+        std::printf("[%lld]%.4f,", (long long)done, acc.ppl());
+        std::fflush(stdout);
+      });
+  const double secs = now_seconds() - t0;
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["definition"] = "llama-perplexity";
+    j["ctx_size"] = o.ctx_size;
+    j["chunks"] = r.window_nll.size();
+    j["tokens"] = r.tokens;
+    j["mean_nll"] = r.mean_nll();
+    j["ppl"] = r.ppl();
+    j["ppl_stderr"] = r.ppl_stderr();
+    std::vector<double> running;
+    double sum = 0;
+    int64_t n = 0;
+    for (size_t c = 0; c < r.window_nll.size(); ++c) {
+      sum += r.window_nll[c];
+      n += r.window_tokens[c];
+      running.push_back(std::exp(sum / static_cast<double>(n)));
+    }
+    j["running_ppl"] = running;
+    j["timings"] = {{"load_s", l.load_s}, {"eval_s", secs}, {"tok_s", secs > 0 ? r.tokens / secs : 0.0}};
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r.ppl(), r.ppl_stderr());
+  }
+  std::fprintf(stderr, "spool: %s; peak RSS %s\n", stats_line(l, stats_snapshot(l), r.tokens).c_str(), format_bytes(peak_rss_bytes()).c_str());
+}
+
 void run(const PerplexityOptions& o) {
+  if (o.llama_compat) return run_llama_compat(o);
   if (o.window <= 0) throw UsageError(strfmt("--window must be positive (got %lld)", (long long)o.window));
   if (o.chunks < 0) throw UsageError("--chunks must be >= 0");
   if (o.prefill_step <= 0) throw UsageError("--prefill-step-size must be positive");
@@ -95,6 +163,10 @@ void register_perplexity(CLI::App& app) {
   c->add_option("--kl-reference", o->kl_reference,
                  "Also run this model (e.g. the unquantized checkpoint) on the same tokens: mean KL(reference || model) "
                  "per token and top-1 agreement");
+  c->add_flag("--llama-compat", o->llama_compat,
+              "llama-perplexity's definition: chunks of --ctx-size tokens, fresh state each, first token replaced by BOS "
+              "when the vocabulary adds one, only the second half of each chunk scored; prints its running [k]ppl values");
+  c->add_option("-c,--ctx-size", o->ctx_size, "With --llama-compat: tokens per chunk (default 512)");
   c->add_flag("--json", o->json, "Print {\"tokens\", \"mean_nll\", \"ppl\"} as JSON");
   c->callback([o] { run(*o); });
 }

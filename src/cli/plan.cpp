@@ -217,7 +217,7 @@ void run(const PlanOptions& o) {
 void register_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* c = app.add_subcommand("plan", "Project memory and speed of a model from its safetensors headers (local dir or URL)");
-  c->add_option("-m,--model", o->model, "Model directory, or base URL (e.g. https://huggingface.co/ORG/NAME/resolve/main/)")->required();
+  c->add_option("-m,--model", o->model, "Model directory or .gguf file, or a base URL (e.g. https://huggingface.co/ORG/NAME/resolve/main/) or a .gguf URL (GGUF headers only, by Range requests)")->required();
   c->add_option("-c,--ctx-size", o->ctx, "Tokens of context to plan for (default 4096)");
   CLI::Option* kv = c->add_option("--kv-bits", o->kv_bits, "KV cache bits: 32 (exact, default), 16 or 8");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");

@@ -20,6 +20,7 @@
 #if SPOOL_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
 #endif
+#include "plan/source.h"
 
 namespace spool::engine {
 
@@ -295,6 +296,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   shape.start_rss = start_rss;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
                                    ? std::filesystem::file_size(opt.model_dir + "/tokenizer.json", ec) : 0;
+  if (const io::GgufFile* g = l.ckpt->gguf()) shape.tokenizer_json_bytes = plan::gguf_tokenizer_json_bytes(*g);  // as `spool plan`
   plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
   if (opt.state_copies < 0) throw UsageError(strfmt("state copies must be >= 0 (got %lld)", (long long)opt.state_copies));
   base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, 0, opt.kv_bits).recurrent;

@@ -9,6 +9,11 @@
 namespace spool::engine {
 
 double PerplexityResult::ppl() const { return std::exp(mean_nll()); }
+double PerplexityResult::ppl_stderr() const {
+  if (tokens < 2) return 0;
+  const double mean = sum_nll / tokens, var = sum_nll2 / tokens - mean * mean;
+  return var > 0 ? std::sqrt(var / (tokens - 1)) * ppl() : 0;
+}
 double PerplexityResult::ref_ppl() const { return tokens > 0 ? std::exp(ref_sum_nll / tokens) : 0; }
 
 namespace {
@@ -67,7 +72,11 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
       const int64_t k = std::min(step, n - i);
       logits.resize(static_cast<size_t>(k * V));
       model.forward(ids.subspan(s + i, k), st, models::LogitsMode::kAll, logits.data());
-      for (int64_t j = 0; j < k; ++j) nll += token_nll(logits.data() + j * V, V, ids[s + i + j + 1]);
+      for (int64_t j = 0; j < k; ++j) {
+        const double x = token_nll(logits.data() + j * V, V, ids[s + i + j + 1]);
+        nll += x;
+        r.sum_nll2 += x * x;
+      }
       if (reference != nullptr) {
         ref_logits.resize(logits.size());
         reference->forward(ids.subspan(s + i, k), *ref_st, models::LogitsMode::kAll, ref_logits.data());
@@ -85,6 +94,55 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
     r.sum_nll += nll;
     r.tokens += n;
     if (progress) progress(w + 1, total, r);
+  }
+  return r;
+}
+
+PerplexityResult perplexity_llama(models::Model& model, std::span<const int32_t> ids, int64_t n_ctx, int64_t max_chunks,
+                                  int64_t step, std::optional<int32_t> bos,
+                                  const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress) {
+  if (n_ctx < 2) throw UsageError(strfmt("--ctx-size must be at least 2 (got %lld)", (long long)n_ctx));
+  if (step <= 0) throw UsageError(strfmt("prefill step must be positive (got %lld)", (long long)step));
+  if (max_chunks < 0) throw UsageError("--chunks must be >= 0");
+  const int64_t N = static_cast<int64_t>(ids.size());
+  if (N < 2 * n_ctx)
+    fail("you need at least %lld tokens to evaluate perplexity with a context of %lld (the text tokenizes to %lld)",
+         (long long)(2 * n_ctx), (long long)n_ctx, (long long)N);
+  const int64_t V = model.spec().vocab_size;
+  if (bos && (*bos < 0 || *bos >= V)) fail("BOS id %d is outside the model's vocabulary (%lld)", *bos, (long long)V);
+  int64_t total = N / n_ctx;
+  if (max_chunks > 0) total = std::min(total, max_chunks);
+  const int64_t first = n_ctx / 2;
+  PerplexityResult r;
+  models::State st = model.new_state();
+  std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
+  std::vector<float> logits;
+  for (int64_t c = 0; c < total; ++c) {
+    std::copy_n(ids.begin() + c * n_ctx, n_ctx, chunk.begin());
+    if (bos) chunk[0] = *bos;
+    st.reset();
+    double nll = 0.0;
+    for (int64_t i = 0; i < n_ctx; i += step) {
+      const int64_t k = std::min(step, n_ctx - i);
+      const std::span<const int32_t> part(chunk.data() + i, static_cast<size_t>(k));
+      if (i + k <= first) {  // no scored position in this step
+        model.forward(part, st, models::LogitsMode::kNone, nullptr);
+        continue;
+      }
+      logits.resize(static_cast<size_t>(k * V));
+      model.forward(part, st, models::LogitsMode::kAll, logits.data());
+      for (int64_t j = std::max<int64_t>(0, first - i); j < k && i + j + 1 < n_ctx; ++j) {
+        const double x = token_nll(logits.data() + j * V, V, chunk[i + j + 1]);
+        nll += x;
+        r.sum_nll2 += x * x;
+      }
+    }
+    const int64_t n = n_ctx - 1 - first;
+    r.window_nll.push_back(nll);
+    r.window_tokens.push_back(n);
+    r.sum_nll += nll;
+    r.tokens += n;
+    if (progress) progress(c + 1, total, r);
   }
   return r;
 }

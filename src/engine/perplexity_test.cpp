@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "../../tests/support/golden.h"
+#include "common/error.h"
 #include "quant/convert.h"
 #include "quant/recipe.h"
 #include "tokenizer/tokenizer.h"
@@ -170,6 +171,58 @@ TEST(Perplexity, AgainstItselfKlIsZero) {
   EXPECT_NEAR(r.mean_kl(), 0.0, 1e-12);
   EXPECT_EQ(r.top1_agreement(), 1.0);
   EXPECT_NEAR(r.ref_ppl(), r.ppl(), 1e-9 * r.ppl());
+}
+
+// llama-perplexity's definition, computed by hand on three chunks of 64 tokens: each chunk run
+// alone from fresh state in one forward call, its first token replaced by the BOS, the NLL of
+// the tokens after positions 32..62 summed; the running ppl after each chunk and the "+/-" of
+// the final estimate from the per-token NLLs. perplexity_llama runs steps of 24 tokens (the
+// second straddles the first scored position).
+TEST(PerplexityLlama, MatchesHandComputedChunks) {
+  Fixture f = load();
+  const int64_t n_ctx = 64, first = 32, V = f.model->spec().vocab_size;
+  for (const std::optional<int32_t> bos : {std::optional<int32_t>(1), std::optional<int32_t>()}) {
+    std::vector<double> want_chunk, tok_nll;
+    for (int64_t c = 0; c < 3; ++c) {
+      std::vector<int32_t> chunk(f.ids.begin() + c * n_ctx, f.ids.begin() + (c + 1) * n_ctx);
+      if (bos) chunk[0] = *bos;
+      models::State st = f.model->new_state();
+      std::vector<float> logits(static_cast<size_t>(n_ctx * V));
+      f.model->forward(chunk, st, models::LogitsMode::kAll, logits.data());
+      double sum = 0;
+      for (int64_t p = first; p <= n_ctx - 2; ++p) {
+        tok_nll.push_back(token_nll(logits.data() + p * V, V, chunk[p + 1]));
+        sum += tok_nll.back();
+      }
+      want_chunk.push_back(sum);
+    }
+    std::vector<double> running;
+    PerplexityResult r = perplexity_llama(*f.model, f.ids, n_ctx, 3, 24, bos,
+                                          [&](int64_t, int64_t total, const PerplexityResult& acc) {
+                                            EXPECT_EQ(total, 3);
+                                            running.push_back(acc.ppl());
+                                          });
+    ASSERT_EQ(r.window_nll.size(), 3u);
+    EXPECT_EQ(r.tokens, 3 * 31);
+    double sum = 0, sum2 = 0;
+    for (double x : tok_nll) sum += x, sum2 += x * x;
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_EQ(r.window_tokens[c], 31);
+      EXPECT_NEAR(r.window_nll[c], want_chunk[c], 1e-5 * want_chunk[c]) << "chunk " << c;
+      double s = 0;
+      for (int k = 0; k <= c; ++k) s += want_chunk[k];
+      EXPECT_NEAR(running[c], std::exp(s / (31.0 * (c + 1))), 1e-5 * running[c]) << "chunk " << c;
+    }
+    const double n = static_cast<double>(tok_nll.size()), mean = sum / n;
+    EXPECT_NEAR(r.ppl(), std::exp(mean), 1e-5 * r.ppl());
+    const double se = std::sqrt((sum2 / n - mean * mean) / (n - 1)) * std::exp(mean);
+    EXPECT_NEAR(r.ppl_stderr(), se, 1e-4 * se);
+  }
+  // All chunks by default (the tail dropped); llama-perplexity's 2 * n_ctx minimum.
+  const std::vector<int32_t> head(f.ids.begin(), f.ids.begin() + 200);
+  EXPECT_EQ(perplexity_llama(*f.model, head, 64, 0, 64, std::nullopt, nullptr).window_nll.size(), 3u);
+  EXPECT_THROW(perplexity_llama(*f.model, std::span<const int32_t>(head).first(127), 64, 0, 64, std::nullopt, nullptr), Error);
+  EXPECT_THROW(perplexity_llama(*f.model, head, 64, 0, 64, static_cast<int32_t>(V), nullptr), Error);
 }
 
 // Converts the demo model with `name` into a scratch directory and loads it.

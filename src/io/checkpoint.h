@@ -72,10 +72,14 @@ class Checkpoint {
   /// checkpoint with HF names: config from the `{arch}.*` metadata, llama.cpp's converter
   /// transforms undone (norms stored as 1 + w, A = -exp(A_log), Qwen3.5's tiled V heads; small
   /// converted tensors live in an anonymous in-memory shard), merged expert tensors exposed as
-  /// per-expert byte ranges of the file, block-quantized matrices kept in their ggml type. A
-  /// quantized token embedding is dequantized to F32 (it is read by row). Throws spool::Error
+  /// per-expert byte ranges of the file, block-quantized matrices (the token embedding included:
+  /// it is read and dequantized by row) kept in their ggml type. Throws spool::Error
   /// naming the file and the tensor for unknown architectures, tensors or types and bad shapes.
   static Checkpoint open_gguf(const std::string& path, Options opt);
+  /// A GGUF file or split set whose headers were read elsewhere (GgufFile::from_headers, e.g.
+  /// over HTTP Range by the planner) as a header-only checkpoint: the names, shapes, sizes and
+  /// errors of open_gguf; nothing is mapped or readable.
+  static Checkpoint from_gguf(std::shared_ptr<GgufFile> g);
   static Checkpoint open(const std::string& dir) { return open(dir, Options{}); }
   /// Builds a checkpoint from parts already read elsewhere (e.g. headers fetched over HTTP by
   /// the planner): config.json, generation_config.json (nullptr when absent) and the shards'
@@ -140,6 +144,9 @@ class Checkpoint {
  private:
   // Indexes the tensors of `shards` (names normalised, experts resolved); takes ownership.
   void index_shards(std::vector<SafetensorsFile> shards);
+  // open_gguf / from_gguf: `local` shards are opened (and mapped when `map`), remote ones are
+  // header-only stand-ins.
+  static Checkpoint gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, bool map, bool local);
   void add(TensorRef t);
   void add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original);
   std::string dir_;

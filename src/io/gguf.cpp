@@ -450,6 +450,22 @@ GgufFile GgufFile::open(const std::string& path, bool map) {
       if (first.fd >= 0) close(first.fd);
       throw;
     }
+  }
+  f.index_shards(count);
+  if (map) {
+    for (Shard& s : f.shards_) {
+      if (s.h.file_size == 0) continue;
+      void* p = mmap(nullptr, s.h.file_size, PROT_READ, MAP_SHARED, s.fd, 0);
+      if (p == MAP_FAILED) fail("%s: mmap failed (%s)", s.h.label.c_str(), std::strerror(errno));
+      s.base = static_cast<uint8_t*>(p);
+    }
+  }
+  return f;
+}
+
+void GgufFile::index_shards(int64_t count) {
+  GgufFile& f = *this;
+  if (count > 1) {
     int64_t total = 0;
     for (size_t i = 0; i < f.shards_.size(); ++i) {
       const GgufHeader& h = f.shards_[i].h;
@@ -479,14 +495,23 @@ GgufFile GgufFile::open(const std::string& path, bool map) {
       f.tensors_.push_back(std::move(g));
     }
   }
-  if (map) {
-    for (Shard& s : f.shards_) {
-      if (s.h.file_size == 0) continue;
-      void* p = mmap(nullptr, s.h.file_size, PROT_READ, MAP_SHARED, s.fd, 0);
-      if (p == MAP_FAILED) fail("%s: mmap failed (%s)", s.h.label.c_str(), std::strerror(errno));
-      s.base = static_cast<uint8_t*>(p);
-    }
+}
+
+GgufFile GgufFile::from_headers(std::vector<GgufHeader> headers, const std::string& label) {
+  if (headers.empty()) fail("%s: no GGUF headers given", label.c_str());
+  GgufFile f;
+  f.path_ = label;
+  for (GgufHeader& h : headers) {
+    Shard s;
+    s.h = std::move(h);
+    f.shards_.push_back(std::move(s));
   }
+  const GgufValue* cnt = f.find_key("split.count");
+  const int64_t count = cnt ? cnt->to_int("split.count") : 1;
+  if (count < 1 || count > 99999) fail("%s: split.count %lld is out of range", label.c_str(), static_cast<long long>(count));
+  if (count != static_cast<int64_t>(f.shards_.size()))
+    fail("%s: split.count is %lld but %zu shard headers were given", label.c_str(), static_cast<long long>(count), f.shards_.size());
+  f.index_shards(count);
   return f;
 }
 

@@ -131,6 +131,11 @@ class GgufFile {
   /// fuzzing and headers fetched over HTTP). Throws GgufNeedMore when the header continues past
   /// `n` < file_size, spool::Error when it is invalid or past the end of the file.
   static GgufHeader parse_header(const uint8_t* bytes, size_t n, uint64_t file_size, const std::string& label);
+  /// A file or split set from headers read elsewhere (parse_header; e.g. fetched over HTTP), in
+  /// shard order: the split-set checks of open() (split.no, split.count = number of headers,
+  /// split.tensors.count, no name in two shards); nothing is open or mapped (data() throws,
+  /// shard_fd() is -1). `label` names the set in messages.
+  static GgufFile from_headers(std::vector<GgufHeader> headers, const std::string& label);
 
   GgufFile() = default;
   GgufFile(GgufFile&& o) noexcept;
@@ -172,6 +177,9 @@ class GgufFile {
     int fd = -1;
     uint8_t* base = nullptr;
   };
+  // Validates a split set of `count` shards (count 1: one file) and builds tensors_ / index_.
+  void index_shards(int64_t count);
+
   std::string path_;
   std::vector<Shard> shards_;
   std::vector<GgufTensor> tensors_;

@@ -147,9 +147,18 @@ struct Pending {  // a tensor whose bytes the loader produces
 }  // namespace
 
 Checkpoint Checkpoint::open_gguf(const std::string& path, Options opt) {
+  return gguf_checkpoint(std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false)), path, opt.map, true);
+}
+
+Checkpoint Checkpoint::from_gguf(std::shared_ptr<GgufFile> g) {
+  const std::string label = g->path();
+  return gguf_checkpoint(std::move(g), label, false, false);
+}
+
+Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, bool map, bool local) {
   Checkpoint c;
   c.dir_ = path;
-  c.gguf_ = std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false));
+  c.gguf_ = std::move(file);
   const GgufFile& g = *c.gguf_;
   const std::string arch_name = g.architecture();
   const GgufArch* arch = find_gguf_arch(arch_name);
@@ -169,7 +178,9 @@ Checkpoint Checkpoint::open_gguf(const std::string& path, Options opt) {
   const int64_t d_k = a.hybrid ? cfg.get_int("linear_key_head_dim") : 0, d_v = a.hybrid ? cfg.get_int("linear_value_head_dim") : 0;
   if (a.hybrid && (n_k <= 0 || n_v % n_k != 0)) fail("%s: ssm.time_step_rank must be a multiple of ssm.group_count", path.c_str());
 
-  for (size_t s = 0; s < g.shard_count(); ++s) c.shards_.push_back(SafetensorsFile::open_raw(g.shard(s).label, opt.map));
+  for (size_t s = 0; s < g.shard_count(); ++s)  // remote: a header-only stand-in with the shard's size
+    c.shards_.push_back(local ? SafetensorsFile::open_raw(g.shard(s).label, map)
+                              : SafetensorsFile::parse_header("{}", g.shard(s).data_offset, g.shard(s).file_size, g.shard(s).label));
   std::vector<Pending> pending;
   const std::vector<int64_t> v_map = a.v_tiled ? tiled_of_grouped(n_k, n_v) : std::vector<int64_t>{};
 
@@ -232,9 +243,10 @@ Checkpoint Checkpoint::open_gguf(const std::string& path, Options opt) {
       hf = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_ba.weight";
     }
     r.name = hf;
-    const bool embedding = hf == "embed_tokens.weight";
+    // A block-typed token embedding stays in its type: the decoder reads and dequantizes it by
+    // row (DecoderModel::embed), so a 248k x 2048 vocabulary is not inflated to 2 GB of F32.
     const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight");
-    const bool dequant = r.ggml && (embedding || vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
+    const bool dequant = r.ggml && (vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
     const bool f32_out = dequant || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog;
     if (tf == GgufTransform::kNone && !dequant) {
       c.add(std::move(r));

@@ -242,6 +242,36 @@ TEST(Gguf, SplitSetErrors) {
   EXPECT_TRUE(gguf_split_paths("a/b.gguf").empty());
 }
 
+// Headers read elsewhere (as the planner does over HTTP) make the same tensor table as open();
+// the split-set checks apply to them; nothing is mapped.
+TEST(Gguf, FromHeadersEqualsOpen) {
+  std::vector<GgufHeader> hs;
+  for (int i = 1; i <= 3; ++i) {
+    const std::string bytes = read_file(gguf_dir() + "/split-0000" + std::to_string(i) + "-of-00003.gguf");
+    hs.push_back(GgufFile::parse_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size(), "s" + std::to_string(i)));
+  }
+  const GgufFile opened = GgufFile::open(gguf_dir() + "/split-00002-of-00003.gguf");
+  const GgufFile f = GgufFile::from_headers(hs, "remote");
+  ASSERT_EQ(f.tensors().size(), opened.tensors().size());
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    EXPECT_EQ(f.tensors()[i].name, opened.tensors()[i].name);
+    EXPECT_EQ(f.tensors()[i].shard, opened.tensors()[i].shard);
+    EXPECT_EQ(f.tensors()[i].offset, opened.tensors()[i].offset);
+    EXPECT_EQ(f.tensors()[i].nbytes, opened.tensors()[i].nbytes);
+  }
+  EXPECT_EQ(f.shard_fd(0), -1);
+  EXPECT_THROW(f.data(f.tensors()[0]), Error);
+  // A shard missing, or two in the wrong order: the errors of open().
+  EXPECT_THROW(GgufFile::from_headers({hs[0], hs[1]}, "remote"), Error);
+  try {
+    GgufFile::from_headers({hs[0], hs[2], hs[1]}, "remote");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split.no"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(GgufFile::from_headers({}, "remote"), Error);
+}
+
 TEST(Gguf, EveryTruncationIsAnError) {
   const std::string ok = valid_file();
   for (size_t n = 0; n < ok.size(); ++n) {

@@ -10,6 +10,7 @@
 #include "experts/resident.h"
 #include "experts/weight_views.h"
 #include "models/bind.h"
+#include "ops/ggml_blocks.h"
 
 namespace spool::models {
 
@@ -73,7 +74,8 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     if (fd >= 0) {
       embed_fd_ = fd;
       embed_offset_ = et.offset;
-      embed_row_.resize(static_cast<size_t>(H) * ops::wtype_size(embed_.type));
+      embed_row_.resize(embed_.type == ops::WType::kGgml ? ggml_row_bytes(embed_.ggml, static_cast<uint64_t>(H))
+                                                        : static_cast<size_t>(H) * ops::wtype_size(embed_.type));
     }
   }
   layers_.resize(spec_.n_layers);
@@ -151,9 +153,14 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
 
 void DecoderModel::embed(std::span<const int32_t> ids, float* h) {
   const int64_t H = spec_.hidden_size;
-  const int esz = ops::wtype_size(embed_.type);
+  // A ggml block-typed table (GGUF) is dequantized row by row on the host, then handed to the
+  // backend as an F32 row; float tables go to the backend as stored.
+  const bool blocks = embed_.type == ops::WType::kGgml;
+  const uint64_t row_bytes = blocks ? ggml_row_bytes(embed_.ggml, static_cast<uint64_t>(H))
+                                    : static_cast<uint64_t>(H) * ops::wtype_size(embed_.type);
+  std::vector<float> deq(blocks ? static_cast<size_t>(H) : 0);
   for (size_t t = 0; t < ids.size(); ++t) {
-    const uint8_t* row = static_cast<const uint8_t*>(embed_.data) + ids[t] * H * esz;
+    const uint8_t* row = static_cast<const uint8_t*>(embed_.data) + static_cast<uint64_t>(ids[t]) * row_bytes;
     if (embed_fd_ >= 0) {
       const size_t n = embed_row_.size();
       const off_t at = static_cast<off_t>(embed_offset_ + static_cast<uint64_t>(ids[t]) * n);
@@ -166,7 +173,12 @@ void DecoderModel::embed(std::span<const int32_t> ids, float* h) {
       }
       row = embed_row_.data();
     }
-    be_->row_to_f32(embed_.type, row, H, h + t * H);
+    if (blocks) {
+      ops::ggml_dequantize_row(embed_.ggml, row, H, deq.data());
+      be_->row_to_f32(ops::WType::kF32, deq.data(), H, h + t * H);
+    } else {
+      be_->row_to_f32(embed_.type, row, H, h + t * H);
+    }
   }
 }
 

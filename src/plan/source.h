@@ -1,6 +1,7 @@
 // Where the planner reads a checkpoint from: a local directory (headers read from disk, no
 // weights mapped) or an HTTP(S) base URL (Hugging Face ".../resolve/main/" style): config
-// files and each shard's safetensors header fetched with Range requests.
+// files and each shard's safetensors header fetched with Range requests. A .gguf path or URL:
+// the GGUF header of each shard (metadata, tensor table), nothing else.
 //
 // Remote header reads: the first 16 KiB of a shard are asked for; if the header is longer,
 // the rest of it in a second range. A server that ignores Range and answers 200 with the
@@ -26,6 +27,11 @@ struct ModelSource {
   int requests = 0;                   // HTTP requests made
 };
 
+/// The planner's stand-in for the tokenizer.json size of a GGUF's tokenizer metadata: the size
+/// of a tokenizer.json whose load peaks as high as Tokenizer::from_gguf on this metadata
+/// (calibrated on Qwen3's vocabulary; see source.cpp); 0 without tokenizer.ggml.tokens.
+uint64_t gguf_tokenizer_json_bytes(const io::GgufFile& g);
+
 /// True for "http://..." and "https://...".
 bool is_url(const std::string& s);
 
@@ -33,9 +39,12 @@ bool is_url(const std::string& s);
 /// ".../ORG/NAME/resolve/main/"; others only get the trailing slash.
 std::string normalize_base_url(const std::string& url);
 
-/// Opens `dir_or_url`. Throws spool::Error naming the file or URL: missing config.json or
+/// Opens `dir_or_url`: a directory or base URL (safetensors), or a .gguf file or URL (one file
+/// or any shard of a split set; GGUF headers, fetched with Range requests from a URL). Throws spool::Error naming the file or URL: missing config.json or
 /// weights (HTTP 404), other HTTP errors, a truncated or malformed safetensors header, a
 /// header larger than 100 MB, shard names that are not plain file names.
-ModelSource open_source(const std::string& dir_or_url);
+/// `gguf_first_range`: bytes asked for first of each remote GGUF (more follow while the header
+/// continues; tests make it small to exercise that).
+ModelSource open_source(const std::string& dir_or_url, uint64_t gguf_first_range = 1 << 20);
 
 }  // namespace spool::plan

@@ -206,16 +206,21 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   else
     fail("%s: tokenizer.ggml.pre '%s' is not supported (qwen2, qwen35)", v.label.c_str(), v.pre.c_str());
   const std::string& pattern = regex;  // as tokenizer.json holds it after JSON decoding
-  nlohmann::ordered_json j;
-  nlohmann::ordered_json vocab = nlohmann::ordered_json::object(), added = nlohmann::ordered_json::array();
+  // nlohmann::json, not ordered_json: an ordered object inserts in linear time (minutes for a
+  // 150k-token vocabulary); the order of keys means nothing to from_json.
+  nlohmann::json j;
+  nlohmann::json vocab = nlohmann::json::object(), added = nlohmann::json::array();
+  // Every token is in the BPE vocabulary at its file id (a control token's string is never the
+  // result of a merge, so this changes no encoding); control (3) and user-defined (4) tokens are
+  // also added tokens, matched in the raw text as llama.cpp does. Were they only added tokens, HF's
+  // rule "an added token missing from the model vocabulary gets the next free id" would move them
+  // whenever they do not sit after the BPE vocabulary (the demo model's <|vision_pad|> is id 11).
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     const int32_t type = i < v.token_types.size() ? v.token_types[i] : 1;
-    if (type == 3 || type == 4) {
+    if (type == 3 || type == 4)
       added.push_back({{"id", i}, {"content", v.tokens[i]}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                       {"normalized", type == 4}, {"special", type == 3}});
-    } else {
-      vocab[v.tokens[i]] = i;
-    }
+                       {"normalized", false}, {"special", type == 3}});
+    vocab[v.tokens[i]] = i;  // a duplicated string: the last id, as llama.cpp's token_to_id
   }
   j["version"] = "1.0";
   j["added_tokens"] = added;
@@ -229,13 +234,13 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
                 {"vocab", vocab}, {"merges", v.merges}};
-  nlohmann::ordered_json cfg;
-  auto tok = [&](const std::optional<int64_t>& id) -> nlohmann::ordered_json {
+  nlohmann::json cfg;
+  auto tok = [&](const std::optional<int64_t>& id) -> nlohmann::json {
     if (!id || *id < 0 || *id >= static_cast<int64_t>(v.tokens.size())) return nullptr;
     return v.tokens[*id];
   };
   cfg["add_bos_token"] = v.add_bos;
-  cfg["bos_token"] = v.add_bos ? tok(v.bos) : nlohmann::ordered_json(nullptr);
+  cfg["bos_token"] = v.add_bos ? tok(v.bos) : nlohmann::json(nullptr);
   cfg["eos_token"] = tok(v.eos);
   cfg["pad_token"] = tok(v.pad);
   if (!v.chat_template.empty()) cfg["chat_template"] = v.chat_template;
