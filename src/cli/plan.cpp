@@ -106,7 +106,7 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   }
 }
 
-void print_json(const plan::Projection& p, const plan::ModelSource& src) {
+void print_json(const plan::Projection& p, const plan::ModelSource& src, const CgroupMemory& cg) {
   nlohmann::ordered_json j;
   j["verdict"] = plan::verdict_name(p.verdict);
   j["peak_bytes"] = p.peak;
@@ -127,6 +127,13 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src) {
   j["parallel"] = p.shape.parallel;
   j["threads"] = p.shape.threads;
   j["available_bytes"] = p.available;
+  // The binding memory cgroup as read (limit − (usage − inactive file)); null outside one or with --ram-gb.
+  if (cg.version != 0) {
+    j["cgroup"] = {{"version", cg.version}, {"dir", cg.dir}, {"limit_bytes", cg.limit}, {"usage_bytes", cg.usage},
+                   {"inactive_file_bytes", cg.inactive_file}, {"available_bytes", cg.available()}};
+  } else {
+    j["cgroup"] = nullptr;
+  }
   j["reserve_bytes"] = p.reserve;
   j["components"] = {{"weights_total", p.weights.total},
                      {"dense_resident", p.base.dense},
@@ -158,6 +165,7 @@ void run(const PlanOptions& o) {
   const uint64_t start_rss = current_rss_bytes();  // this binary before it reads anything: the runtime base
   // Available memory before the model's headers are read, as the loader measures it.
   const uint64_t available_now = o.ram_gb == 0 ? available_memory_bytes() : 0;
+  const CgroupMemory cgroup_now = o.ram_gb == 0 ? cgroup_memory() : CgroupMemory{};  // read with available_now
   if (o.model.empty()) throw UsageError("--model DIR|URL is required");
   if (o.ctx < 1 || o.ctx > (int64_t{1} << 24)) throw UsageError(strfmt("--ctx-size must be 1..16777216 (got %lld)", (long long)o.ctx));
   if (o.kv_bits != 8 && o.kv_bits != 16 && o.kv_bits != 32) throw UsageError(strfmt("--kv-bits must be 8, 16 or 32 (got %d)", o.kv_bits));
@@ -206,7 +214,7 @@ void run(const PlanOptions& o) {
   plan::Projection p = plan::project(src.ckpt, in);
   if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
   if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");
-  if (o.json) print_json(p, src);
+  if (o.json) print_json(p, src, cgroup_now);
   else print_text(p, src);
   std::fflush(stdout);
   if (p.verdict == plan::Verdict::kNoFit) std::exit(1);  // documented exit status: does not fit

@@ -127,13 +127,17 @@ for ver in "${versions[@]}"; do
   plan() { in_cg "$spool" plan "${common[@]}" --stream --ctx-size 32 --json; }
   plan > /dev/null  # warm-up: the binary's own pages
   sleep 2.5         # one statistics flush period
-  usage=$(cat "$outer/$usage_f") inactive=$(stat_of)
-  expected=$((L0 - (usage - inactive)))
   p0=$(plan)
   a0=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["available_bytes"])' "$p0")
-  diff=$((a0 > expected ? a0 - expected : expected - a0))
-  echo "cgroup_budget: v$ver: limit $L0, usage $usage, inactive file $inactive (model $model_bytes): plan sees $a0 available, expected $expected"
-  [ "$diff" -le $((model_bytes / 4)) ] ||
+  # What plan read of the binding cgroup while it ran (its own process's pages included).
+  read -r cg_dir cg_limit usage inactive < <(python3 -c 'import json,sys; c=json.loads(sys.argv[1])["cgroup"]; print(c["dir"], c["limit_bytes"], c["usage_bytes"], c["inactive_file_bytes"])' "$p0")
+  expected=$((L0 - (usage - inactive)))
+  echo "cgroup_budget: v$ver: plan read $cg_dir: limit $cg_limit, usage $usage, inactive file $inactive (model $model_bytes); available $a0, expected $expected"
+  [ "$cg_limit" = "$L0" ] || die "v$ver: plan's binding cgroup limit is $cg_limit ($cg_dir), not the test group's $L0 (the walk up from the inner group)"
+  [ "$inactive" -ge $((model_bytes * 9 / 10)) ] ||
+    die "v$ver: plan read $inactive inactive file bytes: the model's page cache ($model_bytes) is not counted as reclaimable"
+  diff=$((a0 > expected ? a0 - expected : expected - a0))  # two reads, microseconds apart
+  [ "$diff" -le $((2 * MiB)) ] ||
     die "v$ver: plan's available_bytes $a0 is not limit - (usage - inactive file) = $expected: page cache counted as used?"
 
   # A limit that leaves about half of the experts' bytes to the auto budget.
