@@ -37,8 +37,8 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1
 cmake --build build-asan -j"$jobs" --target spool io_test tokenizer_test template_test streaming_test cli_test plan_test \
   output_parser_test server_request_test server_http_test server_engine_test
 # Footprint.WorkspaceMatchesMeasuredAllocation (RSS growth) and Checkpoint.OneTableCountedByTableBytes
-# (mallinfo2 heap growth) measure the allocator, which ASan replaces
-# changes: it runs in the plain build above, and is left out here rather than skipped.
+# (mallinfo2 heap growth) measure the allocator, which ASan replaces: they run in the plain
+# build above, and are left out here rather than skipped.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L sanitize -E 'Footprint\.WorkspaceMatchesMeasuredAllocation|Checkpoint\.OneTableCountedByTableBytes'
 step "ASan + UBSan"

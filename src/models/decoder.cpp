@@ -53,6 +53,7 @@ void DecoderModel::reserve_workspace(int64_t max_tokens, int max_seqs) {
   max_seqs = std::max(max_seqs, 1);
   if (max_tokens == ws_tokens_ && max_seqs == ws_seqs_) return;
   ws_ = ops::Workspace();  // the old arena goes back before the new one is mapped
+  ws_tokens_ = ws_seqs_ = 0;  // if mapping fails, the next forward tries again (never runs on no arena)
   ws_ = ops::Workspace(arena_bytes(spec_, max_tokens, max_seqs), be_->device());
   ws_tokens_ = max_tokens;
   ws_seqs_ = max_seqs;
