@@ -1,5 +1,5 @@
 // ggml tensor types as stored in GGUF files: ids, names, block sizes and bytes per block
-// (docs: ../shared/docs/gguf.md section 4.1, from ggml's type traits table and gguf-py's
+// (docs: the GGUF notes (ggml docs/gguf.md) section 4.1, from ggml's type traits table and gguf-py's
 // GGML_QUANT_SIZES). Header-only, shared by the GGUF reader (src/io/gguf) and the block
 // kernels (src/ops/ggml_blocks) without a link dependency between them.
 #pragma once

@@ -1,6 +1,6 @@
 // GGUF v2/v3 files (llama.cpp / ggml checkpoints): validated header, typed metadata, tensor
 // table and read-only mmap; split sets NAME-0000N-of-0000M.gguf open as one tensor table.
-// Format: ../shared/docs/gguf.md section 1 (ggml docs/gguf.md and src/gguf.cpp): magic "GGUF",
+// Format: the GGUF notes (ggml docs/gguf.md) section 1 (ggml docs/gguf.md and src/gguf.cpp): magic "GGUF",
 // u32 version, u64 tensor count, u64 KV count, the KV records, the tensor-info records, zero
 // padding to general.alignment (default 32), then the data blob; all little-endian.
 #pragma once

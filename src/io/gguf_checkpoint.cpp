@@ -1,5 +1,5 @@
 // Checkpoint::open_gguf: a GGUF file (or split set) as a checkpoint with HF tensor names and
-// an HF-style config (../shared/docs/gguf.md sections 2, 3 and 5).
+// an HF-style config (the GGUF notes (ggml docs/gguf.md) sections 2, 3 and 5).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -192,7 +192,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
         ++c.dropped_;
         continue;
       }
-      fail("%s: tensor '%s' is not part of the %s layout spool knows (../shared/docs/gguf.md)", path.c_str(), gname.c_str(), a.name);
+      fail("%s: tensor '%s' is not part of the %s layout spool knows", path.c_str(), gname.c_str(), a.name);
     }
     if (m->layer >= L) {  // MTP blocks after the main stack
       ++c.dropped_;

@@ -1,5 +1,5 @@
 // GGUF -> Hugging Face tensor names and value transforms, one table per llama.cpp architecture
-// (../shared/docs/gguf.md sections 3 and 5). Kept apart from the loader so that each table can
+// (the GGUF notes (ggml docs/gguf.md) sections 3 and 5). Kept apart from the loader so that each table can
 // move into its family's registry entry. A GGUF name maps to the normalised HF name the model
 // code binds (checkpoint.h), plus what the loader must do to undo llama.cpp's converter.
 #pragma once

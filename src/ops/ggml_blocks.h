@@ -1,5 +1,5 @@
 // Matrix products against weights in ggml block formats, as stored in GGUF files
-// (../shared/docs/gguf.md section 4): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+// (the GGUF notes (ggml docs/gguf.md) section 4): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
 // Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4. Activations and accumulation are f32; the kernels
 // (Highway, runtime dispatch) decode each block into registers and FMA, so the weights are never
 // expanded to float in memory. A scalar dequantize-row per type is the reference.

@@ -21,7 +21,7 @@ namespace spool::tokenizer {
 class StreamDecoder;
 
 /// A GGUF file's tokenizer metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`; see
-/// ../shared/docs/gguf.md section 2.4), read by the caller from the file.
+/// the GGUF notes (ggml docs/gguf.md) section 2.4), read by the caller from the file.
 struct GgufVocab {
   std::string label;                 ///< the file, for messages
   std::string model;                 ///< tokenizer.ggml.model ("gpt2" = byte-level BPE)
