@@ -23,6 +23,7 @@
 
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
+#include "ops/vec.h"
 #include "ops/weights.h"
 
 // ---- Target-independent part (compiled once) ----
@@ -285,17 +286,6 @@ constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
 // define functions of the same names in HWY_NAMESPACE).
 namespace gb {
 
-// Dot product of n floats (scalar fallback path).
-float DotF32(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
-  const DF df;
-  VF acc = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + kN <= n; i += kN) acc = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc);
-  float s = hn::GetLane(hn::SumOfLanes(df, acc));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // Reference path: dequantize each row into a thread-local buffer, then dot.
 void RowsByDequant(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   thread_local std::vector<float> row;
@@ -305,7 +295,7 @@ void RowsByDequant(const GgmlView& w, const float* x, int64_t T, float* y, int64
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* p = w.data + r * rb;
     for (int64_t b = 0; b < w.cols / tr.blck; ++b) ggml::dequant_block(w.type, p + b * tr.size, row.data() + b * tr.blck);
-    for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = DotF32(row.data(), x + t * w.cols, w.cols);
+    for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = ops::dot(row.data(), x + t * w.cols, w.cols);  // vec.h
   }
 }
 
