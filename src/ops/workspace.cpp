@@ -74,7 +74,9 @@ Workspace::Workspace(size_t bytes, Device device) : device_(device) {
          device_name(device));
   bytes = (bytes + kAlign - 1) / kAlign * kAlign;
   if (bytes == 0) bytes = kAlign;
-  void* p = ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  // A device arena's host mapping is only the shadow ints() are served from: not populated.
+  const int populate = device == Device::kCpu ? MAP_POPULATE : 0;
+  void* p = ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | populate, -1, 0);
   if (p == MAP_FAILED) fail("workspace: cannot reserve %zu bytes (%s)", bytes, std::strerror(errno));
   std::memcpy(p, &bytes, sizeof bytes);  // size header in the first (touched) line
   base_ = static_cast<char*>(p) + kAlign;
