@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds (scripts/setup.sh), runs ctest, then
-#  - rebuilds the input-parsing, streaming, CLI and server tests under AddressSanitizer + UBSan
-#    (build-asan/) and runs them,
-#  - rebuilds the server tests under ThreadSanitizer (build-tsan/) and runs the ones with
-#    threads: request queue, cancellation, prompt and disk caches,
-#  - builds the libFuzzer targets with clang (build-fuzz/) and runs each for FUZZ_SECONDS (60).
+#  - rebuilds the input-parsing, streaming, CLI, server and batching tests and the libFuzzer
+#    targets with clang under AddressSanitizer + UBSan (build-asan/), runs the tests,
+#  - rebuilds the threaded tests under ThreadSanitizer (build-tsan/) and runs them: request
+#    queue, cancellation, prompt and disk caches, continuous batching, pipelined batch steps,
+#  - runs each fuzzer (built in build-asan/) for FUZZ_SECONDS (60).
 # Pass --slow to include the full dev-corpus perplexity test. Each step prints its duration.
 # With SPOOL_NO_SKIP=1 (.ci/run sets it) a skipped test fails the run.
 set -euo pipefail
@@ -27,15 +27,19 @@ exclude=(-LE slow)
 ctest --test-dir build --output-on-failure -j"$jobs" "${exclude[@]}"
 step "build + ctest"
 
-# Sanitizer step: the tests labelled "sanitize" (parsers, bad input, CLI error paths, streaming,
-# the server's HTTP and engine tests). -O1 without debug info and one SIMD target keep this
-# build quick on small machines.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_SANITIZE=ON -DSPOOL_CUDA=OFF \
-  -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
+# Sanitizer step: one clang build with AddressSanitizer + UBSan (and libFuzzer's coverage
+# instrumentation) serves the tests labelled "sanitize" (parsers, bad input, CLI error paths,
+# streaming, the server's HTTP, engine and batching tests) and the fuzzers below: one build
+# instead of two keeps the suite short on 2 cores. -O1 without debug info and one SIMD target
+# keep it quick.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
+fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
-cmake --build build-asan -j"$jobs" --target spool io_test tokenizer_test template_test streaming_test cli_test plan_test \
-  output_parser_test server_request_test server_http_test server_engine_test
+cmake --build build-asan -j"$jobs" --target spool io_test gguf_test sysinfo_test tokenizer_test template_test \
+  streaming_test cli_test plan_test output_parser_test server_request_test server_http_test server_engine_test \
+  server_batch_test "${fuzzers[@]}"
 # Footprint.WorkspaceMatchesMeasuredAllocation (RSS growth) and Checkpoint.OneTableCountedByTableBytes
 # (mallinfo2 heap growth) measure the allocator, which ASan replaces: they run in the plain
 # build above, and are left out here rather than skipped.
@@ -43,25 +47,23 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L sanitize -E 'Footprint\.WorkspaceMatchesMeasuredAllocation|Checkpoint\.OneTableCountedByTableBytes'
 step "ASan + UBSan"
 
-# ThreadSanitizer: the server tests whose threads share state (HTTP workers, the request
-# queue, the engine thread, cancellation on disconnect, the prompt cache and disk snapshots).
+# ThreadSanitizer: the tests whose threads share state (HTTP workers, the request queue, the
+# engine thread, cancellation on disconnect, the prompt cache and disk snapshots, continuous
+# batching, the two pipelined groups of a streamed batch step).
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_TSAN=ON -DSPOOL_CUDA=OFF \
   -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
-cmake --build build-tsan -j"$jobs" --target server_http_test server_engine_test
+cmake --build build-tsan -j"$jobs" --target server_http_test server_engine_test server_batch_test batch_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build-tsan --output-on-failure -j"$jobs" \
-  -R '^(HttpApi\.(HealthIs503WhileLoadingThen200|EndpointsAndStreaming|FullQueueIs503AndHealthAnsweredWhileBusy|DisconnectCancelsAndTheNextRequestRuns)|ServerEngine\.(SameRequestTwiceAndPrefixPlusOneReuseWithoutChangingOutput|DiskSnapshotsSurviveRestartAndCorruptFilesAreDeleted))$'
+  -R '^(HttpApi\.(HealthIs503WhileLoadingThen200|EndpointsAndStreaming|FullQueueIs503AndHealthAnsweredWhileBusy|DisconnectCancelsAndTheNextRequestRuns)|ServerEngine\.(SameRequestTwiceAndPrefixPlusOneReuseWithoutChangingOutput|DiskSnapshotsSurviveRestartAndCorruptFilesAreDeleted)|BatchEngine\.(StopStringAndCancellationMidBatchLeaveTheOthersUnchanged|RequestsBeyondNWaitInFifoOrderAndAtMostNRun)|Demo/BatchedEqualsAlone\.EightConcurrentRequestsTwice/streaming|BatchForward\.PipelinedGroupsReadEachExpertOnce)$'
 step "ThreadSanitizer"
 
-# Fuzzers: every libFuzzer target of fuzz/ for a bounded time, two at a time (one per core).
-# Corpora persist in build-fuzz/corpus/NAME; the seeds are the repository's own files.
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_BUILD_TESTS=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
-fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz)
-cmake --build build-fuzz -j"$jobs" --target "${fuzzers[@]}"
-mkdir -p build-fuzz/corpus build-fuzz/logs
+# Fuzzers: every libFuzzer target of fuzz/ (built in build-asan above) for a bounded time, two
+# at a time (one per core). Corpora persist in build-asan/corpus/NAME; the seeds are the
+# repository's own files.
+mkdir -p build-asan/corpus build-asan/logs
 seed() {  # seed NAME FILES...: copy seeds into a new corpus
-  local dir="build-fuzz/corpus/$1"; shift
+  local dir="build-asan/corpus/$1"; shift
   [ -d "$dir" ] && return 0
   mkdir -p "$dir"
   local i=0 f
@@ -76,8 +78,8 @@ seed output_parser_fuzz
 seed gguf_fuzz tests/data/gguf/*.gguf
 run_fuzzer() {
   SPOOL_FUZZ_TOKENIZER_DIR="$PWD/build/tests/data/tokenizers/qwen3" \
-    "build-fuzz/fuzz/$1" -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
-    -print_final_stats=1 "build-fuzz/corpus/$1" >"build-fuzz/logs/$1.log" 2>&1
+    "build-asan/fuzz/$1" -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
+    -print_final_stats=1 "build-asan/corpus/$1" >"build-asan/logs/$1.log" 2>&1
 }
 pids=() names=()
 failed=0
@@ -85,14 +87,14 @@ for f in "${fuzzers[@]}"; do
   run_fuzzer "$f" &
   pids+=($!) names+=("$f")
   if [ ${#pids[@]} -ge "$jobs" ]; then
-    wait "${pids[0]}" || { echo "test.sh: ${names[0]} found a crash:"; tail -60 "build-fuzz/logs/${names[0]}.log"; failed=1; }
+    wait "${pids[0]}" || { echo "test.sh: ${names[0]} found a crash:"; tail -60 "build-asan/logs/${names[0]}.log"; failed=1; }
     pids=("${pids[@]:1}") names=("${names[@]:1}")
   fi
 done
 for i in "${!pids[@]}"; do
-  wait "${pids[$i]}" || { echo "test.sh: ${names[$i]} found a crash:"; tail -60 "build-fuzz/logs/${names[$i]}.log"; failed=1; }
+  wait "${pids[$i]}" || { echo "test.sh: ${names[$i]} found a crash:"; tail -60 "build-asan/logs/${names[$i]}.log"; failed=1; }
 done
-for f in "${fuzzers[@]}"; do echo "test.sh: $f: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "build-fuzz/logs/$f.log" || echo '?')"; done
+for f in "${fuzzers[@]}"; do echo "test.sh: $f: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "build-asan/logs/$f.log" || echo '?')"; done
 [ "$failed" = 0 ] || exit 1
 step "fuzzers (${#fuzzers[@]} x ${fuzz_seconds} s)"
 echo "test.sh: all tests passed"

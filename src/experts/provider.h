@@ -28,6 +28,11 @@ class ExpertProvider {
     (void)layer;
     (void)ids;
   }
+  /// Undoes a prepare(layer, ids) whose acquire() will not come (an error in between).
+  virtual void unprepare(int layer, std::span<const int> ids) {
+    (void)layer;
+    (void)ids;
+  }
   /// The views handed out by the last acquire(layer) are no longer used.
   virtual void release(int layer) = 0;
   /// One-line description for startup logs.

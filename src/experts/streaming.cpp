@@ -64,6 +64,7 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
   for (const auto& s : ckpt_->shards()) paths.push_back(s.path());
   reader_ = std::make_unique<io::ExpertReader>(paths, io::ExpertReader::Options{opt_.engine, opt_.workers, opt_.direct});
   in_use_.resize(moe_layers.size());
+  prepared_.resize(moe_layers.size());
   last_ids_.resize(moe_layers.size());
   if (cache_.capacity() < opt_.top_k)
     log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
@@ -200,6 +201,7 @@ void StreamingExperts::lookup_and_pin(int layer, std::span<const int> ids, std::
     throw;
   }
   in_use_[layer].insert(in_use_[layer].end(), entries.begin(), entries.end());
+  for (auto* e : entries) drop_prepared_pin(e);  // acquire's own pin replaces prepare's
 }
 
 void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) {
@@ -280,24 +282,55 @@ void StreamingExperts::prefetch_after(int layer) {
 void StreamingExperts::prepare(int layer, std::span<const int> ids) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!store_.has_layer(layer)) return;
-  std::vector<ExpertCache::Entry*> todo;
-  const size_t most = static_cast<size_t>(max_batch());
-  for (size_t i = 0; i < ids.size() && todo.size() < most; ++i) {
-    if (ids[i] < 0 || ids[i] >= store_.n_experts()) return;  // acquire() reports it
+  for (int id : ids)
+    if (id < 0 || id >= store_.n_experts()) return;  // acquire() reports it
+  // Cached experts are pinned first, so the new entries below cannot evict them.
+  const size_t most = std::min(ids.size(), static_cast<size_t>(max_batch()));
+  std::vector<int> missing;
+  for (size_t i = 0; i < most; ++i) {
     if (ExpertCache::Entry* e = cache_.find(layer, ids[i]); e != nullptr) {
-      cache_.touch(e);  // not evicted before its acquire
-      continue;
+      ++e->pins;
+      cache_.touch(e);
+      prepared_[layer].push_back(e);
+    } else {
+      missing.push_back(ids[i]);
     }
+  }
+  std::vector<ExpertCache::Entry*> todo;
+  for (int id : missing) {
+    if (cache_.find(layer, id) != nullptr) continue;  // (an id listed twice)
     ExpertCache::Entry* e;
     try {
-      e = cache_.insert(layer, ids[i]);
+      e = cache_.insert(layer, id);
     } catch (...) {  // no memory for a slot: acquire() will say so
       break;
     }
     e->prepared = true;
+    ++e->pins;
+    prepared_[layer].push_back(e);
     todo.push_back(e);
   }
   if (!todo.empty()) submit_background(std::move(todo));
+}
+
+bool StreamingExperts::drop_prepared_pin(ExpertCache::Entry* e) {
+  auto& p = prepared_[e->layer];
+  auto it = std::find(p.begin(), p.end(), e);
+  if (it == p.end()) return false;
+  p.erase(it);
+  --e->pins;
+  return true;
+}
+
+void StreamingExperts::unprepare(int layer, std::span<const int> ids) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (layer < 0 || layer >= static_cast<int>(prepared_.size())) return;
+  for (int id : ids) {
+    ExpertCache::Entry* e = cache_.find(layer, id);
+    if (e == nullptr || !drop_prepared_pin(e)) continue;
+    e->prepared = false;
+    if (e->state == ExpertCache::State::kFailed && e->pins == 0) cache_.erase(e);
+  }
 }
 
 void StreamingExperts::submit_background(std::vector<ExpertCache::Entry*> todo) {

@@ -65,9 +65,11 @@ class StreamingExperts final : public ExpertProvider {
   ~StreamingExperts() override;
 
   void acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) override;
-  /// Starts background reads of the experts of `ids` not in the cache (at most max_batch()
-  /// new entries); the acquire() that follows waits for them and counts them as misses.
+  /// Pins the experts of `ids` (at most max_batch() of them) until their acquire() and starts
+  /// background reads of those not in the cache; the acquire() that follows waits for them
+  /// and counts them as misses.
   void prepare(int layer, std::span<const int> ids) override;
+  void unprepare(int layer, std::span<const int> ids) override;
   void release(int layer) override;
   std::string describe() const override;
   int max_batch() const override;
@@ -102,6 +104,11 @@ class StreamingExperts final : public ExpertProvider {
   std::condition_variable ready_cv_;
   ExpertCache cache_;
   std::vector<std::vector<ExpertCache::Entry*>> in_use_;  // [layer] entries pinned by acquire
+  // [layer] entries pinned by prepare(), one per call and expert, until the acquire() (or
+  // unprepare()) of that expert takes the pin over (two pipelined groups may prepare a layer).
+  std::vector<std::vector<ExpertCache::Entry*>> prepared_;
+  // Under mu_: drops one prepare() pin of `e` if it has one; true if it did.
+  bool drop_prepared_pin(ExpertCache::Entry* e);
   std::vector<std::vector<int>> last_ids_;                // [layer] experts of the last acquire
   StreamingStats stats_;
   int pinned_count_ = 0;

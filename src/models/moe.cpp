@@ -87,9 +87,15 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
   // A streaming provider starts reading the first batch's misses now; the shared expert
   // (and whatever `between` runs: another group of sequences) computes while they load.
-  provider.prepare(layer, std::span<const int>(groups.active.data(), std::min(batch, n_active)));
-  if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
-  if (between) between();
+  const std::span<const int> first(groups.active.data(), std::min(batch, n_active));
+  provider.prepare(layer, first);
+  try {
+    if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
+    if (between) between();
+  } catch (...) {
+    provider.unprepare(layer, first);
+    throw;
+  }
   std::vector<experts::ExpertWeights> w(std::min(batch, n_active));
   for (size_t b0 = 0; b0 < n_active; b0 += batch) {
     const size_t nb = std::min(batch, n_active - b0);
