@@ -18,6 +18,10 @@
 namespace spool::server {
 namespace {
 
+// Seconds a test client waits for a response before failing (a deadline for hangs, not a
+// performance bound).
+constexpr int kReadTimeoutS = 600;
+
 std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256, int parallel = 1) {
   engine::LoadOptions o;
   o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
@@ -53,7 +57,9 @@ struct Running {
   }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60, 0);
+    // A deadline that only a hang reaches: under ASan at -O1 with one SIMD target on a loaded
+    // 2-core machine, a 250-token completion has taken over a minute.
+    c.set_read_timeout(kReadTimeoutS, 0);
     return c;
   }
   std::unique_ptr<HttpServer> server;
@@ -347,7 +353,7 @@ TEST(HttpApi, FullQueueIs503AndHealthAnsweredWhileBusy) {
   std::atomic<int> holder_chunks{0};
   std::thread holder([&] {
     httplib::Client c("127.0.0.1", s.port);
-    c.set_read_timeout(120, 0);
+    c.set_read_timeout(kReadTimeoutS, 0);
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
@@ -372,7 +378,7 @@ TEST(HttpApi, FullQueueIs503AndHealthAnsweredWhileBusy) {
   for (int i = 0; i < kMore; ++i)
     more.emplace_back([&, i] {
       httplib::Client c("127.0.0.1", s.port);
-      c.set_read_timeout(60, 0);
+      c.set_read_timeout(kReadTimeoutS, 0);
       auto r = c.Post("/v1/completions", R"({"prompt": "The sea", "max_tokens": 1})", "application/json");
       status[i] = r ? r->status : -1;
       bodies[i] = r ? r->body : "";
@@ -414,7 +420,7 @@ TEST(HttpApi, DisconnectCancelsAndTheNextRequestRuns) {
   // A raw socket client that reads the first SSE bytes of a long generation and hangs up.
   {
     httplib::Client c("127.0.0.1", s.port);
-    c.set_read_timeout(60, 0);
+    c.set_read_timeout(kReadTimeoutS, 0);
     int chunks = 0;
     httplib::Request req;
     req.method = "POST";
@@ -482,7 +488,7 @@ TEST(HttpApi, ConcurrentClientsGetTheOutputsOfSequentialRuns) {
   for (size_t i = 0; i < prompts.size(); ++i)
     clients.emplace_back([&, i] {
       httplib::Client c("127.0.0.1", s.port);
-      c.set_read_timeout(120, 0);
+      c.set_read_timeout(kReadTimeoutS, 0);
       auto r = c.Post("/v1/completions", body(i), "application/json");
       together[i] = r && r->status == 200 ? text_of(r->body, i % 2 == 1) : "<failed>";
     });
