@@ -136,6 +136,11 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       v.push_back({q + "k_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "o_proj.weight", {H, a.n_heads * a.head_dim}, Init::kNormal, lin(a.n_heads * a.head_dim) * out_scale, i});
+      if (a.qkv_bias) {  // GLM-4.5 attention_bias
+        v.push_back({q + "q_proj.bias", {a.n_heads * a.head_dim}, Init::kNormal, 0.02f, i});
+        v.push_back({q + "k_proj.bias", {a.n_kv_heads * a.head_dim}, Init::kNormal, 0.02f, i});
+        v.push_back({q + "v_proj.bias", {a.n_kv_heads * a.head_dim}, Init::kNormal, 0.02f, i});
+      }
       if (a.qk_norm) {  // per head, or (OLMoE) over the whole projection
         v.push_back({q + "q_norm.weight", {a.qk_norm_full ? a.n_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
         v.push_back({q + "k_norm.weight", {a.qk_norm_full ? a.n_kv_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
@@ -168,9 +173,11 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     }
     const auto& mo = s.moe;
     const int64_t E = mo.n_experts, I = mo.intermediate;
-    const bool mixtral = s.family == "mixtral";  // block_sparse_moe.experts.{e}.{w1,w3,w2} as released
+    // block_sparse_moe.experts.{e}.{w1,w3,w2} as released (MiniMax-M2: its bias beside the gate)
+    const bool mixtral = s.family == "mixtral" || s.family == "minimax_m2";
     v.push_back({(mixtral ? p + "block_sparse_moe." : m) + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
-    if (mo.score_bias) v.push_back({m + "gate.e_score_correction_bias", {E}, Init::kConst, 0.0f, i});
+    if (mo.score_bias)
+      v.push_back({mixtral ? p + "block_sparse_moe.e_score_correction_bias" : m + "gate.e_score_correction_bias", {E}, Init::kConst, 0.0f, i});
     if (mixtral) {
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";

@@ -768,7 +768,7 @@ TEST_P(BackendOpTable, Norms) {
     }
 }
 
-[[maybe_unused]] const bool kElementwiseOps = covers({"add", "swiglu", "mul_sigmoid", "add_gated_rows", "copy_2d"});
+[[maybe_unused]] const bool kElementwiseOps = covers({"add", "add_bias", "swiglu", "mul_sigmoid", "add_gated_rows", "copy_2d"});
 TEST_P(BackendOpTable, Elementwise) {
   for (int64_t n : {1, 15, 1000}) {
     SCOPED_TRACE("n=" + std::to_string(n));
@@ -800,6 +800,16 @@ TEST_P(BackendOpTable, Elementwise) {
       be.add_gated_rows(a.data(), s.data(), x.data(), gated ? w.data() : nullptr, T, n);
       ref.add_gated_rows(b.data(), s.data(), x.data(), gated ? w.data() : nullptr, T, n);
       expect_close(a.data(), b.data(), T * n, 1e-6, "add_gated_rows");
+    });
+  }
+  for (int64_t rows : {1, 7}) {  // attention q/k/v biases: rows of tokens, one bias vector
+    const int64_t n = 48;
+    const std::vector<float> y0 = randn(rows * n, 6, 2.0f), b = randn(n, 7);
+    for_each_backend("add_bias", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = y0, c = y0;
+      be.add_bias(a.data(), b.data(), rows, n);
+      ref.add_bias(c.data(), b.data(), rows, n);
+      expect_close(a.data(), c.data(), rows * n, 1e-7, "add_bias");
     });
   }
   const std::vector<float> src = randn(6 * 40, 5);
@@ -870,6 +880,7 @@ class CountingBackend final : public Backend {
   SPOOL_FWD(l2_norm, (float* x, int64_t r, int64_t n, float e, float p), (x, r, n, e, p))
   SPOOL_FWD(rms_norm_gated, (float* x, const float* z, const float* w, int64_t r, int64_t n, float e), (x, z, w, r, n, e))
   SPOOL_FWD(add, (float* y, const float* x, int64_t n), (y, x, n))
+  SPOOL_FWD(add_bias, (float* y, const float* b, int64_t r, int64_t n), (y, b, r, n))
   SPOOL_FWD(swiglu, (const float* g, const float* u, int64_t n, float* o), (g, u, n, o))
   SPOOL_FWD(mul_sigmoid, (float* x, const float* g, int64_t n), (x, g, n))
   SPOOL_FWD(add_gated_rows, (float* o, const float* s, const float* x, const float* w, int64_t T, int64_t n), (o, s, x, w, T, n))
@@ -1045,6 +1056,11 @@ class CudaHarness final : public Backend {
     CudaBuffer yd = up(y, n), xd = up(x, n);
     be_->add(f(yd), f(xd), n);
     down(yd, y, n);
+  }
+  void add_bias(float* y, const float* b, int64_t rows, int64_t n) override {
+    CudaBuffer yd = up(y, rows * n);
+    be_->add_bias(f(yd), b, rows, n);  // b: a host parameter vector, as the contract allows
+    down(yd, y, rows * n);
   }
   void swiglu(const float* gate, const float* up_, int64_t n, float* out) override {
     CudaBuffer gd = up(gate, n), ud = up(up_, n), od = zeros(n);

@@ -304,6 +304,11 @@ void ReferenceBackend::add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<double>(y[i]) + x[i]);
 }
 
+void ReferenceBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = static_cast<float>(static_cast<double>(y[r * n + i]) + b[i]);
+}
+
 void ReferenceBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(silu_d(gate[i]) * up[i]);
 }
