@@ -16,6 +16,8 @@
 #include "common/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "models/presets.h"
+#include "models/spec.h"
 #include "plan/arch.h"
 #include "plan/projection.h"
 
@@ -219,6 +221,26 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("mlp_layer_types"), std::string::npos) << e.what();
+  }
+}
+
+// The synth presets of the new families at their released shapes: parameter counts (without
+// the multi-token-prediction layers) against the published totals (2.5%; 106.85B, 352.80B,
+// 29.94B, 228.69B here) and the rounded "A..B" active sizes of the model names (25%: spool's
+// active count includes lm_head and the shared / dense layers).
+TEST(PlanArch, GlmAndMiniMaxPresetsHaveTheReleasedSizes) {
+  struct Want {
+    const char* preset;
+    double total, active;  // billions, as published
+  };
+  for (const Want& w : {Want{"glm-4.5-air", 106, 12}, Want{"glm-4.6", 355, 32}, Want{"glm-4.7-flash", 30, 3},
+                        Want{"minimax-m2", 230, 10}}) {
+    SCOPED_TRACE(w.preset);
+    const models::Preset& p = models::preset(w.preset);
+    const models::ModelSpec s = models::build_spec(io::Config(p.config, "preset"), io::GenerationDefaults{}, false, "preset");
+    std::printf("%s: %.2fB total, %.2fB active\n", w.preset, s.params_total / 1e9, s.params_active / 1e9);
+    EXPECT_NEAR(s.params_total / 1e9, w.total, 0.025 * w.total);
+    EXPECT_NEAR(s.params_active / 1e9, w.active, 0.25 * w.active);
   }
 }
 
