@@ -232,10 +232,11 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   const int layers = opt.layers > 0 ? opt.layers : full_layers;
   if (layers > full_layers) throw UsageError(strfmt("--layers %d exceeds the preset's %d layers", layers, full_layers));
   text["num_hidden_layers"] = layers;
-  if (text.contains("layer_types")) {
+  for (const char* key : {"layer_types", "mlp_layer_types"}) {  // per-layer lists (GLM-4.7-Flash: mlp_layer_types)
+    if (!text.contains(key)) continue;
     nlohmann::ordered_json lt = nlohmann::ordered_json::array();
-    for (int i = 0; i < layers; ++i) lt.push_back(text["layer_types"][i]);
-    text["layer_types"] = lt;
+    for (int i = 0; i < layers; ++i) lt.push_back(text[key][i]);
+    text[key] = lt;
   }
   text["dtype"] = opt.dtype == "bf16" ? "bfloat16" : opt.dtype == "f16" ? "float16" : "float32";
   io::Config raw(nlohmann::json::parse(cfg.dump()), "preset " + pr.name);
