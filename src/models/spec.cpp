@@ -136,7 +136,7 @@ void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default) {
   mo.group_top2_sum = true;
   mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
   mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
-  mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : mo.n_group;
+  mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : 1;  // HF Glm4MoeConfig default
   if (mo.n_experts % mo.n_group != 0)
     fail("%s: n_routed_experts (%d) must be a multiple of n_group (%d)", c.source().c_str(), mo.n_experts, mo.n_group);
   if (mo.topk_group > mo.n_group) fail("%s: topk_group (%d) exceeds n_group (%d)", c.source().c_str(), mo.topk_group, mo.n_group);
