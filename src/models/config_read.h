@@ -29,7 +29,7 @@ void read_mla_rope(const io::Config& c, ModelSpec* s);
 /// The sigmoid + e_score_correction_bias router of DeepSeek-V3 / GLM-4.5 (HF noaux_tc):
 /// n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts (ungated
 /// mlp.shared_experts of moe_intermediate_size * n_shared_experts), n_group / topk_group
-/// (default 1 each; group score = sum of its two best), norm_topk_prob (default
+/// (default 1 each; group score = sum of its two best, dropped groups' scores -inf), norm_topk_prob (default
 /// `norm_default`), routed_scaling_factor (default 1).
 void read_noaux_tc_moe(const io::Config& c, ModelSpec* s, bool norm_default);
 /// num_experts / num_local_experts.

@@ -134,6 +134,7 @@ void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default) {
   mo.sigmoid_scores = true;
   mo.score_bias = true;
   mo.group_top2_sum = true;
+  mo.group_mask_neg_inf = true;  // HF 5.17 Glm4MoeTopkRouter: masked_fill(-inf)
   mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
   mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
   mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : 1;  // HF Glm4MoeConfig default

@@ -65,6 +65,7 @@ struct MoeSpec {
                                  // block_sparse_moe.e_score_correction_bias is renamed to it by io::Checkpoint)
   int n_group = 1, topk_group = 1;
   bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
+  bool group_mask_neg_inf = false;  // dropped groups' selection scores -inf (GLM) instead of 0.0 (DeepSeek)
   float routed_scaling_factor = 1.0f;
 };
 

@@ -532,15 +532,20 @@ TEST_P(BackendOpTable, RouteGroupedTopK) {
     int E, k, groups, topk_groups;
     bool sigmoid, top2, renorm;
     float scaling;
+    bool neg_inf = false;  // GLM: dropped groups at -inf; the bias is shifted so that most s' < 0
   };
   for (const C& c : {C{16, 4, 4, 2, true, true, true, 2.5f}, C{256, 8, 8, 4, true, true, true, 2.5f}, C{24, 6, 1, 1, true, true, true, 2.827f},
                      C{16, 4, 1, 1, false, false, false, 1.0f}, C{160, 6, 8, 3, false, false, false, 16.0f},
-                     C{64, 6, 1, 1, false, false, true, 1.0f}}) {
+                     C{64, 6, 1, 1, false, false, true, 1.0f}, C{16, 4, 2, 1, true, true, true, 2.5f, true}}) {
     SCOPED_TRACE("E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " groups=" + std::to_string(c.groups) + "/" +
                  std::to_string(c.topk_groups) + " sigmoid=" + std::to_string(c.sigmoid));
     const int64_t T = 11;
-    const std::vector<float> logits = randn(T * c.E, c.E + c.k, 2.0f), bias = randn(c.E, 7, 0.3f);
+    const std::vector<float> logits = randn(T * c.E, c.E + c.k, 2.0f);
+    std::vector<float> bias = randn(c.E, 7, 0.3f);
+    if (c.neg_inf)
+      for (float& b : bias) b -= 0.8f;
     RouterParams r;
+    r.mask_neg_inf = c.neg_inf;
     r.sigmoid = c.sigmoid;
     r.bias = c.sigmoid ? bias.data() : nullptr;
     r.n_group = c.groups;
