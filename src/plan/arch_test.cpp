@@ -214,6 +214,17 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
   EXPECT_TRUE(mm.spec.attn.qk_norm_full);
   EXPECT_EQ(mm.spec.attn.rotary_dim, 8);
   EXPECT_TRUE(mm.spec.moe.score_bias);
+  // MiniMax-M2's release config names rotary_dim; transformers reads only partial_rotary_factor,
+  // so without it every head dim rotates, and the plan says so.
+  EditedFixture rot("minimax_m2", [](nlohmann::json& c) {
+    c["rope_parameters"].erase("partial_rotary_factor");
+    c["rotary_dim"] = 8;
+  });
+  const PlanModel mr = plan_model(io::Checkpoint::open(rot.dir, {.map = false}));
+  EXPECT_EQ(mr.spec.attn.rotary_dim, 16);
+  bool noted = false;
+  for (const std::string& n : mr.notes) noted = noted || n.find("rotary_dim") != std::string::npos;
+  EXPECT_TRUE(noted);
   // A mlp_layer_types list of the wrong length is refused, naming the field.
   EditedFixture bad("glm4_moe_lite", [](nlohmann::json& c) { c["mlp_layer_types"] = {"dense", "sparse"}; });
   try {
