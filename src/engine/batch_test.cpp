@@ -202,6 +202,43 @@ TEST(BatchForward, SharedExpertsAreAcquiredOnce) {
   EXPECT_LT(distinct, routed);
 }
 
+// A decode step of several sequences with streamed experts runs as two pipelined groups (each
+// group's expert reads overlap the other's compute). An expert both groups route to is read
+// from disk once: the second group finds it in the cache. Same logits as the unpipelined step
+// (hooks turn pipelining off, so the hooked run below is the one-group step).
+TEST(BatchForward, PipelinedGroupsReadEachExpertOnce) {
+  LoadOptions o;
+  o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
+  o.threads = 2;
+  o.stream = true;
+  o.cache_budget = "1";  // 1 GB holds every expert of the demo: a miss is a first read
+  LoadedModel hooked = load(o), piped = load(o);
+  const int64_t V = hooked.model->spec().vocab_size;
+  std::set<std::pair<int, int>> distinct;
+  hooked.model->hooks.on_route = [&](int layer, int64_t, std::span<const int> e, std::span<const float>) {
+    for (int x : e) distinct.insert({layer, x});
+  };
+  const std::vector<std::vector<int32_t>> prompts = {{10}, {11}, {500}, {10}};
+  auto step = [&](LoadedModel& l) {
+    std::vector<models::State> st;
+    for (size_t i = 0; i < prompts.size(); ++i) st.push_back(l.model->new_state());
+    std::vector<std::vector<float>> logits(prompts.size(), std::vector<float>(V));
+    std::vector<models::SeqStep> batch;
+    for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({prompts[i], &st[i], models::LogitsMode::kLast, logits[i].data()});
+    l.model->forward_batch(batch);
+    return logits;
+  };
+  const auto want = step(hooked);
+  const auto got = step(piped);
+  const auto s = piped.streaming->stats();
+  EXPECT_EQ(static_cast<int64_t>(s.misses), static_cast<int64_t>(distinct.size()));
+  EXPECT_EQ(s.bytes_read, hooked.streaming->stats().bytes_read);
+  // Sequences 0 and 3 (one per group) route alike: the second group's request is a cache hit.
+  EXPECT_GT(s.hits, 0u);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    spool::testing::expect_rows_close(got[i].data(), want[i].data(), 1, V, kTol, "sequence " + std::to_string(i));
+}
+
 TEST(BatchForward, BadIdLeavesEveryStateUntouched) {
   LoadedModel l = load_model(SPOOL_DEFAULT_MODEL_DIR, false);
   models::Model& m = *l.model;

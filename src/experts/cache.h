@@ -24,6 +24,7 @@ class ExpertCache {
     int pins = 0;             // users in the current layer
     bool pinned = false;      // --pin-file: permanently resident
     bool prefetched = false;  // loaded by prefetch-ahead, not yet requested
+    bool prepared = false;    // read by prepare() for an acquire that has not come yet
     std::list<Entry*>::iterator lru;
   };
 

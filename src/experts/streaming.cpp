@@ -174,13 +174,17 @@ void StreamingExperts::lookup_and_pin(int layer, std::span<const int> ids, std::
         cache_.erase(e);  // a failed read never serves data: read it again
         e = nullptr;
       }
-      if (e != nullptr) {
+      if (e != nullptr && e->prepared) {  // read by prepare() for this acquire: a demand miss
+        ++stats_.misses;
+        e->prepared = false;
+        if (e->state != ExpertCache::State::kReady) waits.push_back(e);
+      } else if (e != nullptr) {
         ++stats_.hits;
         if (e->prefetched) {
           ++stats_.prefetch_rescued;
           e->prefetched = false;
         }
-        if (e->state == ExpertCache::State::kLoading) waits.push_back(e);
+        if (e->state != ExpertCache::State::kReady) waits.push_back(e);  // loading (or failed: reported)
       } else {
         ++stats_.misses;
         e = cache_.insert(layer, ids[i]);
@@ -270,6 +274,33 @@ void StreamingExperts::prefetch_after(int layer) {
   }
   if (todo.empty()) return;
   stats_.prefetch_issued += todo.size();
+  submit_background(std::move(todo));
+}
+
+void StreamingExperts::prepare(int layer, std::span<const int> ids) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!store_.has_layer(layer)) return;
+  std::vector<ExpertCache::Entry*> todo;
+  const size_t most = static_cast<size_t>(max_batch());
+  for (size_t i = 0; i < ids.size() && todo.size() < most; ++i) {
+    if (ids[i] < 0 || ids[i] >= store_.n_experts()) return;  // acquire() reports it
+    if (ExpertCache::Entry* e = cache_.find(layer, ids[i]); e != nullptr) {
+      cache_.touch(e);  // not evicted before its acquire
+      continue;
+    }
+    ExpertCache::Entry* e;
+    try {
+      e = cache_.insert(layer, ids[i]);
+    } catch (...) {  // no memory for a slot: acquire() will say so
+      break;
+    }
+    e->prepared = true;
+    todo.push_back(e);
+  }
+  if (!todo.empty()) submit_background(std::move(todo));
+}
+
+void StreamingExperts::submit_background(std::vector<ExpertCache::Entry*> todo) {
   reader_->submit(plan_reads(todo), [this, todo](std::exception_ptr err) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -278,7 +309,7 @@ void StreamingExperts::prefetch_after(int layer) {
         if (!why.empty()) log_warn("%s", why.c_str());
         e->state = err || !why.empty() ? ExpertCache::State::kFailed : ExpertCache::State::kReady;
       }
-      // A failed prefetch is dropped unless someone is waiting on it (they report the error).
+      // A failed background read is dropped unless someone is waiting on it (they report the error).
       for (auto* e : todo)
         if (e->state == ExpertCache::State::kFailed && e->pins == 0) cache_.erase(e);
     }

@@ -65,6 +65,9 @@ class StreamingExperts final : public ExpertProvider {
   ~StreamingExperts() override;
 
   void acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) override;
+  /// Starts background reads of the experts of `ids` not in the cache (at most max_batch()
+  /// new entries); the acquire() that follows waits for them and counts them as misses.
+  void prepare(int layer, std::span<const int> ids) override;
   void release(int layer) override;
   std::string describe() const override;
   int max_batch() const override;
@@ -80,6 +83,9 @@ class StreamingExperts final : public ExpertProvider {
                       std::vector<ExpertCache::Entry*>& misses, std::vector<ExpertCache::Entry*>& waits);
   std::vector<io::ReadRequest> plan_reads(const std::vector<ExpertCache::Entry*>& entries) const;
   void prefetch_after(int layer);
+  // Under mu_: submits background reads into `todo` (new kLoading entries); failed or corrupt
+  // reads leave kFailed entries, dropped unless an acquire is waiting on them.
+  void submit_background(std::vector<ExpertCache::Entry*> todo);
   // Views of an expert whose bytes are in `slot`.
   ExpertWeights slot_views(int layer, int expert, const uint8_t* slot) const;
   // "" if the expert's bytes in `slot` are usable (quantized codebooks finite and ascending),

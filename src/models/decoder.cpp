@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "common/error.h"
 #include "experts/resident.h"
@@ -18,15 +21,14 @@ DecoderModel::DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec
                            std::shared_ptr<ops::Backend> backend)
     : ckpt_(std::move(ckpt)), spec_(std::move(spec)), be_(std::move(backend)), top_k_(spec_.moe.top_k) {}
 
-uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
-  // The same take() calls, in the same nesting, as forward_batch() makes (measuring workspace).
-  ops::Workspace m;
+namespace {
+// Steps of at most this many token rows (decode steps) over several sequences run as two
+// pipelined groups when experts stream from disk (DecoderModel::run_pipelined).
+constexpr int64_t kPipelineMaxRows = 64;
+}  // namespace
+
+void DecoderModel::take_layers(ops::Workspace& m, const ModelSpec& spec, int64_t T) {
   const int64_t H = spec.hidden_size;
-  Scratch::take(m, H, T);
-  if (max_seqs > 1) {
-    ops::WorkspaceScope scope(m);
-    HeadScratch::take(m, H, spec.vocab_size, max_seqs);
-  }
   for (int i = 0; i < spec.n_layers; ++i) {
     {
       ops::WorkspaceScope scope(m);
@@ -45,7 +47,31 @@ uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seq
       DenseMlp::Scratch::take(m, T, spec.dense_intermediate);
     }
   }
+}
+
+uint64_t DecoderModel::group_arena_bytes(const ModelSpec& spec) {
+  ops::Workspace m;
+  take_layers(m, spec, kPipelineMaxRows);
   return m.high_water();
+}
+
+uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
+  // The same take() calls, in the same nesting, as forward_batch() makes (measuring workspace).
+  ops::Workspace m;
+  const int64_t H = spec.hidden_size;
+  Scratch::take(m, H, T);
+  if (max_seqs > 1) {
+    ops::WorkspaceScope scope(m);
+    HeadScratch::take(m, H, spec.vocab_size, max_seqs);
+  }
+  take_layers(m, spec, T);
+  if (max_seqs < 2) return m.high_water();
+  // A pipelined step (run_pipelined): rows, the second group's arena, the first group's layers.
+  ops::Workspace p;
+  Scratch::take(p, H, std::min(T, kPipelineMaxRows));
+  p.take(group_arena_bytes(spec));
+  take_layers(p, spec, std::min(T, kPipelineMaxRows));
+  return std::max(m.high_water(), p.high_water());
 }
 
 void DecoderModel::reserve_workspace(int64_t max_tokens, int max_seqs) {
@@ -210,7 +236,16 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
     embed(seqs[i].ids, s.h + parts[j++].row0 * H);
   }
   try {
-    run_layers(s, N, parts);
+    // Several sequences whose experts stream from disk: two groups, each group's expert reads
+    // hidden behind the other's compute. Hooks see one row numbering: they run unpipelined.
+    const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ &&
+                           be_->device() == ops::Device::kCpu && !hooks.on_hidden && !hooks.on_route &&
+                           !hooks.on_margin;
+    if (pipelined) {
+      run_pipelined(s, parts);
+    } else {
+      run_layers(s, N, parts, ws_, {});
+    }
   } catch (...) {
     for (const Part& p : parts) p.state->poisoned = true;  // layers before the failure have advanced their caches
     throw;
@@ -219,7 +254,62 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
   finish(s, N, seqs, parts);
 }
 
-void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts) {
+void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) {
+  // Group 0 = the first half of the sequences, group 1 the rest; each runs every layer over
+  // its own rows (its own states, its own arena), on its own thread. One baton: only the
+  // holder computes. A group hands it over where its MoE layer has started reading its
+  // experts (MoeBlock::forward's `between`), so group 1's compute runs while group 0's reads
+  // are in flight and vice versa. Each sequence's arithmetic is what run_layers() does for
+  // it; only the order of the two groups' work interleaves.
+  const int64_t H = spec_.hidden_size;
+  const size_t m = parts.size() / 2;
+  std::vector<Part> g[2] = {std::vector<Part>(parts.begin(), parts.begin() + m),
+                            std::vector<Part>(parts.begin() + m, parts.end())};
+  const int64_t r1 = g[1].front().row0;
+  for (Part& p : g[1]) p.row0 -= r1;
+  const int64_t rows[2] = {r1, g[1].back().row0 + g[1].back().T};
+  const Scratch sg[2] = {s, Scratch{s.h + r1 * H, s.xn + r1 * H, s.tmp + r1 * H}};
+  ops::WorkspaceScope scope(ws_);
+  const size_t sub = group_arena_bytes(spec_);
+  ops::Workspace ws1 = ops::Workspace::over(ws_.take(sub), sub);
+  ops::Workspace* ws[2] = {&ws_, &ws1};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0;
+  bool done[2] = {false, false};
+  std::exception_ptr err[2];
+  auto hand_over = [&](int me) {  // give the baton to the other group, wait for it back
+    std::unique_lock<std::mutex> lk(mu);
+    if (done[1 - me]) return;
+    turn = 1 - me;
+    cv.notify_all();
+    cv.wait(lk, [&] { return turn == me || done[1 - me]; });
+  };
+  auto run = [&](int me) {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return turn == me || done[1 - me]; });
+    }
+    try {
+      run_layers(sg[me], rows[me], g[me], *ws[me], [&, me] { hand_over(me); });
+    } catch (...) {
+      err[me] = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    done[me] = true;
+    turn = 1 - me;
+    cv.notify_all();
+  };
+  std::thread second(run, 1);
+  run(0);
+  second.join();
+  for (const std::exception_ptr& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
+                              const std::function<void()>& between) {
   const int64_t H = spec_.hidden_size;
   ops::Backend& be = *be_;
   for (int i = 0; i < spec_.n_layers; ++i) {
@@ -230,19 +320,19 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
       const float* x = s.xn + p.row0 * H;
       float* out = s.tmp + p.row0 * H;
       if (L.attn) {
-        L.attn->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws_);
+        L.attn->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws);
       } else if (L.mla) {
-        L.mla->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws_);
+        L.mla->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws);
       } else {
-        L.gdn->forward(x, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i), out, be, ws_);
+        L.gdn->forward(x, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i), out, be, ws);
       }
     }
     be.add(s.h, s.tmp, N * H);
     be.rms_norm(s.h, L.post_norm_p, N, H, spec_.rms_norm_eps, s.xn);
     if (L.moe) {  // all rows of the step together: each routed expert acquired once
-      L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws_);
+      L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws, between);
     } else {
-      L.mlp->forward(s.xn, N, s.tmp, be, ws_);
+      L.mlp->forward(s.xn, N, s.tmp, be, ws);
     }
     be.add(s.h, s.tmp, N * H);
   }

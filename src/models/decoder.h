@@ -6,6 +6,7 @@
 // bind(), which binds every tensor by its HF name.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,7 +75,16 @@ class DecoderModel : public Model {
   // forward_batch() steps: embeddings, every layer over s.h (updates the states), then final
   // norm + lm_head for the rows whose logits are wanted.
   void embed(std::span<const int32_t> ids, float* h);
-  void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts);
+  // `between` runs inside each MoE layer once its expert reads are started (may be empty).
+  void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
+                  const std::function<void()>& between);
+  // A decode step of >= 2 sequences with streamed experts: two groups of sequences on two
+  // threads, taking turns so that one group's expert reads overlap the other's compute.
+  void run_pipelined(const Scratch& s, std::span<const Part> parts);
+  // The layers' take() calls over T rows (measuring or real), one scope per layer.
+  static void take_layers(ops::Workspace& ws, const ModelSpec& spec, int64_t T);
+  // Bytes of the second group's arena in a pipelined step.
+  static uint64_t group_arena_bytes(const ModelSpec& spec);
   void finish(const Scratch& s, int64_t N, std::span<const SeqStep> seqs, std::span<const Part> parts);
 
   std::shared_ptr<const io::Checkpoint> ckpt_;

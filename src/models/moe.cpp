@@ -40,7 +40,7 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
 
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-                       ops::Workspace& ws) const {
+                       ops::Workspace& ws, const std::function<void()>& between) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
@@ -86,6 +86,11 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const ops::ExpertGroups groups = ops::group_by_expert(s.ids, T, K, E);
   const size_t n_active = groups.active.size();
   const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
+  // A streaming provider starts reading the first batch's misses now; the shared expert
+  // (and whatever `between` runs: another group of sequences) computes while they load.
+  provider.prepare(layer, std::span<const int>(groups.active.data(), std::min(batch, n_active)));
+  if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
+  if (between) between();
   std::vector<experts::ExpertWeights> w(std::min(batch, n_active));
   for (size_t b0 = 0; b0 < n_active; b0 += batch) {
     const size_t nb = std::min(batch, n_active - b0);
@@ -104,10 +109,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // the result independent of how experts are numbered, so a repacked checkpoint whose
   // experts and router rows are permuted together gives bit-identical output.)
   be.moe_combine(s.y, groups, s.weights, H, out);
-  if (shared_.bound()) {
-    shared_.forward(x, T, s.shared, be, s.shared_mlp);
-    be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
-  }
+  if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
 }
 
 }  // namespace spool::models

@@ -56,10 +56,13 @@ class MoeBlock {
   void place(ops::Backend& be);
   /// x: [T, H] (normed input); out: [T, H]. `top_k` experts per token (<= native; the caller
   /// applies K-reduction), renormalised when the model renormalises its native top-k.
-  /// Scratch from `ws` (the shared expert's too).
+  /// Scratch from `ws` (the shared expert's too). `between` (may be empty) runs after the
+  /// routed experts' reads were started (ExpertProvider::prepare) and before they are
+  /// acquired: DecoderModel hands the CPU to another group of sequences there, so their
+  /// compute hides these reads.
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-               ops::Workspace& ws) const;
+               ops::Workspace& ws, const std::function<void()>& between = {}) const;
 
  private:
   MoeSpec m_;

@@ -66,6 +66,16 @@ class Workspace {
   /// host shadow of the same size, from which ints() is served at the same offsets, so that
   /// routing ids are host-visible on every device.
   Workspace(size_t bytes, Device device);
+  /// A host arena over `bytes` of memory the caller owns (e.g. taken from another Workspace),
+  /// valid while that memory is; nothing is freed on destruction. For a second, independent
+  /// scope stack beside the first (DecoderModel's pipelined groups). `base` 64-byte aligned,
+  /// or nullptr for a measuring workspace.
+  static Workspace over(void* base, size_t bytes) {
+    Workspace w;
+    w.base_ = static_cast<char*>(base);
+    w.cap_ = base == nullptr ? 0 : bytes;
+    return w;
+  }
   Workspace(Workspace&& o) noexcept { *this = std::move(o); }
   Workspace& operator=(Workspace&& o) noexcept {
     mem_ = std::move(o.mem_);
