@@ -86,6 +86,23 @@ TEST(Cli, GenerateChatRendersTheChatTemplate) {
   EXPECT_EQ(spool("generate --chat --prompt hi --chat-template-kwargs '[1]'").code, 2);
 }
 
+// GLM-4.5, GLM-4.7-Flash and MiniMax-M2 fixtures (no tokenizer): spool generate from ids gives
+// transformers' greedy ids, resident and streamed through an empty expert cache.
+TEST(Cli, GlmAndMiniMaxGenerateGreedyIds) {
+  for (const char* f : {"glm4_moe", "glm4_moe_lite", "minimax_m2"}) {
+    SCOPED_TRACE(f);
+    const std::string dir = kData + "/models/" + f;
+    auto g = nlohmann::json::parse(slurp(dir + "/golden.json"));
+    std::string ids;
+    for (auto& x : g["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(x.get<int>());
+    for (const char* mode : {"--no-stream", "--stream --cache-budget-gb 0"}) {
+      Result r = spool("generate --model " + dir + " --prompt-ids " + ids + " --temp 0 --max-tokens 12 --json " + mode);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_EQ(nlohmann::json::parse(r.out)["output_ids"], g["greedy_ids"]) << mode;
+    }
+  }
+}
+
 TEST(Cli, PromptIdsWithoutTokenizer) {
   auto g = nlohmann::json::parse(slurp(kData + "/models/qwen3_5_moe_vl_fused/golden.json"));
   std::string ids;

@@ -250,7 +250,8 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
         if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;
         name = expert_tensor_name(en->layer, en->expert, en->proj, en->part);  // Mixtral w1/w3/w2 -> gate/up/down
       } else if (std::optional<int> router = parse_router_name(name); router && name.find("block_sparse_moe") != std::string::npos) {
-        name = strfmt("layers.%d.mlp.gate.weight", *router);
+        name = strfmt(name.ends_with(".e_score_correction_bias") ? "layers.%d.mlp.gate.e_score_correction_bias" : "layers.%d.mlp.gate.weight",
+                      *router);  // MiniMax-M2 keeps its router bias beside the gate
       }
       t.name = std::move(name);
       c.add(std::move(t));

@@ -9,7 +9,8 @@
 // whatever the file layout: per-expert tensors keep their names; the fused layout
 // (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]) is split
 // into per-expert byte ranges of the same file (no copy); Mixtral's
-// block_sparse_moe.experts.{e}.{w1,w3,w2} map to gate/up/down and block_sparse_moe.gate to mlp.gate.
+// block_sparse_moe.experts.{e}.{w1,w3,w2} map to gate/up/down and block_sparse_moe.gate to mlp.gate;
+// MiniMax-M2's block_sparse_moe.e_score_correction_bias becomes mlp.gate.e_score_correction_bias.
 #pragma once
 
 #include <cstdint>

@@ -69,7 +69,9 @@ std::optional<ExpertName> parse_expert_name(std::string_view s) {
 std::optional<int> parse_router_name(std::string_view s) {
   int layer = 0;
   if (!eat(s, "layers.") || !eat_index(s, &layer)) return std::nullopt;
-  if (s == "mlp.gate.weight" || s == "mlp.gate.e_score_correction_bias" || s == "block_sparse_moe.gate.weight") return layer;
+  if (s == "mlp.gate.weight" || s == "mlp.gate.e_score_correction_bias" || s == "block_sparse_moe.gate.weight" ||
+      s == "block_sparse_moe.e_score_correction_bias")
+    return layer;
   return std::nullopt;
 }
 

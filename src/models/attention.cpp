@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/error.h"
 #include "models/bind.h"
 
 namespace spool::models {
@@ -32,6 +33,15 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
     q_norm_ = bind_norm(ck, prefix + "q_norm.weight", a_.qk_norm_full ? a_.n_heads * hd : hd, spec.norm_one_plus);
     k_norm_ = bind_norm(ck, prefix + "k_norm.weight", a_.qk_norm_full ? a_.n_kv_heads * hd : hd, spec.norm_one_plus);
   }
+  if (a_.qkv_bias) {
+    if (a_.output_gate) fail("%s: q/k/v biases with an output-gated q_proj are not supported", ck.dir().c_str());
+    q_bias_ = bind_f32(ck, prefix + "q_proj.bias", {a_.n_heads * hd});
+    k_bias_ = bind_f32(ck, prefix + "k_proj.bias", {a_.n_kv_heads * hd});
+    v_bias_ = bind_f32(ck, prefix + "v_proj.bias", {a_.n_kv_heads * hd});
+  }
+  q_bias_p_ = q_bias_.data();
+  k_bias_p_ = k_bias_.data();
+  v_bias_p_ = v_bias_.data();
   q_norm_p_ = q_norm_.data();
   k_norm_p_ = k_norm_.data();
   rope_ = a_.inv_freq.empty() ? ops::Rope(a_.rotary_dim, a_.rope_theta, a_.rope_attention_scaling)
@@ -46,6 +56,11 @@ void AttentionLayer::place(ops::Backend& be) {
   if (a_.qk_norm) {
     q_norm_p_ = be.upload_floats(q_norm_);
     k_norm_p_ = be.upload_floats(k_norm_);
+  }
+  if (a_.qkv_bias) {
+    q_bias_p_ = be.upload_floats(q_bias_);
+    k_bias_p_ = be.upload_floats(k_bias_);
+    v_bias_p_ = be.upload_floats(v_bias_);
   }
 }
 
@@ -63,6 +78,11 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
   } else {
     const ops::MatmulOut qkv[] = {{&wq_, s.q}, {&wk_, s.k}, {&wv_, s.v}};
     be.matmul_multi(qkv, x, T);
+  }
+  if (a_.qkv_bias) {  // before the q/k norms and RoPE (HF: Linear with bias)
+    be.add_bias(s.q, q_bias_p_, T, static_cast<int64_t>(nh) * hd);
+    be.add_bias(s.k, k_bias_p_, T, static_cast<int64_t>(nkv) * hd);
+    be.add_bias(s.v, v_bias_p_, T, static_cast<int64_t>(nkv) * hd);
   }
   if (a_.qk_norm_full) {
     be.rms_norm(s.q, q_norm_p_, T, static_cast<int64_t>(nh) * hd, eps_, s.q);

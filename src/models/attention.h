@@ -2,7 +2,9 @@
 // Qwen3.5-MoE / Qwen3-Next gated attention (HF Qwen3_5MoeAttention): q_proj emits per head
 // [query (head_dim) | gate (head_dim)]; q,k normed with (1+w) RMSNorm; RoPE on the first
 // rotary_dim dims; out = o_proj(attn * sigmoid(gate)). Qwen3-MoE (HF Qwen3MoeAttention): no
-// gate, plain-weight q/k norms, full RoPE. OLMoE: q/k norms over the whole projection.
+// gate, plain-weight q/k norms, full RoPE. OLMoE and MiniMax-M2: q/k norms over the whole
+// projection. GLM-4.5 (HF Glm4MoeAttention): q/k/v_proj biases (AttentionSpec::qkv_bias),
+// optional per-head q/k norms, RoPE on the first half of each head.
 // Mixtral: a sliding window (AttentionSpec::sliding_window) masks keys older than the window.
 #pragma once
 
@@ -29,8 +31,8 @@ class AttentionLayer {
     static Scratch take(ops::Workspace& ws, const AttentionSpec& a, int64_t T);
   };
 
-  /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
-  /// "layers.3.self_attn.").
+  /// Binds `{prefix}{q,k,v,o}_proj.weight`, `{prefix}{q,k}_norm.weight` (with qk_norm) and
+  /// `{prefix}{q,k,v}_proj.bias` (with qkv_bias) (prefix e.g. "layers.3.self_attn.").
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
@@ -46,6 +48,8 @@ class AttentionLayer {
   float eps_ = 1e-6f;
   ops::WeightView wq_, wk_, wv_, wo_;
   std::vector<float> q_norm_, k_norm_;
+  std::vector<float> q_bias_, k_bias_, v_bias_;  // [nh*hd], [nkv*hd], [nkv*hd] (qkv_bias)
+  const float *q_bias_p_ = nullptr, *k_bias_p_ = nullptr, *v_bias_p_ = nullptr;  // where the backend reads them
   const float* q_norm_p_ = nullptr;  // q_norm_ where the backend reads it (place())
   const float* k_norm_p_ = nullptr;
   ops::Rope rope_;

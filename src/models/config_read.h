@@ -19,9 +19,19 @@ void read_rope(const io::Config& c, double default_partial, AttentionSpec* a);
 /// The rope parameters object (v5 rope_parameters, else v4 rope_scaling; empty object if none)
 /// and its rope_type ("default" when absent).
 io::Config rope_parameters(const io::Config& c, std::string* type);
-/// num_attention_heads, num_key_value_heads, head_dim (null: hidden / heads); rejects
-/// attention_bias=true.
-void read_attention(const io::Config& c, AttentionSpec* a, int hidden);
+/// num_attention_heads, num_key_value_heads, head_dim (null: hidden / heads); attention_bias
+/// sets a->qkv_bias when `bias_ok`, else attention_bias=true is rejected.
+void read_attention(const io::Config& c, AttentionSpec* a, int hidden, bool bias_ok = false);
+/// RoPE of MLA's qk_rope_head_dim dims (s->mla already read): default or YaRN (HF
+/// _compute_yarn_parameters: inv_freq and attention_factor), and the softmax scale
+/// (qk_nope + qk_rope)^-0.5, times mscale(factor, mscale_all_dim)^2 for YaRN with mscale_all_dim.
+void read_mla_rope(const io::Config& c, ModelSpec* s);
+/// The sigmoid + e_score_correction_bias router of DeepSeek-V3 / GLM-4.5 (HF noaux_tc):
+/// n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts (ungated
+/// mlp.shared_experts of moe_intermediate_size * n_shared_experts), n_group / topk_group
+/// (default 1 each; group score = sum of its two best, dropped groups' scores -inf), norm_topk_prob (default
+/// `norm_default`), routed_scaling_factor (default 1).
+void read_noaux_tc_moe(const io::Config& c, ModelSpec* s, bool norm_default);
 /// num_experts / num_local_experts.
 int experts_count(const io::Config& c);
 /// Qwen2-MoE-style FFN kinds: layer i is MoE unless in mlp_only_layers or off decoder_sparse_step.

@@ -16,6 +16,9 @@ const std::vector<const Family*>& families() {
       &olmoe_family(),
       &deepseek_v2_family(),
       &deepseek_v3_family(),
+      &glm4_moe_family(),
+      &glm4_moe_lite_family(),
+      &minimax_m2_family(),
   };
   return v;
 }

@@ -33,7 +33,7 @@ MlaLayer::Scratch MlaLayer::Scratch::take(ops::Workspace& ws, const ModelSpec& s
 void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
   a_ = spec.attn;
   m_ = spec.mla;
-  eps_ = spec.rms_norm_eps;
+  eps_ = m_.latent_norm_eps > 0 ? m_.latent_norm_eps : spec.rms_norm_eps;  // q_a / kv_a layernorms only
   const int64_t H = spec.hidden_size, nh = a_.n_heads, R = m_.kv_lora_rank, P = m_.qk_rope_head_dim, N = m_.qk_nope_head_dim,
                 V = m_.v_head_dim;
   if (m_.q_lora_rank > 0) {

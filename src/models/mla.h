@@ -50,7 +50,7 @@ class MlaLayer {
 
   AttentionSpec a_;
   MlaSpec m_;
-  float eps_ = 1e-6f;
+  float eps_ = 1e-6f;  // of the latent norms (MlaSpec::latent_norm_eps)
   ops::WeightView wqa_, wqb_, wq_, wkva_, wo_;
   std::vector<ops::WeightView> uk_t_, uv_;  // per head: W_UK_h^T [R, N] (copy), W_UV_h [V, R] (view)
   std::vector<uint8_t> uk_t_data_;          // storage of uk_t_ (kv_b_proj's element type)

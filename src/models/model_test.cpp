@@ -97,7 +97,24 @@ TEST_P(TinyFixture, LogitsAndGreedyMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
                          ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl",
                                            "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
-                                           "deepseek_v2_lite"));
+                                           "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
+                                           // q/k norm + head_dim 32 + 2 groups; v_head_dim != qk_nope_head_dim; top-6
+                                           "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6"));
+
+// GLM-4.7-Flash normalises its MLA latents (q_a_layernorm, kv_a_layernorm) with the RMSNorm
+// class default eps 1e-6, not rms_norm_eps 1e-5: the wrong eps moves this fixture's logits by
+// ~7e-6 of max|ref| (inside kTol), so here the rows must agree to 3e-6 (the engine is at
+// ~1.2e-6).
+TEST(TinyFixtureTight, Glm4MoeLiteLatentNormEps) {
+  const std::string dir = data_dir() + "/models/glm4_moe_lite";
+  Loaded l = load(dir);
+  Golden g(dir + "/golden.safetensors");
+  const std::vector<int32_t> ids = g.i32("input_ids");
+  const std::vector<float> ref = g.f32("logits");
+  State st = l.model->new_state();
+  const std::vector<float> got = prefill_all(*l.model, st, ids, 512);
+  expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, 3e-6, "glm4_moe_lite");
+}
 
 // Mixtral with a sliding window of 5 (the fixture's is null): rows before the window fills are
 // the golden's, later rows differ from it (older keys are masked), and the engine matches the

@@ -52,6 +52,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     r.n_group = m_.n_group;
     r.topk_group = m_.topk_group;
     r.group_top2_sum = m_.group_top2_sum;
+    r.mask_neg_inf = m_.group_mask_neg_inf;
     r.renormalize = m_.norm_topk_prob;
     r.scaling = m_.routed_scaling_factor;
     be.route_grouped_top_k(s.logits, T, E, K, r, s.ids, s.weights, margins ? s.margins : nullptr);

@@ -52,7 +52,7 @@ int experts_count(const io::Config& c) {
   fail("%s: missing field 'num_experts' (or 'num_local_experts')", c.source().c_str());
 }
 
-void read_attention(const io::Config& c, AttentionSpec* a, int hidden) {
+void read_attention(const io::Config& c, AttentionSpec* a, int hidden, bool bias_ok) {
   a->n_heads = positive(c, "num_attention_heads");
   a->n_kv_heads = c.has("num_key_value_heads") ? positive(c, "num_key_value_heads") : a->n_heads;
   if (a->n_heads % a->n_kv_heads != 0)
@@ -60,7 +60,87 @@ void read_attention(const io::Config& c, AttentionSpec* a, int hidden) {
   // head_dim absent or null means hidden_size / num_attention_heads.
   a->head_dim = c.has("head_dim") ? positive(c, "head_dim") : hidden / a->n_heads;
   if (a->head_dim <= 0) fail("%s: cannot derive head_dim", c.source().c_str());
-  if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported", c.source().c_str());
+  const bool bias = c.get_bool("attention_bias", false);
+  if (bias && !bias_ok) fail("%s: attention_bias=true is not supported for this model type", c.source().c_str());
+  a->qkv_bias = bias;
+}
+
+namespace {
+
+double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+}  // namespace
+
+// HF _compute_yarn_parameters; DeepSeek / GLM-4.7-Flash attention softmax_scale.
+void read_mla_rope(const io::Config& c, ModelSpec* s) {
+  AttentionSpec& a = s->attn;
+  std::string type;
+  io::Config rp = rope_parameters(c, &type);
+  const double theta = rp.get_double("rope_theta", c.get_double("rope_theta", 10000.0));
+  if (theta <= 0) fail("%s: rope_theta must be positive", c.source().c_str());
+  const int dim = s->mla.qk_rope_head_dim;
+  a.rope_theta = theta;
+  a.rotary_dim = dim;
+  a.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s->mla.qk_nope_head_dim + dim)));
+  if (type == "default") return;
+  if (type != "yarn") fail("%s: rope_type '%s' is not supported for multi-head latent attention (default or yarn)", c.source().c_str(), type.c_str());
+  const double orig = rp.get_double("original_max_position_embeddings", 0.0);
+  double factor = rp.get_double("factor", 0.0);
+  if (factor <= 0 && orig > 0 && s->max_position_embeddings > 0) factor = s->max_position_embeddings / orig;
+  if (factor <= 0) fail("%s: yarn rope needs a positive 'factor'", c.source().c_str());
+  if (orig <= 0) fail("%s: yarn rope needs 'original_max_position_embeddings'", c.source().c_str());
+  const double beta_fast = rp.get_double("beta_fast", 32.0), beta_slow = rp.get_double("beta_slow", 1.0);
+  const double mscale = rp.get_double("mscale", 0.0), mscale_all_dim = rp.get_double("mscale_all_dim", 0.0);
+  const bool truncate = rp.get_bool("truncate", true);
+  double attention_factor = rp.get_double("attention_factor", 0.0);
+  if (attention_factor <= 0)
+    attention_factor = (mscale != 0 && mscale_all_dim != 0) ? yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+                                                            : yarn_get_mscale(factor, 1.0);
+  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(theta)); };
+  double low = corr(beta_fast), high = corr(beta_slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  a.inv_freq.resize(dim / 2);
+  for (int i = 0; i < dim / 2; ++i) {
+    // HF: f32 tensors throughout.
+    const float pos_freq = static_cast<float>(std::pow(theta, static_cast<double>(static_cast<float>(2 * i) / dim)));
+    const float extra = 1.0f / pos_freq, inter = 1.0f / (static_cast<float>(factor) * pos_freq);
+    const float ramp = static_cast<float>(std::clamp((i - low) / (high - low), 0.0, 1.0));
+    const float extrapolation = 1.0f - ramp;
+    a.inv_freq[i] = inter * (1.0f - extrapolation) + extra * extrapolation;
+  }
+  a.rope_attention_scaling = static_cast<float>(attention_factor);
+  if (mscale_all_dim != 0) {
+    const double m = yarn_get_mscale(factor, mscale_all_dim);
+    a.softmax_scale = static_cast<float>(a.softmax_scale * m * m);
+  }
+}
+
+
+void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default) {
+  MoeSpec& mo = sp->moe;
+  mo.n_experts = positive(c, "n_routed_experts");
+  read_top_k(c, sp);
+  mo.intermediate = positive(c, "moe_intermediate_size");
+  mo.norm_topk_prob = c.get_bool("norm_topk_prob", norm_default);
+  mo.shared_intermediate = non_negative(c, "n_shared_experts", 0) * mo.intermediate;
+  mo.shared_name = "shared_experts";
+  mo.grouped_router = true;
+  mo.sigmoid_scores = true;
+  mo.score_bias = true;
+  mo.group_top2_sum = true;
+  mo.group_mask_neg_inf = true;  // HF 5.17 Glm4MoeTopkRouter: masked_fill(-inf)
+  mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
+  mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
+  mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : 1;  // HF Glm4MoeConfig default
+  if (mo.n_experts % mo.n_group != 0)
+    fail("%s: n_routed_experts (%d) must be a multiple of n_group (%d)", c.source().c_str(), mo.n_experts, mo.n_group);
+  if (mo.topk_group > mo.n_group) fail("%s: topk_group (%d) exceeds n_group (%d)", c.source().c_str(), mo.topk_group, mo.n_group);
 }
 
 int non_negative(const io::Config& c, const char* key, int def) {
@@ -164,6 +244,7 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
       const auto& a = s.attn;
       const double q = static_cast<double>(a.n_heads) * a.head_dim, kv = static_cast<double>(a.n_kv_heads) * a.head_dim;
       mixer = H * q * (a.output_gate ? 2 : 1) + 2 * H * kv + q * H + (a.qk_norm_full ? q + kv : a.qk_norm ? 2.0 * a.head_dim : 0.0);
+      if (a.qkv_bias) mixer += q + 2 * kv;
     } else {
       const auto& g = s.gdn;
       const double cd = static_cast<double>(g.conv_dim()), vd = static_cast<double>(g.value_dim());

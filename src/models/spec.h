@@ -24,6 +24,7 @@ struct AttentionSpec {
   bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
   bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE
   bool qk_norm_full = false;  // OLMoE: q/k RMSNorm over the whole projection (before the head split)
+  bool qkv_bias = false;     // q/k/v_proj.bias added after the projections (GLM-4.5 attention_bias; o_proj has none)
   std::vector<float> inv_freq;        // explicit RoPE inverse frequencies (YaRN); empty = from rope_theta
   float rope_attention_scaling = 1.0f;  // factor on cos/sin (YaRN attention_factor)
   float softmax_scale = 0.0f;         // 0 = 1/sqrt(head_dim)
@@ -37,6 +38,7 @@ struct MlaSpec {
   int q_lora_rank = 0;  // 0: a direct q_proj (V2-Lite)
   int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = true;  // RoPE on adjacent pairs (HF rope_interleave / DeepSeek's complex form)
+  float latent_norm_eps = 0.0f;  // eps of q_a_layernorm / kv_a_layernorm; 0 = rms_norm_eps (GLM-4.7-Flash: 1e-6)
 };
 
 /// Gated DeltaNet geometry (linear_attention layers).
@@ -59,9 +61,11 @@ struct MoeSpec {
   // DeepSeek routing (ops::RouterParams): used when `grouped_router`.
   bool grouped_router = false;
   bool sigmoid_scores = false;   // sigmoid instead of softmax scores
-  bool score_bias = false;       // mlp.gate.e_score_correction_bias added for selection
+  bool score_bias = false;       // mlp.gate.e_score_correction_bias added for selection (MiniMax-M2's
+                                 // block_sparse_moe.e_score_correction_bias is renamed to it by io::Checkpoint)
   int n_group = 1, topk_group = 1;
   bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
+  bool group_mask_neg_inf = false;  // dropped groups' selection scores -inf (GLM) instead of 0.0 (DeepSeek)
   float routed_scaling_factor = 1.0f;
 };
 

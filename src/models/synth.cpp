@@ -136,6 +136,11 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       v.push_back({q + "k_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "o_proj.weight", {H, a.n_heads * a.head_dim}, Init::kNormal, lin(a.n_heads * a.head_dim) * out_scale, i});
+      if (a.qkv_bias) {  // GLM-4.5 attention_bias
+        v.push_back({q + "q_proj.bias", {a.n_heads * a.head_dim}, Init::kNormal, 0.02f, i});
+        v.push_back({q + "k_proj.bias", {a.n_kv_heads * a.head_dim}, Init::kNormal, 0.02f, i});
+        v.push_back({q + "v_proj.bias", {a.n_kv_heads * a.head_dim}, Init::kNormal, 0.02f, i});
+      }
       if (a.qk_norm) {  // per head, or (OLMoE) over the whole projection
         v.push_back({q + "q_norm.weight", {a.qk_norm_full ? a.n_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
         v.push_back({q + "k_norm.weight", {a.qk_norm_full ? a.n_kv_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
@@ -168,9 +173,11 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     }
     const auto& mo = s.moe;
     const int64_t E = mo.n_experts, I = mo.intermediate;
-    const bool mixtral = s.family == "mixtral";  // block_sparse_moe.experts.{e}.{w1,w3,w2} as released
+    // block_sparse_moe.experts.{e}.{w1,w3,w2} as released (MiniMax-M2: its bias beside the gate)
+    const bool mixtral = s.family == "mixtral" || s.family == "minimax_m2";
     v.push_back({(mixtral ? p + "block_sparse_moe." : m) + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
-    if (mo.score_bias) v.push_back({m + "gate.e_score_correction_bias", {E}, Init::kConst, 0.0f, i});
+    if (mo.score_bias)
+      v.push_back({mixtral ? p + "block_sparse_moe.e_score_correction_bias" : m + "gate.e_score_correction_bias", {E}, Init::kConst, 0.0f, i});
     if (mixtral) {
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
@@ -225,10 +232,11 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   const int layers = opt.layers > 0 ? opt.layers : full_layers;
   if (layers > full_layers) throw UsageError(strfmt("--layers %d exceeds the preset's %d layers", layers, full_layers));
   text["num_hidden_layers"] = layers;
-  if (text.contains("layer_types")) {
+  for (const char* key : {"layer_types", "mlp_layer_types"}) {  // per-layer lists (GLM-4.7-Flash: mlp_layer_types)
+    if (!text.contains(key)) continue;
     nlohmann::ordered_json lt = nlohmann::ordered_json::array();
-    for (int i = 0; i < layers; ++i) lt.push_back(text["layer_types"][i]);
-    text["layer_types"] = lt;
+    for (int i = 0; i < layers; ++i) lt.push_back(text[key][i]);
+    text[key] = lt;
   }
   text["dtype"] = opt.dtype == "bf16" ? "bfloat16" : opt.dtype == "f16" ? "float16" : "float32";
   io::Config raw(nlohmann::json::parse(cfg.dump()), "preset " + pr.name);

@@ -137,6 +137,9 @@ class Backend {
   // ---- Elementwise ---------------------------------------------------------------------------
   /// y[i] += x[i] for i < n.
   virtual void add(float* y, const float* x, int64_t n) = 0;
+  /// y[r, c] += b[c] for `rows` rows of n: y [rows, n], b [n] (a parameter vector: host or
+  /// upload_floats). Linear-layer biases (HF Glm4MoeAttention q/k/v_proj.bias).
+  virtual void add_bias(float* y, const float* b, int64_t rows, int64_t n) = 0;
   /// out[i] = silu(gate[i]) * up[i] (out may alias gate).
   virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
   /// x[i] *= sigmoid(gate[i]).

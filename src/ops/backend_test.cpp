@@ -532,15 +532,20 @@ TEST_P(BackendOpTable, RouteGroupedTopK) {
     int E, k, groups, topk_groups;
     bool sigmoid, top2, renorm;
     float scaling;
+    bool neg_inf = false;  // GLM: dropped groups at -inf; the bias is shifted so that most s' < 0
   };
   for (const C& c : {C{16, 4, 4, 2, true, true, true, 2.5f}, C{256, 8, 8, 4, true, true, true, 2.5f}, C{24, 6, 1, 1, true, true, true, 2.827f},
                      C{16, 4, 1, 1, false, false, false, 1.0f}, C{160, 6, 8, 3, false, false, false, 16.0f},
-                     C{64, 6, 1, 1, false, false, true, 1.0f}}) {
+                     C{64, 6, 1, 1, false, false, true, 1.0f}, C{16, 4, 2, 1, true, true, true, 2.5f, true}}) {
     SCOPED_TRACE("E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " groups=" + std::to_string(c.groups) + "/" +
                  std::to_string(c.topk_groups) + " sigmoid=" + std::to_string(c.sigmoid));
     const int64_t T = 11;
-    const std::vector<float> logits = randn(T * c.E, c.E + c.k, 2.0f), bias = randn(c.E, 7, 0.3f);
+    const std::vector<float> logits = randn(T * c.E, c.E + c.k, 2.0f);
+    std::vector<float> bias = randn(c.E, 7, 0.3f);
+    if (c.neg_inf)
+      for (float& b : bias) b -= 0.8f;
     RouterParams r;
+    r.mask_neg_inf = c.neg_inf;
     r.sigmoid = c.sigmoid;
     r.bias = c.sigmoid ? bias.data() : nullptr;
     r.n_group = c.groups;
@@ -768,7 +773,7 @@ TEST_P(BackendOpTable, Norms) {
     }
 }
 
-[[maybe_unused]] const bool kElementwiseOps = covers({"add", "swiglu", "mul_sigmoid", "add_gated_rows", "copy_2d"});
+[[maybe_unused]] const bool kElementwiseOps = covers({"add", "add_bias", "swiglu", "mul_sigmoid", "add_gated_rows", "copy_2d"});
 TEST_P(BackendOpTable, Elementwise) {
   for (int64_t n : {1, 15, 1000}) {
     SCOPED_TRACE("n=" + std::to_string(n));
@@ -800,6 +805,16 @@ TEST_P(BackendOpTable, Elementwise) {
       be.add_gated_rows(a.data(), s.data(), x.data(), gated ? w.data() : nullptr, T, n);
       ref.add_gated_rows(b.data(), s.data(), x.data(), gated ? w.data() : nullptr, T, n);
       expect_close(a.data(), b.data(), T * n, 1e-6, "add_gated_rows");
+    });
+  }
+  for (int64_t rows : {1, 7}) {  // attention q/k/v biases: rows of tokens, one bias vector
+    const int64_t n = 48;
+    const std::vector<float> y0 = randn(rows * n, 6, 2.0f), b = randn(n, 7);
+    for_each_backend("add_bias", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> a = y0, c = y0;
+      be.add_bias(a.data(), b.data(), rows, n);
+      ref.add_bias(c.data(), b.data(), rows, n);
+      expect_close(a.data(), c.data(), rows * n, 1e-7, "add_bias");
     });
   }
   const std::vector<float> src = randn(6 * 40, 5);
@@ -870,6 +885,7 @@ class CountingBackend final : public Backend {
   SPOOL_FWD(l2_norm, (float* x, int64_t r, int64_t n, float e, float p), (x, r, n, e, p))
   SPOOL_FWD(rms_norm_gated, (float* x, const float* z, const float* w, int64_t r, int64_t n, float e), (x, z, w, r, n, e))
   SPOOL_FWD(add, (float* y, const float* x, int64_t n), (y, x, n))
+  SPOOL_FWD(add_bias, (float* y, const float* b, int64_t r, int64_t n), (y, b, r, n))
   SPOOL_FWD(swiglu, (const float* g, const float* u, int64_t n, float* o), (g, u, n, o))
   SPOOL_FWD(mul_sigmoid, (float* x, const float* g, int64_t n), (x, g, n))
   SPOOL_FWD(add_gated_rows, (float* o, const float* s, const float* x, const float* w, int64_t T, int64_t n), (o, s, x, w, T, n))
@@ -883,7 +899,8 @@ class CountingBackend final : public Backend {
 };
 
 const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "mixtral", "olmoe",
-                                 "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite"};
+                                 "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
+                                 "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6"};
 
 // covered() is filled during static initialisation, so the order of tests does not matter.
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
@@ -1046,6 +1063,11 @@ class CudaHarness final : public Backend {
     be_->add(f(yd), f(xd), n);
     down(yd, y, n);
   }
+  void add_bias(float* y, const float* b, int64_t rows, int64_t n) override {
+    CudaBuffer yd = up(y, rows * n);
+    be_->add_bias(f(yd), b, rows, n);  // b: a host parameter vector, as the contract allows
+    down(yd, y, rows * n);
+  }
   void swiglu(const float* gate, const float* up_, int64_t n, float* out) override {
     CudaBuffer gd = up(gate, n), ud = up(up_, n), od = zeros(n);
     float* op = out == gate ? f(gd) : f(od);
@@ -1140,7 +1162,8 @@ double max_row_ratio(const std::vector<float>& a, const std::vector<float>& b, i
 
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: model forward on CUDA not checked";
-  for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused"}) {
+  for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused", "glm4_moe",
+                        "glm4_moe_lite", "minimax_m2"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
     auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));

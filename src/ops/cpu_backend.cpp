@@ -138,6 +138,11 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void CpuBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
+}
+
 void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) { ops::swiglu(gate, up, n, out); }
 
 void CpuBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {

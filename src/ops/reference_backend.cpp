@@ -77,7 +77,8 @@ void ReferenceBackend::route_softmax_top_k(float* logits, int64_t T, int E, int 
   }
 }
 
-// Written from RouterParams' definition (routing.h) in double precision; group masking to 0.0.
+// Written from RouterParams' definition (routing.h) in double precision; group masking to 0.0
+// or -inf.
 void ReferenceBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
                                            float* weights, float* margins) {
   for (int64_t t = 0; t < T; ++t) {
@@ -105,7 +106,7 @@ void ReferenceBackend::route_grouped_top_k(const float* logits, int64_t T, int E
       std::iota(go.begin(), go.end(), 0);
       std::stable_sort(go.begin(), go.end(), [&](int a, int b) { return gs[a] > gs[b]; });
       for (int i = r.topk_group; i < G; ++i)
-        for (int e = go[i] * per; e < (go[i] + 1) * per; ++e) sel[e] = 0.0;
+        for (int e = go[i] * per; e < (go[i] + 1) * per; ++e) sel[e] = r.mask_neg_inf ? -INFINITY : 0.0;
     }
     std::vector<int> order(E);
     std::iota(order.begin(), order.end(), 0);
@@ -116,7 +117,7 @@ void ReferenceBackend::route_grouped_top_k(const float* logits, int64_t T, int E
       ids[t * k + i] = order[i];
       weights[t * k + i] = static_cast<float>((r.renormalize ? s[order[i]] / (kept + 1e-20) : s[order[i]]) * r.scaling);
     }
-    if (margins) margins[t] = k < E ? static_cast<float>(sel[order[k - 1]] - sel[order[k]]) : 1.0f;
+    if (margins) margins[t] = k < E && std::isfinite(sel[order[k]]) ? static_cast<float>(sel[order[k - 1]] - sel[order[k]]) : 1.0f;
   }
 }
 
@@ -302,6 +303,11 @@ void ReferenceBackend::rms_norm_gated(float* x, const float* z, const float* w, 
 
 void ReferenceBackend::add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<double>(y[i]) + x[i]);
+}
+
+void ReferenceBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = static_cast<float>(static_cast<double>(y[r * n + i]) + b[i]);
 }
 
 void ReferenceBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {

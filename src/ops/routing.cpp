@@ -88,14 +88,14 @@ void route_grouped(const float* logits, int n_experts, int k, const RouterParams
     std::vector<char> keep(G, 0);
     for (int i = 0; i < r.topk_group; ++i) keep[go[i]] = 1;
     for (int i = 0; i < E; ++i)
-      if (!keep[i / per]) sel[i] = 0.0f;
+      if (!keep[i / per]) sel[i] = r.mask_neg_inf ? -INFINITY : 0.0f;
   }
   std::vector<int> idx(E);
   std::iota(idx.begin(), idx.end(), 0);
   const int sorted = margin != nullptr && k < E ? k + 1 : k;
   std::partial_sort(idx.begin(), idx.begin() + sorted, idx.end(),
                     [&](int a, int b) { return sel[a] != sel[b] ? sel[a] > sel[b] : a < b; });
-  if (margin != nullptr) *margin = k < E ? sel[idx[k - 1]] - sel[idx[k]] : 1.0f;
+  if (margin != nullptr) *margin = k < E && std::isfinite(sel[idx[k]]) ? sel[idx[k - 1]] - sel[idx[k]] : 1.0f;
   double z = 0.0;
   for (int i = 0; i < k; ++i) z += sc[idx[i]];
   for (int i = 0; i < k; ++i) {

@@ -7,21 +7,23 @@ namespace spool::ops {
 /// DeepseekV2Moe): scores s = sigmoid(logits) (`sigmoid`) or softmax(logits); selection scores
 /// s' = s + bias (bias only with sigmoid, may be null); experts fall in n_group equal groups,
 /// each scored by the sum of its two best s' (`group_top2_sum`, V3) or its best s' (V2); the
-/// topk_group best groups stay eligible and the others' s' become 0.0 (as HF's masked_fill);
-/// the k best s' are chosen. Weights are the unbiased s of the chosen experts, divided by
-/// (their sum + 1e-20) when `renormalize`, times `scaling` (routed_scaling_factor).
+/// topk_group best groups stay eligible and the others' s' become 0.0 (as HF's masked_fill in
+/// DeepSeek) or -inf (`mask_neg_inf`: HF 5.17 Glm4MoeTopkRouter); the k best s' are chosen.
+/// Weights are the unbiased s of the chosen experts, divided by (their sum + 1e-20) when
+/// `renormalize`, times `scaling` (routed_scaling_factor).
 struct RouterParams {
   bool sigmoid = false;
   const float* bias = nullptr;  // [n_experts] host (e_score_correction_bias)
   int n_group = 1, topk_group = 1;
   bool group_top2_sum = false;
+  bool mask_neg_inf = false;  // dropped groups' s' = -inf instead of 0.0
   bool renormalize = false;
   float scaling = 1.0f;
 };
 
 /// One token of RouterParams routing: logits [n_experts] (not modified) -> ids [k] (best s'
 /// first, ties to the lower id) and weights [k]; margin (may be null): s'_k - s'_{k+1} of the
-/// masked selection scores (1 when k == n_experts).
+/// masked selection scores (1 when k == n_experts or s'_{k+1} is -inf).
 void route_grouped(const float* logits, int n_experts, int k, const RouterParams& r, int* ids, float* weights,
                    float* margin = nullptr);
 

@@ -1,6 +1,7 @@
-// The planner on model families spool cannot run yet (DeepSeek-V2/V3, Mixtral, OLMoE): KV
-// bytes per token against hand-computed values from each fixture's config.json, the sliding
-// window cap, and routed-expert bytes against sums over the safetensors headers.
+// The planner on the non-Qwen model families (DeepSeek-V2/V3, Mixtral, OLMoE, GLM-4.5,
+// GLM-4.7-Flash, MiniMax-M2): KV bytes per token against hand-computed values from each
+// fixture's config.json, the sliding window cap, and routed-expert bytes against sums over the
+// safetensors headers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include "common/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "models/presets.h"
+#include "models/spec.h"
 #include "plan/arch.h"
 #include "plan/projection.h"
 
@@ -157,6 +160,101 @@ TEST(PlanArch, MixtralAndOlmoeCacheKAndVPerKvHead) {
     EXPECT_EQ(p.weights.experts, h.experts);
     EXPECT_EQ(p.weights.total, h.kept);
     EXPECT_EQ(p.expert_count, 16u);
+  }
+}
+
+// GLM-4.5 (glm4_moe: GQA with q/k/v biases, first_k_dense_replace 1), GLM-4.7-Flash
+// (glm4_moe_lite: MLA latent, mlp_layer_types [dense, sparse, sparse]) and MiniMax-M2 (GQA, MoE
+// in every layer, experts as block_sparse_moe.experts.E.w1/w2/w3): hand-computed from each
+// fixture's config.json (H 64, 3 layers, 16 experts top-4 of width 32).
+TEST(PlanArch, GlmAndMiniMaxFixtures) {
+  struct Want {
+    const char* name;
+    uint64_t kv_per_token;  // f32
+    int moe_layers;
+    int shared;  // shared-expert width
+  };
+  for (const Want& w : {Want{"glm4_moe", 3u * 2 * 2 * 16 * 4, 2, 32},      // 3 layers x (K + V) x 2 KV heads x head_dim 16
+                        Want{"glm4_moe_lite", 3u * (32 + 8) * 4, 2, 32},  // kv_lora_rank 32 + qk_rope_head_dim 8
+                        Want{"minimax_m2", 3u * 2 * 2 * 16 * 4, 3, 0}}) {
+    SCOPED_TRACE(w.name);
+    const io::Checkpoint ck = io::Checkpoint::open(fixture(w.name), {.map = false});
+    const PlanModel pm = plan_model(ck);
+    EXPECT_TRUE(pm.runnable);
+    ASSERT_EQ(pm.spec.ffns.size(), 3u);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(pm.spec.ffns[i], i >= 3 - w.moe_layers ? models::FfnKind::kMoE : models::FfnKind::kDense) << "layer " << i;
+    EXPECT_EQ(pm.spec.moe.n_experts, 16);
+    EXPECT_EQ(pm.spec.moe.top_k, 4);
+    EXPECT_EQ(pm.spec.moe.shared_intermediate, w.shared);
+    const Projection p = project(ck, inputs(1000));
+    EXPECT_TRUE(p.runnable);
+    EXPECT_EQ(p.state.kv_per_token, w.kv_per_token);
+    EXPECT_EQ(p.state.kv, w.kv_per_token * 1024);
+    const HeaderSums h = header_sums(fixture(w.name), 3);
+    EXPECT_EQ(h.experts, static_cast<uint64_t>(w.moe_layers) * 16 * 3 * 32 * 64 * 4);
+    EXPECT_EQ(p.weights.experts, h.experts);
+    EXPECT_EQ(p.weights.total, h.kept);
+    EXPECT_EQ(p.expert_count, static_cast<uint64_t>(w.moe_layers) * 16);
+    EXPECT_EQ(p.expert_bytes_per_token, static_cast<uint64_t>(w.moe_layers) * 4 * 3 * 32 * 64 * 4);  // top-4 per MoE layer
+    EXPECT_EQ(p.verdict, Verdict::kResident);
+  }
+  // glm4_moe's attention: q/k/v biases, half of each head rotated; glm4_moe_lite's latent norms
+  // at 1e-6 beside rms_norm_eps 1e-5; MiniMax-M2's q/k norms over the whole projection.
+  const PlanModel glm = plan_model(io::Checkpoint::open(fixture("glm4_moe"), {.map = false}));
+  EXPECT_TRUE(glm.spec.attn.qkv_bias);
+  EXPECT_EQ(glm.spec.attn.rotary_dim, 8);
+  EXPECT_FALSE(glm.spec.attn.qk_norm);
+  const PlanModel lite = plan_model(io::Checkpoint::open(fixture("glm4_moe_lite"), {.map = false}));
+  EXPECT_FLOAT_EQ(lite.spec.mla.latent_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(lite.spec.rms_norm_eps, 1e-5f);
+  EXPECT_EQ(lite.spec.mla.v_head_dim, 16);
+  EXPECT_FLOAT_EQ(lite.spec.moe.routed_scaling_factor, 1.8f);
+  const PlanModel mm = plan_model(io::Checkpoint::open(fixture("minimax_m2"), {.map = false}));
+  EXPECT_TRUE(mm.spec.attn.qk_norm_full);
+  EXPECT_EQ(mm.spec.attn.rotary_dim, 8);
+  EXPECT_TRUE(mm.spec.moe.score_bias);
+  // MiniMax-M2's release config names rotary_dim; transformers reads only partial_rotary_factor,
+  // so without it every head dim rotates, and the plan says so.
+  EditedFixture rot("minimax_m2", [](nlohmann::json& c) {
+    c["rope_parameters"].erase("partial_rotary_factor");
+    c["rotary_dim"] = 8;
+  });
+  const PlanModel mr = plan_model(io::Checkpoint::open(rot.dir, {.map = false}));
+  EXPECT_EQ(mr.spec.attn.rotary_dim, 16);
+  bool noted = false;
+  for (const std::string& n : mr.notes) noted = noted || n.find("rotary_dim") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // A mlp_layer_types list of the wrong length is refused, naming the field.
+  EditedFixture bad("glm4_moe_lite", [](nlohmann::json& c) { c["mlp_layer_types"] = {"dense", "sparse"}; });
+  try {
+    plan_model(io::Checkpoint::open(bad.dir, {.map = false}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mlp_layer_types"), std::string::npos) << e.what();
+  }
+}
+
+// The synth presets of the new families at their released shapes: parameter counts (without
+// the multi-token-prediction layers) against the published totals (2.5%; 106.85B, 352.80B,
+// 29.94B, 228.69B here) and, without the embedding table and lm_head, the "A..B" active sizes
+// of the model names (10%; 12.18B, 32.08B, 3.26B, 9.80B here).
+TEST(PlanArch, GlmAndMiniMaxPresetsHaveTheReleasedSizes) {
+  struct Want {
+    const char* preset;
+    double total, active;  // billions, as published
+  };
+  for (const Want& w : {Want{"glm-4.5-air", 106, 12}, Want{"glm-4.6", 355, 32}, Want{"glm-4.7-flash", 30, 3},
+                        Want{"minimax-m2", 230, 10}}) {
+    SCOPED_TRACE(w.preset);
+    const models::Preset& p = models::preset(w.preset);
+    const models::ModelSpec s = models::build_spec(io::Config(p.config, "preset"), io::GenerationDefaults{}, false, "preset");
+    const double tables = 2.0 * static_cast<double>(s.vocab_size) * s.hidden_size;  // embed_tokens + lm_head (untied)
+    std::printf("%s: %.2fB total, %.2fB active (%.2fB without the tables)\n", w.preset, s.params_total / 1e9,
+                s.params_active / 1e9, (s.params_active - tables) / 1e9);
+    EXPECT_FALSE(s.tie_word_embeddings);
+    EXPECT_NEAR(s.params_total / 1e9, w.total, 0.025 * w.total);
+    EXPECT_NEAR((s.params_active - tables) / 1e9, w.active, 0.10 * w.active);
   }
 }
 

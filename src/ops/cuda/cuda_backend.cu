@@ -413,6 +413,13 @@ __global__ void k_add(float* y, const float* x, int64_t n) {
     y[i] += x[i];
 }
 
+// y[r, c] += b[c] over rows of n (grid-stride over rows * n elements).
+__global__ void k_add_bias(float* y, const float* b, int64_t rows, int64_t n) {
+  const int64_t total = rows * n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += b[i % n];
+}
+
 __global__ void k_mul_sigmoid(float* x, const float* g, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] *= sigmoid_f(g[i]);
@@ -1382,6 +1389,18 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
   auto yo = I.out(y, n, true);
   k_add<<<blocks_for(n), 256, 0, I.stream>>>(yo.d, xd, n);
   CU_LAUNCHED("k_add");
+  I.finish(yo);
+  I.end();
+}
+
+void CudaBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
+  Impl& I = *impl_;
+  I.begin();
+  if (rows <= 0 || n <= 0) return;
+  const float* bd = I.in(b, n, false);  // a parameter vector: host or uploaded
+  auto yo = I.out(y, rows * n, true);
+  k_add_bias<<<blocks_for(rows * n), 256, 0, I.stream>>>(yo.d, bd, rows, n);
+  CU_LAUNCHED("k_add_bias");
   I.finish(yo);
   I.end();
 }

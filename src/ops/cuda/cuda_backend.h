@@ -105,6 +105,7 @@ class CudaBackend final : public Backend {
   void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) override;
   void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override;
   void add(float* y, const float* x, int64_t n) override;
+  void add_bias(float* y, const float* b, int64_t rows, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void mul_sigmoid(float* x, const float* gate, int64_t n) override;
   void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override;

@@ -1,0 +1,142 @@
+// GLM-4.7-Flash (model_type glm4_moe_lite, HF Glm4MoeLiteForCausalLM): DeepSeek-V3 multi-head
+// latent attention (models/mla.h; HF Glm4MoeLiteAttention = DeepseekV3Attention) with GLM-4.5's
+// MoE block (sigmoid + e_score_correction_bias noaux_tc router, routed_scaling_factor, ungated
+// mlp.shared_experts). What differs from deepseek_v3: the dense / MoE choice per layer comes
+// from mlp_layer_types ("dense" | "sparse"; default one dense layer then sparse), the block
+// norms use rms_norm_eps (1e-5) while q_a_layernorm / kv_a_layernorm keep the RMSNorm class
+// default 1e-6, v_head_dim differs from qk_nope_head_dim, RoPE is plain (interleaved pairs on
+// qk_rope_head_dim dims; YaRN only if rope_parameters say so), no partial_rotary_factor. The
+// multi-token-prediction layer (layers.{num_hidden_layers}) is not loaded.
+// Source: HF transformers 5.17 models/glm4_moe_lite/{configuration,modeling}_glm4_moe_lite.py.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "models/config_read.h"
+#include "models/decoder.h"
+#include "models/family.h"
+
+namespace spool::models {
+
+namespace {
+
+using J = nlohmann::ordered_json;
+using namespace cfg;
+
+void configure(const io::Config& c, ModelSpec* sp) {
+  ModelSpec& s = *sp;
+  check_act(c);
+  if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported for glm4_moe_lite", c.source().c_str());
+  auto& a = s.attn;
+  auto& m = s.mla;
+  a.n_heads = positive(c, "num_attention_heads");
+  a.n_kv_heads = a.n_heads;  // after kv_b_proj every head has its own K and V
+  m.q_lora_rank = c.has("q_lora_rank") ? positive(c, "q_lora_rank") : 0;
+  m.kv_lora_rank = positive(c, "kv_lora_rank");
+  m.qk_nope_head_dim = positive(c, "qk_nope_head_dim");
+  m.qk_rope_head_dim = positive(c, "qk_rope_head_dim");
+  m.v_head_dim = positive(c, "v_head_dim");
+  if (m.qk_rope_head_dim % 2 != 0) fail("%s: qk_rope_head_dim must be even", c.source().c_str());
+  m.rope_interleave = c.get_bool("rope_interleave", true);
+  m.latent_norm_eps = 1e-6f;  // Glm4MoeLiteRMSNorm(q_lora_rank) / (kv_lora_rank): built without eps
+  a.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  a.kv_latent_dim = m.kv_lora_rank + m.qk_rope_head_dim;
+  read_mla_rope(c, &s);
+  read_noaux_tc_moe(c, &s, /*norm_default=*/true);
+  s.mixers.assign(s.n_layers, MixerKind::kMLA);
+  if (c.has("mlp_layer_types")) {
+    const std::vector<std::string> types = c.get_string_list("mlp_layer_types");
+    if (static_cast<int>(types.size()) != s.n_layers)
+      fail("%s: mlp_layer_types has %zu entries, num_hidden_layers is %d", c.source().c_str(), types.size(), s.n_layers);
+    for (const std::string& t : types) {
+      if (t != "dense" && t != "sparse")
+        fail("%s: mlp_layer_types entry '%s' is not 'dense' or 'sparse'", c.source().c_str(), t.c_str());
+      s.ffns.push_back(t == "sparse" ? FfnKind::kMoE : FfnKind::kDense);
+    }
+  } else {  // HF default: ["dense"] + ["sparse"] * (num_hidden_layers - 1)
+    for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i == 0 ? FfnKind::kDense : FfnKind::kMoE);
+  }
+}
+
+std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
+  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
+  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
+  return m;
+}
+
+std::string describe(const ModelSpec& s) {
+  const int n_moe = static_cast<int>(std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kMoE));
+  return strfmt("MLA: %d latent + %d RoPE key elements cached per token in each of %d layers; %d MoE layers "
+                "(%d dense) of %d routed experts top-%d + %d shared",
+                s.mla.kv_lora_rank, s.mla.qk_rope_head_dim, s.n_layers, n_moe, s.n_layers - n_moe, s.moe.n_experts, s.moe.top_k,
+                s.moe.intermediate > 0 ? s.moe.shared_intermediate / s.moe.intermediate : 0);
+}
+
+std::vector<std::string> plan_notes(const io::Config& c) {
+  std::vector<std::string> n;
+  if (c.get_int("num_nextn_predict_layers", 0) > 0)
+    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are not counted: decoding does not use them");
+  return n;
+}
+
+// The absorbed form reads kv_b_proj per head, transposed: kept in bf16 by spool convert.
+bool keep_float(std::string_view name) { return name.ends_with("self_attn.kv_b_proj.weight"); }
+
+// GLM-4.7-Flash config.json (zai-org/GLM-4.7-Flash, 30B-A3B), as transformers 5 writes it.
+Preset glm4_7_flash() {
+  J types = J::array();
+  for (int i = 0; i < 47; ++i) types.push_back(i == 0 ? "dense" : "sparse");
+  J cfg = {{"architectures", {"Glm4MoeLiteForCausalLM"}},
+           {"attention_bias", false},
+           {"attention_dropout", 0.0},
+           {"pad_token_id", 154820},
+           {"eos_token_id", {154820, 154827, 154829}},
+           {"hidden_act", "silu"},
+           {"hidden_size", 2048},
+           {"intermediate_size", 10240},
+           {"max_position_embeddings", 202752},
+           {"mlp_layer_types", types},
+           {"model_type", "glm4_moe_lite"},
+           {"moe_intermediate_size", 1536},
+           {"topk_method", "noaux_tc"},
+           {"norm_topk_prob", true},
+           {"num_attention_heads", 20},
+           {"n_group", 1},
+           {"topk_group", 1},
+           {"n_routed_experts", 64},
+           {"n_shared_experts", 1},
+           {"routed_scaling_factor", 1.8},
+           {"num_experts_per_tok", 4},
+           {"num_hidden_layers", 47},
+           {"num_key_value_heads", 20},
+           {"num_nextn_predict_layers", 1},
+           {"rms_norm_eps", 1e-5},
+           {"rope_interleave", true},
+           {"rope_parameters", {{"rope_theta", 1000000}, {"rope_type", "default"}}},
+           {"tie_word_embeddings", false},
+           {"torch_dtype", "bfloat16"},
+           {"q_lora_rank", 768},
+           {"kv_lora_rank", 512},
+           {"qk_nope_head_dim", 192},
+           {"qk_rope_head_dim", 64},
+           {"v_head_dim", 256},
+           {"vocab_size", 154880},
+           {"scoring_func", "sigmoid"}};
+  return {"glm-4.7-flash", "GLM-4.7-Flash 30B-A3B: 47 MLA layers (1 dense), 64 experts top-4 + 1 shared", cfg, false, "model."};
+}
+
+}  // namespace
+
+const Family& glm4_moe_lite_family() {
+  static const Family f{.name = "glm4_moe_lite",
+                        .model_types = {"glm4_moe_lite"},
+                        .configure = configure,
+                        .load = load,
+                        .presets = [] { return std::vector<Preset>{glm4_7_flash()}; },
+                        .keep_float = keep_float,
+                        .describe = describe,
+                        .plan_notes = plan_notes};
+  return f;
+}
+
+}  // namespace spool::models
