@@ -4,6 +4,8 @@
 // rotary_dim dims; out = o_proj(attn * sigmoid(gate)). Qwen3-MoE (HF Qwen3MoeAttention): no
 // gate, plain-weight q/k norms, full RoPE. OLMoE: q/k norms over the whole projection.
 // Mixtral: a sliding window (AttentionSpec::sliding_window) masks keys older than the window.
+// gpt-oss (HF GptOssAttention): biases on q/k/v/o, per-head attention sinks, the window only on
+// the layers layer_types marks "sliding_attention" (AttentionSpec::window_layers).
 #pragma once
 
 #include <string>
@@ -30,8 +32,10 @@ class AttentionLayer {
   };
 
   /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
-  /// "layers.3.self_attn.").
-  void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
+  /// "layers.3.self_attn."), with AttentionSpec::bias `{prefix}{q,k,v,o}_proj.bias` and with
+  /// AttentionSpec::sinks `{prefix}sinks` [n_heads]. `layer` selects whether the sliding window
+  /// applies (AttentionSpec::windowed).
+  void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer = -1);
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
   /// forward() will get.
@@ -48,6 +52,10 @@ class AttentionLayer {
   std::vector<float> q_norm_, k_norm_;
   const float* q_norm_p_ = nullptr;  // q_norm_ where the backend reads it (place())
   const float* k_norm_p_ = nullptr;
+  int64_t window_ = 0;  // this layer's sliding window (0: none)
+  std::vector<float> bq_, bk_, bv_, bo_;  // projection biases (AttentionSpec::bias)
+  const float *bq_p_ = nullptr, *bk_p_ = nullptr, *bv_p_ = nullptr, *bo_p_ = nullptr;  // where the backend reads them
+  std::vector<float> sinks_;  // [n_heads] host (AttentionSpec::sinks)
   ops::Rope rope_;
 };
 

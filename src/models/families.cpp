@@ -16,6 +16,7 @@ const std::vector<const Family*>& families() {
       &olmoe_family(),
       &deepseek_v2_family(),
       &deepseek_v3_family(),
+      &gpt_oss_family(),
   };
   return v;
 }

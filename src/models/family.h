@@ -58,6 +58,7 @@ const Family& mixtral_family();
 const Family& olmoe_family();
 const Family& deepseek_v2_family();
 const Family& deepseek_v3_family();
+const Family& gpt_oss_family();
 
 /// Generic description of a GQA attention stack with MoE FFNs (the families' describe default).
 std::string describe_gqa_moe(const ModelSpec& s);

@@ -97,7 +97,7 @@ TEST_P(TinyFixture, LogitsAndGreedyMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
                          ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl",
                                            "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
-                                           "deepseek_v2_lite"));
+                                           "deepseek_v2_lite", "gpt_oss", "gpt_oss_mxfp4"));
 
 // Mixtral with a sliding window of 5 (the fixture's is null): rows before the window fills are
 // the golden's, later rows differ from it (older keys are masked), and the engine matches the

@@ -30,6 +30,15 @@ struct AttentionSpec {
   int kv_latent_dim = 0;        // MLA: elements cached per position and layer (kv_lora_rank + qk_rope_head_dim); 0 = K and V heads
   int64_t sliding_window = 0;   // attention sees at most this many positions (0 = the whole context)
   bool window_bounds_kv = true; // planner: the cache holds at most sliding_window positions (false: spool keeps them all)
+  /// Layers the sliding window applies to (HF layer_types "sliding_attention"); empty = every
+  /// attention layer when sliding_window > 0.
+  std::vector<bool> window_layers;
+  bool bias = false;   // gpt-oss: q/k/v/o projections carry biases ({q,k,v,o}_proj.bias)
+  bool sinks = false;  // gpt-oss: per-head attention sink logits (self_attn.sinks [n_heads])
+  /// Whether layer i's attention is windowed.
+  bool windowed(int layer) const {
+    return sliding_window > 0 && (window_layers.empty() || (layer >= 0 && layer < static_cast<int>(window_layers.size()) && window_layers[layer]));
+  }
 };
 
 /// Multi-head latent attention (DeepSeek-V2/V3, HF DeepseekV3Attention).
@@ -63,6 +72,10 @@ struct MoeSpec {
   int n_group = 1, topk_group = 1;
   bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
   float routed_scaling_factor = 1.0f;
+  /// gpt-oss experts (HF GptOssMLP): router `mlp.router.{weight,bias}` (top-k of the biased
+  /// logits, softmax over the k), experts fused gate_up [2I, H] with interleaved gate/up rows
+  /// and biases `mlp.experts.{gate_up,down}_proj_bias`, clamped SwiGLU (ops::kClampedSwiGLU).
+  bool gpt_oss = false;
 };
 
 /// A decoder-only MoE language model's configuration.

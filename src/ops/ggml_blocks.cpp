@@ -270,6 +270,16 @@ inline void dequant_block(GgmlType t, const uint8_t* p, float* y) {
   }
 }
 
+/// One HF MXFP4 block (gpt-oss layout, ops::Mxfp4View): 16 bytes, low nibble of byte j ->
+/// element 2j, high nibble -> 2j + 1, times 2^(scale - 127) (kMxfp4 is doubled, e8m0_half halves).
+inline void dequant_mx_block(const uint8_t* q, uint8_t scale, float* y) {
+  const float d = e8m0_half(scale);
+  for (int j = 0; j < 16; ++j) {
+    y[2 * j] = static_cast<float>(kMxfp4[q[j] & 0xF]) * d;
+    y[2 * j + 1] = static_cast<float>(kMxfp4[q[j] >> 4]) * d;
+  }
+}
+
 }  // namespace spool::ops::ggml
 #endif  // SPOOL_OPS_GGML_BLOCKS_SHARED
 
@@ -760,6 +770,86 @@ void GgmlRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ld
   gb::RowsByDequant(w, x, T, y, ldy, r0, r1);
 }
 
+namespace gb {
+#if HWY_TARGET != HWY_SCALAR
+// HF MXFP4 (Mxfp4View): R rows against TT tokens over nb blocks of 32 columns. The block's low
+// and high nibbles are looked up, then interleaved back into column order (InterleaveLower:
+// columns 0..15, InterleaveUpper: 16..31), so x is read in place.
+template <int R, int TT>
+HWY_INLINE void MxTile(const uint8_t* const* rows, const uint8_t* const* srows, int64_t nb, const float* x, int64_t ldx,
+                       float* out, int64_t ldo) {
+  const DF df;
+  const D8 d8;
+  VF acc[TT * R];
+  for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  const V8 table = hn::Load(d8, ggml::kMxfp4);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const Sink<TT> sk{acc + r, R, x + b * 32, ldx};
+      const VU8 v = Load16(rows[r] + b * 16);
+      const V8 lo = Lut(table, Shr<0>(v, 0x0F)), hi = Lut(table, Shr<4>(v, 0x0F));
+      const float d = ggml::e8m0_half(srows[r][b]);
+      sk.template Group<false>(0, hn::InterleaveLower(d8, lo, hi), d, 0.0f);
+      sk.template Group<false>(16, hn::InterleaveUpper(d8, lo, hi), d, 0.0f);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
+}
+#endif
+
+// Scalar path: dequantize each row, then dot.
+void MxRowsByDequant(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.cols));
+  const int64_t nb = w.cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < nb; ++b) ggml::dequant_mx_block(w.blocks + (r * nb + b) * 16, w.scales[r * nb + b], row.data() + b * 32);
+    for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = ops::dot(row.data(), x + t * w.cols, w.cols);
+  }
+}
+}  // namespace gb
+
+// Same tiling as TypedRows: decode 4 rows x 1 token, prefill 1 row x kGemmTokens tokens.
+void Mxfp4Rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#if HWY_TARGET != HWY_SCALAR
+  using namespace gb;
+  const int64_t nb = w.cols / 32, rb = nb * 16;
+  auto brow = [&](int64_t r) { return w.blocks + r * rb; };
+  auto srow = [&](int64_t r) { return w.scales + r * nb; };
+  if (T < kGemmTokens) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * w.cols;
+      float* yt = y + t * ldy;
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        const uint8_t* rows[4] = {brow(r), brow(r + 1), brow(r + 2), brow(r + 3)};
+        const uint8_t* srows[4] = {srow(r), srow(r + 1), srow(r + 2), srow(r + 3)};
+        MxTile<4, 1>(rows, srows, nb, xt, w.cols, yt + r, 1);
+      }
+      for (; r < r1; ++r) {
+        const uint8_t* rows[1] = {brow(r)};
+        const uint8_t* srows[1] = {srow(r)};
+        MxTile<1, 1>(rows, srows, nb, xt, w.cols, yt + r, 1);
+      }
+    }
+    return;
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+    const int64_t t1 = std::min(T, t0 + kTokenTile);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* rows[1] = {brow(r)};
+      const uint8_t* srows[1] = {srow(r)};
+      int64_t t = t0;
+      for (; t + kGemmTokens <= t1; t += kGemmTokens) MxTile<1, kGemmTokens>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
+      for (; t < t1; ++t) MxTile<1, 1>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
+    }
+  }
+#else
+  gb::MxRowsByDequant(w, x, T, y, ldy, r0, r1);
+#endif
+}
+
 const char* GgmlKernelTarget() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -770,7 +860,65 @@ HWY_AFTER_NAMESPACE();
 namespace spool::ops {
 
 HWY_EXPORT(GgmlRows);
+HWY_EXPORT(Mxfp4Rows);
 HWY_EXPORT(GgmlKernelTarget);
+
+void validate(const Mxfp4View& w) {
+  if (w.rows < 0 || w.cols <= 0 || w.cols % 32 != 0)
+    fail("MXFP4 weight %s: bad shape [%lld x %lld] (columns must be a positive multiple of 32)", w.name ? w.name : "(unnamed)",
+         static_cast<long long>(w.rows), static_cast<long long>(w.cols));
+  if (w.rows > 0 && (w.blocks == nullptr || w.scales == nullptr)) fail("MXFP4 weight %s: no data", w.name ? w.name : "(unnamed)");
+}
+
+void mxfp4_dequantize_row(const uint8_t* blocks, const uint8_t* scales, int64_t n, float* dst) {
+  if (n < 0 || n % 32 != 0) fail("mxfp4_dequantize_row: %lld elements is not a multiple of 32", static_cast<long long>(n));
+  for (int64_t b = 0; b < n / 32; ++b) ggml::dequant_mx_block(blocks + b * 16, scales[b], dst + b * 32);
+}
+
+void mxfp4_matmul_rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  validate(w);
+  if (r0 < 0 || r1 > w.rows)
+    fail("mxfp4_matmul_rows: rows [%lld, %lld) outside [0, %lld)", static_cast<long long>(r0), static_cast<long long>(r1),
+         static_cast<long long>(w.rows));
+  if (r0 >= r1 || T <= 0) return;
+  HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, ldy, r0, r1);
+}
+
+void mxfp4_matmul(const Mxfp4View& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  validate(w);
+  if (T <= 0 || w.rows == 0) return;
+  const int64_t work = w.rows * w.cols * T;
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
+    HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, w.rows, 0, w.rows);
+    return;
+  }
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, w.rows, b, e); });
+}
+
+void mxfp4_matmul_reference(const Mxfp4View& w, const float* x, int64_t T, float* y) {
+  validate(w);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  const int64_t nb = w.cols / 32;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    // Written from the definition (HF integrations/mxfp4.py convert_moe_packed_tensors), not
+    // from the kernels' table: value = FP4(code) * 2^(scale - 127).
+    static constexpr float kFp4[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    for (int64_t b = 0; b < nb; ++b) {
+      const double m = std::ldexp(1.0, static_cast<int>(w.scales[r * nb + b]) - 127);
+      const uint8_t* q = w.blocks + (r * nb + b) * 16;
+      for (int j = 0; j < 16; ++j) {
+        row[b * 32 + 2 * j] = static_cast<float>(kFp4[q[j] & 0xF] * m);
+        row[b * 32 + 2 * j + 1] = static_cast<float>(kFp4[q[j] >> 4] * m);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      double acc = 0;
+      for (int64_t c = 0; c < w.cols; ++c) acc += static_cast<double>(row[c]) * x[t * w.cols + c];
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
 
 bool ggml_supported(GgmlType t) {
   switch (t) {
