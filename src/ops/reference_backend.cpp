@@ -157,6 +157,11 @@ void ReferenceBackend::attention_window(const float* q, int64_t T, int n_heads, 
     }
 }
 
+void ReferenceBackend::add_bias(float* y, const float* b, int64_t T, int64_t n) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < n; ++i) y[t * n + i] = static_cast<float>(static_cast<double>(y[t * n + i]) + b[i]);
+}
+
 void ReferenceBackend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
                                        int64_t window, const float* sinks, float* out) {
   const int hd = kv.head_dim(), group = n_heads / kv.n_kv_heads();
