@@ -57,7 +57,9 @@ bool parse_gpt_oss_expert(std::string_view n, int* layer, bool* gate_up, ExpertP
 
 // The dtype a tensor must have: quantized parts have fixed types, other tensors are floats.
 bool dtype_allowed(std::string_view name, DType t) {
-  if (name.ends_with("_proj_blocks") || name.ends_with("_proj_scales")) return t == DType::U8;  // gpt-oss MXFP4
+  // gpt-oss MXFP4: fused as released, or per expert as spool convert writes them.
+  if (name.ends_with("_proj_blocks") || name.ends_with("_proj_scales") || name.ends_with(".blocks") || name.ends_with(".e8m0_scales"))
+    return t == DType::U8;
   if (name.ends_with(".qweight")) return t == DType::U8;
   if (name.ends_with(".scales")) return t == DType::F16;
   if (name.ends_with(".codebook")) return t == DType::F32;
@@ -230,10 +232,12 @@ std::optional<bool> check_quantization(const Config& raw, const std::string& lab
   };
   if (j.contains("quantization_config")) {
     const std::string m = str(j["quantization_config"], "quant_method");
-    // gpt-oss's released MXFP4 experts are read natively (Checkpoint::add_gpt_oss_experts).
-    if (m == "mxfp4" && str(j, "model_type") == "gpt_oss") return std::nullopt;
-    fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
-         "quantizes it)", label.c_str(), m.empty() ? "unknown" : m.c_str());
+    // gpt-oss's released MXFP4 experts are read natively (Checkpoint::add_gpt_oss_expert); a
+    // spool quantization block may follow (spool convert keeps MXFP4 experts as they are).
+    const bool mxfp4 = m == "mxfp4" && str(j, "model_type") == "gpt_oss";
+    if (!mxfp4)
+      fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
+           "quantizes it)", label.c_str(), m.empty() ? "unknown" : m.c_str());
   }
   if (!j.contains("quantization")) return std::nullopt;
   const nlohmann::json& q = j["quantization"];
@@ -375,8 +379,9 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
         t.expert_id = en->expert;
         t.expert_proj = en->proj;
         t.expert_part = en->part;
-        if (t.expert_part != ExpertPart::kWeight) c.experts_quantized_ = true;
-        const size_t want_dims = t.expert_part == ExpertPart::kCodebook ? 1 : 2;
+        if (t.expert_part != ExpertPart::kWeight && t.expert_part != ExpertPart::kMxBlocks && t.expert_part != ExpertPart::kMxScales)
+          c.experts_quantized_ = true;
+        const size_t want_dims = t.expert_part == ExpertPart::kCodebook ? 1 : t.expert_part == ExpertPart::kMxBlocks ? 3 : 2;
         if (t.shape.size() != want_dims)
           fail("%s: expert tensor '%s' must be %zu-D, got %s", sf.path().c_str(), ti.name.c_str(), want_dims, t.shape_str().c_str());
         if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;

@@ -185,6 +185,9 @@ std::string describe(const ModelSpec& s) {
                 s.moe.top_k);
 }
 
+// The router stays bf16 in spool convert (HF modules_to_not_convert keeps it out of MXFP4 too).
+bool keep_float(std::string_view name) { return name.ends_with("mlp.router.weight"); }
+
 }  // namespace
 
 const Family& gpt_oss_family() {
@@ -193,6 +196,7 @@ const Family& gpt_oss_family() {
                         .configure = configure,
                         .load = load,
                         .presets = presets,
+                        .keep_float = keep_float,
                         .describe = describe};
   return f;
 }
