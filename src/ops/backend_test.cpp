@@ -1312,7 +1312,8 @@ double max_row_ratio(const std::vector<float>& a, const std::vector<float>& b, i
 
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: model forward on CUDA not checked";
-  for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused"}) {
+  for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused", "gpt_oss",
+                        "gpt_oss_mxfp4"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
     auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
