@@ -151,9 +151,20 @@ void check_equivalence(const std::string& src, const std::string& recipe_name, b
   write_dequantized(src, q, f);
 
   engine::LoadedModel lq = load(q), lf = load(f);
-  if (mxfp4) {
+  if (mxfp4) {  // every expert's blocks and scales are the source's bytes
     ASSERT_FALSE(lq.ckpt->experts_quantized());
     ASSERT_NE(lq.ckpt->expert_part(0, 0, io::ExpertProj::kGate, io::ExpertPart::kMxBlocks), nullptr);
+    io::Checkpoint sck = io::Checkpoint::open(src);
+    int64_t compared = 0;
+    for (const auto& t : lq.ckpt->tensors()) {
+      if (t.expert_layer < 0) continue;
+      const io::TensorRef* o = sck.expert_part(t.expert_layer, t.expert_id, t.expert_proj, t.expert_part);
+      ASSERT_NE(o, nullptr) << t.name;
+      ASSERT_EQ(t.nbytes, o->nbytes) << t.name;
+      EXPECT_EQ(0, std::memcmp(t.data, o->data, t.nbytes)) << t.name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, 4 * 8 * 4);  // layers x experts x (gate_up, down) x (blocks, scales)
   } else {
     ASSERT_TRUE(lq.ckpt->experts_quantized());
   }
