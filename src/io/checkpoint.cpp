@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sysinfo.h"
 
 namespace spool::io {
 
@@ -174,6 +175,10 @@ void Checkpoint::add_gpt_oss_expert(const TensorRef& t, int layer, bool gate_up,
 // The transposed float experts of a gpt-oss checkpoint: one anonymous in-memory file, mapped
 // like a shard (streaming reads it with pread like any shard).
 void Checkpoint::write_transposed(const std::vector<Transposed>& items) {
+  uint64_t total = 0;
+  for (const Transposed& it : items) total += static_cast<uint64_t>(it.in * it.out) * it.elem;
+  log_info("%s: gpt-oss float experts are stored [in, out]: %s transposed into memory (the released MXFP4 experts are read "
+           "in place)", dir_.c_str(), format_bytes(total).c_str());
   const int fd = memfd_create("spool-gpt-oss-experts", MFD_CLOEXEC);
   if (fd < 0) fail("%s: memfd_create failed (%s)", dir_.c_str(), std::strerror(errno));
   uint64_t at = 0;
