@@ -9,10 +9,12 @@
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "../../tests/support/golden.h"
 #include "common/error.h"
+#include "io/safetensors.h"
 #include "ops/reference_backend.h"
 
 namespace spool::models {
@@ -261,6 +263,60 @@ TEST_F(Demo, GreedyDoesNotDependOnPrefillStep) {
   std::vector<int32_t> ids = g.i32("p3.input_ids");
   std::vector<int32_t> want = g.i32("p3.greedy_ids");
   for (int64_t step : {1, 7, 64, 512}) EXPECT_EQ(greedy(m, ids, 48, step), want) << "prefill step " << step;
+}
+
+// gpt-oss configs and MXFP4 tensors that spool cannot run are refused with the field or tensor
+// named: a layer_types list of the wrong length or with an unknown entry, swiglu_limit other than
+// 7, MXFP4 blocks whose last dimension is not 16, scales of the wrong shape.
+TEST(ModelErrors, GptOssBadConfigAndMxfp4Shapes) {
+  const std::string src = data_dir() + "/models/gpt_oss_mxfp4";
+  const std::string dir = ::testing::TempDir() + "/gpt_oss_bad";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+  ops::ThreadPool pool(1);
+  auto expect_error = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& what) {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+    edit(cfg);
+    std::ofstream(dir + "/config.json") << cfg.dump(2);
+    try {
+      auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+      load_model(ck, &pool);
+      FAIL() << "expected an error mentioning " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](nlohmann::json& c) { c["layer_types"].erase(0); }, "layer_types has 3 entries for 4 layers");
+  expect_error([](nlohmann::json& c) { c["layer_types"][1] = "chunked_attention"; }, "layer_types[1] is 'chunked_attention'");
+  expect_error([](nlohmann::json& c) { c["swiglu_limit"] = 8.0; }, "swiglu_limit 8");
+  expect_error([](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "fp8"; }, "quant_method 'fp8'");
+  // Re-shaped MXFP4 tensors: blocks [8, 128, 4, 8] (bytes per block 8), scales [8, 64, 4].
+  io::Checkpoint ck = io::Checkpoint::open(src);
+  for (int bad = 0; bad < 2; ++bad) {
+    std::vector<io::TensorToWrite> ts;
+    for (const auto& t : ck.tensors()) {
+      if (t.expert_layer >= 0) continue;
+      ts.push_back({t.name == "lm_head.weight" ? t.name : "model." + t.name, t.dtype, t.shape, t.data});
+    }
+    std::vector<std::vector<uint8_t>> keep;
+    for (int l = 0; l < 4; ++l)
+      for (const char* proj : {"gate_up_proj", "down_proj"}) {
+        const bool gu = proj[0] == 'g';
+        const int64_t R = gu ? 128 : 64;
+        keep.emplace_back(static_cast<size_t>(8 * R * 2 * 16), 0x11);
+        keep.emplace_back(static_cast<size_t>(8 * R * 2), 127);
+        const std::string base = "model.layers." + std::to_string(l) + ".mlp.experts." + proj;
+        std::vector<int64_t> bshape = {8, R, 2, 16}, sshape = {8, R, 2};
+        if (bad == 0) bshape = {8, R, 4, 8};
+        if (bad == 1) sshape = {8, R / 2, 4};
+        ts.push_back({base + "_blocks", io::DType::U8, bshape, keep[keep.size() - 2].data()});
+        ts.push_back({base + "_scales", io::DType::U8, sshape, keep.back().data()});
+      }
+    std::filesystem::remove(dir + "/model.safetensors");
+    io::write_safetensors(dir + "/model.safetensors", ts);
+    expect_error([](nlohmann::json&) {}, bad == 0 ? "16 bytes per block" : "MXFP4 scales");
+  }
 }
 
 TEST(ModelErrors, UnknownModelTypeAndBadIds) {
