@@ -15,6 +15,7 @@
 #include "../../tests/support/golden.h"
 #include "common/error.h"
 #include "io/safetensors.h"
+#include "models/presets.h"
 #include "ops/reference_backend.h"
 
 namespace spool::models {
@@ -263,6 +264,36 @@ TEST_F(Demo, GreedyDoesNotDependOnPrefillStep) {
   std::vector<int32_t> ids = g.i32("p3.input_ids");
   std::vector<int32_t> want = g.i32("p3.greedy_ids");
   for (int64_t step : {1, 7, 64, 512}) EXPECT_EQ(greedy(m, ids, 48, step), want) << "prefill step " << step;
+}
+
+// The released gpt-oss config (rope_scaling yarn with truncate false, rope_theta at the top level):
+// YaRN frequencies with fractional ramp bounds low = 8.0928, high = 17.3980 (architectures-2 §4.4),
+// attention factor 0.1 ln 32 + 1 on cos/sin, windows on the even layers, every layer MoE.
+TEST(GptOssSpec, ReleaseConfigYarnAndWindows) {
+  for (const char* name : {"gpt-oss-20b", "gpt-oss-120b"}) {
+    SCOPED_TRACE(name);
+    const Preset& pr = preset(name);
+    const io::Config c(nlohmann::json::parse(pr.config.dump()), name);
+    const ModelSpec s = build_spec(c, {}, false, name);
+    EXPECT_EQ(s.family, "gpt_oss");
+    EXPECT_NEAR(s.attn.rope_attention_scaling, 0.1 * std::log(32.0) + 1.0, 1e-6);
+    ASSERT_EQ(s.attn.inv_freq.size(), 32u);
+    const double low = 64 * std::log(4096 / (32 * 2 * M_PI)) / (2 * std::log(150000.0));
+    const double high = 64 * std::log(4096 / (1 * 2 * M_PI)) / (2 * std::log(150000.0));
+    EXPECT_NEAR(low, 8.0928, 1e-4);
+    EXPECT_NEAR(high, 17.3980, 1e-4);
+    for (int i = 0; i < 32; ++i) {
+      const double base = std::pow(150000.0, -2.0 * i / 64);
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      EXPECT_NEAR(s.attn.inv_freq[i], base * (1 - ramp) + base / 32 * ramp, 1e-6 * base) << i;
+    }
+    EXPECT_EQ(s.attn.sliding_window, 128);
+    for (int i = 0; i < s.n_layers; ++i) EXPECT_EQ(s.attn.windowed(i), i % 2 == 0) << i;
+    EXPECT_TRUE(s.attn.sinks);
+    EXPECT_TRUE(s.attn.bias);
+    EXPECT_EQ(s.moe.top_k, 4);
+    EXPECT_TRUE(s.moe.gpt_oss);
+  }
 }
 
 // gpt-oss configs and MXFP4 tensors that spool cannot run are refused with the field or tensor
