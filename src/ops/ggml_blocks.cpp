@@ -772,10 +772,37 @@ void GgmlRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ld
 
 namespace gb {
 #if HWY_TARGET != HWY_SCALAR
+// The decode of MxTile with 16 f32 lanes (AVX-512) over a de-interleaved input: each byte of a
+// block widened to a 32-bit lane; its low and high nibbles index the block's 16-entry value table
+// (times the block's scale) with one permute each (vpermps), and multiply x's 16 even and 16 odd
+// columns. `di` is the 16-lane int32 tag (a template parameter: only the 16-lane targets run it).
+template <int R, int TT, class DI16>
+HWY_INLINE void MxPermTile(DI16 di, V8 table, const uint8_t* const* rows, const uint8_t* const* srows, int64_t nb,
+                           const float* xp, int64_t ldx, VF* acc) {
+  const DF df;
+  const hn::RebindToUnsigned<DI16> du;
+  const hn::Rebind<uint8_t, DI16> du8;
+  const VF tab = hn::ConvertTo(df, hn::PromoteTo(di, table));
+  const auto low = hn::Set(du, 0xFu);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = xp + b * 32;
+    for (int r = 0; r < R; ++r) {
+      const VF tbl = hn::Mul(tab, hn::Set(df, ggml::e8m0_half(srows[r][b])));
+      const auto c = hn::PromoteTo(du, hn::LoadU(du8, rows[r] + b * 16));
+      const VF w0 = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(c, low))));
+      const VF w1 = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::ShiftRight<4>(c))));
+      for (int t = 0; t < TT; ++t) {
+        acc[t * R + r] = hn::MulAdd(w0, hn::LoadU(df, xb + t * ldx), acc[t * R + r]);
+        acc[t * R + r] = hn::MulAdd(w1, hn::LoadU(df, xb + 16 + t * ldx), acc[t * R + r]);
+      }
+    }
+  }
+}
+
 // HF MXFP4 (Mxfp4View): R rows against TT tokens over nb blocks of 32 columns. The block's low
 // and high nibbles are looked up, then interleaved back into column order (InterleaveLower:
 // columns 0..15, InterleaveUpper: 16..31), so x is read in place.
-template <int R, int TT>
+template <int R, int TT, bool kPerm = false>
 HWY_INLINE void MxTile(const uint8_t* const* rows, const uint8_t* const* srows, int64_t nb, const float* x, int64_t ldx,
                        float* out, int64_t ldo) {
   const DF df;
@@ -783,6 +810,9 @@ HWY_INLINE void MxTile(const uint8_t* const* rows, const uint8_t* const* srows, 
   VF acc[TT * R];
   for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
   const V8 table = hn::Load(d8, ggml::kMxfp4);
+  if constexpr (kPerm) {  // 16 f32 lanes, x de-interleaved per block (MxPermuteInput)
+    MxPermTile<R, TT>(DI(), table, rows, srows, nb, x, ldx, acc);
+  } else {
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const Sink<TT> sk{acc + r, R, x + b * 32, ldx};
@@ -793,8 +823,19 @@ HWY_INLINE void MxTile(const uint8_t* const* rows, const uint8_t* const* srows, 
       sk.template Group<false>(16, hn::InterleaveUpper(d8, lo, hi), d, 0.0f);
     }
   }
+  }
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
+}
+
+// x [T, cols] -> xp with each block of 32 columns as [16 even columns | 16 odd columns], the
+// order in which MxPermTile decodes a block (low nibbles, then high nibbles).
+void MxPermuteInput(const float* x, int64_t T, int64_t cols, float* xp) {
+  for (int64_t i = 0; i < T * cols; i += 32)
+    for (int j = 0; j < 16; ++j) {
+      xp[i + j] = x[i + 2 * j];
+      xp[i + 16 + j] = x[i + 2 * j + 1];
+    }
 }
 #endif
 
@@ -811,7 +852,43 @@ void MxRowsByDequant(const Mxfp4View& w, const float* x, int64_t T, float* y, in
 }  // namespace gb
 
 // Same tiling as TypedRows: decode 4 rows x 1 token, prefill 1 row x kGemmTokens tokens.
-void Mxfp4Rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+template <bool kPerm>
+void Mxfp4RowsT(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+// Rows [r0, r1) of y = W x. `permuted`: x is already de-interleaved (gb::MxPermuteInput), as
+// mxfp4_matmul does once for all threads where Mxfp4PermutesInput() says this target decodes
+// that way (16 f32 lanes); otherwise such a target de-interleaves x here.
+void Mxfp4Rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1, bool permuted) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (kN == 16) {
+    if (!permuted) {
+      thread_local std::vector<float> xp;
+      xp.resize(static_cast<size_t>(T * w.cols));
+      gb::MxPermuteInput(x, T, w.cols, xp.data());
+      return Mxfp4RowsT<true>(w, xp.data(), T, y, ldy, r0, r1);
+    }
+    return Mxfp4RowsT<true>(w, x, T, y, ldy, r0, r1);
+  } else {
+    (void)permuted;
+    return Mxfp4RowsT<false>(w, x, T, y, ldy, r0, r1);
+  }
+#else
+  (void)permuted;
+  gb::MxRowsByDequant(w, x, T, y, ldy, r0, r1);
+#endif
+}
+
+// Whether this target's Mxfp4Rows decodes from a de-interleaved input.
+bool Mxfp4PermutesInput() {
+#if HWY_TARGET != HWY_SCALAR
+  return kN == 16;
+#else
+  return false;
+#endif
+}
+
+template <bool kPerm>
+void Mxfp4RowsT(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
 #if HWY_TARGET != HWY_SCALAR
   using namespace gb;
   const int64_t nb = w.cols / 32, rb = nb * 16;
@@ -825,12 +902,12 @@ void Mxfp4Rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t 
       for (; r + 4 <= r1; r += 4) {
         const uint8_t* rows[4] = {brow(r), brow(r + 1), brow(r + 2), brow(r + 3)};
         const uint8_t* srows[4] = {srow(r), srow(r + 1), srow(r + 2), srow(r + 3)};
-        MxTile<4, 1>(rows, srows, nb, xt, w.cols, yt + r, 1);
+        MxTile<4, 1, kPerm>(rows, srows, nb, xt, w.cols, yt + r, 1);
       }
       for (; r < r1; ++r) {
         const uint8_t* rows[1] = {brow(r)};
         const uint8_t* srows[1] = {srow(r)};
-        MxTile<1, 1>(rows, srows, nb, xt, w.cols, yt + r, 1);
+        MxTile<1, 1, kPerm>(rows, srows, nb, xt, w.cols, yt + r, 1);
       }
     }
     return;
@@ -841,12 +918,13 @@ void Mxfp4Rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t 
       const uint8_t* rows[1] = {brow(r)};
       const uint8_t* srows[1] = {srow(r)};
       int64_t t = t0;
-      for (; t + kGemmTokens <= t1; t += kGemmTokens) MxTile<1, kGemmTokens>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
-      for (; t < t1; ++t) MxTile<1, 1>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
+      for (; t + kGemmTokens <= t1; t += kGemmTokens)
+        MxTile<1, kGemmTokens, kPerm>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
+      for (; t < t1; ++t) MxTile<1, 1, kPerm>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
     }
   }
 #else
-  gb::MxRowsByDequant(w, x, T, y, ldy, r0, r1);
+  (void)w, (void)x, (void)T, (void)y, (void)ldy, (void)r0, (void)r1;
 #endif
 }
 
@@ -861,6 +939,7 @@ namespace spool::ops {
 
 HWY_EXPORT(GgmlRows);
 HWY_EXPORT(Mxfp4Rows);
+HWY_EXPORT(Mxfp4PermutesInput);
 HWY_EXPORT(GgmlKernelTarget);
 
 void validate(const Mxfp4View& w) {
@@ -881,18 +960,30 @@ void mxfp4_matmul_rows(const Mxfp4View& w, const float* x, int64_t T, float* y, 
     fail("mxfp4_matmul_rows: rows [%lld, %lld) outside [0, %lld)", static_cast<long long>(r0), static_cast<long long>(r1),
          static_cast<long long>(w.rows));
   if (r0 >= r1 || T <= 0) return;
-  HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, ldy, r0, r1);
+  HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, ldy, r0, r1, false);
 }
 
 void mxfp4_matmul(const Mxfp4View& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
   validate(w);
   if (T <= 0 || w.rows == 0) return;
+  // The input de-interleaved once for every thread's rows where the target decodes that way.
+  std::vector<float> xp;
+  const bool perm = HWY_DYNAMIC_DISPATCH(Mxfp4PermutesInput)();
+  if (perm) {
+    xp.resize(static_cast<size_t>(T * w.cols));
+    for (int64_t i = 0; i < T * w.cols; i += 32)
+      for (int j = 0; j < 16; ++j) {
+        xp[i + j] = x[i + 2 * j];
+        xp[i + 16 + j] = x[i + 2 * j + 1];
+      }
+  }
+  const float* xin = perm ? xp.data() : x;
   const int64_t work = w.rows * w.cols * T;
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
-    HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, w.rows, 0, w.rows);
+    HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, xin, T, y, w.rows, 0, w.rows, perm);
     return;
   }
-  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, w.rows, b, e); });
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, xin, T, y, w.rows, b, e, perm); });
 }
 
 void mxfp4_matmul_reference(const Mxfp4View& w, const float* x, int64_t T, float* y) {
