@@ -6,7 +6,10 @@
 //     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts);
 //   - prefill GEMM GFLOP/s at T = 512; input rotation time;
 //   - the ggml block formats of GGUF files (ops/ggml_blocks.h): decode GEMV GB/s per type
-//     (stream and hot) and prefill GEMM GFLOP/s, on random valid blocks.
+//     (stream and hot) and prefill GEMM GFLOP/s, on random valid blocks;
+//   - MXFP4 as Hugging Face stores it (gpt-oss experts: FP4 blocks + separate E8M0 scales,
+//     ops::Mxfp4View): decode GEMV GB/s at the gpt-oss expert shapes (gate_up 5760x2880, down
+//     2880x2880) and prefill GEMM GFLOP/s.
 //   build/bench/quant_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
@@ -296,6 +299,72 @@ void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
   for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 512});
 }
 BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
+
+// HF MXFP4 matrix [rows, cols]: random codes, E8M0 scales 2^-7 .. 2^-6; blocks then scales.
+std::vector<uint8_t> mxfp4_random(int64_t rows, int64_t cols) {
+  std::mt19937_64 g(5);
+  std::vector<uint8_t> m(static_cast<size_t>(rows * (cols / 2) + rows * (cols / 32)));
+  for (int64_t i = 0; i < rows * (cols / 2); ++i) m[i] = static_cast<uint8_t>(g());
+  for (size_t i = static_cast<size_t>(rows * (cols / 2)); i < m.size(); ++i) m[i] = static_cast<uint8_t>(120 + g() % 2);
+  return m;
+}
+
+spool::ops::Mxfp4View mxfp4_view(const std::vector<uint8_t>& m, int64_t rows, int64_t cols) {
+  spool::ops::Mxfp4View v;
+  v.rows = rows;
+  v.cols = cols;
+  v.blocks = m.data();
+  v.scales = m.data() + rows * (cols / 2);
+  return v;
+}
+
+// Decode GEMV y = W x of an HF MXFP4 matrix; GB/s of blocks + scales. Args: rows, cols, threads, stream.
+void BM_Mxfp4Gemv(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1);
+  const int threads = static_cast<int>(st.range(2));
+  const bool stream = st.range(3) != 0;
+  const std::vector<uint8_t> m0 = mxfp4_random(rows, cols);
+  const size_t copies = stream ? (kStreamBytes + m0.size() - 1) / m0.size() : 1;
+  std::vector<std::vector<uint8_t>> ms(copies, m0);
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  spool::ops::ThreadPool pool(threads);
+  size_t i = 0;
+  for (auto _ : st) {
+    const spool::ops::Mxfp4View v = mxfp4_view(ms[i], rows, cols);
+    i = (i + 1) % ms.size();
+    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { spool::ops::mxfp4_matmul_rows(v, x.data(), 1, y.data(), rows, b, e); });
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string("mxfp4 (HF)") + (stream ? " stream " : " hot ") + spool::ops::ggml_kernel_target());
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(m0.size()) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Mxfp4Gemv)
+    ->ArgNames({"rows", "cols", "thr", "stream"})
+    ->Args({5760, 2880, 1, 1})  // gpt-oss gate_up of one expert
+    ->Args({5760, 2880, 2, 1})
+    ->Args({2880, 2880, 1, 1})  // gpt-oss down
+    ->Args({2880, 2880, 2, 1})
+    ->Args({8192, 2048, 1, 1})  // the README table's shape
+    ->Args({8192, 2048, 2, 1})
+    ->Args({2880, 2880, 1, 0})
+    ->UseRealTime();
+
+// Prefill GEMM Y = X W^T of an HF MXFP4 matrix at T tokens, 2 threads. Args: rows, cols, T.
+void BM_Mxfp4Gemm(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1), T = st.range(2);
+  const std::vector<uint8_t> m = mxfp4_random(rows, cols);
+  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
+  spool::ops::ThreadPool pool(2);
+  const spool::ops::Mxfp4View v = mxfp4_view(m, rows, cols);
+  for (auto _ : st) {
+    spool::ops::mxfp4_matmul(v, x.data(), T, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel("mxfp4 (HF)");
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Mxfp4Gemm)->ArgNames({"rows", "cols", "T"})->Args({2880, 2880, 64})->Args({2048, 2048, 512})->UseRealTime();
 
 }  // namespace
 

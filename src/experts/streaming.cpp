@@ -109,7 +109,11 @@ ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t*
   for (int p = 0; p < 3; ++p) {
     ops::WeightView& v = *views[p];
     const uint64_t* off = loc.part_offset[p];
-    if (v.type == ops::WType::kQuant) {  // codes, scales and codebook from the slot; signs stay resident
+    if (v.empty() && v.rows == 0) continue;  // gpt-oss: no separate up projection
+    if (v.type == ops::WType::kMxfp4) {  // blocks and E8M0 scales from the slot
+      v.data = slot + off[static_cast<int>(io::ExpertPart::kMxBlocks)];
+      v.mx_scales = slot + off[static_cast<int>(io::ExpertPart::kMxScales)];
+    } else if (v.type == ops::WType::kQuant) {  // codes, scales and codebook from the slot; signs stay resident
       v.quant.qweight = slot + off[static_cast<int>(io::ExpertPart::kQWeight)];
       v.quant.scales = reinterpret_cast<const uint16_t*>(slot + off[static_cast<int>(io::ExpertPart::kScales)]);
       v.quant.codebook = reinterpret_cast<const float*>(slot + off[static_cast<int>(io::ExpertPart::kCodebook)]);

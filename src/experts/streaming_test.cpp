@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -90,7 +91,13 @@ TEST_P(BitIdentical, StreamingEqualsResident) {
   o.direct = cfg.direct;
   o.prefetch_ahead = cfg.prefetch;
   o.workers = cfg.workers;
-  o.cache_budget_bytes = static_cast<uint64_t>(cfg.budget_frac * static_cast<double>(s.ckpt->expert_bytes()));
+  // All experts' bytes, or their slots when the 4096-byte alignment of each extent makes those
+  // larger (gpt-oss MXFP4: four small extents per expert in the tiny fixture).
+  const io::ExpertStore plan(*s.ckpt, s.moe_layers, s.model->spec().moe.n_experts, cfg.direct);
+  const uint64_t n_experts = static_cast<uint64_t>(std::count(s.moe_layers.begin(), s.moe_layers.end(), true)) *
+                             static_cast<uint64_t>(s.model->spec().moe.n_experts);
+  const uint64_t all = std::max(s.ckpt->expert_bytes(), n_experts * plan.slot_bytes());
+  o.cache_budget_bytes = static_cast<uint64_t>(cfg.budget_frac * static_cast<double>(all));
   auto streaming = make_streaming(s, o);
   s.model->set_expert_provider(streaming);
   const std::vector<float> got = run(*s.model, prompt, 16, 12);
@@ -101,7 +108,7 @@ TEST_P(BitIdentical, StreamingEqualsResident) {
   EXPECT_GT(st.bytes_read, 0u);
   EXPECT_EQ(st.requests, st.hits + st.misses);
   if (cfg.budget_frac >= 1.0) {
-    EXPECT_LE(st.misses, static_cast<uint64_t>(s.ckpt->expert_bytes() / streaming->store().slot_bytes() + 1));
+    EXPECT_LE(st.misses, static_cast<uint64_t>(all / streaming->store().slot_bytes() + 1));
   }
   // The reads went the way the name says: O_DIRECT, or through the page cache. A filesystem
   // that refuses O_DIRECT (tmpfs) gets buffered reads + DONTNEED: the results above still
@@ -135,12 +142,40 @@ INSTANTIATE_TEST_SUITE_P(Demo, BitIdentical, ::testing::Combine(::testing::Value
 INSTANTIATE_TEST_SUITE_P(Fixtures, BitIdentical,
                          ::testing::Combine(::testing::Values("qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe", "mixtral", "olmoe",
                                                               "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite",
-                                                              "minimax_m2"),
+                                                              "minimax_m2", "gpt_oss_mxfp4"),
                                             ::testing::Values(Config{0.0, 1, true, io::IoEngine::kPread, 0},
                                                               Config{0.1, 8, false, io::IoEngine::kUring, 2},
                                                               Config{0.5, 8, true, io::IoEngine::kUring, 0},
                                                               Config{1.0, 1, false, io::IoEngine::kPread, 1})),
                          param_name);
+// gpt-oss float experts ([E, in, out] in the file) are streamed from the in-memory shard that
+// holds their transposed copy (io::Checkpoint): a memfd, which refuses O_DIRECT, so page-cache
+// reads only.
+INSTANTIATE_TEST_SUITE_P(GptOssFloat, BitIdentical,
+                         ::testing::Combine(::testing::Values("gpt_oss"),
+                                            ::testing::Values(Config{0.0, 1, false, io::IoEngine::kPread, 0},
+                                                              Config{0.1, 8, false, io::IoEngine::kUring, 2},
+                                                              Config{1.0, 1, false, io::IoEngine::kPread, 1})),
+                         param_name);
+
+// The MXFP4 experts of gpt_oss_mxfp4 are streamed as their own bytes: each expert's slot holds
+// its FP4 blocks and E8M0 scales (two ranges of each fused [E, ...] tensor), nothing else.
+TEST(GptOssMxfp4, ExpertsStreamAsStoredBlocksAndScales) {
+  Bench s = load(data_dir() + "/models/gpt_oss_mxfp4");
+  const auto& sp = s.model->spec();
+  const int64_t H = sp.hidden_size, I = sp.moe.intermediate;
+  StreamingOptions o;
+  o.cache_budget_bytes = 0;
+  auto st = make_streaming(s, o);
+  const io::ExpertLocation& loc = st->store().at(1, 3);
+  // gate_up [2I, H] and down [H, I]: blocks (in/2 bytes per row) + scales (in/32 per row).
+  EXPECT_EQ(loc.payload_bytes, static_cast<uint64_t>(2 * I * (H / 2 + H / 32) + H * (I / 2 + I / 32)));
+  EXPECT_EQ(loc.extents.size(), 4u);  // blocks and scales of gate_up and of down
+  const io::TensorRef* b = s.ckpt->expert_part(1, 3, io::ExpertProj::kGate, io::ExpertPart::kMxBlocks);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->shape, (std::vector<int64_t>{2 * I, H / 32, 16}));
+  EXPECT_EQ(s.ckpt->expert_part(1, 3, io::ExpertProj::kUp, io::ExpertPart::kWeight), nullptr);
+}
 
 TEST(KReduction, RenormalisesOnlyWhenTheModelDoes) {
   float logits[6] = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f, -1.0f};

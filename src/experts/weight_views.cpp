@@ -121,9 +121,26 @@ const io::TensorRef* signs_of(const io::Checkpoint& ck, const std::string& name)
 
 ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter, bool check_data) {
   ops::WeightView v[3];
-  const int64_t rows[3] = {inter, inter, hidden}, cols[3] = {hidden, hidden, inter};
+  // gpt-oss: no up projection; gate holds gate and up rows interleaved.
+  const bool fused = !ck.has_expert(layer, expert, io::ExpertProj::kUp);
+  const int64_t rows[3] = {fused ? 2 * static_cast<int64_t>(inter) : inter, inter, hidden}, cols[3] = {hidden, hidden, inter};
   for (int p = 0; p < 3; ++p) {
     const auto proj = static_cast<io::ExpertProj>(p);
+    if (fused && proj == io::ExpertProj::kUp) continue;
+    if (const io::TensorRef* b = ck.expert_part(layer, expert, proj, io::ExpertPart::kMxBlocks)) {
+      const io::TensorRef* s = ck.expert_part(layer, expert, proj, io::ExpertPart::kMxScales);
+      const int64_t G = cols[p] / 32;
+      if (cols[p] % 32 != 0 || b->shape != std::vector<int64_t>{rows[p], G, 16})
+        fail("%s: MXFP4 expert tensor '%s' has shape %s, expected [%lld, %lld, 16]", ck.dir().c_str(), b->name.c_str(),
+             b->shape_str().c_str(), (long long)rows[p], (long long)G);
+      if (s == nullptr) fail("%s: MXFP4 expert tensor '%s' has no E8M0 scales", ck.dir().c_str(), b->name.c_str());
+      if (s->shape != std::vector<int64_t>{rows[p], G})
+        fail("%s: MXFP4 scales '%s' have shape %s, expected [%lld, %lld]", ck.dir().c_str(), s->name.c_str(),
+             s->shape_str().c_str(), (long long)rows[p], (long long)G);
+      if (b->data == nullptr || s->data == nullptr) fail("tensor '%s': checkpoint was opened without data", b->name.c_str());
+      v[p] = ops::mxfp4_weight_view(rows[p], cols[p], b->data, s->data);
+      continue;
+    }
     if (const io::TensorRef* t = ck.expert_part(layer, expert, proj, io::ExpertPart::kWeight)) {
       if (t->shape != std::vector<int64_t>{rows[p], cols[p]})
         fail("%s: expert tensor '%s' has shape %s, expected [%lld, %lld]", ck.dir().c_str(), t->name.c_str(),

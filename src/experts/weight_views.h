@@ -40,6 +40,8 @@ ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, i
 
 /// Views of expert `e` of `layer` (gate/up [inter, hidden], down [hidden, inter]), float or
 /// quantized (signs: layers.{L}.mlp.experts.{gate_up,down}.signs), pointing into the mapping.
+/// gpt-oss (no up projection in the checkpoint): gate is the fused gate_up [2 * inter, hidden]
+/// with interleaved rows and up is empty; its matrices may be MXFP4 (WType::kMxfp4).
 /// `check_data` = false checks shapes from the headers only, touching none of the expert's bytes
 /// (the streaming provider checks them after reading).
 ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter, bool check_data = true);

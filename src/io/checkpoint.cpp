@@ -1,11 +1,17 @@
 #include "io/checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sysinfo.h"
 
 namespace spool::io {
 
@@ -14,12 +20,47 @@ namespace fs = std::filesystem;
 namespace {
 
 uint64_t expert_key(int layer, int expert, ExpertProj proj, ExpertPart part) {
-  return (static_cast<uint64_t>(layer) << 32) | (static_cast<uint64_t>(expert) << 4) | (static_cast<uint64_t>(proj) << 2) |
+  return (static_cast<uint64_t>(layer) << 32) | (static_cast<uint64_t>(expert) << 5) | (static_cast<uint64_t>(proj) << 3) |
          static_cast<uint64_t>(part);
+}
+
+// gpt-oss expert tensors (HF GptOssExperts; architectures-2 §4.2): `layers.{L}.mlp.experts.`
+// followed by gate_up_proj / down_proj (float, [E, in, out]) or their _blocks / _scales (MXFP4,
+// [E, out, in/32, 16] and [E, out, in/32]). Sets *gate_up, *part (kWeight, kMxBlocks, kMxScales)
+// and *layer; false for any other name.
+bool parse_gpt_oss_expert(std::string_view n, int* layer, bool* gate_up, ExpertPart* part) {
+  if (!n.starts_with("layers.")) return false;
+  n.remove_prefix(7);
+  const size_t dot = n.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot > 7) return false;
+  int l = 0;
+  for (size_t i = 0; i < dot; ++i) {
+    if (n[i] < '0' || n[i] > '9') return false;
+    l = l * 10 + (n[i] - '0');
+  }
+  n.remove_prefix(dot + 1);
+  if (!n.starts_with("mlp.experts.")) return false;
+  n.remove_prefix(12);
+  *layer = l;
+  for (const char* base : {"gate_up_proj", "down_proj"}) {
+    const std::string_view b(base);
+    if (!n.starts_with(b)) continue;
+    const std::string_view rest = n.substr(b.size());
+    *gate_up = b[0] == 'g';
+    if (rest.empty()) *part = ExpertPart::kWeight;
+    else if (rest == "_blocks") *part = ExpertPart::kMxBlocks;
+    else if (rest == "_scales") *part = ExpertPart::kMxScales;
+    else return false;
+    return true;
+  }
+  return false;
 }
 
 // The dtype a tensor must have: quantized parts have fixed types, other tensors are floats.
 bool dtype_allowed(std::string_view name, DType t) {
+  // gpt-oss MXFP4: fused as released, or per expert as spool convert writes them.
+  if (name.ends_with("_proj_blocks") || name.ends_with("_proj_scales") || name.ends_with(".blocks") || name.ends_with(".e8m0_scales"))
+    return t == DType::U8;
   if (name.ends_with(".qweight")) return t == DType::U8;
   if (name.ends_with(".scales")) return t == DType::F16;
   if (name.ends_with(".codebook")) return t == DType::F32;
@@ -92,6 +133,84 @@ void Checkpoint::add_fused(const TensorRef& t, const ExpertName& n, const std::s
   expert_layout_ = ExpertLayout::kFused;
 }
 
+// gpt-oss experts, per expert e of a fused [E, ...] tensor:
+//  * MXFP4 `*_blocks` [E, R, G, 16] / `*_scales` [E, R, G] (R = output rows, G = in/32): expert
+//    e's bytes are one contiguous range of each; exposed as parts kMxBlocks [R, G, 16] and
+//    kMxScales [R, G] of projection gate (gate_up, rows interleaved) or down. No copy.
+//  * float `gate_up_proj` [E, H, 2I] / `down_proj` [E, I, H] ([in, out], x @ W): transposed to
+//    [out, in] per expert into an in-memory shard (write_transposed); gate_up keeps its
+//    interleaved row order.
+void Checkpoint::add_gpt_oss_expert(const TensorRef& t, int layer, bool gate_up, ExpertPart part, const std::string& file,
+                                    const std::string& original, std::vector<Transposed>* transposed) {
+  const size_t want = part == ExpertPart::kMxBlocks ? 4 : 3;
+  if (t.shape.size() != want)
+    fail("%s: gpt-oss expert tensor '%s' must be %zu-D, got %s", file.c_str(), original.c_str(), want, t.shape_str().c_str());
+  if (part == ExpertPart::kMxBlocks && t.shape[3] != 16)
+    fail("%s: MXFP4 blocks '%s' must have 16 bytes per block (last dimension), got %s", file.c_str(), original.c_str(),
+         t.shape_str().c_str());
+  const int64_t E = t.shape[0];
+  if (E <= 0 || t.nbytes % static_cast<uint64_t>(E) != 0)
+    fail("%s: gpt-oss expert tensor '%s' has shape %s", file.c_str(), original.c_str(), t.shape_str().c_str());
+  const uint64_t per = t.nbytes / static_cast<uint64_t>(E);
+  const ExpertProj proj = gate_up ? ExpertProj::kGate : ExpertProj::kDown;
+  for (int64_t e = 0; e < E; ++e) {
+    TensorRef x = t;
+    x.shape.assign(t.shape.begin() + 1, t.shape.end());
+    if (part == ExpertPart::kWeight) std::swap(x.shape[0], x.shape[1]);  // [in, out] -> [out, in]
+    x.nbytes = per;
+    x.offset = t.offset + e * per;
+    x.data = t.data ? t.data + e * per : nullptr;
+    x.expert_layer = layer;
+    x.expert_id = static_cast<int>(e);
+    x.expert_proj = proj;
+    x.expert_part = part;
+    x.name = expert_tensor_name(layer, static_cast<int>(e), proj, part);
+    if (part == ExpertPart::kWeight && t.data != nullptr)
+      transposed->push_back({tensors_.size(), t.data + e * per, t.shape[1], t.shape[2], dtype_size(t.dtype)});
+    add(std::move(x));
+  }
+  expert_layout_ = ExpertLayout::kFused;
+}
+
+// The transposed float experts of a gpt-oss checkpoint: one anonymous in-memory file, mapped
+// like a shard (streaming reads it with pread like any shard).
+void Checkpoint::write_transposed(const std::vector<Transposed>& items) {
+  uint64_t total = 0;
+  for (const Transposed& it : items) total += static_cast<uint64_t>(it.in * it.out) * it.elem;
+  log_info("%s: gpt-oss float experts are stored [in, out]: %s transposed into memory (the released MXFP4 experts are read "
+           "in place)", dir_.c_str(), format_bytes(total).c_str());
+  const int fd = memfd_create("spool-gpt-oss-experts", MFD_CLOEXEC);
+  if (fd < 0) fail("%s: memfd_create failed (%s)", dir_.c_str(), std::strerror(errno));
+  uint64_t at = 0;
+  std::vector<uint8_t> buf;
+  for (const Transposed& it : items) {
+    at = (at + 63) / 64 * 64;
+    const uint64_t es = it.elem;
+    buf.resize(static_cast<size_t>(it.in * it.out * es));
+    for (int64_t i = 0; i < it.in; ++i)
+      for (int64_t o = 0; o < it.out; ++o) std::memcpy(buf.data() + (o * it.in + i) * es, it.src + (i * it.out + o) * es, es);
+    uint64_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t w = ::pwrite(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(at + done));
+      if (w <= 0) {
+        ::close(fd);
+        fail("%s: writing transposed expert tensors to memory failed (%s)", dir_.c_str(), std::strerror(errno));
+      }
+      done += static_cast<uint64_t>(w);
+    }
+    tensors_[it.index].offset = at;
+    at += buf.size();
+  }
+  SafetensorsFile mem = SafetensorsFile::from_fd(fd, "/proc/self/fd/" + std::to_string(fd), true);
+  const int shard = static_cast<int>(shards_.size());
+  for (const Transposed& it : items) {
+    TensorRef& t = tensors_[it.index];
+    t.shard = shard;
+    t.data = mem.mapping() + t.offset;
+  }
+  shards_.push_back(std::move(mem));
+}
+
 void Checkpoint::add(TensorRef t) {
   if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
   if (t.expert_layer >= 0) expert_index_[expert_key(t.expert_layer, t.expert_id, t.expert_proj, t.expert_part)] = tensors_.size();
@@ -118,8 +237,12 @@ std::optional<bool> check_quantization(const Config& raw, const std::string& lab
   };
   if (j.contains("quantization_config")) {
     const std::string m = str(j["quantization_config"], "quant_method");
-    fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
-         "quantizes it)", label.c_str(), m.empty() ? "unknown" : m.c_str());
+    // gpt-oss's released MXFP4 experts are read natively (Checkpoint::add_gpt_oss_expert); a
+    // spool quantization block may follow (spool convert keeps MXFP4 experts as they are).
+    const bool mxfp4 = m == "mxfp4" && str(j, "model_type") == "gpt_oss";
+    if (!mxfp4)
+      fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
+           "quantizes it)", label.c_str(), m.empty() ? "unknown" : m.c_str());
   }
   if (!j.contains("quantization")) return std::nullopt;
   const nlohmann::json& q = j["quantization"];
@@ -203,6 +326,8 @@ Checkpoint Checkpoint::from_parts(const std::string& label, const Config& raw_co
 void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
   Checkpoint& c = *this;
   c.shards_ = std::move(shards);
+  const bool gpt_oss = c.model_type_ == "gpt_oss";
+  std::vector<Transposed> transposed;  // gpt-oss float experts, written to memory below
   // One TensorRef per tensor (a fused expert tensor [E, ...] becomes 2E or E): reserved up
   // front, so the table has no growth slack and index_ is built once.
   size_t n = 0;
@@ -210,6 +335,13 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
     for (const TensorInfo& ti : sf.tensors()) {
       const std::string name = normalize_tensor_name(ti.name);
       if (name.empty()) continue;  // dropped
+      int gl = 0;
+      bool gu = false;
+      ExpertPart gp = ExpertPart::kWeight;
+      if (gpt_oss && !ti.shape.empty() && parse_gpt_oss_expert(name, &gl, &gu, &gp)) {  // one per expert
+        n += static_cast<size_t>(std::max<int64_t>(ti.shape[0], 0));
+        continue;
+      }
       const std::optional<ExpertName> en = ti.shape.size() == 3 ? parse_expert_name(name) : std::nullopt;
       n += en && en->fused ? static_cast<size_t>(ti.shape[0]) * (en->proj == ExpertProj::kGate ? 2 : 1) : 1;
     }
@@ -234,6 +366,15 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
       t.offset = ti.offset;
       t.nbytes = ti.nbytes;
       t.data = sf.mapping() ? sf.mapping() + ti.offset : nullptr;
+      if (gpt_oss) {
+        int layer = 0;
+        bool gate_up = false;
+        ExpertPart part = ExpertPart::kWeight;
+        if (parse_gpt_oss_expert(name, &layer, &gate_up, &part)) {
+          c.add_gpt_oss_expert(t, layer, gate_up, part, sf.path(), ti.name, &transposed);
+          continue;
+        }
+      }
       if (std::optional<ExpertName> en = parse_expert_name(name)) {
         if (en->fused) {
           c.add_fused(t, *en, sf.path(), ti.name);
@@ -243,8 +384,9 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
         t.expert_id = en->expert;
         t.expert_proj = en->proj;
         t.expert_part = en->part;
-        if (t.expert_part != ExpertPart::kWeight) c.experts_quantized_ = true;
-        const size_t want_dims = t.expert_part == ExpertPart::kCodebook ? 1 : 2;
+        if (t.expert_part != ExpertPart::kWeight && t.expert_part != ExpertPart::kMxBlocks && t.expert_part != ExpertPart::kMxScales)
+          c.experts_quantized_ = true;
+        const size_t want_dims = t.expert_part == ExpertPart::kCodebook ? 1 : t.expert_part == ExpertPart::kMxBlocks ? 3 : 2;
         if (t.shape.size() != want_dims)
           fail("%s: expert tensor '%s' must be %zu-D, got %s", sf.path().c_str(), ti.name.c_str(), want_dims, t.shape_str().c_str());
         if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;
@@ -258,6 +400,7 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
     }
     sf.drop_tensor_table();  // tensors_ holds all of it now
   }
+  if (!transposed.empty()) c.write_transposed(transposed);
 }
 
 const TensorRef* Checkpoint::find(std::string_view name) const {
@@ -279,19 +422,21 @@ const TensorRef* Checkpoint::expert_part(int layer, int expert, ExpertProj proj,
 std::vector<const TensorRef*> Checkpoint::expert_tensors(int layer, int expert) const {
   std::vector<const TensorRef*> out;
   for (int p = 0; p < 3; ++p)
-    for (int q = 0; q < 4; ++q)
+    for (int q = 0; q < kExpertParts; ++q)
       if (const TensorRef* t = expert_part(layer, expert, static_cast<ExpertProj>(p), static_cast<ExpertPart>(q))) out.push_back(t);
   return out;
 }
 
 bool Checkpoint::has_expert(int layer, int expert, ExpertProj proj) const {
   return expert_part(layer, expert, proj, ExpertPart::kWeight) != nullptr ||
-         expert_part(layer, expert, proj, ExpertPart::kQWeight) != nullptr;
+         expert_part(layer, expert, proj, ExpertPart::kQWeight) != nullptr ||
+         expert_part(layer, expert, proj, ExpertPart::kMxBlocks) != nullptr;
 }
 
 const TensorRef& Checkpoint::expert(int layer, int expert, ExpertProj proj) const {
   const TensorRef* t = expert_part(layer, expert, proj, ExpertPart::kWeight);
   if (t == nullptr) t = expert_part(layer, expert, proj, ExpertPart::kQWeight);
+  if (t == nullptr) t = expert_part(layer, expert, proj, ExpertPart::kMxBlocks);
   if (t == nullptr) {
     fail("%s: missing expert tensor %s", dir_.c_str(), expert_tensor_name(layer, expert, proj).c_str());
   }

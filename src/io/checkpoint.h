@@ -11,6 +11,10 @@
 // into per-expert byte ranges of the same file (no copy); Mixtral's
 // block_sparse_moe.experts.{e}.{w1,w3,w2} map to gate/up/down and block_sparse_moe.gate to mlp.gate;
 // MiniMax-M2's block_sparse_moe.e_score_correction_bias becomes mlp.gate.e_score_correction_bias.
+// gpt-oss (model_type gpt_oss) stores gate_up fused with interleaved rows and no separate up:
+// its experts expose `gate_proj` = the whole gate_up [2I, H] and `down_proj`; MXFP4
+// (`*_blocks` + `*_scales`, quantization_config quant_method "mxfp4") as parts kMxBlocks and
+// kMxScales of the same bytes, float ([E, in, out]) transposed into an in-memory shard.
 #pragma once
 
 #include <cstdint>
@@ -150,6 +154,17 @@ class Checkpoint {
   static Checkpoint gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, bool map, bool local);
   void add(TensorRef t);
   void add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original);
+  // A gpt-oss float expert matrix [in, out] at src, to be written transposed ([out, in]) for
+  // tensors_[index]; elem = bytes per element.
+  struct Transposed {
+    size_t index;
+    const uint8_t* src;
+    int64_t in, out;
+    uint64_t elem;
+  };
+  void add_gpt_oss_expert(const TensorRef& t, int layer, bool gate_up, ExpertPart part, const std::string& file,
+                          const std::string& original, std::vector<Transposed>* transposed);
+  void write_transposed(const std::vector<Transposed>& items);
   std::string dir_;
   Config config_, raw_config_;
   std::string model_type_, top_model_type_;

@@ -32,8 +32,8 @@ struct ExpertExtent {
 struct ExpertLocation {
   std::vector<ExpertExtent> extents;
   /// Offset inside the buffer of each [projection][part] tensor (gate/up/down x weight,
-  /// qweight, scales, codebook); UINT64_MAX where the part is absent.
-  uint64_t part_offset[3][4];
+  /// qweight, scales, codebook, MXFP4 blocks, E8M0 scales); UINT64_MAX where the part is absent.
+  uint64_t part_offset[3][kExpertParts];
   uint64_t payload_bytes = 0;           // sum of the three tensors' sizes
   uint64_t read_bytes = 0;              // sum of extent lengths (>= payload in direct mode)
 };

@@ -33,6 +33,8 @@ bool parse_part(std::string_view s, ExpertPart* part) {
   else if (s == "qweight") *part = ExpertPart::kQWeight;
   else if (s == "scales") *part = ExpertPart::kScales;
   else if (s == "codebook") *part = ExpertPart::kCodebook;
+  else if (s == "blocks") *part = ExpertPart::kMxBlocks;
+  else if (s == "e8m0_scales") *part = ExpertPart::kMxScales;
   else return false;
   return true;
 }
@@ -77,7 +79,7 @@ std::optional<int> parse_router_name(std::string_view s) {
 
 std::string expert_tensor_name(int layer, int expert, ExpertProj proj, ExpertPart part) {
   static const char* proj_names[] = {"gate_proj", "up_proj", "down_proj"};
-  static const char* part_names[] = {"weight", "qweight", "scales", "codebook"};
+  static const char* part_names[] = {"weight", "qweight", "scales", "codebook", "blocks", "e8m0_scales"};
   return strfmt("layers.%d.mlp.experts.%d.%s.%s", layer, expert, proj_names[static_cast<int>(proj)],
                 part_names[static_cast<int>(part)]);
 }

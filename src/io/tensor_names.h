@@ -1,6 +1,6 @@
 // Parsing of normalised checkpoint tensor names that identify routed experts and routers,
 // shared by the checkpoint loader and the repacker.
-//   layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.{weight,qweight,scales,codebook}  per expert
+//   layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.{weight,qweight,scales,codebook,blocks,e8m0_scales}  per expert
 //   layers.{L}.mlp.experts.{gate_up_proj,down_proj}[.weight]                         fused [E, out, in]
 //   layers.{L}.block_sparse_moe.experts.{E}.{w1,w3,w2}.weight                        Mixtral (gate, up, down)
 //   layers.{L}.mlp.gate.{weight,e_score_correction_bias}, layers.{L}.block_sparse_moe.gate.weight,
@@ -16,8 +16,11 @@ namespace spool::io {
 /// Which projection of a routed expert a tensor is.
 enum class ExpertProj { kGate = 0, kUp = 1, kDown = 2 };
 /// Which part of a projection a tensor is: the float weight, or the packed codes, fp16
-/// group scales and codebook of a quantized weight (docs/quant-format.md).
-enum class ExpertPart { kWeight = 0, kQWeight = 1, kScales = 2, kCodebook = 3 };
+/// group scales and codebook of a quantized weight (docs/quant-format.md), or the FP4 blocks
+/// and E8M0 scales of an MXFP4 weight as Hugging Face stores it (gpt-oss, ops::Mxfp4View).
+enum class ExpertPart { kWeight = 0, kQWeight = 1, kScales = 2, kCodebook = 3, kMxBlocks = 4, kMxScales = 5 };
+/// Number of ExpertPart values.
+constexpr int kExpertParts = 6;
 
 /// A parsed expert tensor name.
 struct ExpertName {

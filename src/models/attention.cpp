@@ -21,8 +21,9 @@ AttentionLayer::Scratch AttentionLayer::Scratch::take(ops::Workspace& ws, const 
   return s;
 }
 
-void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
+void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer) {
   a_ = spec.attn;
+  window_ = a_.windowed(layer) ? a_.sliding_window : 0;
   eps_ = spec.rms_norm_eps;
   const int64_t H = spec.hidden_size, hd = a_.head_dim;
   wq_ = bind_matrix(ck, prefix + "q_proj.weight", a_.n_heads * hd * (a_.output_gate ? 2 : 1), H);
@@ -33,17 +34,20 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
     q_norm_ = bind_norm(ck, prefix + "q_norm.weight", a_.qk_norm_full ? a_.n_heads * hd : hd, spec.norm_one_plus);
     k_norm_ = bind_norm(ck, prefix + "k_norm.weight", a_.qk_norm_full ? a_.n_kv_heads * hd : hd, spec.norm_one_plus);
   }
-  if (a_.qkv_bias) {
+  if (a_.qkv_bias) {  // GLM-4.5, gpt-oss
     if (a_.output_gate) fail("%s: q/k/v biases with an output-gated q_proj are not supported", ck.dir().c_str());
-    q_bias_ = bind_f32(ck, prefix + "q_proj.bias", {a_.n_heads * hd});
-    k_bias_ = bind_f32(ck, prefix + "k_proj.bias", {a_.n_kv_heads * hd});
-    v_bias_ = bind_f32(ck, prefix + "v_proj.bias", {a_.n_kv_heads * hd});
+    bq_ = bind_f32(ck, prefix + "q_proj.bias", {a_.n_heads * hd});
+    bk_ = bind_f32(ck, prefix + "k_proj.bias", {a_.n_kv_heads * hd});
+    bv_ = bind_f32(ck, prefix + "v_proj.bias", {a_.n_kv_heads * hd});
   }
-  q_bias_p_ = q_bias_.data();
-  k_bias_p_ = k_bias_.data();
-  v_bias_p_ = v_bias_.data();
+  if (a_.o_bias) bo_ = bind_f32(ck, prefix + "o_proj.bias", {H});  // gpt-oss
+  bq_p_ = bq_.data();
+  bk_p_ = bk_.data();
+  bv_p_ = bv_.data();
+  bo_p_ = bo_.data();
   q_norm_p_ = q_norm_.data();
   k_norm_p_ = k_norm_.data();
+  if (a_.sinks) sinks_ = bind_f32(ck, prefix + "sinks", {a_.n_heads});
   rope_ = a_.inv_freq.empty() ? ops::Rope(a_.rotary_dim, a_.rope_theta, a_.rope_attention_scaling)
                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
 }
@@ -58,10 +62,11 @@ void AttentionLayer::place(ops::Backend& be) {
     k_norm_p_ = be.upload_floats(k_norm_);
   }
   if (a_.qkv_bias) {
-    q_bias_p_ = be.upload_floats(q_bias_);
-    k_bias_p_ = be.upload_floats(k_bias_);
-    v_bias_p_ = be.upload_floats(v_bias_);
+    bq_p_ = be.upload_floats(bq_);
+    bk_p_ = be.upload_floats(bk_);
+    bv_p_ = be.upload_floats(bv_);
   }
+  if (a_.o_bias) bo_p_ = be.upload_floats(bo_);
 }
 
 void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -80,9 +85,9 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     be.matmul_multi(qkv, x, T);
   }
   if (a_.qkv_bias) {  // before the q/k norms and RoPE (HF: Linear with bias)
-    be.add_bias(s.q, q_bias_p_, T, static_cast<int64_t>(nh) * hd);
-    be.add_bias(s.k, k_bias_p_, T, static_cast<int64_t>(nkv) * hd);
-    be.add_bias(s.v, v_bias_p_, T, static_cast<int64_t>(nkv) * hd);
+    be.add_bias(s.q, bq_p_, T, static_cast<int64_t>(nh) * hd);
+    be.add_bias(s.k, bk_p_, T, static_cast<int64_t>(nkv) * hd);
+    be.add_bias(s.v, bv_p_, T, static_cast<int64_t>(nkv) * hd);
   }
   if (a_.qk_norm_full) {
     be.rms_norm(s.q, q_norm_p_, T, static_cast<int64_t>(nh) * hd, eps_, s.q);
@@ -95,13 +100,16 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
   be.rope(rope_, s.k, T, static_cast<int64_t>(nkv) * hd, nkv, hd, pos0);
   be.kv_append(cache, pos0, T, s.k, s.v);  // k normed and rotated, v raw
   const float scale = a_.softmax_scale > 0 ? a_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(hd));
-  if (a_.sliding_window > 0 && pos0 + T > a_.sliding_window) {
-    be.attention_window(s.q, T, nh, cache, pos0, scale, a_.sliding_window, s.att);
+  if (a_.sinks) {
+    be.attention_sinks(s.q, T, nh, cache, pos0, scale, window_, sinks_.data(), s.att);
+  } else if (window_ > 0 && pos0 + T > window_) {
+    be.attention_window(s.q, T, nh, cache, pos0, scale, window_, s.att);
   } else {
     be.attention(s.q, T, nh, cache, pos0, scale, s.att);
   }
   if (a_.output_gate) be.mul_sigmoid(s.att, s.gate, T * nh * hd);
   be.matmul(wo_, s.att, T, out);
+  if (a_.o_bias) be.add_bias(out, bo_p_, T, wo_.rows);
 }
 
 }  // namespace spool::models

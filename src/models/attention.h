@@ -6,6 +6,8 @@
 // projection. GLM-4.5 (HF Glm4MoeAttention): q/k/v_proj biases (AttentionSpec::qkv_bias),
 // optional per-head q/k norms, RoPE on the first half of each head.
 // Mixtral: a sliding window (AttentionSpec::sliding_window) masks keys older than the window.
+// gpt-oss (HF GptOssAttention): biases on q/k/v/o, per-head attention sinks, the window only on
+// the layers layer_types marks "sliding_attention" (AttentionSpec::window_layers).
 #pragma once
 
 #include <string>
@@ -31,9 +33,12 @@ class AttentionLayer {
     static Scratch take(ops::Workspace& ws, const AttentionSpec& a, int64_t T);
   };
 
-  /// Binds `{prefix}{q,k,v,o}_proj.weight`, `{prefix}{q,k}_norm.weight` (with qk_norm) and
-  /// `{prefix}{q,k,v}_proj.bias` (with qkv_bias) (prefix e.g. "layers.3.self_attn.").
-  void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
+  /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
+  /// "layers.3.self_attn."), with AttentionSpec::qkv_bias `{prefix}{q,k,v}_proj.bias`, with
+  /// AttentionSpec::o_bias `{prefix}o_proj.bias` and with
+  /// AttentionSpec::sinks `{prefix}sinks` [n_heads]. `layer` selects whether the sliding window
+  /// applies (AttentionSpec::windowed).
+  void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer = -1);
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
   /// forward() will get.
@@ -48,10 +53,12 @@ class AttentionLayer {
   float eps_ = 1e-6f;
   ops::WeightView wq_, wk_, wv_, wo_;
   std::vector<float> q_norm_, k_norm_;
-  std::vector<float> q_bias_, k_bias_, v_bias_;  // [nh*hd], [nkv*hd], [nkv*hd] (qkv_bias)
-  const float *q_bias_p_ = nullptr, *k_bias_p_ = nullptr, *v_bias_p_ = nullptr;  // where the backend reads them
   const float* q_norm_p_ = nullptr;  // q_norm_ where the backend reads it (place())
   const float* k_norm_p_ = nullptr;
+  int64_t window_ = 0;  // this layer's sliding window (0: none)
+  std::vector<float> bq_, bk_, bv_, bo_;  // projection biases [nh*hd], [nkv*hd] x2, [H] (qkv_bias, o_bias)
+  const float *bq_p_ = nullptr, *bk_p_ = nullptr, *bv_p_ = nullptr, *bo_p_ = nullptr;  // where the backend reads them
+  std::vector<float> sinks_;  // [n_heads] host (AttentionSpec::sinks)
   ops::Rope rope_;
 };
 

@@ -114,7 +114,7 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     L.post_norm = bind_norm(ck, p + "post_attention_layernorm.weight", H, spec_.norm_one_plus);
     if (spec_.mixers[i] == MixerKind::kAttention) {
       L.attn = std::make_unique<AttentionLayer>();
-      L.attn->bind(ck, p + "self_attn.", spec_);
+      L.attn->bind(ck, p + "self_attn.", spec_, i);
     } else if (spec_.mixers[i] == MixerKind::kMLA) {
       L.mla = std::make_unique<MlaLayer>();
       L.mla->bind(ck, p + "self_attn.", spec_);

@@ -19,6 +19,7 @@ const std::vector<const Family*>& families() {
       &glm4_moe_family(),
       &glm4_moe_lite_family(),
       &minimax_m2_family(),
+      &gpt_oss_family(),
   };
   return v;
 }

@@ -61,6 +61,7 @@ const Family& deepseek_v3_family();
 const Family& glm4_moe_family();
 const Family& glm4_moe_lite_family();
 const Family& minimax_m2_family();
+const Family& gpt_oss_family();
 
 /// Generic description of a GQA attention stack with MoE FFNs (the families' describe default).
 std::string describe_gqa_moe(const ModelSpec& s);

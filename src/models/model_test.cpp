@@ -9,10 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "../../tests/support/golden.h"
 #include "common/error.h"
+#include "io/safetensors.h"
+#include "models/presets.h"
 #include "ops/reference_backend.h"
 
 namespace spool::models {
@@ -99,7 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
                                            "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
                                            "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
                                            // q/k norm + head_dim 32 + 2 groups; v_head_dim != qk_nope_head_dim; top-6
-                                           "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6"));
+                                           "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4"));
 
 // GLM-4.7-Flash normalises its MLA latents (q_a_layernorm, kv_a_layernorm) with the RMSNorm
 // class default eps 1e-6, not rms_norm_eps 1e-5: the wrong eps moves this fixture's logits by
@@ -278,6 +281,90 @@ TEST_F(Demo, GreedyDoesNotDependOnPrefillStep) {
   std::vector<int32_t> ids = g.i32("p3.input_ids");
   std::vector<int32_t> want = g.i32("p3.greedy_ids");
   for (int64_t step : {1, 7, 64, 512}) EXPECT_EQ(greedy(m, ids, 48, step), want) << "prefill step " << step;
+}
+
+// The released gpt-oss config (rope_scaling yarn with truncate false, rope_theta at the top level):
+// YaRN frequencies with fractional ramp bounds low = 8.0928, high = 17.3980 (architectures-2 §4.4),
+// attention factor 0.1 ln 32 + 1 on cos/sin, windows on the even layers, every layer MoE.
+TEST(GptOssSpec, ReleaseConfigYarnAndWindows) {
+  for (const char* name : {"gpt-oss-20b", "gpt-oss-120b"}) {
+    SCOPED_TRACE(name);
+    const Preset& pr = preset(name);
+    const io::Config c(nlohmann::json::parse(pr.config.dump()), name);
+    const ModelSpec s = build_spec(c, {}, false, name);
+    EXPECT_EQ(s.family, "gpt_oss");
+    EXPECT_NEAR(s.attn.rope_attention_scaling, 0.1 * std::log(32.0) + 1.0, 1e-6);
+    ASSERT_EQ(s.attn.inv_freq.size(), 32u);
+    const double low = 64 * std::log(4096 / (32 * 2 * M_PI)) / (2 * std::log(150000.0));
+    const double high = 64 * std::log(4096 / (1 * 2 * M_PI)) / (2 * std::log(150000.0));
+    EXPECT_NEAR(low, 8.0928, 1e-4);
+    EXPECT_NEAR(high, 17.3980, 1e-4);
+    for (int i = 0; i < 32; ++i) {
+      const double base = std::pow(150000.0, -2.0 * i / 64);
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      EXPECT_NEAR(s.attn.inv_freq[i], base * (1 - ramp) + base / 32 * ramp, 1e-6 * base) << i;
+    }
+    EXPECT_EQ(s.attn.sliding_window, 128);
+    for (int i = 0; i < s.n_layers; ++i) EXPECT_EQ(s.attn.windowed(i), i % 2 == 0) << i;
+    EXPECT_TRUE(s.attn.sinks);
+    EXPECT_TRUE(s.attn.qkv_bias && s.attn.o_bias);
+    EXPECT_EQ(s.moe.top_k, 4);
+    EXPECT_TRUE(s.moe.gpt_oss);
+  }
+}
+
+// gpt-oss configs and MXFP4 tensors that spool cannot run are refused with the field or tensor
+// named: a layer_types list of the wrong length or with an unknown entry, swiglu_limit other than
+// 7, MXFP4 blocks whose last dimension is not 16, scales of the wrong shape.
+TEST(ModelErrors, GptOssBadConfigAndMxfp4Shapes) {
+  const std::string src = data_dir() + "/models/gpt_oss_mxfp4";
+  const std::string dir = ::testing::TempDir() + "/gpt_oss_bad";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+  ops::ThreadPool pool(1);
+  auto expect_error = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& what) {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+    edit(cfg);
+    std::ofstream(dir + "/config.json") << cfg.dump(2);
+    try {
+      auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+      load_model(ck, &pool);
+      FAIL() << "expected an error mentioning " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](nlohmann::json& c) { c["layer_types"].erase(0); }, "layer_types has 3 entries for 4 layers");
+  expect_error([](nlohmann::json& c) { c["layer_types"][1] = "chunked_attention"; }, "layer_types[1] is 'chunked_attention'");
+  expect_error([](nlohmann::json& c) { c["swiglu_limit"] = 8.0; }, "swiglu_limit 8");
+  expect_error([](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "fp8"; }, "quant_method 'fp8'");
+  // Re-shaped MXFP4 tensors: blocks [8, 128, 4, 8] (bytes per block 8), scales [8, 64, 4].
+  io::Checkpoint ck = io::Checkpoint::open(src);
+  for (int bad = 0; bad < 2; ++bad) {
+    std::vector<io::TensorToWrite> ts;
+    for (const auto& t : ck.tensors()) {
+      if (t.expert_layer >= 0) continue;
+      ts.push_back({t.name == "lm_head.weight" ? t.name : "model." + t.name, t.dtype, t.shape, t.data});
+    }
+    std::vector<std::vector<uint8_t>> keep;
+    for (int l = 0; l < 4; ++l)
+      for (const char* proj : {"gate_up_proj", "down_proj"}) {
+        const bool gu = proj[0] == 'g';
+        const int64_t R = gu ? 128 : 64;
+        keep.emplace_back(static_cast<size_t>(8 * R * 2 * 16), 0x11);
+        keep.emplace_back(static_cast<size_t>(8 * R * 2), 127);
+        const std::string base = "model.layers." + std::to_string(l) + ".mlp.experts." + proj;
+        std::vector<int64_t> bshape = {8, R, 2, 16}, sshape = {8, R, 2};
+        if (bad == 0) bshape = {8, R, 4, 8};
+        if (bad == 1) sshape = {8, R / 2, 4};
+        ts.push_back({base + "_blocks", io::DType::U8, bshape, keep[keep.size() - 2].data()});
+        ts.push_back({base + "_scales", io::DType::U8, sshape, keep.back().data()});
+      }
+    std::filesystem::remove(dir + "/model.safetensors");
+    io::write_safetensors(dir + "/model.safetensors", ts);
+    expect_error([](nlohmann::json&) {}, bad == 0 ? "16 bytes per block" : "MXFP4 scales");
+  }
 }
 
 TEST(ModelErrors, UnknownModelTypeAndBadIds) {

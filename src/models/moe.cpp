@@ -9,7 +9,18 @@ namespace spool::models {
 void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
   m_ = spec.moe;
   hidden_ = spec.hidden_size;
-  router_ = bind_matrix(ck, prefix + "gate.weight", m_.n_experts, hidden_);
+  if (m_.gpt_oss) {
+    const int64_t E = m_.n_experts;
+    router_ = bind_matrix(ck, prefix + "router.weight", E, hidden_);
+    router_bias_ = bind_f32(ck, prefix + "router.bias", {E});
+    gate_up_bias_ = bind_f32(ck, prefix + "experts.gate_up_proj_bias", {E, 2 * static_cast<int64_t>(m_.intermediate)});
+    down_bias_ = bind_f32(ck, prefix + "experts.down_proj_bias", {E, hidden_});
+    router_bias_p_ = router_bias_.data();
+    gate_up_bias_p_ = gate_up_bias_.data();
+    down_bias_p_ = down_bias_.data();
+  } else {
+    router_ = bind_matrix(ck, prefix + "gate.weight", m_.n_experts, hidden_);
+  }
   if (m_.score_bias) score_bias_ = bind_f32(ck, prefix + "gate.e_score_correction_bias", {m_.n_experts});
   if (m_.shared_intermediate > 0) {
     shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate);
@@ -20,6 +31,11 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
 
 void MoeBlock::place(ops::Backend& be) {
   router_ = be.upload(router_);
+  if (m_.gpt_oss) {
+    router_bias_p_ = be.upload_floats(router_bias_);
+    gate_up_bias_p_ = be.upload_floats(gate_up_bias_);
+    down_bias_p_ = be.upload_floats(down_bias_);
+  }
   if (shared_.bound()) shared_.place(be);
   if (!shared_gate_.empty()) shared_gate_p_ = be.upload_floats(shared_gate_);
 }
@@ -45,6 +61,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
   be.matmul(router_, x, T, s.logits);  // [T, E]
+  if (router_bias_p_ != nullptr) be.add_bias(s.logits, router_bias_p_, T, E);
   if (m_.grouped_router) {  // DeepSeek: sigmoid / softmax scores, groups, bias, scaling
     ops::RouterParams r;
     r.sigmoid = m_.sigmoid_scores;
@@ -101,8 +118,16 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   for (size_t b0 = 0; b0 < n_active; b0 += batch) {
     const size_t nb = std::min(batch, n_active - b0);
     provider.acquire(layer, std::span<const int>(groups.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
+    if (m_.gpt_oss) {  // the experts' biases: rows of the layer's resident bias tables
+      const int64_t I2 = 2 * static_cast<int64_t>(m_.intermediate);
+      for (size_t j = 0; j < nb; ++j) {
+        w[j].gate_bias = gate_up_bias_p_ + groups.active[b0 + j] * I2;
+        w[j].down_bias = down_bias_p_ + static_cast<int64_t>(groups.active[b0 + j]) * H;
+      }
+    }
     try {
-      be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), groups, b0, x, H, ops::Activation::kSwiGLU, s.y);
+      be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), groups, b0, x, H,
+                    m_.gpt_oss ? ops::Activation::kClampedSwiGLU : ops::Activation::kSwiGLU, s.y);
     } catch (...) {
       provider.release(layer);
       throw;

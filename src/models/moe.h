@@ -6,6 +6,9 @@
 // y += sigmoid(x . w_sg) * shared(x).
 // DeepSeek (MoeSpec::grouped_router): ops::RouterParams routing (sigmoid + bias + groups, or
 // softmax greedy / group-limited), routed_scaling_factor, ungated shared experts.
+// gpt-oss (MoeSpec::gpt_oss, HF GptOssTopKRouter / GptOssExperts): z = W_r x + b_r; top-k of z,
+// softmax over the k (= softmax, top-k, renormalise); experts with biases and the clamped
+// SwiGLU over interleaved gate/up rows (ops::Activation::kClampedSwiGLU).
 #pragma once
 
 #include <functional>
@@ -49,7 +52,9 @@ class MoeBlock {
 
   /// Binds `{prefix}gate.weight` [E, H], `{prefix}gate.e_score_correction_bias` [E] when the
   /// spec routes with a score bias, and, when the spec has one, the shared expert
-  /// `{prefix}{shared_name}.*` and `{prefix}shared_expert_gate.weight` [1, H].
+  /// `{prefix}{shared_name}.*` and `{prefix}shared_expert_gate.weight` [1, H]. gpt-oss:
+  /// `{prefix}router.{weight [E, H], bias [E]}` and the expert biases
+  /// `{prefix}experts.gate_up_proj_bias` [E, 2I], `{prefix}experts.down_proj_bias` [E, H].
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// Moves the router, the shared expert and its gate to where `be` reads them (a no-op on
   /// host backends). Routed experts come from the ExpertProvider, not from here.
@@ -72,6 +77,10 @@ class MoeBlock {
   std::vector<float> shared_gate_;  // [H]
   const float* shared_gate_p_ = nullptr;  // shared_gate_ where the backend reads it (null: no gate)
   std::vector<float> score_bias_;   // [E] e_score_correction_bias (DeepSeek-V3)
+  // gpt-oss: router bias [E], expert biases gate_up [E, 2I] and down [E, H] (f32), and where the
+  // backend reads them.
+  std::vector<float> router_bias_, gate_up_bias_, down_bias_;
+  const float *router_bias_p_ = nullptr, *gate_up_bias_p_ = nullptr, *down_bias_p_ = nullptr;
 };
 
 }  // namespace spool::models

@@ -24,13 +24,22 @@ struct AttentionSpec {
   bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
   bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE
   bool qk_norm_full = false;  // OLMoE: q/k RMSNorm over the whole projection (before the head split)
-  bool qkv_bias = false;     // q/k/v_proj.bias added after the projections (GLM-4.5 attention_bias; o_proj has none)
+  bool qkv_bias = false;     // q/k/v_proj.bias added after the projections (GLM-4.5 attention_bias, gpt-oss)
+  bool o_bias = false;       // o_proj.bias (gpt-oss)
   std::vector<float> inv_freq;        // explicit RoPE inverse frequencies (YaRN); empty = from rope_theta
   float rope_attention_scaling = 1.0f;  // factor on cos/sin (YaRN attention_factor)
   float softmax_scale = 0.0f;         // 0 = 1/sqrt(head_dim)
   int kv_latent_dim = 0;        // MLA: elements cached per position and layer (kv_lora_rank + qk_rope_head_dim); 0 = K and V heads
   int64_t sliding_window = 0;   // attention sees at most this many positions (0 = the whole context)
   bool window_bounds_kv = true; // planner: the cache holds at most sliding_window positions (false: spool keeps them all)
+  /// Layers the sliding window applies to (HF layer_types "sliding_attention"); empty = every
+  /// attention layer when sliding_window > 0.
+  std::vector<bool> window_layers;
+  bool sinks = false;  // gpt-oss: per-head attention sink logits (self_attn.sinks [n_heads])
+  /// Whether layer i's attention is windowed.
+  bool windowed(int layer) const {
+    return sliding_window > 0 && (window_layers.empty() || (layer >= 0 && layer < static_cast<int>(window_layers.size()) && window_layers[layer]));
+  }
 };
 
 /// Multi-head latent attention (DeepSeek-V2/V3, HF DeepseekV3Attention).
@@ -67,6 +76,10 @@ struct MoeSpec {
   bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
   bool group_mask_neg_inf = false;  // dropped groups' selection scores -inf (GLM) instead of 0.0 (DeepSeek)
   float routed_scaling_factor = 1.0f;
+  /// gpt-oss experts (HF GptOssMLP): router `mlp.router.{weight,bias}` (top-k of the biased
+  /// logits, softmax over the k), experts fused gate_up [2I, H] with interleaved gate/up rows
+  /// and biases `mlp.experts.{gate_up,down}_proj_bias`, clamped SwiGLU (ops::kClampedSwiGLU).
+  bool gpt_oss = false;
 };
 
 /// A decoder-only MoE language model's configuration.

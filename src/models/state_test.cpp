@@ -264,7 +264,7 @@ TEST_P(StateOps, QuantizedKvImagesRoundTrip) {
 // qwen3_moe: attention only; qwen3_next: alternating; qwen3_5_moe_text and the demo: mostly GDN.
 INSTANTIATE_TEST_SUITE_P(Models, StateOps, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "demo", "mixtral",
                                                                   "olmoe", "deepseek_v3", "deepseek_v2_lite", "glm4_moe",
-                                                                  "glm4_moe_lite", "minimax_m2"));
+                                                                  "glm4_moe_lite", "minimax_m2", "gpt_oss", "gpt_oss_mxfp4"));
 
 }  // namespace
 }  // namespace spool::models

@@ -22,14 +22,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-enum class Init { kNormal, kConst, kALog, kDtBias };
+// kBytes: uniform random bytes (MXFP4 codes); kE8m0: E8M0 scale bytes around 2^value.
+enum class Init { kNormal, kConst, kALog, kDtBias, kBytes, kE8m0 };
 
 struct TensorPlan {
   std::string name;
   std::vector<int64_t> shape;
   Init init = Init::kNormal;
-  float value = 0.0f;  // std for kNormal, constant for kConst
+  float value = 0.0f;  // std for kNormal, constant for kConst, log2 of the scale for kE8m0
   int layer = -1;
+  bool u8 = false;     // stored as U8 whatever --dtype says (MXFP4 blocks and scales)
 };
 
 int64_t numel(const std::vector<int64_t>& s) {
@@ -46,6 +48,11 @@ class Filler {
     for (auto& x : pool_) x = nd(rng_);
   }
   void fill(const TensorPlan& t, io::DType dt, int64_t n, uint8_t* out) {
+    if (t.init == Init::kBytes || t.init == Init::kE8m0) {
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<uint8_t>(t.init == Init::kBytes ? rng_() : static_cast<uint64_t>(127 + static_cast<int>(t.value)) + rng_() % 2);
+      return;
+    }
     const size_t es = io::dtype_size(dt);
     if (t.init == Init::kNormal || t.init == Init::kDtBias) {
       // Copy runs of a pre-scaled, pre-converted N(0, std) pool from random offsets: fast
@@ -136,11 +143,13 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       v.push_back({q + "k_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "o_proj.weight", {H, a.n_heads * a.head_dim}, Init::kNormal, lin(a.n_heads * a.head_dim) * out_scale, i});
-      if (a.qkv_bias) {  // GLM-4.5 attention_bias
+      if (a.qkv_bias) {  // GLM-4.5 attention_bias, gpt-oss
         v.push_back({q + "q_proj.bias", {a.n_heads * a.head_dim}, Init::kNormal, 0.02f, i});
         v.push_back({q + "k_proj.bias", {a.n_kv_heads * a.head_dim}, Init::kNormal, 0.02f, i});
         v.push_back({q + "v_proj.bias", {a.n_kv_heads * a.head_dim}, Init::kNormal, 0.02f, i});
       }
+      if (a.o_bias) v.push_back({q + "o_proj.bias", {H}, Init::kConst, 0.0f, i});  // gpt-oss
+      if (a.sinks) v.push_back({q + "sinks", {a.n_heads}, Init::kConst, 0.0f, i});
       if (a.qk_norm) {  // per head, or (OLMoE) over the whole projection
         v.push_back({q + "q_norm.weight", {a.qk_norm_full ? a.n_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
         v.push_back({q + "k_norm.weight", {a.qk_norm_full ? a.n_kv_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
@@ -173,6 +182,24 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     }
     const auto& mo = s.moe;
     const int64_t E = mo.n_experts, I = mo.intermediate;
+    if (mo.gpt_oss) {  // router with bias; experts fused: MXFP4 as released, or float [E, in, out]
+      v.push_back({m + "router.weight", {E, H}, Init::kNormal, lin(H), i});
+      v.push_back({m + "router.bias", {E}, Init::kConst, 0.0f, i});
+      if (fused) {
+        // FP4 codes have rms ~2.9: scales 2^-7 .. 2^-6 (gate_up) give weights of std ~0.03, about
+        // 1/sqrt(H) at H = 2880; down a quarter of that (the output projections are scaled down).
+        v.push_back({m + "experts.gate_up_proj_blocks", {E, 2 * I, H / 32, 16}, Init::kBytes, 0.0f, i, true});
+        v.push_back({m + "experts.gate_up_proj_scales", {E, 2 * I, H / 32}, Init::kE8m0, -7.0f, i, true});
+        v.push_back({m + "experts.down_proj_blocks", {E, H, I / 32, 16}, Init::kBytes, 0.0f, i, true});
+        v.push_back({m + "experts.down_proj_scales", {E, H, I / 32}, Init::kE8m0, -9.0f, i, true});
+      } else {
+        v.push_back({m + "experts.gate_up_proj", {E, H, 2 * I}, Init::kNormal, lin(H), i});
+        v.push_back({m + "experts.down_proj", {E, I, H}, Init::kNormal, lin(I) * out_scale, i});
+      }
+      v.push_back({m + "experts.gate_up_proj_bias", {E, 2 * I}, Init::kConst, 0.0f, i});
+      v.push_back({m + "experts.down_proj_bias", {E, H}, Init::kConst, 0.0f, i});
+      continue;
+    }
     // block_sparse_moe.experts.{e}.{w1,w3,w2} as released (MiniMax-M2: its bias beside the gate)
     const bool mixtral = s.family == "mixtral" || s.family == "minimax_m2";
     v.push_back({(mixtral ? p + "block_sparse_moe." : m) + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
@@ -243,8 +270,15 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   ModelSpec spec = build_spec(io::text_config_of(raw, "preset"), {}, false, "preset " + pr.name);
 
   std::vector<TensorPlan> plan = plan_tensors(spec, pr.prefix, fused);
+  auto dtype_of = [&](const TensorPlan& t) { return t.u8 ? io::DType::U8 : dt; };
   uint64_t total = 0;
-  for (const auto& t : plan) total += static_cast<uint64_t>(numel(t.shape)) * io::dtype_size(dt);
+  bool any_u8 = false;
+  for (const auto& t : plan) {
+    total += static_cast<uint64_t>(numel(t.shape)) * io::dtype_size(dtype_of(t));
+    any_u8 = any_u8 || t.u8;
+  }
+  // Float experts: the release's MXFP4 quantization_config does not describe them.
+  if (!any_u8 && cfg.contains("quantization_config")) cfg.erase("quantization_config");
 
   if (opt.out_dir.empty()) throw UsageError("--out is required");
   if (fs::exists(opt.out_dir) && !fs::is_directory(opt.out_dir)) fail("--out %s exists and is not a directory", opt.out_dir.c_str());
@@ -272,7 +306,7 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   uint64_t cur = 0;
   int cur_layer = -2;
   for (size_t i = 0; i < plan.size(); ++i) {
-    const uint64_t n = static_cast<uint64_t>(numel(plan[i].shape)) * io::dtype_size(dt);
+    const uint64_t n = static_cast<uint64_t>(numel(plan[i].shape)) * io::dtype_size(dtype_of(plan[i]));
     if (plan[i].layer != cur_layer && cur > 0 && cur + n > opt.shard_bytes) {
       shards.emplace_back();
       cur = 0;
@@ -290,17 +324,18 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
     const std::string fname = ns == 1 ? "model.safetensors" : strfmt("model-%05d-of-%05d.safetensors", s + 1, ns);
     std::vector<io::SafetensorsWriter::Spec> specs;
     for (size_t i : shards[s]) {
-      specs.push_back({plan[i].name, dt, plan[i].shape});
+      specs.push_back({plan[i].name, dtype_of(plan[i]), plan[i].shape});
       weight_map[plan[i].name] = fname;
     }
     io::SafetensorsWriter w(opt.out_dir + "/" + fname, specs, {{"format", "pt"}, {"spool", "synthetic"}});
     for (size_t i : shards[s]) {
       const int64_t n = numel(plan[i].shape);
-      const int64_t chunk = (32 << 20) / static_cast<int64_t>(io::dtype_size(dt));
+      const io::DType tdt = dtype_of(plan[i]);
+      const int64_t chunk = (32 << 20) / static_cast<int64_t>(io::dtype_size(tdt));
       for (int64_t off = 0; off < n; off += chunk) {
         const int64_t m = std::min(chunk, n - off);
-        buf.resize(static_cast<size_t>(m) * io::dtype_size(dt));
-        filler.fill(plan[i], dt, m, buf.data());
+        buf.resize(static_cast<size_t>(m) * io::dtype_size(tdt));
+        filler.fill(plan[i], tdt, m, buf.data());
         w.append(buf.data(), buf.size());
         done += buf.size();
         if (progress) progress(done, total);

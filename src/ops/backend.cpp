@@ -56,6 +56,15 @@ void Backend::attention_window(const float* q, int64_t T, int n_heads, const KvC
   row_to_f32(WType::kF32, oh.data(), n, out);
 }
 
+void Backend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                              int64_t window, const float* sinks, float* out) {
+  const int64_t n = T * n_heads * kv.head_dim();
+  std::vector<float> qh(static_cast<size_t>(n)), oh(static_cast<size_t>(n));
+  to_host(q, n, qh.data());
+  ops::attention(qh.data(), T, n_heads, kv, pos0, scale, oh.data(), nullptr, window, sinks);
+  row_to_f32(WType::kF32, oh.data(), n, out);
+}
+
 void Backend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
                             float* out) {
   std::vector<float> qh(static_cast<size_t>(T * n_heads * latent.head_dim())), oh(static_cast<size_t>(T * n_heads * dv));

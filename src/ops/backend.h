@@ -25,15 +25,28 @@
 
 namespace spool::ops {
 
-/// The three projections of one routed expert: gate/up [I, H], down [H, I].
+/// The three projections of one routed expert: gate/up [I, H], down [H, I]. With
+/// Activation::kClampedSwiGLU (gpt-oss) `gate` is the fused gate_up matrix [2I, H] with gate
+/// and up rows interleaved (row 2j gate_j, row 2j+1 up_j), `up` is empty, and the optional
+/// biases are added: gate_bias [2I] (interleaved like the rows) after gate_up, down_bias [H]
+/// after down. Biases are f32 where the backend reads them (Backend::upload_floats).
 struct ExpertMats {
   WeightView gate, up, down;
+  const float* gate_bias = nullptr;
+  const float* down_bias = nullptr;
 };
 
 /// Activation between an expert's gate/up and down projections.
 enum class Activation : uint8_t {
   kSwiGLU,  ///< silu(gate) * up (HF Qwen2MoeMLP / LlamaMLP act_fn "silu")
+  /// gpt-oss (HF GptOssExperts._apply_gate): u = gate_up x + b; g = min(u[2j], limit),
+  /// v = clamp(u[2j+1], -limit, limit); h_j = (v + 1) * g * sigmoid(1.702 g); limit 7.
+  kClampedSwiGLU,
 };
+
+/// gpt-oss clamped SwiGLU constants (HF modeling_gpt_oss.py GptOssExperts: alpha, limit).
+constexpr float kGptOssAlpha = 1.702f;
+constexpr float kGptOssLimit = 7.0f;
 
 /// Rows of a MoE layer's routing, grouped by expert (the gather of the expert path).
 /// Routing of T tokens to K experts each gives T*K (token, slot) pairs r = token * K + slot.
@@ -138,7 +151,7 @@ class Backend {
   /// y[i] += x[i] for i < n.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   /// y[r, c] += b[c] for `rows` rows of n: y [rows, n], b [n] (a parameter vector: host or
-  /// upload_floats). Linear-layer biases (HF Glm4MoeAttention q/k/v_proj.bias).
+  /// upload_floats). Linear-layer biases (HF Glm4MoeAttention q/k/v_proj.bias, gpt-oss q/k/v/o and router).
   virtual void add_bias(float* y, const float* b, int64_t rows, int64_t n) = 0;
   /// out[i] = silu(gate[i]) * up[i] (out may alias gate).
   virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
@@ -163,6 +176,11 @@ class Backend {
   /// positions p with pos0 + t - window < p <= pos0 + t. window <= 0: as attention().
   virtual void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
                                 int64_t window, float* out);
+  /// attention_window() with attention sinks (HF GptOssAttention eager): each query head h has
+  /// a learned logit sinks[h] (host array [n_heads]) that joins the softmax denominator and has
+  /// no value: p_j = exp(l_j) / (exp(sinks[h]) + sum_m exp(l_m)). window <= 0: no window.
+  virtual void attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                               int64_t window, const float* sinks, float* out);
   /// Weight-absorbed MLA attention over a keys-only latent cache (ops/mla.h): q [T, n_heads, D],
   /// out [T, n_heads, dv] = softmax(scale q.key) . key[:dv] per head, causal.
   virtual void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale,

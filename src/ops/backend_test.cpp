@@ -161,7 +161,8 @@ enum class WKind {
   kF32, kBF16, kF16, kQ4, kQ3, kQ2, kTernary, kQ4Rotated, kTernaryRotated,
   // ggml block types as stored in GGUF files (kGgml views); kGgmlQ8_0Perm adds a column permutation.
   kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K,
-  kGgmlIQ4_NL, kGgmlIQ4_XS, kGgmlMXFP4, kGgmlQ8_0Perm
+  kGgmlIQ4_NL, kGgmlIQ4_XS, kGgmlMXFP4, kGgmlQ8_0Perm,
+  kMxfp4  // MXFP4 as Hugging Face stores it (gpt-oss blocks + E8M0 scales, WType::kMxfp4)
 };
 
 // The ggml type of a kGgml* kind; F32 for the others.
@@ -188,7 +189,10 @@ bool is_ggml(WKind k) { return ggml_of(k) != GgmlType::F32; }
 // blocks yet and refuses them with spool::Error (checked in BackendOpTable.Matmul).
 bool group_runs(WKind k) { return !(is_ggml(k) && current_group() == "cuda"); }
 // True when a matrix of `cols` columns can be stored in kind k (ggml blocks never straddle rows).
-bool fits(WKind k, int64_t cols) { return !is_ggml(k) || cols % ggml_type_traits(ggml_of(k)).blck == 0; }
+bool fits(WKind k, int64_t cols) {
+  if (k == WKind::kMxfp4) return cols % 32 == 0;
+  return !is_ggml(k) || cols % ggml_type_traits(ggml_of(k)).blck == 0;
+}
 
 const char* wkind_name(WKind k) {
   switch (k) {
@@ -202,6 +206,7 @@ const char* wkind_name(WKind k) {
     case WKind::kQ4Rotated: return "q4+hadamard";
     case WKind::kTernaryRotated: return "ternary+hadamard";
     case WKind::kGgmlQ8_0Perm: return "ggml Q8_0+col_perm";
+    case WKind::kMxfp4: return "mxfp4 (HF layout)";
     default: return ggml_type_traits(ggml_of(k)).name;
   }
 }
@@ -211,7 +216,7 @@ const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::kF16, WK
                                       WKind::kGgmlQ8_0, WKind::kGgmlQ4_0, WKind::kGgmlQ4_1, WKind::kGgmlQ5_0,
                                       WKind::kGgmlQ5_1, WKind::kGgmlQ2_K, WKind::kGgmlQ3_K, WKind::kGgmlQ4_K,
                                       WKind::kGgmlQ5_K, WKind::kGgmlQ6_K, WKind::kGgmlIQ4_NL, WKind::kGgmlIQ4_XS,
-                                      WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm};
+                                      WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm, WKind::kMxfp4};
 
 
 // rows x cols random ggml blocks of type t, rescaled (through the f16 scale fields, and the
@@ -259,6 +264,13 @@ struct TestWeight {
 
   TestWeight(WKind k, int64_t r, int64_t c, uint64_t seed, const std::vector<int8_t>* shared_signs = nullptr)
       : kind(k), rows(r), cols(c) {
+    if (k == WKind::kMxfp4) {  // random codes, then [rows, cols/32] E8M0 scales 2^-6 .. 2^-4 (rms ~0.1)
+      std::mt19937_64 g(seed);
+      raw.resize(static_cast<size_t>(r * (c / 2) + r * (c / 32)));
+      for (int64_t i = 0; i < r * (c / 2); ++i) raw[i] = static_cast<uint8_t>(g());
+      for (int64_t i = r * (c / 2); i < static_cast<int64_t>(raw.size()); ++i) raw[i] = static_cast<uint8_t>(121 + g() % 3);
+      return;
+    }
     if (is_ggml(k)) {
       raw = random_ggml_blocks(ggml_of(k), r, c, seed);
       if (k == WKind::kGgmlQ8_0Perm) {
@@ -306,6 +318,7 @@ struct TestWeight {
   TestWeight(const TestWeight&) = delete;
 
   WeightView view() const {
+    if (kind == WKind::kMxfp4) return mxfp4_weight_view(rows, cols, raw.data(), raw.data() + rows * (cols / 2));
     if (is_ggml(kind)) {
       WeightView v = ggml_weight_view(ggml_of(kind), rows, cols, raw.data());
       v.col_perm = perm.empty() ? nullptr : perm.data();
@@ -353,7 +366,7 @@ TEST_P(BackendOpTable, Matmul) {
 [[maybe_unused]] const bool kMatmulMultiOps = covers({"matmul_multi"});
 TEST_P(BackendOpTable, MatmulMulti) {
   for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kQ4Rotated, WKind::kTernary, WKind::kGgmlQ8_0, WKind::kGgmlIQ4_NL,
-                  WKind::kGgmlQ8_0Perm})
+                  WKind::kGgmlQ8_0Perm, WKind::kMxfp4})
     for (int64_t T : {1, 5, 33}) {
       if (!group_runs(k)) continue;
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(T));
@@ -433,6 +446,83 @@ TEST_P(BackendOpTable, ExpertFfnAndCombine) {
         expect_close(out.data(), outr.data(), static_cast<int64_t>(out.size()), 1e-5, "moe_combine");
       });
     }
+}
+
+// gpt-oss experts (Activation::kClampedSwiGLU): one fused gate_up [2I, H] with interleaved
+// gate/up rows, biases on gate_up and down, float and MXFP4 weights. The reference's
+// pre-activations are checked to reach the clamp (|u| > 7) so that the clamps are exercised.
+TEST_P(BackendOpTable, ExpertFfnClampedSwiGLU) {
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kMxfp4, WKind::kGgmlQ8_0})
+    for (const MoeShape& s : kMoeShapes) {
+      if (!group_runs(k)) continue;
+      SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
+      std::vector<std::unique_ptr<TestWeight>> store;
+      std::vector<ExpertMats> experts(s.E);
+      const std::vector<float> gub = randn(s.E * 2 * s.I, 8, 3.0f), db = randn(s.E * s.H, 9, 0.5f);
+      for (int e = 0; e < s.E; ++e) {
+        store.push_back(std::make_unique<TestWeight>(k, 2 * s.I, s.H, 400 + e));
+        store.push_back(std::make_unique<TestWeight>(k, s.H, s.I, 500 + e));
+        experts[e].gate = store[2 * e]->view();
+        experts[e].down = store[2 * e + 1]->view();
+        experts[e].gate_bias = gub.data() + e * 2 * s.I;
+        experts[e].down_bias = db.data() + e * s.H;
+      }
+      std::mt19937 g(5);
+      std::vector<int> ids(s.T * s.K);
+      for (int64_t t = 0; t < s.T; ++t) {
+        std::vector<int> perm(s.E);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), g);
+        for (int j = 0; j < s.K; ++j) ids[t * s.K + j] = perm[j];
+      }
+      const std::vector<float> x = randn(s.T * s.H, 7, 3.0f);
+      const ExpertGroups groups = group_by_expert(ids.data(), s.T, s.K, s.E);
+      std::vector<ExpertMats> active;
+      for (int e : groups.active) active.push_back(experts[e]);
+      {  // the clamps are reached
+        std::vector<float> u(2 * s.I);
+        ReferenceBackend ref;
+        ref.matmul(active[0].gate, x.data() + (groups.rows[0] / s.K) * s.H, 1, u.data());
+        float mx = 0, mn = 0;
+        for (int64_t i = 0; i < 2 * s.I; ++i) {
+          const float v = u[i] + active[0].gate_bias[i];
+          mx = std::max(mx, v);
+          mn = std::min(mn, v);
+        }
+        EXPECT_GT(mx, 7.0f);
+        EXPECT_LT(mn, -7.0f);
+      }
+      for_each_backend("expert_ffn", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> y(s.T * s.K * s.H, NAN), yr(y.size(), NAN);
+        const size_t half = active.size() / 2;
+        be.expert_ffn(std::span<const ExpertMats>(active.data(), half), groups, 0, x.data(), s.H, Activation::kClampedSwiGLU, y.data());
+        be.expert_ffn(std::span<const ExpertMats>(active.data() + half, active.size() - half), groups, half, x.data(), s.H,
+                      Activation::kClampedSwiGLU, y.data());
+        ref.expert_ffn(active, groups, 0, x.data(), s.H, Activation::kClampedSwiGLU, yr.data());
+        expect_close(y.data(), yr.data(), static_cast<int64_t>(y.size()), 2e-4, "expert_ffn (clamped SwiGLU)");
+      });
+    }
+}
+
+// The scalar reference of the clamped SwiGLU against a hand computation of one expert row:
+// interleaved gate (even) / up (odd), min(gate, 7), clamp(up, -7, 7), (up + 1) * g * sigmoid(1.702 g).
+TEST(BackendOps, ClampedSwiGLUReferenceByHand) {
+  // gate_up rows (I = 2): u = W x + b with W = identity rows on a 4-wide x, biases zero.
+  const float w[4 * 4] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+  const float down[2 * 2] = {1, 0, 0, 1};
+  const float x[4] = {9.0f, -9.0f, -1.5f, 0.25f};  // gate0 9 -> 7, up0 -9 -> -7; gate1 -1.5, up1 0.25
+  ExpertMats m;
+  m.gate = WeightView{WType::kF32, 4, 4, w};
+  m.down = WeightView{WType::kF32, 2, 2, down};
+  const int ids[1] = {0};
+  const ExpertGroups g = group_by_expert(ids, 1, 1, 1);
+  float y[2];
+  ReferenceBackend ref;
+  std::vector<float> xh(x, x + 4);
+  ref.expert_ffn(std::span<const ExpertMats>(&m, 1), g, 0, xh.data(), 2, Activation::kClampedSwiGLU, y);
+  auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  EXPECT_NEAR(y[0], (-7.0 + 1.0) * 7.0 * sig(1.702 * 7.0), 1e-5);
+  EXPECT_NEAR(y[1], (0.25 + 1.0) * -1.5 * sig(1.702 * -1.5), 1e-6);
 }
 
 TEST(BackendOps, GroupByExpert) {
@@ -602,6 +692,42 @@ TEST_P(BackendOpTable, AttentionWindow) {
             ref.attention(q.data(), s.T, s.n_heads, c, s.pos0, scale, full.data());
             expect_close(got.data(), full.data(), static_cast<int64_t>(got.size()), 1e-5, "window past the positions");
           }
+        });
+      }
+}
+
+// gpt-oss attention sinks, with and without a window, every KV type: each backend's op and the
+// generic one against the scalar reference; a sink of -1e30 must reduce to plain (windowed)
+// attention, and a finite sink must change the result (rows then sum to less than 1).
+[[maybe_unused]] const bool kAttentionSinksOps = covers({"attention_sinks"});
+TEST_P(BackendOpTable, AttentionSinks) {
+  for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
+    for (const AttnShape& s : kAttnShapes)
+      for (int64_t window : {0, 4, 1000}) {
+        SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.n_heads) + " pos0=" +
+                     std::to_string(s.pos0) + " T=" + std::to_string(s.T) + " window=" + std::to_string(window));
+        const int64_t P = s.pos0 + s.T, kvw = static_cast<int64_t>(s.n_kv) * s.hd;
+        const std::vector<float> k = randn(P * kvw, 1), v = randn(P * kvw, 2), q = randn(s.T * s.n_heads * s.hd, 3);
+        const std::vector<float> sinks = randn(s.n_heads, 4, 2.0f), none(s.n_heads, -1e30f);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+        for_each_backend("attention_sinks", [&](Backend& be, ReferenceBackend& ref) {
+          KvCache c;
+          c.configure(kt, s.n_kv, s.hd);
+          c.reserve(P, 0);
+          ref.kv_append(c, 0, P, k.data(), v.data());
+          std::vector<float> got(q.size(), NAN), gen(q.size(), NAN), want(q.size(), NAN);
+          be.attention_sinks(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, sinks.data(), got.data());
+          be.Backend::attention_sinks(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, sinks.data(), gen.data());
+          ref.attention_sinks(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, sinks.data(), want.data());
+          expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention_sinks");
+          expect_close(gen.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention_sinks (generic)");
+          std::vector<float> off(q.size(), NAN), plain(q.size(), NAN);
+          be.attention_sinks(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, none.data(), off.data());
+          ref.attention_window(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, plain.data());
+          expect_close(off.data(), plain.data(), static_cast<int64_t>(off.size()), 1e-5, "sinks at -inf = no sinks");
+          double diff = 0;
+          for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - plain[i])));
+          EXPECT_GT(diff, 1e-3) << "the sinks must change the result";
         });
       }
 }
@@ -877,6 +1003,9 @@ class CountingBackend final : public Backend {
             (q, T, nh, kv, p, s, win, o))
   SPOOL_FWD(mla_attention, (const float* q, int64_t T, int nh, const KvCache& kv, int64_t p, float s, int dv, float* o),
             (q, T, nh, kv, p, s, dv, o))
+  SPOOL_FWD(attention_sinks,
+            (const float* q, int64_t T, int nh, const KvCache& kv, int64_t p, float s, int64_t win, const float* sk, float* o),
+            (q, T, nh, kv, p, s, win, sk, o))
   SPOOL_FWD(causal_conv1d_silu, (const float* x, int64_t T, int64_t C, const float* w, int K, float* s, float* o), (x, T, C, w, K, s, o))
   SPOOL_FWD(gated_delta, (const GatedDeltaArgs& a, int c), (a, c))
   SPOOL_FWD(gdn_gates, (const float* b, const float* a, const float* ae, const float* dt, int64_t T, int nv, float* be, float* g),
@@ -900,7 +1029,7 @@ class CountingBackend final : public Backend {
 
 const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "mixtral", "olmoe",
                                  "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
-                                 "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6"};
+                                 "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4"};
 
 // covered() is filled during static initialisation, so the order of tests does not matter.
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
@@ -978,7 +1107,19 @@ class CudaHarness final : public Backend {
   void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
                   Activation act, float* y) override {
     std::vector<ExpertMats> d;
-    for (const ExpertMats& e : experts) d.push_back({be_->upload(e.gate), be_->upload(e.up), be_->upload(e.down)});
+    std::vector<CudaBuffer> biases;  // gpt-oss expert biases, on the device like the model places them
+    for (const ExpertMats& e : experts) {
+      ExpertMats m{be_->upload(e.gate), be_->upload(e.up), be_->upload(e.down)};
+      if (e.gate_bias) {
+        biases.push_back(up(e.gate_bias, e.gate.rows));
+        m.gate_bias = f(biases.back());
+      }
+      if (e.down_bias) {
+        biases.push_back(up(e.down_bias, H));
+        m.down_bias = f(biases.back());
+      }
+      d.push_back(m);
+    }
     const int64_t ny = groups.T * groups.K * H;
     CudaBuffer xd = up(x, groups.T * H), yd = up(y, ny);  // y: rows of other batches kept
     be_->expert_ffn(d, groups, g0, f(xd), H, act, f(yd));
@@ -1057,6 +1198,13 @@ class CudaHarness final : public Backend {
     CudaBuffer xd = up(x, rows * n), zd = up(z, rows * n);
     be_->rms_norm_gated(f(xd), f(zd), w, rows, n, eps);
     down(xd, x, rows * n);
+  }
+  void attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                       const float* sinks, float* out) override {
+    const int64_t n = T * n_heads * kv.head_dim();
+    CudaBuffer qd = up(q, n), od = zeros(n);
+    be_->attention_sinks(f(qd), T, n_heads, kv, pos0, scale, window, sinks, f(od));  // sinks: a host array
+    down(od, out, n);
   }
   void add(float* y, const float* x, int64_t n) override {
     CudaBuffer yd = up(y, n), xd = up(x, n);
@@ -1163,7 +1311,8 @@ double max_row_ratio(const std::vector<float>& a, const std::vector<float>& b, i
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: model forward on CUDA not checked";
   for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused", "glm4_moe",
-                        "glm4_moe_lite", "minimax_m2"}) {
+                        "glm4_moe_lite", "minimax_m2", "gpt_oss",
+                        "gpt_oss_mxfp4"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
     auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));

@@ -28,17 +28,31 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
   auto run_expert = [&](int64_t bi, int) {
     const size_t gi = g0 + static_cast<size_t>(bi);
     const ExpertMats& w = experts[bi];
-    const int64_t r0 = groups.first[gi], n = groups.first[gi + 1] - r0, I = w.gate.rows;
+    const int64_t r0 = groups.first[gi], n = groups.first[gi + 1] - r0;
     thread_local std::vector<float> xe, g, u;  // expert_ffn_thread_bytes
     xe.resize(n * H);
-    g.resize(n * I);
-    u.resize(n * I);
     for (int64_t j = 0; j < n; ++j) std::copy_n(x + (groups.rows[r0 + j] / K) * H, H, xe.data() + j * H);
-    matmul_rows_pair(w.gate, g.data(), w.up, u.data(), xe.data(), n);  // [n, I] each
     switch (act) {
-      case Activation::kSwiGLU: ops::swiglu(g.data(), u.data(), n * I, g.data()); break;
+      case Activation::kSwiGLU: {
+        const int64_t I = w.gate.rows;
+        g.resize(n * I);
+        u.resize(n * I);
+        matmul_rows_pair(w.gate, g.data(), w.up, u.data(), xe.data(), n);  // [n, I] each
+        ops::swiglu(g.data(), u.data(), n * I, g.data());
+        break;
+      }
+      case Activation::kClampedSwiGLU: {  // fused interleaved gate_up [2I, H] -> h [n, I] in place
+        const int64_t I2 = w.gate.rows;
+        g.resize(n * I2);
+        matmul_rows(w.gate, xe.data(), n, g.data(), I2, 0, I2);
+        // Row j's output [j*I, (j+1)*I) never overlaps the unread input of rows >= j.
+        for (int64_t j = 0; j < n; ++j) clamped_swiglu(g.data() + j * I2, w.gate_bias, I2 / 2, g.data() + j * (I2 / 2));
+        break;
+      }
     }
     matmul_rows(w.down, g.data(), n, y + r0 * H, H, 0, H);  // [n, H]
+    if (w.down_bias)
+      for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias, H, y + (r0 + j) * H);
   };
   const int64_t nb = static_cast<int64_t>(experts.size());
   if (pool_ == nullptr) {
@@ -80,6 +94,11 @@ void CpuBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int 
 void CpuBackend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
                                   int64_t window, float* out) {
   ops::attention(q, T, n_heads, kv, pos0, scale, out, pool_, window);
+}
+
+void CpuBackend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                                 int64_t window, const float* sinks, float* out) {
+  ops::attention(q, T, n_heads, kv, pos0, scale, out, pool_, window, sinks);
 }
 
 void CpuBackend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale,

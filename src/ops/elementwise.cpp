@@ -23,6 +23,20 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+void clamped_swiglu(const float* u, const float* bias, int64_t I, float* out) {
+  constexpr float kAlpha = 1.702f, kLimit = 7.0f;  // ops::kGptOssAlpha / kGptOssLimit
+  for (int64_t j = 0; j < I; ++j) {
+    float g = u[2 * j], v = u[2 * j + 1];
+    if (bias != nullptr) {
+      g += bias[2 * j];
+      v += bias[2 * j + 1];
+    }
+    g = std::min(g, kLimit);
+    v = std::clamp(v, -kLimit, kLimit);
+    out[j] = (v + 1.0f) * (g * sigmoid(kAlpha * g));
+  }
+}
+
 bool has_non_finite(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i])) return true;

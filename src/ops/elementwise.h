@@ -27,6 +27,12 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 /// out[i] = silu(gate[i]) * up[i].
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
 
+/// gpt-oss clamped SwiGLU of one row (HF GptOssExperts._apply_gate, alpha 1.702, limit 7):
+/// u [2I] interleaved (u[2j] gate, u[2j+1] up), bias [2I] added first (may be null);
+/// out[j] = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g) with g = min(gate, 7). out [I]
+/// (may alias u: element j is written after u[2j], u[2j+1] are read).
+void clamped_swiglu(const float* u, const float* bias, int64_t I, float* out);
+
 /// In-place softmax over n elements (max-subtracted, f32).
 inline void softmax(float* x, int64_t n) { softmax_inplace(x, n); }
 

@@ -270,6 +270,16 @@ inline void dequant_block(GgmlType t, const uint8_t* p, float* y) {
   }
 }
 
+/// One HF MXFP4 block (gpt-oss layout, ops::Mxfp4View): 16 bytes, low nibble of byte j ->
+/// element 2j, high nibble -> 2j + 1, times 2^(scale - 127) (kMxfp4 is doubled, e8m0_half halves).
+inline void dequant_mx_block(const uint8_t* q, uint8_t scale, float* y) {
+  const float d = e8m0_half(scale);
+  for (int j = 0; j < 16; ++j) {
+    y[2 * j] = static_cast<float>(kMxfp4[q[j] & 0xF]) * d;
+    y[2 * j + 1] = static_cast<float>(kMxfp4[q[j] >> 4]) * d;
+  }
+}
+
 }  // namespace spool::ops::ggml
 #endif  // SPOOL_OPS_GGML_BLOCKS_SHARED
 
@@ -760,6 +770,164 @@ void GgmlRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ld
   gb::RowsByDequant(w, x, T, y, ldy, r0, r1);
 }
 
+namespace gb {
+#if HWY_TARGET != HWY_SCALAR
+// The decode of MxTile with 16 f32 lanes (AVX-512) over a de-interleaved input: each byte of a
+// block widened to a 32-bit lane; its low and high nibbles index the block's 16-entry value table
+// (times the block's scale) with one permute each (vpermps), and multiply x's 16 even and 16 odd
+// columns. `di` is the 16-lane int32 tag (a template parameter: only the 16-lane targets run it).
+template <int R, int TT, class DI16>
+HWY_INLINE void MxPermTile(DI16 di, V8 table, const uint8_t* const* rows, const uint8_t* const* srows, int64_t nb,
+                           const float* xp, int64_t ldx, VF* acc) {
+  const DF df;
+  const hn::RebindToUnsigned<DI16> du;
+  const hn::Rebind<uint8_t, DI16> du8;
+  const VF tab = hn::ConvertTo(df, hn::PromoteTo(di, table));
+  const auto low = hn::Set(du, 0xFu);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = xp + b * 32;
+    for (int r = 0; r < R; ++r) {
+      const VF tbl = hn::Mul(tab, hn::Set(df, ggml::e8m0_half(srows[r][b])));
+      const auto c = hn::PromoteTo(du, hn::LoadU(du8, rows[r] + b * 16));
+      const VF w0 = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(c, low))));
+      const VF w1 = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::ShiftRight<4>(c))));
+      for (int t = 0; t < TT; ++t) {
+        acc[t * R + r] = hn::MulAdd(w0, hn::LoadU(df, xb + t * ldx), acc[t * R + r]);
+        acc[t * R + r] = hn::MulAdd(w1, hn::LoadU(df, xb + 16 + t * ldx), acc[t * R + r]);
+      }
+    }
+  }
+}
+
+// HF MXFP4 (Mxfp4View): R rows against TT tokens over nb blocks of 32 columns. The block's low
+// and high nibbles are looked up, then interleaved back into column order (InterleaveLower:
+// columns 0..15, InterleaveUpper: 16..31), so x is read in place.
+template <int R, int TT, bool kPerm = false>
+HWY_INLINE void MxTile(const uint8_t* const* rows, const uint8_t* const* srows, int64_t nb, const float* x, int64_t ldx,
+                       float* out, int64_t ldo) {
+  const DF df;
+  const D8 d8;
+  VF acc[TT * R];
+  for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  const V8 table = hn::Load(d8, ggml::kMxfp4);
+  if constexpr (kPerm) {  // 16 f32 lanes, x de-interleaved per block (MxPermuteInput)
+    MxPermTile<R, TT>(DI(), table, rows, srows, nb, x, ldx, acc);
+  } else {
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const Sink<TT> sk{acc + r, R, x + b * 32, ldx};
+      const VU8 v = Load16(rows[r] + b * 16);
+      const V8 lo = Lut(table, Shr<0>(v, 0x0F)), hi = Lut(table, Shr<4>(v, 0x0F));
+      const float d = ggml::e8m0_half(srows[r][b]);
+      sk.template Group<false>(0, hn::InterleaveLower(d8, lo, hi), d, 0.0f);
+      sk.template Group<false>(16, hn::InterleaveUpper(d8, lo, hi), d, 0.0f);
+    }
+  }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
+}
+
+// x [T, cols] -> xp with each block of 32 columns as [16 even columns | 16 odd columns], the
+// order in which MxPermTile decodes a block (low nibbles, then high nibbles).
+void MxPermuteInput(const float* x, int64_t T, int64_t cols, float* xp) {
+  for (int64_t i = 0; i < T * cols; i += 32)
+    for (int j = 0; j < 16; ++j) {
+      xp[i + j] = x[i + 2 * j];
+      xp[i + 16 + j] = x[i + 2 * j + 1];
+    }
+}
+#endif
+
+// Scalar path: dequantize each row, then dot.
+void MxRowsByDequant(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(w.cols));
+  const int64_t nb = w.cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < nb; ++b) ggml::dequant_mx_block(w.blocks + (r * nb + b) * 16, w.scales[r * nb + b], row.data() + b * 32);
+    for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = ops::dot(row.data(), x + t * w.cols, w.cols);
+  }
+}
+}  // namespace gb
+
+// Same tiling as TypedRows: decode 4 rows x 1 token, prefill 1 row x kGemmTokens tokens.
+template <bool kPerm>
+void Mxfp4RowsT(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+// Rows [r0, r1) of y = W x. `permuted`: x is already de-interleaved (gb::MxPermuteInput), as
+// mxfp4_matmul does once for all threads where Mxfp4PermutesInput() says this target decodes
+// that way (16 f32 lanes); otherwise such a target de-interleaves x here.
+void Mxfp4Rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1, bool permuted) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (kN == 16) {
+    if (!permuted) {
+      thread_local std::vector<float> xp;
+      xp.resize(static_cast<size_t>(T * w.cols));
+      gb::MxPermuteInput(x, T, w.cols, xp.data());
+      return Mxfp4RowsT<true>(w, xp.data(), T, y, ldy, r0, r1);
+    }
+    return Mxfp4RowsT<true>(w, x, T, y, ldy, r0, r1);
+  } else {
+    (void)permuted;
+    return Mxfp4RowsT<false>(w, x, T, y, ldy, r0, r1);
+  }
+#else
+  (void)permuted;
+  gb::MxRowsByDequant(w, x, T, y, ldy, r0, r1);
+#endif
+}
+
+// Whether this target's Mxfp4Rows decodes from a de-interleaved input.
+bool Mxfp4PermutesInput() {
+#if HWY_TARGET != HWY_SCALAR
+  return kN == 16;
+#else
+  return false;
+#endif
+}
+
+template <bool kPerm>
+void Mxfp4RowsT(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#if HWY_TARGET != HWY_SCALAR
+  using namespace gb;
+  const int64_t nb = w.cols / 32, rb = nb * 16;
+  auto brow = [&](int64_t r) { return w.blocks + r * rb; };
+  auto srow = [&](int64_t r) { return w.scales + r * nb; };
+  if (T < kGemmTokens) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * w.cols;
+      float* yt = y + t * ldy;
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        const uint8_t* rows[4] = {brow(r), brow(r + 1), brow(r + 2), brow(r + 3)};
+        const uint8_t* srows[4] = {srow(r), srow(r + 1), srow(r + 2), srow(r + 3)};
+        MxTile<4, 1, kPerm>(rows, srows, nb, xt, w.cols, yt + r, 1);
+      }
+      for (; r < r1; ++r) {
+        const uint8_t* rows[1] = {brow(r)};
+        const uint8_t* srows[1] = {srow(r)};
+        MxTile<1, 1, kPerm>(rows, srows, nb, xt, w.cols, yt + r, 1);
+      }
+    }
+    return;
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+    const int64_t t1 = std::min(T, t0 + kTokenTile);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* rows[1] = {brow(r)};
+      const uint8_t* srows[1] = {srow(r)};
+      int64_t t = t0;
+      for (; t + kGemmTokens <= t1; t += kGemmTokens)
+        MxTile<1, kGemmTokens, kPerm>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
+      for (; t < t1; ++t) MxTile<1, 1, kPerm>(rows, srows, nb, x + t * w.cols, w.cols, y + t * ldy + r, ldy);
+    }
+  }
+#else
+  (void)w, (void)x, (void)T, (void)y, (void)ldy, (void)r0, (void)r1;
+#endif
+}
+
 const char* GgmlKernelTarget() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -770,7 +938,78 @@ HWY_AFTER_NAMESPACE();
 namespace spool::ops {
 
 HWY_EXPORT(GgmlRows);
+HWY_EXPORT(Mxfp4Rows);
+HWY_EXPORT(Mxfp4PermutesInput);
 HWY_EXPORT(GgmlKernelTarget);
+
+void validate(const Mxfp4View& w) {
+  if (w.rows < 0 || w.cols <= 0 || w.cols % 32 != 0)
+    fail("MXFP4 weight %s: bad shape [%lld x %lld] (columns must be a positive multiple of 32)", w.name ? w.name : "(unnamed)",
+         static_cast<long long>(w.rows), static_cast<long long>(w.cols));
+  if (w.rows > 0 && (w.blocks == nullptr || w.scales == nullptr)) fail("MXFP4 weight %s: no data", w.name ? w.name : "(unnamed)");
+}
+
+void mxfp4_dequantize_row(const uint8_t* blocks, const uint8_t* scales, int64_t n, float* dst) {
+  if (n < 0 || n % 32 != 0) fail("mxfp4_dequantize_row: %lld elements is not a multiple of 32", static_cast<long long>(n));
+  for (int64_t b = 0; b < n / 32; ++b) ggml::dequant_mx_block(blocks + b * 16, scales[b], dst + b * 32);
+}
+
+void mxfp4_matmul_rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  validate(w);
+  if (r0 < 0 || r1 > w.rows)
+    fail("mxfp4_matmul_rows: rows [%lld, %lld) outside [0, %lld)", static_cast<long long>(r0), static_cast<long long>(r1),
+         static_cast<long long>(w.rows));
+  if (r0 >= r1 || T <= 0) return;
+  HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, x, T, y, ldy, r0, r1, false);
+}
+
+void mxfp4_matmul(const Mxfp4View& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  validate(w);
+  if (T <= 0 || w.rows == 0) return;
+  // The input de-interleaved once for every thread's rows where the target decodes that way.
+  std::vector<float> xp;
+  const bool perm = HWY_DYNAMIC_DISPATCH(Mxfp4PermutesInput)();
+  if (perm) {
+    xp.resize(static_cast<size_t>(T * w.cols));
+    for (int64_t i = 0; i < T * w.cols; i += 32)
+      for (int j = 0; j < 16; ++j) {
+        xp[i + j] = x[i + 2 * j];
+        xp[i + 16 + j] = x[i + 2 * j + 1];
+      }
+  }
+  const float* xin = perm ? xp.data() : x;
+  const int64_t work = w.rows * w.cols * T;
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
+    HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, xin, T, y, w.rows, 0, w.rows, perm);
+    return;
+  }
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { HWY_DYNAMIC_DISPATCH(Mxfp4Rows)(w, xin, T, y, w.rows, b, e, perm); });
+}
+
+void mxfp4_matmul_reference(const Mxfp4View& w, const float* x, int64_t T, float* y) {
+  validate(w);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  const int64_t nb = w.cols / 32;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    // Written from the definition (HF integrations/mxfp4.py convert_moe_packed_tensors), not
+    // from the kernels' table: value = FP4(code) * 2^(scale - 127).
+    static constexpr float kFp4[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    for (int64_t b = 0; b < nb; ++b) {
+      const double m = std::ldexp(1.0, static_cast<int>(w.scales[r * nb + b]) - 127);
+      const uint8_t* q = w.blocks + (r * nb + b) * 16;
+      for (int j = 0; j < 16; ++j) {
+        row[b * 32 + 2 * j] = static_cast<float>(kFp4[q[j] & 0xF] * m);
+        row[b * 32 + 2 * j + 1] = static_cast<float>(kFp4[q[j] >> 4] * m);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      double acc = 0;
+      for (int64_t c = 0; c < w.cols; ++c) acc += static_cast<double>(row[c]) * x[t * w.cols + c];
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
 
 bool ggml_supported(GgmlType t) {
   switch (t) {

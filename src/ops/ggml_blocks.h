@@ -58,6 +58,33 @@ void ggml_matmul_reference(const GgmlView& w, const float* x, int64_t T, float* 
 /// hwy::SetSupportedTargetsForTest.
 const char* ggml_kernel_target();
 
+// ---- MXFP4 as Hugging Face stores it (gpt-oss `*_blocks` + `*_scales`) ----------------------
+
+/// A matrix W [rows, cols] in HF's MXFP4 layout (transformers integrations/mxfp4.py): `blocks`
+/// [rows, cols/32, 16] bytes, byte j of a block holding element 2j (low nibble) and 2j + 1 (high
+/// nibble) as FP4 E2M1 codes; `scales` [rows, cols/32] E8M0 bytes, multiplier 2^(s - 127) (no NaN
+/// case). Same element values as GGUF's MXFP4, different byte layout (GGUF: scale inside the
+/// block, low nibbles = elements 0..15). Borrowed pointers, no alignment required.
+struct Mxfp4View {
+  int64_t rows = 0, cols = 0;
+  const uint8_t* blocks = nullptr;
+  const uint8_t* scales = nullptr;
+  const char* name = nullptr;
+  uint64_t nbytes() const { return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols / 2 + cols / 32); }
+};
+
+/// Throws spool::Error unless cols is a positive multiple of 32, rows >= 0 and data is set.
+void validate(const Mxfp4View& w);
+/// Dequantizes n elements (a multiple of 32) of one row: blocks [n/32, 16], scales [n/32].
+void mxfp4_dequantize_row(const uint8_t* blocks, const uint8_t* scales, int64_t n, float* dst);
+/// ggml_matmul_rows for an Mxfp4View: Highway kernels decoding in registers (decode: 4 rows x 1
+/// token; prefill: 1 row x 4 or 8 tokens per decoded block).
+void mxfp4_matmul_rows(const Mxfp4View& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+/// y = W x for T tokens, parallel over rows when a pool is given.
+void mxfp4_matmul(const Mxfp4View& w, const float* x, int64_t T, float* y, ThreadPool* pool);
+/// Scalar reference: decodes from the format's definition, dots in double.
+void mxfp4_matmul_reference(const Mxfp4View& w, const float* x, int64_t T, float* y);
+
 /// "Q4_K" etc., with the tensor name when known: "Q4_K tensor 'blk.0.ffn_down.weight'".
 std::string ggml_describe(const GgmlView& w);
 

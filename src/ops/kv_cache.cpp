@@ -200,7 +200,7 @@ constexpr int64_t kQueryTile = 32;  // query rows (tokens x heads of one KV grou
 // transposed keys (SIMD over positions), causal mask + softmax per row, then P.V
 // accumulated row by row with SIMD.
 void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out,
-               ThreadPool* pool, int64_t window) {
+               ThreadPool* pool, int64_t window, const float* sinks) {
   if (kv.keys_only()) fail("attention: the cache holds keys only (an MLA latent cache: use mla_attention)");
   const int group = n_heads / kv.n_kv_heads();
   const int hd = kv.head_dim();
@@ -244,7 +244,16 @@ void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_
       const int64_t lo = window > 0 ? std::max<int64_t>(0, visible + k0 - window) - k0 : 0;
       float* row = sc.data() + r * m;
       ops::scale(scale, row + lo, visible - lo);
-      softmax_inplace(row + lo, visible - lo);
+      if (sinks != nullptr) {  // the head's sink joins the max and the denominator, then is dropped
+        const float sink = sinks[kvh * group + (r0 + r) % group];
+        float mx = sink;
+        for (int64_t j = lo; j < visible; ++j) mx = std::max(mx, row[j]);
+        float z = std::exp(sink - mx);
+        for (int64_t j = lo; j < visible; ++j) z += (row[j] = std::exp(row[j] - mx));
+        ops::scale(1.0f / z, row + lo, visible - lo);
+      } else {
+        softmax_inplace(row + lo, visible - lo);
+      }
       std::fill(row, row + lo, 0.0f);
       std::fill(row + visible, row + m, 0.0f);
     }

@@ -86,8 +86,9 @@ class KvCache {
 /// q: [T, n_heads, head_dim] f32; out: [T, n_heads, head_dim]. Parallel over (KV head,
 /// query tile); scores and softmax in f32.
 /// window > 0 (sliding-window attention, HF Mixtral/Mistral): only keys p with
-/// pos0 + t - p < window are seen.
+/// pos0 + t - p < window are seen. sinks (may be null; [n_heads], gpt-oss): per query head a
+/// logit that joins each row's softmax denominator and has no value (rows sum to < 1).
 void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out,
-               ThreadPool* pool, int64_t window = 0);
+               ThreadPool* pool, int64_t window = 0, const float* sinks = nullptr);
 
 }  // namespace spool::ops

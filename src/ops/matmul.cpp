@@ -121,7 +121,8 @@ void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int6
       case WType::kBF16: GemvRowsT<RowBF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
       case WType::kF16: GemvRowsT<RowF16>(static_cast<const uint16_t*>(data), cols, x, y, r0, r1); return;
       case WType::kQuant:
-      case WType::kGgml: break;  // routed to quant_matmul_rows / ggml_matmul_rows by matmul_rows(); never here
+      case WType::kGgml:
+      case WType::kMxfp4: break;  // routed to quant_matmul_rows / ggml_matmul_rows by matmul_rows(); never here
     }
     return;
   }
@@ -189,6 +190,16 @@ GgmlView ggml_view(const WeightView& w) {
   return g;
 }
 
+Mxfp4View mx_view(const WeightView& w) {
+  Mxfp4View m;
+  m.rows = w.rows;
+  m.cols = w.cols;
+  m.blocks = static_cast<const uint8_t*>(w.data);
+  m.scales = w.mx_scales;
+  m.name = w.name;
+  return m;
+}
+
 // x with the view's column permutation applied (x'[t, c] = x[t, perm[c]]), in `buf`; x itself
 // when the view has none.
 const float* permuted_input(const WeightView& w, const float* x, int64_t T, std::vector<float>& buf) {
@@ -203,6 +214,7 @@ const float* permuted_input(const WeightView& w, const float* x, int64_t T, std:
 
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r0 >= r1 || T <= 0) return;
+  if (w.type == WType::kMxfp4) return mxfp4_matmul_rows(mx_view(w), x, T, y, ldy, r0, r1);
   if (w.type == WType::kGgml) {
     thread_local std::vector<float> permuted;
     ggml_matmul_rows(ggml_view(w), permuted_input(w, x, T, permuted), T, y, ldy, r0, r1);
@@ -242,11 +254,12 @@ void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float
 }
 
 void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
-  if (t == WType::kQuant || t == WType::kGgml) fail("row_to_f32: a quantized weight has no float rows to read");
+  if (t == WType::kQuant || t == WType::kGgml || t == WType::kMxfp4) fail("row_to_f32: a quantized weight has no float rows to read");
   HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst);
 }
 
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  if (w.type == WType::kMxfp4) return mxfp4_matmul(mx_view(w), x, T, y, pool);
   if (w.type == WType::kGgml) {  // permute the input once, then the block kernels over rows
     std::vector<float> permuted;
     ggml_matmul(ggml_view(w), permuted_input(w, x, T, permuted), T, y, pool);
@@ -293,6 +306,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
 }
 
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
+  if (w.type == WType::kMxfp4) return mxfp4_matmul_reference(mx_view(w), x, T, y);
   if (w.type == WType::kGgml) {
     if (w.col_perm == nullptr) return ggml_matmul_reference(ggml_view(w), x, T, y);
     std::vector<float> xp(static_cast<size_t>(T * w.cols));  // its own gather, independent of permuted_input()

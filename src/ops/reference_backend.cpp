@@ -29,18 +29,29 @@ void ReferenceBackend::expert_ffn(std::span<const ExpertMats> experts, const Exp
                                   const float* x, int64_t H, Activation act, float* y) {
   for (size_t j = 0; j < experts.size(); ++j) {
     const ExpertMats& w = experts[j];
-    const int64_t I = w.gate.rows;
-    std::vector<float> g(I), u(I), h(I);
+    const bool oai = act == Activation::kClampedSwiGLU;  // fused interleaved gate_up [2I, H], biases
+    const int64_t I = oai ? w.gate.rows / 2 : w.gate.rows;
+    std::vector<float> g(w.gate.rows), u(I), h(I);
     for (int64_t r = groups.first[g0 + j]; r < groups.first[g0 + j + 1]; ++r) {
       const float* xt = x + (groups.rows[r] / groups.K) * H;
       matmul_reference(w.gate, xt, 1, g.data());
-      matmul_reference(w.up, xt, 1, u.data());
+      if (!oai) matmul_reference(w.up, xt, 1, u.data());
       for (int64_t i = 0; i < I; ++i) {
         switch (act) {
           case Activation::kSwiGLU: h[i] = static_cast<float>(silu_d(g[i]) * u[i]); break;
+          case Activation::kClampedSwiGLU: {
+            double gi = static_cast<double>(g[2 * i]) + (w.gate_bias ? w.gate_bias[2 * i] : 0.0f);
+            double ui = static_cast<double>(g[2 * i + 1]) + (w.gate_bias ? w.gate_bias[2 * i + 1] : 0.0f);
+            gi = std::min(gi, static_cast<double>(kGptOssLimit));
+            ui = std::clamp(ui, -static_cast<double>(kGptOssLimit), static_cast<double>(kGptOssLimit));
+            h[i] = static_cast<float>((ui + 1.0) * gi * sig(static_cast<double>(kGptOssAlpha) * gi));
+            break;
+          }
         }
       }
       matmul_reference(w.down, h.data(), 1, y + r * H);
+      if (w.down_bias)
+        for (int64_t d = 0; d < H; ++d) y[r * H + d] += w.down_bias[d];
     }
   }
 }
@@ -138,6 +149,32 @@ void ReferenceBackend::attention_window(const float* q, int64_t T, int n_heads, 
         m = std::max(m, s[p - lo]);
       }
       double z = 0;
+      for (auto& e : s) z += (e = std::exp(e - m));
+      for (int i = 0; i < hd; ++i) {
+        double acc = 0;
+        for (int64_t p = lo; p < n; ++p) acc += s[p - lo] / z * kv.value(kvh, p, i);
+        out[(t * n_heads + h) * hd + i] = static_cast<float>(acc);
+      }
+    }
+}
+
+void ReferenceBackend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                                       int64_t window, const float* sinks, float* out) {
+  const int hd = kv.head_dim(), group = n_heads / kv.n_kv_heads();
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const float* qh = q + (t * n_heads + h) * hd;
+      const int kvh = h / group;
+      const int64_t n = pos0 + t + 1, lo = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+      std::vector<double> s(n - lo);
+      double m = sinks[h];
+      for (int64_t p = lo; p < n; ++p) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kv.key(kvh, p, i);
+        s[p - lo] = d * scale;
+        m = std::max(m, s[p - lo]);
+      }
+      double z = std::exp(sinks[h] - m);
       for (auto& e : s) z += (e = std::exp(e - m));
       for (int i = 0; i < hd; ++i) {
         double acc = 0;
@@ -342,7 +379,8 @@ void ReferenceBackend::row_to_f32(WType t, const void* src, int64_t n, float* ds
       case WType::kBF16: std::memcpy(&h, b + 2 * i, 2); dst[i] = bf16_to_f32(h); break;
       case WType::kF16: std::memcpy(&h, b + 2 * i, 2); dst[i] = f16_to_f32(h); break;
       case WType::kQuant:
-      case WType::kGgml: dst[i] = NAN; break;  // rows of quantized tables are not read (bind refuses them)
+      case WType::kGgml:
+      case WType::kMxfp4: dst[i] = NAN; break;  // rows of quantized tables are not read (bind refuses them)
     }
   }
 }

@@ -41,6 +41,8 @@ class ReferenceBackend final : public Backend {
                            float* margins) override;
   void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
                         float* out) override;
+  void attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                       const float* sinks, float* out) override;
   void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
                      float* out) override;
   void row_to_f32(WType t, const void* src, int64_t n, float* dst) override;

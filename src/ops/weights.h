@@ -14,12 +14,13 @@ namespace spool::ops {
 enum class Device : uint8_t { kCpu, kCuda };
 
 /// Storage type of a weight matrix: float elements, quantized (docs/quant-format.md), or a
-/// ggml block type as stored in GGUF files (kGgml: see WeightView::ggml, ops/ggml_blocks.h).
-enum class WType : uint8_t { kF32, kF16, kBF16, kQuant, kGgml };
+/// ggml block type as stored in GGUF files (kGgml: see WeightView::ggml, ops/ggml_blocks.h), or
+/// MXFP4 as Hugging Face stores it (kMxfp4: gpt-oss `*_blocks` + `*_scales`, ops::Mxfp4View).
+enum class WType : uint8_t { kF32, kF16, kBF16, kQuant, kGgml, kMxfp4 };
 
-/// Bytes per element of a float WType (0 for kQuant and kGgml).
+/// Bytes per element of a float WType (0 for kQuant, kGgml and kMxfp4).
 inline int wtype_size(WType t) {
-  return t == WType::kF32 ? 4 : (t == WType::kQuant || t == WType::kGgml) ? 0 : 2;
+  return t == WType::kF32 ? 4 : (t == WType::kQuant || t == WType::kGgml || t == WType::kMxfp4) ? 0 : 2;
 }
 
 /// A row-major matrix [rows, cols] (= [out, in] of a Linear layer). Float types: `data`
@@ -29,6 +30,8 @@ inline int wtype_size(WType t) {
 /// cols); `col_perm` (optional, [cols]) says the stored column c holds input feature
 /// col_perm[c], i.e. y = W_stored · x[col_perm] (a GGUF converter's column reordering kept
 /// in the file and undone on the activations; device-neutral: the index array is plain data).
+/// kMxfp4: `data` points to the blocks [rows, cols/32, 16] and `mx_scales` to the E8M0 scales
+/// [rows, cols/32] (ops::Mxfp4View), both read in place from the checkpoint or an expert slot.
 struct WeightView {
   WType type = WType::kF32;
   int64_t rows = 0;
@@ -41,11 +44,13 @@ struct WeightView {
   GgmlType ggml = GgmlType::F32;       ///< kGgml only: the block type
   const int32_t* col_perm = nullptr;   ///< kGgml only: optional input permutation [cols]
   const char* name = nullptr;          ///< kGgml only: tensor name for errors (optional)
+  const uint8_t* mx_scales = nullptr;  ///< kMxfp4 only: E8M0 scales [rows, cols/32]
 
   bool empty() const { return data == nullptr && quant.qweight == nullptr; }
   /// Bytes the kernels stream for the matrix.
   uint64_t nbytes() const {
     if (type == WType::kGgml) return static_cast<uint64_t>(rows) * ggml_row_bytes(ggml, static_cast<uint64_t>(cols));
+    if (type == WType::kMxfp4) return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols / 2 + cols / 32);
     return type == WType::kQuant ? quant.nbytes() : static_cast<uint64_t>(rows * cols) * wtype_size(type);
   }
 };
@@ -59,6 +64,18 @@ inline WeightView ggml_weight_view(GgmlType t, int64_t rows, int64_t cols, const
   v.cols = cols;
   v.data = data;
   v.name = name;
+  return v;
+}
+
+/// A WeightView of an HF MXFP4 matrix [rows, cols]: blocks [rows, cols/32, 16], scales
+/// [rows, cols/32] (borrowed).
+inline WeightView mxfp4_weight_view(int64_t rows, int64_t cols, const void* blocks, const uint8_t* scales) {
+  WeightView v;
+  v.type = WType::kMxfp4;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = blocks;
+  v.mx_scales = scales;
   return v;
 }
 

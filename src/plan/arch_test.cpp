@@ -258,6 +258,31 @@ TEST(PlanArch, GlmAndMiniMaxPresetsHaveTheReleasedSizes) {
   }
 }
 
+// gpt-oss: K and V per KV head on every layer (the cache keeps every position; sinks add no
+// KV), the window of the sliding layers (0 and 2 of 4, W = 8) bounds what a token reads there;
+// MXFP4 experts counted as their blocks + E8M0 scales.
+TEST(PlanArch, GptOssWindowsEveryOtherLayerAndCountsMxfp4Experts) {
+  for (const char* name : {"gpt_oss", "gpt_oss_mxfp4"}) {
+    SCOPED_TRACE(name);
+    const io::Checkpoint ck = io::Checkpoint::open(fixture(name), {.map = false});
+    const Projection p = project(ck, inputs(300));
+    EXPECT_TRUE(p.runnable);
+    EXPECT_TRUE(p.spec.attn.sinks);
+    EXPECT_EQ(p.spec.attn.sliding_window, 8);
+    EXPECT_EQ(p.spec.attn.window_layers, (std::vector<bool>{true, false, true, false}));
+    const uint64_t per_layer = 2u * 2 * 16 * 4;  // K + V x 2 KV heads x 16 dims, f32
+    EXPECT_EQ(p.state.kv_per_token, 4 * per_layer);
+    EXPECT_EQ(p.kv_capacity, 512);  // every position (capacity rounded up to 256s)
+    // 4 layers x 8 experts: gate_up [128, 64] and down [64, 64].
+    const uint64_t per_expert = std::string(name) == "gpt_oss" ? (128u * 64 + 64 * 64) * 4 : 128u * (32 + 2) + 64 * (32 + 2);
+    EXPECT_EQ(p.weights.experts, 4 * 8 * per_expert);
+    EXPECT_EQ(p.expert_bytes_per_token, 4u * 2 * per_expert);
+    const uint64_t embed_row = p.weights.embed_on_demand / p.spec.vocab_size;
+    EXPECT_EQ(p.active_bytes_per_token,
+              p.weights.resident_dense + embed_row + p.expert_bytes_per_token + per_layer * (2 * 8 + 2 * 300));
+  }
+}
+
 // Mixtral's sliding window: spool's cache keeps every position (attention masks), so the
 // planned KV covers the context; the bytes read per token cover the window only.
 TEST(PlanArch, SlidingWindowBoundsReadsNotTheKvCache) {
@@ -359,12 +384,12 @@ TEST(PlanArch, SupportedModelsStayRunnableAndOthersAreRefused) {
   EXPECT_TRUE(p.runnable);
   EXPECT_NE(p.command.find("spool generate"), std::string::npos);
 
-  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "gpt_oss"; });
+  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "glm4_moe"; });
   try {
     project(io::Checkpoint::open(d.dir, {.map = false}), inputs(512));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'gpt_oss'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'glm4_moe'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("deepseek_v3"), std::string::npos) << e.what();
   }
 }

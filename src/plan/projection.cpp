@@ -141,9 +141,20 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   // the top-k experts of every MoE layer and the KV cache over the context.
   const uint64_t per_expert = p.expert_count ? p.weights.experts / p.expert_count : 0;
   p.expert_bytes_per_token = per_expert * static_cast<uint64_t>(p.spec.moe.top_k) * n_moe;
-  const int64_t kv_seen = p.spec.attn.sliding_window > 0 ? std::min(in.shape.ctx, p.spec.attn.sliding_window) : in.shape.ctx;
+  // KV read: every attention layer over the context, a windowed layer over its window only
+  // (gpt-oss windows every other layer: AttentionSpec::windowed).
+  int n_attn = 0;
+  for (int i = 0; i < p.spec.n_layers; ++i)
+    n_attn += p.spec.mixers[i] == models::MixerKind::kAttention || p.spec.mixers[i] == models::MixerKind::kMLA;
+  const uint64_t kv_layer = n_attn > 0 ? p.state.kv_per_token / static_cast<uint64_t>(n_attn) : 0;
+  uint64_t kv_read = 0;
+  for (int i = 0; i < p.spec.n_layers; ++i) {
+    if (p.spec.mixers[i] != models::MixerKind::kAttention && p.spec.mixers[i] != models::MixerKind::kMLA) continue;
+    const int64_t seen = p.spec.attn.windowed(i) ? std::min(in.shape.ctx, p.spec.attn.sliding_window) : in.shape.ctx;
+    kv_read += kv_layer * static_cast<uint64_t>(seen);
+  }
   const uint64_t embed_row = p.spec.vocab_size > 0 ? p.weights.embed_on_demand / static_cast<uint64_t>(p.spec.vocab_size) : 0;
-  p.active_bytes_per_token = p.weights.resident_dense + embed_row + p.expert_bytes_per_token + p.state.kv_per_token * kv_seen;
+  p.active_bytes_per_token = p.weights.resident_dense + embed_row + p.expert_bytes_per_token + kv_read;
   p.expected_hit_rate = p.verdict == Verdict::kStream && p.weights.experts
                             ? std::min(1.0, static_cast<double>(p.cache_bytes) / static_cast<double>(p.weights.experts))
                             : 1.0;

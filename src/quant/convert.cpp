@@ -195,10 +195,14 @@ struct Planner {
   }
 
   /// The routed experts of `layer`: the two shared sign vectors, then expert by expert.
+  /// gpt-oss: gate is the fused gate_up [2I, H] (interleaved rows, no up projection); MXFP4
+  /// experts (HF blocks + E8M0 scales) are kept as they are, as per-expert
+  /// `.blocks` / `.e8m0_scales` tensors.
   void experts(int layer, int n_experts) {
-    const io::TensorRef& g0 = ck.expert(layer, 0, io::ExpertProj::kGate);
     const io::TensorRef& d0 = ck.expert(layer, 0, io::ExpertProj::kDown);
-    const int64_t H = g0.shape[1], I = d0.shape[1];
+    const bool mx0 = d0.expert_part == io::ExpertPart::kMxBlocks;
+    const int64_t H = d0.shape[0], I = mx0 ? d0.shape[1] * 32 : d0.shape[1];
+    const bool fused = !ck.has_expert(layer, 0, io::ExpertProj::kUp);
     // Seeds come from the name without ".signs" (layers.L.mlp.experts.gate_up / .down).
     const std::string gu_file = io::expert_signs_name(layer, io::ExpertProj::kGate);
     const std::string dn_file = io::expert_signs_name(layer, io::ExpertProj::kDown);
@@ -224,10 +228,31 @@ struct Planner {
       std::vector<std::pair<const io::TensorRef*, const ClassSpec*>> parts;
       std::vector<const int8_t*> part_signs;
       for (io::ExpertProj p : {io::ExpertProj::kGate, io::ExpertProj::kUp, io::ExpertProj::kDown}) {
+        if (fused && p == io::ExpertProj::kUp) continue;
         const io::TensorRef& t = ck.expert(layer, e, p);
         const bool down = p == io::ExpertProj::kDown;
         const ClassSpec& s = down ? sdn : sgu;
-        const std::vector<int64_t> want = down ? std::vector<int64_t>{H, I} : std::vector<int64_t>{I, H};
+        const int64_t gate_rows = fused ? 2 * I : I;
+        if (t.expert_part == io::ExpertPart::kMxBlocks) {  // MXFP4: blocks and scales copied as stored
+          const io::TensorRef* sc = ck.expert_part(layer, e, p, io::ExpertPart::kMxScales);
+          const int64_t rows = down ? H : gate_rows, cols = down ? I : H;
+          if (sc == nullptr || t.shape != std::vector<int64_t>{rows, cols / 32, 16} || sc->shape != std::vector<int64_t>{rows, cols / 32})
+            fail("%s: MXFP4 expert tensor '%s' has shape %s (scales %s), expected [%lld, %lld, 16]", ck.dir().c_str(), t.name.c_str(),
+                 t.shape_str().c_str(), sc ? sc->shape_str().c_str() : "missing", (long long)rows, (long long)(cols / 32));
+          const size_t from = u.specs.size();
+          u.specs.push_back({out_name(t.name), io::DType::U8, t.shape});
+          u.specs.push_back({out_name(sc->name), io::DType::U8, sc->shape});
+          count(TensorClass::kKeep, rows * cols, u.specs, from, 0);
+          u.source_bytes += t.nbytes + sc->nbytes;
+          u.sources.push_back(&t);
+          u.sources.push_back(sc);
+          parts.push_back({&t, nullptr});
+          parts.push_back({sc, nullptr});
+          part_signs.push_back(nullptr);
+          part_signs.push_back(nullptr);
+          continue;
+        }
+        const std::vector<int64_t> want = down ? std::vector<int64_t>{H, I} : std::vector<int64_t>{gate_rows, H};
         if (t.shape != want)
           fail("%s: expert tensor '%s' has shape %s, expected [%lld, %lld]", ck.dir().c_str(), t.name.c_str(), t.shape_str().c_str(),
                (long long)want[0], (long long)want[1]);
@@ -243,7 +268,8 @@ struct Planner {
       }
       u.produce = [parts, part_signs](ops::ThreadPool*, const Sink& sink) {
         for (size_t i = 0; i < parts.size(); ++i) {
-          if (parts[i].second->keep) bf16_to(*parts[i].first, sink);
+          if (parts[i].second == nullptr) sink(parts[i].first->data, parts[i].first->nbytes);  // MXFP4 bytes as stored
+          else if (parts[i].second->keep) bf16_to(*parts[i].first, sink);
           else quantize_to(*parts[i].first, *parts[i].second, part_signs[i], nullptr, sink);
         }
       };
@@ -257,7 +283,8 @@ struct Planner {
     std::map<int, int> expert_layers;  // layer -> number of experts
     for (const auto& t : ck.tensors()) {
       if (t.expert_layer >= 0) {
-        if (t.expert_part != io::ExpertPart::kWeight)
+        if (t.expert_part != io::ExpertPart::kWeight && t.expert_part != io::ExpertPart::kMxBlocks &&
+            t.expert_part != io::ExpertPart::kMxScales)
           fail("%s is already quantized (tensor '%s'); convert the original checkpoint", ck.dir().c_str(), t.name.c_str());
         int& n = expert_layers[t.expert_layer];
         n = std::max(n, t.expert_id + 1);
@@ -278,7 +305,7 @@ struct Planner {
       flush_until(layer);
       for (int e = 0; e < n; ++e)
         for (io::ExpertProj p : {io::ExpertProj::kGate, io::ExpertProj::kUp, io::ExpertProj::kDown})
-          if (!ck.has_expert(layer, e, p)) fail("%s: layer %d is missing expert %d's %s", ck.dir().c_str(), layer, e, p == io::ExpertProj::kDown ? "down_proj" : p == io::ExpertProj::kGate ? "gate_proj" : "up_proj");
+          if (!ck.has_expert(layer, e, p) && !(p == io::ExpertProj::kUp && !ck.has_expert(layer, 0, io::ExpertProj::kUp))) fail("%s: layer %d is missing expert %d's %s", ck.dir().c_str(), layer, e, p == io::ExpertProj::kDown ? "down_proj" : p == io::ExpertProj::kGate ? "gate_proj" : "up_proj");
       experts(layer, n);
     }
     flush_until(1 << 30);

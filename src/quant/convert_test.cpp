@@ -136,7 +136,9 @@ class ConvertEquivalence : public ::testing::TestWithParam<Case> {};
 void check_equivalence(const std::string& src, const std::string& recipe_name, bool rotate, const std::string& tag) {
   const std::string q = scratch(tag), f = scratch(tag + "_deq");
   ConvertResult r = run_convert(src, q, recipe_name, rotate, /*shard_bytes=*/1 << 20);
-  EXPECT_GT(r.classes["expert_gate_up"].params, 0);
+  // gpt-oss MXFP4 experts stay MXFP4 (copied as stored); every other source is quantized.
+  const bool mxfp4 = io::Checkpoint::open(src, {.map = false}).expert_part(0, 0, io::ExpertProj::kDown, io::ExpertPart::kMxBlocks) != nullptr;
+  if (!mxfp4) EXPECT_GT(r.classes["expert_gate_up"].params, 0);
   EXPECT_GT(r.classes["dense"].params, 0);
   // With rotation every quantized matrix has its sign vector (the loader refuses otherwise).
   io::Checkpoint qck = io::Checkpoint::open(q, {.map = false});
@@ -149,7 +151,23 @@ void check_equivalence(const std::string& src, const std::string& recipe_name, b
   write_dequantized(src, q, f);
 
   engine::LoadedModel lq = load(q), lf = load(f);
-  ASSERT_TRUE(lq.ckpt->experts_quantized());
+  if (mxfp4) {  // every expert's blocks and scales are the source's bytes
+    ASSERT_FALSE(lq.ckpt->experts_quantized());
+    ASSERT_NE(lq.ckpt->expert_part(0, 0, io::ExpertProj::kGate, io::ExpertPart::kMxBlocks), nullptr);
+    io::Checkpoint sck = io::Checkpoint::open(src);
+    int64_t compared = 0;
+    for (const auto& t : lq.ckpt->tensors()) {
+      if (t.expert_layer < 0) continue;
+      const io::TensorRef* o = sck.expert_part(t.expert_layer, t.expert_id, t.expert_proj, t.expert_part);
+      ASSERT_NE(o, nullptr) << t.name;
+      ASSERT_EQ(t.nbytes, o->nbytes) << t.name;
+      EXPECT_EQ(0, std::memcmp(t.data, o->data, t.nbytes)) << t.name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, 4 * 8 * 4);  // layers x experts x (gate_up, down) x (blocks, scales)
+  } else {
+    ASSERT_TRUE(lq.ckpt->experts_quantized());
+  }
   const int64_t V = lq.model->spec().vocab_size;
   const std::vector<int32_t> ids = prompt_ids(V, 12);
   const std::vector<float> got = all_logits(*lq.model, ids), want = all_logits(*lf.model, ids);
@@ -222,7 +240,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                                            Case{"qwen3_5_moe_vl", "tq3a-tqTe", true}, Case{"demo", "tq3a-tqTe-down4", true},
                                            Case{"mixtral", "q4", true}, Case{"olmoe", "q4", true}, Case{"deepseek_v3", "q4", true},
                                            Case{"deepseek_v3_kimi", "q4", true}, Case{"deepseek_v2_lite", "q4", true},
-                                           Case{"glm4_moe", "q4", true}, Case{"glm4_moe_lite", "q4", true}, Case{"minimax_m2", "q4", true}),
+                                           Case{"glm4_moe", "q4", true}, Case{"glm4_moe_lite", "q4", true}, Case{"minimax_m2", "q4", true},
+                                           Case{"gpt_oss", "q4", true}, Case{"gpt_oss_mxfp4", "q4", true}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

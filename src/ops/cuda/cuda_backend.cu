@@ -143,7 +143,7 @@ class Arena {
 
 // ---- Device views of weights --------------------------------------------------------------------
 
-enum WKindDev : int { kWF32 = 0, kWF16 = 1, kWBF16 = 2, kWQuant = 3 };
+enum WKindDev : int { kWF32 = 0, kWF16 = 1, kWBF16 = 2, kWQuant = 3, kWMxfp4 = 4 };
 
 struct WDev {
   int kind;
@@ -156,6 +156,7 @@ struct WDev {
   const uint8_t* q;
   const uint16_t* scales;
   const float* cb;
+  const uint8_t* mxs;  // kWMxfp4: E8M0 scales [rows, cols/32] (data = blocks [rows, cols/32, 16])
 };
 
 // ggml block weights (GGUF checkpoints) have no CUDA kernels yet: a clear error, never a guess.
@@ -183,6 +184,10 @@ WDev make_wdev(const WeightView& w) {
       d.q = w.quant.qweight;
       d.scales = w.quant.scales;
       d.cb = w.quant.codebook;
+      break;
+    case WType::kMxfp4:
+      d.kind = kWMxfp4;
+      d.mxs = w.mx_scales;
       break;
     case WType::kGgml:
       fail("cuda: weight %s has ggml block type %s, which the CUDA backend does not run yet (use --device cpu)",
@@ -212,6 +217,14 @@ __device__ __forceinline__ float wval(const WDev& w, int64_t r, int64_t c) {
     case kWF32: return static_cast<const float*>(w.data)[r * w.cols + c];
     case kWF16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(w.data)[r * w.cols + c]));
     case kWBF16: return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(w.data)[r * w.cols + c]) << 16);
+    case kWMxfp4: {  // HF MXFP4 (ops::Mxfp4View): low nibble = even column, 2^(scale - 127)
+      const int64_t nb = w.cols >> 5, b = c >> 5, j = (c & 31) >> 1;
+      const uint8_t byte = static_cast<const uint8_t*>(w.data)[(r * nb + b) * 16 + j];
+      const int code = (c & 1) ? (byte >> 4) : (byte & 0xF);
+      const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      const float v = mag[code & 7];
+      return ldexpf((code & 8) ? -v : v, static_cast<int>(w.mxs[r * nb + b]) - 127);
+    }
     default: {
       const int64_t gi = c / w.group, j = c - gi * w.group;
       const uint8_t* grp = w.q + (r * w.ng + gi) * w.gb;
@@ -406,6 +419,27 @@ __global__ void k_gather(const float* x, const int64_t* tok, int64_t n, int64_t 
 __global__ void k_swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = silu_f(gate[i]) * up[i];
+}
+
+// gpt-oss clamped SwiGLU (ops::clamped_swiglu): u [n, 2I] interleaved, bias [2I] or null -> out [n, I].
+__global__ void k_clamped_swiglu(const float* u, const float* bias, int64_t n, int64_t I, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * I; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / I, j = i % I;
+    float g = u[r * 2 * I + 2 * j], v = u[r * 2 * I + 2 * j + 1];
+    if (bias != nullptr) {
+      g += bias[2 * j];
+      v += bias[2 * j + 1];
+    }
+    g = fminf(g, kGptOssLimit);
+    v = fminf(fmaxf(v, -kGptOssLimit), kGptOssLimit);
+    out[i] = (v + 1.0f) * (g / (1.0f + expf(-kGptOssAlpha * g)));
+  }
+}
+
+// y[r, :] += b for n rows of H.
+__global__ void k_add_rows(float* y, const float* b, int64_t n, int64_t H) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * H; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += b[i % H];
 }
 
 __global__ void k_add(float* y, const float* x, int64_t n) {
@@ -700,6 +734,8 @@ __global__ void k_row_to_f32(int type, const void* src, int64_t n, float* dst) {
 
 // Bytes of the device copy of w: float data, or codes | scales | codebook | signs (each aligned).
 size_t weight_bytes(const WeightView& w) {
+  if (w.type == WType::kMxfp4)
+    return round_up(static_cast<size_t>(w.rows * (w.cols / 2))) + round_up(static_cast<size_t>(w.rows * (w.cols / 32)));
   if (w.type != WType::kQuant) return round_up(static_cast<size_t>(w.rows * w.cols) * wtype_size(w.type));
   const QuantView& q = w.quant;
   size_t n = round_up(static_cast<size_t>(q.rows * q.row_bytes()));
@@ -714,6 +750,14 @@ WeightView copy_weight(const WeightView& w, void* dst, cudaStream_t s) {
   WeightView d = w;
   d.device = Device::kCuda;
   char* p = static_cast<char*>(dst);
+  if (w.type == WType::kMxfp4) {  // blocks | scales
+    const size_t nb = static_cast<size_t>(w.rows * (w.cols / 2)), ns = static_cast<size_t>(w.rows * (w.cols / 32));
+    CU(cudaMemcpyAsync(p, w.data, nb, cudaMemcpyDefault, s));
+    CU(cudaMemcpyAsync(p + round_up(nb), w.mx_scales, ns, cudaMemcpyDefault, s));
+    d.data = p;
+    d.mx_scales = reinterpret_cast<const uint8_t*>(p + round_up(nb));
+    return d;
+  }
   if (w.type != WType::kQuant) {
     const size_t n = static_cast<size_t>(w.rows * w.cols) * wtype_size(w.type);
     CU(cudaMemcpyAsync(p, w.data, n, cudaMemcpyDefault, s));
@@ -1145,23 +1189,34 @@ void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGr
   const int64_t* tokd = I.in(tok.data(), static_cast<int64_t>(tok.size()), false);
   for (size_t j = 0; j < experts.size(); ++j) {
     const ExpertMats& e = experts[j];
-    const int64_t r0 = groups.first[g0 + j], n = groups.first[g0 + j + 1] - r0, Idim = e.gate.rows;
+    const bool oai = act == Activation::kClampedSwiGLU;  // fused interleaved gate_up [2I, H]
+    const int64_t r0 = groups.first[g0 + j], n = groups.first[g0 + j + 1] - r0, Idim = oai ? e.gate.rows / 2 : e.gate.rows;
     if (n == 0) continue;
     const Arena::Mark m = I.arena->mark();
     float* xg = I.arena->get_n<float>(n * H);
     k_gather<<<blocks_for(n * H), 256, 0, I.stream>>>(xd, tokd + (r0 - r_begin), n, H, xg);
     CU_LAUNCHED("k_gather");
     float* gate = I.arena->get_n<float>(n * Idim);
-    float* up = I.arena->get_n<float>(n * Idim);
-    I.mm(e.gate, xg, n, gate);
-    I.mm(e.up, xg, n, up);
+    float* up = I.arena->get_n<float>(n * Idim * (oai ? 2 : 1));
     switch (act) {
       case Activation::kSwiGLU:
+        I.mm(e.gate, xg, n, gate);
+        I.mm(e.up, xg, n, up);
         k_swiglu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(gate, up, n * Idim, gate);
         CU_LAUNCHED("k_swiglu");
         break;
+      case Activation::kClampedSwiGLU:
+        I.mm(e.gate, xg, n, up);  // [n, 2I]
+        k_clamped_swiglu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(up, e.gate_bias, n, Idim, gate);
+        CU_LAUNCHED("k_clamped_swiglu");
+        break;
     }
-    I.mm(e.down, gate, n, yo.d + (r0 - r_begin) * H);
+    float* yd = yo.d + (r0 - r_begin) * H;
+    I.mm(e.down, gate, n, yd);
+    if (e.down_bias != nullptr) {
+      k_add_rows<<<blocks_for(n * H), 256, 0, I.stream>>>(yd, e.down_bias, n, H);
+      CU_LAUNCHED("k_add_rows");
+    }
     I.arena->release(m);
   }
   I.finish(yo);
