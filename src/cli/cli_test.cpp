@@ -446,9 +446,14 @@ TEST(Cli, PageCacheResidentBytesIsWhatTheKernelHolds) {
 // A tiny deepseek_v3 checkpoint (`spool synth --preset tiny-deepseek-v3`, V3's 129280-token
 // vocabulary) carrying the real DeepSeek-V3 tokenizer.json and tokenizer_config.json (chat
 // template inside) instead of the demo tokenizer synth copies.
+// Per process (ctest may run the test cases in parallel processes); removed at exit.
 const std::string& deepseek_chat_model() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "/cli_dsv3_chat";
+  struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() { fs::remove_all(dir); }
+  };
+  static const RemoveAtExit model{[] {
+    const std::string d = ::testing::TempDir() + "/cli_dsv3_chat_" + std::to_string(getpid());
     fs::remove_all(d);
     Result r = spool("synth --preset tiny-deepseek-v3 --dtype f32 --no-check -o " + d);
     EXPECT_EQ(r.code, 0) << r.err;
@@ -456,8 +461,8 @@ const std::string& deepseek_chat_model() {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
       fs::copy_file(kData + "/tokenizers/deepseek_v3/" + f, d + "/" + f);
     return d;
-  }();
-  return dir;
+  }()};
+  return model.dir;
 }
 
 nlohmann::json deepseek_chat_cases() {
@@ -493,7 +498,7 @@ TEST(Cli, GenerateChatDeepSeekV3MatchesTheChatGoldens) {
     EXPECT_EQ(j["prompt_ids"], c["ids"]) << c["rendered"];
     EXPECT_EQ(j["output_ids"].size(), 2u);
     // The ids read back are the golden rendering, BOS included.
-    const std::string f = ::testing::TempDir() + "/cli_dsv3_rendered.txt";
+    const std::string f = ::testing::TempDir() + "/cli_dsv3_rendered_" + std::to_string(getpid()) + ".txt";
     std::ofstream(f, std::ios::binary) << c["rendered"].get<std::string>();
     Result t = spool("generate --model " + dir + " --file " + f + " --max-tokens 0 --json");
     ASSERT_EQ(t.code, 0) << t.err;
