@@ -568,6 +568,7 @@ struct Serve {
       int st = 0;
       ::waitpid(pid, &st, 0);
     }
+    fs::remove(log);
   }
   nlohmann::json post(const std::string& path, const nlohmann::json& body, int want_status = 200) const {
     const HttpReply r = http(port, "POST", path, body.dump());
