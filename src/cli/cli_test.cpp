@@ -1,10 +1,15 @@
 // End-to-end tests of the spool binary: golden output, JSON shape, exit codes, bad input.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +17,7 @@
 #include <sstream>
 #include <set>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -450,6 +456,175 @@ TEST(Cli, PageCacheResidentBytesIsWhatTheKernelHolds) {
   EXPECT_LE(reported, st["model_file_bytes"].get<uint64_t>());
   EXPECT_NEAR(static_cast<double>(reported), static_cast<double>(after), 64.0 * 1024) << "before the run: " << before;
   fs::remove_all(d);
+}
+
+// ------------------------------------------------------- DeepSeek-V3 tokenizer + chat template
+
+// A tiny deepseek_v3 checkpoint (`spool synth --preset tiny-deepseek-v3`, V3's 129280-token
+// vocabulary) carrying the real DeepSeek-V3 tokenizer.json and tokenizer_config.json (chat
+// template inside) instead of the demo tokenizer synth copies.
+// Per process (ctest may run the test cases in parallel processes); removed at exit.
+const std::string& deepseek_chat_model() {
+  struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() { fs::remove_all(dir); }
+  };
+  static const RemoveAtExit model{[] {
+    const std::string d = ::testing::TempDir() + "/cli_dsv3_chat_" + std::to_string(getpid());
+    fs::remove_all(d);
+    Result r = spool("synth --preset tiny-deepseek-v3 --dtype f32 --no-check -o " + d);
+    EXPECT_EQ(r.code, 0) << r.err;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) fs::remove(d + "/" + f);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(kData + "/tokenizers/deepseek_v3/" + f, d + "/" + f);
+    return d;
+  }()};
+  return model.dir;
+}
+
+nlohmann::json deepseek_chat_cases() {
+  auto cases = nlohmann::json::parse(slurp(kData + "/tokenizer/deepseek_v3/chat_cases.json"));
+  for (const auto& c : cases) EXPECT_TRUE(c.contains("ids") && c.contains("rendered")) << c.dump();
+  return cases;
+}
+
+// Shell-quotes `s` with single quotes.
+std::string shq(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// `generate --chat` builds the golden prompt ids of every chat case it can express (an
+// optional system message, then one user message).
+TEST(Cli, GenerateChatDeepSeekV3MatchesTheChatGoldens) {
+  const std::string& dir = deepseek_chat_model();
+  int checked = 0;
+  for (const auto& c : deepseek_chat_cases()) {
+    const auto& m = c["messages"];
+    const bool with_system = m.size() == 2 && m[0]["role"] == "system" && m[1]["role"] == "user";
+    if (!(m.size() == 1 && m[0]["role"] == "user") && !with_system) continue;  // multi-turn: serve only
+    std::string args = "generate --model " + dir + " --chat --temp 0 --max-tokens 2 --json --prompt " +
+                       shq(m[with_system ? 1 : 0]["content"].get<std::string>());
+    if (with_system) args += " --system " + shq(m[0]["content"].get<std::string>());
+    if (c.contains("enable_thinking"))
+      args += " --chat-template-kwargs " + shq(nlohmann::json{{"enable_thinking", c["enable_thinking"]}}.dump());
+    Result r = spool(args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["prompt_ids"], c["ids"]) << c["rendered"];
+    EXPECT_EQ(j["output_ids"].size(), 2u);
+    // The ids read back are the golden rendering, BOS included.
+    const std::string f = ::testing::TempDir() + "/cli_dsv3_rendered_" + std::to_string(getpid()) + ".txt";
+    std::ofstream(f, std::ios::binary) << c["rendered"].get<std::string>();
+    Result t = spool("generate --model " + dir + " --file " + f + " --max-tokens 0 --json");
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_EQ(nlohmann::json::parse(t.out)["prompt_ids"], c["ids"]);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// A plain HTTP/1.1 exchange over loopback (Connection: close): the status and body.
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  HttpReply out;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return out;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return out;
+  }
+  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
+                          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  for (size_t sent = 0; sent < req.size();) {
+    const ssize_t n = ::send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  if (resp.rfind("HTTP/1.1 ", 0) != 0) return out;
+  out.status = std::atoi(resp.c_str() + 9);
+  const size_t hdr_end = resp.find("\r\n\r\n");
+  if (hdr_end != std::string::npos) out.body = resp.substr(hdr_end + 4);
+  return out;
+}
+
+// `spool serve` on a free port, stopped (SIGTERM) when destroyed.
+struct Serve {
+  explicit Serve(const std::string& args) {
+    log = ::testing::TempDir() + "/cli_serve_" + std::to_string(getpid()) + ".log";
+    pid = ::fork();
+    if (pid == 0) {
+      const std::string cmd = "exec " + kSpool + " serve --port 0 " + args + " 2>" + log + " >/dev/null";
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    for (int i = 0; i < 1200 && port == 0; ++i) {  // the port, then /health 200
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const std::string l = slurp(log);
+      const size_t at = l.find("listening on http://127.0.0.1:");
+      if (at == std::string::npos) continue;
+      const int p = std::atoi(l.c_str() + at + 30);
+      if (http(p, "GET", "/health").status == 200) port = p;
+    }
+  }
+  ~Serve() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+    fs::remove(log);
+  }
+  nlohmann::json post(const std::string& path, const nlohmann::json& body, int want_status = 200) const {
+    const HttpReply r = http(port, "POST", path, body.dump());
+    EXPECT_EQ(r.status, want_status) << path << ": " << r.body;
+    return nlohmann::json::parse(r.body, nullptr, false);
+  }
+  pid_t pid = -1;
+  int port = 0;
+  std::string log;
+};
+
+// `spool serve` renders every chat case to the golden text and ids: /apply-template gives the
+// rendered text, /tokenize its ids, and /v1/chat/completions runs exactly those ids (its
+// usage.prompt_tokens, and its greedy output equals /v1/completions given the golden ids).
+TEST(Cli, ServeChatDeepSeekV3MatchesTheChatGoldens) {
+  Serve s("--model " + deepseek_chat_model() + " --threads 2 --ctx-size 256 --prefill-step-size 16");
+  ASSERT_GT(s.port, 0) << slurp(s.log);
+  int checked = 0;
+  for (const auto& c : deepseek_chat_cases()) {
+    nlohmann::json req = {{"messages", c["messages"]}};
+    if (c.contains("enable_thinking")) req["chat_template_kwargs"] = {{"enable_thinking", c["enable_thinking"]}};
+    const auto at = s.post("/apply-template", req);
+    EXPECT_EQ(at["prompt"], c["rendered"]);
+    const auto tk = s.post("/tokenize", {{"content", c["rendered"]}});
+    EXPECT_EQ(tk["tokens"], c["ids"]);
+    // No end-of-sequence: both runs go to max_tokens.
+    req["max_tokens"] = 4;
+    req["temperature"] = 0;
+    req["logit_bias"] = {{"1", -100}};
+    const auto chat = s.post("/v1/chat/completions", req);
+    EXPECT_EQ(chat["usage"]["prompt_tokens"], c["ids"].size()) << chat.dump();
+    const auto comp = s.post("/v1/completions", {{"prompt", c["ids"]}, {"max_tokens", 4}, {"temperature", 0}, {"logit_bias", {{"1", -100}}}});
+    EXPECT_EQ(comp["usage"]["prompt_tokens"], c["ids"].size());
+    const auto& msg = chat["choices"][0]["message"];
+    const std::string said = msg.value("reasoning_content", std::string()) + msg.value("content", std::string());
+    EXPECT_EQ(said, comp["choices"][0]["text"].get<std::string>()) << chat.dump() << comp.dump();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 }  // namespace

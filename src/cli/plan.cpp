@@ -1,5 +1,7 @@
 // spool plan: will a model fit, and with which flags? From safetensors headers alone (local
-// directory or HTTP(S) Range requests), projected against this machine or a stated one.
+// directory or HTTP(S) Range requests), or of a synth preset at its released size (--preset:
+// the headers `spool synth` would write, made in memory), projected against this machine or a
+// stated one.
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
 // Families spool cannot run yet (DeepSeek-V2/V3, Mixtral, OLMoE) are projected all the same,
 // marked "runnable": false with no command; the exit status still says whether it would fit.
@@ -10,6 +12,8 @@
 #include "cli/common.h"
 #include "common/error.h"
 #include "common/sysinfo.h"
+#include "io/checkpoint.h"
+#include "models/synth.h"
 #include "plan/probe.h"
 #include "plan/projection.h"
 #include "plan/source.h"
@@ -20,6 +24,7 @@ namespace {
 
 struct PlanOptions {
   std::string model;
+  std::string preset;  // --preset: a synth preset at its released size, headers only
   int64_t ctx = 4096;
   int kv_bits = 32;
   bool kv_bits_given = false;
@@ -161,12 +166,31 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
   std::printf("%s\n", j.dump(2).c_str());
 }
 
+// A synth preset as a header-only checkpoint: the config.json and the one safetensors header
+// `spool synth --preset NAME` (bf16, all layers) would write; no file is read or written.
+// Throws spool::UsageError for an unknown preset (listing the known ones).
+plan::ModelSource preset_source(const std::string& name) {
+  models::SynthOptions so;
+  so.preset = name;
+  const models::SynthHeaders h = models::synthetic_headers(so);
+  const std::string label = "preset " + name;
+  std::vector<io::SafetensorsFile> shards;
+  const uint64_t data_start = 8 + h.safetensors_header.size();
+  shards.push_back(io::SafetensorsFile::parse_header(h.safetensors_header, data_start, data_start + h.bytes, label));
+  plan::ModelSource m;
+  m.ckpt = io::Checkpoint::from_parts(label, io::Config(nlohmann::json::parse(h.config.dump()), label + " config.json"), nullptr,
+                                      std::move(shards));
+  m.location = label;
+  m.suggested_dir = "./" + name;  // where `spool synth --preset NAME -o ./NAME` writes it
+  return m;
+}
+
 void run(const PlanOptions& o) {
   const uint64_t start_rss = current_rss_bytes();  // this binary before it reads anything: the runtime base
   // Available memory before the model's headers are read, as the loader measures it.
   const uint64_t available_now = o.ram_gb == 0 ? available_memory_bytes() : 0;
   const CgroupMemory cgroup_now = o.ram_gb == 0 ? cgroup_memory() : CgroupMemory{};  // read with available_now
-  if (o.model.empty()) throw UsageError("--model DIR|URL is required");
+  if (o.model.empty() == o.preset.empty()) throw UsageError("give one of --model DIR|URL or --preset NAME");
   if (o.ctx < 1 || o.ctx > (int64_t{1} << 24)) throw UsageError(strfmt("--ctx-size must be 1..16777216 (got %lld)", (long long)o.ctx));
   if (o.kv_bits != 8 && o.kv_bits != 16 && o.kv_bits != 32) throw UsageError(strfmt("--kv-bits must be 8, 16 or 32 (got %d)", o.kv_bits));
   if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
@@ -184,7 +208,7 @@ void run(const PlanOptions& o) {
       throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", o.cache_budget.c_str()));
     budget = static_cast<uint64_t>(g * (1ull << 30));
   }
-  plan::ModelSource src = plan::open_source(o.model);
+  plan::ModelSource src = o.preset.empty() ? plan::open_source(o.model) : preset_source(o.preset);
   plan::PlanInputs in;
   in.shape.ctx = o.ctx;
   in.shape.kv_bits = o.kv_bits;
@@ -205,7 +229,7 @@ void run(const PlanOptions& o) {
   else if (this_machine) in.mem_gbps = plan::measure_memory_gbps(256ull << 20, in.shape.threads, 0.3);
   if (o.disk_gbps > 0) {
     in.disk_gbps = o.disk_gbps;
-  } else if (this_machine && !src.remote && !src.ckpt.shards().empty()) {
+  } else if (this_machine && !src.remote && o.preset.empty() && !src.ckpt.shards().empty()) {
     const auto& shards = src.ckpt.shards();
     const auto big = std::max_element(shards.begin(), shards.end(), [](const auto& a, const auto& b) { return a.file_size() < b.file_size(); });
     const plan::DiskProbe d = plan::measure_disk_gbps(big->path(), 256ull << 20, 4ull << 20, 4, 1.0);
@@ -225,7 +249,12 @@ void run(const PlanOptions& o) {
 void register_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* c = app.add_subcommand("plan", "Project memory and speed of a model from its safetensors headers (local dir or URL)");
-  c->add_option("-m,--model", o->model, "Model directory or .gguf file, or a base URL (e.g. https://huggingface.co/ORG/NAME/resolve/main/) or a .gguf URL (GGUF headers only, by Range requests)")->required();
+  CLI::Option* om = c->add_option("-m,--model", o->model, "Model directory or .gguf file, or a base URL (e.g. https://huggingface.co/ORG/NAME/resolve/main/) or a .gguf URL (GGUF headers only, by Range requests)");
+  std::string presets;
+  for (const auto& p : models::presets()) presets += (presets.empty() ? "" : ", ") + p.name;
+  c->add_option("--preset", o->preset,
+                "Plan a synth preset at its released size (bf16, all layers; no files needed) instead of --model: " + presets)
+      ->excludes(om);
   c->add_option("-c,--ctx-size", o->ctx, "Tokens of context to plan for (default 4096)");
   CLI::Option* kv = c->add_option("--kv-bits", o->kv_bits, "KV cache bits: 32 (exact, default), 16 or 8");
   c->add_option("--prefill-step-size", o->prefill_step, "Prompt tokens per forward pass (default 512)");

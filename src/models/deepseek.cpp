@@ -170,6 +170,37 @@ Preset kimi_k2() {
   return p;
 }
 
+// A small deepseek_v3 shape for tests: the widths of tests/data/models/deepseek_v3 (3 MLA
+// layers, 1 dense; 16 experts top-4 + 1 shared in 4 groups) with DeepSeek-V3's real vocabulary
+// size, so the real tokenizer's ids (tests/data/tokenizers/deepseek_v3) all fit.
+Preset tiny_deepseek_v3() {
+  Preset p = deepseek_v3_671b();
+  J& c = p.config;
+  c["hidden_size"] = 64;
+  c["intermediate_size"] = 96;
+  c["moe_intermediate_size"] = 32;
+  c["num_hidden_layers"] = 3;
+  c["num_nextn_predict_layers"] = 0;
+  c["num_attention_heads"] = 4;
+  c["num_key_value_heads"] = 4;
+  c["n_routed_experts"] = 16;
+  c["n_group"] = 4;
+  c["topk_group"] = 2;
+  c["num_experts_per_tok"] = 4;
+  c["first_k_dense_replace"] = 1;
+  c["kv_lora_rank"] = 32;
+  c["q_lora_rank"] = 48;
+  c["qk_rope_head_dim"] = 8;
+  c["qk_nope_head_dim"] = 16;
+  c["v_head_dim"] = 16;
+  c["max_position_embeddings"] = 4096;
+  c["rope_scaling"] = {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 4}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
+                       {"original_max_position_embeddings", 1024}, {"type", "yarn"}};
+  p.name = "tiny-deepseek-v3";
+  p.description = "a small deepseek_v3 shape for tests (3 MLA layers, 16 experts top-4 + 1 shared) with V3's 129280-token vocabulary";
+  return p;
+}
+
 // DeepSeek-V2-Lite config.json (deepseek-ai/DeepSeek-V2-Lite).
 Preset deepseek_v2_lite() {
   J cfg = {{"architectures", {"DeepseekV2ForCausalLM"}},
@@ -233,7 +264,7 @@ const Family& deepseek_v3_family() {
                         .model_types = {"deepseek_v3", "kimi_k2"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, true); },
                         .load = load,
-                        .presets = [] { return std::vector<Preset>{deepseek_v3_671b(), kimi_k2()}; },
+                        .presets = [] { return std::vector<Preset>{deepseek_v3_671b(), kimi_k2(), tiny_deepseek_v3()}; },
                         .keep_float = keep_float,
                         .describe = describe,
                         .plan_notes = plan_notes};

@@ -239,7 +239,9 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
 
 }  // namespace
 
-SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
+// write_synthetic, or with `headers_only` set, synthetic_headers: the headers are filled in and
+// nothing is written.
+static SynthResult synthesize(const SynthOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress, SynthHeaders* headers_only) {
   const Preset& pr = preset(opt.preset);
   io::DType dt;
   if (opt.dtype == "bf16") dt = io::DType::BF16;
@@ -279,6 +281,19 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   }
   // Float experts: the release's MXFP4 quantization_config does not describe them.
   if (!any_u8 && cfg.contains("quantization_config")) cfg.erase("quantization_config");
+  if (headers_only != nullptr) {
+    nlohmann::json h = nlohmann::json::object();  // not ordered_json: its lookups are linear (70k tensors)
+    h["__metadata__"] = {{"format", "pt"}, {"spool", "synthetic"}};
+    uint64_t off = 0;
+    for (const auto& t : plan) {
+      const auto d = dtype_of(t);
+      const uint64_t n = static_cast<uint64_t>(numel(t.shape)) * io::dtype_size(d);
+      h[t.name] = {{"dtype", io::dtype_name(d)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+      off += n;
+    }
+    *headers_only = {cfg, h.dump(), total};
+    return {total, 1, static_cast<int64_t>(plan.size()), spec.model_type};
+  }
 
   if (opt.out_dir.empty()) throw UsageError("--out is required");
   if (fs::exists(opt.out_dir) && !fs::is_directory(opt.out_dir)) fail("--out %s exists and is not a directory", opt.out_dir.c_str());
@@ -360,6 +375,16 @@ SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(ui
   r.tensors = static_cast<int64_t>(plan.size());
   r.model_type = spec.model_type;
   return r;
+}
+
+SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
+  return synthesize(opt, progress, nullptr);
+}
+
+SynthHeaders synthetic_headers(const SynthOptions& opt) {
+  SynthHeaders h;
+  synthesize(opt, nullptr, &h);
+  return h;
 }
 
 }  // namespace spool::models

@@ -36,4 +36,14 @@ struct SynthResult {
 /// (with the size needed and the free space), or a write fails.
 SynthResult write_synthetic(const SynthOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress);
 
+/// A synthetic checkpoint as headers only: what write_synthetic(opt) would write, without the
+/// weights (for `spool plan --preset`). out_dir, seed, shard size and tokenizer are not used.
+struct SynthHeaders {
+  nlohmann::ordered_json config;   ///< config.json as write_synthetic writes it (depth and dtype applied)
+  std::string safetensors_header;  ///< JSON header of one safetensors file holding every tensor, in order
+  uint64_t bytes = 0;              ///< tensor bytes (the data region of that file)
+};
+/// Throws spool::UsageError for an unknown preset, dtype, layout or depth, like write_synthetic.
+SynthHeaders synthetic_headers(const SynthOptions& opt);
+
 }  // namespace spool::models

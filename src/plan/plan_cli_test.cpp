@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
+#include <map>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+
+#include "models/presets.h"
 
 namespace {
 
@@ -93,6 +98,85 @@ TEST(PlanCli, ProjectsTheRegisteredFamilies) {
   r = spool("plan -m " + kDemo + " --json --mem-gbps 10 --ram-gb 8");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(nlohmann::json::parse(r.out)["runnable"].get<bool>());
+}
+
+// Released total parameter counts (model cards and papers), for `plan --preset` at full size.
+// The synth layout is bf16 (2 bytes a parameter) without multi-token-prediction layers.
+const std::map<std::string, double> kReleasedParams = {
+    {"qwen3.6-35b-a3b", 35e9},      // Qwen3.5/3.6-35B-A3B (text model)
+    {"qwen3-next-80b-a3b", 80e9},   // Qwen3-Next-80B-A3B
+    {"qwen3-30b-a3b", 30.5e9},      // Qwen3-30B-A3B
+    {"mixtral-8x7b", 46.7e9},       // Mixtral-8x7B
+    {"olmoe-1b-7b", 6.9e9},         // OLMoE-1B-7B
+    {"deepseek-v2-lite", 15.7e9},   // DeepSeek-V2-Lite
+    {"deepseek-v3-671b", 671e9},    // DeepSeek-V3 (without the 14B MTP module)
+    {"kimi-k2", 1.04e12},           // Kimi K2 technical report: 1.04 trillion
+};
+
+// KV cache bytes per token at --kv-bits 32 by the family rules, from the preset's config.json:
+// MLA keeps one latent of kv_lora_rank + qk_rope_head_dim f32 per layer (keys only); other
+// attention keeps K and V of num_key_value_heads x head_dim in every attention layer (sliding
+// ones included: the figure is per position held), none in linear-attention layers.
+uint64_t expected_kv_per_token(const nlohmann::ordered_json& config) {
+  const auto& t = config.contains("text_config") ? config["text_config"] : config;
+  const uint64_t layers = t["num_hidden_layers"].get<uint64_t>();
+  if (t.contains("kv_lora_rank") && !t["kv_lora_rank"].is_null())
+    return layers * (t["kv_lora_rank"].get<uint64_t>() + t["qk_rope_head_dim"].get<uint64_t>()) * 4;
+  uint64_t attn = layers;
+  if (t.contains("layer_types")) {
+    attn = 0;
+    for (const auto& lt : t["layer_types"]) attn += lt != "linear_attention";
+  } else if (t.contains("full_attention_interval")) {
+    attn = layers / t["full_attention_interval"].get<uint64_t>();
+  }
+  const uint64_t heads = t["num_attention_heads"].get<uint64_t>();
+  const uint64_t head_dim = t.contains("head_dim") && !t["head_dim"].is_null() ? t["head_dim"].get<uint64_t>()
+                                                                              : t["hidden_size"].get<uint64_t>() / heads;
+  return attn * 2 * t["num_key_value_heads"].get<uint64_t>() * head_dim * 4;
+}
+
+// Every synth preset in the registry, planned at its released size with no files: the weight
+// bytes match the released parameter count in bf16, and the KV per token follows the family
+// rules (MLA: the latent). A preset added later is covered as it is registered: its released
+// count comes from kReleasedParams or, failing that, the "<N>B" / "<N>T" of its name or
+// description (within 10%); test shapes ("tiny-*") get every check but the count.
+TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
+  ASSERT_GE(spool::models::presets().size(), 9u);
+  for (const auto& p : spool::models::presets()) {
+    SCOPED_TRACE(p.name);
+    Result r = spool("plan --preset " + p.name + " --json --ram-gb 8192 --mem-gbps 10 --kv-bits 32 --ctx-size 4096");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(j["runnable"].get<bool>());
+    EXPECT_EQ(j["verdict"], "resident");
+    EXPECT_EQ(j["model"], "preset " + p.name);
+    const auto& t = p.config.contains("text_config") ? p.config["text_config"] : p.config;
+    EXPECT_EQ(j["model_type"], t["model_type"]);
+    EXPECT_EQ(j["kv_bytes_per_token"].get<uint64_t>(), expected_kv_per_token(p.config));
+    const bool mla = t.contains("kv_lora_rank") && !t["kv_lora_rank"].is_null();
+    EXPECT_EQ(j["architecture"].get<std::string>().rfind("MLA:", 0) == 0, mla) << j["architecture"];
+    EXPECT_EQ(j["components"]["kv"].get<uint64_t>(), j["kv_bytes_per_token"].get<uint64_t>() * j["components"]["kv_positions"].get<uint64_t>());
+    const double bytes = j["components"]["weights_total"].get<double>();
+    if (p.name.rfind("tiny-", 0) == 0) continue;
+    EXPECT_GT(j["expert_bytes"].get<double>(), 0.5 * bytes);  // MoE at full size: most weights are routed experts
+    double params = 0, tol = 0.02;
+    if (auto it = kReleasedParams.find(p.name); it != kReleasedParams.end()) {
+      params = it->second;
+    } else {
+      std::smatch m;
+      const std::string text = p.name + " " + p.description;
+      const std::regex size_re("(\\d+(?:\\.\\d+)?)\\s*([bBtT])\\b");
+      ASSERT_TRUE(std::regex_search(text, m, size_re)) << "give preset " << p.name << " its released parameter count in kReleasedParams";
+      params = std::stod(m[1].str()) * ((m[2] == "t" || m[2] == "T") ? 1e12 : 1e9);
+      tol = 0.10;
+    }
+    EXPECT_NEAR(bytes / 2.0 / params, 1.0, tol) << bytes / 2.0 << " parameters in bf16, released " << params;
+  }
+  // A 1 T model needs no files and no memory to plan; a name not in the registry is a usage error.
+  EXPECT_EQ(spool("plan --preset no-such-model --json").code, 2);
+  EXPECT_EQ(spool("plan --preset kimi-k2 -m " + kDemo).code, 2);
+  Result small = spool("plan --preset deepseek-v3-671b --json --ram-gb 16 --mem-gbps 10");
+  EXPECT_EQ(small.code, 1) << small.out;  // 1.3 TB of bf16 weights: the dense part alone outgrows 16 GiB
 }
 
 TEST(DoctorCli, ChecksWithFixes) {
