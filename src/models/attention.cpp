@@ -71,6 +71,12 @@ void AttentionLayer::place(ops::Backend& be) {
 
 void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
                              ops::Workspace& ws) const {
+  const AttnSeg one{0, T, pos0, &cache};
+  forward(x, std::span<const AttnSeg>(&one, 1), T, out, be, ws);
+}
+
+void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T, float* out, ops::Backend& be,
+                             ops::Workspace& ws) const {
   ops::WorkspaceScope scope(ws);
   const int nh = a_.n_heads, nkv = a_.n_kv_heads, hd = a_.head_dim;
   const Scratch s = Scratch::take(ws, a_, T);
@@ -96,16 +102,22 @@ void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache&
     be.rms_norm(s.q, q_norm_p_, T * nh, hd, eps_, s.q);
     be.rms_norm(s.k, k_norm_p_, T * nkv, hd, eps_, s.k);
   }
-  be.rope(rope_, s.q, T, static_cast<int64_t>(nh) * hd, nh, hd, pos0);
-  be.rope(rope_, s.k, T, static_cast<int64_t>(nkv) * hd, nkv, hd, pos0);
-  be.kv_append(cache, pos0, T, s.k, s.v);  // k normed and rotated, v raw
   const float scale = a_.softmax_scale > 0 ? a_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(hd));
-  if (a_.sinks) {
-    be.attention_sinks(s.q, T, nh, cache, pos0, scale, window_, sinks_.data(), s.att);
-  } else if (window_ > 0 && pos0 + T > window_) {
-    be.attention_window(s.q, T, nh, cache, pos0, scale, window_, s.att);
-  } else {
-    be.attention(s.q, T, nh, cache, pos0, scale, s.att);
+  const int64_t qw = static_cast<int64_t>(nh) * hd, kw = static_cast<int64_t>(nkv) * hd;
+  for (const AttnSeg& g : segs) {  // per sequence: its positions, its cache
+    float* q = s.q + g.row0 * qw;
+    float* k = s.k + g.row0 * kw;
+    float* att = s.att + g.row0 * qw;
+    be.rope(rope_, q, g.T, qw, nh, hd, g.pos0);
+    be.rope(rope_, k, g.T, kw, nkv, hd, g.pos0);
+    be.kv_append(*g.cache, g.pos0, g.T, k, s.v + g.row0 * kw);  // k normed and rotated, v raw
+    if (a_.sinks) {
+      be.attention_sinks(q, g.T, nh, *g.cache, g.pos0, scale, window_, sinks_.data(), att);
+    } else if (window_ > 0 && g.pos0 + g.T > window_) {
+      be.attention_window(q, g.T, nh, *g.cache, g.pos0, scale, window_, att);
+    } else {
+      be.attention(q, g.T, nh, *g.cache, g.pos0, scale, att);
+    }
   }
   if (a_.output_gate) be.mul_sigmoid(s.att, s.gate, T * nh * hd);
   be.matmul(wo_, s.att, T, out);

@@ -47,6 +47,11 @@ class AttentionLayer {
   /// (capacity must already hold pos0 + T); out: [T, hidden]. Scratch from `ws`.
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
                ops::Workspace& ws) const;
+  /// Several sequences at once: x, out [N, hidden], segs their row ranges (together N rows).
+  /// The projections, norms and the output projection run over all N rows (their weights read
+  /// once); RoPE, the cache append and attention per sequence, on its own cache.
+  void forward(const float* x, std::span<const AttnSeg> segs, int64_t N, float* out, ops::Backend& be,
+               ops::Workspace& ws) const;
 
  private:
   AttentionSpec a_;

@@ -316,16 +316,20 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
     const Layer& L = layers_[i];
     if (hooks.on_hidden) observe_hidden(i, s.h, N);
     be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
-    for (const Part& p : parts) {  // token mixers: per sequence, on its own state
-      const float* x = s.xn + p.row0 * H;
-      float* out = s.tmp + p.row0 * H;
+    // Token mixers: projections over every row of the step, RoPE / cache / attention / conv /
+    // recurrence per sequence on its own state.
+    if (L.attn || L.mla) {
+      std::vector<AttnSeg> segs;
+      for (const Part& p : parts) segs.push_back({p.row0, p.T, p.pos0, &p.state->attn[i]});
       if (L.attn) {
-        L.attn->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws);
-      } else if (L.mla) {
-        L.mla->forward(x, p.T, p.pos0, p.state->attn[i], out, be, ws);
+        L.attn->forward(s.xn, segs, N, s.tmp, be, ws);
       } else {
-        L.gdn->forward(x, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i), out, be, ws);
+        L.mla->forward(s.xn, segs, N, s.tmp, be, ws);
       }
+    } else {
+      std::vector<GdnSeg> segs;
+      for (const Part& p : parts) segs.push_back({p.row0, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i)});
+      L.gdn->forward(s.xn, segs, N, s.tmp, be, ws);
     }
     be.add(s.h, s.tmp, N * H);
     be.rms_norm(s.h, L.post_norm_p, N, H, spec_.rms_norm_eps, s.xn);

@@ -87,6 +87,12 @@ GatedDeltaNetLayer::Scratch GatedDeltaNetLayer::Scratch::take(ops::Workspace& ws
 
 void GatedDeltaNetLayer::forward(const float* x, int64_t T, float* conv_state, float* recurrent_state, float* out,
                                  ops::Backend& be, ops::Workspace& ws) const {
+  const GdnSeg one{0, T, conv_state, recurrent_state};
+  forward(x, std::span<const GdnSeg>(&one, 1), T, out, be, ws);
+}
+
+void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, int64_t T, float* out, ops::Backend& be,
+                                 ops::Workspace& ws) const {
   ops::WorkspaceScope scope(ws);
   const int64_t kd = g_.key_dim(), vd = g_.value_dim(), cd = g_.conv_dim();
   const int nk = g_.n_k, nv = g_.n_v, dk = g_.d_k, dv = g_.d_v;
@@ -94,7 +100,8 @@ void GatedDeltaNetLayer::forward(const float* x, int64_t T, float* conv_state, f
   // mixed: [T, conv_dim]; z: [T, n_v * d_v]; b, a: [T, n_v]
   const ops::MatmulOut proj[] = {{&qkv_, s.mixed}, {&z_, s.z}, {&b_, s.b}, {&a_, s.a}};
   be.matmul_multi(proj, x, T);
-  be.causal_conv1d_silu(s.mixed, T, cd, conv_w_p_, g_.conv_kernel, conv_state, s.conv_out);
+  for (const GdnSeg& q : segs)  // the causal conv runs along each sequence, on its own state
+    be.causal_conv1d_silu(s.mixed + q.row0 * cd, q.T, cd, conv_w_p_, g_.conv_kernel, q.conv, s.conv_out + q.row0 * cd);
   // conv_out rows [q (kd) | k (kd) | v (vd)] -> q, k [T, n_k, d_k] (L2-normalised, q / sqrt(d_k)), v [T, n_v, d_v].
   be.copy_2d(s.q, kd, s.conv_out, cd, T, kd);
   be.copy_2d(s.k, kd, s.conv_out + kd, cd, T, kd);
@@ -102,20 +109,22 @@ void GatedDeltaNetLayer::forward(const float* x, int64_t T, float* conv_state, f
   be.l2_norm(s.q, T * nk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)));
   be.l2_norm(s.k, T * nk, dk, 1e-6f, 1.0f);
   be.gdn_gates(s.b, s.a, a_log_exp_p_, dt_bias_p_, T, nv, s.beta, s.g);
-  ops::GatedDeltaArgs args;
-  args.T = T;
-  args.n_k = nk;
-  args.n_v = nv;
-  args.d_k = dk;
-  args.d_v = dv;
-  args.q = s.q;
-  args.k = s.k;
-  args.v = s.v;
-  args.beta = s.beta;
-  args.g = s.g;
-  args.state = recurrent_state;
-  args.out = s.o;
-  be.gated_delta(args, kChunk);
+  for (const GdnSeg& q : segs) {  // the recurrence: per sequence
+    ops::GatedDeltaArgs args;
+    args.T = q.T;
+    args.n_k = nk;
+    args.n_v = nv;
+    args.d_k = dk;
+    args.d_v = dv;
+    args.q = s.q + q.row0 * kd;
+    args.k = s.k + q.row0 * kd;
+    args.v = s.v + q.row0 * vd;
+    args.beta = s.beta + q.row0 * nv;
+    args.g = s.g + q.row0 * nv;
+    args.state = q.recurrent;
+    args.out = s.o + q.row0 * vd;
+    be.gated_delta(args, kChunk);
+  }
   // Gated RMSNorm per value head: o = (o / rms(o)) * w * silu(z).
   be.rms_norm_gated(s.o, s.z, norm_w_p_, T * nv, dv, eps_);
   be.matmul(out_, s.o, T, out);  // [T, hidden]

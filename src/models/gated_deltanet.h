@@ -48,6 +48,11 @@ class GatedDeltaNetLayer {
   /// d_v]), host or device memory (State::gdn_conv / gdn_recurrent).
   void forward(const float* x, int64_t T, float* conv_state, float* recurrent_state, float* out, ops::Backend& be,
                ops::Workspace& ws) const;
+  /// Several sequences at once: x, out [N, hidden], segs their row ranges (together N rows).
+  /// The projections, gates, norms and out_proj run over all N rows (their weights read once);
+  /// the causal conv and the delta-rule recurrence per sequence, on its own state.
+  void forward(const float* x, std::span<const GdnSeg> segs, int64_t N, float* out, ops::Backend& be,
+               ops::Workspace& ws) const;
 
  private:
   GdnSpec g_;

@@ -84,6 +84,12 @@ void MlaLayer::deinterleave(float* x, int64_t rows, int64_t ld, float* even, flo
 
 void MlaLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
                        ops::Workspace& ws) const {
+  const AttnSeg one{0, T, pos0, &cache};
+  forward(x, std::span<const AttnSeg>(&one, 1), T, out, be, ws);
+}
+
+void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T, float* out, ops::Backend& be,
+                       ops::Workspace& ws) const {
   ops::WorkspaceScope scope(ws);
   const int nh = a_.n_heads;
   const int64_t R = m_.kv_lora_rank, P = m_.qk_rope_head_dim, N = m_.qk_nope_head_dim, V = m_.v_head_dim, QD = N + P;
@@ -106,21 +112,24 @@ void MlaLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache
   be.rms_norm(s.ckv, kv_a_norm_.data(), T, R, eps_, s.ckv);
   be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
   if (m_.rope_interleave) deinterleave(s.kpe, T, P, s.even, s.odd, be);
-  be.rope(rope_, s.kpe, T, P, 1, static_cast<int>(P), pos0);
+  for (const AttnSeg& g : segs) be.rope(rope_, s.kpe + g.row0 * P, g.T, P, 1, static_cast<int>(P), g.pos0);
   be.copy_2d(s.key, R + P, s.ckv, R, T, R);
   be.copy_2d(s.key + R, R + P, s.kpe, P, T, P);
-  be.kv_append(cache, pos0, T, s.key, s.key);  // keys-only cache: the value argument is ignored
+  for (const AttnSeg& g : segs)  // keys-only cache: the value argument is ignored
+    be.kv_append(*g.cache, g.pos0, g.T, s.key + g.row0 * (R + P), s.key + g.row0 * (R + P));
   // Queries: q_pe roped per head; q~_h = W_UK_h^T q_nope_h; qfull per head [q~_h | q_pe_h].
   be.copy_2d(s.qpe, P, s.q + N, QD, T * nh, P);
   if (m_.rope_interleave) deinterleave(s.qpe, T * nh, P, s.even, s.odd, be);
-  be.rope(rope_, s.qpe, T, nh * P, nh, static_cast<int>(P), pos0);
+  for (const AttnSeg& g : segs) be.rope(rope_, s.qpe + g.row0 * nh * P, g.T, nh * P, nh, static_cast<int>(P), g.pos0);
   for (int h = 0; h < nh; ++h) {
     be.copy_2d(s.qn, N, s.q + h * QD, nh * QD, T, N);
     be.matmul(uk_t_[h], s.qn, T, s.qabs);
     be.copy_2d(s.qfull + h * (R + P), nh * (R + P), s.qabs, R, T, R);
     be.copy_2d(s.qfull + h * (R + P) + R, nh * (R + P), s.qpe + h * P, nh * P, T, P);
   }
-  be.mla_attention(s.qfull, T, nh, cache, pos0, a_.softmax_scale, static_cast<int>(R), s.att);
+  for (const AttnSeg& g : segs)
+    be.mla_attention(s.qfull + g.row0 * nh * (R + P), g.T, nh, *g.cache, g.pos0, a_.softmax_scale, static_cast<int>(R),
+                     s.att + g.row0 * nh * R);
   // o_h = W_UV_h (attention-weighted latent); out = o_proj(concat o_h).
   for (int h = 0; h < nh; ++h) {
     be.copy_2d(s.ah, R, s.att + h * R, nh * R, T, R);

@@ -43,6 +43,11 @@ class MlaLayer {
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends the latent rows to
   /// `cache` (keys-only, one head of R+P; capacity for pos0 + T); out: [T, hidden].
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be, ops::Workspace& ws) const;
+  /// Several sequences at once: x, out [N, hidden], segs their row ranges (together N rows).
+  /// Projections and the per-head absorbed products run over all N rows; RoPE, the latent
+  /// cache append and attention per sequence, on its own cache.
+  void forward(const float* x, std::span<const AttnSeg> segs, int64_t N, float* out, ops::Backend& be,
+               ops::Workspace& ws) const;
 
  private:
   // [rows, P] rows of P dims at stride ld: adjacent pairs -> [even dims | odd dims] in place.

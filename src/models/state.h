@@ -25,6 +25,21 @@ namespace spool::models {
 /// ([normed c_kv | roped k_pe] per position); snapshots and images carry it like any KV cache.
 using AttnCache = ops::KvCache;
 
+/// One sequence's rows in a batched token-mixer call (Model::forward_batch): rows
+/// [row0, row0 + T) of the layer's input and output, at positions [pos0, pos0 + T) of its own
+/// cache (attention, MLA).
+struct AttnSeg {
+  int64_t row0 = 0, T = 0, pos0 = 0;
+  AttnCache* cache = nullptr;
+};
+/// The same for a Gated DeltaNet layer: the sequence's conv state [conv_dim, K-1] and
+/// recurrent state [n_v, d_k, d_v] (State::gdn_conv / gdn_recurrent; host or device memory).
+struct GdnSeg {
+  int64_t row0 = 0, T = 0;
+  float* conv = nullptr;
+  float* recurrent = nullptr;
+};
+
 /// State of one Gated DeltaNet layer (host arrays; while the State is placed on a GPU with
 /// State::place they are stale and the device copy is the live one).
 struct GdnState {
