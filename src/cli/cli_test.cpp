@@ -211,9 +211,9 @@ TEST(Cli, BadCheckpointsExit1) {
   {  // unknown architecture
     std::string d = copy_fixture("qwen3_moe", "arch");
     auto c = nlohmann::json::parse(slurp(d + "/config.json"));
-    c["model_type"] = "glm4_moe";
+    c["model_type"] = "ernie4_5_moe";
     std::ofstream(d + "/config.json") << c.dump();
-    expect_model_error(d, "glm4_moe");
+    expect_model_error(d, "ernie4_5_moe");
   }
   {  // missing shard
     std::string d = copy_fixture("qwen3_moe", "shard");

@@ -112,6 +112,12 @@ const std::map<std::string, double> kReleasedParams = {
     {"deepseek-v3-671b", 671e9},    // DeepSeek-V3 (without the 14B MTP module)
     {"kimi-k2", 1.04e12},           // Kimi K2 technical report: 1.04 trillion
 };
+// Presets released with quantized experts (MXFP4 blocks + E8M0 scales, bf16 rest): the bytes of
+// the released safetensors files, which plan --preset must reproduce.
+const std::map<std::string, double> kReleasedBytes = {
+    {"gpt-oss-20b", 13.76e9},   // openai/gpt-oss-20b: 3 shards, 13.76 GB
+    {"gpt-oss-120b", 65.25e9},  // openai/gpt-oss-120b: 15 shards, 65.25 GB
+};
 
 // KV cache bytes per token at --kv-bits 32 by the family rules, from the preset's config.json:
 // MLA keeps one latent of kv_lora_rank + qk_rope_head_dim f32 per layer (keys only); other
@@ -159,6 +165,10 @@ TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
     const double bytes = j["components"]["weights_total"].get<double>();
     if (p.name.rfind("tiny-", 0) == 0) continue;
     EXPECT_GT(j["expert_bytes"].get<double>(), 0.5 * bytes);  // MoE at full size: most weights are routed experts
+    if (auto it = kReleasedBytes.find(p.name); it != kReleasedBytes.end()) {
+      EXPECT_NEAR(bytes / it->second, 1.0, 0.02) << bytes << " bytes, released " << it->second;
+      continue;
+    }
     double params = 0, tol = 0.02;
     if (auto it = kReleasedParams.find(p.name); it != kReleasedParams.end()) {
       params = it->second;
