@@ -216,7 +216,7 @@ struct Planner {
       Unit u;
       u.layer = layer;
       u.specs.push_back({out_name(name + ".signs"), io::DType::I8, {cols}});
-      u.produce = [sg, cols = cols](ops::ThreadPool*, const Sink& sink) { sink(sg, static_cast<uint64_t>(cols)); };
+      u.produce = [sg = sg, cols = cols](ops::ThreadPool*, const Sink& sink) { sink(sg, static_cast<uint64_t>(cols)); };
       const TensorClass c = name == gu_name ? TensorClass::kExpertGateUp : TensorClass::kExpertDown;
       result->classes[class_key(c)].bytes += static_cast<uint64_t>(cols);
       units.push_back(std::move(u));
