@@ -13,7 +13,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -77,30 +76,6 @@ void configure(const io::Config& c, ModelSpec* sp, bool v3) {
   s.mixers.assign(s.n_layers, MixerKind::kMLA);
   for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i >= first_dense && i % freq == 0 ? FfnKind::kMoE : FfnKind::kDense);
 }
-
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
-}
-
-std::string describe(const ModelSpec& s) {
-  const int n_moe = static_cast<int>(std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kMoE));
-  return strfmt("MLA: %d latent + %d RoPE key elements cached per token in each of %d layers; %d MoE layers "
-                "(first %d dense) of %d routed experts top-%d + %d shared",
-                s.mla.kv_lora_rank, s.mla.qk_rope_head_dim, s.n_layers, n_moe, s.n_layers - n_moe, s.moe.n_experts, s.moe.top_k,
-                s.moe.intermediate > 0 ? s.moe.shared_intermediate / s.moe.intermediate : 0);
-}
-
-std::vector<std::string> plan_notes(const io::Config& c) {
-  std::vector<std::string> n;
-  if (c.get_int("num_nextn_predict_layers", 0) > 0)
-    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are not counted: decoding does not use them");
-  return n;
-}
-
-// The absorbed form reads kv_b_proj per head, transposed: kept in bf16 by spool convert.
-bool keep_float(std::string_view name) { return name.ends_with("self_attn.kv_b_proj.weight"); }
 
 // DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3, bf16 layout; the release stores fp8).
 Preset deepseek_v3_671b() {
@@ -251,11 +226,11 @@ const Family& deepseek_v2_family() {
   static const Family f{.name = "deepseek_v2",
                         .model_types = {"deepseek_v2"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, false); },
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{deepseek_v2_lite()}; },
-                        .keep_float = keep_float,
-                        .describe = describe,
-                        .plan_notes = plan_notes};
+                        .keep_float = mla_keep_float,
+                        .describe = describe_mla_moe,
+                        .plan_notes = mtp_plan_notes};
   return f;
 }
 
@@ -263,11 +238,11 @@ const Family& deepseek_v3_family() {
   static const Family f{.name = "deepseek_v3",
                         .model_types = {"deepseek_v3", "kimi_k2"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, true); },
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{deepseek_v3_671b(), kimi_k2(), tiny_deepseek_v3()}; },
-                        .keep_float = keep_float,
-                        .describe = describe,
-                        .plan_notes = plan_notes};
+                        .keep_float = mla_keep_float,
+                        .describe = describe_mla_moe,
+                        .plan_notes = mtp_plan_notes};
   return f;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "models/decoder.h"
 
 namespace spool::models {
 
@@ -46,5 +47,29 @@ std::string describe_gqa_moe(const ModelSpec& s) {
                 s.attn.head_dim, window.c_str(), s.moe.n_experts, s.moe.top_k, s.moe.shared_intermediate > 0 ? " + shared" : "",
                 s.n_layers - dense, s.n_layers);
 }
+
+std::string describe_mla_moe(const ModelSpec& s) {
+  const int n_moe = static_cast<int>(std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kMoE));
+  return strfmt("MLA: %d latent + %d RoPE key elements cached per token in each of %d layers; %d MoE layers "
+                "(%d dense) of %d routed experts top-%d + %d shared",
+                s.mla.kv_lora_rank, s.mla.qk_rope_head_dim, s.n_layers, n_moe, s.n_layers - n_moe, s.moe.n_experts, s.moe.top_k,
+                s.moe.intermediate > 0 ? s.moe.shared_intermediate / s.moe.intermediate : 0);
+}
+
+std::unique_ptr<Model> load_decoder(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
+                                    std::shared_ptr<ops::Backend> backend) {
+  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
+  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
+  return m;
+}
+
+std::vector<std::string> mtp_plan_notes(const io::Config& c) {
+  std::vector<std::string> n;
+  if (c.get_int("num_nextn_predict_layers", 0) > 0)
+    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are not counted: decoding does not use them");
+  return n;
+}
+
+bool mla_keep_float(std::string_view name) { return name.ends_with("self_attn.kv_b_proj.weight"); }
 
 }  // namespace spool::models

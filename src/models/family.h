@@ -65,5 +65,18 @@ const Family& gpt_oss_family();
 
 /// Generic description of a GQA attention stack with MoE FFNs (the families' describe default).
 std::string describe_gqa_moe(const ModelSpec& s);
+/// Description of an MLA stack (DeepSeek-V2/V3, GLM-4.7-Flash): latent KV per token and layer,
+/// MoE and dense layer counts, routed and shared experts.
+std::string describe_mla_moe(const ModelSpec& s);
+/// Family::load of the families without Gated DeltaNet layers: a DecoderModel bound by the
+/// default names (DecoderModel::bind).
+std::unique_ptr<Model> load_decoder(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
+                                    std::shared_ptr<ops::Backend> backend);
+/// Planner note for configs with multi-token-prediction layers (num_nextn_predict_layers > 0),
+/// which spool neither counts nor runs (DeepSeek-V3, GLM-4.5/4.7).
+std::vector<std::string> mtp_plan_notes(const io::Config& c);
+/// Family::keep_float of the MLA families: the absorbed form reads kv_b_proj per head,
+/// transposed, so `spool convert` keeps `self_attn.kv_b_proj.weight` in bf16.
+bool mla_keep_float(std::string_view name);
 
 }  // namespace spool::models

@@ -12,7 +12,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -32,19 +31,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   const int first_dense = non_negative(c, "first_k_dense_replace", 1);
   s.mixers.assign(s.n_layers, MixerKind::kAttention);
   for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i >= first_dense ? FfnKind::kMoE : FfnKind::kDense);
-}
-
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
-}
-
-std::vector<std::string> plan_notes(const io::Config& c) {
-  std::vector<std::string> n;
-  if (c.get_int("num_nextn_predict_layers", 0) > 0)
-    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are not counted: decoding does not use them");
-  return n;
 }
 
 // GLM-4.5-Air config.json (zai-org/GLM-4.5-Air, 106B-A12B).
@@ -111,10 +97,10 @@ const Family& glm4_moe_family() {
   static const Family f{.name = "glm4_moe",
                         .model_types = {"glm4_moe"},
                         .configure = configure,
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{glm4_5_air(), glm4_6()}; },
                         .describe = describe_gqa_moe,
-                        .plan_notes = plan_notes};
+                        .plan_notes = mtp_plan_notes};
   return f;
 }
 

@@ -13,7 +13,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -57,30 +56,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
     for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i == 0 ? FfnKind::kDense : FfnKind::kMoE);
   }
 }
-
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
-}
-
-std::string describe(const ModelSpec& s) {
-  const int n_moe = static_cast<int>(std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kMoE));
-  return strfmt("MLA: %d latent + %d RoPE key elements cached per token in each of %d layers; %d MoE layers "
-                "(%d dense) of %d routed experts top-%d + %d shared",
-                s.mla.kv_lora_rank, s.mla.qk_rope_head_dim, s.n_layers, n_moe, s.n_layers - n_moe, s.moe.n_experts, s.moe.top_k,
-                s.moe.intermediate > 0 ? s.moe.shared_intermediate / s.moe.intermediate : 0);
-}
-
-std::vector<std::string> plan_notes(const io::Config& c) {
-  std::vector<std::string> n;
-  if (c.get_int("num_nextn_predict_layers", 0) > 0)
-    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are not counted: decoding does not use them");
-  return n;
-}
-
-// The absorbed form reads kv_b_proj per head, transposed: kept in bf16 by spool convert.
-bool keep_float(std::string_view name) { return name.ends_with("self_attn.kv_b_proj.weight"); }
 
 // GLM-4.7-Flash config.json (zai-org/GLM-4.7-Flash, 30B-A3B), as transformers 5 writes it.
 Preset glm4_7_flash() {
@@ -131,11 +106,11 @@ const Family& glm4_moe_lite_family() {
   static const Family f{.name = "glm4_moe_lite",
                         .model_types = {"glm4_moe_lite"},
                         .configure = configure,
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{glm4_7_flash()}; },
-                        .keep_float = keep_float,
-                        .describe = describe,
-                        .plan_notes = plan_notes};
+                        .keep_float = mla_keep_float,
+                        .describe = describe_mla_moe,
+                        .plan_notes = mtp_plan_notes};
   return f;
 }
 

@@ -19,7 +19,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -122,12 +121,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   s.ffns.assign(s.n_layers, FfnKind::kMoE);
 }
 
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
-}
-
 // The released config.json of gpt-oss (openai/gpt-oss-20b, -120b): `layers` and `experts` differ.
 J release_config(int layers, int experts) {
   std::vector<std::string> types;
@@ -194,7 +187,7 @@ const Family& gpt_oss_family() {
   static const Family f{.name = "gpt_oss",
                         .model_types = {"gpt_oss"},
                         .configure = configure,
-                        .load = load,
+                        .load = load_decoder,
                         .presets = presets,
                         .keep_float = keep_float,
                         .describe = describe};

@@ -13,7 +13,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -39,12 +38,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   s.moe.score_bias = true;
   s.mixers.assign(s.n_layers, MixerKind::kAttention);
   s.ffns.assign(s.n_layers, FfnKind::kMoE);
-}
-
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
 }
 
 std::vector<std::string> plan_notes(const io::Config& c) {
@@ -102,7 +95,7 @@ const Family& minimax_m2_family() {
   static const Family f{.name = "minimax_m2",
                         .model_types = {"minimax_m2"},
                         .configure = configure,
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{minimax_m2()}; },
                         .describe = describe_gqa_moe,
                         .plan_notes = plan_notes};

@@ -9,7 +9,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -36,12 +35,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
     s.attn.sliding_window = w;
     s.attn.window_bounds_kv = false;  // the cache keeps every position; attention masks
   }
-}
-
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
 }
 
 // Mixtral-8x7B-v0.1 config.json (mistralai/Mixtral-8x7B-v0.1).
@@ -75,7 +68,7 @@ const Family& mixtral_family() {
   static const Family f{.name = "mixtral",
                         .model_types = {"mixtral"},
                         .configure = configure,
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{mixtral_8x7b()}; },
                         .describe = describe_gqa_moe};
   return f;

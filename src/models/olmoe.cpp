@@ -7,7 +7,6 @@
 
 #include "common/error.h"
 #include "models/config_read.h"
-#include "models/decoder.h"
 #include "models/family.h"
 
 namespace spool::models {
@@ -31,12 +30,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   s.moe.norm_topk_prob = c.get_bool("norm_topk_prob", false);
   s.mixers.assign(s.n_layers, MixerKind::kAttention);
   s.ffns.assign(s.n_layers, FfnKind::kMoE);
-}
-
-std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
-  auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
-  return m;
 }
 
 // OLMoE-1B-7B-0924 config.json (allenai/OLMoE-1B-7B-0924).
@@ -71,7 +64,7 @@ const Family& olmoe_family() {
   static const Family f{.name = "olmoe",
                         .model_types = {"olmoe"},
                         .configure = configure,
-                        .load = load,
+                        .load = load_decoder,
                         .presets = [] { return std::vector<Preset>{olmoe_1b_7b()}; },
                         .describe = describe_gqa_moe};
   return f;
