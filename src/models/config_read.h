@@ -26,6 +26,11 @@ void read_attention(const io::Config& c, AttentionSpec* a, int hidden, bool bias
 /// _compute_yarn_parameters: inv_freq and attention_factor), and the softmax scale
 /// (qk_nope + qk_rope)^-0.5, times mscale(factor, mscale_all_dim)^2 for YaRN with mscale_all_dim.
 void read_mla_rope(const io::Config& c, ModelSpec* s);
+/// MLA attention geometry (HF DeepseekV3Attention / Glm4MoeLiteAttention): num_attention_heads
+/// (K and V per head after kv_b_proj), q_lora_rank (absent or null: no q LoRA), kv_lora_rank,
+/// qk_nope_head_dim, qk_rope_head_dim (even), v_head_dim, rope_interleave (default true).
+/// attention_bias=true is rejected naming `model`.
+void read_mla(const io::Config& c, ModelSpec* s, const char* model);
 /// The sigmoid + e_score_correction_bias router of DeepSeek-V3 / GLM-4.5 (HF noaux_tc):
 /// n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts (ungated
 /// mlp.shared_experts of moe_intermediate_size * n_shared_experts), n_group / topk_group

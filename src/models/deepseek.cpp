@@ -25,18 +25,9 @@ using namespace cfg;
 void configure(const io::Config& c, ModelSpec* sp, bool v3) {
   ModelSpec& s = *sp;
   check_act(c);
-  if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported", c.source().c_str());
+  read_mla(c, &s, v3 ? "deepseek_v3" : "deepseek_v2");
   auto& a = s.attn;
   auto& m = s.mla;
-  a.n_heads = positive(c, "num_attention_heads");
-  a.n_kv_heads = a.n_heads;  // after kv_b_proj every head has its own K and V
-  m.q_lora_rank = c.has("q_lora_rank") ? positive(c, "q_lora_rank") : 0;
-  m.kv_lora_rank = positive(c, "kv_lora_rank");
-  m.qk_nope_head_dim = positive(c, "qk_nope_head_dim");
-  m.qk_rope_head_dim = positive(c, "qk_rope_head_dim");
-  m.v_head_dim = positive(c, "v_head_dim");
-  if (m.qk_rope_head_dim % 2 != 0) fail("%s: qk_rope_head_dim must be even", c.source().c_str());
-  m.rope_interleave = c.get_bool("rope_interleave", true);
   a.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
   a.kv_latent_dim = m.kv_lora_rank + m.qk_rope_head_dim;
   read_mla_rope(c, &s);

@@ -72,6 +72,21 @@ double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 
 }  // namespace
 
 // HF _compute_yarn_parameters; DeepSeek / GLM-4.7-Flash attention softmax_scale.
+void read_mla(const io::Config& c, ModelSpec* s, const char* model) {
+  if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported for %s", c.source().c_str(), model);
+  AttentionSpec& a = s->attn;
+  MlaSpec& m = s->mla;
+  a.n_heads = positive(c, "num_attention_heads");
+  a.n_kv_heads = a.n_heads;  // after kv_b_proj every head has its own K and V
+  m.q_lora_rank = c.has("q_lora_rank") ? positive(c, "q_lora_rank") : 0;
+  m.kv_lora_rank = positive(c, "kv_lora_rank");
+  m.qk_nope_head_dim = positive(c, "qk_nope_head_dim");
+  m.qk_rope_head_dim = positive(c, "qk_rope_head_dim");
+  m.v_head_dim = positive(c, "v_head_dim");
+  if (m.qk_rope_head_dim % 2 != 0) fail("%s: qk_rope_head_dim must be even", c.source().c_str());
+  m.rope_interleave = c.get_bool("rope_interleave", true);
+}
+
 void read_mla_rope(const io::Config& c, ModelSpec* s) {
   AttentionSpec& a = s->attn;
   std::string type;
