@@ -26,6 +26,12 @@ void read_attention(const io::Config& c, AttentionSpec* a, int hidden, bool bias
 /// _compute_yarn_parameters: inv_freq and attention_factor), and the softmax scale
 /// (qk_nope + qk_rope)^-0.5, times mscale(factor, mscale_all_dim)^2 for YaRN with mscale_all_dim.
 void read_mla_rope(const io::Config& c, ModelSpec* s);
+/// YaRN RoPE (HF _compute_yarn_parameters, modeling_rope_utils.py) of `dim` rotary dims at base
+/// `theta`, scale `factor` over `orig` original positions, from rope_parameters `rp` (beta_fast 32,
+/// beta_slow 1, truncate `truncate_default`, attention_factor or the mscale / mscale_all_dim
+/// rule): sets a->inv_freq [dim/2] and a->rope_attention_scaling; returns mscale_all_dim (0 if absent).
+double read_yarn(const io::Config& rp, double theta, int dim, double factor, double orig, bool truncate_default,
+                 AttentionSpec* a);
 /// MLA attention geometry (HF DeepseekV3Attention / Glm4MoeLiteAttention): num_attention_heads
 /// (K and V per head after kv_b_proj), q_lora_rank (absent or null: no q LoRA), kv_lora_rank,
 /// qk_nope_head_dim, qk_rope_head_dim (even), v_head_dim, rope_interleave (default true).

@@ -31,7 +31,7 @@ using namespace cfg;
 // YaRN RoPE frequencies and attention factor (HF _compute_yarn_parameters,
 // modeling_rope_utils.py): gpt-oss releases use factor 32, beta_fast 32, beta_slow 1,
 // original_max_position_embeddings 4096, truncate false, θ 150000.
-void read_yarn(const io::Config& c, ModelSpec* s) {
+void read_gpt_oss_rope(const io::Config& c, ModelSpec* s) {
   AttentionSpec& a = s->attn;
   std::string type;
   io::Config rp = rope_parameters(c, &type);
@@ -48,32 +48,7 @@ void read_yarn(const io::Config& c, ModelSpec* s) {
   const double factor = rp.get_double("factor", 32.0), orig = rp.get_double("original_max_position_embeddings", 4096.0);
   if (factor <= 0) fail("%s: yarn rope needs a positive 'factor'", c.source().c_str());
   if (orig <= 0) fail("%s: yarn rope needs a positive 'original_max_position_embeddings'", c.source().c_str());
-  const double beta_fast = rp.get_double("beta_fast", 32.0), beta_slow = rp.get_double("beta_slow", 1.0);
-  const bool truncate = rp.get_bool("truncate", absent ? false : true);
-  const double mscale = rp.get_double("mscale", 0.0), mscale_all_dim = rp.get_double("mscale_all_dim", 0.0);
-  auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
-  double attention_factor = rp.get_double("attention_factor", 0.0);
-  if (attention_factor <= 0)
-    attention_factor = (mscale != 0 && mscale_all_dim != 0) ? get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
-                                                            : get_mscale(factor, 1.0);
-  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(theta)); };
-  double low = corr(beta_fast), high = corr(beta_slow);
-  if (truncate) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;
-  a.inv_freq.resize(dim / 2);
-  for (int i = 0; i < dim / 2; ++i) {  // HF: f32 tensors throughout
-    const float pos_freq = static_cast<float>(std::pow(theta, static_cast<double>(static_cast<float>(2 * i) / dim)));
-    const float extra = 1.0f / pos_freq, inter = 1.0f / (static_cast<float>(factor) * pos_freq);
-    const float ramp = static_cast<float>(std::clamp((i - low) / (high - low), 0.0, 1.0));
-    const float extrapolation = 1.0f - ramp;
-    a.inv_freq[i] = inter * (1.0f - extrapolation) + extra * extrapolation;
-  }
-  a.rope_attention_scaling = static_cast<float>(attention_factor);
+  read_yarn(rp, theta, dim, factor, orig, /*truncate_default=*/absent ? false : true, &a);
 }
 
 void configure(const io::Config& c, ModelSpec* sp) {
@@ -87,7 +62,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
   if (a.head_dim <= 0 || a.head_dim % 2 != 0) fail("%s: head_dim must be a positive even number", c.source().c_str());
   a.qkv_bias = a.o_bias = c.get_bool("attention_bias", true);
   a.sinks = true;
-  read_yarn(c, &s);
+  read_gpt_oss_rope(c, &s);
   // Sliding window on the layers layer_types names "sliding_attention".
   std::vector<std::string> types = c.get_string_list("layer_types");
   if (types.empty())

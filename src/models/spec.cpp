@@ -72,6 +72,36 @@ double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 
 }  // namespace
 
 // HF _compute_yarn_parameters; DeepSeek / GLM-4.7-Flash attention softmax_scale.
+double read_yarn(const io::Config& rp, double theta, int dim, double factor, double orig, bool truncate_default,
+                 AttentionSpec* a) {
+  const double beta_fast = rp.get_double("beta_fast", 32.0), beta_slow = rp.get_double("beta_slow", 1.0);
+  const double mscale = rp.get_double("mscale", 0.0), mscale_all_dim = rp.get_double("mscale_all_dim", 0.0);
+  const bool truncate = rp.get_bool("truncate", truncate_default);
+  double attention_factor = rp.get_double("attention_factor", 0.0);
+  if (attention_factor <= 0)
+    attention_factor = (mscale != 0 && mscale_all_dim != 0) ? yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+                                                            : yarn_get_mscale(factor, 1.0);
+  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(theta)); };
+  double low = corr(beta_fast), high = corr(beta_slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  a->inv_freq.resize(dim / 2);
+  for (int i = 0; i < dim / 2; ++i) {  // HF: f32 tensors throughout
+    const float pos_freq = static_cast<float>(std::pow(theta, static_cast<double>(static_cast<float>(2 * i) / dim)));
+    const float extra = 1.0f / pos_freq, inter = 1.0f / (static_cast<float>(factor) * pos_freq);
+    const float ramp = static_cast<float>(std::clamp((i - low) / (high - low), 0.0, 1.0));
+    const float extrapolation = 1.0f - ramp;
+    a->inv_freq[i] = inter * (1.0f - extrapolation) + extra * extrapolation;
+  }
+  a->rope_attention_scaling = static_cast<float>(attention_factor);
+  return mscale_all_dim;
+}
+
 void read_mla(const io::Config& c, ModelSpec* s, const char* model) {
   if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported for %s", c.source().c_str(), model);
   AttentionSpec& a = s->attn;
@@ -104,32 +134,7 @@ void read_mla_rope(const io::Config& c, ModelSpec* s) {
   if (factor <= 0 && orig > 0 && s->max_position_embeddings > 0) factor = s->max_position_embeddings / orig;
   if (factor <= 0) fail("%s: yarn rope needs a positive 'factor'", c.source().c_str());
   if (orig <= 0) fail("%s: yarn rope needs 'original_max_position_embeddings'", c.source().c_str());
-  const double beta_fast = rp.get_double("beta_fast", 32.0), beta_slow = rp.get_double("beta_slow", 1.0);
-  const double mscale = rp.get_double("mscale", 0.0), mscale_all_dim = rp.get_double("mscale_all_dim", 0.0);
-  const bool truncate = rp.get_bool("truncate", true);
-  double attention_factor = rp.get_double("attention_factor", 0.0);
-  if (attention_factor <= 0)
-    attention_factor = (mscale != 0 && mscale_all_dim != 0) ? yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
-                                                            : yarn_get_mscale(factor, 1.0);
-  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(theta)); };
-  double low = corr(beta_fast), high = corr(beta_slow);
-  if (truncate) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;
-  a.inv_freq.resize(dim / 2);
-  for (int i = 0; i < dim / 2; ++i) {
-    // HF: f32 tensors throughout.
-    const float pos_freq = static_cast<float>(std::pow(theta, static_cast<double>(static_cast<float>(2 * i) / dim)));
-    const float extra = 1.0f / pos_freq, inter = 1.0f / (static_cast<float>(factor) * pos_freq);
-    const float ramp = static_cast<float>(std::clamp((i - low) / (high - low), 0.0, 1.0));
-    const float extrapolation = 1.0f - ramp;
-    a.inv_freq[i] = inter * (1.0f - extrapolation) + extra * extrapolation;
-  }
-  a.rope_attention_scaling = static_cast<float>(attention_factor);
+  const double mscale_all_dim = read_yarn(rp, theta, dim, factor, orig, /*truncate_default=*/true, &a);
   if (mscale_all_dim != 0) {
     const double m = yarn_get_mscale(factor, mscale_all_dim);
     a.softmax_scale = static_cast<float>(a.softmax_scale * m * m);
