@@ -270,7 +270,8 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
   const int64_t rows[2] = {r1, g[1].back().row0 + g[1].back().T};
   const Scratch sg[2] = {s, Scratch{s.h + r1 * H, s.xn + r1 * H, s.tmp + r1 * H}};
   ops::WorkspaceScope scope(ws_);
-  const size_t sub = group_arena_bytes(spec_);
+  if (group_arena_ == 0) group_arena_ = group_arena_bytes(spec_);  // measured once per model
+  const size_t sub = group_arena_;
   ops::Workspace ws1 = ops::Workspace::over(ws_.take(sub), sub);
   ops::Workspace* ws[2] = {&ws_, &ws1};
 

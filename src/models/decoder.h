@@ -93,6 +93,7 @@ class DecoderModel : public Model {
   ops::Workspace ws_;       // one arena for every layer's activations (workspace_arena_bytes)
   int64_t ws_tokens_ = 0;   // token rows per step ws_ is sized for
   int ws_seqs_ = 0;         // sequences per step ws_ is sized for
+  uint64_t group_arena_ = 0;  // group_arena_bytes(spec_), once measured
   ops::WeightView embed_, lm_head_;
   // When the embedding table is not lm_head, its rows are read with pread (one row per
   // token) instead of through the mapping: the table never becomes resident memory.
