@@ -2,10 +2,12 @@
 
 Usage: python3 tests/reference/check_manifest.py [REPO_ROOT]
 The first column of each table row lists paths relative to tests/data, separated by ", ";
-"{a,b}" alternatives and "*" wildcards are allowed; a trailing ".xz" of a file is ignored.
+"{a,b}" alternatives and "*" wildcards are allowed; a trailing ".xz" of a file is ignored. A solid
+archive packs/NAME.tar.xz (tests/reference/pack_fixtures.sh) needs a row itself, and so does each of
+its members (paths relative to tests/data), as if it were a file of its own.
 Exit 1, naming the files, when a file has no row, a row matches no file, or a row's script is
 not in tests/reference/."""
-import fnmatch, os, re, sys
+import fnmatch, os, re, sys, tarfile
 
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 data = os.path.join(root, "tests", "data")
@@ -31,7 +33,13 @@ files = []
 for d, _, names in os.walk(data):
     for n in names:
         rel = os.path.relpath(os.path.join(d, n), data)
-        if rel != "MANIFEST.md":
+        if rel == "MANIFEST.md":
+            continue
+        if rel.endswith(".tar.xz"):
+            with tarfile.open(os.path.join(data, rel), "r:xz") as tf:
+                files.extend(m.name for m in tf.getmembers() if m.isfile())
+            files.append(rel[:-3])
+        else:
             files.append(rel[:-3] if rel.endswith(".xz") else rel)
 
 errors = []

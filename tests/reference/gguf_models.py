@@ -12,7 +12,9 @@ experts stacked into ffn_*_exps), with the `gguf` package:
                  (gguf.quants.dequantize): "the same model on the dequantized float weights"
 
   python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy
-  /tmp/gguf-venv/bin/python tests/reference/gguf_models.py tests/data/models tests/data/gguf
+  /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf
+  (reads the unpacked fixtures of the build tree; then `xz -9e` the .q/.deq files and let
+  tests/reference/pack_fixtures.sh pack each NAME.f32.gguf with its checkpoint, after deleting the old pack)
 """
 import json
 import lzma
@@ -178,7 +180,8 @@ def main():
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
         cfg = json.loads((src / name / "config.json").read_text())
-        weights = read_safetensors(src / name / "model.safetensors.xz")
+        st = src / name / "model.safetensors"
+        weights = read_safetensors(st if st.exists() else Path(str(st) + ".xz"))
         arch, tensors = convert(cfg, weights)
         for mode in ("f32", "q", "deq"):
             out = dst / f"{name}.{mode}.gguf"

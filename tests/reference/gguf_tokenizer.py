@@ -78,7 +78,7 @@ def main() -> None:
         (f.parent / (f.name + ".xz")).write_bytes(lzma.compress(f.read_bytes(), preset=9 | lzma.PRESET_EXTREME))
         f.unlink()
     d = ROOT / "models/spool-demo-moe"
-    write(data / "gguf/demo_tokenizer.gguf.xz", json.loads((d / "tokenizer.json").read_text()),
+    write(data / "gguf/demo_tokenizer.gguf.xz", json.loads(lzma.open(d / "tokenizer.json.xz").read()),
           (d / "tokenizer_config.json").read_text(), json.loads((d / "config.json").read_text())["vocab_size"],
           (d / "chat_template.jinja").read_text(), json.loads((d / "config.json").read_text()))
 
