@@ -3,10 +3,13 @@
 # against the CPU) on a machine with an NVIDIA GPU.
 #
 #   scripts/test-cuda.sh                  build with -DSPOOL_CUDA=ON in $BUILD_DIR and run the tests here
-#   scripts/test-cuda.sh stage DIR        build here (no GPU needed), then copy into DIR what the tests
+#   scripts/test-cuda.sh stage DIR        build here (no GPU needed), then put into DIR what the tests
 #                                         need on a GPU machine that lacks the Debian -dev packages: the
-#                                         test binaries, their data, the shared libraries not in a CUDA
-#                                         image (Highway, the CUDA runtime) and this script
+#                                         test binaries and spool with the shared libraries not in a CUDA
+#                                         image (Highway, the CUDA runtime), xz-compressed (bundle.tar.xz),
+#                                         and this script; the test data is unpacked there from the
+#                                         repository's tests/data and models/ (DIR must lie in the
+#                                         working tree that travels, or be carried)
 #   DIR/test-cuda.sh run DIR              on the GPU machine, from the repository root: run the staged tests
 #                                         (builds there instead when DIR holds no binaries but cmake, nvcc
 #                                         and ninja exist and the -dev packages are installed)
@@ -94,7 +97,7 @@ case "$mode" in
   stage)
     dir=${2:?usage: test-cuda.sh stage DIR}
     bdir=$(build | tail -1)
-    rm -rf "$dir" && mkdir -p "$dir/lib" "$dir/data/models"
+    rm -rf "$dir" && mkdir -p "$dir/lib"
     for t in "${tests[@]}"; do strip -o "$dir/$t" "$(find "$bdir/src" -name "$t" -type f -perm -u+x | head -1)"; done
     strip -o "$dir/spool" "$bdir/spool"
     # Shared libraries a CUDA image may lack (cuBLAS and the C/C++ runtime are taken from the
@@ -105,37 +108,47 @@ case "$mode" in
         *) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
-    # Test data (every fixture family; the demo model is unpacked from the
-    # repository's models/ on the GPU machine) and the build path compiled into the binaries.
-    for f in "$bdir"/tests/data/models/*/; do
-      case "$(basename "$f")" in spool-demo-moe) continue ;; esac
-      cp -r "$f" "$dir/data/models/"
-    done
-    mkdir -p "$dir/data/models/spool-demo-moe"
-    cp "$bdir/tests/data/models/spool-demo-moe/golden_prompts.safetensors" "$dir/data/models/spool-demo-moe/"
+    # Test data is not staged: `run` unpacks the repository's tests/data and models/ on the GPU
+    # machine (the working tree travels there anyway). Binaries and libraries travel xz-compressed.
+    tar -C "$dir" -cf - "${tests[@]}" spool lib | xz -T0 -6 > "$dir/bundle.tar.xz"
+    rm -rf "$dir/lib" "$dir/spool" "${tests[@]/#/$dir/}"
     echo "$bdir" > "$dir/build_dir"
     cp "$0" "$dir/test-cuda.sh"
     du -sh "$dir"
     ;;
   run)
     dir=$(cd "${2:?usage: test-cuda.sh run DIR}" && pwd)
-    if [ ! -x "$dir/${tests[0]}" ]; then  # nothing staged: build here
+    if [ ! -f "$dir/bundle.tar.xz" ]; then  # nothing staged: build here
       bdir=$(build | tail -1)
       run_tests "$bdir/src/models"
       exit
     fi
+    tar -C "$dir" -xJf "$dir/bundle.tar.xz"
     bdir=$(cat "$dir/build_dir")
-    # The binaries look for their data under the build directory they were built in.
-    mkdir -p "$bdir/tests" "$bdir/models/spool-demo-moe"
-    ln -sfn "$dir/data" "$bdir/tests/data"
-    demo=$bdir/models/spool-demo-moe
+    # The binaries look for their data under the build directory they were built in: unpack the
+    # repository's tests/data and models/ there as cmake/data.cmake does (*.tar.xz extracted into
+    # the root, *.xz decompressed, other files copied), with python3 (no xz tool needed).
     repo=$(pwd)
-    for f in "$repo"/models/spool-demo-moe/*; do
-      case "$f" in
-        *.xz) [ -f "$demo/$(basename "${f%.xz}")" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$demo/$(basename "${f%.xz}")" ;;
-        *) cp "$f" "$demo/" ;;
-      esac
-    done
+    python3 - "$repo" "$bdir" <<'PY'
+import lzma, os, shutil, sys, tarfile
+repo, bdir = sys.argv[1:3]
+for src, dst in (("tests/data", "tests/data"), ("models", "models")):
+    src, dst = os.path.join(repo, src), os.path.join(bdir, dst)
+    for d, _, names in os.walk(src):
+        out = os.path.join(dst, os.path.relpath(d, src))
+        os.makedirs(out, exist_ok=True)
+        for n in names:
+            f = os.path.join(d, n)
+            if n.endswith(".tar.xz"):
+                with tarfile.open(f, "r:xz") as t:
+                    t.extractall(dst)
+            elif n.endswith(".xz"):
+                with lzma.open(f) as i, open(os.path.join(out, n[:-3]), "wb") as o:
+                    shutil.copyfileobj(i, o)
+            else:
+                shutil.copy(f, out)
+PY
+    demo=$bdir/models/spool-demo-moe
     cublas=$(ldconfig -p | awk '/libcublas.so.13 / {print $NF; exit}')
     [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
     export LD_LIBRARY_PATH=$dir/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

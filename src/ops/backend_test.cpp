@@ -1310,9 +1310,10 @@ double max_row_ratio(const std::vector<float>& a, const std::vector<float>& b, i
 
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: model forward on CUDA not checked";
-  for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused", "glm4_moe",
-                        "glm4_moe_lite", "minimax_m2", "gpt_oss",
-                        "gpt_oss_mxfp4"}) {
+  for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused",
+                        "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_qknorm",
+                        "glm4_moe_lite", "glm4_moe_lite_v24", "minimax_m2", "minimax_m2_top6", "gpt_oss",
+                        "gpt_oss_mxfp4", "mixtral", "olmoe"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
     auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
