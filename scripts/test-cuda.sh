@@ -14,7 +14,8 @@
 #                                         (builds there instead when DIR holds no binaries but cmake, nvcc
 #                                         and ninja exist and the -dev packages are installed)
 #
-# Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), OUT (a folder for
+# Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), STAGE_SPOOL=0 (stage: the
+# test binaries only, without spool), OUT (a folder for
 # the logs, optional), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases),
 # BENCH=1 (after the tests, `spool bench` CPU vs CUDA of the demo model and of a
 # Qwen3.6-35B-A3B-shaped q4 synthetic of BENCH_LAYERS layers (default 8) made on the GPU machine,
@@ -22,6 +23,7 @@
 # Exit status: that of the tests (0 when all pass; a GPU-less machine reports the CUDA cases as
 # SKIPPED, so run this where `nvidia-smi -L` lists a GPU).
 set -euo pipefail
+shopt -s inherit_errexit  # a failed build inside $(build) stops the script
 
 mode=${1:-local}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -99,18 +101,20 @@ case "$mode" in
     bdir=$(build | tail -1)
     rm -rf "$dir" && mkdir -p "$dir/lib"
     for t in "${tests[@]}"; do strip -o "$dir/$t" "$(find "$bdir/src" -name "$t" -type f -perm -u+x | head -1)"; done
-    strip -o "$dir/spool" "$bdir/spool"
-    # Shared libraries a CUDA image may lack (cuBLAS and the C/C++ runtime are taken from the
-    # image: cuBLAS is too large to carry).
-    for lib in $( (ldd "$dir/${tests[0]}"; ldd "$dir/spool") | awk '/=>/ {print $3}' | sort -u); do
+    bins=("${tests[@]}")
+    if [ "${STAGE_SPOOL:-1}" = 1 ]; then strip -o "$dir/spool" "$bdir/spool" && bins+=(spool); fi
+    # Shared libraries from the Debian -dev packages spool builds against that a CUDA image lacks
+    # (Highway, liburing, utf8proc, PCRE2, cpp-httplib) and the CUDA runtime; everything else (the C/C++
+    # runtime, cuBLAS, libcurl and its TLS stack, OpenBLAS) is taken from the image, where the
+    # device machine has it (checked with ldconfig -p there).
+    for lib in $(for b in "${bins[@]}"; do ldd "$dir/$b"; done | awk '/=>/ {print $3}' | sort -u); do
       case "$(basename "$lib")" in
-        libc.so*|libm.so*|libresolv*|libstdc++*|libgcc_s*|ld-linux*|libcublas*|libcuda.so*|libpthread*|libdl.so*|librt.so*) ;;
-        *) cp -L "$lib" "$dir/lib/" ;;
+        libhwy*|liburing*|libutf8proc*|libpcre2*|libcpp-httplib*|libcudart*) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
     # Test data is not staged: `run` unpacks the repository's tests/data and models/ on the GPU
     # machine (the working tree travels there anyway). Binaries and libraries travel xz-compressed.
-    tar -C "$dir" -cf - "${tests[@]}" spool lib | xz -T0 -6 > "$dir/bundle.tar.xz"
+    tar -C "$dir" -cf - "${bins[@]}" lib | xz -T0 -9 > "$dir/bundle.tar.xz"
     rm -rf "$dir/lib" "$dir/spool" "${tests[@]/#/$dir/}"
     echo "$bdir" > "$dir/build_dir"
     cp "$0" "$dir/test-cuda.sh"
@@ -153,6 +157,12 @@ PY
     [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
     export LD_LIBRARY_PATH=$dir/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     rc=0
+    for b in "${tests[@]}" spool; do  # a library the image lacks: say which, instead of failing later
+      [ -x "$dir/$b" ] || continue
+      missing=$(ldd "$dir/$b" | awk '/not found/ {print $1}' | tr '\n' ' ')
+      if [ -n "$missing" ]; then echo "test-cuda.sh: $b needs libraries this machine lacks: $missing" >&2; rc=1; fi
+    done
+    [ $rc = 0 ] || exit $rc
     if [ "${SKIP_TESTS:-0}" != 1 ]; then run_tests "$dir" || rc=1; fi
     if [ "${BENCH:-0}" = 1 ]; then run_bench "$dir/spool" "$demo" || rc=1; fi
     exit $rc

@@ -211,9 +211,9 @@ TEST(Cli, BadCheckpointsExit1) {
   {  // unknown architecture
     std::string d = copy_fixture("qwen3_moe", "arch");
     auto c = nlohmann::json::parse(slurp(d + "/config.json"));
-    c["model_type"] = "ernie4_5_moe";
+    c["model_type"] = "gemma4_text";
     std::ofstream(d + "/config.json") << c.dump();
-    expect_model_error(d, "ernie4_5_moe");
+    expect_model_error(d, "gemma4_text");
   }
   {  // missing shard
     std::string d = copy_fixture("qwen3_moe", "shard");

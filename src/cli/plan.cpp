@@ -13,7 +13,9 @@
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
+#include "engine/loader.h"
 #include "models/synth.h"
+#include "plan/gpu.h"
 #include "plan/probe.h"
 #include "plan/projection.h"
 #include "plan/source.h"
@@ -35,12 +37,15 @@ struct PlanOptions {
   int threads = 0;
   bool stream = false, no_stream = false;
   std::string cache_budget = "auto";
+  std::string device = "auto";  // --device: plan the GPU part for this device (auto: cuda:0 when present)
+  double vram_gb = -1;          // --vram-gb: plan for a GPU with this VRAM budget (GiB) instead
+  double h2d_gbps = 0;          // --h2d-gbps: host-to-device bandwidth instead of measuring it
   bool json = false;
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
 
-void print_text(const plan::Projection& p, const plan::ModelSource& src) {
+void print_text(const plan::Projection& p, const plan::ModelSource& src, const std::optional<plan::GpuProjection>& gpu) {
   const auto& s = p.spec;
   const auto& w = p.weights;
   const int n_attn = s.n_layers_of(models::MixerKind::kAttention) + s.n_layers_of(models::MixerKind::kMLA);
@@ -100,6 +105,22 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
                   100.0 * (1.0 - p.expected_hit_rate));
     std::printf("\n");
   }
+  if (gpu) {
+    const plan::GpuPlacement& g = gpu->placement;
+    std::printf("gpu        %s%s: VRAM budget %s; dense %s + KV/state %s + workspace %s", gpu->device.c_str(),
+                gpu->name.empty() ? "" : strfmt(" %s (%s)", gpu->name.c_str(), gib(gpu->vram_total).c_str()).c_str(),
+                gib(g.budget).c_str(), gib(g.dense).c_str(), gib(g.state).c_str(), gib(g.workspace).c_str());
+    if (!g.fits) {
+      std::printf(": DOES NOT FIT (%s needed)\n", gib(g.dense + g.state + g.workspace).c_str());
+    } else if (g.experts_in_vram) {
+      std::printf(" + routed experts %s in VRAM (%s used)\n", gib(g.experts).c_str(), gib(g.used()).c_str());
+    } else {
+      std::printf("; routed experts (%s) in host memory, %s copied to the GPU per token", gib(g.experts).c_str(),
+                  format_bytes(gpu->h2d_bytes_per_token).c_str());
+      if (gpu->tok_s_h2d_bound) std::printf(": <= %.1f tok/s at %.1f GB/s host->device", *gpu->tok_s_h2d_bound, *gpu->h2d_gbps);
+      std::printf("\n");
+    }
+  }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
   if (!p.runnable) {
     std::string list;
@@ -111,7 +132,8 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src) {
   }
 }
 
-void print_json(const plan::Projection& p, const plan::ModelSource& src, const CgroupMemory& cg) {
+void print_json(const plan::Projection& p, const plan::ModelSource& src, const CgroupMemory& cg,
+                const std::optional<plan::GpuProjection>& gpu) {
   nlohmann::ordered_json j;
   j["verdict"] = plan::verdict_name(p.verdict);
   j["peak_bytes"] = p.peak;
@@ -162,6 +184,26 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
   j["disk_gbps"] = p.disk_gbps ? nlohmann::ordered_json(*p.disk_gbps) : nlohmann::ordered_json();
   j["decode_tok_s_mem_bound"] = p.tok_s_mem_bound ? nlohmann::ordered_json(*p.tok_s_mem_bound) : nlohmann::ordered_json();
   j["decode_tok_s_disk_bound"] = p.tok_s_disk_bound ? nlohmann::ordered_json(*p.tok_s_disk_bound) : nlohmann::ordered_json();
+  if (gpu) {
+    const plan::GpuPlacement& g = gpu->placement;
+    auto opt = [](const std::optional<double>& v) { return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(); };
+    j["gpu"] = {{"device", gpu->device},
+                {"name", gpu->name},
+                {"vram_total_bytes", gpu->vram_total},
+                {"vram_budget_bytes", g.budget},
+                {"dense_bytes", g.dense},
+                {"state_bytes", g.state},
+                {"workspace_bytes", g.workspace},
+                {"expert_bytes", g.experts},
+                {"fits", g.fits},
+                {"experts_in_vram", g.experts_in_vram},
+                {"vram_used_bytes", g.fits ? g.used() : 0},
+                {"h2d_bytes_per_token", gpu->h2d_bytes_per_token},
+                {"h2d_gbps", opt(gpu->h2d_gbps)},
+                {"decode_tok_s_h2d_bound", opt(gpu->tok_s_h2d_bound)}};
+  } else {
+    j["gpu"] = nullptr;
+  }
   j["notes"] = p.notes;
   std::printf("%s\n", j.dump(2).c_str());
 }
@@ -198,6 +240,12 @@ void run(const PlanOptions& o) {
   if (o.ram_gb < 0 || o.ram_gb > 1e6) throw UsageError("--ram-gb must be in (0, 1e6]");
   if (o.disk_gbps < 0 || o.mem_gbps < 0) throw UsageError("--disk-gbps and --mem-gbps must be positive");
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads must be 1..1024, or 0 for all hardware threads");
+  if (o.vram_gb != -1 && !(o.vram_gb > 0 && o.vram_gb <= 1e6)) throw UsageError("--vram-gb must be in (0, 1e6]");
+  if (o.h2d_gbps < 0) throw UsageError("--h2d-gbps must be positive");
+  // --vram-gb alone plans for a stated GPU; with --device cuda[:N] (or a GPU found by auto) the
+  // GPU's name and memory come from the device, --vram-gb then standing for --vram-budget-gb.
+  if (o.device == "cpu" && o.vram_gb > 0) throw UsageError("--vram-gb plans a GPU run: it contradicts --device cpu");
+  const int gpu_index = o.device == "auto" && o.vram_gb > 0 && engine::cuda_devices() == 0 ? -1 : engine::resolve_device(o.device);
 
   if (o.stream && o.no_stream) throw UsageError("--stream and --no-stream contradict each other");
   std::optional<uint64_t> budget;
@@ -236,12 +284,31 @@ void run(const PlanOptions& o) {
     if (d.ok && d.direct) in.disk_gbps = d.gbps;
   }
   plan::Projection p = plan::project(src.ckpt, in);
+  std::optional<plan::GpuProjection> gpu;
+  if (gpu_index >= 0 || o.vram_gb > 0) {
+    const engine::GpuInfo info = engine::gpu_info(gpu_index);
+    const uint64_t budget = o.vram_gb > 0 ? static_cast<uint64_t>(o.vram_gb * (1ull << 30)) : info.total_bytes / 10 * 9;  // as the loader
+    std::optional<double> h2d;
+    if (o.h2d_gbps > 0) h2d = o.h2d_gbps;
+    else if (gpu_index >= 0) h2d = engine::h2d_gbps(gpu_index, 256ull << 20, /*pinned=*/true);
+    const uint64_t seqs = static_cast<uint64_t>(std::max(p.shape.parallel, 1));
+    const plan::GpuPlacement g = plan::place_on_gpu(budget, p.base.dense, seqs * (p.state.kv + p.state.recurrent), p.base.workspace,
+                                                    p.weights.experts, p.verdict == plan::Verdict::kStream);
+    gpu = plan::project_gpu(g, p.expert_bytes_per_token, h2d);
+    gpu->device = gpu_index >= 0 ? strfmt("cuda:%d", gpu_index) : "stated";
+    gpu->name = info.name;
+    gpu->vram_total = info.total_bytes;
+    if (!g.fits) p.notes.push_back("the dense weights, KV/state and workspace do not fit the VRAM budget: run with --device cpu, or a smaller --ctx-size");
+    else if (!g.experts_in_vram && p.runnable && !p.command.empty())
+      p.notes.push_back("the routed experts stay in host memory: each one a token routes to is copied to the GPU when used");
+  }
   if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
   if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");
-  if (o.json) print_json(p, src, cgroup_now);
-  else print_text(p, src);
+  if (o.json) print_json(p, src, cgroup_now, gpu);
+  else print_text(p, src, gpu);
   std::fflush(stdout);
-  if (p.verdict == plan::Verdict::kNoFit) std::exit(1);  // documented exit status: does not fit
+  // documented exit status: does not fit (host memory, or VRAM on a GPU run)
+  if (p.verdict == plan::Verdict::kNoFit || (gpu && !gpu->placement.fits)) std::exit(1);
 }
 
 }  // namespace
@@ -266,6 +333,11 @@ void register_plan(CLI::App& app) {
   c->add_flag("--stream", o->stream, "Plan a streaming run even if the experts would fit");
   c->add_flag("--no-stream", o->no_stream, "Plan with every expert resident");
   c->add_option("--cache-budget-gb", o->cache_budget, "Plan a streaming run with this expert cache budget (GB) instead of auto");
+  c->add_option("--device", o->device,
+                 "Plan the GPU part for cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present)");
+  c->add_option("--vram-gb", o->vram_gb,
+                "Plan for a GPU with this VRAM budget (GiB; with a GPU present it stands for --vram-budget-gb, default 90% of its memory)");
+  c->add_option("--h2d-gbps", o->h2d_gbps, "Host-to-device bandwidth, GB/s (default: measured on the GPU, pinned memory)");
   c->add_flag("--json", o->json, "Print JSON");
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;

@@ -14,6 +14,7 @@
 #include "common/sysinfo.h"
 #include "ops/matmul.h"
 #include "plan/budget.h"
+#include "plan/gpu.h"
 #include "plan/projection.h"
 #include "models/device_experts.h"
 #include "ops/cpu_backend.h"
@@ -30,6 +31,14 @@ constexpr uint64_t kGiB = 1ull << 30;
 
 }  // namespace
 
+bool has_cuda_backend() {
+#if SPOOL_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 int cuda_devices() {
 #if SPOOL_HAVE_CUDA
   return ops::cuda_device_count();
@@ -45,6 +54,42 @@ double h2d_gbps(int index, size_t bytes, bool pinned) {
   (void)index, (void)bytes, (void)pinned;
   return 0;
 #endif
+}
+
+int resolve_device(const std::string& device) {
+  if (device == "auto") return cuda_devices() > 0 ? 0 : -1;  // (GGUF block weights: CPU only, decided once the checkpoint is open)
+  if (device == "cpu") return -1;
+  if (device != "cuda" && device.rfind("cuda:", 0) != 0)
+    throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", device.c_str()));
+  int index = 0;
+  if (device != "cuda") {
+    char* end = nullptr;
+    const long v = std::strtol(device.c_str() + 5, &end, 10);
+    if (end == device.c_str() + 5 || *end != '\0' || v < 0 || v > 1024)
+      throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", device.c_str()));
+    index = static_cast<int>(v);
+  }
+#if !SPOOL_HAVE_CUDA
+  throw UsageError(strfmt("--device %s: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", device.c_str()));
+#endif
+  if (index >= cuda_devices()) fail("--device %s: no such GPU (the CUDA runtime sees %d)", device.c_str(), cuda_devices());
+  return index;
+}
+
+GpuInfo gpu_info(int index) {
+  GpuInfo g;
+#if SPOOL_HAVE_CUDA
+  if (index >= 0 && index < cuda_devices()) {
+    const ops::CudaDeviceInfo d = ops::cuda_device_info(index);
+    g.name = d.name;
+    g.total_bytes = d.total_bytes;
+    g.major = d.major;
+    g.minor = d.minor;
+  }
+#else
+  (void)index;
+#endif
+  return g;
 }
 
 uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
@@ -224,27 +269,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       throw UsageError(strfmt("--vram-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.vram_budget.c_str()));
   }
   // --device: cpu, cuda, cuda:N or auto.
-  int cuda_index = -1;  // -1: the CPU
-  if (opt.device == "auto") {
-    cuda_index = cuda_devices() > 0 ? 0 : -1;  // (GGUF block weights: CPU only, decided once the checkpoint is open)
-  } else if (opt.device == "cuda" || opt.device.rfind("cuda:", 0) == 0) {
-    if (opt.device == "cuda") {
-      cuda_index = 0;
-    } else {
-      char* end = nullptr;
-      const long v = std::strtol(opt.device.c_str() + 5, &end, 10);
-      if (end == opt.device.c_str() + 5 || *end != '\0' || v < 0 || v > 1024)
-        throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", opt.device.c_str()));
-      cuda_index = static_cast<int>(v);
-    }
-#if !SPOOL_HAVE_CUDA
-    throw UsageError(strfmt("--device %s: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", opt.device.c_str()));
-#endif
-    if (cuda_index >= cuda_devices())
-      fail("--device %s: no such GPU (the CUDA runtime sees %d)", opt.device.c_str(), cuda_devices());
-  } else if (opt.device != "cpu") {
-    throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", opt.device.c_str()));
-  }
+  int cuda_index = resolve_device(opt.device);  // -1: the CPU
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
@@ -359,18 +384,20 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   }
 #if SPOOL_HAVE_CUDA
   if (cuda) {
-    // VRAM: dense weights and parameters (uploaded by the model at bind), the KV cache and
-    // recurrent state of one sequence at ctx_size, the workspace arena, then the routed experts
-    // when they fit too; otherwise the experts stay in host memory (resident mapping or the
-    // streaming cache) and each routed expert is copied to the GPU when used.
-    const uint64_t dense = cuda->uploaded_bytes(), st = state_bytes(spec, opt.ctx_size, opt.kv_bits),
-                   ws = l.model->workspace_capacity();
-    if (dense + st + ws > l.vram_budget)
-      fail("--vram-budget-gb: the dense weights (%s), KV/state at --ctx-size %lld (%s) and workspace (%s) need more than the VRAM "
-           "budget of %s on %s",
-           format_bytes(dense).c_str(), (long long)opt.ctx_size, format_bytes(st).c_str(), format_bytes(ws).c_str(),
-           format_bytes(l.vram_budget).c_str(), l.device.c_str());
-    if (experts > 0 && !stream && dense + st + ws + experts <= l.vram_budget) {
+    // VRAM (plan::place_on_gpu, the rule `spool plan` projects): dense weights and parameters
+    // (uploaded by the model at bind), the KV cache and recurrent state of every sequence at
+    // ctx_size, the workspace arena, then the routed experts when they fit too; otherwise the
+    // experts stay in host memory (resident mapping or the streaming cache) and each routed
+    // expert is copied to the GPU when used.
+    const plan::GpuPlacement g = plan::place_on_gpu(l.vram_budget, cuda->uploaded_bytes(),
+                                                    state_bytes(spec, opt.ctx_size, opt.kv_bits) * opt.parallel,
+                                                    l.model->workspace_capacity(), experts, stream);
+    if (!g.fits)
+      fail("--vram-budget-gb: the dense weights (%s), KV/state of %d sequence(s) at --ctx-size %lld (%s) and workspace (%s) need "
+           "more than the VRAM budget of %s on %s",
+           format_bytes(g.dense).c_str(), opt.parallel, (long long)opt.ctx_size, format_bytes(g.state).c_str(),
+           format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), l.device.c_str());
+    if (g.experts_in_vram) {
       std::vector<bool> moe_layers(spec.n_layers);
       for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
       auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts);
@@ -379,8 +406,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       l.experts_on_device = true;
     } else if (experts > 0) {
       log_info("routed experts (%s) stay in host memory: dense %s + KV/state %s + workspace %s + experts exceed the VRAM budget %s%s",
-               format_bytes(experts).c_str(), format_bytes(dense).c_str(), format_bytes(st).c_str(), format_bytes(ws).c_str(),
-               format_bytes(l.vram_budget).c_str(), stream ? " (or --stream was given)" : "");
+               format_bytes(experts).c_str(), format_bytes(g.dense).c_str(), format_bytes(g.state).c_str(),
+               format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), stream ? " (or --stream was given)" : "");
     }
     l.vram_used = cuda->uploaded_bytes();
     log_info("device %s (%s): %s uploaded of a %s VRAM budget", l.device.c_str(), l.device_name.c_str(),

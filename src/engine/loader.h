@@ -76,11 +76,25 @@ struct LoadedModel {
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
 };
 
+/// Whether this build has the CUDA backend (cmake -DSPOOL_CUDA=ON).
+bool has_cuda_backend();
 /// Whether this build has the CUDA backend and, if so, how many GPUs the runtime sees.
 int cuda_devices();
 /// Measured host-to-device bandwidth of GPU `index` in GB/s (pinned or pageable host memory,
 /// `bytes` per copy); 0 in a build without CUDA.
 double h2d_gbps(int index, size_t bytes, bool pinned);
+/// Name, memory (bytes) and compute capability of GPU `index`; empty / 0 in a build without
+/// CUDA or for a device the runtime does not see.
+struct GpuInfo {
+  std::string name;
+  uint64_t total_bytes = 0;
+  int major = 0, minor = 0;
+};
+GpuInfo gpu_info(int index);
+/// Resolves --device (cpu | cuda | cuda:N | auto) to a GPU index, or -1 for the CPU: auto is
+/// cuda:0 when this build has CUDA and a GPU is present. Throws spool::UsageError for another
+/// value or for cuda[:N] in a build without CUDA, spool::Error when the GPU is not there.
+int resolve_device(const std::string& device);
 
 /// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller
 /// (e.g. to count the prompt's tokens for ctx_size); otherwise tokenizer.json is loaded here.

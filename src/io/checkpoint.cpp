@@ -394,6 +394,10 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
       } else if (std::optional<int> router = parse_router_name(name); router && name.find("block_sparse_moe") != std::string::npos) {
         name = strfmt(name.ends_with(".e_score_correction_bias") ? "layers.%d.mlp.gate.e_score_correction_bias" : "layers.%d.mlp.gate.weight",
                       *router);  // MiniMax-M2 keeps its router bias beside the gate
+      } else if (router && name.ends_with(".mlp.moe_statics.e_score_correction_bias")) {
+        // ERNIE-4.5 keeps it as [1, E] in mlp.moe_statics (HF renames it to gate.moe_statics.* on load).
+        name = strfmt("layers.%d.mlp.gate.e_score_correction_bias", *router);
+        if (t.shape.size() == 2 && t.shape[0] == 1) t.shape.erase(t.shape.begin());
       }
       t.name = std::move(name);
       c.add(std::move(t));

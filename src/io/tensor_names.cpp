@@ -72,7 +72,7 @@ std::optional<int> parse_router_name(std::string_view s) {
   int layer = 0;
   if (!eat(s, "layers.") || !eat_index(s, &layer)) return std::nullopt;
   if (s == "mlp.gate.weight" || s == "mlp.gate.e_score_correction_bias" || s == "block_sparse_moe.gate.weight" ||
-      s == "block_sparse_moe.e_score_correction_bias")
+      s == "block_sparse_moe.e_score_correction_bias" || s == "mlp.moe_statics.e_score_correction_bias")
     return layer;
   return std::nullopt;
 }

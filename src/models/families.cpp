@@ -21,6 +21,7 @@ const std::vector<const Family*>& families() {
       &glm4_moe_lite_family(),
       &minimax_m2_family(),
       &gpt_oss_family(),
+      &ernie4_5_moe_family(),
   };
   return v;
 }

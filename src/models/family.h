@@ -56,6 +56,7 @@ const Family& qwen3_next_family();
 const Family& qwen3_moe_family();
 const Family& mixtral_family();
 const Family& olmoe_family();
+const Family& ernie4_5_moe_family();
 const Family& deepseek_v2_family();
 const Family& deepseek_v3_family();
 const Family& glm4_moe_family();

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "models/attention.h"
 #include "models/bind.h"
 
 namespace spool::models {
@@ -71,17 +72,6 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
 }
 
-void MlaLayer::deinterleave(float* x, int64_t rows, int64_t ld, float* even, float* odd, ops::Backend& be) const {
-  const int64_t half = m_.qk_rope_head_dim / 2;
-  // even[r * half + i] = x[r * ld + 2i], odd[...] = x[r * ld + 2i + 1]; then back as halves.
-  for (int64_t i = 0; i < half; ++i) {
-    be.copy_2d(even + i, half, x + 2 * i, ld, rows, 1);
-    be.copy_2d(odd + i, half, x + 2 * i + 1, ld, rows, 1);
-  }
-  be.copy_2d(x, ld, even, half, rows, half);
-  be.copy_2d(x + half, ld, odd, half, rows, half);
-}
-
 void MlaLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
                        ops::Workspace& ws) const {
   const AttnSeg one{0, T, pos0, &cache};
@@ -111,7 +101,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   be.copy_2d(s.ckv, R, s.kva, R + P, T, R);
   be.rms_norm(s.ckv, kv_a_norm_.data(), T, R, eps_, s.ckv);
   be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
-  if (m_.rope_interleave) deinterleave(s.kpe, T, P, s.even, s.odd, be);
+  if (m_.rope_interleave) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.kpe + g.row0 * P, g.T, P, 1, static_cast<int>(P), g.pos0);
   be.copy_2d(s.key, R + P, s.ckv, R, T, R);
   be.copy_2d(s.key + R, R + P, s.kpe, P, T, P);
@@ -119,7 +109,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
     be.kv_append(*g.cache, g.pos0, g.T, s.key + g.row0 * (R + P), s.key + g.row0 * (R + P));
   // Queries: q_pe roped per head; q~_h = W_UK_h^T q_nope_h; qfull per head [q~_h | q_pe_h].
   be.copy_2d(s.qpe, P, s.q + N, QD, T * nh, P);
-  if (m_.rope_interleave) deinterleave(s.qpe, T * nh, P, s.even, s.odd, be);
+  if (m_.rope_interleave) deinterleave_pairs(s.qpe, T * nh, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.qpe + g.row0 * nh * P, g.T, nh * P, nh, static_cast<int>(P), g.pos0);
   for (int h = 0; h < nh; ++h) {
     be.copy_2d(s.qn, N, s.q + h * QD, nh * QD, T, N);

@@ -50,8 +50,6 @@ class MlaLayer {
                ops::Workspace& ws) const;
 
  private:
-  // [rows, P] rows of P dims at stride ld: adjacent pairs -> [even dims | odd dims] in place.
-  void deinterleave(float* x, int64_t rows, int64_t ld, float* even, float* odd, ops::Backend& be) const;
 
   AttentionSpec a_;
   MlaSpec m_;

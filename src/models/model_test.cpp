@@ -102,7 +102,8 @@ INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
                                            "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
                                            "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
                                            // q/k norm + head_dim 32 + 2 groups; v_head_dim != qk_nope_head_dim; top-6
-                                           "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4"));
+                                           "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4",
+                                           "ernie4_5_moe"));
 
 // GLM-4.7-Flash normalises its MLA latents (q_a_layernorm, kv_a_layernorm) with the RMSNorm
 // class default eps 1e-6, not rms_norm_eps 1e-5: the wrong eps moves this fixture's logits by

@@ -20,6 +20,9 @@ enum class FfnKind { kMoE, kDense };
 struct AttentionSpec {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int rotary_dim = 0;        // first rotary_dim dims of each head are rotated (partial RoPE)
+  bool rope_interleave = false;  // RoPE on adjacent pairs of the rotary dims (HF ERNIE-4.5 rotate_half
+                                 // on even/odd): q and k de-interleaved ([even | odd]) first, then
+                                 // rotated the rotate_half way; the same scores (deinterleave_pairs)
   double rope_theta = 10000.0;
   bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
   bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE

@@ -233,11 +233,10 @@ TEST_P(StateOps, BadImagesThrowAndLeaveTheStateUntouched) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("kv-bits"), std::string::npos) << e.what();
   }
-  // A model of another geometry (the glm4_moe and minimax_m2 fixtures cache exactly what the
-  // qwen3_moe fixture caches: 3 layers of 2 KV heads x 16, so its image is a valid one for them).
-  const std::string other_model = GetParam() == "qwen3_moe"                                ? "qwen3_next"
-                                  : GetParam() == "glm4_moe" || GetParam() == "minimax_m2" ? "olmoe"
-                                                                                           : "qwen3_moe";
+  // A model of another geometry (the glm4_moe, minimax_m2 and ernie4_5_moe fixtures cache exactly
+  // what the qwen3_moe fixture caches: 3 layers of 2 KV heads x 16, so its image is a valid one for them).
+  const bool like_qwen3_moe = GetParam() == "glm4_moe" || GetParam() == "minimax_m2" || GetParam() == "ernie4_5_moe";
+  const std::string other_model = GetParam() == "qwen3_moe" ? "qwen3_next" : like_qwen3_moe ? "olmoe" : "qwen3_moe";
   Model& o = *get(other_model).model;
   State os = o.new_state();
   run(o, os, tokens(o, static_cast<int>(n), 3));
@@ -264,7 +263,8 @@ TEST_P(StateOps, QuantizedKvImagesRoundTrip) {
 // qwen3_moe: attention only; qwen3_next: alternating; qwen3_5_moe_text and the demo: mostly GDN.
 INSTANTIATE_TEST_SUITE_P(Models, StateOps, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "demo", "mixtral",
                                                                   "olmoe", "deepseek_v3", "deepseek_v2_lite", "glm4_moe",
-                                                                  "glm4_moe_lite", "minimax_m2", "gpt_oss", "gpt_oss_mxfp4"));
+                                                                  "glm4_moe_lite", "minimax_m2", "gpt_oss", "gpt_oss_mxfp4",
+                                                                  "ernie4_5_moe"));
 
 }  // namespace
 }  // namespace spool::models

@@ -495,8 +495,16 @@ TEST_P(BackendOpTable, ExpertFfnClampedSwiGLU) {
       for_each_backend("expert_ffn", [&](Backend& be, ReferenceBackend& ref) {
         std::vector<float> y(s.T * s.K * s.H, NAN), yr(y.size(), NAN);
         const size_t half = active.size() / 2;
-        be.expert_ffn(std::span<const ExpertMats>(active.data(), half), groups, 0, x.data(), s.H, Activation::kClampedSwiGLU, y.data());
-        be.expert_ffn(std::span<const ExpertMats>(active.data() + half, active.size() - half), groups, half, x.data(), s.H,
+        // The biases where this backend reads them (device memory on a GPU), as the model binds them.
+        const float* gub_be = be.upload_floats(gub);
+        const float* db_be = be.upload_floats(db);
+        std::vector<ExpertMats> on_be = active;
+        for (size_t j = 0; j < on_be.size(); ++j) {
+          on_be[j].gate_bias = gub_be + (active[j].gate_bias - gub.data());
+          on_be[j].down_bias = db_be + (active[j].down_bias - db.data());
+        }
+        be.expert_ffn(std::span<const ExpertMats>(on_be.data(), half), groups, 0, x.data(), s.H, Activation::kClampedSwiGLU, y.data());
+        be.expert_ffn(std::span<const ExpertMats>(on_be.data() + half, on_be.size() - half), groups, half, x.data(), s.H,
                       Activation::kClampedSwiGLU, y.data());
         ref.expert_ffn(active, groups, 0, x.data(), s.H, Activation::kClampedSwiGLU, yr.data());
         expect_close(y.data(), yr.data(), static_cast<int64_t>(y.size()), 2e-4, "expert_ffn (clamped SwiGLU)");
@@ -1029,7 +1037,8 @@ class CountingBackend final : public Backend {
 
 const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "mixtral", "olmoe",
                                  "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
-                                 "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4"};
+                                 "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4",
+                                 "ernie4_5_moe"};
 
 // covered() is filled during static initialisation, so the order of tests does not matter.
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
@@ -1313,7 +1322,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused",
                         "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_qknorm",
                         "glm4_moe_lite", "glm4_moe_lite_v24", "minimax_m2", "minimax_m2_top6", "gpt_oss",
-                        "gpt_oss_mxfp4", "mixtral", "olmoe"}) {
+                        "gpt_oss_mxfp4", "mixtral", "olmoe", "ernie4_5_moe"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
     auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));

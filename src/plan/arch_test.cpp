@@ -384,12 +384,12 @@ TEST(PlanArch, SupportedModelsStayRunnableAndOthersAreRefused) {
   EXPECT_TRUE(p.runnable);
   EXPECT_NE(p.command.find("spool generate"), std::string::npos);
 
-  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "ernie4_5_moe"; });
+  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "gemma4_text"; });
   try {
     project(io::Checkpoint::open(d.dir, {.map = false}), inputs(512));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'ernie4_5_moe'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'gemma4_text'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("deepseek_v3"), std::string::npos) << e.what();
   }
 }

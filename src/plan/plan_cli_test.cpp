@@ -90,7 +90,7 @@ TEST(PlanCli, ProjectsTheRegisteredFamilies) {
   r = spool("plan -m " + ds + " --ram-gb 8 --mem-gbps 10");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("MLA: 32 latent + 8 RoPE key elements"), std::string::npos) << r.out;
-  for (const char* name : {"deepseek_v2_lite", "deepseek_v3_kimi", "mixtral", "olmoe"}) {
+  for (const char* name : {"deepseek_v2_lite", "deepseek_v3_kimi", "mixtral", "olmoe", "ernie4_5_moe"}) {
     r = spool("plan -m " + std::string(SPOOL_TEST_DATA_DIR) + "/models/" + name + " --json --mem-gbps 10 --ram-gb 8");
     ASSERT_EQ(r.code, 0) << name << r.out;
     EXPECT_TRUE(nlohmann::json::parse(r.out)["runnable"].get<bool>()) << name;
@@ -189,6 +189,55 @@ TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
   EXPECT_EQ(small.code, 1) << small.out;  // 1.3 TB of bf16 weights: the dense part alone outgrows 16 GiB
 }
 
+// The GPU part of a plan (plan::place_on_gpu, the loader's rule) for a stated GPU: experts in
+// VRAM when dense + KV/state + workspace + experts fit the budget, else in host memory with the
+// top-k experts' bytes copied per token and a decode bound from --h2d-gbps; a budget below the
+// dense part does not fit (exit 1).
+TEST(PlanCli, GpuPlacementForAStatedGpu) {
+  const std::string base = "plan --preset qwen3.6-35b-a3b --json --ram-gb 256 --mem-gbps 10 --ctx-size 4096 --h2d-gbps 25";
+  Result big = spool(base + " --vram-gb 100");
+  ASSERT_EQ(big.code, 0) << big.out;
+  const auto b = nlohmann::json::parse(big.out);
+  const auto& g = b["gpu"];
+  ASSERT_TRUE(g.is_object()) << big.out;
+  EXPECT_EQ(g["device"], "stated");
+  EXPECT_EQ(g["vram_budget_bytes"].get<uint64_t>(), 100ull << 30);
+  EXPECT_EQ(g["expert_bytes"].get<uint64_t>(), b["expert_bytes"].get<uint64_t>());
+  EXPECT_EQ(g["dense_bytes"].get<uint64_t>(), b["resident_weight_bytes"].get<uint64_t>());
+  EXPECT_EQ(g["state_bytes"].get<uint64_t>(), b["components"]["kv"].get<uint64_t>() + b["components"]["recurrent_state"].get<uint64_t>());
+  EXPECT_EQ(g["workspace_bytes"].get<uint64_t>(), b["components"]["workspace"].get<uint64_t>());
+  const uint64_t base_bytes = g["dense_bytes"].get<uint64_t>() + g["state_bytes"].get<uint64_t>() + g["workspace_bytes"].get<uint64_t>();
+  EXPECT_TRUE(g["fits"].get<bool>());
+  EXPECT_TRUE(g["experts_in_vram"].get<bool>());  // ~65 GiB of bf16 experts + ~2 GiB dense in 100 GiB
+  EXPECT_EQ(g["vram_used_bytes"].get<uint64_t>(), base_bytes + g["expert_bytes"].get<uint64_t>());
+  EXPECT_EQ(g["h2d_bytes_per_token"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(g["decode_tok_s_h2d_bound"].is_null());
+
+  Result mid = spool(base + " --vram-gb 16");
+  ASSERT_EQ(mid.code, 0) << mid.out;
+  const auto m = nlohmann::json::parse(mid.out);
+  EXPECT_TRUE(m["gpu"]["fits"].get<bool>());
+  EXPECT_FALSE(m["gpu"]["experts_in_vram"].get<bool>());
+  EXPECT_EQ(m["gpu"]["vram_used_bytes"].get<uint64_t>(), base_bytes);
+  const uint64_t per_token = m["gpu"]["h2d_bytes_per_token"].get<uint64_t>();
+  EXPECT_EQ(per_token, m["expert_bytes_per_token"].get<uint64_t>());
+  EXPECT_GT(per_token, 0u);
+  EXPECT_NEAR(m["gpu"]["decode_tok_s_h2d_bound"].get<double>(), 25e9 / static_cast<double>(per_token), 1e-9);
+  Result text = spool("plan --preset qwen3.6-35b-a3b --ram-gb 256 --mem-gbps 10 --h2d-gbps 25 --vram-gb 16");
+  EXPECT_NE(text.out.find("routed experts"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("in host memory"), std::string::npos) << text.out;
+
+  Result small = spool(base + " --vram-gb " + std::to_string(static_cast<double>(base_bytes) / 2 / (1ull << 30)));
+  EXPECT_EQ(small.code, 1) << small.out;
+  EXPECT_FALSE(nlohmann::json::parse(small.out)["gpu"]["fits"].get<bool>());
+  // Without --vram-gb and without a GPU there is no GPU part; --vram-gb contradicts --device cpu.
+  Result none = spool("plan -m " + kDemo + " --json --ram-gb 8 --mem-gbps 10 --device cpu");
+  ASSERT_EQ(none.code, 0) << none.out;
+  EXPECT_TRUE(nlohmann::json::parse(none.out)["gpu"].is_null());
+  EXPECT_EQ(spool("plan -m " + kDemo + " --device cpu --vram-gb 8").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --vram-gb -3").code, 2);
+}
+
 TEST(DoctorCli, ChecksWithFixes) {
   Result r = spool("doctor -m " + kDemo + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -204,6 +253,7 @@ TEST(DoctorCli, ChecksWithFixes) {
     }
   }
   for (const char* n : {"model", "tokenizer", "simd", "memory", "disk", "o_direct", "io_uring"}) EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_TRUE(names.count("gpu") || names.count("gpu0"));  // "gpu" without a GPU, one "gpuN" per GPU
   r = spool("doctor -m /nonexistent/dir --json");
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(nlohmann::json::parse(r.out)["checks"][0]["status"], "fail");

@@ -241,7 +241,7 @@ TEST(PlanSource, NormalizesHuggingFaceUrls) {
 TEST(PlanSource, EveryLocalFixtureProjects) {
   int runnable = 0, projected = 0;
   for (const char* name : {"qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused", "qwen3_moe", "qwen3_next", "",
-                           "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "mixtral", "olmoe"}) {
+                           "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "mixtral", "olmoe", "ernie4_5_moe"}) {
     const std::string dir = *name ? std::string(SPOOL_TEST_DATA_DIR) + "/models/" + name : kDemo;
     SCOPED_TRACE(dir);
     const ModelSource src = open_source(dir);
@@ -260,8 +260,8 @@ TEST(PlanSource, EveryLocalFixtureProjects) {
     runnable += p.runnable;
     ++projected;
   }
-  EXPECT_EQ(runnable, 11);  // every registered family runs
-  EXPECT_EQ(projected, 11);
+  EXPECT_EQ(runnable, 12);  // every registered family runs
+  EXPECT_EQ(projected, 12);
 }
 
 // GGUF files over HTTP: only the headers are fetched (a 4 KiB first range, then more while the

@@ -241,7 +241,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                                            Case{"mixtral", "q4", true}, Case{"olmoe", "q4", true}, Case{"deepseek_v3", "q4", true},
                                            Case{"deepseek_v3_kimi", "q4", true}, Case{"deepseek_v2_lite", "q4", true},
                                            Case{"glm4_moe", "q4", true}, Case{"glm4_moe_lite", "q4", true}, Case{"minimax_m2", "q4", true},
-                                           Case{"gpt_oss", "q4", true}, Case{"gpt_oss_mxfp4", "q4", true}),
+                                           Case{"gpt_oss", "q4", true}, Case{"gpt_oss_mxfp4", "q4", true},
+                                           Case{"ernie4_5_moe", "q4", true}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

@@ -1,0 +1,51 @@
+// What a CUDA run (--device cuda) keeps in VRAM, and the decode bound that follows from it.
+// One rule for the loader (engine/loader.cpp, which places the model) and `spool plan` (which
+// projects it from the headers): the dense weights, the KV cache and recurrent state of every
+// sequence at the context and the workspace arena always go to the GPU; the routed experts go
+// too when all of them fit the VRAM budget on top (and streaming was not asked for); otherwise
+// they stay in host memory (the resident mapping or the streaming cache) and every expert a
+// token routes to is copied to the GPU when used.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace spool::plan {
+
+/// VRAM placement of a CUDA run, in bytes.
+struct GpuPlacement {
+  uint64_t budget = 0;     // --vram-budget-gb (auto: 90% of the card's memory)
+  uint64_t dense = 0;      // dense weights and parameters uploaded at load
+  uint64_t state = 0;      // KV + recurrent state of every sequence at the context
+  uint64_t workspace = 0;  // the workspace arena (activations of the largest step)
+  uint64_t experts = 0;    // every routed expert
+  bool fits = false;             // dense + state + workspace <= budget (else the run is refused)
+  bool experts_in_vram = false;  // the routed experts are resident in VRAM too
+  /// Bytes placed in VRAM: dense + state + workspace, plus the experts when experts_in_vram.
+  uint64_t used() const { return dense + state + workspace + (experts_in_vram ? experts : 0); }
+};
+
+/// The placement rule above. `stream`: the user asked to stream experts (--stream or a cache
+/// budget), which keeps them in host memory.
+GpuPlacement place_on_gpu(uint64_t budget, uint64_t dense, uint64_t state, uint64_t workspace, uint64_t experts,
+                          bool stream);
+
+/// The GPU part of `spool plan`: which device (or a stated one), the placement, and the
+/// host-to-device traffic per decoded token when the experts stay in host memory.
+struct GpuProjection {
+  std::string device;        // "cuda:0", or "stated" for --vram-gb without a device
+  std::string name;          // the GPU's name ("" when stated)
+  uint64_t vram_total = 0;   // the card's memory (0 when stated)
+  GpuPlacement placement;
+  uint64_t h2d_bytes_per_token = 0;  // expert bytes copied per decoded token (0 with experts in VRAM)
+  std::optional<double> h2d_gbps;    // pinned host-to-device bandwidth, GB/s (1e9 bytes)
+  std::optional<double> tok_s_h2d_bound;  // decode tokens/s upper bound from h2d_gbps (experts in host memory)
+};
+
+/// The projection for a placement: h2d_bytes_per_token = `expert_bytes_per_token` (the top-k
+/// experts of every MoE layer) when the experts stay in host memory, and the bound
+/// h2d_gbps * 1e9 / h2d_bytes_per_token when both are known.
+GpuProjection project_gpu(const GpuPlacement& placement, uint64_t expert_bytes_per_token, std::optional<double> h2d_gbps);
+
+}  // namespace spool::plan
