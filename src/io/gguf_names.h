@@ -21,6 +21,9 @@ enum class GgufTransform {
   kVCols,       ///< V-head-indexed columns (ssm_out of tiled archs)
   kBaSplitB,    ///< qwen3next ssm_ba rows grouped per k-head [b_g (R), a_g (R)]: the b rows
   kBaSplitA,    ///< ... the a rows
+  kUnpermuteQ,  ///< llama arch: rows of each of the n_head heads stored interleaved (llama.cpp's
+                ///< LlamaModel.permute: HF row s * hd/2 + k of a head is stored at 2k + s); undone
+  kUnpermuteK,  ///< the same over the n_head_kv heads of attn_k
 };
 
 /// Which HF shape a GGUF tensor takes (GGUF ne is reversed HF order, with these exceptions).
@@ -43,11 +46,15 @@ struct GgufTensorMap {
   int layer = -1;         ///< blk.N, or -1
 };
 
+/// Which spool family a GGUF architecture feeds (selects its tensor table and config keys).
+enum class GgufFamily { kQwen3Moe, kQwen3Next, kQwen35Moe, kOlmoe, kMixtral, kGlm4Moe, kMinimaxM2 };
+
 /// A supported GGUF architecture: its general.architecture string, the HF model_type the
 /// loader reports, and the converter conventions to undo.
 struct GgufArch {
-  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe"
-  const char* model_type;  ///< "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"
+  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe", "olmoe", "llama", "glm4moe", "minimax-m2"
+  const char* model_type;  ///< "qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2"
+  GgufFamily family;
   bool hybrid;             ///< Gated DeltaNet layers, (1 + w) norms, shared expert
   bool v_tiled;            ///< V heads stored in llama.cpp's tiled order (qwen35*)
 };
