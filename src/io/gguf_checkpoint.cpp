@@ -73,7 +73,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
   const GgufArch& a = *arch;
   c.raw_config_ = Config(gguf_config_json(g, a), path + ":metadata");
   c.config_ = c.raw_config_;
-  c.model_type_ = c.top_model_type_ = a.model_type;
+  c.model_type_ = c.top_model_type_ = c.raw_config_.get_string("model_type");  // deepseek2: v2 or v3 by its router
   if (auto eos = g.get_int("tokenizer.ggml.eos_token_id")) c.generation_.eos_token_ids.push_back(*eos);
   if (auto eot = g.get_int("tokenizer.ggml.eot_token_id"))
     if (c.generation_.eos_token_ids.empty() || c.generation_.eos_token_ids[0] != *eot) c.generation_.eos_token_ids.push_back(*eot);
@@ -144,6 +144,46 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
 
     GgufTransform tf = m->transform;
     std::string hf = m->hf_name;
+    if (tf == GgufTransform::kWithKb) {  // attn_v_b: read with its attn_k_b
+      if (g.find("blk." + std::to_string(m->layer) + ".attn_k_b.weight") == nullptr)
+        fail("%s: '%s' has no attn_k_b beside it (kv_b_proj is split into attn_k_b and attn_v_b)", path.c_str(), gname.c_str());
+      continue;
+    }
+    if (tf == GgufTransform::kKvbFromKb) {
+      const std::string vname = "blk." + std::to_string(m->layer) + ".attn_v_b.weight";
+      const GgufTensor* vb = g.find(vname);
+      if (vb == nullptr) fail("%s: '%s' has no '%s' beside it", path.c_str(), gname.c_str(), vname.c_str());
+      // k_b ne {nope, R, H}: head h's K rows of kv_b, transposed; v_b ne {R, V, H}: its V rows.
+      if (t.n_dims != 3 || vb->n_dims != 3 || t.ne[1] != vb->ne[0] || t.ne[2] != vb->ne[2])
+        fail("%s: '%s' %s and '%s' %s are not {nope, kv_lora, heads} and {kv_lora, v, heads}", path.c_str(), gname.c_str(),
+             t.shape_string().c_str(), vname.c_str(), vb->shape_string().c_str());
+      const int64_t nope = t.ne[0], R = t.ne[1], nh = t.ne[2], V = vb->ne[1];
+      r.shape = {nh * (nope + V), R};
+      r.name = hf;
+      r.ggml = false;
+      r.dtype = DType::F32;
+      r.ggml_type = GgmlType::F32;
+      r.nbytes = static_cast<uint64_t>(nh * (nope + V) * R) * 4;
+      if (r.data == nullptr) {  // header-only: shapes are enough
+        c.add(std::move(r));
+        continue;
+      }
+      std::vector<float> kf(static_cast<size_t>(t.numel())), vf(static_cast<size_t>(vb->numel()));
+      ops::ggml_dequantize_row(t.type, r.data, t.numel(), kf.data());
+      ops::ggml_dequantize_row(vb->type, c.shards_[vb->shard].mapping() + vb->offset, vb->numel(), vf.data());
+      std::vector<float> out(static_cast<size_t>(nh * (nope + V) * R));
+      for (int64_t h = 0; h < nh; ++h) {
+        float* rows = out.data() + h * (nope + V) * R;
+        for (int64_t col = 0; col < R; ++col)
+          for (int64_t i = 0; i < nope; ++i) rows[i * R + col] = kf[(h * R + col) * nope + i];
+        std::memcpy(rows + nope * R, vf.data() + h * V * R, static_cast<size_t>(V * R) * 4);
+      }
+      std::vector<uint8_t> bytes(out.size() * 4);
+      std::memcpy(bytes.data(), out.data(), bytes.size());
+      c.add(std::move(r));
+      pending.push_back({c.tensors_.size() - 1, std::move(bytes)});
+      continue;
+    }
     if (tf == GgufTransform::kBaSplitB && g.find("blk." + std::to_string(m->layer) + ".ssm_in.weight") != nullptr) {
       tf = GgufTransform::kNone;  // legacy qwen3next layout: in_proj_qkvz + in_proj_ba as HF stores them
       hf = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_ba.weight";
@@ -151,7 +191,9 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     r.name = hf;
     // A block-typed token embedding stays in its type: the decoder reads and dequantizes it by
     // row (DecoderModel::embed), so a 248k x 2048 vocabulary is not inflated to 2 GB of F32.
-    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight");
+    // MLA reads kv_b_proj per head as floats (models/mla.h): a block-typed attn_kv_b becomes F32.
+    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight") ||
+                             hf.ends_with("self_attn.kv_b_proj.weight");
     const bool dequant = r.ggml && (vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
     const bool f32_out = dequant || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog;
     if (tf == GgufTransform::kNone && !dequant) {

@@ -80,11 +80,12 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
   const int64_t heads = m.first_int("attention.head_count");
   j["num_attention_heads"] = heads;
   j["num_key_value_heads"] = m.first_int("attention.head_count_kv");
-  const int64_t hd = m.opt("attention.key_length").value_or(heads > 0 ? H / heads : 0);
-  if (auto vl = m.opt("attention.value_length"); vl && *vl != hd)
+  const bool mla = a.family == GgufFamily::kDeepseek2;  // key/value_length describe the latent (below)
+  const int64_t hd = mla ? 0 : m.opt("attention.key_length").value_or(heads > 0 ? H / heads : 0);
+  if (auto vl = m.opt("attention.value_length"); !mla && vl && *vl != hd)
     fail("%s: attention.value_length %lld differs from key_length %lld (not a %s layout)", label.c_str(), (long long)*vl,
          (long long)hd, a.name);
-  j["head_dim"] = hd;
+  if (!mla) j["head_dim"] = hd;
   j["rms_norm_eps"] = m.optf("attention.layer_norm_rms_epsilon").value_or(1e-6);
   if (auto ctx = m.opt("context_length")) j["max_position_embeddings"] = *ctx;
   nlohmann::json rope;
@@ -93,8 +94,17 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
   const double partial_default = a.hybrid ? 0.25 : a.family == GgufFamily::kGlm4Moe ? 0.5 : 1.0;
   if (auto rd = m.opt("rope.dimension_count"); rd && hd > 0) rope["partial_rotary_factor"] = static_cast<double>(*rd) / hd;
   else rope["partial_rotary_factor"] = partial_default;
-  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none")
-    fail("%s: rope scaling '%s' is not supported yet", label.c_str(), st->c_str());
+  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none") {
+    if (!mla || *st != "yarn") fail("%s: rope scaling '%s' is not supported yet", label.c_str(), st->c_str());
+    // DeepSeek YaRN (HF rope_parameters): llama.cpp's converter writes yarn_log_multiplier =
+    // 0.1 * mscale_all_dim; the released configs have mscale == mscale_all_dim, which no key records.
+    rope["rope_type"] = "yarn";
+    rope["factor"] = m.optf("rope.scaling.factor").value_or(0.0);
+    if (auto o = m.opt("rope.scaling.original_context_length")) rope["original_max_position_embeddings"] = *o;
+    if (auto lm = m.optf("rope.scaling.yarn_log_multiplier"); lm && *lm != 0.0) rope["mscale"] = rope["mscale_all_dim"] = *lm / 0.1;
+    if (auto b = m.optf("rope.scaling.yarn_beta_fast")) rope["beta_fast"] = *b;
+    if (auto b = m.optf("rope.scaling.yarn_beta_slow")) rope["beta_slow"] = *b;
+  }
   j["rope_parameters"] = rope;
   j["tie_word_embeddings"] = g.find("output.weight") == nullptr;
 
@@ -158,6 +168,47 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
       j["attention_bias"] = m.has_tensor(0, "attn_q.bias");
       j["use_qk_norm"] = m.has_tensor(0, "attn_q_norm.weight");
       j["num_nextn_predict_layers"] = nextn;
+      break;
+    }
+    case GgufFamily::kDeepseek2: {
+      // MLA: key_length_mla / value_length_mla (files with attn_k_b / attn_v_b) or, in older
+      // files, key_length / value_length are the per-head q.k and v sizes; the kv heads written
+      // as 1 are the latent's, HF counts one K and V per head.
+      const int64_t rope_dim = m.need("rope.dimension_count");
+      const int64_t kl = m.opt("attention.key_length_mla") ? m.need("attention.key_length_mla") : m.need("attention.key_length");
+      const int64_t vl = m.opt("attention.value_length_mla") ? m.need("attention.value_length_mla") : m.need("attention.value_length");
+      if (kl <= rope_dim) fail("%s: q.k head size %lld is not above the rope dims %lld", label.c_str(), (long long)kl, (long long)rope_dim);
+      j["num_key_value_heads"] = heads;
+      j["kv_lora_rank"] = m.need("attention.kv_lora_rank");
+      if (auto q = m.opt("attention.q_lora_rank"); q && *q > 0) j["q_lora_rank"] = *q;
+      j["qk_rope_head_dim"] = rope_dim;
+      j["qk_nope_head_dim"] = kl - rope_dim;
+      j["v_head_dim"] = vl;
+      j["rope_interleave"] = true;  // ggml's adjacent-pair RoPE on the unpermuted weights
+      j["rope_parameters"].erase("partial_rotary_factor");
+      const int64_t gating = m.opt("expert_gating_func").value_or(1);  // absent (older V2 files): softmax
+      if (gating != 1 && gating != 2)
+        fail("%s: '%sexpert_gating_func' %lld is neither softmax (1) nor sigmoid (2)", label.c_str(), p.c_str(), (long long)gating);
+      const bool v3 = gating == 2;
+      j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+      j["n_routed_experts"] = m.need("expert_count");
+      j["num_experts_per_tok"] = m.need("expert_used_count");
+      j["moe_intermediate_size"] = m.expert_ff(L);
+      j["n_shared_experts"] = m.opt("expert_shared_count").value_or(0);
+      const int64_t first_dense = m.opt("leading_dense_block_count").value_or(0);
+      for (int64_t l = 0; l < L; ++l)
+        if ((l < first_dense) == m.has_tensor(l, "ffn_gate_inp.weight"))
+          fail("%s: layer %lld %s a router but leading_dense_block_count is %lld", label.c_str(), (long long)l,
+               l < first_dense ? "has" : "lacks", (long long)first_dense);
+      j["first_k_dense_replace"] = first_dense;
+      const double scale = m.optf("expert_weights_scale").value_or(1.0);
+      j["routed_scaling_factor"] = scale == 0.0 ? 1.0 : scale;
+      j["norm_topk_prob"] = m.optb("expert_weights_norm").value_or(false);
+      const int64_t groups = m.opt("expert_group_count").value_or(1);
+      j["n_group"] = groups;
+      j["topk_group"] = m.opt("expert_group_used_count").value_or(groups);
+      j["topk_method"] = v3 ? "noaux_tc" : groups > 1 ? "group_limited_greedy" : "greedy";
+      if (v3) j["num_nextn_predict_layers"] = nextn;
       break;
     }
     case GgufFamily::kMinimaxM2: {

@@ -18,6 +18,7 @@ const GgufArch kArchs[] = {
     {"llama", "mixtral", GgufFamily::kMixtral, false, false},
     {"glm4moe", "glm4_moe", GgufFamily::kGlm4Moe, false, false},
     {"minimax-m2", "minimax_m2", GgufFamily::kMinimaxM2, false, false},
+    {"deepseek2", "deepseek_v3", GgufFamily::kDeepseek2, false, false},
 };
 
 // One row: GGUF per-layer suffix (after "blk.N.") -> HF suffix (after "layers.N.").
@@ -148,6 +149,30 @@ const std::vector<Row>& hybrid_rows(bool tiled) {
   return tiled ? q35 : next;
 }
 
+// ---- Table: deepseek2 (DeepSeek-V2 / V2-Lite / V3, MLA) -----------------------------------------
+// q: attn_q_a + attn_q_a_norm + attn_q_b, or attn_q ("lite"); kv_b_proj as attn_kv_b (older
+// files) or split into attn_k_b (per head, transposed) + attn_v_b (files with key_length_mla).
+// No q/k permutation (ggml's adjacent-pair RoPE is HF DeepSeek's interleaved rope).
+const std::vector<Row>& deepseek2_rows() {
+  static const std::vector<Row> r = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
+      {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+      {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
+      {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+      {"attn_kv_b.weight", "self_attn.kv_b_proj.weight"},
+      {"attn_k_b.weight", "self_attn.kv_b_proj.weight", GgufTransform::kKvbFromKb},
+      {"attn_v_b.weight", "self_attn.kv_b_proj.weight", GgufTransform::kWithKb},
+      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+      {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+  };
+  return r;
+}
+
 // Parses "blk.N." at the start of `name`; returns N and the rest.
 std::optional<std::pair<int, std::string_view>> split_block(std::string_view name) {
   if (!name.starts_with("blk.")) return std::nullopt;
@@ -212,6 +237,7 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
     case GgufFamily::kMixtral: own = &llama_rows(); break;
     case GgufFamily::kGlm4Moe: own = &glm4moe_rows(); break;
     case GgufFamily::kMinimaxM2: own = &minimax_m2_rows(); break;
+    case GgufFamily::kDeepseek2: own = &deepseek2_rows(); break;
     case GgufFamily::kQwen3Moe:
     case GgufFamily::kOlmoe: own = &qwen3moe_rows(); break;
   }

@@ -221,7 +221,7 @@ TEST_P(GgufModel, StreamingEqualsResidentBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModel, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral",
-                                                                   "glm4_moe", "minimax_m2"));
+                                                                   "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3"));
 
 TEST(GgufModelErrors, UnsupportedTypeNamesTensorAndType) {
   // A GGUF whose tensor has a type spool cannot run: the error names both.

@@ -57,7 +57,11 @@ def read_safetensors(path):
 
 
 ARCHS = {"qwen3_moe": "qwen3moe", "qwen3_next": "qwen3next", "qwen3_5_moe_text": "qwen35moe", "olmoe": "olmoe",
-         "mixtral": "llama", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2"}
+         "mixtral": "llama", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2", "deepseek_v2": "deepseek2",
+         "deepseek_v3": "deepseek2"}
+# deepseek2 fixtures written with kv_b_proj whole (attn_kv_b, as older converters did) instead of the
+# split attn_k_b / attn_v_b of current ones, so that the loader's both forms are tested.
+KV_B_WHOLE = {"deepseek_v2_lite"}
 
 
 def normalise_names(w):
@@ -82,7 +86,7 @@ def llama_permute(t, n_head):
     return t.reshape(n_head, 2, rows // n_head // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
 
-def convert(cfg, w):
+def convert(cfg, w, split_kv_b=True):
     """HF tensors -> list of (gguf name, float32 array in PyTorch order, role) with llama.cpp's transforms."""
     mt = cfg["model_type"]
     arch = ARCHS[mt]
@@ -106,7 +110,24 @@ def convert(cfg, w):
         p = f"layers.{b}."
         out.append((f"blk.{b}.attn_norm.weight", plus1(w[p + "input_layernorm.weight"]), "norm"))
         out.append((f"blk.{b}.{post_norm}.weight", plus1(w[p + "post_attention_layernorm.weight"]), "norm"))
-        if p + "self_attn.q_proj.weight" in w:
+        if p + "self_attn.kv_a_proj_with_mqa.weight" in w:  # MLA (DeepseekV2Model)
+            a_ = p + "self_attn."
+            for g, h in (("attn_q", "q_proj"), ("attn_q_a", "q_a_proj"), ("attn_q_b", "q_b_proj"),
+                         ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_output", "o_proj")):
+                if a_ + h + ".weight" in w:
+                    out.append((f"blk.{b}.{g}.weight", w[a_ + h + ".weight"], "matrix"))
+            for g, h in (("attn_q_a_norm", "q_a_layernorm"), ("attn_kv_a_norm", "kv_a_layernorm")):
+                if a_ + h + ".weight" in w:
+                    out.append((f"blk.{b}.{g}.weight", w[a_ + h + ".weight"], "norm"))
+            kvb = w[a_ + "kv_b_proj.weight"]
+            if split_kv_b:  # per head [nope | v] rows; k_b transposed per head
+                nh, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+                kvb = kvb.reshape(nh, nope + v, -1)
+                out.append((f"blk.{b}.attn_k_b.weight", np.ascontiguousarray(kvb[:, :nope].transpose(0, 2, 1)), "matrix"))
+                out.append((f"blk.{b}.attn_v_b.weight", np.ascontiguousarray(kvb[:, nope:]), "matrix"))
+            else:
+                out.append((f"blk.{b}.attn_kv_b.weight", kvb, "matrix"))
+        elif p + "self_attn.q_proj.weight" in w:
             for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
                 t = w[p + f"self_attn.{h}.weight"]
                 if arch == "llama" and h in ("q_proj", "k_proj"):  # LlamaModel.permute
@@ -171,20 +192,20 @@ QUANT_MIX = {"matrix": Q.Q8_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
              "ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q5_1, "ffn_down_exps": Q.MXFP4}
 
 
-def write(path, arch, cfg, tensors, mode):
+def write(path, arch, cfg, tensors, mode, split_kv_b=True):
     """mode: 'f32', 'q' (QUANT_MIX) or 'deq' (QUANT_MIX values, stored F32)."""
     w = gguf.GGUFWriter(str(path), arch)
     hybrid = arch in ("qwen3next", "qwen35moe")
     qwen = arch.startswith("qwen")
     rope = cfg.get("rope_parameters", {})
-    hd = cfg.get("head_dim")  # null in the Mixtral config: n_embd / n_head, no key_length written
+    hd = cfg.get("head_dim") if arch != "deepseek2" else None  # null in the Mixtral config: no key_length written
     nextn = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"] + nextn)  # GLM-4.5: the MTP layer counts (not written here)
     w.add_feed_forward_length(cfg.get("intermediate_size", cfg.get("moe_intermediate_size")))
     w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_head_count_kv(1 if arch == "deepseek2" else cfg["num_key_value_heads"])
     if hd is not None:
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -208,6 +229,38 @@ def write(path, arch, cfg, tensors, mode):
         w.add_expert_weights_scale(cfg["routed_scaling_factor"])
         w.add_expert_weights_norm(cfg["norm_topk_prob"])
         w.add_nextn_predict_layers(nextn)
+    if arch in ("glm4moe", "deepseek2") and cfg.get("n_group") is not None:  # TextModel writes n_group / topk_group
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+    if arch == "deepseek2":  # DeepseekV2Model (MLA written as MQA over the latent)
+        kv, rope_d = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_vocab_size(cfg["vocab_size"])
+        if cfg.get("q_lora_rank") is not None:
+            w.add_q_lora_rank(cfg["q_lora_rank"])
+        w.add_kv_lora_rank(kv)
+        if split_kv_b:
+            w.add_key_length(kv + rope_d)
+            w.add_value_length(kv)
+            w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope_d)
+            w.add_value_length_mla(cfg["v_head_dim"])
+        else:  # older converters: per-head sizes in key_length / value_length
+            w.add_key_length(cfg["qk_nope_head_dim"] + rope_d)
+            w.add_value_length(cfg["v_head_dim"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg.get("n_shared_experts", 0))
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        if cfg.get("norm_topk_prob"):
+            w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg["model_type"] == "deepseek_v3"
+                                 else gguf.ExpertGatingFuncType.SOFTMAX)  # the releases' scoring_func
+        w.add_rope_dimension_count(rope_d)
+        if rope.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rope["factor"])
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            if rope.get("mscale_all_dim"):
+                w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
     if hybrid:
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
         w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
@@ -240,14 +293,16 @@ def write(path, arch, cfg, tensors, mode):
 def main():
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     dst.mkdir(parents=True, exist_ok=True)
-    for name in sys.argv[3:] or ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2"):
+    for name in sys.argv[3:] or ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2",
+                                   "deepseek_v2_lite", "deepseek_v3"):
         cfg = json.loads((src / name / "config.json").read_text())
         st = src / name / "model.safetensors"
         weights = read_safetensors(st if st.exists() else Path(str(st) + ".xz"))
-        arch, tensors = convert(cfg, weights)
+        split = name not in KV_B_WHOLE
+        arch, tensors = convert(cfg, weights, split)
         for mode in ("f32", "q", "deq") if name.startswith("qwen") else ("f32", "q"):
             out = dst / f"{name}.{mode}.gguf"
-            write(out, arch, cfg, tensors, mode)
+            write(out, arch, cfg, tensors, mode, split)
             print(out, out.stat().st_size)
 
 
