@@ -1,7 +1,10 @@
 // GGUF -> Hugging Face tensor names and value transforms, one table per llama.cpp architecture
-// (the GGUF notes (ggml docs/gguf.md) sections 3 and 5). Kept apart from the loader so that each table can
-// move into its family's registry entry. A GGUF name maps to the normalised HF name the model
-// code binds (checkpoint.h), plus what the loader must do to undo llama.cpp's converter.
+// (the GGUF notes (ggml docs/gguf.md) sections 3 and 5; llama.cpp's convert_hf_to_gguf.py and
+// gguf-py tensor_mapping.py for olmoe, llama, glm4moe, minimax-m2). Kept apart from the loader so
+// that each table can move into its family's registry entry; they stay in io/ for now because
+// spool_io sits below spool_models (Checkpoint::open cannot see the family registry). A GGUF name
+// maps to the normalised HF name the model code binds (checkpoint.h), plus what the loader must do
+// to undo llama.cpp's converter. The metadata -> config.json half is io/gguf_config.h.
 #pragma once
 
 #include <optional>

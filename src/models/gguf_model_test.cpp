@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "../../tests/support/golden.h"
 #include "common/error.h"
@@ -79,9 +80,18 @@ void expect_rel_close(const std::vector<float>& a, const std::vector<float>& b) 
 
 // Writes `src` (one GGUF file) to `dst` as GGUF v3 with the same metadata, tensor names and order,
 // every block-typed tensor replaced by its F32 dequantization (ops::ggml_dequantize_row; float
-// tensors copied as they are). The model on the dequantized weights for block-quantized files.
-void write_dequantized_gguf(const std::string& src, const std::string& dst) {
+// tensors copied as they are): the model on the dequantized weights for block-quantized files.
+// Tensors for which `drop_tensor` and keys for which `drop_key` return true are left out.
+void write_dequantized_gguf(const std::string& src, const std::string& dst,
+                            const std::function<bool(const std::string&)>& drop_tensor = nullptr,
+                            const std::function<bool(const std::string&)>& drop_key = nullptr) {
   const io::GgufFile g = io::GgufFile::open(src);
+  std::vector<const io::GgufTensor*> tensors;
+  for (const io::GgufTensor& t : g.tensors())
+    if (!drop_tensor || !drop_tensor(t.name)) tensors.push_back(&t);
+  std::vector<std::pair<std::string, const io::GgufValue*>> kvs;
+  for (const auto& [key, v] : g.metadata())
+    if (!drop_key || !drop_key(key)) kvs.emplace_back(key, &v);
   std::string out = "GGUF";
   auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
   auto u32 = [&put](uint32_t v) { put(&v, 4); };
@@ -99,10 +109,11 @@ void write_dequantized_gguf(const std::string& src, const std::string& dst) {
     }
   };
   u32(3);
-  u64(g.tensors().size());
-  u64(g.metadata().size());
+  u64(tensors.size());
+  u64(kvs.size());
   uint64_t alignment = 32;
-  for (const auto& [key, v] : g.metadata()) {
+  for (const auto& [key, vp] : kvs) {
+    const io::GgufValue& v = *vp;
     if (key == "general.alignment") alignment = static_cast<uint64_t>(v.to_int(key));
     str(key);
     u32(static_cast<uint32_t>(v.type));
@@ -121,7 +132,8 @@ void write_dequantized_gguf(const std::string& src, const std::string& dst) {
   }
   std::vector<std::vector<uint8_t>> blobs;
   uint64_t at = 0;
-  for (const io::GgufTensor& t : g.tensors()) {
+  for (const io::GgufTensor* tp : tensors) {
+    const io::GgufTensor& t = *tp;
     const bool is_float = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
     std::vector<uint8_t> b;
     if (is_float) {
@@ -222,6 +234,44 @@ TEST_P(GgufModel, StreamingEqualsResidentBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModel, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral",
                                                                    "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3"));
+
+// Loading `path` throws spool::Error whose message contains `want`.
+void expect_load_error(const std::string& path, const std::string& want) {
+  try {
+    load(path);
+    FAIL() << "expected an error containing '" << want << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
+TEST(GgufModelErrors, DenseLlamaIsRejectedByName) {
+  // The Mixtral file without its routers and experts is a dense Llama, which spool does not run.
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_dense_llama.gguf").string();
+  write_dequantized_gguf(data_dir() + "/gguf/models/mixtral.f32.gguf", path,
+                         [](const std::string& n) { return n.find("ffn_gate_inp") != std::string::npos || n.find("_exps") != std::string::npos; },
+                         [](const std::string& k) { return k.starts_with("llama.expert_"); });
+  expect_load_error(path, "dense Llama");
+  std::filesystem::remove(path);
+}
+
+TEST(GgufModelErrors, SplitKvBNeedsBothHalves) {
+  // A deepseek2 file with attn_k_b but no attn_v_b in a layer names the missing tensor.
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_no_v_b.gguf").string();
+  write_dequantized_gguf(data_dir() + "/gguf/models/deepseek_v3.f32.gguf", path,
+                         [](const std::string& n) { return n == "blk.1.attn_v_b.weight"; });
+  expect_load_error(path, "blk.1.attn_v_b.weight");
+  std::filesystem::remove(path);
+}
+
+TEST(GgufModelErrors, Glm4MoeDenseLayerCountMustMatchRouters) {
+  // leading_dense_block_count disagreeing with the routers present is named.
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_glm_dense.gguf").string();
+  write_dequantized_gguf(data_dir() + "/gguf/models/glm4_moe.f32.gguf", path, nullptr,
+                         [](const std::string& k) { return k == "glm4moe.leading_dense_block_count"; });
+  expect_load_error(path, "leading_dense_block_count");
+  std::filesystem::remove(path);
+}
 
 TEST(GgufModelErrors, UnsupportedTypeNamesTensorAndType) {
   // A GGUF whose tensor has a type spool cannot run: the error names both.
