@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes the test fixture models (tests/data/models/{qwen3_moe,qwen3_next,qwen3_5_moe_text,olmoe,
-mixtral,glm4_moe,minimax_m2}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
+mixtral,glm4_moe,minimax_m2,deepseek_v2_lite,deepseek_v3}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
 1 + w norms for the hybrid architectures, A = -exp(A_log), conv1d squeezed, Qwen3.5's V heads
 reordered grouped -> tiled (bench/moe_to_gguf.py's reorder_v_heads), Qwen3-Next's in_proj_qkvz split
 into attn_qkv + attn_gate, experts stacked into ffn_*_exps; Mixtral as arch "llama" with q_proj /
 k_proj rows permuted per head for ggml's adjacent-pair RoPE (LlamaModel.permute); GLM-4.5's
 post_attention_layernorm as post_attention_norm, q/k/v biases, shared experts as ffn_*_shexp;
-e_score_correction_bias as exp_probs_b.bias; the metadata keys each converter class writes), with
+e_score_correction_bias as exp_probs_b.bias; DeepSeek's MLA as attn_q / attn_q_a + attn_q_b,
+attn_kv_a_mqa and kv_b_proj split per head into attn_k_b (transposed) + attn_v_b, or whole as
+attn_kv_b for KV_B_WHOLE, head_count_kv 1; the metadata keys each converter class writes), with
 the `gguf` package:
 
   NAME.f32.gguf  every tensor F32 (compared with the safetensors fixture)
