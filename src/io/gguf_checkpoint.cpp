@@ -10,107 +10,13 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "io/checkpoint.h"
+#include "io/gguf_config.h"
 #include "io/gguf_names.h"
 #include "ops/ggml_blocks.h"
 
 namespace spool::io {
 
 namespace {
-
-// The config.json a Hugging Face checkpoint of this GGUF would have (the fields ModelSpec reads).
-nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
-  const std::string p = std::string(a.name) + ".";
-  const std::string label = g.path();
-  auto need = [&](const std::string& k) {
-    std::optional<int64_t> v = g.get_int(p + k);
-    if (!v) fail("%s: missing metadata key '%s%s'", label.c_str(), p.c_str(), k.c_str());
-    return *v;
-  };
-  auto first_int = [&](const std::string& k) -> int64_t {  // scalar or per-layer array
-    const GgufValue* v = g.find_key(p + k);
-    if (v == nullptr) fail("%s: missing metadata key '%s%s'", label.c_str(), p.c_str(), k.c_str());
-    if (v->is_array()) {
-      std::vector<int64_t> xs = v->to_ints(p + k);
-      if (xs.empty()) fail("%s: metadata key '%s%s' is an empty array", label.c_str(), p.c_str(), k.c_str());
-      for (int64_t x : xs)
-        if (x != xs[0]) fail("%s: '%s%s' varies per layer; spool needs one value", label.c_str(), p.c_str(), k.c_str());
-      return xs[0];
-    }
-    return v->to_int(p + k);
-  };
-  nlohmann::json j;
-  j["model_type"] = a.model_type;
-  j["hidden_act"] = "silu";
-  const int64_t H = need("embedding_length");
-  j["hidden_size"] = H;
-  const int64_t blocks = need("block_count");
-  const int64_t nextn = g.get_int(p + "nextn_predict_layers").value_or(0);
-  if (nextn < 0 || nextn >= blocks) fail("%s: nextn_predict_layers %lld out of range", label.c_str(), (long long)nextn);
-  const int64_t L = blocks - nextn;
-  j["num_hidden_layers"] = L;
-  if (auto ff = g.get_int(p + "feed_forward_length")) j["intermediate_size"] = *ff;
-  const int64_t heads = first_int("attention.head_count");
-  j["num_attention_heads"] = heads;
-  j["num_key_value_heads"] = first_int("attention.head_count_kv");
-  const int64_t hd = g.get_int(p + "attention.key_length").value_or(heads > 0 ? H / heads : 0);
-  if (auto vl = g.get_int(p + "attention.value_length"); vl && *vl != hd)
-    fail("%s: attention.value_length %lld differs from key_length %lld (not a Qwen layout)", label.c_str(), (long long)*vl,
-         (long long)hd);
-  j["head_dim"] = hd;
-  j["rms_norm_eps"] = g.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-6);
-  if (auto ctx = g.get_int(p + "context_length")) j["max_position_embeddings"] = *ctx;
-  nlohmann::json rope;
-  rope["rope_theta"] = g.get_float(p + "rope.freq_base").value_or(10000.0);
-  rope["rope_type"] = "default";
-  if (auto rd = g.get_int(p + "rope.dimension_count"); rd && hd > 0) rope["partial_rotary_factor"] = static_cast<double>(*rd) / hd;
-  else rope["partial_rotary_factor"] = a.hybrid ? 0.25 : 1.0;
-  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none")
-    fail("%s: rope scaling '%s' is not supported yet", label.c_str(), st->c_str());
-  j["rope_parameters"] = rope;
-  j["num_experts"] = need("expert_count");
-  j["num_experts_per_tok"] = need("expert_used_count");
-  j["moe_intermediate_size"] = need("expert_feed_forward_length");
-  j["norm_topk_prob"] = true;  // llama.cpp's qwen3moe / qwen3next / qwen35moe graphs renormalise the top-k weights
-  j["tie_word_embeddings"] = g.find("output.weight") == nullptr;
-  // Layers without a router are dense (HF mlp_only_layers).
-  nlohmann::json dense = nlohmann::json::array();
-  for (int64_t l = 0; l < L; ++l)
-    if (g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) dense.push_back(l);
-  j["mlp_only_layers"] = dense;
-  j["decoder_sparse_step"] = 1;
-  if (a.hybrid) {
-    if (auto sh = g.get_int(p + "expert_shared_feed_forward_length")) j["shared_expert_intermediate_size"] = *sh;
-    j["linear_conv_kernel_dim"] = need("ssm.conv_kernel");
-    j["linear_key_head_dim"] = need("ssm.state_size");
-    const int64_t nk = need("ssm.group_count"), nv = need("ssm.time_step_rank"), inner = need("ssm.inner_size");
-    j["linear_num_key_heads"] = nk;
-    j["linear_num_value_heads"] = nv;
-    if (nv <= 0 || inner % nv != 0) fail("%s: ssm.inner_size %lld is not a multiple of ssm.time_step_rank %lld", label.c_str(), (long long)inner, (long long)nv);
-    j["linear_value_head_dim"] = inner / nv;
-    nlohmann::json types = nlohmann::json::array();
-    if (const GgufValue* rl = g.find_key(p + "attention.recurrent_layers")) {
-      std::vector<int64_t> r;
-      if (rl->is_array() && rl->elem == GgufType::kBool) {
-        for (uint8_t b : rl->raw) r.push_back(b);
-      } else {
-        r = rl->to_ints(p + "attention.recurrent_layers");
-      }
-      if (static_cast<int64_t>(r.size()) < L) fail("%s: attention.recurrent_layers has %zu entries for %lld layers", label.c_str(), r.size(), (long long)L);
-      for (int64_t l = 0; l < L; ++l) types.push_back(r[l] ? "linear_attention" : "full_attention");
-    } else {
-      const int64_t interval = g.get_int(p + "full_attention_interval").value_or(4);
-      if (interval <= 0) fail("%s: full_attention_interval must be positive", label.c_str());
-      for (int64_t l = 0; l < L; ++l) types.push_back((l + 1) % interval == 0 ? "full_attention" : "linear_attention");
-    }
-    j["layer_types"] = types;
-  }
-  const GgufTensor* emb = g.find("token_embd.weight");
-  if (emb == nullptr) fail("%s: missing tensor 'token_embd.weight'", label.c_str());
-  j["vocab_size"] = emb->ne[1];
-  if (auto eos = g.get_int("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = *eos;
-  if (auto bos = g.get_int("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *bos;
-  return j;
-}
 
 // HF shape of a GGUF tensor (see GgufShape).
 std::vector<int64_t> hf_shape(const GgufTensor& t, GgufShape s, const std::string& label) {
@@ -167,7 +73,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
   const GgufArch& a = *arch;
   c.raw_config_ = Config(gguf_config_json(g, a), path + ":metadata");
   c.config_ = c.raw_config_;
-  c.model_type_ = c.top_model_type_ = a.model_type;
+  c.model_type_ = c.top_model_type_ = c.raw_config_.get_string("model_type");  // deepseek2: v2 or v3 by its router
   if (auto eos = g.get_int("tokenizer.ggml.eos_token_id")) c.generation_.eos_token_ids.push_back(*eos);
   if (auto eot = g.get_int("tokenizer.ggml.eot_token_id"))
     if (c.generation_.eos_token_ids.empty() || c.generation_.eos_token_ids[0] != *eot) c.generation_.eos_token_ids.push_back(*eot);
@@ -238,6 +144,46 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
 
     GgufTransform tf = m->transform;
     std::string hf = m->hf_name;
+    if (tf == GgufTransform::kWithKb) {  // attn_v_b: read with its attn_k_b
+      if (g.find("blk." + std::to_string(m->layer) + ".attn_k_b.weight") == nullptr)
+        fail("%s: '%s' has no attn_k_b beside it (kv_b_proj is split into attn_k_b and attn_v_b)", path.c_str(), gname.c_str());
+      continue;
+    }
+    if (tf == GgufTransform::kKvbFromKb) {
+      const std::string vname = "blk." + std::to_string(m->layer) + ".attn_v_b.weight";
+      const GgufTensor* vb = g.find(vname);
+      if (vb == nullptr) fail("%s: '%s' has no '%s' beside it", path.c_str(), gname.c_str(), vname.c_str());
+      // k_b ne {nope, R, H}: head h's K rows of kv_b, transposed; v_b ne {R, V, H}: its V rows.
+      if (t.n_dims != 3 || vb->n_dims != 3 || t.ne[1] != vb->ne[0] || t.ne[2] != vb->ne[2])
+        fail("%s: '%s' %s and '%s' %s are not {nope, kv_lora, heads} and {kv_lora, v, heads}", path.c_str(), gname.c_str(),
+             t.shape_string().c_str(), vname.c_str(), vb->shape_string().c_str());
+      const int64_t nope = t.ne[0], R = t.ne[1], nh = t.ne[2], V = vb->ne[1];
+      r.shape = {nh * (nope + V), R};
+      r.name = hf;
+      r.ggml = false;
+      r.dtype = DType::F32;
+      r.ggml_type = GgmlType::F32;
+      r.nbytes = static_cast<uint64_t>(nh * (nope + V) * R) * 4;
+      if (r.data == nullptr) {  // header-only: shapes are enough
+        c.add(std::move(r));
+        continue;
+      }
+      std::vector<float> kf(static_cast<size_t>(t.numel())), vf(static_cast<size_t>(vb->numel()));
+      ops::ggml_dequantize_row(t.type, r.data, t.numel(), kf.data());
+      ops::ggml_dequantize_row(vb->type, c.shards_[vb->shard].mapping() + vb->offset, vb->numel(), vf.data());
+      std::vector<float> out(static_cast<size_t>(nh * (nope + V) * R));
+      for (int64_t h = 0; h < nh; ++h) {
+        float* rows = out.data() + h * (nope + V) * R;
+        for (int64_t col = 0; col < R; ++col)
+          for (int64_t i = 0; i < nope; ++i) rows[i * R + col] = kf[(h * R + col) * nope + i];
+        std::memcpy(rows + nope * R, vf.data() + h * V * R, static_cast<size_t>(V * R) * 4);
+      }
+      std::vector<uint8_t> bytes(out.size() * 4);
+      std::memcpy(bytes.data(), out.data(), bytes.size());
+      c.add(std::move(r));
+      pending.push_back({c.tensors_.size() - 1, std::move(bytes)});
+      continue;
+    }
     if (tf == GgufTransform::kBaSplitB && g.find("blk." + std::to_string(m->layer) + ".ssm_in.weight") != nullptr) {
       tf = GgufTransform::kNone;  // legacy qwen3next layout: in_proj_qkvz + in_proj_ba as HF stores them
       hf = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_ba.weight";
@@ -245,7 +191,9 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     r.name = hf;
     // A block-typed token embedding stays in its type: the decoder reads and dequantizes it by
     // row (DecoderModel::embed), so a 248k x 2048 vocabulary is not inflated to 2 GB of F32.
-    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight");
+    // MLA reads kv_b_proj per head as floats (models/mla.h): a block-typed attn_kv_b becomes F32.
+    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight") ||
+                             hf.ends_with("self_attn.kv_b_proj.weight");
     const bool dequant = r.ggml && (vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
     const bool f32_out = dequant || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog;
     if (tf == GgufTransform::kNone && !dequant) {
@@ -300,6 +248,22 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
       r.ggml_type = GgmlType::F32;
     } else {
       src.assign(r.data, r.data + t.nbytes);
+    }
+    if (tf == GgufTransform::kUnpermuteQ || tf == GgufTransform::kUnpermuteK) {
+      // llama.cpp stored head h's row s * hd/2 + k (s = 0, 1) at h * hd + 2k + s: whole rows move,
+      // so block-typed rows stay in their type.
+      const bool q = tf == GgufTransform::kUnpermuteQ;
+      const int64_t nh = cfg.get_int(q ? "num_attention_heads" : "num_key_value_heads");
+      if (nh <= 0 || rows % nh != 0 || (rows / nh) % 2 != 0)
+        fail("%s: '%s' has %lld rows, not %lld heads of an even head size", path.c_str(), gname.c_str(), (long long)rows,
+             (long long)nh);
+      const int64_t hd = rows / nh, half = hd / 2;
+      std::vector<uint8_t> out(src.size());
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t k = 0; k < half; ++k)
+          for (int64_t s = 0; s < 2; ++s)
+            std::memcpy(out.data() + (h * hd + s * half + k) * row_bytes, src.data() + (h * hd + 2 * k + s) * row_bytes, row_bytes);
+      src = std::move(out);
     }
     const bool v_axis = a.v_tiled && (tf == GgufTransform::kVRows || tf == GgufTransform::kVCols || tf == GgufTransform::kALog);
     const int64_t vb = m->v_block < 0 ? d_v : m->v_block;

@@ -8,10 +8,17 @@ namespace spool::io {
 namespace {
 
 // ---- Architectures ------------------------------------------------------------------------
+// "llama" is loaded only with routed experts (Mixtral: llama.cpp converts MixtralForCausalLM to
+// arch llama with ffn_*_exps); a dense Llama file is rejected by the config reader.
 const GgufArch kArchs[] = {
-    {"qwen3moe", "qwen3_moe", /*hybrid=*/false, /*v_tiled=*/false},
-    {"qwen3next", "qwen3_next", /*hybrid=*/true, /*v_tiled=*/false},
-    {"qwen35moe", "qwen3_5_moe_text", /*hybrid=*/true, /*v_tiled=*/true},
+    {"qwen3moe", "qwen3_moe", GgufFamily::kQwen3Moe, /*hybrid=*/false, /*v_tiled=*/false},
+    {"qwen3next", "qwen3_next", GgufFamily::kQwen3Next, /*hybrid=*/true, /*v_tiled=*/false},
+    {"qwen35moe", "qwen3_5_moe_text", GgufFamily::kQwen35Moe, /*hybrid=*/true, /*v_tiled=*/true},
+    {"olmoe", "olmoe", GgufFamily::kOlmoe, false, false},
+    {"llama", "mixtral", GgufFamily::kMixtral, false, false},
+    {"glm4moe", "glm4_moe", GgufFamily::kGlm4Moe, false, false},
+    {"minimax-m2", "minimax_m2", GgufFamily::kMinimaxM2, false, false},
+    {"deepseek2", "deepseek_v3", GgufFamily::kDeepseek2, false, false},
 };
 
 // One row: GGUF per-layer suffix (after "blk.N.") -> HF suffix (after "layers.N.").
@@ -24,7 +31,7 @@ struct Row {
   bool v_after_qk = false;
 };
 
-// ---- Table: every architecture (qwen3moe, qwen3next, qwen35moe) ----------------------------
+// ---- Table: every architecture --------------------------------------------------------------
 const std::vector<Row>& common_rows() {
   static const std::vector<Row> r = {
       {"attn_q.weight", "self_attn.q_proj.weight"},
@@ -39,13 +46,61 @@ const std::vector<Row>& common_rows() {
   return r;
 }
 
-// ---- Table: qwen3moe (no value transforms) ---------------------------------------------------
+// ---- Table: qwen3moe and olmoe (q/k norms over the whole projection: same names) -------------
+// (no value transforms)
 const std::vector<Row>& qwen3moe_rows() {
   static const std::vector<Row> r = {
       {"attn_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"attn_q_norm.weight", "self_attn.q_norm.weight"},
       {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+  };
+  return r;
+}
+
+// ---- Table: minimax-m2 (full-projection q/k norms, sigmoid router with correction bias) -------
+// The converter renames block_sparse_moe.e_score_correction_bias to e_score_correction.bias, so
+// it lands on exp_probs_b.bias; io::Checkpoint normalises the safetensors name to mlp.gate.*.
+const std::vector<Row>& minimax_m2_rows() {
+  static const std::vector<Row> r = [] {
+    std::vector<Row> v = qwen3moe_rows();
+    v.push_back({"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"});
+    return v;
+  }();
+  return r;
+}
+
+// ---- Table: llama with experts (Mixtral) -----------------------------------------------------
+// llama.cpp's LlamaModel permutes the rows of q_proj (n_head heads) and k_proj (n_head_kv heads)
+// for ggml's adjacent-pair RoPE; HF Mixtral rotates halves, so the loader undoes it. The
+// router and experts keep their names (block_sparse_moe.gate -> mlp.gate, as io::Checkpoint
+// normalises the safetensors names).
+const std::vector<Row>& llama_rows() {
+  static const std::vector<Row> r = {
+      {"attn_q.weight", "self_attn.q_proj.weight", GgufTransform::kUnpermuteQ},
+      {"attn_k.weight", "self_attn.k_proj.weight", GgufTransform::kUnpermuteK},
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+  };
+  return r;
+}
+
+// ---- Table: glm4moe (GLM-4.5 / 4.6) ----------------------------------------------------------
+// post_attention_layernorm is ATTN_POST_NORM for this arch; q/k/v biases; optional per-head q/k
+// norms; DeepSeek-style shared experts and router correction bias. No q/k permutation (NeoX RoPE).
+const std::vector<Row>& glm4moe_rows() {
+  static const std::vector<Row> r = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+      {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
   };
   return r;
 }
@@ -92,6 +147,30 @@ const std::vector<Row>& hybrid_rows(bool tiled) {
   }();
   (void)V;
   return tiled ? q35 : next;
+}
+
+// ---- Table: deepseek2 (DeepSeek-V2 / V2-Lite / V3, MLA) -----------------------------------------
+// q: attn_q_a + attn_q_a_norm + attn_q_b, or attn_q ("lite"); kv_b_proj as attn_kv_b (older
+// files) or split into attn_k_b (per head, transposed) + attn_v_b (files with key_length_mla).
+// No q/k permutation (ggml's adjacent-pair RoPE is HF DeepSeek's interleaved rope).
+const std::vector<Row>& deepseek2_rows() {
+  static const std::vector<Row> r = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
+      {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+      {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
+      {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+      {"attn_kv_b.weight", "self_attn.kv_b_proj.weight"},
+      {"attn_k_b.weight", "self_attn.kv_b_proj.weight", GgufTransform::kKvbFromKb},
+      {"attn_v_b.weight", "self_attn.kv_b_proj.weight", GgufTransform::kWithKb},
+      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+      {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+  };
+  return r;
 }
 
 // Parses "blk.N." at the start of `name`; returns N and the rest.
@@ -150,7 +229,19 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
       return m;
     }
   }
-  const std::vector<Row>* tables[] = {&common_rows(), a.hybrid ? &hybrid_rows(a.v_tiled) : &qwen3moe_rows()};
+  // The family's table first: its rows override the common ones (llama's permuted q/k).
+  const std::vector<Row>* own = nullptr;
+  switch (a.family) {
+    case GgufFamily::kQwen3Next: own = &hybrid_rows(false); break;
+    case GgufFamily::kQwen35Moe: own = &hybrid_rows(true); break;
+    case GgufFamily::kMixtral: own = &llama_rows(); break;
+    case GgufFamily::kGlm4Moe: own = &glm4moe_rows(); break;
+    case GgufFamily::kMinimaxM2: own = &minimax_m2_rows(); break;
+    case GgufFamily::kDeepseek2: own = &deepseek2_rows(); break;
+    case GgufFamily::kQwen3Moe:
+    case GgufFamily::kOlmoe: own = &qwen3moe_rows(); break;
+  }
+  const std::vector<Row>* tables[] = {own, &common_rows()};
   for (const auto* t : tables)
     for (const Row& r : *t)
       if (rest == r.gguf) {

@@ -1,7 +1,10 @@
 // GGUF -> Hugging Face tensor names and value transforms, one table per llama.cpp architecture
-// (the GGUF notes (ggml docs/gguf.md) sections 3 and 5). Kept apart from the loader so that each table can
-// move into its family's registry entry. A GGUF name maps to the normalised HF name the model
-// code binds (checkpoint.h), plus what the loader must do to undo llama.cpp's converter.
+// (the GGUF notes (ggml docs/gguf.md) sections 3 and 5; llama.cpp's convert_hf_to_gguf.py and
+// gguf-py tensor_mapping.py for olmoe, llama, glm4moe, minimax-m2). Kept apart from the loader so
+// that each table can move into its family's registry entry; they stay in io/ for now because
+// spool_io sits below spool_models (Checkpoint::open cannot see the family registry). A GGUF name
+// maps to the normalised HF name the model code binds (checkpoint.h), plus what the loader must do
+// to undo llama.cpp's converter. The metadata -> config.json half is io/gguf_config.h.
 #pragma once
 
 #include <optional>
@@ -21,6 +24,12 @@ enum class GgufTransform {
   kVCols,       ///< V-head-indexed columns (ssm_out of tiled archs)
   kBaSplitB,    ///< qwen3next ssm_ba rows grouped per k-head [b_g (R), a_g (R)]: the b rows
   kBaSplitA,    ///< ... the a rows
+  kUnpermuteQ,  ///< llama arch: rows of each of the n_head heads stored interleaved (llama.cpp's
+                ///< LlamaModel.permute: HF row s * hd/2 + k of a head is stored at 2k + s); undone
+  kUnpermuteK,  ///< the same over the n_head_kv heads of attn_k
+  kKvbFromKb,   ///< deepseek2 attn_k_b {nope, kv_lora, n_head} (kv_b's K rows, transposed per head)
+                ///< with its sibling attn_v_b {kv_lora, v, n_head}: kv_b_proj [n_head * (nope + v), kv_lora], F32
+  kWithKb,      ///< deepseek2 attn_v_b: consumed by kKvbFromKb (not a tensor of its own)
 };
 
 /// Which HF shape a GGUF tensor takes (GGUF ne is reversed HF order, with these exceptions).
@@ -43,11 +52,17 @@ struct GgufTensorMap {
   int layer = -1;         ///< blk.N, or -1
 };
 
+/// Which spool family a GGUF architecture feeds (selects its tensor table and config keys).
+enum class GgufFamily { kQwen3Moe, kQwen3Next, kQwen35Moe, kOlmoe, kMixtral, kGlm4Moe, kMinimaxM2, kDeepseek2 };
+
 /// A supported GGUF architecture: its general.architecture string, the HF model_type the
 /// loader reports, and the converter conventions to undo.
 struct GgufArch {
-  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe"
-  const char* model_type;  ///< "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"
+  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe", "olmoe", "llama", "glm4moe", "minimax-m2", "deepseek2"
+  /// "qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2",
+  /// "deepseek_v3" (the config reader says deepseek_v2 for a softmax router: gguf_config_json's model_type wins)
+  const char* model_type;
+  GgufFamily family;
   bool hybrid;             ///< Gated DeltaNet layers, (1 + w) norms, shared expert
   bool v_tiled;            ///< V heads stored in llama.cpp's tiled order (qwen35*)
 };

@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
-"""Writes the test fixture models (tests/data/models/{qwen3_moe,qwen3_next,qwen3_5_moe_text}) as
-GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names, 1 + w norms for the hybrid
-architectures, A = -exp(A_log), conv1d squeezed, Qwen3.5's V heads reordered grouped -> tiled
-(bench/moe_to_gguf.py's reorder_v_heads), Qwen3-Next's in_proj_qkvz split into attn_qkv + attn_gate,
-experts stacked into ffn_*_exps), with the `gguf` package:
+"""Writes the test fixture models (tests/data/models/{qwen3_moe,qwen3_next,qwen3_5_moe_text,olmoe,
+mixtral,glm4_moe,minimax_m2,deepseek_v2_lite,deepseek_v3}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
+1 + w norms for the hybrid architectures, A = -exp(A_log), conv1d squeezed, Qwen3.5's V heads
+reordered grouped -> tiled (bench/moe_to_gguf.py's reorder_v_heads), Qwen3-Next's in_proj_qkvz split
+into attn_qkv + attn_gate, experts stacked into ffn_*_exps; Mixtral as arch "llama" with q_proj /
+k_proj rows permuted per head for ggml's adjacent-pair RoPE (LlamaModel.permute); GLM-4.5's
+post_attention_layernorm as post_attention_norm, q/k/v biases, shared experts as ffn_*_shexp;
+e_score_correction_bias as exp_probs_b.bias; DeepSeek's MLA as attn_q / attn_q_a + attn_q_b,
+attn_kv_a_mqa and kv_b_proj split per head into attn_k_b (transposed) + attn_v_b, or whole as
+attn_kv_b for KV_B_WHOLE, head_count_kv 1; the metadata keys each converter class writes), with
+the `gguf` package:
 
   NAME.f32.gguf  every tensor F32 (compared with the safetensors fixture)
   NAME.q.gguf    a llama.cpp-like mix of block types: matrices Q8_0, token_embd Q8_0, output Q4_1,
                  attn_qkv Q5_0, expert gate Q4_0 / up Q5_1 / down MXFP4 (norms, router, conv1d F32)
   NAME.deq.gguf  NAME.q.gguf with every quantized tensor replaced by its F32 dequantization
-                 (gguf.quants.dequantize): "the same model on the dequantized float weights"
+                 (gguf.quants.dequantize): "the same model on the dequantized float weights".
+                 Written for the qwen families only: ~300-550 KB each compressed, so for the others
+                 src/models/gguf_model_test.cpp writes this file itself at test time (with spool's
+                 dequantization, which gguf/blocks.gguf checks against gguf-py's)
 
   python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy
-  /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf
+  /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf [NAME...]
   (reads the unpacked fixtures of the build tree; then `xz -9e` the .q/.deq files and let
   tests/reference/pack_fixtures.sh pack each NAME.f32.gguf with its checkpoint, after deleting the old pack)
 """
@@ -49,14 +58,46 @@ def read_safetensors(path):
     return out
 
 
-def convert(cfg, w):
+ARCHS = {"qwen3_moe": "qwen3moe", "qwen3_next": "qwen3next", "qwen3_5_moe_text": "qwen35moe", "olmoe": "olmoe",
+         "mixtral": "llama", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2", "deepseek_v2": "deepseek2",
+         "deepseek_v3": "deepseek2"}
+# deepseek2 fixtures written with kv_b_proj whole (attn_kv_b, as older converters did) instead of the
+# split attn_k_b / attn_v_b of current ones, so that the loader's both forms are tested.
+KV_B_WHOLE = {"deepseek_v2_lite"}
+
+
+def normalise_names(w):
+    """Mixtral / MiniMax-M2 block_sparse_moe names -> the mlp.* names the generic path reads."""
+    out = {}
+    for name, a in w.items():
+        for old, new in ((".block_sparse_moe.gate.weight", ".mlp.gate.weight"),
+                         (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+                         (".block_sparse_moe.experts.", ".mlp.experts.")):
+            name = name.replace(old, new)
+        if ".mlp.experts." in name:
+            for old, new in ((".w1.weight", ".gate_proj.weight"), (".w3.weight", ".up_proj.weight"), (".w2.weight", ".down_proj.weight")):
+                if name.endswith(old):
+                    name = name[:-len(old)] + new
+        out[name] = a
+    return out
+
+
+def llama_permute(t, n_head):
+    """llama.cpp's LlamaModel.permute: within each head, row s * hd/2 + k goes to 2k + s."""
+    rows = t.shape[0]
+    return t.reshape(n_head, 2, rows // n_head // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def convert(cfg, w, split_kv_b=True):
     """HF tensors -> list of (gguf name, float32 array in PyTorch order, role) with llama.cpp's transforms."""
     mt = cfg["model_type"]
-    arch = {"qwen3_moe": "qwen3moe", "qwen3_next": "qwen3next", "qwen3_5_moe_text": "qwen35moe"}[mt]
-    hybrid = arch != "qwen3moe"
+    arch = ARCHS[mt]
+    hybrid = arch in ("qwen3next", "qwen35moe")
     tiled = arch == "qwen35moe"
     L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
-    E = cfg.get("num_experts", cfg.get("num_local_experts"))
+    E = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts")))
+    w = normalise_names(w)
+    post_norm = "post_attention_norm" if hybrid or arch == "glm4moe" else "ffn_norm"
     out = []
     plus1 = (lambda a: a + np.float32(1.0)) if hybrid else (lambda a: a)
     out.append(("token_embd.weight", w["embed_tokens.weight"], "embd"))
@@ -70,13 +111,35 @@ def convert(cfg, w):
     for b in range(L):
         p = f"layers.{b}."
         out.append((f"blk.{b}.attn_norm.weight", plus1(w[p + "input_layernorm.weight"]), "norm"))
-        out.append((f"blk.{b}.{'post_attention_norm' if hybrid else 'ffn_norm'}.weight",
-                    plus1(w[p + "post_attention_layernorm.weight"]), "norm"))
-        if p + "self_attn.q_proj.weight" in w:
+        out.append((f"blk.{b}.{post_norm}.weight", plus1(w[p + "post_attention_layernorm.weight"]), "norm"))
+        if p + "self_attn.kv_a_proj_with_mqa.weight" in w:  # MLA (DeepseekV2Model)
+            a_ = p + "self_attn."
+            for g, h in (("attn_q", "q_proj"), ("attn_q_a", "q_a_proj"), ("attn_q_b", "q_b_proj"),
+                         ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_output", "o_proj")):
+                if a_ + h + ".weight" in w:
+                    out.append((f"blk.{b}.{g}.weight", w[a_ + h + ".weight"], "matrix"))
+            for g, h in (("attn_q_a_norm", "q_a_layernorm"), ("attn_kv_a_norm", "kv_a_layernorm")):
+                if a_ + h + ".weight" in w:
+                    out.append((f"blk.{b}.{g}.weight", w[a_ + h + ".weight"], "norm"))
+            kvb = w[a_ + "kv_b_proj.weight"]
+            if split_kv_b:  # per head [nope | v] rows; k_b transposed per head
+                nh, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+                kvb = kvb.reshape(nh, nope + v, -1)
+                out.append((f"blk.{b}.attn_k_b.weight", np.ascontiguousarray(kvb[:, :nope].transpose(0, 2, 1)), "matrix"))
+                out.append((f"blk.{b}.attn_v_b.weight", np.ascontiguousarray(kvb[:, nope:]), "matrix"))
+            else:
+                out.append((f"blk.{b}.attn_kv_b.weight", kvb, "matrix"))
+        elif p + "self_attn.q_proj.weight" in w:
             for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
-                out.append((f"blk.{b}.{g}.weight", w[p + f"self_attn.{h}.weight"], "matrix"))
-            out.append((f"blk.{b}.attn_q_norm.weight", plus1(w[p + "self_attn.q_norm.weight"]), "norm"))
-            out.append((f"blk.{b}.attn_k_norm.weight", plus1(w[p + "self_attn.k_norm.weight"]), "norm"))
+                t = w[p + f"self_attn.{h}.weight"]
+                if arch == "llama" and h in ("q_proj", "k_proj"):  # LlamaModel.permute
+                    t = llama_permute(t, cfg["num_attention_heads"] if h == "q_proj" else cfg["num_key_value_heads"])
+                out.append((f"blk.{b}.{g}.weight", t, "matrix"))
+                if p + f"self_attn.{h}.bias" in w:  # GLM-4.5 attention_bias
+                    out.append((f"blk.{b}.{g}.bias", w[p + f"self_attn.{h}.bias"], "norm"))
+            for g, h in (("attn_q_norm", "q_norm"), ("attn_k_norm", "k_norm")):
+                if p + f"self_attn.{h}.weight" in w:
+                    out.append((f"blk.{b}.{g}.weight", plus1(w[p + f"self_attn.{h}.weight"]), "norm"))
         else:
             la = p + "linear_attn."
             if tiled:
@@ -114,9 +177,13 @@ def convert(cfg, w):
                 out.append((f"blk.{b}.{g}.weight", w[p + f"mlp.{h}.weight"], "matrix"))
             continue
         out.append((f"blk.{b}.ffn_gate_inp.weight", w[p + "mlp.gate.weight"], "norm"))
-        if p + "mlp.shared_expert.gate_proj.weight" in w:
-            for g, h in (("ffn_gate_shexp", "gate_proj"), ("ffn_up_shexp", "up_proj"), ("ffn_down_shexp", "down_proj")):
-                out.append((f"blk.{b}.{g}.weight", w[p + f"mlp.shared_expert.{h}.weight"], "matrix"))
+        if p + "mlp.gate.e_score_correction_bias" in w:  # renamed e_score_correction.bias by the converters
+            out.append((f"blk.{b}.exp_probs_b.bias", w[p + "mlp.gate.e_score_correction_bias"], "norm"))
+        for se in ("shared_expert", "shared_experts"):  # Qwen / GLM-4.5
+            if p + f"mlp.{se}.gate_proj.weight" in w:
+                for g, h in (("ffn_gate_shexp", "gate_proj"), ("ffn_up_shexp", "up_proj"), ("ffn_down_shexp", "down_proj")):
+                    out.append((f"blk.{b}.{g}.weight", w[p + f"mlp.{se}.{h}.weight"], "matrix"))
+        if p + "mlp.shared_expert_gate.weight" in w:
             out.append((f"blk.{b}.ffn_gate_inp_shexp.weight", w[p + "mlp.shared_expert_gate.weight"].reshape(-1), "norm"))
         for g, h in (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj")):
             out.append((f"blk.{b}.{g}.weight", np.stack([w[p + f"mlp.experts.{e}.{h}.weight"] for e in range(E)]), g))
@@ -127,25 +194,75 @@ QUANT_MIX = {"matrix": Q.Q8_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
              "ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q5_1, "ffn_down_exps": Q.MXFP4}
 
 
-def write(path, arch, cfg, tensors, mode):
+def write(path, arch, cfg, tensors, mode, split_kv_b=True):
     """mode: 'f32', 'q' (QUANT_MIX) or 'deq' (QUANT_MIX values, stored F32)."""
     w = gguf.GGUFWriter(str(path), arch)
-    hybrid = arch != "qwen3moe"
+    hybrid = arch in ("qwen3next", "qwen35moe")
+    qwen = arch.startswith("qwen")
     rope = cfg.get("rope_parameters", {})
-    hd = cfg["head_dim"]
+    hd = cfg.get("head_dim") if arch != "deepseek2" else None  # null in the Mixtral config: no key_length written
+    nextn = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg.get("intermediate_size", cfg["moe_intermediate_size"]))
+    w.add_block_count(cfg["num_hidden_layers"] + nextn)  # GLM-4.5: the MTP layer counts (not written here)
+    w.add_feed_forward_length(cfg.get("intermediate_size", cfg.get("moe_intermediate_size")))
     w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(hd)
-    w.add_value_length(hd)
+    w.add_head_count_kv(1 if arch == "deepseek2" else cfg["num_key_value_heads"])
+    if hd is not None:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    hd = hd or cfg["hidden_size"] // cfg["num_attention_heads"]
     w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
+    w.add_layer_norm_rms_eps(1e-5 if arch == "olmoe" else cfg["rms_norm_eps"])  # OlmoeModel writes 1e-5
+    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts"))))
     w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if qwen or arch == "glm4moe":
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    elif arch == "minimax-m2":
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])  # olmoe / llama write none
+    if arch == "llama":
+        w.add_rope_dimension_count(hd)
+    elif arch in ("glm4moe", "minimax-m2"):
+        w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5))))
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if arch == "glm4moe":
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_nextn_predict_layers(nextn)
+    if arch in ("glm4moe", "deepseek2") and cfg.get("n_group") is not None:  # TextModel writes n_group / topk_group
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+    if arch == "deepseek2":  # DeepseekV2Model (MLA written as MQA over the latent)
+        kv, rope_d = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_vocab_size(cfg["vocab_size"])
+        if cfg.get("q_lora_rank") is not None:
+            w.add_q_lora_rank(cfg["q_lora_rank"])
+        w.add_kv_lora_rank(kv)
+        if split_kv_b:
+            w.add_key_length(kv + rope_d)
+            w.add_value_length(kv)
+            w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope_d)
+            w.add_value_length_mla(cfg["v_head_dim"])
+        else:  # older converters: per-head sizes in key_length / value_length
+            w.add_key_length(cfg["qk_nope_head_dim"] + rope_d)
+            w.add_value_length(cfg["v_head_dim"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg.get("n_shared_experts", 0))
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        if cfg.get("norm_topk_prob"):
+            w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg["model_type"] == "deepseek_v3"
+                                 else gguf.ExpertGatingFuncType.SOFTMAX)  # the releases' scoring_func
+        w.add_rope_dimension_count(rope_d)
+        if rope.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rope["factor"])
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            if rope.get("mscale_all_dim"):
+                w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
     if hybrid:
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
         w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
@@ -178,14 +295,16 @@ def write(path, arch, cfg, tensors, mode):
 def main():
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     dst.mkdir(parents=True, exist_ok=True)
-    for name in ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
+    for name in sys.argv[3:] or ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2",
+                                   "deepseek_v2_lite", "deepseek_v3"):
         cfg = json.loads((src / name / "config.json").read_text())
         st = src / name / "model.safetensors"
         weights = read_safetensors(st if st.exists() else Path(str(st) + ".xz"))
-        arch, tensors = convert(cfg, weights)
-        for mode in ("f32", "q", "deq"):
+        split = name not in KV_B_WHOLE
+        arch, tensors = convert(cfg, weights, split)
+        for mode in ("f32", "q", "deq") if name.startswith("qwen") else ("f32", "q"):
             out = dst / f"{name}.{mode}.gguf"
-            write(out, arch, cfg, tensors, mode)
+            write(out, arch, cfg, tensors, mode, split)
             print(out, out.stat().st_size)
 
 
