@@ -118,6 +118,25 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
            (long long)dense[0], (long long)dense[0], family);
   };
 
+  // DeepSeek-style MoE (glm4moe, deepseek2): routed and shared experts, the first
+  // leading_dense_block_count layers dense (checked against the routers present), the
+  // routed-weight scale and renormalisation (llama.cpp's defaults when absent: 1, false).
+  auto deepseek_style_moe = [&]() {
+    j["n_routed_experts"] = m.need("expert_count");
+    j["num_experts_per_tok"] = m.need("expert_used_count");
+    j["moe_intermediate_size"] = m.expert_ff(L);
+    j["n_shared_experts"] = m.opt("expert_shared_count").value_or(0);
+    const int64_t first_dense = m.opt("leading_dense_block_count").value_or(0);
+    for (int64_t l = 0; l < L; ++l)
+      if ((l < first_dense) == m.has_tensor(l, "ffn_gate_inp.weight"))
+        fail("%s: layer %lld %s a router but leading_dense_block_count is %lld", label.c_str(), (long long)l,
+             l < first_dense ? "has" : "lacks", (long long)first_dense);
+    j["first_k_dense_replace"] = first_dense;
+    const double scale = m.optf("expert_weights_scale").value_or(1.0);
+    j["routed_scaling_factor"] = scale == 0.0 ? 1.0 : scale;
+    j["norm_topk_prob"] = m.optb("expert_weights_norm").value_or(false);
+  };
+
   switch (a.family) {
     case GgufFamily::kQwen3Moe:
     case GgufFamily::kQwen3Next:
@@ -150,19 +169,7 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
     }
     case GgufFamily::kGlm4Moe: {
       m.require_gating(2, "GLM-4.5 (sigmoid)");
-      j["n_routed_experts"] = m.need("expert_count");
-      j["num_experts_per_tok"] = m.need("expert_used_count");
-      j["moe_intermediate_size"] = m.expert_ff(L);
-      j["n_shared_experts"] = m.opt("expert_shared_count").value_or(0);
-      const int64_t first_dense = m.opt("leading_dense_block_count").value_or(0);
-      for (int64_t l = 0; l < L; ++l)
-        if ((l < first_dense) == m.has_tensor(l, "ffn_gate_inp.weight"))
-          fail("%s: layer %lld %s a router but leading_dense_block_count is %lld", label.c_str(), (long long)l,
-               l < first_dense ? "has" : "lacks", (long long)first_dense);
-      j["first_k_dense_replace"] = first_dense;
-      const double scale = m.optf("expert_weights_scale").value_or(1.0);
-      j["routed_scaling_factor"] = scale == 0.0 ? 1.0 : scale;
-      j["norm_topk_prob"] = m.optb("expert_weights_norm").value_or(false);  // llama.cpp's default when absent
+      deepseek_style_moe();
       j["n_group"] = m.opt("expert_group_count").value_or(1);
       j["topk_group"] = m.opt("expert_group_used_count").value_or(1);
       j["attention_bias"] = m.has_tensor(0, "attn_q.bias");
@@ -191,19 +198,7 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
         fail("%s: '%sexpert_gating_func' %lld is neither softmax (1) nor sigmoid (2)", label.c_str(), p.c_str(), (long long)gating);
       const bool v3 = gating == 2;
       j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
-      j["n_routed_experts"] = m.need("expert_count");
-      j["num_experts_per_tok"] = m.need("expert_used_count");
-      j["moe_intermediate_size"] = m.expert_ff(L);
-      j["n_shared_experts"] = m.opt("expert_shared_count").value_or(0);
-      const int64_t first_dense = m.opt("leading_dense_block_count").value_or(0);
-      for (int64_t l = 0; l < L; ++l)
-        if ((l < first_dense) == m.has_tensor(l, "ffn_gate_inp.weight"))
-          fail("%s: layer %lld %s a router but leading_dense_block_count is %lld", label.c_str(), (long long)l,
-               l < first_dense ? "has" : "lacks", (long long)first_dense);
-      j["first_k_dense_replace"] = first_dense;
-      const double scale = m.optf("expert_weights_scale").value_or(1.0);
-      j["routed_scaling_factor"] = scale == 0.0 ? 1.0 : scale;
-      j["norm_topk_prob"] = m.optb("expert_weights_norm").value_or(false);
+      deepseek_style_moe();
       const int64_t groups = m.opt("expert_group_count").value_or(1);
       j["n_group"] = groups;
       j["topk_group"] = m.opt("expert_group_used_count").value_or(groups);
