@@ -408,6 +408,21 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       log_info("routed experts (%s) stay in host memory: dense %s + KV/state %s + workspace %s + experts exceed the VRAM budget %s%s",
                format_bytes(experts).c_str(), format_bytes(g.dense).c_str(), format_bytes(g.state).c_str(),
                format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), stream ? " (or --stream was given)" : "");
+      // The VRAM tier: what the budget has left holds expert slots (LRU) in front of the host
+      // provider (the mapping, or the streaming cache: RAM tier, then disk).
+      const uint64_t left = l.vram_budget - cuda->uploaded_bytes() - g.state - g.workspace;
+      const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
+      std::vector<bool> moe_layers(spec.n_layers);
+      for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+      try {
+        auto slots = std::make_shared<models::DeviceExpertCache>(l.model->shared_expert_provider(), *backend, moe_layers,
+                                                                 spec.moe.n_experts, left, one_token);
+        log_info("%s", slots->describe().c_str());
+        l.expert_slots = slots;
+        l.model->set_expert_provider(slots);
+      } catch (const Error& e) {
+        log_info("no VRAM expert slots (%s): each routed expert is copied to the GPU when used", e.what());
+      }
     }
     l.vram_used = cuda->uploaded_bytes();
     log_info("device %s (%s): %s uploaded of a %s VRAM budget", l.device.c_str(), l.device_name.c_str(),

@@ -9,6 +9,7 @@
 
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
+#include "models/device_experts.h"
 #include "models/model.h"
 #include "plan/budget.h"
 #include <nlohmann/json.hpp>
@@ -72,6 +73,7 @@ struct LoadedModel {
   std::string device = "cpu";     // where the model runs: "cpu" or "cuda:N"
   std::string device_name;        // the GPU's name ("" on the CPU)
   bool experts_on_device = false; // routed experts resident in VRAM (else read from host memory or disk per use)
+  std::shared_ptr<models::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
   uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
 };

@@ -53,6 +53,7 @@ class DecoderModel : public Model {
   void set_max_active_experts(int k) override;
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
   experts::ExpertProvider& expert_provider() override { return *provider_; }
+  std::shared_ptr<experts::ExpertProvider> shared_expert_provider() override { return provider_; }
   void reserve_workspace(int64_t max_tokens, int max_seqs = 1) override;
   uint64_t workspace_capacity() const override { return ws_.capacity(); }
   ops::Backend& backend() override { return *be_; }

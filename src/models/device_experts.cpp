@@ -1,5 +1,7 @@
 #include "models/device_experts.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "ops/quant_matmul.h"
@@ -50,6 +52,118 @@ void DeviceExperts::acquire(int layer, std::span<const int> ids, std::span<exper
 
 std::string DeviceExperts::describe() const {
   return strfmt("experts resident on %s: %s", device_, format_bytes(bytes_).c_str());
+}
+
+DeviceExpertCache::DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> source, ops::Backend& be,
+                                     const std::vector<bool>& moe_layers, int n_experts, uint64_t budget_bytes, int min_slots)
+    : source_(std::move(source)), be_(be), n_experts_(n_experts) {
+  if (!source_) fail("device expert cache: no source provider");
+  where_.resize(moe_layers.size());
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    if (!moe_layers[l]) continue;
+    where_[l].assign(static_cast<size_t>(n_experts), -1);
+    const int e = 0;
+    experts::ExpertWeights w;
+    source_->acquire(static_cast<int>(l), std::span<const int>(&e, 1), std::span<experts::ExpertWeights>(&w, 1));
+    slot_bytes_ = std::max(slot_bytes_, ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down));
+    source_->release(static_cast<int>(l));
+  }
+  if (slot_bytes_ == 0) fail("device expert cache: the model has no routed experts");
+  const uint64_t n = budget_bytes / slot_bytes_;
+  if (n < static_cast<uint64_t>(std::max(min_slots, 1)))
+    fail("device expert cache: a budget of %s holds %llu experts of %s; one token needs %d", format_bytes(budget_bytes).c_str(),
+         (unsigned long long)n, format_bytes(slot_bytes_).c_str(), min_slots);
+  const uint64_t all = static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true)) * static_cast<uint64_t>(n_experts);
+  slots_.resize(static_cast<size_t>(std::min(n, all)));
+  for (Slot& s : slots_) s.mem = static_cast<char*>(be_.alloc_weight_slot(slot_bytes_));
+}
+
+void DeviceExpertCache::prepare(int layer, std::span<const int> ids) {
+  std::vector<int> missing;
+  for (int id : ids)
+    if (layer >= 0 && static_cast<size_t>(layer) < where_.size() && id >= 0 && static_cast<size_t>(id) < where_[layer].size() &&
+        where_[layer][static_cast<size_t>(id)] < 0)
+      missing.push_back(id);
+  if (!missing.empty()) source_->prepare(layer, missing);
+}
+
+void DeviceExpertCache::unprepare(int layer, std::span<const int> ids) {
+  std::vector<int> missing;
+  for (int id : ids)
+    if (layer >= 0 && static_cast<size_t>(layer) < where_.size() && id >= 0 && static_cast<size_t>(id) < where_[layer].size() &&
+        where_[layer][static_cast<size_t>(id)] < 0)
+      missing.push_back(id);
+  if (!missing.empty()) source_->unprepare(layer, missing);
+}
+
+void DeviceExpertCache::acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) {
+  if (layer < 0 || static_cast<size_t>(layer) >= where_.size() || where_[layer].empty())
+    fail("device expert cache: layer %d has no routed experts", layer);
+  if (ids.size() > slots_.size())
+    fail("device expert cache: %zu experts acquired at once, more than its %zu slots", ids.size(), slots_.size());
+  std::vector<int>& where = where_[layer];
+  // Hits first: they are marked in use so that the misses' evictions cannot take them.
+  std::vector<size_t> miss;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= n_experts_) fail("device expert cache: expert %d of layer %d does not exist", ids[i], layer);
+    const int s = where[static_cast<size_t>(ids[i])];
+    if (s >= 0) {
+      slots_[s].in_use = true;
+      slots_[s].used = ++clock_;
+      out[i] = slots_[s].views;
+      ++stats_.hits;
+    } else {
+      miss.push_back(i);
+    }
+  }
+  if (miss.empty()) return;
+  std::vector<int> missing;
+  for (size_t i : miss) missing.push_back(ids[i]);
+  std::vector<experts::ExpertWeights> host(missing.size());
+  source_->acquire(layer, missing, host);
+  try {
+    for (size_t m = 0; m < miss.size(); ++m) {
+      // The least recently used slot not handed out (empty slots have used == 0).
+      size_t best = slots_.size();
+      for (size_t s = 0; s < slots_.size(); ++s)
+        if (!slots_[s].in_use && (best == slots_.size() || slots_[s].used < slots_[best].used)) best = s;
+      if (best == slots_.size()) fail("device expert cache: every slot is in use");
+      Slot& s = slots_[best];
+      if (s.layer >= 0) where_[s.layer][static_cast<size_t>(s.expert)] = -1;
+      const experts::ExpertWeights& h = host[m];
+      char* at = s.mem;
+      s.views = h;
+      s.views.gate = be_.copy_weight_into(h.gate, at);
+      at += ops::packed_weight_bytes(h.gate);
+      if (!h.up.empty()) {
+        s.views.up = be_.copy_weight_into(h.up, at);
+        at += ops::packed_weight_bytes(h.up);
+      }
+      s.views.down = be_.copy_weight_into(h.down, at);
+      stats_.bytes_copied += ops::packed_weight_bytes(h.gate) + ops::packed_weight_bytes(h.up) + ops::packed_weight_bytes(h.down);
+      s.layer = layer;
+      s.expert = missing[m];
+      s.used = ++clock_;
+      s.in_use = true;
+      where[static_cast<size_t>(missing[m])] = static_cast<int>(best);
+      out[miss[m]] = s.views;
+      ++stats_.misses;
+    }
+  } catch (...) {
+    source_->release(layer);
+    throw;
+  }
+  source_->release(layer);  // the slots hold copies (a GPU backend has staged the bytes)
+}
+
+void DeviceExpertCache::release(int layer) {
+  for (Slot& s : slots_)
+    if (s.layer == layer) s.in_use = false;
+}
+
+std::string DeviceExpertCache::describe() const {
+  return strfmt("expert slots on %s: %zu of %s (%s) in front of %s", ops::device_name(be_.device()), slots_.size(),
+                format_bytes(slot_bytes_).c_str(), format_bytes(slot_bytes_ * slots_.size()).c_str(), source_->describe().c_str());
 }
 
 }  // namespace spool::models

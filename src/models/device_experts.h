@@ -3,9 +3,11 @@
 // and copied with Backend::upload; acquire() then hands out the device views, so decode reads
 // expert weights from VRAM and nothing crosses the host link per token. The engine chooses it
 // when dense weights + KV + workspace + experts fit --vram-budget-gb (engine/loader.cpp); when
-// they do not, the host provider stays and the backend copies each routed expert per call.
+// they do not, DeviceExpertCache keeps as many as the budget holds in VRAM slots (LRU) in front
+// of the host provider.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +33,56 @@ class DeviceExperts final : public experts::ExpertProvider {
   std::vector<std::vector<experts::ExpertWeights>> experts_;  // [layer][expert], device views
   uint64_t bytes_ = 0;
   const char* device_ = "";
+};
+
+/// The VRAM tier of a GPU run whose routed experts do not all fit: a fixed number of expert slots
+/// in the backend's memory (Backend::alloc_weight_slot), filled from a host provider (the
+/// resident mapping, or the streaming cache with its own RAM tier and disk behind it) and kept in
+/// least-recently-used order by (layer, expert). acquire() hands out slot views: a hit costs
+/// nothing on the host link, a miss copies the expert into the least recently used slot not in
+/// use (Backend::copy_weight_into). Slots handed out by acquire(layer) stay in use until
+/// release(layer); max_batch() is the number of slots, so the MoE block splits larger sets.
+/// The bytes are the same as the host provider's, so the logits are bit-identical to it.
+class DeviceExpertCache final : public experts::ExpertProvider {
+ public:
+  /// Per-tier counts since construction.
+  struct Stats {
+    uint64_t hits = 0, misses = 0;  // experts acquired from a slot / copied into one
+    uint64_t bytes_copied = 0;      // host -> slot bytes (packed sizes)
+  };
+  /// `budget_bytes` of slots on `be` (which must outlive this provider), each sized for the
+  /// largest expert of the MoE layers (moe_layers[l]), measured by acquiring expert 0 of each
+  /// from `source`. Throws spool::Error when the budget holds fewer than `min_slots` experts
+  /// (the experts one token routes to) or the memory cannot be had.
+  DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> source, ops::Backend& be, const std::vector<bool>& moe_layers,
+                    int n_experts, uint64_t budget_bytes, int min_slots);
+  void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;
+  /// Forwards the experts not in a slot to the source (a streaming source starts their reads).
+  void prepare(int layer, std::span<const int> ids) override;
+  void unprepare(int layer, std::span<const int> ids) override;
+  void release(int layer) override;
+  std::string describe() const override;
+  int max_batch() const override { return std::min(static_cast<int>(slots_.size()), source_->max_batch()); }
+  /// Number of slots and the bytes of one.
+  size_t slots() const { return slots_.size(); }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Slot {
+    int layer = -1, expert = -1;  // what it holds (-1: empty)
+    uint64_t used = 0;            // LRU clock of its last acquire
+    bool in_use = false;          // handed out by acquire(layer) and not released yet
+    char* mem = nullptr;          // slot_bytes_ of backend memory: gate | up | down
+    experts::ExpertWeights views; // views into mem
+  };
+  std::shared_ptr<experts::ExpertProvider> source_;
+  ops::Backend& be_;
+  int n_experts_ = 0;
+  uint64_t slot_bytes_ = 0, clock_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<int>> where_;  // [layer][expert] -> slot index or -1
+  Stats stats_;
 };
 
 /// Bytes a WeightView's data occupies (float rows, or codes + scales + codebook + signs).

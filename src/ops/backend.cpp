@@ -1,11 +1,78 @@
 #include "ops/backend.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/error.h"
 #include "ops/mla.h"
 
 namespace spool::ops {
 
 const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+namespace {
+
+constexpr uint64_t kPackAlign = 256;
+uint64_t pack_round(uint64_t n) { return (n + kPackAlign - 1) / kPackAlign * kPackAlign; }
+
+// The parts of w as (source, bytes), in packing order; each setter re-points one part of a view.
+struct PackPart {
+  const void* src;
+  uint64_t bytes;
+  void (*set)(WeightView&, const void*);
+};
+
+std::vector<PackPart> pack_parts(const WeightView& w) {
+  std::vector<PackPart> parts;
+  if (w.type == WType::kMxfp4) {
+    parts.push_back({w.data, static_cast<uint64_t>(w.rows * (w.cols / 2)), [](WeightView& v, const void* p) { v.data = p; }});
+    parts.push_back({w.mx_scales, static_cast<uint64_t>(w.rows * (w.cols / 32)),
+                     [](WeightView& v, const void* p) { v.mx_scales = static_cast<const uint8_t*>(p); }});
+  } else if (w.type == WType::kQuant) {
+    const QuantView& q = w.quant;
+    parts.push_back({q.qweight, static_cast<uint64_t>(q.rows * q.row_bytes()),
+                     [](WeightView& v, const void* p) { v.quant.qweight = static_cast<const uint8_t*>(p); }});
+    parts.push_back({q.scales, static_cast<uint64_t>(q.rows * q.groups_per_row()) * 2,
+                     [](WeightView& v, const void* p) { v.quant.scales = static_cast<const uint16_t*>(p); }});
+    parts.push_back({q.codebook, static_cast<uint64_t>(qtype_levels(q.type)) * 4,
+                     [](WeightView& v, const void* p) { v.quant.codebook = static_cast<const float*>(p); }});
+    if (q.signs)
+      parts.push_back({q.signs, static_cast<uint64_t>(q.cols), [](WeightView& v, const void* p) { v.quant.signs = static_cast<const int8_t*>(p); }});
+  } else {
+    parts.push_back({w.data, w.nbytes(), [](WeightView& v, const void* p) { v.data = p; }});
+  }
+  return parts;
+}
+
+}  // namespace
+
+uint64_t packed_weight_bytes(const WeightView& w) {
+  uint64_t n = 0;
+  for (const PackPart& p : pack_parts(w)) n += pack_round(p.bytes);
+  return n;
+}
+
+WeightView pack_weight(const WeightView& w, void* dst, Device device,
+                       const std::function<void(void* to, const void* from, size_t bytes)>& copy) {
+  WeightView d = w;
+  d.device = device;
+  char* at = static_cast<char*>(dst);
+  for (const PackPart& p : pack_parts(w)) {
+    copy(at, p.src, static_cast<size_t>(p.bytes));
+    p.set(d, at);
+    at += pack_round(p.bytes);
+  }
+  return d;
+}
+
+void* Backend::alloc_weight_slot(uint64_t bytes) {
+  host_slots_.push_back(std::make_unique<uint64_t[]>((std::max<uint64_t>(bytes, 1) + 7) / 8));
+  return host_slots_.back().get();
+}
+
+WeightView Backend::copy_weight_into(const WeightView& w, void* slot) {
+  return pack_weight(w, slot, device(), [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
+}
 
 ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts) {
   ExpertGroups g;

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -68,6 +70,14 @@ ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts);
 
 /// Name of a device ("cpu", "cuda").
 const char* device_name(Device d);
+
+/// Bytes a packed copy of `w` takes (pack_weight): each part (float rows; MXFP4 blocks, scales;
+/// quantized codes, scales, codebook, signs; ggml blocks) rounded up to 256 bytes.
+uint64_t packed_weight_bytes(const WeightView& w);
+/// Copies the parts of `w` to `dst` (packed_weight_bytes(w) bytes; 256-byte aligned parts) with
+/// copy(to, from, bytes) per part and returns the view of the copy, marked as living on `device`.
+WeightView pack_weight(const WeightView& w, void* dst, Device device,
+                       const std::function<void(void* to, const void* from, size_t bytes)>& copy);
 
 class Backend {
  public:
@@ -191,6 +201,20 @@ class Backend {
   virtual void row_to_f32(WType t, const void* src, int64_t n, float* dst) = 0;
   /// Copies n floats of device memory to host memory (the sampler's input).
   virtual void to_host(const float* src, int64_t n, float* dst) = 0;
+
+  // ---- Weight slots (models::DeviceExpertCache) ----------------------------------------------
+  /// Memory for one weight slot of `bytes` where this backend's kernels read weights fastest
+  /// (device memory on a GPU backend, host memory on host backends), owned by the backend until
+  /// it is destroyed. Throws spool::Error when it cannot be had.
+  virtual void* alloc_weight_slot(uint64_t bytes);
+  /// Copies host weight `w` into `slot` (alloc_weight_slot memory of at least
+  /// packed_weight_bytes(w) bytes) and returns the view of the copy. The copy is ordered before
+  /// the backend's later work and after its earlier work (a GPU backend issues it on its
+  /// stream), so a slot may be refilled once the ops that read its previous contents were issued.
+  virtual WeightView copy_weight_into(const WeightView& w, void* slot);
+
+ private:
+  std::vector<std::unique_ptr<uint64_t[]>> host_slots_;  // alloc_weight_slot on host backends
 };
 
 }  // namespace spool::ops

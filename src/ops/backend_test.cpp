@@ -1409,11 +1409,30 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   so.cache_budget_bytes = 2 * (dev->bytes() / (static_cast<uint64_t>(s.n_layers) * s.moe.n_experts)) * s.moe.top_k;
   so.workers = 2;
   so.top_k = s.moe.top_k;
-  m->set_expert_provider(std::make_shared<experts::StreamingExperts>(ckpt, moe, s.moe.n_experts, s.hidden_size, s.moe.intermediate, so));
+  auto streaming = std::make_shared<experts::StreamingExperts>(ckpt, moe, s.moe.n_experts, s.hidden_size, s.moe.intermediate, so);
+  m->set_expert_provider(streaming);
   const std::vector<float> streamed = greedy_logits(*m, ids, 8);
   ASSERT_EQ(vram.size(), host.size());
   EXPECT_EQ(std::memcmp(vram.data(), host.data(), vram.size() * 4), 0) << "VRAM-resident vs host-mapped experts";
   EXPECT_EQ(std::memcmp(vram.data(), streamed.data(), vram.size() * 4), 0) << "VRAM-resident vs streamed experts";
+  // The three tiers: VRAM expert slots (models::DeviceExpertCache) of two sizes in front of the
+  // host mapping and in front of the streaming cache (RAM tier, then disk).
+  m->set_expert_provider(nullptr);
+  auto mapping = m->shared_expert_provider();
+  for (const bool over_streaming : {false, true})
+    for (const int slots : {s.moe.top_k, 4 * s.moe.top_k}) {
+      SCOPED_TRACE(std::string(over_streaming ? "slots over streaming, " : "slots over the mapping, ") + std::to_string(slots));
+      std::shared_ptr<experts::ExpertProvider> src = over_streaming ? std::shared_ptr<experts::ExpertProvider>(streaming) : mapping;
+      models::DeviceExpertCache probe(src, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
+      const uint64_t before_slots = be->slot_copied_bytes();
+      auto cache = std::make_shared<models::DeviceExpertCache>(src, *be, moe, s.moe.n_experts, probe.slot_bytes() * slots, s.moe.top_k);
+      m->set_expert_provider(cache);
+      const std::vector<float> tiered = greedy_logits(*m, ids, 8);
+      m->set_expert_provider(nullptr);
+      EXPECT_EQ(std::memcmp(vram.data(), tiered.data(), vram.size() * 4), 0) << "VRAM-resident vs VRAM slots";
+      EXPECT_GT(cache->stats().hits, 0u);
+      EXPECT_GT(be->slot_copied_bytes(), before_slots);  // the misses were copied into VRAM slots
+    }
 }
 
 // The Gated DeltaNet states live on the GPU (State::place); snapshot / restore / serialize /

@@ -246,6 +246,7 @@ class NanModel : public models::Model {
   void set_max_active_experts(int k) override { base_.set_max_active_experts(k); }
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> p) override { base_.set_expert_provider(std::move(p)); }
   experts::ExpertProvider& expert_provider() override { return base_.expert_provider(); }
+  std::shared_ptr<experts::ExpertProvider> shared_expert_provider() override { return base_.shared_expert_provider(); }
   void reserve_workspace(int64_t t, int s) override { base_.reserve_workspace(t, s); }
   uint64_t workspace_capacity() const override { return base_.workspace_capacity(); }
   ops::Backend& backend() override { return base_.backend(); }

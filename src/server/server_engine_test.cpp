@@ -399,6 +399,7 @@ class ScriptModel : public models::Model {
   void set_max_active_experts(int) override {}
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider>) override {}
   experts::ExpertProvider& expert_provider() override { return base_.expert_provider(); }
+  std::shared_ptr<experts::ExpertProvider> shared_expert_provider() override { return base_.shared_expert_provider(); }
   void forward_batch(std::span<const models::SeqStep> seqs) override {
     for (const models::SeqStep& q : seqs) forward(q.ids, *q.state, q.mode, q.logits);
   }

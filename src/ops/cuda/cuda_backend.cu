@@ -733,49 +733,11 @@ __global__ void k_row_to_f32(int type, const void* src, int64_t n, float* dst) {
 }
 
 // Bytes of the device copy of w: float data, or codes | scales | codebook | signs (each aligned).
-size_t weight_bytes(const WeightView& w) {
-  if (w.type == WType::kMxfp4)
-    return round_up(static_cast<size_t>(w.rows * (w.cols / 2))) + round_up(static_cast<size_t>(w.rows * (w.cols / 32)));
-  if (w.type != WType::kQuant) return round_up(static_cast<size_t>(w.rows * w.cols) * wtype_size(w.type));
-  const QuantView& q = w.quant;
-  size_t n = round_up(static_cast<size_t>(q.rows * q.row_bytes()));
-  n += round_up(static_cast<size_t>(q.rows * q.groups_per_row()) * 2);
-  n += round_up(static_cast<size_t>(qtype_levels(q.type)) * 4);
-  if (q.signs) n += round_up(static_cast<size_t>(q.cols));
-  return n;
-}
+size_t weight_bytes(const WeightView& w) { return static_cast<size_t>(packed_weight_bytes(w)); }
 
 // Copies host weight w into device memory at dst (weight_bytes(w) bytes) on stream s.
 WeightView copy_weight(const WeightView& w, void* dst, cudaStream_t s) {
-  WeightView d = w;
-  d.device = Device::kCuda;
-  char* p = static_cast<char*>(dst);
-  if (w.type == WType::kMxfp4) {  // blocks | scales
-    const size_t nb = static_cast<size_t>(w.rows * (w.cols / 2)), ns = static_cast<size_t>(w.rows * (w.cols / 32));
-    CU(cudaMemcpyAsync(p, w.data, nb, cudaMemcpyDefault, s));
-    CU(cudaMemcpyAsync(p + round_up(nb), w.mx_scales, ns, cudaMemcpyDefault, s));
-    d.data = p;
-    d.mx_scales = reinterpret_cast<const uint8_t*>(p + round_up(nb));
-    return d;
-  }
-  if (w.type != WType::kQuant) {
-    const size_t n = static_cast<size_t>(w.rows * w.cols) * wtype_size(w.type);
-    CU(cudaMemcpyAsync(p, w.data, n, cudaMemcpyDefault, s));
-    d.data = p;
-    return d;
-  }
-  const QuantView& q = w.quant;
-  auto put = [&](const void* src, size_t n) {
-    CU(cudaMemcpyAsync(p, src, n, cudaMemcpyDefault, s));
-    void* at = p;
-    p += round_up(n);
-    return at;
-  };
-  d.quant.qweight = static_cast<const uint8_t*>(put(q.qweight, static_cast<size_t>(q.rows * q.row_bytes())));
-  d.quant.scales = static_cast<const uint16_t*>(put(q.scales, static_cast<size_t>(q.rows * q.groups_per_row()) * 2));
-  d.quant.codebook = static_cast<const float*>(put(q.codebook, static_cast<size_t>(qtype_levels(q.type)) * 4));
-  if (q.signs) d.quant.signs = static_cast<const int8_t*>(put(q.signs, static_cast<size_t>(q.cols)));
-  return d;
+  return pack_weight(w, dst, Device::kCuda, [s](void* to, const void* from, size_t n) { CU(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, s)); });
 }
 
 struct KvMirror {
@@ -881,7 +843,7 @@ struct CudaBackend::Impl {
   cublasHandle_t blas = nullptr;
   std::unique_ptr<Arena> arena;
   std::vector<void*> uploads;
-  uint64_t uploaded = 0, staged = 0;
+  uint64_t uploaded = 0, staged = 0, slot_copied = 0;
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
   bool sync_each = false;  // SPOOL_CUDA_SYNC=1: synchronize after every op (debugging)
@@ -1145,6 +1107,25 @@ WeightView CudaBackend::upload(const WeightView& w) {
   CU(cudaStreamSynchronize(impl_->stream));  // the host view may be unmapped after return
   return d;
 }
+
+void* CudaBackend::alloc_weight_slot(uint64_t bytes) {
+  void* p = dev_alloc(static_cast<size_t>(bytes));
+  if (p == nullptr) fail("cuda: cannot allocate %llu bytes of device memory for a weight slot", (unsigned long long)bytes);
+  impl_->uploads.push_back(p);
+  impl_->uploaded += bytes;  // VRAM held (the budget counts it like uploads)
+  return p;
+}
+
+WeightView CudaBackend::copy_weight_into(const WeightView& w, void* slot) {
+  check_supported(w);
+  if (w.type == WType::kQuant) validate(w.quant);
+  impl_->slot_copied += weight_bytes(w);
+  // A copy from pageable host memory returns once the bytes are staged, so the source may be
+  // released right after; the stream orders it after the kernels that read the slot before.
+  return copy_weight(w, slot, impl_->stream);
+}
+
+uint64_t CudaBackend::slot_copied_bytes() const { return impl_->slot_copied; }
 
 // ---- Matrix products ------------------------------------------------------------------------------
 

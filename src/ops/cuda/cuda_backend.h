@@ -84,6 +84,8 @@ class CudaBackend final : public Backend {
   /// Device copy of `w` (float or quantized), owned by this backend; a device view is returned
   /// as it is.
   WeightView upload(const WeightView& w) override;
+  void* alloc_weight_slot(uint64_t bytes) override;
+  WeightView copy_weight_into(const WeightView& w, void* slot) override;
   /// Device copy of v, owned by this backend.
   const float* upload_floats(std::span<const float> v) override;
 
@@ -118,6 +120,8 @@ class CudaBackend final : public Backend {
   /// Bytes copied between host and device for host-resident activations, states and weights
   /// (the slow paths above; 0 when everything lives on the device).
   uint64_t staged_bytes() const;
+  /// Bytes copied host -> device into weight slots (copy_weight_into) so far.
+  uint64_t slot_copied_bytes() const;
   /// Bytes of device memory held by upload() copies.
   uint64_t uploaded_bytes() const;
 
