@@ -92,10 +92,13 @@ StateBytes state_bytes(const models::ModelSpec& s, const KvCapacity& capacity, i
       const int64_t prev = cap / 2 / 256 * 256;
       b.kv += per * static_cast<uint64_t>(cap);
       b.kv_per_token += per;
+      b.snapshot += per * static_cast<uint64_t>(std::max<int64_t>(models::State::kv_window(s, i) - 1, 0));
       b.grow_transient = std::max(b.grow_transient, per * static_cast<uint64_t>(prev));
     } else {
       const auto& g = s.gdn;
-      b.recurrent += (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * kF;
+      const uint64_t r = (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * kF;
+      b.recurrent += r;
+      b.snapshot += r;
     }
   }
   return b;

@@ -60,6 +60,7 @@ struct StateBytes {
   uint64_t kv_per_token = 0;   // bytes per position over all attention layers
   uint64_t recurrent = 0;      // Gated DeltaNet conv + recurrent state
   uint64_t grow_transient = 0; // one layer's old buffers alive while it grows
+  uint64_t snapshot = 0;       // a KV-less models::StateSnapshot: recurrent + each sliding-window layer's window - 1 rows
 };
 StateBytes state_bytes(const models::ModelSpec& spec, const KvCapacity& capacity, int kv_bits);
 

@@ -90,6 +90,9 @@ TEST(Footprint, WindowedLayersFollowTheirBoundedCache) {
       const StateBytes b = state_bytes(spec, cap, bits);
       EXPECT_EQ(st.bytes(), b.kv + b.recurrent) << bits;
       EXPECT_EQ(b.kv, b.kv_per_token / 4 * static_cast<uint64_t>(2 * cap.full + 2 * cap.windowed));
+      // A KV-less snapshot (serve's prompt-cache checkpoints): the two windowed layers' W - 1 rows.
+      if (c.total >= 7) EXPECT_EQ(st.snapshot().bytes(), b.snapshot);
+      EXPECT_EQ(b.snapshot, b.kv_per_token / 4 * 2 * 7);
     }
   }
 }
