@@ -14,6 +14,7 @@
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
 #include "engine/loader.h"
+#include "models/state.h"
 #include "models/synth.h"
 #include "plan/gpu.h"
 #include "plan/probe.h"
@@ -72,8 +73,15 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
     std::printf("  routed experts     %12s   resident\n", gib(w.experts).c_str());
   const uint64_t seqs = static_cast<uint64_t>(std::max(p.shape.parallel, 1));
   const std::string times = seqs > 1 ? strfmt(" x %d sequences", p.shape.parallel) : "";
-  std::printf("  KV cache           %12s   %s/token over %d of %d layers, %lld positions allocated%s\n", gib(seqs * p.state.kv).c_str(),
-              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers, (long long)p.kv_capacity, times.c_str());
+  int n_windowed = 0;
+  for (int i = 0; i < s.n_layers; ++i) n_windowed += models::State::kv_window(s, i) > 0;
+  const std::string held = n_windowed == 0 ? strfmt("%lld positions allocated", (long long)p.kv_capacity)
+                           : n_windowed == n_attn
+                               ? strfmt("%lld positions allocated (sliding window)", (long long)p.kv_capacity_windowed)
+                               : strfmt("%lld positions allocated, %lld in the %d sliding-window layers", (long long)p.kv_capacity,
+                                        (long long)p.kv_capacity_windowed, n_windowed);
+  std::printf("  KV cache           %12s   %s/token over %d of %d layers, %s%s\n", gib(seqs * p.state.kv).c_str(),
+              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers, held.c_str(), times.c_str());
   if (p.state.recurrent)
     std::printf("  recurrent state    %12s   Gated DeltaNet conv + state per sequence%s\n", gib(seqs * p.state.recurrent).c_str(), times.c_str());
   std::printf("  prefill workspace  %12s   activations of %lld-token steps, logits, sampler%s\n", gib(p.base.workspace).c_str(),
@@ -170,6 +178,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                      {"expert_slot", p.slot_bytes},
                      {"kv", p.state.kv},
                      {"kv_positions", p.kv_capacity},
+                     {"kv_positions_windowed", p.kv_capacity_windowed},
                      {"recurrent_state", p.state.recurrent},
                      {"kv_grow_transient", p.state.grow_transient},
                      {"workspace", p.base.workspace},

@@ -93,7 +93,7 @@ GpuInfo gpu_info(int index) {
 }
 
 uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
-  const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacity(ctx, ctx, 512), kv_bits);
+  const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacities(s, ctx, ctx, 512), kv_bits);
   return b.kv + b.recurrent;
 }
 
@@ -324,7 +324,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (const io::GgufFile* g = l.ckpt->gguf()) shape.tokenizer_json_bytes = plan::gguf_tokenizer_json_bytes(*g);  // as `spool plan`
   plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
   if (opt.state_copies < 0) throw UsageError(strfmt("state copies must be >= 0 (got %lld)", (long long)opt.state_copies));
-  base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, 0, opt.kv_bits).recurrent;
+  base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, plan::KvCapacity{}, opt.kv_bits).snapshot;
   const uint64_t reserve = plan::reserve_bytes(available);
   l.memory.available = available;
   l.memory.source = cg.version != 0 && cg.available() <= available ? cg.describe() : "MemAvailable";

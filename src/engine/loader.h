@@ -39,8 +39,9 @@ struct LoadOptions {
   int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
   int parallel = 1;                    // --parallel: sequences run together (serve's slots): KV/state per sequence and
                                        // the workspace of a step of prefill_step + parallel - 1 rows are kept out of the budget
-  int64_t state_copies = 0;            // extra copies of the recurrent (GDN) state the caller keeps, e.g. serve's
-                                       // prompt-cache checkpoints (bytes kept out of the cache budget)
+  int64_t state_copies = 0;            // KV-less state snapshots the caller keeps (recurrent GDN state and the
+                                       // sliding-window layers' rows), e.g. serve's prompt-cache checkpoints (bytes kept
+                                       // out of the cache budget)
   std::optional<uint64_t> available;   // bytes of memory available, measured by the caller before it read anything
                                        // of the model (available_memory_bytes()); nullopt = measured when load() starts
   std::optional<uint64_t> start_rss;   // resident bytes of the process measured by the caller at the same point

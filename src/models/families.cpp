@@ -42,7 +42,7 @@ std::string describe_gqa_moe(const ModelSpec& s) {
   std::string window;
   if (s.attn.sliding_window > 0)
     window = strfmt(", sliding window of %lld positions%s", (long long)s.attn.sliding_window,
-                    s.attn.window_bounds_kv ? "" : " (attention masks; the cache keeps every position)");
+                    s.attn.window_bounds_kv ? " (the cache keeps the window only)" : " (attention masks; the cache keeps every position)");
   const int dense = static_cast<int>(std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense));
   return strfmt("GQA: %d KV heads x %d dims per layer%s; %d experts top-%d%s in %d of %d layers", s.attn.n_kv_heads,
                 s.attn.head_dim, window.c_str(), s.moe.n_experts, s.moe.top_k, s.moe.shared_intermediate > 0 ? " + shared" : "",

@@ -5,8 +5,8 @@
 //    (truncate: false keeps the ramp bounds fractional) and the attention factor on cos/sin,
 //    per-head learned sink logits in the softmax denominator (GptOssAttention eager), a sliding
 //    window (`sliding_window`, HF: key j visible to query i iff i - W < j <= i) on the layers
-//    `layer_types` marks "sliding_attention" (default: even layers). The cache keeps every
-//    position (the window masks; HF's sliding cache keeps W - 1).
+//    `layer_types` marks "sliding_attention" (default: even layers). Those layers' caches
+//    keep only the window's rows (models::State, ops/kv_cache.h; HF's sliding cache keeps W - 1 too).
 //  * MoE: router `mlp.router` with bias; top-k of the logits, softmax over the k; experts with
 //    biases, gate_up interleaved (gate = even rows, up = odd), clamped SwiGLU
 //    (up.clamp(-7, 7) + 1) * g * sigmoid(1.702 g), g = gate.clamp(max = 7).
@@ -82,7 +82,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
     const int64_t w = c.get_int("sliding_window", 128);
     if (w <= 0) fail("%s: field 'sliding_window' must be a positive integer (got %lld)", c.source().c_str(), (long long)w);
     a.sliding_window = w;
-    a.window_bounds_kv = false;  // the cache keeps every position; attention masks
   }
   s.moe.n_experts = experts_count(c);
   read_top_k(c, &s);
@@ -147,8 +146,8 @@ std::vector<Preset> presets() {
 
 std::string describe(const ModelSpec& s) {
   const int windowed = static_cast<int>(std::count(s.attn.window_layers.begin(), s.attn.window_layers.end(), true));
-  return strfmt("GQA with sinks: %d KV heads x %d dims per layer; %d of %d layers with a %lld-token sliding window (attention "
-                "masks; the cache keeps every position); %d experts top-%d in every layer",
+  return strfmt("GQA with sinks: %d KV heads x %d dims per layer; %d of %d layers with a %lld-token sliding window (their "
+                "caches keep the window only); %d experts top-%d in every layer",
                 s.attn.n_kv_heads, s.attn.head_dim, windowed, s.n_layers, (long long)s.attn.sliding_window, s.moe.n_experts,
                 s.moe.top_k);
 }

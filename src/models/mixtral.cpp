@@ -3,8 +3,9 @@
 // always renormalised (HF MixtralSparseMoeBlock / MixtralTopKRouter), SwiGLU experts
 // block_sparse_moe.experts.{e}.{w1 gate, w3 up, w2 down} (io::Checkpoint maps them to
 // mlp.experts.{e}.{gate,up,down}_proj and block_sparse_moe.gate to mlp.gate). `sliding_window`
-// (null for 8x7B v0.1) is honoured: attention sees at most that many positions; the cache
-// keeps every position. Source: HF transformers models/mixtral/modeling_mixtral.py.
+// (null for 8x7B v0.1) is honoured: attention sees at most that many positions, and the cache
+// keeps only the window's rows (models::State, ops/kv_cache.h).
+// Source: HF transformers models/mixtral/modeling_mixtral.py.
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -33,7 +34,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
     const int64_t w = c.get_int("sliding_window");
     if (w <= 0) fail("%s: field 'sliding_window' must be a positive integer or null (got %lld)", c.source().c_str(), (long long)w);
     s.attn.sliding_window = w;
-    s.attn.window_bounds_kv = false;  // the cache keeps every position; attention masks
   }
 }
 

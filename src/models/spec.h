@@ -34,7 +34,10 @@ struct AttentionSpec {
   float softmax_scale = 0.0f;         // 0 = 1/sqrt(head_dim)
   int kv_latent_dim = 0;        // MLA: elements cached per position and layer (kv_lora_rank + qk_rope_head_dim); 0 = K and V heads
   int64_t sliding_window = 0;   // attention sees at most this many positions (0 = the whole context)
-  bool window_bounds_kv = true; // planner: the cache holds at most sliding_window positions (false: spool keeps them all)
+  /// Whether a windowed layer's KV cache is bounded by the window (models::State::kv_window, the
+  /// planner's plan/footprint.cpp): it then holds about sliding_window - 1 + the prefill chunk
+  /// rows (ops::KvCache::window_rows); false: it keeps every position and attention masks.
+  bool window_bounds_kv = true;
   /// Layers the sliding window applies to (HF layer_types "sliding_attention"); empty = every
   /// attention layer when sliding_window > 0.
   std::vector<bool> window_layers;

@@ -11,7 +11,9 @@ namespace spool::models {
 namespace {
 
 constexpr char kImageMagic[4] = {'S', 'P', 'S', 'T'};
-constexpr uint32_t kImageVersion = 1;
+// Version 2: attention layers record their sliding window and a windowed layer stores only the
+// rows its window still needs (version 1 stored every position of every layer).
+constexpr uint32_t kImageVersion = 2;
 constexpr uint32_t kLayerAttention = 1, kLayerGdn = 2;
 
 uint32_t kv_code(ops::KvType t) { return t == ops::KvType::kF32 ? 0 : t == ops::KvType::kF16 ? 1 : 2; }
@@ -56,6 +58,11 @@ State::Identity::Identity() {
   v = next.fetch_add(1, std::memory_order_relaxed);
 }
 
+int64_t State::kv_window(const ModelSpec& spec, int layer) {
+  const bool mla = layer >= 0 && layer < static_cast<int>(spec.mixers.size()) && spec.mixers[layer] == MixerKind::kMLA;
+  return !mla && spec.attn.window_bounds_kv && spec.attn.windowed(layer) ? spec.attn.sliding_window : 0;
+}
+
 State::State(const ModelSpec& spec, ops::KvType kv) {
   attn.resize(spec.n_layers);
   gdn.resize(spec.n_layers);
@@ -66,7 +73,7 @@ State::State(const ModelSpec& spec, ops::KvType kv) {
     if (spec.mixers[i] == MixerKind::kMLA) {  // latent cache: [c | k_pe] per position, keys only
       attn[i].configure(kv, 1, spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim, true);
     } else if (is_attn_[i]) {
-      attn[i].configure(kv, spec.attn.n_kv_heads, spec.attn.head_dim);
+      attn[i].configure(kv, spec.attn.n_kv_heads, spec.attn.head_dim, false, kv_window(spec, i));
     } else {
       gdn[i].conv.assign(static_cast<size_t>(g.conv_dim() * (g.conv_kernel - 1)), 0.0f);
       gdn[i].recurrent.assign(static_cast<size_t>(g.n_v) * g.d_k * g.d_v, 0.0f);
@@ -120,6 +127,8 @@ void State::reserve(int64_t n_positions) {
 void State::reset() {
   pos = 0;
   poisoned = false;
+  for (auto& c : attn)
+    if (c.window() > 0) c.clear();
   for (auto& g : gdn) {
     std::fill(g.conv.begin(), g.conv.end(), 0.0f);
     std::fill(g.recurrent.begin(), g.recurrent.end(), 0.0f);
@@ -137,6 +146,10 @@ uint64_t State::bytes() const {
 
 bool State::has_recurrent() const {
   return std::any_of(gdn.begin(), gdn.end(), [](const GdnState& g) { return !g.recurrent.empty(); });
+}
+
+bool State::has_windowed_kv() const {
+  return std::any_of(attn.begin(), attn.end(), [](const AttnCache& c) { return c.window() > 0; });
 }
 
 void State::record_rewind(int64_t to) {
@@ -165,11 +178,18 @@ void check_fits(const StateSnapshot& s, const std::vector<GdnState>& gdn_live, c
   for (size_t l = 0; l < gdn_live.size(); ++l) {
     if (gdn_snap[l].conv.size() != gdn_live[l].conv.size() || gdn_snap[l].recurrent.size() != gdn_live[l].recurrent.size())
       fail("%s: layer %zu's recurrent state has another size in the snapshot", what, l);
-    if (!s.has_kv()) continue;
-    const ops::KvCache &a = kv_snap[l], &b = attn_live[l];
+    const ops::KvCache& b = attn_live[l];
+    const bool snap_window = l < kv_snap.size() && kv_snap[l].window() > 0;
+    if (b.head_dim() == 0 || (!s.has_kv() && b.window() == 0 && !snap_window)) continue;  // no KV rows in the snapshot
+    if (l >= kv_snap.size()) fail("%s: layer %zu keeps a sliding window of %lld positions, the snapshot has no rows for it", what, l,
+                                  (long long)b.window());
+    const ops::KvCache& a = kv_snap[l];
     if (a.type() != b.type() || a.n_kv_heads() != b.n_kv_heads() || a.head_dim() != b.head_dim())
       fail("%s: layer %zu's KV cache has another type or geometry in the snapshot (%s %d x %d, state %s %d x %d)", what, l,
            kv_name(kv_code(a.type())), a.n_kv_heads(), a.head_dim(), kv_name(kv_code(b.type())), b.n_kv_heads(), b.head_dim());
+    if (a.window() != b.window())
+      fail("%s: layer %zu's KV cache keeps a window of %lld positions in the snapshot, %lld in the state (0: all)", what, l,
+           (long long)a.window(), (long long)b.window());
   }
 }
 
@@ -184,11 +204,13 @@ StateSnapshot State::snapshot(bool with_kv) const {
   s.has_kv_ = with_kv;
   s.gdn_ = gdn;
   pull_gdn(s.gdn_);
-  if (with_kv) {
+  // Windowed layers' rows always (the live ones are overwritten as the window moves on): at
+  // most window - 1 rows each; every attention layer's with_kv.
+  if (with_kv || has_windowed_kv()) {
     s.kv_.resize(attn.size());
     for (size_t l = 0; l < attn.size(); ++l) {
-      if (!is_attn_[l]) continue;
-      s.kv_[l].configure(attn[l].type(), attn[l].n_kv_heads(), attn[l].head_dim(), attn[l].keys_only());
+      if (!is_attn_[l] || (!with_kv && attn[l].window() == 0)) continue;
+      s.kv_[l].configure(attn[l].type(), attn[l].n_kv_heads(), attn[l].head_dim(), attn[l].keys_only(), attn[l].window());
       if (pos > 0) s.kv_[l].copy_prefix(attn[l], pos);
     }
   }
@@ -211,9 +233,11 @@ void State::restore(const StateSnapshot& s) {
     }
     if (!own_and_valid) rewind_to = 0;
     for (size_t l = 0; l < attn.size(); ++l)
-      if (is_attn_[l] && s.pos_ > 0) attn[l].copy_prefix(s.kv_[l], s.pos_);
+      if (is_attn_[l] && (s.pos_ > 0 || attn[l].window() > 0)) attn[l].copy_prefix(s.kv_[l], s.pos_);
   } else {
     check_kv_less(s, "restore");
+    for (size_t l = 0; l < attn.size(); ++l)  // windowed layers: the snapshot's rows
+      if (is_attn_[l] && attn[l].window() > 0) attn[l].copy_prefix(s.kv_[l], s.pos_);
   }
   for (size_t l = 0; l < gdn.size(); ++l) {
     std::copy(s.gdn_[l].conv.begin(), s.gdn_[l].conv.end(), gdn[l].conv.begin());
@@ -234,6 +258,11 @@ void State::truncate(int64_t n) {
     fail("truncate: this model has recurrent (Gated DeltaNet) layers, which cannot be cut back to position %lld; "
          "restore() a snapshot taken there",
          (long long)n);
+  for (size_t l = 0; l < attn.size(); ++l)
+    if (attn[l].window() > 0 && !attn[l].holds(n))
+      fail("truncate: layer %zu keeps a sliding window of %lld positions and no longer holds the rows position %lld needs "
+           "(it holds positions from %lld); restore() a snapshot taken there",
+           l, (long long)attn[l].window(), (long long)n, (long long)attn[l].base());
   pos = n;
   record_rewind(n);
 }
@@ -253,12 +282,13 @@ void State::serialize(const StateSnapshot& at, std::string& out) const {
   put<uint32_t>(out, static_cast<uint32_t>(attn.size()));
   for (size_t l = 0; l < attn.size(); ++l) {
     if (is_attn_[l]) {
-      const ops::KvCache& c = at.has_kv_ ? at.kv_[l] : attn[l];
+      const ops::KvCache& c = at.has_kv_ || attn[l].window() > 0 ? at.kv_[l] : attn[l];
       put<uint32_t>(out, kLayerAttention);
       put<uint32_t>(out, kv_code(c.type()));
       put<uint32_t>(out, static_cast<uint32_t>(c.n_kv_heads()));
       put<uint32_t>(out, static_cast<uint32_t>(c.head_dim()));
-      put<uint64_t>(out, static_cast<uint64_t>(n) * c.bytes_per_position());
+      put<uint64_t>(out, static_cast<uint64_t>(c.window()));
+      put<uint64_t>(out, c.saved_bytes(n));
       c.save_prefix(n, out);
     } else {
       const GdnState& g = at.gdn_[l];
@@ -277,7 +307,9 @@ void State::deserialize(std::string_view data, int64_t n) {
   if (data.size() < 4 || std::memcmp(data.data(), kImageMagic, 4) != 0) fail("not a state image (bad magic)");
   r.off = 4;
   const uint32_t version = r.get<uint32_t>("version");
-  if (version != kImageVersion) fail("state image version %u is not supported (this build reads version %u)", version, kImageVersion);
+  if (version != kImageVersion)
+    fail("state image version %u is not supported (this build reads version %u%s)", version, kImageVersion,
+         version < kImageVersion ? "; the image was written by an older spool and must be recomputed" : "");
   const int64_t got_n = r.get<int64_t>("position count");
   if (got_n != n) fail("state image holds %lld positions, expected %lld", (long long)got_n, (long long)n);
   if (n < 0) fail("state image holds a negative position count (%lld)", (long long)n);
@@ -299,10 +331,14 @@ void State::deserialize(std::string_view data, int64_t n) {
         fail("state image: layer %u holds %s KV entries, this state %s (another --kv-bits)", l, kv_name(type), kv_name(kv_code(c.type())));
       if (heads != static_cast<uint32_t>(c.n_kv_heads()) || hd != static_cast<uint32_t>(c.head_dim()))
         fail("state image: layer %u has %u KV heads x %u dims, this model %d x %d", l, heads, hd, c.n_kv_heads(), c.head_dim());
+      const uint64_t window = r.get<uint64_t>("KV window");
+      if (window != static_cast<uint64_t>(c.window()))
+        fail("state image: layer %u keeps a sliding window of %llu positions, this state %lld (0: every position)", l,
+             (unsigned long long)window, (long long)c.window());
       const uint64_t len = r.get<uint64_t>("KV byte count");
-      const uint64_t want = static_cast<uint64_t>(n) * c.bytes_per_position();
-      if (len != want) fail("state image: layer %u has %llu KV bytes, expected %llu for %lld positions", l, (unsigned long long)len,
-                            (unsigned long long)want, (long long)n);
+      const uint64_t want = c.saved_bytes(n);
+      if (len != want) fail("state image: layer %u has %llu KV bytes, expected %llu for positions [%lld, %lld)", l, (unsigned long long)len,
+                            (unsigned long long)want, (long long)c.first_kept(n), (long long)n);
       payload[l] = r.bytes(len, "KV rows");
     } else {
       const GdnState& g = gdn[l];

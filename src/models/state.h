@@ -3,9 +3,17 @@
 //
 // Besides the fields the forward pass reads and writes, State is the one interface for moving a
 // sequence back and forth (the prompt cache and the disk cache use nothing else):
-//   snapshot() / restore()   bring the state back to an earlier position (cheap: recurrent only);
-//   truncate()               cut attention-only state back to any earlier position;
+//   snapshot() / restore()   bring the state back to an earlier position (cheap: recurrent state
+//                            and the few rows of sliding-window layers only);
+//   truncate()               cut attention-only state back to an earlier position (any one
+//                            without sliding-window layers: truncates_freely());
 //   serialize() / deserialize()  a versioned, checked byte image of positions [0, n).
+//
+// Sliding-window layers (AttentionSpec::windowed with window_bounds_kv) keep a bounded cache
+// (ops/kv_cache.h): at position pos only the rows [pos - W + 1, pos) a later query can see are
+// guaranteed, older ones are dropped or overwritten as the window moves on. Such a layer is
+// therefore treated like recurrent state: a snapshot copies its rows (at most W - 1 per layer),
+// an image stores only them, and truncate() works only while they are still held.
 #pragma once
 
 #include <cstdint>
@@ -48,12 +56,14 @@ struct GdnState {
 };
 
 /// What brings a State back to position pos(): the conv and recurrent state of every Gated
-/// DeltaNet layer after pos() tokens, and, only when taken with `with_kv`, a copy of the
-/// attention KV rows [0, pos()).
+/// DeltaNet layer after pos() tokens, the rows [pos() - W + 1, pos()) of every sliding-window
+/// layer (its whole bounded cache's worth, see state.h's top), and, only when taken with
+/// `with_kv`, a copy of every other attention layer's KV rows [0, pos()).
 ///
-/// A KV-less snapshot (the default) costs the recurrent state only (constant in the sequence
-/// length): it relies on the live state it was taken from still holding KV rows [0, pos()).
-/// Attention layers only ever write rows at positions >= State::pos, so those rows stay valid
+/// A KV-less snapshot (the default) costs the recurrent state and the window rows only
+/// (constant in the sequence length): it relies on the live state it was taken from still
+/// holding the unbounded layers' KV rows [0, pos()).
+/// Those layers only ever write rows at positions >= State::pos, so those rows stay valid
 /// until the state is rewound below pos() by reset(), truncate(), restore() or deserialize();
 /// the State records its rewinds and refuses (spool::Error) to restore a KV-less snapshot that a
 /// rewind made stale, or one taken from another State object. A snapshot with KV is
@@ -64,7 +74,7 @@ class StateSnapshot {
   int64_t pos() const { return pos_; }
   /// Whether the attention KV rows [0, pos()) are held (snapshot(true)).
   bool has_kv() const { return has_kv_; }
-  /// Bytes held (GDN floats, plus KV cache bytes when has_kv()).
+  /// Bytes held (GDN floats, sliding-window layers' rows, plus all KV cache bytes when has_kv()).
   uint64_t bytes() const;
 
  private:
@@ -74,7 +84,8 @@ class StateSnapshot {
   uint64_t epoch_ = 0;  // that State's rewind count when taken
   bool has_kv_ = false;
   std::vector<GdnState> gdn_;      // [n_layers]; empty entries for attention layers
-  std::vector<ops::KvCache> kv_;   // [n_layers] when has_kv_ (unconfigured for GDN layers)
+  std::vector<ops::KvCache> kv_;   // [n_layers] when has_kv_ or any layer is windowed (unconfigured for
+                                   // GDN layers, and for unbounded ones without has_kv_)
 };
 
 /// All state of one sequence.
@@ -82,8 +93,14 @@ class State {
  public:
   State() = default;
   /// Allocates empty state for `spec` (attention caches grow on demand) with KV entries of
-  /// `kv` (f32 by default: exact; f16 / int8 trade accuracy for memory).
+  /// `kv` (f32 by default: exact; f16 / int8 trade accuracy for memory). Layer l's cache is
+  /// bounded by kv_window(spec, l).
   explicit State(const ModelSpec& spec, ops::KvType kv = ops::KvType::kF32);
+
+  /// The window layer `layer`'s KV cache is bounded by (ops::KvCache::configure): the sliding
+  /// window when the layer is windowed (AttentionSpec::windowed) and the family keeps a bounded
+  /// cache (AttentionSpec::window_bounds_kv), else 0 (every position kept; MLA layers always).
+  static int64_t kv_window(const ModelSpec& spec, int layer);
 
   /// Tokens processed so far (= position of the next token).
   int64_t pos = 0;
@@ -114,6 +131,13 @@ class State {
   /// Whether any layer keeps a recurrent (Gated DeltaNet) state, which cannot be rewound
   /// without a snapshot.
   bool has_recurrent() const;
+  /// Whether any attention layer keeps a bounded sliding-window cache (kv_window > 0), which
+  /// can be cut back only while its window's rows are held (truncate()).
+  bool has_windowed_kv() const;
+  /// Whether truncate(n) works for every n <= pos: no recurrent and no windowed layers. When
+  /// false, callers rewind with snapshot() / restore() (the server's prompt and disk caches
+  /// always do).
+  bool truncates_freely() const { return !has_recurrent() && !has_windowed_kv(); }
 
   /// Snapshot at the current position (see StateSnapshot); `with_kv` also copies KV rows
   /// [0, pos). Throws spool::Error when the state is poisoned.
@@ -125,28 +149,32 @@ class State {
   /// untouched, for a default-constructed snapshot, another geometry, or a KV-less snapshot
   /// that is stale or of another State.
   void restore(const StateSnapshot& s);
-  /// Cuts the sequence back to its first `n` tokens (0 <= n <= pos). Valid for any n when the
-  /// model has no recurrent layers, and for n == 0 (reset) or n == pos (no-op) otherwise: a
-  /// state with GDN layers is rewound with restore() of a snapshot taken at n. Throws
-  /// spool::Error otherwise, or when the state is poisoned and n > 0; the state is then untouched.
+  /// Cuts the sequence back to its first `n` tokens (0 <= n <= pos). Valid for any n when
+  /// truncates_freely(); for n == 0 (reset) or n == pos (no-op) always; with sliding-window
+  /// layers (but no recurrent ones) for an n whose window rows [n - W + 1, n) every such layer
+  /// still holds (ops::KvCache::holds); a state with GDN layers, or one whose window has moved
+  /// past n, is rewound with restore() of a snapshot taken at n. Throws spool::Error otherwise,
+  /// or when the state is poisoned and n > 0; the state is then untouched.
   void truncate(int64_t n);
 
-  /// Appends the byte image of the current position (KV rows [0, pos) and GDN states) to
-  /// `out`. Layout, little-endian (version 1):
+  /// Appends the byte image of the current position (KV rows and GDN states) to `out`.
+  /// Layout, little-endian (version 2; version 1 images are refused):
   ///   "SPST" | u32 version | i64 n | u32 n_layers | per layer:
   ///     attention: u32 1 | u32 kv type (0 f32, 1 f16, 2 int8) | u32 n_kv_heads | u32 head_dim |
-  ///                u64 byte count | KV rows [0, n) (ops::KvCache::save_prefix layout)
+  ///                u64 window (0: unbounded) | u64 byte count | KV rows [first, n) with first =
+  ///                max(0, n - window + 1) for a windowed layer, else 0 (ops::KvCache::save_prefix)
   ///     GDN:       u32 2 | u64 conv floats | u64 recurrent floats | f32 conv | f32 recurrent
   /// Integrity (a checksum) is the container's job (server/disk_cache.h). Throws spool::Error
   /// when the state is poisoned.
   void serialize(std::string& out) const;
-  /// The byte image at snapshot `at` instead: KV rows [0, at.pos()) (from `at` when it has them,
-  /// else from the live state, with the same validity rules as restore()) and `at`'s GDN states.
+  /// The byte image at snapshot `at` instead: KV rows up to at.pos() (from `at` when it has them
+  /// or the layer is windowed, else from the live state, with the same validity rules as
+  /// restore()) and `at`'s GDN states.
   void serialize(const StateSnapshot& at, std::string& out) const;
   /// Loads an image written by serialize() of a state of the same geometry and KV type, which
-  /// must hold exactly `n` positions: pos = n, KV rows [0, n) and GDN states replaced, poisoned
+  /// must hold exactly `n` positions: pos = n, KV rows and GDN states replaced, poisoned
   /// cleared. The whole image is checked first: a wrong magic, version, size, layer layout,
-  /// KV geometry or KV type, or a position other than `n`, throws spool::Error naming the
+  /// KV geometry, window or KV type, or a position other than `n`, throws spool::Error naming the
   /// problem and leaves the state untouched. Counts as a rewind to n: KV-less snapshots at or
   /// before n stay restorable (the caller guarantees the image is of the same token prefix).
   void deserialize(std::string_view data, int64_t n);

@@ -126,11 +126,13 @@ class Backend {
 
   // ---- Attention ---------------------------------------------------------------------------
   /// Stores positions [pos0, pos0 + T) of k, v [T, n_kv_heads * head_dim] into `cache` (its
-  /// capacity must hold pos0 + T).
+  /// rows must hold them: base() <= pos0, pos0 + T <= base() + capacity(); a windowed cache's
+  /// rows are positions - base(), see kv_cache.h).
   virtual void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) = 0;
   /// Causal softmax attention of q [T, n_heads, head_dim] at positions [pos0, pos0 + T) over
   /// cache positions [0, pos0 + t] (GQA: head h reads KV head h / (n_heads / n_kv_heads)),
-  /// scores scaled by `scale`; out [T, n_heads, head_dim].
+  /// scores scaled by `scale`; out [T, n_heads, head_dim]. The cache must hold them all (a
+  /// windowed cache only before it first drops rows); spool::Error otherwise.
   virtual void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) = 0;
   /// Rotary embedding of T rows, each of `n_heads` heads of head_dim at x + t * row_stride,
   /// row t at position pos0 + t (NeoX rotate_half convention, see rope.h).
@@ -183,7 +185,8 @@ class Backend {
   virtual void route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
                                    float* weights, float* margins);
   /// attention() with a sliding window (HF Mixtral/Mistral sliding_window): row t sees cache
-  /// positions p with pos0 + t - window < p <= pos0 + t. window <= 0: as attention().
+  /// positions p with pos0 + t - window < p <= pos0 + t. window <= 0: as attention(). The
+  /// cache may be one bounded by the window (KvCache::configure): only those positions are read.
   virtual void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
                                 int64_t window, float* out);
   /// attention_window() with attention sinks (HF GptOssAttention eager): each query head h has

@@ -672,8 +672,27 @@ TEST_P(BackendOpTable, RouteGroupedTopK) {
   }
 }
 
+// A cache bounded by `window` (KvCache::configure) filled with positions [0, pos0 + T) of k, v
+// by `be`: [0, pos0) appended in chunks of 3, then [pos0, pos0 + T) in one, each after the
+// reserve() a forward makes (so its rows have moved once the positions pass the window).
+KvCache windowed_cache(Backend& be, KvType kt, const AttnShape& s, int64_t window, const std::vector<float>& k,
+                       const std::vector<float>& v) {
+  const int64_t kvw = static_cast<int64_t>(s.n_kv) * s.hd;
+  KvCache c;
+  c.configure(kt, s.n_kv, s.hd, false, window);
+  for (int64_t p = 0; p < s.pos0; p += 3) {
+    const int64_t n = std::min<int64_t>(3, s.pos0 - p);
+    c.reserve(p + n, p);
+    be.kv_append(c, p, n, k.data() + p * kvw, v.data() + p * kvw);
+  }
+  c.reserve(s.pos0 + s.T, s.pos0);
+  be.kv_append(c, s.pos0, s.T, k.data() + s.pos0 * kvw, v.data() + s.pos0 * kvw);
+  return c;
+}
+
 // Sliding-window attention (Mixtral): windows shorter than, equal to and longer than the
-// positions, on every KV type; the generic implementation too.
+// positions, on every KV type; the generic implementation too; and over a cache bounded by the
+// window (only its last rows held, moved to the front) the same results.
 [[maybe_unused]] const bool kAttentionWindowOps = covers({"attention_window"});
 TEST_P(BackendOpTable, AttentionWindow) {
   for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
@@ -700,6 +719,13 @@ TEST_P(BackendOpTable, AttentionWindow) {
             ref.attention(q.data(), s.T, s.n_heads, c, s.pos0, scale, full.data());
             expect_close(got.data(), full.data(), static_cast<int64_t>(got.size()), 1e-5, "window past the positions");
           }
+          const KvCache w = windowed_cache(be, kt, s, window, k, v);
+          EXPECT_LE(w.capacity(), KvCache::window_rows(window, std::max<int64_t>(3, s.T)));
+          std::vector<float> bounded(q.size(), NAN), bounded_ref(q.size(), NAN);
+          be.attention_window(q.data(), s.T, s.n_heads, w, s.pos0, scale, window, bounded.data());
+          ref.attention_window(q.data(), s.T, s.n_heads, w, s.pos0, scale, window, bounded_ref.data());
+          expect_close(bounded.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention_window (bounded cache)");
+          expect_close(bounded_ref.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "reference (bounded cache)");
         });
       }
 }
@@ -736,6 +762,12 @@ TEST_P(BackendOpTable, AttentionSinks) {
           double diff = 0;
           for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - plain[i])));
           EXPECT_GT(diff, 1e-3) << "the sinks must change the result";
+          if (window > 0) {  // gpt-oss's sliding layers: a cache bounded by the window
+            const KvCache w = windowed_cache(be, kt, s, window, k, v);
+            std::vector<float> bounded(q.size(), NAN);
+            be.attention_sinks(q.data(), s.T, s.n_heads, w, s.pos0, scale, window, sinks.data(), bounded.data());
+            expect_close(bounded.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention_sinks (bounded cache)");
+          }
         });
       }
 }

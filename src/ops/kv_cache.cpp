@@ -24,7 +24,8 @@ void KvCache::touch() {
   gen_ = ++counter;
 }
 
-void KvCache::configure(KvType type, int n_kv_heads, int head_dim, bool keys_only) {
+void KvCache::configure(KvType type, int n_kv_heads, int head_dim, bool keys_only, int64_t window) {
+  if (window < 0 || (window > 0 && keys_only)) fail("KV cache: a window of %lld is not supported here", (long long)window);
   touch();
   type_ = type;
   n_kv_ = n_kv_heads;
@@ -32,6 +33,8 @@ void KvCache::configure(KvType type, int n_kv_heads, int head_dim, bool keys_onl
   vd_ = keys_only ? 0 : head_dim;
   groups_ = (head_dim % kKvGroup == 0 && head_dim > kKvGroup) ? head_dim / kKvGroup : 1;
   cap_ = 0;
+  window_ = window;
+  base_ = 0;
   k_.clear();
   v_.clear();
   ks_.clear();
@@ -44,30 +47,85 @@ uint64_t KvCache::bytes_per_position() const {
   return n;
 }
 
-void KvCache::reserve(int64_t positions, int64_t keep) {
-  if (positions <= cap_) return;
-  int64_t cap = std::max<int64_t>({positions, 2 * cap_, 256});
-  cap = (cap + 255) / 256 * 256;
-  keep = std::min(keep, cap_);
+uint64_t KvCache::saved_bytes(int64_t n) const {
+  return static_cast<uint64_t>(std::max<int64_t>(n - first_kept(n), 0)) * bytes_per_position();
+}
+
+int64_t KvCache::window_rows(int64_t window, int64_t chunk) { return window - 1 + std::max(chunk, window / 8); }
+
+void KvCache::reallocate(int64_t cap, int64_t from, int64_t n) {
+  const int64_t off = from - base_;  // physical row of `from`
   const int es = elem();
   std::vector<uint8_t> k(static_cast<size_t>(n_kv_) * hd_ * cap * es), v(static_cast<size_t>(n_kv_) * vd_ * cap * es);
-  for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_ && keep > 0; ++row)  // key rows: (head, dim)
-    std::memcpy(k.data() + row * cap * es, k_.data() + row * cap_ * es, keep * es);
-  for (int h = 0; h < n_kv_ && keep > 0; ++h)  // value rows: (head, position)
-    std::memcpy(v.data() + h * cap * vd_ * es, v_.data() + h * cap_ * vd_ * es, keep * vd_ * es);
+  for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_ && n > 0; ++row)  // key rows: (head, dim)
+    std::memcpy(k.data() + row * cap * es, k_.data() + (row * cap_ + off) * es, n * es);
+  for (int h = 0; h < n_kv_ && n > 0; ++h)  // value rows: (head, position)
+    std::memcpy(v.data() + h * cap * vd_ * es, v_.data() + (h * cap_ + off) * vd_ * es, n * vd_ * es);
   if (type_ == KvType::kI8) {
     std::vector<float> ks(static_cast<size_t>(n_kv_) * groups_ * cap), vs(vd_ > 0 ? ks.size() : 0);
-    for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_ && keep > 0; ++row)
-      std::copy_n(ks_.data() + row * cap_, keep, ks.data() + row * cap);
-    for (int h = 0; h < n_kv_ && keep > 0 && vd_ > 0; ++h)
-      std::copy_n(vs_.data() + h * cap_ * groups_, keep * groups_, vs.data() + h * cap * groups_);
+    for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_ && n > 0; ++row)
+      std::copy_n(ks_.data() + row * cap_ + off, n, ks.data() + row * cap);
+    for (int h = 0; h < n_kv_ && n > 0 && vd_ > 0; ++h)
+      std::copy_n(vs_.data() + (h * cap_ + off) * groups_, n * groups_, vs.data() + h * cap * groups_);
     ks_.swap(ks);
     vs_.swap(vs);
   }
   k_.swap(k);
   v_.swap(v);
   cap_ = cap;
+  base_ = from;
   touch();
+}
+
+void KvCache::move_rows(int64_t from, int64_t n) {
+  const int64_t off = from - base_;
+  if (off != 0 && n > 0) {
+    const int es = elem();
+    for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_; ++row)
+      std::memmove(k_.data() + row * cap_ * es, k_.data() + (row * cap_ + off) * es, n * es);
+    for (int h = 0; h < n_kv_; ++h)
+      std::memmove(v_.data() + h * cap_ * vd_ * es, v_.data() + (h * cap_ + off) * vd_ * es, n * vd_ * es);
+    if (type_ == KvType::kI8) {
+      for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_; ++row)
+        std::memmove(ks_.data() + row * cap_, ks_.data() + row * cap_ + off, n * sizeof(float));
+      for (int h = 0; h < n_kv_ && vd_ > 0; ++h)
+        std::memmove(vs_.data() + h * cap_ * groups_, vs_.data() + (h * cap_ + off) * groups_, n * groups_ * sizeof(float));
+    }
+  }
+  base_ = from;
+  touch();
+}
+
+void KvCache::reserve(int64_t positions, int64_t keep) {
+  if (positions - base_ <= cap_) return;
+  // Growth of an unbounded cache (and of a windowed one until the window bound caps it).
+  auto grown = [&](int64_t need) {
+    const int64_t c = std::max<int64_t>({need, 2 * cap_, 256});
+    return (c + 255) / 256 * 256;
+  };
+  if (window_ <= 0) {
+    reallocate(grown(positions), 0, std::clamp<int64_t>(keep, 0, cap_));
+    return;
+  }
+  // Windowed: only rows [lo, keep) are still needed; move them to the front when the new
+  // positions then fit, otherwise grow (to at most window_rows(W, T) rows).
+  const int64_t lo = std::max(base_, first_kept(keep));
+  const int64_t n = std::max<int64_t>(0, std::min(keep, base_ + cap_) - lo);
+  const int64_t span = positions - lo;
+  if (span <= cap_) return move_rows(lo, n);
+  const int64_t limit = std::max(span, window_rows(window_, positions - keep));
+  reallocate(std::min(grown(span), limit), lo, n);
+}
+
+void KvCache::clear() { move_rows(0, 0); }
+
+int64_t kv_capacity_for(int64_t prompt, int64_t total, int64_t step, int64_t window) {
+  KvCache c;  // no heads: the growth and moves of KvCache::reserve without any bytes
+  c.configure(KvType::kF32, 0, 0, false, window);
+  step = std::max<int64_t>(step, 1);
+  for (int64_t p = 0; p < prompt; p += step) c.reserve(std::min(prompt, p + step), p);
+  for (int64_t p = prompt; p < total; ++p) c.reserve(p + 1, p);
+  return c.capacity();
 }
 
 namespace {
@@ -84,8 +142,11 @@ float quantize_i8(const float* x, int n, int8_t* out) {
 
 }  // namespace
 
-void KvCache::write(int64_t pos, const float* k, const float* v) {
+void KvCache::write(int64_t position, const float* k, const float* v) {
+  if (position < base_ || position - base_ >= cap_)
+    fail("KV cache: position %lld is outside the rows held [%lld, %lld)", (long long)position, (long long)base_, (long long)(base_ + cap_));
   touch();
+  const int64_t pos = position - base_;  // its row
   const int gd = group_dim();
   for (int h = 0; h < n_kv_; ++h) {
     const float* kh = k + h * hd_;
@@ -124,42 +185,67 @@ void KvCache::write(int64_t pos, const float* k, const float* v) {
 }
 
 void KvCache::copy_prefix(const KvCache& o, int64_t n) {
-  if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_ || o.vd_ != vd_) fail("KV cache snapshot has a different geometry");
-  reserve(n, 0);
+  if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_ || o.vd_ != vd_ || o.window_ != window_)
+    fail("KV cache snapshot has a different geometry");
+  if (!o.holds(n))
+    fail("KV cache: positions [%lld, %lld) are no longer held (rows from %lld)", (long long)o.first_kept(n), (long long)n, (long long)o.base_);
+  const int64_t first = first_kept(n), rows = n - first;
+  if (window_ <= 0) {
+    reserve(n, 0);
+  } else if (cap_ < rows) {
+    reallocate(rows, first, 0);
+  } else {
+    base_ = first;
+  }
   touch();
   const int es = elem();
+  const int64_t off = first - o.base_;  // physical row of `first` in o (this cache: row 0)
   for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * hd_; ++row)
-    std::memcpy(k_.data() + row * cap_ * es, o.k_.data() + row * o.cap_ * es, n * es);
-  for (int h = 0; h < n_kv_; ++h) std::memcpy(v_.data() + h * cap_ * vd_ * es, o.v_.data() + h * o.cap_ * vd_ * es, n * vd_ * es);
+    std::memcpy(k_.data() + row * cap_ * es, o.k_.data() + (row * o.cap_ + off) * es, rows * es);
+  for (int h = 0; h < n_kv_; ++h)
+    std::memcpy(v_.data() + h * cap_ * vd_ * es, o.v_.data() + (h * o.cap_ + off) * vd_ * es, rows * vd_ * es);
   if (type_ == KvType::kI8) {
     for (int64_t row = 0; row < static_cast<int64_t>(n_kv_) * groups_; ++row)
-      std::copy_n(o.ks_.data() + row * o.cap_, n, ks_.data() + row * cap_);
-    for (int h = 0; h < n_kv_ && vd_ > 0; ++h) std::copy_n(o.vs_.data() + h * o.cap_ * groups_, n * groups_, vs_.data() + h * cap_ * groups_);
+      std::copy_n(o.ks_.data() + row * o.cap_ + off, rows, ks_.data() + row * cap_);
+    for (int h = 0; h < n_kv_ && vd_ > 0; ++h)
+      std::copy_n(o.vs_.data() + (h * o.cap_ + off) * groups_, rows * groups_, vs_.data() + h * cap_ * groups_);
   }
 }
 
 void KvCache::save_prefix(int64_t n, std::string& out) const {
-  if (n < 0 || n > cap_) fail("KV cache: cannot save %lld positions of %lld", (long long)n, (long long)cap_);
-  if (n == 0) return;
-  const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(n), cap = static_cast<size_t>(cap_);
+  if (!holds(n))
+    fail("KV cache: cannot save positions [%lld, %lld): rows [%lld, %lld) are held", (long long)first_kept(n), (long long)n,
+         (long long)base_, (long long)(base_ + cap_));
+  const int64_t first = first_kept(n);
+  if (n == first) return;
+  const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(n - first), cap = static_cast<size_t>(cap_);
+  const size_t off = static_cast<size_t>(first - base_);
   out.reserve(out.size() + un * bytes_per_position());
   auto put = [&](const void* p, size_t bytes) { out.append(static_cast<const char*>(p), bytes); };
-  for (size_t row = 0; row < static_cast<size_t>(n_kv_) * hd_; ++row) put(k_.data() + row * cap * es, un * es);
-  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(v_.data() + h * cap * vd_ * es, un * vd_ * es);
+  for (size_t row = 0; row < static_cast<size_t>(n_kv_) * hd_; ++row) put(k_.data() + (row * cap + off) * es, un * es);
+  for (size_t h = 0; h < static_cast<size_t>(n_kv_); ++h) put(v_.data() + (h * cap + off) * vd_ * es, un * vd_ * es);
   if (type_ == KvType::kI8) {
-    for (size_t row = 0; row < static_cast<size_t>(n_kv_) * groups_; ++row) put(ks_.data() + row * cap, un * sizeof(float));
-    for (size_t h = 0; h < static_cast<size_t>(n_kv_) && vd_ > 0; ++h) put(vs_.data() + h * cap * groups_, un * groups_ * sizeof(float));
+    for (size_t row = 0; row < static_cast<size_t>(n_kv_) * groups_; ++row) put(ks_.data() + row * cap + off, un * sizeof(float));
+    for (size_t h = 0; h < static_cast<size_t>(n_kv_) && vd_ > 0; ++h)
+      put(vs_.data() + (h * cap + off) * groups_, un * groups_ * sizeof(float));
   }
 }
 
 void KvCache::load_prefix(std::string_view data, int64_t n) {
-  if (n < 0 || data.size() != static_cast<uint64_t>(n) * bytes_per_position())
-    fail("KV cache snapshot has %zu bytes, expected %llu for %lld positions", data.size(),
-         (unsigned long long)(static_cast<uint64_t>(std::max<int64_t>(n, 0)) * bytes_per_position()), (long long)n);
-  if (n == 0) return;
-  reserve(n, 0);
+  if (n < 0 || data.size() != saved_bytes(n))
+    fail("KV cache snapshot has %zu bytes, expected %llu for positions [%lld, %lld)", data.size(),
+         (unsigned long long)saved_bytes(std::max<int64_t>(n, 0)), (long long)first_kept(n), (long long)n);
+  const int64_t first = first_kept(n), rows = n - first;
+  if (window_ <= 0) {
+    if (rows == 0) return;
+    reserve(n, 0);
+  } else if (cap_ < rows) {
+    reallocate(rows, first, 0);
+  } else {
+    base_ = first;  // (also with no rows: a window of 1, or n == 0)
+  }
   touch();
-  const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(n), cap = static_cast<size_t>(cap_);
+  const size_t es = static_cast<size_t>(elem()), un = static_cast<size_t>(rows), cap = static_cast<size_t>(cap_);
   const char* p = data.data();
   auto get = [&](void* dst, size_t bytes) {
     std::memcpy(dst, p, bytes);
@@ -173,7 +259,10 @@ void KvCache::load_prefix(std::string_view data, int64_t n) {
   }
 }
 
-float KvCache::key(int h, int64_t p, int d) const {
+float KvCache::key(int h, int64_t pos, int d) const {
+  if (pos < base_ || pos - base_ >= cap_)
+    fail("KV cache: position %lld is not held (rows [%lld, %lld))", (long long)pos, (long long)base_, (long long)(base_ + cap_));
+  const int64_t p = pos - base_;
   const int64_t i = (static_cast<int64_t>(h) * hd_ + d) * cap_ + p;
   switch (type_) {
     case KvType::kF32: return reinterpret_cast<const float*>(k_.data())[i];
@@ -182,8 +271,11 @@ float KvCache::key(int h, int64_t p, int d) const {
   }
 }
 
-float KvCache::value(int h, int64_t p, int d) const {
+float KvCache::value(int h, int64_t pos, int d) const {
   if (vd_ == 0) fail("KV cache: a keys-only (latent) cache holds no values");
+  if (pos < base_ || pos - base_ >= cap_)
+    fail("KV cache: position %lld is not held (rows [%lld, %lld))", (long long)pos, (long long)base_, (long long)(base_ + cap_));
+  const int64_t p = pos - base_;
   const int64_t i = (static_cast<int64_t>(h) * cap_ + p) * hd_ + d;
   switch (type_) {
     case KvType::kF32: return reinterpret_cast<const float*>(v_.data())[i];
@@ -204,7 +296,11 @@ void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_
   if (kv.keys_only()) fail("attention: the cache holds keys only (an MLA latent cache: use mla_attention)");
   const int group = n_heads / kv.n_kv_heads();
   const int hd = kv.head_dim();
-  const int64_t cap = kv.capacity();
+  const int64_t cap = kv.capacity(), base = kv.base();
+  const int64_t first = window > 0 ? std::max<int64_t>(0, pos0 + 1 - window) : 0;  // earliest key any query sees
+  if (first < base || pos0 + T - base > cap)
+    fail("attention: positions [%lld, %lld) are needed, the cache holds [%lld, %lld)", (long long)first, (long long)(pos0 + T),
+         (long long)base, (long long)(base + cap));
   const int64_t rows_per_head = T * group;  // query rows of one KV head: (t, g)
   const int64_t tiles = (rows_per_head + kQueryTile - 1) / kQueryTile;
   auto task = [&](int64_t i, int) {
@@ -225,18 +321,19 @@ void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_
     // tile sees) are neither read nor scored; m = n - k0 keys from k0 on.
     const int64_t k0 = window > 0 ? std::max<int64_t>(0, pos0 + r0 / group + 1 - window) : 0;
     const int64_t m = n - k0;
+    const int64_t kp = k0 - base;                           // k0's row in the cache
     const int64_t krow0 = static_cast<int64_t>(kvh) * hd;  // first key row of this head
-    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap + k0;  // value row of (this head, k0)
+    const int64_t vrow0 = static_cast<int64_t>(kvh) * cap + kp;  // value row of (this head, k0)
     switch (kv.type()) {
       case KvType::kF32:
-        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap + k0, cap, m, hd, sc.data(), m);
+        scores_kt(qs.data(), hd, nr, reinterpret_cast<const float*>(kv.k_data()) + krow0 * cap + kp, cap, m, hd, sc.data(), m);
         break;
       case KvType::kF16:
-        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap + k0, cap, m, hd, sc.data(), m);
+        scores_kt_f16(qs.data(), hd, nr, reinterpret_cast<const uint16_t*>(kv.k_data()) + krow0 * cap + kp, cap, m, hd, sc.data(), m);
         break;
       case KvType::kI8:
-        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap + k0,
-                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap + k0, cap, kv.group_dim(), m, hd, sc.data(), m);
+        scores_kt_i8(qs.data(), hd, nr, reinterpret_cast<const int8_t*>(kv.k_data()) + krow0 * cap + kp,
+                     kv.k_scales() + static_cast<int64_t>(kvh) * kv.groups() * cap + kp, cap, kv.group_dim(), m, hd, sc.data(), m);
         break;
     }
     for (int64_t r = 0; r < nr; ++r) {

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../../tests/support/random.h"
@@ -234,6 +236,102 @@ TEST(KvCache, GrowsAndCopiesPrefixes) {
   }
 }
 
+// A windowed cache (sliding-window layers) fed the same chunks as an unbounded one: it holds
+// at most window_rows(W, largest chunk) rows whatever the length, keeps exactly the rows the
+// queries can see, and windowed attention over it is bit-identical to attention over the
+// unbounded cache; positions it dropped throw; save / load / copy carry only the window's rows.
+TEST(KvCache, WindowedCacheHoldsTheWindowAndAttendsLikeAnUnboundedOne) {
+  const int nh = 4, nkv = 2, hd = 64;
+  const int64_t total = 300;
+  const std::vector<float> kc = randn(total * nkv * hd, 21), vc = randn(total * nkv * hd, 22), qc = randn(total * nh * hd, 23);
+  ThreadPool pool(2);
+  for (KvType type : {KvType::kF32, KvType::kF16, KvType::kI8})
+    for (int64_t W : {1, 5, 37, 128}) {
+      SCOPED_TRACE("kv type " + std::to_string(static_cast<int>(type)) + " window " + std::to_string(W));
+      KvCache full, win;
+      full.configure(type, nkv, hd);
+      win.configure(type, nkv, hd, false, W);
+      int64_t pos = 0, largest = 0;
+      for (int64_t i = 0; pos < total; ++i) {
+        const int64_t T = std::min<int64_t>(total - pos, pos < 100 ? 16 : i % 5 == 0 ? 3 : 1);  // prefill chunks, then decode
+        largest = std::max(largest, T);
+        full.reserve(pos + T, pos);
+        win.reserve(pos + T, pos);
+        for (int64_t t = 0; t < T; ++t) {
+          full.write(pos + t, kc.data() + (pos + t) * nkv * hd, vc.data() + (pos + t) * nkv * hd);
+          win.write(pos + t, kc.data() + (pos + t) * nkv * hd, vc.data() + (pos + t) * nkv * hd);
+        }
+        std::vector<float> a(T * nh * hd), b(T * nh * hd);
+        attention(qc.data() + pos * nh * hd, T, nh, full, pos, 0.125f, a.data(), &pool, W);
+        attention(qc.data() + pos * nh * hd, T, nh, win, pos, 0.125f, b.data(), &pool, W);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "pos " << pos << " T " << T;
+        pos += T;
+        ASSERT_LE(win.capacity(), KvCache::window_rows(W, largest)) << pos;
+        ASSERT_TRUE(win.holds(pos));
+        ASSERT_LE(win.base(), win.first_kept(pos));
+      }
+      EXPECT_EQ(win.first_kept(total), std::max<int64_t>(0, total - W + 1));
+      EXPECT_GT(win.base(), 0);  // it did drop rows
+      EXPECT_LT(win.bytes(), full.bytes() / 2);
+      for (int64_t p = win.first_kept(total); p < total; ++p)
+        for (int d : {0, 31, 63}) {
+          ASSERT_EQ(win.key(1, p, d), full.key(1, p, d));
+          ASSERT_EQ(win.value(0, p, d), full.value(0, p, d));
+        }
+      EXPECT_THROW((void)win.key(0, win.base() - 1, 0), spool::Error);
+      // Unwindowed attention (or a wider window) needs rows the cache no longer holds.
+      std::vector<float> out(nh * hd);
+      EXPECT_THROW(attention(qc.data(), 1, nh, win, total - 1, 0.125f, out.data(), nullptr), spool::Error);
+      EXPECT_THROW(attention(qc.data(), 1, nh, win, total - 1, 0.125f, out.data(), nullptr, total), spool::Error);
+      // Writing a dropped position throws too.
+      EXPECT_THROW(win.write(win.base() - 1, kc.data(), vc.data()), spool::Error);
+      // save / load / copy: the W - 1 rows a query at `total` can see.
+      std::string img;
+      win.save_prefix(total, img);
+      EXPECT_EQ(img.size(), static_cast<size_t>(std::min(W - 1, total)) * win.bytes_per_position());
+      EXPECT_EQ(img.size(), win.saved_bytes(total));
+      KvCache loaded, copied;
+      loaded.configure(type, nkv, hd, false, W);
+      copied.configure(type, nkv, hd, false, W);
+      loaded.load_prefix(img, total);
+      copied.copy_prefix(win, total);
+      EXPECT_EQ(loaded.base(), win.first_kept(total));
+      EXPECT_LE(copied.capacity(), W);
+      for (KvCache* c : {&loaded, &copied, &full}) {  // one more token on each: the same output
+        c->reserve(total + 1, total);
+        c->write(total, kc.data(), vc.data());
+      }
+      std::vector<float> want(nh * hd), got(nh * hd);
+      attention(qc.data(), 1, nh, full, total, 0.125f, want.data(), nullptr, W);
+      for (KvCache* c : {&loaded, &copied}) {
+        attention(qc.data(), 1, nh, *c, total, 0.125f, got.data(), nullptr, W);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0);
+      }
+      KvCache other;
+      other.configure(type, nkv, hd, false, W + 1);
+      EXPECT_THROW(other.copy_prefix(win, total), spool::Error);  // another window
+      EXPECT_THROW(other.load_prefix(img, total), spool::Error);
+      // An unbounded cache's layout is unchanged: base 0, every row.
+      EXPECT_EQ(full.base(), 0);
+      EXPECT_EQ(full.saved_bytes(total), static_cast<uint64_t>(total) * full.bytes_per_position());
+    }
+}
+
+// The planner's capacity function is KvCache::reserve run over the same chunks.
+TEST(KvCache, CapacityForFollowsReserve) {
+  struct Case {
+    int64_t prompt, total, step, window;
+  } cases[] = {{10, 58, 512, 0}, {778, 1034, 512, 0}, {10, 58, 512, 8}, {778, 1034, 512, 128}, {100, 5000, 7, 4096}, {1, 900, 512, 128}};
+  for (const Case& c : cases) {
+    KvCache kv;
+    kv.configure(KvType::kF16, 1, 32, false, c.window);
+    for (int64_t p = 0; p < c.prompt; p += c.step) kv.reserve(std::min(c.prompt, p + c.step), p);
+    for (int64_t p = c.prompt; p < c.total; ++p) kv.reserve(p + 1, p);
+    EXPECT_EQ(kv_capacity_for(c.prompt, c.total, c.step, c.window), kv.capacity()) << c.prompt << " " << c.total << " " << c.window;
+    if (c.window > 0) EXPECT_LE(kv.capacity(), KvCache::window_rows(c.window, std::min(c.step, c.prompt)));
+  }
+}
+
 // A GPU backend keeps a device mirror of each cache and re-uploads it when generation() moves:
 // every change moves it, reads do not, and a copy carries its source's generation.
 TEST(KvCache, GenerationMovesOnEveryChange) {
@@ -266,6 +364,14 @@ TEST(KvCache, GenerationMovesOnEveryChange) {
   moved("copy_prefix");
   a.configure(KvType::kF16, 2, 64);
   moved("configure");
+  a.configure(KvType::kF16, 2, 64, false, 4);  // windowed: moving the rows to the front is a change
+  a.reserve(4, 0);
+  moved("reserve (windowed growth)");
+  for (int64_t p = 0; p < 4; ++p) a.write(p, k.data(), v.data());
+  g = a.generation();
+  a.reserve(a.capacity() + 1, a.capacity());
+  EXPECT_GT(a.base(), 0);
+  moved("reserve (windowed move)");
 }
 
 // A device workspace (here with a stand-in allocator) hands out floats from the device arena

@@ -258,9 +258,10 @@ TEST(PlanArch, GlmAndMiniMaxPresetsHaveTheReleasedSizes) {
   }
 }
 
-// gpt-oss: K and V per KV head on every layer (the cache keeps every position; sinks add no
-// KV), the window of the sliding layers (0 and 2 of 4, W = 8) bounds what a token reads there;
-// MXFP4 experts counted as their blocks + E8M0 scales.
+// gpt-oss: K and V per KV head on every layer (sinks add no KV), the window of the sliding
+// layers (0 and 2 of 4, W = 8) bounds both what a token reads there and what their caches hold
+// (W - 1 + the 300-token prefill chunk), the full layers hold the context; MXFP4 experts
+// counted as their blocks + E8M0 scales.
 TEST(PlanArch, GptOssWindowsEveryOtherLayerAndCountsMxfp4Experts) {
   for (const char* name : {"gpt_oss", "gpt_oss_mxfp4"}) {
     SCOPED_TRACE(name);
@@ -272,7 +273,13 @@ TEST(PlanArch, GptOssWindowsEveryOtherLayerAndCountsMxfp4Experts) {
     EXPECT_EQ(p.spec.attn.window_layers, (std::vector<bool>{true, false, true, false}));
     const uint64_t per_layer = 2u * 2 * 16 * 4;  // K + V x 2 KV heads x 16 dims, f32
     EXPECT_EQ(p.state.kv_per_token, 4 * per_layer);
-    EXPECT_EQ(p.kv_capacity, 512);  // every position (capacity rounded up to 256s)
+    EXPECT_TRUE(p.spec.attn.window_bounds_kv);
+    EXPECT_EQ(p.kv_capacity, 512);           // full layers: every position (capacity rounded up to 256s)
+    EXPECT_EQ(p.kv_capacity_windowed, 307);  // sliding layers: 8 - 1 + one prefill chunk of 300
+    EXPECT_EQ(p.state.kv, per_layer * (2 * 512 + 2 * 307));
+    const Projection big = project(ck, inputs(100000));  // the sliding layers stay at 8 - 1 + a 512 chunk
+    EXPECT_EQ(big.kv_capacity_windowed, 8 - 1 + 512);
+    EXPECT_EQ(big.state.kv, per_layer * (2 * static_cast<uint64_t>(big.kv_capacity) + 2 * (8 - 1 + 512)));
     // 4 layers x 8 experts: gate_up [128, 64] and down [64, 64].
     const uint64_t per_expert = std::string(name) == "gpt_oss" ? (128u * 64 + 64 * 64) * 4 : 128u * (32 + 2) + 64 * (32 + 2);
     EXPECT_EQ(p.weights.experts, 4 * 8 * per_expert);
@@ -283,18 +290,19 @@ TEST(PlanArch, GptOssWindowsEveryOtherLayerAndCountsMxfp4Experts) {
   }
 }
 
-// Mixtral's sliding window: spool's cache keeps every position (attention masks), so the
-// planned KV covers the context; the bytes read per token cover the window only.
-TEST(PlanArch, SlidingWindowBoundsReadsNotTheKvCache) {
+// Mixtral's sliding window bounds every layer's cache (about W - 1 + the prefill step
+// positions, whatever the context) and the bytes read per token (the window).
+TEST(PlanArch, SlidingWindowBoundsReadsAndTheKvCache) {
   EditedFixture d("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 300; });
   const io::Checkpoint ck = io::Checkpoint::open(d.dir, {.map = false});
   const uint64_t per = 2u * 2 * 2 * 16 * 4;
   const Projection p = project(ck, inputs(4096));
   EXPECT_EQ(p.spec.attn.sliding_window, 300);
-  EXPECT_FALSE(p.spec.attn.window_bounds_kv);
-  EXPECT_EQ(p.state.kv_per_token, per);  // per token unchanged
-  EXPECT_EQ(p.kv_capacity, 4096);        // positions held: the whole context
-  EXPECT_EQ(p.state.kv, per * 4096);
+  EXPECT_TRUE(p.spec.attn.window_bounds_kv);
+  EXPECT_EQ(p.state.kv_per_token, per);         // per token unchanged
+  EXPECT_EQ(p.kv_capacity_windowed, 300 - 1 + 512);  // positions held: the window before a 512-token chunk
+  EXPECT_EQ(p.state.kv, per * (300 - 1 + 512));
+  EXPECT_EQ(project(ck, inputs(100000)).state.kv, p.state.kv);  // independent of the context
   // Per token: KV over the window, not the context (and one row of the untied embedding).
   EXPECT_EQ(p.active_bytes_per_token,
             p.weights.resident_dense + p.weights.embed_on_demand / p.spec.vocab_size + p.expert_bytes_per_token + per * 300);

@@ -4,6 +4,7 @@
 
 #include "io/expert_store.h"
 #include "models/model.h"
+#include "models/state.h"
 #include "ops/cpu_backend.h"
 #include "ops/kv_cache.h"
 
@@ -58,20 +59,20 @@ uint64_t expert_slot_bytes(const io::Checkpoint& ck, const models::ModelSpec& sp
   return store.slot_bytes();
 }
 
-int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step) {
-  int64_t cap = 0;
-  auto need = [&](int64_t positions) {
-    if (positions <= cap) return;
-    int64_t c = std::max<int64_t>({positions, 2 * cap, 256});
-    cap = (c + 255) / 256 * 256;
-  };
-  step = std::max<int64_t>(step, 1);
-  for (int64_t p = 0; p < prompt; p += step) need(std::min(prompt, p + step));
-  for (int64_t p = prompt; p < total; ++p) need(p + 1);
-  return cap;
+int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step, int64_t window) {
+  return ops::kv_capacity_for(prompt, total, step, window);
 }
 
-StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits) {
+KvCapacity kv_capacities(const models::ModelSpec& s, int64_t prompt, int64_t total, int64_t step) {
+  KvCapacity c;
+  c.full = c.windowed = kv_capacity(prompt, total, step);
+  int64_t window = 0;
+  for (int i = 0; i < s.n_layers; ++i) window = std::max(window, models::State::kv_window(s, i));
+  if (window > 0) c.windowed = kv_capacity(prompt, total, step, window);
+  return c;
+}
+
+StateBytes state_bytes(const models::ModelSpec& s, const KvCapacity& capacity, int kv_bits) {
   StateBytes b;
   ops::KvCache probe;
   uint64_t per;
@@ -83,18 +84,21 @@ StateBytes state_bytes(const models::ModelSpec& s, int64_t capacity, int kv_bits
     probe.configure(ops::kv_type_from_bits(kv_bits), s.attn.n_kv_heads, s.attn.head_dim);
     per = probe.bytes_per_position();
   }
-  // A sliding window caps the positions held when the family's cache is bounded by it.
-  if (s.attn.sliding_window > 0 && s.attn.window_bounds_kv) capacity = std::min(capacity, s.attn.sliding_window);
-  // KvCache::reserve doubles: the previous capacity is at most half of the final one.
-  int64_t prev = capacity / 2 / 256 * 256;
   for (int i = 0; i < s.n_layers; ++i) {
     if (s.mixers[i] == models::MixerKind::kAttention || s.mixers[i] == models::MixerKind::kMLA) {
-      b.kv += per * static_cast<uint64_t>(capacity);
+      // Each layer at the capacity of its kind: a sliding-window layer's cache is bounded.
+      const int64_t cap = models::State::kv_window(s, i) > 0 ? capacity.windowed : capacity.full;
+      // KvCache::reserve doubles: the previous capacity is at most half of the final one.
+      const int64_t prev = cap / 2 / 256 * 256;
+      b.kv += per * static_cast<uint64_t>(cap);
       b.kv_per_token += per;
-      b.grow_transient = per * static_cast<uint64_t>(prev);
+      b.snapshot += per * static_cast<uint64_t>(std::max<int64_t>(models::State::kv_window(s, i) - 1, 0));
+      b.grow_transient = std::max(b.grow_transient, per * static_cast<uint64_t>(prev));
     } else {
       const auto& g = s.gdn;
-      b.recurrent += (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * kF;
+      const uint64_t r = (static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) + static_cast<uint64_t>(g.n_v) * g.d_k * g.d_v) * kF;
+      b.recurrent += r;
+      b.snapshot += r;
     }
   }
   return b;

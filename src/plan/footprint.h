@@ -37,21 +37,32 @@ WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec
 uint64_t expert_slot_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec, bool direct);
 
 /// KV capacity (positions) an attention cache reaches when `prompt` tokens are prefilled in
-/// chunks of `step` and then `total - prompt` tokens are decoded one by one (ops::KvCache
-/// growth: max(needed, 2 x capacity, 256) rounded up to 256).
-int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step);
+/// chunks of `step` and then `total - prompt` tokens are decoded one by one: ops::kv_capacity_for,
+/// i.e. ops::KvCache::reserve itself (unbounded: max(needed, 2 x capacity, 256) rounded up to
+/// 256; bounded by a sliding `window` > 0: at most KvCache::window_rows(window, step)).
+int64_t kv_capacity(int64_t prompt, int64_t total, int64_t step, int64_t window = 0);
+
+/// KV capacities of one sequence's caches: `full` for the attention layers that keep every
+/// position, `windowed` for the sliding-window layers (models::State::kv_window > 0).
+struct KvCapacity {
+  int64_t full = 0, windowed = 0;
+};
+/// kv_capacity() of both kinds of layer of `spec` for the same run (windowed = full when the
+/// model has no bounded window).
+KvCapacity kv_capacities(const models::ModelSpec& spec, int64_t prompt, int64_t total, int64_t step);
 
 /// Per-sequence state at `capacity` KV positions with --kv-bits `kv_bits`: KV caches of the
-/// attention layers and Gated DeltaNet conv + recurrent state, in bytes. For the planner-only
-/// geometries: an MLA cache (attn.kv_latent_dim) holds one latent vector per position and
-/// layer; a sliding window (attn.sliding_window) caps the positions held at the window.
+/// attention layers (each at the capacity of its kind, as models::State configures it) and
+/// Gated DeltaNet conv + recurrent state, in bytes. For the planner-only geometries: an MLA
+/// cache (attn.kv_latent_dim) holds one latent vector per position and layer.
 struct StateBytes {
-  uint64_t kv = 0;             // all attention layers at `capacity` (at most the sliding window)
+  uint64_t kv = 0;             // all attention layers at their capacity
   uint64_t kv_per_token = 0;   // bytes per position over all attention layers
   uint64_t recurrent = 0;      // Gated DeltaNet conv + recurrent state
   uint64_t grow_transient = 0; // one layer's old buffers alive while it grows
+  uint64_t snapshot = 0;       // a KV-less models::StateSnapshot: recurrent + each sliding-window layer's window - 1 rows
 };
-StateBytes state_bytes(const models::ModelSpec& spec, int64_t capacity, int kv_bits);
+StateBytes state_bytes(const models::ModelSpec& spec, const KvCapacity& capacity, int kv_bits);
 
 /// Scratch of a forward pass over `T` tokens: the workspace arena the engine maps
 /// (models::workspace_arena_bytes: one arena shared by every layer), per-thread kernel scratch

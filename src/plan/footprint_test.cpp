@@ -52,8 +52,47 @@ TEST(Footprint, KvCapacityFollowsKvCacheGrowth) {
     for (int bits : {32, 16, 8}) {
       models::State s2(spec, ops::kv_type_from_bits(bits));
       s2.reserve(cap);
-      const StateBytes b = state_bytes(spec, cap, bits);
+      const StateBytes b = state_bytes(spec, KvCapacity{cap, cap}, bits);
       EXPECT_EQ(s2.bytes(), b.kv + b.recurrent) << bits;
+    }
+  }
+}
+
+// gpt-oss windows every other layer (the fixture: W = 8 on layers 0 and 2): the planner's two
+// capacities are what models::State's caches reach over the same run, windowed layers stay
+// bounded by KvCache::window_rows whatever the context, and state_bytes counts each layer at its own.
+TEST(Footprint, WindowedLayersFollowTheirBoundedCache) {
+  io::Checkpoint ck = io::Checkpoint::open(std::string(SPOOL_TEST_DATA_DIR) + "/models/gpt_oss", {.map = false});
+  const models::ModelSpec spec = models::build_spec(ck);
+  ASSERT_EQ(spec.attn.sliding_window, 8);
+  ASSERT_TRUE(spec.attn.window_bounds_kv);
+  struct Case {
+    int64_t prompt, total, step;
+  } cases[] = {{10, 58, 512}, {778, 1034, 512}, {100, 100, 7}, {1, 600, 512}, {3, 3, 512}, {4096, 4200, 128}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::to_string(c.prompt) + " " + std::to_string(c.total) + " " + std::to_string(c.step));
+    for (int bits : {32, 8}) {
+      models::State st(spec, ops::kv_type_from_bits(bits));
+      for (int64_t pos = 0; pos < c.prompt; pos += c.step) {
+        st.reserve(std::min(c.prompt, pos + c.step));
+        st.pos = std::min(c.prompt, pos + c.step);
+      }
+      for (int64_t pos = c.prompt; pos < c.total; ++pos) {
+        st.reserve(pos + 1);
+        st.pos = pos + 1;
+      }
+      const KvCapacity cap = kv_capacities(spec, c.prompt, c.total, c.step);
+      EXPECT_EQ(cap.full, kv_capacity(c.prompt, c.total, c.step));
+      EXPECT_EQ(st.attn[1].capacity(), cap.full);  // full attention
+      EXPECT_EQ(st.attn[0].capacity(), cap.windowed);
+      EXPECT_EQ(st.attn[2].capacity(), cap.windowed);
+      EXPECT_LE(cap.windowed, ops::KvCache::window_rows(8, std::min(c.step, c.prompt)));
+      const StateBytes b = state_bytes(spec, cap, bits);
+      EXPECT_EQ(st.bytes(), b.kv + b.recurrent) << bits;
+      EXPECT_EQ(b.kv, b.kv_per_token / 4 * static_cast<uint64_t>(2 * cap.full + 2 * cap.windowed));
+      // A KV-less snapshot (serve's prompt-cache checkpoints): the two windowed layers' W - 1 rows.
+      if (c.total >= 7) EXPECT_EQ(st.snapshot().bytes(), b.snapshot);
+      EXPECT_EQ(b.snapshot, b.kv_per_token / 4 * 2 * 7);
     }
   }
 }

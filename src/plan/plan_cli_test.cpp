@@ -161,7 +161,20 @@ TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
     EXPECT_EQ(j["kv_bytes_per_token"].get<uint64_t>(), expected_kv_per_token(p.config));
     const bool mla = t.contains("kv_lora_rank") && !t["kv_lora_rank"].is_null();
     EXPECT_EQ(j["architecture"].get<std::string>().rfind("MLA:", 0) == 0, mla) << j["architecture"];
-    EXPECT_EQ(j["components"]["kv"].get<uint64_t>(), j["kv_bytes_per_token"].get<uint64_t>() * j["components"]["kv_positions"].get<uint64_t>());
+    // Every layer at its capacity: gpt-oss's sliding-window layers (layer_types) at the bounded one.
+    const uint64_t layers = t["num_hidden_layers"].get<uint64_t>();
+    uint64_t windowed = 0;
+    if (t.contains("layer_types"))
+      for (const auto& lt : t["layer_types"]) windowed += lt == "sliding_attention";
+    else if (t.contains("sliding_window") && !t["sliding_window"].is_null())
+      windowed = layers;
+    EXPECT_EQ(j["components"]["kv_positions_windowed"].get<uint64_t>() > 0, windowed > 0);
+    const uint64_t per = j["kv_bytes_per_token"].get<uint64_t>(), full = j["components"]["kv_positions"].get<uint64_t>();
+    if (windowed == 0)
+      EXPECT_EQ(j["components"]["kv"].get<uint64_t>(), per * full);
+    else  // (gpt-oss: every layer attention)
+      EXPECT_EQ(j["components"]["kv"].get<uint64_t>(),
+                per / layers * ((layers - windowed) * full + windowed * j["components"]["kv_positions_windowed"].get<uint64_t>()));
     const double bytes = j["components"]["weights_total"].get<double>();
     if (p.name.rfind("tiny-", 0) == 0) continue;
     EXPECT_GT(j["expert_bytes"].get<double>(), 0.5 * bytes);  // MoE at full size: most weights are routed experts

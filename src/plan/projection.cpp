@@ -43,8 +43,7 @@ const char* verdict_name(Verdict v) {
 
 BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const RunShape& sh) {
   BaseNeeds b;
-  const int64_t cap = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
-  const StateBytes st = state_bytes(spec, cap, sh.kv_bits);
+  const StateBytes st = state_bytes(spec, kv_capacities(spec, sh.ctx, sh.ctx, sh.prefill_step), sh.kv_bits);
   b.dense = w.resident_dense + w.f32_copies;
   const uint64_t n = static_cast<uint64_t>(std::max(sh.parallel, 1));
   b.state = n * (st.kv + st.recurrent) + st.grow_transient;
@@ -103,9 +102,10 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     RunShape sh = in.shape;
     sh.kv_bits = kv_bits;
     p.shape = sh;
-    p.kv_capacity = kv_capacity(sh.ctx, sh.ctx, sh.prefill_step);
-    if (p.spec.attn.sliding_window > 0 && p.spec.attn.window_bounds_kv) p.kv_capacity = std::min(p.kv_capacity, p.spec.attn.sliding_window);
-    p.state = state_bytes(p.spec, p.kv_capacity, kv_bits);
+    const KvCapacity cap = kv_capacities(p.spec, sh.ctx, sh.ctx, sh.prefill_step);
+    p.kv_capacity = cap.full;
+    p.kv_capacity_windowed = p.spec.attn.window_bounds_kv && p.spec.attn.sliding_window > 0 ? cap.windowed : 0;
+    p.state = state_bytes(p.spec, cap, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
     const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));
     if (!stream) {

@@ -61,7 +61,8 @@ struct Projection {
   std::string architecture;      // what the KV / expert figures assume (families spool cannot run)
   WeightBytes weights;
   StateBytes state;
-  int64_t kv_capacity = 0;       // KV positions allocated at shape.ctx
+  int64_t kv_capacity = 0;       // KV positions allocated at shape.ctx by a layer that keeps every position
+  int64_t kv_capacity_windowed = 0;  // by a sliding-window layer (models::State::kv_window); 0: none
   BaseNeeds base;
   RunShape shape;
   uint64_t available = 0, reserve = 0;

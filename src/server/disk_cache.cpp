@@ -18,7 +18,9 @@ namespace spool::server {
 
 namespace {
 
-constexpr char kMagic[8] = {'S', 'P', 'O', 'O', 'L', 'P', 'C', '2'};
+// Version 3: the state image is models::State's version 2 (sliding-window layers store their
+// window's rows only); version 2 files hold version 1 images and are deleted at start.
+constexpr char kMagic[8] = {'S', 'P', 'O', 'O', 'L', 'P', 'C', '3'};
 constexpr size_t kFamily = 7;      // "SPOOLPC": any version of the format
 constexpr size_t kAccessAt = 8;    // offset of the access counter
 constexpr size_t kHeaderAt = 16;   // offset of the header length; the checksum starts here

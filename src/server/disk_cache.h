@@ -2,9 +2,10 @@
 // or an evicted in-memory checkpoint does not force re-reading a long prompt.
 //
 // A snapshot holds the tokens [0, n) of a prefix and the models::State image of position n
-// (State::serialize: attention KV rows [0, n) and the Gated DeltaNet states after n), taken at a
-// prefill chunk boundary (see prompt_cache.h). File layout (little-endian, version 2):
-//   "SPOOLPC2" | u64 access counter | u64 header length | header JSON {"fingerprint", "tokens"} |
+// (State::serialize: attention KV rows [0, n) or a sliding-window layer's last rows, and the
+// Gated DeltaNet states after n), taken at a prefill chunk boundary (see prompt_cache.h). File
+// layout (little-endian, version 3):
+//   "SPOOLPC3" | u64 access counter | u64 header length | header JSON {"fingerprint", "tokens"} |
 //   i32 tokens[n] | state image | u64 checksum of the bytes after the access counter and before it.
 // Files are written with write+fsync+rename (a reader never sees a partial file), named by a
 // hash of the fingerprint and the tokens, and kept under a byte budget by evicting the least
@@ -13,7 +14,7 @@
 // (rewritten in place on a load; outside the checksum, so a torn update can only reorder
 // eviction). At start the cache reads each file's counter and continues from the largest; ties
 // are broken by file name. A file that fails any check (magic, sizes, checksum, state image) is
-// deleted and never loaded. Files of another format version ("SPOOLPC1", ...) are deleted at
+// deleted and never loaded. Files of another format version ("SPOOLPC2", ...) are deleted at
 // start (not counted as corrupt). Snapshots of other models (another fingerprint) stay on
 // disk, count toward the budget and are never matched.
 #pragma once

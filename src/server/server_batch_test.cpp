@@ -358,7 +358,7 @@ TEST(BatchMemory, LoaderAndPlanCountEverySlot) {
   o.parallel = 4;
   engine::LoadedModel four = engine::load(o);
   const models::ModelSpec& spec = four.model->spec();
-  const plan::StateBytes st = plan::state_bytes(spec, plan::kv_capacity(512, 512, 16), 32);
+  const plan::StateBytes st = plan::state_bytes(spec, plan::kv_capacities(spec, 512, 512, 16), 32);
   EXPECT_EQ(four.memory.base.state - one.memory.base.state, 3 * (st.kv + st.recurrent));
   EXPECT_GE(four.memory.base.workspace - one.memory.base.workspace,
             models::workspace_arena_bytes(spec, 19, 4) - models::workspace_arena_bytes(spec, 16, 1));

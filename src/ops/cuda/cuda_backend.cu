@@ -1025,7 +1025,7 @@ struct CudaBackend::Impl {
     return m;
   }
 
-  // Copies positions [p0, p0 + n) of the host cache into its mirror.
+  // Copies rows [p0, p0 + n) (positions base() + p0 ...) of the host cache into its mirror.
   void upload_rows(const KvCache& c, KvMirror& m, int64_t p0, int64_t n) {
     if (n <= 0 || c.capacity() == 0) return;
     const size_t es = static_cast<size_t>(kv_elem(c.type())), cap = static_cast<size_t>(c.capacity());
@@ -1251,7 +1251,10 @@ void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float
   Impl& I = *impl_;
   I.begin();
   if (T <= 0) return;
-  if (pos0 + T > cache.capacity()) fail("kv_append: positions up to %lld do not fit a cache of %lld", (long long)(pos0 + T), (long long)cache.capacity());
+  // Rows are positions - base() (a windowed cache, ops/kv_cache.h, holds only its last rows).
+  if (pos0 < cache.base() || pos0 + T - cache.base() > cache.capacity())
+    fail("kv_append: positions [%lld, %lld) do not fit the cache's rows [%lld, %lld)", (long long)pos0, (long long)(pos0 + T),
+         (long long)cache.base(), (long long)(cache.base() + cache.capacity()));
   const int64_t w = static_cast<int64_t>(cache.n_kv_heads()) * cache.head_dim();
   std::vector<float> kh(static_cast<size_t>(T * w)), vh(kh.size());
   const bool kd = is_device_ptr(k), vd = is_device_ptr(v);
@@ -1263,8 +1266,8 @@ void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float
   KvMirror& m = I.mirror(cache, false);
   const bool was_current = m.gen == cache.generation() && m.gen != 0;
   for (int64_t t = 0; t < T; ++t) cache.write(pos0 + t, ksrc + t * w, vsrc + t * w);
-  if (was_current) {
-    I.upload_rows(cache, m, pos0, T);
+  if (was_current) {  // (a reserve() that moved a windowed cache's rows changed its generation)
+    I.upload_rows(cache, m, pos0 - cache.base(), T);
   } else {
     I.upload_rows(cache, m, 0, cache.capacity());
   }
@@ -1278,7 +1281,11 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
   if (T <= 0) return;
   const int hd = kv.head_dim();
   if (kv.n_kv_heads() <= 0 || n_heads % kv.n_kv_heads() != 0) fail("attention: %d heads over %d KV heads", n_heads, kv.n_kv_heads());
-  if (pos0 + T > kv.capacity()) fail("attention: positions up to %lld beyond the cache's %lld", (long long)(pos0 + T), (long long)kv.capacity());
+  // Every position from 0 is read: the cache must hold [0, pos0 + T) (row = position; a
+  // windowed cache reaches here only before it first drops rows, Backend::attention_window).
+  if (kv.base() != 0 || pos0 + T > kv.capacity())
+    fail("attention: positions [0, %lld) are needed, the cache holds [%lld, %lld)", (long long)(pos0 + T), (long long)kv.base(),
+         (long long)(kv.base() + kv.capacity()));
   const KvMirror& m = I.mirror(kv, true);
   KvDev d{};
   d.type = kv.type() == KvType::kF32 ? 0 : kv.type() == KvType::kF16 ? 1 : 2;

@@ -10,7 +10,9 @@
 // handed out by a streaming cache) is copied into scratch for the one call. KV caches keep their
 // host storage (ops::KvCache stays authoritative for snapshots and serialization); the backend
 // keeps a device mirror per cache, written together with the host copy by kv_append and
-// re-uploaded whole when KvCache::generation() shows a change made elsewhere (restore, load).
+// re-uploaded whole when KvCache::generation() shows a change made elsewhere (restore, load,
+// a windowed cache's reserve() moving its rows: the mirror has the host's row layout, row =
+// position - KvCache::base()).
 // Gated DeltaNet states (conv, recurrent) may be host or device memory; host states are copied
 // up before and back after the op.
 //
