@@ -123,8 +123,10 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
     } else if (g.experts_in_vram) {
       std::printf(" + routed experts %s in VRAM (%s used)\n", gib(g.experts).c_str(), gib(g.used()).c_str());
     } else {
-      std::printf("; routed experts (%s) in host memory, %s copied to the GPU per token", gib(g.experts).c_str(),
-                  format_bytes(gpu->h2d_bytes_per_token).c_str());
+      std::printf("; routed experts (%s) in host memory", gib(g.experts).c_str());
+      if (gpu->vram_slots)
+        std::printf(" behind %llu VRAM expert slots (hit rate >= %.0f%%)", (unsigned long long)gpu->vram_slots, 100.0 * gpu->vram_hit_rate);
+      std::printf(", %s copied to the GPU per token", format_bytes(gpu->h2d_bytes_per_token).c_str());
       if (gpu->tok_s_h2d_bound) std::printf(": <= %.1f tok/s at %.1f GB/s host->device", *gpu->tok_s_h2d_bound, *gpu->h2d_gbps);
       std::printf("\n");
     }
@@ -207,6 +209,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                 {"fits", g.fits},
                 {"experts_in_vram", g.experts_in_vram},
                 {"vram_used_bytes", g.fits ? g.used() : 0},
+                {"vram_expert_slots", gpu->vram_slots},
+                {"vram_hit_rate", gpu->vram_hit_rate},
                 {"h2d_bytes_per_token", gpu->h2d_bytes_per_token},
                 {"h2d_gbps", opt(gpu->h2d_gbps)},
                 {"decode_tok_s_h2d_bound", opt(gpu->tok_s_h2d_bound)}};
@@ -303,13 +307,15 @@ void run(const PlanOptions& o) {
     const uint64_t seqs = static_cast<uint64_t>(std::max(p.shape.parallel, 1));
     const plan::GpuPlacement g = plan::place_on_gpu(budget, p.base.dense, seqs * (p.state.kv + p.state.recurrent), p.base.workspace,
                                                     p.weights.experts, p.verdict == plan::Verdict::kStream);
-    gpu = plan::project_gpu(g, p.expert_bytes_per_token, h2d);
+    const uint64_t expert = p.expert_count ? p.weights.experts / p.expert_count : 0;  // one routed expert's bytes
+    gpu = plan::project_gpu(g, p.expert_bytes_per_token, expert, p.expert_count, p.spec.moe.top_k, h2d);
     gpu->device = gpu_index >= 0 ? strfmt("cuda:%d", gpu_index) : "stated";
     gpu->name = info.name;
     gpu->vram_total = info.total_bytes;
     if (!g.fits) p.notes.push_back("the dense weights, KV/state and workspace do not fit the VRAM budget: run with --device cpu, or a smaller --ctx-size");
     else if (!g.experts_in_vram && p.runnable && !p.command.empty())
-      p.notes.push_back("the routed experts stay in host memory: each one a token routes to is copied to the GPU when used");
+      p.notes.push_back("the routed experts stay in host memory: VRAM slots keep the most recently used ones, each miss is "
+                        "copied to the GPU when used");
   }
   if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
   if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");

@@ -75,25 +75,36 @@ DeviceExpertCache::DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> so
          (unsigned long long)n, format_bytes(slot_bytes_).c_str(), min_slots);
   const uint64_t all = static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true)) * static_cast<uint64_t>(n_experts);
   slots_.resize(static_cast<size_t>(std::min(n, all)));
-  for (Slot& s : slots_) s.mem = static_cast<char*>(be_.alloc_weight_slot(slot_bytes_));
+  prepared_.resize(moe_layers.size());
+  // One allocation for every slot: it either succeeds or holds nothing.
+  char* mem = static_cast<char*>(be_.alloc_weight_slot(slot_bytes_ * slots_.size()));
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].mem = mem + i * slot_bytes_;
+}
+
+bool DeviceExpertCache::valid(int layer, int id) const {
+  return layer >= 0 && static_cast<size_t>(layer) < where_.size() && id >= 0 && static_cast<size_t>(id) < where_[layer].size();
 }
 
 void DeviceExpertCache::prepare(int layer, std::span<const int> ids) {
   std::vector<int> missing;
   for (int id : ids)
-    if (layer >= 0 && static_cast<size_t>(layer) < where_.size() && id >= 0 && static_cast<size_t>(id) < where_[layer].size() &&
-        where_[layer][static_cast<size_t>(id)] < 0)
-      missing.push_back(id);
-  if (!missing.empty()) source_->prepare(layer, missing);
+    if (valid(layer, id) && where_[layer][static_cast<size_t>(id)] < 0) missing.push_back(id);
+  if (missing.empty()) return;
+  source_->prepare(layer, missing);
+  // Each forwarded prepare is owed an acquire or an unprepare at the source.
+  prepared_[layer].insert(prepared_[layer].end(), missing.begin(), missing.end());
 }
 
 void DeviceExpertCache::unprepare(int layer, std::span<const int> ids) {
-  std::vector<int> missing;
+  if (layer < 0 || static_cast<size_t>(layer) >= prepared_.size()) return;
+  std::vector<int>& owed = prepared_[layer];
+  std::vector<int> back;
   for (int id : ids)
-    if (layer >= 0 && static_cast<size_t>(layer) < where_.size() && id >= 0 && static_cast<size_t>(id) < where_[layer].size() &&
-        where_[layer][static_cast<size_t>(id)] < 0)
-      missing.push_back(id);
-  if (!missing.empty()) source_->unprepare(layer, missing);
+    if (auto it = std::find(owed.begin(), owed.end(), id); it != owed.end()) {
+      owed.erase(it);
+      back.push_back(id);
+    }
+  if (!back.empty()) source_->unprepare(layer, back);
 }
 
 void DeviceExpertCache::acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) {
@@ -101,59 +112,79 @@ void DeviceExpertCache::acquire(int layer, std::span<const int> ids, std::span<e
     fail("device expert cache: layer %d has no routed experts", layer);
   if (ids.size() > slots_.size())
     fail("device expert cache: %zu experts acquired at once, more than its %zu slots", ids.size(), slots_.size());
+  for (int id : ids)
+    if (!valid(layer, id)) fail("device expert cache: expert %d of layer %d does not exist", id, layer);
   std::vector<int>& where = where_[layer];
-  // Hits first: they are marked in use so that the misses' evictions cannot take them.
-  std::vector<size_t> miss;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= n_experts_) fail("device expert cache: expert %d of layer %d does not exist", ids[i], layer);
-    const int s = where[static_cast<size_t>(ids[i])];
-    if (s >= 0) {
-      slots_[s].in_use = true;
-      slots_[s].used = ++clock_;
-      out[i] = slots_[s].views;
-      ++stats_.hits;
-    } else {
-      miss.push_back(i);
-    }
-  }
-  if (miss.empty()) return;
-  std::vector<int> missing;
-  for (size_t i : miss) missing.push_back(ids[i]);
-  std::vector<experts::ExpertWeights> host(missing.size());
-  source_->acquire(layer, missing, host);
+  std::vector<int>& owed = prepared_[layer];
+  std::vector<size_t> marked;  // slots this call handed out: freed again if it fails
   try {
-    for (size_t m = 0; m < miss.size(); ++m) {
-      // The least recently used slot not handed out (empty slots have used == 0).
-      size_t best = slots_.size();
-      for (size_t s = 0; s < slots_.size(); ++s)
-        if (!slots_[s].in_use && (best == slots_.size() || slots_[s].used < slots_[best].used)) best = s;
-      if (best == slots_.size()) fail("device expert cache: every slot is in use");
-      Slot& s = slots_[best];
-      if (s.layer >= 0) where_[s.layer][static_cast<size_t>(s.expert)] = -1;
-      const experts::ExpertWeights& h = host[m];
-      char* at = s.mem;
-      s.views = h;
-      s.views.gate = be_.copy_weight_into(h.gate, at);
-      at += ops::packed_weight_bytes(h.gate);
-      if (!h.up.empty()) {
-        s.views.up = be_.copy_weight_into(h.up, at);
-        at += ops::packed_weight_bytes(h.up);
+    // Hits first: they are marked in use so that the misses' evictions cannot take them. A hit
+    // whose prepare() went to the source gives that prepare back (the source pinned it).
+    std::vector<int> missing;  // distinct ids not in a slot
+    std::vector<int> back;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int s = where[static_cast<size_t>(ids[i])];
+      if (s >= 0) {
+        if (!slots_[s].in_use) marked.push_back(static_cast<size_t>(s));
+        slots_[s].in_use = true;
+        slots_[s].used = ++clock_;
+        out[i] = slots_[s].views;
+        ++stats_.hits;
+        if (auto it = std::find(owed.begin(), owed.end(), ids[i]); it != owed.end()) {
+          owed.erase(it);
+          back.push_back(ids[i]);
+        }
+      } else if (std::find(missing.begin(), missing.end(), ids[i]) == missing.end()) {
+        missing.push_back(ids[i]);
       }
-      s.views.down = be_.copy_weight_into(h.down, at);
-      stats_.bytes_copied += ops::packed_weight_bytes(h.gate) + ops::packed_weight_bytes(h.up) + ops::packed_weight_bytes(h.down);
-      s.layer = layer;
-      s.expert = missing[m];
-      s.used = ++clock_;
-      s.in_use = true;
-      where[static_cast<size_t>(missing[m])] = static_cast<int>(best);
-      out[miss[m]] = s.views;
-      ++stats_.misses;
     }
+    if (!back.empty()) source_->unprepare(layer, back);
+    if (missing.empty()) return;
+    for (int id : missing)  // the source's acquire takes over a forwarded prepare
+      if (auto it = std::find(owed.begin(), owed.end(), id); it != owed.end()) owed.erase(it);
+    std::vector<experts::ExpertWeights> host(missing.size());
+    source_->acquire(layer, missing, host);
+    try {
+      for (size_t m = 0; m < missing.size(); ++m) {
+        const experts::ExpertWeights& h = host[m];
+        const uint64_t gate = ops::packed_weight_bytes(h.gate), up = h.up.empty() ? 0 : ops::packed_weight_bytes(h.up),
+                       down = ops::packed_weight_bytes(h.down);
+        if (gate + up + down > slot_bytes_)
+          fail("device expert cache: expert %d of layer %d takes %s, more than a slot (%s)", missing[m], layer,
+               format_bytes(gate + up + down).c_str(), format_bytes(slot_bytes_).c_str());
+        // The least recently used slot not handed out (empty slots have used == 0).
+        size_t best = slots_.size();
+        for (size_t s = 0; s < slots_.size(); ++s)
+          if (!slots_[s].in_use && (best == slots_.size() || slots_[s].used < slots_[best].used)) best = s;
+        if (best == slots_.size()) fail("device expert cache: every slot is in use");
+        Slot& s = slots_[best];
+        if (s.layer >= 0) where_[s.layer][static_cast<size_t>(s.expert)] = -1;
+        s.layer = s.expert = -1;  // empty until the copies are done
+        s.used = 0;
+        experts::ExpertWeights v = h;
+        v.gate = be_.copy_weight_into(h.gate, s.mem);
+        if (!h.up.empty()) v.up = be_.copy_weight_into(h.up, s.mem + gate);
+        v.down = be_.copy_weight_into(h.down, s.mem + gate + up);
+        s.views = v;
+        stats_.bytes_copied += gate + up + down;
+        s.layer = layer;
+        s.expert = missing[m];
+        s.used = ++clock_;
+        s.in_use = true;
+        marked.push_back(best);
+        where[static_cast<size_t>(missing[m])] = static_cast<int>(best);
+        ++stats_.misses;
+      }
+    } catch (...) {
+      source_->release(layer);
+      throw;
+    }
+    source_->release(layer);  // the slots hold copies (a GPU backend has staged the bytes)
+    for (size_t i = 0; i < ids.size(); ++i) out[i] = slots_[where[static_cast<size_t>(ids[i])]].views;
   } catch (...) {
-    source_->release(layer);
+    for (size_t s : marked) slots_[s].in_use = false;
     throw;
   }
-  source_->release(layer);  // the slots hold copies (a GPU backend has staged the bytes)
 }
 
 void DeviceExpertCache::release(int layer) {

@@ -41,7 +41,9 @@ class DeviceExperts final : public experts::ExpertProvider {
 /// least-recently-used order by (layer, expert). acquire() hands out slot views: a hit costs
 /// nothing on the host link, a miss copies the expert into the least recently used slot not in
 /// use (Backend::copy_weight_into). Slots handed out by acquire(layer) stay in use until
-/// release(layer); max_batch() is the number of slots, so the MoE block splits larger sets.
+/// release(layer) (or until that acquire fails); max_batch() is the number of slots (at most the
+/// source's), so the MoE block splits larger sets. prepare() forwards the experts not in a slot
+/// to the source; one that is in a slot by the time of its acquire() is unprepared there.
 /// The bytes are the same as the host provider's, so the logits are bit-identical to it.
 class DeviceExpertCache final : public experts::ExpertProvider {
  public:
@@ -50,10 +52,10 @@ class DeviceExpertCache final : public experts::ExpertProvider {
     uint64_t hits = 0, misses = 0;  // experts acquired from a slot / copied into one
     uint64_t bytes_copied = 0;      // host -> slot bytes (packed sizes)
   };
-  /// `budget_bytes` of slots on `be` (which must outlive this provider), each sized for the
-  /// largest expert of the MoE layers (moe_layers[l]), measured by acquiring expert 0 of each
-  /// from `source`. Throws spool::Error when the budget holds fewer than `min_slots` experts
-  /// (the experts one token routes to) or the memory cannot be had.
+  /// `budget_bytes` of slots on `be` (which must outlive this provider; one allocation), each
+  /// sized for the largest expert 0 of the MoE layers (moe_layers[l]; an expert larger than a
+  /// slot is an error at its acquire). Throws spool::Error when the budget holds fewer than
+  /// `min_slots` experts (the experts one token routes to) or the memory cannot be had.
   DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> source, ops::Backend& be, const std::vector<bool>& moe_layers,
                     int n_experts, uint64_t budget_bytes, int min_slots);
   void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;
@@ -81,7 +83,9 @@ class DeviceExpertCache final : public experts::ExpertProvider {
   int n_experts_ = 0;
   uint64_t slot_bytes_ = 0, clock_ = 0;
   std::vector<Slot> slots_;
+  bool valid(int layer, int id) const;
   std::vector<std::vector<int>> where_;  // [layer][expert] -> slot index or -1
+  std::vector<std::vector<int>> prepared_;  // [layer] ids whose prepare() went to the source and is owed back
   Stats stats_;
 };
 

@@ -38,14 +38,21 @@ struct GpuProjection {
   std::string name;          // the GPU's name ("" when stated)
   uint64_t vram_total = 0;   // the card's memory (0 when stated)
   GpuPlacement placement;
-  uint64_t h2d_bytes_per_token = 0;  // expert bytes copied per decoded token (0 with experts in VRAM)
+  uint64_t vram_slots = 0;        // experts in VRAM slots (models::DeviceExpertCache) when not all fit; 0 when
+                                  // they all fit or the rest of the budget holds fewer than one token's top-k
+  double vram_hit_rate = 0;       // slots / routed experts (uniform routing; real routing is skewed higher)
+  uint64_t h2d_bytes_per_token = 0;  // expert bytes copied per decoded token: the top-k experts' bytes times the
+                                     // miss rate of the slots (0 with every expert in VRAM)
   std::optional<double> h2d_gbps;    // pinned host-to-device bandwidth, GB/s (1e9 bytes)
   std::optional<double> tok_s_h2d_bound;  // decode tokens/s upper bound from h2d_gbps (experts in host memory)
 };
 
-/// The projection for a placement: h2d_bytes_per_token = `expert_bytes_per_token` (the top-k
-/// experts of every MoE layer) when the experts stay in host memory, and the bound
-/// h2d_gbps * 1e9 / h2d_bytes_per_token when both are known.
-GpuProjection project_gpu(const GpuPlacement& placement, uint64_t expert_bytes_per_token, std::optional<double> h2d_gbps);
+/// The projection for a placement: when the experts stay in host memory, the rest of the budget
+/// holds (budget - dense - state - workspace) / `expert_slot_bytes` slots (the loader's
+/// DeviceExpertCache; none below `top_k`) of `expert_count` routed experts, h2d_bytes_per_token =
+/// `expert_bytes_per_token` (the top-k experts of every MoE layer) times the slots' miss rate, and
+/// the bound h2d_gbps * 1e9 / h2d_bytes_per_token when both are known.
+GpuProjection project_gpu(const GpuPlacement& placement, uint64_t expert_bytes_per_token, uint64_t expert_slot_bytes,
+                          uint64_t expert_count, int top_k, std::optional<double> h2d_gbps);
 
 }  // namespace spool::plan

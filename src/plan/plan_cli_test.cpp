@@ -233,7 +233,15 @@ TEST(PlanCli, GpuPlacementForAStatedGpu) {
   EXPECT_FALSE(m["gpu"]["experts_in_vram"].get<bool>());
   EXPECT_EQ(m["gpu"]["vram_used_bytes"].get<uint64_t>(), base_bytes);
   const uint64_t per_token = m["gpu"]["h2d_bytes_per_token"].get<uint64_t>();
-  EXPECT_EQ(per_token, m["expert_bytes_per_token"].get<uint64_t>());
+  // The rest of the budget holds VRAM expert slots: the misses' share of the top-k bytes crosses.
+  const uint64_t slots = m["gpu"]["vram_expert_slots"].get<uint64_t>();
+  const uint64_t expert_count = 40 * 256;  // Qwen3.6-35B-A3B: 40 MoE layers of 256 experts
+  EXPECT_EQ(slots, (m["gpu"]["vram_budget_bytes"].get<uint64_t>() - base_bytes) / (m["expert_bytes"].get<uint64_t>() / expert_count));
+  const double hit = m["gpu"]["vram_hit_rate"].get<double>();
+  EXPECT_DOUBLE_EQ(hit, static_cast<double>(slots) / expert_count);
+  EXPECT_GT(hit, 0.1);
+  EXPECT_LT(hit, 0.3);  // ~11.5 GiB of slots for 60 GiB of experts
+  EXPECT_NEAR(static_cast<double>(per_token), m["expert_bytes_per_token"].get<double>() * (1.0 - hit), 1.0);
   EXPECT_GT(per_token, 0u);
   EXPECT_NEAR(m["gpu"]["decode_tok_s_h2d_bound"].get<double>(), 25e9 / static_cast<double>(per_token), 1e-9);
   Result text = spool("plan --preset qwen3.6-35b-a3b --ram-gb 256 --mem-gbps 10 --h2d-gbps 25 --vram-gb 16");
