@@ -1451,8 +1451,9 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   // host mapping and in front of the streaming cache (RAM tier, then disk).
   m->set_expert_provider(nullptr);
   auto mapping = m->shared_expert_provider();
+  const int n_moe = static_cast<int>(std::count(moe.begin(), moe.end(), true));
   for (const bool over_streaming : {false, true})
-    for (const int slots : {s.moe.top_k, 4 * s.moe.top_k}) {
+    for (const int slots : {s.moe.top_k, n_moe * s.moe.n_experts}) {  // one token's experts; every expert
       SCOPED_TRACE(std::string(over_streaming ? "slots over streaming, " : "slots over the mapping, ") + std::to_string(slots));
       std::shared_ptr<experts::ExpertProvider> src = over_streaming ? std::shared_ptr<experts::ExpertProvider>(streaming) : mapping;
       models::DeviceExpertCache probe(src, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
@@ -1462,7 +1463,10 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
       const std::vector<float> tiered = greedy_logits(*m, ids, 8);
       m->set_expert_provider(nullptr);
       EXPECT_EQ(std::memcmp(vram.data(), tiered.data(), vram.size() * 4), 0) << "VRAM-resident vs VRAM slots";
-      EXPECT_GT(cache->stats().hits, 0u);
+      // With every expert in a slot, experts routed to again are hits (with one token's worth,
+      // each layer evicts the previous one's: LRU over 8 layers never hits).
+      if (slots == n_moe * s.moe.n_experts) EXPECT_GT(cache->stats().hits, 0u);
+      EXPECT_GT(cache->stats().misses, 0u);
       EXPECT_GT(be->slot_copied_bytes(), before_slots);  // the misses were copied into VRAM slots
     }
 }

@@ -88,8 +88,10 @@ StateBytes state_bytes(const models::ModelSpec& s, const KvCapacity& capacity, i
     if (s.mixers[i] == models::MixerKind::kAttention || s.mixers[i] == models::MixerKind::kMLA) {
       // Each layer at the capacity of its kind: a sliding-window layer's cache is bounded.
       const int64_t cap = models::State::kv_window(s, i) > 0 ? capacity.windowed : capacity.full;
-      // KvCache::reserve doubles: the previous capacity is at most half of the final one.
-      const int64_t prev = cap / 2 / 256 * 256;
+      // KvCache::reserve doubles: the previous capacity is at most half of the final one; a
+      // windowed cache grows from about its window to W - 1 + its largest chunk (slack W/8).
+      const int64_t w = models::State::kv_window(s, i);
+      const int64_t prev = w > 0 ? std::min<int64_t>(cap, w) : cap / 2 / 256 * 256;
       b.kv += per * static_cast<uint64_t>(cap);
       b.kv_per_token += per;
       b.snapshot += per * static_cast<uint64_t>(std::max<int64_t>(models::State::kv_window(s, i) - 1, 0));
