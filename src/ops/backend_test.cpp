@@ -1465,7 +1465,9 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
       EXPECT_EQ(std::memcmp(vram.data(), tiered.data(), vram.size() * 4), 0) << "VRAM-resident vs VRAM slots";
       // With every expert in a slot, experts routed to again are hits (with one token's worth,
       // each layer evicts the previous one's: LRU over 8 layers never hits).
-      if (slots == n_moe * s.moe.n_experts) EXPECT_GT(cache->stats().hits, 0u);
+      if (slots == n_moe * s.moe.n_experts) {
+        EXPECT_GT(cache->stats().hits, 0u);
+      }
       EXPECT_GT(cache->stats().misses, 0u);
       EXPECT_GT(be->slot_copied_bytes(), before_slots);  // the misses were copied into VRAM slots
     }

@@ -328,7 +328,9 @@ TEST(KvCache, CapacityForFollowsReserve) {
     for (int64_t p = 0; p < c.prompt; p += c.step) kv.reserve(std::min(c.prompt, p + c.step), p);
     for (int64_t p = c.prompt; p < c.total; ++p) kv.reserve(p + 1, p);
     EXPECT_EQ(kv_capacity_for(c.prompt, c.total, c.step, c.window), kv.capacity()) << c.prompt << " " << c.total << " " << c.window;
-    if (c.window > 0) EXPECT_LE(kv.capacity(), KvCache::window_rows(c.window, std::min(c.step, c.prompt)));
+    if (c.window > 0) {
+      EXPECT_LE(kv.capacity(), KvCache::window_rows(c.window, std::min(c.step, c.prompt)));
+    }
   }
 }
 
