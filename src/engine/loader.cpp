@@ -92,8 +92,8 @@ GpuInfo gpu_info(int index) {
   return g;
 }
 
-uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits) {
-  const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacities(s, ctx, ctx, 512), kv_bits);
+uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits, int64_t prefill_step) {
+  const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacities(s, ctx, ctx, prefill_step), kv_bits);
   return b.kv + b.recurrent;
 }
 
@@ -390,7 +390,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     // experts stay in host memory (resident mapping or the streaming cache) and each routed
     // expert is copied to the GPU when used.
     const plan::GpuPlacement g = plan::place_on_gpu(l.vram_budget, cuda->uploaded_bytes(),
-                                                    state_bytes(spec, opt.ctx_size, opt.kv_bits) * opt.parallel,
+                                                    state_bytes(spec, opt.ctx_size, opt.kv_bits, opt.prefill_step) * opt.parallel,
                                                     l.model->workspace_capacity(), experts, stream);
     if (!g.fits)
       fail("--vram-budget-gb: the dense weights (%s), KV/state of %d sequence(s) at --ctx-size %lld (%s) and workspace (%s) need "

@@ -119,7 +119,8 @@ std::vector<std::pair<int, int>> read_pin_file(const std::string& path);
 /// Bytes of the model files resident in the page cache (mincore over the shard mappings).
 uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt);
 
-/// Bytes of one sequence's KV cache and recurrent state at `ctx` tokens with --kv-bits.
-uint64_t state_bytes(const models::ModelSpec& spec, int64_t ctx, int kv_bits);
+/// Bytes of one sequence's KV cache and recurrent state at `ctx` tokens with --kv-bits, chunks of
+/// `prefill_step` tokens (a sliding-window layer holds W - 1 + its largest chunk).
+uint64_t state_bytes(const models::ModelSpec& spec, int64_t ctx, int kv_bits, int64_t prefill_step);
 
 }  // namespace spool::engine
