@@ -14,12 +14,14 @@
 #                                         (builds there instead when DIR holds no binaries but cmake, nvcc
 #                                         and ninja exist and the -dev packages are installed)
 #
-# Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), STAGE_SPOOL=0 (stage: the
+# Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), NO_BUILD=1 (stage BUILD_DIR's
+# binaries as they are, e.g. build/ from scripts/test.sh, which compiles CUDA when nvcc is found), STAGE_SPOOL=0 (stage: the
 # test binaries only, without spool), OUT (a folder for
 # the logs, optional), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases),
 # BENCH=1 (after the tests, `spool bench` CPU vs CUDA of the demo model and of a
 # Qwen3.6-35B-A3B-shaped q4 synthetic of BENCH_LAYERS layers (default 8) made on the GPU machine,
-# with the host->device bandwidth; logs bench*.log in $OUT), SKIP_TESTS=1 (run mode: only the bench).
+# with the host->device bandwidth; logs bench*.log in $OUT), CUDA_BENCH=1 (bench/cuda.sh against llama.cpp,
+# built there from DIR/llama-src.tar.xz), SKIP_TESTS=1 (run mode: only the benches).
 # Exit status: that of the tests (0 when all pass; a GPU-less machine reports the CUDA cases as
 # SKIPPED, so run this where `nvidia-smi -L` lists a GPU).
 set -euo pipefail
@@ -34,6 +36,11 @@ build() {  # build [dir]: configure and build the CUDA test binaries
   local repo bdir
   repo=$(cd "$here/.." && pwd)
   bdir=${BUILD_DIR:-$repo/build-cuda}
+  if [ "${NO_BUILD:-0}" = 1 ]; then  # stage what BUILD_DIR holds (e.g. build/, which has CUDA when nvcc is installed)
+    grep -q 'SPOOL_CUDA:BOOL=ON' "$bdir/CMakeCache.txt" || { echo "test-cuda.sh: $bdir is not a CUDA build" >&2; return 1; }
+    echo "$bdir"
+    return
+  fi
   local launch=()
   if command -v ccache >/dev/null; then
     launch=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
@@ -165,6 +172,9 @@ PY
     [ $rc = 0 ] || exit $rc
     if [ "${SKIP_TESTS:-0}" != 1 ]; then run_tests "$dir" || rc=1; fi
     if [ "${BENCH:-0}" = 1 ]; then run_bench "$dir/spool" "$demo" || rc=1; fi
+    # CUDA_BENCH=1: bench/cuda.sh (spool vs llama.cpp with CPU experts), llama.cpp built here from
+    # DIR/llama-src.tar.xz (put it there before staging's transfer); LAYERS etc. pass through.
+    if [ "${CUDA_BENCH:-0}" = 1 ]; then SPOOL=$dir/spool LLAMA_SRC=$dir/llama-src.tar.xz bench/cuda.sh || rc=1; fi
     exit $rc
     ;;
   *)

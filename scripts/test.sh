@@ -31,8 +31,11 @@ step "build + ctest"
 # instrumentation) serves the tests labelled "sanitize" (parsers, bad input, CLI error paths,
 # streaming, the server's HTTP, engine and batching tests) and the fuzzers below: one build
 # instead of two keeps the suite short on 2 cores. -O1 without debug info and one SIMD target
-# keep it quick.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DCMAKE_C_COMPILER=clang \
+# keep it quick; on a CPU with AVX2 (x86-64-v3) that one target is AVX2, which runs the model tests
+# several times faster than the SSE2 baseline.
+san_flags="-O1"
+grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw bmi2 /proc/cpuinfo && san_flags="-O1 -march=x86-64-v3"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
@@ -59,7 +62,7 @@ step "ASan + UBSan"
 # request queue (full queue, health while busy), cancellation on disconnect and mid-batch, the
 # prompt cache, continuous batching with stop strings, and the two pipelined groups of a
 # streamed batch step. (Each costs minutes under TSan on 2 cores: one test per mechanism.)
-cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1" -DSPOOL_TSAN=ON -DSPOOL_CUDA=OFF \
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DSPOOL_TSAN=ON -DSPOOL_CUDA=OFF \
   -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j"$jobs" --target server_http_test server_engine_test server_batch_test batch_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \

@@ -32,7 +32,7 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("--kv-bits", kv_bits, "KV cache entries: 32 (f32, exact; default), 16 (f16) or 8 (int8 with group scales)");
   app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
   app->add_option("--vram-budget-gb", vram_budget,
-                  "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (90% of the GPU); experts go to VRAM only when all fit");
+                  "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (the GPU's free memory less 512 MiB, at most 90% of it); routed experts that do not all fit get VRAM slots in what is left");
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
 }

@@ -300,7 +300,8 @@ void run(const PlanOptions& o) {
   std::optional<plan::GpuProjection> gpu;
   if (gpu_index >= 0 || o.vram_gb > 0) {
     const engine::GpuInfo info = engine::gpu_info(gpu_index);
-    const uint64_t budget = o.vram_gb > 0 ? static_cast<uint64_t>(o.vram_gb * (1ull << 30)) : info.total_bytes / 10 * 9;  // as the loader
+    const uint64_t budget = o.vram_gb > 0 ? static_cast<uint64_t>(o.vram_gb * (1ull << 30))
+                                         : plan::auto_vram_budget(info.total_bytes, info.free_bytes);  // as the loader
     std::optional<double> h2d;
     if (o.h2d_gbps > 0) h2d = o.h2d_gbps;
     else if (gpu_index >= 0) h2d = engine::h2d_gbps(gpu_index, 256ull << 20, /*pinned=*/true);
@@ -351,7 +352,7 @@ void register_plan(CLI::App& app) {
   c->add_option("--device", o->device,
                  "Plan the GPU part for cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present)");
   c->add_option("--vram-gb", o->vram_gb,
-                "Plan for a GPU with this VRAM budget (GiB; with a GPU present it stands for --vram-budget-gb, default 90% of its memory)");
+                "Plan for a GPU with this VRAM budget (GiB; with a GPU present it stands for --vram-budget-gb, default its auto: the free memory less 512 MiB, at most 90%)");
   c->add_option("--h2d-gbps", o->h2d_gbps, "Host-to-device bandwidth, GB/s (default: measured on the GPU, pinned memory)");
   c->add_flag("--json", o->json, "Print JSON");
   c->callback([o, kv] {

@@ -83,6 +83,7 @@ GpuInfo gpu_info(int index) {
     const ops::CudaDeviceInfo d = ops::cuda_device_info(index);
     g.name = d.name;
     g.total_bytes = d.total_bytes;
+    g.free_bytes = d.free_bytes;
     g.major = d.major;
     g.minor = d.minor;
   }
@@ -290,7 +291,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     const ops::CudaDeviceInfo info = ops::cuda_device_info(cuda_index);
     l.device = strfmt("cuda:%d", cuda_index);
     l.device_name = info.name;
-    l.vram_budget = vram_gb >= 0 ? static_cast<uint64_t>(vram_gb * kGiB) : info.total_bytes / 10 * 9;
+    l.vram_budget = vram_gb >= 0 ? static_cast<uint64_t>(vram_gb * kGiB) : plan::auto_vram_budget(info.total_bytes, info.free_bytes);
   }
 #endif
   if (!backend) backend = std::make_shared<ops::CpuBackend>(l.pool.get());

@@ -91,6 +91,7 @@ double h2d_gbps(int index, size_t bytes, bool pinned);
 struct GpuInfo {
   std::string name;
   uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;  // free now (cudaMemGetInfo)
   int major = 0, minor = 0;
 };
 GpuInfo gpu_info(int index);

@@ -15,6 +15,7 @@
 #include "ops/thread_pool.h"
 #include "plan/budget.h"
 #include "plan/footprint.h"
+#include "plan/gpu.h"
 #include "plan/projection.h"
 
 namespace spool::plan {
@@ -248,3 +249,12 @@ TEST(Footprint, WorkspaceDoesNotGrowWithLayers) {
 
 }  // namespace
 }  // namespace spool::plan
+
+// --vram-budget-gb auto: the free VRAM (another process's allocations excluded) less 512 MiB, at
+// most 90% of the card; nothing when less than the reserve is free.
+TEST(PlanGpu, AutoVramBudgetIsTheFreeMemoryLessTheReserve) {
+  constexpr uint64_t GiB = 1ull << 30, MiB = 1ull << 20;
+  EXPECT_EQ(spool::plan::auto_vram_budget(100 * GiB, 50 * GiB), 50 * GiB - 512 * MiB);
+  EXPECT_EQ(spool::plan::auto_vram_budget(10 * GiB, 10 * GiB), 10 * GiB / 10 * 9);
+  EXPECT_EQ(spool::plan::auto_vram_budget(10 * GiB, 300 * MiB), 0u);
+}

@@ -4,6 +4,11 @@
 
 namespace spool::plan {
 
+uint64_t auto_vram_budget(uint64_t total, uint64_t free) {
+  const uint64_t reserve = uint64_t{512} << 20;
+  return std::min(total / 10 * 9, free > reserve ? free - reserve : 0);
+}
+
 GpuPlacement place_on_gpu(uint64_t budget, uint64_t dense, uint64_t state, uint64_t workspace, uint64_t experts,
                           bool stream) {
   GpuPlacement p{.budget = budget, .dense = dense, .state = state, .workspace = workspace, .experts = experts};

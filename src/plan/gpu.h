@@ -26,6 +26,11 @@ struct GpuPlacement {
   uint64_t used() const { return dense + state + workspace + (experts_in_vram ? experts : 0); }
 };
 
+/// The VRAM budget `--vram-budget-gb auto` stands for on a GPU of `total` bytes with `free` bytes
+/// free now (cudaMemGetInfo; other processes' allocations are not ours to take): free less 512 MiB
+/// for the CUDA context's own allocations (cuBLAS workspace, streams), at most 90% of the card.
+uint64_t auto_vram_budget(uint64_t total, uint64_t free);
+
 /// The placement rule above. `stream`: the user asked to stream experts (--stream or a cache
 /// budget), which keeps them in host memory.
 GpuPlacement place_on_gpu(uint64_t budget, uint64_t dense, uint64_t state, uint64_t workspace, uint64_t experts,

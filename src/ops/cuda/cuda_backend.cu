@@ -15,7 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -61,8 +64,11 @@ void dev_copy(void* dst, const void* src, size_t n) {
 }
 
 // Whether p is device memory (cudaMalloc / managed); host memory (pageable or pinned) is not.
+uint64_t g_pointer_queries = 0;  // cudaPointerGetAttributes calls (SPOOL_CUDA_PROFILE reports them)
+
 bool is_device_ptr(const void* p) {
   if (p == nullptr) return false;
+  ++g_pointer_queries;
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -772,6 +778,13 @@ CudaDeviceInfo cuda_device_info(int index) {
   }
   std::snprintf(info.name, sizeof info.name, "%s", p.name);
   info.total_bytes = p.totalGlobalMem;
+  int prev = 0;
+  size_t free_b = 0, total_b = 0;
+  if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(index) == cudaSuccess) {
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) info.free_bytes = free_b;
+    (void)cudaSetDevice(prev);
+  }
+  (void)cudaGetLastError();
   info.major = p.major;
   info.minor = p.minor;
   return info;
@@ -848,10 +861,51 @@ struct CudaBackend::Impl {
   int smem_optin = 48 << 10;
   bool sync_each = false;  // SPOOL_CUDA_SYNC=1: synchronize after every op (debugging)
 
+  // SPOOL_CUDA_PROFILE=1: host time spent inside each public op (launches, staging copies and the
+  // waits of the ops that synchronize), printed to stderr when the backend is destroyed, beside
+  // the backend's lifetime: what the ops do not account for is host code between them.
+  struct OpTime {
+    uint64_t calls = 0;
+    double seconds = 0;
+  };
+  bool profile = false;
+  std::map<std::string, OpTime> op_times;
+  const char* op = nullptr;
+  std::chrono::steady_clock::time_point op_t0, created = std::chrono::steady_clock::now();
+
   // Start of a public op: scratch of the previous op is free again.
-  void begin() { arena->reset(); }
+  void begin(const char* name = nullptr) {
+    arena->reset();
+    if (profile) {
+      op = name;
+      op_t0 = std::chrono::steady_clock::now();
+    }
+  }
   void end() {
     if (sync_each) CU(cudaStreamSynchronize(stream));
+    if (profile && op != nullptr) {
+      OpTime& t = op_times[op];
+      ++t.calls;
+      t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - op_t0).count();
+      op = nullptr;
+    }
+  }
+  void report() const {
+    const double life = std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+    double total = 0;
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, t] : op_times) {
+      total += t.seconds;
+      rows.emplace_back(t.seconds, name);
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "cuda profile: %.3f s in backend ops of a %.3f s backend lifetime; %llu pointer queries\n", total, life,
+                 (unsigned long long)g_pointer_queries);
+    for (const auto& [sec, name] : rows) {
+      const OpTime& t = op_times.at(name);
+      std::fprintf(stderr, "  %-24s %9llu calls %9.3f s %8.2f us/call\n", name.c_str(), (unsigned long long)t.calls, sec,
+                   1e6 * sec / static_cast<double>(std::max<uint64_t>(t.calls, 1)));
+    }
   }
 
   // Pinned staging ring for host->device copies: a copy from pageable memory makes the host wait
@@ -1065,12 +1119,15 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   CU(cudaDeviceGetAttribute(&impl_->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
   const char* e = std::getenv("SPOOL_CUDA_SYNC");
   impl_->sync_each = e != nullptr && e[0] == '1';
+  const char* prof = std::getenv("SPOOL_CUDA_PROFILE");
+  impl_->profile = prof != nullptr && prof[0] == '1';
   set_device_allocator(Device::kCuda, DeviceAllocator{dev_alloc, dev_free, dev_copy});
 }
 
 CudaBackend::~CudaBackend() {
   if (!impl_) return;
   (void)cudaStreamSynchronize(impl_->stream);
+  if (impl_->profile) impl_->report();
   impl_->kv.clear();
   impl_->arena.reset();
   if (impl_->pinned) (void)cudaFreeHost(impl_->pinned);
@@ -1131,7 +1188,7 @@ uint64_t CudaBackend::slot_copied_bytes() const { return impl_->slot_copied; }
 
 void CudaBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   const float* xd = I.in(x, T * w.cols);
   auto yo = I.out(y, T * w.rows, false);
   I.mm(w, xd, T, yo.d);
@@ -1141,7 +1198,7 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int64_t T, float* 
 
 void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (outs.empty()) return;
   const float* xd = I.in(x, T * outs[0].w->cols);
   for (const MatmulOut& o : outs) {
@@ -1158,7 +1215,7 @@ void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, 
 void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                              int64_t H, Activation act, float* y) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (experts.empty()) return;
   if (g0 + experts.size() > groups.active.size()) fail("expert_ffn: experts [%zu, %zu) beyond the %zu active", g0, g0 + experts.size(), groups.active.size());
   const int64_t r_begin = groups.first[g0], r_end = groups.first[g0 + experts.size()];
@@ -1206,7 +1263,7 @@ void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGr
 
 void CudaBackend::moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   const int64_t T = groups.T;
   const int K = groups.K;
   if (T == 0) return;
@@ -1223,7 +1280,7 @@ void CudaBackend::moe_combine(const float* y, const ExpertGroups& groups, const 
 void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
                                       float* margins) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (T == 0) return;
   if (k < 1 || k > E || k > kMaxTopK) fail("routing: top-k %d must be in 1..min(%d, %d)", k, E, kMaxTopK);
   const float* ld = I.in(logits, T * E);
@@ -1249,7 +1306,7 @@ void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bo
 // to the host, written there by KvCache::write (its quantization), and the same bytes copied up.
 void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (T <= 0) return;
   // Rows are positions - base() (a windowed cache, ops/kv_cache.h, holds only its last rows).
   if (pos0 < cache.base() || pos0 + T - cache.base() > cache.capacity())
@@ -1277,7 +1334,7 @@ void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float
 
 void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (T <= 0) return;
   const int hd = kv.head_dim();
   if (kv.n_kv_heads() <= 0 || n_heads % kv.n_kv_heads() != 0) fail("attention: %d heads over %d KV heads", n_heads, kv.n_kv_heads());
@@ -1315,7 +1372,7 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
 
 void CudaBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   const int half = rope.rotary_dim() / 2;
   if (T <= 0 || half == 0) return;
   const float* inv = I.in(rope.inv_freq().data(), half, false);
@@ -1330,7 +1387,7 @@ void CudaBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride
 
 void CudaBackend::causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (K < 1 || K > kMaxConvK) fail("causal_conv1d: kernel size %d outside 1..%d", K, kMaxConvK);
   const float* xd = I.in(x, T * C);
   const float* wd = I.in(w, C * K, false);
@@ -1345,7 +1402,7 @@ void CudaBackend::causal_conv1d_silu(const float* x, int64_t T, int64_t C, const
 
 void CudaBackend::gated_delta(const GatedDeltaArgs& a, int /*chunk*/) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (a.T <= 0) return;
   if (a.n_k <= 0 || a.n_v % a.n_k != 0) fail("gated_delta: %d value heads over %d key heads", a.n_v, a.n_k);
   const float* q = I.in(a.q, a.T * a.n_k * a.d_k);
@@ -1368,7 +1425,7 @@ void CudaBackend::gated_delta(const GatedDeltaArgs& a, int /*chunk*/) {
 void CudaBackend::gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v,
                             float* beta, float* g) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (T <= 0) return;
   const float* bd = I.in(b, T * n_v);
   const float* ad = I.in(a, T * n_v);
@@ -1387,7 +1444,7 @@ void CudaBackend::gdn_gates(const float* b, const float* a, const float* a_exp, 
 
 void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (rows <= 0) return;
   const float* xd = I.in(x, rows * n);
   const float* wd = I.in(w, n, false);
@@ -1400,7 +1457,7 @@ void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t
 
 void CudaBackend::l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (rows <= 0) return;
   auto xo = I.out(x, rows * n, true);
   k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(1, xo.d, nullptr, nullptr, n, eps, post_scale, xo.d);
@@ -1411,7 +1468,7 @@ void CudaBackend::l2_norm(float* x, int64_t rows, int64_t n, float eps, float po
 
 void CudaBackend::rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (rows <= 0) return;
   auto xo = I.out(x, rows * n, true);
   const float* zd = I.in(z, rows * n);
@@ -1426,7 +1483,7 @@ void CudaBackend::rms_norm_gated(float* x, const float* z, const float* w, int64
 
 void CudaBackend::add(float* y, const float* x, int64_t n) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (n <= 0) return;
   const float* xd = I.in(x, n);
   auto yo = I.out(y, n, true);
@@ -1438,7 +1495,7 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
 
 void CudaBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (rows <= 0 || n <= 0) return;
   const float* bd = I.in(b, n, false);  // a parameter vector: host or uploaded
   auto yo = I.out(y, rows * n, true);
@@ -1450,7 +1507,7 @@ void CudaBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (n <= 0) return;
   const float* ud = I.in(up, n);
   // out may alias gate: copy gate in first when out is a host buffer.
@@ -1464,7 +1521,7 @@ void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* o
 
 void CudaBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (n <= 0) return;
   const float* gd = I.in(gate, n);
   auto xo = I.out(x, n, true);
@@ -1476,7 +1533,7 @@ void CudaBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
 
 void CudaBackend::add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (T <= 0) return;
   const float* sd = I.in(s, T * n);
   const float* xd = w ? I.in(x, T * n) : nullptr;
@@ -1490,7 +1547,7 @@ void CudaBackend::add_gated_rows(float* out, const float* s, const float* x, con
 
 void CudaBackend::copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (rows <= 0 || cols <= 0) return;
   CU(cudaMemcpy2DAsync(dst, static_cast<size_t>(ld_dst) * 4, src, static_cast<size_t>(ld_src) * 4, static_cast<size_t>(cols) * 4,
                        static_cast<size_t>(rows), cudaMemcpyDefault, I.stream));
@@ -1505,7 +1562,7 @@ void CudaBackend::copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t 
 
 void CudaBackend::row_to_f32(WType t, const void* src, int64_t n, float* dst) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (n <= 0) return;
   if (t == WType::kQuant) fail("row_to_f32: rows of quantized tables cannot be read");
   const int64_t bytes = n * wtype_size(t);
@@ -1519,7 +1576,7 @@ void CudaBackend::row_to_f32(WType t, const void* src, int64_t n, float* dst) {
 
 void CudaBackend::to_host(const float* src, int64_t n, float* dst) {
   Impl& I = *impl_;
-  I.begin();
+  I.begin(__func__);
   if (n <= 0) return;
   CU(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyDefault, I.stream));
   CU(cudaStreamSynchronize(I.stream));

@@ -37,10 +37,12 @@ namespace spool::ops {
 /// Number of CUDA devices the runtime sees (0 when there is no GPU or no driver).
 int cuda_device_count();
 
-/// Name of CUDA device `index` and its memory in bytes ("" / 0 when absent).
+/// Name of CUDA device `index`, its memory and the memory free now (cudaMemGetInfo, which other
+/// processes' allocations reduce), in bytes ("" / 0 when absent).
 struct CudaDeviceInfo {
   char name[256] = {};
   uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
   int major = 0, minor = 0;
 };
 CudaDeviceInfo cuda_device_info(int index);

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# spool on CUDA (dense part + KV in VRAM, routed experts in VRAM slots with a pinned host-RAM tier
+# behind them) against llama.cpp on CUDA with its experts on the CPU (`--cpu-moe`, and the best
+# `--n-cpu-moe N` that fits), the way GPU owners run MoE models larger than their VRAM today.
+# Runs on the GPU machine, as one job (it needs nothing from a previous run):
+#  1. builds llama.cpp with CUDA (llama-bench, llama-quantize) from LLAMA_SRC (a source folder or a
+#     .tar.xz of one, e.g. the llama-cpp-python sdist's vendor/llama.cpp) in the background, unless
+#     LLAMA_BIN names a build;
+#  2. meanwhile writes a Qwen3.6-35B-A3B-shaped synthetic of LAYERS layers (`spool synth`, BF16),
+#     spool's q4 of it (`spool convert --recipe q4`) and the same BF16 weights as GGUF
+#     (bench/moe_to_gguf.py) quantized by llama-quantize to Q4_K_M: both tools run the same weights;
+#  3. for each VRAM budget: a ballast process (PyTorch) takes the rest of the card so that both
+#     engines see the same free VRAM; spool runs with `--vram-budget-gb auto` (the free VRAM) and a
+#     host-RAM tier of RAM_TIER_GB; llama.cpp with -ngl 99 and --cpu-moe, then every
+#     --n-cpu-moe N from LAYERS-1 down until a load fails (out of VRAM): the smallest N that
+#     loads is the best llama.cpp can do there. Decode tg$N and prefill pp$P, R interleaved
+#     repetitions (llama.cpp, spool, llama.cpp, ...);
+#  4. measures host->device GB/s (pinned and pageable) in the same run (`spool doctor`) and
+#     spool's share of it (its host->device bytes per token x tokens/s);
+#  5. writes $OUT/cuda.md (table) and $OUT/cuda.png (matplotlib), and the raw logs.
+#
+# VRAM budgets are stated for the full 40-layer model (BUDGETS, GiB: "16 8") and scaled to LAYERS:
+# the layer-independent part (embeddings, output head, final norm: F GiB of the GGUF) stays, the rest
+# scales with the layer count: budget_L = F + (B - F) * LAYERS / 40. So LAYERS=40 is the exact
+# protocol; fewer layers keep the same VRAM-to-model ratio per layer. The host-RAM tier is sized
+# like a 32 GB machine: RAM_TIER_GB (default: every expert, as 32 GB holds the 20 GB model).
+#
+#   OUT=/tmp/out SPOOL=build-cuda/spool LLAMA_SRC=/path/llama-src.tar.xz LAYERS=40 bench/cuda.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SPOOL=$(realpath "${SPOOL:-build-cuda/spool}")
+LLAMA_SRC=${LLAMA_SRC:-}
+LLAMA_BIN=${LLAMA_BIN:-}
+LAYERS=${LAYERS:-40}
+BUDGETS=${BUDGETS:-"16 8"}
+P=${P:-512} N=${N:-128} R=${R:-2}
+DIR=${DIR:-/tmp/spool-cuda-bench}
+OUT=${OUT:-bench/results}
+THREADS=${THREADS:-$(nproc)}
+PYTHON=${PYTHON:-python3}
+RAM_TIER_GB=${RAM_TIER_GB:-}
+# The gguf package for bench/moe_to_gguf.py: installed, or llama.cpp's gguf-py (GGUF_PY; found in LLAMA_SRC).
+GGUF_PY=${GGUF_PY:-}
+mkdir -p "$DIR" "$OUT"
+LOG=$OUT/cuda-bench.log
+: > "$LOG"
+t0=$SECONDS
+say() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$LOG"; }
+
+[ -x "$SPOOL" ] || { echo "cuda.sh: no spool binary at $SPOOL (build with -DSPOOL_CUDA=ON)"; exit 1; }
+nvidia-smi -L >/dev/null 2>&1 || { echo "cuda.sh: no GPU (nvidia-smi -L failed)"; exit 1; }
+
+# ---- 1. llama.cpp with CUDA, in the background ------------------------------------------------
+llama_dir=
+if [ -z "$LLAMA_BIN" ]; then
+  [ -n "$LLAMA_SRC" ] || { echo "cuda.sh: set LLAMA_BIN (a llama.cpp CUDA build's bin/) or LLAMA_SRC"; exit 1; }
+  llama_dir=$LLAMA_SRC
+  if [ -f "$LLAMA_SRC" ]; then
+    rm -rf "$DIR/llama-src" && mkdir -p "$DIR/llama-src"
+    tar -C "$DIR/llama-src" -xJf "$LLAMA_SRC"
+    llama_dir=$(find "$DIR/llama-src" -mindepth 1 -maxdepth 1 -type d | head -1)
+  fi
+  [ -f "$llama_dir/CMakeLists.txt" ] || { echo "cuda.sh: LLAMA_SRC ($LLAMA_SRC) holds no llama.cpp source"; exit 1; }
+  [ -n "$GGUF_PY" ] || [ ! -d "$llama_dir/gguf-py" ] || GGUF_PY=$llama_dir/gguf-py
+fi
+build_llama() {
+  local src=$llama_dir
+  # A trimmed source (tools/ with llama-bench and quantize only): build just those two tools.
+  [ -d "$src/tools/server" ] || printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\nadd_subdirectory(quantize)\n' > "$src/tools/CMakeLists.txt"
+  cmake -S "$src" -B "$DIR/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_NATIVE=ON -DGGML_CUDA_NCCL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON > "$OUT/llama-build.log" 2>&1
+  ninja -C "$DIR/llama-build" -j"$THREADS" llama-bench llama-quantize >> "$OUT/llama-build.log" 2>&1
+}
+if [ -z "$LLAMA_BIN" ]; then
+  LLAMA_BIN=$DIR/llama-build/bin
+  ( s=$SECONDS; build_llama && echo "llama.cpp built in $((SECONDS - s)) s" >> "$LOG" || { echo "llama.cpp build FAILED" >> "$LOG"; tail -30 "$OUT/llama-build.log" >> "$LOG"; } ) &
+  build_pid=$!
+else
+  build_pid=
+fi
+
+# ---- 2. the checkpoint, both ways ---------------------------------------------------------------
+BF16=$DIR/q36-${LAYERS}l.bf16 Q4=$DIR/q36-${LAYERS}l-q4 GGUF=$DIR/q36-${LAYERS}l-Q4_K_M.gguf
+if [ ! -f "$Q4/config.json" ] || [ ! -f "$GGUF" ]; then
+  say "synth ($LAYERS layers, BF16)"
+  [ -f "$BF16/config.json" ] || "$SPOOL" synth --preset qwen3.6-35b-a3b --layers "$LAYERS" --out "$BF16" --no-check -t "$THREADS" >> "$LOG" 2>&1
+  say "spool convert --recipe q4"
+  [ -f "$Q4/config.json" ] || "$SPOOL" convert -m "$BF16" --recipe q4 -o "$Q4" -t "$THREADS" >> "$LOG" 2>&1
+  say "moe_to_gguf (BF16 GGUF)"
+  [ -f "$GGUF" ] || PYTHONPATH=$GGUF_PY "$PYTHON" bench/moe_to_gguf.py "$BF16" "$BF16.gguf" >> "$LOG" 2>&1
+  rm -rf "$BF16"
+  if [ -n "$build_pid" ]; then wait "$build_pid" || true; build_pid=; fi
+  [ -x "$LLAMA_BIN/llama-quantize" ] || { echo "cuda.sh: no llama-quantize in $LLAMA_BIN"; cat "$LOG"; exit 1; }
+  say "llama-quantize Q4_K_M"
+  [ -f "$GGUF" ] || "$LLAMA_BIN/llama-quantize" "$BF16.gguf" "$GGUF" Q4_K_M "$THREADS" >> "$OUT/llama-quantize.log" 2>&1
+  rm -f "$BF16.gguf"
+fi
+if [ -n "$build_pid" ]; then wait "$build_pid" || true; fi
+[ -x "$LLAMA_BIN/llama-bench" ] || { echo "cuda.sh: no llama-bench in $LLAMA_BIN"; cat "$LOG"; exit 1; }
+
+# ---- sizes, budgets, the link ------------------------------------------------------------------
+read -r gguf_bytes fixed_bytes < <(PYTHONPATH=$GGUF_PY "$PYTHON" - "$GGUF" <<'PY'
+import sys, gguf
+r = gguf.GGUFReader(sys.argv[1])
+fixed = sum(int(t.n_bytes) for t in r.tensors if not t.name.startswith("blk."))
+import os
+print(os.path.getsize(sys.argv[1]), fixed)
+PY
+)
+q4_bytes=$(du -sb "$Q4" | cut -f1)
+[ -n "$RAM_TIER_GB" ] || RAM_TIER_GB=$("$PYTHON" -c "print(round($q4_bytes / 2**30 + 0.5, 1))")
+"$SPOOL" doctor > "$OUT/doctor.log" 2>&1 || true
+link=$(grep -o 'host->device [0-9.]* GB/s pinned, [0-9.]* GB/s pageable' "$OUT/doctor.log" | head -1)
+h2d_pinned=$(echo "$link" | awk '{print $2}')
+say "GGUF Q4_K_M $(numfmt --to=iec "$gguf_bytes"), layer-independent $(numfmt --to=iec "$fixed_bytes"); spool q4 $(numfmt --to=iec "$q4_bytes"); $link"
+
+scaled() {  # scaled B: the VRAM budget (GiB) of a 40-layer model, scaled to LAYERS
+  "$PYTHON" -c "f=$fixed_bytes/2**30; print(round(f + ($1 - f) * $LAYERS / 40, 2))"
+}
+
+# ---- 3. ballast and runs ---------------------------------------------------------------------------
+ballast_pid=
+ballast_on() {  # ballast_on GIB: leave GIB of VRAM free
+  rm -f "$DIR/ballast.ready"
+  "$PYTHON" - "$1" "$DIR/ballast.ready" <<'PY' &
+import sys, time, torch
+torch.cuda.init()
+torch.empty(1, device="cuda")
+free, total = torch.cuda.mem_get_info()
+want = int(float(sys.argv[1]) * 2**30)
+b = torch.empty(max(free - want, 0), dtype=torch.uint8, device="cuda")
+free2, _ = torch.cuda.mem_get_info()
+open(sys.argv[2], "w").write(f"{free2}\n")
+time.sleep(36000)
+PY
+  ballast_pid=$!
+  for _ in $(seq 1 120); do [ -s "$DIR/ballast.ready" ] && break; sleep 0.5; done
+  [ -s "$DIR/ballast.ready" ] || { echo "cuda.sh: ballast did not start"; exit 1; }
+  say "ballast: $(nvidia-smi --query-gpu=memory.free --format=csv,noheader) free (asked $1 GiB)"
+}
+ballast_off() { [ -n "$ballast_pid" ] && kill "$ballast_pid" 2>/dev/null; wait "$ballast_pid" 2>/dev/null || true; ballast_pid=; }
+trap ballast_off EXIT
+
+results=$OUT/cuda-results.tsv
+printf 'budget_gib\tengine\tconfig\ttest\trep\tts\tnote\n' > "$results"
+
+llama_run() {  # llama_run BUDGET LABEL REP FLAGS...: one llama-bench run (pp and tg); appends rows
+  local b=$1 label=$2 rep=$3; shift 3
+  local j=$DIR/llama.json
+  if ! timeout 300 "$LLAMA_BIN/llama-bench" -m "$GGUF" -ngl 99 -t "$THREADS" -p "$P" -n "$N" -r 1 -o json "$@" > "$j" 2> "$DIR/llama.err"; then
+    printf '%s\tllama.cpp\t%s\t-\t%s\t0\tfailed\n' "$b" "$label" "$rep" >> "$results"
+    return 1
+  fi
+  "$PYTHON" - "$j" "$b" "$label" "$rep" >> "$results" <<'PY'
+import json, sys
+j, b, label, rep = sys.argv[1], *sys.argv[2:]
+for r in json.load(open(j)):
+    t = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+    print(f"{b}\tllama.cpp\t{label}\t{t}\t{rep}\t{r['avg_ts']:.2f}\t")
+PY
+}
+llama_fits() {  # llama_fits N: does -ncmoe N load and decode a few tokens within the free VRAM?
+  timeout 120 "$LLAMA_BIN/llama-bench" -m "$GGUF" -ngl 99 -t "$THREADS" -p 0 -n 4 -r 1 --n-cpu-moe "$1" > /dev/null 2>&1
+}
+spool_run() {  # spool_run BUDGET REP: one spool bench run (pp and tg); appends rows
+  local b=$1 rep=$2 j=$DIR/spool.json
+  if ! timeout 300 "$SPOOL" bench -m "$Q4" --device cuda --vram-budget-gb auto --cache-budget-gb "$RAM_TIER_GB" -t "$THREADS" \
+      -p "$P" -n "$N" -r 1 -o json > "$j" 2> "$DIR/spool.err"; then
+    printf '%s\tspool\tslots + pinned RAM tier\t-\t%s\t0\tfailed\n' "$b" "$rep" >> "$results"
+    tail -5 "$DIR/spool.err" >> "$LOG"
+    return 1
+  fi
+  cat "$DIR/spool.err" >> "$OUT/spool-runs.log"
+  "$PYTHON" - "$j" "$b" "$rep" >> "$results" <<'PY'
+import json, sys
+j, b, rep = sys.argv[1], *sys.argv[2:]
+for r in json.load(open(j)):
+    t = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+    h2d = r.get("h2d_bytes_per_token", 0)
+    hit = r.get("vram_hit_rate", None)
+    note = f"h2d/token {h2d/2**20:.1f} MiB" + (f", VRAM hit {100*hit:.1f}%" if hit is not None else "")
+    print(f"{b}\tspool\tslots + pinned RAM tier\t{t}\t{rep}\t{r['avg_ts']:.2f}\t{note}")
+PY
+}
+
+for B in $BUDGETS; do
+  b=$(scaled "$B")
+  ballast_on "$b"
+  # The best --n-cpu-moe: the fewest layers with experts on the CPU that still load.
+  best=
+  for ((n = LAYERS - 1; n >= 0; n--)); do
+    if llama_fits "$n"; then best=$n; else break; fi
+  done
+  say "budget $B GiB (scaled: $b GiB): best --n-cpu-moe ${best:-none (only --cpu-moe loads)}"
+  for ((rep = 1; rep <= R; rep++)); do
+    llama_run "$B" "--cpu-moe" "$rep" --n-cpu-moe "$LAYERS" || say "llama.cpp --cpu-moe failed at $B GiB: $(tail -2 "$DIR/llama.err")"
+    spool_run "$B" "$rep" || say "spool failed at $B GiB"
+    [ -z "$best" ] || llama_run "$B" "--n-cpu-moe $best" "$rep" --n-cpu-moe "$best" || say "llama.cpp -ncmoe $best failed"
+  done
+  ballast_off
+done
+
+# ---- 4. table and plot ---------------------------------------------------------------------------
+"$PYTHON" - "$results" "$OUT" "$LAYERS" "$P" "$N" "$h2d_pinned" "$gguf_bytes" "$q4_bytes" "$fixed_bytes" "$link" <<'PY'
+import collections, statistics, sys
+res, out, layers, P, N, h2d, gguf_b, q4_b, fixed_b, link = sys.argv[1:]
+rows = [l.rstrip("\n").split("\t") for l in open(res)][1:]
+agg = collections.OrderedDict()
+notes = {}
+for b, eng, cfg, test, rep, ts, note in rows:
+    if test == "-":
+        continue
+    agg.setdefault((b, eng, cfg), {}).setdefault(test, []).append(float(ts))
+    if note:
+        notes[(b, eng, cfg, test)] = note
+tg, pp = f"tg{N}", f"pp{P}"
+lines = [f"# spool CUDA vs llama.cpp CUDA (experts on the CPU)", "",
+         f"Qwen3.6-35B-A3B shape, {layers} of 40 layers (synthetic weights): llama.cpp GGUF Q4_K_M "
+         f"{int(gguf_b)/2**30:.2f} GiB, spool q4 {int(q4_b)/2**30:.2f} GiB (the same BF16 weights); "
+         f"layer-independent part {int(fixed_b)/2**30:.2f} GiB. Budgets are for the 40-layer model, scaled to {layers} layers "
+         f"(see bench/cuda.sh). {link} (measured in this run).", "",
+         f"| VRAM budget (40 layers) | engine | config | {tg} t/s | {pp} t/s | notes |", "|---|---|---|---:|---:|---|"]
+best = {}
+for (b, eng, cfg), t in agg.items():
+    m = {k: statistics.mean(v) for k, v in t.items()}
+    note = notes.get((b, eng, cfg, tg), "")
+    if eng == "spool" and note and float(h2d) > 0:
+        mib = float(note.split()[1])
+        share = mib * 2**20 * m.get(tg, 0) / (float(h2d) * 1e9)
+        note += f", {100*share:.0f}% of pinned H2D"
+    lines.append(f"| {b} GiB | {eng} | {cfg} | {m.get(tg, 0):.2f} | {m.get(pp, 0):.2f} | {note} |")
+    best.setdefault(b, {})[(eng, cfg)] = m
+lines.append("")
+for b, d in best.items():
+    s = next((m for (e, c), m in d.items() if e == "spool"), None)
+    cm = d.get(("llama.cpp", "--cpu-moe"))
+    nc = [m for (e, c), m in d.items() if c.startswith("--n-cpu-moe")]
+    if s and cm:
+        line = f"- {b} GiB: spool decode {s.get(tg,0)/max(cm.get(tg,1e-9),1e-9):.2f}x llama.cpp --cpu-moe, prefill {s.get(pp,0)/max(cm.get(pp,1e-9),1e-9):.2f}x"
+        if nc:
+            line += f"; vs best --n-cpu-moe: decode {s.get(tg,0)/max(nc[0].get(tg,1e-9),1e-9):.2f}x, prefill {s.get(pp,0)/max(nc[0].get(pp,1e-9),1e-9):.2f}x"
+        lines.append(line)
+open(f"{out}/cuda.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, test in zip(axes, (tg, pp)):
+        labels, vals = [], []
+        for (b, eng, cfg), t in agg.items():
+            labels.append(f"{b} GiB\n{eng}\n{cfg}")
+            vals.append(statistics.mean(t.get(test, [0])))
+        ax.bar(range(len(vals)), vals, color=["tab:blue" if "spool" in l else "tab:gray" for l in labels])
+        ax.set_xticks(range(len(vals)), labels, fontsize=6)
+        ax.set_ylabel("tokens/s")
+        ax.set_title(test)
+    fig.suptitle(f"Qwen3.6-35B-A3B shape, {layers} layers, Q4: spool CUDA vs llama.cpp CUDA with CPU experts")
+    fig.tight_layout()
+    fig.savefig(f"{out}/cuda.png", dpi=110)
+except Exception as e:
+    print("no plot:", e)
+PY
+say "done"
