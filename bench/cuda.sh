@@ -65,7 +65,8 @@ if [ -z "$LLAMA_BIN" ]; then
 fi
 build_llama() {
   local src=$llama_dir
-  # A trimmed source (tools/ with llama-bench and quantize only): build just those two tools.
+  # A trimmed source (tools/ with llama-bench and quantize only, no audio library): build just those two tools.
+  [ -d "$src/vendor/miniaudio" ] || sed -i '/add_subdirectory(miniaudio)/d' "$src/vendor/CMakeLists.txt"
   [ -d "$src/tools/server" ] || printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\nadd_subdirectory(quantize)\n' > "$src/tools/CMakeLists.txt"
   cmake -S "$src" -B "$DIR/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DGGML_NATIVE=ON -DGGML_CUDA_NCCL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

@@ -15,10 +15,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -47,15 +49,40 @@ void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error %d in %s", static_cast<int>(s), what);
 }
 
+// Every allocation dev_alloc made and dev_free has not given back: [start, end) by start, so that
+// is_device_ptr answers for them without a CUDA call (an op checks each of its pointers; a decode
+// step makes hundreds of such checks).
+std::mutex g_ranges_mu;
+std::map<uintptr_t, uintptr_t> g_ranges;
+
 void* dev_alloc(size_t n) {
   void* p = nullptr;
-  if (cudaMalloc(&p, n == 0 ? 1 : n) != cudaSuccess) {
+  if (n == 0) n = 1;
+  if (cudaMalloc(&p, n) != cudaSuccess) {
     (void)cudaGetLastError();
     return nullptr;
   }
+  std::lock_guard<std::mutex> lock(g_ranges_mu);
+  g_ranges[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + n;
   return p;
 }
-void dev_free(void* p) { (void)cudaFree(p); }
+void dev_free(void* p) {
+  if (p == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_ranges_mu);
+    g_ranges.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  (void)cudaFree(p);
+}
+// Whether p lies in an allocation of dev_alloc's.
+bool in_dev_alloc(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_ranges_mu);
+  auto it = g_ranges.upper_bound(a);
+  if (it == g_ranges.begin()) return false;
+  --it;
+  return a < it->second;
+}
 // Synchronous copy between any host / device memory (after the device's queued work: the legacy
 // default stream orders it after the backend's blocking stream).
 void dev_copy(void* dst, const void* src, size_t n) {
@@ -64,10 +91,11 @@ void dev_copy(void* dst, const void* src, size_t n) {
 }
 
 // Whether p is device memory (cudaMalloc / managed); host memory (pageable or pinned) is not.
-uint64_t g_pointer_queries = 0;  // cudaPointerGetAttributes calls (SPOOL_CUDA_PROFILE reports them)
+std::atomic<uint64_t> g_pointer_queries{0};  // cudaPointerGetAttributes calls (SPOOL_CUDA_PROFILE reports them)
 
 bool is_device_ptr(const void* p) {
   if (p == nullptr) return false;
+  if (in_dev_alloc(p)) return true;
   ++g_pointer_queries;
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -332,14 +360,10 @@ __global__ void k_gemv(WDev w, const float* x, int T, float* y) {
 // x, one warp per weight row, f32 accumulation). 4-bit codes: each lane decodes one 32-bit word
 // (8 codes of one group) per step, so a warp reads 128 consecutive bytes of the row; needs
 // cols % 8 == 0, group % 8 == 0 and x 16-byte aligned.
-__global__ void k_gemv_q4(const uint8_t* q, const uint16_t* scales, const float* cb, int64_t rows, int64_t cols, int group,
-                          const float* x, int T, float* y) {
-  __shared__ float cbs[16];
-  if (threadIdx.x < 16) cbs[threadIdx.x] = cb[threadIdx.x];
-  __syncthreads();
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (r >= rows) return;
+// One warp's row r of y [T, rows] = x [T, cols] W^T for a q4 weight (codes 2 per byte, f16 scales
+// per group, codebook cbs[16] already in shared memory): shared by the plain and grouped kernels.
+__device__ __forceinline__ void gemv_q4_row(const uint8_t* q, const uint16_t* scales, const float* cbs, int64_t rows, int64_t cols,
+                                            int group, const float* x, int T, float* y, int64_t r, int lane) {
   const int64_t ng = cols / group;
   const uint32_t* qr = reinterpret_cast<const uint32_t*>(q + r * (cols / 2));
   const uint16_t* sr = scales + r * ng;
@@ -366,6 +390,64 @@ __global__ void k_gemv_q4(const uint8_t* q, const uint16_t* scales, const float*
     const float s = warp_sum(acc[t]);
     if (lane == 0) y[t * rows + r] = s;
   }
+}
+
+__global__ void k_gemv_q4(const uint8_t* q, const uint16_t* scales, const float* cb, int64_t rows, int64_t cols, int group,
+                          const float* x, int T, float* y) {
+  __shared__ float cbs[16];
+  if (threadIdx.x < 16) cbs[threadIdx.x] = cb[threadIdx.x];
+  __syncthreads();
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (r >= rows) return;
+  gemv_q4_row(q, scales, cbs, rows, cols, group, x, T, y, r, threadIdx.x & 31);
+}
+
+// One q4 GEMV of a grouped launch: y [T, rows] = x [T, cols] W^T (all jobs of a launch share rows,
+// cols and group; each has its own weight, codebook, input and output).
+struct Q4Job {
+  const uint8_t* q;
+  const uint16_t* scales;
+  const float* cb;
+  const float* x;
+  float* y;
+  int T;
+};
+
+// blockIdx.y picks the job: many experts' projections in one launch (the decode path of expert_ffn).
+__global__ void k_gemv_q4_grouped(const Q4Job* jobs, int64_t rows, int64_t cols, int group) {
+  const Q4Job j = jobs[blockIdx.y];
+  __shared__ float cbs[16];
+  if (threadIdx.x < 16) cbs[threadIdx.x] = j.cb[threadIdx.x];
+  __syncthreads();
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (r >= rows) return;
+  gemv_q4_row(j.q, j.scales, cbs, rows, cols, group, j.x, j.T, j.y, r, threadIdx.x & 31);
+}
+
+// Row i of out [n_rows, n] = k_rotate of row tok[i] of x (row i when tok is null) with that row's own
+// signs (signs[i]; a null pointer: the row is copied unrotated, as mm does for a weight without signs).
+__global__ void k_gather_rotate(const float* x, const int64_t* tok, const int8_t* const* signs, int64_t n, int64_t B, float norm,
+                                float* out) {
+  extern __shared__ float v[];
+  const float* xr = x + (tok != nullptr ? tok[blockIdx.x] : static_cast<int64_t>(blockIdx.x)) * n;
+  float* o = out + static_cast<int64_t>(blockIdx.x) * n;
+  const int8_t* sg = signs[blockIdx.x];
+  if (sg == nullptr) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i];
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i] * static_cast<float>(sg[i]);
+  __syncthreads();
+  for (int64_t h = 1; h < B; h <<= 1) {
+    for (int64_t idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
+      const int64_t i = (idx / h) * 2 * h + idx % h;
+      const float a = v[i], c = v[i + h];
+      v[i] = a + c;
+      v[i + h] = a - c;
+    }
+    __syncthreads();
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
 }
 
 // The same for f16 / bf16 weights: each lane reads 8 elements (16 bytes) per step, a warp 512
@@ -900,7 +982,7 @@ struct CudaBackend::Impl {
     }
     std::sort(rows.rbegin(), rows.rend());
     std::fprintf(stderr, "cuda profile: %.3f s in backend ops of a %.3f s backend lifetime; %llu pointer queries\n", total, life,
-                 (unsigned long long)g_pointer_queries);
+                 (unsigned long long)g_pointer_queries.load());
     for (const auto& [sec, name] : rows) {
       const OpTime& t = op_times.at(name);
       std::fprintf(stderr, "  %-24s %9llu calls %9.3f s %8.2f us/call\n", name.c_str(), (unsigned long long)t.calls, sec,
@@ -998,6 +1080,99 @@ struct CudaBackend::Impl {
     if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     k_rotate<<<static_cast<unsigned>(T), 256, smem, stream>>>(x, signs, n, B, norm, out);
     CU_LAUNCHED("k_rotate");
+  }
+
+  // The decode path of expert_ffn (SwiGLU experts in q4 on the device, at most kMaxGemvT rows per
+  // expert, one shape): five launches for all experts instead of eight per expert — gate and up
+  // inputs gathered and rotated (each row with its expert's signs), every gate and up GEMV in one
+  // grouped launch, SwiGLU over all rows, the down inputs rotated, every down GEMV in one launch.
+  // Each row's arithmetic is the per-expert path's (same kernels' row code, same order), so the
+  // results are the same bits. Returns false (nothing launched) when the experts do not qualify.
+  bool expert_ffn_grouped(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* xd,
+                          const std::vector<int64_t>& tok, int64_t H, float* yd) {
+    const ExpertMats& e0 = experts[0];
+    const int64_t I = e0.gate.rows;
+    const auto q4_ok = [&](const WeightView& w, int64_t rows, int64_t cols) {
+      return w.type == WType::kQuant && w.device == Device::kCuda && w.quant.type == QType::kQ4 && w.rows == rows && w.cols == cols &&
+             w.quant.group == e0.gate.quant.group && w.quant.group % 8 == 0 && reinterpret_cast<uintptr_t>(w.quant.qweight) % 4 == 0;
+    };
+    if (H % 8 != 0 || I % 8 != 0 || e0.down.type != WType::kQuant || e0.down.quant.group != e0.gate.quant.group) return false;
+    const size_t need = static_cast<size_t>(std::max(H, I)) * sizeof(float);
+    if (need > static_cast<size_t>(smem_optin)) return false;
+    const int64_t r_begin = groups.first[g0];
+    int n_jobs = 0;
+    for (size_t j = 0; j < experts.size(); ++j) {
+      const ExpertMats& e = experts[j];
+      const int64_t n = groups.first[g0 + j + 1] - groups.first[g0 + j];
+      if (n > kMaxGemvT || e.gate_bias != nullptr || e.down_bias != nullptr) return false;
+      if (!q4_ok(e.gate, I, H) || !q4_ok(e.up, I, H) || !q4_ok(e.down, H, I)) return false;
+      if (n > 0) ++n_jobs;
+    }
+    for (const ExpertMats& e : experts) {  // the checks mm makes of each weight
+      check_supported(e.gate), check_supported(e.up), check_supported(e.down);
+      validate(e.gate.quant), validate(e.up.quant), validate(e.down.quant);
+    }
+    const int64_t R = static_cast<int64_t>(tok.size());
+    if (R == 0 || n_jobs == 0) return false;
+    // Device scratch: rotated gate inputs [R, H] then up inputs [R, H]; gate and up outputs [R, I]
+    // each; rotated down inputs [R, I].
+    float* xr = arena->get_n<float>(2 * R * H);
+    float* gate = arena->get_n<float>(R * I);
+    float* up = arena->get_n<float>(R * I);
+    float* ar = arena->get_n<float>(R * I);
+    // Host tables, one upload: tok twice [2R], signs for gate|up inputs [2R] and down inputs [R],
+    // gate|up jobs [2 n_jobs], down jobs [n_jobs].
+    const size_t o_tok = 0, o_sg = round_up(o_tok + 2 * R * sizeof(int64_t), 16), o_sd = round_up(o_sg + 2 * R * sizeof(void*), 16),
+                 o_jgu = round_up(o_sd + R * sizeof(void*), 16), o_jd = round_up(o_jgu + 2 * n_jobs * sizeof(Q4Job), 16),
+                 bytes = o_jd + n_jobs * sizeof(Q4Job);
+    std::vector<uint8_t> blob(bytes);
+    uint8_t* dblob = arena->get_n<uint8_t>(static_cast<int64_t>(bytes));
+    auto* htok = reinterpret_cast<int64_t*>(blob.data() + o_tok);
+    auto* hsg = reinterpret_cast<const int8_t**>(blob.data() + o_sg);
+    auto* hsd = reinterpret_cast<const int8_t**>(blob.data() + o_sd);
+    auto* hjgu = reinterpret_cast<Q4Job*>(blob.data() + o_jgu);
+    auto* hjd = reinterpret_cast<Q4Job*>(blob.data() + o_jd);
+    for (int64_t r = 0; r < R; ++r) htok[r] = htok[R + r] = tok[r];
+    int k = 0;
+    for (size_t j = 0; j < experts.size(); ++j) {
+      const ExpertMats& e = experts[j];
+      const int64_t r0 = groups.first[g0 + j] - r_begin, n = groups.first[g0 + j + 1] - groups.first[g0 + j];
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        hsg[r] = e.gate.quant.signs;
+        hsg[R + r] = e.up.quant.signs;
+        hsd[r] = e.down.quant.signs;
+      }
+      if (n == 0) continue;
+      hjgu[2 * k] = Q4Job{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xr + r0 * H, gate + r0 * I, static_cast<int>(n)};
+      hjgu[2 * k + 1] = Q4Job{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xr + (R + r0) * H, up + r0 * I, static_cast<int>(n)};
+      hjd[k] = Q4Job{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, ar + r0 * I, yd + r0 * H, static_cast<int>(n)};
+      ++k;
+    }
+    h2d(dblob, blob.data(), bytes);
+    const auto* dtok = reinterpret_cast<const int64_t*>(dblob + o_tok);
+    const auto* dsg = reinterpret_cast<const int8_t* const*>(dblob + o_sg);
+    const auto* dsd = reinterpret_cast<const int8_t* const*>(dblob + o_sd);
+    const auto* djgu = reinterpret_cast<const Q4Job*>(dblob + o_jgu);
+    const auto* djd = reinterpret_cast<const Q4Job*>(dblob + o_jd);
+    const auto rotate_rows = [&](const float* x, const int64_t* t, const int8_t* const* sg, int64_t rows, int64_t n, float* out) {
+      const int64_t B = n & -n;
+      const size_t smem = static_cast<size_t>(n) * sizeof(float);
+      if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_gather_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      k_gather_rotate<<<static_cast<unsigned>(rows), 256, smem, stream>>>(x, t, sg, n, B, static_cast<float>(1.0 / std::sqrt(static_cast<double>(B))),
+                                                                         out);
+      CU_LAUNCHED("k_gather_rotate");
+    };
+    rotate_rows(xd, dtok, dsg, 2 * R, H, xr);
+    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((I * 32 + 255) / 256), static_cast<unsigned>(2 * n_jobs)), 256, 0, stream>>>(
+        djgu, I, H, e0.gate.quant.group);
+    CU_LAUNCHED("k_gemv_q4_grouped (gate, up)");
+    k_swiglu<<<blocks_for(R * I), 256, 0, stream>>>(gate, up, R * I, gate);
+    CU_LAUNCHED("k_swiglu");
+    rotate_rows(gate, nullptr, dsd, R, I, ar);
+    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((H * 32 + 255) / 256), static_cast<unsigned>(n_jobs)), 256, 0, stream>>>(
+        djd, H, I, e0.down.quant.group);
+    CU_LAUNCHED("k_gemv_q4_grouped (down)");
+    return true;
   }
 
   // y [T, rows] = x [T, cols] W^T, all device pointers (w may be a host view: copied for the call).
@@ -1224,6 +1399,11 @@ void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGr
   auto yo = I.out(y + r_begin * H, (r_end - r_begin) * H, false);
   std::vector<int64_t> tok(static_cast<size_t>(r_end - r_begin));
   for (int64_t r = r_begin; r < r_end; ++r) tok[r - r_begin] = groups.rows[r] / groups.K;
+  if (act == Activation::kSwiGLU && I.expert_ffn_grouped(experts, groups, g0, xd, tok, H, yo.d)) {
+    I.finish(yo);
+    I.end();
+    return;
+  }
   const int64_t* tokd = I.in(tok.data(), static_cast<int64_t>(tok.size()), false);
   for (size_t j = 0; j < experts.size(); ++j) {
     const ExpertMats& e = experts[j];
