@@ -67,7 +67,7 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
   r.n_gen = n_gen;
   r.n_seqs = n_seqs;
   r.test = n_gen == 0 ? strfmt("pp%d", n_prompt) : n_seqs == 1 ? strfmt("tg%d", n_gen) : strfmt("tg%d x%d", n_gen, n_seqs);
-  experts::StreamingStats before{};
+  TierStats before{};
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
     if (rep == 0) before = stats_snapshot(l);
     models::State st = m.new_state();
@@ -104,7 +104,7 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
     }
     if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
   }
-  const experts::StreamingStats w = stats_snapshot(l) - before;
+  const experts::StreamingStats w = (stats_snapshot(l) - before).ram;
   const double tokens = static_cast<double>(reps) * (n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs);
   r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
   r.hit_rate = l.streaming ? w.hit_rate() : 1.0;

@@ -412,6 +412,64 @@ TEST(Cli, StreamingStatsAreTheCounts) {
   EXPECT_NEAR(pf["experts_read_per_token"].get<double>() * T, requests - pf_hits + issued, 1e-6);
 }
 
+// The tier statistics of `generate --json` (and its stats line) with expert slots in front of
+// the experts (--host-expert-slots: the VRAM tier's code over host memory on the CPU): every
+// decode token acquires K experts at each of the L MoE layers, each a slot hit or miss; each
+// miss copies one slot's bytes and is one request to the RAM tier (the streaming cache).
+TEST(Cli, TierStatsAreTheCounts) {
+  Result info = spool("info --json");
+  ASSERT_EQ(info.code, 0) << info.err;
+  const auto ij = nlohmann::json::parse(info.out);
+  const double L = ij["layers"].get<double>(), K = ij["experts_per_token"].get<double>();
+  const std::string gen = "generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 9 --json ";
+  // (Half the demo's experts and fewer: 8 layers x 8 experts per token evict each other in fewer than 64 slots.)
+  for (const std::string flags : {"--stream --cache-budget-gb 1 --host-expert-slots 256", "--no-stream --host-expert-slots 200"}) {
+    SCOPED_TRACE(flags);
+    Result r = spool(gen + flags);
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("stats")) << r.out;
+    const auto st = j["stats"];
+    const double T = st["tokens"].get<double>();
+    EXPECT_EQ(T, 8);
+    ASSERT_TRUE(st.contains("vram_tier")) << st.dump();
+    const auto v = st["vram_tier"];
+    const uint64_t hits = v["hits"].get<uint64_t>(), misses = v["misses"].get<uint64_t>();
+    EXPECT_EQ(static_cast<double>(hits + misses), K * L * T);
+    EXPECT_GT(hits, 0u);
+    EXPECT_GT(misses, 0u);
+    EXPECT_EQ(v["bytes_copied"].get<uint64_t>(), misses * v["slot_bytes"].get<uint64_t>());
+    EXPECT_NEAR(v["bytes_copied_per_token"].get<double>() * T, v["bytes_copied"].get<double>(), 1e-6);
+    EXPECT_NEAR(v["hit_rate"].get<double>(), static_cast<double>(hits) / (hits + misses), 1e-12);
+    EXPECT_LE(v["early_copies"].get<uint64_t>(), misses);
+    EXPECT_GE(v["stall_s"].get<double>(), 0.0);
+    EXPECT_EQ(v["slots"].get<uint64_t>(), flags.find("256") != std::string::npos ? 256u : 200u);
+    if (flags.starts_with("--stream")) {
+      ASSERT_TRUE(st.contains("ram_tier")) << st.dump();
+      const auto ram = st["ram_tier"];
+      EXPECT_EQ(ram["requests"].get<uint64_t>(), misses);  // the RAM tier serves exactly the slots' misses
+      EXPECT_EQ(ram["hits"].get<uint64_t>() + ram["misses"].get<uint64_t>(), misses);
+      EXPECT_EQ(ram["bytes_read"].get<uint64_t>(), st["bytes_read"].get<uint64_t>());
+      EXPECT_GE(ram["stall_s"].get<double>(), 0.0);
+      EXPECT_EQ(ram["pinned_bytes"].get<uint64_t>(), 0u);  // the CPU pins nothing
+      EXPECT_NE(r.err.find("stall"), std::string::npos) << r.err;
+    } else {
+      EXPECT_FALSE(st.contains("ram_tier"));
+      EXPECT_EQ(v["early_copies"].get<uint64_t>(), misses);  // the mapping has every expert: prepare() copies them all
+    }
+    // The stats line carries the same counts.
+    char line[160];
+    std::snprintf(line, sizeof line, "host slots: hit rate %.1f%% (%llu hits, %llu misses", 100.0 * hits / (hits + misses),
+                  (unsigned long long)hits, (unsigned long long)misses);
+    EXPECT_NE(r.err.find(line), std::string::npos) << r.err;
+  }
+  // Without slots there is no VRAM tier; a bad count is a usage error.
+  Result plain = spool(gen + "--stream");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_FALSE(nlohmann::json::parse(plain.out)["stats"].contains("vram_tier"));
+  EXPECT_EQ(spool(gen + "--host-expert-slots -1").code, 2);
+}
+
 // page_cache_resident_bytes counts the model's pages in the page cache: on a fresh copy whose
 // pages were dropped, it equals what mincore() reports for the same files after the run.
 // (Measured: an O_DIRECT streaming run of the demo still leaves ~98% of the files cached,

@@ -35,6 +35,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
                   "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (the GPU's free memory less 512 MiB, at most 90% of it); routed experts that do not all fit get VRAM slots in what is left");
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
+  app->add_option("--host-expert-slots", host_expert_slots,
+                  "Tests: N expert slots in host memory in front of the experts on a CPU run (a GPU run's VRAM tier)")
+      ->group("");  // hidden
 }
 
 engine::LoadOptions ModelOptions::load_options() const {
@@ -58,6 +61,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.kv_bits = kv_bits;
   o.device = device;
   o.vram_budget = vram_budget;
+  o.host_expert_slots = host_expert_slots;
   return o;
 }
 
@@ -90,9 +94,18 @@ bool has_tokenizer(const std::string& dir) { return fs::exists(dir + "/tokenizer
 
 Loaded load_model(const ModelOptions& opt) { return engine::load(opt.load_options()); }
 
-experts::StreamingStats stats_snapshot(const Loaded& l) { return l.streaming ? l.streaming->stats() : experts::StreamingStats{}; }
+TierStats stats_snapshot(const Loaded& l) {
+  TierStats t;
+  if (l.streaming) t.ram = l.streaming->stats();
+  if (l.expert_slots) {
+    l.expert_slots->update_stall();  // (the commands call this on the thread that runs the model)
+    t.vram = l.expert_slots->stats();
+  }
+  return t;
+}
 
-nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats& w, int64_t tokens) {
+nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& tw, int64_t tokens) {
+  const experts::StreamingStats& w = tw.ram;
   nlohmann::ordered_json j;
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
   j["streaming"] = l.streaming != nullptr;
@@ -106,6 +119,27 @@ nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats
   j["page_cache_resident_bytes"] = engine::page_cache_resident_bytes(*l.ckpt);
   j["model_file_bytes"] = l.ckpt->file_bytes();
   j["tokens"] = tokens;
+  if (l.expert_slots) {
+    const models::DeviceExpertCache::Stats& v = tw.vram;
+    j["vram_tier"] = {{"slots", l.expert_slots->slots()},
+                      {"slot_bytes", l.expert_slots->slot_bytes()},
+                      {"hits", v.hits},
+                      {"misses", v.misses},
+                      {"hit_rate", v.hit_rate()},
+                      {"early_copies", v.early},
+                      {"bytes_copied", v.bytes_copied},
+                      {"bytes_copied_per_token", static_cast<double>(v.bytes_copied) * per},
+                      {"stall_s", v.stall_s}};
+  }
+  if (l.streaming)
+    j["ram_tier"] = {{"requests", w.requests},
+                     {"hits", w.hits},
+                     {"misses", w.misses},
+                     {"hit_rate", w.hit_rate()},
+                     {"bytes_read", w.bytes_read},
+                     {"bytes_read_per_token", static_cast<double>(w.bytes_read) * per},
+                     {"stall_s", w.stall_s},
+                     {"pinned_bytes", w.pinned_bytes}};
   j["memory"] = engine::memory_json(l.memory);
   j["device"] = l.device;
   if (l.device != "cpu") {
@@ -117,18 +151,28 @@ nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats
   return j;
 }
 
-std::string stats_line(const Loaded& l, const experts::StreamingStats& w, int64_t tokens) {
+std::string stats_line(const Loaded& l, const TierStats& tw, int64_t tokens) {
+  const experts::StreamingStats& w = tw.ram;
   const uint64_t pc = engine::page_cache_resident_bytes(*l.ckpt);
   const std::string dev = l.device == "cpu" ? "device cpu; "
                           : strfmt("device %s (%s), experts %s; ", l.device.c_str(), l.device_name.c_str(),
-                                   l.experts_on_device ? "in VRAM" : "copied from host per use");
-  if (!l.streaming)
-    return dev + strfmt("experts resident; page cache holds %s of the %s model", format_bytes(pc).c_str(),
-                  format_bytes(l.ckpt->file_bytes()).c_str());
+                                   l.experts_on_device ? "in VRAM" : l.expert_slots ? "in VRAM slots" : "copied from host per use");
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
-  return dev + strfmt("experts: hit rate %.1f%%, %.2f read/token, %s/token from disk (%s total)%s; page cache holds %s of the %s model",
-                100.0 * w.hit_rate(), w.experts_read() * per, format_bytes(static_cast<uint64_t>(w.bytes_read * per)).c_str(),
-                format_bytes(w.bytes_read).c_str(),
+  std::string slots;
+  if (l.expert_slots) {
+    const models::DeviceExpertCache::Stats& v = tw.vram;
+    slots = strfmt("%s slots: hit rate %.1f%% (%llu hits, %llu misses, %llu copied early), %s/token copied (%s total), stall %.3f s; ",
+                   l.device == "cpu" ? "host" : "VRAM", 100.0 * v.hit_rate(), (unsigned long long)v.hits, (unsigned long long)v.misses,
+                   (unsigned long long)v.early, format_bytes(static_cast<uint64_t>(v.bytes_copied * per)).c_str(),
+                   format_bytes(v.bytes_copied).c_str(), v.stall_s);
+  }
+  if (!l.streaming)
+    return dev + slots + strfmt("experts resident; page cache holds %s of the %s model", format_bytes(pc).c_str(),
+                  format_bytes(l.ckpt->file_bytes()).c_str());
+  return dev + slots + strfmt("%sexperts: hit rate %.1f%% (%llu hits, %llu misses), %.2f read/token, %s/token from disk (%s total), stall %.3f s%s; page cache holds %s of the %s model",
+                w.pinned_bytes ? strfmt("RAM tier pinned (%s), ", format_bytes(w.pinned_bytes).c_str()).c_str() : "",
+                100.0 * w.hit_rate(), (unsigned long long)w.hits, (unsigned long long)w.misses, w.experts_read() * per,
+                format_bytes(static_cast<uint64_t>(w.bytes_read * per)).c_str(), format_bytes(w.bytes_read).c_str(), w.stall_s,
                 w.prefetch_issued ? strfmt(", prefetch rescued %.1f%% of misses (%llu prefetched)", 100.0 * w.rescue_rate(), (unsigned long long)w.prefetch_issued).c_str() : "",
                 format_bytes(pc).c_str(), format_bytes(l.ckpt->file_bytes()).c_str());
 }

@@ -31,6 +31,7 @@ struct ModelOptions {
   int kv_bits = 32;
   std::string device = "auto";
   std::string vram_budget = "auto";
+  int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);
   /// The model directory to use (resolves the default; checks it exists).
@@ -46,14 +47,26 @@ using Loaded = engine::LoadedModel;
 /// Loads everything from `opt`. Logs a summary to stderr.
 Loaded load_model(const ModelOptions& opt);
 
+/// Counters of the expert tiers: the RAM tier (the streaming cache, with disk behind it) and the
+/// VRAM tier (models::DeviceExpertCache slots, on a GPU run whose experts do not all fit, or
+/// host slots with --host-expert-slots). Zeros for a tier the run does not have.
+struct TierStats {
+  experts::StreamingStats ram;
+  models::DeviceExpertCache::Stats vram;
+  TierStats operator-(const TierStats& o) const { return {ram - o.ram, vram - o.vram}; }
+};
+
 /// The `stats` object of --json output: expert cache and disk counters over `window`
 /// (a difference of two snapshots) for `tokens` tokens, page-cache residency now, and the
-/// loader's memory decision (`memory`: engine::memory_json, with the cache budget).
-nlohmann::ordered_json stats_json(const Loaded& l, const experts::StreamingStats& window, int64_t tokens);
+/// loader's memory decision (`memory`: engine::memory_json, with the cache budget). With expert
+/// slots, `vram_tier` {slots, slot_bytes, hits, misses, hit_rate, early_copies, bytes_copied,
+/// bytes_copied_per_token, stall_s}; when streaming, `ram_tier` {requests, hits, misses,
+/// hit_rate, bytes_read, bytes_read_per_token, stall_s, pinned_bytes}.
+nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& window, int64_t tokens);
 /// The same as one human-readable line.
-std::string stats_line(const Loaded& l, const experts::StreamingStats& window, int64_t tokens);
-/// Current counters of the streaming provider (zeros when experts are resident).
-experts::StreamingStats stats_snapshot(const Loaded& l);
+std::string stats_line(const Loaded& l, const TierStats& window, int64_t tokens);
+/// Current counters of the tiers (zeros for those the run does not have).
+TierStats stats_snapshot(const Loaded& l);
 
 /// True if `dir` has a tokenizer.json.
 bool has_tokenizer(const std::string& dir);

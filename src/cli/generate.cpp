@@ -123,7 +123,7 @@ void run(const GenerateOptions& o) {
   std::optional<tokenizer::StreamDecoder> dec;
   if (l.tok && !o.json) dec.emplace(*l.tok);
   bool first_id = true, prefilled = false;
-  experts::StreamingStats after_prefill = stats_snapshot(l);
+  TierStats after_prefill = stats_snapshot(l);
   engine::Session session(*l.model);
   engine::GenerateResult res = session.generate(req, [&](int32_t id) {
     if (!prefilled) {  // first callback: the prompt has been processed
@@ -146,9 +146,9 @@ void run(const GenerateOptions& o) {
   });
   const uint64_t rss = peak_rss_bytes();
   // Expert statistics of the decode phase (per decode forward), or of the prompt if none.
-  const experts::StreamingStats end = stats_snapshot(l);
+  const TierStats end = stats_snapshot(l);
   const bool decoded = res.timings.decode_forwards > 0;
-  const experts::StreamingStats window = decoded ? end - after_prefill : end;
+  const TierStats window = decoded ? end - after_prefill : end;
   const int64_t window_tokens = decoded ? res.timings.decode_forwards : res.timings.prompt_tokens;
   if (o.json) {
     nlohmann::ordered_json j;

@@ -316,7 +316,8 @@ void run(const PlanOptions& o) {
     if (!g.fits) p.notes.push_back("the dense weights, KV/state and workspace do not fit the VRAM budget: run with --device cpu, or a smaller --ctx-size");
     else if (!g.experts_in_vram && p.runnable && !p.command.empty())
       p.notes.push_back("the routed experts stay in host memory: VRAM slots keep the most recently used ones, each miss is "
-                        "copied to the GPU when used");
+                        "copied to the GPU when used from the pinned RAM tier (the streaming cache: every expert when they fit "
+                        "in the memory left; --no-stream: the pageable mapping)");
   }
   if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
   if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");

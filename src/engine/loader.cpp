@@ -335,7 +335,26 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.memory.prefill_step = opt.prefill_step;
   l.memory.parallel = opt.parallel;
   bool stream = opt.stream.value_or(false);
-  if (!opt.stream.has_value() && experts > 0 && plan::must_stream(available, base, experts)) {
+  // The host tier of a GPU run whose experts do not all fit in VRAM (plan::host_tier_rule):
+  // unless --no-stream keeps the pageable mapping, the experts go behind the VRAM slots through
+  // the streaming cache, page-locked (Backend::pin_host), so that slot misses copy at the
+  // link's pinned speed. Its size is --cache-budget-gb, or auto: when every expert fits in the
+  // memory left, the cache holds them all (read from disk once, then kept pinned), else what
+  // is left (disk behind it).
+  bool pinned_tier = false;
+#if SPOOL_HAVE_CUDA
+  if (cuda && experts > 0) {
+    const plan::GpuPlacement pre = plan::place_on_gpu(l.vram_budget, cuda->uploaded_bytes(),
+                                                      state_bytes(spec, opt.ctx_size, opt.kv_bits, opt.prefill_step) * opt.parallel,
+                                                      l.model->workspace_capacity(), experts, stream);
+    if (pre.fits && !pre.experts_in_vram && opt.stream.value_or(true)) {
+      pinned_tier = true;
+      if (!stream) log_info("the routed experts (%s) do not all fit the VRAM budget: %s", format_bytes(experts).c_str(), plan::kHostTierRule);
+      stream = true;
+    }
+  }
+#endif
+  if (!opt.stream.has_value() && !stream && experts > 0 && plan::must_stream(available, base, experts)) {
     stream = true;
     log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk", format_bytes(total).c_str(),
              format_bytes(available).c_str());
@@ -347,6 +366,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       so.cache_budget_bytes = static_cast<uint64_t>(budget_gb * kGiB);
     } else {
       so.cache_budget_bytes = plan::auto_cache_budget(available, base, experts);
+      // The pinned RAM tier holds every expert when they all fit (the padding of its 4096-byte
+      // aligned slots included).
+      so.hold_all = pinned_tier && so.cache_budget_bytes == experts;
       l.memory.budget_auto = true;
       log_info("memory available: %s (%s)", format_bytes(available).c_str(), l.memory.source.c_str());
       const bool capped = so.cache_budget_bytes == experts;
@@ -368,10 +390,12 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     so.prefetch_ahead = opt.prefetch_ahead;
     so.top_k = spec.moe.top_k;
     if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
+    if (pinned_tier) so.pin_with = backend.get();
     std::vector<bool> moe_layers(spec.n_layers);
     for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
     l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
                                                               spec.moe.intermediate, so);
+    l.memory.cache_budget = l.streaming->cache_budget();
     l.model->set_expert_provider(l.streaming);
     log_info("%s", l.streaming->describe().c_str());
   } else {
@@ -423,6 +447,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
         l.model->set_expert_provider(slots);
       } catch (const Error& e) {
         log_info("no VRAM expert slots (%s): each routed expert is copied to the GPU when used", e.what());
+        // Those copies are not waited for before the cache may reuse their source: pageable
+        // memory, which the copy stages before it returns.
+        if (l.streaming) l.streaming->unpin();
       }
     }
     l.vram_used = cuda->uploaded_bytes();
@@ -430,6 +457,22 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
              format_bytes(l.vram_used).c_str(), format_bytes(l.vram_budget).c_str());
   }
 #endif
+  if (opt.host_expert_slots != 0) {
+    // Tests: the slot tier over host memory on a CPU run (the same code as a GPU run's VRAM tier).
+    if (opt.host_expert_slots < 0) throw UsageError(strfmt("--host-expert-slots must be >= 0 (got %d)", opt.host_expert_slots));
+    if (l.device != "cpu") throw UsageError("--host-expert-slots is for CPU runs (a GPU run sizes its slots from --vram-budget-gb)");
+    if (experts == 0) fail("%s: --host-expert-slots was given but the model has no routed experts", opt.model_dir.c_str());
+    std::vector<bool> moe_layers(spec.n_layers);
+    for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+    auto src = l.model->shared_expert_provider();
+    const uint64_t slot = models::DeviceExpertCache::slot_bytes_for(*src, moe_layers);
+    const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
+    auto slots = std::make_shared<models::DeviceExpertCache>(src, *backend, moe_layers, spec.moe.n_experts,
+                                                             slot * static_cast<uint64_t>(opt.host_expert_slots), one_token);
+    log_info("%s", slots->describe().c_str());
+    l.expert_slots = slots;
+    l.model->set_expert_provider(slots);
+  }
   if (tok) l.tok = std::move(tok);
   else if (const io::GgufFile* g = l.ckpt->gguf(); g != nullptr && g->find_key("tokenizer.ggml.tokens") != nullptr)
     l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));

@@ -42,6 +42,8 @@ struct LoadOptions {
   int64_t state_copies = 0;            // KV-less state snapshots the caller keeps (recurrent GDN state and the
                                        // sliding-window layers' rows), e.g. serve's prompt-cache checkpoints (bytes kept
                                        // out of the cache budget)
+  int host_expert_slots = 0;           // tests only (--host-expert-slots): a CPU run puts this many expert slots in host
+                                       // memory in front of its expert provider, as a GPU run's VRAM tier (0 = none)
   std::optional<uint64_t> available;   // bytes of memory available, measured by the caller before it read anything
                                        // of the model (available_memory_bytes()); nullopt = measured when load() starts
   std::optional<uint64_t> start_rss;   // resident bytes of the process measured by the caller at the same point

@@ -1,5 +1,6 @@
 #include "experts/cache.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -11,10 +12,26 @@ ExpertCache::ExpertCache(uint64_t budget_bytes, uint64_t slot_bytes) : budget_(b
 
 ExpertCache::~ExpertCache() {
   for (auto& [k, e] : map_) {
-    std::free(e->data);
+    if (!in_block(e->data)) std::free(e->data);
     delete e;
   }
+  for (uint8_t* b : free_)
+    if (!in_block(b)) std::free(b);
+  std::free(block_);
+}
+
+std::pair<uint8_t*, uint64_t> ExpertCache::reserve_block(int64_t max_entries) {
+  if (block_ != nullptr || !map_.empty()) fail("expert cache: reserve_block() after the cache was used");
+  const int64_t n = std::max<int64_t>(1, std::min(capacity(), max_entries));
+  const uint64_t bytes = static_cast<uint64_t>(n) * slot_bytes_;
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (p == nullptr) fail("out of memory allocating the %llu-byte expert cache", (unsigned long long)bytes);
+  block_ = static_cast<uint8_t*>(p);
+  block_bytes_ = bytes;
   for (uint8_t* b : free_) std::free(b);
+  free_.clear();
+  for (int64_t i = n - 1; i >= 0; --i) free_.push_back(block_ + static_cast<uint64_t>(i) * slot_bytes_);  // first slot on top
+  return {block_, bytes};
 }
 
 int64_t ExpertCache::capacity() const {
@@ -77,8 +94,11 @@ void ExpertCache::erase(Entry* e) {
   map_.erase(key(e->layer, e->expert));
   lru_.erase(e->lru);
   // Keep the buffer for reuse only while entries + spare buffers fit the budget; buffers of
-  // an over-budget burst (everything pinned) go back to the allocator.
-  if (static_cast<int64_t>(map_.size() + free_.size()) < capacity()) {
+  // an over-budget burst (everything pinned) go back to the allocator. reserve_block()'s
+  // buffers are always kept, and the burst's are never.
+  if (in_block(e->data)) {
+    free_.push_back(e->data);
+  } else if (block_ == nullptr && static_cast<int64_t>(map_.size() + free_.size()) < capacity()) {
     free_.push_back(e->data);
   } else {
     std::free(e->data);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <list>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace spool::experts {
@@ -34,6 +35,12 @@ class ExpertCache {
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
+  /// Allocates the buffers of min(capacity(), max_entries) entries now, as one 4096-aligned
+  /// block (so that a GPU backend can page-lock it once: Backend::pin_host), and returns it with
+  /// its size in bytes. Entries take these buffers first; buffers of an over-budget burst are
+  /// allocated and freed one by one as before. Call at most once, before the first insert.
+  /// Throws spool::Error when the memory cannot be had.
+  std::pair<uint8_t*, uint64_t> reserve_block(int64_t max_entries);
   /// The entry of (layer, expert), or nullptr.
   Entry* find(int layer, int expert);
   /// A new entry (state kLoading) for (layer, expert), which must not be present. Evicts
@@ -58,7 +65,10 @@ class ExpertCache {
  private:
   static uint64_t key(int layer, int expert) { return (static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(expert); }
   uint8_t* take_buffer();
+  bool in_block(const uint8_t* b) const { return block_ != nullptr && b >= block_ && b < block_ + block_bytes_; }
   uint64_t budget_, slot_bytes_;
+  uint8_t* block_ = nullptr;  // reserve_block()
+  uint64_t block_bytes_ = 0;
   std::unordered_map<uint64_t, Entry*> map_;
   std::list<Entry*> lru_;  // front = most recently used
   std::vector<uint8_t*> free_;

@@ -2,6 +2,8 @@
 // WeightViews, never knowing whether they are resident, streamed from disk or quantized.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -32,6 +34,17 @@ class ExpertProvider {
   virtual void unprepare(int layer, std::span<const int> ids) {
     (void)layer;
     (void)ids;
+  }
+  /// acquire() for those of `ids` that are available without waiting for I/O (in memory now):
+  /// out[i] and got[i] = 1 for each of them (valid until release(layer), like acquire()'s),
+  /// got[i] = 0 for the others, which are left alone. Never blocks on I/O; returns how many it
+  /// acquired. A tier in front of this provider uses it to start copies early (DeviceExpertCache
+  /// ::prepare). Default: acquires nothing.
+  virtual size_t acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) {
+    (void)layer, (void)out;
+    std::fill(got.begin(), got.end(), uint8_t{0});
+    (void)ids;
+    return 0;
   }
   /// The views handed out by the last acquire(layer) are no longer used.
   virtual void release(int layer) = 0;

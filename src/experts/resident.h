@@ -19,6 +19,12 @@ class ResidentExperts final : public ExpertProvider {
   ResidentExperts(std::shared_ptr<const io::Checkpoint> ckpt, const std::vector<bool>& moe_layers, int n_experts,
                   int hidden, int intermediate);
   void acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out) override;
+  /// Every expert is in memory (the mapping): acquires them all.
+  size_t acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override {
+    acquire(layer, ids, out);
+    std::fill(got.begin(), got.end(), uint8_t{1});
+    return ids.size();
+  }
   void release(int layer) override {}
   std::string describe() const override;
 

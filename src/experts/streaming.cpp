@@ -1,6 +1,7 @@
 #include "experts/streaming.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/error.h"
@@ -25,6 +26,7 @@ StreamingStats StreamingStats::operator-(const StreamingStats& o) const {
   d.prefetch_issued -= o.prefetch_issued;
   d.prefetch_rescued -= o.prefetch_rescued;
   d.evictions -= o.evictions;
+  d.stall_s -= o.stall_s;
   return d;
 }
 
@@ -33,7 +35,10 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
     : ckpt_(std::move(ckpt)),
       opt_(std::move(opt)),
       store_(*ckpt_, moe_layers, n_experts, opt_.direct),
-      cache_(opt_.cache_budget_bytes, store_.slot_bytes()) {
+      cache_(opt_.hold_all ? store_.slot_bytes() * static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true)) *
+                                 static_cast<uint64_t>(n_experts)
+                           : opt_.cache_budget_bytes,
+             store_.slot_bytes()) {
   // Every expert of a layer must have the same storage (one view prototype per projection);
   // expert_views() checks each expert's shapes.
   bool any = false;
@@ -60,6 +65,17 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
     }
   }
   if (!any) fail("%s: streaming was requested but the model has no routed experts", ckpt_->dir().c_str());
+  if (opt_.pin_with != nullptr) {
+    const int64_t all = static_cast<int64_t>(std::count(moe_layers.begin(), moe_layers.end(), true)) * n_experts;
+    const auto [block, bytes] = cache_.reserve_block(all);
+    if (opt_.pin_with->pin_host(block, bytes)) {
+      locked_ = block;
+      locked_bytes_ = bytes;
+    } else {
+      log_warn("could not page-lock the %s expert cache: copies to the GPU read pageable memory (slower, same bytes)",
+               format_bytes(bytes).c_str());
+    }
+  }
   std::vector<std::string> paths;
   for (const auto& s : ckpt_->shards()) paths.push_back(s.path());
   reader_ = std::make_unique<io::ExpertReader>(paths, io::ExpertReader::Options{opt_.engine, opt_.workers, opt_.direct});
@@ -74,6 +90,14 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
 
 StreamingExperts::~StreamingExperts() {
   reader_.reset();  // joins I/O threads: no callback touches the cache after this
+  if (locked_ != nullptr) opt_.pin_with->unpin_host(locked_);
+}
+
+void StreamingExperts::unpin() {
+  if (locked_ == nullptr) return;
+  opt_.pin_with->unpin_host(locked_);
+  locked_ = nullptr;
+  locked_bytes_ = 0;
 }
 
 void StreamingExperts::load_pins() {
@@ -215,6 +239,7 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
     lookup_and_pin(layer, ids, entries, misses, waits);
   }
   std::exception_ptr err;
+  const auto t0 = std::chrono::steady_clock::now();
   if (!misses.empty()) {
     try {
       reader_->read_all(plan_reads(misses));
@@ -233,6 +258,7 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
         err = std::make_exception_ptr(
             Error(strfmt("reading expert %d of layer %d failed (read error or corrupt data; see the earlier message)", e->expert, layer)));
     }
+    if (!misses.empty() || !waits.empty()) stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (err) {
       // Unpin what this call pinned and drop every failed entry (ours, and prefetches we
       // waited on): a failed read must never serve data later.
@@ -257,6 +283,39 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
     last_ids_[layer].assign(ids.begin(), ids.end());
     prefetch_after(layer);
   }
+}
+
+size_t StreamingExperts::acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out,
+                                           std::span<uint8_t> got) {
+  std::fill(got.begin(), got.end(), uint8_t{0});
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!store_.has_layer(layer)) return 0;
+  size_t n = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= store_.n_experts()) continue;  // acquire() reports it
+    ExpertCache::Entry* e = cache_.find(layer, ids[i]);
+    if (e == nullptr || e->state != ExpertCache::State::kReady) continue;
+    // As lookup_and_pin() counts it: read by prepare() for this acquire is a miss, else a hit.
+    ++stats_.requests;
+    if (e->prepared) {
+      ++stats_.misses;
+      e->prepared = false;
+    } else {
+      ++stats_.hits;
+      if (e->prefetched) {
+        ++stats_.prefetch_rescued;
+        e->prefetched = false;
+      }
+    }
+    ++e->pins;
+    cache_.touch(e);
+    in_use_[layer].push_back(e);
+    drop_prepared_pin(e);  // acquire's pin replaces prepare's
+    out[i] = slot_views(layer, ids[i], e->data);
+    got[i] = 1;
+    ++n;
+  }
+  return n;
 }
 
 void StreamingExperts::prefetch_after(int layer) {
@@ -372,13 +431,16 @@ StreamingStats StreamingExperts::stats() const {
   s.reads = reader_->reads_issued();
   s.evictions = cache_.evictions();
   s.cache_peak_bytes = cache_.peak_bytes();
+  s.pinned_bytes = locked_bytes_;
   return s;
 }
 
 std::string StreamingExperts::describe() const {
-  return strfmt("streaming %lld expert tensors (%s) through a %s cache (%lld experts of %s), %s %s, %d workers%s",
+  return strfmt("streaming %lld expert tensors (%s) through a %s%s cache (%lld experts of %s), %s %s, %d workers%s",
                 (long long)store_.tensor_count(), format_bytes(store_.total_bytes()).c_str(),
-                format_bytes(cache_.budget()).c_str(), (long long)cache_.capacity(), format_bytes(store_.slot_bytes()).c_str(),
+                format_bytes(cache_.budget()).c_str(),
+                locked_ != nullptr ? strfmt(" pinned (%s page-locked)", format_bytes(locked_bytes_).c_str()).c_str() : "",
+                (long long)cache_.capacity(), format_bytes(store_.slot_bytes()).c_str(),
                 opt_.engine == io::IoEngine::kUring ? "io_uring" : "pread",
                 reader_->direct() ? "O_DIRECT" : (opt_.direct ? "buffered+DONTNEED" : "page cache"), opt_.workers,
                 opt_.prefetch_ahead > 0 ? strfmt(", prefetch-ahead %d", opt_.prefetch_ahead).c_str() : "");

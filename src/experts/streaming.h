@@ -36,6 +36,14 @@ struct StreamingOptions {
   int prefetch_ahead = 0;
   int top_k = 8;         // native experts per token (prefetch applies to decode-sized sets)
   std::vector<std::pair<int, int>> pins;  // (layer, expert) kept resident, hottest first
+  /// The RAM tier of a GPU run with VRAM expert slots: the cache's buffers (the budget's, at most
+  /// every expert's) are allocated at construction as one block and page-locked with
+  /// pin_with->pin_host, so the slots' host-to-device copies read pinned memory. Null: buffers
+  /// allocated as needed, pageable. The backend must outlive the provider.
+  ops::Backend* pin_with = nullptr;
+  /// The cache holds every expert (its budget is their count times the slot size, whatever
+  /// cache_budget_bytes says): the loader's rule when the whole expert set fits in memory.
+  bool hold_all = false;
 };
 
 /// Counters since construction. A "request" is one expert asked for by a layer.
@@ -45,6 +53,8 @@ struct StreamingStats {
   uint64_t prefetch_issued = 0, prefetch_rescued = 0;
   bool prefetch_disabled = false;
   uint64_t evictions = 0, cache_peak_bytes = 0;
+  double stall_s = 0;             // seconds acquire() waited for disk reads (its own and prepared/prefetched ones)
+  uint64_t pinned_bytes = 0;      // page-locked cache bytes (StreamingOptions::pin_with; a gauge)
   double hit_rate() const { return requests ? static_cast<double>(hits) / requests : 0.0; }
   /// Share of would-be misses that prefetch-ahead turned into hits: rescued / (rescued + misses).
   double rescue_rate() const {
@@ -70,6 +80,9 @@ class StreamingExperts final : public ExpertProvider {
   /// and counts them as misses.
   void prepare(int layer, std::span<const int> ids) override;
   void unprepare(int layer, std::span<const int> ids) override;
+  /// The experts of `ids` whose bytes are in the cache now (read and checked), acquired as by
+  /// acquire() and counted the same way (a hit, or a miss when prepare() read it).
+  size_t acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override;
   void release(int layer) override;
   std::string describe() const override;
   int max_batch() const override;
@@ -77,6 +90,12 @@ class StreamingExperts final : public ExpertProvider {
   /// Counters since construction (a consistent snapshot).
   StreamingStats stats() const;
   const io::ExpertStore& store() const { return store_; }
+  /// Undoes the page-locking of StreamingOptions::pin_with (copies from the cache become pageable,
+  /// which a GPU backend stages before returning). For a run whose GPU copies cannot wait for
+  /// their source (no VRAM slots); call before the first acquire.
+  void unpin();
+  /// The cache's budget in bytes (StreamingOptions::cache_budget_bytes, or every expert's with hold_all).
+  uint64_t cache_budget() const { return cache_.budget(); }
   /// Expert tensors served by streaming (3 per expert).
   int64_t streamed_tensors() const { return store_.tensor_count(); }
 
@@ -112,6 +131,8 @@ class StreamingExperts final : public ExpertProvider {
   std::vector<std::vector<int>> last_ids_;                // [layer] experts of the last acquire
   StreamingStats stats_;
   int pinned_count_ = 0;
+  void* locked_ = nullptr;        // the cache block page-locked with opt_.pin_with (unlocked at destruction)
+  uint64_t locked_bytes_ = 0;
 };
 
 }  // namespace spool::experts

@@ -59,15 +59,9 @@ DeviceExpertCache::DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> so
     : source_(std::move(source)), be_(be), n_experts_(n_experts) {
   if (!source_) fail("device expert cache: no source provider");
   where_.resize(moe_layers.size());
-  for (size_t l = 0; l < moe_layers.size(); ++l) {
-    if (!moe_layers[l]) continue;
-    where_[l].assign(static_cast<size_t>(n_experts), -1);
-    const int e = 0;
-    experts::ExpertWeights w;
-    source_->acquire(static_cast<int>(l), std::span<const int>(&e, 1), std::span<experts::ExpertWeights>(&w, 1));
-    slot_bytes_ = std::max(slot_bytes_, ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down));
-    source_->release(static_cast<int>(l));
-  }
+  for (size_t l = 0; l < moe_layers.size(); ++l)
+    if (moe_layers[l]) where_[l].assign(static_cast<size_t>(n_experts), -1);
+  slot_bytes_ = slot_bytes_for(*source_, moe_layers);
   if (slot_bytes_ == 0) fail("device expert cache: the model has no routed experts");
   const uint64_t n = budget_bytes / slot_bytes_;
   if (n < static_cast<uint64_t>(std::max(min_slots, 1)))
@@ -76,27 +70,184 @@ DeviceExpertCache::DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> so
   const uint64_t all = static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true)) * static_cast<uint64_t>(n_experts);
   slots_.resize(static_cast<size_t>(std::min(n, all)));
   prepared_.resize(moe_layers.size());
+  held_.assign(moe_layers.size(), 0);
+  hold_ticket_.assign(moe_layers.size(), 0);
+  stall0_ = be_.weight_copy_stall_seconds();
   // One allocation for every slot: it either succeeds or holds nothing.
   char* mem = static_cast<char*>(be_.alloc_weight_slot(slot_bytes_ * slots_.size()));
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].mem = mem + i * slot_bytes_;
+}
+
+uint64_t DeviceExpertCache::slot_bytes_for(experts::ExpertProvider& source, const std::vector<bool>& moe_layers) {
+  uint64_t bytes = 0;
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    if (!moe_layers[l]) continue;
+    const int e = 0;
+    experts::ExpertWeights w;
+    source.acquire(static_cast<int>(l), std::span<const int>(&e, 1), std::span<experts::ExpertWeights>(&w, 1));
+    bytes = std::max(bytes, ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down));
+    source.release(static_cast<int>(l));
+  }
+  return bytes;
+}
+
+DeviceExpertCache::~DeviceExpertCache() {
+  try {
+    poll_holds(/*block=*/true);
+  } catch (...) {  // a failed device: nothing more to wait for
+  }
+}
+
+DeviceExpertCache::Stats DeviceExpertCache::Stats::operator-(const Stats& o) const {
+  Stats d = *this;
+  d.hits -= o.hits;
+  d.misses -= o.misses;
+  d.early -= o.early;
+  d.bytes_copied -= o.bytes_copied;
+  d.stall_s -= o.stall_s;
+  return d;
+}
+
+DeviceExpertCache::Stats DeviceExpertCache::stats() const {
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  return stats_;
+}
+
+void DeviceExpertCache::update_stall() {
+  const double s = be_.weight_copy_stall_seconds() - stall0_;
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  stats_.stall_s = s;
 }
 
 bool DeviceExpertCache::valid(int layer, int id) const {
   return layer >= 0 && static_cast<size_t>(layer) < where_.size() && id >= 0 && static_cast<size_t>(id) < where_[layer].size();
 }
 
+size_t DeviceExpertCache::take_slot() {
+  // The least recently used slot not handed out and not reserved (empty slots have used == 0).
+  size_t best = slots_.size();
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (!slots_[s].in_use && !slots_[s].reserved && (best == slots_.size() || slots_[s].used < slots_[best].used)) best = s;
+  if (best == slots_.size()) fail("device expert cache: every slot is in use");
+  Slot& s = slots_[best];
+  if (s.layer >= 0) where_[s.layer][static_cast<size_t>(s.expert)] = -1;
+  s.layer = s.expert = -1;  // empty until the copies are issued
+  s.used = 0;
+  return best;
+}
+
+void DeviceExpertCache::fill(size_t si, int layer, int id, const experts::ExpertWeights& h) {
+  const uint64_t gate = ops::packed_weight_bytes(h.gate), up = h.up.empty() ? 0 : ops::packed_weight_bytes(h.up),
+                 down = ops::packed_weight_bytes(h.down);
+  if (gate + up + down > slot_bytes_)
+    fail("device expert cache: expert %d of layer %d takes %s, more than a slot (%s)", id, layer, format_bytes(gate + up + down).c_str(),
+         format_bytes(slot_bytes_).c_str());
+  Slot& s = slots_[si];
+  experts::ExpertWeights v = h;
+  v.gate = be_.copy_weight_into(h.gate, s.mem);
+  if (!h.up.empty()) v.up = be_.copy_weight_into(h.up, s.mem + gate);
+  v.down = be_.copy_weight_into(h.down, s.mem + gate + up);
+  s.views = v;
+  {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.bytes_copied += gate + up + down;
+  }
+  s.layer = layer;
+  s.expert = id;
+  s.used = ++clock_;
+  where_[layer][static_cast<size_t>(id)] = static_cast<int>(si);
+}
+
+uint64_t DeviceExpertCache::finish_fills(int layer) {
+  const uint64_t t = be_.weight_copy_fence();
+  hold_ticket_[layer] = std::max(hold_ticket_[layer], t);
+  held_[layer] = 1;
+  if (be_.weight_copies_done(hold_ticket_[layer], false)) {
+    held_[layer] = 0;
+    source_->release(layer);  // the slots hold copies; the source's memory may change now
+  }
+  return t;
+}
+
+void DeviceExpertCache::poll_holds(bool block) {
+  for (size_t l = 0; l < held_.size(); ++l)
+    if (held_[l] && be_.weight_copies_done(hold_ticket_[l], block)) {
+      held_[l] = 0;
+      source_->release(static_cast<int>(l));
+    }
+}
+
 void DeviceExpertCache::prepare(int layer, std::span<const int> ids) {
-  std::vector<int> missing;
-  for (int id : ids)
-    if (valid(layer, id) && where_[layer][static_cast<size_t>(id)] < 0) missing.push_back(id);
+  if (layer < 0 || static_cast<size_t>(layer) >= where_.size() || where_[layer].empty()) return;  // acquire() reports it
+  poll_holds(false);
+  std::vector<int> missing;  // distinct ids not in a slot
+  for (int id : ids) {
+    if (!valid(layer, id)) return;  // acquire() reports it
+    const int s = where_[layer][static_cast<size_t>(id)];
+    if (s >= 0) {
+      slots_[s].reserved = true;  // the fills below must not take it
+    } else if (std::find(missing.begin(), missing.end(), id) == missing.end()) {
+      missing.push_back(id);
+    }
+  }
   if (missing.empty()) return;
-  source_->prepare(layer, missing);
-  // Each forwarded prepare is owed an acquire or an unprepare at the source.
-  prepared_[layer].insert(prepared_[layer].end(), missing.begin(), missing.end());
+  // Experts the source has in memory now are copied at once, into the slots that are free.
+  const size_t free_slots = static_cast<size_t>(
+      std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.in_use && !s.reserved; }));
+  const size_t n_now = std::min(free_slots, missing.size());
+  std::vector<experts::ExpertWeights> host(n_now);
+  std::vector<uint8_t> got(n_now, 0);
+  if (n_now > 0) source_->acquire_available(layer, std::span<const int>(missing.data(), n_now), host, got);
+  std::vector<int> rest;
+  for (size_t m = 0; m < missing.size(); ++m)
+    if (m >= n_now || !got[m]) rest.push_back(missing[m]);
+  if (!rest.empty()) {
+    source_->prepare(layer, rest);
+    // Each forwarded prepare is owed an acquire or an unprepare at the source.
+    prepared_[layer].insert(prepared_[layer].end(), rest.begin(), rest.end());
+  }
+  if (rest.size() == missing.size()) return;
+  try {
+    for (size_t m = 0; m < n_now; ++m) {
+      if (!got[m]) continue;
+      const size_t si = take_slot();
+      fill(si, layer, missing[m], host[m]);
+      slots_[si].reserved = slots_[si].early = true;
+      {
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        ++stats_.early;
+      }
+    }
+    const uint64_t t = finish_fills(layer);
+    for (size_t m = 0; m < n_now; ++m)
+      if (got[m]) slots_[where_[layer][static_cast<size_t>(missing[m])]].ticket = t;
+  } catch (...) {
+    // Not an error here: the acquire() that follows copies again and reports it. The source's
+    // views are released once every copy issued so far has finished reading them.
+    try {
+      for (size_t m = 0; m < n_now; ++m)
+        if (got[m] && where_[layer][static_cast<size_t>(missing[m])] >= 0) {
+          Slot& s = slots_[where_[layer][static_cast<size_t>(missing[m])]];
+          where_[layer][static_cast<size_t>(missing[m])] = -1;
+          s.layer = s.expert = -1;
+          s.used = 0;
+          s.reserved = s.early = false;
+        }
+      be_.weight_copies_done(be_.weight_copy_fence(), true);
+    } catch (...) {
+    }
+    held_[layer] = 0;
+    source_->release(layer);
+  }
 }
 
 void DeviceExpertCache::unprepare(int layer, std::span<const int> ids) {
   if (layer < 0 || static_cast<size_t>(layer) >= prepared_.size()) return;
+  for (int id : ids)  // reserved or early-filled slots become ordinary LRU slots (their bytes are right)
+    if (valid(layer, id) && where_[layer][static_cast<size_t>(id)] >= 0) {
+      Slot& s = slots_[where_[layer][static_cast<size_t>(id)]];
+      s.reserved = s.early = false;
+    }
   std::vector<int>& owed = prepared_[layer];
   std::vector<int> back;
   for (int id : ids)
@@ -114,22 +265,30 @@ void DeviceExpertCache::acquire(int layer, std::span<const int> ids, std::span<e
     fail("device expert cache: %zu experts acquired at once, more than its %zu slots", ids.size(), slots_.size());
   for (int id : ids)
     if (!valid(layer, id)) fail("device expert cache: expert %d of layer %d does not exist", id, layer);
+  poll_holds(false);
   std::vector<int>& where = where_[layer];
   std::vector<int>& owed = prepared_[layer];
   std::vector<size_t> marked;  // slots this call handed out: freed again if it fails
   try {
     // Hits first: they are marked in use so that the misses' evictions cannot take them. A hit
-    // whose prepare() went to the source gives that prepare back (the source pinned it).
+    // whose prepare() went to the source gives that prepare back (the source pinned it). A slot
+    // prepare() filled for this acquire counts as a miss (its copy was made for it).
     std::vector<int> missing;  // distinct ids not in a slot
     std::vector<int> back;
     for (size_t i = 0; i < ids.size(); ++i) {
       const int s = where[static_cast<size_t>(ids[i])];
       if (s >= 0) {
-        if (!slots_[s].in_use) marked.push_back(static_cast<size_t>(s));
-        slots_[s].in_use = true;
-        slots_[s].used = ++clock_;
-        out[i] = slots_[s].views;
-        ++stats_.hits;
+        Slot& sl = slots_[s];
+        if (!sl.in_use) marked.push_back(static_cast<size_t>(s));
+        sl.in_use = true;
+        sl.used = ++clock_;
+        out[i] = sl.views;
+        {
+          std::lock_guard<std::mutex> lk(stats_mu_);
+          ++(sl.early ? stats_.misses : stats_.hits);
+        }
+        sl.early = false;
+        sl.reserved = false;
         if (auto it = std::find(owed.begin(), owed.end(), ids[i]); it != owed.end()) {
           owed.erase(it);
           back.push_back(ids[i]);
@@ -139,48 +298,37 @@ void DeviceExpertCache::acquire(int layer, std::span<const int> ids, std::span<e
       }
     }
     if (!back.empty()) source_->unprepare(layer, back);
-    if (missing.empty()) return;
-    for (int id : missing)  // the source's acquire takes over a forwarded prepare
-      if (auto it = std::find(owed.begin(), owed.end(), id); it != owed.end()) owed.erase(it);
-    std::vector<experts::ExpertWeights> host(missing.size());
-    source_->acquire(layer, missing, host);
-    try {
-      for (size_t m = 0; m < missing.size(); ++m) {
-        const experts::ExpertWeights& h = host[m];
-        const uint64_t gate = ops::packed_weight_bytes(h.gate), up = h.up.empty() ? 0 : ops::packed_weight_bytes(h.up),
-                       down = ops::packed_weight_bytes(h.down);
-        if (gate + up + down > slot_bytes_)
-          fail("device expert cache: expert %d of layer %d takes %s, more than a slot (%s)", missing[m], layer,
-               format_bytes(gate + up + down).c_str(), format_bytes(slot_bytes_).c_str());
-        // The least recently used slot not handed out (empty slots have used == 0).
-        size_t best = slots_.size();
-        for (size_t s = 0; s < slots_.size(); ++s)
-          if (!slots_[s].in_use && (best == slots_.size() || slots_[s].used < slots_[best].used)) best = s;
-        if (best == slots_.size()) fail("device expert cache: every slot is in use");
-        Slot& s = slots_[best];
-        if (s.layer >= 0) where_[s.layer][static_cast<size_t>(s.expert)] = -1;
-        s.layer = s.expert = -1;  // empty until the copies are done
-        s.used = 0;
-        experts::ExpertWeights v = h;
-        v.gate = be_.copy_weight_into(h.gate, s.mem);
-        if (!h.up.empty()) v.up = be_.copy_weight_into(h.up, s.mem + gate);
-        v.down = be_.copy_weight_into(h.down, s.mem + gate + up);
-        s.views = v;
-        stats_.bytes_copied += gate + up + down;
-        s.layer = layer;
-        s.expert = missing[m];
-        s.used = ++clock_;
-        s.in_use = true;
-        marked.push_back(best);
-        where[static_cast<size_t>(missing[m])] = static_cast<int>(best);
-        ++stats_.misses;
+    if (!missing.empty()) {
+      for (int id : missing)  // the source's acquire takes over a forwarded prepare
+        if (auto it = std::find(owed.begin(), owed.end(), id); it != owed.end()) owed.erase(it);
+      std::vector<experts::ExpertWeights> host(missing.size());
+      source_->acquire(layer, missing, host);
+      try {
+        for (size_t m = 0; m < missing.size(); ++m) {
+          const size_t si = take_slot();
+          fill(si, layer, missing[m], host[m]);
+          slots_[si].in_use = true;
+          marked.push_back(si);
+          std::lock_guard<std::mutex> lk(stats_mu_);
+          ++stats_.misses;
+        }
+      } catch (...) {
+        be_.weight_copies_done(be_.weight_copy_fence(), true);  // nothing reads the source's views any more
+        held_[layer] = 0;
+        source_->release(layer);
+        throw;
       }
-    } catch (...) {
-      source_->release(layer);
-      throw;
+      const uint64_t t = finish_fills(layer);
+      for (int id : missing) slots_[where[static_cast<size_t>(id)]].ticket = t;
+      for (size_t i = 0; i < ids.size(); ++i) out[i] = slots_[where[static_cast<size_t>(ids[i])]].views;
     }
-    source_->release(layer);  // the slots hold copies (a GPU backend has staged the bytes)
-    for (size_t i = 0; i < ids.size(); ++i) out[i] = slots_[where[static_cast<size_t>(ids[i])]].views;
+    // The backend's later work (the expert kernels) runs after the copies of every slot handed out.
+    uint64_t need = 0;
+    for (int id : ids) need = std::max(need, slots_[where[static_cast<size_t>(id)]].ticket);
+    if (need > waited_) {
+      be_.wait_weight_copies(need);
+      waited_ = need;
+    }
   } catch (...) {
     for (size_t s : marked) slots_[s].in_use = false;
     throw;
@@ -190,6 +338,8 @@ void DeviceExpertCache::acquire(int layer, std::span<const int> ids, std::span<e
 void DeviceExpertCache::release(int layer) {
   for (Slot& s : slots_)
     if (s.layer == layer) s.in_use = false;
+  poll_holds(false);
+  update_stall();
 }
 
 std::string DeviceExpertCache::describe() const {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,21 +37,36 @@ class DeviceExperts final : public experts::ExpertProvider {
 };
 
 /// The VRAM tier of a GPU run whose routed experts do not all fit: a fixed number of expert slots
-/// in the backend's memory (Backend::alloc_weight_slot), filled from a host provider (the
-/// resident mapping, or the streaming cache with its own RAM tier and disk behind it) and kept in
-/// least-recently-used order by (layer, expert). acquire() hands out slot views: a hit costs
-/// nothing on the host link, a miss copies the expert into the least recently used slot not in
-/// use (Backend::copy_weight_into). Slots handed out by acquire(layer) stay in use until
-/// release(layer) (or until that acquire fails); max_batch() is the number of slots (at most the
-/// source's), so the MoE block splits larger sets. prepare() forwards the experts not in a slot
-/// to the source; one that is in a slot by the time of its acquire() is unprepared there.
-/// The bytes are the same as the host provider's, so the logits are bit-identical to it.
+/// in the backend's memory (Backend::alloc_weight_slot), filled from a host provider (the RAM
+/// tier: the streaming cache, page-locked on CUDA, with disk behind it; or the resident mapping)
+/// and kept in least-recently-used order by (layer, expert). acquire() hands out slot views: a
+/// hit costs nothing on the host link, a miss copies the expert into the least recently used
+/// slot not in use (Backend::copy_weight_into: on CUDA a copy stream, so copies overlap compute).
+/// Slots handed out by acquire(layer) stay in use until release(layer) (or until that acquire
+/// fails); max_batch() is the number of slots (at most the source's), so the MoE block splits
+/// larger sets.
+///
+/// prepare(layer, ids) (the MoE block calls it before the shared expert) reserves the slots of
+/// the ids already in one, starts the copies of those the source has in memory now
+/// (ExpertProvider::acquire_available) into free slots, and forwards the rest to the source (a
+/// streaming source starts their disk reads). A slot reserved or being filled by prepare() is
+/// never evicted before the acquire() (or unprepare()) of its expert; acquire() orders the
+/// backend's later work after the copies of every slot it hands out (wait_weight_copies), so no
+/// kernel reads a slot before its copy completed. The source's views stay acquired (its memory
+/// unchanged) until the backend reports the copies from them done (weight_copies_done), then
+/// the source's layer is released. The bytes are the same as the host provider's, so the logits
+/// are bit-identical to it.
 class DeviceExpertCache final : public experts::ExpertProvider {
  public:
-  /// Per-tier counts since construction.
+  /// Per-tier counts since construction. hits + misses = experts acquired (distinct per call).
   struct Stats {
-    uint64_t hits = 0, misses = 0;  // experts acquired from a slot / copied into one
-    uint64_t bytes_copied = 0;      // host -> slot bytes (packed sizes)
+    uint64_t hits = 0, misses = 0;  // experts acquired from a slot / copied into one for the acquire
+    uint64_t early = 0;             // misses whose copy prepare() started (overlapping other work)
+    uint64_t bytes_copied = 0;      // host -> slot bytes (packed sizes; also copies a prepare() made for
+                                    // an acquire that did not come)
+    double stall_s = 0;             // seconds compute waited for slot copies (Backend::weight_copy_stall_seconds)
+    double hit_rate() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0; }
+    Stats operator-(const Stats& o) const;
   };
   /// `budget_bytes` of slots on `be` (which must outlive this provider; one allocation), each
   /// sized for the largest expert 0 of the MoE layers (moe_layers[l]; an expert larger than a
@@ -58,23 +74,38 @@ class DeviceExpertCache final : public experts::ExpertProvider {
   /// `min_slots` experts (the experts one token routes to) or the memory cannot be had.
   DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> source, ops::Backend& be, const std::vector<bool>& moe_layers,
                     int n_experts, uint64_t budget_bytes, int min_slots);
+  /// Waits for copies still reading the source's memory, then releases it.
+  ~DeviceExpertCache() override;
   void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;
-  /// Forwards the experts not in a slot to the source (a streaming source starts their reads).
+  /// See the class comment: reserves hits, starts copies of experts in the source's memory,
+  /// forwards the others to the source. Never throws for a failed copy (acquire() reports it).
   void prepare(int layer, std::span<const int> ids) override;
   void unprepare(int layer, std::span<const int> ids) override;
   void release(int layer) override;
   std::string describe() const override;
   int max_batch() const override { return std::min(static_cast<int>(slots_.size()), source_->max_batch()); }
+  /// The bytes of one slot over `source`: the largest packed size of expert 0 of the MoE layers.
+  static uint64_t slot_bytes_for(experts::ExpertProvider& source, const std::vector<bool>& moe_layers);
   /// Number of slots and the bytes of one.
   size_t slots() const { return slots_.size(); }
   uint64_t slot_bytes() const { return slot_bytes_; }
-  const Stats& stats() const { return stats_; }
+  /// The counts (a consistent snapshot; thread-safe: /metrics reads it while a forward runs).
+  /// stall_s is as of the last release() or update_stall().
+  Stats stats() const;
+  /// Brings stall_s up to the backend's copy stall now. Call on the thread that runs the
+  /// forward passes (the backend is not thread-safe); release() does it.
+  void update_stall();
+  /// The host provider behind the slots.
+  const experts::ExpertProvider& source() const { return *source_; }
 
  private:
   struct Slot {
     int layer = -1, expert = -1;  // what it holds (-1: empty)
     uint64_t used = 0;            // LRU clock of its last acquire
     bool in_use = false;          // handed out by acquire(layer) and not released yet
+    bool reserved = false;        // named by prepare(): kept until its acquire() or unprepare()
+    bool early = false;           // filled by prepare() for an acquire that has not come yet
+    uint64_t ticket = 0;          // Backend::weight_copy_fence() of its last fill
     char* mem = nullptr;          // slot_bytes_ of backend memory: gate | up | down
     experts::ExpertWeights views; // views into mem
   };
@@ -84,8 +115,22 @@ class DeviceExpertCache final : public experts::ExpertProvider {
   uint64_t slot_bytes_ = 0, clock_ = 0;
   std::vector<Slot> slots_;
   bool valid(int layer, int id) const;
+  // The least recently used slot neither in use nor reserved, emptied (its expert unmapped); throws when none.
+  size_t take_slot();
+  // Copies host expert `h` (expert `id` of `layer`) into slot `s` and maps it there; throws when it does not fit.
+  void fill(size_t s, int layer, int id, const experts::ExpertWeights& h);
+  // After fills of `layer`: a fence for them (returned); the source's layer is released at once
+  // when the copies are done, else held until poll_holds() sees them done.
+  uint64_t finish_fills(int layer);
+  // Releases the source's layers whose copies are done (all of them, waiting, with `block`).
+  void poll_holds(bool block);
   std::vector<std::vector<int>> where_;  // [layer][expert] -> slot index or -1
   std::vector<std::vector<int>> prepared_;  // [layer] ids whose prepare() went to the source and is owed back
+  std::vector<uint8_t> held_;               // [layer] the source's views of it are held for copies in flight
+  std::vector<uint64_t> hold_ticket_;       // [layer] the fence those copies end at
+  uint64_t waited_ = 0;                     // the latest fence the backend's work was ordered after
+  double stall0_ = 0;                       // the backend's copy stall at construction
+  mutable std::mutex stats_mu_;             // guards stats_ (written by the forward's thread, read by any)
   Stats stats_;
 };
 

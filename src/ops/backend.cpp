@@ -1,6 +1,7 @@
 #include "ops/backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/error.h"
@@ -71,7 +72,10 @@ void* Backend::alloc_weight_slot(uint64_t bytes) {
 }
 
 WeightView Backend::copy_weight_into(const WeightView& w, void* slot) {
-  return pack_weight(w, slot, device(), [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
+  const auto t0 = std::chrono::steady_clock::now();
+  WeightView v = pack_weight(w, slot, device(), [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
+  copy_stall_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return v;
 }
 
 ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts) {

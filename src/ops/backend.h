@@ -211,10 +211,44 @@ class Backend {
   /// it is destroyed. Throws spool::Error when it cannot be had.
   virtual void* alloc_weight_slot(uint64_t bytes);
   /// Copies host weight `w` into `slot` (alloc_weight_slot memory of at least
-  /// packed_weight_bytes(w) bytes) and returns the view of the copy. The copy is ordered before
-  /// the backend's later work and after its earlier work (a GPU backend issues it on its
-  /// stream), so a slot may be refilled once the ops that read its previous contents were issued.
+  /// packed_weight_bytes(w) bytes) and returns the view of the copy. The copy is ordered after
+  /// the backend's work issued so far (so a slot may be refilled once the ops that read its
+  /// previous contents were issued), but it is not visible to later ops until the caller orders
+  /// them after it with weight_copy_fence() + wait_weight_copies(). Host backends copy with
+  /// memcpy before returning; a GPU backend issues it on a copy stream, so it runs while the
+  /// compute stream works. `w`'s host bytes must stay unchanged until weight_copies_done() says
+  /// the copy finished (pinned memory is read by the DMA engine as the copy runs).
   virtual WeightView copy_weight_into(const WeightView& w, void* slot);
+  /// A ticket for the weight copies issued so far (copy_weight_into): tickets grow, and a later
+  /// ticket covers every earlier copy. 0 when there is nothing to wait for (host backends).
+  virtual uint64_t weight_copy_fence() { return 0; }
+  /// Orders the backend's later work after the copies of `ticket` (a GPU backend: its compute
+  /// stream waits on the copy stream's event, cudaStreamWaitEvent; the host does not block).
+  /// The time the compute stream spends waiting is added to weight_copy_stall_seconds().
+  virtual void wait_weight_copies(uint64_t ticket) { (void)ticket; }
+  /// Whether the copies of `ticket` have finished reading their host bytes; with `block`, waits
+  /// until they have (and returns true).
+  virtual bool weight_copies_done(uint64_t ticket, bool block) {
+    (void)ticket, (void)block;
+    return true;
+  }
+  /// Seconds the backend's compute waited for weight copies so far: on a GPU backend the
+  /// compute stream's waits on copy events (CUDA event timing, counted once they completed);
+  /// on host backends the time spent in copy_weight_into (the copies are synchronous).
+  virtual double weight_copy_stall_seconds() const { return copy_stall_s_; }
+  /// Page-locks `bytes` of host memory at `p` (cudaHostRegister on CUDA) so that copies from it
+  /// run at the link's full speed and asynchronously. Returns false when this backend has no
+  /// such notion (host backends) or the memory could not be locked (the copies still work, from
+  /// pageable memory). A true return must be paired with unpin_host(p) before the memory is freed.
+  virtual bool pin_host(void* p, uint64_t bytes) {
+    (void)p, (void)bytes;
+    return false;
+  }
+  /// Undoes a successful pin_host(p).
+  virtual void unpin_host(void* p) { (void)p; }
+
+ protected:
+  double copy_stall_s_ = 0;  // host backends: seconds in copy_weight_into
 
  private:
   std::vector<std::unique_ptr<uint64_t[]>> host_slots_;  // alloc_weight_slot on host backends

@@ -1516,6 +1516,34 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
       EXPECT_GT(cache->stats().misses, 0u);
       EXPECT_GT(be->slot_copied_bytes(), before_slots);  // the misses were copied into VRAM slots
     }
+  // The loader's tiers on a GPU: VRAM slots at two sizes in front of a page-locked streaming
+  // cache (StreamingOptions::pin_with; copies on the copy stream, started by prepare() for experts
+  // in RAM) with a small RAM budget (disk behind it) and one that holds every expert.
+  for (const bool all_in_ram : {false, true})
+    for (const int slots : {s.moe.top_k, 3 * s.moe.top_k}) {
+      SCOPED_TRACE(std::string(all_in_ram ? "pinned RAM tier of every expert, " : "small pinned RAM tier, ") + std::to_string(slots) + " slots");
+      experts::StreamingOptions po = so;
+      po.pin_with = be.get();
+      po.hold_all = all_in_ram;
+      auto pinned = std::make_shared<experts::StreamingExperts>(ckpt, moe, s.moe.n_experts, s.hidden_size, s.moe.intermediate, po);
+      EXPECT_GT(pinned->stats().pinned_bytes, 0u) << "cudaHostRegister of the cache failed";
+      models::DeviceExpertCache probe(pinned, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
+      auto cache = std::make_shared<models::DeviceExpertCache>(pinned, *be, moe, s.moe.n_experts, probe.slot_bytes() * slots, s.moe.top_k);
+      m->set_expert_provider(cache);
+      const std::vector<float> first = greedy_logits(*m, ids, 8);
+      const std::vector<float> second = greedy_logits(*m, ids, 8);  // experts now in RAM: copies start in prepare()
+      m->set_expert_provider(nullptr);
+      EXPECT_EQ(std::memcmp(vram.data(), first.data(), vram.size() * 4), 0) << "VRAM-resident vs slots over pinned RAM";
+      EXPECT_EQ(std::memcmp(vram.data(), second.data(), vram.size() * 4), 0) << "VRAM-resident vs slots over pinned RAM, again";
+      be->synchronize();
+      cache->update_stall();
+      const models::DeviceExpertCache::Stats st = cache->stats();
+      EXPECT_GT(st.misses, 0u);
+      EXPECT_EQ(st.bytes_copied, st.misses * probe.slot_bytes());
+      EXPECT_EQ(pinned->stats().requests, st.misses);
+      if (all_in_ram) EXPECT_GT(st.early, 0u);
+      EXPECT_GE(st.stall_s, 0.0);
+    }
 }
 
 // The Gated DeltaNet states live on the GPU (State::place); snapshot / restore / serialize /

@@ -7,7 +7,7 @@
 
 namespace spool::ops {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   /// `pool` (may be null: single-threaded) must outlive the backend.
   explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}

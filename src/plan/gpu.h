@@ -13,6 +13,15 @@
 
 namespace spool::plan {
 
+/// The host tier behind the VRAM expert slots of a CUDA run whose experts do not all fit (the
+/// loader's rule, printed in its startup log): the streaming cache, page-locked, unless
+/// --no-stream keeps the pageable mapping; sized by --cache-budget-gb, or auto: every expert
+/// when they all fit the memory left, else what is left, with disk behind it.
+inline constexpr const char* kHostTierRule =
+    "the RAM tier behind the VRAM slots is the streaming cache, page-locked (pinned) so that slot misses copy at the "
+    "link's pinned speed; --cache-budget-gb sizes it, auto holds every expert when they all fit in the memory left "
+    "(each read from disk once, then kept), else what is left with disk behind it (--no-stream keeps the pageable mapping)";
+
 /// VRAM placement of a CUDA run, in bytes.
 struct GpuPlacement {
   uint64_t budget = 0;     // --vram-budget-gb (auto: 90% of the card's memory)

@@ -124,6 +124,10 @@ std::string HttpServer::metrics_text() const {
     g.batch = engine_->batch->stats();
     g.streaming = engine_->loaded.streaming != nullptr;
     if (g.streaming) g.experts = engine_->loaded.streaming->stats();
+    if (const auto& slots = engine_->loaded.expert_slots) {
+      g.vram_slots = slots->slots();
+      g.slots = slots->stats();
+    }
     if (engine_->disk) g.disk_cache = engine_->disk->stats();
   }
   return metrics_.render(g);

@@ -98,7 +98,20 @@ std::string Metrics::render(const EngineGauges& g) const {
          g.streaming ? g.experts.hit_rate() : 1.0);
   metric(out, "spool_expert_cache_requests_total", "counter", "Expert cache lookups.", static_cast<double>(g.experts.requests));
   metric(out, "spool_expert_cache_misses_total", "counter", "Expert cache misses.", static_cast<double>(g.experts.misses));
+  metric(out, "spool_expert_cache_hits_total", "counter", "Expert cache hits (RAM tier).", static_cast<double>(g.experts.hits));
+  metric(out, "spool_expert_cache_stall_seconds_total", "counter", "Seconds expert acquisitions waited for disk reads (RAM tier).",
+         g.experts.stall_s);
+  metric(out, "spool_expert_cache_pinned_bytes", "gauge", "Page-locked bytes of the expert cache (RAM tier of a GPU run).",
+         static_cast<double>(g.experts.pinned_bytes));
   metric(out, "spool_disk_read_bytes_total", "counter", "Bytes of expert weights read from disk.", static_cast<double>(g.experts.bytes_read));
+  metric(out, "spool_vram_expert_slots", "gauge", "Expert slots of the VRAM tier (0 when experts are all resident or on the CPU).",
+         static_cast<double>(g.vram_slots));
+  metric(out, "spool_vram_expert_hits_total", "counter", "Routed experts found in a VRAM slot.", static_cast<double>(g.slots.hits));
+  metric(out, "spool_vram_expert_misses_total", "counter", "Routed experts copied into a VRAM slot for their use.",
+         static_cast<double>(g.slots.misses));
+  metric(out, "spool_vram_expert_copied_bytes_total", "counter", "Bytes copied host -> device into VRAM slots.",
+         static_cast<double>(g.slots.bytes_copied));
+  metric(out, "spool_vram_expert_stall_seconds_total", "counter", "Seconds compute waited for copies into VRAM slots.", g.slots.stall_s);
   metric(out, "spool_resident_memory_bytes", "gauge", "Resident set size (VmRSS).", static_cast<double>(g.rss_bytes));
   if (g.disk_cache) {
     const DiskCacheStats& d = *g.disk_cache;

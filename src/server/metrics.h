@@ -8,6 +8,7 @@
 #include <string>
 
 #include "experts/streaming.h"
+#include "models/device_experts.h"
 #include "server/batch_engine.h"
 #include "server/disk_cache.h"
 
@@ -18,7 +19,9 @@ struct EngineGauges {
   bool ready = false;                 ///< model loaded
   BatchStats batch;                   ///< slots, queue and step counters of the BatchEngine
   bool streaming = false;             ///< experts are streamed from disk
-  experts::StreamingStats experts;    ///< expert-cache and disk counters (streaming only)
+  experts::StreamingStats experts;    ///< expert-cache (RAM tier) and disk counters (streaming only)
+  uint64_t vram_slots = 0;            ///< expert slots of the VRAM tier (models::DeviceExpertCache; 0: none)
+  models::DeviceExpertCache::Stats slots;  ///< VRAM-tier counters (with vram_slots)
   uint64_t rss_bytes = 0;             ///< VmRSS
   std::optional<DiskCacheStats> disk_cache;  ///< with --disk-cache
 };

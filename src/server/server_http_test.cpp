@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -22,7 +23,8 @@ namespace {
 // performance bound).
 constexpr int kReadTimeoutS = 600;
 
-std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256, int parallel = 1) {
+std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256, int parallel = 1,
+                                           const std::function<void(engine::LoadOptions&)>& tweak = {}) {
   engine::LoadOptions o;
   o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.threads = 2;
@@ -32,12 +34,14 @@ std::unique_ptr<ServingEngine> demo_engine(int64_t ctx = 256, int parallel = 1) 
   eo.prefill_step = 32;
   eo.parallel = parallel;
   o.parallel = parallel;
+  if (tweak) tweak(o);
   return make_serving_engine(engine::load(o), eo);
 }
 
 // A server on a free loopback port, serving until destroyed.
 struct Running {
-  explicit Running(const std::string& api_key = "", bool with_engine = true, HttpOptions ho = {}, int64_t ctx = 256) {
+  explicit Running(const std::string& api_key = "", bool with_engine = true, HttpOptions ho = {}, int64_t ctx = 256,
+                   const std::function<void(engine::LoadOptions&)>& tweak = {}) {
     ho.port = 0;
     const int parallel = ho.parallel;
     ho.api_key = api_key;
@@ -45,7 +49,7 @@ struct Running {
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
     if (with_engine) {
-      auto e = demo_engine(ctx, parallel);
+      auto e = demo_engine(ctx, parallel, tweak);
       // "logit_bias" that bans every end-of-sequence id: generation runs to max_tokens.
       for (int32_t id : e->facts.stop_ids) no_eos[std::to_string(id)] = -100;
       server->set_engine(std::move(e));
@@ -291,6 +295,49 @@ bool valid_prometheus_line(const std::string& line) {
   char* end = nullptr;
   std::strtod(line.c_str() + i + 1, &end);
   return end != line.c_str() + i + 1 && *end == '\0';
+}
+
+// /metrics carries the expert tiers: with slots in front of the streaming cache
+// (--host-expert-slots, the VRAM tier's code on the CPU), each expert acquired is a slot hit or
+// miss, each miss one request to the RAM tier and one slot's bytes copied.
+TEST(HttpApi, MetricsShowTheExpertTiers) {
+  Running s("", true, {}, 256, [](engine::LoadOptions& o) {
+    o.stream = true;
+    o.cache_budget = "1";
+    o.host_expert_slots = 256;  // (fewer than 64 slots never hit: 8 layers x 8 experts a token)
+  });
+  auto c = s.client();
+  auto scrape = [&] {
+    auto m = c.Get("/metrics");
+    EXPECT_TRUE(m);
+    return m ? m->body : std::string();
+  };
+  auto value = [](const std::string& body, const std::string& name) {
+    const size_t at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + name.size() + 2));
+  };
+  // Deltas over one completion (loading read expert 0 of each layer to size the slots).
+  const std::string m0 = scrape();
+  auto r = c.Post("/v1/completions", R"({"prompt": "Call me Ishmael.", "max_tokens": 6, "temperature": 0})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string m1 = scrape();
+  auto delta = [&](const std::string& name) { return value(m1, name) - value(m0, name); };
+  EXPECT_EQ(value(m1, "spool_vram_expert_slots"), 256);
+  const double hits = delta("spool_vram_expert_hits_total"), misses = delta("spool_vram_expert_misses_total");
+  EXPECT_GT(hits, 0);
+  EXPECT_GT(misses, 0);
+  EXPECT_EQ(hits + misses, delta("spool_expert_acquisitions_total"));
+  EXPECT_EQ(delta("spool_expert_cache_requests_total"), misses);  // the RAM tier serves the slots' misses
+  EXPECT_EQ(delta("spool_expert_cache_hits_total") + delta("spool_expert_cache_misses_total"), misses);
+  const double copied = delta("spool_vram_expert_copied_bytes_total");
+  EXPECT_GT(copied, 0);
+  EXPECT_EQ(std::fmod(copied, misses), 0.0);  // one slot's bytes per miss
+  EXPECT_GE(value(m1, "spool_vram_expert_stall_seconds_total"), 0);
+  EXPECT_GE(value(m1, "spool_expert_cache_stall_seconds_total"), 0);
+  EXPECT_EQ(value(m1, "spool_expert_cache_pinned_bytes"), 0);  // the CPU pins nothing
+  std::istringstream in(m1);
+  for (std::string line; std::getline(in, line);) EXPECT_TRUE(valid_prometheus_line(line)) << line;
 }
 
 TEST(HttpApi, MetricsStayValidAfterOddPaths) {

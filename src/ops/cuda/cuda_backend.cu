@@ -23,6 +23,7 @@
 #include <mutex>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 #include <vector>
 
@@ -955,6 +956,64 @@ struct CudaBackend::Impl {
   const char* op = nullptr;
   std::chrono::steady_clock::time_point op_t0, created = std::chrono::steady_clock::now();
 
+  // Weight-slot copies (copy_weight_into) run on their own stream, so they overlap the compute
+  // stream's kernels. Each copy first waits on an event recorded on the compute stream (the
+  // kernels issued before it, which may read the slot's old contents); weight_copy_fence()
+  // records an event on the copy stream (a ticket), and wait_weight_copies() makes the compute
+  // stream wait on it, between two timing events whose distance is the stall.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t compute_point = nullptr;     // reused: "compute work issued so far"
+  uint64_t next_ticket = 1, done_ticket = 0, last_fence = 0;
+  bool copies_since_fence = false;
+  std::deque<std::pair<uint64_t, cudaEvent_t>> fences;  // tickets not known complete, ascending
+  std::vector<cudaEvent_t> spare_events;                 // completed fence events for reuse
+  std::deque<std::pair<cudaEvent_t, cudaEvent_t>> stalls;  // timing events around compute waits
+  std::vector<cudaEvent_t> spare_timing;
+  double stall_s = 0;
+
+  cudaEvent_t take_event(bool timing) {
+    std::vector<cudaEvent_t>& pool = timing ? spare_timing : spare_events;
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    CU(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  // Drops the fences that have completed (all of them with `block`... up to `upto`).
+  void poll_fences(uint64_t upto, bool block) {
+    while (!fences.empty()) {
+      auto [t, e] = fences.front();
+      if (block && t <= upto) {
+        CU(cudaEventSynchronize(e));
+      } else {
+        const cudaError_t r = cudaEventQuery(e);
+        if (r == cudaErrorNotReady) break;
+        CU(r);
+      }
+      done_ticket = t;
+      spare_events.push_back(e);
+      fences.pop_front();
+    }
+  }
+  // Adds the stall of the compute-stream waits that have completed.
+  void harvest_stalls() {
+    while (!stalls.empty()) {
+      auto [a, b] = stalls.front();
+      const cudaError_t r = cudaEventQuery(b);
+      if (r == cudaErrorNotReady) break;
+      CU(r);
+      float ms = 0;
+      CU(cudaEventElapsedTime(&ms, a, b));
+      stall_s += static_cast<double>(ms) * 1e-3;
+      spare_timing.push_back(a);
+      spare_timing.push_back(b);
+      stalls.pop_front();
+    }
+  }
+
   // Start of a public op: scratch of the previous op is free again.
   void begin(const char* name = nullptr) {
     arena->reset();
@@ -1284,6 +1343,8 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   impl_->device = device_index;
   CU(cudaSetDevice(device_index));
   CU(cudaStreamCreate(&impl_->stream));
+  CU(cudaStreamCreateWithFlags(&impl_->copy_stream, cudaStreamNonBlocking));
+  CU(cudaEventCreateWithFlags(&impl_->compute_point, cudaEventDisableTiming));
   impl_->arena = std::make_unique<Arena>(impl_->stream);
   void* pinned = nullptr;
   if (cudaMallocHost(&pinned, Impl::kPinnedRing) == cudaSuccess) {
@@ -1303,6 +1364,13 @@ CudaBackend::~CudaBackend() {
   if (!impl_) return;
   (void)cudaStreamSynchronize(impl_->stream);
   if (impl_->profile) impl_->report();
+  (void)cudaStreamSynchronize(impl_->copy_stream);
+  for (auto& f : impl_->fences) (void)cudaEventDestroy(f.second);
+  for (cudaEvent_t e : impl_->spare_events) (void)cudaEventDestroy(e);
+  for (auto& st : impl_->stalls) (void)cudaEventDestroy(st.first), (void)cudaEventDestroy(st.second);
+  for (cudaEvent_t e : impl_->spare_timing) (void)cudaEventDestroy(e);
+  (void)cudaEventDestroy(impl_->compute_point);
+  (void)cudaStreamDestroy(impl_->copy_stream);
   impl_->kv.clear();
   impl_->arena.reset();
   if (impl_->pinned) (void)cudaFreeHost(impl_->pinned);
@@ -1311,7 +1379,10 @@ CudaBackend::~CudaBackend() {
   (void)cudaStreamDestroy(impl_->stream);
 }
 
-void CudaBackend::synchronize() { CU(cudaStreamSynchronize(impl_->stream)); }
+void CudaBackend::synchronize() {
+  CU(cudaStreamSynchronize(impl_->copy_stream));
+  CU(cudaStreamSynchronize(impl_->stream));
+}
 uint64_t CudaBackend::staged_bytes() const { return impl_->staged; }
 uint64_t CudaBackend::uploaded_bytes() const { return impl_->uploaded; }
 
@@ -1349,12 +1420,68 @@ void* CudaBackend::alloc_weight_slot(uint64_t bytes) {
 }
 
 WeightView CudaBackend::copy_weight_into(const WeightView& w, void* slot) {
+  Impl& I = *impl_;
   check_supported(w);
   if (w.type == WType::kQuant) validate(w.quant);
-  impl_->slot_copied += weight_bytes(w);
-  // A copy from pageable host memory returns once the bytes are staged, so the source may be
-  // released right after; the stream orders it after the kernels that read the slot before.
-  return copy_weight(w, slot, impl_->stream);
+  I.slot_copied += weight_bytes(w);
+  // After the kernels issued so far (they may read the slot's previous contents), on the copy
+  // stream: it overlaps whatever the compute stream is given next, until wait_weight_copies().
+  CU(cudaEventRecord(I.compute_point, I.stream));
+  CU(cudaStreamWaitEvent(I.copy_stream, I.compute_point, 0));
+  I.copies_since_fence = true;
+  return copy_weight(w, slot, I.copy_stream);
+}
+
+uint64_t CudaBackend::weight_copy_fence() {
+  Impl& I = *impl_;
+  if (!I.copies_since_fence) return I.last_fence;
+  cudaEvent_t e = I.take_event(false);
+  CU(cudaEventRecord(e, I.copy_stream));
+  I.fences.emplace_back(I.next_ticket, e);
+  I.last_fence = I.next_ticket++;
+  I.copies_since_fence = false;
+  return I.last_fence;
+}
+
+void CudaBackend::wait_weight_copies(uint64_t ticket) {
+  Impl& I = *impl_;
+  I.harvest_stalls();
+  I.poll_fences(ticket, false);
+  if (ticket <= I.done_ticket) return;  // finished already: nothing to wait for
+  cudaEvent_t fence = nullptr;
+  for (auto& [t, e] : I.fences)  // the first fence at or after the ticket covers it
+    if (t >= ticket) {
+      fence = e;
+      break;
+    }
+  if (fence == nullptr) fail("cuda: wait for weight copies of ticket %llu, which was never issued", (unsigned long long)ticket);
+  cudaEvent_t a = I.take_event(true), b = I.take_event(true);
+  CU(cudaEventRecord(a, I.stream));
+  CU(cudaStreamWaitEvent(I.stream, fence, 0));
+  CU(cudaEventRecord(b, I.stream));
+  I.stalls.emplace_back(a, b);
+}
+
+bool CudaBackend::weight_copies_done(uint64_t ticket, bool block) {
+  Impl& I = *impl_;
+  I.poll_fences(ticket, block);
+  return ticket <= I.done_ticket;
+}
+
+double CudaBackend::weight_copy_stall_seconds() const {
+  impl_->harvest_stalls();
+  return impl_->stall_s;
+}
+
+bool CudaBackend::pin_host(void* p, uint64_t bytes) {
+  if (p == nullptr || bytes == 0) return false;
+  if (cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault) == cudaSuccess) return true;
+  (void)cudaGetLastError();  // not pinned: copies from it stay pageable (slower, same bytes)
+  return false;
+}
+
+void CudaBackend::unpin_host(void* p) {
+  if (p != nullptr && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
 uint64_t CudaBackend::slot_copied_bytes() const { return impl_->slot_copied; }

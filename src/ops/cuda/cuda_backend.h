@@ -22,7 +22,8 @@
 // those of the backend op table (backend_test.cpp).
 //
 // All work runs in order on one CUDA stream owned by the backend; ops that hand results to the
-// host (to_host, routing ids, host outputs) synchronize it. Not thread-safe: one backend per
+// host (to_host, routing ids, host outputs) synchronize it. Weight-slot copies (copy_weight_into)
+// run on a second stream, ordered with events (weight_copy_fence / wait_weight_copies). Not thread-safe: one backend per
 // thread of work.
 #pragma once
 
@@ -89,7 +90,18 @@ class CudaBackend final : public Backend {
   /// as it is.
   WeightView upload(const WeightView& w) override;
   void* alloc_weight_slot(uint64_t bytes) override;
+  /// On the copy stream, after the compute work issued so far (see Backend::copy_weight_into).
   WeightView copy_weight_into(const WeightView& w, void* slot) override;
+  /// An event on the copy stream; tickets grow.
+  uint64_t weight_copy_fence() override;
+  /// cudaStreamWaitEvent of the compute stream on the ticket's event (no host wait), between two
+  /// timing events whose elapsed time is added to the stall.
+  void wait_weight_copies(uint64_t ticket) override;
+  bool weight_copies_done(uint64_t ticket, bool block) override;
+  double weight_copy_stall_seconds() const override;
+  /// cudaHostRegister / cudaHostUnregister.
+  bool pin_host(void* p, uint64_t bytes) override;
+  void unpin_host(void* p) override;
   /// Device copy of v, owned by this backend.
   const float* upload_floats(std::span<const float> v) override;
 
