@@ -11,9 +11,8 @@
 #     (bench/moe_to_gguf.py) quantized by llama-quantize to Q4_K_M: both tools run the same weights;
 #  3. for each VRAM budget: a ballast process (PyTorch) takes the rest of the card so that both
 #     engines see the same free VRAM; spool runs with `--vram-budget-gb auto` (the free VRAM) and a
-#     host-RAM tier of RAM_TIER_GB; llama.cpp with -ngl 99 and --cpu-moe, then every
-#     --n-cpu-moe N from LAYERS-1 down until a load fails (out of VRAM): the smallest N that
-#     loads is the best llama.cpp can do there. Decode tg$N and prefill pp$P, R interleaved
+#     host-RAM tier of RAM_TIER_GB; llama.cpp with -ngl 99 and --cpu-moe, and with --n-cpu-moe N
+#     for the smallest N that loads in that VRAM (binary search): the best llama.cpp can do there. Decode tg$N and prefill pp$P, R interleaved
 #     repetitions (llama.cpp, spool, llama.cpp, ...);
 #  4. measures host->device GB/s (pinned and pageable) in the same run (`spool doctor`) and
 #     spool's share of it (its host->device bytes per token x tokens/s);
@@ -66,10 +65,13 @@ fi
 build_llama() {
   local src=$llama_dir
   # A trimmed source (tools/ with llama-bench and quantize only, no audio library): build just those two tools.
+  # FlashAttention kernels are left out by default (LLAMA_FA=ON builds them): they are a third of
+  # the CUDA build (which must fit one 10-minute job on the device machine), and at these lengths
+  # (pp512, tg128; 1 in 4 layers has attention) llama.cpp's attention path is a small part of a step.
   [ -d "$src/vendor/miniaudio" ] || sed -i '/add_subdirectory(miniaudio)/d' "$src/vendor/CMakeLists.txt"
   [ -d "$src/tools/server" ] || printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\nadd_subdirectory(quantize)\n' > "$src/tools/CMakeLists.txt"
   cmake -S "$src" -B "$DIR/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DGGML_NATIVE=ON -DGGML_CUDA_NCCL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DGGML_NATIVE=ON -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA="${LLAMA_FA:-OFF}" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON > "$OUT/llama-build.log" 2>&1
   ninja -C "$DIR/llama-build" -j"$THREADS" llama-bench llama-quantize >> "$OUT/llama-build.log" 2>&1
 }
@@ -188,11 +190,17 @@ PY
 for B in $BUDGETS; do
   b=$(scaled "$B")
   ballast_on "$b"
-  # The best --n-cpu-moe: the fewest layers with experts on the CPU that still load.
+  # The best --n-cpu-moe: the fewest layers with experts on the CPU that still load (fits(n) holds
+  # for every n above the smallest that fits: binary search over [0, LAYERS - 1]).
   best=
-  for ((n = LAYERS - 1; n >= 0; n--)); do
-    if llama_fits "$n"; then best=$n; else break; fi
-  done
+  lo=0 hi=$((LAYERS - 1))
+  if llama_fits "$hi"; then
+    best=$hi
+    while [ "$lo" -lt "$best" ]; do
+      mid=$(((lo + best) / 2))
+      if llama_fits "$mid"; then best=$mid; else lo=$((mid + 1)); fi
+    done
+  fi
   say "budget $B GiB (scaled: $b GiB): best --n-cpu-moe ${best:-none (only --cpu-moe loads)}"
   for ((rep = 1; rep <= R; rep++)); do
     llama_run "$B" "--cpu-moe" "$rep" --n-cpu-moe "$LAYERS" || say "llama.cpp --cpu-moe failed at $B GiB: $(tail -2 "$DIR/llama.err")"

@@ -34,6 +34,10 @@ struct Result {
   int n_seqs = 1;          // sequences decoded together (tg)
   std::vector<double> ts;  // tokens per second per repetition (all sequences together)
   double hit_rate = 1.0, bytes_per_token = 0, experts_per_token = 0;
+  // The VRAM tier (expert slots of a GPU run whose experts do not all fit): hit rate, host->device
+  // bytes per token and seconds compute waited for slot copies, over the timed repetitions.
+  bool vram_tier = false;
+  double vram_hit_rate = 1.0, h2d_bytes_per_token = 0, vram_stall_s = 0;
   double mean() const {
     double s = 0;
     for (double x : ts) s += x;
@@ -104,11 +108,18 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
     }
     if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
   }
-  const experts::StreamingStats w = (stats_snapshot(l) - before).ram;
+  const TierStats tiers = stats_snapshot(l) - before;
+  const experts::StreamingStats& w = tiers.ram;
   const double tokens = static_cast<double>(reps) * (n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs);
   r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
   r.hit_rate = l.streaming ? w.hit_rate() : 1.0;
   r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
+  if (l.expert_slots) {
+    r.vram_tier = true;
+    r.vram_hit_rate = tiers.vram.hit_rate();
+    r.h2d_bytes_per_token = tokens > 0 ? static_cast<double>(tiers.vram.bytes_copied) / tokens : 0;
+    r.vram_stall_s = tiers.vram.stall_s;
+  }
   return r;
 }
 
@@ -173,6 +184,11 @@ void run(const BenchOptions& o) {
                      {"device", l.device},
                      {"h2d_pinned_gbps", h2d_pinned},
                      {"h2d_pageable_gbps", h2d_pageable}});
+      if (r.vram_tier) {
+        arr.back()["vram_hit_rate"] = r.vram_hit_rate;
+        arr.back()["h2d_bytes_per_token"] = r.h2d_bytes_per_token;
+        arr.back()["vram_stall_s"] = r.vram_stall_s;
+      }
     }
     std::printf("%s\n", arr.dump(2).c_str());
     return;
@@ -187,6 +203,10 @@ void run(const BenchOptions& o) {
   if (l.device != "cpu")
     std::printf("%s: %s uploaded; host->device %.1f GB/s pinned, %.1f GB/s pageable (cudaMemcpy of 256 MiB)\n", l.device.c_str(),
                 format_bytes(l.vram_used).c_str(), h2d_pinned, h2d_pageable);
+  for (const auto& r : results)
+    if (r.vram_tier)
+      std::printf("%s VRAM slots: hit rate %.1f%%, host->device %s/token, compute waited %.3f s for slot copies\n", r.test.c_str(),
+                  100.0 * r.vram_hit_rate, format_bytes(static_cast<uint64_t>(r.h2d_bytes_per_token)).c_str(), r.vram_stall_s);
 }
 
 }  // namespace
