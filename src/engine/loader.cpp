@@ -251,6 +251,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (opt.prefetch_workers < 1 || opt.prefetch_workers > 256)
     throw UsageError(strfmt("--prefetch-workers must be between 1 and 256 (got %d)", opt.prefetch_workers));
   if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
+  if (opt.host_expert_slots < 0) throw UsageError(strfmt("--host-expert-slots must be >= 0 (got %d)", opt.host_expert_slots));
   if (opt.ctx_size < 1) throw UsageError(strfmt("--ctx-size must be positive (got %lld)", (long long)opt.ctx_size));
   if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
   if (opt.io_engine != "pread" && opt.io_engine != "uring")
@@ -335,7 +336,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.memory.prefill_step = opt.prefill_step;
   l.memory.parallel = opt.parallel;
   bool stream = opt.stream.value_or(false);
-  // The host tier of a GPU run whose experts do not all fit in VRAM (plan::host_tier_rule):
+  // The host tier of a GPU run whose experts do not all fit in VRAM (plan::kHostTierRule):
   // unless --no-stream keeps the pageable mapping, the experts go behind the VRAM slots through
   // the streaming cache, page-locked (Backend::pin_host), so that slot misses copy at the
   // link's pinned speed. Its size is --cache-budget-gb, or auto: when every expert fits in the
@@ -349,8 +350,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
                                                       l.model->workspace_capacity(), experts, stream);
     if (pre.fits && !pre.experts_in_vram && opt.stream.value_or(true)) {
       pinned_tier = true;
-      if (!stream) log_info("the routed experts (%s) do not all fit the VRAM budget: %s", format_bytes(experts).c_str(), plan::kHostTierRule);
       stream = true;
+      log_info("the routed experts (%s) stay in host memory (VRAM budget %s, or --stream): %s", format_bytes(experts).c_str(),
+               format_bytes(l.vram_budget).c_str(), plan::kHostTierRule);
     }
   }
 #endif
@@ -459,7 +461,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
 #endif
   if (opt.host_expert_slots != 0) {
     // Tests: the slot tier over host memory on a CPU run (the same code as a GPU run's VRAM tier).
-    if (opt.host_expert_slots < 0) throw UsageError(strfmt("--host-expert-slots must be >= 0 (got %d)", opt.host_expert_slots));
     if (l.device != "cpu") throw UsageError("--host-expert-slots is for CPU runs (a GPU run sizes its slots from --vram-budget-gb)");
     if (experts == 0) fail("%s: --host-expert-slots was given but the model has no routed experts", opt.model_dir.c_str());
     std::vector<bool> moe_layers(spec.n_layers);
