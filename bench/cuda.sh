@@ -163,8 +163,8 @@ for r in json.load(open(j)):
     print(f"{b}\tllama.cpp\t{label}\t{t}\t{rep}\t{r['avg_ts']:.2f}\t")
 PY
 }
-llama_fits() {  # llama_fits N: does -ncmoe N load and decode a few tokens within the free VRAM?
-  timeout 120 "$LLAMA_BIN/llama-bench" -m "$GGUF" -ngl 99 -t "$THREADS" -p 0 -n 4 -r 1 --n-cpu-moe "$1" > /dev/null 2>&1
+llama_fits() {  # llama_fits N: does -ncmoe N load, take a pp$P prompt and decode within the free VRAM?
+  timeout 120 "$LLAMA_BIN/llama-bench" -m "$GGUF" -ngl 99 -t "$THREADS" -p "$P" -n 2 -r 1 --n-cpu-moe "$1" > /dev/null 2>&1
 }
 spool_run() {  # spool_run BUDGET REP: one spool bench run (pp and tg); appends rows
   local b=$1 rep=$2 j=$DIR/spool.json

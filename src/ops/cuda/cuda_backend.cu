@@ -1106,8 +1106,14 @@ struct CudaBackend::Impl {
   template <class T>
   void finish(const Out<T>& o) {
     if (o.host == nullptr) return;
-    CU(cudaMemcpyAsync(o.host, o.d, static_cast<size_t>(o.n) * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    copy_back(o);
     CU(cudaStreamSynchronize(stream));
+  }
+  // finish() without the wait: several outputs copied back, then one synchronization.
+  template <class T>
+  void copy_back(const Out<T>& o) {
+    if (o.host == nullptr) return;
+    CU(cudaMemcpyAsync(o.host, o.d, static_cast<size_t>(o.n) * sizeof(T), cudaMemcpyDeviceToHost, stream));
   }
 
   // A device view of w: w itself when uploaded, else a copy in scratch for this op.
@@ -1599,10 +1605,10 @@ void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bo
   if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   k_route<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
   CU_LAUNCHED("k_route");
-  I.finish(io);
-  I.finish(wo);
-  I.finish(mo);
-  // The host reads the ids right after (group_by_expert): make sure they are there.
+  I.copy_back(io);
+  I.copy_back(wo);
+  I.copy_back(mo);
+  // The host reads the ids right after (group_by_expert): one wait for all three.
   CU(cudaStreamSynchronize(I.stream));
   I.end();
 }
