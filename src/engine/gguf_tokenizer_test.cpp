@@ -371,6 +371,31 @@ TEST(GgufTokenizerSpm, SpecialTokensBosAndSpacePrefix) {
   EXPECT_FALSE(np.bos_id().has_value());
 }
 
+// A tiny byte-level BPE vocabulary (GPT-2 byte alphabet: 0xC3 'Ã', 0xA9 '©', 0xCC 'Ì', 0x81 'ģ')
+// under tokenizer.ggml.pre `pre`.
+std::string tiny_bpe_gguf(const std::string& pre) {
+  testing::GgufVocabWriter w;
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", pre);
+  w.add_strings("tokenizer.ggml.tokens", {"e", "\xc3\x83", "\xc2\xa9", "\xc3\x83\xc2\xa9", "\xc3\x8c", "\xc4\xa3",
+                                          "\xc3\x8c\xc4\xa3", "a", "b", "c", "ab", "abc"});
+  w.add_strings("tokenizer.ggml.merges", {"\xc3\x83 \xc2\xa9", "\xc3\x8c \xc4\xa3", "a b"});
+  const std::string path = ::testing::TempDir() + "gguf_tokenizer_test_tiny_" + pre + ".gguf";
+  w.write(path);
+  return path;
+}
+
+// What a `pre` brings besides its regex, as llama.cpp's HF reference cases show: qwen2 normalizes
+// with NFC (decomposed "e\u0301" becomes "é", id 3), qwen35 does not (e + U+0301: ids 0, 6);
+// llama-bpe ignores merges for a word that is a token ("abc" is id 11, not ab c).
+TEST(GgufTokenizer, PreNormalizerAndIgnoreMerges) {
+  const std::string decomposed = "e\xcc\x81";
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("qwen2"))->encode(decomposed), (std::vector<int32_t>{3}));
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("qwen35"))->encode(decomposed), (std::vector<int32_t>{0, 6}));
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("llama-bpe"))->encode("abc"), (std::vector<int32_t>{11}));
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("gpt-2"))->encode("abc"), (std::vector<int32_t>{10, 9}));
+}
+
 // An unknown tokenizer.ggml.model or tokenizer.ggml.pre is an error naming it and the file.
 TEST(GgufTokenizer, UnknownModelOrPreIsAClearError) {
   auto expect_error = [](const std::string& model, const std::string& pre, const std::string& name,
