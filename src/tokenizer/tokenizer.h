@@ -1,7 +1,9 @@
 // spool::tokenizer::Tokenizer: a Hugging Face tokenizer.json byte-level BPE tokenizer that
 // produces exactly the ids of HF `tokenizers` (added tokens, normalizer, pre-tokenizer,
 // BPE model, ByteLevel decoder), plus the tokenizer_config.json facts the engine needs
-// (bos/eos, chat template, what add_special_tokens=True adds).
+// (bos/eos, chat template, what add_special_tokens=True adds). A GGUF file's tokenizer.ggml.*
+// vocabulary is built into the same form (from_gguf), SentencePiece ones ("llama") with the
+// Spm model in place of pre-tokenizer + BPE.
 //
 // Thread safety: a loaded Tokenizer is immutable apart from an internal, locked word
 // cache; all const methods may be called concurrently. Copies share the loaded data.
