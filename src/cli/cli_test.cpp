@@ -236,6 +236,16 @@ TEST(Cli, TokenizeInfoPerplexity) {
   Result t = spool("tokenize --text 'The whale' --json");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_EQ(nlohmann::json::parse(t.out)["ids"], nlohmann::json::parse("[1935, 886]"));
+  {  // a .gguf's tokenizer.ggml.* metadata, text from a file (its newline included)
+    const std::string f = ::testing::TempDir() + "cli_tokenize_text.txt";
+    std::ofstream(f) << "The whale\n";
+    Result g = spool("tokenize --model " + kData + "/gguf/qwen3_tokenizer.gguf --text-file " + f);
+    ASSERT_EQ(g.code, 0) << g.err;
+    EXPECT_EQ(g.out, "785 50019 198\n");
+    Result none = spool("tokenize --model " + kData + "/gguf/qwen3_tokenizer.gguf");
+    EXPECT_EQ(none.code, 2);
+    EXPECT_NE(none.err.find("--text or --text-file"), std::string::npos) << none.err;
+  }
   Result i = spool("info");
   ASSERT_EQ(i.code, 0) << i.err;
   EXPECT_NE(i.out.find("qwen3_5_moe_text"), std::string::npos);

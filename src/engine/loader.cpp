@@ -111,7 +111,13 @@ tokenizer::GgufVocab gguf_vocab(const io::GgufFile& g) {
   v.bos = g.get_int("tokenizer.ggml.bos_token_id");
   v.eos = g.get_int("tokenizer.ggml.eos_token_id");
   v.pad = g.get_int("tokenizer.ggml.padding_token_id");
+  v.unk = g.get_int("tokenizer.ggml.unknown_token_id");
+  if (const io::GgufValue* s = g.find_key("tokenizer.ggml.scores"))
+    for (double x : s->to_floats("tokenizer.ggml.scores")) v.scores.push_back(static_cast<float>(x));
   if (const io::GgufValue* b = g.find_key("tokenizer.ggml.add_bos_token")) v.add_bos = b->to_bool("tokenizer.ggml.add_bos_token");
+  if (const io::GgufValue* b = g.find_key("tokenizer.ggml.add_eos_token")) v.add_eos = b->to_bool("tokenizer.ggml.add_eos_token");
+  if (const io::GgufValue* b = g.find_key("tokenizer.ggml.add_space_prefix"))
+    v.add_space_prefix = b->to_bool("tokenizer.ggml.add_space_prefix");
   v.chat_template = g.get_string("tokenizer.chat_template").value_or("");
   return v;
 }

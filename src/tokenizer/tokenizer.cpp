@@ -1,6 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/special_tokens.h"
+#include "tokenizer/spm.h"
 #include "tokenizer/utf8.h"
 
 namespace spool::tokenizer {
@@ -92,6 +94,10 @@ struct Tokenizer::Impl {
   int32_t vocab_size = 0;
   std::vector<std::string> bytes;  // [vocab_size] decoder output of each id
   std::vector<uint8_t> flags;      // [vocab_size] kValid | kSpecial | kSkip
+  // SentencePiece vocabularies (from_gguf_spm): the model run between added tokens instead of
+  // pre + model, and whether a space is prefixed to the text and after each added token.
+  std::shared_ptr<const Spm> spm;
+  bool space_prefix = false;
 
   std::optional<int32_t> lookup(std::string_view token) const {
     if (auto id = added.token_to_id(token)) return id;
@@ -101,7 +107,7 @@ struct Tokenizer::Impl {
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
-std::shared_ptr<const Tokenizer::Impl> Tokenizer::build(const std::string& json_text,
+std::shared_ptr<Tokenizer::Impl> Tokenizer::build(const std::string& json_text,
                                                         const std::string& label,
                                                         const std::string& config_text,
                                                         const std::string& config_label,
@@ -194,18 +200,113 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json_text,
                          label + " (tokenizer_config.json)", nullptr));
 }
 
+namespace {
+
+// A tokenizer.json Split step (Isolated) of `regex`.
+nlohmann::json split_step(const std::string& regex) {
+  return {{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
+}
+
+// The normalizer and pre-tokenizer of the HF tokenizer.json that llama.cpp's converter names
+// `pre` (convert_hf_to_gguf.py get_vocab_base_pre; llama.cpp's llama-vocab.cpp runs the same
+// splits as its regex_exprs). Regexes are as tokenizer.json holds them after JSON decoding.
+struct GgufPre {
+  nlohmann::json normalizer;
+  nlohmann::json pre_tokenizer;
+  bool ignore_merges = false;  ///< BPE "ignore_merges": a word that is a token is that token
+};
+
+GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
+  const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  auto seq = [&](std::vector<nlohmann::json> steps) {
+    steps.push_back(byte_level);
+    return nlohmann::json{{"type", "Sequence"}, {"pretokenizers", steps}};
+  };
+  const nlohmann::json nfc = {{"type", "NFC"}};
+  // Qwen2 / Qwen3 (llama.cpp also maps a missing pre, "default", to this one here).
+  if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "default")
+    return {nfc, seq({split_step(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")})};
+  // Qwen3.5: \p{M} joins the letter runs, and no normalizer (llama.cpp's ggml-vocab-qwen35 cases:
+  // a decomposed "e\u0301" stays two tokens).
+  if (pre == "qwen35")
+    return {nullptr, seq({split_step(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")})};
+  // DeepSeek-V3 / R1 / Kimi-K2-style: digits in runs of up to 3, CJK/kana runs, then the word regex.
+  if (pre == "deepseek-v3")
+    return {nullptr, seq({split_step(R"(\p{N}{1,3})"), split_step("[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"),
+                          split_step(R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")})};
+  // GPT-2 and the GPT-NeoX family: ByteLevel's own regex ('s|'t|...| ?\p{L}+| ?\p{N}+|...); the
+  // NeoX tokenizer of MPT normalizes with NFC.
+  const nlohmann::json gpt2_bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  if (pre == "gpt-2") return {nullptr, gpt2_bytes};
+  if (pre == "mpt") return {nfc, gpt2_bytes};
+  // StarCoder / Refact: every digit its own word first.
+  if (pre == "starcoder" || pre == "refact")
+    return {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, gpt2_bytes}}}};
+  // Llama 3.
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3")
+    return {nullptr, seq({split_step(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")}), true};
+  // DeepSeek LLM (V1 / V2 / V2-Lite): newlines, then runs of cased letters, of ASCII / full-width
+  // punctuation, trailing spaces, CJK / Hangul, digit runs.
+  if (pre == "deepseek-llm")
+    return {nullptr,
+            seq({split_step("[\r\n]"),
+                 split_step("\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+                            "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+                            "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+                            "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+                            "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+                            "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
+                            "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+                            "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+                            "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
+                            "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+                            "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+                            "\U0001e900-\U0001e943]+"),
+                 split_step("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"), split_step("\\s+$"),
+                 split_step("[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"), split_step("\\p{N}+")})};
+  // DeepSeek Coder: newlines, letter runs, punctuation runs, CJK / Hangul, single digits.
+  if (pre == "deepseek-coder")
+    return {nullptr, seq({split_step("[\r\n]"), split_step("\\s?\\p{L}+"), split_step("\\s?\\p{P}+"),
+                          split_step("[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"), split_step("\\p{N}")})};
+  fail("%s: tokenizer.ggml.pre '%s' is not supported (known: qwen2, qwen35, deepseek-r1-qwen, deepseek-v3, "
+       "deepseek-llm, deepseek-coder, llama-bpe, gpt-2, mpt, starcoder, refact, default)",
+       label.c_str(), pre.c_str());
+}
+
+// The tokenizer_config.json facts of a GGUF vocabulary: special token strings, add_bos/eos.
+nlohmann::json gguf_config(const GgufVocab& v, bool add_bos_default) {
+  nlohmann::json cfg;
+  auto tok = [&](const std::optional<int64_t>& id) -> nlohmann::json {
+    if (!id || *id < 0 || *id >= static_cast<int64_t>(v.tokens.size())) return nullptr;
+    return v.tokens[*id];
+  };
+  const bool add_bos = v.add_bos.value_or(add_bos_default);
+  const bool add_eos = v.add_eos.value_or(false);
+  cfg["add_bos_token"] = add_bos;
+  cfg["add_eos_token"] = add_eos;
+  cfg["bos_token"] = add_bos ? tok(v.bos) : nlohmann::json(nullptr);
+  cfg["eos_token"] = tok(v.eos);
+  cfg["pad_token"] = tok(v.pad);
+  if (!v.chat_template.empty()) cfg["chat_template"] = v.chat_template;
+  return cfg;
+}
+
+constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4, kTypeByte = 6;
+
+// An added-token entry of tokenizer.json for GGUF token `i`.
+nlohmann::json added_entry(size_t i, const std::string& content, bool special) {
+  return {{"id", i}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+          {"normalized", false}, {"special", special}};
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
+  if (v.model == "llama") return from_gguf_spm(v);
   if (v.model != "gpt2")
-    fail("%s: tokenizer.ggml.model '%s' is not supported (byte-level BPE 'gpt2' only)", v.label.c_str(), v.model.c_str());
-  // llama.cpp's pre-tokenizer ids (llama-vocab.cpp) -> the Split regex of the HF tokenizer.json.
-  std::string regex;
-  if (v.pre == "qwen2" || v.pre == "deepseek-r1-qwen" || v.pre == "default")
-    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  else if (v.pre == "qwen35")
-    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  else
-    fail("%s: tokenizer.ggml.pre '%s' is not supported (qwen2, qwen35)", v.label.c_str(), v.pre.c_str());
-  const std::string& pattern = regex;  // as tokenizer.json holds it after JSON decoding
+    fail("%s: tokenizer.ggml.model '%s' is not supported (known: gpt2 = byte-level BPE, llama = SentencePiece BPE)",
+         v.label.c_str(), v.model.c_str());
+  const GgufPre pre = gguf_pre_tokenizer(v.pre, v.label);
   // nlohmann::json, not ordered_json: an ordered object inserts in linear time (minutes for a
   // 150k-token vocabulary); the order of keys means nothing to from_json.
   nlohmann::json j;
@@ -216,35 +317,82 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   // rule "an added token missing from the model vocabulary gets the next free id" would move them
   // whenever they do not sit after the BPE vocabulary (the demo model's <|vision_pad|> is id 11).
   for (size_t i = 0; i < v.tokens.size(); ++i) {
-    const int32_t type = i < v.token_types.size() ? v.token_types[i] : 1;
-    if (type == 3 || type == 4)
-      added.push_back({{"id", i}, {"content", v.tokens[i]}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                       {"normalized", false}, {"special", type == 3}});
+    const int32_t type = i < v.token_types.size() ? v.token_types[i] : kTypeNormal;
+    if (type == kTypeControl || type == kTypeUserDefined) added.push_back(added_entry(i, v.tokens[i], type == kTypeControl));
     vocab[v.tokens[i]] = i;  // a duplicated string: the last id, as llama.cpp's token_to_id
   }
   j["version"] = "1.0";
   j["added_tokens"] = added;
-  j["normalizer"] = {{"type", "NFC"}};
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
+  j["normalizer"] = pre.normalizer;
+  j["pre_tokenizer"] = pre.pre_tokenizer;
+  j["post_processor"] = nullptr;
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", pre.ignore_merges},
+                {"vocab", vocab}, {"merges", v.merges}};
+  return from_json(j.dump(), gguf_config(v, false).dump(), v.label);
+}
+
+Tokenizer Tokenizer::from_gguf_spm(const GgufVocab& v) {
+  if (!v.merges.empty())
+    fail("%s: tokenizer.ggml.model 'llama' with tokenizer.ggml.merges (SentencePiece vocabularies merge by score)",
+         v.label.c_str());
+  if (!v.scores.empty() && v.scores.size() != v.tokens.size())
+    fail("%s: tokenizer.ggml.scores has %zu entries for %zu tokens", v.label.c_str(), v.scores.size(), v.tokens.size());
+  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size())
+    fail("%s: tokenizer.ggml.token_type has %zu entries for %zu tokens", v.label.c_str(), v.token_types.size(),
+         v.tokens.size());
+  // The vocabulary goes through the tokenizer.json path as a BPE model without merges (ids,
+  // lookups, added tokens); encode() runs Spm on the text between added tokens instead.
+  nlohmann::json vocab = nlohmann::json::object(), added = nlohmann::json::array();
+  int32_t unk = -1;
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    const int32_t type = i < v.token_types.size() ? v.token_types[i] : kTypeNormal;
+    if (type == kTypeControl || type == kTypeUnknown || type == kTypeUserDefined)
+      added.push_back(added_entry(i, v.tokens[i], type != kTypeUserDefined));
+    if (type == kTypeUnknown && unk < 0) unk = static_cast<int32_t>(i);
+    vocab[v.tokens[i]] = i;
+  }
+  if (v.unk && *v.unk >= 0 && *v.unk < static_cast<int64_t>(v.tokens.size())) unk = static_cast<int32_t>(*v.unk);
+  nlohmann::json j;
+  j["version"] = "1.0";
+  j["added_tokens"] = added;
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = nullptr;
   j["post_processor"] = nullptr;
   j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-                {"vocab", vocab}, {"merges", v.merges}};
-  nlohmann::json cfg;
-  auto tok = [&](const std::optional<int64_t>& id) -> nlohmann::json {
-    if (!id || *id < 0 || *id >= static_cast<int64_t>(v.tokens.size())) return nullptr;
-    return v.tokens[*id];
-  };
-  cfg["add_bos_token"] = v.add_bos;
-  cfg["bos_token"] = v.add_bos ? tok(v.bos) : nlohmann::json(nullptr);
-  cfg["eos_token"] = tok(v.eos);
-  cfg["pad_token"] = tok(v.pad);
-  if (!v.chat_template.empty()) cfg["chat_template"] = v.chat_template;
-  return from_json(j.dump(), cfg.dump(), v.label);
+                {"vocab", vocab}, {"merges", nlohmann::json::array()}};
+  std::shared_ptr<Impl> impl = build(j.dump(), v.label, gguf_config(v, true).dump(), v.label + " (tokenizer config)", nullptr);
+  impl->spm = std::make_shared<const Spm>(v.tokens, v.scores, unk, v.label);
+  impl->space_prefix = v.add_space_prefix.value_or(true);
+  // Decoder output per id (llama.cpp token_to_piece for SPM, HF's Metaspace / ByteFallback
+  // decoders): "▁" is a space, "<0xXX>" byte tokens are that byte, others their text.
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    const int32_t type = i < v.token_types.size() ? v.token_types[i] : kTypeNormal;
+    std::string& out = impl->bytes[i];
+    const std::string& t = v.tokens[i];
+    if (type == kTypeByte) {
+      unsigned b = 0;
+      if (t.size() != 6 || std::sscanf(t.c_str(), "<0x%2X>", &b) != 1)
+        fail("%s: byte token %zu is '%s', expected <0xXX>", v.label.c_str(), i, utf8::clip(t).c_str());
+      out.assign(1, static_cast<char>(b));
+    } else if (type == kTypeNormal || type == 5) {
+      out.clear();
+      for (size_t k = 0; k < t.size();) {
+        if (t.compare(k, 3, "\xe2\x96\x81") == 0) {
+          out.push_back(' ');
+          k += 3;
+        } else {
+          out.push_back(t[k++]);
+        }
+      }
+    } else {
+      out = t;
+    }
+  }
+  return Tokenizer(impl);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
@@ -265,13 +413,29 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
   // 1. Added tokens matched in the raw text; 2. the rest is normalized and searched for
   // normalized added tokens; 3. remaining text is pre-tokenized and BPE-encoded.
   m.added.split(text, false, raw_segments);
+  bool after_added = true;  // SentencePiece: a space goes before the text and after added tokens
+  std::string escaped;
   for (const TextSegment& seg : raw_segments) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
+      after_added = true;
       continue;
     }
     std::string_view piece = text.substr(seg.start, seg.end - seg.start);
     if (piece.empty()) continue;
+    if (m.spm) {  // llama.cpp's SPM path: prefix space, spaces as U+2581, no normalizer
+      escaped.clear();
+      if (m.space_prefix && after_added) escaped += "\xe2\x96\x81";
+      for (const char c : piece) {
+        if (c == ' ')
+          escaped += "\xe2\x96\x81";
+        else
+          escaped.push_back(c);
+      }
+      m.spm->encode(escaped, ids);
+      after_added = false;
+      continue;
+    }
     if (!m.normalizer.is_identity()) {
       normalized = m.normalizer.normalize(piece);
       piece = normalized;
@@ -314,6 +478,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   for (const int32_t id : ids) {
     if (!check_id(id, skip_special)) continue;
     if (m.decoder.joins_with_space() && !first) out.push_back(' ');
+    // SentencePiece with a prefix space: the first token's leading space is the prefix (HF's
+    // Llama decoders strip it; llama.cpp's detokenize too).
+    if (first && m.spm && m.space_prefix && (m.flags[static_cast<size_t>(id)] & kSpecial) == 0 &&
+        m.bytes[static_cast<size_t>(id)].starts_with(' ')) {
+      out.append(m.bytes[static_cast<size_t>(id)], 1);
+      first = false;
+      continue;
+    }
     first = false;
     out.append(m.bytes[static_cast<size_t>(id)]);
   }

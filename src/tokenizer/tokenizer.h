@@ -1,7 +1,9 @@
 // spool::tokenizer::Tokenizer: a Hugging Face tokenizer.json byte-level BPE tokenizer that
 // produces exactly the ids of HF `tokenizers` (added tokens, normalizer, pre-tokenizer,
 // BPE model, ByteLevel decoder), plus the tokenizer_config.json facts the engine needs
-// (bos/eos, chat template, what add_special_tokens=True adds).
+// (bos/eos, chat template, what add_special_tokens=True adds). A GGUF file's tokenizer.ggml.*
+// vocabulary is built into the same form (from_gguf), SentencePiece ones ("llama") with the
+// Spm model in place of pre-tokenizer + BPE.
 //
 // Thread safety: a loaded Tokenizer is immutable apart from an internal, locked word
 // cache; all const methods may be called concurrently. Copies share the loaded data.
@@ -24,24 +26,34 @@ class StreamDecoder;
 /// the GGUF notes (ggml docs/gguf.md) section 2.4), read by the caller from the file.
 struct GgufVocab {
   std::string label;                 ///< the file, for messages
-  std::string model;                 ///< tokenizer.ggml.model ("gpt2" = byte-level BPE)
-  std::string pre;                   ///< tokenizer.ggml.pre ("qwen2", "qwen35", ...)
-  std::vector<std::string> tokens;   ///< index = id, byte-level alphabet form
-  std::vector<std::string> merges;   ///< "left right", rank = index
-  std::vector<int32_t> token_types;  ///< 1 normal, 3 control, 4 user-defined, ... (may be empty)
-  std::optional<int64_t> bos, eos, pad;
-  bool add_bos = false;
+  std::string model;                 ///< tokenizer.ggml.model ("gpt2" byte-level BPE, "llama" SentencePiece)
+  std::string pre;                   ///< tokenizer.ggml.pre ("qwen2", "deepseek-v3", ...; gpt2 only)
+  std::vector<std::string> tokens;   ///< index = id (byte-level alphabet form for gpt2, "▁" for spaces for llama)
+  std::vector<float> scores;         ///< tokenizer.ggml.scores (llama: merge priority, higher first; may be empty)
+  std::vector<std::string> merges;   ///< "left right", rank = index (gpt2)
+  std::vector<int32_t> token_types;  ///< 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte (may be empty)
+  std::optional<int64_t> bos, eos, pad, unk;
+  std::optional<bool> add_bos;           ///< tokenizer.ggml.add_bos_token (unset: true for llama, false for gpt2)
+  std::optional<bool> add_eos;           ///< tokenizer.ggml.add_eos_token (unset: false)
+  std::optional<bool> add_space_prefix;  ///< tokenizer.ggml.add_space_prefix (unset: true for llama)
   std::string chat_template;  ///< tokenizer.chat_template ("" if absent)
 };
 
 /// A loaded tokenizer. Create with load(), from_json() or from_gguf().
 class Tokenizer {
  public:
-  /// Builds the Hugging Face tokenizer a GGUF's metadata describes: byte-level BPE over
-  /// `tokens` and `merges`, the pre-tokenizer regex named by `pre` (qwen2 and its aliases,
-  /// qwen35), NFC normalisation as HF's Qwen tokenizers, control tokens (type 3) as special added
-  /// tokens and user-defined ones (type 4) as non-special added tokens, the chat template.
-  /// Throws spool::Error naming the file for another tokenizer model or an unknown `pre`.
+  /// Builds the tokenizer a GGUF's metadata describes, with the ids of the Hugging Face tokenizer
+  /// it was converted from (and of llama.cpp):
+  ///  - model "gpt2": byte-level BPE over `tokens` and `merges`, with the normalizer and the
+  ///    pre-tokenizer regexes of the HF tokenizer.json that `pre` names (qwen2 and its aliases,
+  ///    qwen35, deepseek-v3; see gguf_pre_tokenizer in tokenizer.cpp for the list);
+  ///  - model "llama": SentencePiece BPE (class Spm) over `tokens` and `scores`, with a space
+  ///    prefixed to the text and after every added token when add_space_prefix, byte-fallback
+  ///    tokens, and decode() dropping the prefix space as HF's Llama tokenizers do.
+  /// Control (3) and unknown (2) tokens are special added tokens, user-defined ones (4)
+  /// non-special added tokens (matched in the raw text); the chat template, BOS/EOS as
+  /// add_bos_token / add_eos_token say. Throws spool::Error naming the file and the value for
+  /// another tokenizer model or an unknown `pre`.
   static Tokenizer from_gguf(const GgufVocab& v);
 
   /// Loads `dir`/tokenizer.json, plus `dir`/tokenizer_config.json and
@@ -95,8 +107,10 @@ class Tokenizer {
   friend class StreamDecoder;
   struct Impl;
   explicit Tokenizer(std::shared_ptr<const Impl> impl);
+  // from_gguf for tokenizer.ggml.model "llama" (SentencePiece BPE).
+  static Tokenizer from_gguf_spm(const GgufVocab& v);
   // Parses and assembles everything; labels name the sources in error messages.
-  static std::shared_ptr<const Impl> build(const std::string& json_text, const std::string& label,
+  static std::shared_ptr<Impl> build(const std::string& json_text, const std::string& label,
                                            const std::string& config_text,
                                            const std::string& config_label,
                                            const std::string* chat_template_file);
