@@ -36,6 +36,7 @@ P=${P:-512} N=${N:-128} R=${R:-2}
 DIR=${DIR:-/tmp/spool-cuda-bench}
 OUT=${OUT:-bench/results}
 THREADS=${THREADS:-$(nproc)}
+export THREADS LLAMA_FA=${LLAMA_FA:-OFF}
 PYTHON=${PYTHON:-python3}
 RAM_TIER_GB=${RAM_TIER_GB:-}
 # The gguf package for bench/moe_to_gguf.py: installed, or llama.cpp's gguf-py (GGUF_PY; found in LLAMA_SRC).
@@ -71,7 +72,7 @@ build_llama() {
   [ -d "$src/vendor/miniaudio" ] || sed -i '/add_subdirectory(miniaudio)/d' "$src/vendor/CMakeLists.txt"
   [ -d "$src/tools/server" ] || printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\nadd_subdirectory(quantize)\n' > "$src/tools/CMakeLists.txt"
   cmake -S "$src" -B "$DIR/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DGGML_NATIVE=ON -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA="${LLAMA_FA:-OFF}" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DGGML_NATIVE=ON -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA="$LLAMA_FA" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON > "$OUT/llama-build.log" 2>&1
   ninja -C "$DIR/llama-build" -j"$THREADS" llama-bench llama-quantize >> "$OUT/llama-build.log" 2>&1
 }
@@ -212,7 +213,7 @@ done
 
 # ---- 4. table and plot ---------------------------------------------------------------------------
 "$PYTHON" - "$results" "$OUT" "$LAYERS" "$P" "$N" "$h2d_pinned" "$gguf_bytes" "$q4_bytes" "$fixed_bytes" "$link" <<'PY'
-import collections, statistics, sys
+import collections, os, statistics, sys
 res, out, layers, P, N, h2d, gguf_b, q4_b, fixed_b, link = sys.argv[1:]
 rows = [l.rstrip("\n").split("\t") for l in open(res)][1:]
 agg = collections.OrderedDict()
@@ -228,7 +229,8 @@ lines = [f"# spool CUDA vs llama.cpp CUDA (experts on the CPU)", "",
          f"Qwen3.6-35B-A3B shape, {layers} of 40 layers (synthetic weights): llama.cpp GGUF Q4_K_M "
          f"{int(gguf_b)/2**30:.2f} GiB, spool q4 {int(q4_b)/2**30:.2f} GiB (the same BF16 weights); "
          f"layer-independent part {int(fixed_b)/2**30:.2f} GiB. Budgets are for the 40-layer model, scaled to {layers} layers "
-         f"(see bench/cuda.sh). {link} (measured in this run).", "",
+         f"(see bench/cuda.sh). {link} (measured in this run). llama.cpp: CUDA build of this run, -ngl 99, "
+         f"FlashAttention kernels {'on' if os.environ.get('LLAMA_FA') == 'ON' else 'not built'}; both engines {os.environ.get('THREADS')} threads.", "",
          f"| VRAM budget (40 layers) | engine | config | {tg} t/s | {pp} t/s | notes |", "|---|---|---|---:|---:|---|"]
 best = {}
 for (b, eng, cfg), t in agg.items():
