@@ -393,6 +393,42 @@ struct MoeShape {
 };
 const MoeShape kMoeShapes[] = {{1, 64, 32, 8, 2}, {7, 128, 64, 16, 4}, {40, 64, 96, 64, 8}};
 
+// s.E experts of kind k (weights in `store`; each expert's gate and up share one sign vector, as
+// spool's converter writes them), s.K distinct random experts per token (seeded by `route_seed`),
+// grouped, and the active experts in group order.
+struct MoeCase {
+  std::vector<std::unique_ptr<TestWeight>> store;
+  std::vector<ExpertMats> experts;
+  std::vector<int> ids;
+  ExpertGroups groups;
+  std::vector<ExpertMats> active;
+};
+MoeCase make_moe_case(WKind k, const MoeShape& s, unsigned route_seed) {
+  MoeCase c;
+  c.experts.resize(s.E);
+  for (int e = 0; e < s.E; ++e) {
+    std::vector<int8_t> gs(s.H), ds(s.I);
+    std::mt19937 g(e);
+    for (auto& v : gs) v = (g() & 1) ? 1 : -1;
+    for (auto& v : ds) v = (g() & 1) ? 1 : -1;
+    c.store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 100 + e, &gs));
+    c.store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 200 + e, &gs));
+    c.store.push_back(std::make_unique<TestWeight>(k, s.H, s.I, 300 + e, &ds));
+    c.experts[e] = {c.store[3 * e]->view(), c.store[3 * e + 1]->view(), c.store[3 * e + 2]->view()};
+  }
+  std::mt19937 g(route_seed);
+  c.ids.resize(s.T * s.K);
+  for (int64_t t = 0; t < s.T; ++t) {
+    std::vector<int> perm(s.E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    for (int j = 0; j < s.K; ++j) c.ids[t * s.K + j] = perm[j];
+  }
+  c.groups = group_by_expert(c.ids.data(), s.T, s.K, s.E);
+  for (int e : c.groups.active) c.active.push_back(c.experts[e]);
+  return c;
+}
+
 [[maybe_unused]] const bool kExpertFfnAndCombineOps = covers({"expert_ffn", "moe_combine"});
 TEST_P(BackendOpTable, ExpertFfnAndCombine) {
   for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kQ3, WKind::kTernaryRotated,
@@ -400,33 +436,12 @@ TEST_P(BackendOpTable, ExpertFfnAndCombine) {
     for (const MoeShape& s : kMoeShapes) {
       if (!group_runs(k)) continue;
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
-      // Each expert's gate and up share one sign vector (as spool's converter writes them).
-      std::vector<std::unique_ptr<TestWeight>> store;
-      std::vector<ExpertMats> experts(s.E);
-      for (int e = 0; e < s.E; ++e) {
-        std::vector<int8_t> gs(s.H), ds(s.I);
-        std::mt19937 g(e);
-        for (auto& v : gs) v = (g() & 1) ? 1 : -1;
-        for (auto& v : ds) v = (g() & 1) ? 1 : -1;
-        store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 100 + e, &gs));
-        store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 200 + e, &gs));
-        store.push_back(std::make_unique<TestWeight>(k, s.H, s.I, 300 + e, &ds));
-        experts[e] = {store[3 * e]->view(), store[3 * e + 1]->view(), store[3 * e + 2]->view()};
-      }
       // Random distinct experts per token, random weights.
-      std::mt19937 g(5);
-      std::vector<int> ids(s.T * s.K);
-      for (int64_t t = 0; t < s.T; ++t) {
-        std::vector<int> perm(s.E);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), g);
-        for (int j = 0; j < s.K; ++j) ids[t * s.K + j] = perm[j];
-      }
+      const MoeCase c = make_moe_case(k, s, 5);
+      const ExpertGroups& groups = c.groups;
+      const std::vector<ExpertMats>& active = c.active;
       const std::vector<float> wts = randn(s.T * s.K, 6, 0.5f);
       const std::vector<float> x = randn(s.T * s.H, 7);
-      const ExpertGroups groups = group_by_expert(ids.data(), s.T, s.K, s.E);
-      std::vector<ExpertMats> active;
-      for (int e : groups.active) active.push_back(experts[e]);
       for_each_backend("expert_ffn", [&](Backend& be, ReferenceBackend& ref) {
         std::vector<float> y(s.T * s.K * s.H, NAN), yr(y.size(), NAN);
         // Acquired in two batches (as a small streaming cache hands them out).
@@ -456,30 +471,10 @@ TEST_P(BackendOpTable, ExpertFfnUploadedEqualsHostViews) {
   for (WKind k : {WKind::kQ4, WKind::kQ4Rotated})
     for (const MoeShape& s : kMoeShapes) {
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
-      std::vector<std::unique_ptr<TestWeight>> store;
-      std::vector<ExpertMats> experts(s.E);
-      for (int e = 0; e < s.E; ++e) {
-        std::vector<int8_t> gs(s.H), ds(s.I);
-        std::mt19937 g(e);
-        for (auto& v : gs) v = (g() & 1) ? 1 : -1;
-        for (auto& v : ds) v = (g() & 1) ? 1 : -1;
-        store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 100 + e, &gs));
-        store.push_back(std::make_unique<TestWeight>(k, s.I, s.H, 200 + e, &gs));
-        store.push_back(std::make_unique<TestWeight>(k, s.H, s.I, 300 + e, &ds));
-        experts[e] = {store[3 * e]->view(), store[3 * e + 1]->view(), store[3 * e + 2]->view()};
-      }
-      std::mt19937 g(9);
-      std::vector<int> ids(s.T * s.K);
-      for (int64_t t = 0; t < s.T; ++t) {
-        std::vector<int> perm(s.E);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), g);
-        for (int j = 0; j < s.K; ++j) ids[t * s.K + j] = perm[j];
-      }
+      const MoeCase c = make_moe_case(k, s, 9);
+      const ExpertGroups& groups = c.groups;
+      const std::vector<ExpertMats>& active = c.active;
       const std::vector<float> x = randn(s.T * s.H, 8);
-      const ExpertGroups groups = group_by_expert(ids.data(), s.T, s.K, s.E);
-      std::vector<ExpertMats> active;
-      for (int e : groups.active) active.push_back(experts[e]);
       for_each_backend("expert_ffn", [&](Backend& be, ReferenceBackend& ref) {
         std::vector<ExpertMats> up(active);
         for (ExpertMats& m : up) m = {be.upload(m.gate), be.upload(m.up), be.upload(m.down)};
