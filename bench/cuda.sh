@@ -115,7 +115,7 @@ PY
 q4_bytes=$(du -sb "$Q4" | cut -f1)
 [ -n "$RAM_TIER_GB" ] || RAM_TIER_GB=$("$PYTHON" -c "print(round($q4_bytes / 2**30 + 0.5, 1))")
 "$SPOOL" doctor > "$OUT/doctor.log" 2>&1 || true
-link=$(grep -o 'host->device [0-9.]* GB/s pinned, [0-9.]* GB/s pageable' "$OUT/doctor.log" | head -1)
+link=$(grep -o 'host->device [0-9.]* GB/s pinned, [0-9.]* GB/s pageable' "$OUT/doctor.log" | head -1 || true)
 h2d_pinned=$(echo "$link" | awk '{print $2}')
 say "GGUF Q4_K_M $(numfmt --to=iec "$gguf_bytes"), layer-independent $(numfmt --to=iec "$fixed_bytes"); spool q4 $(numfmt --to=iec "$q4_bytes"); $link"
 
@@ -143,8 +143,18 @@ PY
   [ -s "$DIR/ballast.ready" ] || { echo "cuda.sh: ballast did not start"; exit 1; }
   say "ballast: $(nvidia-smi --query-gpu=memory.free --format=csv,noheader) free (asked $1 GiB)"
 }
-ballast_off() { [ -n "$ballast_pid" ] && kill "$ballast_pid" 2>/dev/null; wait "$ballast_pid" 2>/dev/null || true; ballast_pid=; }
-trap ballast_off EXIT
+ballast_off() {
+  if [ -n "$ballast_pid" ]; then
+    kill "$ballast_pid" 2>/dev/null || true
+    wait "$ballast_pid" 2>/dev/null || true
+  fi
+  ballast_pid=
+}
+on_exit() {
+  ballast_off
+  if [ -n "${build_pid:-}" ]; then kill -- -"$build_pid" 2>/dev/null || kill "$build_pid" 2>/dev/null || true; fi
+}
+trap on_exit EXIT
 
 results=$OUT/cuda-results.tsv
 printf 'budget_gib\tengine\tconfig\ttest\trep\tts\tnote\n' > "$results"

@@ -100,7 +100,9 @@ void run(const GenerateOptions& o) {
   } else {
     if (!tok) throw Error(strfmt("%s has no tokenizer.json; use --prompt-ids to give token ids", dir.c_str()));
     const std::string& text = o.has_file ? file_text : o.prompt;
-    req.prompt = tok->encode(o.chat ? chat_prompt(o, *tok, text, dir) : text, /*add_special=*/false);
+    // A chat prompt is the template's text (which writes its own BOS); a plain prompt gets what the
+    // tokenizer adds to a plain encode (HF tokenizer(text), llama.cpp): Llama/DeepSeek's BOS, Qwen nothing.
+    req.prompt = o.chat ? tok->encode(chat_prompt(o, *tok, text, dir), /*add_special=*/false) : tok->encode(text, /*add_special=*/true);
   }
   const int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
   if (o.ctx_size > 0 && prompt_len > o.ctx_size)

@@ -334,6 +334,10 @@ TEST(GgufTokenizerSpm, ByteFallback) {
                                                               v[byte_token(0x82)], v[byte_token(0xAC)]}));
   EXPECT_EQ(t.decode(t.encode("hi\xe2\x82\xac")), "hi\xe2\x82\xac");
   EXPECT_EQ(t.decode(t.encode("\n\thello")), "\n\thello");
+  // One token's bytes (the logprobs' "bytes"/"token"): the space for ▁, the byte of <0xXX>.
+  EXPECT_EQ(t.id_to_bytes(v[sp + "h"]), " h");
+  EXPECT_EQ(t.id_to_bytes(v[byte_token('\n')]), "\n");
+  EXPECT_EQ(t.id_to_bytes(-1), "");
 }
 
 // Without byte tokens, a character that is no token is the unknown token (one per character).

@@ -76,16 +76,22 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
                format_bytes(bytes).c_str());
     }
   }
-  std::vector<std::string> paths;
-  for (const auto& s : ckpt_->shards()) paths.push_back(s.path());
-  reader_ = std::make_unique<io::ExpertReader>(paths, io::ExpertReader::Options{opt_.engine, opt_.workers, opt_.direct});
-  in_use_.resize(moe_layers.size());
-  prepared_.resize(moe_layers.size());
-  last_ids_.resize(moe_layers.size());
-  if (cache_.capacity() < opt_.top_k)
-    log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
-             (long long)cache_.capacity(), opt_.top_k);
-  load_pins();
+  try {  // a failure from here on must not leave the cache's block page-locked (no destructor runs)
+    std::vector<std::string> paths;
+    for (const auto& s : ckpt_->shards()) paths.push_back(s.path());
+    reader_ = std::make_unique<io::ExpertReader>(paths, io::ExpertReader::Options{opt_.engine, opt_.workers, opt_.direct});
+    in_use_.resize(moe_layers.size());
+    prepared_.resize(moe_layers.size());
+    last_ids_.resize(moe_layers.size());
+    if (cache_.capacity() < opt_.top_k)
+      log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
+               (long long)cache_.capacity(), opt_.top_k);
+    load_pins();
+  } catch (...) {
+    reader_.reset();
+    if (locked_ != nullptr) opt_.pin_with->unpin_host(locked_);
+    throw;
+  }
 }
 
 StreamingExperts::~StreamingExperts() {

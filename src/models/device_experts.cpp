@@ -180,9 +180,10 @@ void DeviceExpertCache::poll_holds(bool block) {
 void DeviceExpertCache::prepare(int layer, std::span<const int> ids) {
   if (layer < 0 || static_cast<size_t>(layer) >= where_.size() || where_[layer].empty()) return;  // acquire() reports it
   poll_holds(false);
+  for (int id : ids)
+    if (!valid(layer, id)) return;  // acquire() reports it; nothing is reserved or started for a bad set
   std::vector<int> missing;  // distinct ids not in a slot
   for (int id : ids) {
-    if (!valid(layer, id)) return;  // acquire() reports it
     const int s = where_[layer][static_cast<size_t>(id)];
     if (s >= 0) {
       slots_[s].reserved = true;  // the fills below must not take it

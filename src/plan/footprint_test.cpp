@@ -257,4 +257,5 @@ TEST(PlanGpu, AutoVramBudgetIsTheFreeMemoryLessTheReserve) {
   EXPECT_EQ(spool::plan::auto_vram_budget(100 * GiB, 50 * GiB), 50 * GiB - 512 * MiB);
   EXPECT_EQ(spool::plan::auto_vram_budget(10 * GiB, 10 * GiB), 10 * GiB / 10 * 9);
   EXPECT_EQ(spool::plan::auto_vram_budget(10 * GiB, 300 * MiB), 0u);
+  EXPECT_EQ(spool::plan::auto_vram_budget(10 * GiB, 0), 10 * GiB / 10 * 9);  // free memory unknown
 }

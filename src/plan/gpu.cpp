@@ -5,6 +5,7 @@
 namespace spool::plan {
 
 uint64_t auto_vram_budget(uint64_t total, uint64_t free) {
+  if (free == 0) return total / 10 * 9;  // not known (cudaMemGetInfo failed)
   const uint64_t reserve = uint64_t{512} << 20;
   return std::min(total / 10 * 9, free > reserve ? free - reserve : 0);
 }

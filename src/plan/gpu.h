@@ -37,7 +37,8 @@ struct GpuPlacement {
 
 /// The VRAM budget `--vram-budget-gb auto` stands for on a GPU of `total` bytes with `free` bytes
 /// free now (cudaMemGetInfo; other processes' allocations are not ours to take): free less 512 MiB
-/// for the CUDA context's own allocations (cuBLAS workspace, streams), at most 90% of the card.
+/// for the CUDA context's own allocations (cuBLAS workspace, streams), at most 90% of the card; 90%
+/// of the card when `free` is 0 (unknown: the runtime did not say).
 uint64_t auto_vram_budget(uint64_t total, uint64_t free);
 
 /// The placement rule above. `stream`: the user asked to stream experts (--stream or a cache

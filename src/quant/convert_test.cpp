@@ -138,7 +138,9 @@ void check_equivalence(const std::string& src, const std::string& recipe_name, b
   ConvertResult r = run_convert(src, q, recipe_name, rotate, /*shard_bytes=*/1 << 20);
   // gpt-oss MXFP4 experts stay MXFP4 (copied as stored); every other source is quantized.
   const bool mxfp4 = io::Checkpoint::open(src, {.map = false}).expert_part(0, 0, io::ExpertProj::kDown, io::ExpertPart::kMxBlocks) != nullptr;
-  if (!mxfp4) EXPECT_GT(r.classes["expert_gate_up"].params, 0);
+  if (!mxfp4) {
+    EXPECT_GT(r.classes["expert_gate_up"].params, 0);
+  }
   EXPECT_GT(r.classes["dense"].params, 0);
   // With rotation every quantized matrix has its sign vector (the loader refuses otherwise).
   io::Checkpoint qck = io::Checkpoint::open(q, {.map = false});

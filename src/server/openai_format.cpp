@@ -4,7 +4,6 @@
 
 #include "server/json_body.h"
 #include "server/stop_strings.h"
-#include "tokenizer/byte_level.h"
 
 namespace spool::server {
 
@@ -14,7 +13,7 @@ namespace {
 
 // A token's raw bytes and its text (valid UTF-8; partial characters become U+FFFD).
 std::pair<std::string, std::string> token_text(const tokenizer::Tokenizer& tok, int32_t id) {
-  std::string bytes = tokenizer::byte_level::token_to_bytes(tok.id_to_token(id));
+  std::string bytes = tok.id_to_bytes(id);
   std::string text = valid_utf8(bytes) ? bytes : tok.decode(std::vector<int32_t>{id});
   return {bytes, text};
 }

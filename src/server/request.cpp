@@ -141,10 +141,13 @@ GenRequest parse_completion_request(const json& body, const ModelFacts& f, uint6
   r.chat = false;
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) throw bad_request("'prompt' is required", "prompt");
+  // A text prompt gets what the tokenizer adds to a plain encode (add_special_tokens=True, as HF's
+  // tokenizer(text), vLLM and llama-server do): the BOS of Llama/Mixtral/DeepSeek tokenizers,
+  // nothing for Qwen's.
   if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
-    r.prompt = encode_text(f, (*it)[0].get<std::string>(), false);
+    r.prompt = encode_text(f, (*it)[0].get<std::string>(), true);
   } else if (it->is_string()) {
-    r.prompt = encode_text(f, it->get<std::string>(), false);
+    r.prompt = encode_text(f, it->get<std::string>(), true);
   } else if (it->is_array()) {
     for (const auto& id : *it) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= f.vocab_size)

@@ -194,6 +194,22 @@ TEST(ServerRequest, ContextLimits) {
   EXPECT_EQ(c.parser.syntax, ToolSyntax::kNone);
 }
 
+// A text prompt of /v1/completions is encoded with the tokenizer's special tokens, as HF's
+// tokenizer(text), vLLM and llama-server do: DeepSeek-V3's BOS (id 0) first; Qwen adds nothing.
+TEST(ServerRequest, CompletionTextPromptGetsTheTokenizersBos) {
+  Fixture f;
+  const json body = json::parse(R"({"prompt": "Hello world", "max_tokens": 1})");
+  EXPECT_EQ(parse_completion_request(body, f.facts, 1).prompt, f.tok.encode("Hello world", false));
+  const tokenizer::Tokenizer ds = tokenizer::Tokenizer::load(std::string(SPOOL_TEST_DATA_DIR) + "/tokenizers/deepseek_v3");
+  ModelFacts facts = f.facts;
+  facts.tok = &ds;
+  facts.vocab_size = ds.vocab_size();
+  const std::vector<int32_t> ids = parse_completion_request(body, facts, 1).prompt;
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 19923, 2058}));
+  const json one = json::parse(R"({"prompt": ["Hello world"], "max_tokens": 1})");
+  EXPECT_EQ(parse_completion_request(one, facts, 1).prompt, ids);
+}
+
 TEST(ServerRequest, RendersTemplatesWithToolsAndThinking) {
   Fixture f;
   json req = json::parse(R"({"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},

@@ -465,6 +465,12 @@ bool Tokenizer::check_id(int32_t id, bool skip_special) const {
   return !(skip_special && (m.flags[static_cast<size_t>(id)] & kSkip) != 0);
 }
 
+std::string Tokenizer::id_to_bytes(int32_t id) const {
+  const Impl& m = *impl_;
+  if (id < 0 || id >= m.vocab_size || (m.flags[static_cast<size_t>(id)] & kValid) == 0) return "";
+  return m.bytes[static_cast<size_t>(id)];
+}
+
 const std::string& Tokenizer::token_bytes(int32_t id) const {
   return impl_->bytes[static_cast<size_t>(id)];
 }

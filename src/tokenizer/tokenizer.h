@@ -84,6 +84,11 @@ class Tokenizer {
   /// of range or unassigned.
   std::string id_to_token(int32_t id) const;
 
+  /// The bytes the decoder produces for `id` alone (byte-level BPE: the alphabet mapped back,
+  /// "Ġthe" -> " the"; SentencePiece: "▁" as a space and "<0x0A>" as its byte); "" if out of
+  /// range or unassigned. May be part of a UTF-8 character.
+  std::string id_to_bytes(int32_t id) const;
+
   /// Max id + 1 over the vocabulary and the added tokens.
   int32_t vocab_size() const;
 
