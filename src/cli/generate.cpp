@@ -102,7 +102,7 @@ void run(const GenerateOptions& o) {
     const std::string& text = o.has_file ? file_text : o.prompt;
     // A chat prompt is the template's text (which writes its own BOS); a plain prompt gets what the
     // tokenizer adds to a plain encode (HF tokenizer(text), llama.cpp): Llama/DeepSeek's BOS, Qwen nothing.
-    req.prompt = o.chat ? tok->encode(chat_prompt(o, *tok, text, dir), /*add_special=*/false) : tok->encode(text, /*add_special=*/true);
+    req.prompt = o.chat ? tok->encode(chat_prompt(o, *tok, text, dir), /*add_special=*/false) : tok->encode_prompt(text);
   }
   const int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
   if (o.ctx_size > 0 && prompt_len > o.ctx_size)

@@ -112,7 +112,7 @@ void parse_common(const json& b, const ModelFacts& f, GenRequest& r, uint64_t se
 
 std::vector<int32_t> encode_text(const ModelFacts& facts, const std::string& text, bool add_special) {
   if (!facts.tok) throw bad_request("the model has no tokenizer.json; send token ids");
-  return facts.tok->encode(text, add_special);
+  return add_special ? facts.tok->encode_prompt(text) : facts.tok->encode(text, false);
 }
 
 GenRequest parse_chat_request(const json& body, const ModelFacts& f, uint64_t seed_source) {

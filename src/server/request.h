@@ -50,10 +50,11 @@ struct GenRequest {
 GenRequest parse_chat_request(const nlohmann::ordered_json& body, const ModelFacts& facts, uint64_t seed_source);
 
 /// Parses a /v1/completions body: `prompt` is a string, an array of one string, or an array of
-/// token ids (encoded as is, no special tokens). Throws ApiError.
+/// token ids (a text prompt gets the tokenizer's special tokens, Tokenizer::encode_prompt). Throws ApiError.
 GenRequest parse_completion_request(const nlohmann::ordered_json& body, const ModelFacts& facts, uint64_t seed_source);
 
-/// Ids of `text` (no special tokens added); 400 when the model has no tokenizer.
+/// Ids of `text`: with `add_special`, a plain prompt's (Tokenizer::encode_prompt: the BOS of
+/// tokenizers that add one, once), else the text alone; 400 when the model has no tokenizer.
 std::vector<int32_t> encode_text(const ModelFacts& facts, const std::string& text, bool add_special);
 
 }  // namespace spool::server

@@ -208,6 +208,9 @@ TEST(ServerRequest, CompletionTextPromptGetsTheTokenizersBos) {
   EXPECT_EQ(ids, (std::vector<int32_t>{0, 19923, 2058}));
   const json one = json::parse(R"({"prompt": ["Hello world"], "max_tokens": 1})");
   EXPECT_EQ(parse_completion_request(one, facts, 1).prompt, ids);
+  // A text that writes its own BOS (a rendered chat) does not get a second one.
+  const json own = json::parse(R"({"prompt": "<｜begin▁of▁sentence｜>Hello world", "max_tokens": 1})");
+  EXPECT_EQ(parse_completion_request(own, facts, 1).prompt, ids);
 }
 
 TEST(ServerRequest, RendersTemplatesWithToolsAndThinking) {

@@ -395,6 +395,15 @@ Tokenizer Tokenizer::from_gguf_spm(const GgufVocab& v) {
   return Tokenizer(impl);
 }
 
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  const std::vector<int32_t>& pre = impl_->wrap.prefix;
+  std::vector<int32_t> ids = encode(text, true);
+  const size_t n = pre.size();
+  if (n > 0 && ids.size() >= 2 * n && std::equal(pre.begin(), pre.end(), ids.begin() + static_cast<std::ptrdiff_t>(n)))
+    ids.erase(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+  return ids;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
   const Impl& m = *impl_;
   std::vector<int32_t> ids;

@@ -71,6 +71,11 @@ class Tokenizer {
   /// of DeepSeek-V3; nothing for Qwen).
   std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
 
+  /// A plain (non-chat) prompt's ids: encode(text, true), as HF's tokenizer(text), vLLM and
+  /// llama.cpp do, except that when the text itself begins with the tokens add_special puts first
+  /// (a rendered chat that writes its own BOS) they are not put there twice.
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
+
   /// Text of `ids`; always well-formed UTF-8 (ill-formed byte sequences become U+FFFD).
   /// With `skip_special`, special added tokens are left out. Throws spool::Error on an
   /// id that is not in the vocabulary.
