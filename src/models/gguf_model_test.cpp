@@ -167,8 +167,8 @@ void write_dequantized_gguf(const std::string& src, const std::string& dst,
 
 class GgufModel : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(GgufModel, F32FileEqualsSafetensorsModel) {
-  const std::string name = GetParam();
+// The fixture checkpoint `name` and its F32 GGUF give the same logits and greedy ids.
+void expect_f32_file_equals_safetensors(const std::string& name) {
   Loaded ref = load(data_dir() + "/models/" + name);
   Loaded g = load(data_dir() + "/gguf/models/" + name + ".f32.gguf");
   EXPECT_EQ(g.model->spec().model_type, ref.model->spec().model_type);
@@ -178,6 +178,13 @@ TEST_P(GgufModel, F32FileEqualsSafetensorsModel) {
   expect_rel_close(got, want);
   EXPECT_EQ(ids, ids_ref);
 }
+
+TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors(GetParam()); }
+
+// gpt-oss (arch "gpt-oss"): gate / up split out of the interleaved gate_up and their biases,
+// sinks, router with bias, sliding-window layers and YaRN keys, against the safetensors model
+// (float experts, [E, in, out] in the checkpoint). No block-typed file in the repository.
+TEST(GgufGptOss, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors("gpt_oss"); }
 
 // The block-typed file and `deq_path` (the same file with the block tensors dequantized) give
 // the same logits and greedy ids.
