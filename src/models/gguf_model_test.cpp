@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "../../tests/support/golden.h"
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 #include "models/model.h"
 #include "ops/ggml_blocks.h"
 
@@ -181,10 +183,178 @@ void expect_f32_file_equals_safetensors(const std::string& name) {
 
 TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors(GetParam()); }
 
+// One metadata entry of write_gguf_f32: a uint32, float32 or string value.
+struct Kv {
+  std::string key;
+  enum { kU32, kF32, kStr } type;
+  uint32_t u = 0;
+  float f = 0;
+  std::string s;
+};
+Kv kv_u32(std::string k, int64_t v) { return Kv{std::move(k), Kv::kU32, static_cast<uint32_t>(v)}; }
+Kv kv_f32(std::string k, double v) { return Kv{std::move(k), Kv::kF32, 0, static_cast<float>(v)}; }
+Kv kv_str(std::string k, std::string v) { return Kv{std::move(k), Kv::kStr, 0, 0, std::move(v)}; }
+
+// One F32 tensor of write_gguf_f32: `shape` in PyTorch order (GGUF ne is its reverse).
+struct F32Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Writes a GGUF v3 file (alignment 32, the GGUF notes section 2) with `kvs` and F32 `tensors`.
+void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const std::vector<F32Tensor>& tensors) {
+  std::string out = "GGUF";
+  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  auto u32 = [&put](uint32_t v) { put(&v, 4); };
+  auto u64 = [&put](uint64_t v) { put(&v, 8); };
+  auto str = [&](const std::string& v) {
+    u64(v.size());
+    put(v.data(), v.size());
+  };
+  u32(3);
+  u64(tensors.size());
+  u64(kvs.size());
+  for (const Kv& kv : kvs) {
+    str(kv.key);
+    if (kv.type == Kv::kU32) {
+      u32(static_cast<uint32_t>(io::GgufType::kUint32));
+      u32(kv.u);
+    } else if (kv.type == Kv::kF32) {
+      u32(static_cast<uint32_t>(io::GgufType::kFloat32));
+      put(&kv.f, 4);
+    } else {
+      u32(static_cast<uint32_t>(io::GgufType::kString));
+      str(kv.s);
+    }
+  }
+  constexpr uint64_t kAlign = 32;
+  uint64_t at = 0;
+  for (const F32Tensor& t : tensors) {
+    str(t.name);
+    u32(static_cast<uint32_t>(t.shape.size()));
+    for (size_t d = t.shape.size(); d-- > 0;) u64(static_cast<uint64_t>(t.shape[d]));
+    u32(static_cast<uint32_t>(GgmlType::F32));
+    u64(at);
+    at = (at + t.data.size() * 4 + kAlign - 1) / kAlign * kAlign;
+  }
+  out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
+  for (const F32Tensor& t : tensors) {
+    put(t.data.data(), t.data.size() * 4);
+    out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
+  }
+  std::ofstream f(dst, std::ios::binary | std::ios::trunc);
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  ASSERT_TRUE(f.good()) << "cannot write " << dst;
+}
+
+// Writes the gpt_oss fixture (`dir`, F32 safetensors with float experts) as the F32 GGUF that
+// llama.cpp's converter (class GptOssModel, arch gpt-oss) makes of it, the same file as
+// tests/reference/gguf_models.py writes (made at test time: the de-interleaved, transposed experts
+// do not compress beside the checkpoint in a pack). Transforms: post_attention_layernorm ->
+// post_attention_norm, sinks -> attn_sinks.weight, router -> ffn_gate_inp (+ bias); experts
+// gate_up_proj [E, H, 2I] transposed to [E, 2I, H] and split gate = even rows -> ffn_gate_exps,
+// up = odd rows -> ffn_up_exps, the bias [E, 2I] likewise; down_proj [E, I, H] transposed to
+// ffn_down_exps [E, H, I]; metadata as GptOssModel / TextModel write it (YaRN keys, sliding window).
+void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
+  const io::SafetensorsFile sf = io::SafetensorsFile::open(dir + "/model.safetensors");
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  auto get = [&](const std::string& hf) {
+    const io::TensorInfo* t = sf.find(hf);
+    if (t == nullptr) throw std::runtime_error("fixture lacks " + hf);
+    if (t->dtype != io::DType::F32) throw std::runtime_error(hf + " is not F32");
+    F32Tensor x{"", t->shape, std::vector<float>(static_cast<size_t>(t->numel()))};
+    std::memcpy(x.data.data(), sf.data(*t), t->nbytes);
+    return x;
+  };
+  auto named = [](F32Tensor t, std::string n) {
+    t.name = std::move(n);
+    return t;
+  };
+  // [E, R, C] -> [E, C, R], then rows `first`, first + step, ... of each expert.
+  auto transpose_rows = [](const F32Tensor& t, int64_t first, int64_t step, std::string n) {
+    const int64_t E = t.shape[0], R = t.shape[1], C = t.shape[2], rows = (C - first + step - 1) / step;
+    F32Tensor o{std::move(n), {E, rows, R}, std::vector<float>(static_cast<size_t>(E * rows * R))};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t k = 0; k < rows; ++k)
+        for (int64_t r = 0; r < R; ++r) o.data[(e * rows + k) * R + r] = t.data[(e * R + r) * C + first + k * step];
+    return o;
+  };
+  auto cols = [](const F32Tensor& t, int64_t first, std::string n) {  // [E, 2I] -> columns first, first + 2, ...
+    const int64_t E = t.shape[0], C = t.shape[1];
+    F32Tensor o{std::move(n), {E, C / 2}, std::vector<float>(static_cast<size_t>(E * C / 2))};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t k = 0; k < C / 2; ++k) o.data[e * C / 2 + k] = t.data[e * C + first + 2 * k];
+    return o;
+  };
+  std::vector<F32Tensor> ts;
+  ts.push_back(named(get("model.embed_tokens.weight"), "token_embd.weight"));
+  ts.push_back(named(get("model.norm.weight"), "output_norm.weight"));
+  ts.push_back(named(get("lm_head.weight"), "output.weight"));
+  const int L = cfg["num_hidden_layers"];
+  for (int b = 0; b < L; ++b) {
+    const std::string p = "model.layers." + std::to_string(b) + ".", q = "blk." + std::to_string(b) + ".";
+    ts.push_back(named(get(p + "input_layernorm.weight"), q + "attn_norm.weight"));
+    ts.push_back(named(get(p + "post_attention_layernorm.weight"), q + "post_attention_norm.weight"));
+    for (auto [g, h] : {std::pair{"attn_q", "q_proj"}, {"attn_k", "k_proj"}, {"attn_v", "v_proj"}, {"attn_output", "o_proj"}}) {
+      ts.push_back(named(get(p + "self_attn." + h + ".weight"), q + g + ".weight"));
+      ts.push_back(named(get(p + "self_attn." + h + ".bias"), q + g + ".bias"));
+    }
+    ts.push_back(named(get(p + "self_attn.sinks"), q + "attn_sinks.weight"));
+    ts.push_back(named(get(p + "mlp.router.weight"), q + "ffn_gate_inp.weight"));
+    ts.push_back(named(get(p + "mlp.router.bias"), q + "ffn_gate_inp.bias"));
+    const F32Tensor gu = get(p + "mlp.experts.gate_up_proj"), gub = get(p + "mlp.experts.gate_up_proj_bias");
+    ts.push_back(transpose_rows(gu, 0, 2, q + "ffn_gate_exps.weight"));
+    ts.push_back(cols(gub, 0, q + "ffn_gate_exps.bias"));
+    ts.push_back(transpose_rows(gu, 1, 2, q + "ffn_up_exps.weight"));
+    ts.push_back(cols(gub, 1, q + "ffn_up_exps.bias"));
+    ts.push_back(transpose_rows(get(p + "mlp.experts.down_proj"), 0, 1, q + "ffn_down_exps.weight"));
+    ts.push_back(named(get(p + "mlp.experts.down_proj_bias"), q + "ffn_down_exps.bias"));
+  }
+  const nlohmann::json& rope = cfg["rope_parameters"];
+  const std::string a = "gpt-oss.";
+  const std::vector<Kv> kvs = {
+      kv_str("general.architecture", "gpt-oss"),
+      kv_u32(a + "context_length", cfg["max_position_embeddings"]),
+      kv_u32(a + "embedding_length", cfg["hidden_size"]),
+      kv_u32(a + "block_count", L),
+      kv_u32(a + "feed_forward_length", cfg["intermediate_size"]),
+      kv_u32(a + "attention.head_count", cfg["num_attention_heads"]),
+      kv_u32(a + "attention.head_count_kv", cfg["num_key_value_heads"]),
+      kv_u32(a + "attention.key_length", cfg["head_dim"]),
+      kv_u32(a + "attention.value_length", cfg["head_dim"]),
+      kv_f32(a + "rope.freq_base", rope["rope_theta"]),
+      kv_f32(a + "attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"]),
+      kv_u32(a + "expert_count", cfg["num_local_experts"]),
+      kv_u32(a + "expert_used_count", cfg["num_experts_per_tok"]),
+      kv_u32(a + "attention.sliding_window", cfg["sliding_window"]),
+      kv_u32(a + "expert_feed_forward_length", cfg["intermediate_size"]),
+      kv_str(a + "rope.scaling.type", "yarn"),
+      kv_f32(a + "rope.scaling.factor", rope["factor"]),
+      kv_u32(a + "rope.scaling.original_context_length", rope["original_max_position_embeddings"]),
+      kv_f32(a + "rope.scaling.yarn_beta_fast", rope["beta_fast"]),
+      kv_f32(a + "rope.scaling.yarn_beta_slow", rope["beta_slow"]),
+  };
+  write_gguf_f32(dst, kvs, ts);
+}
+
 // gpt-oss (arch "gpt-oss"): gate / up split out of the interleaved gate_up and their biases,
 // sinks, router with bias, sliding-window layers and YaRN keys, against the safetensors model
-// (float experts, [E, in, out] in the checkpoint). No block-typed file in the repository.
-TEST(GgufGptOss, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors("gpt_oss"); }
+// (float experts, [E, in, out] in the checkpoint). The GGUF is written at test time.
+TEST(GgufGptOss, F32FileEqualsSafetensorsModel) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss.f32.gguf").string();
+  write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", path);
+  Loaded ref = load(data_dir() + "/models/gpt_oss");
+  Loaded g = load(path);
+  EXPECT_EQ(g.model->spec().model_type, "gpt_oss");
+  EXPECT_EQ(g.model->spec().attn.window_layers, ref.model->spec().attn.window_layers);
+  std::vector<int32_t> ids_ref, ids;
+  const std::vector<float> want = run(*ref.model, &ids_ref);
+  const std::vector<float> got = run(*g.model, &ids);
+  expect_rel_close(got, want);
+  EXPECT_EQ(ids, ids_ref);
+  if (std::getenv("SPOOL_KEEP_GPT_OSS_GGUF") == nullptr) std::filesystem::remove(path);
+}
 
 // The block-typed file and `deq_path` (the same file with the block tensors dequantized) give
 // the same logits and greedy ids.
