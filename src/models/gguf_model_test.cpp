@@ -195,14 +195,16 @@ Kv kv_u32(std::string k, int64_t v) { return Kv{std::move(k), Kv::kU32, static_c
 Kv kv_f32(std::string k, double v) { return Kv{std::move(k), Kv::kF32, 0, static_cast<float>(v)}; }
 Kv kv_str(std::string k, std::string v) { return Kv{std::move(k), Kv::kStr, 0, 0, std::move(v)}; }
 
-// One F32 tensor of write_gguf_f32: `shape` in PyTorch order (GGUF ne is its reverse).
+// One tensor of write_gguf_f32: `shape` in PyTorch order of elements (GGUF ne is its reverse);
+// F32 `data`, or, when `blocks` is not empty, MXFP4 blocks (17 bytes per 32 elements of a row).
 struct F32Tensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> data;
+  std::vector<uint8_t> blocks;
 };
 
-// Writes a GGUF v3 file (alignment 32, the GGUF notes section 2) with `kvs` and F32 `tensors`.
+// Writes a GGUF v3 file (alignment 32, the GGUF notes section 2) with `kvs` and `tensors`.
 void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const std::vector<F32Tensor>& tensors) {
   std::string out = "GGUF";
   auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
@@ -234,13 +236,14 @@ void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const st
     str(t.name);
     u32(static_cast<uint32_t>(t.shape.size()));
     for (size_t d = t.shape.size(); d-- > 0;) u64(static_cast<uint64_t>(t.shape[d]));
-    u32(static_cast<uint32_t>(GgmlType::F32));
+    u32(static_cast<uint32_t>(t.blocks.empty() ? GgmlType::F32 : GgmlType::MXFP4));
     u64(at);
-    at = (at + t.data.size() * 4 + kAlign - 1) / kAlign * kAlign;
+    at = (at + (t.blocks.empty() ? t.data.size() * 4 : t.blocks.size()) + kAlign - 1) / kAlign * kAlign;
   }
   out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
   for (const F32Tensor& t : tensors) {
-    put(t.data.data(), t.data.size() * 4);
+    if (t.blocks.empty()) put(t.data.data(), t.data.size() * 4);
+    else put(t.blocks.data(), t.blocks.size());
     out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
   }
   std::ofstream f(dst, std::ios::binary | std::ios::trunc);
@@ -262,10 +265,42 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
   auto get = [&](const std::string& hf) {
     const io::TensorInfo* t = sf.find(hf);
     if (t == nullptr) throw std::runtime_error("fixture lacks " + hf);
-    if (t->dtype != io::DType::F32) throw std::runtime_error(hf + " is not F32");
     F32Tensor x{"", t->shape, std::vector<float>(static_cast<size_t>(t->numel()))};
-    std::memcpy(x.data.data(), sf.data(*t), t->nbytes);
+    if (t->dtype == io::DType::F32) {
+      std::memcpy(x.data.data(), sf.data(*t), t->nbytes);
+    } else if (t->dtype == io::DType::BF16) {  // widened exactly
+      const uint8_t* b = sf.data(*t);
+      for (size_t i = 0; i < x.data.size(); ++i) {
+        const uint32_t bits = static_cast<uint32_t>(b[2 * i] | (b[2 * i + 1] << 8)) << 16;
+        std::memcpy(&x.data[i], &bits, 4);
+      }
+    } else {
+      throw std::runtime_error(hf + " is neither F32 nor BF16");
+    }
     return x;
+  };
+  // MXFP4 experts (GptOssModel.repack_mxfp4): HF `*_blocks` [E, R, G, 16] (byte k: element 2k in
+  // the low nibble, 2k + 1 in the high) and E8M0 `*_scales` [E, R, G] -> ggml block_mxfp4 per 32
+  // elements {e, qs[16]} with qs[j] = element j | element j + 16 << 4; rows `first`, first + step, ...
+  auto mxfp4 = [&](const std::string& base, int64_t first, int64_t step, std::string n) {
+    const io::TensorInfo* b = sf.find(base + "_blocks");
+    const io::TensorInfo* sc = sf.find(base + "_scales");
+    if (b == nullptr || sc == nullptr || b->shape.size() != 4) throw std::runtime_error("fixture lacks MXFP4 " + base);
+    const int64_t E = b->shape[0], R = b->shape[1], G = b->shape[2], rows = (R - first + step - 1) / step;
+    const uint8_t* bd = sf.data(*b);
+    const uint8_t* sd = sf.data(*sc);
+    F32Tensor o{std::move(n), {E, rows, G * 32}, {}, std::vector<uint8_t>(static_cast<size_t>(E * rows * G * 17))};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t k = 0; k < rows; ++k)
+        for (int64_t gi = 0; gi < G; ++gi) {
+          const int64_t r = first + k * step;
+          const uint8_t* src = bd + ((e * R + r) * G + gi) * 16;
+          uint8_t* dst = o.blocks.data() + ((e * rows + k) * G + gi) * 17;
+          auto elem = [&](int i) { return (src[i / 2] >> (4 * (i % 2))) & 0xF; };
+          dst[0] = sd[(e * R + r) * G + gi];
+          for (int j = 0; j < 16; ++j) dst[1 + j] = static_cast<uint8_t>(elem(j) | (elem(j + 16) << 4));
+        }
+    return o;
   };
   auto named = [](F32Tensor t, std::string n) {
     t.name = std::move(n);
@@ -303,12 +338,17 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
     ts.push_back(named(get(p + "self_attn.sinks"), q + "attn_sinks.weight"));
     ts.push_back(named(get(p + "mlp.router.weight"), q + "ffn_gate_inp.weight"));
     ts.push_back(named(get(p + "mlp.router.bias"), q + "ffn_gate_inp.bias"));
-    const F32Tensor gu = get(p + "mlp.experts.gate_up_proj"), gub = get(p + "mlp.experts.gate_up_proj_bias");
-    ts.push_back(transpose_rows(gu, 0, 2, q + "ffn_gate_exps.weight"));
+    const F32Tensor gub = get(p + "mlp.experts.gate_up_proj_bias");
+    const bool mx = sf.find(p + "mlp.experts.gate_up_proj_blocks") != nullptr;
+    const F32Tensor gu = mx ? F32Tensor{} : get(p + "mlp.experts.gate_up_proj");
+    ts.push_back(mx ? mxfp4(p + "mlp.experts.gate_up_proj", 0, 2, q + "ffn_gate_exps.weight")
+                    : transpose_rows(gu, 0, 2, q + "ffn_gate_exps.weight"));
     ts.push_back(cols(gub, 0, q + "ffn_gate_exps.bias"));
-    ts.push_back(transpose_rows(gu, 1, 2, q + "ffn_up_exps.weight"));
+    ts.push_back(mx ? mxfp4(p + "mlp.experts.gate_up_proj", 1, 2, q + "ffn_up_exps.weight")
+                    : transpose_rows(gu, 1, 2, q + "ffn_up_exps.weight"));
     ts.push_back(cols(gub, 1, q + "ffn_up_exps.bias"));
-    ts.push_back(transpose_rows(get(p + "mlp.experts.down_proj"), 0, 1, q + "ffn_down_exps.weight"));
+    ts.push_back(mx ? mxfp4(p + "mlp.experts.down_proj", 0, 1, q + "ffn_down_exps.weight")
+                    : transpose_rows(get(p + "mlp.experts.down_proj"), 0, 1, q + "ffn_down_exps.weight"));
     ts.push_back(named(get(p + "mlp.experts.down_proj_bias"), q + "ffn_down_exps.bias"));
   }
   const nlohmann::json& rope = cfg["rope_parameters"];
@@ -341,10 +381,10 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
 // gpt-oss (arch "gpt-oss"): gate / up split out of the interleaved gate_up and their biases,
 // sinks, router with bias, sliding-window layers and YaRN keys, against the safetensors model
 // (float experts, [E, in, out] in the checkpoint). The GGUF is written at test time.
-TEST(GgufGptOss, F32FileEqualsSafetensorsModel) {
-  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss.f32.gguf").string();
-  write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", path);
-  Loaded ref = load(data_dir() + "/models/gpt_oss");
+void expect_gpt_oss_gguf_equals_safetensors(const std::string& name) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / ("spool_" + name + ".gguf")).string();
+  write_gpt_oss_gguf(data_dir() + "/models/" + name, path);
+  Loaded ref = load(data_dir() + "/models/" + name);
   Loaded g = load(path);
   EXPECT_EQ(g.model->spec().model_type, "gpt_oss");
   EXPECT_EQ(g.model->spec().attn.window_layers, ref.model->spec().attn.window_layers);
@@ -355,6 +395,13 @@ TEST(GgufGptOss, F32FileEqualsSafetensorsModel) {
   EXPECT_EQ(ids, ids_ref);
   if (std::getenv("SPOOL_KEEP_GPT_OSS_GGUF") == nullptr) std::filesystem::remove(path);
 }
+
+TEST(GgufGptOss, F32FileEqualsSafetensorsModel) { expect_gpt_oss_gguf_equals_safetensors("gpt_oss"); }
+
+// The released layout: MXFP4 experts (ffn_*_exps as ggml MXFP4, the gate / up rows of the
+// blocks split and re-interleaved whole) against the safetensors model reading the HF MXFP4
+// blocks natively; BF16 matrices widened to F32 in the GGUF.
+TEST(GgufGptOss, Mxfp4FileEqualsSafetensorsModel) { expect_gpt_oss_gguf_equals_safetensors("gpt_oss_mxfp4"); }
 
 // The block-typed file and `deq_path` (the same file with the block tensors dequantized) give
 // the same logits and greedy ids.
