@@ -183,6 +183,8 @@ void expect_f32_file_equals_safetensors(const std::string& name) {
 
 TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors(GetParam()); }
 
+void expect_load_error(const std::string& path, const std::string& want);
+
 // One metadata entry of write_gguf_f32: a uint32, float32 or string value.
 struct Kv {
   std::string key;
@@ -402,6 +404,41 @@ TEST(GgufGptOss, F32FileEqualsSafetensorsModel) { expect_gpt_oss_gguf_equals_saf
 // blocks split and re-interleaved whole) against the safetensors model reading the HF MXFP4
 // blocks natively; BF16 matrices widened to F32 in the GGUF.
 TEST(GgufGptOss, Mxfp4FileEqualsSafetensorsModel) { expect_gpt_oss_gguf_equals_safetensors("gpt_oss_mxfp4"); }
+
+// The re-interleaved gate_up experts (converted into memory) stream from that memory as the
+// resident ones read it: bit for bit.
+TEST(GgufGptOss, StreamingEqualsResidentBitForBit) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_stream.gguf").string();
+  write_gpt_oss_gguf(data_dir() + "/models/gpt_oss_mxfp4", path);
+  Loaded q = load(path);
+  std::vector<int32_t> ids_res, ids_str;
+  const std::vector<float> resident = run(*q.model, &ids_res);
+  const auto& sp = q.model->spec();
+  experts::StreamingOptions o;
+  o.top_k = sp.moe.top_k;
+  o.cache_budget_bytes = 0;  // every expert read when used
+  auto s = std::make_shared<experts::StreamingExperts>(q.ckpt, std::vector<bool>(sp.n_layers, true), sp.moe.n_experts, sp.hidden_size,
+                                                       sp.moe.intermediate, o);
+  q.model->set_expert_provider(s);
+  const std::vector<float> streamed = run(*q.model, &ids_str);
+  ASSERT_EQ(streamed.size(), resident.size());
+  EXPECT_EQ(0, std::memcmp(streamed.data(), resident.data(), resident.size() * sizeof(float)));
+  EXPECT_EQ(ids_str, ids_res);
+  std::filesystem::remove(path);
+}
+
+// An ffn_gate_exps without its ffn_up_exps sibling (weight or bias) is named.
+TEST(GgufGptOss, GateWithoutUpNamesTheSibling) {
+  const std::string src = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_src.gguf").string();
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_no_up.gguf").string();
+  write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", src);
+  for (const char* missing : {"blk.2.ffn_up_exps.weight", "blk.1.ffn_up_exps.bias"}) {
+    write_dequantized_gguf(src, path, [&](const std::string& n) { return n == missing; });
+    expect_load_error(path, missing);
+  }
+  std::filesystem::remove(src);
+  std::filesystem::remove(path);
+}
 
 // The block-typed file and `deq_path` (the same file with the block tensors dequantized) give
 // the same logits and greedy ids.
