@@ -23,6 +23,8 @@ the `gguf` package:
 
   python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy
   /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf [NAME...]
+  gpt_oss: not stored; src/models/gguf_model_test.cpp writes the same F32 file (byte for byte) at
+  test time, this writer is its independent cross-check (cmp the two).
   (reads the unpacked fixtures of the build tree; then `xz -9e` the .q/.deq files and let
   tests/reference/pack_fixtures.sh pack each NAME.f32.gguf with its checkpoint, after deleting the old pack)
 """
