@@ -185,13 +185,14 @@ TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safete
 
 void expect_load_error(const std::string& path, const std::string& want);
 
-// One metadata entry of write_gguf_f32: a uint32, float32 or string value.
+// One metadata entry of write_gguf_f32: a uint32, float32, string or bool-array value.
 struct Kv {
   std::string key;
-  enum { kU32, kF32, kStr } type;
+  enum { kU32, kF32, kStr, kBools } type;
   uint32_t u = 0;
   float f = 0;
   std::string s;
+  std::vector<uint8_t> bools;
 };
 Kv kv_u32(std::string k, int64_t v) { return Kv{std::move(k), Kv::kU32, static_cast<uint32_t>(v)}; }
 Kv kv_f32(std::string k, double v) { return Kv{std::move(k), Kv::kF32, 0, static_cast<float>(v)}; }
@@ -227,9 +228,14 @@ void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const st
     } else if (kv.type == Kv::kF32) {
       u32(static_cast<uint32_t>(io::GgufType::kFloat32));
       put(&kv.f, 4);
-    } else {
+    } else if (kv.type == Kv::kStr) {
       u32(static_cast<uint32_t>(io::GgufType::kString));
       str(kv.s);
+    } else {
+      u32(static_cast<uint32_t>(io::GgufType::kArray));
+      u32(static_cast<uint32_t>(io::GgufType::kBool));
+      u64(kv.bools.size());
+      put(kv.bools.data(), kv.bools.size());
     }
   }
   constexpr uint64_t kAlign = 32;
@@ -261,7 +267,8 @@ void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const st
 // gate_up_proj [E, H, 2I] transposed to [E, 2I, H] and split gate = even rows -> ffn_gate_exps,
 // up = odd rows -> ffn_up_exps, the bias [E, 2I] likewise; down_proj [E, I, H] transposed to
 // ffn_down_exps [E, H, I]; metadata as GptOssModel / TextModel write it (YaRN keys, sliding window).
-void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
+// `extra` metadata entries are appended.
+void write_gpt_oss_gguf(const std::string& dir, const std::string& dst, const std::vector<Kv>& extra = {}) {
   const io::SafetensorsFile sf = io::SafetensorsFile::open(dir + "/model.safetensors");
   const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
   auto get = [&](const std::string& hf) {
@@ -355,7 +362,7 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
   }
   const nlohmann::json& rope = cfg["rope_parameters"];
   const std::string a = "gpt-oss.";
-  const std::vector<Kv> kvs = {
+  std::vector<Kv> kvs = {
       kv_str("general.architecture", "gpt-oss"),
       kv_u32(a + "context_length", cfg["max_position_embeddings"]),
       kv_u32(a + "embedding_length", cfg["hidden_size"]),
@@ -377,6 +384,7 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst) {
       kv_f32(a + "rope.scaling.yarn_beta_fast", rope["beta_fast"]),
       kv_f32(a + "rope.scaling.yarn_beta_slow", rope["beta_slow"]),
   };
+  kvs.insert(kvs.end(), extra.begin(), extra.end());
   write_gguf_f32(dst, kvs, ts);
 }
 
@@ -424,6 +432,24 @@ TEST(GgufGptOss, StreamingEqualsResidentBitForBit) {
   ASSERT_EQ(streamed.size(), resident.size());
   EXPECT_EQ(0, std::memcmp(streamed.data(), resident.data(), resident.size() * sizeof(float)));
   EXPECT_EQ(ids_str, ids_res);
+  std::filesystem::remove(path);
+}
+
+// attention.sliding_window_pattern as a period n (layer l slides iff l % n < n - 1, llama.cpp's
+// set_swa_pattern; 0: every layer) or as a per-layer bool array sets the windowed layers.
+TEST(GgufGptOss, SlidingWindowPatternKey) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_swa.gguf").string();
+  const std::string key = "gpt-oss.attention.sliding_window_pattern";
+  Kv arr{key, Kv::kBools};
+  arr.bools = {0, 1, 1, 0};
+  const std::pair<Kv, std::vector<bool>> cases[] = {{kv_u32(key, 3), {true, true, false, true}},
+                                                    {kv_u32(key, 0), {true, true, true, true}},
+                                                    {arr, {false, true, true, false}}};
+  for (const auto& [kv, want] : cases) {
+    write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", path, {kv});
+    Loaded g = load(path);
+    EXPECT_EQ(g.model->spec().attn.window_layers, want);
+  }
   std::filesystem::remove(path);
 }
 
