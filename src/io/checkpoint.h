@@ -78,7 +78,9 @@ class Checkpoint {
   /// transforms undone (norms stored as 1 + w, A = -exp(A_log), Qwen3.5's tiled V heads; small
   /// converted tensors live in an anonymous in-memory shard), merged expert tensors exposed as
   /// per-expert byte ranges of the file, block-quantized matrices (the token embedding included:
-  /// it is read and dequantized by row) kept in their ggml type. Throws spool::Error
+  /// it is read and dequantized by row) kept in their ggml type; gpt-oss's ffn_gate_exps /
+  /// ffn_up_exps (split out of the interleaved gate_up by llama.cpp's converter) re-interleaved
+  /// by whole rows per expert into the in-memory shard (block types kept). Throws spool::Error
   /// naming the file and the tensor for unknown architectures, tensors or types and bad shapes.
   static Checkpoint open_gguf(const std::string& path, Options opt);
   /// A GGUF file or split set whose headers were read elsewhere (GgufFile::from_headers, e.g.

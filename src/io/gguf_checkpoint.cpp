@@ -119,6 +119,82 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     r.data = c.shards_[t.shard].mapping() ? c.shards_[t.shard].mapping() + t.offset : nullptr;
     r.shape = hf_shape(t, m->shape, path);
 
+    // gpt-oss: ffn_up_exps (weight and bias) is read with its ffn_gate_exps sibling.
+    if (m->transform == GgufTransform::kWithGate) {
+      const std::string gate = "blk." + std::to_string(m->layer) + ".ffn_gate_exps." + (gname.ends_with(".bias") ? "bias" : "weight");
+      if (g.find(gate) == nullptr) fail("%s: '%s' has no '%s' beside it (gpt-oss gate_up is split into gate and up)", path.c_str(), gname.c_str(), gate.c_str());
+      continue;
+    }
+    const GgufTensor* up = nullptr;  // gpt-oss: the ffn_up_exps sibling of an ffn_gate_exps tensor
+    if (m->transform == GgufTransform::kInterleaveUp) {
+      const std::string uname = "blk." + std::to_string(m->layer) + ".ffn_up_exps." + (gname.ends_with(".bias") ? "bias" : "weight");
+      up = g.find(uname);
+      if (up == nullptr) fail("%s: '%s' has no '%s' beside it (gpt-oss gate_up is split into gate and up)", path.c_str(), gname.c_str(), uname.c_str());
+      bool same = up->type == t.type && up->n_dims == t.n_dims;
+      for (uint32_t d = 0; same && d < t.n_dims; ++d) same = up->ne[d] == t.ne[d];
+      if (!same)
+        fail("%s: '%s' (%s, %s) and '%s' (%s, %s) differ in type or shape; gpt-oss interleaves their rows", path.c_str(), gname.c_str(),
+             tr.name ? tr.name : "?", t.shape_string().c_str(), uname.c_str(), ggml_type_traits(up->type).name ? ggml_type_traits(up->type).name : "?",
+             up->shape_string().c_str());
+    }
+
+    if (m->merged_experts && up != nullptr) {  // gpt-oss gate {H, I, E} + up: gate_up [2I, H] per expert, row 2i gate i, 2i + 1 up i
+      if (t.n_dims != 3) fail("%s: '%s' must be 3-D {in, out, experts}, got %s", path.c_str(), gname.c_str(), t.shape_string().c_str());
+      const int64_t E = t.ne[2], I = t.ne[1], C = t.ne[0];
+      const uint64_t row_bytes = t.row_bytes(), slab = static_cast<uint64_t>(I) * row_bytes;
+      const uint8_t* gd = r.data;
+      const uint8_t* ud = c.shards_[up->shard].mapping() ? c.shards_[up->shard].mapping() + up->offset : nullptr;
+      for (int64_t e = 0; e < E; ++e) {
+        TensorRef x = r;
+        x.shape = {2 * I, C};
+        x.nbytes = 2 * slab;
+        x.offset = 0;
+        x.data = nullptr;
+        x.expert_layer = m->layer;
+        x.expert_id = static_cast<int>(e);
+        x.expert_proj = ExpertProj::kGate;
+        x.name = expert_tensor_name(m->layer, static_cast<int>(e), ExpertProj::kGate);
+        c.add(std::move(x));
+        if (gd == nullptr || ud == nullptr) continue;  // header-only: shapes are enough
+        std::vector<uint8_t> bytes(2 * slab);
+        for (int64_t i = 0; i < I; ++i) {
+          std::memcpy(bytes.data() + (2 * i) * row_bytes, gd + e * slab + i * row_bytes, row_bytes);
+          std::memcpy(bytes.data() + (2 * i + 1) * row_bytes, ud + e * slab + i * row_bytes, row_bytes);
+        }
+        pending.push_back({c.tensors_.size() - 1, std::move(bytes)});
+      }
+      c.expert_layout_ = ExpertLayout::kFused;
+      continue;
+    }
+    if (up != nullptr) {  // gpt-oss expert biases gate {I, E} + up {I, E}: gate_up_proj_bias [E, 2I] F32, interleaved
+      if (t.n_dims != 2) fail("%s: '%s' must be 2-D {rows, experts}, got %s", path.c_str(), gname.c_str(), t.shape_string().c_str());
+      const int64_t E = t.ne[1], I = t.ne[0];
+      r.name = m->hf_name;
+      r.shape = {E, 2 * I};
+      r.ggml = false;
+      r.dtype = DType::F32;
+      r.ggml_type = GgmlType::F32;
+      r.nbytes = static_cast<uint64_t>(E * 2 * I) * 4;
+      const uint8_t* ud = c.shards_[up->shard].mapping() ? c.shards_[up->shard].mapping() + up->offset : nullptr;
+      if (r.data == nullptr || ud == nullptr) {  // header-only: shapes are enough
+        c.add(std::move(r));
+        continue;
+      }
+      std::vector<float> gf(static_cast<size_t>(E * I)), uf(static_cast<size_t>(E * I)), out(static_cast<size_t>(E * 2 * I));
+      ops::ggml_dequantize_row(t.type, r.data, E * I, gf.data());
+      ops::ggml_dequantize_row(up->type, ud, E * I, uf.data());
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = 0; i < I; ++i) {
+          out[e * 2 * I + 2 * i] = gf[e * I + i];
+          out[e * 2 * I + 2 * i + 1] = uf[e * I + i];
+        }
+      std::vector<uint8_t> bytes(out.size() * 4);
+      std::memcpy(bytes.data(), out.data(), bytes.size());
+      c.add(std::move(r));
+      pending.push_back({c.tensors_.size() - 1, std::move(bytes)});
+      continue;
+    }
+
     if (m->merged_experts) {  // ne {in, out, E}: one contiguous slab per expert
       if (t.n_dims != 3) fail("%s: '%s' must be 3-D {in, out, experts}, got %s", path.c_str(), gname.c_str(), t.shape_string().c_str());
       const int64_t E = t.ne[2], R = t.ne[1], C = t.ne[0];
@@ -192,8 +268,10 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     // A block-typed token embedding stays in its type: the decoder reads and dequantizes it by
     // row (DecoderModel::embed), so a 248k x 2048 vocabulary is not inflated to 2 GB of F32.
     // MLA reads kv_b_proj per head as floats (models/mla.h): a block-typed attn_kv_b becomes F32.
+    // gpt-oss's router and expert bias tables are bound as floats too.
     const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight") ||
-                             hf.ends_with("self_attn.kv_b_proj.weight");
+                             hf.ends_with("self_attn.kv_b_proj.weight") || hf.ends_with("mlp.router.weight") ||
+                             hf.ends_with("_proj_bias");
     const bool dequant = r.ggml && (vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
     const bool f32_out = dequant || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog;
     if (tf == GgufTransform::kNone && !dequant) {

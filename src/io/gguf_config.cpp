@@ -94,7 +94,18 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
   const double partial_default = a.hybrid ? 0.25 : a.family == GgufFamily::kGlm4Moe ? 0.5 : 1.0;
   if (auto rd = m.opt("rope.dimension_count"); rd && hd > 0) rope["partial_rotary_factor"] = static_cast<double>(*rd) / hd;
   else rope["partial_rotary_factor"] = partial_default;
-  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none") {
+  const bool gpt_oss = a.family == GgufFamily::kGptOss;
+  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none" && gpt_oss) {
+    // gpt-oss YaRN (TextModel.set_gguf_parameters writes type, factor, original context and the
+    // betas): HF's rope_parameters with truncate false, as every release has (no key records it).
+    if (*st != "yarn") fail("%s: rope scaling '%s' is not supported for gpt-oss (yarn)", label.c_str(), st->c_str());
+    rope["rope_type"] = "yarn";
+    if (auto f = m.optf("rope.scaling.factor")) rope["factor"] = *f;
+    if (auto o = m.opt("rope.scaling.original_context_length")) rope["original_max_position_embeddings"] = *o;
+    if (auto b = m.optf("rope.scaling.yarn_beta_fast")) rope["beta_fast"] = *b;
+    if (auto b = m.optf("rope.scaling.yarn_beta_slow")) rope["beta_slow"] = *b;
+    rope["truncate"] = false;
+  } else if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none") {
     if (!mla || *st != "yarn") fail("%s: rope scaling '%s' is not supported yet", label.c_str(), st->c_str());
     // DeepSeek YaRN (HF rope_parameters): llama.cpp's converter writes yarn_log_multiplier =
     // 0.1 * mscale_all_dim; the released configs have mscale == mscale_all_dim, which no key records.
@@ -204,6 +215,39 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
       j["topk_group"] = m.opt("expert_group_used_count").value_or(groups);
       j["topk_method"] = v3 ? "noaux_tc" : groups > 1 ? "group_limited_greedy" : "greedy";
       if (v3) j["num_nextn_predict_layers"] = nextn;
+      break;
+    }
+    case GgufFamily::kGptOss: {
+      // llama.cpp's openai-moe graph: top-k of the router logits (+ bias), softmax over the k,
+      // clamped SwiGLU with limit 7 (no key); sliding-window layers from
+      // attention.sliding_window_pattern (a per-layer bool array, or a period n: layer l slides
+      // iff l % n < n - 1; llama.cpp's default for this arch is 2: even layers slide).
+      all_moe("gpt-oss");
+      j["num_local_experts"] = m.need("expert_count");
+      j["num_experts_per_tok"] = m.need("expert_used_count");
+      j["intermediate_size"] = m.expert_ff(L);
+      j["attention_bias"] = m.has_tensor(0, "attn_q.bias");
+      j["sliding_window"] = m.need("attention.sliding_window");
+      std::vector<bool> swa(static_cast<size_t>(L));
+      const GgufValue* pat = g.find_key(p + "attention.sliding_window_pattern");
+      if (pat != nullptr && pat->is_array()) {
+        std::vector<int64_t> r;
+        if (pat->elem == GgufType::kBool) {
+          for (uint8_t b : pat->raw) r.push_back(b);
+        } else {
+          r = pat->to_ints(p + "attention.sliding_window_pattern");
+        }
+        if (static_cast<int64_t>(r.size()) < L)
+          fail("%s: attention.sliding_window_pattern has %zu entries for %lld layers", label.c_str(), r.size(), (long long)L);
+        for (int64_t l = 0; l < L; ++l) swa[l] = r[l] != 0;
+      } else {
+        const int64_t n = pat != nullptr ? pat->to_int(p + "attention.sliding_window_pattern") : 2;
+        if (n < 0) fail("%s: attention.sliding_window_pattern %lld is negative", label.c_str(), (long long)n);
+        for (int64_t l = 0; l < L; ++l) swa[l] = n == 0 || l % n < n - 1;
+      }
+      nlohmann::json types = nlohmann::json::array();
+      for (int64_t l = 0; l < L; ++l) types.push_back(swa[l] ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
       break;
     }
     case GgufFamily::kMinimaxM2: {

@@ -19,6 +19,7 @@ const GgufArch kArchs[] = {
     {"glm4moe", "glm4_moe", GgufFamily::kGlm4Moe, false, false},
     {"minimax-m2", "minimax_m2", GgufFamily::kMinimaxM2, false, false},
     {"deepseek2", "deepseek_v3", GgufFamily::kDeepseek2, false, false},
+    {"gpt-oss", "gpt_oss", GgufFamily::kGptOss, false, false},
 };
 
 // One row: GGUF per-layer suffix (after "blk.N.") -> HF suffix (after "layers.N.").
@@ -173,6 +174,29 @@ const std::vector<Row>& deepseek2_rows() {
   return r;
 }
 
+// ---- Table: gpt-oss (llama.cpp LLM_ARCH_OPENAI_MOE, converter class GptOssModel) ---------------
+// post_attention_layernorm is ATTN_POST_NORM for this arch; biases on q/k/v/o; sinks written as
+// attn_sinks.weight; the router (mlp.router) as ffn_gate_inp with its bias; the experts' biases
+// beside their merged weights (ffn_{gate,up,down}_exps.bias, {I or H, E}). gate and up were
+// split out of HF's interleaved gate_up (even rows gate, odd rows up): kInterleaveUp rebuilds it.
+const std::vector<Row>& gpt_oss_rows() {
+  static const std::vector<Row> r = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.bias", "self_attn.o_proj.bias"},
+      {"attn_sinks.weight", "self_attn.sinks"},
+      {"ffn_gate_inp.weight", "mlp.router.weight"},
+      {"ffn_gate_inp.bias", "mlp.router.bias"},
+      {"ffn_gate_exps.bias", "mlp.experts.gate_up_proj_bias", GgufTransform::kInterleaveUp},
+      {"ffn_up_exps.bias", "mlp.experts.gate_up_proj_bias", GgufTransform::kWithGate},
+      {"ffn_down_exps.bias", "mlp.experts.down_proj_bias"},
+  };
+  return r;
+}
+
 // Parses "blk.N." at the start of `name`; returns N and the rest.
 std::optional<std::pair<int, std::string_view>> split_block(std::string_view name) {
   if (!name.starts_with("blk.")) return std::nullopt;
@@ -226,6 +250,8 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
       m.proj = e.proj;
       m.gate_up = e.gate_up;
       m.hf_name = p + "mlp.experts";
+      if (a.family == GgufFamily::kGptOss && !e.gate_up && e.proj != ExpertProj::kDown)  // gate_up split by the converter
+        m.transform = e.proj == ExpertProj::kGate ? GgufTransform::kInterleaveUp : GgufTransform::kWithGate;
       return m;
     }
   }
@@ -238,6 +264,7 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
     case GgufFamily::kGlm4Moe: own = &glm4moe_rows(); break;
     case GgufFamily::kMinimaxM2: own = &minimax_m2_rows(); break;
     case GgufFamily::kDeepseek2: own = &deepseek2_rows(); break;
+    case GgufFamily::kGptOss: own = &gpt_oss_rows(); break;
     case GgufFamily::kQwen3Moe:
     case GgufFamily::kOlmoe: own = &qwen3moe_rows(); break;
   }

@@ -1,6 +1,6 @@
 // GGUF -> Hugging Face tensor names and value transforms, one table per llama.cpp architecture
 // (the GGUF notes (ggml docs/gguf.md) sections 3 and 5; llama.cpp's convert_hf_to_gguf.py and
-// gguf-py tensor_mapping.py for olmoe, llama, glm4moe, minimax-m2). Kept apart from the loader so
+// gguf-py tensor_mapping.py for olmoe, llama, glm4moe, minimax-m2, gpt-oss). Kept apart from the loader so
 // that each table can move into its family's registry entry; they stay in io/ for now because
 // spool_io sits below spool_models (Checkpoint::open cannot see the family registry). A GGUF name
 // maps to the normalised HF name the model code binds (checkpoint.h), plus what the loader must do
@@ -30,6 +30,11 @@ enum class GgufTransform {
   kKvbFromKb,   ///< deepseek2 attn_k_b {nope, kv_lora, n_head} (kv_b's K rows, transposed per head)
                 ///< with its sibling attn_v_b {kv_lora, v, n_head}: kv_b_proj [n_head * (nope + v), kv_lora], F32
   kWithKb,      ///< deepseek2 attn_v_b: consumed by kKvbFromKb (not a tensor of its own)
+  kInterleaveUp,  ///< gpt-oss ffn_gate_exps (weight {H, I, E} or bias {I, E}) with its sibling
+                  ///< ffn_up_exps: llama.cpp's GptOssModel split HF's fused gate_up rows (gate =
+                  ///< even, up = odd); re-interleaved into gate_up [2I, H] per expert (whole rows:
+                  ///< block types stay) / gate_up_proj_bias [E, 2I]
+  kWithGate,      ///< gpt-oss ffn_up_exps: consumed by kInterleaveUp (not a tensor of its own)
 };
 
 /// Which HF shape a GGUF tensor takes (GGUF ne is reversed HF order, with these exceptions).
@@ -53,13 +58,13 @@ struct GgufTensorMap {
 };
 
 /// Which spool family a GGUF architecture feeds (selects its tensor table and config keys).
-enum class GgufFamily { kQwen3Moe, kQwen3Next, kQwen35Moe, kOlmoe, kMixtral, kGlm4Moe, kMinimaxM2, kDeepseek2 };
+enum class GgufFamily { kQwen3Moe, kQwen3Next, kQwen35Moe, kOlmoe, kMixtral, kGlm4Moe, kMinimaxM2, kDeepseek2, kGptOss };
 
 /// A supported GGUF architecture: its general.architecture string, the HF model_type the
 /// loader reports, and the converter conventions to undo.
 struct GgufArch {
-  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe", "olmoe", "llama", "glm4moe", "minimax-m2", "deepseek2"
-  /// "qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2",
+  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe", "olmoe", "llama", "glm4moe", "minimax-m2", "deepseek2", "gpt-oss"
+  /// "qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2", "gpt_oss",
   /// "deepseek_v3" (the config reader says deepseek_v2 for a softmax router: gguf_config_json's model_type wins)
   const char* model_type;
   GgufFamily family;

@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "../../tests/support/golden.h"
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 #include "models/model.h"
 #include "ops/ggml_blocks.h"
 
@@ -167,8 +169,8 @@ void write_dequantized_gguf(const std::string& src, const std::string& dst,
 
 class GgufModel : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(GgufModel, F32FileEqualsSafetensorsModel) {
-  const std::string name = GetParam();
+// The fixture checkpoint `name` and its F32 GGUF give the same logits and greedy ids.
+void expect_f32_file_equals_safetensors(const std::string& name) {
   Loaded ref = load(data_dir() + "/models/" + name);
   Loaded g = load(data_dir() + "/gguf/models/" + name + ".f32.gguf");
   EXPECT_EQ(g.model->spec().model_type, ref.model->spec().model_type);
@@ -177,6 +179,291 @@ TEST_P(GgufModel, F32FileEqualsSafetensorsModel) {
   const std::vector<float> got = run(*g.model, &ids);
   expect_rel_close(got, want);
   EXPECT_EQ(ids, ids_ref);
+}
+
+TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors(GetParam()); }
+
+void expect_load_error(const std::string& path, const std::string& want);
+
+// One metadata entry of write_gguf_f32: a uint32, float32, string or bool-array value.
+struct Kv {
+  std::string key;
+  enum { kU32, kF32, kStr, kBools } type;
+  uint32_t u = 0;
+  float f = 0;
+  std::string s;
+  std::vector<uint8_t> bools;
+};
+Kv kv_u32(std::string k, int64_t v) { return Kv{std::move(k), Kv::kU32, static_cast<uint32_t>(v)}; }
+Kv kv_f32(std::string k, double v) { return Kv{std::move(k), Kv::kF32, 0, static_cast<float>(v)}; }
+Kv kv_str(std::string k, std::string v) { return Kv{std::move(k), Kv::kStr, 0, 0, std::move(v)}; }
+
+// One tensor of write_gguf_f32: `shape` in PyTorch order of elements (GGUF ne is its reverse);
+// F32 `data`, or, when `blocks` is not empty, MXFP4 blocks (17 bytes per 32 elements of a row).
+struct F32Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  std::vector<uint8_t> blocks;
+};
+
+// Writes a GGUF v3 file (alignment 32, the GGUF notes section 2) with `kvs` and `tensors`.
+void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const std::vector<F32Tensor>& tensors) {
+  std::string out = "GGUF";
+  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  auto u32 = [&put](uint32_t v) { put(&v, 4); };
+  auto u64 = [&put](uint64_t v) { put(&v, 8); };
+  auto str = [&](const std::string& v) {
+    u64(v.size());
+    put(v.data(), v.size());
+  };
+  u32(3);
+  u64(tensors.size());
+  u64(kvs.size());
+  for (const Kv& kv : kvs) {
+    str(kv.key);
+    if (kv.type == Kv::kU32) {
+      u32(static_cast<uint32_t>(io::GgufType::kUint32));
+      u32(kv.u);
+    } else if (kv.type == Kv::kF32) {
+      u32(static_cast<uint32_t>(io::GgufType::kFloat32));
+      put(&kv.f, 4);
+    } else if (kv.type == Kv::kStr) {
+      u32(static_cast<uint32_t>(io::GgufType::kString));
+      str(kv.s);
+    } else {
+      u32(static_cast<uint32_t>(io::GgufType::kArray));
+      u32(static_cast<uint32_t>(io::GgufType::kBool));
+      u64(kv.bools.size());
+      put(kv.bools.data(), kv.bools.size());
+    }
+  }
+  constexpr uint64_t kAlign = 32;
+  uint64_t at = 0;
+  for (const F32Tensor& t : tensors) {
+    str(t.name);
+    u32(static_cast<uint32_t>(t.shape.size()));
+    for (size_t d = t.shape.size(); d-- > 0;) u64(static_cast<uint64_t>(t.shape[d]));
+    u32(static_cast<uint32_t>(t.blocks.empty() ? GgmlType::F32 : GgmlType::MXFP4));
+    u64(at);
+    at = (at + (t.blocks.empty() ? t.data.size() * 4 : t.blocks.size()) + kAlign - 1) / kAlign * kAlign;
+  }
+  out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
+  for (const F32Tensor& t : tensors) {
+    if (t.blocks.empty()) put(t.data.data(), t.data.size() * 4);
+    else put(t.blocks.data(), t.blocks.size());
+    out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
+  }
+  std::ofstream f(dst, std::ios::binary | std::ios::trunc);
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  ASSERT_TRUE(f.good()) << "cannot write " << dst;
+}
+
+// Writes the gpt_oss fixture (`dir`, F32 safetensors with float experts) as the F32 GGUF that
+// llama.cpp's converter (class GptOssModel, arch gpt-oss) makes of it, the same file as
+// tests/reference/gguf_models.py writes (made at test time: the de-interleaved, transposed experts
+// do not compress beside the checkpoint in a pack). Transforms: post_attention_layernorm ->
+// post_attention_norm, sinks -> attn_sinks.weight, router -> ffn_gate_inp (+ bias); experts
+// gate_up_proj [E, H, 2I] transposed to [E, 2I, H] and split gate = even rows -> ffn_gate_exps,
+// up = odd rows -> ffn_up_exps, the bias [E, 2I] likewise; down_proj [E, I, H] transposed to
+// ffn_down_exps [E, H, I]; metadata as GptOssModel / TextModel write it (YaRN keys, sliding window).
+// `extra` metadata entries are appended.
+void write_gpt_oss_gguf(const std::string& dir, const std::string& dst, const std::vector<Kv>& extra = {}) {
+  const io::SafetensorsFile sf = io::SafetensorsFile::open(dir + "/model.safetensors");
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  auto get = [&](const std::string& hf) {
+    const io::TensorInfo* t = sf.find(hf);
+    if (t == nullptr) throw std::runtime_error("fixture lacks " + hf);
+    F32Tensor x{"", t->shape, std::vector<float>(static_cast<size_t>(t->numel()))};
+    if (t->dtype == io::DType::F32) {
+      std::memcpy(x.data.data(), sf.data(*t), t->nbytes);
+    } else if (t->dtype == io::DType::BF16) {  // widened exactly
+      const uint8_t* b = sf.data(*t);
+      for (size_t i = 0; i < x.data.size(); ++i) {
+        const uint32_t bits = static_cast<uint32_t>(b[2 * i] | (b[2 * i + 1] << 8)) << 16;
+        std::memcpy(&x.data[i], &bits, 4);
+      }
+    } else {
+      throw std::runtime_error(hf + " is neither F32 nor BF16");
+    }
+    return x;
+  };
+  // MXFP4 experts (GptOssModel.repack_mxfp4): HF `*_blocks` [E, R, G, 16] (byte k: element 2k in
+  // the low nibble, 2k + 1 in the high) and E8M0 `*_scales` [E, R, G] -> ggml block_mxfp4 per 32
+  // elements {e, qs[16]} with qs[j] = element j | element j + 16 << 4; rows `first`, first + step, ...
+  auto mxfp4 = [&](const std::string& base, int64_t first, int64_t step, std::string n) {
+    const io::TensorInfo* b = sf.find(base + "_blocks");
+    const io::TensorInfo* sc = sf.find(base + "_scales");
+    if (b == nullptr || sc == nullptr || b->shape.size() != 4) throw std::runtime_error("fixture lacks MXFP4 " + base);
+    const int64_t E = b->shape[0], R = b->shape[1], G = b->shape[2], rows = (R - first + step - 1) / step;
+    const uint8_t* bd = sf.data(*b);
+    const uint8_t* sd = sf.data(*sc);
+    F32Tensor o{std::move(n), {E, rows, G * 32}, {}, std::vector<uint8_t>(static_cast<size_t>(E * rows * G * 17))};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t k = 0; k < rows; ++k)
+        for (int64_t gi = 0; gi < G; ++gi) {
+          const int64_t r = first + k * step;
+          const uint8_t* src = bd + ((e * R + r) * G + gi) * 16;
+          uint8_t* dst = o.blocks.data() + ((e * rows + k) * G + gi) * 17;
+          auto elem = [&](int i) { return (src[i / 2] >> (4 * (i % 2))) & 0xF; };
+          dst[0] = sd[(e * R + r) * G + gi];
+          for (int j = 0; j < 16; ++j) dst[1 + j] = static_cast<uint8_t>(elem(j) | (elem(j + 16) << 4));
+        }
+    return o;
+  };
+  auto named = [](F32Tensor t, std::string n) {
+    t.name = std::move(n);
+    return t;
+  };
+  // [E, R, C] -> [E, C, R], then rows `first`, first + step, ... of each expert.
+  auto transpose_rows = [](const F32Tensor& t, int64_t first, int64_t step, std::string n) {
+    const int64_t E = t.shape[0], R = t.shape[1], C = t.shape[2], rows = (C - first + step - 1) / step;
+    F32Tensor o{std::move(n), {E, rows, R}, std::vector<float>(static_cast<size_t>(E * rows * R))};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t k = 0; k < rows; ++k)
+        for (int64_t r = 0; r < R; ++r) o.data[(e * rows + k) * R + r] = t.data[(e * R + r) * C + first + k * step];
+    return o;
+  };
+  auto cols = [](const F32Tensor& t, int64_t first, std::string n) {  // [E, 2I] -> columns first, first + 2, ...
+    const int64_t E = t.shape[0], C = t.shape[1];
+    F32Tensor o{std::move(n), {E, C / 2}, std::vector<float>(static_cast<size_t>(E * C / 2))};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t k = 0; k < C / 2; ++k) o.data[e * C / 2 + k] = t.data[e * C + first + 2 * k];
+    return o;
+  };
+  std::vector<F32Tensor> ts;
+  ts.push_back(named(get("model.embed_tokens.weight"), "token_embd.weight"));
+  ts.push_back(named(get("model.norm.weight"), "output_norm.weight"));
+  ts.push_back(named(get("lm_head.weight"), "output.weight"));
+  const int L = cfg["num_hidden_layers"];
+  for (int b = 0; b < L; ++b) {
+    const std::string p = "model.layers." + std::to_string(b) + ".", q = "blk." + std::to_string(b) + ".";
+    ts.push_back(named(get(p + "input_layernorm.weight"), q + "attn_norm.weight"));
+    ts.push_back(named(get(p + "post_attention_layernorm.weight"), q + "post_attention_norm.weight"));
+    for (auto [g, h] : {std::pair{"attn_q", "q_proj"}, {"attn_k", "k_proj"}, {"attn_v", "v_proj"}, {"attn_output", "o_proj"}}) {
+      ts.push_back(named(get(p + "self_attn." + h + ".weight"), q + g + ".weight"));
+      ts.push_back(named(get(p + "self_attn." + h + ".bias"), q + g + ".bias"));
+    }
+    ts.push_back(named(get(p + "self_attn.sinks"), q + "attn_sinks.weight"));
+    ts.push_back(named(get(p + "mlp.router.weight"), q + "ffn_gate_inp.weight"));
+    ts.push_back(named(get(p + "mlp.router.bias"), q + "ffn_gate_inp.bias"));
+    const F32Tensor gub = get(p + "mlp.experts.gate_up_proj_bias");
+    const bool mx = sf.find(p + "mlp.experts.gate_up_proj_blocks") != nullptr;
+    const F32Tensor gu = mx ? F32Tensor{} : get(p + "mlp.experts.gate_up_proj");
+    ts.push_back(mx ? mxfp4(p + "mlp.experts.gate_up_proj", 0, 2, q + "ffn_gate_exps.weight")
+                    : transpose_rows(gu, 0, 2, q + "ffn_gate_exps.weight"));
+    ts.push_back(cols(gub, 0, q + "ffn_gate_exps.bias"));
+    ts.push_back(mx ? mxfp4(p + "mlp.experts.gate_up_proj", 1, 2, q + "ffn_up_exps.weight")
+                    : transpose_rows(gu, 1, 2, q + "ffn_up_exps.weight"));
+    ts.push_back(cols(gub, 1, q + "ffn_up_exps.bias"));
+    ts.push_back(mx ? mxfp4(p + "mlp.experts.down_proj", 0, 1, q + "ffn_down_exps.weight")
+                    : transpose_rows(get(p + "mlp.experts.down_proj"), 0, 1, q + "ffn_down_exps.weight"));
+    ts.push_back(named(get(p + "mlp.experts.down_proj_bias"), q + "ffn_down_exps.bias"));
+  }
+  const nlohmann::json& rope = cfg["rope_parameters"];
+  const std::string a = "gpt-oss.";
+  std::vector<Kv> kvs = {
+      kv_str("general.architecture", "gpt-oss"),
+      kv_u32(a + "context_length", cfg["max_position_embeddings"]),
+      kv_u32(a + "embedding_length", cfg["hidden_size"]),
+      kv_u32(a + "block_count", L),
+      kv_u32(a + "feed_forward_length", cfg["intermediate_size"]),
+      kv_u32(a + "attention.head_count", cfg["num_attention_heads"]),
+      kv_u32(a + "attention.head_count_kv", cfg["num_key_value_heads"]),
+      kv_u32(a + "attention.key_length", cfg["head_dim"]),
+      kv_u32(a + "attention.value_length", cfg["head_dim"]),
+      kv_f32(a + "rope.freq_base", rope["rope_theta"]),
+      kv_f32(a + "attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"]),
+      kv_u32(a + "expert_count", cfg["num_local_experts"]),
+      kv_u32(a + "expert_used_count", cfg["num_experts_per_tok"]),
+      kv_u32(a + "attention.sliding_window", cfg["sliding_window"]),
+      kv_u32(a + "expert_feed_forward_length", cfg["intermediate_size"]),
+      kv_str(a + "rope.scaling.type", "yarn"),
+      kv_f32(a + "rope.scaling.factor", rope["factor"]),
+      kv_u32(a + "rope.scaling.original_context_length", rope["original_max_position_embeddings"]),
+      kv_f32(a + "rope.scaling.yarn_beta_fast", rope["beta_fast"]),
+      kv_f32(a + "rope.scaling.yarn_beta_slow", rope["beta_slow"]),
+  };
+  kvs.insert(kvs.end(), extra.begin(), extra.end());
+  write_gguf_f32(dst, kvs, ts);
+}
+
+// gpt-oss (arch "gpt-oss"): gate / up split out of the interleaved gate_up and their biases,
+// sinks, router with bias, sliding-window layers and YaRN keys, against the safetensors model
+// (float experts, [E, in, out] in the checkpoint). The GGUF is written at test time.
+void expect_gpt_oss_gguf_equals_safetensors(const std::string& name) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / ("spool_" + name + ".gguf")).string();
+  write_gpt_oss_gguf(data_dir() + "/models/" + name, path);
+  Loaded ref = load(data_dir() + "/models/" + name);
+  Loaded g = load(path);
+  EXPECT_EQ(g.model->spec().model_type, "gpt_oss");
+  EXPECT_EQ(g.model->spec().attn.window_layers, ref.model->spec().attn.window_layers);
+  std::vector<int32_t> ids_ref, ids;
+  const std::vector<float> want = run(*ref.model, &ids_ref);
+  const std::vector<float> got = run(*g.model, &ids);
+  expect_rel_close(got, want);
+  EXPECT_EQ(ids, ids_ref);
+  if (std::getenv("SPOOL_KEEP_GPT_OSS_GGUF") == nullptr) std::filesystem::remove(path);
+}
+
+TEST(GgufGptOss, F32FileEqualsSafetensorsModel) { expect_gpt_oss_gguf_equals_safetensors("gpt_oss"); }
+
+// The released layout: MXFP4 experts (ffn_*_exps as ggml MXFP4, the gate / up rows of the
+// blocks split and re-interleaved whole) against the safetensors model reading the HF MXFP4
+// blocks natively; BF16 matrices widened to F32 in the GGUF.
+TEST(GgufGptOss, Mxfp4FileEqualsSafetensorsModel) { expect_gpt_oss_gguf_equals_safetensors("gpt_oss_mxfp4"); }
+
+// The re-interleaved gate_up experts (converted into memory) stream from that memory as the
+// resident ones read it: bit for bit.
+TEST(GgufGptOss, StreamingEqualsResidentBitForBit) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_stream.gguf").string();
+  write_gpt_oss_gguf(data_dir() + "/models/gpt_oss_mxfp4", path);
+  Loaded q = load(path);
+  std::vector<int32_t> ids_res, ids_str;
+  const std::vector<float> resident = run(*q.model, &ids_res);
+  const auto& sp = q.model->spec();
+  experts::StreamingOptions o;
+  o.top_k = sp.moe.top_k;
+  o.cache_budget_bytes = 0;  // every expert read when used
+  auto s = std::make_shared<experts::StreamingExperts>(q.ckpt, std::vector<bool>(sp.n_layers, true), sp.moe.n_experts, sp.hidden_size,
+                                                       sp.moe.intermediate, o);
+  q.model->set_expert_provider(s);
+  const std::vector<float> streamed = run(*q.model, &ids_str);
+  ASSERT_EQ(streamed.size(), resident.size());
+  EXPECT_EQ(0, std::memcmp(streamed.data(), resident.data(), resident.size() * sizeof(float)));
+  EXPECT_EQ(ids_str, ids_res);
+  std::filesystem::remove(path);
+}
+
+// attention.sliding_window_pattern as a period n (layer l slides iff l % n < n - 1, llama.cpp's
+// set_swa_pattern; 0: every layer) or as a per-layer bool array sets the windowed layers.
+TEST(GgufGptOss, SlidingWindowPatternKey) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_swa.gguf").string();
+  const std::string key = "gpt-oss.attention.sliding_window_pattern";
+  Kv arr{key, Kv::kBools};
+  arr.bools = {0, 1, 1, 0};
+  const std::pair<Kv, std::vector<bool>> cases[] = {{kv_u32(key, 3), {true, true, false, true}},
+                                                    {kv_u32(key, 0), {true, true, true, true}},
+                                                    {arr, {false, true, true, false}}};
+  for (const auto& [kv, want] : cases) {
+    write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", path, {kv});
+    Loaded g = load(path);
+    EXPECT_EQ(g.model->spec().attn.window_layers, want);
+  }
+  std::filesystem::remove(path);
+}
+
+// An ffn_gate_exps without its ffn_up_exps sibling (weight or bias) is named.
+TEST(GgufGptOss, GateWithoutUpNamesTheSibling) {
+  const std::string src = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_src.gguf").string();
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_no_up.gguf").string();
+  write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", src);
+  for (const char* missing : {"blk.2.ffn_up_exps.weight", "blk.1.ffn_up_exps.bias"}) {
+    write_dequantized_gguf(src, path, [&](const std::string& n) { return n == missing; });
+    expect_load_error(path, missing);
+  }
+  std::filesystem::remove(src);
+  std::filesystem::remove(path);
 }
 
 // The block-typed file and `deq_path` (the same file with the block tensors dequantized) give

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Writes the test fixture models (tests/data/models/{qwen3_moe,qwen3_next,qwen3_5_moe_text,olmoe,
-mixtral,glm4_moe,minimax_m2,deepseek_v2_lite,deepseek_v3}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
+mixtral,glm4_moe,minimax_m2,deepseek_v2_lite,deepseek_v3,gpt_oss}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
 1 + w norms for the hybrid architectures, A = -exp(A_log), conv1d squeezed, Qwen3.5's V heads
 reordered grouped -> tiled (bench/moe_to_gguf.py's reorder_v_heads), Qwen3-Next's in_proj_qkvz split
 into attn_qkv + attn_gate, experts stacked into ffn_*_exps; Mixtral as arch "llama" with q_proj /
 k_proj rows permuted per head for ggml's adjacent-pair RoPE (LlamaModel.permute); GLM-4.5's
 post_attention_layernorm as post_attention_norm, q/k/v biases, shared experts as ffn_*_shexp;
-e_score_correction_bias as exp_probs_b.bias; DeepSeek's MLA as attn_q / attn_q_a + attn_q_b,
+e_score_correction_bias as exp_probs_b.bias; gpt-oss's fused interleaved gate_up split into
+ffn_gate_exps / ffn_up_exps (+ biases), sinks as attn_sinks.weight, router as ffn_gate_inp (+ bias); DeepSeek's MLA as attn_q / attn_q_a + attn_q_b,
 attn_kv_a_mqa and kv_b_proj split per head into attn_k_b (transposed) + attn_v_b, or whole as
 attn_kv_b for KV_B_WHOLE, head_count_kv 1; the metadata keys each converter class writes), with
 the `gguf` package:
@@ -22,6 +23,8 @@ the `gguf` package:
 
   python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy
   /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf [NAME...]
+  gpt_oss: not stored; src/models/gguf_model_test.cpp writes the same F32 file (byte for byte) at
+  test time, this writer is its independent cross-check (cmp the two).
   (reads the unpacked fixtures of the build tree; then `xz -9e` the .q/.deq files and let
   tests/reference/pack_fixtures.sh pack each NAME.f32.gguf with its checkpoint, after deleting the old pack)
 """
@@ -60,7 +63,7 @@ def read_safetensors(path):
 
 ARCHS = {"qwen3_moe": "qwen3moe", "qwen3_next": "qwen3next", "qwen3_5_moe_text": "qwen35moe", "olmoe": "olmoe",
          "mixtral": "llama", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2", "deepseek_v2": "deepseek2",
-         "deepseek_v3": "deepseek2"}
+         "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss"}
 # deepseek2 fixtures written with kv_b_proj whole (attn_kv_b, as older converters did) instead of the
 # split attn_k_b / attn_v_b of current ones, so that the loader's both forms are tested.
 KV_B_WHOLE = {"deepseek_v2_lite"}
@@ -88,9 +91,39 @@ def llama_permute(t, n_head):
     return t.reshape(n_head, 2, rows // n_head // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
 
+def convert_gpt_oss(cfg, w):
+    """gpt-oss (GptOssModel): post_attention_layernorm -> post_attention_norm, sinks -> attn_sinks.weight,
+    router -> ffn_gate_inp (+ bias); float experts gate_up_proj [E, H, 2I] transposed to [E, 2I, H] and
+    de-interleaved (gate = even rows, up = odd rows) into ffn_gate_exps / ffn_up_exps, their bias
+    [E, 2I] likewise; down_proj [E, I, H] transposed to ffn_down_exps [E, H, I], bias as is."""
+    out = [("token_embd.weight", w["embed_tokens.weight"], "embd"), ("output_norm.weight", w["norm.weight"], "norm"),
+           ("output.weight", w["lm_head.weight"], "output")]
+    for b in range(cfg["num_hidden_layers"]):
+        p = f"layers.{b}."
+        out.append((f"blk.{b}.attn_norm.weight", w[p + "input_layernorm.weight"], "norm"))
+        out.append((f"blk.{b}.post_attention_norm.weight", w[p + "post_attention_layernorm.weight"], "norm"))
+        for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+            out.append((f"blk.{b}.{g}.weight", w[p + f"self_attn.{h}.weight"], "matrix"))
+            out.append((f"blk.{b}.{g}.bias", w[p + f"self_attn.{h}.bias"], "norm"))
+        out.append((f"blk.{b}.attn_sinks.weight", w[p + "self_attn.sinks"], "norm"))
+        out.append((f"blk.{b}.ffn_gate_inp.weight", w[p + "mlp.router.weight"], "norm"))
+        out.append((f"blk.{b}.ffn_gate_inp.bias", w[p + "mlp.router.bias"], "norm"))
+        gu = w[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)
+        gub = w[p + "mlp.experts.gate_up_proj_bias"]
+        out.append((f"blk.{b}.ffn_gate_exps.weight", gu[:, ::2, :], "ffn_gate_up_exps"))
+        out.append((f"blk.{b}.ffn_gate_exps.bias", gub[..., ::2], "norm"))
+        out.append((f"blk.{b}.ffn_up_exps.weight", gu[:, 1::2, :], "ffn_gate_up_exps"))
+        out.append((f"blk.{b}.ffn_up_exps.bias", gub[..., 1::2], "norm"))
+        out.append((f"blk.{b}.ffn_down_exps.weight", w[p + "mlp.experts.down_proj"].transpose(0, 2, 1), "ffn_down_exps"))
+        out.append((f"blk.{b}.ffn_down_exps.bias", w[p + "mlp.experts.down_proj_bias"], "norm"))
+    return "gpt-oss", out
+
+
 def convert(cfg, w, split_kv_b=True):
     """HF tensors -> list of (gguf name, float32 array in PyTorch order, role) with llama.cpp's transforms."""
     mt = cfg["model_type"]
+    if mt == "gpt_oss":
+        return convert_gpt_oss(cfg, w)
     arch = ARCHS[mt]
     hybrid = arch in ("qwen3next", "qwen35moe")
     tiled = arch == "qwen35moe"
@@ -191,7 +224,8 @@ def convert(cfg, w, split_kv_b=True):
 
 
 QUANT_MIX = {"matrix": Q.Q8_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
-             "ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q5_1, "ffn_down_exps": Q.MXFP4}
+             "ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q5_1, "ffn_down_exps": Q.MXFP4,
+             "ffn_gate_up_exps": Q.MXFP4}  # gpt-oss gate and up: one type (spool interleaves their rows)
 
 
 def write(path, arch, cfg, tensors, mode, split_kv_b=True):
@@ -225,6 +259,15 @@ def write(path, arch, cfg, tensors, mode, split_kv_b=True):
     elif arch in ("glm4moe", "minimax-m2"):
         w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5))))
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters + TextModel's yarn keys
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
+        if rope.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rope["factor"])
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     if arch == "glm4moe":
         w.add_expert_shared_count(cfg["n_shared_experts"])
         w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
@@ -296,7 +339,7 @@ def main():
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     dst.mkdir(parents=True, exist_ok=True)
     for name in sys.argv[3:] or ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2",
-                                   "deepseek_v2_lite", "deepseek_v3"):
+                                   "deepseek_v2_lite", "deepseek_v3", "gpt_oss"):
         cfg = json.loads((src / name / "config.json").read_text())
         st = src / name / "model.safetensors"
         weights = read_safetensors(st if st.exists() else Path(str(st) + ".xz"))
