@@ -24,6 +24,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# With nvcc, the CUDA backend is built for this machine's GPU ("native"), or for one architecture
+# (90) where there is none, on the first configure; -DSPOOL_CUDA_ARCHS="80;86;89;90;120" builds all.
+cuda_archs=()
+if [ ! -f build/CMakeCache.txt ] && command -v nvcc >/dev/null 2>&1; then
+  if nvidia-smi -L >/dev/null 2>&1; then cuda_archs=(-DSPOOL_CUDA_ARCHS=native); else cuda_archs=(-DSPOOL_CUDA_ARCHS=90); fi
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_archs[@]}" >/dev/null
 # The spool binary and the demo model only; scripts/test.sh builds the tests.
 cmake --build build -j"$(nproc)" --target spool
