@@ -50,6 +50,15 @@ class ExpertProvider {
   virtual void release(int layer) = 0;
   /// One-line description for startup logs.
   virtual std::string describe() const = 0;
+  /// A backend table of every routed expert of `layer` (ops::Backend::make_expert_table) when
+  /// they all stay where that backend's kernels can read them for as long as this provider
+  /// lives (experts uploaded to a GPU once): the MoE block then routes and runs the experts on
+  /// the device (Backend::expert_ffn_routed) without acquire() / release() and without taking
+  /// the routing ids to the host. nullptr (the default): experts go through acquire().
+  virtual const void* device_table(int layer) const {
+    (void)layer;
+    return nullptr;
+  }
   /// Most experts that may be acquired at once (callers split larger sets into batches,
   /// releasing each batch before acquiring the next).
   virtual int max_batch() const { return 1 << 30; }

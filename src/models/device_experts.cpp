@@ -39,6 +39,9 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
       source.release(static_cast<int>(l));
     }
   }
+  tables_.assign(moe_layers.size(), nullptr);
+  for (size_t l = 0; l < moe_layers.size(); ++l)
+    if (moe_layers[l]) tables_[l] = be.make_expert_table(experts_[l]);
 }
 
 void DeviceExperts::acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) {

@@ -27,11 +27,17 @@ class DeviceExperts final : public experts::ExpertProvider {
   void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;
   void release(int layer) override {}
   std::string describe() const override;
+  /// The backend's table of layer's experts (made at construction when the backend has a routed
+  /// expert path for them, Backend::make_expert_table), else nullptr.
+  const void* device_table(int layer) const override {
+    return layer >= 0 && static_cast<size_t>(layer) < tables_.size() ? tables_[static_cast<size_t>(layer)] : nullptr;
+  }
   /// Bytes of the weights uploaded (their host sizes: codes, scales, codebooks, signs).
   uint64_t bytes() const { return bytes_; }
 
  private:
   std::vector<std::vector<experts::ExpertWeights>> experts_;  // [layer][expert], device views
+  std::vector<const void*> tables_;                           // [layer] Backend::make_expert_table (or nullptr)
   uint64_t bytes_ = 0;
   const char* device_ = "";
 };

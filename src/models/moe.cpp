@@ -44,6 +44,7 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   Scratch s;
   s.logits = ws.floats(T * m.n_experts);
   s.ids = ws.ints(T * top_k);
+  s.ids_device = reinterpret_cast<int*>(ws.floats(T * top_k));
   s.weights = ws.floats(T * top_k);
   s.margins = ws.floats(T);
   s.y = ws.floats(T * top_k * H);
@@ -62,6 +63,17 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const Scratch s = Scratch::take(ws, m_, H, T, K);
   be.matmul(router_, x, T, s.logits);  // [T, E]
   if (router_bias_p_ != nullptr) be.add_bias(s.logits, router_bias_p_, T, E);
+  // Experts the backend reaches through a device table (every expert uploaded to a GPU): routing
+  // ids and weights stay on the device and the experts run from there (no host round trip).
+  const void* table = margins || observer || m_.grouped_router || m_.gpt_oss ? nullptr : provider.device_table(layer);
+  if (table != nullptr && T * K <= be.max_routed_pairs()) {
+    be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
+    if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
+    if (between) between();
+    be.expert_ffn_routed(table, x, T, H, s.ids_device, s.weights, K, out);
+    if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
+    return;
+  }
   if (m_.grouped_router) {  // DeepSeek: sigmoid / softmax scores, groups, bias, scaling
     ops::RouterParams r;
     r.sigmoid = m_.sigmoid_scores;

@@ -44,7 +44,8 @@ class MoeBlock {
   /// expert outputs y [T*k, H] and, with a shared expert, its output [T, H] and scratch.
   struct Scratch {
     float* logits;
-    int* ids;
+    int* ids;         // host-visible (Workspace::ints)
+    int* ids_device;  // in the workspace's own memory (the device on a GPU): expert_ffn_routed's ids
     float *weights, *margins, *y, *shared = nullptr;
     DenseMlp::Scratch shared_mlp{};
     static Scratch take(ops::Workspace& ws, const MoeSpec& m, int64_t H, int64_t T, int top_k);

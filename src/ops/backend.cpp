@@ -106,6 +106,10 @@ ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts) {
   return g;
 }
 
+void Backend::expert_ffn_routed(const void*, const float*, int64_t, int64_t, const int*, const float*, int, float*) {
+  fail("%s backend: no routed expert path (make_expert_table gives no table here)", name());
+}
+
 // Generic implementations: device data comes to the host (to_host), the host kernel runs, the
 // result goes back (row_to_f32 of an f32 row copies host memory to the backend's device).
 void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,

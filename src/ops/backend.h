@@ -117,6 +117,23 @@ class Backend {
   /// out[t] = sum_{s<K} weights[t, s] * y[row_of[t*K + s]], summed in slot order (best first):
   /// y [T*K, H] from expert_ffn, weights [T, K], out [T, H] (overwritten).
   virtual void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) = 0;
+  /// A table of one MoE layer's routed experts (experts[e] = expert e, views this backend
+  /// uploaded) in this backend's memory, for expert_ffn_routed(); nullptr when the backend has
+  /// no such path or these experts do not fit it (the caller then groups on the host). Owned
+  /// by the backend (valid until it is destroyed).
+  virtual const void* make_expert_table(std::span<const ExpertMats> experts) {
+    (void)experts;
+    return nullptr;
+  }
+  /// Most token x top-k pairs one expert_ffn_routed() call takes (0: no such path).
+  virtual int64_t max_routed_pairs() const { return 0; }
+  /// out[t] = sum_{s<K} weights[t, s] * FFN_{ids[t, s]}(x[t]) for SwiGLU experts found through
+  /// `table` (make_expert_table), summed in slot order as moe_combine: the expert path with the
+  /// routing's ids [T, K] and weights [T, K] left in this backend's memory (no host round trip,
+  /// no grouping on the host). Same values as expert_ffn + moe_combine. Throws spool::Error for a
+  /// foreign table, T * K above max_routed_pairs() or host ids.
+  virtual void expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
+                                 float* out);
   /// Router selection for T tokens: logits [T, E] (clobbered) -> ids [T, k] (best first) and
   /// weights [T, k] (softmax probabilities, renormalised over the k kept when `renormalize`);
   /// margins [T] (may be null): p_k - p_{k+1} of the full softmax. Ties go to the lower id.

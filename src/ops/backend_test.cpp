@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -39,12 +40,15 @@
 #include "ops/cpu_backend.h"
 #include "ops/ggml_blocks.h"
 #include "ops/reference_backend.h"
+#include "ops/workspace.h"
 #ifdef SPOOL_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
 #include "experts/streaming.h"
 #include "models/device_experts.h"
 #endif
+#include "quant/convert.h"
 #include "quant/quantize.h"
+#include "quant/recipe.h"
 
 namespace spool::ops {
 namespace {
@@ -488,6 +492,54 @@ TEST_P(BackendOpTable, ExpertFfnUploadedEqualsHostViews) {
     }
 }
 
+// The routed expert path (Backend::expert_ffn_routed over a make_expert_table table, routing ids
+// and weights in device memory) gives the bits of expert_ffn + moe_combine over the same uploaded
+// experts. Backends without the path give no table; experts outside it (not q4) give none either.
+[[maybe_unused]] const bool kExpertFfnRoutedOps = covers({"expert_ffn_routed", "make_expert_table"});
+TEST_P(BackendOpTable, ExpertFfnRoutedEqualsGroupedExpertsAndCombine) {
+  for (WKind k : {WKind::kQ4, WKind::kQ4Rotated})
+    for (const MoeShape& s : kMoeShapes) {
+      SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
+      const MoeCase c = make_moe_case(k, s, 11);
+      const std::vector<float> x = randn(s.T * s.H, 12), wts = randn(s.T * s.K, 13, 0.5f);
+      for_each_backend("expert_ffn_routed", [&](Backend& be, ReferenceBackend&) {
+        std::vector<ExpertMats> all(c.experts);
+        for (ExpertMats& m : all) m = {be.upload(m.gate), be.upload(m.up), be.upload(m.down)};
+        const void* table = be.make_expert_table(all);
+        if (be.max_routed_pairs() == 0) {
+          EXPECT_EQ(table, nullptr);
+          return;
+        }
+        ASSERT_NE(table, nullptr);
+        // A table of experts the path does not take (f32): none.
+        const MoeCase f = make_moe_case(WKind::kF32, MoeShape{1, s.H, s.I, 2, 1}, 1);
+        std::vector<ExpertMats> fu(f.experts);
+        for (ExpertMats& m : fu) m = {be.upload(m.gate), be.upload(m.up), be.upload(m.down)};
+        EXPECT_EQ(be.make_expert_table(fu), nullptr);
+        // The host-grouped path over the same experts.
+        std::vector<ExpertMats> active;
+        for (int e : c.groups.active) active.push_back(all[e]);
+        std::vector<float> y(s.T * s.K * s.H, NAN), want(s.T * s.H, NAN), got(want.size(), NAN);
+        be.expert_ffn(active, c.groups, 0, x.data(), s.H, Activation::kSwiGLU, y.data());
+        be.moe_combine(y.data(), c.groups, wts.data(), s.H, want.data());
+        // ids / weights in device memory.
+        std::vector<float> idbits(c.ids.size());
+        std::memcpy(idbits.data(), c.ids.data(), c.ids.size() * sizeof(int));
+        DeviceFloats dids(be.device(), idbits.size()), dw(be.device(), wts.size());
+        dids.upload(idbits.data());
+        dw.upload(wts.data());
+        const int* ids = reinterpret_cast<const int*>(dids.data());
+        if (s.T * s.K > be.max_routed_pairs()) {
+          EXPECT_THROW(be.expert_ffn_routed(table, x.data(), s.T, s.H, ids, dw.data(), s.K, got.data()), Error);
+          return;
+        }
+        be.expert_ffn_routed(table, x.data(), s.T, s.H, ids, dw.data(), s.K, got.data());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "routed path differs from expert_ffn + moe_combine";
+        EXPECT_THROW(be.expert_ffn_routed(table, x.data(), s.T, s.H, c.ids.data(), dw.data(), s.K, got.data()), Error) << "host ids";
+      });
+    }
+}
+
 // gpt-oss experts (Activation::kClampedSwiGLU): one fused gate_up [2I, H] with interleaved
 // gate/up rows, biases on gate_up and down, float and MXFP4 weights. The reference's
 // pre-activations are checked to reach the clamp (|u| > 7) so that the clamps are exercised.
@@ -631,6 +683,20 @@ TEST_P(BackendOpTable, KvAppendAndAttention) {
         be.kv_append(c1, 0, s.pos0, k.data(), v.data());
         be.kv_append(c1, s.pos0, s.T, k.data() + s.pos0 * kvw, v.data() + s.pos0 * kvw);
         ref.kv_append(c2, 0, P, k.data(), v.data());
+        // A GPU backend leaves the rows in its mirror (deferred: no host round trip).
+        if (be.device() != Device::kCpu) {
+          EXPECT_TRUE(c1.has_deferred()) << "kv_append brought the rows to the host";
+        }
+        // Attention over the appended cache (a device backend reads what its kv_append wrote).
+        std::vector<float> got(q.size(), NAN), want(q.size(), NAN);
+        be.attention(q.data(), s.T, s.n_heads, c1, s.pos0, scale, got.data());
+        ref.attention(q.data(), s.T, s.n_heads, c2, s.pos0, scale, want.data());
+        expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention after kv_append");
+        // The host then reads the bytes KvCache::write stores (the device's f16 / int8 rounding).
+        std::string img1, img2;
+        c1.save_prefix(P, img1);
+        c2.save_prefix(P, img2);
+        EXPECT_TRUE(img1 == img2) << "stored KV bytes differ from KvCache::write's";
         const double store_tol = kt == KvType::kF32 ? 0 : kt == KvType::kF16 ? 1e-3 : 2e-2;
         for (int h = 0; h < s.n_kv; ++h)
           for (int64_t p = 0; p < P; ++p)
@@ -639,11 +705,6 @@ TEST_P(BackendOpTable, KvAppendAndAttention) {
               ASSERT_NEAR(c1.key(h, p, d), k[p * kvw + h * s.hd + d], store_tol * (1 + std::fabs(k[p * kvw + h * s.hd + d])) * 4);
               ASSERT_EQ(c1.value(h, p, d), c2.value(h, p, d));
             }
-        // Attention over the appended cache (a device backend reads what its kv_append wrote).
-        std::vector<float> got(q.size(), NAN), want(q.size(), NAN);
-        be.attention(q.data(), s.T, s.n_heads, c1, s.pos0, scale, got.data());
-        ref.attention(q.data(), s.T, s.n_heads, c2, s.pos0, scale, want.data());
-        expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention after kv_append");
       });
       for_each_backend("attention", [&](Backend& be, ReferenceBackend& ref) {
         KvCache c1, c2;
@@ -1538,9 +1599,50 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
       EXPECT_GT(st.misses, 0u);
       EXPECT_EQ(st.bytes_copied, st.misses * probe.slot_bytes());
       EXPECT_EQ(pinned->stats().requests - requests0, st.misses);
-      if (all_in_ram) EXPECT_GT(st.early, 0u);
+      if (all_in_ram) {
+        EXPECT_GT(st.early, 0u);
+      }
       EXPECT_GE(st.stall_s, 0.0);
     }
+}
+
+// The routed expert path on a GPU (DeviceExperts' tables, Backend::expert_ffn_routed: the routing
+// ids stay on the device) decodes the q4-converted demo model with the bits of the host-grouped
+// path (forced here by a routing observer, which needs the ids on the host).
+TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: the routed expert path not checked";
+  const std::string dir = ::testing::TempDir() + "/cuda_routed_q4";
+  std::filesystem::remove_all(dir);
+  quant::ConvertOptions o;
+  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
+  o.out_dir = dir;
+  o.recipe = quant::recipe("q4");
+  o.threads = 2;
+  quant::convert(o, nullptr);
+  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto be = std::make_shared<CudaBackend>(0);
+  auto m = models::load_model(ckpt, be);
+  const models::ModelSpec& s = m->spec();
+  std::vector<bool> moe(s.n_layers);
+  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  auto dev = std::make_shared<models::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
+  for (int i = 0; i < s.n_layers; ++i)
+    if (moe[i]) {
+      ASSERT_NE(dev->device_table(i), nullptr) << "layer " << i << ": no device table for q4 experts";
+    }
+  m->set_expert_provider(dev);
+  spool::testing::Golden g(spool::testing::data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
+  const std::vector<int32_t> ids = g.i32("p1.input_ids");
+  const std::vector<float> routed = greedy_logits(*m, ids, 8);
+  int observed = 0;
+  m->hooks.on_route = [&](int, int64_t, std::span<const int>, std::span<const float>) { ++observed; };
+  const std::vector<float> host = greedy_logits(*m, ids, 8);
+  m->hooks.on_route = nullptr;
+  EXPECT_GT(observed, 0);
+  ASSERT_EQ(routed.size(), host.size());
+  EXPECT_EQ(std::memcmp(routed.data(), host.data(), routed.size() * 4), 0) << "routed path vs host-grouped path";
+  m.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // The Gated DeltaNet states live on the GPU (State::place); snapshot / restore / serialize /

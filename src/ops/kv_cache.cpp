@@ -24,8 +24,61 @@ void KvCache::touch() {
   gen_ = ++counter;
 }
 
+KvCache::KvCache(const KvCache& o) { *this = o; }
+
+KvCache& KvCache::operator=(const KvCache& o) {
+  if (this == &o) return *this;
+  o.settle();
+  fetch_ = nullptr;
+  gen_ = o.gen_;
+  type_ = o.type_;
+  n_kv_ = o.n_kv_, hd_ = o.hd_, vd_ = o.vd_, groups_ = o.groups_;
+  cap_ = o.cap_, window_ = o.window_, base_ = o.base_;
+  k_ = o.k_, v_ = o.v_, ks_ = o.ks_, vs_ = o.vs_;
+  return *this;
+}
+
+KvCache::KvCache(KvCache&& o) noexcept(false) { *this = std::move(o); }
+
+KvCache& KvCache::operator=(KvCache&& o) noexcept(false) {
+  if (this == &o) return *this;
+  o.settle();  // (a device mirror is keyed by the cache's address: the rows must be in host storage)
+  fetch_ = nullptr;
+  gen_ = o.gen_;
+  type_ = o.type_;
+  n_kv_ = o.n_kv_, hd_ = o.hd_, vd_ = o.vd_, groups_ = o.groups_;
+  cap_ = o.cap_, window_ = o.window_, base_ = o.base_;
+  k_ = std::move(o.k_), v_ = std::move(o.v_), ks_ = std::move(o.ks_), vs_ = std::move(o.vs_);
+  return *this;
+}
+
+void KvCache::defer_rows(int64_t lo, int64_t hi, RowFetch fetch) {
+  if (lo < 0 || hi <= lo || hi > cap_ || !fetch) fail("KV cache: cannot defer rows [%lld, %lld) of %lld", (long long)lo, (long long)hi, (long long)cap_);
+  if (fetch_) {  // one range per cache: widen it (the same device wrote both)
+    lo = std::min(lo, def_lo_);
+    hi = std::max(hi, def_hi_);
+  }
+  fetch_ = std::move(fetch);
+  def_lo_ = lo;
+  def_hi_ = hi;
+  touch();
+}
+
+void KvCache::settle() const {
+  if (!fetch_) return;
+  RowFetch f = std::move(fetch_);
+  fetch_ = nullptr;  // (the fetch reads storage through the *_storage() accessors, which do not settle)
+  try {
+    f(const_cast<KvCache&>(*this), def_lo_, def_hi_);
+  } catch (...) {
+    fetch_ = std::move(f);
+    throw;
+  }
+}
+
 void KvCache::configure(KvType type, int n_kv_heads, int head_dim, bool keys_only, int64_t window) {
   if (window < 0 || (window > 0 && keys_only)) fail("KV cache: a window of %lld is not supported here", (long long)window);
+  fetch_ = nullptr;  // contents dropped
   touch();
   type_ = type;
   n_kv_ = n_kv_heads;
@@ -98,6 +151,7 @@ void KvCache::move_rows(int64_t from, int64_t n) {
 
 void KvCache::reserve(int64_t positions, int64_t keep) {
   if (positions - base_ <= cap_) return;
+  settle();  // rows move or are copied below
   // Growth of an unbounded cache (and of a windowed one until the window bound caps it).
   auto grown = [&](int64_t need) {
     const int64_t c = std::max<int64_t>({need, 2 * cap_, 256});
@@ -117,7 +171,10 @@ void KvCache::reserve(int64_t positions, int64_t keep) {
   reallocate(std::min(grown(span), limit), lo, n);
 }
 
-void KvCache::clear() { move_rows(0, 0); }
+void KvCache::clear() {
+  fetch_ = nullptr;  // every position is forgotten
+  move_rows(0, 0);
+}
 
 int64_t kv_capacity_for(int64_t prompt, int64_t total, int64_t step, int64_t window) {
   KvCache c;  // no heads: the growth and moves of KvCache::reserve without any bytes
@@ -145,6 +202,7 @@ float quantize_i8(const float* x, int n, int8_t* out) {
 void KvCache::write(int64_t position, const float* k, const float* v) {
   if (position < base_ || position - base_ >= cap_)
     fail("KV cache: position %lld is outside the rows held [%lld, %lld)", (long long)position, (long long)base_, (long long)(base_ + cap_));
+  settle();
   touch();
   const int64_t pos = position - base_;  // its row
   const int gd = group_dim();
@@ -185,6 +243,8 @@ void KvCache::write(int64_t position, const float* k, const float* v) {
 }
 
 void KvCache::copy_prefix(const KvCache& o, int64_t n) {
+  o.settle();
+  settle();
   if (o.type_ != type_ || o.n_kv_ != n_kv_ || o.hd_ != hd_ || o.vd_ != vd_ || o.window_ != window_)
     fail("KV cache snapshot has a different geometry");
   if (!o.holds(n))
@@ -213,6 +273,7 @@ void KvCache::copy_prefix(const KvCache& o, int64_t n) {
 }
 
 void KvCache::save_prefix(int64_t n, std::string& out) const {
+  settle();
   if (!holds(n))
     fail("KV cache: cannot save positions [%lld, %lld): rows [%lld, %lld) are held", (long long)first_kept(n), (long long)n,
          (long long)base_, (long long)(base_ + cap_));
@@ -232,6 +293,7 @@ void KvCache::save_prefix(int64_t n, std::string& out) const {
 }
 
 void KvCache::load_prefix(std::string_view data, int64_t n) {
+  settle();
   if (n < 0 || data.size() != saved_bytes(n))
     fail("KV cache snapshot has %zu bytes, expected %llu for positions [%lld, %lld)", data.size(),
          (unsigned long long)saved_bytes(std::max<int64_t>(n, 0)), (long long)first_kept(n), (long long)n);
@@ -260,6 +322,7 @@ void KvCache::load_prefix(std::string_view data, int64_t n) {
 }
 
 float KvCache::key(int h, int64_t pos, int d) const {
+  settle();
   if (pos < base_ || pos - base_ >= cap_)
     fail("KV cache: position %lld is not held (rows [%lld, %lld))", (long long)pos, (long long)base_, (long long)(base_ + cap_));
   const int64_t p = pos - base_;
@@ -272,6 +335,7 @@ float KvCache::key(int h, int64_t pos, int d) const {
 }
 
 float KvCache::value(int h, int64_t pos, int d) const {
+  settle();
   if (vd_ == 0) fail("KV cache: a keys-only (latent) cache holds no values");
   if (pos < base_ || pos - base_ >= cap_)
     fail("KV cache: position %lld is not held (rows [%lld, %lld))", (long long)pos, (long long)base_, (long long)(base_ + cap_));

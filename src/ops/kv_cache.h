@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,15 @@ KvType kv_type_from_bits(int bits);
 
 class KvCache {
  public:
+  KvCache() = default;
+  /// Copies and moves settle() the source first (deferred rows are brought to its host storage;
+  /// the new object has none deferred).
+  KvCache(const KvCache& o);
+  KvCache& operator=(const KvCache& o);
+  KvCache(KvCache&& o) noexcept(false);
+  KvCache& operator=(KvCache&& o) noexcept(false);
+  ~KvCache() = default;
+
   /// Sets the geometry; drops contents. `keys_only`: the cache stores keys only (no value rows,
   /// write() ignores v): the MLA latent cache, one "key" of kv_lora_rank + qk_rope_head_dim per
   /// position whose first kv_lora_rank elements double as the value (Backend::mla_attention).
@@ -109,10 +119,33 @@ class KvCache {
   uint64_t generation() const { return gen_; }
 
   /// Raw storage in the layouts at the top of this file (row index = position - base()).
-  const uint8_t* k_data() const { return k_.data(); }
-  const uint8_t* v_data() const { return v_.data(); }
-  const float* k_scales() const { return ks_.data(); }
-  const float* v_scales() const { return vs_.data(); }
+  /// Deferred rows are settled first.
+  const uint8_t* k_data() const { return settle(), k_.data(); }
+  const uint8_t* v_data() const { return settle(), v_.data(); }
+  const float* k_scales() const { return settle(), ks_.data(); }
+  const float* v_scales() const { return settle(), vs_.data(); }
+
+  // ---- Rows written on a device (a GPU backend's kv_append) --------------------------------
+  /// Fills rows [lo, hi) of the host storage (the layouts above) from where a device wrote them.
+  using RowFetch = std::function<void(KvCache& cache, int64_t lo, int64_t hi)>;
+  /// Records that rows [lo, hi) (0 <= lo < hi <= capacity()) were written somewhere else (a
+  /// GPU backend's mirror of this cache) and are stale in host storage until `fetch` brings
+  /// them: a GPU decode step then needs no device->host round trip per attention layer.
+  /// Consecutive calls with the same fetch widen the range. The contents count as written now
+  /// (generation() moves); settle() runs the fetch before any host reader (key(), value(),
+  /// k_data() ..., copy_prefix, save_prefix, load_prefix, reserve, write, copies). Throws
+  /// spool::Error on a bad range.
+  void defer_rows(int64_t lo, int64_t hi, RowFetch fetch);
+  /// Brings deferred rows into host storage (no-op when none). Errors of the fetch propagate
+  /// (the rows stay deferred).
+  void settle() const;
+  /// Whether rows are deferred (tests).
+  bool has_deferred() const { return static_cast<bool>(fetch_); }
+  /// Writable storage for a RowFetch (no settle).
+  uint8_t* k_storage() { return k_.data(); }
+  uint8_t* v_storage() { return v_.data(); }
+  float* k_scale_storage() { return ks_.data(); }
+  float* v_scale_storage() { return vs_.data(); }
 
  private:
   int elem() const { return type_ == KvType::kF32 ? 4 : type_ == KvType::kF16 ? 2 : 1; }
@@ -126,6 +159,8 @@ class KvCache {
   int64_t window_ = 0, base_ = 0;
   std::vector<uint8_t> k_, v_;
   std::vector<float> ks_, vs_;
+  mutable RowFetch fetch_;               // deferred rows' fetch (empty: none)
+  mutable int64_t def_lo_ = 0, def_hi_ = 0;  // deferred rows [def_lo_, def_hi_)
 };
 
 /// Capacity (rows) a cache bounded by `window` (0: unbounded) reaches when `prompt` positions

@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../tests/support/random.h"
@@ -331,6 +333,101 @@ TEST(KvCache, CapacityForFollowsReserve) {
     if (c.window > 0) {
       EXPECT_LE(kv.capacity(), KvCache::window_rows(c.window, std::min(c.step, c.prompt)));
     }
+  }
+}
+
+// Rows a device wrote (KvCache::defer_rows, a GPU backend's kv_append) reach host storage through
+// their fetch before any host reader sees the cache: reads, snapshots, copies, moves, growth and
+// writes each settle them first (once); configure and clear drop them; a failing fetch leaves
+// them deferred.
+TEST(KvCache, DeferredRowsAreFetchedBeforeEveryHostRead) {
+  const std::vector<float> k = randn(128, 1), v = randn(128, 2);
+  KvCache want;  // what the "device" holds: positions 0..3 written
+  want.configure(KvType::kI8, 2, 64);
+  want.reserve(4, 0);
+  for (int64_t p = 0; p < 4; ++p) want.write(p, k.data(), v.data());
+  int fetches = 0;
+  // The device "wrote" rows 2 and 3 of `c`: the fetch copies them from `want` (same layout).
+  auto fetch = [&](KvCache& c, int64_t lo, int64_t hi) {
+    ++fetches;
+    ASSERT_EQ(lo, 2);
+    ASSERT_EQ(hi, 4);
+    std::string img;
+    want.save_prefix(4, img);
+    KvCache tmp = c;  // (c itself must not be settled from inside its fetch)
+    tmp.load_prefix(img, 4);
+    const size_t kb = static_cast<size_t>(2 * 64) * static_cast<size_t>(c.capacity());
+    std::memcpy(c.k_storage(), tmp.k_data(), kb);
+    std::memcpy(c.v_storage(), tmp.v_data(), kb);
+    std::memcpy(c.k_scale_storage(), tmp.k_scales(), static_cast<size_t>(2 * 2 * c.capacity()) * sizeof(float));
+    std::memcpy(c.v_scale_storage(), tmp.v_scales(), static_cast<size_t>(2 * 2 * c.capacity()) * sizeof(float));
+  };
+  auto deferred = [&]() {
+    KvCache c;
+    c.configure(KvType::kI8, 2, 64);
+    c.reserve(4, 0);
+    c.write(0, k.data(), v.data());
+    c.write(1, k.data(), v.data());
+    const uint64_t g = c.generation();
+    c.defer_rows(2, 3, fetch);
+    c.defer_rows(3, 4, fetch);  // widens to [2, 4)
+    EXPECT_NE(c.generation(), g) << "deferred rows count as written";
+    EXPECT_TRUE(c.has_deferred());
+    return c;
+  };
+  const auto same_as_want = [&](const KvCache& c, const char* what) {
+    std::string a, b;
+    c.save_prefix(4, a);
+    want.save_prefix(4, b);
+    EXPECT_EQ(a, b) << what;
+  };
+  const std::vector<std::pair<const char*, std::function<void(KvCache&)>>> readers = {
+      {"key", [](KvCache& c) { (void)c.key(1, 3, 5); }},
+      {"value", [](KvCache& c) { (void)c.value(1, 2, 5); }},
+      {"k_data", [](KvCache& c) { (void)c.k_data(); }},
+      {"save_prefix", [](KvCache& c) { std::string s; c.save_prefix(4, s); }},
+      {"copy_prefix (source)", [](KvCache& c) { KvCache d; d.configure(KvType::kI8, 2, 64); d.copy_prefix(c, 4); }},
+      {"copy", [](KvCache& c) { KvCache d = c; }},
+      {"move", [](KvCache& c) { KvCache d = std::move(c); c = std::move(d); }},
+      {"reserve (growth)", [](KvCache& c) { c.reserve(1000, 4); }},
+  };
+  for (const auto& [what, read] : readers) {
+    SCOPED_TRACE(what);
+    fetches = 0;
+    KvCache c = deferred();
+    read(c);
+    EXPECT_EQ(fetches, 1);
+    EXPECT_FALSE(c.has_deferred());
+    same_as_want(c, what);
+    EXPECT_EQ(fetches, 1) << "settled rows are not fetched again";
+  }
+  {  // write settles first: the earlier deferred rows are kept
+    fetches = 0;
+    KvCache c = deferred();
+    c.reserve(5, 4);
+    c.write(4, k.data(), v.data());
+    EXPECT_EQ(fetches, 1);
+    EXPECT_EQ(c.key(0, 3, 7), want.key(0, 3, 7));
+  }
+  for (const bool clear : {false, true}) {  // contents dropped: nothing to fetch
+    fetches = 0;
+    KvCache c = deferred();
+    if (clear) {
+      c.clear();
+    } else {
+      c.configure(KvType::kI8, 2, 64);
+    }
+    EXPECT_FALSE(c.has_deferred());
+    EXPECT_EQ(fetches, 0);
+  }
+  {  // a failing fetch propagates and leaves the rows deferred
+    KvCache c;
+    c.configure(KvType::kF32, 1, 8);
+    c.reserve(2, 0);
+    c.defer_rows(0, 1, [](KvCache&, int64_t, int64_t) { throw Error("device gone"); });
+    EXPECT_THROW((void)c.key(0, 0, 0), Error);
+    EXPECT_TRUE(c.has_deferred());
+    EXPECT_THROW(c.defer_rows(1, c.capacity() + 1, [](KvCache&, int64_t, int64_t) {}), Error) << "rows beyond the capacity";
   }
 }
 

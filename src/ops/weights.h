@@ -133,11 +133,21 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
+#if defined(__CUDACC__)
+#define SPOOL_HOST_DEVICE __host__ __device__  // also compiled for the GPU (the CUDA backend's KV writes)
+#else
+#define SPOOL_HOST_DEVICE
+#endif
+
 /// float -> IEEE half bits, round to nearest even; overflow gives +-inf, NaN stays NaN,
-/// values below the half subnormal range flush to signed zero.
-inline uint16_t f32_to_f16(float f) {
+/// values below the half subnormal range flush to signed zero. Host and (under nvcc) device.
+inline SPOOL_HOST_DEVICE uint16_t f32_to_f16(float f) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t u = __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, 4);
+#endif
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN

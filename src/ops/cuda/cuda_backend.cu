@@ -569,6 +569,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 // (renormalised over the k when asked) and the margin p_k - p_{k+1}. Selection compares logits
 // (same order as the probabilities). Dynamic smem: E floats + E bytes.
 constexpr int kMaxTopK = 64;
+constexpr int kMaxRoutedPairs = 64;  // expert_ffn_routed: tokens x top-k (one block builds the job lists)
 __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids, float* weights, float* margins) {
   extern __shared__ float sm[];
   float* l = sm;
@@ -645,6 +646,70 @@ __device__ __forceinline__ float kv_value(const KvDev& kv, int kvh, int64_t p, i
   if (kv.type == 0) return static_cast<const float*>(kv.v)[i];
   if (kv.type == 1) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(kv.v)[i]));
   return static_cast<float>(static_cast<const int8_t*>(kv.v)[i]) * kv.vs[row * kv.groups + d / kv.gd];
+}
+
+// Writes T positions (rows row0 .. row0 + T - 1) of k, v [T, n_kv * hd] into a KV mirror with the
+// host cache's own element formats (ops::KvCache::write: f32; f16 by f32_to_f16; int8 with a
+// scale of max|x| / 127 per group of gd dims and lrint(clamp(x / scale, +-127))), so a later
+// download gives the host the bytes KvCache::write would have stored. One thread per (t, head, group).
+__global__ void k_kv_write(KvDev kv, void* kd, void* vd, float* ksd, float* vsd, const float* k, const float* v, int64_t T,
+                           int n_kv, int64_t row0) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int G = kv.groups, gd = kv.gd, hd = kv.hd;
+  if (i >= T * n_kv * G) return;
+  const int g = static_cast<int>(i % G), h = static_cast<int>((i / G) % n_kv);
+  const int64_t t = i / (static_cast<int64_t>(G) * n_kv), row = row0 + t;
+  const float* kh = k + (t * n_kv + h) * hd + g * gd;
+  const float* vh = v != nullptr ? v + (t * n_kv + h) * hd + g * gd : nullptr;
+  const int64_t vrow = (static_cast<int64_t>(h) * kv.cap + row) * hd + g * gd;
+  const int64_t krow0 = (static_cast<int64_t>(h) * hd + g * gd) * kv.cap + row;  // key element d at krow0 + d * cap
+  if (kv.type == 0) {
+    for (int d = 0; d < gd; ++d) static_cast<float*>(kd)[krow0 + d * kv.cap] = kh[d];
+    if (vh != nullptr)
+      for (int d = 0; d < gd; ++d) static_cast<float*>(vd)[vrow + d] = vh[d];
+  } else if (kv.type == 1) {
+    for (int d = 0; d < gd; ++d) static_cast<uint16_t*>(kd)[krow0 + d * kv.cap] = f32_to_f16(kh[d]);
+    if (vh != nullptr)
+      for (int d = 0; d < gd; ++d) static_cast<uint16_t*>(vd)[vrow + d] = f32_to_f16(vh[d]);
+  } else {
+    const auto quant = [gd](const float* x, int8_t* out, int64_t stride) {
+      float amax = 0.0f;
+      for (int d = 0; d < gd; ++d) amax = fmaxf(amax, fabsf(x[d]));
+      const float scale = amax / 127.0f;
+      const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (int d = 0; d < gd; ++d) out[d * stride] = static_cast<int8_t>(__float2int_rn(fminf(fmaxf(__fmul_rn(x[d], inv), -127.0f), 127.0f)));
+      return scale;
+    };
+    ksd[(static_cast<int64_t>(h) * G + g) * kv.cap + row] = quant(kh, static_cast<int8_t*>(kd) + krow0, kv.cap);
+    if (vh != nullptr) vsd[(static_cast<int64_t>(h) * kv.cap + row) * G + g] = quant(vh, static_cast<int8_t*>(vd) + vrow, 1);
+  }
+}
+
+// One routed expert of a device table (CudaBackend::make_expert_table): gate, up, down q4 parts.
+struct ExpertRef {
+  const uint8_t* q[3];
+  const uint16_t* s[3];
+  const float* cb[3];
+  const int8_t* sg[3];
+};
+
+// The job lists of expert_ffn_routed from the routing ids on the device: pair p = t * K + slot runs
+// expert ids[p] on token t as its own one-row job (gate and up jobs 2p, 2p + 1; down job p).
+__global__ void k_routed_jobs(const int* ids, const ExpertRef* table, int E, int64_t P, int K, int64_t H, int64_t I,
+                              float* xr, float* gate, float* up, float* ar, float* yd, Q4Job* jgu, Q4Job* jd, int64_t* tok,
+                              const int8_t** sg, const int8_t** sd, int64_t* row_of) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const int e = min(max(ids[p], 0), E - 1);  // (ids come from k_route: always in range)
+  const ExpertRef r = table[e];
+  tok[p] = tok[P + p] = p / K;
+  sg[p] = r.sg[0];
+  sg[P + p] = r.sg[1];
+  sd[p] = r.sg[2];
+  jgu[2 * p] = Q4Job{r.q[0], r.s[0], r.cb[0], xr + p * H, gate + p * I, 1};
+  jgu[2 * p + 1] = Q4Job{r.q[1], r.s[1], r.cb[1], xr + (P + p) * H, up + p * I, 1};
+  jd[p] = Q4Job{r.q[2], r.s[2], r.cb[2], ar + p * I, yd + p * H, 1};
+  row_of[p] = p;
 }
 
 // One block per query row (t, h) of a tile starting at token t0: scores into a scratch row,
@@ -942,6 +1007,9 @@ struct CudaBackend::Impl {
   uint64_t uploaded = 0, staged = 0, slot_copied = 0;
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
+  // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+  std::vector<ExpertRef*> expert_tables;  // make_expert_table's device tables (freed with the backend)
   bool sync_each = false;  // SPOOL_CUDA_SYNC=1: synchronize after every op (debugging)
 
   // SPOOL_CUDA_PROFILE=1: host time spent inside each public op (launches, staging copies and the
@@ -1157,20 +1225,12 @@ struct CudaBackend::Impl {
                           const std::vector<int64_t>& tok, int64_t H, float* yd) {
     const ExpertMats& e0 = experts[0];
     const int64_t I = e0.gate.rows;
-    const auto q4_ok = [&](const WeightView& w, int64_t rows, int64_t cols) {
-      return w.type == WType::kQuant && w.device == Device::kCuda && w.quant.type == QType::kQ4 && w.rows == rows && w.cols == cols &&
-             w.quant.group == e0.gate.quant.group && w.quant.group % 8 == 0 && reinterpret_cast<uintptr_t>(w.quant.qweight) % 4 == 0;
-    };
-    if (H % 8 != 0 || I % 8 != 0 || e0.down.type != WType::kQuant || e0.down.quant.group != e0.gate.quant.group) return false;
-    const size_t need = static_cast<size_t>(std::max(H, I)) * sizeof(float);
-    if (need > static_cast<size_t>(smem_optin)) return false;
     const int64_t r_begin = groups.first[g0];
     int n_jobs = 0;
     for (size_t j = 0; j < experts.size(); ++j) {
       const ExpertMats& e = experts[j];
       const int64_t n = groups.first[g0 + j + 1] - groups.first[g0 + j];
-      if (n > kMaxGemvT || e.gate_bias != nullptr || e.down_bias != nullptr) return false;
-      if (!q4_ok(e.gate, I, H) || !q4_ok(e.up, I, H) || !q4_ok(e.down, H, I)) return false;
+      if (n > kMaxGemvT || !q4_expert_ok(e, H, I, e0.gate.quant.group, e0.down.quant.group)) return false;
       if (n > 0) ++n_jobs;
     }
     for (const ExpertMats& e : experts) {  // the checks mm makes of each weight
@@ -1219,26 +1279,54 @@ struct CudaBackend::Impl {
     const auto* dsd = reinterpret_cast<const int8_t* const*>(dblob + o_sd);
     const auto* djgu = reinterpret_cast<const Q4Job*>(dblob + o_jgu);
     const auto* djd = reinterpret_cast<const Q4Job*>(dblob + o_jd);
-    const auto rotate_rows = [&](const float* x, const int64_t* t, const int8_t* const* sg, int64_t rows, int64_t n, float* out) {
-      const int64_t B = n & -n;
-      const size_t smem = static_cast<size_t>(n) * sizeof(float);
-      if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_gather_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      k_gather_rotate<<<static_cast<unsigned>(rows), 256, smem, stream>>>(x, t, sg, n, B, static_cast<float>(1.0 / std::sqrt(static_cast<double>(B))),
-                                                                         out);
-      CU_LAUNCHED("k_gather_rotate");
-    };
-    rotate_rows(xd, dtok, dsg, 2 * R, H, xr);
-    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((I * 32 + 255) / 256), static_cast<unsigned>(2 * n_jobs)), 256, 0, stream>>>(
-        djgu, I, H, e0.gate.quant.group);
-    CU_LAUNCHED("k_gemv_q4_grouped (gate, up)");
-    k_swiglu<<<blocks_for(R * I), 256, 0, stream>>>(gate, up, R * I, gate);
-    CU_LAUNCHED("k_swiglu");
-    rotate_rows(gate, nullptr, dsd, R, I, ar);
-    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((H * 32 + 255) / 256), static_cast<unsigned>(n_jobs)), 256, 0, stream>>>(
-        djd, H, I, e0.down.quant.group);
-    CU_LAUNCHED("k_gemv_q4_grouped (down)");
+    grouped_swiglu(xd, dtok, dsg, dsd, djgu, djd, 2 * R, R, n_jobs, H, I, e0.gate.quant.group, e0.down.quant.group, gate, up, xr, ar);
     return true;
   }
+
+  // Row i of out [rows, n] = k_rotate of row tok[i] of x (row i when tok is null) with signs sg[i].
+  void gather_rotate(const float* x, const int64_t* tok, const int8_t* const* sg, int64_t rows, int64_t n, float* out) {
+    const int64_t B = n & -n;
+    const size_t smem = static_cast<size_t>(n) * sizeof(float);
+    if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_gather_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    k_gather_rotate<<<static_cast<unsigned>(rows), 256, smem, stream>>>(x, tok, sg, n, B, static_cast<float>(1.0 / std::sqrt(static_cast<double>(B))),
+                                                                       out);
+    CU_LAUNCHED("k_gather_rotate");
+  }
+
+  // The launches of a grouped q4 SwiGLU FFN once its tables are on the device: gate|up inputs
+  // gathered and rotated (rows_gu rows of x picked by tok with signs sg) into xr, the gate|up
+  // GEMV jobs (2 * n_jobs, groups of group_gu), SwiGLU over rows_d rows of gate/up [rows_d, I], the
+  // down inputs rotated (signs sd) into ar, the down GEMV jobs (n_jobs, groups of group_d).
+  void grouped_swiglu(const float* x, const int64_t* tok, const int8_t* const* sg, const int8_t* const* sd, const Q4Job* jgu,
+                      const Q4Job* jd, int64_t rows_gu, int64_t rows_d, int64_t n_jobs, int64_t H, int64_t I, int group_gu, int group_d,
+                      float* gate, float* up, float* xr, float* ar) {
+    gather_rotate(x, tok, sg, rows_gu, H, xr);
+    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((I * 32 + 255) / 256), static_cast<unsigned>(2 * n_jobs)), 256, 0, stream>>>(jgu, I, H, group_gu);
+    CU_LAUNCHED("k_gemv_q4_grouped (gate, up)");
+    k_swiglu<<<blocks_for(rows_d * I), 256, 0, stream>>>(gate, up, rows_d * I, gate);
+    CU_LAUNCHED("k_swiglu");
+    gather_rotate(gate, nullptr, sd, rows_d, I, ar);
+    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((H * 32 + 255) / 256), static_cast<unsigned>(n_jobs)), 256, 0, stream>>>(jd, H, I, group_d);
+    CU_LAUNCHED("k_gemv_q4_grouped (down)");
+  }
+
+  // Whether expert e's gate [I, H], up [I, H], down [H, I] run on the grouped q4 kernels: q4 in device
+  // memory, group sizes group_gu (gate, up) and group_d (down), multiples of 8, 4-byte aligned codes, no biases.
+  bool q4_expert_ok(const ExpertMats& e, int64_t H, int64_t I, int group_gu, int group_d) const {
+    const auto ok = [&](const WeightView& w, int64_t rows, int64_t cols, int group) {
+      return w.type == WType::kQuant && w.device == Device::kCuda && w.quant.type == QType::kQ4 && w.rows == rows && w.cols == cols &&
+             w.quant.group == group && group % 8 == 0 && reinterpret_cast<uintptr_t>(w.quant.qweight) % 4 == 0;
+    };
+    return e.gate_bias == nullptr && e.down_bias == nullptr && ok(e.gate, I, H, group_gu) && ok(e.up, I, H, group_gu) && ok(e.down, H, I, group_d) &&
+           H % 8 == 0 && I % 8 == 0 && static_cast<size_t>(std::max(H, I)) * sizeof(float) <= static_cast<size_t>(smem_optin);
+  }
+
+  // make_expert_table's tables: what expert_ffn_routed needs to know of each.
+  struct TableMeta {
+    int E = 0, group_gu = 0, group_d = 0;
+    int64_t H = 0, I = 0;
+  };
+  std::map<const void*, TableMeta> table_meta;
 
   // y [T, rows] = x [T, cols] W^T, all device pointers (w may be a host view: copied for the call).
   void mm(const WeightView& w_in, const float* x, int64_t T, float* y) {
@@ -1295,6 +1383,7 @@ struct CudaBackend::Impl {
 
   // The device mirror of `c`, brought up to date with the host copy when its generation moved.
   KvMirror& mirror(const KvCache& c, bool refresh) {
+    c.settle();  // (deferred rows live in the current mirror: host storage first, before it is rebuilt)
     KvMirror& m = kv[&c];
     const bool same_shape = m.cap == c.capacity() && m.type == c.type() && m.n_kv == c.n_kv_heads() && m.hd == c.head_dim();
     if (!same_shape) {
@@ -1341,6 +1430,45 @@ struct CudaBackend::Impl {
     // The host vectors may change right after we return (the next write): wait for the copies.
     CU(cudaStreamSynchronize(stream));
   }
+
+  // The kernels' view of a mirror of `c`.
+  static KvDev kv_dev(const KvCache& c, const KvMirror& m) {
+    KvDev d{};
+    d.type = c.type() == KvType::kF32 ? 0 : c.type() == KvType::kF16 ? 1 : 2;
+    d.hd = c.head_dim();
+    d.groups = c.groups();
+    d.gd = c.group_dim();
+    d.cap = c.capacity();
+    d.k = m.k.get();
+    d.v = m.v.get();
+    d.ks = static_cast<const float*>(m.ks.get());
+    d.vs = static_cast<const float*>(m.vs.get());
+    return d;
+  }
+
+  // Copies rows [lo, hi) of c's mirror into c's host storage (the inverse of upload_rows; the
+  // RowFetch of kv_append's deferred rows). Waits for the queued work that writes them.
+  void download_rows(KvCache& c, int64_t lo, int64_t hi) {
+    auto it = kv.find(&c);
+    if (it == kv.end() || it->second.cap != c.capacity()) fail("KV cache: the CUDA mirror of deferred rows is gone");
+    const KvMirror& m = it->second;
+    const size_t es = static_cast<size_t>(kv_elem(c.type())), cap = static_cast<size_t>(c.capacity());
+    const size_t hd = static_cast<size_t>(c.head_dim()), nkv = static_cast<size_t>(c.n_kv_heads()), g = static_cast<size_t>(c.groups());
+    const size_t p0 = static_cast<size_t>(lo), un = static_cast<size_t>(hi - lo);
+    CU(cudaMemcpy2DAsync(c.k_storage() + p0 * es, cap * es, static_cast<const char*>(m.k.get()) + p0 * es, cap * es, un * es, nkv * hd,
+                         cudaMemcpyDeviceToHost, stream));
+    if (!c.keys_only())
+      CU(cudaMemcpy2DAsync(c.v_storage() + p0 * hd * es, cap * hd * es, static_cast<const char*>(m.v.get()) + p0 * hd * es, cap * hd * es,
+                           un * hd * es, nkv, cudaMemcpyDeviceToHost, stream));
+    if (c.type() == KvType::kI8) {
+      CU(cudaMemcpy2DAsync(c.k_scale_storage() + p0, cap * 4, static_cast<const float*>(m.ks.get()) + p0, cap * 4, un * 4, nkv * g,
+                           cudaMemcpyDeviceToHost, stream));
+      if (!c.keys_only())
+        CU(cudaMemcpy2DAsync(c.v_scale_storage() + p0 * g, cap * g * 4, static_cast<const float*>(m.vs.get()) + p0 * g, cap * g * 4,
+                             un * g * 4, nkv, cudaMemcpyDeviceToHost, stream));
+    }
+    CU(cudaStreamSynchronize(stream));
+  }
 };
 
 CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
@@ -1368,6 +1496,8 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
 
 CudaBackend::~CudaBackend() {
   if (!impl_) return;
+  *impl_->alive = false;
+  for (ExpertRef* t : impl_->expert_tables) dev_free(t);
   (void)cudaStreamSynchronize(impl_->stream);
   if (impl_->profile) impl_->report();
   (void)cudaStreamSynchronize(impl_->copy_stream);
@@ -1590,6 +1720,69 @@ void CudaBackend::moe_combine(const float* y, const ExpertGroups& groups, const 
   I.end();
 }
 
+const void* CudaBackend::make_expert_table(std::span<const ExpertMats> experts) {
+  Impl& I = *impl_;
+  if (experts.empty()) return nullptr;
+  const ExpertMats& e0 = experts[0];
+  const int64_t H = e0.gate.cols, Id = e0.gate.rows;
+  const int group_gu = e0.gate.type == WType::kQuant ? e0.gate.quant.group : 0;
+  const int group_d = e0.down.type == WType::kQuant ? e0.down.quant.group : 0;
+  std::vector<ExpertRef> h(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const ExpertMats& x = experts[e];
+    if (!I.q4_expert_ok(x, H, Id, group_gu, group_d)) return nullptr;  // not all on the grouped q4 path: the caller groups on the host
+    validate(x.gate.quant), validate(x.up.quant), validate(x.down.quant);
+    const WeightView* w[3] = {&x.gate, &x.up, &x.down};
+    for (int j = 0; j < 3; ++j) {
+      h[e].q[j] = w[j]->quant.qweight;
+      h[e].s[j] = w[j]->quant.scales;
+      h[e].cb[j] = w[j]->quant.codebook;
+      h[e].sg[j] = w[j]->quant.signs;
+    }
+  }
+  auto* d = static_cast<ExpertRef*>(dev_alloc(h.size() * sizeof(ExpertRef)));
+  if (d == nullptr) fail("cuda: out of device memory for an expert table of %zu experts", h.size());
+  I.expert_tables.push_back(d);
+  dev_copy(d, h.data(), h.size() * sizeof(ExpertRef));
+  I.table_meta[d] = Impl::TableMeta{static_cast<int>(experts.size()), group_gu, group_d, H, Id};
+  return d;
+}
+
+void CudaBackend::expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
+                                    float* out) {
+  Impl& I = *impl_;
+  I.begin(__func__);
+  const auto it = I.table_meta.find(table);
+  if (it == I.table_meta.end()) fail("expert_ffn_routed: not an expert table of this backend");
+  const Impl::TableMeta& tm = it->second;
+  const int64_t P = T * K, Id = tm.I;
+  if (T <= 0) return;
+  if (K < 1 || P > kMaxRoutedPairs) fail("expert_ffn_routed: %lld tokens x top-%d exceed the %d pairs of the routed path", (long long)T, K, kMaxRoutedPairs);
+  if (H != tm.H) fail("expert_ffn_routed: hidden size %lld, the table's experts take %lld", (long long)H, (long long)tm.H);
+  if (!is_device_ptr(ids) || !is_device_ptr(weights)) fail("expert_ffn_routed: ids and weights must be in device memory");
+  const float* xd = I.in(x, T * H);
+  auto oo = I.out(out, T * H, false);
+  float* xr = I.arena->get_n<float>(2 * P * H);
+  float* gate = I.arena->get_n<float>(P * Id);
+  float* up = I.arena->get_n<float>(P * Id);
+  float* ar = I.arena->get_n<float>(P * Id);
+  float* yd = I.arena->get_n<float>(P * H);
+  Q4Job* jgu = I.arena->get_n<Q4Job>(2 * P);
+  Q4Job* jd = I.arena->get_n<Q4Job>(P);
+  int64_t* tok = I.arena->get_n<int64_t>(2 * P);
+  int64_t* row_of = I.arena->get_n<int64_t>(P);
+  const int8_t** sg = I.arena->get_n<const int8_t*>(2 * P);
+  const int8_t** sd = I.arena->get_n<const int8_t*>(P);
+  k_routed_jobs<<<1, kMaxRoutedPairs, 0, I.stream>>>(ids, static_cast<const ExpertRef*>(table), tm.E, P, K, H, Id, xr, gate, up, ar, yd, jgu,
+                                                     jd, tok, sg, sd, row_of);
+  CU_LAUNCHED("k_routed_jobs");
+  I.grouped_swiglu(xd, tok, sg, sd, jgu, jd, 2 * P, P, P, H, Id, tm.group_gu, tm.group_d, gate, up, xr, ar);
+  k_moe_combine<<<blocks_for(T * H), 256, 0, I.stream>>>(yd, row_of, weights, T, K, H, oo.d);
+  CU_LAUNCHED("k_moe_combine");
+  I.finish(oo);
+  I.end();
+}
+
 void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
                                       float* margins) {
   Impl& I = *impl_;
@@ -1608,15 +1801,18 @@ void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bo
   I.copy_back(io);
   I.copy_back(wo);
   I.copy_back(mo);
-  // The host reads the ids right after (group_by_expert): one wait for all three.
-  CU(cudaStreamSynchronize(I.stream));
+  // The host reads host outputs right after (group_by_expert): one wait for all three. Outputs in
+  // device memory (expert_ffn_routed's ids) need no wait.
+  if (io.host != nullptr || wo.host != nullptr || mo.host != nullptr) CU(cudaStreamSynchronize(I.stream));
   I.end();
 }
 
 // ---- Attention ------------------------------------------------------------------------------------
 
-// The host cache stays authoritative (snapshots, serialization read it): the new rows are brought
-// to the host, written there by KvCache::write (its quantization), and the same bytes copied up.
+// The new rows are written into the cache's device mirror (k_kv_write: the host cache's element
+// formats) and left there: the host rows are marked deferred (KvCache::defer_rows), and a host
+// reader of the cache (a snapshot, serialization, a CPU kernel) downloads them first. A decode
+// step thus makes no host round trip per attention layer.
 void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) {
   Impl& I = *impl_;
   I.begin(__func__);
@@ -1626,22 +1822,20 @@ void CudaBackend::kv_append(KvCache& cache, int64_t pos0, int64_t T, const float
     fail("kv_append: positions [%lld, %lld) do not fit the cache's rows [%lld, %lld)", (long long)pos0, (long long)(pos0 + T),
          (long long)cache.base(), (long long)(cache.base() + cache.capacity()));
   const int64_t w = static_cast<int64_t>(cache.n_kv_heads()) * cache.head_dim();
-  std::vector<float> kh(static_cast<size_t>(T * w)), vh(kh.size());
-  const bool kd = is_device_ptr(k), vd = is_device_ptr(v);
-  if (kd) CU(cudaMemcpyAsync(kh.data(), k, kh.size() * 4, cudaMemcpyDeviceToHost, I.stream));
-  if (vd) CU(cudaMemcpyAsync(vh.data(), v, vh.size() * 4, cudaMemcpyDeviceToHost, I.stream));
-  CU(cudaStreamSynchronize(I.stream));
-  const float* ksrc = kd ? kh.data() : k;
-  const float* vsrc = vd ? vh.data() : v;
-  KvMirror& m = I.mirror(cache, false);
-  const bool was_current = m.gen == cache.generation() && m.gen != 0;
-  for (int64_t t = 0; t < T; ++t) cache.write(pos0 + t, ksrc + t * w, vsrc + t * w);
-  if (was_current) {  // (a reserve() that moved a windowed cache's rows changed its generation)
-    I.upload_rows(cache, m, pos0 - cache.base(), T);
-  } else {
-    I.upload_rows(cache, m, 0, cache.capacity());
-  }
-  m.gen = cache.generation();
+  const float* kd = I.in(k, T * w);
+  const float* vd = cache.keys_only() ? nullptr : I.in(v, T * w);
+  KvMirror& m = I.mirror(cache, true);  // current with the host rows (uploads them when they changed)
+  const KvDev d = I.kv_dev(cache, m);
+  const int64_t row0 = pos0 - cache.base(), n = T * cache.n_kv_heads() * cache.groups();
+  k_kv_write<<<blocks_for(n), 256, 0, I.stream>>>(d, m.k.get(), m.v.get(), static_cast<float*>(m.ks.get()), static_cast<float*>(m.vs.get()), kd,
+                                                  vd, T, cache.n_kv_heads(), row0);
+  CU_LAUNCHED("k_kv_write");
+  std::shared_ptr<bool> alive = I.alive;
+  cache.defer_rows(row0, row0 + T, [&I, alive](KvCache& c, int64_t lo, int64_t hi) {
+    if (!*alive) fail("KV cache: rows [%lld, %lld) were written on a CUDA device that is gone", (long long)lo, (long long)hi);
+    I.download_rows(c, lo, hi);
+  });
+  m.gen = cache.generation();  // the mirror holds the deferred rows: it is current
   I.end();
 }
 
@@ -1657,16 +1851,7 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
     fail("attention: positions [0, %lld) are needed, the cache holds [%lld, %lld)", (long long)(pos0 + T), (long long)kv.base(),
          (long long)(kv.base() + kv.capacity()));
   const KvMirror& m = I.mirror(kv, true);
-  KvDev d{};
-  d.type = kv.type() == KvType::kF32 ? 0 : kv.type() == KvType::kF16 ? 1 : 2;
-  d.hd = hd;
-  d.groups = kv.groups();
-  d.gd = kv.group_dim();
-  d.cap = kv.capacity();
-  d.k = m.k.get();
-  d.v = m.v.get();
-  d.ks = static_cast<const float*>(m.ks.get());
-  d.vs = static_cast<const float*>(m.vs.get());
+  const KvDev d = Impl::kv_dev(kv, m);
   const float* qd = I.in(q, T * n_heads * hd);
   auto oo = I.out(out, T * n_heads * hd, false);
   const int64_t nmax = pos0 + T;

@@ -110,6 +110,10 @@ class CudaBackend final : public Backend {
   void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
                   Activation act, float* y) override;
   void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
+  const void* make_expert_table(std::span<const ExpertMats> experts) override;
+  int64_t max_routed_pairs() const override { return 64; }
+  void expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
+                         float* out) override;
   void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
                            float* margins) override;
   void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
