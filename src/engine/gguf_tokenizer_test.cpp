@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "../../tests/support/gguf_writer.h"
 #include "common/error.h"
 #include "engine/loader.h"
-#include "support/gguf_vocab_writer.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -173,7 +173,7 @@ std::string deepseek_v3_gguf() {
     std::vector<std::string> merges;
     for (const auto& m : tj["model"]["merges"])
       merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
-    testing::GgufVocabWriter w;
+    testing::GgufWriter w;
     w.add_string("general.architecture", "deepseek2");
     w.add_string("tokenizer.ggml.model", "gpt2");
     w.add_string("tokenizer.ggml.pre", "deepseek-v3");
@@ -279,8 +279,8 @@ struct SpmVocab {
     types.push_back(type);
   }
   // Writes the vocabulary as a GGUF file; `extra` adds keys (e.g. add_space_prefix).
-  std::string write(const std::string& name, const std::function<void(testing::GgufVocabWriter&)>& extra = {}) const {
-    testing::GgufVocabWriter w;
+  std::string write(const std::string& name, const std::function<void(testing::GgufWriter&)>& extra = {}) const {
+    testing::GgufWriter w;
     w.add_string("general.architecture", "llama");
     w.add_string("tokenizer.ggml.model", "llama");
     w.add_strings("tokenizer.ggml.tokens", tokens);
@@ -366,7 +366,7 @@ TEST(GgufTokenizerSpm, SpecialTokensBosAndSpacePrefix) {
   EXPECT_EQ(t.decode(t.encode("hello world", true)), "<s> hello world");
   EXPECT_EQ(t.decode(t.encode("hello world", true), true), "hello world");
 
-  const tokenizer::Tokenizer np = *load_tokenizer(v.write("spm_noprefix", [](testing::GgufVocabWriter& w) {
+  const tokenizer::Tokenizer np = *load_tokenizer(v.write("spm_noprefix", [](testing::GgufWriter& w) {
     w.add_bool("tokenizer.ggml.add_space_prefix", false);
     w.add_bool("tokenizer.ggml.add_bos_token", false);
   }));
@@ -378,7 +378,7 @@ TEST(GgufTokenizerSpm, SpecialTokensBosAndSpacePrefix) {
 // A tiny byte-level BPE vocabulary (GPT-2 byte alphabet: 0xC3 'Ã', 0xA9 '©', 0xCC 'Ì', 0x81 'ģ')
 // under tokenizer.ggml.pre `pre`.
 std::string tiny_bpe_gguf(const std::string& pre) {
-  testing::GgufVocabWriter w;
+  testing::GgufWriter w;
   w.add_string("tokenizer.ggml.model", "gpt2");
   w.add_string("tokenizer.ggml.pre", pre);
   w.add_strings("tokenizer.ggml.tokens", {"e", "\xc3\x83", "\xc2\xa9", "\xc3\x83\xc2\xa9", "\xc3\x8c", "\xc4\xa3",
@@ -404,7 +404,7 @@ TEST(GgufTokenizer, PreNormalizerAndIgnoreMerges) {
 TEST(GgufTokenizer, UnknownModelOrPreIsAClearError) {
   auto expect_error = [](const std::string& model, const std::string& pre, const std::string& name,
                          const std::string& want) {
-    testing::GgufVocabWriter w;
+    testing::GgufWriter w;
     w.add_string("tokenizer.ggml.model", model);
     w.add_string("tokenizer.ggml.pre", pre);
     w.add_strings("tokenizer.ggml.tokens", {"a", "b", "ab"});

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../../tests/support/gguf_writer.h"
 #include "common/error.h"
 
 namespace spool::io {
@@ -45,31 +46,7 @@ void expect_error(const std::string& bytes, const std::string& what, const std::
   }
 }
 
-// Little-endian GGUF byte builder.
-struct Bytes {
-  std::string b;
-  Bytes& u8(uint8_t v) {
-    b.push_back(static_cast<char>(v));
-    return *this;
-  }
-  Bytes& u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
-    return *this;
-  }
-  Bytes& u64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
-    return *this;
-  }
-  Bytes& str(const std::string& s) {
-    u64(s.size());
-    b += s;
-    return *this;
-  }
-  Bytes& pad(size_t align) {
-    while (b.size() % align != 0) u8(0);
-    return *this;
-  }
-};
+using Bytes = spool::testing::GgufBytes;
 
 struct TInfo {
   std::string name;
@@ -98,8 +75,14 @@ std::string make_file(const std::string& kvs, uint64_t n_kv, const std::vector<T
 
 std::string arch_kv() { return Bytes().str("general.architecture").u32(8).str("test").b; }
 
-// A valid file: one F32 tensor [2 rows x 4 cols] at offset 0 (32 bytes).
-std::string valid_file() { return make_file(arch_kv(), 1, {{"t", {4, 2}, 0, 0}}, 32); }
+// A valid file (the shared test writer's): one F32 tensor [2 rows x 4 cols] at offset 0 (32 bytes
+// of 0x01, as make_file fills its data).
+std::string valid_file() {
+  spool::testing::GgufWriter w;
+  w.add_string("general.architecture", "test");
+  w.add_tensor("t", {4, 2}, GgmlType::F32, std::string(32, '\x01').data(), 32);
+  return w.bytes();
+}
 
 TEST(Gguf, ValidMinimalFile) {
   const std::string path = write_tmp("ok.gguf", valid_file());
@@ -115,7 +98,7 @@ TEST(Gguf, ValidMinimalFile) {
   EXPECT_EQ(t.row_bytes(), 16u);
   EXPECT_EQ(t.offset % 32, 0u);
   EXPECT_EQ(f.architecture(), "test");
-  EXPECT_EQ(f.data(t)[0], 1);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data(t)), 32), std::string(32, '\x01'));  // all its bytes
   GgufFile h = GgufFile::open(path, /*map=*/false);
   EXPECT_THROW(h.data(h.tensors()[0]), Error);
 }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../tests/support/golden.h"
+#include "../../tests/support/gguf_writer.h"
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/gguf.h"
@@ -88,83 +89,21 @@ void write_dequantized_gguf(const std::string& src, const std::string& dst,
                             const std::function<bool(const std::string&)>& drop_tensor = nullptr,
                             const std::function<bool(const std::string&)>& drop_key = nullptr) {
   const io::GgufFile g = io::GgufFile::open(src);
-  std::vector<const io::GgufTensor*> tensors;
-  for (const io::GgufTensor& t : g.tensors())
-    if (!drop_tensor || !drop_tensor(t.name)) tensors.push_back(&t);
-  std::vector<std::pair<std::string, const io::GgufValue*>> kvs;
+  testing::GgufWriter w;
   for (const auto& [key, v] : g.metadata())
-    if (!drop_key || !drop_key(key)) kvs.emplace_back(key, &v);
-  std::string out = "GGUF";
-  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
-  auto u32 = [&put](uint32_t v) { put(&v, 4); };
-  auto u64 = [&put](uint64_t v) { put(&v, 8); };
-  auto str = [&](const std::string& v) {
-    u64(v.size());
-    put(v.data(), v.size());
-  };
-  auto scalar_size = [](io::GgufType t) -> size_t {
-    switch (t) {
-      case io::GgufType::kUint8: case io::GgufType::kInt8: case io::GgufType::kBool: return 1;
-      case io::GgufType::kUint16: case io::GgufType::kInt16: return 2;
-      case io::GgufType::kUint32: case io::GgufType::kInt32: case io::GgufType::kFloat32: return 4;
-      default: return 8;
-    }
-  };
-  u32(3);
-  u64(tensors.size());
-  u64(kvs.size());
-  uint64_t alignment = 32;
-  for (const auto& [key, vp] : kvs) {
-    const io::GgufValue& v = *vp;
-    if (key == "general.alignment") alignment = static_cast<uint64_t>(v.to_int(key));
-    str(key);
-    u32(static_cast<uint32_t>(v.type));
-    if (v.type == io::GgufType::kString) {
-      str(v.str);
-    } else if (v.is_array()) {
-      u32(static_cast<uint32_t>(v.elem));
-      u64(v.count);
-      if (v.elem == io::GgufType::kString)
-        for (const std::string& x : v.strs) str(x);
-      else
-        put(v.raw.data(), v.raw.size());
+    if (!drop_key || !drop_key(key)) w.add_value(key, v);
+  for (const io::GgufTensor& t : g.tensors()) {
+    if (drop_tensor && drop_tensor(t.name)) continue;
+    const std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+    if (t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16) {
+      w.add_tensor(t.name, ne, t.type, g.data(t), t.nbytes);
     } else {
-      put(&v.bits, scalar_size(v.type));
+      std::vector<float> f(static_cast<size_t>(t.numel()));
+      ops::ggml_dequantize_row(t.type, g.data(t), t.numel(), f.data());
+      w.add_tensor_f32(t.name, ne, f);
     }
   }
-  std::vector<std::vector<uint8_t>> blobs;
-  uint64_t at = 0;
-  for (const io::GgufTensor* tp : tensors) {
-    const io::GgufTensor& t = *tp;
-    const bool is_float = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
-    std::vector<uint8_t> b;
-    if (is_float) {
-      b.assign(g.data(t), g.data(t) + t.nbytes);
-    } else {
-      b.resize(static_cast<size_t>(t.numel()) * 4);
-      ops::ggml_dequantize_row(t.type, g.data(t), t.numel(), reinterpret_cast<float*>(b.data()));
-    }
-    str(t.name);
-    u32(t.n_dims);
-    for (uint32_t d = 0; d < t.n_dims; ++d) u64(static_cast<uint64_t>(t.ne[d]));
-    u32(static_cast<uint32_t>(is_float ? t.type : GgmlType::F32));
-    at = (at + alignment - 1) / alignment * alignment;
-    u64(at);
-    at += b.size();
-    blobs.push_back(std::move(b));
-  }
-  uint64_t rel = 0;
-  out.resize((out.size() + alignment - 1) / alignment * alignment, '\0');
-  for (const auto& b : blobs) {
-    const uint64_t pad = (rel + alignment - 1) / alignment * alignment - rel;
-    out.append(pad, '\0');
-    rel += pad;
-    put(b.data(), b.size());
-    rel += b.size();
-  }
-  std::ofstream f(dst, std::ios::binary | std::ios::trunc);
-  f.write(out.data(), static_cast<std::streamsize>(out.size()));
-  ASSERT_TRUE(f.good()) << "cannot write " << dst;
+  w.write(dst);
 }
 
 class GgufModel : public ::testing::TestWithParam<std::string> {};
@@ -185,79 +124,15 @@ TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safete
 
 void expect_load_error(const std::string& path, const std::string& want);
 
-// One metadata entry of write_gguf_f32: a uint32, float32, string or bool-array value.
-struct Kv {
-  std::string key;
-  enum { kU32, kF32, kStr, kBools } type;
-  uint32_t u = 0;
-  float f = 0;
-  std::string s;
-  std::vector<uint8_t> bools;
-};
-Kv kv_u32(std::string k, int64_t v) { return Kv{std::move(k), Kv::kU32, static_cast<uint32_t>(v)}; }
-Kv kv_f32(std::string k, double v) { return Kv{std::move(k), Kv::kF32, 0, static_cast<float>(v)}; }
-Kv kv_str(std::string k, std::string v) { return Kv{std::move(k), Kv::kStr, 0, 0, std::move(v)}; }
-
-// One tensor of write_gguf_f32: `shape` in PyTorch order of elements (GGUF ne is its reverse);
-// F32 `data`, or, when `blocks` is not empty, MXFP4 blocks (17 bytes per 32 elements of a row).
+// One tensor of write_gpt_oss_gguf: `shape` in PyTorch order of elements (GGUF ne is its
+// reverse); F32 `data`, or, when `blocks` is not empty, MXFP4 blocks (17 bytes per 32 elements of
+// a row).
 struct F32Tensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> data;
   std::vector<uint8_t> blocks;
 };
-
-// Writes a GGUF v3 file (alignment 32, the GGUF notes section 2) with `kvs` and `tensors`.
-void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const std::vector<F32Tensor>& tensors) {
-  std::string out = "GGUF";
-  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
-  auto u32 = [&put](uint32_t v) { put(&v, 4); };
-  auto u64 = [&put](uint64_t v) { put(&v, 8); };
-  auto str = [&](const std::string& v) {
-    u64(v.size());
-    put(v.data(), v.size());
-  };
-  u32(3);
-  u64(tensors.size());
-  u64(kvs.size());
-  for (const Kv& kv : kvs) {
-    str(kv.key);
-    if (kv.type == Kv::kU32) {
-      u32(static_cast<uint32_t>(io::GgufType::kUint32));
-      u32(kv.u);
-    } else if (kv.type == Kv::kF32) {
-      u32(static_cast<uint32_t>(io::GgufType::kFloat32));
-      put(&kv.f, 4);
-    } else if (kv.type == Kv::kStr) {
-      u32(static_cast<uint32_t>(io::GgufType::kString));
-      str(kv.s);
-    } else {
-      u32(static_cast<uint32_t>(io::GgufType::kArray));
-      u32(static_cast<uint32_t>(io::GgufType::kBool));
-      u64(kv.bools.size());
-      put(kv.bools.data(), kv.bools.size());
-    }
-  }
-  constexpr uint64_t kAlign = 32;
-  uint64_t at = 0;
-  for (const F32Tensor& t : tensors) {
-    str(t.name);
-    u32(static_cast<uint32_t>(t.shape.size()));
-    for (size_t d = t.shape.size(); d-- > 0;) u64(static_cast<uint64_t>(t.shape[d]));
-    u32(static_cast<uint32_t>(t.blocks.empty() ? GgmlType::F32 : GgmlType::MXFP4));
-    u64(at);
-    at = (at + (t.blocks.empty() ? t.data.size() * 4 : t.blocks.size()) + kAlign - 1) / kAlign * kAlign;
-  }
-  out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
-  for (const F32Tensor& t : tensors) {
-    if (t.blocks.empty()) put(t.data.data(), t.data.size() * 4);
-    else put(t.blocks.data(), t.blocks.size());
-    out.resize((out.size() + kAlign - 1) / kAlign * kAlign, '\0');
-  }
-  std::ofstream f(dst, std::ios::binary | std::ios::trunc);
-  f.write(out.data(), static_cast<std::streamsize>(out.size()));
-  ASSERT_TRUE(f.good()) << "cannot write " << dst;
-}
 
 // Writes the gpt_oss fixture (`dir`, F32 safetensors with float experts) as the F32 GGUF that
 // llama.cpp's converter (class GptOssModel, arch gpt-oss) makes of it, the same file as
@@ -267,8 +142,9 @@ void write_gguf_f32(const std::string& dst, const std::vector<Kv>& kvs, const st
 // gate_up_proj [E, H, 2I] transposed to [E, 2I, H] and split gate = even rows -> ffn_gate_exps,
 // up = odd rows -> ffn_up_exps, the bias [E, 2I] likewise; down_proj [E, I, H] transposed to
 // ffn_down_exps [E, H, I]; metadata as GptOssModel / TextModel write it (YaRN keys, sliding window).
-// `extra` metadata entries are appended.
-void write_gpt_oss_gguf(const std::string& dir, const std::string& dst, const std::vector<Kv>& extra = {}) {
+// `extra` appends metadata entries.
+void write_gpt_oss_gguf(const std::string& dir, const std::string& dst,
+                        const std::function<void(testing::GgufWriter&)>& extra = nullptr) {
   const io::SafetensorsFile sf = io::SafetensorsFile::open(dir + "/model.safetensors");
   const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
   auto get = [&](const std::string& hf) {
@@ -362,30 +238,36 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst, const st
   }
   const nlohmann::json& rope = cfg["rope_parameters"];
   const std::string a = "gpt-oss.";
-  std::vector<Kv> kvs = {
-      kv_str("general.architecture", "gpt-oss"),
-      kv_u32(a + "context_length", cfg["max_position_embeddings"]),
-      kv_u32(a + "embedding_length", cfg["hidden_size"]),
-      kv_u32(a + "block_count", L),
-      kv_u32(a + "feed_forward_length", cfg["intermediate_size"]),
-      kv_u32(a + "attention.head_count", cfg["num_attention_heads"]),
-      kv_u32(a + "attention.head_count_kv", cfg["num_key_value_heads"]),
-      kv_u32(a + "attention.key_length", cfg["head_dim"]),
-      kv_u32(a + "attention.value_length", cfg["head_dim"]),
-      kv_f32(a + "rope.freq_base", rope["rope_theta"]),
-      kv_f32(a + "attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"]),
-      kv_u32(a + "expert_count", cfg["num_local_experts"]),
-      kv_u32(a + "expert_used_count", cfg["num_experts_per_tok"]),
-      kv_u32(a + "attention.sliding_window", cfg["sliding_window"]),
-      kv_u32(a + "expert_feed_forward_length", cfg["intermediate_size"]),
-      kv_str(a + "rope.scaling.type", "yarn"),
-      kv_f32(a + "rope.scaling.factor", rope["factor"]),
-      kv_u32(a + "rope.scaling.original_context_length", rope["original_max_position_embeddings"]),
-      kv_f32(a + "rope.scaling.yarn_beta_fast", rope["beta_fast"]),
-      kv_f32(a + "rope.scaling.yarn_beta_slow", rope["beta_slow"]),
-  };
-  kvs.insert(kvs.end(), extra.begin(), extra.end());
-  write_gguf_f32(dst, kvs, ts);
+  testing::GgufWriter w;
+  auto u32 = [&w](const std::string& k, const nlohmann::json& v) { w.add_u32(k, v.get<uint32_t>()); };
+  auto f32 = [&w](const std::string& k, const nlohmann::json& v) { w.add_f32(k, static_cast<float>(v.get<double>())); };
+  w.add_string("general.architecture", "gpt-oss");
+  u32(a + "context_length", cfg["max_position_embeddings"]);
+  u32(a + "embedding_length", cfg["hidden_size"]);
+  u32(a + "block_count", L);
+  u32(a + "feed_forward_length", cfg["intermediate_size"]);
+  u32(a + "attention.head_count", cfg["num_attention_heads"]);
+  u32(a + "attention.head_count_kv", cfg["num_key_value_heads"]);
+  u32(a + "attention.key_length", cfg["head_dim"]);
+  u32(a + "attention.value_length", cfg["head_dim"]);
+  f32(a + "rope.freq_base", rope["rope_theta"]);
+  f32(a + "attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"]);
+  u32(a + "expert_count", cfg["num_local_experts"]);
+  u32(a + "expert_used_count", cfg["num_experts_per_tok"]);
+  u32(a + "attention.sliding_window", cfg["sliding_window"]);
+  u32(a + "expert_feed_forward_length", cfg["intermediate_size"]);
+  w.add_string(a + "rope.scaling.type", "yarn");
+  f32(a + "rope.scaling.factor", rope["factor"]);
+  u32(a + "rope.scaling.original_context_length", rope["original_max_position_embeddings"]);
+  f32(a + "rope.scaling.yarn_beta_fast", rope["beta_fast"]);
+  f32(a + "rope.scaling.yarn_beta_slow", rope["beta_slow"]);
+  if (extra) extra(w);
+  for (const F32Tensor& t : ts) {
+    const std::vector<int64_t> ne(t.shape.rbegin(), t.shape.rend());
+    if (t.blocks.empty()) w.add_tensor_f32(t.name, ne, t.data);
+    else w.add_tensor(t.name, ne, GgmlType::MXFP4, t.blocks.data(), t.blocks.size());
+  }
+  w.write(dst);
 }
 
 // gpt-oss (arch "gpt-oss"): gate / up split out of the interleaved gate_up and their biases,
@@ -440,13 +322,13 @@ TEST(GgufGptOss, StreamingEqualsResidentBitForBit) {
 TEST(GgufGptOss, SlidingWindowPatternKey) {
   const std::string path = (std::filesystem::path(::testing::TempDir()) / "spool_gpt_oss_swa.gguf").string();
   const std::string key = "gpt-oss.attention.sliding_window_pattern";
-  Kv arr{key, Kv::kBools};
-  arr.bools = {0, 1, 1, 0};
-  const std::pair<Kv, std::vector<bool>> cases[] = {{kv_u32(key, 3), {true, true, false, true}},
-                                                    {kv_u32(key, 0), {true, true, true, true}},
-                                                    {arr, {false, true, true, false}}};
-  for (const auto& [kv, want] : cases) {
-    write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", path, {kv});
+  using Add = std::function<void(testing::GgufWriter&)>;
+  const std::pair<Add, std::vector<bool>> cases[] = {
+      {[&](testing::GgufWriter& w) { w.add_u32(key, 3); }, {true, true, false, true}},
+      {[&](testing::GgufWriter& w) { w.add_u32(key, 0); }, {true, true, true, true}},
+      {[&](testing::GgufWriter& w) { w.add_bools(key, {false, true, true, false}); }, {false, true, true, false}}};
+  for (const auto& [add, want] : cases) {
+    write_gpt_oss_gguf(data_dir() + "/models/gpt_oss", path, add);
     Loaded g = load(path);
     EXPECT_EQ(g.model->spec().attn.window_layers, want);
   }
