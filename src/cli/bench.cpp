@@ -151,7 +151,9 @@ void run(const BenchOptions& o) {
   const std::string model = strfmt("%s %.1fB", s.model_type.c_str(), s.params_total / 1e9);
   const std::string backend =
       l.device == "cpu" ? strfmt("CPU (%s)%s", ops::simd_target_name(), l.streaming ? " +stream" : "")
-                        : strfmt("CUDA (%s, %s)%s%s", l.device_name.c_str(), l.device.c_str(), l.experts_on_device ? " experts in VRAM" : " host experts",
+                        : strfmt("CUDA (%s, %s)%s%s", l.device_name.c_str(), l.device.c_str(), l.experts_on_device ? " experts in VRAM"
+                                 : l.experts_static ? strfmt(" experts static %.0f%% VRAM", 100.0 * l.vram_expert_share).c_str()
+                                                    : " host experts",
                                  l.streaming ? " +stream" : "");
   // The host->device link of the GPU (pinned and pageable copies of 256 MiB), measured here.
   double h2d_pinned = 0, h2d_pageable = 0;

@@ -33,6 +33,11 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
   app->add_option("--vram-budget-gb", vram_budget,
                   "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (the GPU's free memory less 512 MiB, at most 90% of it); routed experts that do not all fit get VRAM slots in what is left");
+  app->add_option("--vram-experts", vram_experts,
+                  "GPU runs whose routed experts do not all fit VRAM: 'static' (a fixed share of each layer's experts in VRAM, the "
+                  "rest in page-locked host memory the GPU reads in place: no copies, no per-layer waits), 'slots' (LRU expert "
+                  "slots in VRAM over the RAM tier and disk) or 'auto' (static when every expert fits in host memory; default)")
+      ->check(CLI::IsMember({"auto", "static", "slots"}));
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
   app->add_option("--host-expert-slots", host_expert_slots,
@@ -61,6 +66,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.kv_bits = kv_bits;
   o.device = device;
   o.vram_budget = vram_budget;
+  o.vram_experts = vram_experts;
   o.host_expert_slots = host_expert_slots;
   return o;
 }
@@ -145,6 +151,8 @@ nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& tw, int64_t 
   if (l.device != "cpu") {
     j["device_name"] = l.device_name;
     j["experts_on_device"] = l.experts_on_device;
+    j["experts_static"] = l.experts_static;
+    j["vram_expert_share"] = l.vram_expert_share;
     j["vram_budget_bytes"] = l.vram_budget;
     j["vram_uploaded_bytes"] = l.vram_used;
   }
@@ -156,7 +164,11 @@ std::string stats_line(const Loaded& l, const TierStats& tw, int64_t tokens) {
   const uint64_t pc = engine::page_cache_resident_bytes(*l.ckpt);
   const std::string dev = l.device == "cpu" ? "device cpu; "
                           : strfmt("device %s (%s), experts %s; ", l.device.c_str(), l.device_name.c_str(),
-                                   l.experts_on_device ? "in VRAM" : l.expert_slots ? "in VRAM slots" : "copied from host per use");
+                                   l.experts_on_device ? "in VRAM"
+                                   : l.experts_static ? strfmt("static (%.0f%% in VRAM, the rest read in place from pinned host memory)",
+                                                               100.0 * l.vram_expert_share).c_str()
+                                   : l.expert_slots   ? "in VRAM slots"
+                                                      : "copied from host per use");
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
   std::string slots;
   if (l.expert_slots) {

@@ -31,6 +31,7 @@ struct ModelOptions {
   int kv_bits = 32;
   std::string device = "auto";
   std::string vram_budget = "auto";
+  std::string vram_experts = "auto";
   int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);

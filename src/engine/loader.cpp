@@ -260,6 +260,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (opt.host_expert_slots < 0) throw UsageError(strfmt("--host-expert-slots must be >= 0 (got %d)", opt.host_expert_slots));
   if (opt.ctx_size < 1) throw UsageError(strfmt("--ctx-size must be positive (got %lld)", (long long)opt.ctx_size));
   if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
+  if (opt.vram_experts != "auto" && opt.vram_experts != "static" && opt.vram_experts != "slots")
+    throw UsageError(strfmt("--vram-experts must be auto, static or slots (got '%s')", opt.vram_experts.c_str()));
   if (opt.io_engine != "pread" && opt.io_engine != "uring")
     throw UsageError(strfmt("--io-engine must be pread or uring (got '%s')", opt.io_engine.c_str()));
   double budget_gb = -1;  // < 0: auto; 0: no cache beyond the experts of the current layer
@@ -349,16 +351,29 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   // memory left, the cache holds them all (read from disk once, then kept pinned), else what
   // is left (disk behind it).
   bool pinned_tier = false;
+  // --vram-experts static (auto: when every expert fits in host memory and --stream was not given):
+  // no streaming cache; the experts that the VRAM budget does not hold are copied once into
+  // page-locked host memory that the GPU reads in place (models::DeviceExperts' static placement).
+  bool static_experts = false;
 #if SPOOL_HAVE_CUDA
   if (cuda && experts > 0) {
     const plan::GpuPlacement pre = plan::place_on_gpu(l.vram_budget, cuda->uploaded_bytes(),
                                                       state_bytes(spec, opt.ctx_size, opt.kv_bits, opt.prefill_step) * opt.parallel,
                                                       l.model->workspace_capacity(), experts, stream);
-    if (pre.fits && !pre.experts_in_vram && opt.stream.value_or(true)) {
-      pinned_tier = true;
-      stream = true;
-      log_info("the routed experts (%s) stay in host memory (VRAM budget %s, or --stream): %s", format_bytes(experts).c_str(),
-               format_bytes(l.vram_budget).c_str(), plan::kHostTierRule);
+    if (pre.fits && !pre.experts_in_vram) {
+      const bool all_in_ram = budget_gb >= 0 ? budget_gb * static_cast<double>(kGiB) >= static_cast<double>(experts)
+                                             : plan::auto_cache_budget(available, base, experts) == experts;
+      static_experts = opt.vram_experts == "static" || (opt.vram_experts == "auto" && !opt.stream.value_or(false) && all_in_ram);
+      if (static_experts) {
+        log_info("the routed experts (%s) do not all fit the VRAM budget %s: a share of each layer's in VRAM, the rest in "
+                 "page-locked host memory the GPU reads in place (--vram-experts static)",
+                 format_bytes(experts).c_str(), format_bytes(l.vram_budget).c_str());
+      } else if (opt.stream.value_or(true)) {
+        pinned_tier = true;
+        stream = true;
+        log_info("the routed experts (%s) stay in host memory (VRAM budget %s, or --stream): %s", format_bytes(experts).c_str(),
+                 format_bytes(l.vram_budget).c_str(), plan::kHostTierRule);
+      }
     }
   }
 #endif
@@ -437,27 +452,37 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       log_info("%s", dev->describe().c_str());
       l.model->set_expert_provider(dev);
       l.experts_on_device = true;
+      l.vram_expert_share = 1.0;
     } else if (experts > 0) {
       log_info("routed experts (%s) stay in host memory: dense %s + KV/state %s + workspace %s + experts exceed the VRAM budget %s%s",
                format_bytes(experts).c_str(), format_bytes(g.dense).c_str(), format_bytes(g.state).c_str(),
                format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), stream ? " (or --stream was given)" : "");
       // The VRAM tier: what the budget has left holds expert slots (LRU) in front of the host
-      // provider (the mapping, or the streaming cache: RAM tier, then disk).
+      // provider (the mapping, or the streaming cache: RAM tier, then disk), or a static share.
       const uint64_t left = l.vram_budget - cuda->uploaded_bytes() - g.state - g.workspace;
       const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
       std::vector<bool> moe_layers(spec.n_layers);
       for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
-      try {
-        auto slots = std::make_shared<models::DeviceExpertCache>(l.model->shared_expert_provider(), *backend, moe_layers,
-                                                                 spec.moe.n_experts, left, one_token);
-        log_info("%s", slots->describe().c_str());
-        l.expert_slots = slots;
-        l.model->set_expert_provider(slots);
-      } catch (const Error& e) {
-        log_info("no VRAM expert slots (%s): each routed expert is copied to the GPU when used", e.what());
-        // Those copies are not waited for before the cache may reuse their source: pageable
-        // memory, which the copy stages before it returns.
-        if (l.streaming) l.streaming->unpin();
+      if (static_experts) {
+        auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left);
+        log_info("%s", dev->describe().c_str());
+        l.model->set_expert_provider(dev);
+        l.experts_static = true;
+        const int64_t n = dev->experts_on_device() + dev->experts_in_host();
+        l.vram_expert_share = n > 0 ? static_cast<double>(dev->experts_on_device()) / static_cast<double>(n) : 0.0;
+      } else {
+        try {
+          auto slots = std::make_shared<models::DeviceExpertCache>(l.model->shared_expert_provider(), *backend, moe_layers,
+                                                                   spec.moe.n_experts, left, one_token);
+          log_info("%s", slots->describe().c_str());
+          l.expert_slots = slots;
+          l.model->set_expert_provider(slots);
+        } catch (const Error& e) {
+          log_info("no VRAM expert slots (%s): each routed expert is copied to the GPU when used", e.what());
+          // Those copies are not waited for before the cache may reuse their source: pageable
+          // memory, which the copy stages before it returns.
+          if (l.streaming) l.streaming->unpin();
+        }
       }
     }
     l.vram_used = cuda->uploaded_bytes();

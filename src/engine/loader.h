@@ -34,6 +34,9 @@ struct LoadOptions {
   std::string device = "auto";         // --device cpu | cuda | cuda:N | auto (cuda:0 when this build has CUDA and a GPU is present)
   std::string vram_budget = "auto";    // --vram-budget-gb: GB of GPU memory for dense weights + KV + workspace + experts, or
                                        // "auto" (90% of the GPU's memory); routed experts go to VRAM only when all fit
+  std::string vram_experts = "auto";   // --vram-experts static|slots|auto: routed experts that do not all fit VRAM get a
+                                       // fixed share of VRAM + mapped page-locked host memory (static), or LRU VRAM slots
+                                       // over the RAM tier (slots); auto: static when every expert fits in host memory
   int64_t ctx_size = 4096;             // --ctx-size: tokens of context the run holds (sizes the KV and workspace
                                        // estimates kept out of the cache budget); commands set what they use
   int64_t prefill_step = 512;          // --prefill-step-size: tokens per forward pass (sizes the workspace estimate)
@@ -76,6 +79,8 @@ struct LoadedModel {
   std::string device = "cpu";     // where the model runs: "cpu" or "cuda:N"
   std::string device_name;        // the GPU's name ("" on the CPU)
   bool experts_on_device = false; // routed experts resident in VRAM (else read from host memory or disk per use)
+  bool experts_static = false;    // --vram-experts static: a share in VRAM, the rest read in place from mapped host memory
+  double vram_expert_share = 0;   // fraction of the routed experts in VRAM (1 when experts_on_device)
   std::shared_ptr<models::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
   uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)

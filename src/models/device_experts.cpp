@@ -1,6 +1,7 @@
 #include "models/device_experts.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/sysinfo.h"
@@ -17,31 +18,105 @@ uint64_t weight_view_bytes(const ops::WeightView& w) {
   return n;
 }
 
+void DeviceExperts::upload_expert(ops::Backend& be, size_t l, int e, const experts::ExpertWeights& w) {
+  experts::ExpertWeights& d = experts_[l][static_cast<size_t>(e)];
+  d.gate = be.upload(w.gate);
+  d.up = be.upload(w.up);
+  d.down = be.upload(w.down);
+  bytes_ += weight_view_bytes(w.gate) + weight_view_bytes(w.up) + weight_view_bytes(w.down);
+  ++n_device_;
+}
+
+void DeviceExperts::make_tables(ops::Backend& be, const std::vector<bool>& moe_layers) {
+  tables_.assign(moe_layers.size(), nullptr);
+  for (size_t l = 0; l < moe_layers.size(); ++l)
+    if (moe_layers[l]) tables_[l] = be.make_expert_table(experts_[l]);
+}
+
+namespace {
+// Calls fn(w) with expert e of layer l acquired from `source` (released after, also on error).
+template <class Fn>
+void with_expert(experts::ExpertProvider& source, size_t l, int e, Fn&& fn) {
+  experts::ExpertWeights w;
+  source.acquire(static_cast<int>(l), std::span<const int>(&e, 1), std::span<experts::ExpertWeights>(&w, 1));
+  try {
+    fn(w);
+  } catch (...) {
+    source.release(static_cast<int>(l));
+    throw;
+  }
+  source.release(static_cast<int>(l));
+}
+uint64_t packed_expert_bytes(const experts::ExpertWeights& w) {
+  return ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down);
+}
+}  // namespace
+
 DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts)
     : device_(ops::device_name(be.device())) {
   experts_.resize(moe_layers.size());
   for (size_t l = 0; l < moe_layers.size(); ++l) {
     if (!moe_layers[l]) continue;
     experts_[l].resize(static_cast<size_t>(n_experts));
-    for (int e = 0; e < n_experts; ++e) {
-      experts::ExpertWeights w;
-      source.acquire(static_cast<int>(l), std::span<const int>(&e, 1), std::span<experts::ExpertWeights>(&w, 1));
-      try {
-        experts::ExpertWeights& d = experts_[l][static_cast<size_t>(e)];
-        d.gate = be.upload(w.gate);
-        d.up = be.upload(w.up);
-        d.down = be.upload(w.down);
-        bytes_ += weight_view_bytes(w.gate) + weight_view_bytes(w.up) + weight_view_bytes(w.down);
-      } catch (...) {
-        source.release(static_cast<int>(l));
-        throw;
-      }
-      source.release(static_cast<int>(l));
-    }
+    for (int e = 0; e < n_experts; ++e) with_expert(source, l, e, [&](const experts::ExpertWeights& w) { upload_expert(be, l, e, w); });
   }
-  tables_.assign(moe_layers.size(), nullptr);
-  for (size_t l = 0; l < moe_layers.size(); ++l)
-    if (moe_layers[l]) tables_[l] = be.make_expert_table(experts_[l]);
+  make_tables(be, moe_layers);
+}
+
+DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts,
+                             uint64_t vram_bytes)
+    : device_(ops::device_name(be.device())) {
+  experts_.resize(moe_layers.size());
+  const uint64_t n_moe = static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true));
+  if (n_moe == 0 || n_experts <= 0) fail("device experts: the model has no routed experts");
+  const uint64_t share = vram_bytes / n_moe;
+  // Pass 1 (views only): how many experts of each layer the VRAM share holds, and the host bytes of the rest.
+  std::vector<int> on_device(moe_layers.size(), 0);
+  uint64_t host = 0;
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    if (!moe_layers[l]) continue;
+    uint64_t used = 0;
+    bool full = false;
+    for (int e = 0; e < n_experts; ++e)
+      with_expert(source, l, e, [&](const experts::ExpertWeights& w) {
+        const uint64_t b = packed_expert_bytes(w);
+        if (!full && used + b <= share) {
+          used += b;
+          ++on_device[l];
+        } else {
+          full = true;
+          host += b;
+        }
+      });
+  }
+  char* mem = nullptr;
+  if (host > 0) {
+    mem = static_cast<char*>(be.alloc_host_mapped(host));
+    if (mem == nullptr)
+      fail("device experts: %s of page-locked host memory that %s reads in place could not be had", format_bytes(host).c_str(), device_);
+  }
+  // Pass 2: upload the device share, copy the rest into the mapped block.
+  uint64_t at = 0;
+  const ops::Device dev = be.device();
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    if (!moe_layers[l]) continue;
+    experts_[l].resize(static_cast<size_t>(n_experts));
+    for (int e = 0; e < n_experts; ++e)
+      with_expert(source, l, e, [&](const experts::ExpertWeights& w) {
+        if (e < on_device[l]) return upload_expert(be, l, e, w);
+        const uint64_t b = packed_expert_bytes(w);
+        if (at + b > host) fail("device experts: expert %d of layer %zu changed size between two reads", e, l);
+        const auto copy = [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); };
+        experts::ExpertWeights& d = experts_[l][static_cast<size_t>(e)];
+        d.gate = ops::pack_weight(w.gate, mem + at, dev, copy);
+        d.up = ops::pack_weight(w.up, mem + at + ops::packed_weight_bytes(w.gate), dev, copy);
+        d.down = ops::pack_weight(w.down, mem + at + ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up), dev, copy);
+        at += b;
+        host_bytes_ += weight_view_bytes(w.gate) + weight_view_bytes(w.up) + weight_view_bytes(w.down);
+        ++n_host_;
+      });
+  }
+  make_tables(be, moe_layers);
 }
 
 void DeviceExperts::acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) {
@@ -54,7 +129,10 @@ void DeviceExperts::acquire(int layer, std::span<const int> ids, std::span<exper
 }
 
 std::string DeviceExperts::describe() const {
-  return strfmt("experts resident on %s: %s", device_, format_bytes(bytes_).c_str());
+  if (n_host_ == 0) return strfmt("experts resident on %s: %s", device_, format_bytes(bytes_).c_str());
+  return strfmt("experts placed statically: %lld of %lld on %s (%s), %lld in page-locked host memory read in place over the host link (%s)",
+                (long long)n_device_, (long long)(n_device_ + n_host_), device_, format_bytes(bytes_).c_str(), (long long)n_host_,
+                format_bytes(host_bytes_).c_str());
 }
 
 DeviceExpertCache::DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> source, ops::Backend& be,

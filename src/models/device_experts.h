@@ -2,9 +2,11 @@
 // of every MoE layer is taken once from a host provider (the mmap'd checkpoint's ResidentExperts)
 // and copied with Backend::upload; acquire() then hands out the device views, so decode reads
 // expert weights from VRAM and nothing crosses the host link per token. The engine chooses it
-// when dense weights + KV + workspace + experts fit --vram-budget-gb (engine/loader.cpp); when
-// they do not, DeviceExpertCache keeps as many as the budget holds in VRAM slots (LRU) in front
-// of the host provider.
+// when dense weights + KV + workspace + experts fit --vram-budget-gb (engine/loader.cpp). When
+// they do not, either the same class places a fixed share of each layer's experts in VRAM and the
+// rest in page-locked host memory the GPU reads in place (--vram-experts static), or
+// DeviceExpertCache keeps as many as the budget holds in VRAM slots (LRU) in front of the host
+// provider (--vram-experts slots).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +26,15 @@ class DeviceExperts final : public experts::ExpertProvider {
   /// and released one at a time) to `be` (which must outlive this provider). Throws
   /// spool::Error when the source fails or device memory runs out.
   DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts);
+  /// Static placement across VRAM and pinned host memory: experts [0, n_l) of each MoE layer l are
+  /// uploaded, n_l being what an equal share of `vram_bytes` holds of that layer's experts (their
+  /// packed sizes, ops::packed_weight_bytes); the others are copied once into page-locked host
+  /// memory that the backend's kernels read in place over the host link (Backend::
+  /// alloc_host_mapped): each use streams those bytes to the GPU without a copy, a slot or a
+  /// host decision, so the routed path (device_table) runs for every layer. Throws spool::Error
+  /// when the backend has no mapped host memory or it cannot be had, or device memory runs out.
+  DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts,
+                uint64_t vram_bytes);
   void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;
   void release(int layer) override {}
   std::string describe() const override;
@@ -34,8 +45,19 @@ class DeviceExperts final : public experts::ExpertProvider {
   }
   /// Bytes of the weights uploaded (their host sizes: codes, scales, codebooks, signs).
   uint64_t bytes() const { return bytes_; }
+  /// Bytes of the experts in mapped host memory (static placement; 0 otherwise).
+  uint64_t host_bytes() const { return host_bytes_; }
+  /// Experts uploaded to the device and experts in mapped host memory (all MoE layers).
+  int64_t experts_on_device() const { return n_device_; }
+  int64_t experts_in_host() const { return n_host_; }
 
  private:
+  // Uploads `w` (expert e of layer l) into experts_[l][e]; adds to bytes_.
+  void upload_expert(ops::Backend& be, size_t l, int e, const experts::ExpertWeights& w);
+  // Makes the backend's expert table of every MoE layer.
+  void make_tables(ops::Backend& be, const std::vector<bool>& moe_layers);
+  uint64_t host_bytes_ = 0;
+  int64_t n_device_ = 0, n_host_ = 0;
   std::vector<std::vector<experts::ExpertWeights>> experts_;  // [layer][expert], device views
   std::vector<const void*> tables_;                           // [layer] Backend::make_expert_table (or nullptr)
   uint64_t bytes_ = 0;

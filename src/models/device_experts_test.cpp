@@ -62,6 +62,62 @@ class Counting final : public experts::ExpertProvider {
   std::shared_ptr<experts::ExpertProvider> inner_;
 };
 
+// A CPU backend whose "mapped host memory" is plain heap memory (the CPU reads it in place, as a
+// GPU reads CUDA's mapped pinned memory), to check DeviceExperts' static placement on the CPU.
+class MappedCpu final : public ops::CpuBackend {
+ public:
+  explicit MappedCpu(ops::ThreadPool* pool) : ops::CpuBackend(pool) {}
+  void* alloc_host_mapped(uint64_t bytes) override {
+    blocks.push_back(std::make_unique<char[]>(bytes));
+    mapped += bytes;
+    return blocks.back().get();
+  }
+  std::vector<std::unique_ptr<char[]>> blocks;
+  uint64_t mapped = 0;
+};
+
+// Static placement (--vram-experts static): a share of each layer's experts "uploaded", the rest
+// packed into mapped host memory; the demo model's logits are those of the resident experts bit
+// for bit at every budget, the split follows the budget (none, about half, all), and a backend
+// without mapped memory is a clear error.
+TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
+  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  ops::ThreadPool pool(2);
+  auto be = std::make_shared<MappedCpu>(&pool);
+  auto m = load_model(ckpt, be);
+  const ModelSpec& s = m->spec();
+  const std::vector<int32_t> ids = {760, 3469, 369, 1036, 35, 1559, 1090, 3236};
+  const std::vector<float> want = greedy_logits(*m, ids, 6);
+  const std::vector<bool> moe = moe_layers(s);
+  const int64_t n_moe = std::count(moe.begin(), moe.end(), true), all = n_moe * s.moe.n_experts;
+  auto resident = m->shared_expert_provider();
+  DeviceExperts everything(*resident, *be, moe, s.moe.n_experts);  // (the bytes of all experts)
+  const uint64_t total = everything.bytes();
+  ASSERT_GT(total, 0u);
+  for (const double frac : {0.0, 0.5, 4.0}) {
+    SCOPED_TRACE("VRAM budget " + std::to_string(frac) + " x the experts");
+    const uint64_t mapped0 = be->mapped;
+    auto dev = std::make_shared<DeviceExperts>(*resident, *be, moe, s.moe.n_experts, static_cast<uint64_t>(frac * static_cast<double>(total)));
+    EXPECT_EQ(dev->experts_on_device() + dev->experts_in_host(), all);
+    if (frac == 0.0) EXPECT_EQ(dev->experts_on_device(), 0);
+    if (frac == 4.0) EXPECT_EQ(dev->experts_in_host(), 0);
+    if (frac == 0.5) {
+      EXPECT_GT(dev->experts_on_device(), all / 4);
+      EXPECT_LT(dev->experts_on_device(), all * 3 / 4);
+      EXPECT_EQ(dev->experts_on_device() % n_moe, 0) << "an equal share of every layer";
+    }
+    EXPECT_EQ(be->mapped - mapped0 > 0, dev->experts_in_host() > 0) << "host share packed into mapped memory";
+    EXPECT_NE(dev->describe().find(dev->experts_in_host() > 0 ? "page-locked host memory" : "resident"), std::string::npos) << dev->describe();
+    m->set_expert_provider(dev);
+    const std::vector<float> got = greedy_logits(*m, ids, 6);
+    m->set_expert_provider(nullptr);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  }
+  ops::CpuBackend plain(&pool);
+  EXPECT_THROW(DeviceExperts(*resident, plain, moe, s.moe.n_experts, 0), Error) << "no mapped host memory";
+}
+
 // The demo model with its experts behind slot caches of several sizes, over the resident
 // mapping and over a streaming provider (the RAM tier): the logits of a prompt and 12 greedy
 // steps are those of the plain provider, bit for bit; hits and misses add up to the experts

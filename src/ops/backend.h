@@ -117,6 +117,15 @@ class Backend {
   /// out[t] = sum_{s<K} weights[t, s] * y[row_of[t*K + s]], summed in slot order (best first):
   /// y [T*K, H] from expert_ffn, weights [T, K], out [T, H] (overwritten).
   virtual void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) = 0;
+  /// `bytes` of page-locked host memory that this backend's kernels read in place, over the host
+  /// link (CUDA: mapped pinned memory whose device address is its host address), for weights a
+  /// GPU streams per use without copying them (models::DeviceExperts' host share). Owned by the
+  /// backend until it is destroyed. nullptr when the backend has none (host backends) or the
+  /// memory cannot be had.
+  virtual void* alloc_host_mapped(uint64_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
   /// A table of one MoE layer's routed experts (experts[e] = expert e, views this backend
   /// uploaded) in this backend's memory, for expert_ffn_routed(); nullptr when the backend has
   /// no such path or these experts do not fit it (the caller then groups on the host). Owned

@@ -1641,6 +1641,25 @@ TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   EXPECT_GT(observed, 0);
   ASSERT_EQ(routed.size(), host.size());
   EXPECT_EQ(std::memcmp(routed.data(), host.data(), routed.size() * 4), 0) << "routed path vs host-grouped path";
+  // Static placement (--vram-experts static): a share of each layer's experts in VRAM, the rest in
+  // mapped page-locked host memory that the kernels read in place; same bits at every share.
+  m->set_expert_provider(nullptr);
+  auto mapping = m->shared_expert_provider();
+  for (const double frac : {0.0, 0.4}) {
+    SCOPED_TRACE("static placement, VRAM share " + std::to_string(frac));
+    const uint64_t mapped0 = be->host_mapped_bytes();
+    auto st = std::make_shared<models::DeviceExperts>(*mapping, *be, moe, s.moe.n_experts, static_cast<uint64_t>(frac * dev->bytes()));
+    EXPECT_GT(st->experts_in_host(), 0);
+    EXPECT_GT(be->host_mapped_bytes(), mapped0);
+    for (int i = 0; i < s.n_layers; ++i)
+      if (moe[i]) {
+        ASSERT_NE(st->device_table(i), nullptr) << "layer " << i;
+      }
+    m->set_expert_provider(st);
+    const std::vector<float> placed = greedy_logits(*m, ids, 8);
+    m->set_expert_provider(nullptr);
+    EXPECT_EQ(std::memcmp(routed.data(), placed.data(), routed.size() * 4), 0) << "static placement vs all experts in VRAM";
+  }
   m.reset();
   std::filesystem::remove_all(dir);
 }

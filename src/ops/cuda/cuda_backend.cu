@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -316,22 +317,34 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x));
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // out[row] = H_blk(signs .* x[row]) / sqrt(B) for one row per block (dynamic smem: n floats).
-__global__ void k_rotate(const float* x, const int8_t* signs, int64_t n, int64_t B, float norm, float* out) {
-  extern __shared__ float v[];
-  const float* xr = x + blockIdx.x * n;
-  float* o = out + blockIdx.x * n;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = signs ? xr[i] * static_cast<float>(signs[i]) : xr[i];
+// In-place blockwise Walsh-Hadamard butterflies over v[0, n) in shared memory (blocks of B, a power
+// of two dividing n), unnormalised: stage h pairs (i, i + h) of each 2h-run with a + c, a - c, in
+// the order of ops::hadamard_transform. 32-bit shift indexing (n < 2^31); ends with __syncthreads().
+__device__ __forceinline__ void fwht_smem(float* v, int n, int B) {
   __syncthreads();
-  for (int64_t h = 1; h < B; h <<= 1) {
-    for (int64_t idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
-      const int64_t i = (idx / h) * 2 * h + idx % h;
+  for (int s = 0; (1 << s) < B; ++s) {
+    const int h = 1 << s;
+    for (int idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
+      const int i = ((idx >> s) << (s + 1)) + (idx & (h - 1));
       const float a = v[i], c = v[i + h];
       v[i] = a + c;
       v[i + h] = a - c;
     }
     __syncthreads();
   }
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
+}
+
+// Threads of a block running fwht_smem over n elements: one butterfly each per stage (n / 2, at
+// most 1024, a multiple of 32), so a decode step's single-row rotation is a few short stages.
+inline unsigned fwht_threads(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n / 2 + 31) / 32 * 32, 32, 1024)); }
+
+__global__ void k_rotate(const float* x, const int8_t* signs, int64_t n, int64_t B, float norm, float* out) {
+  extern __shared__ float v[];
+  const float* xr = x + blockIdx.x * n;
+  float* o = out + blockIdx.x * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = signs ? xr[i] * static_cast<float>(signs[i]) : xr[i];
+  fwht_smem(v, static_cast<int>(n), static_cast<int>(B));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
 }
 
 // y[t, r] = sum_c W[r, c] x[t, c] for T <= kMaxGemvT: one warp per row.
@@ -371,6 +384,7 @@ __device__ __forceinline__ void gemv_q4_row(const uint8_t* q, const uint16_t* sc
   float acc[kMaxGemvT];
 #pragma unroll
   for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+#pragma unroll 4
   for (int64_t c0 = lane * 8; c0 < cols; c0 += 256) {
     const uint32_t wq = __ldg(qr + c0 / 8);
     const float s = __half2float(__ushort_as_half(__ldg(sr + c0 / group)));
@@ -437,18 +451,9 @@ __global__ void k_gather_rotate(const float* x, const int64_t* tok, const int8_t
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i];
     return;
   }
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i] * static_cast<float>(sg[i]);
-  __syncthreads();
-  for (int64_t h = 1; h < B; h <<= 1) {
-    for (int64_t idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
-      const int64_t i = (idx / h) * 2 * h + idx % h;
-      const float a = v[i], c = v[i + h];
-      v[i] = a + c;
-      v[i + h] = a - c;
-    }
-    __syncthreads();
-  }
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i] * static_cast<float>(sg[i]);
+  fwht_smem(v, static_cast<int>(n), static_cast<int>(B));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
 }
 
 // The same for f16 / bf16 weights: each lane reads 8 elements (16 bytes) per step, a warp 512
@@ -788,46 +793,67 @@ __global__ void k_conv1d_silu(const float* x, int64_t T, int64_t C, const float*
   for (int j = 0; j < S; ++j) last[j] = in(T - S + j);
   for (int j = 0; j < S; ++j) st[j] = last[j];
 }
-
-// Gated delta rule, recurrent form: one block per (value head, chunk of `cpb` state columns),
-// one thread per column j (columns are independent): S <- e^g S; u = beta (v - S^T k);
-// S <- S + k u^T; o = S^T q. Splitting the columns over blocks spreads one head's state over
-// several SMs (decode reads and writes the whole state once per token). Dynamic smem: 2 * d_k
-// floats (q, k of the token).
-__global__ void k_gated_delta(int64_t T, int n_k, int n_v, int d_k, int d_v, int cpb, const float* q, const float* k, const float* v,
+// Gated DeltaNet recurrence (the recurrent form, any T): per value head h, state S [d_k, d_v];
+// for each token S = S * exp(g); u = (v - k^T S) * beta; S += k u^T; out = q^T S (ops/gated_delta.h).
+// A block owns 32 state columns of one head and keeps them in registers for all T tokens: thread
+// (x, y) holds rows [32 y, 32 y + 32) of column x (blockDim.y = ceil(d_k / 32)); the column sums
+// k^T S and q^T S are added over y through shared memory. Dynamic smem: (2 d_k + 32 blockDim.y) floats.
+constexpr int kGdnRows = 32;  // state rows per thread
+__global__ void k_gated_delta(int64_t T, int n_k, int n_v, int d_k, int d_v, const float* q, const float* k, const float* v,
                               const float* beta, const float* g, float* state, float* out) {
   extern __shared__ float sm[];
   float* qs = sm;
   float* ks = sm + d_k;
-  const int nchunk = (d_v + cpb - 1) / cpb;
+  float* part = ks + d_k;  // [blockDim.y][32]
+  const int nchunk = (d_v + 31) / 32;
   const int h = blockIdx.x / nchunk, kh = h / (n_v / n_k);
-  const int j0 = (blockIdx.x % nchunk) * cpb, j1 = min(d_v, j0 + cpb);
+  const int x = threadIdx.x, y = threadIdx.y, G = blockDim.y;
+  const int j = (blockIdx.x % nchunk) * 32 + x, i0 = y * kGdnRows;
+  const bool col = j < d_v;
   float* S = state + static_cast<int64_t>(h) * d_k * d_v;
+  float s[kGdnRows];
+#pragma unroll
+  for (int r = 0; r < kGdnRows; ++r) s[r] = col && i0 + r < d_k ? S[static_cast<int64_t>(i0 + r) * d_v + j] : 0.0f;
+  const int tid = y * 32 + x, nt = 32 * G;
   for (int64_t t = 0; t < T; ++t) {
     __syncthreads();
-    for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
+    for (int i = tid; i < d_k; i += nt) {
       qs[i] = q[(t * n_k + kh) * d_k + i];
       ks[i] = k[(t * n_k + kh) * d_k + i];
     }
     __syncthreads();
     const float decay = expf(g[t * n_v + h]), b = beta[t * n_v + h];
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-      float kS = 0.0f;
-      for (int i = 0; i < d_k; ++i) {
-        const float s = S[static_cast<int64_t>(i) * d_v + j] * decay;
-        S[static_cast<int64_t>(i) * d_v + j] = s;
-        kS += ks[i] * s;
+    float kS = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kGdnRows; ++r)
+      if (i0 + r < d_k) {
+        s[r] = s[r] * decay;
+        kS += ks[i0 + r] * s[r];
       }
-      const float u = (v[(t * n_v + h) * d_v + j] - kS) * b;
-      float o = 0.0f;
-      for (int i = 0; i < d_k; ++i) {
-        const float s = S[static_cast<int64_t>(i) * d_v + j] + ks[i] * u;
-        S[static_cast<int64_t>(i) * d_v + j] = s;
-        o += qs[i] * s;
+    part[tid] = kS;
+    __syncthreads();
+    float kst = 0.0f;
+    for (int yy = 0; yy < G; ++yy) kst += part[yy * 32 + x];
+    const float u = col ? (v[(t * n_v + h) * d_v + j] - kst) * b : 0.0f;
+    float o = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kGdnRows; ++r)
+      if (i0 + r < d_k) {
+        s[r] = s[r] + ks[i0 + r] * u;
+        o += qs[i0 + r] * s[r];
       }
-      out[(t * n_v + h) * d_v + j] = o;
+    __syncthreads();  // every thread has read the k^T S sums
+    part[tid] = o;
+    __syncthreads();
+    if (y == 0 && col) {
+      float ot = 0.0f;
+      for (int yy = 0; yy < G; ++yy) ot += part[yy * 32 + x];
+      out[(t * n_v + h) * d_v + j] = ot;
     }
   }
+#pragma unroll
+  for (int r = 0; r < kGdnRows; ++r)
+    if (col && i0 + r < d_k) S[static_cast<int64_t>(i0 + r) * d_v + j] = s[r];
 }
 
 __global__ void k_gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v,
@@ -1010,6 +1036,8 @@ struct CudaBackend::Impl {
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   std::vector<ExpertRef*> expert_tables;  // make_expert_table's device tables (freed with the backend)
+  std::vector<void*> host_mapped;         // alloc_host_mapped's blocks (cudaFreeHost with the backend)
+  uint64_t host_mapped_bytes = 0;
   bool sync_each = false;  // SPOOL_CUDA_SYNC=1: synchronize after every op (debugging)
 
   // SPOOL_CUDA_PROFILE=1: host time spent inside each public op (launches, staging copies and the
@@ -1018,7 +1046,40 @@ struct CudaBackend::Impl {
   struct OpTime {
     uint64_t calls = 0;
     double seconds = 0;
+    double gpu_seconds = 0;  // stream time between events recorded at the op's start and end
   };
+  // Per-op events of the profile's GPU times: (op, start, end), harvested when completed.
+  std::deque<std::tuple<const char*, cudaEvent_t, cudaEvent_t>> op_events;
+  std::vector<cudaEvent_t> spare_op_events;
+  cudaEvent_t op_ev0 = nullptr;
+  void harvest_op_events(bool block) {
+    while (!op_events.empty()) {
+      auto [name, a, b] = op_events.front();
+      if (block) {
+        CU(cudaEventSynchronize(b));
+      } else {
+        const cudaError_t r = cudaEventQuery(b);
+        if (r == cudaErrorNotReady) break;
+        CU(r);
+      }
+      float ms = 0;
+      CU(cudaEventElapsedTime(&ms, a, b));
+      op_times[name].gpu_seconds += static_cast<double>(ms) * 1e-3;
+      spare_op_events.push_back(a);
+      spare_op_events.push_back(b);
+      op_events.pop_front();
+    }
+  }
+  cudaEvent_t op_event() {
+    if (!spare_op_events.empty()) {
+      cudaEvent_t e = spare_op_events.back();
+      spare_op_events.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    CU(cudaEventCreate(&e));
+    return e;
+  }
   bool profile = false;
   std::map<std::string, OpTime> op_times;
   const char* op = nullptr;
@@ -1088,6 +1149,10 @@ struct CudaBackend::Impl {
     if (profile) {
       op = name;
       op_t0 = std::chrono::steady_clock::now();
+      if (name != nullptr) {
+        op_ev0 = op_event();
+        CU(cudaEventRecord(op_ev0, stream));
+      }
     }
   }
   void end() {
@@ -1096,24 +1161,31 @@ struct CudaBackend::Impl {
       OpTime& t = op_times[op];
       ++t.calls;
       t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - op_t0).count();
+      cudaEvent_t e1 = op_event();
+      CU(cudaEventRecord(e1, stream));
+      op_events.emplace_back(op, op_ev0, e1);
+      if (op_events.size() > 4096) harvest_op_events(false);
       op = nullptr;
     }
   }
   void report() const {
+    const_cast<Impl*>(this)->harvest_op_events(true);
     const double life = std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
-    double total = 0;
+    double total = 0, gpu = 0;
     std::vector<std::pair<double, std::string>> rows;
     for (const auto& [name, t] : op_times) {
       total += t.seconds;
-      rows.emplace_back(t.seconds, name);
+      gpu += t.gpu_seconds;
+      rows.emplace_back(t.gpu_seconds, name);
     }
     std::sort(rows.rbegin(), rows.rend());
-    std::fprintf(stderr, "cuda profile: %.3f s in backend ops of a %.3f s backend lifetime; %llu pointer queries\n", total, life,
-                 (unsigned long long)g_pointer_queries.load());
-    for (const auto& [sec, name] : rows) {
+    std::fprintf(stderr, "cuda profile: %.3f s host / %.3f s stream time in backend ops of a %.3f s backend lifetime; %llu pointer queries\n",
+                 total, gpu, life, (unsigned long long)g_pointer_queries.load());
+    for (const auto& [g, name] : rows) {
       const OpTime& t = op_times.at(name);
-      std::fprintf(stderr, "  %-24s %9llu calls %9.3f s %8.2f us/call\n", name.c_str(), (unsigned long long)t.calls, sec,
-                   1e6 * sec / static_cast<double>(std::max<uint64_t>(t.calls, 1)));
+      const double n = static_cast<double>(std::max<uint64_t>(t.calls, 1));
+      std::fprintf(stderr, "  %-24s %9llu calls  host %8.3f s %8.2f us/call  stream %8.3f s %8.2f us/call\n", name.c_str(),
+                   (unsigned long long)t.calls, t.seconds, 1e6 * t.seconds / n, g, 1e6 * g / n);
     }
   }
 
@@ -1211,7 +1283,7 @@ struct CudaBackend::Impl {
     if (smem > static_cast<size_t>(smem_optin))
       fail("cuda backend: a rotated input of %lld columns needs %zu bytes of shared memory (device has %d)", (long long)n, smem, smem_optin);
     if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    k_rotate<<<static_cast<unsigned>(T), 256, smem, stream>>>(x, signs, n, B, norm, out);
+    k_rotate<<<static_cast<unsigned>(T), fwht_threads(n), smem, stream>>>(x, signs, n, B, norm, out);
     CU_LAUNCHED("k_rotate");
   }
 
@@ -1288,8 +1360,8 @@ struct CudaBackend::Impl {
     const int64_t B = n & -n;
     const size_t smem = static_cast<size_t>(n) * sizeof(float);
     if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_gather_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    k_gather_rotate<<<static_cast<unsigned>(rows), 256, smem, stream>>>(x, tok, sg, n, B, static_cast<float>(1.0 / std::sqrt(static_cast<double>(B))),
-                                                                       out);
+    k_gather_rotate<<<static_cast<unsigned>(rows), fwht_threads(n), smem, stream>>>(
+        x, tok, sg, n, B, static_cast<float>(1.0 / std::sqrt(static_cast<double>(B))), out);
     CU_LAUNCHED("k_gather_rotate");
   }
 
@@ -1498,8 +1570,12 @@ CudaBackend::~CudaBackend() {
   if (!impl_) return;
   *impl_->alive = false;
   for (ExpertRef* t : impl_->expert_tables) dev_free(t);
+  (void)cudaStreamSynchronize(impl_->stream);  // (no kernel may still read the mapped blocks)
+  for (void* p : impl_->host_mapped) (void)cudaFreeHost(p);
   (void)cudaStreamSynchronize(impl_->stream);
   if (impl_->profile) impl_->report();
+  for (auto& [name, a, b] : impl_->op_events) (void)cudaEventDestroy(a), (void)cudaEventDestroy(b);
+  for (cudaEvent_t e : impl_->spare_op_events) (void)cudaEventDestroy(e);
   (void)cudaStreamSynchronize(impl_->copy_stream);
   for (auto& f : impl_->fences) (void)cudaEventDestroy(f.second);
   for (cudaEvent_t e : impl_->spare_events) (void)cudaEventDestroy(e);
@@ -1720,6 +1796,26 @@ void CudaBackend::moe_combine(const float* y, const ExpertGroups& groups, const 
   I.end();
 }
 
+void* CudaBackend::alloc_host_mapped(uint64_t bytes) {
+  void* p = nullptr;
+  // Write-combined: the host only writes it (once); the GPU reads it over PCIe without snooping CPU caches.
+  if (cudaHostAlloc(&p, std::max<uint64_t>(bytes, 1), cudaHostAllocMapped | cudaHostAllocWriteCombined) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  void* d = nullptr;
+  if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess || d != p) {  // kernels take the host address (unified addressing)
+    (void)cudaGetLastError();
+    (void)cudaFreeHost(p);
+    return nullptr;
+  }
+  impl_->host_mapped.push_back(p);
+  impl_->host_mapped_bytes += bytes;
+  return p;
+}
+
+uint64_t CudaBackend::host_mapped_bytes() const { return impl_->host_mapped_bytes; }
+
 const void* CudaBackend::make_expert_table(std::span<const ExpertMats> experts) {
   Impl& I = *impl_;
   if (experts.empty()) return nullptr;
@@ -1910,10 +2006,13 @@ void CudaBackend::gated_delta(const GatedDeltaArgs& a, int /*chunk*/) {
   const float* g = I.in(a.g, a.T * a.n_v);
   auto so = I.out(a.state, static_cast<int64_t>(a.n_v) * a.d_k * a.d_v, true);
   auto oo = I.out(a.out, a.T * a.n_v * a.d_v, false);
-  const int cpb = 32;  // state columns per block
-  const unsigned blocks = static_cast<unsigned>(a.n_v) * static_cast<unsigned>((a.d_v + cpb - 1) / cpb);
-  k_gated_delta<<<blocks, cpb, 2 * static_cast<size_t>(a.d_k) * 4, I.stream>>>(a.T, a.n_k, a.n_v, a.d_k, a.d_v, cpb, q, k, v, beta, g,
-                                                                              so.d, oo.d);
+  const int G = (a.d_k + kGdnRows - 1) / kGdnRows;  // row groups of a block (32 columns each)
+  if (G * 32 > 1024) fail("gated_delta: key head dimension %d is above the kernel's %d", a.d_k, 1024 / 32 * kGdnRows);
+  const unsigned blocks = static_cast<unsigned>(a.n_v) * static_cast<unsigned>((a.d_v + 31) / 32);
+  const size_t smem = (2 * static_cast<size_t>(a.d_k) + 32 * static_cast<size_t>(G)) * 4;
+  if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_gated_delta, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k_gated_delta<<<blocks, dim3(32, static_cast<unsigned>(G)), smem, I.stream>>>(a.T, a.n_k, a.n_v, a.d_k, a.d_v, q, k, v, beta, g, so.d,
+                                                                               oo.d);
   CU_LAUNCHED("k_gated_delta");
   I.finish(so);
   I.finish(oo);

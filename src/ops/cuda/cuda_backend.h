@@ -110,6 +110,7 @@ class CudaBackend final : public Backend {
   void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
                   Activation act, float* y) override;
   void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
+  void* alloc_host_mapped(uint64_t bytes) override;
   const void* make_expert_table(std::span<const ExpertMats> experts) override;
   int64_t max_routed_pairs() const override { return 64; }
   void expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
@@ -144,6 +145,8 @@ class CudaBackend final : public Backend {
   uint64_t slot_copied_bytes() const;
   /// Bytes of device memory held by upload() copies.
   uint64_t uploaded_bytes() const;
+  /// Bytes of page-locked host memory handed out by alloc_host_mapped().
+  uint64_t host_mapped_bytes() const;
 
   struct Impl;
 
