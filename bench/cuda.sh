@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# spool on CUDA (dense part + KV in VRAM, routed experts in VRAM slots with a pinned host-RAM tier
+# spool on CUDA (dense part + KV in VRAM, routed experts in VRAM (static share or slots) with a pinned host-RAM tier
 # behind them) against llama.cpp on CUDA with its experts on the CPU (`--cpu-moe`, and the best
 # `--n-cpu-moe N` that fits), the way GPU owners run MoE models larger than their VRAM today.
 # Runs on the GPU machine, as one job (it needs nothing from a previous run):
@@ -11,7 +11,9 @@
 #     (bench/moe_to_gguf.py) quantized by llama-quantize to Q4_K_M: both tools run the same weights;
 #  3. for each VRAM budget: a ballast process (PyTorch) takes the rest of the card so that both
 #     engines see the same free VRAM; spool runs with `--vram-budget-gb auto` (the free VRAM) and a
-#     host-RAM tier of RAM_TIER_GB; llama.cpp with -ngl 99 and --cpu-moe, and with --n-cpu-moe N
+#     host-RAM tier of RAM_TIER_GB, twice: `--vram-experts static` (a share of each layer's experts
+#     in VRAM, the rest in mapped pinned host memory the GPU reads in place) and `--vram-experts
+#     slots` (LRU VRAM slots copied from the pinned RAM tier); llama.cpp with -ngl 99 and --cpu-moe, and with --n-cpu-moe N
 #     for the smallest N that loads in that VRAM (binary search): the best llama.cpp can do there. Decode tg$N and prefill pp$P, R interleaved
 #     repetitions (llama.cpp, spool, llama.cpp, ...);
 #  4. measures host->device GB/s (pinned and pageable) in the same run (`spool doctor`) and
@@ -177,24 +179,30 @@ PY
 llama_fits() {  # llama_fits N: does -ncmoe N load, take a pp$P prompt and decode within the free VRAM?
   timeout 120 "$LLAMA_BIN/llama-bench" -m "$GGUF" -ngl 99 -t "$THREADS" -p "$P" -n 2 -r 1 --n-cpu-moe "$1" > /dev/null 2>&1
 }
-spool_run() {  # spool_run BUDGET REP: one spool bench run (pp and tg); appends rows
-  local b=$1 rep=$2 j=$DIR/spool.json
-  if ! timeout 300 "$SPOOL" bench -m "$Q4" --device cuda --vram-budget-gb auto --cache-budget-gb "$RAM_TIER_GB" -t "$THREADS" \
-      -p "$P" -n "$N" -r 1 -o json > "$j" 2> "$DIR/spool.err"; then
-    printf '%s\tspool\tslots + pinned RAM tier\t-\t%s\t0\tfailed\n' "$b" "$rep" >> "$results"
+spool_run() {  # spool_run BUDGET REP MODE: one spool bench run (pp and tg) with --vram-experts MODE; appends rows
+  local b=$1 rep=$2 mode=$3 j=$DIR/spool.json label
+  case "$mode" in
+    static) label="static: VRAM share + mapped pinned RAM" ;;
+    *) label="slots + pinned RAM tier" ;;
+  esac
+  if ! timeout 300 "$SPOOL" bench -m "$Q4" --device cuda --vram-budget-gb auto --cache-budget-gb "$RAM_TIER_GB" --vram-experts "$mode" \
+      -t "$THREADS" -p "$P" -n "$N" -r 1 -o json > "$j" 2> "$DIR/spool.err"; then
+    printf '%s\tspool\t%s\t-\t%s\t0\tfailed\n' "$b" "$label" "$rep" >> "$results"
     tail -5 "$DIR/spool.err" >> "$LOG"
     return 1
   fi
   cat "$DIR/spool.err" >> "$OUT/spool-runs.log"
-  "$PYTHON" - "$j" "$b" "$rep" >> "$results" <<'PY'
+  local share
+  share=$(grep -o 'experts placed statically: [0-9]* of [0-9]*' "$DIR/spool.err" | awk '{printf "%.0f%% of the experts in VRAM", 100 * $4 / $6}')
+  "$PYTHON" - "$j" "$b" "$rep" "$label" "$share" >> "$results" <<'PY'
 import json, sys
-j, b, rep = sys.argv[1], *sys.argv[2:]
+j, b, rep, label, share = sys.argv[1:]
 for r in json.load(open(j)):
     t = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
     h2d = r.get("h2d_bytes_per_token", 0)
     hit = r.get("vram_hit_rate", None)
-    note = f"h2d/token {h2d/2**20:.1f} MiB" + (f", VRAM hit {100*hit:.1f}%" if hit is not None else "")
-    print(f"{b}\tspool\tslots + pinned RAM tier\t{t}\t{rep}\t{r['avg_ts']:.2f}\t{note}")
+    note = share if share else f"h2d/token {h2d/2**20:.1f} MiB" + (f", VRAM hit {100*hit:.1f}%" if hit is not None else "")
+    print(f"{b}\tspool\t{label}\t{t}\t{rep}\t{r['avg_ts']:.2f}\t{note}")
 PY
 }
 
@@ -215,7 +223,8 @@ for B in $BUDGETS; do
   say "budget $B GiB (scaled: $b GiB): best --n-cpu-moe ${best:-none (only --cpu-moe loads)}"
   for ((rep = 1; rep <= R; rep++)); do
     llama_run "$B" "--cpu-moe" "$rep" --n-cpu-moe "$LAYERS" || say "llama.cpp --cpu-moe failed at $B GiB: $(tail -2 "$DIR/llama.err")"
-    spool_run "$B" "$rep" || say "spool failed at $B GiB"
+    spool_run "$B" "$rep" static || say "spool (static) failed at $B GiB"
+    spool_run "$B" "$rep" slots || say "spool (slots) failed at $B GiB"
     [ -z "$best" ] || llama_run "$B" "--n-cpu-moe $best" "$rep" --n-cpu-moe "$best" || say "llama.cpp -ncmoe $best failed"
   done
   ballast_off
@@ -246,7 +255,7 @@ best = {}
 for (b, eng, cfg), t in agg.items():
     m = {k: statistics.mean(v) for k, v in t.items()}
     note = notes.get((b, eng, cfg, tg), "")
-    if eng == "spool" and note and float(h2d) > 0:
+    if eng == "spool" and note.startswith("h2d/token") and float(h2d) > 0:
         mib = float(note.split()[1])
         share = mib * 2**20 * m.get(tg, 0) / (float(h2d) * 1e9)
         note += f", {100*share:.0f}% of pinned H2D"
@@ -254,11 +263,12 @@ for (b, eng, cfg), t in agg.items():
     best.setdefault(b, {})[(eng, cfg)] = m
 lines.append("")
 for b, d in best.items():
-    s = next((m for (e, c), m in d.items() if e == "spool"), None)
     cm = d.get(("llama.cpp", "--cpu-moe"))
     nc = [m for (e, c), m in d.items() if c.startswith("--n-cpu-moe")]
-    if s and cm:
-        line = f"- {b} GiB: spool decode {s.get(tg,0)/max(cm.get(tg,1e-9),1e-9):.2f}x llama.cpp --cpu-moe, prefill {s.get(pp,0)/max(cm.get(pp,1e-9),1e-9):.2f}x"
+    for (e, c), s in d.items():
+        if e != "spool" or not cm:
+            continue
+        line = f"- {b} GiB, spool {c}: decode {s.get(tg,0)/max(cm.get(tg,1e-9),1e-9):.2f}x llama.cpp --cpu-moe, prefill {s.get(pp,0)/max(cm.get(pp,1e-9),1e-9):.2f}x"
         if nc:
             line += f"; vs best --n-cpu-moe: decode {s.get(tg,0)/max(nc[0].get(tg,1e-9),1e-9):.2f}x, prefill {s.get(pp,0)/max(nc[0].get(pp,1e-9),1e-9):.2f}x"
         lines.append(line)
