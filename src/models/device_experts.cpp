@@ -72,7 +72,7 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
   const uint64_t share = vram_bytes / n_moe;
   // Pass 1 (views only): how many experts of each layer the VRAM share holds, and the host bytes of the rest.
   std::vector<int> on_device(moe_layers.size(), 0);
-  uint64_t host = 0;
+  uint64_t host = 0, device = 0;
   for (size_t l = 0; l < moe_layers.size(); ++l) {
     if (!moe_layers[l]) continue;
     uint64_t used = 0;
@@ -82,6 +82,7 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
         const uint64_t b = packed_expert_bytes(w);
         if (!full && used + b <= share) {
           used += b;
+          device += b;
           ++on_device[l];
         } else {
           full = true;
@@ -95,16 +96,30 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
     if (mem == nullptr)
       fail("device experts: %s of page-locked host memory that %s reads in place could not be had", format_bytes(host).c_str(), device_);
   }
-  // Pass 2: upload the device share, copy the rest into the mapped block.
-  uint64_t at = 0;
+  // The device share in one allocation (as the slot tier's): exactly its packed bytes, no
+  // per-weight allocation overhead against a budget taken from the free memory.
+  char* vmem = device > 0 ? static_cast<char*>(be.alloc_weight_slot(device)) : nullptr;
+  // Pass 2: copy the device share into it, the rest into the mapped block.
+  uint64_t at = 0, vat = 0;
   const ops::Device dev = be.device();
   for (size_t l = 0; l < moe_layers.size(); ++l) {
     if (!moe_layers[l]) continue;
     experts_[l].resize(static_cast<size_t>(n_experts));
     for (int e = 0; e < n_experts; ++e)
       with_expert(source, l, e, [&](const experts::ExpertWeights& w) {
-        if (e < on_device[l]) return upload_expert(be, l, e, w);
         const uint64_t b = packed_expert_bytes(w);
+        if (e < on_device[l]) {
+          if (vat + b > device) fail("device experts: expert %d of layer %zu changed size between two reads", e, l);
+          experts::ExpertWeights& d = experts_[l][static_cast<size_t>(e)];
+          d.gate = be.copy_weight_into(w.gate, vmem + vat);
+          d.up = be.copy_weight_into(w.up, vmem + vat + ops::packed_weight_bytes(w.gate));
+          d.down = be.copy_weight_into(w.down, vmem + vat + ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up));
+          be.weight_copies_done(be.weight_copy_fence(), true);  // (the source's bytes are released next)
+          vat += b;
+          bytes_ += weight_view_bytes(w.gate) + weight_view_bytes(w.up) + weight_view_bytes(w.down);
+          ++n_device_;
+          return;
+        }
         if (at + b > host) fail("device experts: expert %d of layer %zu changed size between two reads", e, l);
         const auto copy = [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); };
         experts::ExpertWeights& d = experts_[l][static_cast<size_t>(e)];
@@ -116,6 +131,7 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
         ++n_host_;
       });
   }
+  be.wait_weight_copies(be.weight_copy_fence());  // later kernels see the copies
   make_tables(be, moe_layers);
 }
 
