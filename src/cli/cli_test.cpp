@@ -147,6 +147,9 @@ TEST(Cli, DeviceFlag) {
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("--device must be cpu, cuda, cuda:N or auto"), std::string::npos) << bad.err;
   EXPECT_EQ(spool("generate --prompt-ids 1 --max-tokens 1 --device cuda --vram-budget-gb lots").code, 2);
+  EXPECT_EQ(spool("generate --prompt-ids 1 --max-tokens 1 --vram-experts everywhere").code, 2);
+  EXPECT_EQ(spool("generate --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --device cpu --vram-experts static").code, 0)
+      << "a CPU run takes the flag (it places nothing)";
   Result g = spool("generate --prompt-ids 1,2,3 --max-tokens 2 --device cuda:7");
   EXPECT_NE(g.code, 0);
   EXPECT_TRUE(g.err.find("no such GPU") != std::string::npos || g.err.find("no CUDA backend") != std::string::npos) << g.err;
