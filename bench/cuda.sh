@@ -193,7 +193,7 @@ spool_run() {  # spool_run BUDGET REP MODE: one spool bench run (pp and tg) with
   fi
   cat "$DIR/spool.err" >> "$OUT/spool-runs.log"
   local share
-  share=$(grep -o 'experts placed statically: [0-9]* of [0-9]*' "$DIR/spool.err" | awk '{printf "%.0f%% of the experts in VRAM", 100 * $4 / $6}')
+  share=$(grep -o 'experts placed statically: [0-9]* of [0-9]*' "$DIR/spool.err" | awk '{printf "%.0f%% of the experts in VRAM", 100 * $4 / $6}' || true)
   "$PYTHON" - "$j" "$b" "$rep" "$label" "$share" >> "$results" <<'PY'
 import json, sys
 j, b, rep, label, share = sys.argv[1:]

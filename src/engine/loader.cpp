@@ -364,6 +364,12 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       const bool all_in_ram = budget_gb >= 0 ? budget_gb * static_cast<double>(kGiB) >= static_cast<double>(experts)
                                              : plan::auto_cache_budget(available, base, experts) == experts;
       static_experts = opt.vram_experts == "static" || (opt.vram_experts == "auto" && !opt.stream.value_or(false) && all_in_ram);
+      if (static_experts && opt.stream.value_or(false))
+        throw UsageError("--vram-experts static keeps the experts out of VRAM in page-locked host memory; it does not stream (drop --stream, or use --vram-experts slots)");
+      if (static_experts && !all_in_ram)
+        fail("--vram-experts static: the routed experts (%s) do not fit in the host memory available (%s, after the resident weights, "
+             "KV and reserve; or --cache-budget-gb): page-locking them would exhaust it; use --vram-experts slots",
+             format_bytes(experts).c_str(), format_bytes(available).c_str());
       if (static_experts) {
         log_info("the routed experts (%s) do not all fit the VRAM budget %s: a share of each layer's in VRAM, the rest in "
                  "page-locked host memory the GPU reads in place (--vram-experts static)",
@@ -377,7 +383,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     }
   }
 #endif
-  if (!opt.stream.has_value() && !stream && experts > 0 && plan::must_stream(available, base, experts)) {
+  if (!opt.stream.has_value() && !stream && !static_experts && experts > 0 && plan::must_stream(available, base, experts)) {
     stream = true;
     log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk", format_bytes(total).c_str(),
              format_bytes(available).c_str());

@@ -692,6 +692,9 @@ TEST_P(BackendOpTable, KvAppendAndAttention) {
         be.attention(q.data(), s.T, s.n_heads, c1, s.pos0, scale, got.data());
         ref.attention(q.data(), s.T, s.n_heads, c2, s.pos0, scale, want.data());
         expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-5, "attention after kv_append");
+        if (be.device() != Device::kCpu) {
+          EXPECT_TRUE(c1.has_deferred()) << "attention brought the deferred rows to the host";
+        }
         // The host then reads the bytes KvCache::write stores (the device's f16 / int8 rounding).
         std::string img1, img2;
         c1.save_prefix(P, img1);

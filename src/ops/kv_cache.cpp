@@ -49,6 +49,11 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept(false) {
   n_kv_ = o.n_kv_, hd_ = o.hd_, vd_ = o.vd_, groups_ = o.groups_;
   cap_ = o.cap_, window_ = o.window_, base_ = o.base_;
   k_ = std::move(o.k_), v_ = std::move(o.v_), ks_ = std::move(o.ks_), vs_ = std::move(o.vs_);
+  // The source holds nothing now: an empty cache of the same geometry (its next reserve() allocates).
+  o.k_.clear(), o.v_.clear(), o.ks_.clear(), o.vs_.clear();
+  o.cap_ = 0;
+  o.base_ = 0;
+  o.touch();
   return *this;
 }
 
@@ -358,6 +363,7 @@ constexpr int64_t kQueryTile = 32;  // query rows (tokens x heads of one KV grou
 void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out,
                ThreadPool* pool, int64_t window, const float* sinks) {
   if (kv.keys_only()) fail("attention: the cache holds keys only (an MLA latent cache: use mla_attention)");
+  kv.settle();  // once, before the pool's threads read the storage
   const int group = n_heads / kv.n_kv_heads();
   const int hd = kv.head_dim();
   const int64_t cap = kv.capacity(), base = kv.base();

@@ -137,7 +137,9 @@ class KvCache {
   /// spool::Error on a bad range.
   void defer_rows(int64_t lo, int64_t hi, RowFetch fetch);
   /// Brings deferred rows into host storage (no-op when none). Errors of the fetch propagate
-  /// (the rows stay deferred).
+  /// (the rows stay deferred). Not thread-safe while rows are deferred: code that reads a cache
+  /// from several threads settles it first. The device that holds deferred rows must outlive
+  /// them: a cache whose rows a destroyed backend wrote throws on every later host read.
   void settle() const;
   /// Whether rows are deferred (tests).
   bool has_deferred() const { return static_cast<bool>(fetch_); }

@@ -16,6 +16,7 @@ constexpr int64_t kRowTile = 16;  // query rows (token, head) per task
 void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int dv, float* out,
                    ThreadPool* pool) {
   if (!kv.keys_only() || kv.n_kv_heads() != 1) fail("mla_attention: the cache must be a keys-only latent cache of one head");
+  kv.settle();  // once, before the pool's threads read the storage
   const int D = kv.head_dim();
   if (dv <= 0 || dv > D) fail("mla_attention: value width %d outside (0, %d]", dv, D);
   if (pos0 + T > kv.capacity()) fail("mla_attention: positions up to %lld beyond the cache's %lld", (long long)(pos0 + T), (long long)kv.capacity());

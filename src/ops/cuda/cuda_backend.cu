@@ -575,7 +575,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 // (renormalised over the k when asked) and the margin p_k - p_{k+1}. Selection compares logits
 // (same order as the probabilities). Dynamic smem: E floats + E bytes.
 constexpr int kMaxTopK = 64;
-constexpr int kMaxRoutedPairs = 64;  // expert_ffn_routed: tokens x top-k (one block builds the job lists)
+constexpr int kMaxRoutedPairs = static_cast<int>(CudaBackend::kMaxRoutedPairs);  // (one block builds the job lists)
 __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids, float* weights, float* margins) {
   extern __shared__ float sm[];
   float* l = sm;
@@ -1148,6 +1148,7 @@ struct CudaBackend::Impl {
   void begin(const char* name = nullptr) {
     arena->reset();
     if (profile) {
+      if (op != nullptr && op_ev0 != nullptr) spare_op_events.push_back(op_ev0);  // (an op that returned before end())
       op = name;
       op_t0 = std::chrono::steady_clock::now();
       if (name != nullptr) {
@@ -1456,9 +1457,11 @@ struct CudaBackend::Impl {
 
   // The device mirror of `c`, brought up to date with the host copy when its generation moved.
   KvMirror& mirror(const KvCache& c, bool refresh) {
-    c.settle();  // (deferred rows live in the current mirror: host storage first, before it is rebuilt)
     KvMirror& m = kv[&c];
     const bool same_shape = m.cap == c.capacity() && m.type == c.type() && m.n_kv == c.n_kv_heads() && m.hd == c.head_dim();
+    // Deferred rows (kv_append) live in this mirror, which they keep current (m.gen): they reach host
+    // storage only when the mirror is about to be rebuilt or re-uploaded from it, never on a plain read.
+    if (!same_shape || (refresh && m.gen != c.generation())) c.settle();
     if (!same_shape) {
       const size_t es = static_cast<size_t>(kv_elem(c.type()));
       const size_t kvn = static_cast<size_t>(c.n_kv_heads()) * c.head_dim() * static_cast<size_t>(c.capacity());
@@ -1570,8 +1573,8 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
 CudaBackend::~CudaBackend() {
   if (!impl_) return;
   *impl_->alive = false;
+  (void)cudaStreamSynchronize(impl_->stream);  // (no kernel may still read the tables or the mapped blocks)
   for (ExpertRef* t : impl_->expert_tables) dev_free(t);
-  (void)cudaStreamSynchronize(impl_->stream);  // (no kernel may still read the mapped blocks)
   for (void* p : impl_->host_mapped) (void)cudaFreeHost(p);
   (void)cudaStreamSynchronize(impl_->stream);
   if (impl_->profile) impl_->report();

@@ -112,7 +112,9 @@ class CudaBackend final : public Backend {
   void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
   void* alloc_host_mapped(uint64_t bytes) override;
   const void* make_expert_table(std::span<const ExpertMats> experts) override;
-  int64_t max_routed_pairs() const override { return 64; }
+  /// Tokens x top-k pairs of one expert_ffn_routed() call (one block of threads builds the jobs).
+  static constexpr int64_t kMaxRoutedPairs = 64;
+  int64_t max_routed_pairs() const override { return kMaxRoutedPairs; }
   void expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
                          float* out) override;
   void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
