@@ -277,6 +277,9 @@ void GgmlGemvArgs(benchmark::internal::Benchmark* b) {
   for (spool::GgmlType t : kGgmlTypes)
     for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, 1});
   for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 1, 0});
+  // llama.cpp test-backend-ops' MUL_MAT perf shape (m 4096, k 14336), the same matrix every
+  // iteration as there (bench/kernels_vs_llama.sh).
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 1, 0});
 }
 BENCHMARK(BM_GgmlGemv)->Apply(GgmlGemvArgs)->UseRealTime();
 
@@ -310,6 +313,8 @@ void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
     b->Args({static_cast<int64_t>(t), 512, 2048, 16, 1});
     b->Args({static_cast<int64_t>(t), 2048, 512, 16, 1});
   }
+  // llama.cpp test-backend-ops' MUL_MAT perf shape at n = 512 (bench/kernels_vs_llama.sh).
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
 }
 BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
 

@@ -685,13 +685,25 @@ HWY_INLINE void FloatTile(const uint8_t* const* rows, int64_t cols, const float*
   constexpr int64_t es = BlockBytes(Q);
   VF acc[TT * R];
   for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  // Chunks of 256 columns, row by row inside a chunk: one row's TT accumulators stay in
+  // registers over the chunk (an FMA per column vector with the accumulators of all R rows live
+  // would keep them in memory), while the chunk's x (TT x 1 KiB) is reused from L1 by every row.
+  constexpr int64_t kChunk = 256;
+  const int64_t vec_end = cols / kN * kN;
   int64_t c = 0;
-  for (; c + kN <= cols; c += kN) {
+  for (int64_t c0 = 0; c0 < vec_end; c0 += kChunk) {
+    const int64_t c1 = std::min(vec_end, c0 + kChunk);
     for (int r = 0; r < R; ++r) {
-      const VF wv = LoadW<Q>(rows[r] + c * es);
-      for (int t = 0; t < TT; ++t) acc[t * R + r] = hn::MulAdd(wv, hn::LoadU(df, x + t * ldx + c), acc[t * R + r]);
+      VF a[TT];
+      for (int t = 0; t < TT; ++t) a[t] = acc[t * R + r];
+      for (c = c0; c < c1; c += kN) {
+        const VF wv = LoadW<Q>(rows[r] + c * es);
+        for (int t = 0; t < TT; ++t) a[t] = hn::MulAdd(wv, hn::LoadU(df, x + t * ldx + c), a[t]);
+      }
+      for (int t = 0; t < TT; ++t) acc[t * R + r] = a[t];
     }
   }
+  c = vec_end;
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < R; ++r) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
