@@ -12,6 +12,7 @@
 //     2880x2880) and prefill GEMM GFLOP/s.
 //   build/bench/quant_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
+#include <hwy/aligned_allocator.h>
 
 #include <cstring>
 #include <random>
@@ -276,27 +277,44 @@ void GgmlGemvArgs(benchmark::internal::Benchmark* b) {
   for (spool::GgmlType t : kGgmlTypes)
     for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, 1});
   for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 1, 0});
+  // llama.cpp test-backend-ops' MUL_MAT perf shape (m 4096, k 14336), the same matrix every
+  // iteration as there (bench/kernels_vs_llama.sh).
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 1, 0});
 }
 BENCHMARK(BM_GgmlGemv)->Apply(GgmlGemvArgs)->UseRealTime();
 
-// Prefill GEMM Y = X W^T at T tokens, 2 threads. Args: type, rows, cols, T.
+// Prefill GEMM Y = X W^T at T tokens. Args: type, rows, cols, T, threads (1: on the calling
+// thread, no pool: its CPU time is the kernel's own, robust on a loaded machine).
 void BM_GgmlGemm(benchmark::State& st) {
   const auto t = static_cast<spool::GgmlType>(st.range(0));
   const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
+  const int threads = static_cast<int>(st.range(4));
   const std::vector<uint8_t> m = ggml_random(t, rows, cols);
-  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
-  spool::ops::ThreadPool pool(2);
+  // x 64-byte aligned, as the model's activations (ops::Workspace) are.
+  const auto x = hwy::AllocateAligned<float>(static_cast<size_t>(T * cols));
+  std::fill(x.get(), x.get() + T * cols, 0.5f);
+  std::vector<float> y(static_cast<size_t>(T * rows));
+  spool::ops::ThreadPool pool(threads);
   const spool::ops::GgmlView v{t, rows, cols, m.data(), nullptr};
   for (auto _ : st) {
-    spool::ops::ggml_matmul(v, x.data(), T, y.data(), &pool);
+    spool::ops::ggml_matmul(v, x.get(), T, y.data(), threads > 1 ? &pool : nullptr);
     benchmark::DoNotOptimize(y.data());
   }
-  st.SetLabel(spool::ggml_type_name(t));
+  st.SetLabel(std::string(spool::ggml_type_name(t)) + " " + spool::ops::ggml_kernel_target());
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "T"});
-  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 512});
+  b->ArgNames({"type", "rows", "cols", "T", "thr"});
+  for (spool::GgmlType t : kGgmlTypes)
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 2048, 2048, 512, thr});
+  // A routed expert of the Qwen3.6-35B-A3B shape at pp512 (top-8 of 256: ~16 tokens each; one
+  // thread per expert): gate / up [512, 2048] and down [2048, 512], in the types of a Q4_K_M file.
+  for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {
+    b->Args({static_cast<int64_t>(t), 512, 2048, 16, 1});
+    b->Args({static_cast<int64_t>(t), 2048, 512, 16, 1});
+  }
+  // llama.cpp test-backend-ops' MUL_MAT perf shape at n = 512 (bench/kernels_vs_llama.sh).
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
 }
 BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
 

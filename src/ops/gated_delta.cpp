@@ -60,6 +60,8 @@ void chunked_head(const GatedDeltaArgs& a, int h, int chunk) {
   std::vector<float> gam(C), M(static_cast<size_t>(C) * C), A(static_cast<size_t>(C) * C);
   std::vector<float> U(static_cast<size_t>(C) * dv), W(static_cast<size_t>(C) * dk), Vn(static_cast<size_t>(C) * dv);
   std::vector<float> kb(static_cast<size_t>(C) * dk);
+  std::vector<float> Mb(static_cast<size_t>(C) * C), Me(static_cast<size_t>(C) * C), Cm(static_cast<size_t>(C) * C);
+  std::vector<float> Qs(static_cast<size_t>(C) * dk), Kt(static_cast<size_t>(dk) * C);
   auto qrow = [&](int64_t t) { return a.q + (t * a.n_k + kh) * dk; };
   auto krow = [&](int64_t t) { return a.k + (t * a.n_k + kh) * dk; };
   auto vrow = [&](int64_t t) { return a.v + (t * a.n_v + h) * dv; };
@@ -90,47 +92,47 @@ void chunked_head(const GatedDeltaArgs& a, int h, int chunk) {
       }
       M[i * C + i] = 1.0f;
     }
-    // U = M (beta v); W = M (beta e^{gam} k).
+    // The products with S and across the chunk below are register-tiled GEMMs (accumulate_rows:
+    // 4 rows x one vector per FMA chain) instead of one axpy per row pair; each output element
+    // still sums its terms in the same order with the same products, so results are unchanged.
+    // U = M (beta v); -W = (-M) (beta e^{gam} k): Mb_ij = M_ij beta_j, Me_ij = -M_ij e^{gam_j}
+    // (zero above the diagonal).
     for (int i = 0; i < L; ++i) {
-      float* u = U.data() + i * dv;
-      float* w = W.data() + i * dk;
-      std::fill(u, u + dv, 0.0f);
-      std::fill(w, w + dk, 0.0f);
-      for (int j = 0; j <= i; ++j) {
-        const float mij = M[i * C + j];
-        if (mij == 0.0f) continue;
-        const float b = a.beta[(t0 + j) * a.n_v + h];
-        axpy(mij * b, vrow(t0 + j), dv, u);
-        axpy(mij * std::exp(gam[j]), kb.data() + j * dk, dk, w);
+      for (int j = 0; j < L; ++j) {
+        const float mij = j <= i ? M[i * C + j] : 0.0f;
+        Mb[i * C + j] = mij * a.beta[(t0 + j) * a.n_v + h];
+        Me[i * C + j] = -(mij * std::exp(gam[j]));
       }
     }
+    std::fill(U.begin(), U.begin() + static_cast<int64_t>(L) * dv, 0.0f);
+    std::fill(W.begin(), W.begin() + static_cast<int64_t>(L) * dk, 0.0f);
+    accumulate_rows(Mb.data(), C, L, vrow(t0), static_cast<int64_t>(a.n_v) * dv, L, dv, U.data(), dv);
+    accumulate_rows(Me.data(), C, L, kb.data(), dk, L, dk, W.data(), dk);  // W holds -W
     // V_new = U - W S.
-    for (int i = 0; i < L; ++i) {
-      float* vn = Vn.data() + i * dv;
-      std::copy_n(U.data() + i * dv, dv, vn);
-      for (int d = 0; d < dk; ++d) axpy(-W[i * dk + d], S + d * dv, dv, vn);
-    }
+    std::copy_n(U.data(), static_cast<int64_t>(L) * dv, Vn.data());
+    accumulate_rows(W.data(), dk, L, S, dv, dk, dv, Vn.data(), dv);
     // O_i = e^{gam_i} q_i S + sum_{j<=i} (q_i . k_j) e^{gam_i - gam_j} V_new_j.
     for (int i = 0; i < L; ++i) {
       const float* q = qrow(t0 + i);
-      float* o = a.out + ((t0 + i) * a.n_v + h) * dv;
-      std::fill(o, o + dv, 0.0f);
       const float eg = std::exp(gam[i]);
-      for (int d = 0; d < dk; ++d) axpy(q[d] * eg, S + d * dv, dv, o);
-      for (int j = 0; j <= i; ++j) {
-        const float c = dot(q, krow(t0 + j), dk) * std::exp(gam[i] - gam[j]);
-        axpy(c, Vn.data() + j * dv, dv, o);
-      }
+      for (int d = 0; d < dk; ++d) Qs[i * dk + d] = q[d] * eg;
+      for (int j = 0; j < L; ++j) Cm[i * C + j] = j <= i ? dot(q, krow(t0 + j), dk) * std::exp(gam[i] - gam[j]) : 0.0f;
     }
-    // S = e^{gam_L} S + sum_i (k_i e^{gam_L - gam_i}) V_new_i^T.
+    float* o0 = a.out + (t0 * a.n_v + h) * dv;
+    const int64_t ldo = static_cast<int64_t>(a.n_v) * dv;
+    for (int i = 0; i < L; ++i) std::fill(o0 + i * ldo, o0 + i * ldo + dv, 0.0f);
+    accumulate_rows(Qs.data(), dk, L, S, dv, dk, dv, o0, ldo);
+    accumulate_rows(Cm.data(), C, L, Vn.data(), dv, L, dv, o0, ldo);
+    // S = e^{gam_L} S + sum_i (k_i e^{gam_L - gam_i}) V_new_i^T: Kt_di = k_i[d] e^{gam_L - gam_i}.
     const float gl = gam[L - 1];
     const float el = std::exp(gl);
     for (int64_t x = 0; x < static_cast<int64_t>(dk) * dv; ++x) S[x] *= el;
     for (int i = 0; i < L; ++i) {
       const float* k = krow(t0 + i);
       const float f = std::exp(gl - gam[i]);
-      for (int d = 0; d < dk; ++d) axpy(k[d] * f, Vn.data() + i * dv, dv, S + d * dv);
+      for (int d = 0; d < dk; ++d) Kt[d * C + i] = k[d] * f;
     }
+    accumulate_rows(Kt.data(), C, dk, Vn.data(), dv, L, dv, S, dv);
   }
 }
 

@@ -7,8 +7,9 @@
 // weights with one FMA and multiplied into the accumulators of up to TT tokens, with x loaded
 // at the group's columns: no activation reordering, and the weights exist as floats only in
 // registers. Decode (T = 1) runs 4 rows at a time (4 independent streams and FMA chains);
-// prefill runs one row against TT tokens (8 on AVX-512, else 4) so that each decoded weight
-// vector serves TT FMAs, over token tiles whose x stays in L2.
+// prefill (T >= 2) runs tiles of 16 rows x TT tokens (TT = 8 on AVX-512, else 4), block by block,
+// so that each decoded weight vector serves TT FMAs and each block's slice of x is reused from
+// L1 by 16 rows, over token tiles whose x stays in L2 (TypedRows).
 // The float types (F32 / F16 / BF16) use the same tiles with N-lane weight loads and a scalar
 // column tail. HWY_SCALAR falls back to the scalar reference (dequantize row, then dot).
 #undef HWY_TARGET_INCLUDE
@@ -398,6 +399,14 @@ HWY_INLINE void ForChunks(hn::Vec<Q16> q, const F& f) {
   }
 }
 
+// Forces a kernel lambda inline: GCC otherwise outlines the per-group FMA lambda of the smaller
+// tiles (a call per 16 columns, accumulators through memory; ~3% of a Q4_K_M prefill).
+#if defined(__GNUC__) || defined(__clang__)
+#define SPOOL_LAMBDA_INLINE __attribute__((always_inline))
+#else
+#define SPOOL_LAMBDA_INLINE
+#endif
+
 // Accumulators of one row against TT tokens; x points at the block's first column of token 0.
 template <int TT>
 struct Sink {
@@ -412,7 +421,7 @@ struct Sink {
     const DF df;
     const VF vs = hn::Set(df, s);
     const VF vm = hn::Set(df, m);
-    ForChunks<D8>(q, [&](int k, VF v) HWY_ATTR {
+    ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
       const VF wv = kMin ? hn::MulAdd(v, vs, vm) : hn::Mul(v, vs);
       const float* xc = x + col + k * kN;
       for (int t = 0; t < TT; ++t) acc[t * stride] = hn::MulAdd(wv, hn::LoadU(df, xc + t * ldx), acc[t * stride]);
@@ -542,7 +551,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     Scales16(reinterpret_cast<const int8_t*>(hi), 0.0f, -dmin, -dmin, mv);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 16 + 32 * h), b = Load16(p + 32 + 32 * h);
-      auto sub = [&](auto jc) HWY_ATTR {
+      auto sub = [&](auto jc) SPOOL_LAMBDA_INLINE HWY_ATTR {
         constexpr int j = decltype(jc)::value;
         const int i = 8 * h + 2 * j;
         s.template Group<true>(128 * h + 32 * j, I8(Shr<2 * j>(a, 3)), sv[i], mv[i]);
@@ -562,7 +571,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     const VU8 ha = Load16(p), hb = Load16(p + 16);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 32 + 32 * h), b = Load16(p + 48 + 32 * h);
-      auto sub = [&](auto jc) HWY_ATTR {
+      auto sub = [&](auto jc) SPOOL_LAMBDA_INLINE HWY_ATTR {
         constexpr int j = decltype(jc)::value;
         const int i = 8 * h + 2 * j;
         const uint8_t bit = static_cast<uint8_t>(1u << (4 * h + j));
@@ -676,20 +685,32 @@ HWY_INLINE void FloatTile(const uint8_t* const* rows, int64_t cols, const float*
   constexpr int64_t es = BlockBytes(Q);
   VF acc[TT * R];
   for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  // Chunks of 256 columns, row by row inside a chunk: one row's TT accumulators stay in
+  // registers over the chunk (an FMA per column vector with the accumulators of all R rows live
+  // would keep them in memory), while the chunk's x (TT x 1 KiB) is reused from L1 by every row.
+  constexpr int64_t kChunk = 256;
+  const int64_t vec_end = cols / kN * kN;
   int64_t c = 0;
-  for (; c + kN <= cols; c += kN) {
+  for (int64_t c0 = 0; c0 < vec_end; c0 += kChunk) {
+    const int64_t c1 = std::min(vec_end, c0 + kChunk);
     for (int r = 0; r < R; ++r) {
-      const VF wv = LoadW<Q>(rows[r] + c * es);
-      for (int t = 0; t < TT; ++t) acc[t * R + r] = hn::MulAdd(wv, hn::LoadU(df, x + t * ldx + c), acc[t * R + r]);
+      VF a[TT];
+      for (int t = 0; t < TT; ++t) a[t] = acc[t * R + r];
+      for (c = c0; c < c1; c += kN) {
+        const VF wv = LoadW<Q>(rows[r] + c * es);
+        for (int t = 0; t < TT; ++t) a[t] = hn::MulAdd(wv, hn::LoadU(df, x + t * ldx + c), a[t]);
+      }
+      for (int t = 0; t < TT; ++t) acc[t * R + r] = a[t];
     }
   }
+  c = vec_end;
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < R; ++r) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
       for (int64_t k = c; k < cols; ++k) {
         float wk;
         ggml::dequant_block(Q, rows[r] + k * es, &wk);
-        sum += wk * x[t * ldx + k];
+        sum = std::fma(wk, x[t * ldx + k], sum);  // explicit: the same rounding in every tile shape
       }
       out[t * ldo + r] = sum;
     }
@@ -704,39 +725,75 @@ HWY_INLINE void Tile(const GgmlView& w, const uint8_t* const* rows, const float*
   }
 }
 
-constexpr int kGemmTokens = kN == 16 ? 8 : 4;  // tokens per prefill tile
+constexpr int kGemmTokens = kN == 16 ? 8 : 4;  // tokens per prefill tile (Mxfp4Rows)
 constexpr int64_t kTokenTile = 64;             // tokens whose x stays in L2 while rows stream
+
+// Prefill tile of TypedRows: kPR rows x kPT tokens, block by block (for each block, every row's
+// kPT accumulators; the compiler keeps those of one row in registers, the tile's in L1). Each
+// decoded weight vector serves kPT FMAs, and each block's slice of x (kPT tokens x the block's
+// columns, from L2 for the first row) is reused from L1 by the other kPR - 1 rows. Rows of at
+// most kShortRow columns run one at a time: kPT tokens of x then fit in L1 whole and the
+// accumulators stay in registers for the whole row (quant_bench: ~10% faster there).
+#ifndef SPOOL_GGML_PR
+#define SPOOL_GGML_PR 16
+#endif
+#ifndef SPOOL_GGML_PT
+#define SPOOL_GGML_PT 8
+#endif
+constexpr int kPR = SPOOL_GGML_PR;
+constexpr int kPT = kN == 16 ? SPOOL_GGML_PT : 4;
+constexpr int64_t kShortRow = 512;
+
+// Tokens [t, t1) of R rows (pointers `rows`, first row r): tiles of kPT tokens, then the rest
+// in tiles of 4, 2 and 1 (at most one of each; kPT <= 8).
+template <GgmlType Q, int R>
+HWY_INLINE void TokenRun(const GgmlView& w, const uint8_t* const* rows, const float* x, int64_t t, int64_t t1, float* y,
+                         int64_t ldy, int64_t r) {
+  static_assert(kPT <= 8, "the remainder covers at most 7 tokens");
+  for (; t + kPT <= t1; t += kPT) Tile<Q, R, kPT>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+  if constexpr (kPT > 4) {
+    if (t + 4 <= t1) {
+      Tile<Q, R, 4>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+      t += 4;
+    }
+  }
+  if (t + 2 <= t1) {
+    Tile<Q, R, 2>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+    t += 2;
+  }
+  if (t < t1) Tile<Q, R, 1>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+}
 
 template <GgmlType Q>
 void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t rb = w.row_bytes();
-  if (T < kGemmTokens) {
-    // Decode: 4 rows at a time, token by token (T is small: the rows stay in L1/L2).
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xt = x + t * w.cols;
-      float* yt = y + t * ldy;
-      int64_t r = r0;
-      for (; r + 4 <= r1; r += 4) {
-        const uint8_t* rows[4] = {w.data + r * rb, w.data + (r + 1) * rb, w.data + (r + 2) * rb,
-                                  w.data + (r + 3) * rb};
-        Tile<Q, 4, 1>(w, rows, xt, yt + r, 1);
-      }
-      for (; r < r1; ++r) {
-        const uint8_t* rows[1] = {w.data + r * rb};
-        Tile<Q, 1, 1>(w, rows, xt, yt + r, 1);
-      }
+  if (T == 1) {
+    // Decode: 4 rows at a time (4 independent weight streams and FMA chains).
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      const uint8_t* rows[4] = {w.data + r * rb, w.data + (r + 1) * rb, w.data + (r + 2) * rb, w.data + (r + 3) * rb};
+      Tile<Q, 4, 1>(w, rows, x, y + r, 1);
+    }
+    for (; r < r1; ++r) {
+      const uint8_t* rows[1] = {w.data + r * rb};
+      Tile<Q, 1, 1>(w, rows, x, y + r, 1);
     }
     return;
   }
-  // Prefill: token tiles of kTokenTile; each row against kGemmTokens tokens at a time.
+  // Prefill: token tiles of kTokenTile (x in L2); kPR rows at a time against all of a tile's
+  // tokens (the rows' blocks stay in L1 between register tiles), leftover rows one by one.
+  // Every tile shape accumulates each output in the same order, so results do not depend on T.
   for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
     const int64_t t1 = std::min(T, t0 + kTokenTile);
-    for (int64_t r = r0; r < r1; ++r) {
+    int64_t r = r0;
+    for (; w.cols > kShortRow && r + kPR <= r1; r += kPR) {
+      const uint8_t* rows[kPR];
+      for (int i = 0; i < kPR; ++i) rows[i] = w.data + (r + i) * rb;
+      TokenRun<Q, kPR>(w, rows, x, t0, t1, y, ldy, r);
+    }
+    for (; r < r1; ++r) {
       const uint8_t* rows[1] = {w.data + r * rb};
-      int64_t t = t0;
-      for (; t + kGemmTokens <= t1; t += kGemmTokens)
-        Tile<Q, 1, kGemmTokens>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
-      for (; t < t1; ++t) Tile<Q, 1, 1>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+      TokenRun<Q, 1>(w, rows, x, t0, t1, y, ldy, r);
     }
   }
 }

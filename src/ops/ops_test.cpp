@@ -2,6 +2,7 @@
 // chunked vs recurrent, conv1d, attention, RoPE, bf16/f16 conversions.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "ops/gated_delta.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"
+#include "ops/vec.h"
 #include "ops/workspace.h"
 #include "common/error.h"
 
@@ -146,6 +148,30 @@ TEST(GatedDelta, ChunkedAndRecurrentMatchDefinition) {
     if (mode == 2) gated_delta_chunked(a, 7, nullptr);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
     for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
+  }
+}
+
+// accumulate_rows (the P.V product of attention, Gated DeltaNet's chunk products): full groups
+// of 4 rows take 2 vectors of columns at a time; ragged rows, columns and strides against a
+// double-precision reference, on every SIMD target.
+TEST(Vec, AccumulateRowsMatchesReferenceEveryTarget) {
+  for (auto [m, n, vd] : std::vector<std::array<int64_t, 3>>{{4, 5, 32}, {9, 17, 40}, {7, 3, 128}, {12, 64, 77}, {1, 2, 5}}) {
+    const int64_t ldp = n + 3, ldv = vd + 5, ldo = vd + 2;
+    const std::vector<float> p = spool::testing::randn(static_cast<size_t>(m * ldp), 1 + m);
+    const std::vector<float> v = spool::testing::randn(static_cast<size_t>(n * ldv), 2 + n);
+    const std::vector<float> o0 = spool::testing::randn(static_cast<size_t>(m * ldo), 3 + vd);
+    spool::testing::for_each_target([&](int64_t) {
+      std::vector<float> o = o0;
+      accumulate_rows(p.data(), ldp, m, v.data(), ldv, n, vd, o.data(), ldo);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t d = 0; d < ldo; ++d) {
+          double ref = o0[r * ldo + d];
+          if (d < vd)
+            for (int64_t j = 0; j < n; ++j) ref += static_cast<double>(p[r * ldp + j]) * v[j * ldv + d];
+          ASSERT_NEAR(o[r * ldo + d], ref, 1e-4 * (1.0 + std::sqrt(static_cast<double>(n))))
+              << "m " << m << " n " << n << " vd " << vd << " r " << r << " d " << d;
+        }
+    });
   }
 }
 

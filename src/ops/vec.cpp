@@ -101,7 +101,42 @@ void AccumulateRows(const float* p, int64_t ldp, int64_t m, const float* v, int6
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r0 = 0; r0 < m; r0 += 4) {
     const int64_t mr = std::min<int64_t>(4, m - r0);
-    for (int64_t d = 0; d < vd; d += N) {
+    int64_t d0 = 0;
+    if (mr == 4) {
+      // Full groups of 4 rows: 2 vectors of columns at a time, 8 independent FMA chains (4
+      // chains of 4-cycle FMAs would cap the core at one FMA per cycle). Each output element
+      // still sums over j in order, as below.
+      const float* p0 = p + r0 * ldp;
+      for (; d0 + 2 * N <= vd; d0 += 2 * N) {
+        float* o = out + r0 * ldo + d0;
+        auto a0 = hn::LoadU(df, o), b0 = hn::LoadU(df, o + N);
+        auto a1 = hn::LoadU(df, o + ldo), b1 = hn::LoadU(df, o + ldo + N);
+        auto a2 = hn::LoadU(df, o + 2 * ldo), b2 = hn::LoadU(df, o + 2 * ldo + N);
+        auto a3 = hn::LoadU(df, o + 3 * ldo), b3 = hn::LoadU(df, o + 3 * ldo + N);
+        for (int64_t j = 0; j < n; ++j) {
+          const auto va = hn::LoadU(df, v + j * ldv + d0), vb = hn::LoadU(df, v + j * ldv + d0 + N);
+          const auto p0j = hn::Set(df, p0[j]), p1j = hn::Set(df, p0[ldp + j]);
+          const auto p2j = hn::Set(df, p0[2 * ldp + j]), p3j = hn::Set(df, p0[3 * ldp + j]);
+          a0 = hn::MulAdd(p0j, va, a0);
+          b0 = hn::MulAdd(p0j, vb, b0);
+          a1 = hn::MulAdd(p1j, va, a1);
+          b1 = hn::MulAdd(p1j, vb, b1);
+          a2 = hn::MulAdd(p2j, va, a2);
+          b2 = hn::MulAdd(p2j, vb, b2);
+          a3 = hn::MulAdd(p3j, va, a3);
+          b3 = hn::MulAdd(p3j, vb, b3);
+        }
+        hn::StoreU(a0, df, o);
+        hn::StoreU(b0, df, o + N);
+        hn::StoreU(a1, df, o + ldo);
+        hn::StoreU(b1, df, o + ldo + N);
+        hn::StoreU(a2, df, o + 2 * ldo);
+        hn::StoreU(b2, df, o + 2 * ldo + N);
+        hn::StoreU(a3, df, o + 3 * ldo);
+        hn::StoreU(b3, df, o + 3 * ldo + N);
+      }
+    }
+    for (int64_t d = d0; d < vd; d += N) {
       if (d + N > vd) {  // ragged tail: scalar
         for (int64_t r = r0; r < r0 + mr; ++r)
           for (int64_t j = 0; j < n; ++j)
