@@ -446,6 +446,17 @@ TEST(KvCache, DeferredRowsAreFetchedBeforeEveryHostRead) {
     EXPECT_FALSE(c.has_deferred());
     EXPECT_EQ(fetches, 0);
   }
+  {  // a moved-from cache is empty (no rows, a new generation) and usable again
+    KvCache c = deferred();
+    const uint64_t g = c.generation();
+    KvCache d = std::move(c);
+    EXPECT_EQ(c.capacity(), 0);
+    EXPECT_FALSE(c.has_deferred());
+    EXPECT_NE(c.generation(), g);
+    c.reserve(1, 0);
+    c.write(0, k.data(), v.data());
+    EXPECT_EQ(c.key(1, 0, 5), want.key(1, 0, 5));
+  }
   {  // a failing fetch propagates and leaves the rows deferred
     KvCache c;
     c.configure(KvType::kF32, 1, 8);
