@@ -25,6 +25,7 @@
 #include <cstring>
 #include <deque>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -108,6 +109,10 @@ bool is_device_ptr(const void* p) {
 }
 
 constexpr size_t kAlignDev = 256;
+// Threads of a one-block-per-row kernel over rows of n: long rows (a hidden state) get 1024, so
+// each thread's loop is a couple of loads rather than a chain of dependent ones. (By n alone: a
+// row's reduction order, hence its bits, do not depend on how many rows share the launch.)
+unsigned row_threads(int64_t n) { return n >= 2048 ? 1024u : 256u; }
 size_t round_up(size_t n, size_t a = kAlignDev) { return (n + a - 1) / a * a; }
 unsigned blocks_for(int64_t n, int threads = 256) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 1 << 20)));
@@ -370,56 +375,12 @@ __global__ void k_gemv(WDev w, const float* x, int T, float* y) {
   }
 }
 
-// Decode GEMVs that read each weight byte once, in wide coalesced loads (T <= kMaxGemvT rows of
-// x, one warp per weight row, f32 accumulation). 4-bit codes: each lane decodes one 32-bit word
-// (8 codes of one group) per step, so a warp reads 128 consecutive bytes of the row; needs
-// cols % 8 == 0, group % 8 == 0 and x 16-byte aligned.
-// One warp's row r of y [T, rows] = x [T, cols] W^T for a q4 weight (codes 2 per byte, f16 scales
-// per group, codebook cbs[16] already in shared memory): shared by the plain and grouped kernels.
-__device__ __forceinline__ void gemv_q4_row(const uint8_t* q, const uint16_t* scales, const float* cbs, int64_t rows, int64_t cols,
-                                            int group, const float* x, int T, float* y, int64_t r, int lane) {
-  const int64_t ng = cols / group;
-  const uint32_t* qr = reinterpret_cast<const uint32_t*>(q + r * (cols / 2));
-  const uint16_t* sr = scales + r * ng;
-  float acc[kMaxGemvT];
-#pragma unroll
-  for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
-#pragma unroll 4
-  for (int64_t c0 = lane * 8; c0 < cols; c0 += 256) {
-    const uint32_t wq = __ldg(qr + c0 / 8);
-    const float s = __half2float(__ushort_as_half(__ldg(sr + c0 / group)));
-    float wv[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) wv[j] = cbs[(wq >> (4 * j)) & 15u];
-#pragma unroll
-    for (int t = 0; t < kMaxGemvT; ++t) {
-      if (t >= T) break;
-      const float4 a = *reinterpret_cast<const float4*>(x + t * cols + c0);
-      const float4 b = *reinterpret_cast<const float4*>(x + t * cols + c0 + 4);
-      // (the group scale multiplies the 8 codebook values' dot once: fewer instructions per weight)
-      acc[t] += s * (wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y + wv[6] * b.z + wv[7] * b.w);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxGemvT; ++t) {
-    if (t >= T) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + r] = s;
-  }
-}
-
-__global__ void k_gemv_q4(const uint8_t* q, const uint16_t* scales, const float* cb, int64_t rows, int64_t cols, int group,
-                          const float* x, int T, float* y) {
-  __shared__ float cbs[16];
-  if (threadIdx.x < 16) cbs[threadIdx.x] = cb[threadIdx.x];
-  __syncthreads();
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (r >= rows) return;
-  gemv_q4_row(q, scales, cbs, rows, cols, group, x, T, y, r, threadIdx.x & 31);
-}
-
-// One q4 GEMV of a grouped launch: y [T, rows] = x [T, cols] W^T (all jobs of a launch share rows,
-// cols and group; each has its own weight, codebook, input and output).
+// One q4 GEMV job: y [T, rows] = x' [T, cols] W^T for a q4 weight (codes 2 per byte, low nibble
+// first; f16 scales per group; a 16-entry f32 codebook). x' is x itself, or, with the fused prologue
+// (k_gemv_q4's kPrologue), the rows built in shared memory: row t is x row tok[t] (t without tok), then
+// silu(x) * x2 when x2 is set (k_swiglu's formula), then rotated when signs is set (k_rotate's
+// H_blk(signs .* x) / sqrt(B), same butterflies), so fused and separate launches give the same bits.
+// All jobs of a launch share rows, cols and group.
 struct Q4Job {
   const uint8_t* q;
   const uint16_t* scales;
@@ -427,34 +388,164 @@ struct Q4Job {
   const float* x;
   float* y;
   int T;
+  const int64_t* tok;   // prologue: source row of x for each of the T rows (null: row t)
+  const float* x2;      // prologue: SwiGLU's up rows (same rows as x), or null
+  const int8_t* signs;  // prologue: the weight's rotation signs [cols], or null
 };
 
-// blockIdx.y picks the job: many experts' projections in one launch (the decode path of expert_ffn).
-__global__ void k_gemv_q4_grouped(const Q4Job* jobs, int64_t rows, int64_t cols, int group) {
-  const Q4Job j = jobs[blockIdx.y];
-  __shared__ float cbs[16];
-  if (threadIdx.x < 16) cbs[threadIdx.x] = j.cb[threadIdx.x];
-  __syncthreads();
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (r >= rows) return;
-  gemv_q4_row(j.q, j.scales, cbs, rows, cols, group, j.x, j.T, j.y, r, threadIdx.x & 31);
+// Decode GEMV (T <= kMaxGemvT rows of x', f32 accumulation) that reads each weight byte once in
+// 16-byte loads: LPR lanes (a power of two <= 32) share a row and each takes chunks of 32 codes (4
+// words) strided by LPR, so a row of 2048 codes is 2 loads per lane of a full warp and a row of 512
+// is 1 load per lane of half a warp; partial sums meet by shuffles. Each word's 8 codes are looked
+// up in the codebook (shared memory), dotted with x' and scaled once by their group's scale
+// (group % 8 == 0). x' sits in shared memory in the chunk-interleaved order of q4_xpos, so the
+// lanes of a warp read consecutive 16-byte pieces (no bank conflicts). Needs cols % 32 == 0.
+//
+// Position in shared memory of x' column c (per row; nch = cols / 32 chunks): the 4 floats of
+// column quad (word k, half h) of chunk ch sit at ((2k + h) * nch + ch) * 4, so lane ch's float4 of
+// a given (k, h) is next to lane ch + 1's.
+__device__ __forceinline__ int q4_xpos(int c, int nch) {
+  const int ch = c >> 5, k = (c >> 3) & 3, h = (c >> 2) & 1;
+  return (((k << 1) | h) * nch + ch) * 4 + (c & 3);
 }
 
-// Row i of out [n_rows, n] = k_rotate of row tok[i] of x (row i when tok is null) with that row's own
-// signs (signs[i]; a null pointer: the row is copied unrotated, as mm does for a weight without signs).
-__global__ void k_gather_rotate(const float* x, const int64_t* tok, const int8_t* const* signs, int64_t n, int64_t B, float norm,
-                                float* out) {
-  extern __shared__ float v[];
-  const float* xr = x + (tok != nullptr ? tok[blockIdx.x] : static_cast<int64_t>(blockIdx.x)) * n;
-  float* o = out + static_cast<int64_t>(blockIdx.x) * n;
-  const int8_t* sg = signs[blockIdx.x];
-  if (sg == nullptr) {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i];
-    return;
+// R consecutive rows r0 .. r0 + R - 1 per group of LPR lanes: each chunk of x' (one float4 pair per
+// word and row of x') is read from shared memory once for the R rows, whose weight chunks are all
+// loaded first (R 16-byte loads in flight per lane). Row r's products and their order depend only
+// on cols (LPR) and the row itself, not on R, TM or the job's other rows.
+template <int LPR, int R, int TM>
+__device__ __forceinline__ void gemv_q4_rows(const Q4Job& j, const float* cbs, const float* xs, int64_t rows, int64_t cols, int group,
+                                             int64_t r0, const uint4 (&pre)[R], bool use_pre) {
+  const int sub = threadIdx.x & (LPR - 1);
+  const int nch = static_cast<int>(cols / 32);
+  const int64_t ng = cols / group;
+  const int T = TM == 1 ? 1 : j.T;
+  const uint4* qr[R];
+  const uint16_t* sr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t rr = min(r0 + i, rows - 1);  // (rows past the last run it again for the shuffles, store nothing)
+    qr[i] = reinterpret_cast<const uint4*>(j.q + rr * (cols / 2));
+    sr[i] = j.scales + rr * ng;
   }
-  for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i] * static_cast<float>(sg[i]);
-  fwht_smem(v, static_cast<int>(n), static_cast<int>(B));
-  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * norm;
+  float acc[R][TM];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int t = 0; t < TM; ++t) acc[i][t] = 0.0f;
+  const bool chunk_scale = group % 32 == 0;  // one scale per chunk of 32 codes
+  for (int c = sub; c < nch; c += LPR) {
+    uint4 wq[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) wq[i] = use_pre && c == sub ? pre[i] : __ldg(qr[i] + c);
+    float sc[R][4];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (chunk_scale) {
+        const float s = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
+        sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = s;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sc[i][k] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32 + k * 8) / group)));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float wv[R][8];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const uint32_t w = k == 0 ? wq[i].x : k == 1 ? wq[i].y : k == 2 ? wq[i].z : wq[i].w;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) wv[i][e] = cbs[(w >> (4 * e)) & 15u];
+      }
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        if (t >= T) break;
+        const float4 a = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k) * nch + c) * 4);
+        const float4 b = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k + 1) * nch + c) * 4);
+#pragma unroll
+        for (int i = 0; i < R; ++i)  // (the group scale multiplies the 8 codebook values' dot once)
+          acc[i][t] += sc[i][k] * (wv[i][0] * a.x + wv[i][1] * a.y + wv[i][2] * a.z + wv[i][3] * a.w + wv[i][4] * b.x + wv[i][5] * b.y +
+                                   wv[i][6] * b.z + wv[i][7] * b.w);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      if (t >= T) break;
+      float v = acc[i][t];
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (sub == 0 && r0 + i < rows) j.y[t * rows + r0 + i] = v;
+    }
+}
+
+// Blockwise Walsh-Hadamard butterflies of fwht_smem (same pairs, same order) over a row stored in
+// q4_xpos order.
+__device__ __forceinline__ void fwht_smem_q4(float* v, int n, int B, int nch) {
+  __syncthreads();
+  for (int s = 0; (1 << s) < B; ++s) {
+    const int h = 1 << s;
+    for (int idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
+      const int i = ((idx >> s) << (s + 1)) + (idx & (h - 1));
+      const int pi = q4_xpos(i, nch), ph = q4_xpos(i + h, nch);
+      const float a = v[pi], c = v[ph];
+      v[pi] = a + c;
+      v[ph] = a - c;
+    }
+    __syncthreads();
+  }
+}
+
+// y = x' W^T for one job (jobs == null: `one`) or many (blockIdx.y picks the job: all experts'
+// projections of an MoE layer in one launch). x' is built in shared memory once per block (dynamic
+// smem: T * cols floats): row t is x row tok[t] (row t without tok), then silu(x) * x2 when x2 is
+// set (k_swiglu's formula), then rotated when signs is set (k_rotate's arithmetic), so the products
+// are those of separate launches. Blocks of kGemvThreads cover kGemvThreads / LPR rows at a time
+// and stride over the row blocks by gridDim.x: a grid of about two blocks per SM builds x' rarely.
+constexpr int kGemvThreads = 512;
+// Rows per lane group R: 4 or 1 for one row of x' (decode; 1 spreads a small weight over more
+// blocks), 2 for up to kMaxGemvT rows of x' (registers).
+template <int LPR, int TM, int R>
+__global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_q4(const Q4Job* jobs, Q4Job one, int64_t rows, int64_t cols, int group, int64_t B,
+                                                           float norm) {
+  const Q4Job j = jobs != nullptr ? jobs[blockIdx.y] : one;
+  extern __shared__ float xs[];
+  __shared__ float cbs[16];
+  const int64_t rpb = kGemvThreads / LPR * R, nrb = (rows + rpb - 1) / rpb;
+  const int n = static_cast<int>(cols), nch = n / 32;
+  // The first chunk of this block's first rows is loaded before the prologue (its latency overlaps it).
+  uint4 pre[R];
+  const int sub = threadIdx.x & (LPR - 1);
+  const int64_t r_first = static_cast<int64_t>(blockIdx.x) * rpb + threadIdx.x / LPR * R;
+  const bool prefetch = blockIdx.x < nrb && sub < nch;
+  if (prefetch) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) pre[i] = __ldg(reinterpret_cast<const uint4*>(j.q + min(r_first + i, rows - 1) * (cols / 2)) + sub);
+  }
+  if (threadIdx.x < 16) cbs[threadIdx.x] = j.cb[threadIdx.x];
+  for (int t = 0; t < j.T; ++t) {
+    float* v = xs + t * n;
+    const int64_t row = j.tok != nullptr ? j.tok[t] : t;
+    const float* src = j.x + row * cols;
+    const float* src2 = j.x2 != nullptr ? j.x2 + row * cols : nullptr;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      float e = src2 != nullptr ? silu_f(src[i]) * src2[i] : src[i];
+      if (j.signs != nullptr) e *= static_cast<float>(j.signs[i]);
+      v[q4_xpos(i, nch)] = e;
+    }
+    if (j.signs != nullptr) {
+      fwht_smem_q4(v, n, static_cast<int>(B), nch);
+      for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] *= norm;  // (every element once: order does not matter)
+    }
+  }
+  __syncthreads();
+  for (int64_t rb = blockIdx.x; rb < nrb; rb += gridDim.x)
+    gemv_q4_rows<LPR, R, TM>(j, cbs, xs, rows, cols, group, rb * rpb + threadIdx.x / LPR * R,
+                             pre, rb == blockIdx.x && prefetch);
 }
 
 // The same for f16 / bf16 weights: each lane reads 8 elements (16 bytes) per step, a warp 512
@@ -468,6 +559,7 @@ __global__ void k_gemv_16(const uint16_t* w, int64_t rows, int64_t cols, const f
   float acc[kMaxGemvT];
 #pragma unroll
   for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+#pragma unroll 4
   for (int64_t c0 = lane * 8; c0 < cols; c0 += 256) {
     const uint4 p = __ldg(wr + c0 / 8);
     const uint32_t u[4] = {p.x, p.y, p.z, p.w};
@@ -700,26 +792,25 @@ struct ExpertRef {
 };
 
 // The job lists of expert_ffn_routed from the routing ids on the device: pair p = t * K + slot runs
-// expert ids[p] on token t as its own one-row job (gate and up jobs 2p, 2p + 1; down job p).
-__global__ void k_routed_jobs(const int* ids, const ExpertRef* table, int E, int64_t P, int K, int64_t H, int64_t I,
-                              float* xr, float* gate, float* up, float* ar, float* yd, Q4Job* jgu, Q4Job* jd, int64_t* tok,
-                              const int8_t** sg, const int8_t** sd, int64_t* row_of) {
+// expert ids[p] on token t as its own one-row jobs (gate and up jobs 2p, 2p + 1: token t's row of x,
+// rotated in the GEMV's prologue; down job p: SwiGLU of the pair's gate and up rows, rotated).
+__global__ void k_routed_jobs(const int* ids, const ExpertRef* table, int E, int64_t P, int K, int64_t H, int64_t I, const float* x,
+                              float* gate, float* up, float* yd, Q4Job* jgu, Q4Job* jd, int64_t* row_of) {
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= P) return;
   const int e = min(max(ids[p], 0), E - 1);  // (ids come from k_route: always in range)
   const ExpertRef r = table[e];
-  tok[p] = tok[P + p] = p / K;
-  sg[p] = r.sg[0];
-  sg[P + p] = r.sg[1];
-  sd[p] = r.sg[2];
-  jgu[2 * p] = Q4Job{r.q[0], r.s[0], r.cb[0], xr + p * H, gate + p * I, 1};
-  jgu[2 * p + 1] = Q4Job{r.q[1], r.s[1], r.cb[1], xr + (P + p) * H, up + p * I, 1};
-  jd[p] = Q4Job{r.q[2], r.s[2], r.cb[2], ar + p * I, yd + p * H, 1};
+  const float* xt = x + (p / K) * H;
+  jgu[2 * p] = Q4Job{r.q[0], r.s[0], r.cb[0], xt, gate + p * I, 1, nullptr, nullptr, r.sg[0]};
+  jgu[2 * p + 1] = Q4Job{r.q[1], r.s[1], r.cb[1], xt, up + p * I, 1, nullptr, nullptr, r.sg[1]};
+  jd[p] = Q4Job{r.q[2], r.s[2], r.cb[2], gate + p * I, yd + p * H, 1, nullptr, up + p * I, r.sg[2]};
   row_of[p] = p;
 }
 
 // One block per query row (t, h) of a tile starting at token t0: scores into a scratch row,
-// softmax, then out = P V. Dynamic smem: head_dim floats (the query).
+// softmax, then out = P V. Dynamic smem: (blockDim.x / 32) * head_dim floats (the query, then the
+// warps' partial P V sums); head_dim <= kMaxAttnHd.
+constexpr int kMaxAttnHd = 512;
 __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, int64_t pos0, int64_t t0, float scale,
                             float* scores, int64_t ld_scores, float* out) {
   extern __shared__ float qs[];
@@ -748,11 +839,29 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
   }
   z = block_sum(z);  // (its __syncthreads also orders the score writes before the reads below)
   const float inv = 1.0f / z;
+  // out = P V: warp w sums positions w, w + nw, ... for dims lane, lane + 32, ... (coalesced rows of
+  // V), then the warps' sums meet in shared memory (qs is free again), added in warp order.
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float acc[kMaxAttnHd / 32];
+#pragma unroll
+  for (int m = 0; m < kMaxAttnHd / 32; ++m) acc[m] = 0.0f;
+  for (int64_t p = wid; p < n; p += nw) {
+    const float sp = s[p];
+#pragma unroll
+    for (int m = 0; m < kMaxAttnHd / 32; ++m)
+      if (lane + 32 * m < hd) acc[m] += sp * kv_value(kv, kvh, p, lane + 32 * m);
+  }
+  __syncthreads();  // (every thread is done with qs)
+  float* part = qs;  // [nw][hd] (dynamic smem holds nw * hd floats)
+#pragma unroll
+  for (int m = 0; m < kMaxAttnHd / 32; ++m)
+    if (lane + 32 * m < hd) part[wid * hd + lane + 32 * m] = acc[m];
+  __syncthreads();
   float* o = out + (t * n_heads + h) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t p = 0; p < n; ++p) acc += s[p] * kv_value(kv, kvh, p, d);
-    o[d] = acc * inv;
+    float a = 0.0f;
+    for (int w = 0; w < nw; ++w) a += part[w * hd + d];
+    o[d] = a * inv;
   }
 }
 
@@ -1034,6 +1143,7 @@ struct CudaBackend::Impl {
   uint64_t uploaded = 0, staged = 0, slot_copied = 0;
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
+  int64_t sms = 1;  // multiprocessors (gemv_q4 sizes its prologue grids by them)
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   std::vector<ExpertRef*> expert_tables;  // make_expert_table's device tables (freed with the backend)
@@ -1289,110 +1399,142 @@ struct CudaBackend::Impl {
     CU_LAUNCHED("k_rotate");
   }
 
-  // The decode path of expert_ffn (SwiGLU experts in q4 on the device, at most kMaxGemvT rows per
-  // expert, one shape): five launches for all experts instead of eight per expert — gate and up
-  // inputs gathered and rotated (each row with its expert's signs), every gate and up GEMV in one
-  // grouped launch, SwiGLU over all rows, the down inputs rotated, every down GEMV in one launch.
-  // Each row's arithmetic is the per-expert path's (same kernels' row code, same order), so the
-  // results are the same bits. Returns false (nothing launched) when the experts do not qualify.
+  // Launches k_gemv_q4 over n_jobs jobs (the device table `jobs`, or `one` when jobs is null), each
+  // of at most t_max rows, all [rows, cols] with groups of `group`. prologue: x' is built in shared
+  // memory (needed for tok / x2 / signs; t_max * cols floats must fit, see q4_rows_fit); the grid
+  // then has at most ~8 blocks per SM in all, each covering several row blocks.
+  void gemv_q4(const Q4Job* jobs, const Q4Job& one, int64_t n_jobs, int t_max, int64_t rows, int64_t cols, int group) {
+    const int64_t nc = cols / 32;
+    int lpr = 1;
+    while (lpr < 32 && lpr * 2 <= nc) lpr *= 2;
+    // Rows per lane group: 2 for several rows of x'; 4 for one, unless that leaves fewer than half the
+    // SMs a block (a small weight), then 1.
+    const int64_t per_block = kGemvThreads / lpr;
+    const auto blocks_for_r = [&](int r) { return n_jobs * ((rows + per_block * r - 1) / (per_block * r)); };
+    const int R = t_max > 1 ? 2 : blocks_for_r(4) >= sms / 2 ? 4 : 1;
+    const int64_t nrb = (rows + per_block * R - 1) / (per_block * R);
+    const int64_t B = cols & -cols;
+    const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
+    const size_t smem = static_cast<size_t>(t_max) * static_cast<size_t>(cols) * sizeof(float);
+    if (smem > static_cast<size_t>(smem_optin))
+      fail("cuda backend: a GEMV input of %d x %lld needs %zu bytes of shared memory (device has %d)", t_max, (long long)cols, smem, smem_optin);
+    const int64_t gx = std::min<int64_t>(nrb, std::max<int64_t>(1, sms / std::max<int64_t>(n_jobs, 1)));
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(n_jobs));
+    const auto go = [&](auto kern) {
+      if (smem > (48 << 10)) CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kern<<<grid, kGemvThreads, smem, stream>>>(jobs, one, rows, cols, group, B, norm);
+    };
+    const auto by_lpr = [&](auto tm, auto r) {
+      constexpr int TM = decltype(tm)::value, RR = decltype(r)::value;
+      switch (lpr) {
+        case 1: go(k_gemv_q4<1, TM, RR>); break;
+        case 2: go(k_gemv_q4<2, TM, RR>); break;
+        case 4: go(k_gemv_q4<4, TM, RR>); break;
+        case 8: go(k_gemv_q4<8, TM, RR>); break;
+        case 16: go(k_gemv_q4<16, TM, RR>); break;
+        default: go(k_gemv_q4<32, TM, RR>); break;
+      }
+    };
+    using I1 = std::integral_constant<int, 1>;
+    if (R == 2) {
+      by_lpr(std::integral_constant<int, kMaxGemvT>{}, std::integral_constant<int, 2>{});
+    } else if (R == 4) {
+      by_lpr(I1{}, std::integral_constant<int, 4>{});
+    } else {
+      by_lpr(I1{}, I1{});
+    }
+    CU_LAUNCHED("k_gemv_q4");
+  }
+  // Rows of x a fused-prologue GEMV job of `cols` columns may take (<= kMaxGemvT; 0: none fit).
+  int q4_rows_fit(int64_t cols) const {
+    return static_cast<int>(std::min<int64_t>(kMaxGemvT, static_cast<int64_t>(smem_optin) / (4 * std::max<int64_t>(cols, 1))));
+  }
+
+  // The grouped path of expert_ffn (SwiGLU experts in q4 on the device, one shape): two launches for
+  // all experts instead of eight per expert — every gate and up GEMV in one grouped launch (each
+  // job gathers its tokens' rows of x and rotates them with its weight's signs in the prologue),
+  // then every down GEMV (prologue: SwiGLU of the gate and up rows, rotated). An expert with more
+  // rows than a job takes (q4_rows_fit) runs as several jobs: each row's arithmetic does not depend
+  // on the other rows of its job, so the results are the same bits as one row per job (the routed
+  // path's). Returns false (nothing launched) when the experts do not qualify.
   bool expert_ffn_grouped(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* xd,
                           const std::vector<int64_t>& tok, int64_t H, float* yd) {
     const ExpertMats& e0 = experts[0];
     const int64_t I = e0.gate.rows;
     const int64_t r_begin = groups.first[g0];
-    int n_jobs = 0;
+    const int per_job = q4_rows_fit(std::max(H, I));
+    if (per_job < 1) return false;
+    int64_t n_jobs = 0;
     for (size_t j = 0; j < experts.size(); ++j) {
       const ExpertMats& e = experts[j];
       const int64_t n = groups.first[g0 + j + 1] - groups.first[g0 + j];
-      if (n > kMaxGemvT || !q4_expert_ok(e, H, I, e0.gate.quant.group, e0.down.quant.group)) return false;
-      if (n > 0) ++n_jobs;
+      if (!q4_expert_ok(e, H, I, e0.gate.quant.group, e0.down.quant.group, false)) return false;
+      n_jobs += (n + per_job - 1) / per_job;
     }
-    for (const ExpertMats& e : experts) {  // the checks mm makes of each weight
-      check_supported(e.gate), check_supported(e.up), check_supported(e.down);
+    // Experts in host memory (not uploaded, e.g. streamed to the host tier) are copied up for the call
+    // (dev_weight, as mm does), so they take the same kernels, bit for bit, as uploaded ones.
+    std::vector<ExpertMats> dev(experts.begin(), experts.end());
+    for (ExpertMats& e : dev) {
+      if (e.gate.device != Device::kCuda) e.gate = dev_weight(e.gate);
+      if (e.up.device != Device::kCuda) e.up = dev_weight(e.up);
+      if (e.down.device != Device::kCuda) e.down = dev_weight(e.down);
       validate(e.gate.quant), validate(e.up.quant), validate(e.down.quant);
     }
     const int64_t R = static_cast<int64_t>(tok.size());
-    if (R == 0 || n_jobs == 0) return false;
-    // Device scratch: rotated gate inputs [R, H] then up inputs [R, H]; gate and up outputs [R, I]
-    // each; rotated down inputs [R, I].
-    float* xr = arena->get_n<float>(2 * R * H);
+    if (R == 0 || n_jobs == 0 || 2 * n_jobs > 65535) return false;  // (grid.y holds the jobs)
+    // Device scratch: gate and up outputs [R, I] each.
     float* gate = arena->get_n<float>(R * I);
     float* up = arena->get_n<float>(R * I);
-    float* ar = arena->get_n<float>(R * I);
-    // Host tables, one upload: tok twice [2R], signs for gate|up inputs [2R] and down inputs [R],
-    // gate|up jobs [2 n_jobs], down jobs [n_jobs].
-    const size_t o_tok = 0, o_sg = round_up(o_tok + 2 * R * sizeof(int64_t), 16), o_sd = round_up(o_sg + 2 * R * sizeof(void*), 16),
-                 o_jgu = round_up(o_sd + R * sizeof(void*), 16), o_jd = round_up(o_jgu + 2 * n_jobs * sizeof(Q4Job), 16),
+    // Host tables, one upload: tok [R], gate|up jobs [2 n_jobs], down jobs [n_jobs].
+    const size_t o_tok = 0, o_jgu = round_up(R * sizeof(int64_t), 16), o_jd = round_up(o_jgu + 2 * n_jobs * sizeof(Q4Job), 16),
                  bytes = o_jd + n_jobs * sizeof(Q4Job);
     std::vector<uint8_t> blob(bytes);
     uint8_t* dblob = arena->get_n<uint8_t>(static_cast<int64_t>(bytes));
     auto* htok = reinterpret_cast<int64_t*>(blob.data() + o_tok);
-    auto* hsg = reinterpret_cast<const int8_t**>(blob.data() + o_sg);
-    auto* hsd = reinterpret_cast<const int8_t**>(blob.data() + o_sd);
     auto* hjgu = reinterpret_cast<Q4Job*>(blob.data() + o_jgu);
     auto* hjd = reinterpret_cast<Q4Job*>(blob.data() + o_jd);
-    for (int64_t r = 0; r < R; ++r) htok[r] = htok[R + r] = tok[r];
-    int k = 0;
-    for (size_t j = 0; j < experts.size(); ++j) {
-      const ExpertMats& e = experts[j];
-      const int64_t r0 = groups.first[g0 + j] - r_begin, n = groups.first[g0 + j + 1] - groups.first[g0 + j];
-      for (int64_t r = r0; r < r0 + n; ++r) {
-        hsg[r] = e.gate.quant.signs;
-        hsg[R + r] = e.up.quant.signs;
-        hsd[r] = e.down.quant.signs;
+    const auto* dtok = reinterpret_cast<const int64_t*>(dblob + o_tok);
+    for (int64_t r = 0; r < R; ++r) htok[r] = tok[r];
+    int64_t k = 0;
+    for (size_t j = 0; j < dev.size(); ++j) {
+      const ExpertMats& e = dev[j];
+      const int64_t r_lo = groups.first[g0 + j] - r_begin, r_hi = groups.first[g0 + j + 1] - r_begin;
+      for (int64_t r0 = r_lo; r0 < r_hi; r0 += per_job, ++k) {
+        const int n = static_cast<int>(std::min<int64_t>(per_job, r_hi - r0));
+        hjgu[2 * k] = Q4Job{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xd, gate + r0 * I, n, dtok + r0, nullptr,
+                            e.gate.quant.signs};
+        hjgu[2 * k + 1] = Q4Job{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xd, up + r0 * I, n, dtok + r0, nullptr,
+                                e.up.quant.signs};
+        hjd[k] = Q4Job{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, gate + r0 * I, yd + r0 * H, n, nullptr, up + r0 * I,
+                       e.down.quant.signs};
       }
-      if (n == 0) continue;
-      hjgu[2 * k] = Q4Job{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xr + r0 * H, gate + r0 * I, static_cast<int>(n)};
-      hjgu[2 * k + 1] = Q4Job{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xr + (R + r0) * H, up + r0 * I, static_cast<int>(n)};
-      hjd[k] = Q4Job{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, ar + r0 * I, yd + r0 * H, static_cast<int>(n)};
-      ++k;
     }
     h2d(dblob, blob.data(), bytes);
-    const auto* dtok = reinterpret_cast<const int64_t*>(dblob + o_tok);
-    const auto* dsg = reinterpret_cast<const int8_t* const*>(dblob + o_sg);
-    const auto* dsd = reinterpret_cast<const int8_t* const*>(dblob + o_sd);
-    const auto* djgu = reinterpret_cast<const Q4Job*>(dblob + o_jgu);
-    const auto* djd = reinterpret_cast<const Q4Job*>(dblob + o_jd);
-    grouped_swiglu(xd, dtok, dsg, dsd, djgu, djd, 2 * R, R, n_jobs, H, I, e0.gate.quant.group, e0.down.quant.group, gate, up, xr, ar);
+    grouped_swiglu(reinterpret_cast<const Q4Job*>(dblob + o_jgu), reinterpret_cast<const Q4Job*>(dblob + o_jd), n_jobs, per_job, H, I,
+                   e0.gate.quant.group, e0.down.quant.group);
     return true;
   }
 
-  // Row i of out [rows, n] = k_rotate of row tok[i] of x (row i when tok is null) with signs sg[i].
-  void gather_rotate(const float* x, const int64_t* tok, const int8_t* const* sg, int64_t rows, int64_t n, float* out) {
-    const int64_t B = n & -n;
-    const size_t smem = static_cast<size_t>(n) * sizeof(float);
-    if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_gather_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    k_gather_rotate<<<static_cast<unsigned>(rows), fwht_threads(n), smem, stream>>>(
-        x, tok, sg, n, B, static_cast<float>(1.0 / std::sqrt(static_cast<double>(B))), out);
-    CU_LAUNCHED("k_gather_rotate");
+  // The launches of a grouped q4 SwiGLU FFN once its job tables are on the device: the gate|up GEMV
+  // jobs (2 * n_jobs, [I, H], groups of group_gu), then the down jobs (n_jobs, [H, I], group_d), each
+  // of at most t_max rows, inputs built in the prologue.
+  void grouped_swiglu(const Q4Job* jgu, const Q4Job* jd, int64_t n_jobs, int t_max, int64_t H, int64_t I, int group_gu, int group_d) {
+    gemv_q4(jgu, Q4Job{}, 2 * n_jobs, t_max, I, H, group_gu);
+    gemv_q4(jd, Q4Job{}, n_jobs, t_max, H, I, group_d);
   }
 
-  // The launches of a grouped q4 SwiGLU FFN once its tables are on the device: gate|up inputs
-  // gathered and rotated (rows_gu rows of x picked by tok with signs sg) into xr, the gate|up
-  // GEMV jobs (2 * n_jobs, groups of group_gu), SwiGLU over rows_d rows of gate/up [rows_d, I], the
-  // down inputs rotated (signs sd) into ar, the down GEMV jobs (n_jobs, groups of group_d).
-  void grouped_swiglu(const float* x, const int64_t* tok, const int8_t* const* sg, const int8_t* const* sd, const Q4Job* jgu,
-                      const Q4Job* jd, int64_t rows_gu, int64_t rows_d, int64_t n_jobs, int64_t H, int64_t I, int group_gu, int group_d,
-                      float* gate, float* up, float* xr, float* ar) {
-    gather_rotate(x, tok, sg, rows_gu, H, xr);
-    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((I * 32 + 255) / 256), static_cast<unsigned>(2 * n_jobs)), 256, 0, stream>>>(jgu, I, H, group_gu);
-    CU_LAUNCHED("k_gemv_q4_grouped (gate, up)");
-    k_swiglu<<<blocks_for(rows_d * I), 256, 0, stream>>>(gate, up, rows_d * I, gate);
-    CU_LAUNCHED("k_swiglu");
-    gather_rotate(gate, nullptr, sd, rows_d, I, ar);
-    k_gemv_q4_grouped<<<dim3(static_cast<unsigned>((H * 32 + 255) / 256), static_cast<unsigned>(n_jobs)), 256, 0, stream>>>(jd, H, I, group_d);
-    CU_LAUNCHED("k_gemv_q4_grouped (down)");
-  }
-
-  // Whether expert e's gate [I, H], up [I, H], down [H, I] run on the grouped q4 kernels: q4 in device
-  // memory, group sizes group_gu (gate, up) and group_d (down), multiples of 8, 4-byte aligned codes, no biases.
-  bool q4_expert_ok(const ExpertMats& e, int64_t H, int64_t I, int group_gu, int group_d) const {
+  // Whether expert e's gate [I, H], up [I, H], down [H, I] run on the grouped q4 kernels: q4 (in device
+  // memory when need_device; a host view is copied up by expert_ffn_grouped), group sizes group_gu
+  // (gate, up) and group_d (down), multiples of 8, 16-byte aligned codes, no biases, H and I multiples
+  // of 32 whose rows fit k_gemv_q4's shared memory.
+  bool q4_expert_ok(const ExpertMats& e, int64_t H, int64_t I, int group_gu, int group_d, bool need_device = true) const {
     const auto ok = [&](const WeightView& w, int64_t rows, int64_t cols, int group) {
-      return w.type == WType::kQuant && w.device == Device::kCuda && w.quant.type == QType::kQ4 && w.rows == rows && w.cols == cols &&
-             w.quant.group == group && group % 8 == 0 && reinterpret_cast<uintptr_t>(w.quant.qweight) % 4 == 0;
+      return w.type == WType::kQuant && (w.device == Device::kCuda || !need_device) && w.quant.type == QType::kQ4 && w.rows == rows &&
+             w.cols == cols && w.quant.group == group && group % 8 == 0 &&
+             (w.device != Device::kCuda || reinterpret_cast<uintptr_t>(w.quant.qweight) % 16 == 0);
     };
     return e.gate_bias == nullptr && e.down_bias == nullptr && ok(e.gate, I, H, group_gu) && ok(e.up, I, H, group_gu) && ok(e.down, H, I, group_d) &&
-           H % 8 == 0 && I % 8 == 0 && static_cast<size_t>(std::max(H, I)) * sizeof(float) <= static_cast<size_t>(smem_optin);
+           H % 32 == 0 && I % 32 == 0 && q4_rows_fit(std::max(H, I)) >= 1;
   }
 
   // make_expert_table's tables: what expert_ffn_routed needs to know of each.
@@ -1408,6 +1550,14 @@ struct CudaBackend::Impl {
     const Arena::Mark m = arena->mark();
     const WeightView w = dev_weight(w_in);
     const int64_t rows = w.rows, cols = w.cols;
+    // q4 decode GEMV (k_gemv_q4): the rotation (if any) runs in its prologue.
+    if (T <= q4_rows_fit(cols) && w.type == WType::kQuant && w.quant.type == QType::kQ4 && cols % 32 == 0 && w.quant.group % 8 == 0 &&
+        reinterpret_cast<uintptr_t>(w.quant.qweight) % 16 == 0) {
+      const Q4Job one{w.quant.qweight, w.quant.scales, w.quant.codebook, x, y, static_cast<int>(T), nullptr, nullptr, w.quant.signs};
+      gemv_q4(nullptr, one, 1, static_cast<int>(T), rows, cols, w.quant.group);
+      arena->release(m);
+      return;
+    }
     if (w.type == WType::kQuant && w.quant.signs != nullptr) {
       float* xr = arena->get_n<float>(T * cols);
       rotate(w.quant.signs, x, T, cols, xr);
@@ -1420,14 +1570,9 @@ struct CudaBackend::Impl {
                              static_cast<int>(rows)),
                  "cublasSgemm");
     } else if (T <= kMaxGemvT && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-               ((w.type == WType::kQuant && w.quant.type == QType::kQ4 && w.quant.group % 8 == 0 &&
-                 reinterpret_cast<uintptr_t>(w.quant.qweight) % 4 == 0) ||
-                ((w.type == WType::kBF16 || w.type == WType::kF16) && reinterpret_cast<uintptr_t>(w.data) % 16 == 0))) {
+               (w.type == WType::kBF16 || w.type == WType::kF16) && reinterpret_cast<uintptr_t>(w.data) % 16 == 0) {
       const unsigned blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
-      if (w.type == WType::kQuant) {
-        k_gemv_q4<<<blocks, 256, 0, stream>>>(w.quant.qweight, w.quant.scales, w.quant.codebook, rows, cols, w.quant.group, x,
-                                              static_cast<int>(T), y);
-      } else if (w.type == WType::kBF16) {
+      if (w.type == WType::kBF16) {
         k_gemv_16<true><<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(w.data), rows, cols, x, static_cast<int>(T), y);
       } else {
         k_gemv_16<false><<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(w.data), rows, cols, x, static_cast<int>(T), y);
@@ -1563,6 +1708,9 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
     (void)cudaGetLastError();  // no pinned ring: pageable copies (slower, same results)
   }
   CU(cudaDeviceGetAttribute(&impl_->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
+  int sms = 1;
+  CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index));
+  impl_->sms = std::max(1, sms);
   const char* e = std::getenv("SPOOL_CUDA_SYNC");
   impl_->sync_each = e != nullptr && e[0] == '1';
   const char* prof = std::getenv("SPOOL_CUDA_PROFILE");
@@ -1862,21 +2010,16 @@ void CudaBackend::expert_ffn_routed(const void* table, const float* x, int64_t T
   if (!is_device_ptr(ids) || !is_device_ptr(weights)) fail("expert_ffn_routed: ids and weights must be in device memory");
   const float* xd = I.in(x, T * H);
   auto oo = I.out(out, T * H, false);
-  float* xr = I.arena->get_n<float>(2 * P * H);
   float* gate = I.arena->get_n<float>(P * Id);
   float* up = I.arena->get_n<float>(P * Id);
-  float* ar = I.arena->get_n<float>(P * Id);
   float* yd = I.arena->get_n<float>(P * H);
   Q4Job* jgu = I.arena->get_n<Q4Job>(2 * P);
   Q4Job* jd = I.arena->get_n<Q4Job>(P);
-  int64_t* tok = I.arena->get_n<int64_t>(2 * P);
   int64_t* row_of = I.arena->get_n<int64_t>(P);
-  const int8_t** sg = I.arena->get_n<const int8_t*>(2 * P);
-  const int8_t** sd = I.arena->get_n<const int8_t*>(P);
-  k_routed_jobs<<<1, kMaxRoutedPairs, 0, I.stream>>>(ids, static_cast<const ExpertRef*>(table), tm.E, P, K, H, Id, xr, gate, up, ar, yd, jgu,
-                                                     jd, tok, sg, sd, row_of);
+  k_routed_jobs<<<1, kMaxRoutedPairs, 0, I.stream>>>(ids, static_cast<const ExpertRef*>(table), tm.E, P, K, H, Id, xd, gate, up, yd, jgu, jd,
+                                                     row_of);
   CU_LAUNCHED("k_routed_jobs");
-  I.grouped_swiglu(xd, tok, sg, sd, jgu, jd, 2 * P, P, P, H, Id, tm.group_gu, tm.group_d, gate, up, xr, ar);
+  I.grouped_swiglu(jgu, jd, P, 1, H, Id, tm.group_gu, tm.group_d);
   k_moe_combine<<<blocks_for(T * H), 256, 0, I.stream>>>(yd, row_of, weights, T, K, H, oo.d);
   CU_LAUNCHED("k_moe_combine");
   I.finish(oo);
@@ -1945,6 +2088,7 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
   if (T <= 0) return;
   const int hd = kv.head_dim();
   if (kv.n_kv_heads() <= 0 || n_heads % kv.n_kv_heads() != 0) fail("attention: %d heads over %d KV heads", n_heads, kv.n_kv_heads());
+  if (hd > kMaxAttnHd) fail("attention: head dimension %d is above the CUDA kernel's %d", hd, kMaxAttnHd);
   // Every position from 0 is read: the cache must hold [0, pos0 + T) (row = position; a
   // windowed cache reaches here only before it first drops rows, Backend::attention_window).
   if (kv.base() != 0 || pos0 + T > kv.capacity())
@@ -1960,7 +2104,7 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
   float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
   for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
     const int64_t nt = std::min(tile_t, T - t0);
-    k_attention<<<static_cast<unsigned>(nt * n_heads), 128, static_cast<size_t>(hd) * 4, I.stream>>>(
+    k_attention<<<static_cast<unsigned>(nt * n_heads), 128, static_cast<size_t>(hd) * 4 * (128 / 32), I.stream>>>(
         qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0, scale, scores, nmax, oo.d);
     CU_LAUNCHED("k_attention");
   }
@@ -2050,7 +2194,7 @@ void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t
   const float* xd = I.in(x, rows * n);
   const float* wd = I.in(w, n, false);
   auto yo = I.out(y, rows * n, false);
-  k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(0, xd, wd, nullptr, n, eps, 1.0f, yo.d);
+  k_norm<<<static_cast<unsigned>(rows), row_threads(n), 0, I.stream>>>(0, xd, wd, nullptr, n, eps, 1.0f, yo.d);
   CU_LAUNCHED("k_norm");
   I.finish(yo);
   I.end();
@@ -2061,7 +2205,7 @@ void CudaBackend::l2_norm(float* x, int64_t rows, int64_t n, float eps, float po
   I.begin(__func__);
   if (rows <= 0) return;
   auto xo = I.out(x, rows * n, true);
-  k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(1, xo.d, nullptr, nullptr, n, eps, post_scale, xo.d);
+  k_norm<<<static_cast<unsigned>(rows), row_threads(n), 0, I.stream>>>(1, xo.d, nullptr, nullptr, n, eps, post_scale, xo.d);
   CU_LAUNCHED("k_norm");
   I.finish(xo);
   I.end();
@@ -2074,7 +2218,7 @@ void CudaBackend::rms_norm_gated(float* x, const float* z, const float* w, int64
   auto xo = I.out(x, rows * n, true);
   const float* zd = I.in(z, rows * n);
   const float* wd = I.in(w, n, false);
-  k_norm<<<static_cast<unsigned>(rows), 256, 0, I.stream>>>(2, xo.d, wd, zd, n, eps, 1.0f, xo.d);
+  k_norm<<<static_cast<unsigned>(rows), row_threads(n), 0, I.stream>>>(2, xo.d, wd, zd, n, eps, 1.0f, xo.d);
   CU_LAUNCHED("k_norm");
   I.finish(xo);
   I.end();
@@ -2140,7 +2284,7 @@ void CudaBackend::add_gated_rows(float* out, const float* s, const float* x, con
   const float* xd = w ? I.in(x, T * n) : nullptr;
   const float* wd = I.in(w, n, false);
   auto oo = I.out(out, T * n, true);
-  k_add_gated_rows<<<static_cast<unsigned>(T), 256, 0, I.stream>>>(oo.d, sd, xd, wd, n);
+  k_add_gated_rows<<<static_cast<unsigned>(T), row_threads(n), 0, I.stream>>>(oo.d, sd, xd, wd, n);
   CU_LAUNCHED("k_add_gated_rows");
   I.finish(oo);
   I.end();
