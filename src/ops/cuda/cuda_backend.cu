@@ -1,13 +1,14 @@
 // CudaBackend kernels and bookkeeping (see cuda_backend.h for the memory model).
 //
-// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8) of 4-bit and f16/bf16 weights read
-// each weight once in wide coalesced loads (k_gemv_q4 / k_gemv_16; other code widths use the
-// element-wise k_gemv). Known slow spots: T > 8 products dequantize W into scratch and run cuBLAS
-// SGEMM; attention keeps a score row per query in scratch (no flash tiling); the delta rule runs
-// the recurrence for every T (the chunked form is an algebraic rewrite of it); kv_append writes
-// the host cache and copies the new rows up (one host round trip per attention layer); routing
-// synchronizes once per MoE layer (the host groups the ids). Small host inputs go up through a
-// pinned staging ring, so they do not stall the stream.
+// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8): q4 weights by k_gemv_q4 (input built in
+// shared memory by a fused prologue — gather, SwiGLU, Hadamard rotation — then 16-byte weight loads),
+// f16/bf16 by k_gemv_16, other code widths by the element-wise k_gemv. MoE experts in q4 run as two
+// grouped k_gemv_q4 launches per layer (prefill too, in jobs of <= 8 rows); with every expert readable
+// by the GPU the routing stays on the device (expert_ffn_routed) and KV rows are written on the device
+// (kv_append defers the host copy). Known slow spots: dense T > 8 products dequantize W into scratch
+// and run cuBLAS SGEMM; attention keeps a score row per query in scratch (no flash tiling); the delta
+// rule runs the recurrence for every T; a decode step is ~200 small launches (no CUDA graphs yet).
+// Small host inputs go up through a pinned staging ring, so they do not stall the stream.
 #include "ops/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
