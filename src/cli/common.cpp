@@ -28,7 +28,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_flag("--use-page-cache", use_page_cache, "Read experts through the OS page cache (default: when the model files are < 0.6 x available memory)");
   app->add_flag("--no-page-cache", no_page_cache, "Read experts with O_DIRECT, bypassing the page cache");
   app->add_option("--prefetch-ahead", prefetch_ahead, "Read the next N layers' likely experts in the background (default 0 = off)");
-  app->add_option("--pin-file", pin_file, "JSON {\"pin\": [[layer, expert], ...]} of experts kept resident (from spool calibrate)");
+  app->add_option("--pin-file", pin_file,
+                  "JSON {\"pin\": [[layer, expert], ...]} of hot experts (from spool calibrate): kept resident in the streaming cache, or "
+                  "placed in VRAM first by --vram-experts static");
   app->add_option("--kv-bits", kv_bits, "KV cache entries: 32 (f32, exact; default), 16 (f16) or 8 (int8 with group scales)");
   app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
   app->add_option("--vram-budget-gb", vram_budget,

@@ -431,7 +431,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     populate_resident_weights(*l.ckpt);
     if (!opt.pin_file.empty()) {
       read_pin_file(opt.pin_file);  // still a clear error if the file is missing or malformed
-      log_warn("--pin-file applies only when streaming experts (--stream); all experts are resident, so it has no effect");
+      if (!static_experts)
+        log_warn("--pin-file applies only when streaming experts (--stream) or placing them statically on a GPU (--vram-experts static); "
+                 "all experts are resident, so it has no effect");
     }
     if (opt.prefetch_ahead > 0)
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
@@ -470,7 +472,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       std::vector<bool> moe_layers(spec.n_layers);
       for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
       if (static_experts) {
-        auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left);
+        // --pin-file (spool calibrate's hot experts, hottest first) chooses the experts the VRAM share holds.
+        const std::vector<std::pair<int, int>> hot = opt.pin_file.empty() ? std::vector<std::pair<int, int>>{} : read_pin_file(opt.pin_file);
+        auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left, hot);
         log_info("%s", dev->describe().c_str());
         l.model->set_expert_provider(dev);
         l.experts_static = true;

@@ -64,32 +64,58 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
 }
 
 DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts,
-                             uint64_t vram_bytes)
+                             uint64_t vram_bytes, std::span<const std::pair<int, int>> hot)
     : device_(ops::device_name(be.device())) {
   experts_.resize(moe_layers.size());
   const uint64_t n_moe = static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true));
   if (n_moe == 0 || n_experts <= 0) fail("device experts: the model has no routed experts");
-  const uint64_t share = vram_bytes / n_moe;
-  // Pass 1 (views only): how many experts of each layer the VRAM share holds, and the host bytes of the rest.
-  std::vector<int> on_device(moe_layers.size(), 0);
-  uint64_t host = 0, device = 0;
+  // Pass 1 (views only): each expert's packed bytes.
+  std::vector<std::vector<uint64_t>> size(moe_layers.size());
   for (size_t l = 0; l < moe_layers.size(); ++l) {
     if (!moe_layers[l]) continue;
-    uint64_t used = 0;
-    bool full = false;
+    size[l].resize(static_cast<size_t>(n_experts));
     for (int e = 0; e < n_experts; ++e)
-      with_expert(source, l, e, [&](const experts::ExpertWeights& w) {
-        const uint64_t b = packed_expert_bytes(w);
-        if (!full && used + b <= share) {
-          used += b;
-          device += b;
-          ++on_device[l];
-        } else {
-          full = true;
-          host += b;
-        }
-      });
+      with_expert(source, l, e, [&](const experts::ExpertWeights& w) { size[l][static_cast<size_t>(e)] = packed_expert_bytes(w); });
   }
+  // Which experts the VRAM holds: the hot list's first (hottest first, while the budget holds them),
+  // then, without a hot list, experts [0, n_l) of each layer within an equal share of the budget;
+  // with one, the rest of the budget filled by id, a layer at a time in turn.
+  in_vram_.resize(moe_layers.size());
+  for (size_t l = 0; l < moe_layers.size(); ++l)
+    if (moe_layers[l]) in_vram_[l].assign(static_cast<size_t>(n_experts), false);
+  uint64_t device = 0, host = 0;
+  for (const auto& [l, e] : hot) {
+    if (l < 0 || static_cast<size_t>(l) >= moe_layers.size() || !moe_layers[static_cast<size_t>(l)] || e < 0 || e >= n_experts ||
+        in_vram_[static_cast<size_t>(l)][static_cast<size_t>(e)])
+      continue;  // (a pin of another model or a repeated one: nothing to place)
+    const uint64_t b = size[static_cast<size_t>(l)][static_cast<size_t>(e)];
+    if (device + b > vram_bytes) continue;
+    in_vram_[static_cast<size_t>(l)][static_cast<size_t>(e)] = true;
+    device += b;
+    ++n_hot_;
+  }
+  if (hot.empty()) {
+    const uint64_t share = vram_bytes / n_moe;
+    for (size_t l = 0; l < moe_layers.size(); ++l) {
+      if (!moe_layers[l]) continue;
+      uint64_t used = 0;
+      for (int e = 0; e < n_experts && used + size[l][static_cast<size_t>(e)] <= share; ++e) {
+        used += size[l][static_cast<size_t>(e)];
+        in_vram_[l][static_cast<size_t>(e)] = true;
+      }
+      device += used;
+    }
+  } else {
+    for (int e = 0; e < n_experts; ++e)
+      for (size_t l = 0; l < moe_layers.size(); ++l) {
+        if (!moe_layers[l] || in_vram_[l][static_cast<size_t>(e)] || device + size[l][static_cast<size_t>(e)] > vram_bytes) continue;
+        in_vram_[l][static_cast<size_t>(e)] = true;
+        device += size[l][static_cast<size_t>(e)];
+      }
+  }
+  for (size_t l = 0; l < moe_layers.size(); ++l)
+    for (size_t e = 0; e < in_vram_[l].size(); ++e)
+      if (!in_vram_[l][e]) host += size[l][e];
   char* mem = nullptr;
   if (host > 0) {
     mem = static_cast<char*>(be.alloc_host_mapped(host));
@@ -108,7 +134,8 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
     for (int e = 0; e < n_experts; ++e)
       with_expert(source, l, e, [&](const experts::ExpertWeights& w) {
         const uint64_t b = packed_expert_bytes(w);
-        if (e < on_device[l]) {
+        if (b != size[l][static_cast<size_t>(e)]) fail("device experts: expert %d of layer %zu changed size between two reads", e, l);
+        if (in_vram_[l][static_cast<size_t>(e)]) {
           if (vat + b > device) fail("device experts: expert %d of layer %zu changed size between two reads", e, l);
           experts::ExpertWeights& d = experts_[l][static_cast<size_t>(e)];
           d.gate = be.copy_weight_into(w.gate, vmem + vat);
@@ -146,9 +173,16 @@ void DeviceExperts::acquire(int layer, std::span<const int> ids, std::span<exper
 
 std::string DeviceExperts::describe() const {
   if (n_host_ == 0) return strfmt("experts resident on %s: %s", device_, format_bytes(bytes_).c_str());
-  return strfmt("experts placed statically: %lld of %lld on %s (%s), %lld in page-locked host memory read in place over the host link (%s)",
-                (long long)n_device_, (long long)(n_device_ + n_host_), device_, format_bytes(bytes_).c_str(), (long long)n_host_,
+  return strfmt("experts placed statically: %lld of %lld on %s (%s%s), %lld in page-locked host memory read in place over the host link (%s)",
+                (long long)n_device_, (long long)(n_device_ + n_host_), device_, format_bytes(bytes_).c_str(),
+                n_hot_ > 0 ? strfmt("; %lld of them from the hot list, hottest first", (long long)n_hot_).c_str() : "", (long long)n_host_,
                 format_bytes(host_bytes_).c_str());
+}
+
+bool DeviceExperts::on_device(int layer, int expert) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= experts_.size() || expert < 0 || static_cast<size_t>(expert) >= experts_[layer].size())
+    return false;
+  return in_vram_.empty() || in_vram_[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
 }
 
 DeviceExpertCache::DeviceExpertCache(std::shared_ptr<experts::ExpertProvider> source, ops::Backend& be,

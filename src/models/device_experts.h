@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "experts/provider.h"
@@ -26,15 +28,18 @@ class DeviceExperts final : public experts::ExpertProvider {
   /// and released one at a time) to `be` (which must outlive this provider). Throws
   /// spool::Error when the source fails or device memory runs out.
   DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts);
-  /// Static placement across VRAM and pinned host memory: experts [0, n_l) of each MoE layer l are
-  /// uploaded, n_l being what an equal share of `vram_bytes` holds of that layer's experts (their
-  /// packed sizes, ops::packed_weight_bytes); the others are copied once into page-locked host
-  /// memory that the backend's kernels read in place over the host link (Backend::
-  /// alloc_host_mapped): each use streams those bytes to the GPU without a copy, a slot or a
-  /// host decision, so the routed path (device_table) runs for every layer. Throws spool::Error
-  /// when the backend has no mapped host memory or it cannot be had, or device memory runs out.
+  /// Static placement across VRAM and pinned host memory: `vram_bytes` of experts (their packed
+  /// sizes, ops::packed_weight_bytes) are uploaded — without a hot list, experts [0, n_l) of each
+  /// MoE layer l, n_l being what an equal share of the budget holds of that layer's; with one
+  /// ((layer, expert) pairs, hottest first: spool calibrate's pin file), its experts first while
+  /// the budget holds them, then the rest of the budget by id, a layer at a time in turn (pairs of
+  /// other layers or ids are skipped). The others are copied once into page-locked host memory
+  /// that the backend's kernels read in place over the host link (Backend::alloc_host_mapped):
+  /// each use streams those bytes to the GPU without a copy, a slot or a host decision, so the
+  /// routed path (device_table) runs for every layer. Throws spool::Error when the backend has no
+  /// mapped host memory or it cannot be had, or device memory runs out.
   DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts,
-                uint64_t vram_bytes);
+                uint64_t vram_bytes, std::span<const std::pair<int, int>> hot = {});
   void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;
   void release(int layer) override {}
   std::string describe() const override;
@@ -50,6 +55,11 @@ class DeviceExperts final : public experts::ExpertProvider {
   /// Experts uploaded to the device and experts in mapped host memory (all MoE layers).
   int64_t experts_on_device() const { return n_device_; }
   int64_t experts_in_host() const { return n_host_; }
+  /// Experts placed in VRAM because the hot list named them (static placement).
+  int64_t experts_from_hot_list() const { return n_hot_; }
+  /// Whether expert `expert` of `layer` is in device memory (false: mapped host memory, or no
+  /// such expert).
+  bool on_device(int layer, int expert) const;
 
  private:
   // Uploads `w` (expert e of layer l) into experts_[l][e]; adds to bytes_.
@@ -57,7 +67,8 @@ class DeviceExperts final : public experts::ExpertProvider {
   // Makes the backend's expert table of every MoE layer.
   void make_tables(ops::Backend& be, const std::vector<bool>& moe_layers);
   uint64_t host_bytes_ = 0;
-  int64_t n_device_ = 0, n_host_ = 0;
+  int64_t n_device_ = 0, n_host_ = 0, n_hot_ = 0;
+  std::vector<std::vector<bool>> in_vram_;  // static placement: [layer][expert] in VRAM (empty: all are)
   std::vector<std::vector<experts::ExpertWeights>> experts_;  // [layer][expert], device views
   std::vector<const void*> tables_;                           // [layer] Backend::make_expert_table (or nullptr)
   uint64_t bytes_ = 0;

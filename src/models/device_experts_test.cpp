@@ -118,6 +118,60 @@ TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
   EXPECT_THROW(DeviceExperts(*resident, plain, moe, s.moe.n_experts, 0), Error) << "no mapped host memory";
 }
 
+// Static placement with a hot list (spool calibrate's pin file): the listed experts take the VRAM
+// share first, hottest first while the budget holds them (pairs of other layers, bad ids and
+// repeats skipped), the rest of the budget goes by id; the logits stay those of the resident
+// experts bit for bit.
+TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
+  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  ops::ThreadPool pool(2);
+  auto be = std::make_shared<MappedCpu>(&pool);
+  auto m = load_model(ckpt, be);
+  const ModelSpec& s = m->spec();
+  const std::vector<int32_t> ids = {760, 3469, 369, 1036, 35, 1559, 1090, 3236};
+  const std::vector<float> want = greedy_logits(*m, ids, 6);
+  const std::vector<bool> moe = moe_layers(s);
+  const int E = s.moe.n_experts;
+  std::vector<int> ml;
+  for (int l = 0; l < static_cast<int>(moe.size()); ++l)
+    if (moe[static_cast<size_t>(l)]) ml.push_back(l);
+  ASSERT_GE(ml.size(), 2u) << "the demo model has two MoE layers or more";
+  const int l0 = ml[0], l1 = ml[1];
+  auto resident = m->shared_expert_provider();
+  uint64_t per_expert = 0;  // packed bytes of one expert (every expert has the same shapes)
+  {
+    const int e0 = 0;
+    experts::ExpertWeights w;
+    resident->acquire(l0, std::span<const int>(&e0, 1), std::span<experts::ExpertWeights>(&w, 1));
+    per_expert = ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down);
+    resident->release(l0);
+  }
+  // Room for 3 experts; the hot list names 4 valid ones (high ids, so the by-id fill cannot place them).
+  const std::vector<std::pair<int, int>> hot = {{l1, E - 1}, {99, 0}, {l0, E - 2}, {l1, E - 1}, {l0, E}, {l0, E - 3}, {l1, E - 4}};
+  auto dev = std::make_shared<DeviceExperts>(*resident, *be, moe, E, 3 * per_expert + per_expert / 2, hot);
+  EXPECT_EQ(dev->experts_on_device(), 3);
+  EXPECT_EQ(dev->experts_from_hot_list(), 3);
+  EXPECT_TRUE(dev->on_device(l1, E - 1));
+  EXPECT_TRUE(dev->on_device(l0, E - 2));
+  EXPECT_TRUE(dev->on_device(l0, E - 3));
+  EXPECT_FALSE(dev->on_device(l1, E - 4)) << "the budget is full after three";
+  EXPECT_FALSE(dev->on_device(l0, 0));
+  EXPECT_NE(dev->describe().find("3 of them from the hot list"), std::string::npos) << dev->describe();
+  // Room for 5: the 4 hot ones, then the first by id (expert 0 of the first MoE layer).
+  auto dev5 = std::make_shared<DeviceExperts>(*resident, *be, moe, E, 5 * per_expert + per_expert / 2, hot);
+  EXPECT_EQ(dev5->experts_on_device(), 5);
+  EXPECT_TRUE(dev5->on_device(l1, E - 4));
+  EXPECT_TRUE(dev5->on_device(l0, 0));
+  EXPECT_FALSE(dev5->on_device(l1, 0));
+  for (const auto& d : {dev, dev5}) {
+    m->set_expert_provider(d);
+    const std::vector<float> got = greedy_logits(*m, ids, 6);
+    m->set_expert_provider(nullptr);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  }
+}
+
 // The demo model with its experts behind slot caches of several sizes, over the resident
 // mapping and over a streaming provider (the RAM tier): the logits of a prompt and 12 greedy
 // steps are those of the plain provider, bit for bit; hits and misses add up to the experts
