@@ -26,14 +26,18 @@ void KvCache::touch() {
 
 KvCache::KvCache(const KvCache& o) { *this = o; }
 
-KvCache& KvCache::operator=(const KvCache& o) {
-  if (this == &o) return *this;
-  o.settle();
-  fetch_ = nullptr;
+void KvCache::take_shape(const KvCache& o) {
+  fetch_ = nullptr;  // (the source's rows are settled: nothing here is deferred)
   gen_ = o.gen_;
   type_ = o.type_;
   n_kv_ = o.n_kv_, hd_ = o.hd_, vd_ = o.vd_, groups_ = o.groups_;
   cap_ = o.cap_, window_ = o.window_, base_ = o.base_;
+}
+
+KvCache& KvCache::operator=(const KvCache& o) {
+  if (this == &o) return *this;
+  o.settle();
+  take_shape(o);
   k_ = o.k_, v_ = o.v_, ks_ = o.ks_, vs_ = o.vs_;
   return *this;
 }
@@ -43,11 +47,7 @@ KvCache::KvCache(KvCache&& o) noexcept(false) { *this = std::move(o); }
 KvCache& KvCache::operator=(KvCache&& o) noexcept(false) {
   if (this == &o) return *this;
   o.settle();  // (a device mirror is keyed by the cache's address: the rows must be in host storage)
-  fetch_ = nullptr;
-  gen_ = o.gen_;
-  type_ = o.type_;
-  n_kv_ = o.n_kv_, hd_ = o.hd_, vd_ = o.vd_, groups_ = o.groups_;
-  cap_ = o.cap_, window_ = o.window_, base_ = o.base_;
+  take_shape(o);
   k_ = std::move(o.k_), v_ = std::move(o.v_), ks_ = std::move(o.ks_), vs_ = std::move(o.vs_);
   // The source holds nothing now: an empty cache of the same geometry (its next reserve() allocates).
   o.k_.clear(), o.v_.clear(), o.ks_.clear(), o.vs_.clear();
