@@ -468,9 +468,9 @@ TEST_P(BackendOpTable, ExpertFfnAndCombine) {
 }
 
 // Experts whose weights live on the backend (uploaded, as VRAM-resident experts and expert slots
-// are) give the same bits as the same experts read from host views: on CUDA the decode path
-// (at most 8 rows per expert, q4) runs all experts' projections in grouped launches instead of the
-// per-expert GEMVs, with the same row arithmetic.
+// are) give the same bits as the same experts read from host views: on CUDA, q4 SwiGLU experts run
+// in grouped launches (jobs of at most 8 rows, host views copied up for the call) whichever memory
+// holds them, with the same row arithmetic.
 TEST_P(BackendOpTable, ExpertFfnUploadedEqualsHostViews) {
   for (WKind k : {WKind::kQ4, WKind::kQ4Rotated})
     for (const MoeShape& s : kMoeShapes) {

@@ -21,6 +21,7 @@
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <mutex>
 #include <cmath>
 #include <cstring>
@@ -377,11 +378,11 @@ __global__ void k_gemv(WDev w, const float* x, int T, float* y) {
 }
 
 // One q4 GEMV job: y [T, rows] = x' [T, cols] W^T for a q4 weight (codes 2 per byte, low nibble
-// first; f16 scales per group; a 16-entry f32 codebook). x' is x itself, or, with the fused prologue
-// (k_gemv_q4's kPrologue), the rows built in shared memory: row t is x row tok[t] (t without tok), then
-// silu(x) * x2 when x2 is set (k_swiglu's formula), then rotated when signs is set (k_rotate's
-// H_blk(signs .* x) / sqrt(B), same butterflies), so fused and separate launches give the same bits.
-// All jobs of a launch share rows, cols and group.
+// first; f16 scales per group; a 16-entry f32 codebook). x' is built by k_gemv_q4's prologue in
+// shared memory: row t is x row tok[t] (t without tok), then silu(x) * x2 when x2 is set (k_swiglu's
+// formula), then rotated when signs is set (k_rotate's H_blk(signs .* x) / sqrt(B), same
+// butterflies), so fused and separate launches give the same bits. All jobs of a launch share rows,
+// cols and group.
 struct Q4Job {
   const uint8_t* q;
   const uint16_t* scales;
@@ -399,7 +400,7 @@ struct Q4Job {
 // words) strided by LPR, so a row of 2048 codes is 2 loads per lane of a full warp and a row of 512
 // is 1 load per lane of half a warp; partial sums meet by shuffles. Each word's 8 codes are looked
 // up in the codebook (shared memory), dotted with x' and scaled once by their group's scale
-// (group % 8 == 0). x' sits in shared memory in the chunk-interleaved order of q4_xpos, so the
+// (group % 32 == 0: one scale per chunk). x' sits in shared memory in the chunk-interleaved order of q4_xpos, so the
 // lanes of a warp read consecutive 16-byte pieces (no bank conflicts). Needs cols % 32 == 0.
 //
 // Position in shared memory of x' column c (per row; nch = cols / 32 chunks): the 4 floats of
@@ -434,22 +435,13 @@ __device__ __forceinline__ void gemv_q4_rows(const Q4Job& j, const float* cbs, c
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[i][t] = 0.0f;
-  const bool chunk_scale = group % 32 == 0;  // one scale per chunk of 32 codes
   for (int c = sub; c < nch; c += LPR) {
     uint4 wq[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) wq[i] = use_pre && c == sub ? pre[i] : __ldg(qr[i] + c);
-    float sc[R][4];
+    float sc[R];  // (group % 32 == 0: one scale per chunk of 32 codes)
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      if (chunk_scale) {
-        const float s = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
-        sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = s;
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) sc[i][k] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32 + k * 8) / group)));
-      }
-    }
+    for (int i = 0; i < R; ++i) sc[i] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       float wv[R][8];
@@ -464,10 +456,20 @@ __device__ __forceinline__ void gemv_q4_rows(const Q4Job& j, const float* cbs, c
         if (t >= T) break;
         const float4 a = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k) * nch + c) * 4);
         const float4 b = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k + 1) * nch + c) * 4);
+        // The word's dot product, then one multiply-add by the group scale, in explicitly rounded
+        // operations: every variant (R, TM) and path computes a row with the same instructions.
 #pragma unroll
-        for (int i = 0; i < R; ++i)  // (the group scale multiplies the 8 codebook values' dot once)
-          acc[i][t] += sc[i][k] * (wv[i][0] * a.x + wv[i][1] * a.y + wv[i][2] * a.z + wv[i][3] * a.w + wv[i][4] * b.x + wv[i][5] * b.y +
-                                   wv[i][6] * b.z + wv[i][7] * b.w);
+        for (int i = 0; i < R; ++i) {
+          float d = __fmul_rn(wv[i][0], a.x);
+          d = __fmaf_rn(wv[i][1], a.y, d);
+          d = __fmaf_rn(wv[i][2], a.z, d);
+          d = __fmaf_rn(wv[i][3], a.w, d);
+          d = __fmaf_rn(wv[i][4], b.x, d);
+          d = __fmaf_rn(wv[i][5], b.y, d);
+          d = __fmaf_rn(wv[i][6], b.z, d);
+          d = __fmaf_rn(wv[i][7], b.w, d);
+          acc[i][t] = __fmaf_rn(sc[i], d, acc[i][t]);
+        }
       }
     }
   }
@@ -504,9 +506,11 @@ __device__ __forceinline__ void fwht_smem_q4(float* v, int n, int B, int nch) {
 // projections of an MoE layer in one launch). x' is built in shared memory once per block (dynamic
 // smem: T * cols floats): row t is x row tok[t] (row t without tok), then silu(x) * x2 when x2 is
 // set (k_swiglu's formula), then rotated when signs is set (k_rotate's arithmetic), so the products
-// are those of separate launches. Blocks of kGemvThreads cover kGemvThreads / LPR rows at a time
-// and stride over the row blocks by gridDim.x: a grid of about two blocks per SM builds x' rarely.
+// are those of separate launches. Blocks of kGemvThreads cover kGemvThreads / LPR * R rows at a
+// time and stride over the row blocks by gridDim.x: a grid of about one block per SM (per job) builds
+// x' rarely. TM: 1 (T == 1) or kMaxGemvT (any T up to it).
 constexpr int kGemvThreads = 512;
+constexpr size_t kGemvStaticSmem = 16 * sizeof(float);  // k_gemv_q4's codebook (beside the dynamic x')
 // Rows per lane group R: 4 or 1 for one row of x' (decode; 1 spreads a small weight over more
 // blocks), 2 for up to kMaxGemvT rows of x' (registers).
 template <int LPR, int TM, int R>
@@ -668,7 +672,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 // (renormalised over the k when asked) and the margin p_k - p_{k+1}. Selection compares logits
 // (same order as the probabilities). Dynamic smem: E floats + E bytes.
 constexpr int kMaxTopK = 64;
-constexpr int kMaxRoutedPairs = static_cast<int>(CudaBackend::kMaxRoutedPairs);  // (one block builds the job lists)
+[[maybe_unused]] constexpr int kMaxRoutedPairs = static_cast<int>(CudaBackend::kMaxRoutedPairs);  // (one block builds the job lists)
 __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids, float* weights, float* margins) {
   extern __shared__ float sm[];
   float* l = sm;
@@ -812,6 +816,7 @@ __global__ void k_routed_jobs(const int* ids, const ExpertRef* table, int E, int
 // softmax, then out = P V. Dynamic smem: (blockDim.x / 32) * head_dim floats (the query, then the
 // warps' partial P V sums); head_dim <= kMaxAttnHd.
 constexpr int kMaxAttnHd = 512;
+constexpr int kAttnThreads = 128;
 __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, int64_t pos0, int64_t t0, float scale,
                             float* scores, int64_t ld_scores, float* out) {
   extern __shared__ float qs[];
@@ -980,7 +985,7 @@ __global__ void k_gdn_gates(const float* b, const float* a, const float* a_exp, 
 
 // One block per row. mode 0: y = x / sqrt(mean(x^2) + eps) * w; 1: x = x / sqrt(sum(x^2) + eps) * post;
 // 2: x = rms_norm(x) * w * silu(z).
-__global__ void k_norm(int mode, const float* x, const float* w, const float* z, int64_t n, float eps, float post, float* y) {
+__global__ void __launch_bounds__(1024) k_norm(int mode, const float* x, const float* w, const float* z, int64_t n, float eps, float post, float* y) {
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   float ss = 0.0f;
@@ -1001,7 +1006,7 @@ __global__ void k_norm(int mode, const float* x, const float* w, const float* z,
 }
 
 // One block per row: out[t] += sigmoid(x[t] . w) * s[t] (gate 1 without w).
-__global__ void k_add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t n) {
+__global__ void __launch_bounds__(1024) k_add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t n) {
   const int64_t t = blockIdx.x;
   float gate = 1.0f;
   if (w != nullptr) {
@@ -1144,7 +1149,8 @@ struct CudaBackend::Impl {
   uint64_t uploaded = 0, staged = 0, slot_copied = 0;
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
-  int64_t sms = 1;  // multiprocessors (gemv_q4 sizes its prologue grids by them)
+  int64_t sms = 1;  // multiprocessors (gemv_q4 sizes its grids by them)
+  std::set<const void*> raised_smem;  // kernels whose dynamic shared memory limit was raised to smem_optin
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   std::vector<ExpertRef*> expert_tables;  // make_expert_table's device tables (freed with the backend)
@@ -1401,9 +1407,8 @@ struct CudaBackend::Impl {
   }
 
   // Launches k_gemv_q4 over n_jobs jobs (the device table `jobs`, or `one` when jobs is null), each
-  // of at most t_max rows, all [rows, cols] with groups of `group`. prologue: x' is built in shared
-  // memory (needed for tok / x2 / signs; t_max * cols floats must fit, see q4_rows_fit); the grid
-  // then has at most ~8 blocks per SM in all, each covering several row blocks.
+  // of at most t_max rows (t_max <= q4_rows_fit(cols)), all [rows, cols] with groups of `group`
+  // (a multiple of 32); about one block per SM in all, each covering several row blocks.
   void gemv_q4(const Q4Job* jobs, const Q4Job& one, int64_t n_jobs, int t_max, int64_t rows, int64_t cols, int group) {
     const int64_t nc = cols / 32;
     int lpr = 1;
@@ -1417,12 +1422,14 @@ struct CudaBackend::Impl {
     const int64_t B = cols & -cols;
     const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
     const size_t smem = static_cast<size_t>(t_max) * static_cast<size_t>(cols) * sizeof(float);
-    if (smem > static_cast<size_t>(smem_optin))
+    if (smem + kGemvStaticSmem > static_cast<size_t>(smem_optin))
       fail("cuda backend: a GEMV input of %d x %lld needs %zu bytes of shared memory (device has %d)", t_max, (long long)cols, smem, smem_optin);
     const int64_t gx = std::min<int64_t>(nrb, std::max<int64_t>(1, sms / std::max<int64_t>(n_jobs, 1)));
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(n_jobs));
     const auto go = [&](auto kern) {
-      if (smem > (48 << 10)) CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      // Above the default 48 KiB (static + dynamic) a kernel needs the opt-in, raised once to the device's limit.
+      if (smem + kGemvStaticSmem > (48 << 10) && raised_smem.insert(reinterpret_cast<const void*>(kern)).second)
+        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - static_cast<int>(kGemvStaticSmem)));
       kern<<<grid, kGemvThreads, smem, stream>>>(jobs, one, rows, cols, group, B, norm);
     };
     const auto by_lpr = [&](auto tm, auto r) {
@@ -1448,7 +1455,8 @@ struct CudaBackend::Impl {
   }
   // Rows of x a fused-prologue GEMV job of `cols` columns may take (<= kMaxGemvT; 0: none fit).
   int q4_rows_fit(int64_t cols) const {
-    return static_cast<int>(std::min<int64_t>(kMaxGemvT, static_cast<int64_t>(smem_optin) / (4 * std::max<int64_t>(cols, 1))));
+    const int64_t room = static_cast<int64_t>(smem_optin) - static_cast<int64_t>(kGemvStaticSmem);
+    return static_cast<int>(std::clamp<int64_t>(room / (4 * std::max<int64_t>(cols, 1)), 0, kMaxGemvT));
   }
 
   // The grouped path of expert_ffn (SwiGLU experts in q4 on the device, one shape): two launches for
@@ -1464,55 +1472,71 @@ struct CudaBackend::Impl {
     const int64_t I = e0.gate.rows;
     const int64_t r_begin = groups.first[g0];
     const int per_job = q4_rows_fit(std::max(H, I));
-    if (per_job < 1) return false;
-    int64_t n_jobs = 0;
-    for (size_t j = 0; j < experts.size(); ++j) {
-      const ExpertMats& e = experts[j];
-      const int64_t n = groups.first[g0 + j + 1] - groups.first[g0 + j];
-      if (!q4_expert_ok(e, H, I, e0.gate.quant.group, e0.down.quant.group, false)) return false;
-      n_jobs += (n + per_job - 1) / per_job;
-    }
-    // Experts in host memory (not uploaded, e.g. streamed to the host tier) are copied up for the call
-    // (dev_weight, as mm does), so they take the same kernels, bit for bit, as uploaded ones.
-    std::vector<ExpertMats> dev(experts.begin(), experts.end());
-    for (ExpertMats& e : dev) {
-      if (e.gate.device != Device::kCuda) e.gate = dev_weight(e.gate);
-      if (e.up.device != Device::kCuda) e.up = dev_weight(e.up);
-      if (e.down.device != Device::kCuda) e.down = dev_weight(e.down);
-      validate(e.gate.quant), validate(e.up.quant), validate(e.down.quant);
-    }
     const int64_t R = static_cast<int64_t>(tok.size());
-    if (R == 0 || n_jobs == 0 || 2 * n_jobs > 65535) return false;  // (grid.y holds the jobs)
-    // Device scratch: gate and up outputs [R, I] each.
+    if (per_job < 1 || R == 0) return false;
+    for (const ExpertMats& e : experts)
+      if (!q4_expert_ok(e, H, I, e0.gate.quant.group, e0.down.quant.group, false)) return false;
+    // Device scratch for every row: gate and up outputs [R, I] each, and the rows' tokens [R].
     float* gate = arena->get_n<float>(R * I);
     float* up = arena->get_n<float>(R * I);
-    // Host tables, one upload: tok [R], gate|up jobs [2 n_jobs], down jobs [n_jobs].
-    const size_t o_tok = 0, o_jgu = round_up(R * sizeof(int64_t), 16), o_jd = round_up(o_jgu + 2 * n_jobs * sizeof(Q4Job), 16),
-                 bytes = o_jd + n_jobs * sizeof(Q4Job);
-    std::vector<uint8_t> blob(bytes);
-    uint8_t* dblob = arena->get_n<uint8_t>(static_cast<int64_t>(bytes));
-    auto* htok = reinterpret_cast<int64_t*>(blob.data() + o_tok);
-    auto* hjgu = reinterpret_cast<Q4Job*>(blob.data() + o_jgu);
-    auto* hjd = reinterpret_cast<Q4Job*>(blob.data() + o_jd);
-    const auto* dtok = reinterpret_cast<const int64_t*>(dblob + o_tok);
-    for (int64_t r = 0; r < R; ++r) htok[r] = tok[r];
-    int64_t k = 0;
-    for (size_t j = 0; j < dev.size(); ++j) {
-      const ExpertMats& e = dev[j];
-      const int64_t r_lo = groups.first[g0 + j] - r_begin, r_hi = groups.first[g0 + j + 1] - r_begin;
-      for (int64_t r0 = r_lo; r0 < r_hi; r0 += per_job, ++k) {
-        const int n = static_cast<int>(std::min<int64_t>(per_job, r_hi - r0));
-        hjgu[2 * k] = Q4Job{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xd, gate + r0 * I, n, dtok + r0, nullptr,
-                            e.gate.quant.signs};
-        hjgu[2 * k + 1] = Q4Job{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xd, up + r0 * I, n, dtok + r0, nullptr,
-                                e.up.quant.signs};
-        hjd[k] = Q4Job{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, gate + r0 * I, yd + r0 * H, n, nullptr, up + r0 * I,
-                       e.down.quant.signs};
+    int64_t* dtok = arena->get_n<int64_t>(R);
+    h2d(dtok, tok.data(), static_cast<size_t>(R) * sizeof(int64_t));
+    // Launches over batches of experts: at most kMaxStagedExpertBytes of host experts copied up at once
+    // (experts in host memory, e.g. a streamed host tier's, are copied for the call, as mm does, so
+    // they take the same kernels, bit for bit, as uploaded ones; the arena reuses their scratch for the
+    // next batch, which the stream orders after this one's kernels) and at most 32767 jobs (grid.y).
+    constexpr uint64_t kMaxStagedExpertBytes = uint64_t{256} << 20;
+    const auto rows_of = [&](size_t j) { return groups.first[g0 + j + 1] - groups.first[g0 + j]; };
+    for (size_t j0 = 0; j0 < experts.size();) {
+      size_t j1 = j0;
+      uint64_t staged_bytes = 0;
+      int64_t n_jobs = 0;
+      int t_max = 1;
+      while (j1 < experts.size()) {
+        const ExpertMats& e = experts[j1];
+        const uint64_t b = (e.gate.device != Device::kCuda ? weight_bytes(e.gate) : 0) + (e.up.device != Device::kCuda ? weight_bytes(e.up) : 0) +
+                           (e.down.device != Device::kCuda ? weight_bytes(e.down) : 0);
+        const int64_t jobs = (rows_of(j1) + per_job - 1) / per_job;
+        if (j1 > j0 && (staged_bytes + b > kMaxStagedExpertBytes || n_jobs + jobs > 32767)) break;
+        staged_bytes += b;
+        n_jobs += jobs;
+        t_max = static_cast<int>(std::max<int64_t>(t_max, std::min<int64_t>(per_job, rows_of(j1))));
+        ++j1;
       }
+      if (n_jobs > 0) {
+        const Arena::Mark mark = arena->mark();
+        // Host tables, one upload: gate|up jobs [2 n_jobs], down jobs [n_jobs].
+        const size_t o_jd = round_up(2 * n_jobs * sizeof(Q4Job), 16), bytes = o_jd + n_jobs * sizeof(Q4Job);
+        std::vector<uint8_t> blob(bytes);
+        uint8_t* dblob = arena->get_n<uint8_t>(static_cast<int64_t>(bytes));
+        auto* hjgu = reinterpret_cast<Q4Job*>(blob.data());
+        auto* hjd = reinterpret_cast<Q4Job*>(blob.data() + o_jd);
+        int64_t k = 0;
+        for (size_t j = j0; j < j1; ++j) {
+          ExpertMats e = experts[j];
+          if (rows_of(j) == 0) continue;
+          if (e.gate.device != Device::kCuda) e.gate = dev_weight(e.gate);
+          if (e.up.device != Device::kCuda) e.up = dev_weight(e.up);
+          if (e.down.device != Device::kCuda) e.down = dev_weight(e.down);
+          validate(e.gate.quant), validate(e.up.quant), validate(e.down.quant);
+          const int64_t r_lo = groups.first[g0 + j] - r_begin, r_hi = groups.first[g0 + j + 1] - r_begin;
+          for (int64_t r0 = r_lo; r0 < r_hi; r0 += per_job, ++k) {
+            const int n = static_cast<int>(std::min<int64_t>(per_job, r_hi - r0));
+            hjgu[2 * k] = Q4Job{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xd, gate + r0 * I, n, dtok + r0, nullptr,
+                                e.gate.quant.signs};
+            hjgu[2 * k + 1] = Q4Job{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xd, up + r0 * I, n, dtok + r0, nullptr,
+                                    e.up.quant.signs};
+            hjd[k] = Q4Job{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, gate + r0 * I, yd + r0 * H, n, nullptr,
+                           up + r0 * I, e.down.quant.signs};
+          }
+        }
+        h2d(dblob, blob.data(), bytes);
+        grouped_swiglu(reinterpret_cast<const Q4Job*>(dblob), reinterpret_cast<const Q4Job*>(dblob + o_jd), n_jobs, t_max, H, I,
+                       e0.gate.quant.group, e0.down.quant.group);
+        arena->release(mark);
+      }
+      j0 = j1;
     }
-    h2d(dblob, blob.data(), bytes);
-    grouped_swiglu(reinterpret_cast<const Q4Job*>(dblob + o_jgu), reinterpret_cast<const Q4Job*>(dblob + o_jd), n_jobs, per_job, H, I,
-                   e0.gate.quant.group, e0.down.quant.group);
     return true;
   }
 
@@ -1526,12 +1550,12 @@ struct CudaBackend::Impl {
 
   // Whether expert e's gate [I, H], up [I, H], down [H, I] run on the grouped q4 kernels: q4 (in device
   // memory when need_device; a host view is copied up by expert_ffn_grouped), group sizes group_gu
-  // (gate, up) and group_d (down), multiples of 8, 16-byte aligned codes, no biases, H and I multiples
+  // (gate, up) and group_d (down), multiples of 32, 16-byte aligned codes, no biases, H and I multiples
   // of 32 whose rows fit k_gemv_q4's shared memory.
   bool q4_expert_ok(const ExpertMats& e, int64_t H, int64_t I, int group_gu, int group_d, bool need_device = true) const {
     const auto ok = [&](const WeightView& w, int64_t rows, int64_t cols, int group) {
       return w.type == WType::kQuant && (w.device == Device::kCuda || !need_device) && w.quant.type == QType::kQ4 && w.rows == rows &&
-             w.cols == cols && w.quant.group == group && group % 8 == 0 &&
+             w.cols == cols && w.quant.group == group && group % 32 == 0 &&
              (w.device != Device::kCuda || reinterpret_cast<uintptr_t>(w.quant.qweight) % 16 == 0);
     };
     return e.gate_bias == nullptr && e.down_bias == nullptr && ok(e.gate, I, H, group_gu) && ok(e.up, I, H, group_gu) && ok(e.down, H, I, group_d) &&
@@ -1551,11 +1575,16 @@ struct CudaBackend::Impl {
     const Arena::Mark m = arena->mark();
     const WeightView w = dev_weight(w_in);
     const int64_t rows = w.rows, cols = w.cols;
-    // q4 decode GEMV (k_gemv_q4): the rotation (if any) runs in its prologue.
-    if (T <= q4_rows_fit(cols) && w.type == WType::kQuant && w.quant.type == QType::kQ4 && cols % 32 == 0 && w.quant.group % 8 == 0 &&
+    // q4 decode GEMV (k_gemv_q4; the rotation, if any, runs in its prologue), in launches of at most
+    // q4_rows_fit(cols) rows of x (a row's result does not depend on the others of its launch).
+    const int fit = q4_rows_fit(cols);
+    if (T <= kMaxGemvT && fit >= 1 && w.type == WType::kQuant && w.quant.type == QType::kQ4 && cols % 32 == 0 && w.quant.group % 32 == 0 &&
         reinterpret_cast<uintptr_t>(w.quant.qweight) % 16 == 0) {
-      const Q4Job one{w.quant.qweight, w.quant.scales, w.quant.codebook, x, y, static_cast<int>(T), nullptr, nullptr, w.quant.signs};
-      gemv_q4(nullptr, one, 1, static_cast<int>(T), rows, cols, w.quant.group);
+      for (int64_t t0 = 0; t0 < T; t0 += fit) {
+        const int n = static_cast<int>(std::min<int64_t>(fit, T - t0));
+        const Q4Job one{w.quant.qweight, w.quant.scales, w.quant.codebook, x + t0 * cols, y + t0 * rows, n, nullptr, nullptr, w.quant.signs};
+        gemv_q4(nullptr, one, 1, n, rows, cols, w.quant.group);
+      }
       arena->release(m);
       return;
     }
@@ -2105,7 +2134,7 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
   float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
   for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
     const int64_t nt = std::min(tile_t, T - t0);
-    k_attention<<<static_cast<unsigned>(nt * n_heads), 128, static_cast<size_t>(hd) * 4 * (128 / 32), I.stream>>>(
+    k_attention<<<static_cast<unsigned>(nt * n_heads), kAttnThreads, static_cast<size_t>(hd) * sizeof(float) * (kAttnThreads / 32), I.stream>>>(
         qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0, scale, scores, nmax, oo.d);
     CU_LAUNCHED("k_attention");
   }
