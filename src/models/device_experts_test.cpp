@@ -76,19 +76,36 @@ class MappedCpu final : public ops::CpuBackend {
   uint64_t mapped = 0;
 };
 
+// The demo model on a MappedCpu backend: its MoE layers and the logits of a prompt and 6 greedy
+// steps with the resident experts (what every static placement must give bit for bit).
+struct MappedDemo {
+  std::shared_ptr<io::Checkpoint> ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  ops::ThreadPool pool{2};
+  std::shared_ptr<MappedCpu> be = std::make_shared<MappedCpu>(&pool);
+  std::unique_ptr<Model> m = load_model(ckpt, be);
+  const std::vector<int32_t> ids = {760, 3469, 369, 1036, 35, 1559, 1090, 3236};
+  const std::vector<float> want = greedy_logits(*m, ids, 6);
+  const std::vector<bool> moe = moe_layers(m->spec());
+  // The logits with `provider` in place of the resident experts.
+  std::vector<float> logits_with(std::shared_ptr<experts::ExpertProvider> provider) {
+    m->set_expert_provider(std::move(provider));
+    std::vector<float> got = greedy_logits(*m, ids, 6);
+    m->set_expert_provider(nullptr);
+    return got;
+  }
+};
+
 // Static placement (--vram-experts static): a share of each layer's experts "uploaded", the rest
 // packed into mapped host memory; the demo model's logits are those of the resident experts bit
 // for bit at every budget, the split follows the budget (none, about half, all), and a backend
 // without mapped memory is a clear error.
 TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
-  ops::ThreadPool pool(2);
-  auto be = std::make_shared<MappedCpu>(&pool);
-  auto m = load_model(ckpt, be);
+  MappedDemo d;
+  auto& be = d.be;
+  auto& m = d.m;
   const ModelSpec& s = m->spec();
-  const std::vector<int32_t> ids = {760, 3469, 369, 1036, 35, 1559, 1090, 3236};
-  const std::vector<float> want = greedy_logits(*m, ids, 6);
-  const std::vector<bool> moe = moe_layers(s);
+  const std::vector<float>& want = d.want;
+  const std::vector<bool>& moe = d.moe;
   const int64_t n_moe = std::count(moe.begin(), moe.end(), true), all = n_moe * s.moe.n_experts;
   auto resident = m->shared_expert_provider();
   DeviceExperts everything(*resident, *be, moe, s.moe.n_experts);  // (the bytes of all experts)
@@ -108,13 +125,11 @@ TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
     }
     EXPECT_EQ(be->mapped - mapped0 > 0, dev->experts_in_host() > 0) << "host share packed into mapped memory";
     EXPECT_NE(dev->describe().find(dev->experts_in_host() > 0 ? "page-locked host memory" : "resident"), std::string::npos) << dev->describe();
-    m->set_expert_provider(dev);
-    const std::vector<float> got = greedy_logits(*m, ids, 6);
-    m->set_expert_provider(nullptr);
+    const std::vector<float> got = d.logits_with(dev);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
   }
-  ops::CpuBackend plain(&pool);
+  ops::CpuBackend plain(&d.pool);
   EXPECT_THROW(DeviceExperts(*resident, plain, moe, s.moe.n_experts, 0), Error) << "no mapped host memory";
 }
 
@@ -123,14 +138,12 @@ TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
 // repeats skipped), the rest of the budget goes by id; the logits stay those of the resident
 // experts bit for bit.
 TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
-  ops::ThreadPool pool(2);
-  auto be = std::make_shared<MappedCpu>(&pool);
-  auto m = load_model(ckpt, be);
+  MappedDemo d;
+  auto& be = d.be;
+  auto& m = d.m;
   const ModelSpec& s = m->spec();
-  const std::vector<int32_t> ids = {760, 3469, 369, 1036, 35, 1559, 1090, 3236};
-  const std::vector<float> want = greedy_logits(*m, ids, 6);
-  const std::vector<bool> moe = moe_layers(s);
+  const std::vector<float>& want = d.want;
+  const std::vector<bool>& moe = d.moe;
   const int E = s.moe.n_experts;
   std::vector<int> ml;
   for (int l = 0; l < static_cast<int>(moe.size()); ++l)
@@ -163,10 +176,8 @@ TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   EXPECT_TRUE(dev5->on_device(l1, E - 4));
   EXPECT_TRUE(dev5->on_device(l0, 0));
   EXPECT_FALSE(dev5->on_device(l1, 0));
-  for (const auto& d : {dev, dev5}) {
-    m->set_expert_provider(d);
-    const std::vector<float> got = greedy_logits(*m, ids, 6);
-    m->set_expert_provider(nullptr);
+  for (const auto& p : {dev, dev5}) {
+    const std::vector<float> got = d.logits_with(p);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
   }
