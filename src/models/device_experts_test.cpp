@@ -101,20 +101,16 @@ struct MappedDemo {
 // without mapped memory is a clear error.
 TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
   MappedDemo d;
-  auto& be = d.be;
-  auto& m = d.m;
-  const ModelSpec& s = m->spec();
-  const std::vector<float>& want = d.want;
-  const std::vector<bool>& moe = d.moe;
-  const int64_t n_moe = std::count(moe.begin(), moe.end(), true), all = n_moe * s.moe.n_experts;
-  auto resident = m->shared_expert_provider();
-  DeviceExperts everything(*resident, *be, moe, s.moe.n_experts);  // (the bytes of all experts)
+  const ModelSpec& s = d.m->spec();
+  const int64_t n_moe = std::count(d.moe.begin(), d.moe.end(), true), all = n_moe * s.moe.n_experts;
+  auto resident = d.m->shared_expert_provider();
+  DeviceExperts everything(*resident, *d.be, d.moe, s.moe.n_experts);  // (the bytes of all experts)
   const uint64_t total = everything.bytes();
   ASSERT_GT(total, 0u);
   for (const double frac : {0.0, 0.5, 4.0}) {
     SCOPED_TRACE("VRAM budget " + std::to_string(frac) + " x the experts");
-    const uint64_t mapped0 = be->mapped;
-    auto dev = std::make_shared<DeviceExperts>(*resident, *be, moe, s.moe.n_experts, static_cast<uint64_t>(frac * static_cast<double>(total)));
+    const uint64_t mapped0 = d.be->mapped;
+    auto dev = std::make_shared<DeviceExperts>(*resident, *d.be, d.moe, s.moe.n_experts, static_cast<uint64_t>(frac * static_cast<double>(total)));
     EXPECT_EQ(dev->experts_on_device() + dev->experts_in_host(), all);
     if (frac == 0.0) EXPECT_EQ(dev->experts_on_device(), 0);
     if (frac == 4.0) EXPECT_EQ(dev->experts_in_host(), 0);
@@ -123,14 +119,14 @@ TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
       EXPECT_LT(dev->experts_on_device(), all * 3 / 4);
       EXPECT_EQ(dev->experts_on_device() % n_moe, 0) << "an equal share of every layer";
     }
-    EXPECT_EQ(be->mapped - mapped0 > 0, dev->experts_in_host() > 0) << "host share packed into mapped memory";
+    EXPECT_EQ(d.be->mapped - mapped0 > 0, dev->experts_in_host() > 0) << "host share packed into mapped memory";
     EXPECT_NE(dev->describe().find(dev->experts_in_host() > 0 ? "page-locked host memory" : "resident"), std::string::npos) << dev->describe();
     const std::vector<float> got = d.logits_with(dev);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    ASSERT_EQ(got.size(), d.want.size());
+    EXPECT_EQ(std::memcmp(got.data(), d.want.data(), d.want.size() * sizeof(float)), 0);
   }
   ops::CpuBackend plain(&d.pool);
-  EXPECT_THROW(DeviceExperts(*resident, plain, moe, s.moe.n_experts, 0), Error) << "no mapped host memory";
+  EXPECT_THROW(DeviceExperts(*resident, plain, d.moe, s.moe.n_experts, 0), Error) << "no mapped host memory";
 }
 
 // Static placement with a hot list (spool calibrate's pin file): the listed experts take the VRAM
@@ -139,18 +135,14 @@ TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
 // experts bit for bit.
 TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   MappedDemo d;
-  auto& be = d.be;
-  auto& m = d.m;
-  const ModelSpec& s = m->spec();
-  const std::vector<float>& want = d.want;
-  const std::vector<bool>& moe = d.moe;
+  const ModelSpec& s = d.m->spec();
   const int E = s.moe.n_experts;
   std::vector<int> ml;
-  for (int l = 0; l < static_cast<int>(moe.size()); ++l)
-    if (moe[static_cast<size_t>(l)]) ml.push_back(l);
+  for (int l = 0; l < static_cast<int>(d.moe.size()); ++l)
+    if (d.moe[static_cast<size_t>(l)]) ml.push_back(l);
   ASSERT_GE(ml.size(), 2u) << "the demo model has two MoE layers or more";
   const int l0 = ml[0], l1 = ml[1];
-  auto resident = m->shared_expert_provider();
+  auto resident = d.m->shared_expert_provider();
   uint64_t per_expert = 0;  // packed bytes of one expert (every expert has the same shapes)
   {
     const int e0 = 0;
@@ -161,7 +153,7 @@ TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   }
   // Room for 3 experts; the hot list names 4 valid ones (high ids, so the by-id fill cannot place them).
   const std::vector<std::pair<int, int>> hot = {{l1, E - 1}, {99, 0}, {l0, E - 2}, {l1, E - 1}, {l0, E}, {l0, E - 3}, {l1, E - 4}};
-  auto dev = std::make_shared<DeviceExperts>(*resident, *be, moe, E, 3 * per_expert + per_expert / 2, hot);
+  auto dev = std::make_shared<DeviceExperts>(*resident, *d.be, d.moe, E, 3 * per_expert + per_expert / 2, hot);
   EXPECT_EQ(dev->experts_on_device(), 3);
   EXPECT_EQ(dev->experts_from_hot_list(), 3);
   EXPECT_TRUE(dev->on_device(l1, E - 1));
@@ -171,15 +163,15 @@ TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   EXPECT_FALSE(dev->on_device(l0, 0));
   EXPECT_NE(dev->describe().find("3 of them from the hot list"), std::string::npos) << dev->describe();
   // Room for 5: the 4 hot ones, then the first by id (expert 0 of the first MoE layer).
-  auto dev5 = std::make_shared<DeviceExperts>(*resident, *be, moe, E, 5 * per_expert + per_expert / 2, hot);
+  auto dev5 = std::make_shared<DeviceExperts>(*resident, *d.be, d.moe, E, 5 * per_expert + per_expert / 2, hot);
   EXPECT_EQ(dev5->experts_on_device(), 5);
   EXPECT_TRUE(dev5->on_device(l1, E - 4));
   EXPECT_TRUE(dev5->on_device(l0, 0));
   EXPECT_FALSE(dev5->on_device(l1, 0));
   for (const auto& p : {dev, dev5}) {
     const std::vector<float> got = d.logits_with(p);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    ASSERT_EQ(got.size(), d.want.size());
+    EXPECT_EQ(std::memcmp(got.data(), d.want.data(), d.want.size() * sizeof(float)), 0);
   }
 }
 
