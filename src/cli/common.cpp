@@ -36,8 +36,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("--vram-budget-gb", vram_budget,
                   "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (the GPU's free memory less 512 MiB, at most 90% of it); routed experts that do not all fit get VRAM slots in what is left");
   app->add_option("--vram-experts", vram_experts,
-                  "GPU runs whose routed experts do not all fit VRAM: 'static' (a fixed share of each layer's experts in VRAM, the "
-                  "rest in page-locked host memory the GPU reads in place: no copies, no per-layer waits), 'slots' (LRU expert "
+                  "GPU runs whose routed experts do not all fit VRAM: 'static' (a fixed share in VRAM: each layer's equal share, or "
+                  "--pin-file's hot experts first; the rest in page-locked host memory the GPU reads in place: no copies, no "
+                  "per-layer waits), 'slots' (LRU expert "
                   "slots in VRAM over the RAM tier and disk) or 'auto' (static when every expert fits in host memory; default)")
       ->check(CLI::IsMember({"auto", "static", "slots"}));
   app->add_option("--max-active-experts", max_active_experts,

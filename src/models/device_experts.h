@@ -3,10 +3,10 @@
 // and copied with Backend::upload; acquire() then hands out the device views, so decode reads
 // expert weights from VRAM and nothing crosses the host link per token. The engine chooses it
 // when dense weights + KV + workspace + experts fit --vram-budget-gb (engine/loader.cpp). When
-// they do not, either the same class places a fixed share of each layer's experts in VRAM and the
-// rest in page-locked host memory the GPU reads in place (--vram-experts static), or
-// DeviceExpertCache keeps as many as the budget holds in VRAM slots (LRU) in front of the host
-// provider (--vram-experts slots).
+// they do not, either the same class places a fixed share of the experts in VRAM (each layer's
+// equal share, or a hot list's experts first) and the rest in page-locked host memory the GPU
+// reads in place (--vram-experts static), or DeviceExpertCache keeps as many as the budget holds
+// in VRAM slots (LRU) in front of the host provider (--vram-experts slots).
 #pragma once
 
 #include <algorithm>
