@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,10 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// (The process id in the name: ctest runs tests as parallel processes that share TempDir(), and
+// several of them write a "bad.gguf".)
 std::string write_tmp(const std::string& name, const std::string& bytes) {
-  const std::string path = ::testing::TempDir() + "gguf_test_" + name;
+  const std::string path = ::testing::TempDir() + "gguf_test_" + std::to_string(::getpid()) + "_" + name;
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return path;
@@ -44,6 +47,7 @@ void expect_error(const std::string& bytes, const std::string& what, const std::
     EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << "message: " << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << "message names no file: " << e.what();
   }
+  std::remove(path.c_str());
 }
 
 using Bytes = spool::testing::GgufBytes;
