@@ -371,9 +371,10 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
              "KV and reserve; or --cache-budget-gb): page-locking them would exhaust it; use --vram-experts slots",
              format_bytes(experts).c_str(), format_bytes(available).c_str());
       if (static_experts) {
-        log_info("the routed experts (%s) do not all fit the VRAM budget %s: a share of each layer's in VRAM, the rest in "
-                 "page-locked host memory the GPU reads in place (--vram-experts static)",
-                 format_bytes(experts).c_str(), format_bytes(l.vram_budget).c_str());
+        log_info("the routed experts (%s) do not all fit the VRAM budget %s: %s in VRAM, the rest in page-locked host memory the "
+                 "GPU reads in place (--vram-experts static)",
+                 format_bytes(experts).c_str(), format_bytes(l.vram_budget).c_str(),
+                 opt.pin_file.empty() ? "a share of each layer's" : "--pin-file's hot experts first");
       } else if (opt.stream.value_or(true)) {
         pinned_tier = true;
         stream = true;
@@ -388,6 +389,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk", format_bytes(total).c_str(),
              format_bytes(available).c_str());
   }
+  std::vector<std::pair<int, int>> hot;  // --pin-file's experts, hottest first (static placement)
   if (stream) {
     if (experts == 0) fail("%s: --stream was given but the model has no routed experts to stream", opt.model_dir.c_str());
     experts::StreamingOptions so;
@@ -430,7 +432,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   } else {
     populate_resident_weights(*l.ckpt);
     if (!opt.pin_file.empty()) {
-      read_pin_file(opt.pin_file);  // still a clear error if the file is missing or malformed
+      hot = read_pin_file(opt.pin_file);  // (a clear error if the file is missing or malformed, used or not)
       if (!static_experts)
         log_warn("--pin-file applies only when streaming experts (--stream) or placing them statically on a GPU (--vram-experts static); "
                  "all experts are resident, so it has no effect");
@@ -473,7 +475,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
       if (static_experts) {
         // --pin-file (spool calibrate's hot experts, hottest first) chooses the experts the VRAM share holds.
-        const std::vector<std::pair<int, int>> hot = opt.pin_file.empty() ? std::vector<std::pair<int, int>>{} : read_pin_file(opt.pin_file);
         auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left, hot);
         log_info("%s", dev->describe().c_str());
         l.model->set_expert_provider(dev);

@@ -9,9 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../../tests/support/gguf_writer.h"
 #include "common/error.h"

@@ -85,9 +85,9 @@ DeviceExperts::DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, 
     if (moe_layers[l]) in_vram_[l].assign(static_cast<size_t>(n_experts), false);
   uint64_t device = 0, host = 0;
   for (const auto& [l, e] : hot) {
-    if (l < 0 || static_cast<size_t>(l) >= moe_layers.size() || !moe_layers[static_cast<size_t>(l)] || e < 0 || e >= n_experts ||
-        in_vram_[static_cast<size_t>(l)][static_cast<size_t>(e)])
-      continue;  // (a pin of another model or a repeated one: nothing to place)
+    if (l < 0 || static_cast<size_t>(l) >= moe_layers.size() || !moe_layers[static_cast<size_t>(l)] || e < 0 || e >= n_experts)
+      fail("device experts: the hot list names expert %d of layer %d, which this model does not have (a pin file of another model?)", e, l);
+    if (in_vram_[static_cast<size_t>(l)][static_cast<size_t>(e)]) continue;  // (named twice)
     const uint64_t b = size[static_cast<size_t>(l)][static_cast<size_t>(e)];
     if (device + b > vram_bytes) continue;
     in_vram_[static_cast<size_t>(l)][static_cast<size_t>(e)] = true;

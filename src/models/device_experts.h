@@ -28,16 +28,17 @@ class DeviceExperts final : public experts::ExpertProvider {
   /// and released one at a time) to `be` (which must outlive this provider). Throws
   /// spool::Error when the source fails or device memory runs out.
   DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts);
-  /// Static placement across VRAM and pinned host memory: `vram_bytes` of experts (their packed
-  /// sizes, ops::packed_weight_bytes) are uploaded — without a hot list, experts [0, n_l) of each
-  /// MoE layer l, n_l being what an equal share of the budget holds of that layer's; with one
-  /// ((layer, expert) pairs, hottest first: spool calibrate's pin file), its experts first while
-  /// the budget holds them, then the rest of the budget by id, a layer at a time in turn (pairs of
-  /// other layers or ids are skipped). The others are copied once into page-locked host memory
+  /// Static placement across VRAM and pinned host memory: at most `vram_bytes` of experts (their
+  /// packed sizes, ops::packed_weight_bytes) are uploaded — without a hot list, experts [0, n_l) of
+  /// each MoE layer l, n_l being what an equal share of the budget holds of that layer's; with one
+  /// ((layer, expert) pairs, hottest first: spool calibrate's pin file), each of its experts that
+  /// still fits, in order (a pair named twice counts once), then the rest of the budget by id, a
+  /// layer at a time in turn. The others are copied once into page-locked host memory
   /// that the backend's kernels read in place over the host link (Backend::alloc_host_mapped):
   /// each use streams those bytes to the GPU without a copy, a slot or a host decision, so the
   /// routed path (device_table) runs for every layer. Throws spool::Error when the backend has no
-  /// mapped host memory or it cannot be had, or device memory runs out.
+  /// mapped host memory or it cannot be had, device memory runs out, or a hot-list pair names no
+  /// routed expert of this model.
   DeviceExperts(experts::ExpertProvider& source, ops::Backend& be, const std::vector<bool>& moe_layers, int n_experts,
                 uint64_t vram_bytes, std::span<const std::pair<int, int>> hot = {});
   void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override;

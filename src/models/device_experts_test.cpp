@@ -76,6 +76,15 @@ class MappedCpu final : public ops::CpuBackend {
   uint64_t mapped = 0;
 };
 
+// Calls f with the packed bytes (ops::packed_weight_bytes) of expert e of layer l.
+void with_expert_bytes(experts::ExpertProvider& p, int l, int e, const std::function<void(uint64_t)>& f) {
+  experts::ExpertWeights w;
+  p.acquire(l, std::span<const int>(&e, 1), std::span<experts::ExpertWeights>(&w, 1));
+  const uint64_t b = ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down);
+  p.release(l);
+  f(b);
+}
+
 // The demo model on a MappedCpu backend: its MoE layers and the logits of a prompt and 6 greedy
 // steps with the resident experts (what every static placement must give bit for bit).
 struct MappedDemo {
@@ -130,9 +139,9 @@ TEST(DeviceExperts, StaticPlacementSplitsByTheBudgetAndKeepsTheLogits) {
 }
 
 // Static placement with a hot list (spool calibrate's pin file): the listed experts take the VRAM
-// share first, hottest first while the budget holds them (pairs of other layers, bad ids and
-// repeats skipped), the rest of the budget goes by id; the logits stay those of the resident
-// experts bit for bit.
+// share first, hottest first while the budget holds them (a repeated pair counts once; a pair
+// naming no expert of the model is an error), the rest of the budget goes by id, the rest of the
+// experts exactly fill the mapped memory; the logits stay those of the resident experts bit for bit.
 TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   MappedDemo d;
   const ModelSpec& s = d.m->spec();
@@ -143,17 +152,16 @@ TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   ASSERT_GE(ml.size(), 2u) << "the demo model has two MoE layers or more";
   const int l0 = ml[0], l1 = ml[1];
   auto resident = d.m->shared_expert_provider();
-  uint64_t per_expert = 0;  // packed bytes of one expert (every expert has the same shapes)
-  {
-    const int e0 = 0;
-    experts::ExpertWeights w;
-    resident->acquire(l0, std::span<const int>(&e0, 1), std::span<experts::ExpertWeights>(&w, 1));
-    per_expert = ops::packed_weight_bytes(w.gate) + ops::packed_weight_bytes(w.up) + ops::packed_weight_bytes(w.down);
-    resident->release(l0);
-  }
-  // Room for 3 experts; the hot list names 4 valid ones (high ids, so the by-id fill cannot place them).
-  const std::vector<std::pair<int, int>> hot = {{l1, E - 1}, {99, 0}, {l0, E - 2}, {l1, E - 1}, {l0, E}, {l0, E - 3}, {l1, E - 4}};
+  uint64_t per_expert = 0;  // packed bytes of one expert (the demo model's are all the same size: checked below)
+  with_expert_bytes(*resident, l0, 0, [&](uint64_t b) { per_expert = b; });
+  for (const auto& [l, e] : std::vector<std::pair<int, int>>{{l0, 0}, {l1, 0}, {l0, E - 3}, {l1, E - 4}})
+    with_expert_bytes(*resident, l, e, [&](uint64_t b) { ASSERT_EQ(b, per_expert) << "experts of equal size"; });
+  // Room for 3 experts; the hot list names 4 (high ids, so the by-id fill cannot place them), one twice.
+  const std::vector<std::pair<int, int>> hot = {{l1, E - 1}, {l0, E - 2}, {l1, E - 1}, {l0, E - 3}, {l1, E - 4}};
+  const uint64_t mapped0 = d.be->mapped;
+  const int64_t all = static_cast<int64_t>(ml.size()) * E;
   auto dev = std::make_shared<DeviceExperts>(*resident, *d.be, d.moe, E, 3 * per_expert + per_expert / 2, hot);
+  EXPECT_EQ(d.be->mapped - mapped0, static_cast<uint64_t>(all - 3) * per_expert) << "the rest, exactly, in mapped memory";
   EXPECT_EQ(dev->experts_on_device(), 3);
   EXPECT_EQ(dev->experts_from_hot_list(), 3);
   EXPECT_TRUE(dev->on_device(l1, E - 1));
@@ -165,9 +173,15 @@ TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
   // Room for 5: the 4 hot ones, then the first by id (expert 0 of the first MoE layer).
   auto dev5 = std::make_shared<DeviceExperts>(*resident, *d.be, d.moe, E, 5 * per_expert + per_expert / 2, hot);
   EXPECT_EQ(dev5->experts_on_device(), 5);
+  EXPECT_EQ(dev5->experts_from_hot_list(), 4);
   EXPECT_TRUE(dev5->on_device(l1, E - 4));
   EXPECT_TRUE(dev5->on_device(l0, 0));
   EXPECT_FALSE(dev5->on_device(l1, 0));
+  // A pair naming no expert of this model (a pin file of another model) is an error, as with --stream.
+  for (const auto& bad : std::vector<std::pair<int, int>>{{99, 0}, {l0, E}, {l0, -1}}) {
+    const std::vector<std::pair<int, int>> one = {bad};
+    EXPECT_THROW(DeviceExperts(*resident, *d.be, d.moe, E, per_expert, one), Error);
+  }
   for (const auto& p : {dev, dev5}) {
     const std::vector<float> got = d.logits_with(p);
     ASSERT_EQ(got.size(), d.want.size());

@@ -152,7 +152,8 @@ class KvCache {
  private:
   int elem() const { return type_ == KvType::kF32 ? 4 : type_ == KvType::kF16 ? 2 : 1; }
   void touch();  // new generation
-  void take_shape(const KvCache& o);  // copy/move: o's generation, element type, geometry and rows; nothing deferred
+  void take_shape(const KvCache& o);  // copy/move: o's generation, element type and row geometry (capacity, window,
+                                      // base), nothing deferred; o settled first; the callers copy or move the buffers
   void reallocate(int64_t cap, int64_t from, int64_t n);  // new buffers of `cap` rows holding rows [from, from + n)
   void move_rows(int64_t from, int64_t n);               // rows [from, from + n) to the front, in place
   uint64_t gen_ = 0;
