@@ -502,6 +502,71 @@ __device__ __forceinline__ void fwht_smem_q4(float* v, int n, int B, int nch) {
   }
 }
 
+constexpr int kGemvThreads = 512;
+
+// One row of x' for a weight whose Hadamard block is the whole row (B == n, n = E * kGemvThreads
+// columns, E in {1, 2, 4, 8, 16}): the butterflies of fwht_smem, stage by stage with the same
+// pairs and operations (so the same bits as fwht_smem_q4 and k_rotate), mostly in registers.
+// Thread t holds columns [t E, t E + E): stages 0 .. log2(E) - 1 run in its registers, the next
+// five across the lanes of its warp (shuffles: the lower column of a pair takes a + c, the upper
+// a - c), then the last four (the columns' top 4 bits, across the 16 warps) on n / 16 runs of 16
+// columns read back from shared memory, scaled by norm as they are written (q4_xpos order).
+// Two barriers instead of log2(n). The caller's __syncthreads() publishes the row.
+__device__ __forceinline__ void rotate_row_regs(const float* src, const float* src2, const int8_t* signs, float* v, int n, int nch,
+                                                float norm) {
+  const int E = n / kGemvThreads, t = threadIdx.x, i0 = t * E;
+  float r[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k)
+    if (k < E) {
+      const float e = src2 != nullptr ? silu_f(src[i0 + k]) * src2[i0 + k] : src[i0 + k];
+      r[k] = e * static_cast<float>(signs[i0 + k]);
+    }
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int h = 1 << s;
+    if (h >= E) break;
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      if ((k & h) == 0 && k + h < E) {
+        const float a = r[k], c = r[k + h];
+        r[k] = a + c;
+        r[k + h] = a - c;
+      }
+  }
+#pragma unroll
+  for (int b = 0; b < 5; ++b) {
+    const bool upper = ((t >> b) & 1) != 0;
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      if (k < E) {  // (E is the same for the whole block: every lane shuffles)
+        const float o = __shfl_xor_sync(0xffffffffu, r[k], 1 << b);
+        r[k] = upper ? o - r[k] : r[k] + o;
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < 16; ++k)
+    if (k < E) v[q4_xpos(i0 + k, nch)] = r[k];
+  __syncthreads();
+  const int Q = n / 16;  // column c = j + k Q: k holds the top 4 bits
+  for (int j = t; j < Q; j += kGemvThreads) {
+    float u[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) u[k] = v[q4_xpos(j + k * Q, nch)];
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        if ((k & (1 << s)) == 0) {
+          const float a = u[k], c = u[k + (1 << s)];
+          u[k] = a + c;
+          u[k + (1 << s)] = a - c;
+        }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) v[q4_xpos(j + k * Q, nch)] = u[k] * norm;
+  }
+}
+
 // y = x' W^T for one job (jobs == null: `one`) or many (blockIdx.y picks the job: all experts'
 // projections of an MoE layer in one launch). x' is built in shared memory once per block (dynamic
 // smem: T * cols floats): row t is x row tok[t] (row t without tok), then silu(x) * x2 when x2 is
@@ -509,7 +574,6 @@ __device__ __forceinline__ void fwht_smem_q4(float* v, int n, int B, int nch) {
 // are those of separate launches. Blocks of kGemvThreads cover kGemvThreads / LPR * R rows at a
 // time and stride over the row blocks by gridDim.x: a grid of about one block per SM (per job) builds
 // x' rarely. TM: 1 (T == 1) or kMaxGemvT (any T up to it).
-constexpr int kGemvThreads = 512;
 constexpr size_t kGemvStaticSmem = 16 * sizeof(float);  // k_gemv_q4's codebook (beside the dynamic x')
 // Rows per lane group R: 4 or 1 for one row of x' (decode; 1 spreads a small weight over more
 // blocks), 2 for up to kMaxGemvT rows of x' (registers).
@@ -536,6 +600,10 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_q4(const Q4Job* jobs, 
     const int64_t row = j.tok != nullptr ? j.tok[t] : t;
     const float* src = j.x + row * cols;
     const float* src2 = j.x2 != nullptr ? j.x2 + row * cols : nullptr;
+    if (j.signs != nullptr && B == n && n >= kGemvThreads && n <= 16 * kGemvThreads) {
+      rotate_row_regs(src, src2, j.signs, v, n, nch, norm);
+      continue;
+    }
 #pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       float e = src2 != nullptr ? silu_f(src[i]) * src2[i] : src[i];
