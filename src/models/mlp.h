@@ -30,6 +30,9 @@ class DenseMlp {
   bool bound() const { return !gate_.empty(); }
   /// Intermediate width (rows of gate_proj).
   int64_t intermediate() const { return gate_.rows; }
+  /// The three projections as an expert (for a backend that runs a shared expert beside the
+  /// routed ones: Backend::routed_takes_shared).
+  ops::ExpertMats mats() const { return {gate_, up_, down_}; }
 
  private:
   ops::WeightView gate_, up_, down_;

@@ -68,9 +68,13 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const void* table = margins || observer || m_.grouped_router || m_.gpt_oss ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
-    if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
+    // The shared expert joins the routed experts' launches where the backend takes it (the same
+    // bits as its own forward; a decode step saves its four launches).
+    const ops::ExpertMats sm = shared_.bound() ? shared_.mats() : ops::ExpertMats{};
+    const bool fused = shared_.bound() && be.routed_takes_shared(table, sm, T);
+    if (shared_.bound() && !fused) shared_.forward(x, T, s.shared, be, s.shared_mlp);
     if (between) between();
-    be.expert_ffn_routed(table, x, T, H, s.ids_device, s.weights, K, out);
+    be.expert_ffn_routed(table, x, T, H, s.ids_device, s.weights, K, out, fused ? &sm : nullptr, fused ? s.shared : nullptr);
     if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
     return;
   }

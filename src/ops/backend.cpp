@@ -106,7 +106,8 @@ ExpertGroups group_by_expert(const int* ids, int64_t T, int K, int n_experts) {
   return g;
 }
 
-void Backend::expert_ffn_routed(const void*, const float*, int64_t, int64_t, const int*, const float*, int, float*) {
+void Backend::expert_ffn_routed(const void*, const float*, int64_t, int64_t, const int*, const float*, int, float*, const ExpertMats*,
+                                float*) {
   fail("%s backend: no routed expert path (make_expert_table gives no table here)", name());
 }
 

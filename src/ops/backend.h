@@ -136,13 +136,23 @@ class Backend {
   }
   /// Most token x top-k pairs one expert_ffn_routed() call takes (0: no such path).
   virtual int64_t max_routed_pairs() const { return 0; }
+  /// Whether expert_ffn_routed() over `table` can also run `shared` (an MoE layer's shared expert,
+  /// SwiGLU, views this backend uploaded) on T tokens in its own launches, with the bits that
+  /// matmul_multi (gate, up) + swiglu + matmul (down) give. False when the backend has no routed
+  /// path or the shared expert does not fit it (another shape, type or group size).
+  virtual bool routed_takes_shared(const void* table, const ExpertMats& shared, int64_t T) const {
+    (void)table, (void)shared, (void)T;
+    return false;
+  }
   /// out[t] = sum_{s<K} weights[t, s] * FFN_{ids[t, s]}(x[t]) for SwiGLU experts found through
   /// `table` (make_expert_table), summed in slot order as moe_combine: the expert path with the
   /// routing's ids [T, K] and weights [T, K] left in this backend's memory (no host round trip,
   /// no grouping on the host). Same values as expert_ffn + moe_combine. Throws spool::Error for a
-  /// foreign table, T * K above max_routed_pairs() or host ids.
+  /// foreign table, T * K above max_routed_pairs() or host ids. With `shared` (only where
+  /// routed_takes_shared() said so, else spool::Error) also shared_out [T, H] = the shared
+  /// expert's FFN(x), computed in the same launches (the caller adds it, add_gated_rows).
   virtual void expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
-                                 float* out);
+                                 float* out, const ExpertMats* shared = nullptr, float* shared_out = nullptr);
   /// Router selection for T tokens: logits [T, E] (clobbered) -> ids [T, k] (best first) and
   /// weights [T, k] (softmax probabilities, renormalised over the k kept when `renormalize`);
   /// margins [T] (may be null): p_k - p_{k+1} of the full softmax. Ties go to the lower id.

@@ -501,7 +501,7 @@ TEST_P(BackendOpTable, ExpertFfnUploadedEqualsHostViews) {
 // The routed expert path (Backend::expert_ffn_routed over a make_expert_table table, routing ids
 // and weights in device memory) gives the bits of expert_ffn + moe_combine over the same uploaded
 // experts. Backends without the path give no table; experts outside it (not q4) give none either.
-[[maybe_unused]] const bool kExpertFfnRoutedOps = covers({"expert_ffn_routed", "make_expert_table"});
+[[maybe_unused]] const bool kExpertFfnRoutedOps = covers({"expert_ffn_routed", "make_expert_table", "routed_takes_shared"});
 TEST_P(BackendOpTable, ExpertFfnRoutedEqualsGroupedExpertsAndCombine) {
   for (WKind k : {WKind::kQ4, WKind::kQ4Rotated})
     for (const MoeShape& s : kMoeShapes) {
@@ -541,6 +541,25 @@ TEST_P(BackendOpTable, ExpertFfnRoutedEqualsGroupedExpertsAndCombine) {
         }
         be.expert_ffn_routed(table, x.data(), s.T, s.H, ids, dw.data(), s.K, got.data());
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "routed path differs from expert_ffn + moe_combine";
+        // A shared expert of the routed experts' shape in the same launches: the bits of its own
+        // forward (matmul_multi gate and up, swiglu, matmul down), the routed output unchanged.
+        const MoeCase sc = make_moe_case(k, MoeShape{1, s.H, s.I, 1, 1}, 21);
+        const ExpertMats sh = {be.upload(sc.experts[0].gate), be.upload(sc.experts[0].up), be.upload(sc.experts[0].down)};
+        const bool takes = be.routed_takes_shared(table, sh, s.T);
+        EXPECT_EQ(takes, s.T <= 8) << "a q4 shared expert of the table's shape, up to 8 tokens";
+        if (takes) {
+          std::vector<float> g(s.T * s.I), u(g.size()), own(s.T * s.H, NAN), fused(own.size(), NAN), got2(want.size(), NAN);
+          const MatmulOut gu[] = {{&sh.gate, g.data()}, {&sh.up, u.data()}};
+          be.matmul_multi(gu, x.data(), s.T);
+          be.swiglu(g.data(), u.data(), s.T * s.I, g.data());
+          be.matmul(sh.down, g.data(), s.T, own.data());
+          be.expert_ffn_routed(table, x.data(), s.T, s.H, ids, dw.data(), s.K, got2.data(), &sh, fused.data());
+          EXPECT_EQ(std::memcmp(got2.data(), want.data(), got2.size() * sizeof(float)), 0) << "routed output changed by the shared expert";
+          EXPECT_EQ(std::memcmp(fused.data(), own.data(), own.size() * sizeof(float)), 0) << "shared expert in the routed launches differs";
+          const ExpertMats wide = {be.upload(c.experts[0].down), be.upload(c.experts[0].down), be.upload(c.experts[0].gate)};
+          EXPECT_FALSE(be.routed_takes_shared(table, wide, s.T)) << "a shared expert of another shape";
+          EXPECT_THROW(be.expert_ffn_routed(table, x.data(), s.T, s.H, ids, dw.data(), s.K, got2.data(), &wide, fused.data()), Error);
+        }
         EXPECT_THROW(be.expert_ffn_routed(table, x.data(), s.T, s.H, c.ids.data(), dw.data(), s.K, got.data()), Error) << "host ids";
       });
     }

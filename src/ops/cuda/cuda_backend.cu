@@ -867,10 +867,21 @@ struct ExpertRef {
 // The job lists of expert_ffn_routed from the routing ids on the device: pair p = t * K + slot runs
 // expert ids[p] on token t as its own one-row jobs (gate and up jobs 2p, 2p + 1: token t's row of x,
 // rotated in the GEMV's prologue; down job p: SwiGLU of the pair's gate and up rows, rotated).
+// Pairs P .. P + S - 1 run the shared expert `sh` on token p - P the same way, its down rows going
+// to sy [S, H].
 __global__ void k_routed_jobs(const int* ids, const ExpertRef* table, int E, int64_t P, int K, int64_t H, int64_t I, const float* x,
-                              float* gate, float* up, float* yd, Q4Job* jgu, Q4Job* jd, int64_t* row_of) {
+                              float* gate, float* up, float* yd, Q4Job* jgu, Q4Job* jd, int64_t* row_of, ExpertRef sh, int64_t S,
+                              float* sy) {
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p >= P) return;
+  if (p >= P + S) return;
+  if (p >= P) {
+    const int64_t t = p - P;
+    const float* xt = x + t * H;
+    jgu[2 * p] = Q4Job{sh.q[0], sh.s[0], sh.cb[0], xt, gate + p * I, 1, nullptr, nullptr, sh.sg[0]};
+    jgu[2 * p + 1] = Q4Job{sh.q[1], sh.s[1], sh.cb[1], xt, up + p * I, 1, nullptr, nullptr, sh.sg[1]};
+    jd[p] = Q4Job{sh.q[2], sh.s[2], sh.cb[2], gate + p * I, sy + t * H, 1, nullptr, up + p * I, sh.sg[2]};
+    return;
+  }
   const int e = min(max(ids[p], 0), E - 1);  // (ids come from k_route: always in range)
   const ExpertRef r = table[e];
   const float* xt = x + (p / K) * H;
@@ -2066,6 +2077,21 @@ void* CudaBackend::alloc_host_mapped(uint64_t bytes) {
 
 uint64_t CudaBackend::host_mapped_bytes() const { return impl_->host_mapped_bytes; }
 
+namespace {
+// The device pointers of an expert's three q4 parts (the row of an expert table).
+ExpertRef expert_ref(const ExpertMats& x) {
+  ExpertRef r{};
+  const WeightView* w[3] = {&x.gate, &x.up, &x.down};
+  for (int j = 0; j < 3; ++j) {
+    r.q[j] = w[j]->quant.qweight;
+    r.s[j] = w[j]->quant.scales;
+    r.cb[j] = w[j]->quant.codebook;
+    r.sg[j] = w[j]->quant.signs;
+  }
+  return r;
+}
+}  // namespace
+
 const void* CudaBackend::make_expert_table(std::span<const ExpertMats> experts) {
   Impl& I = *impl_;
   if (experts.empty()) return nullptr;
@@ -2078,13 +2104,7 @@ const void* CudaBackend::make_expert_table(std::span<const ExpertMats> experts) 
     const ExpertMats& x = experts[e];
     if (!I.q4_expert_ok(x, H, Id, group_gu, group_d)) return nullptr;  // not all on the grouped q4 path: the caller groups on the host
     validate(x.gate.quant), validate(x.up.quant), validate(x.down.quant);
-    const WeightView* w[3] = {&x.gate, &x.up, &x.down};
-    for (int j = 0; j < 3; ++j) {
-      h[e].q[j] = w[j]->quant.qweight;
-      h[e].s[j] = w[j]->quant.scales;
-      h[e].cb[j] = w[j]->quant.codebook;
-      h[e].sg[j] = w[j]->quant.signs;
-    }
+    h[e] = expert_ref(x);
   }
   auto* d = static_cast<ExpertRef*>(dev_alloc(h.size() * sizeof(ExpertRef)));
   if (d == nullptr) fail("cuda: out of device memory for an expert table of %zu experts", h.size());
@@ -2094,8 +2114,18 @@ const void* CudaBackend::make_expert_table(std::span<const ExpertMats> experts) 
   return d;
 }
 
+bool CudaBackend::routed_takes_shared(const void* table, const ExpertMats& shared, int64_t T) const {
+  const Impl& I = *impl_;
+  const auto it = I.table_meta.find(table);
+  if (it == I.table_meta.end()) return false;
+  const Impl::TableMeta& tm = it->second;
+  // Up to kMaxGemvT tokens: then matmul_multi / matmul run the shared expert as GEMVs too (one-row
+  // jobs give the bits of those), and a shape, type and groups the table's launches take.
+  return T >= 1 && T <= kMaxGemvT && I.q4_expert_ok(shared, tm.H, tm.I, tm.group_gu, tm.group_d);
+}
+
 void CudaBackend::expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
-                                    float* out) {
+                                    float* out, const ExpertMats* shared, float* shared_out) {
   Impl& I = *impl_;
   I.begin(__func__);
   const auto it = I.table_meta.find(table);
@@ -2106,21 +2136,29 @@ void CudaBackend::expert_ffn_routed(const void* table, const float* x, int64_t T
   if (K < 1 || P > kMaxRoutedPairs) fail("expert_ffn_routed: %lld tokens x top-%d exceed the %d pairs of the routed path", (long long)T, K, kMaxRoutedPairs);
   if (H != tm.H) fail("expert_ffn_routed: hidden size %lld, the table's experts take %lld", (long long)H, (long long)tm.H);
   if (!is_device_ptr(ids) || !is_device_ptr(weights)) fail("expert_ffn_routed: ids and weights must be in device memory");
+  if (shared != nullptr && (shared_out == nullptr || !routed_takes_shared(table, *shared, T)))
+    fail("expert_ffn_routed: a shared expert this path does not take (see routed_takes_shared), or no output for it");
+  const int64_t S = shared != nullptr ? T : 0;  // the shared expert's pairs, after the routed ones
   const float* xd = I.in(x, T * H);
   auto oo = I.out(out, T * H, false);
-  float* gate = I.arena->get_n<float>(P * Id);
-  float* up = I.arena->get_n<float>(P * Id);
+  auto so = I.out(shared_out, S * H, false);
+  float* gate = I.arena->get_n<float>((P + S) * Id);
+  float* up = I.arena->get_n<float>((P + S) * Id);
   float* yd = I.arena->get_n<float>(P * H);
-  Q4Job* jgu = I.arena->get_n<Q4Job>(2 * P);
-  Q4Job* jd = I.arena->get_n<Q4Job>(P);
+  Q4Job* jgu = I.arena->get_n<Q4Job>(2 * (P + S));
+  Q4Job* jd = I.arena->get_n<Q4Job>(P + S);
   int64_t* row_of = I.arena->get_n<int64_t>(P);
-  k_routed_jobs<<<1, kMaxRoutedPairs, 0, I.stream>>>(ids, static_cast<const ExpertRef*>(table), tm.E, P, K, H, Id, xd, gate, up, yd, jgu, jd,
-                                                     row_of);
+  const ExpertRef sh = shared != nullptr ? expert_ref(*shared) : ExpertRef{};
+  constexpr int kJobThreads = 128;
+  k_routed_jobs<<<static_cast<unsigned>((P + S + kJobThreads - 1) / kJobThreads), kJobThreads, 0, I.stream>>>(
+      ids, static_cast<const ExpertRef*>(table), tm.E, P, K, H, Id, xd, gate, up, yd, jgu, jd, row_of, sh, S, so.d);
   CU_LAUNCHED("k_routed_jobs");
-  I.grouped_swiglu(jgu, jd, P, 1, H, Id, tm.group_gu, tm.group_d);
+  I.grouped_swiglu(jgu, jd, P + S, 1, H, Id, tm.group_gu, tm.group_d);
   k_moe_combine<<<blocks_for(T * H), 256, 0, I.stream>>>(yd, row_of, weights, T, K, H, oo.d);
   CU_LAUNCHED("k_moe_combine");
-  I.finish(oo);
+  I.copy_back(so);
+  I.copy_back(oo);
+  if (so.host != nullptr || oo.host != nullptr) CU(cudaStreamSynchronize(I.stream));
   I.end();
 }
 
@@ -2235,8 +2273,9 @@ void CudaBackend::causal_conv1d_silu(const float* x, int64_t T, int64_t C, const
   auto oo = I.out(out, T * C, false);
   k_conv1d_silu<<<blocks_for(C, 128), 128, 0, I.stream>>>(xd, T, C, wd, K, so.d, oo.d);
   CU_LAUNCHED("k_conv1d_silu");
-  I.finish(so);
-  I.finish(oo);
+  I.copy_back(so);
+  I.copy_back(oo);
+  if (so.host != nullptr || oo.host != nullptr) CU(cudaStreamSynchronize(I.stream));
   I.end();
 }
 
@@ -2260,8 +2299,9 @@ void CudaBackend::gated_delta(const GatedDeltaArgs& a, int /*chunk*/) {
   k_gated_delta<<<blocks, dim3(32, static_cast<unsigned>(G)), smem, I.stream>>>(a.T, a.n_k, a.n_v, a.d_k, a.d_v, q, k, v, beta, g, so.d,
                                                                                oo.d);
   CU_LAUNCHED("k_gated_delta");
-  I.finish(so);
-  I.finish(oo);
+  I.copy_back(so);
+  I.copy_back(oo);
+  if (so.host != nullptr || oo.host != nullptr) CU(cudaStreamSynchronize(I.stream));
   I.end();
 }
 

@@ -115,8 +115,9 @@ class CudaBackend final : public Backend {
   /// Tokens x top-k pairs of one expert_ffn_routed() call (one block of threads builds the jobs).
   static constexpr int64_t kMaxRoutedPairs = 64;
   int64_t max_routed_pairs() const override { return kMaxRoutedPairs; }
+  bool routed_takes_shared(const void* table, const ExpertMats& shared, int64_t T) const override;
   void expert_ffn_routed(const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
-                         float* out) override;
+                         float* out, const ExpertMats* shared = nullptr, float* shared_out = nullptr) override;
   void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
                            float* margins) override;
   void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
