@@ -621,10 +621,22 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_q4(const Q4Job* jobs, 
                              pre, rb == blockIdx.x && prefetch);
 }
 
+// Up to kMaxGemv16 f16 / bf16 weights of one input in one launch (blockIdx.y picks the weight).
+constexpr int kMaxGemv16 = 4;
+struct Gemv16Set {
+  const uint16_t* w[kMaxGemv16];
+  int64_t rows[kMaxGemv16];
+  float* y[kMaxGemv16];
+};
+
 // The same for f16 / bf16 weights: each lane reads 8 elements (16 bytes) per step, a warp 512
-// consecutive bytes; needs cols % 8 == 0, W and x 16-byte aligned.
+// consecutive bytes, one warp per row; needs cols % 8 == 0, W and x 16-byte aligned. Weight
+// blockIdx.y of `set` (blocks past its rows return).
 template <bool kBf16>
-__global__ void k_gemv_16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int T, float* y) {
+__global__ void k_gemv_16(Gemv16Set set, int64_t cols, const float* x, int T) {
+  const uint16_t* w = set.w[blockIdx.y];
+  const int64_t rows = set.rows[blockIdx.y];
+  float* y = set.y[blockIdx.y];
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -1229,6 +1241,7 @@ struct CudaBackend::Impl {
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
   int64_t sms = 1;  // multiprocessors (gemv_q4 sizes its grids by them)
+  bool balance_r = std::getenv("SPOOL_GEMV_BALANCE") != nullptr;  // EXPERIMENT
   std::set<const void*> raised_smem;  // kernels whose dynamic shared memory limit was raised to smem_optin
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
@@ -1496,7 +1509,15 @@ struct CudaBackend::Impl {
     // SMs a block (a small weight), then 1.
     const int64_t per_block = kGemvThreads / lpr;
     const auto blocks_for_r = [&](int r) { return n_jobs * ((rows + per_block * r - 1) / (per_block * r)); };
-    const int R = t_max > 1 ? 2 : blocks_for_r(4) >= sms / 2 ? 4 : 1;
+    int R = t_max > 1 ? 2 : blocks_for_r(4) >= sms / 2 ? 4 : 1;
+    if (R == 4 && balance_r) {  // EXPERIMENT: R = 1 when it gives the busiest block clearly fewer rows
+      const auto busiest = [&](int r) {
+        const int64_t rpb = per_block * r, nrb = (rows + rpb - 1) / rpb;
+        const int64_t gx = std::min<int64_t>(nrb, std::max<int64_t>(1, sms / std::max<int64_t>(n_jobs, 1)));
+        return (nrb + gx - 1) / gx * rpb;
+      };
+      if (4 * busiest(1) < 3 * busiest(4)) R = 1;
+    }
     const int64_t nrb = (rows + per_block * R - 1) / (per_block * R);
     const int64_t B = cols & -cols;
     const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
@@ -1532,6 +1553,34 @@ struct CudaBackend::Impl {
     }
     CU_LAUNCHED("k_gemv_q4");
   }
+  // Whether k_gemv_16 takes w with T rows of x (device pointers).
+  static bool gemv16_ok(const WeightView& w, const float* x, int64_t T) {
+    return T <= kMaxGemvT && w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           (w.type == WType::kBF16 || w.type == WType::kF16) && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+  }
+  // y_i [T, rows_i] = x [T, cols] W_i^T for 1..kMaxGemv16 device weights of one type and width
+  // (gemv16_ok each) in one k_gemv_16 launch: 64-thread blocks (2 rows) while that leaves the
+  // SMs idle, so small weights spread over more of them.
+  void gemv_16(std::span<const WeightView* const> ws, std::span<float* const> ys, const float* x, int64_t T) {
+    Gemv16Set set{};
+    int64_t max_rows = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      set.w[i] = static_cast<const uint16_t*>(ws[i]->data);
+      set.rows[i] = ws[i]->rows;
+      set.y[i] = ys[i];
+      max_rows = std::max(max_rows, ws[i]->rows);
+    }
+    const int threads = max_rows * 32 / 256 * static_cast<int64_t>(ws.size()) < sms ? 64 : 256;
+    const dim3 grid(static_cast<unsigned>((max_rows * 32 + threads - 1) / threads), static_cast<unsigned>(ws.size()));
+    const int64_t cols = ws[0]->cols;
+    if (ws[0]->type == WType::kBF16) {
+      k_gemv_16<true><<<grid, threads, 0, stream>>>(set, cols, x, static_cast<int>(T));
+    } else {
+      k_gemv_16<false><<<grid, threads, 0, stream>>>(set, cols, x, static_cast<int>(T));
+    }
+    CU_LAUNCHED("k_gemv_16");
+  }
+
   // Rows of x a fused-prologue GEMV job of `cols` columns may take (<= kMaxGemvT; 0: none fit).
   int q4_rows_fit(int64_t cols) const {
     const int64_t room = static_cast<int64_t>(smem_optin) - static_cast<int64_t>(kGemvStaticSmem);
@@ -1678,15 +1727,10 @@ struct CudaBackend::Impl {
                              static_cast<const float*>(w.data), static_cast<int>(cols), x, static_cast<int>(cols), &zero, y,
                              static_cast<int>(rows)),
                  "cublasSgemm");
-    } else if (T <= kMaxGemvT && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-               (w.type == WType::kBF16 || w.type == WType::kF16) && reinterpret_cast<uintptr_t>(w.data) % 16 == 0) {
-      const unsigned blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
-      if (w.type == WType::kBF16) {
-        k_gemv_16<true><<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(w.data), rows, cols, x, static_cast<int>(T), y);
-      } else {
-        k_gemv_16<false><<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(w.data), rows, cols, x, static_cast<int>(T), y);
-      }
-      CU_LAUNCHED("k_gemv (wide)");
+    } else if (gemv16_ok(w, x, T)) {
+      const WeightView* one[] = {&w};
+      float* ys[] = {y};
+      gemv_16(one, ys, x, T);
     } else if (T <= kMaxGemvT) {
       const WDev wd = make_wdev(w);
       const int64_t threads = rows * 32;
@@ -1976,12 +2020,24 @@ void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, 
   I.begin(__func__);
   if (outs.empty()) return;
   const float* xd = I.in(x, T * outs[0].w->cols);
-  for (const MatmulOut& o : outs) {
+  for (const MatmulOut& o : outs)
     if (o.w->cols != outs[0].w->cols) fail("matmul_multi: weights of %lld and %lld columns share one input", (long long)outs[0].w->cols, (long long)o.w->cols);
+  // Device-resident f16 / bf16 weights with device outputs share one k_gemv_16 launch (e.g. a
+  // DeltaNet layer's b and a projections); the rest run one by one.
+  std::vector<const WeightView*> w16;
+  std::vector<float*> y16;
+  for (const MatmulOut& o : outs) {
+    if (o.w->device == Device::kCuda && is_device_ptr(o.y) && Impl::gemv16_ok(*o.w, xd, T) && w16.size() < kMaxGemv16 &&
+        (w16.empty() || w16[0]->type == o.w->type)) {
+      w16.push_back(o.w);
+      y16.push_back(o.y);
+      continue;
+    }
     auto yo = I.out(o.y, T * o.w->rows, false);
     I.mm(*o.w, xd, T, yo.d);
     I.finish(yo);
   }
+  if (!w16.empty()) I.gemv_16(w16, y16, xd, T);
   I.end();
 }
 
@@ -2175,7 +2231,9 @@ void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bo
   const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
   if (smem > static_cast<size_t>(I.smem_optin)) fail("routing: %d experts need more shared memory than the device has", E);
   if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  k_route<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
+  // One warp per token: k + 1 selection rounds of E / 32 compares and shuffles each (a block's
+  // barriers cost more than the work at E = 256).
+  k_route<<<static_cast<unsigned>(T), 32, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
   CU_LAUNCHED("k_route");
   I.copy_back(io);
   I.copy_back(wo);
