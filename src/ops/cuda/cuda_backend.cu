@@ -1241,7 +1241,6 @@ struct CudaBackend::Impl {
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
   int64_t sms = 1;  // multiprocessors (gemv_q4 sizes its grids by them)
-  bool balance_r = std::getenv("SPOOL_GEMV_BALANCE") != nullptr;  // EXPERIMENT
   std::set<const void*> raised_smem;  // kernels whose dynamic shared memory limit was raised to smem_optin
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
@@ -1509,15 +1508,7 @@ struct CudaBackend::Impl {
     // SMs a block (a small weight), then 1.
     const int64_t per_block = kGemvThreads / lpr;
     const auto blocks_for_r = [&](int r) { return n_jobs * ((rows + per_block * r - 1) / (per_block * r)); };
-    int R = t_max > 1 ? 2 : blocks_for_r(4) >= sms / 2 ? 4 : 1;
-    if (R == 4 && balance_r) {  // EXPERIMENT: R = 1 when it gives the busiest block clearly fewer rows
-      const auto busiest = [&](int r) {
-        const int64_t rpb = per_block * r, nrb = (rows + rpb - 1) / rpb;
-        const int64_t gx = std::min<int64_t>(nrb, std::max<int64_t>(1, sms / std::max<int64_t>(n_jobs, 1)));
-        return (nrb + gx - 1) / gx * rpb;
-      };
-      if (4 * busiest(1) < 3 * busiest(4)) R = 1;
-    }
+    const int R = t_max > 1 ? 2 : blocks_for_r(4) >= sms / 2 ? 4 : 1;
     const int64_t nrb = (rows + per_block * R - 1) / (per_block * R);
     const int64_t B = cols & -cols;
     const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
@@ -2231,9 +2222,7 @@ void CudaBackend::route_softmax_top_k(float* logits, int64_t T, int E, int k, bo
   const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
   if (smem > static_cast<size_t>(I.smem_optin)) fail("routing: %d experts need more shared memory than the device has", E);
   if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  // One warp per token: k + 1 selection rounds of E / 32 compares and shuffles each (a block's
-  // barriers cost more than the work at E = 256).
-  k_route<<<static_cast<unsigned>(T), 32, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
+  k_route<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
   CU_LAUNCHED("k_route");
   I.copy_back(io);
   I.copy_back(wo);
