@@ -371,7 +371,7 @@ TEST_P(BackendOpTable, Matmul) {
 
 [[maybe_unused]] const bool kMatmulMultiOps = covers({"matmul_multi"});
 TEST_P(BackendOpTable, MatmulMulti) {
-  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kQ4Rotated, WKind::kTernary, WKind::kGgmlQ8_0, WKind::kGgmlIQ4_NL,
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kTernary, WKind::kGgmlQ8_0, WKind::kGgmlIQ4_NL,
                   WKind::kGgmlQ8_0Perm, WKind::kMxfp4})
     for (int64_t T : {1, 5, 33}) {
       if (!group_runs(k)) continue;
@@ -397,7 +397,7 @@ struct MoeShape {
   int64_t T, H, I;
   int E, K;
 };
-const MoeShape kMoeShapes[] = {{1, 64, 32, 8, 2}, {7, 128, 64, 16, 4}, {40, 64, 96, 64, 8}, {3, 1024, 512, 4, 2}};
+const MoeShape kMoeShapes[] = {{1, 64, 32, 8, 2}, {7, 128, 64, 16, 4}, {40, 64, 96, 64, 8}, {3, 1024, 512, 4, 2}, {12, 64, 32, 16, 2}};
 // Input scale of a shape: wide experts get smaller inputs, so that their outputs stay O(1) as a
 // model's do (unit inputs over 1024 columns of 0.2-rms weights reach |y| ~ 500, where f32 rounding
 // alone exceeds the tolerance's absolute floor near zero).
@@ -543,8 +543,9 @@ TEST_P(BackendOpTable, ExpertFfnRoutedEqualsGroupedExpertsAndCombine) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "routed path differs from expert_ffn + moe_combine";
         // A shared expert of the routed experts' shape in the same launches: the bits of its own
         // forward (matmul_multi gate and up, swiglu, matmul down), the routed output unchanged.
-        const MoeCase sc = make_moe_case(k, MoeShape{1, s.H, s.I, 1, 1}, 21);
-        const ExpertMats sh = {be.upload(sc.experts[0].gate), be.upload(sc.experts[0].up), be.upload(sc.experts[0].down)};
+        // (gate and up with different rotation signs: a job taking the wrong one shows)
+        const TestWeight sg(k, s.I, s.H, 501), su(k, s.I, s.H, 502), sd(k, s.H, s.I, 503);
+        const ExpertMats sh = {be.upload(sg.view()), be.upload(su.view()), be.upload(sd.view())};
         const bool takes = be.routed_takes_shared(table, sh, s.T);
         EXPECT_EQ(takes, s.T <= 8) << "a q4 shared expert of the table's shape, up to 8 tokens";
         if (takes) {

@@ -633,7 +633,7 @@ struct Gemv16Set {
 // consecutive bytes, one warp per row; needs cols % 8 == 0, W and x 16-byte aligned. Weight
 // blockIdx.y of `set` (blocks past its rows return).
 template <bool kBf16>
-__global__ void k_gemv_16(Gemv16Set set, int64_t cols, const float* x, int T) {
+__global__ void k_gemv_16(const __grid_constant__ Gemv16Set set, int64_t cols, const float* x, int T) {
   const uint16_t* w = set.w[blockIdx.y];
   const int64_t rows = set.rows[blockIdx.y];
   float* y = set.y[blockIdx.y];
@@ -2018,7 +2018,7 @@ void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, 
   std::vector<const WeightView*> w16;
   std::vector<float*> y16;
   for (const MatmulOut& o : outs) {
-    if (o.w->device == Device::kCuda && is_device_ptr(o.y) && Impl::gemv16_ok(*o.w, xd, T) && w16.size() < kMaxGemv16 &&
+    if (o.w->device == Device::kCuda && o.w->rows > 0 && T > 0 && is_device_ptr(o.y) && Impl::gemv16_ok(*o.w, xd, T) && w16.size() < kMaxGemv16 &&
         (w16.empty() || w16[0]->type == o.w->type)) {
       w16.push_back(o.w);
       y16.push_back(o.y);
@@ -2185,6 +2185,7 @@ void CudaBackend::expert_ffn_routed(const void* table, const float* x, int64_t T
   if (!is_device_ptr(ids) || !is_device_ptr(weights)) fail("expert_ffn_routed: ids and weights must be in device memory");
   if (shared != nullptr && (shared_out == nullptr || !routed_takes_shared(table, *shared, T)))
     fail("expert_ffn_routed: a shared expert this path does not take (see routed_takes_shared), or no output for it");
+  if (shared != nullptr) validate(shared->gate.quant), validate(shared->up.quant), validate(shared->down.quant);
   const int64_t S = shared != nullptr ? T : 0;  // the shared expert's pairs, after the routed ones
   const float* xd = I.in(x, T * H);
   auto oo = I.out(out, T * H, false);

@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
   void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;
   void* alloc_host_mapped(uint64_t bytes) override;
   const void* make_expert_table(std::span<const ExpertMats> experts) override;
-  /// Tokens x top-k pairs of one expert_ffn_routed() call (one block of threads builds the jobs).
+  /// Tokens x top-k pairs of one expert_ffn_routed() call.
   static constexpr int64_t kMaxRoutedPairs = 64;
   int64_t max_routed_pairs() const override { return kMaxRoutedPairs; }
   bool routed_takes_shared(const void* table, const ExpertMats& shared, int64_t T) const override;
