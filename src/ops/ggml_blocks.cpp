@@ -409,12 +409,17 @@ HWY_INLINE void ForChunks(hn::Vec<Q16> q, const F& f) {
 #endif
 
 // Accumulators of one row against TT tokens; x points at the block's first column of token 0.
-template <int TT>
+// K accumulators per token (a power of two): the chunk of kN columns at column c goes to
+// accumulator (c / kN) % K of its token (acc[t * stride + that]), so that a token's FMAs form K
+// independent chains.
+template <int TT, int K = 1>
 struct Sink {
-  VF* acc;  // [TT], stride kAccStride
+  VF* acc;  // token t's accumulators at acc + t * stride
   int64_t stride;
   const float* x;
   int64_t ldx;
+
+  HWY_INLINE VF& A(int t, int64_t col) const { return acc[t * stride + (col / kN) % K]; }
 
   // Group of 16 columns at `col` (relative to the block): w = s * q + m.
   template <bool kMin>
@@ -424,9 +429,14 @@ struct Sink {
     const VF vm = hn::Set(df, m);
     ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
       const VF wv = kMin ? hn::MulAdd(v, vs, vm) : hn::Mul(v, vs);
-      const float* xc = x + col + k * kN;
-      for (int t = 0; t < TT; ++t) acc[t * stride] = hn::MulAdd(wv, hn::LoadU(df, xc + t * ldx), acc[t * stride]);
+      const int64_t c = col + k * kN;
+      for (int t = 0; t < TT; ++t) A(t, c) = hn::MulAdd(wv, hn::LoadU(df, x + c + t * ldx), A(t, c));
     });
+  }
+  // 16 f32 weights at `col` (kN == 16: one vector): their TT FMAs.
+  HWY_INLINE void Vec(int col, VF wv) const {
+    const DF df;
+    for (int t = 0; t < TT; ++t) A(t, col) = hn::MulAdd(wv, hn::LoadU(df, x + col + t * ldx), A(t, col));
   }
   // 16 int8 codes read straight from memory (Q8_0): chunk loads widen from memory.
   HWY_INLINE void GroupMem(int col, const int8_t* q, float s) const {
@@ -436,15 +446,27 @@ struct Sink {
     const VF vs = hn::Set(df, s);
     for (int k = 0; k < 16 / kN; ++k) {
       const VF wv = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, q + k * kN))), vs);
-      const float* xc = x + col + k * kN;
-      for (int t = 0; t < TT; ++t) acc[t * stride] = hn::MulAdd(wv, hn::LoadU(df, xc + t * ldx), acc[t * stride]);
+      const int64_t c = col + k * kN;
+      for (int t = 0; t < TT; ++t) A(t, c) = hn::MulAdd(wv, hn::LoadU(df, x + c + t * ldx), A(t, c));
     }
   }
 };
 
+// p, opaque to the optimizer once the 16 floats it points at are in memory: reads through the
+// result compile to broadcast loads. (Otherwise GCC keeps such a scale array in a register and
+// broadcasts each element with a permute by an index vector built for it, 3-4 uops a scale:
+// a good part of the Q4_K / Q6_K decode time.)
+HWY_INLINE const float* InMemory(const float* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  asm("" : "+r"(p) : "m"(*reinterpret_cast<const float(*)[16]>(p)));
+#endif
+  return p;
+}
+
 // out[i] = (float(in[i]) + bias) * (i < 8 ? a : b) for 16 int8 values (block scales decoded
-// with vector ops and kept in memory, so that the per-group broadcasts are loads).
-HWY_INLINE void Scales16(const int8_t* in, float bias, float a, float b, float* HWY_RESTRICT out) {
+// with vector ops and kept in memory, so that the per-group broadcasts are loads); returns out
+// through InMemory.
+HWY_INLINE const float* Scales16(const int8_t* in, float bias, float a, float b, float* HWY_RESTRICT out) {
   const DF df;
   const DI di;
   const hn::Rebind<int8_t, DI> d8n;
@@ -459,6 +481,7 @@ HWY_INLINE void Scales16(const int8_t* in, float bias, float a, float b, float* 
     const VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, in + k)));
     hn::StoreU(hn::Mul(hn::Add(v, vb), mul), df, out + k);
   }
+  return InMemory(out);
 }
 
 // Q4_K / Q5_K: the 8 scales and 8 mins of the 12 packed bytes as 16 bytes (scales first).
@@ -488,6 +511,58 @@ HWY_INLINE void UnpackQ3Scales(const uint8_t* b, uint8_t* out16) {
   std::memcpy(out16, a, 16);
 }
 
+// ---- 16-entry f32 tables (AVX-512) ----
+// On 16-lane x86 targets the 4-bit types decode by table: per scale (sub-block), the 16
+// possible weights w(q) are computed once with the scalar dequantizer's own expression (so a
+// weight has the bits ggml_dequantize_row gives it), and each 16 codes become weights with one
+// vpermps (it reads only the low 4 bits of each 32-bit index: a zero-extended byte indexes by
+// its low nibble as is, its high nibble after one shift). Per 16 weights: half a widening load,
+// half a shift, a permute and the FMAs, instead of widen + convert + scale FMA + FMAs.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr bool kTables = kN == 16;
+#else
+constexpr bool kTables = false;
+#endif
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// v, opaque to the optimizer: keeps a Mul and a following Add from being contracted into an
+// FMA (the scalar dequantizer, compiled without FMA, rounds both).
+HWY_INLINE VF Opaque(VF v) {
+#if defined(__GNUC__) || defined(__clang__)
+  asm("" : "+v"(v.raw));
+#endif
+  return v;
+}
+// Lane k = table[idx[k] & 15] (vpermps).
+HWY_INLINE VF Perm16(VF table, __m512i idx) { return VF{_mm512_permutexvar_ps(idx, table.raw)}; }
+// Lanes k = the 16 bytes at p zero-extended to 32 bits (vpmovzxbd).
+HWY_INLINE __m512i Bytes16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// The 32 codes of the 16 bytes at p: low nibbles -> columns [lo, lo + 16) by table tl, high
+// nibbles -> [hi, hi + 16) by table th.
+template <class S>
+HWY_INLINE void NibblesByTable(const S& s, const uint8_t* p, int lo, VF tl, int hi, VF th) {
+  const __m512i v = Bytes16(p);
+  s.Vec(lo, Perm16(tl, v));
+  s.Vec(hi, Perm16(th, _mm512_srli_epi32(v, 4)));
+}
+#else
+HWY_INLINE VF Opaque(VF v) { return v; }  // not used without tables
+#endif
+// The table c[q] * d (q = 0..15; c: 16 floats), as the scalar `float(c) * d`.
+HWY_INLINE VF ScaledTable(const float* c, float d) { return hn::Mul(hn::LoadU(DF(), c), hn::Set(DF(), d)); }
+// The table d * q + m (q = 0..15), as the scalar `d * float(q) + m` (two roundings).
+HWY_INLINE VF AffineTable(float d, float m) {
+  const DF df;
+  return hn::Add(Opaque(hn::Mul(hn::Iota(df, 0.0f), hn::Set(df, d))), hn::Set(df, m));
+}
+
+// The code tables as floats (the tables path multiplies them by a block's scale).
+alignas(64) constexpr float kIq4nlF[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+alignas(64) constexpr float kMxfp4F[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+alignas(64) constexpr float kQ4_0F[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
 // Decodes one block of type Q at p into groups of 16 columns.
 template <GgmlType Q, class S>
 HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
@@ -495,6 +570,12 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     const float d = Half(p);
     s.GroupMem(0, reinterpret_cast<const int8_t*>(p + 2), d);
     s.GroupMem(16, reinterpret_cast<const int8_t*>(p + 18), d);
+  } else if constexpr (Q == GgmlType::Q4_0 && kTables) {
+    const VF t = ScaledTable(kQ4_0F, Half(p));  // float(q - 8) * d
+    NibblesByTable(s, p + 2, 0, t, 16, t);
+  } else if constexpr (Q == GgmlType::Q4_1 && kTables) {
+    const VF t = AffineTable(Half(p), Half(p + 2));  // float(q) * d + m
+    NibblesByTable(s, p + 4, 0, t, 16, t);
   } else if constexpr (Q == GgmlType::Q4_0) {
     const float d = Half(p);
     const VU8 v = Load16(p + 2);
@@ -520,6 +601,20 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     } else {
       s.template Group<false>(0, SubI8(lo, 16), d, 0.0f);
       s.template Group<false>(16, SubI8(hi, 16), d, 0.0f);
+    }
+  } else if constexpr ((Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) && kTables) {
+    constexpr bool mx = Q == GgmlType::MXFP4;
+    const VF t = ScaledTable(mx ? kMxfp4F : kIq4nlF, mx ? ggml::e8m0_half(p[0]) : Half(p));
+    NibblesByTable(s, p + (mx ? 1 : 2), 0, t, 16, t);
+  } else if constexpr (Q == GgmlType::IQ4_XS && kTables) {
+    const float d = Half(p);
+    uint16_t sh;
+    std::memcpy(&sh, p + 2, 2);
+    const uint8_t* sl = p + 4;
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+      const VF t = ScaledTable(kIq4nlF, d * static_cast<float>(ls - 32));  // dl * float(code)
+      NibblesByTable(s, p + 8 + 16 * ib, 32 * ib, t, 32 * ib + 16, t);
     }
   } else if constexpr (Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) {
     constexpr bool mx = Q == GgmlType::MXFP4;
@@ -547,9 +642,9 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     const VU8 scv = Load16(p);
     hn::Store(Shr<0>(scv, 0x0F), DU8(), lo);
     hn::Store(Shr<4>(scv, 0x0F), DU8(), hi);
-    alignas(64) float sv[16], mv[16];
-    Scales16(reinterpret_cast<const int8_t*>(lo), 0.0f, d, d, sv);
-    Scales16(reinterpret_cast<const int8_t*>(hi), 0.0f, -dmin, -dmin, mv);
+    alignas(64) float svb[16], mvb[16];
+    const float* sv = Scales16(reinterpret_cast<const int8_t*>(lo), 0.0f, d, d, svb);
+    const float* mv = Scales16(reinterpret_cast<const int8_t*>(hi), 0.0f, -dmin, -dmin, mvb);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 16 + 32 * h), b = Load16(p + 32 + 32 * h);
       auto sub = [&](auto jc) SPOOL_LAMBDA_INLINE HWY_ATTR {
@@ -567,8 +662,8 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     const float d = Half(p + 108);
     alignas(16) uint8_t raw[16];
     UnpackQ3Scales(p + 96, raw);
-    alignas(64) float sc[16];
-    Scales16(reinterpret_cast<const int8_t*>(raw), -32.0f, d, d, sc);
+    alignas(64) float scb[16];
+    const float* sc = Scales16(reinterpret_cast<const int8_t*>(raw), -32.0f, d, d, scb);
     const VU8 ha = Load16(p), hb = Load16(p + 16);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 32 + 32 * h), b = Load16(p + 48 + 32 * h);
@@ -587,6 +682,19 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
       sub(std::integral_constant<int, 2>());
       sub(std::integral_constant<int, 3>());
     }
+  } else if constexpr (Q == GgmlType::Q4_K && kTables) {
+    const float d = Half(p), dmin = Half(p + 2);
+    alignas(16) uint8_t raw[16];
+    UnpackK4Scales(p + 4, raw);
+    alignas(64) float svb[16];  // d * sc_j (j < 8), -(dmin * mn_j) (8 + j)
+    const float* sv = Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, svb);
+    const uint8_t* q = p + 16;
+    for (int c = 0; c < 4; ++c) {
+      // d1 * float(q) - m1 of the scalar dequantizer (adding -m1 is the same subtraction)
+      const VF t0 = AffineTable(sv[2 * c], sv[8 + 2 * c]), t1 = AffineTable(sv[2 * c + 1], sv[9 + 2 * c]);
+      NibblesByTable(s, q + 32 * c, 64 * c, t0, 64 * c + 32, t1);
+      NibblesByTable(s, q + 32 * c + 16, 64 * c + 16, t0, 64 * c + 48, t1);
+    }
   } else if constexpr (Q == GgmlType::Q4_K || Q == GgmlType::Q5_K) {
     constexpr bool five = Q == GgmlType::Q5_K;
     const float d = Half(p), dmin = Half(p + 2);
@@ -599,8 +707,8 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     }
     alignas(16) uint8_t raw[16];
     UnpackK4Scales(scales, raw);
-    alignas(64) float sv[16];  // d * sc_j (j < 8), -dmin * mn_j (8 + j)
-    Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, sv);
+    alignas(64) float svb[16];  // d * sc_j (j < 8), -dmin * mn_j (8 + j)
+    const float* sv = Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, svb);
     for (int c = 0; c < 4; ++c) {
       const float s0 = sv[2 * c], m0 = sv[8 + 2 * c], s1 = sv[2 * c + 1], m1 = sv[9 + 2 * c];
       const VU8 a = Load16(q + 32 * c), b = Load16(q + 32 * c + 16);
@@ -619,8 +727,8 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
     }
   } else if constexpr (Q == GgmlType::Q6_K) {
     const float d = Half(p + 208);
-    alignas(64) float sv[16];
-    Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, d, d, sv);
+    alignas(64) float svb[16];
+    const float* sv = Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, d, d, svb);
     for (int h = 0; h < 2; ++h) {
       const uint8_t* ql = p + 64 * h;
       const uint8_t* qh = p + 128 + 32 * h;
@@ -649,23 +757,40 @@ constexpr int64_t BlockBytes(GgmlType Q) { return ggml_type_traits(Q).size; }
 // out[t * ldo + r] = dot(row r, x_t) for R rows and TT tokens over `nb` blocks. `pf` (may be
 // null): R contiguous rows read later, prefetched at the pace of this tile's reads (R blocks'
 // bytes per block step).
+// Accumulators per (row, token) of QuantTile: two FMA chains per token (one would make a
+// decode row's 16 FMAs per Q4_K block a single latency-bound chain). The same in every tile
+// shape, so that outputs do not depend on the tiling.
+constexpr int kAccs = 2;
+
 template <GgmlType Q, int R, int TT>
 HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x, int64_t ldx, float* out,
                           int64_t ldo, const uint8_t* pf = nullptr) {
   const DF df;
-  VF acc[TT * R];
-  for (int i = 0; i < TT * R; ++i) acc[i] = hn::Zero(df);
+  constexpr int K = kAccs;
+  VF acc[R * TT * K];  // row r, token t, chain k at (r * TT + t) * K + k
+  for (int i = 0; i < R * TT * K; ++i) acc[i] = hn::Zero(df);
   constexpr int64_t kB = BlockCols(Q), kS = BlockBytes(Q);
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr)
       for (int64_t k = 0; k < R * kS; k += 64) hwy::Prefetch(pf + b * R * kS + k);
     for (int r = 0; r < R; ++r) {
-      const Sink<TT> s{acc + r, R, x + b * kB, ldx};
+      // The row's accumulators copied into a local array for the block: through acc the
+      // compiler kept them in memory, a store and a reload around every FMA (a vector type may
+      // alias x), so that each row's FMA chain ran at store-forwarding latency.
+      VF a[TT * K];
+      for (int i = 0; i < TT * K; ++i) a[i] = acc[r * TT * K + i];
+      const Sink<TT, K> s{a, K, x + b * kB, ldx};
       DecodeBlock<Q>(rows[r] + b * kS, s);
+      for (int i = 0; i < TT * K; ++i) acc[r * TT * K + i] = a[i];
     }
   }
   for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, acc[t * R + r]));
+    for (int r = 0; r < R; ++r) {
+      const VF* a = acc + (r * TT + t) * K;
+      VF sum = a[0];
+      for (int k = 1; k < K; ++k) sum = hn::Add(sum, a[k]);
+      out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, sum));
+    }
 }
 
 // Float weights: W element type F (F32 / F16 / BF16) in chunks of N, scalar tail.
