@@ -881,20 +881,23 @@ constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (TypedRows
 // in tiles of 4, 2 and 1 (at most one of each; kPT <= 8).
 template <GgmlType Q, int R>
 HWY_INLINE void TokenRun(const GgmlView& w, const uint8_t* const* rows, const float* x, int64_t t, int64_t t1, float* y,
-                         int64_t ldy, int64_t r) {
+                         int64_t ldy, int64_t r, const uint8_t* pf = nullptr) {
   static_assert(kPT <= 8, "the remainder covers at most 7 tokens");
-  for (; t + kPT <= t1; t += kPT) Tile<Q, R, kPT>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+  // The first tile reads the rows from memory (the later ones from cache): it prefetches `pf`.
+  for (; t + kPT <= t1; t += kPT, pf = nullptr) Tile<Q, R, kPT>(w, rows, x + t * w.cols, y + t * ldy + r, ldy, pf);
   if constexpr (kPT > 4) {
     if (t + 4 <= t1) {
-      Tile<Q, R, 4>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+      Tile<Q, R, 4>(w, rows, x + t * w.cols, y + t * ldy + r, ldy, pf);
       t += 4;
+      pf = nullptr;
     }
   }
   if (t + 2 <= t1) {
-    Tile<Q, R, 2>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+    Tile<Q, R, 2>(w, rows, x + t * w.cols, y + t * ldy + r, ldy, pf);
     t += 2;
+    pf = nullptr;
   }
-  if (t < t1) Tile<Q, R, 1>(w, rows, x + t * w.cols, y + t * ldy + r, ldy);
+  if (t < t1) Tile<Q, R, 1>(w, rows, x + t * w.cols, y + t * ldy + r, ldy, pf);
 }
 
 template <GgmlType Q>
@@ -927,11 +930,13 @@ void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t l
     for (; w.cols > kShortRow && r + kPR <= r1; r += kPR) {
       const uint8_t* rows[kPR];
       for (int i = 0; i < kPR; ++i) rows[i] = w.data + (r + i) * rb;
-      TokenRun<Q, kPR>(w, rows, x, t0, t1, y, ldy, r);
+      // the next row tile (contiguous), prefetched while this one's first token tile runs
+      const uint8_t* pf = r + 2 * kPR <= r1 ? w.data + (r + kPR) * rb : nullptr;
+      TokenRun<Q, kPR>(w, rows, x, t0, t1, y, ldy, r, pf);
     }
     for (; r < r1; ++r) {
       const uint8_t* rows[1] = {w.data + r * rb};
-      TokenRun<Q, 1>(w, rows, x, t0, t1, y, ldy, r);
+      TokenRun<Q, 1>(w, rows, x, t0, t1, y, ldy, r, r + 5 <= r1 ? w.data + (r + 4) * rb : nullptr);
     }
   }
 }
