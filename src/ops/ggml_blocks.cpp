@@ -452,13 +452,14 @@ struct Sink {
   }
 };
 
-// p, opaque to the optimizer once the 16 floats it points at are in memory: reads through the
+// p, opaque to the optimizer once the kCount floats it points at are in memory: reads through the
 // result compile to broadcast loads. (Otherwise GCC keeps such a scale array in a register and
 // broadcasts each element with a permute by an index vector built for it, 3-4 uops a scale:
 // a good part of the Q4_K / Q6_K decode time.)
+template <int kCount = 16>
 HWY_INLINE const float* InMemory(const float* p) {
 #if defined(__GNUC__) || defined(__clang__)
-  asm("" : "+r"(p) : "m"(*reinterpret_cast<const float(*)[16]>(p)));
+  asm("" : "+r"(p) : "m"(*reinterpret_cast<const float(*)[kCount]>(p)));
 #endif
   return p;
 }
@@ -563,9 +564,31 @@ alignas(64) constexpr float kIq4nlF[16] = {-127, -104, -83, -65, -49, -35, -22, 
 alignas(64) constexpr float kMxfp4F[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 alignas(64) constexpr float kQ4_0F[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
-// Decodes one block of type Q at p into groups of 16 columns.
+// Types whose block scales QuantTile decodes ahead, for all rows of a tile at once (BlockScales),
+// before their DecodeBlock calls: the scale array of a block is stored and then read back as
+// broadcasts, and that store-to-load latency, per row on the path from a block's bytes to its
+// FMAs, limited the decode (Q4_K, Q6_K).
+template <GgmlType Q>
+constexpr bool kScalesAhead = (Q == GgmlType::Q4_K && kTables) || Q == GgmlType::Q6_K;
+
+// The 16 floats of block scales DecodeBlock<Q> reads (kScalesAhead types): Q4_K d * sc_j
+// (j < 8) and -(dmin * mn_j) (8 + j); Q6_K d * sc_j.
+template <GgmlType Q>
+HWY_INLINE void BlockScales(const uint8_t* HWY_RESTRICT p, float* HWY_RESTRICT out) {
+  if constexpr (Q == GgmlType::Q4_K) {
+    alignas(16) uint8_t raw[16];
+    UnpackK4Scales(p + 4, raw);
+    Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, Half(p), -Half(p + 2), out);
+  } else {
+    static_assert(Q == GgmlType::Q6_K, "no scales ahead for this type");
+    Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, Half(p + 208), Half(p + 208), out);
+  }
+}
+
+// Decodes one block of type Q at p into groups of 16 columns; `sv`: the block's BlockScales
+// (kScalesAhead types only).
 template <GgmlType Q, class S>
-HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
+HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const float* sv = nullptr) {
   if constexpr (Q == GgmlType::Q8_0) {
     const float d = Half(p);
     s.GroupMem(0, reinterpret_cast<const int8_t*>(p + 2), d);
@@ -683,12 +706,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
       sub(std::integral_constant<int, 3>());
     }
   } else if constexpr (Q == GgmlType::Q4_K && kTables) {
-    const float d = Half(p), dmin = Half(p + 2);
-    alignas(16) uint8_t raw[16];
-    UnpackK4Scales(p + 4, raw);
-    alignas(64) float svb[16];  // d * sc_j (j < 8), -(dmin * mn_j) (8 + j)
-    const float* sv = Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, svb);
-    const uint8_t* q = p + 16;
+    const uint8_t* q = p + 16;  // sv: d * sc_j (j < 8), -(dmin * mn_j) (8 + j)
     for (int c = 0; c < 4; ++c) {
       // d1 * float(q) - m1 of the scalar dequantizer (adding -m1 is the same subtraction)
       const VF t0 = AffineTable(sv[2 * c], sv[8 + 2 * c]), t1 = AffineTable(sv[2 * c + 1], sv[9 + 2 * c]);
@@ -726,10 +744,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s) {
       s.template Group<true>(64 * c + 48, I8(b1), s1, m1);
     }
   } else if constexpr (Q == GgmlType::Q6_K) {
-    const float d = Half(p + 208);
-    alignas(64) float svb[16];
-    const float* sv = Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, d, d, svb);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {  // sv: d * sc_j
       const uint8_t* ql = p + 64 * h;
       const uint8_t* qh = p + 128 + 32 * h;
       const VU8 l0 = Load16(ql), l1 = Load16(ql + 16), l2 = Load16(ql + 32), l3 = Load16(ql + 48);
@@ -760,7 +775,10 @@ constexpr int64_t BlockBytes(GgmlType Q) { return ggml_type_traits(Q).size; }
 // Accumulators per (row, token) of QuantTile: two FMA chains per token (one would make a
 // decode row's 16 FMAs per Q4_K block a single latency-bound chain). The same in every tile
 // shape, so that outputs do not depend on the tiling.
-constexpr int kAccs = 2;
+#ifndef SPOOL_GGML_ACCS
+#define SPOOL_GGML_ACCS 2
+#endif
+constexpr int kAccs = SPOOL_GGML_ACCS;
 
 template <GgmlType Q, int R, int TT>
 HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x, int64_t ldx, float* out,
@@ -773,6 +791,12 @@ HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr)
       for (int64_t k = 0; k < R * kS; k += 64) hwy::Prefetch(pf + b * R * kS + k);
+    const float* sv = nullptr;  // [R][16] block scales of the rows
+    if constexpr (kScalesAhead<Q>) {
+      alignas(64) float svb[R * 16];
+      for (int r = 0; r < R; ++r) BlockScales<Q>(rows[r] + b * kS, svb + 16 * r);
+      sv = InMemory<R * 16>(svb);
+    }
     for (int r = 0; r < R; ++r) {
       // The row's accumulators copied into a local array for the block: through acc the
       // compiler kept them in memory, a store and a reload around every FMA (a vector type may
@@ -780,7 +804,7 @@ HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x
       VF a[TT * K];
       for (int i = 0; i < TT * K; ++i) a[i] = acc[r * TT * K + i];
       const Sink<TT, K> s{a, K, x + b * kB, ldx};
-      DecodeBlock<Q>(rows[r] + b * kS, s);
+      DecodeBlock<Q>(rows[r] + b * kS, s, kScalesAhead<Q> ? sv + 16 * r : nullptr);
       for (int i = 0; i < TT * K; ++i) acc[r * TT * K + i] = a[i];
     }
   }
@@ -875,7 +899,10 @@ constexpr int64_t kTokenTile = 64;             // tokens whose x stays in L2 whi
 constexpr int kPR = SPOOL_GGML_PR;
 constexpr int kPT = kN == 16 ? SPOOL_GGML_PT : 4;
 constexpr int64_t kShortRow = 512;
-constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (TypedRows)
+#ifndef SPOOL_GGML_PF
+#define SPOOL_GGML_PF 8192
+#endif
+constexpr int64_t kPrefetchBytes = SPOOL_GGML_PF;  // decode prefetch distance (TypedRows)
 
 // Tokens [t, t1) of R rows (pointers `rows`, first row r): tiles of kPT tokens, then the rest
 // in tiles of 4, 2 and 1 (at most one of each; kPT <= 8).
