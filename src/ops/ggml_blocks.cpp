@@ -10,6 +10,12 @@
 // prefill (T >= 2) runs tiles of 16 rows x TT tokens (TT = 8 on AVX-512, else 4), block by block,
 // so that each decoded weight vector serves TT FMAs and each block's slice of x is reused from
 // L1 by 16 rows, over token tiles whose x stays in L2 (TypedRows).
+// On AVX-512 the 4-bit types (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS, MXFP4) skip the widening: per
+// sub-block scale a 16-entry f32 table of its weights is built with the scalar dequantizer's
+// expression, and 16 codes become 16 weights with one vpermps (see kTables). Accumulators are
+// register arrays per row and token (2 FMA chains each, the same in every tile shape); block
+// scales are read as broadcast loads (InMemory); decode prefetches ~8 KiB ahead and prefill the
+// next row tile (the hardware prefetchers follow 4 interleaved rows poorly and stop at pages).
 // The float types (F32 / F16 / BF16) use the same tiles with N-lane weight loads and a scalar
 // column tail. HWY_SCALAR falls back to the scalar reference (dequantize row, then dot).
 #undef HWY_TARGET_INCLUDE
@@ -526,14 +532,6 @@ constexpr bool kTables = false;
 #endif
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// v, opaque to the optimizer: keeps a Mul and a following Add from being contracted into an
-// FMA (the scalar dequantizer, compiled without FMA, rounds both).
-HWY_INLINE VF Opaque(VF v) {
-#if defined(__GNUC__) || defined(__clang__)
-  asm("" : "+v"(v.raw));
-#endif
-  return v;
-}
 // Lane k = table[idx[k] & 15] (vpermps).
 HWY_INLINE VF Perm16(VF table, __m512i idx) { return VF{_mm512_permutexvar_ps(idx, table.raw)}; }
 // Lanes k = the 16 bytes at p zero-extended to 32 bits (vpmovzxbd).
@@ -548,15 +546,14 @@ HWY_INLINE void NibblesByTable(const S& s, const uint8_t* p, int lo, VF tl, int 
   s.Vec(lo, Perm16(tl, v));
   s.Vec(hi, Perm16(th, _mm512_srli_epi32(v, 4)));
 }
-#else
-HWY_INLINE VF Opaque(VF v) { return v; }  // not used without tables
 #endif
 // The table c[q] * d (q = 0..15; c: 16 floats), as the scalar `float(c) * d`.
 HWY_INLINE VF ScaledTable(const float* c, float d) { return hn::Mul(hn::LoadU(DF(), c), hn::Set(DF(), d)); }
-// The table d * q + m (q = 0..15), as the scalar `d * float(q) + m` (two roundings).
+// The table d * q + m (q = 0..15), as the scalar `d * float(q) + m`. (The compiler may fuse
+// the two into an FMA: the product, an f16 scale times small integers, is exact either way.)
 HWY_INLINE VF AffineTable(float d, float m) {
   const DF df;
-  return hn::Add(Opaque(hn::Mul(hn::Iota(df, 0.0f), hn::Set(df, d))), hn::Set(df, m));
+  return hn::Add(hn::Mul(hn::Iota(df, 0.0f), hn::Set(df, d)), hn::Set(df, m));
 }
 
 // The code tables as floats (the tables path multiplies them by a block's scale).

@@ -203,6 +203,38 @@ TEST(GgmlBlocks, PrefillTilesMatchReferenceEveryTarget) {
   }
 }
 
+// Unit inputs read the weights back: token t = column t's one-hot vector gives y[t, r] =
+// W[r, t] exactly (every other product is a zero), which must be ggml_dequantize_row's value bit
+// for bit: the kernels form each weight as the scalar dequantizer does (tables built with its
+// expression, or a scale times a small integer code; where a kernel fuses d * q + m into one FMA
+// the product is exact, an f16 scale times small integers, so the rounding is the same).
+TEST(GgmlBlocks, UnitInputsGiveTheDequantizedWeightsEveryTarget) {
+  for (GgmlType t : kTypes) {
+    const int64_t blck = ggml_type_traits(t).blck;
+    const int64_t rows = 21, cols = blck == 1 ? 523 : 768, T = cols;  // > 512 columns: 16-row prefill tiles too
+    const std::vector<uint8_t> m = random_matrix(t, rows, cols, 23);
+    const GgmlView v{t, rows, cols, m.data(), "w"};
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) ggml_dequantize_row(t, m.data() + r * v.row_bytes(), cols, w.data() + r * cols);
+    std::vector<float> x(static_cast<size_t>(T * cols), 0.0f);
+    for (int64_t k = 0; k < T; ++k) x[k * cols + k] = 1.0f;
+    for_each_target([&](int64_t target) {
+      const std::string name = hwy::TargetName(target);
+      for (int64_t n : {int64_t{1}, T}) {  // the decode kernel (one token per call), the prefill tiles
+        std::vector<float> y(static_cast<size_t>(T * rows), NAN);
+        for (int64_t k = 0; k < T; k += n) ggml_matmul_rows(v, x.data() + k * cols, n, y.data() + k * rows, rows, 0, rows);
+        int bad = 0;
+        for (int64_t k = 0; k < T; ++k)
+          for (int64_t r = 0; r < rows; ++r)
+            if (!(y[k * rows + r] == w[r * cols + k]) && ++bad <= 3)
+              ADD_FAILURE() << name << " " << ggml_type_name(t) << " n=" << n << " r=" << r << " c=" << k << ": "
+                            << y[k * rows + r] << " vs dequantized " << w[r * cols + k];
+        EXPECT_EQ(bad, 0) << name << " " << ggml_type_name(t) << " n=" << n;
+      }
+    });
+  }
+}
+
 TEST(GgmlBlocks, RowsRangeAndStride) {
   const int64_t rows = 45, cols = 512, T = 10, ldy = 50;
   for (GgmlType t : kTypes) {
