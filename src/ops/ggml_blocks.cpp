@@ -486,7 +486,7 @@ HWY_INLINE const float* Scales16(const int8_t* in, float bias, float a, float b,
       mul = hn::Set(df, k < 8 ? a : b);
     }
     const VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, in + k)));
-    hn::StoreU(hn::Mul(hn::Add(v, vb), mul), df, out + k);
+    hn::StoreU(hn::Mul(bias == 0.0f ? v : hn::Add(v, vb), mul), df, out + k);
   }
   return InMemory(out);
 }
@@ -549,11 +549,11 @@ HWY_INLINE void NibblesByTable(const S& s, const uint8_t* p, int lo, VF tl, int 
 #endif
 // The table c[q] * d (q = 0..15; c: 16 floats), as the scalar `float(c) * d`.
 HWY_INLINE VF ScaledTable(const float* c, float d) { return hn::Mul(hn::LoadU(DF(), c), hn::Set(DF(), d)); }
-// The table d * q + m (q = 0..15), as the scalar `d * float(q) + m`. (The compiler may fuse
-// the two into an FMA: the product, an f16 scale times small integers, is exact either way.)
+// The table d * q + m (q = 0..15): one FMA, the same bits as the scalar `d * float(q) + m`
+// (its product, an f16 scale times small integers, is exact).
 HWY_INLINE VF AffineTable(float d, float m) {
   const DF df;
-  return hn::Add(hn::Mul(hn::Iota(df, 0.0f), hn::Set(df, d)), hn::Set(df, m));
+  return hn::MulAdd(hn::Iota(df, 0.0f), hn::Set(df, d), hn::Set(df, m));
 }
 
 // The code tables as floats (the tables path multiplies them by a block's scale).
