@@ -772,10 +772,7 @@ constexpr int64_t BlockBytes(GgmlType Q) { return ggml_type_traits(Q).size; }
 // Accumulators per (row, token) of QuantTile: two FMA chains per token (one would make a
 // decode row's 16 FMAs per Q4_K block a single latency-bound chain). The same in every tile
 // shape, so that outputs do not depend on the tiling.
-#ifndef SPOOL_GGML_ACCS
-#define SPOOL_GGML_ACCS 2
-#endif
-constexpr int kAccs = SPOOL_GGML_ACCS;
+constexpr int kAccs = 2;
 
 template <GgmlType Q, int R, int TT>
 HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x, int64_t ldx, float* out,
@@ -887,19 +884,10 @@ constexpr int64_t kTokenTile = 64;             // tokens whose x stays in L2 whi
 // columns, from L2 for the first row) is reused from L1 by the other kPR - 1 rows. Rows of at
 // most kShortRow columns run one at a time: kPT tokens of x then fit in L1 whole and the
 // accumulators stay in registers for the whole row (quant_bench: ~10% faster there).
-#ifndef SPOOL_GGML_PR
-#define SPOOL_GGML_PR 16
-#endif
-#ifndef SPOOL_GGML_PT
-#define SPOOL_GGML_PT 8
-#endif
-constexpr int kPR = SPOOL_GGML_PR;
-constexpr int kPT = kN == 16 ? SPOOL_GGML_PT : 4;
+constexpr int kPR = 16;
+constexpr int kPT = kN == 16 ? 8 : 4;
 constexpr int64_t kShortRow = 512;
-#ifndef SPOOL_GGML_PF
-#define SPOOL_GGML_PF 8192
-#endif
-constexpr int64_t kPrefetchBytes = SPOOL_GGML_PF;  // decode prefetch distance (TypedRows)
+constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (TypedRows)
 
 // Tokens [t, t1) of R rows (pointers `rows`, first row r): tiles of kPT tokens, then the rest
 // in tiles of 4, 2 and 1 (at most one of each; kPT <= 8).
