@@ -525,13 +525,13 @@ HWY_INLINE void UnpackQ3Scales(const uint8_t* b, uint8_t* out16) {
 // vpermps (it reads only the low 4 bits of each 32-bit index: a zero-extended byte indexes by
 // its low nibble as is, its high nibble after one shift). Per 16 weights: half a widening load,
 // half a shift, a permute and the FMAs, instead of widen + convert + scale FMA + FMAs.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && HWY_MAX_BYTES == 64
 constexpr bool kTables = kN == 16;
 #else
 constexpr bool kTables = false;
 #endif
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && HWY_MAX_BYTES == 64
 // Lane k = table[idx[k] & 15] (vpermps).
 HWY_INLINE VF Perm16(VF table, __m512i idx) { return VF{_mm512_permutexvar_ps(idx, table.raw)}; }
 // Lanes k = the 16 bytes at p zero-extended to 32 bits (vpmovzxbd).
@@ -766,14 +766,14 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
 constexpr int64_t BlockCols(GgmlType Q) { return ggml_type_traits(Q).blck; }
 constexpr int64_t BlockBytes(GgmlType Q) { return ggml_type_traits(Q).size; }
 
-// out[t * ldo + r] = dot(row r, x_t) for R rows and TT tokens over `nb` blocks. `pf` (may be
-// null): R contiguous rows read later, prefetched at the pace of this tile's reads (R blocks'
-// bytes per block step).
 // Accumulators per (row, token) of QuantTile: two FMA chains per token (one would make a
 // decode row's 16 FMAs per Q4_K block a single latency-bound chain). The same in every tile
 // shape, so that outputs do not depend on the tiling.
 constexpr int kAccs = 2;
 
+// out[t * ldo + r] = dot(row r, x_t) for R rows and TT tokens over `nb` blocks. `pf` (may be
+// null): R contiguous rows read later, prefetched at the pace of this tile's reads (R blocks'
+// bytes per block step).
 template <GgmlType Q, int R, int TT>
 HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x, int64_t ldx, float* out,
                           int64_t ldo, const uint8_t* pf = nullptr) {
@@ -785,9 +785,10 @@ HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr)
       for (int64_t k = 0; k < R * kS; k += 64) hwy::Prefetch(pf + b * R * kS + k);
-    const float* sv = nullptr;  // [R][16] block scales of the rows
+    // [R][16] block scales of the rows (the array lives for the whole block step: DecodeBlock reads it)
+    alignas(64) float svb[kScalesAhead<Q> ? R * 16 : 1];
+    const float* sv = nullptr;
     if constexpr (kScalesAhead<Q>) {
-      alignas(64) float svb[R * 16];
       for (int r = 0; r < R; ++r) BlockScales<Q>(rows[r] + b * kS, svb + 16 * r);
       sv = InMemory<R * 16>(svb);
     }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -220,9 +221,12 @@ TEST(GgmlBlocks, UnitInputsGiveTheDequantizedWeightsEveryTarget) {
     for (int64_t k = 0; k < T; ++k) x[k * cols + k] = 1.0f;
     for_each_target([&](int64_t target) {
       const std::string name = hwy::TargetName(target);
-      for (int64_t n : {int64_t{1}, T}) {  // the decode kernel (one token per call), the prefill tiles
+      // The decode kernel (one token per call), then prefill calls of 7 and 13 tokens (tiles of 8,
+      // 4, 2 and 1 tokens) and of all of them.
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{13}, T}) {
         std::vector<float> y(static_cast<size_t>(T * rows), NAN);
-        for (int64_t k = 0; k < T; k += n) ggml_matmul_rows(v, x.data() + k * cols, n, y.data() + k * rows, rows, 0, rows);
+        for (int64_t k = 0; k < T; k += n)
+          ggml_matmul_rows(v, x.data() + k * cols, std::min(n, T - k), y.data() + k * rows, rows, 0, rows);
         int bad = 0;
         for (int64_t k = 0; k < T; ++k)
           for (int64_t r = 0; r < rows; ++r)
