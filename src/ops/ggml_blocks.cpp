@@ -556,9 +556,16 @@ HWY_INLINE VF AffineTable(float d, float m) {
   return hn::MulAdd(hn::Iota(df, 0.0f), hn::Set(df, d), hn::Set(df, m));
 }
 
-// The code tables as floats (the tables path multiplies them by a block's scale).
-alignas(64) constexpr float kIq4nlF[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-alignas(64) constexpr float kMxfp4F[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// A 16-entry code table as floats (the tables path multiplies it by a block's scale).
+struct FloatTable16 {
+  alignas(64) float v[16];
+};
+constexpr FloatTable16 AsFloats(const int8_t (&codes)[16]) {
+  FloatTable16 t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = codes[i];
+  return t;
+}
+constexpr FloatTable16 kIq4nlF = AsFloats(ggml::kIq4nl), kMxfp4F = AsFloats(ggml::kMxfp4);
 alignas(64) constexpr float kQ4_0F[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
 // Types whose block scales QuantTile decodes ahead, for all rows of a tile at once (BlockScales),
@@ -624,7 +631,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
     }
   } else if constexpr ((Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) && kTables) {
     constexpr bool mx = Q == GgmlType::MXFP4;
-    const VF t = ScaledTable(mx ? kMxfp4F : kIq4nlF, mx ? ggml::e8m0_half(p[0]) : Half(p));
+    const VF t = ScaledTable(mx ? kMxfp4F.v : kIq4nlF.v, mx ? ggml::e8m0_half(p[0]) : Half(p));
     NibblesByTable(s, p + (mx ? 1 : 2), 0, t, 16, t);
   } else if constexpr (Q == GgmlType::IQ4_XS && kTables) {
     const float d = Half(p);
@@ -633,7 +640,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
     const uint8_t* sl = p + 4;
     for (int ib = 0; ib < 8; ++ib) {
       const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-      const VF t = ScaledTable(kIq4nlF, d * static_cast<float>(ls - 32));  // dl * float(code)
+      const VF t = ScaledTable(kIq4nlF.v, d * static_cast<float>(ls - 32));  // dl * float(code)
       NibblesByTable(s, p + 8 + 16 * ib, 32 * ib, t, 32 * ib + 16, t);
     }
   } else if constexpr (Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) {
@@ -663,15 +670,15 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
     hn::Store(Shr<0>(scv, 0x0F), DU8(), lo);
     hn::Store(Shr<4>(scv, 0x0F), DU8(), hi);
     alignas(64) float svb[16], mvb[16];
-    const float* sv = Scales16(reinterpret_cast<const int8_t*>(lo), 0.0f, d, d, svb);
+    const float* scl = Scales16(reinterpret_cast<const int8_t*>(lo), 0.0f, d, d, svb);
     const float* mv = Scales16(reinterpret_cast<const int8_t*>(hi), 0.0f, -dmin, -dmin, mvb);
     for (int h = 0; h < 2; ++h) {
       const VU8 a = Load16(p + 16 + 32 * h), b = Load16(p + 32 + 32 * h);
       auto sub = [&](auto jc) SPOOL_LAMBDA_INLINE HWY_ATTR {
         constexpr int j = decltype(jc)::value;
         const int i = 8 * h + 2 * j;
-        s.template Group<true>(128 * h + 32 * j, I8(Shr<2 * j>(a, 3)), sv[i], mv[i]);
-        s.template Group<true>(128 * h + 32 * j + 16, I8(Shr<2 * j>(b, 3)), sv[i + 1], mv[i + 1]);
+        s.template Group<true>(128 * h + 32 * j, I8(Shr<2 * j>(a, 3)), scl[i], mv[i]);
+        s.template Group<true>(128 * h + 32 * j + 16, I8(Shr<2 * j>(b, 3)), scl[i + 1], mv[i + 1]);
       };
       sub(std::integral_constant<int, 0>());
       sub(std::integral_constant<int, 1>());
@@ -723,9 +730,9 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
     alignas(16) uint8_t raw[16];
     UnpackK4Scales(scales, raw);
     alignas(64) float svb[16];  // d * sc_j (j < 8), -dmin * mn_j (8 + j)
-    const float* sv = Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, svb);
+    const float* scl = Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, svb);
     for (int c = 0; c < 4; ++c) {
-      const float s0 = sv[2 * c], m0 = sv[8 + 2 * c], s1 = sv[2 * c + 1], m1 = sv[9 + 2 * c];
+      const float s0 = scl[2 * c], m0 = scl[8 + 2 * c], s1 = scl[2 * c + 1], m1 = scl[9 + 2 * c];
       const VU8 a = Load16(q + 32 * c), b = Load16(q + 32 * c + 16);
       VU8 a0 = Shr<0>(a, 0x0F), b0 = Shr<0>(b, 0x0F), a1 = Shr<4>(a, 0x0F), b1 = Shr<4>(b, 0x0F);
       if constexpr (five) {
