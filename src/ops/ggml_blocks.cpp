@@ -886,12 +886,13 @@ HWY_INLINE void Tile(const GgmlView& w, const uint8_t* const* rows, const float*
 constexpr int kGemmTokens = kN == 16 ? 8 : 4;  // tokens per prefill tile (Mxfp4Rows)
 constexpr int64_t kTokenTile = 64;             // tokens whose x stays in L2 while rows stream
 
-// Prefill tile of TypedRows: kPR rows x kPT tokens, block by block (for each block, every row's
-// kPT accumulators; the compiler keeps those of one row in registers, the tile's in L1). Each
-// decoded weight vector serves kPT FMAs, and each block's slice of x (kPT tokens x the block's
-// columns, from L2 for the first row) is reused from L1 by the other kPR - 1 rows. Rows of at
-// most kShortRow columns run one at a time: kPT tokens of x then fit in L1 whole and the
-// accumulators stay in registers for the whole row (quant_bench: ~10% faster there).
+// Prefill tiles of TypedRows other than the panel's (float rows of more than kShortRow columns;
+// rows of at most kShortRow columns of every type): kPR rows x kPT tokens, chunk by chunk (for
+// each, every row's kPT accumulators; the compiler keeps those of one row in registers, the
+// tile's in L1), each weight vector serving kPT FMAs and each slice of x reused from L1 by the
+// other kPR - 1 rows. Rows of at most kShortRow columns run one at a time: kPT tokens of x then
+// fit in L1 whole and the accumulators stay in registers for the whole row (quant_bench: faster
+// there than the panel, whose per-tile accumulator loads and stores a short row does not repay).
 constexpr int kPR = 16;
 constexpr int kPT = kN == 16 ? 8 : 4;
 constexpr int64_t kShortRow = 512;
@@ -920,6 +921,115 @@ HWY_INLINE void TokenRun(const GgmlView& w, const uint8_t* const* rows, const fl
   if (t < t1) Tile<Q, R, 1>(w, rows, x + t * w.cols, y + t * ldy + r, ldy, pf);
 }
 
+// Prefill through an f32 panel (quantized types, T > 1). Each row's weights are decoded once
+// per token tile into f32 (the same vectors QuantTile's Sink multiplies, bit for bit), kPanelSeg
+// columns at a time, then a register tile of kPanelRows rows x kPanelTok tokens runs over the
+// panel: per column vector kPanelRows weight loads and kPanelTok input loads feed
+// kPanelRows * kPanelTok FMAs, against one input load per FMA (plus the decode) in QuantTile's
+// one-row tiles, which held the prefill GEMM to about half of the FMA peak. Each output keeps
+// QuantTile's kAccs chains (column vector c to chain c % kAccs, in column order) and its final
+// reduction, so prefill stays bit-identical to one token at a time.
+constexpr int kPanelRows = 4;
+constexpr int kPanelTok = 2;
+constexpr int64_t kPanelSeg = 1024;  // columns decoded per panel pass (4 rows x 4 KiB: L1)
+
+// Writes a block's decoded weight vectors to panel memory (w: the block's first column).
+struct PanelSink {
+  float* w;
+
+  template <bool kMin>
+  HWY_INLINE void Group(int col, V8 q, float s, float m) const {
+    const DF df;
+    const VF vs = hn::Set(df, s);
+    const VF vm = hn::Set(df, m);
+    ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
+      hn::Store(kMin ? hn::MulAdd(v, vs, vm) : hn::Mul(v, vs), df, w + col + k * kN);
+    });
+  }
+  HWY_INLINE void Vec(int col, VF wv) const { hn::Store(wv, DF(), w + col); }
+  HWY_INLINE void GroupMem(int col, const int8_t* q, float s) const {
+    const DF df;
+    const DI di;
+    const hn::Rebind<int8_t, DI> d8n;
+    const VF vs = hn::Set(df, s);
+    for (int k = 0; k < 16 / kN; ++k)
+      hn::Store(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, q + k * kN))), vs), df, w + col + k * kN);
+  }
+};
+
+// Decodes blocks [b0, b1) of R rows into panel rows of stride kPanelSeg.
+template <GgmlType Q, int R>
+HWY_INLINE void DecodePanel(const uint8_t* const* rows, int64_t b0, int64_t b1, float* panel) {
+  constexpr int64_t kB = BlockCols(Q), kS = BlockBytes(Q);
+  for (int r = 0; r < R; ++r)
+    for (int64_t b = b0; b < b1; ++b) {
+      const PanelSink s{panel + r * kPanelSeg + (b - b0) * kB};
+      if constexpr (kScalesAhead<Q>) {
+        alignas(64) float svb[16];
+        BlockScales<Q>(rows[r] + b * kS, svb);
+        DecodeBlock<Q>(rows[r] + b * kS, s, InMemory<16>(svb));
+      } else {
+        DecodeBlock<Q>(rows[r] + b * kS, s);
+      }
+    }
+}
+
+// acc[(t * R + r) * kAccs + k] += panel row r . x_t over n columns (n a multiple of kAccs * kN),
+// column vector j to chain j % kAccs.
+template <int R, int TT>
+HWY_INLINE void PanelTile(const float* HWY_RESTRICT panel, int64_t n, const float* HWY_RESTRICT x, int64_t ldx,
+                          VF* HWY_RESTRICT acc) {
+  static_assert(kAccs == 2, "the loop below alternates two chains");
+  const DF df;
+  VF a[R * TT * 2];
+  for (int i = 0; i < R * TT * 2; ++i) a[i] = acc[i];
+  for (int64_t c = 0; c < n; c += 2 * kN) {
+    for (int k = 0; k < 2; ++k) {
+      VF wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = hn::Load(df, panel + r * kPanelSeg + c + k * kN);
+      for (int t = 0; t < TT; ++t) {
+        const VF xv = hn::LoadU(df, x + t * ldx + c + k * kN);
+        for (int r = 0; r < R; ++r) a[(t * R + r) * 2 + k] = hn::MulAdd(wv[r], xv, a[(t * R + r) * 2 + k]);
+      }
+    }
+  }
+  for (int i = 0; i < R * TT * 2; ++i) acc[i] = a[i];
+}
+
+// Rows [r, r + R) against tokens [t0, t1) (t1 - t0 <= kTokenTile) through the panel.
+template <GgmlType Q, int R>
+HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, const float* x, float* y, int64_t ldy,
+                          float* panel, VF* acc) {
+  const DF df;
+  constexpr int64_t kB = BlockCols(Q);
+  const int64_t rb = w.row_bytes(), nb = w.cols / kB, seg_blocks = std::max<int64_t>(1, kPanelSeg / kB);
+  const uint8_t* rows[R];
+  for (int i = 0; i < R; ++i) rows[i] = w.data + (r + i) * rb;
+  const int64_t nt = t1 - t0;
+  for (int64_t i = 0; i < nt * R * kAccs; ++i) acc[i] = hn::Zero(df);
+  for (int64_t b0 = 0; b0 < nb; b0 += seg_blocks) {
+    const int64_t b1 = std::min(nb, b0 + seg_blocks), c0 = b0 * kB, n = (b1 - b0) * kB;
+    DecodePanel<Q, R>(rows, b0, b1, panel);
+    const float* xs = x + t0 * w.cols + c0;
+    int64_t t = 0;
+    for (; t + kPanelTok <= nt; t += kPanelTok) PanelTile<R, kPanelTok>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
+    if constexpr (kPanelTok > 2) {
+      if (t + 2 <= nt) {
+        PanelTile<R, 2>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
+        t += 2;
+      }
+    }
+    if (t < nt) PanelTile<R, 1>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
+  }
+  for (int64_t t = 0; t < nt; ++t)
+    for (int i = 0; i < R; ++i) {
+      const VF* a = acc + (t * R + i) * kAccs;
+      VF sum = a[0];
+      for (int k = 1; k < kAccs; ++k) sum = hn::Add(sum, a[k]);
+      y[(t0 + t) * ldy + r + i] = hn::GetLane(hn::SumOfLanes(df, sum));
+    }
+}
+
 template <GgmlType Q>
 void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t rb = w.row_bytes();
@@ -941,18 +1051,36 @@ void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t l
     }
     return;
   }
-  // Prefill: token tiles of kTokenTile (x in L2); kPR rows at a time against all of a tile's
-  // tokens (the rows' blocks stay in L1 between register tiles), leftover rows one by one.
-  // Every tile shape accumulates each output in the same order, so results do not depend on T.
+  // Prefill: token tiles of kTokenTile (x in L2). Quantized rows of more than kShortRow columns
+  // through the f32 panel, kPanelRows rows at a time; float rows of more than kShortRow columns
+  // kPR rows at a time against all of a tile's tokens (the rows stay in L1 between register
+  // tiles); short rows one by one (kPT tokens of x in L1, accumulators in registers over the
+  // whole row). Every tile shape accumulates each output in the same order, so results do not
+  // depend on T.
+  if constexpr (BlockCols(Q) > 1) {
+    if (w.cols > kShortRow) {
+      alignas(64) float panel[kPanelRows * kPanelSeg];
+      VF acc[kTokenTile * kPanelRows * kAccs];
+      for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+        const int64_t t1 = std::min(T, t0 + kTokenTile);
+        int64_t r = r0;
+        for (; r + kPanelRows <= r1; r += kPanelRows) PanelRows<Q, kPanelRows>(w, r, t0, t1, x, y, ldy, panel, acc);
+        for (; r < r1; ++r) PanelRows<Q, 1>(w, r, t0, t1, x, y, ldy, panel, acc);
+      }
+      return;
+    }
+  }
   for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
     const int64_t t1 = std::min(T, t0 + kTokenTile);
     int64_t r = r0;
-    for (; w.cols > kShortRow && r + kPR <= r1; r += kPR) {
-      const uint8_t* rows[kPR];
-      for (int i = 0; i < kPR; ++i) rows[i] = w.data + (r + i) * rb;
-      // the next row tile (contiguous), prefetched while this one's first token tile runs
-      const uint8_t* pf = r + 2 * kPR <= r1 ? w.data + (r + kPR) * rb : nullptr;
-      TokenRun<Q, kPR>(w, rows, x, t0, t1, y, ldy, r, pf);
+    if constexpr (BlockCols(Q) == 1) {
+      for (; w.cols > kShortRow && r + kPR <= r1; r += kPR) {
+        const uint8_t* rows[kPR];
+        for (int i = 0; i < kPR; ++i) rows[i] = w.data + (r + i) * rb;
+        // the next row tile (contiguous), prefetched while this one's first token tile runs
+        const uint8_t* pf = r + 2 * kPR <= r1 ? w.data + (r + kPR) * rb : nullptr;
+        TokenRun<Q, kPR>(w, rows, x, t0, t1, y, ldy, r, pf);
+      }
     }
     for (; r < r1; ++r) {
       const uint8_t* rows[1] = {w.data + r * rb};

@@ -175,31 +175,36 @@ TEST(GgmlBlocks, KernelsMatchReferenceEveryTarget) {
   std::printf("checked %d kernel configurations\n", checked);
 }
 
-// The prefill tiles (ggml_blocks.cpp TypedRows: 16 rows x 8 (AVX-512) or 4 tokens, token
-// remainders of 4 / 2 / 1, leftover rows one by one, rows of more than 512 columns) at ragged
-// row ranges and token counts: against the reference, and bit for bit against one token at a
-// time (every tile shape accumulates an output in the same order).
+// The prefill tiles (ggml_blocks.cpp TypedRows: quantized rows of more than 512 columns through
+// the f32 panel, 4 rows x 2 tokens, leftover rows one by one, 1024-column panel segments (1280
+// columns: a full and a partial one); shorter rows and float types 16 rows x 8 (AVX-512) or 4
+// tokens, token remainders of 4 / 2 / 1; token tiles of 64 (T = 77)) at ragged row ranges and
+// token counts: against the reference, and bit for bit against one token at a time (every tile
+// shape accumulates an output in the same order).
 TEST(GgmlBlocks, PrefillTilesMatchReferenceEveryTarget) {
   for (GgmlType t : kTypes) {
-    const int64_t blck = ggml_type_traits(t).blck;
-    const int64_t rows = 37, cols = blck == 1 ? 523 : blck == 32 ? 640 : 768;
-    const std::vector<uint8_t> m = random_matrix(t, rows, cols, 91);
-    const GgmlView v{t, rows, cols, m.data(), "w"};
-    for (int64_t T : {2, 3, 7, 8, 15, 77}) {
-      const std::vector<float> x = randn(static_cast<size_t>(T * cols), 11 * T);
-      std::vector<float> ref(static_cast<size_t>(T * rows));
-      ggml_matmul_reference(v, x.data(), T, ref.data());
-      for_each_target([&](int64_t target) {
-        const std::string what = std::string(hwy::TargetName(target)) + " " + ggml_type_name(t) + " T" + std::to_string(T);
-        std::vector<float> y(ref.size(), NAN), y1(ref.size(), NAN);
-        ggml_matmul_rows(v, x.data(), T, y.data(), rows, 0, 3);  // rows [0, 3), then [3, 37): 2 full tiles + 2
-        ggml_matmul_rows(v, x.data(), T, y.data(), rows, 3, rows);
-        expect_close(v, x, T, y, ref, what);
-        for (int64_t tk = 0; tk < T; ++tk) ggml_matmul_rows(v, x.data() + tk * cols, 1, y1.data() + tk * rows, rows, 0, rows);
-        int differ = 0;
-        for (size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &y1[i], 4) != 0;
-        EXPECT_EQ(differ, 0) << what << ": outputs differ from one token at a time";
-      });
+    const int64_t blck = ggml_type_traits(t).blck, rows = 37;
+    for (int64_t cols : {blck == 1 ? 523 : blck == 32 ? 480 : 512, blck == 1 ? 1031 : 1280}) {
+      const std::vector<uint8_t> m = random_matrix(t, rows, cols, 91 + cols);
+      const GgmlView v{t, rows, cols, m.data(), "w"};
+      for (int64_t T : {2, 3, 7, 8, 15, 77}) {
+        const std::vector<float> x = randn(static_cast<size_t>(T * cols), 11 * T);
+        std::vector<float> ref(static_cast<size_t>(T * rows));
+        ggml_matmul_reference(v, x.data(), T, ref.data());
+        for_each_target([&](int64_t target) {
+          const std::string what = std::string(hwy::TargetName(target)) + " " + ggml_type_name(t) + " [37x" +
+                                   std::to_string(cols) + "] T" + std::to_string(T);
+          std::vector<float> y(ref.size(), NAN), y1(ref.size(), NAN);
+          ggml_matmul_rows(v, x.data(), T, y.data(), rows, 0, 3);  // rows [0, 3), then [3, 37): full tiles + rest
+          ggml_matmul_rows(v, x.data(), T, y.data(), rows, 3, rows);
+          expect_close(v, x, T, y, ref, what);
+          for (int64_t tk = 0; tk < T; ++tk)
+            ggml_matmul_rows(v, x.data() + tk * cols, 1, y1.data() + tk * rows, rows, 0, rows);
+          int differ = 0;
+          for (size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &y1[i], 4) != 0;
+          EXPECT_EQ(differ, 0) << what << ": outputs differ from one token at a time";
+        });
+      }
     }
   }
 }
@@ -212,7 +217,7 @@ TEST(GgmlBlocks, PrefillTilesMatchReferenceEveryTarget) {
 TEST(GgmlBlocks, UnitInputsGiveTheDequantizedWeightsEveryTarget) {
   for (GgmlType t : kTypes) {
     const int64_t blck = ggml_type_traits(t).blck;
-    const int64_t rows = 21, cols = blck == 1 ? 523 : 768, T = cols;  // > 512 columns: 16-row prefill tiles too
+    const int64_t rows = 21, cols = blck == 1 ? 523 : 768, T = cols;  // > 512 columns: the prefill panel too
     const std::vector<uint8_t> m = random_matrix(t, rows, cols, 23);
     const GgmlView v{t, rows, cols, m.data(), "w"};
     std::vector<float> w(static_cast<size_t>(rows * cols));
