@@ -14,10 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "../../tests/support/golden.h"
+#include "../../tests/support/ggml_random.h"
 #include "../../tests/support/gguf_writer.h"
+#include "../../tests/support/random.h"
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/gguf.h"
@@ -348,11 +351,13 @@ TEST(GgufGptOss, GateWithoutUpNamesTheSibling) {
   std::filesystem::remove(path);
 }
 
-// The block-typed file and `deq_path` (the same file with the block tensors dequantized) give
-// the same logits and greedy ids.
-void expect_quantized_equals_dequantized(const std::string& name, const std::string& deq_path) {
+std::string q_file(const std::string& name) { return data_dir() + "/gguf/models/" + name + ".q.gguf"; }
+
+// The block-typed file `q_path` and `deq_path` (the same file with the block tensors
+// dequantized) give the same logits and greedy ids.
+void expect_quantized_equals_dequantized(const std::string& q_path, const std::string& deq_path) {
   Loaded deq = load(deq_path);
-  Loaded q = load(data_dir() + "/gguf/models/" + name + ".q.gguf");
+  Loaded q = load(q_path);
   bool any_ggml = false;
   for (const auto& t : q.ckpt->tensors()) any_ggml = any_ggml || t.ggml;
   EXPECT_TRUE(any_ggml) << "the quantized file's matrices must stay in their block types";
@@ -366,8 +371,8 @@ void expect_quantized_equals_dequantized(const std::string& name, const std::str
 TEST_P(GgufModel, QuantizedFileEqualsDequantizedModel) {
   const std::string name = GetParam();
   const std::string deq = (std::filesystem::path(::testing::TempDir()) / ("spool_" + name + ".deq.gguf")).string();
-  write_dequantized_gguf(data_dir() + "/gguf/models/" + name + ".q.gguf", deq);
-  expect_quantized_equals_dequantized(name, deq);
+  write_dequantized_gguf(q_file(name), deq);
+  expect_quantized_equals_dequantized(q_file(name), deq);
   std::filesystem::remove(deq);
 }
 
@@ -377,14 +382,15 @@ class GgufModelPyDeq : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GgufModelPyDeq, QuantizedFileEqualsGgufPyDequantizedModel) {
   const std::string name = GetParam();
-  expect_quantized_equals_dequantized(name, data_dir() + "/gguf/models/" + name + ".deq.gguf");
+  expect_quantized_equals_dequantized(q_file(name), data_dir() + "/gguf/models/" + name + ".deq.gguf");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModelPyDeq, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text"));
 
-TEST_P(GgufModel, StreamingEqualsResidentBitForBit) {
-  const std::string name = GetParam();
-  Loaded q = load(data_dir() + "/gguf/models/" + name + ".q.gguf");
+// The model of `q_path` with every expert streamed from the file gives the resident model's
+// logits bit for bit and its greedy ids.
+void expect_streaming_equals_resident(const std::string& q_path) {
+  Loaded q = load(q_path);
   std::vector<int32_t> ids_res, ids_str;
   const std::vector<float> resident = run(*q.model, &ids_res);
   const auto& sp = q.model->spec();
@@ -401,8 +407,84 @@ TEST_P(GgufModel, StreamingEqualsResidentBitForBit) {
   EXPECT_EQ(ids_str, ids_res);
 }
 
+TEST_P(GgufModel, StreamingEqualsResidentBitForBit) { expect_streaming_equals_resident(q_file(GetParam())); }
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModel, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral",
                                                                    "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3"));
+
+// The qwen3_moe fixture file's architecture four times wider (hidden 256, head_dim 64, dense FFN
+// 512, expert FFN 256; its other keys, layer pattern and vocabulary of 512), written to `dst` with
+// every matrix in a 256-column block type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS in turn, random
+// valid blocks of weight rms 0.05: tests/support/ggml_random.h), norms and routers F32. The
+// 64-wide fixtures cannot hold those types, so this is where they run inside a model: merged
+// expert tensors, embedding rows, the output head, prefill and decode shapes.
+void write_wide_kquant_gguf(const std::string& dst) {
+  const io::GgufFile fx = io::GgufFile::open(q_file("qwen3_moe"));
+  constexpr int64_t H = 256, D = 64, NH = 4, NKV = 2, FF = 512, EFF = 256, E = 8, V = 512;
+  const std::map<std::string, uint32_t> dims = {{"qwen3moe.embedding_length", H},
+                                                {"qwen3moe.feed_forward_length", FF},
+                                                {"qwen3moe.attention.key_length", D},
+                                                {"qwen3moe.attention.value_length", D},
+                                                {"qwen3moe.expert_feed_forward_length", EFF}};
+  testing::GgufWriter w;
+  for (const auto& [key, v] : fx.metadata()) {
+    const auto it = dims.find(key);
+    if (it != dims.end())
+      w.add_u32(key, it->second);
+    else
+      w.add_value(key, v);
+  }
+  ASSERT_EQ(fx.metadata().at("qwen3moe.expert_count").to_int("qwen3moe.expert_count"), E);
+  constexpr GgmlType kTypes[] = {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                                 GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+  int next = 0;
+  uint64_t seed = 1;
+  const auto ends = [](const std::string& n, const std::string& suffix) {
+    return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (const io::GgufTensor& t : fx.tensors()) {
+    const std::string& n = t.name;
+    std::vector<int64_t> ne;  // ggml order: columns first
+    bool matrix = true;
+    if (n == "token_embd.weight" || n == "output.weight") ne = {H, V};
+    else if (ends(n, "attn_q.weight")) ne = {H, NH * D};
+    else if (ends(n, "attn_k.weight") || ends(n, "attn_v.weight")) ne = {H, NKV * D};
+    else if (ends(n, "attn_output.weight")) ne = {NH * D, H};
+    else if (ends(n, "ffn_gate.weight") || ends(n, "ffn_up.weight")) ne = {H, FF};
+    else if (ends(n, "ffn_down.weight")) ne = {FF, H};
+    else if (ends(n, "ffn_gate_exps.weight") || ends(n, "ffn_up_exps.weight")) ne = {H, EFF, E};
+    else if (ends(n, "ffn_down_exps.weight")) ne = {EFF, H, E};
+    else if (ends(n, "ffn_gate_inp.weight")) ne = {H, E}, matrix = false;
+    else if (ends(n, "q_norm.weight") || ends(n, "k_norm.weight")) ne = {D}, matrix = false;
+    else if (ends(n, "norm.weight")) ne = {H}, matrix = false;
+    else FAIL() << "no wide shape for the fixture's tensor " << n;
+    int64_t numel = 1;
+    for (int64_t d : ne) numel *= d;
+    if (matrix) {
+      const GgmlType type = kTypes[next++ % 6];
+      const std::vector<uint8_t> b = testing::random_ggml_blocks(type, numel / ne[0], ne[0], seed++, 0.05);
+      w.add_tensor(n, ne, type, b.data(), b.size());
+    } else {
+      std::vector<float> f = testing::randn(static_cast<size_t>(numel), seed++, 0.1f);
+      if (ends(n, "norm.weight"))
+        for (float& x : f) x += 1.0f;
+      w.add_tensor_f32(n, ne, f);
+    }
+  }
+  EXPECT_GE(next, 12);  // every type at least twice
+  w.write(dst);
+}
+
+TEST(GgufKQuantModel, WideModelEqualsDequantizedModelAndStreams) {
+  const std::filesystem::path dir = ::testing::TempDir();
+  const std::string q = (dir / "spool_wide_kquant.gguf").string(), deq = (dir / "spool_wide_kquant.deq.gguf").string();
+  write_wide_kquant_gguf(q);
+  write_dequantized_gguf(q, deq);
+  expect_quantized_equals_dequantized(q, deq);
+  expect_streaming_equals_resident(q);
+  std::filesystem::remove(q);
+  std::filesystem::remove(deq);
+}
 
 // Loading `path` throws spool::Error whose message contains `want`.
 void expect_load_error(const std::string& path, const std::string& want) {

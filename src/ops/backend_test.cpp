@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../../tests/support/golden.h"
+#include "../../tests/support/ggml_random.h"
 #include "../../tests/support/random.h"
 #include "common/error.h"
 #include "models/model.h"
@@ -55,6 +56,7 @@ namespace {
 
 using spool::testing::for_each_target;
 using spool::testing::randn;
+using spool::testing::random_ggml_blocks;
 
 // ---- Backends under test ----------------------------------------------------------------------
 
@@ -222,40 +224,6 @@ const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::kF16, WK
                                       WKind::kGgmlQ5_K, WKind::kGgmlQ6_K, WKind::kGgmlIQ4_NL, WKind::kGgmlIQ4_XS,
                                       WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm, WKind::kMxfp4};
 
-
-// rows x cols random ggml blocks of type t, rescaled (through the f16 scale fields, and the
-// shared exponent of MXFP4) so that the weights' rms is about 0.1 and products stay O(1).
-std::vector<uint8_t> random_ggml_blocks(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
-  const GgmlTypeTraits tr = ggml_type_traits(t);
-  std::mt19937_64 g(seed);
-  std::vector<uint8_t> m(static_cast<size_t>(rows * ggml_row_bytes(t, cols)));
-  for (auto& b : m) b = static_cast<uint8_t>(g());
-  const size_t nb = m.size() / tr.size;
-  for (size_t b = 0; b < nb; ++b) {
-    uint8_t* p = m.data() + b * tr.size;
-    for (int off : ggml_half_fields(t)) {
-      const uint16_t h = static_cast<uint16_t>((g() & 1) << 15 | (10 + g() % 5) << 10 | (g() & 0x3ff));
-      std::memcpy(p + off, &h, 2);
-    }
-    if (t == GgmlType::MXFP4) p[0] = static_cast<uint8_t>(125 + g() % 3);
-  }
-  std::vector<float> f(static_cast<size_t>(rows * cols));
-  ggml_dequantize_row(t, m.data(), rows * cols, f.data());
-  double ss = 0;
-  for (float v : f) ss += static_cast<double>(v) * v;
-  const double scale = 0.1 / std::sqrt(ss / static_cast<double>(f.size()) + 1e-30);
-  for (size_t b = 0; b < nb; ++b) {
-    uint8_t* p = m.data() + b * tr.size;
-    for (int off : ggml_half_fields(t)) {
-      uint16_t h;
-      std::memcpy(&h, p + off, 2);
-      h = f32_to_f16(static_cast<float>(f16_to_f32(h) * scale));
-      std::memcpy(p + off, &h, 2);
-    }
-    if (t == GgmlType::MXFP4) p[0] = static_cast<uint8_t>(std::clamp<int>(p[0] + static_cast<int>(std::lround(std::log2(scale))), 1, 254));
-  }
-  return m;
-}
 
 // A matrix of one kind owning its storage; view() is what the kernels see.
 struct TestWeight {
