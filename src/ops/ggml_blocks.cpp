@@ -597,22 +597,26 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
     const float d = Half(p);
     s.GroupMem(0, reinterpret_cast<const int8_t*>(p + 2), d);
     s.GroupMem(16, reinterpret_cast<const int8_t*>(p + 18), d);
-  } else if constexpr (Q == GgmlType::Q4_0 && kTables) {
-    const VF t = ScaledTable(kQ4_0F, Half(p));  // float(q - 8) * d
-    NibblesByTable(s, p + 2, 0, t, 16, t);
-  } else if constexpr (Q == GgmlType::Q4_1 && kTables) {
-    const VF t = AffineTable(Half(p), Half(p + 2));  // float(q) * d + m
-    NibblesByTable(s, p + 4, 0, t, 16, t);
   } else if constexpr (Q == GgmlType::Q4_0) {
-    const float d = Half(p);
-    const VU8 v = Load16(p + 2);
-    s.template Group<false>(0, SubI8(Shr<0>(v, 0x0F), 8), d, 0.0f);
-    s.template Group<false>(16, SubI8(Shr<4>(v, 0x0F), 8), d, 0.0f);
+    if constexpr (kTables) {
+      const VF t = ScaledTable(kQ4_0F, Half(p));  // float(q - 8) * d
+      NibblesByTable(s, p + 2, 0, t, 16, t);
+    } else {
+      const float d = Half(p);
+      const VU8 v = Load16(p + 2);
+      s.template Group<false>(0, SubI8(Shr<0>(v, 0x0F), 8), d, 0.0f);
+      s.template Group<false>(16, SubI8(Shr<4>(v, 0x0F), 8), d, 0.0f);
+    }
   } else if constexpr (Q == GgmlType::Q4_1) {
-    const float d = Half(p), m = Half(p + 2);
-    const VU8 v = Load16(p + 4);
-    s.template Group<true>(0, I8(Shr<0>(v, 0x0F)), d, m);
-    s.template Group<true>(16, I8(Shr<4>(v, 0x0F)), d, m);
+    if constexpr (kTables) {
+      const VF t = AffineTable(Half(p), Half(p + 2));  // float(q) * d + m
+      NibblesByTable(s, p + 4, 0, t, 16, t);
+    } else {
+      const float d = Half(p), m = Half(p + 2);
+      const VU8 v = Load16(p + 4);
+      s.template Group<true>(0, I8(Shr<0>(v, 0x0F)), d, m);
+      s.template Group<true>(16, I8(Shr<4>(v, 0x0F)), d, m);
+    }
   } else if constexpr (Q == GgmlType::Q5_0 || Q == GgmlType::Q5_1) {
     constexpr bool k1 = Q == GgmlType::Q5_1;
     const float d = Half(p), m = k1 ? Half(p + 2) : 0.0f;
@@ -629,39 +633,36 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
       s.template Group<false>(0, SubI8(lo, 16), d, 0.0f);
       s.template Group<false>(16, SubI8(hi, 16), d, 0.0f);
     }
-  } else if constexpr ((Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) && kTables) {
-    constexpr bool mx = Q == GgmlType::MXFP4;
-    const VF t = ScaledTable(mx ? kMxfp4F.v : kIq4nlF.v, mx ? ggml::e8m0_half(p[0]) : Half(p));
-    NibblesByTable(s, p + (mx ? 1 : 2), 0, t, 16, t);
-  } else if constexpr (Q == GgmlType::IQ4_XS && kTables) {
-    const float d = Half(p);
-    uint16_t sh;
-    std::memcpy(&sh, p + 2, 2);
-    const uint8_t* sl = p + 4;
-    for (int ib = 0; ib < 8; ++ib) {
-      const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-      const VF t = ScaledTable(kIq4nlF.v, d * static_cast<float>(ls - 32));  // dl * float(code)
-      NibblesByTable(s, p + 8 + 16 * ib, 32 * ib, t, 32 * ib + 16, t);
-    }
   } else if constexpr (Q == GgmlType::IQ4_NL || Q == GgmlType::MXFP4) {
     constexpr bool mx = Q == GgmlType::MXFP4;
     const float d = mx ? ggml::e8m0_half(p[0]) : Half(p);
-    const V8 table = hn::Load(D8(), mx ? ggml::kMxfp4 : ggml::kIq4nl);
-    const VU8 v = Load16(p + (mx ? 1 : 2));
-    s.template Group<false>(0, Lut(table, Shr<0>(v, 0x0F)), d, 0.0f);
-    s.template Group<false>(16, Lut(table, Shr<4>(v, 0x0F)), d, 0.0f);
+    const uint8_t* q = p + (mx ? 1 : 2);
+    if constexpr (kTables) {
+      const VF t = ScaledTable(mx ? kMxfp4F.v : kIq4nlF.v, d);
+      NibblesByTable(s, q, 0, t, 16, t);
+    } else {
+      const V8 table = hn::Load(D8(), mx ? ggml::kMxfp4 : ggml::kIq4nl);
+      const VU8 v = Load16(q);
+      s.template Group<false>(0, Lut(table, Shr<0>(v, 0x0F)), d, 0.0f);
+      s.template Group<false>(16, Lut(table, Shr<4>(v, 0x0F)), d, 0.0f);
+    }
   } else if constexpr (Q == GgmlType::IQ4_XS) {
     const float d = Half(p);
     uint16_t sh;
     std::memcpy(&sh, p + 2, 2);
     const uint8_t* sl = p + 4;
-    const V8 table = hn::Load(D8(), ggml::kIq4nl);
     for (int ib = 0; ib < 8; ++ib) {
       const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
       const float dl = d * static_cast<float>(ls - 32);
-      const VU8 v = Load16(p + 8 + 16 * ib);
-      s.template Group<false>(32 * ib, Lut(table, Shr<0>(v, 0x0F)), dl, 0.0f);
-      s.template Group<false>(32 * ib + 16, Lut(table, Shr<4>(v, 0x0F)), dl, 0.0f);
+      if constexpr (kTables) {
+        const VF t = ScaledTable(kIq4nlF.v, dl);  // dl * float(code)
+        NibblesByTable(s, p + 8 + 16 * ib, 32 * ib, t, 32 * ib + 16, t);
+      } else {
+        const V8 table = hn::Load(D8(), ggml::kIq4nl);
+        const VU8 v = Load16(p + 8 + 16 * ib);
+        s.template Group<false>(32 * ib, Lut(table, Shr<0>(v, 0x0F)), dl, 0.0f);
+        s.template Group<false>(32 * ib + 16, Lut(table, Shr<4>(v, 0x0F)), dl, 0.0f);
+      }
     }
   } else if constexpr (Q == GgmlType::Q2_K) {
     const float d = Half(p + 80), dmin = Half(p + 82);
@@ -897,6 +898,7 @@ constexpr int kPR = 16;
 constexpr int kPT = kN == 16 ? 8 : 4;
 constexpr int64_t kShortRow = 512;
 constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (TypedRows)
+constexpr int64_t kRowAhead = 4;          // one-row prefill tiles prefetch the row this far ahead
 
 // Tokens [t, t1) of R rows (pointers `rows`, first row r): tiles of kPT tokens, then the rest
 // in tiles of 4, 2 and 1 (at most one of each; kPT <= 8).
@@ -1084,7 +1086,7 @@ void TypedRows(const GgmlView& w, const float* x, int64_t T, float* y, int64_t l
     }
     for (; r < r1; ++r) {
       const uint8_t* rows[1] = {w.data + r * rb};
-      TokenRun<Q, 1>(w, rows, x, t0, t1, y, ldy, r, r + 5 <= r1 ? w.data + (r + 4) * rb : nullptr);
+      TokenRun<Q, 1>(w, rows, x, t0, t1, y, ldy, r, r + kRowAhead < r1 ? w.data + (r + kRowAhead) * rb : nullptr);
     }
   }
 }
