@@ -400,6 +400,35 @@ TEST(GgufTokenizer, PreNormalizerAndIgnoreMerges) {
   EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("gpt-2"))->encode("abc"), (std::vector<int32_t>{10, 9}));
 }
 
+// The word boundaries each `pre` draws, seen through two merges that only apply inside one word:
+// "o W" (the case change in "HelloWorld") and "3 4" (a digit run cut after 3 digits). Tokens:
+// single characters (ids 0-11), "oW" (12), "34" (13), "Wo" (14) (ASCII is its own byte-level form).
+// o200k (gpt-4o, minimax-m2, llama4) cuts at the case change and after "123"; Llama 3's regex
+// (llama-bpe, glm4) keeps "HelloWorld" whole and cuts the digits; GPT-2's (gpt-2, olmo) keeps both.
+// GLM-4 has Llama 3's regex but not its ignore_merges: "abc" (a token) is a b c merged as ab c.
+TEST(GgufTokenizer, PreWordBoundaries) {
+  auto tokenizer = [](const std::string& pre) {
+    testing::GgufWriter w;
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", pre);
+    w.add_strings("tokenizer.ggml.tokens",
+                  {"H", "e", "l", "o", "W", "r", "d", "1", "2", "3", "4", "5", "oW", "34", "Wo"});
+    w.add_strings("tokenizer.ggml.merges", {"o W", "3 4", "W o"});
+    const std::string path = ::testing::TempDir() + "gguf_tokenizer_test_words_" + pre + ".gguf";
+    w.write(path);
+    return load_tokenizer(path);
+  };
+  const std::string text = "HelloWorld12345";
+  const std::vector<int32_t> o200k = {0, 1, 2, 2, 3, 14, 5, 2, 6, 7, 8, 9, 10, 11};      // Hello World 123 45
+  const std::vector<int32_t> llama3 = {0, 1, 2, 2, 12, 3, 5, 2, 6, 7, 8, 9, 10, 11};     // HelloWorld 123 45
+  const std::vector<int32_t> gpt2 = {0, 1, 2, 2, 12, 3, 5, 2, 6, 7, 8, 13, 11};          // HelloWorld 12345
+  for (const char* pre : {"gpt-4o", "minimax-m2", "llama4"}) EXPECT_EQ(tokenizer(pre)->encode(text), o200k) << pre;
+  for (const char* pre : {"llama-bpe", "glm4", "chatglm-bpe"}) EXPECT_EQ(tokenizer(pre)->encode(text), llama3) << pre;
+  for (const char* pre : {"gpt-2", "olmo"}) EXPECT_EQ(tokenizer(pre)->encode(text), gpt2) << pre;
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("glm4"))->encode("abc"), (std::vector<int32_t>{10, 9}));
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("llama-bpe"))->encode("abc"), (std::vector<int32_t>{11}));
+}
+
 // An unknown tokenizer.ggml.model or tokenizer.ggml.pre is an error naming it and the file.
 TEST(GgufTokenizer, UnknownModelOrPreIsAClearError) {
   auto expect_error = [](const std::string& model, const std::string& pre, const std::string& name,

@@ -237,14 +237,24 @@ GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
   // GPT-2 and the GPT-NeoX family: ByteLevel's own regex ('s|'t|...| ?\p{L}+| ?\p{N}+|...); the
   // NeoX tokenizer of MPT normalizes with NFC.
   const nlohmann::json gpt2_bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  if (pre == "gpt-2") return {nullptr, gpt2_bytes};
+  if (pre == "gpt-2" || pre == "olmo") return {nullptr, gpt2_bytes};  // OLMo: llama.cpp's GPT-2 regex, no normalizer
   if (pre == "mpt") return {nfc, gpt2_bytes};
   // StarCoder / Refact: every digit its own word first.
   if (pre == "starcoder" || pre == "refact")
     return {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, gpt2_bytes}}}};
-  // Llama 3.
-  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3")
-    return {nullptr, seq({split_step(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")}), true};
+  // Llama 3 (ignore_merges: a word that is a token is that token), and GLM-4 / GLM-4.5, whose
+  // regex is Llama 3's without ignore_merges (llama.cpp: "glm4" / "chatglm-bpe").
+  const std::string llama3 = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return {nullptr, seq({split_step(llama3)}), true};
+  if (pre == "glm4" || pre == "chatglm-bpe") return {nullptr, seq({split_step(llama3)})};
+  // o200k (GPT-4o's; gpt-oss, MiniMax-M2, Llama 4): letter runs split at case changes (upper-case
+  // letters start a word, lower-case ones end it), contractions attached, digits in runs of up
+  // to 3, '/' and newlines kept after punctuation runs; no normalizer.
+  if (pre == "gpt-4o" || pre == "minimax-m2" || pre == "llama4")
+    return {nullptr, seq({split_step(
+                         R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+                         R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+                         R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)")})};
   // DeepSeek LLM (V1 / V2 / V2-Lite): newlines, then runs of cased letters, of ASCII / full-width
   // punctuation, trailing spaces, CJK / Hangul, digit runs.
   if (pre == "deepseek-llm")
@@ -269,7 +279,8 @@ GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
     return {nullptr, seq({split_step("[\r\n]"), split_step("\\s?\\p{L}+"), split_step("\\s?\\p{P}+"),
                           split_step("[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"), split_step("\\p{N}")})};
   fail("%s: tokenizer.ggml.pre '%s' is not supported (known: qwen2, qwen35, deepseek-r1-qwen, deepseek-v3, "
-       "deepseek-llm, deepseek-coder, llama-bpe, gpt-2, mpt, starcoder, refact, default)",
+       "deepseek-llm, deepseek-coder, llama-bpe, llama3, glm4, chatglm-bpe, gpt-4o, minimax-m2, llama4, gpt-2, olmo, "
+       "mpt, starcoder, refact, default)",
        label.c_str(), pre.c_str());
 }
 

@@ -46,7 +46,8 @@ class Tokenizer {
   /// it was converted from (and of llama.cpp):
   ///  - model "gpt2": byte-level BPE over `tokens` and `merges`, with the normalizer and the
   ///    pre-tokenizer regexes of the HF tokenizer.json that `pre` names (qwen2 and its aliases,
-  ///    qwen35, deepseek-v3; see gguf_pre_tokenizer in tokenizer.cpp for the list);
+  ///    qwen35, deepseek-v3, llama-bpe, glm4, gpt-4o / minimax-m2, gpt-2 / olmo, ...; see
+  ///    gguf_pre_tokenizer in tokenizer.cpp for the list);
   ///  - model "llama": SentencePiece BPE (class Spm) over `tokens` and `scores`, with a space
   ///    prefixed to the text and after every added token when add_space_prefix, byte-fallback
   ///    tokens, and decode() dropping the prefix space as HF's Llama tokenizers do.
