@@ -568,21 +568,32 @@ constexpr FloatTable16 AsFloats(const int8_t (&codes)[16]) {
 constexpr FloatTable16 kIq4nlF = AsFloats(ggml::kIq4nl), kMxfp4F = AsFloats(ggml::kMxfp4);
 alignas(64) constexpr float kQ4_0F[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
+// IQ4_XS sub-block ib's 6-bit scale ls (its low 4 bits in scales_l at p + 4, the high 2 in
+// scales_h = sh); the block's weights are d * (ls - 32) * kIq4nl[code].
+HWY_INLINE int Iq4xsScale(const uint8_t* p, uint16_t sh, int ib) {
+  return ((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+}
+
 // Types whose block scales QuantTile decodes ahead, for all rows of a tile at once (BlockScales),
 // before their DecodeBlock calls: the scale array of a block is stored and then read back as
 // broadcasts, and that store-to-load latency, per row on the path from a block's bytes to its
 // FMAs, limited the decode (Q4_K, Q6_K).
 template <GgmlType Q>
-constexpr bool kScalesAhead = (Q == GgmlType::Q4_K && kTables) || Q == GgmlType::Q6_K;
+constexpr bool kScalesAhead = ((Q == GgmlType::Q4_K || Q == GgmlType::IQ4_XS) && kTables) || Q == GgmlType::Q6_K;
 
 // The 16 floats of block scales DecodeBlock<Q> reads (kScalesAhead types): Q4_K d * sc_j
-// (j < 8) and -(dmin * mn_j) (8 + j); Q6_K d * sc_j.
+// (j < 8) and -(dmin * mn_j) (8 + j); Q6_K d * sc_j; IQ4_XS d * (ls_j - 32) (j < 8).
 template <GgmlType Q>
 HWY_INLINE void BlockScales(const uint8_t* HWY_RESTRICT p, float* HWY_RESTRICT out) {
   if constexpr (Q == GgmlType::Q4_K) {
     alignas(16) uint8_t raw[16];
     UnpackK4Scales(p + 4, raw);
     Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, Half(p), -Half(p + 2), out);
+  } else if constexpr (Q == GgmlType::IQ4_XS) {
+    const float d = Half(p);
+    uint16_t sh;
+    std::memcpy(&sh, p + 2, 2);
+    for (int ib = 0; ib < 8; ++ib) out[ib] = d * static_cast<float>(Iq4xsScale(p, sh, ib) - 32);
   } else {
     static_assert(Q == GgmlType::Q6_K, "no scales ahead for this type");
     Scales16(reinterpret_cast<const int8_t*>(p + 192), 0.0f, Half(p + 208), Half(p + 208), out);
@@ -647,18 +658,18 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
       s.template Group<false>(16, Lut(table, Shr<4>(v, 0x0F)), d, 0.0f);
     }
   } else if constexpr (Q == GgmlType::IQ4_XS) {
-    const float d = Half(p);
-    uint16_t sh;
-    std::memcpy(&sh, p + 2, 2);
-    const uint8_t* sl = p + 4;
-    for (int ib = 0; ib < 8; ++ib) {
-      const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-      const float dl = d * static_cast<float>(ls - 32);
-      if constexpr (kTables) {
-        const VF t = ScaledTable(kIq4nlF.v, dl);  // dl * float(code)
+    if constexpr (kTables) {
+      for (int ib = 0; ib < 8; ++ib) {  // sv[ib] = d * (ls - 32) (BlockScales)
+        const VF t = ScaledTable(kIq4nlF.v, sv[ib]);  // dl * float(code)
         NibblesByTable(s, p + 8 + 16 * ib, 32 * ib, t, 32 * ib + 16, t);
-      } else {
-        const V8 table = hn::Load(D8(), ggml::kIq4nl);
+      }
+    } else {
+      const float d = Half(p);
+      uint16_t sh;
+      std::memcpy(&sh, p + 2, 2);
+      const V8 table = hn::Load(D8(), ggml::kIq4nl);
+      for (int ib = 0; ib < 8; ++ib) {
+        const float dl = d * static_cast<float>(Iq4xsScale(p, sh, ib) - 32);
         const VU8 v = Load16(p + 8 + 16 * ib);
         s.template Group<false>(32 * ib, Lut(table, Shr<0>(v, 0x0F)), dl, 0.0f);
         s.template Group<false>(32 * ib + 16, Lut(table, Shr<4>(v, 0x0F)), dl, 0.0f);
