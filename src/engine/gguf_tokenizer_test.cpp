@@ -400,12 +400,13 @@ TEST(GgufTokenizer, PreNormalizerAndIgnoreMerges) {
   EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("gpt-2"))->encode("abc"), (std::vector<int32_t>{10, 9}));
 }
 
-// The word boundaries each `pre` draws, seen through two merges that only apply inside one word:
-// "o W" (the case change in "HelloWorld") and "3 4" (a digit run cut after 3 digits). Tokens:
+// The word boundaries each `pre` draws, seen through merges that only apply inside one word:
+// "o W" (the case change in "HelloWorld"), "3 4" (a digit run cut after 3 digits), "W o". Tokens:
 // single characters (ids 0-11), "oW" (12), "34" (13), "Wo" (14) (ASCII is its own byte-level form).
 // o200k (gpt-4o, minimax-m2, llama4) cuts at the case change and after "123"; Llama 3's regex
 // (llama-bpe, glm4) keeps "HelloWorld" whole and cuts the digits; GPT-2's (gpt-2, olmo) keeps both.
-// GLM-4 has Llama 3's regex but not its ignore_merges: "abc" (a token) is a b c merged as ab c.
+// GLM-4 has Llama 3's regex but not its ignore_merges: "abc" (a token) is a b c merged as ab c, and
+// never a BOS (llama.cpp); OLMo's tokenizer (allenai/gpt-neox-olmo-dolma-v1_5) normalizes with NFC.
 TEST(GgufTokenizer, PreWordBoundaries) {
   auto tokenizer = [](const std::string& pre) {
     testing::GgufWriter w;
@@ -427,6 +428,21 @@ TEST(GgufTokenizer, PreWordBoundaries) {
   for (const char* pre : {"gpt-2", "olmo"}) EXPECT_EQ(tokenizer(pre)->encode(text), gpt2) << pre;
   EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("glm4"))->encode("abc"), (std::vector<int32_t>{10, 9}));
   EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("llama-bpe"))->encode("abc"), (std::vector<int32_t>{11}));
+  EXPECT_EQ(load_tokenizer(tiny_bpe_gguf("olmo"))->encode("e\xcc\x81"), (std::vector<int32_t>{3}));
+  testing::GgufWriter w;
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", "glm4");
+  w.add_strings("tokenizer.ggml.tokens", {"[gMASK]", "a", "b", "ab"});
+  w.add_i32s("tokenizer.ggml.token_type", {3, 1, 1, 1});
+  w.add_strings("tokenizer.ggml.merges", {"a b"});
+  w.add_u32("tokenizer.ggml.bos_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
+  const std::string path = ::testing::TempDir() + "gguf_tokenizer_test_glm_bos.gguf";
+  w.write(path);
+  const auto glm = load_tokenizer(path);
+  EXPECT_EQ(glm->encode("ab"), (std::vector<int32_t>{3}));
+  EXPECT_EQ(glm->encode("ab", /*add_special=*/true), (std::vector<int32_t>{3}));
+  EXPECT_FALSE(glm->bos_id().has_value());
 }
 
 // An unknown tokenizer.ggml.model or tokenizer.ggml.pre is an error naming it and the file.

@@ -412,15 +412,16 @@ TEST_P(GgufModel, StreamingEqualsResidentBitForBit) { expect_streaming_equals_re
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModel, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral",
                                                                    "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3"));
 
-// The qwen3_moe fixture file's architecture four times wider (hidden 256, head_dim 64, dense FFN
-// 512, expert FFN 256; its other keys, layer pattern and vocabulary of 512), written to `dst` with
+// The qwen3_moe fixture file's architecture made wider (hidden 256, head_dim 64, dense FFN 1280,
+// expert FFN 768; its other keys, layer pattern and vocabulary of 512), written to `dst` with
 // every matrix in a 256-column block type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS in turn, random
 // valid blocks of weight rms 0.05: tests/support/ggml_random.h), norms and routers F32. The
 // 64-wide fixtures cannot hold those types, so this is where they run inside a model: merged
-// expert tensors, embedding rows, the output head, prefill and decode shapes.
+// expert tensors, embedding rows, the output head, prefill and decode shapes (down projections of
+// 768 and 1280 columns: the prefill panel of ggml_blocks.cpp, with a partial 1024-column segment).
 void write_wide_kquant_gguf(const std::string& dst) {
   const io::GgufFile fx = io::GgufFile::open(q_file("qwen3_moe"));
-  constexpr int64_t H = 256, D = 64, NH = 4, NKV = 2, FF = 512, EFF = 256, E = 8, V = 512;
+  constexpr int64_t H = 256, D = 64, NH = 4, NKV = 2, FF = 1280, EFF = 768, E = 8, V = 512;
   const std::map<std::string, uint32_t> dims = {{"qwen3moe.embedding_length", H},
                                                 {"qwen3moe.feed_forward_length", FF},
                                                 {"qwen3moe.attention.key_length", D},
@@ -478,7 +479,7 @@ void write_wide_kquant_gguf(const std::string& dst) {
 TEST(GgufKQuantModel, WideModelEqualsDequantizedModelAndStreams) {
   const std::filesystem::path dir = ::testing::TempDir();
   const std::string q = (dir / "spool_wide_kquant.gguf").string(), deq = (dir / "spool_wide_kquant.deq.gguf").string();
-  write_wide_kquant_gguf(q);
+  ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q));
   write_dequantized_gguf(q, deq);
   expect_quantized_equals_dequantized(q, deq);
   expect_streaming_equals_resident(q);

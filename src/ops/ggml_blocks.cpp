@@ -3,21 +3,23 @@
 //
 // Kernel design. Every quantized type is decoded, block by block, into "groups" of 16
 // consecutive columns: a 128-bit vector of 16 int8 codes q plus one scale s and one offset m
-// (w = s * q + m). A group is widened to f32 in chunks of N lanes (N = 4, 8 or 16), turned into
-// weights with one FMA and multiplied into the accumulators of up to TT tokens, with x loaded
-// at the group's columns: no activation reordering, and the weights exist as floats only in
-// registers. Decode (T = 1) runs 4 rows at a time (4 independent streams and FMA chains);
-// prefill (T >= 2) runs tiles of 16 rows x TT tokens (TT = 8 on AVX-512, else 4), block by block,
-// so that each decoded weight vector serves TT FMAs and each block's slice of x is reused from
-// L1 by 16 rows, over token tiles whose x stays in L2 (TypedRows).
+// (w = s * q + m). A group is widened to f32 in chunks of N lanes (N = 4, 8 or 16) and turned
+// into weights with one FMA (GroupWeight), with x loaded at the group's columns: no activation
+// reordering. Decode (T = 1) runs 4 rows at a time (4 independent streams and FMA chains), the
+// weights only in registers, multiplied straight into the accumulators (Sink). Prefill (T >= 2)
+// of rows of more than 512 columns writes each row's weights once per token tile of 64 into an
+// f32 panel (PanelSink; 1024 columns at a time, L1) and runs a 4-row x 2-token register tile
+// over it (PanelTile: 6 loads per 8 FMAs); shorter rows run one row at a time against 8
+// (AVX-512) or 4 tokens with the accumulators in registers for the whole row (QuantTile).
 // On AVX-512 the 4-bit types (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS, MXFP4) skip the widening: per
 // sub-block scale a 16-entry f32 table of its weights is built with the scalar dequantizer's
-// expression, and 16 codes become 16 weights with one vpermps (see kTables). Accumulators are
-// register arrays per row and token (2 FMA chains each, the same in every tile shape); block
-// scales are read as broadcast loads (InMemory); decode prefetches ~8 KiB ahead and prefill the
-// next row tile (the hardware prefetchers follow 4 interleaved rows poorly and stop at pages).
-// The float types (F32 / F16 / BF16) use the same tiles with N-lane weight loads and a scalar
-// column tail. HWY_SCALAR falls back to the scalar reference (dequantize row, then dot).
+// expression, and 16 codes become 16 weights with one vpermps (see kTables). Every output has
+// 2 FMA chains (column vector c to chain c % 2, in column order) and one final reduction
+// (ReduceChains), the same in every path and tile shape: prefill is bit-identical to one token
+// at a time. Block scales are read as broadcast loads (InMemory); decode prefetches ~8 KiB
+// ahead (the hardware prefetchers follow 4 interleaved rows poorly and stop at pages).
+// The float types (F32 / F16 / BF16) use 16-row x TT-token tiles with N-lane weight loads and
+// a scalar column tail. HWY_SCALAR falls back to the scalar reference (dequantize row, then dot).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/ggml_blocks.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -414,6 +416,20 @@ HWY_INLINE void ForChunks(hn::Vec<Q16> q, const F& f) {
 #define SPOOL_LAMBDA_INLINE
 #endif
 
+// The weights of a group's chunk of kN codes q (as floats): s * q + m (kMin) or s * q, the
+// scalar dequantizer's expression (Sink and PanelSink both form weights with these).
+template <bool kMin>
+HWY_INLINE VF GroupWeight(VF q, VF vs, VF vm) {
+  return kMin ? hn::MulAdd(q, vs, vm) : hn::Mul(q, vs);
+}
+// The kN weights of int8 codes read from memory at q, times the scale vs (Q8_0).
+HWY_INLINE VF MemWeight(const int8_t* q, VF vs) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8n;
+  return hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, q))), vs);
+}
+
 // Accumulators of one row against TT tokens; x points at the block's first column of token 0.
 // K accumulators per token (a power of two): the chunk of kN columns at column c goes to
 // accumulator (c / kN) % K of its token (acc[t * stride + that]), so that a token's FMAs form K
@@ -434,7 +450,7 @@ struct Sink {
     const VF vs = hn::Set(df, s);
     const VF vm = hn::Set(df, m);
     ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
-      const VF wv = kMin ? hn::MulAdd(v, vs, vm) : hn::Mul(v, vs);
+      const VF wv = GroupWeight<kMin>(v, vs, vm);
       const int64_t c = col + k * kN;
       for (int t = 0; t < TT; ++t) A(t, c) = hn::MulAdd(wv, hn::LoadU(df, x + c + t * ldx), A(t, c));
     });
@@ -447,11 +463,9 @@ struct Sink {
   // 16 int8 codes read straight from memory (Q8_0): chunk loads widen from memory.
   HWY_INLINE void GroupMem(int col, const int8_t* q, float s) const {
     const DF df;
-    const DI di;
-    const hn::Rebind<int8_t, DI> d8n;
     const VF vs = hn::Set(df, s);
     for (int k = 0; k < 16 / kN; ++k) {
-      const VF wv = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, q + k * kN))), vs);
+      const VF wv = MemWeight(q + k * kN, vs);
       const int64_t c = col + k * kN;
       for (int t = 0; t < TT; ++t) A(t, c) = hn::MulAdd(wv, hn::LoadU(df, x + c + t * ldx), A(t, c));
     }
@@ -577,12 +591,12 @@ HWY_INLINE int Iq4xsScale(const uint8_t* p, uint16_t sh, int ib) {
 // Types whose block scales QuantTile decodes ahead, for all rows of a tile at once (BlockScales),
 // before their DecodeBlock calls: the scale array of a block is stored and then read back as
 // broadcasts, and that store-to-load latency, per row on the path from a block's bytes to its
-// FMAs, limited the decode (Q4_K, Q6_K).
+// FMAs, limited the decode (Q4_K, Q6_K, IQ4_XS).
 template <GgmlType Q>
 constexpr bool kScalesAhead = ((Q == GgmlType::Q4_K || Q == GgmlType::IQ4_XS) && kTables) || Q == GgmlType::Q6_K;
 
-// The 16 floats of block scales DecodeBlock<Q> reads (kScalesAhead types): Q4_K d * sc_j
-// (j < 8) and -(dmin * mn_j) (8 + j); Q6_K d * sc_j; IQ4_XS d * (ls_j - 32) (j < 8).
+// The block scales DecodeBlock<Q> reads (kScalesAhead types; at most 16 floats): Q4_K d * sc_j
+// (j < 8) and -(dmin * mn_j) (8 + j); Q6_K d * sc_j (16); IQ4_XS d * (ls_j - 32) (8).
 template <GgmlType Q>
 HWY_INLINE void BlockScales(const uint8_t* HWY_RESTRICT p, float* HWY_RESTRICT out) {
   if constexpr (Q == GgmlType::Q4_K) {
@@ -790,6 +804,14 @@ constexpr int64_t BlockBytes(GgmlType Q) { return ggml_type_traits(Q).size; }
 // shape, so that outputs do not depend on the tiling.
 constexpr int kAccs = 2;
 
+// An output from its kAccs chains a[0 .. kAccs): their sum, then across lanes (QuantTile and
+// PanelRows alike: the same rounding in every path).
+HWY_INLINE float ReduceChains(const VF* a) {
+  VF sum = a[0];
+  for (int k = 1; k < kAccs; ++k) sum = hn::Add(sum, a[k]);
+  return hn::GetLane(hn::SumOfLanes(DF(), sum));
+}
+
 // out[t * ldo + r] = dot(row r, x_t) for R rows and TT tokens over `nb` blocks. `pf` (may be
 // null): R contiguous rows read later, prefetched at the pace of this tile's reads (R blocks'
 // bytes per block step).
@@ -823,12 +845,7 @@ HWY_INLINE void QuantTile(const uint8_t* const* rows, int64_t nb, const float* x
     }
   }
   for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) {
-      const VF* a = acc + (r * TT + t) * K;
-      VF sum = a[0];
-      for (int k = 1; k < K; ++k) sum = hn::Add(sum, a[k]);
-      out[t * ldo + r] = hn::GetLane(hn::SumOfLanes(df, sum));
-    }
+    for (int r = 0; r < R; ++r) out[t * ldo + r] = ReduceChains(acc + (r * TT + t) * K);
 }
 
 // Float weights: W element type F (F32 / F16 / BF16) in chunks of N, scalar tail.
@@ -956,17 +973,14 @@ struct PanelSink {
     const VF vs = hn::Set(df, s);
     const VF vm = hn::Set(df, m);
     ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
-      hn::Store(kMin ? hn::MulAdd(v, vs, vm) : hn::Mul(v, vs), df, w + col + k * kN);
+      hn::Store(GroupWeight<kMin>(v, vs, vm), df, w + col + k * kN);
     });
   }
   HWY_INLINE void Vec(int col, VF wv) const { hn::Store(wv, DF(), w + col); }
   HWY_INLINE void GroupMem(int col, const int8_t* q, float s) const {
     const DF df;
-    const DI di;
-    const hn::Rebind<int8_t, DI> d8n;
     const VF vs = hn::Set(df, s);
-    for (int k = 0; k < 16 / kN; ++k)
-      hn::Store(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8n, q + k * kN))), vs), df, w + col + k * kN);
+    for (int k = 0; k < 16 / kN; ++k) hn::Store(MemWeight(q + k * kN, vs), df, w + col + k * kN);
   }
 };
 
@@ -1026,21 +1040,11 @@ HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, 
     const float* xs = x + t0 * w.cols + c0;
     int64_t t = 0;
     for (; t + kPanelTok <= nt; t += kPanelTok) PanelTile<R, kPanelTok>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
-    if constexpr (kPanelTok > 2) {
-      if (t + 2 <= nt) {
-        PanelTile<R, 2>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
-        t += 2;
-      }
-    }
+    static_assert(kPanelTok == 2, "the remainder below is one token");
     if (t < nt) PanelTile<R, 1>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
   }
   for (int64_t t = 0; t < nt; ++t)
-    for (int i = 0; i < R; ++i) {
-      const VF* a = acc + (t * R + i) * kAccs;
-      VF sum = a[0];
-      for (int k = 1; k < kAccs; ++k) sum = hn::Add(sum, a[k]);
-      y[(t0 + t) * ldy + r + i] = hn::GetLane(hn::SumOfLanes(df, sum));
-    }
+    for (int i = 0; i < R; ++i) y[(t0 + t) * ldy + r + i] = ReduceChains(acc + (t * R + i) * kAccs);
 }
 
 template <GgmlType Q>

@@ -244,23 +244,28 @@ TEST(GgmlBlocks, UnitInputsGiveTheDequantizedWeightsEveryTarget) {
   }
 }
 
+// A row range [13, 30) written at output stride 50 (rows 45): exactly those outputs, equal to the
+// whole matrix's, and nothing else touched; 512 columns (the short-row prefill tiles) and 1280
+// (the panel).
 TEST(GgmlBlocks, RowsRangeAndStride) {
-  const int64_t rows = 45, cols = 512, T = 10, ldy = 50;
-  for (GgmlType t : kTypes) {
-    const std::vector<uint8_t> m = random_matrix(t, rows, cols, 5);
-    const GgmlView v{t, rows, cols, m.data(), nullptr};
-    const std::vector<float> x = randn(static_cast<size_t>(T * cols), 4);
-    std::vector<float> full(static_cast<size_t>(T * rows)), y(static_cast<size_t>(T * ldy), -7.0f);
-    ggml_matmul(v, x.data(), T, full.data(), nullptr);
-    ggml_matmul_rows(v, x.data(), T, y.data(), ldy, 13, 30);
-    for (int64_t tk = 0; tk < T; ++tk)
-      for (int64_t r = 0; r < ldy; ++r) {
-        if (r >= 13 && r < 30) {
-          EXPECT_EQ(y[tk * ldy + r], full[tk * rows + r]) << ggml_type_name(t) << " " << r;
-        } else {
-          EXPECT_EQ(y[tk * ldy + r], -7.0f) << ggml_type_name(t) << " " << r;
+  const int64_t rows = 45, T = 10, ldy = 50;
+  for (int64_t cols : {512, 1280}) {
+    for (GgmlType t : kTypes) {
+      const std::vector<uint8_t> m = random_matrix(t, rows, cols, 5);
+      const GgmlView v{t, rows, cols, m.data(), nullptr};
+      const std::vector<float> x = randn(static_cast<size_t>(T * cols), 4);
+      std::vector<float> full(static_cast<size_t>(T * rows)), y(static_cast<size_t>(T * ldy), -7.0f);
+      ggml_matmul(v, x.data(), T, full.data(), nullptr);
+      ggml_matmul_rows(v, x.data(), T, y.data(), ldy, 13, 30);
+      for (int64_t tk = 0; tk < T; ++tk)
+        for (int64_t r = 0; r < ldy; ++r) {
+          if (r >= 13 && r < 30) {
+            EXPECT_EQ(y[tk * ldy + r], full[tk * rows + r]) << ggml_type_name(t) << " " << cols << " " << r;
+          } else {
+            EXPECT_EQ(y[tk * ldy + r], -7.0f) << ggml_type_name(t) << " " << cols << " " << r;
+          }
         }
-      }
+    }
   }
 }
 

@@ -214,6 +214,7 @@ struct GgufPre {
   nlohmann::json normalizer;
   nlohmann::json pre_tokenizer;
   bool ignore_merges = false;  ///< BPE "ignore_merges": a word that is a token is that token
+  bool no_bos = false;         ///< never a BOS, whatever add_bos_token says (llama.cpp: GLM-4's chat template starts with [gMASK])
 };
 
 GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
@@ -237,8 +238,8 @@ GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
   // GPT-2 and the GPT-NeoX family: ByteLevel's own regex ('s|'t|...| ?\p{L}+| ?\p{N}+|...); the
   // NeoX tokenizer of MPT normalizes with NFC.
   const nlohmann::json gpt2_bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  if (pre == "gpt-2" || pre == "olmo") return {nullptr, gpt2_bytes};  // OLMo: llama.cpp's GPT-2 regex, no normalizer
-  if (pre == "mpt") return {nfc, gpt2_bytes};
+  if (pre == "gpt-2") return {nullptr, gpt2_bytes};
+  if (pre == "mpt" || pre == "olmo") return {nfc, gpt2_bytes};  // OLMo(E): allenai/gpt-neox-olmo-dolma-v1_5, NFC
   // StarCoder / Refact: every digit its own word first.
   if (pre == "starcoder" || pre == "refact")
     return {nullptr, {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, gpt2_bytes}}}};
@@ -246,7 +247,7 @@ GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
   // regex is Llama 3's without ignore_merges (llama.cpp: "glm4" / "chatglm-bpe").
   const std::string llama3 = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return {nullptr, seq({split_step(llama3)}), true};
-  if (pre == "glm4" || pre == "chatglm-bpe") return {nullptr, seq({split_step(llama3)})};
+  if (pre == "glm4" || pre == "chatglm-bpe") return {nullptr, seq({split_step(llama3)}), false, true};
   // o200k (GPT-4o's; gpt-oss, MiniMax-M2, Llama 4): letter runs split at case changes (upper-case
   // letters start a word, lower-case ones end it), contractions attached, digits in runs of up
   // to 3, '/' and newlines kept after punctuation runs; no normalizer.
@@ -285,13 +286,13 @@ GgufPre gguf_pre_tokenizer(const std::string& pre, const std::string& label) {
 }
 
 // The tokenizer_config.json facts of a GGUF vocabulary: special token strings, add_bos/eos.
-nlohmann::json gguf_config(const GgufVocab& v, bool add_bos_default) {
+nlohmann::json gguf_config(const GgufVocab& v, bool add_bos_default, bool no_bos = false) {
   nlohmann::json cfg;
   auto tok = [&](const std::optional<int64_t>& id) -> nlohmann::json {
     if (!id || *id < 0 || *id >= static_cast<int64_t>(v.tokens.size())) return nullptr;
     return v.tokens[*id];
   };
-  const bool add_bos = v.add_bos.value_or(add_bos_default);
+  const bool add_bos = !no_bos && v.add_bos.value_or(add_bos_default);
   const bool add_eos = v.add_eos.value_or(false);
   cfg["add_bos_token"] = add_bos;
   cfg["add_eos_token"] = add_eos;
@@ -341,7 +342,7 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", pre.ignore_merges},
                 {"vocab", vocab}, {"merges", v.merges}};
-  return from_json(j.dump(), gguf_config(v, false).dump(), v.label);
+  return from_json(j.dump(), gguf_config(v, false, pre.no_bos).dump(), v.label);
 }
 
 Tokenizer Tokenizer::from_gguf_spm(const GgufVocab& v) {
