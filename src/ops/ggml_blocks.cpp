@@ -422,6 +422,15 @@ template <bool kMin>
 HWY_INLINE VF GroupWeight(VF q, VF vs, VF vm) {
   return kMin ? hn::MulAdd(q, vs, vm) : hn::Mul(q, vs);
 }
+// Calls f(off, w) for each chunk of kN weights w of a group of 16 codes q (scale s, offset m),
+// off = the chunk's first column in the group.
+template <bool kMin, class F>
+HWY_INLINE void ForGroupWeights(V8 q, float s, float m, const F& f) {
+  const DF df;
+  const VF vs = hn::Set(df, s);
+  const VF vm = hn::Set(df, m);
+  ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR { f(k * kN, GroupWeight<kMin>(v, vs, vm)); });
+}
 // The kN weights of int8 codes read from memory at q, times the scale vs (Q8_0).
 HWY_INLINE VF MemWeight(const int8_t* q, VF vs) {
   const DF df;
@@ -446,13 +455,9 @@ struct Sink {
   // Group of 16 columns at `col` (relative to the block): w = s * q + m.
   template <bool kMin>
   HWY_INLINE void Group(int col, V8 q, float s, float m) const {
-    const DF df;
-    const VF vs = hn::Set(df, s);
-    const VF vm = hn::Set(df, m);
-    ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
-      const VF wv = GroupWeight<kMin>(v, vs, vm);
-      const int64_t c = col + k * kN;
-      for (int t = 0; t < TT; ++t) A(t, c) = hn::MulAdd(wv, hn::LoadU(df, x + c + t * ldx), A(t, c));
+    ForGroupWeights<kMin>(q, s, m, [&](int off, VF wv) SPOOL_LAMBDA_INLINE HWY_ATTR {
+      const int64_t c = col + off;
+      for (int t = 0; t < TT; ++t) A(t, c) = hn::MulAdd(wv, hn::LoadU(DF(), x + c + t * ldx), A(t, c));
     });
   }
   // 16 f32 weights at `col` (kN == 16: one vector): their TT FMAs.
@@ -969,12 +974,7 @@ struct PanelSink {
 
   template <bool kMin>
   HWY_INLINE void Group(int col, V8 q, float s, float m) const {
-    const DF df;
-    const VF vs = hn::Set(df, s);
-    const VF vm = hn::Set(df, m);
-    ForChunks<D8>(q, [&](int k, VF v) SPOOL_LAMBDA_INLINE HWY_ATTR {
-      hn::Store(GroupWeight<kMin>(v, vs, vm), df, w + col + k * kN);
-    });
+    ForGroupWeights<kMin>(q, s, m, [&](int off, VF wv) SPOOL_LAMBDA_INLINE HWY_ATTR { hn::Store(wv, DF(), w + col + off); });
   }
   HWY_INLINE void Vec(int col, VF wv) const { hn::Store(wv, DF(), w + col); }
   HWY_INLINE void GroupMem(int col, const int8_t* q, float s) const {
