@@ -965,7 +965,8 @@ HWY_INLINE void TokenRun(const GgmlView& w, const uint8_t* const* rows, const fl
 // QuantTile's kAccs chains (column vector c to chain c % kAccs, in column order) and its final
 // reduction, so prefill stays bit-identical to one token at a time.
 constexpr int kPanelRows = 4;
-constexpr int kPanelTok = 2;
+constexpr int kPanelTok = 2;  // PanelRows' token remainder is one token
+static_assert(kPanelTok == 2, "PanelRows runs the tokens left after pairs as one");
 constexpr int64_t kPanelSeg = 1024;  // columns decoded per panel pass (4 rows x 4 KiB: L1)
 
 // Writes a block's decoded weight vectors to panel memory (w: the block's first column).
@@ -1040,7 +1041,6 @@ HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, 
     const float* xs = x + t0 * w.cols + c0;
     int64_t t = 0;
     for (; t + kPanelTok <= nt; t += kPanelTok) PanelTile<R, kPanelTok>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
-    static_assert(kPanelTok == 2, "the remainder below is one token");
     if (t < nt) PanelTile<R, 1>(panel, n, xs + t * w.cols, w.cols, acc + t * R * kAccs);
   }
   for (int64_t t = 0; t < nt; ++t)
