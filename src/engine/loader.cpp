@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
+#include "ops/ggml_q8.h"
 #include "ops/matmul.h"
 #include "plan/budget.h"
 #include "plan/gpu.h"
@@ -307,6 +308,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
+  if (opt.act_bits != 8 && opt.act_bits != 32) throw UsageError(strfmt("--act-bits must be 8 or 32 (got %d)", opt.act_bits));
+  ops::set_int8_activations(opt.act_bits == 8);
   if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
   // other sequence (plan::base_needs counts the same).

@@ -33,6 +33,7 @@
 
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_scales.h"
 #include "ops/vec.h"
 #include "ops/weights.h"
 
@@ -64,17 +65,6 @@ alignas(16) inline constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35
                                                   1,    13,   25,  38,  53,  69,  89,  113};
 /// MXFP4 E2M1 values, doubled.
 alignas(16) inline constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-/// Q4_K / Q5_K 6-bit (scale, min) pair j of the 12 packed bytes q (ggml get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 /// Q3_K 6-bit signed sub-block scales (16) from the 12 packed bytes b.
 inline void q3k_scales(const uint8_t* b, int* s) {
@@ -510,20 +500,6 @@ HWY_INLINE const float* Scales16(const int8_t* in, float bias, float a, float b,
   return InMemory(out);
 }
 
-// Q4_K / Q5_K: the 8 scales and 8 mins of the 12 packed bytes as 16 bytes (scales first).
-HWY_INLINE void UnpackK4Scales(const uint8_t* q, uint8_t* out16) {
-  constexpr uint32_t kM1 = 0x3f3f3f3f, kM2 = 0x0f0f0f0f, kM3 = 0x03030303;
-  uint32_t u[4];
-  std::memcpy(u, q, 12);
-  u[3] = ((u[2] >> 4) & kM2) | (((u[1] >> 6) & kM3) << 4);
-  const uint32_t m1 = u[1] & kM1;
-  u[1] = (u[2] & kM2) | (((u[0] >> 6) & kM3) << 4);
-  u[2] = m1;
-  u[0] &= kM1;
-  // bytes 0-3: sc0-3, 4-7: sc4-7, 8-11: mn0-3, 12-15: mn4-7
-  std::memcpy(out16, u, 16);
-}
-
 // Q3_K: the 16 6-bit scales of the 12 packed bytes, minus 32 not yet applied.
 HWY_INLINE void UnpackQ3Scales(const uint8_t* b, uint8_t* out16) {
   constexpr uint32_t kM1 = 0x03030303, kM2 = 0x0f0f0f0f;
@@ -606,7 +582,7 @@ template <GgmlType Q>
 HWY_INLINE void BlockScales(const uint8_t* HWY_RESTRICT p, float* HWY_RESTRICT out) {
   if constexpr (Q == GgmlType::Q4_K) {
     alignas(16) uint8_t raw[16];
-    UnpackK4Scales(p + 4, raw);
+    ggml::unpack_k4_scales(p + 4, raw);
     Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, Half(p), -Half(p + 2), out);
   } else if constexpr (Q == GgmlType::IQ4_XS) {
     const float d = Half(p);
@@ -759,7 +735,7 @@ HWY_INLINE void DecodeBlock(const uint8_t* HWY_RESTRICT p, const S& s, const flo
       hb = Load16(p + 32);
     }
     alignas(16) uint8_t raw[16];
-    UnpackK4Scales(scales, raw);
+    ggml::unpack_k4_scales(scales, raw);
     alignas(64) float svb[16];  // d * sc_j (j < 8), -dmin * mn_j (8 + j)
     const float* scl = Scales16(reinterpret_cast<const int8_t*>(raw), 0.0f, d, -dmin, svb);
     for (int c = 0; c < 4; ++c) {

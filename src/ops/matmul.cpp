@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_q8.h"
 #include "ops/matmul.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -210,6 +211,12 @@ const float* permuted_input(const WeightView& w, const float* x, int64_t T, std:
   return buf.data();
 }
 
+// True when w's products take int8 activations (--act-bits 8, a Q4_K / Q6_K weight, the SIMD
+// int8 kernels available).
+bool uses_q8(const WeightView& w) {
+  return w.type == WType::kGgml && int8_activations() && q8_supported(w.ggml) && q8_fast();
+}
+
 }  // namespace
 
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -217,7 +224,13 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
   if (w.type == WType::kMxfp4) return mxfp4_matmul_rows(mx_view(w), x, T, y, ldy, r0, r1);
   if (w.type == WType::kGgml) {
     thread_local std::vector<float> permuted;
-    ggml_matmul_rows(ggml_view(w), permuted_input(w, x, T, permuted), T, y, ldy, r0, r1);
+    const float* xp = permuted_input(w, x, T, permuted);
+    if (uses_q8(w)) {
+      thread_local Q8Acts qa;
+      q8_quantize(xp, T, w.cols, qa);
+      return ggml_q8_matmul_rows(ggml_view(w), qa, y, ldy, r0, r1);
+    }
+    ggml_matmul_rows(ggml_view(w), xp, T, y, ldy, r0, r1);
     return;
   }
   if (w.type == WType::kQuant) {
@@ -249,6 +262,13 @@ void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float
     quant_matmul_rows(b.quant, xr, T, yb, b.rows, 0, b.rows);
     return;
   }
+  if (uses_q8(a) && uses_q8(b) && a.col_perm == nullptr && b.col_perm == nullptr && a.cols == b.cols) {
+    thread_local Q8Acts qa;  // one quantization serves both
+    q8_quantize(x, T, a.cols, qa);
+    ggml_q8_matmul_rows(ggml_view(a), qa, ya, a.rows, 0, a.rows);
+    ggml_q8_matmul_rows(ggml_view(b), qa, yb, b.rows, 0, b.rows);
+    return;
+  }
   matmul_rows(a, x, T, ya, a.rows, 0, a.rows);
   matmul_rows(b, x, T, yb, b.rows, 0, b.rows);
 }
@@ -262,7 +282,13 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
   if (w.type == WType::kMxfp4) return mxfp4_matmul(mx_view(w), x, T, y, pool);
   if (w.type == WType::kGgml) {  // permute the input once, then the block kernels over rows
     std::vector<float> permuted;
-    ggml_matmul(ggml_view(w), permuted_input(w, x, T, permuted), T, y, pool);
+    const float* xp = permuted_input(w, x, T, permuted);
+    if (uses_q8(w)) {  // quantize the activations once, then the int8 kernels over rows
+      Q8Acts qa;
+      q8_quantize(xp, T, w.cols, qa);
+      return ggml_q8_matmul(ggml_view(w), qa, y, pool);
+    }
+    ggml_matmul(ggml_view(w), xp, T, y, pool);
     return;
   }
   if (w.type == WType::kQuant) {
@@ -290,8 +316,17 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool);
     return;
   }
+  // With int8 activations, the matrices that take them share one quantization of x.
+  Q8Acts qa;
+  bool shared_q8 = false;
+  for (const auto& [w, y] : outs) shared_q8 = shared_q8 || (uses_q8(*w) && w->col_perm == nullptr);
+  if (shared_q8) q8_quantize(x, T, outs[0].w->cols, qa);
+  auto rows = [&](const WeightView& w, float* y, int64_t r0, int64_t r1) {
+    if (shared_q8 && uses_q8(w) && w.col_perm == nullptr) return ggml_q8_matmul_rows(ggml_view(w), qa, y, w.rows, r0, r1);
+    matmul_rows(w, x, T, y, w.rows, r0, r1);
+  };
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
-    for (const auto& [w, y] : outs) matmul_rows(*w, x, T, y, w->rows, 0, w->rows);
+    for (const auto& [w, y] : outs) rows(*w, y, 0, w->rows);
     return;
   }
   // Rows of all matrices, concatenated, split across threads in chunks of 16.
@@ -299,7 +334,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     int64_t base = 0;
     for (const auto& [w, y] : outs) {
       const int64_t lo = std::max(b, base), hi = std::min(e, base + w->rows);
-      if (lo < hi) matmul_rows(*w, x, T, y, w->rows, lo - base, hi - base);
+      if (lo < hi) rows(*w, y, lo - base, hi - base);
       base += w->rows;
     }
   });

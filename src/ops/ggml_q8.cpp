@@ -1,0 +1,473 @@
+// Int8-activation kernels for Q4_K / Q6_K (see ggml_q8.h): activation quantization, a scalar
+// reference (compiled once) and AVX-512 kernels (compiled per Highway target; AVX3 without and
+// AVX3_DL with VNNI, other targets use the scalar sums).
+//
+// Kernel design. A weight block (256 columns) is decoded into a Block8: its codes as unsigned
+// bytes in column order (4 vectors of 64: Q4_K's nibbles and Q6_K's low / high bit planes are
+// rearranged with byte masks, 16-bit shifts and 128-bit lane shuffles), the int16 scale of each
+// column pair's sub-block (4 vectors of 32 lanes, matching vpmaddubsw's output), the block scale
+// d and a 16-lane f32 vector c of the format's per-16-column offset (Q4_K: -dmin * min of the
+// sub-block; Q6_K: -32 * d * scale, the codes' bias). One token's dot is then 4 x (vpmaddubsw,
+// vpdpwssd) into int32 lanes, and acc += float(int lanes) * (d * d_a) + c * bs (bs = d_a * the
+// activation codes' sums per 16 columns): 11 instructions per 256 weights and token.
+// Decode (T = 1) runs 4 rows at a time straight from the weights, with the f32 kernels'
+// prefetch distance; prefill decodes 4 rows x 4 blocks into a Block8 panel (L1) once per tile of
+// 64 tokens and runs a 4-row x 2-token register tile over it.
+#include <cstdint>
+#define HWY_WANT_AVX3_DL  // this file's kernels use VNNI where the CPU has it (before highway.h)
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/ggml_q8.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/cache_control.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "ops/ggml_q8.h"
+#include "ops/ggml_scales.h"
+#include "ops/weights.h"
+
+// ---- Target-independent part (compiled once) ----
+#ifndef SPOOL_OPS_GGML_Q8_SHARED
+#define SPOOL_OPS_GGML_Q8_SHARED
+namespace spool::ops::q8 {
+
+/// f16 at p (unaligned).
+inline float load_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+/// One output, from the format's definition: per sub-block the exact integer dot of weight codes
+/// and activation codes, then the scales in double. Q4_K: w = d sc q - dmin m (8 sub-blocks of
+/// 32); Q6_K: w = d sc (q - 32) (16 sub-blocks of 16). Rows of w at `row`, token t of a.
+inline double dot_row(GgmlType t, const uint8_t* row, const Q8Acts& a, int64_t tok) {
+  const int64_t nb = a.blocks();
+  const size_t bsz = ggml_type_traits(t).size;
+  double sum = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * bsz;
+    const int8_t* qa = a.q.data() + tok * a.cols + b * kQ8Block;
+    const double da = a.d[tok * nb + b];
+    int codes[kQ8Block];
+    if (t == GgmlType::Q4_K) {
+      const double d = load_half(p), dmin = load_half(p + 2);
+      const uint8_t* qs = p + 16;
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) {
+          codes[64 * j + l] = qs[32 * j + l] & 0xF;
+          codes[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+        }
+      for (int s = 0; s < 8; ++s) {
+        int sc, mn;
+        ggml::scale_min_k4(s, p + 4, &sc, &mn);
+        int64_t dot = 0, asum = 0;
+        for (int c = 32 * s; c < 32 * s + 32; ++c) {
+          dot += codes[c] * qa[c];
+          asum += qa[c];
+        }
+        sum += da * (d * sc * static_cast<double>(dot) - dmin * mn * static_cast<double>(asum));
+      }
+    } else {  // Q6_K
+      const uint8_t *ql = p, *qh = p + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+      const double d = load_half(p + 208);
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t hb = qh[32 * h + l];
+          codes[128 * h + l] = (ql[64 * h + l] & 0xF) | ((hb & 3) << 4);
+          codes[128 * h + 32 + l] = (ql[64 * h + 32 + l] & 0xF) | (((hb >> 2) & 3) << 4);
+          codes[128 * h + 64 + l] = (ql[64 * h + l] >> 4) | (((hb >> 4) & 3) << 4);
+          codes[128 * h + 96 + l] = (ql[64 * h + 32 + l] >> 4) | (((hb >> 6) & 3) << 4);
+        }
+      for (int s = 0; s < 16; ++s) {
+        int64_t dot = 0;
+        for (int c = 16 * s; c < 16 * s + 16; ++c) dot += (codes[c] - 32) * qa[c];
+        sum += da * d * sc[s] * static_cast<double>(dot);
+      }
+    }
+  }
+  return sum;
+}
+
+/// Scalar ggml_q8_matmul_rows (targets without the SIMD kernels, and the reference).
+inline void rows_scalar(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t t = 0; t < a.T; ++t) y[t * ldy + r] = static_cast<float>(dot_row(w.type, w.data + r * w.row_bytes(), a, t));
+}
+
+/// One block of q8_quantize_reference: x [256] -> q, d, bs [16].
+inline void quantize_block(const float* x, int8_t* q, float* d, float* bs) {
+  float amax = 0;
+  for (int64_t c = 0; c < kQ8Block; ++c) amax = std::max(amax, std::fabs(x[c]));
+  const float id = amax > 0 ? 127.0f / amax : 0.0f;
+  *d = amax / 127.0f;
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int c = 16 * g; c < 16 * g + 16; ++c) {
+      q[c] = static_cast<int8_t>(std::nearbyint(x[c] * id));
+      sum += q[c];
+    }
+    bs[g] = *d * static_cast<float>(sum);
+  }
+}
+
+}  // namespace spool::ops::q8
+#endif  // SPOOL_OPS_GGML_Q8_SHARED
+
+// ---- Per-target kernels ----
+HWY_BEFORE_NAMESPACE();
+namespace spool::ops {
+namespace HWY_NAMESPACE {
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+namespace q8k {
+
+// int32 lanes += the int16 pair products of a and b.
+HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i a, __m512i b) {
+#if HWY_TARGET <= HWY_AVX3_DL
+  // AVX-512 VNNI vpdpwssd. Highway 1.0.3's AVX3_DL target string names "avxvnni" (the VEX form)
+  // rather than "avx512vnni", so the intrinsic does not compile here; its runtime check of the
+  // target does require AVX-512 VNNI.
+  asm("vpdpwssd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+  return acc;
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+HWY_INLINE float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One weight block decoded for int8 dots (see the file comment).
+struct Block8 {
+  __m512i q[4];  // codes of columns 64k .. 64k + 63, unsigned bytes
+  __m512i s[4];  // int16 scale of the sub-block of column pair (2i, 2i + 1) of vector k, lane i
+  __m512 c;      // per 16 columns: offset coefficient, multiplied by bs
+  float d;       // block scale of the integer dots
+};
+
+// Lane i of vector k takes scale (k * 64 + 2 i) / G of a 16-lane int16 vector (G = sub-block
+// columns: 32 for Q4_K, 16 for Q6_K): vpermw indices.
+template <int G>
+struct ScaleIdx {
+  alignas(64) int16_t v[4][32];
+  constexpr ScaleIdx() : v() {
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 32; ++i) v[k][i] = static_cast<int16_t>((k * 64 + 2 * i) / G);
+  }
+};
+template <int G>
+inline constexpr ScaleIdx<G> kScaleIdx{};
+template <int G>
+HWY_INLINE __m512i ScaleIndex(int k) {
+  return _mm512_load_si512(kScaleIdx<G>.v[k]);
+}
+
+template <GgmlType Q>
+struct Format;
+
+template <>
+struct Format<GgmlType::Q4_K> {
+  static constexpr int64_t kBytes = 144;
+  HWY_INLINE static void Decode(const uint8_t* HWY_RESTRICT p, Block8& b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      // qs bytes 64h .. 64h + 63: low nibbles = columns 128h + [0, 32) and [64, 96), high
+      // nibbles = [32, 64) and [96, 128): the 256-bit halves regrouped into column order.
+      const __m512i z = _mm512_loadu_si512(p + 16 + 64 * h);
+      const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      b.q[2 * h] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+      b.q[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    alignas(16) uint8_t sm[16];
+    ggml::unpack_k4_scales(p + 4, sm);  // scales 0..7, mins 0..7
+    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(v));
+    for (int k = 0; k < 4; ++k) b.s[k] = _mm512_permutexvar_epi16(ScaleIndex<32>(k), sc);
+    // min of sub-block g / 2 for each 16 columns g
+    const __m128i mins = _mm_shuffle_epi8(v, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15));
+    b.c = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mins)), _mm512_set1_ps(-Half(p + 2)));
+    b.d = Half(p);
+  }
+};
+
+template <>
+struct Format<GgmlType::Q6_K> {
+  static constexpr int64_t kBytes = 210;
+  HWY_INLINE static void Decode(const uint8_t* HWY_RESTRICT p, Block8& b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    // qh bit pairs to bits 4-5: columns 128h + [0, 32) take bits 0-1 (<< 4), [32, 64) bits 2-3
+    // (<< 2), [64, 96) bits 4-5, [96, 128) bits 6-7 (>> 2); 16-bit shifts, the spill across
+    // bytes masked off.
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = _mm512_loadu_si512(p + 64 * h);  // ql: columns [0, 64) low, [64, 128) high nibbles
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h)));
+      b.q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+      b.q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+    }
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    for (int k = 0; k < 4; ++k) b.s[k] = _mm512_permutexvar_epi16(ScaleIndex<16>(k), sc);
+    b.d = Half(p + 208);
+    b.c = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(-32.0f * b.d));
+  }
+};
+
+// acc += the block's dot with one token's activation block (codes qa [256], scale da, sums bs [16]).
+HWY_INLINE __m512 Dot(const Block8& b, const int8_t* HWY_RESTRICT qa, float da, const float* HWY_RESTRICT bs, __m512 acc) {
+  __m512i s = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) s = Dpwssd(s, _mm512_maddubs_epi16(b.q[k], _mm512_loadu_si512(qa + 64 * k)), b.s[k]);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(b.d * da), acc);
+  return _mm512_fmadd_ps(b.c, _mm512_loadu_ps(bs), acc);
+}
+
+constexpr int64_t kTokenTile = 64;       // tokens per pass over a row group (activations in L2)
+constexpr int64_t kSegBlocks = 4;        // blocks per panel segment: 4 rows x 4 blocks of Block8 in L1
+constexpr int kRows = 4;                 // rows per decode / panel group
+constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (as the f32 kernels)
+
+// Decode: R rows x 1 token, the weights only in registers.
+template <GgmlType Q, int R>
+HWY_INLINE void GemvRows(const uint8_t* const* rows, const Q8Acts& a, float* y, const uint8_t* pf) {
+  using F = Format<Q>;
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.blocks(); ++b) {
+    if (pf != nullptr)
+      for (int i = 0; i < R; ++i) hwy::Prefetch(pf + (i * a.blocks() + b) * F::kBytes);
+    const int8_t* qa = a.q.data() + b * kQ8Block;
+    const float* bs = a.bs.data() + b * 16;
+    for (int i = 0; i < R; ++i) {
+      Block8 blk;
+      F::Decode(rows[i] + b * F::kBytes, blk);
+      acc[i] = Dot(blk, qa, a.d[b], bs, acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) y[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+// Prefill register tile: R rows of a decoded panel segment (nb blocks) x TT tokens.
+template <int R, int TT>
+HWY_INLINE void PanelTile(const Block8* HWY_RESTRICT panel, int64_t nb, const Q8Acts& a, int64_t b0, int64_t t,
+                          __m512* HWY_RESTRICT acc) {
+  const int64_t anb = a.blocks();
+  __m512 f[R * TT];
+  for (int i = 0; i < R * TT; ++i) f[i] = acc[i];
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i s[R * TT];
+    for (int i = 0; i < R * TT; ++i) s[i] = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      __m512i x[TT];
+      for (int j = 0; j < TT; ++j) x[j] = _mm512_loadu_si512(a.q.data() + (t + j) * a.cols + (b0 + b) * kQ8Block + 64 * k);
+      for (int i = 0; i < R; ++i) {
+        const Block8& w = panel[i * kSegBlocks + b];
+        for (int j = 0; j < TT; ++j) s[i * TT + j] = Dpwssd(s[i * TT + j], _mm512_maddubs_epi16(w.q[k], x[j]), w.s[k]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const Block8& w = panel[i * kSegBlocks + b];
+      for (int j = 0; j < TT; ++j) {
+        const int64_t ab = (t + j) * anb + b0 + b;
+        f[i * TT + j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i * TT + j]), _mm512_set1_ps(w.d * a.d[ab]), f[i * TT + j]);
+        f[i * TT + j] = _mm512_fmadd_ps(w.c, _mm512_loadu_ps(a.bs.data() + ab * 16), f[i * TT + j]);
+      }
+    }
+  }
+  for (int i = 0; i < R * TT; ++i) acc[i] = f[i];
+}
+
+// Prefill: rows [r, r + R) against tokens [t0, t1), through a Block8 panel per segment.
+template <GgmlType Q, int R>
+HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, const Q8Acts& a, float* y, int64_t ldy,
+                          Block8* HWY_RESTRICT panel, __m512* HWY_RESTRICT acc) {
+  using F = Format<Q>;
+  const int64_t rb = w.row_bytes(), nt = t1 - t0;
+  for (int64_t i = 0; i < nt * R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < a.blocks(); b0 += kSegBlocks) {
+    const int64_t nb = std::min(kSegBlocks, a.blocks() - b0);
+    for (int i = 0; i < R; ++i)
+      for (int64_t b = 0; b < nb; ++b) F::Decode(w.data + (r + i) * rb + (b0 + b) * F::kBytes, panel[i * kSegBlocks + b]);
+    int64_t t = 0;
+    // acc holds, per token pair, R x 2 vectors in PanelTile's order; the last odd token R x 1.
+    for (; t + 2 <= nt; t += 2) PanelTile<R, 2>(panel, nb, a, b0, t0 + t, acc + t * R);
+    if (t < nt) PanelTile<R, 1>(panel, nb, a, b0, t0 + t, acc + t * R);
+  }
+  int64_t t = 0;
+  for (; t + 2 <= nt; t += 2)
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < 2; ++j) y[(t0 + t + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[t * R + i * 2 + j]);
+  if (t < nt)
+    for (int i = 0; i < R; ++i) y[(t0 + t) * ldy + r + i] = _mm512_reduce_add_ps(acc[t * R + i]);
+}
+
+template <GgmlType Q>
+void TypedRows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t rb = w.row_bytes();
+  if (a.T == 1) {
+    const int64_t ahead = kRows * std::max<int64_t>(1, kPrefetchBytes / (kRows * rb));
+    int64_t r = r0;
+    for (; r + kRows <= r1; r += kRows) {
+      const uint8_t* rows[kRows];
+      for (int i = 0; i < kRows; ++i) rows[i] = w.data + (r + i) * rb;
+      GemvRows<Q, kRows>(rows, a, y + r, r + ahead + kRows <= r1 ? w.data + (r + ahead) * rb : nullptr);
+    }
+    for (; r < r1; ++r) {
+      const uint8_t* rows[1] = {w.data + r * rb};
+      GemvRows<Q, 1>(rows, a, y + r, nullptr);
+    }
+    return;
+  }
+  alignas(64) Block8 panel[kRows * kSegBlocks];
+  __m512 acc[kTokenTile * kRows];
+  for (int64_t t0 = 0; t0 < a.T; t0 += kTokenTile) {
+    const int64_t t1 = std::min(a.T, t0 + kTokenTile);
+    int64_t r = r0;
+    for (; r + kRows <= r1; r += kRows) PanelRows<Q, kRows>(w, r, t0, t1, a, y, ldy, panel, acc);
+    for (; r < r1; ++r) PanelRows<Q, 1>(w, r, t0, t1, a, y, ldy, panel, acc);
+  }
+}
+
+// One token's blocks: amax, codes (vpmovdb of the rounded products), per-16 sums.
+void QuantizeToken(const float* HWY_RESTRICT x, int64_t nb, int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d,
+                   float* HWY_RESTRICT bs) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQ8Block;
+    __m512 m = _mm512_setzero_ps();
+    for (int g = 0; g < 16; ++g) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + 16 * g)));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    for (int g = 0; g < 16; ++g) {
+      const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * g), vid));  // nearest-even
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block + 16 * g), _mm512_cvtepi32_epi8(qi));
+      bs[b * 16 + g] = d[b] * static_cast<float>(_mm512_reduce_add_epi32(qi));
+    }
+  }
+}
+
+}  // namespace q8k
+#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+
+void Q8Rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (w.type == GgmlType::Q4_K) return q8k::TypedRows<GgmlType::Q4_K>(w, a, y, ldy, r0, r1);
+  if (w.type == GgmlType::Q6_K) return q8k::TypedRows<GgmlType::Q6_K>(w, a, y, ldy, r0, r1);
+#endif
+  q8::rows_scalar(w, a, y, ldy, r0, r1);
+}
+
+void Q8Quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
+  const int64_t nb = cols / kQ8Block;
+  for (int64_t t = 0; t < T; ++t) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    q8k::QuantizeToken(x + t * cols, nb, a.q.data() + t * cols, a.d.data() + t * nb, a.bs.data() + t * nb * 16);
+#else
+    for (int64_t b = 0; b < nb; ++b)
+      q8::quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
+                         &a.bs[(t * nb + b) * 16]);
+#endif
+  }
+}
+
+const char* Q8Variant() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+  return "avx512vnni";
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return "avx512bw";
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace spool::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spool::ops {
+
+HWY_EXPORT(Q8Rows);
+HWY_EXPORT(Q8Quantize);
+HWY_EXPORT(Q8Variant);
+
+namespace {
+std::atomic<bool> g_int8_acts{false};
+
+void resize(int64_t T, int64_t cols, Q8Acts& a) {
+  if (T < 0 || cols <= 0 || cols % kQ8Block != 0)
+    fail("q8_quantize: %lld columns (must be a positive multiple of %lld), %lld tokens", static_cast<long long>(cols),
+         static_cast<long long>(kQ8Block), static_cast<long long>(T));
+  a.T = T;
+  a.cols = cols;
+  a.q.resize(static_cast<size_t>(T * cols));
+  a.d.resize(static_cast<size_t>(T * (cols / kQ8Block)));
+  a.bs.resize(static_cast<size_t>(T * (cols / kQ8Block) * 16));
+}
+}  // namespace
+
+void q8_quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
+  resize(T, cols, a);
+  HWY_DYNAMIC_DISPATCH(Q8Quantize)(x, T, cols, a);
+}
+
+void q8_quantize_reference(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
+  resize(T, cols, a);
+  const int64_t nb = cols / kQ8Block;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < nb; ++b)
+      q8::quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
+                         &a.bs[(t * nb + b) * 16]);
+}
+
+bool q8_supported(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
+
+const char* q8_variant() { return HWY_DYNAMIC_DISPATCH(Q8Variant)(); }
+
+bool q8_fast() { return std::strcmp(q8_variant(), "scalar") != 0; }
+
+void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  validate(w);
+  if (!q8_supported(w.type)) fail("int8 activations: no kernel for %s (Q4_K and Q6_K only)", ggml_describe(w).c_str());
+  if (a.cols != w.cols)
+    fail("int8 activations for %s: %lld columns, the weight has %lld", ggml_describe(w).c_str(),
+         static_cast<long long>(a.cols), static_cast<long long>(w.cols));
+  if (r0 < 0 || r1 > w.rows || r0 > r1)
+    fail("ggml_q8_matmul_rows (%s): rows [%lld, %lld) outside [0, %lld)", ggml_describe(w).c_str(),
+         static_cast<long long>(r0), static_cast<long long>(r1), static_cast<long long>(w.rows));
+  if (r0 == r1 || a.T == 0) return;
+  HWY_DYNAMIC_DISPATCH(Q8Rows)(w, a, y, ldy, r0, r1);
+}
+
+void ggml_q8_matmul(const GgmlView& w, const Q8Acts& a, float* y, ThreadPool* pool) {
+  const int64_t work = w.rows * w.cols * a.T;
+  if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) return ggml_q8_matmul_rows(w, a, y, w.rows, 0, w.rows);
+  validate(w);  // errors on the calling thread, before the workers start
+  ggml_q8_matmul_rows(w, a, y, w.rows, 0, 0);
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { ggml_q8_matmul_rows(w, a, y, w.rows, b, e); });
+}
+
+void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y) {
+  validate(w);
+  if (!q8_supported(w.type) || a.cols != w.cols) fail("ggml_q8_matmul_reference: %s", ggml_describe(w).c_str());
+  q8::rows_scalar(w, a, y, w.rows, 0, w.rows);
+}
+
+void set_int8_activations(bool on) { g_int8_acts.store(on, std::memory_order_relaxed); }
+bool int8_activations() { return g_int8_acts.load(std::memory_order_relaxed); }
+
+}  // namespace spool::ops
+#endif  // HWY_ONCE

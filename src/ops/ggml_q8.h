@@ -1,0 +1,78 @@
+// Int8 activations for K-quant weights (opt in: --act-bits 8). The activations of one product
+// are quantized once, per 256 columns, to int8 with one f32 scale (the idea of ggml's Q8_K), and
+// Q4_K / Q6_K rows are dotted against them in integer arithmetic: vpmaddubsw (unsigned weight
+// codes x signed activation codes), then vpdpwssd (VNNI) or vpmaddwd + vpaddd with the int16
+// sub-block scales, one f32 rescale per 256-column block. This is the arithmetic of llama.cpp's
+// CPU backend (it quantizes activations to 8 bits for every quantized type). It trades the f32
+// kernels' 1e-4 match to the dequantized model for about half the instructions per weight: each
+// activation moves by at most half its block's step, |x - d q| <= d / 2, so an output moves by at
+// most sum_b d_b / 2 * sum_{c in b} |W[r, c]| (tested as a bound).
+//
+// The int8 kernels run on x86 CPUs with AVX-512BW (Highway target AVX3; AVX3_DL adds VNNI); on
+// other targets ggml_q8_matmul_rows() computes the same sums in scalar code and q8_fast() is
+// false, so matmul() keeps the f32 kernels there.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/ggml_types.h"
+#include "ops/ggml_blocks.h"
+#include "ops/thread_pool.h"
+
+namespace spool::ops {
+
+/// Columns per activation block (one f32 scale each): ggml's QK_K.
+inline constexpr int64_t kQ8Block = 256;
+
+/// Activations x [T, cols] (cols a multiple of kQ8Block) quantized per 256-column block b of
+/// token t: d[t * nb + b] = amax / 127 (amax = max |x| over the block; 0 for an all-zero block),
+/// q[t * cols + c] = round-half-even(x * (127 / amax)) (0 when amax is 0), so |q| <= 127, and
+/// bs[(t * nb + b) * 16 + g] = d * (sum of q over the block's columns 16g .. 16g + 15) (f32; the
+/// min / offset terms of the weight formats use it).
+struct Q8Acts {
+  int64_t T = 0, cols = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<float> bs;
+  int64_t blocks() const { return cols / kQ8Block; }
+};
+
+/// Quantizes x [T, cols] into a (resized). Throws spool::Error unless cols is a positive multiple
+/// of kQ8Block and T >= 0. SIMD on AVX3 targets, bit-identical to q8_quantize_reference().
+void q8_quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a);
+
+/// Scalar reference of q8_quantize() (the definition above, one element at a time).
+void q8_quantize_reference(const float* x, int64_t T, int64_t cols, Q8Acts& a);
+
+/// True for the weight types the int8 kernels cover: Q4_K and Q6_K.
+bool q8_supported(GgmlType t);
+
+/// True when the SIMD int8 kernels run on this CPU now (Highway dispatches to AVX3 or better;
+/// follows hwy::SetSupportedTargetsForTest). matmul() only takes the int8 path when this holds.
+bool q8_fast();
+
+/// Name of the int8 kernel variant dispatched to now: "avx512vnni", "avx512bw" or "scalar".
+const char* q8_variant();
+
+/// y[t * ldy + r] = sum_b d_w d_a[t, b] sum_c s_w(c) q_w(c) q_a(t, c) + the format's min / offset
+/// term against bs, for rows r in [r0, r1) of w and the a.T tokens of a; on the calling thread.
+/// Throws spool::Error unless q8_supported(w.type), a.cols == w.cols and 0 <= r0 <= r1 <= rows.
+void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+/// y = W x for the a.T tokens of a: y [a.T, w.rows]; parallel over rows (chunks of 16) when a
+/// pool is given. Same errors as ggml_q8_matmul_rows().
+void ggml_q8_matmul(const GgmlView& w, const Q8Acts& a, float* y, ThreadPool* pool);
+
+/// Scalar reference of ggml_q8_matmul_rows() over all rows (y [a.T, w.rows]): the integer dots of
+/// each sub-block exactly, the scales applied in double precision.
+void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y);
+
+/// Process-wide switch behind --act-bits: when on, matmul() / matmul_rows() / matmul_multi()
+/// quantize the activations of Q4_K / Q6_K products to int8 (when q8_fast()). Default off (f32
+/// activations, exact against the dequantized weights).
+void set_int8_activations(bool on);
+/// The switch above.
+bool int8_activations();
+
+}  // namespace spool::ops

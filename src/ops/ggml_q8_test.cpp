@@ -1,0 +1,275 @@
+// Int8-activation kernels (ggml_q8.h): the SIMD quantization bit-identical to the scalar
+// definition, the Q4_K / Q6_K kernels (AVX-512 with and without VNNI, the scalar sums on other
+// targets) against the scalar reference over ragged shapes and token counts around the tiles,
+// the int8 result within the activation-rounding bound of the exact f32 product, the matmul()
+// entry points taking the path only when switched on, and the errors.
+#include "ops/ggml_q8.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../../tests/support/ggml_random.h"
+#include "../../tests/support/random.h"
+#include "common/error.h"
+#include "ops/matmul.h"
+
+namespace spool::ops {
+namespace {
+
+using spool::testing::randn;
+using spool::testing::random_ggml_blocks;
+
+constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
+
+// Runs fn once with Highway's own choice (AVX3_DL, i.e. VNNI, on CPUs that have it: this file's
+// kernels are built for it, the test's target list is not) and once per target of the list.
+template <class F>
+void for_each_variant(F&& fn) {
+  {
+    SCOPED_TRACE(std::string("default dispatch: ") + q8_variant());
+    fn();
+  }
+  spool::testing::for_each_target([&](int64_t) {
+    SCOPED_TRACE(q8_variant());
+    fn();
+  });
+}
+
+// x with some structure: a few large outliers, one all-zero block (token 0, block 1 when present).
+std::vector<float> activations(int64_t T, int64_t cols, uint64_t seed) {
+  std::vector<float> x = randn(static_cast<size_t>(T * cols), seed);
+  for (size_t i = 7; i < x.size(); i += 613) x[i] *= 40.0f;
+  if (cols >= 2 * kQ8Block) {
+    for (int64_t c = kQ8Block; c < 2 * kQ8Block; ++c) x[c] = 0.0f;
+  }
+  return x;
+}
+
+TEST(GgmlQ8, VariantUsesAvx512WhereTheCpuHasIt) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    EXPECT_TRUE(q8_fast()) << q8_variant();
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi2")) {
+      EXPECT_STREQ(q8_variant(), "avx512vnni");
+    }
+  }
+#endif
+  hwy::SetSupportedTargetsForTest(HWY_SCALAR);
+  EXPECT_FALSE(q8_fast());
+  EXPECT_STREQ(q8_variant(), "scalar");
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
+  for (int64_t cols : {256, 1280}) {
+    const int64_t T = 5;
+    const std::vector<float> x = activations(T, cols, 11 + cols);
+    Q8Acts ref;
+    q8_quantize_reference(x.data(), T, cols, ref);
+    // the definition itself: |q| <= 127, an all-zero block has d = 0, every value within d / 2
+    for (int64_t i = 0; i < T * cols; ++i) {
+      const float d = ref.d[i / kQ8Block];  // (blocks of a token are contiguous: i / 256 = t * nb + b)
+      ASSERT_LE(std::abs(int{ref.q[i]}), 127);
+      ASSERT_LE(std::fabs(x[i] - d * ref.q[i]), 0.5f * d * (1 + 1e-6f) + 1e-30f) << i;
+    }
+    if (cols >= 2 * kQ8Block) {
+      EXPECT_EQ(ref.d[1], 0.0f);
+    }
+    for_each_variant([&] {
+      Q8Acts a;
+      q8_quantize(x.data(), T, cols, a);
+      EXPECT_EQ(a.q, ref.q);
+      EXPECT_EQ(a.d, ref.d);
+      EXPECT_EQ(a.bs, ref.bs);
+    });
+  }
+}
+
+// |y - ref| <= 1e-5 * sum_c |W[r, c] x[t, c]| (the reference's own scale of the output).
+void expect_close(const GgmlView& w, const std::vector<float>& x, int64_t T, const std::vector<float>& y,
+                  const std::vector<float>& ref, int64_t ldy, const std::string& what) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  int bad = 0;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    ggml_dequantize_row(w.type, w.data + r * w.row_bytes(), w.cols, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double mag = 0;
+      for (int64_t c = 0; c < w.cols; ++c) mag += std::fabs(double(row[c]) * x[t * w.cols + c]);
+      const double e = std::fabs(double(y[t * ldy + r]) - ref[t * w.rows + r]);
+      if (!(e <= 1e-5 * mag + 1e-30) && ++bad <= 5)
+        ADD_FAILURE() << what << " t=" << t << " r=" << r << ": " << y[t * ldy + r] << " vs " << ref[t * w.rows + r];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(GgmlQ8, KernelsMatchReferenceEveryTarget) {
+  const int64_t rows = 37;  // 9 groups of 4 and one row
+  for (GgmlType type : kTypes)
+    for (int64_t cols : {256, 512, 1280}) {  // 1280: a 4-block panel segment and one more
+      const std::vector<uint8_t> m = random_ggml_blocks(type, rows, cols, 3 + cols);
+      GgmlView v{type, rows, cols, m.data(), "w"};
+      for (int64_t T : {1, 2, 3, 7, 64, 67}) {
+        const std::vector<float> x = activations(T, cols, T * 100 + cols);
+        Q8Acts a;
+        q8_quantize(x.data(), T, cols, a);
+        std::vector<float> ref(static_cast<size_t>(T * rows));
+        ggml_q8_matmul_reference(v, a, ref.data());
+        const std::string what = std::string(ggml_type_traits(type).name) + " cols=" + std::to_string(cols) + " T=" + std::to_string(T);
+        for_each_variant([&] {
+          std::vector<float> y(static_cast<size_t>(T * rows), -1.0f);
+          ggml_q8_matmul_rows(v, a, y.data(), rows, 0, 5);  // rows [0, 5): a group and one row, then the rest
+          ggml_q8_matmul_rows(v, a, y.data(), rows, 5, rows);
+          expect_close(v, x, T, y, ref, rows, what);
+          // prefill equals one token at a time, bit for bit (same accumulation order per output)
+          if (T > 1) {
+            std::vector<float> y1(static_cast<size_t>(T * rows));
+            for (int64_t t = 0; t < T; ++t) {
+              Q8Acts a1;
+              q8_quantize(x.data() + t * cols, 1, cols, a1);
+              ggml_q8_matmul_rows(v, a1, y1.data() + t * rows, rows, 0, rows);
+            }
+            EXPECT_EQ(y, y1) << what;
+          }
+        });
+      }
+    }
+}
+
+TEST(GgmlQ8, RowsRangeAndStride) {
+  const int64_t rows = 40, cols = 1280, T = 3, ldy = 50;
+  for (GgmlType type : kTypes) {
+    const std::vector<uint8_t> m = random_ggml_blocks(type, rows, cols, 17);
+    GgmlView v{type, rows, cols, m.data(), "w"};
+    const std::vector<float> x = activations(T, cols, 5);
+    Q8Acts a;
+    q8_quantize(x.data(), T, cols, a);
+    std::vector<float> ref(static_cast<size_t>(T * rows));
+    ggml_q8_matmul_reference(v, a, ref.data());
+    for_each_variant([&] {
+      std::vector<float> y(static_cast<size_t>(T * ldy), -7.0f);
+      ggml_q8_matmul_rows(v, a, y.data(), ldy, 13, 30);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < ldy; ++r) {
+          const float got = y[t * ldy + r];
+          if (r >= 13 && r < 30)
+            EXPECT_NEAR(got, ref[t * rows + r], 1e-4 * (std::fabs(ref[t * rows + r]) + 1)) << t << " " << r;
+          else
+            EXPECT_EQ(got, -7.0f) << "wrote outside rows [13, 30): t " << t << " r " << r;
+        }
+    });
+  }
+}
+
+// The int8 product differs from the exact one only by the activations' rounding:
+// |y8 - y| <= sum_b d_b / 2 * sum_{c in b} |W[r, c]| (plus float slack).
+TEST(GgmlQ8, WithinTheRoundingBoundOfTheExactProduct) {
+  const int64_t rows = 24, cols = 1024, T = 4;
+  for (GgmlType type : kTypes) {
+    const std::vector<uint8_t> m = random_ggml_blocks(type, rows, cols, 29);
+    GgmlView v{type, rows, cols, m.data(), "w"};
+    const std::vector<float> x = activations(T, cols, 31);
+    Q8Acts a;
+    q8_quantize(x.data(), T, cols, a);
+    std::vector<float> exact(static_cast<size_t>(T * rows)), y(static_cast<size_t>(T * rows));
+    ggml_matmul_reference(v, x.data(), T, exact.data());
+    ggml_q8_matmul(v, a, y.data(), nullptr);
+    std::vector<float> row(static_cast<size_t>(cols));
+    double worst = 0;  // largest error as a fraction of its bound
+    for (int64_t r = 0; r < rows; ++r) {
+      ggml_dequantize_row(type, m.data() + r * v.row_bytes(), cols, row.data());
+      for (int64_t t = 0; t < T; ++t) {
+        double bound = 0, mag = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          bound += 0.5 * a.d[t * a.blocks() + c / kQ8Block] * std::fabs(row[c]);
+          mag += std::fabs(double(row[c]) * x[t * cols + c]);
+        }
+        const double e = std::fabs(double(y[t * rows + r]) - exact[t * rows + r]);
+        EXPECT_LE(e, bound + 1e-5 * mag) << ggml_type_traits(type).name << " t " << t << " r " << r;
+        worst = std::max(worst, e / bound);
+      }
+    }
+    EXPECT_GT(worst, 0.0) << "the int8 path should not be exact";
+  }
+}
+
+// matmul(), matmul_rows(), matmul_rows_pair() and matmul_multi() take the int8 kernels for
+// Q4_K / Q6_K only when switched on, with the same results as ggml_q8_matmul(); other types and
+// the switch off keep the f32 kernels.
+TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
+  const int64_t rows = 48, cols = 512, T = 3;
+  const std::vector<uint8_t> m4 = random_ggml_blocks(GgmlType::Q4_K, rows, cols, 41);
+  const std::vector<uint8_t> m6 = random_ggml_blocks(GgmlType::Q6_K, rows, cols, 43);
+  const std::vector<uint8_t> m5 = random_ggml_blocks(GgmlType::Q5_K, rows, cols, 47);
+  const WeightView w4 = ggml_weight_view(GgmlType::Q4_K, rows, cols, m4.data());
+  const WeightView w6 = ggml_weight_view(GgmlType::Q6_K, rows, cols, m6.data());
+  const WeightView w5 = ggml_weight_view(GgmlType::Q5_K, rows, cols, m5.data());
+  const std::vector<float> x = activations(T, cols, 53);
+  Q8Acts a;
+  q8_quantize(x.data(), T, cols, a);
+  auto int8_of = [&](const std::vector<uint8_t>& m, GgmlType t) {
+    std::vector<float> y(static_cast<size_t>(T * rows));
+    ggml_q8_matmul(GgmlView{t, rows, cols, m.data(), nullptr}, a, y.data(), nullptr);
+    return y;
+  };
+  auto f32_of = [&](const WeightView& w) {
+    std::vector<float> y(static_cast<size_t>(T * rows));
+    ggml_matmul(GgmlView{w.ggml, rows, cols, static_cast<const uint8_t*>(w.data), nullptr}, x.data(), T, y.data(), nullptr);
+    return y;
+  };
+  const std::vector<float> i4 = int8_of(m4, GgmlType::Q4_K), i6 = int8_of(m6, GgmlType::Q6_K);
+  const std::vector<float> f4 = f32_of(w4), f6 = f32_of(w6), f5 = f32_of(w5);
+  ASSERT_NE(i4, f4);
+  ThreadPool pool(2);
+  for (bool on : {false, true}) {
+    SCOPED_TRACE(on ? "int8 on" : "int8 off");
+    set_int8_activations(on);
+    const bool q8 = on && q8_fast();
+    std::vector<float> y4(static_cast<size_t>(T * rows)), y6(y4.size()), y5(y4.size());
+    matmul(w4, x.data(), T, y4.data(), &pool);
+    EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul";
+    std::fill(y4.begin(), y4.end(), 0.0f);
+    matmul_rows(w4, x.data(), T, y4.data(), rows, 0, rows);
+    EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows";
+    matmul_rows_pair(w4, y4.data(), w6, y6.data(), x.data(), T);
+    EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows_pair";
+    EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_rows_pair";
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::fill(y4.begin(), y4.end(), 0.0f);
+      matmul_multi({{&w4, y4.data()}, {&w5, y5.data()}, {&w6, y6.data()}}, x.data(), T, p);
+      EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_multi";
+      EXPECT_EQ(y5, f5) << "matmul_multi: Q5_K has no int8 kernel";
+      EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_multi";
+    }
+  }
+  set_int8_activations(false);
+}
+
+TEST(GgmlQ8, Errors) {
+  const std::vector<uint8_t> m = random_ggml_blocks(GgmlType::Q4_K, 4, 512, 1);
+  const std::vector<uint8_t> m5 = random_ggml_blocks(GgmlType::Q5_K, 4, 512, 1);
+  const std::vector<float> x = randn(512, 2);
+  Q8Acts a;
+  EXPECT_THROW(q8_quantize(x.data(), 1, 500, a), Error);
+  EXPECT_THROW(q8_quantize(x.data(), -1, 512, a), Error);
+  q8_quantize(x.data(), 1, 256, a);
+  std::vector<float> y(8);
+  EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, a, y.data(), 4, 0, 4), Error);  // cols
+  q8_quantize(x.data(), 1, 512, a);
+  EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "w"}, a, y.data(), 4, 0, 4), Error);
+  EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, a, y.data(), 4, 0, 5), Error);
+  EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, a, y.data(), 4, -1, 2), Error);
+  try {
+    ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "blk.0.ffn_up.weight"}, a, y.data(), 4, 0, 4);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Q5_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("blk.0.ffn_up.weight"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace spool::ops
