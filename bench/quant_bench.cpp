@@ -20,6 +20,7 @@
 
 #include "memory_read.h"
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_q8.h"
 #include "ops/matmul.h"
 #include "ops/quant_matmul.h"
 #include "ops/thread_pool.h"
@@ -317,6 +318,72 @@ void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
   for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
 }
 BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
+
+// The same GEMV / GEMM with int8 activations (--act-bits 8, ops/ggml_q8.h), the activation
+// quantization included (once per call, as matmul() does). Args as BM_GgmlGemv / BM_GgmlGemm.
+void BM_GgmlQ8Gemv(benchmark::State& st) {
+  const auto t = static_cast<spool::GgmlType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2);
+  const int threads = static_cast<int>(st.range(3));
+  const bool stream = st.range(4) != 0;
+  const std::vector<uint8_t> m0 = ggml_random(t, rows, cols);
+  const size_t copies = stream ? (kStreamBytes + m0.size() - 1) / m0.size() : 1;
+  std::vector<std::vector<uint8_t>> ms(copies, m0);
+  std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
+  for (size_t c = 0; c < x.size(); ++c) x[c] = 0.5f + 0.25f * static_cast<float>(c % 7);
+  spool::ops::ThreadPool pool(threads);
+  spool::ops::Q8Acts a;
+  size_t i = 0;
+  for (auto _ : st) {
+    const spool::ops::GgmlView v{t, rows, cols, ms[i].data(), nullptr};
+    i = (i + 1) % ms.size();
+    spool::ops::q8_quantize(x.data(), 1, cols, a);
+    spool::ops::ggml_q8_matmul(v, a, y.data(), threads > 1 ? &pool : nullptr);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string(spool::ggml_type_name(t)) + (stream ? " stream " : " hot ") + spool::ops::q8_variant());
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(m0.size()) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+void GgmlQ8GemvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream"});
+  for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, 1});
+    b->Args({static_cast<int64_t>(t), 2048, 2048, 1, 0});
+    b->Args({static_cast<int64_t>(t), 4096, 14336, 1, 0});
+  }
+}
+BENCHMARK(BM_GgmlQ8Gemv)->Apply(GgmlQ8GemvArgs)->UseRealTime();
+
+void BM_GgmlQ8Gemm(benchmark::State& st) {
+  const auto t = static_cast<spool::GgmlType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
+  const int threads = static_cast<int>(st.range(4));
+  const std::vector<uint8_t> m = ggml_random(t, rows, cols);
+  const auto x = hwy::AllocateAligned<float>(static_cast<size_t>(T * cols));
+  for (int64_t c = 0; c < T * cols; ++c) x[c] = 0.5f + 0.25f * static_cast<float>(c % 7);
+  std::vector<float> y(static_cast<size_t>(T * rows));
+  spool::ops::ThreadPool pool(threads);
+  spool::ops::Q8Acts a;
+  const spool::ops::GgmlView v{t, rows, cols, m.data(), nullptr};
+  for (auto _ : st) {
+    spool::ops::q8_quantize(x.get(), T, cols, a);
+    spool::ops::ggml_q8_matmul(v, a, y.data(), threads > 1 ? &pool : nullptr);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string(spool::ggml_type_name(t)) + " " + spool::ops::q8_variant());
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+void GgmlQ8GemmArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "T", "thr"});
+  for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 2048, 2048, 512, thr});
+    b->Args({static_cast<int64_t>(t), 512, 2048, 16, 1});
+    b->Args({static_cast<int64_t>(t), 2048, 512, 16, 1});
+    b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
+  }
+}
+BENCHMARK(BM_GgmlQ8Gemm)->Apply(GgmlQ8GemmArgs)->UseRealTime();
 
 // HF MXFP4 matrix [rows, cols]: random codes, E8M0 scales 2^-7 .. 2^-6; blocks then scales.
 std::vector<uint8_t> mxfp4_random(int64_t rows, int64_t cols) {

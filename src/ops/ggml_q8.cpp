@@ -245,8 +245,9 @@ HWY_INLINE void GemvRows(const uint8_t* const* rows, const Q8Acts& a, float* y, 
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.blocks(); ++b) {
-    if (pf != nullptr)
-      for (int i = 0; i < R; ++i) hwy::Prefetch(pf + (i * a.blocks() + b) * F::kBytes);
+    if (pf != nullptr)  // every cache line of the rows' block kPrefetchBytes ahead
+      for (int i = 0; i < R; ++i)
+        for (int64_t o = 0; o < F::kBytes + 63; o += 64) hwy::Prefetch(pf + (i * a.blocks() + b) * F::kBytes + o);
     const int8_t* qa = a.q.data() + b * kQ8Block;
     const float* bs = a.bs.data() + b * 16;
     for (int i = 0; i < R; ++i) {
