@@ -7,12 +7,16 @@
 // rearranged with byte masks, 16-bit shifts and 128-bit lane shuffles), the int16 scale of each
 // column pair's sub-block (4 vectors of 32 lanes, matching vpmaddubsw's output), the block scale
 // d and a 16-lane f32 vector c of the format's per-16-column offset (Q4_K: -dmin * min of the
-// sub-block; Q6_K: -32 * d * scale, the codes' bias). One token's dot is then 4 x (vpmaddubsw,
-// vpdpwssd) into int32 lanes, and acc += float(int lanes) * (d * d_a) + c * bs (bs = d_a * the
-// activation codes' sums per 16 columns): 11 instructions per 256 weights and token.
-// Decode (T = 1) runs 4 rows at a time straight from the weights, with the f32 kernels'
-// prefetch distance; prefill decodes 4 rows x 4 blocks into a Block8 panel (L1) once per tile of
-// 64 tokens and runs a 4-row x 2-token register tile over it.
+// sub-block; Q6_K: -32 * d * scale, the codes' bias), applied as c * bs (bs = d_a * the
+// activation codes' sums per 16 columns).
+// Decode (T = 1): 4 rows at a time straight from the weights (the f32 kernels' prefetch
+// distance); one token's dot is 4 x (vpmaddubsw, vpdpwssd) into int32 lanes, then
+// acc += float(lanes) * (d * d_a) + c * bs.
+// Prefill (T >= 2): the activations are stored interleaved (Q8Acts) so that each 32-bit lane of
+// a 64-byte vector holds 4 columns of one 16-column group; 4 rows x 4 blocks are decoded into a
+// PanelBlock panel (codes interleaved the same way, f32 group scales d * s) once per tile of 64
+// tokens, and a 4-row x 4-token register tile runs 4 vpdpbusd per block, row and token (16
+// independent int32 chains), then acc += float(lanes) * (d s) * d_a + c * bs once per block.
 #include <cstdint>
 #define HWY_WANT_AVX3_DL  // this file's kernels use VNNI where the CPU has it (before highway.h)
 #undef HWY_TARGET_INCLUDE
@@ -52,7 +56,9 @@ inline double dot_row(GgmlType t, const uint8_t* row, const Q8Acts& a, int64_t t
   double sum = 0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = row + b * bsz;
-    const int8_t* qa = a.q.data() + tok * a.cols + b * kQ8Block;
+    const int8_t* qb = a.q.data() + tok * a.cols + b * kQ8Block;
+    int qa[kQ8Block];  // codes in column order
+    for (int64_t c = 0; c < kQ8Block; ++c) qa[c] = qb[a.interleaved ? q8_pos(c) : c];
     const double da = a.d[tok * nb + b];
     int codes[kQ8Block];
     if (t == GgmlType::Q4_K) {
@@ -101,8 +107,8 @@ inline void rows_scalar(const GgmlView& w, const Q8Acts& a, float* y, int64_t ld
     for (int64_t t = 0; t < a.T; ++t) y[t * ldy + r] = static_cast<float>(dot_row(w.type, w.data + r * w.row_bytes(), a, t));
 }
 
-/// One block of q8_quantize_reference: x [256] -> q, d, bs [16].
-inline void quantize_block(const float* x, int8_t* q, float* d, float* bs) {
+/// One block of q8_quantize_reference: x [256] -> q (column order or interleaved), d, bs [16].
+inline void quantize_block(const float* x, int8_t* q, float* d, float* bs, bool interleaved) {
   float amax = 0;
   for (int64_t c = 0; c < kQ8Block; ++c) amax = std::max(amax, std::fabs(x[c]));
   const float id = amax > 0 ? 127.0f / amax : 0.0f;
@@ -110,8 +116,9 @@ inline void quantize_block(const float* x, int8_t* q, float* d, float* bs) {
   for (int g = 0; g < 16; ++g) {
     int sum = 0;
     for (int c = 16 * g; c < 16 * g + 16; ++c) {
-      q[c] = static_cast<int8_t>(std::nearbyint(x[c] * id));
-      sum += q[c];
+      const int v = static_cast<int>(std::nearbyint(x[c] * id));
+      q[interleaved ? q8_pos(c) : c] = static_cast<int8_t>(v);
+      sum += v;
     }
     bs[g] = *d * static_cast<float>(sum);
   }
@@ -141,6 +148,31 @@ HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
+// int32 lanes += the sums of 4 products of unsigned bytes u and signed bytes s.
+HWY_INLINE __m512i Dpbusd(__m512i acc, __m512i u, __m512i s) {
+#if HWY_TARGET <= HWY_AVX3_DL
+  asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [s] "v"(s));  // (see Dpwssd)
+  return acc;
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+
+// 4 vectors of a block in column order -> interleaved (Q8Acts): 32-bit lane g of vector k takes
+// lane 4 (g % 4) + k of vector g / 4. A dword transpose inside each vector (4 x 4 over its
+// 128-bit lanes), then a 4 x 4 transpose of 128-bit lanes across the vectors.
+HWY_INLINE void Interleave(__m512i v[4]) {
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512i x[4];
+  for (int i = 0; i < 4; ++i) x[i] = _mm512_permutexvar_epi32(idx, v[i]);
+  const __m512i p = _mm512_shuffle_i64x2(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)), q = _mm512_shuffle_i64x2(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512i r = _mm512_shuffle_i64x2(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)), s = _mm512_shuffle_i64x2(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2));
+  v[0] = _mm512_shuffle_i64x2(p, r, _MM_SHUFFLE(2, 0, 2, 0));
+  v[1] = _mm512_shuffle_i64x2(p, r, _MM_SHUFFLE(3, 1, 3, 1));
+  v[2] = _mm512_shuffle_i64x2(q, s, _MM_SHUFFLE(2, 0, 2, 0));
+  v[3] = _mm512_shuffle_i64x2(q, s, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
 HWY_INLINE float Half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -152,7 +184,16 @@ struct Block8 {
   __m512i q[4];  // codes of columns 64k .. 64k + 63, unsigned bytes
   __m512i s[4];  // int16 scale of the sub-block of column pair (2i, 2i + 1) of vector k, lane i
   __m512 c;      // per 16 columns: offset coefficient, multiplied by bs
+  __m512i g;     // per 16 columns: the sub-block scale (int32)
   float d;       // block scale of the integer dots
+};
+
+// A weight block in a prefill panel: codes interleaved as the activations (Q8Acts), and per
+// 16-column group g the f32 scale d * (the group's sub-block scale), exact (11 x 8 bits).
+struct PanelBlock {
+  __m512i q[4];
+  __m512 sd;
+  __m512 c;
 };
 
 // Lane i of vector k takes scale (k * 64 + 2 i) / G of a 16-lane int16 vector (G = sub-block
@@ -193,6 +234,7 @@ struct Format<GgmlType::Q4_K> {
     const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
     const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(v));
     for (int k = 0; k < 4; ++k) b.s[k] = _mm512_permutexvar_epi16(ScaleIndex<32>(k), sc);
+    b.g = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
     // min of sub-block g / 2 for each 16 columns g
     const __m128i mins = _mm_shuffle_epi8(v, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15));
     b.c = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mins)), _mm512_set1_ps(-Half(p + 2)));
@@ -220,6 +262,7 @@ struct Format<GgmlType::Q6_K> {
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
     const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
     for (int k = 0; k < 4; ++k) b.s[k] = _mm512_permutexvar_epi16(ScaleIndex<16>(k), sc);
+    b.g = _mm512_cvtepi8_epi32(sc8);
     b.d = Half(p + 208);
     b.c = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(-32.0f * b.d));
   }
@@ -236,6 +279,7 @@ HWY_INLINE __m512 Dot(const Block8& b, const int8_t* HWY_RESTRICT qa, float da, 
 constexpr int64_t kTokenTile = 64;       // tokens per pass over a row group (activations in L2)
 constexpr int64_t kSegBlocks = 4;        // blocks per panel segment: 4 rows x 4 blocks of Block8 in L1
 constexpr int kRows = 4;                 // rows per decode / panel group
+constexpr int kPanelTok = 4;             // tokens per prefill register tile (kRows x kPanelTok int32 chains)
 constexpr int64_t kPrefetchBytes = 8192;  // decode prefetch distance (as the f32 kernels)
 
 // Decode: R rows x 1 token, the weights only in registers.
@@ -259,13 +303,14 @@ HWY_INLINE void GemvRows(const uint8_t* const* rows, const Q8Acts& a, float* y, 
   for (int i = 0; i < R; ++i) y[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-// Prefill register tile: R rows of a decoded panel segment (nb blocks) x TT tokens.
+// Prefill register tile: R rows of a decoded panel segment (nb blocks) x TT tokens; per block
+// and token 4 vpdpbusd into one int32 vector per row (lane g: group g's dot), then
+// acc += float(lanes) * sd * d_a + c * bs. acc[j * R + i]: token t + j, row i (memory: touched
+// once per block, so the registers hold R x TT int32 chains).
 template <int R, int TT>
-HWY_INLINE void PanelTile(const Block8* HWY_RESTRICT panel, int64_t nb, const Q8Acts& a, int64_t b0, int64_t t,
+HWY_INLINE void PanelTile(const PanelBlock* HWY_RESTRICT panel, int64_t nb, const Q8Acts& a, int64_t b0, int64_t t,
                           __m512* HWY_RESTRICT acc) {
   const int64_t anb = a.blocks();
-  __m512 f[R * TT];
-  for (int i = 0; i < R * TT; ++i) f[i] = acc[i];
   for (int64_t b = 0; b < nb; ++b) {
     __m512i s[R * TT];
     for (int i = 0; i < R * TT; ++i) s[i] = _mm512_setzero_si512();
@@ -273,43 +318,50 @@ HWY_INLINE void PanelTile(const Block8* HWY_RESTRICT panel, int64_t nb, const Q8
       __m512i x[TT];
       for (int j = 0; j < TT; ++j) x[j] = _mm512_loadu_si512(a.q.data() + (t + j) * a.cols + (b0 + b) * kQ8Block + 64 * k);
       for (int i = 0; i < R; ++i) {
-        const Block8& w = panel[i * kSegBlocks + b];
-        for (int j = 0; j < TT; ++j) s[i * TT + j] = Dpwssd(s[i * TT + j], _mm512_maddubs_epi16(w.q[k], x[j]), w.s[k]);
+        const __m512i wq = _mm512_load_si512(&panel[i * kSegBlocks + b].q[k]);
+        for (int j = 0; j < TT; ++j) s[i * TT + j] = Dpbusd(s[i * TT + j], wq, x[j]);
       }
     }
-    for (int i = 0; i < R; ++i) {
-      const Block8& w = panel[i * kSegBlocks + b];
-      for (int j = 0; j < TT; ++j) {
-        const int64_t ab = (t + j) * anb + b0 + b;
-        f[i * TT + j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i * TT + j]), _mm512_set1_ps(w.d * a.d[ab]), f[i * TT + j]);
-        f[i * TT + j] = _mm512_fmadd_ps(w.c, _mm512_loadu_ps(a.bs.data() + ab * 16), f[i * TT + j]);
+    for (int j = 0; j < TT; ++j) {
+      const int64_t ab = (t + j) * anb + b0 + b;
+      const __m512 da = _mm512_set1_ps(a.d[ab]), bs = _mm512_loadu_ps(a.bs.data() + ab * 16);
+      for (int i = 0; i < R; ++i) {
+        const PanelBlock& w = panel[i * kSegBlocks + b];
+        const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(s[i * TT + j]), w.sd);
+        acc[j * R + i] = _mm512_fmadd_ps(w.c, bs, _mm512_fmadd_ps(dot, da, acc[j * R + i]));
       }
     }
   }
-  for (int i = 0; i < R * TT; ++i) acc[i] = f[i];
+}
+
+// A decoded block into its panel form.
+HWY_INLINE void ToPanel(const Block8& b, PanelBlock& p) {
+  for (int k = 0; k < 4; ++k) p.q[k] = b.q[k];
+  Interleave(p.q);
+  p.sd = _mm512_mul_ps(_mm512_cvtepi32_ps(b.g), _mm512_set1_ps(b.d));
+  p.c = b.c;
 }
 
 // Prefill: rows [r, r + R) against tokens [t0, t1), through a Block8 panel per segment.
 template <GgmlType Q, int R>
 HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, const Q8Acts& a, float* y, int64_t ldy,
-                          Block8* HWY_RESTRICT panel, __m512* HWY_RESTRICT acc) {
+                          PanelBlock* HWY_RESTRICT panel, __m512* HWY_RESTRICT acc) {
   using F = Format<Q>;
   const int64_t rb = w.row_bytes(), nt = t1 - t0;
   for (int64_t i = 0; i < nt * R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b0 = 0; b0 < a.blocks(); b0 += kSegBlocks) {
     const int64_t nb = std::min(kSegBlocks, a.blocks() - b0);
     for (int i = 0; i < R; ++i)
-      for (int64_t b = 0; b < nb; ++b) F::Decode(w.data + (r + i) * rb + (b0 + b) * F::kBytes, panel[i * kSegBlocks + b]);
+      for (int64_t b = 0; b < nb; ++b) {
+        Block8 blk;
+        F::Decode(w.data + (r + i) * rb + (b0 + b) * F::kBytes, blk);
+        ToPanel(blk, panel[i * kSegBlocks + b]);
+      }
     int64_t t = 0;
-    // acc holds, per token pair, R x 2 vectors in PanelTile's order; the last odd token R x 1.
-    for (; t + 2 <= nt; t += 2) PanelTile<R, 2>(panel, nb, a, b0, t0 + t, acc + t * R);
-    if (t < nt) PanelTile<R, 1>(panel, nb, a, b0, t0 + t, acc + t * R);
+    for (; t + kPanelTok <= nt; t += kPanelTok) PanelTile<R, kPanelTok>(panel, nb, a, b0, t0 + t, acc + t * R);
+    for (; t < nt; ++t) PanelTile<R, 1>(panel, nb, a, b0, t0 + t, acc + t * R);
   }
-  int64_t t = 0;
-  for (; t + 2 <= nt; t += 2)
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < 2; ++j) y[(t0 + t + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[t * R + i * 2 + j]);
-  if (t < nt)
+  for (int64_t t = 0; t < nt; ++t)
     for (int i = 0; i < R; ++i) y[(t0 + t) * ldy + r + i] = _mm512_reduce_add_ps(acc[t * R + i]);
 }
 
@@ -330,7 +382,7 @@ void TypedRows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_
     }
     return;
   }
-  alignas(64) Block8 panel[kRows * kSegBlocks];
+  alignas(64) PanelBlock panel[kRows * kSegBlocks];
   __m512 acc[kTokenTile * kRows];
   for (int64_t t0 = 0; t0 < a.T; t0 += kTokenTile) {
     const int64_t t1 = std::min(a.T, t0 + kTokenTile);
@@ -342,7 +394,7 @@ void TypedRows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_
 
 // One token's blocks: amax, codes (vpmovdb of the rounded products), per-16 sums.
 void QuantizeToken(const float* HWY_RESTRICT x, int64_t nb, int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d,
-                   float* HWY_RESTRICT bs) {
+                   float* HWY_RESTRICT bs, bool interleaved) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQ8Block;
@@ -352,11 +404,16 @@ void QuantizeToken(const float* HWY_RESTRICT x, int64_t nb, int8_t* HWY_RESTRICT
     const float id = amax > 0 ? 127.0f / amax : 0.0f;
     d[b] = amax / 127.0f;
     const __m512 vid = _mm512_set1_ps(id);
+    alignas(64) int8_t codes[kQ8Block];
     for (int g = 0; g < 16; ++g) {
       const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * g), vid));  // nearest-even
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block + 16 * g), _mm512_cvtepi32_epi8(qi));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 16 * g), _mm512_cvtepi32_epi8(qi));
       bs[b * 16 + g] = d[b] * static_cast<float>(_mm512_reduce_add_epi32(qi));
     }
+    __m512i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm512_load_si512(codes + 64 * k);
+    if (interleaved) Interleave(v);
+    for (int k = 0; k < 4; ++k) _mm512_storeu_si512(q + b * kQ8Block + 64 * k, v[k]);
   }
 }
 
@@ -375,11 +432,11 @@ void Q8Quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
   const int64_t nb = cols / kQ8Block;
   for (int64_t t = 0; t < T; ++t) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-    q8k::QuantizeToken(x + t * cols, nb, a.q.data() + t * cols, a.d.data() + t * nb, a.bs.data() + t * nb * 16);
+    q8k::QuantizeToken(x + t * cols, nb, a.q.data() + t * cols, a.d.data() + t * nb, a.bs.data() + t * nb * 16, a.interleaved);
 #else
     for (int64_t b = 0; b < nb; ++b)
       q8::quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
-                         &a.bs[(t * nb + b) * 16]);
+                         &a.bs[(t * nb + b) * 16], a.interleaved);
 #endif
   }
 }
@@ -414,6 +471,7 @@ void resize(int64_t T, int64_t cols, Q8Acts& a) {
          static_cast<long long>(kQ8Block), static_cast<long long>(T));
   a.T = T;
   a.cols = cols;
+  a.interleaved = T >= 2;
   a.q.resize(static_cast<size_t>(T * cols));
   a.d.resize(static_cast<size_t>(T * (cols / kQ8Block)));
   a.bs.resize(static_cast<size_t>(T * (cols / kQ8Block) * 16));
@@ -431,7 +489,7 @@ void q8_quantize_reference(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < nb; ++b)
       q8::quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
-                         &a.bs[(t * nb + b) * 16]);
+                         &a.bs[(t * nb + b) * 16], a.interleaved);
 }
 
 bool q8_supported(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }

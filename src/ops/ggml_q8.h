@@ -8,6 +8,12 @@
 // activation moves by at most half its block's step, |x - d q| <= d / 2, so an output moves by at
 // most sum_b d_b / 2 * sum_{c in b} |W[r, c]| (tested as a bound).
 //
+// Decode (one token) and prefill (T >= 2) use different instruction sequences (vpmaddubsw +
+// vpdpwssd over column-order codes; vpdpbusd over interleaved codes with f32 group scales): their
+// integer dots are exact, their f32 rescaling rounds differently, so one token alone and the same
+// token inside a batch agree to float rounding (~1e-7 relative), not bit for bit; any split of a
+// batch of >= 2 tokens gives the same bits. (The f32 kernels are bit-identical for every T.)
+//
 // The int8 kernels run on x86 CPUs with AVX-512BW (Highway target AVX3; AVX3_DL adds VNNI); on
 // other targets ggml_q8_matmul_rows() computes the same sums in scalar code and q8_fast() is
 // false, so matmul() keeps the f32 kernels there.
@@ -30,13 +36,22 @@ inline constexpr int64_t kQ8Block = 256;
 /// q[t * cols + c] = round-half-even(x * (127 / amax)) (0 when amax is 0), so |q| <= 127, and
 /// bs[(t * nb + b) * 16 + g] = d * (sum of q over the block's columns 16g .. 16g + 15) (f32; the
 /// min / offset terms of the weight formats use it).
+///
+/// Layout of q: for T == 1 (decode) each block's codes are in column order; for T >= 2 (prefill)
+/// they are interleaved for 4-byte dots (vpdpbusd): column 16 g + 4 k + e of a block sits at byte
+/// 64 k + 4 g + e (k, e < 4; g < 16), so 32-bit lane g of the block's 64-byte vector k holds 4
+/// columns of 16-column group g. q8_pos() maps a column to its byte.
 struct Q8Acts {
   int64_t T = 0, cols = 0;
+  bool interleaved = false;  // T >= 2
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<float> bs;
   int64_t blocks() const { return cols / kQ8Block; }
 };
+
+/// Byte of column c (within its block) in an interleaved block (see Q8Acts).
+inline int64_t q8_pos(int64_t c) { return 64 * ((c % 16) / 4) + 4 * (c / 16) + c % 4; }
 
 /// Quantizes x [T, cols] into a (resized). Throws spool::Error unless cols is a positive multiple
 /// of kQ8Block and T >= 0. SIMD on AVX3 targets, bit-identical to q8_quantize_reference().

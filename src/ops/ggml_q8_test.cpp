@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../tests/support/ggml_random.h"
@@ -71,20 +72,30 @@ TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
     Q8Acts ref;
     q8_quantize_reference(x.data(), T, cols, ref);
     // the definition itself: |q| <= 127, an all-zero block has d = 0, every value within d / 2
+    ASSERT_TRUE(ref.interleaved);  // T >= 2: the prefill layout
     for (int64_t i = 0; i < T * cols; ++i) {
-      const float d = ref.d[i / kQ8Block];  // (blocks of a token are contiguous: i / 256 = t * nb + b)
-      ASSERT_LE(std::abs(int{ref.q[i]}), 127);
-      ASSERT_LE(std::fabs(x[i] - d * ref.q[i]), 0.5f * d * (1 + 1e-6f) + 1e-30f) << i;
+      const int64_t blk = i / kQ8Block;  // (blocks of a token are contiguous: t * nb + b)
+      const float d = ref.d[blk];
+      const int q = ref.q[blk * kQ8Block + q8_pos(i % kQ8Block)];
+      ASSERT_LE(std::abs(q), 127);
+      ASSERT_LE(std::fabs(x[i] - d * q), 0.5f * d * (1 + 1e-6f) + 1e-30f) << i;
     }
     if (cols >= 2 * kQ8Block) {
       EXPECT_EQ(ref.d[1], 0.0f);
     }
+    Q8Acts ref1;  // one token: column order, the same values
+    q8_quantize_reference(x.data() + cols, 1, cols, ref1);
+    ASSERT_FALSE(ref1.interleaved);
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(ref1.q[c], ref.q[cols + (c / kQ8Block) * kQ8Block + q8_pos(c % kQ8Block)]) << c;
     for_each_variant([&] {
-      Q8Acts a;
+      Q8Acts a, a1;
       q8_quantize(x.data(), T, cols, a);
       EXPECT_EQ(a.q, ref.q);
       EXPECT_EQ(a.d, ref.d);
       EXPECT_EQ(a.bs, ref.bs);
+      q8_quantize(x.data() + cols, 1, cols, a1);
+      EXPECT_EQ(a1.q, ref1.q);
+      EXPECT_EQ(a1.bs, std::vector<float>(ref.bs.begin() + ref.bs.size() / T, ref.bs.begin() + 2 * ref.bs.size() / T));
     });
   }
 }
@@ -125,15 +136,16 @@ TEST(GgmlQ8, KernelsMatchReferenceEveryTarget) {
           ggml_q8_matmul_rows(v, a, y.data(), rows, 0, 5);  // rows [0, 5): a group and one row, then the rest
           ggml_q8_matmul_rows(v, a, y.data(), rows, 5, rows);
           expect_close(v, x, T, y, ref, rows, what);
-          // prefill equals one token at a time, bit for bit (same accumulation order per output)
-          if (T > 1) {
-            std::vector<float> y1(static_cast<size_t>(T * rows));
-            for (int64_t t = 0; t < T; ++t) {
-              Q8Acts a1;
-              q8_quantize(x.data() + t * cols, 1, cols, a1);
-              ggml_q8_matmul_rows(v, a1, y1.data() + t * rows, rows, 0, rows);
+          // prefill results do not depend on how the tokens are split (T >= 2: the same
+          // accumulation order per output in every tile shape), bit for bit
+          if (T >= 4) {
+            std::vector<float> y2(static_cast<size_t>(T * rows));
+            for (const auto& [t0, t1] : {std::pair<int64_t, int64_t>{0, 2}, {2, T}}) {
+              Q8Acts a2;
+              q8_quantize(x.data() + t0 * cols, t1 - t0, cols, a2);
+              ggml_q8_matmul_rows(v, a2, y2.data() + t0 * rows, rows, 0, rows);
             }
-            EXPECT_EQ(y, y1) << what;
+            EXPECT_EQ(y, y2) << what;
           }
         });
       }
