@@ -14,7 +14,8 @@
 #   MODEL=/work/ckpt/q36-8L-Q4_K_M.gguf CAPS=1.3 LLAMA_FLAGS="--repack 0" NAME=compare-gguf bench/compare.sh
 #     (GGUF mode: MODEL is a .gguf file and both tools run that same file; CAPS may be fractional
 #      GiB; LLAMA_FLAGS go to every llama-bench run, e.g. --repack 0; LLAMA_VARIANTS="--repack 1"
-#      adds a second llama.cpp run per config with those flags instead; RESIDENT=0 runs the capped configs only)
+#      adds a second llama.cpp run per config with those flags instead; SPOOL_VARIANTS="--act-bits 8" a second
+#      spool run per config with those flags added; RESIDENT=0 runs the capped configs only)
 #
 # llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:
 #   pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
@@ -37,6 +38,7 @@ case "$MODEL" in *.gguf) GGUF_MODE=1; GGUF=$MODEL ;; esac
 GGUF=${GGUF:-$MODEL.bf16.gguf}
 LLAMA_FLAGS=${LLAMA_FLAGS:-}           # extra llama-bench flags (e.g. --repack 0)
 LLAMA_VARIANTS=${LLAMA_VARIANTS:-}     # another llama-bench run per config with these flags instead
+SPOOL_VARIANTS=${SPOOL_VARIANTS:-}     # another spool run per config with these flags added
 THREADS=${THREADS:-$(nproc)}
 CAPS=${CAPS-"8 4"}                      # cgroup limits, GiB
 RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-3}   # resident tests
@@ -98,6 +100,7 @@ bench() {
   local tests=("llama.cpp")
   [ -n "$LLAMA_VARIANTS" ] && tests+=("llama.cpp $LLAMA_VARIANTS")
   tests+=("spool")
+  [ -n "$SPOOL_VARIANTS" ] && tests+=("spool $SPOOL_VARIANTS")
   for tool in "${tests[@]}"; do
     if [ -n "$cg" ]; then
       sync; echo 3 > /proc/sys/vm/drop_caches
@@ -107,6 +110,9 @@ bench() {
     local json
     if [ "$tool" = llama.cpp ]; then
       json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json) ||
+        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
+    elif [ "${tool%% *}" = spool ] && [ "$tool" != spool ]; then
+      json=$(run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags ${tool#spool } -o json) ||
         json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
     elif [ "$tool" != spool ]; then
       json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json) ||
@@ -130,9 +136,9 @@ if js and js[0].get("failed"):  # the tool crashed or was OOM-killed
 pp = next(t for t in js if t["n_gen"] == 0)
 tg = next(t for t in js if t["n_prompt"] == 0)
 mem_bound = mem * 1e9 / active
-hit = f"{100*tg['cache_hit_rate']:.1f}%" if tool == "spool" else "-"
-mbt = tg.get("bytes_read_per_token", 0) / 1e6 if tool == "spool" else 0
-disk_frac = f"{100 * tg['avg_ts'] * mbt / 1e3 / disk:.0f}%" if tool == "spool" and mbt > 0 else "-"
+hit = f"{100*tg['cache_hit_rate']:.1f}%" if tool.startswith("spool") else "-"
+mbt = tg.get("bytes_read_per_token", 0) / 1e6 if tool.startswith("spool") else 0
+disk_frac = f"{100 * tg['avg_ts'] * mbt / 1e3 / disk:.0f}%" if tool.startswith("spool") and mbt > 0 else "-"
 cg = f"{cgpeak/2**30:.2f}" if cgpeak else "-"
 print(f"| {config} | {tool} | {pp['avg_ts']:.2f} ± {pp['stddev_ts']:.2f} | {tg['avg_ts']:.2f} ± {tg['stddev_ts']:.2f} | "
       f"{100*tg['avg_ts']/mem_bound:.0f}% | {hit} | {mbt:.0f} | {disk_frac} | {rss/2**30:.2f} | {cg} |")

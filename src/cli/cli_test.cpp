@@ -135,6 +135,10 @@ TEST(Cli, UsageErrorsExit2) {
   EXPECT_EQ(spool("frobnicate").code, 2);
   EXPECT_EQ(spool("perplexity").code, 2);
   EXPECT_EQ(spool("generate --help").code, 0);
+  const Result act = spool("generate --prompt-ids 1 --max-tokens 1 --act-bits 7");
+  EXPECT_EQ(act.code, 2);
+  EXPECT_NE(act.err.find("--act-bits must be 8 or 32 (got 7)"), std::string::npos) << act.err;
+  EXPECT_EQ(spool("generate --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --act-bits 8").code, 0);
 }
 
 // --device: cpu runs and says so in the stats; a malformed value is a usage error (2); cuda on a
