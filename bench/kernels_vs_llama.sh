@@ -9,7 +9,8 @@
 # BM_GgmlGemv / BM_GgmlGemm at the same shape on THREADS threads (default: the same count), the
 # same matrix every iteration as test-backend-ops does (so small types may partly sit in L3).
 # llama.cpp converts the activations to its int8 / f16 dot types inside the op; spool keeps them
-# f32 (its GGUF tests require logits within 1e-4 of the dequantized-float model).
+# f32 (its GGUF tests require logits within 1e-4 of the dequantized-float model), and for Q4_K /
+# Q6_K also runs its int8-activation kernels (--act-bits 8: BM_GgmlQ8Gemv / BM_GgmlQ8Gemm).
 # The two tools run back to back per type, so load changes hit both.
 #
 #   LLAMA_BIN=/work/llama-cpu/bin bench/kernels_vs_llama.sh
@@ -59,7 +60,7 @@ echo "memory read $mem GB/s ($THREADS thread(s)); load $load_before"
 : > "$TMP/rows"
 for t in $TYPES; do
   id=${ID[$t]}
-  "$QB" --benchmark_filter="BM_GgmlGemv/type:$id/rows:$M/cols:$K/thr:$THREADS/stream:0/|BM_GgmlGemm/type:$id/rows:$M/cols:$K/T:512/thr:$THREADS/" \
+  "$QB" --benchmark_filter="BM_Ggml(Q8)?Gemv/type:$id/rows:$M/cols:$K/thr:$THREADS/stream:0/|BM_Ggml(Q8)?Gemm/type:$id/rows:$M/cols:$K/T:512/thr:$THREADS/" \
     --benchmark_min_time="$MIN_TIME" --benchmark_format=json > "$TMP/spool.$t.json" 2>/dev/null
   "$TBO" perf -o MUL_MAT -b CPU -p "type_a=${LNAME[$t]},type_b=f32,m=$M,n=(1|512),k=$K,bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\]" \
     > "$TMP/llama.$t.txt" 2>&1 || true
@@ -70,16 +71,18 @@ nbytes = m * (k // int(blk[0])) * int(blk[1])           # the weight matrix
 sp = {}
 for b in json.load(open(sj))["benchmarks"]:
     sec = b["real_time"] * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b["time_unit"]]
-    sp["gemv" if b["name"].startswith("BM_GgmlGemv") else "gemm"] = sec
+    kind = "gemv" if "Gemv" in b["name"] else "gemm"
+    sp[("q8" if b["name"].startswith("BM_GgmlQ8") else "") + kind] = sec
 ll = {}
 for line in open(lt):
     g = re.search(r"MUL_MAT\(type_a=[^,]+,type_b=f32,m=\d+,n=(\d+),.*?([\d.]+) us/run", line)
     if g: ll["gemv" if g.group(1) == "1" else "gemm"] = float(g.group(2)) * 1e-6
-def gbs(d): return f"{nbytes / d['gemv'] / 1e9:.2f}" if "gemv" in d else "n/a"
-def gfl(d): return f"{2.0 * m * k * 512 / d['gemm'] / 1e9:.1f}" if "gemm" in d else "n/a"
-r_gemv = f"{ll['gemv'] / sp['gemv']:.2f}" if "gemv" in sp and "gemv" in ll else "n/a"
-r_gemm = f"{ll['gemm'] / sp['gemm']:.2f}" if "gemm" in sp and "gemm" in ll else "n/a"
-print(f"| {t} | {nbytes / 1e6:.1f} | {gbs(sp)} | {gbs(ll)} | {r_gemv} | {gfl(sp)} | {gfl(ll)} | {r_gemm} |")
+def gbs(d, key="gemv"): return f"{nbytes / d[key] / 1e9:.2f}" if key in d else "n/a"
+def gfl(d, key="gemm"): return f"{2.0 * m * k * 512 / d[key] / 1e9:.1f}" if key in d else "n/a"
+def ratio(key, lkey): return f"{ll[lkey] / sp[key]:.2f}" if key in sp and lkey in ll else "n/a"
+q8 = "q8gemv" in sp  # the types with int8-activation kernels (--act-bits 8)
+print(f"| {t} | {nbytes / 1e6:.1f} | {gbs(sp)} | {gbs(ll)} | {ratio('gemv', 'gemv')} | {gfl(sp)} | {gfl(ll)} | {ratio('gemm', 'gemm')} | "
+      + (f"{gbs(sp, 'q8gemv')} ({ratio('q8gemv', 'gemv')}x) | {gfl(sp, 'q8gemm')} ({ratio('q8gemm', 'gemm')}x) |" if q8 else "- | - |"))
 PY
   tail -1 "$TMP/rows"
 done
@@ -95,10 +98,11 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "GEMM = n 512 tokens, GFLOP/s = 2 m k n / time. \"x\" = spool's rate / llama.cpp's (> 1: spool faster)."
   echo "Memory read bandwidth (bench/memory_read.h, 1 GiB, $THREADS thread(s)): **$mem GB/s** (a GEMV streaming from DRAM"
   echo "cannot exceed it; one cached in L3 can). llama.cpp quantizes the activations to int8 (or f16) inside the op and"
-  echo "uses integer dot products; spool keeps them f32."
+  echo "uses integer dot products; spool keeps them f32 by default, and with --act-bits 8 quantizes them to int8 per 256"
+  echo "columns for Q4_K / Q6_K (BM_GgmlQ8Gemv / BM_GgmlQ8Gemm, the activation quantization included; the last two columns)."
   echo
-  echo "| type | MB | spool GEMV GB/s | llama.cpp GEMV GB/s | x | spool GEMM GFLOP/s | llama.cpp GEMM GFLOP/s | x |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| type | MB | spool GEMV GB/s | llama.cpp GEMV GB/s | x | spool GEMM GFLOP/s | llama.cpp GEMM GFLOP/s | x | spool int8 GEMV GB/s (x) | spool int8 GEMM GFLOP/s (x) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   cat "$TMP/rows"
 } > "$OUT"
 echo "wrote $OUT"
