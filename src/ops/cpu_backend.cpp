@@ -133,7 +133,7 @@ void CpuBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride,
 }
 
 void CpuBackend::causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) {
-  ops::causal_conv1d_silu(x, T, C, w, K, state, out);
+  ops::causal_conv1d_silu(x, T, C, w, K, state, out, pool_);
 }
 
 void CpuBackend::gated_delta(const GatedDeltaArgs& a, int chunk) {

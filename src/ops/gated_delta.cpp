@@ -9,21 +9,42 @@
 
 namespace spool::ops {
 
-void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) {
+namespace {
+
+// causal_conv1d_silu for channels [c0, c1), token by token (rows of x read contiguously; the
+// caller's formula per element, the same operations in the same order).
+void conv1d_silu_channels(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out, int64_t c0,
+                          int64_t c1) {
   const int S = K - 1;
-  std::vector<float> seq(static_cast<size_t>(S + T));
-  for (int64_t c = 0; c < C; ++c) {
-    // seq = [state (S values), x[:, c] (T values)]
-    for (int j = 0; j < S; ++j) seq[j] = state[c * S + j];
-    for (int64_t t = 0; t < T; ++t) seq[S + t] = x[t * C + c];
-    const float* wc = w + c * K;
-    for (int64_t t = 0; t < T; ++t) {
-      float acc = 0.0f;
-      for (int j = 0; j < K; ++j) acc += wc[j] * seq[t + j];
-      out[t * C + c] = silu(acc);
-    }
-    for (int j = 0; j < S; ++j) state[c * S + j] = seq[T + j];
+  const int64_t n = c1 - c0;
+  // wT [K, n], hist [S, n]: the kernel and the carried inputs of these channels, time-major
+  std::vector<float> wT(static_cast<size_t>(K * n)), hist(static_cast<size_t>(S * n)), acc(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    for (int j = 0; j < K; ++j) wT[j * n + c] = w[(c0 + c) * K + j];
+    for (int j = 0; j < S; ++j) hist[j * n + c] = state[(c0 + c) * S + j];
   }
+  // input row i of the sequence [state, x] (i < S: the carried state)
+  auto row = [&](int64_t i) { return i < S ? hist.data() + i * n : x + (i - S) * C + c0; };
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int j = 0; j < K; ++j) {
+      const float* r = row(t + j);
+      const float* wj = wT.data() + j * n;
+      for (int64_t c = 0; c < n; ++c) acc[c] += wj[c] * r[c];
+    }
+    for (int64_t c = 0; c < n; ++c) out[t * C + c0 + c] = silu(acc[c]);
+  }
+  for (int j = 0; j < S; ++j) {
+    const float* r = row(T + j);
+    for (int64_t c = 0; c < n; ++c) state[(c0 + c) * S + j] = r[c];
+  }
+}
+
+}  // namespace
+
+void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out, ThreadPool* pool) {
+  if (pool == nullptr || pool->size() == 1 || T * C < (1 << 14)) return conv1d_silu_channels(x, T, C, w, K, state, out, 0, C);
+  pool->parallel_for(C, 64, [&](int64_t b, int64_t e, int) { conv1d_silu_channels(x, T, C, w, K, state, out, b, e); });
 }
 
 namespace {

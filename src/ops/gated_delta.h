@@ -12,8 +12,11 @@ namespace spool::ops {
 /// Causal depthwise conv1d over time followed by SiLU, with a carried state.
 /// x: [T, C] new inputs; w: [C, K] kernel; state: [C, K-1] the previous K-1 inputs per channel
 /// (oldest first; zeros for a fresh sequence), replaced by the last K-1 inputs on return;
-/// out: [T, C], out[t, c] = silu(sum_j w[c, j] * in[t - (K-1) + j, c]).
-void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out);
+/// out: [T, C], out[t, c] = silu(sum_j w[c, j] * in[t - (K-1) + j, c]). Token by token over
+/// blocks of channels, parallel over channel blocks when a pool is given (results do not depend
+/// on it).
+void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out,
+                        ThreadPool* pool = nullptr);
 
 /// Inputs of the gated delta rule for T tokens. Value head h reads key head h / (n_v / n_k).
 struct GatedDeltaArgs {

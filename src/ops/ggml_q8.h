@@ -41,6 +41,8 @@ inline constexpr int64_t kQ8Block = 256;
 /// they are interleaved for 4-byte dots (vpdpbusd): column 16 g + 4 k + e of a block sits at byte
 /// 64 k + 4 g + e (k, e < 4; g < 16), so 32-bit lane g of the block's 64-byte vector k holds 4
 /// columns of 16-column group g. q8_pos() maps a column to its byte.
+/// The vectors may be longer than T * cols (...) when a Q8Acts is reused: only their first
+/// elements are meaningful.
 struct Q8Acts {
   int64_t T = 0, cols = 0;
   bool interleaved = false;  // T >= 2

@@ -284,7 +284,7 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
     std::vector<float> permuted;
     const float* xp = permuted_input(w, x, T, permuted);
     if (uses_q8(w)) {  // quantize the activations once, then the int8 kernels over rows
-      Q8Acts qa;
+      thread_local Q8Acts qa;  // (this thread waits in ggml_q8_matmul while the workers read it)
       q8_quantize(xp, T, w.cols, qa);
       return ggml_q8_matmul(ggml_view(w), qa, y, pool);
     }
@@ -317,7 +317,8 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     return;
   }
   // With int8 activations, the matrices that take them share one quantization of x.
-  Q8Acts qa;
+  thread_local Q8Acts this_threads_q8;
+  Q8Acts& qa = this_threads_q8;  // (the workers' lambda must see the caller's, not their own thread_local)
   bool shared_q8 = false;
   for (const auto& [w, y] : outs) shared_q8 = shared_q8 || (uses_q8(*w) && w->col_perm == nullptr);
   if (shared_q8) q8_quantize(x, T, outs[0].w->cols, qa);
