@@ -18,7 +18,9 @@ void conv1d_silu_channels(const float* x, int64_t T, int64_t C, const float* w, 
   const int S = K - 1;
   const int64_t n = c1 - c0;
   // wT [K, n], hist [S, n]: the kernel and the carried inputs of these channels, time-major
-  std::vector<float> wT(static_cast<size_t>(K * n)), hist(static_cast<size_t>(S * n)), acc(static_cast<size_t>(n));
+  // (per-thread buffers, grown only: decode calls this once per token and layer)
+  thread_local std::vector<float> wT, hist, acc;
+  for (auto* v : {&wT, &hist, &acc}) v->resize(std::max(v->size(), static_cast<size_t>(K * n)));
   for (int64_t c = 0; c < n; ++c) {
     for (int j = 0; j < K; ++j) wT[j * n + c] = w[(c0 + c) * K + j];
     for (int j = 0; j < S; ++j) hist[j * n + c] = state[(c0 + c) * S + j];
@@ -26,7 +28,7 @@ void conv1d_silu_channels(const float* x, int64_t T, int64_t C, const float* w, 
   // input row i of the sequence [state, x] (i < S: the carried state)
   auto row = [&](int64_t i) { return i < S ? hist.data() + i * n : x + (i - S) * C + c0; };
   for (int64_t t = 0; t < T; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
+    std::fill(acc.begin(), acc.begin() + n, 0.0f);
     for (int j = 0; j < K; ++j) {
       const float* r = row(t + j);
       const float* wj = wT.data() + j * n;
