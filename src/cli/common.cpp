@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
+#include "ops/ggml_q8.h"
 
 namespace spool::cli {
 
@@ -70,7 +71,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.max_active_experts = max_active_experts;
   ops::kv_type_from_bits(kv_bits);  // UsageError for other values
   o.kv_bits = kv_bits;
-  if (act_bits != 8 && act_bits != 32) throw UsageError(strfmt("--act-bits must be 8 or 32 (got %d)", act_bits));
+  ops::int8_activations_from_bits(act_bits);  // UsageError for other values
   o.act_bits = act_bits;
   o.device = device;
   o.vram_budget = vram_budget;

@@ -281,11 +281,21 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   }
   // --device: cpu, cuda, cuda:N or auto.
   int cuda_index = resolve_device(opt.device);  // -1: the CPU
+  const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits);
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
   l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
+  if (int8_acts) {  // --act-bits 8: say when it changes nothing
+    const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
+                                    [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
+    if (!ops::q8_fast())
+      log_warn("--act-bits 8: this CPU has no AVX-512BW int8 kernels (%s); products keep f32 activations", ops::q8_variant());
+    else if (!kquant)
+      log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
+  }
+  ops::set_int8_activations(int8_acts);
   std::shared_ptr<ops::Backend> backend;
   if (cuda_index >= 0 && std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; })) {
     if (opt.device != "auto")
@@ -308,8 +318,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
-  if (opt.act_bits != 8 && opt.act_bits != 32) throw UsageError(strfmt("--act-bits must be 8 or 32 (got %d)", opt.act_bits));
-  ops::set_int8_activations(opt.act_bits == 8);
   if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
   // other sequence (plan::base_needs counts the same).

@@ -488,18 +488,13 @@ TEST(GgufKQuantModel, WideModelEqualsDequantizedModelAndStreams) {
   std::filesystem::remove(deq);
 }
 
-// --act-bits 8 inside a model: the wide model in Q4_K / Q6_K (the types with int8 kernels)
-// takes the int8 path where the CPU has the kernels (elsewhere the switch changes no bit) (its logits differ from the f32 kernels' on the same file), stays within
-// the activation rounding of the dequantized model, picks the same greedy ids, and streams bit
-// for bit as it runs resident.
+// --act-bits 8 inside a model: the wide model in Q4_K / Q6_K (the types with int8 kernels). Where
+// the CPU has the kernels it takes the int8 path (its logits differ from the f32 kernels' on the
+// same file), stays within the activation rounding of the dequantized model, picks the same greedy
+// ids and streams bit for bit as it runs resident; elsewhere the switch changes no bit.
 TEST(GgufKQuantModel, WideModelWithInt8Activations) {
   const std::filesystem::path dir = ::testing::TempDir();
   const std::string q = (dir / "spool_wide_q4q6.gguf").string(), deq = (dir / "spool_wide_q4q6.deq.gguf").string();
-  ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q, {GgmlType::Q4_K, GgmlType::Q6_K}));
-  write_dequantized_gguf(q, deq);
-  std::vector<int32_t> ids_ref, ids_f32, ids;
-  const std::vector<float> want = run(*load(deq).model, &ids_ref);
-  const std::vector<float> f32 = run(*load(q).model, &ids_f32);
   struct Reset {  // the switch back off and the files removed on every way out
     std::string q, deq;
     ~Reset() {
@@ -508,6 +503,12 @@ TEST(GgufKQuantModel, WideModelWithInt8Activations) {
       std::filesystem::remove(deq);
     }
   } reset{q, deq};
+  ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q, {GgmlType::Q4_K, GgmlType::Q6_K}));
+  write_dequantized_gguf(q, deq);
+  std::vector<int32_t> ids_ref, ids_f32, ids;
+  const std::vector<float> want = run(*load(deq).model, &ids_ref);
+  const std::vector<float> f32 = run(*load(q).model, &ids_f32);
+  ASSERT_EQ(ids_f32, ids_ref);
   ops::set_int8_activations(true);
   const std::vector<float> got = run(*load(q).model, &ids);
   ASSERT_EQ(got.size(), want.size());

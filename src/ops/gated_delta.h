@@ -14,7 +14,7 @@ namespace spool::ops {
 /// (oldest first; zeros for a fresh sequence), replaced by the last K-1 inputs on return;
 /// out: [T, C], out[t, c] = silu(sum_j w[c, j] * in[t - (K-1) + j, c]). Token by token over
 /// blocks of channels, parallel over channel blocks when a pool is given (results do not depend
-/// on it).
+/// on it). `out` must not alias `x`.
 void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out,
                         ThreadPool* pool = nullptr);
 

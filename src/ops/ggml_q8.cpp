@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/error.h"
 #include "ops/ggml_q8.h"
@@ -110,9 +111,17 @@ inline void rows_scalar(const GgmlView& w, const Q8Acts& a, float* y, int64_t ld
 /// One block of q8_quantize_reference: x [256] -> q (column order or interleaved), d, bs [16].
 inline void quantize_block(const float* x, int8_t* q, float* d, float* bs, bool interleaved) {
   float amax = 0;
-  for (int64_t c = 0; c < kQ8Block; ++c) amax = std::max(amax, std::fabs(x[c]));
-  const float id = amax > 0 ? 127.0f / amax : 0.0f;
+  bool finite = true;
+  for (int64_t c = 0; c < kQ8Block; ++c) {
+    amax = std::max(amax, std::fabs(x[c]));
+    finite = finite && std::isfinite(x[c]);
+  }
+  float id = amax > 0 ? 127.0f / amax : 0.0f;
   *d = amax / 127.0f;
+  if (!finite || !std::isfinite(id)) {  // NaN / inf: d = NaN, codes 0; a max below ~3.7e-37: zeros
+    *d = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    id = 0.0f;
+  }
   for (int g = 0; g < 16; ++g) {
     int sum = 0;
     for (int c = 16 * g; c < 16 * g + 16; ++c) {
@@ -122,6 +131,15 @@ inline void quantize_block(const float* x, int8_t* q, float* d, float* bs, bool 
     }
     bs[g] = *d * static_cast<float>(sum);
   }
+}
+
+/// q8_quantize's definition for all tokens (the reference, and targets without the SIMD one).
+inline void quantize_scalar(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
+  const int64_t nb = cols / kQ8Block;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < nb; ++b)
+      quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
+                     &a.bs[(t * nb + b) * 16], a.interleaved);
 }
 
 }  // namespace spool::ops::q8
@@ -404,10 +422,19 @@ void QuantizeToken(const float* HWY_RESTRICT x, int64_t nb, int8_t* HWY_RESTRICT
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQ8Block;
     __m512 m = _mm512_setzero_ps();
-    for (int g = 0; g < 16; ++g) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + 16 * g)));
+    __mmask16 bad = 0;  // NaN or infinite lanes (fpclass: QNaN, +inf, -inf, SNaN)
+    for (int g = 0; g < 16; ++g) {
+      const __m512 v = _mm512_loadu_ps(xb + 16 * g);
+      m = _mm512_max_ps(m, _mm512_andnot_ps(sign, v));
+      bad = static_cast<__mmask16>(bad | _mm512_fpclass_ps_mask(v, 0x99));
+    }
     const float amax = _mm512_reduce_max_ps(m);
-    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    float id = amax > 0 ? 127.0f / amax : 0.0f;
     d[b] = amax / 127.0f;
+    if (bad != 0 || !std::isfinite(id)) {  // as quantize_block
+      d[b] = bad != 0 ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+      id = 0.0f;
+    }
     const __m512 vid = _mm512_set1_ps(id);
     alignas(64) int8_t codes[kQ8Block];
     for (int g = 0; g < 16; ++g) {
@@ -434,16 +461,13 @@ void Q8Rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r
 }
 
 void Q8Quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
-  const int64_t nb = cols / kQ8Block;
-  for (int64_t t = 0; t < T; ++t) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const int64_t nb = cols / kQ8Block;
+  for (int64_t t = 0; t < T; ++t)
     q8k::QuantizeToken(x + t * cols, nb, a.q.data() + t * cols, a.d.data() + t * nb, a.bs.data() + t * nb * 16, a.interleaved);
 #else
-    for (int64_t b = 0; b < nb; ++b)
-      q8::quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
-                         &a.bs[(t * nb + b) * 16], a.interleaved);
+  q8::quantize_scalar(x, T, cols, a);
 #endif
-  }
 }
 
 const char* Q8Variant() {
@@ -486,6 +510,17 @@ void resize(int64_t T, int64_t cols, Q8Acts& a) {
   grow(a.d, T * (cols / kQ8Block));
   grow(a.bs, T * (cols / kQ8Block) * 16);
 }
+// Throws unless a's vectors hold what its T and cols say, in the layout its T implies.
+void validate(const Q8Acts& a) {
+  const int64_t nb = a.cols / kQ8Block;
+  if (a.T < 0 || a.cols <= 0 || a.cols % kQ8Block != 0 || a.interleaved != (a.T >= 2) ||
+      a.q.size() < static_cast<size_t>(a.T * a.cols) || a.d.size() < static_cast<size_t>(a.T * nb) ||
+      a.bs.size() < static_cast<size_t>(a.T * nb * 16))
+    fail("int8 activations: inconsistent Q8Acts (%lld tokens x %lld columns, %zu codes, %zu scales, %zu sums, %s layout)",
+         static_cast<long long>(a.T), static_cast<long long>(a.cols), a.q.size(), a.d.size(), a.bs.size(),
+         a.interleaved ? "interleaved" : "column-order");
+}
+
 }  // namespace
 
 void q8_quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
@@ -495,11 +530,7 @@ void q8_quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
 
 void q8_quantize_reference(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
   resize(T, cols, a);
-  const int64_t nb = cols / kQ8Block;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t b = 0; b < nb; ++b)
-      q8::quantize_block(x + t * cols + b * kQ8Block, a.q.data() + t * cols + b * kQ8Block, &a.d[t * nb + b],
-                         &a.bs[(t * nb + b) * 16], a.interleaved);
+  q8::quantize_scalar(x, T, cols, a);
 }
 
 bool q8_supported(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
@@ -514,6 +545,7 @@ void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t l
   if (a.cols != w.cols)
     fail("int8 activations for %s: %lld columns, the weight has %lld", ggml_describe(w).c_str(),
          static_cast<long long>(a.cols), static_cast<long long>(w.cols));
+  validate(a);
   if (r0 < 0 || r1 > w.rows || r0 > r1)
     fail("ggml_q8_matmul_rows (%s): rows [%lld, %lld) outside [0, %lld)", ggml_describe(w).c_str(),
          static_cast<long long>(r0), static_cast<long long>(r1), static_cast<long long>(w.rows));
@@ -530,9 +562,13 @@ void ggml_q8_matmul(const GgmlView& w, const Q8Acts& a, float* y, ThreadPool* po
 }
 
 void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y) {
-  validate(w);
-  if (!q8_supported(w.type) || a.cols != w.cols) fail("ggml_q8_matmul_reference: %s", ggml_describe(w).c_str());
+  ggml_q8_matmul_rows(w, a, y, w.rows, 0, 0);  // its checks and errors
   q8::rows_scalar(w, a, y, w.rows, 0, w.rows);
+}
+
+bool int8_activations_from_bits(int bits) {
+  if (bits != 8 && bits != 32) throw UsageError(strfmt("--act-bits must be 8 or 32 (got %d)", bits));
+  return bits == 8;
 }
 
 void set_int8_activations(bool on) { g_int8_acts.store(on, std::memory_order_relaxed); }

@@ -12,9 +12,14 @@
 // vpdpwssd over column-order codes; vpdpbusd over interleaved codes with f32 group scales): their
 // integer dots are exact, their f32 rescaling rounds differently, so one token alone and the same
 // token inside a batch agree to float rounding (~1e-7 relative), not bit for bit; any split of a
-// batch of >= 2 tokens gives the same bits. (The f32 kernels are bit-identical for every T.)
+// batch into pieces of >= 2 tokens gives the same bits. In a model, a routed expert that receives
+// one token of a prefill chunk takes the one-token kernel, so with int8 activations prefill
+// results depend on the chunking at float-rounding level. (The f32 kernels are bit-identical for
+// every T.)
 //
-// The int8 kernels run on x86 CPUs with AVX-512BW (Highway target AVX3; AVX3_DL adds VNNI); on
+// The int8 kernels run on x86 CPUs with AVX-512BW (Highway target AVX3); Highway's AVX3_DL target
+// (Ice Lake and later: VNNI with VBMI2, VAES, BITALG, ...) adds VNNI, so a VNNI CPU without
+// those (Cascade Lake) runs the vpmaddwd variant ("avx512bw"); on
 // other targets ggml_q8_matmul_rows() computes the same sums in scalar code and q8_fast() is
 // false, so matmul() keeps the f32 kernels there.
 #pragma once
@@ -41,8 +46,12 @@ inline constexpr int64_t kQ8Block = 256;
 /// they are interleaved for 4-byte dots (vpdpbusd): column 16 g + 4 k + e of a block sits at byte
 /// 64 k + 4 g + e (k, e < 4; g < 16), so 32-bit lane g of the block's 64-byte vector k holds 4
 /// columns of 16-column group g. q8_pos() maps a column to its byte.
-/// The vectors may be longer than T * cols (...) when a Q8Acts is reused: only their first
-/// elements are meaningful.
+/// A reused Q8Acts keeps its longest vectors: q.size() >= T * cols, d.size() >= T * blocks(),
+/// bs.size() >= 16 * T * blocks(); only those first elements are meaningful.
+///
+/// A block with a NaN or infinite value gets d = NaN (codes 0), so the products it enters are NaN
+/// as they would be in f32 (the engine's non-finite checks see them); a block whose max is so small
+/// that 127 / amax overflows (< ~3.7e-37) is quantized as zeros.
 struct Q8Acts {
   int64_t T = 0, cols = 0;
   bool interleaved = false;  // T >= 2
@@ -85,11 +94,15 @@ void ggml_q8_matmul(const GgmlView& w, const Q8Acts& a, float* y, ThreadPool* po
 /// each sub-block exactly, the scales applied in double precision.
 void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y);
 
-/// Process-wide switch behind --act-bits: when on, matmul() / matmul_rows() / matmul_multi()
-/// quantize the activations of Q4_K / Q6_K products to int8 (when q8_fast()). Default off (f32
-/// activations, exact against the dequantized weights).
+/// Process-wide switch behind --act-bits: when on, matmul() / matmul_rows() /
+/// matmul_rows_pair() / matmul_multi() quantize the activations of Q4_K / Q6_K products to int8
+/// (when q8_fast()) and run the int8 kernels. Default off (f32 activations, exact against the
+/// dequantized weights). Global: it applies to every model in the process.
 void set_int8_activations(bool on);
 /// The switch above.
 bool int8_activations();
+
+/// True for --act-bits 8, false for 32; throws spool::UsageError for other values.
+bool int8_activations_from_bits(int bits);
 
 }  // namespace spool::ops

@@ -95,7 +95,57 @@ TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
       EXPECT_EQ(a.bs, ref.bs);
       q8_quantize(x.data() + cols, 1, cols, a1);
       EXPECT_EQ(a1.q, ref1.q);
+      EXPECT_EQ(a1.d, std::vector<float>(ref.d.begin() + ref1.d.size(), ref.d.begin() + 2 * ref1.d.size()));
       EXPECT_EQ(a1.bs, std::vector<float>(ref.bs.begin() + ref.bs.size() / T, ref.bs.begin() + 2 * ref.bs.size() / T));
+    });
+  }
+}
+
+// One Q8Acts reused for fewer tokens, fewer columns and the other layout gives what a fresh one
+// gives (its vectors stay longer than needed).
+TEST(GgmlQ8, ReusedActivationsEqualFreshOnes) {
+  const std::vector<uint8_t> m = random_ggml_blocks(GgmlType::Q6_K, 9, 512, 61);
+  const GgmlView v{GgmlType::Q6_K, 9, 512, m.data(), "w"};
+  Q8Acts reused;
+  const std::vector<float> big = activations(67, 1280, 62);
+  q8_quantize(big.data(), 67, 1280, reused);
+  for (int64_t T : {1, 3, 1}) {
+    const std::vector<float> x = activations(T, 512, 63 + T);
+    Q8Acts fresh;
+    q8_quantize(x.data(), T, 512, fresh);
+    q8_quantize(x.data(), T, 512, reused);
+    std::vector<float> y1(static_cast<size_t>(T * 9)), y2(y1.size());
+    ggml_q8_matmul(v, fresh, y1.data(), nullptr);
+    ggml_q8_matmul(v, reused, y2.data(), nullptr);
+    EXPECT_EQ(y1, y2) << "T " << T;
+  }
+}
+
+// NaN / inf activations make their products NaN (as in f32), on every target; a block too small
+// for 127 / amax quantizes to zeros.
+TEST(GgmlQ8, NonFiniteAndTinyActivations) {
+  const std::vector<uint8_t> m = random_ggml_blocks(GgmlType::Q4_K, 4, 512, 71);
+  const GgmlView v{GgmlType::Q4_K, 4, 512, m.data(), "w"};
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    std::vector<float> x = randn(2 * 512, 72);
+    x[300] = bad;                                               // token 0, block 1
+    for (int64_t c = 512; c < 768; ++c) x[c] = 1e-38f;          // token 1, block 0: 127 / amax overflows
+    Q8Acts ref;
+    q8_quantize_reference(x.data(), 2, 512, ref);
+    EXPECT_TRUE(std::isnan(ref.d[1]));
+    EXPECT_EQ(ref.d[2], 0.0f);
+    for_each_variant([&] {
+      Q8Acts a;
+      q8_quantize(x.data(), 2, 512, a);
+      EXPECT_EQ(a.q, ref.q);
+      EXPECT_TRUE(std::isnan(a.d[1]));
+      EXPECT_EQ(a.d[2], 0.0f);
+      std::vector<float> y(8);
+      ggml_q8_matmul(v, a, y.data(), nullptr);
+      for (int r = 0; r < 4; ++r) {
+        EXPECT_TRUE(std::isnan(y[r])) << "token 0 row " << r;
+        EXPECT_TRUE(std::isfinite(y[4 + r])) << "token 1 row " << r;
+      }
     });
   }
 }
@@ -131,11 +181,16 @@ TEST(GgmlQ8, KernelsMatchReferenceEveryTarget) {
         std::vector<float> ref(static_cast<size_t>(T * rows));
         ggml_q8_matmul_reference(v, a, ref.data());
         const std::string what = std::string(ggml_type_traits(type).name) + " cols=" + std::to_string(cols) + " T=" + std::to_string(T);
+        std::vector<float> first;  // every SIMD variant gives the same bits (exact integer dots, same f32 order)
         for_each_variant([&] {
           std::vector<float> y(static_cast<size_t>(T * rows), -1.0f);
           ggml_q8_matmul_rows(v, a, y.data(), rows, 0, 5);  // rows [0, 5): a group and one row, then the rest
           ggml_q8_matmul_rows(v, a, y.data(), rows, 5, rows);
           expect_close(v, x, T, y, ref, rows, what);
+          if (q8_fast()) {
+            if (first.empty()) first = y;
+            EXPECT_EQ(y, first) << what << ": " << q8_variant() << " differs from the first SIMD variant";
+          }
           // prefill results do not depend on how the tokens are split (T >= 2: the same
           // accumulation order per output in every tile shape), bit for bit
           if (T >= 4) {
@@ -213,49 +268,63 @@ TEST(GgmlQ8, WithinTheRoundingBoundOfTheExactProduct) {
 // Q4_K / Q6_K only when switched on, with the same results as ggml_q8_matmul(); other types and
 // the switch off keep the f32 kernels.
 TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
-  const int64_t rows = 48, cols = 512, T = 3;
+  const int64_t rows = 48, cols = 512;
   const std::vector<uint8_t> m4 = random_ggml_blocks(GgmlType::Q4_K, rows, cols, 41);
   const std::vector<uint8_t> m6 = random_ggml_blocks(GgmlType::Q6_K, rows, cols, 43);
   const std::vector<uint8_t> m5 = random_ggml_blocks(GgmlType::Q5_K, rows, cols, 47);
   const WeightView w4 = ggml_weight_view(GgmlType::Q4_K, rows, cols, m4.data());
   const WeightView w6 = ggml_weight_view(GgmlType::Q6_K, rows, cols, m6.data());
   const WeightView w5 = ggml_weight_view(GgmlType::Q5_K, rows, cols, m5.data());
-  const std::vector<float> x = activations(T, cols, 53);
-  Q8Acts a;
-  q8_quantize(x.data(), T, cols, a);
-  auto int8_of = [&](const std::vector<uint8_t>& m, GgmlType t) {
-    std::vector<float> y(static_cast<size_t>(T * rows));
-    ggml_q8_matmul(GgmlView{t, rows, cols, m.data(), nullptr}, a, y.data(), nullptr);
-    return y;
-  };
-  auto f32_of = [&](const WeightView& w) {
-    std::vector<float> y(static_cast<size_t>(T * rows));
-    ggml_matmul(GgmlView{w.ggml, rows, cols, static_cast<const uint8_t*>(w.data), nullptr}, x.data(), T, y.data(), nullptr);
-    return y;
-  };
-  const std::vector<float> i4 = int8_of(m4, GgmlType::Q4_K), i6 = int8_of(m6, GgmlType::Q6_K);
-  const std::vector<float> f4 = f32_of(w4), f6 = f32_of(w6), f5 = f32_of(w5);
-  ASSERT_NE(i4, f4);
+  std::vector<int32_t> perm(static_cast<size_t>(cols));  // a Q6_K view with an input permutation
+  for (int64_t c = 0; c < cols; ++c) perm[c] = static_cast<int32_t>((c * 37 + 11) % cols);
+  WeightView w6p = w6;
+  w6p.col_perm = perm.data();
   ThreadPool pool(2);
-  for (bool on : {false, true}) {
-    SCOPED_TRACE(on ? "int8 on" : "int8 off");
-    set_int8_activations(on);
-    const bool q8 = on && q8_fast();
-    std::vector<float> y4(static_cast<size_t>(T * rows)), y6(y4.size()), y5(y4.size());
-    matmul(w4, x.data(), T, y4.data(), &pool);
-    EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul";
-    std::fill(y4.begin(), y4.end(), 0.0f);
-    matmul_rows(w4, x.data(), T, y4.data(), rows, 0, rows);
-    EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows";
-    matmul_rows_pair(w4, y4.data(), w6, y6.data(), x.data(), T);
-    EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows_pair";
-    EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_rows_pair";
-    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+  for (int64_t T : {1, 3}) {  // the decode and the prefill kernels and layouts
+    SCOPED_TRACE("T " + std::to_string(T));
+    const std::vector<float> x = activations(T, cols, 53 + T);
+    std::vector<float> xp(x.size());
+    for (int64_t i = 0; i < T * cols; ++i) xp[i] = x[(i / cols) * cols + perm[i % cols]];
+    auto int8_of = [&](const std::vector<uint8_t>& m, GgmlType t, const std::vector<float>& in) {
+      Q8Acts a;
+      q8_quantize(in.data(), T, cols, a);
+      std::vector<float> y(static_cast<size_t>(T * rows));
+      ggml_q8_matmul(GgmlView{t, rows, cols, m.data(), nullptr}, a, y.data(), nullptr);
+      return y;
+    };
+    auto f32_of = [&](const WeightView& w, const std::vector<float>& in) {
+      std::vector<float> y(static_cast<size_t>(T * rows));
+      ggml_matmul(GgmlView{w.ggml, rows, cols, static_cast<const uint8_t*>(w.data), nullptr}, in.data(), T, y.data(), nullptr);
+      return y;
+    };
+    const std::vector<float> i4 = int8_of(m4, GgmlType::Q4_K, x), i6 = int8_of(m6, GgmlType::Q6_K, x);
+    const std::vector<float> i6p = int8_of(m6, GgmlType::Q6_K, xp);
+    const std::vector<float> f4 = f32_of(w4, x), f6 = f32_of(w6, x), f5 = f32_of(w5, x), f6p = f32_of(w6, xp);
+    ASSERT_NE(i4, f4);
+    for (bool on : {false, true}) {
+      SCOPED_TRACE(on ? "int8 on" : "int8 off");
+      set_int8_activations(on);
+      const bool q8 = on && q8_fast();
+      std::vector<float> y4(static_cast<size_t>(T * rows)), y6(y4.size()), y5(y4.size()), y6p(y4.size());
+      matmul(w4, x.data(), T, y4.data(), &pool);
+      EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul";
+      matmul(w6p, x.data(), T, y6p.data(), &pool);
+      EXPECT_EQ(y6p, q8 ? i6p : f6p) << "matmul, permuted input";
       std::fill(y4.begin(), y4.end(), 0.0f);
-      matmul_multi({{&w4, y4.data()}, {&w5, y5.data()}, {&w6, y6.data()}}, x.data(), T, p);
-      EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_multi";
-      EXPECT_EQ(y5, f5) << "matmul_multi: Q5_K has no int8 kernel";
-      EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_multi";
+      matmul_rows(w4, x.data(), T, y4.data(), rows, 0, rows);
+      EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows";
+      matmul_rows_pair(w4, y4.data(), w6, y6.data(), x.data(), T);
+      EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows_pair";
+      EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_rows_pair";
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        std::fill(y4.begin(), y4.end(), 0.0f);
+        std::fill(y6p.begin(), y6p.end(), 0.0f);
+        matmul_multi({{&w4, y4.data()}, {&w5, y5.data()}, {&w6, y6.data()}, {&w6p, y6p.data()}}, x.data(), T, p);
+        EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_multi";
+        EXPECT_EQ(y5, f5) << "matmul_multi: Q5_K has no int8 kernel";
+        EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_multi";
+        EXPECT_EQ(y6p, q8 ? i6p : f6p) << "matmul_multi, permuted input";
+      }
     }
   }
   set_int8_activations(false);
@@ -275,8 +344,15 @@ TEST(GgmlQ8, Errors) {
   EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "w"}, a, y.data(), 4, 0, 4), Error);
   EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, a, y.data(), 4, 0, 5), Error);
   EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, a, y.data(), 4, -1, 2), Error);
+  Q8Acts bad = a;  // a hand-edited Q8Acts that claims more tokens than it holds
+  bad.T = 3;
+  EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, bad, y.data(), 4, 0, 4), Error);
+  EXPECT_THROW(int8_activations_from_bits(16), UsageError);
+  EXPECT_TRUE(int8_activations_from_bits(8));
+  EXPECT_FALSE(int8_activations_from_bits(32));
   try {
     ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "blk.0.ffn_up.weight"}, a, y.data(), 4, 0, 4);
+    ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("Q5_K"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("blk.0.ffn_up.weight"), std::string::npos) << e.what();

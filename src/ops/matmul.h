@@ -14,6 +14,8 @@ namespace spool::ops {
 
 /// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows.
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
+/// With int8_activations() on (--act-bits 8), Q4_K / Q6_K weights take int8 activations
+/// quantized once per call (ops/ggml_q8.h): not exact; matmul_reference() is the f32 product.
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool);
 
 /// One product of a matmul_multi(): y = x W^T with W [rows, cols] and y [T, rows].
@@ -35,7 +37,8 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
 
 /// ya = A x and yb = B x for T tokens on one thread (ya [T, A.rows], yb [T, B.rows]). When A
 /// and B are quantized with the same sign vector (an expert's gate and up), x is rotated once
-/// for both. Same results as two matmul_rows() calls.
+/// for both; with int8 activations on and two Q4_K / Q6_K weights, x is quantized once for both.
+/// Same results as two matmul_rows() calls.
 void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T);
 
 /// Scalar reference of matmul() (double accumulation) for tests.

@@ -199,14 +199,14 @@ TEST(Conv1d, CarriedStateEqualsOneShot) {
 // Parallel over channel blocks (a pool; ragged last block) equals one thread bit for bit, with a
 // carried state that is not zero and chunks shorter than the kernel.
 TEST(Conv1d, PoolEqualsOneThreadBitForBit) {
-  const int64_t T = 300, C = 200;
+  const int64_t T = 40, C = 16400;  // C * 1 token >= the parallel threshold (1 << 14); 256 blocks of 64 + 16
   const int K = 4;
   const std::vector<float> x = randn(T * C, 17), w = randn(C * K, 18), st0 = randn(C * (K - 1), 19);
   ThreadPool pool(2);
   std::vector<float> st1 = st0, st2 = st0, out1(T * C), out2(T * C, NAN);
   causal_conv1d_silu(x.data(), T, C, w.data(), K, st1.data(), out1.data());
   int64_t t = 0;
-  for (int64_t n : {2, 1, 297}) {  // chunks of 2 and 1 tokens (< K - 1: the state feeds several rows), then 297
+  for (int64_t n : {2, 1, 37}) {  // chunks of 2 and 1 tokens (< K - 1: the state feeds several rows), then 37
     causal_conv1d_silu(x.data() + t * C, n, C, w.data(), K, st2.data(), out2.data() + t * C, &pool);
     t += n;
   }
