@@ -247,81 +247,10 @@ std::vector<uint8_t> ggml_random(spool::GgmlType t, int64_t rows, int64_t cols) 
   return m;
 }
 
-// Decode GEMV y = W x per ggml type. Args: type, rows, cols, threads, stream.
-void BM_GgmlGemv(benchmark::State& st) {
-  const auto t = static_cast<spool::GgmlType>(st.range(0));
-  const int64_t rows = st.range(1), cols = st.range(2);
-  const int threads = static_cast<int>(st.range(3));
-  const bool stream = st.range(4) != 0;
-  const std::vector<uint8_t> m0 = ggml_random(t, rows, cols);
-  const size_t copies = stream ? (kStreamBytes + m0.size() - 1) / m0.size() : 1;
-  std::vector<std::vector<uint8_t>> ms(copies, m0);
-  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
-  spool::ops::ThreadPool pool(threads);
-  size_t i = 0;
-  for (auto _ : st) {
-    const spool::ops::GgmlView v{t, rows, cols, ms[i].data(), nullptr};
-    i = (i + 1) % ms.size();
-    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
-      spool::ops::ggml_matmul_rows(v, x.data(), 1, y.data(), rows, b, e);
-    });
-    benchmark::DoNotOptimize(y.data());
-  }
-  st.SetLabel(std::string(spool::ggml_type_name(t)) + (stream ? " stream " : " hot ") + spool::ops::ggml_kernel_target());
-  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(m0.size()) * st.iterations() / 1e9,
-                                           benchmark::Counter::kIsRate);
-  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
-                                           benchmark::Counter::kIsRate);
-}
-void GgmlGemvArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "thr", "stream"});
-  for (spool::GgmlType t : kGgmlTypes)
-    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, 1});
-  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 1, 0});
-  // llama.cpp test-backend-ops' MUL_MAT perf shape (m 4096, k 14336), the same matrix every
-  // iteration as there (bench/kernels_vs_llama.sh).
-  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 1, 0});
-}
-BENCHMARK(BM_GgmlGemv)->Apply(GgmlGemvArgs)->UseRealTime();
-
-// Prefill GEMM Y = X W^T at T tokens. Args: type, rows, cols, T, threads (1: on the calling
-// thread, no pool: its CPU time is the kernel's own, robust on a loaded machine).
-void BM_GgmlGemm(benchmark::State& st) {
-  const auto t = static_cast<spool::GgmlType>(st.range(0));
-  const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
-  const int threads = static_cast<int>(st.range(4));
-  const std::vector<uint8_t> m = ggml_random(t, rows, cols);
-  // x 64-byte aligned, as the model's activations (ops::Workspace) are.
-  const auto x = hwy::AllocateAligned<float>(static_cast<size_t>(T * cols));
-  std::fill(x.get(), x.get() + T * cols, 0.5f);
-  std::vector<float> y(static_cast<size_t>(T * rows));
-  spool::ops::ThreadPool pool(threads);
-  const spool::ops::GgmlView v{t, rows, cols, m.data(), nullptr};
-  for (auto _ : st) {
-    spool::ops::ggml_matmul(v, x.get(), T, y.data(), threads > 1 ? &pool : nullptr);
-    benchmark::DoNotOptimize(y.data());
-  }
-  st.SetLabel(std::string(spool::ggml_type_name(t)) + " " + spool::ops::ggml_kernel_target());
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
-}
-void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "T", "thr"});
-  for (spool::GgmlType t : kGgmlTypes)
-    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 2048, 2048, 512, thr});
-  // A routed expert of the Qwen3.6-35B-A3B shape at pp512 (top-8 of 256: ~16 tokens each; one
-  // thread per expert): gate / up [512, 2048] and down [2048, 512], in the types of a Q4_K_M file.
-  for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {
-    b->Args({static_cast<int64_t>(t), 512, 2048, 16, 1});
-    b->Args({static_cast<int64_t>(t), 2048, 512, 16, 1});
-  }
-  // llama.cpp test-backend-ops' MUL_MAT perf shape at n = 512 (bench/kernels_vs_llama.sh).
-  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
-}
-BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
-
-// The same GEMV / GEMM with int8 activations (--act-bits 8, ops/ggml_q8.h), the activation
-// quantization included (once per call, as matmul() does). Args as BM_GgmlGemv / BM_GgmlGemm.
-void BM_GgmlQ8Gemv(benchmark::State& st) {
+// Decode GEMV y = W x per ggml type, f32 activations or (int8) the int8-activation kernels of
+// ops/ggml_q8.h with the activation quantization included (once per call, as matmul() does).
+// Args: type, rows, cols, threads, stream.
+void GgmlGemv(benchmark::State& st, bool int8) {
   const auto t = static_cast<spool::GgmlType>(st.range(0));
   const int64_t rows = st.range(1), cols = st.range(2);
   const int threads = static_cast<int>(st.range(3));
@@ -337,14 +266,80 @@ void BM_GgmlQ8Gemv(benchmark::State& st) {
   for (auto _ : st) {
     const spool::ops::GgmlView v{t, rows, cols, ms[i].data(), nullptr};
     i = (i + 1) % ms.size();
-    spool::ops::q8_quantize(x.data(), 1, cols, a);
-    spool::ops::ggml_q8_matmul(v, a, y.data(), threads > 1 ? &pool : nullptr);
+    if (int8) {
+      spool::ops::q8_quantize(x.data(), 1, cols, a);
+      spool::ops::ggml_q8_matmul(v, a, y.data(), threads > 1 ? &pool : nullptr);
+    } else {
+      pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
+        spool::ops::ggml_matmul_rows(v, x.data(), 1, y.data(), rows, b, e);
+      });
+    }
     benchmark::DoNotOptimize(y.data());
   }
-  st.SetLabel(std::string(spool::ggml_type_name(t)) + (stream ? " stream " : " hot ") + spool::ops::q8_variant());
+  st.SetLabel(std::string(spool::ggml_type_name(t)) + (stream ? " stream " : " hot ") +
+              (int8 ? spool::ops::q8_variant() : spool::ops::ggml_kernel_target()));
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(m0.size()) * st.iterations() / 1e9,
                                            benchmark::Counter::kIsRate);
+  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
 }
+void BM_GgmlGemv(benchmark::State& st) { GgmlGemv(st, false); }
+void GgmlGemvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream"});
+  for (spool::GgmlType t : kGgmlTypes)
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, 1});
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 2048, 2048, 1, 0});
+  // llama.cpp test-backend-ops' MUL_MAT perf shape (m 4096, k 14336), the same matrix every
+  // iteration as there (bench/kernels_vs_llama.sh).
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 1, 0});
+}
+BENCHMARK(BM_GgmlGemv)->Apply(GgmlGemvArgs)->UseRealTime();
+
+// Prefill GEMM Y = X W^T at T tokens, f32 or int8 activations as GgmlGemv. Args: type, rows,
+// cols, T, threads (1: on the calling thread, no pool: its CPU time is the kernel's own, robust on
+// a loaded machine).
+void GgmlGemm(benchmark::State& st, bool int8) {
+  const auto t = static_cast<spool::GgmlType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
+  const int threads = static_cast<int>(st.range(4));
+  const std::vector<uint8_t> m = ggml_random(t, rows, cols);
+  // x 64-byte aligned, as the model's activations (ops::Workspace) are.
+  const auto x = hwy::AllocateAligned<float>(static_cast<size_t>(T * cols));
+  for (int64_t c = 0; c < T * cols; ++c) x[c] = 0.5f + 0.25f * static_cast<float>(c % 7);
+  std::vector<float> y(static_cast<size_t>(T * rows));
+  spool::ops::ThreadPool pool(threads);
+  spool::ops::Q8Acts a;
+  const spool::ops::GgmlView v{t, rows, cols, m.data(), nullptr};
+  for (auto _ : st) {
+    if (int8) {
+      spool::ops::q8_quantize(x.get(), T, cols, a);
+      spool::ops::ggml_q8_matmul(v, a, y.data(), threads > 1 ? &pool : nullptr);
+    } else {
+      spool::ops::ggml_matmul(v, x.get(), T, y.data(), threads > 1 ? &pool : nullptr);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string(spool::ggml_type_name(t)) + " " + (int8 ? spool::ops::q8_variant() : spool::ops::ggml_kernel_target()));
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+void BM_GgmlGemm(benchmark::State& st) { GgmlGemm(st, false); }
+void GgmlGemmArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "T", "thr"});
+  for (spool::GgmlType t : kGgmlTypes)
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 2048, 2048, 512, thr});
+  // A routed expert of the Qwen3.6-35B-A3B shape at pp512 (top-8 of 256: ~16 tokens each; one
+  // thread per expert): gate / up [512, 2048] and down [2048, 512], in the types of a Q4_K_M file.
+  for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {
+    b->Args({static_cast<int64_t>(t), 512, 2048, 16, 1});
+    b->Args({static_cast<int64_t>(t), 2048, 512, 16, 1});
+  }
+  // llama.cpp test-backend-ops' MUL_MAT perf shape at n = 512 (bench/kernels_vs_llama.sh).
+  for (spool::GgmlType t : kGgmlTypes) b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
+}
+BENCHMARK(BM_GgmlGemm)->Apply(GgmlGemmArgs)->UseRealTime();
+
+// The same GEMV / GEMM with int8 activations (--act-bits 8), for the types that have them.
+void BM_GgmlQ8Gemv(benchmark::State& st) { GgmlGemv(st, true); }
 void GgmlQ8GemvArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "thr", "stream"});
   for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {
@@ -355,25 +350,7 @@ void GgmlQ8GemvArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_GgmlQ8Gemv)->Apply(GgmlQ8GemvArgs)->UseRealTime();
 
-void BM_GgmlQ8Gemm(benchmark::State& st) {
-  const auto t = static_cast<spool::GgmlType>(st.range(0));
-  const int64_t rows = st.range(1), cols = st.range(2), T = st.range(3);
-  const int threads = static_cast<int>(st.range(4));
-  const std::vector<uint8_t> m = ggml_random(t, rows, cols);
-  const auto x = hwy::AllocateAligned<float>(static_cast<size_t>(T * cols));
-  for (int64_t c = 0; c < T * cols; ++c) x[c] = 0.5f + 0.25f * static_cast<float>(c % 7);
-  std::vector<float> y(static_cast<size_t>(T * rows));
-  spool::ops::ThreadPool pool(threads);
-  spool::ops::Q8Acts a;
-  const spool::ops::GgmlView v{t, rows, cols, m.data(), nullptr};
-  for (auto _ : st) {
-    spool::ops::q8_quantize(x.get(), T, cols, a);
-    spool::ops::ggml_q8_matmul(v, a, y.data(), threads > 1 ? &pool : nullptr);
-    benchmark::DoNotOptimize(y.data());
-  }
-  st.SetLabel(std::string(spool::ggml_type_name(t)) + " " + spool::ops::q8_variant());
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
-}
+void BM_GgmlQ8Gemm(benchmark::State& st) { GgmlGemm(st, true); }
 void GgmlQ8GemmArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "T", "thr"});
   for (spool::GgmlType t : {spool::GgmlType::Q4_K, spool::GgmlType::Q6_K}) {

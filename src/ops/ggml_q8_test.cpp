@@ -150,6 +150,18 @@ TEST(GgmlQ8, NonFiniteAndTinyActivations) {
   }
 }
 
+// Random blocks of `type` [rows, cols], activations [T, cols] and their quantization.
+struct Case {
+  std::vector<uint8_t> m;
+  GgmlView v;
+  std::vector<float> x;
+  Q8Acts a;
+  Case(GgmlType type, int64_t rows, int64_t cols, int64_t T, uint64_t seed)
+      : m(random_ggml_blocks(type, rows, cols, seed)), v{type, rows, cols, m.data(), "w"}, x(activations(T, cols, seed + 1)) {
+    q8_quantize(x.data(), T, cols, a);
+  }
+};
+
 // |y - ref| <= 1e-5 * sum_c |W[r, c] x[t, c]| (the reference's own scale of the output).
 void expect_close(const GgmlView& w, const std::vector<float>& x, int64_t T, const std::vector<float>& y,
                   const std::vector<float>& ref, int64_t ldy, const std::string& what) {
@@ -210,11 +222,9 @@ TEST(GgmlQ8, KernelsMatchReferenceEveryTarget) {
 TEST(GgmlQ8, RowsRangeAndStride) {
   const int64_t rows = 40, cols = 1280, T = 3, ldy = 50;
   for (GgmlType type : kTypes) {
-    const std::vector<uint8_t> m = random_ggml_blocks(type, rows, cols, 17);
-    GgmlView v{type, rows, cols, m.data(), "w"};
-    const std::vector<float> x = activations(T, cols, 5);
-    Q8Acts a;
-    q8_quantize(x.data(), T, cols, a);
+    const Case k(type, rows, cols, T, 17);
+    const GgmlView& v = k.v;
+    const Q8Acts& a = k.a;
     std::vector<float> ref(static_cast<size_t>(T * rows));
     ggml_q8_matmul_reference(v, a, ref.data());
     for_each_variant([&] {
@@ -237,18 +247,17 @@ TEST(GgmlQ8, RowsRangeAndStride) {
 TEST(GgmlQ8, WithinTheRoundingBoundOfTheExactProduct) {
   const int64_t rows = 24, cols = 1024, T = 4;
   for (GgmlType type : kTypes) {
-    const std::vector<uint8_t> m = random_ggml_blocks(type, rows, cols, 29);
-    GgmlView v{type, rows, cols, m.data(), "w"};
-    const std::vector<float> x = activations(T, cols, 31);
-    Q8Acts a;
-    q8_quantize(x.data(), T, cols, a);
+    const Case k(type, rows, cols, T, 29);
+    const GgmlView& v = k.v;
+    const std::vector<float>& x = k.x;
+    const Q8Acts& a = k.a;
     std::vector<float> exact(static_cast<size_t>(T * rows)), y(static_cast<size_t>(T * rows));
     ggml_matmul_reference(v, x.data(), T, exact.data());
     ggml_q8_matmul(v, a, y.data(), nullptr);
     std::vector<float> row(static_cast<size_t>(cols));
     double worst = 0;  // largest error as a fraction of its bound
     for (int64_t r = 0; r < rows; ++r) {
-      ggml_dequantize_row(type, m.data() + r * v.row_bytes(), cols, row.data());
+      ggml_dequantize_row(type, v.data + r * v.row_bytes(), cols, row.data());
       for (int64_t t = 0; t < T; ++t) {
         double bound = 0, mag = 0;
         for (int64_t c = 0; c < cols; ++c) {
