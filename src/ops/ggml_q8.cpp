@@ -470,6 +470,14 @@ void Q8Quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
 #endif
 }
 
+bool Q8Fast() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return true;
+#else
+  return false;
+#endif
+}
+
 const char* Q8Variant() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
   return "avx512vnni";
@@ -490,6 +498,7 @@ namespace spool::ops {
 HWY_EXPORT(Q8Rows);
 HWY_EXPORT(Q8Quantize);
 HWY_EXPORT(Q8Variant);
+HWY_EXPORT(Q8Fast);
 
 namespace {
 std::atomic<bool> g_int8_acts{false};
@@ -537,7 +546,7 @@ bool q8_supported(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_
 
 const char* q8_variant() { return HWY_DYNAMIC_DISPATCH(Q8Variant)(); }
 
-bool q8_fast() { return std::strcmp(q8_variant(), "scalar") != 0; }
+bool q8_fast() { return HWY_DYNAMIC_DISPATCH(Q8Fast)(); }
 
 void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   validate(w);

@@ -319,24 +319,30 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
   // With int8 activations, the matrices that take them share one quantization of x.
   thread_local Q8Acts this_threads_q8;
   Q8Acts& qa = this_threads_q8;  // (the workers' lambda must see the caller's, not their own thread_local)
-  bool shared_q8 = false;
-  for (const auto& [w, y] : outs) shared_q8 = shared_q8 || (uses_q8(*w) && w->col_perm == nullptr);
-  if (shared_q8) q8_quantize(x, T, outs[0].w->cols, qa);
-  auto rows = [&](const WeightView& w, float* y, int64_t r0, int64_t r1) {
-    if (shared_q8 && uses_q8(w) && w.col_perm == nullptr) return ggml_q8_matmul_rows(ggml_view(w), qa, y, w.rows, r0, r1);
-    matmul_rows(w, x, T, y, w.rows, r0, r1);
+  // (decided once per matrix here, not per 16-row chunk in the workers)
+  std::vector<char> shared(outs.size(), 0);
+  bool any_shared = false;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    shared[i] = uses_q8(*outs[i].w) && outs[i].w->col_perm == nullptr;
+    any_shared = any_shared || shared[i];
+  }
+  if (any_shared) q8_quantize(x, T, outs[0].w->cols, qa);
+  auto rows = [&](size_t i, int64_t r0, int64_t r1) {
+    const WeightView& w = *outs[i].w;
+    if (shared[i]) return ggml_q8_matmul_rows(ggml_view(w), qa, outs[i].y, w.rows, r0, r1);
+    matmul_rows(w, x, T, outs[i].y, w.rows, r0, r1);
   };
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
-    for (const auto& [w, y] : outs) rows(*w, y, 0, w->rows);
+    for (size_t i = 0; i < outs.size(); ++i) rows(i, 0, outs[i].w->rows);
     return;
   }
   // Rows of all matrices, concatenated, split across threads in chunks of 16.
   pool->parallel_for(total, 16, [&](int64_t b, int64_t e, int) {
     int64_t base = 0;
-    for (const auto& [w, y] : outs) {
-      const int64_t lo = std::max(b, base), hi = std::min(e, base + w->rows);
-      if (lo < hi) rows(*w, y, lo - base, hi - base);
-      base += w->rows;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const int64_t n = outs[i].w->rows, lo = std::max(b, base), hi = std::min(e, base + n);
+      if (lo < hi) rows(i, lo - base, hi - base);
+      base += n;
     }
   });
 }
