@@ -365,7 +365,7 @@ HWY_INLINE void ToPanel(const Block8& b, PanelBlock& p) {
   p.c = b.c;
 }
 
-// Prefill: rows [r, r + R) against tokens [t0, t1), through a Block8 panel per segment.
+// Prefill: rows [r, r + R) against tokens [t0, t1), through a PanelBlock panel per segment.
 template <GgmlType Q, int R>
 HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, const Q8Acts& a, float* y, int64_t ldy,
                           PanelBlock* HWY_RESTRICT panel, __m512* HWY_RESTRICT acc) {
