@@ -52,10 +52,17 @@ inline constexpr int64_t kQ8Block = 256;
 /// A block with a NaN or infinite value gets d = NaN (codes 0), so the products it enters are NaN
 /// as they would be in f32 (the engine's non-finite checks see them); a block whose max is so small
 /// that 127 / amax overflows (< ~3.7e-37) is quantized as zeros.
+///
+/// For T == 1, q_k4 holds the same codes once more in Q4_K's nibble order (q8_pos_k4()): vector
+/// k = 2 h + e (h, e < 2) of a block holds columns 128 h + 32 e + [0, 32), then 128 h + 64 + 32 e
+/// + [0, 32): the order in which the low (e = 0) and high (e = 1) nibbles of 64 bytes of Q4_K codes
+/// fall, so the one-token Q4_K kernel dots them without lane shuffles (a per-product permutation
+/// of the activations instead of one per weight block). Empty for T >= 2.
 struct Q8Acts {
   int64_t T = 0, cols = 0;
   bool interleaved = false;  // T >= 2
   std::vector<int8_t> q;
+  std::vector<int8_t> q_k4;
   std::vector<float> d;
   std::vector<float> bs;
   int64_t blocks() const { return cols / kQ8Block; }
@@ -63,6 +70,9 @@ struct Q8Acts {
 
 /// Byte of column c (within its block) in an interleaved block (see Q8Acts).
 inline int64_t q8_pos(int64_t c) { return 64 * ((c % 16) / 4) + 4 * (c / 16) + c % 4; }
+
+/// Byte of column c (within its block) in q_k4's Q4_K nibble order (see Q8Acts).
+inline int64_t q8_pos_k4(int64_t c) { return 64 * (2 * (c / 128) + (c % 64) / 32) + 32 * ((c % 128) / 64) + c % 32; }
 
 /// Quantizes x [T, cols] into a (resized). Throws spool::Error unless cols is a positive multiple
 /// of kQ8Block and T >= 0. SIMD on AVX3 targets, bit-identical to q8_quantize_reference().

@@ -86,7 +86,13 @@ TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
     Q8Acts ref1;  // one token: column order, the same values
     q8_quantize_reference(x.data() + cols, 1, cols, ref1);
     ASSERT_FALSE(ref1.interleaved);
-    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(ref1.q[c], ref.q[cols + (c / kQ8Block) * kQ8Block + q8_pos(c % kQ8Block)]) << c;
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(ref1.q[c], ref.q[cols + (c / kQ8Block) * kQ8Block + q8_pos(c % kQ8Block)]) << c;
+      ASSERT_EQ(ref1.q_k4[(c / kQ8Block) * kQ8Block + q8_pos_k4(c % kQ8Block)], ref1.q[c]) << c;  // Q4_K nibble order
+    }
+    std::vector<int> seen(kQ8Block, 0);  // q8_pos_k4 is a permutation of a block
+    for (int64_t c = 0; c < kQ8Block; ++c) ++seen[static_cast<size_t>(q8_pos_k4(c))];
+    EXPECT_EQ(seen, std::vector<int>(kQ8Block, 1));
     for_each_variant([&] {
       Q8Acts a, a1;
       q8_quantize(x.data(), T, cols, a);
@@ -95,6 +101,7 @@ TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
       EXPECT_EQ(a.bs, ref.bs);
       q8_quantize(x.data() + cols, 1, cols, a1);
       EXPECT_EQ(a1.q, ref1.q);
+      EXPECT_EQ(a1.q_k4, ref1.q_k4);
       EXPECT_EQ(a1.d, std::vector<float>(ref.d.begin() + ref1.d.size(), ref.d.begin() + 2 * ref1.d.size()));
       EXPECT_EQ(a1.bs, std::vector<float>(ref.bs.begin() + ref.bs.size() / T, ref.bs.begin() + 2 * ref.bs.size() / T));
     });
