@@ -2,10 +2,12 @@
 // chunked vs recurrent, conv1d, attention, RoPE, bf16/f16 conversions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <utility>
@@ -590,6 +592,37 @@ TEST(ThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
   int64_t covered = 0;
   pool.parallel_for(1001, 16, [&](int64_t b, int64_t e, int) { __atomic_add_fetch(&covered, e - b, __ATOMIC_RELAXED); });
   EXPECT_EQ(covered, 1001);
+}
+
+// parallel_for's chunks: aligned, disjoint, covering [0, n) once; a large range is cut into more
+// chunks than threads (claimed dynamically), a small one into at most one per thread.
+TEST(ThreadPool, ParallelForChunksCoverTheRangeOnce) {
+  ThreadPool pool(2);
+  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{100}, int64_t{1001}, int64_t{248320}}) {
+    std::mutex mu;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    pool.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
+      std::lock_guard<std::mutex> lock(mu);
+      chunks.emplace_back(b, e);
+    });
+    std::sort(chunks.begin(), chunks.end());
+    int64_t at = 0;
+    for (const auto& [b, e] : chunks) {
+      EXPECT_EQ(b, at) << "n " << n;
+      EXPECT_LT(b, e) << "n " << n;
+      EXPECT_EQ(b % 16, 0) << "n " << n;
+      at = e;
+    }
+    EXPECT_EQ(at, n);
+    const int64_t units = (n + 15) / 16;
+    if (units >= 2 * ThreadPool::kMinUnitsPerChunk * pool.size()) {
+      EXPECT_GT(static_cast<int64_t>(chunks.size()), pool.size()) << "n " << n;
+    }
+    EXPECT_LE(static_cast<int64_t>(chunks.size()), pool.size() * ThreadPool::kChunksPerThread) << "n " << n;
+    if (units < ThreadPool::kMinUnitsPerChunk * pool.size()) {
+      EXPECT_LE(static_cast<int64_t>(chunks.size()), pool.size()) << "n " << n;
+    }
+  }
 }
 
 }  // namespace

@@ -91,7 +91,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t align, const std::function<void
   if (n <= 0) return;
   align = std::max<int64_t>(1, align);
   int64_t units = (n + align - 1) / align;
-  int64_t chunks = std::min<int64_t>(n_threads_, units);
+  // Measured on decode (2 threads): with one static chunk per thread the caller waited ~6% of
+  // the 417 MB output head's time for the other half (the other vCPU started late or lost time
+  // to the host); chunks claimed dynamically end within about one chunk of each other.
+  const int64_t most = n_threads_ * kChunksPerThread;
+  int64_t chunks = std::clamp<int64_t>(units / kMinUnitsPerChunk, n_threads_, most);
+  chunks = std::min(chunks, units);
   int64_t per = (units + chunks - 1) / chunks;
   run(chunks, [&](int64_t c, int thread) {
     int64_t b = c * per * align;

@@ -28,8 +28,16 @@ class ThreadPool {
   void run(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& fn);
 
   /// Splits [0, n) into contiguous chunks whose sizes are multiples of `align` (except the
-  /// last) and runs fn(begin, end, thread) on each, one chunk per thread.
+  /// last) and runs fn(begin, end, thread) on each; the chunks are claimed dynamically. Large
+  /// ranges get up to kChunksPerThread chunks per thread (at least kMinUnitsPerChunk aligned
+  /// units each) so that a thread that starts late or is descheduled does not hold up the job;
+  /// small ones one chunk per thread. fn may run several chunks on one thread.
   void parallel_for(int64_t n, int64_t align, const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
+
+  /// Most chunks per thread parallel_for() makes.
+  static constexpr int64_t kChunksPerThread = 32;
+  /// Fewest aligned units in a chunk of parallel_for() (when there are enough for one per thread).
+  static constexpr int64_t kMinUnitsPerChunk = 8;
 
  private:
   void worker_loop(int thread);
