@@ -137,7 +137,7 @@ TEST(Cli, UsageErrorsExit2) {
   EXPECT_EQ(spool("generate --help").code, 0);
   const Result act = spool("generate --prompt-ids 1 --max-tokens 1 --act-bits 7");
   EXPECT_EQ(act.code, 2);
-  EXPECT_NE(act.err.find("--act-bits must be 8 or 32 (got 7)"), std::string::npos) << act.err;
+  EXPECT_NE(act.err.find("--act-bits must be 8, 32 or auto (got '7')"), std::string::npos) << act.err;
   // (the demo is safetensors: the flag parses and runs, and says it changes nothing; the int8 path
   // itself: ggml_q8_test, GgufKQuantModel.WideModelWithInt8Activations)
   const Result act8 = spool("generate --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --act-bits 8");

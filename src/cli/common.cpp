@@ -34,8 +34,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
                   "placed in VRAM first by --vram-experts static");
   app->add_option("--kv-bits", kv_bits, "KV cache entries: 32 (f32, exact; default), 16 (f16) or 8 (int8 with group scales)");
   app->add_option("--act-bits", act_bits,
-                  "Activations of Q4_K / Q6_K (GGUF) products: 32 (f32, exact against the dequantized weights; default) or 8 "
-                  "(int8 per 256 columns, integer dots as llama.cpp's CPU backend: faster, not exact; CPUs with AVX-512)");
+                  "Activations of Q4_K / Q6_K (GGUF) products: 8 (int8 per 256 columns, integer dots as llama.cpp's CPU backend: "
+                  "faster, not exact; CPUs with AVX-512), 32 (f32, exact against the dequantized weights) or auto (8 where it "
+                  "applies, else 32; default)");
   app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
   app->add_option("--vram-budget-gb", vram_budget,
                   "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (the GPU's free memory less 512 MiB, at most 90% of it); routed experts that do not all fit get VRAM slots in what is left");
@@ -71,8 +72,8 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.max_active_experts = max_active_experts;
   ops::kv_type_from_bits(kv_bits);  // UsageError for other values
   o.kv_bits = kv_bits;
-  ops::int8_activations_from_bits(act_bits);  // UsageError for other values
-  o.act_bits = act_bits;
+  o.act_bits = act_bits == "auto" ? 0 : act_bits == "8" ? 8 : act_bits == "32" ? 32 : -1;
+  if (o.act_bits < 0) throw UsageError(strfmt("--act-bits must be 8, 32 or auto (got '%s')", act_bits.c_str()));
   o.device = device;
   o.vram_budget = vram_budget;
   o.vram_experts = vram_experts;

@@ -29,7 +29,7 @@ struct ModelOptions {
   std::string pin_file;
   int max_active_experts = 0;
   int kv_bits = 32;
-  int act_bits = 32;
+  std::string act_bits = "auto";  // --act-bits: 8, 32 or auto
   std::string device = "auto";
   std::string vram_budget = "auto";
   std::string vram_experts = "auto";

@@ -281,15 +281,16 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   }
   // --device: cpu, cuda, cuda:N or auto.
   int cuda_index = resolve_device(opt.device);  // -1: the CPU
-  const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits);
+  ops::int8_activations_from_bits(opt.act_bits, false);  // UsageError before any loading
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
   l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
-  if (int8_acts) {  // --act-bits 8: say when it changes nothing
-    const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
-                                    [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
+  const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
+                                  [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
+  const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits, kquant);
+  if (opt.act_bits == 8) {  // an explicit --act-bits 8: say when it changes nothing
     if (!ops::q8_fast())
       log_warn("--act-bits 8: this CPU has no AVX-512BW int8 kernels (%s); products keep f32 activations", ops::q8_variant());
     else if (!kquant)
@@ -532,9 +533,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
-  log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s", spec.model_type.c_str(),
+  l.int8_activations = int8_acts && l.device == "cpu";
+  log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s%s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
-           opt.threads, l.device == "cpu" ? "SIMD" : "device", l.device == "cpu" ? ops::simd_target_name() : l.device.c_str());
+           opt.threads, l.device == "cpu" ? "SIMD" : "device", l.device == "cpu" ? ops::simd_target_name() : l.device.c_str(),
+           l.int8_activations ? "; int8 activations for Q4_K / Q6_K (--act-bits 32: f32, exact)" : "");
   return l;
 }
 

@@ -22,6 +22,7 @@
 #include "../../tests/support/gguf_writer.h"
 #include "../../tests/support/random.h"
 #include "common/error.h"
+#include "engine/loader.h"
 #include "ops/ggml_q8.h"
 #include "experts/streaming.h"
 #include "io/gguf.h"
@@ -531,6 +532,41 @@ TEST(GgufKQuantModel, WideModelWithInt8Activations) {
   EXPECT_LE(md, 5e-2 * mb) << "max abs diff " << md << ", max |ref| " << mb;
   EXPECT_EQ(ids, ids_ref);
   expect_streaming_equals_resident(q);
+}
+
+// --act-bits auto (the default): the engine's loader turns int8 activations on for a GGUF file
+// with Q4_K / Q6_K weights where the CPU has the kernels, and leaves them off for a file without
+// them and for an explicit --act-bits 32.
+TEST(GgufKQuantModel, DefaultActivationsFollowTheFile) {
+  const std::string q = (std::filesystem::path(::testing::TempDir()) / "spool_wide_q4q6_auto.gguf").string();
+  struct Reset {
+    std::string q;
+    ~Reset() {
+      ops::set_int8_activations(false);
+      std::filesystem::remove(q);
+    }
+  } reset{q};
+  ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q, {GgmlType::Q4_K, GgmlType::Q6_K}));
+  engine::LoadOptions opt;
+  opt.model_dir = q;
+  {
+    const engine::LoadedModel l = engine::load(opt);
+    EXPECT_EQ(l.int8_activations, ops::q8_fast()) << ops::q8_variant();
+    EXPECT_EQ(ops::int8_activations(), ops::q8_fast());
+  }
+  opt.act_bits = 32;
+  {
+    const engine::LoadedModel l = engine::load(opt);
+    EXPECT_FALSE(l.int8_activations);
+    EXPECT_FALSE(ops::int8_activations());
+  }
+  opt.act_bits = 0;
+  opt.model_dir = q_file("qwen3_moe");  // Q8_0 / Q4_0 / Q5_1 / MXFP4: no int8 kernels
+  {
+    const engine::LoadedModel l = engine::load(opt);
+    EXPECT_FALSE(l.int8_activations);
+    EXPECT_FALSE(ops::int8_activations());
+  }
 }
 
 // Loading `path` throws spool::Error whose message contains `want`.

@@ -622,9 +622,9 @@ void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y) {
   q8::rows_scalar(w, a, y, w.rows, 0, w.rows);
 }
 
-bool int8_activations_from_bits(int bits) {
-  if (bits != 8 && bits != 32) throw UsageError(strfmt("--act-bits must be 8 or 32 (got %d)", bits));
-  return bits == 8;
+bool int8_activations_from_bits(int bits, bool kquant_weights) {
+  if (bits != 0 && bits != 8 && bits != 32) throw UsageError(strfmt("--act-bits must be 8, 32 or auto (got %d)", bits));
+  return bits == 8 || (bits == 0 && kquant_weights && q8_fast());
 }
 
 void set_int8_activations(bool on) { g_int8_acts.store(on, std::memory_order_relaxed); }

@@ -1,4 +1,4 @@
-// Int8 activations for K-quant weights (opt in: --act-bits 8). The activations of one product
+// Int8 activations for K-quant weights (--act-bits 8; the default on AVX-512 CPUs for GGUF files with them). The activations of one product
 // are quantized once, per 256 columns, to int8 with one f32 scale (the idea of ggml's Q8_K), and
 // Q4_K / Q6_K rows are dotted against them in integer arithmetic: vpmaddubsw (unsigned weight
 // codes x signed activation codes), then vpdpwssd (VNNI) or vpmaddwd + vpaddd with the int16
@@ -112,7 +112,10 @@ void set_int8_activations(bool on);
 /// The switch above.
 bool int8_activations();
 
-/// True for --act-bits 8, false for 32; throws spool::UsageError for other values.
-bool int8_activations_from_bits(int bits);
+/// Whether a model's Q4_K / Q6_K products take int8 activations under --act-bits `bits`: 8 yes,
+/// 32 no, 0 (auto, the default) when the model has such weights (`kquant_weights`) and q8_fast()
+/// holds: llama.cpp's CPU arithmetic for the files llama.cpp users have, f32 on other CPUs.
+/// Throws spool::UsageError for other values.
+bool int8_activations_from_bits(int bits, bool kquant_weights);
 
 }  // namespace spool::ops

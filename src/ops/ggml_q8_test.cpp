@@ -363,9 +363,19 @@ TEST(GgmlQ8, Errors) {
   Q8Acts bad = a;  // a hand-edited Q8Acts that claims more tokens than it holds
   bad.T = 3;
   EXPECT_THROW(ggml_q8_matmul_rows(GgmlView{GgmlType::Q4_K, 4, 512, m.data(), "w"}, bad, y.data(), 4, 0, 4), Error);
-  EXPECT_THROW(int8_activations_from_bits(16), UsageError);
-  EXPECT_TRUE(int8_activations_from_bits(8));
-  EXPECT_FALSE(int8_activations_from_bits(32));
+  for (bool kq : {false, true}) {
+    EXPECT_THROW(int8_activations_from_bits(16, kq), UsageError);
+    EXPECT_THROW(int8_activations_from_bits(-1, kq), UsageError);
+    EXPECT_TRUE(int8_activations_from_bits(8, kq));
+    EXPECT_FALSE(int8_activations_from_bits(32, kq));
+  }
+  // auto (0): int8 only for a model with Q4_K / Q6_K weights on a CPU with the SIMD kernels
+  EXPECT_FALSE(int8_activations_from_bits(0, false));
+  EXPECT_EQ(int8_activations_from_bits(0, true), q8_fast());
+  hwy::SetSupportedTargetsForTest(HWY_SCALAR);
+  EXPECT_FALSE(int8_activations_from_bits(0, true));
+  EXPECT_TRUE(int8_activations_from_bits(8, true));
+  hwy::SetSupportedTargetsForTest(0);
   try {
     ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "blk.0.ffn_up.weight"}, a, y.data(), 4, 0, 4);
     ADD_FAILURE() << "expected an error";
