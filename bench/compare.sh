@@ -14,7 +14,7 @@
 #   MODEL=/work/ckpt/q36-8L-Q4_K_M.gguf CAPS=1.3 LLAMA_FLAGS="--repack 0" NAME=compare-gguf bench/compare.sh
 #     (GGUF mode: MODEL is a .gguf file and both tools run that same file; CAPS may be fractional
 #      GiB; LLAMA_FLAGS go to every llama-bench run, e.g. --repack 0; LLAMA_VARIANTS="--repack 1"
-#      adds a second llama.cpp run per config with those flags instead; SPOOL_VARIANTS="--act-bits 8" a second
+#      adds a second llama.cpp run per config with those flags instead; SPOOL_VARIANTS="--act-bits 32" a second
 #      spool run per config with those flags added; RESIDENT=0 runs the capped configs only)
 #
 # llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:

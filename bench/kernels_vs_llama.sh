@@ -98,8 +98,9 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "GEMM = n 512 tokens, GFLOP/s = 2 m k n / time. \"x\" = spool's rate / llama.cpp's (> 1: spool faster)."
   echo "Memory read bandwidth (bench/memory_read.h, 1 GiB, $THREADS thread(s)): **$mem GB/s** (a GEMV streaming from DRAM"
   echo "cannot exceed it; one cached in L3 can). llama.cpp quantizes the activations to int8 (or f16) inside the op and"
-  echo "uses integer dot products; spool keeps them f32 by default, and with --act-bits 8 quantizes them to int8 per 256"
-  echo "columns for Q4_K / Q6_K (BM_GgmlQ8Gemv / BM_GgmlQ8Gemm, the activation quantization included; the last two columns)."
+  echo "uses integer dot products; spool's f32-activation kernels (--act-bits 32, exact) are the first columns; for Q4_K / Q6_K"
+  echo "it also quantizes them to int8 per 256 columns (--act-bits 8, the default for such GGUF files on AVX-512 CPUs;"
+  echo "BM_GgmlQ8Gemv / BM_GgmlQ8Gemm, the activation quantization included; the last two columns)."
   echo
   echo "| type | MB | spool GEMV GB/s | llama.cpp GEMV GB/s | x | spool GEMM GFLOP/s | llama.cpp GEMM GFLOP/s | x | spool int8 GEMV GB/s (x) | spool int8 GEMM GFLOP/s (x) |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
