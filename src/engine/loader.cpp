@@ -296,7 +296,10 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }
-  ops::set_int8_activations(int8_acts);
+  // The switch is process-wide and only Q4_K / Q6_K weights read it: under auto a model without
+  // them leaves it as it is, so a second model loaded beside a K-quant one (perplexity
+  // --kl-reference, a bf16 reference) does not turn the first one's int8 activations off.
+  if (kquant || opt.act_bits != 0) ops::set_int8_activations(int8_acts);
   std::shared_ptr<ops::Backend> backend;
   if (cuda_index >= 0 && std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; })) {
     if (opt.device != "auto")
@@ -533,7 +536,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
-  l.int8_activations = int8_acts && l.device == "cpu";
+  l.int8_activations = int8_acts && kquant && ops::q8_fast() && l.device == "cpu";
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s%s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
            opt.threads, l.device == "cpu" ? "SIMD" : "device", l.device == "cpu" ? ops::simd_target_name() : l.device.c_str(),

@@ -535,8 +535,9 @@ TEST(GgufKQuantModel, WideModelWithInt8Activations) {
 }
 
 // --act-bits auto (the default): the engine's loader turns int8 activations on for a GGUF file
-// with Q4_K / Q6_K weights where the CPU has the kernels, and leaves them off for a file without
-// them and for an explicit --act-bits 32.
+// with Q4_K / Q6_K weights where the CPU has the kernels, and off for an explicit --act-bits 32; a
+// file without such weights loaded under auto (a --kl-reference beside it) leaves the process-wide
+// switch as it was.
 TEST(GgufKQuantModel, DefaultActivationsFollowTheFile) {
   const std::string q = (std::filesystem::path(::testing::TempDir()) / "spool_wide_q4q6_auto.gguf").string();
   struct Reset {
@@ -547,24 +548,24 @@ TEST(GgufKQuantModel, DefaultActivationsFollowTheFile) {
     }
   } reset{q};
   ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q, {GgmlType::Q4_K, GgmlType::Q6_K}));
-  engine::LoadOptions opt;
-  opt.model_dir = q;
+  engine::LoadOptions kq, other;
+  kq.model_dir = q;
+  other.model_dir = q_file("qwen3_moe");  // Q8_0 / Q4_0 / Q5_1 / MXFP4: no int8 kernels
   {
-    const engine::LoadedModel l = engine::load(opt);
+    const engine::LoadedModel l = engine::load(kq);
     EXPECT_EQ(l.int8_activations, ops::q8_fast()) << ops::q8_variant();
     EXPECT_EQ(ops::int8_activations(), ops::q8_fast());
+    const engine::LoadedModel r = engine::load(other);  // loaded beside it
+    EXPECT_FALSE(r.int8_activations);
+    EXPECT_EQ(ops::int8_activations(), ops::q8_fast()) << "the second load turned the first model's int8 off";
   }
-  opt.act_bits = 32;
+  kq.act_bits = 32;
   {
-    const engine::LoadedModel l = engine::load(opt);
+    const engine::LoadedModel l = engine::load(kq);
     EXPECT_FALSE(l.int8_activations);
     EXPECT_FALSE(ops::int8_activations());
-  }
-  opt.act_bits = 0;
-  opt.model_dir = q_file("qwen3_moe");  // Q8_0 / Q4_0 / Q5_1 / MXFP4: no int8 kernels
-  {
-    const engine::LoadedModel l = engine::load(opt);
-    EXPECT_FALSE(l.int8_activations);
+    const engine::LoadedModel r = engine::load(other);
+    EXPECT_FALSE(r.int8_activations);
     EXPECT_FALSE(ops::int8_activations());
   }
 }

@@ -202,9 +202,11 @@ HWY_INLINE float Half(const uint8_t* p) {
 }
 
 // One weight block decoded for int8 dots (see the file comment).
+// Decode: q in column order; DecodeGemv: in the order of the activations the one-token kernel
+// reads (Q4_K: nibble order, Q8Acts::q_k4; Q6_K: column order). s follows q's order.
 struct Block8 {
-  __m512i q[4];  // codes of columns 64k .. 64k + 63, unsigned bytes
-  __m512i s[4];  // int16 scale of the sub-block of column pair (2i, 2i + 1) of vector k, lane i
+  __m512i q[4];  // codes, unsigned bytes: vector k = columns 64k .. 64k + 63 in column order
+  __m512i s[4];  // int16 scale of the sub-block of the column pair in bytes (2i, 2i + 1) of vector k, lane i
   __m512 c;      // per 16 columns: offset coefficient, multiplied by bs
   __m512i g;     // per 16 columns: the sub-block scale (int32)
   float d;       // block scale of the integer dots
@@ -572,8 +574,9 @@ void validate(const Q8Acts& a) {
   if (a.T < 0 || a.cols <= 0 || a.cols % kQ8Block != 0 || a.interleaved != (a.T >= 2) ||
       a.q.size() < static_cast<size_t>(a.T * a.cols) || a.d.size() < static_cast<size_t>(a.T * nb) ||
       a.bs.size() < static_cast<size_t>(a.T * nb * 16) || (a.T == 1 && a.q_k4.size() < static_cast<size_t>(a.cols)))
-    fail("int8 activations: inconsistent Q8Acts (%lld tokens x %lld columns, %zu codes, %zu scales, %zu sums, %s layout)",
-         static_cast<long long>(a.T), static_cast<long long>(a.cols), a.q.size(), a.d.size(), a.bs.size(),
+    fail("int8 activations: inconsistent Q8Acts (%lld tokens x %lld columns, %zu codes, %zu Q4_K-order codes, %zu scales, "
+         "%zu sums, %s layout)",
+         static_cast<long long>(a.T), static_cast<long long>(a.cols), a.q.size(), a.q_k4.size(), a.d.size(), a.bs.size(),
          a.interleaved ? "interleaved" : "column-order");
 }
 

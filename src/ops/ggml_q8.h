@@ -57,7 +57,7 @@ inline constexpr int64_t kQ8Block = 256;
 /// k = 2 h + e (h, e < 2) of a block holds columns 128 h + 32 e + [0, 32), then 128 h + 64 + 32 e
 /// + [0, 32): the order in which the low (e = 0) and high (e = 1) nibbles of 64 bytes of Q4_K codes
 /// fall, so the one-token Q4_K kernel dots them without lane shuffles (a per-product permutation
-/// of the activations instead of one per weight block). Empty for T >= 2.
+/// of the activations instead of one per weight block). Unused for T >= 2 (a reused Q8Acts keeps it).
 struct Q8Acts {
   int64_t T = 0, cols = 0;
   bool interleaved = false;  // T >= 2
@@ -106,8 +106,9 @@ void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y);
 
 /// Process-wide switch behind --act-bits: when on, matmul() / matmul_rows() /
 /// matmul_rows_pair() / matmul_multi() quantize the activations of Q4_K / Q6_K products to int8
-/// (when q8_fast()) and run the int8 kernels. Default off (f32 activations, exact against the
-/// dequantized weights). Global: it applies to every model in the process.
+/// (when q8_fast()) and run the int8 kernels. Off until set (f32 activations, exact against the
+/// dequantized weights); engine::load() sets it from --act-bits (auto: on for a GGUF file with
+/// Q4_K / Q6_K weights on such a CPU). Global: it applies to every model in the process.
 void set_int8_activations(bool on);
 /// The switch above.
 bool int8_activations();

@@ -111,20 +111,22 @@ TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
 // One Q8Acts reused for fewer tokens, fewer columns and the other layout gives what a fresh one
 // gives (its vectors stay longer than needed).
 TEST(GgmlQ8, ReusedActivationsEqualFreshOnes) {
-  const std::vector<uint8_t> m = random_ggml_blocks(GgmlType::Q6_K, 9, 512, 61);
-  const GgmlView v{GgmlType::Q6_K, 9, 512, m.data(), "w"};
-  Q8Acts reused;
-  const std::vector<float> big = activations(67, 1280, 62);
-  q8_quantize(big.data(), 67, 1280, reused);
-  for (int64_t T : {1, 3, 1}) {
-    const std::vector<float> x = activations(T, 512, 63 + T);
-    Q8Acts fresh;
-    q8_quantize(x.data(), T, 512, fresh);
-    q8_quantize(x.data(), T, 512, reused);
-    std::vector<float> y1(static_cast<size_t>(T * 9)), y2(y1.size());
-    ggml_q8_matmul(v, fresh, y1.data(), nullptr);
-    ggml_q8_matmul(v, reused, y2.data(), nullptr);
-    EXPECT_EQ(y1, y2) << "T " << T;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const std::vector<uint8_t> m = random_ggml_blocks(t, 9, 512, 61);
+    const GgmlView v{t, 9, 512, m.data(), "w"};
+    Q8Acts reused;
+    const std::vector<float> big = activations(67, 1280, 62);
+    q8_quantize(big.data(), 67, 1280, reused);
+    for (int64_t T : {1, 3, 1, 2, 1}) {
+      const std::vector<float> x = activations(T, 512, 63 + T);
+      Q8Acts fresh;
+      q8_quantize(x.data(), T, 512, fresh);
+      q8_quantize(x.data(), T, 512, reused);
+      std::vector<float> y1(static_cast<size_t>(T * 9)), y2(y1.size());
+      ggml_q8_matmul(v, fresh, y1.data(), nullptr);
+      ggml_q8_matmul(v, reused, y2.data(), nullptr);
+      EXPECT_EQ(y1, y2) << ggml_type_name(t) << " T " << T;
+    }
   }
 }
 

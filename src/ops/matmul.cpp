@@ -211,7 +211,7 @@ const float* permuted_input(const WeightView& w, const float* x, int64_t T, std:
   return buf.data();
 }
 
-// True when w's products take int8 activations (--act-bits 8, a Q4_K / Q6_K weight, the SIMD
+// True when w's products take int8 activations (the --act-bits switch on, a Q4_K / Q6_K weight, the SIMD
 // int8 kernels available).
 bool uses_q8(const WeightView& w) {
   return w.type == WType::kGgml && int8_activations() && q8_supported(w.ggml) && q8_fast();
@@ -319,17 +319,31 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
   // With int8 activations, the matrices that take them share one quantization of x.
   thread_local Q8Acts this_threads_q8;
   Q8Acts& qa = this_threads_q8;  // (the workers' lambda must see the caller's, not their own thread_local)
-  // (decided once per matrix here, not per 16-row chunk in the workers)
-  std::vector<char> shared(outs.size(), 0);
+  // (decided once per matrix here, not per row chunk in the workers). A GGML view with a column
+  // permutation (GGUF's V-head reordering) gets x permuted once here, and quantized once when it
+  // takes int8 activations, rather than once per chunk.
+  std::vector<char> q8(outs.size(), 0), shared(outs.size(), 0);
+  std::vector<std::vector<float>> perm_x(outs.size());
+  std::vector<Q8Acts> perm_q8(outs.size());
   bool any_shared = false;
   for (size_t i = 0; i < outs.size(); ++i) {
-    shared[i] = uses_q8(*outs[i].w) && outs[i].w->col_perm == nullptr;
+    const WeightView& w = *outs[i].w;
+    q8[i] = uses_q8(w);
+    shared[i] = q8[i] && w.col_perm == nullptr;
     any_shared = any_shared || shared[i];
+    if (w.type == WType::kGgml && w.col_perm != nullptr) {
+      permuted_input(w, x, T, perm_x[i]);
+      if (q8[i]) q8_quantize(perm_x[i].data(), T, w.cols, perm_q8[i]);
+    }
   }
   if (any_shared) q8_quantize(x, T, outs[0].w->cols, qa);
   auto rows = [&](size_t i, int64_t r0, int64_t r1) {
     const WeightView& w = *outs[i].w;
     if (shared[i]) return ggml_q8_matmul_rows(ggml_view(w), qa, outs[i].y, w.rows, r0, r1);
+    if (!perm_x[i].empty()) {
+      if (q8[i]) return ggml_q8_matmul_rows(ggml_view(w), perm_q8[i], outs[i].y, w.rows, r0, r1);
+      return ggml_matmul_rows(ggml_view(w), perm_x[i].data(), T, outs[i].y, w.rows, r0, r1);
+    }
     matmul_rows(w, x, T, outs[i].y, w.rows, r0, r1);
   };
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {

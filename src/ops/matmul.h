@@ -14,7 +14,7 @@ namespace spool::ops {
 
 /// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows.
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
-/// With int8_activations() on (--act-bits 8), Q4_K / Q6_K weights take int8 activations
+/// With int8_activations() on (--act-bits 8, or auto on a K-quant GGUF), Q4_K / Q6_K weights take int8 activations
 /// quantized once per call (ops/ggml_q8.h): not exact; matmul_reference() is the f32 product.
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool);
 

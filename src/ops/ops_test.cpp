@@ -597,14 +597,20 @@ TEST(ThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
 // parallel_for's chunks: aligned, disjoint, covering [0, n) once; a large range is cut into more
 // chunks than threads (claimed dynamically), a small one into at most one per thread.
 TEST(ThreadPool, ParallelForChunksCoverTheRangeOnce) {
-  ThreadPool pool(2);
+  for (int threads : {1, 2, 3})
   for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{100}, int64_t{1001}, int64_t{248320}}) {
+    ThreadPool pool(threads);
     std::mutex mu;
     std::vector<std::pair<int64_t, int64_t>> chunks;
-    pool.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
+    pool.parallel_for(n, 16, [&](int64_t b, int64_t e, int thread) {
       std::lock_guard<std::mutex> lock(mu);
       chunks.emplace_back(b, e);
+      EXPECT_GE(thread, 0);
+      EXPECT_LT(thread, pool.size());
     });
+    if (threads == 1) {
+      EXPECT_EQ(chunks.size(), 1u) << "n " << n;
+    }
     std::sort(chunks.begin(), chunks.end());
     int64_t at = 0;
     for (const auto& [b, e] : chunks) {
@@ -615,7 +621,7 @@ TEST(ThreadPool, ParallelForChunksCoverTheRangeOnce) {
     }
     EXPECT_EQ(at, n);
     const int64_t units = (n + 15) / 16;
-    if (units >= 2 * ThreadPool::kMinUnitsPerChunk * pool.size()) {
+    if (threads > 1 && units >= 2 * ThreadPool::kMinUnitsPerChunk * pool.size()) {
       EXPECT_GT(static_cast<int64_t>(chunks.size()), pool.size()) << "n " << n;
     }
     EXPECT_LE(static_cast<int64_t>(chunks.size()), pool.size() * ThreadPool::kChunksPerThread) << "n " << n;

@@ -31,7 +31,8 @@ class ThreadPool {
   /// last) and runs fn(begin, end, thread) on each; the chunks are claimed dynamically. Large
   /// ranges get up to kChunksPerThread chunks per thread (at least kMinUnitsPerChunk aligned
   /// units each) so that a thread that starts late or is descheduled does not hold up the job;
-  /// small ones one chunk per thread. fn may run several chunks on one thread.
+  /// small ones one chunk per thread; a one-thread pool runs fn(0, n, 0) once. fn may run several
+  /// chunks on one thread.
   void parallel_for(int64_t n, int64_t align, const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
 
   /// Most chunks per thread parallel_for() makes.
