@@ -143,6 +143,7 @@ TEST(Cli, UsageErrorsExit2) {
   const Result act8 = spool("generate --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --act-bits 8");
   EXPECT_EQ(act8.code, 0) << act8.err;
   EXPECT_NE(act8.err.find("--act-bits 8"), std::string::npos) << act8.err;
+  EXPECT_EQ(act8.err.find("int8 activations"), std::string::npos) << "no Q4_K / Q6_K weights here: " << act8.err;
   for (const char* bits : {"auto", "32", ""}) {  // the default (auto) and 32 say nothing on a safetensors model
     const Result r = spool(std::string("generate --prompt-ids 1,2,3 --max-tokens 2 --temp 0") +
                            (*bits != 0 ? std::string(" --act-bits ") + bits : std::string()));

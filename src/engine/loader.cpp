@@ -296,10 +296,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }
-  // The switch is process-wide and only Q4_K / Q6_K weights read it: under auto a model without
-  // them leaves it as it is, so a second model loaded beside a K-quant one (perplexity
-  // --kl-reference, a bf16 reference) does not turn the first one's int8 activations off.
-  if (kquant || opt.act_bits != 0) ops::set_int8_activations(int8_acts);
   std::shared_ptr<ops::Backend> backend;
   if (cuda_index >= 0 && std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; })) {
     if (opt.device != "auto")
@@ -307,6 +303,10 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
                               opt.device.c_str(), opt.model_dir.c_str()));
     cuda_index = -1;
   }
+  // The switch is process-wide and only Q4_K / Q6_K weights read it: under auto a model without
+  // them leaves it as it is, so a second model loaded beside a K-quant one (perplexity
+  // --kl-reference, a bf16 reference) does not turn the first one's int8 activations off.
+  if (kquant || opt.act_bits != 0) ops::set_int8_activations(int8_acts);
 #if SPOOL_HAVE_CUDA
   std::shared_ptr<ops::CudaBackend> cuda;
   if (cuda_index >= 0) {

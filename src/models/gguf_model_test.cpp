@@ -564,9 +564,13 @@ TEST(GgufKQuantModel, DefaultActivationsFollowTheFile) {
     const engine::LoadedModel l = engine::load(kq);
     EXPECT_FALSE(l.int8_activations);
     EXPECT_FALSE(ops::int8_activations());
+  }
+  // on any CPU: a model without K-quant weights under auto leaves the switch as it finds it
+  for (bool on : {true, false}) {
+    ops::set_int8_activations(on);
     const engine::LoadedModel r = engine::load(other);
     EXPECT_FALSE(r.int8_activations);
-    EXPECT_FALSE(ops::int8_activations());
+    EXPECT_EQ(ops::int8_activations(), on);
   }
 }
 

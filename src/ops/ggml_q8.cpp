@@ -338,10 +338,12 @@ constexpr int64_t kTokenTile = 64;       // tokens per pass over a row group (ac
 constexpr int64_t kSegBlocks = 4;        // blocks per panel segment: 4 rows x 4 blocks of Block8 in L1
 constexpr int kRows = 4;                 // rows per decode / panel group
 constexpr int kPanelTok = 4;             // tokens per prefill register tile (kRows x kPanelTok int32 chains)
-// Decode prefetch distance. Measured on the output head's shape (248320 x 2048, 2 threads, 12
-// passes per setting interleaved round-robin against the bandwidth drift): 32 KiB beat the f32
-// kernels' 8 KiB in 6 of 6 runs (Q6_K 31.1 / 34.9 / 54.7 vs 30.2 / 32.7 / 50.4 GB/s; Q4_K 33.4
-// vs 32.9); prefetcht1 at 64 KiB plus prefetcht0 at 2 KiB was not consistently better.
+// Decode prefetch distance (capped at a quarter of the row range, TypedRows). Measured on the
+// output head's shape (248320 x 2048, 2 threads, 12 passes per setting interleaved round-robin
+// against the bandwidth drift): 32 KiB beat the f32 kernels' 8 KiB in each of 6 runs (Q6_K e.g.
+// 31.1 / 34.9 / 54.7 vs 30.2 / 32.7 / 50.4 GB/s; Q4_K 33.4 vs 32.9, +1.5%); prefetcht1 at 64 KiB
+// plus prefetcht0 at 2 KiB was not consistently better. On routed-expert shapes (512 x 2048 Q4_K
+// and 2048 x 512 Q6_K, whole matrices per thread) 8 and 32 KiB were equal within the noise.
 constexpr int64_t kPrefetchBytes = 32768;
 
 // Decode: R rows x 1 token, the weights only in registers.
@@ -436,7 +438,9 @@ template <GgmlType Q>
 void TypedRows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t rb = w.row_bytes();
   if (a.T == 1) {
-    const int64_t ahead = kRows * std::max<int64_t>(1, kPrefetchBytes / (kRows * rb));
+    // (rows [r0, r0 + ahead) are read before any prefetch reaches them: at most a quarter of a
+    // short range, so the small chunks of a 2048 x 512 matrix keep most of theirs)
+    const int64_t ahead = kRows * std::max<int64_t>(1, std::min(kPrefetchBytes / (kRows * rb), (r1 - r0) / (4 * kRows)));
     int64_t r = r0;
     for (; r + kRows <= r1; r += kRows) {
       const uint8_t* rows[kRows];

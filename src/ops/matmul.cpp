@@ -323,8 +323,8 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
   // permutation (GGUF's V-head reordering) gets x permuted once here, and quantized once when it
   // takes int8 activations, rather than once per chunk.
   std::vector<char> q8(outs.size(), 0), shared(outs.size(), 0);
-  std::vector<std::vector<float>> perm_x(outs.size());
-  std::vector<Q8Acts> perm_q8(outs.size());
+  std::vector<std::vector<float>> perm_x;  // (sized only when a permuted view is present)
+  std::vector<Q8Acts> perm_q8;
   bool any_shared = false;
   for (size_t i = 0; i < outs.size(); ++i) {
     const WeightView& w = *outs[i].w;
@@ -332,6 +332,8 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     shared[i] = q8[i] && w.col_perm == nullptr;
     any_shared = any_shared || shared[i];
     if (w.type == WType::kGgml && w.col_perm != nullptr) {
+      perm_x.resize(outs.size());
+      perm_q8.resize(outs.size());
       permuted_input(w, x, T, perm_x[i]);
       if (q8[i]) q8_quantize(perm_x[i].data(), T, w.cols, perm_q8[i]);
     }
@@ -340,7 +342,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
   auto rows = [&](size_t i, int64_t r0, int64_t r1) {
     const WeightView& w = *outs[i].w;
     if (shared[i]) return ggml_q8_matmul_rows(ggml_view(w), qa, outs[i].y, w.rows, r0, r1);
-    if (!perm_x[i].empty()) {
+    if (!perm_x.empty() && !perm_x[i].empty()) {
       if (q8[i]) return ggml_q8_matmul_rows(ggml_view(w), perm_q8[i], outs[i].y, w.rows, r0, r1);
       return ggml_matmul_rows(ggml_view(w), perm_x[i].data(), T, outs[i].y, w.rows, r0, r1);
     }
