@@ -17,6 +17,22 @@ void conv1d_silu_channels(const float* x, int64_t T, int64_t C, const float* w, 
                           int64_t c1) {
   const int S = K - 1;
   const int64_t n = c1 - c0;
+  if (T == 1) {
+    // One token (decode): each channel straight from its kernel row and carried inputs, no
+    // time-major copies (those cost more than the products at T = 1). The same products summed in
+    // the same order as below, so the result is bit-identical.
+    for (int64_t c = c0; c < c1; ++c) {
+      const float* wc = w + c * K;
+      float* st = state + c * S;
+      float acc = 0.0f;
+      for (int j = 0; j < S; ++j) acc += wc[j] * st[j];
+      acc += wc[S] * x[c];
+      out[c] = silu(acc);
+      for (int j = 0; j + 1 < S; ++j) st[j] = st[j + 1];
+      if (S > 0) st[S - 1] = x[c];
+    }
+    return;
+  }
   // wT [K, n], hist [S, n]: the kernel and the carried inputs of these channels, time-major
   // (per-thread buffers, grown only: decode calls this once per token and layer)
   thread_local std::vector<float> wT, hist, acc;

@@ -193,8 +193,9 @@ TEST(Conv1d, CarriedStateEqualsOneShot) {
       EXPECT_NEAR(out1[t * C + c], acc / (1 + std::exp(-acc)), 1e-5);
     }
   std::vector<float> st2(C * (K - 1), 0.0f), out2(T * C);
+  // token by token (decode's one-token path): the same products in the same order, bit for bit
   for (int64_t t = 0; t < T; ++t) causal_conv1d_silu(x.data() + t * C, 1, C, w.data(), K, st2.data(), out2.data() + t * C);
-  for (size_t i = 0; i < out1.size(); ++i) EXPECT_FLOAT_EQ(out1[i], out2[i]);
+  EXPECT_EQ(out1, out2);
   EXPECT_EQ(st1, st2);
 }
 
