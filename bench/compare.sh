@@ -4,7 +4,7 @@
 # `spool synth`, converted to a BF16 GGUF (bench/moe_to_gguf.py, gguf package), and both
 # tools run llama-bench-style pp/tg tests: fully resident, then inside memory cgroups of 8 and
 # 4 GiB (llama.cpp with mmap, as users run it; spool streaming experts with its auto budget).
-# Runs are interleaved (llama.cpp, spool, ...). The physical limits are measured in the same
+# Runs are interleaved in rounds (llama.cpp, spool, ... then again; ROUNDS, CAP_ROUNDS). The physical limits are measured in the same
 # run: memory read bandwidth (spool plan's probe) and direct-read disk bandwidth (fio).
 # Writes bench/results/compare.md and bench/results/compare.png.
 #
@@ -41,8 +41,8 @@ LLAMA_VARIANTS=${LLAMA_VARIANTS:-}     # another llama-bench run per config with
 SPOOL_VARIANTS=${SPOOL_VARIANTS:-}     # another spool run per config with these flags added
 THREADS=${THREADS:-$(nproc)}
 CAPS=${CAPS-"8 4"}                      # cgroup limits, GiB
-RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-3}   # resident tests
-CAP_P=${CAP_P:-64} CAP_N=${CAP_N:-32} CAP_R=${CAP_R:-2}     # capped tests (each token may read from disk)
+RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-2} ROUNDS=${ROUNDS:-3}   # resident tests: R repetitions per run, ROUNDS interleaved rounds
+CAP_P=${CAP_P:-64} CAP_N=${CAP_N:-32} CAP_R=${CAP_R:-2} CAP_ROUNDS=${CAP_ROUNDS:-1}   # capped tests (each token may read from disk)
 NAME=${NAME:-compare}
 OUT=bench/results/$NAME.md
 PNG=bench/results/$NAME.png
@@ -93,64 +93,118 @@ PY
 }
 
 rows=()
-data=()
-# bench CONFIG CG P N R SPOOL_FLAGS
+ratios=()
+# one_run CG P N R SPOOL_FLAGS TOOL: one llama-bench / spool bench run of TOOL, its JSON on stdout
+# (a "failed" record when the tool crashed or was OOM-killed).
+one_run() {
+  local cg=$1 p=$2 n=$3 r=$4 sflags=$5 tool=$6
+  local fail='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
+  if [ "$tool" = llama.cpp ]; then
+    run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json || echo "$fail"
+  elif [ "${tool%% *}" = llama.cpp ]; then
+    run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json || echo "$fail"
+  elif [ "$tool" = spool ]; then
+    run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json || echo "$fail"
+  else
+    run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags ${tool#spool } -o json || echo "$fail"
+  fi
+}
+
+# bench CONFIG CG P N R ROUNDS SPOOL_FLAGS: ROUNDS rounds, each running every tool once (R timed
+# repetitions) in turn, so that the tools are measured minutes apart, not one block after another
+# (this VM's memory bandwidth moves by tens of percent within minutes). Resident rounds measure the
+# memory bandwidth first. Each tool's row pools its samples over all rounds; the ratios are per round.
 bench() {
-  local config=$1 cg=$2 p=$3 n=$4 r=$5 sflags=$6
+  local config=$1 cg=$2 p=$3 n=$4 r=$5 rounds=$6 sflags=$7
   local tests=("llama.cpp")
   [ -n "$LLAMA_VARIANTS" ] && tests+=("llama.cpp $LLAMA_VARIANTS")
   tests+=("spool")
   [ -n "$SPOOL_VARIANTS" ] && tests+=("spool $SPOOL_VARIANTS")
-  for tool in "${tests[@]}"; do
-    if [ -n "$cg" ]; then
-      sync; echo 3 > /proc/sys/vm/drop_caches
-      echo 0 > "$cg/memory.force_empty" 2>/dev/null || true
-      echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
+  local rec="$TMP/runs.jsonl"
+  : > "$rec"
+  for round in $(seq 1 "$rounds"); do
+    local bw=$mem_gbps
+    if [ -z "$cg" ]; then
+      bw=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --ctx-size "$n" --json |
+        python3 -c "import json,sys; print(round(json.load(sys.stdin)['mem_gbps'], 1))")
+      echo "$bw" >> "$TMP/bw.txt"
     fi
-    local json
-    if [ "$tool" = llama.cpp ]; then
-      json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json) ||
-        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
-    elif [ "${tool%% *}" = spool ] && [ "$tool" != spool ]; then
-      json=$(run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags ${tool#spool } -o json) ||
-        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
-    elif [ "$tool" != spool ]; then
-      json=$(run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json) ||
-        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
-    else
-      json=$(run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json) ||
-        json='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
-    fi
-    local rss cgpeak=0
-    rss=$(cat "$TMP/maxrss")
-    [ -n "$cg" ] && cgpeak=$(cat "$cg/memory.max_usage_in_bytes")
-    local row
-    row=$(python3 - "$config" "$tool" "$json" "$rss" "$cgpeak" "$mem_gbps" "$disk_gbps" "$active" 2>>"$TMP/data.tsv" <<'PY'
-import json, sys
-config, tool, js, rss, cgpeak, mem, disk, active = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
-if js and js[0].get("failed"):  # the tool crashed or was OOM-killed
-    print(f"| {config} | {tool} | failed | failed | - | - | - | - | {rss/2**30:.2f} | {cgpeak/2**30:.2f} |" if cgpeak else
-          f"| {config} | {tool} | failed | failed | - | - | - | - | {rss/2**30:.2f} | - |")
-    print(f"DATA\t{config}\t{tool}\t0\t0", file=sys.stderr)
-    sys.exit(0)
-pp = next(t for t in js if t["n_gen"] == 0)
-tg = next(t for t in js if t["n_prompt"] == 0)
-mem_bound = mem * 1e9 / active
-hit = f"{100*tg['cache_hit_rate']:.1f}%" if tool.startswith("spool") else "-"
-mbt = tg.get("bytes_read_per_token", 0) / 1e6 if tool.startswith("spool") else 0
-disk_frac = f"{100 * tg['avg_ts'] * mbt / 1e3 / disk:.0f}%" if tool.startswith("spool") and mbt > 0 else "-"
-cg = f"{cgpeak/2**30:.2f}" if cgpeak else "-"
-print(f"| {config} | {tool} | {pp['avg_ts']:.2f} ± {pp['stddev_ts']:.2f} | {tg['avg_ts']:.2f} ± {tg['stddev_ts']:.2f} | "
-      f"{100*tg['avg_ts']/mem_bound:.0f}% | {hit} | {mbt:.0f} | {disk_frac} | {rss/2**30:.2f} | {cg} |")
-print(f"DATA\t{config}\t{tool}\t{tg['avg_ts']:.4f}\t{pp['avg_ts']:.4f}", file=sys.stderr)
+    for tool in "${tests[@]}"; do
+      if [ -n "$cg" ]; then
+        sync; echo 3 > /proc/sys/vm/drop_caches
+        echo 0 > "$cg/memory.force_empty" 2>/dev/null || true
+        echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
+      fi
+      local json rss cgpeak=0
+      json=$(one_run "$cg" "$p" "$n" "$r" "$sflags" "$tool")
+      rss=$(cat "$TMP/maxrss")
+      [ -n "$cg" ] && cgpeak=$(cat "$cg/memory.max_usage_in_bytes")
+      python3 -c 'import json,sys; print(json.dumps({"round": int(sys.argv[1]), "tool": sys.argv[2], "bw": float(sys.argv[3]), "rss": int(sys.argv[4]), "cgpeak": int(sys.argv[5]), "runs": json.loads(sys.argv[6])}))' \
+        "$round" "$tool" "$bw" "$rss" "$cgpeak" "$json" >> "$rec"
+      echo "  $config, round $round/$rounds, $tool ($bw GB/s): $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("failed" if j[0].get("failed") else " ".join("%s %.2f" % (t["test"], t["avg_ts"]) for t in j))' "$json")"
+    done
+  done
+  local out
+  out=$(python3 - "$config" "$rec" "$disk_gbps" "$active" 2>>"$TMP/data.tsv" <<'PY'
+import json, statistics as st, sys
+config, rec, disk, active = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+recs = [json.loads(l) for l in open(rec)]
+tools = list(dict.fromkeys(r["tool"] for r in recs))
+def sd(v): return st.stdev(v) if len(v) > 1 else 0.0
+per_round = {}  # (tool, round) -> (pp, tg) means
+for t in tools:
+    mine = [r for r in recs if r["tool"] == t]
+    rss = max(r["rss"] for r in mine) / 2**30
+    cgp = max(r["cgpeak"] for r in mine) / 2**30
+    cg = f"{cgp:.2f}" if cgp else "-"
+    if any(r["runs"][0].get("failed") for r in mine):
+        print(f"| {config} | {t} | failed | failed | - | - | - | - | {rss:.2f} | {cg} |")
+        print(f"DATA\t{config}\t{t}\t0\t0", file=sys.stderr)
+        continue
+    pps, tgs, frac, hits, mbts = [], [], [], [], []
+    for r in mine:
+        pp = next(x for x in r["runs"] if x["n_gen"] == 0)
+        tg = next(x for x in r["runs"] if x["n_prompt"] == 0)
+        ps, ts = pp.get("samples_ts") or [pp["avg_ts"]], tg.get("samples_ts") or [tg["avg_ts"]]
+        pps += ps
+        tgs += ts
+        per_round[(t, r["round"])] = (st.mean(ps), st.mean(ts))
+        frac += [x / (r["bw"] * 1e9 / active) for x in ts]
+        if t.startswith("spool"):
+            hits.append(tg["cache_hit_rate"])
+            mbts.append(tg.get("bytes_read_per_token", 0) / 1e6)
+    hit = f"{100 * st.mean(hits):.1f}%" if hits else "-"
+    mbt = st.mean(mbts) if mbts else 0
+    disk_frac = f"{100 * st.mean(tgs) * mbt / 1e3 / disk:.0f}%" if mbt > 0 else "-"
+    print(f"| {config} | {t} | {st.mean(pps):.2f} ± {sd(pps):.2f} | {st.mean(tgs):.2f} ± {sd(tgs):.2f} | "
+          f"{100 * st.mean(frac):.0f}% | {hit} | {mbt:.0f} | {disk_frac} | {rss:.2f} | {cg} |")
+    print(f"DATA\t{config}\t{t}\t{st.mean(tgs):.4f}\t{st.mean(pps):.4f}", file=sys.stderr)
+rounds = sorted({r["round"] for r in recs})
+bws = [r["bw"] for r in recs if r["tool"] == tools[0]]
+for s in (t for t in tools if t.startswith("spool")):
+    for l in (t for t in tools if t.startswith("llama.cpp")):
+        rs = [(per_round[(s, k)], per_round[(l, k)]) for k in rounds if (s, k) in per_round and (l, k) in per_round]
+        if not rs:
+            continue
+        tg = [a[1] / b[1] for a, b in rs if b[1] > 0]
+        pp = [a[0] / b[0] for a, b in rs if b[0] > 0]
+        if not tg:
+            continue
+        fmt = lambda v: ", ".join(f"{x:.2f}x" for x in v)
+        print(f"RATIO\t{config}: {s} / {l}: decode {fmt(tg)} per round (median {st.median(tg):.2f}x), "
+              f"prefill {fmt(pp)} (median {st.median(pp):.2f}x); memory read {min(bws):.1f}-{max(bws):.1f} GB/s")
 PY
 )
-    rows+=("$row")
-    echo "$row"
-  done
+  while IFS= read -r line; do
+    case "$line" in
+      RATIO*) ratios+=("- ${line#RATIO	}") ;;
+      *) rows+=("$line") ;;
+    esac
+    echo "$line"
+  done <<< "$out"
 }
 
-[ "${RESIDENT:-1}" = 1 ] && bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "--no-stream"
+[ "${RESIDENT:-1}" = 1 ] && bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "$ROUNDS" "--no-stream"
 for cap in $CAPS; do
   cg=/sys/fs/cgroup/memory/spool-cmp${cap}g
   rmdir "$cg" 2>/dev/null || true  # a fresh group: lowering the limit of one still charged fails (EBUSY)
@@ -159,7 +213,7 @@ for cap in $CAPS; do
   limit=$(python3 -c "import sys; print(int(float(sys.argv[1]) * 2**30) // 4096 * 4096)" "$cap")
   echo "$limit" > "$cg/memory.limit_in_bytes"
   [ "$(cat "$cg/memory.limit_in_bytes")" = "$limit" ] || { echo "compare.sh: could not set $cg's limit to $limit"; exit 1; }
-  bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" ""
+  bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" "$CAP_ROUNDS" ""
 done
 
 model_gib=$(python3 -c "import os,sys; p=sys.argv[1]; b=os.path.getsize(p) if os.path.isfile(p) else sum(os.path.getsize(os.path.join(p, f)) for f in os.listdir(p) if f.endswith('.safetensors')); print(f'{b/2**30:.2f} GiB' if b >= 2**30 else f'{b/2**20:.0f} MiB')" "$MODEL")
@@ -169,16 +223,23 @@ else same="same weights: safetensors for spool, GGUF for llama.cpp"; dtype=" BF1
   echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist), $LABEL,"
   echo "$model_gib$dtype ($same), $THREADS threads${LLAMA_FLAGS:+, llama-bench $LLAMA_FLAGS},"
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
-  echo "Resident: pp$RES_P / tg$RES_N, $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_R repetitions, page cache dropped before each run;"
-  echo "llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
+  echo "Resident: pp$RES_P / tg$RES_N, $ROUNDS rounds x $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_ROUNDS rounds x $CAP_R repetitions, page cache dropped before each run."
+  echo "Each round runs every tool once, in the order of the table, so the tools are measured minutes apart; a row pools its"
+  echo "samples (mean ± sd) over the rounds. llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
   echo
-  echo "Physical limits measured in the same run: memory read **$mem_gbps GB/s** (one token reads"
-  echo "$(python3 -c "print(round($active/1e6))") MB of weights: decode bound $(python3 -c "print(round($mem_gbps*1e9/$active, 1))") tok/s);"
+  echo "Physical limits measured in the same run: memory read **$mem_gbps GB/s** at the start$([ -s "$TMP/bw.txt" ] && echo ", $(sort -n "$TMP/bw.txt" | head -1)-$(sort -n "$TMP/bw.txt" | tail -1) GB/s at the start of the resident rounds") (one token reads"
+  echo "$(python3 -c "print(round($active/1e6))") MB of weights: decode bound $(python3 -c "print(round($mem_gbps*1e9/$active, 1))") tok/s at the start; tg / memory bound takes each sample against its round's bandwidth);"
   echo "direct-read disk **$disk_gbps GB/s** (fio, 4 MiB random reads x 8)."
   echo
   echo "| config | tool | pp t/s | tg t/s | tg / memory bound | expert hit rate | MB read/token | disk reads / disk bound | peak RSS GiB | cgroup peak GiB |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
+  if [ ${#ratios[@]} -gt 0 ]; then
+    echo
+    echo "Per-round ratios (each round's mean t/s, tools run back to back):"
+    echo
+    printf '%s\n' "${ratios[@]}"
+  fi
 } | tee "$OUT"
 
 grep '^DATA' "$TMP/data.tsv" | cut -f2- > "$TMP/plot.tsv"
