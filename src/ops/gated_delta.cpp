@@ -79,14 +79,7 @@ void recurrent_head(const GatedDeltaArgs& a, int h) {
     const float* v = a.v + (t * a.n_v + h) * dv;
     const float beta = a.beta[t * a.n_v + h];
     const float decay = std::exp(a.g[t * a.n_v + h]);
-    for (int64_t i = 0; i < static_cast<int64_t>(dk) * dv; ++i) S[i] *= decay;
-    std::fill(u.begin(), u.end(), 0.0f);
-    for (int i = 0; i < dk; ++i) axpy(k[i], S + i * dv, dv, u.data());  // u = S^T k
-    for (int j = 0; j < dv; ++j) u[j] = (v[j] - u[j]) * beta;
-    for (int i = 0; i < dk; ++i) axpy(k[i], u.data(), dv, S + i * dv);  // S += k u^T
-    float* o = a.out + (t * a.n_v + h) * dv;
-    std::fill(o, o + dv, 0.0f);
-    for (int i = 0; i < dk; ++i) axpy(q[i], S + i * dv, dv, o);  // o = S^T q
+    delta_rule_step(S, dk, dv, decay, k, q, v, beta, u.data(), a.out + (t * a.n_v + h) * dv);
   }
 }
 

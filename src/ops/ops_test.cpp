@@ -177,6 +177,29 @@ TEST(Vec, AccumulateRowsMatchesReferenceEveryTarget) {
   }
 }
 
+// delta_rule_step (decode's recurrence per head) against the four-pass form it fuses (scale, then
+// one axpy per row for S^T k, the update and S^T q), bit for bit on every SIMD target, with dv a
+// multiple of the vector length and not.
+TEST(Vec, DeltaRuleStepEqualsFourPassesEveryTarget) {
+  for (auto [dk, dv] : std::vector<std::array<int64_t, 2>>{{16, 128}, {8, 37}, {3, 5}}) {
+    const std::vector<float> S0 = spool::testing::randn(static_cast<size_t>(dk * dv), 1 + dv, 0.1f);
+    const std::vector<float> k = spool::testing::randn(dk, 2), q = spool::testing::randn(dk, 3), v = spool::testing::randn(dv, 4);
+    const float decay = 0.93f, beta = 0.61f;
+    spool::testing::for_each_target([&](int64_t) {
+      std::vector<float> S1 = S0, S2 = S0, u1(dv), u2(dv, NAN), o1(dv, 0.0f), o2(dv, NAN);
+      scale(decay, S1.data(), dk * dv);
+      std::fill(u1.begin(), u1.end(), 0.0f);
+      for (int64_t i = 0; i < dk; ++i) axpy(k[i], S1.data() + i * dv, dv, u1.data());
+      for (int64_t j = 0; j < dv; ++j) u1[j] = (v[j] - u1[j]) * beta;
+      for (int64_t i = 0; i < dk; ++i) axpy(k[i], u1.data(), dv, S1.data() + i * dv);
+      for (int64_t i = 0; i < dk; ++i) axpy(q[i], S1.data() + i * dv, dv, o1.data());
+      delta_rule_step(S2.data(), dk, dv, decay, k.data(), q.data(), v.data(), beta, u2.data(), o2.data());
+      EXPECT_EQ(S1, S2) << "dk " << dk << " dv " << dv;
+      EXPECT_EQ(o1, o2) << "dk " << dk << " dv " << dv;
+    });
+  }
+}
+
 TEST(Conv1d, CarriedStateEqualsOneShot) {
   const int64_t T = 11, C = 5;
   const int K = 4;

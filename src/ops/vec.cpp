@@ -30,6 +30,44 @@ float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+void DeltaRuleStep(float* S, int64_t dk, int64_t dv, float decay, const float* k, const float* q, const float* v,
+                   float beta, float* u, float* o) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  std::fill(u, u + dv, 0.0f);
+  std::fill(o, o + dv, 0.0f);
+  const auto vdecay = hn::Set(df, decay);
+  for (int64_t i = 0; i < dk; ++i) {  // S_i *= decay; u += k_i S_i
+    float* r = S + i * dv;
+    const auto vk = hn::Set(df, k[i]);
+    int64_t j = 0;
+    for (; j + N <= dv; j += N) {
+      const auto s = hn::Mul(hn::LoadU(df, r + j), vdecay);
+      hn::StoreU(s, df, r + j);
+      hn::StoreU(hn::MulAdd(vk, s, hn::LoadU(df, u + j)), df, u + j);
+    }
+    for (; j < dv; ++j) {
+      r[j] *= decay;
+      u[j] += k[i] * r[j];
+    }
+  }
+  for (int64_t j = 0; j < dv; ++j) u[j] = (v[j] - u[j]) * beta;
+  for (int64_t i = 0; i < dk; ++i) {  // S_i += k_i u; o += q_i S_i
+    float* r = S + i * dv;
+    const auto vk = hn::Set(df, k[i]), vq = hn::Set(df, q[i]);
+    int64_t j = 0;
+    for (; j + N <= dv; j += N) {
+      const auto s = hn::MulAdd(vk, hn::LoadU(df, u + j), hn::LoadU(df, r + j));
+      hn::StoreU(s, df, r + j);
+      hn::StoreU(hn::MulAdd(vq, s, hn::LoadU(df, o + j)), df, o + j);
+    }
+    for (; j < dv; ++j) {
+      r[j] += k[i] * u[j];
+      o[j] += q[i] * r[j];
+    }
+  }
+}
+
 void Axpy(float a, const float* x, int64_t n, float* y) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -202,6 +240,7 @@ HWY_AFTER_NAMESPACE();
 namespace spool::ops {
 HWY_EXPORT(Dot);
 HWY_EXPORT(Axpy);
+HWY_EXPORT(DeltaRuleStep);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumSquares);
 HWY_EXPORT(SoftmaxInplace);
@@ -210,6 +249,10 @@ HWY_EXPORT(ScoresKt);
 
 float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n); }
 void axpy(float a, const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(Axpy)(a, x, n, y); }
+void delta_rule_step(float* S, int64_t dk, int64_t dv, float decay, const float* k, const float* q, const float* v,
+                     float beta, float* u, float* o) {
+  HWY_DYNAMIC_DISPATCH(DeltaRuleStep)(S, dk, dv, decay, k, q, v, beta, u, o);
+}
 void scale(float a, float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Scale)(a, x, n); }
 double sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquares)(x, n); }
 float softmax_inplace(float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SoftmaxInplace)(x, n); }

@@ -22,6 +22,15 @@ float softmax_inplace(float* x, int64_t n);
 void accumulate_rows(const float* p, int64_t ldp, int64_t m, const float* v, int64_t ldv, int64_t n, int64_t vd,
                      float* out, int64_t ldo);
 
+/// One token of the delta rule on one head's state S [dk, dv] (row-major), as Gated DeltaNet's
+/// recurrent form (arXiv 2412.06464; HF transformers torch_recurrent_gated_delta_rule):
+///   S = decay * S;  u = (v - S^T k) * beta;  S += k u^T;  o = S^T q
+/// k, q [dk], v [dv] in; u [dv] scratch; o [dv] out. Two passes over S (decay with S^T k, then the
+/// update with S^T q), each element seeing the same operations in the same order as four separate
+/// passes (scale, then one axpy per row for each product), so the results are identical to those.
+void delta_rule_step(float* S, int64_t dk, int64_t dv, float decay, const float* k, const float* q, const float* v,
+                     float beta, float* u, float* o);
+
 /// out[r * ldo + p] = sum_d q[r * ldq + d] * kt[d * ldk + p] for r < m, p < n, d < dim:
 /// attention scores against keys stored transposed (one row per dimension), so every
 /// FMA covers several positions and no horizontal sums are needed.
