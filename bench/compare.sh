@@ -141,7 +141,7 @@ bench() {
       [ -n "$cg" ] && cgpeak=$(cat "$cg/memory.max_usage_in_bytes")
       python3 -c 'import json,sys; print(json.dumps({"round": int(sys.argv[1]), "tool": sys.argv[2], "bw": float(sys.argv[3]), "rss": int(sys.argv[4]), "cgpeak": int(sys.argv[5]), "runs": json.loads(sys.argv[6])}))' \
         "$round" "$tool" "$bw" "$rss" "$cgpeak" "$json" >> "$rec"
-      echo "  $config, round $round/$rounds, $tool ($bw GB/s): $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("failed" if j[0].get("failed") else " ".join("%s %.2f" % (t["test"], t["avg_ts"]) for t in j))' "$json")"
+      echo "  $config, round $round/$rounds, $tool ($bw GB/s): $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("failed" if j[0].get("failed") else " ".join("%s %.2f" % ("pp%d" % t["n_prompt"] if t["n_gen"] == 0 else "tg%d" % t["n_gen"], t["avg_ts"]) for t in j))' "$json")"
     done
   done
   local out
