@@ -49,6 +49,7 @@ PNG=bench/results/$NAME.png
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
+[ "$ROUNDS" -ge 1 ] && [ "$CAP_ROUNDS" -ge 1 ] || { echo "compare.sh: ROUNDS and CAP_ROUNDS must be >= 1"; exit 1; }
 [ "$(id -u)" -eq 0 ] || { echo "compare.sh: run as root (memory cgroups, drop_caches)"; exit 1; }
 [ -x "$SPOOL" ] || { echo "compare.sh: build spool first ($SPOOL)"; exit 1; }
 [ -x "$LLAMA_BIN/llama-bench" ] || { echo "compare.sh: no llama-bench in $LLAMA_BIN (see the header of this script)"; exit 1; }
@@ -94,26 +95,34 @@ PY
 
 rows=()
 ratios=()
+: > "$TMP/data.tsv"
 # one_run CG P N R SPOOL_FLAGS TOOL: one llama-bench / spool bench run of TOOL, its JSON on stdout
 # (a "failed" record when the tool crashed or was OOM-killed).
 one_run() {
-  local cg=$1 p=$2 n=$3 r=$4 sflags=$5 tool=$6
-  local fail='[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
+  local cg=$1 p=$2 n=$3 r=$4 sflags=$5 tool=$6 out
+  local cmd
   if [ "$tool" = llama.cpp ]; then
-    run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json || echo "$fail"
+    cmd=("$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json)
   elif [ "${tool%% *}" = llama.cpp ]; then
-    run_in "$cg" "$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json || echo "$fail"
+    cmd=("$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json)
   elif [ "$tool" = spool ]; then
-    run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json || echo "$fail"
+    cmd=("$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json)
   else
-    run_in "$cg" "$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags ${tool#spool } -o json || echo "$fail"
+    cmd=("$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags ${tool#spool } -o json)
+  fi
+  # A tool killed part-way may have printed some of its JSON already: replace it, not append to it.
+  if out=$(run_in "$cg" "${cmd[@]}") && python3 -c 'import json,sys; json.loads(sys.argv[1])' "$out" 2>/dev/null; then
+    printf '%s\n' "$out"
+  else
+    echo '[{"n_gen":0,"n_prompt":0,"avg_ts":0,"stddev_ts":0,"failed":true}]'
   fi
 }
 
 # bench CONFIG CG P N R ROUNDS SPOOL_FLAGS: ROUNDS rounds, each running every tool once (R timed
-# repetitions) in turn, so that the tools are measured minutes apart, not one block after another
-# (this VM's memory bandwidth moves by tens of percent within minutes). Resident rounds measure the
-# memory bandwidth first. Each tool's row pools its samples over all rounds; the ratios are per round.
+# repetitions) back to back, so that each tool's samples spread over the whole run instead of one
+# block per tool (this VM's memory bandwidth moves by tens of percent within minutes). Resident rounds
+# measure the memory bandwidth first. Each tool's row pools its samples over the rounds it completed
+# ("failed k/N rounds" otherwise); the ratios are per round.
 bench() {
   local config=$1 cg=$2 p=$3 n=$4 r=$5 rounds=$6 sflags=$7
   local tests=("llama.cpp")
@@ -126,7 +135,7 @@ bench() {
     local bw=$mem_gbps
     if [ -z "$cg" ]; then
       bw=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --ctx-size "$n" --json |
-        python3 -c "import json,sys; print(round(json.load(sys.stdin)['mem_gbps'], 1))")
+        python3 -c "import json,sys; print(round(float(json.load(sys.stdin)['mem_gbps']), 1))") || bw=$mem_gbps
       echo "$bw" >> "$TMP/bw.txt"
     fi
     for tool in "${tests[@]}"; do
@@ -145,7 +154,7 @@ bench() {
     done
   done
   local out
-  out=$(python3 - "$config" "$rec" "$disk_gbps" "$active" 2>>"$TMP/data.tsv" <<'PY'
+  out=$(python3 - "$config" "$rec" "$disk_gbps" "$active" <<'PY'
 import json, statistics as st, sys
 config, rec, disk, active = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 recs = [json.loads(l) for l in open(rec)]
@@ -157,28 +166,32 @@ for t in tools:
     rss = max(r["rss"] for r in mine) / 2**30
     cgp = max(r["cgpeak"] for r in mine) / 2**30
     cg = f"{cgp:.2f}" if cgp else "-"
-    if any(r["runs"][0].get("failed") for r in mine):
+    ok = [r for r in mine if not r["runs"][0].get("failed")]
+    failed = f" (failed {len(mine) - len(ok)}/{len(mine)} rounds)" if len(ok) < len(mine) else ""
+    if not ok:
         print(f"| {config} | {t} | failed | failed | - | - | - | - | {rss:.2f} | {cg} |")
-        print(f"DATA\t{config}\t{t}\t0\t0", file=sys.stderr)
+        print(f"DATA\t{config}\t{t}\t0\t0")
         continue
     pps, tgs, frac, hits, mbts = [], [], [], [], []
-    for r in mine:
+    for r in ok:
         pp = next(x for x in r["runs"] if x["n_gen"] == 0)
         tg = next(x for x in r["runs"] if x["n_prompt"] == 0)
         ps, ts = pp.get("samples_ts") or [pp["avg_ts"]], tg.get("samples_ts") or [tg["avg_ts"]]
         pps += ps
         tgs += ts
         per_round[(t, r["round"])] = (st.mean(ps), st.mean(ts))
-        frac += [x / (r["bw"] * 1e9 / active) for x in ts]
+        if r["bw"] > 0 and active > 0:
+            frac += [x / (r["bw"] * 1e9 / active) for x in ts]
         if t.startswith("spool"):
             hits.append(tg["cache_hit_rate"])
             mbts.append(tg.get("bytes_read_per_token", 0) / 1e6)
     hit = f"{100 * st.mean(hits):.1f}%" if hits else "-"
     mbt = st.mean(mbts) if mbts else 0
     disk_frac = f"{100 * st.mean(tgs) * mbt / 1e3 / disk:.0f}%" if mbt > 0 else "-"
-    print(f"| {config} | {t} | {st.mean(pps):.2f} ± {sd(pps):.2f} | {st.mean(tgs):.2f} ± {sd(tgs):.2f} | "
-          f"{100 * st.mean(frac):.0f}% | {hit} | {mbt:.0f} | {disk_frac} | {rss:.2f} | {cg} |")
-    print(f"DATA\t{config}\t{t}\t{st.mean(tgs):.4f}\t{st.mean(pps):.4f}", file=sys.stderr)
+    bound = f"{100 * st.mean(frac):.0f}%" if frac else "-"
+    print(f"| {config} | {t}{failed} | {st.mean(pps):.2f} ± {sd(pps):.2f} | {st.mean(tgs):.2f} ± {sd(tgs):.2f} | "
+          f"{bound} | {hit} | {mbt:.0f} | {disk_frac} | {rss:.2f} | {cg} |")
+    print(f"DATA\t{config}\t{t}\t{st.mean(tgs):.4f}\t{st.mean(pps):.4f}")
 rounds = sorted({r["round"] for r in recs})
 bws = [r["bw"] for r in recs if r["tool"] == tools[0]]
 for s in (t for t in tools if t.startswith("spool")):
@@ -191,13 +204,15 @@ for s in (t for t in tools if t.startswith("spool")):
         if not tg:
             continue
         fmt = lambda v: ", ".join(f"{x:.2f}x" for x in v)
+        pre = f"prefill {fmt(pp)} (median {st.median(pp):.2f}x)" if pp else "prefill -"
         print(f"RATIO\t{config}: {s} / {l}: decode {fmt(tg)} per round (median {st.median(tg):.2f}x), "
-              f"prefill {fmt(pp)} (median {st.median(pp):.2f}x); memory read {min(bws):.1f}-{max(bws):.1f} GB/s")
+              f"{pre}; memory read {min(bws):.1f}-{max(bws):.1f} GB/s")
 PY
 )
   while IFS= read -r line; do
     case "$line" in
       RATIO*) ratios+=("- ${line#RATIO	}") ;;
+      DATA*) printf '%s\n' "$line" >> "$TMP/data.tsv"; continue ;;
       *) rows+=("$line") ;;
     esac
     echo "$line"
@@ -223,12 +238,12 @@ else same="same weights: safetensors for spool, GGUF for llama.cpp"; dtype=" BF1
   echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist), $LABEL,"
   echo "$model_gib$dtype ($same), $THREADS threads${LLAMA_FLAGS:+, llama-bench $LLAMA_FLAGS},"
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
-  echo "Resident: pp$RES_P / tg$RES_N, $ROUNDS rounds x $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_ROUNDS rounds x $CAP_R repetitions, page cache dropped before each run."
-  echo "Each round runs every tool once, in the order of the table, so the tools are measured minutes apart; a row pools its"
+  echo "Resident: pp$RES_P / tg$RES_N, $ROUNDS round(s) x $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_ROUNDS round(s) x $CAP_R repetitions, page cache dropped before each run."
+  echo "Each round runs every tool once, back to back in the order of the table, so each tool's samples spread over the whole run; a row pools its"
   echo "samples (mean ± sd) over the rounds. llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
   echo
   echo "Physical limits measured in the same run: memory read **$mem_gbps GB/s** at the start$([ -s "$TMP/bw.txt" ] && echo ", $(sort -n "$TMP/bw.txt" | head -1)-$(sort -n "$TMP/bw.txt" | tail -1) GB/s at the start of the resident rounds") (one token reads"
-  echo "$(python3 -c "print(round($active/1e6))") MB of weights: decode bound $(python3 -c "print(round($mem_gbps*1e9/$active, 1))") tok/s at the start; tg / memory bound takes each sample against its round's bandwidth);"
+  echo "$(python3 -c "print(round($active/1e6))") MB of weights: decode bound $(python3 -c "print(round($mem_gbps*1e9/$active, 1))") tok/s at the start; tg / memory bound takes each sample against its round's bandwidth; the probe is a short read loop, a reference rather than a ceiling: an engine can exceed it);"
   echo "direct-read disk **$disk_gbps GB/s** (fio, 4 MiB random reads x 8)."
   echo
   echo "| config | tool | pp t/s | tg t/s | tg / memory bound | expert hit rate | MB read/token | disk reads / disk bound | peak RSS GiB | cgroup peak GiB |"

@@ -222,6 +222,20 @@ TEST(Conv1d, CarriedStateEqualsOneShot) {
   EXPECT_EQ(st1, st2);
 }
 
+// The one-token path (decode) against the general one, bit for bit, for every kernel size from 1
+// (no carried state) to 4, from a carried state that is not zero.
+TEST(Conv1d, OneTokenPathEqualsBatchEveryKernelSize) {
+  const int64_t T = 9, C = 37;
+  for (int K = 1; K <= 4; ++K) {
+    const std::vector<float> x = randn(T * C, 30 + K), w = randn(C * K, 40 + K), st0 = randn(C * (K - 1), 50 + K);
+    std::vector<float> st1 = st0, st2 = st0, out1(T * C), out2(T * C, NAN);
+    causal_conv1d_silu(x.data(), T, C, w.data(), K, st1.data(), out1.data());
+    for (int64_t t = 0; t < T; ++t) causal_conv1d_silu(x.data() + t * C, 1, C, w.data(), K, st2.data(), out2.data() + t * C);
+    EXPECT_EQ(out1, out2) << "K " << K;
+    EXPECT_EQ(st1, st2) << "K " << K;
+  }
+}
+
 // Parallel over channel blocks (a pool; ragged last block) equals one thread bit for bit, with a
 // carried state that is not zero and chunks shorter than the kernel.
 TEST(Conv1d, PoolEqualsOneThreadBitForBit) {

@@ -17,13 +17,18 @@ namespace {
 // per token with serial work on the caller between them (norms, the conv, routing) of up to
 // ~300 us, and waking a sleeping worker costs ~100 us under KVM: measured on the 8-layer
 // Qwen3.6-35B-A3B-shaped Q4_K_M file (2 threads), a ~35 us spin let the worker fall asleep ~7
-// times per token and decode ran 42 / 47 / 42 tok/s against 50 / 53 / 50 with ~270 us, in
-// alternating runs. A time limit, not a count: a spin iteration's cost differs between CPUs.
+// times per token (context switches per 320 tokens ~2100; ~300 with a 500 us spin, which clears the
+// largest gaps with a margin). A time limit, not a count: a spin iteration's cost differs between
+// CPUs. A pool with more threads than the machine has hardware threads spins only briefly, so
+// that its spinning workers do not take the cores its caller and other threads need.
 constexpr auto kWorkerSpin = std::chrono::microseconds(500);
+constexpr auto kOversubscribedSpin = std::chrono::microseconds(30);
 constexpr int kMainSpinIters = 1 << 14;  // spins before the caller starts yielding
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  oversubscribed_ = hw != 0 && static_cast<unsigned>(n_threads_) > hw;
   for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
 }
 
@@ -52,7 +57,7 @@ void ThreadPool::worker_loop(int thread) {
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
-      const auto until = std::chrono::steady_clock::now() + kWorkerSpin;
+      const auto until = std::chrono::steady_clock::now() + (oversubscribed_ ? kOversubscribedSpin : kWorkerSpin);
       for (uint32_t spin = 1; g == seen; ++spin) {
         SPOOL_SPIN();
         g = generation_.load(std::memory_order_acquire);

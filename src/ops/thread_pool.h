@@ -1,6 +1,6 @@
 // A fixed pool of worker threads for data-parallel kernels. The calling thread takes part,
-// so ThreadPool(n) runs work on n threads in total. Workers spin briefly between jobs (decode
-// issues hundreds of small jobs per token) and then sleep on a futex.
+// so ThreadPool(n) runs work on n threads in total. Workers spin up to 500 us between jobs (decode
+// issues ~60 jobs per token with short serial work between them) and then sleep on a futex.
 #pragma once
 
 #include <atomic>
@@ -50,6 +50,7 @@ class ThreadPool {
   std::atomic<int64_t> next_task_{0};
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
+  bool oversubscribed_ = false;  // more threads than hardware threads: workers spin briefly
   int64_t n_tasks_ = 0;
   const std::function<void(int64_t, int)>* fn_ = nullptr;
   std::atomic<bool> has_error_{false};

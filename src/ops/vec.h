@@ -28,6 +28,7 @@ void accumulate_rows(const float* p, int64_t ldp, int64_t m, const float* v, int
 /// k, q [dk], v [dv] in; u [dv] scratch; o [dv] out. Two passes over S (decay with S^T k, then the
 /// update with S^T q), each element seeing the same operations in the same order as four separate
 /// passes (scale, then one axpy per row for each product), so the results are identical to those.
+/// o is zeroed before v is read: o must not alias S, u, v, k or q.
 void delta_rule_step(float* S, int64_t dk, int64_t dv, float decay, const float* k, const float* q, const float* v,
                      float beta, float* u, float* o);
 
