@@ -72,7 +72,8 @@ void recurrent_head(const GatedDeltaArgs& a, int h) {
   const int kh = h / (a.n_v / a.n_k);
   const int dk = a.d_k, dv = a.d_v;
   float* S = a.state + static_cast<int64_t>(h) * dk * dv;
-  std::vector<float> u(dv);
+  thread_local std::vector<float> u;  // scratch [dv], grown only: decode calls this per head and token
+  if (u.size() < static_cast<size_t>(dv)) u.resize(dv);
   for (int64_t t = 0; t < a.T; ++t) {
     const float* q = a.q + (t * a.n_k + kh) * dk;
     const float* k = a.k + (t * a.n_k + kh) * dk;
