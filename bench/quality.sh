@@ -2,7 +2,7 @@
 # Quantization quality table (not in CI): converts the demo model with every recipe, then scores
 # each on the dev corpus against the bf16 model: perplexity, mean KL(bf16 || model) per token,
 # top-1 agreement, size on disk and bits per weight; plus K-reduction (--max-active-experts).
-# Writes bench/results/quality.md (a markdown table, also pasted into the README).
+# Writes bench/results/quality.md (a markdown table, also pasted into docs/quantization.md).
 #   bench/quality.sh                 # the whole dev corpus (~214 windows of 512 tokens)
 #   CHUNKS=20 bench/quality.sh       # a quick look at the first 20 windows
 set -euo pipefail

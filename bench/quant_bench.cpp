@@ -407,7 +407,7 @@ BENCHMARK(BM_Mxfp4Gemv)
     ->Args({5760, 2880, 2, 1})
     ->Args({2880, 2880, 1, 1})  // gpt-oss down
     ->Args({2880, 2880, 2, 1})
-    ->Args({8192, 2048, 1, 1})  // the README table's shape
+    ->Args({8192, 2048, 1, 1})  // the shape of docs/benchmarks.md's table
     ->Args({8192, 2048, 2, 1})
     ->Args({2880, 2880, 1, 0})
     ->UseRealTime();

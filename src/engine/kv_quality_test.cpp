@@ -1,7 +1,7 @@
 // KV cache quantization quality on the demo model: the f16 cache generates 256 tokens greedily
 // after a prompt; the same tokens are then fed to an int8 cache and an f16 cache, and the mean
 // KL(p_f16 || p_int8) of the next-token distributions over the 256 positions is printed (the
-// number the README reports) and bounded. The f32 cache is the exact reference for both.
+// number docs/quantization.md reports under "KV cache") and bounded. The f32 cache is the exact reference for both.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -296,7 +296,7 @@ TEST(QuantRecipes, ParametersMatchTheReference) {
   }
 }
 
-// The README's quality table (bench/results/quality.md, made by bench/quality.sh over the
+// The quality table of docs/quantization.md (bench/results/quality.md, made by bench/quality.sh over the
 // whole dev corpus): model -> (KL to bf16, top-1 agreement).
 std::map<std::string, std::pair<double, double>> quality_table() {
   std::ifstream in(std::string(SPOOL_SOURCE_DIR) + "/bench/results/quality.md");
@@ -313,7 +313,7 @@ std::map<std::string, std::pair<double, double>> quality_table() {
 
 // Quantization quality in CI: each recipe, converted by spool, scored against the bf16 model
 // on kQualityWindows windows spread over the dev corpus: mean KL(bf16 || recipe) and top-1
-// agreement within 10% of the whole-corpus values in the README's table (10% of the KL; 10% of
+// agreement within 10% of the whole-corpus values in that table (10% of the KL; 10% of
 // the disagreement 1 - top-1). A recipe that quantized nothing (KL 0, top-1 100%) or the wrong
 // class fails. Measured with 8 windows (52 s for all recipes on 2 cores): KL +4.4%..+7.3% and
 // disagreement +2.3%..+6.4% of the table. Deterministic: the same windows every run.

@@ -1,6 +1,6 @@
 // ModelSpec: everything a model family needs from config.json, validated once at load.
 // Sources: HF configuration_qwen3_5_moe.py, configuration_qwen3_next.py,
-// configuration_qwen3_moe.py (see docs in the repository's README for the tensor math).
+// configuration_qwen3_moe.py (docs/architecture.md, "The decoder stack", says where the tensor math is).
 #pragma once
 
 #include <cstdint>

@@ -29,7 +29,7 @@ struct ClassSpec {
 /// Tensor classes of a recipe (see the file comment).
 enum class TensorClass { kKeep, kDense, kLmHead, kExpertGateUp, kExpertDown };
 
-/// A named recipe: one ClassSpec per tensor class (README table, quant_reference.json).
+/// A named recipe: one ClassSpec per tensor class (the recipe table of docs/quantization.md, quant_reference.json).
 struct Recipe {
   std::string name;  ///< e.g. "tq3a-tqTe-down4"
   ClassSpec dense, lm_head, expert_gate_up, expert_down;
@@ -38,7 +38,7 @@ struct Recipe {
 };
 
 /// The named recipes: q4, tq3 (3-bit g32), tq3-g64, q2, tq3a-tqTe, tq3a-tqTe-down3,
-/// tq3a-tqTe-down4 (see the README table). Throws spool::UsageError listing them if unknown.
+/// tq3a-tqTe-down4 (see the recipe table of docs/quantization.md). Throws spool::UsageError listing them if unknown.
 Recipe recipe(const std::string& name);
 /// Names of all recipes.
 const std::vector<std::string>& recipe_names();
