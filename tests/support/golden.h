@@ -1,6 +1,8 @@
 // Test helpers: read golden tensors (safetensors written by transformers) and compare logits.
 #pragma once
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,6 +83,19 @@ inline int32_t argmax(const float* x, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
     if (x[i] > x[b]) b = i;
   return static_cast<int32_t>(b);
+}
+
+/// The greedy pick behind the tiny fixtures' `greedy_ids`: tests/reference/make_fixtures*.py ran
+/// transformers' generate with min_new_tokens = max_new_tokens, whose MinNewTokensLengthLogitsProcessor
+/// sets every EOS logit to -inf at each step, so the argmax (first on ties) runs over the other
+/// tokens. `eos`: the model's EOS ids (ModelSpec::eos_token_ids). A model whose best token is EOS
+/// (the 16-expert ERNIE fixture's first step) continues with its second best, as transformers does.
+inline int32_t argmax_except(const float* x, int64_t n, const std::vector<int64_t>& eos) {
+  auto banned = [&](int64_t i) { return std::find(eos.begin(), eos.end(), i) != eos.end(); };
+  int64_t b = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!banned(i) && (b < 0 || x[i] > x[b])) b = i;
+  return static_cast<int32_t>(b < 0 ? 0 : b);
 }
 
 }  // namespace spool::testing
