@@ -141,6 +141,7 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     L.post_norm_p = be.upload_floats(L.post_norm);
     if (L.attn) L.attn->place(be);
     if (L.gdn) L.gdn->place(be);
+    if (L.mla) L.mla->place(be);
     if (L.moe) L.moe->place(be);
     if (L.mlp) L.mlp->place(be);
   }

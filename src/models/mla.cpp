@@ -70,6 +70,23 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
   }
   rope_ = a_.inv_freq.empty() ? ops::Rope(static_cast<int>(P), a_.rope_theta, a_.rope_attention_scaling)
                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
+  q_a_norm_p_ = q_a_norm_.data();
+  kv_a_norm_p_ = kv_a_norm_.data();
+}
+
+void MlaLayer::place(ops::Backend& be) {
+  if (m_.q_lora_rank > 0) {
+    wqa_ = be.upload(wqa_);
+    wqb_ = be.upload(wqb_);
+    q_a_norm_p_ = be.upload_floats(q_a_norm_);
+  } else {
+    wq_ = be.upload(wq_);
+  }
+  wkva_ = be.upload(wkva_);
+  wo_ = be.upload(wo_);
+  kv_a_norm_p_ = be.upload_floats(kv_a_norm_);
+  for (ops::WeightView& w : uk_t_) w = be.upload(w);
+  for (ops::WeightView& w : uv_) w = be.upload(w);
 }
 
 void MlaLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -91,7 +108,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   if (m_.q_lora_rank > 0) {
     const ops::MatmulOut first[] = {{&wqa_, s.qa}, {&wkva_, s.kva}};
     be.matmul_multi(first, x, T);
-    be.rms_norm(s.qa, q_a_norm_.data(), T, m_.q_lora_rank, eps_, s.qa);
+    be.rms_norm(s.qa, q_a_norm_p_, T, m_.q_lora_rank, eps_, s.qa);
     be.matmul(wqb_, s.qa, T, s.q);
   } else {
     const ops::MatmulOut first[] = {{&wq_, s.q}, {&wkva_, s.kva}};
@@ -99,7 +116,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   }
   // Latent rows: [RMSNorm(c_kv) | RoPE(k_pe)].
   be.copy_2d(s.ckv, R, s.kva, R + P, T, R);
-  be.rms_norm(s.ckv, kv_a_norm_.data(), T, R, eps_, s.ckv);
+  be.rms_norm(s.ckv, kv_a_norm_p_, T, R, eps_, s.ckv);
   be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
   if (m_.rope_interleave) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.kpe + g.row0 * P, g.T, P, 1, static_cast<int>(P), g.pos0);

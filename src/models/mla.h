@@ -40,6 +40,10 @@ class MlaLayer {
   /// kv_a_layernorm, kv_b_proj, o_proj}` (prefix e.g. "layers.0.self_attn."). kv_b_proj must be
   /// a float tensor (spool convert keeps it bf16); W_UK^T is copied per head at load.
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
+  /// Moves every weight (projections, the per-head W_UK^T / W_UV views) and the latent norms
+  /// to where `be` reads them, once after bind(); a no-op on host backends. Without it a device
+  /// backend would stage each weight over PCIe on every call.
+  void place(ops::Backend& be);
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends the latent rows to
   /// `cache` (keys-only, one head of R+P; capacity for pos0 + T); out: [T, hidden].
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be, ops::Workspace& ws) const;
@@ -58,6 +62,7 @@ class MlaLayer {
   std::vector<ops::WeightView> uk_t_, uv_;  // per head: W_UK_h^T [R, N] (copy), W_UV_h [V, R] (view)
   std::vector<uint8_t> uk_t_data_;          // storage of uk_t_ (kv_b_proj's element type)
   std::vector<float> q_a_norm_, kv_a_norm_;
+  const float *q_a_norm_p_ = nullptr, *kv_a_norm_p_ = nullptr;  // the latent norms where the backend reads them (place())
   ops::Rope rope_;
 };
 
