@@ -6,6 +6,8 @@
 // channel header) → a tool call whose arguments are its JSON body; final and commentary without
 // a recipient → content. <|call|> and <|return|> are stop tokens in serving; in text they end the
 // message like <|end|>.
+#include <algorithm>
+
 #include "server/formats/family.h"
 
 namespace spool::server::formats {
@@ -90,7 +92,9 @@ class HarmonyParser final : public FamilyParser {
             if (eof_) pos_ = n;
             return false;
           }
-          int m = match_lit(from(p), kStart);
+          // The next header: <|start|>assistant..., or (models drop it) <|channel|> / to=.
+          auto rest = from(p);
+          int m = std::max({match_lit(rest, kStart), match_lit(rest, kChannel), match_lit(rest, "to=")});
           if (m == 0 && !eof_) return false;
           if (m != 1) {  // text after a message: content
             pos_ = p;

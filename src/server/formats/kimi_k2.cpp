@@ -1,6 +1,7 @@
 // Kimi-K2 (instruct and thinking) tool calls and reasoning:
 //   <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}
 //   <|tool_call_end|>...<|tool_calls_section_end|>
+// A bare <|tool_call_begin|> without the section (and a missing <|tool_call_end|>) is accepted.
 // The id the model writes (functions.NAME:IDX) is the call's id, as the template renders it back.
 // Reasoning (K2-Thinking): <think>...</think>.
 #include "server/formats/family.h"
@@ -17,9 +18,11 @@ constexpr std::string_view kCallBegin = "<|tool_call_begin|>";
 constexpr std::string_view kArgBegin = "<|tool_call_argument_begin|>";
 constexpr std::string_view kCallEnd = "<|tool_call_end|>";
 
-BlockParse parse(std::string_view b, bool, const nlohmann::json&) {
+BlockParse parse(std::string_view b, bool eof, const nlohmann::json&) {
   BlockParse r;
-  size_t p = match_lit(b, kSectionBegin) == 1 ? kSectionBegin.size() : kSectionBegin1.size();
+  size_t p = match_lit(b, kSectionBegin) == 1    ? kSectionBegin.size()
+             : match_lit(b, kSectionBegin1) == 1 ? kSectionBegin1.size()
+                                                 : 0;  // a bare <|tool_call_begin|>
   auto need = [&]() {
     r.kind = BlockParse::kNeedMore;
     return r;
@@ -45,26 +48,37 @@ BlockParse parse(std::string_view b, bool, const nlohmann::json&) {
       return fail();
     }
     size_t q = p + kCallBegin.size();
-    size_t ab = b.find(kArgBegin, q), ce = b.find(kCallEnd, q);
-    if (ab == std::string_view::npos || (ce != std::string_view::npos && ce < ab)) {
-      if (ce != std::string_view::npos || b.size() - q > 512) return fail();
-      return need();
-    }
+    size_t ab = b.find(kArgBegin, q);
+    if (ab == std::string_view::npos) return b.size() - q > 512 ? fail() : need();
     std::string id(trim(b.substr(q, ab - q)));
-    if (ce == std::string_view::npos) return need();
+    if (id.find('<') != std::string::npos) return fail();
+    // The arguments run to <|tool_call_end|>, which the model sometimes leaves out (then the
+    // JSON object's own end decides).
+    size_t j = ab + kArgBegin.size();
+    while (j < b.size() && is_ws(b[j])) ++j;
+    size_t e = json_value_end(b, j);
+    if (e == kJsonIncomplete) return need();
+    if (e == kJsonBad) return fail();
+    size_t ce = e;
+    while (ce < b.size() && is_ws(b[ce])) ++ce;
+    int mce = match_lit(b.substr(ce), kCallEnd);
+    if (mce == 0 && ce < b.size()) return need();
+    if (mce == 0 && !eof) return need();
+    size_t call_end = mce == 1 ? ce + kCallEnd.size() : e;
     std::string name = id;
     if (name.rfind("functions.", 0) == 0) name.erase(0, 10);
     if (size_t c = name.rfind(':'); c != std::string::npos) name.erase(c);
-    std::string args = json_object_text(b.substr(ab + kArgBegin.size(), ce - ab - kArgBegin.size()));
+    std::string args = json_object_text(b.substr(j, e - j));
     if (!valid_name(name) || args.empty()) return fail();
     r.calls.push_back(Call{name, args, id});
-    p = r.end = ce + kCallEnd.size();
+    p = r.end = call_end;
   }
 }
 
 bool in_value(std::string_view b) {
   size_t a = b.rfind(kArgBegin);
   if (a == std::string_view::npos || b.find(kCallEnd, a) != std::string_view::npos) return false;
+  if (b.find(kCallBegin, a) != std::string_view::npos) return false;
   auto args = b.substr(a + kArgBegin.size());
   return json_args_in_value(args);
 }
@@ -72,7 +86,7 @@ bool in_value(std::string_view b) {
 }  // namespace
 
 const BlockSpec& kimi_k2_spec() {
-  static const BlockSpec s{"<think>", "</think>", {kSectionBegin, kSectionBegin1}, true, {}, parse, in_value};
+  static const BlockSpec s{"<think>", "</think>", {kSectionBegin, kSectionBegin1, kCallBegin}, true, {}, parse, in_value};
   return s;
 }
 
