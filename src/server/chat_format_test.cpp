@@ -234,6 +234,56 @@ TEST(ChatFormat, LlamaCppCases) {
   EXPECT_EQ(cases["cases"].size(), 66u);
 }
 
+// Formats without goldens here (Gemma 4, ERNIE-4.5, Magistral reasoning, DeepSeek truncation):
+// outputs written after the syntax their chat templates render (llama.cpp models/templates/
+// gemma4.jinja; vLLM's ernie45 parsers' documented format) → expected messages.
+TEST(ChatFormat, OwnCases) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"},"opts":{"type":"object"}}}}}])");
+  struct Case {
+    ToolSyntax id;
+    bool starts_in_reasoning;
+    std::string input;
+    json expect;
+  };
+  const Case cases[] = {
+      {ToolSyntax::kGemma4, false,
+       "<|channel>thought\nThe user wants the weather.<channel|><|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,"
+       "opts:{units:<|\"|>metric<|\"|>,tags:[<|\"|>a<|\"|>,true,null]}}<tool_call|><|tool_call>call:get_weather{city:<|\"|>Oslo, "
+       "Norway<|\"|>}<tool_call|><turn|>",
+       json::parse(R"({"content": "", "reasoning_content": "The user wants the weather.", "tool_calls": [
+          {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "opts": {"units": "metric", "tags": ["a", true, null]}}}},
+          {"function": {"name": "get_weather", "arguments": {"city": "Oslo, Norway"}}}]})")},
+      {ToolSyntax::kGemma4, false, "It will be sunny.<turn|>", json::parse(R"({"content": "It will be sunny."})")},
+      {ToolSyntax::kGemma4, true, "Thinking here.<channel|>Answer.", json::parse(R"({"content": "Answer.", "reasoning_content": "Thinking here."})")},
+      {ToolSyntax::kErnie45, true, "The user wants the weather.\n</think>\n\n<response>\nIt will be sunny.\n</response>\n",
+       json::parse(R"({"content": "It will be sunny.", "reasoning_content": "The user wants the weather."})")},
+      {ToolSyntax::kErnie45, true,
+       "Need a tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n",
+       json::parse(R"({"content": "", "reasoning_content": "Need a tool.", "tool_calls": [
+          {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]})")},
+      {ToolSyntax::kMistral, false, "[THINK]Let me see.[/THINK]It is sunny.</s>",
+       json::parse(R"({"content": "It is sunny.", "reasoning_content": "Let me see."})")},
+      // A truncated second call: the complete first call stays, the rest is content verbatim.
+      {ToolSyntax::kDeepSeekV3, false,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>"
+       "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Os",
+       json::parse(R"({"content": "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Os", "tool_calls": [
+          {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]})")},
+      // Malformed markup that never became a call is content, verbatim.
+      {ToolSyntax::kGlm45, false, "<tool_call>bad name here", json::parse(R"({"content": "<tool_call>bad name here"})")},
+      {ToolSyntax::kMiniMaxM2, false, "a<minimax:tool_call>\n<oops/>", json::parse(R"({"content": "a<minimax:tool_call>\n<oops/>"})")},
+  };
+  for (size_t k = 0; k < std::size(cases); ++k) {
+    const Case& c = cases[k];
+    const std::string what = std::string(chat_format(c.id).name) + " own case " + std::to_string(k);
+    auto opt = options_for(c.id, tools, c.starts_in_reasoning);
+    Parsed whole = run(opt, {c.input}, true, false);
+    expect_message(whole, c.expect, what);
+    for (uint32_t seed = 1; seed <= 4; ++seed) expect_same(run(opt, chunks(c.input, seed), true, false), whole, what);
+  }
+}
+
 // --tool-syntax-greedy: in_markup() is true on tags / names / keys and false inside values.
 TEST(ChatFormat, InMarkupPerFormat) {
   struct Probe {
