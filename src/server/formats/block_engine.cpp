@@ -123,6 +123,11 @@ class BlockParser final : public FamilyParser {
         return true;
 
       case St::kContent: {
+        if (skip_ws_) {  // whitespace after a dropped marker, however it is split
+          while (pos_ < n && is_ws(raw_[pos_])) ++pos_;
+          if (pos_ == n && !eof_) return false;
+          skip_ws_ = false;
+        }
         size_t i = first_bytes_.empty() ? std::string::npos : raw_.find_first_of(first_bytes_, pos_);
         if (i == std::string::npos) {
           size_t w = ws_start(pos_, n);
@@ -148,7 +153,7 @@ class BlockParser final : public FamilyParser {
           } else {
             content_to(ws_start(pos_, i));
             pos_ = i + m.size();
-            while (pos_ < n && is_ws(raw_[pos_]) && pos_ - i <= kMaxWs) ++pos_;
+            skip_ws_ = true;
           }
           return true;
         }
@@ -193,6 +198,7 @@ class BlockParser final : public FamilyParser {
   St st_;
   bool reasoning_lead_ = true;
   bool after_call_ = false;
+  bool skip_ws_ = false;  // drop whitespace at pos_ (after a dropped marker)
   size_t block_start_ = 0, marker_len_ = 0, reported_ = 0;
 };
 
