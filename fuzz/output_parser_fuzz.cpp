@@ -1,10 +1,13 @@
 // libFuzzer target for the server's model-output parser (src/server/output_parser.h): reasoning,
-// Qwen3 JSON / Qwen3.5 XML tool calls, stop strings and in_markup().
+// tool calls of every registered output format (src/server/chat_format.h: Qwen3 JSON, Qwen3.5
+// XML, DeepSeek-V3, Kimi-K2, GLM-4.5, MiniMax-M2, gpt-oss harmony, Mistral, ERNIE-4.5, Gemma 4),
+// stop strings and in_markup().
 //
-// Input layout: byte 0 = options (bits 0-1 tool syntax none/json/xml, bit 2 starts_in_reasoning,
-// bit 3 parse_reasoning off, bits 4-6 length of a stop string taken from the following bytes,
-// 0 = no stop), byte 1 = seed of the split into pieces, then the stop string, then the generated
-// text. Bytes that are not well-formed UTF-8 are replaced by '?' (the parser's contract is
+// Input layout: byte 0 = options (bit 0 tool calls off, bit 2 starts_in_reasoning, bit 3
+// parse_reasoning off, bits 4-6 length of a stop string taken from the following bytes, 0 = no
+// stop), byte 1 = seed of the split into pieces, byte 2 = the format (index into chat_formats(),
+// modulo their number), then the stop string, then the generated text. The format's markup
+// strings are a useful fuzzing dictionary. Bytes that are not well-formed UTF-8 are replaced by '?' (the parser's contract is
 // complete UTF-8 pieces, which the server's streaming decoder guarantees).
 //
 // Invariants checked (any violation aborts): every delta is valid UTF-8; the deltas of a split
@@ -14,7 +17,8 @@
 //
 // Build by hand from the repository root:
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-//     -I src fuzz/output_parser_fuzz.cpp src/server/{output_parser,stop_strings,tool_calls}.cpp \
+//     -I src fuzz/output_parser_fuzz.cpp src/server/{output_parser,stop_strings,tool_calls,chat_format}.cpp \
+//     src/server/formats/*.cpp src/common/json_string.cpp \
 //     -o output_parser_fuzz
 // or with cmake -DSPOOL_FUZZ=ON; run e.g.: ./output_parser_fuzz -max_len=2048 corpus/
 #include <cstdint>
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "server/chat_format.h"
 #include "server/output_parser.h"
 #include "server/stop_strings.h"
 
@@ -109,11 +114,13 @@ Agg feed(const OutputParser::Options& opt, const std::vector<std::string>& piece
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
+  if (size < 3) return 0;
   const uint8_t flags = data[0], seed = data[1];
-  std::string_view rest(reinterpret_cast<const char*>(data + 2), size - 2);
+  const auto& formats = spool::server::chat_formats();
+  std::string_view rest(reinterpret_cast<const char*>(data + 3), size - 3);
   OutputParser::Options opt;
-  opt.syntax = static_cast<ToolSyntax>((flags & 3) % 3);
+  opt.syntax = formats[data[2] % formats.size()].id;
+  opt.tool_calls = !(flags & 1);
   opt.starts_in_reasoning = flags & 4;
   opt.parse_reasoning = !(flags & 8);
   opt.tools = nlohmann::json::parse(R"([{"type": "function", "function": {"name": "f", "parameters":

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "server/chat_format.h"
 #include "server/http_server.h"
 #include "server/serving_engine.h"
 
@@ -34,6 +35,7 @@ struct ServeOptions {
   std::string api_key;
   std::string chat_template_file;
   std::string chat_template_kwargs;
+  std::string chat_format;
 };
 
 void run(const ServeOptions& o) {
@@ -54,6 +56,9 @@ void run(const ServeOptions& o) {
   eo.model_name = std::filesystem::path(dir).filename().string();
   if (eo.model_name.empty()) eo.model_name = std::filesystem::path(dir).parent_path().filename().string();
   eo.chat_template_file = o.chat_template_file;
+  if (!o.chat_format.empty() && server::find_chat_format(o.chat_format) == nullptr)
+    throw UsageError("--chat-format: unknown format '" + o.chat_format + "'");
+  eo.chat_format = o.chat_format;
   eo.ctx_size = o.ctx_size;
   eo.prefill_step = o.prefill_step;
   eo.parallel = o.parallel;
@@ -149,6 +154,9 @@ void register_serve(CLI::App& app) {
                 "Prompt-cache state checkpoints kept in memory (default 16; 0 = no prefix reuse)");
   c->add_option("--api-key", o->api_key, "Require \"Authorization: Bearer KEY\" on every route but /health");
   c->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template to use instead of the model's");
+  c->add_option("--chat-format", o->chat_format,
+                "Output format for reasoning and tool calls (qwen3_json, qwen3_xml, deepseek_v3, kimi_k2, glm4_5, minimax_m2, gpt_oss, "
+                "mistral, ernie4_5, gemma4, none; default: detected from the chat template)");
   c->add_option("--chat-template-kwargs", o->chat_template_kwargs, "JSON object of template variables, e.g. '{\"enable_thinking\": false}'");
   c->callback([o] { run(*o); });
 }

@@ -1,5 +1,7 @@
 #include "server/chat_prompt.h"
 
+#include "server/chat_format.h"
+
 #include <optional>
 
 #include "common/error.h"
@@ -129,11 +131,6 @@ bool tools_enabled(const json& req) {
   throw bad_request("'tool_choice' must be \"auto\" or \"none\"", "tool_choice");
 }
 
-bool ends_inside_think(const std::string& text) {
-  const size_t open = text.rfind("<think>");
-  return open != std::string::npos && text.find("</think>", open) == std::string::npos &&
-         text.find_first_not_of(" \n", open + 7) == std::string::npos;
-}
 
 }  // namespace
 
@@ -154,7 +151,8 @@ ChatPrompt render_chat(const json& req, const ChatTemplateInfo& info, bool allow
   }
   if (t == nullptr) throw bad_request("the model has no chat template; use /v1/completions with a raw prompt");
   ChatPrompt out;
-  json messages = normalize_messages(req, syntax == ToolSyntax::kQwen35Xml);
+  // Templates other than Qwen3's JSON one iterate or tojson the arguments: they get objects.
+  json messages = normalize_messages(req, syntax != ToolSyntax::kQwen3Json && syntax != ToolSyntax::kNone);
   out.tools = normalize_tools(req);
   const bool enabled = tools_enabled(req);
   tmpl::ChatOptions opt;
@@ -171,8 +169,12 @@ ChatPrompt render_chat(const json& req, const ChatTemplateInfo& info, bool allow
   } catch (const Error& e) {
     throw bad_request(std::string("chat template: ") + e.what(), "messages");
   }
-  out.syntax = enabled ? syntax : ToolSyntax::kNone;
-  out.starts_in_reasoning = opt.add_generation_prompt && ends_inside_think(out.text);
+  // tool_choice "none": the Qwen formats parse as kNone (as before); the family formats keep
+  // their reasoning syntax with tool calls off.
+  const bool qwen = syntax == ToolSyntax::kNone || syntax == ToolSyntax::kQwen3Json || syntax == ToolSyntax::kQwen35Xml;
+  out.syntax = enabled || !qwen ? syntax : ToolSyntax::kNone;
+  out.tool_calls = enabled;
+  out.starts_in_reasoning = opt.add_generation_prompt && prompt_opens_reasoning(syntax, out.text);
   return out;
 }
 

@@ -16,15 +16,16 @@ struct ChatTemplateInfo {
   const tmpl::Template* tmpl = nullptr;  ///< the model's template (null: the model has none)
   nlohmann::ordered_json special_tokens;  ///< bos_token, eos_token, ... (special_tokens_from_config)
   nlohmann::ordered_json default_kwargs;  ///< --chat-template-kwargs (an object, or null)
-  ToolSyntax tool_syntax = ToolSyntax::kNone;  ///< detect_tool_syntax of the template text
+  ToolSyntax tool_syntax = ToolSyntax::kNone;  ///< the output format: detect_chat_format of the template text, or --chat-format
 };
 
 /// A rendered chat prompt and what the output parser needs to know about it.
 struct ChatPrompt {
   std::string text;                 ///< the rendered prompt
   nlohmann::ordered_json tools;     ///< the request's tools (null when absent)
-  ToolSyntax syntax = ToolSyntax::kNone;  ///< the syntax tool calls are parsed with (kNone: tool_choice "none")
-  bool starts_in_reasoning = false; ///< the prompt ends inside an open <think>
+  ToolSyntax syntax = ToolSyntax::kNone;  ///< the output format (Qwen formats: kNone for tool_choice "none")
+  bool tool_calls = true;           ///< false for tool_choice "none"
+  bool starts_in_reasoning = false; ///< the prompt ends inside an open reasoning block (prompt_opens_reasoning)
 };
 
 /// Renders `req` (an OpenAI chat request object: messages, tools, tool_choice,

@@ -1,5 +1,7 @@
 #include "server/generator.h"
 
+#include "server/chat_format.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -39,7 +41,9 @@ GenStepper::GenStepper(const GenRequest& req, const tokenizer::Tokenizer& tok, i
         gp.temperature = 0.0f;
         return gp;
       }(), vocab),
-      dec_(tok, /*skip_special=*/true),
+      // Family formats whose markup may be special tokens (harmony's <|channel|>, Kimi's
+      // sections) decode with special tokens kept; end-of-turn tokens are stop ids anyway.
+      dec_(tok, /*skip_special=*/!chat_format(req.parser.syntax).keep_special_tokens),
       context_(req.prompt) {
   for (int32_t id : req.prompt)
     if (id < 0 || id >= vocab) fail("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)vocab);

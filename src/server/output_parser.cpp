@@ -5,6 +5,8 @@
 #include <optional>
 #include <utility>
 
+#include "server/chat_format.h"
+#include "server/formats/family.h"
 #include "server/stop_strings.h"
 #include "server/tool_calls.h"
 
@@ -44,12 +46,6 @@ struct OpenMatch {
 };
 
 }  // namespace
-
-ToolSyntax detect_tool_syntax(std::string_view chat_template) {
-  if (chat_template.find("<function=") != std::string_view::npos) return ToolSyntax::kQwen35Xml;
-  if (chat_template.find("<tool_call>") != std::string_view::npos) return ToolSyntax::kQwen3Json;
-  return ToolSyntax::kNone;
-}
 
 struct OutputParser::Impl {
   enum class St {
@@ -95,6 +91,7 @@ struct OutputParser::Impl {
 
   explicit Impl(Options o)
       : opt(std::move(o)), stop(opt.stop), xml(opt.syntax == ToolSyntax::kQwen35Xml) {
+    if (!opt.tool_calls) opt.syntax = ToolSyntax::kNone;
     st = opt.parse_reasoning ? St::kStart : St::kContent;
   }
 
@@ -575,12 +572,40 @@ void OutputDelta::append(OutputDelta d) {
   }
 }
 
-OutputParser::OutputParser(Options opt) : impl_(std::make_unique<Impl>(std::move(opt))) {}
+namespace {
+bool qwen_engine(ToolSyntax s) {
+  return s == ToolSyntax::kNone || s == ToolSyntax::kQwen3Json || s == ToolSyntax::kQwen35Xml;
+}
+}  // namespace
+
+OutputParser::OutputParser(Options opt) {
+  const ChatFormat& f = chat_format(opt.syntax);
+  if (qwen_engine(opt.syntax)) {
+    for (const auto& s : f.end_of_turn) opt.stop.push_back(s);
+    impl_ = std::make_unique<Impl>(std::move(opt));
+  } else if (opt.syntax == ToolSyntax::kGptOss) {
+    fam_ = formats::make_harmony_parser(std::move(opt));
+  } else {
+    const formats::BlockSpec* spec = nullptr;
+    switch (opt.syntax) {
+      case ToolSyntax::kDeepSeekV3: spec = &formats::deepseek_v3_spec(); break;
+      case ToolSyntax::kKimiK2: spec = &formats::kimi_k2_spec(); break;
+      case ToolSyntax::kGlm45: spec = &formats::glm4_5_spec(); break;
+      case ToolSyntax::kMiniMaxM2: spec = &formats::minimax_m2_spec(); break;
+      case ToolSyntax::kMistral: spec = &formats::mistral_spec(); break;
+      case ToolSyntax::kErnie45: spec = &formats::ernie4_5_spec(); break;
+      case ToolSyntax::kGemma4: spec = &formats::gemma4_spec(); break;
+      default: break;
+    }
+    fam_ = formats::make_block_parser(*spec, std::move(opt), f.end_of_turn);
+  }
+}
 OutputParser::~OutputParser() = default;
 OutputParser::OutputParser(OutputParser&&) noexcept = default;
 OutputParser& OutputParser::operator=(OutputParser&&) noexcept = default;
 
 OutputDelta OutputParser::push(std::string_view text) {
+  if (fam_) return fam_->push(text);
   Impl& s = *impl_;
   if (s.finished) return {};
   s.raw += s.stop.push(text);
@@ -590,6 +615,7 @@ OutputDelta OutputParser::push(std::string_view text) {
 }
 
 OutputDelta OutputParser::finish() {
+  if (fam_) return fam_->finish();
   Impl& s = *impl_;
   if (s.finished) return {};
   s.raw += s.stop.finish();
@@ -597,11 +623,11 @@ OutputDelta OutputParser::finish() {
   return s.take();
 }
 
-bool OutputParser::stopped() const { return impl_->stop.stopped(); }
-bool OutputParser::finished() const { return impl_->finished; }
-bool OutputParser::in_markup() const { return impl_->in_markup(); }
-const std::string& OutputParser::content() const { return impl_->content; }
-const std::string& OutputParser::reasoning() const { return impl_->reasoning; }
-const std::vector<ToolCall>& OutputParser::tool_calls() const { return impl_->calls; }
+bool OutputParser::stopped() const { return fam_ ? fam_->stopped() : impl_->stop.stopped(); }
+bool OutputParser::finished() const { return fam_ ? fam_->finished() : impl_->finished; }
+bool OutputParser::in_markup() const { return fam_ ? fam_->in_markup() : impl_->in_markup(); }
+const std::string& OutputParser::content() const { return fam_ ? fam_->content() : impl_->content; }
+const std::string& OutputParser::reasoning() const { return fam_ ? fam_->reasoning() : impl_->reasoning; }
+const std::vector<ToolCall>& OutputParser::tool_calls() const { return fam_ ? fam_->tool_calls() : impl_->calls; }
 
 }  // namespace spool::server

@@ -57,15 +57,25 @@
 
 namespace spool::server {
 
-/// How a model family writes tool calls.
+/// A model family's output format (reasoning and tool-call syntax); see chat_format.h for the
+/// registry (names, detection from a chat template, markup). kNone, kQwen3Json and kQwen35Xml
+/// are parsed by this file's Qwen engine, the others by the family parsers in formats/.
 enum class ToolSyntax {
-  kNone,       ///< no tool calls: tool-call markup stays plain content
-  kQwen3Json,  ///< `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Qwen3, Qwen3-Next)
-  kQwen35Xml,  ///< `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>...` (Qwen3.5/3.6)
+  kNone,         ///< no tool calls: tool-call markup stays plain content (Qwen <think> reasoning)
+  kQwen3Json,    ///< `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Qwen3, Qwen3-Next)
+  kQwen35Xml,    ///< `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>...` (Qwen3.5/3.6, Qwen3-Coder)
+  kDeepSeekV3,   ///< `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}...` (V3, V3.1, R1)
+  kKimiK2,       ///< `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX...` (Kimi-K2)
+  kGlm45,        ///< `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>` (GLM-4.5/4.6/4.7)
+  kMiniMaxM2,    ///< `<minimax:tool_call><invoke name="N"><parameter name="K">V</parameter>...` (MiniMax-M2)
+  kGptOss,       ///< harmony channels (gpt-oss)
+  kMistral,      ///< `[TOOL_CALLS][{...}]` or `[TOOL_CALLS]NAME[ARGS]{...}` (Mistral, Mixtral, Magistral)
+  kErnie45,      ///< `<think>`, `<response>`, `<tool_call>\n{json}\n</tool_call>` (ERNIE-4.5)
+  kGemma4,       ///< `<|channel>thought..<channel|>`, `<|tool_call>call:NAME{k:v}<tool_call|>` (Gemma 4)
 };
 
-/// Picks the tool syntax from a chat template's text: XML when it contains "<function=",
-/// JSON when it contains "<tool_call>", kNone otherwise.
+/// Picks the output format from a chat template's text by each family's markers (see
+/// chat_format.h: detect_chat_format); kNone when no family's markers are present.
 ToolSyntax detect_tool_syntax(std::string_view chat_template);
 
 /// One streamed piece of a tool call (OpenAI `delta.tool_calls[i]`). The first delta of a call
@@ -99,12 +109,21 @@ struct ToolCall {
   bool complete = true;
 };
 
-/// Incremental parser of one generation's text (see the file comment for the semantics).
+namespace formats {
+/// The family parser behind OutputParser for the formats of src/server/formats/ (internal).
+class FamilyParser;
+}  // namespace formats
+
+/// Incremental parser of one generation's text (see the file comment for the semantics; the
+/// family formats of chat_format.h follow the same contract, with the differences listed there).
 class OutputParser {
  public:
   /// Per-request configuration.
   struct Options {
-    ToolSyntax syntax = ToolSyntax::kNone;  ///< kNone: tool-call markup stays plain content
+    ToolSyntax syntax = ToolSyntax::kNone;  ///< the output format (kNone: Qwen reasoning, no tool calls)
+    /// False (tool_choice "none"): the format's tool-call markup stays plain content; its
+    /// reasoning is still parsed. (With the Qwen formats, syntax kNone does the same.)
+    bool tool_calls = true;
     bool parse_reasoning = true;            ///< text inside <think>...</think> goes to reasoning
     /// The prompt already opened <think> (Qwen3.5/3.6 generation prompt with thinking on, Qwen3
     /// "-Thinking" templates): output is reasoning until </think>. Ignored without
@@ -154,7 +173,8 @@ class OutputParser {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;                   // Qwen formats (kNone, kQwen3Json, kQwen35Xml)
+  std::unique_ptr<formats::FamilyParser> fam_;  // the other formats
 };
 
 }  // namespace spool::server

@@ -130,6 +130,7 @@ GenRequest parse_chat_request(const json& body, const ModelFacts& f, uint64_t se
     r.top_logprobs = static_cast<int>(*k);
   }
   r.parser.syntax = prompt.syntax;
+  r.parser.tool_calls = prompt.tool_calls;
   r.parser.parse_reasoning = true;
   r.parser.starts_in_reasoning = prompt.starts_in_reasoning;
   r.parser.tools = prompt.tools.is_null() ? nlohmann::json() : nlohmann::json::parse(prompt.tools.dump());

@@ -1,5 +1,7 @@
 #include "server/serving_engine.h"
 
+#include "server/chat_format.h"
+
 #include <algorithm>
 
 #include "common/error.h"
@@ -29,9 +31,18 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     const std::string label = opt.chat_template_file.empty() ? l.ckpt->dir() + " chat template" : opt.chat_template_file;
     e->tmpl.emplace(tmpl::Template::parse(text, label));
     f.chat.tmpl = &*e->tmpl;
-    f.chat.tool_syntax = detect_tool_syntax(text);
+    f.chat.tool_syntax = detect_chat_format(text);
   } else {
     log_warn("%s has no chat template: /v1/chat/completions will refuse requests", l.ckpt->dir().c_str());
+  }
+  if (!opt.chat_format.empty()) {
+    const ChatFormat* cf = find_chat_format(opt.chat_format);
+    if (cf == nullptr) {
+      std::string names;
+      for (const auto& x : chat_formats()) names += (names.empty() ? "" : ", ") + std::string(x.name);
+      throw UsageError("--chat-format: unknown format '" + opt.chat_format + "' (one of: " + names + ")");
+    }
+    f.chat.tool_syntax = cf->id;
   }
   f.chat.special_tokens = tmpl::special_tokens_from_config(nlohmann::ordered_json(l.tok->config()));
   f.chat.default_kwargs = opt.template_kwargs;

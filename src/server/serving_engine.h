@@ -26,6 +26,7 @@ namespace spool::server {
 struct EngineOptions {
   std::string model_name;               ///< id reported by /v1/models and in responses
   std::string chat_template_file;       ///< overrides the model's template when set
+  std::string chat_format;              ///< --chat-format: a chat_format.h name; "" = detect from the template
   nlohmann::ordered_json template_kwargs;  ///< --chat-template-kwargs: an object or null
   int64_t ctx_size = 0;                 ///< 0 = the model's max_position_embeddings (4096 if unset)
   int64_t prefill_step = 512;
