@@ -40,27 +40,48 @@ Value g_raise_exception(Interp&, CallArgs& a) {
   throw RaisedError(to_str(req(a, 0, "message", "raise_exception")));
 }
 
-Value g_strftime_now(Interp& in, CallArgs& a) {
-  check_args(a, "strftime_now", {"format"});
-  std::string fmt = str_arg(req(a, 0, "format", "strftime_now"), "strftime() argument 1");
+/// The time strftime_now() formats: SOURCE_DATE_EPOCH (reproducible-builds.org: decimal seconds
+/// since 1970-01-01 UTC, formatted in UTC) when set, else the local wall clock like
+/// transformers' datetime.now(). Throws spool::Error for a malformed SOURCE_DATE_EPOCH.
+void strftime_now_time(struct tm& tm, long& usec) {
+  const char* env = std::getenv("SOURCE_DATE_EPOCH");
+  if (env && *env) {
+    const std::string s = env;
+    bool digits = s.size() <= 15 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) fail("SOURCE_DATE_EPOCH must be a non-negative integer number of seconds, got '%s'", s.c_str());
+    time_t t = static_cast<time_t>(std::strtoll(s.c_str(), nullptr, 10));
+    if (!gmtime_r(&t, &tm)) fail("SOURCE_DATE_EPOCH %s is out of range", s.c_str());
+    usec = 0;
+    return;
+  }
   struct timeval tv;
   gettimeofday(&tv, nullptr);
   time_t t = tv.tv_sec;
-  struct tm tm;
   localtime_r(&t, &tm);
-  // Python handles %f itself; everything else goes to the C library like time.strftime.
+  usec = static_cast<long>(tv.tv_usec);
+}
+
+Value g_strftime_now(Interp& in, CallArgs& a) {
+  check_args(a, "strftime_now", {"format"});
+  std::string fmt = str_arg(req(a, 0, "format", "strftime_now"), "strftime() argument 1");
+  struct tm tm;
+  long usec = 0;
+  strftime_now_time(tm, usec);
+  // Python's datetime.strftime handles %f itself and, for the naive datetime that
+  // datetime.now() returns, turns %z and %Z into ""; everything else goes to the C library.
   std::string f2;
   for (size_t i = 0; i < fmt.size(); ++i) {
     if (fmt[i] == '%' && i + 1 < fmt.size()) {
-      if (fmt[i + 1] == 'f') {
+      const char c = fmt[i + 1];
+      ++i;
+      if (c == 'f') {
         char us[16];
-        std::snprintf(us, sizeof us, "%06ld", static_cast<long>(tv.tv_usec));
+        std::snprintf(us, sizeof us, "%06ld", usec);
         f2 += us;
-        ++i;
-        continue;
+      } else if (c != 'z' && c != 'Z') {
+        f2 += '%';
+        f2 += c;
       }
-      f2 += fmt[i];
-      f2 += fmt[++i];
       continue;
     }
     f2 += fmt[i];

@@ -4,6 +4,8 @@
 // Unsupported features and extensions are listed in chat_template.h.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -509,6 +511,53 @@ TEST(Jinja, Globals) {
             R"J([0, 1, 2, 3, 4][1, 4, 7][5, 3, 1]{'a': 1, 'b': 2}{'x': 1}1)J");
   EXPECT_EQ(R(R"J({% set j = joiner("|") %}{% for i in [1, 2, 3] %}{{ j() }}{{ i }}{% endfor %})J"),
             R"J(1|2|3)J");
+}
+
+/// Sets an environment variable for one scope and restores the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(Jinja, StrftimeNowHonoursSourceDateEpoch) {
+  // Python: datetime(2026, 6, 1).strftime(...) (transformers' datetime.now() is naive: %z/%Z are "").
+  {
+    ScopedEnv env("SOURCE_DATE_EPOCH", "1780272000");
+    EXPECT_EQ(R(R"J({{ strftime_now("%Y-%m-%d %H:%M:%S.%f|%d %B %Y|%a %b|[%z%Z]|%%f|%j") }})J"),
+              R"J(2026-06-01 00:00:00.000000|01 June 2026|Mon Jun|[]|%f|152)J");
+  }
+  {
+    ScopedEnv env("SOURCE_DATE_EPOCH", "1780315323");  // formatted in UTC, whatever TZ says
+    ScopedEnv tz("TZ", "America/New_York");
+    tzset();
+    EXPECT_EQ(R(R"J({{ strftime_now("%Y-%m-%d %H:%M:%S") }})J"), R"J(2026-06-01 12:02:03)J");
+  }
+  tzset();
+  for (const char* bad : {"yesterday", "-5", "1.5", "99999999999999999999"}) {
+    ScopedEnv env("SOURCE_DATE_EPOCH", bad);
+    EXPECT_TRUE(Contains(E(R"J({{ strftime_now("%Y") }})J"), "SOURCE_DATE_EPOCH")) << bad;
+  }
+  ScopedEnv unset("SOURCE_DATE_EPOCH", nullptr);
+  EXPECT_EQ(R(R"J({{ strftime_now("%Y")|length }}{{ strftime_now("[%Z%z]") }})J"), "4[]");
 }
 
 
