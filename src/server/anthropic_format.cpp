@@ -39,7 +39,7 @@ json anthropic_error_json(const std::string& type, const std::string& message) {
 
 std::string anthropic_stop_reason(const GenResult& r) {
   if (!r.stop_sequence.empty()) return "stop_sequence";
-  if (!r.tool_calls.empty() && r.finish_reason != "length") return "tool_use";
+  if (r.finish_reason == "tool_calls") return "tool_use";
   if (r.finish_reason == "length") return "max_tokens";
   return "end_turn";
 }

@@ -103,10 +103,15 @@ void expect_message_shape(const json& m) {
     EXPECT_TRUE(m["usage"][k].is_number_integer()) << k;
 }
 
+// Long enough for the prompt cache: it reuses whole prefill chunks (32 tokens here).
+const char* kSea =
+    "Tell me about the sea, the whales that swim in it, the ships that sail on it and the storms that rise over it in winter, "
+    "and about the lighthouse keepers who watch the coast through the long nights.";
+
 TEST(AnthropicHttp, MessageStreamAndCacheUsage) {
   Running s;
   auto c = s.client();
-  auto r = post(c, request("Tell me about the sea"));
+  auto r = post(c, request(kSea));
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const json m = body_json(r);
@@ -116,13 +121,13 @@ TEST(AnthropicHttp, MessageStreamAndCacheUsage) {
   const int64_t prompt = m["usage"]["input_tokens"].get<int64_t>() + m["usage"]["cache_read_input_tokens"].get<int64_t>();
 
   // count_tokens counts the same prompt.
-  auto ct = post(c, request("Tell me about the sea"), "/v1/messages/count_tokens");
+  auto ct = post(c, request(kSea), "/v1/messages/count_tokens");
   ASSERT_TRUE(ct);
   ASSERT_EQ(ct->status, 200) << ct->body;
   EXPECT_EQ(body_json(ct), (json{{"input_tokens", prompt}}));
 
   // The same request again reads its prompt from the cache.
-  auto again = post(c, request("Tell me about the sea"));
+  auto again = post(c, request(kSea));
   ASSERT_TRUE(again);
   const json m2 = body_json(again);
   EXPECT_GT(m2["usage"]["cache_read_input_tokens"].get<int64_t>(), 0) << m2.dump();
@@ -131,7 +136,7 @@ TEST(AnthropicHttp, MessageStreamAndCacheUsage) {
 
   // Streamed: every event has event: and data: lines of the same type, in Anthropic's order,
   // and the deltas add up to the non-streamed blocks.
-  json sreq = request("Tell me about the sea");
+  json sreq = request(kSea);
   sreq["stream"] = true;
   auto st = post(c, sreq);
   ASSERT_TRUE(st);
@@ -188,7 +193,7 @@ TEST(AnthropicHttp, MessageStreamAndCacheUsage) {
   size_t end = at + 1;
   while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
   const std::string stop = text.substr(at, end - at);
-  json sq = request("Tell me about the sea");
+  json sq = request(kSea);
   sq["stop_sequences"] = json::array({stop});
   auto sr = post(c, sq);
   ASSERT_TRUE(sr);
@@ -253,7 +258,8 @@ TEST(AnthropicHttp, AuthenticationHeaders) {
   expect_error(post(none, request("hi")), 401, "authentication_error", "no key");
   none.set_default_headers({{"x-api-key", "wrong"}});
   expect_error(post(none, request("hi")), 401, "authentication_error", "wrong x-api-key");
-  auto ok = post(s.client(), request("hi", 2), "/v1/messages/count_tokens");
+  auto keyed = s.client();
+  auto ok = post(keyed, request("hi", 2), "/v1/messages/count_tokens");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
   httplib::Client bearer("127.0.0.1", s.port);
@@ -263,7 +269,7 @@ TEST(AnthropicHttp, AuthenticationHeaders) {
   ASSERT_TRUE(b);
   EXPECT_EQ(b->status, 200) << b->body;
   // x-api-key works on the OpenAI routes too; their errors stay OpenAI objects.
-  auto models = s.client().Get("/v1/models");
+  auto models = keyed.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(models->status, 200);
   auto oa = none.Get("/v1/models");
