@@ -48,6 +48,12 @@ GenStepper::GenStepper(const GenRequest& req, const tokenizer::Tokenizer& tok, i
   for (int32_t id : req.prompt)
     if (id < 0 || id >= vocab) fail("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)vocab);
   if (req.prompt.empty()) fail("the prompt is empty (at least one token is needed)");
+  if (!req.parser.stop.empty()) stops_.emplace(req.parser.stop);
+}
+
+void GenStepper::push_text(const std::string& text) {
+  if (stops_) stops_->push(text);
+  ev_.delta.append(parser_.push(text));
 }
 
 GenEvent GenStepper::take_event() {
@@ -73,7 +79,7 @@ bool GenStepper::on_logits(const float* logits) {
     finish_ = "stop";
     return false;
   }
-  if (id < tok_.vocab_size()) ev_.delta.append(parser_.push(dec_.push(id)));
+  if (id < tok_.vocab_size()) push_text(dec_.push(id));
   if (parser_.stopped()) {
     finish_ = "stop";
     return false;
@@ -82,7 +88,7 @@ bool GenStepper::on_logits(const float* logits) {
 }
 
 GenResult GenStepper::finish() {
-  ev_.delta.append(parser_.push(dec_.flush()));
+  push_text(dec_.flush());
   ev_.delta.append(parser_.finish());
   GenResult res;
   res.prompt_tokens = static_cast<int64_t>(req_.prompt.size());
@@ -92,6 +98,7 @@ GenResult GenStepper::finish() {
   res.tool_calls = parser_.tool_calls();
   res.logprobs = logprobs_;
   res.finish_reason = finish_ == "stop" && !res.tool_calls.empty() ? "tool_calls" : finish_;
+  if (parser_.stopped() && stops_ && stops_->matched() >= 0) res.stop_sequence = req_.parser.stop[static_cast<size_t>(stops_->matched())];
   return res;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "server/output_parser.h"
 #include "server/prompt_cache.h"
 #include "server/request.h"
+#include "server/stop_strings.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,6 +38,7 @@ struct GenEvent {
 /// Outcome of a request.
 struct GenResult {
   std::string finish_reason;    ///< "stop", "length" or "tool_calls"; "" when cancelled
+  std::string stop_sequence;    ///< the request's stop string that ended the output ("" when none did)
   bool cancelled = false;       ///< the client went away (on_event or alive returned false)
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::string content, reasoning;
@@ -72,11 +75,16 @@ class GenStepper {
   int64_t generated() const { return static_cast<int64_t>(generated_.size()); }
 
  private:
+  void push_text(const std::string& text);  // decoded text to the parser (and stops_)
+
   const GenRequest& req_;
   const tokenizer::Tokenizer& tok_;
   int64_t vocab_;
   bool greedy_markup_;
   OutputParser parser_;
+  /// The request's stop strings matched on the same text as the parser's (which does not say
+  /// which one matched): GenResult::stop_sequence. Empty when the request has none.
+  std::optional<StopMatcher> stops_;
   engine::Sampler sampler_, greedy_;
   tokenizer::StreamDecoder dec_;
   std::vector<int32_t> context_, generated_;

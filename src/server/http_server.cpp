@@ -94,6 +94,8 @@ bool HttpServer::authorized(const httplib::Request& req) const {
   if (opt_.api_key.empty()) return true;
   const std::string h = req.get_header_value("Authorization");
   const std::string prefix = "Bearer ";
+  // Anthropic's header, or OpenAI's bearer token.
+  if (req.has_header("x-api-key") && equal_const_time(req.get_header_value("x-api-key"), opt_.api_key)) return true;
   return h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 && equal_const_time(h.substr(prefix.size()), opt_.api_key);
 }
 
@@ -139,6 +141,10 @@ void HttpServer::routes() {
   s.set_read_timeout(30, 0);
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+    if (anthropic_route(req.path)) {
+      anthropic_error(res, 401, "invalid or missing API key (send \"x-api-key: KEY\" or \"Authorization: Bearer KEY\")");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     set_json(res, 401, error_json("invalid or missing API key (send \"Authorization: Bearer KEY\")", "authentication_error", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -149,9 +155,11 @@ void HttpServer::routes() {
                             : res.status == 413 ? "the request body is too large"
                                                 : "the request failed (HTTP " + std::to_string(res.status) + ")";
     const int status = res.status;
+    if (anthropic_route(req.path)) return anthropic_error(res, status, msg);
     send_error(res, status, status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error", msg);
   });
-  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  s.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    if (anthropic_route(req.path)) return anthropic_exception(res, ep);
     try {
       std::rethrow_exception(ep);
     } catch (const ApiError& e) {
@@ -209,6 +217,11 @@ void HttpServer::routes() {
   post("/v1/completions", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
     handle_generation(req, body, res, false);
   });
+  post("/v1/messages", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    handle_messages(req, body, res);
+  });
+  post("/v1/messages/count_tokens",
+       [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_count_tokens(body, res); });
   post("/tokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_tokenize(body, res); });
   post("/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_detokenize(body, res); });
   post("/apply-template",

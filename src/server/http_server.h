@@ -2,8 +2,10 @@
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE), GET /v1/models,
 // GET /v1/models/{id}, GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize,
-// /detokenize, /apply-template. Every error is an OpenAI error object with a 4xx/5xx status; with
-// an API key, every route but /health needs "Authorization: Bearer KEY" (else 401). Generation
+// /detokenize, /apply-template; the Anthropic Messages API's POST /v1/messages and
+// /v1/messages/count_tokens. Every error is an OpenAI error object with a 4xx/5xx status (an
+// Anthropic error object under /v1/messages); with an API key, every route but /health needs
+// "Authorization: Bearer KEY" or "x-api-key: KEY" (else 401). Generation
 // requests go to the engine's BatchEngine: up to N run together (--parallel), the rest wait in
 // its FIFO queue (503 when max_waiting already wait); a client that disconnects (while queued
 // or generating) cancels its request, and stopping the server ends queued and running ones
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -77,6 +80,13 @@ class HttpServer {
   /// max_waiting + parallel are already in (running or queued).
   std::shared_ptr<void> admit();
   void handle_generation(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat);
+  // Anthropic Messages routes (anthropic_routes.cpp): /v1/messages and its count_tokens; on
+  // these paths every error is an Anthropic error object (anthropic_error / _exception).
+  void handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void handle_count_tokens(const std::string& body, httplib::Response& res);
+  static bool anthropic_route(const std::string& path);
+  static void anthropic_error(httplib::Response& res, int status, const std::string& message);
+  static void anthropic_exception(httplib::Response& res, std::exception_ptr ep);
   void handle_tokenize(const std::string& body, httplib::Response& res);
   void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_apply_template(const std::string& body, httplib::Response& res);
