@@ -34,6 +34,7 @@ struct ServeOptions {
   std::string api_key;
   std::string chat_template_file;
   std::string chat_template_kwargs;
+  size_t responses_store = server::kDefaultResponsesStore;
 };
 
 void run(const ServeOptions& o) {
@@ -91,6 +92,7 @@ void run(const ServeOptions& o) {
   ho.port = o.port;
   ho.api_key = o.api_key;
   ho.parallel = o.parallel;
+  ho.responses_store = o.responses_store;
   ho.threads = std::max(ho.threads, ho.max_waiting + o.parallel + 8);
   server::HttpServer http(ho);
   const int port = http.bind();
@@ -150,6 +152,10 @@ void register_serve(CLI::App& app) {
   c->add_option("--api-key", o->api_key, "Require \"Authorization: Bearer KEY\" on every route but /health");
   c->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template to use instead of the model's");
   c->add_option("--chat-template-kwargs", o->chat_template_kwargs, "JSON object of template variables, e.g. '{\"enable_thinking\": false}'");
+  c->add_option("--responses-store", o->responses_store,
+                strfmt("/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, least recently used "
+                       "dropped first (default %zu; 0 = none; at most %zu MiB of JSON in all)",
+                       server::kDefaultResponsesStore, server::kResponsesStoreMaxBytes >> 20));
   c->callback([o] { run(*o); });
 }
 
