@@ -37,12 +37,13 @@ san_flags="-O1"
 grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw bmi2 /proc/cpuinfo && san_flags="-O1 -march=x86-64-v3"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
-fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz anthropic_request_fuzz)
+fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz anthropic_request_fuzz
+  responses_request_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
 cmake --build build-asan -j"$jobs" --target spool io_test gguf_test sysinfo_test tokenizer_test template_test \
   streaming_test cli_test plan_test output_parser_test server_request_test server_http_test server_engine_test \
-  server_batch_test anthropic_test anthropic_http_test "${fuzzers[@]}"
+  server_batch_test anthropic_test anthropic_http_test server_responses_test "${fuzzers[@]}"
 # Left out here (they run in the plain build above): Footprint.WorkspaceMatchesMeasuredAllocation
 # (RSS growth) and Checkpoint.OneTableCountedByTableBytes (mallinfo2 heap growth) measure the
 # allocator, which ASan replaces; of the demo's 64 streaming configurations, those at cache budgets
@@ -89,6 +90,7 @@ seed template_fuzz tests/data/tokenizers/qwen3_5/chat_template.jinja
 seed output_parser_fuzz
 seed gguf_fuzz tests/data/gguf/*.gguf
 seed anthropic_request_fuzz tests/data/anthropic/*.json
+seed responses_request_fuzz tests/data/responses/*.json
 run_fuzzer() {
   SPOOL_FUZZ_TOKENIZER_DIR="$PWD/build/tests/data/tokenizers/qwen3" \
     "build-asan/fuzz/$1" -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \

@@ -36,6 +36,7 @@ struct ServeOptions {
   std::string chat_template_file;
   std::string chat_template_kwargs;
   std::string chat_format;
+  size_t responses_store = server::kDefaultResponsesStore;
 };
 
 void run(const ServeOptions& o) {
@@ -96,6 +97,7 @@ void run(const ServeOptions& o) {
   ho.port = o.port;
   ho.api_key = o.api_key;
   ho.parallel = o.parallel;
+  ho.responses_store = o.responses_store;
   ho.threads = std::max(ho.threads, ho.max_waiting + o.parallel + 8);
   server::HttpServer http(ho);
   const int port = http.bind();
@@ -158,6 +160,10 @@ void register_serve(CLI::App& app) {
                 "Output format for reasoning and tool calls (qwen3_json, qwen3_xml, deepseek_v3, kimi_k2, glm4_5, minimax_m2, gpt_oss, "
                 "mistral, ernie4_5, gemma4, none; default: detected from the chat template)");
   c->add_option("--chat-template-kwargs", o->chat_template_kwargs, "JSON object of template variables, e.g. '{\"enable_thinking\": false}'");
+  c->add_option("--responses-store", o->responses_store,
+                strfmt("/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, least recently used "
+                       "dropped first (default %zu; 0 = none; at most %zu MiB of JSON in all)",
+                       server::kDefaultResponsesStore, server::kResponsesStoreMaxBytes >> 20));
   c->callback([o] { run(*o); });
 }
 

@@ -17,6 +17,7 @@ struct ChatTemplateInfo {
   nlohmann::ordered_json special_tokens;  ///< bos_token, eos_token, ... (special_tokens_from_config)
   nlohmann::ordered_json default_kwargs;  ///< --chat-template-kwargs (an object, or null)
   ToolSyntax tool_syntax = ToolSyntax::kNone;  ///< the output format: detect_chat_format of the template text, or --chat-format
+  std::string source;                    ///< the template text (feature checks, e.g. reasoning_kwargs)
 };
 
 /// A rendered chat prompt and what the output parser needs to know about it.

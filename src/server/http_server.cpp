@@ -44,6 +44,7 @@ HttpServer::HttpServer(HttpOptions opt) : opt_(std::move(opt)), http_(std::make_
                             opt_.threads, opt_.max_waiting, opt_.parallel, opt_.max_waiting + opt_.parallel));
   const size_t threads = static_cast<size_t>(opt_.threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  responses_ = std::make_unique<ResponsesStore>(opt_.responses_store);
   routes();
 }
 
@@ -222,6 +223,12 @@ void HttpServer::routes() {
   });
   post("/v1/messages/count_tokens",
        [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_count_tokens(body, res); });
+  post("/v1/responses", [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    handle_responses(req, body, res);
+  });
+  s.Get("/v1/responses/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) { handle_get_response(req.matches[1], res); });
+  s.Delete("/v1/responses/([^/]+)",
+           [this](const httplib::Request& req, httplib::Response& res) { handle_delete_response(req.matches[1], res); });
   post("/tokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_tokenize(body, res); });
   post("/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_detokenize(body, res); });
   post("/apply-template",

@@ -1,6 +1,7 @@
 // HttpServer: the OpenAI-compatible HTTP API of `spool serve` on cpp-httplib.
 //
-// Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE), GET /v1/models,
+// Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (JSON or SSE),
+// GET / DELETE /v1/responses/{id} (stored responses, responses_store.h), GET /v1/models,
 // GET /v1/models/{id}, GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize,
 // /detokenize, /apply-template; the Anthropic Messages API's POST /v1/messages and
 // /v1/messages/count_tokens. Every error is an OpenAI error object with a 4xx/5xx status (an
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "server/metrics.h"
+#include "server/responses_store.h"
 #include "server/serving_engine.h"
 
 namespace httplib {
@@ -48,6 +50,9 @@ struct HttpOptions {
   /// Connection threads. Each queued or running generation holds one, so this must exceed
   /// max_waiting + parallel for other routes (/health, /metrics) to answer while the queue is full.
   int threads = 64;
+  /// Responses kept for previous_response_id and GET /v1/responses/{id} (--responses-store;
+  /// 0 keeps none). See ResponsesStore for the byte bound.
+  size_t responses_store = kDefaultResponsesStore;
 };
 
 /// The HTTP server: owns the listening socket, the routes, the request queue and the metrics;
@@ -87,6 +92,9 @@ class HttpServer {
   static bool anthropic_route(const std::string& path);
   static void anthropic_error(httplib::Response& res, int status, const std::string& message);
   static void anthropic_exception(httplib::Response& res, std::exception_ptr ep);
+  void handle_responses(const httplib::Request& req, const std::string& body, httplib::Response& res);  // responses_http.cpp
+  void handle_get_response(const std::string& id, httplib::Response& res);
+  void handle_delete_response(const std::string& id, httplib::Response& res);
   void handle_tokenize(const std::string& body, httplib::Response& res);
   void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_apply_template(const std::string& body, httplib::Response& res);
@@ -95,6 +103,7 @@ class HttpServer {
   HttpOptions opt_;
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<ServingEngine> engine_;
+  std::unique_ptr<ResponsesStore> responses_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
   std::mutex run_mu_;                      // orders listen() against stop()

@@ -32,6 +32,7 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     e->tmpl.emplace(tmpl::Template::parse(text, label));
     f.chat.tmpl = &*e->tmpl;
     f.chat.tool_syntax = detect_chat_format(text);
+    f.chat.source = text;
   } else {
     log_warn("%s has no chat template: /v1/chat/completions will refuse requests", l.ckpt->dir().c_str());
   }
