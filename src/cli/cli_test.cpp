@@ -714,4 +714,164 @@ TEST(Cli, ServeChatDeepSeekV3MatchesTheChatGoldens) {
   EXPECT_EQ(checked, 4);
 }
 
+// ---------------------------------------------------------------- spool template render
+
+// Writes `text` to a scratch file and returns its path.
+std::string scratch(const std::string& tag, const std::string& text) {
+  const std::string f = ::testing::TempDir() + "/cli_tmpl_" + std::to_string(getpid()) + "_" + tag;
+  std::ofstream(f, std::ios::binary) << text;
+  return f;
+}
+
+// The render command's arguments for a golden case: messages / tools by @file, the case's extra
+// kwargs (and, with `specials`, the special tokens, which only --model would otherwise give).
+std::string render_args(const nlohmann::ordered_json& c, const nlohmann::ordered_json& specials, const std::string& tag) {
+  std::string args = " --messages @" + scratch(tag + "_m.json", c["messages"].dump());
+  if (c.contains("tools")) args += " --tools @" + scratch(tag + "_t.json", c["tools"].dump());
+  nlohmann::ordered_json kw = specials;
+  for (const auto& [k, v] : c.items())
+    if (k != "messages" && k != "tools" && k != "add_generation_prompt" && k != "rendered" && k != "ids" && k != "error") kw[k] = v;
+  if (!kw.empty()) args += " --kwargs " + shq(kw.dump());
+  if (!c["add_generation_prompt"].get<bool>()) args += " --no-generation-prompt";
+  return args;
+}
+
+/// Sets SOURCE_DATE_EPOCH for the spool processes a test starts (restored after).
+struct GoldenDate {
+  GoldenDate() { setenv("SOURCE_DATE_EPOCH", "1780272000", 1); }  // 2026-06-01, the goldens' strftime_now
+  ~GoldenDate() { unsetenv("SOURCE_DATE_EPOCH"); }
+};
+
+// `template render --template F` prints the tests/data/chat goldens byte for byte (transformers'
+// and the jinja2 references), and fails with the template's own message where the golden is an
+// error. Cases 1 (system message, enable_thinking) and 5 (tools, two calls, reasoning) of each
+// template: chat_golden_test renders every case through the library.
+TEST(Cli, TemplateRenderMatchesTheChatGoldens) {
+  GoldenDate date;
+  int rendered = 0, refused = 0;
+  for (const auto& e : fs::directory_iterator(kData + "/chat")) {
+    if (!fs::exists(e.path() / "chat_cases.json")) continue;
+    const std::string name = e.path().filename().string();
+    const auto chat = nlohmann::ordered_json::parse(slurp((e.path() / "chat_cases.json").string()));
+    const std::string tmpl = (e.path() / "chat_template.jinja").string();
+    for (size_t i : {1, 5}) {
+      const auto& c = chat["cases"][i];
+      const Result r = spool("template render --template " + tmpl + render_args(c, chat["special_tokens"], name));
+      if (c.contains("rendered")) {
+        EXPECT_EQ(r.code, 0) << name << " " << i << ": " << r.err;
+        EXPECT_EQ(r.out, c["rendered"].get<std::string>()) << name << " " << i;
+        ++rendered;
+      } else {
+        EXPECT_EQ(r.code, 1) << name << " " << i;
+        const std::string err = c["error"].get<std::string>();
+        EXPECT_NE(r.err.find(err.substr(err.find(": ") + 2)), std::string::npos) << r.err;
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GE(rendered, 18);
+  EXPECT_GE(refused, 3);
+}
+
+// The parse-back goldens' renders: the generation prompt, then the whole conversation without one
+// (= generation_prompt + emitted, see chat_golden_test.cpp).
+TEST(Cli, TemplateRenderAssistantTurns) {
+  GoldenDate date;
+  int checked = 0;
+  for (const char* name : {"gpt_oss", "qwen3_coder", "glm4_6"}) {
+    const std::string dir = kData + "/chat/" + name;
+    const auto cases = nlohmann::ordered_json::parse(slurp(dir + "/assistant_cases.json"));
+    for (const auto& a : cases) {
+      std::string args = "template render --template " + dir + "/chat_template.jinja";
+      if (!a["tools"].empty()) args += " --tools " + shq(a["tools"].dump());
+      const Result head = spool(args + " --messages " + shq(a["prior"].dump()));
+      EXPECT_EQ(head.code, 0) << head.err;
+      EXPECT_EQ(head.out, a["generation_prompt"].get<std::string>()) << name;
+      auto full = a["prior"];
+      full.push_back(a["message"]);
+      const Result all = spool(args + " --no-generation-prompt --messages " + shq(full.dump()));
+      EXPECT_EQ(all.code, 0) << all.err;
+      EXPECT_EQ(all.out, a["generation_prompt"].get<std::string>() + a["emitted"].get<std::string>()) << name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 8);
+}
+
+// --model takes the template and the special tokens (bos_token) the model has: a tokenizer
+// directory (chat template in tokenizer_config.json) and a tokenizer-only GGUF
+// (tokenizer.chat_template); the messages may come from stdin.
+TEST(Cli, TemplateRenderModelTemplate) {
+  const auto ds = nlohmann::ordered_json::parse(slurp(kData + "/tokenizer/deepseek_v3/chat_cases.json"));
+  for (size_t i : {0, 1}) {  // plain, and with enable_thinking
+    const Result r = spool("template render --model " + kData + "/tokenizers/deepseek_v3" +
+                           render_args(ds[i], nlohmann::ordered_json::object(), "ds" + std::to_string(i)));
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, ds[i]["rendered"].get<std::string>()) << i;
+    EXPECT_EQ(r.out.rfind("<｜begin▁of▁sentence｜>", 0), 0u) << "bos_token comes from the model";
+  }
+  const auto qw = nlohmann::ordered_json::parse(slurp(kData + "/tokenizer/qwen3/chat_cases.json"));
+  for (size_t i : {4, 5}) {  // tools, and enable_thinking
+    const Result r = spool("template render --model " + kData + "/gguf/qwen3_tokenizer.gguf" +
+                           render_args(qw[i], nlohmann::ordered_json::object(), "qw" + std::to_string(i)));
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, qw[i]["rendered"].get<std::string>()) << i;
+  }
+  const std::string msgs = scratch("stdin.json", qw[0]["messages"].dump());
+  Result r = spool("template render --model " + kData + "/gguf/qwen3_tokenizer.gguf" +
+                   (qw[0].contains("enable_thinking") ? " --kwargs " + shq(nlohmann::json{{"enable_thinking", qw[0]["enable_thinking"]}}.dump()) : std::string()) +
+                   (qw[0]["add_generation_prompt"].get<bool>() ? "" : " --no-generation-prompt") + " < " + msgs);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, qw[0]["rendered"].get<std::string>());
+  // --template replaces the model's template; the model's special tokens stay.
+  const std::string t = scratch("bos.jinja", "{{ bos_token }}|{{ messages[0].content }}|{{ add_generation_prompt }}");
+  r = spool("template render --model " + kData + "/tokenizers/deepseek_v3 --template " + t +
+            " --no-generation-prompt --messages '[{\"role\": \"user\", \"content\": \"hi\"}]'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "<｜begin▁of▁sentence｜>|hi|False");
+}
+
+TEST(Cli, TemplateRenderErrors) {
+  const std::string t = scratch("ok.jinja", "{{ messages|length }}");
+  const std::string m = " --messages '[{\"role\": \"user\", \"content\": \"hi\"}]'";
+  auto expect = [](const Result& r, int code, const std::string& says) {
+    EXPECT_EQ(r.code, code) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  };
+  // Usage (2): no subcommand, no template source, an unknown flag.
+  EXPECT_EQ(spool("template").code, 2);
+  expect(spool("template render" + m), 2, "give --model M");
+  EXPECT_EQ(spool("template render --template " + t + m + " --no-such-flag").code, 2);
+  EXPECT_EQ(spool("template render --help").code, 0);
+  // Bad input (1), each named.
+  expect(spool("template render --template " + t + " --messages '[{\"role\": '"), 1, "--messages: not valid JSON");
+  expect(spool("template render --template " + t + " --messages @/nonexistent/m.json"), 1, "/nonexistent/m.json");
+  expect(spool("template render --template " + t + " --messages '{\"role\": \"user\"}'"), 1, "--messages must be a JSON array");
+  expect(spool("template render --template " + t + " --messages '[]'"), 1, "--messages is empty");
+  expect(spool("template render --template " + t + " --messages '[1]'"), 1, "--messages[0] must be an object");
+  expect(spool("template render --template " + t + m + " --tools '{\"a\": 1}'"), 1, "--tools must be a JSON array");
+  expect(spool("template render --template " + t + m + " --tools '[oops'"), 1, "--tools: not valid JSON");
+  expect(spool("template render --template " + t + m + " --kwargs '[1]'"), 1, "--kwargs must be a JSON object");
+  expect(spool("template render --template " + t + " --messages @" + scratch("bad.json", "[") + ""), 1, "bad.json");
+  // A missing template (1): no file, no model, a model without a tokenizer or without a template.
+  expect(spool("template render --template /nonexistent/t.jinja" + m), 1, "/nonexistent/t.jinja");
+  expect(spool("template render --model /nonexistent/model" + m), 1, "/nonexistent/model");
+  const std::string empty = ::testing::TempDir() + "/cli_tmpl_empty_" + std::to_string(getpid());
+  fs::create_directories(empty);
+  expect(spool("template render --model " + empty + m), 1, "has no tokenizer");
+  const std::string notmpl = ::testing::TempDir() + "/cli_tmpl_notmpl_" + std::to_string(getpid());
+  fs::remove_all(notmpl);
+  fs::create_directories(notmpl);
+  fs::copy_file(kData + "/tokenizers/deepseek_v3/tokenizer.json", notmpl + "/tokenizer.json");
+  auto cfg = nlohmann::json::parse(slurp(kData + "/tokenizers/deepseek_v3/tokenizer_config.json"));
+  cfg.erase("chat_template");
+  std::ofstream(notmpl + "/tokenizer_config.json") << cfg.dump();
+  expect(spool("template render --model " + notmpl + m), 1, "has no chat template");
+  // A template that does not parse, and one that refuses the conversation (its own message).
+  expect(spool("template render --template " + scratch("broken.jinja", "{% if %}") + m), 1, "broken.jinja");
+  expect(spool("template render --template " + kData + "/chat/gemma2/chat_template.jinja" +
+               " --messages '[{\"role\": \"system\", \"content\": \"x\"}, {\"role\": \"user\", \"content\": \"hi\"}]'"),
+         1, "System role not supported");
+}
+
 }  // namespace

@@ -92,5 +92,7 @@ void register_doctor(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_serve(CLI::App& app);
+/// `template` group: render (and the chat-template tools beside it).
+void register_template(CLI::App& app);
 
 }  // namespace spool::cli

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   spool::cli::register_bench(app);
   spool::cli::register_convert(app);
   spool::cli::register_serve(app);
+  spool::cli::register_template(app);
   // llama-server's `-np N` for --parallel (CLI11 takes one-letter short names only): the exact
   // argument "-np" after `serve` or `plan` is read as --parallel.
   std::vector<char*> args(argv, argv + argc);

@@ -1,19 +1,25 @@
 // Data-driven goldens: every case of tests/data/chat/<name>/chat_cases.json and
-// assistant_cases.json (made by tests/reference/make_chat_goldens.py with transformers 5.17's
-// render_jinja_template) must render byte-identically with spool's engine. One GoogleTest case
+// assistant_cases.json must render byte-identically with spool's engine. One GoogleTest case
 // per (template, index), so ctest names the exact case that deviates.
 //
-// How the script rendered (and so what these tests pass):
-//  - context = special_tokens (only deepseek_v3_1 has bos/eos) + the case's extra kwargs
-//    (enable_thinking, reasoning_effort, ...) + messages / tools (None when absent) /
-//    documents None / add_generation_prompt;
+// Where the goldens come from:
+//  - glm4_6, glm4_7_flash, gpt_oss, deepseek_v3_1, kimi_k2_*, minimax_m2, qwen3_coder:
+//    tests/reference/make_chat_goldens.py, transformers 5.17's render_jinja_template itself;
+//  - mistral_small_3_2, ministral_3_reasoning, gemma2, gemma4 (chat_cases.json only, with a
+//    "reference" field): tests/reference/make_jinja_goldens.py, plain jinja2 3.1 set up the way
+//    transformers sets it up, which reproduces all the transformers goldens above before it writes.
+//
+// How they were rendered (and so what these tests pass):
+//  - context = special_tokens (only deepseek_v3_1 has bos/eos among the transformers ones) + the
+//    case's extra kwargs (enable_thinking, reasoning_effort, ...) + messages / tools (None when
+//    absent) / documents None / add_generation_prompt;
 //  - strftime_now() returns 2026-06-01 00:00:00: here SOURCE_DATE_EPOCH=1780272000 fixes it;
 //  - assistant cases: generation_prompt = render(prior, tools or None, add_generation_prompt=True)
 //    and the script kept a case only when render(prior + [message], add_generation_prompt=False)
 //    starts with it, storing the rest as `emitted`. So by construction
 //    render(prior + [message], False) == generation_prompt + emitted, and both renders are checked.
-//  - cases the script could not render carry "error" instead of "rendered"/"emitted": none of the
-//    committed files have one (the generator dropped them), and such a case would fail here.
+//  - a case the template refuses carries "error": "<type>: <message>" instead of "rendered":
+//    spool must refuse it too, with exactly the message for raise_exception (TemplateError).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,19 +96,31 @@ TEST_P(ChatGolden, RendersLikeTransformers) {
   Template t = Template::parse(slurp(dir / "chat_template.jinja"), g.name);
   if (!g.assistant) {
     const ordered_json& c = chat.at("cases").at(g.index);
-    ASSERT_TRUE(c.contains("rendered")) << "golden has no rendering: " << c.value("error", "");
     ChatOptions opt;
     opt.add_generation_prompt = c.at("add_generation_prompt").get<bool>();
     opt.extra_kwargs = ordered_json::object();
     for (const auto& [k, v] : c.items()) {
-      if (k == "messages" || k == "add_generation_prompt" || k == "rendered") continue;
+      if (k == "messages" || k == "add_generation_prompt" || k == "rendered" || k == "error") continue;
       if (k == "tools") {
         opt.tools = v;
       } else {
         opt.extra_kwargs[k] = v;
       }
     }
-    EXPECT_EQ(apply_chat_template(t, c.at("messages"), opt, tokens), c.at("rendered").get<std::string>());
+    if (c.contains("rendered")) {
+      EXPECT_EQ(apply_chat_template(t, c.at("messages"), opt, tokens), c.at("rendered").get<std::string>());
+      return;
+    }
+    const std::string error = c.at("error").get<std::string>();
+    const std::string raised = "TemplateError: ";
+    try {
+      std::string got = apply_chat_template(t, c.at("messages"), opt, tokens);
+      ADD_FAILURE() << "rendered what the reference refused (" << error << "):\n" << got;
+    } catch (const Error& e) {
+      if (error.rfind(raised, 0) == 0) {
+        EXPECT_EQ(std::string(e.what()), error.substr(raised.size()));
+      }
+    }
     return;
   }
   ordered_json cases = ordered_json::parse(slurp(dir / "assistant_cases.json"));
