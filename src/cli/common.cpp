@@ -38,6 +38,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
                   "faster, not exact; CPUs with AVX-512), 32 (f32, exact against the dequantized weights) or auto (8 where it "
                   "applies, else 32; default)");
   app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
+  app->add_flag("--strict-device", strict_device,
+                "GPU runs: fail instead of running an op on the host or copying a host weight to the GPU per use (the load "
+                "fails when the model needs an op the GPU backend runs on the host); also SPOOL_STRICT_DEVICE=1");
   app->add_option("--vram-budget-gb", vram_budget,
                   "GPU memory for dense weights + KV + workspace + routed experts, in GB, or 'auto' (the GPU's free memory less 512 MiB, at most 90% of it); routed experts that do not all fit get VRAM slots in what is left");
   app->add_option("--vram-experts", vram_experts,
@@ -70,6 +73,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.prefetch_ahead = prefetch_ahead;
   o.pin_file = pin_file;
   o.max_active_experts = max_active_experts;
+  o.strict_device = strict_device;
   ops::kv_type_from_bits(kv_bits);  // UsageError for other values
   o.kv_bits = kv_bits;
   o.act_bits = act_bits == "auto" ? 0 : act_bits == "8" ? 8 : act_bits == "32" ? 32 : -1;

@@ -33,6 +33,7 @@ struct ModelOptions {
   std::string device = "auto";
   std::string vram_budget = "auto";
   std::string vram_experts = "auto";
+  bool strict_device = false;  // --strict-device (LoadOptions::strict_device)
   int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);

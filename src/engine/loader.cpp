@@ -18,6 +18,7 @@
 #include "plan/gpu.h"
 #include "plan/projection.h"
 #include "models/device_experts.h"
+#include "models/ops_used.h"
 #include "ops/cpu_backend.h"
 #if SPOOL_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
@@ -55,6 +56,24 @@ double h2d_gbps(int index, size_t bytes, bool pinned) {
   (void)index, (void)bytes, (void)pinned;
   return 0;
 #endif
+}
+
+std::string host_fallback_line(const ops::Backend& be, const models::ModelSpec& spec, std::vector<std::string>* fallbacks_out) {
+  std::vector<std::string> fallbacks;
+  for (const std::string& op : models::optional_ops_used(spec))
+    if (be.op_run(op) == ops::OpRun::kHostFallback) fallbacks.push_back(op);
+  std::sort(fallbacks.begin(), fallbacks.end());
+  const std::string name = spec.family.empty() ? spec.model_type : spec.family;
+  std::string line;
+  if (fallbacks.empty()) {
+    line = strfmt("%s: every op of %s runs on the device", be.name(), name.c_str());
+  } else {
+    line = strfmt("%s: host fallback for ", be.name());
+    for (size_t i = 0; i < fallbacks.size(); ++i) line += (i ? ", " : "") + fallbacks[i];
+    line += " (" + name + ")";
+  }
+  if (fallbacks_out) *fallbacks_out = std::move(fallbacks);
+  return line;
 }
 
 int resolve_device(const std::string& device) {
@@ -321,6 +340,15 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (!backend) backend = std::make_shared<ops::CpuBackend>(l.pool.get());
   l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
+  if (backend->device() != ops::Device::kCpu) {  // what of this model the device leaves on the host
+    std::vector<std::string> fallbacks;
+    const std::string line = host_fallback_line(*backend, spec, &fallbacks);
+    log_info("%s", line.c_str());
+    if ((opt.strict_device || backend->strict_device()) && !fallbacks.empty())
+      fail("--strict-device / SPOOL_STRICT_DEVICE: %s would run ops on the host (%s); run without strict device mode or with --device cpu",
+           opt.model_dir.c_str(), line.c_str());
+  }
+  if (opt.strict_device) backend->set_strict_device(true);
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
   if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each

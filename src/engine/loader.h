@@ -55,6 +55,8 @@ struct LoadOptions {
                                        // of the model (available_memory_bytes()); nullopt = measured when load() starts
   std::optional<uint64_t> start_rss;   // resident bytes of the process measured by the caller at the same point
                                        // (current_rss_bytes(): plan::RunShape::start_rss); nullopt = when load() starts
+  bool strict_device = false;          // --strict-device (or SPOOL_STRICT_DEVICE=1): ops::Backend::set_strict_device on a
+                                       // GPU run; the load fails when the model needs an op the GPU runs on the host
 };
 
 /// The memory decision of a load: what was available and what the expert cache got.
@@ -111,6 +113,12 @@ GpuInfo gpu_info(int index);
 /// cuda:0 when this build has CUDA and a GPU is present. Throws spool::UsageError for another
 /// value or for cuda[:N] in a build without CUDA, spool::Error when the GPU is not there.
 int resolve_device(const std::string& device);
+
+/// The loader's line on a device backend: the ops a model of `spec` calls
+/// (models::optional_ops_used) that `be` runs through the host (ops::Backend::host_fallback_ops),
+/// e.g. "cuda: host fallback for attention_sinks (gpt_oss)", or "cuda: every op of qwen3_moe runs
+/// on the device" when there are none. Empty `fallbacks_out` is filled with those ops when given.
+std::string host_fallback_line(const ops::Backend& be, const models::ModelSpec& spec, std::vector<std::string>* fallbacks_out = nullptr);
 
 /// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller
 /// (e.g. to count the prompt's tokens for ctx_size); otherwise tokenizer.json is loaded here.

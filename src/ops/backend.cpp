@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -10,6 +11,57 @@
 namespace spool::ops {
 
 const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+namespace {
+// Declaration order of backend.h's op table.
+constexpr const char* kOpNames[] = {
+    "matmul",          "matmul_multi",      "expert_ffn",     "moe_combine",      "expert_ffn_routed", "route_softmax_top_k",
+    "kv_append",       "attention",         "rope",           "causal_conv1d_silu", "gated_delta",     "gdn_gates",
+    "rms_norm",        "l2_norm",           "rms_norm_gated", "add",              "add_bias",          "swiglu",
+    "mul_sigmoid",     "add_gated_rows",    "copy_2d",        "route_grouped_top_k", "attention_window", "attention_sinks",
+    "mla_attention",   "row_to_f32",        "to_host"};
+constexpr const char* kGenericFallbacks[] = {"route_grouped_top_k", "attention_window", "attention_sinks", "mla_attention"};
+}  // namespace
+
+std::span<const char* const> backend_op_names() { return kOpNames; }
+std::span<const char* const> generic_host_fallback_ops() { return kGenericFallbacks; }
+
+const char* op_run_name(OpRun r) {
+  switch (r) {
+    case OpRun::kNative: return "native";
+    case OpRun::kHostFallback: return "host fallback";
+    case OpRun::kUnavailable: return "unavailable";
+  }
+  return "?";
+}
+
+bool strict_device_from_env() {
+  const char* e = std::getenv("SPOOL_STRICT_DEVICE");
+  return e != nullptr && e[0] == '1' && e[1] == '\0';
+}
+
+OpRun Backend::op_run(std::string_view op) const {
+  if (std::find(std::begin(kOpNames), std::end(kOpNames), op) == std::end(kOpNames))
+    fail("%s backend: '%.*s' is not an op of the backend table", name(), static_cast<int>(op.size()), op.data());
+  for (const char* f : host_fallback_ops())
+    if (op == f) return OpRun::kHostFallback;
+  if (op == "expert_ffn_routed" && max_routed_pairs() == 0) return OpRun::kUnavailable;
+  return OpRun::kNative;
+}
+
+std::vector<OpCapability> Backend::capabilities() const {
+  std::vector<OpCapability> t;
+  for (const char* op : kOpNames) t.push_back({op, op_run(op)});
+  return t;
+}
+
+void Backend::enter_host_fallback(const char* op) {
+  ++host_fallback_calls_;
+  if (strict_device_ && device() != Device::kCpu)
+    fail("%s backend (strict device mode): %s has no %s kernel and would run on the host (a to_host round trip of its "
+         "activations); run without SPOOL_STRICT_DEVICE / --strict-device",
+         name(), op, name());
+}
 
 namespace {
 
@@ -115,6 +167,7 @@ void Backend::expert_ffn_routed(const void*, const float*, int64_t, int64_t, con
 // result goes back (row_to_f32 of an f32 row copies host memory to the backend's device).
 void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
                                   float* margins) {
+  enter_host_fallback("route_grouped_top_k");
   std::vector<float> l(static_cast<size_t>(T * E)), w(static_cast<size_t>(T * k)), m(static_cast<size_t>(T));
   to_host(logits, T * E, l.data());
   for (int64_t t = 0; t < T; ++t) route_grouped(l.data() + t * E, E, k, r, ids + t * k, w.data() + t * k, margins ? m.data() + t : nullptr);
@@ -125,6 +178,7 @@ void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, 
 void Backend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
                                int64_t window, float* out) {
   if (window <= 0 || pos0 + T <= window) return attention(q, T, n_heads, kv, pos0, scale, out);
+  enter_host_fallback("attention_window");
   const int64_t n = T * n_heads * kv.head_dim();
   std::vector<float> qh(static_cast<size_t>(n)), oh(static_cast<size_t>(n));
   to_host(q, n, qh.data());
@@ -134,6 +188,7 @@ void Backend::attention_window(const float* q, int64_t T, int n_heads, const KvC
 
 void Backend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
                               int64_t window, const float* sinks, float* out) {
+  enter_host_fallback("attention_sinks");
   const int64_t n = T * n_heads * kv.head_dim();
   std::vector<float> qh(static_cast<size_t>(n)), oh(static_cast<size_t>(n));
   to_host(q, n, qh.data());
@@ -143,6 +198,7 @@ void Backend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCa
 
 void Backend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
                             float* out) {
+  enter_host_fallback("mla_attention");
   std::vector<float> qh(static_cast<size_t>(T * n_heads * latent.head_dim())), oh(static_cast<size_t>(T * n_heads * dv));
   to_host(q, static_cast<int64_t>(qh.size()), qh.data());
   ops::mla_attention(qh.data(), T, n_heads, latent, pos0, scale, dv, oh.data(), nullptr);

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ops/gated_delta.h"
@@ -78,6 +79,34 @@ uint64_t packed_weight_bytes(const WeightView& w);
 /// copy(to, from, bytes) per part and returns the view of the copy, marked as living on `device`.
 WeightView pack_weight(const WeightView& w, void* dst, Device device,
                        const std::function<void(void* to, const void* from, size_t bytes)>& copy);
+
+/// The ops of the Backend table below, by method name, in declaration order: the rows of the
+/// capability table (Backend::capabilities). Uploads, weight slots and the other bookkeeping
+/// methods are not ops (they move no activations).
+std::span<const char* const> backend_op_names();
+
+/// The generic host-fallback implementations of backend.cpp (route_grouped_top_k,
+/// attention_window, attention_sinks, mla_attention): the ops a backend runs on the host unless it
+/// overrides them (Backend::host_fallback_ops' default).
+std::span<const char* const> generic_host_fallback_ops();
+
+/// How a backend runs one op of the table.
+enum class OpRun : uint8_t {
+  kNative,        ///< its own kernels, where its data lives
+  kHostFallback,  ///< the generic implementation: activations to the host (to_host), the host kernel, back
+  kUnavailable,   ///< not offered (expert_ffn_routed on a backend whose make_expert_table gives no table)
+};
+/// Name of an OpRun ("native", "host fallback", "unavailable").
+const char* op_run_name(OpRun r);
+/// One row of the capability table.
+struct OpCapability {
+  const char* op;  ///< a name of backend_op_names()
+  OpRun run;
+};
+
+/// Whether SPOOL_STRICT_DEVICE=1 is set (the default of Backend::strict_device for every backend
+/// created while it is).
+bool strict_device_from_env();
 
 class Backend {
  public:
@@ -214,7 +243,8 @@ class Backend {
   // ---- DeepSeek / Mixtral ops -----------------------------------------------------------------
   // Each has a generic implementation here (backend.cpp) that works on any backend through
   // to_host / row_to_f32 and the host kernels (slow on a device, but correct); CpuBackend and
-  // ReferenceBackend override them.
+  // ReferenceBackend override them. host_fallback_ops() says which a backend leaves generic;
+  // in strict device mode they throw on a device backend.
   /// Router of the DeepSeek family (RouterParams, routing.h) for T tokens: logits [T, E]
   /// (device; not modified) -> ids [T, k] (host ints, best first), weights [T, k] (device),
   /// margins [T] (device, may be null).
@@ -283,11 +313,43 @@ class Backend {
   /// Undoes a successful pin_host(p).
   virtual void unpin_host(void* p) { (void)p; }
 
+  // ---- Capabilities and strict device mode ---------------------------------------------------
+  /// The ops of the table that this backend runs through the host: the generic implementations it
+  /// does not override (generic_host_fallback_ops(), by name). Host backends (CpuBackend,
+  /// ReferenceBackend) override all of them: none. A backend that overrides some overrides this.
+  /// On CUDA today: route_grouped_top_k, attention_window (when the window bites; a short
+  /// sequence runs attention()), attention_sinks, mla_attention.
+  virtual std::span<const char* const> host_fallback_ops() const { return generic_host_fallback_ops(); }
+  /// How this backend runs op `op` (a name of backend_op_names()); throws spool::Error for
+  /// another name.
+  OpRun op_run(std::string_view op) const;
+  /// The capability table: every op of backend_op_names() with how this backend runs it.
+  std::vector<OpCapability> capabilities() const;
+
+  /// Strict device mode (a device backend's promise that a step never leaves the device): a
+  /// generic host fallback (an activation's to_host round trip, host_fallback_ops()) or a host
+  /// weight copied to the device for one call (a GPU backend's per-call staging of a weight that
+  /// was not uploaded) throws spool::Error naming the op / weight instead of running. Explicit
+  /// transfers stay allowed: to_host, row_to_f32 of host rows, host outputs (the logits), the
+  /// contract's host index arrays, weight slots (copy_weight_into). No effect on host backends.
+  /// Default: strict_device_from_env() (SPOOL_STRICT_DEVICE=1); spool's --strict-device sets it.
+  void set_strict_device(bool on) { strict_device_ = on; }
+  bool strict_device() const { return strict_device_; }
+  /// Generic host fallbacks run so far (each call of one counted once; the capability test's
+  /// evidence of what a backend really does).
+  uint64_t host_fallback_calls() const { return host_fallback_calls_; }
+
  protected:
+  /// Entry of a generic host fallback `op`: counts it, and in strict device mode on a device
+  /// backend throws spool::Error naming `op` and this backend.
+  void enter_host_fallback(const char* op);
+
   double copy_stall_s_ = 0;  // host backends: seconds in copy_weight_into
 
  private:
   std::vector<std::unique_ptr<uint64_t[]>> host_slots_;  // alloc_weight_slot on host backends
+  bool strict_device_ = strict_device_from_env();
+  uint64_t host_fallback_calls_ = 0;
 };
 
 }  // namespace spool::ops

@@ -49,6 +49,8 @@ class CpuBackend : public Backend {
                        const float* sinks, float* out) override;
   void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
                      float* out) override;
+  /// Every op runs natively here (the generic host fallbacks are all overridden): none.
+  std::span<const char* const> host_fallback_ops() const override { return {}; }
   void row_to_f32(WType t, const void* src, int64_t n, float* dst) override;
   void to_host(const float* src, int64_t n, float* dst) override;
 

@@ -21,6 +21,14 @@
 // and inputs Hadamard-rotated in f32 as CpuBackend. Tolerances against ReferenceBackend are
 // those of the backend op table (backend_test.cpp).
 //
+// Capabilities (Backend::capabilities): every op of the table runs on the GPU except the generic
+// host fallbacks it does not override (Backend::host_fallback_ops: route_grouped_top_k,
+// attention_window once the window bites, attention_sinks, mla_attention). In strict device mode
+// (Backend::set_strict_device, SPOOL_STRICT_DEVICE=1, --strict-device) those throw, and so does an
+// op that would copy a host weight to the GPU for one call; the rest above is unchanged.
+//
+// Sources: cuda_backend.cu dispatches each op to its family's file (see cuda_internal.h).
+//
 // All work runs in order on one CUDA stream owned by the backend; ops that hand results to the
 // host (to_host, routing ids, host outputs) synchronize it. Weight-slot copies (copy_weight_into)
 // run on a second stream, ordered with events (weight_copy_fence / wait_weight_copies). Not thread-safe: one backend per
