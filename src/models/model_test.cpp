@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "models/presets.h"
 #include "ops/reference_backend.h"
+#include "models/family.h"
 
 namespace spool::models {
 namespace {
@@ -36,7 +37,7 @@ struct Loaded {
 
 Loaded load(const std::string& dir, int threads = 2) {
   Loaded l;
-  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   l.pool = std::make_unique<ops::ThreadPool>(threads);
   l.model = load_model(l.ckpt, l.pool.get());
   return l;
@@ -285,7 +286,7 @@ TEST_F(Demo, GreedyDoesNotDependOnPrefillStep) {
 }
 
 // The released gpt-oss config (rope_scaling yarn with truncate false, rope_theta at the top level):
-// YaRN frequencies with fractional ramp bounds low = 8.0928, high = 17.3980 (architectures-2 §4.4),
+// YaRN frequencies with fractional ramp bounds low = 8.0928, high = 17.3980 (HF _compute_yarn_parameters),
 // attention factor 0.1 ln 32 + 1 on cos/sin, windows on the even layers, every layer MoE.
 TEST(GptOssSpec, ReleaseConfigYarnAndWindows) {
   for (const char* name : {"gpt-oss-20b", "gpt-oss-120b"}) {
@@ -329,7 +330,7 @@ TEST(ModelErrors, GptOssBadConfigAndMxfp4Shapes) {
     edit(cfg);
     std::ofstream(dir + "/config.json") << cfg.dump(2);
     try {
-      auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+      auto ck = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
       load_model(ck, &pool);
       FAIL() << "expected an error mentioning " << what;
     } catch (const Error& e) {
@@ -341,7 +342,7 @@ TEST(ModelErrors, GptOssBadConfigAndMxfp4Shapes) {
   expect_error([](nlohmann::json& c) { c["swiglu_limit"] = 8.0; }, "swiglu_limit 8");
   expect_error([](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "fp8"; }, "quant_method 'fp8'");
   // Re-shaped MXFP4 tensors: blocks [8, 128, 4, 8] (bytes per block 8), scales [8, 64, 4].
-  io::Checkpoint ck = io::Checkpoint::open(src);
+  io::Checkpoint ck = models::open_checkpoint(src);
   for (int bad = 0; bad < 2; ++bad) {
     std::vector<io::TensorToWrite> ts;
     for (const auto& t : ck.tensors()) {
@@ -374,7 +375,7 @@ TEST(ModelErrors, UnknownModelTypeAndBadIds) {
   std::filesystem::copy_file(data_dir() + "/models/qwen3_moe/model.safetensors", dir + "/model.safetensors",
                              std::filesystem::copy_options::overwrite_existing);
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama4_moe", "hidden_size": 64})";
-  auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ck = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   ops::ThreadPool pool(1);
   try {
     load_model(ck, &pool);
@@ -384,7 +385,7 @@ TEST(ModelErrors, UnknownModelTypeAndBadIds) {
   }
   // Missing a required config field.
   std::ofstream(dir + "/config.json") << R"({"model_type": "qwen3_moe", "hidden_size": 64})";
-  auto ck2 = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ck2 = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   try {
     load_model(ck2, &pool);
     FAIL() << "expected an error";

@@ -50,6 +50,7 @@
 #include "quant/convert.h"
 #include "quant/quantize.h"
 #include "quant/recipe.h"
+#include "models/family.h"
 
 namespace spool::ops {
 namespace {
@@ -1174,7 +1175,7 @@ const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", 
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
   std::set<std::string> called;
   auto run = [&](const std::string& dir) {
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto be = std::make_shared<CountingBackend>(nullptr);
     auto model = models::load_model(ckpt, be);
     models::State st = model->new_state();
@@ -1196,7 +1197,7 @@ TEST(BackendOps, ReferenceBackendReproducesGoldens) {
   for (const char* f : kFamilies) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto model = models::load_model(ckpt, std::make_shared<ReferenceBackend>());
     spool::testing::Golden g(dir + "/golden.safetensors");
     const std::vector<int32_t> ids = g.i32("input_ids");
@@ -1455,7 +1456,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
                         "gpt_oss_mxfp4", "mixtral", "olmoe", "ernie4_5_moe"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto mg = models::load_model(ckpt, std::make_shared<CudaBackend>(0));
     auto mc = models::load_model(ckpt, std::make_shared<CpuBackend>(nullptr));
     spool::testing::Golden g(dir + "/golden.safetensors");
@@ -1471,7 +1472,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
     EXPECT_EQ(gg, greedy_ids(*mc, ids, static_cast<int>(want_ids.size())));
   }
   // The demo model: four prompts, routing and 48 greedy tokens each.
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   auto mg = models::load_model(ckpt, std::make_shared<CudaBackend>(0));
   spool::testing::Golden g(spool::testing::data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
   const int64_t V = mg->spec().vocab_size;
@@ -1518,7 +1519,7 @@ std::vector<float> greedy_logits(models::Model& m, const std::vector<int32_t>& i
 // fallback): the same kernels on the same bytes, so the logits are bit-identical.
 TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: CUDA expert placement not checked";
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
@@ -1613,10 +1614,11 @@ TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   quant::ConvertOptions o;
   o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.out_dir = dir;
+  o.rules = &models::checkpoint_rules();
   o.recipe = quant::recipe("q4");
   o.threads = 2;
   quant::convert(o, nullptr);
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
@@ -1668,7 +1670,7 @@ TEST(CudaModel, DeviceStateSnapshotsAndImagesRoundTrip) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: device-resident model state not checked";
   for (const char* f : {"qwen3_5_moe_text", "qwen3_next"}) {
     SCOPED_TRACE(f);
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(spool::testing::data_dir() + "/models/" + f));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(spool::testing::data_dir() + "/models/" + f));
     auto m = models::load_model(ckpt, std::make_shared<CudaBackend>(0));
     spool::testing::Golden g(spool::testing::data_dir() + "/models/" + f + "/golden.safetensors");
     const std::vector<int32_t> ids = g.i32("input_ids");
