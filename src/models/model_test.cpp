@@ -400,5 +400,47 @@ TEST(ModelErrors, UnknownModelTypeAndBadIds) {
   EXPECT_EQ(st.pos, 0);
 }
 
+// The embedded presets files: each names a registered family, parses, and gives that family's
+// model_type; parse errors name the file, the preset and the field.
+TEST(Presets, EmbeddedFilesBelongToTheirFamilies) {
+  ASSERT_FALSE(preset_files().empty());
+  size_t n = 0;
+  for (const PresetFile& pf : preset_files()) {
+    SCOPED_TRACE(pf.family);
+    const Family* f = family_named(pf.family);
+    ASSERT_NE(f, nullptr);
+    for (const Preset& p : parse_presets(pf.json, pf.family)) {
+      ++n;
+      EXPECT_EQ(preset(p.name).config, p.config);
+      const nlohmann::ordered_json& c = p.config.contains("text_config") ? p.config["text_config"] : p.config;
+      EXPECT_NE(family_of_model_type(c.value("model_type", std::string())), nullptr) << p.name;
+      EXPECT_EQ(family_of_model_type(c.value("model_type", std::string())), f) << p.name;
+    }
+  }
+  EXPECT_EQ(presets().size(), n);
+  EXPECT_EQ(preset("qwen3.5-35b-a3b").name, "qwen3.6-35b-a3b");  // an alias
+}
+
+TEST(Presets, ParseErrorsNameTheField) {
+  auto error = [](const std::string& text) {
+    try {
+      parse_presets(text, "x.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("{").find("x.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(error("{}").find("JSON array"), std::string::npos);
+  EXPECT_NE(error(R"([{"description": "d", "config": {}}])").find("has no 'name'"), std::string::npos);
+  EXPECT_NE(error(R"([{"name": "a", "description": "d"}])").find("preset 'a' has no 'config'"), std::string::npos);
+  EXPECT_NE(error(R"([{"name": "a", "description": "d", "config": {}, "fused_experts": 1}])").find("fused_experts"), std::string::npos);
+  EXPECT_NE(error(R"([{"name": "a", "description": "d", "config": {}, "aliases": "b"}])").find("aliases"), std::string::npos);
+  const std::vector<Preset> ok = parse_presets(R"([{"name": "a", "description": "d", "config": {"model_type": "m"}}])", "x.json");
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].prefix, "model.");
+  EXPECT_FALSE(ok[0].fused_experts);
+}
+
 }  // namespace
 }  // namespace spool::models
