@@ -29,11 +29,11 @@ void run(ConvertCmd& o) {
   c.recipe = quant::recipe(o.recipe);
   quant::apply_overrides(&c.recipe, o.ov);
   // Only what spool can run is worth converting: unknown architectures fail here, in seconds.
-  const models::ModelSpec spec = models::build_spec(io::Checkpoint::open(c.in_dir, {.map = false}));
+  const models::ModelSpec spec = models::build_spec(models::open_checkpoint(c.in_dir, {.map = false}));
   const models::Family* family = models::family_named(spec.family);
-  if (family == nullptr || family->load == nullptr)
-    throw Error(strfmt("%s: spool cannot run model family '%s' yet, so it does not convert it", c.in_dir.c_str(), spec.family.c_str()));
+  if (family == nullptr) throw Error(strfmt("%s: unknown model family '%s'", c.in_dir.c_str(), spec.family.c_str()));
   c.keep_float = family->keep_float;
+  c.rules = &models::checkpoint_rules();
   if (o.rotation != "hadamard" && o.rotation != "none")
     throw UsageError(strfmt("--rotation must be hadamard or none (got '%s')", o.rotation.c_str()));
   c.rotate = o.rotation == "hadamard";

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "models/spec.h"
+#include "models/family.h"
 
 namespace spool::cli {
 
@@ -19,7 +20,7 @@ struct InfoOptions {
 
 void run(const InfoOptions& o) {
   const std::string dir = o.model.dir();
-  io::Checkpoint ck = io::Checkpoint::open(dir, {.map = false});
+  io::Checkpoint ck = models::open_checkpoint(dir, {.map = false});
   models::ModelSpec s = models::build_spec(ck);
   uint64_t expert = ck.expert_bytes(), total = ck.total_bytes();
   std::map<std::string, uint64_t> by_dtype;

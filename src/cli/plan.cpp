@@ -3,8 +3,6 @@
 // the headers `spool synth` would write, made in memory), projected against this machine or a
 // stated one.
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
-// Families spool cannot run yet (DeepSeek-V2/V3, Mixtral, OLMoE) are projected all the same,
-// marked "runnable": false with no command; the exit status still says whether it would fit.
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -15,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "engine/loader.h"
 #include "models/state.h"
+#include "models/family.h"
 #include "models/synth.h"
 #include "plan/gpu.h"
 #include "plan/probe.h"
@@ -55,9 +54,6 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
               s.n_layers, n_attn, s.moe.n_experts, s.moe.top_k, format_bytes(w.file_bytes).c_str(), w.shards,
               src.remote ? strfmt("; headers read with %d requests, %s fetched", src.requests, format_bytes(src.bytes_fetched).c_str()).c_str() : "");
   if (!p.architecture.empty()) std::printf("           %s\n", p.architecture.c_str());
-  if (!p.runnable)
-    std::printf("runnable   NO: spool cannot run model_type '%s' yet; this projection is for planning a download\n",
-                s.model_type.c_str());
   std::printf("projection at %lld tokens of context, --kv-bits %d, --prefill-step-size %lld, %d threads%s\n", (long long)p.shape.ctx,
               p.shape.kv_bits, (long long)p.shape.prefill_step, p.shape.threads,
               p.shape.parallel > 1 ? strfmt(", --parallel %d (sequences)", p.shape.parallel).c_str() : "");
@@ -132,11 +128,7 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
     }
   }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
-  if (!p.runnable) {
-    std::string list;
-    for (const auto& t : models::supported_model_types()) list += (list.empty() ? "" : ", ") + t;
-    std::printf("command    none: spool runs %s\n", list.c_str());
-  } else if (p.verdict != plan::Verdict::kNoFit) {
+  if (p.verdict != plan::Verdict::kNoFit) {
     if (src.remote) std::printf("download   huggingface-cli download <repo> --local-dir %s   (or any copy of %s)\n", src.suggested_dir.c_str(), src.location.c_str());
     std::printf("command    %s\n", p.command.c_str());
   }
@@ -151,8 +143,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
   j["expert_bytes"] = p.weights.experts;
   j["kv_bytes_per_token"] = p.state.kv_per_token;
   j["cache_budget_bytes"] = p.cache_budget;
-  j["command"] = p.verdict == plan::Verdict::kNoFit ? "" : p.command;  // "" too when not runnable
-  j["runnable"] = p.runnable;
+  j["command"] = p.verdict == plan::Verdict::kNoFit ? "" : p.command;
   j["model"] = src.location;
   j["remote"] = src.remote;
   j["bytes_fetched"] = src.bytes_fetched;
@@ -234,7 +225,7 @@ plan::ModelSource preset_source(const std::string& name) {
   shards.push_back(io::SafetensorsFile::parse_header(h.safetensors_header, data_start, data_start + h.bytes, label));
   plan::ModelSource m;
   m.ckpt = io::Checkpoint::from_parts(label, io::Config(nlohmann::json::parse(h.config.dump()), label + " config.json"), nullptr,
-                                      std::move(shards));
+                                      std::move(shards), models::checkpoint_rules());
   m.location = label;
   m.suggested_dir = "./" + name;  // where `spool synth --preset NAME -o ./NAME` writes it
   return m;
@@ -314,7 +305,7 @@ void run(const PlanOptions& o) {
     gpu->name = info.name;
     gpu->vram_total = info.total_bytes;
     if (!g.fits) p.notes.push_back("the dense weights, KV/state and workspace do not fit the VRAM budget: run with --device cpu, or a smaller --ctx-size");
-    else if (!g.experts_in_vram && p.runnable && !p.command.empty())
+    else if (!g.experts_in_vram && !p.command.empty())
       p.notes.push_back("the routed experts stay in host memory: VRAM slots keep the most recently used ones, each miss is "
                         "copied to the GPU when used from the pinned RAM tier (the streaming cache: every expert when they fit "
                         "in the memory left; --no-stream: the pageable mapping)");

@@ -10,6 +10,7 @@
 #include "experts/calibrate.h"
 #include "experts/repack.h"
 #include "models/spec.h"
+#include "models/family.h"
 
 namespace spool::cli {
 
@@ -21,7 +22,7 @@ struct RepackOptions {
 };
 
 void run(const RepackOptions& o) {
-  io::Checkpoint ck = io::Checkpoint::open(o.model.dir());
+  io::Checkpoint ck = models::open_checkpoint(o.model.dir());
   models::ModelSpec spec = models::build_spec(ck);
   auto perm = experts::read_perm_file(o.perm, spec.n_layers, spec.moe.n_experts);
   const double t0 = now_seconds();

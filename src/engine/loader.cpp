@@ -24,12 +24,20 @@
 #include "ops/cuda/cuda_backend.h"
 #endif
 #include "plan/source.h"
+#include "models/family.h"
 
 namespace spool::engine {
 
 namespace {
 
 constexpr uint64_t kGiB = 1ull << 30;
+
+// Which layers have a routed-expert FFN ([n_layers]), as the expert stores take them.
+std::vector<bool> moe_layer_mask(const models::ModelSpec& spec) {
+  std::vector<bool> m(spec.n_layers);
+  for (int i = 0; i < spec.n_layers; ++i) m[i] = spec.ffns[i] == models::FfnKind::kMoE;
+  return m;
+}
 
 }  // namespace
 
@@ -304,7 +312,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
-  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opt.model_dir));
+  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(opt.model_dir));
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
                                   [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
@@ -465,8 +473,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     so.top_k = spec.moe.top_k;
     if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
     if (pinned_tier) so.pin_with = backend.get();
-    std::vector<bool> moe_layers(spec.n_layers);
-    for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+    const std::vector<bool> moe_layers = moe_layer_mask(spec);
     l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
                                                               spec.moe.intermediate, so);
     l.memory.cache_budget = l.streaming->cache_budget();
@@ -499,8 +506,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
            format_bytes(g.dense).c_str(), opt.parallel, (long long)opt.ctx_size, format_bytes(g.state).c_str(),
            format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), l.device.c_str());
     if (g.experts_in_vram) {
-      std::vector<bool> moe_layers(spec.n_layers);
-      for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+      const std::vector<bool> moe_layers = moe_layer_mask(spec);
       auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts);
       log_info("%s", dev->describe().c_str());
       l.model->set_expert_provider(dev);
@@ -514,8 +520,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       // provider (the mapping, or the streaming cache: RAM tier, then disk), or a static share.
       const uint64_t left = l.vram_budget - cuda->uploaded_bytes() - g.state - g.workspace;
       const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
-      std::vector<bool> moe_layers(spec.n_layers);
-      for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+      const std::vector<bool> moe_layers = moe_layer_mask(spec);
       if (static_experts) {
         // --pin-file (spool calibrate's hot experts, hottest first) chooses the experts the VRAM share holds.
         auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left, hot);
@@ -548,8 +553,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     // Tests: the slot tier over host memory on a CPU run (the same code as a GPU run's VRAM tier).
     if (l.device != "cpu") throw UsageError("--host-expert-slots is for CPU runs (a GPU run sizes its slots from --vram-budget-gb)");
     if (experts == 0) fail("%s: --host-expert-slots was given but the model has no routed experts", opt.model_dir.c_str());
-    std::vector<bool> moe_layers(spec.n_layers);
-    for (int i = 0; i < spec.n_layers; ++i) moe_layers[i] = spec.ffns[i] == models::FfnKind::kMoE;
+    const std::vector<bool> moe_layers = moe_layer_mask(spec);
     auto src = l.model->shared_expert_provider();
     const uint64_t slot = models::DeviceExpertCache::slot_bytes_for(*src, moe_layers);
     const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;

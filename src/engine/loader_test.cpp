@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "models/family.h"
 #include "../../tests/support/golden.h"
 #include "engine/loader.h"
 #include "io/checkpoint.h"
@@ -24,7 +25,7 @@ class FallbackBackend : public ops::CpuBackend {
 };
 
 models::ModelSpec fixture_spec(const std::string& family) {
-  const io::Checkpoint ckpt = io::Checkpoint::open(spool::testing::data_dir() + "/models/" + family);
+  const io::Checkpoint ckpt = models::open_checkpoint(spool::testing::data_dir() + "/models/" + family);
   return models::build_spec(ckpt);
 }
 

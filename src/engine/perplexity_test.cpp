@@ -19,6 +19,7 @@
 #include "quant/convert.h"
 #include "quant/recipe.h"
 #include "tokenizer/tokenizer.h"
+#include "models/family.h"
 
 namespace spool::engine {
 namespace {
@@ -33,7 +34,7 @@ struct Fixture {
 
 Fixture load() {
   Fixture f;
-  f.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  f.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   f.pool = std::make_unique<ops::ThreadPool>(2);
   f.model = models::load_model(f.ckpt, f.pool.get());
   auto tok = tokenizer::Tokenizer::load(SPOOL_DEFAULT_MODEL_DIR);
@@ -243,10 +244,11 @@ std::unique_ptr<Converted> convert_demo(const std::string& name, ops::ThreadPool
   quant::ConvertOptions o;
   o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.out_dir = c->dir;
+  o.rules = &models::checkpoint_rules();
   o.recipe = quant::recipe(name);
   o.threads = 2;
   quant::convert(o, nullptr);
-  c->ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(c->dir));
+  c->ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(c->dir));
   c->model = models::load_model(c->ckpt, pool);
   return c;
 }
@@ -268,7 +270,7 @@ std::string type_name(const nlohmann::json& bits) { return bits.is_string() ? bi
 // matrix width): the block records 64 or 32 for the expert down_proj, whose width is 32.
 TEST(QuantRecipes, ParametersMatchTheReference) {
   const nlohmann::json ref = quant_reference();
-  io::Checkpoint ck = io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, {.map = false});
+  io::Checkpoint ck = models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR, {.map = false});
   size_t recipes_in_ref = 0;
   for (auto& [k, v] : ref.items()) recipes_in_ref += v.is_object() && v.contains("recipe");
   EXPECT_EQ(quant::recipe_names().size(), recipes_in_ref) << "recipes with a reference vs spool's recipes";

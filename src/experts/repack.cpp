@@ -28,7 +28,7 @@ void repack(const io::Checkpoint& in, const std::vector<std::vector<int>>& perm,
     const std::string out_path = out_dir + "/" + fs::path(sh.path()).filename().string();
     io::SafetensorsWriter w(out_path, specs, sh.metadata());
     for (const auto& t : sh.tensors()) {
-      const std::string n = io::normalize_tensor_name(t.name);
+      const std::string n = in.normalized_name(t.name);  // the family's renames too (Mixtral w1/w3/w2)
       const uint8_t* src = sh.data(t);
       if (std::optional<io::ExpertName> en = io::parse_expert_name(n)) {
         const auto& pm = layer_perm(en->layer);

@@ -13,12 +13,13 @@
 #include "common/error.h"
 #include "experts/calibrate.h"
 #include "models/model.h"
+#include "models/family.h"
 
 namespace spool::experts {
 namespace {
 
 std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& ids) {
-  auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ck = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   ops::ThreadPool pool(2);
   auto m = models::load_model(ck, &pool);
   models::State st = m->new_state();
@@ -31,7 +32,7 @@ class Repack : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Repack, PermutedCheckpointGivesIdenticalLogits) {
   const std::string src = GetParam() == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : spool::testing::data_dir() + "/models/" + GetParam();
-  io::Checkpoint ck = io::Checkpoint::open(src);
+  io::Checkpoint ck = models::open_checkpoint(src);
   const int L = static_cast<int>(ck.config().get_int("num_hidden_layers"));
   const int E = static_cast<int>(ck.config().has("num_experts") ? ck.config().get_int("num_experts") : ck.config().get_int("num_local_experts"));
   std::mt19937 rng(7);
@@ -43,7 +44,7 @@ TEST_P(Repack, PermutedCheckpointGivesIdenticalLogits) {
   const std::string out = ::testing::TempDir() + "/repack_" + GetParam();
   std::filesystem::remove_all(out);
   repack(ck, perm, out, nullptr);
-  io::Checkpoint rp = io::Checkpoint::open(out);
+  io::Checkpoint rp = models::open_checkpoint(out);
   // Expert e of the output is expert perm[e] of the input.
   for (int l = 0; l < L; ++l) {
     if (!rp.has_expert(l, 0, io::ExpertProj::kGate)) continue;

@@ -13,6 +13,7 @@
 #include "../../tests/support/golden.h"
 #include "common/error.h"
 #include "models/model.h"
+#include "models/family.h"
 
 namespace spool::experts {
 namespace {
@@ -29,7 +30,7 @@ struct Bench {
 
 Bench load(const std::string& dir) {
   Bench s;
-  s.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  s.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   s.pool = std::make_unique<ops::ThreadPool>(2);
   s.model = models::load_model(s.ckpt, s.pool.get());
   for (auto f : s.model->spec().ffns) s.moe_layers.push_back(f == models::FfnKind::kMoE);

@@ -24,41 +24,9 @@ uint64_t expert_key(int layer, int expert, ExpertProj proj, ExpertPart part) {
          static_cast<uint64_t>(part);
 }
 
-// gpt-oss expert tensors (HF GptOssExperts; architectures-2 §4.2): `layers.{L}.mlp.experts.`
-// followed by gate_up_proj / down_proj (float, [E, in, out]) or their _blocks / _scales (MXFP4,
-// [E, out, in/32, 16] and [E, out, in/32]). Sets *gate_up, *part (kWeight, kMxBlocks, kMxScales)
-// and *layer; false for any other name.
-bool parse_gpt_oss_expert(std::string_view n, int* layer, bool* gate_up, ExpertPart* part) {
-  if (!n.starts_with("layers.")) return false;
-  n.remove_prefix(7);
-  const size_t dot = n.find('.');
-  if (dot == std::string_view::npos || dot == 0 || dot > 7) return false;
-  int l = 0;
-  for (size_t i = 0; i < dot; ++i) {
-    if (n[i] < '0' || n[i] > '9') return false;
-    l = l * 10 + (n[i] - '0');
-  }
-  n.remove_prefix(dot + 1);
-  if (!n.starts_with("mlp.experts.")) return false;
-  n.remove_prefix(12);
-  *layer = l;
-  for (const char* base : {"gate_up_proj", "down_proj"}) {
-    const std::string_view b(base);
-    if (!n.starts_with(b)) continue;
-    const std::string_view rest = n.substr(b.size());
-    *gate_up = b[0] == 'g';
-    if (rest.empty()) *part = ExpertPart::kWeight;
-    else if (rest == "_blocks") *part = ExpertPart::kMxBlocks;
-    else if (rest == "_scales") *part = ExpertPart::kMxScales;
-    else return false;
-    return true;
-  }
-  return false;
-}
-
 // The dtype a tensor must have: quantized parts have fixed types, other tensors are floats.
 bool dtype_allowed(std::string_view name, DType t) {
-  // gpt-oss MXFP4: fused as released, or per expert as spool convert writes them.
+  // MXFP4 (ExpertPart kMxBlocks / kMxScales): fused as released, or per expert as spool convert writes them.
   if (name.ends_with("_proj_blocks") || name.ends_with("_proj_scales") || name.ends_with(".blocks") || name.ends_with(".e8m0_scales"))
     return t == DType::U8;
   if (name.ends_with(".qweight")) return t == DType::U8;
@@ -133,53 +101,13 @@ void Checkpoint::add_fused(const TensorRef& t, const ExpertName& n, const std::s
   expert_layout_ = ExpertLayout::kFused;
 }
 
-// gpt-oss experts, per expert e of a fused [E, ...] tensor:
-//  * MXFP4 `*_blocks` [E, R, G, 16] / `*_scales` [E, R, G] (R = output rows, G = in/32): expert
-//    e's bytes are one contiguous range of each; exposed as parts kMxBlocks [R, G, 16] and
-//    kMxScales [R, G] of projection gate (gate_up, rows interleaved) or down. No copy.
-//  * float `gate_up_proj` [E, H, 2I] / `down_proj` [E, I, H] ([in, out], x @ W): transposed to
-//    [out, in] per expert into an in-memory shard (write_transposed); gate_up keeps its
-//    interleaved row order.
-void Checkpoint::add_gpt_oss_expert(const TensorRef& t, int layer, bool gate_up, ExpertPart part, const std::string& file,
-                                    const std::string& original, std::vector<Transposed>* transposed) {
-  const size_t want = part == ExpertPart::kMxBlocks ? 4 : 3;
-  if (t.shape.size() != want)
-    fail("%s: gpt-oss expert tensor '%s' must be %zu-D, got %s", file.c_str(), original.c_str(), want, t.shape_str().c_str());
-  if (part == ExpertPart::kMxBlocks && t.shape[3] != 16)
-    fail("%s: MXFP4 blocks '%s' must have 16 bytes per block (last dimension), got %s", file.c_str(), original.c_str(),
-         t.shape_str().c_str());
-  const int64_t E = t.shape[0];
-  if (E <= 0 || t.nbytes % static_cast<uint64_t>(E) != 0)
-    fail("%s: gpt-oss expert tensor '%s' has shape %s", file.c_str(), original.c_str(), t.shape_str().c_str());
-  const uint64_t per = t.nbytes / static_cast<uint64_t>(E);
-  const ExpertProj proj = gate_up ? ExpertProj::kGate : ExpertProj::kDown;
-  for (int64_t e = 0; e < E; ++e) {
-    TensorRef x = t;
-    x.shape.assign(t.shape.begin() + 1, t.shape.end());
-    if (part == ExpertPart::kWeight) std::swap(x.shape[0], x.shape[1]);  // [in, out] -> [out, in]
-    x.nbytes = per;
-    x.offset = t.offset + e * per;
-    x.data = t.data ? t.data + e * per : nullptr;
-    x.expert_layer = layer;
-    x.expert_id = static_cast<int>(e);
-    x.expert_proj = proj;
-    x.expert_part = part;
-    x.name = expert_tensor_name(layer, static_cast<int>(e), proj, part);
-    if (part == ExpertPart::kWeight && t.data != nullptr)
-      transposed->push_back({tensors_.size(), t.data + e * per, t.shape[1], t.shape[2], dtype_size(t.dtype)});
-    add(std::move(x));
-  }
-  expert_layout_ = ExpertLayout::kFused;
-}
-
-// The transposed float experts of a gpt-oss checkpoint: one anonymous in-memory file, mapped
-// like a shard (streaming reads it with pread like any shard).
+// The matrices a family's reader stored [in, out] (TensorSink::add_transposed): one anonymous
+// in-memory file, mapped like a shard (streaming reads it with pread like any shard).
 void Checkpoint::write_transposed(const std::vector<Transposed>& items) {
   uint64_t total = 0;
   for (const Transposed& it : items) total += static_cast<uint64_t>(it.in * it.out) * it.elem;
-  log_info("%s: gpt-oss float experts are stored [in, out]: %s transposed into memory (the released MXFP4 experts are read "
-           "in place)", dir_.c_str(), format_bytes(total).c_str());
-  const int fd = memfd_create("spool-gpt-oss-experts", MFD_CLOEXEC);
+  log_info("%s: float experts are stored [in, out]: %s transposed into memory", dir_.c_str(), format_bytes(total).c_str());
+  const int fd = memfd_create("spool-transposed-experts", MFD_CLOEXEC);
   if (fd < 0) fail("%s: memfd_create failed (%s)", dir_.c_str(), std::strerror(errno));
   uint64_t at = 0;
   std::vector<uint8_t> buf;
@@ -230,17 +158,17 @@ namespace {
 // config.json's quantization: spool's own block (quant_method "spool", format_version 1,
 // rotation "hadamard" or "none") is fine and says whether sign vectors are required; another
 // engine's `quantization_config` (FP8, GPTQ, AWQ, ...) is named, not half-loaded.
-std::optional<bool> check_quantization(const Config& raw, const std::string& label) {
+// `native` is the quant_method the family reads natively (TensorNameRules::native_quant_method).
+std::optional<bool> check_quantization(const Config& raw, const std::string& label, const std::string& native) {
   const nlohmann::json& j = raw.json();
   auto str = [](const nlohmann::json& o, const char* k) {
     return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
   };
   if (j.contains("quantization_config")) {
     const std::string m = str(j["quantization_config"], "quant_method");
-    // gpt-oss's released MXFP4 experts are read natively (Checkpoint::add_gpt_oss_expert); a
+    // A family's native format (gpt-oss's released MXFP4 experts, read by its TensorReader); a
     // spool quantization block may follow (spool convert keeps MXFP4 experts as they are).
-    const bool mxfp4 = m == "mxfp4" && str(j, "model_type") == "gpt_oss";
-    if (!mxfp4)
+    if (native.empty() || m != native)
       fail("%s: quantization_config (quant_method '%s') is not supported; use the F32/F16/BF16 checkpoint (spool convert "
            "quantizes it)", label.c_str(), m.empty() ? "unknown" : m.c_str());
   }
@@ -259,16 +187,26 @@ std::optional<bool> check_quantization(const Config& raw, const std::string& lab
 }
 }  // namespace
 
-Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
-  if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0 && !fs::is_directory(dir)) return open_gguf(dir, opt);
+namespace {
+// The family rules of a checkpoint's model_type (text model_type first, then the top level).
+const TensorNameRules* rules_of(const RulesResolver& rules, const std::string& model_type, const std::string& top) {
+  if (rules.by_model_type == nullptr) return nullptr;
+  const TensorNameRules* r = rules.by_model_type(model_type);
+  return r != nullptr ? r : rules.by_model_type(top);
+}
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& dir, const RulesResolver& rules, Options opt) {
+  if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0 && !fs::is_directory(dir)) return open_gguf(dir, rules, opt);
   Checkpoint c;
   c.dir_ = dir;
   if (!fs::is_directory(dir)) fail("%s: model directory does not exist", dir.c_str());
   c.raw_config_ = Config::load_file(dir + "/config.json");
-  c.quant_rotated_ = check_quantization(c.raw_config_, dir + "/config.json");
   c.top_model_type_ = c.raw_config_.get_string("model_type", "");
   c.config_ = text_config_of(c.raw_config_, dir + "/config.json");
   c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
+  const TensorNameRules* fr = rules_of(rules, c.model_type_, c.top_model_type_);
+  c.quant_rotated_ = check_quantization(c.raw_config_, dir + "/config.json", fr ? fr->native_quant_method : std::string());
   if (fs::exists(dir + "/generation_config.json"))
     c.generation_ = parse_generation_config(Config::load_file(dir + "/generation_config.json"));
 
@@ -304,44 +242,65 @@ Checkpoint Checkpoint::open(const std::string& dir, Options opt) {
 
   std::vector<SafetensorsFile> shards;
   for (const auto& path : files) shards.push_back(SafetensorsFile::open(path, opt.map));
-  c.index_shards(std::move(shards));
+  c.index_shards(std::move(shards), fr);
   return c;
 }
 
 Checkpoint Checkpoint::from_parts(const std::string& label, const Config& raw_config, const Config* generation_config,
-                                  std::vector<SafetensorsFile> shards) {
+                                  std::vector<SafetensorsFile> shards, const RulesResolver& rules) {
   Checkpoint c;
   c.dir_ = label;
   c.raw_config_ = raw_config;
-  c.quant_rotated_ = check_quantization(c.raw_config_, raw_config.source());
   c.top_model_type_ = c.raw_config_.get_string("model_type", "");
   c.config_ = text_config_of(c.raw_config_, raw_config.source());
   c.model_type_ = c.config_.get_string("model_type", c.top_model_type_);
+  const TensorNameRules* fr = rules_of(rules, c.model_type_, c.top_model_type_);
+  c.quant_rotated_ = check_quantization(c.raw_config_, raw_config.source(), fr ? fr->native_quant_method : std::string());
   if (generation_config != nullptr) c.generation_ = parse_generation_config(*generation_config);
   if (shards.empty()) fail("%s: no safetensors shards given", label.c_str());
-  c.index_shards(std::move(shards));
+  c.index_shards(std::move(shards), fr);
   return c;
 }
 
-void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
+// The TensorSink of index_shards: a family reader's tensors go into the table, its transposed
+// matrices into the list written to memory at the end.
+class Checkpoint::Sink final : public TensorSink {
+ public:
+  Sink(Checkpoint& c, std::vector<Transposed>& transposed) : c_(c), transposed_(transposed) {}
+  void add(TensorRef t) override { c_.add(std::move(t)); }
+  void add_transposed(TensorRef t, const uint8_t* src, int64_t in, int64_t out) override {
+    const uint64_t elem = dtype_size(t.dtype);
+    if (src != nullptr) transposed_.push_back({c_.tensors_.size(), src, in, out, elem});
+    c_.add(std::move(t));
+  }
+  void set_fused_experts() override { c_.expert_layout_ = ExpertLayout::kFused; }
+
+ private:
+  Checkpoint& c_;
+  std::vector<Transposed>& transposed_;
+};
+
+void Checkpoint::index_shards(std::vector<SafetensorsFile> shards, const TensorNameRules* rules) {
   Checkpoint& c = *this;
   c.shards_ = std::move(shards);
-  const bool gpt_oss = c.model_type_ == "gpt_oss";
-  std::vector<Transposed> transposed;  // gpt-oss float experts, written to memory below
+  c.name_rules_ = rules;
+  const TensorReader reader = rules ? rules->reader : TensorReader{};
+  auto family_name = [&](std::string_view stored, bool* squeeze) { return c.normalized_name(stored, squeeze); };
+  std::vector<Transposed> transposed;  // a family reader's [in, out] matrices, written to memory below
+  Sink sink(c, transposed);
   // One TensorRef per tensor (a fused expert tensor [E, ...] becomes 2E or E): reserved up
   // front, so the table has no growth slack and index_ is built once.
   size_t n = 0;
   for (const SafetensorsFile& sf : c.shards_)
     for (const TensorInfo& ti : sf.tensors()) {
-      const std::string name = normalize_tensor_name(ti.name);
+      bool squeeze = false;
+      const std::string name = family_name(ti.name, &squeeze);
       if (name.empty()) continue;  // dropped
-      int gl = 0;
-      bool gu = false;
-      ExpertPart gp = ExpertPart::kWeight;
-      if (gpt_oss && !ti.shape.empty() && parse_gpt_oss_expert(name, &gl, &gu, &gp)) {  // one per expert
-        n += static_cast<size_t>(std::max<int64_t>(ti.shape[0], 0));
-        continue;
-      }
+      if (reader.count != nullptr)
+        if (const size_t k = reader.count(name, ti.shape); k > 0) {
+          n += k;
+          continue;
+        }
       const std::optional<ExpertName> en = ti.shape.size() == 3 ? parse_expert_name(name) : std::nullopt;
       n += en && en->fused ? static_cast<size_t>(ti.shape[0]) * (en->proj == ExpertProj::kGate ? 2 : 1) : 1;
     }
@@ -351,7 +310,8 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
   for (int s = 0; s < static_cast<int>(c.shards_.size()); ++s) {
     SafetensorsFile& sf = c.shards_[s];
     for (const TensorInfo& ti : sf.tensors()) {
-      std::string name = normalize_tensor_name(ti.name);
+      bool squeeze = false;
+      std::string name = family_name(ti.name, &squeeze);
       if (name.empty()) {
         ++c.dropped_;
         continue;
@@ -366,14 +326,10 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
       t.offset = ti.offset;
       t.nbytes = ti.nbytes;
       t.data = sf.mapping() ? sf.mapping() + ti.offset : nullptr;
-      if (gpt_oss) {
-        int layer = 0;
-        bool gate_up = false;
-        ExpertPart part = ExpertPart::kWeight;
-        if (parse_gpt_oss_expert(name, &layer, &gate_up, &part)) {
-          c.add_gpt_oss_expert(t, layer, gate_up, part, sf.path(), ti.name, &transposed);
-          continue;
-        }
+      if (squeeze && t.shape.size() == 2 && t.shape[0] == 1) t.shape.erase(t.shape.begin());
+      if (reader.read != nullptr) {
+        t.name = name;
+        if (reader.read(t, sf.path(), ti.name, sink)) continue;
       }
       if (std::optional<ExpertName> en = parse_expert_name(name)) {
         if (en->fused) {
@@ -390,14 +346,7 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
         if (t.shape.size() != want_dims)
           fail("%s: expert tensor '%s' must be %zu-D, got %s", sf.path().c_str(), ti.name.c_str(), want_dims, t.shape_str().c_str());
         if (c.expert_layout_ == ExpertLayout::kNone) c.expert_layout_ = ExpertLayout::kPerExpert;
-        name = expert_tensor_name(en->layer, en->expert, en->proj, en->part);  // Mixtral w1/w3/w2 -> gate/up/down
-      } else if (std::optional<int> router = parse_router_name(name); router && name.find("block_sparse_moe") != std::string::npos) {
-        name = strfmt(name.ends_with(".e_score_correction_bias") ? "layers.%d.mlp.gate.e_score_correction_bias" : "layers.%d.mlp.gate.weight",
-                      *router);  // MiniMax-M2 keeps its router bias beside the gate
-      } else if (router && name.ends_with(".mlp.moe_statics.e_score_correction_bias")) {
-        // ERNIE-4.5 keeps it as [1, E] in mlp.moe_statics (HF renames it to gate.moe_statics.* on load).
-        name = strfmt("layers.%d.mlp.gate.e_score_correction_bias", *router);
-        if (t.shape.size() == 2 && t.shape[0] == 1) t.shape.erase(t.shape.begin());
+        name = expert_tensor_name(en->layer, en->expert, en->proj, en->part);
       }
       t.name = std::move(name);
       c.add(std::move(t));
@@ -405,6 +354,17 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards) {
     sf.drop_tensor_table();  // tensors_ holds all of it now
   }
   if (!transposed.empty()) c.write_transposed(transposed);
+}
+
+std::string Checkpoint::normalized_name(std::string_view stored, bool* squeeze) const {
+  std::string name = normalize_tensor_name(stored);
+  bool sq = false;
+  if (!name.empty() && name_rules_ != nullptr && !name_rules_->renames.empty()) {
+    std::string renamed = apply_renames(name_rules_->renames, name, &sq);
+    if (!renamed.empty()) name = std::move(renamed);
+  }
+  if (squeeze != nullptr) *squeeze = sq;
+  return name;
 }
 
 const TensorRef* Checkpoint::find(std::string_view name) const {

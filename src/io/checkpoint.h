@@ -4,17 +4,14 @@
 //
 // Name normalisation: the text-model prefixes "model.language_model.", "language_model.model.",
 // "model." are stripped ("lm_head.weight" stays); "model.visual.*", "visual.*" and "mtp.*" are
-// dropped. Routed experts always appear as
+// dropped; then the family's renames apply (io::TensorNameRules, found through the
+// RulesResolver the caller passes: models::checkpoint_rules()). Routed experts always appear as
 //   layers.{L}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.weight   [out, in]
 // whatever the file layout: per-expert tensors keep their names; the fused layout
 // (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]) is split
-// into per-expert byte ranges of the same file (no copy); Mixtral's
-// block_sparse_moe.experts.{e}.{w1,w3,w2} map to gate/up/down and block_sparse_moe.gate to mlp.gate;
-// MiniMax-M2's block_sparse_moe.e_score_correction_bias becomes mlp.gate.e_score_correction_bias.
-// gpt-oss (model_type gpt_oss) stores gate_up fused with interleaved rows and no separate up:
-// its experts expose `gate_proj` = the whole gate_up [2I, H] and `down_proj`; MXFP4
-// (`*_blocks` + `*_scales`, quantization_config quant_method "mxfp4") as parts kMxBlocks and
-// kMxScales of the same bytes, float ([E, in, out]) transposed into an in-memory shard.
+// into per-expert byte ranges of the same file (no copy); a family's TensorReader takes the
+// layouts only it stores (gpt-oss's interleaved gate_up, MXFP4 blocks, [E, in, out] floats
+// transposed into an in-memory shard: models/gpt_oss.cpp).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +24,7 @@
 
 #include "common/ggml_types.h"
 #include "io/config.h"
+#include "io/family_rules.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
@@ -70,30 +68,31 @@ class Checkpoint {
     bool map = true;  // mmap shards (false: headers only, e.g. for planning)
   };
   /// Opens `dir`, or a GGUF file (a path ending in .gguf, single or one shard of a split set:
-  /// see open_gguf). Throws spool::Error for: missing config.json, malformed JSON, missing shard,
-  /// invalid safetensors header, a tensor dtype other than F32/F16/BF16, duplicate names.
-  static Checkpoint open(const std::string& dir, Options opt);
-  /// Opens a GGUF file (io/gguf.h) of a supported architecture (io/gguf_names.h) as a
+  /// see open_gguf), with the family rules `rules` finds for its model_type or architecture.
+  /// Throws spool::Error for: missing config.json, malformed JSON, missing shard, invalid
+  /// safetensors header, a tensor dtype other than F32/F16/BF16, duplicate names.
+  static Checkpoint open(const std::string& dir, const RulesResolver& rules, Options opt);
+  static Checkpoint open(const std::string& dir, const RulesResolver& rules) { return open(dir, rules, Options{}); }
+  /// Opens a GGUF file (io/gguf.h) of an architecture `rules` knows (io::GgufArch) as a
   /// checkpoint with HF names: config from the `{arch}.*` metadata, llama.cpp's converter
   /// transforms undone (norms stored as 1 + w, A = -exp(A_log), Qwen3.5's tiled V heads; small
   /// converted tensors live in an anonymous in-memory shard), merged expert tensors exposed as
   /// per-expert byte ranges of the file, block-quantized matrices (the token embedding included:
-  /// it is read and dequantized by row) kept in their ggml type; gpt-oss's ffn_gate_exps /
-  /// ffn_up_exps (split out of the interleaved gate_up by llama.cpp's converter) re-interleaved
+  /// it is read and dequantized by row) kept in their ggml type; a split_gate_up arch's
+  /// ffn_gate_exps / ffn_up_exps (gpt-oss: split out of the interleaved gate_up by llama.cpp's converter) re-interleaved
   /// by whole rows per expert into the in-memory shard (block types kept). Throws spool::Error
   /// naming the file and the tensor for unknown architectures, tensors or types and bad shapes.
-  static Checkpoint open_gguf(const std::string& path, Options opt);
+  static Checkpoint open_gguf(const std::string& path, const RulesResolver& rules, Options opt);
   /// A GGUF file or split set whose headers were read elsewhere (GgufFile::from_headers, e.g.
   /// over HTTP Range by the planner) as a header-only checkpoint: the names, shapes, sizes and
   /// errors of open_gguf; nothing is mapped or readable.
-  static Checkpoint from_gguf(std::shared_ptr<GgufFile> g);
-  static Checkpoint open(const std::string& dir) { return open(dir, Options{}); }
+  static Checkpoint from_gguf(std::shared_ptr<GgufFile> g, const RulesResolver& rules);
   /// Builds a checkpoint from parts already read elsewhere (e.g. headers fetched over HTTP by
   /// the planner): config.json, generation_config.json (nullptr when absent) and the shards'
   /// parsed headers (SafetensorsFile::parse_header; nothing mapped). `label` stands for the
   /// directory in errors. Same validation and name handling as open().
   static Checkpoint from_parts(const std::string& label, const Config& raw_config, const Config* generation_config,
-                               std::vector<SafetensorsFile> shards);
+                               std::vector<SafetensorsFile> shards, const RulesResolver& rules);
 
   const std::string& dir() const { return dir_; }
   /// The text model's config: `text_config` merged over the top level when present.
@@ -133,6 +132,10 @@ class Checkpoint {
   ExpertLayout expert_layout() const { return expert_layout_; }
   /// The GGUF file (headers and metadata) when opened from one; nullptr otherwise.
   const GgufFile* gguf() const { return gguf_.get(); }
+  /// A stored tensor name as this checkpoint names it: normalize_tensor_name, then the family's
+  /// renames (TensorNameRules::renames); "" for a dropped tensor. `squeeze` (optional) is set
+  /// when the matching rename drops a leading dimension of 1.
+  std::string normalized_name(std::string_view stored, bool* squeeze = nullptr) const;
   /// Number of tensors dropped by name (vision tower, MTP head).
   int dropped_tensors() const { return dropped_; }
   /// Total bytes of kept tensors, and of routed experts among them.
@@ -149,23 +152,24 @@ class Checkpoint {
   uint64_t table_bytes() const;
 
  private:
-  // Indexes the tensors of `shards` (names normalised, experts resolved); takes ownership.
-  void index_shards(std::vector<SafetensorsFile> shards);
+  class Sink;  // the TensorSink a family's TensorReader fills (checkpoint.cpp)
+  // Indexes the tensors of `shards` (names normalised, `rules` applied, experts resolved);
+  // takes ownership. `rules` may be null (generic names only).
+  void index_shards(std::vector<SafetensorsFile> shards, const TensorNameRules* rules);
   // open_gguf / from_gguf: `local` shards are opened (and mapped when `map`), remote ones are
   // header-only stand-ins.
-  static Checkpoint gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, bool map, bool local);
+  static Checkpoint gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, const RulesResolver& rules, bool map,
+                                    bool local);
   void add(TensorRef t);
   void add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original);
-  // A gpt-oss float expert matrix [in, out] at src, to be written transposed ([out, in]) for
-  // tensors_[index]; elem = bytes per element.
+  // A float matrix [in, out] at src, to be written transposed ([out, in]) for tensors_[index]
+  // (TensorSink::add_transposed); elem = bytes per element.
   struct Transposed {
     size_t index;
     const uint8_t* src;
     int64_t in, out;
     uint64_t elem;
   };
-  void add_gpt_oss_expert(const TensorRef& t, int layer, bool gate_up, ExpertPart part, const std::string& file,
-                          const std::string& original, std::vector<Transposed>* transposed);
   void write_transposed(const std::vector<Transposed>& items);
   std::string dir_;
   Config config_, raw_config_;
@@ -182,6 +186,7 @@ class Checkpoint {
   std::optional<bool> quant_rotated_;
   int dropped_ = 0;
   std::shared_ptr<GgufFile> gguf_;
+  const TensorNameRules* name_rules_ = nullptr;  // the family's (static storage), or null
   std::vector<std::vector<int32_t>> perms_;  // storage of TensorRef::col_perm
 };
 

@@ -15,6 +15,8 @@ namespace spool::io {
 namespace {
 
 const std::string kData = SPOOL_TEST_DATA_DIR;
+// No family rules: the fixtures opened here (Qwen3.5, the demo) need none.
+const RulesResolver kNoRules;
 namespace fs = std::filesystem;
 
 TEST(Checkpoint, NormalizeNames) {
@@ -37,21 +39,45 @@ TEST(TensorNames, ParseExpertAndRouterNames) {
   ASSERT_TRUE(f.has_value());
   EXPECT_TRUE(f->fused);
   EXPECT_EQ(f->proj, ExpertProj::kGate);
-  auto m = parse_expert_name("layers.0.block_sparse_moe.experts.7.w3.weight");
-  ASSERT_TRUE(m.has_value());
-  EXPECT_EQ(m->proj, ExpertProj::kUp);
+  EXPECT_FALSE(parse_expert_name("layers.0.block_sparse_moe.experts.7.w3.weight").has_value());  // a family's rename
   EXPECT_FALSE(parse_expert_name("layers.0.mlp.experts.99999999999.gate_proj.weight").has_value());
   EXPECT_FALSE(parse_expert_name("layers.0.mlp.experts.1.gate_proj.bias").has_value());
   EXPECT_FALSE(parse_expert_name("layers.x.mlp.experts.1.gate_proj.weight").has_value());
   EXPECT_FALSE(parse_expert_name("layers.0.mlp.shared_expert.gate_proj.weight").has_value());
   EXPECT_EQ(parse_router_name("layers.4.mlp.gate.weight"), 4);
-  EXPECT_EQ(parse_router_name("layers.4.block_sparse_moe.gate.weight"), 4);
+  EXPECT_FALSE(parse_router_name("layers.4.block_sparse_moe.gate.weight").has_value());
   EXPECT_FALSE(parse_router_name("layers.4.mlp.gate_proj.weight").has_value());
   EXPECT_EQ(expert_tensor_name(1, 2, ExpertProj::kUp, ExpertPart::kScales), "layers.1.mlp.experts.2.up_proj.scales");
 }
 
+// TensorRename patterns: "{L}" / "{E}" carry decimal indexes over; the first matching rule wins.
+TEST(TensorNames, RenamePatterns) {
+  const std::vector<TensorRename> rules = {
+      {"layers.{L}.block_sparse_moe.experts.{E}.w3.weight", "layers.{L}.mlp.experts.{E}.up_proj.weight"},
+      {"layers.{L}.block_sparse_moe.gate.weight", "layers.{L}.mlp.gate.weight"},
+      {"layers.{L}.mlp.moe_statics.e_score_correction_bias", "layers.{L}.mlp.gate.e_score_correction_bias", true},
+      {"layers.{L}.x.{E}", "y.{E}.{L}"},
+  };
+  bool sq = true;
+  EXPECT_EQ(apply_renames(rules, "layers.12.block_sparse_moe.experts.7.w3.weight", &sq), "layers.12.mlp.experts.7.up_proj.weight");
+  EXPECT_FALSE(sq);
+  EXPECT_EQ(apply_renames(rules, "layers.4.block_sparse_moe.gate.weight", &sq), "layers.4.mlp.gate.weight");
+  EXPECT_EQ(apply_renames(rules, "layers.0.mlp.moe_statics.e_score_correction_bias", &sq), "layers.0.mlp.gate.e_score_correction_bias");
+  EXPECT_TRUE(sq);
+  EXPECT_EQ(apply_renames(rules, "layers.3.x.15", &sq), "y.15.3");  // an index as the last segment
+  EXPECT_FALSE(sq);
+  // No match: a different segment, a leading zero, a non-number, a longer or shorter name.
+  EXPECT_EQ(apply_renames(rules, "layers.4.block_sparse_moe.gate.bias", &sq), "");
+  EXPECT_EQ(apply_renames(rules, "layers.04.block_sparse_moe.gate.weight", &sq), "");
+  EXPECT_EQ(apply_renames(rules, "layers.a.block_sparse_moe.gate.weight", &sq), "");
+  EXPECT_EQ(apply_renames(rules, "layers.4.block_sparse_moe.gate.weight.x", &sq), "");
+  EXPECT_EQ(apply_renames(rules, "layers.4.block_sparse_moe.gate", &sq), "");
+  EXPECT_EQ(apply_renames(rules, "layers.3.x.15a", &sq), "");
+  EXPECT_EQ(apply_renames(rules, "layers.3.x.", &sq), "");
+}
+
 TEST(Checkpoint, MultimodalDropsVisionAndReadsTextConfig) {
-  Checkpoint c = Checkpoint::open(kData + "/models/qwen3_5_moe_vl");
+  Checkpoint c = Checkpoint::open(kData + "/models/qwen3_5_moe_vl", kNoRules);
   EXPECT_EQ(c.model_type(), "qwen3_5_moe_text");
   EXPECT_EQ(c.top_model_type(), "qwen3_5_moe");
   EXPECT_EQ(c.config().get_int("hidden_size"), 64);
@@ -62,8 +88,8 @@ TEST(Checkpoint, MultimodalDropsVisionAndReadsTextConfig) {
 }
 
 TEST(Checkpoint, FusedExpertsMatchPerExpert) {
-  Checkpoint a = Checkpoint::open(kData + "/models/qwen3_5_moe_vl");
-  Checkpoint b = Checkpoint::open(kData + "/models/qwen3_5_moe_vl_fused");
+  Checkpoint a = Checkpoint::open(kData + "/models/qwen3_5_moe_vl", kNoRules);
+  Checkpoint b = Checkpoint::open(kData + "/models/qwen3_5_moe_vl_fused", kNoRules);
   EXPECT_EQ(b.expert_layout(), ExpertLayout::kFused);
   for (int e = 0; e < 8; ++e) {
     for (auto p : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
@@ -78,7 +104,7 @@ TEST(Checkpoint, FusedExpertsMatchPerExpert) {
 }
 
 TEST(Checkpoint, ShardedDemo) {
-  Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR);
+  Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, kNoRules);
   EXPECT_EQ(c.shards().size(), 4u);
   EXPECT_EQ(c.config().get_int("num_experts"), 64);
   EXPECT_EQ(c.expert(7, 63, ExpertProj::kDown).shape, (std::vector<int64_t>{256, 32}));
@@ -90,7 +116,7 @@ TEST(Checkpoint, ShardedDemo) {
 TEST(Checkpoint, OneTableCountedByTableBytes) {
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);  // as spool runs (cli/main.cpp)
   const size_t before = mallinfo2().uordblks + mallinfo2().hblkhd;
-  Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, {.map = false});
+  Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, kNoRules, {.map = false});
   const size_t held = mallinfo2().uordblks + mallinfo2().hblkhd - before;
   for (const auto& s : c.shards()) EXPECT_TRUE(s.tensors().empty()) << s.path();
   EXPECT_NE(c.find("layers.3.mlp.experts.5.up_proj.weight"), nullptr);
@@ -103,7 +129,7 @@ TEST(Checkpoint, OneTableCountedByTableBytes) {
 
 std::string open_error(const std::string& dir) {
   try {
-    Checkpoint::open(dir);
+    Checkpoint::open(dir, kNoRules);
   } catch (const Error& e) {
     return e.what();
   }

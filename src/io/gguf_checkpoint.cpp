@@ -52,24 +52,26 @@ struct Pending {  // a tensor whose bytes the loader produces
 
 }  // namespace
 
-Checkpoint Checkpoint::open_gguf(const std::string& path, Options opt) {
-  return gguf_checkpoint(std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false)), path, opt.map, true);
+Checkpoint Checkpoint::open_gguf(const std::string& path, const RulesResolver& rules, Options opt) {
+  return gguf_checkpoint(std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false)), path, rules, opt.map, true);
 }
 
-Checkpoint Checkpoint::from_gguf(std::shared_ptr<GgufFile> g) {
+Checkpoint Checkpoint::from_gguf(std::shared_ptr<GgufFile> g, const RulesResolver& rules) {
   const std::string label = g->path();
-  return gguf_checkpoint(std::move(g), label, false, false);
+  return gguf_checkpoint(std::move(g), label, rules, false, false);
 }
 
-Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, bool map, bool local) {
+Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, const RulesResolver& rules, bool map,
+                                       bool local) {
   Checkpoint c;
   c.dir_ = path;
   c.gguf_ = std::move(file);
   const GgufFile& g = *c.gguf_;
   const std::string arch_name = g.architecture();
-  const GgufArch* arch = find_gguf_arch(arch_name);
+  const GgufArch* arch = rules.by_gguf_arch ? rules.by_gguf_arch(arch_name) : nullptr;
   if (arch == nullptr)
-    fail("%s: GGUF architecture '%s' is not supported (supported: %s)", path.c_str(), arch_name.c_str(), gguf_arch_list().c_str());
+    fail("%s: GGUF architecture '%s' is not supported (supported: %s)", path.c_str(), arch_name.c_str(),
+         rules.gguf_arch_list ? rules.gguf_arch_list().c_str() : "none");
   const GgufArch& a = *arch;
   c.raw_config_ = Config(gguf_config_json(g, a), path + ":metadata");
   c.config_ = c.raw_config_;
@@ -98,7 +100,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
         ++c.dropped_;
         continue;
       }
-      fail("%s: tensor '%s' is not part of the %s layout spool knows", path.c_str(), gname.c_str(), a.name);
+      fail("%s: tensor '%s' is not part of the %s layout spool knows", path.c_str(), gname.c_str(), a.name.c_str());
     }
     if (m->layer >= L) {  // MTP blocks after the main stack
       ++c.dropped_;
@@ -119,26 +121,28 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     r.data = c.shards_[t.shard].mapping() ? c.shards_[t.shard].mapping() + t.offset : nullptr;
     r.shape = hf_shape(t, m->shape, path);
 
-    // gpt-oss: ffn_up_exps (weight and bias) is read with its ffn_gate_exps sibling.
+    // split_gate_up archs (gpt-oss): ffn_up_exps (weight and bias) is read with its ffn_gate_exps sibling.
     if (m->transform == GgufTransform::kWithGate) {
       const std::string gate = "blk." + std::to_string(m->layer) + ".ffn_gate_exps." + (gname.ends_with(".bias") ? "bias" : "weight");
-      if (g.find(gate) == nullptr) fail("%s: '%s' has no '%s' beside it (gpt-oss gate_up is split into gate and up)", path.c_str(), gname.c_str(), gate.c_str());
+      if (g.find(gate) == nullptr) fail("%s: '%s' has no '%s' beside it (%s gate_up is split into gate and up)", path.c_str(), gname.c_str(), gate.c_str(),
+             a.name.c_str());
       continue;
     }
-    const GgufTensor* up = nullptr;  // gpt-oss: the ffn_up_exps sibling of an ffn_gate_exps tensor
+    const GgufTensor* up = nullptr;  // split_gate_up: the ffn_up_exps sibling of an ffn_gate_exps tensor
     if (m->transform == GgufTransform::kInterleaveUp) {
       const std::string uname = "blk." + std::to_string(m->layer) + ".ffn_up_exps." + (gname.ends_with(".bias") ? "bias" : "weight");
       up = g.find(uname);
-      if (up == nullptr) fail("%s: '%s' has no '%s' beside it (gpt-oss gate_up is split into gate and up)", path.c_str(), gname.c_str(), uname.c_str());
+      if (up == nullptr) fail("%s: '%s' has no '%s' beside it (%s gate_up is split into gate and up)", path.c_str(), gname.c_str(), uname.c_str(),
+                             a.name.c_str());
       bool same = up->type == t.type && up->n_dims == t.n_dims;
       for (uint32_t d = 0; same && d < t.n_dims; ++d) same = up->ne[d] == t.ne[d];
       if (!same)
-        fail("%s: '%s' (%s, %s) and '%s' (%s, %s) differ in type or shape; gpt-oss interleaves their rows", path.c_str(), gname.c_str(),
+        fail("%s: '%s' (%s, %s) and '%s' (%s, %s) differ in type or shape; %s interleaves their rows", path.c_str(), gname.c_str(),
              tr.name ? tr.name : "?", t.shape_string().c_str(), uname.c_str(), ggml_type_traits(up->type).name ? ggml_type_traits(up->type).name : "?",
-             up->shape_string().c_str());
+             up->shape_string().c_str(), a.name.c_str());
     }
 
-    if (m->merged_experts && up != nullptr) {  // gpt-oss gate {H, I, E} + up: gate_up [2I, H] per expert, row 2i gate i, 2i + 1 up i
+    if (m->merged_experts && up != nullptr) {  // split_gate_up (gpt-oss) gate {H, I, E} + up: gate_up [2I, H] per expert, row 2i gate i, 2i + 1 up i
       if (t.n_dims != 3) fail("%s: '%s' must be 3-D {in, out, experts}, got %s", path.c_str(), gname.c_str(), t.shape_string().c_str());
       const int64_t E = t.ne[2], I = t.ne[1], C = t.ne[0];
       const uint64_t row_bytes = t.row_bytes(), slab = static_cast<uint64_t>(I) * row_bytes;
@@ -166,7 +170,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
       c.expert_layout_ = ExpertLayout::kFused;
       continue;
     }
-    if (up != nullptr) {  // gpt-oss expert biases gate {I, E} + up {I, E}: gate_up_proj_bias [E, 2I] F32, interleaved
+    if (up != nullptr) {  // split_gate_up (gpt-oss) expert biases gate {I, E} + up {I, E}: gate_up_proj_bias [E, 2I] F32, interleaved
       if (t.n_dims != 2) fail("%s: '%s' must be 2-D {rows, experts}, got %s", path.c_str(), gname.c_str(), t.shape_string().c_str());
       const int64_t E = t.ne[1], I = t.ne[0];
       r.name = m->hf_name;
@@ -267,11 +271,8 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     r.name = hf;
     // A block-typed token embedding stays in its type: the decoder reads and dequantizes it by
     // row (DecoderModel::embed), so a 248k x 2048 vocabulary is not inflated to 2 GB of F32.
-    // MLA reads kv_b_proj per head as floats (models/mla.h): a block-typed attn_kv_b becomes F32.
-    // gpt-oss's router and expert bias tables are bound as floats too.
-    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || hf.ends_with("mlp.gate.weight") ||
-                             hf.ends_with("self_attn.kv_b_proj.weight") || hf.ends_with("mlp.router.weight") ||
-                             hf.ends_with("_proj_bias");
+    // Rows marked as_float (routers, MLA's kv_b_proj read per head, bias tables) become F32 too.
+    const bool vector_like = r.shape.size() == 1 || m->shape != GgufShape::kReversed || m->as_float;
     const bool dequant = r.ggml && (vector_like || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog);
     const bool f32_out = dequant || tf == GgufTransform::kNormMinus1 || tf == GgufTransform::kALog;
     if (tf == GgufTransform::kNone && !dequant) {

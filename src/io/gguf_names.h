@@ -1,19 +1,24 @@
-// GGUF -> Hugging Face tensor names and value transforms, one table per llama.cpp architecture
-// (the GGUF notes (ggml docs/gguf.md) sections 3 and 5; llama.cpp's convert_hf_to_gguf.py and
-// gguf-py tensor_mapping.py for olmoe, llama, glm4moe, minimax-m2, gpt-oss). Kept apart from the loader so
-// that each table can move into its family's registry entry; they stay in io/ for now because
-// spool_io sits below spool_models (Checkpoint::open cannot see the family registry). A GGUF name
-// maps to the normalised HF name the model code binds (checkpoint.h), plus what the loader must do
-// to undo llama.cpp's converter. The metadata -> config.json half is io/gguf_config.h.
+// GGUF -> Hugging Face tensor names and value transforms (the GGUF notes (ggml docs/gguf.md)
+// sections 3 and 5; llama.cpp's convert_hf_to_gguf.py and gguf-py tensor_mapping.py). The
+// generic machinery: the names every architecture shares (token_embd, output, output_norm, the
+// merged ffn_*_exps experts, attn_q/k/v/output, ffn_gate_inp, dense ffn_*) and the transform
+// kinds the loader undoes. Each architecture's own rows and flags are a GgufArch that its family
+// fills (src/models/<family>.cpp, models::Family::gguf). A GGUF name maps to the normalised HF
+// name the model code binds (checkpoint.h). The metadata -> config.json half is io/gguf_config.h.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "io/tensor_names.h"
 
 namespace spool::io {
+
+class GgufMeta;
 
 /// What the loader does with a GGUF tensor to get the HF tensor back.
 enum class GgufTransform {
@@ -30,11 +35,11 @@ enum class GgufTransform {
   kKvbFromKb,   ///< deepseek2 attn_k_b {nope, kv_lora, n_head} (kv_b's K rows, transposed per head)
                 ///< with its sibling attn_v_b {kv_lora, v, n_head}: kv_b_proj [n_head * (nope + v), kv_lora], F32
   kWithKb,      ///< deepseek2 attn_v_b: consumed by kKvbFromKb (not a tensor of its own)
-  kInterleaveUp,  ///< gpt-oss ffn_gate_exps (weight {H, I, E} or bias {I, E}) with its sibling
+  kInterleaveUp,  ///< ffn_gate_exps of a GgufArch::split_gate_up arch (gpt-oss) (weight {H, I, E} or bias {I, E}) with its sibling
                   ///< ffn_up_exps: llama.cpp's GptOssModel split HF's fused gate_up rows (gate =
                   ///< even, up = odd); re-interleaved into gate_up [2I, H] per expert (whole rows:
                   ///< block types stay) / gate_up_proj_bias [E, 2I]
-  kWithGate,      ///< gpt-oss ffn_up_exps: consumed by kInterleaveUp (not a tensor of its own)
+  kWithGate,      ///< ffn_up_exps of a split_gate_up arch: consumed by kInterleaveUp (not a tensor of its own)
 };
 
 /// Which HF shape a GGUF tensor takes (GGUF ne is reversed HF order, with these exceptions).
@@ -55,28 +60,51 @@ struct GgufTensorMap {
   ExpertProj proj = ExpertProj::kGate;  ///< merged experts: which projection
   bool gate_up = false;   ///< merged experts: ffn_gate_up_exps (gate rows then up rows per expert)
   int layer = -1;         ///< blk.N, or -1
+  bool as_float = false;  ///< a block-typed tensor is dequantized to F32 (see GgufRow::as_float)
 };
 
-/// Which spool family a GGUF architecture feeds (selects its tensor table and config keys).
-enum class GgufFamily { kQwen3Moe, kQwen3Next, kQwen35Moe, kOlmoe, kMixtral, kGlm4Moe, kMinimaxM2, kDeepseek2, kGptOss };
+/// One GGUF per-layer tensor row: suffix after "blk.N." -> HF suffix after "layers.N.".
+struct GgufRow {
+  std::string gguf;
+  std::string hf;
+  GgufTransform transform = GgufTransform::kNone;
+  GgufShape shape = GgufShape::kReversed;
+  int v_block = 0;          ///< 0: none; -1: d_v (filled by the loader); 1: one element per head
+  bool v_after_qk = false;  ///< kVRows: the first 2 * n_k * d_k rows are not V rows
+  /// Bound as floats by the model code (routers, MLA's kv_b_proj read per head, bias tables):
+  /// a block-typed tensor is dequantized to F32 on load.
+  bool as_float = false;
+};
 
-/// A supported GGUF architecture: its general.architecture string, the HF model_type the
-/// loader reports, and the converter conventions to undo.
+/// A llama.cpp architecture a family loads from GGUF, and the converter conventions to undo.
 struct GgufArch {
-  const char* name;        ///< "qwen3moe", "qwen3next", "qwen35moe", "olmoe", "llama", "glm4moe", "minimax-m2", "deepseek2", "gpt-oss"
-  /// "qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2", "gpt_oss",
-  /// "deepseek_v3" (the config reader says deepseek_v2 for a softmax router: gguf_config_json's model_type wins)
-  const char* model_type;
-  GgufFamily family;
-  bool hybrid;             ///< Gated DeltaNet layers, (1 + w) norms, shared expert
-  bool v_tiled;            ///< V heads stored in llama.cpp's tiled order (qwen35*)
+  /// general.architecture ("qwen3moe", "llama", "gpt-oss", ...).
+  std::string name;
+  /// HF model_type written into the config (the config hook may change it, e.g. deepseek2's
+  /// deepseek_v2 / deepseek_v3 by its router).
+  std::string model_type;
+  /// Gated DeltaNet layers: (1 + w) norms (output_norm too), the ssm.* keys and layer_types
+  /// (io/gguf_config.cpp), default partial rotary factor 0.25.
+  bool hybrid = false;
+  /// V heads stored in llama.cpp's tiled order (qwen35*).
+  bool v_tiled = false;
+  /// attention.key_length / value_length describe MLA's latent: no head_dim is derived from them.
+  bool mla = false;
+  /// The converter split HF's row-interleaved gate_up (gate = even rows, up = odd) into
+  /// ffn_gate_exps / ffn_up_exps: the loader re-interleaves them (GgufTransform::kInterleaveUp).
+  bool split_gate_up = false;
+  /// The config hook reads {arch}.rope.scaling.* itself; otherwise a scaling other than "none"
+  /// is an error.
+  bool reads_rope_scaling = false;
+  /// partial_rotary_factor when rope.dimension_count is absent.
+  double partial_rotary_default = 1.0;
+  /// Per-layer rows, searched before the common rows (attn_q/k/v/output, ffn_gate_inp, dense
+  /// ffn_gate/up/down) so that they can override them.
+  std::vector<GgufRow> rows;
+  /// Writes the family's part of config.json (MoE fields, rope scaling, layer kinds) into `j`
+  /// after the generic fields (io/gguf_config.h). Throws spool::Error naming the file and key.
+  void (*config)(const GgufMeta& m, nlohmann::json& j) = nullptr;
 };
-
-/// The architecture named `arch`, or nullptr if spool does not load it.
-const GgufArch* find_gguf_arch(std::string_view arch);
-
-/// Comma-separated list of supported architecture strings (for error messages).
-std::string gguf_arch_list();
 
 /// Maps one GGUF tensor name of architecture `a`; nullopt for a tensor spool does not use (MTP
 /// blocks `blk.N.nextn.*` and tensors of layers >= `n_layers` are skipped by the caller; an

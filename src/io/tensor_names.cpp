@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "common/error.h"
+#include "io/family_rules.h"
 
 namespace spool::io {
 
@@ -44,15 +45,6 @@ bool parse_part(std::string_view s, ExpertPart* part) {
 std::optional<ExpertName> parse_expert_name(std::string_view s) {
   ExpertName n;
   if (!eat(s, "layers.") || !eat_index(s, &n.layer)) return std::nullopt;
-  if (eat(s, "block_sparse_moe.experts.")) {
-    n.mixtral = true;
-    if (!eat_index(s, &n.expert)) return std::nullopt;
-    if (s == "w1.weight") n.proj = ExpertProj::kGate;
-    else if (s == "w3.weight") n.proj = ExpertProj::kUp;
-    else if (s == "w2.weight") n.proj = ExpertProj::kDown;
-    else return std::nullopt;
-    return n;
-  }
   if (!eat(s, "mlp.experts.")) return std::nullopt;
   if (s == "gate_up_proj" || s == "gate_up_proj.weight" || s == "down_proj" || s == "down_proj.weight") {
     n.fused = true;
@@ -71,10 +63,55 @@ std::optional<ExpertName> parse_expert_name(std::string_view s) {
 std::optional<int> parse_router_name(std::string_view s) {
   int layer = 0;
   if (!eat(s, "layers.") || !eat_index(s, &layer)) return std::nullopt;
-  if (s == "mlp.gate.weight" || s == "mlp.gate.e_score_correction_bias" || s == "block_sparse_moe.gate.weight" ||
-      s == "block_sparse_moe.e_score_correction_bias" || s == "mlp.moe_statics.e_score_correction_bias")
-    return layer;
+  if (s == "mlp.gate.weight" || s == "mlp.gate.e_score_correction_bias") return layer;
   return std::nullopt;
+}
+
+std::string apply_renames(const std::vector<TensorRename>& rules, std::string_view name, bool* squeeze) {
+  *squeeze = false;
+  for (const TensorRename& r : rules) {
+    // Walk `from` and `name` segment by segment; "{L}" / "{E}" take a decimal index.
+    std::string_view pat = r.from, s = name;
+    int idx[2] = {-1, -1};
+    bool ok = true;
+    while (ok && !pat.empty()) {
+      const size_t pd = pat.find('.');
+      const std::string_view seg = pat.substr(0, pd);
+      pat = pd == std::string_view::npos ? std::string_view() : pat.substr(pd + 1);
+      const bool last = pd == std::string_view::npos;
+      if (seg == "{L}" || seg == "{E}") {
+        int v = 0;
+        if (last) {  // an index as the last segment: the rest of the name
+          auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+          ok = ec == std::errc() && p == s.data() + s.size() && !s.empty() && v >= 0 && v < kMaxIndex && !(s[0] == '0' && s.size() > 1);
+          s = {};
+        } else {
+          ok = eat_index(s, &v);
+        }
+        idx[seg[1] == 'L' ? 0 : 1] = v;
+      } else if (last) {
+        ok = s == seg;
+        s = {};
+      } else {
+        ok = s.size() > seg.size() && s.substr(0, seg.size()) == seg && s[seg.size()] == '.';
+        if (ok) s.remove_prefix(seg.size() + 1);
+      }
+    }
+    if (!ok || !s.empty()) continue;
+    std::string out;
+    std::string_view to = r.to;
+    while (!to.empty()) {
+      const size_t pd = to.find('.');
+      const std::string_view seg = to.substr(0, pd);
+      to = pd == std::string_view::npos ? std::string_view() : to.substr(pd + 1);
+      if (!out.empty()) out += '.';
+      if (seg == "{L}" || seg == "{E}") out += std::to_string(idx[seg[1] == 'L' ? 0 : 1]);
+      else out += seg;
+    }
+    *squeeze = r.squeeze_leading_one;
+    return out;
+  }
+  return "";
 }
 
 std::string expert_tensor_name(int layer, int expert, ExpertProj proj, ExpertPart part) {

@@ -2,9 +2,9 @@
 // shared by the checkpoint loader and the repacker.
 //   layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.{weight,qweight,scales,codebook,blocks,e8m0_scales}  per expert
 //   layers.{L}.mlp.experts.{gate_up_proj,down_proj}[.weight]                         fused [E, out, in]
-//   layers.{L}.block_sparse_moe.experts.{E}.{w1,w3,w2}.weight                        Mixtral (gate, up, down)
-//   layers.{L}.mlp.gate.{weight,e_score_correction_bias}, layers.{L}.block_sparse_moe.gate.weight,
-//   layers.{L}.block_sparse_moe.e_score_correction_bias (MiniMax-M2)                  routers
+//   layers.{L}.mlp.gate.{weight,e_score_correction_bias}                              routers
+// (a family's own names, e.g. Mixtral's block_sparse_moe.experts.{E}.w1, are renamed to these
+// first: io::TensorNameRules, io::Checkpoint::normalized_name).
 #pragma once
 
 #include <optional>
@@ -29,7 +29,6 @@ struct ExpertName {
   ExpertProj proj = ExpertProj::kGate;
   ExpertPart part = ExpertPart::kWeight;
   bool fused = false;    // [E, out, in] tensor; proj kGate means gate_up_proj (gate rows, then up rows)
-  bool mixtral = false;  // block_sparse_moe naming
 };
 
 /// Parses an expert tensor name; nullopt if the name is not one (or its numbers are out of

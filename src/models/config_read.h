@@ -40,9 +40,12 @@ void read_mla(const io::Config& c, ModelSpec* s, const char* model);
 /// The sigmoid + e_score_correction_bias router of DeepSeek-V3 / GLM-4.5 (HF noaux_tc):
 /// n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts (ungated
 /// mlp.shared_experts of moe_intermediate_size * n_shared_experts), n_group / topk_group
-/// (default 1 each; group score = sum of its two best, dropped groups' scores -inf), norm_topk_prob (default
-/// `norm_default`), routed_scaling_factor (default 1).
-void read_noaux_tc_moe(const io::Config& c, ModelSpec* s, bool norm_default);
+/// (n_group default 1; topk_group default 1, or n_group when `topk_group_default_all`; group
+/// score = sum of its two best; dropped groups' scores -inf when `mask_neg_inf` (HF 5.17
+/// Glm4MoeTopkRouter), else 0 (DeepseekV3TopkRouter)), norm_topk_prob (default `norm_default`),
+/// routed_scaling_factor (default 1).
+void read_noaux_tc_moe(const io::Config& c, ModelSpec* s, bool norm_default, bool topk_group_default_all = false,
+                       bool mask_neg_inf = true);
 /// num_experts / num_local_experts.
 int experts_count(const io::Config& c);
 /// Qwen2-MoE-style FFN kinds: layer i is MoE unless in mlp_only_layers or off decoder_sparse_step.

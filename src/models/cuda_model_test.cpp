@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
+#include "models/family.h"
 #include "models/device_experts.h"
 #include "models/model.h"
 #include "models/ops_used.h"
@@ -120,7 +121,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
                         "gpt_oss_mxfp4", "mixtral", "olmoe", "ernie4_5_moe"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto cuda = std::make_shared<CudaBackend>(0);
     auto mg = models::load_model(ckpt, cuda);
     auto mc = models::load_model(ckpt, std::make_shared<CpuBackend>(nullptr));
@@ -167,7 +168,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   for (const std::string& f : listed) std::printf(" %s", f.c_str());
   std::printf("\n");
   // The demo model (strict, experts in VRAM): four prompts, routing and 48 greedy tokens each.
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   auto cuda = std::make_shared<CudaBackend>(0);
   auto mg = models::load_model(ckpt, cuda);
   ASSERT_TRUE(host_fallbacks(*mg, *cuda).empty());
@@ -218,7 +219,7 @@ std::vector<float> greedy_logits(models::Model& m, const std::vector<int32_t>& i
 // fallback): the same kernels on the same bytes, so the logits are bit-identical.
 TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: CUDA expert placement not checked";
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
@@ -313,10 +314,11 @@ TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   quant::ConvertOptions o;
   o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.out_dir = dir;
+  o.rules = &models::checkpoint_rules();
   o.recipe = quant::recipe("q4");
   o.threads = 2;
   quant::convert(o, nullptr);
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
@@ -368,7 +370,7 @@ TEST(CudaModel, DeviceStateSnapshotsAndImagesRoundTrip) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: device-resident model state not checked";
   for (const char* f : {"qwen3_5_moe_text", "qwen3_next"}) {
     SCOPED_TRACE(f);
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(spool::testing::data_dir() + "/models/" + f));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(spool::testing::data_dir() + "/models/" + f));
     auto m = models::load_model(ckpt, std::make_shared<CudaBackend>(0));
     spool::testing::Golden g(spool::testing::data_dir() + "/models/" + f + "/golden.safetensors");
     const std::vector<int32_t> ids = g.i32("input_ids");

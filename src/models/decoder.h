@@ -1,4 +1,4 @@
-// DecoderModel: the pre-norm decoder stack shared by the Qwen MoE families.
+// DecoderModel: the pre-norm decoder stack every family runs on (models/family.h).
 //   h = embed(ids)
 //   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet | MLA
 //   logits = lm_head(norm(h))                               ffn: MoE | dense SwiGLU

@@ -22,6 +22,77 @@ namespace {
 using J = nlohmann::ordered_json;
 using namespace cfg;
 
+// ---- GGUF ----------------------------------------------------------------------------------
+// llama.cpp arch "deepseek2" (DeepSeek-V2 / V2-Lite / V3, MLA). q: attn_q_a + attn_q_a_norm +
+// attn_q_b, or attn_q ("lite"); kv_b_proj as attn_kv_b (older files) or split into attn_k_b (per
+// head, transposed) + attn_v_b (files with key_length_mla). No q/k permutation (ggml's
+// adjacent-pair RoPE is HF DeepSeek's interleaved rope). kv_b_proj is read per head as floats
+// (models/mla.h): as_float.
+std::vector<io::GgufRow> gguf_rows() {
+  using T = io::GgufTransform;
+  using S = io::GgufShape;
+  return {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
+      {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+      {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
+      {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+      {"attn_kv_b.weight", "self_attn.kv_b_proj.weight", T::kNone, S::kReversed, 0, false, /*as_float=*/true},
+      {"attn_k_b.weight", "self_attn.kv_b_proj.weight", T::kKvbFromKb, S::kReversed, 0, false, true},
+      {"attn_v_b.weight", "self_attn.kv_b_proj.weight", T::kWithKb, S::kReversed, 0, false, true},
+      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+      {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+  };
+}
+
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  const io::GgufFile& g = m.file();
+  const std::string& label = m.label();
+  const std::string& p = m.prefix();
+  if (auto st = g.get_string(p + "rope.scaling.type"); st && *st != "none") {
+    if (*st != "yarn") fail("%s: rope scaling '%s' is not supported yet", label.c_str(), st->c_str());
+    // DeepSeek YaRN (HF rope_parameters): llama.cpp's converter writes yarn_log_multiplier =
+    // 0.1 * mscale_all_dim; the released configs have mscale == mscale_all_dim, which no key records.
+    nlohmann::json& rope = j["rope_parameters"];
+    rope["rope_type"] = "yarn";
+    rope["factor"] = m.optf("rope.scaling.factor").value_or(0.0);
+    if (auto o = m.opt("rope.scaling.original_context_length")) rope["original_max_position_embeddings"] = *o;
+    if (auto lm = m.optf("rope.scaling.yarn_log_multiplier"); lm && *lm != 0.0) rope["mscale"] = rope["mscale_all_dim"] = *lm / 0.1;
+    if (auto b = m.optf("rope.scaling.yarn_beta_fast")) rope["beta_fast"] = *b;
+    if (auto b = m.optf("rope.scaling.yarn_beta_slow")) rope["beta_slow"] = *b;
+  }
+  // MLA: key_length_mla / value_length_mla (files with attn_k_b / attn_v_b) or, in older
+  // files, key_length / value_length are the per-head q.k and v sizes; the kv heads written
+  // as 1 are the latent's, HF counts one K and V per head.
+  const int64_t rope_dim = m.need("rope.dimension_count");
+  const int64_t kl = m.opt("attention.key_length_mla") ? m.need("attention.key_length_mla") : m.need("attention.key_length");
+  const int64_t vl = m.opt("attention.value_length_mla") ? m.need("attention.value_length_mla") : m.need("attention.value_length");
+  if (kl <= rope_dim) fail("%s: q.k head size %lld is not above the rope dims %lld", label.c_str(), (long long)kl, (long long)rope_dim);
+  j["num_key_value_heads"] = j["num_attention_heads"];
+  j["kv_lora_rank"] = m.need("attention.kv_lora_rank");
+  if (auto q = m.opt("attention.q_lora_rank"); q && *q > 0) j["q_lora_rank"] = *q;
+  j["qk_rope_head_dim"] = rope_dim;
+  j["qk_nope_head_dim"] = kl - rope_dim;
+  j["v_head_dim"] = vl;
+  j["rope_interleave"] = true;  // ggml's adjacent-pair RoPE on the unpermuted weights
+  j["rope_parameters"].erase("partial_rotary_factor");
+  const int64_t gating = m.opt("expert_gating_func").value_or(1);  // absent (older V2 files): softmax
+  if (gating != 1 && gating != 2)
+    fail("%s: '%sexpert_gating_func' %lld is neither softmax (1) nor sigmoid (2)", label.c_str(), p.c_str(), (long long)gating);
+  const bool v3 = gating == 2;
+  j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+  m.deepseek_style_moe(j);
+  const int64_t groups = m.opt("expert_group_count").value_or(1);
+  j["n_group"] = groups;
+  j["topk_group"] = m.opt("expert_group_used_count").value_or(groups);
+  j["topk_method"] = v3 ? "noaux_tc" : groups > 1 ? "group_limited_greedy" : "greedy";
+  if (v3) j["num_nextn_predict_layers"] = m.nextn();
+}
+
 void configure(const io::Config& c, ModelSpec* sp, bool v3) {
   ModelSpec& s = *sp;
   check_act(c);
@@ -33,26 +104,26 @@ void configure(const io::Config& c, ModelSpec* sp, bool v3) {
   read_mla_rope(c, &s);
 
   auto& mo = s.moe;
-  mo.n_experts = positive(c, "n_routed_experts");
-  read_top_k(c, &s);
-  mo.intermediate = positive(c, "moe_intermediate_size");
-  mo.norm_topk_prob = c.get_bool("norm_topk_prob", false);
-  mo.shared_intermediate = non_negative(c, "n_shared_experts", 0) * mo.intermediate;
-  mo.shared_name = "shared_experts";
-  mo.grouped_router = true;
-  mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
-  mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
-  mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : mo.n_group;
-  if (mo.n_experts % mo.n_group != 0)
-    fail("%s: n_routed_experts (%d) must be a multiple of n_group (%d)", c.source().c_str(), mo.n_experts, mo.n_group);
-  if (mo.topk_group > mo.n_group) fail("%s: topk_group (%d) exceeds n_group (%d)", c.source().c_str(), mo.topk_group, mo.n_group);
   if (v3) {
+    // HF DeepseekV3Config: topk_group defaults to n_group; DeepseekV3TopkRouter zeroes dropped groups.
+    read_noaux_tc_moe(c, &s, /*norm_default=*/false, /*topk_group_default_all=*/true, /*mask_neg_inf=*/false);
     const std::string method = c.get_string("topk_method", "noaux_tc");
     if (method != "noaux_tc") fail("%s: topk_method '%s' is not supported for deepseek_v3 (noaux_tc)", c.source().c_str(), method.c_str());
-    mo.sigmoid_scores = true;
-    mo.score_bias = true;
-    mo.group_top2_sum = true;
   } else {
+    // The softmax router of DeepSeek-V2 (greedy or group-limited greedy top-k).
+    mo.n_experts = positive(c, "n_routed_experts");
+    read_top_k(c, &s);
+    mo.intermediate = positive(c, "moe_intermediate_size");
+    mo.norm_topk_prob = c.get_bool("norm_topk_prob", false);
+    mo.shared_intermediate = non_negative(c, "n_shared_experts", 0) * mo.intermediate;
+    mo.shared_name = "shared_experts";
+    mo.grouped_router = true;
+    mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
+    mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
+    mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : mo.n_group;
+    if (mo.n_experts % mo.n_group != 0)
+      fail("%s: n_routed_experts (%d) must be a multiple of n_group (%d)", c.source().c_str(), mo.n_experts, mo.n_group);
+    if (mo.topk_group > mo.n_group) fail("%s: topk_group (%d) exceeds n_group (%d)", c.source().c_str(), mo.topk_group, mo.n_group);
     const std::string method = c.get_string("topk_method", "greedy");
     if (method == "greedy") {
       mo.n_group = mo.topk_group = 1;
@@ -68,147 +139,6 @@ void configure(const io::Config& c, ModelSpec* sp, bool v3) {
   for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i >= first_dense && i % freq == 0 ? FfnKind::kMoE : FfnKind::kDense);
 }
 
-// DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3, bf16 layout; the release stores fp8).
-Preset deepseek_v3_671b() {
-  J cfg = {{"architectures", {"DeepseekV3ForCausalLM"}},
-           {"model_type", "deepseek_v3"},
-           {"vocab_size", 129280},
-           {"hidden_size", 7168},
-           {"intermediate_size", 18432},
-           {"moe_intermediate_size", 2048},
-           {"num_hidden_layers", 61},
-           {"num_nextn_predict_layers", 1},
-           {"num_attention_heads", 128},
-           {"num_key_value_heads", 128},
-           {"n_shared_experts", 1},
-           {"n_routed_experts", 256},
-           {"routed_scaling_factor", 2.5},
-           {"kv_lora_rank", 512},
-           {"q_lora_rank", 1536},
-           {"qk_rope_head_dim", 64},
-           {"v_head_dim", 128},
-           {"qk_nope_head_dim", 128},
-           {"topk_method", "noaux_tc"},
-           {"n_group", 8},
-           {"topk_group", 4},
-           {"num_experts_per_tok", 8},
-           {"moe_layer_freq", 1},
-           {"first_k_dense_replace", 3},
-           {"norm_topk_prob", true},
-           {"scoring_func", "sigmoid"},
-           {"hidden_act", "silu"},
-           {"max_position_embeddings", 163840},
-           {"rms_norm_eps", 1e-6},
-           {"rope_theta", 10000},
-           {"rope_scaling", {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 40}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
-                             {"original_max_position_embeddings", 4096}, {"type", "yarn"}}},
-           {"attention_bias", false},
-           {"tie_word_embeddings", false},
-           {"bos_token_id", 0},
-           {"eos_token_id", 1},
-           {"torch_dtype", "bfloat16"}};
-  return {"deepseek-v3-671b", "DeepSeek-V3 / R1 671B: 61 MLA layers (3 dense), 256 experts top-8 + 1 shared, 8 groups", cfg, false,
-          "model."};
-}
-
-// Kimi-K2 config.json (moonshotai/Kimi-K2-Instruct): the V3 architecture with 384 experts, one
-// group, 64 heads, one dense layer.
-Preset kimi_k2() {
-  Preset p = deepseek_v3_671b();
-  J& c = p.config;
-  c["vocab_size"] = 163840;
-  c["num_attention_heads"] = 64;
-  c["num_key_value_heads"] = 64;
-  c["n_routed_experts"] = 384;
-  c["n_group"] = 1;
-  c["topk_group"] = 1;
-  c["first_k_dense_replace"] = 1;
-  c["routed_scaling_factor"] = 2.827;
-  c["rope_theta"] = 50000.0;
-  c["rope_scaling"] = {{"beta_fast", 1.0}, {"beta_slow", 1.0}, {"factor", 32.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
-                       {"original_max_position_embeddings", 4096}, {"type", "yarn"}};
-  c["max_position_embeddings"] = 131072;
-  c["num_nextn_predict_layers"] = 0;
-  c["bos_token_id"] = 163584;
-  c["eos_token_id"] = 163585;
-  p.name = "kimi-k2";
-  p.description = "Kimi-K2 1T: 61 MLA layers (1 dense), 384 experts top-8 + 1 shared, no groups";
-  return p;
-}
-
-// A small deepseek_v3 shape for tests: the widths of tests/data/models/deepseek_v3 (3 MLA
-// layers, 1 dense; 16 experts top-4 + 1 shared in 4 groups) with DeepSeek-V3's real vocabulary
-// size, so the real tokenizer's ids (tests/data/tokenizers/deepseek_v3) all fit.
-Preset tiny_deepseek_v3() {
-  Preset p = deepseek_v3_671b();
-  J& c = p.config;
-  c["hidden_size"] = 64;
-  c["intermediate_size"] = 96;
-  c["moe_intermediate_size"] = 32;
-  c["num_hidden_layers"] = 3;
-  c["num_nextn_predict_layers"] = 0;
-  c["num_attention_heads"] = 4;
-  c["num_key_value_heads"] = 4;
-  c["n_routed_experts"] = 16;
-  c["n_group"] = 4;
-  c["topk_group"] = 2;
-  c["num_experts_per_tok"] = 4;
-  c["first_k_dense_replace"] = 1;
-  c["kv_lora_rank"] = 32;
-  c["q_lora_rank"] = 48;
-  c["qk_rope_head_dim"] = 8;
-  c["qk_nope_head_dim"] = 16;
-  c["v_head_dim"] = 16;
-  c["max_position_embeddings"] = 4096;
-  c["rope_scaling"] = {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 4}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
-                       {"original_max_position_embeddings", 1024}, {"type", "yarn"}};
-  p.name = "tiny-deepseek-v3";
-  p.description = "a small deepseek_v3 shape for tests (3 MLA layers, 16 experts top-4 + 1 shared) with V3's 129280-token vocabulary";
-  return p;
-}
-
-// DeepSeek-V2-Lite config.json (deepseek-ai/DeepSeek-V2-Lite).
-Preset deepseek_v2_lite() {
-  J cfg = {{"architectures", {"DeepseekV2ForCausalLM"}},
-           {"model_type", "deepseek_v2"},
-           {"vocab_size", 102400},
-           {"hidden_size", 2048},
-           {"intermediate_size", 10944},
-           {"moe_intermediate_size", 1408},
-           {"num_hidden_layers", 27},
-           {"num_attention_heads", 16},
-           {"num_key_value_heads", 16},
-           {"n_shared_experts", 2},
-           {"n_routed_experts", 64},
-           {"routed_scaling_factor", 1.0},
-           {"kv_lora_rank", 512},
-           {"q_lora_rank", nullptr},
-           {"qk_rope_head_dim", 64},
-           {"v_head_dim", 128},
-           {"qk_nope_head_dim", 128},
-           {"topk_method", "greedy"},
-           {"n_group", 1},
-           {"topk_group", 1},
-           {"num_experts_per_tok", 6},
-           {"moe_layer_freq", 1},
-           {"first_k_dense_replace", 1},
-           {"norm_topk_prob", false},
-           {"scoring_func", "softmax"},
-           {"hidden_act", "silu"},
-           {"max_position_embeddings", 163840},
-           {"rms_norm_eps", 1e-6},
-           {"rope_theta", 10000},
-           {"rope_scaling", {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 40}, {"mscale", 0.707}, {"mscale_all_dim", 0.707},
-                             {"original_max_position_embeddings", 4096}, {"type", "yarn"}}},
-           {"attention_bias", false},
-           {"tie_word_embeddings", false},
-           {"bos_token_id", 100000},
-           {"eos_token_id", 100001},
-           {"torch_dtype", "bfloat16"}};
-  return {"deepseek-v2-lite", "DeepSeek-V2-Lite 16B: 27 MLA layers (1 dense, no q_lora), 64 experts top-6 + 2 shared", cfg, false,
-          "model."};
-}
-
 }  // namespace
 
 
@@ -218,7 +148,6 @@ const Family& deepseek_v2_family() {
                         .model_types = {"deepseek_v2"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, false); },
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{deepseek_v2_lite()}; },
                         .keep_float = mla_keep_float,
                         .describe = describe_mla_moe,
                         .plan_notes = mtp_plan_notes};
@@ -230,10 +159,16 @@ const Family& deepseek_v3_family() {
                         .model_types = {"deepseek_v3", "kimi_k2"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, true); },
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{deepseek_v3_671b(), kimi_k2(), tiny_deepseek_v3()}; },
                         .keep_float = mla_keep_float,
                         .describe = describe_mla_moe,
-                        .plan_notes = mtp_plan_notes};
+                        .plan_notes = mtp_plan_notes,
+                        // v2 or v3 by its router (the config hook's model_type wins).
+                        .gguf = {{.name = "deepseek2",
+                                  .model_type = "deepseek_v3",
+                                  .mla = true,
+                                  .reads_rope_scaling = true,
+                                  .rows = gguf_rows(),
+                                  .config = gguf_config}}};
   return f;
 }
 

@@ -18,6 +18,7 @@
 #include "experts/streaming.h"
 #include "models/model.h"
 #include "ops/cpu_backend.h"
+#include "models/family.h"
 
 namespace spool::models {
 namespace {
@@ -88,7 +89,7 @@ void with_expert_bytes(experts::ExpertProvider& p, int l, int e, const std::func
 // The demo model on a MappedCpu backend: its MoE layers and the logits of a prompt and 6 greedy
 // steps with the resident experts (what every static placement must give bit for bit).
 struct MappedDemo {
-  std::shared_ptr<io::Checkpoint> ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  std::shared_ptr<io::Checkpoint> ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   ops::ThreadPool pool{2};
   std::shared_ptr<MappedCpu> be = std::make_shared<MappedCpu>(&pool);
   std::unique_ptr<Model> m = load_model(ckpt, be);
@@ -194,7 +195,7 @@ TEST(DeviceExperts, StaticPlacementPutsTheHotListInVramFirst) {
 // steps are those of the plain provider, bit for bit; hits and misses add up to the experts
 // acquired, a cache that holds every expert misses each expert once, and a small one evicts.
 TEST(DeviceExpertCache, SlotsGiveTheLogitsOfTheHostProviderBitForBit) {
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   ops::ThreadPool pool(2);
   auto be = std::make_shared<ops::CpuBackend>(&pool);
   auto m = load_model(ckpt, be);
@@ -284,7 +285,7 @@ class PinRecorder final : public ops::CpuBackend {
 // locked once at construction and unlocked at destruction, every expert's bytes are read into
 // it, and slots over it give the resident logits bit for bit.
 TEST(DeviceExpertCache, PinnedRamTierIsOneLockedBlock) {
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   ops::ThreadPool pool(2);
   auto be = std::make_shared<ops::CpuBackend>(&pool);
   PinRecorder rec(&pool);

@@ -56,39 +56,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   }
 }
 
-// ERNIE-4.5-21B-A3B config.json (baidu/ERNIE-4.5-21B-A3B-PT; the values HF's
-// Ernie4_5_MoeConfig defaults to).
-Preset ernie4_5_21b() {
-  J cfg = {{"architectures", {"Ernie4_5_MoeForCausalLM"}},
-           {"model_type", "ernie4_5_moe"},
-           {"bos_token_id", 1},
-           {"eos_token_id", 2},
-           {"pad_token_id", 0},
-           {"hidden_act", "silu"},
-           {"hidden_size", 2560},
-           {"intermediate_size", 12288},
-           {"max_position_embeddings", 131072},
-           {"num_attention_heads", 20},
-           {"num_key_value_heads", 4},
-           {"num_hidden_layers", 28},
-           {"rms_norm_eps", 1e-5},
-           {"rope_theta", 500000.0},
-           {"use_bias", false},
-           {"tie_word_embeddings", true},
-           {"vocab_size", 103424},
-           {"moe_num_experts", 64},
-           {"moe_num_shared_experts", 2},
-           {"moe_k", 6},
-           {"moe_intermediate_size", 1536},
-           {"moe_layer_start_index", 1},
-           {"moe_layer_end_index", 27},
-           {"moe_layer_interval", 1},
-           {"moe_norm_min", 1e-12},
-           {"torch_dtype", "bfloat16"}};
-  return {"ernie-4.5-21b-a3b", "ERNIE-4.5-21B-A3B: 28 attention layers (interleaved RoPE; layer 0 dense), 64 experts top-6 + 2 shared",
-          cfg, false, "model."};
-}
-
 }  // namespace
 
 const Family& ernie4_5_moe_family() {
@@ -96,8 +63,11 @@ const Family& ernie4_5_moe_family() {
                         .model_types = {"ernie4_5_moe"},
                         .configure = configure,
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{ernie4_5_21b()}; },
-                        .describe = describe_gqa_moe};
+                        .describe = describe_gqa_moe,
+                        // ERNIE-4.5 keeps its router correction bias as [1, E] in mlp.moe_statics (HF
+                        // renames it to gate.moe_statics.* on load).
+                        .tensors = {.renames = {{"layers.{L}.mlp.moe_statics.e_score_correction_bias",
+                                                 "layers.{L}.mlp.gate.e_score_correction_bias", /*squeeze_leading_one=*/true}}}};
   return f;
 }
 

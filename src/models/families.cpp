@@ -38,6 +38,43 @@ const Family* family_named(std::string_view name) {
   return nullptr;
 }
 
+const io::GgufArch* gguf_arch_named(std::string_view arch, const Family** family) {
+  for (const Family* f : families())
+    for (const io::GgufArch& a : f->gguf)
+      if (a.name == arch) {
+        if (family != nullptr) *family = f;
+        return &a;
+      }
+  return nullptr;
+}
+
+const io::RulesResolver& checkpoint_rules() {
+  static const io::RulesResolver r{
+      .by_model_type = [](std::string_view model_type) -> const io::TensorNameRules* {
+        const Family* f = family_of_model_type(model_type);
+        return f != nullptr ? &f->tensors : nullptr;
+      },
+      .by_gguf_arch = [](std::string_view arch) { return gguf_arch_named(arch); },
+      .gguf_arch_list =
+          [] {
+            std::vector<std::string> names;
+            for (const Family* f : families())
+              for (const io::GgufArch& a : f->gguf) names.push_back(a.name);
+            std::sort(names.begin(), names.end());
+            std::string s;
+            for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+            return s;
+          },
+  };
+  return r;
+}
+
+io::Checkpoint open_checkpoint(const std::string& path, io::Checkpoint::Options opt) {
+  return io::Checkpoint::open(path, checkpoint_rules(), opt);
+}
+
+io::Checkpoint open_checkpoint(const std::string& path) { return io::Checkpoint::open(path, checkpoint_rules()); }
+
 std::string describe_gqa_moe(const ModelSpec& s) {
   std::string window;
   if (s.attn.sliding_window > 0)

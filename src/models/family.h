@@ -1,8 +1,11 @@
 // The family registry: everything that differs between model families lives in one file per
 // family under src/models/ (its config -> ModelSpec rules, which mixer / router / MLP each layer
-// uses, its loader, its synth presets, what `spool convert` keeps in bf16 and how `spool plan`
-// describes its KV cache). families.cpp lists them; adding a family = its file, its tests and
-// one line there. Nothing in engine/, server/ or plan/ names a family.
+// uses, its loader, how its checkpoints name and lay out tensors, its GGUF architecture, what
+// `spool convert` keeps in bf16 and how `spool plan` describes its KV cache), plus its presets
+// (src/models/presets/<family>.json, embedded at build time). families.cpp lists them; adding a
+// family = its file, its presets, its tests and one line there (docs/adding-a-family.md).
+// Nothing in io/, engine/, server/ or plan/ names a family: io/ gets the checkpoint rules through
+// checkpoint_rules() / open_checkpoint().
 #pragma once
 
 #include <memory>
@@ -11,8 +14,9 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/family_rules.h"
+#include "io/gguf_config.h"
 #include "models/model.h"
-#include "models/presets.h"
 #include "models/spec.h"
 #include "ops/backend.h"
 
@@ -28,12 +32,9 @@ struct Family {
   /// common fields (vocab_size, hidden_size, num_hidden_layers, rms_norm_eps,
   /// tie_word_embeddings, max_position_embeddings). Throws spool::Error naming the field.
   void (*configure)(const io::Config& c, ModelSpec* s) = nullptr;
-  /// Loads a checkpoint of this family (all tensors bound); nullptr for a family spool plans
-  /// but cannot run yet.
+  /// Loads a checkpoint of this family (all tensors bound).
   std::unique_ptr<Model> (*load)(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
                                  std::shared_ptr<ops::Backend> backend) = nullptr;
-  /// Presets at the released shapes (and small test shapes) for spool synth and plan.
-  std::vector<Preset> (*presets)() = nullptr;
   /// Normalised tensor names `spool convert` keeps in bf16 besides the generic rules
   /// (quant/recipe.h); may be null.
   bool (*keep_float)(std::string_view name) = nullptr;
@@ -41,6 +42,12 @@ struct Family {
   std::string (*describe)(const ModelSpec& s) = nullptr;
   /// Planner notes about approximations for a config (may be null).
   std::vector<std::string> (*plan_notes)(const io::Config& c) = nullptr;
+  /// How its safetensors checkpoints differ from the normalised names: renames, a reader for
+  /// layouts only it stores, a natively read quantization_config (io/family_rules.h).
+  io::TensorNameRules tensors;
+  /// The llama.cpp architectures it loads from GGUF (tensor rows, flags, metadata -> config.json
+  /// hook: io/gguf_names.h, io/gguf_config.h); empty if none.
+  std::vector<io::GgufArch> gguf;
 };
 
 /// Every registered family (families.cpp).
@@ -49,6 +56,15 @@ const std::vector<const Family*>& families();
 const Family* family_of_model_type(std::string_view model_type);
 /// The family registered as `name` (ModelSpec::family); nullptr if none.
 const Family* family_named(std::string_view name);
+/// The GGUF architecture (general.architecture) a family loads, with its family; nullptr if none.
+const io::GgufArch* gguf_arch_named(std::string_view arch, const Family** family = nullptr);
+
+/// The registry's rules for io::Checkpoint (by model_type and by GGUF architecture).
+const io::RulesResolver& checkpoint_rules();
+/// io::Checkpoint::open with the registry's rules: a checkpoint directory or a .gguf file.
+io::Checkpoint open_checkpoint(const std::string& path, io::Checkpoint::Options opt);
+/// open_checkpoint with default options (mapped).
+io::Checkpoint open_checkpoint(const std::string& path);
 
 // Registered families (one per family file).
 const Family& qwen3_5_moe_family();
@@ -76,6 +92,10 @@ std::unique_ptr<Model> load_decoder(std::shared_ptr<const io::Checkpoint> ckpt, 
 /// Planner note for configs with multi-token-prediction layers (num_nextn_predict_layers > 0),
 /// which spool neither counts nor runs (DeepSeek-V3, GLM-4.5/4.7).
 std::vector<std::string> mtp_plan_notes(const io::Config& c);
+/// Mixtral's tensor renames (Family::tensors), which MiniMax-M2 shares:
+/// block_sparse_moe.experts.{E}.{w1, w3, w2}.weight -> mlp.experts.{E}.{gate, up, down}_proj.weight
+/// and block_sparse_moe.gate.weight -> mlp.gate.weight.
+std::vector<io::TensorRename> block_sparse_moe_renames();
 /// Family::keep_float of the MLA families: the absorbed form reads kv_b_proj per head,
 /// transposed, so `spool convert` keeps `self_attn.kv_b_proj.weight` in bf16.
 bool mla_keep_float(std::string_view name);

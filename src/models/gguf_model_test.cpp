@@ -29,6 +29,7 @@
 #include "io/safetensors.h"
 #include "models/model.h"
 #include "ops/ggml_blocks.h"
+#include "models/family.h"
 
 namespace spool::models {
 namespace {
@@ -44,7 +45,7 @@ struct Loaded {
 
 Loaded load(const std::string& path) {
   Loaded l;
-  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(path));
+  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(path));
   l.pool = std::make_unique<ops::ThreadPool>(2);
   l.model = load_model(l.ckpt, l.pool.get());
   return l;
@@ -615,7 +616,7 @@ TEST(GgufModelErrors, Glm4MoeDenseLayerCountMustMatchRouters) {
 TEST(GgufModelErrors, UnsupportedTypeNamesTensorAndType) {
   // A GGUF whose tensor has a type spool cannot run: the error names both.
   try {
-    io::Checkpoint::open(data_dir() + "/gguf/blocks.gguf");
+    models::open_checkpoint(data_dir() + "/gguf/blocks.gguf");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("architecture"), std::string::npos) << e.what();

@@ -21,6 +21,35 @@ namespace {
 using J = nlohmann::ordered_json;
 using namespace cfg;
 
+// ---- GGUF ----------------------------------------------------------------------------------
+// post_attention_layernorm is ATTN_POST_NORM for this arch; q/k/v biases; optional per-head q/k
+// norms; DeepSeek-style shared experts and router correction bias. No q/k permutation (NeoX RoPE).
+std::vector<io::GgufRow> gguf_rows() {
+  return {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+      {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+  };
+}
+
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  m.require_gating(2, "GLM-4.5 (sigmoid)");
+  m.deepseek_style_moe(j);
+  j["n_group"] = m.opt("expert_group_count").value_or(1);
+  j["topk_group"] = m.opt("expert_group_used_count").value_or(1);
+  j["attention_bias"] = m.has_tensor(0, "attn_q.bias");
+  j["use_qk_norm"] = m.has_tensor(0, "attn_q_norm.weight");
+  j["num_nextn_predict_layers"] = m.nextn();
+}
+
 void configure(const io::Config& c, ModelSpec* sp) {
   ModelSpec& s = *sp;
   check_act(c);
@@ -33,64 +62,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i >= first_dense ? FfnKind::kMoE : FfnKind::kDense);
 }
 
-// GLM-4.5-Air config.json (zai-org/GLM-4.5-Air, 106B-A12B).
-Preset glm4_5_air() {
-  J cfg = {{"architectures", {"Glm4MoeForCausalLM"}},
-           {"attention_bias", true},
-           {"attention_dropout", 0.0},
-           {"pad_token_id", 151329},
-           {"eos_token_id", {151329, 151336, 151338}},
-           {"head_dim", 128},
-           {"hidden_act", "silu"},
-           {"hidden_size", 4096},
-           {"partial_rotary_factor", 0.5},
-           {"initializer_range", 0.02},
-           {"intermediate_size", 10944},
-           {"max_position_embeddings", 131072},
-           {"model_type", "glm4_moe"},
-           {"moe_intermediate_size", 1408},
-           {"norm_topk_prob", true},
-           {"num_attention_heads", 96},
-           {"n_group", 1},
-           {"topk_group", 1},
-           {"n_routed_experts", 128},
-           {"n_shared_experts", 1},
-           {"routed_scaling_factor", 1.0},
-           {"num_experts_per_tok", 8},
-           {"first_k_dense_replace", 1},
-           {"num_hidden_layers", 46},
-           {"num_key_value_heads", 8},
-           {"rms_norm_eps", 1e-5},
-           {"rope_scaling", nullptr},
-           {"rope_theta", 1000000},
-           {"num_nextn_predict_layers", 1},
-           {"tie_word_embeddings", false},
-           {"torch_dtype", "bfloat16"},
-           {"use_cache", true},
-           {"use_qk_norm", false},
-           {"vocab_size", 151552}};
-  return {"glm-4.5-air", "GLM-4.5-Air 106B-A12B: 46 attention layers (q/k/v bias, half-dim RoPE; 1 dense), 128 experts top-8 + 1 shared",
-          cfg, false, "model."};
-}
-
-// GLM-4.6 config.json (zai-org/GLM-4.6, 355B-A32B; GLM-4.5 and GLM-4.7 have the same shapes).
-Preset glm4_6() {
-  Preset p = glm4_5_air();
-  J& c = p.config;
-  c["hidden_size"] = 5120;
-  c["intermediate_size"] = 12288;
-  c["moe_intermediate_size"] = 1536;
-  c["n_routed_experts"] = 160;
-  c["first_k_dense_replace"] = 3;
-  c["num_hidden_layers"] = 92;
-  c["routed_scaling_factor"] = 2.5;
-  c["max_position_embeddings"] = 202752;
-  c["use_qk_norm"] = true;
-  p.name = "glm-4.6";
-  p.description = "GLM-4.6 355B-A32B: 92 attention layers (q/k/v bias, q/k norm, half-dim RoPE; 3 dense), 160 experts top-8 + 1 shared";
-  return p;
-}
-
 }  // namespace
 
 const Family& glm4_moe_family() {
@@ -98,9 +69,13 @@ const Family& glm4_moe_family() {
                         .model_types = {"glm4_moe"},
                         .configure = configure,
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{glm4_5_air(), glm4_6()}; },
                         .describe = describe_gqa_moe,
-                        .plan_notes = mtp_plan_notes};
+                        .plan_notes = mtp_plan_notes,
+                        .gguf = {{.name = "glm4moe",
+                                  .model_type = "glm4_moe",
+                                  .partial_rotary_default = 0.5,
+                                  .rows = gguf_rows(),
+                                  .config = gguf_config}}};
   return f;
 }
 

@@ -48,49 +48,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   }
 }
 
-// GLM-4.7-Flash config.json (zai-org/GLM-4.7-Flash, 30B-A3B), as transformers 5 writes it.
-Preset glm4_7_flash() {
-  J types = J::array();
-  for (int i = 0; i < 47; ++i) types.push_back(i == 0 ? "dense" : "sparse");
-  J cfg = {{"architectures", {"Glm4MoeLiteForCausalLM"}},
-           {"attention_bias", false},
-           {"attention_dropout", 0.0},
-           {"pad_token_id", 154820},
-           {"eos_token_id", {154820, 154827, 154829}},
-           {"hidden_act", "silu"},
-           {"hidden_size", 2048},
-           {"intermediate_size", 10240},
-           {"max_position_embeddings", 202752},
-           {"mlp_layer_types", types},
-           {"model_type", "glm4_moe_lite"},
-           {"moe_intermediate_size", 1536},
-           {"topk_method", "noaux_tc"},
-           {"norm_topk_prob", true},
-           {"num_attention_heads", 20},
-           {"n_group", 1},
-           {"topk_group", 1},
-           {"n_routed_experts", 64},
-           {"n_shared_experts", 1},
-           {"routed_scaling_factor", 1.8},
-           {"num_experts_per_tok", 4},
-           {"num_hidden_layers", 47},
-           {"num_key_value_heads", 20},
-           {"num_nextn_predict_layers", 1},
-           {"rms_norm_eps", 1e-5},
-           {"rope_interleave", true},
-           {"rope_parameters", {{"rope_theta", 1000000}, {"rope_type", "default"}}},
-           {"tie_word_embeddings", false},
-           {"torch_dtype", "bfloat16"},
-           {"q_lora_rank", 768},
-           {"kv_lora_rank", 512},
-           {"qk_nope_head_dim", 192},
-           {"qk_rope_head_dim", 64},
-           {"v_head_dim", 256},
-           {"vocab_size", 154880},
-           {"scoring_func", "sigmoid"}};
-  return {"glm-4.7-flash", "GLM-4.7-Flash 30B-A3B: 47 MLA layers (1 dense), 64 experts top-4 + 1 shared", cfg, false, "model."};
-}
-
 }  // namespace
 
 const Family& glm4_moe_lite_family() {
@@ -98,7 +55,6 @@ const Family& glm4_moe_lite_family() {
                         .model_types = {"glm4_moe_lite"},
                         .configure = configure,
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{glm4_7_flash()}; },
                         .keep_float = mla_keep_float,
                         .describe = describe_mla_moe,
                         .plan_notes = mtp_plan_notes};

@@ -22,6 +22,35 @@ namespace {
 using J = nlohmann::ordered_json;
 using namespace cfg;
 
+// ---- GGUF ----------------------------------------------------------------------------------
+// Full-projection q/k norms, sigmoid router with correction bias. The converter renames
+// block_sparse_moe.e_score_correction_bias to e_score_correction.bias, so it lands on
+// exp_probs_b.bias (the safetensors name is renamed to mlp.gate.* too: tensor renames below).
+std::vector<io::GgufRow> gguf_rows() {
+  return {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+  };
+}
+
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  m.require_gating(2, "MiniMax-M2 (sigmoid)");
+  m.require_all_moe("MiniMax-M2");
+  j["num_local_experts"] = m.need("expert_count");
+  j["num_experts_per_tok"] = m.need("expert_used_count");
+  j["intermediate_size"] = m.expert_ff();
+}
+
+// Mixtral's block_sparse_moe names, and the router bias MiniMax-M2 keeps beside the gate.
+std::vector<io::TensorRename> renames() {
+  std::vector<io::TensorRename> r = block_sparse_moe_renames();
+  r.push_back({"layers.{L}.block_sparse_moe.e_score_correction_bias", "layers.{L}.mlp.gate.e_score_correction_bias"});
+  return r;
+}
+
 void configure(const io::Config& c, ModelSpec* sp) {
   ModelSpec& s = *sp;
   check_act(c);
@@ -51,44 +80,6 @@ std::vector<std::string> plan_notes(const io::Config& c) {
   return n;
 }
 
-// MiniMax-M2 config.json (MiniMaxAI/MiniMax-M2, 230B-A10B; bf16 layout, the release stores fp8),
-// with the partial_rotary_factor transformers reads next to the release's rotary_dim.
-Preset minimax_m2() {
-  J cfg = {{"architectures", {"MiniMaxM2ForCausalLM"}},
-           {"attention_dropout", 0.0},
-           {"bos_token_id", 200019},
-           {"eos_token_id", 200020},
-           {"head_dim", 128},
-           {"hidden_act", "silu"},
-           {"hidden_size", 3072},
-           {"intermediate_size", 1536},
-           {"max_position_embeddings", 196608},
-           {"model_type", "minimax_m2"},
-           {"mtp_transformer_layers", 1},
-           {"num_attention_heads", 48},
-           {"num_experts_per_tok", 8},
-           {"num_hidden_layers", 62},
-           {"num_key_value_heads", 8},
-           {"num_local_experts", 256},
-           {"num_mtp_modules", 3},
-           {"qk_norm_type", "per_layer"},
-           {"rms_norm_eps", 1e-6},
-           {"rope_theta", 5000000},
-           {"rotary_dim", 64},
-           {"partial_rotary_factor", 0.5},
-           {"scoring_func", "sigmoid"},
-           {"shared_intermediate_size", 0},
-           {"tie_word_embeddings", false},
-           {"torch_dtype", "bfloat16"},
-           {"use_cache", true},
-           {"use_mtp", true},
-           {"use_qk_norm", true},
-           {"use_routing_bias", true},
-           {"vocab_size", 200064}};
-  return {"minimax-m2", "MiniMax-M2 230B-A10B: 62 attention layers (whole-projection q/k norm, half-dim RoPE), 256 experts top-8",
-          cfg, false, "model."};
-}
-
 }  // namespace
 
 const Family& minimax_m2_family() {
@@ -96,9 +87,10 @@ const Family& minimax_m2_family() {
                         .model_types = {"minimax_m2"},
                         .configure = configure,
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{minimax_m2()}; },
                         .describe = describe_gqa_moe,
-                        .plan_notes = plan_notes};
+                        .plan_notes = plan_notes,
+                        .tensors = {.renames = renames()},
+                        .gguf = {{.name = "minimax-m2", .model_type = "minimax_m2", .rows = gguf_rows(), .config = gguf_config}}};
   return f;
 }
 

@@ -10,8 +10,7 @@ namespace spool::models {
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend) {
   ModelSpec spec = build_spec(*ckpt);
   const Family* f = family_named(spec.family);
-  if (f == nullptr || f->load == nullptr)
-    fail("%s: spool cannot run model family '%s' yet (spool plan can project it)", ckpt->dir().c_str(), spec.family.c_str());
+  if (f == nullptr) fail("%s: unknown model family '%s'", ckpt->dir().c_str(), spec.family.c_str());
   return f->load(std::move(ckpt), std::move(spec), std::move(backend));
 }
 

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "models/presets.h"
 #include "ops/reference_backend.h"
+#include "models/family.h"
 
 namespace spool::models {
 namespace {
@@ -37,7 +38,7 @@ struct Loaded {
 
 Loaded load(const std::string& dir, int threads = 2) {
   Loaded l;
-  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   l.pool = std::make_unique<ops::ThreadPool>(threads);
   l.model = load_model(l.ckpt, l.pool.get());
   return l;
@@ -287,7 +288,7 @@ TEST_F(Demo, GreedyDoesNotDependOnPrefillStep) {
 }
 
 // The released gpt-oss config (rope_scaling yarn with truncate false, rope_theta at the top level):
-// YaRN frequencies with fractional ramp bounds low = 8.0928, high = 17.3980 (architectures-2 §4.4),
+// YaRN frequencies with fractional ramp bounds low = 8.0928, high = 17.3980 (HF _compute_yarn_parameters),
 // attention factor 0.1 ln 32 + 1 on cos/sin, windows on the even layers, every layer MoE.
 TEST(GptOssSpec, ReleaseConfigYarnAndWindows) {
   for (const char* name : {"gpt-oss-20b", "gpt-oss-120b"}) {
@@ -331,7 +332,7 @@ TEST(ModelErrors, GptOssBadConfigAndMxfp4Shapes) {
     edit(cfg);
     std::ofstream(dir + "/config.json") << cfg.dump(2);
     try {
-      auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+      auto ck = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
       load_model(ck, &pool);
       FAIL() << "expected an error mentioning " << what;
     } catch (const Error& e) {
@@ -343,7 +344,7 @@ TEST(ModelErrors, GptOssBadConfigAndMxfp4Shapes) {
   expect_error([](nlohmann::json& c) { c["swiglu_limit"] = 8.0; }, "swiglu_limit 8");
   expect_error([](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "fp8"; }, "quant_method 'fp8'");
   // Re-shaped MXFP4 tensors: blocks [8, 128, 4, 8] (bytes per block 8), scales [8, 64, 4].
-  io::Checkpoint ck = io::Checkpoint::open(src);
+  io::Checkpoint ck = models::open_checkpoint(src);
   for (int bad = 0; bad < 2; ++bad) {
     std::vector<io::TensorToWrite> ts;
     for (const auto& t : ck.tensors()) {
@@ -376,7 +377,7 @@ TEST(ModelErrors, UnknownModelTypeAndBadIds) {
   std::filesystem::copy_file(data_dir() + "/models/qwen3_moe/model.safetensors", dir + "/model.safetensors",
                              std::filesystem::copy_options::overwrite_existing);
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama4_moe", "hidden_size": 64})";
-  auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ck = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   ops::ThreadPool pool(1);
   try {
     load_model(ck, &pool);
@@ -386,7 +387,7 @@ TEST(ModelErrors, UnknownModelTypeAndBadIds) {
   }
   // Missing a required config field.
   std::ofstream(dir + "/config.json") << R"({"model_type": "qwen3_moe", "hidden_size": 64})";
-  auto ck2 = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  auto ck2 = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   try {
     load_model(ck2, &pool);
     FAIL() << "expected an error";
@@ -399,6 +400,48 @@ TEST(ModelErrors, UnknownModelTypeAndBadIds) {
   std::vector<float> logits(l.model->spec().vocab_size);
   EXPECT_THROW(l.model->forward(bad, st, LogitsMode::kLast, logits.data()), Error);
   EXPECT_EQ(st.pos, 0);
+}
+
+// The embedded presets files: each names a registered family, parses, and gives that family's
+// model_type; parse errors name the file, the preset and the field.
+TEST(Presets, EmbeddedFilesBelongToTheirFamilies) {
+  ASSERT_FALSE(preset_files().empty());
+  size_t n = 0;
+  for (const PresetFile& pf : preset_files()) {
+    SCOPED_TRACE(pf.family);
+    const Family* f = family_named(pf.family);
+    ASSERT_NE(f, nullptr);
+    for (const Preset& p : parse_presets(pf.json, pf.family)) {
+      ++n;
+      EXPECT_EQ(preset(p.name).config, p.config);
+      const nlohmann::ordered_json& c = p.config.contains("text_config") ? p.config["text_config"] : p.config;
+      EXPECT_NE(family_of_model_type(c.value("model_type", std::string())), nullptr) << p.name;
+      EXPECT_EQ(family_of_model_type(c.value("model_type", std::string())), f) << p.name;
+    }
+  }
+  EXPECT_EQ(presets().size(), n);
+  EXPECT_EQ(preset("qwen3.5-35b-a3b").name, "qwen3.6-35b-a3b");  // an alias
+}
+
+TEST(Presets, ParseErrorsNameTheField) {
+  auto error = [](const std::string& text) {
+    try {
+      parse_presets(text, "x.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("{").find("x.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(error("{}").find("JSON array"), std::string::npos);
+  EXPECT_NE(error(R"([{"description": "d", "config": {}}])").find("has no 'name'"), std::string::npos);
+  EXPECT_NE(error(R"([{"name": "a", "description": "d"}])").find("preset 'a' has no 'config'"), std::string::npos);
+  EXPECT_NE(error(R"([{"name": "a", "description": "d", "config": {}, "fused_experts": 1}])").find("fused_experts"), std::string::npos);
+  EXPECT_NE(error(R"([{"name": "a", "description": "d", "config": {}, "aliases": "b"}])").find("aliases"), std::string::npos);
+  const std::vector<Preset> ok = parse_presets(R"([{"name": "a", "description": "d", "config": {"model_type": "m"}}])", "x.json");
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].prefix, "model.");
+  EXPECT_FALSE(ok[0].fused_experts);
 }
 
 }  // namespace

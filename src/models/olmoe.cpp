@@ -16,6 +16,27 @@ namespace {
 using J = nlohmann::ordered_json;
 using namespace cfg;
 
+// ---- GGUF ----------------------------------------------------------------------------------
+// Per-layer rows besides the common ones: q/k norms over the whole projection (same names), no
+// value transforms.
+std::vector<io::GgufRow> gguf_rows() {
+  return {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+  };
+}
+
+// llama.cpp's olmoe graph keeps the softmax weights of the top k (as the release).
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  m.require_all_moe("OLMoE");
+  j["num_experts"] = m.need("expert_count");
+  j["num_experts_per_tok"] = m.need("expert_used_count");
+  j["intermediate_size"] = m.expert_ff();
+  j["norm_topk_prob"] = false;
+}
+
 void configure(const io::Config& c, ModelSpec* sp) {
   ModelSpec& s = *sp;
   check_act(c);
@@ -32,32 +53,6 @@ void configure(const io::Config& c, ModelSpec* sp) {
   s.ffns.assign(s.n_layers, FfnKind::kMoE);
 }
 
-// OLMoE-1B-7B-0924 config.json (allenai/OLMoE-1B-7B-0924).
-Preset olmoe_1b_7b() {
-  J cfg = {{"architectures", {"OlmoeForCausalLM"}},
-           {"model_type", "olmoe"},
-           {"vocab_size", 50304},
-           {"hidden_size", 2048},
-           {"intermediate_size", 1024},
-           {"num_hidden_layers", 16},
-           {"num_attention_heads", 16},
-           {"num_key_value_heads", 16},
-           {"num_experts", 64},
-           {"num_experts_per_tok", 8},
-           {"norm_topk_prob", false},
-           {"max_position_embeddings", 4096},
-           {"rms_norm_eps", 1e-5},
-           {"rope_theta", 10000.0},
-           {"clip_qkv", nullptr},
-           {"hidden_act", "silu"},
-           {"attention_bias", false},
-           {"tie_word_embeddings", false},
-           {"eos_token_id", 50279},
-           {"pad_token_id", 1},
-           {"torch_dtype", "bfloat16"}};
-  return {"olmoe-1b-7b", "OLMoE-1B-7B: 16 attention layers (full q/k norms), 64 experts top-8", cfg, false, "model."};
-}
-
 }  // namespace
 
 const Family& olmoe_family() {
@@ -65,8 +60,8 @@ const Family& olmoe_family() {
                         .model_types = {"olmoe"},
                         .configure = configure,
                         .load = load_decoder,
-                        .presets = [] { return std::vector<Preset>{olmoe_1b_7b()}; },
-                        .describe = describe_gqa_moe};
+                        .describe = describe_gqa_moe,
+                        .gguf = {{.name = "olmoe", .model_type = "olmoe", .rows = gguf_rows(), .config = gguf_config}}};
   return f;
 }
 

@@ -17,6 +17,59 @@ namespace {
 using J = nlohmann::ordered_json;
 using namespace cfg;
 
+// ---- GGUF ----------------------------------------------------------------------------------
+// qwen3next and qwen35moe: norms stored as 1 + w, the Gated DeltaNet tensors; qwen35moe stores
+// the V heads tiled (io::GgufArch::v_tiled).
+std::vector<io::GgufRow> gguf_rows(bool tiled) {
+  using T = io::GgufTransform;
+  using S = io::GgufShape;
+  constexpr auto N1 = T::kNormMinus1;
+  std::vector<io::GgufRow> r = {
+      {"attn_norm.weight", "input_layernorm.weight", N1},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight", N1},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight", N1},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight", N1},
+      {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+      {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+      {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+      {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", T::kNone, S::kRowVector},
+      {"ssm_norm.weight", "linear_attn.norm.weight"},  // RMSNormGated: no +1 offset
+  };
+  if (!tiled) {
+    r.push_back({"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"});
+    r.push_back({"attn_gate.weight", "linear_attn.in_proj_z.weight"});
+    r.push_back({"ssm_in.weight", "linear_attn.in_proj_qkvz.weight"});  // legacy layout, HF rows unchanged
+    r.push_back({"ssm_ba.weight", "linear_attn.in_proj_b.weight", T::kBaSplitB});  // a: the loader splits it off
+    r.push_back({"ssm_conv1d.weight", "linear_attn.conv1d.weight", T::kNone, S::kConv1d});
+    r.push_back({"ssm_dt.bias", "linear_attn.dt_bias"});
+    r.push_back({"ssm_a", "linear_attn.A_log", T::kALog});
+    r.push_back({"ssm_out.weight", "linear_attn.out_proj.weight"});
+  } else {
+    const auto VR = T::kVRows;
+    r.push_back({"attn_qkv.weight", "linear_attn.in_proj_qkv.weight", VR, S::kReversed, -1, true});
+    r.push_back({"attn_gate.weight", "linear_attn.in_proj_z.weight", VR, S::kReversed, -1});
+    r.push_back({"ssm_beta.weight", "linear_attn.in_proj_b.weight", VR, S::kReversed, 1});
+    r.push_back({"ssm_alpha.weight", "linear_attn.in_proj_a.weight", VR, S::kReversed, 1});
+    r.push_back({"ssm_conv1d.weight", "linear_attn.conv1d.weight", VR, S::kConv1d, -1, true});
+    r.push_back({"ssm_dt.bias", "linear_attn.dt_bias", VR, S::kReversed, 1});
+    r.push_back({"ssm_a", "linear_attn.A_log", T::kALog, S::kReversed, 1});
+    r.push_back({"ssm_out.weight", "linear_attn.out_proj.weight", T::kVCols, S::kReversed, -1});
+  }
+  return r;
+}
+
+// The MoE fields (the hybrid ssm.* keys and layer_types are generic: io::GgufArch::hybrid).
+// llama.cpp's qwen3next / qwen35moe graphs renormalise the top-k weights; layers without a
+// router are mlp_only.
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  j["num_experts"] = m.need("expert_count");
+  j["num_experts_per_tok"] = m.need("expert_used_count");
+  j["moe_intermediate_size"] = m.need("expert_feed_forward_length");
+  j["norm_topk_prob"] = true;
+  j["mlp_only_layers"] = m.dense_layers();
+  j["decoder_sparse_step"] = 1;
+}
+
 std::vector<MixerKind> hybrid_layer_types(const io::Config& c, int n_layers) {
   std::vector<MixerKind> m;
   if (c.has("layer_types")) {
@@ -86,113 +139,6 @@ std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpe
   return m;
 }
 
-J hybrid_layer_types(int n, int interval) {
-  J lt = J::array();
-  for (int i = 0; i < n; ++i) lt.push_back((i + 1) % interval == 0 ? "full_attention" : "linear_attention");
-  return lt;
-}
-
-Preset qwen36_35b() {
-  J text = {{"model_type", "qwen3_5_moe_text"},
-            {"vocab_size", 248320},
-            {"hidden_size", 2048},
-            {"num_hidden_layers", 40},
-            {"layer_types", hybrid_layer_types(40, 4)},
-            {"full_attention_interval", 4},
-            {"num_attention_heads", 16},
-            {"num_key_value_heads", 2},
-            {"head_dim", 256},
-            {"attention_bias", false},
-            {"attn_output_gate", true},
-            {"linear_num_key_heads", 16},
-            {"linear_num_value_heads", 32},
-            {"linear_key_head_dim", 128},
-            {"linear_value_head_dim", 128},
-            {"linear_conv_kernel_dim", 4},
-            {"num_experts", 256},
-            {"num_experts_per_tok", 8},
-            {"moe_intermediate_size", 512},
-            {"shared_expert_intermediate_size", 512},
-            {"rms_norm_eps", 1e-6},
-            {"hidden_act", "silu"},
-            {"max_position_embeddings", 262144},
-            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25},
-                                 {"mrope_section", {11, 11, 10}}, {"mrope_interleaved", true}}},
-            {"tie_word_embeddings", false},
-            {"eos_token_id", 248044},
-            {"dtype", "bfloat16"}};
-  J cfg = {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
-           {"model_type", "qwen3_5_moe"},
-           {"text_config", text},
-           {"tie_word_embeddings", false},
-           {"image_token_id", 248056},
-           {"video_token_id", 248057},
-           {"vision_start_token_id", 248053},
-           {"vision_end_token_id", 248054}};
-  return {"qwen3.6-35b-a3b", "Qwen3.6-35B-A3B / Qwen3.5-35B-A3B: 40 layers (30 Gated DeltaNet + 10 gated attention), 256 experts top-8 + shared",
-          cfg, true, "model.language_model."};
-}
-
-Preset qwen3_next_80b() {
-  J cfg = {{"architectures", {"Qwen3NextForCausalLM"}},
-           {"model_type", "qwen3_next"},
-           {"vocab_size", 151936},
-           {"hidden_size", 2048},
-           {"num_hidden_layers", 48},
-           {"layer_types", hybrid_layer_types(48, 4)},
-           {"full_attention_interval", 4},
-           {"num_attention_heads", 16},
-           {"num_key_value_heads", 2},
-           {"head_dim", 256},
-           {"partial_rotary_factor", 0.25},
-           {"rope_theta", 5000000.0},
-           {"linear_num_key_heads", 16},
-           {"linear_num_value_heads", 32},
-           {"linear_key_head_dim", 128},
-           {"linear_value_head_dim", 128},
-           {"linear_conv_kernel_dim", 4},
-           {"num_experts", 512},
-           {"num_experts_per_tok", 10},
-           {"moe_intermediate_size", 512},
-           {"shared_expert_intermediate_size", 512},
-           {"norm_topk_prob", true},
-           {"decoder_sparse_step", 1},
-           {"mlp_only_layers", J::array()},
-           {"intermediate_size", 5120},
-           {"rms_norm_eps", 1e-6},
-           {"hidden_act", "silu"},
-           {"max_position_embeddings", 262144},
-           {"attention_bias", false},
-           {"tie_word_embeddings", false},
-           {"eos_token_id", 151645},
-           {"torch_dtype", "bfloat16"}};
-  return {"qwen3-next-80b-a3b", "Qwen3-Next-80B-A3B: 48 layers (36 Gated DeltaNet + 12 gated attention), 512 experts top-10 + shared",
-          cfg, false, "model."};
-}
-
-Preset tiny() {
-  Preset p = qwen36_35b();
-  J& t = p.config["text_config"];
-  t["vocab_size"] = 8256;
-  t["hidden_size"] = 128;
-  t["num_hidden_layers"] = 4;
-  t["layer_types"] = hybrid_layer_types(4, 4);
-  t["num_attention_heads"] = 4;
-  t["head_dim"] = 32;
-  t["linear_num_key_heads"] = 2;
-  t["linear_num_value_heads"] = 4;
-  t["linear_key_head_dim"] = 32;
-  t["linear_value_head_dim"] = 32;
-  t["num_experts"] = 32;
-  t["moe_intermediate_size"] = 64;
-  t["shared_expert_intermediate_size"] = 64;
-  t["max_position_embeddings"] = 4096;
-  t["eos_token_id"] = 0;
-  p.name = "tiny-qwen3.5";
-  p.description = "a small qwen3_5_moe shape for tests (4 layers, 32 experts top-8)";
-  return p;
-}
-
 std::string describe(const ModelSpec& s) {
   return strfmt("%d Gated DeltaNet layers (constant state) + %d attention layers of %d KV heads x %d dims; %d experts top-%d%s",
                 s.n_layers_of(MixerKind::kGatedDeltaNet), s.n_layers_of(MixerKind::kAttention), s.attn.n_kv_heads,
@@ -206,8 +152,14 @@ const Family& qwen3_5_moe_family() {
                         .model_types = {"qwen3_5_moe", "qwen3_5_moe_text"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure_hybrid(c, s, false); },
                         .load = load,
-                        .presets = [] { return std::vector<Preset>{qwen36_35b(), tiny()}; },
-                        .describe = describe};
+                        .describe = describe,
+                        .gguf = {{.name = "qwen35moe",
+                                  .model_type = "qwen3_5_moe_text",
+                                  .hybrid = true,
+                                  .v_tiled = true,
+                                  .partial_rotary_default = 0.25,
+                                  .rows = gguf_rows(true),
+                                  .config = gguf_config}}};
   return f;
 }
 
@@ -216,8 +168,13 @@ const Family& qwen3_next_family() {
                         .model_types = {"qwen3_next"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure_hybrid(c, s, true); },
                         .load = load,
-                        .presets = [] { return std::vector<Preset>{qwen3_next_80b()}; },
-                        .describe = describe};
+                        .describe = describe,
+                        .gguf = {{.name = "qwen3next",
+                                  .model_type = "qwen3_next",
+                                  .hybrid = true,
+                                  .partial_rotary_default = 0.25,
+                                  .rows = gguf_rows(false),
+                                  .config = gguf_config}}};
   return f;
 }
 

@@ -16,6 +16,29 @@ namespace {
 using J = nlohmann::ordered_json;
 using namespace cfg;
 
+// ---- GGUF ----------------------------------------------------------------------------------
+// Per-layer rows besides the common ones: q/k norms over the whole projection (same names), no
+// value transforms.
+std::vector<io::GgufRow> gguf_rows() {
+  return {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+  };
+}
+
+// llama.cpp's qwen3moe / qwen3next / qwen35moe graphs renormalise the top-k weights; layers
+// without a router are mlp_only.
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  j["num_experts"] = m.need("expert_count");
+  j["num_experts_per_tok"] = m.need("expert_used_count");
+  j["moe_intermediate_size"] = m.need("expert_feed_forward_length");
+  j["norm_topk_prob"] = true;
+  j["mlp_only_layers"] = m.dense_layers();
+  j["decoder_sparse_step"] = 1;
+}
+
 void configure(const io::Config& c, ModelSpec* sp) {
   ModelSpec& s = *sp;
   check_act(c);
@@ -37,33 +60,6 @@ std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpe
   return m;
 }
 
-Preset qwen3_30b() {
-  J cfg = {{"architectures", {"Qwen3MoeForCausalLM"}},
-           {"model_type", "qwen3_moe"},
-           {"vocab_size", 151936},
-           {"hidden_size", 2048},
-           {"num_hidden_layers", 48},
-           {"num_attention_heads", 32},
-           {"num_key_value_heads", 4},
-           {"head_dim", 128},
-           {"intermediate_size", 6144},
-           {"moe_intermediate_size", 768},
-           {"num_experts", 128},
-           {"num_experts_per_tok", 8},
-           {"norm_topk_prob", true},
-           {"decoder_sparse_step", 1},
-           {"mlp_only_layers", J::array()},
-           {"rms_norm_eps", 1e-6},
-           {"rope_theta", 1000000.0},
-           {"max_position_embeddings", 40960},
-           {"hidden_act", "silu"},
-           {"attention_bias", false},
-           {"tie_word_embeddings", false},
-           {"eos_token_id", 151645},
-           {"torch_dtype", "bfloat16"}};
-  return {"qwen3-30b-a3b", "Qwen3-30B-A3B: 48 attention layers, 128 experts top-8", cfg, false, "model."};
-}
-
 }  // namespace
 
 const Family& qwen3_moe_family() {
@@ -71,8 +67,8 @@ const Family& qwen3_moe_family() {
                         .model_types = {"qwen3_moe"},
                         .configure = configure,
                         .load = load,
-                        .presets = [] { return std::vector<Preset>{qwen3_30b()}; },
-                        .describe = describe_gqa_moe};
+                        .describe = describe_gqa_moe,
+                        .gguf = {{.name = "qwen3moe", .model_type = "qwen3_moe", .rows = gguf_rows(), .config = gguf_config}}};
   return f;
 }
 

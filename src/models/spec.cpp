@@ -142,7 +142,7 @@ void read_mla_rope(const io::Config& c, ModelSpec* s) {
 }
 
 
-void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default) {
+void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default, bool topk_group_default_all, bool mask_neg_inf) {
   MoeSpec& mo = sp->moe;
   mo.n_experts = positive(c, "n_routed_experts");
   read_top_k(c, sp);
@@ -154,10 +154,10 @@ void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default) {
   mo.sigmoid_scores = true;
   mo.score_bias = true;
   mo.group_top2_sum = true;
-  mo.group_mask_neg_inf = true;  // HF 5.17 Glm4MoeTopkRouter: masked_fill(-inf)
+  mo.group_mask_neg_inf = mask_neg_inf;  // HF 5.17 Glm4MoeTopkRouter: masked_fill(-inf)
   mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
   mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
-  mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : 1;  // HF Glm4MoeConfig default
+  mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : topk_group_default_all ? mo.n_group : 1;  // HF Glm4MoeConfig: 1
   if (mo.n_experts % mo.n_group != 0)
     fail("%s: n_routed_experts (%d) must be a multiple of n_group (%d)", c.source().c_str(), mo.n_experts, mo.n_group);
   if (mo.topk_group > mo.n_group) fail("%s: topk_group (%d) exceeds n_group (%d)", c.source().c_str(), mo.topk_group, mo.n_group);
@@ -203,7 +203,7 @@ const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> v = [] {
     std::vector<std::string> out;
     for (const Family* f : families())
-      if (f->load != nullptr) out.insert(out.end(), f->model_types.begin(), f->model_types.end());
+      out.insert(out.end(), f->model_types.begin(), f->model_types.end());
     return out;
   }();
   return v;

@@ -43,7 +43,7 @@ Loaded& get(const std::string& name) {
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
   Loaded l;
-  l.ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(model_dir(name)));
+  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(model_dir(name)));
   l.pool = std::make_unique<ops::ThreadPool>(2);
   if (name == "mixtral_w6") {
     ModelSpec spec = build_spec(*l.ckpt);

@@ -1,7 +1,7 @@
 // Backend: the only door from model code to compute. Model files (src/models/) state the math
 // of a layer as calls on a Backend and never loop over activations themselves; a backend runs
-// each op where its data lives (CpuBackend: the Highway kernels of src/ops on host memory; a
-// GPU backend later). ReferenceBackend is a plain scalar implementation of every op that the
+// each op where its data lives (CpuBackend: the Highway kernels of src/ops on host memory;
+// CudaBackend: the CUDA kernels of src/ops/cuda on device memory). ReferenceBackend is a plain scalar implementation of every op that the
 // backend op test (backend_test.cpp) checks every other backend against, in the manner of
 // llama.cpp's test-backend-ops.
 //

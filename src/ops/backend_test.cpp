@@ -52,6 +52,7 @@
 #include "quant/convert.h"
 #include "quant/quantize.h"
 #include "quant/recipe.h"
+#include "models/family.h"
 
 namespace spool::ops {
 namespace {
@@ -1188,7 +1189,7 @@ TEST(BackendOps, CapabilityTableNamesTheOpTable) {
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
   std::set<std::string> called;
   auto run = [&](const std::string& dir) {
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto be = std::make_shared<CountingBackend>(nullptr);
     auto model = models::load_model(ckpt, be);
     models::State st = model->new_state();
@@ -1212,7 +1213,7 @@ TEST(BackendOps, OptionalOpsUsedMatchTheModelsCalls) {
   const std::set<std::string> optional(generic_host_fallback_ops().begin(), generic_host_fallback_ops().end());
   auto check = [&](const std::string& dir) {
     SCOPED_TRACE(dir);
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto be = std::make_shared<CountingBackend>(nullptr);
     auto model = models::load_model(ckpt, be);
     models::State st = model->new_state();
@@ -1232,7 +1233,7 @@ TEST(BackendOps, OptionalOpsUsedMatchTheModelsCalls) {
   };
   for (const char* f : kFamilies) check(spool::testing::data_dir() + "/models/" + f);
   check(SPOOL_DEFAULT_MODEL_DIR);
-  auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(spool::testing::data_dir() + "/models/mixtral"));
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(spool::testing::data_dir() + "/models/mixtral"));
   models::ModelSpec spec = models::build_spec(*ckpt);
   EXPECT_TRUE(models::optional_ops_used(spec).empty());
   spec.attn.sliding_window = 4;
@@ -1246,7 +1247,7 @@ TEST(BackendOps, ReferenceBackendReproducesGoldens) {
   for (const char* f : kFamilies) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
-    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+    auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
     auto model = models::load_model(ckpt, std::make_shared<ReferenceBackend>());
     spool::testing::Golden g(dir + "/golden.safetensors");
     const std::vector<int32_t> ids = g.i32("input_ids");

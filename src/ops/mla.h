@@ -1,8 +1,7 @@
 // Multi-head latent attention (DeepSeek-V2/V3 MLA) in its weight-absorbed form over a latent
 // cache: per position one vector of kv_lora_rank + qk_rope_head_dim elements,
 // [c (normed KV latent) | k_pe (roped key part shared by all heads)], stored as a keys-only
-// KvCache with one head (kv_cache.h). Source: DeepSeek inference/model.py attn_impl="absorb";
-// docs in the repository's architectures notes §6.5.
+// KvCache with one head (kv_cache.h). Source: DeepSeek inference/model.py attn_impl="absorb".
 #pragma once
 
 #include <cstdint>

@@ -20,6 +20,7 @@
 #include "models/spec.h"
 #include "plan/arch.h"
 #include "plan/projection.h"
+#include "models/family.h"
 
 namespace spool::plan {
 namespace {
@@ -84,9 +85,8 @@ struct EditedFixture {
 TEST(PlanArch, DeepSeekCachesTheMlaLatent) {
   for (const char* name : {"deepseek_v3", "deepseek_v2_lite"}) {
     SCOPED_TRACE(name);
-    const io::Checkpoint ck = io::Checkpoint::open(fixture(name), {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(fixture(name), {.map = false});
     const PlanModel pm = plan_model(ck);
-    EXPECT_TRUE(pm.runnable);
     // config.json: kv_lora_rank 32 + qk_rope_head_dim 8 per layer and token, 3 layers.
     EXPECT_EQ(pm.spec.attn.kv_latent_dim, 32 + 8);
     ASSERT_EQ(pm.spec.ffns.size(), 3u);  // first_k_dense_replace 1: layer 0 dense, 1 and 2 MoE
@@ -103,7 +103,6 @@ TEST(PlanArch, DeepSeekCachesTheMlaLatent) {
     EXPECT_EQ(p.state.kv, 3u * (32 + 8) * 4 * 1024);
     EXPECT_EQ(project(ck, inputs(1000, 16)).state.kv_per_token, 3u * (32 + 8) * 2);
     EXPECT_EQ(project(ck, inputs(1000, 8)).state.kv_per_token, 3u * (32 + 8 + 4));  // int8 + one f32 scale (40 % 32 != 0)
-    EXPECT_TRUE(p.runnable);
     EXPECT_NE(p.command, "");
     EXPECT_EQ(p.verdict, Verdict::kResident);
 
@@ -121,7 +120,7 @@ TEST(PlanArch, DeepSeekLayersPastNumHiddenLayersAreLeftOut) {
   // DeepSeek-V3 stores its multi-token-prediction layer as layers.<num_hidden_layers>: with
   // num_hidden_layers 2, the fixture's layer 2 plays that part.
   EditedFixture d("deepseek_v3", [](nlohmann::json& c) { c["num_hidden_layers"] = 2; });
-  const io::Checkpoint ck = io::Checkpoint::open(d.dir, {.map = false});
+  const io::Checkpoint ck = models::open_checkpoint(d.dir, {.map = false});
   const Projection p = project(ck, inputs(256));
   const HeaderSums h = header_sums(d.dir, 2);
   EXPECT_EQ(h.experts, 1u * 16 * 3 * 32 * 64 * 4);
@@ -134,9 +133,8 @@ TEST(PlanArch, DeepSeekLayersPastNumHiddenLayersAreLeftOut) {
 TEST(PlanArch, MixtralAndOlmoeCacheKAndVPerKvHead) {
   {
     // Mixtral: 2 layers x (K + V) x 2 KV heads x head_dim 64/4 = 16, f32.
-    const io::Checkpoint ck = io::Checkpoint::open(fixture("mixtral"), {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(fixture("mixtral"), {.map = false});
     const Projection p = project(ck, inputs(4096));
-    EXPECT_TRUE(p.runnable);
     EXPECT_EQ(p.state.kv_per_token, 2u * 2 * 2 * 16 * 4);
     EXPECT_EQ(p.kv_capacity, 4096);  // sliding_window null: the whole context
     EXPECT_EQ(p.state.kv, 2u * 2 * 2 * 16 * 4 * 4096);
@@ -150,9 +148,8 @@ TEST(PlanArch, MixtralAndOlmoeCacheKAndVPerKvHead) {
   }
   {
     // OLMoE: 2 layers x (K + V) x 4 KV heads x 16, f32.
-    const io::Checkpoint ck = io::Checkpoint::open(fixture("olmoe"), {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(fixture("olmoe"), {.map = false});
     const Projection p = project(ck, inputs(300));
-    EXPECT_TRUE(p.runnable);
     EXPECT_EQ(p.state.kv_per_token, 2u * 2 * 4 * 16 * 4);
     EXPECT_EQ(p.kv_capacity, 512);
     const HeaderSums h = header_sums(fixture("olmoe"), 2);
@@ -178,9 +175,8 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
                         Want{"glm4_moe_lite", 3u * (32 + 8) * 4, 2, 32},  // kv_lora_rank 32 + qk_rope_head_dim 8
                         Want{"minimax_m2", 3u * 2 * 2 * 16 * 4, 3, 0}}) {
     SCOPED_TRACE(w.name);
-    const io::Checkpoint ck = io::Checkpoint::open(fixture(w.name), {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(fixture(w.name), {.map = false});
     const PlanModel pm = plan_model(ck);
-    EXPECT_TRUE(pm.runnable);
     ASSERT_EQ(pm.spec.ffns.size(), 3u);
     for (int i = 0; i < 3; ++i)
       EXPECT_EQ(pm.spec.ffns[i], i >= 3 - w.moe_layers ? models::FfnKind::kMoE : models::FfnKind::kDense) << "layer " << i;
@@ -188,7 +184,6 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
     EXPECT_EQ(pm.spec.moe.top_k, 4);
     EXPECT_EQ(pm.spec.moe.shared_intermediate, w.shared);
     const Projection p = project(ck, inputs(1000));
-    EXPECT_TRUE(p.runnable);
     EXPECT_EQ(p.state.kv_per_token, w.kv_per_token);
     EXPECT_EQ(p.state.kv, w.kv_per_token * 1024);
     const HeaderSums h = header_sums(fixture(w.name), 3);
@@ -201,16 +196,16 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
   }
   // glm4_moe's attention: q/k/v biases, half of each head rotated; glm4_moe_lite's latent norms
   // at 1e-6 beside rms_norm_eps 1e-5; MiniMax-M2's q/k norms over the whole projection.
-  const PlanModel glm = plan_model(io::Checkpoint::open(fixture("glm4_moe"), {.map = false}));
+  const PlanModel glm = plan_model(models::open_checkpoint(fixture("glm4_moe"), {.map = false}));
   EXPECT_TRUE(glm.spec.attn.qkv_bias);
   EXPECT_EQ(glm.spec.attn.rotary_dim, 8);
   EXPECT_FALSE(glm.spec.attn.qk_norm);
-  const PlanModel lite = plan_model(io::Checkpoint::open(fixture("glm4_moe_lite"), {.map = false}));
+  const PlanModel lite = plan_model(models::open_checkpoint(fixture("glm4_moe_lite"), {.map = false}));
   EXPECT_FLOAT_EQ(lite.spec.mla.latent_norm_eps, 1e-6f);
   EXPECT_FLOAT_EQ(lite.spec.rms_norm_eps, 1e-5f);
   EXPECT_EQ(lite.spec.mla.v_head_dim, 16);
   EXPECT_FLOAT_EQ(lite.spec.moe.routed_scaling_factor, 1.8f);
-  const PlanModel mm = plan_model(io::Checkpoint::open(fixture("minimax_m2"), {.map = false}));
+  const PlanModel mm = plan_model(models::open_checkpoint(fixture("minimax_m2"), {.map = false}));
   EXPECT_TRUE(mm.spec.attn.qk_norm_full);
   EXPECT_EQ(mm.spec.attn.rotary_dim, 8);
   EXPECT_TRUE(mm.spec.moe.score_bias);
@@ -220,7 +215,7 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
     c["rope_parameters"].erase("partial_rotary_factor");
     c["rotary_dim"] = 8;
   });
-  const PlanModel mr = plan_model(io::Checkpoint::open(rot.dir, {.map = false}));
+  const PlanModel mr = plan_model(models::open_checkpoint(rot.dir, {.map = false}));
   EXPECT_EQ(mr.spec.attn.rotary_dim, 16);
   bool noted = false;
   for (const std::string& n : mr.notes) noted = noted || n.find("rotary_dim") != std::string::npos;
@@ -228,7 +223,7 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
   // A mlp_layer_types list of the wrong length is refused, naming the field.
   EditedFixture bad("glm4_moe_lite", [](nlohmann::json& c) { c["mlp_layer_types"] = {"dense", "sparse"}; });
   try {
-    plan_model(io::Checkpoint::open(bad.dir, {.map = false}));
+    plan_model(models::open_checkpoint(bad.dir, {.map = false}));
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("mlp_layer_types"), std::string::npos) << e.what();
@@ -265,9 +260,8 @@ TEST(PlanArch, GlmAndMiniMaxPresetsHaveTheReleasedSizes) {
 TEST(PlanArch, GptOssWindowsEveryOtherLayerAndCountsMxfp4Experts) {
   for (const char* name : {"gpt_oss", "gpt_oss_mxfp4"}) {
     SCOPED_TRACE(name);
-    const io::Checkpoint ck = io::Checkpoint::open(fixture(name), {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(fixture(name), {.map = false});
     const Projection p = project(ck, inputs(300));
-    EXPECT_TRUE(p.runnable);
     EXPECT_TRUE(p.spec.attn.sinks);
     EXPECT_EQ(p.spec.attn.sliding_window, 8);
     EXPECT_EQ(p.spec.attn.window_layers, (std::vector<bool>{true, false, true, false}));
@@ -294,7 +288,7 @@ TEST(PlanArch, GptOssWindowsEveryOtherLayerAndCountsMxfp4Experts) {
 // positions, whatever the context) and the bytes read per token (the window).
 TEST(PlanArch, SlidingWindowBoundsReadsAndTheKvCache) {
   EditedFixture d("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 300; });
-  const io::Checkpoint ck = io::Checkpoint::open(d.dir, {.map = false});
+  const io::Checkpoint ck = models::open_checkpoint(d.dir, {.map = false});
   const uint64_t per = 2u * 2 * 2 * 16 * 4;
   const Projection p = project(ck, inputs(4096));
   EXPECT_EQ(p.spec.attn.sliding_window, 300);
@@ -307,7 +301,7 @@ TEST(PlanArch, SlidingWindowBoundsReadsAndTheKvCache) {
   EXPECT_EQ(p.active_bytes_per_token,
             p.weights.resident_dense + p.weights.embed_on_demand / p.spec.vocab_size + p.expert_bytes_per_token + per * 300);
   EditedFixture bad("mixtral", [](nlohmann::json& c) { c["sliding_window"] = 0; });
-  EXPECT_THROW(project(io::Checkpoint::open(bad.dir, {.map = false}), inputs(4096)), Error);
+  EXPECT_THROW(project(models::open_checkpoint(bad.dir, {.map = false}), inputs(4096)), Error);
 }
 
 // Bytes read per decoded token: the engine reads one row of an untied embedding table
@@ -320,7 +314,7 @@ TEST(PlanArch, ActiveBytesCountOneEmbeddingRow) {
   };
   {
     SCOPED_TRACE("untied, float lm_head");
-    const io::Checkpoint ck = io::Checkpoint::open(src, {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(src, {.map = false});
     const Projection p = project(ck, inputs(300));
     const uint64_t table = ck.tensor("embed_tokens.weight").nbytes;
     EXPECT_EQ(p.weights.embed_on_demand, table);
@@ -357,7 +351,7 @@ TEST(PlanArch, ActiveBytesCountOneEmbeddingRow) {
   {
     SCOPED_TRACE("untied, quantized lm_head (lm_head.qweight)");
     rewrite(tmp + "/qhead", true);
-    const io::Checkpoint ck = io::Checkpoint::open(tmp + "/qhead", {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(tmp + "/qhead", {.map = false});
     const Projection p = project(ck, inputs(300));
     const uint64_t table = ck.tensor("embed_tokens.weight").nbytes;
     EXPECT_EQ(p.weights.embed_on_demand, table);  // the table is read row by row, not resident
@@ -367,7 +361,7 @@ TEST(PlanArch, ActiveBytesCountOneEmbeddingRow) {
   {
     SCOPED_TRACE("tied: the embedding table is lm_head");
     rewrite(tmp + "/tied", false);
-    const io::Checkpoint ck = io::Checkpoint::open(tmp + "/tied", {.map = false});
+    const io::Checkpoint ck = models::open_checkpoint(tmp + "/tied", {.map = false});
     const Projection p = project(ck, inputs(300));
     EXPECT_EQ(p.weights.embed_on_demand, 0u);
     EXPECT_EQ(p.weights.resident_dense + p.weights.experts, p.weights.total);
@@ -376,25 +370,23 @@ TEST(PlanArch, ActiveBytesCountOneEmbeddingRow) {
   // The memory-bandwidth decode bound divides by these bytes.
   PlanInputs in = inputs(300);
   in.mem_gbps = 10.0;
-  const Projection p = project(io::Checkpoint::open(src, {.map = false}), in);
+  const Projection p = project(models::open_checkpoint(src, {.map = false}), in);
   ASSERT_TRUE(p.tok_s_mem_bound.has_value());
   EXPECT_DOUBLE_EQ(*p.tok_s_mem_bound, 10e9 / static_cast<double>(p.active_bytes_per_token));
   fs::remove_all(tmp);
 }
 
 TEST(PlanArch, SupportedModelsStayRunnableAndOthersAreRefused) {
-  const io::Checkpoint ck = io::Checkpoint::open(fixture("qwen3_moe"), {.map = false});
+  const io::Checkpoint ck = models::open_checkpoint(fixture("qwen3_moe"), {.map = false});
   const PlanModel pm = plan_model(ck);
-  EXPECT_TRUE(pm.runnable);
   EXPECT_EQ(pm.spec.attn.kv_latent_dim, 0);
   EXPECT_EQ(pm.spec.attn.sliding_window, 0);
   const Projection p = project(ck, inputs(512));
-  EXPECT_TRUE(p.runnable);
   EXPECT_NE(p.command.find("spool generate"), std::string::npos);
 
   EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "gemma4_text"; });
   try {
-    project(io::Checkpoint::open(d.dir, {.map = false}), inputs(512));
+    project(models::open_checkpoint(d.dir, {.map = false}), inputs(512));
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unsupported model_type 'gemma4_text'"), std::string::npos) << e.what();

@@ -17,6 +17,7 @@
 #include "plan/footprint.h"
 #include "plan/gpu.h"
 #include "plan/projection.h"
+#include "models/family.h"
 
 namespace spool::plan {
 namespace {
@@ -32,7 +33,7 @@ uint64_t rss_anon() {
 }
 
 TEST(Footprint, KvCapacityFollowsKvCacheGrowth) {
-  io::Checkpoint ck = io::Checkpoint::open(kDemo);
+  io::Checkpoint ck = models::open_checkpoint(kDemo);
   const models::ModelSpec spec = models::build_spec(ck);
   struct Case {
     int64_t prompt, total, step;
@@ -63,7 +64,7 @@ TEST(Footprint, KvCapacityFollowsKvCacheGrowth) {
 // capacities are what models::State's caches reach over the same run, windowed layers stay
 // bounded by KvCache::window_rows whatever the context, and state_bytes counts each layer at its own.
 TEST(Footprint, WindowedLayersFollowTheirBoundedCache) {
-  io::Checkpoint ck = io::Checkpoint::open(std::string(SPOOL_TEST_DATA_DIR) + "/models/gpt_oss", {.map = false});
+  io::Checkpoint ck = models::open_checkpoint(std::string(SPOOL_TEST_DATA_DIR) + "/models/gpt_oss", {.map = false});
   const models::ModelSpec spec = models::build_spec(ck);
   ASSERT_EQ(spec.attn.sliding_window, 8);
   ASSERT_TRUE(spec.attn.window_bounds_kv);
@@ -99,7 +100,7 @@ TEST(Footprint, WindowedLayersFollowTheirBoundedCache) {
 }
 
 TEST(Footprint, WeightClassesMatchTheCheckpoint) {
-  io::Checkpoint ck = io::Checkpoint::open(kDemo, {.map = false});
+  io::Checkpoint ck = models::open_checkpoint(kDemo, {.map = false});
   const models::ModelSpec spec = models::build_spec(ck);
   const WeightBytes w = weight_bytes(ck, spec);
   EXPECT_EQ(w.total, ck.total_bytes());
@@ -126,7 +127,7 @@ TEST(Footprint, WorkspaceMatchesMeasuredAllocation) {
   // the heap and the growth depends on which holes earlier loads happened to leave.
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   for (int64_t T : {512}) {
-    auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(kDemo));
+    auto ck = std::make_shared<io::Checkpoint>(models::open_checkpoint(kDemo));
     ops::ThreadPool pool(2);
     auto model = models::load_model(ck, &pool);
     const models::ModelSpec& spec = model->spec();
@@ -203,7 +204,7 @@ TEST(Budget, SharedRule) {
 }
 
 TEST(Projection, VerdictsAndCommand) {
-  io::Checkpoint ck = io::Checkpoint::open(kDemo, {.map = false});
+  io::Checkpoint ck = models::open_checkpoint(kDemo, {.map = false});
   PlanInputs in;
   in.model_arg = "DIR";
   in.shape.threads = 2;

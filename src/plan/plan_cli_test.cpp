@@ -78,7 +78,6 @@ TEST(PlanCli, ProjectsTheRegisteredFamilies) {
   Result r = spool("plan -m " + ds + " --json --mem-gbps 10 --ram-gb 8");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
-  EXPECT_TRUE(j["runnable"].get<bool>());
   EXPECT_EQ(j["verdict"], "resident");
   EXPECT_NE(j["command"].get<std::string>().find("spool generate"), std::string::npos) << j["command"];
   EXPECT_EQ(j["model_type"], "deepseek_v3");
@@ -93,11 +92,10 @@ TEST(PlanCli, ProjectsTheRegisteredFamilies) {
   for (const char* name : {"deepseek_v2_lite", "deepseek_v3_kimi", "mixtral", "olmoe", "ernie4_5_moe"}) {
     r = spool("plan -m " + std::string(SPOOL_TEST_DATA_DIR) + "/models/" + name + " --json --mem-gbps 10 --ram-gb 8");
     ASSERT_EQ(r.code, 0) << name << r.out;
-    EXPECT_TRUE(nlohmann::json::parse(r.out)["runnable"].get<bool>()) << name;
+    EXPECT_NE(nlohmann::json::parse(r.out)["command"], "") << name;  // every family runs
   }
   r = spool("plan -m " + kDemo + " --json --mem-gbps 10 --ram-gb 8");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(nlohmann::json::parse(r.out)["runnable"].get<bool>());
 }
 
 // Released total parameter counts (model cards and papers), for `plan --preset` at full size.
@@ -153,7 +151,6 @@ TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
     Result r = spool("plan --preset " + p.name + " --json --ram-gb 8192 --mem-gbps 10 --kv-bits 32 --ctx-size 4096");
     ASSERT_EQ(r.code, 0) << r.out;
     const auto j = nlohmann::json::parse(r.out);
-    EXPECT_TRUE(j["runnable"].get<bool>());
     EXPECT_EQ(j["verdict"], "resident");
     EXPECT_EQ(j["model"], "preset " + p.name);
     const auto& t = p.config.contains("text_config") ? p.config["text_config"] : p.config;

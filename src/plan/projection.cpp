@@ -70,7 +70,6 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   Projection p;
   PlanModel pm = plan_model(ck);
   p.spec = std::move(pm.spec);
-  p.runnable = pm.runnable;
   p.architecture = std::move(pm.architecture);
   p.notes = std::move(pm.notes);
   p.weights = weight_bytes(ck, p.spec);
@@ -177,7 +176,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     p.notes.push_back(strfmt("--ctx-size %lld is beyond the model's max_position_embeddings %lld", (long long)in.shape.ctx,
                              (long long)p.spec.max_position_embeddings));
   if (!serve) cmd += " --prompt \"...\"";
-  p.command = p.runnable ? cmd : "";
+  p.command = cmd;
   if (p.verdict == Verdict::kStream && p.cache_bytes < static_cast<uint64_t>(p.spec.moe.top_k) * n_moe * p.slot_bytes)
     p.notes.push_back("the cache holds fewer experts than one token uses: every token reads most of its experts from disk");
   return p;

@@ -57,8 +57,7 @@ const char* verdict_name(Verdict v);
 /// Everything `spool plan` prints.
 struct Projection {
   models::ModelSpec spec;
-  bool runnable = true;          // spool can run this model_type; false: projection only, no command
-  std::string architecture;      // what the KV / expert figures assume (families spool cannot run)
+  std::string architecture;      // what the KV / expert figures assume (Family::describe)
   WeightBytes weights;
   StateBytes state;
   int64_t kv_capacity = 0;       // KV positions allocated at shape.ctx by a layer that keeps every position
@@ -80,13 +79,11 @@ struct Projection {
   std::optional<double> mem_gbps, disk_gbps;
   std::optional<double> tok_s_mem_bound, tok_s_disk_bound;  // decode tokens/s upper bounds
   std::vector<std::string> notes;
-  std::string command;           // "" when the model does not fit or is not runnable
+  std::string command;           // "" when the model does not fit
 };
 
-/// Projects a run of the model in `ck` (header-only is enough). Model families spool cannot
-/// run yet (plan_only_model_types(): DeepSeek-V2/V3, Mixtral, OLMoE) are projected too, with
-/// runnable = false and no command. Throws spool::Error for any other model_type or an
-/// inconsistent config (via plan_model / models::build_spec).
+/// Projects a run of the model in `ck` (header-only is enough). Throws spool::Error for a
+/// model_type no family registers or an inconsistent config (via plan_model / models::build_spec).
 Projection project(const io::Checkpoint& ck, const PlanInputs& in);
 
 }  // namespace spool::plan

@@ -10,6 +10,7 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "plan/http.h"
+#include "models/family.h"
 
 namespace spool::plan {
 
@@ -151,7 +152,7 @@ ModelSource open_remote_gguf(const std::string& url, uint64_t first) {
   }
   auto g = std::make_shared<io::GgufFile>(io::GgufFile::from_headers(std::move(headers), url));
   m.tokenizer_json_bytes = gguf_tokenizer_json_bytes(*g);
-  m.ckpt = io::Checkpoint::from_gguf(std::move(g));
+  m.ckpt = io::Checkpoint::from_gguf(std::move(g), models::checkpoint_rules());
   m.bytes_fetched = http.bytes_received();
   m.requests = http.requests();
   return m;
@@ -189,7 +190,7 @@ ModelSource open_remote(const std::string& url) {
   // tokenizer.json: its size only (one byte asked for).
   HttpResponse tok = http.get(base + "tokenizer.json", 1, 0, 0);
   if ((tok.status == 200 || tok.status == 206) && tok.total_size) m.tokenizer_json_bytes = *tok.total_size;
-  m.ckpt = io::Checkpoint::from_parts(base, config, gen ? &*gen : nullptr, std::move(shards));
+  m.ckpt = io::Checkpoint::from_parts(base, config, gen ? &*gen : nullptr, std::move(shards), models::checkpoint_rules());
   m.bytes_fetched = http.bytes_received();
   m.requests = http.requests();
   return m;
@@ -228,12 +229,12 @@ std::string normalize_base_url(const std::string& url) {
 ModelSource open_source(const std::string& where, uint64_t gguf_first_range) {
   if (is_url(where)) return is_gguf_name(where) ? open_remote_gguf(where, gguf_first_range) : open_remote(where);
   if (is_gguf_name(where) && fs::is_regular_file(where)) {  // headers only, nothing mapped
-    ModelSource m{io::Checkpoint::open(where, {.map = false}), where, false, where, 0, 0, 0};
+    ModelSource m{models::open_checkpoint(where, {.map = false}), where, false, where, 0, 0, 0};
     m.tokenizer_json_bytes = gguf_tokenizer_json_bytes(*m.ckpt.gguf());
     return m;
   }
   if (!fs::is_directory(where)) fail("%s: model directory does not exist", where.c_str());
-  ModelSource m{io::Checkpoint::open(where, {.map = false}), where, false, where, 0, 0, 0};
+  ModelSource m{models::open_checkpoint(where, {.map = false}), where, false, where, 0, 0, 0};
   const std::string tok = where + "/tokenizer.json";
   std::error_code ec;
   if (fs::exists(tok, ec)) m.tokenizer_json_bytes = fs::file_size(tok, ec);

@@ -343,7 +343,8 @@ void prepare_out_dir(const ConvertOptions& opt) {
 }  // namespace
 
 ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
-  io::Checkpoint ck = io::Checkpoint::open(opt.in_dir);
+  if (opt.rules == nullptr) fail("convert: no family rules given (ConvertOptions::rules)");
+  io::Checkpoint ck = io::Checkpoint::open(opt.in_dir, *opt.rules);
   if (ck.raw_config().json().contains("quantization"))
     fail("%s is already a spool quantized checkpoint; convert the original", opt.in_dir.c_str());
   prepare_out_dir(opt);

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "io/family_rules.h"
 #include "quant/recipe.h"
 
 namespace spool::quant {
@@ -32,6 +33,9 @@ struct ConvertOptions {
   /// Normalised names the model family keeps in bf16 besides the recipe's kept class
   /// (models::Family::keep_float; may be null).
   bool (*keep_float)(std::string_view name) = nullptr;
+  /// The family rules to open `in_dir` with (models::checkpoint_rules(); required: without them
+  /// a family's renamed or natively quantized tensors would be misread).
+  const io::RulesResolver* rules = nullptr;
 };
 
 /// Parameters and bytes of one tensor class in the output.

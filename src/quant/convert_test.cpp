@@ -42,12 +42,13 @@ ConvertResult run_convert(const std::string& in, const std::string& out, const s
   ConvertOptions o;
   o.in_dir = in;
   o.out_dir = out;
+  o.rules = &models::checkpoint_rules();
   o.recipe = recipe(recipe_name);
   o.rotate = rotate;
   o.threads = 2;
   o.shard_bytes = shard_bytes;
   // As spool convert: the family's bf16 keep-list (DeepSeek keeps kv_b_proj).
-  const models::Family* f = models::family_named(models::build_spec(io::Checkpoint::open(in, {.map = false})).family);
+  const models::Family* f = models::family_named(models::build_spec(models::open_checkpoint(in, {.map = false})).family);
   if (f != nullptr) o.keep_float = f->keep_float;
   return convert(o, nullptr);
 }
@@ -56,8 +57,8 @@ ConvertResult run_convert(const std::string& in, const std::string& out, const s
 /// dequantization (original basis) and every other tensor copied: the float model the
 /// quantized one must compute exactly.
 void write_dequantized(const std::string& src_dir, const std::string& q, const std::string& out) {
-  io::Checkpoint ck = io::Checkpoint::open(q);
-  io::Checkpoint src = io::Checkpoint::open(src_dir, {.map = false});
+  io::Checkpoint ck = models::open_checkpoint(q);
+  io::Checkpoint src = models::open_checkpoint(src_dir, {.map = false});
   std::vector<std::vector<uint8_t>> keep;
   std::vector<io::TensorToWrite> tensors;
   for (const auto& t : ck.tensors()) {
@@ -137,13 +138,13 @@ void check_equivalence(const std::string& src, const std::string& recipe_name, b
   const std::string q = scratch(tag), f = scratch(tag + "_deq");
   ConvertResult r = run_convert(src, q, recipe_name, rotate, /*shard_bytes=*/1 << 20);
   // gpt-oss MXFP4 experts stay MXFP4 (copied as stored); every other source is quantized.
-  const bool mxfp4 = io::Checkpoint::open(src, {.map = false}).expert_part(0, 0, io::ExpertProj::kDown, io::ExpertPart::kMxBlocks) != nullptr;
+  const bool mxfp4 = models::open_checkpoint(src, {.map = false}).expert_part(0, 0, io::ExpertProj::kDown, io::ExpertPart::kMxBlocks) != nullptr;
   if (!mxfp4) {
     EXPECT_GT(r.classes["expert_gate_up"].params, 0);
   }
   EXPECT_GT(r.classes["dense"].params, 0);
   // With rotation every quantized matrix has its sign vector (the loader refuses otherwise).
-  io::Checkpoint qck = io::Checkpoint::open(q, {.map = false});
+  io::Checkpoint qck = models::open_checkpoint(q, {.map = false});
   int64_t qweights = 0, signs = 0;
   for (const auto& t : qck.tensors()) {
     qweights += t.name.ends_with(".qweight") && t.expert_layer < 0;
@@ -156,7 +157,7 @@ void check_equivalence(const std::string& src, const std::string& recipe_name, b
   if (mxfp4) {  // every expert's blocks and scales are the source's bytes
     ASSERT_FALSE(lq.ckpt->experts_quantized());
     ASSERT_NE(lq.ckpt->expert_part(0, 0, io::ExpertProj::kGate, io::ExpertPart::kMxBlocks), nullptr);
-    io::Checkpoint sck = io::Checkpoint::open(src);
+    io::Checkpoint sck = models::open_checkpoint(src);
     int64_t compared = 0;
     for (const auto& t : lq.ckpt->tensors()) {
       if (t.expert_layer < 0) continue;
@@ -263,7 +264,7 @@ double class_bits(const char* bits, int g) {
 TEST(Convert, SizeOnDiskFollowsTheRecipe) {
   const std::string q = scratch("size");
   ConvertResult r = run_convert(fixture("demo"), q, "tq3a-tqTe-down4");
-  io::Checkpoint src = io::Checkpoint::open(fixture("demo"));
+  io::Checkpoint src = models::open_checkpoint(fixture("demo"));
   // Expected: per source tensor, its class's bits per weight (codebooks and signs are
   // per-tensor constants, < 0.1% here); bf16 for kept tensors.
   double bits = 0;
@@ -302,7 +303,7 @@ TEST(Convert, SizeOnDiskFollowsTheRecipe) {
 TEST(Convert, ExpertIsOneContiguousRange) {
   const std::string q = scratch("contig");
   run_convert(fixture("qwen3_moe"), q, "tq3a-tqTe-down3");
-  io::Checkpoint ck = io::Checkpoint::open(q);
+  io::Checkpoint ck = models::open_checkpoint(q);
   for (const auto& t : ck.tensors()) {
     if (t.expert_layer < 0 || t.expert_proj != io::ExpertProj::kGate || t.expert_part != io::ExpertPart::kQWeight) continue;
     std::vector<const io::TensorRef*> parts = ck.expert_tensors(t.expert_layer, t.expert_id);

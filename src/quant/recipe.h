@@ -1,4 +1,4 @@
-// Quantization recipes: which tensors are quantized how. Classes (design notes §2):
+// Quantization recipes: which tensors are quantized how (docs/quant-format.md). Classes:
 //   dense           every other 2-D projection: attention, Gated DeltaNet in/out projections,
 //                   shared experts (and dense MLP layers)
 //   lm_head         the output projection
