@@ -214,6 +214,8 @@ ResponsesRequest parse_responses_request(const json& body) {
   if (field(body, "max_tool_calls")) throw bad_request("'max_tool_calls' is not supported", "max_tool_calls");
   if (auto k = get_int(body, "top_logprobs", 0, 20); k && *k > 0) throw bad_request("'top_logprobs' is not supported by /v1/responses", "top_logprobs");
   if (const json* inc = field(body, "include"); inc && !inc->is_array()) throw bad_request("'include' must be an array of strings", "include");
+  for (const char* k : {"stop", "seed", "logit_bias", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"})
+    if (const json* v = field(body, k)) r.extensions[k] = *v;
   return r;
 }
 
@@ -285,6 +287,7 @@ json responses_chat_body(const ResponsesRequest& r, const json& history, std::st
   if (r.temperature) body["temperature"] = *r.temperature;
   if (r.top_p) body["top_p"] = *r.top_p;
   body["stream"] = r.stream;
+  for (const auto& [k, v] : r.extensions.items()) body[k] = v;
   if (r.reasoning_effort) {
     json k = reasoning_kwargs(template_text, *r.reasoning_effort);
     if (!k.empty()) body["chat_template_kwargs"] = k;

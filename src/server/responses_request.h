@@ -10,7 +10,9 @@
 // tools out of the prompt), `max_output_tokens`, `temperature`, `top_p`, `reasoning.effort`,
 // `previous_response_id`, `store`, `stream`, `metadata`, `parallel_tool_calls`, `text.format`
 // {"type": "text"}; accepted and ignored: include, user, safety_identifier, prompt_cache_key,
-// service_tier, stream_options, truncation, text.verbosity, reasoning.summary, model.
+// service_tier, stream_options, truncation, text.verbosity, reasoning.summary, model. Extensions
+// (as /v1/chat/completions takes them): stop, seed, logit_bias, top_k, min_p, repetition_penalty,
+// presence_penalty, frequency_penalty.
 // Refused with 400: tool_choice "required" / a named function / allowed_tools (they need
 // constrained decoding, which spool does not have), non-function tools, non-text content
 // parts (images, files, audio), item types other than the four above, text.format json_schema /
@@ -46,6 +48,10 @@ struct ResponsesRequest {
   std::optional<double> temperature, top_p;
   std::optional<std::string> reasoning_effort;     ///< none, minimal, low, medium, high, xhigh
   std::optional<std::string> reasoning_summary;    ///< accepted and echoed; no summaries are written
+  /// spool's chat-completions sampling extensions given in the body (stop, seed, logit_bias,
+  /// top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty), passed on as they
+  /// are and validated by the chat path (400 naming the field).
+  nlohmann::ordered_json extensions = nlohmann::ordered_json::object();
 };
 
 /// Validates `body` (a JSON object). Throws ApiError 400 naming the field.

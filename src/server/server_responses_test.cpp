@@ -129,7 +129,7 @@ TEST(ResponsesRequest, AcceptsTheDocumentedShapes) {
 
   const ojson body = responses_chat_body(r, ojson::array(), "{% if enable_thinking %}{% endif %}");
   const ojson& msgs = body["messages"];
-  ASSERT_EQ(msgs.size(), 7u) << msgs.dump();
+  ASSERT_EQ(msgs.size(), 6u) << msgs.dump();
   EXPECT_EQ(msgs[0], J(R"({"role": "system", "content": "Be brief."})"));
   EXPECT_EQ(msgs[1], J(R"({"role": "developer", "content": "dev"})"));
   EXPECT_EQ(msgs[2], J(R"({"role": "user", "content": "a\nb"})"));
@@ -141,7 +141,6 @@ TEST(ResponsesRequest, AcceptsTheDocumentedShapes) {
   EXPECT_EQ(msgs[3]["tool_calls"][0], J(R"({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}})"));
   EXPECT_EQ(msgs[4], J(R"({"role": "tool", "tool_call_id": "call_1", "content": "one"})"));
   EXPECT_EQ(msgs[5], J(R"({"role": "tool", "tool_call_id": "call_2", "content": "two"})"));
-  EXPECT_EQ(msgs[6]["role"], "assistant");  // a function_call with no assistant message before it gets one
   ASSERT_EQ(body["tools"].size(), 2u);
   EXPECT_EQ(body["tools"][0], J(R"({"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}})"));
   EXPECT_EQ(body["tools"][1]["function"]["parameters"], J(R"({"type": "object", "properties": {}})"));
@@ -162,6 +161,13 @@ TEST(ResponsesRequest, HistoryToolChoiceNoneAndEmptyInput) {
   EXPECT_EQ(body["messages"][2], J(R"({"role": "user", "content": "next"})"));
   EXPECT_FALSE(body.contains("tools"));  // tool_choice "none" leaves the tools out
   EXPECT_FALSE(body.contains("chat_template_kwargs"));
+  // A function_call with no assistant message before it gets one (content "", the pending reasoning).
+  r = parse_responses_request(J(R"({"input": [{"role": "user", "content": "q"}, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]},
+                                              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]})"));
+  body = responses_chat_body(r, ojson::array(), "");
+  ASSERT_EQ(body["messages"].size(), 2u);
+  EXPECT_EQ(body["messages"][1], J(R"({"role": "assistant", "content": "", "reasoning_content": "s",
+                                       "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})"));
   r = parse_responses_request(J(R"({"input": []})"));
   try {
     responses_chat_body(r, ojson::array(), "");
@@ -343,16 +349,16 @@ TEST(ResponsesStore, LruBoundByCountAndBytes) {
   EXPECT_FALSE(none.put("a", entry("1")));
   EXPECT_EQ(none.size(), 0u);
 
-  // Bytes: each entry is id + {"t":"xxxxxxxxxx"} + ["xxxxxxxxxx"] = 1 + 16 + 14 = 31 bytes.
+  // Bytes: each entry is id + {"t":"xxxxxxxxxx"} + ["xxxxxxxxxx"] = 1 + 18 + 14 = 33 bytes.
   const std::string ten(10, 'x');
   ResponsesStore small(100, 70);
   EXPECT_TRUE(small.put("a", entry(ten)));
-  EXPECT_EQ(small.bytes(), 31u);
+  EXPECT_EQ(small.bytes(), 33u);
   EXPECT_TRUE(small.put("b", entry(ten)));
-  EXPECT_TRUE(small.put("c", entry(ten)));  // 93 > 70: a goes
+  EXPECT_TRUE(small.put("c", entry(ten)));  // 99 > 70: a goes
   EXPECT_EQ(small.size(), 2u);
   EXPECT_FALSE(small.get("a"));
-  EXPECT_EQ(small.bytes(), 62u);
+  EXPECT_EQ(small.bytes(), 66u);
   EXPECT_FALSE(small.put("d", entry(std::string(100, 'y'))));  // larger than the bound on its own
   EXPECT_EQ(small.size(), 2u);
 }
@@ -372,7 +378,7 @@ struct Running {
     o.threads = 2;
     EngineOptions eo;
     eo.model_name = "demo";
-    eo.ctx_size = 256;
+    eo.ctx_size = 512;
     eo.prefill_step = 32;
     server->set_engine(make_serving_engine(engine::load(o), eo));
   }
@@ -399,7 +405,9 @@ void expect_error(const httplib::Result& r, int status, const std::string& param
   ASSERT_TRUE(j.is_object() && j.contains("error")) << what << ": " << r->body;
   EXPECT_TRUE(j["error"]["message"].is_string()) << what;
   EXPECT_EQ(j["error"]["type"], "invalid_request_error") << what;
-  if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << what << ": " << r->body;
+  if (!param.empty()) {
+    EXPECT_EQ(j["error"]["param"], param) << what << ": " << r->body;
+  }
 }
 
 const char* kBody = R"({"model": "demo", "input": "Tell me about the sea", "max_output_tokens": 6, "temperature": 0)";
@@ -502,8 +510,9 @@ TEST(ResponsesHttp, PlainStreamedChainedStoredAndErrors) {
                       "application/json"), 400, "tool_choice", "required");
   expect_error(c.Post("/v1/responses", R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})", "application/json"), 400,
                "input[0].content[0].type", "image");
-  expect_error(c.Post("/v1/responses", R"({"input": ")" + std::string(2000, 'a') + " " + std::string(2000, 'b') + "\"}", "application/json"),
-               400, "input", "prompt longer than the context");
+  std::string longer;
+  for (int i = 0; i < 1000; ++i) longer += "sea ";  // over 512 tokens
+  expect_error(c.Post("/v1/responses", R"({"input": ")" + longer + "\"}", "application/json"), 400, "input", "prompt longer than the context");
   // Tools and a function-call round trip are accepted.
   auto tools = c.Post("/v1/responses", R"({"input": [{"role": "user", "content": "weather?"},
       {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},

@@ -6,6 +6,7 @@ random: the checks are on protocol shape, not content. Usage: responses_client.p
 import asyncio
 import json
 import sys
+import urllib.request
 
 import openai
 from openai import AsyncOpenAI, OpenAI
@@ -98,7 +99,16 @@ for bad in ({"tool_choice": "required", "tools": tools}, {"input": [{"role": "us
     except openai.BadRequestError as e:
         assert e.status_code == 400 and e.body and e.param, e.body
 
-# One openai-agents loop: an Agent with one function tool, run to completion.
+# One openai-agents loop: an Agent with one function tool, run to completion. The SDK treats a
+# response cut by max_output_tokens ("incomplete") as an error, and the random demo model rarely
+# ends on its own: spool's logit_bias extension makes it end at once (an empty message), so the
+# loop finishes in one turn. It cannot exercise a tool call: forcing one (tool_choice "required")
+# needs constrained decoding, which spool does not have yet.
+eos = json.loads(urllib.request.urlopen(urllib.request.Request(
+    base_url.removesuffix("/v1") + "/tokenize", data=json.dumps({"content": "<|im_end|>"}).encode(),
+    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})).read())["tokens"]
+assert len(eos) == 1, eos
+eos = eos[0]
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 set_tracing_disabled(True)
@@ -116,7 +126,7 @@ async def agent_loop():
     aclient = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
     agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
                   model=OpenAIResponsesModel(model=model, openai_client=aclient),
-                  model_settings=ModelSettings(max_tokens=24, temperature=0))
+                  model_settings=ModelSettings(max_tokens=24, temperature=0, extra_body={"logit_bias": {str(eos): 100}}))
     return await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
 
 
