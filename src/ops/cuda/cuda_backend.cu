@@ -2070,6 +2070,8 @@ void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGr
         k_swiglu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(gate, up, n * Idim, gate);
         CU_LAUNCHED("k_swiglu");
         break;
+      case Activation::kGeluTanhGLU:  // no kernel yet: the model's CUDA path is not enabled for it
+        fail("cuda backend: expert_ffn with the tanh-GELU activation (Gemma 4) has no CUDA kernel yet; run it with --device cpu");
       case Activation::kClampedSwiGLU:
         I.mm(e.gate, xg, n, up);  // [n, 2I]
         k_clamped_swiglu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(up, e.gate_bias, n, Idim, gate);
