@@ -53,7 +53,10 @@ std::optional<ExpertName> parse_expert_name(std::string_view s) {
     else return std::nullopt;
     return n;
   }
-  if (!eat(s, "mlp.experts.")) return std::nullopt;
+  // Fused experts directly under the layer (HF Gemma 4: layers.{L}.experts.{gate_up_proj,down_proj}).
+  const bool layer_level = eat(s, "experts.");
+  if (!layer_level && !eat(s, "mlp.experts.")) return std::nullopt;
+  if (layer_level && s != "gate_up_proj" && s != "down_proj") return std::nullopt;
   if (s == "gate_up_proj" || s == "gate_up_proj.weight" || s == "down_proj" || s == "down_proj.weight") {
     n.fused = true;
     n.proj = s[0] == 'g' ? ExpertProj::kGate : ExpertProj::kDown;

@@ -2,6 +2,7 @@
 // shared by the checkpoint loader and the repacker.
 //   layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.{weight,qweight,scales,codebook,blocks,e8m0_scales}  per expert
 //   layers.{L}.mlp.experts.{gate_up_proj,down_proj}[.weight]                         fused [E, out, in]
+//   layers.{L}.experts.{gate_up_proj,down_proj}                                      fused, under the layer (Gemma 4)
 //   layers.{L}.block_sparse_moe.experts.{E}.{w1,w3,w2}.weight                        Mixtral (gate, up, down)
 //   layers.{L}.mlp.gate.{weight,e_score_correction_bias}, layers.{L}.block_sparse_moe.gate.weight,
 //   layers.{L}.block_sparse_moe.e_score_correction_bias (MiniMax-M2)                  routers
