@@ -1233,7 +1233,7 @@ class CountingBackend final : public Backend {
 const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "mixtral", "olmoe",
                                  "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
                                  "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4",
-                                 "ernie4_5_moe"};
+                                 "ernie4_5_moe", "gemma4_text_moe"};
 
 // covered() is filled during static initialisation, so the order of tests does not matter.
 TEST(BackendOps, TableCoversEveryOpTheModelsCall) {
