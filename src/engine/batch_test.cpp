@@ -170,7 +170,7 @@ INSTANTIATE_TEST_SUITE_P(Families, BatchEqualsAlone,
                          ::testing::Combine(::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "demo",
                                                               "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite",
                                                               "glm4_moe", "glm4_moe_lite", "minimax_m2",
-                                                              "gpt_oss", "gpt_oss_mxfp4", "ernie4_5_moe"),
+                                                              "gpt_oss", "gpt_oss_mxfp4", "ernie4_5_moe", "gemma4_text_moe"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) ? "_streaming" : "_resident");

@@ -143,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(Demo, BitIdentical, ::testing::Combine(::testing::Value
 INSTANTIATE_TEST_SUITE_P(Fixtures, BitIdentical,
                          ::testing::Combine(::testing::Values("qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe", "mixtral", "olmoe",
                                                               "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite",
-                                                              "minimax_m2", "gpt_oss_mxfp4", "ernie4_5_moe"),
+                                                              "minimax_m2", "gpt_oss_mxfp4", "ernie4_5_moe", "gemma4_text_moe"),
                                             ::testing::Values(Config{0.0, 1, true, io::IoEngine::kPread, 0},
                                                               Config{0.1, 8, false, io::IoEngine::kUring, 2},
                                                               Config{0.5, 8, true, io::IoEngine::kUring, 0},

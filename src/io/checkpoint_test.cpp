@@ -40,6 +40,14 @@ TEST(TensorNames, ParseExpertAndRouterNames) {
   EXPECT_TRUE(f->fused);
   EXPECT_EQ(f->proj, ExpertProj::kGate);
   EXPECT_FALSE(parse_expert_name("layers.0.block_sparse_moe.experts.7.w3.weight").has_value());  // a family's rename
+  auto l = parse_expert_name("layers.5.experts.down_proj");  // fused, directly under the layer (Gemma 4)
+  ASSERT_TRUE(l.has_value());
+  EXPECT_TRUE(l->fused);
+  EXPECT_EQ(l->layer, 5);
+  EXPECT_EQ(l->proj, ExpertProj::kDown);
+  EXPECT_TRUE(parse_expert_name("layers.5.experts.gate_up_proj").has_value());
+  EXPECT_FALSE(parse_expert_name("layers.5.experts.3.gate_proj.weight").has_value());  // only the fused layout there
+  EXPECT_FALSE(parse_expert_name("layers.5.experts.gate_up_proj.weight").has_value());
   EXPECT_FALSE(parse_expert_name("layers.0.mlp.experts.99999999999.gate_proj.weight").has_value());
   EXPECT_FALSE(parse_expert_name("layers.0.mlp.experts.1.gate_proj.bias").has_value());
   EXPECT_FALSE(parse_expert_name("layers.x.mlp.experts.1.gate_proj.weight").has_value());

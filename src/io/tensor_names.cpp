@@ -45,7 +45,10 @@ bool parse_part(std::string_view s, ExpertPart* part) {
 std::optional<ExpertName> parse_expert_name(std::string_view s) {
   ExpertName n;
   if (!eat(s, "layers.") || !eat_index(s, &n.layer)) return std::nullopt;
-  if (!eat(s, "mlp.experts.")) return std::nullopt;
+  // Fused experts directly under the layer (HF Gemma 4: layers.{L}.experts.{gate_up_proj,down_proj}).
+  const bool layer_level = eat(s, "experts.");
+  if (!layer_level && !eat(s, "mlp.experts.")) return std::nullopt;
+  if (layer_level && s != "gate_up_proj" && s != "down_proj") return std::nullopt;
   if (s == "gate_up_proj" || s == "gate_up_proj.weight" || s == "down_proj" || s == "down_proj.weight") {
     n.fused = true;
     n.proj = s[0] == 'g' ? ExpertProj::kGate : ExpertProj::kDown;

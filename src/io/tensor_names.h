@@ -2,6 +2,7 @@
 // shared by the checkpoint loader and the repacker.
 //   layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.{weight,qweight,scales,codebook,blocks,e8m0_scales}  per expert
 //   layers.{L}.mlp.experts.{gate_up_proj,down_proj}[.weight]                         fused [E, out, in]
+//   layers.{L}.experts.{gate_up_proj,down_proj}                                      fused, under the layer (Gemma 4)
 //   layers.{L}.mlp.gate.{weight,e_score_correction_bias}                              routers
 // (a family's own names, e.g. Mixtral's block_sparse_moe.experts.{E}.w1, are renamed to these
 // first: io::TensorNameRules, io::Checkpoint::normalized_name).

@@ -37,13 +37,16 @@ void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float
 }
 
 void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer) {
-  a_ = spec.attn;
+  a_ = spec.attn_of(layer);
   window_ = a_.windowed(layer) ? a_.sliding_window : 0;
   eps_ = spec.rms_norm_eps;
   const int64_t H = spec.hidden_size, hd = a_.head_dim;
   wq_ = bind_matrix(ck, prefix + "q_proj.weight", a_.n_heads * hd * (a_.output_gate ? 2 : 1), H);
   wk_ = bind_matrix(ck, prefix + "k_proj.weight", a_.n_kv_heads * hd, H);
-  wv_ = bind_matrix(ck, prefix + "v_proj.weight", a_.n_kv_heads * hd, H);
+  if (!a_.k_eq_v) wv_ = bind_matrix(ck, prefix + "v_proj.weight", a_.n_kv_heads * hd, H);
+  if (a_.k_eq_v && a_.qkv_bias) fail("%s: k_eq_v attention with q/k/v biases is not supported", ck.dir().c_str());
+  if (a_.value_norm) ones_.assign(static_cast<size_t>(hd), 1.0f);
+  ones_p_ = ones_.data();
   wo_ = bind_matrix(ck, prefix + "o_proj.weight", H, a_.n_heads * hd);
   if (a_.qk_norm) {  // per head, or (OLMoE) over the whole projection
     q_norm_ = bind_norm(ck, prefix + "q_norm.weight", a_.qk_norm_full ? a_.n_heads * hd : hd, spec.norm_one_plus);
@@ -72,7 +75,8 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
 void AttentionLayer::place(ops::Backend& be) {
   wq_ = be.upload(wq_);
   wk_ = be.upload(wk_);
-  wv_ = be.upload(wv_);
+  if (!a_.k_eq_v) wv_ = be.upload(wv_);
+  if (a_.value_norm) ones_p_ = be.upload_floats(ones_);
   wo_ = be.upload(wo_);
   if (a_.qk_norm) {
     q_norm_p_ = be.upload_floats(q_norm_);
@@ -103,6 +107,10 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
     be.matmul_multi(qkv, x, T);
     be.copy_2d(s.q, hd, s.qg, 2 * hd, T * nh, hd);
     be.copy_2d(s.gate, hd, s.qg + hd, 2 * hd, T * nh, hd);
+  } else if (a_.k_eq_v) {  // V = the K projection (before the k norm and RoPE)
+    const ops::MatmulOut qk[] = {{&wq_, s.q}, {&wk_, s.k}};
+    be.matmul_multi(qk, x, T);
+    be.copy_2d(s.v, static_cast<int64_t>(nkv) * hd, s.k, static_cast<int64_t>(nkv) * hd, T, static_cast<int64_t>(nkv) * hd);
   } else {
     const ops::MatmulOut qkv[] = {{&wq_, s.q}, {&wk_, s.k}, {&wv_, s.v}};
     be.matmul_multi(qkv, x, T);
@@ -119,6 +127,7 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
     be.rms_norm(s.q, q_norm_p_, T * nh, hd, eps_, s.q);
     be.rms_norm(s.k, k_norm_p_, T * nkv, hd, eps_, s.k);
   }
+  if (a_.value_norm) be.rms_norm(s.v, ones_p_, T * nkv, hd, eps_, s.v);  // weightless, per head
   const float scale = a_.softmax_scale > 0 ? a_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t qw = static_cast<int64_t>(nh) * hd, kw = static_cast<int64_t>(nkv) * hd;
   for (const AttnSeg& g : segs) {  // per sequence: its positions, its cache

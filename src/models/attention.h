@@ -8,6 +8,10 @@
 // Mixtral: a sliding window (AttentionSpec::sliding_window) masks keys older than the window.
 // gpt-oss (HF GptOssAttention): biases on q/k/v/o, per-head attention sinks, the window only on
 // the layers layer_types marks "sliding_attention" (AttentionSpec::window_layers).
+// Gemma 4 (HF Gemma4TextAttention): per-layer geometry (ModelSpec::attn_of), V from the K
+// projection on layers without v_proj (AttentionSpec::k_eq_v), weightless per-head RMSNorm of V
+// (AttentionSpec::value_norm), scale 1 (softmax_scale), proportional RoPE (explicit inv_freq
+// with zero tail frequencies).
 #pragma once
 
 #include <string>
@@ -44,8 +48,9 @@ class AttentionLayer {
   /// Binds `{prefix}{q,k,v,o}_proj.weight` and `{prefix}{q,k}_norm.weight` (prefix e.g.
   /// "layers.3.self_attn."), with AttentionSpec::qkv_bias `{prefix}{q,k,v}_proj.bias`, with
   /// AttentionSpec::o_bias `{prefix}o_proj.bias` and with
-  /// AttentionSpec::sinks `{prefix}sinks` [n_heads]. `layer` selects whether the sliding window
-  /// applies (AttentionSpec::windowed).
+  /// AttentionSpec::sinks `{prefix}sinks` [n_heads]; with AttentionSpec::k_eq_v no v_proj. `layer`
+  /// selects the geometry (ModelSpec::attn_of) and whether the sliding window applies
+  /// (AttentionSpec::windowed).
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer = -1);
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
@@ -71,6 +76,8 @@ class AttentionLayer {
   int64_t window_ = 0;  // this layer's sliding window (0: none)
   std::vector<float> bq_, bk_, bv_, bo_;  // projection biases [nh*hd], [nkv*hd] x2, [H] (qkv_bias, o_bias)
   const float *bq_p_ = nullptr, *bk_p_ = nullptr, *bv_p_ = nullptr, *bo_p_ = nullptr;  // where the backend reads them
+  std::vector<float> ones_;  // [head_dim] of 1: the weight of the weightless value norm (value_norm)
+  const float* ones_p_ = nullptr;  // ones_ where the backend reads it
   std::vector<float> sinks_;  // [n_heads] host (AttentionSpec::sinks)
   ops::Rope rope_;
 };

@@ -33,7 +33,7 @@ void DecoderModel::take_layers(ops::Workspace& m, const ModelSpec& spec, int64_t
     {
       ops::WorkspaceScope scope(m);
       if (spec.mixers[i] == MixerKind::kAttention) {
-        AttentionLayer::Scratch::take(m, spec.attn, T);
+        AttentionLayer::Scratch::take(m, spec.attn_of(i), T);
       } else if (spec.mixers[i] == MixerKind::kMLA) {
         MlaLayer::Scratch::take(m, spec, T);
       } else {
@@ -41,7 +41,15 @@ void DecoderModel::take_layers(ops::Workspace& m, const ModelSpec& spec, int64_t
       }
     }
     ops::WorkspaceScope scope(m);
-    if (spec.ffns[i] == FfnKind::kMoE) {
+    if (spec.parallel_dense_ffn && spec.ffns[i] == FfnKind::kMoE) {  // run_layers: two [T, H] rows, then each branch
+      m.floats(T * H);
+      m.floats(T * H);
+      {
+        ops::WorkspaceScope inner(m);
+        DenseMlp::Scratch::take(m, T, spec.dense_intermediate);
+      }
+      MoeBlock::Scratch::take(m, spec.moe, H, T, spec.moe.top_k);
+    } else if (spec.ffns[i] == FfnKind::kMoE) {
       MoeBlock::Scratch::take(m, spec.moe, H, T, spec.moe.top_k);
     } else {
       DenseMlp::Scratch::take(m, T, spec.dense_intermediate);
@@ -112,6 +120,17 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     const std::string p = "layers." + std::to_string(i) + ".";
     L.in_norm = bind_norm(ck, p + "input_layernorm.weight", H, spec_.norm_one_plus);
     L.post_norm = bind_norm(ck, p + "post_attention_layernorm.weight", H, spec_.norm_one_plus);
+    if (spec_.sandwich_norms) {
+      L.pre_ffn = bind_norm(ck, p + "pre_feedforward_layernorm.weight", H, spec_.norm_one_plus);
+      L.post_ffn = bind_norm(ck, p + "post_feedforward_layernorm.weight", H, spec_.norm_one_plus);
+    }
+    if (spec_.parallel_dense_ffn && spec_.ffns[i] == FfnKind::kMoE) {
+      if (!spec_.sandwich_norms) fail("%s: a parallel dense FFN needs sandwich norms", ck.dir().c_str());
+      L.pre_ffn2 = bind_norm(ck, p + "pre_feedforward_layernorm_2.weight", H, spec_.norm_one_plus);
+      L.post_ffn1 = bind_norm(ck, p + "post_feedforward_layernorm_1.weight", H, spec_.norm_one_plus);
+      L.post_ffn2 = bind_norm(ck, p + "post_feedforward_layernorm_2.weight", H, spec_.norm_one_plus);
+    }
+    if (spec_.residual_scale) L.scalar = bind_f32(ck, p + "layer_scalar", {1})[0];
     if (spec_.mixers[i] == MixerKind::kAttention) {
       L.attn = std::make_unique<AttentionLayer>();
       L.attn->bind(ck, p + "self_attn.", spec_, i);
@@ -122,13 +141,16 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
       L.gdn = std::make_unique<GatedDeltaNetLayer>();
       L.gdn->bind(ck, p + "linear_attn.", spec_, gdn_layout);
     }
+    const ops::Activation act =
+        spec_.activation == ActivationKind::kGeluTanh ? ops::Activation::kGeluTanhGLU : ops::Activation::kSwiGLU;
     if (spec_.ffns[i] == FfnKind::kMoE) {
       L.moe = std::make_unique<MoeBlock>();
-      L.moe->bind(ck, p + "mlp.", spec_);
+      L.moe->bind(ck, p + spec_.moe.block_prefix, spec_);
       moe_layers[i] = true;
-    } else {
+    }
+    if (spec_.ffns[i] == FfnKind::kDense || spec_.parallel_dense_ffn) {
       L.mlp = std::make_unique<DenseMlp>();
-      L.mlp->bind(ck, p + "mlp.", static_cast<int>(H), spec_.dense_intermediate);
+      L.mlp->bind(ck, p + "mlp.", static_cast<int>(H), spec_.dense_intermediate, act);
     }
   }
   // Everything dense goes where the backend reads it, once (a no-op on host backends: the CPU
@@ -139,6 +161,12 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
   for (Layer& L : layers_) {
     L.in_norm_p = be.upload_floats(L.in_norm);
     L.post_norm_p = be.upload_floats(L.post_norm);
+    auto up = [&](const std::vector<float>& v) { return v.empty() ? nullptr : be.upload_floats(v); };
+    L.pre_ffn_p = up(L.pre_ffn);
+    L.post_ffn_p = up(L.post_ffn);
+    L.pre_ffn2_p = up(L.pre_ffn2);
+    L.post_ffn1_p = up(L.post_ffn1);
+    L.post_ffn2_p = up(L.post_ffn2);
     if (L.attn) L.attn->place(be);
     if (L.gdn) L.gdn->place(be);
     if (L.mla) L.mla->place(be);
@@ -208,6 +236,7 @@ void DecoderModel::embed(std::span<const int32_t> ids, float* h) {
       be_->row_to_f32(embed_.type, row, H, h + t * H);
     }
   }
+  if (spec_.embedding_scale != 1.0f) be_->scale(h, static_cast<int64_t>(ids.size()) * H, spec_.embedding_scale);
 }
 
 void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
@@ -333,14 +362,31 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
       for (const Part& p : parts) segs.push_back({p.row0, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i)});
       L.gdn->forward(s.xn, segs, N, s.tmp, be, ws);
     }
+    const float eps = spec_.rms_norm_eps;
+    if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_norm_p, N, H, eps, s.tmp);  // on the branch
     be.add(s.h, s.tmp, N * H);
-    be.rms_norm(s.h, L.post_norm_p, N, H, spec_.rms_norm_eps, s.xn);
-    if (L.moe) {  // all rows of the step together: each routed expert acquired once
-      L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws, between);
-    } else {
+    if (L.moe && L.mlp) {  // parallel dense FFN: h += N_post(N_post1(mlp(N_pre h)) + N_post2(moe(N_pre2 h)))
+      ops::WorkspaceScope ffn_scope(ws);
+      float* x2 = ws.floats(N * H);
+      float* y2 = ws.floats(N * H);
+      be.rms_norm(s.h, L.pre_ffn_p, N, H, eps, s.xn);
       L.mlp->forward(s.xn, N, s.tmp, be, ws);
+      be.rms_norm(s.tmp, L.post_ffn1_p, N, H, eps, s.tmp);
+      be.rms_norm(s.h, L.pre_ffn2_p, N, H, eps, x2);
+      L.moe->forward(x2, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, y2, be, ws, between, s.h);
+      be.rms_norm(y2, L.post_ffn2_p, N, H, eps, y2);
+      be.add(s.tmp, y2, N * H);
+    } else {
+      be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
+      if (L.moe) {  // all rows of the step together: each routed expert acquired once
+        L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws, between, s.h);
+      } else {
+        L.mlp->forward(s.xn, N, s.tmp, be, ws);
+      }
     }
+    if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_ffn_p, N, H, eps, s.tmp);
     be.add(s.h, s.tmp, N * H);
+    if (spec_.residual_scale) be.scale(s.h, N * H, L.scalar);  // the whole residual stream
   }
 }
 
@@ -359,6 +405,7 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     if (seqs[i].mode == LogitsMode::kAll) {
       if (!hooks.on_hidden) be_->rms_norm(s.h + p.row0 * H, final_norm_p_, p.T, H, eps, s.xn + p.row0 * H);
       be_->matmul(lm_head_, s.xn + p.row0 * H, p.T, seqs[i].logits);
+      if (spec_.final_logit_softcap > 0) be_->softcap(seqs[i].logits, p.T * V, spec_.final_logit_softcap);
     } else if (seqs[i].mode == LogitsMode::kLast) {
       last.push_back(i);
     }
@@ -372,6 +419,7 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     const int64_t r = p->row0 + p->T - 1;
     if (!hooks.on_hidden) be_->rms_norm(s.h + r * H, final_norm_p_, 1, H, eps, s.xn + r * H);
     be_->matmul(lm_head_, s.xn + r * H, 1, q.logits);
+    if (spec_.final_logit_softcap > 0) be_->softcap(q.logits, V, spec_.final_logit_softcap);
     return;
   }
   // Several: gather the last rows, one lm_head product (its weights read once), scatter.
@@ -385,6 +433,7 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
   }
   be_->rms_norm(hs.xn, final_norm_p_, S, H, eps, hs.xn);
   be_->matmul(lm_head_, hs.xn, S, hs.logits);
+  if (spec_.final_logit_softcap > 0) be_->softcap(hs.logits, S * V, spec_.final_logit_softcap);
   for (int64_t k = 0; k < S; ++k) be_->to_host(hs.logits + k * V, V, seqs[last[k]].logits);
 }
 

@@ -2,6 +2,9 @@
 //   h = embed(ids)
 //   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet | MLA
 //   logits = lm_head(norm(h))                               ffn: MoE | dense SwiGLU
+// Options from ModelSpec: sandwich norms (the branch outputs normed before the add), a dense
+// MLP in parallel with the MoE block, a per-layer residual scale, embedding scale and final
+// logit soft-capping (HF Gemma 4's Gemma4TextDecoderLayer / Gemma4TextModel).
 // Family files (models/family.h) choose the family's layout options and call
 // bind(), which binds every tensor by its HF name.
 #pragma once
@@ -62,11 +65,17 @@ class DecoderModel : public Model {
   struct Layer {
     std::vector<float> in_norm, post_norm;  // effective RMSNorm weights [H]
     const float *in_norm_p = nullptr, *post_norm_p = nullptr;  // where the backend reads them
+    // ModelSpec::sandwich_norms: pre/post_feedforward_layernorm; with parallel_dense_ffn also
+    // pre_feedforward_layernorm_2 (experts' input) and post_feedforward_layernorm_{1,2}.
+    std::vector<float> pre_ffn, post_ffn, pre_ffn2, post_ffn1, post_ffn2;
+    const float *pre_ffn_p = nullptr, *post_ffn_p = nullptr, *pre_ffn2_p = nullptr, *post_ffn1_p = nullptr,
+                *post_ffn2_p = nullptr;
+    float scalar = 1.0f;  // layer_scalar (ModelSpec::residual_scale)
     std::unique_ptr<AttentionLayer> attn;
     std::unique_ptr<GatedDeltaNetLayer> gdn;
     std::unique_ptr<MlaLayer> mla;
     std::unique_ptr<MoeBlock> moe;
-    std::unique_ptr<DenseMlp> mlp;
+    std::unique_ptr<DenseMlp> mlp;  // a dense FFN layer's MLP, or the one beside the MoE (parallel_dense_ffn)
   };
   // One sequence's rows within a step.
   struct Part {

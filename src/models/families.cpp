@@ -22,6 +22,7 @@ const std::vector<const Family*>& families() {
       &minimax_m2_family(),
       &gpt_oss_family(),
       &ernie4_5_moe_family(),
+      &gemma4_text_moe_family(),
   };
   return v;
 }

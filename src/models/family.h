@@ -79,6 +79,7 @@ const Family& glm4_moe_family();
 const Family& glm4_moe_lite_family();
 const Family& minimax_m2_family();
 const Family& gpt_oss_family();
+const Family& gemma4_text_moe_family();
 
 /// Generic description of a GQA attention stack with MoE FFNs (the families' describe default).
 std::string describe_gqa_moe(const ModelSpec& s);

@@ -1,10 +1,14 @@
 #include "models/mlp.h"
 
+#include "common/error.h"
 #include "models/bind.h"
 
 namespace spool::models {
 
-void DenseMlp::bind(const io::Checkpoint& ck, const std::string& prefix, int hidden, int inter) {
+void DenseMlp::bind(const io::Checkpoint& ck, const std::string& prefix, int hidden, int inter, ops::Activation act) {
+  if (act != ops::Activation::kSwiGLU && act != ops::Activation::kGeluTanhGLU)
+    fail("%s: %sgate_proj: a dense MLP takes a SwiGLU or tanh-GELU activation", ck.dir().c_str(), prefix.c_str());
+  act_ = act;
   gate_ = bind_matrix(ck, prefix + "gate_proj.weight", inter, hidden);
   up_ = bind_matrix(ck, prefix + "up_proj.weight", inter, hidden);
   down_ = bind_matrix(ck, prefix + "down_proj.weight", hidden, inter);
@@ -25,7 +29,11 @@ void DenseMlp::forward(const float* x, int64_t T, float* out, ops::Backend& be, 
   const int64_t I = gate_.rows;
   const ops::MatmulOut gu[] = {{&gate_, s.g}, {&up_, s.u}};
   be.matmul_multi(gu, x, T);         // [T, I] each
-  be.swiglu(s.g, s.u, T * I, s.g);
+  if (act_ == ops::Activation::kSwiGLU) {
+    be.swiglu(s.g, s.u, T * I, s.g);
+  } else {
+    be.gelu_tanh_glu(s.g, s.u, T * I, s.g);
+  }
   be.matmul(down_, s.g, T, out);     // [T, H]
 }
 

@@ -1,4 +1,5 @@
-// SwiGLU feed-forward: down(silu(gate(x)) * up(x)), bias-free (HF Qwen2MoeMLP / LlamaMLP).
+// Gated feed-forward: down(act(gate(x)) * up(x)), bias-free, act silu (HF Qwen2MoeMLP /
+// LlamaMLP) or tanh GELU (HF Gemma4TextMLP, hidden_activation gelu_pytorch_tanh).
 #pragma once
 
 #include <string>
@@ -18,8 +19,10 @@ class DenseMlp {
     static Scratch take(ops::Workspace& ws, int64_t T, int64_t I) { return {ws.floats(T * I), ws.floats(T * I)}; }
   };
 
-  /// Binds `{prefix}{gate,up,down}_proj.weight`: gate/up [inter, hidden], down [hidden, inter].
-  void bind(const io::Checkpoint& ck, const std::string& prefix, int hidden, int inter);
+  /// Binds `{prefix}{gate,up,down}_proj.weight`: gate/up [inter, hidden], down [hidden, inter];
+  /// `act` the activation of gate (kSwiGLU or kGeluTanhGLU; spool::Error otherwise).
+  void bind(const io::Checkpoint& ck, const std::string& prefix, int hidden, int inter,
+            ops::Activation act = ops::Activation::kSwiGLU);
   /// Moves the weights to where `be` reads them (Backend::upload; a no-op on host backends).
   void place(ops::Backend& be);
   /// x: [T, hidden] -> out: [T, hidden] (overwritten). Scratch from `ws` (given back on return).
@@ -30,12 +33,15 @@ class DenseMlp {
   bool bound() const { return !gate_.empty(); }
   /// Intermediate width (rows of gate_proj).
   int64_t intermediate() const { return gate_.rows; }
+  /// The activation bind() was given.
+  ops::Activation activation() const { return act_; }
   /// The three projections as an expert (for a backend that runs a shared expert beside the
-  /// routed ones: Backend::routed_takes_shared).
+  /// routed ones: Backend::routed_takes_shared; SwiGLU ones only).
   ops::ExpertMats mats() const { return {gate_, up_, down_}; }
 
  private:
   ops::WeightView gate_, up_, down_;
+  ops::Activation act_ = ops::Activation::kSwiGLU;
 };
 
 }  // namespace spool::models

@@ -106,7 +106,80 @@ INSTANTIATE_TEST_SUITE_P(Families, TinyFixture,
                                            "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
                                            // q/k norm + head_dim 32 + 2 groups; v_head_dim != qk_nope_head_dim; top-6
                                            "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4",
-                                           "ernie4_5_moe", "ernie4_5_moe_e16"));
+                                           "ernie4_5_moe", "ernie4_5_moe_e16", "gemma4_text_moe"));
+
+// Gemma 4's layer_scalar multiplies the whole residual stream after the layer's adds (HF
+// Gemma4TextDecoderLayer), which the fixture (every scalar 1.0) cannot show. A copy of the
+// fixture with one scalar changed: scaling the last layer's output leaves the logits as they
+// were (the final RMSNorm is scale-invariant; scaling only a branch would not), scaling layer 0's
+// changes them (the later layers add their branches to a scaled stream).
+std::vector<float> gemma4_logits_with_scalar(int layer, float value) {
+  const std::string src = data_dir() + "/models/gemma4_text_moe";
+  const std::string dir = ::testing::TempDir() + "/gemma4_scalar_" + std::to_string(layer);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    std::filesystem::copy_file(src + "/" + f, dir + "/" + f, std::filesystem::copy_options::overwrite_existing);
+  const uint64_t at = models::open_checkpoint(src).tensor("layers." + std::to_string(layer) + ".layer_scalar").offset;
+  {
+    std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(reinterpret_cast<const char*>(&value), sizeof value);
+  }
+  Loaded l = load(dir);
+  Golden g(src + "/golden.safetensors");
+  State st = l.model->new_state();
+  return prefill_all(*l.model, st, g.i32("input_ids"), 512);
+}
+
+TEST(Gemma4, LayerScalarScalesTheWholeResidualStream) {
+  const std::vector<float> base = gemma4_logits_with_scalar(3, 1.0f);
+  const std::vector<float> last = gemma4_logits_with_scalar(3, 4.0f);
+  const std::vector<float> first = gemma4_logits_with_scalar(0, 4.0f);
+  const int64_t V = 512, T = static_cast<int64_t>(base.size()) / V;
+  expect_rows_close(last.data(), base.data(), T, V, 1e-5, "last layer's scalar 4");
+  double moved = 0;
+  for (size_t i = 0; i < base.size(); ++i) moved = std::max(moved, std::fabs(static_cast<double>(first[i]) - base[i]));
+  EXPECT_GT(moved, 1e-2) << "layer 0's scalar 4 changed nothing";
+}
+
+// The Gemma-4-26B-A4B preset's spec: two layer geometries (sliding 8 KV x 256 with default RoPE;
+// full 2 KV x 512, K = V, proportional RoPE with 64 of 256 frequencies), sqrt(2816) rounded to
+// bf16 (53.0), soft-capping 30, every layer dense MLP + MoE.
+TEST(Gemma4, PresetSpec) {
+  const Preset& p = preset("gemma-4-26b-a4b");
+  const ModelSpec s = build_spec(io::text_config_of(io::Config(p.config, "preset"), "preset"), io::GenerationDefaults{},
+                                 p.config.value("tie_word_embeddings", false), "preset");
+  EXPECT_EQ(s.family, "gemma4_text_moe");
+  ASSERT_EQ(s.n_layers, 30);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  for (int i = 0; i < s.n_layers; ++i) {
+    SCOPED_TRACE(i);
+    const AttentionSpec& a = s.attn_of(i);
+    const bool full = (i + 1) % 6 == 0;
+    EXPECT_EQ(s.attn.windowed(i), !full);
+    EXPECT_EQ(a.head_dim, full ? 512 : 256);
+    EXPECT_EQ(a.n_kv_heads, full ? 2 : 8);
+    EXPECT_EQ(a.k_eq_v, full);
+    EXPECT_TRUE(a.value_norm);
+    EXPECT_EQ(a.softmax_scale, 1.0f);
+    if (full) {
+      ASSERT_EQ(a.inv_freq.size(), 256u);
+      EXPECT_GT(a.inv_freq[63], 0.0f);
+      EXPECT_EQ(a.inv_freq[64], 0.0f);
+    } else {
+      EXPECT_TRUE(a.inv_freq.empty());
+      EXPECT_EQ(a.rope_theta, 10000.0);
+    }
+  }
+  EXPECT_EQ(s.embedding_scale, 53.0f);
+  EXPECT_EQ(s.final_logit_softcap, 30.0f);
+  EXPECT_EQ(s.activation, ActivationKind::kGeluTanh);
+  EXPECT_TRUE(s.sandwich_norms && s.parallel_dense_ffn && s.residual_scale);
+  EXPECT_TRUE(s.moe.router_input_scale && s.moe.per_expert_scale);
+  EXPECT_EQ(s.moe.n_experts, 128);
+  EXPECT_EQ(s.moe.top_k, 8);
+  EXPECT_EQ(s.dense_intermediate, 2112);
+}
 
 // GLM-4.7-Flash normalises its MLA latents (q_a_layernorm, kv_a_layernorm) with the RMSNorm
 // class default eps 1e-6, not rms_norm_eps 1e-5: the wrong eps moves this fixture's logits by

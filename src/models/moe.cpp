@@ -1,6 +1,9 @@
 #include "models/moe.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
 
 #include "models/bind.h"
 
@@ -9,6 +12,7 @@ namespace spool::models {
 void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec) {
   m_ = spec.moe;
   hidden_ = spec.hidden_size;
+  eps_ = spec.rms_norm_eps;
   if (m_.gpt_oss) {
     const int64_t E = m_.n_experts;
     router_ = bind_matrix(ck, prefix + "router.weight", E, hidden_);
@@ -19,11 +23,22 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
     gate_up_bias_p_ = gate_up_bias_.data();
     down_bias_p_ = down_bias_.data();
   } else {
-    router_ = bind_matrix(ck, prefix + "gate.weight", m_.n_experts, hidden_);
+    router_ = bind_matrix(ck, prefix + m_.router_weight, m_.n_experts, hidden_);
   }
+  act_ = m_.gpt_oss ? ops::Activation::kClampedSwiGLU
+         : spec.activation == ActivationKind::kGeluTanh ? ops::Activation::kGeluTanhGLU
+                                                         : ops::Activation::kSwiGLU;
+  if (m_.router_input_scale) {  // u = RMSNorm_noweight(r) * scale * H^-1/2: one norm weight
+    router_norm_ = bind_f32(ck, prefix + "router.scale", {hidden_});
+    const float root = 1.0f / std::sqrt(static_cast<float>(hidden_));
+    for (float& w : router_norm_) w *= root;
+    router_norm_p_ = router_norm_.data();
+  }
+  if (m_.per_expert_scale) expert_scale_ = bind_f32(ck, prefix + "router.per_expert_scale", {m_.n_experts});
   if (m_.score_bias) score_bias_ = bind_f32(ck, prefix + "gate.e_score_correction_bias", {m_.n_experts});
   if (m_.shared_intermediate > 0) {
-    shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate);
+    shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate,
+                 act_ == ops::Activation::kGeluTanhGLU ? act_ : ops::Activation::kSwiGLU);
     if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
   }
   shared_gate_p_ = shared_gate_.empty() ? nullptr : shared_gate_.data();
@@ -31,6 +46,7 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
 
 void MoeBlock::place(ops::Backend& be) {
   router_ = be.upload(router_);
+  if (m_.router_input_scale) router_norm_p_ = be.upload_floats(router_norm_);
   if (m_.gpt_oss) {
     router_bias_p_ = be.upload_floats(router_bias_);
     gate_up_bias_p_ = be.upload_floats(gate_up_bias_);
@@ -48,6 +64,7 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   s.weights = ws.floats(T * top_k);
   s.margins = ws.floats(T);
   s.y = ws.floats(T * top_k * H);
+  if (m.router_input_scale) s.router_in = ws.floats(T * H);
   if (m.shared_intermediate > 0) {
     s.shared = ws.floats(T * H);
     s.shared_mlp = DenseMlp::Scratch::take(ws, T, m.shared_intermediate);
@@ -57,15 +74,22 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
 
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-                       ops::Workspace& ws, const std::function<void()>& between) const {
+                       ops::Workspace& ws, const std::function<void()>& between, const float* residual) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
-  be.matmul(router_, x, T, s.logits);  // [T, E]
+  if (m_.router_input_scale) {
+    if (residual == nullptr) fail("MoeBlock: this router reads the residual stream, and none was given");
+    be.rms_norm(residual, router_norm_p_, T, H, eps_, s.router_in);
+    be.matmul(router_, s.router_in, T, s.logits);  // [T, E]
+  } else {
+    be.matmul(router_, x, T, s.logits);  // [T, E]
+  }
   if (router_bias_p_ != nullptr) be.add_bias(s.logits, router_bias_p_, T, E);
   // Experts the backend reaches through a device table (every expert uploaded to a GPU): routing
   // ids and weights stay on the device and the experts run from there (no host round trip).
-  const void* table = margins || observer || m_.grouped_router || m_.gpt_oss ? nullptr : provider.device_table(layer);
+  const bool plain = !m_.grouped_router && !m_.gpt_oss && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
+  const void* table = margins || observer || !plain ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
     // The shared expert joins the routed experts' launches where the backend takes it (the same
@@ -92,6 +116,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   } else {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids, s.weights, margins ? s.margins : nullptr);
   }
+  if (m_.per_expert_scale) be.mul_indexed(s.weights, s.ids, expert_scale_.data(), T * K);  // after the renormalisation
   if (margins || observer) {
     // Observers get host memory: on a GPU backend the weights and margins are copied down.
     const float* wts = s.weights;
@@ -143,7 +168,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     }
     try {
       be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), groups, b0, x, H,
-                    m_.gpt_oss ? ops::Activation::kClampedSwiGLU : ops::Activation::kSwiGLU, s.y);
+                    act_, s.y);
     } catch (...) {
       provider.release(layer);
       throw;

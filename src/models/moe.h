@@ -9,6 +9,10 @@
 // gpt-oss (MoeSpec::gpt_oss, HF GptOssTopKRouter / GptOssExperts): z = W_r x + b_r; top-k of z,
 // softmax over the k (= softmax, top-k, renormalise); experts with biases and the clamped
 // SwiGLU over interleaved gate/up rows (ops::Activation::kClampedSwiGLU).
+// Gemma 4 (HF Gemma4TextRouter / Gemma4TextExperts): the router reads the residual stream r as
+// u = RMSNorm_noweight(r) * router.scale * H^-1/2 (MoeSpec::router_input_scale); softmax, top-k,
+// renormalise, then w_e *= router.per_expert_scale[e] (MoeSpec::per_expert_scale); tanh-GELU
+// experts (ModelSpec::activation).
 #pragma once
 
 #include <functional>
@@ -47,6 +51,7 @@ class MoeBlock {
     int* ids;         // host-visible (Workspace::ints)
     int* ids_device;  // in the workspace's own memory (the device on a GPU): expert_ffn_routed's ids
     float *weights, *margins, *y, *shared = nullptr;
+    float* router_in = nullptr;  // [T, H] the router's input (MoeSpec::router_input_scale)
     DenseMlp::Scratch shared_mlp{};
     static Scratch take(ops::Workspace& ws, const MoeSpec& m, int64_t H, int64_t T, int top_k);
   };
@@ -56,6 +61,9 @@ class MoeBlock {
   /// `{prefix}{shared_name}.*` and `{prefix}shared_expert_gate.weight` [1, H]. gpt-oss:
   /// `{prefix}router.{weight [E, H], bias [E]}` and the expert biases
   /// `{prefix}experts.gate_up_proj_bias` [E, 2I], `{prefix}experts.down_proj_bias` [E, H].
+  /// The router weight is `{prefix}{MoeSpec::router_weight}` (default gate.weight); with
+  /// MoeSpec::router_input_scale also `{prefix}router.scale` [H], with MoeSpec::per_expert_scale
+  /// `{prefix}router.per_expert_scale` [E].
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// Moves the router, the shared expert and its gate to where `be` reads them (a no-op on
   /// host backends). Routed experts come from the ExpertProvider, not from here.
@@ -65,19 +73,26 @@ class MoeBlock {
   /// Scratch from `ws` (the shared expert's too). `between` (may be empty) runs after the
   /// routed experts' reads were started (ExpertProvider::prepare) and before they are
   /// acquired: DecoderModel hands the CPU to another group of sequences there, so their
-  /// compute hides these reads.
+  /// compute hides these reads. `residual` [T, H]: the layer's residual stream, which the
+  /// router reads instead of x with MoeSpec::router_input_scale (required then).
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-               ops::Workspace& ws, const std::function<void()>& between = {}) const;
+               ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr) const;
 
  private:
   MoeSpec m_;
   int hidden_ = 0;
+  float eps_ = 1e-6f;  // rms_norm_eps (the router input's norm)
   ops::WeightView router_;
   DenseMlp shared_;
   std::vector<float> shared_gate_;  // [H]
   const float* shared_gate_p_ = nullptr;  // shared_gate_ where the backend reads it (null: no gate)
   std::vector<float> score_bias_;   // [E] e_score_correction_bias (DeepSeek-V3)
+  ops::Activation act_ = ops::Activation::kSwiGLU;  // of the routed experts
+  // router_input_scale: router.scale * H^-1/2 [H], the weight of the router input's RMSNorm.
+  std::vector<float> router_norm_;
+  const float* router_norm_p_ = nullptr;
+  std::vector<float> expert_scale_;  // [E] router.per_expert_scale (host: Backend::mul_indexed)
   // gpt-oss: router bias [E], expert biases gate_up [E, 2I] and down [E, H] (f32), and where the
   // backend reads them.
   std::vector<float> router_bias_, gate_up_bias_, down_bias_;

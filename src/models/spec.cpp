@@ -261,9 +261,10 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
       mixer = q + H * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
               static_cast<double>(m.kv_lora_rank) * nh * (m.qk_nope_head_dim + m.v_head_dim) + nh * m.v_head_dim * H;
     } else if (s.mixers[i] == MixerKind::kAttention) {
-      const auto& a = s.attn;
+      const auto& a = s.attn_of(i);
       const double q = static_cast<double>(a.n_heads) * a.head_dim, kv = static_cast<double>(a.n_kv_heads) * a.head_dim;
-      mixer = H * q * (a.output_gate ? 2 : 1) + 2 * H * kv + q * H + (a.qk_norm_full ? q + kv : a.qk_norm ? 2.0 * a.head_dim : 0.0);
+      mixer = H * q * (a.output_gate ? 2 : 1) + (a.k_eq_v ? 1 : 2) * H * kv + q * H +
+              (a.qk_norm_full ? q + kv : a.qk_norm ? 2.0 * a.head_dim : 0.0);
       if (a.qkv_bias) mixer += q + 2 * kv;
     } else {
       const auto& g = s.gdn;
@@ -277,6 +278,10 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
                                                          (m.score_bias ? m.n_experts : 0);
       ffn_total = H * m.n_experts + expert * m.n_experts + shared;
       ffn_active = H * m.n_experts + expert * m.top_k + shared;
+      if (s.parallel_dense_ffn) {  // the dense MLP beside the experts, three more norms
+        ffn_total += 3 * H * s.dense_intermediate + 3 * H;
+        ffn_active += 3 * H * s.dense_intermediate + 3 * H;
+      }
     } else {
       ffn_total = ffn_active = 3 * H * s.dense_intermediate;
     }

@@ -16,6 +16,10 @@ enum class MixerKind { kAttention, kGatedDeltaNet, kMLA };
 /// Feed-forward block of a decoder layer.
 enum class FfnKind { kMoE, kDense };
 
+/// Activation of the gated MLPs (dense and experts): act(gate x) * up x. HF hidden_act /
+/// hidden_activation: "silu" -> kSilu, "gelu_pytorch_tanh" -> kGeluTanh (PyTorch's tanh GELU).
+enum class ActivationKind { kSilu, kGeluTanh };
+
 /// Softmax attention geometry. Query heads share KV heads in groups (GQA).
 struct AttentionSpec {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -42,6 +46,13 @@ struct AttentionSpec {
   /// attention layer when sliding_window > 0.
   std::vector<bool> window_layers;
   bool sinks = false;  // gpt-oss: per-head attention sink logits (self_attn.sinks [n_heads])
+  /// The layer has no v_proj: V is the K projection (k_proj x, before the k norm and RoPE;
+  /// HF Gemma 4 attention_k_eq_v on full_attention layers). With value_norm V is then the
+  /// weightless RMSNorm of it, without RoPE.
+  bool k_eq_v = false;
+  /// V is normalised per head by a weightless RMSNorm (x / sqrt(mean(x^2) + eps)) before it is
+  /// cached (HF Gemma 4 v_norm, with_scale=False).
+  bool value_norm = false;
   /// Whether layer i's attention is windowed.
   bool windowed(int layer) const {
     return sliding_window > 0 && (window_layers.empty() || (layer >= 0 && layer < static_cast<int>(window_layers.size()) && window_layers[layer]));
@@ -82,6 +93,17 @@ struct MoeSpec {
   bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
   bool group_mask_neg_inf = false;  // dropped groups' selection scores -inf (GLM) instead of 0.0 (DeepSeek)
   float routed_scaling_factor = 1.0f;
+  /// Tensor prefix of the routed block under `layers.{i}.` ("mlp." for most families; "" when
+  /// the router sits directly under the layer) and the router weight's name under it.
+  std::string block_prefix = "mlp.";
+  std::string router_weight = "gate.weight";
+  /// The router reads the layer's residual stream r (not the FFN's normed input) as
+  /// u = RMSNorm_noweight(r) * {block_prefix}router.scale [H] * H^-1/2 (HF Gemma4TextRouter); the
+  /// experts still read the normed input.
+  bool router_input_scale = false;
+  /// The renormalised top-k weights are multiplied by {block_prefix}router.per_expert_scale[e]
+  /// [E] of the chosen expert (HF Gemma4TextRouter, after the renormalisation).
+  bool per_expert_scale = false;
   /// gpt-oss experts (HF GptOssMLP): router `mlp.router.{weight,bias}` (top-k of the biased
   /// logits, softmax over the k), experts fused gate_up [2I, H] with interleaved gate/up rows
   /// and biases `mlp.experts.{gate_up,down}_proj_bias`, clamped SwiGLU (ops::kClampedSwiGLU).
@@ -106,8 +128,34 @@ struct ModelSpec {
   GdnSpec gdn;
   MoeSpec moe;
   int dense_intermediate = 0;     // width of dense MLP layers
+  ActivationKind activation = ActivationKind::kSilu;  // of the dense MLPs and the routed experts
+  /// Per-layer attention geometry (head_dim, KV heads, RoPE, k_eq_v per layer kind: HF Gemma 4's
+  /// full_attention layers with global_head_dim); empty = every layer uses `attn`. See attn_of().
+  std::vector<AttentionSpec> attn_layers;
+  /// Sandwich norms (HF Gemma 2-4): the mixer's output passes post_attention_layernorm before the
+  /// residual add; the FFN reads pre_feedforward_layernorm(h) and its output passes
+  /// post_feedforward_layernorm before the add (without: post_attention_layernorm is the FFN's
+  /// input norm).
+  bool sandwich_norms = false;
+  /// With sandwich_norms, every MoE layer also runs a dense MLP (`mlp.`, dense_intermediate) in
+  /// parallel (HF Gemma 4 enable_moe_block): h += N_post(N_post1(mlp(N_pre(h))) +
+  /// N_post2(moe(N_pre2(h)))), norms post_feedforward_layernorm{,_1,_2} and
+  /// pre_feedforward_layernorm{,_2}.
+  bool parallel_dense_ffn = false;
+  /// After each layer the whole residual stream is multiplied by the layer's scalar
+  /// `layers.{i}.layer_scalar` [1] (HF Gemma 4).
+  bool residual_scale = false;
+  /// Embedding rows are multiplied by this (HF Gemma: sqrt(hidden_size) in the activation dtype);
+  /// 1 = none. A tied output head uses the unscaled table.
+  float embedding_scale = 1.0f;
+  /// logits = c * tanh(logits / c) (HF final_logit_softcapping); 0 = none.
+  float final_logit_softcap = 0.0f;
   std::vector<int64_t> eos_token_ids;  // from generation_config.json and config.json, in vocab
 
+  /// Attention geometry of layer i: attn_layers[i], or attn when attn_layers is empty.
+  const AttentionSpec& attn_of(int layer) const {
+    return attn_layers.empty() || layer < 0 || layer >= static_cast<int>(attn_layers.size()) ? attn : attn_layers[layer];
+  }
   /// Number of layers whose mixer is `k`.
   int n_layers_of(MixerKind k) const;
   /// Parameter counts (elements): total, and active per token (top_k routed experts).

@@ -73,7 +73,7 @@ State::State(const ModelSpec& spec, ops::KvType kv) {
     if (spec.mixers[i] == MixerKind::kMLA) {  // latent cache: [c | k_pe] per position, keys only
       attn[i].configure(kv, 1, spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim, true);
     } else if (is_attn_[i]) {
-      attn[i].configure(kv, spec.attn.n_kv_heads, spec.attn.head_dim, false, kv_window(spec, i));
+      attn[i].configure(kv, spec.attn_of(i).n_kv_heads, spec.attn_of(i).head_dim, false, kv_window(spec, i));
     } else {
       gdn[i].conv.assign(static_cast<size_t>(g.conv_dim() * (g.conv_kernel - 1)), 0.0f);
       gdn[i].recurrent.assign(static_cast<size_t>(g.n_v) * g.d_k * g.d_v, 0.0f);

@@ -121,6 +121,19 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     const std::string p = prefix + "layers." + std::to_string(i) + ".";
     v.push_back({p + "input_layernorm.weight", {H}, Init::kConst, norm_id, i});
     v.push_back({p + "post_attention_layernorm.weight", {H}, Init::kConst, norm_id, i});
+    if (s.sandwich_norms) {
+      v.push_back({p + "pre_feedforward_layernorm.weight", {H}, Init::kConst, norm_id, i});
+      v.push_back({p + "post_feedforward_layernorm.weight", {H}, Init::kConst, norm_id, i});
+    }
+    if (s.parallel_dense_ffn && s.ffns[i] == FfnKind::kMoE) {  // the dense MLP beside the experts and its norms
+      const int64_t I = s.dense_intermediate;
+      for (const char* n : {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"})
+        v.push_back({p + n + ".weight", {H}, Init::kConst, norm_id, i});
+      v.push_back({p + "mlp.gate_proj.weight", {I, H}, Init::kNormal, lin(H), i});
+      v.push_back({p + "mlp.up_proj.weight", {I, H}, Init::kNormal, lin(H), i});
+      v.push_back({p + "mlp.down_proj.weight", {H, I}, Init::kNormal, lin(I) * out_scale, i});
+    }
+    if (s.residual_scale) v.push_back({p + "layer_scalar", {1}, Init::kConst, 1.0f, i});
     if (s.mixers[i] == MixerKind::kMLA) {  // DeepSeek MLA (models/mla.h)
       const auto& m = s.mla;
       const int64_t nh = s.attn.n_heads, qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
@@ -137,11 +150,11 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       v.push_back({q + "kv_b_proj.weight", {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}, Init::kNormal, lin(m.kv_lora_rank), i});
       v.push_back({q + "o_proj.weight", {H, nh * m.v_head_dim}, Init::kNormal, lin(nh * m.v_head_dim) * out_scale, i});
     } else if (s.mixers[i] == MixerKind::kAttention) {
-      const auto& a = s.attn;
+      const auto& a = s.attn_of(i);
       const std::string q = p + "self_attn.";
       v.push_back({q + "q_proj.weight", {a.n_heads * a.head_dim * (a.output_gate ? 2 : 1), H}, Init::kNormal, lin(H), i});
       v.push_back({q + "k_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
-      v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
+      if (!a.k_eq_v) v.push_back({q + "v_proj.weight", {a.n_kv_heads * a.head_dim, H}, Init::kNormal, lin(H), i});
       v.push_back({q + "o_proj.weight", {H, a.n_heads * a.head_dim}, Init::kNormal, lin(a.n_heads * a.head_dim) * out_scale, i});
       if (a.qkv_bias) {  // GLM-4.5 attention_bias, gpt-oss
         v.push_back({q + "q_proj.bias", {a.n_heads * a.head_dim}, Init::kNormal, 0.02f, i});
@@ -198,6 +211,15 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       }
       v.push_back({m + "experts.gate_up_proj_bias", {E, 2 * I}, Init::kConst, 0.0f, i});
       v.push_back({m + "experts.down_proj_bias", {E, H}, Init::kConst, 0.0f, i});
+      continue;
+    }
+    if (mo.block_prefix != "mlp.") {  // a router and fused experts under layers.{i}.{block_prefix} (Gemma 4)
+      const std::string b = p + mo.block_prefix;
+      v.push_back({b + mo.router_weight, {E, H}, Init::kNormal, lin(H), i});
+      if (mo.router_input_scale) v.push_back({b + "router.scale", {H}, Init::kConst, 1.0f, i});
+      if (mo.per_expert_scale) v.push_back({b + "router.per_expert_scale", {E}, Init::kConst, 1.0f, i});
+      v.push_back({b + "experts.gate_up_proj", {E, 2 * I, H}, Init::kNormal, lin(H), i});
+      v.push_back({b + "experts.down_proj", {E, H, I}, Init::kNormal, lin(I) * out_scale, i});
       continue;
     }
     // block_sparse_moe.experts.{e}.{w1,w3,w2} as released (MiniMax-M2: its bias beside the gate)

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "ops/elementwise.h"
 #include "ops/mla.h"
 
 namespace spool::ops {
@@ -173,6 +174,35 @@ void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, 
   for (int64_t t = 0; t < T; ++t) route_grouped(l.data() + t * E, E, k, r, ids + t * k, w.data() + t * k, margins ? m.data() + t : nullptr);
   row_to_f32(WType::kF32, w.data(), T * k, weights);
   if (margins) row_to_f32(WType::kF32, m.data(), T, margins);
+}
+
+void Backend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {
+  std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+  to_host(gate, n, g.data());
+  to_host(up, n, u.data());
+  ops::gelu_tanh_glu(g.data(), u.data(), n, g.data());
+  row_to_f32(WType::kF32, g.data(), n, out);
+}
+
+void Backend::scale(float* x, int64_t n, float a) {
+  std::vector<float> h(static_cast<size_t>(n));
+  to_host(x, n, h.data());
+  for (float& v : h) v *= a;
+  row_to_f32(WType::kF32, h.data(), n, x);
+}
+
+void Backend::softcap(float* x, int64_t n, float cap) {
+  std::vector<float> h(static_cast<size_t>(n));
+  to_host(x, n, h.data());
+  ops::softcap(h.data(), n, cap);
+  row_to_f32(WType::kF32, h.data(), n, x);
+}
+
+void Backend::mul_indexed(float* w, const int* ids, const float* table, int64_t n) {
+  std::vector<float> h(static_cast<size_t>(n));
+  to_host(w, n, h.data());
+  for (int64_t i = 0; i < n; ++i) h[i] *= table[ids[i]];
+  row_to_f32(WType::kF32, h.data(), n, w);
 }
 
 void Backend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,

@@ -45,6 +45,8 @@ enum class Activation : uint8_t {
   /// gpt-oss (HF GptOssExperts._apply_gate): u = gate_up x + b; g = min(u[2j], limit),
   /// v = clamp(u[2j+1], -limit, limit); h_j = (v + 1) * g * sigmoid(1.702 g); limit 7.
   kClampedSwiGLU,
+  /// gelu_tanh(gate) * up (HF act_fn "gelu_pytorch_tanh": Gemma 4's MLP and experts; ops::gelu_tanh).
+  kGeluTanhGLU,
 };
 
 /// gpt-oss clamped SwiGLU constants (HF modeling_gpt_oss.py GptOssExperts: alpha, limit).
@@ -250,6 +252,15 @@ class Backend {
   /// margins [T] (device, may be null).
   virtual void route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
                                    float* weights, float* margins);
+  /// out[i] = gelu_tanh(gate[i]) * up[i] (ops::gelu_tanh_glu; out may alias gate).
+  virtual void gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out);
+  /// x[i] *= a for i < n (a host scalar: a per-layer residual scale, HF Gemma 4 layer_scalar).
+  virtual void scale(float* x, int64_t n, float a);
+  /// x[i] = cap * tanh(x[i] / cap) for i < n, cap > 0 (final logit soft-capping; ops::softcap).
+  virtual void softcap(float* x, int64_t n, float cap);
+  /// w[i] *= table[ids[i]] for i < n: routing weights [T, k] times a per-expert factor (HF Gemma 4
+  /// router.per_expert_scale). ids host ints in [0, table size), table a host array.
+  virtual void mul_indexed(float* w, const int* ids, const float* table, int64_t n);
   /// attention() with a sliding window (HF Mixtral/Mistral sliding_window): row t sees cache
   /// positions p with pos0 + t - window < p <= pos0 + t. window <= 0: as attention(). The
   /// cache may be one bounded by the window (KvCache::configure): only those positions are read.

@@ -622,6 +622,67 @@ TEST(BackendOps, ClampedSwiGLUReferenceByHand) {
   EXPECT_NEAR(y[1], (0.25 + 1.0) * -1.5 * sig(1.702 * -1.5), 1e-6);
 }
 
+// tanh-GELU experts (Activation::kGeluTanhGLU, HF Gemma4TextExperts): separate gate / up like
+// SwiGLU, gelu_tanh(gate) * up; every backend that runs them against the reference's double
+// arithmetic (CUDA has no kernel yet: its expert_ffn refuses, checked below).
+TEST_P(BackendOpTable, ExpertFfnGeluTanh) {
+  for (const MoeShape& s : kMoeShapes) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
+    const MoeCase c = make_moe_case(WKind::kF32, s, 5);
+    const std::vector<float> x = randn(s.T * s.H, 7, moe_x_scale(s));
+    for_each_backend("expert_ffn", [&](Backend& be, ReferenceBackend& ref) {
+      std::vector<float> y(s.T * s.K * s.H, NAN), yr(y.size(), NAN), ys(y.size(), NAN);
+      if (std::string(be.name()).find("cuda") != std::string::npos) {
+        EXPECT_THROW(be.expert_ffn(c.active, c.groups, 0, x.data(), s.H, Activation::kGeluTanhGLU, y.data()), Error);
+        return;
+      }
+      be.expert_ffn(c.active, c.groups, 0, x.data(), s.H, Activation::kGeluTanhGLU, y.data());
+      ref.expert_ffn(c.active, c.groups, 0, x.data(), s.H, Activation::kGeluTanhGLU, yr.data());
+      expect_close(y.data(), yr.data(), static_cast<int64_t>(y.size()), 2e-4, "expert_ffn (tanh GELU)");
+      ref.expert_ffn(c.active, c.groups, 0, x.data(), s.H, Activation::kSwiGLU, ys.data());
+      double diff = 0;  // the activation matters: SwiGLU gives other rows
+      for (size_t i = 0; i < y.size(); ++i) diff = std::max(diff, std::fabs(static_cast<double>(y[i]) - ys[i]));
+      EXPECT_GT(diff, 1e-3);
+    });
+  }
+}
+
+// The Gemma 4 elementwise ops against their definitions in double: gelu_tanh_glu
+// (0.5 g (1 + tanh(sqrt(2/pi)(g + 0.044715 g^3))) u), scale, softcap (c tanh(x / c)) and
+// mul_indexed (w[i] * table[ids[i]]).
+[[maybe_unused]] const bool kGemmaElementwiseOps = covers({"gelu_tanh_glu", "scale", "softcap", "mul_indexed"});
+TEST_P(BackendOpTable, GemmaElementwise) {
+  const int64_t n = 257;
+  const std::vector<float> x = randn(n, 11, 6.0f), y = randn(n, 12, 2.0f);
+  for_each_backend("gelu_tanh_glu", [&](Backend& be, ReferenceBackend&) {
+    std::vector<float> a = x;
+    be.gelu_tanh_glu(a.data(), y.data(), n, a.data());  // in place, as the MLP calls it
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = x[i];
+      const double want = 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * y[i];
+      ASSERT_NEAR(a[i], want, 1e-5 * (1.0 + std::fabs(want))) << i;
+    }
+  });
+  for_each_backend("scale", [&](Backend& be, ReferenceBackend&) {
+    std::vector<float> a = x;
+    be.scale(a.data(), n, 0.375f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i], x[i] * 0.375f) << i;
+  });
+  for_each_backend("softcap", [&](Backend& be, ReferenceBackend&) {
+    std::vector<float> a = x;
+    be.softcap(a.data(), n, 3.0f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], 3.0 * std::tanh(x[i] / 3.0), 1e-6) << i;
+  });
+  for_each_backend("mul_indexed", [&](Backend& be, ReferenceBackend&) {
+    const std::vector<float> table = {0.5f, 2.0f, -1.0f, 3.0f};
+    std::vector<int> ids(n);
+    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int>((i * 7) % 4);
+    std::vector<float> a = x;
+    be.mul_indexed(a.data(), ids.data(), table.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i], x[i] * table[ids[i]]) << i;
+  });
+}
+
 TEST(BackendOps, GroupByExpert) {
   const int ids[] = {3, 1, 1, 0, 3, 2};  // T = 3, K = 2
   const ExpertGroups g = group_by_expert(ids, 3, 2, 4);
@@ -1158,6 +1219,10 @@ class CountingBackend final : public Backend {
   SPOOL_FWD(add_bias, (float* y, const float* b, int64_t r, int64_t n), (y, b, r, n))
   SPOOL_FWD(swiglu, (const float* g, const float* u, int64_t n, float* o), (g, u, n, o))
   SPOOL_FWD(mul_sigmoid, (float* x, const float* g, int64_t n), (x, g, n))
+  SPOOL_FWD(gelu_tanh_glu, (const float* g, const float* u, int64_t n, float* o), (g, u, n, o))
+  SPOOL_FWD(scale, (float* x, int64_t n, float a), (x, n, a))
+  SPOOL_FWD(softcap, (float* x, int64_t n, float c), (x, n, c))
+  SPOOL_FWD(mul_indexed, (float* w, const int* ids, const float* t, int64_t n), (w, ids, t, n))
   SPOOL_FWD(add_gated_rows, (float* o, const float* s, const float* x, const float* w, int64_t T, int64_t n), (o, s, x, w, T, n))
   SPOOL_FWD(copy_2d, (float* d, int64_t ld, const float* s, int64_t ls, int64_t r, int64_t c), (d, ld, s, ls, r, c))
   SPOOL_FWD(row_to_f32, (WType t, const void* s, int64_t n, float* d), (t, s, n, d))
@@ -1171,7 +1236,7 @@ class CountingBackend final : public Backend {
 const char* const kFamilies[] = {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "mixtral", "olmoe",
                                  "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
                                  "glm4_moe_qknorm", "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4",
-                                 "ernie4_5_moe"};
+                                 "ernie4_5_moe", "gemma4_text_moe"};
 
 // The capability table (Backend::capabilities, checked per backend in capability_test.cpp) names
 // exactly the ops of this table.

@@ -55,12 +55,17 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
     float* g = nullptr;
     for (int64_t j = 0; j < n; ++j) std::copy_n(x + (groups.rows[r0 + j] / K) * H, H, xe + j * H);
     switch (act) {
-      case Activation::kSwiGLU: {
+      case Activation::kSwiGLU:
+      case Activation::kGeluTanhGLU: {
         const int64_t I = w.gate.rows;
         g = g_buf.get(n * I);
         float* u = u_buf.get(n * I);
         matmul_rows_pair(w.gate, g, w.up, u, xe, n);  // [n, I] each
-        ops::swiglu(g, u, n * I, g);
+        if (act == Activation::kSwiGLU) {
+          ops::swiglu(g, u, n * I, g);
+        } else {
+          ops::gelu_tanh_glu(g, u, n * I, g);
+        }
         break;
       }
       case Activation::kClampedSwiGLU: {  // fused interleaved gate_up [2I, H] -> h [n, I] in place
@@ -185,6 +190,20 @@ void CpuBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
 }
 
 void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) { ops::swiglu(gate, up, n, out); }
+
+void CpuBackend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {
+  ops::gelu_tanh_glu(gate, up, n, out);
+}
+
+void CpuBackend::scale(float* x, int64_t n, float a) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+void CpuBackend::softcap(float* x, int64_t n, float cap) { ops::softcap(x, n, cap); }
+
+void CpuBackend::mul_indexed(float* w, const int* ids, const float* table, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) w[i] *= table[ids[i]];
+}
 
 void CpuBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= sigmoid(gate[i]);

@@ -23,6 +23,14 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+void gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void clamped_swiglu(const float* u, const float* bias, int64_t I, float* out) {
   constexpr float kAlpha = 1.702f, kLimit = 7.0f;  // ops::kGptOssAlpha / kGptOssLimit
   for (int64_t j = 0; j < I; ++j) {

@@ -27,6 +27,21 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 /// out[i] = silu(gate[i]) * up[i].
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
 
+/// tanh-approximated GELU (PyTorch gelu(approximate="tanh"), HF "gelu_pytorch_tanh"):
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed in f32.
+inline float gelu_tanh(float x) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(kC * (x + 0.044715f * x * x * x)));
+}
+
+/// out[i] = gelu_tanh(gate[i]) * up[i] (the gated MLP with act_fn gelu_pytorch_tanh, HF
+/// Gemma4TextMLP / Gemma4TextExperts). out may alias gate.
+void gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out);
+
+/// x[i] = cap * tanh(x[i] / cap) (final logit soft-capping, HF Gemma final_logit_softcapping),
+/// in place; cap > 0.
+void softcap(float* x, int64_t n, float cap);
+
 /// gpt-oss clamped SwiGLU of one row (HF GptOssExperts._apply_gate, alpha 1.702, limit 7):
 /// u [2I] interleaved (u[2j] gate, u[2j+1] up), bias [2I] added first (may be null);
 /// out[j] = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g) with g = min(gate, 7). out [I]

@@ -621,6 +621,29 @@ TEST(Rope, RotatesPairsHalfApart) {
   EXPECT_EQ(x[5], 6);
 }
 
+// Proportional RoPE (HF _compute_proportional_rope_parameters): head_dim 8, partial 0.5 ->
+// 2 of the 4 frequencies non-zero, theta^(-2i/8) (exponent over the whole head), the rest 0:
+// pairs (j, j + 4) rotate for j < 2 and dims 2, 3, 6, 7 pass unchanged. Not partial rotary,
+// which would pair (j, j + 2) at theta^(-2i/4).
+TEST(Rope, ProportionalPairsHalfTheWholeHeadApartWithZeroTail) {
+  const std::vector<float> f = proportional_inv_freq(10000.0, 8, 0.5);
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_FLOAT_EQ(f[0], 1.0f);
+  EXPECT_FLOAT_EQ(f[1], 1.0f / std::pow(10000.0f, 0.25f));
+  EXPECT_EQ(f[2], 0.0f);
+  EXPECT_EQ(f[3], 0.0f);
+  EXPECT_FLOAT_EQ(proportional_inv_freq(10000.0, 8, 0.5, 2.0)[1], f[1] / 2.0f);  // / factor
+  Rope r(f);
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  r.apply(x.data(), 1, 8, 5);
+  const double a0 = 5.0, a1 = 5.0 * f[1];
+  EXPECT_NEAR(x[0], 1 * std::cos(a0) - 5 * std::sin(a0), 1e-5);
+  EXPECT_NEAR(x[4], 5 * std::cos(a0) + 1 * std::sin(a0), 1e-5);
+  EXPECT_NEAR(x[1], 2 * std::cos(a1) - 6 * std::sin(a1), 1e-5);
+  EXPECT_NEAR(x[5], 6 * std::cos(a1) + 2 * std::sin(a1), 1e-5);
+  for (int d : {2, 3, 6, 7}) EXPECT_EQ(x[d], d + 1) << d;
+}
+
 TEST(ThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
   ThreadPool pool(3);
   std::vector<std::atomic<int>> hits(1000);

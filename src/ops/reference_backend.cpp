@@ -39,6 +39,11 @@ void ReferenceBackend::expert_ffn(std::span<const ExpertMats> experts, const Exp
       for (int64_t i = 0; i < I; ++i) {
         switch (act) {
           case Activation::kSwiGLU: h[i] = static_cast<float>(silu_d(g[i]) * u[i]); break;
+          case Activation::kGeluTanhGLU: {
+            const double x = g[i];
+            h[i] = static_cast<float>(0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i]);
+            break;
+          }
           case Activation::kClampedSwiGLU: {
             double gi = static_cast<double>(g[2 * i]) + (w.gate_bias ? w.gate_bias[2 * i] : 0.0f);
             double ui = static_cast<double>(g[2 * i + 1]) + (w.gate_bias ? w.gate_bias[2 * i + 1] : 0.0f);

@@ -1,5 +1,6 @@
 #include "ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace spool::ops {
@@ -12,6 +13,17 @@ Rope::Rope(int rotary_dim, double theta, float attention_scaling) : rotary_dim_(
     const float p = std::pow(static_cast<float>(theta), e);
     inv_freq_[i] = 1.0f / p;
   }
+}
+
+std::vector<float> proportional_inv_freq(double theta, int head_dim, double partial_rotary_factor, double factor) {
+  std::vector<float> f(static_cast<size_t>(head_dim / 2), 0.0f);
+  const int n = std::min(static_cast<int>(partial_rotary_factor * head_dim) / 2, head_dim / 2);  // HF rope_angles
+  for (int i = 0; i < n; ++i) {
+    // HF: 1.0 / (base ** (arange(0, 2 * rope_angles, 2).float() / head_dim)), f32, then / factor.
+    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    f[i] = 1.0f / std::pow(static_cast<float>(theta), e) / static_cast<float>(factor);
+  }
+  return f;
 }
 
 Rope::Rope(std::vector<float> inv_freq, float attention_scaling)

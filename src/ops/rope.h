@@ -33,4 +33,12 @@ class Rope {
   std::vector<float> inv_freq_;  // [rotary_dim / 2]
 };
 
+/// Inverse frequencies of "proportional" RoPE (HF _compute_proportional_rope_parameters,
+/// modeling_rope_utils.py; Gemma 4's full-attention layers) over a whole head of `head_dim`
+/// (even): the first n = int(partial_rotary_factor * head_dim) / 2 frequencies are
+/// theta^(-2i / head_dim) / factor (f32, as HF), the remaining head_dim/2 - n are 0, so with the
+/// rotate_half pairing dims (j, j + head_dim/2) rotate for j < n and the rest pass unchanged.
+/// Not the same as partial rotary (rotary_dim = n*2 pairs (j, j + n) at theta^(-2i / (2n))).
+std::vector<float> proportional_inv_freq(double theta, int head_dim, double partial_rotary_factor, double factor = 1.0);
+
 }  // namespace spool::ops

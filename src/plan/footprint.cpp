@@ -85,6 +85,10 @@ StateBytes state_bytes(const models::ModelSpec& s, const KvCapacity& capacity, i
     per = probe.bytes_per_position();
   }
   for (int i = 0; i < s.n_layers; ++i) {
+    if (s.mixers[i] == models::MixerKind::kAttention && !s.attn_layers.empty()) {  // per-layer geometry
+      probe.configure(ops::kv_type_from_bits(kv_bits), s.attn_of(i).n_kv_heads, s.attn_of(i).head_dim);
+      per = probe.bytes_per_position();
+    }
     if (s.mixers[i] == models::MixerKind::kAttention || s.mixers[i] == models::MixerKind::kMLA) {
       // Each layer at the capacity of its kind: a sliding-window layer's cache is bounded.
       const int64_t cap = models::State::kv_window(s, i) > 0 ? capacity.windowed : capacity.full;
@@ -117,7 +121,7 @@ uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int
   uint64_t widest = H;  // widest matmul input (matmul.cpp per-thread bf16 row scratch: 4 rows)
   for (int i = 0; i < s.n_layers; ++i) {
     if (s.mixers[i] == models::MixerKind::kAttention) {
-      widest = std::max<uint64_t>(widest, static_cast<uint64_t>(a.n_heads) * a.head_dim);
+      widest = std::max<uint64_t>(widest, static_cast<uint64_t>(s.attn_of(i).n_heads) * s.attn_of(i).head_dim);
     } else if (s.mixers[i] == models::MixerKind::kMLA) {
       widest = std::max<uint64_t>(widest, static_cast<uint64_t>(a.n_heads) * s.mla.v_head_dim);
     } else {
@@ -125,11 +129,13 @@ uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int
     }
     widest = std::max<uint64_t>(widest, s.ffns[i] == models::FfnKind::kMoE ? m.intermediate : s.dense_intermediate);
   }
+  int max_hd = a.head_dim;  // per-layer geometry: the widest head
+  for (const auto& la : s.attn_layers) max_hd = std::max(max_hd, la.head_dim);
   // Kernel scratch, per pool thread (thread-local buffers inside the kernels): the expert
   // path's gathered rows (up to all T tokens on one expert), matmul.cpp row scratch, and the
   // attention tile's scores over the context (kv_cache.cpp, 32 query rows).
   const uint64_t per_thread = ops::expert_ffn_thread_bytes(static_cast<int64_t>(t), H, m.intermediate) + 4 * widest * kF +
-                              (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * a.head_dim) * kF : 0) +
+                              (s.n_layers_of(models::MixerKind::kAttention) ? 32 * (static_cast<uint64_t>(ctx) + 2 * max_hd) * kF : 0) +
                               // mla.cpp: 16 query rows' scores over the context and one latent key row
                               (s.n_layers_of(models::MixerKind::kMLA) ? (16 + 1) * static_cast<uint64_t>(ctx) * kF : 0);
   n += per_thread * static_cast<uint64_t>(std::max(threads, 1));

@@ -120,23 +120,37 @@ const std::map<std::string, double> kReleasedBytes = {
 // KV cache bytes per token at --kv-bits 32 by the family rules, from the preset's config.json:
 // MLA keeps one latent of kv_lora_rank + qk_rope_head_dim f32 per layer (keys only); other
 // attention keeps K and V of num_key_value_heads x head_dim in every attention layer (sliding
-// ones included: the figure is per position held), none in linear-attention layers.
-uint64_t expected_kv_per_token(const nlohmann::ordered_json& config) {
+// ones included: the figure is per position held), none in linear-attention layers. Gemma 4
+// (global_head_dim): its full_attention layers keep K and V of num_global_key_value_heads (with
+// attention_k_eq_v) x global_head_dim. `kind` "sliding_attention" / "full_attention" counts
+// only the layers of that kind; empty counts all.
+uint64_t expected_kv_per_token(const nlohmann::ordered_json& config, const std::string& kind = "") {
   const auto& t = config.contains("text_config") ? config["text_config"] : config;
   const uint64_t layers = t["num_hidden_layers"].get<uint64_t>();
   if (t.contains("kv_lora_rank") && !t["kv_lora_rank"].is_null())
     return layers * (t["kv_lora_rank"].get<uint64_t>() + t["qk_rope_head_dim"].get<uint64_t>()) * 4;
-  uint64_t attn = layers;
-  if (t.contains("layer_types")) {
-    attn = 0;
-    for (const auto& lt : t["layer_types"]) attn += lt != "linear_attention";
-  } else if (t.contains("full_attention_interval")) {
-    attn = layers / t["full_attention_interval"].get<uint64_t>();
-  }
   const uint64_t heads = t["num_attention_heads"].get<uint64_t>();
   const uint64_t head_dim = t.contains("head_dim") && !t["head_dim"].is_null() ? t["head_dim"].get<uint64_t>()
                                                                               : t["hidden_size"].get<uint64_t>() / heads;
-  return attn * 2 * t["num_key_value_heads"].get<uint64_t>() * head_dim * 4;
+  const uint64_t kv = t["num_key_value_heads"].get<uint64_t>();
+  const bool global = t.contains("global_head_dim") && !t["global_head_dim"].is_null();
+  const uint64_t full_kv = global && t.value("attention_k_eq_v", false) && t.contains("num_global_key_value_heads")
+                               ? t["num_global_key_value_heads"].get<uint64_t>()
+                               : kv;
+  auto layer_bytes = [&](const std::string& lt) -> uint64_t {
+    if (lt == "linear_attention" || (!kind.empty() && lt != kind)) return 0;
+    if (global && lt == "full_attention") return 2 * full_kv * t["global_head_dim"].get<uint64_t>() * 4;
+    return 2 * kv * head_dim * 4;
+  };
+  uint64_t sum = 0;
+  if (t.contains("layer_types")) {
+    for (const auto& lt : t["layer_types"]) sum += layer_bytes(lt.get<std::string>());
+    return sum;
+  }
+  const uint64_t attn = t.contains("full_attention_interval") ? layers / t["full_attention_interval"].get<uint64_t>() : layers;
+  const bool all_windowed = t.contains("sliding_window") && !t["sliding_window"].is_null();  // Mixtral-style
+  if (!kind.empty() && (kind == "sliding_attention") != all_windowed) return 0;
+  return attn * 2 * kv * head_dim * 4;
 }
 
 // Every synth preset in the registry, planned at its released size with no files: the weight
@@ -169,9 +183,10 @@ TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
     const uint64_t per = j["kv_bytes_per_token"].get<uint64_t>(), full = j["components"]["kv_positions"].get<uint64_t>();
     if (windowed == 0)
       EXPECT_EQ(j["components"]["kv"].get<uint64_t>(), per * full);
-    else  // (gpt-oss: every layer attention)
+    else  // each layer kind at its capacity (gpt-oss: every layer attention; Gemma 4: kinds of different widths)
       EXPECT_EQ(j["components"]["kv"].get<uint64_t>(),
-                per / layers * ((layers - windowed) * full + windowed * j["components"]["kv_positions_windowed"].get<uint64_t>()));
+                expected_kv_per_token(p.config, "full_attention") * full +
+                    expected_kv_per_token(p.config, "sliding_attention") * j["components"]["kv_positions_windowed"].get<uint64_t>());
     const double bytes = j["components"]["weights_total"].get<double>();
     if (p.name.rfind("tiny-", 0) == 0) continue;
     EXPECT_GT(j["expert_bytes"].get<double>(), 0.5 * bytes);  // MoE at full size: most weights are routed experts

@@ -13,6 +13,15 @@ __global__ void k_gather(const float* x, const int64_t* tok, int64_t n, int64_t 
 }
 
 // gpt-oss clamped SwiGLU (ops::clamped_swiglu): u [n, 2I] interleaved, bias [2I] or null -> out [n, I].
+// y = gelu_pytorch_tanh(g) * u elementwise: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u
+// (HF ACT2FN["gelu_pytorch_tanh"], the Gemma 4 experts' activation). y may alias g.
+__global__ void k_gelu_tanh_glu(const float* g, const float* u, int64_t n, float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = g[i];
+  y[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+}
+
 __global__ void k_clamped_swiglu(const float* u, const float* bias, int64_t n, int64_t I, float* out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * I; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / I, j = i % I;
@@ -278,6 +287,12 @@ void expert_ffn(CudaBackend::Impl& I, std::span<const ExpertMats> experts, const
         I.mm(e.gate, xg, n, gate);
         I.mm(e.up, xg, n, up);
         launch_swiglu(I.stream, gate, up, n * Idim, gate);
+        break;
+      case Activation::kGeluTanhGLU:  // Gemma 4: gelu_pytorch_tanh(gate) * up
+        I.mm(e.gate, xg, n, gate);
+        I.mm(e.up, xg, n, up);
+        k_gelu_tanh_glu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(gate, up, n * Idim, gate);
+        CU_LAUNCHED("k_gelu_tanh_glu");
         break;
       case Activation::kClampedSwiGLU:
         I.mm(e.gate, xg, n, up);  // [n, 2I]
