@@ -221,7 +221,7 @@ int32_t SchemaCompiler::typed(const std::string& type, const json& s, const std:
     if (type == "number") {
       const int32_t frac_digits = g_.repeat("frac", {digit}, 1, 16);
       const int32_t frac = g_.rule("frac_opt", {{}, {g_.range('.', '.'), GrammarBuilder::ref(frac_digits)}});
-      const int32_t exp_digits = g_.repeat("exp", {digit}, 1, 3);
+      const int32_t exp_digits = g_.repeat("exp", {digit}, 1, 2);
       ByteSet e;
       e.set('e');
       e.set('E');
@@ -377,48 +377,65 @@ int32_t SchemaCompiler::value(const json& s0, const std::string& path) {
 int32_t SchemaCompiler::xml_value(const json& s0, const std::string& path) {
   const json& s = resolve(s0, path, 0);
   if (!s.is_object()) return value(s, path);
-  // Which alternatives are strings decides the encoding (typed_param_json reads a string-typed
-  // parameter as raw text and anything else as JSON).
-  bool has_string = false, has_other = false;
-  auto classify = [&](const json& x) {
+  // typed_param_json reads a parameter whose (first non-null) type is string as raw text, with
+  // "null" as null when the schema admits null; anything else as JSON. So: string alternatives
+  // (with null at most) become raw text, others JSON text; a mix cannot be told apart.
+  enum Kind { kStr, kNull, kOther };
+  auto kind_of = [&](const json& x) {
     const json& r = resolve(x, path, 0);
-    if (!r.is_object()) {
-      has_other = true;
-      return;
-    }
+    if (!r.is_object()) return kOther;
     if (auto e = r.find("enum"); e != r.end() && e->is_array()) {
-      for (const auto& v : *e) (v.is_string() ? has_string : has_other) = true;
-      return;
+      bool str = false, other = false;
+      for (const auto& v : *e) (v.is_string() ? str : other) = true;
+      return str && !other ? kStr : kOther;
     }
-    if (auto c = r.find("const"); c != r.end()) {
-      (c->is_string() ? has_string : has_other) = true;
-      return;
-    }
-    std::vector<std::string> ts = type_list(r, path);
-    if (ts.empty()) has_other = true;
-    for (const auto& t : ts) (t == "string" ? has_string : has_other) = true;
+    if (auto c = r.find("const"); c != r.end()) return c->is_string() ? kStr : c->is_null() ? kNull : kOther;
+    const std::vector<std::string> ts = type_list(r, path);
+    if (ts.size() == 1 && ts[0] == "null") return kNull;
+    bool other = false;
+    for (const auto& t : ts) other = other || (t != "string" && t != "null");
+    const bool has_str = std::find(ts.begin(), ts.end(), "string") != ts.end();
+    if (has_str && other)
+      throw SchemaError(strfmt("the XML tool-call parameter at %s mixes string and non-string types, which its raw-text "
+                               "encoding cannot tell apart",
+                               path.c_str()));
+    return has_str ? kStr : kOther;
   };
-  bool comb = false;
+  std::vector<const json*> alts;
   for (const char* k : {"anyOf", "oneOf"})
-    if (auto it = s.find(k); it != s.end() && it->is_array()) {
-      comb = true;
-      for (const auto& x : *it) classify(x);
+    if (auto it = s.find(k); it != s.end() && it->is_array())
+      for (const auto& x : *it) alts.push_back(&x);
+  if (alts.empty()) alts.push_back(&s);
+  const json* str_alt = nullptr;
+  bool has_null = false, has_other = false;
+  for (const json* x : alts) {
+    const Kind k = kind_of(*x);
+    if (k == kStr) {
+      if (str_alt) throw SchemaError(strfmt("several string alternatives (at %s) in an XML tool-call parameter are not supported", path.c_str()));
+      str_alt = &resolve(*x, path, 0);
     }
-  if (!comb) classify(s);
-  if (has_string && has_other)
+    has_null = has_null || k == kNull;
+    has_other = has_other || k == kOther;
+  }
+  if (!str_alt) return value(s, path);
+  if (has_other)
     throw SchemaError(strfmt("the XML tool-call parameter at %s mixes string and non-string alternatives, which its raw-text "
                              "encoding cannot tell apart",
                              path.c_str()));
-  if (!has_string) return value(s, path);
-  check_keywords(s, path);
-  if (comb) throw SchemaError(strfmt("anyOf/oneOf of strings (at %s) in an XML tool-call parameter is not supported", path.c_str()));
-  if (auto e = s.find("enum"); e != s.end()) {
-    const int32_t r = g_.rule("enum_raw");
+  const json& a = *str_alt;
+  check_keywords(a, path);
+  const std::vector<std::string> ts = type_list(a, path);
+  has_null = has_null || std::find(ts.begin(), ts.end(), "null") != ts.end();
+  const int32_t r = g_.rule("xml_string");
+  if (auto e = a.find("enum"); e != a.end()) {
     for (const auto& v : *e) g_.alt(r, g_.lit(v.get<std::string>()));
-    return r;
+  } else if (auto c = a.find("const"); c != a.end()) {
+    g_.alt(r, g_.lit(c->get<std::string>()));
+  } else {
+    g_.alt(r, {GrammarBuilder::ref(string_rule(a, path, true))});
   }
-  if (auto c = s.find("const"); c != s.end()) return literal_rule(c->get<std::string>());
-  return string_rule(s, path, true);
+  if (has_null) g_.alt(r, g_.lit("null"));
+  return r;
 }
 
 int32_t SchemaCompiler::xml_arguments(const json& schema, const XmlParams& markup, const std::string& path) {

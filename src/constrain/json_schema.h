@@ -13,7 +13,7 @@
 // Generated text is canonical: no whitespace except Python json.dumps separators ", " and
 // ": "; object properties in the order `properties` lists them (every required one, optional
 // ones may be left out); integers have at most 16 digits, fractions at most 16 and exponents at
-// most 3 (so every number is finite in a double); strings are well-formed UTF-8, with escapes
+// most 2 (so every number is finite in a double); strings are well-formed UTF-8, with escapes
 // \" \\ \/ \b \f \n \r \t and \uXXXX other than surrogates.
 #pragma once
 
@@ -52,10 +52,11 @@ class SchemaCompiler {
   /// Throws SchemaError.
   int32_t value(const nlohmann::ordered_json& schema, const std::string& path);
   /// Rule for an object schema's properties written as XML parameters (XmlParams), in
-  /// `properties` order. String-typed values (type string, or a string enum/const) are raw
-  /// text without '\n' or '<' (so the value never runs into the closing markup); other values
-  /// are JSON text (as the server's typed_param_json reads them back). A property whose schema
-  /// mixes string and non-string alternatives is a SchemaError.
+  /// `properties` order. String-typed values (type string, or a string enum/const, optionally
+  /// or null: then also the text "null") are raw text without '\n' or '<' (so the value never
+  /// runs into the closing markup); other values are JSON text (as the server's
+  /// typed_param_json reads them back). A property whose schema mixes string and non-null
+  /// non-string alternatives is a SchemaError.
   int32_t xml_arguments(const nlohmann::ordered_json& schema, const XmlParams& markup, const std::string& path);
   /// Rule for any JSON value (canonical form).
   int32_t any_value();

@@ -50,6 +50,11 @@ std::shared_ptr<const TokenIndex> TokenIndex::from_tokenizer(const tokenizer::To
   return std::make_shared<const TokenIndex>(std::move(bytes), std::move(special));
 }
 
+std::shared_ptr<const TokenIndex> LazyTokenIndex::get() {
+  std::call_once(once_, [&] { ix_ = TokenIndex::from_tokenizer(tok_, vocab_); });
+  return ix_;
+}
+
 const std::string& TokenIndex::bytes(int32_t id) const {
   static const std::string kEmpty;
   return id >= 0 && id < vocab_size() ? bytes_[static_cast<size_t>(id)] : kEmpty;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,21 @@ class TokenIndex {
   std::vector<uint8_t> child_byte_;
   std::vector<uint32_t> child_node_;
   std::vector<int32_t> token_ids_;
+};
+
+/// A TokenIndex built on first use (a vocabulary trie costs tens of milliseconds and memory, so
+/// servers that never constrain never pay for it). Thread-safe. `tok` must outlive it.
+class LazyTokenIndex {
+ public:
+  LazyTokenIndex(const tokenizer::Tokenizer& tok, int64_t vocab_size) : tok_(tok), vocab_(vocab_size) {}
+  /// The index (built by the first caller).
+  std::shared_ptr<const TokenIndex> get();
+
+ private:
+  const tokenizer::Tokenizer& tok_;
+  int64_t vocab_;
+  std::once_flag once_;
+  std::shared_ptr<const TokenIndex> ix_;
 };
 
 /// A compiled constraint (vocabulary-independent), shared by the requests that use it.
