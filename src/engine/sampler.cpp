@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/error.h"
 #include "io/config.h"
@@ -47,11 +48,20 @@ float Sampler::log_prob(const float* logits, int64_t vocab, int32_t id) {
   return static_cast<float>(logits[id] - m - std::log(s));
 }
 
-int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated) {
+int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated, const uint64_t* allowed) {
   for (int64_t i = 0; i < vocab_; ++i)
     if (!std::isfinite(logits[i]))
       fail("the model produced a non-finite logit (%s) for token %lld; refusing to sample", std::isnan(logits[i]) ? "NaN" : "inf",
            (long long)i);
+  if (allowed) {
+    bool any = false;
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const bool ok = (allowed[i >> 6] >> (i & 63)) & 1;
+      any = any || ok;
+      if (!ok) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+    if (!any) fail("constrained decoding: no token is allowed at this step");
+  }
   if (p_.repetition_penalty != 1.0f) {
     // Each distinct token once (HF gathers, penalises and scatters).
     std::vector<char> seen(vocab_, 0);
@@ -118,7 +128,11 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::sp
     acc += prob[i];
     if (r < acc) return cand_[i].second;
   }
-  return cand_[n - 1].second;
+  // Rounding left r at the total: the last candidate of non-zero probability (a masked token
+  // has probability 0 and is never returned).
+  for (int64_t i = n; i-- > 0;)
+    if (prob[i] > 0) return cand_[i].second;
+  return cand_[0].second;
 }
 
 }  // namespace spool::engine

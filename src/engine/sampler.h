@@ -40,7 +40,12 @@ class Sampler {
   /// Picks the next token. `logits` [vocab] is modified (penalties, temperature). `context`
   /// holds prompt + generated ids (repetition penalty); `generated` the generated ids only
   /// (presence/frequency penalties). Throws spool::Error if any logit is NaN or infinite.
-  int32_t sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated);
+  /// `allowed` (constrained decoding; null = every token): a bit mask of ceil(vocab/64) words,
+  /// bit (id % 64) of word id / 64 set when token id may be chosen; the others get -inf before
+  /// penalties, temperature and the truncations, so they are never sampled. At least one token
+  /// must be allowed (spool::Error otherwise). Without a mask this costs nothing extra.
+  int32_t sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated,
+                 const uint64_t* allowed = nullptr);
   /// Log-probabilities of the last sample()'s distribution before truncation are not kept;
   /// this returns log_softmax of `logits` for token `id` (for logprobs reporting).
   static float log_prob(const float* logits, int64_t vocab, int32_t id);

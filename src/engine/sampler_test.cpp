@@ -1,4 +1,5 @@
-// Sampler: greedy, truncations, determinism, penalties, refusal of non-finite logits.
+// Sampler: greedy, truncations, determinism, penalties, refusal of non-finite logits, the
+// constrained-decoding mask.
 #include "engine/sampler.h"
 
 #include <gtest/gtest.h>
@@ -86,6 +87,41 @@ TEST(Sampler, RepetitionAndPresencePenalties) {
   float l2[3] = {1.0f, 0.9f, -1.0f};
   std::vector<int32_t> gen = {0};
   EXPECT_EQ(s2.sample(l2, gen, gen), 1);
+}
+
+// Masked tokens are never chosen, greedy or sampled with every truncation off, however likely;
+// the allowed ones keep their relative frequencies; an all-zero mask is an error.
+TEST(Sampler, MaskExcludesTokens) {
+  const int64_t V = 70;  // two mask words
+  uint64_t mask[2] = {0, 0};
+  auto allow = [&](int id) { mask[id >> 6] |= uint64_t{1} << (id & 63); };
+  allow(3);
+  allow(65);
+  SamplingParams g;
+  g.temperature = 0;
+  Sampler greedy(g, V);
+  std::vector<float> l(V, 0.0f);
+  l[10] = 9.0f;
+  l[3] = 1.0f;
+  EXPECT_EQ(greedy.sample(std::vector<float>(l).data(), {}, {}, mask), 3);
+  EXPECT_EQ(greedy.sample(std::vector<float>(l).data(), {}, {}), 10);  // no mask: argmax
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = 5;
+  Sampler s(p, V);
+  std::map<int, int> counts;
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<float> x(l);
+    x[65] = 1.0f + std::log(3.0f);  // three times as likely as token 3
+    ++counts[s.sample(x.data(), {}, {}, mask)];
+  }
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_NEAR(counts[65] / 4000.0, 0.75, 0.03);
+  uint64_t none[2] = {0, 0};
+  EXPECT_THROW(s.sample(std::vector<float>(l).data(), {}, {}, none), Error);
 }
 
 TEST(Sampler, RefusesNonFiniteLogits) {

@@ -118,17 +118,35 @@ json normalize_tools(const json& req) {
   return it->empty() ? json() : *it;
 }
 
-// tool_choice: "auto" (default) and "none" are supported; forcing a call needs constrained
-// decoding, which spool does not do, so it is refused rather than silently ignored.
-bool tools_enabled(const json& req) {
+// tool_choice: "auto" (default), "none", "required" (a call of one of the tools is forced) or
+// {"type": "function", "function": {"name": N}} (a call of N is forced). Sets the forced call
+// in `out`; returns false for "none" (tool calls are not parsed).
+bool parse_tool_choice(const json& req, const json& tools, ChatPrompt& out) {
   auto it = req.find("tool_choice");
-  if (it == req.end() || it->is_null()) return true;
-  if (*it == "auto") return true;
+  if (it == req.end() || it->is_null() || *it == "auto") return true;
   if (*it == "none") return false;
-  if (it->is_string() || it->is_object())
-    throw bad_request("tool_choice \"required\" or a named function is not supported (no constrained decoding); use \"auto\" or \"none\"",
-                      "tool_choice");
-  throw bad_request("'tool_choice' must be \"auto\" or \"none\"", "tool_choice");
+  if (*it == "required") {
+    if (tools.is_null()) throw bad_request("tool_choice \"required\" needs 'tools'", "tool_choice");
+    out.force_tool = true;
+    return true;
+  }
+  if (it->is_object()) {
+    auto type = it->find("type");
+    auto fn = it->find("function");
+    auto name = fn != it->end() && fn->is_object() ? fn->find("name") : it->end();
+    if (type == it->end() || *type != "function" || fn == it->end() || !fn->is_object() || name == fn->end() || !name->is_string())
+      throw bad_request("'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
+    const std::string n = name->get<std::string>();
+    bool known = false;
+    if (tools.is_array())
+      for (const auto& t : tools) known = known || t["function"]["name"] == n;
+    if (!known) throw bad_request("tool_choice names function '" + n + "', which is not in 'tools'", "tool_choice.function.name");
+    out.force_tool = true;
+    out.forced_tool = n;
+    return true;
+  }
+  throw bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    "tool_choice");
 }
 
 
@@ -154,7 +172,7 @@ ChatPrompt render_chat(const json& req, const ChatTemplateInfo& info, bool allow
   // Templates other than Qwen3's JSON one iterate or tojson the arguments: they get objects.
   json messages = normalize_messages(req, syntax != ToolSyntax::kQwen3Json && syntax != ToolSyntax::kNone);
   out.tools = normalize_tools(req);
-  const bool enabled = tools_enabled(req);
+  const bool enabled = parse_tool_choice(req, out.tools, out);
   tmpl::ChatOptions opt;
   opt.add_generation_prompt = get_bool(req, "add_generation_prompt").value_or(true);
   opt.tools = out.tools;

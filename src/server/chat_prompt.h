@@ -27,9 +27,12 @@ struct ChatPrompt {
   ToolSyntax syntax = ToolSyntax::kNone;  ///< the output format (Qwen formats: kNone for tool_choice "none")
   bool tool_calls = true;           ///< false for tool_choice "none"
   bool starts_in_reasoning = false; ///< the prompt ends inside an open reasoning block (prompt_opens_reasoning)
+  bool force_tool = false;          ///< tool_choice forces a call ("required" or a named function)
+  std::string forced_tool;          ///< the named function ("" with "required": any tool)
 };
 
-/// Renders `req` (an OpenAI chat request object: messages, tools, tool_choice,
+/// Renders `req` (an OpenAI chat request object: messages, tools, tool_choice ("auto", "none",
+/// "required", or a named function, which must be among the tools),
 /// add_generation_prompt, chat_template_kwargs and, when `allow_template_override`,
 /// chat_template). Messages are checked (roles are strings; content is a string, null (read as ""), or an
 /// array of text parts, joined with "\n"; tool_calls is an array of function calls; a message

@@ -49,6 +49,11 @@ GenStepper::GenStepper(const GenRequest& req, const tokenizer::Tokenizer& tok, i
     if (id < 0 || id >= vocab) fail("prompt token id %d is outside the vocabulary (%lld tokens)", id, (long long)vocab);
   if (req.prompt.empty()) fail("the prompt is empty (at least one token is needed)");
   if (!req.parser.stop.empty()) stops_.emplace(req.parser.stop);
+  if (req.constraint) {
+    if (!req.constraint_index || req.constraint_index->vocab_size() != vocab)
+      fail("constrained decoding: the request's vocabulary index does not match the model (%lld tokens)", (long long)vocab);
+    constraint_.emplace(req.constraint, req.constraint_index, req.stop_ids);
+  }
 }
 
 void GenStepper::push_text(const std::string& text) {
@@ -67,7 +72,14 @@ bool GenStepper::on_logits(const float* logits) {
   const bool argmax = greedy_markup_ && parser_.in_markup();
   for (const auto& [bias_id, bias] : req_.logit_bias)
     if (bias_id < vocab_) work_[static_cast<size_t>(bias_id)] += bias;
-  const int32_t id = (argmax ? greedy_ : sampler_).sample(work_.data(), context_, generated_);
+  const uint64_t* allowed = nullptr;
+  if (constraint_) {
+    if (constraint_->fill_mask(mask_) == 0)
+      fail("constrained decoding: no token of the vocabulary continues the %s here", req_.constraint->what.c_str());
+    allowed = mask_.data();
+  }
+  const int32_t id = (argmax ? greedy_ : sampler_).sample(work_.data(), context_, generated_, allowed);
+  if (constraint_ && !constraint_->accept(id)) fail("constrained decoding: token %d does not follow the grammar", id);
   last_ = id;
   generated_.push_back(id);
   context_.push_back(id);

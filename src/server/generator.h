@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "constrain/token_mask.h"
 #include "engine/session.h"
 #include "server/output_parser.h"
 #include "server/prompt_cache.h"
@@ -58,7 +59,8 @@ class GenStepper {
   GenStepper(const GenRequest& req, const tokenizer::Tokenizer& tok, int64_t vocab, bool tool_syntax_greedy);
 
   /// Samples the next token from `logits` [vocab] (the model's next-token logits; copied,
-  /// not modified). Returns true when the token must be fed to the model (then token() is it
+  /// not modified); with req.constraint, only among the tokens its grammar allows (EOS only once
+  /// the output is complete). Returns true when the token must be fed to the model (then token() is it
   /// and on_logits is called again with the logits after it); false when generation ended
   /// (stop id, stop string or max_tokens): call finish(). Throws spool::Error for non-finite
   /// logits (no token is sampled from them).
@@ -89,6 +91,8 @@ class GenStepper {
   tokenizer::StreamDecoder dec_;
   std::vector<int32_t> context_, generated_;
   std::vector<float> work_;
+  std::optional<constrain::ConstraintState> constraint_;  // req.constraint's state (none: unconstrained)
+  std::vector<uint64_t> mask_;                            // allowed tokens of this step (constrained only)
   std::vector<TokenLogprob> logprobs_;
   GenEvent ev_;
   std::string finish_ = "length";

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "server/constrained.h"
 #include "server/json_body.h"
 #include "server/stop_strings.h"
 
@@ -58,9 +59,9 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& b, int64_t v
 // Everything chat and text completions share: sampling, limits, stop, stream options.
 void parse_common(const json& b, const ModelFacts& f, GenRequest& r, uint64_t seed_source, std::optional<int64_t> max_tokens) {
   if (auto n = get_int(b, "n", 1, 128); n && *n != 1) throw bad_request("only n = 1 is supported", "n");
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+  if (auto it = b.find("response_format"); !r.chat && it != b.end() && !it->is_null()) {
     if (!it->is_object() || it->value("type", "") != "text")
-      throw bad_request("response_format other than {\"type\": \"text\"} is not supported (no constrained decoding)", "response_format");
+      throw bad_request("response_format other than {\"type\": \"text\"} is only supported by /v1/chat/completions", "response_format");
   }
   engine::SamplingParams& p = r.sampling;
   p = f.defaults;
@@ -134,6 +135,12 @@ GenRequest parse_chat_request(const json& body, const ModelFacts& f, uint64_t se
   r.parser.parse_reasoning = true;
   r.parser.starts_in_reasoning = prompt.starts_in_reasoning;
   r.parser.tools = prompt.tools.is_null() ? nlohmann::json() : nlohmann::json::parse(prompt.tools.dump());
+  // A forced tool call wins over response_format (which is still checked).
+  ForcedOutput forced = parse_response_format(body);
+  if (prompt.force_tool) {
+    forced = ForcedOutput{ForcedOutput::kToolCall, prompt.forced_tool, nullptr};
+  }
+  attach_constraint(r, f, prompt, forced, prompt.force_tool ? "tool_choice" : "response_format");
   return r;
 }
 

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "constrain/token_mask.h"
 #include "engine/sampler.h"
 #include "server/chat_prompt.h"
 #include "server/output_parser.h"
@@ -25,6 +26,9 @@ struct ModelFacts {
   int64_t ctx_size = 4096;                  ///< prompt + output positions at most
   int64_t vocab_size = 0;                   ///< model vocabulary (ids must be below)
   std::vector<int32_t> stop_ids;            ///< end-of-sequence ids (generation stops, not output)
+  /// Vocabulary index for constrained decoding, built on first use (null: built per request from
+  /// `tok`, for tests).
+  std::shared_ptr<constrain::LazyTokenIndex> token_index;
 };
 
 /// One generation as the engine runs it.
@@ -43,6 +47,10 @@ struct GenRequest {
   /// report the unbiased distribution); ids ascending, each once.
   std::vector<std::pair<int32_t, float>> logit_bias;
   OutputParser::Options parser;       ///< stop strings, reasoning and tool-call parsing
+  /// Constrained decoding (server/constrained.h): the grammar the output must follow (null: none)
+  /// and the vocabulary index its token masks are computed on.
+  std::shared_ptr<const constrain::Constraint> constraint;
+  std::shared_ptr<const constrain::TokenIndex> constraint_index;
 };
 
 /// Parses a /v1/chat/completions body (rendering the chat template). `seed_source` gives the

@@ -19,6 +19,7 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
   ModelFacts& f = e->facts;
   f.name = opt.model_name;
   f.tok = &*l.tok;
+  f.token_index = std::make_shared<constrain::LazyTokenIndex>(*l.tok, spec.vocab_size);
   f.defaults = engine::sampling_defaults(l.ckpt->generation());
   f.vocab_size = spec.vocab_size;
   f.ctx_size = opt.ctx_size > 0 ? opt.ctx_size : (spec.max_position_embeddings > 0 ? spec.max_position_embeddings : 4096);

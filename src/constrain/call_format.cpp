@@ -1,0 +1,95 @@
+#include "constrain/call_format.h"
+
+#include "common/json_string.h"
+
+namespace spool::constrain {
+
+using json = nlohmann::ordered_json;
+
+CallFormat qwen3_json_format() {
+  CallFormat f;
+  f.name = "qwen3_json";
+  f.begin = "<tool_call>\n{\"name\": \"";
+  f.name_in_json_string = true;
+  f.after_name = "\", \"arguments\": ";
+  f.args = ArgsSyntax::kJson;
+  f.end = "}\n</tool_call>";
+  f.reasoning_close = "</think>";
+  f.special_markup = {"<tool_call>", "</tool_call>", "</think>"};
+  return f;
+}
+
+CallFormat qwen35_xml_format() {
+  CallFormat f;
+  f.name = "qwen35_xml";
+  f.begin = "<tool_call>\n<function=";
+  f.after_name = ">\n";
+  f.args = ArgsSyntax::kXml;
+  f.end = "</function>\n</tool_call>";
+  f.reasoning_close = "</think>";
+  f.special_markup = {"<tool_call>", "</tool_call>", "</think>"};
+  return f;
+}
+
+namespace {
+
+// root ::= (reasoning)? body, reasoning ::= until(close) ("" | "\n" | "\n\n").
+int32_t with_reasoning(GrammarBuilder& g, int32_t body, bool in_reasoning, const std::string& close) {
+  if (!in_reasoning || close.empty()) return body;
+  const int32_t text = g.until("reasoning", close);
+  const int32_t gap = g.rule("gap", {{}, g.lit("\n"), g.lit("\n\n")});
+  return g.rule("root", {{GrammarBuilder::ref(text), GrammarBuilder::ref(gap), GrammarBuilder::ref(body)}});
+}
+
+}  // namespace
+
+std::shared_ptr<const Constraint> compile_tool_call(const CallFormat& fmt, const std::vector<ToolSpec>& tools, bool in_reasoning) {
+  if (tools.empty()) fail("constrained decoding: a forced tool call needs at least one tool");
+  GrammarBuilder g;
+  const int32_t call = g.rule("call");
+  for (const ToolSpec& t : tools) {
+    const std::string path = "tools[" + t.name + "].parameters";
+    // Each tool's schema resolves its own $refs.
+    SchemaCompiler sc(g, t.parameters);
+    int32_t args = -1;
+    if (fmt.args == ArgsSyntax::kXml) {
+      args = sc.xml_arguments(t.parameters, fmt.xml, path);
+    } else if (t.parameters.is_null() || (t.parameters.is_object() && t.parameters.empty())) {
+      args = sc.any_object();
+    } else {
+      const json& p = t.parameters;
+      if (p.is_object() && p.contains("type") && p["type"] != "object")
+        throw SchemaError(strfmt("tool '%s': parameters must be of type object", t.name.c_str()));
+      args = sc.value(p, path);
+    }
+    std::string name = t.name;
+    if (fmt.name_in_json_string) {
+      name.clear();
+      append_json_string(name, t.name);
+      name = name.substr(1, name.size() - 2);
+    }
+    Seq s = g.lit(fmt.begin + name + fmt.after_name);
+    s.push_back(GrammarBuilder::ref(args));
+    for (auto e : g.lit(fmt.end)) s.push_back(e);
+    g.alt(call, std::move(s));
+  }
+  auto c = std::make_shared<Constraint>();
+  c->grammar = g.build(with_reasoning(g, call, in_reasoning, fmt.reasoning_close));
+  c->special_texts = fmt.special_markup;
+  c->what = tools.size() == 1 ? "tool call of " + tools[0].name : "tool call";
+  return c;
+}
+
+std::shared_ptr<const Constraint> compile_json(const json* schema, bool in_reasoning, const std::string& reasoning_close) {
+  GrammarBuilder g;
+  static const json kNull;
+  SchemaCompiler sc(g, schema ? *schema : kNull);
+  const int32_t body = schema ? sc.value(*schema, "schema") : sc.any_object();
+  auto c = std::make_shared<Constraint>();
+  c->grammar = g.build(with_reasoning(g, body, in_reasoning, reasoning_close));
+  if (!reasoning_close.empty() && in_reasoning) c->special_texts = {reasoning_close};
+  c->what = schema ? "JSON schema" : "JSON object";
+  return c;
+}
+
+}  // namespace spool::constrain
