@@ -221,7 +221,28 @@ TEST(AnthropicHttp, ToolsThinkingAndRoundTrip) {
   tools["tool_choice"] = {{"type", "none"}};
   EXPECT_EQ(count(tools), n_plain) << "tool_choice none leaves them out";
   tools["tool_choice"] = {{"type", "tool"}, {"name", "get_weather"}};
-  EXPECT_EQ(count(tools), n_tools) << "tool_choice tool renders as auto (no constrained decoding)";
+  EXPECT_EQ(count(tools), n_tools) << "tool_choice tool renders the tools (the call is forced while decoding)";
+  {
+    // tool_choice tool: the demo model answers with exactly that call (constrained decoding), at
+    // temperature 1, and stop_reason tool_use; the input validates against the schema.
+    json forced = tools;
+    forced["max_tokens"] = 64;
+    forced["temperature"] = 1.0;
+    forced["tools"][0]["input_schema"]["properties"]["city"]["enum"] = {"Paris", "Rome"};
+    auto r = post(c, forced);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json m = body_json(r);
+    EXPECT_EQ(m["stop_reason"], "tool_use") << m.dump();
+    int calls = 0;
+    for (const json& b : m["content"])
+      if (b["type"] == "tool_use") {
+        ++calls;
+        EXPECT_EQ(b["name"], "get_weather");
+        EXPECT_TRUE(b["input"]["city"] == "Paris" || b["input"]["city"] == "Rome") << b.dump();
+      }
+    EXPECT_EQ(calls, 1) << m.dump();
+  }
   json think = plain;
   think["thinking"] = {{"type", "disabled"}};
   EXPECT_GT(count(think), n_plain) << "thinking disabled closes an empty <think> in the prompt";

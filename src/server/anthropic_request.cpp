@@ -276,7 +276,11 @@ AnthropicRequest parse_anthropic_request(const json& body, bool count_tokens) {
     r.chat["tool_choice"] = "none";  // no tools offered, and tool-call markup stays text
   } else if (!tools.is_null()) {
     r.chat["tools"] = std::move(tools);
-    r.chat["tool_choice"] = "auto";
+    // any / tool force a call (one of the tools / the named one) by constrained decoding
+    // (server/constrained.h), through the chat path's tool_choice.
+    if (r.tool_choice == "any") r.chat["tool_choice"] = "required";
+    else if (r.tool_choice == "tool") r.chat["tool_choice"] = json{{"type", "function"}, {"function", {{"name", r.tool_name}}}};
+    else r.chat["tool_choice"] = "auto";
   }
   map_thinking(body, r, count_tokens);
   if (auto m = body.find("metadata"); m != body.end() && !m->is_null() && !m->is_object())

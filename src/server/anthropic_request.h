@@ -17,9 +17,9 @@
 //    redacted_thinking blocks are dropped (their data is opaque);
 //  * tools [{name, description, input_schema}] -> [{"type": "function", "function": {name,
 //    description, parameters}}];
-//  * tool_choice auto / any / tool -> the tools are rendered (any / tool cannot be enforced
-//    without constrained decoding: see AnthropicRequest::tool_choice); none -> no tools in the
-//    prompt and no tool-call parsing;
+//  * tool_choice auto / any / tool -> the tools are rendered, and the chat tool_choice "auto" /
+//    "required" / that function (any / tool are enforced by constrained decoding,
+//    server/constrained.h); none -> no tools in the prompt and no tool-call parsing;
 //  * thinking {type: enabled} / {type: disabled} -> chat_template_kwargs.enable_thinking
 //    true / false; {type: adaptive} leaves the template's default;
 //  * max_tokens, temperature (0..1), top_p, top_k -> the same OpenAI fields; stop_sequences are
@@ -44,8 +44,8 @@ struct AnthropicRequest {
   /// stop_sequences (non-empty strings), in request order.
   std::vector<std::string> stop_sequences;
   /// tool_choice.type: "auto" (also when absent), "any", "tool" or "none". "any" and "tool"
-  /// render the prompt as "auto" does (the tools are offered; nothing forces a call: spool has
-  /// no constrained decoding yet).
+  /// render the prompt as "auto" does and force a call (one of the tools / the named one) by
+  /// constrained decoding.
   std::string tool_choice = "auto";
   /// tool_choice.name when tool_choice is "tool" (a name among `tools`).
   std::string tool_name;

@@ -75,11 +75,14 @@ TEST(AnthropicRequest, ToolChoiceAndThinking) {
   r = parse_anthropic_request(b, false);
   EXPECT_EQ(r.tool_choice, "any");
   EXPECT_EQ(r.chat["tools"].size(), 2u);
-  EXPECT_EQ(r.chat["tool_choice"], "auto");
+  EXPECT_EQ(r.chat["tool_choice"], "required") << "any forces a call to one of the tools";
   b["tool_choice"] = {{"type", "tool"}, {"name", "g"}};
   r = parse_anthropic_request(b, false);
   EXPECT_EQ(r.tool_choice, "tool");
   EXPECT_EQ(r.tool_name, "g");
+  EXPECT_EQ(r.chat["tool_choice"], (json{{"type", "function"}, {"function", {{"name", "g"}}}})) << "tool forces that call";
+  b["tool_choice"] = {{"type", "auto"}};
+  EXPECT_EQ(parse_anthropic_request(b, false).chat["tool_choice"], "auto");
 
   b = base();
   b["max_tokens"] = 4096;

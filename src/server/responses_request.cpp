@@ -130,16 +130,27 @@ json parse_tools(const json& body) {
   return *tools;
 }
 
-json parse_tool_choice(const json& body) {
+// tool_choice: "auto", "none", "required" (a call to one of the tools, forced by constrained
+// decoding) or {"type": "function", "name"} (that call). allowed_tools and other types: 400.
+json parse_tool_choice(const json& body, const json& tools) {
   const json* c = field(body, "tool_choice");
   if (!c) return "auto";
   if (*c == "auto" || *c == "none") return *c;
-  const std::string missing = " needs constrained decoding, which spool does not have yet; use \"auto\" or \"none\"";
-  if (*c == "required") throw bad_request("tool_choice \"required\"" + missing, "tool_choice");
+  if (*c == "required") {
+    if (tools.empty()) throw bad_request("tool_choice \"required\" needs 'tools'", "tool_choice");
+    return *c;
+  }
   if (c->is_object()) {
     const json* type = field(*c, "type");
     const std::string t = type && type->is_string() ? type->get<std::string>() : "";
-    if (t == "function" || t == "allowed_tools") throw bad_request("tool_choice of type \"" + t + "\"" + missing, "tool_choice");
+    if (t == "function") {
+      const std::string name = need_string(*c, "name", "tool_choice");
+      bool found = false;
+      for (const json& tool : tools) found = found || (tool.contains("name") && tool["name"] == name);
+      if (!found) throw bad_request("tool_choice.name \"" + name + "\" is not among 'tools'", "tool_choice.name");
+      return json{{"type", "function"}, {"name", name}};
+    }
+    if (t == "allowed_tools") throw bad_request("tool_choice of type \"allowed_tools\" is not supported", "tool_choice");
     throw bad_request("tool_choice of type \"" + t + "\" is not supported: only function tools are", "tool_choice");
   }
   throw bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or an object", "tool_choice");
@@ -176,7 +187,7 @@ ResponsesRequest parse_responses_request(const json& body) {
   }
   r.instructions = get_string(body, "instructions");
   r.tools = parse_tools(body);
-  r.tool_choice = parse_tool_choice(body);
+  r.tool_choice = parse_tool_choice(body, r.tools);
   r.previous_response_id = get_string(body, "previous_response_id");
   if (r.previous_response_id && r.previous_response_id->empty()) throw bad_request("'previous_response_id' must not be empty", "previous_response_id");
   r.store = get_bool(body, "store").value_or(true);
@@ -204,8 +215,19 @@ ResponsesRequest parse_responses_request(const json& body) {
   if (const json* t = field(body, "text")) {
     if (!t->is_object()) throw bad_request("'text' must be an object", "text");
     if (const json* f = field(*t, "format")) {
-      if (!f->is_object() || (*f).value("type", "") != "text")
-        throw bad_request("text.format other than {\"type\": \"text\"} is not supported (no constrained decoding yet)", "text.format");
+      // {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name", "schema", "strict"}:
+      // the last two become the chat path's response_format (constrained decoding; checked there).
+      const std::string type = f->is_object() && f->contains("type") && (*f)["type"].is_string() ? (*f)["type"].get<std::string>() : "";
+      if (type == "json_object") {
+        r.response_format = json{{"type", "json_object"}};
+      } else if (type == "json_schema") {
+        json js = json::object();
+        for (const char* k : {"name", "schema", "strict", "description"})
+          if (f->contains(k)) js[k] = (*f)[k];
+        r.response_format = json{{"type", "json_schema"}, {"json_schema", js}};
+      } else if (type != "text") {
+        throw bad_request("text.format.type must be \"text\", \"json_object\" or \"json_schema\"", "text.format.type");
+      }
     }
   }
   if (get_bool(body, "background").value_or(false)) throw bad_request("'background' responses are not supported", "background");
@@ -273,7 +295,7 @@ json responses_chat_body(const ResponsesRequest& r, const json& history, std::st
   add_items(r.input);
   if (messages.empty()) throw bad_request("'input' has no items (and there are no instructions or earlier turns)", "input");
   json body{{"messages", messages}};
-  if (r.tool_choice == "auto" && !r.tools.empty()) {
+  if (r.tool_choice != "none" && !r.tools.empty()) {
     json tools = json::array();
     for (const json& t : r.tools) {
       json fn{{"name", t["name"]}};
@@ -283,6 +305,12 @@ json responses_chat_body(const ResponsesRequest& r, const json& history, std::st
     }
     body["tools"] = tools;
   }
+  if (r.tool_choice == "required") {
+    body["tool_choice"] = "required";
+  } else if (r.tool_choice.is_object()) {
+    body["tool_choice"] = json{{"type", "function"}, {"function", {{"name", r.tool_choice["name"]}}}};
+  }
+  if (!r.response_format.is_null()) body["response_format"] = r.response_format;
   if (r.max_output_tokens) body["max_completion_tokens"] = *r.max_output_tokens;
   if (r.temperature) body["temperature"] = *r.temperature;
   if (r.top_p) body["top_p"] = *r.top_p;

@@ -7,16 +7,15 @@
 // Supported: `input` (string, or items: messages with role user/assistant/system/developer and
 // content as a string or input_text/output_text/refusal parts; function_call; function_call_output;
 // reasoning), `instructions`, function `tools`, `tool_choice` "auto"/"none" ("none" leaves the
-// tools out of the prompt), `max_output_tokens`, `temperature`, `top_p`, `reasoning.effort`,
+// tools out of the prompt)/"required"/{"type": "function", "name"} (the call forced by constrained
+// decoding, server/constrained.h), `max_output_tokens`, `temperature`, `top_p`, `reasoning.effort`,
 // `previous_response_id`, `store`, `stream`, `metadata`, `parallel_tool_calls`, `text.format`
-// {"type": "text"}; accepted and ignored: include, user, safety_identifier, prompt_cache_key,
+// text / json_object / json_schema (constrained decoding); accepted and ignored: include, user, safety_identifier, prompt_cache_key,
 // service_tier, stream_options, truncation, text.verbosity, reasoning.summary, model. Extensions
 // (as /v1/chat/completions takes them): stop, seed, logit_bias, top_k, min_p, repetition_penalty,
 // presence_penalty, frequency_penalty.
-// Refused with 400: tool_choice "required" / a named function / allowed_tools (they need
-// constrained decoding, which spool does not have), non-function tools, non-text content
-// parts (images, files, audio), item types other than the four above, text.format json_schema /
-// json_object, background, conversation, prompt, max_tool_calls, top_logprobs > 0.
+// Refused with 400: tool_choice allowed_tools, non-function tools, non-text content
+// parts (images, files, audio), item types other than the four above, background, conversation, prompt, max_tool_calls, top_logprobs > 0.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +37,10 @@ struct ResponsesRequest {
   nlohmann::ordered_json input = nlohmann::ordered_json::array();
   std::optional<std::string> instructions;        ///< the system message (not carried to later turns)
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  ///< function tools as given (flat form)
-  nlohmann::ordered_json tool_choice = "auto";     ///< "auto" or "none"
+  nlohmann::ordered_json tool_choice = "auto";     ///< "auto", "none", "required" or {"type": "function", "name"}
+  /// text.format as the chat path's response_format ({"type": "json_object"} or {"type":
+  /// "json_schema", "json_schema": {...}}); null for text.
+  nlohmann::ordered_json response_format;
   std::optional<std::string> previous_response_id;
   bool store = true;
   bool stream = false;

@@ -70,7 +70,13 @@ TEST(ResponsesRequest, EveryMalformedFieldIs400NamingIt) {
   EXPECT_EQ(bad_param(R"({"input": "x", "tools": [{"type": "function", "name": "f", "description": 1}]})"), "tools[0].description");
   EXPECT_EQ(bad_param(R"({"input": "x", "tools": [{"type": "function", "name": "f", "strict": "yes"}]})"), "tools[0].strict");
   EXPECT_EQ(bad_param(R"({"input": "x", "tool_choice": "required"})"), "tool_choice");
-  EXPECT_EQ(bad_param(R"({"input": "x", "tool_choice": {"type": "function", "name": "f"}})"), "tool_choice");
+  EXPECT_EQ(bad_param(R"({"input": "x", "tool_choice": {"type": "function", "name": "f"}})"), "tool_choice.name");
+  EXPECT_EQ(bad_param(R"({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}})"),
+            "tool_choice.name");
+  EXPECT_EQ(bad_param(R"({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function"}})"),
+            "tool_choice.name");
+  EXPECT_EQ(bad_param(R"({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "allowed_tools"}})"),
+            "tool_choice");
   EXPECT_EQ(bad_param(R"({"input": "x", "tool_choice": {"type": "file_search"}})"), "tool_choice");
   EXPECT_EQ(bad_param(R"({"input": "x", "tool_choice": "always"})"), "tool_choice");
   EXPECT_EQ(bad_param(R"({"input": "x", "previous_response_id": 5})"), "previous_response_id");
@@ -87,7 +93,8 @@ TEST(ResponsesRequest, EveryMalformedFieldIs400NamingIt) {
   EXPECT_EQ(bad_param(R"({"input": "x", "reasoning": "high"})"), "reasoning");
   EXPECT_EQ(bad_param(R"({"input": "x", "reasoning": {"effort": "max"}})"), "reasoning.effort");
   EXPECT_EQ(bad_param(R"({"input": "x", "reasoning": {"summary": 1}})"), "reasoning.summary");
-  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})"), "text.format");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "xml"}}})"), "text.format.type");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": 5}})"), "text.format.type");
   EXPECT_EQ(bad_param(R"({"input": "x", "text": 1})"), "text");
   EXPECT_EQ(bad_param(R"({"input": "x", "background": true})"), "background");
   EXPECT_EQ(bad_param(R"({"input": "x", "conversation": "conv_1"})"), "conversation");
@@ -149,6 +156,29 @@ TEST(ResponsesRequest, AcceptsTheDocumentedShapes) {
   EXPECT_EQ(body["top_p"], 0.9);
   EXPECT_EQ(body["stream"], true);
   EXPECT_EQ(body["chat_template_kwargs"], J(R"({"enable_thinking": true})"));
+}
+
+// Forced calls and text.format reach the chat path as its tool_choice / response_format, which
+// the constrained decoder enforces (server/constrained.h).
+TEST(ResponsesRequest, ForcedToolChoiceAndTextFormatBecomeChatFields) {
+  const char* tools = R"("tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}])";
+  ojson body = responses_chat_body(parse_responses_request(J(std::string(R"({"input": "x", "tool_choice": "required", )") + tools + "}")),
+                                   ojson::array(), "");
+  EXPECT_EQ(body["tool_choice"], "required");
+  ASSERT_TRUE(body.contains("tools"));
+  body = responses_chat_body(
+      parse_responses_request(J(std::string(R"({"input": "x", "tool_choice": {"type": "function", "name": "f"}, )") + tools + "}")),
+      ojson::array(), "");
+  EXPECT_EQ(body["tool_choice"], J(R"({"type": "function", "function": {"name": "f"}})"));
+  body = responses_chat_body(parse_responses_request(J(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n",
+                                                           "schema": {"type": "object"}, "strict": true}}})")),
+                             ojson::array(), "");
+  EXPECT_EQ(body["response_format"], J(R"({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}, "strict": true}})"));
+  body = responses_chat_body(parse_responses_request(J(R"({"input": "x", "text": {"format": {"type": "json_object"}}})")), ojson::array(), "");
+  EXPECT_EQ(body["response_format"], J(R"({"type": "json_object"})"));
+  body = responses_chat_body(parse_responses_request(J(R"({"input": "x", "text": {"format": {"type": "text"}}})")), ojson::array(), "");
+  EXPECT_FALSE(body.contains("response_format"));
+  EXPECT_FALSE(body.contains("tool_choice"));
 }
 
 TEST(ResponsesRequest, HistoryToolChoiceNoneAndEmptyInput) {
@@ -506,8 +536,30 @@ TEST(ResponsesHttp, PlainStreamedChainedStoredAndErrors) {
   expect_error(c.Post("/v1/responses", "{", "application/json"), 400, "", "bad json");
   expect_error(c.Post("/v1/responses", "[1]", "application/json"), 400, "", "not an object");
   expect_error(c.Post("/v1/responses", R"({"model": "demo"})", "application/json"), 400, "input", "no input");
-  expect_error(c.Post("/v1/responses", R"({"input": "x", "tool_choice": "required", "tools": [{"type": "function", "name": "f"}]})",
-                      "application/json"), 400, "tool_choice", "required");
+  expect_error(c.Post("/v1/responses", R"({"input": "x", "tool_choice": "required"})", "application/json"), 400, "tool_choice",
+               "required without tools");
+  expect_error(c.Post("/v1/responses", R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object", "not": {}}}}})",
+                      "application/json"), 400, "", "an unsupported schema keyword");
+  // A forced call: the demo model must answer with exactly one function_call whose arguments
+  // validate (constrained decoding), at temperature 1.
+  {
+    auto forced = c.Post("/v1/responses", R"({"input": "What is the weather in Paris?", "temperature": 1, "max_output_tokens": 64,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}],
+        "tool_choice": {"type": "function", "name": "get_weather"}})", "application/json");
+    ASSERT_TRUE(forced);
+    ASSERT_EQ(forced->status, 200) << forced->body;
+    const ojson fj = body_of(forced);
+    int calls = 0;
+    for (const ojson& item : fj["output"])
+      if (item["type"] == "function_call") {
+        ++calls;
+        EXPECT_EQ(item["name"], "get_weather");
+        const ojson args = ojson::parse(item["arguments"].get<std::string>());
+        EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Rome") << args.dump();
+      }
+    EXPECT_EQ(calls, 1) << fj.dump();
+  }
   expect_error(c.Post("/v1/responses", R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})", "application/json"), 400,
                "input[0].content[0].type", "image");
   std::string longer;

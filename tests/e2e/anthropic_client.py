@@ -73,20 +73,21 @@ stop = text[len(text) // 2]
 s = client.messages.create(model=MODEL, max_tokens=16, extra_body=T0, messages=messages, stop_sequences=[stop])
 assert s.stop_reason == "stop_sequence" and s.stop_sequence == stop and stop not in text_of(s), (stop, s)
 
-# Tools: the demo model rarely calls one by itself, so the client sends the tool_use turn and
-# its tool_result; the server renders them and answers. A call the model makes is checked too.
+# Tools: tool_choice "tool" forces the call (constrained decoding): the model answers with one
+# tool_use block whose input validates (the schema's enum), stop_reason "tool_use"; "any" too. The
+# client then sends the tool_result; the server renders it and answers.
 tools = [{"name": "get_weather", "description": "Current weather in a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                           "required": ["city"]}}]
 ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-first = client.messages.create(model=MODEL, max_tokens=24, extra_body=T0, system="You are a weather bot.", tools=tools,
-                               tool_choice={"type": "auto"}, messages=ask)
-check_message(first, 24)
-calls = [b for b in first.content if b.type == "tool_use"]
-if calls:
-    assert first.stop_reason in ("tool_use", "max_tokens"), first
-    call = {"type": "tool_use", "id": calls[0].id, "name": calls[0].name, "input": calls[0].input}
-else:
-    call = {"type": "tool_use", "id": "toolu_01A", "name": "get_weather", "input": {"city": "Paris"}}
+for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+    first = client.messages.create(model=MODEL, max_tokens=64, extra_body={"temperature": 1.0}, system="You are a weather bot.",
+                                   tools=tools, tool_choice=choice, messages=ask)
+    check_message(first, 64)
+    calls = [b for b in first.content if b.type == "tool_use"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].input["city"] in ("Paris", "Rome"), first
+    assert first.stop_reason == "tool_use", first
+call = {"type": "tool_use", "id": calls[0].id, "name": calls[0].name, "input": calls[0].input}
 history = ask + [{"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, call]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
                                                "content": [{"type": "text", "text": "sunny, 21 C"}]}]}]

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import urllib.request
+from typing import Literal
 
 import openai
 from openai import AsyncOpenAI, OpenAI
@@ -91,19 +92,31 @@ if model_called:
                                  input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}])
     assert t3.previous_response_id == t1.id
 
-# Errors: forcing a tool call needs constrained decoding (refused, not faked); images refused.
-for bad in ({"tool_choice": "required", "tools": tools}, {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}):
+# A forced call (constrained decoding): tool_choice "required", then the named function, at
+# temperature 1: exactly one function_call whose arguments validate against the schema.
+enum_tools = [{"type": "function", "name": "get_weather", "description": "Current weather of a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                              "required": ["city"], "additionalProperties": False}}]
+for choice in ("required", {"type": "function", "name": "get_weather"}):
+    forced = client.responses.create(model=model, input="What is the weather in Paris?", tools=enum_tools, tool_choice=choice,
+                                     max_output_tokens=64, temperature=1)
+    fcalls = [o for o in forced.output if o.type == "function_call"]
+    assert len(fcalls) == 1 and fcalls[0].name == "get_weather", forced
+    assert json.loads(fcalls[0].arguments)["city"] in ("Paris", "Rome"), fcalls[0].arguments
+
+# Errors: required without tools; images refused.
+for bad in ({"tool_choice": "required"}, {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}):
     try:
         client.responses.create(model=model, **({"input": "x"} | bad))
         raise AssertionError(f"accepted: {bad}")
     except openai.BadRequestError as e:
         assert e.status_code == 400 and e.body and e.param, e.body
 
-# One openai-agents loop: an Agent with one function tool, run to completion. The SDK treats a
-# response cut by max_output_tokens ("incomplete") as an error, and the random demo model rarely
-# ends on its own: spool's logit_bias extension makes it end at once (an empty message), so the
-# loop finishes in one turn. It cannot exercise a tool call: forcing one (tool_choice "required")
-# needs constrained decoding, which spool does not have yet.
+# One openai-agents loop: an Agent with one function tool, run to completion. The first turn
+# forces the call (tool_choice "required", constrained decoding; the SDK resets it to auto after
+# the tool ran). The SDK treats a response cut by max_output_tokens ("incomplete") as an error,
+# and the demo model rarely ends on its own: spool's logit_bias extension makes it end as soon as
+# the grammar allows (at once in the second turn: an empty message), so the loop finishes.
 eos = json.loads(urllib.request.urlopen(urllib.request.Request(
     base_url.removesuffix("/v1") + "/tokenize", data=json.dumps({"content": "<|im_end|>"}).encode(),
     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})).read())["tokens"]
@@ -116,7 +129,7 @@ tool_calls = []
 
 
 @function_tool
-def get_weather(city: str) -> str:
+def get_weather(city: Literal["Paris", "Rome"]) -> str:
     """Current weather of a city."""
     tool_calls.append(city)
     return f"sunny in {city}"
@@ -126,12 +139,14 @@ async def agent_loop():
     aclient = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
     agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
                   model=OpenAIResponsesModel(model=model, openai_client=aclient),
-                  model_settings=ModelSettings(max_tokens=24, temperature=0, extra_body={"logit_bias": {str(eos): 100}}))
+                  model_settings=ModelSettings(max_tokens=64, temperature=0, tool_choice="required",
+                                               extra_body={"logit_bias": {str(eos): 100}}))
     return await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
 
 
 result = asyncio.run(agent_loop())
 assert isinstance(result.final_output, str), result
+assert tool_calls and all(c in ("Paris", "Rome") for c in tool_calls), tool_calls
 assert result.raw_responses and all(resp.response_id and resp.response_id.startswith("resp_") for resp in result.raw_responses)
 print(f"e2e: agents loop finished after {len(result.raw_responses)} model turn(s), tool called {len(tool_calls)} time(s); "
       f"the plain request {'did' if model_called else 'did not'} produce a tool call")
