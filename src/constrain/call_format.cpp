@@ -33,6 +33,71 @@ CallFormat qwen35_xml_format() {
 
 namespace {
 
+CallFormat json_args_format(const char* name, std::string begin, std::string after_name, std::string end, std::string reasoning_close,
+                            std::vector<std::string> special) {
+  CallFormat f;
+  f.name = name;
+  f.begin = std::move(begin);
+  f.after_name = std::move(after_name);
+  f.args = ArgsSyntax::kJson;
+  f.end = std::move(end);
+  f.reasoning_close = std::move(reasoning_close);
+  f.special_markup = std::move(special);
+  return f;
+}
+
+}  // namespace
+
+CallFormat deepseek_v3_format() {
+  return json_args_format("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                          "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "</think>",
+                          {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "</think>"});
+}
+
+CallFormat kimi_k2_format() {
+  return json_args_format("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.", ":0<|tool_call_argument_begin|>",
+                          "<|tool_call_end|><|tool_calls_section_end|>", "</think>",
+                          {"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                           "<|tool_calls_section_end|>", "</think>"});
+}
+
+CallFormat glm4_5_format() {
+  CallFormat f;
+  f.name = "glm4_5";
+  f.begin = "<tool_call>";
+  f.after_name = "\n";
+  f.args = ArgsSyntax::kXml;
+  f.xml = XmlParams{"<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n"};
+  f.end = "</tool_call>";
+  f.reasoning_close = "</think>";
+  f.special_markup = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</think>"};
+  return f;
+}
+
+CallFormat minimax_m2_format() {
+  CallFormat f;
+  f.name = "minimax_m2";
+  f.begin = "<minimax:tool_call>\n<invoke name=\"";
+  f.after_name = "\">\n";
+  f.args = ArgsSyntax::kXml;
+  f.xml = XmlParams{"<parameter name=\"", "\">", "</parameter>\n"};
+  f.end = "</invoke>\n</minimax:tool_call>";
+  f.reasoning_close = "</think>";
+  f.special_markup = {"<minimax:tool_call>", "</minimax:tool_call>", "</think>"};
+  return f;
+}
+
+CallFormat gpt_oss_format() {
+  return json_args_format("gpt_oss", " to=functions.", "<|channel|>commentary json<|message|>", "<|call|>", "",
+                          {"<|channel|>", "<|message|>", "<|call|>"});
+}
+
+CallFormat mistral_format() {
+  return json_args_format("mistral", "[TOOL_CALLS]", "[ARGS]", "", "[/THINK]", {"[TOOL_CALLS]", "[ARGS]", "[/THINK]"});
+}
+
+namespace {
+
 // root ::= (reasoning)? body, reasoning ::= until(close) ("" | "\n" | "\n\n").
 int32_t with_reasoning(GrammarBuilder& g, int32_t body, bool in_reasoning, const std::string& close) {
   if (!in_reasoning || close.empty()) return body;

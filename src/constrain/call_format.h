@@ -46,6 +46,22 @@ CallFormat qwen3_json_format();
 /// `<tool_call>\n<function=NAME>\n<parameter=P>\nV\n</parameter>\n...</function>\n</tool_call>`.
 CallFormat qwen35_xml_format();
 
+/// DeepSeek-V3.1 (and V3 / R1 models whose parser reads it):
+/// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜><｜tool▁calls▁end｜>`.
+CallFormat deepseek_v3_format();
+/// Kimi-K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>ARGS
+/// <|tool_call_end|><|tool_calls_section_end|>` (no space before <|tool_call_end|>).
+CallFormat kimi_k2_format();
+/// GLM-4.5 / 4.6 / 4.7: `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>`.
+CallFormat glm4_5_format();
+/// MiniMax-M2: `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n...</invoke>\n</minimax:tool_call>`.
+CallFormat minimax_m2_format();
+/// gpt-oss harmony, right after the `<|start|>assistant` generation prompt:
+/// ` to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>`.
+CallFormat gpt_oss_format();
+/// Mistral (Small 3.2 / Magistral / Ministral templates): `[TOOL_CALLS]NAME[ARGS]ARGS`.
+CallFormat mistral_format();
+
 /// A callable tool: its name and its `parameters` JSON schema (null or {}: no constraint on
 /// the arguments object).
 struct ToolSpec {

@@ -226,6 +226,69 @@ TEST(CallFormat, Qwen3JsonAndQwen35Xml) {
   EXPECT_THROW(compile_tool_call(qwen3_json_format(), {}, false), Error);
 }
 
+// Every other family's format accepts the call its real chat template renders (the `emitted`
+// text of tests/data/chat/<name>/assistant_cases.json, which the family's parser reads back to
+// the call), and rejects a wrong name, a missing required argument and a wrong argument type.
+TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
+  const json params = json::parse(R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+      "required": ["city"]})");
+  const std::vector<ToolSpec> tools = {{"get_weather", params}};
+  struct Case {
+    CallFormat fmt;
+    std::string good, wrong_name, missing, wrong_type;
+  };
+  const Case cases[] = {
+      {deepseek_v3_format(),  // deepseek_v3_1
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {kimi_k2_format(),
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}"
+       "<|tool_call_end|><|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}"
+       "<|tool_call_end|><|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}"
+       "<|tool_call_end|><|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": \"3\"}"
+       "<|tool_call_end|><|tool_calls_section_end|>"},
+      {glm4_5_format(),  // glm4_6
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+       "<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+       "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>three</arg_value>\n</tool_call>"},
+      {minimax_m2_format(),
+       "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n</invoke>\n</minimax:tool_call>",
+       "<minimax:tool_call>\n<invoke name=\"search\">\n<parameter name=\"city\">Oslo</parameter>\n</invoke>\n</minimax:tool_call>",
+       "<minimax:tool_call>\n<invoke name=\"get_weather\">\n</invoke>\n</minimax:tool_call>",
+       "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n<parameter name=\"days\">x</parameter>\n"
+       "</invoke>\n</minimax:tool_call>"},
+      {gpt_oss_format(),
+       " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", \"days\": 3}<|call|>",
+       " to=functions.get_time<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>",
+       " to=functions.get_weather<|channel|>commentary json<|message|>{\"days\": 3}<|call|>",
+       " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": [\"Paris\"]}<|call|>"},
+      {mistral_format(),
+       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3}",
+       "[TOOL_CALLS]get_time[ARGS]{\"city\": \"Paris\"}",
+       "[TOOL_CALLS]get_weather[ARGS]{}",
+       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3.5}"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.fmt.name);
+    auto g = compile_tool_call(c.fmt, tools, false)->grammar;
+    EXPECT_TRUE(matches(g, c.good));
+    EXPECT_FALSE(matches(g, c.wrong_name));
+    EXPECT_FALSE(matches(g, c.missing));
+    EXPECT_FALSE(matches(g, c.wrong_type));
+    if (!c.fmt.reasoning_close.empty()) {  // inside reasoning: free text up to the closer first
+      auto r = compile_tool_call(c.fmt, tools, true)->grammar;
+      EXPECT_TRUE(matches(r, "the user wants the weather" + c.fmt.reasoning_close + "\n" + c.good));
+      EXPECT_FALSE(matches(r, c.good));
+    }
+  }
+}
+
 const tokenizer::Tokenizer& qwen3() {
   static const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(std::string(SPOOL_TEST_DATA_DIR) + "/tokenizers/qwen3");
   return tok;

@@ -11,11 +11,29 @@ using ojson = nlohmann::ordered_json;
 const constrain::CallFormat* call_format_for(ToolSyntax s) {
   static const constrain::CallFormat kQwen3 = constrain::qwen3_json_format();
   static const constrain::CallFormat kQwen35 = constrain::qwen35_xml_format();
+  static const constrain::CallFormat kDeepSeek = constrain::deepseek_v3_format();
+  static const constrain::CallFormat kKimi = constrain::kimi_k2_format();
+  static const constrain::CallFormat kGlm = constrain::glm4_5_format();
+  static const constrain::CallFormat kMiniMax = constrain::minimax_m2_format();
+  static const constrain::CallFormat kGptOss = constrain::gpt_oss_format();
+  static const constrain::CallFormat kMistral = constrain::mistral_format();
   switch (s) {
     case ToolSyntax::kQwen3Json:
       return &kQwen3;
     case ToolSyntax::kQwen35Xml:
       return &kQwen35;
+    case ToolSyntax::kDeepSeekV3:
+      return &kDeepSeek;
+    case ToolSyntax::kKimiK2:
+      return &kKimi;
+    case ToolSyntax::kGlm45:
+      return &kGlm;
+    case ToolSyntax::kMiniMaxM2:
+      return &kMiniMax;
+    case ToolSyntax::kGptOss:
+      return &kGptOss;
+    case ToolSyntax::kMistral:
+      return &kMistral;
     default:
       return nullptr;
   }
