@@ -874,4 +874,143 @@ TEST(Cli, TemplateRenderErrors) {
          1, "System role not supported");
 }
 
+// ---------------------------------------------------------------- spool template parse
+
+// The assistant message `parse` printed, compared with a golden message: ids are generated
+// ("call_" + 24 hex digits), arguments are a JSON string (the goldens hold objects), and
+// content is null beside tool calls where the golden has "".
+void expect_parsed(const Result& r, const nlohmann::ordered_json& want, const std::string& what) {
+  ASSERT_EQ(r.code, 0) << what << ": " << r.err;
+  const auto got = nlohmann::json::parse(r.out);
+  EXPECT_EQ(got["role"], "assistant") << what;
+  const std::string content = want.value("content", "");
+  if (content.empty() && want.contains("tool_calls")) EXPECT_TRUE(got["content"].is_null()) << what;
+  else EXPECT_EQ(got["content"], content) << what;
+  EXPECT_EQ(got.contains("reasoning_content"), want.contains("reasoning_content")) << what << ": " << r.out;
+  if (want.contains("reasoning_content")) EXPECT_EQ(got["reasoning_content"], want["reasoning_content"]) << what;
+  ASSERT_EQ(got.contains("tool_calls"), want.contains("tool_calls")) << what << ": " << r.out;
+  if (!want.contains("tool_calls")) return;
+  ASSERT_EQ(got["tool_calls"].size(), want["tool_calls"].size()) << what;
+  for (size_t i = 0; i < want["tool_calls"].size(); ++i) {
+    const auto& g = got["tool_calls"][i];
+    EXPECT_EQ(g["id"].get<std::string>().rfind("call_", 0), 0u) << what;
+    EXPECT_EQ(g["type"], "function") << what;
+    EXPECT_EQ(g["function"]["name"], want["tool_calls"][i]["function"]["name"]) << what;
+    ASSERT_TRUE(g["function"]["arguments"].is_string()) << what << ": arguments must be a JSON string";
+    EXPECT_EQ(nlohmann::json::parse(g["function"]["arguments"].get<std::string>()),
+              nlohmann::json(want["tool_calls"][i]["function"]["arguments"]))
+        << what;
+  }
+}
+
+// Every GLM-4.6 and gpt-oss parse-back golden: `emitted` on stdin, parsed with the template file
+// (format detected from it) back to `message`; once with the golden's generation prompt, once
+// rendering the golden's conversation (the server's way).
+TEST(Cli, TemplateParseAssistantCases) {
+  int parsed = 0;
+  for (const char* name : {"glm4_6", "gpt_oss"}) {
+    const std::string dir = kData + "/chat/" + name;
+    const auto cases = nlohmann::ordered_json::parse(slurp(dir + "/assistant_cases.json"));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const auto& a = cases[i];
+      const std::string what = std::string(name) + "_" + std::to_string(i);
+      const std::string in = scratch(what + "_emitted", a["emitted"].get<std::string>());
+      std::string args = "template parse --template " + dir + "/chat_template.jinja";
+      if (!a["tools"].empty()) args += " --tools @" + scratch(what + "_tools.json", a["tools"].dump());
+      expect_parsed(spool(args + " --generation-prompt @" + scratch(what + "_gp", a["generation_prompt"].get<std::string>()) + " < " + in),
+                    a["message"], what + " (--generation-prompt)");
+      const Result r = spool(args + " --messages " + shq(a["prior"].dump()) + " < " + in);
+      expect_parsed(r, a["message"], what + " (--messages)");
+      EXPECT_NE(r.err.find(std::string("format ") + (name == std::string("glm4_6") ? "glm4_5" : "gpt_oss")), std::string::npos) << r.err;
+      ++parsed;
+    }
+  }
+  EXPECT_EQ(parsed, 6);
+}
+
+// Qwen3.5-style XML calls write every value as text: --tools types them by the schema (3 stays
+// the string "3" for a string parameter, becomes a number for an integer one); the generation
+// prompt decides whether the output starts inside reasoning; --chat-format overrides detection.
+TEST(Cli, TemplateParseQwenXmlTypedBySchema) {
+  const std::string tmpl = kData + "/chat/qwen3_coder/chat_template.jinja";
+  const std::string out = scratch("xml_out",
+                                  "I will check.</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n3\n</parameter>\n"
+                                  "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>\n");
+  auto tool = [](const char* city_type) {
+    return nlohmann::ordered_json::array(
+               {{{"type", "function"},
+                 {"function",
+                  {{"name", "get_weather"},
+                   {"parameters",
+                    {{"type", "object"},
+                     {"properties", {{"city", {{"type", city_type}}}, {"days", {{"type", "integer"}}}}}}}}}}})
+        .dump();
+  };
+  const std::string base = "template parse --template " + tmpl + " --generation-prompt " + shq("<|im_start|>assistant\n<think>\n");
+  Result r = spool(base + " --tools " + shq(tool("string")) + " < " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto m = nlohmann::json::parse(r.out);
+  EXPECT_EQ(m["reasoning_content"], "I will check.");
+  EXPECT_TRUE(m["content"].is_null());
+  ASSERT_EQ(m["tool_calls"].size(), 1u) << r.out;
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], "{\"city\": \"3\", \"days\": 3}");
+  EXPECT_NE(r.err.find("format qwen3_xml (detected from the chat template); the output starts inside reasoning"), std::string::npos) << r.err;
+  r = spool(base + " --tools " + shq(tool("integer")) + " < " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tool_calls"][0]["function"]["arguments"], "{\"city\": 3, \"days\": 3}");
+  // No open <think> in the prompt: the text before </think> is content (with the stray tag).
+  r = spool("template parse --template " + tmpl + " --tools " + shq(tool("string")) + " < " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  m = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(m.contains("reasoning_content")) << r.out;
+  EXPECT_EQ(m["content"], "I will check.</think>") << r.out;  // the whitespace before a call is markup
+  EXPECT_NE(r.err.find("starts outside reasoning (a one-user-message conversation rendered)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("markup '</think>'"), std::string::npos) << r.err;
+  // --chat-format qwen3_json reads the same text as JSON calls: none parse, the markup is content.
+  r = spool(base + " --chat-format qwen3 < " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  m = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(m.contains("tool_calls")) << r.out;
+  EXPECT_NE(m["content"].get<std::string>().find("<function=get_weather>"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("format qwen3_json (--chat-format)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("markup '<tool_call>': text that did not parse as a tool call"), std::string::npos) << r.err;
+  // A call cut off after its name is announced: kept, flagged incomplete on stderr.
+  r = spool(base + " < " + scratch("xml_cut", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("tool call 0 (get_weather) is incomplete"), std::string::npos) << r.err;
+}
+
+TEST(Cli, TemplateParseErrors) {
+  const std::string t = kData + "/chat/qwen3_coder/chat_template.jinja";
+  const std::string in = " < " + scratch("parse_in", "Hello");
+  auto expect = [](const Result& r, int code, const std::string& says) {
+    EXPECT_EQ(r.code, code) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  };
+  // Usage (2).
+  expect(spool("template parse" + in), 2, "give --model M");
+  EXPECT_EQ(spool("template parse --template " + t + " --no-such-flag" + in).code, 2);
+  expect(spool("template parse --template " + t + " --tools @-" + in), 2, "stdin carries the model output");
+  expect(spool("template parse --template " + t + " --generation-prompt x --messages '[]'" + in), 2, "give one or the other");
+  EXPECT_EQ(spool("template parse --help").code, 0);
+  // Bad input (1), each named; an unknown format lists the names.
+  expect(spool("template parse --template " + t + " --chat-format nope" + in), 1,
+         "--chat-format: unknown format 'nope' (one of: none, qwen3_json, qwen3_xml, deepseek_v3");
+  expect(spool("template parse --template " + t + " --tools '[oops'" + in), 1, "--tools: not valid JSON");
+  expect(spool("template parse --template " + t + " --tools '{\"a\": 1}'" + in), 1, "--tools must be a JSON array");
+  expect(spool("template parse --template " + t + " --messages '{'" + in), 1, "--messages: not valid JSON");
+  expect(spool("template parse --template " + t + " --kwargs '[1]'" + in), 1, "--kwargs must be a JSON object");
+  expect(spool("template parse --template " + t + " --tools '[{\"type\": \"function\"}]'" + in), 1,
+         "rendering the generation prompt (a one-user-message conversation): tools[0].function must be an object");
+  expect(spool("template parse --template " + t + " --generation-prompt @/nonexistent/gp.txt" + in), 1, "/nonexistent/gp.txt");
+  expect(spool("template parse --template " + t + " < " + scratch("parse_bad_utf8", "ok\xff")), 1,
+         "stdin: the model output is not valid UTF-8 (at byte 2)");
+  // A missing template (1).
+  expect(spool("template parse --template /nonexistent/t.jinja" + in), 1, "/nonexistent/t.jinja");
+  expect(spool("template parse --model /nonexistent/model" + in), 1, "/nonexistent/model");
+  // A template that refuses the default conversation: its message, and the way out.
+  expect(spool("template parse --template " + scratch("refuse.jinja", "{{ raise_exception('no thanks') }}") + in), 1,
+         "no thanks; give --messages or --generation-prompt");
+}
+
 }  // namespace

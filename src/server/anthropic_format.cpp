@@ -73,7 +73,7 @@ json anthropic_message_json(const std::string& id, const std::string& model, con
   return m;
 }
 
-std::string sse_event(const json& j) { return "event: " + j.value("type", std::string("message")) + "\ndata: " + dump_json(j) + "\n\n"; }
+std::string anthropic_sse_event(const json& j) { return "event: " + j.value("type", std::string("message")) + "\ndata: " + dump_json(j) + "\n\n"; }
 
 AnthropicStream::AnthropicStream(std::string id, std::string model, int64_t input_tokens)
     : id_(std::move(id)), model_(std::move(model)), input_tokens_(input_tokens) {}
@@ -88,26 +88,26 @@ std::string AnthropicStream::start() const {
   m["stop_reason"] = nullptr;
   m["stop_sequence"] = nullptr;
   m["usage"] = json{{"input_tokens", input_tokens_}, {"output_tokens", 0}};
-  return sse_event(json{{"type", "message_start"}, {"message", m}}) + ping();
+  return anthropic_sse_event(json{{"type", "message_start"}, {"message", m}}) + ping();
 }
 
 std::string AnthropicStream::open(Block kind, const json& block) {
   std::string out = close();
   open_ = kind;
   ++index_;
-  return out + sse_event(json{{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+  return out + anthropic_sse_event(json{{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
 }
 
 std::string AnthropicStream::close() {
   if (open_ == Block::kNone) return "";
   open_ = Block::kNone;
   open_call_ = -1;
-  return sse_event(json{{"type", "content_block_stop"}, {"index", index_}});
+  return anthropic_sse_event(json{{"type", "content_block_stop"}, {"index", index_}});
 }
 
 std::string AnthropicStream::delta(const OutputDelta& d) {
   std::string out;
-  auto emit = [&](const json& delta) { out += sse_event(json{{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}}); };
+  auto emit = [&](const json& delta) { out += anthropic_sse_event(json{{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}}); };
   size_t first = 0;  // pieces continuing the open tool_use block come first: they precede any text of this delta
   for (; first < d.tool_calls.size() && d.tool_calls[first].id.empty() && open_ == Block::kToolUse &&
          d.tool_calls[first].index == open_call_;
@@ -137,15 +137,15 @@ std::string AnthropicStream::delta(const OutputDelta& d) {
 std::string AnthropicStream::finish(const GenResult& r) {
   std::string out = close();
   json delta{{"stop_reason", anthropic_stop_reason(r)}, {"stop_sequence", nullable(r.stop_sequence)}};
-  out += sse_event(json{{"type", "message_delta"}, {"delta", delta}, {"usage", anthropic_usage_json(r)}});
-  out += sse_event(json{{"type", "message_stop"}});
+  out += anthropic_sse_event(json{{"type", "message_delta"}, {"delta", delta}, {"usage", anthropic_usage_json(r)}});
+  out += anthropic_sse_event(json{{"type", "message_stop"}});
   return out;
 }
 
 std::string AnthropicStream::error(int status, const std::string& message) {
-  return sse_event(anthropic_error_json(anthropic_error_type(anthropic_status(status)), message));
+  return anthropic_sse_event(anthropic_error_json(anthropic_error_type(anthropic_status(status)), message));
 }
 
-std::string AnthropicStream::ping() { return sse_event(json{{"type", "ping"}}); }
+std::string AnthropicStream::ping() { return anthropic_sse_event(json{{"type", "ping"}}); }
 
 }  // namespace spool::server

@@ -47,7 +47,7 @@ nlohmann::ordered_json anthropic_usage_json(const GenResult& r);
 nlohmann::ordered_json anthropic_message_json(const std::string& id, const std::string& model, const GenResult& r);
 
 /// One SSE event: "event: <j.type>\ndata: <j>\n\n".
-std::string sse_event(const nlohmann::ordered_json& j);
+std::string anthropic_sse_event(const nlohmann::ordered_json& j);
 
 /// The events of one streamed message, produced from the engine's messages in order: start()
 /// once, delta() per GenEvent, then finish() (or error()). Returns SSE text to write.
