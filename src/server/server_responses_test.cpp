@@ -20,7 +20,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ojson J(const char* s) { return ojson::parse(s); }
+ojson J(const std::string& s) { return ojson::parse(s); }
 
 // The 400 of parse_responses_request for `body`, with its param.
 std::string bad_param(const char* body) {
