@@ -146,7 +146,7 @@ TEST(ServerRequest, SamplingFieldsAreTypedAndRanged) {
                             R"(, "seed": "s")", R"(, "max_tokens": 0)", R"(, "max_tokens": -5)", R"(, "max_completion_tokens": "9")",
                             R"(, "stop": 5)", R"(, "stop": [""])", R"(, "stop": ["a", 1])", R"(, "n": 2)", R"(, "stream": "yes")",
                             R"(, "stream_options": 1)", R"(, "logprobs": 1)", R"(, "top_logprobs": 3)", R"(, "top_logprobs": 21, "logprobs": true)",
-                            R"(, "response_format": {"type": "json_object"})", R"(, "repetition_penalty": 0)"}) {
+                            R"(, "response_format": {"type": "xml"})", R"(, "response_format": 5)", R"(, "repetition_penalty": 0)"}) {
     auto [status, param] = error_of([&] { parse_chat_request(chat(extra), f.facts, 1); });
     EXPECT_EQ(status, 400) << extra;
   }
