@@ -226,7 +226,7 @@ TEST(AnthropicHttp, ToolsThinkingAndRoundTrip) {
     // tool_choice tool: the demo model answers with exactly that call (constrained decoding), at
     // temperature 1, and stop_reason tool_use; the input validates against the schema.
     json forced = tools;
-    forced["max_tokens"] = 64;
+    forced["max_tokens"] = 160;  // the demo vocabulary spells JSON markup in many tokens
     forced["temperature"] = 1.0;
     forced["tools"][0]["input_schema"]["properties"]["city"]["enum"] = {"Paris", "Rome"};
     auto r = post(c, forced);

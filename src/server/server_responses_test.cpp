@@ -543,7 +543,7 @@ TEST(ResponsesHttp, PlainStreamedChainedStoredAndErrors) {
   // A forced call: the demo model must answer with exactly one function_call whose arguments
   // validate (constrained decoding), at temperature 1.
   {
-    auto forced = c.Post("/v1/responses", R"({"input": "What is the weather in Paris?", "temperature": 1, "max_output_tokens": 64,
+    auto forced = c.Post("/v1/responses", R"({"input": "What is the weather in Paris?", "temperature": 1, "max_output_tokens": 160,
         "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object",
                    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}],
         "tool_choice": {"type": "function", "name": "get_weather"}})", "application/json");

@@ -81,9 +81,9 @@ tools = [{"name": "get_weather", "description": "Current weather in a city",
                            "required": ["city"]}}]
 ask = [{"role": "user", "content": "What is the weather in Paris?"}]
 for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
-    first = client.messages.create(model=MODEL, max_tokens=64, extra_body={"temperature": 1.0}, system="You are a weather bot.",
+    first = client.messages.create(model=MODEL, max_tokens=160, extra_body={"temperature": 1.0}, system="You are a weather bot.",
                                    tools=tools, tool_choice=choice, messages=ask)
-    check_message(first, 64)
+    check_message(first, 160)
     calls = [b for b in first.content if b.type == "tool_use"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].input["city"] in ("Paris", "Rome"), first
     assert first.stop_reason == "tool_use", first

@@ -99,7 +99,7 @@ enum_tools = [{"type": "function", "name": "get_weather", "description": "Curren
                               "required": ["city"], "additionalProperties": False}}]
 for choice in ("required", {"type": "function", "name": "get_weather"}):
     forced = client.responses.create(model=model, input="What is the weather in Paris?", tools=enum_tools, tool_choice=choice,
-                                     max_output_tokens=64, temperature=1)
+                                     max_output_tokens=160, temperature=1)
     fcalls = [o for o in forced.output if o.type == "function_call"]
     assert len(fcalls) == 1 and fcalls[0].name == "get_weather", forced
     assert json.loads(fcalls[0].arguments)["city"] in ("Paris", "Rome"), fcalls[0].arguments
@@ -139,7 +139,7 @@ async def agent_loop():
     aclient = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
     agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
                   model=OpenAIResponsesModel(model=model, openai_client=aclient),
-                  model_settings=ModelSettings(max_tokens=64, temperature=0, tool_choice="required",
+                  model_settings=ModelSettings(max_tokens=160, temperature=0, tool_choice="required",
                                                extra_body={"logit_bias": {str(eos): 100}}))
     return await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
 
