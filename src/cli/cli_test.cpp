@@ -230,9 +230,9 @@ TEST(Cli, BadCheckpointsExit1) {
   {  // unknown architecture
     std::string d = copy_fixture("qwen3_moe", "arch");
     auto c = nlohmann::json::parse(slurp(d + "/config.json"));
-    c["model_type"] = "gemma4_text";
+    c["model_type"] = "llama4_text";
     std::ofstream(d + "/config.json") << c.dump();
-    expect_model_error(d, "gemma4_text");
+    expect_model_error(d, "llama4_text");
   }
   {  // missing shard
     std::string d = copy_fixture("qwen3_moe", "shard");

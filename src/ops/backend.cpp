@@ -19,9 +19,11 @@ constexpr const char* kOpNames[] = {
     "matmul",          "matmul_multi",      "expert_ffn",     "moe_combine",      "expert_ffn_routed", "route_softmax_top_k",
     "kv_append",       "attention",         "rope",           "causal_conv1d_silu", "gated_delta",     "gdn_gates",
     "rms_norm",        "l2_norm",           "rms_norm_gated", "add",              "add_bias",          "swiglu",
-    "mul_sigmoid",     "add_gated_rows",    "copy_2d",        "route_grouped_top_k", "attention_window", "attention_sinks",
-    "mla_attention",   "row_to_f32",        "to_host"};
-constexpr const char* kGenericFallbacks[] = {"route_grouped_top_k", "attention_window", "attention_sinks", "mla_attention"};
+    "mul_sigmoid",     "add_gated_rows",    "copy_2d",        "route_grouped_top_k", "gelu_tanh_glu",   "scale",
+    "softcap",         "mul_indexed",       "attention_window", "attention_sinks", "mla_attention",   "row_to_f32",
+    "to_host"};
+constexpr const char* kGenericFallbacks[] = {"route_grouped_top_k", "gelu_tanh_glu", "scale", "softcap", "mul_indexed",
+                                             "attention_window", "attention_sinks", "mla_attention"};
 }  // namespace
 
 std::span<const char* const> backend_op_names() { return kOpNames; }
@@ -177,6 +179,7 @@ void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, 
 }
 
 void Backend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {
+  enter_host_fallback("gelu_tanh_glu");
   std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
   to_host(gate, n, g.data());
   to_host(up, n, u.data());
@@ -185,6 +188,7 @@ void Backend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float
 }
 
 void Backend::scale(float* x, int64_t n, float a) {
+  enter_host_fallback("scale");
   std::vector<float> h(static_cast<size_t>(n));
   to_host(x, n, h.data());
   for (float& v : h) v *= a;
@@ -192,6 +196,7 @@ void Backend::scale(float* x, int64_t n, float a) {
 }
 
 void Backend::softcap(float* x, int64_t n, float cap) {
+  enter_host_fallback("softcap");
   std::vector<float> h(static_cast<size_t>(n));
   to_host(x, n, h.data());
   ops::softcap(h.data(), n, cap);
@@ -199,6 +204,7 @@ void Backend::softcap(float* x, int64_t n, float cap) {
 }
 
 void Backend::mul_indexed(float* w, const int* ids, const float* table, int64_t n) {
+  enter_host_fallback("mul_indexed");
   std::vector<float> h(static_cast<size_t>(n));
   to_host(w, n, h.data());
   for (int64_t i = 0; i < n; ++i) h[i] *= table[ids[i]];

@@ -73,6 +73,25 @@ std::vector<FallbackProbe> fallback_probes() {
                  std::vector<float> w(T * k);
                  be.route_grouped_top_k(logits.data(), T, E, k, r, ids.data(), w.data(), nullptr);
                }});
+  // Gemma-4-style elementwise ops (generic forms: to_host, the host kernel, back).
+  p.push_back({"gelu_tanh_glu", [](Backend& be) {
+                 std::vector<float> g = randn(64, 51), u = randn(64, 52);
+                 be.gelu_tanh_glu(g.data(), u.data(), 64, g.data());
+               }});
+  p.push_back({"scale", [](Backend& be) {
+                 std::vector<float> x = randn(64, 53);
+                 be.scale(x.data(), 64, 0.5f);
+               }});
+  p.push_back({"softcap", [](Backend& be) {
+                 std::vector<float> x = randn(64, 54);
+                 be.softcap(x.data(), 64, 30.0f);
+               }});
+  p.push_back({"mul_indexed", [](Backend& be) {
+                 std::vector<float> w = randn(8, 55);
+                 const std::vector<float> table = randn(4, 56);
+                 const std::vector<int> ids = {0, 1, 2, 3, 3, 2, 1, 0};
+                 be.mul_indexed(w.data(), ids.data(), table.data(), 8);
+               }});
   const auto attn = [](Backend& be, const std::string& op) {
     const int n_heads = 4, n_kv = 2, hd = 32;
     const int64_t pos0 = 8, T = 3, P = pos0 + T, window = 4;

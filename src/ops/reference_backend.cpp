@@ -95,6 +95,26 @@ void ReferenceBackend::route_softmax_top_k(float* logits, int64_t T, int E, int 
 
 // Written from RouterParams' definition (routing.h) in double precision; group masking to 0.0
 // or -inf.
+void ReferenceBackend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {
+  // gelu_pytorch_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+}
+
+void ReferenceBackend::scale(float* x, int64_t n, float a) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<double>(x[i]) * a);
+}
+
+void ReferenceBackend::softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(cap * std::tanh(static_cast<double>(x[i]) / cap));
+}
+
+void ReferenceBackend::mul_indexed(float* w, const int* ids, const float* table, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(static_cast<double>(w[i]) * table[ids[i]]);
+}
+
 void ReferenceBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids,
                                            float* weights, float* margins) {
   for (int64_t t = 0; t < T; ++t) {

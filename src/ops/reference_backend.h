@@ -37,6 +37,11 @@ class ReferenceBackend final : public Backend {
   void mul_sigmoid(float* x, const float* gate, int64_t n) override;
   void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override;
   void copy_2d(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override;
+  /// The Gemma-4-style elementwise ops in double (as the other reference ops).
+  void gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) override;
+  void scale(float* x, int64_t n, float a) override;
+  void softcap(float* x, int64_t n, float cap) override;
+  void mul_indexed(float* w, const int* ids, const float* table, int64_t n) override;
   void route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
                            float* margins) override;
   void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,

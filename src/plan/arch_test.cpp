@@ -384,12 +384,12 @@ TEST(PlanArch, SupportedModelsStayRunnableAndOthersAreRefused) {
   const Projection p = project(ck, inputs(512));
   EXPECT_NE(p.command.find("spool generate"), std::string::npos);
 
-  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "gemma4_text"; });
+  EditedFixture d("olmoe", [](nlohmann::json& c) { c["model_type"] = "llama4_text"; });
   try {
     project(models::open_checkpoint(d.dir, {.map = false}), inputs(512));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'gemma4_text'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unsupported model_type 'llama4_text'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("deepseek_v3"), std::string::npos) << e.what();
   }
 }
