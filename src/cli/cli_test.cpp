@@ -881,7 +881,7 @@ TEST(Cli, TemplateRenderErrors) {
 // content is null beside tool calls where the golden has "".
 void expect_parsed(const Result& r, const nlohmann::ordered_json& want, const std::string& what) {
   ASSERT_EQ(r.code, 0) << what << ": " << r.err;
-  const auto got = nlohmann::json::parse(r.out);
+  const auto got = nlohmann::ordered_json::parse(r.out);
   EXPECT_EQ(got["role"], "assistant") << what;
   const std::string content = want.value("content", "");
   if (content.empty() && want.contains("tool_calls")) EXPECT_TRUE(got["content"].is_null()) << what;
