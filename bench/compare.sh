@@ -15,7 +15,10 @@
 #     (GGUF mode: MODEL is a .gguf file and both tools run that same file; CAPS may be fractional
 #      GiB; LLAMA_FLAGS go to every llama-bench run, e.g. --repack 0; LLAMA_VARIANTS="--repack 1"
 #      adds a second llama.cpp run per config with those flags instead; SPOOL_VARIANTS="--act-bits 32" a second
-#      spool run per config with those flags added; RESIDENT=0 runs the capped configs only)
+#      spool run per config with those flags added; RESIDENT=0 runs the capped configs only;
+#      IK_BIN=/path/to/ik_llama.cpp/build/bin adds ik_llama.cpp's llama-bench as a third tool, default flags)
+# fio (disk bandwidth) and gnuplot (the PNG) are needed only for capped configs / the plot: a resident-only
+# run (CAPS=) without them says so and skips those parts.
 #
 # llama.cpp is built outside the repository, e.g. from the llama-cpp-python sdist:
 #   pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
@@ -25,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-SPOOL=$BUILD/spool
+SPOOL=${SPOOL_BIN:-$BUILD/spool}
 LLAMA_BIN=${LLAMA_BIN:-/work/scratch/llama.cpp/build/bin}
 PYTHON=${PYTHON:-/work/scratch/venv/bin/python}
 PRESET=${PRESET:-qwen3-30b-a3b}          # spool synth preset (qwen3-30b-a3b or qwen3.6-35b-a3b)
@@ -39,13 +42,15 @@ GGUF=${GGUF:-$MODEL.bf16.gguf}
 LLAMA_FLAGS=${LLAMA_FLAGS:-}           # extra llama-bench flags (e.g. --repack 0)
 LLAMA_VARIANTS=${LLAMA_VARIANTS:-}     # another llama-bench run per config with these flags instead
 SPOOL_VARIANTS=${SPOOL_VARIANTS:-}     # another spool run per config with these flags added
+IK_BIN=${IK_BIN:-}                     # ik_llama.cpp's bin/ (llama-bench): a third tool when set
 THREADS=${THREADS:-$(nproc)}
 CAPS=${CAPS-"8 4"}                      # cgroup limits, GiB
 RES_P=${RES_P:-512} RES_N=${RES_N:-128} RES_R=${RES_R:-2} ROUNDS=${ROUNDS:-3}   # resident tests: R repetitions per run, ROUNDS interleaved rounds
 CAP_P=${CAP_P:-64} CAP_N=${CAP_N:-32} CAP_R=${CAP_R:-2} CAP_ROUNDS=${CAP_ROUNDS:-1}   # capped tests (each token may read from disk)
 NAME=${NAME:-compare}
-OUT=bench/results/$NAME.md
-PNG=bench/results/$NAME.png
+RESULTS=${RESULTS:-bench/results}           # where NAME.md / NAME.png go
+OUT=$RESULTS/$NAME.md
+PNG=$RESULTS/$NAME.png
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -53,8 +58,10 @@ trap 'rm -rf "$TMP"' EXIT
 [ "$(id -u)" -eq 0 ] || { echo "compare.sh: run as root (memory cgroups, drop_caches)"; exit 1; }
 [ -x "$SPOOL" ] || { echo "compare.sh: build spool first ($SPOOL)"; exit 1; }
 [ -x "$LLAMA_BIN/llama-bench" ] || { echo "compare.sh: no llama-bench in $LLAMA_BIN (see the header of this script)"; exit 1; }
-command -v fio >/dev/null || { echo "compare.sh: install fio"; exit 1; }
-command -v gnuplot >/dev/null || { echo "compare.sh: install gnuplot (apt-get install gnuplot-nox)"; exit 1; }
+[ -z "$IK_BIN" ] || [ -x "$IK_BIN/llama-bench" ] || { echo "compare.sh: no llama-bench in IK_BIN=$IK_BIN"; exit 1; }
+if [ -n "$CAPS" ]; then command -v fio >/dev/null || { echo "compare.sh: install fio (capped configs measure the disk)"; exit 1; }; fi
+HAVE_GNUPLOT=1
+command -v gnuplot >/dev/null || { HAVE_GNUPLOT=0; echo "compare.sh: no gnuplot (apt-get install gnuplot-nox): the table only, no PNG"; }
 
 if [ "$GGUF_MODE" = 1 ]; then
   [ -f "$MODEL" ] || { echo "compare.sh: $MODEL not found"; exit 1; }
@@ -68,10 +75,13 @@ plan_json=$("$SPOOL" plan -m "$MODEL" --threads "$THREADS" --no-stream --ctx-siz
 mem_gbps=$(python3 -c "import json,sys; print(round(json.loads(sys.argv[1])['mem_gbps'], 1))" "$plan_json")
 active=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['active_bytes_per_token'])" "$plan_json")
 if [ "$GGUF_MODE" = 1 ]; then shard=$MODEL; else shard=$(ls "$MODEL"/*.safetensors | head -1); fi
+disk_gbps=0
+if command -v fio >/dev/null; then
 sync; echo 3 > /proc/sys/vm/drop_caches
 disk_gbps=$(fio --name=probe --filename="$shard" --readonly --direct=1 --rw=randread --bs=4M --ioengine=psync \
   --numjobs=8 --group_reporting --runtime=10 --time_based --output-format=json 2>/dev/null |
   python3 -c "import json,sys; print(round(json.load(sys.stdin)['jobs'][0]['read']['bw']*1024/1e9, 3))")
+fi
 echo "memory read bandwidth $mem_gbps GB/s; direct-read disk bandwidth $disk_gbps GB/s; weights read per token $active B"
 
 # --- runs ---------------------------------------------------------------------------------
@@ -105,6 +115,8 @@ one_run() {
     cmd=("$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" $LLAMA_FLAGS -o json)
   elif [ "${tool%% *}" = llama.cpp ]; then
     cmd=("$LLAMA_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" ${tool#llama.cpp } -o json)
+  elif [ "$tool" = ik_llama.cpp ]; then
+    cmd=("$IK_BIN/llama-bench" -m "$GGUF" -p "$p" -n "$n" -r "$r" -t "$THREADS" -o json)
   elif [ "$tool" = spool ]; then
     cmd=("$SPOOL" bench -m "$MODEL" -p "$p" -n "$n" -r "$r" -t "$THREADS" $sflags -o json)
   else
@@ -127,6 +139,7 @@ bench() {
   local config=$1 cg=$2 p=$3 n=$4 r=$5 rounds=$6 sflags=$7
   local tests=("llama.cpp")
   [ -n "$LLAMA_VARIANTS" ] && tests+=("llama.cpp $LLAMA_VARIANTS")
+  [ -n "$IK_BIN" ] && tests+=("ik_llama.cpp")
   tests+=("spool")
   [ -n "$SPOOL_VARIANTS" ] && tests+=("spool $SPOOL_VARIANTS")
   local rec="$TMP/runs.jsonl"
@@ -187,7 +200,7 @@ for t in tools:
             mbts.append(tg.get("bytes_read_per_token", 0) / 1e6)
     hit = f"{100 * st.mean(hits):.1f}%" if hits else "-"
     mbt = st.mean(mbts) if mbts else 0
-    disk_frac = f"{100 * st.mean(tgs) * mbt / 1e3 / disk:.0f}%" if mbt > 0 else "-"
+    disk_frac = f"{100 * st.mean(tgs) * mbt / 1e3 / disk:.0f}%" if mbt > 0 and disk > 0 else "-"
     bound = f"{100 * st.mean(frac):.0f}%" if frac else "-"
     print(f"| {config} | {t}{failed} | {st.mean(pps):.2f} ± {sd(pps):.2f} | {st.mean(tgs):.2f} ± {sd(tgs):.2f} | "
           f"{bound} | {hit} | {mbt:.0f} | {disk_frac} | {rss:.2f} | {cg} |")
@@ -195,7 +208,7 @@ for t in tools:
 rounds = sorted({r["round"] for r in recs})
 bws = [r["bw"] for r in recs if r["tool"] == tools[0]]
 for s in (t for t in tools if t.startswith("spool")):
-    for l in (t for t in tools if t.startswith("llama.cpp")):
+    for l in (t for t in tools if t.startswith("llama.cpp") or t.startswith("ik_llama.cpp")):
         rs = [(per_round[(s, k)], per_round[(l, k)]) for k in rounds if (s, k) in per_round and (l, k) in per_round]
         if not rs:
             continue
@@ -235,16 +248,16 @@ model_gib=$(python3 -c "import os,sys; p=sys.argv[1]; b=os.path.getsize(p) if os
 if [ "$GGUF_MODE" = 1 ]; then same="the same GGUF file for both: $(basename "$MODEL")"; dtype=""
 else same="same weights: safetensors for spool, GGUF for llama.cpp"; dtype=" BF16"; fi
 {
-  echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist), $LABEL,"
+  echo "spool vs llama.cpp (llama-bench built from the llama-cpp-python 0.3.36 sdist)${IK_BIN:+ and ik_llama.cpp (its llama-bench, default flags)}, $LABEL,"
   echo "$model_gib$dtype ($same), $THREADS threads${LLAMA_FLAGS:+, llama-bench $LLAMA_FLAGS},"
-  echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u +%Y-%m-%d)."
+  echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs), $(date -u +%Y-%m-%d)."
   echo "Resident: pp$RES_P / tg$RES_N, $ROUNDS round(s) x $RES_R repetitions. Capped: pp$CAP_P / tg$CAP_N, $CAP_ROUNDS round(s) x $CAP_R repetitions, page cache dropped before each run."
   echo "Each round runs every tool once, back to back in the order of the table, so each tool's samples spread over the whole run; a row pools its"
   echo "samples (mean ± sd) over the rounds. llama.cpp maps the GGUF (mmap, its default); spool streams experts with its automatic cache budget."
   echo
   echo "Physical limits measured in the same run: memory read **$mem_gbps GB/s** at the start$([ -s "$TMP/bw.txt" ] && echo ", $(sort -n "$TMP/bw.txt" | head -1)-$(sort -n "$TMP/bw.txt" | tail -1) GB/s at the start of the resident rounds") (one token reads"
   echo "$(python3 -c "print(round($active/1e6))") MB of weights: decode bound $(python3 -c "print(round($mem_gbps*1e9/$active, 1))") tok/s at the start; tg / memory bound takes each sample against its round's bandwidth; the probe is a short read loop, a reference rather than a ceiling: an engine can exceed it);"
-  echo "direct-read disk **$disk_gbps GB/s** (fio, 4 MiB random reads x 8)."
+  if [ "$disk_gbps" != 0 ]; then echo "direct-read disk **$disk_gbps GB/s** (fio, 4 MiB random reads x 8)."; else echo "disk not measured (no fio; resident configs only)."; fi
   echo
   echo "| config | tool | pp t/s | tg t/s | tg / memory bound | expert hit rate | MB read/token | disk reads / disk bound | peak RSS GiB | cgroup peak GiB |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -257,6 +270,7 @@ else same="same weights: safetensors for spool, GGUF for llama.cpp"; dtype=" BF1
   fi
 } | tee "$OUT"
 
+[ "$HAVE_GNUPLOT" = 1 ] || { echo "wrote $OUT (no gnuplot: no PNG)"; exit 0; }
 grep '^DATA' "$TMP/data.tsv" | cut -f2- > "$TMP/plot.tsv"
 python3 - "$TMP/plot.tsv" "$TMP/plot.dat" <<'PY'
 import sys

@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "common/error.h"
+#include "ops/cpu_targets.h"
 
 int main(int argc, char** argv) {
   // A fixed mmap threshold (glibc's default value; setting it turns the dynamic threshold off):
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     for (int i = 2; i < argc; ++i)
       if (std::string(argv[i]) == "-np") args[static_cast<size_t>(i)] = kParallel;
   try {
+    spool::ops::restrict_cpu_targets_from_env();  // SPOOL_HWY_TARGETS (ops/cpu_targets.h)
     app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
