@@ -45,6 +45,11 @@ uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I) {
 
 void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                             int64_t H, Activation act, float* y) {
+  const int64_t n_experts = static_cast<int64_t>(experts.size());
+  if (pool_ != nullptr && n_experts > 0 && pool_->size() > n_experts && act != Activation::kClampedSwiGLU) {
+    expert_ffn_split(experts, groups, g0, x, H, act, y);
+    return;
+  }
   const int K = groups.K;
   auto run_expert = [&](int64_t bi, int) {
     const size_t gi = g0 + static_cast<size_t>(bi);
@@ -87,6 +92,64 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
   } else {
     pool_->run(nb, run_expert);
   }
+}
+
+void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0,
+                                  const float* x, int64_t H, Activation act, float* y) {
+  const int K = groups.K;
+  const int64_t nb = static_cast<int64_t>(experts.size());
+  const int64_t parts = (pool_->size() + nb - 1) / nb;
+  // Scratch layout per expert e: xe [n_e, H], g [n_e, I_e], u [n_e, I_e], 16-float aligned.
+  std::vector<int64_t> off(static_cast<size_t>(nb) + 1, 0);
+  auto rows_of = [&](int64_t e) { return groups.first[g0 + e + 1] - groups.first[g0 + e]; };
+  for (int64_t e = 0; e < nb; ++e)
+    off[e + 1] = off[e] + (rows_of(e) * (H + 2 * experts[e].gate.rows) + 15) / 16 * 16;
+  if (off[nb] > split_n_) {
+    split_buf_ = hwy::AllocateAligned<float>(static_cast<size_t>(off[nb]));
+    split_n_ = off[nb];
+  }
+  float* buf = split_buf_.get();
+  for (int64_t e = 0; e < nb; ++e) {
+    const int64_t r0 = groups.first[g0 + e], n = rows_of(e);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(x + (groups.rows[r0 + j] / K) * H, H, buf + off[e] + j * H);
+  }
+  // [b, e) of `rows` for part p of `parts`, in 16-row units (the kernels' row tiles).
+  auto range = [&](int64_t rows, int64_t p, int64_t& b, int64_t& e) {
+    const int64_t units = (rows + 15) / 16, per = (units + parts - 1) / parts;
+    b = std::min(rows, p * per * 16);
+    e = std::min(rows, (p + 1) * per * 16);
+  };
+  pool_->run(nb * parts, [&](int64_t task, int) {  // gate, up and the activation, rows [b, e) of I
+    const int64_t ei = task / parts, n = rows_of(ei);
+    const ExpertMats& w = experts[ei];
+    const int64_t I = w.gate.rows;
+    int64_t b, e;
+    range(I, task % parts, b, e);
+    if (b >= e || n == 0) return;
+    const float* xe = buf + off[ei];
+    float* g = buf + off[ei] + n * H;
+    float* u = g + n * I;
+    matmul_rows(w.gate, xe, n, g, I, b, e);
+    matmul_rows(w.up, xe, n, u, I, b, e);
+    for (int64_t t = 0; t < n; ++t) {
+      if (act == Activation::kSwiGLU) {
+        ops::swiglu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
+      } else {
+        ops::gelu_tanh_glu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
+      }
+    }
+  });
+  pool_->run(nb * parts, [&](int64_t task, int) {  // down, rows [b, e) of H
+    const int64_t ei = task / parts, n = rows_of(ei);
+    const ExpertMats& w = experts[ei];
+    int64_t b, e;
+    range(H, task % parts, b, e);
+    if (b >= e || n == 0) return;
+    const int64_t r0 = groups.first[g0 + ei];
+    matmul_rows(w.down, buf + off[ei] + n * H, n, y + r0 * H, H, b, e);
+    if (w.down_bias)
+      for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias + b, e - b, y + (r0 + j) * H + b);
+  });
 }
 
 void CpuBackend::moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) {

@@ -2,6 +2,8 @@
 // the best SIMD target of the CPU) on a ThreadPool.
 #pragma once
 
+#include <hwy/aligned_allocator.h>
+
 #include "ops/backend.h"
 #include "ops/thread_pool.h"
 
@@ -59,7 +61,17 @@ class CpuBackend : public Backend {
   void to_host(const float* src, int64_t n, float* dst) override;
 
  private:
+  /// expert_ffn when the pool has more threads than the call has experts (decode: top-k experts,
+  /// 16 threads): each expert's gate/up rows and then its down rows are split over
+  /// ceil(threads / experts) tasks, two jobs instead of one, so that no thread idles. Same values
+  /// as the one-task-per-expert path (every output row is computed by the same kernel).
+  void expert_ffn_split(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
+                        int64_t H, Activation act, float* y);
+
   ThreadPool* pool_;
+  /// expert_ffn_split's scratch: per expert its gathered input [n, H] and gate/up [n, I] each.
+  hwy::AlignedFreeUniquePtr<float[]> split_buf_;
+  int64_t split_n_ = 0;
 };
 
 /// Per-thread scratch (bytes) of CpuBackend::expert_ffn when one expert gets up to `rows` token
