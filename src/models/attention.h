@@ -31,7 +31,7 @@ namespace spool::models {
 /// (x0 x1)(x2 x3)... -> [x0 x2 ... | x1 x3 ...] in place, through `be` (copy_2d), with scratch
 /// `even` and `odd` of rows * width / 2 floats each. Applied to q and k alike it leaves q . k
 /// unchanged and turns RoPE on adjacent pairs into RoPE on halves (rotate_half): HF DeepSeek's
-/// q_pe / k_pe (rope_interleave) and ERNIE-4.5's whole heads.
+/// q_pe / k_pe (RopeLayout::kInterleavedPairs) and ERNIE-4.5's whole heads.
 void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float* even, float* odd, ops::Backend& be);
 
 class AttentionLayer {
@@ -41,7 +41,7 @@ class AttentionLayer {
   /// projection qg [T, nh*2*hd] and gate [T, nh*hd].
   struct Scratch {
     float *q, *k, *v, *att, *qg = nullptr, *gate = nullptr;
-    float *even = nullptr, *odd = nullptr;  // AttentionSpec::rope_interleave: deinterleave_pairs scratch
+    float *even = nullptr, *odd = nullptr;  // RopeLayout::kInterleavedPairs: deinterleave_pairs scratch
     static Scratch take(ops::Workspace& ws, const AttentionSpec& a, int64_t T);
   };
 

@@ -141,8 +141,7 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
       L.gdn = std::make_unique<GatedDeltaNetLayer>();
       L.gdn->bind(ck, p + "linear_attn.", spec_, gdn_layout);
     }
-    const ops::Activation act =
-        spec_.activation == ActivationKind::kGeluTanh ? ops::Activation::kGeluTanhGLU : ops::Activation::kSwiGLU;
+    const ops::Activation act = glu_activation(spec_.activation);
     if (spec_.ffns[i] == FfnKind::kMoE) {
       L.moe = std::make_unique<MoeBlock>();
       L.moe->bind(ck, p + spec_.moe.block_prefix, spec_);

@@ -118,7 +118,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   be.copy_2d(s.ckv, R, s.kva, R + P, T, R);
   be.rms_norm(s.ckv, kv_a_norm_p_, T, R, eps_, s.ckv);
   be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
-  if (m_.rope_interleave) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
+  if (m_.rope_layout == RopeLayout::kInterleavedPairs) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.kpe + g.row0 * P, g.T, P, 1, static_cast<int>(P), g.pos0);
   be.copy_2d(s.key, R + P, s.ckv, R, T, R);
   be.copy_2d(s.key + R, R + P, s.kpe, P, T, P);
@@ -126,7 +126,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
     be.kv_append(*g.cache, g.pos0, g.T, s.key + g.row0 * (R + P), s.key + g.row0 * (R + P));
   // Queries: q_pe roped per head; q~_h = W_UK_h^T q_nope_h; qfull per head [q~_h | q_pe_h].
   be.copy_2d(s.qpe, P, s.q + N, QD, T * nh, P);
-  if (m_.rope_interleave) deinterleave_pairs(s.qpe, T * nh, P, P, s.even, s.odd, be);
+  if (m_.rope_layout == RopeLayout::kInterleavedPairs) deinterleave_pairs(s.qpe, T * nh, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.qpe + g.row0 * nh * P, g.T, nh * P, nh, static_cast<int>(P), g.pos0);
   for (int h = 0; h < nh; ++h) {
     be.copy_2d(s.qn, N, s.q + h * QD, nh * QD, T, N);

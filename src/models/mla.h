@@ -6,7 +6,7 @@
 //   per head h: q~_h = W_UK_h^T q_nope_h;  s = scale (q~_h . c_t + q_pe_h . k_pe_t);
 //   o_h = W_UV_h (sum_t softmax(s)_t c_t);  out = o_proj(concat_h o_h)
 // with kv_b_proj viewed [n_heads, qk_nope + v, kv_lora_rank]: W_UK_h its first qk_nope rows,
-// W_UV_h the next v rows. Interleaved RoPE (rope_interleave) rotates adjacent pairs: q_pe and
+// W_UV_h the next v rows. Interleaved RoPE (RopeLayout::kInterleavedPairs) rotates adjacent pairs: q_pe and
 // k_pe are de-interleaved ([even dims | odd dims]) and rotated the rotate_half way, which gives
 // the same scores (q and k get the same permutation).
 #pragma once
