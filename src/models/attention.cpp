@@ -38,6 +38,7 @@ void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float
 
 void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer) {
   a_ = spec.attn_of(layer);
+  layer_ = layer;
   window_ = a_.windowed(layer) ? a_.sliding_window : 0;
   eps_ = spec.rms_norm_eps;
   const int64_t H = spec.hidden_size, hd = a_.head_dim;
@@ -153,6 +154,22 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
   if (a_.output_gate) be.mul_sigmoid(s.att, s.gate, T * nh * hd);
   be.matmul(wo_, s.att, T, out);
   if (a_.o_bias) be.add_bias(out, bo_p_, T, wo_.rows);
+}
+
+void AttentionLayer::bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) {
+  bind(ck, "layers." + std::to_string(layer) + ".self_attn.", spec, layer);
+}
+
+void AttentionLayer::take_scratch(ops::Workspace& ws, const ModelSpec& spec, int layer, int64_t T) const {
+  Scratch::take(ws, spec.attn_of(layer), T);
+}
+
+void AttentionLayer::forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                                  ops::Workspace& ws) const {
+  std::vector<AttnSeg> segs;
+  segs.reserve(seqs.size());
+  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.pos0, &q.state->attn[layer_]});
+  forward(x, segs, N, out, be, ws);
 }
 
 }  // namespace spool::models

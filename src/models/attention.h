@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "models/layer.h"
 #include "models/spec.h"
 #include "models/state.h"
 #include "ops/backend.h"
@@ -34,7 +35,8 @@ namespace spool::models {
 /// q_pe / k_pe (RopeLayout::kInterleavedPairs) and ERNIE-4.5's whole heads.
 void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float* even, float* odd, ops::Backend& be);
 
-class AttentionLayer {
+/// Softmax attention (MixerKind::kAttention) as a TokenMixer.
+class AttentionLayer final : public TokenMixer {
  public:
   /// Scratch of one forward over T tokens (nh = n_heads, nkv = n_kv_heads, hd = head_dim):
   /// q [T, nh*hd], k and v [T, nkv*hd], att [T, nh*hd]; with an output gate also the fused
@@ -55,7 +57,13 @@ class AttentionLayer {
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
   /// forward() will get.
-  void place(ops::Backend& be);
+  void place(ops::Backend& be) override;
+  /// TokenMixer (layer.h): bind() under `layers.{layer}.self_attn.`, the scratch above, and
+  /// forward() over the step's sequences on their states' layer `layer`.
+  void bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) override;
+  void take_scratch(ops::Workspace& ws, const ModelSpec& spec, int layer, int64_t T) const override;
+  void forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                    ops::Workspace& ws) const override;
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends k/v to `cache`
   /// (capacity must already hold pos0 + T); out: [T, hidden]. Scratch from `ws`.
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -68,6 +76,7 @@ class AttentionLayer {
 
  private:
   AttentionSpec a_;
+  int layer_ = -1;  // bind()'s layer: the index of its caches in a State
   float eps_ = 1e-6f;
   ops::WeightView wq_, wk_, wv_, wo_;
   std::vector<float> q_norm_, k_norm_;

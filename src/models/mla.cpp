@@ -146,4 +146,19 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   be.matmul(wo_, s.o, T, out);
 }
 
+void MlaLayer::bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) {
+  layer_ = layer;
+  bind(ck, "layers." + std::to_string(layer) + ".self_attn.", spec);
+}
+
+void MlaLayer::take_scratch(ops::Workspace& ws, const ModelSpec& spec, int, int64_t T) const { Scratch::take(ws, spec, T); }
+
+void MlaLayer::forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                            ops::Workspace& ws) const {
+  std::vector<AttnSeg> segs;
+  segs.reserve(seqs.size());
+  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.pos0, &q.state->attn[layer_]});
+  forward(x, segs, N, out, be, ws);
+}
+
 }  // namespace spool::models

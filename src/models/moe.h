@@ -24,6 +24,7 @@
 
 #include "experts/provider.h"
 #include "io/checkpoint.h"
+#include "models/layer.h"
 #include "models/mlp.h"
 #include "models/spec.h"
 #include "ops/backend.h"
@@ -33,13 +34,6 @@
 
 namespace spool::models {
 
-
-/// Called once per token and MoE layer with the chosen experts (best first) and their weights.
-using RouteObserver = std::function<void(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights)>;
-/// Called once per token and MoE layer with the routing margin: the softmax probability of
-/// the k-th chosen expert minus that of the best expert left out. A margin near float
-/// precision (~1e-7) means another implementation may legitimately route differently.
-using MarginObserver = std::function<void(int layer, int64_t token, float margin)>;
 
 /// Router top-k selection (ops/routing.h), named here for model code and tests.
 using ops::route_top_k;
