@@ -18,7 +18,7 @@ AttentionLayer::Scratch AttentionLayer::Scratch::take(ops::Workspace& ws, const 
     s.qg = ws.floats(T * 2 * q);
     s.gate = ws.floats(T * q);
   }
-  if (a.rope_interleave) {
+  if (a.rope_layout == RopeLayout::kInterleavedPairs) {
     s.even = ws.floats(T * a.n_heads * a.rotary_dim / 2);
     s.odd = ws.floats(T * a.n_heads * a.rotary_dim / 2);
   }
@@ -38,6 +38,7 @@ void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float
 
 void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer) {
   a_ = spec.attn_of(layer);
+  layer_ = layer;
   window_ = a_.windowed(layer) ? a_.sliding_window : 0;
   eps_ = spec.rms_norm_eps;
   const int64_t H = spec.hidden_size, hd = a_.head_dim;
@@ -48,9 +49,10 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
   if (a_.value_norm) ones_.assign(static_cast<size_t>(hd), 1.0f);
   ones_p_ = ones_.data();
   wo_ = bind_matrix(ck, prefix + "o_proj.weight", H, a_.n_heads * hd);
-  if (a_.qk_norm) {  // per head, or (OLMoE) over the whole projection
-    q_norm_ = bind_norm(ck, prefix + "q_norm.weight", a_.qk_norm_full ? a_.n_heads * hd : hd, spec.norm_one_plus);
-    k_norm_ = bind_norm(ck, prefix + "k_norm.weight", a_.qk_norm_full ? a_.n_kv_heads * hd : hd, spec.norm_one_plus);
+  if (a_.qk_norm != QkNorm::kNone) {  // per head, or over the whole projection
+    const bool whole = a_.qk_norm == QkNorm::kWholeProjection;
+    q_norm_ = bind_norm(ck, prefix + "q_norm.weight", whole ? a_.n_heads * hd : hd, spec.norm_one_plus);
+    k_norm_ = bind_norm(ck, prefix + "k_norm.weight", whole ? a_.n_kv_heads * hd : hd, spec.norm_one_plus);
   }
   if (a_.qkv_bias) {  // GLM-4.5, gpt-oss
     if (a_.output_gate) fail("%s: q/k/v biases with an output-gated q_proj are not supported", ck.dir().c_str());
@@ -66,7 +68,7 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
   q_norm_p_ = q_norm_.data();
   k_norm_p_ = k_norm_.data();
   if (a_.sinks) sinks_ = bind_f32(ck, prefix + "sinks", {a_.n_heads});
-  if (a_.rope_interleave && a_.rotary_dim % 2 != 0)
+  if (a_.rope_layout == RopeLayout::kInterleavedPairs && a_.rotary_dim % 2 != 0)
     fail("%s: interleaved RoPE needs an even number of rotary dims (got %d)", ck.dir().c_str(), a_.rotary_dim);
   rope_ = a_.inv_freq.empty() ? ops::Rope(a_.rotary_dim, a_.rope_theta, a_.rope_attention_scaling)
                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
@@ -78,7 +80,7 @@ void AttentionLayer::place(ops::Backend& be) {
   if (!a_.k_eq_v) wv_ = be.upload(wv_);
   if (a_.value_norm) ones_p_ = be.upload_floats(ones_);
   wo_ = be.upload(wo_);
-  if (a_.qk_norm) {
+  if (a_.qk_norm != QkNorm::kNone) {
     q_norm_p_ = be.upload_floats(q_norm_);
     k_norm_p_ = be.upload_floats(k_norm_);
   }
@@ -120,10 +122,10 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
     be.add_bias(s.k, bk_p_, T, static_cast<int64_t>(nkv) * hd);
     be.add_bias(s.v, bv_p_, T, static_cast<int64_t>(nkv) * hd);
   }
-  if (a_.qk_norm_full) {
+  if (a_.qk_norm == QkNorm::kWholeProjection) {
     be.rms_norm(s.q, q_norm_p_, T, static_cast<int64_t>(nh) * hd, eps_, s.q);
     be.rms_norm(s.k, k_norm_p_, T, static_cast<int64_t>(nkv) * hd, eps_, s.k);
-  } else if (a_.qk_norm) {
+  } else if (a_.qk_norm == QkNorm::kPerHead) {
     be.rms_norm(s.q, q_norm_p_, T * nh, hd, eps_, s.q);
     be.rms_norm(s.k, k_norm_p_, T * nkv, hd, eps_, s.k);
   }
@@ -134,7 +136,7 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
     float* q = s.q + g.row0 * qw;
     float* k = s.k + g.row0 * kw;
     float* att = s.att + g.row0 * qw;
-    if (a_.rope_interleave) {  // rows of head_dim, the first rotary_dim dims rotated
+    if (a_.rope_layout == RopeLayout::kInterleavedPairs) {  // rows of head_dim, the first rotary_dim dims rotated
       deinterleave_pairs(q, g.T * nh, hd, a_.rotary_dim, s.even, s.odd, be);
       deinterleave_pairs(k, g.T * nkv, hd, a_.rotary_dim, s.even, s.odd, be);
     }
@@ -152,6 +154,22 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
   if (a_.output_gate) be.mul_sigmoid(s.att, s.gate, T * nh * hd);
   be.matmul(wo_, s.att, T, out);
   if (a_.o_bias) be.add_bias(out, bo_p_, T, wo_.rows);
+}
+
+void AttentionLayer::bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) {
+  bind(ck, "layers." + std::to_string(layer) + ".self_attn.", spec, layer);
+}
+
+void AttentionLayer::take_scratch(ops::Workspace& ws, const ModelSpec& spec, int layer, int64_t T) const {
+  Scratch::take(ws, spec.attn_of(layer), T);
+}
+
+void AttentionLayer::forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                                  ops::Workspace& ws) const {
+  std::vector<AttnSeg> segs;
+  segs.reserve(seqs.size());
+  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.pos0, &q.state->attn[layer_]});
+  forward(x, segs, N, out, be, ws);
 }
 
 }  // namespace spool::models

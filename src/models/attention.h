@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "models/layer.h"
 #include "models/spec.h"
 #include "models/state.h"
 #include "ops/backend.h"
@@ -31,17 +32,18 @@ namespace spool::models {
 /// (x0 x1)(x2 x3)... -> [x0 x2 ... | x1 x3 ...] in place, through `be` (copy_2d), with scratch
 /// `even` and `odd` of rows * width / 2 floats each. Applied to q and k alike it leaves q . k
 /// unchanged and turns RoPE on adjacent pairs into RoPE on halves (rotate_half): HF DeepSeek's
-/// q_pe / k_pe (rope_interleave) and ERNIE-4.5's whole heads.
+/// q_pe / k_pe (RopeLayout::kInterleavedPairs) and ERNIE-4.5's whole heads.
 void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float* even, float* odd, ops::Backend& be);
 
-class AttentionLayer {
+/// Softmax attention (MixerKind::kAttention) as a TokenMixer.
+class AttentionLayer final : public TokenMixer {
  public:
   /// Scratch of one forward over T tokens (nh = n_heads, nkv = n_kv_heads, hd = head_dim):
   /// q [T, nh*hd], k and v [T, nkv*hd], att [T, nh*hd]; with an output gate also the fused
   /// projection qg [T, nh*2*hd] and gate [T, nh*hd].
   struct Scratch {
     float *q, *k, *v, *att, *qg = nullptr, *gate = nullptr;
-    float *even = nullptr, *odd = nullptr;  // AttentionSpec::rope_interleave: deinterleave_pairs scratch
+    float *even = nullptr, *odd = nullptr;  // RopeLayout::kInterleavedPairs: deinterleave_pairs scratch
     static Scratch take(ops::Workspace& ws, const AttentionSpec& a, int64_t T);
   };
 
@@ -55,7 +57,13 @@ class AttentionLayer {
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind(), with the backend that
   /// forward() will get.
-  void place(ops::Backend& be);
+  void place(ops::Backend& be) override;
+  /// TokenMixer (layer.h): bind() under `layers.{layer}.self_attn.`, the scratch above, and
+  /// forward() over the step's sequences on their states' layer `layer`.
+  void bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) override;
+  void take_scratch(ops::Workspace& ws, const ModelSpec& spec, int layer, int64_t T) const override;
+  void forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                    ops::Workspace& ws) const override;
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends k/v to `cache`
   /// (capacity must already hold pos0 + T); out: [T, hidden]. Scratch from `ws`.
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -68,6 +76,7 @@ class AttentionLayer {
 
  private:
   AttentionSpec a_;
+  int layer_ = -1;  // bind()'s layer: the index of its caches in a State
   float eps_ = 1e-6f;
   ops::WeightView wq_, wk_, wv_, wo_;
   std::vector<float> q_norm_, k_norm_;

@@ -28,32 +28,14 @@ constexpr int64_t kPipelineMaxRows = 64;
 }  // namespace
 
 void DecoderModel::take_layers(ops::Workspace& m, const ModelSpec& spec, int64_t T) {
-  const int64_t H = spec.hidden_size;
+  // Unbound layers of each kind: take_scratch reads only the spec.
   for (int i = 0; i < spec.n_layers; ++i) {
     {
       ops::WorkspaceScope scope(m);
-      if (spec.mixers[i] == MixerKind::kAttention) {
-        AttentionLayer::Scratch::take(m, spec.attn_of(i), T);
-      } else if (spec.mixers[i] == MixerKind::kMLA) {
-        MlaLayer::Scratch::take(m, spec, T);
-      } else {
-        GatedDeltaNetLayer::Scratch::take(m, spec.gdn, T);
-      }
+      make_token_mixer(spec, i)->take_scratch(m, spec, i, T);
     }
     ops::WorkspaceScope scope(m);
-    if (spec.parallel_dense_ffn && spec.ffns[i] == FfnKind::kMoE) {  // run_layers: two [T, H] rows, then each branch
-      m.floats(T * H);
-      m.floats(T * H);
-      {
-        ops::WorkspaceScope inner(m);
-        DenseMlp::Scratch::take(m, T, spec.dense_intermediate);
-      }
-      MoeBlock::Scratch::take(m, spec.moe, H, T, spec.moe.top_k);
-    } else if (spec.ffns[i] == FfnKind::kMoE) {
-      MoeBlock::Scratch::take(m, spec.moe, H, T, spec.moe.top_k);
-    } else {
-      DenseMlp::Scratch::take(m, T, spec.dense_intermediate);
-    }
+    make_ffn(spec, i)->take_scratch(m, spec, T);
   }
 }
 
@@ -124,34 +106,12 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
       L.pre_ffn = bind_norm(ck, p + "pre_feedforward_layernorm.weight", H, spec_.norm_one_plus);
       L.post_ffn = bind_norm(ck, p + "post_feedforward_layernorm.weight", H, spec_.norm_one_plus);
     }
-    if (spec_.parallel_dense_ffn && spec_.ffns[i] == FfnKind::kMoE) {
-      if (!spec_.sandwich_norms) fail("%s: a parallel dense FFN needs sandwich norms", ck.dir().c_str());
-      L.pre_ffn2 = bind_norm(ck, p + "pre_feedforward_layernorm_2.weight", H, spec_.norm_one_plus);
-      L.post_ffn1 = bind_norm(ck, p + "post_feedforward_layernorm_1.weight", H, spec_.norm_one_plus);
-      L.post_ffn2 = bind_norm(ck, p + "post_feedforward_layernorm_2.weight", H, spec_.norm_one_plus);
-    }
     if (spec_.residual_scale) L.scalar = bind_f32(ck, p + "layer_scalar", {1})[0];
-    if (spec_.mixers[i] == MixerKind::kAttention) {
-      L.attn = std::make_unique<AttentionLayer>();
-      L.attn->bind(ck, p + "self_attn.", spec_, i);
-    } else if (spec_.mixers[i] == MixerKind::kMLA) {
-      L.mla = std::make_unique<MlaLayer>();
-      L.mla->bind(ck, p + "self_attn.", spec_);
-    } else {
-      L.gdn = std::make_unique<GatedDeltaNetLayer>();
-      L.gdn->bind(ck, p + "linear_attn.", spec_, gdn_layout);
-    }
-    const ops::Activation act =
-        spec_.activation == ActivationKind::kGeluTanh ? ops::Activation::kGeluTanhGLU : ops::Activation::kSwiGLU;
-    if (spec_.ffns[i] == FfnKind::kMoE) {
-      L.moe = std::make_unique<MoeBlock>();
-      L.moe->bind(ck, p + spec_.moe.block_prefix, spec_);
-      moe_layers[i] = true;
-    }
-    if (spec_.ffns[i] == FfnKind::kDense || spec_.parallel_dense_ffn) {
-      L.mlp = std::make_unique<DenseMlp>();
-      L.mlp->bind(ck, p + "mlp.", static_cast<int>(H), spec_.dense_intermediate, act);
-    }
+    L.mixer = make_token_mixer(spec_, i, gdn_layout);
+    L.mixer->bind_layer(ck, spec_, i);
+    L.ffn = make_ffn(spec_, i);
+    L.ffn->bind_layer(ck, spec_, i);
+    moe_layers[i] = L.ffn->routed();
   }
   // Everything dense goes where the backend reads it, once (a no-op on host backends: the CPU
   // path keeps reading the mapping and the host vectors).
@@ -164,14 +124,8 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
     auto up = [&](const std::vector<float>& v) { return v.empty() ? nullptr : be.upload_floats(v); };
     L.pre_ffn_p = up(L.pre_ffn);
     L.post_ffn_p = up(L.post_ffn);
-    L.pre_ffn2_p = up(L.pre_ffn2);
-    L.post_ffn1_p = up(L.post_ffn1);
-    L.post_ffn2_p = up(L.post_ffn2);
-    if (L.attn) L.attn->place(be);
-    if (L.gdn) L.gdn->place(be);
-    if (L.mla) L.mla->place(be);
-    if (L.moe) L.moe->place(be);
-    if (L.mlp) L.mlp->place(be);
+    L.mixer->place(be);
+    L.ffn->place(be);
   }
   resident_ = std::make_shared<experts::ResidentExperts>(ckpt_, moe_layers, spec_.moe.n_experts, static_cast<int>(H),
                                                          spec_.moe.intermediate);
@@ -343,47 +297,25 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
                               const std::function<void()>& between) {
   const int64_t H = spec_.hidden_size;
   ops::Backend& be = *be_;
+  FfnStep step;
+  step.top_k = top_k_;
+  step.provider = provider_.get();
+  step.on_route = &hooks.on_route;
+  step.on_margin = &hooks.on_margin;
+  step.between = &between;
   for (int i = 0; i < spec_.n_layers; ++i) {
     const Layer& L = layers_[i];
     if (hooks.on_hidden) observe_hidden(i, s.h, N);
     be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
-    // Token mixers: projections over every row of the step, RoPE / cache / attention / conv /
+    // Token mixer: projections over every row of the step, RoPE / cache / attention / conv /
     // recurrence per sequence on its own state.
-    if (L.attn || L.mla) {
-      std::vector<AttnSeg> segs;
-      for (const Part& p : parts) segs.push_back({p.row0, p.T, p.pos0, &p.state->attn[i]});
-      if (L.attn) {
-        L.attn->forward(s.xn, segs, N, s.tmp, be, ws);
-      } else {
-        L.mla->forward(s.xn, segs, N, s.tmp, be, ws);
-      }
-    } else {
-      std::vector<GdnSeg> segs;
-      for (const Part& p : parts) segs.push_back({p.row0, p.T, p.state->gdn_conv(i), p.state->gdn_recurrent(i)});
-      L.gdn->forward(s.xn, segs, N, s.tmp, be, ws);
-    }
+    L.mixer->forward_rows(s.xn, parts, N, s.tmp, be, ws);
     const float eps = spec_.rms_norm_eps;
     if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_norm_p, N, H, eps, s.tmp);  // on the branch
     be.add(s.h, s.tmp, N * H);
-    if (L.moe && L.mlp) {  // parallel dense FFN: h += N_post(N_post1(mlp(N_pre h)) + N_post2(moe(N_pre2 h)))
-      ops::WorkspaceScope ffn_scope(ws);
-      float* x2 = ws.floats(N * H);
-      float* y2 = ws.floats(N * H);
-      be.rms_norm(s.h, L.pre_ffn_p, N, H, eps, s.xn);
-      L.mlp->forward(s.xn, N, s.tmp, be, ws);
-      be.rms_norm(s.tmp, L.post_ffn1_p, N, H, eps, s.tmp);
-      be.rms_norm(s.h, L.pre_ffn2_p, N, H, eps, x2);
-      L.moe->forward(x2, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, y2, be, ws, between, s.h);
-      be.rms_norm(y2, L.post_ffn2_p, N, H, eps, y2);
-      be.add(s.tmp, y2, N * H);
-    } else {
-      be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
-      if (L.moe) {  // all rows of the step together: each routed expert acquired once
-        L.moe->forward(s.xn, N, i, top_k_, *provider_, hooks.on_route, hooks.on_margin, s.tmp, be, ws, between, s.h);
-      } else {
-        L.mlp->forward(s.xn, N, s.tmp, be, ws);
-      }
-    }
+    be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
+    step.layer = i;
+    L.ffn->forward(s.xn, s.h, N, step, s.tmp, be, ws);
     if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_ffn_p, N, H, eps, s.tmp);
     be.add(s.h, s.tmp, N * H);
     if (spec_.residual_scale) be.scale(s.h, N * H, L.scalar);  // the whole residual stream

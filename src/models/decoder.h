@@ -1,7 +1,9 @@
 // DecoderModel: the pre-norm decoder stack every family runs on (models/family.h).
 //   h = embed(ids)
-//   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: attention | Gated DeltaNet | MLA
-//   logits = lm_head(norm(h))                               ffn: MoE | dense SwiGLU
+//   per layer: h += mixer(norm1(h)); h += ffn(norm2(h))   mixer: a TokenMixer (layer.h)
+//   logits = lm_head(norm(h))                               ffn: an Ffn (ffn.h)
+// One loop over the layers: each layer's mixer and FFN are the classes make_token_mixer() /
+// make_ffn() pick from ModelSpec::mixers / ffns, called through their interfaces.
 // Options from ModelSpec: sandwich norms (the branch outputs normed before the add), a dense
 // MLP in parallel with the MoE block, a per-layer residual scale, embedding scale and final
 // logit soft-capping (HF Gemma 4's Gemma4TextDecoderLayer / Gemma4TextModel).
@@ -14,12 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "models/attention.h"
-#include "models/gated_deltanet.h"
-#include "models/mla.h"
-#include "models/mlp.h"
+#include "models/layer.h"
 #include "models/model.h"
-#include "models/moe.h"
 
 namespace spool::models {
 
@@ -43,8 +41,9 @@ class DecoderModel : public Model {
 
   DecoderModel(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend);
 
-  /// Binds embeddings, final norm, lm_head and every layer with the default Qwen names
-  /// (layers.{i}.{input_layernorm,post_attention_layernorm,self_attn,linear_attn,mlp}).
+  /// Binds embeddings, final norm, lm_head and every layer with the default HF names
+  /// (layers.{i}.{input_layernorm,post_attention_layernorm,self_attn,linear_attn,mlp});
+  /// `gdn_layout` is how Gated DeltaNet layers store their input projections.
   void bind(GdnLayout gdn_layout);
 
   const ModelSpec& spec() const override { return spec_; }
@@ -65,23 +64,14 @@ class DecoderModel : public Model {
   struct Layer {
     std::vector<float> in_norm, post_norm;  // effective RMSNorm weights [H]
     const float *in_norm_p = nullptr, *post_norm_p = nullptr;  // where the backend reads them
-    // ModelSpec::sandwich_norms: pre/post_feedforward_layernorm; with parallel_dense_ffn also
-    // pre_feedforward_layernorm_2 (experts' input) and post_feedforward_layernorm_{1,2}.
-    std::vector<float> pre_ffn, post_ffn, pre_ffn2, post_ffn1, post_ffn2;
-    const float *pre_ffn_p = nullptr, *post_ffn_p = nullptr, *pre_ffn2_p = nullptr, *post_ffn1_p = nullptr,
-                *post_ffn2_p = nullptr;
+    // ModelSpec::sandwich_norms: pre/post_feedforward_layernorm (the FFN's input and output).
+    std::vector<float> pre_ffn, post_ffn;
+    const float *pre_ffn_p = nullptr, *post_ffn_p = nullptr;
     float scalar = 1.0f;  // layer_scalar (ModelSpec::residual_scale)
-    std::unique_ptr<AttentionLayer> attn;
-    std::unique_ptr<GatedDeltaNetLayer> gdn;
-    std::unique_ptr<MlaLayer> mla;
-    std::unique_ptr<MoeBlock> moe;
-    std::unique_ptr<DenseMlp> mlp;  // a dense FFN layer's MLP, or the one beside the MoE (parallel_dense_ffn)
+    std::unique_ptr<TokenMixer> mixer;
+    std::unique_ptr<Ffn> ffn;
   };
-  // One sequence's rows within a step.
-  struct Part {
-    int64_t row0, T, pos0;
-    State* state;
-  };
+  using Part = SeqRows;  // one sequence's rows within a step
   // forward_batch() steps: embeddings, every layer over s.h (updates the states), then final
   // norm + lm_head for the rows whose logits are wanted.
   void embed(std::span<const int32_t> ids, float* h);

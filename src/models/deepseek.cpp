@@ -117,7 +117,8 @@ void configure(const io::Config& c, ModelSpec* sp, bool v3) {
     mo.norm_topk_prob = c.get_bool("norm_topk_prob", false);
     mo.shared_intermediate = non_negative(c, "n_shared_experts", 0) * mo.intermediate;
     mo.shared_name = "shared_experts";
-    mo.grouped_router = true;
+    mo.score = RouterScore::kSoftmax;
+    mo.selection = RouterSelection::kGroupedTopK;  // greedy = one group (below)
     mo.routed_scaling_factor = static_cast<float>(c.get_double("routed_scaling_factor", 1.0));
     mo.n_group = c.has("n_group") ? positive(c, "n_group") : 1;
     mo.topk_group = c.has("topk_group") ? positive(c, "topk_group") : mo.n_group;

@@ -31,7 +31,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
     fail("%s: use_bias=true (biases on every linear layer) is not supported for ernie4_5_moe", c.source().c_str());
   read_attention(c, &s.attn, s.hidden_size);
   read_rope(c, 1.0, &s.attn);
-  s.attn.rope_interleave = true;
+  s.attn.rope_layout = RopeLayout::kInterleavedPairs;
   MoeSpec& mo = s.moe;
   mo.n_experts = c.has("moe_num_experts") ? positive(c, "moe_num_experts") : positive(c, "num_experts");
   mo.top_k = c.has("moe_k") ? positive(c, "moe_k") : positive(c, "num_experts_per_tok");
@@ -41,7 +41,8 @@ void configure(const io::Config& c, ModelSpec* sp) {
   mo.shared_intermediate = non_negative(c, "moe_num_shared_experts", 0) * mo.intermediate;
   mo.shared_name = "shared_experts";
   mo.norm_topk_prob = true;
-  mo.grouped_router = true;  // ops::route_grouped: softmax scores, bias for the choice only
+  mo.score = RouterScore::kSoftmax;
+  mo.selection = RouterSelection::kTopK;  // top-k of p + bias (the bias for the choice only), no groups
   mo.score_bias = true;
   const int interval = c.has("moe_layer_interval") ? positive(c, "moe_layer_interval") : 1;
   const int start = non_negative(c, "moe_layer_start_index", 0);

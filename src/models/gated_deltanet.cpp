@@ -130,4 +130,21 @@ void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, i
   be.matmul(out_, s.o, T, out);  // [T, hidden]
 }
 
+void GatedDeltaNetLayer::bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) {
+  layer_ = layer;
+  bind(ck, "layers." + std::to_string(layer) + ".linear_attn.", spec, layout_);
+}
+
+void GatedDeltaNetLayer::take_scratch(ops::Workspace& ws, const ModelSpec& spec, int, int64_t T) const {
+  Scratch::take(ws, spec.gdn, T);
+}
+
+void GatedDeltaNetLayer::forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out,
+                                      ops::Backend& be, ops::Workspace& ws) const {
+  std::vector<GdnSeg> segs;
+  segs.reserve(seqs.size());
+  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.state->gdn_conv(layer_), q.state->gdn_recurrent(layer_)});
+  forward(x, segs, N, out, be, ws);
+}
+
 }  // namespace spool::models

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "models/layer.h"
 #include "models/spec.h"
 #include "models/state.h"
 #include "ops/backend.h"
@@ -17,14 +18,12 @@
 
 namespace spool::models {
 
-/// Row layout of the Gated DeltaNet input projections in a checkpoint.
-enum class GdnLayout {
-  kQwen3_5,   // in_proj_qkv [q|k|v flat], in_proj_z, in_proj_b, in_proj_a
-  kQwen3Next  // in_proj_qkvz / in_proj_ba grouped per key head: [q_g|k_g|v_g|z_g], [b_g|a_g]
-};
-
-class GatedDeltaNetLayer {
+/// Gated DeltaNet (MixerKind::kGatedDeltaNet) as a TokenMixer; GdnLayout is in layer.h.
+class GatedDeltaNetLayer final : public TokenMixer {
  public:
+  /// `layout`: how bind_layer() reads the input projections.
+  explicit GatedDeltaNetLayer(GdnLayout layout = GdnLayout::kQwen3_5) : layout_(layout) {}
+
   /// Scratch of one forward over T tokens (cd = conv_dim, kd = key_dim, vd = value_dim):
   /// mixed and conv_out [T, cd], z [T, vd], b and a [T, n_v], q and k [T, kd], v [T, vd],
   /// beta and g [T, n_v], o [T, vd].
@@ -38,7 +37,14 @@ class GatedDeltaNetLayer {
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, GdnLayout layout);
   /// Moves the weights and parameter vectors to where `be` reads them (Backend::upload /
   /// upload_floats; a no-op on host backends). Call once after bind().
-  void place(ops::Backend& be);
+  void place(ops::Backend& be) override;
+  /// TokenMixer (layer.h): bind() under `layers.{layer}.linear_attn.`, the scratch above, and
+  /// forward() over the step's sequences on their states' layer `layer`.
+  void bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) override;
+  void take_scratch(ops::Workspace& ws, const ModelSpec& spec, int layer, int64_t T) const override;
+  void forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                    ops::Workspace& ws) const override;
+
   /// x: [T, hidden] (normed input); updates `st`; out: [T, hidden]. T == 1 runs the
   /// recurrent form, T > 1 the chunked form (chunks of 64 tokens, as HF). Scratch from `ws`.
   void forward(const float* x, int64_t T, GdnState& st, float* out, ops::Backend& be, ops::Workspace& ws) const {
@@ -56,6 +62,8 @@ class GatedDeltaNetLayer {
 
  private:
   GdnSpec g_;
+  GdnLayout layout_;
+  int layer_ = -1;  // bind_layer()'s layer: the index of its states in a State
   float eps_ = 1e-6f;
   ops::WeightView qkv_, z_, b_, a_, out_;
   std::vector<uint8_t> regrouped_[4];  // owns the qkv, z, b, a rows of the Qwen3-Next layout

@@ -63,7 +63,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
     fail("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", src.c_str(), a.n_heads, a.n_kv_heads);
   if (a.head_dim % 2 != 0) fail("%s: head_dim must be even (got %d)", src.c_str(), a.head_dim);
   if (c.get_bool("attention_bias", false)) fail("%s: attention_bias=true is not supported for gemma4", src.c_str());
-  a.qk_norm = true;
+  a.qk_norm = QkNorm::kPerHead;
   a.value_norm = true;
   a.softmax_scale = 1.0f;  // q/k norms replace 1/sqrt(d)
 

@@ -55,7 +55,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
   check_act(c);
   read_attention(c, &s.attn, s.hidden_size, /*bias_ok=*/true);
   read_rope(c, 0.5, &s.attn);  // HF Glm4MoeConfig.__post_init__: partial_rotary_factor defaults to 0.5
-  s.attn.qk_norm = c.get_bool("use_qk_norm", false);  // per head, over head_dim
+  s.attn.qk_norm = c.get_bool("use_qk_norm", false) ? QkNorm::kPerHead : QkNorm::kNone;
   read_noaux_tc_moe(c, &s, /*norm_default=*/true);
   const int first_dense = non_negative(c, "first_k_dense_replace", 1);
   s.mixers.assign(s.n_layers, MixerKind::kAttention);

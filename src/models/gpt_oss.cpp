@@ -89,8 +89,16 @@ void configure(const io::Config& c, ModelSpec* sp) {
   s.moe.n_experts = experts_count(c);
   read_top_k(c, &s);
   s.moe.intermediate = positive(c, "intermediate_size");
-  s.moe.norm_topk_prob = true;  // softmax over the k kept logits
-  s.moe.gpt_oss = true;
+  // Router (HF GptOssTopKRouter): z = W x + b; top-k of z, softmax over the k = softmax, top-k,
+  // renormalise. Experts (GptOssExperts): fused gate_up with interleaved rows, biases, clamped SwiGLU.
+  s.moe.router_weight = "router.weight";
+  s.moe.router_bias = true;
+  s.moe.score = RouterScore::kSoftmax;
+  s.moe.selection = RouterSelection::kTopK;
+  s.moe.norm_topk_prob = true;
+  s.moe.gate_up = GateUpLayout::kFusedInterleaved;
+  s.moe.expert_bias = true;
+  s.activation = ActivationKind::kClampedSwiGLU;
   const double limit = c.get_double("swiglu_limit", 7.0);
   if (limit != 7.0)
     fail("%s: swiglu_limit %g is not supported (HF's float path hard-codes 7.0, as every release uses)", c.source().c_str(), limit);

@@ -56,14 +56,13 @@ void configure(const io::Config& c, ModelSpec* sp) {
   check_act(c);
   read_attention(c, &s.attn, s.hidden_size);
   read_rope(c, 1.0, &s.attn);
-  s.attn.qk_norm = true;  // MiniMaxM2Attention always norms q and k (use_qk_norm is not read)
-  s.attn.qk_norm_full = true;
+  s.attn.qk_norm = QkNorm::kWholeProjection;  // MiniMaxM2Attention always norms q and k (use_qk_norm is not read)
   s.moe.n_experts = experts_count(c);
   read_top_k(c, &s);
   s.moe.intermediate = positive(c, "intermediate_size");  // the expert width: there is no dense MLP
   s.moe.norm_topk_prob = true;  // MiniMaxM2TopKRouter always renormalises
-  s.moe.grouped_router = true;  // one group: plain top-k of the biased sigmoid scores
-  s.moe.sigmoid_scores = true;
+  s.moe.score = RouterScore::kSigmoid;
+  s.moe.selection = RouterSelection::kTopK;  // plain top-k of the biased sigmoid scores
   s.moe.score_bias = true;
   s.mixers.assign(s.n_layers, MixerKind::kAttention);
   s.ffns.assign(s.n_layers, FfnKind::kMoE);

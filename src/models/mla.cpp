@@ -118,7 +118,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   be.copy_2d(s.ckv, R, s.kva, R + P, T, R);
   be.rms_norm(s.ckv, kv_a_norm_p_, T, R, eps_, s.ckv);
   be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
-  if (m_.rope_interleave) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
+  if (m_.rope_layout == RopeLayout::kInterleavedPairs) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.kpe + g.row0 * P, g.T, P, 1, static_cast<int>(P), g.pos0);
   be.copy_2d(s.key, R + P, s.ckv, R, T, R);
   be.copy_2d(s.key + R, R + P, s.kpe, P, T, P);
@@ -126,7 +126,7 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
     be.kv_append(*g.cache, g.pos0, g.T, s.key + g.row0 * (R + P), s.key + g.row0 * (R + P));
   // Queries: q_pe roped per head; q~_h = W_UK_h^T q_nope_h; qfull per head [q~_h | q_pe_h].
   be.copy_2d(s.qpe, P, s.q + N, QD, T * nh, P);
-  if (m_.rope_interleave) deinterleave_pairs(s.qpe, T * nh, P, P, s.even, s.odd, be);
+  if (m_.rope_layout == RopeLayout::kInterleavedPairs) deinterleave_pairs(s.qpe, T * nh, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.qpe + g.row0 * nh * P, g.T, nh * P, nh, static_cast<int>(P), g.pos0);
   for (int h = 0; h < nh; ++h) {
     be.copy_2d(s.qn, N, s.q + h * QD, nh * QD, T, N);
@@ -144,6 +144,21 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
     be.copy_2d(s.o + h * V, nh * V, s.oh, V, T, V);
   }
   be.matmul(wo_, s.o, T, out);
+}
+
+void MlaLayer::bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) {
+  layer_ = layer;
+  bind(ck, "layers." + std::to_string(layer) + ".self_attn.", spec);
+}
+
+void MlaLayer::take_scratch(ops::Workspace& ws, const ModelSpec& spec, int, int64_t T) const { Scratch::take(ws, spec, T); }
+
+void MlaLayer::forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                            ops::Workspace& ws) const {
+  std::vector<AttnSeg> segs;
+  segs.reserve(seqs.size());
+  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.pos0, &q.state->attn[layer_]});
+  forward(x, segs, N, out, be, ws);
 }
 
 }  // namespace spool::models

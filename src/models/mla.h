@@ -6,7 +6,7 @@
 //   per head h: q~_h = W_UK_h^T q_nope_h;  s = scale (q~_h . c_t + q_pe_h . k_pe_t);
 //   o_h = W_UV_h (sum_t softmax(s)_t c_t);  out = o_proj(concat_h o_h)
 // with kv_b_proj viewed [n_heads, qk_nope + v, kv_lora_rank]: W_UK_h its first qk_nope rows,
-// W_UV_h the next v rows. Interleaved RoPE (rope_interleave) rotates adjacent pairs: q_pe and
+// W_UV_h the next v rows. Interleaved RoPE (RopeLayout::kInterleavedPairs) rotates adjacent pairs: q_pe and
 // k_pe are de-interleaved ([even dims | odd dims]) and rotated the rotate_half way, which gives
 // the same scores (q and k get the same permutation).
 #pragma once
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "models/layer.h"
 #include "models/spec.h"
 #include "models/state.h"
 #include "ops/backend.h"
@@ -24,7 +25,8 @@
 
 namespace spool::models {
 
-class MlaLayer {
+/// Multi-head latent attention (MixerKind::kMLA) as a TokenMixer.
+class MlaLayer final : public TokenMixer {
  public:
   /// Scratch of one forward over T tokens (nh heads, R = kv_lora_rank, P = qk_rope_head_dim,
   /// N = qk_nope_head_dim, V = v_head_dim, Q = q_lora_rank): qa [T, Q] (q_lora only), q
@@ -43,7 +45,14 @@ class MlaLayer {
   /// Moves every weight (projections, the per-head W_UK^T / W_UV views) and the latent norms
   /// to where `be` reads them, once after bind(); a no-op on host backends. Without it a device
   /// backend would stage each weight over PCIe on every call.
-  void place(ops::Backend& be);
+  void place(ops::Backend& be) override;
+  /// TokenMixer (layer.h): bind() under `layers.{layer}.self_attn.`, the scratch above, and
+  /// forward() over the step's sequences on their states' layer `layer`.
+  void bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) override;
+  void take_scratch(ops::Workspace& ws, const ModelSpec& spec, int layer, int64_t T) const override;
+  void forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
+                    ops::Workspace& ws) const override;
+
   /// x: [T, hidden] (normed input) at positions [pos0, pos0 + T); appends the latent rows to
   /// `cache` (keys-only, one head of R+P; capacity for pos0 + T); out: [T, hidden].
   void forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be, ops::Workspace& ws) const;
@@ -57,6 +66,7 @@ class MlaLayer {
 
   AttentionSpec a_;
   MlaSpec m_;
+  int layer_ = -1;  // bind_layer()'s layer: the index of its caches in a State
   float eps_ = 1e-6f;  // of the latent norms (MlaSpec::latent_norm_eps)
   ops::WeightView wqa_, wqb_, wq_, wkva_, wo_;
   std::vector<ops::WeightView> uk_t_, uv_;  // per head: W_UK_h^T [R, N] (copy), W_UV_h [V, R] (view)

@@ -5,12 +5,25 @@
 #include <string>
 
 #include "io/checkpoint.h"
+#include "models/spec.h"
 #include "ops/backend.h"
 #include "ops/weights.h"
 #include "ops/workspace.h"
 
 namespace spool::models {
 
+/// The backend's gated activation for a spec's ActivationKind: kSilu -> kSwiGLU, kGeluTanh ->
+/// kGeluTanhGLU, kClampedSwiGLU -> kClampedSwiGLU (experts with the interleaved gate_up only).
+inline ops::Activation glu_activation(ActivationKind k) {
+  switch (k) {
+    case ActivationKind::kGeluTanh: return ops::Activation::kGeluTanhGLU;
+    case ActivationKind::kClampedSwiGLU: return ops::Activation::kClampedSwiGLU;
+    case ActivationKind::kSilu: break;
+  }
+  return ops::Activation::kSwiGLU;
+}
+
+/// A dense gated MLP (a dense layer's FFN, a shared expert, Gemma 4's MLP beside the experts).
 class DenseMlp {
  public:
   /// Scratch of one forward over T tokens with intermediate width I: gate and up [T, I].

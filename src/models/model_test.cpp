@@ -181,6 +181,56 @@ TEST(Gemma4, PresetSpec) {
   EXPECT_EQ(s.dense_intermediate, 2112);
 }
 
+// The mechanisms each family file sets (spec.h's enums), per fixture: a family that maps a
+// config to the wrong router, q/k norm, RoPE layout, activation or gate/up layout shows here by
+// name (and in its golden).
+TEST(FamilyMechanisms, EachFixtureNamesItsRouterNormsRopeAndExperts) {
+  struct Want {
+    const char* fixture;
+    RouterScore score;
+    RouterSelection selection;
+    bool score_bias;
+    QkNorm qk_norm;
+    RopeLayout rope;  // of the attention, or of MLA's q_pe / k_pe
+    ActivationKind act;
+    GateUpLayout gate_up;
+  };
+  using RS = RouterScore;
+  using SEL = RouterSelection;
+  using Q = QkNorm;
+  using R = RopeLayout;
+  using A = ActivationKind;
+  using G = GateUpLayout;
+  const Want wants[] = {
+      {"qwen3_moe", RS::kSoftmax, SEL::kTopK, false, Q::kPerHead, R::kHalves, A::kSilu, G::kSeparate},
+      {"qwen3_5_moe_text", RS::kSoftmax, SEL::kTopK, false, Q::kPerHead, R::kHalves, A::kSilu, G::kSeparate},
+      {"mixtral", RS::kSoftmax, SEL::kTopK, false, Q::kNone, R::kHalves, A::kSilu, G::kSeparate},
+      {"olmoe", RS::kSoftmax, SEL::kTopK, false, Q::kWholeProjection, R::kHalves, A::kSilu, G::kSeparate},
+      {"deepseek_v2_lite", RS::kSoftmax, SEL::kGroupedTopK, false, Q::kNone, R::kInterleavedPairs, A::kSilu, G::kSeparate},
+      {"deepseek_v3", RS::kSigmoid, SEL::kGroupedTopK, true, Q::kNone, R::kInterleavedPairs, A::kSilu, G::kSeparate},
+      {"glm4_moe", RS::kSigmoid, SEL::kGroupedTopK, true, Q::kNone, R::kHalves, A::kSilu, G::kSeparate},
+      {"glm4_moe_qknorm", RS::kSigmoid, SEL::kGroupedTopK, true, Q::kPerHead, R::kHalves, A::kSilu, G::kSeparate},
+      {"minimax_m2", RS::kSigmoid, SEL::kTopK, true, Q::kWholeProjection, R::kHalves, A::kSilu, G::kSeparate},
+      {"ernie4_5_moe", RS::kSoftmax, SEL::kTopK, true, Q::kNone, R::kInterleavedPairs, A::kSilu, G::kSeparate},
+      {"gpt_oss", RS::kSoftmax, SEL::kTopK, false, Q::kNone, R::kHalves, A::kClampedSwiGLU, G::kFusedInterleaved},
+      {"gemma4_text_moe", RS::kSoftmax, SEL::kTopK, false, Q::kPerHead, R::kHalves, A::kGeluTanh, G::kSeparate},
+  };
+  for (const Want& w : wants) {
+    SCOPED_TRACE(w.fixture);
+    const ModelSpec s = build_spec(open_checkpoint(data_dir() + "/models/" + w.fixture, {.map = false}));
+    EXPECT_EQ(s.moe.score, w.score);
+    EXPECT_EQ(s.moe.selection, w.selection);
+    EXPECT_EQ(s.moe.score_bias, w.score_bias);
+    EXPECT_EQ(s.attn.qk_norm, w.qk_norm);
+    const bool mla = std::find(s.mixers.begin(), s.mixers.end(), MixerKind::kMLA) != s.mixers.end();
+    EXPECT_EQ(mla ? s.mla.rope_layout : s.attn.rope_layout, w.rope);
+    EXPECT_EQ(s.activation, w.act);
+    EXPECT_EQ(s.moe.gate_up, w.gate_up);
+    // Plain softmax top-k runs Backend::route_softmax_top_k; anything else ops::RouterParams.
+    EXPECT_EQ(s.moe.general_router(), w.score != RS::kSoftmax || w.score_bias || w.selection != SEL::kTopK);
+  }
+}
+
 // GLM-4.7-Flash normalises its MLA latents (q_a_layernorm, kv_a_layernorm) with the RMSNorm
 // class default eps 1e-6, not rms_norm_eps 1e-5: the wrong eps moves this fixture's logits by
 // ~7e-6 of max|ref| (inside kTol), so here the rows must agree to 3e-6 (the engine is at
@@ -386,7 +436,9 @@ TEST(GptOssSpec, ReleaseConfigYarnAndWindows) {
     EXPECT_TRUE(s.attn.sinks);
     EXPECT_TRUE(s.attn.qkv_bias && s.attn.o_bias);
     EXPECT_EQ(s.moe.top_k, 4);
-    EXPECT_TRUE(s.moe.gpt_oss);
+    EXPECT_TRUE(s.moe.router_bias && s.moe.expert_bias);
+    EXPECT_EQ(s.moe.gate_up, GateUpLayout::kFusedInterleaved);
+    EXPECT_EQ(s.activation, ActivationKind::kClampedSwiGLU);
   }
 }
 

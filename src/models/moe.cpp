@@ -13,21 +13,23 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
   m_ = spec.moe;
   hidden_ = spec.hidden_size;
   eps_ = spec.rms_norm_eps;
-  if (m_.gpt_oss) {
-    const int64_t E = m_.n_experts;
-    router_ = bind_matrix(ck, prefix + "router.weight", E, hidden_);
-    router_bias_ = bind_f32(ck, prefix + "router.bias", {E});
+  const int64_t E = m_.n_experts;
+  router_ = bind_matrix(ck, prefix + m_.router_weight, E, hidden_);
+  if (m_.router_bias) {  // {router}.weight -> {router}.bias
+    const std::string& w = m_.router_weight;
+    const std::string base = w.ends_with(".weight") ? w.substr(0, w.size() - 7) : w;
+    router_bias_ = bind_f32(ck, prefix + base + ".bias", {E});
+    router_bias_p_ = router_bias_.data();
+  }
+  if (m_.expert_bias) {
     gate_up_bias_ = bind_f32(ck, prefix + "experts.gate_up_proj_bias", {E, 2 * static_cast<int64_t>(m_.intermediate)});
     down_bias_ = bind_f32(ck, prefix + "experts.down_proj_bias", {E, hidden_});
-    router_bias_p_ = router_bias_.data();
     gate_up_bias_p_ = gate_up_bias_.data();
     down_bias_p_ = down_bias_.data();
-  } else {
-    router_ = bind_matrix(ck, prefix + m_.router_weight, m_.n_experts, hidden_);
   }
-  act_ = m_.gpt_oss ? ops::Activation::kClampedSwiGLU
-         : spec.activation == ActivationKind::kGeluTanh ? ops::Activation::kGeluTanhGLU
-                                                         : ops::Activation::kSwiGLU;
+  act_ = glu_activation(spec.activation);
+  if ((act_ == ops::Activation::kClampedSwiGLU) != (m_.gate_up == GateUpLayout::kFusedInterleaved))
+    fail("%s: the clamped SwiGLU experts need the interleaved fused gate_up layout and vice versa", ck.dir().c_str());
   if (m_.router_input_scale) {  // u = RMSNorm_noweight(r) * scale * H^-1/2: one norm weight
     router_norm_ = bind_f32(ck, prefix + "router.scale", {hidden_});
     const float root = 1.0f / std::sqrt(static_cast<float>(hidden_));
@@ -37,8 +39,7 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
   if (m_.per_expert_scale) expert_scale_ = bind_f32(ck, prefix + "router.per_expert_scale", {m_.n_experts});
   if (m_.score_bias) score_bias_ = bind_f32(ck, prefix + "gate.e_score_correction_bias", {m_.n_experts});
   if (m_.shared_intermediate > 0) {
-    shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate,
-                 act_ == ops::Activation::kGeluTanhGLU ? act_ : ops::Activation::kSwiGLU);
+    shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate, act_);
     if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
   }
   shared_gate_p_ = shared_gate_.empty() ? nullptr : shared_gate_.data();
@@ -47,8 +48,8 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
 void MoeBlock::place(ops::Backend& be) {
   router_ = be.upload(router_);
   if (m_.router_input_scale) router_norm_p_ = be.upload_floats(router_norm_);
-  if (m_.gpt_oss) {
-    router_bias_p_ = be.upload_floats(router_bias_);
+  if (m_.router_bias) router_bias_p_ = be.upload_floats(router_bias_);
+  if (m_.expert_bias) {
     gate_up_bias_p_ = be.upload_floats(gate_up_bias_);
     down_bias_p_ = be.upload_floats(down_bias_);
   }
@@ -88,7 +89,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   if (router_bias_p_ != nullptr) be.add_bias(s.logits, router_bias_p_, T, E);
   // Experts the backend reaches through a device table (every expert uploaded to a GPU): routing
   // ids and weights stay on the device and the experts run from there (no host round trip).
-  const bool plain = !m_.grouped_router && !m_.gpt_oss && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
+  const bool plain = !m_.general_router() && !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const void* table = margins || observer || !plain ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
@@ -102,12 +103,12 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
     return;
   }
-  if (m_.grouped_router) {  // DeepSeek: sigmoid / softmax scores, groups, bias, scaling
+  if (m_.general_router()) {  // sigmoid / softmax scores, selection bias, groups, scaling
     ops::RouterParams r;
-    r.sigmoid = m_.sigmoid_scores;
+    r.sigmoid = m_.score == RouterScore::kSigmoid;
     r.bias = score_bias_.empty() ? nullptr : score_bias_.data();
-    r.n_group = m_.n_group;
-    r.topk_group = m_.topk_group;
+    r.n_group = m_.selection == RouterSelection::kGroupedTopK ? m_.n_group : 1;
+    r.topk_group = m_.selection == RouterSelection::kGroupedTopK ? m_.topk_group : 1;
     r.group_top2_sum = m_.group_top2_sum;
     r.mask_neg_inf = m_.group_mask_neg_inf;
     r.renormalize = m_.norm_topk_prob;
@@ -159,7 +160,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   for (size_t b0 = 0; b0 < n_active; b0 += batch) {
     const size_t nb = std::min(batch, n_active - b0);
     provider.acquire(layer, std::span<const int>(groups.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
-    if (m_.gpt_oss) {  // the experts' biases: rows of the layer's resident bias tables
+    if (m_.expert_bias) {  // the experts' biases: rows of the layer's resident bias tables
       const int64_t I2 = 2 * static_cast<int64_t>(m_.intermediate);
       for (size_t j = 0; j < nb; ++j) {
         w[j].gate_bias = gate_up_bias_p_ + groups.active[b0 + j] * I2;

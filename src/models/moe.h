@@ -4,11 +4,13 @@
 // p = softmax(x W_r^T) (f32); top-k of p; w /= sum(w) when norm_topk_prob;
 // y = sum_k w_k * down_k(silu(gate_k x) * up_k x), accumulated in routing-rank order;
 // y += sigmoid(x . w_sg) * shared(x).
-// DeepSeek (MoeSpec::grouped_router): ops::RouterParams routing (sigmoid + bias + groups, or
-// softmax greedy / group-limited), routed_scaling_factor, ungated shared experts.
-// gpt-oss (MoeSpec::gpt_oss, HF GptOssTopKRouter / GptOssExperts): z = W_r x + b_r; top-k of z,
-// softmax over the k (= softmax, top-k, renormalise); experts with biases and the clamped
-// SwiGLU over interleaved gate/up rows (ops::Activation::kClampedSwiGLU).
+// The router's mechanisms are MoeSpec fields: RouterScore (softmax / sigmoid), RouterSelection
+// (top-k / group-limited top-k), score_bias (moves the choice only), routed_scaling_factor: any
+// of them beyond softmax top-k routes through ops::RouterParams (MoeSpec::general_router:
+// DeepSeek, GLM, MiniMax-M2, ERNIE-4.5). router_bias (HF GptOssTopKRouter): z = W_r x + b_r, then
+// softmax, top-k, renormalise (= top-k of z, softmax over the k). expert_bias and
+// GateUpLayout::kFusedInterleaved with ActivationKind::kClampedSwiGLU (HF GptOssExperts): the
+// clamped SwiGLU over interleaved gate/up rows (ops::Activation::kClampedSwiGLU).
 // Gemma 4 (HF Gemma4TextRouter / Gemma4TextExperts): the router reads the residual stream r as
 // u = RMSNorm_noweight(r) * router.scale * H^-1/2 (MoeSpec::router_input_scale); softmax, top-k,
 // renormalise, then w_e *= router.per_expert_scale[e] (MoeSpec::per_expert_scale); tanh-GELU
@@ -22,6 +24,7 @@
 
 #include "experts/provider.h"
 #include "io/checkpoint.h"
+#include "models/layer.h"
 #include "models/mlp.h"
 #include "models/spec.h"
 #include "ops/backend.h"
@@ -31,12 +34,6 @@
 
 namespace spool::models {
 
-/// Called once per token and MoE layer with the chosen experts (best first) and their weights.
-using RouteObserver = std::function<void(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights)>;
-/// Called once per token and MoE layer with the routing margin: the softmax probability of
-/// the k-th chosen expert minus that of the best expert left out. A margin near float
-/// precision (~1e-7) means another implementation may legitimately route differently.
-using MarginObserver = std::function<void(int layer, int64_t token, float margin)>;
 
 /// Router top-k selection (ops/routing.h), named here for model code and tests.
 using ops::route_top_k;
@@ -58,9 +55,11 @@ class MoeBlock {
 
   /// Binds `{prefix}gate.weight` [E, H], `{prefix}gate.e_score_correction_bias` [E] when the
   /// spec routes with a score bias, and, when the spec has one, the shared expert
-  /// `{prefix}{shared_name}.*` and `{prefix}shared_expert_gate.weight` [1, H]. gpt-oss:
-  /// `{prefix}router.{weight [E, H], bias [E]}` and the expert biases
-  /// `{prefix}experts.gate_up_proj_bias` [E, 2I], `{prefix}experts.down_proj_bias` [E, H].
+  /// `{prefix}{shared_name}.*` and `{prefix}shared_expert_gate.weight` [1, H]. With
+  /// MoeSpec::router_bias the router's bias [E] (its weight's name with .bias), with
+  /// MoeSpec::expert_bias `{prefix}experts.gate_up_proj_bias` [E, 2I] and
+  /// `{prefix}experts.down_proj_bias` [E, H]. Throws spool::Error when the activation and the
+  /// gate/up layout do not fit (clamped SwiGLU <=> interleaved fused gate_up).
   /// The router weight is `{prefix}{MoeSpec::router_weight}` (default gate.weight); with
   /// MoeSpec::router_input_scale also `{prefix}router.scale` [H], with MoeSpec::per_expert_scale
   /// `{prefix}router.per_expert_scale` [E].
@@ -93,8 +92,8 @@ class MoeBlock {
   std::vector<float> router_norm_;
   const float* router_norm_p_ = nullptr;
   std::vector<float> expert_scale_;  // [E] router.per_expert_scale (host: Backend::mul_indexed)
-  // gpt-oss: router bias [E], expert biases gate_up [E, 2I] and down [E, H] (f32), and where the
-  // backend reads them.
+  // router_bias / expert_bias: router bias [E], expert biases gate_up [E, 2I] and down [E, H]
+  // (f32), and where the backend reads them.
   std::vector<float> router_bias_, gate_up_bias_, down_bias_;
   const float *router_bias_p_ = nullptr, *gate_up_bias_p_ = nullptr, *down_bias_p_ = nullptr;
 };

@@ -42,8 +42,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
   check_act(c);
   read_attention(c, &s.attn, s.hidden_size);
   read_rope(c, 1.0, &s.attn);
-  s.attn.qk_norm = true;
-  s.attn.qk_norm_full = true;
+  s.attn.qk_norm = QkNorm::kWholeProjection;
   if (c.has("clip_qkv")) fail("%s: clip_qkv is not supported (null in the released OLMoE configs)", c.source().c_str());
   s.moe.n_experts = positive(c, "num_experts");
   read_top_k(c, &s);

@@ -15,7 +15,7 @@ std::vector<std::string> optional_ops_used(const ModelSpec& spec) {
   // elementwise ops: the dense MLP's tanh-GELU (the routed experts' runs inside expert_ffn), the
   // per-layer residual scale, the logit softcap, the per-expert weight scale.
   std::vector<std::string> ops;
-  if (moe && spec.moe.grouped_router) ops.emplace_back("route_grouped_top_k");
+  if (moe && spec.moe.general_router()) ops.emplace_back("route_grouped_top_k");
   if (spec.activation == ActivationKind::kGeluTanh) ops.emplace_back("gelu_tanh_glu");
   if (spec.residual_scale) ops.emplace_back("scale");
   if (spec.final_logit_softcap > 0.0f) ops.emplace_back("softcap");

@@ -109,7 +109,7 @@ void configure_hybrid(const io::Config& c, ModelSpec* sp, bool next) {
   s.moe.intermediate = positive(c, "moe_intermediate_size");
   s.norm_one_plus = true;
   s.attn.output_gate = true;
-  s.attn.qk_norm = true;
+  s.attn.qk_norm = QkNorm::kPerHead;
   read_rope(c, 0.25, &s.attn);
   s.mixers = hybrid_layer_types(c, s.n_layers);
   read_gdn(c, &s.gdn);

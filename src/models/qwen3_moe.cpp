@@ -46,7 +46,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
   s.moe.n_experts = experts_count(c);
   read_top_k(c, &s);
   s.moe.intermediate = positive(c, "moe_intermediate_size");
-  s.attn.qk_norm = true;
+  s.attn.qk_norm = QkNorm::kPerHead;
   read_rope(c, 1.0, &s.attn);
   s.mixers.assign(s.n_layers, MixerKind::kAttention);
   s.moe.norm_topk_prob = c.get_bool("norm_topk_prob", false);

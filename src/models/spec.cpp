@@ -114,7 +114,7 @@ void read_mla(const io::Config& c, ModelSpec* s, const char* model) {
   m.qk_rope_head_dim = positive(c, "qk_rope_head_dim");
   m.v_head_dim = positive(c, "v_head_dim");
   if (m.qk_rope_head_dim % 2 != 0) fail("%s: qk_rope_head_dim must be even", c.source().c_str());
-  m.rope_interleave = c.get_bool("rope_interleave", true);
+  m.rope_layout = c.get_bool("rope_interleave", true) ? RopeLayout::kInterleavedPairs : RopeLayout::kHalves;
 }
 
 void read_mla_rope(const io::Config& c, ModelSpec* s) {
@@ -150,8 +150,8 @@ void read_noaux_tc_moe(const io::Config& c, ModelSpec* sp, bool norm_default, bo
   mo.norm_topk_prob = c.get_bool("norm_topk_prob", norm_default);
   mo.shared_intermediate = non_negative(c, "n_shared_experts", 0) * mo.intermediate;
   mo.shared_name = "shared_experts";
-  mo.grouped_router = true;
-  mo.sigmoid_scores = true;
+  mo.score = RouterScore::kSigmoid;
+  mo.selection = RouterSelection::kGroupedTopK;
   mo.score_bias = true;
   mo.group_top2_sum = true;
   mo.group_mask_neg_inf = mask_neg_inf;  // HF 5.17 Glm4MoeTopkRouter: masked_fill(-inf)
@@ -234,8 +234,11 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
   fam->configure(c, &s);
   if (static_cast<int>(s.mixers.size()) != s.n_layers || static_cast<int>(s.ffns.size()) != s.n_layers)
     fail("%s: family '%s' did not set a mixer and an FFN for every layer", label.c_str(), fam->name.c_str());
-  if (std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense) > 0 && s.dense_intermediate <= 0)
-    s.dense_intermediate = cfg::positive(c, "intermediate_size");
+  const bool any_dense = std::count(s.ffns.begin(), s.ffns.end(), FfnKind::kDense) > 0;
+  if (any_dense && s.dense_intermediate <= 0) s.dense_intermediate = cfg::positive(c, "intermediate_size");
+  if (s.activation == ActivationKind::kClampedSwiGLU && (any_dense || s.parallel_dense_ffn || s.moe.shared_intermediate > 0))
+    fail("%s: family '%s': the clamped SwiGLU runs in routed experts only (no dense MLP or shared expert)", label.c_str(),
+         fam->name.c_str());
 
   // Stop ids: generation_config.json, then config.json; ids outside the vocabulary are ignored.
   std::vector<int64_t> eos = generation.eos_token_ids;
@@ -264,7 +267,7 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
       const auto& a = s.attn_of(i);
       const double q = static_cast<double>(a.n_heads) * a.head_dim, kv = static_cast<double>(a.n_kv_heads) * a.head_dim;
       mixer = H * q * (a.output_gate ? 2 : 1) + (a.k_eq_v ? 1 : 2) * H * kv + q * H +
-              (a.qk_norm_full ? q + kv : a.qk_norm ? 2.0 * a.head_dim : 0.0);
+              (a.qk_norm == QkNorm::kWholeProjection ? q + kv : a.qk_norm == QkNorm::kPerHead ? 2.0 * a.head_dim : 0.0);
       if (a.qkv_bias) mixer += q + 2 * kv;
     } else {
       const auto& g = s.gdn;

@@ -18,21 +18,67 @@ enum class FfnKind { kMoE, kDense };
 
 /// Activation of the gated MLPs (dense and experts): act(gate x) * up x. HF hidden_act /
 /// hidden_activation: "silu" -> kSilu, "gelu_pytorch_tanh" -> kGeluTanh (PyTorch's tanh GELU).
-enum class ActivationKind { kSilu, kGeluTanh };
+/// kClampedSwiGLU (HF GptOssExperts._apply_gate, llama.cpp LLM_FFN_SWIGLU_OAI_MOE): g = min(gate,
+/// 7), u = clamp(up, -7, 7), (u + 1) * g * sigmoid(1.702 g); routed experts only, and only with
+/// GateUpLayout::kFusedInterleaved (ops::Activation::kClampedSwiGLU reads that layout).
+enum class ActivationKind { kSilu, kGeluTanh, kClampedSwiGLU };
+
+/// How the routed experts' gate and up projections reach the MoE block. Checkpoints that fuse
+/// them as halves ([2I, H]: gate rows then up rows) are split into separate views at load
+/// (io::Checkpoint::add_fused), so they are kSeparate here.
+enum class GateUpLayout {
+  kSeparate,          ///< gate_proj [I, H] and up_proj [I, H]
+  kFusedInterleaved,  ///< one gate_up [2I, H], row 2j = gate_j, row 2j + 1 = up_j (HF GptOssExperts)
+};
+
+/// Normalisation of q and k before RoPE (an RMSNorm with a learned weight).
+enum class QkNorm {
+  kNone,
+  kPerHead,          ///< over each head's head_dim (q_norm.weight [head_dim]: Qwen3, GLM-4.5 use_qk_norm, Gemma)
+  kWholeProjection,  ///< over the whole q / k projection before the head split (q_norm.weight
+                     ///< [n_heads * head_dim], k_norm.weight [n_kv_heads * head_dim]: OLMoE, MiniMax-M2)
+};
+
+/// Which dims RoPE rotates together within the rotary part of a head.
+enum class RopeLayout {
+  /// Dim i with dim i + rotary_dim/2 (rotate_half, GPT-NeoX style; ops::Rope).
+  kHalves,
+  /// Adjacent pairs (2i, 2i + 1) (GPT-J / complex form: HF rope_interleave, ERNIE-4.5's rotate on
+  /// even/odd). Computed as kHalves after de-interleaving q and k to [even | odd]
+  /// (deinterleave_pairs): the same scores.
+  kInterleavedPairs,
+};
+
+/// How a router turns its logits z = W_r x (+ router bias) into per-expert scores s.
+enum class RouterScore {
+  kSoftmax,  ///< s = softmax(z) over the experts
+  kSigmoid,  ///< s = sigmoid(z) per expert (DeepSeek-V3, GLM-4.5, MiniMax-M2)
+};
+
+/// How a router picks the top_k experts from the scores s (and the optional selection bias b,
+/// MoeSpec::score_bias: it moves the choice, never the weights).
+enum class RouterSelection {
+  /// The top_k of s + b; weights = s of the chosen, renormalised when norm_topk_prob, times
+  /// routed_scaling_factor. Without a bias and with softmax scores this is also "top-k of the
+  /// logits, softmax over the k" (gpt-oss) when renormalised.
+  kTopK,
+  /// Group-limited top-k (DeepSeek-V2 group_limited_greedy, DeepSeek-V3 / GLM noaux_tc): the
+  /// experts fall in n_group equal groups, each scored by its best (s + b) or the sum of its two
+  /// best (group_top2_sum); the top topk_group groups are kept and the top_k of s + b is taken
+  /// among their experts; weights as kTopK. n_group = 1 is greedy top-k (DeepSeek-V2 "greedy").
+  kGroupedTopK,
+};
 
 /// Softmax attention geometry. Query heads share KV heads in groups (GQA).
 struct AttentionSpec {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int rotary_dim = 0;        // first rotary_dim dims of each head are rotated (partial RoPE)
-  bool rope_interleave = false;  // RoPE on adjacent pairs of the rotary dims (HF ERNIE-4.5 rotate_half
-                                 // on even/odd): q and k de-interleaved ([even | odd]) first, then
-                                 // rotated the rotate_half way; the same scores (deinterleave_pairs)
+  RopeLayout rope_layout = RopeLayout::kHalves;  // which rotary dims rotate together
   double rope_theta = 10000.0;
   bool output_gate = false;  // q_proj emits [query | gate] per head; out *= sigmoid(gate)
-  bool qk_norm = false;      // per-head RMSNorm on q and k before RoPE
-  bool qk_norm_full = false;  // OLMoE: q/k RMSNorm over the whole projection (before the head split)
+  QkNorm qk_norm = QkNorm::kNone;  // RMSNorm of q and k before RoPE
   bool qkv_bias = false;     // q/k/v_proj.bias added after the projections (GLM-4.5 attention_bias, gpt-oss)
-  bool o_bias = false;       // o_proj.bias (gpt-oss)
+  bool o_bias = false;       // o_proj.bias added after o_proj (gpt-oss)
   std::vector<float> inv_freq;        // explicit RoPE inverse frequencies (YaRN); empty = from rope_theta
   float rope_attention_scaling = 1.0f;  // factor on cos/sin (YaRN attention_factor)
   float softmax_scale = 0.0f;         // 0 = 1/sqrt(head_dim)
@@ -45,7 +91,7 @@ struct AttentionSpec {
   /// Layers the sliding window applies to (HF layer_types "sliding_attention"); empty = every
   /// attention layer when sliding_window > 0.
   std::vector<bool> window_layers;
-  bool sinks = false;  // gpt-oss: per-head attention sink logits (self_attn.sinks [n_heads])
+  bool sinks = false;  // per-head attention sink logits in the softmax (self_attn.sinks [n_heads], gpt-oss)
   /// The layer has no v_proj: V is the K projection (k_proj x, before the k norm and RoPE;
   /// HF Gemma 4 attention_k_eq_v on full_attention layers). With value_norm V is then the
   /// weightless RMSNorm of it, without RoPE.
@@ -63,7 +109,9 @@ struct AttentionSpec {
 struct MlaSpec {
   int q_lora_rank = 0;  // 0: a direct q_proj (V2-Lite)
   int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
-  bool rope_interleave = true;  // RoPE on adjacent pairs (HF rope_interleave / DeepSeek's complex form)
+  /// RoPE of q_pe / k_pe: adjacent pairs (HF rope_interleave true, the default: DeepSeek's
+  /// complex form) or halves.
+  RopeLayout rope_layout = RopeLayout::kInterleavedPairs;
   float latent_norm_eps = 0.0f;  // eps of q_a_layernorm / kv_a_layernorm; 0 = rms_norm_eps (GLM-4.7-Flash: 1e-6)
 };
 
@@ -84,12 +132,14 @@ struct MoeSpec {
   int shared_intermediate = 0;   // 0 = no shared expert
   bool shared_expert_gate = false;  // shared output *= sigmoid(x . w_gate)
   std::string shared_name = "shared_expert";  // tensor prefix of the shared expert under mlp.
-  // DeepSeek routing (ops::RouterParams): used when `grouped_router`.
-  bool grouped_router = false;
-  bool sigmoid_scores = false;   // sigmoid instead of softmax scores
+  RouterScore score = RouterScore::kSoftmax;
+  RouterSelection selection = RouterSelection::kTopK;
   bool score_bias = false;       // mlp.gate.e_score_correction_bias added for selection (MiniMax-M2's
                                  // block_sparse_moe.e_score_correction_bias is renamed to it by io::Checkpoint)
-  int n_group = 1, topk_group = 1;
+  /// The router has a bias: `{block_prefix}{router_weight with .bias for .weight}` [E] added to
+  /// the logits before scoring (HF GptOssTopKRouter).
+  bool router_bias = false;
+  int n_group = 1, topk_group = 1;  // RouterSelection::kGroupedTopK
   bool group_top2_sum = false;   // group score = sum of its two best (V3) instead of its best (V2)
   bool group_mask_neg_inf = false;  // dropped groups' selection scores -inf (GLM) instead of 0.0 (DeepSeek)
   float routed_scaling_factor = 1.0f;
@@ -104,10 +154,19 @@ struct MoeSpec {
   /// The renormalised top-k weights are multiplied by {block_prefix}router.per_expert_scale[e]
   /// [E] of the chosen expert (HF Gemma4TextRouter, after the renormalisation).
   bool per_expert_scale = false;
-  /// gpt-oss experts (HF GptOssMLP): router `mlp.router.{weight,bias}` (top-k of the biased
-  /// logits, softmax over the k), experts fused gate_up [2I, H] with interleaved gate/up rows
-  /// and biases `mlp.experts.{gate_up,down}_proj_bias`, clamped SwiGLU (ops::kClampedSwiGLU).
-  bool gpt_oss = false;
+  /// Layout of the routed experts' gate and up projections (the provider's ExpertMats).
+  GateUpLayout gate_up = GateUpLayout::kSeparate;
+  /// The routed experts have biases `{block_prefix}experts.gate_up_proj_bias` [E, 2I] (in the
+  /// gate_up row order) and `{block_prefix}experts.down_proj_bias` [E, H] (HF GptOssExperts).
+  bool expert_bias = false;
+
+  /// Whether routing needs ops::RouterParams (Backend::route_grouped_top_k): sigmoid scores, a
+  /// selection bias, group-limited selection or a scaling factor. Otherwise it is
+  /// Backend::route_softmax_top_k (softmax, top-k, optional renormalisation).
+  bool general_router() const {
+    return score != RouterScore::kSoftmax || score_bias || selection != RouterSelection::kTopK ||
+           routed_scaling_factor != 1.0f;
+  }
 };
 
 /// A decoder-only MoE language model's configuration.
@@ -128,7 +187,7 @@ struct ModelSpec {
   GdnSpec gdn;
   MoeSpec moe;
   int dense_intermediate = 0;     // width of dense MLP layers
-  ActivationKind activation = ActivationKind::kSilu;  // of the dense MLPs and the routed experts
+  ActivationKind activation = ActivationKind::kSilu;  // of the dense MLPs, the shared and the routed experts
   /// Per-layer attention geometry (head_dim, KV heads, RoPE, k_eq_v per layer kind: HF Gemma 4's
   /// full_attention layers with global_head_dim); empty = every layer uses `attn`. See attn_of().
   std::vector<AttentionSpec> attn_layers;

@@ -163,9 +163,10 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       }
       if (a.o_bias) v.push_back({q + "o_proj.bias", {H}, Init::kConst, 0.0f, i});  // gpt-oss
       if (a.sinks) v.push_back({q + "sinks", {a.n_heads}, Init::kConst, 0.0f, i});
-      if (a.qk_norm) {  // per head, or (OLMoE) over the whole projection
-        v.push_back({q + "q_norm.weight", {a.qk_norm_full ? a.n_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
-        v.push_back({q + "k_norm.weight", {a.qk_norm_full ? a.n_kv_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
+      if (a.qk_norm != QkNorm::kNone) {  // per head, or over the whole projection
+        const bool whole = a.qk_norm == QkNorm::kWholeProjection;
+        v.push_back({q + "q_norm.weight", {whole ? a.n_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
+        v.push_back({q + "k_norm.weight", {whole ? a.n_kv_heads * a.head_dim : a.head_dim}, Init::kConst, norm_id, i});
       }
     } else {
       const auto& g = s.gdn;
@@ -195,7 +196,8 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
     }
     const auto& mo = s.moe;
     const int64_t E = mo.n_experts, I = mo.intermediate;
-    if (mo.gpt_oss) {  // router with bias; experts fused: MXFP4 as released, or float [E, in, out]
+    if (mo.gate_up == GateUpLayout::kFusedInterleaved) {  // gpt-oss as released: router with bias; experts
+      // fused: MXFP4, or float [E, in, out], with biases
       v.push_back({m + "router.weight", {E, H}, Init::kNormal, lin(H), i});
       v.push_back({m + "router.bias", {E}, Init::kConst, 0.0f, i});
       if (fused) {

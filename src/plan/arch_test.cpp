@@ -199,14 +199,14 @@ TEST(PlanArch, GlmAndMiniMaxFixtures) {
   const PlanModel glm = plan_model(models::open_checkpoint(fixture("glm4_moe"), {.map = false}));
   EXPECT_TRUE(glm.spec.attn.qkv_bias);
   EXPECT_EQ(glm.spec.attn.rotary_dim, 8);
-  EXPECT_FALSE(glm.spec.attn.qk_norm);
+  EXPECT_EQ(glm.spec.attn.qk_norm, models::QkNorm::kNone);
   const PlanModel lite = plan_model(models::open_checkpoint(fixture("glm4_moe_lite"), {.map = false}));
   EXPECT_FLOAT_EQ(lite.spec.mla.latent_norm_eps, 1e-6f);
   EXPECT_FLOAT_EQ(lite.spec.rms_norm_eps, 1e-5f);
   EXPECT_EQ(lite.spec.mla.v_head_dim, 16);
   EXPECT_FLOAT_EQ(lite.spec.moe.routed_scaling_factor, 1.8f);
   const PlanModel mm = plan_model(models::open_checkpoint(fixture("minimax_m2"), {.map = false}));
-  EXPECT_TRUE(mm.spec.attn.qk_norm_full);
+  EXPECT_EQ(mm.spec.attn.qk_norm, models::QkNorm::kWholeProjection);
   EXPECT_EQ(mm.spec.attn.rotary_dim, 8);
   EXPECT_TRUE(mm.spec.moe.score_bias);
   // MiniMax-M2's release config names rotary_dim; transformers reads only partial_rotary_factor,
