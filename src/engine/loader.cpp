@@ -17,7 +17,7 @@
 #include "plan/budget.h"
 #include "plan/gpu.h"
 #include "plan/projection.h"
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 #include "models/ops_used.h"
 #include "ops/cpu_backend.h"
 #if SPOOL_HAVE_CUDA
@@ -404,7 +404,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   bool pinned_tier = false;
   // --vram-experts static (auto: when every expert fits in host memory and --stream was not given):
   // no streaming cache; the experts that the VRAM budget does not hold are copied once into
-  // page-locked host memory that the GPU reads in place (models::DeviceExperts' static placement).
+  // page-locked host memory that the GPU reads in place (experts::DeviceExperts' static placement).
   bool static_experts = false;
 #if SPOOL_HAVE_CUDA
   if (cuda && experts > 0) {
@@ -507,7 +507,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
            format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), l.device.c_str());
     if (g.experts_in_vram) {
       const std::vector<bool> moe_layers = moe_layer_mask(spec);
-      auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts);
+      auto dev = std::make_shared<experts::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts);
       log_info("%s", dev->describe().c_str());
       l.model->set_expert_provider(dev);
       l.experts_on_device = true;
@@ -523,7 +523,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       const std::vector<bool> moe_layers = moe_layer_mask(spec);
       if (static_experts) {
         // --pin-file (spool calibrate's hot experts, hottest first) chooses the experts the VRAM share holds.
-        auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left, hot);
+        auto dev = std::make_shared<experts::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left, hot);
         log_info("%s", dev->describe().c_str());
         l.model->set_expert_provider(dev);
         l.experts_static = true;
@@ -531,7 +531,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
         l.vram_expert_share = n > 0 ? static_cast<double>(dev->experts_on_device()) / static_cast<double>(n) : 0.0;
       } else {
         try {
-          auto slots = std::make_shared<models::DeviceExpertCache>(l.model->shared_expert_provider(), *backend, moe_layers,
+          auto slots = std::make_shared<experts::DeviceExpertCache>(l.model->shared_expert_provider(), *backend, moe_layers,
                                                                    spec.moe.n_experts, left, one_token);
           log_info("%s", slots->describe().c_str());
           l.expert_slots = slots;
@@ -555,9 +555,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     if (experts == 0) fail("%s: --host-expert-slots was given but the model has no routed experts", opt.model_dir.c_str());
     const std::vector<bool> moe_layers = moe_layer_mask(spec);
     auto src = l.model->shared_expert_provider();
-    const uint64_t slot = models::DeviceExpertCache::slot_bytes_for(*src, moe_layers);
+    const uint64_t slot = experts::DeviceExpertCache::slot_bytes_for(*src, moe_layers);
     const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
-    auto slots = std::make_shared<models::DeviceExpertCache>(src, *backend, moe_layers, spec.moe.n_experts,
+    auto slots = std::make_shared<experts::DeviceExpertCache>(src, *backend, moe_layers, spec.moe.n_experts,
                                                              slot * static_cast<uint64_t>(opt.host_expert_slots), one_token);
     log_info("%s", slots->describe().c_str());
     l.expert_slots = slots;

@@ -9,7 +9,7 @@
 
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 #include "models/model.h"
 #include "plan/budget.h"
 #include <nlohmann/json.hpp>
@@ -87,7 +87,7 @@ struct LoadedModel {
   bool experts_on_device = false; // routed experts resident in VRAM (else read from host memory or disk per use)
   bool experts_static = false;    // --vram-experts static: a share in VRAM, the rest read in place from mapped host memory
   double vram_expert_share = 0;   // fraction of the routed experts in VRAM (1 when experts_on_device)
-  std::shared_ptr<models::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
+  std::shared_ptr<experts::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
   uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
   bool int8_activations = false;  // Q4_K / Q6_K products take int8 activations (--act-bits 8, or auto on a GGUF K-quant file)

@@ -53,7 +53,7 @@ struct GpuProjection {
   std::string name;          // the GPU's name ("" when stated)
   uint64_t vram_total = 0;   // the card's memory (0 when stated)
   GpuPlacement placement;
-  uint64_t vram_slots = 0;        // experts in VRAM slots (models::DeviceExpertCache) when not all fit; 0 when
+  uint64_t vram_slots = 0;        // experts in VRAM slots (experts::DeviceExpertCache) when not all fit; 0 when
                                   // they all fit or the rest of the budget holds fewer than one token's top-k
   double vram_hit_rate = 0;       // slots / routed experts (uniform routing; real routing is skewed higher)
   uint64_t h2d_bytes_per_token = 0;  // expert bytes copied per decoded token: the top-k experts' bytes times the
