@@ -330,10 +330,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
                               opt.device.c_str(), opt.model_dir.c_str()));
     cuda_index = -1;
   }
-  // The switch is process-wide and only Q4_K / Q6_K weights read it: under auto a model without
-  // them leaves it as it is, so a second model loaded beside a K-quant one (perplexity
-  // --kl-reference, a bf16 reference) does not turn the first one's int8 activations off.
-  if (kquant || opt.act_bits != 0) ops::set_int8_activations(int8_acts);
 #if SPOOL_HAVE_CUDA
   std::shared_ptr<ops::CudaBackend> cuda;
   if (cuda_index >= 0) {
@@ -345,7 +341,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     l.vram_budget = vram_gb >= 0 ? static_cast<uint64_t>(vram_gb * kGiB) : plan::auto_vram_budget(info.total_bytes, info.free_bytes);
   }
 #endif
-  if (!backend) backend = std::make_shared<ops::CpuBackend>(l.pool.get());
+  // --act-bits is this model's CPU backend's option (a model loaded beside it has its own).
+  if (!backend) backend = std::make_shared<ops::CpuBackend>(l.pool.get(), ops::CpuOptions{.int8_activations = int8_acts});
   l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
   if (backend->device() != ops::Device::kCpu) {  // what of this model the device leaves on the host

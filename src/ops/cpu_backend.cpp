@@ -14,10 +14,12 @@
 
 namespace spool::ops {
 
-void CpuBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) { ops::matmul(w, x, T, y, pool_); }
+void CpuBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) {
+  ops::matmul(w, x, T, y, pool_, options_.int8_activations);
+}
 
 void CpuBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) {
-  ops::matmul_multi(outs, x, T, pool_);
+  ops::matmul_multi(outs, x, T, pool_, options_.int8_activations);
 }
 
 namespace {
@@ -60,7 +62,7 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         const int64_t I = w.gate.rows;
         g = g_buf.get(n * I);
         float* u = u_buf.get(n * I);
-        matmul_rows_pair(w.gate, g, w.up, u, xe, n);  // [n, I] each
+        matmul_rows_pair(w.gate, g, w.up, u, xe, n, options_.int8_activations);  // [n, I] each
         if (act == Activation::kSwiGLU) {
           ops::swiglu(g, u, n * I, g);
         } else {
@@ -71,13 +73,13 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
       case Activation::kClampedSwiGLU: {  // fused interleaved gate_up [2I, H] -> h [n, I] in place
         const int64_t I2 = w.gate.rows;
         g = g_buf.get(n * I2);
-        matmul_rows(w.gate, xe, n, g, I2, 0, I2);
+        matmul_rows(w.gate, xe, n, g, I2, 0, I2, options_.int8_activations);
         // Row j's output [j*I, (j+1)*I) never overlaps the unread input of rows >= j.
         for (int64_t j = 0; j < n; ++j) clamped_swiglu(g + j * I2, w.gate_bias, I2 / 2, g + j * (I2 / 2));
         break;
       }
     }
-    matmul_rows(w.down, g, n, y + r0 * H, H, 0, H);  // [n, H]
+    matmul_rows(w.down, g, n, y + r0 * H, H, 0, H, options_.int8_activations);  // [n, H]
     if (w.down_bias)
       for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias, H, y + (r0 + j) * H);
   };
