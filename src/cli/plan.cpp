@@ -17,9 +17,9 @@
 #include "models/synth.h"
 #include "plan/gpu.h"
 #include "plan/placement.h"
-#include "plan/probe.h"
+#include "cli/probe.h"
 #include "plan/projection.h"
-#include "plan/source.h"
+#include "cli/plan_source.h"
 
 namespace spool::cli {
 

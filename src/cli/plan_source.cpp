@@ -1,4 +1,4 @@
-#include "plan/source.h"
+#include "cli/plan_source.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -9,7 +9,7 @@
 #include "io/config.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
-#include "plan/http.h"
+#include "cli/http_client.h"
 #include "models/family.h"
 
 namespace spool::plan {
