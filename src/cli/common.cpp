@@ -140,7 +140,7 @@ nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& tw, int64_t 
   j["model_file_bytes"] = l.ckpt->file_bytes();
   j["tokens"] = tokens;
   if (l.expert_slots) {
-    const models::DeviceExpertCache::Stats& v = tw.vram;
+    const experts::DeviceExpertCache::Stats& v = tw.vram;
     j["vram_tier"] = {{"slots", l.expert_slots->slots()},
                       {"slot_bytes", l.expert_slots->slot_bytes()},
                       {"hits", v.hits},
@@ -186,7 +186,7 @@ std::string stats_line(const Loaded& l, const TierStats& tw, int64_t tokens) {
   const double per = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;
   std::string slots;
   if (l.expert_slots) {
-    const models::DeviceExpertCache::Stats& v = tw.vram;
+    const experts::DeviceExpertCache::Stats& v = tw.vram;
     slots = strfmt("%s slots: hit rate %.1f%% (%llu hits, %llu misses, %llu copied early), %s/token copied (%s total), stall %.3f s; ",
                    l.device == "cpu" ? "host" : "VRAM", 100.0 * v.hit_rate(), (unsigned long long)v.hits, (unsigned long long)v.misses,
                    (unsigned long long)v.early, format_bytes(static_cast<uint64_t>(v.bytes_copied * per)).c_str(),

@@ -51,11 +51,11 @@ using Loaded = engine::LoadedModel;
 Loaded load_model(const ModelOptions& opt);
 
 /// Counters of the expert tiers: the RAM tier (the streaming cache, with disk behind it) and the
-/// VRAM tier (models::DeviceExpertCache slots, on a GPU run whose experts do not all fit, or
+/// VRAM tier (experts::DeviceExpertCache slots, on a GPU run whose experts do not all fit, or
 /// host slots with --host-expert-slots). Zeros for a tier the run does not have.
 struct TierStats {
   experts::StreamingStats ram;
-  models::DeviceExpertCache::Stats vram;
+  experts::DeviceExpertCache::Stats vram;
   TierStats operator-(const TierStats& o) const { return {ram - o.ram, vram - o.vram}; }
 };
 

@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "engine/loader.h"
-#include "plan/doctor.h"
+#include "cli/doctor_checks.h"
 
 namespace spool::cli {
 

@@ -16,9 +16,10 @@
 #include "models/family.h"
 #include "models/synth.h"
 #include "plan/gpu.h"
-#include "plan/probe.h"
+#include "plan/placement.h"
+#include "cli/probe.h"
 #include "plan/projection.h"
-#include "plan/source.h"
+#include "cli/plan_source.h"
 
 namespace spool::cli {
 
@@ -120,9 +121,13 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
       std::printf(" + routed experts %s in VRAM (%s used)\n", gib(g.experts).c_str(), gib(g.used()).c_str());
     } else {
       std::printf("; routed experts (%s) in host memory", gib(g.experts).c_str());
-      if (gpu->vram_slots)
+      if (gpu->vram == plan::VramTier::kStatic)
+        std::printf(", %llu of them fixed in VRAM (--vram-experts static; hit rate >= %.0f%%), the rest read in place",
+                    (unsigned long long)gpu->vram_slots, 100.0 * gpu->vram_hit_rate);
+      else if (gpu->vram_slots)
         std::printf(" behind %llu VRAM expert slots (hit rate >= %.0f%%)", (unsigned long long)gpu->vram_slots, 100.0 * gpu->vram_hit_rate);
-      std::printf(", %s copied to the GPU per token", format_bytes(gpu->h2d_bytes_per_token).c_str());
+      std::printf(", %s %s per token", format_bytes(gpu->h2d_bytes_per_token).c_str(),
+                  gpu->vram == plan::VramTier::kStatic ? "read by the GPU over the link" : "copied to the GPU");
       if (gpu->tok_s_h2d_bound) std::printf(": <= %.1f tok/s at %.1f GB/s host->device", *gpu->tok_s_h2d_bound, *gpu->h2d_gbps);
       std::printf("\n");
     }
@@ -199,6 +204,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                 {"expert_bytes", g.experts},
                 {"fits", g.fits},
                 {"experts_in_vram", g.experts_in_vram},
+                {"vram_experts", plan::vram_tier_name(gpu->vram)},
                 {"vram_used_bytes", g.fits ? g.used() : 0},
                 {"vram_expert_slots", gpu->vram_slots},
                 {"vram_hit_rate", gpu->vram_hit_rate},
@@ -287,25 +293,29 @@ void run(const PlanOptions& o) {
     const plan::DiskProbe d = plan::measure_disk_gbps(big->path(), 256ull << 20, 4ull << 20, 4, 1.0);
     if (d.ok && d.direct) in.disk_gbps = d.gbps;
   }
+  // The GPU run to plan: a device (its memory; --vram-gb standing for --vram-budget-gb) or a stated budget.
+  const bool plan_gpu = gpu_index >= 0 || o.vram_gb > 0;
+  const engine::GpuInfo info = engine::gpu_info(gpu_index);
+  if (plan_gpu)
+    in.vram_budget = o.vram_gb > 0 ? static_cast<uint64_t>(o.vram_gb * (1ull << 30))
+                                   : plan::auto_vram_budget(info.total_bytes, info.free_bytes);  // as the loader
   plan::Projection p = plan::project(src.ckpt, in);
   std::optional<plan::GpuProjection> gpu;
-  if (gpu_index >= 0 || o.vram_gb > 0) {
-    const engine::GpuInfo info = engine::gpu_info(gpu_index);
-    const uint64_t budget = o.vram_gb > 0 ? static_cast<uint64_t>(o.vram_gb * (1ull << 30))
-                                         : plan::auto_vram_budget(info.total_bytes, info.free_bytes);  // as the loader
+  if (plan_gpu) {
     std::optional<double> h2d;
     if (o.h2d_gbps > 0) h2d = o.h2d_gbps;
     else if (gpu_index >= 0) h2d = engine::h2d_gbps(gpu_index, 256ull << 20, /*pinned=*/true);
-    const uint64_t seqs = static_cast<uint64_t>(std::max(p.shape.parallel, 1));
-    const plan::GpuPlacement g = plan::place_on_gpu(budget, p.base.dense, seqs * (p.state.kv + p.state.recurrent), p.base.workspace,
-                                                    p.weights.experts, p.verdict == plan::Verdict::kStream);
-    const uint64_t expert = p.expert_count ? p.weights.experts / p.expert_count : 0;  // one routed expert's bytes
-    gpu = plan::project_gpu(g, p.expert_bytes_per_token, expert, p.expert_count, p.spec.moe.top_k, h2d);
+    gpu = plan::project_gpu(p.placement, p.expert_bytes_per_token, p.expert_count, h2d);
     gpu->device = gpu_index >= 0 ? strfmt("cuda:%d", gpu_index) : "stated";
     gpu->name = info.name;
     gpu->vram_total = info.total_bytes;
-    if (!g.fits) p.notes.push_back("the dense weights, KV/state and workspace do not fit the VRAM budget: run with --device cpu, or a smaller --ctx-size");
-    else if (!g.experts_in_vram && !p.command.empty())
+    if (!gpu->placement.fits)
+      p.notes.push_back("the dense weights, KV/state and workspace do not fit the VRAM budget: run with --device cpu, or a smaller --ctx-size");
+    else if (gpu->vram == plan::VramTier::kStatic && !p.command.empty())
+      p.notes.push_back("the routed experts do not all fit in VRAM: a fixed share of them stays in VRAM, the rest is copied once to "
+                        "page-locked host memory that the GPU reads in place (--vram-experts static, auto's choice when every "
+                        "expert fits in host memory; --vram-experts slots: LRU VRAM slots over the pinned RAM tier)");
+    else if (gpu->vram == plan::VramTier::kSlots && !p.command.empty())
       p.notes.push_back("the routed experts stay in host memory: VRAM slots keep the most recently used ones, each miss is "
                         "copied to the GPU when used from the pinned RAM tier (the streaming cache: every expert when they fit "
                         "in the memory left; --no-stream: the pageable mapping)");

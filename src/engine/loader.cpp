@@ -14,17 +14,14 @@
 #include "common/sysinfo.h"
 #include "ops/ggml_q8.h"
 #include "ops/matmul.h"
+#include "engine/device.h"
+#include "experts/device_experts.h"
+#include "models/family.h"
+#include "ops/cpu_backend.h"
 #include "plan/budget.h"
 #include "plan/gpu.h"
+#include "plan/placement.h"
 #include "plan/projection.h"
-#include "models/device_experts.h"
-#include "models/ops_used.h"
-#include "ops/cpu_backend.h"
-#if SPOOL_HAVE_CUDA
-#include "ops/cuda/cuda_backend.h"
-#endif
-#include "plan/source.h"
-#include "models/family.h"
 
 namespace spool::engine {
 
@@ -40,86 +37,6 @@ std::vector<bool> moe_layer_mask(const models::ModelSpec& spec) {
 }
 
 }  // namespace
-
-bool has_cuda_backend() {
-#if SPOOL_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-int cuda_devices() {
-#if SPOOL_HAVE_CUDA
-  return ops::cuda_device_count();
-#else
-  return 0;
-#endif
-}
-
-double h2d_gbps(int index, size_t bytes, bool pinned) {
-#if SPOOL_HAVE_CUDA
-  return ops::cuda_h2d_gbps(index, bytes, pinned);
-#else
-  (void)index, (void)bytes, (void)pinned;
-  return 0;
-#endif
-}
-
-std::string host_fallback_line(const ops::Backend& be, const models::ModelSpec& spec, std::vector<std::string>* fallbacks_out) {
-  std::vector<std::string> fallbacks;
-  for (const std::string& op : models::optional_ops_used(spec))
-    if (be.op_run(op) == ops::OpRun::kHostFallback) fallbacks.push_back(op);
-  std::sort(fallbacks.begin(), fallbacks.end());
-  const std::string name = spec.family.empty() ? spec.model_type : spec.family;
-  std::string line;
-  if (fallbacks.empty()) {
-    line = strfmt("%s: every op of %s runs on the device", be.name(), name.c_str());
-  } else {
-    line = strfmt("%s: host fallback for ", be.name());
-    for (size_t i = 0; i < fallbacks.size(); ++i) line += (i ? ", " : "") + fallbacks[i];
-    line += " (" + name + ")";
-  }
-  if (fallbacks_out) *fallbacks_out = std::move(fallbacks);
-  return line;
-}
-
-int resolve_device(const std::string& device) {
-  if (device == "auto") return cuda_devices() > 0 ? 0 : -1;  // (GGUF block weights: CPU only, decided once the checkpoint is open)
-  if (device == "cpu") return -1;
-  if (device != "cuda" && device.rfind("cuda:", 0) != 0)
-    throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", device.c_str()));
-  int index = 0;
-  if (device != "cuda") {
-    char* end = nullptr;
-    const long v = std::strtol(device.c_str() + 5, &end, 10);
-    if (end == device.c_str() + 5 || *end != '\0' || v < 0 || v > 1024)
-      throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", device.c_str()));
-    index = static_cast<int>(v);
-  }
-#if !SPOOL_HAVE_CUDA
-  throw UsageError(strfmt("--device %s: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", device.c_str()));
-#endif
-  if (index >= cuda_devices()) fail("--device %s: no such GPU (the CUDA runtime sees %d)", device.c_str(), cuda_devices());
-  return index;
-}
-
-GpuInfo gpu_info(int index) {
-  GpuInfo g;
-#if SPOOL_HAVE_CUDA
-  if (index >= 0 && index < cuda_devices()) {
-    const ops::CudaDeviceInfo d = ops::cuda_device_info(index);
-    g.name = d.name;
-    g.total_bytes = d.total_bytes;
-    g.free_bytes = d.free_bytes;
-    g.major = d.major;
-    g.minor = d.minor;
-  }
-#else
-  (void)index;
-#endif
-  return g;
-}
 
 uint64_t state_bytes(const models::ModelSpec& s, int64_t ctx, int kv_bits, int64_t prefill_step) {
   const plan::StateBytes b = plan::state_bytes(s, plan::kv_capacities(s, ctx, ctx, prefill_step), kv_bits);
@@ -277,11 +194,20 @@ std::optional<tokenizer::Tokenizer> load_tokenizer(const std::string& model) {
   return std::nullopt;
 }
 
-LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
-  // Before anything of the model is read: pages this process maps and touches turn active and
-  // then count as used in a cgroup (see common/sysinfo.h).
-  const uint64_t available = opt.available.value_or(available_memory_bytes());
-  const CgroupMemory cg = cgroup_memory();
+namespace {
+
+// --cache-budget-gb / --vram-budget-gb: a number of GB in [0, 1e6], or "auto" (nullopt).
+std::optional<uint64_t> parse_gb(const std::string& v, const char* flag) {
+  if (v == "auto") return std::nullopt;
+  char* end = nullptr;
+  const double gb = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0' || !(gb >= 0) || !(gb <= 1e6))
+    throw UsageError(strfmt("%s must be a number of GB in [0, 1e6] or 'auto' (got '%s')", flag, v.c_str()));
+  return static_cast<uint64_t>(gb * static_cast<double>(kGiB));
+}
+
+// The options of `opt` that need no file, checked before anything is read (UsageError).
+void validate(const LoadOptions& opt) {
   if (opt.prefetch_workers < 1 || opt.prefetch_workers > 256)
     throw UsageError(strfmt("--prefetch-workers must be between 1 and 256 (got %d)", opt.prefetch_workers));
   if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
@@ -292,23 +218,123 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     throw UsageError(strfmt("--vram-experts must be auto, static or slots (got '%s')", opt.vram_experts.c_str()));
   if (opt.io_engine != "pread" && opt.io_engine != "uring")
     throw UsageError(strfmt("--io-engine must be pread or uring (got '%s')", opt.io_engine.c_str()));
-  double budget_gb = -1;  // < 0: auto; 0: no cache beyond the experts of the current layer
-  if (opt.cache_budget != "auto") {
-    char* end = nullptr;
-    budget_gb = std::strtod(opt.cache_budget.c_str(), &end);
-    if (end == opt.cache_budget.c_str() || *end != '\0' || !(budget_gb >= 0) || !(budget_gb <= 1e6))
-      throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.cache_budget.c_str()));
+  if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
+  if (opt.state_copies < 0) throw UsageError(strfmt("state copies must be >= 0 (got %lld)", (long long)opt.state_copies));
+  parse_gb(opt.cache_budget, "--cache-budget-gb");
+  parse_gb(opt.vram_budget, "--vram-budget-gb");
+  ops::int8_activations_from_bits(opt.act_bits, false);
+}
+
+// The log lines of a placement (what was decided and why), before the providers are built.
+void log_placement(const plan::Placement& p, const plan::PlacementFacts& f, const LoadedModel& l, const LoadOptions& opt) {
+  if (p.vram == plan::VramTier::kStatic)
+    log_info("the routed experts (%s) do not all fit the VRAM budget %s: %s in VRAM, the rest in page-locked host memory the "
+             "GPU reads in place (--vram-experts static)",
+             format_bytes(f.experts).c_str(), format_bytes(l.vram_budget).c_str(),
+             opt.pin_file.empty() ? "a share of each layer's" : "--pin-file's hot experts first");
+  if (p.pinned_tier)
+    log_info("the routed experts (%s) stay in host memory (VRAM budget %s, or --stream): %s", format_bytes(f.experts).c_str(),
+             format_bytes(l.vram_budget).c_str(), plan::kHostTierRule);
+  if (p.auto_streamed)
+    log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk",
+             format_bytes(l.ckpt->total_bytes()).c_str(), format_bytes(f.available).c_str());
+  if (p.stream && p.cache_budget_auto) {
+    const plan::BaseNeeds& base = f.base;
+    log_info("memory available: %s (%s)", format_bytes(f.available).c_str(), l.memory.source.c_str());
+    const bool capped = p.cache_budget == f.experts;
+    log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s%s - workspace %s - runtime %s - reserve %s%s",
+             format_bytes(p.cache_budget).c_str(), format_bytes(f.available).c_str(), format_bytes(base.dense).c_str(),
+             format_bytes(base.state).c_str(), opt.parallel > 1 ? strfmt(" (%d sequences)", opt.parallel).c_str() : "",
+             format_bytes(base.workspace).c_str(), format_bytes(base.runtime + base.tokenizer + base.tables).c_str(),
+             format_bytes(p.reserve).c_str(),
+             capped ? strfmt(", capped at the experts' total size %s", format_bytes(f.experts).c_str()).c_str() : "");
   }
-  double vram_gb = -1;  // < 0: auto
-  if (opt.vram_budget != "auto") {
-    char* end = nullptr;
-    vram_gb = std::strtod(opt.vram_budget.c_str(), &end);
-    if (end == opt.vram_budget.c_str() || *end != '\0' || !(vram_gb >= 0) || !(vram_gb <= 1e6))
-      throw UsageError(strfmt("--vram-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", opt.vram_budget.c_str()));
+}
+
+// The streaming expert provider of a streamed placement, in front of the model.
+void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placement& p, const std::vector<bool>& moe_layers,
+                     const std::shared_ptr<ops::Backend>& backend) {
+  const models::ModelSpec& spec = l.model->spec();
+  experts::StreamingOptions so;
+  so.cache_budget_bytes = p.cache_budget;
+  so.hold_all = p.hold_all;  // the pinned RAM tier holds every expert (the padding of its 4096-byte aligned slots included)
+  so.workers = opt.prefetch_workers;
+  so.engine = opt.io_engine == "uring" ? io::IoEngine::kUring : io::IoEngine::kPread;
+  so.direct = !p.use_page_cache;
+  if (so.direct) keep_experts_out_of_page_cache(*l.ckpt);
+  so.prefetch_ahead = opt.prefetch_ahead;
+  so.top_k = spec.moe.top_k;
+  if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
+  if (p.pinned_tier) so.pin_with = backend.get();
+  l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
+                                                            spec.moe.intermediate, so);
+  l.memory.cache_budget = l.streaming->cache_budget();
+  l.model->set_expert_provider(l.streaming);
+  log_info("%s", l.streaming->describe().c_str());
+}
+
+// The VRAM tier of a GPU placement (experts::DeviceExperts for every expert or a static share,
+// experts::DeviceExpertCache slots), in front of the host provider.
+void build_vram_tier(LoadedModel& l, const LoadOptions& opt, const plan::Placement& p, const std::vector<bool>& moe_layers,
+                     ops::Backend& backend, const std::vector<std::pair<int, int>>& hot) {
+  const models::ModelSpec& spec = l.model->spec();
+  const plan::GpuPlacement& g = *p.gpu;
+  if (!g.fits)
+    fail("--vram-budget-gb: the dense weights (%s), KV/state of %d sequence(s) at --ctx-size %lld (%s) and workspace (%s) need "
+         "more than the VRAM budget of %s on %s",
+         format_bytes(g.dense).c_str(), opt.parallel, (long long)opt.ctx_size, format_bytes(g.state).c_str(),
+         format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), l.device.c_str());
+  if (p.vram == plan::VramTier::kAll) {
+    auto dev = std::make_shared<experts::DeviceExperts>(l.model->expert_provider(), backend, moe_layers, spec.moe.n_experts);
+    log_info("%s", dev->describe().c_str());
+    l.model->set_expert_provider(dev);
+    l.experts_on_device = true;
+    l.vram_expert_share = 1.0;
+  } else if (p.vram == plan::VramTier::kStatic || p.vram == plan::VramTier::kSlots) {
+    log_info("routed experts (%s) stay in host memory: dense %s + KV/state %s + workspace %s + experts exceed the VRAM budget %s%s",
+             format_bytes(g.experts).c_str(), format_bytes(g.dense).c_str(), format_bytes(g.state).c_str(),
+             format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), p.stream ? " (or --stream was given)" : "");
+    if (p.vram == plan::VramTier::kStatic) {
+      // --pin-file (spool calibrate's hot experts, hottest first) chooses the experts the VRAM share holds.
+      auto dev = std::make_shared<experts::DeviceExperts>(l.model->expert_provider(), backend, moe_layers, spec.moe.n_experts,
+                                                          p.vram_left, hot);
+      log_info("%s", dev->describe().c_str());
+      l.model->set_expert_provider(dev);
+      l.experts_static = true;
+      const int64_t n = dev->experts_on_device() + dev->experts_in_host();
+      l.vram_expert_share = n > 0 ? static_cast<double>(dev->experts_on_device()) / static_cast<double>(n) : 0.0;
+    } else {
+      const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
+      try {
+        auto slots = std::make_shared<experts::DeviceExpertCache>(l.model->shared_expert_provider(), backend, moe_layers,
+                                                                  spec.moe.n_experts, p.vram_left, one_token);
+        log_info("%s", slots->describe().c_str());
+        l.expert_slots = slots;
+        l.model->set_expert_provider(slots);
+      } catch (const Error& e) {
+        log_info("no VRAM expert slots (%s): each routed expert is copied to the GPU when used", e.what());
+        // Those copies are not waited for before the cache may reuse their source: pageable
+        // memory, which the copy stages before it returns.
+        if (l.streaming) l.streaming->unpin();
+      }
+    }
   }
-  // --device: cpu, cuda, cuda:N or auto.
+  l.vram_used = device_uploaded_bytes(backend);
+  log_info("device %s (%s): %s uploaded of a %s VRAM budget", l.device.c_str(), l.device_name.c_str(),
+           format_bytes(l.vram_used).c_str(), format_bytes(l.vram_budget).c_str());
+}
+
+}  // namespace
+
+LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
+  // Before anything of the model is read: pages this process maps and touches turn active and
+  // then count as used in a cgroup (see common/sysinfo.h).
+  const uint64_t available = opt.available.value_or(available_memory_bytes());
+  const CgroupMemory cg = cgroup_memory();
+  validate(opt);
+  const std::optional<uint64_t> cache_budget = parse_gb(opt.cache_budget, "--cache-budget-gb");
+  const std::optional<uint64_t> vram_budget = parse_gb(opt.vram_budget, "--vram-budget-gb");
   int cuda_index = resolve_device(opt.device);  // -1: the CPU
-  ops::int8_activations_from_bits(opt.act_bits, false);  // UsageError before any loading
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
@@ -323,32 +349,29 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }
-  std::shared_ptr<ops::Backend> backend;
   if (cuda_index >= 0 && std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; })) {
     if (opt.device != "auto")
       throw UsageError(strfmt("--device %s: %s holds ggml block weights (GGUF), which the CUDA backend cannot run yet; use --device cpu",
                               opt.device.c_str(), opt.model_dir.c_str()));
     cuda_index = -1;
   }
-  // The switch is process-wide and only Q4_K / Q6_K weights read it: under auto a model without
-  // them leaves it as it is, so a second model loaded beside a K-quant one (perplexity
-  // --kl-reference, a bf16 reference) does not turn the first one's int8 activations off.
-  if (kquant || opt.act_bits != 0) ops::set_int8_activations(int8_acts);
-#if SPOOL_HAVE_CUDA
-  std::shared_ptr<ops::CudaBackend> cuda;
+
+  // The backend: the GPU's, or the CPU's with --act-bits as its option (a model loaded beside
+  // this one has its own).
+  std::shared_ptr<ops::Backend> backend;
   if (cuda_index >= 0) {
-    cuda = std::make_shared<ops::CudaBackend>(cuda_index);
-    backend = cuda;
-    const ops::CudaDeviceInfo info = ops::cuda_device_info(cuda_index);
-    l.device = strfmt("cuda:%d", cuda_index);
-    l.device_name = info.name;
-    l.vram_budget = vram_gb >= 0 ? static_cast<uint64_t>(vram_gb * kGiB) : plan::auto_vram_budget(info.total_bytes, info.free_bytes);
+    GpuBackend g = make_gpu_backend(cuda_index, vram_budget);
+    backend = std::move(g.backend);
+    l.device = std::move(g.device);
+    l.device_name = std::move(g.name);
+    l.vram_budget = g.vram_budget;
+  } else {
+    backend = std::make_shared<ops::CpuBackend>(l.pool.get(), ops::CpuOptions{.int8_activations = int8_acts});
   }
-#endif
-  if (!backend) backend = std::make_shared<ops::CpuBackend>(l.pool.get());
+  const bool on_gpu = cuda_index >= 0;
   l.model = models::load_model(l.ckpt, backend);
   const models::ModelSpec& spec = l.model->spec();
-  if (backend->device() != ops::Device::kCpu) {  // what of this model the device leaves on the host
+  if (on_gpu) {  // what of this model the device leaves on the host
     std::vector<std::string> fallbacks;
     const std::string line = host_fallback_line(*backend, spec, &fallbacks);
     log_info("%s", line.c_str());
@@ -358,21 +381,25 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   }
   if (opt.strict_device) backend->set_strict_device(true);
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
-  if (opt.parallel < 1 || opt.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", opt.parallel));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
   // other sequence (plan::base_needs counts the same).
-  l.model->reserve_workspace(plan::step_rows(opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step, opt.parallel),
-                             opt.parallel);
+  l.model->reserve_workspace(plan::step_rows(std::min(opt.prefill_step, opt.ctx_size), opt.parallel), opt.parallel);
   if (opt.max_active_experts != 0) {
     if (opt.max_active_experts < 0 || opt.max_active_experts > spec.moe.top_k)
       throw UsageError(strfmt("--max-active-experts %d is out of range: the model routes to %d experts per token (0 = native)",
                               opt.max_active_experts, spec.moe.top_k));
     l.model->set_max_active_experts(opt.max_active_experts);
   }
+  const uint64_t experts = l.ckpt->expert_bytes();
+  if (experts == 0 && opt.stream.value_or(false))
+    fail("%s: --stream was given but the model has no routed experts to stream", opt.model_dir.c_str());
+  if (experts == 0 && opt.host_expert_slots != 0)
+    fail("%s: --host-expert-slots was given but the model has no routed experts", opt.model_dir.c_str());
+  if (opt.host_expert_slots != 0 && on_gpu)
+    throw UsageError("--host-expert-slots is for CPU runs (a GPU run sizes its slots from --vram-budget-gb)");
 
-  // The memory rule is plan/'s, shared with `spool plan` (same components, same numbers).
-  const uint64_t total = l.ckpt->total_bytes(), experts = l.ckpt->expert_bytes();
-  std::error_code ec;
+  // The facts of the placement: the memory rule is plan/'s, shared with `spool plan` (same
+  // components, same numbers).
   plan::RunShape shape;
   shape.ctx = opt.ctx_size;
   shape.prefill_step = opt.prefill_step;
@@ -380,185 +407,66 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   shape.parallel = opt.parallel;
   shape.threads = opt.threads;
   shape.start_rss = start_rss;
+  std::error_code ec;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)
                                    ? std::filesystem::file_size(opt.model_dir + "/tokenizer.json", ec) : 0;
   if (const io::GgufFile* g = l.ckpt->gguf()) shape.tokenizer_json_bytes = plan::gguf_tokenizer_json_bytes(*g);  // as `spool plan`
-  plan::BaseNeeds base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
-  if (opt.state_copies < 0) throw UsageError(strfmt("state copies must be >= 0 (got %lld)", (long long)opt.state_copies));
-  base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, plan::KvCapacity{}, opt.kv_bits).snapshot;
-  const uint64_t reserve = plan::reserve_bytes(available);
+  plan::PlacementFacts facts;
+  facts.base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
+  facts.base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, plan::KvCapacity{}, opt.kv_bits).snapshot;
+  facts.available = available;
+  facts.experts = experts;
+  facts.top_k = spec.moe.top_k;
+  facts.file_bytes = l.ckpt->file_bytes();
+  if (on_gpu)
+    facts.gpu = plan::GpuFacts{.budget = l.vram_budget,
+                               .dense = device_uploaded_bytes(*backend),
+                               .state = state_bytes(spec, opt.ctx_size, opt.kv_bits, opt.prefill_step) * opt.parallel,
+                               .workspace = l.model->workspace_capacity()};
+  plan::PlacementOptions popt;
+  popt.stream = opt.stream;
+  popt.cache_budget = cache_budget;
+  popt.page_cache = opt.page_cache;
+  popt.vram_experts = opt.vram_experts == "static" ? plan::VramExperts::kStatic
+                      : opt.vram_experts == "slots" ? plan::VramExperts::kSlots : plan::VramExperts::kAuto;
   l.memory.available = available;
   l.memory.source = cg.version != 0 && cg.available() <= available ? cg.describe() : "MemAvailable";
-  l.memory.base = base;
-  l.memory.reserve = reserve;
+  l.memory.base = facts.base;
+  l.memory.reserve = plan::reserve_bytes(available);
   l.memory.ctx_size = opt.ctx_size;
   l.memory.prefill_step = opt.prefill_step;
   l.memory.parallel = opt.parallel;
-  bool stream = opt.stream.value_or(false);
-  // The host tier of a GPU run whose experts do not all fit in VRAM (plan::kHostTierRule):
-  // unless --no-stream keeps the pageable mapping, the experts go behind the VRAM slots through
-  // the streaming cache, page-locked (Backend::pin_host), so that slot misses copy at the
-  // link's pinned speed. Its size is --cache-budget-gb, or auto: when every expert fits in the
-  // memory left, the cache holds them all (read from disk once, then kept pinned), else what
-  // is left (disk behind it).
-  bool pinned_tier = false;
-  // --vram-experts static (auto: when every expert fits in host memory and --stream was not given):
-  // no streaming cache; the experts that the VRAM budget does not hold are copied once into
-  // page-locked host memory that the GPU reads in place (models::DeviceExperts' static placement).
-  bool static_experts = false;
-#if SPOOL_HAVE_CUDA
-  if (cuda && experts > 0) {
-    const plan::GpuPlacement pre = plan::place_on_gpu(l.vram_budget, cuda->uploaded_bytes(),
-                                                      state_bytes(spec, opt.ctx_size, opt.kv_bits, opt.prefill_step) * opt.parallel,
-                                                      l.model->workspace_capacity(), experts, stream);
-    if (pre.fits && !pre.experts_in_vram) {
-      const bool all_in_ram = budget_gb >= 0 ? budget_gb * static_cast<double>(kGiB) >= static_cast<double>(experts)
-                                             : plan::auto_cache_budget(available, base, experts) == experts;
-      static_experts = opt.vram_experts == "static" || (opt.vram_experts == "auto" && !opt.stream.value_or(false) && all_in_ram);
-      if (static_experts && opt.stream.value_or(false))
-        throw UsageError("--vram-experts static keeps the experts out of VRAM in page-locked host memory; it does not stream (drop --stream, or use --vram-experts slots)");
-      if (static_experts && !all_in_ram)
-        fail("--vram-experts static: the routed experts (%s) do not fit in the host memory available (%s, after the resident weights, "
-             "KV and reserve; or --cache-budget-gb): page-locking them would exhaust it; use --vram-experts slots",
-             format_bytes(experts).c_str(), format_bytes(available).c_str());
-      if (static_experts) {
-        log_info("the routed experts (%s) do not all fit the VRAM budget %s: %s in VRAM, the rest in page-locked host memory the "
-                 "GPU reads in place (--vram-experts static)",
-                 format_bytes(experts).c_str(), format_bytes(l.vram_budget).c_str(),
-                 opt.pin_file.empty() ? "a share of each layer's" : "--pin-file's hot experts first");
-      } else if (opt.stream.value_or(true)) {
-        pinned_tier = true;
-        stream = true;
-        log_info("the routed experts (%s) stay in host memory (VRAM budget %s, or --stream): %s", format_bytes(experts).c_str(),
-                 format_bytes(l.vram_budget).c_str(), plan::kHostTierRule);
-      }
-    }
-  }
-#endif
-  if (!opt.stream.has_value() && !stream && !static_experts && experts > 0 && plan::must_stream(available, base, experts)) {
-    stream = true;
-    log_info("the model (%s) does not fit in the memory available (%s): streaming experts from disk", format_bytes(total).c_str(),
-             format_bytes(available).c_str());
-  }
+
+  const plan::Placement placement = plan::decide_placement(facts, popt);
+  log_placement(placement, facts, l, opt);
+
+  // The providers: the streaming cache or the resident mapping, then the VRAM tier of a GPU run
+  // (or the tests' host slots).
+  const std::vector<bool> moe_layers = moe_layer_mask(spec);
   std::vector<std::pair<int, int>> hot;  // --pin-file's experts, hottest first (static placement)
-  if (stream) {
-    if (experts == 0) fail("%s: --stream was given but the model has no routed experts to stream", opt.model_dir.c_str());
-    experts::StreamingOptions so;
-    if (budget_gb >= 0) {
-      so.cache_budget_bytes = static_cast<uint64_t>(budget_gb * kGiB);
-    } else {
-      so.cache_budget_bytes = plan::auto_cache_budget(available, base, experts);
-      // The pinned RAM tier holds every expert when they all fit (the padding of its 4096-byte
-      // aligned slots included).
-      so.hold_all = pinned_tier && so.cache_budget_bytes == experts;
-      l.memory.budget_auto = true;
-      log_info("memory available: %s (%s)", format_bytes(available).c_str(), l.memory.source.c_str());
-      const bool capped = so.cache_budget_bytes == experts;
-      log_info("cache budget auto: %s = available %s - resident weights %s - KV/state %s%s - workspace %s - runtime %s - reserve %s%s",
-               format_bytes(so.cache_budget_bytes).c_str(), format_bytes(available).c_str(), format_bytes(base.dense).c_str(),
-               format_bytes(base.state).c_str(), opt.parallel > 1 ? strfmt(" (%d sequences)", opt.parallel).c_str() : "",
-               format_bytes(base.workspace).c_str(),
-               format_bytes(base.runtime + base.tokenizer + base.tables).c_str(), format_bytes(reserve).c_str(),
-               capped ? strfmt(", capped at the experts' total size %s", format_bytes(experts).c_str()).c_str() : "");
-    }
-    l.memory.streaming = true;
-    l.memory.cache_budget = so.cache_budget_bytes;
-    so.workers = opt.prefetch_workers;
-    so.engine = opt.io_engine == "uring" ? io::IoEngine::kUring : io::IoEngine::kPread;
-    // Trust the page cache when the model files fit comfortably (< 0.6 x available memory).
-    const bool use_page_cache = opt.page_cache.value_or(plan::default_page_cache(l.ckpt->file_bytes(), available));
-    so.direct = !use_page_cache;
-    if (so.direct) keep_experts_out_of_page_cache(*l.ckpt);
-    so.prefetch_ahead = opt.prefetch_ahead;
-    so.top_k = spec.moe.top_k;
-    if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
-    if (pinned_tier) so.pin_with = backend.get();
-    const std::vector<bool> moe_layers = moe_layer_mask(spec);
-    l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
-                                                              spec.moe.intermediate, so);
-    l.memory.cache_budget = l.streaming->cache_budget();
-    l.model->set_expert_provider(l.streaming);
-    log_info("%s", l.streaming->describe().c_str());
+  l.memory.streaming = placement.stream;
+  l.memory.budget_auto = placement.stream && placement.cache_budget_auto;
+  if (placement.stream) {
+    build_streaming(l, opt, placement, moe_layers, backend);
   } else {
     populate_resident_weights(*l.ckpt);
     if (!opt.pin_file.empty()) {
       hot = read_pin_file(opt.pin_file);  // (a clear error if the file is missing or malformed, used or not)
-      if (!static_experts)
+      if (placement.vram != plan::VramTier::kStatic)
         log_warn("--pin-file applies only when streaming experts (--stream) or placing them statically on a GPU (--vram-experts static); "
                  "all experts are resident, so it has no effect");
     }
     if (opt.prefetch_ahead > 0)
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
   }
-#if SPOOL_HAVE_CUDA
-  if (cuda) {
-    // VRAM (plan::place_on_gpu, the rule `spool plan` projects): dense weights and parameters
-    // (uploaded by the model at bind), the KV cache and recurrent state of every sequence at
-    // ctx_size, the workspace arena, then the routed experts when they fit too; otherwise the
-    // experts stay in host memory (resident mapping or the streaming cache) and each routed
-    // expert is copied to the GPU when used.
-    const plan::GpuPlacement g = plan::place_on_gpu(l.vram_budget, cuda->uploaded_bytes(),
-                                                    state_bytes(spec, opt.ctx_size, opt.kv_bits, opt.prefill_step) * opt.parallel,
-                                                    l.model->workspace_capacity(), experts, stream);
-    if (!g.fits)
-      fail("--vram-budget-gb: the dense weights (%s), KV/state of %d sequence(s) at --ctx-size %lld (%s) and workspace (%s) need "
-           "more than the VRAM budget of %s on %s",
-           format_bytes(g.dense).c_str(), opt.parallel, (long long)opt.ctx_size, format_bytes(g.state).c_str(),
-           format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), l.device.c_str());
-    if (g.experts_in_vram) {
-      const std::vector<bool> moe_layers = moe_layer_mask(spec);
-      auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts);
-      log_info("%s", dev->describe().c_str());
-      l.model->set_expert_provider(dev);
-      l.experts_on_device = true;
-      l.vram_expert_share = 1.0;
-    } else if (experts > 0) {
-      log_info("routed experts (%s) stay in host memory: dense %s + KV/state %s + workspace %s + experts exceed the VRAM budget %s%s",
-               format_bytes(experts).c_str(), format_bytes(g.dense).c_str(), format_bytes(g.state).c_str(),
-               format_bytes(g.workspace).c_str(), format_bytes(l.vram_budget).c_str(), stream ? " (or --stream was given)" : "");
-      // The VRAM tier: what the budget has left holds expert slots (LRU) in front of the host
-      // provider (the mapping, or the streaming cache: RAM tier, then disk), or a static share.
-      const uint64_t left = l.vram_budget - cuda->uploaded_bytes() - g.state - g.workspace;
-      const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
-      const std::vector<bool> moe_layers = moe_layer_mask(spec);
-      if (static_experts) {
-        // --pin-file (spool calibrate's hot experts, hottest first) chooses the experts the VRAM share holds.
-        auto dev = std::make_shared<models::DeviceExperts>(l.model->expert_provider(), *backend, moe_layers, spec.moe.n_experts, left, hot);
-        log_info("%s", dev->describe().c_str());
-        l.model->set_expert_provider(dev);
-        l.experts_static = true;
-        const int64_t n = dev->experts_on_device() + dev->experts_in_host();
-        l.vram_expert_share = n > 0 ? static_cast<double>(dev->experts_on_device()) / static_cast<double>(n) : 0.0;
-      } else {
-        try {
-          auto slots = std::make_shared<models::DeviceExpertCache>(l.model->shared_expert_provider(), *backend, moe_layers,
-                                                                   spec.moe.n_experts, left, one_token);
-          log_info("%s", slots->describe().c_str());
-          l.expert_slots = slots;
-          l.model->set_expert_provider(slots);
-        } catch (const Error& e) {
-          log_info("no VRAM expert slots (%s): each routed expert is copied to the GPU when used", e.what());
-          // Those copies are not waited for before the cache may reuse their source: pageable
-          // memory, which the copy stages before it returns.
-          if (l.streaming) l.streaming->unpin();
-        }
-      }
-    }
-    l.vram_used = cuda->uploaded_bytes();
-    log_info("device %s (%s): %s uploaded of a %s VRAM budget", l.device.c_str(), l.device_name.c_str(),
-             format_bytes(l.vram_used).c_str(), format_bytes(l.vram_budget).c_str());
-  }
-#endif
+  if (placement.gpu) build_vram_tier(l, opt, placement, moe_layers, *backend, hot);
   if (opt.host_expert_slots != 0) {
     // Tests: the slot tier over host memory on a CPU run (the same code as a GPU run's VRAM tier).
-    if (l.device != "cpu") throw UsageError("--host-expert-slots is for CPU runs (a GPU run sizes its slots from --vram-budget-gb)");
-    if (experts == 0) fail("%s: --host-expert-slots was given but the model has no routed experts", opt.model_dir.c_str());
-    const std::vector<bool> moe_layers = moe_layer_mask(spec);
     auto src = l.model->shared_expert_provider();
-    const uint64_t slot = models::DeviceExpertCache::slot_bytes_for(*src, moe_layers);
+    const uint64_t slot = experts::DeviceExpertCache::slot_bytes_for(*src, moe_layers);
     const int one_token = opt.max_active_experts > 0 ? opt.max_active_experts : spec.moe.top_k;
-    auto slots = std::make_shared<models::DeviceExpertCache>(src, *backend, moe_layers, spec.moe.n_experts,
-                                                             slot * static_cast<uint64_t>(opt.host_expert_slots), one_token);
+    auto slots = std::make_shared<experts::DeviceExpertCache>(src, *backend, moe_layers, spec.moe.n_experts,
+                                                              slot * static_cast<uint64_t>(opt.host_expert_slots), one_token);
     log_info("%s", slots->describe().c_str());
     l.expert_slots = slots;
     l.model->set_expert_provider(slots);
@@ -568,10 +476,10 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
-  l.int8_activations = int8_acts && kquant && ops::q8_fast() && l.device == "cpu";
+  l.int8_activations = int8_acts && kquant && ops::q8_fast() && !on_gpu;
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s%s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
-           opt.threads, l.device == "cpu" ? "SIMD" : "device", l.device == "cpu" ? ops::simd_target_name() : l.device.c_str(),
+           opt.threads, on_gpu ? "device" : "SIMD", on_gpu ? l.device.c_str() : ops::simd_target_name(),
            l.int8_activations ? "; int8 activations for Q4_K / Q6_K (--act-bits 32: f32, exact)" : "");
   return l;
 }

@@ -1,15 +1,17 @@
-// Loading a model for use: checkpoint, thread pool, model, tokenizer and — when asked, or
-// when the model does not fit in the memory available — the streaming expert provider with
-// its cache budget and page-cache policy decided here (and logged).
+// Loading a model for use: checkpoint, thread pool, backend, model, tokenizer, and the expert
+// providers that plan::decide_placement chooses from the measured facts and the options (the
+// same rule `spool plan` reports): the resident mapping or the streaming cache with its budget
+// and page-cache policy, and on a GPU the VRAM tier (logged).
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "engine/device.h"  // the device helpers (cuda_devices, resolve_device, gpu_info, ...)
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 #include "models/model.h"
 #include "plan/budget.h"
 #include <nlohmann/json.hpp>
@@ -33,8 +35,7 @@ struct LoadOptions {
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
   int act_bits = 0;                    // --act-bits: 32 (f32 activations, exact), 8 (int8 activations for Q4_K /
                                        // Q6_K GGUF weights on AVX-512 CPUs) or 0 = auto (8 where it applies, else
-                                       // 32); process-wide, ops::set_int8_activations (auto on a model without
-                                       // Q4_K / Q6_K weights leaves the switch as it is)
+                                       // 32); the model's CPU backend's option (ops::CpuOptions::int8_activations)
   std::string device = "auto";         // --device cpu | cuda | cuda:N | auto (cuda:0 when this build has CUDA and a GPU is present)
   std::string vram_budget = "auto";    // --vram-budget-gb: GB of GPU memory for dense weights + KV + workspace + experts, or
                                        // "auto" (90% of the GPU's memory); routed experts go to VRAM only when all fit
@@ -87,38 +88,11 @@ struct LoadedModel {
   bool experts_on_device = false; // routed experts resident in VRAM (else read from host memory or disk per use)
   bool experts_static = false;    // --vram-experts static: a share in VRAM, the rest read in place from mapped host memory
   double vram_expert_share = 0;   // fraction of the routed experts in VRAM (1 when experts_on_device)
-  std::shared_ptr<models::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
+  std::shared_ptr<experts::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
   uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
   bool int8_activations = false;  // Q4_K / Q6_K products take int8 activations (--act-bits 8, or auto on a GGUF K-quant file)
 };
-
-/// Whether this build has the CUDA backend (cmake -DSPOOL_CUDA=ON).
-bool has_cuda_backend();
-/// Whether this build has the CUDA backend and, if so, how many GPUs the runtime sees.
-int cuda_devices();
-/// Measured host-to-device bandwidth of GPU `index` in GB/s (pinned or pageable host memory,
-/// `bytes` per copy); 0 in a build without CUDA.
-double h2d_gbps(int index, size_t bytes, bool pinned);
-/// Name, memory (bytes) and compute capability of GPU `index`; empty / 0 in a build without
-/// CUDA or for a device the runtime does not see.
-struct GpuInfo {
-  std::string name;
-  uint64_t total_bytes = 0;
-  uint64_t free_bytes = 0;  // free now (cudaMemGetInfo)
-  int major = 0, minor = 0;
-};
-GpuInfo gpu_info(int index);
-/// Resolves --device (cpu | cuda | cuda:N | auto) to a GPU index, or -1 for the CPU: auto is
-/// cuda:0 when this build has CUDA and a GPU is present. Throws spool::UsageError for another
-/// value or for cuda[:N] in a build without CUDA, spool::Error when the GPU is not there.
-int resolve_device(const std::string& device);
-
-/// The loader's line on a device backend: the ops a model of `spec` calls
-/// (models::optional_ops_used) that `be` runs through the host (ops::Backend::host_fallback_ops),
-/// e.g. "cuda: host fallback for attention_sinks (gpt_oss)", or "cuda: every op of qwen3_moe runs
-/// on the device" when there are none. Empty `fallbacks_out` is filled with those ops when given.
-std::string host_fallback_line(const ops::Backend& be, const models::ModelSpec& spec, std::vector<std::string>* fallbacks_out = nullptr);
 
 /// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller
 /// (e.g. to count the prompt's tokens for ctx_size); otherwise tokenizer.json is loaded here.

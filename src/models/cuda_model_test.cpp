@@ -22,7 +22,7 @@
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
 #include "models/family.h"
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 #include "models/model.h"
 #include "models/ops_used.h"
 #include "ops/cpu_backend.h"
@@ -76,7 +76,7 @@ double max_row_ratio(const std::vector<float>& a, const std::vector<float>& b, i
 // The fixture families that leave ops on the host on CUDA (models::optional_ops_used(spec) that
 // are in CudaBackend::host_fallback_ops()), with those ops: they run as they are (experts read
 // from the host mapping). Every other family runs natively and is checked in strict device mode
-// (Backend::set_strict_device) with its experts in VRAM (models::DeviceExperts): a host fallback
+// (Backend::set_strict_device) with its experts in VRAM (experts::DeviceExperts): a host fallback
 // or a host weight copied for one call would throw. The test checks this list against the table.
 const std::map<std::string, std::vector<std::string>>& host_fallback_families() {
   static const std::map<std::string, std::vector<std::string>> m = {
@@ -104,12 +104,12 @@ std::vector<std::string> host_fallbacks(const models::Model& m, const Backend& b
   return out;
 }
 
-// Puts every routed expert of `m` in VRAM (models::DeviceExperts), as the loader does when they fit.
+// Puts every routed expert of `m` in VRAM (experts::DeviceExperts), as the loader does when they fit.
 void experts_to_vram(models::Model& m, CudaBackend& be) {
   const models::ModelSpec& s = m.spec();
   std::vector<bool> moe(s.n_layers);
   for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
-  m.set_expert_provider(std::make_shared<models::DeviceExperts>(m.expert_provider(), be, moe, s.moe.n_experts));
+  m.set_expert_provider(std::make_shared<experts::DeviceExperts>(m.expert_provider(), be, moe, s.moe.n_experts));
 }
 
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
@@ -228,7 +228,7 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   spool::testing::Golden g(spool::testing::data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
   const std::vector<int32_t> ids = g.i32("p1.input_ids");
   const uint64_t before = be->uploaded_bytes();
-  auto dev = std::make_shared<models::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
+  auto dev = std::make_shared<experts::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
   EXPECT_EQ(be->uploaded_bytes() - before >= dev->bytes(), true);
   m->set_expert_provider(dev);
   const std::vector<float> vram = greedy_logits(*m, ids, 8);
@@ -246,7 +246,7 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   ASSERT_EQ(vram.size(), host.size());
   EXPECT_EQ(std::memcmp(vram.data(), host.data(), vram.size() * 4), 0) << "VRAM-resident vs host-mapped experts";
   EXPECT_EQ(std::memcmp(vram.data(), streamed.data(), vram.size() * 4), 0) << "VRAM-resident vs streamed experts";
-  // The three tiers: VRAM expert slots (models::DeviceExpertCache) of two sizes in front of the
+  // The three tiers: VRAM expert slots (experts::DeviceExpertCache) of two sizes in front of the
   // host mapping and in front of the streaming cache (RAM tier, then disk).
   m->set_expert_provider(nullptr);
   auto mapping = m->shared_expert_provider();
@@ -255,9 +255,9 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
     for (const int slots : {s.moe.top_k, n_moe * s.moe.n_experts}) {  // one token's experts; every expert
       SCOPED_TRACE(std::string(over_streaming ? "slots over streaming, " : "slots over the mapping, ") + std::to_string(slots));
       std::shared_ptr<experts::ExpertProvider> src = over_streaming ? std::shared_ptr<experts::ExpertProvider>(streaming) : mapping;
-      models::DeviceExpertCache probe(src, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
+      experts::DeviceExpertCache probe(src, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
       const uint64_t before_slots = be->slot_copied_bytes();
-      auto cache = std::make_shared<models::DeviceExpertCache>(src, *be, moe, s.moe.n_experts, probe.slot_bytes() * slots, s.moe.top_k);
+      auto cache = std::make_shared<experts::DeviceExpertCache>(src, *be, moe, s.moe.n_experts, probe.slot_bytes() * slots, s.moe.top_k);
       m->set_expert_provider(cache);
       const std::vector<float> tiered = greedy_logits(*m, ids, 8);
       m->set_expert_provider(nullptr);
@@ -281,8 +281,8 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
       po.hold_all = all_in_ram;
       auto pinned = std::make_shared<experts::StreamingExperts>(ckpt, moe, s.moe.n_experts, s.hidden_size, s.moe.intermediate, po);
       EXPECT_GT(pinned->stats().pinned_bytes, 0u) << "cudaHostRegister of the cache failed";
-      models::DeviceExpertCache probe(pinned, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
-      auto cache = std::make_shared<models::DeviceExpertCache>(pinned, *be, moe, s.moe.n_experts, probe.slot_bytes() * slots, s.moe.top_k);
+      experts::DeviceExpertCache probe(pinned, *be, moe, s.moe.n_experts, uint64_t{1} << 40, 1);
+      auto cache = std::make_shared<experts::DeviceExpertCache>(pinned, *be, moe, s.moe.n_experts, probe.slot_bytes() * slots, s.moe.top_k);
       // Constructing the probe and the cache read expert 0 of each MoE layer (the slot size): count from here.
       const uint64_t requests0 = pinned->stats().requests;
       m->set_expert_provider(cache);
@@ -293,7 +293,7 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
       EXPECT_EQ(std::memcmp(vram.data(), second.data(), vram.size() * 4), 0) << "VRAM-resident vs slots over pinned RAM, again";
       be->synchronize();
       cache->update_stall();
-      const models::DeviceExpertCache::Stats st = cache->stats();
+      const experts::DeviceExpertCache::Stats st = cache->stats();
       EXPECT_GT(st.misses, 0u);
       EXPECT_EQ(st.bytes_copied, st.misses * probe.slot_bytes());
       EXPECT_EQ(pinned->stats().requests - requests0, st.misses);
@@ -324,7 +324,7 @@ TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   const models::ModelSpec& s = m->spec();
   std::vector<bool> moe(s.n_layers);
   for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
-  auto dev = std::make_shared<models::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
+  auto dev = std::make_shared<experts::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
   for (int i = 0; i < s.n_layers; ++i)
     if (moe[i]) {
       ASSERT_NE(dev->device_table(i), nullptr) << "layer " << i << ": no device table for q4 experts";
@@ -347,7 +347,7 @@ TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   for (const double frac : {0.0, 0.4}) {
     SCOPED_TRACE("static placement, VRAM share " + std::to_string(frac));
     const uint64_t mapped0 = be->host_mapped_bytes();
-    auto st = std::make_shared<models::DeviceExperts>(*mapping, *be, moe, s.moe.n_experts, static_cast<uint64_t>(frac * dev->bytes()));
+    auto st = std::make_shared<experts::DeviceExperts>(*mapping, *be, moe, s.moe.n_experts, static_cast<uint64_t>(frac * dev->bytes()));
     EXPECT_GT(st->experts_in_host(), 0);
     EXPECT_GT(be->host_mapped_bytes(), mapped0);
     for (int i = 0; i < s.n_layers; ++i)

@@ -28,6 +28,7 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "models/model.h"
+#include "ops/cpu_backend.h"
 #include "ops/ggml_blocks.h"
 #include "models/family.h"
 
@@ -43,11 +44,12 @@ struct Loaded {
   std::unique_ptr<Model> model;
 };
 
-Loaded load(const std::string& path) {
+// `int8_acts`: the CpuBackend's --act-bits option (ops::CpuOptions::int8_activations).
+Loaded load(const std::string& path, bool int8_acts = false) {
   Loaded l;
   l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(path));
   l.pool = std::make_unique<ops::ThreadPool>(2);
-  l.model = load_model(l.ckpt, l.pool.get());
+  l.model = load_model(l.ckpt, std::make_shared<ops::CpuBackend>(l.pool.get(), ops::CpuOptions{.int8_activations = int8_acts}));
   return l;
 }
 
@@ -392,8 +394,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModelPyDeq, ::testing::Values("qwen3_moe"
 
 // The model of `q_path` with every expert streamed from the file gives the resident model's
 // logits bit for bit and its greedy ids.
-void expect_streaming_equals_resident(const std::string& q_path) {
-  Loaded q = load(q_path);
+void expect_streaming_equals_resident(const std::string& q_path, bool int8_acts = false) {
+  Loaded q = load(q_path, int8_acts);
   std::vector<int32_t> ids_res, ids_str;
   const std::vector<float> resident = run(*q.model, &ids_res);
   const auto& sp = q.model->spec();
@@ -497,10 +499,9 @@ TEST(GgufKQuantModel, WideModelEqualsDequantizedModelAndStreams) {
 TEST(GgufKQuantModel, WideModelWithInt8Activations) {
   const std::filesystem::path dir = ::testing::TempDir();
   const std::string q = (dir / "spool_wide_q4q6.gguf").string(), deq = (dir / "spool_wide_q4q6.deq.gguf").string();
-  struct Reset {  // the switch back off and the files removed on every way out
+  struct Reset {  // the files removed on every way out
     std::string q, deq;
     ~Reset() {
-      ops::set_int8_activations(false);
       std::filesystem::remove(q);
       std::filesystem::remove(deq);
     }
@@ -511,8 +512,7 @@ TEST(GgufKQuantModel, WideModelWithInt8Activations) {
   const std::vector<float> want = run(*load(deq).model, &ids_ref);
   const std::vector<float> f32 = run(*load(q).model, &ids_f32);
   ASSERT_EQ(ids_f32, ids_ref);
-  ops::set_int8_activations(true);
-  const std::vector<float> got = run(*load(q).model, &ids);
+  const std::vector<float> got = run(*load(q, /*int8_acts=*/true).model, &ids);
   ASSERT_EQ(got.size(), want.size());
   if (!ops::q8_fast()) {  // no int8 kernels on this CPU / build: the switch changes nothing
     EXPECT_EQ(0, std::memcmp(got.data(), f32.data(), got.size() * sizeof(float))) << ops::q8_variant();
@@ -532,46 +532,47 @@ TEST(GgufKQuantModel, WideModelWithInt8Activations) {
   // the exact per-product bound; this checks the wiring at model scale.
   EXPECT_LE(md, 5e-2 * mb) << "max abs diff " << md << ", max |ref| " << mb;
   EXPECT_EQ(ids, ids_ref);
-  expect_streaming_equals_resident(q);
+  expect_streaming_equals_resident(q, /*int8_acts=*/true);
 }
 
-// --act-bits auto (the default): the engine's loader turns int8 activations on for a GGUF file
-// with Q4_K / Q6_K weights where the CPU has the kernels, and off for an explicit --act-bits 32; a
-// file without such weights loaded under auto (a --kl-reference beside it) leaves the process-wide
-// switch as it was.
+// --act-bits auto (the default): the engine's loader gives the CPU backend of a GGUF file with
+// Q4_K / Q6_K weights int8 activations where the CPU has the kernels, and f32 ones under an explicit
+// --act-bits 32; a file without such weights loaded beside it (a --kl-reference) gets its own
+// backend's option and leaves the first model's as it is (no process-wide state).
 TEST(GgufKQuantModel, DefaultActivationsFollowTheFile) {
   const std::string q = (std::filesystem::path(::testing::TempDir()) / "spool_wide_q4q6_auto.gguf").string();
   struct Reset {
     std::string q;
-    ~Reset() {
-      ops::set_int8_activations(false);
-      std::filesystem::remove(q);
-    }
+    ~Reset() { std::filesystem::remove(q); }
   } reset{q};
   ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q, {GgmlType::Q4_K, GgmlType::Q6_K}));
+  auto backend_int8 = [](const engine::LoadedModel& l) {
+    return dynamic_cast<const ops::CpuBackend&>(l.model->backend()).options().int8_activations;
+  };
   engine::LoadOptions kq, other;
   kq.model_dir = q;
   other.model_dir = q_file("qwen3_moe");  // Q8_0 / Q4_0 / Q5_1 / MXFP4: no int8 kernels
   {
     const engine::LoadedModel l = engine::load(kq);
     EXPECT_EQ(l.int8_activations, ops::q8_fast()) << ops::q8_variant();
-    EXPECT_EQ(ops::int8_activations(), ops::q8_fast());
+    EXPECT_EQ(backend_int8(l), ops::q8_fast());
     const engine::LoadedModel r = engine::load(other);  // loaded beside it
     EXPECT_FALSE(r.int8_activations);
-    EXPECT_EQ(ops::int8_activations(), ops::q8_fast()) << "the second load turned the first model's int8 off";
+    EXPECT_FALSE(backend_int8(r));
+    EXPECT_EQ(backend_int8(l), ops::q8_fast()) << "the second load changed the first model's activations";
   }
   kq.act_bits = 32;
   {
     const engine::LoadedModel l = engine::load(kq);
     EXPECT_FALSE(l.int8_activations);
-    EXPECT_FALSE(ops::int8_activations());
+    EXPECT_FALSE(backend_int8(l));
   }
-  // on any CPU: a model without K-quant weights under auto leaves the switch as it finds it
-  for (bool on : {true, false}) {
-    ops::set_int8_activations(on);
+  // an explicit --act-bits 8 reaches the backend of any model; only K-quant weights read it
+  other.act_bits = 8;
+  {
     const engine::LoadedModel r = engine::load(other);
     EXPECT_FALSE(r.int8_activations);
-    EXPECT_EQ(ops::int8_activations(), on);
+    EXPECT_TRUE(backend_int8(r));
   }
 }
 

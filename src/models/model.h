@@ -67,7 +67,7 @@ class Model {
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
   /// The provider serving routed experts now.
   virtual experts::ExpertProvider& expert_provider() = 0;
-  /// The same, shared (to put a provider in front of it, e.g. models::DeviceExpertCache).
+  /// The same, shared (to put a provider in front of it, e.g. experts::DeviceExpertCache).
   virtual std::shared_ptr<experts::ExpertProvider> shared_expert_provider() = 0;
   /// Sizes the forward-pass workspace for steps of up to `max_tokens` token rows over up to
   /// `max_seqs` sequences (workspace_arena_bytes); forward() grows it when a larger step comes.

@@ -13,6 +13,7 @@
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "models/family.h"
 #include "models/spec.h"
 #include "ops/weights.h"
 
@@ -33,6 +34,17 @@ struct TensorPlan {
   int layer = -1;
   bool u8 = false;     // stored as U8 whatever --dtype says (MXFP4 blocks and scales)
 };
+
+// Whether the family's released checkpoints keep the routed block as block_sparse_moe.experts.{e}.{w1,w3,w2}
+// (Mixtral's naming): its tensor rules rename those to the normalised mlp.experts names, so synth
+// writes them as released and the checkpoint reader renames them back.
+bool released_as_block_sparse_moe(const std::string& family) {
+  const Family* f = family_named(family);
+  if (f == nullptr) return false;
+  for (const io::TensorRename& r : f->tensors.renames)
+    if (r.from.find(".block_sparse_moe.experts.") != std::string::npos) return true;
+  return false;
+}
 
 int64_t numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
@@ -225,7 +237,7 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       continue;
     }
     // block_sparse_moe.experts.{e}.{w1,w3,w2} as released (MiniMax-M2: its bias beside the gate)
-    const bool mixtral = s.family == "mixtral" || s.family == "minimax_m2";
+    const bool mixtral = released_as_block_sparse_moe(s.family);
     v.push_back({(mixtral ? p + "block_sparse_moe." : m) + "gate.weight", {E, H}, Init::kNormal, lin(H), i});
     if (mo.score_bias)
       v.push_back({mixtral ? p + "block_sparse_moe.e_score_correction_bias" : m + "gate.e_score_correction_bias", {E}, Init::kConst, 0.0f, i});

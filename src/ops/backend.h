@@ -150,7 +150,7 @@ class Backend {
   virtual void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) = 0;
   /// `bytes` of page-locked host memory that this backend's kernels read in place, over the host
   /// link (CUDA: mapped pinned memory whose device address is its host address), for weights a
-  /// GPU streams per use without copying them (models::DeviceExperts' host share). Owned by the
+  /// GPU streams per use without copying them (experts::DeviceExperts' host share). Owned by the
   /// backend until it is destroyed. nullptr when the backend has none (host backends) or the
   /// memory cannot be had.
   virtual void* alloc_host_mapped(uint64_t bytes) {
@@ -282,7 +282,7 @@ class Backend {
   /// Copies n floats of device memory to host memory (the sampler's input).
   virtual void to_host(const float* src, int64_t n, float* dst) = 0;
 
-  // ---- Weight slots (models::DeviceExpertCache) ----------------------------------------------
+  // ---- Weight slots (experts::DeviceExpertCache) ----------------------------------------------
   /// Memory for one weight slot of `bytes` where this backend's kernels read weights fastest
   /// (device memory on a GPU backend, host memory on host backends), owned by the backend until
   /// it is destroyed. Throws spool::Error when it cannot be had.

@@ -47,7 +47,7 @@
 #ifdef SPOOL_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
 #include "experts/streaming.h"
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 #endif
 #include "quant/convert.h"
 #include "quant/quantize.h"

@@ -14,10 +14,12 @@
 
 namespace spool::ops {
 
-void CpuBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) { ops::matmul(w, x, T, y, pool_); }
+void CpuBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) {
+  ops::matmul(w, x, T, y, pool_, options_.int8_activations);
+}
 
 void CpuBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) {
-  ops::matmul_multi(outs, x, T, pool_);
+  ops::matmul_multi(outs, x, T, pool_, options_.int8_activations);
 }
 
 namespace {
@@ -65,7 +67,7 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         const int64_t I = w.gate.rows;
         g = g_buf.get(n * I);
         float* u = u_buf.get(n * I);
-        matmul_rows_pair(w.gate, g, w.up, u, xe, n);  // [n, I] each
+        matmul_rows_pair(w.gate, g, w.up, u, xe, n, options_.int8_activations);  // [n, I] each
         if (act == Activation::kSwiGLU) {
           ops::swiglu(g, u, n * I, g);
         } else {
@@ -76,13 +78,13 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
       case Activation::kClampedSwiGLU: {  // fused interleaved gate_up [2I, H] -> h [n, I] in place
         const int64_t I2 = w.gate.rows;
         g = g_buf.get(n * I2);
-        matmul_rows(w.gate, xe, n, g, I2, 0, I2);
+        matmul_rows(w.gate, xe, n, g, I2, 0, I2, options_.int8_activations);
         // Row j's output [j*I, (j+1)*I) never overlaps the unread input of rows >= j.
         for (int64_t j = 0; j < n; ++j) clamped_swiglu(g + j * I2, w.gate_bias, I2 / 2, g + j * (I2 / 2));
         break;
       }
     }
-    matmul_rows(w.down, g, n, y + r0 * H, H, 0, H);  // [n, H]
+    matmul_rows(w.down, g, n, y + r0 * H, H, 0, H, options_.int8_activations);  // [n, H]
     if (w.down_bias)
       for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias, H, y + (r0 + j) * H);
   };
@@ -129,8 +131,8 @@ void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const Exp
     const float* xe = buf + off[ei];
     float* g = buf + off[ei] + n * H;
     float* u = g + n * I;
-    matmul_rows(w.gate, xe, n, g, I, b, e);
-    matmul_rows(w.up, xe, n, u, I, b, e);
+    matmul_rows(w.gate, xe, n, g, I, b, e, options_.int8_activations);
+    matmul_rows(w.up, xe, n, u, I, b, e, options_.int8_activations);
     for (int64_t t = 0; t < n; ++t) {
       if (act == Activation::kSwiGLU) {
         ops::swiglu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
@@ -143,10 +145,10 @@ void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const Exp
     const int64_t ei = task / parts, n = rows_of(ei);
     const ExpertMats& w = experts[ei];
     int64_t b, e;
-    range(H, task % parts, b, e);
+    range(H, task % parts, b, e, options_.int8_activations);
     if (b >= e || n == 0) return;
     const int64_t r0 = groups.first[g0 + ei];
-    matmul_rows(w.down, buf + off[ei] + n * H, n, y + r0 * H, H, b, e);
+    matmul_rows(w.down, buf + off[ei] + n * H, n, y + r0 * H, H, b, e, options_.int8_activations);
     if (w.down_bias)
       for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias + b, e - b, y + (r0 + j) * H + b);
   });

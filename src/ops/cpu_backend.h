@@ -9,16 +9,27 @@
 
 namespace spool::ops {
 
+/// Options of a CpuBackend, fixed for its life (one model's backend; another model in the same
+/// process has its own).
+struct CpuOptions {
+  /// Q4_K / Q6_K products take int8 activations where the CPU has the int8 kernels (--act-bits 8,
+  /// or auto on a GGUF file with such weights: ops::int8_activations_from_bits); false: f32
+  /// activations, exact against the dequantized weights. See ops::matmul.
+  bool int8_activations = false;
+};
+
 class CpuBackend : public Backend {
  public:
   /// `pool` (may be null: single-threaded) must outlive the backend.
-  explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}
+  explicit CpuBackend(ThreadPool* pool, CpuOptions options = {}) : pool_(pool), options_(options) {}
 
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return "cpu"; }
   int threads() const override { return pool_ ? pool_->size() : 1; }
   /// The pool kernels run on (null: the calling thread only).
   ThreadPool* pool() const { return pool_; }
+  /// The options it was made with.
+  const CpuOptions& options() const { return options_; }
 
   void matmul(const WeightView& w, const float* x, int64_t T, float* y) override;
   void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) override;
@@ -69,6 +80,7 @@ class CpuBackend : public Backend {
                         int64_t H, Activation act, float* y);
 
   ThreadPool* pool_;
+  CpuOptions options_;
   /// expert_ffn_split's scratch: per expert its gathered input [n, H] and gate/up [n, I] each.
   hwy::AlignedFreeUniquePtr<float[]> split_buf_;
   int64_t split_n_ = 0;

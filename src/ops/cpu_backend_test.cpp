@@ -1,6 +1,7 @@
 // CpuBackend::expert_ffn with more pool threads than experts (the decode case on a many-core host)
 // splits each expert's rows over several tasks: the same bits as one task per expert and as one
-// thread, for f32 and Q4_K experts, SwiGLU and tanh-GELU, one and several rows per expert.
+// thread, for f32 and Q4_K experts (f32 and int8 activations), SwiGLU and tanh-GELU, one and several
+// rows per expert.
 #include "ops/cpu_backend.h"
 
 #include <gtest/gtest.h>
@@ -56,10 +57,13 @@ TEST(CpuBackendExpertFfn, SplitOverThreadsEqualsOneTaskPerExpert) {
   const int64_t H = 256, I = 512;
   ThreadPool many(8), two(2);
   for (GgmlType t : {GgmlType::F32, GgmlType::Q4_K})
+    for (bool int8 : {false, true})
     for (Activation act : {Activation::kSwiGLU, Activation::kGeluTanhGLU})
       for (int64_t T : {1, 3}) {
-        SCOPED_TRACE(std::string(t == GgmlType::F32 ? "F32" : "Q4_K") + (act == Activation::kSwiGLU ? " swiglu" : " gelu") +
-                     " T=" + std::to_string(T));
+        if (int8 && t == GgmlType::F32) continue;
+        SCOPED_TRACE(std::string(t == GgmlType::F32 ? "F32" : "Q4_K") + (int8 ? " int8" : "") +
+                     (act == Activation::kSwiGLU ? " swiglu" : " gelu") + " T=" + std::to_string(T));
+        const CpuOptions opt{int8};
         const int E = 6, K = 2;
         const Experts ex = make_experts(t, E, H, I, 11);
         std::vector<int> ids(static_cast<size_t>(T * K));
@@ -70,9 +74,9 @@ TEST(CpuBackendExpertFfn, SplitOverThreadsEqualsOneTaskPerExpert) {
         ASSERT_LT(static_cast<int>(active.size()), many.size());  // the split path
         const std::vector<float> x = randn(static_cast<size_t>(T * H), 3);
         std::vector<float> y1(T * K * H, NAN), y2(y1.size(), NAN), y8(y1.size(), NAN);
-        CpuBackend(nullptr).expert_ffn(active, groups, 0, x.data(), H, act, y1.data());
-        CpuBackend(&two).expert_ffn(active, groups, 0, x.data(), H, act, y2.data());
-        CpuBackend(&many).expert_ffn(active, groups, 0, x.data(), H, act, y8.data());
+        CpuBackend(nullptr, opt).expert_ffn(active, groups, 0, x.data(), H, act, y1.data());
+        CpuBackend(&two, opt).expert_ffn(active, groups, 0, x.data(), H, act, y2.data());
+        CpuBackend(&many, opt).expert_ffn(active, groups, 0, x.data(), H, act, y8.data());
         EXPECT_EQ(std::memcmp(y1.data(), y8.data(), y1.size() * sizeof(float)), 0) << "8 threads differ from 1";
         EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << "2 threads differ from 1";
         for (float v : y8) ASSERT_TRUE(std::isfinite(v));

@@ -28,7 +28,6 @@
 #include <hwy/cache_control.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -557,7 +556,6 @@ HWY_EXPORT(Q8Variant);
 HWY_EXPORT(Q8Fast);
 
 namespace {
-std::atomic<bool> g_int8_acts{false};
 
 void resize(int64_t T, int64_t cols, Q8Acts& a) {
   if (T < 0 || cols <= 0 || cols % kQ8Block != 0)
@@ -637,9 +635,6 @@ bool int8_activations_from_bits(int bits, bool kquant_weights) {
   if (bits != 0 && bits != 8 && bits != 32) throw UsageError(strfmt("--act-bits must be 8, 32 or auto (got %d)", bits));
   return bits == 8 || (bits == 0 && kquant_weights && q8_fast());
 }
-
-void set_int8_activations(bool on) { g_int8_acts.store(on, std::memory_order_relaxed); }
-bool int8_activations() { return g_int8_acts.load(std::memory_order_relaxed); }
 
 }  // namespace spool::ops
 #endif  // HWY_ONCE

@@ -104,16 +104,8 @@ void ggml_q8_matmul(const GgmlView& w, const Q8Acts& a, float* y, ThreadPool* po
 /// each sub-block exactly, the scales applied in double precision.
 void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y);
 
-/// Process-wide switch behind --act-bits: when on, matmul() / matmul_rows() /
-/// matmul_rows_pair() / matmul_multi() quantize the activations of Q4_K / Q6_K products to int8
-/// (when q8_fast()) and run the int8 kernels. Off until set (f32 activations, exact against the
-/// dequantized weights); engine::load() sets it from --act-bits (auto: on for a GGUF file with
-/// Q4_K / Q6_K weights on such a CPU). Global: it applies to every model in the process.
-void set_int8_activations(bool on);
-/// The switch above.
-bool int8_activations();
-
-/// Whether a model's Q4_K / Q6_K products take int8 activations under --act-bits `bits`: 8 yes,
+/// Whether a model's Q4_K / Q6_K products take int8 activations under --act-bits `bits` (the value of
+/// CpuOptions::int8_activations the loader gives the model's CpuBackend; matmul()'s `int8_acts`): 8 yes,
 /// 32 no, 0 (auto, the default) when the model has such weights (`kquant_weights`) and q8_fast()
 /// holds: llama.cpp's CPU arithmetic for the files llama.cpp users have, f32 on other CPUs.
 /// Throws spool::UsageError for other values.

@@ -16,6 +16,7 @@
 #include "../../tests/support/ggml_random.h"
 #include "../../tests/support/random.h"
 #include "common/error.h"
+#include "ops/cpu_backend.h"
 #include "ops/matmul.h"
 
 namespace spool::ops {
@@ -283,8 +284,8 @@ TEST(GgmlQ8, WithinTheRoundingBoundOfTheExactProduct) {
 }
 
 // matmul(), matmul_rows(), matmul_rows_pair() and matmul_multi() take the int8 kernels for
-// Q4_K / Q6_K only when switched on, with the same results as ggml_q8_matmul(); other types and
-// the switch off keep the f32 kernels.
+// Q4_K / Q6_K only when asked (int8_acts), with the same results as ggml_q8_matmul(); other types
+// and int8_acts off keep the f32 kernels. A CpuBackend passes its CpuOptions::int8_activations.
 TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
   const int64_t rows = 48, cols = 512;
   const std::vector<uint8_t> m4 = random_ggml_blocks(GgmlType::Q4_K, rows, cols, 41);
@@ -321,23 +322,32 @@ TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
     ASSERT_NE(i4, f4);
     for (bool on : {false, true}) {
       SCOPED_TRACE(on ? "int8 on" : "int8 off");
-      set_int8_activations(on);
       const bool q8 = on && q8_fast();
       std::vector<float> y4(static_cast<size_t>(T * rows)), y6(y4.size()), y5(y4.size()), y6p(y4.size());
-      matmul(w4, x.data(), T, y4.data(), &pool);
+      matmul(w4, x.data(), T, y4.data(), &pool, on);
       EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul";
-      matmul(w6p, x.data(), T, y6p.data(), &pool);
+      matmul(w6p, x.data(), T, y6p.data(), &pool, on);
       EXPECT_EQ(y6p, q8 ? i6p : f6p) << "matmul, permuted input";
+      CpuBackend be(&pool, CpuOptions{.int8_activations = on});
       std::fill(y4.begin(), y4.end(), 0.0f);
-      matmul_rows(w4, x.data(), T, y4.data(), rows, 0, rows);
+      be.matmul(w4, x.data(), T, y4.data());
+      EXPECT_EQ(y4, q8 ? i4 : f4) << "CpuBackend::matmul";
+      std::fill(y4.begin(), y4.end(), 0.0f);
+      std::fill(y6.begin(), y6.end(), 0.0f);
+      const MatmulOut both[] = {{&w4, y4.data()}, {&w6, y6.data()}};
+      be.matmul_multi(both, x.data(), T);
+      EXPECT_EQ(y4, q8 ? i4 : f4) << "CpuBackend::matmul_multi";
+      EXPECT_EQ(y6, q8 ? i6 : f6) << "CpuBackend::matmul_multi";
+      std::fill(y4.begin(), y4.end(), 0.0f);
+      matmul_rows(w4, x.data(), T, y4.data(), rows, 0, rows, on);
       EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows";
-      matmul_rows_pair(w4, y4.data(), w6, y6.data(), x.data(), T);
+      matmul_rows_pair(w4, y4.data(), w6, y6.data(), x.data(), T, on);
       EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_rows_pair";
       EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_rows_pair";
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
         std::fill(y4.begin(), y4.end(), 0.0f);
         std::fill(y6p.begin(), y6p.end(), 0.0f);
-        matmul_multi({{&w4, y4.data()}, {&w5, y5.data()}, {&w6, y6.data()}, {&w6p, y6p.data()}}, x.data(), T, p);
+        matmul_multi({{&w4, y4.data()}, {&w5, y5.data()}, {&w6, y6.data()}, {&w6p, y6p.data()}}, x.data(), T, p, on);
         EXPECT_EQ(y4, q8 ? i4 : f4) << "matmul_multi";
         EXPECT_EQ(y5, f5) << "matmul_multi: Q5_K has no int8 kernel";
         EXPECT_EQ(y6, q8 ? i6 : f6) << "matmul_multi";
@@ -345,7 +355,6 @@ TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
       }
     }
   }
-  set_int8_activations(false);
 }
 
 TEST(GgmlQ8, Errors) {

@@ -211,21 +211,21 @@ const float* permuted_input(const WeightView& w, const float* x, int64_t T, std:
   return buf.data();
 }
 
-// True when w's products take int8 activations (the --act-bits switch on, a Q4_K / Q6_K weight, the SIMD
-// int8 kernels available).
-bool uses_q8(const WeightView& w) {
-  return w.type == WType::kGgml && int8_activations() && q8_supported(w.ggml) && q8_fast();
+// True when w's products take int8 activations (`int8_acts`: the caller's --act-bits option, a Q4_K / Q6_K
+// weight, the SIMD int8 kernels available).
+bool uses_q8(const WeightView& w, bool int8_acts) {
+  return w.type == WType::kGgml && int8_acts && q8_supported(w.ggml) && q8_fast();
 }
 
 }  // namespace
 
-void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1, bool int8_acts) {
   if (r0 >= r1 || T <= 0) return;
   if (w.type == WType::kMxfp4) return mxfp4_matmul_rows(mx_view(w), x, T, y, ldy, r0, r1);
   if (w.type == WType::kGgml) {
     thread_local std::vector<float> permuted;
     const float* xp = permuted_input(w, x, T, permuted);
-    if (uses_q8(w)) {
+    if (uses_q8(w, int8_acts)) {
       thread_local Q8Acts qa;
       q8_quantize(xp, T, w.cols, qa);
       return ggml_q8_matmul_rows(ggml_view(w), qa, y, ldy, r0, r1);
@@ -248,7 +248,7 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
   HWY_DYNAMIC_DISPATCH(MatmulRows)(w.type, w.data, w.cols, x, T, y, ldy, r0, r1);
 }
 
-void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T) {
+void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T, bool int8_acts) {
   if (T <= 0) return;
   if (a.type == WType::kQuant && b.type == WType::kQuant && a.quant.signs == b.quant.signs && a.cols == b.cols) {
     const float* xr = x;
@@ -262,15 +262,15 @@ void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float
     quant_matmul_rows(b.quant, xr, T, yb, b.rows, 0, b.rows);
     return;
   }
-  if (uses_q8(a) && uses_q8(b) && a.col_perm == nullptr && b.col_perm == nullptr && a.cols == b.cols) {
+  if (uses_q8(a, int8_acts) && uses_q8(b, int8_acts) && a.col_perm == nullptr && b.col_perm == nullptr && a.cols == b.cols) {
     thread_local Q8Acts qa;  // one quantization serves both
     q8_quantize(x, T, a.cols, qa);
     ggml_q8_matmul_rows(ggml_view(a), qa, ya, a.rows, 0, a.rows);
     ggml_q8_matmul_rows(ggml_view(b), qa, yb, b.rows, 0, b.rows);
     return;
   }
-  matmul_rows(a, x, T, ya, a.rows, 0, a.rows);
-  matmul_rows(b, x, T, yb, b.rows, 0, b.rows);
+  matmul_rows(a, x, T, ya, a.rows, 0, a.rows, int8_acts);
+  matmul_rows(b, x, T, yb, b.rows, 0, b.rows, int8_acts);
 }
 
 void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
@@ -278,12 +278,12 @@ void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
   HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst);
 }
 
-void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool, bool int8_acts) {
   if (w.type == WType::kMxfp4) return mxfp4_matmul(mx_view(w), x, T, y, pool);
   if (w.type == WType::kGgml) {  // permute the input once, then the block kernels over rows
     std::vector<float> permuted;
     const float* xp = permuted_input(w, x, T, permuted);
-    if (uses_q8(w)) {  // quantize the activations once, then the int8 kernels over rows
+    if (uses_q8(w, int8_acts)) {  // quantize the activations once, then the int8 kernels over rows
       thread_local Q8Acts qa;  // (this thread waits in ggml_q8_matmul while the workers read it)
       q8_quantize(xp, T, w.cols, qa);
       return ggml_q8_matmul(ggml_view(w), qa, y, pool);
@@ -297,14 +297,14 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
   }
   const int64_t work = w.rows * w.cols * T;
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
-    matmul_rows(w, x, T, y, w.rows, 0, w.rows);
+    matmul_rows(w, x, T, y, w.rows, 0, w.rows, int8_acts);
     return;
   }
   // Chunks of 16 rows keep threads off each other's cache lines of y.
-  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { matmul_rows(w, x, T, y, w.rows, b, e); });
+  pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { matmul_rows(w, x, T, y, w.rows, b, e, int8_acts); });
 }
 
-void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool) {
+void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool, bool int8_acts) {
   int64_t total = 0, work = 0;
   bool quantized = false;
   for (const auto& [w, y] : outs) {
@@ -313,7 +313,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     quantized = quantized || w->type == WType::kQuant;
   }
   if (quantized) {  // each quantized matrix rotates its input once: run them one by one
-    for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool);
+    for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool, int8_acts);
     return;
   }
   // With int8 activations, the matrices that take them share one quantization of x.
@@ -328,7 +328,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
   bool any_shared = false;
   for (size_t i = 0; i < outs.size(); ++i) {
     const WeightView& w = *outs[i].w;
-    q8[i] = uses_q8(w);
+    q8[i] = uses_q8(w, int8_acts);
     shared[i] = q8[i] && w.col_perm == nullptr;
     any_shared = any_shared || shared[i];
     if (w.type == WType::kGgml && w.col_perm != nullptr) {
@@ -346,7 +346,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
       if (q8[i]) return ggml_q8_matmul_rows(ggml_view(w), perm_q8[i], outs[i].y, w.rows, r0, r1);
       return ggml_matmul_rows(ggml_view(w), perm_x[i].data(), T, outs[i].y, w.rows, r0, r1);
     }
-    matmul_rows(w, x, T, outs[i].y, w.rows, r0, r1);
+    matmul_rows(w, x, T, outs[i].y, w.rows, r0, r1, int8_acts);
   };
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
     for (size_t i = 0; i < outs.size(); ++i) rows(i, 0, outs[i].w->rows);

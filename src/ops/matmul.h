@@ -14,9 +14,10 @@ namespace spool::ops {
 
 /// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows.
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
-/// With int8_activations() on (--act-bits 8, or auto on a K-quant GGUF), Q4_K / Q6_K weights take int8 activations
-/// quantized once per call (ops/ggml_q8.h): not exact; matmul_reference() is the f32 product.
-void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool);
+/// With `int8_acts` (CpuBackend's option, set from --act-bits 8, or auto on a K-quant GGUF) Q4_K / Q6_K weights
+/// take int8 activations quantized once per call when the CPU has the int8 kernels (ops/ggml_q8.h): not exact;
+/// matmul_reference() is the f32 product. Without it, f32 activations (exact against the dequantized weights).
+void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool, bool int8_acts = false);
 
 /// One product of a matmul_multi(): y = x W^T with W [rows, cols] and y [T, rows].
 struct MatmulOut {
@@ -25,21 +26,24 @@ struct MatmulOut {
 };
 
 /// Several products of the same input in one parallel job (fewer hand-offs in decode):
-/// y[i][t, r] = sum_c x[t, c] * W_i[r, c]; all W_i must have x's column count.
-void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool);
-inline void matmul_multi(std::initializer_list<MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool) {
-  matmul_multi(std::span<const MatmulOut>(outs.begin(), outs.size()), x, T, pool);
+/// y[i][t, r] = sum_c x[t, c] * W_i[r, c]; all W_i must have x's column count. `int8_acts` as in matmul().
+void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool, bool int8_acts = false);
+inline void matmul_multi(std::initializer_list<MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool,
+                         bool int8_acts = false) {
+  matmul_multi(std::span<const MatmulOut>(outs.begin(), outs.size()), x, T, pool, int8_acts);
 }
 
 /// Same as matmul() on one thread, for rows [r0, r1) only; y rows have stride `ldy`
-/// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts).
-void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+/// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts). `int8_acts` as in matmul().
+void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1,
+                 bool int8_acts = false);
 
 /// ya = A x and yb = B x for T tokens on one thread (ya [T, A.rows], yb [T, B.rows]). When A
 /// and B are quantized with the same sign vector (an expert's gate and up), x is rotated once
-/// for both; with int8 activations on and two Q4_K / Q6_K weights, x is quantized once for both.
+/// for both; with `int8_acts` and two Q4_K / Q6_K weights, x is quantized once for both.
 /// Same results as two matmul_rows() calls.
-void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T);
+void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T,
+                      bool int8_acts = false);
 
 /// Scalar reference of matmul() (double accumulation) for tests.
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y);

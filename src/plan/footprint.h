@@ -73,6 +73,11 @@ uint64_t workspace_bytes(const models::ModelSpec& spec, int64_t T, int64_t ctx, 
 /// Memory the tokenizer holds after loading a tokenizer.json of `json_bytes` bytes.
 uint64_t tokenizer_bytes(uint64_t json_bytes);
 
+/// The planner's stand-in for the tokenizer.json size of a GGUF's tokenizer metadata: the size
+/// of a tokenizer.json whose load peaks as high as Tokenizer::from_gguf on this metadata
+/// (calibrated on Qwen3's vocabulary; see footprint.cpp); 0 without tokenizer.ggml.tokens.
+uint64_t gguf_tokenizer_json_bytes(const io::GgufFile& g);
+
 /// The process without a model: executable, shared libraries, heap of the command line,
 /// thread stacks. `start_rss` is the resident size of this same binary measured before it
 /// loads anything (current_rss_bytes() early in the command; 0 = use a typical 15 MiB); a

@@ -46,28 +46,4 @@ uint64_t auto_vram_budget(uint64_t total, uint64_t free);
 GpuPlacement place_on_gpu(uint64_t budget, uint64_t dense, uint64_t state, uint64_t workspace, uint64_t experts,
                           bool stream);
 
-/// The GPU part of `spool plan`: which device (or a stated one), the placement, and the
-/// host-to-device traffic per decoded token when the experts stay in host memory.
-struct GpuProjection {
-  std::string device;        // "cuda:0", or "stated" for --vram-gb without a device
-  std::string name;          // the GPU's name ("" when stated)
-  uint64_t vram_total = 0;   // the card's memory (0 when stated)
-  GpuPlacement placement;
-  uint64_t vram_slots = 0;        // experts in VRAM slots (models::DeviceExpertCache) when not all fit; 0 when
-                                  // they all fit or the rest of the budget holds fewer than one token's top-k
-  double vram_hit_rate = 0;       // slots / routed experts (uniform routing; real routing is skewed higher)
-  uint64_t h2d_bytes_per_token = 0;  // expert bytes copied per decoded token: the top-k experts' bytes times the
-                                     // miss rate of the slots (0 with every expert in VRAM)
-  std::optional<double> h2d_gbps;    // pinned host-to-device bandwidth, GB/s (1e9 bytes)
-  std::optional<double> tok_s_h2d_bound;  // decode tokens/s upper bound from h2d_gbps (experts in host memory)
-};
-
-/// The projection for a placement: when the experts stay in host memory, the rest of the budget
-/// holds (budget - dense - state - workspace) / `expert_slot_bytes` slots (the loader's
-/// DeviceExpertCache; none below `top_k`) of `expert_count` routed experts, h2d_bytes_per_token =
-/// `expert_bytes_per_token` (the top-k experts of every MoE layer) times the slots' miss rate, and
-/// the bound h2d_gbps * 1e9 / h2d_bytes_per_token when both are known.
-GpuProjection project_gpu(const GpuPlacement& placement, uint64_t expert_bytes_per_token, uint64_t expert_slot_bytes,
-                          uint64_t expert_count, int top_k, std::optional<double> h2d_gbps);
-
 }  // namespace spool::plan

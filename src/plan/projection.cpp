@@ -32,6 +32,21 @@ int layer_of(const std::string& name) {
 
 }  // namespace
 
+GpuProjection project_gpu(const Placement& placement, uint64_t expert_bytes_per_token, uint64_t expert_count,
+                          std::optional<double> h2d_gbps) {
+  GpuProjection g;
+  if (placement.gpu) g.placement = *placement.gpu;
+  g.vram = placement.vram;
+  g.h2d_gbps = h2d_gbps;
+  if (placement.vram == VramTier::kStatic || placement.vram == VramTier::kSlots) {
+    g.vram_slots = placement.vram_slots;
+    g.vram_hit_rate = expert_count > 0 ? static_cast<double>(g.vram_slots) / static_cast<double>(expert_count) : 0;
+    g.h2d_bytes_per_token = static_cast<uint64_t>(static_cast<double>(expert_bytes_per_token) * (1.0 - g.vram_hit_rate) + 0.5);
+    if (h2d_gbps && *h2d_gbps > 0 && g.h2d_bytes_per_token > 0) g.tok_s_h2d_bound = *h2d_gbps * 1e9 / static_cast<double>(g.h2d_bytes_per_token);
+  }
+  return g;
+}
+
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::kResident: return "resident";
@@ -95,7 +110,10 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   p.disk_gbps = in.disk_gbps;
   const int n_moe = static_cast<int>(std::count(p.spec.ffns.begin(), p.spec.ffns.end(), models::FfnKind::kMoE));
   p.expert_count = static_cast<uint64_t>(n_moe) * std::max(p.spec.moe.n_experts, 0);
-  p.use_page_cache = default_page_cache(p.weights.file_bytes, in.available);
+
+  // One expert cache slot through the page cache and with O_DIRECT (aligned): the policy is the placement's.
+  const uint64_t slot_page_cache = expert_slot_bytes(ck, p.spec, /*direct=*/false);
+  const uint64_t slot_direct = expert_slot_bytes(ck, p.spec, /*direct=*/true);
 
   auto evaluate = [&](int kv_bits) {
     RunShape sh = in.shape;
@@ -106,18 +124,36 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     p.kv_capacity_windowed = p.spec.attn.window_bounds_kv && p.spec.attn.sliding_window > 0 ? cap.windowed : 0;
     p.state = state_bytes(p.spec, cap, kv_bits);
     p.base = base_needs(p.weights, p.spec, sh);
-    const bool stream = p.weights.experts > 0 && in.stream.value_or(must_stream(in.available, p.base, p.weights.experts));
-    if (!stream) {
-      p.verdict = p.base.sum() + p.weights.experts + p.reserve <= in.available ? Verdict::kResident : Verdict::kNoFit;
-      p.cache_budget = p.cache_bytes = 0;
-      p.peak = p.base.sum() + p.weights.experts;
-      return;
+    // The placement engine::load would decide (plan::decide_placement) from these figures.
+    PlacementFacts f;
+    f.base = p.base;
+    f.available = in.available;
+    f.experts = p.weights.experts;
+    f.expert_count = p.expert_count;
+    f.slot_bytes_page_cache = slot_page_cache;
+    f.slot_bytes_direct = slot_direct;
+    f.top_k = p.spec.moe.top_k;
+    f.file_bytes = p.weights.file_bytes;
+    if (in.vram_budget) {
+      const uint64_t seqs = static_cast<uint64_t>(std::max(sh.parallel, 1));
+      f.gpu = GpuFacts{.budget = *in.vram_budget,
+                       .dense = p.base.dense,
+                       .state = seqs * (p.state.kv + p.state.recurrent),
+                       .workspace = p.base.workspace,
+                       .expert_slot_bytes = p.expert_count ? p.weights.experts / p.expert_count : 0,  // one routed expert
+                       .one_token = p.spec.moe.top_k};
     }
-    p.slot_bytes = expert_slot_bytes(ck, p.spec, !p.use_page_cache);
-    p.cache_budget = in.cache_budget.value_or(auto_cache_budget(in.available, p.base, p.weights.experts));
-    p.cache_bytes = cache_peak_bytes(p.cache_budget, p.slot_bytes, p.spec.moe.top_k, p.expert_count);
-    p.peak = p.base.sum() + p.cache_bytes;
-    p.verdict = p.peak + p.reserve <= in.available ? Verdict::kStream : Verdict::kNoFit;
+    PlacementOptions o;
+    o.stream = in.stream;
+    o.cache_budget = in.cache_budget;
+    p.placement = decide_placement(f, o);
+    const Placement& pl = p.placement;
+    p.use_page_cache = pl.use_page_cache;
+    if (pl.stream) p.slot_bytes = pl.cache_slot_bytes;
+    p.cache_budget = pl.cache_budget;
+    p.cache_bytes = pl.cache_peak;
+    p.peak = pl.peak;
+    p.verdict = !pl.host_fits ? Verdict::kNoFit : pl.stream ? Verdict::kStream : Verdict::kResident;
   };
   evaluate(in.shape.kv_bits);
   if (!in.kv_bits_given && !in.stream && !in.cache_budget && in.shape.kv_bits == 32 && p.verdict != Verdict::kResident && p.state.kv > 0) {

@@ -13,6 +13,7 @@
 #include "models/spec.h"
 #include "plan/budget.h"
 #include "plan/footprint.h"
+#include "plan/placement.h"
 
 namespace spool::plan {
 
@@ -48,6 +49,7 @@ struct PlanInputs {
   bool kv_bits_given = false;      // the user chose --kv-bits (otherwise 8 may be suggested)
   std::optional<bool> stream;      // --stream / --no-stream; nullopt = decide as the loader does
   std::optional<uint64_t> cache_budget;  // --cache-budget-gb in bytes; nullopt = auto
+  std::optional<uint64_t> vram_budget;   // plan a GPU run with this VRAM budget in bytes; nullopt = a CPU run
 };
 
 enum class Verdict { kResident, kStream, kNoFit };
@@ -67,6 +69,7 @@ struct Projection {
   uint64_t available = 0, reserve = 0;
   uint64_t slot_bytes = 0;       // one expert cache slot (default page-cache policy)
   uint64_t expert_count = 0;     // routed experts in the model (layers x experts)
+  Placement placement;           // plan::decide_placement's decision (what engine::load would do)
   Verdict verdict = Verdict::kNoFit;
   uint64_t cache_budget = 0;     // bytes (stream verdict)
   uint64_t cache_bytes = 0;      // cache when full (slot-rounded)
@@ -81,6 +84,30 @@ struct Projection {
   std::vector<std::string> notes;
   std::string command;           // "" when the model does not fit
 };
+
+/// The GPU part of `spool plan`: which device (or a stated one), the placement, and the
+/// host-to-device traffic per decoded token when the experts stay in host memory.
+struct GpuProjection {
+  std::string device;        // "cuda:0", or "stated" for --vram-gb without a device
+  std::string name;          // the GPU's name ("" when stated)
+  uint64_t vram_total = 0;   // the card's memory (0 when stated)
+  GpuPlacement placement;
+  VramTier vram = VramTier::kNone;  // where the routed experts live (Placement::vram)
+  uint64_t vram_slots = 0;        // experts the VRAM share or slots hold when not all fit (Placement::vram_slots; 0
+                                  // when they all fit, or slots that would hold fewer than one token's top-k)
+  double vram_hit_rate = 0;       // vram_slots / routed experts (uniform routing; real routing is skewed higher)
+  uint64_t h2d_bytes_per_token = 0;  // expert bytes crossing to the GPU per decoded token: the top-k experts' bytes
+                                     // times the share not in VRAM (0 with every expert in VRAM)
+  std::optional<double> h2d_gbps;    // pinned host-to-device bandwidth, GB/s (1e9 bytes)
+  std::optional<double> tok_s_h2d_bound;  // decode tokens/s upper bound from h2d_gbps (experts in host memory)
+};
+
+/// The projection of a GPU placement (`placement.gpu` set: PlanInputs::vram_budget): when the
+/// experts stay in host memory, h2d_bytes_per_token = `expert_bytes_per_token` (the top-k experts
+/// of every MoE layer) times the share of the `expert_count` routed experts not in VRAM, and the
+/// bound h2d_gbps * 1e9 / h2d_bytes_per_token when both are known.
+GpuProjection project_gpu(const Placement& placement, uint64_t expert_bytes_per_token, uint64_t expert_count,
+                          std::optional<double> h2d_gbps);
 
 /// Projects a run of the model in `ck` (header-only is enough). Throws spool::Error for a
 /// model_type no family registers or an inconsistent config (via plan_model / models::build_spec).

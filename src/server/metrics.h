@@ -8,7 +8,7 @@
 #include <string>
 
 #include "experts/streaming.h"
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 #include "server/batch_engine.h"
 #include "server/disk_cache.h"
 
@@ -20,8 +20,8 @@ struct EngineGauges {
   BatchStats batch;                   ///< slots, queue and step counters of the BatchEngine
   bool streaming = false;             ///< experts are streamed from disk
   experts::StreamingStats experts;    ///< expert-cache (RAM tier) and disk counters (streaming only)
-  uint64_t vram_slots = 0;            ///< expert slots of the VRAM tier (models::DeviceExpertCache; 0: none)
-  models::DeviceExpertCache::Stats slots;  ///< VRAM-tier counters (with vram_slots)
+  uint64_t vram_slots = 0;            ///< expert slots of the VRAM tier (experts::DeviceExpertCache; 0: none)
+  experts::DeviceExpertCache::Stats slots;  ///< VRAM-tier counters (with vram_slots)
   uint64_t rss_bytes = 0;             ///< VmRSS
   std::optional<DiskCacheStats> disk_cache;  ///< with --disk-cache
 };

@@ -268,7 +268,7 @@ Value list_method(Interp& in, const Value& self, std::string_view name, CallArgs
     return in.make_list(l->items);
   }
   if (name == "append" && l->flavor == ListFlavor::List) {
-    // Extension: transformers' sandbox rejects list.append; spool allows it (docs/serving.md, "Chat templates").
+    // Extension: transformers' sandbox rejects list.append; spool allows it (docs/serving.md, "Requests", Chat templates).
     check_args(a, "append", {"object"});
     in.heap().charge(1);
     l->items.push_back(req(a, 0, "object", "append"));

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "io/checkpoint.h"
+#include "plan/footprint.h"  // gguf_tokenizer_json_bytes
 
 namespace spool::plan {
 
@@ -26,11 +27,6 @@ struct ModelSource {
   uint64_t bytes_fetched = 0;         // body bytes received over the network
   int requests = 0;                   // HTTP requests made
 };
-
-/// The planner's stand-in for the tokenizer.json size of a GGUF's tokenizer metadata: the size
-/// of a tokenizer.json whose load peaks as high as Tokenizer::from_gguf on this metadata
-/// (calibrated on Qwen3's vocabulary; see source.cpp); 0 without tokenizer.ggml.tokens.
-uint64_t gguf_tokenizer_json_bytes(const io::GgufFile& g);
 
 /// True for "http://..." and "https://...".
 bool is_url(const std::string& s);

@@ -20,7 +20,7 @@
 #include "experts/provider.h"
 #include "ops/backend.h"
 
-namespace spool::models {
+namespace spool::experts {
 
 class DeviceExperts final : public experts::ExpertProvider {
  public:
@@ -177,4 +177,4 @@ class DeviceExpertCache final : public experts::ExpertProvider {
 /// Bytes a WeightView's data occupies (float rows, or codes + scales + codebook + signs).
 uint64_t weight_view_bytes(const ops::WeightView& w);
 
-}  // namespace spool::models
+}  // namespace spool::experts

@@ -1,8 +1,8 @@
-// models::DeviceExpertCache, the VRAM tier of a GPU run, checked on the CPU: the CPU backend's
+// experts::DeviceExpertCache, the VRAM tier of a GPU run, checked on the CPU: the CPU backend's
 // weight slots are host memory filled by the same packing (Backend::copy_weight_into), so a
 // stale or misplaced slot shows up as different logits. The GPU runs the same checks in
 // backend_test (CudaModel.StreamedExpertsMatchVramResidentBitForBit).
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 
 #include <gtest/gtest.h>
 
@@ -20,8 +20,10 @@
 #include "ops/cpu_backend.h"
 #include "models/family.h"
 
-namespace spool::models {
+namespace spool::experts {
 namespace {
+
+using namespace models;  // the test runs whole models over the tiers
 
 // Logits of a prompt and of `n` greedy steps after it, concatenated.
 std::vector<float> greedy_logits(Model& m, const std::vector<int32_t>& ids, int n) {
@@ -528,4 +530,4 @@ TEST(DeviceExpertCache, PreparedCopiesAreWaitedForAndKeepTheirSlots) {
 }
 
 }  // namespace
-}  // namespace spool::models
+}  // namespace spool::experts

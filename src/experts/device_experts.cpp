@@ -1,4 +1,4 @@
-#include "models/device_experts.h"
+#include "experts/device_experts.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include "common/sysinfo.h"
 #include "ops/quant_matmul.h"
 
-namespace spool::models {
+namespace spool::experts {
 
 uint64_t weight_view_bytes(const ops::WeightView& w) {
   if (w.type != ops::WType::kQuant) return static_cast<uint64_t>(w.rows * w.cols) * ops::wtype_size(w.type);
@@ -479,4 +479,4 @@ std::string DeviceExpertCache::describe() const {
                 format_bytes(slot_bytes_).c_str(), format_bytes(slot_bytes_ * slots_.size()).c_str(), source_->describe().c_str());
 }
 
-}  // namespace spool::models
+}  // namespace spool::experts

@@ -1,4 +1,4 @@
-#include "plan/doctor.h"
+#include "cli/doctor_checks.h"
 
 #include <hwy/targets.h>
 
@@ -7,9 +7,9 @@
 
 #include "common/error.h"
 #include "common/sysinfo.h"
-#include "plan/probe.h"
+#include "cli/probe.h"
 #include "plan/projection.h"
-#include "plan/source.h"
+#include "cli/plan_source.h"
 
 namespace spool::plan {
 

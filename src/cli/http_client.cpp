@@ -1,4 +1,4 @@
-#include "plan/http.h"
+#include "cli/http_client.h"
 
 #include <curl/curl.h>
 

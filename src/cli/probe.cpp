@@ -1,4 +1,4 @@
-#include "plan/probe.h"
+#include "cli/probe.h"
 
 #include <fcntl.h>
 #include <liburing.h>

@@ -16,7 +16,7 @@
 #include "common/error.h"
 #include "plan/footprint.h"
 #include "plan/projection.h"
-#include "plan/source.h"
+#include "cli/plan_source.h"
 #include "models/family.h"
 
 namespace spool::plan {
