@@ -35,8 +35,12 @@
 
 #include "common/error.h"
 #include "ops/ggml_q8.h"
+#include "ops/ggml_q8_panel.h"
 #include "ops/ggml_scales.h"
 #include "ops/weights.h"
+#if HWY_ARCH_X86
+#include <cpuid.h>
+#endif
 
 // ---- Target-independent part (compiled once) ----
 #ifndef SPOOL_OPS_GGML_Q8_SHARED
@@ -507,10 +511,20 @@ void QuantizeToken(const float* HWY_RESTRICT x, int64_t nb, int8_t* HWY_RESTRICT
 }  // namespace q8k
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 
+#include "ops/ggml_q8_avx2-inl.h"  // the AVX2 target's kernels (q8avx2)
+
+// aarch64: the NEON kernels (ggml_q8_neon.cpp, compiled once: NEON is the baseline there) serve
+// every SIMD target Highway dispatches to (NEON and the SVE ones), not the scalar ones.
+#define SPOOL_Q8_NEON (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128)
+
 void Q8Rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   if (w.type == GgmlType::Q4_K) return q8k::TypedRows<GgmlType::Q4_K>(w, a, y, ldy, r0, r1);
   if (w.type == GgmlType::Q6_K) return q8k::TypedRows<GgmlType::Q6_K>(w, a, y, ldy, r0, r1);
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  return q8avx2::Rows(w, a, y, ldy, r0, r1);
+#elif SPOOL_Q8_NEON
+  return q8::neon_rows(w, a, y, ldy, r0, r1, q8::cpu_has_dotprod() && q8::g_allow_dot_ext.load(std::memory_order_relaxed));
 #endif
   q8::rows_scalar(w, a, y, ldy, r0, r1);
 }
@@ -527,7 +541,9 @@ void Q8Quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
 }
 
 bool Q8Fast() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return true;
+#elif SPOOL_Q8_NEON
   return true;
 #else
   return false;
@@ -539,6 +555,10 @@ const char* Q8Variant() {
   return "avx512vnni";
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return "avx512bw";
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  return q8avx2::UseVnni() ? "avx2-vnni" : "avx2";
+#elif SPOOL_Q8_NEON
+  return q8::cpu_has_dotprod() && q8::g_allow_dot_ext.load(std::memory_order_relaxed) ? "neon-dotprod" : "neon";
 #else
   return "scalar";
 #endif
@@ -605,6 +625,8 @@ bool q8_supported(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_
 const char* q8_variant() { return HWY_DYNAMIC_DISPATCH(Q8Variant)(); }
 
 bool q8_fast() { return HWY_DYNAMIC_DISPATCH(Q8Fast)(); }
+
+void q8_allow_dot_extension(bool allow) { q8::g_allow_dot_ext.store(allow, std::memory_order_relaxed); }
 
 void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   validate(w);

@@ -1,6 +1,7 @@
 // Int8-activation kernels (ggml_q8.h): the SIMD quantization bit-identical to the scalar
-// definition, the Q4_K / Q6_K kernels (AVX-512 with and without VNNI, the scalar sums on other
-// targets) against the scalar reference over ragged shapes and token counts around the tiles,
+// definition, the Q4_K / Q6_K kernels (AVX-512 with and without VNNI, AVX2 with and without
+// AVX-VNNI, NEON with and without the dot-product extension, the scalar sums on other targets)
+// against the scalar reference over ragged shapes and token counts around the tiles,
 // the int8 result within the activation-rounding bound of the exact f32 product, the matmul()
 // entry points taking the path only when switched on, and the errors.
 #include "ops/ggml_q8.h"
@@ -9,6 +10,7 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,7 +29,9 @@ using spool::testing::random_ggml_blocks;
 constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
 
 // Runs fn once with Highway's own choice (AVX3_DL, i.e. VNNI, on CPUs that have it: this file's
-// kernels are built for it, the test's target list is not) and once per target of the list.
+// kernels are built for it, the test's target list is not) and once per target of the list; on
+// targets whose kernels use AVX-VNNI or the dot-product extension where the CPU has them (AVX2,
+// NEON), once more without (q8_allow_dot_extension(false)).
 template <class F>
 void for_each_variant(F&& fn) {
   {
@@ -35,9 +39,25 @@ void for_each_variant(F&& fn) {
     fn();
   }
   spool::testing::for_each_target([&](int64_t) {
-    SCOPED_TRACE(q8_variant());
-    fn();
+    const std::string with = q8_variant();
+    {
+      SCOPED_TRACE(with);
+      fn();
+    }
+    q8_allow_dot_extension(false);
+    if (q8_variant() != with) {
+      SCOPED_TRACE(q8_variant());
+      fn();
+    }
+    q8_allow_dot_extension(true);
   });
+}
+
+// The kernel family of a variant ("avx512vnni" -> "avx512", "avx2-vnni" -> "avx2", "neon-dotprod"
+// -> "neon"): the variants of one family give the same bits.
+std::string family(const std::string& variant) {
+  if (variant.rfind("avx512", 0) == 0) return "avx512";
+  return variant.substr(0, variant.find('-'));
 }
 
 // x with some structure: a few large outliers, one all-zero block (token 0, block 1 when present).
@@ -58,6 +78,22 @@ TEST(GgmlQ8, VariantUsesAvx512WhereTheCpuHasIt) {
       EXPECT_STREQ(q8_variant(), "avx512vnni");
     }
   }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {  // the AVX2 kernels, with AVX-VNNI where present
+    hwy::SetSupportedTargetsForTest(HWY_AVX2);
+    EXPECT_TRUE(q8_fast());
+    EXPECT_STREQ(q8_variant(), __builtin_cpu_supports("avxvnni") ? "avx2-vnni" : "avx2");
+    q8_allow_dot_extension(false);
+    EXPECT_STREQ(q8_variant(), "avx2");
+    q8_allow_dot_extension(true);
+    hwy::SetSupportedTargetsForTest(0);
+  }
+#endif
+#if defined(__aarch64__)
+  EXPECT_TRUE(q8_fast()) << q8_variant();
+  EXPECT_EQ(std::string(q8_variant()).rfind("neon", 0), 0u) << q8_variant();
+  q8_allow_dot_extension(false);
+  EXPECT_STREQ(q8_variant(), "neon");
+  q8_allow_dot_extension(true);
 #endif
   hwy::SetSupportedTargetsForTest(HWY_SCALAR);
   EXPECT_FALSE(q8_fast());
@@ -202,15 +238,17 @@ TEST(GgmlQ8, KernelsMatchReferenceEveryTarget) {
         std::vector<float> ref(static_cast<size_t>(T * rows));
         ggml_q8_matmul_reference(v, a, ref.data());
         const std::string what = std::string(ggml_type_traits(type).name) + " cols=" + std::to_string(cols) + " T=" + std::to_string(T);
-        std::vector<float> first;  // every SIMD variant gives the same bits (exact integer dots, same f32 order)
+        // the variants of one kernel family give the same bits (exact integer dots, same f32 order)
+        std::map<std::string, std::vector<float>> first;
         for_each_variant([&] {
           std::vector<float> y(static_cast<size_t>(T * rows), -1.0f);
           ggml_q8_matmul_rows(v, a, y.data(), rows, 0, 5);  // rows [0, 5): a group and one row, then the rest
           ggml_q8_matmul_rows(v, a, y.data(), rows, 5, rows);
           expect_close(v, x, T, y, ref, rows, what);
           if (q8_fast()) {
-            if (first.empty()) first = y;
-            EXPECT_EQ(y, first) << what << ": " << q8_variant() << " differs from the first SIMD variant";
+            std::vector<float>& f = first[family(q8_variant())];
+            if (f.empty()) f = y;
+            EXPECT_EQ(y, f) << what << ": " << q8_variant() << " differs from the first variant of its family";
           }
           // prefill results do not depend on how the tokens are split (T >= 2: the same
           // accumulation order per output in every tile shape), bit for bit
