@@ -9,8 +9,7 @@
 // Decode (T = 1): 4 rows at a time straight from the weights; per sub-block (Q4_K: 32 columns,
 // two vectors; Q6_K: 16, one) the int32 dot (Q6_K's codes minus 32 as signed bytes, so no offset
 // term), times the sub-block scale (vmlaq_n_s32), then acc += float(lanes) * (d * d_a) and, for
-// Q4_K, -dmin * min * the sub-block's activation sum. Without sdot the sub-block's products sum
-// in int16 first (at most 4 per lane: 4 * 32 * 127 fits) then vpaddlq_s16.
+// Q4_K, -dmin * min * the sub-block's activation sum.
 // Prefill (T >= 2): PanelBlocks (ggml_q8_panel.h) per 4 rows x 4 blocks, decoded once per tile of
 // 64 tokens; a 4-row x 4-token tile per quarter block (4 groups, one int32 lane each) runs 4 Dot16
 // per row and token, then acc += float(lanes) * sd * d_a + c * bs.
@@ -27,25 +26,12 @@ SPOOL_INLINE int32x4_t Dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #endif
 }
 
-// The int32 dot of 32 (c0, c1 with a0, a1) or 16 (c0 with a0) signed bytes, in 4 lanes.
+// The int32 dot of 32 (c0, c1 with a0, a1) or 16 (c0 with a0) signed bytes, in 4 lanes (lane i:
+// bytes 4 i .. 4 i + 3 of each vector, with or without sdot: the same lanes, so the same f32 bits).
 SPOOL_INLINE int32x4_t Dot32(int8x16_t c0, int8x16_t a0, int8x16_t c1, int8x16_t a1) {
-#if SPOOL_Q8_DOTPROD
-  return vdotq_s32(vdotq_s32(vdupq_n_s32(0), c0, a0), c1, a1);
-#else
-  int16x8_t p = vmull_s8(vget_low_s8(c0), vget_low_s8(a0));  // 4 products per lane, |c| <= 15: fits int16
-  p = vmlal_high_s8(p, c0, a0);
-  p = vmlal_s8(p, vget_low_s8(c1), vget_low_s8(a1));
-  p = vmlal_high_s8(p, c1, a1);
-  return vpaddlq_s16(p);
-#endif
+  return Dot16(Dot16(vdupq_n_s32(0), c0, a0), c1, a1);
 }
-SPOOL_INLINE int32x4_t Dot16x1(int8x16_t c0, int8x16_t a0) {
-#if SPOOL_Q8_DOTPROD
-  return vdotq_s32(vdupq_n_s32(0), c0, a0);
-#else
-  return vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(c0), vget_low_s8(a0)), c0, a0));
-#endif
-}
+SPOOL_INLINE int32x4_t Dot16x1(int8x16_t c0, int8x16_t a0) { return Dot16(vdupq_n_s32(0), c0, a0); }
 
 // Q4_K block at p against one token's column-order activation block qa (scale da); sub_lo /
 // sub_hi: the token block's activation sums per 32-column sub-block 0..3 / 4..7.

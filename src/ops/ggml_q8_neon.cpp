@@ -22,7 +22,7 @@ namespace neon_base {
 #pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("+dotprod")
+#pragma GCC target("arch=armv8.2-a+dotprod")  // (arm_neon.h defines vdotq_s32 for this target)
 #endif
 namespace neon_dot {
 #define SPOOL_Q8_DOTPROD 1

@@ -95,10 +95,12 @@ TEST(GgmlQ8, VariantUsesAvx512WhereTheCpuHasIt) {
   EXPECT_STREQ(q8_variant(), "neon");
   q8_allow_dot_extension(true);
 #endif
+#if HWY_ARCH_X86  // (the aarch64 build compiles Highway's NEON target only: no scalar one to choose)
   hwy::SetSupportedTargetsForTest(HWY_SCALAR);
   EXPECT_FALSE(q8_fast());
   EXPECT_STREQ(q8_variant(), "scalar");
   hwy::SetSupportedTargetsForTest(0);
+#endif
 }
 
 TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
@@ -412,10 +414,12 @@ TEST(GgmlQ8, Errors) {
   // auto (0): int8 only for a model with Q4_K / Q6_K weights on a CPU with the SIMD kernels
   EXPECT_FALSE(int8_activations_from_bits(0, false));
   EXPECT_EQ(int8_activations_from_bits(0, true), q8_fast());
+#if HWY_ARCH_X86
   hwy::SetSupportedTargetsForTest(HWY_SCALAR);
   EXPECT_FALSE(int8_activations_from_bits(0, true));
   EXPECT_TRUE(int8_activations_from_bits(8, true));
   hwy::SetSupportedTargetsForTest(0);
+#endif
   try {
     ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "blk.0.ffn_up.weight"}, a, y.data(), 4, 0, 4);
     ADD_FAILURE() << "expected an error";
