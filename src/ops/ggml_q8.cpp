@@ -550,6 +550,16 @@ bool Q8Fast() {
 #endif
 }
 
+// --act-bits auto's CPU check: the variants measured faster than the f32 kernels (AVX-512 and
+// AVX2, with and without VNNI: docs/benchmarks.md). Not yet NEON: no aarch64 machine measured.
+bool Q8Auto() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
 const char* Q8Variant() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
   return "avx512vnni";
@@ -575,6 +585,7 @@ HWY_EXPORT(Q8Rows);
 HWY_EXPORT(Q8Quantize);
 HWY_EXPORT(Q8Variant);
 HWY_EXPORT(Q8Fast);
+HWY_EXPORT(Q8Auto);
 
 namespace {
 std::atomic<bool> g_int8_acts{false};
@@ -626,6 +637,8 @@ const char* q8_variant() { return HWY_DYNAMIC_DISPATCH(Q8Variant)(); }
 
 bool q8_fast() { return HWY_DYNAMIC_DISPATCH(Q8Fast)(); }
 
+bool q8_auto() { return HWY_DYNAMIC_DISPATCH(Q8Auto)(); }
+
 void q8_allow_dot_extension(bool allow) { q8::g_allow_dot_ext.store(allow, std::memory_order_relaxed); }
 
 void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -657,7 +670,7 @@ void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y) {
 
 bool int8_activations_from_bits(int bits, bool kquant_weights) {
   if (bits != 0 && bits != 8 && bits != 32) throw UsageError(strfmt("--act-bits must be 8, 32 or auto (got %d)", bits));
-  return bits == 8 || (bits == 0 && kquant_weights && q8_fast());
+  return bits == 8 || (bits == 0 && kquant_weights && q8_auto());
 }
 
 void set_int8_activations(bool on) { g_int8_acts.store(on, std::memory_order_relaxed); }

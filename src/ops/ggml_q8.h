@@ -98,6 +98,12 @@ bool q8_supported(GgmlType t);
 /// the int8 path when this holds.
 bool q8_fast();
 
+/// Whether --act-bits auto takes int8 activations on this CPU (int8_activations_from_bits()):
+/// q8_fast() with a variant measured faster than the f32 kernels: the AVX-512 and AVX2 ones
+/// (docs/benchmarks.md). false for NEON until measured on an aarch64 machine (--act-bits 8 runs
+/// its kernels) and for the scalar sums. Follows hwy::SetSupportedTargetsForTest.
+bool q8_auto();
+
 /// Name of the int8 kernel variant dispatched to now: "avx512vnni", "avx512bw", "avx2-vnni",
 /// "avx2", "neon-dotprod", "neon" or "scalar".
 const char* q8_variant();
@@ -131,7 +137,7 @@ void set_int8_activations(bool on);
 bool int8_activations();
 
 /// Whether a model's Q4_K / Q6_K products take int8 activations under --act-bits `bits`: 8 yes,
-/// 32 no, 0 (auto, the default) when the model has such weights (`kquant_weights`) and q8_fast()
+/// 32 no, 0 (auto, the default) when the model has such weights (`kquant_weights`) and q8_auto()
 /// holds: llama.cpp's CPU arithmetic for the files llama.cpp users have, f32 on other CPUs.
 /// Throws spool::UsageError for other values.
 bool int8_activations_from_bits(int bits, bool kquant_weights);
