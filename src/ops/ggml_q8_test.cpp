@@ -324,7 +324,7 @@ TEST(GgmlQ8, WithinTheRoundingBoundOfTheExactProduct) {
 
 // matmul(), matmul_rows(), matmul_rows_pair() and matmul_multi() take the int8 kernels for
 // Q4_K / Q6_K only when switched on, with the same results as ggml_q8_matmul(); other types and
-// the switch off keep the f32 kernels.
+// the switch off keep the f32 kernels. On every variant.
 TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
   const int64_t rows = 48, cols = 512;
   const std::vector<uint8_t> m4 = random_ggml_blocks(GgmlType::Q4_K, rows, cols, 41);
@@ -338,6 +338,7 @@ TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
   WeightView w6p = w6;
   w6p.col_perm = perm.data();
   ThreadPool pool(2);
+  for_each_variant([&] {
   for (int64_t T : {1, 3}) {  // the decode and the prefill kernels and layouts
     SCOPED_TRACE("T " + std::to_string(T));
     const std::vector<float> x = activations(T, cols, 53 + T);
@@ -385,6 +386,7 @@ TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
       }
     }
   }
+  });  // for_each_variant: the AVX2 / NEON kernels through the same entry points
   set_int8_activations(false);
 }
 
