@@ -113,7 +113,8 @@ HWY_INLINE __m256 DotQ6K(const uint8_t* HWY_RESTRICT p, const int8_t* HWY_RESTRI
   }
   const float d = Half(p + 208);
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * da), acc);
-  const __m256 slo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), shi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8)));
+  const __m256 slo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8));
+  const __m256 shi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8)));
   const __m256 off = _mm256_fmadd_ps(slo, _mm256_loadu_ps(bs), _mm256_mul_ps(shi, _mm256_loadu_ps(bs + 8)));
   return _mm256_fmadd_ps(off, _mm256_set1_ps(-32.0f * d), acc);
 }
@@ -201,7 +202,8 @@ HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, 
   for (int64_t b0 = 0; b0 < a.blocks(); b0 += kSegBlocks) {
     const int64_t nb = std::min(kSegBlocks, a.blocks() - b0);
     for (int i = 0; i < R; ++i)
-      for (int64_t b = 0; b < nb; ++b) q8::decode_panel_block(w.type, w.data + (r + i) * rb + (b0 + b) * bytes, panel[i * kSegBlocks + b]);
+      for (int64_t b = 0; b < nb; ++b)
+        q8::decode_panel_block(w.type, w.data + (r + i) * rb + (b0 + b) * bytes, panel[i * kSegBlocks + b]);
     int64_t t = 0;
     for (; t + kPanelTok <= nt; t += kPanelTok) PanelTile<kVnni, R, kPanelTok>(panel, nb, a, b0, t0 + t, acc + t * R * 16);
     for (; t < nt; ++t) PanelTile<kVnni, R, 1>(panel, nb, a, b0, t0 + t, acc + t * R * 16);
@@ -248,8 +250,12 @@ inline bool UseVnni() {
 
 void Rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const bool vnni = UseVnni();
-  if (w.type == GgmlType::Q4_K) return vnni ? TypedRows<GgmlType::Q4_K, true>(w, a, y, ldy, r0, r1) : TypedRows<GgmlType::Q4_K, false>(w, a, y, ldy, r0, r1);
-  return vnni ? TypedRows<GgmlType::Q6_K, true>(w, a, y, ldy, r0, r1) : TypedRows<GgmlType::Q6_K, false>(w, a, y, ldy, r0, r1);
+  if (w.type == GgmlType::Q4_K) {
+    if (vnni) return TypedRows<GgmlType::Q4_K, true>(w, a, y, ldy, r0, r1);
+    return TypedRows<GgmlType::Q4_K, false>(w, a, y, ldy, r0, r1);
+  }
+  if (vnni) return TypedRows<GgmlType::Q6_K, true>(w, a, y, ldy, r0, r1);
+  TypedRows<GgmlType::Q6_K, false>(w, a, y, ldy, r0, r1);
 }
 
 }  // namespace q8avx2

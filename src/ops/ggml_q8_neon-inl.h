@@ -44,10 +44,10 @@ SPOOL_INLINE float32x4_t DotQ4K(const uint8_t* p, const int8_t* qa, float da, fl
   for (int j = 0; j < 4; ++j) {
     const uint8x16_t z0 = vld1q_u8(p + 16 + 32 * j), z1 = vld1q_u8(p + 32 + 32 * j);
     const int8_t* x = qa + 64 * j;
-    s = vmlaq_n_s32(s, Dot32(vreinterpretq_s8_u8(vandq_u8(z0, m4)), vld1q_s8(x), vreinterpretq_s8_u8(vandq_u8(z1, m4)), vld1q_s8(x + 16)),
-                    sm[2 * j]);
-    s = vmlaq_n_s32(s, Dot32(vreinterpretq_s8_u8(vshrq_n_u8(z0, 4)), vld1q_s8(x + 32), vreinterpretq_s8_u8(vshrq_n_u8(z1, 4)), vld1q_s8(x + 48)),
-                    sm[2 * j + 1]);
+    const int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(z0, m4)), lo1 = vreinterpretq_s8_u8(vandq_u8(z1, m4));
+    const int8x16_t hi0 = vreinterpretq_s8_u8(vshrq_n_u8(z0, 4)), hi1 = vreinterpretq_s8_u8(vshrq_n_u8(z1, 4));
+    s = vmlaq_n_s32(s, Dot32(lo0, vld1q_s8(x), lo1, vld1q_s8(x + 16)), sm[2 * j]);           // sub-block 2 j
+    s = vmlaq_n_s32(s, Dot32(hi0, vld1q_s8(x + 32), hi1, vld1q_s8(x + 48)), sm[2 * j + 1]);  // sub-block 2 j + 1
   }
   acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), half_at(p) * da);
   const uint16x8_t m16 = vmovl_u8(vld1_u8(sm + 8));
@@ -94,7 +94,8 @@ SPOOL_INLINE void GemvRows(const uint8_t* rows, int64_t rb, const Q8Acts& a, flo
     const float da = a.d[b];
     if constexpr (Q == GgmlType::Q4_K) {
       const float* bs = a.bs.data() + b * 16;
-      const float32x4_t sub_lo = vpaddq_f32(vld1q_f32(bs), vld1q_f32(bs + 4)), sub_hi = vpaddq_f32(vld1q_f32(bs + 8), vld1q_f32(bs + 12));
+      const float32x4_t sub_lo = vpaddq_f32(vld1q_f32(bs), vld1q_f32(bs + 4));
+      const float32x4_t sub_hi = vpaddq_f32(vld1q_f32(bs + 8), vld1q_f32(bs + 12));
       for (int i = 0; i < R; ++i) acc[i] = DotQ4K(rows + i * rb + b * kBytes, qa, da, sub_lo, sub_hi, acc[i]);
     } else {
       for (int i = 0; i < R; ++i) acc[i] = DotQ6K(rows + i * rb + b * kBytes, qa, da, acc[i]);
