@@ -11,10 +11,15 @@
 //     ops::Mxfp4View): decode GEMV GB/s at the gpt-oss expert shapes (gate_up 5760x2880, down
 //     2880x2880) and prefill GEMM GFLOP/s.
 //   build/bench/quant_bench --benchmark_counters_tabular=true
+// --hwy_target=AVX2 measures the kernels another CPU would run (see main()).
 #include <benchmark/benchmark.h>
 #include <hwy/aligned_allocator.h>
+#include <hwy/targets.h>
+#include <strings.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -430,4 +435,38 @@ BENCHMARK(BM_Mxfp4Gemm)->ArgNames({"rows", "cols", "T"})->Args({2880, 2880, 64})
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// Google Benchmark's main, with two flags of its own first:
+//   --hwy_target=NAME   restrict Highway's dispatch to one target of this build that the CPU
+//                       supports (hwy::TargetName: AVX2, AVX3, AVX3_DL, NEON, ...), e.g. an AVX2
+//                       machine's kernels (f32 and int8) on an AVX-512 one;
+//   --q8_no_dot_extension  the AVX2 / NEON int8 kernels without AVX-VNNI / sdot (ops::q8_allow_dot_extension).
+int main(int argc, char** argv) {
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--hwy_target=", 0) == 0) {
+      const std::string want = a.substr(13);
+      int64_t found = 0;
+      for (int64_t t : hwy::SupportedAndGeneratedTargets())
+        if (strcasecmp(hwy::TargetName(t), want.c_str()) == 0) found = t;
+      if (found == 0) {
+        std::string have;
+        for (int64_t t : hwy::SupportedAndGeneratedTargets()) have += std::string(" ") + hwy::TargetName(t);
+        std::fprintf(stderr, "quant_bench: --hwy_target=%s is not a target of this build that this CPU supports (have:%s)\n",
+                     want.c_str(), have.c_str());
+        return 2;
+      }
+      hwy::SetSupportedTargetsForTest(found);
+    } else if (a == "--q8_no_dot_extension") {
+      spool::ops::q8_allow_dot_extension(false);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds (scripts/setup.sh), runs ctest, then
+#  - cross-builds the kernel tests for aarch64 and runs them under qemu (scripts/test-aarch64.sh),
 #  - rebuilds the input-parsing, streaming, CLI, server and batching tests and the libFuzzer
 #    targets with clang under AddressSanitizer + UBSan (build-asan/), runs the tests,
 #  - rebuilds the threaded tests under ThreadSanitizer (build-tsan/) and runs them: request
@@ -26,6 +27,11 @@ exclude=(-LE slow)
 [ "${1:-}" = "--slow" ] && exclude=()
 ctest --test-dir build --output-on-failure -j"$jobs" "${exclude[@]}"
 step "build + ctest"
+
+# The kernel tests (ops, int8 kernels, backend capabilities) cross-built for aarch64 and run under
+# qemu-user, with and without the dot-product extension: the NEON code is tested code.
+scripts/test-aarch64.sh
+step "aarch64 kernel tests (qemu)"
 
 # Sanitizer step: one clang build with AddressSanitizer + UBSan (and libFuzzer's coverage
 # instrumentation) serves the tests labelled "sanitize" (parsers, bad input, CLI error paths,

@@ -345,7 +345,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits, kquant);
   if (opt.act_bits == 8) {  // an explicit --act-bits 8: say when it changes nothing
     if (!ops::q8_fast())
-      log_warn("--act-bits 8: this CPU has no AVX-512BW int8 kernels (%s); products keep f32 activations", ops::q8_variant());
+      log_warn("--act-bits 8: no int8 kernels for this CPU (%s: AVX2, AVX-512 or NEON needed); products keep f32 activations", ops::q8_variant());
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }

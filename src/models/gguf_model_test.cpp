@@ -554,12 +554,12 @@ TEST(GgufKQuantModel, DefaultActivationsFollowTheFile) {
   other.model_dir = q_file("qwen3_moe");  // Q8_0 / Q4_0 / Q5_1 / MXFP4: no int8 kernels
   {
     const engine::LoadedModel l = engine::load(kq);
-    EXPECT_EQ(l.int8_activations, ops::q8_fast()) << ops::q8_variant();
-    EXPECT_EQ(backend_int8(l), ops::q8_fast());
+    EXPECT_EQ(l.int8_activations, ops::q8_auto()) << ops::q8_variant();
+    EXPECT_EQ(backend_int8(l), ops::q8_auto());
     const engine::LoadedModel r = engine::load(other);  // loaded beside it
     EXPECT_FALSE(r.int8_activations);
     EXPECT_FALSE(backend_int8(r));
-    EXPECT_EQ(backend_int8(l), ops::q8_fast()) << "the second load changed the first model's activations";
+    EXPECT_EQ(backend_int8(l), ops::q8_auto()) << "the second load changed the first model's activations";
   }
   kq.act_bits = 32;
   {

@@ -34,8 +34,12 @@
 
 #include "common/error.h"
 #include "ops/ggml_q8.h"
+#include "ops/ggml_q8_panel.h"
 #include "ops/ggml_scales.h"
 #include "ops/weights.h"
+#if HWY_ARCH_X86
+#include <cpuid.h>
+#endif
 
 // ---- Target-independent part (compiled once) ----
 #ifndef SPOOL_OPS_GGML_Q8_SHARED
@@ -506,10 +510,20 @@ void QuantizeToken(const float* HWY_RESTRICT x, int64_t nb, int8_t* HWY_RESTRICT
 }  // namespace q8k
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 
+#include "ops/ggml_q8_avx2-inl.h"  // the AVX2 target's kernels (q8avx2)
+
+// aarch64: the NEON kernels (ggml_q8_neon.cpp, compiled once: NEON is the baseline there) serve
+// every SIMD target Highway dispatches to (NEON and the SVE ones), not the scalar ones.
+#define SPOOL_Q8_NEON (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128)
+
 void Q8Rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   if (w.type == GgmlType::Q4_K) return q8k::TypedRows<GgmlType::Q4_K>(w, a, y, ldy, r0, r1);
   if (w.type == GgmlType::Q6_K) return q8k::TypedRows<GgmlType::Q6_K>(w, a, y, ldy, r0, r1);
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  return q8avx2::Rows(w, a, y, ldy, r0, r1);
+#elif SPOOL_Q8_NEON
+  return q8::neon_rows(w, a, y, ldy, r0, r1, q8::cpu_has_dotprod() && q8::g_allow_dot_ext.load(std::memory_order_relaxed));
 #endif
   q8::rows_scalar(w, a, y, ldy, r0, r1);
 }
@@ -526,7 +540,19 @@ void Q8Quantize(const float* x, int64_t T, int64_t cols, Q8Acts& a) {
 }
 
 bool Q8Fast() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return true;
+#elif SPOOL_Q8_NEON
+  return true;
+#else
+  return false;
+#endif
+}
+
+// --act-bits auto's CPU check: the variants measured faster than the f32 kernels (AVX-512 and
+// AVX2, with and without VNNI: docs/benchmarks.md). Not yet NEON: no aarch64 machine measured.
+bool Q8Auto() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   return true;
 #else
   return false;
@@ -538,6 +564,10 @@ const char* Q8Variant() {
   return "avx512vnni";
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return "avx512bw";
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  return q8avx2::UseVnni() ? "avx2-vnni" : "avx2";
+#elif SPOOL_Q8_NEON
+  return q8::cpu_has_dotprod() && q8::g_allow_dot_ext.load(std::memory_order_relaxed) ? "neon-dotprod" : "neon";
 #else
   return "scalar";
 #endif
@@ -554,6 +584,7 @@ HWY_EXPORT(Q8Rows);
 HWY_EXPORT(Q8Quantize);
 HWY_EXPORT(Q8Variant);
 HWY_EXPORT(Q8Fast);
+HWY_EXPORT(Q8Auto);
 
 namespace {
 
@@ -604,6 +635,10 @@ const char* q8_variant() { return HWY_DYNAMIC_DISPATCH(Q8Variant)(); }
 
 bool q8_fast() { return HWY_DYNAMIC_DISPATCH(Q8Fast)(); }
 
+bool q8_auto() { return HWY_DYNAMIC_DISPATCH(Q8Auto)(); }
+
+void q8_allow_dot_extension(bool allow) { q8::g_allow_dot_ext.store(allow, std::memory_order_relaxed); }
+
 void ggml_q8_matmul_rows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   validate(w);
   if (!q8_supported(w.type)) fail("int8 activations: no kernel for %s (Q4_K and Q6_K only)", ggml_describe(w).c_str());
@@ -633,7 +668,7 @@ void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y) {
 
 bool int8_activations_from_bits(int bits, bool kquant_weights) {
   if (bits != 0 && bits != 8 && bits != 32) throw UsageError(strfmt("--act-bits must be 8, 32 or auto (got %d)", bits));
-  return bits == 8 || (bits == 0 && kquant_weights && q8_fast());
+  return bits == 8 || (bits == 0 && kquant_weights && q8_auto());
 }
 
 }  // namespace spool::ops

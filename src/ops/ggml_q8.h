@@ -1,4 +1,5 @@
-// Int8 activations for K-quant weights (--act-bits 8; the default on AVX-512 CPUs for GGUF files with them). The activations of one product
+// Int8 activations for K-quant weights (--act-bits 8; the default for GGUF files with them on the CPUs
+// where int8_activations_from_bits() says so). The activations of one product
 // are quantized once, per 256 columns, to int8 with one f32 scale (the idea of ggml's Q8_K), and
 // Q4_K / Q6_K rows are dotted against them in integer arithmetic: vpmaddubsw (unsigned weight
 // codes x signed activation codes), then vpdpwssd (VNNI) or vpmaddwd + vpaddd with the int16
@@ -17,11 +18,19 @@
 // results depend on the chunking at float-rounding level. (The f32 kernels are bit-identical for
 // every T.)
 //
-// The int8 kernels run on x86 CPUs with AVX-512BW (Highway target AVX3); Highway's AVX3_DL target
-// (Ice Lake and later: VNNI with VBMI2, VAES, BITALG, ...) adds VNNI, so a VNNI CPU without
-// those (Cascade Lake) runs the vpmaddwd variant ("avx512bw"); on
-// other targets ggml_q8_matmul_rows() computes the same sums in scalar code and q8_fast() is
-// false, so matmul() keeps the f32 kernels there.
+// Kernels per CPU (q8_variant()): x86 CPUs with AVX-512BW (Highway target AVX3) run the AVX-512
+// kernels; Highway's AVX3_DL target (Ice Lake and later: VNNI with VBMI2, VAES, BITALG, ...) adds
+// VNNI, so a VNNI CPU without those (Cascade Lake) runs the vpmaddwd variant ("avx512bw"). AVX2
+// CPUs (Highway target AVX2: Haswell and later, AMD Zen 1-3) run 256-bit kernels
+// (ggml_q8_avx2-inl.h), with AVX-VNNI's VEX-encoded vpdpbusd / vpdpwssd where the CPU has it
+// (Alder Lake and later, checked with cpuid: "avx2-vnni") or vpmaddubsw / vpmaddwd ("avx2").
+// aarch64 CPUs run NEON kernels (ggml_q8_neon.cpp) with the dot-product extension's sdot where the
+// CPU has it (Armv8.2+ cores: Apple M, Graviton 2+, Cortex-A76+; HWCAP_ASIMDDP: "neon-dotprod")
+// or vmull / vpadal ("neon"). The decode and prefill kernels of the AVX2 and NEON families have
+// their own f32 accumulation orders (the integer dots are exact everywhere), so their outputs agree
+// with the AVX-512 ones to float rounding; within a family (with or without the dot instructions)
+// the bits are the same. On other targets ggml_q8_matmul_rows() computes the same sums in scalar
+// code and q8_fast() is false, so matmul() keeps the f32 kernels there.
 #pragma once
 
 #include <cstdint>
@@ -84,12 +93,26 @@ void q8_quantize_reference(const float* x, int64_t T, int64_t cols, Q8Acts& a);
 /// True for the weight types the int8 kernels cover: Q4_K and Q6_K.
 bool q8_supported(GgmlType t);
 
-/// True when the SIMD int8 kernels run on this CPU now (Highway dispatches to AVX3 or better;
-/// follows hwy::SetSupportedTargetsForTest). matmul() only takes the int8 path when this holds.
+/// True when the SIMD int8 kernels run on this CPU now (Highway dispatches to AVX2 or better on
+/// x86, to a SIMD target on aarch64; follows hwy::SetSupportedTargetsForTest). matmul() only takes
+/// the int8 path when this holds.
 bool q8_fast();
 
-/// Name of the int8 kernel variant dispatched to now: "avx512vnni", "avx512bw" or "scalar".
+/// Whether --act-bits auto takes int8 activations on this CPU (int8_activations_from_bits()):
+/// q8_fast() with a variant measured faster than the f32 kernels: the AVX-512 and AVX2 ones
+/// (docs/benchmarks.md). false for NEON until measured on an aarch64 machine (--act-bits 8 runs
+/// its kernels) and for the scalar sums. Follows hwy::SetSupportedTargetsForTest.
+bool q8_auto();
+
+/// Name of the int8 kernel variant dispatched to now: "avx512vnni", "avx512bw", "avx2-vnni",
+/// "avx2", "neon-dotprod", "neon" or "scalar".
 const char* q8_variant();
+
+/// Whether the AVX2 and NEON kernels may use AVX-VNNI / the dot-product extension where the CPU
+/// has them (default true). false runs their baseline instruction sequences on such a CPU too
+/// (same results): for tests and benchmarks of the CPUs that lack them. Process-wide; does not
+/// affect the AVX-512 variants (Highway's targets choose those: hwy::SetSupportedTargetsForTest).
+void q8_allow_dot_extension(bool allow);
 
 /// y[t * ldy + r] = sum_b d_w d_a[t, b] sum_c s_w(c) q_w(c) q_a(t, c) + the format's min / offset
 /// term against bs, for rows r in [r0, r1) of w and the a.T tokens of a; on the calling thread.
@@ -106,7 +129,7 @@ void ggml_q8_matmul_reference(const GgmlView& w, const Q8Acts& a, float* y);
 
 /// Whether a model's Q4_K / Q6_K products take int8 activations under --act-bits `bits` (the value of
 /// CpuOptions::int8_activations the loader gives the model's CpuBackend; matmul()'s `int8_acts`): 8 yes,
-/// 32 no, 0 (auto, the default) when the model has such weights (`kquant_weights`) and q8_fast()
+/// 32 no, 0 (auto, the default) when the model has such weights (`kquant_weights`) and q8_auto()
 /// holds: llama.cpp's CPU arithmetic for the files llama.cpp users have, f32 on other CPUs.
 /// Throws spool::UsageError for other values.
 bool int8_activations_from_bits(int bits, bool kquant_weights);

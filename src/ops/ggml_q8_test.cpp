@@ -1,6 +1,7 @@
 // Int8-activation kernels (ggml_q8.h): the SIMD quantization bit-identical to the scalar
-// definition, the Q4_K / Q6_K kernels (AVX-512 with and without VNNI, the scalar sums on other
-// targets) against the scalar reference over ragged shapes and token counts around the tiles,
+// definition, the Q4_K / Q6_K kernels (AVX-512 with and without VNNI, AVX2 with and without
+// AVX-VNNI, NEON with and without the dot-product extension, the scalar sums on other targets)
+// against the scalar reference over ragged shapes and token counts around the tiles,
 // the int8 result within the activation-rounding bound of the exact f32 product, the matmul()
 // entry points taking the path only when switched on, and the errors.
 #include "ops/ggml_q8.h"
@@ -9,6 +10,7 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,7 +30,9 @@ using spool::testing::random_ggml_blocks;
 constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
 
 // Runs fn once with Highway's own choice (AVX3_DL, i.e. VNNI, on CPUs that have it: this file's
-// kernels are built for it, the test's target list is not) and once per target of the list.
+// kernels are built for it, the test's target list is not) and once per target of the list; on
+// targets whose kernels use AVX-VNNI or the dot-product extension where the CPU has them (AVX2,
+// NEON), once more without (q8_allow_dot_extension(false)).
 template <class F>
 void for_each_variant(F&& fn) {
   {
@@ -36,9 +40,25 @@ void for_each_variant(F&& fn) {
     fn();
   }
   spool::testing::for_each_target([&](int64_t) {
-    SCOPED_TRACE(q8_variant());
-    fn();
+    const std::string with = q8_variant();
+    {
+      SCOPED_TRACE(with);
+      fn();
+    }
+    q8_allow_dot_extension(false);
+    if (q8_variant() != with) {
+      SCOPED_TRACE(q8_variant());
+      fn();
+    }
+    q8_allow_dot_extension(true);
   });
+}
+
+// The kernel family of a variant ("avx512vnni" -> "avx512", "avx2-vnni" -> "avx2", "neon-dotprod"
+// -> "neon"): the variants of one family give the same bits.
+std::string family(const std::string& variant) {
+  if (variant.rfind("avx512", 0) == 0) return "avx512";
+  return variant.substr(0, variant.find('-'));
 }
 
 // x with some structure: a few large outliers, one all-zero block (token 0, block 1 when present).
@@ -59,11 +79,29 @@ TEST(GgmlQ8, VariantUsesAvx512WhereTheCpuHasIt) {
       EXPECT_STREQ(q8_variant(), "avx512vnni");
     }
   }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {  // the AVX2 kernels, with AVX-VNNI where present
+    hwy::SetSupportedTargetsForTest(HWY_AVX2);
+    EXPECT_TRUE(q8_fast());
+    EXPECT_STREQ(q8_variant(), __builtin_cpu_supports("avxvnni") ? "avx2-vnni" : "avx2");
+    q8_allow_dot_extension(false);
+    EXPECT_STREQ(q8_variant(), "avx2");
+    q8_allow_dot_extension(true);
+    hwy::SetSupportedTargetsForTest(0);
+  }
 #endif
+#if defined(__aarch64__)
+  EXPECT_TRUE(q8_fast()) << q8_variant();
+  EXPECT_EQ(std::string(q8_variant()).rfind("neon", 0), 0u) << q8_variant();
+  q8_allow_dot_extension(false);
+  EXPECT_STREQ(q8_variant(), "neon");
+  q8_allow_dot_extension(true);
+#endif
+#if HWY_ARCH_X86  // (the aarch64 build compiles Highway's NEON target only: no scalar one to choose)
   hwy::SetSupportedTargetsForTest(HWY_SCALAR);
   EXPECT_FALSE(q8_fast());
   EXPECT_STREQ(q8_variant(), "scalar");
   hwy::SetSupportedTargetsForTest(0);
+#endif
 }
 
 TEST(GgmlQ8, QuantizeEqualsReferenceEveryTarget) {
@@ -203,15 +241,17 @@ TEST(GgmlQ8, KernelsMatchReferenceEveryTarget) {
         std::vector<float> ref(static_cast<size_t>(T * rows));
         ggml_q8_matmul_reference(v, a, ref.data());
         const std::string what = std::string(ggml_type_traits(type).name) + " cols=" + std::to_string(cols) + " T=" + std::to_string(T);
-        std::vector<float> first;  // every SIMD variant gives the same bits (exact integer dots, same f32 order)
+        // the variants of one kernel family give the same bits (exact integer dots, same f32 order)
+        std::map<std::string, std::vector<float>> first;
         for_each_variant([&] {
           std::vector<float> y(static_cast<size_t>(T * rows), -1.0f);
           ggml_q8_matmul_rows(v, a, y.data(), rows, 0, 5);  // rows [0, 5): a group and one row, then the rest
           ggml_q8_matmul_rows(v, a, y.data(), rows, 5, rows);
           expect_close(v, x, T, y, ref, rows, what);
           if (q8_fast()) {
-            if (first.empty()) first = y;
-            EXPECT_EQ(y, first) << what << ": " << q8_variant() << " differs from the first SIMD variant";
+            std::vector<float>& f = first[family(q8_variant())];
+            if (f.empty()) f = y;
+            EXPECT_EQ(y, f) << what << ": " << q8_variant() << " differs from the first variant of its family";
           }
           // prefill results do not depend on how the tokens are split (T >= 2: the same
           // accumulation order per output in every tile shape), bit for bit
@@ -286,6 +326,7 @@ TEST(GgmlQ8, WithinTheRoundingBoundOfTheExactProduct) {
 // matmul(), matmul_rows(), matmul_rows_pair() and matmul_multi() take the int8 kernels for
 // Q4_K / Q6_K only when asked (int8_acts), with the same results as ggml_q8_matmul(); other types
 // and int8_acts off keep the f32 kernels. A CpuBackend passes its CpuOptions::int8_activations.
+// On every variant.
 TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
   const int64_t rows = 48, cols = 512;
   const std::vector<uint8_t> m4 = random_ggml_blocks(GgmlType::Q4_K, rows, cols, 41);
@@ -299,6 +340,7 @@ TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
   WeightView w6p = w6;
   w6p.col_perm = perm.data();
   ThreadPool pool(2);
+  for_each_variant([&] {
   for (int64_t T : {1, 3}) {  // the decode and the prefill kernels and layouts
     SCOPED_TRACE("T " + std::to_string(T));
     const std::vector<float> x = activations(T, cols, 53 + T);
@@ -355,6 +397,7 @@ TEST(GgmlQ8, MatmulEntryPointsFollowTheSwitch) {
       }
     }
   }
+  });  // for_each_variant: the AVX2 / NEON kernels through the same entry points
 }
 
 TEST(GgmlQ8, Errors) {
@@ -382,11 +425,27 @@ TEST(GgmlQ8, Errors) {
   }
   // auto (0): int8 only for a model with Q4_K / Q6_K weights on a CPU with the SIMD kernels
   EXPECT_FALSE(int8_activations_from_bits(0, false));
-  EXPECT_EQ(int8_activations_from_bits(0, true), q8_fast());
+  EXPECT_EQ(int8_activations_from_bits(0, true), q8_auto());
+#if HWY_ARCH_X86
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {  // measured faster on AVX2 too
+    hwy::SetSupportedTargetsForTest(HWY_AVX2);
+    EXPECT_TRUE(q8_auto());
+    EXPECT_TRUE(int8_activations_from_bits(0, true));
+    hwy::SetSupportedTargetsForTest(0);
+  }
+#endif
+#if defined(__aarch64__)  // NEON: not measured yet, so auto keeps f32 there; 8 runs the kernels
+  EXPECT_TRUE(q8_fast());
+  EXPECT_FALSE(q8_auto());
+  EXPECT_FALSE(int8_activations_from_bits(0, true));
+#endif
+#if HWY_ARCH_X86
   hwy::SetSupportedTargetsForTest(HWY_SCALAR);
+  EXPECT_FALSE(q8_auto());
   EXPECT_FALSE(int8_activations_from_bits(0, true));
   EXPECT_TRUE(int8_activations_from_bits(8, true));
   hwy::SetSupportedTargetsForTest(0);
+#endif
   try {
     ggml_q8_matmul_rows(GgmlView{GgmlType::Q5_K, 4, 512, m5.data(), "blk.0.ffn_up.weight"}, a, y.data(), 4, 0, 4);
     ADD_FAILURE() << "expected an error";
