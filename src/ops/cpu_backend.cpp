@@ -145,7 +145,7 @@ void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const Exp
     const int64_t ei = task / parts, n = rows_of(ei);
     const ExpertMats& w = experts[ei];
     int64_t b, e;
-    range(H, task % parts, b, e, options_.int8_activations);
+    range(H, task % parts, b, e);
     if (b >= e || n == 0) return;
     const int64_t r0 = groups.first[g0 + ei];
     matmul_rows(w.down, buf + off[ei] + n * H, n, y + r0 * H, H, b, e, options_.int8_activations);
