@@ -7,11 +7,7 @@ set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
 set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
 set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
-# Armv8-A with the crypto extension: Highway 1.0.3's NEON target is compiled for "+crypto", and
-# with GCC 12 some of the kernels' implicit member functions do not inline into code of another
-# target ("target specific option mismatch"); with the same baseline there is none.
-set(CMAKE_C_FLAGS_INIT "-march=armv8-a+crypto")
-set(CMAKE_CXX_FLAGS_INIT "-march=armv8-a+crypto")
+# The baseline -march (armv8-a+crypto) comes from the top-level CMakeLists.txt, as for a native build.
 # The arm64 packages' .pc files only (not the host's).
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
 set(ENV{PKG_CONFIG_PATH} "")
