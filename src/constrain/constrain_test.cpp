@@ -273,6 +273,16 @@ TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
        "[TOOL_CALLS]get_time[ARGS]{\"city\": \"Paris\"}",
        "[TOOL_CALLS]get_weather[ARGS]{}",
        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3.5}"},
+      {ernie4_5_format(),
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": true}}\n</tool_call>"},
+      {gemma4_format(),  // gemma4 chat_cases: how the template renders a call
+       "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>",
+       "<|tool_call>call:get_time{city:<|\"|>Paris<|\"|>}<tool_call|>",
+       "<|tool_call>call:get_weather{days:3}<tool_call|>",
+       "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:<|\"|>3<|\"|>}<tool_call|>"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fmt.name);
