@@ -19,6 +19,7 @@
 #include "server/constrained.h"
 #include "server/request.h"
 #include "server/serving_engine.h"
+#include "../../tests/support/grammar_walk.h"
 
 namespace spool::server {
 namespace {
@@ -227,26 +228,9 @@ TEST(ServerConstrained, EveryFamilysForcedCallParsesBackAndValidates) {
     std::mt19937_64 rng(11);
     int finished = 0;
     for (int walk = 0; walk < 60; ++walk) {
-      constrain::Matcher m(g);
-      std::string text;
-      bool done = false;
-      for (int step = 0; step < 4000 && !done; ++step) {
-        if (m.accepting()) {
-          done = true;
-          break;
-        }
-        const constrain::ByteSet nb = m.next_bytes();
-        std::vector<int> opts;
-        for (int b = 0; b < 256; ++b)
-          if (nb.test(static_cast<size_t>(b))) opts.push_back(b);
-        ASSERT_FALSE(opts.empty()) << text;
-        int pick = opts[rng() % opts.size()];
-        for (int b : opts)
-          if ((b == '"' || b == '}' || b == ']' || b == ',' || b == '<') && rng() % 2 == 0) pick = b;
-        ASSERT_TRUE(m.advance(static_cast<uint8_t>(pick)));
-        text.push_back(static_cast<char>(pick));
-      }
-      if (!done) continue;
+      std::optional<std::string> w = test_support::random_walk(g, rng, "\"}],<", 1, 4000);
+      if (!w) continue;
+      const std::string& text = *w;
       ++finished;
       OutputParser::Options po;
       po.syntax = f.id;
