@@ -10,8 +10,8 @@
 //  * Tool calls are streamed: a call is announced (id and name) once its opening markup is
 //    well formed (the arguments' '{' of JSON formats, the first <arg_key> of GLM, `<invoke
 //    name=...>` of MiniMax), and its arguments follow one complete top-level member at a time
-//    (`{"city": "Paris"`, `, "days": 3`, `}`); Gemma 4 and Mistral's list form still emit a
-//    call whole at its closing markup. Markup that is held back is never sent as content. A
+//    (`{"city": "Paris"`, `, "days": 3`, `}`); only Mistral's `[TOOL_CALLS][...]` list form
+//    still emits its calls whole at the closing bracket. Markup that is held back is never sent as content. A
 //    block that goes wrong or is cut off keeps its complete calls; a streamed call it broke
 //    off in is closed (its arguments so far + "}", ToolCall::complete false), and the rest is
 //    content, verbatim; markup that never became a call is content too (never dropped).

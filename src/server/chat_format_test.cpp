@@ -319,25 +319,32 @@ TEST(ChatFormat, OwnCases) {
 }
 
 // --tool-syntax-greedy: in_markup() is true on tags / names / keys and false inside values.
-// Formats whose goldens have no call of several parameters (Kimi, Mistral [ARGS], ERNIE): such a
+// Formats whose goldens have no call of several parameters (Kimi, Mistral [ARGS], ERNIE, Gemma 4): such a
 // call, streamed in random chunks, comes in several argument deltas that add up to the final
-// arguments (run() checks the sum), passed through as written.
-TEST(ChatFormat, MultiParameterCallsStreamForEveryJsonFormat) {
+// arguments (run() checks the sum); JSON arguments are passed through as written.
+TEST(ChatFormat, MultiParameterCallsStreamInEveryFormat) {
   const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string"},"days":{"type":"integer"},"unit":{"type":"string"}}}}}])");
   const std::string args = "{\"city\": \"Paris\", \"days\": 3, \"unit\": \"celsius\"}";
-  const std::pair<ToolSyntax, std::string> cases[] = {
-      {ToolSyntax::kKimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" + args +
-                                "<|tool_call_end|><|tool_calls_section_end|>"},
-      {ToolSyntax::kMistral, "[TOOL_CALLS]get_weather[ARGS]" + args + "</s>"},
-      {ToolSyntax::kErnie45, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + args + "}\n</tool_call>\n"},
+  struct Case {
+    ToolSyntax id;
+    std::string text, args;  // args: the final arguments
   };
-  for (const auto& [id, text] : cases) {
+  const Case cases[] = {
+      {ToolSyntax::kKimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" + args +
+                                "<|tool_call_end|><|tool_calls_section_end|>", args},
+      {ToolSyntax::kMistral, "[TOOL_CALLS]get_weather[ARGS]" + args + "</s>", args},
+      {ToolSyntax::kErnie45, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + args + "}\n</tool_call>\n", args},
+      // Gemma's own value syntax, as JSON (compact).
+      {ToolSyntax::kGemma4, "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,unit:<|\"|>celsius<|\"|>}<tool_call|><turn|>",
+       "{\"city\":\"Paris\",\"days\":3,\"unit\":\"celsius\"}"},
+  };
+  for (const auto& [id, text, want] : cases) {
     const std::string what(chat_format(id).name);
     auto opt = options_for(id, tools, false);
     Parsed whole = run(opt, {text}, true, true);
     ASSERT_EQ(whole.calls.size(), 1u) << what;
-    EXPECT_EQ(whole.calls[0].arguments, args) << what;
+    EXPECT_EQ(whole.calls[0].arguments, want) << what;
     EXPECT_EQ(whole.content, "") << what;
     for (uint32_t seed = 1; seed <= 6; ++seed) {
       Parsed s = run(opt, chunks(text, seed), true, true);
