@@ -77,6 +77,37 @@ TEST(Cli, GenerateDemoGoldenContinuation) {
   EXPECT_NE(t.err.find("peak RSS"), std::string::npos);
 }
 
+// --ignore-eos: a copy of the demo model whose end-of-sequence id is the second token it writes
+// greedily after "Oh, Lord" stops there; with the flag it runs on through the same tokens to
+// --max-tokens.
+TEST(Cli, GenerateIgnoreEosRunsPastEndOfSequence) {
+  Result g = spool("generate --prompt 'Oh, Lord' --temp 0 --max-tokens 8 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  const nlohmann::json greedy = nlohmann::json::parse(g.out)["output_ids"];
+  ASSERT_EQ(greedy.size(), 8u);
+  ASSERT_NE(greedy[0], greedy[1]);
+  const std::string dir = ::testing::TempDir() + "/cli_ignore_eos_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::copy(SPOOL_DEFAULT_MODEL_DIR, dir, fs::copy_options::recursive);
+  for (const char* f : {"config.json", "generation_config.json"}) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(slurp(dir + "/" + f));
+    j["eos_token_id"] = greedy[1];
+    if (j.contains("text_config")) j["text_config"]["eos_token_id"] = greedy[1];
+    std::ofstream(dir + "/" + f) << j.dump(2);
+  }
+  Result stop = spool("generate --model " + dir + " --prompt 'Oh, Lord' --temp 0 --max-tokens 8 --json");
+  ASSERT_EQ(stop.code, 0) << stop.err;
+  const auto s = nlohmann::json::parse(stop.out);
+  EXPECT_EQ(s["finish_reason"], "stop");
+  EXPECT_EQ(s["output_ids"], nlohmann::json({greedy[0], greedy[1]}));
+  Result on = spool("generate --model " + dir + " --prompt 'Oh, Lord' --temp 0 --max-tokens 8 --ignore-eos --json");
+  ASSERT_EQ(on.code, 0) << on.err;
+  const auto o = nlohmann::json::parse(on.out);
+  EXPECT_EQ(o["finish_reason"], "length");
+  EXPECT_EQ(o["output_ids"], greedy);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, GenerateChatRendersTheChatTemplate) {
   Result r = spool("generate --chat --system 'Be brief.' --prompt 'Hello there' --temp 0 --max-tokens 4 --json");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -31,6 +31,7 @@ struct GenerateOptions {
   bool chat = false;                // --chat: the prompt is a user message rendered with the chat template
   std::string system;               // --system: a system message before it (with --chat)
   std::string chat_template_kwargs; // --chat-template-kwargs JSON object (with --chat)
+  bool ignore_eos = false;          // --ignore-eos: end-of-sequence ids do not end generation
 };
 
 // The prompt text as one user turn (after an optional system turn) rendered with the model's
@@ -121,6 +122,9 @@ void run(const GenerateOptions& o) {
   for (int64_t e : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(e));
   // A chat turn also ends at the tokenizer's eos_token (e.g. <|im_end|>).
   if (o.chat && l.tok->eos_id() && *l.tok->eos_id() < spec.vocab_size) req.stop_ids.push_back(*l.tok->eos_id());
+  // --ignore-eos (llama.cpp's flag): an end-of-sequence id is output like any token and
+  // generation goes on to --max-tokens (benchmarks of a fixed length).
+  if (o.ignore_eos) req.stop_ids.clear();
 
   std::optional<tokenizer::StreamDecoder> dec;
   if (l.tok && !o.json) dec.emplace(*l.tok);
@@ -211,6 +215,7 @@ void register_generate(CLI::App& app) {
   c->add_option("-c,--ctx-size", o->ctx_size,
                 "Prompt + generated tokens at most; sizes the KV cache the expert-cache budget leaves room for "
                 "(default 0 = the prompt's tokens + --max-tokens)");
+  c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens, up to --max-tokens");
   c->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   c->add_flag("--chat", o->chat, "Send the prompt as a user message through the model's chat template");
   c->add_option("--system", o->system, "System message before the prompt (with --chat)");

@@ -29,6 +29,7 @@ struct ServeOptions {
   int64_t prefill_step = 512;
   int parallel = 1;
   bool tool_syntax_greedy = false;
+  int reasoning_budget = -1;
   std::string disk_cache;
   double disk_cache_budget_gb = 10;
   size_t cache_checkpoints = 16;
@@ -44,6 +45,7 @@ void run(const ServeOptions& o) {
   if (o.port < 0 || o.port > 65535) throw UsageError(strfmt("--port must be in [0, 65535] (got %d)", o.port));
   if (o.ctx_size < 0) throw UsageError(strfmt("--ctx-size must be >= 0 (got %lld)", (long long)o.ctx_size));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
+  if (o.reasoning_budget < -1) throw UsageError(strfmt("--reasoning-budget must be -1 (unlimited) or >= 0 (got %d)", o.reasoning_budget));
   if (o.parallel < 1 || o.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", o.parallel));
   if (!(o.disk_cache_budget_gb > 0)) throw UsageError(strfmt("--disk-cache-budget-gb must be > 0 (got %g)", o.disk_cache_budget_gb));
   server::EngineOptions eo;
@@ -64,6 +66,7 @@ void run(const ServeOptions& o) {
   eo.prefill_step = o.prefill_step;
   eo.parallel = o.parallel;
   eo.tool_syntax_greedy = o.tool_syntax_greedy;
+  eo.reasoning_budget = o.reasoning_budget;
   eo.cache_checkpoints = o.cache_checkpoints;
   eo.disk_cache_dir = o.disk_cache;
   eo.disk_cache_budget_gb = o.disk_cache_budget_gb;
@@ -149,6 +152,9 @@ void register_serve(CLI::App& app) {
   c->add_option("--parallel", o->parallel,
                  "Requests decoded together (slots, continuous batching; llama-server's -np, also accepted). Each slot holds its own "
                  "KV cache and state at --ctx-size; more wait in the queue (default 1)");
+  c->add_option("--reasoning-budget", o->reasoning_budget,
+                "Reasoning tokens per chat request before the server ends the reasoning with the family's closer "
+                "(-1 unlimited, the default; 0 ends it at once); a request's thinking_budget_tokens overrides it");
   c->add_flag("--tool-syntax-greedy", o->tool_syntax_greedy, "Choose tokens by argmax inside tool-call markup (tags, keys, punctuation)");
   c->add_option("--disk-cache", o->disk_cache, "Directory for prompt-prefix snapshots kept across restarts");
   c->add_option("--disk-cache-budget-gb", o->disk_cache_budget_gb, "Disk cache size limit in GB; least recently used snapshots go first (default 10)");

@@ -96,6 +96,25 @@ CallFormat mistral_format() {
   return json_args_format("mistral", "[TOOL_CALLS]", "[ARGS]", "", "[/THINK]", {"[TOOL_CALLS]", "[ARGS]", "[/THINK]"});
 }
 
+CallFormat ernie4_5_format() {
+  CallFormat f = qwen3_json_format();
+  f.name = "ernie4_5";
+  return f;
+}
+
+CallFormat gemma4_format() {
+  CallFormat f;
+  f.name = "gemma4";
+  f.begin = "<|tool_call>call:";
+  f.after_name = "";
+  f.args = ArgsSyntax::kJson;
+  f.dialect = JsonDialect::gemma();
+  f.end = "<tool_call|>";
+  f.reasoning_close = "<channel|>";
+  f.special_markup = {"<|tool_call>", "<tool_call|>", "<|\"|>", "<channel|>"};
+  return f;
+}
+
 namespace {
 
 // root ::= (reasoning)? body, reasoning ::= until(close) ("" | "\n" | "\n\n").
@@ -115,7 +134,7 @@ std::shared_ptr<const Constraint> compile_tool_call(const CallFormat& fmt, const
   for (const ToolSpec& t : tools) {
     const std::string path = "tools[" + t.name + "].parameters";
     // Each tool's schema resolves its own $refs.
-    SchemaCompiler sc(g, t.parameters);
+    SchemaCompiler sc(g, t.parameters, fmt.dialect);
     int32_t args = -1;
     if (fmt.args == ArgsSyntax::kXml) {
       args = sc.xml_arguments(t.parameters, fmt.xml, path);

@@ -33,6 +33,7 @@ struct CallFormat {
   bool name_in_json_string = false;  ///< the name is written inside a JSON string (escaped)
   std::string after_name;         ///< text between the name and the arguments
   ArgsSyntax args = ArgsSyntax::kJson;
+  JsonDialect dialect;            ///< spelling of kJson arguments (JSON unless the family has its own)
   XmlParams xml;                  ///< markup of kXml arguments
   std::string end;                ///< text after the arguments
   std::string reasoning_close;    ///< the family's reasoning closer ("" when it has none)
@@ -61,6 +62,13 @@ CallFormat minimax_m2_format();
 CallFormat gpt_oss_format();
 /// Mistral (Small 3.2 / Magistral / Ministral templates): `[TOOL_CALLS]NAME[ARGS]ARGS`.
 CallFormat mistral_format();
+
+/// ERNIE-4.5 (-Thinking templates): `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`,
+/// after `</think>` when the prompt opened reasoning.
+CallFormat ernie4_5_format();
+/// Gemma 4: `<|tool_call>call:NAME{ARGS}<tool_call|>` with the arguments in Gemma's value syntax
+/// (JsonDialect::gemma(): bare keys, `<|"|>`-quoted raw strings, no spaces).
+CallFormat gemma4_format();
 
 /// A callable tool: its name and its `parameters` JSON schema (null or {}: no constraint on
 /// the arguments object).

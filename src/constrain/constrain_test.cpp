@@ -13,6 +13,7 @@
 #include "constrain/json_schema.h"
 #include "constrain/token_mask.h"
 #include "tokenizer/tokenizer.h"
+#include "../../tests/support/grammar_walk.h"
 
 namespace spool::constrain {
 namespace {
@@ -164,27 +165,9 @@ TEST(JsonSchema, RandomWalksParseAndValidate) {
   std::mt19937_64 rng(7);
   int finished = 0;
   for (int walk = 0; walk < 300; ++walk) {
-    Matcher m(g);
-    std::string text;
-    bool done = false;
-    for (int step = 0; step < 2000 && !done; ++step) {
-      if (m.accepting() && (m.tops().size() == 1 || rng() % 4 == 0)) {
-        done = true;
-        break;
-      }
-      const ByteSet nb = m.next_bytes();
-      std::vector<int> opts;
-      for (int b = 0; b < 256; ++b)
-        if (nb.test(static_cast<size_t>(b))) opts.push_back(b);
-      ASSERT_FALSE(opts.empty()) << text;
-      // Prefer markup bytes so walks end: quotes, brackets and commas are picked often.
-      int pick = opts[rng() % opts.size()];
-      for (int b : opts)
-        if ((b == '"' || b == '}' || b == ']' || b == ',') && rng() % 2 == 0) pick = b;
-      ASSERT_TRUE(m.advance(static_cast<uint8_t>(pick)));
-      text.push_back(static_cast<char>(pick));
-    }
-    if (!done) continue;
+    std::optional<std::string> w = test_support::random_walk(g, rng, "\"}],", 4, 2000);
+    if (!w) continue;
+    const std::string& text = *w;
     ++finished;
     json v = json::parse(text, nullptr, false);
     ASSERT_FALSE(v.is_discarded()) << text;
@@ -273,6 +256,16 @@ TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
        "[TOOL_CALLS]get_time[ARGS]{\"city\": \"Paris\"}",
        "[TOOL_CALLS]get_weather[ARGS]{}",
        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3.5}"},
+      {ernie4_5_format(),
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": true}}\n</tool_call>"},
+      {gemma4_format(),  // gemma4 chat_cases: how the template renders a call
+       "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>",
+       "<|tool_call>call:get_time{city:<|\"|>Paris<|\"|>}<tool_call|>",
+       "<|tool_call>call:get_weather{days:3}<tool_call|>",
+       "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:<|\"|>3<|\"|>}<tool_call|>"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fmt.name);

@@ -1,5 +1,7 @@
 #include "constrain/json_schema.h"
 
+#include <cctype>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -91,7 +93,42 @@ std::string canonical_json(const json& v) {
   return out;
 }
 
-SchemaCompiler::SchemaCompiler(GrammarBuilder& g, const json& root) : g_(g), root_(root) {}
+std::string dialect_text(const json& v, const JsonDialect& d) {
+  if (d.quote == "\"" && !d.raw_strings && !d.bare_keys && d.colon == ": " && d.comma == ", ") return canonical_json(v);
+  std::string out;
+  if (v.is_string()) {
+    if (d.raw_strings) out = d.quote + v.get<std::string>() + d.quote;
+    else append_json_string(out, v.get_ref<const std::string&>());
+  } else if (v.is_array()) {
+    out += "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? d.comma : "") + dialect_text(v[i], d);
+    out += "]";
+  } else if (v.is_object()) {
+    out += "{";
+    bool first = true;
+    for (const auto& [k, x] : v.items()) {
+      if (!first) out += d.comma;
+      first = false;
+      out += d.bare_keys ? k : dialect_text(json(k), d);
+      out += d.colon + dialect_text(x, d);
+    }
+    out += "}";
+  } else {
+    out = v.dump();
+  }
+  return out;
+}
+
+SchemaCompiler::SchemaCompiler(GrammarBuilder& g, const json& root, JsonDialect dialect)
+    : g_(g), root_(root), d_(std::move(dialect)) {}
+
+int32_t SchemaCompiler::quoted(int32_t body) {
+  Seq q = g_.lit(d_.quote);
+  q.push_back(GrammarBuilder::ref(body));
+  Seq e = g_.lit(d_.quote);
+  q.insert(q.end(), e.begin(), e.end());
+  return g_.rule("string", {q});
+}
 
 const json& SchemaCompiler::resolve(const json& s, const std::string& path, int depth) {
   if (!s.is_object()) return s;
@@ -168,13 +205,9 @@ int32_t SchemaCompiler::string_rule(const json& s, const std::string& path, bool
   const int64_t hi = s.contains("maxLength") ? get_count(s, "maxLength", 0, path) : -1;
   if (hi >= 0 && hi < lo) throw SchemaError(strfmt("'maxLength' < 'minLength' at %s", path.c_str()));
   if (hi > 4096) throw SchemaError(strfmt("'maxLength' (at %s) above 4096 is not supported", path.c_str()));
-  const int32_t body = g_.repeat("str_body", {GrammarBuilder::ref(char_rule(raw))}, lo, hi);
+  const int32_t body = g_.repeat("str_body", {GrammarBuilder::ref(char_rule(raw || d_.raw_strings))}, lo, hi);
   if (raw) return body;
-  Seq q = g_.lit("\"");
-  q.push_back(GrammarBuilder::ref(body));
-  Seq e = g_.lit("\"");
-  q.insert(q.end(), e.begin(), e.end());
-  return g_.rule("string", {q});
+  return quoted(body);
 }
 
 int32_t SchemaCompiler::any_value() {
@@ -182,17 +215,24 @@ int32_t SchemaCompiler::any_value() {
   any_ = g_.rule("any");
   const int32_t str = string_rule(json::object(), "any", false);
   const int32_t num = typed("number", json::object(), "any");
-  // pair ::= string ": " any
-  Seq p = {GrammarBuilder::ref(str)};
-  for (auto e : g_.lit(": ")) p.push_back(e);
+  // pair ::= key colon any (key: a string, or an identifier in a bare_keys dialect)
+  int32_t key = str;
+  if (d_.bare_keys) {
+    ByteSet id;
+    for (int c = 0; c < 256; ++c)
+      if (std::isalnum(c) || c == '_') id.set(static_cast<size_t>(c));
+    key = g_.repeat("bare_key", {g_.set(id)}, 1, 64);
+  }
+  Seq p = {GrammarBuilder::ref(key)};
+  for (auto e : g_.lit(d_.colon)) p.push_back(e);
   p.push_back(GrammarBuilder::ref(any_));
   const int32_t pair_full = g_.rule("any_pair", {p});
-  const int32_t pairs = g_.repeat("any_pairs", {GrammarBuilder::ref(pair_full)}, 0, -1, g_.lit(", "));
+  const int32_t pairs = g_.repeat("any_pairs", {GrammarBuilder::ref(pair_full)}, 0, -1, g_.lit(d_.comma));
   Seq obj = g_.lit("{");
   obj.push_back(GrammarBuilder::ref(pairs));
   obj.push_back(g_.range('}', '}'));
   any_obj_ = g_.rule("any_object", {obj});
-  const int32_t items = g_.repeat("any_items", {GrammarBuilder::ref(any_)}, 0, -1, g_.lit(", "));
+  const int32_t items = g_.repeat("any_items", {GrammarBuilder::ref(any_)}, 0, -1, g_.lit(d_.comma));
   Seq arr = g_.lit("[");
   arr.push_back(GrammarBuilder::ref(items));
   arr.push_back(g_.range(']', ']'));
@@ -242,7 +282,7 @@ int32_t SchemaCompiler::typed(const std::string& type, const json& s, const std:
     if (hi > 1024) throw SchemaError(strfmt("'maxItems' (at %s) above 1024 is not supported", path.c_str()));
     auto it = s.find("items");
     const int32_t item = it == s.end() ? any_value() : value(*it, path + ".items");
-    const int32_t items = g_.repeat("items", {GrammarBuilder::ref(item)}, lo, hi, g_.lit(", "));
+    const int32_t items = g_.repeat("items", {GrammarBuilder::ref(item)}, lo, hi, g_.lit(d_.comma));
     Seq arr = g_.lit("[");
     arr.push_back(GrammarBuilder::ref(items));
     arr.push_back(g_.range(']', ']'));
@@ -285,9 +325,7 @@ int32_t SchemaCompiler::object(const json& s, const std::string& path, const Xml
       kv.push_back(GrammarBuilder::ref(xml_value(sub, sub_path)));
       for (auto e : g_.lit(xml->close)) kv.push_back(e);
     } else {
-      std::string key;
-      append_json_string(key, k);
-      kv = g_.lit(key + ": ");
+      kv = g_.lit((d_.bare_keys ? k : dialect_text(json(k), d_)) + d_.colon);
       kv.push_back(GrammarBuilder::ref(value(sub, sub_path)));
     }
     kvs.emplace_back(k, std::move(kv));
@@ -309,7 +347,7 @@ int32_t SchemaCompiler::object(const json& s, const std::string& path, const Xml
     g_.alt(first[i], a);
     if (!req) g_.alt(first[i], {GrammarBuilder::ref(first[i + 1])});
     if (!xml) {
-      Seq b = g_.lit(", ");
+      Seq b = g_.lit(d_.comma);
       b.insert(b.end(), a.begin(), a.end());
       g_.alt(rest[i], b);
       if (!req) g_.alt(rest[i], {GrammarBuilder::ref(rest[i + 1])});
@@ -342,11 +380,11 @@ int32_t SchemaCompiler::value(const json& s0, const std::string& path) {
   }
   check_keywords(s0, path);
   const json& s = s0;
-  if (auto c = s.find("const"); c != s.end()) return literal_rule(canonical_json(*c));
+  if (auto c = s.find("const"); c != s.end()) return literal_rule(dialect_text(*c, d_));
   if (auto e = s.find("enum"); e != s.end()) {
     if (!e->is_array() || e->empty()) throw SchemaError(strfmt("'enum' (at %s) must be a non-empty array", path.c_str()));
     const int32_t r = g_.rule("enum");
-    for (const auto& v : *e) g_.alt(r, g_.lit(canonical_json(v)));
+    for (const auto& v : *e) g_.alt(r, g_.lit(dialect_text(v, d_)));
     return r;
   }
   for (const char* comb : {"anyOf", "oneOf"}) {

@@ -43,11 +43,26 @@ struct XmlParams {
   std::string close = "\n</parameter>\n";  ///< after the value
 };
 
+/// How values are spelled: JSON (canonical, the default) or a family's JSON-like syntax.
+struct JsonDialect {
+  std::string quote = "\"";  ///< around strings (and quoted keys)
+  bool raw_strings = false;  ///< strings are raw text without escapes ('\n' and '<' excluded) instead of JSON strings
+  bool bare_keys = false;    ///< object keys unquoted ([A-Za-z0-9_]+ where any key may come)
+  std::string colon = ": ", comma = ", ";  ///< key/value and item separators
+  /// Gemma 4's tool-call arguments: `{city:<|"|>Paris<|"|>,days:3,tags:[<|"|>a<|"|>]}`.
+  static JsonDialect gemma() { return JsonDialect{"<|\"|>", true, true, ":", ","}; }
+};
+
+/// Text of `v` in dialect `d` (canonical_json for the JSON dialect). Keys are written bare in a
+/// bare_keys dialect.
+std::string dialect_text(const nlohmann::ordered_json& v, const JsonDialect& d);
+
 /// Compiles schemas into rules of one GrammarBuilder. `root` is the document that "#" refs
-/// resolve against (the tool's `parameters`, or the response_format schema).
+/// resolve against (the tool's `parameters`, or the response_format schema); values are spelled
+/// in `dialect`.
 class SchemaCompiler {
  public:
-  SchemaCompiler(GrammarBuilder& g, const nlohmann::ordered_json& root);
+  SchemaCompiler(GrammarBuilder& g, const nlohmann::ordered_json& root, JsonDialect dialect = {});
   /// Rule for the JSON text of a value valid under `schema`; `path` names it in errors.
   /// Throws SchemaError.
   int32_t value(const nlohmann::ordered_json& schema, const std::string& path);
@@ -70,10 +85,12 @@ class SchemaCompiler {
   int32_t string_rule(const nlohmann::ordered_json& s, const std::string& path, bool raw);
   int32_t xml_value(const nlohmann::ordered_json& s, const std::string& path);
   int32_t literal_rule(const std::string& text);
+  int32_t quoted(int32_t body);  // d_.quote body d_.quote
   int32_t char_rule(bool raw);
 
   GrammarBuilder& g_;
   const nlohmann::ordered_json& root_;
+  JsonDialect d_;
   std::map<std::string, int32_t> refs_;  // resolved $ref -> rule (recursion)
   int32_t any_ = -1, any_obj_ = -1, json_char_ = -1, raw_char_ = -1, ws_digits_ = -1;
 };

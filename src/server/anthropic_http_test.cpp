@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../../tests/support/demo_server.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
 
@@ -18,40 +19,20 @@ namespace {
 constexpr int kReadTimeoutS = 600;
 const char* kKey = "test-key";
 
-// A server with the demo model and an API key on a free loopback port, serving until destroyed.
-struct Running {
-  explicit Running(bool with_engine = true) {
+// A server with the demo model and an API key on a free loopback port, serving until destroyed;
+// its clients send the key and anthropic-version.
+struct Running : test_support::DemoServer {
+  explicit Running(bool with_engine = true) : DemoServer(with_key(), with_engine) {}
+  static HttpOptions with_key() {
     HttpOptions ho;
-    ho.port = 0;
     ho.api_key = kKey;
-    server = std::make_unique<HttpServer>(ho);
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-    if (with_engine) load();
-  }
-  void load() {
-    engine::LoadOptions o;
-    o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
-    o.threads = 2;
-    EngineOptions eo;
-    eo.model_name = "demo";
-    eo.ctx_size = 512;
-    eo.prefill_step = 32;
-    server->set_engine(make_serving_engine(engine::load(o), eo));
-  }
-  ~Running() {
-    server->stop();
-    thread.join();
+    return ho;
   }
   httplib::Client client(bool with_key = true) const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(kReadTimeoutS, 0);
+    httplib::Client c = DemoServer::client(kReadTimeoutS);
     if (with_key) c.set_default_headers({{"x-api-key", kKey}, {"anthropic-version", "2023-06-01"}});
     return c;
   }
-  std::unique_ptr<HttpServer> server;
-  int port = 0;
-  std::thread thread;
 };
 
 json body_json(const httplib::Result& r) { return json::parse(r->body, nullptr, false); }

@@ -217,7 +217,8 @@ void map_tool_choice(const json& body, const std::set<std::string>& names, Anthr
   }
 }
 
-// thinking -> chat_template_kwargs.enable_thinking (absent: the template's default).
+// thinking -> chat_template_kwargs.enable_thinking (absent: the template's default) and
+// budget_tokens -> thinking_budget_tokens (request.h: GenRequest::reasoning_budget).
 void map_thinking(const json& body, AnthropicRequest& r, bool count_tokens) {
   auto it = body.find("thinking");
   if (it == body.end() || it->is_null()) return;
@@ -230,6 +231,7 @@ void map_thinking(const json& body, AnthropicRequest& r, bool count_tokens) {
     if (!count_tokens && *budget >= r.max_tokens)
       throw bad_request("thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens");
     r.chat["chat_template_kwargs"] = json{{"enable_thinking", true}};
+    r.chat["thinking_budget_tokens"] = *budget;  // enforced: the reasoning is ended after that many tokens
   } else if (*type == "disabled") {
     r.chat["chat_template_kwargs"] = json{{"enable_thinking", false}};
   } else if (*type != "adaptive") {

@@ -21,7 +21,8 @@
 //    "required" / that function (any / tool are enforced by constrained decoding,
 //    server/constrained.h); none -> no tools in the prompt and no tool-call parsing;
 //  * thinking {type: enabled} / {type: disabled} -> chat_template_kwargs.enable_thinking
-//    true / false; {type: adaptive} leaves the template's default;
+//    true / false; {type: adaptive} leaves the template's default; budget_tokens ->
+//    thinking_budget_tokens (the server ends the reasoning after that many tokens);
 //  * max_tokens, temperature (0..1), top_p, top_k -> the same OpenAI fields; stop_sequences are
 //    returned apart (AnthropicRequest::stop_sequences) so that the response can name the one
 //    that matched.

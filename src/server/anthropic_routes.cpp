@@ -13,6 +13,7 @@
 #include "server/http_server.h"
 #include "server/json_body.h"
 #include "server/openai_format.h"
+#include "server/ticket_reader.h"
 
 namespace spool::server {
 
@@ -77,43 +78,25 @@ void HttpServer::handle_messages(const httplib::Request& req, const std::string&
   const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
   auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
   const std::string id = new_response_id("msg_");
-  BatchEngine& engine = *e.batch;
-
   std::shared_ptr<void> slot = admit();
-  std::shared_ptr<GenTicket> ticket = engine.submit(g, g->stream);
-  std::shared_ptr<void> give_up(nullptr, [&engine, ticket](void*) { engine.cancel(ticket); });
-  // The ticket's next message, polling `keep_going` between waits (false: cancel, nullopt).
-  auto next = [&engine, ticket](const std::function<bool()>& keep_going) -> std::optional<GenMessage> {
-    GenMessage m;
-    for (;;) {
-      if (!keep_going()) {
-        engine.cancel(ticket);
-        return std::nullopt;
-      }
-      if (ticket->next(m, 50)) return m;
-    }
-  };
+  const TicketReader ticket(*e.batch, g, g->stream);  // gives the request up when the response ends
   auto shutting_down = [] { return ApiError(503, "server_error", "the server is shutting down; the request was not completed"); };
 
   if (!g->stream) {
-    for (;;) {
-      std::optional<GenMessage> m = next(alive);
-      if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
-        if (stopping_) throw shutting_down();
-        res.status = kClientClosed;
-        return;
-      }
-      if (m->kind == GenMessage::kFailed) throw ApiError(m->status, "server_error", m->error);
-      if (m->kind != GenMessage::kDone) continue;
-      res.set_content(dump_json(anthropic_message_json(id, e.facts.name, m->result)), "application/json");
+    std::optional<GenResult> r = ticket.result(alive);
+    if (!r) {
+      if (stopping_) throw shutting_down();
+      res.status = kClientClosed;
       return;
     }
+    res.set_content(dump_json(anthropic_message_json(id, e.facts.name, *r)), "application/json");
+    return;
   }
 
   auto stream = std::make_shared<AnthropicStream>(id, e.facts.name, static_cast<int64_t>(g->prompt.size()));
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, stream, alive, slot, ticket, next, shutting_down, &engine, give_up](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, stream, alive, slot, ticket, shutting_down](size_t, httplib::DataSink& sink) {
         bool ok = true;
         double last = seconds_now();
         auto write = [&](const std::string& s) {
@@ -128,7 +111,7 @@ void HttpServer::handle_messages(const httplib::Request& req, const std::string&
         try {
           write(stream->start());
           for (;;) {
-            std::optional<GenMessage> m = next(keep_going);
+            std::optional<GenMessage> m = ticket.next(keep_going);
             if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
               if (ok && stopping_) throw shutting_down();
               return false;
@@ -140,7 +123,7 @@ void HttpServer::handle_messages(const httplib::Request& req, const std::string&
             if (m->kind == GenMessage::kStarted) continue;
             if (m->kind == GenMessage::kEvent) {
               write(stream->delta(m->event.delta));
-              if (!ok) engine.cancel(ticket);
+              if (!ok) ticket.cancel();
               continue;
             }
             if (!ok) return false;  // kDone

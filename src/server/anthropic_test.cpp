@@ -88,7 +88,9 @@ TEST(AnthropicRequest, ToolChoiceAndThinking) {
   b["max_tokens"] = 4096;
   b["thinking"] = {{"type", "enabled"}, {"budget_tokens", 1024}};
   EXPECT_EQ(parse_anthropic_request(b, false).chat["chat_template_kwargs"], (json{{"enable_thinking", true}}));
+  EXPECT_EQ(parse_anthropic_request(b, false).chat["thinking_budget_tokens"], 1024) << "the budget is enforced";
   b["thinking"] = {{"type", "disabled"}};
+  EXPECT_FALSE(parse_anthropic_request(b, false).chat.contains("thinking_budget_tokens"));
   EXPECT_EQ(parse_anthropic_request(b, false).chat["chat_template_kwargs"], (json{{"enable_thinking", false}}));
   b["thinking"] = {{"type", "adaptive"}};
   EXPECT_FALSE(parse_anthropic_request(b, false).chat.contains("chat_template_kwargs"));

@@ -58,6 +58,18 @@ std::vector<ChatFormat> make_formats() {
       {"<think>", "</think>", "<response>", "</response>", "<tool_call>", "</tool_call>"}, true);
   add(ToolSyntax::kGemma4, "gemma4", "Gemma 4", "<|channel>thought", "<channel|>", {"<turn|>"},
       {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|\"|>", "<turn|>"}, true);
+  // How each family's template closes reasoning (the text injected when a thinking budget runs out).
+  for (auto& f : v) {
+    switch (f.id) {
+      case ToolSyntax::kGlm45:
+      case ToolSyntax::kKimiK2:
+      case ToolSyntax::kMistral:
+      case ToolSyntax::kGemma4: f.reasoning_end = std::string(f.reasoning_close); break;
+      case ToolSyntax::kDeepSeekV3: f.reasoning_end = "</think>\n\n"; break;
+      case ToolSyntax::kGptOss: f.reasoning_end = "<|end|><|start|>assistant<|channel|>final<|message|>"; break;
+      default: f.reasoning_end = "\n" + std::string(f.reasoning_close) + "\n\n"; break;
+    }
+  }
   return v;
 }
 

@@ -7,10 +7,14 @@
 //    opener, or right away when the rendered generation prompt ends inside an open one
 //    (prompt_opens_reasoning; e.g. GLM-4.7-Flash, MiniMax-M2, Qwen3.5 with thinking on). Leading
 //    and trailing whitespace of the reasoning is dropped, as are the newlines after its closer.
-//  * Tool calls are emitted whole (one ToolCallDelta with id, name and the complete arguments)
-//    once their closing markup is seen; markup that is held back is never sent as content. A
-//    block that goes wrong or is cut off keeps its complete calls and the rest is content,
-//    verbatim; markup that never became a call is content too (never dropped).
+//  * Tool calls are streamed: a call is announced (id and name) once its opening markup is
+//    well formed (the arguments' '{' of JSON formats, the first <arg_key> of GLM, `<invoke
+//    name=...>` of MiniMax), and its arguments follow one complete top-level member at a time
+//    (`{"city": "Paris"`, `, "days": 3`, `}`); only Mistral's `[TOOL_CALLS][...]` list form
+//    still emits its calls whole at the closing bracket. Markup that is held back is never sent as content. A
+//    block that goes wrong or is cut off keeps its complete calls; a streamed call it broke
+//    off in is closed (its arguments so far + "}", ToolCall::complete false), and the rest is
+//    content, verbatim; markup that never became a call is content too (never dropped).
 //  * Where the family writes argument values as text (GLM <arg_value>, MiniMax <parameter>),
 //    they are typed by the request's tool schema (typed_param_json, tool_calls.h); JSON
 //    arguments are passed through as written (validated to be a JSON object).
@@ -34,6 +38,11 @@ struct ChatFormat {
   /// Opener and closer of reasoning in the output ("" when the family has none); the opener is
   /// also what prompt_opens_reasoning looks for at the end of a rendered prompt.
   std::string_view reasoning_open, reasoning_close;
+  /// What the server writes to end reasoning when a thinking budget runs out (--reasoning-budget,
+  /// Anthropic `thinking.budget_tokens`): the closer as the family's template writes it, e.g.
+  /// "\n</think>\n\n" for Qwen, "</think>" for GLM, harmony's
+  /// "<|end|><|start|>assistant<|channel|>final<|message|>" for gpt-oss ("" when none).
+  std::string reasoning_end;
   /// Text that ends the assistant turn (treated as stop strings; may be empty).
   std::vector<std::string> end_of_turn;
   /// All markup the format uses: none of it may appear in content or reasoning parsed from a

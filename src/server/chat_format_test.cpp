@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,6 +45,7 @@ std::string read_text(const std::string& rel) {
 struct Parsed {
   std::string content, reasoning;
   std::vector<ToolCall> calls;
+  std::vector<int> arg_deltas;  // per call: pushes whose delta carried some of its arguments
 };
 
 // Parses `text` in pieces; checks that no delta carries the format's markup (when
@@ -52,8 +54,16 @@ Parsed run(const OutputParser::Options& opt, const std::vector<std::string>& pie
            bool check_markup) {
   OutputParser p(opt);
   OutputDelta all;
+  std::vector<int> arg_deltas;
   const auto& markup = chat_format(opt.syntax).markup;
   auto absorb = [&](OutputDelta d) {
+    std::set<int> with_args;
+    for (const auto& t : d.tool_calls)
+      if (!t.arguments.empty()) with_args.insert(t.index);
+    for (int i : with_args) {
+      if (arg_deltas.size() <= static_cast<size_t>(i)) arg_deltas.resize(i + 1);
+      ++arg_deltas[i];
+    }
     if (check_markup) {
       for (const auto& m : markup) {
         EXPECT_EQ(d.content.find(m), std::string::npos) << "markup " << m << " in content delta: " << d.content;
@@ -77,7 +87,8 @@ Parsed run(const OutputParser::Options& opt, const std::vector<std::string>& pie
     EXPECT_EQ(rebuilt[i].name, p.tool_calls()[i].name);
     EXPECT_EQ(rebuilt[i].arguments, p.tool_calls()[i].arguments);
   }
-  return Parsed{p.content(), p.reasoning(), p.tool_calls()};
+  arg_deltas.resize(p.tool_calls().size());
+  return Parsed{p.content(), p.reasoning(), p.tool_calls(), arg_deltas};
 }
 
 // Random pieces of 1..8 bytes that never split a UTF-8 character.
@@ -118,11 +129,16 @@ void expect_message(const Parsed& got, const json& m, const std::string& what) {
   for (size_t i = 0; i < calls.size(); ++i) {
     const json& fn = calls[i].contains("function") ? calls[i]["function"] : calls[i];
     EXPECT_EQ(got.calls[i].name, fn["name"].get<std::string>()) << what;
+    if (fn.contains("arguments_so_far")) {  // an unfinished output: the arguments streamed so far
+      EXPECT_EQ(got.calls[i].arguments, fn["arguments_so_far"].get<std::string>()) << what;
+      continue;
+    }
     json want = fn["arguments"].is_string() ? json::parse(fn["arguments"].get<std::string>()) : fn["arguments"];
     json have = json::parse(got.calls[i].arguments, nullptr, false);
     EXPECT_EQ(have, want) << what << " call " << i << ": " << got.calls[i].arguments;
-    if (calls[i].value("check_id", false))
+    if (calls[i].value("check_id", false)) {
       EXPECT_EQ(got.calls[i].id, calls[i]["id"].get<std::string>()) << what;
+    }
   }
 }
 
@@ -180,6 +196,7 @@ OutputParser::Options options_for(ToolSyntax id, const json& tools, bool starts_
 
 TEST(ChatFormat, AssistantCasesParseBack) {
   int n = 0;
+  std::map<std::string, int> multi;  // multi-parameter calls checked per family
   for (const auto& [name, id] : kFamilies) {
     json cases = load(std::string("chat/") + name + "/assistant_cases.json");
     for (size_t k = 0; k < cases.size(); ++k) {
@@ -193,12 +210,21 @@ TEST(ChatFormat, AssistantCasesParseBack) {
       for (uint32_t seed = 1; seed <= 6; ++seed) {
         Parsed s = run(opt, chunks(text, seed), true, true);
         expect_same(s, whole, what + " seed " + std::to_string(seed));
+        // Arguments are streamed: a call of several parameters comes in several deltas (and
+        // run() checked that they add up to the final arguments).
+        for (size_t i = 0; i < s.calls.size(); ++i) {
+          const json args = json::parse(s.calls[i].arguments, nullptr, false);
+          if (!args.is_object() || args.size() < 2) continue;
+          EXPECT_GE(s.arg_deltas[i], 2) << what << " seed " << seed << " call " << i << ": " << s.calls[i].arguments;
+          if (seed == 1) ++multi[name];
+        }
       }
       ++n;
     }
   }
   EXPECT_EQ(n, 16);
   std::printf("assistant cases passed: %d\n", n);
+  for (const auto& [name, k] : multi) std::printf("streamed multi-parameter calls: %s %d\n", name.c_str(), k);
 }
 
 ToolSyntax syntax_named(const std::string& name) {
@@ -264,12 +290,20 @@ TEST(ChatFormat, OwnCases) {
           {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]})")},
       {ToolSyntax::kMistral, false, "[THINK]Let me see.[/THINK]It is sunny.</s>",
        json::parse(R"({"content": "It is sunny.", "reasoning_content": "Let me see."})")},
-      // A truncated second call: the complete first call stays, the rest is content verbatim.
+      // A truncated second call: the complete first call stays; the second was announced (its
+      // arguments had begun), so it stays too, closed with what was streamed ({}), and the rest
+      // is content verbatim.
       {ToolSyntax::kDeepSeekV3, false,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>"
        "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Os",
        json::parse(R"({"content": "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Os", "tool_calls": [
-          {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]})")},
+          {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+          {"function": {"name": "get_weather", "arguments": {}}}]})")},
+      // Cut off after a complete member: the streamed call keeps it.
+      {ToolSyntax::kGlm45, false,
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_val",
+       json::parse(R"({"content": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_val",
+          "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]})")},
       // Malformed markup that never became a call is content, verbatim.
       {ToolSyntax::kGlm45, false, "<tool_call>bad name here", json::parse(R"({"content": "<tool_call>bad name here"})")},
       {ToolSyntax::kMiniMaxM2, false, "a<minimax:tool_call>\n<oops/>", json::parse(R"({"content": "a<minimax:tool_call>\n<oops/>"})")},
@@ -285,6 +319,42 @@ TEST(ChatFormat, OwnCases) {
 }
 
 // --tool-syntax-greedy: in_markup() is true on tags / names / keys and false inside values.
+// Formats whose goldens have no call of several parameters (Kimi, Mistral [ARGS], ERNIE, Gemma 4): such a
+// call, streamed in random chunks, comes in several argument deltas that add up to the final
+// arguments (run() checks the sum); JSON arguments are passed through as written.
+TEST(ChatFormat, MultiParameterCallsStreamInEveryFormat) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"},"unit":{"type":"string"}}}}}])");
+  const std::string args = "{\"city\": \"Paris\", \"days\": 3, \"unit\": \"celsius\"}";
+  struct Case {
+    ToolSyntax id;
+    std::string text, args;  // args: the final arguments
+  };
+  const Case cases[] = {
+      {ToolSyntax::kKimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" + args +
+                                "<|tool_call_end|><|tool_calls_section_end|>", args},
+      {ToolSyntax::kMistral, "[TOOL_CALLS]get_weather[ARGS]" + args + "</s>", args},
+      {ToolSyntax::kErnie45, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + args + "}\n</tool_call>\n", args},
+      // Gemma's own value syntax, as JSON (compact).
+      {ToolSyntax::kGemma4, "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,unit:<|\"|>celsius<|\"|>}<tool_call|><turn|>",
+       "{\"city\":\"Paris\",\"days\":3,\"unit\":\"celsius\"}"},
+  };
+  for (const auto& [id, text, want] : cases) {
+    const std::string what(chat_format(id).name);
+    auto opt = options_for(id, tools, false);
+    Parsed whole = run(opt, {text}, true, true);
+    ASSERT_EQ(whole.calls.size(), 1u) << what;
+    EXPECT_EQ(whole.calls[0].arguments, want) << what;
+    EXPECT_EQ(whole.content, "") << what;
+    for (uint32_t seed = 1; seed <= 6; ++seed) {
+      Parsed s = run(opt, chunks(text, seed), true, true);
+      expect_same(s, whole, what + " seed " + std::to_string(seed));
+      ASSERT_EQ(s.calls.size(), 1u) << what;
+      EXPECT_GE(s.arg_deltas[0], 2) << what << " seed " << seed;
+    }
+  }
+}
+
 TEST(ChatFormat, InMarkupPerFormat) {
   struct Probe {
     ToolSyntax id;

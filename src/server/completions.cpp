@@ -10,6 +10,7 @@
 #include "server/http_server.h"
 #include "server/json_body.h"
 #include "server/openai_format.h"
+#include "server/ticket_reader.h"
 
 namespace spool::server {
 
@@ -35,45 +36,21 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
   auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
   const ResponseMeta meta{new_response_id(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)), e.facts.name};
   const tokenizer::Tokenizer& tok = *e.facts.tok;
-  BatchEngine& engine = *e.batch;
-
   // Counted in from here until the response is done (the stream's provider holds it).
   std::shared_ptr<void> slot = admit();
-  std::shared_ptr<GenTicket> ticket = engine.submit(g, g->stream);
-  // Whatever ends this response (an exception, a stream provider httplib drops unread) gives
-  // the request up; after it finished, cancel() has no effect.
-  std::shared_ptr<void> give_up(nullptr, [&engine, ticket](void*) { engine.cancel(ticket); });
-
-  // Reads the ticket's next message, polling `keep_going` (the client is there, the stream
-  // writes) between waits; on false the request is cancelled and nullopt returned.
-  auto next = [&engine, ticket](const std::function<bool()>& keep_going) -> std::optional<GenMessage> {
-    GenMessage m;
-    for (;;) {
-      if (!keep_going()) {
-        engine.cancel(ticket);
-        return std::nullopt;
-      }
-      if (ticket->next(m, 50)) return m;
-    }
-  };
-  auto failed = [](const GenMessage& m) {
-    return ApiError(m.status, m.status == 400 ? "invalid_request_error" : "server_error", m.error);
-  };
+  // Whatever ends this response gives the request up (TicketReader).
+  const TicketReader ticket(*e.batch, g, g->stream);
 
   if (!g->stream) {
-    for (;;) {
-      std::optional<GenMessage> m = next(alive);
-      if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
-        if (stopping_) throw shutting_down();
-        res.status = kClientClosed;
-        return;
-      }
-      if (m->kind == GenMessage::kFailed) throw failed(*m);
-      if (m->kind != GenMessage::kDone) continue;
-      const json j = chat ? chat_completion_json(meta, m->result, g->logprobs, tok) : completion_json(meta, m->result, g->logprobs, tok);
-      res.set_content(dump_json(j), "application/json");
+    std::optional<GenResult> r = ticket.result(alive);
+    if (!r) {
+      if (stopping_) throw shutting_down();
+      res.status = kClientClosed;
       return;
     }
+    const json j = chat ? chat_completion_json(meta, *r, g->logprobs, tok) : completion_json(meta, *r, g->logprobs, tok);
+    res.set_content(dump_json(j), "application/json");
+    return;
   }
 
   // With include_usage every chunk but the last carries "usage": null, as OpenAI sends them.
@@ -83,7 +60,7 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
   };
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, &tok, g, meta, alive, chat, chunk, slot, ticket, next, failed, &engine, give_up](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, &tok, g, meta, alive, chat, chunk, slot, ticket](size_t, httplib::DataSink& sink) {
         bool ok = true;
         auto write = [&](const std::string& s) {
           if (ok && !sink.write(s.data(), s.size())) ok = false;
@@ -91,12 +68,12 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
         };
         try {
           for (;;) {
-            std::optional<GenMessage> m = next([&] { return ok && alive(); });
+            std::optional<GenMessage> m = ticket.next([&] { return ok && alive(); });
             if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
               if (ok && stopping_) throw shutting_down();
               return false;
             }
-            if (m->kind == GenMessage::kFailed) throw failed(*m);
+            if (m->kind == GenMessage::kFailed) throw TicketReader::failed(*m);
             if (m->kind == GenMessage::kStarted) {
               if (chat) write(chunk(chat_chunk_json(meta, json{{"role", "assistant"}, {"content", ""}}, "", nullptr, tok)));
               continue;
@@ -110,7 +87,7 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
               } else if (!ev.delta.content.empty() || !ev.logprobs.empty()) {
                 write(chunk(completion_chunk_json(meta, ev.delta.content, "", lp, tok)));
               }
-              if (!ok) engine.cancel(ticket);
+              if (!ok) ticket.cancel();
               continue;
             }
             const GenResult& r = m->result;  // kDone

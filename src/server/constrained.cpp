@@ -17,6 +17,8 @@ const constrain::CallFormat* call_format_for(ToolSyntax s) {
   static const constrain::CallFormat kMiniMax = constrain::minimax_m2_format();
   static const constrain::CallFormat kGptOss = constrain::gpt_oss_format();
   static const constrain::CallFormat kMistral = constrain::mistral_format();
+  static const constrain::CallFormat kErnie = constrain::ernie4_5_format();
+  static const constrain::CallFormat kGemma = constrain::gemma4_format();
   switch (s) {
     case ToolSyntax::kQwen3Json:
       return &kQwen3;
@@ -34,6 +36,10 @@ const constrain::CallFormat* call_format_for(ToolSyntax s) {
       return &kGptOss;
     case ToolSyntax::kMistral:
       return &kMistral;
+    case ToolSyntax::kErnie45:
+      return &kErnie;
+    case ToolSyntax::kGemma4:
+      return &kGemma;
     default:
       return nullptr;
   }

@@ -78,7 +78,19 @@ bool GenStepper::on_logits(const float* logits) {
       fail("constrained decoding: no token of the vocabulary continues the %s here", req_.constraint->what.c_str());
     allowed = mask_.data();
   }
-  const int32_t id = (argmax ? greedy_ : sampler_).sample(work_.data(), context_, generated_, allowed);
+  const bool was_reasoning = parser_.in_reasoning();
+  if (req_.reasoning_budget >= 0 && !budget_done_ && was_reasoning && reasoning_tokens_ >= req_.reasoning_budget) {
+    budget_done_ = true;  // the budget ran out: end the reasoning the family's way
+    forced_.assign(req_.reasoning_end.rbegin(), req_.reasoning_end.rend());
+  }
+  int32_t id;
+  if (!forced_.empty()) {
+    id = forced_.back();
+    forced_.pop_back();
+  } else {
+    id = (argmax ? greedy_ : sampler_).sample(work_.data(), context_, generated_, allowed);
+    if (was_reasoning) ++reasoning_tokens_;
+  }
   if (constraint_ && !constraint_->accept(id)) fail("constrained decoding: token %d does not follow the grammar", id);
   last_ = id;
   generated_.push_back(id);

@@ -60,7 +60,8 @@ class GenStepper {
 
   /// Samples the next token from `logits` [vocab] (the model's next-token logits; copied,
   /// not modified); with req.constraint, only among the tokens its grammar allows (EOS only once
-  /// the output is complete). Returns true when the token must be fed to the model (then token() is it
+  /// the output is complete). Once req.reasoning_budget tokens were generated inside reasoning,
+  /// the next tokens are req.reasoning_end instead (not sampled; they count as generated). Returns true when the token must be fed to the model (then token() is it
   /// and on_logits is called again with the logits after it); false when generation ended
   /// (stop id, stop string or max_tokens): call finish(). Throws spool::Error for non-finite
   /// logits (no token is sampled from them).
@@ -94,6 +95,9 @@ class GenStepper {
   std::optional<constrain::ConstraintState> constraint_;  // req.constraint's state (none: unconstrained)
   std::vector<uint64_t> mask_;                            // allowed tokens of this step (constrained only)
   std::vector<TokenLogprob> logprobs_;
+  int64_t reasoning_tokens_ = 0;   // tokens generated inside reasoning (req.reasoning_budget)
+  std::vector<int32_t> forced_;    // tokens still to emit, in order (the reasoning closer)
+  bool budget_done_ = false;       // the budget ran out and the closer was forced
   GenEvent ev_;
   std::string finish_ = "length";
   int32_t last_ = -1;

@@ -626,6 +626,13 @@ OutputDelta OutputParser::finish() {
 bool OutputParser::stopped() const { return fam_ ? fam_->stopped() : impl_->stop.stopped(); }
 bool OutputParser::finished() const { return fam_ ? fam_->finished() : impl_->finished; }
 bool OutputParser::in_markup() const { return fam_ ? fam_->in_markup() : impl_->in_markup(); }
+bool OutputParser::in_reasoning() const {
+  if (fam_) return !fam_->finished() && fam_->in_reasoning();
+  if (impl_->finished || !impl_->opt.parse_reasoning) return false;
+  using St = Impl::St;
+  return impl_->st == St::kReasoningStart || impl_->st == St::kReasoning ||
+         (impl_->st == St::kStart && impl_->opt.starts_in_reasoning);
+}
 const std::string& OutputParser::content() const { return fam_ ? fam_->content() : impl_->content; }
 const std::string& OutputParser::reasoning() const { return fam_ ? fam_->reasoning() : impl_->reasoning; }
 const std::vector<ToolCall>& OutputParser::tool_calls() const { return fam_ ? fam_->tool_calls() : impl_->calls; }

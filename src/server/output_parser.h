@@ -164,6 +164,11 @@ class OutputParser {
   /// text, reasoning, and inside argument values.
   bool in_markup() const;
 
+  /// For thinking budgets: true while the output is inside reasoning (after the family's opener,
+  /// or from the start when Options::starts_in_reasoning, until its closer); false once content,
+  /// a tool call or the end came, and always without Options::parse_reasoning.
+  bool in_reasoning() const;
+
   /// Aggregated content so far.
   const std::string& content() const;
   /// Aggregated reasoning so far.

@@ -1,5 +1,7 @@
 #include "server/request.h"
 
+#include "server/chat_format.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -135,6 +137,14 @@ GenRequest parse_chat_request(const json& body, const ModelFacts& f, uint64_t se
   r.parser.parse_reasoning = true;
   r.parser.starts_in_reasoning = prompt.starts_in_reasoning;
   r.parser.tools = prompt.tools.is_null() ? nlohmann::json() : nlohmann::json::parse(prompt.tools.dump());
+  // Thinking budget (llama-server's thinking_budget_tokens / --reasoning-budget).
+  r.reasoning_budget = f.reasoning_budget;
+  if (auto v = get_int(body, "thinking_budget_tokens", -1, std::numeric_limits<int32_t>::max())) r.reasoning_budget = static_cast<int>(*v);
+  if (r.reasoning_budget >= 0) {
+    const std::string& end = chat_format(prompt.syntax).reasoning_end;
+    if (end.empty()) r.reasoning_budget = -1;  // the format has no reasoning to end
+    else r.reasoning_end = f.tok->encode(end, /*add_special=*/false);
+  }
   // A forced tool call wins over response_format (which is still checked).
   ForcedOutput forced = parse_response_format(body);
   if (prompt.force_tool) {

@@ -26,6 +26,9 @@ struct ModelFacts {
   int64_t ctx_size = 4096;                  ///< prompt + output positions at most
   int64_t vocab_size = 0;                   ///< model vocabulary (ids must be below)
   std::vector<int32_t> stop_ids;            ///< end-of-sequence ids (generation stops, not output)
+  /// --reasoning-budget: reasoning tokens a chat request may generate before the server ends the
+  /// reasoning (-1 unlimited, 0 ends it at once); a request's `thinking_budget_tokens` overrides it.
+  int reasoning_budget = -1;
   /// Vocabulary index for constrained decoding, built on first use (null: built per request from
   /// `tok`, for tests).
   std::shared_ptr<constrain::LazyTokenIndex> token_index;
@@ -47,6 +50,11 @@ struct GenRequest {
   /// report the unbiased distribution); ids ascending, each once.
   std::vector<std::pair<int32_t, float>> logit_bias;
   OutputParser::Options parser;       ///< stop strings, reasoning and tool-call parsing
+  /// Thinking budget: once this many tokens were generated inside reasoning (OutputParser::
+  /// in_reasoning), the next tokens are forced to `reasoning_end` (the family's closer,
+  /// ChatFormat::reasoning_end, tokenized) and the model goes on with the answer. -1: unlimited.
+  int reasoning_budget = -1;
+  std::vector<int32_t> reasoning_end;
   /// Constrained decoding (server/constrained.h): the grammar the output must follow (null: none)
   /// and the vocabulary index its token masks are computed on.
   std::shared_ptr<const constrain::Constraint> constraint;

@@ -15,6 +15,7 @@
 #include "server/openai_format.h"
 #include "server/responses_format.h"
 #include "server/responses_request.h"
+#include "server/ticket_reader.h"
 
 namespace spool::server {
 
@@ -102,46 +103,27 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
 
   const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
   auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
-  BatchEngine& engine = *e.batch;
   std::shared_ptr<void> slot = admit();
-  std::shared_ptr<GenTicket> ticket = engine.submit(g, g->stream);
-  std::shared_ptr<void> give_up(nullptr, [&engine, ticket](void*) { engine.cancel(ticket); });
-  auto next = [&engine, ticket](const std::function<bool()>& keep_going) -> std::optional<GenMessage> {
-    GenMessage m;
-    for (;;) {
-      if (!keep_going()) {
-        engine.cancel(ticket);
-        return std::nullopt;
-      }
-      if (ticket->next(m, 50)) return m;
-    }
-  };
-  auto failed = [](const GenMessage& m) {
-    return ApiError(m.status, m.status == 400 ? "invalid_request_error" : "server_error", m.error);
-  };
+  const TicketReader ticket(*e.batch, g, g->stream);  // gives the request up when the response ends
 
   if (!g->stream) {
-    for (;;) {
-      std::optional<GenMessage> m = next(alive);
-      if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
-        if (stopping_) throw shutting_down();
-        res.status = kClientClosed;
-        return;
-      }
-      if (m->kind == GenMessage::kFailed) throw failed(*m);
-      if (m->kind != GenMessage::kDone) continue;
-      const json j = finished_response(echo, m->result, output_items(m->result, ids), reasoning_tokens(m->result));
-      keep(j);
-      set_json(res, 200, j);
+    std::optional<GenResult> r = ticket.result(alive);
+    if (!r) {
+      if (stopping_) throw shutting_down();
+      res.status = kClientClosed;
       return;
     }
+    const json j = finished_response(echo, *r, output_items(*r, ids), reasoning_tokens(*r));
+    keep(j);
+    set_json(res, 200, j);
+    return;
   }
 
   auto stream = std::make_shared<ResponsesStream>(echo, ids);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, stream, alive, slot, ticket, next, failed, &engine, give_up, keep, reasoning_tokens](size_t, httplib::DataSink& sink) {
+      [this, stream, alive, slot, ticket, keep, reasoning_tokens](size_t, httplib::DataSink& sink) {
         bool ok = true;
         auto write = [&](const std::vector<json>& events) {
           for (const json& ev : events) {
@@ -153,16 +135,16 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
         try {
           write(stream->start());
           for (;;) {
-            std::optional<GenMessage> m = next([&] { return ok && alive(); });
+            std::optional<GenMessage> m = ticket.next([&] { return ok && alive(); });
             if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
               if (ok && stopping_) throw shutting_down();
               return false;
             }
-            if (m->kind == GenMessage::kFailed) throw failed(*m);
+            if (m->kind == GenMessage::kFailed) throw TicketReader::failed(*m);
             if (m->kind == GenMessage::kStarted) continue;
             if (m->kind == GenMessage::kEvent) {
               write(stream->on_delta(m->event.delta));
-              if (!ok) engine.cancel(ticket);
+              if (!ok) ticket.cancel();
               continue;
             }
             if (!ok) return false;

@@ -250,6 +250,14 @@ json reasoning_kwargs(std::string_view text, const std::string& effort) {
   return k;
 }
 
+int reasoning_effort_budget(std::string_view text, const std::string& effort) {
+  if (contains(text, "reasoning_effort")) return -1;  // the template takes the effort itself (gpt-oss)
+  if (effort == "none" || effort == "minimal") return 0;
+  if (effort == "low") return kLowEffortBudget;
+  if (effort == "medium") return kMediumEffortBudget;
+  return -1;  // high, xhigh
+}
+
 json responses_chat_body(const ResponsesRequest& r, const json& history, std::string_view template_text) {
   json messages = json::array();
   if (r.instructions) messages.push_back(json{{"role", "system"}, {"content", *r.instructions}});
@@ -319,6 +327,8 @@ json responses_chat_body(const ResponsesRequest& r, const json& history, std::st
   if (r.reasoning_effort) {
     json k = reasoning_kwargs(template_text, *r.reasoning_effort);
     if (!k.empty()) body["chat_template_kwargs"] = k;
+    if (auto b = reasoning_effort_budget(template_text, *r.reasoning_effort); b >= 0 && !body.contains("thinking_budget_tokens"))
+      body["thinking_budget_tokens"] = b;
   }
   return body;
 }

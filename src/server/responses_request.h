@@ -66,6 +66,16 @@ ResponsesRequest parse_responses_request(const nlohmann::ordered_json& body);
 /// `thinking is defined` (DeepSeek-V3.1). Empty object when the template has no such switch.
 nlohmann::ordered_json reasoning_kwargs(std::string_view template_text, const std::string& effort);
 
+/// Thinking budgets (tokens) of the efforts low and medium where the template has no effort of
+/// its own (see reasoning_effort_budget).
+constexpr int kLowEffortBudget = 1024, kMediumEffortBudget = 8192;
+
+/// The thinking budget (GenRequest::reasoning_budget) `effort` maps to for a template whose source
+/// is `template_text`: -1 (none) when the template reads reasoning_effort (gpt-oss: the effort goes
+/// into the prompt), 0 for none/minimal, kLowEffortBudget for low, kMediumEffortBudget for
+/// medium, -1 (unlimited) for high and xhigh.
+int reasoning_effort_budget(std::string_view template_text, const std::string& effort);
+
 /// The /v1/chat/completions body that runs `r` after the conversation `history` (normalized
 /// items of a stored response, or an empty array): messages from instructions + history +
 /// input (function_call items join the assistant message before them; reasoning text becomes

@@ -4,7 +4,8 @@
 // counter (not file times) and deletes old-format files, no state leaks between requests,
 // logit_bias forces and bans tokens, seeds reproduce, stop strings that
 // span tokens cut the same text streamed and not, non-finite logits are an error, and
-// --tool-syntax-greedy picks argmax inside tool-call markup.
+// --tool-syntax-greedy picks argmax inside tool-call markup, and a thinking budget
+// (thinking_budget_tokens / --reasoning-budget) ends the reasoning with the family's closer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -484,6 +485,56 @@ TEST(ServerGenerator, ToolSyntaxGreedyTakesArgmaxInsideMarkupOnly) {
   EXPECT_EQ(on.finish_reason, "tool_calls");
   GenResult off = go(false);  // sampling in the markup almost surely breaks it
   EXPECT_TRUE(off.tool_calls.empty() || off.tool_calls[0].arguments != on.tool_calls[0].arguments);
+}
+
+// Thinking budget on the demo model with the Qwen3.5 template (thinking on: the prompt ends
+// inside `<think>\n`, so every token is reasoning until </think>): after N sampled tokens the
+// next ones are exactly "\n</think>\n\n" tokenized, the reasoning is made of those N tokens
+// only, and the model goes on with content.
+TEST(ServerGenerator, ThinkingBudgetEndsReasoningWithTheFamilyCloser) {
+  EngineOptions eo;
+  eo.model_name = "demo";
+  eo.prefill_step = 64;
+  eo.parallel = 0;
+  eo.chat_template_file = std::string(SPOOL_TEST_DATA_DIR) + "/tokenizers/qwen3_5/chat_template.jinja";
+  eo.reasoning_budget = 3;  // --reasoning-budget: used when a request sets none
+  auto e = make_serving_engine(load_demo(), eo);
+  const tokenizer::Tokenizer& tok = *e->facts.tok;
+  const std::vector<int32_t> close = tok.encode("\n</think>\n\n");
+  ASSERT_FALSE(close.empty());
+  auto body = [](int budget) {
+    nlohmann::ordered_json b;
+    b["messages"] = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Tell me about Paris."}])");
+    b["chat_template_kwargs"] = {{"enable_thinking", true}};
+    b["temperature"] = 1.0;
+    b["seed"] = 11;
+    b["max_tokens"] = 40;
+    b["logprobs"] = true;
+    if (budget != -2) b["thinking_budget_tokens"] = budget;
+    return b;
+  };
+  for (int budget : {0, 1, 5, -2 /* the server's default, 3 */}) {
+    const int n = budget == -2 ? 3 : budget;
+    GenRequest r = parse_chat_request(body(budget), e->facts, 1);
+    ASSERT_TRUE(r.parser.starts_in_reasoning);
+    ASSERT_EQ(r.reasoning_budget, n);
+    GenResult res = e->gen->run(r, nullptr, nullptr);
+    std::vector<int32_t> ids;
+    for (const auto& t : res.logprobs) ids.push_back(t.id);
+    ASSERT_GE(ids.size(), n + close.size()) << "budget " << budget << ": ended before the closer";
+    EXPECT_EQ(std::vector<int32_t>(ids.begin() + n, ids.begin() + n + close.size()), close) << "budget " << budget;
+    // The reasoning is (the trimmed text of) the N tokens before the closer, nothing more.
+    const std::string thought = tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + n));
+    EXPECT_NE(thought.find(res.reasoning), std::string::npos) << "budget " << budget << ": " << res.reasoning;
+    if (n == 0) EXPECT_EQ(res.reasoning, "");
+    EXPECT_FALSE(res.content.empty() && res.tool_calls.empty()) << "budget " << budget << ": nothing after the reasoning";
+    EXPECT_EQ(res.content.find("</think>"), std::string::npos) << res.content;
+  }
+  // Unlimited (-1): no closer is forced within max_tokens.
+  GenRequest r = parse_chat_request(body(-1), e->facts, 1);
+  GenResult res = e->gen->run(r, nullptr, nullptr);
+  EXPECT_EQ(res.content, "") << "the demo model does not close <think> by itself within 40 tokens";
+  EXPECT_FALSE(res.reasoning.empty());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <thread>
 
+#include "../../tests/support/demo_server.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
@@ -218,6 +219,21 @@ TEST(ResponsesRequest, ReasoningEffortKwargsPerTemplate) {
   EXPECT_EQ(reasoning_kwargs("plain template", "high"), ojson::object());
 }
 
+TEST(ResponsesRequest, ReasoningEffortMapsToAThinkingBudgetUnlessTheTemplateTakesIt) {
+  const std::string qwen = "{% if enable_thinking is false %}";
+  EXPECT_EQ(reasoning_effort_budget(qwen, "none"), 0);
+  EXPECT_EQ(reasoning_effort_budget(qwen, "minimal"), 0);
+  EXPECT_EQ(reasoning_effort_budget(qwen, "low"), kLowEffortBudget);
+  EXPECT_EQ(reasoning_effort_budget(qwen, "medium"), kMediumEffortBudget);
+  EXPECT_EQ(reasoning_effort_budget(qwen, "high"), -1);
+  EXPECT_EQ(reasoning_effort_budget(qwen, "xhigh"), -1);
+  EXPECT_EQ(reasoning_effort_budget("Reasoning: {{ reasoning_effort }}", "low"), -1) << "gpt-oss: the effort goes into the prompt";
+  ResponsesRequest r = parse_responses_request(J(R"({"input": "hi", "reasoning": {"effort": "low"}})"));
+  EXPECT_EQ(responses_chat_body(r, ojson::array(), qwen)["thinking_budget_tokens"], kLowEffortBudget);
+  r = parse_responses_request(J(R"({"input": "hi", "reasoning": {"effort": "high"}})"));
+  EXPECT_FALSE(responses_chat_body(r, ojson::array(), qwen).contains("thinking_budget_tokens"));
+}
+
 GenResult result(const std::string& content, const std::string& reasoning, std::vector<ToolCall> calls, const std::string& finish) {
   GenResult r;
   r.content = content;
@@ -395,35 +411,14 @@ TEST(ResponsesStore, LruBoundByCountAndBytes) {
 
 // ---- Over HTTP with the demo model ----
 
-struct Running {
-  explicit Running(size_t store = kDefaultResponsesStore) {
+// A server with the demo model keeping at most `store` responses.
+struct Running : test_support::DemoServer {
+  explicit Running(size_t store = kDefaultResponsesStore) : DemoServer(with_store(store)) {}
+  static HttpOptions with_store(size_t store) {
     HttpOptions ho;
-    ho.port = 0;
     ho.responses_store = store;
-    server = std::make_unique<HttpServer>(ho);
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-    engine::LoadOptions o;
-    o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
-    o.threads = 2;
-    EngineOptions eo;
-    eo.model_name = "demo";
-    eo.ctx_size = 512;
-    eo.prefill_step = 32;
-    server->set_engine(make_serving_engine(engine::load(o), eo));
+    return ho;
   }
-  ~Running() {
-    server->stop();
-    thread.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(600, 0);  // a deadline for hangs only
-    return c;
-  }
-  std::unique_ptr<HttpServer> server;
-  int port = 0;
-  std::thread thread;
 };
 
 nlohmann::json body_of(const httplib::Result& r) { return nlohmann::json::parse(r->body, nullptr, false); }

@@ -22,6 +22,8 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
   f.token_index = std::make_shared<constrain::LazyTokenIndex>(*l.tok, spec.vocab_size);
   f.defaults = engine::sampling_defaults(l.ckpt->generation());
   f.vocab_size = spec.vocab_size;
+  if (opt.reasoning_budget < -1) throw UsageError(strfmt("--reasoning-budget must be -1 (unlimited) or >= 0 (got %d)", opt.reasoning_budget));
+  f.reasoning_budget = opt.reasoning_budget;
   f.ctx_size = opt.ctx_size > 0 ? opt.ctx_size : (spec.max_position_embeddings > 0 ? spec.max_position_embeddings : 4096);
   for (int64_t id : spec.eos_token_ids) f.stop_ids.push_back(static_cast<int32_t>(id));
   if (auto eos = l.tok->eos_id(); eos && *eos < spec.vocab_size &&

@@ -31,6 +31,7 @@ struct EngineOptions {
   int64_t ctx_size = 0;                 ///< 0 = the model's max_position_embeddings (4096 if unset)
   int64_t prefill_step = 512;
   bool tool_syntax_greedy = false;
+  int reasoning_budget = -1;            ///< --reasoning-budget (ModelFacts::reasoning_budget)
   size_t cache_checkpoints = 16;        ///< prompt-cache GDN checkpoints in memory (0 = no reuse)
   std::string disk_cache_dir;           ///< "" = no disk cache
   double disk_cache_budget_gb = 10;

@@ -28,6 +28,10 @@ class BlockParser final : public FamilyParser {
     return !(spec_.in_value && spec_.in_value(from(block_start_)));
   }
 
+  bool in_reasoning() const override {
+    return st_ == St::kReasoning || (st_ == St::kStart && opt_.starts_in_reasoning && opt_.parse_reasoning);
+  }
+
  protected:
   enum class St { kStart, kReasoning, kAfterThink, kContent, kBlock };
 
@@ -175,8 +179,14 @@ class BlockParser final : public FamilyParser {
           st_ = St::kContent;
           return true;
         }
-        if (r.kind == BlockParse::kNeedMore && !eof_) return false;
-        // Broken or cut off: complete calls stay; the rest is content, verbatim.
+        if (r.kind == BlockParse::kNeedMore && !eof_) {
+          // Stream the call being written (its name once known, then its arguments).
+          if (!r.partial_name.empty() && reported_ == r.calls.size()) open_call(r.partial_name, r.partial_id, r.partial_args);
+          return false;
+        }
+        // Broken or cut off: complete calls stay (a streamed one is closed, incomplete); the
+        // rest is content, verbatim.
+        abandon_call();
         if (reported_ > 0) {
           pos_ = block_start_ + r.end;
           after_call_ = true;

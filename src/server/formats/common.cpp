@@ -32,6 +32,17 @@ void FamilyParser::emit_reasoning(std::string_view t) {
 }
 
 void FamilyParser::emit_call(const Call& c) {
+  if (open_) {  // complete the streamed call
+    open_ = false;
+    ToolCall& tc = calls_.back();
+    const int idx = static_cast<int>(calls_.size()) - 1;
+    // The family guarantees that the final arguments extend what was streamed.
+    if (c.arguments.compare(0, tc.arguments.size(), tc.arguments) == 0 && c.arguments.size() > tc.arguments.size())
+      cur_.tool_calls.push_back(ToolCallDelta{idx, "", "", c.arguments.substr(tc.arguments.size())});
+    tc.arguments = c.arguments;
+    tc.complete = true;
+    return;
+  }
   const int idx = static_cast<int>(calls_.size());
   ToolCall tc;
   tc.id = c.id.empty() ? make_tool_call_id(opt_.id_prefix, opt_.id_seed, idx) : c.id;
@@ -40,6 +51,34 @@ void FamilyParser::emit_call(const Call& c) {
   tc.complete = true;
   cur_.tool_calls.push_back(ToolCallDelta{idx, tc.id, tc.name, tc.arguments});
   calls_.push_back(std::move(tc));
+}
+
+void FamilyParser::open_call(const std::string& name, const std::string& id, const std::string& args_prefix) {
+  if (!open_) {
+    const int idx = static_cast<int>(calls_.size());
+    ToolCall tc;
+    tc.id = id.empty() ? make_tool_call_id(opt_.id_prefix, opt_.id_seed, idx) : id;
+    tc.name = name;
+    tc.complete = false;
+    cur_.tool_calls.push_back(ToolCallDelta{idx, tc.id, tc.name, ""});
+    calls_.push_back(std::move(tc));
+    open_ = true;
+  }
+  ToolCall& tc = calls_.back();
+  if (args_prefix.size() > tc.arguments.size() && args_prefix.compare(0, tc.arguments.size(), tc.arguments) == 0) {
+    cur_.tool_calls.push_back(ToolCallDelta{static_cast<int>(calls_.size()) - 1, "", "", args_prefix.substr(tc.arguments.size())});
+    tc.arguments = args_prefix;
+  }
+}
+
+void FamilyParser::abandon_call() {
+  if (!open_) return;
+  open_ = false;
+  ToolCall& tc = calls_.back();
+  const std::string close = tc.arguments.empty() ? "{}" : "}";
+  cur_.tool_calls.push_back(ToolCallDelta{static_cast<int>(calls_.size()) - 1, "", "", close});
+  tc.arguments += close;
+  tc.complete = false;
 }
 
 void FamilyParser::finalize() {
@@ -125,6 +164,54 @@ std::string json_object_text(std::string_view text) {
   auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return "";
   return std::string(trim(text));
+}
+
+std::string json_members_prefix(std::string_view s, size_t p) {
+  if (p >= s.size() || s[p] != '{') return "";
+  size_t last = p + 1, i = p + 1;
+  auto skip_ws = [&] {
+    while (i < s.size() && is_ws(s[i])) ++i;
+  };
+  for (bool first = true;; first = false) {
+    skip_ws();
+    if (i >= s.size() || s[i] == '}') break;
+    if (!first) {
+      if (s[i] != ',') break;
+      ++i;
+      skip_ws();
+    }
+    if (i >= s.size() || s[i] != '"') break;
+    size_t k = json_value_end(s, i);
+    if (k == kJsonIncomplete || k == kJsonBad) break;
+    i = k;
+    skip_ws();
+    if (i >= s.size() || s[i] != ':') break;
+    ++i;
+    skip_ws();
+    size_t v = json_value_end(s, i);
+    if (v == kJsonIncomplete || v == kJsonBad) break;
+    i = last = v;
+  }
+  return std::string(s.substr(p, last - p));
+}
+
+BlockParse stream(const BlockParse& r, const std::string& name, const std::string& id, std::string_view b, size_t j) {
+  BlockParse n = r.need();
+  std::string args = json_members_prefix(b, j);
+  if (valid_name(name) && !args.empty()) {
+    n.partial_name = name;
+    n.partial_id = id;
+    n.partial_args = std::move(args);
+  }
+  return n;
+}
+
+std::string typed_args_prefix(const nlohmann::json& tools, std::string_view tool,
+                              const std::vector<std::pair<std::string, std::string>>& kv, bool strip_nl) {
+  if (kv.empty()) return "";
+  std::string s = typed_args_json(tools, tool, kv, strip_nl);
+  s.pop_back();  // the closing '}'
+  return s;
 }
 
 bool json_args_in_value(std::string_view args) {

@@ -18,17 +18,9 @@ constexpr std::string_view kSep = "<｜tool▁sep｜>";
 BlockParse parse(std::string_view b, bool eof, const nlohmann::json&) {
   BlockParse r;
   size_t p = kCallsBegin.size();
-  auto need = [&]() {
-    r.kind = BlockParse::kNeedMore;
-    return r;
-  };
-  auto fail = [&]() {
-    r.kind = BlockParse::kFail;
-    return r;
-  };
   for (;;) {
     while (p < b.size() && is_ws(b[p])) ++p;
-    if (p == b.size()) return need();
+    if (p == b.size()) return r.need();
     auto rest = b.substr(p);
     if (match_lit(rest, kCallsEnd) == 1) {
       r.kind = BlockParse::kDone;
@@ -36,50 +28,54 @@ BlockParse parse(std::string_view b, bool eof, const nlohmann::json&) {
       return r;
     }
     if (match_lit(rest, kCallBegin) != 1) {
-      if (match_lit(rest, kCallsEnd) == 0 || match_lit(rest, kCallBegin) == 0) return need();
-      return fail();
+      if (match_lit(rest, kCallsEnd) == 0 || match_lit(rest, kCallBegin) == 0) return r.need();
+      return r.fail();
     }
     size_t q = p + kCallBegin.size();
     size_t sep = b.find(kSep, q);
     size_t cend = b.find(kCallEnd, q);
     if (sep == std::string_view::npos || (cend != std::string_view::npos && cend < sep)) {
-      if (cend != std::string_view::npos || b.size() - q > 512) return fail();
-      return need();
+      if (cend != std::string_view::npos || b.size() - q > 512) return r.fail();
+      return r.need();
     }
     std::string name(trim(b.substr(q, sep - q)));
     size_t a = sep + kSep.size();
     std::string args;
     if (name == "function") {  // V3 / R1: NAME\n```json\n{...}\n```
       size_t nl = b.find('\n', a);
-      if (nl == std::string_view::npos) return b.size() - a > 512 ? fail() : need();
+      if (nl == std::string_view::npos) return b.size() - a > 512 ? r.fail() : r.need();
       name = std::string(trim(b.substr(a, nl - a)));
       size_t f = nl + 1;
       while (f < b.size() && is_ws(b[f])) ++f;
       int m = match_lit(b.substr(f), "```json");
-      if (m == 0) return need();
-      if (m < 0) return fail();
+      if (m == 0) return r.need();
+      if (m < 0) return r.fail();
       size_t j = f + 7;
       while (j < b.size() && is_ws(b[j])) ++j;
       size_t e = json_value_end(b, j);
-      if (e == kJsonIncomplete) return need();
-      if (e == kJsonBad) return fail();
+      if (e == kJsonIncomplete) return stream(r, name, "", b, j);
+      if (e == kJsonBad) return r.fail();
       args = json_object_text(b.substr(j, e - j));
       size_t k = e;
       while (k < b.size() && is_ws(b[k])) ++k;
       int m2 = match_lit(b.substr(k), "```");
-      if (m2 == 0) return need();
-      if (m2 < 0) return fail();
+      if (m2 == 0) return r.need();
+      if (m2 < 0) return r.fail();
       k += 3;
       while (k < b.size() && is_ws(b[k])) ++k;
       int m3 = match_lit(b.substr(k), kCallEnd);
-      if (m3 == 0) return need();
-      if (m3 < 0) return fail();
+      if (m3 == 0) return r.need();
+      if (m3 < 0) return r.fail();
       cend = k;
     } else {
-      if (cend == std::string_view::npos) return need();
+      if (cend == std::string_view::npos) {
+        size_t j = a;
+        while (j < b.size() && is_ws(b[j])) ++j;
+        return stream(r, name, "", b, j);
+      }
       args = json_object_text(b.substr(a, cend - a));
     }
-    if (!valid_name(name) || args.empty()) return fail();
+    if (!valid_name(name) || args.empty()) return r.fail();
     r.calls.push_back(Call{name, args, ""});
     p = r.end = cend + kCallEnd.size();
   }

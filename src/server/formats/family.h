@@ -36,6 +36,22 @@ struct BlockParse {
   /// kDone: end of the block; otherwise end of the last complete call (0 when none).
   size_t end = 0;
   std::vector<Call> calls;  ///< the complete calls, in order (a prefix of the final list)
+  /// kNeedMore: the call being written after `calls`, for streaming its arguments. Its name
+  /// once known ("" = nothing to announce yet), the id the model wrote ("" = generate one), and
+  /// a prefix of its final arguments text as far as it is decided — complete top-level members
+  /// only (`{"city": "Paris"`), so that prefix + "}" is a JSON object. Prefix-stable: every
+  /// extension of the text reports an extension of it, and the call's final arguments extend it.
+  std::string partial_name, partial_id, partial_args;
+  /// This parse as kNeedMore / kFail, its complete calls kept (`return r.need();` in a parser).
+  BlockParse need() const { return with(kNeedMore); }
+  BlockParse fail() const { return with(kFail); }
+
+ private:
+  BlockParse with(Kind k) const {
+    BlockParse c = *this;
+    c.kind = k;
+    return c;
+  }
 };
 
 /// A family format run by the block engine.
@@ -68,6 +84,8 @@ class FamilyParser {
 
   /// For --tool-syntax-greedy (see OutputParser::in_markup).
   virtual bool in_markup() const = 0;
+  /// For thinking budgets (see OutputParser::in_reasoning).
+  virtual bool in_reasoning() const = 0;
 
   bool stopped() const { return stop_.stopped(); }
   bool finished() const { return finished_; }
@@ -84,8 +102,19 @@ class FamilyParser {
   std::string_view from(size_t a) const { return std::string_view(raw_).substr(a); }
   void emit_content(std::string_view t);
   void emit_reasoning(std::string_view t);
-  /// Emits a complete call (id: the model's, else a generated one).
+  /// Emits a complete call (id: the model's, else a generated one). When a call was opened by
+  /// open_call(), completes that one instead: its arguments delta is what `c.arguments` adds to
+  /// the text streamed so far.
   void emit_call(const Call& c);
+  /// Streaming: announces the call being written (id and name, arguments "") unless it is already
+  /// open, then streams what `args_prefix` adds to the arguments sent so far (see
+  /// BlockParse::partial_args).
+  void open_call(const std::string& name, const std::string& id, const std::string& args_prefix);
+  /// The open call's markup broke off or went wrong: its arguments are closed as a JSON object
+  /// (what was streamed + "}"), and it is marked incomplete. No-op when no call is open.
+  void abandon_call();
+  /// True while a call announced by open_call() is not complete.
+  bool call_open() const { return open_; }
 
   OutputParser::Options opt_;
   std::string raw_;  // all text released by the stop matcher
@@ -100,6 +129,7 @@ class FamilyParser {
   OutputDelta cur_;
   std::string content_, reasoning_;
   std::vector<ToolCall> calls_;
+  bool open_ = false;  // calls_.back() was announced by open_call() and is not complete
 };
 
 /// The block engine's parser for `spec` (which must outlive it).
@@ -134,6 +164,18 @@ constexpr size_t kJsonIncomplete = static_cast<size_t>(-1);
 constexpr size_t kJsonBad = static_cast<size_t>(-2);
 /// `text` if it is a JSON object (returned re-validated as written), else "" (not an object).
 std::string json_object_text(std::string_view text);
+/// For streaming JSON arguments: the text of the JSON object starting at s[p] (its '{') up to
+/// the end of its last complete top-level member, as written ("{" when none is complete yet, ""
+/// when s[p] is not '{'). A prefix of the object's text; followed by "}" it is a JSON object.
+std::string json_members_prefix(std::string_view s, size_t p);
+/// For a JSON-argument family's parse(): `r` as kNeedMore with the call being written — `name`
+/// (when valid_name), the model's `id`, and json_members_prefix(b, j) of its arguments at b[j]
+/// (nothing is announced until the arguments' '{' is there).
+BlockParse stream(const BlockParse& r, const std::string& name, const std::string& id, std::string_view b, size_t j);
+/// typed_args_json of the pairs so far without its closing "}" ("" when `kv` is empty): the
+/// streamed prefix of key/value arguments.
+std::string typed_args_prefix(const nlohmann::json& tools, std::string_view tool,
+                              const std::vector<std::pair<std::string, std::string>>& kv, bool strip_nl);
 /// For in_value of JSON-argument families: true when `args` (the text from the arguments'
 /// opening '{' on, unfinished) ends inside a top-level value (JsonArgsStreamer::in_value).
 bool json_args_in_value(std::string_view args);

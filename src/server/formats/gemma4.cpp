@@ -3,6 +3,7 @@
 // with Gemma's value syntax: strings between <|"|> quotes, bare keys, numbers, true/false/null,
 // {..} objects (keys bare or <|"|>-quoted) and [..] lists. Reasoning: <|channel>thought\n...
 // <channel|> (the prompt without thinking ends with an empty, closed one). End of turn <turn|>.
+// Arguments are streamed once `call:NAME{` is there, one complete top-level member at a time.
 #include <cstdlib>
 
 #include "server/formats/family.h"
@@ -131,7 +132,14 @@ BlockParse parse(std::string_view b, bool, const nlohmann::json&) {
   nlohmann::ordered_json args;
   size_t q = o;
   R res = object(b, q, args, 0);
-  if (res == R::kNeed) return r;
+  if (res == R::kNeed) {
+    // Stream the members complete so far: the final arguments are args.dump() of all of them.
+    std::string d = args.is_object() ? args.dump() : "{}";
+    d.pop_back();  // its '}'
+    r.partial_name = name;
+    r.partial_args = std::move(d);
+    return r;
+  }
   if (res == R::kBad) {
     r.kind = BlockParse::kFail;
     return r;

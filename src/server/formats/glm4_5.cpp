@@ -18,25 +18,17 @@ constexpr std::string_view kValClose = "</arg_value>";
 
 BlockParse parse(std::string_view b, bool, const nlohmann::json& tools) {
   BlockParse r;
-  auto need = [&]() {
-    r.kind = BlockParse::kNeedMore;
-    return r;
-  };
-  auto fail = [&]() {
-    r.kind = BlockParse::kFail;
-    return r;
-  };
   size_t p = kOpen.size();
   // The name runs to the first '<' (an <arg_key> or </tool_call>).
   size_t lt = b.find('<', p);
-  if (lt == std::string_view::npos) return b.size() - p > 512 ? fail() : need();
+  if (lt == std::string_view::npos) return b.size() - p > 512 ? r.fail() : r.need();
   std::string name(trim(b.substr(p, lt - p)));
-  if (!valid_name(name)) return fail();
+  if (!valid_name(name)) return r.fail();
   p = lt;
   std::vector<std::pair<std::string, std::string>> kv;
   for (;;) {
     while (p < b.size() && is_ws(b[p])) ++p;
-    if (p == b.size()) return need();
+    if (p == b.size()) return r.need();
     auto rest = b.substr(p);
     if (match_lit(rest, kClose) == 1) {
       r.calls.push_back(Call{name, typed_args_json(tools, name, kv, false), ""});
@@ -45,19 +37,21 @@ BlockParse parse(std::string_view b, bool, const nlohmann::json& tools) {
       return r;
     }
     int mk = match_lit(rest, kKeyOpen);
-    if (mk != 1) return (mk == 0 || match_lit(rest, kClose) == 0) ? need() : fail();
+    if (mk != 1) return (mk == 0 || match_lit(rest, kClose) == 0) ? r.need() : r.fail();
+    r.partial_name = name;  // well formed so far: streamed from here on
     size_t k0 = p + kKeyOpen.size(), k1 = b.find(kKeyClose, k0);
-    if (k1 == std::string_view::npos) return b.size() - k0 > 512 ? fail() : need();
+    if (k1 == std::string_view::npos) return b.size() - k0 > 512 ? r.fail() : r.need();
     std::string key(trim(b.substr(k0, k1 - k0)));
-    if (key.empty() || key.find('<') != std::string::npos) return fail();
+    if (key.empty() || key.find('<') != std::string::npos) return r.fail();
     p = k1 + kKeyClose.size();
     while (p < b.size() && is_ws(b[p])) ++p;
     int mv = match_lit(b.substr(p), kValOpen);
-    if (mv == 0 || p == b.size()) return need();
-    if (mv < 0) return fail();
+    if (mv == 0 || p == b.size()) return r.need();
+    if (mv < 0) return r.fail();
     size_t v0 = p + kValOpen.size(), v1 = b.find(kValClose, v0);
-    if (v1 == std::string_view::npos) return need();
+    if (v1 == std::string_view::npos) return r.need();
     kv.emplace_back(std::move(key), std::string(b.substr(v0, v1 - v0)));
+    r.partial_args = typed_args_prefix(tools, name, kv, false);
     p = v1 + kValClose.size();
   }
 }

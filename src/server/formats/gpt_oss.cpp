@@ -31,6 +31,10 @@ class HarmonyParser final : public FamilyParser {
     return false;
   }
 
+  bool in_reasoning() const override {
+    return st_ == St::kBody && channel_ == "analysis" && recipient_.empty() && opt_.parse_reasoning;
+  }
+
  private:
   enum class St { kHeader, kBody, kBetween, kPlain };
 
@@ -133,11 +137,18 @@ class HarmonyParser final : public FamilyParser {
         auto [e, len] = find_end(pos_);
         const bool partial = len == std::string::npos;
         if (call) {
-          if (e == std::string::npos && !eof_) return false;
-          if (partial) return false;
+          if ((e == std::string::npos && !eof_) || partial) {
+            // Stream the arguments written so far (complete top-level members).
+            size_t j = body_start_;
+            while (j < n && is_ws(raw_[j])) ++j;
+            std::string prefix = json_members_prefix(raw_, j);
+            if (!prefix.empty() && valid_name(recipient_)) open_call(recipient_, "", prefix);
+            return false;
+          }
           size_t stop = e == std::string::npos ? n : e;
           std::string args = json_object_text(view(body_start_, stop));
           if (args.empty()) {
+            abandon_call();
             emit_content(view(body_start_, stop));
           } else {
             emit_call(Call{recipient_, args, ""});

@@ -23,17 +23,9 @@ BlockParse parse(std::string_view b, bool eof, const nlohmann::json&) {
   size_t p = match_lit(b, kSectionBegin) == 1    ? kSectionBegin.size()
              : match_lit(b, kSectionBegin1) == 1 ? kSectionBegin1.size()
                                                  : 0;  // a bare <|tool_call_begin|>
-  auto need = [&]() {
-    r.kind = BlockParse::kNeedMore;
-    return r;
-  };
-  auto fail = [&]() {
-    r.kind = BlockParse::kFail;
-    return r;
-  };
   for (;;) {
     while (p < b.size() && is_ws(b[p])) ++p;
-    if (p == b.size()) return need();
+    if (p == b.size()) return r.need();
     auto rest = b.substr(p);
     for (auto e : {kSectionEnd, kSectionEnd1}) {
       if (match_lit(rest, e) == 1) {
@@ -44,32 +36,37 @@ BlockParse parse(std::string_view b, bool eof, const nlohmann::json&) {
     }
     if (match_lit(rest, kCallBegin) != 1) {
       if (match_lit(rest, kSectionEnd) == 0 || match_lit(rest, kSectionEnd1) == 0 || match_lit(rest, kCallBegin) == 0)
-        return need();
-      return fail();
+        return r.need();
+      return r.fail();
     }
     size_t q = p + kCallBegin.size();
     size_t ab = b.find(kArgBegin, q);
-    if (ab == std::string_view::npos) return b.size() - q > 512 ? fail() : need();
+    if (ab == std::string_view::npos) return b.size() - q > 512 ? r.fail() : r.need();
     std::string id(trim(b.substr(q, ab - q)));
-    if (id.find('<') != std::string::npos) return fail();
+    if (id.find('<') != std::string::npos) return r.fail();
     // The arguments run to <|tool_call_end|>, which the model sometimes leaves out (then the
     // JSON object's own end decides).
     size_t j = ab + kArgBegin.size();
     while (j < b.size() && is_ws(b[j])) ++j;
     size_t e = json_value_end(b, j);
-    if (e == kJsonIncomplete) return need();
-    if (e == kJsonBad) return fail();
+    if (e == kJsonIncomplete) {
+      std::string name = id;
+      if (name.rfind("functions.", 0) == 0) name.erase(0, 10);
+      if (size_t c = name.rfind(':'); c != std::string::npos) name.erase(c);
+      return stream(r, name, id, b, j);
+    }
+    if (e == kJsonBad) return r.fail();
     size_t ce = e;
     while (ce < b.size() && is_ws(b[ce])) ++ce;
     int mce = match_lit(b.substr(ce), kCallEnd);
-    if (mce == 0 && ce < b.size()) return need();
-    if (mce == 0 && !eof) return need();
+    if (mce == 0 && ce < b.size()) return r.need();
+    if (mce == 0 && !eof) return r.need();
     size_t call_end = mce == 1 ? ce + kCallEnd.size() : e;
     std::string name = id;
     if (name.rfind("functions.", 0) == 0) name.erase(0, 10);
     if (size_t c = name.rfind(':'); c != std::string::npos) name.erase(c);
     std::string args = json_object_text(b.substr(j, e - j));
-    if (!valid_name(name) || args.empty()) return fail();
+    if (!valid_name(name) || args.empty()) return r.fail();
     r.calls.push_back(Call{name, args, id});
     p = r.end = call_end;
   }

@@ -32,18 +32,10 @@ size_t attr(std::string_view b, size_t p, std::string& out) {
 
 BlockParse parse(std::string_view b, bool, const nlohmann::json& tools) {
   BlockParse r;
-  auto need = [&]() {
-    r.kind = BlockParse::kNeedMore;
-    return r;
-  };
-  auto fail = [&]() {
-    r.kind = BlockParse::kFail;
-    return r;
-  };
   size_t p = kOpen.size();
   for (;;) {
     while (p < b.size() && is_ws(b[p])) ++p;
-    if (p == b.size()) return need();
+    if (p == b.size()) return r.need();
     auto rest = b.substr(p);
     if (match_lit(rest, kClose) == 1) {
       r.kind = BlockParse::kDone;
@@ -51,30 +43,35 @@ BlockParse parse(std::string_view b, bool, const nlohmann::json& tools) {
       return r;
     }
     int mi = match_lit(rest, kInvoke);
-    if (mi != 1) return (mi == 0 || match_lit(rest, kClose) == 0) ? need() : fail();
+    if (mi != 1) return (mi == 0 || match_lit(rest, kClose) == 0) ? r.need() : r.fail();
     std::string name;
     size_t q = attr(b, p + kInvoke.size(), name);
-    if (q == kJsonIncomplete) return need();
-    if (q == kJsonBad) return fail();
+    if (q == kJsonIncomplete) return r.need();
+    if (q == kJsonBad) return r.fail();
+    r.partial_name = name;  // `<invoke name="NAME">` is well formed: streamed from here on
+    r.partial_args.clear();
     std::vector<std::pair<std::string, std::string>> kv;
     for (;;) {
       while (q < b.size() && is_ws(b[q])) ++q;
-      if (q == b.size()) return need();
+      if (q == b.size()) return r.need();
       auto rr = b.substr(q);
       if (match_lit(rr, kInvokeClose) == 1) {
         r.calls.push_back(Call{name, typed_args_json(tools, name, kv, true), ""});
+        r.partial_name.clear();
+        r.partial_args.clear();
         p = r.end = q + kInvokeClose.size();
         break;
       }
       int mp = match_lit(rr, kParam);
-      if (mp != 1) return (mp == 0 || match_lit(rr, kInvokeClose) == 0) ? need() : fail();
+      if (mp != 1) return (mp == 0 || match_lit(rr, kInvokeClose) == 0) ? r.need() : r.fail();
       std::string key;
       size_t v0 = attr(b, q + kParam.size(), key);
-      if (v0 == kJsonIncomplete) return need();
-      if (v0 == kJsonBad) return fail();
+      if (v0 == kJsonIncomplete) return r.need();
+      if (v0 == kJsonBad) return r.fail();
       size_t v1 = b.find(kParamClose, v0);
-      if (v1 == std::string_view::npos) return need();
+      if (v1 == std::string_view::npos) return r.need();
       kv.emplace_back(std::move(key), std::string(b.substr(v0, v1 - v0)));
+      r.partial_args = typed_args_prefix(tools, name, kv, true);
       q = v1 + kParamClose.size();
     }
   }

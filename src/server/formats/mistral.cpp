@@ -15,31 +15,23 @@ constexpr std::string_view kCallId = "[CALL_ID]";
 
 BlockParse parse(std::string_view b, bool, const nlohmann::json&) {
   BlockParse r;
-  auto need = [&]() {
-    r.kind = BlockParse::kNeedMore;
-    return r;
-  };
-  auto fail = [&]() {
-    r.kind = BlockParse::kFail;
-    return r;
-  };
   size_t p = kOpen.size();
   while (p < b.size() && is_ws(b[p])) ++p;
-  if (p == b.size()) return need();
+  if (p == b.size()) return r.need();
   if (b[p] == '[') {  // list form
     size_t e = json_value_end(b, p);
-    if (e == kJsonIncomplete) return need();
-    if (e == kJsonBad) return fail();
+    if (e == kJsonIncomplete) return r.need();
+    if (e == kJsonBad) return r.fail();
     auto j = nlohmann::ordered_json::parse(b.substr(p, e - p), nullptr, false);
-    if (!j.is_array() || j.empty()) return fail();
+    if (!j.is_array() || j.empty()) return r.fail();
     std::vector<Call> calls;
     for (const auto& c : j) {
-      if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return fail();
+      if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return r.fail();
       Call call;
       call.name = c["name"].get<std::string>();
       auto a = c.contains("arguments") ? c["arguments"] : nlohmann::ordered_json::object();
       if (a.is_string()) a = nlohmann::ordered_json::parse(a.get<std::string>(), nullptr, false);
-      if (!a.is_object() || !valid_name(call.name)) return fail();
+      if (!a.is_object() || !valid_name(call.name)) return r.fail();
       call.arguments = a.dump();
       if (c.contains("id") && c["id"].is_string()) call.id = c["id"].get<std::string>();
       calls.push_back(std::move(call));
@@ -50,7 +42,7 @@ BlockParse parse(std::string_view b, bool, const nlohmann::json&) {
     return r;
   }
   size_t a = b.find(kArgs, p);
-  if (a == std::string_view::npos) return b.size() - p > 512 ? fail() : need();
+  if (a == std::string_view::npos) return b.size() - p > 512 ? r.fail() : r.need();
   std::string_view head = b.substr(p, a - p);
   std::string id;
   if (size_t c = head.find(kCallId); c != std::string_view::npos) {
@@ -58,14 +50,14 @@ BlockParse parse(std::string_view b, bool, const nlohmann::json&) {
     head = head.substr(0, c);
   }
   std::string name(trim(head));
-  if (!valid_name(name)) return fail();
+  if (!valid_name(name)) return r.fail();
   size_t j = a + kArgs.size();
   while (j < b.size() && is_ws(b[j])) ++j;
   size_t e = json_value_end(b, j);
-  if (e == kJsonIncomplete) return need();
-  if (e == kJsonBad) return fail();
+  if (e == kJsonIncomplete) return stream(r, name, id, b, j);
+  if (e == kJsonBad) return r.fail();
   std::string args = json_object_text(b.substr(j, e - j));
-  if (args.empty()) return fail();
+  if (args.empty()) return r.fail();
   r.calls.push_back(Call{name, args, id});
   r.kind = BlockParse::kDone;
   r.end = e;
