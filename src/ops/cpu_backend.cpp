@@ -48,7 +48,11 @@ uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I) {
 void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                             int64_t H, Activation act, float* y) {
   const int64_t n_experts = static_cast<int64_t>(experts.size());
-  if (pool_ != nullptr && n_experts > 0 && pool_->size() > n_experts && act != Activation::kClampedSwiGLU) {
+  // Decode-sized calls only (at most 64 token rows): the split's scratch (per expert its rows'
+  // input and gate/up) stays small, and a prefill has enough experts to keep every thread busy.
+  const int64_t call_rows = n_experts > 0 ? groups.first[g0 + n_experts] - groups.first[g0] : 0;
+  if (pool_ != nullptr && n_experts > 0 && pool_->size() > n_experts && call_rows <= 64 &&
+      act != Activation::kClampedSwiGLU) {
     expert_ffn_split(experts, groups, g0, x, H, act, y);
     return;
   }

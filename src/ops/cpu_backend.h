@@ -72,10 +72,12 @@ class CpuBackend : public Backend {
   void to_host(const float* src, int64_t n, float* dst) override;
 
  private:
-  /// expert_ffn when the pool has more threads than the call has experts (decode: top-k experts,
-  /// 16 threads): each expert's gate/up rows and then its down rows are split over
-  /// ceil(threads / experts) tasks, two jobs instead of one, so that no thread idles. Same values
-  /// as the one-task-per-expert path (every output row is computed by the same kernel).
+  /// expert_ffn when the pool has more threads than the call has experts and the call has at most
+  /// 64 token rows (decode: top-k experts, 16 threads): each expert's gate/up rows and then its
+  /// down rows are split over ceil(threads / experts) tasks, two jobs instead of one, so that no
+  /// thread idles. Same values as the one-task-per-expert path (every output row is computed by
+  /// the same kernel). Its scratch is a member: like every Backend call, one caller at a time
+  /// (the pipelined decode's two groups take turns, models/decoder.cpp run_pipelined).
   void expert_ffn_split(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                         int64_t H, Activation act, float* y);
 

@@ -84,7 +84,9 @@ bool GenStepper::on_logits(const float* logits) {
     forced_.assign(req_.reasoning_end.rbegin(), req_.reasoning_end.rend());
   }
   int32_t id;
-  if (!forced_.empty()) {
+  const bool forced = !forced_.empty();  // the family's reasoning closer: never a stop, even where
+                                         // a token of it is an end-of-generation id (gpt-oss <|end|>)
+  if (forced) {
     id = forced_.back();
     forced_.pop_back();
   } else {
@@ -99,7 +101,7 @@ bool GenStepper::on_logits(const float* logits) {
     ev_.logprobs.push_back(token_logprob(logits, vocab_, id, req_.top_logprobs));  // the unbiased distribution
     logprobs_.push_back(ev_.logprobs.back());
   }
-  if (std::find(req_.stop_ids.begin(), req_.stop_ids.end(), id) != req_.stop_ids.end()) {
+  if (!forced && std::find(req_.stop_ids.begin(), req_.stop_ids.end(), id) != req_.stop_ids.end()) {
     finish_ = "stop";
     return false;
   }

@@ -530,6 +530,16 @@ TEST(ServerGenerator, ThinkingBudgetEndsReasoningWithTheFamilyCloser) {
     EXPECT_FALSE(res.content.empty() && res.tool_calls.empty()) << "budget " << budget << ": nothing after the reasoning";
     EXPECT_EQ(res.content.find("</think>"), std::string::npos) << res.content;
   }
+  {  // A closer token that is also an end-of-generation id (gpt-oss's <|end|> in some GGUFs) is
+     // written, not taken as the end: the answer still follows.
+    GenRequest r = parse_chat_request(body(2), e->facts, 1);
+    r.stop_ids.push_back(close.front());
+    GenResult res = e->gen->run(r, nullptr, nullptr);
+    std::vector<int32_t> ids;
+    for (const auto& t : res.logprobs) ids.push_back(t.id);
+    ASSERT_GE(ids.size(), 2 + close.size()) << "stopped at the forced closer";
+    EXPECT_FALSE(res.content.empty() && res.tool_calls.empty()) << "nothing after the forced closer";
+  }
   // Unlimited (-1): no closer is forced within max_tokens.
   GenRequest r = parse_chat_request(body(-1), e->facts, 1);
   GenResult res = e->gen->run(r, nullptr, nullptr);
