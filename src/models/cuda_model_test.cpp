@@ -92,6 +92,7 @@ const std::map<std::string, std::vector<std::string>>& host_fallback_families() 
       {"gpt_oss", {"attention_sinks"}},
       {"gpt_oss_mxfp4", {"attention_sinks"}},
       {"ernie4_5_moe", {"route_grouped_top_k"}},
+      {"gemma4_text_moe", {"gelu_tanh_glu", "scale", "softcap", "mul_indexed", "attention_window"}},
   };
   return m;
 }
@@ -118,7 +119,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   for (const char* f : {"qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl", "qwen3_5_moe_vl_fused",
                         "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_qknorm",
                         "glm4_moe_lite", "glm4_moe_lite_v24", "minimax_m2", "minimax_m2_top6", "gpt_oss",
-                        "gpt_oss_mxfp4", "mixtral", "olmoe", "ernie4_5_moe"}) {
+                        "gpt_oss_mxfp4", "mixtral", "olmoe", "ernie4_5_moe", "gemma4_text_moe"}) {
     SCOPED_TRACE(f);
     const std::string dir = spool::testing::data_dir() + "/models/" + f;
     auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));

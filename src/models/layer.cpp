@@ -22,4 +22,11 @@ std::unique_ptr<Ffn> make_ffn(const ModelSpec& spec, int layer) {
   return std::make_unique<MoeFfn>();
 }
 
+std::vector<AttnSeg> attn_segments(std::span<const SeqRows> seqs, int layer) {
+  std::vector<AttnSeg> segs;
+  segs.reserve(seqs.size());
+  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.pos0, &q.state->attn[layer]});
+  return segs;
+}
+
 }  // namespace spool::models

@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "experts/provider.h"
 #include "io/checkpoint.h"
@@ -35,6 +36,10 @@ struct SeqRows {
   int64_t row0 = 0, T = 0, pos0 = 0;
   State* state = nullptr;
 };
+
+/// The sequences' segments for an attention-cache layer (softmax attention, MLA): each one's rows
+/// with its State::attn[layer] cache.
+std::vector<AttnSeg> attn_segments(std::span<const SeqRows> seqs, int layer);
 
 /// A layer's token mixer: the only part of a layer that reads other positions (through the
 /// sequence's state). Implementations: AttentionLayer, MlaLayer, GatedDeltaNetLayer.

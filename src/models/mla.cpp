@@ -155,10 +155,7 @@ void MlaLayer::take_scratch(ops::Workspace& ws, const ModelSpec& spec, int, int6
 
 void MlaLayer::forward_rows(const float* x, std::span<const SeqRows> seqs, int64_t N, float* out, ops::Backend& be,
                             ops::Workspace& ws) const {
-  std::vector<AttnSeg> segs;
-  segs.reserve(seqs.size());
-  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.pos0, &q.state->attn[layer_]});
-  forward(x, segs, N, out, be, ws);
+  forward(x, attn_segments(seqs, layer_), N, out, be, ws);
 }
 
 }  // namespace spool::models
