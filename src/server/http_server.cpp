@@ -149,7 +149,9 @@ void HttpServer::routes() {
     set_json(res, 401, error_json("invalid or missing API key (send \"Authorization: Bearer KEY\")", "authentication_error", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.request(route_label(req.path), res.status); });
+  // Counted before the response is written (the logger runs after it, so a client could read
+  // /metrics before its own last request was counted).
+  s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) { metrics_.request(route_label(req.path), res.status); });
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string msg = res.status == 404   ? "no route for " + req.method + " " + req.path
