@@ -56,6 +56,21 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
       ->group("");  // hidden
 }
 
+void ModelOptions::add_spec_to(CLI::App* app) {
+  app->add_option("--spec", spec,
+                  "Speculative decoding: 'mtp' drafts with the model's own multi-token-prediction head (Qwen3.5/3.6, "
+                  "Qwen3-Next, DeepSeek-V3, GLM-4.5 nextn layers) and verifies the drafts in one forward; output as without it "
+                  "(greedy: identical; sampled: the same distribution). 'none' (default)")
+      ->check(CLI::IsMember({"none", "mtp"}));
+  app->add_option("--draft-max", draft_max, "With --spec mtp: tokens drafted per step, 1..16 (default 1; more run the head on its own output)");
+  app->add_option("--draft-vocab", draft_vocab,
+                  "With --spec mtp: the head drafts only token ids below N (its output rows read for those alone; BPE ids run "
+                  "roughly by frequency); 0 = auto (a quarter of the vocabulary, at least 4096), -1 = all");
+  app->add_option("--spec-min-acceptance", spec_min_acceptance,
+                  "With --spec mtp: stop speculating for the rest of a generation when the draft acceptance rate after 16 "
+                  "steps (and every 16 after) is below this; 0 = never (default 0.25, docs/speculative.md)");
+}
+
 engine::LoadOptions ModelOptions::load_options() const {
   if (stream && no_stream) throw UsageError("--stream and --no-stream contradict each other");
   if (use_page_cache && no_page_cache) throw UsageError("--use-page-cache and --no-page-cache contradict each other");
@@ -82,7 +97,21 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.vram_budget = vram_budget;
   o.vram_experts = vram_experts;
   o.host_expert_slots = host_expert_slots;
+  o.mtp = spec_params().mtp;
   return o;
+}
+
+engine::SpecParams ModelOptions::spec_params() const {
+  engine::SpecParams p;
+  if (spec != "none" && spec != "mtp") throw UsageError(strfmt("--spec must be none or mtp (got '%s')", spec.c_str()));
+  p.mtp = spec == "mtp";
+  p.draft_max = draft_max;
+  p.draft_vocab = draft_vocab;
+  p.min_acceptance = spec_min_acceptance;
+  p.validate();
+  if (!p.mtp && (draft_max != 1 || draft_vocab != 0 || spec_min_acceptance != engine::SpecParams{}.min_acceptance))
+    throw UsageError("--draft-max, --draft-vocab and --spec-min-acceptance need --spec mtp");
+  return p;
 }
 
 std::string ModelOptions::dir() const {

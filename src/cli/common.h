@@ -11,6 +11,7 @@
 #include "models/model.h"
 #include "ops/thread_pool.h"
 #include "engine/loader.h"
+#include "engine/speculative.h"
 #include "tokenizer/tokenizer.h"
 #include <nlohmann/json.hpp>
 
@@ -34,6 +35,15 @@ struct ModelOptions {
   std::string vram_budget = "auto";
   std::string vram_experts = "auto";
   bool strict_device = false;  // --strict-device (LoadOptions::strict_device)
+  std::string spec = "none";   // --spec: none or mtp (speculative decoding with the model's MTP head)
+  int draft_max = 1;           // --draft-max
+  int64_t draft_vocab = 0;     // --draft-vocab
+  double spec_min_acceptance = engine::SpecParams{}.min_acceptance;  // --spec-min-acceptance (auto-off)
+  /// Adds --spec, --draft-max, --spec-min-acceptance (commands that decode with speculation).
+  void add_spec_to(CLI::App* app);
+  /// The speculative decoding settings of --spec / --draft-max / --spec-min-acceptance
+  /// (UsageError for bad values).
+  engine::SpecParams spec_params() const;
   int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);

@@ -119,6 +119,7 @@ void run(const GenerateOptions& o) {
   req.sampling = sampling_from(o, l.ckpt->generation());
   req.prefill_step = o.prefill_step;
   req.ctx_size = lo.ctx_size;
+  req.spec = o.model.spec_params();
   for (int64_t e : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(e));
   // A chat turn also ends at the tokenizer's eos_token (e.g. <|im_end|>).
   if (o.chat && l.tok->eos_id() && *l.tok->eos_id() < spec.vocab_size) req.stop_ids.push_back(*l.tok->eos_id());
@@ -155,7 +156,7 @@ void run(const GenerateOptions& o) {
   const TierStats end = stats_snapshot(l);
   const bool decoded = res.timings.decode_forwards > 0;
   const TierStats window = decoded ? end - after_prefill : end;
-  const int64_t window_tokens = decoded ? res.timings.decode_forwards : res.timings.prompt_tokens;
+  const int64_t window_tokens = decoded ? std::max<int64_t>(res.timings.decode_tokens, 1) : res.timings.prompt_tokens;
   if (o.json) {
     nlohmann::ordered_json j;
     j["prompt_ids"] = req.prompt;
@@ -178,6 +179,15 @@ void run(const GenerateOptions& o) {
                     {"decode_s", res.timings.decode_s},
                     {"decode_tok_s", res.timings.decode_tok_s()}};
     j["stats"] = stats_json(l, window, window_tokens);
+    if (req.spec.mtp)
+      j["speculative"] = {{"type", "mtp"},
+                          {"draft_max", req.spec.draft_max},
+                          {"steps", res.spec.steps},
+                          {"drafted", res.spec.drafted},
+                          {"accepted", res.spec.accepted},
+                          {"acceptance", res.spec.acceptance()},
+                          {"tokens_per_step", res.spec.tokens_per_step()},
+                          {"auto_off", res.spec.auto_off}};
     j["peak_rss_bytes"] = rss;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -193,6 +203,10 @@ void run(const GenerateOptions& o) {
                l.load_s, (long long)res.timings.prompt_tokens, res.timings.prefill_tok_s(), res.output.size(),
                res.timings.decode_tok_s(), res.finish_reason.c_str(), format_bytes(rss).c_str());
   std::fprintf(stderr, "spool: %s\n", stats_line(l, window, window_tokens).c_str());
+  if (req.spec.mtp)
+    std::fprintf(stderr, "spool: speculative mtp: %lld steps, %lld of %lld drafts accepted (%.2f), %.2f tokens per step%s\n",
+                 (long long)res.spec.steps, (long long)res.spec.accepted, (long long)res.spec.drafted, res.spec.acceptance(),
+                 res.spec.tokens_per_step(), res.spec.auto_off ? ", auto-off for low acceptance" : "");
 }
 
 }  // namespace
@@ -201,6 +215,7 @@ void register_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a prompt (raw text, or a chat turn with --chat)");
   o->model.add_to(c);
+  o->model.add_spec_to(c);
   CLI::Option* op = c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
   CLI::Option* oi = c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
   CLI::Option* of = c->add_option("-f,--file", o->file, "Read the prompt from a file");

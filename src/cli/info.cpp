@@ -48,6 +48,8 @@ void run(const InfoOptions& o) {
     j["dtypes"] = by_dtype;
     j["expert_layout"] = ck.expert_layout() == io::ExpertLayout::kFused ? "fused" : "per-expert";
     j["shards"] = ck.shards().size();
+    j["mtp_layers"] = s.mtp_declared;
+    j["bytes_mtp"] = ck.mtp_bytes();
     if (ck.raw_config().json().contains("quantization")) j["quantization"] = ck.raw_config().json()["quantization"];
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -68,6 +70,9 @@ void run(const InfoOptions& o) {
   std::printf("bytes       %s total: routed experts %s (%.1f%%), dense %s; %s layout, %zu shard(s)\n", format_bytes(total).c_str(),
               format_bytes(expert).c_str(), total ? 100.0 * expert / total : 0.0, format_bytes(total - expert).c_str(),
               ck.expert_layout() == io::ExpertLayout::kFused ? "fused-expert" : "per-expert", ck.shards().size());
+  if (s.mtp_declared > 0 || ck.mtp_bytes() > 0)
+    std::printf("mtp head    %d layer(s), %s (not counted above; loaded with --spec mtp)\n", s.mtp_declared,
+                format_bytes(ck.mtp_bytes()).c_str());
   std::string dts;
   for (const auto& [k, v] : by_dtype) dts += (dts.empty() ? "" : ", ") + k + " " + format_bytes(v);
   std::printf("dtypes      %s\n", dts.c_str());

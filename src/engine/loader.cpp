@@ -29,8 +29,10 @@ namespace {
 
 constexpr uint64_t kGiB = 1ull << 30;
 
-// Which layers have a routed-expert FFN ([n_layers]), as the expert stores take them.
-std::vector<bool> moe_layer_mask(const models::ModelSpec& spec) {
+// Which layers have a routed-expert FFN ([n_layers + mtp_layers]: the multi-token-prediction
+// layers after the stack too), as the expert stores take them.
+std::vector<bool> moe_layer_mask(const models::ModelSpec& main) {
+  const models::ModelSpec spec = models::mtp_spec(main);
   std::vector<bool> m(spec.n_layers);
   for (int i = 0; i < spec.n_layers; ++i) m[i] = spec.ffns[i] == models::FfnKind::kMoE;
   return m;
@@ -338,7 +340,10 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   LoadedModel l;
   const double t0 = now_seconds();
   const uint64_t start_rss = opt.start_rss.value_or(current_rss_bytes());  // the runtime base of plan::base_needs
-  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(opt.model_dir));
+  l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(opt.model_dir, {.mtp = opt.mtp}));
+  if (opt.mtp && l.ckpt->mtp_layers() == 0)
+    fail("%s: --spec mtp: the model has no multi-token-prediction layers (config mtp_num_hidden_layers / num_nextn_predict_layers%s)",
+         opt.model_dir.c_str(), l.ckpt->gguf() ? "; GGUF MTP heads are not read yet" : "");
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
                                   [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });

@@ -56,6 +56,8 @@ struct LoadOptions {
                                        // of the model (available_memory_bytes()); nullopt = measured when load() starts
   std::optional<uint64_t> start_rss;   // resident bytes of the process measured by the caller at the same point
                                        // (current_rss_bytes(): plan::RunShape::start_rss); nullopt = when load() starts
+  bool mtp = false;                    // --spec mtp: keep the multi-token-prediction layers (io::Checkpoint::Options::mtp);
+                                       // a model without them is an error
   bool strict_device = false;          // --strict-device (or SPOOL_STRICT_DEVICE=1): ops::Backend::set_strict_device on a
                                        // GPU run; the load fails when the model needs an op the GPU runs on the host
 };

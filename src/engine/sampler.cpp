@@ -48,7 +48,38 @@ float Sampler::log_prob(const float* logits, int64_t vocab, int32_t id) {
   return static_cast<float>(logits[id] - m - std::log(s));
 }
 
+double Sampler::Distribution::p(int32_t id) const {
+  if (total <= 0) return 0;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id) return prob[i] / total;
+  return 0;
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
 int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated, const uint64_t* allowed) {
+  distribution(logits, context, generated, dist_, allowed);
+  return draw(dist_);
+}
+
+int32_t Sampler::draw(const Distribution& d) {
+  if (d.ids.size() == 1 && p_.temperature == 0.0f) return d.ids[0];  // greedy: no random number
+  std::uniform_real_distribution<double> u(0.0, d.total);
+  double r = u(rng_), acc = 0.0;
+  const size_t n = d.ids.size();
+  for (size_t i = 0; i < n; ++i) {
+    acc += d.prob[i];
+    if (r < acc) return d.ids[i];
+  }
+  // Rounding left r at the total: the last candidate of non-zero probability (a masked token
+  // has probability 0 and is never returned).
+  for (size_t i = n; i-- > 0;)
+    if (d.prob[i] > 0) return d.ids[i];
+  return d.ids[0];
+}
+
+void Sampler::distribution(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated, Distribution& out,
+                           const uint64_t* allowed) {
   for (int64_t i = 0; i < vocab_; ++i)
     if (!std::isfinite(logits[i]))
       fail("the model produced a non-finite logit (%s) for token %lld; refusing to sample", std::isnan(logits[i]) ? "NaN" : "inf",
@@ -78,8 +109,13 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::sp
     for (int64_t i = 0; i < vocab_; ++i)
       if (counts_[i] > 0) logits[i] -= p_.presence_penalty + p_.frequency_penalty * counts_[i];
   }
+  out.ids.clear();
+  out.prob.clear();
   if (p_.temperature == 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
+    out.ids.push_back(static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits));
+    out.prob.push_back(1.0);
+    out.total = 1.0;
+    return;
   }
   // Candidates sorted by logit (descending); truncations keep prefixes.
   cand_.resize(vocab_);
@@ -122,17 +158,10 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> context, std::sp
   }
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += prob[i];
-  std::uniform_real_distribution<double> u(0.0, total);
-  double r = u(rng_), acc = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    acc += prob[i];
-    if (r < acc) return cand_[i].second;
-  }
-  // Rounding left r at the total: the last candidate of non-zero probability (a masked token
-  // has probability 0 and is never returned).
-  for (int64_t i = n; i-- > 0;)
-    if (prob[i] > 0) return cand_[i].second;
-  return cand_[0].second;
+  out.ids.resize(n);
+  out.prob.assign(prob.begin(), prob.begin() + n);
+  for (int64_t i = 0; i < n; ++i) out.ids[i] = cand_[i].second;
+  out.total = total;
 }
 
 }  // namespace spool::engine

@@ -46,6 +46,24 @@ class Sampler {
   /// must be allowed (spool::Error otherwise). Without a mask this costs nothing extra.
   int32_t sample(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated,
                  const uint64_t* allowed = nullptr);
+
+  /// The distribution sample() draws from: the kept candidates (ids best first) and their
+  /// unnormalised probabilities (total = their sum). Greedy (temperature 0): the argmax alone.
+  struct Distribution {
+    std::vector<int32_t> ids;
+    std::vector<double> prob;
+    double total = 0;
+    /// Normalised probability of `id` (0 when it is not kept).
+    double p(int32_t id) const;
+  };
+  /// The same transforms as sample() (mask, penalties, temperature, top-k, top-p, min-p) on
+  /// `logits` (modified), writing the result into `out` instead of drawing. Same errors.
+  void distribution(float* logits, std::span<const int32_t> context, std::span<const int32_t> generated, Distribution& out,
+                    const uint64_t* allowed = nullptr);
+  /// Draws from `d` (one uniform number; none for a single candidate): what sample() returns.
+  int32_t draw(const Distribution& d);
+  /// A uniform number in [0, 1) from this sampler's generator (speculative acceptance tests).
+  double uniform();
   /// Log-probabilities of the last sample()'s distribution before truncation are not kept;
   /// this returns log_softmax of `logits` for token `id` (for logprobs reporting).
   static float log_prob(const float* logits, int64_t vocab, int32_t id);
@@ -57,6 +75,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
   std::vector<int32_t> counts_;
+  Distribution dist_;
 };
 
 }  // namespace spool::engine

@@ -29,6 +29,7 @@ GenerateResult Session::generate(const GenerateRequest& req, const std::function
   GenerateResult res;
   state_.reset();
   Sampler sampler(req.sampling, model_.spec().vocab_size);
+  if (req.spec.mtp) return generate_mtp(req, on_token, sampler);
   std::vector<int32_t> context = req.prompt;
   double t0 = now_seconds();
   prefill(req.prompt, req.prefill_step);
@@ -52,6 +53,48 @@ GenerateResult Session::generate(const GenerateRequest& req, const std::function
     ++res.timings.decode_forwards;
   }
   res.timings.decode_s = now_seconds() - t0;
+  res.timings.decode_tokens = res.timings.decode_forwards;
+  return res;
+}
+
+GenerateResult Session::generate_mtp(const GenerateRequest& req, const std::function<bool(int32_t)>& on_token, Sampler& sampler) {
+  GenerateResult res;
+  MtpDecoder dec(model_, state_, req.spec);
+  std::vector<int32_t> context = req.prompt;
+  double t0 = now_seconds();
+  dec.prefill(req.prompt, req.prefill_step);
+  res.timings.prefill_s = now_seconds() - t0;
+  res.timings.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  res.finish_reason = "length";
+  t0 = now_seconds();
+  // The same ends as generate(): a stop id or the callback ("stop"), max_tokens or ctx_size ("length").
+  auto emit = [&](int32_t id) {
+    const bool keep_going = on_token ? on_token(id) : true;
+    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), id) != req.stop_ids.end() || !keep_going) {
+      res.finish_reason = "stop";
+      return false;
+    }
+    return true;
+  };
+  auto room = [&] {
+    int64_t r = req.max_tokens - static_cast<int64_t>(res.output.size());
+    if (req.ctx_size > 0) r = std::min<int64_t>(r, req.ctx_size - static_cast<int64_t>(context.size()));
+    return r;
+  };
+  if (req.max_tokens > 0 && (req.ctx_size == 0 || static_cast<int64_t>(context.size()) < req.ctx_size)) {
+    int32_t t = sampler.sample(dec.logits().data(), context, res.output);
+    res.output.push_back(t);
+    context.push_back(t);
+    bool stopped = !emit(t);
+    while (!stopped && room() > 0) {
+      t = dec.step(t, sampler, context, res.output, static_cast<int>(std::min<int64_t>(room(), 1 << 20)), emit, &stopped);
+      ++res.timings.decode_forwards;
+    }
+  }
+  res.timings.decode_s = now_seconds() - t0;
+  res.timings.decode_tokens = std::max<int64_t>(0, static_cast<int64_t>(res.output.size()) - 1);
+  res.spec = dec.stats();
+  state_.keep_step_trail(0);
   return res;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "models/model.h"
 
 namespace spool::engine {
@@ -19,20 +20,23 @@ struct GenerateRequest {
   std::vector<int32_t> stop_ids;   // generation ends after any of these (the id is kept in output)
   int64_t prefill_step = 512;      // prompt tokens per forward() call (--prefill-step-size)
   int64_t ctx_size = 0;            // prompt + output positions at most (0 = no limit)
+  SpecParams spec;                 // speculative decoding (--spec mtp, --draft-max)
 };
 
 /// Wall-clock timings of one generate() call (seconds).
 struct Timings {
   double prefill_s = 0, decode_s = 0;
   int64_t prompt_tokens = 0, decode_forwards = 0;
+  int64_t decode_tokens = 0;  // tokens generated after the first (= decode_forwards without speculation)
   double prefill_tok_s() const { return prefill_s > 0 ? prompt_tokens / prefill_s : 0; }
-  double decode_tok_s() const { return decode_s > 0 ? decode_forwards / decode_s : 0; }
+  double decode_tok_s() const { return decode_s > 0 ? decode_tokens / decode_s : 0; }
 };
 
 struct GenerateResult {
   std::vector<int32_t> output;  // generated ids (including a final stop id, if any)
   std::string finish_reason;    // "stop" (stop id or callback) or "length"
   Timings timings;
+  SpecStats spec;               // speculative decoding (zeros without --spec)
 };
 
 class Session {
@@ -54,6 +58,8 @@ class Session {
   models::Model& model() { return model_; }
 
  private:
+  // generate() with req.spec.mtp (engine/speculative.h).
+  GenerateResult generate_mtp(const GenerateRequest& req, const std::function<bool(int32_t)>& on_token, Sampler& sampler);
   models::Model& model_;
   models::State state_;
   std::vector<float> logits_;

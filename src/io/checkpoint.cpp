@@ -1,5 +1,7 @@
 #include "io/checkpoint.h"
 
+#include <charconv>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -49,6 +51,23 @@ std::string TensorRef::shape_str() const {
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
+
+namespace {
+// "mtp.X" of a stored name ("mtp." or "model.mtp." prefix), else nullopt.
+std::optional<std::string_view> mtp_part(std::string_view stored) {
+  for (std::string_view p : {"mtp.", "model.mtp."})
+    if (stored.starts_with(p)) return stored.substr(p.size());
+  return std::nullopt;
+}
+// The layer index of a normalised "layers.{L}." name, else -1.
+int layer_of(std::string_view n) {
+  if (!n.starts_with("layers.")) return -1;
+  n.remove_prefix(7);
+  int L = 0;
+  auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), L);
+  return ec == std::errc() && p != n.data() && p < n.data() + n.size() && *p == '.' ? L : -1;
+}
+}  // namespace
 
 std::string normalize_tensor_name(std::string_view name) {
   if (name.starts_with("model.visual.") || name.starts_with("visual.") || name.starts_with("mtp.") ||
@@ -141,6 +160,8 @@ void Checkpoint::write_transposed(const std::vector<Transposed>& items) {
 
 void Checkpoint::add(TensorRef t) {
   if (index_.count(t.name)) fail("%s: tensor '%s' appears twice (after name normalisation)", dir_.c_str(), t.name.c_str());
+  if (keep_mtp_ && n_main_layers_ > 0)
+    if (const int L = layer_of(t.name); L >= n_main_layers_) mtp_layers_ = std::max(mtp_layers_, L - n_main_layers_ + 1);
   if (t.expert_layer >= 0) expert_index_[expert_key(t.expert_layer, t.expert_id, t.expert_proj, t.expert_part)] = tensors_.size();
   // index_ views the names inside tensors_: a reallocation moves them (short names live in
   // the TensorRef itself), so the index is rebuilt then (amortised O(1); index_shards reserves).
@@ -242,6 +263,8 @@ Checkpoint Checkpoint::open(const std::string& dir, const RulesResolver& rules, 
 
   std::vector<SafetensorsFile> shards;
   for (const auto& path : files) shards.push_back(SafetensorsFile::open(path, opt.map));
+  c.n_main_layers_ = static_cast<int>(std::clamp<int64_t>(c.config_.get_int("num_hidden_layers", 0), 0, 1 << 20));
+  c.keep_mtp_ = opt.mtp;
   c.index_shards(std::move(shards), fr);
   return c;
 }
@@ -311,6 +334,7 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards, const TensorN
     SafetensorsFile& sf = c.shards_[s];
     for (const TensorInfo& ti : sf.tensors()) {
       bool squeeze = false;
+      if (c.is_mtp_tensor(ti.name)) c.mtp_bytes_ += ti.nbytes;
       std::string name = family_name(ti.name, &squeeze);
       if (name.empty()) {
         ++c.dropped_;
@@ -356,7 +380,34 @@ void Checkpoint::index_shards(std::vector<SafetensorsFile> shards, const TensorN
   if (!transposed.empty()) c.write_transposed(transposed);
 }
 
+bool Checkpoint::is_mtp_tensor(std::string_view stored) const {
+  if (mtp_part(stored)) return true;
+  const int L = layer_of(normalize_tensor_name(stored));
+  return n_main_layers_ > 0 && L >= n_main_layers_;
+}
+
 std::string Checkpoint::normalized_name(std::string_view stored, bool* squeeze) const {
+  if (!keep_mtp_ && n_main_layers_ > 0 && !mtp_part(stored) && layer_of(normalize_tensor_name(stored)) >= n_main_layers_) {
+    if (squeeze != nullptr) *squeeze = false;
+    return "";  // a DeepSeek-style nextn layer, not asked for
+  }
+  if (keep_mtp_) {
+    if (const std::optional<std::string_view> rest = mtp_part(stored)) {
+      // mtp.layers.{k}.X -> layers.{base + k}.X; the head's own tensors keep "mtp.".
+      std::string_view r = *rest;
+      if (r.starts_with("layers.")) {
+        r.remove_prefix(7);
+        int k = 0;
+        auto [p, ec] = std::from_chars(r.data(), r.data() + r.size(), k);
+        if (ec == std::errc() && p != r.data() && p < r.data() + r.size() && *p == '.' && k >= 0 && k < 64) {
+          std::string stored_as = "layers." + std::to_string(n_main_layers_ + k) + std::string(p);
+          return normalized_name(stored_as, squeeze);
+        }
+      }
+      if (squeeze != nullptr) *squeeze = false;
+      return "mtp." + std::string(r);
+    }
+  }
   std::string name = normalize_tensor_name(stored);
   bool sq = false;
   if (!name.empty() && name_rules_ != nullptr && !name_rules_->renames.empty()) {

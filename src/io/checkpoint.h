@@ -66,6 +66,11 @@ class Checkpoint {
  public:
   struct Options {
     bool map = true;  // mmap shards (false: headers only, e.g. for planning)
+    /// Keep the multi-token-prediction head (Qwen3.5 / Qwen3-Next `mtp.*`) instead of dropping
+    /// it: `mtp.layers.{k}.X` becomes `layers.{num_hidden_layers + k}.X` (the DeepSeek-V3
+    /// nextn numbering, so its routed experts are indexed like any layer's) and the head's own
+    /// tensors keep their names (`mtp.fc.weight`, `mtp.norm.weight`, ...).
+    bool mtp = false;
   };
   /// Opens `dir`, or a GGUF file (a path ending in .gguf, single or one shard of a split set:
   /// see open_gguf), with the family rules `rules` finds for its model_type or architecture.
@@ -138,6 +143,11 @@ class Checkpoint {
   std::string normalized_name(std::string_view stored, bool* squeeze = nullptr) const;
   /// Number of tensors dropped by name (vision tower, MTP head).
   int dropped_tensors() const { return dropped_; }
+  /// Bytes of the multi-token-prediction head's tensors (`mtp.*`, and layers numbered from
+  /// num_hidden_layers on: DeepSeek-V3 nextn), kept (Options::mtp) or dropped.
+  uint64_t mtp_bytes() const { return mtp_bytes_; }
+  /// Multi-token-prediction layers kept (Options::mtp): layers num_hidden_layers .. + n - 1.
+  int mtp_layers() const { return mtp_layers_; }
   /// Total bytes of kept tensors, and of routed experts among them.
   uint64_t total_bytes() const;
   /// Sum of the shard file sizes (headers included).
@@ -185,6 +195,12 @@ class Checkpoint {
   bool experts_quantized_ = false;
   std::optional<bool> quant_rotated_;
   int dropped_ = 0;
+  int n_main_layers_ = 0;    // config num_hidden_layers: `mtp.layers.0` becomes this layer (0: unknown)
+  bool keep_mtp_ = false;    // Options::mtp
+  uint64_t mtp_bytes_ = 0;   // bytes of the MTP tensors seen
+  int mtp_layers_ = 0;       // MTP layers kept
+  // Whether a stored name is a multi-token-prediction tensor (mtp.*, or a layer >= n_main_layers_).
+  bool is_mtp_tensor(std::string_view stored) const;
   std::shared_ptr<GgufFile> gguf_;
   const TensorNameRules* name_rules_ = nullptr;  // the family's (static storage), or null
   std::vector<std::vector<int32_t>> perms_;  // storage of TensorRef::col_perm

@@ -45,8 +45,32 @@ uint64_t DecoderModel::group_arena_bytes(const ModelSpec& spec) {
   return m.high_water();
 }
 
+namespace {
+// Bytes of an MTP step of T rows (DecoderModel::mtp_forward): rows, the [T, 2H] fc input, the
+// logits, the largest MTP layer scratch. 0 without MTP layers.
+uint64_t mtp_arena_bytes(const ModelSpec& spec, int64_t T) {
+  if (spec.mtp_layers == 0) return 0;
+  const ModelSpec full = mtp_spec(spec);
+  const int64_t H = spec.hidden_size;
+  ops::Workspace t;
+  DecoderModel::Scratch::take(t, H, T);
+  t.floats(T * 2 * H);
+  t.floats(T * spec.vocab_size);
+  for (int i = spec.n_layers; i < full.n_layers; ++i) {
+    {
+      ops::WorkspaceScope a(t);
+      make_token_mixer(full, i)->take_scratch(t, full, i, T);
+    }
+    ops::WorkspaceScope b(t);
+    make_ffn(full, i)->take_scratch(t, full, T);
+  }
+  return t.high_water();
+}
+}  // namespace
+
 uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
-  // The same take() calls, in the same nesting, as forward_batch() makes (measuring workspace).
+  // The same take() calls, in the same nesting, as forward_batch() makes (measuring workspace);
+  // an MTP step (mtp_forward) never nests in one: the larger of the two.
   ops::Workspace m;
   const int64_t H = spec.hidden_size;
   Scratch::take(m, H, T);
@@ -55,13 +79,14 @@ uint64_t DecoderModel::arena_bytes(const ModelSpec& spec, int64_t T, int max_seq
     HeadScratch::take(m, H, spec.vocab_size, max_seqs);
   }
   take_layers(m, spec, T);
-  if (max_seqs < 2) return m.high_water();
+  const uint64_t one = std::max(m.high_water(), mtp_arena_bytes(spec, T));
+  if (max_seqs < 2) return one;
   // A pipelined step (run_pipelined): rows, the second group's arena, the first group's layers.
   ops::Workspace p;
   Scratch::take(p, H, std::min(T, kPipelineMaxRows));
   p.take(group_arena_bytes(spec));
   take_layers(p, spec, std::min(T, kPipelineMaxRows));
-  return std::max(m.high_water(), p.high_water());
+  return std::max(one, p.high_water());
 }
 
 void DecoderModel::reserve_workspace(int64_t max_tokens, int max_seqs) {
@@ -95,9 +120,11 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
                                                         : static_cast<size_t>(H) * ops::wtype_size(embed_.type));
     }
   }
-  layers_.resize(spec_.n_layers);
-  std::vector<bool> moe_layers(spec_.n_layers, false);
-  for (int i = 0; i < spec_.n_layers; ++i) {
+  full_spec_ = mtp_spec(spec_);
+  const int n_all = full_spec_.n_layers;  // the main stack, then the MTP layers
+  layers_.resize(n_all);
+  std::vector<bool> moe_layers(n_all, false);
+  for (int i = 0; i < n_all; ++i) {
     Layer& L = layers_[i];
     const std::string p = "layers." + std::to_string(i) + ".";
     L.in_norm = bind_norm(ck, p + "input_layernorm.weight", H, spec_.norm_one_plus);
@@ -107,17 +134,26 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
       L.post_ffn = bind_norm(ck, p + "post_feedforward_layernorm.weight", H, spec_.norm_one_plus);
     }
     if (spec_.residual_scale) L.scalar = bind_f32(ck, p + "layer_scalar", {1})[0];
-    L.mixer = make_token_mixer(spec_, i, gdn_layout);
-    L.mixer->bind_layer(ck, spec_, i);
-    L.ffn = make_ffn(spec_, i);
-    L.ffn->bind_layer(ck, spec_, i);
+    L.mixer = make_token_mixer(full_spec_, i, gdn_layout);
+    L.mixer->bind_layer(ck, full_spec_, i);
+    L.ffn = make_ffn(full_spec_, i);
+    L.ffn->bind_layer(ck, full_spec_, i);
     moe_layers[i] = L.ffn->routed();
   }
+  if (spec_.mtp_layers > 0) bind_mtp(gdn_layout);
   // Everything dense goes where the backend reads it, once (a no-op on host backends: the CPU
   // path keeps reading the mapping and the host vectors).
   ops::Backend& be = *be_;
   if (be.device() != ops::Device::kCpu) lm_head_ = be.upload(lm_head_);  // (embeddings stay on the host: read by row)
   final_norm_p_ = be.upload_floats(final_norm_);
+  if (spec_.mtp_layers > 0) {
+    mtp_fc_ = be.upload(mtp_fc_);
+    if (mtp_head_.data != lm_head_.data) mtp_head_ = be.upload(mtp_head_);
+    else mtp_head_ = lm_head_;
+    mtp_enorm_p_ = be.upload_floats(mtp_enorm_);
+    mtp_hnorm_p_ = be.upload_floats(mtp_hnorm_);
+    mtp_norm_p_ = be.upload_floats(mtp_norm_);
+  }
   for (Layer& L : layers_) {
     L.in_norm_p = be.upload_floats(L.in_norm);
     L.post_norm_p = be.upload_floats(L.post_norm);
@@ -132,8 +168,28 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
   provider_ = resident_;
 }
 
+void DecoderModel::bind_mtp(GdnLayout) {
+  const io::Checkpoint& ck = *ckpt_;
+  const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
+  if (ck.find("mtp.fc.weight") != nullptr) {  // Qwen3.5 / Qwen3-Next
+    mtp_fc_ = bind_matrix(ck, "mtp.fc.weight", H, 2 * H);
+    mtp_enorm_ = bind_norm(ck, "mtp.pre_fc_norm_embedding.weight", H, spec_.norm_one_plus);
+    mtp_hnorm_ = bind_norm(ck, "mtp.pre_fc_norm_hidden.weight", H, spec_.norm_one_plus);
+    mtp_norm_ = bind_norm(ck, "mtp.norm.weight", H, spec_.norm_one_plus);
+    mtp_head_ = lm_head_;
+    return;
+  }
+  // DeepSeek-V3 / GLM-4.5 nextn layer (the first one drafts; HF names under layers.{n_layers}.).
+  const std::string p = "layers." + std::to_string(spec_.n_layers) + ".";
+  mtp_fc_ = bind_matrix(ck, p + "eh_proj.weight", H, 2 * H);
+  mtp_enorm_ = bind_norm(ck, p + "enorm.weight", H, spec_.norm_one_plus);
+  mtp_hnorm_ = bind_norm(ck, p + "hnorm.weight", H, spec_.norm_one_plus);
+  mtp_norm_ = bind_norm(ck, p + "shared_head.norm.weight", H, spec_.norm_one_plus);
+  mtp_head_ = ck.find(p + "shared_head.head.weight") != nullptr ? bind_matrix(ck, p + "shared_head.head.weight", V, H) : lm_head_;
+}
+
 State DecoderModel::new_state() const {
-  State st(spec_, kv_type_);
+  State st(full_spec_, kv_type_);
   if (be_->device() != ops::Device::kCpu) st.place(be_->device());
   return st;
 }
@@ -210,7 +266,10 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
     N += static_cast<int64_t>(q.ids.size());
   }
   if (N == 0) return;
-  for (const Part& p : parts) p.state->reserve(p.pos0 + p.T);
+  for (const Part& p : parts) {
+    p.state->reserve(p.pos0 + p.T);
+    p.state->begin_step(p.pos0, p.T);
+  }
   const int n_seqs = static_cast<int>(parts.size());
   if (N > ws_tokens_ || n_seqs > ws_seqs_) reserve_workspace(std::max(N, ws_tokens_), std::max(n_seqs, ws_seqs_));
   ops::WorkspaceScope scope(ws_);
@@ -295,8 +354,6 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
 
 void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                               const std::function<void()>& between) {
-  const int64_t H = spec_.hidden_size;
-  ops::Backend& be = *be_;
   FfnStep step;
   step.top_k = top_k_;
   step.provider = provider_.get();
@@ -304,21 +361,90 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
   step.on_margin = &hooks.on_margin;
   step.between = &between;
   for (int i = 0; i < spec_.n_layers; ++i) {
-    const Layer& L = layers_[i];
     if (hooks.on_hidden) observe_hidden(i, s.h, N);
-    be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
-    // Token mixer: projections over every row of the step, RoPE / cache / attention / conv /
-    // recurrence per sequence on its own state.
-    L.mixer->forward_rows(s.xn, parts, N, s.tmp, be, ws);
-    const float eps = spec_.rms_norm_eps;
-    if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_norm_p, N, H, eps, s.tmp);  // on the branch
-    be.add(s.h, s.tmp, N * H);
-    be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
-    step.layer = i;
-    L.ffn->forward(s.xn, s.h, N, step, s.tmp, be, ws);
-    if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_ffn_p, N, H, eps, s.tmp);
-    be.add(s.h, s.tmp, N * H);
-    if (spec_.residual_scale) be.scale(s.h, N * H, L.scalar);  // the whole residual stream
+    run_layer(i, s, N, parts, ws, step);
+  }
+}
+
+void DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
+                             FfnStep& step) {
+  const int64_t H = spec_.hidden_size;
+  ops::Backend& be = *be_;
+  const Layer& L = layers_[i];
+  be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
+  // Token mixer: projections over every row of the step, RoPE / cache / attention / conv /
+  // recurrence per sequence on its own state.
+  L.mixer->forward_rows(s.xn, parts, N, s.tmp, be, ws);
+  const float eps = spec_.rms_norm_eps;
+  if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_norm_p, N, H, eps, s.tmp);  // on the branch
+  be.add(s.h, s.tmp, N * H);
+  be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
+  step.layer = i;
+  L.ffn->forward(s.xn, s.h, N, step, s.tmp, be, ws);
+  if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_ffn_p, N, H, eps, s.tmp);
+  be.add(s.h, s.tmp, N * H);
+  if (spec_.residual_scale) be.scale(s.h, N * H, L.scalar);  // the whole residual stream
+}
+
+void DecoderModel::mtp_forward(const MtpStep& q) {
+  const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
+  if (spec_.mtp_layers == 0) Model::mtp_forward(q);
+  if (q.state == nullptr) fail("mtp_forward: no state");
+  if (q.state->poisoned) fail("this sequence's state is incomplete after an earlier error; reset it before reuse");
+  const int64_t T = static_cast<int64_t>(q.ids.size());
+  if (T == 0) return;
+  if (q.hidden == nullptr) fail("mtp_forward: no hidden states given");
+  if (q.pos0 < 0) fail("mtp_forward: negative position %lld", (long long)q.pos0);
+  for (int32_t id : q.ids)
+    if (id < 0 || id >= V) fail("token id %d is outside the vocabulary (0..%lld)", id, (long long)(V - 1));
+  q.state->reserve(q.pos0 + T);
+  if (T > ws_tokens_) reserve_workspace(T, std::max(ws_seqs_, 1));
+  ops::Backend& be = *be_;
+  const float eps = spec_.rms_norm_eps;
+  ops::WorkspaceScope scope(ws_);
+  const Scratch s = Scratch::take(ws_, H, T);
+  float* cat = ws_.floats(T * 2 * H);  // [T, 2H]: normed embedding | normed hidden
+  float* logits = ws_.floats(T * V);
+  embed(q.ids, s.tmp);
+  be.rms_norm(s.tmp, mtp_enorm_p_, T, H, eps, s.xn);
+  be.copy_2d(cat, 2 * H, s.xn, H, T, H);
+  be.row_to_f32(ops::WType::kF32, q.hidden, T * H, s.tmp);
+  be.rms_norm(s.tmp, mtp_hnorm_p_, T, H, eps, s.xn);
+  be.copy_2d(cat + H, 2 * H, s.xn, H, T, H);
+  be.matmul(mtp_fc_, cat, T, s.h);
+  const Part part{0, T, q.pos0, q.state};
+  const RouteObserver no_route;
+  const MarginObserver no_margin;
+  const std::function<void()> no_between;
+  FfnStep step;
+  step.top_k = top_k_;
+  step.provider = provider_.get();
+  step.on_route = &no_route;
+  step.on_margin = &no_margin;
+  step.between = &no_between;
+  try {
+    // Qwen3.5 stacks its MTP layers; DeepSeek's nextn layers are one module each (the first drafts).
+    const int n = ckpt_->find("mtp.fc.weight") != nullptr ? spec_.mtp_layers : 1;
+    for (int i = spec_.n_layers; i < spec_.n_layers + n; ++i) run_layer(i, s, T, std::span<const Part>(&part, 1), ws_, step);
+  } catch (...) {
+    q.state->poisoned = true;
+    throw;
+  }
+  be.rms_norm(s.h, mtp_norm_p_, T, H, eps, s.xn);
+  if (q.hidden_out != nullptr) be.to_host(s.xn, T * H, q.hidden_out);
+  if (q.mode == LogitsMode::kNone || q.logits == nullptr) return;
+  const bool all = q.mode == LogitsMode::kAll;
+  const int64_t rows = all ? T : 1;
+  // A draft vocabulary: the head's first vocab_limit rows (a prefix view; spool's own quantized
+  // layout is read whole).
+  ops::WeightView head = mtp_head_;
+  if (q.vocab_limit > 0 && q.vocab_limit < V && head.type != ops::WType::kQuant) head.rows = q.vocab_limit;
+  const int64_t Vd = head.rows;
+  be.matmul(head, s.xn + (all ? 0 : (T - 1) * H), rows, logits);
+  if (spec_.final_logit_softcap > 0) be.softcap(logits, rows * Vd, spec_.final_logit_softcap);
+  for (int64_t r = 0; r < rows; ++r) {
+    be.to_host(logits + r * Vd, Vd, q.logits + r * V);
+    std::fill(q.logits + r * V + Vd, q.logits + (r + 1) * V, MtpStep::kNoLogit);
   }
 }
 
@@ -328,6 +454,13 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
   if (hooks.on_hidden) {  // observed: every row normed
     be_->rms_norm(s.h, final_norm_p_, N, H, eps, s.xn);
     observe_hidden(spec_.n_layers, s.xn, N);
+  }
+  for (size_t i = 0, j = 0; i < seqs.size(); ++i) {  // the MTP head's input: every row normed
+    if (seqs[i].ids.empty()) continue;
+    const Part& p = parts[j++];
+    if (seqs[i].hidden == nullptr) continue;
+    if (!hooks.on_hidden) be_->rms_norm(s.h + p.row0 * H, final_norm_p_, p.T, H, eps, s.xn + p.row0 * H);
+    be_->to_host(s.xn + p.row0 * H, p.T * H, seqs[i].hidden);
   }
   // Sequences wanting all rows: their own lm_head product.
   std::vector<size_t> last;  // indices into parts of sequences wanting the last row

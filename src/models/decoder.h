@@ -59,6 +59,8 @@ class DecoderModel : public Model {
   void reserve_workspace(int64_t max_tokens, int max_seqs = 1) override;
   uint64_t workspace_capacity() const override { return ws_.capacity(); }
   ops::Backend& backend() override { return *be_; }
+  int mtp_layers() const override { return spec_.mtp_layers; }
+  void mtp_forward(const MtpStep& step) override;
 
  private:
   struct Layer {
@@ -78,6 +80,10 @@ class DecoderModel : public Model {
   // `between` runs inside each MoE layer once its expert reads are started (may be empty).
   void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                   const std::function<void()>& between);
+  // Layer i (of the main stack or the MTP layers after it) over the step's N rows.
+  void run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws, FfnStep& step);
+  // The multi-token-prediction head's tensors (bind() when spec_.mtp_layers > 0).
+  void bind_mtp(GdnLayout gdn_layout);
   // A decode step of >= 2 sequences with streamed experts: two groups of sequences on two
   // threads, taking turns so that one group's expert reads overlap the other's compute.
   void run_pipelined(const Scratch& s, std::span<const Part> parts);
@@ -104,7 +110,14 @@ class DecoderModel : public Model {
   const float* final_norm_p_ = nullptr;  // final_norm_ where the backend reads it
   // hooks.on_hidden with a GPU backend: hidden rows copied to the host first.
   void observe_hidden(int index, const float* hidden, int64_t T);
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // the main stack, then spec_.mtp_layers MTP layers
+  // Multi-token prediction: full_spec_ = mtp_spec(spec_) (the geometry of States and the MTP
+  // layers); fc [H, 2H]; the embedding, hidden and output norms; the head (lm_head unless the
+  // checkpoint has its own: DeepSeek shared_head.head).
+  ModelSpec full_spec_;
+  ops::WeightView mtp_fc_, mtp_head_;
+  std::vector<float> mtp_enorm_, mtp_hnorm_, mtp_norm_;
+  const float *mtp_enorm_p_ = nullptr, *mtp_hnorm_p_ = nullptr, *mtp_norm_p_ = nullptr;
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
   ops::KvType kv_type_ = ops::KvType::kF32;

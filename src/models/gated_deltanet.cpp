@@ -100,8 +100,20 @@ void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, i
   // mixed: [T, conv_dim]; z: [T, n_v * d_v]; b, a: [T, n_v]
   const ops::MatmulOut proj[] = {{&qkv_, s.mixed}, {&z_, s.z}, {&b_, s.b}, {&a_, s.a}};
   be.matmul_multi(proj, x, T);
-  for (const GdnSeg& q : segs)  // the causal conv runs along each sequence, on its own state
-    be.causal_conv1d_silu(s.mixed + q.row0 * cd, q.T, cd, conv_w_p_, g_.conv_kernel, q.conv, s.conv_out + q.row0 * cd);
+  const int64_t n_conv = cd * (g_.conv_kernel - 1), n_rec = static_cast<int64_t>(nv) * dk * dv;
+  for (const GdnSeg& q : segs) {  // the causal conv runs along each sequence, on its own state
+    if (q.trail == nullptr) {
+      be.causal_conv1d_silu(s.mixed + q.row0 * cd, q.T, cd, conv_w_p_, g_.conv_kernel, q.conv, s.conv_out + q.row0 * cd);
+      continue;
+    }
+    // A step whose states are kept (State::keep_step_trail): token by token, each token's conv
+    // state into its trail slot.
+    for (int64_t j = 0; j < q.T; ++j) {
+      const int64_t r = q.row0 + j;
+      be.causal_conv1d_silu(s.mixed + r * cd, 1, cd, conv_w_p_, g_.conv_kernel, q.conv, s.conv_out + r * cd);
+      if (j < q.trail_n && n_conv > 0) be.copy_2d(q.trail + j * (n_conv + n_rec), n_conv, q.conv, n_conv, 1, n_conv);
+    }
+  }
   // conv_out rows [q (kd) | k (kd) | v (vd)] -> q, k [T, n_k, d_k] (L2-normalised, q / sqrt(d_k)), v [T, n_v, d_v].
   be.copy_2d(s.q, kd, s.conv_out, cd, T, kd);
   be.copy_2d(s.k, kd, s.conv_out + kd, cd, T, kd);
@@ -110,6 +122,27 @@ void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, i
   be.l2_norm(s.k, T * nk, dk, 1e-6f, 1.0f);
   be.gdn_gates(s.b, s.a, a_log_exp_p_, dt_bias_p_, T, nv, s.beta, s.g);
   for (const GdnSeg& q : segs) {  // the recurrence: per sequence
+    if (q.trail != nullptr) {  // token by token (decode's recurrent form), each state into its slot
+      for (int64_t j = 0; j < q.T; ++j) {
+        const int64_t r = q.row0 + j;
+        ops::GatedDeltaArgs args;
+        args.T = 1;
+        args.n_k = nk;
+        args.n_v = nv;
+        args.d_k = dk;
+        args.d_v = dv;
+        args.q = s.q + r * kd;
+        args.k = s.k + r * kd;
+        args.v = s.v + r * vd;
+        args.beta = s.beta + r * nv;
+        args.g = s.g + r * nv;
+        args.state = q.recurrent;
+        args.out = s.o + r * vd;
+        be.gated_delta(args, kChunk);
+        if (j < q.trail_n) be.copy_2d(q.trail + j * (n_conv + n_rec) + n_conv, n_rec, q.recurrent, n_rec, 1, n_rec);
+      }
+      continue;
+    }
     ops::GatedDeltaArgs args;
     args.T = q.T;
     args.n_k = nk;
@@ -143,7 +176,11 @@ void GatedDeltaNetLayer::forward_rows(const float* x, std::span<const SeqRows> s
                                       ops::Backend& be, ops::Workspace& ws) const {
   std::vector<GdnSeg> segs;
   segs.reserve(seqs.size());
-  for (const SeqRows& q : seqs) segs.push_back({q.row0, q.T, q.state->gdn_conv(layer_), q.state->gdn_recurrent(layer_)});
+  for (const SeqRows& q : seqs) {
+    float* trail = q.state->gdn_trail(layer_);
+    segs.push_back({q.row0, q.T, q.state->gdn_conv(layer_), q.state->gdn_recurrent(layer_), trail,
+                     q.state->step_kept()});
+  }
   forward(x, segs, N, out, be, ws);
 }
 

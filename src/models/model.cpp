@@ -18,6 +18,10 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, op
   return load_model(std::move(ckpt), std::make_shared<ops::CpuBackend>(pool));
 }
 
+void Model::mtp_forward(const MtpStep&) {
+  fail("this model has no multi-token-prediction head (open the checkpoint keeping it: --spec mtp)");
+}
+
 uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
   return DecoderModel::arena_bytes(spec, T, max_seqs);
 }

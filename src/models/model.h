@@ -30,6 +30,31 @@ struct SeqStep {
   State* state = nullptr;             ///< its state: positions [state->pos, state->pos + ids.size())
   LogitsMode mode = LogitsMode::kLast;
   float* logits = nullptr;            ///< [ids.size() or 1, vocab] per mode (host memory)
+  /// [ids.size(), hidden] (host memory): every row's hidden state after the final norm, the
+  /// multi-token-prediction head's input (MtpStep::hidden); null = not wanted.
+  float* hidden = nullptr;
+};
+
+/// One call of the multi-token-prediction head (Model::mtp_forward) over T rows of one sequence.
+/// Row t sits at position pos0 + t of the head's own cache and predicts the token at
+/// pos0 + t + 2 from the hidden state at pos0 + t and the token at pos0 + t + 1:
+///   u_t = fc([norm_e(embed(ids[t])) ; norm_h(hidden[t])]), v = mtp layers(u), logits = head(norm(v))
+/// (Qwen3.5/Qwen3-Next `mtp.*`; DeepSeek-V3 `eh_proj`, `enorm`, `hnorm`, `shared_head`: the
+/// reference forward is at the top of make_fixtures6.py and in DeepSeek-V3's inference code).
+struct MtpStep {
+  std::span<const int32_t> ids;    ///< [T] ids[t] = the token at position pos0 + t + 1
+  const float* hidden = nullptr;   ///< [T, hidden] (host): SeqStep::hidden rows, or a previous call's hidden_out
+  State* state = nullptr;          ///< the sequence's state (its MTP layers' caches)
+  int64_t pos0 = 0;                ///< first position written in the head's cache
+  LogitsMode mode = LogitsMode::kLast;
+  float* logits = nullptr;         ///< [T or 1, vocab] per mode (host)
+  float* hidden_out = nullptr;     ///< [T, hidden] (host): the head's output after its final norm, to draft further (optional)
+  /// Logits only for ids [0, vocab_limit) (a draft vocabulary: the head's output rows are read
+  /// for those ids alone); the others get kNoLogit. 0 = every id.
+  int64_t vocab_limit = 0;
+  /// The logit of an id outside vocab_limit: finite (samplers refuse non-finite logits), never
+  /// chosen (exp(kNoLogit - max) is 0).
+  static constexpr float kNoLogit = -1e30f;
 };
 
 /// Optional observers for tests and tools (calibration, debugging).
@@ -76,6 +101,12 @@ class Model {
   virtual uint64_t workspace_capacity() const = 0;
   /// The backend every op of forward() runs on.
   virtual ops::Backend& backend() = 0;
+  /// Multi-token-prediction layers loaded (ModelSpec::mtp_layers; 0 = no head, mtp_forward()
+  /// unavailable).
+  virtual int mtp_layers() const { return 0; }
+  /// Runs the multi-token-prediction head (MtpStep). Throws spool::Error when the model has no
+  /// head, for ids outside the vocabulary or a poisoned state; writes only the head's cache rows.
+  virtual void mtp_forward(const MtpStep& step);
 
   ForwardHooks hooks;
 };

@@ -210,8 +210,28 @@ const std::vector<std::string>& supported_model_types() {
 }
 
 ModelSpec build_spec(const io::Checkpoint& ckpt) {
-  return build_spec(ckpt.config(), ckpt.generation(), ckpt.raw_config().get_bool("tie_word_embeddings", false),
-                    ckpt.dir() + "/config.json");
+  ModelSpec s = build_spec(ckpt.config(), ckpt.generation(), ckpt.raw_config().get_bool("tie_word_embeddings", false),
+                           ckpt.dir() + "/config.json");
+  s.mtp_layers = ckpt.mtp_layers();
+  return s;
+}
+
+ModelSpec mtp_spec(const ModelSpec& spec) {
+  ModelSpec s = spec;
+  if (spec.mtp_layers == 0) return s;
+  int last = -1;
+  for (int i = 0; i < spec.n_layers; ++i)
+    if (spec.mixers[i] == MixerKind::kAttention || spec.mixers[i] == MixerKind::kMLA) last = i;
+  if (last < 0) fail("%s: multi-token-prediction layers need an attention layer kind in the stack", spec.model_type.c_str());
+  for (int k = 0; k < spec.mtp_layers; ++k) {
+    s.mixers.push_back(spec.mixers[last]);
+    s.ffns.push_back(FfnKind::kMoE);
+    if (!s.attn_layers.empty()) s.attn_layers.push_back(spec.attn_of(last));
+    if (!s.attn.window_layers.empty()) s.attn.window_layers.push_back(false);
+  }
+  s.n_layers = spec.n_layers + spec.mtp_layers;
+  s.mtp_layers = 0;
+  return s;
 }
 
 ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generation, bool tie_default, const std::string& label) {
@@ -292,6 +312,7 @@ ModelSpec build_spec(const io::Config& c, const io::GenerationDefaults& generati
     active += mixer + ffn_active + 2 * H;
   }
   if (!(total < 9e18)) fail("%s: the configured dimensions give an impossible parameter count (%g)", label.c_str(), total);
+  s.mtp_declared = static_cast<int>(std::max<int64_t>(0, std::max(c.get_int("mtp_num_hidden_layers", 0), c.get_int("num_nextn_predict_layers", 0))));
   s.params_total = static_cast<int64_t>(total);
   s.params_active = static_cast<int64_t>(active);
   return s;

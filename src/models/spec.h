@@ -210,6 +210,13 @@ struct ModelSpec {
   /// logits = c * tanh(logits / c) (HF final_logit_softcapping); 0 = none.
   float final_logit_softcap = 0.0f;
   std::vector<int64_t> eos_token_ids;  // from generation_config.json and config.json, in vocab
+  /// Multi-token-prediction layers loaded after the main stack (layers n_layers ..
+  /// n_layers + mtp_layers - 1: Qwen3.5 / Qwen3-Next `mtp.layers.*`, DeepSeek-V3 nextn layers),
+  /// 0 unless the checkpoint was opened keeping them (io::Checkpoint::Options::mtp) and holds
+  /// them. See mtp_spec() and Model::mtp_forward().
+  int mtp_layers = 0;
+  /// The config's declared count (mtp_num_hidden_layers / num_nextn_predict_layers), loaded or not.
+  int mtp_declared = 0;
 
   /// Attention geometry of layer i: attn_layers[i], or attn when attn_layers is empty.
   const AttentionSpec& attn_of(int layer) const {
@@ -220,6 +227,11 @@ struct ModelSpec {
   /// Parameter counts (elements): total, and active per token (top_k routed experts).
   int64_t params_total = 0, params_active = 0;
 };
+
+/// `spec` with its mtp_layers layers appended (n_layers + mtp_layers layers): each an attention
+/// layer of the kind of the stack's last attention layer (Qwen3.5: gated full attention;
+/// DeepSeek: MLA) with a routed MoE FFN — the geometry States and the MTP layers are built with.
+ModelSpec mtp_spec(const ModelSpec& spec);
 
 /// Builds the spec of a supported model_type from a checkpoint's config. Throws spool::Error
 /// naming config.json and the field for a missing/invalid field, and for an unknown model_type

@@ -85,9 +85,13 @@ void State::place(ops::Device device) {
   if (device == ops::Device::kCpu) {
     if (!gdn_dev_.empty()) pull_gdn(gdn);
     gdn_dev_.clear();
+    device_ = device;
+    alloc_trail();
     return;
   }
   if (!gdn_dev_.empty()) return;
+  device_ = device;
+  alloc_trail();
   std::vector<ops::DeviceFloats> d(gdn.size());
   for (size_t l = 0; l < gdn.size(); ++l)
     if (!gdn[l].recurrent.empty()) d[l] = ops::DeviceFloats(device, gdn[l].conv.size() + gdn[l].recurrent.size());
@@ -152,7 +156,53 @@ bool State::has_windowed_kv() const {
   return std::any_of(attn.begin(), attn.end(), [](const AttnCache& c) { return c.window() > 0; });
 }
 
+void State::keep_step_trail(int n) {
+  if (n < 0) fail("keep_step_trail: %d tokens", n);
+  trail_cap_ = n;
+  step_pos0_ = -1;
+  step_kept_ = 0;
+  alloc_trail();
+}
+
+void State::alloc_trail() {
+  trail_.clear();
+  trail_dev_.clear();
+  if (trail_cap_ == 0 || !has_recurrent()) return;
+  if (device_ == ops::Device::kCpu) trail_.resize(gdn.size());
+  else trail_dev_.resize(gdn.size());
+  for (size_t l = 0; l < gdn.size(); ++l) {
+    if (gdn[l].recurrent.empty()) continue;
+    const size_t n = static_cast<size_t>(trail_cap_) * (gdn[l].conv.size() + gdn[l].recurrent.size());
+    if (device_ == ops::Device::kCpu) trail_[l].assign(n, 0.0f);
+    else trail_dev_[l] = ops::DeviceFloats(device_, n);
+  }
+}
+
+void State::rewind_in_step(int64_t p) {
+  if (poisoned) fail("rewind_in_step: the state is incomplete after an earlier error");
+  if (p == pos) return;
+  if (step_pos0_ < 0 || p <= step_pos0_ || p > step_pos0_ + step_kept_ || p > pos)
+    fail("rewind_in_step: position %lld is not inside the last step's kept tokens (%lld..%lld, now at %lld)", (long long)p,
+         (long long)step_pos0_ + 1, (long long)(step_pos0_ + step_kept_), (long long)pos);
+  if (has_windowed_kv()) fail("rewind_in_step: sliding-window layers cannot be cut back inside a step");
+  const size_t j = static_cast<size_t>(p - step_pos0_ - 1);
+  for (size_t l = 0; l < gdn.size(); ++l) {
+    if (gdn[l].recurrent.empty()) continue;
+    const size_t nc = gdn[l].conv.size(), nr = gdn[l].recurrent.size(), slot = j * (nc + nr);
+    if (device_ == ops::Device::kCpu) {
+      std::copy_n(trail_[l].begin() + static_cast<std::ptrdiff_t>(slot), nc, gdn[l].conv.begin());
+      std::copy_n(trail_[l].begin() + static_cast<std::ptrdiff_t>(slot + nc), nr, gdn[l].recurrent.begin());
+    } else {
+      ops::device_copy(device_, gdn_dev_[l].data(), trail_dev_[l].data() + slot, (nc + nr) * sizeof(float));
+    }
+  }
+  pos = p;
+  step_kept_ = p - step_pos0_;  // the kept slots up to p stay valid
+  record_rewind(p);
+}
+
 void State::record_rewind(int64_t to) {
+  mtp_pos = std::min(mtp_pos, to);
   ++epoch_;
   while (!rewinds_.empty() && rewinds_.back().second >= to) rewinds_.pop_back();
   rewinds_.emplace_back(epoch_, to);

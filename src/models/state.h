@@ -16,6 +16,7 @@
 // an image stores only them, and truncate() works only while they are still held.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -46,6 +47,10 @@ struct GdnSeg {
   int64_t row0 = 0, T = 0;
   float* conv = nullptr;
   float* recurrent = nullptr;
+  /// State::keep_step_trail: the states after each of the first trail_n tokens are written to
+  /// trail slot j = [conv | recurrent] at trail + j * (conv + recurrent floats) (null: none kept).
+  float* trail = nullptr;
+  int64_t trail_n = 0;
 };
 
 /// State of one Gated DeltaNet layer (host arrays; while the State is placed on a GPU with
@@ -121,6 +126,40 @@ class State {
   float* gdn_recurrent(size_t l) {
     return gdn_dev_.empty() ? gdn[l].recurrent.data() : gdn_dev_[l].data() + gdn[l].conv.size();
   }
+  /// Positions [0, mtp_pos) of the multi-token-prediction head's cache (Model::mtp_forward; the
+  /// layers after the main stack) hold the head's rows for this sequence's tokens. Kept by the
+  /// speculative decoder; every rewind lowers it to the position rewound to.
+  int64_t mtp_pos = 0;
+
+  /// Speculative decoding: from now on every forward step over this state (Model::forward_batch)
+  /// of T tokens with 2 <= T <= n + 1 (a verify step: a token and up to n drafts) keeps the
+  /// Gated DeltaNet conv and recurrent states after each of its first T - 1 tokens, so
+  /// rewind_in_step() can cut the step back without a snapshot (the recurrence then runs token by
+  /// token for such a step, as decode does; longer steps, prefill chunks, run as before).
+  /// n = 0 stops it and frees the trail. Throws spool::Error when the device memory cannot be had.
+  void keep_step_trail(int n);
+  /// Tokens per step whose states are kept (keep_step_trail).
+  int step_trail() const { return trail_cap_; }
+  /// Layer l's trail for the step now running (device or host memory, see GdnSeg::trail); null
+  /// when the step keeps none.
+  float* gdn_trail(size_t l) {
+    if (step_kept_ == 0 || gdn[l].recurrent.empty()) return nullptr;
+    return trail_dev_.empty() ? trail_[l].data() : trail_dev_[l].data();
+  }
+  /// Tokens of the step now running whose states are kept (0: none).
+  int64_t step_kept() const { return step_kept_; }
+  /// Called by the forward pass when a step of T tokens starts at position pos0.
+  void begin_step(int64_t pos0, int64_t T) {
+    step_pos0_ = pos0;
+    step_kept_ = T >= 2 && T - 1 <= trail_cap_ ? T - 1 : 0;
+  }
+  /// Cuts the last forward step back to position p, step start < p <= pos and p <= step start +
+  /// kept tokens: Gated DeltaNet states from the trail, attention rows after p left to be
+  /// overwritten (a rewind, as truncate). Throws spool::Error, leaving the state untouched, for
+  /// a p outside that range, a state with sliding-window layers (their window rows are
+  /// overwritten by the step), or a poisoned state.
+  void rewind_in_step(int64_t p);
+
   /// Makes room for `n_positions` positions in every attention cache (copying existing rows).
   void reserve(int64_t n_positions);
   /// Back to an empty sequence (zeroes GDN state, keeps allocations). Counts as a rewind to 0.
@@ -198,6 +237,13 @@ class State {
   void pull_gdn(std::vector<GdnState>& dst) const;
 
   std::vector<ops::DeviceFloats> gdn_dev_;  // [n_layers] conv | recurrent when placed; empty on the host
+  // keep_step_trail: per GDN layer trail_cap_ slots of [conv | recurrent] (host, or device when placed).
+  int trail_cap_ = 0;
+  std::vector<std::vector<float>> trail_;
+  std::vector<ops::DeviceFloats> trail_dev_;
+  int64_t step_pos0_ = -1, step_kept_ = 0;  // the last step's start and the tokens whose states are kept
+  ops::Device device_ = ops::Device::kCpu;  // where the GDN states live (place)
+  void alloc_trail();
 
   std::vector<char> is_attn_;  // [n_layers]
   Identity id_;

@@ -78,6 +78,54 @@ void GemvRowsT(const Elem* w, int64_t cols, const float* x, float* y, int64_t r0
   }
 }
 
+// out[t * ldo + r] = dot(row_r, x_t) for R rows and TT tokens (stride ldx): GemvBlock's
+// arithmetic per token (one accumulator per row, the same order), each weight vector loaded
+// once for the TT tokens. A few tokens (a speculative verify step) read the weights once.
+template <int R, int TT, class Row>
+HWY_INLINE void GemvBlockT(const Row* rows, const float* HWY_RESTRICT x, int64_t ldx, int64_t cols, float* out, int64_t ldo) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
+  int64_t c = 0;
+  for (; c + N <= cols; c += N) {
+    hn::Vec<DF> wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = rows[r].load(df, c);
+    for (int t = 0; t < TT; ++t) {
+      const auto xv = hn::LoadU(df, x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) {
+      float s = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+      for (int64_t k = c; k < cols; ++k) s += rows[r].at(k) * x[t * ldx + k];
+      out[t * ldo + r] = s;
+    }
+}
+
+// GemvRowsT for T tokens (x [T, cols], y [T, ldy]), token pairs over 4-row blocks.
+template <class Row, class Elem>
+void GemvRowsFew(const Elem* w, int64_t cols, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  for (int64_t t = 0; t < T; t += 2) {
+    const float* xt = x + t * cols;
+    float* yt = y + t * ldy;
+    const bool two = t + 1 < T;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      Row rows[4] = {{w + r * cols}, {w + (r + 1) * cols}, {w + (r + 2) * cols}, {w + (r + 3) * cols}};
+      if (two) GemvBlockT<4, 2>(rows, xt, cols, cols, yt + r, ldy);
+      else GemvBlockT<4, 1>(rows, xt, cols, cols, yt + r, ldy);
+    }
+    for (; r < r1; ++r) {
+      Row rows[1] = {{w + r * cols}};
+      if (two) GemvBlockT<1, 2>(rows, xt, cols, cols, yt + r, ldy);
+      else GemvBlockT<1, 1>(rows, xt, cols, cols, yt + r, ldy);
+    }
+  }
+}
+
 // out[t * ldo + r] = dot(w_r, x_t) for R f32 rows (stride ldw) and TT tokens (stride ldx).
 template <int R, int TT>
 HWY_INLINE void GemmBlock(const float* HWY_RESTRICT w, int64_t ldw, const float* HWY_RESTRICT x, int64_t ldx,
@@ -113,6 +161,7 @@ void GemmRowBlock(const float* w, int64_t cols, const float* x, int64_t t0, int6
 }
 
 constexpr int64_t kTokenTile = 64;
+constexpr int64_t kFewTokens = 8;  // up to this many tokens: GemvRowsFew (no f32 copy of the weight rows)
 
 void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int64_t T, float* y, int64_t ldy,
                 int64_t r0, int64_t r1) {
@@ -126,6 +175,13 @@ void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int6
       case WType::kMxfp4: break;  // routed to quant_matmul_rows / ggml_matmul_rows by matmul_rows(); never here
     }
     return;
+  }
+  if (T <= kFewTokens && type != WType::kF32) {  // weights converted in registers, read once per token pair
+    switch (type) {
+      case WType::kBF16: GemvRowsFew<RowBF16>(static_cast<const uint16_t*>(data), cols, x, T, y, ldy, r0, r1); return;
+      case WType::kF16: GemvRowsFew<RowF16>(static_cast<const uint16_t*>(data), cols, x, T, y, ldy, r0, r1); return;
+      default: break;
+    }
   }
   thread_local std::vector<float> scratch;
   if (type != WType::kF32 && scratch.size() < static_cast<size_t>(4 * cols)) scratch.resize(4 * cols);

@@ -30,6 +30,16 @@ void set_device_allocator(Device device, DeviceAllocator a) {
   if (device == Device::kCuda) g_cuda_alloc = a;
 }
 
+void device_copy(Device device, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  if (g_cuda_alloc.copy == nullptr) fail("device copy: no allocator for device %s (create its backend first)", device_name(device));
+  g_cuda_alloc.copy(dst, src, bytes);
+}
+
 DeviceFloats::DeviceFloats(Device device, size_t n) : n_(n), device_(device) {
   if (device == Device::kCpu || g_cuda_alloc.alloc == nullptr || g_cuda_alloc.copy == nullptr)
     fail("device buffer: no allocator for device %s (create its backend first)", device_name(device));

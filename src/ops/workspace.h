@@ -26,6 +26,11 @@ struct DeviceAllocator {
 /// Registers the allocator of `device` (Device::kCuda); later registrations replace it.
 void set_device_allocator(Device device, DeviceAllocator a);
 
+/// Copies `bytes` between any two of host memory and `device`'s memory with its registered
+/// allocator's copy (synchronous; memcpy for Device::kCpu). Throws spool::Error when the device
+/// has no allocator.
+void device_copy(Device device, void* dst, const void* src, size_t bytes);
+
 /// n floats on `device` from its registered allocator (state that stays on a GPU between steps:
 /// Gated DeltaNet conv and recurrent states). Zeroed at construction; copies are deep (a new
 /// allocation holding the same values). Throws spool::Error when the device has no allocator or
