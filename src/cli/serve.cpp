@@ -72,6 +72,7 @@ void run(const ServeOptions& o) {
   eo.disk_cache_budget_gb = o.disk_cache_budget_gb;
   eo.kv_bits = lo.kv_bits;
   eo.max_active_experts = lo.max_active_experts;
+  eo.spec = o.model.spec_params();
   // The loader keeps the KV cache of the whole context out of the expert-cache budget: give it the
   // context requests may use (the model's max_position_embeddings unless --ctx-size says).
   // The prompt cache's memory checkpoints each copy the whole Gated DeltaNet state: keep them
@@ -145,6 +146,7 @@ void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, tools, streaming, prompt cache)");
   o->model.add_to(c);
+  o->model.add_spec_to(c);
   c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
   c->add_option("--port", o->port, "Port (default 8080; 0 = any free port, printed at start)");
   c->add_option("--ctx-size", o->ctx_size, "Prompt + output tokens per request at most (default: the model's max_position_embeddings)");

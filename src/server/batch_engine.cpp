@@ -29,7 +29,15 @@ void GenTicket::push(GenMessage m) {
 
 struct BatchEngine::Slot {
   explicit Slot(models::Model& m, const BatchOptions& o)
-      : state(m.new_state()), cache(o.prefill_step, o.cache_checkpoints, o.disk), logits(static_cast<size_t>(m.spec().vocab_size)) {}
+      : state(m.new_state()), cache(o.prefill_step, o.cache_checkpoints, o.disk), logits(static_cast<size_t>(m.spec().vocab_size)) {
+    if (!o.spec.mtp) return;
+    const size_t V = static_cast<size_t>(m.spec().vocab_size), H = static_cast<size_t>(m.spec().hidden_size);
+    const size_t k = static_cast<size_t>(o.spec.draft_max);
+    state.keep_step_trail(o.spec.draft_max);
+    vlogits.resize((k + 1) * V);
+    vhidden.resize((k + 1) * H);
+    qlogits.resize(V);
+  }
   models::State state;
   PromptCache cache;
   std::vector<float> logits;
@@ -42,6 +50,15 @@ struct BatchEngine::Slot {
   int32_t next_id = -1;   // decoding: the token to feed next
   double t_start = 0, t_prefilled = 0;
   uint64_t admitted = 0;  // event number of the admission
+  // Speculative decoding (BatchOptions::spec): the main model's hidden rows the head has not
+  // seen (positions [state.mtp_pos, state.pos)), this step's row (next_id, then the drafts), the
+  // verify logits and hidden rows, the head's outputs, and this request's counters.
+  std::vector<float> hidden;
+  int64_t hidden_rows = 0;
+  std::vector<int32_t> row;
+  std::vector<float> vlogits, vhidden, qlogits, qhidden;
+  int64_t spec_steps = 0, drafted = 0, accepted = 0;
+  bool spec_off = false;
   bool prefilling() const { return fed < static_cast<int64_t>(ticket->req_->prompt.size()); }
 };
 
@@ -51,7 +68,13 @@ BatchEngine::BatchEngine(models::Model& model, const tokenizer::Tokenizer& tok, 
   if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
   for (int i = 0; i < opt.parallel; ++i) slots_.push_back(std::make_unique<Slot>(model, opt_));
   const int64_t chunk = opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step;
-  model_.reserve_workspace(plan::step_rows(chunk, opt.parallel), opt.parallel);
+  if (opt.spec.mtp) {
+    opt_.spec.validate();
+    if (model.mtp_layers() == 0) spool::fail("--spec mtp: the model has no multi-token-prediction layers");
+  }
+  // A step: one chunk, and each other slot's token (with its drafts when speculating).
+  const int64_t per_slot = opt.spec.mtp ? opt.spec.draft_max + 1 : 1;
+  model_.reserve_workspace(plan::step_rows(chunk, opt.parallel) + (opt.parallel - 1) * (per_slot - 1), opt.parallel);
   stats_.slots = opt.parallel;
   stats_.tokens_le.assign(std::size(BatchStats::kTokenBuckets) + 1, 0);
   model_.hooks.on_route = [this](int layer, int64_t row, std::span<const int> experts, std::span<const float>) {
@@ -213,6 +236,12 @@ void BatchEngine::start(Slot& s) {
   try {
     s.gen.emplace(req, tok_, model_.spec().vocab_size, opt_.tool_syntax_greedy);
     s.cached = s.fed = s.cache.begin(s.state, req.prompt);
+    // The head continues from the reused prefix (its cache rows there are those of the run that
+    // computed the prefix, or stale: drafts may then miss, the output stays exact).
+    s.state.mtp_pos = s.fed;
+    s.hidden_rows = 0;
+    s.spec_steps = s.drafted = s.accepted = 0;
+    s.spec_off = false;
   } catch (const UsageError& e) {
     fail(s, 400, e.what());
     return;
@@ -231,10 +260,31 @@ void BatchEngine::step() {
   std::vector<Slot*> who;
   Slot* pre = nullptr;
   int64_t pre_end = 0;
+  const bool spec = opt_.spec.mtp;
+  const int64_t H = model_.spec().hidden_size;
   for (auto& sp : slots_) {
     Slot& s = *sp;
     if (!s.ticket || !s.gen || s.prefilling()) continue;
-    batch.push_back({std::span<const int32_t>(&s.next_id, 1), &s.state, models::LogitsMode::kLast, s.logits.data()});
+    s.row.assign(1, s.next_id);
+    if (spec && !s.spec_off) {
+      try {
+        draft(s);
+      } catch (const std::exception& e) {
+        s.cache.abort(s.state);
+        fail(s, 500, e.what());
+        continue;
+      }
+    }
+    if (s.row.size() > 1) {  // verify: every row's logits, every row's hidden state
+      batch.push_back({s.row, &s.state, models::LogitsMode::kAll, s.vlogits.data(), s.vhidden.data()});
+    } else {
+      float* h = nullptr;
+      if (spec && !s.spec_off) {  // a plain step keeps its hidden row for the head
+        s.hidden.resize(static_cast<size_t>((s.hidden_rows + 1) * H));
+        h = s.hidden.data() + s.hidden_rows * H;
+      }
+      batch.push_back({s.row, &s.state, models::LogitsMode::kLast, s.logits.data(), h});
+    }
     who.push_back(&s);
   }
   // One prefill chunk, round robin among the prefilling slots.
@@ -249,8 +299,13 @@ void BatchEngine::step() {
     const auto& prompt = pre->ticket->req_->prompt;
     const int64_t len = static_cast<int64_t>(prompt.size());
     pre_end = std::min(pre->fed + opt_.prefill_step, len);
+    float* h = nullptr;
+    if (spec) {  // the chunk's hidden rows, for the head
+      pre->hidden.resize(static_cast<size_t>((pre->hidden_rows + pre_end - pre->fed) * H));
+      h = pre->hidden.data() + pre->hidden_rows * H;
+    }
     batch.push_back({std::span<const int32_t>(prompt.data() + pre->fed, static_cast<size_t>(pre_end - pre->fed)), &pre->state,
-                     pre_end == len ? models::LogitsMode::kLast : models::LogitsMode::kNone, pre->logits.data()});
+                     pre_end == len ? models::LogitsMode::kLast : models::LogitsMode::kNone, pre->logits.data(), h});
     who.push_back(pre);
   }
   if (batch.empty()) return;
@@ -298,8 +353,19 @@ void BatchEngine::step() {
   for (Slot* s : who) {
     if (s == pre) {
       const auto& prompt = s->ticket->req_->prompt;
-      s->cache.chunk_done(s->state, std::span<const int32_t>(prompt.data() + s->fed, static_cast<size_t>(pre_end - s->fed)));
+      const int64_t n = pre_end - s->fed;
+      s->cache.chunk_done(s->state, std::span<const int32_t>(prompt.data() + s->fed, static_cast<size_t>(n)));
       s->fed = pre_end;
+      if (spec) {
+        s->hidden_rows += n;
+        try {
+          head_follow_prompt(*s);
+        } catch (const std::exception& e) {
+          s->cache.abort(s->state);
+          fail(*s, 500, e.what());
+          continue;
+        }
+      }
       if (s->prefilling()) continue;
       try {
         s->cache.done(s->state);
@@ -307,21 +373,114 @@ void BatchEngine::step() {
         log_warn("prompt cache: could not save a disk snapshot: %s", e.what());
       }
       s->t_prefilled = now_seconds();
-    } else {
-      s->cache.append(s->next_id);
+      after_logits(*s, s->logits.data());
+      continue;
     }
-    after_logits(*s);
+    s->cache.append(s->next_id);
+    if (s->row.size() == 1) {
+      if (spec && !s->spec_off) ++s->hidden_rows;
+      after_logits(*s, s->logits.data());
+      continue;
+    }
+    // Verify: row i's logits choose the token after row i; draft i + 1 is kept while it is that token.
+    const int64_t V = model_.spec().vocab_size, k = static_cast<int64_t>(s->row.size()) - 1;
+    const int64_t P = s->state.pos - (k + 1);
+    int64_t a = 0;
+    bool alive = true;
+    for (int64_t i = 0; i <= k; ++i) {
+      alive = after_logits(*s, s->vlogits.data() + i * V);
+      if (!alive || i == k || s->next_id != s->row[static_cast<size_t>(i + 1)]) break;
+      s->cache.append(s->row[static_cast<size_t>(i + 1)]);
+      ++a;
+    }
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.spec_steps;
+      stats_.spec_drafted += static_cast<uint64_t>(k);
+      stats_.spec_accepted += static_cast<uint64_t>(a);
+    }
+    // The state keeps the token and the kept drafts (what the prompt cache was told).
+    if (a < k) s->state.rewind_in_step(P + 1 + a);
+    if (!alive) continue;
+    s->hidden.assign(s->vhidden.begin(), s->vhidden.begin() + (a + 1) * H);
+    s->hidden_rows = a + 1;
+    ++s->spec_steps;
+    s->drafted += k;
+    s->accepted += a;
+    const engine::SpecParams& sp = opt_.spec;
+    if (sp.min_acceptance > 0 && s->spec_steps % sp.probe_steps == 0 &&
+        static_cast<double>(s->accepted) < sp.min_acceptance * static_cast<double>(s->drafted))
+      s->spec_off = true;
   }
 }
 
-void BatchEngine::after_logits(Slot& s) {
+void BatchEngine::head_follow_prompt(Slot& s) {
+  // Rows whose next token is known: all but the prompt's last while it is the last chunk.
+  const auto& prompt = s.ticket->req_->prompt;
+  const int64_t H = model_.spec().hidden_size;
+  const int64_t rows = s.prefilling() ? s.hidden_rows : s.hidden_rows - 1;
+  if (rows <= 0) return;
+  const int64_t p0 = s.state.mtp_pos;
+  models::MtpStep m;
+  m.ids = std::span<const int32_t>(prompt.data() + p0 + 1, static_cast<size_t>(rows));
+  m.hidden = s.hidden.data();
+  m.state = &s.state;
+  m.pos0 = p0;
+  m.mode = models::LogitsMode::kNone;
+  model_.mtp_forward(m);
+  s.state.mtp_pos = p0 + rows;
+  std::copy(s.hidden.begin() + rows * H, s.hidden.begin() + s.hidden_rows * H, s.hidden.begin());
+  s.hidden_rows -= rows;
+}
+
+void BatchEngine::draft(Slot& s) {
+  const GenRequest& req = *s.ticket->req_;
+  const int64_t left = static_cast<int64_t>(req.max_tokens) - s.gen->generated();  // tokens this request may still emit
+  const int64_t k = std::min<int64_t>(opt_.spec.draft_max, left - 1);
+  const int64_t P = s.state.pos, p0 = s.state.mtp_pos, H = model_.spec().hidden_size, V = model_.spec().vocab_size;
+  if (k <= 0 || s.hidden_rows != P - p0 || s.hidden_rows == 0) return;
+  // The head over the pending rows: ids at positions p0 + 1 .. P (the state's tokens, then next_id).
+  const std::vector<int32_t>& held = s.cache.tokens();
+  std::vector<int32_t> ids(held.begin() + p0 + 1, held.begin() + P);
+  ids.push_back(s.next_id);
+  s.qhidden.resize(static_cast<size_t>(s.hidden_rows * H));
+  const int64_t vocab = opt_.spec.draft_vocab < 0 ? 0
+                        : opt_.spec.draft_vocab > 0 ? std::min(opt_.spec.draft_vocab, V)
+                                                    : engine::auto_draft_vocab(V);
+  models::MtpStep m;
+  m.ids = ids;
+  m.hidden = s.hidden.data();
+  m.state = &s.state;
+  m.pos0 = p0;
+  m.mode = models::LogitsMode::kLast;
+  m.logits = s.qlogits.data();
+  m.hidden_out = s.qhidden.data();
+  m.vocab_limit = vocab;
+  model_.mtp_forward(m);
+  s.hidden_rows = 0;
+  std::copy(s.qhidden.end() - H, s.qhidden.end(), s.qhidden.begin());
+  // Greedy drafts (the stepper decides what is kept), further ones from the head's own output.
+  auto best = [&] { return static_cast<int32_t>(std::max_element(s.qlogits.begin(), s.qlogits.end()) - s.qlogits.begin()); };
+  s.row.push_back(best());
+  for (int64_t j = 1; j < k; ++j) {
+    models::MtpStep c = m;
+    c.ids = std::span<const int32_t>(&s.row.back(), 1);
+    c.hidden = s.qhidden.data();
+    c.pos0 = P + j - 1;
+    model_.mtp_forward(c);
+    s.row.push_back(best());
+  }
+  s.state.mtp_pos = P;  // rows from P on are the drafts' (overwritten by the next catch-up)
+}
+
+bool BatchEngine::after_logits(Slot& s, const float* logits) {
   GenStepper& g = *s.gen;
   bool more = false;
   try {
-    more = s.ticket->req_->max_tokens > 0 && g.on_logits(s.logits.data());
+    more = s.ticket->req_->max_tokens > 0 && g.on_logits(logits);
   } catch (const std::exception& e) {
     fail(s, 500, e.what());  // non-finite logits: this request only
-    return;
+    return false;
   }
   if (more) {
     s.next_id = g.token();
@@ -329,7 +488,7 @@ void BatchEngine::after_logits(Slot& s) {
       GenEvent ev = g.take_event();
       if (!ev.delta.empty() || !ev.logprobs.empty()) s.ticket->push(GenMessage{GenMessage::kEvent, std::move(ev), {}, 0, ""});
     }
-    return;
+    return true;
   }
   GenResult r = g.finish();
   r.cached_tokens = s.cached;
@@ -349,6 +508,7 @@ void BatchEngine::after_logits(Slot& s) {
   auto ticket = s.ticket;  // the slot is free before the client hears of the end (see fail())
   release(s);
   ticket->push(std::move(m));
+  return false;
 }
 
 }  // namespace spool::server

@@ -18,6 +18,15 @@
 // token, and a step has at most prefill_step + N - 1 token rows over N sequences (the
 // workspace the engine reserves).
 //
+// Speculative decoding (BatchOptions::spec, --spec mtp): a decoding slot's row becomes its
+// pending token plus up to draft_max drafts of the model's MTP head (greedy drafts over the
+// draft vocabulary), verified in the same batched step; each verified row's logits go through
+// the slot's GenStepper in order, and a draft is kept while it equals the token the stepper
+// chose (so every request parameter — sampling, logit_bias, grammars, budgets, stop strings —
+// applies unchanged and the output has the distribution of plain decoding; greedy output is
+// identical). What was not kept is cut back (models::State::rewind_in_step). Per request, the
+// drafting stops when the acceptance stays below SpecParams::min_acceptance.
+//
 // Cancellation: GenTicket::cancel() (the HTTP thread noticed a disconnect) removes a queued
 // request at once; a running one is dropped before the next step. Failures: non-finite logits
 // (or any error sampling) fail that request only; a failed forward step fails every request
@@ -35,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/speculative.h"
 #include "models/model.h"
 #include "server/disk_cache.h"
 #include "server/generator.h"
@@ -87,6 +97,7 @@ struct BatchOptions {
   size_t cache_checkpoints = 16;    ///< prompt-cache memory checkpoints per slot
   DiskCache* disk = nullptr;        ///< shared by every slot (thread-safe); not owned
   bool tool_syntax_greedy = false;
+  engine::SpecParams spec;          ///< --spec mtp: draft with the model's MTP head (the model must have one)
 };
 
 /// Counters of the engine since it started (for /metrics).
@@ -105,6 +116,9 @@ struct BatchStats {
   /// those the same sequences would have made alone (distinct per layer, sequence and step):
   /// alone - batched is what sharing saved.
   uint64_t expert_acquisitions = 0, expert_acquisitions_alone = 0;
+  /// Speculative decoding: verify rows run (a pending token with its drafts), drafts in them,
+  /// drafts kept.
+  uint64_t spec_steps = 0, spec_drafted = 0, spec_accepted = 0;
 };
 
 /// The engine thread and its slots. The model is used only by the engine thread while the
@@ -139,7 +153,12 @@ class BatchEngine {
   void loop();
   void start(Slot& s);
   void step();
-  void after_logits(Slot& s);
+  // Feeds `logits` to the slot's stepper: false when the request ended (the slot is free).
+  bool after_logits(Slot& s, const float* logits);
+  // Speculative decoding: the head over the slot's pending hidden rows and its drafts.
+  void draft(Slot& s);
+  // The head over the hidden rows of a prefill chunk whose next tokens are known.
+  void head_follow_prompt(Slot& s);
   void release(Slot& s);
   void fail(Slot& s, int status, const std::string& msg);
 

@@ -93,6 +93,11 @@ std::string Metrics::render(const EngineGauges& g) const {
   metric(out, "spool_expert_acquisitions_saved_total", "counter",
          "Acquisitions saved by batching: sum over steps and MoE layers of per-sequence distinct experts minus the step's distinct experts.",
          static_cast<double>(b.expert_acquisitions_alone - b.expert_acquisitions));
+  metric(out, "spool_spec_steps_total", "counter", "Speculative verify rows run (a pending token with its MTP drafts, --spec mtp).",
+         static_cast<double>(b.spec_steps));
+  metric(out, "spool_spec_draft_tokens_total", "counter", "Draft tokens verified (--spec mtp).", static_cast<double>(b.spec_drafted));
+  metric(out, "spool_spec_accepted_tokens_total", "counter", "Draft tokens kept (--spec mtp); / drafted = acceptance rate.",
+         static_cast<double>(b.spec_accepted));
   metric(out, "spool_expert_streaming", "gauge", "1 when routed experts are streamed from disk.", g.streaming ? 1 : 0);
   metric(out, "spool_expert_cache_hit_rate", "gauge", "Expert cache hits / lookups since start (1 when experts are resident).",
          g.streaming ? g.experts.hit_rate() : 1.0);

@@ -26,8 +26,10 @@ namespace {
 constexpr double kTol = 1e-4;
 constexpr int kWaitMs = 120000;  // deadline of any one wait for a message (a hang fails, not a clock)
 
-std::unique_ptr<ServingEngine> make_engine(int parallel, bool stream, int64_t step = 16, size_t checkpoints = 16) {
+std::unique_ptr<ServingEngine> make_engine(int parallel, bool stream, int64_t step = 16, size_t checkpoints = 16,
+                                           engine::SpecParams spec = {}) {
   engine::LoadOptions o;
+  o.mtp = spec.mtp;
   o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.threads = 2;
   o.parallel = std::max(parallel, 1);
@@ -41,6 +43,7 @@ std::unique_ptr<ServingEngine> make_engine(int parallel, bool stream, int64_t st
   eo.prefill_step = step;
   eo.cache_checkpoints = checkpoints;
   eo.parallel = parallel;
+  eo.spec = spec;
   return make_serving_engine(engine::load(o), eo);
 }
 
@@ -171,6 +174,52 @@ TEST_P(BatchedEqualsAlone, EightConcurrentRequestsTwice) {
 
 INSTANTIATE_TEST_SUITE_P(Demo, BatchedEqualsAlone, ::testing::Bool(),
                          [](const auto& info) { return info.param ? std::string("streaming") : std::string("resident"); });
+
+// --spec mtp: each decoding slot's row is its token and the head's drafts, verified in the
+// batched step; the output of every request is that of a plain run alone (greedy ids, content,
+// logprobs), in both rounds (the second restores prompt-cache checkpoints, where the head
+// continues from the reused prefix), resident and streaming.
+TEST_P(BatchedEqualsAlone, SpeculativeMtpKeepsEveryRequestsOutput) {
+  const bool stream = GetParam();
+  engine::SpecParams spec;
+  spec.mtp = true;
+  spec.draft_max = 2;
+  spec.min_acceptance = 0;
+  auto e = make_engine(4, stream, 16, 16, spec);
+  const std::vector<GenRequest> reqs = mixed(*e);
+  std::vector<GenResult> ref;
+  for (const GenRequest& r : reqs) ref.push_back(alone(*e, r));  // the Generator: plain decoding
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "first round (cold slots)" : "second round (prompt-cache hits)");
+    const BatchStats s0 = e->batch->stats();
+    std::vector<std::shared_ptr<GenTicket>> tickets;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      tickets.push_back(e->batch->submit(std::make_shared<const GenRequest>(reqs[i]), /*events=*/i % 2 == 0));
+    int64_t fed = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Got g = drain(*tickets[i]);
+      ASSERT_FALSE(g.msgs.empty());
+      ASSERT_EQ(g.last().kind, GenMessage::kDone) << g.last().error;
+      const GenResult& r = g.last().result;
+      expect_same(r, ref[i], "request " + std::to_string(i));
+      if (i % 2 == 0) EXPECT_EQ(g.streamed, r.content) << "request " << i;
+      fed += r.completion_tokens - 1;
+    }
+    const BatchStats s1 = e->batch->stats();
+    EXPECT_GT(s1.spec_steps, s0.spec_steps);
+    EXPECT_GT(s1.spec_accepted, s0.spec_accepted);  // the trained head gets drafts right
+    EXPECT_LT(s1.spec_accepted - s0.spec_accepted, s1.spec_drafted - s0.spec_drafted);
+    EXPECT_LE(static_cast<int64_t>(s1.spec_steps - s0.spec_steps), fed);  // a verify row feeds >= 1 token
+    EXPECT_EQ(s1.busy, 0);
+  }
+  EXPECT_THROW(make_engine(1, false, 16, 16, [] {
+                 engine::SpecParams p;
+                 p.mtp = true;
+                 p.draft_max = 0;
+                 return p;
+               }()),
+               UsageError);
+}
 
 TEST(BatchEngine, StopStringAndCancellationMidBatchLeaveTheOthersUnchanged) {
   auto e = make_engine(4, false);

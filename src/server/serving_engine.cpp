@@ -68,6 +68,7 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     bo.cache_checkpoints = opt.cache_checkpoints;
     bo.disk = e->disk.get();
     bo.tool_syntax_greedy = opt.tool_syntax_greedy;
+    bo.spec = opt.spec;
     e->batch = std::make_unique<BatchEngine>(*l.model, *l.tok, bo);
   }
   return e;

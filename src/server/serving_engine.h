@@ -17,6 +17,7 @@
 #include "server/disk_cache.h"
 #include "server/generator.h"
 #include "server/prompt_cache.h"
+#include "engine/speculative.h"
 #include "server/request.h"
 #include "template/chat_template.h"
 
@@ -37,6 +38,7 @@ struct EngineOptions {
   double disk_cache_budget_gb = 10;
   int kv_bits = 32, max_active_experts = 0;  ///< part of the disk-cache fingerprint
   int parallel = 1;                     ///< --parallel: BatchEngine slots (0 = no BatchEngine, tests)
+  engine::SpecParams spec;              ///< --spec mtp / --draft-max / --draft-vocab / --spec-min-acceptance (BatchOptions::spec)
 };
 
 /// Everything one loaded model serves with. Built by make_serving_engine(); members refer to
