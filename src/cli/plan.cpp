@@ -42,6 +42,7 @@ struct PlanOptions {
   double vram_gb = -1;          // --vram-gb: plan for a GPU with this VRAM budget (GiB) instead
   double h2d_gbps = 0;          // --h2d-gbps: host-to-device bandwidth instead of measuring it
   bool json = false;
+  std::string spec = "none";    // --spec mtp: count the multi-token-prediction head (kept by the run)
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
@@ -266,7 +267,13 @@ void run(const PlanOptions& o) {
       throw UsageError(strfmt("--cache-budget-gb must be a number of GB in [0, 1e6] or 'auto' (got '%s')", o.cache_budget.c_str()));
     budget = static_cast<uint64_t>(g * (1ull << 30));
   }
-  plan::ModelSource src = o.preset.empty() ? plan::open_source(o.model) : preset_source(o.preset);
+  if (o.spec != "none" && o.spec != "mtp") throw UsageError(strfmt("--spec must be none or mtp (got '%s')", o.spec.c_str()));
+  const bool mtp = o.spec == "mtp";
+  if (mtp && !o.preset.empty()) throw UsageError("--spec mtp plans a model's own head: give --model, not --preset");
+  plan::ModelSource src = o.preset.empty() ? plan::open_source(o.model, 1 << 20, mtp) : preset_source(o.preset);
+  if (mtp && src.ckpt.mtp_layers() == 0)
+    fail("%s: --spec mtp: the model has no multi-token-prediction layers%s", src.location.c_str(),
+         src.ckpt.gguf() ? " (or it is a GGUF whose head spool does not read yet)" : "");
   plan::PlanInputs in;
   in.shape.ctx = o.ctx;
   in.shape.kv_bits = o.kv_bits;
@@ -320,6 +327,10 @@ void run(const PlanOptions& o) {
                         "copied to the GPU when used from the pinned RAM tier (the streaming cache: every expert when they fit "
                         "in the memory left; --no-stream: the pageable mapping)");
   }
+  if (src.ckpt.mtp_bytes() > 0)
+    p.notes.push_back(mtp ? strfmt("the multi-token-prediction head (%s) is counted (--spec mtp)", format_bytes(src.ckpt.mtp_bytes()).c_str())
+                          : strfmt("the multi-token-prediction head (%s) is not counted: plan with --spec mtp for speculative decoding",
+                                   format_bytes(src.ckpt.mtp_bytes()).c_str()));
   if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
   if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");
   if (o.json) print_json(p, src, cgroup_now, gpu);
@@ -357,6 +368,8 @@ void register_plan(CLI::App& app) {
                 "Plan for a GPU with this VRAM budget (GiB; with a GPU present it stands for --vram-budget-gb, default its auto: the free memory less 512 MiB, at most 90%)");
   c->add_option("--h2d-gbps", o->h2d_gbps, "Host-to-device bandwidth, GB/s (default: measured on the GPU, pinned memory)");
   c->add_flag("--json", o->json, "Print JSON");
+  c->add_option("--spec", o->spec, "Plan for speculative decoding: 'mtp' counts the model's multi-token-prediction head (default none)")
+      ->check(CLI::IsMember({"none", "mtp"}));
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;
     run(*o);

@@ -212,15 +212,18 @@ std::string normalize_base_url(const std::string& url) {
   return u + "/";
 }
 
-ModelSource open_source(const std::string& where, uint64_t gguf_first_range) {
-  if (is_url(where)) return is_gguf_name(where) ? open_remote_gguf(where, gguf_first_range) : open_remote(where);
+ModelSource open_source(const std::string& where, uint64_t gguf_first_range, bool mtp) {
+  if (is_url(where)) {
+    if (mtp) throw UsageError("--spec mtp: plans of the multi-token-prediction head read local checkpoints (a directory or .gguf file), not URLs");
+    return is_gguf_name(where) ? open_remote_gguf(where, gguf_first_range) : open_remote(where);
+  }
   if (is_gguf_name(where) && fs::is_regular_file(where)) {  // headers only, nothing mapped
-    ModelSource m{models::open_checkpoint(where, {.map = false}), where, false, where, 0, 0, 0};
+    ModelSource m{models::open_checkpoint(where, {.map = false, .mtp = mtp}), where, false, where, 0, 0, 0};
     m.tokenizer_json_bytes = gguf_tokenizer_json_bytes(*m.ckpt.gguf());
     return m;
   }
   if (!fs::is_directory(where)) fail("%s: model directory does not exist", where.c_str());
-  ModelSource m{models::open_checkpoint(where, {.map = false}), where, false, where, 0, 0, 0};
+  ModelSource m{models::open_checkpoint(where, {.map = false, .mtp = mtp}), where, false, where, 0, 0, 0};
   const std::string tok = where + "/tokenizer.json";
   std::error_code ec;
   if (fs::exists(tok, ec)) m.tokenizer_json_bytes = fs::file_size(tok, ec);

@@ -41,6 +41,6 @@ std::string normalize_base_url(const std::string& url);
 /// header larger than 100 MB, shard names that are not plain file names.
 /// `gguf_first_range`: bytes asked for first of each remote GGUF (more follow while the header
 /// continues; tests make it small to exercise that).
-ModelSource open_source(const std::string& dir_or_url, uint64_t gguf_first_range = 1 << 20);
+ModelSource open_source(const std::string& dir_or_url, uint64_t gguf_first_range = 1 << 20, bool mtp = false);
 
 }  // namespace spool::plan

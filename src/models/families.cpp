@@ -105,7 +105,7 @@ std::unique_ptr<Model> load_decoder(std::shared_ptr<const io::Checkpoint> ckpt, 
 std::vector<std::string> mtp_plan_notes(const io::Config& c) {
   std::vector<std::string> n;
   if (c.get_int("num_nextn_predict_layers", 0) > 0)
-    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are not counted: decoding does not use them");
+    n.push_back("multi-token-prediction layers (num_nextn_predict_layers) are counted only with --spec mtp (speculative decoding uses them)");
   return n;
 }
 

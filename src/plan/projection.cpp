@@ -88,10 +88,10 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   p.architecture = std::move(pm.architecture);
   p.notes = std::move(pm.notes);
   p.weights = weight_bytes(ck, p.spec);
-  {
+  if (ck.mtp_layers() == 0) {
     // Layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction layer, stored as
-    // layers.61) are not used to decode (the engine binds layers below n_layers only): left
-    // out of every figure.
+    // layers.61) are not used to decode without --spec mtp (a checkpoint opened keeping them,
+    // io::Checkpoint::Options::mtp, counts them): left out of every figure.
     uint64_t extra = 0, extra_experts = 0;
     for (const auto& t : ck.tensors()) {
       if (layer_of(t.name) < p.spec.n_layers) continue;
