@@ -403,5 +403,49 @@ TEST(CudaModel, DeviceStateSnapshotsAndImagesRoundTrip) {
   }
 }
 
+// The demo model's MTP head on the GPU (mtp_forward through CudaBackend ops) against the CPU, and
+// a verify step cut back inside the step (the Gated DeltaNet trail in device memory,
+// State::rewind_in_step) against the shorter run: speculative decoding's two device paths.
+TEST(CudaModel, MtpHeadAndStepRewindMatchTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: the MTP head on the GPU not checked";
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR, {.mtp = true}));
+  auto cpu = models::load_model(ckpt, std::make_shared<CpuBackend>(nullptr));
+  auto gpu = models::load_model(ckpt, std::make_shared<CudaBackend>(0));
+  ASSERT_EQ(gpu->mtp_layers(), 1);
+  const std::vector<int32_t> ids = {48, 475, 471, 2201, 4562, 7666, 27, 2774, 735, 1879, 25, 330, 557, 272};
+  const int64_t H = cpu->spec().hidden_size, V = cpu->spec().vocab_size, T = static_cast<int64_t>(ids.size()) - 1;
+  auto head = [&](models::Model& m) {
+    models::State st = m.new_state();
+    std::vector<float> hidden(T * H), logits(V), out(T * V);
+    const models::SeqStep s{std::span<const int32_t>(ids.data(), T), &st, models::LogitsMode::kLast, logits.data(), hidden.data()};
+    m.forward_batch(std::span<const models::SeqStep>(&s, 1));
+    models::MtpStep q;
+    q.ids = std::span<const int32_t>(ids.data() + 1, T);
+    q.hidden = hidden.data();
+    q.state = &st;
+    q.mode = models::LogitsMode::kAll;
+    q.logits = out.data();
+    m.mtp_forward(q);
+    return out;
+  };
+  EXPECT_LE(max_row_ratio(head(*gpu), head(*cpu), T, V), 1e-4) << "head logits";
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8), more = {100, 200, 300, 400};
+  std::vector<float> a(V), b(4 * V);
+  for (int keep = 1; keep <= 3; ++keep) {
+    SCOPED_TRACE(keep);
+    models::State ref = gpu->new_state(), st = gpu->new_state();
+    gpu->forward(prompt, ref, models::LogitsMode::kNone, a.data());
+    gpu->forward(std::span<const int32_t>(more.data(), keep), ref, models::LogitsMode::kNone, a.data());
+    const int32_t seven = 7;
+    gpu->forward(std::span<const int32_t>(&seven, 1), ref, models::LogitsMode::kLast, a.data());
+    st.keep_step_trail(3);
+    gpu->forward(prompt, st, models::LogitsMode::kNone, b.data());
+    gpu->forward(more, st, models::LogitsMode::kAll, b.data());
+    st.rewind_in_step(static_cast<int64_t>(prompt.size()) + keep);
+    gpu->forward(std::span<const int32_t>(&seven, 1), st, models::LogitsMode::kLast, b.data());
+    EXPECT_LE(max_row_ratio(b, a, 1, V), 1e-5) << "rewound inside the step";
+  }
+}
+
 }  // namespace
 }  // namespace spool::ops
