@@ -187,7 +187,9 @@ void run(const GenerateOptions& o) {
                           {"accepted", res.spec.accepted},
                           {"acceptance", res.spec.acceptance()},
                           {"tokens_per_step", res.spec.tokens_per_step()},
-                          {"auto_off", res.spec.auto_off}};
+                          {"auto_off", res.spec.auto_off},
+                          {"probe_spec_tok_s", res.spec.spec_tok_s},
+                          {"probe_plain_tok_s", res.spec.plain_tok_s}};
     j["peak_rss_bytes"] = rss;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -206,7 +208,11 @@ void run(const GenerateOptions& o) {
   if (req.spec.mtp)
     std::fprintf(stderr, "spool: speculative mtp: %lld steps, %lld of %lld drafts accepted (%.2f), %.2f tokens per step%s\n",
                  (long long)res.spec.steps, (long long)res.spec.accepted, (long long)res.spec.drafted, res.spec.acceptance(),
-                 res.spec.tokens_per_step(), res.spec.auto_off ? ", auto-off for low acceptance" : "");
+                 res.spec.tokens_per_step(),
+                 !res.spec.auto_off ? ""
+                 : res.spec.plain_tok_s > res.spec.spec_tok_s
+                     ? strfmt(", auto-off: plain steps were faster (%.1f against %.1f tok/s)", res.spec.plain_tok_s, res.spec.spec_tok_s).c_str()
+                     : ", auto-off for low acceptance");
 }
 
 }  // namespace

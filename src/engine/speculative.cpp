@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/sysinfo.h"
 
 namespace spool::engine {
 
@@ -89,7 +90,9 @@ int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& cont
                          const std::function<bool(int32_t)>& emit, bool* stopped) {
   *stopped = false;
   const int k = std::min(p_.draft_max, room - 1);
-  if (stats_.auto_off || k <= 0) {
+  const double t0 = now_seconds();
+  const bool probing = plain_left_ > 0;  // a plain step of the timing probe
+  if (stats_.auto_off || k <= 0 || probing) {
     // A plain decode step (keeping the hidden row for the head unless speculation is off).
     hidden_.resize(static_cast<size_t>((hidden_rows_ + 1) * H_));
     const models::SeqStep s{std::span<const int32_t>(&t, 1), &state_, models::LogitsMode::kLast, logits_.data(),
@@ -99,6 +102,15 @@ int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& cont
     const int32_t id = sampler.sample(logits_.data(), context, generated);
     context.push_back(id);
     generated.push_back(id);
+    if (probing) {
+      plain_s_ += now_seconds() - t0;
+      ++plain_tokens_;
+      if (--plain_left_ == 0) {  // the probe's verdict: the faster way on, for the rest
+        stats_.spec_tok_s = spec_s_ > 0 ? spec_tokens_ / spec_s_ : 0;
+        stats_.plain_tok_s = plain_s_ > 0 ? plain_tokens_ / plain_s_ : 0;
+        if (stats_.plain_tok_s > stats_.spec_tok_s) stats_.auto_off = true;
+      }
+    }
     *stopped = !emit(id);
     return id;
   }
@@ -180,7 +192,14 @@ int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& cont
   context.push_back(next);
   generated.push_back(next);
   ++stats_.emitted;
-  if (p_.min_acceptance > 0 && stats_.steps % p_.probe_steps == 0 && stats_.acceptance() < p_.min_acceptance) stats_.auto_off = true;
+  if (p_.min_acceptance > 0) {
+    if (stats_.steps % p_.probe_steps == 0 && stats_.acceptance() < p_.min_acceptance) stats_.auto_off = true;
+    if (plain_left_ < 0) {  // the timing probe's speculative half
+      spec_s_ += now_seconds() - t0;
+      spec_tokens_ += a + 1;
+      if (stats_.steps == p_.probe_steps) plain_left_ = p_.probe_steps;
+    }
+  }
   *stopped = !emit(next);
   return next;
 }

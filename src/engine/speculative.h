@@ -26,9 +26,11 @@ struct SpecParams {
   /// BPE vocabularies number tokens roughly by frequency, so the first ids cover most text; the
   /// verify step keeps the output exact whatever the draft). 0 = auto (see docs/speculative.md), -1 = the whole vocabulary.
   int64_t draft_vocab = 0;
-  /// Auto-off: after `probe_steps` verify steps, and every `probe_steps` after that, speculation
-  /// stops for the rest of the generation when the acceptance rate of the steps so far is below
-  /// this (0 = never). Default from measurement: docs/speculative.md.
+  /// Auto-off (0 = never): after `probe_steps` verify steps, and every `probe_steps` after that,
+  /// speculation stops for the rest of the generation when the acceptance rate of the steps so
+  /// far is below this. MtpDecoder (generate) also times it: after the first `probe_steps` verify
+  /// steps it runs `probe_steps` plain steps and stops speculating when they made tokens faster
+  /// (the break-even acceptance depends on the machine and the model: docs/speculative.md).
   double min_acceptance = 0.25;
   int probe_steps = 16;
   /// Throws spool::UsageError for draft_max outside 1..16, min_acceptance outside [0, 1] or
@@ -48,7 +50,9 @@ struct SpecStats {
   int64_t drafted = 0;    ///< draft tokens verified
   int64_t accepted = 0;   ///< of them accepted
   int64_t emitted = 0;    ///< tokens produced by verify steps (accepted drafts + one sampled per step)
-  bool auto_off = false;  ///< speculation stopped for low acceptance
+  bool auto_off = false;  ///< speculation stopped (low acceptance, or plain steps were faster)
+  double spec_tok_s = 0;  ///< tokens per second of the first probe_steps verify steps (generate's timing probe; 0 = not run)
+  double plain_tok_s = 0; ///< tokens per second of the plain steps of the timing probe (0 = not run)
   double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0; }
   double tokens_per_step() const { return steps > 0 ? static_cast<double>(emitted) / steps : 0; }
 };
@@ -96,6 +100,10 @@ class MtpDecoder {
   std::vector<double> residual_;
   SpecStats stats_;
   int64_t vocab_limit_ = 0;  // MtpStep::vocab_limit of the drafts
+  // The timing probe (SpecParams::min_acceptance > 0): seconds and tokens of the first verify
+  // steps, then of as many plain steps.
+  double spec_s_ = 0, plain_s_ = 0;
+  int64_t spec_tokens_ = 0, plain_left_ = -1, plain_tokens_ = 0;
 };
 
 }  // namespace spool::engine
