@@ -7,9 +7,11 @@
 // mtp.pre_fc_norm_embedding / _hidden, mtp.norm, mtp.layers.0.* a full-attention layer; the layout
 // of make_fixtures6.py's header). Each fixture's head layer is its last MoE (or full-attention)
 // layer with seeded noise added; its fc / eh_proj maps token embeddings to the output rows of the
-// tokens that follow them in the plain greedy continuations, so some drafts are right. Checks: the head loads only when asked; greedy speculative
-// decoding (draft_max 1 and 3, no auto-off) gives the plain greedy output, resident and with the
-// experts streaming at a zero cache budget; the head ran (verify steps > 0).
+// tokens that follow them in the plain greedy continuations, so some drafts are right. Checks: the
+// head loads only when asked; greedy speculative decoding (draft_max 1 and 3, no auto-off) gives
+// the plain greedy output, resident and with the experts streaming at a zero cache budget, with
+// some drafts accepted and some rejected; and, with its decoder layer zeroed, the head's arithmetic
+// around the layer matches a hand computation (exactness alone cannot see a wrong head).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -62,10 +64,13 @@ struct Tensors {
 
 // The fixture copied to a fresh directory with a random MTP head in model-mtp.safetensors, listed
 // with the fixture's own tensors in model.safetensors.index.json, and the config's head count set.
-// `bigrams`: token pairs (a, b) the head is built to draft (b after a). Returns the directory.
-std::string fixture_with_head(const Fixture& fx, uint64_t seed, const std::vector<std::pair<int32_t, int32_t>>& bigrams) {
+// `bigrams`: token pairs (a, b) the head is built to draft (b after a). `zero_layer`: the head's
+// decoder layer adds nothing to the residual stream (its attention output projection and every
+// expert's down projection zero). Returns the directory (named after `tag`).
+std::string fixture_with_head(const Fixture& fx, uint64_t seed, const std::vector<std::pair<int32_t, int32_t>>& bigrams,
+                              bool zero_layer = false, const std::string& tag = "") {
   const std::string src = data_dir() + "/models/" + fx.name;
-  const std::string dst = ::testing::TempDir() + "/mtp_families_" + fx.name + "_" + std::to_string(getpid());
+  const std::string dst = ::testing::TempDir() + "/mtp_families_" + fx.name + tag + "_" + std::to_string(getpid());
   fs::remove_all(dst);
   fs::create_directories(dst);
   for (const char* f : {"generation_config.json", "model.safetensors"}) fs::copy_file(src + "/" + f, dst + "/" + f);
@@ -109,6 +114,8 @@ std::string fixture_with_head(const Fixture& fx, uint64_t seed, const std::vecto
     for (float x : v) ss += static_cast<double>(x) * x;
     const float s = 0.3f * static_cast<float>(std::sqrt(ss / static_cast<double>(v.size()))) + 0.02f;
     for (float& x : v) x += s * nd(g);
+    const std::string rest = t.name.substr(from_p.size());
+    if (zero_layer && (rest == "self_attn.o_proj.weight" || rest.ends_with("down_proj.weight"))) std::fill(v.begin(), v.end(), 0.0f);
     out.add(layer_p + t.name.substr(from_p.size()), t.shape, std::move(v));
   }
   // Norm weights: x * w (DeepSeek / GLM) or x * (1 + w) (Qwen3-Next).
@@ -253,6 +260,70 @@ TEST_P(MtpFamilies, GreedyOutputIdenticalToPlain) {
       }
     }
   }
+}
+
+// The head's arithmetic around its decoder layer, against a hand computation: with the layer
+// adding nothing, row t's logits are head · norm(fc · [enorm(embed(ids[t])); hnorm(hidden[t])])
+// (RMSNorm x / rms(x) * w, or * (1 + w) for Qwen3-Next; head = shared_head.head if stored, else
+// lm_head). Catches swapped norms, the halves of fc in the other order, the wrong output matrix.
+TEST_P(MtpFamilies, HeadArithmeticMatchesAHandComputation) {
+  const Fixture& fx = GetParam();
+  const std::string dir = fixture_with_head(fx, 99, {}, true, "_zero");
+  LoadedModel l = open(dir, true);
+  models::Model& m = *l.model;
+  const int64_t H = m.spec().hidden_size, V = m.spec().vocab_size;
+  const float eps = m.spec().rms_norm_eps;
+  const int N = m.spec().n_layers;
+  const std::vector<int32_t> ids = {5, 77, 301, 12, 440, 9};
+  const int64_t T = static_cast<int64_t>(ids.size());
+  std::mt19937_64 g(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> hidden(static_cast<size_t>(T * H));
+  for (float& x : hidden) x = nd(g);
+  std::vector<float> got(static_cast<size_t>(T * V));
+  models::State st = m.new_state();
+  models::MtpStep q;
+  q.ids = ids;
+  q.hidden = hidden.data();
+  q.state = &st;
+  q.mode = models::LogitsMode::kAll;
+  q.logits = got.data();
+  m.mtp_forward(q);
+
+  const spool::testing::Golden main_st(dir + "/model.safetensors"), head_st(dir + "/model-mtp.safetensors");
+  const std::string p = fx.qwen_layout ? "mtp." : "model.layers." + std::to_string(N) + ".";
+  const std::vector<float> embed = main_st.f32("model.embed_tokens.weight");
+  const std::vector<float> fc = head_st.f32(p + (fx.qwen_layout ? "fc.weight" : "eh_proj.weight"));
+  const std::vector<float> en = head_st.f32(p + (fx.qwen_layout ? "pre_fc_norm_embedding.weight" : "enorm.weight"));
+  const std::vector<float> hn = head_st.f32(p + (fx.qwen_layout ? "pre_fc_norm_hidden.weight" : "hnorm.weight"));
+  const std::vector<float> fn = head_st.f32(p + (fx.qwen_layout ? "norm.weight" : "shared_head.norm.weight"));
+  const std::vector<float> head = fx.own_head ? head_st.f32(p + "shared_head.head.weight") : main_st.f32("lm_head.weight");
+  auto norm = [&](const float* x, const std::vector<float>& w, double* out) {
+    double ss = 0;
+    for (int64_t c = 0; c < H; ++c) ss += static_cast<double>(x[c]) * x[c];
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(H) + eps);
+    for (int64_t c = 0; c < H; ++c) out[c] = x[c] * r * ((fx.qwen_layout ? 1.0 : 0.0) + w[c]);
+  };
+  std::vector<float> want(static_cast<size_t>(T * V));
+  std::vector<double> cat(static_cast<size_t>(2 * H)), u(static_cast<size_t>(H)), v(static_cast<size_t>(H));
+  std::vector<float> uf(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; ++t) {
+    norm(embed.data() + ids[t] * H, en, cat.data());
+    norm(hidden.data() + t * H, hn, cat.data() + H);
+    for (int64_t r = 0; r < H; ++r) {
+      double a = 0;
+      for (int64_t c = 0; c < 2 * H; ++c) a += fc[r * 2 * H + c] * cat[c];
+      uf[r] = static_cast<float>(a);
+    }
+    norm(uf.data(), fn, v.data());
+    for (int64_t o = 0; o < V; ++o) {
+      double a = 0;
+      for (int64_t c = 0; c < H; ++c) a += head[o * H + c] * v[c];
+      want[t * V + o] = static_cast<float>(a);
+    }
+  }
+  spool::testing::expect_rows_close(got.data(), want.data(), T, V, 1e-4, std::string(fx.name) + " head logits");
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFamilies,
