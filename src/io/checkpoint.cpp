@@ -409,6 +409,12 @@ std::string Checkpoint::normalized_name(std::string_view stored, bool* squeeze) 
     }
   }
   std::string name = normalize_tensor_name(stored);
+  if (keep_mtp_ && n_main_layers_ > 0 && layer_of(name) >= n_main_layers_ && name.ends_with(".embed_tokens.weight")) {
+    // DeepSeek-V3's nextn layer stores the embedding table again (a copy of the shared one: the
+    // head reads embed_tokens.weight); kept, it would be counted as resident weights it never reads.
+    if (squeeze != nullptr) *squeeze = false;
+    return "";
+  }
   bool sq = false;
   if (!name.empty() && name_rules_ != nullptr && !name_rules_->renames.empty()) {
     std::string renamed = apply_renames(name_rules_->renames, name, &sq);

@@ -69,7 +69,9 @@ class Checkpoint {
     /// Keep the multi-token-prediction head (Qwen3.5 / Qwen3-Next `mtp.*`) instead of dropping
     /// it: `mtp.layers.{k}.X` becomes `layers.{num_hidden_layers + k}.X` (the DeepSeek-V3
     /// nextn numbering, so its routed experts are indexed like any layer's) and the head's own
-    /// tensors keep their names (`mtp.fc.weight`, `mtp.norm.weight`, ...).
+    /// tensors keep their names (`mtp.fc.weight`, `mtp.norm.weight`, ...). A nextn layer's copy
+    /// of the embedding table (`layers.{n}.embed_tokens.weight`, DeepSeek-V3) is dropped: the
+    /// head reads `embed_tokens.weight`.
     bool mtp = false;
   };
   /// Opens `dir`, or a GGUF file (a path ending in .gguf, single or one shard of a split set:
