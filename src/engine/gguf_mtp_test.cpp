@@ -17,6 +17,7 @@
 
 #include "../../tests/support/gguf_writer.h"
 #include "../../tests/support/golden.h"
+#include "../../tests/support/random.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"
@@ -404,6 +405,79 @@ TEST(GgufMtp, FileWithoutTheHeadSaysSo) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("blk.N.nextn.* head"), std::string::npos) << e.what();
   }
+}
+
+// GLM-4.5 (glm4moe; DeepSeek-V3 names): the fixture's GGUF declares nextn_predict_layers 1 of
+// block_count 4 but holds no block 3 (as the fixture writer leaves it out). Written here with one, as
+// Glm4MoeModel writes HF's layers.3: its layer tensors (copies of block 2's) and
+// blk.3.nextn.{eh_proj, enorm, hnorm, shared_head_norm, shared_head_head} (random): they load
+// under the HF names with the stored values (glm4moe norms are plain w), and the head drafts.
+TEST(GgufMtp, Glm4MoeNextnLayerKeepsTheDeepSeekNames) {
+  const io::GgufFile g = io::GgufFile::open(data_dir() + "/gguf/models/glm4_moe.f32.gguf");
+  ASSERT_EQ(g.get_int("glm4moe.block_count"), 4);
+  ASSERT_EQ(g.get_int("glm4moe.nextn_predict_layers"), 1);
+  const int64_t H = 64, V = 512;
+  testing::GgufWriter w;
+  for (const auto& [key, v] : g.metadata()) w.add_value(key, v);
+  for (const io::GgufTensor& t : g.tensors()) {
+    const std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+    w.add_tensor(t.name, ne, t.type, g.data(t), t.nbytes);
+    if (t.name.starts_with("blk.2.")) w.add_tensor("blk.3." + t.name.substr(6), ne, t.type, g.data(t), t.nbytes);
+  }
+  const std::vector<float> eh = spool::testing::randn(static_cast<size_t>(2 * H * H), 1, 0.1f),
+                           head = spool::testing::randn(static_cast<size_t>(V * H), 2, 0.1f);
+  std::vector<float> enorm = spool::testing::randn(H, 3, 0.1f), hnorm = spool::testing::randn(H, 4, 0.1f),
+                     snorm = spool::testing::randn(H, 5, 0.1f);
+  for (auto* v : {&enorm, &hnorm, &snorm})
+    for (float& x : *v) x += 1.0f;  // plain RMSNorm weights near 1
+  w.add_tensor_f32("blk.3.nextn.eh_proj.weight", {2 * H, H}, eh);
+  w.add_tensor_f32("blk.3.nextn.enorm.weight", {H}, enorm);
+  w.add_tensor_f32("blk.3.nextn.hnorm.weight", {H}, hnorm);
+  w.add_tensor_f32("blk.3.nextn.shared_head_norm.weight", {H}, snorm);
+  w.add_tensor_f32("blk.3.nextn.shared_head_head.weight", {H, V}, head);
+  const TempFile f("spool_glm4_moe_mtp.gguf");
+  w.write(f.path);
+
+  LoadedModel plain = load_model(f.path, false);
+  EXPECT_EQ(plain.model->spec().mtp_declared, 1);
+  EXPECT_EQ(plain.ckpt->find("layers.3.eh_proj.weight"), nullptr);
+  LoadedModel l = load_model(f.path, true);
+  EXPECT_EQ(l.ckpt->mtp_layers(), 1);
+  EXPECT_EQ(l.ckpt->mtp_bytes(), plain.ckpt->mtp_bytes());
+  EXPECT_EQ(l.ckpt->find("mtp.fc.weight"), nullptr);
+  auto floats = [&](const std::string& n, const std::vector<int64_t>& shape) {
+    const io::TensorRef& t = l.ckpt->tensor(n);
+    EXPECT_EQ(t.shape, shape) << n;
+    EXPECT_EQ(t.dtype, io::DType::F32) << n;
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    std::memcpy(v.data(), t.data, v.size() * 4);
+    return v;
+  };
+  EXPECT_EQ(floats("layers.3.eh_proj.weight", {H, 2 * H}), eh);
+  EXPECT_EQ(floats("layers.3.enorm.weight", {H}), enorm);
+  EXPECT_EQ(floats("layers.3.hnorm.weight", {H}), hnorm);
+  EXPECT_EQ(floats("layers.3.shared_head.norm.weight", {H}), snorm);
+  EXPECT_EQ(floats("layers.3.shared_head.head.weight", {V, H}), head);
+  EXPECT_EQ(floats("layers.3.input_layernorm.weight", {H}), floats("layers.2.input_layernorm.weight", {H}));
+  EXPECT_TRUE(l.ckpt->has_expert(3, 15, io::ExpertProj::kDown));
+  // The head runs (its own output head: its rows differ from the model's) and speculative
+  // greedy decoding keeps plain greedy's tokens.
+  const std::vector<int32_t> prompt = {1, 17, 300, 42, 5, 99, 256, 7};
+  const std::vector<float> logits = head_logits(*l.model, prompt);
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  GenerateRequest r;
+  r.prompt = prompt;
+  r.max_tokens = 16;
+  r.sampling.temperature = 0;
+  Session a(*l.model);
+  const GenerateResult want = a.generate(r, {});
+  r.spec.mtp = true;
+  r.spec.draft_max = 2;
+  r.spec.min_acceptance = 0;
+  Session b(*l.model);
+  const GenerateResult got = b.generate(r, {});
+  EXPECT_EQ(got.output, want.output);
+  EXPECT_GT(got.spec.drafted, 0);
 }
 
 }  // namespace
