@@ -113,7 +113,7 @@ TEST(Checkpoint, FusedExpertsMatchPerExpert) {
 
 TEST(Checkpoint, ShardedDemo) {
   Checkpoint c = Checkpoint::open(SPOOL_DEFAULT_MODEL_DIR, kNoRules);
-  EXPECT_EQ(c.shards().size(), 4u);
+  EXPECT_EQ(c.shards().size(), 5u);  // model-0000{1..4}-of-00004 and model-mtp.safetensors (the MTP head, listed in the index)
   EXPECT_EQ(c.config().get_int("num_experts"), 64);
   EXPECT_EQ(c.expert(7, 63, ExpertProj::kDown).shape, (std::vector<int64_t>{256, 32}));
   EXPECT_EQ(c.tensor("embed_tokens.weight").dtype, DType::BF16);
