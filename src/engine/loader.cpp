@@ -343,7 +343,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(opt.model_dir, {.mtp = opt.mtp}));
   if (opt.mtp && l.ckpt->mtp_layers() == 0)
     fail("%s: --spec mtp: the model has no multi-token-prediction layers (config mtp_num_hidden_layers / num_nextn_predict_layers%s)",
-         opt.model_dir.c_str(), l.ckpt->gguf() ? "; GGUF MTP heads are not read yet" : "");
+         opt.model_dir.c_str(),
+         l.ckpt->gguf() ? "; GGUF: {arch}.nextn_predict_layers and the blk.N.nextn.* head, which llama.cpp's converter leaves out "
+                          "with --no-mtp and for deepseek2 always" : "");
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
                                   [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });

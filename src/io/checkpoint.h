@@ -71,7 +71,9 @@ class Checkpoint {
     /// nextn numbering, so its routed experts are indexed like any layer's) and the head's own
     /// tensors keep their names (`mtp.fc.weight`, `mtp.norm.weight`, ...). A nextn layer's copy
     /// of the embedding table (`layers.{n}.embed_tokens.weight`, DeepSeek-V3) is dropped: the
-    /// head reads `embed_tokens.weight`.
+    /// head reads `embed_tokens.weight`. GGUF files (open_gguf):
+    /// the last nextn_predict_layers blocks, their `blk.N.nextn.*` head under the same HF names
+    /// (io::map_gguf_tensor).
     bool mtp = false;
   };
   /// Opens `dir`, or a GGUF file (a path ending in .gguf, single or one shard of a split set:
@@ -87,7 +89,9 @@ class Checkpoint {
   /// per-expert byte ranges of the file, block-quantized matrices (the token embedding included:
   /// it is read and dequantized by row) kept in their ggml type; a split_gate_up arch's
   /// ffn_gate_exps / ffn_up_exps (gpt-oss: split out of the interleaved gate_up by llama.cpp's converter) re-interleaved
-  /// by whole rows per expert into the in-memory shard (block types kept). Throws spool::Error
+  /// by whole rows per expert into the in-memory shard (block types kept). The multi-token-
+  /// prediction blocks (the last {arch}.nextn_predict_layers) are dropped, or kept with
+  /// Options::mtp; mtp_bytes() counts them either way. Throws spool::Error
   /// naming the file and the tensor for unknown architectures, tensors or types and bad shapes.
   static Checkpoint open_gguf(const std::string& path, const RulesResolver& rules, Options opt);
   /// A GGUF file or split set whose headers were read elsewhere (GgufFile::from_headers, e.g.
@@ -169,9 +173,9 @@ class Checkpoint {
   // takes ownership. `rules` may be null (generic names only).
   void index_shards(std::vector<SafetensorsFile> shards, const TensorNameRules* rules);
   // open_gguf / from_gguf: `local` shards are opened (and mapped when `map`), remote ones are
-  // header-only stand-ins.
+  // header-only stand-ins; `keep_mtp`: Options::mtp.
   static Checkpoint gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, const RulesResolver& rules, bool map,
-                                    bool local);
+                                    bool local, bool keep_mtp);
   void add(TensorRef t);
   void add_fused(const TensorRef& t, const ExpertName& n, const std::string& file, const std::string& original);
   // A float matrix [in, out] at src, to be written transposed ([out, in]) for tensors_[index]

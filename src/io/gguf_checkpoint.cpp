@@ -53,16 +53,16 @@ struct Pending {  // a tensor whose bytes the loader produces
 }  // namespace
 
 Checkpoint Checkpoint::open_gguf(const std::string& path, const RulesResolver& rules, Options opt) {
-  return gguf_checkpoint(std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false)), path, rules, opt.map, true);
+  return gguf_checkpoint(std::make_shared<GgufFile>(GgufFile::open(path, /*map=*/false)), path, rules, opt.map, true, opt.mtp);
 }
 
 Checkpoint Checkpoint::from_gguf(std::shared_ptr<GgufFile> g, const RulesResolver& rules) {
   const std::string label = g->path();
-  return gguf_checkpoint(std::move(g), label, rules, false, false);
+  return gguf_checkpoint(std::move(g), label, rules, false, false, false);
 }
 
 Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std::string& path, const RulesResolver& rules, bool map,
-                                       bool local) {
+                                       bool local, bool keep_mtp) {
   Checkpoint c;
   c.dir_ = path;
   c.gguf_ = std::move(file);
@@ -81,7 +81,9 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     if (c.generation_.eos_token_ids.empty() || c.generation_.eos_token_ids[0] != *eot) c.generation_.eos_token_ids.push_back(*eot);
 
   const Config& cfg = c.config_;
-  const int64_t L = cfg.get_int("num_hidden_layers");
+  const int64_t L = cfg.get_int("num_hidden_layers");  // block_count - nextn_predict_layers
+  c.n_main_layers_ = static_cast<int>(L);
+  c.keep_mtp_ = keep_mtp;
   const int64_t n_k = a.hybrid ? cfg.get_int("linear_num_key_heads") : 0, n_v = a.hybrid ? cfg.get_int("linear_num_value_heads") : 0;
   const int64_t d_k = a.hybrid ? cfg.get_int("linear_key_head_dim") : 0, d_v = a.hybrid ? cfg.get_int("linear_value_head_dim") : 0;
   if (a.hybrid && (n_k <= 0 || n_v % n_k != 0)) fail("%s: ssm.time_step_rank must be a multiple of ssm.group_count", path.c_str());
@@ -96,15 +98,22 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     const std::string& gname = t.name;
     std::optional<GgufTensorMap> m = map_gguf_tensor(a, gname);
     if (!m) {
-      if (gname.find(".nextn.") != std::string::npos) {
+      if (gname.find(".nextn.") != std::string::npos) {  // a part of an MTP head spool does not bind
+        c.mtp_bytes_ += t.nbytes;
         ++c.dropped_;
         continue;
       }
       fail("%s: tensor '%s' is not part of the %s layout spool knows", path.c_str(), gname.c_str(), a.name.c_str());
     }
-    if (m->layer >= L) {  // MTP blocks after the main stack
-      ++c.dropped_;
-      continue;
+    if (m->nextn && m->layer < L)
+      fail("%s: '%s' is a multi-token-prediction tensor, but block %d is one of the %lld main layers (%s.block_count minus "
+           "%s.nextn_predict_layers)", path.c_str(), gname.c_str(), m->layer, (long long)L, arch_name.c_str(), arch_name.c_str());
+    if (m->layer >= L) {  // the MTP blocks after the main stack: kept when asked for
+      c.mtp_bytes_ += t.nbytes;
+      if (!keep_mtp) {
+        ++c.dropped_;
+        continue;
+      }
     }
     const GgmlTypeTraits tr = ggml_type_traits(t.type);
     const bool is_float = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;

@@ -49,6 +49,30 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
   const auto [layer, rest] = *blk;
   const std::string p = "layers." + std::to_string(layer) + ".";
   m.layer = layer;
+  if (rest.starts_with("nextn.")) {  // the multi-token-prediction head of block `layer`
+    struct Nextn {
+      const char* gguf;
+      const char* hf;       // under layers.N. (DeepSeek-V3 / GLM-4.5)
+      const char* qwen_hf;  // Qwen3-Next / 3.5 mtp.* name, or null: as hf
+      bool norm;
+    };
+    static const Nextn kNextn[] = {
+        {"eh_proj.weight", "eh_proj.weight", "mtp.fc.weight", false},
+        {"enorm.weight", "enorm.weight", "mtp.pre_fc_norm_embedding.weight", true},
+        {"hnorm.weight", "hnorm.weight", "mtp.pre_fc_norm_hidden.weight", true},
+        {"shared_head_norm.weight", "shared_head.norm.weight", "mtp.norm.weight", true},
+        {"shared_head_head.weight", "shared_head.head.weight", nullptr, false},
+        {"embed_tokens.weight", "embed_tokens.weight", nullptr, false},
+    };
+    for (const Nextn& n : kNextn)
+      if (rest.substr(6) == n.gguf) {
+        m.nextn = true;
+        m.hf_name = a.qwen_mtp && n.qwen_hf != nullptr ? std::string(n.qwen_hf) : p + n.hf;
+        if (n.norm && a.hybrid) m.transform = GgufTransform::kNormMinus1;
+        return m;
+      }
+    return std::nullopt;
+  }
   // Merged routed experts [E, out, in]: one contiguous slab per expert.
   struct Exps {
     const char* gguf;

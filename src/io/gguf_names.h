@@ -60,6 +60,7 @@ struct GgufTensorMap {
   ExpertProj proj = ExpertProj::kGate;  ///< merged experts: which projection
   bool gate_up = false;   ///< merged experts: ffn_gate_up_exps (gate rows then up rows per expert)
   int layer = -1;         ///< blk.N, or -1
+  bool nextn = false;     ///< a `blk.N.nextn.*` tensor (multi-token-prediction head)
   bool as_float = false;  ///< a block-typed tensor is dequantized to F32 (see GgufRow::as_float)
 };
 
@@ -98,6 +99,12 @@ struct GgufArch {
   bool reads_rope_scaling = false;
   /// partial_rotary_factor when rope.dimension_count is absent.
   double partial_rotary_default = 1.0;
+  /// The multi-token-prediction block's `blk.{N}.nextn.*` tensors are Qwen3-Next / Qwen3.5's
+  /// `mtp.*` head, renamed by llama.cpp's converter (_QwenMtpMixin: fc -> eh_proj,
+  /// pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm):
+  /// mapped back to `mtp.fc.weight`, `mtp.pre_fc_norm_embedding.weight`, ... Otherwise they keep
+  /// the DeepSeek-V3 / GLM-4.5 HF names `layers.{N}.eh_proj.weight`, ... (map_gguf_tensor).
+  bool qwen_mtp = false;
   /// Per-layer rows, searched before the common rows (attn_q/k/v/output, ffn_gate_inp, dense
   /// ffn_gate/up/down) so that they can override them.
   std::vector<GgufRow> rows;
@@ -106,9 +113,18 @@ struct GgufArch {
   void (*config)(const GgufMeta& m, nlohmann::json& j) = nullptr;
 };
 
-/// Maps one GGUF tensor name of architecture `a`; nullopt for a tensor spool does not use (MTP
-/// blocks `blk.N.nextn.*` and tensors of layers >= `n_layers` are skipped by the caller; an
-/// unknown name is an error the caller reports).
+/// Maps one GGUF tensor name of architecture `a`; nullopt for a name spool does not know (an
+/// error the caller reports, except `*.nextn.*` names, which it drops). The multi-token-
+/// prediction block N (the last nextn_predict_layers blocks, as llama.cpp's converter writes
+/// them) maps like any block, plus its head (norms are 1 + w where `a.hybrid`, as every norm):
+///   blk.N.nextn.eh_proj.weight          ne {2H, H}  -> layers.N.eh_proj.weight [H, 2H]
+///                                                      (qwen_mtp: mtp.fc.weight)
+///   blk.N.nextn.enorm.weight            ne {H}      -> layers.N.enorm.weight (mtp.pre_fc_norm_embedding.weight)
+///   blk.N.nextn.hnorm.weight            ne {H}      -> layers.N.hnorm.weight (mtp.pre_fc_norm_hidden.weight)
+///   blk.N.nextn.shared_head_norm.weight ne {H}      -> layers.N.shared_head.norm.weight (mtp.norm.weight)
+///   blk.N.nextn.shared_head_head.weight ne {H, V}   -> layers.N.shared_head.head.weight
+///   blk.N.nextn.embed_tokens.weight     ne {H, V}   -> layers.N.embed_tokens.weight
+/// Whether block N is kept is the caller's choice (Checkpoint::Options::mtp).
 std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view gguf_name);
 
 }  // namespace spool::io

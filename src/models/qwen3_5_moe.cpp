@@ -60,7 +60,8 @@ std::vector<io::GgufRow> gguf_rows(bool tiled) {
 
 // The MoE fields (the hybrid ssm.* keys and layer_types are generic: io::GgufArch::hybrid).
 // llama.cpp's qwen3next / qwen35moe graphs renormalise the top-k weights; layers without a
-// router are mlp_only.
+// router are mlp_only. The converter's MTP blocks (nextn_predict_layers, from the HF
+// mtp_num_hidden_layers) are declared as mtp_num_hidden_layers.
 void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
   j["num_experts"] = m.need("expert_count");
   j["num_experts_per_tok"] = m.need("expert_used_count");
@@ -68,6 +69,7 @@ void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
   j["norm_topk_prob"] = true;
   j["mlp_only_layers"] = m.dense_layers();
   j["decoder_sparse_step"] = 1;
+  if (m.nextn() > 0) j["mtp_num_hidden_layers"] = m.nextn();
 }
 
 std::vector<MixerKind> hybrid_layer_types(const io::Config& c, int n_layers) {
@@ -158,6 +160,7 @@ const Family& qwen3_5_moe_family() {
                                   .hybrid = true,
                                   .v_tiled = true,
                                   .partial_rotary_default = 0.25,
+                                  .qwen_mtp = true,
                                   .rows = gguf_rows(true),
                                   .config = gguf_config}}};
   return f;
@@ -173,6 +176,7 @@ const Family& qwen3_next_family() {
                                   .model_type = "qwen3_next",
                                   .hybrid = true,
                                   .partial_rotary_default = 0.25,
+                                  .qwen_mtp = true,
                                   .rows = gguf_rows(false),
                                   .config = gguf_config}}};
   return f;
