@@ -85,23 +85,8 @@ fi
 echo "memory read bandwidth $mem_gbps GB/s; direct-read disk bandwidth $disk_gbps GB/s; weights read per token $active B"
 
 # --- runs ---------------------------------------------------------------------------------
-# run_in CG_DIR CMD...: runs CMD inside the memory cgroup (empty: no cgroup); prints stdout,
-# leaves the peak RSS (ru_maxrss of the child, bytes) in $TMP/maxrss.
-run_in() {
-  local cg=$1; shift
-  python3 - "$cg" "$TMP/maxrss" "$@" <<'PY'
-import os, resource, subprocess, sys
-cg, out, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
-def enter():
-    if cg:
-        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-p = subprocess.run(cmd, preexec_fn=enter, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-open(out, "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
-sys.stdout.write(p.stdout.decode())
-sys.exit(p.returncode)
-PY
-}
+# run_in, mem_cgroup, cg_reset, cg_peak (bench/lib.sh): runs inside memory cgroups.
+. bench/lib.sh
 
 rows=()
 ratios=()
@@ -152,15 +137,11 @@ bench() {
       echo "$bw" >> "$TMP/bw.txt"
     fi
     for tool in "${tests[@]}"; do
-      if [ -n "$cg" ]; then
-        sync; echo 3 > /proc/sys/vm/drop_caches
-        echo 0 > "$cg/memory.force_empty" 2>/dev/null || true
-        echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
-      fi
+      [ -z "$cg" ] || cg_reset "$cg"
       local json rss cgpeak=0
       json=$(one_run "$cg" "$p" "$n" "$r" "$sflags" "$tool")
       rss=$(cat "$TMP/maxrss")
-      [ -n "$cg" ] && cgpeak=$(cat "$cg/memory.max_usage_in_bytes")
+      [ -n "$cg" ] && cgpeak=$(cg_peak "$cg")
       python3 -c 'import json,sys; print(json.dumps({"round": int(sys.argv[1]), "tool": sys.argv[2], "bw": float(sys.argv[3]), "rss": int(sys.argv[4]), "cgpeak": int(sys.argv[5]), "runs": json.loads(sys.argv[6])}))' \
         "$round" "$tool" "$bw" "$rss" "$cgpeak" "$json" >> "$rec"
       echo "  $config, round $round/$rounds, $tool ($bw GB/s): $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("failed" if j[0].get("failed") else " ".join("%s %.2f" % ("pp%d" % t["n_prompt"] if t["n_gen"] == 0 else "tg%d" % t["n_gen"], t["avg_ts"]) for t in j))' "$json")"
@@ -234,13 +215,7 @@ PY
 
 [ "${RESIDENT:-1}" = 1 ] && bench "resident" "" "$RES_P" "$RES_N" "$RES_R" "$ROUNDS" "--no-stream"
 for cap in $CAPS; do
-  cg=/sys/fs/cgroup/memory/spool-cmp${cap}g
-  rmdir "$cg" 2>/dev/null || true  # a fresh group: lowering the limit of one still charged fails (EBUSY)
-  mkdir -p "$cg"
-  # A whole number of pages: some kernels (this Firecracker VM's) store 0 for an unaligned limit.
-  limit=$(python3 -c "import sys; print(int(float(sys.argv[1]) * 2**30) // 4096 * 4096)" "$cap")
-  echo "$limit" > "$cg/memory.limit_in_bytes"
-  [ "$(cat "$cg/memory.limit_in_bytes")" = "$limit" ] || { echo "compare.sh: could not set $cg's limit to $limit"; exit 1; }
+  cg=$(mem_cgroup "spool-cmp${cap}g" "$cap") || exit 1
   bench "cgroup ${cap} GiB" "$cg" "$CAP_P" "$CAP_N" "$CAP_R" "$CAP_ROUNDS" ""
 done
 

@@ -4,13 +4,22 @@
 // times on a fresh sequence state. --parallel N adds aggregate generation over N concurrent
 // sequences decoded together (Model::forward_batch: one step = one token of each), the
 // throughput a server with N busy slots gets (test "tgNNN xN", t/s summed over sequences).
+// --spec mtp adds speculative decoding with the model's MTP head: the single-sequence tg test
+// becomes a pair measured in the same run, repetitions interleaved (plain, mtp, mtp, plain, ...):
+// "tgNNN" and "tgNNN mtp", both greedy generations of NNN tokens from the same prompt through
+// engine::Session::generate (end-of-sequence ids ignored), the plain one without the head; the
+// mtp row adds the draft acceptance, tokens per verify step and the speedup over the plain row.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <random>
 
 #include "cli/common.h"
 #include "common/error.h"
 #include "common/sysinfo.h"
+#include "engine/session.h"
 #include "ops/matmul.h"
 
 namespace spool::cli {
@@ -28,6 +37,29 @@ struct BenchOptions {
   std::vector<int> parallel = {1};  // concurrent sequences of the tg tests
 };
 
+// The prompt of the --spec tg pair when the model has a tokenizer (ordinary prose: a drafter's
+// acceptance depends on the text; random ids are used without a tokenizer).
+constexpr const char* kSpecPrompt =
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+    "movable metal type, oil-based ink and a wooden screw press. Within fifty years,";
+
+// Expert-tier counters summed over the timed runs of one row (the --spec pair's runs interleave,
+// so each row sums its own windows).
+struct ExpertWindow {
+  uint64_t requests = 0, hits = 0, bytes_read = 0;
+  uint64_t vram_hits = 0, vram_misses = 0, vram_bytes = 0;
+  double vram_stall_s = 0;
+  void add(const TierStats& t) {
+    requests += t.ram.requests;
+    hits += t.ram.hits;
+    bytes_read += t.ram.bytes_read;
+    vram_hits += t.vram.hits;
+    vram_misses += t.vram.misses;
+    vram_bytes += t.vram.bytes_copied;
+    vram_stall_s += t.vram.stall_s;
+  }
+};
+
 struct Result {
   std::string test;
   int n_prompt = 0, n_gen = 0;
@@ -38,6 +70,15 @@ struct Result {
   // bytes per token and seconds compute waited for slot copies, over the timed repetitions.
   bool vram_tier = false;
   double vram_hit_rate = 1.0, h2d_bytes_per_token = 0, vram_stall_s = 0;
+  // Speculative decoding (--spec mtp rows): "none" or "mtp", the verify steps' counts summed over
+  // the timed repetitions, and whether every greedy output equalled the plain row's.
+  std::string spec = "none";
+  int draft_max = 0;
+  int64_t steps = 0, drafted = 0, accepted = 0, emitted = 0;
+  int auto_off_runs = 0;
+  bool same_output = true;
+  double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0; }
+  double tokens_per_step() const { return steps > 0 ? static_cast<double>(emitted) / steps : 0; }
   double mean() const {
     double s = 0;
     for (double x : ts) s += x;
@@ -57,6 +98,20 @@ std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
   std::vector<int32_t> v(n);
   for (auto& x : v) x = static_cast<int32_t>(d(rng));
   return v;
+}
+
+// The expert-cache columns of `r` from the counters of its timed runs over `tokens` tokens.
+void set_expert_columns(Result& r, const Loaded& l, const ExpertWindow& w, double tokens) {
+  r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
+  r.hit_rate = l.streaming ? (w.requests ? static_cast<double>(w.hits) / w.requests : 0.0) : 1.0;
+  r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
+  if (l.expert_slots) {
+    r.vram_tier = true;
+    const uint64_t n = w.vram_hits + w.vram_misses;
+    r.vram_hit_rate = n ? static_cast<double>(w.vram_hits) / n : 0.0;
+    r.h2d_bytes_per_token = tokens > 0 ? static_cast<double>(w.vram_bytes) / tokens : 0;
+    r.vram_stall_s = w.vram_stall_s;
+  }
 }
 
 // One pp (n_gen == 0) or tg (n_prompt == 0, n_seqs sequences together) test: warm-up + reps
@@ -108,19 +163,76 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
     }
     if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
   }
-  const TierStats tiers = stats_snapshot(l) - before;
-  const experts::StreamingStats& w = tiers.ram;
-  const double tokens = static_cast<double>(reps) * (n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs);
-  r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
-  r.hit_rate = l.streaming ? w.hit_rate() : 1.0;
-  r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
-  if (l.expert_slots) {
-    r.vram_tier = true;
-    r.vram_hit_rate = tiers.vram.hit_rate();
-    r.h2d_bytes_per_token = tokens > 0 ? static_cast<double>(tiers.vram.bytes_copied) / tokens : 0;
-    r.vram_stall_s = tiers.vram.stall_s;
-  }
+  ExpertWindow w;
+  w.add(stats_snapshot(l) - before);
+  set_expert_columns(r, l, w, static_cast<double>(reps) * (n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs));
   return r;
+}
+
+// The --spec tg pair: greedy generations of n_gen tokens from `prompt`, plain and with `spec`,
+// one warm-up each, then `reps` timed runs each in the order plain, mtp, mtp, plain, ... (drift
+// over the run falls on both rows alike). t/s = the tokens after the first over the decode time
+// (Session's Timings: the prompt is not timed). Returns {plain, mtp}.
+std::pair<Result, Result> run_spec_pair(Loaded& l, const std::vector<int32_t>& prompt, int n_gen, int reps, int64_t step,
+                                        int64_t ctx_size, const engine::SpecParams& spec) {
+  engine::Session session(*l.model);
+  engine::GenerateRequest req;
+  req.prompt = prompt;
+  req.max_tokens = n_gen;
+  req.sampling.temperature = 0;  // greedy; no stop ids: every run makes n_gen tokens
+  req.prefill_step = step;
+  req.ctx_size = ctx_size;
+  Result plain, mtp;
+  plain.n_gen = mtp.n_gen = n_gen;
+  plain.test = strfmt("tg%d", n_gen);
+  mtp.test = strfmt("tg%d mtp", n_gen);
+  mtp.spec = "mtp";
+  mtp.draft_max = spec.draft_max;
+  ExpertWindow wp, wm;
+  std::vector<int32_t> reference;  // the plain greedy output
+  auto one = [&](bool with_spec, bool timed) {
+    req.spec = with_spec ? spec : engine::SpecParams{};
+    const TierStats before = stats_snapshot(l);
+    const engine::GenerateResult res = session.generate(req, nullptr);
+    const TierStats window = stats_snapshot(l) - before;
+    if (static_cast<int>(res.output.size()) != n_gen)
+      fail("bench: a generation made %zu tokens, not %d", res.output.size(), n_gen);
+    if (!with_spec && reference.empty()) reference = res.output;
+    Result& r = with_spec ? mtp : plain;
+    r.same_output = r.same_output && res.output == reference;
+    if (!timed) return;
+    r.ts.push_back(res.timings.decode_tok_s());
+    (with_spec ? wm : wp).add(window);
+    if (with_spec) {
+      r.steps += res.spec.steps;
+      r.drafted += res.spec.drafted;
+      r.accepted += res.spec.accepted;
+      r.emitted += res.spec.emitted;
+      r.auto_off_runs += res.spec.auto_off ? 1 : 0;
+    }
+  };
+  one(false, false);  // warm-up (and the reference output)
+  one(true, false);
+  for (int rep = 0; rep < reps; ++rep) {
+    const bool mtp_first = rep % 2 == 1;
+    one(mtp_first, true);
+    one(!mtp_first, true);
+  }
+  // Expert columns per generated token (the prompt's forwards included: they are few).
+  set_expert_columns(plain, l, wp, static_cast<double>(reps) * n_gen);
+  set_expert_columns(mtp, l, wm, static_cast<double>(reps) * n_gen);
+  return {plain, mtp};
+}
+
+// The --spec tg pair's prompt: kSpecPrompt through the tokenizer (ids inside the model's
+// vocabulary), else 32 pseudo-random ids.
+std::vector<int32_t> spec_prompt(const std::optional<tokenizer::Tokenizer>& tok, int64_t vocab) {
+  if (tok) {
+    std::vector<int32_t> ids = tok->encode_prompt(kSpecPrompt);
+    if (!ids.empty() && std::all_of(ids.begin(), ids.end(), [&](int32_t id) { return id >= 0 && id < vocab; })) return ids;
+  }
+  std::mt19937_64 rng(4321);
+  return random_ids(rng, 32, vocab);
 }
 
 void run(const BenchOptions& o) {
@@ -129,10 +241,22 @@ void run(const BenchOptions& o) {
   if (o.reps < 1 || o.reps > 1000) throw UsageError(strfmt("-r must be 1..1000 (got %d)", o.reps));
   if (o.output != "md" && o.output != "json") throw UsageError(strfmt("-o must be md or json (got '%s')", o.output.c_str()));
   if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
-  const int64_t needed = std::max(o.n_prompt, o.n_gen) + 1;
+  const engine::SpecParams spec = o.model.spec_params();  // UsageError for bad --spec / --draft-max values
+  if (spec.mtp && o.n_gen == 0) throw UsageError("--spec mtp measures the tg test: -n must be > 0");
+  engine::LoadOptions lo = o.model.load_options();
+  // The --spec pair generates after a prompt: the tokenizer first, to size the context.
+  std::optional<tokenizer::Tokenizer> tok;
+  if (spec.mtp) tok = engine::load_tokenizer(lo.model_dir);
+  std::vector<int32_t> prompt;
+  int64_t needed = std::max(o.n_prompt, o.n_gen) + 1;
+  if (spec.mtp) {
+    // The vocabulary is checked against the model after loading; the context needs the length only.
+    prompt = spec_prompt(tok, std::numeric_limits<int32_t>::max());
+    // (32: the random ids spec_prompt() falls back to when the text's ids are outside the vocabulary)
+    needed = std::max<int64_t>(needed, static_cast<int64_t>(std::max<size_t>(prompt.size(), 32)) + o.n_gen + 1);
+  }
   if (o.ctx_size < 0 || (o.ctx_size > 0 && o.ctx_size < needed))
     throw UsageError(strfmt("--ctx-size must hold the longer test (%lld tokens), or be 0 (got %lld)", (long long)needed, (long long)o.ctx_size));
-  engine::LoadOptions lo = o.model.load_options();
   lo.ctx_size = o.ctx_size > 0 ? o.ctx_size : needed;
   lo.prefill_step = o.prefill_step;
   int max_seqs = 1;
@@ -140,13 +264,30 @@ void run(const BenchOptions& o) {
     if (n < 1 || n > 256) throw UsageError(strfmt("--parallel values must be 1..256 (got %d)", n));
     max_seqs = std::max(max_seqs, n);
   }
-  engine::LoadedModel l = engine::load(lo);
+  engine::LoadedModel l = engine::load(lo, std::move(tok));
   l.model->reserve_workspace(std::max<int64_t>(std::min<int64_t>(o.prefill_step, lo.ctx_size), max_seqs), max_seqs);
   const auto& s = l.model->spec();
+  if (spec.mtp) {
+    std::vector<int32_t> p = spec_prompt(l.tok, s.vocab_size);
+    prompt = std::move(p);
+  }
   std::vector<Result> results;
   if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, o.prefill_step));
   if (o.n_gen > 0)
-    for (int n : o.parallel) results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n));
+    for (int n : o.parallel) {
+      if (spec.mtp && n == 1) {
+        auto [plain, mtp] = run_spec_pair(l, prompt, o.n_gen, o.reps, o.prefill_step, lo.ctx_size, spec);
+        results.push_back(std::move(plain));
+        results.push_back(std::move(mtp));
+      } else {
+        results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n));
+      }
+    }
+  // The plain row of the --spec pair (the mtp row's speedup is over it).
+  const Result* base = nullptr;
+  for (const auto& r : results)
+    if (spec.mtp && r.n_gen > 0 && r.n_seqs == 1 && r.spec == "none") base = &r;
+  auto speedup = [&](const Result& r) { return base && r.spec != "none" && base->mean() > 0 ? r.mean() / base->mean() : 0.0; };
   const uint64_t size = l.ckpt->total_bytes();
   const std::string model = strfmt("%s %.1fB", s.model_type.c_str(), s.params_total / 1e9);
   const std::string backend =
@@ -186,6 +327,23 @@ void run(const BenchOptions& o) {
                      {"device", l.device},
                      {"h2d_pinned_gbps", h2d_pinned},
                      {"h2d_pageable_gbps", h2d_pageable}});
+      if (spec.mtp && r.n_prompt == 0 && r.n_seqs == 1) {
+        // The --spec pair: both rows say which they are; the mtp row carries the verify counts.
+        auto& j = arr.back();
+        j["spec"] = r.spec;
+        j["n_prompt_tokens"] = prompt.size();  // the generations' prompt (not timed)
+        j["same_output"] = r.same_output;
+        if (r.spec != "none") {
+          j["draft_max"] = r.draft_max;
+          j["acceptance"] = r.acceptance();
+          j["tokens_per_step"] = r.tokens_per_step();
+          j["steps"] = r.steps;
+          j["drafted"] = r.drafted;
+          j["accepted"] = r.accepted;
+          j["auto_off_runs"] = r.auto_off_runs;
+          j["speedup"] = speedup(r);
+        }
+      }
       if (r.vram_tier) {
         arr.back()["vram_hit_rate"] = r.vram_hit_rate;
         arr.back()["h2d_bytes_per_token"] = r.h2d_bytes_per_token;
@@ -195,16 +353,33 @@ void run(const BenchOptions& o) {
     std::printf("%s\n", arr.dump(2).c_str());
     return;
   }
-  std::printf("| model | size | params | backend | threads | test | t/s | expert hit rate | read/token | experts/token |\n");
-  std::printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: | --------------: | ---------: | ------------: |\n");
-  for (const auto& r : results)
-    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f | %.1f%% | %s | %.1f |\n", model.c_str(), format_bytes(size).c_str(),
+  // --spec mtp: acceptance, tokens per verify step and speedup over the plain tg row ("-" where
+  // they do not apply).
+  const char* spec_head = spec.mtp ? " acceptance | tokens/step | speedup |" : "";
+  const char* spec_rule = spec.mtp ? " ---------: | ----------: | ------: |" : "";
+  std::printf("| model | size | params | backend | threads | test | t/s | expert hit rate | read/token | experts/token |%s\n", spec_head);
+  std::printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: | --------------: | ---------: | ------------: |%s\n", spec_rule);
+  for (const auto& r : results) {
+    std::string extra;
+    if (spec.mtp)
+      extra = r.spec == "none" ? " - | - | - |" : strfmt(" %.3f | %.2f | %.2fx |", r.acceptance(), r.tokens_per_step(), speedup(r));
+    std::printf("| %s | %s | %.2f M | %s | %d | %s | %.2f ± %.2f | %.1f%% | %s | %.1f |%s\n", model.c_str(), format_bytes(size).c_str(),
                 s.params_total / 1e6, backend.c_str(), threads, r.test.c_str(), r.mean(), r.sd(), 100.0 * r.hit_rate,
-                format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token);
+                format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token, extra.c_str());
+  }
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
   if (l.device != "cpu")
     std::printf("%s: %s uploaded; host->device %.1f GB/s pinned, %.1f GB/s pageable (cudaMemcpy of 256 MiB)\n", l.device.c_str(),
                 format_bytes(l.vram_used).c_str(), h2d_pinned, h2d_pageable);
+  for (const auto& r : results)
+    if (r.spec != "none")
+      std::printf("%s: %d draft(s) per step, acceptance %.3f (%lld of %lld), %.2f tokens per verify step, %.2fx the plain tg%d "
+                  "row (greedy, same %zu-token prompt, repetitions interleaved)%s%s\n",
+                  r.test.c_str(), r.draft_max, r.acceptance(), (long long)r.accepted, (long long)r.drafted, r.tokens_per_step(),
+                  speedup(r), r.n_gen, prompt.size(),
+                  r.auto_off_runs ? strfmt("; auto-off (acceptance below %.2f) in %d of %zu runs", spec.min_acceptance,
+                                           r.auto_off_runs, r.ts.size()).c_str() : "",
+                  r.same_output ? "; output identical to the plain row's" : "; OUTPUT DIFFERS from the plain row's");
   for (const auto& r : results)
     if (r.vram_tier)
       std::printf("%s VRAM slots: hit rate %.1f%%, host->device %s/token, compute waited %.3f s for slot copies\n", r.test.c_str(),
@@ -217,6 +392,7 @@ void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* c = app.add_subcommand("bench", "Throughput in llama-bench format: pp (prompt) and tg (generation) t/s, expert-cache columns");
   o->model.add_to(c);
+  o->model.add_spec_to(c);
   c->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens of the pp test (default 512; 0 = skip)");
   c->add_option("-n,--n-gen", o->n_gen, "Generated tokens of the tg test (default 128; 0 = skip)");
   c->add_option("-r,--repetitions", o->reps, "Timed repetitions per test (default 5; one warm-up run first)");

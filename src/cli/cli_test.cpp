@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -182,6 +183,63 @@ TEST(Cli, UsageErrorsExit2) {
     EXPECT_EQ(r.err.find("act-bits"), std::string::npos) << bits << ": " << r.err;
     EXPECT_EQ(r.err.find("int8 activations"), std::string::npos) << bits << ": " << r.err;
   }
+}
+
+// spool bench: the plain table on the demo model; --spec mtp adds the "tgN mtp" row beside the
+// plain "tgN" of the same run (both greedy generations, repetitions interleaved) with acceptance,
+// tokens per verify step and speedup, in the markdown table and the JSON; bad spec flags exit 2.
+TEST(Cli, BenchSpecMtpRowsBesideThePlainOnes) {
+  Result r = spool("bench -p 16 -n 8 -r 1 -t 2 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[1]["test"], "tg8");
+  EXPECT_FALSE(j[1].contains("spec"));  // the plain bench is unchanged
+
+  r = spool("bench -p 0 -n 40 -r 2 -t 2 --spec mtp -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u) << r.out;
+  const auto& plain = j[0];
+  const auto& mtp = j[1];
+  EXPECT_EQ(plain["test"], "tg40");
+  EXPECT_EQ(plain["spec"], "none");
+  EXPECT_FALSE(plain.contains("acceptance"));
+  EXPECT_EQ(mtp["test"], "tg40 mtp");
+  EXPECT_EQ(mtp["spec"], "mtp");
+  EXPECT_EQ(mtp["draft_max"], 1);
+  EXPECT_EQ(mtp["samples_ts"].size(), 2u);
+  EXPECT_EQ(plain["samples_ts"].size(), 2u);
+  const double acc = mtp["acceptance"].get<double>(), tps = mtp["tokens_per_step"].get<double>();
+  EXPECT_GT(acc, 0.0);
+  EXPECT_LT(acc, 1.0);
+  // One draft per step: each step emits 1 + its accepted draft.
+  EXPECT_NEAR(tps, 1.0 + acc, 1e-9);
+  EXPECT_EQ(mtp["accepted"].get<int64_t>(), static_cast<int64_t>(std::llround(acc * mtp["drafted"].get<double>())));
+  EXPECT_TRUE(mtp["same_output"].get<bool>());  // greedy: the head changes the speed, not the tokens
+  EXPECT_TRUE(plain["same_output"].get<bool>());
+  EXPECT_NEAR(mtp["speedup"].get<double>(), mtp["avg_ts"].get<double>() / plain["avg_ts"].get<double>(), 1e-9);
+  EXPECT_EQ(mtp["auto_off_runs"], 0);  // the trained head stays above the default 0.25
+
+  r = spool("bench -p 0 -n 24 -r 1 -t 2 --spec mtp --draft-max 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("| acceptance | tokens/step | speedup |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| tg24 mtp |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| tg24 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tg24 mtp: 2 draft(s) per step, acceptance"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("output identical to the plain row's"), std::string::npos) << r.out;
+
+  EXPECT_EQ(spool("bench -p 0 -n 8 --draft-max 2").code, 2);       // needs --spec mtp
+  EXPECT_EQ(spool("bench -p 16 -n 0 --spec mtp").code, 2);         // no tg test to speculate in
+  EXPECT_EQ(spool("bench -n 8 --spec mtp --draft-max 17").code, 2);
+  EXPECT_EQ(spool("bench -n 8 --spec eagle").code, 2);
+}
+
+// synth --mtp: a family without an MTP layout is a usage error naming it.
+TEST(Cli, SynthMtpNeedsAnMtpFamily) {
+  const Result r = spool("synth --preset tiny-gemma4-moe --mtp --no-check -o " + ::testing::TempDir() + "/cli_synth_mtp_bad");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--mtp: preset tiny-gemma4-moe (family gemma4_text_moe) has no multi-token-prediction layout"), std::string::npos) << r.err;
 }
 
 // --device: cpu runs and says so in the stats; a malformed value is a usage error (2); cuda on a

@@ -87,6 +87,9 @@ void register_synth(CLI::App& app) {
   c->add_option("--seed", o->s.seed, "Random seed (default 42)");
   c->add_option("--shard-size-gb", o->shard_gb, "Shard size in GB (default 4)");
   c->add_flag("--force", o->s.force, "Write into a non-empty directory");
+  c->add_flag("--mtp", o->s.mtp,
+              "Also write a random multi-token-prediction head (qwen3_5_moe / qwen3_next: mtp.*; deepseek_v3 / glm4_moe: the "
+              "nextn layer): loads with --spec mtp; its drafts are random, so acceptance is near 0 (exercises the auto-off)");
   c->add_flag("!--no-check", o->check, "Skip the sanity forward pass after writing");
   c->add_option("-t,--threads", o->threads, "Threads for the sanity forward pass");
   c->callback([o] { run(*o); });

@@ -16,6 +16,7 @@
 #include "engine/loader.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "models/synth.h"
 
 namespace spool::engine {
 namespace {
@@ -326,6 +327,54 @@ TEST(Speculative, BadParametersAndModelsWithoutAHead) {
   o.model_dir = data_dir() + "/models/qwen3_moe";
   o.mtp = true;
   EXPECT_THROW(load(o), Error);
+}
+
+// `spool synth --mtp`: a random MTP head in each layout (Qwen3.5 mtp.*, DeepSeek-V3 nextn under
+// layers.{N}) loads as one MTP layer; greedy output with it equals plain decoding, and its
+// random drafts (acceptance near 0) switch speculation off at the first probe (16 steps).
+TEST(Speculative, SynthMtpHeadLoadsAndAutoOffEngages) {
+  for (const char* preset : {"tiny-qwen3.5", "tiny-deepseek-v3"}) {
+    SCOPED_TRACE(preset);
+    models::SynthOptions so;
+    so.preset = preset;
+    so.layers = std::string(preset) == "tiny-deepseek-v3" ? 2 : 0;
+    so.out_dir = ::testing::TempDir() + "/synth_mtp_" + preset;
+    so.force = true;
+    so.mtp = true;
+    models::write_synthetic(so, nullptr);
+    LoadOptions o;
+    o.model_dir = so.out_dir;
+    o.threads = 2;
+    o.ctx_size = 256;
+    o.mtp = true;
+    LoadedModel l = load(o);
+    ASSERT_EQ(l.model->mtp_layers(), 1);
+    o.mtp = false;
+    EXPECT_EQ(load(o).model->mtp_layers(), 0);  // the head is skipped unless asked for
+    const std::vector<int32_t> prompt = {11, 22, 33, 44, 55, 66, 77};
+    const GenerateResult plain = run(*l.model, prompt, 48, {}, greedy());
+    SpecParams sp;
+    sp.mtp = true;  // the default auto-off: 0.25 after 16 steps
+    const GenerateResult r = run(*l.model, prompt, 48, sp, greedy());
+    EXPECT_EQ(r.output, plain.output);
+    EXPECT_TRUE(r.spec.auto_off) << "acceptance " << r.spec.acceptance();
+    EXPECT_EQ(r.spec.steps, 16);
+    EXPECT_LT(r.spec.acceptance(), 0.25);
+    // Without the auto-off every step verifies a draft, and the output is still the plain one.
+    sp.min_acceptance = 0;
+    const GenerateResult all = run(*l.model, prompt, 48, sp, greedy());
+    EXPECT_EQ(all.output, plain.output);
+    EXPECT_FALSE(all.spec.auto_off);
+    EXPECT_GT(all.spec.steps, 16);
+  }
+  models::SynthOptions bad;
+  bad.preset = "tiny-gemma4-moe";
+  bad.out_dir = ::testing::TempDir() + "/synth_mtp_bad";
+  bad.mtp = true;
+  EXPECT_THROW(models::write_synthetic(bad, nullptr), UsageError);  // no MTP layout for the family
+  bad.preset = "tiny-qwen3.5";
+  bad.layers = 2;  // two linear-attention layers: no attention layer for the head to copy
+  EXPECT_THROW(models::write_synthetic(bad, nullptr), UsageError);
 }
 
 }  // namespace

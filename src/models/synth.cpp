@@ -122,15 +122,14 @@ class Filler {
   std::map<std::pair<float, int>, std::vector<uint8_t>> pools_;
 };
 
-std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& prefix, bool fused) {
-  std::vector<TensorPlan> v;
+float lin(int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); }
+
+// Layer i of spec s (mixer, FFN and their norms), its tensors named `p` + "...". out_scale
+// divides the output projections (1 / sqrt(2 * the main stack's depth)).
+void plan_layer(std::vector<TensorPlan>& v, const ModelSpec& s, int i, const std::string& p, bool fused, float out_scale) {
   const int64_t H = s.hidden_size;
-  const float out_scale = 1.0f / std::sqrt(2.0f * s.n_layers);
-  auto lin = [](int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
   const float norm_id = s.norm_one_plus ? 0.0f : 1.0f;  // stored value of an identity norm
-  v.push_back({prefix + "embed_tokens.weight", {s.vocab_size, H}, Init::kNormal, 1.0f});
-  for (int i = 0; i < s.n_layers; ++i) {
-    const std::string p = prefix + "layers." + std::to_string(i) + ".";
+  {
     v.push_back({p + "input_layernorm.weight", {H}, Init::kConst, norm_id, i});
     v.push_back({p + "post_attention_layernorm.weight", {H}, Init::kConst, norm_id, i});
     if (s.sandwich_norms) {
@@ -204,7 +203,7 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       v.push_back({m + "gate_proj.weight", {I, H}, Init::kNormal, lin(H), i});
       v.push_back({m + "up_proj.weight", {I, H}, Init::kNormal, lin(H), i});
       v.push_back({m + "down_proj.weight", {H, I}, Init::kNormal, lin(I) * out_scale, i});
-      continue;
+      return;
     }
     const auto& mo = s.moe;
     const int64_t E = mo.n_experts, I = mo.intermediate;
@@ -225,7 +224,7 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       }
       v.push_back({m + "experts.gate_up_proj_bias", {E, 2 * I}, Init::kConst, 0.0f, i});
       v.push_back({m + "experts.down_proj_bias", {E, H}, Init::kConst, 0.0f, i});
-      continue;
+      return;
     }
     if (mo.block_prefix != "mlp.") {  // a router and fused experts under layers.{i}.{block_prefix} (Gemma 4)
       const std::string b = p + mo.block_prefix;
@@ -234,7 +233,7 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       if (mo.per_expert_scale) v.push_back({b + "router.per_expert_scale", {E}, Init::kConst, 1.0f, i});
       v.push_back({b + "experts.gate_up_proj", {E, 2 * I, H}, Init::kNormal, lin(H), i});
       v.push_back({b + "experts.down_proj", {E, H, I}, Init::kNormal, lin(I) * out_scale, i});
-      continue;
+      return;
     }
     // block_sparse_moe.experts.{e}.{w1,w3,w2} as released (MiniMax-M2: its bias beside the gate)
     const bool mixtral = released_as_block_sparse_moe(s.family);
@@ -268,6 +267,37 @@ std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& pref
       if (mo.shared_expert_gate) v.push_back({m + "shared_expert_gate.weight", {1, H}, Init::kNormal, lin(H), i});
     }
   }
+}
+
+// The multi-token-prediction head of spec s (one layer after the main stack, as mtp_spec() lays
+// it out: the last attention layer's mixer + a routed-expert FFN). Qwen3.5 / Qwen3-Next: mtp.fc
+// [H, 2H], its pre-fc norms of the embedding and the hidden state, mtp.norm, and the layer as
+// mtp.layers.0.*; DeepSeek-V3 / GLM-4.5: the nextn layer under layers.{n_layers}. with eh_proj,
+// enorm, hnorm and shared_head.{norm,head} (models/decoder.cpp bind_mtp).
+void plan_mtp(std::vector<TensorPlan>& v, const ModelSpec& s, const std::string& prefix, bool fused, bool qwen) {
+  ModelSpec with = s;
+  with.mtp_layers = 1;
+  const ModelSpec full = mtp_spec(with);
+  const int64_t H = s.hidden_size;
+  const int N = s.n_layers;
+  const float out_scale = 1.0f / std::sqrt(2.0f * s.n_layers);
+  const float norm_id = s.norm_one_plus ? 0.0f : 1.0f;
+  const std::string p = qwen ? "mtp." : prefix + "layers." + std::to_string(N) + ".";
+  v.push_back({p + (qwen ? "fc.weight" : "eh_proj.weight"), {H, 2 * H}, Init::kNormal, lin(2 * H), N});
+  v.push_back({p + (qwen ? "pre_fc_norm_embedding.weight" : "enorm.weight"), {H}, Init::kConst, norm_id, N});
+  v.push_back({p + (qwen ? "pre_fc_norm_hidden.weight" : "hnorm.weight"), {H}, Init::kConst, norm_id, N});
+  plan_layer(v, full, N, qwen ? p + "layers.0." : p, fused, out_scale);
+  v.push_back({p + (qwen ? "norm.weight" : "shared_head.norm.weight"), {H}, Init::kConst, norm_id, N});
+  if (!qwen) v.push_back({p + "shared_head.head.weight", {s.vocab_size, H}, Init::kNormal, lin(H), N});
+}
+
+std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& prefix, bool fused) {
+  std::vector<TensorPlan> v;
+  const int64_t H = s.hidden_size;
+  const float out_scale = 1.0f / std::sqrt(2.0f * s.n_layers);
+  const float norm_id = s.norm_one_plus ? 0.0f : 1.0f;  // stored value of an identity norm
+  v.push_back({prefix + "embed_tokens.weight", {s.vocab_size, H}, Init::kNormal, 1.0f});
+  for (int i = 0; i < s.n_layers; ++i) plan_layer(v, s, i, prefix + "layers." + std::to_string(i) + ".", fused, out_scale);
   v.push_back({prefix + "norm.weight", {H}, Init::kConst, norm_id});
   v.push_back({"lm_head.weight", {s.vocab_size, H}, Init::kNormal, lin(H)});
   return v;
@@ -306,8 +336,24 @@ static SynthResult synthesize(const SynthOptions& opt, const std::function<void(
   text["dtype"] = opt.dtype == "bf16" ? "bfloat16" : opt.dtype == "f16" ? "float16" : "float32";
   io::Config raw(nlohmann::json::parse(cfg.dump()), "preset " + pr.name);
   ModelSpec spec = build_spec(io::text_config_of(raw, "preset"), {}, false, "preset " + pr.name);
+  const bool qwen_mtp = spec.family == "qwen3_5_moe" || spec.family == "qwen3_next";
+  if (opt.mtp) {
+    if (!qwen_mtp && spec.family != "deepseek_v3" && spec.family != "glm4_moe")
+      throw UsageError(strfmt("--mtp: preset %s (family %s) has no multi-token-prediction layout synth writes (families "
+                              "qwen3_5_moe, qwen3_next, deepseek_v3, glm4_moe)", pr.name.c_str(), spec.family.c_str()));
+    bool attention = false;
+    for (int i = 0; i < spec.n_layers; ++i) attention = attention || spec.mixers[i] == MixerKind::kAttention || spec.mixers[i] == MixerKind::kMLA;
+    if (!attention)
+      throw UsageError(strfmt("--mtp: the MTP layer copies the stack's attention layer, and the first %d layers of %s have none "
+                              "(use more --layers)", layers, pr.name.c_str()));
+    // The config's own key for the head's depth (the loader counts the layers it finds).
+    text.erase("mtp_num_hidden_layers");
+    text.erase("num_nextn_predict_layers");
+    text[qwen_mtp ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
+  }
 
   std::vector<TensorPlan> plan = plan_tensors(spec, pr.prefix, fused);
+  if (opt.mtp) plan_mtp(plan, spec, pr.prefix, fused, qwen_mtp);
   auto dtype_of = [&](const TensorPlan& t) { return t.u8 ? io::DType::U8 : dt; };
   uint64_t total = 0;
   bool any_u8 = false;

@@ -22,6 +22,11 @@ struct SynthOptions {
   uint64_t shard_bytes = 4ull << 30;
   std::string tokenizer_dir;   // tokenizer files copied from here ("" = none)
   bool force = false;          // allow writing into a non-empty directory
+  /// Also write a random multi-token-prediction head (one layer; config mtp_num_hidden_layers or
+  /// num_nextn_predict_layers = 1): Qwen3.5 / Qwen3-Next mtp.* tensors, DeepSeek-V3 / GLM-4.5
+  /// nextn tensors under layers.{num_hidden_layers}. Its drafts are random (acceptance near 0).
+  /// UsageError for other families, or a depth without an attention layer for the head to copy.
+  bool mtp = false;
 };
 
 struct SynthResult {
