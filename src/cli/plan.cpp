@@ -273,7 +273,7 @@ void run(const PlanOptions& o) {
   plan::ModelSource src = o.preset.empty() ? plan::open_source(o.model, 1 << 20, mtp) : preset_source(o.preset);
   if (mtp && src.ckpt.mtp_layers() == 0)
     fail("%s: --spec mtp: the model has no multi-token-prediction layers%s", src.location.c_str(),
-         src.ckpt.gguf() ? " (or it is a GGUF whose head spool does not read yet)" : "");
+         src.ckpt.gguf() ? " (a GGUF keeps them as {arch}.nextn_predict_layers and blk.N.nextn.*; llama.cpp's converter drops them with --no-mtp)" : "");
   plan::PlanInputs in;
   in.shape.ctx = o.ctx;
   in.shape.kv_bits = o.kv_bits;
