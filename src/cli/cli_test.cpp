@@ -196,7 +196,8 @@ TEST(Cli, BenchSpecMtpRowsBesideThePlainOnes) {
   EXPECT_EQ(j[1]["test"], "tg8");
   EXPECT_FALSE(j[1].contains("spec"));  // the plain bench is unchanged
 
-  r = spool("bench -p 0 -n 40 -r 2 -t 2 --spec mtp -o json");
+  // (auto-off off: its timing probe depends on the machine, the rows here must not)
+  r = spool("bench -p 0 -n 40 -r 2 -t 2 --spec mtp --spec-min-acceptance 0 -o json");
   ASSERT_EQ(r.code, 0) << r.err;
   j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j.size(), 2u) << r.out;
@@ -219,7 +220,7 @@ TEST(Cli, BenchSpecMtpRowsBesideThePlainOnes) {
   EXPECT_TRUE(mtp["same_output"].get<bool>());  // greedy: the head changes the speed, not the tokens
   EXPECT_TRUE(plain["same_output"].get<bool>());
   EXPECT_NEAR(mtp["speedup"].get<double>(), mtp["avg_ts"].get<double>() / plain["avg_ts"].get<double>(), 1e-9);
-  EXPECT_EQ(mtp["auto_off_runs"], 0);  // the trained head stays above the default 0.25
+  EXPECT_EQ(mtp["auto_off_runs"], 0);
 
   r = spool("bench -p 0 -n 24 -r 1 -t 2 --spec mtp --draft-max 2");
   ASSERT_EQ(r.code, 0) << r.err;
