@@ -67,8 +67,9 @@ void ModelOptions::add_spec_to(CLI::App* app) {
                   "With --spec mtp: the head drafts only token ids below N (its output rows read for those alone; BPE ids run "
                   "roughly by frequency); 0 = auto (a quarter of the vocabulary, at least 4096), -1 = all");
   app->add_option("--spec-min-acceptance", spec_min_acceptance,
-                  "With --spec mtp: stop speculating for the rest of a generation when the draft acceptance rate after 16 "
-                  "steps (and every 16 after) is below this; 0 = never (default 0.25, docs/speculative.md)");
+                  "With --spec mtp: stop speculating for the rest of a generation when the draft acceptance rate after 8 "
+                  "verify steps (and every 8 after) is below this, or (generate, bench) when 8 plain steps after the first 8 "
+                  "verify steps make tokens faster; 0 = never (default 0.25, docs/speculative.md)");
 }
 
 engine::LoadOptions ModelOptions::load_options() const {

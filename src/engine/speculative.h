@@ -32,7 +32,7 @@ struct SpecParams {
   /// steps it runs `probe_steps` plain steps and stops speculating when they made tokens faster
   /// (the break-even acceptance depends on the machine and the model: docs/speculative.md).
   double min_acceptance = 0.25;
-  int probe_steps = 16;
+  int probe_steps = 8;
   /// Throws spool::UsageError for draft_max outside 1..16, min_acceptance outside [0, 1] or
   /// probe_steps < 1.
   void validate() const;

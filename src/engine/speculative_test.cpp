@@ -331,7 +331,7 @@ TEST(Speculative, BadParametersAndModelsWithoutAHead) {
 
 // `spool synth --mtp`: a random MTP head in each layout (Qwen3.5 mtp.*, DeepSeek-V3 nextn under
 // layers.{N}) loads as one MTP layer; greedy output with it equals plain decoding, and its
-// random drafts (acceptance near 0) switch speculation off at the first probe (16 steps).
+// random drafts (acceptance near 0) switch speculation off at the first probe (probe_steps steps).
 TEST(Speculative, SynthMtpHeadLoadsAndAutoOffEngages) {
   for (const char* preset : {"tiny-qwen3.5", "tiny-deepseek-v3"}) {
     SCOPED_TRACE(preset);
@@ -354,18 +354,18 @@ TEST(Speculative, SynthMtpHeadLoadsAndAutoOffEngages) {
     const std::vector<int32_t> prompt = {11, 22, 33, 44, 55, 66, 77};
     const GenerateResult plain = run(*l.model, prompt, 48, {}, greedy());
     SpecParams sp;
-    sp.mtp = true;  // the default auto-off: 0.25 after 16 steps
+    sp.mtp = true;  // the default auto-off: 0.25 after probe_steps steps
     const GenerateResult r = run(*l.model, prompt, 48, sp, greedy());
     EXPECT_EQ(r.output, plain.output);
     EXPECT_TRUE(r.spec.auto_off) << "acceptance " << r.spec.acceptance();
-    EXPECT_EQ(r.spec.steps, 16);
+    EXPECT_EQ(r.spec.steps, SpecParams{}.probe_steps);
     EXPECT_LT(r.spec.acceptance(), 0.25);
     // Without the auto-off every step verifies a draft, and the output is still the plain one.
     sp.min_acceptance = 0;
     const GenerateResult all = run(*l.model, prompt, 48, sp, greedy());
     EXPECT_EQ(all.output, plain.output);
     EXPECT_FALSE(all.spec.auto_off);
-    EXPECT_GT(all.spec.steps, 16);
+    EXPECT_GT(all.spec.steps, SpecParams{}.probe_steps);
   }
   models::SynthOptions bad;
   bad.preset = "tiny-gemma4-moe";
