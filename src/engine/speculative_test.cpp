@@ -5,8 +5,10 @@
 // at a zero budget), sampled output of the same distribution (two-sample chi-square over seeds),
 // the auto-off, and State::rewind_in_step against an unrewound run.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,9 @@
 #include "engine/loader.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "models/family.h"
+#include "quant/convert.h"
+#include "quant/recipe.h"
 #include "models/synth.h"
 
 namespace spool::engine {
@@ -307,6 +312,40 @@ TEST(Speculative, RewindInStepEqualsTheShorterRun) {
   EXPECT_THROW(st.rewind_in_step(static_cast<int64_t>(prompt.size()) - 1), Error);  // the prompt step kept nothing
   m.forward(more, st, models::LogitsMode::kNone, b.data());
   EXPECT_THROW(st.rewind_in_step(static_cast<int64_t>(prompt.size())), Error);  // before the step's first token's state
+}
+
+// spool convert carries the head (quantized by its classes); a run without --spec mtp drops it
+// again, one with it drafts from the quantized head and keeps the quantized model's output.
+TEST(Speculative, ConvertedCheckpointKeepsItsHead) {
+  const std::string out = ::testing::TempDir() + "spec_q4_" + std::to_string(::getpid());
+  std::filesystem::remove_all(out);
+  quant::ConvertOptions o;
+  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
+  o.out_dir = out;
+  o.rules = &models::checkpoint_rules();
+  o.recipe = quant::recipe("q4");
+  o.threads = 2;
+  quant::convert(o, nullptr);
+  LoadOptions lo;
+  lo.model_dir = out;
+  lo.threads = 2;
+  LoadedModel plain = load(lo);
+  EXPECT_EQ(plain.model->mtp_layers(), 0);
+  EXPECT_GT(plain.ckpt->mtp_bytes(), 0u);
+  lo.mtp = true;
+  LoadedModel mtp = load(lo);
+  ASSERT_EQ(mtp.model->mtp_layers(), 1);
+  EXPECT_NE(mtp.ckpt->find("mtp.fc.qweight"), nullptr);
+  SpecParams sp;
+  sp.mtp = true;
+  sp.min_acceptance = 0;
+  for (const auto& prompt : demo_prompts()) {
+    const GenerateResult a = run(*plain.model, prompt, 32, {}, greedy());
+    const GenerateResult b = run(*mtp.model, prompt, 32, sp, greedy());
+    EXPECT_EQ(b.output, a.output);
+    EXPECT_GT(b.spec.accepted, 0);
+  }
+  std::filesystem::remove_all(out);
 }
 
 TEST(Speculative, BadParametersAndModelsWithoutAHead) {

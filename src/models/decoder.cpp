@@ -171,7 +171,8 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
 void DecoderModel::bind_mtp(GdnLayout) {
   const io::Checkpoint& ck = *ckpt_;
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
-  if (ck.find("mtp.fc.weight") != nullptr) {  // Qwen3.5 / Qwen3-Next
+  mtp_stacked_ = ck.find("mtp.fc.weight") != nullptr || ck.find("mtp.fc.qweight") != nullptr;
+  if (mtp_stacked_) {  // Qwen3.5 / Qwen3-Next (float, or spool-quantized: mtp.fc.qweight)
     mtp_fc_ = bind_matrix(ck, "mtp.fc.weight", H, 2 * H);
     mtp_enorm_ = bind_norm(ck, "mtp.pre_fc_norm_embedding.weight", H, spec_.norm_one_plus);
     mtp_hnorm_ = bind_norm(ck, "mtp.pre_fc_norm_hidden.weight", H, spec_.norm_one_plus);
@@ -185,7 +186,9 @@ void DecoderModel::bind_mtp(GdnLayout) {
   mtp_enorm_ = bind_norm(ck, p + "enorm.weight", H, spec_.norm_one_plus);
   mtp_hnorm_ = bind_norm(ck, p + "hnorm.weight", H, spec_.norm_one_plus);
   mtp_norm_ = bind_norm(ck, p + "shared_head.norm.weight", H, spec_.norm_one_plus);
-  mtp_head_ = ck.find(p + "shared_head.head.weight") != nullptr ? bind_matrix(ck, p + "shared_head.head.weight", V, H) : lm_head_;
+  mtp_head_ = ck.find(p + "shared_head.head.weight") != nullptr || ck.find(p + "shared_head.head.qweight") != nullptr
+                  ? bind_matrix(ck, p + "shared_head.head.weight", V, H)
+                  : lm_head_;
 }
 
 State DecoderModel::new_state() const {
@@ -424,7 +427,7 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   step.between = &no_between;
   try {
     // Qwen3.5 stacks its MTP layers; DeepSeek's nextn layers are one module each (the first drafts).
-    const int n = ckpt_->find("mtp.fc.weight") != nullptr ? spec_.mtp_layers : 1;
+    const int n = mtp_stacked_ ? spec_.mtp_layers : 1;
     for (int i = spec_.n_layers; i < spec_.n_layers + n; ++i) run_layer(i, s, T, std::span<const Part>(&part, 1), ws_, step);
   } catch (...) {
     q.state->poisoned = true;

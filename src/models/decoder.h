@@ -115,6 +115,7 @@ class DecoderModel : public Model {
   // layers); fc [H, 2H]; the embedding, hidden and output norms; the head (lm_head unless the
   // checkpoint has its own: DeepSeek shared_head.head).
   ModelSpec full_spec_;
+  bool mtp_stacked_ = false;  // Qwen3.5 mtp.* (its layers run in sequence) rather than DeepSeek nextn (the first drafts)
   ops::WeightView mtp_fc_, mtp_head_;
   std::vector<float> mtp_enorm_, mtp_hnorm_, mtp_norm_;
   const float *mtp_enorm_p_ = nullptr, *mtp_hnorm_p_ = nullptr, *mtp_norm_p_ = nullptr;

@@ -344,7 +344,9 @@ void prepare_out_dir(const ConvertOptions& opt) {
 
 ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
   if (opt.rules == nullptr) fail("convert: no family rules given (ConvertOptions::rules)");
-  io::Checkpoint ck = io::Checkpoint::open(opt.in_dir, *opt.rules);
+  // The multi-token-prediction head travels too (quantized as its classes say; a run without
+  // --spec mtp drops it again: io::Checkpoint::Options::mtp).
+  io::Checkpoint ck = io::Checkpoint::open(opt.in_dir, *opt.rules, {.mtp = true});
   if (ck.raw_config().json().contains("quantization"))
     fail("%s is already a spool quantized checkpoint; convert the original", opt.in_dir.c_str());
   prepare_out_dir(opt);

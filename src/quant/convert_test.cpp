@@ -264,7 +264,7 @@ double class_bits(const char* bits, int g) {
 TEST(Convert, SizeOnDiskFollowsTheRecipe) {
   const std::string q = scratch("size");
   ConvertResult r = run_convert(fixture("demo"), q, "tq3a-tqTe-down4");
-  io::Checkpoint src = models::open_checkpoint(fixture("demo"));
+  io::Checkpoint src = models::open_checkpoint(fixture("demo"), {.mtp = true});  // the MTP head is converted too
   // Expected: per source tensor, its class's bits per weight (codebooks and signs are
   // per-tensor constants, < 0.1% here); bf16 for kept tensors.
   double bits = 0;
