@@ -210,7 +210,8 @@ void run(const GenerateOptions& o) {
                  (long long)res.spec.steps, (long long)res.spec.accepted, (long long)res.spec.drafted, res.spec.acceptance(),
                  res.spec.tokens_per_step(),
                  !res.spec.auto_off ? ""
-                 : res.spec.plain_tok_s > res.spec.spec_tok_s
+                 : res.spec.plain_tok_s > res.spec.spec_tok_s && res.spec.plain_tok_s > 0 &&
+                         !(res.spec.acceptance() < req.spec.min_acceptance)
                      ? strfmt(", auto-off: plain steps were faster (%.1f against %.1f tok/s)", res.spec.plain_tok_s, res.spec.spec_tok_s).c_str()
                      : ", auto-off for low acceptance");
 }

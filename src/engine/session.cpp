@@ -60,6 +60,10 @@ GenerateResult Session::generate(const GenerateRequest& req, const std::function
 GenerateResult Session::generate_mtp(const GenerateRequest& req, const std::function<bool(int32_t)>& on_token, Sampler& sampler) {
   GenerateResult res;
   MtpDecoder dec(model_, state_, req.spec);
+  struct TrailOff {  // the trail is freed however generation ends
+    models::State& st;
+    ~TrailOff() { st.keep_step_trail(0); }
+  } trail_off{state_};
   std::vector<int32_t> context = req.prompt;
   double t0 = now_seconds();
   dec.prefill(req.prompt, req.prefill_step);
@@ -94,7 +98,6 @@ GenerateResult Session::generate_mtp(const GenerateRequest& req, const std::func
   res.timings.decode_s = now_seconds() - t0;
   res.timings.decode_tokens = std::max<int64_t>(0, static_cast<int64_t>(res.output.size()) - 1);
   res.spec = dec.stats();
-  state_.keep_step_trail(0);
   return res;
 }
 

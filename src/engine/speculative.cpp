@@ -143,6 +143,7 @@ int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& cont
   state_.mtp_pos = P;  // the chained rows are speculative
   // Verify t and the drafts in one forward: row i's logits judge draft i + 1.
   const models::SeqStep s{ids, &state_, models::LogitsMode::kAll, verify_logits_.data(), verify_h_.data()};
+  state_.arm_step_trail();
   model_.forward_batch(std::span<const models::SeqStep>(&s, 1));
   ++stats_.steps;
   stats_.drafted += k;
@@ -155,11 +156,15 @@ int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& cont
     // Accept with probability min(1, p(d) / q(d)) (no random number when it is 1: greedy).
     const bool ok = pd >= qd || (pd > 0 && sampler.uniform() * qd < pd);
     if (!ok) {
-      // Rejected: sample from the residual max(0, p - q), normalised.
+      // Rejected: sample from the residual max(0, p - q), normalised (q spread over the vocabulary
+      // once: O(V), not a search per candidate).
+      const Sampler::Distribution& q = qd_[static_cast<size_t>(i)];
+      q_dense_.assign(static_cast<size_t>(V_), 0.0);
+      for (size_t c = 0; c < q.ids.size(); ++c) q_dense_[static_cast<size_t>(q.ids[c])] = q.prob[c] / q.total;
       residual_.assign(pd_.ids.size(), 0.0);
       double total = 0;
       for (size_t c = 0; c < pd_.ids.size(); ++c) {
-        residual_[c] = std::max(0.0, pd_.prob[c] / pd_.total - qd_[static_cast<size_t>(i)].p(pd_.ids[c]));
+        residual_[c] = std::max(0.0, pd_.prob[c] / pd_.total - q_dense_[static_cast<size_t>(pd_.ids[c])]);
         total += residual_[c];
       }
       if (total > 0) {

@@ -97,7 +97,7 @@ class MtpDecoder {
   std::vector<float> q_logits_, draft_h_, verify_logits_, verify_h_;
   Sampler::Distribution pd_;
   std::vector<Sampler::Distribution> qd_;  // [draft_max] the drafts' distributions
-  std::vector<double> residual_;
+  std::vector<double> residual_, q_dense_;
   SpecStats stats_;
   int64_t vocab_limit_ = 0;  // MtpStep::vocab_limit of the drafts
   // The timing probe (SpecParams::min_acceptance > 0): seconds and tokens of the first verify

@@ -301,6 +301,7 @@ TEST(Speculative, RewindInStepEqualsTheShorterRun) {
     models::State st = m.new_state();
     st.keep_step_trail(3);
     m.forward(prompt, st, models::LogitsMode::kNone, b.data());
+    st.arm_step_trail();
     m.forward(more, st, models::LogitsMode::kAll, b.data());
     st.rewind_in_step(static_cast<int64_t>(prompt.size()) + keep);
     m.forward(std::span<const int32_t>(&seven, 1), st, models::LogitsMode::kLast, b.data());
@@ -310,8 +311,11 @@ TEST(Speculative, RewindInStepEqualsTheShorterRun) {
   st.keep_step_trail(3);
   m.forward(prompt, st, models::LogitsMode::kNone, b.data());
   EXPECT_THROW(st.rewind_in_step(static_cast<int64_t>(prompt.size()) - 1), Error);  // the prompt step kept nothing
+  m.forward(more, st, models::LogitsMode::kNone, b.data());  // not armed: keeps nothing either
+  EXPECT_THROW(st.rewind_in_step(static_cast<int64_t>(prompt.size()) + 1), Error);
+  st.arm_step_trail();
   m.forward(more, st, models::LogitsMode::kNone, b.data());
-  EXPECT_THROW(st.rewind_in_step(static_cast<int64_t>(prompt.size())), Error);  // before the step's first token's state
+  EXPECT_THROW(st.rewind_in_step(static_cast<int64_t>(prompt.size()) + 4), Error);  // before the step's first token's state
 }
 
 // spool convert carries the head (quantized by its classes); a run without --spec mtp drops it

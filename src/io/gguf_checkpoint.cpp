@@ -105,12 +105,18 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
       }
       fail("%s: tensor '%s' is not part of the %s layout spool knows", path.c_str(), gname.c_str(), a.name.c_str());
     }
+    if (m->nextn && m->layer < L && !keep_mtp) {  // (as before the head was read: dropped)
+      c.mtp_bytes_ += t.nbytes;
+      ++c.dropped_;
+      continue;
+    }
     if (m->nextn && m->layer < L)
       fail("%s: '%s' is a multi-token-prediction tensor, but block %d is one of the %lld main layers (%s.block_count minus "
            "%s.nextn_predict_layers)", path.c_str(), gname.c_str(), m->layer, (long long)L, arch_name.c_str(), arch_name.c_str());
     if (m->layer >= L) {  // the MTP blocks after the main stack: kept when asked for
       c.mtp_bytes_ += t.nbytes;
-      if (!keep_mtp) {
+      // (a nextn block's copy of the embedding table is never read: the head reads embed_tokens)
+      if (!keep_mtp || gname.ends_with(".nextn.embed_tokens.weight")) {
         ++c.dropped_;
         continue;
       }

@@ -440,6 +440,7 @@ TEST(CudaModel, MtpHeadAndStepRewindMatchTheCpu) {
     gpu->forward(std::span<const int32_t>(&seven, 1), ref, models::LogitsMode::kLast, a.data());
     st.keep_step_trail(3);
     gpu->forward(prompt, st, models::LogitsMode::kNone, b.data());
+    st.arm_step_trail();
     gpu->forward(more, st, models::LogitsMode::kAll, b.data());
     st.rewind_in_step(static_cast<int64_t>(prompt.size()) + keep);
     gpu->forward(std::span<const int32_t>(&seven, 1), st, models::LogitsMode::kLast, b.data());

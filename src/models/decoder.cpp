@@ -55,7 +55,7 @@ uint64_t mtp_arena_bytes(const ModelSpec& spec, int64_t T) {
   ops::Workspace t;
   DecoderModel::Scratch::take(t, H, T);
   t.floats(T * 2 * H);
-  t.floats(T * spec.vocab_size);
+  t.floats(spec.vocab_size);  // one row of logits (kAll runs row by row)
   for (int i = spec.n_layers; i < full.n_layers; ++i) {
     {
       ops::WorkspaceScope a(t);
@@ -144,12 +144,12 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
   // Everything dense goes where the backend reads it, once (a no-op on host backends: the CPU
   // path keeps reading the mapping and the host vectors).
   ops::Backend& be = *be_;
+  const bool mtp_shares_head = mtp_head_.data == lm_head_.data;  // (before lm_head_ moves to the device)
   if (be.device() != ops::Device::kCpu) lm_head_ = be.upload(lm_head_);  // (embeddings stay on the host: read by row)
   final_norm_p_ = be.upload_floats(final_norm_);
   if (spec_.mtp_layers > 0) {
     mtp_fc_ = be.upload(mtp_fc_);
-    if (mtp_head_.data != lm_head_.data) mtp_head_ = be.upload(mtp_head_);
-    else mtp_head_ = lm_head_;
+    mtp_head_ = mtp_shares_head ? lm_head_ : be.upload(mtp_head_);
     mtp_enorm_p_ = be.upload_floats(mtp_enorm_);
     mtp_hnorm_p_ = be.upload_floats(mtp_hnorm_);
     mtp_norm_p_ = be.upload_floats(mtp_norm_);
@@ -407,7 +407,7 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   ops::WorkspaceScope scope(ws_);
   const Scratch s = Scratch::take(ws_, H, T);
   float* cat = ws_.floats(T * 2 * H);  // [T, 2H]: normed embedding | normed hidden
-  float* logits = ws_.floats(T * V);
+  float* logits = ws_.floats(V);  // one row at a time
   embed(q.ids, s.tmp);
   be.rms_norm(s.tmp, mtp_enorm_p_, T, H, eps, s.xn);
   be.copy_2d(cat, 2 * H, s.xn, H, T, H);
@@ -443,10 +443,10 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   ops::WeightView head = mtp_head_;
   if (q.vocab_limit > 0 && q.vocab_limit < V && head.type != ops::WType::kQuant) head.rows = q.vocab_limit;
   const int64_t Vd = head.rows;
-  be.matmul(head, s.xn + (all ? 0 : (T - 1) * H), rows, logits);
-  if (spec_.final_logit_softcap > 0) be.softcap(logits, rows * Vd, spec_.final_logit_softcap);
-  for (int64_t r = 0; r < rows; ++r) {
-    be.to_host(logits + r * Vd, Vd, q.logits + r * V);
+  for (int64_t r = 0; r < rows; ++r) {  // (kAll: tests and tools; drafting wants the last row only)
+    be.matmul(head, s.xn + (all ? r : T - 1) * H, 1, logits);
+    if (spec_.final_logit_softcap > 0) be.softcap(logits, Vd, spec_.final_logit_softcap);
+    be.to_host(logits, Vd, q.logits + r * V);
     std::fill(q.logits + r * V + Vd, q.logits + (r + 1) * V, MtpStep::kNoLogit);
   }
 }

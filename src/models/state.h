@@ -132,7 +132,7 @@ class State {
   int64_t mtp_pos = 0;
 
   /// Speculative decoding: from now on every forward step over this state (Model::forward_batch)
-  /// of T tokens with 2 <= T <= n + 1 (a verify step: a token and up to n drafts) keeps the
+  /// armed by arm_step_trail() of T tokens with 2 <= T <= n + 1 (a verify step: a token and up to n drafts) keeps the
   /// Gated DeltaNet conv and recurrent states after each of its first T - 1 tokens, so
   /// rewind_in_step() can cut the step back without a snapshot (the recurrence then runs token by
   /// token for such a step, as decode does; longer steps, prefill chunks, run as before).
@@ -148,10 +148,15 @@ class State {
   }
   /// Tokens of the step now running whose states are kept (0: none).
   int64_t step_kept() const { return step_kept_; }
+  /// Marks the next forward step over this state as a verify step (a token and its drafts): only
+  /// such a step keeps its trail (and runs the recurrence token by token); prefill chunks and plain
+  /// steps keep the arithmetic of a run without speculation.
+  void arm_step_trail() { trail_armed_ = true; }
   /// Called by the forward pass when a step of T tokens starts at position pos0.
   void begin_step(int64_t pos0, int64_t T) {
     step_pos0_ = pos0;
-    step_kept_ = T >= 2 && T - 1 <= trail_cap_ ? T - 1 : 0;
+    step_kept_ = trail_armed_ && T >= 2 && T - 1 <= trail_cap_ ? T - 1 : 0;
+    trail_armed_ = false;
   }
   /// Cuts the last forward step back to position p, step start < p <= pos and p <= step start +
   /// kept tokens: Gated DeltaNet states from the trail, attention rows after p left to be
@@ -242,6 +247,7 @@ class State {
   std::vector<std::vector<float>> trail_;
   std::vector<ops::DeviceFloats> trail_dev_;
   int64_t step_pos0_ = -1, step_kept_ = 0;  // the last step's start and the tokens whose states are kept
+  bool trail_armed_ = false;                 // arm_step_trail() before the next step
   ops::Device device_ = ops::Device::kCpu;  // where the GDN states live (place)
   void alloc_trail();
 

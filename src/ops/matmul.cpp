@@ -161,7 +161,8 @@ void GemmRowBlock(const float* w, int64_t cols, const float* x, int64_t t0, int6
 }
 
 constexpr int64_t kTokenTile = 64;
-constexpr int64_t kFewTokens = 8;  // up to this many tokens: GemvRowsFew (no f32 copy of the weight rows)
+constexpr int64_t kFewTokens = 17;  // up to this many tokens (a verify step of --draft-max 16): GemvRowsFew, the
+                                    // T = 1 arithmetic per token without an f32 copy of the weight rows
 
 void MatmulRows(WType type, const void* data, int64_t cols, const float* x, int64_t T, float* y, int64_t ldy,
                 int64_t r0, int64_t r1) {

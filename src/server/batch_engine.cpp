@@ -66,12 +66,12 @@ BatchEngine::BatchEngine(models::Model& model, const tokenizer::Tokenizer& tok, 
     : model_(model), tok_(tok), opt_(opt) {
   if (opt.parallel < 1) throw UsageError(strfmt("--parallel must be >= 1 (got %d)", opt.parallel));
   if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
-  for (int i = 0; i < opt.parallel; ++i) slots_.push_back(std::make_unique<Slot>(model, opt_));
-  const int64_t chunk = opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step;
   if (opt.spec.mtp) {
-    opt_.spec.validate();
+    opt.spec.validate();
     if (model.mtp_layers() == 0) spool::fail("--spec mtp: the model has no multi-token-prediction layers");
   }
+  for (int i = 0; i < opt.parallel; ++i) slots_.push_back(std::make_unique<Slot>(model, opt_));
+  const int64_t chunk = opt.ctx_size > 0 ? std::min(opt.prefill_step, opt.ctx_size) : opt.prefill_step;
   // A step: one chunk, and each other slot's token (with its drafts when speculating).
   const int64_t per_slot = opt.spec.mtp ? opt.spec.draft_max + 1 : 1;
   model_.reserve_workspace(plan::step_rows(chunk, opt.parallel) + (opt.parallel - 1) * (per_slot - 1), opt.parallel);
@@ -276,6 +276,7 @@ void BatchEngine::step() {
       }
     }
     if (s.row.size() > 1) {  // verify: every row's logits, every row's hidden state
+      s.state.arm_step_trail();
       batch.push_back({s.row, &s.state, models::LogitsMode::kAll, s.vlogits.data(), s.vhidden.data()});
     } else {
       float* h = nullptr;

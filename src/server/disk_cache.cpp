@@ -106,7 +106,8 @@ std::string model_fingerprint(const io::Checkpoint& ckpt, int kv_bits, int64_t p
     id += "|" + fs::path(shard.path()).filename().string() + ":" + std::to_string(fs::file_size(shard.path())) + ":";
     id += read_head(shard.path(), 8 + static_cast<size_t>(std::min<uint64_t>(hl, 64u << 20)));
   }
-  id += strfmt("|kv%d|step%lld|k%d", kv_bits, (long long)prefill_step, max_active_experts);
+  // (a state image has the MTP layers' caches when the head is kept: --spec mtp)
+  id += strfmt("|kv%d|step%lld|k%d|mtp%d", kv_bits, (long long)prefill_step, max_active_experts, ckpt.mtp_layers());
   return hex64(checksum64(id)) + hex64(checksum64(id + "#2"));
 }
 
