@@ -17,6 +17,7 @@
 
 #include "../../tests/support/gguf_writer.h"
 #include "../../tests/support/golden.h"
+#include "../../tests/support/mtp.h"
 #include "../../tests/support/random.h"
 #include "common/error.h"
 #include "engine/loader.h"
@@ -285,25 +286,6 @@ std::vector<std::vector<int32_t>> demo_ids() {
   return out;
 }
 
-// The head's logits for every position t of `ids` but the last (row t predicts ids[t + 2]): the
-// main model over ids[0..n-1) keeping hidden rows, then the head over ids[1..n)
-// (speculative_test.cpp's head_logits).
-std::vector<float> head_logits(models::Model& m, const std::vector<int32_t>& ids) {
-  const int64_t H = m.spec().hidden_size, V = m.spec().vocab_size, T = static_cast<int64_t>(ids.size()) - 1;
-  models::State st = m.new_state();
-  std::vector<float> hidden(T * H), logits(V), out(T * V);
-  const models::SeqStep s{std::span<const int32_t>(ids.data(), T), &st, models::LogitsMode::kLast, logits.data(), hidden.data()};
-  m.forward_batch(std::span<const models::SeqStep>(&s, 1));
-  models::MtpStep q;
-  q.ids = std::span<const int32_t>(ids.data() + 1, T);
-  q.hidden = hidden.data();
-  q.state = &st;
-  q.pos0 = 0;
-  q.mode = models::LogitsMode::kAll;
-  q.logits = out.data();
-  m.mtp_forward(q);
-  return out;
-}
 
 TEST(GgufMtp, HeadIsSkippedButCountedUnlessAsked) {
   const io::GgufFile g = io::GgufFile::open(demo_gguf());
@@ -334,7 +316,7 @@ TEST(GgufMtp, HeadLogitsEqualTheSafetensorsModel) {
   LoadedModel ref = load_model(SPOOL_DEFAULT_MODEL_DIR, true), g = load_model(demo_gguf(), true);
   const int64_t V = ref.model->spec().vocab_size;
   for (const std::vector<int32_t>& ids : demo_ids()) {
-    const std::vector<float> want = head_logits(*ref.model, ids), got = head_logits(*g.model, ids);
+    const std::vector<float> want = spool::testing::head_logits(*ref.model, ids), got = spool::testing::head_logits(*g.model, ids);
     ASSERT_EQ(got.size(), want.size());
     double md = 0, mw = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -463,7 +445,7 @@ TEST(GgufMtp, Glm4MoeNextnLayerKeepsTheDeepSeekNames) {
   // The head runs (its own output head: its rows differ from the model's) and speculative
   // greedy decoding keeps plain greedy's tokens.
   const std::vector<int32_t> prompt = {1, 17, 300, 42, 5, 99, 256, 7};
-  const std::vector<float> logits = head_logits(*l.model, prompt);
+  const std::vector<float> logits = spool::testing::head_logits(*l.model, prompt);
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
   GenerateRequest r;
   r.prompt = prompt;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../tests/support/golden.h"
+#include "../../tests/support/mtp.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"
@@ -28,6 +29,7 @@ namespace {
 
 using spool::testing::argmax;
 using spool::testing::data_dir;
+using spool::testing::head_logits;
 
 constexpr double kTol = 1e-4;
 
@@ -49,29 +51,6 @@ nlohmann::json golden_json() {
   return nlohmann::json::parse(f);
 }
 
-// The head's logits for every position t of `ids` but the last (row t predicts ids[t + 2]):
-// the main model over ids[0..n-1) keeping hidden rows, then the head over ids[1..n) in
-// `pieces` calls (its cache carried between them).
-std::vector<float> head_logits(models::Model& m, const std::vector<int32_t>& ids, int pieces = 1) {
-  const int64_t H = m.spec().hidden_size, V = m.spec().vocab_size, T = static_cast<int64_t>(ids.size()) - 1;
-  models::State st = m.new_state();
-  std::vector<float> hidden(T * H), logits(V), out(T * V);
-  const models::SeqStep s{std::span<const int32_t>(ids.data(), T), &st, models::LogitsMode::kLast, logits.data(), hidden.data()};
-  m.forward_batch(std::span<const models::SeqStep>(&s, 1));
-  const int64_t chunk = (T + pieces - 1) / pieces;
-  for (int64_t a = 0; a < T; a += chunk) {
-    const int64_t n = std::min(chunk, T - a);
-    models::MtpStep q;
-    q.ids = std::span<const int32_t>(ids.data() + a + 1, n);
-    q.hidden = hidden.data() + a * H;
-    q.state = &st;
-    q.pos0 = a;
-    q.mode = models::LogitsMode::kAll;
-    q.logits = out.data() + a * V;
-    m.mtp_forward(q);
-  }
-  return out;
-}
 
 TEST(MtpHead, LoadsOnlyWhenAskedAndCountsItsBytes) {
   LoadedModel plain = load_demo(false);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../tests/support/golden.h"
+#include "../../tests/support/mtp.h"
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
@@ -413,22 +414,8 @@ TEST(CudaModel, MtpHeadAndStepRewindMatchTheCpu) {
   auto gpu = models::load_model(ckpt, std::make_shared<CudaBackend>(0));
   ASSERT_EQ(gpu->mtp_layers(), 1);
   const std::vector<int32_t> ids = {48, 475, 471, 2201, 4562, 7666, 27, 2774, 735, 1879, 25, 330, 557, 272};
-  const int64_t H = cpu->spec().hidden_size, V = cpu->spec().vocab_size, T = static_cast<int64_t>(ids.size()) - 1;
-  auto head = [&](models::Model& m) {
-    models::State st = m.new_state();
-    std::vector<float> hidden(T * H), logits(V), out(T * V);
-    const models::SeqStep s{std::span<const int32_t>(ids.data(), T), &st, models::LogitsMode::kLast, logits.data(), hidden.data()};
-    m.forward_batch(std::span<const models::SeqStep>(&s, 1));
-    models::MtpStep q;
-    q.ids = std::span<const int32_t>(ids.data() + 1, T);
-    q.hidden = hidden.data();
-    q.state = &st;
-    q.mode = models::LogitsMode::kAll;
-    q.logits = out.data();
-    m.mtp_forward(q);
-    return out;
-  };
-  EXPECT_LE(max_row_ratio(head(*gpu), head(*cpu), T, V), 1e-4) << "head logits";
+  const int64_t V = cpu->spec().vocab_size, T = static_cast<int64_t>(ids.size()) - 1;
+  EXPECT_LE(max_row_ratio(spool::testing::head_logits(*gpu, ids), spool::testing::head_logits(*cpu, ids), T, V), 1e-4) << "head logits";
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8), more = {100, 200, 300, 400};
   std::vector<float> a(V), b(4 * V);
   for (int keep = 1; keep <= 3; ++keep) {
