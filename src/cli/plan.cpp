@@ -78,8 +78,9 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
                                ? strfmt("%lld positions allocated (sliding window)", (long long)p.kv_capacity_windowed)
                                : strfmt("%lld positions allocated, %lld in the %d sliding-window layers", (long long)p.kv_capacity,
                                         (long long)p.kv_capacity_windowed, n_windowed);
-  std::printf("  KV cache           %12s   %s/token over %d of %d layers, %s%s\n", gib(seqs * p.state.kv).c_str(),
-              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers, held.c_str(), times.c_str());
+  std::printf("  KV cache           %12s   %s/token over %d of %d layers%s, %s%s\n", gib(seqs * p.state.kv).c_str(),
+              format_bytes(p.state.kv_per_token).c_str(), n_attn, s.n_layers,
+              s.mtp_layers > 0 ? strfmt(" + %d MTP layer(s)", s.mtp_layers).c_str() : "", held.c_str(), times.c_str());
   if (p.state.recurrent)
     std::printf("  recurrent state    %12s   Gated DeltaNet conv + state per sequence%s\n", gib(seqs * p.state.recurrent).c_str(), times.c_str());
   std::printf("  prefill workspace  %12s   activations of %lld-token steps, logits, sampler%s\n", gib(p.base.workspace).c_str(),

@@ -58,7 +58,10 @@ const char* verdict_name(Verdict v) {
 
 BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const RunShape& sh) {
   BaseNeeds b;
-  const StateBytes st = state_bytes(spec, kv_capacities(spec, sh.ctx, sh.ctx, sh.prefill_step), sh.kv_bits);
+  // A kept multi-token-prediction head (--spec mtp) has its own KV cache: the state of the
+  // stack with the MTP layers after it (models::mtp_spec).
+  const models::ModelSpec full = models::mtp_spec(spec);
+  const StateBytes st = state_bytes(full, kv_capacities(full, sh.ctx, sh.ctx, sh.prefill_step), sh.kv_bits);
   b.dense = w.resident_dense + w.f32_copies;
   const uint64_t n = static_cast<uint64_t>(std::max(sh.parallel, 1));
   b.state = n * (st.kv + st.recurrent) + st.grow_transient;
@@ -122,7 +125,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     const KvCapacity cap = kv_capacities(p.spec, sh.ctx, sh.ctx, sh.prefill_step);
     p.kv_capacity = cap.full;
     p.kv_capacity_windowed = p.spec.attn.window_bounds_kv && p.spec.attn.sliding_window > 0 ? cap.windowed : 0;
-    p.state = state_bytes(p.spec, cap, kv_bits);
+    p.state = state_bytes(models::mtp_spec(p.spec), cap, kv_bits);  // (with a kept MTP head: its KV too, as base_needs)
     p.base = base_needs(p.weights, p.spec, sh);
     // The placement engine::load would decide (plan::decide_placement) from these figures.
     PlacementFacts f;
