@@ -189,6 +189,21 @@ void DecoderModel::bind_mtp(GdnLayout) {
   mtp_head_ = ck.find(p + "shared_head.head.weight") != nullptr || ck.find(p + "shared_head.head.qweight") != nullptr
                   ? bind_matrix(ck, p + "shared_head.head.weight", V, H)
                   : lm_head_;
+  // DeepSeek-V3 stores shared_head.head as a copy of lm_head (Megatron maps both names to one
+  // output layer): when 16 rows spread over the matrix are byte-identical, the head reads
+  // lm_head and the copy is never touched (~1.9 GB on V3).
+  if (mtp_head_.data != lm_head_.data && mtp_head_.type == lm_head_.type && mtp_head_.type != ops::WType::kQuant &&
+      mtp_head_.ggml == lm_head_.ggml && mtp_head_.rows == lm_head_.rows && mtp_head_.cols == lm_head_.cols &&
+      mtp_head_.data != nullptr && lm_head_.data != nullptr) {
+    const uint64_t row = mtp_head_.nbytes() / static_cast<uint64_t>(mtp_head_.rows);
+    bool same = true;
+    for (int i = 0; i < 16 && same; ++i) {
+      const uint64_t r = static_cast<uint64_t>(mtp_head_.rows - 1) * static_cast<uint64_t>(i) / 15;
+      same = std::memcmp(static_cast<const uint8_t*>(mtp_head_.data) + r * row, static_cast<const uint8_t*>(lm_head_.data) + r * row,
+                         row) == 0;
+    }
+    if (same) mtp_head_ = lm_head_;
+  }
 }
 
 State DecoderModel::new_state() const {
