@@ -99,6 +99,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.vram_experts = vram_experts;
   o.host_expert_slots = host_expert_slots;
   o.mtp = spec_params().mtp;
+  o.draft_max = o.mtp ? draft_max : 0;
   return o;
 }
 

@@ -43,6 +43,7 @@ struct PlanOptions {
   double h2d_gbps = 0;          // --h2d-gbps: host-to-device bandwidth instead of measuring it
   bool json = false;
   std::string spec = "none";    // --spec mtp: count the multi-token-prediction head (kept by the run)
+  int draft_max = 1;            // --draft-max: the step trail's copies of the recurrent state per sequence
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
@@ -83,6 +84,10 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
               s.mtp_layers > 0 ? strfmt(" + %d MTP layer(s)", s.mtp_layers).c_str() : "", held.c_str(), times.c_str());
   if (p.state.recurrent)
     std::printf("  recurrent state    %12s   Gated DeltaNet conv + state per sequence%s\n", gib(seqs * p.state.recurrent).c_str(), times.c_str());
+  if (p.state.recurrent && p.shape.draft_max > 0)
+    std::printf("  speculation trail  %12s   %d cop%s of the recurrent state per sequence (--spec mtp --draft-max)%s\n",
+                gib(seqs * p.state.recurrent * static_cast<uint64_t>(p.shape.draft_max)).c_str(), p.shape.draft_max,
+                p.shape.draft_max == 1 ? "y" : "ies", times.c_str());
   std::printf("  prefill workspace  %12s   activations of %lld-token steps, logits, sampler%s\n", gib(p.base.workspace).c_str(),
               (long long)plan::step_rows(std::min(p.shape.prefill_step, p.shape.ctx), p.shape.parallel),
               seqs > 1 ? strfmt(" (one chunk + %d decode tokens)", p.shape.parallel - 1).c_str() : "");
@@ -181,6 +186,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                      {"kv_positions_windowed", p.kv_capacity_windowed},
                      {"recurrent_state", p.state.recurrent},
                      {"kv_grow_transient", p.state.grow_transient},
+                     {"spec_trail", static_cast<uint64_t>(std::max(p.shape.draft_max, 0)) * p.state.recurrent *
+                                        static_cast<uint64_t>(std::max(p.shape.parallel, 1))},
                      {"workspace", p.base.workspace},
                      {"tokenizer", p.base.tokenizer},
                      {"tables", p.base.tables},
@@ -270,6 +277,8 @@ void run(const PlanOptions& o) {
   }
   if (o.spec != "none" && o.spec != "mtp") throw UsageError(strfmt("--spec must be none or mtp (got '%s')", o.spec.c_str()));
   const bool mtp = o.spec == "mtp";
+  if (mtp && (o.draft_max < 1 || o.draft_max > 16)) throw UsageError(strfmt("--draft-max must be 1..16 (got %d)", o.draft_max));
+  if (!mtp && o.draft_max != 1) throw UsageError("--draft-max needs --spec mtp");
   if (mtp && !o.preset.empty()) throw UsageError("--spec mtp plans a model's own head: give --model, not --preset");
   plan::ModelSource src = o.preset.empty() ? plan::open_source(o.model, 1 << 20, mtp) : preset_source(o.preset);
   if (mtp && src.ckpt.mtp_layers() == 0)
@@ -280,6 +289,7 @@ void run(const PlanOptions& o) {
   in.shape.kv_bits = o.kv_bits;
   in.shape.prefill_step = o.prefill_step;
   in.shape.parallel = o.parallel;
+  in.shape.draft_max = mtp ? o.draft_max : 0;
   const unsigned hw = std::thread::hardware_concurrency();
   in.shape.threads = o.threads > 0 ? o.threads : (hw ? static_cast<int>(hw) : 1);
   in.shape.tokenizer_json_bytes = src.tokenizer_json_bytes;
@@ -371,6 +381,8 @@ void register_plan(CLI::App& app) {
   c->add_flag("--json", o->json, "Print JSON");
   c->add_option("--spec", o->spec, "Plan for speculative decoding: 'mtp' counts the model's multi-token-prediction head (default none)")
       ->check(CLI::IsMember({"none", "mtp"}));
+  c->add_option("--draft-max", o->draft_max, "With --spec mtp: drafts per step (1..16, default 1): each sequence keeps that many copies "
+                                             "of its Gated DeltaNet state");
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;
     run(*o);

@@ -65,6 +65,23 @@ TEST(PlanCli, JsonKeysAndExitCodes) {
   EXPECT_EQ(spool("plan -m " + kDemo + " --stream --no-stream").code, 2);
 }
 
+// --spec mtp counts the head's weights, its KV cache and the step trail's copies of the recurrent
+// state; without it the head is a note only.
+TEST(PlanCli, SpecMtpCountsTheHead) {
+  const Result plain = spool("plan -m " + kDemo + " --json --mem-gbps 10");
+  const Result mtp = spool("plan -m " + kDemo + " --json --mem-gbps 10 --spec mtp --draft-max 3");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(mtp.code, 0) << mtp.out;
+  const auto a = nlohmann::json::parse(plain.out)["components"], b = nlohmann::json::parse(mtp.out)["components"];
+  EXPECT_GT(b["weights_total"].get<uint64_t>(), a["weights_total"].get<uint64_t>());
+  EXPECT_GT(b["kv"].get<uint64_t>(), a["kv"].get<uint64_t>());  // the head's attention layer
+  EXPECT_EQ(a["spec_trail"].get<uint64_t>(), 0u);
+  EXPECT_EQ(b["spec_trail"].get<uint64_t>(), 3 * b["recurrent_state"].get<uint64_t>());
+  EXPECT_EQ(spool("plan -m " + kDemo + " --draft-max 2").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --spec mtp --draft-max 17").code, 2);
+  EXPECT_EQ(spool("plan --preset tiny-qwen3.5 --spec mtp").code, 2);
+}
+
 TEST(PlanCli, TextNamesTheVerdictAndCommand) {
   const Result r = spool("plan -m " + kDemo + " --ram-gb 8 --mem-gbps 10 --disk-gbps 1");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -413,6 +413,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   shape.kv_bits = opt.kv_bits;
   shape.parallel = opt.parallel;
   shape.threads = opt.threads;
+  shape.draft_max = opt.mtp ? opt.draft_max : 0;
   shape.start_rss = start_rss;
   std::error_code ec;
   shape.tokenizer_json_bytes = std::filesystem::exists(opt.model_dir + "/tokenizer.json", ec)

@@ -58,6 +58,8 @@ struct LoadOptions {
                                        // (current_rss_bytes(): plan::RunShape::start_rss); nullopt = when load() starts
   bool mtp = false;                    // --spec mtp: keep the multi-token-prediction layers (io::Checkpoint::Options::mtp);
                                        // a model without them is an error
+  int draft_max = 0;                   // --draft-max with --spec mtp: the step trail's copies of the recurrent state
+                                       // per sequence are kept out of the budget (plan::RunShape::draft_max)
   bool strict_device = false;          // --strict-device (or SPOOL_STRICT_DEVICE=1): ops::Backend::set_strict_device on a
                                        // GPU run; the load fails when the model needs an op the GPU runs on the host
 };

@@ -64,7 +64,8 @@ BaseNeeds base_needs(const WeightBytes& w, const models::ModelSpec& spec, const 
   const StateBytes st = state_bytes(full, kv_capacities(full, sh.ctx, sh.ctx, sh.prefill_step), sh.kv_bits);
   b.dense = w.resident_dense + w.f32_copies;
   const uint64_t n = static_cast<uint64_t>(std::max(sh.parallel, 1));
-  b.state = n * (st.kv + st.recurrent) + st.grow_transient;
+  // (speculation: each sequence's step trail holds draft_max more copies of its recurrent state)
+  b.state = n * (st.kv + st.recurrent * (1 + static_cast<uint64_t>(std::max(sh.draft_max, 0)))) + st.grow_transient;
   const int64_t chunk = std::min(sh.prefill_step, sh.ctx), rows = step_rows(chunk, sh.parallel);
   b.workspace = workspace_bytes(spec, rows, sh.ctx, sh.threads, w.any_quantized);
   if (n > 1) {

@@ -26,6 +26,8 @@ struct RunShape {
   int threads = 1;
   uint64_t tokenizer_json_bytes = 0;  // 0 when the model has no tokenizer.json
   uint64_t start_rss = 0;             // resident bytes of the process before loading (0 = typical)
+  int draft_max = 0;                  // --spec mtp --draft-max: each sequence keeps that many copies of its
+                                      // Gated DeltaNet state (State::keep_step_trail); 0 without speculation
 };
 
 /// Token rows of the largest forward step with `parallel` sequences: one prefill chunk of
