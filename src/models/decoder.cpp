@@ -486,7 +486,8 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     if (seqs[i].ids.empty()) continue;
     const Part& p = parts[j++];
     if (seqs[i].mode == LogitsMode::kAll) {
-      if (!hooks.on_hidden) be_->rms_norm(s.h + p.row0 * H, final_norm_p_, p.T, H, eps, s.xn + p.row0 * H);
+      if (!hooks.on_hidden && seqs[i].hidden == nullptr)  // (normed above for the MTP head otherwise)
+        be_->rms_norm(s.h + p.row0 * H, final_norm_p_, p.T, H, eps, s.xn + p.row0 * H);
       be_->matmul(lm_head_, s.xn + p.row0 * H, p.T, seqs[i].logits);
       if (spec_.final_logit_softcap > 0) be_->softcap(seqs[i].logits, p.T * V, spec_.final_logit_softcap);
     } else if (seqs[i].mode == LogitsMode::kLast) {

@@ -126,38 +126,13 @@ void GemvRowsFew(const Elem* w, int64_t cols, const float* x, int64_t T, float* 
   }
 }
 
-// out[t * ldo + r] = dot(w_r, x_t) for R f32 rows (stride ldw) and TT tokens (stride ldx).
-template <int R, int TT>
-HWY_INLINE void GemmBlock(const float* HWY_RESTRICT w, int64_t ldw, const float* HWY_RESTRICT x, int64_t ldx,
-                          int64_t cols, float* out, int64_t ldo) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  hn::Vec<DF> acc[TT][R];
-  for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
-  int64_t c = 0;
-  for (; c + N <= cols; c += N) {
-    hn::Vec<DF> wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = hn::LoadU(df, w + r * ldw + c);
-    for (int t = 0; t < TT; ++t) {
-      const auto xv = hn::LoadU(df, x + t * ldx + c);
-      for (int r = 0; r < R; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
-    }
-  }
-  for (int t = 0; t < TT; ++t) {
-    for (int r = 0; r < R; ++r) {
-      float s = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
-      for (int64_t k = c; k < cols; ++k) s += w[r * ldw + k] * x[t * ldx + k];
-      out[t * ldo + r] = s;
-    }
-  }
-}
-
 template <int R>
 void GemmRowBlock(const float* w, int64_t cols, const float* x, int64_t t0, int64_t t1, float* y, int64_t ldy) {
   int64_t t = t0;
-  for (; t + 2 <= t1; t += 2) GemmBlock<R, 2>(w, cols, x + t * cols, cols, cols, y + t * ldy, ldy);
-  for (; t < t1; ++t) GemmBlock<R, 1>(w, cols, x + t * cols, cols, cols, y + t * ldy, ldy);
+  RowF32 rows[R];  // R f32 rows of stride cols (GemvBlockT's arithmetic)
+  for (int r = 0; r < R; ++r) rows[r] = {w + r * cols};
+  for (; t + 2 <= t1; t += 2) GemvBlockT<R, 2>(rows, x + t * cols, cols, cols, y + t * ldy, ldy);
+  for (; t < t1; ++t) GemvBlockT<R, 1>(rows, x + t * cols, cols, cols, y + t * ldy, ldy);
 }
 
 constexpr int64_t kTokenTile = 64;
