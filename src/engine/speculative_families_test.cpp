@@ -5,7 +5,7 @@
 // shared_head.norm, optionally shared_head.head, a copy of embed_tokens and a whole decoder
 // layer of the model's own kind) and Qwen3-Next (mtp_num_hidden_layers: mtp.fc,
 // mtp.pre_fc_norm_embedding / _hidden, mtp.norm, mtp.layers.0.* a full-attention layer; the layout
-// of make_fixtures6.py's header). Each fixture's head layer is its last MoE (or full-attention)
+// of make_fixtures_mtp.py's header). Each fixture's head layer is its last MoE (or full-attention)
 // layer with seeded noise added; its fc / eh_proj maps token embeddings to the output rows of the
 // tokens that follow them in the plain greedy continuations, so some drafts are right. Checks: the
 // head loads only when asked; greedy speculative decoding (draft_max 1 and 3, no auto-off) gives

@@ -1,5 +1,5 @@
 // Multi-token prediction: the demo model's trained MTP head against the reference forward of
-// make_fixtures6.py (golden_mtp: head logits of every position of the four demo prompts plus their
+// make_fixtures_mtp.py (golden_mtp: head logits of every position of the four demo prompts plus their
 // greedy continuations, the greedy acceptance a drafter sees on each), and speculative decoding
 // with it against plain decoding: greedy output identical (draft_max 1..3, resident and streaming
 // at a zero budget), sampled output of the same distribution (two-sample chi-square over seeds),

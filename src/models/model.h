@@ -40,7 +40,7 @@ struct SeqStep {
 /// pos0 + t + 2 from the hidden state at pos0 + t and the token at pos0 + t + 1:
 ///   u_t = fc([norm_e(embed(ids[t])) ; norm_h(hidden[t])]), v = mtp layers(u), logits = head(norm(v))
 /// (Qwen3.5/Qwen3-Next `mtp.*`; DeepSeek-V3 `eh_proj`, `enorm`, `hnorm`, `shared_head`: the
-/// reference forward is at the top of make_fixtures6.py and in DeepSeek-V3's inference code).
+/// reference forward is at the top of make_fixtures_mtp.py and in DeepSeek-V3's inference code).
 struct MtpStep {
   std::span<const int32_t> ids;    ///< [T] ids[t] = the token at position pos0 + t + 1
   const float* hidden = nullptr;   ///< [T, hidden] (host): SeqStep::hidden rows, or a previous call's hidden_out

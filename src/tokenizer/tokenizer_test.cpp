@@ -93,8 +93,8 @@ TEST(TokenizerQwen3, EncodeCasesMatchHuggingFace) { check_cases(qwen3(), "qwen3"
 TEST(TokenizerDeepSeekV3, EncodeCasesMatchHuggingFace) { check_cases(deepseek(), "deepseek_v3"); }
 
 // The chat goldens' ids: HF's tokenization of the rendered template (special tokens as text,
-// add_special_tokens=False). tokenizer/qwen3/chat_cases.json has them from make_fixtures.py,
-// tokenizer/deepseek_v3/chat_cases.json from chat_ids.py (make_fixtures2.py wrote it without);
+// add_special_tokens=False). tokenizer/qwen3/chat_cases.json has them from make_fixtures_tokenizers_families_demo.py,
+// tokenizer/deepseek_v3/chat_cases.json from chat_ids.py (make_fixtures_chat_demo_hidden_quant.py wrote it without);
 // the Qwen3.5 cases have none. The rendering is checked in template_test.
 void check_chat_ids(const Tokenizer& tok, const std::string& name) {
   const auto j = nlohmann::json::parse(read_text(kData + "/tokenizer/" + name + "/chat_cases.json"));

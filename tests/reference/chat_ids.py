@@ -1,6 +1,6 @@
 # Adds "ids" to a chat golden file that has only "rendered" (tokenizer/deepseek_v3/chat_cases.json,
-# written by make_fixtures2.py `chat`): the tokenizer's ids of the rendered text, as
-# make_fixtures.py `tok_golden` encodes (the `tokenizers` library on tokenizer.json, special
+# written by make_fixtures_chat_demo_hidden_quant.py `chat`): the tokenizer's ids of the rendered text, as
+# make_fixtures_tokenizers_families_demo.py `tok_golden` encodes (the `tokenizers` library on tokenizer.json, special
 # tokens written as text, add_special_tokens=False). Not transformers' AutoTokenizer: transformers
 # 5.17 loads this tokenizer (tokenizer_class LlamaTokenizerFast) as a LlamaTokenizer with a
 # Metaspace pre-tokenizer in place of tokenizer.json's byte-level one, and drops the spaces

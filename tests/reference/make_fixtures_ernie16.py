@@ -1,4 +1,4 @@
-# ERNIE-4.5 MoE with 16 routed experts: make_fixtures4.py's held-out ernie4_5_moe (its `hidden` set: the public
+# ERNIE-4.5 MoE with 16 routed experts: make_fixtures_glm_gptoss_minimax_ernie.py's held-out ernie4_5_moe (its `hidden` set: the public
 # config with moe_num_experts 16, seed 5437), the checkpoint that found spool's expert-count bug (issue 28).
 # transformers 5.17, f32, TF32 off. OUT=dir python3 this -> $OUT/ernie16.tar.xz
 # (ernie16/models/ernie4_5_moe_e16/{config.json, generation_config.json, model.safetensors, golden.json, golden.safetensors})
@@ -6,7 +6,7 @@ import os, json, math, tarfile, torch, transformers as T
 from safetensors.torch import save_file
 torch.backends.cuda.matmul.allow_tf32 = False
 O = os.environ["OUT"]; W = "/tmp/e16"; dev = "cuda" if torch.cuda.is_available() else "cpu"; print(T.__version__, dev)
-def reinit(model, seed):  # make_fixtures4.reinit
+def reinit(model, seed):  # make_fixtures_glm_gptoss_minimax_ernie.reinit
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -1,4 +1,4 @@
-# GLM/MiniMax paths make_fixtures4's public set leaves untested (transformers 5.17, CPU): q/k norm,
+# GLM/MiniMax paths make_fixtures_glm_gptoss_minimax_ernie's public set leaves untested (transformers 5.17, CPU): q/k norm,
 # head_dim 32, 2 groups; v_head_dim != qk_nope_head_dim; top-6. 2 layers (one dense, one MoE for GLM), 8 experts:
 # small enough for the repository (each ~0.5 MB xz). OUT=dir python3 this -> $OUT/v.tar.xz
 import os, json, math, tarfile, torch, transformers as T
