@@ -145,7 +145,7 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
   // path keeps reading the mapping and the host vectors).
   ops::Backend& be = *be_;
   const bool mtp_shares_head = mtp_head_.data == lm_head_.data;  // (before lm_head_ moves to the device)
-  if (be.device() != ops::Device::kCpu) lm_head_ = be.upload(lm_head_);  // (embeddings stay on the host: read by row)
+  lm_head_ = be.upload(lm_head_);  // (embeddings stay on the host: read by row)
   final_norm_p_ = be.upload_floats(final_norm_);
   if (spec_.mtp_layers > 0) {
     mtp_fc_ = be.upload(mtp_fc_);

@@ -3,9 +3,11 @@
 //   TokenMixer: mixes positions (AttentionLayer, MlaLayer, GatedDeltaNetLayer)
 //   Ffn:        transforms each row (DenseFfn, MoeFfn, ParallelDenseMoeFfn)
 // Each has bind (tensors by their HF names under `layers.{i}.`), place (onto the backend: pure
-// virtual, so a layer that forgets it does not compile), take_scratch (its workspace, from the
-// spec alone: arena sizing calls it on an unbound object) and forward. make_token_mixer() and
-// make_ffn() are the only places that map ModelSpec::mixers / ffns to a class.
+// virtual, so a layer that forgets it does not compile; one whose place() misses a weight fails
+// layer_placement_test, which runs every fixture on a backend whose uploads are copies),
+// take_scratch (its workspace, from the spec alone: arena sizing calls it on an unbound object)
+// and forward. make_token_mixer() and make_ffn() are the only places that map ModelSpec::mixers /
+// ffns to a class.
 #pragma once
 
 #include <cstdint>

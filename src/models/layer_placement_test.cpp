@@ -1,0 +1,172 @@
+// Placement (TokenMixer::place, Ffn::place, DecoderModel's own weights) on a CPU-only machine. A
+// layer that forgets to upload a weight still computes the right answer on the CPU (upload is the
+// identity there) and, on CUDA, only slows down (the weight is staged over PCIe on every call;
+// strict device mode catches it, but only on a GPU). PlacementCheckBackend makes the mistake
+// visible here: it is a CpuBackend whose upload() / upload_floats() return copies in memory it
+// owns, as a device backend's would, and whose ops that read a weight or a per-layer parameter
+// vector record every one that is not such a copy. Every tiny fixture family runs a prefill and a
+// decode step on it: no op may read a weight the model did not place (routed experts excepted:
+// they come from the ExpertProvider, not place(); the contract's host arrays too: router
+// selection bias, per-expert scales, attention sinks), and the logits equal CpuBackend's bit for
+// bit (the copies are the weights the model reads).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../tests/support/golden.h"
+#include "models/family.h"
+#include "models/model.h"
+#include "ops/cpu_backend.h"
+#include "ops/thread_pool.h"
+
+namespace spool::models {
+namespace {
+
+using spool::testing::data_dir;
+using spool::testing::Golden;
+
+// A CpuBackend whose uploads are copies it owns (as on a device), recording each op that reads a
+// weight or parameter vector that is not one of them. Host memory and CpuBackend's kernels
+// throughout: the results are CpuBackend's.
+class PlacementCheckBackend final : public ops::CpuBackend {
+ public:
+  using CpuBackend::CpuBackend;
+
+  ops::WeightView upload(const ops::WeightView& w) override {
+    const uint64_t bytes = ops::packed_weight_bytes(w);
+    uint8_t* dst = own(bytes);
+    return ops::pack_weight(w, dst, ops::Device::kCpu, [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
+  }
+  const float* upload_floats(std::span<const float> v) override {
+    if (v.empty()) return v.data();
+    float* dst = reinterpret_cast<float*>(own(v.size_bytes()));
+    std::copy(v.begin(), v.end(), dst);
+    return dst;
+  }
+
+  void matmul(const ops::WeightView& w, const float* x, int64_t T, float* y) override {
+    check("matmul", w);
+    CpuBackend::matmul(w, x, T, y);
+  }
+  void matmul_multi(std::span<const ops::MatmulOut> outs, const float* x, int64_t T) override {
+    for (const ops::MatmulOut& o : outs) check("matmul_multi", *o.w);
+    CpuBackend::matmul_multi(outs, x, T);
+  }
+  void expert_ffn(std::span<const ops::ExpertMats> experts, const ops::ExpertGroups& groups, size_t g0, const float* x,
+                  int64_t H, ops::Activation act, float* y) override {
+    for (const ops::ExpertMats& e : experts) {  // the matrices are the provider's; the biases the layer's
+      check("expert_ffn (gate_bias)", e.gate_bias);
+      check("expert_ffn (down_bias)", e.down_bias);
+    }
+    CpuBackend::expert_ffn(experts, groups, g0, x, H, act, y);
+  }
+  void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) override {
+    check("causal_conv1d_silu", w);
+    CpuBackend::causal_conv1d_silu(x, T, C, w, K, state, out);
+  }
+  void gdn_gates(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t T, int n_v, float* beta,
+                 float* g) override {
+    check("gdn_gates (a_exp)", a_exp);
+    check("gdn_gates (dt_bias)", dt_bias);
+    CpuBackend::gdn_gates(b, a, a_exp, dt_bias, T, n_v, beta, g);
+  }
+  void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) override {
+    check("rms_norm", w);
+    CpuBackend::rms_norm(x, w, rows, n, eps, y);
+  }
+  void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
+    check("rms_norm_gated", w);
+    CpuBackend::rms_norm_gated(x, z, w, rows, n, eps);
+  }
+  void add_bias(float* y, const float* b, int64_t rows, int64_t n) override {
+    check("add_bias", b);
+    CpuBackend::add_bias(y, b, rows, n);
+  }
+  void add_gated_rows(float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) override {
+    check("add_gated_rows", w);
+    CpuBackend::add_gated_rows(out, s, x, w, T, n);
+  }
+
+  /// Each read of a weight or parameter vector that was not placed: "op: what" (one entry per op
+  /// and weight shape, in the order first seen).
+  const std::vector<std::string>& unplaced() const { return unplaced_; }
+
+ private:
+  uint8_t* own(uint64_t bytes) {
+    // 256-byte aligned parts, as pack_weight lays them out (bytes rounds up to whole parts)
+    auto* p = static_cast<uint8_t*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(256)));
+    blocks_.push_back(std::unique_ptr<uint8_t, Free>(p));
+    ranges_.push_back({p, p + bytes});
+    return p;
+  }
+  bool owned(const void* p) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    return std::any_of(ranges_.begin(), ranges_.end(), [b](const Range& r) { return b >= r.lo && b < r.hi; });
+  }
+  void note(const std::string& what) {
+    if (std::find(unplaced_.begin(), unplaced_.end(), what) == unplaced_.end()) unplaced_.push_back(what);
+  }
+  void check(const char* op, const ops::WeightView& w) {
+    const void* p = w.data != nullptr ? w.data : static_cast<const void*>(w.quant.qweight);
+    if (p != nullptr && !owned(p))
+      note(std::string(op) + ": weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]" +
+           (w.name ? std::string(" ") + w.name : std::string()));
+  }
+  void check(const char* op, const float* v) {  // null: the op's optional vector is absent
+    if (v != nullptr && !owned(v)) note(std::string(op) + ": parameter vector");
+  }
+
+  struct Free {
+    void operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(256)); }
+  };
+  struct Range {
+    const uint8_t *lo, *hi;
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> blocks_;
+  std::vector<Range> ranges_;
+  std::vector<std::string> unplaced_;
+};
+
+// Logits of a prefill of `ids` (every position) and of one decode step after it.
+std::vector<float> prefill_and_step(Model& m, const std::vector<int32_t>& ids) {
+  const int64_t V = m.spec().vocab_size;
+  State st = m.new_state();
+  std::vector<float> out((ids.size() + 1) * V);
+  m.forward(std::span<const int32_t>(ids.data(), ids.size()), st, LogitsMode::kAll, out.data());
+  const int32_t next = ids.front();
+  m.forward(std::span<const int32_t>(&next, 1), st, LogitsMode::kLast, out.data() + ids.size() * V);
+  return out;
+}
+
+class Placement : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Placement, EveryWeightALayerReadsWasPlaced) {
+  const std::string dir = data_dir() + "/models/" + GetParam();
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
+  std::vector<int32_t> ids = Golden(dir + "/golden.safetensors").i32("input_ids");
+  ids.resize(std::min<size_t>(ids.size(), 8));
+  ops::ThreadPool pool(2);
+  auto check = std::make_shared<PlacementCheckBackend>(&pool);
+  auto placed = load_model(ckpt, check);
+  const std::vector<float> got = prefill_and_step(*placed, ids);
+  std::string list;
+  for (const std::string& s : check->unplaced()) list += "\n  " + s;
+  EXPECT_TRUE(check->unplaced().empty()) << GetParam() << ": ops read weights that place() did not upload:" << list;
+  const std::vector<float> want = prefill_and_step(*load_model(ckpt, std::make_shared<ops::CpuBackend>(&pool)), ids);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "logits on the placed copies differ from CpuBackend's";
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Placement,
+                         ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl",
+                                           "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
+                                           "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2", "glm4_moe_qknorm",
+                                           "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4", "ernie4_5_moe",
+                                           "ernie4_5_moe_e16", "gemma4_text_moe"));
+
+}  // namespace
+}  // namespace spool::models
