@@ -4,8 +4,8 @@
 // strict device mode catches it, but only on a GPU). PlacementCheckBackend makes the mistake
 // visible here: it is a CpuBackend whose upload() / upload_floats() return copies in memory it
 // owns, as a device backend's would, and whose ops that read a weight or a per-layer parameter
-// vector record every one that is not such a copy. Every tiny fixture family runs a prefill and a
-// decode step on it: no op may read a weight the model did not place (routed experts excepted:
+// vector record every one that is not such a copy. Every fixture checkpoint and the demo model run a
+// prefill and a decode step (and the demo model its multi-token-prediction head) on it: no op may read a weight the model did not place (routed experts excepted:
 // they come from the ExpertProvider, not place(); the contract's host arrays too: router
 // selection bias, per-expert scales, attention sinks), and the logits equal CpuBackend's bit for
 // bit (the copies are the weights the model reads).
@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "../../tests/support/golden.h"
+#include "../../tests/support/golden.h"  // data_dir
+#include "../../tests/support/mtp.h"
 #include "models/family.h"
 #include "models/model.h"
 #include "ops/cpu_backend.h"
@@ -27,7 +29,6 @@ namespace spool::models {
 namespace {
 
 using spool::testing::data_dir;
-using spool::testing::Golden;
 
 // A CpuBackend whose uploads are copies it owns (as on a device), recording each op that reads a
 // weight or parameter vector that is not one of them. Host memory and CpuBackend's kernels
@@ -142,31 +143,56 @@ std::vector<float> prefill_and_step(Model& m, const std::vector<int32_t>& ids) {
   return out;
 }
 
+// Every checkpoint the tests have: each fixture under tests/data/models (a directory with a
+// config.json: a new family's fixture is checked without being listed here) and the demo model.
+std::vector<std::string> checkpoints() {
+  std::vector<std::string> dirs;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir() + "/models"))
+    if (std::filesystem::exists(e.path() / "config.json")) dirs.push_back(e.path().string());
+  std::sort(dirs.begin(), dirs.end());
+  dirs.push_back(SPOOL_DEFAULT_MODEL_DIR);
+  return dirs;
+}
+
 class Placement : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Placement, EveryWeightALayerReadsWasPlaced) {
-  const std::string dir = data_dir() + "/models/" + GetParam();
-  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
-  std::vector<int32_t> ids = Golden(dir + "/golden.safetensors").i32("input_ids");
-  ids.resize(std::min<size_t>(ids.size(), 8));
+  const std::string& dir = GetParam();
+  io::Checkpoint::Options opt;
+  opt.mtp = true;  // with its multi-token-prediction head where it has one (the demo model)
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir, opt));
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};  // past the gpt-oss fixtures' window of 8
   ops::ThreadPool pool(2);
   auto check = std::make_shared<PlacementCheckBackend>(&pool);
   auto placed = load_model(ckpt, check);
-  const std::vector<float> got = prefill_and_step(*placed, ids);
+  std::vector<float> got = prefill_and_step(*placed, ids);
+  if (placed->mtp_layers() > 0) {  // the head's own weights (DecoderModel's place)
+    const std::vector<float> head = spool::testing::head_logits(*placed, ids);
+    got.insert(got.end(), head.begin(), head.end());
+  }
   std::string list;
   for (const std::string& s : check->unplaced()) list += "\n  " + s;
-  EXPECT_TRUE(check->unplaced().empty()) << GetParam() << ": ops read weights that place() did not upload:" << list;
-  const std::vector<float> want = prefill_and_step(*load_model(ckpt, std::make_shared<ops::CpuBackend>(&pool)), ids);
+  EXPECT_TRUE(check->unplaced().empty()) << dir << ": ops read weights that place() did not upload:" << list;
+  auto cpu = load_model(ckpt, std::make_shared<ops::CpuBackend>(&pool));
+  std::vector<float> want = prefill_and_step(*cpu, ids);
+  if (cpu->mtp_layers() > 0) {
+    const std::vector<float> head = spool::testing::head_logits(*cpu, ids);
+    want.insert(want.end(), head.begin(), head.end());
+  }
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "logits on the placed copies differ from CpuBackend's";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Placement,
-                         ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_vl",
-                                           "qwen3_5_moe_vl_fused", "mixtral", "olmoe", "deepseek_v3", "deepseek_v3_kimi",
-                                           "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2", "glm4_moe_qknorm",
-                                           "glm4_moe_lite_v24", "minimax_m2_top6", "gpt_oss", "gpt_oss_mxfp4", "ernie4_5_moe",
-                                           "ernie4_5_moe_e16", "gemma4_text_moe"));
+INSTANTIATE_TEST_SUITE_P(Checkpoints, Placement, ::testing::ValuesIn(checkpoints()),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = std::filesystem::path(i.param).filename().string();
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// The enumeration found the fixtures (a data directory that did not unpack would leave the
+// suite above empty rather than failing).
+TEST(Placement, EveryFixtureIsChecked) { EXPECT_GE(checkpoints().size(), 22u); }
 
 }  // namespace
 }  // namespace spool::models
