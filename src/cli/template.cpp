@@ -54,6 +54,12 @@ struct LoadedTemplate {
   ordered_json special_tokens = ordered_json::object();  ///< the model's (empty without --model)
 };
 
+// Writes `text` to stdout, byte for byte, and flushes; spool::Error naming `what` when it cannot.
+void write_stdout(const std::string& text, const char* what) {
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+    fail("cannot write %s to stdout", what);
+}
+
 /// Loads the template `s` describes. UsageError when neither --model nor --template is given;
 /// spool::Error naming the path for a missing file, a model without tokenizer or chat template,
 /// and a template that does not parse.
@@ -137,8 +143,7 @@ void run_render(const RenderOptions& o, bool has_messages, bool has_tools, bool 
   }
   const LoadedTemplate t = load_template(o.source);
   const std::string text = tmpl::apply_chat_template(*t.tmpl, messages, opt, t.special_tokens);
-  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
-    fail("cannot write the rendered prompt to stdout");
+  write_stdout(text, "the rendered prompt");
 }
 
 void register_render(CLI::App* group) {
@@ -285,8 +290,7 @@ void run_parse(const ParseOptions& o, bool has_tools, bool has_messages, bool ha
       break;
     }
   const std::string out = message_json(p).dump(2) + "\n";
-  if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0)
-    fail("cannot write the parsed message to stdout");
+  write_stdout(out, "the parsed message");
 }
 
 void register_parse(CLI::App* group) {

@@ -53,19 +53,7 @@ class Shards {
   Floats get(const std::string& name) const {
     for (const io::SafetensorsFile& f : files_)
       if (const io::TensorInfo* t = f.find(name)) {
-        Floats x{t->shape, std::vector<float>(static_cast<size_t>(t->numel()))};
-        const uint8_t* d = f.data(*t);
-        if (t->dtype == io::DType::F32) {
-          std::memcpy(x.v.data(), d, t->nbytes);
-        } else if (t->dtype == io::DType::BF16) {
-          for (size_t i = 0; i < x.v.size(); ++i) {
-            const uint32_t bits = static_cast<uint32_t>(d[2 * i] | (d[2 * i + 1] << 8)) << 16;
-            std::memcpy(&x.v[i], &bits, 4);
-          }
-        } else {
-          throw std::runtime_error(name + " is neither F32 nor BF16");
-        }
-        return x;
+        return Floats{t->shape, spool::testing::tensor_f32(f, *t, name)};
       }
     throw std::runtime_error("checkpoint lacks " + name);
   }

@@ -70,20 +70,24 @@ void MtpDecoder::catch_up(std::span<const int32_t> context) {
     fail("speculative decoding: the head is out of step (%lld rows pending for positions %lld..%lld)", (long long)hidden_rows_,
          (long long)p0, (long long)P);
   draft_h_.resize(static_cast<size_t>(hidden_rows_ * H_));
+  draft_forward(context.subspan(static_cast<size_t>(p0 + 1), static_cast<size_t>(hidden_rows_)), hidden_.data(), p0);
+  state_.mtp_pos = P;
+  // The last row's output drafts further (draft_max > 1).
+  std::copy(draft_h_.end() - H_, draft_h_.end(), draft_h_.begin());
+  hidden_rows_ = 0;
+}
+
+void MtpDecoder::draft_forward(std::span<const int32_t> ids, const float* hidden, int64_t pos0) {
   models::MtpStep m;
-  m.ids = context.subspan(static_cast<size_t>(p0 + 1), static_cast<size_t>(hidden_rows_));
-  m.hidden = hidden_.data();
+  m.ids = ids;
+  m.hidden = hidden;
   m.state = &state_;
-  m.pos0 = p0;
+  m.pos0 = pos0;
   m.mode = models::LogitsMode::kLast;
   m.logits = q_logits_.data();
   m.hidden_out = draft_h_.data();
   m.vocab_limit = vocab_limit_;
   model_.mtp_forward(m);
-  state_.mtp_pos = P;
-  // The last row's output drafts further (draft_max > 1).
-  std::copy(draft_h_.end() - H_, draft_h_.end(), draft_h_.begin());
-  hidden_rows_ = 0;
 }
 
 int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& context, std::vector<int32_t>& generated, int room,
@@ -123,16 +127,7 @@ int32_t MtpDecoder::step(int32_t t, Sampler& sampler, std::vector<int32_t>& cont
   std::vector<int32_t> ctx = context, gen = generated;
   for (int j = 0; j < k; ++j) {
     if (j > 0) {
-      models::MtpStep m;
-      m.ids = std::span<const int32_t>(&ids[static_cast<size_t>(j)], 1);
-      m.hidden = draft_h_.data();
-      m.state = &state_;
-      m.pos0 = P + j - 1;
-      m.mode = models::LogitsMode::kLast;
-      m.logits = q_logits_.data();
-      m.hidden_out = draft_h_.data();
-      m.vocab_limit = vocab_limit_;
-      model_.mtp_forward(m);
+      draft_forward(std::span<const int32_t>(&ids[static_cast<size_t>(j)], 1), draft_h_.data(), P + j - 1);
     }
     sampler.distribution(q_logits_.data(), ctx, gen, qd_[static_cast<size_t>(j)]);
     const int32_t d = sampler.draw(qd_[static_cast<size_t>(j)]);

@@ -86,6 +86,10 @@ class MtpDecoder {
   // ids after them (the tail of `context`); leaves the last row's logits in q_logits_ and its
   // output hidden state in draft_h_.
   void catch_up(std::span<const int32_t> context);
+  /// One drafting call of the head: rows `ids` (ids[t] at position pos0 + t + 1) from the hidden
+  /// rows `hidden`, the last row's logits into q_logits_ (the draft vocabulary), every row's
+  /// output into draft_h_.
+  void draft_forward(std::span<const int32_t> ids, const float* hidden, int64_t pos0);
 
   models::Model& model_;
   models::State& state_;

@@ -158,19 +158,7 @@ void write_gpt_oss_gguf(const std::string& dir, const std::string& dst,
   auto get = [&](const std::string& hf) {
     const io::TensorInfo* t = sf.find(hf);
     if (t == nullptr) throw std::runtime_error("fixture lacks " + hf);
-    F32Tensor x{"", t->shape, std::vector<float>(static_cast<size_t>(t->numel()))};
-    if (t->dtype == io::DType::F32) {
-      std::memcpy(x.data.data(), sf.data(*t), t->nbytes);
-    } else if (t->dtype == io::DType::BF16) {  // widened exactly
-      const uint8_t* b = sf.data(*t);
-      for (size_t i = 0; i < x.data.size(); ++i) {
-        const uint32_t bits = static_cast<uint32_t>(b[2 * i] | (b[2 * i + 1] << 8)) << 16;
-        std::memcpy(&x.data[i], &bits, 4);
-      }
-    } else {
-      throw std::runtime_error(hf + " is neither F32 nor BF16");
-    }
-    return x;
+    return F32Tensor{"", t->shape, testing::tensor_f32(sf, *t, hf)};
   };
   // MXFP4 experts (GptOssModel.repack_mxfp4): HF `*_blocks` [E, R, G, 16] (byte k: element 2k in
   // the low nibble, 2k + 1 in the high) and E8M0 `*_scales` [E, R, G] -> ggml block_mxfp4 per 32

@@ -145,6 +145,21 @@ KvCache windowed_cache(Backend& be, KvType kt, const AttnShape& s, int64_t windo
   return c;
 }
 
+// An unbounded cache holding positions [0, pos0 + T) of k, v (appended by `ref`).
+KvCache full_cache(ReferenceBackend& ref, KvType kt, const AttnShape& s, const std::vector<float>& k, const std::vector<float>& v) {
+  KvCache c;
+  c.configure(kt, s.n_kv, s.hd);
+  c.reserve(s.pos0 + s.T, 0);
+  ref.kv_append(c, 0, s.pos0 + s.T, k.data(), v.data());
+  return c;
+}
+
+// The trace of one windowed attention case.
+std::string window_case(KvType kt, const AttnShape& s, int64_t window) {
+  return "kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.n_heads) + " pos0=" + std::to_string(s.pos0) +
+         " T=" + std::to_string(s.T) + " window=" + std::to_string(window);
+}
+
 // Sliding-window attention (Mixtral): windows shorter than, equal to and longer than the
 // positions, on every KV type; the generic implementation too; and over a cache bounded by the
 // window (only its last rows held, moved to the front) the same results.
@@ -153,16 +168,12 @@ TEST_P(BackendOpTable, AttentionWindow) {
   for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
     for (const AttnShape& s : kAttnShapes)
       for (int64_t window : {1, 4, 37, 1000}) {
-        SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.n_heads) + " pos0=" +
-                     std::to_string(s.pos0) + " T=" + std::to_string(s.T) + " window=" + std::to_string(window));
+        SCOPED_TRACE(window_case(kt, s, window));
         const int64_t P = s.pos0 + s.T, kvw = static_cast<int64_t>(s.n_kv) * s.hd;
         const std::vector<float> k = randn(P * kvw, 1), v = randn(P * kvw, 2), q = randn(s.T * s.n_heads * s.hd, 3);
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
         for_each_backend("attention_window", [&](Backend& be, ReferenceBackend& ref) {
-          KvCache c;
-          c.configure(kt, s.n_kv, s.hd);
-          c.reserve(P, 0);
-          ref.kv_append(c, 0, P, k.data(), v.data());
+          const KvCache c = full_cache(ref, kt, s, k, v);
           std::vector<float> got(q.size(), NAN), gen(q.size(), NAN), want(q.size(), NAN);
           be.attention_window(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, got.data());
           be.Backend::attention_window(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, gen.data());
@@ -193,17 +204,13 @@ TEST_P(BackendOpTable, AttentionSinks) {
   for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
     for (const AttnShape& s : kAttnShapes)
       for (int64_t window : {0, 4, 1000}) {
-        SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.n_heads) + " pos0=" +
-                     std::to_string(s.pos0) + " T=" + std::to_string(s.T) + " window=" + std::to_string(window));
+        SCOPED_TRACE(window_case(kt, s, window));
         const int64_t P = s.pos0 + s.T, kvw = static_cast<int64_t>(s.n_kv) * s.hd;
         const std::vector<float> k = randn(P * kvw, 1), v = randn(P * kvw, 2), q = randn(s.T * s.n_heads * s.hd, 3);
         const std::vector<float> sinks = randn(s.n_heads, 4, 2.0f), none(s.n_heads, -1e30f);
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
         for_each_backend("attention_sinks", [&](Backend& be, ReferenceBackend& ref) {
-          KvCache c;
-          c.configure(kt, s.n_kv, s.hd);
-          c.reserve(P, 0);
-          ref.kv_append(c, 0, P, k.data(), v.data());
+          const KvCache c = full_cache(ref, kt, s, k, v);
           std::vector<float> got(q.size(), NAN), gen(q.size(), NAN), want(q.size(), NAN);
           be.attention_sinks(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, sinks.data(), got.data());
           be.Backend::attention_sinks(q.data(), s.T, s.n_heads, c, s.pos0, scale, window, sinks.data(), gen.data());

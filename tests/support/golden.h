@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,22 +19,26 @@ namespace spool::testing {
 /// Directory of the build tree's copy of tests/data.
 inline std::string data_dir() { return SPOOL_TEST_DATA_DIR; }
 
+/// Tensor `t` of `f` as f32: F32 as stored, BF16 widened exactly. std::runtime_error naming
+/// `name` for another dtype.
+inline std::vector<float> tensor_f32(const io::SafetensorsFile& f, const io::TensorInfo& t, const std::string& name) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype == io::DType::F32) {
+    std::memcpy(v.data(), f.data(t), t.nbytes);
+  } else if (t.dtype == io::DType::BF16) {
+    const uint8_t* p = f.data(t);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = ops::bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
+  } else {
+    throw std::runtime_error(name + " is neither F32 nor BF16");
+  }
+  return v;
+}
+
 /// A golden safetensors file with typed accessors.
 class Golden {
  public:
   explicit Golden(const std::string& path) : f_(io::SafetensorsFile::open(path)) {}
-  std::vector<float> f32(const std::string& name) const {
-    const io::TensorInfo& t = get(name);
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    if (t.dtype == io::DType::F32) {
-      std::memcpy(v.data(), f_.data(t), t.nbytes);
-    } else {
-      EXPECT_EQ(t.dtype, io::DType::BF16) << name;
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(f_.data(t));
-      for (size_t i = 0; i < v.size(); ++i) v[i] = ops::bf16_to_f32(p[i]);
-    }
-    return v;
-  }
+  std::vector<float> f32(const std::string& name) const { return tensor_f32(f_, get(name), name); }
   std::vector<int32_t> i32(const std::string& name) const {
     const io::TensorInfo& t = get(name);
     std::vector<int32_t> v(static_cast<size_t>(t.numel()));
