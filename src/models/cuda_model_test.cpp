@@ -34,6 +34,8 @@
 namespace spool::ops {
 namespace {
 
+using spool::testing::max_row_ratio;
+
 // Whole models on CudaBackend, checked as model_test checks CpuBackend: every tiny fixture
 // family's prompt logits against transformers' f32 goldens (per row max|diff| <= 1e-4 *
 // max|ref|) and its greedy ids equal to the goldens' (which CpuBackend also reproduces, checked
@@ -59,19 +61,6 @@ std::vector<float> prompt_logits(models::Model& m, const std::vector<int32_t>& i
   models::State st = m.new_state();
   m.forward(ids, st, models::LogitsMode::kAll, out.data());
   return out;
-}
-
-double max_row_ratio(const std::vector<float>& a, const std::vector<float>& b, int64_t rows, int64_t cols) {
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double md = 0, mr = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      md = std::max(md, std::fabs(static_cast<double>(a[r * cols + c]) - b[r * cols + c]));
-      mr = std::max(mr, std::fabs(static_cast<double>(b[r * cols + c])));
-    }
-    worst = std::max(worst, mr > 0 ? md / mr : md);
-  }
-  return worst;
 }
 
 // The fixture families that leave ops on the host on CUDA (models::optional_ops_used(spec) that

@@ -77,15 +77,7 @@ std::vector<float> run(Model& m, std::vector<int32_t>* ids) {
 
 // max |a - b| <= 1e-4 * max |b|.
 void expect_rel_close(const std::vector<float>& a, const std::vector<float>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  double md = 0, mb = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(a[i])) << "element " << i;
-    md = std::max(md, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mb = std::max(mb, std::fabs(static_cast<double>(b[i])));
-  }
-  EXPECT_LE(md, 1e-4 * mb) << "max abs diff " << md << ", max |ref| " << mb;
-  std::printf("  max |diff| / max |ref| = %.3g\n", mb > 0 ? md / mb : md);
+  std::printf("  max |diff| / max |ref| = %.3g\n", spool::testing::expect_max_rel_close(a, b, 1e-4));
 }
 
 

@@ -19,8 +19,6 @@ namespace spool::server {
 
 namespace {
 
-// HTTP status for a response nobody receives (the client went away), as nginx logs it.
-constexpr int kClientClosed = 499;
 // Seconds without an event after which a stream gets a ping (keeps proxies from timing out
 // while the request waits in the queue or a long prompt is computed).
 constexpr double kPingAfterS = 10;
@@ -80,7 +78,6 @@ void HttpServer::handle_messages(const httplib::Request& req, const std::string&
   const std::string id = new_response_id("msg_");
   std::shared_ptr<void> slot = admit();
   const TicketReader ticket(*e.batch, g, g->stream);  // gives the request up when the response ends
-  auto shutting_down = [] { return ApiError(503, "server_error", "the server is shutting down; the request was not completed"); };
 
   if (!g->stream) {
     std::optional<GenResult> r = ticket.result(alive);
@@ -96,7 +93,7 @@ void HttpServer::handle_messages(const httplib::Request& req, const std::string&
   auto stream = std::make_shared<AnthropicStream>(id, e.facts.name, static_cast<int64_t>(g->prompt.size()));
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, stream, alive, slot, ticket, shutting_down](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, stream, alive, slot, ticket](size_t, httplib::DataSink& sink) {
         bool ok = true;
         double last = seconds_now();
         auto write = [&](const std::string& s) {

@@ -14,15 +14,6 @@
 
 namespace spool::server {
 
-namespace {
-
-// HTTP status for a response nobody receives (the client went away), as nginx logs it.
-constexpr int kClientClosed = 499;
-
-ApiError shutting_down() { return ApiError(503, "server_error", "the server is shutting down; the request was not completed"); }
-
-}  // namespace
-
 void HttpServer::handle_generation(const httplib::Request& req, const std::string& body_text, httplib::Response& res, bool chat) {
   ServingEngine& e = engine_or_503();
   const json body = parse_body(body_text);

@@ -21,10 +21,6 @@ namespace spool::server {
 
 namespace {
 
-constexpr int kClientClosed = 499;  // as completions.cpp: a response nobody receives
-
-ApiError shutting_down() { return ApiError(503, "server_error", "the server is shutting down; the request was not completed"); }
-
 void set_json(httplib::Response& res, int status, const json& j) {
   res.status = status;
   res.set_content(dump_json(j), "application/json");

@@ -2,6 +2,8 @@
 
 namespace spool::server {
 
+ApiError shutting_down() { return ApiError(503, "server_error", "the server is shutting down; the request was not completed"); }
+
 TicketReader::TicketReader(BatchEngine& engine, std::shared_ptr<const GenRequest> req, bool events)
     : engine_(&engine), ticket_(engine.submit(std::move(req), events)) {
   give_up_ = std::shared_ptr<void>(nullptr, [e = engine_, t = ticket_](void*) { e->cancel(t); });

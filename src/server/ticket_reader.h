@@ -15,6 +15,12 @@
 
 namespace spool::server {
 
+/// HTTP status of a response nobody receives (the client went away), as nginx logs it.
+inline constexpr int kClientClosed = 499;
+
+/// The error of a request the server's shutdown cut off: 503 "server_error".
+ApiError shutting_down();
+
 /// The handler's side of one submitted request. Copies share the ticket; the request is given up
 /// (BatchEngine::cancel, no effect once it finished) when the last copy is destroyed. `engine`
 /// must outlive every copy.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -63,23 +64,55 @@ class Golden {
   io::SafetensorsFile f_;
 };
 
+/// Row r of [rows, cols]: {max |got - ref|, max |ref|}.
+inline std::pair<double, double> row_diff(const float* got, const float* ref, int64_t r, int64_t cols) {
+  double md = 0.0, mr = 0.0;
+  for (int64_t c = 0; c < cols; ++c) {
+    md = std::max(md, std::fabs(static_cast<double>(got[r * cols + c]) - ref[r * cols + c]));
+    mr = std::max(mr, std::fabs(static_cast<double>(ref[r * cols + c])));
+  }
+  return {md, mr};
+}
+
+/// The worst row's max |got - ref| / max |ref| over [rows, cols] (max |got - ref| for a row
+/// whose ref is all zero).
+inline double max_row_ratio(const std::vector<float>& got, const std::vector<float>& ref, int64_t rows, int64_t cols) {
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto [md, mr] = row_diff(got.data(), ref.data(), r, cols);
+    worst = std::max(worst, mr > 0 ? md / mr : md);
+  }
+  return worst;
+}
+
 /// Per row r of [rows, cols]: max |got - ref| <= tol * max |ref|. Returns the worst ratio
 /// max|d| / max|ref| over rows; reports the first failing row.
 inline double expect_rows_close(const float* got, const float* ref, int64_t rows, int64_t cols, double tol,
                                 const std::string& what) {
   double worst = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
-    double md = 0.0, mr = 0.0;
-    for (int64_t c = 0; c < cols; ++c) {
-      md = std::max(md, std::fabs(static_cast<double>(got[r * cols + c]) - ref[r * cols + c]));
-      mr = std::max(mr, std::fabs(static_cast<double>(ref[r * cols + c])));
-    }
+    const auto [md, mr] = row_diff(got, ref, r, cols);
     const double ratio = mr > 0 ? md / mr : md;
     worst = std::max(worst, ratio);
     EXPECT_LE(ratio, tol) << what << ": row " << r << " max|diff| " << md << " max|ref| " << mr;
     if (ratio > tol) break;
   }
   return worst;
+}
+
+/// The whole of `got` against `ref` (same size, every element of got finite): max |got - ref|
+/// <= tol * max |ref|. Returns max |got - ref| / max |ref| (max |got - ref| when ref is all zero).
+inline double expect_max_rel_close(const std::vector<float>& got, const std::vector<float>& ref, double tol) {
+  EXPECT_EQ(got.size(), ref.size());
+  if (got.size() != ref.size()) return INFINITY;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!std::isfinite(got[i])) {
+      ADD_FAILURE() << "element " << i << " is " << got[i];
+      return INFINITY;
+    }
+  const auto [md, mr] = row_diff(got.data(), ref.data(), 0, static_cast<int64_t>(got.size()));
+  EXPECT_LE(md, tol * mr) << "max |diff| " << md << ", max |ref| " << mr;
+  return mr > 0 ? md / mr : md;
 }
 
 /// Index of the largest element (first on ties), as torch.argmax.
