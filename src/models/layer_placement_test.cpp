@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -98,7 +100,7 @@ class PlacementCheckBackend final : public ops::CpuBackend {
 
  private:
   uint8_t* own(uint64_t bytes) {
-    // 256-byte aligned parts, as pack_weight lays them out (bytes rounds up to whole parts)
+    // 256-byte aligned, as pack_weight lays out its parts (packed_weight_bytes counts them whole)
     auto* p = static_cast<uint8_t*>(::operator new(std::max<uint64_t>(bytes, 1), std::align_val_t(256)));
     blocks_.push_back(std::unique_ptr<uint8_t, Free>(p));
     ranges_.push_back({p, p + bytes});
