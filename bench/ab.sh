@@ -6,7 +6,7 @@
 # change's speed-up.
 #
 #   A=/path/old/spool B=build/spool MODELS="build/models/spool-demo-moe /tmp/q36-q4" THREADS="2" bench/ab.sh
-# Environment: ROUNDS (5), P (128), N (64), R (2, repetitions per run), EXTRA (flags for both, e.g.
+# Environment: ROUNDS (5), P (128; 0 skips pp), N (64; 0 skips tg), R (2, repetitions per run), EXTRA (flags for both, e.g.
 # "--device cpu"), OUT (a markdown file for the table; optional).
 set -euo pipefail
 A=${A:?set A to the baseline spool binary}
@@ -43,10 +43,12 @@ print(f"A = {sys.argv[2]}, B = {sys.argv[3]}; rounds interleaved A, B per round.
 print("| model | threads | build | pp t/s | tg t/s | B / A pp per round (median) | B / A tg per round (median) |")
 print("|---|---|---|---|---|---|---|")
 keys = list(dict.fromkeys((r["model"], r["t"]) for r in recs))
-def split(r):
-    pp = next(x for x in r["runs"] if x["n_gen"] == 0)
-    tg = next(x for x in r["runs"] if x["n_prompt"] == 0)
-    return (pp.get("samples_ts") or [pp["avg_ts"]]), (tg.get("samples_ts") or [tg["avg_ts"]])
+def split(r):  # P=0 or N=0 skips that test: its samples are then empty
+    pp = next((x for x in r["runs"] if x["n_gen"] == 0), None)
+    tg = next((x for x in r["runs"] if x["n_prompt"] == 0), None)
+    samples = lambda x: (x.get("samples_ts") or [x["avg_ts"]]) if x else []
+    return samples(pp), samples(tg)
+mean = lambda v: st.mean(v) if v else float("nan")
 for m, t in keys:
     mine = [r for r in recs if r["model"] == m and r["t"] == t]
     per = {}
@@ -56,18 +58,19 @@ for m, t in keys:
             p, g = split(r)
             pps += p
             tgs += g
-            per[(side, r["round"])] = (st.mean(p), st.mean(g))
+            per[(side, r["round"])] = (mean(p), mean(g))
         sd = lambda v: st.stdev(v) if len(v) > 1 else 0.0
         ratio = ""
         if side == "B":
             rounds = sorted({r["round"] for r in mine})
             rp = [per[("B", k)][0] / per[("A", k)][0] for k in rounds]
             rt = [per[("B", k)][1] / per[("A", k)][1] for k in rounds]
-            f = lambda v: ", ".join(f"{x:.2f}" for x in v) + f" ({st.median(v):.3f})"
+            f = lambda v: "-" if any(x != x for x in v) else ", ".join(f"{x:.2f}" for x in v) + f" ({st.median(v):.3f})"
             ratio = f" {f(rp)} | {f(rt)} |"
         else:
             ratio = " | |"
         name = m.rstrip("/").split("/")[-1]
-        print(f"| {name} | {t} | {side} | {st.mean(pps):.2f} ± {sd(pps):.2f} | {st.mean(tgs):.2f} ± {sd(tgs):.2f} |{ratio}")
+        cell = lambda v: f"{st.mean(v):.2f} ± {sd(v):.2f}" if v else "-"
+        print(f"| {name} | {t} | {side} | {cell(pps)} | {cell(tgs)} |{ratio}")
 PY
 [ -z "$OUT" ] || cp "$TMP/table.md" "$OUT"

@@ -211,7 +211,9 @@ TEST(CallFormat, Qwen3JsonAndQwen35Xml) {
 
 // Every other family's format accepts the call its real chat template renders (the `emitted`
 // text of tests/data/chat/<name>/assistant_cases.json, which the family's parser reads back to
-// the call), and rejects a wrong name, a missing required argument and a wrong argument type.
+// the call), and rejects a wrong name, a missing required argument and a wrong argument type;
+// its reasoning closer is the template's, and every special token it admits is spelled as in
+// that call or the closer (a misspelled one would match no vocabulary token).
 TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
   const json params = json::parse(R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
       "required": ["city"]})");
@@ -219,13 +221,14 @@ TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
   struct Case {
     CallFormat fmt;
     std::string good, wrong_name, missing, wrong_type;
+    std::string close;  // the reasoning closer the family's template writes ("" when it has none)
   };
   const Case cases[] = {
       {deepseek_v3_format(),  // deepseek_v3_1
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "</think>"},
       {kimi_k2_format(),
        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}"
        "<|tool_call_end|><|tool_calls_section_end|>",
@@ -234,38 +237,39 @@ TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}"
        "<|tool_call_end|><|tool_calls_section_end|>",
        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": \"3\"}"
-       "<|tool_call_end|><|tool_calls_section_end|>"},
+       "<|tool_call_end|><|tool_calls_section_end|>",
+       "</think>"},
       {glm4_5_format(),  // glm4_6
        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
        "<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
        "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
-       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>three</arg_value>\n</tool_call>"},
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>three</arg_value>\n</tool_call>", "</think>"},
       {minimax_m2_format(),
        "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n</invoke>\n</minimax:tool_call>",
        "<minimax:tool_call>\n<invoke name=\"search\">\n<parameter name=\"city\">Oslo</parameter>\n</invoke>\n</minimax:tool_call>",
        "<minimax:tool_call>\n<invoke name=\"get_weather\">\n</invoke>\n</minimax:tool_call>",
        "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n<parameter name=\"days\">x</parameter>\n"
-       "</invoke>\n</minimax:tool_call>"},
+       "</invoke>\n</minimax:tool_call>", "</think>"},
       {gpt_oss_format(),
        " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", \"days\": 3}<|call|>",
        " to=functions.get_time<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>",
        " to=functions.get_weather<|channel|>commentary json<|message|>{\"days\": 3}<|call|>",
-       " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": [\"Paris\"]}<|call|>"},
+       " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": [\"Paris\"]}<|call|>", ""},
       {mistral_format(),
        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3}",
        "[TOOL_CALLS]get_time[ARGS]{\"city\": \"Paris\"}",
        "[TOOL_CALLS]get_weather[ARGS]{}",
-       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3.5}"},
+       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3.5}", "[/THINK]"},
       {ernie4_5_format(),
        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}\n</tool_call>",
-       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": true}}\n</tool_call>"},
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": true}}\n</tool_call>", "</think>"},
       {gemma4_format(),  // gemma4 chat_cases: how the template renders a call
        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>",
        "<|tool_call>call:get_time{city:<|\"|>Paris<|\"|>}<tool_call|>",
        "<|tool_call>call:get_weather{days:3}<tool_call|>",
-       "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:<|\"|>3<|\"|>}<tool_call|>"},
+       "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:<|\"|>3<|\"|>}<tool_call|>", "<channel|>"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fmt.name);
@@ -274,9 +278,12 @@ TEST(CallFormat, EachFamilyAcceptsItsTemplatesCall) {
     EXPECT_FALSE(matches(g, c.wrong_name));
     EXPECT_FALSE(matches(g, c.missing));
     EXPECT_FALSE(matches(g, c.wrong_type));
-    if (!c.fmt.reasoning_close.empty()) {  // inside reasoning: free text up to the closer first
+    EXPECT_EQ(c.fmt.reasoning_close, c.close);
+    for (const std::string& s : c.fmt.special_markup)
+      EXPECT_TRUE(c.good.find(s) != std::string::npos || s == c.close) << "special markup " << s << " is in neither the call nor the closer";
+    if (!c.close.empty()) {  // inside reasoning: free text up to the closer first
       auto r = compile_tool_call(c.fmt, tools, true)->grammar;
-      EXPECT_TRUE(matches(r, "the user wants the weather" + c.fmt.reasoning_close + "\n" + c.good));
+      EXPECT_TRUE(matches(r, "the user wants the weather" + c.close + "\n" + c.good));
       EXPECT_FALSE(matches(r, c.good));
     }
   }

@@ -182,6 +182,15 @@ TEST(AnthropicHttp, MessageStreamAndCacheUsage) {
   EXPECT_EQ(sm["stop_reason"], "stop_sequence") << sm.dump() << " stop " << stop;
   EXPECT_EQ(sm["stop_sequence"], stop);
   EXPECT_EQ(all_text(sm).find(stop), std::string::npos);
+  // Streamed, message_delta names the stop sequence too.
+  sq["stream"] = true;
+  auto ss = post(c, sq);
+  ASSERT_TRUE(ss);
+  const size_t md = ss->body.find("event: message_delta\ndata: ");
+  ASSERT_NE(md, std::string::npos) << ss->body;
+  const size_t data = md + std::string("event: message_delta\ndata: ").size();
+  const json delta = json::parse(ss->body.substr(data, ss->body.find('\n', data) - data))["delta"];
+  EXPECT_EQ(delta, (json{{"stop_reason", "stop_sequence"}, {"stop_sequence", stop}})) << ss->body;
 }
 
 TEST(AnthropicHttp, ToolsThinkingAndRoundTrip) {
@@ -214,6 +223,7 @@ TEST(AnthropicHttp, ToolsThinkingAndRoundTrip) {
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
     const json m = body_json(r);
+    expect_message_shape(m);  // tool_use ids are toolu_..., input an object
     EXPECT_EQ(m["stop_reason"], "tool_use") << m.dump();
     int calls = 0;
     for (const json& b : m["content"])

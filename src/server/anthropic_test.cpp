@@ -337,5 +337,15 @@ TEST(AnthropicFormat, EmptyStreamHasNoBlocks) {
   EXPECT_EQ(ev[3]["type"], "message_stop");
 }
 
+// A stream ended by a stop sequence names it in message_delta, as the message object does.
+TEST(AnthropicFormat, StreamNamesTheStopSequence) {
+  AnthropicStream st("msg_5", "demo", 3);
+  GenResult r = result("stop", "");
+  r.stop_sequence = "END";
+  const std::vector<json> ev = parse_events(st.start() + st.finish(r));
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[2]["delta"], json::parse(R"({"stop_reason": "stop_sequence", "stop_sequence": "END"})"));
+}
+
 }  // namespace
 }  // namespace spool::server

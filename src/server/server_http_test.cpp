@@ -1,5 +1,6 @@
 // The HTTP API over loopback with the demo model: endpoints, SSE framing, errors (status and
-// OpenAI error object), API key, /health while loading, disconnect cancellation, and a loop of
+// OpenAI error object), API key, /health while loading, disconnect cancellation, forced tool
+// calls (tool_choice "required" and named, streamed and not), and a loop of
 // ~1000 malformed requests after which the server still answers.
 #include <httplib.h>
 #include <gtest/gtest.h>
@@ -247,6 +248,64 @@ TEST(HttpApi, LogitBiasSteersSampling) {
   EXPECT_EQ(body_json(r)["choices"][0]["text"], body_json(tk)["content"]);
   expect_error(c.Post("/v1/completions", R"({"prompt": "x", "logit_bias": {"300": 101}})", "application/json"), 400, "bias range");
   expect_error(c.Post("/v1/completions", R"({"prompt": "x", "logit_bias": {"abc": 1}})", "application/json"), 400, "bias id");
+}
+
+// tool_choice "required" and a named function on /v1/chat/completions, non-streamed and
+// streamed: at temperature 1 the demo model answers with exactly one call of the tool whose
+// arguments validate (constrained decoding), finish_reason "tool_calls".
+TEST(HttpApi, ForcedToolCallIsOneValidCall) {
+  Running s("", true, {}, /*ctx=*/1024);
+  auto c = s.client();
+  nlohmann::json body = nlohmann::json::parse(R"({"model": "demo", "temperature": 1, "max_tokens": 160, "seed": 7,
+    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+               "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"], "additionalProperties": false}}},
+              {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]})");
+  const nlohmann::json choices[] = {"required", nlohmann::json::parse(R"({"type": "function", "function": {"name": "get_weather"}})")};
+  for (const auto& choice : choices) {
+    for (const bool stream : {false, true}) {
+      SCOPED_TRACE(choice.dump() + (stream ? " streamed" : ""));
+      body["tool_choice"] = choice;
+      body["stream"] = stream;
+      auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      std::string finish, name, args;
+      int calls = 0;
+      if (!stream) {
+        const auto j = body_json(r);
+        finish = j["choices"][0]["finish_reason"];
+        for (const auto& tc : j["choices"][0]["message"].value("tool_calls", nlohmann::json::array())) {
+          ++calls;
+          name = tc["function"]["name"];
+          args = tc["function"]["arguments"];
+        }
+      } else {
+        std::istringstream in(r->body);
+        for (std::string line; std::getline(in, line);) {
+          if (line.rfind("data: {", 0) != 0) continue;
+          const auto ch = nlohmann::json::parse(line.substr(6))["choices"][0];
+          if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+          for (const auto& tc : ch.value("delta", nlohmann::json::object()).value("tool_calls", nlohmann::json::array())) {
+            if (tc.contains("id")) ++calls;
+            const auto fn = tc.value("function", nlohmann::json::object());
+            name += fn.value("name", std::string());
+            args += fn.value("arguments", std::string());
+          }
+        }
+      }
+      EXPECT_EQ(finish, "tool_calls") << r->body;
+      EXPECT_EQ(calls, 1) << r->body;
+      if (choice.is_object() || name == "get_weather") {
+        EXPECT_EQ(name, "get_weather") << r->body;
+        const auto a = nlohmann::json::parse(args, nullptr, false);
+        EXPECT_TRUE(a.is_object() && a.size() == 1 && (a["city"] == "Paris" || a["city"] == "Rome")) << args;
+      } else {
+        EXPECT_EQ(name, "get_time") << r->body;
+        EXPECT_EQ(nlohmann::json::parse(args, nullptr, false), nlohmann::json::object()) << args;
+      }
+    }
+  }
 }
 
 TEST(HttpApi, FormEncodedJsonBodiesOver8KBAreRead) {

@@ -510,6 +510,23 @@ TEST(ResponsesHttp, PlainStreamedChainedStoredAndErrors) {
   const auto nj = body_of(next);
   EXPECT_EQ(nj["previous_response_id"], j["id"]);
   EXPECT_GT(nj["usage"]["input_tokens"].get<int>(), u["input_tokens"].get<int>() + u["output_tokens"].get<int>());
+  // A third turn chained on the second renders the whole conversation — both earlier inputs and
+  // both earlier outputs, in order — exactly as the same items sent explicitly as input do.
+  {
+    auto third = c.Post("/v1/responses", R"({"input": "Go on.", "max_output_tokens": 1, "previous_response_id": ")" +
+                                             nj["id"].get<std::string>() + "\"}", "application/json");
+    ASSERT_TRUE(third);
+    ASSERT_EQ(third->status, 200) << third->body;
+    nlohmann::json items = nlohmann::json::array({{{"role", "user"}, {"content", "Tell me about the sea"}}});
+    for (const auto& it : j["output"]) items.push_back(it);
+    items.push_back({{"role", "user"}, {"content", "And then?"}});
+    for (const auto& it : nj["output"]) items.push_back(it);
+    items.push_back({{"role", "user"}, {"content", "Go on."}});
+    auto spelled = c.Post("/v1/responses", nlohmann::json{{"input", items}, {"max_output_tokens", 1}}.dump(), "application/json");
+    ASSERT_TRUE(spelled);
+    ASSERT_EQ(spelled->status, 200) << spelled->body;
+    EXPECT_EQ(body_of(third)["usage"]["input_tokens"], body_of(spelled)["usage"]["input_tokens"]) << third->body << "\n" << spelled->body;
+  }
 
   // store: false keeps it out; DELETE removes; unknown ids.
   auto unstored = c.Post("/v1/responses", std::string(kBody) + R"(, "store": false})", "application/json");
