@@ -157,7 +157,7 @@ print(" ".join("%s %.2f t/s" % (t["test"], t["avg_ts"]) + (" (acceptance %.3f)" 
           *)
             record "$config" "$round" "$t" "$d" "$cg" "$out"
             echo "  $config, round $round/$ROUNDS, $t --spec-draft-n-max $d: $(python3 -c 'import re,sys
-m = re.search(r"speed:\s+([\d.]+) t/s", sys.argv[1]) or re.search(r"\s eval time .*?([\d.]+) tokens per second", sys.argv[1])
+m = re.search(r"decoded\s.*speed:\s+([\d.]+) t/s", sys.argv[1]) or re.search(r"\s eval time .*?([\d.]+) tokens per second", sys.argv[1])
 print(m.group(1) + " t/s" if m else "failed")' "$out")" ;;
         esac
       done
