@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -653,6 +655,30 @@ TEST(ThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
   int64_t covered = 0;
   pool.parallel_for(1001, 16, [&](int64_t b, int64_t e, int) { __atomic_add_fetch(&covered, e - b, __ATOMIC_RELAXED); });
   EXPECT_EQ(covered, 1001);
+}
+
+// Many short jobs on pools with more threads than cores: workers wake late, miss jobs, and
+// must never run a task of a job that has ended; every task runs once and has finished
+// when run() returns (the caller waits for claimed tasks, not for every worker).
+TEST(ThreadPool, ShortJobsWithLateWorkersRunEachTaskOnceBeforeRunReturns) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int threads : {2, 3, 4 * cores}) {
+    ThreadPool pool(threads);
+    std::atomic<int> job{-1};
+    for (int j = 0; j < 3000; ++j) {
+      const int64_t n = 2 + j % 31;
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      job.store(j);
+      pool.run(n, [&, j](int64_t i, int thread) {
+        EXPECT_EQ(job.load(), j) << "a task of job " << j << " ran after its run() returned";
+        EXPECT_GE(thread, 0);
+        EXPECT_LT(thread, pool.size());
+        if (i % 7 == 3) std::this_thread::sleep_for(std::chrono::microseconds(20));  // some tasks finish late
+        hits[static_cast<size_t>(i)]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "threads " << threads << " job " << j << " task " << i;
+    }
+  }
 }
 
 // parallel_for's chunks: aligned, disjoint, covering [0, n) once; a large range is cut into more

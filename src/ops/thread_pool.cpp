@@ -1,5 +1,7 @@
 #include "ops/thread_pool.h"
 
+#include "common/error.h"
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -39,16 +41,24 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::work(int thread) {
+void ThreadPool::work(int thread, uint32_t gen) {
   for (;;) {
-    int64_t i = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_tasks_) break;
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    int64_t i = 0;
+    for (;;) {
+      if (static_cast<uint32_t>(c >> 32) != gen) return;  // that job is over
+      i = static_cast<int64_t>(c & 0xffffffffu);
+      if (i >= n_tasks_.load(std::memory_order_relaxed)) return;  // (a newer job's count: its CAS fails below)
+      if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+    }
+    // Task i of job gen is ours: the caller does not return (nor reuse fn_) before it is done.
     try {
       (*fn_)(i, thread);
     } catch (...) {
       bool expected = false;
       if (has_error_.compare_exchange_strong(expected, true)) error_ = std::current_exception();
     }
+    done_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
@@ -70,8 +80,7 @@ void ThreadPool::worker_loop(int thread) {
     }
     seen = g;
     if (stop_.load()) return;
-    work(thread);
-    active_.fetch_sub(1, std::memory_order_acq_rel);
+    work(thread, g);
   }
 }
 
@@ -81,18 +90,20 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& f
     for (int64_t i = 0; i < n_tasks; ++i) fn(i, 0);
     return;
   }
+  if (n_tasks >= (int64_t{1} << 32)) fail("ThreadPool::run: %lld tasks (at most 2^32 - 1)", static_cast<long long>(n_tasks));
   fn_ = &fn;
-  n_tasks_ = n_tasks;
+  n_tasks_.store(n_tasks, std::memory_order_relaxed);
   has_error_.store(false);
   error_ = nullptr;
-  next_task_.store(0, std::memory_order_relaxed);
-  active_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
+  generation_.store(gen, std::memory_order_release);
   generation_.notify_all();
-  work(0);
-  // Wait for the workers; yield once the wait gets long so an oversubscribed machine
-  // (more runnable threads than cores) can run the worker we are waiting for.
-  for (int spin = 0; active_.load(std::memory_order_acquire) != 0; ++spin) {
+  work(0, gen);
+  // Wait for the tasks the workers claimed; yield once the wait gets long so an oversubscribed
+  // machine (more runnable threads than cores) can run the worker we are waiting for.
+  for (int spin = 0; done_.load(std::memory_order_acquire) != n_tasks; ++spin) {
     if (spin < kMainSpinIters) {
       SPOOL_SPIN();
     } else {

@@ -24,7 +24,10 @@ class ThreadPool {
 
   /// Runs fn(task, thread) for every task in [0, n_tasks), tasks claimed dynamically; blocks
   /// until all are done. `thread` is in [0, size()). Not reentrant: call from one thread only.
-  /// The first exception thrown by a task is rethrown here after all tasks finish.
+  /// The first exception thrown by a task is rethrown here after all tasks finish. The caller
+  /// waits for the job's tasks, not for the workers: when a worker is descheduled (a machine
+  /// with more runnable threads than cores) the caller runs the tasks it did not claim.
+  /// n_tasks must be below 2^32.
   void run(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& fn);
 
   /// Splits [0, n) into contiguous chunks whose sizes are multiples of `align` (except the
@@ -42,16 +45,19 @@ class ThreadPool {
 
  private:
   void worker_loop(int thread);
-  void work(int thread);
+  // Runs tasks of job `gen` until none is left to claim (or the job is no longer `gen`).
+  void work(int thread, uint32_t gen);
 
   int n_threads_;
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> generation_{0};
-  std::atomic<int64_t> next_task_{0};
-  std::atomic<int> active_{0};
+  // The job's generation (high 32 bits) and its next unclaimed task (low 32 bits), claimed by
+  // compare-and-swap: a worker that wakes after its job ended claims nothing of the next one.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};  // tasks of the current job finished
   std::atomic<bool> stop_{false};
   bool oversubscribed_ = false;  // more threads than hardware threads: workers spin briefly
-  int64_t n_tasks_ = 0;
+  std::atomic<int64_t> n_tasks_{0};
   const std::function<void(int64_t, int)>* fn_ = nullptr;
   std::atomic<bool> has_error_{false};
   std::exception_ptr error_;
