@@ -48,7 +48,7 @@ void ThreadPool::work(int thread, uint32_t gen) {
     for (;;) {
       if (static_cast<uint32_t>(c >> 32) != gen) return;  // that job is over
       i = static_cast<int64_t>(c & 0xffffffffu);
-      if (i >= n_tasks_.load(std::memory_order_relaxed)) return;  // (a newer job's count: its CAS fails below)
+      if (i >= n_tasks_.load(std::memory_order_acquire)) return;  // (a newer job's count: claim_ moved on, the CAS fails)
       if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
     }
     // Task i of job gen is ours: the caller does not return (nor reuse fn_) before it is done.
@@ -91,14 +91,18 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& f
     return;
   }
   if (n_tasks >= (int64_t{1} << 32)) fail("ThreadPool::run: %lld tasks (at most 2^32 - 1)", static_cast<long long>(n_tasks));
+  // The new generation goes into claim_ first: a worker still in the previous job's work() then
+  // fails its gen check (or its compare-and-swap) instead of claiming an index of this job with
+  // the previous one's count (n_tasks_ is stored after, with release; workers read it with
+  // acquire, so a worker that sees this job's count also sees claim_'s new value).
+  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_relaxed);
   fn_ = &fn;
-  n_tasks_.store(n_tasks, std::memory_order_relaxed);
   has_error_.store(false);
   error_ = nullptr;
   done_.store(0, std::memory_order_relaxed);
-  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
-  claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
-  generation_.store(gen, std::memory_order_release);
+  n_tasks_.store(n_tasks, std::memory_order_release);
+  generation_.store(gen, std::memory_order_release);  // publishes the job to the workers
   generation_.notify_all();
   work(0, gen);
   // Wait for the tasks the workers claimed; yield once the wait gets long so an oversubscribed
