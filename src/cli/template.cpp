@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -16,6 +17,8 @@
 #include "cli/common.h"
 #include "common/error.h"
 #include "common/utf8.h"
+#include "io/config.h"
+#include "models/family.h"
 #include "server/api_error.h"
 #include "server/chat_format.h"
 #include "server/chat_prompt.h"
@@ -52,6 +55,9 @@ struct LoadedTemplate {
   std::optional<tmpl::Template> tmpl;
   std::string text;  ///< the template source (what detect_chat_format reads)
   ordered_json special_tokens = ordered_json::object();  ///< the model's (empty without --model)
+  /// The model's family when --model is a directory whose config.json names a known model_type
+  /// (its chat formats are the fallback, as in the server); null otherwise.
+  const models::Family* family = nullptr;
 };
 
 // Writes `text` to stdout, byte for byte, and flushes; spool::Error naming `what` when it cannot.
@@ -77,6 +83,10 @@ LoadedTemplate load_template(const TemplateSource& s) {
            "tokens; give --template F",
            dir.c_str());
     out.special_tokens = tmpl::special_tokens_from_config(ordered_json(tok->config()));
+    if (std::filesystem::is_regular_file(dir + "/config.json")) {
+      const io::Config c = io::Config::load_file(dir + "/config.json");
+      out.family = models::family_of_model_type(c.get_string("model_type", ""));
+    }
     if (s.template_file.empty()) {
       if (tok->chat_template().empty())
         fail("%s has no chat template (chat_template.jinja, tokenizer_config.json \"chat_template\" or a .gguf's "
@@ -245,7 +255,9 @@ void run_parse(const ParseOptions& o, bool has_tools, bool has_messages, bool ha
   // format is --chat-format or detected from the template, and the output starts inside
   // reasoning when the rendered generation prompt ends inside an open reasoning block.
   server::OutputParser::Options po;
-  po.syntax = named != nullptr ? named->id : server::detect_chat_format(t.text);
+  std::string note;
+  po.syntax = named != nullptr ? named->id : server::resolve_chat_format(t.text, t.family, &note);
+  if (!note.empty()) std::fprintf(stderr, "spool: %s\n", note.c_str());
   const char* prompt_from = "--generation-prompt";
   if (has_prompt) {
     po.starts_in_reasoning = server::prompt_opens_reasoning(po.syntax, prompt_arg);

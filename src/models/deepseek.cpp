@@ -147,6 +147,7 @@ void configure(const io::Config& c, ModelSpec* sp, bool v3) {
 const Family& deepseek_v2_family() {
   static const Family f{.name = "deepseek_v2",
                         .model_types = {"deepseek_v2"},
+                        .chat_formats = {"deepseek_v3"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, false); },
                         .load = load_decoder,
                         .keep_float = mla_keep_float,
@@ -158,6 +159,7 @@ const Family& deepseek_v2_family() {
 const Family& deepseek_v3_family() {
   static const Family f{.name = "deepseek_v3",
                         .model_types = {"deepseek_v3", "kimi_k2"},
+                        .chat_formats = {"deepseek_v3", "kimi_k2"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure(c, s, true); },
                         .load = load_decoder,
                         .keep_float = mla_keep_float,

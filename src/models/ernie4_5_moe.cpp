@@ -62,6 +62,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
 const Family& ernie4_5_moe_family() {
   static const Family f{.name = "ernie4_5_moe",
                         .model_types = {"ernie4_5_moe"},
+                        .chat_formats = {"ernie4_5"},
                         .configure = configure,
                         .load = load_decoder,
                         .describe = describe_gqa_moe,

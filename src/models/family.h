@@ -27,6 +27,12 @@ struct Family {
   std::string name;
   /// config.json model_type values of this family (text model_type included).
   std::vector<std::string> model_types;
+  /// The chat output formats its checkpoints' templates write (names of the server's registry,
+  /// server/chat_format.h: "qwen3_json", "glm4_5", ...), most common first. The server takes the
+  /// format it recognises in the template when it is one of these, and the first of them when the
+  /// template has no recognisable tool syntax; empty: plain content (no tool calls). A format is
+  /// shared by the families that write it, so its parser lives in server/formats/.
+  std::vector<std::string> chat_formats;
   /// Fills the family-specific part of `s` from the text config `c`: attention geometry,
   /// mixers and FFN kinds per layer, MoE and routing fields. build_spec has already read the
   /// common fields (vocab_size, hidden_size, num_hidden_layers, rms_norm_eps,

@@ -192,6 +192,7 @@ bool keep_float(std::string_view name) { return name.ends_with("router.proj.weig
 const Family& gemma4_text_moe_family() {
   static const Family f{.name = "gemma4_text_moe",
                         .model_types = {"gemma4_text", "gemma4"},
+                        .chat_formats = {"gemma4"},
                         .configure = configure,
                         .load = load_decoder,
                         .keep_float = keep_float,

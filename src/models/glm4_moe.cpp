@@ -67,6 +67,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
 const Family& glm4_moe_family() {
   static const Family f{.name = "glm4_moe",
                         .model_types = {"glm4_moe"},
+                        .chat_formats = {"glm4_5"},
                         .configure = configure,
                         .load = load_decoder,
                         .describe = describe_gqa_moe,

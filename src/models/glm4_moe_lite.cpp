@@ -53,6 +53,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
 const Family& glm4_moe_lite_family() {
   static const Family f{.name = "glm4_moe_lite",
                         .model_types = {"glm4_moe_lite"},
+                        .chat_formats = {"glm4_5"},
                         .configure = configure,
                         .load = load_decoder,
                         .keep_float = mla_keep_float,

@@ -272,6 +272,7 @@ void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
 const Family& gpt_oss_family() {
   static const Family f{.name = "gpt_oss",
                         .model_types = {"gpt_oss"},
+                        .chat_formats = {"gpt_oss"},
                         .configure = configure,
                         .load = load_decoder,
                         .keep_float = keep_float,

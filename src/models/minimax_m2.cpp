@@ -84,6 +84,7 @@ std::vector<std::string> plan_notes(const io::Config& c) {
 const Family& minimax_m2_family() {
   static const Family f{.name = "minimax_m2",
                         .model_types = {"minimax_m2"},
+                        .chat_formats = {"minimax_m2"},
                         .configure = configure,
                         .load = load_decoder,
                         .describe = describe_gqa_moe,

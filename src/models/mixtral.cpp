@@ -77,6 +77,7 @@ std::vector<io::TensorRename> block_sparse_moe_renames() {
 const Family& mixtral_family() {
   static const Family f{.name = "mixtral",
                         .model_types = {"mixtral"},
+                        .chat_formats = {"mistral"},
                         .configure = configure,
                         .load = load_decoder,
                         .describe = describe_gqa_moe,

@@ -152,6 +152,7 @@ std::string describe(const ModelSpec& s) {
 const Family& qwen3_5_moe_family() {
   static const Family f{.name = "qwen3_5_moe",
                         .model_types = {"qwen3_5_moe", "qwen3_5_moe_text"},
+                        .chat_formats = {"qwen3_xml"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure_hybrid(c, s, false); },
                         .load = load,
                         .describe = describe,
@@ -169,6 +170,7 @@ const Family& qwen3_5_moe_family() {
 const Family& qwen3_next_family() {
   static const Family f{.name = "qwen3_next",
                         .model_types = {"qwen3_next"},
+                        .chat_formats = {"qwen3_json"},
                         .configure = [](const io::Config& c, ModelSpec* s) { configure_hybrid(c, s, true); },
                         .load = load,
                         .describe = describe,

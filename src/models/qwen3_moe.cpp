@@ -65,6 +65,7 @@ std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpe
 const Family& qwen3_moe_family() {
   static const Family f{.name = "qwen3_moe",
                         .model_types = {"qwen3_moe"},
+                        .chat_formats = {"qwen3_json", "qwen3_xml"},
                         .configure = configure,
                         .load = load,
                         .describe = describe_gqa_moe,

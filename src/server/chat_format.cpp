@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include "common/error.h"
+#include "models/family.h"
+
 namespace spool::server {
 
 namespace {
@@ -119,6 +122,29 @@ ToolSyntax detect_chat_format(std::string_view t) {
 }
 
 ToolSyntax detect_tool_syntax(std::string_view chat_template) { return detect_chat_format(chat_template); }
+
+ToolSyntax resolve_chat_format(std::string_view chat_template, const models::Family* family, std::string* note) {
+  const ToolSyntax found = detect_chat_format(chat_template);
+  if (family == nullptr || family->chat_formats.empty()) return found;
+  std::vector<ToolSyntax> own;
+  for (const std::string& n : family->chat_formats) {
+    const ChatFormat* f = find_chat_format(n);
+    if (f == nullptr) fail("family %s lists chat format '%s', which the server does not know", family->name.c_str(), n.c_str());
+    own.push_back(f->id);
+  }
+  auto say = [&](std::string s) {
+    if (note != nullptr) *note = std::move(s);
+  };
+  if (found == ToolSyntax::kNone) {
+    say("the chat template has no tool-call syntax spool recognises; using " + family->name + "'s format " +
+        std::string(chat_format(own.front()).name) + " (--chat-format overrides)");
+    return own.front();
+  }
+  if (std::find(own.begin(), own.end(), found) == own.end())
+    say("the chat template writes the " + std::string(chat_format(found).name) + " format, which " + family->name +
+        " checkpoints do not use; parsing replies as " + std::string(chat_format(found).name) + " (--chat-format overrides)");
+  return found;
+}
 
 bool prompt_opens_reasoning(ToolSyntax id, std::string_view prompt) {
   const ChatFormat& f = chat_format(id);

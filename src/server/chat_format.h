@@ -28,6 +28,10 @@
 
 #include "server/output_parser.h"
 
+namespace spool::models {
+struct Family;
+}
+
 namespace spool::server {
 
 /// What the server and tests need to know about one family's output format.
@@ -75,6 +79,15 @@ const ChatFormat* find_chat_format(std::string_view name);
 /// `<tool_call>`; Qwen XML `<function=` and `<parameter=`; Qwen JSON `<tool_call>` and
 /// `</tool_call>`. kNone when none matches.
 ToolSyntax detect_chat_format(std::string_view chat_template);
+
+/// The format the server uses for a model of `family` (null: unknown) whose chat template is
+/// `chat_template`: the format recognised in the template (detect_chat_format) when the family
+/// lists it in Family::chat_formats, or lists none; the family's first format when the template
+/// has no recognisable tool syntax. A recognised format the family does not list is still used
+/// (the template decides what the model is asked to write: e.g. a replaced template) and `note`
+/// (may be null) says so; it also says when the family's default was taken. Throws spool::Error
+/// when the family lists a name the registry lacks.
+ToolSyntax resolve_chat_format(std::string_view chat_template, const models::Family* family, std::string* note);
 
 /// True when the rendered prompt `prompt` ends inside an open reasoning block of format `id`:
 /// its last reasoning opener is followed only by whitespace (so the output starts as

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "models/family.h"
 #include "server/chat_format.h"
 #include "server/output_parser.h"
 #include "server/stop_strings.h"
@@ -160,6 +161,52 @@ TEST(ChatFormat, DetectedFromTheRealTemplates) {
   EXPECT_EQ(detect_chat_format("{{ '<arg_key>' }}"), ToolSyntax::kNone);
   EXPECT_EQ(detect_chat_format("{{ '<|channel|>' }}"), ToolSyntax::kNone);
   EXPECT_EQ(detect_chat_format("<tool_call></tool_call>"), ToolSyntax::kQwen3Json);
+}
+
+// The family owns its formats (Family::chat_formats): every name it lists is a registered format,
+// every registered format but "none" is some family's, and each real template resolves to its
+// own format for its family without a note; a template without tool syntax falls back to the
+// family's first format, and one the family does not write is used with a note.
+TEST(ChatFormat, FamiliesOwnTheirFormats) {
+  std::set<ToolSyntax> used;
+  for (const models::Family* f : models::families())
+    for (const std::string& n : f->chat_formats) {
+      const ChatFormat* cf = find_chat_format(n);
+      ASSERT_NE(cf, nullptr) << f->name << " lists " << n;
+      EXPECT_EQ(cf->name, n) << f->name << ": list the registry name, not an alias";
+      used.insert(cf->id);
+    }
+  for (const auto& cf : chat_formats())
+    if (cf.id != ToolSyntax::kNone) EXPECT_TRUE(used.count(cf.id)) << cf.name << " is no family's format";
+
+  const std::pair<const char*, const char*> kTemplateFamily[] = {
+      {"glm4_6", "glm4_moe"},          {"glm4_7_flash", "glm4_moe_lite"}, {"gpt_oss", "gpt_oss"},
+      {"deepseek_v3_1", "deepseek_v3"}, {"kimi_k2_instruct", "deepseek_v3"}, {"kimi_k2_thinking", "deepseek_v3"},
+      {"minimax_m2", "minimax_m2"},    {"qwen3_coder", "qwen3_moe"},      {"gemma4", "gemma4_text_moe"},
+      {"mistral_small_3_2", "mixtral"}};
+  for (const auto& [tname, fname] : kTemplateFamily) {
+    const models::Family* f = models::family_named(fname);
+    ASSERT_NE(f, nullptr) << fname;
+    const std::string t = read_text(std::string("chat/") + tname + "/chat_template.jinja");
+    ASSERT_FALSE(t.empty()) << tname;
+    std::string note;
+    EXPECT_EQ(resolve_chat_format(t, f, &note), detect_chat_format(t)) << tname;
+    EXPECT_NE(detect_chat_format(t), ToolSyntax::kNone) << tname;
+    EXPECT_EQ(note, "") << tname << " (" << fname << ")";
+  }
+  const std::string plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  std::string note;
+  EXPECT_EQ(resolve_chat_format(plain, models::family_named("glm4_moe"), &note), ToolSyntax::kGlm45);
+  EXPECT_NE(note.find("glm4_5"), std::string::npos) << note;
+  note.clear();
+  EXPECT_EQ(resolve_chat_format(plain, models::family_named("qwen3_moe"), &note), ToolSyntax::kQwen3Json);
+  note.clear();
+  EXPECT_EQ(resolve_chat_format(plain, models::family_named("olmoe"), &note), ToolSyntax::kNone) << "no formats: plain content";
+  EXPECT_EQ(note, "");
+  EXPECT_EQ(resolve_chat_format(plain, nullptr, &note), ToolSyntax::kNone);
+  const std::string qwen_json = "<tool_call>{{ x }}</tool_call>";
+  EXPECT_EQ(resolve_chat_format(qwen_json, models::family_named("glm4_moe"), &note), ToolSyntax::kQwen3Json);
+  EXPECT_NE(note.find("do not use"), std::string::npos) << note;
 }
 
 TEST(ChatFormat, SelectableByName) {

@@ -1,12 +1,12 @@
 #include "server/serving_engine.h"
 
-#include "server/chat_format.h"
-
 #include <algorithm>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "models/family.h"
+#include "server/chat_format.h"
 
 namespace spool::server {
 
@@ -34,7 +34,9 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     const std::string label = opt.chat_template_file.empty() ? l.ckpt->dir() + " chat template" : opt.chat_template_file;
     e->tmpl.emplace(tmpl::Template::parse(text, label));
     f.chat.tmpl = &*e->tmpl;
-    f.chat.tool_syntax = detect_chat_format(text);
+    std::string note;
+    f.chat.tool_syntax = resolve_chat_format(text, models::family_named(spec.family), &note);
+    if (!note.empty() && opt.chat_format.empty()) log_info("%s", note.c_str());
     f.chat.source = text;
   } else {
     log_warn("%s has no chat template: /v1/chat/completions will refuse requests", l.ckpt->dir().c_str());
