@@ -474,14 +474,46 @@ struct PairAct {
 
 constexpr int64_t kSegPairs = kSegBlocks / 2;  // block pairs per panel segment
 
-// Weight blocks p0 and p1 (p1 null past the last block: zero codes and scales) -> a PairBlock.
-HWY_INLINE void ToPair(const PanelBlock& p0, const PanelBlock* p1, PairBlock& out) {
-  constexpr __mmask16 kOdd = 0xAAAA;
-  const __m512i zq[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-  PairMerge(p0.q, p1 ? p1->q : zq, out.q);
-  const __m512 z = _mm512_setzero_ps();
-  out.sd = _mm512_mask_blend_ps(kOdd, p0.sd, p1 ? p1->sd : z);  // (lanes 2 s and 2 s + 1 of a block hold sub-block s)
-  out.c = _mm512_mask_blend_ps(kOdd, p0.c, p1 ? p1->c : z);
+// vpermi2d indices of DecodeQ4Pair: vector k < 4 (h = 0) and 4 + k (h = 1), lanes 2 s + e: the
+// dword 8 (s / 2 % 2) + 4 (e XOR h) + k of table s / 4 (0: lanes of c0 / d0, 1: of c1 / d1).
+struct PairIdx {
+  alignas(64) int32_t v[8][16];
+  constexpr PairIdx() : v() {
+    for (int m = 0; m < 8; ++m)
+      for (int l = 0; l < 16; ++l) {
+        const int sb = l / 2, e = l % 2, h = m / 4, k = m % 4;
+        v[m][l] = 16 * (sb / 4) + 8 * (sb / 2 % 2) + 4 * (e ^ h) + k;
+      }
+  }
+};
+inline constexpr PairIdx kPairIdx{};
+
+// Two Q4_K blocks (b1 null past the last block: zero codes and scales) straight into PairBlock
+// form, the layout PairMerge gives two interleaved blocks. Lane 2 s + e of vector m = 4 h + k
+// holds columns 32 s + 16 (e XOR h) + 4 k + [0, 4) of block b + e: nibble s % 2 of qs dword
+// 8 (s / 2) + 4 (e XOR h) + k. Blends of the two blocks' qs (c: block b's dwords 8 i + [0, 4)
+// with block b + 1's 8 i + [4, 8); d: the other ones) make each vector one vpermi2d from two
+// tables, then one variable shift and a mask pick the nibble: 3 operations per vector, where
+// Decode + Interleave + PairMerge take about 7.
+HWY_INLINE void DecodeQ4Pair(const uint8_t* HWY_RESTRICT b0, const uint8_t* HWY_RESTRICT b1, PairBlock& out) {
+  constexpr __mmask16 kOdd = 0xAAAA, kHi4 = 0xF0F0;
+  const __m512i z00 = _mm512_loadu_si512(b0 + 16), z01 = _mm512_loadu_si512(b0 + 80);
+  const __m512i z10 = b1 ? _mm512_loadu_si512(b1 + 16) : _mm512_setzero_si512();
+  const __m512i z11 = b1 ? _mm512_loadu_si512(b1 + 80) : _mm512_setzero_si512();
+  const __m512i c0 = _mm512_mask_blend_epi32(kHi4, z00, z10), c1 = _mm512_mask_blend_epi32(kHi4, z01, z11);
+  const __m512i d0 = _mm512_mask_blend_epi32(kHi4, z10, z00), d1 = _mm512_mask_blend_epi32(kHi4, z11, z01);
+  const __m512i shift = _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4);  // odd sub-blocks: high nibbles
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int k = 0; k < 4; ++k) {
+    out.q[k] = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(c0, _mm512_load_si512(kPairIdx.v[k]), c1), shift), m4);
+    out.q[4 + k] = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(d0, _mm512_load_si512(kPairIdx.v[4 + k]), d1), shift), m4);
+  }
+  const __m128i v0 = UnpackK4Scales(b0 + 4), v1 = b1 ? UnpackK4Scales(b1 + 4) : _mm_setzero_si128();
+  const float d1s = b1 ? Half(b1) : 0.0f, m1s = b1 ? Half(b1 + 2) : 0.0f;
+  const __m512 d = _mm512_mask_blend_ps(kOdd, _mm512_set1_ps(Half(b0)), _mm512_set1_ps(d1s));
+  const __m512 dmin = _mm512_mask_blend_ps(kOdd, _mm512_set1_ps(-Half(b0 + 2)), _mm512_set1_ps(-m1s));
+  out.sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v0, v1))), d);   // scales, alternating blocks
+  out.c = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v0, v1))), dmin);  // mins
 }
 
 // Tokens [t0, t1) of a into PairAct form: xs[(t - t0) * np + p], np = ceil(blocks / 2).
@@ -554,15 +586,7 @@ HWY_INLINE void PairRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, c
       for (int64_t p = 0; p < np; ++p) {
         const int64_t b = 2 * (p0 + p);
         const uint8_t* src = w.data + (r + i) * rb + b * F::kBytes;
-        Block8 blk;
-        PanelBlock pb0, pb1;
-        F::Decode(src, blk);
-        ToPanel(blk, pb0);
-        if (b + 1 < nb) {
-          F::Decode(src + F::kBytes, blk);
-          ToPanel(blk, pb1);
-        }
-        ToPair(pb0, b + 1 < nb ? &pb1 : nullptr, panel[i * kSegPairs + p]);
+        DecodeQ4Pair(src, b + 1 < nb ? src + F::kBytes : nullptr, panel[i * kSegPairs + p]);
       }
     int64_t t = 0;
     for (; t + kPanelTok <= nt; t += kPanelTok) PairTile<R, kPanelTok>(panel, np, xs + t * anp, anp, p0, acc + t * R);
