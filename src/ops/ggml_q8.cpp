@@ -590,7 +590,10 @@ HWY_INLINE void PairRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, c
       }
     int64_t t = 0;
     for (; t + kPanelTok <= nt; t += kPanelTok) PairTile<R, kPanelTok>(panel, np, xs + t * anp, anp, p0, acc + t * R);
-    for (; t < nt; ++t) PairTile<R, 1>(panel, np, xs + t * anp, anp, p0, acc + t * R);
+    // the last 1-3 tokens in one narrower tile (each weight vector loaded once for them)
+    if (nt - t == 3) PairTile<R, 3>(panel, np, xs + t * anp, anp, p0, acc + t * R);
+    if (nt - t == 2) PairTile<R, 2>(panel, np, xs + t * anp, anp, p0, acc + t * R);
+    if (nt - t == 1) PairTile<R, 1>(panel, np, xs + t * anp, anp, p0, acc + t * R);
   }
   for (int64_t t = 0; t < nt; ++t)
     for (int i = 0; i < R; ++i) y[(t0 + t) * ldy + r + i] = _mm512_reduce_add_ps(acc[t * R + i]);
