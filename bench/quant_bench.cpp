@@ -362,6 +362,9 @@ void GgmlQ8GemmArgs(benchmark::internal::Benchmark* b) {
     for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 2048, 2048, 512, thr});
     b->Args({static_cast<int64_t>(t), 512, 2048, 16, 1});
     b->Args({static_cast<int64_t>(t), 2048, 512, 16, 1});
+    // an expert's token count is rarely a multiple of the register tile's 4 tokens
+    b->Args({static_cast<int64_t>(t), 512, 2048, 14, 1});
+    b->Args({static_cast<int64_t>(t), 512, 2048, 13, 1});
     b->Args({static_cast<int64_t>(t), 4096, 14336, 512, 1});
   }
 }

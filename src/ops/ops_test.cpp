@@ -25,6 +25,10 @@
 #include "ops/workspace.h"
 #include "common/error.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace spool::ops {
 namespace {
 
@@ -152,6 +156,56 @@ TEST(GatedDelta, ChunkedAndRecurrentMatchDefinition) {
     if (mode == 2) gated_delta_chunked(a, 7, nullptr);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
     for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
+  }
+}
+
+// Strong decay (g = -3 per token: the chunk's e^{gamma_i - gamma_j} reach the subnormal range and
+// below) still matches the definition on both paths, and the chunked path leaves the float control
+// state of the calling thread and of the pool's workers as it found it (it flushes subnormals only
+// while it runs).
+TEST(GatedDelta, StrongDecayMatchesDefinitionAndKeepsFloatControl) {
+  const int64_t T = 130;
+  const int nk = 1, nv = 2, dk = 16, dv = 8;
+  std::vector<float> q = randn(T * nk * dk, 11), k = randn(T * nk * dk, 12), v = randn(T * nv * dv, 13);
+  for (int64_t t = 0; t < T * nk; ++t) {
+    l2_norm(q.data() + t * dk, dk, 1e-6f);
+    l2_norm(k.data() + t * dk, dk, 1e-6f);
+  }
+  std::vector<float> beta(T * nv, 0.5f), g(T * nv, -3.0f);
+  std::vector<float> init = randn(static_cast<size_t>(nv) * dk * dv, 14, 0.1f);
+  GatedDeltaArgs a{T, nk, nv, dk, dv, q.data(), k.data(), v.data(), beta.data(), g.data(), nullptr, nullptr};
+  std::vector<double> Sref(init.begin(), init.end()), oref(T * nv * dv);
+  delta_reference(a, Sref, oref);
+  ThreadPool pool(2);
+#if defined(__SSE__)
+  // MXCSR per pool thread (many small tasks, so each thread likely takes some; ~0u for one that took
+  // none: MXCSR's upper 16 bits are reserved zeros, so no thread reads that)
+  auto csr_of_workers = [&] {
+    std::vector<unsigned> c(static_cast<size_t>(pool.size()), ~0u);
+    pool.run(256, [&](int64_t, int thread) { c[static_cast<size_t>(thread)] = _mm_getcsr(); });
+    return c;
+  };
+  auto same_where_seen = [](const std::vector<unsigned>& x, const std::vector<unsigned>& y) {
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] != ~0u && y[i] != ~0u && x[i] != y[i]) return false;
+    return true;
+  };
+  const unsigned csr = _mm_getcsr();
+  const std::vector<unsigned> workers = csr_of_workers();
+#endif
+  for (int mode = 0; mode < 3; ++mode) {
+    std::vector<float> S = init, out(T * nv * dv);
+    a.state = S.data();
+    a.out = out.data();
+    if (mode == 0) gated_delta_recurrent(a, &pool);
+    if (mode == 1) gated_delta_chunked(a, 64, &pool);
+    if (mode == 2) gated_delta_chunked(a, 64, nullptr);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
+    for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
+#if defined(__SSE__)
+    EXPECT_EQ(_mm_getcsr(), csr) << "mode " << mode << ": the calling thread's MXCSR changed";
+    EXPECT_TRUE(same_where_seen(csr_of_workers(), workers)) << "mode " << mode << ": a worker's MXCSR changed";
+#endif
   }
 }
 
