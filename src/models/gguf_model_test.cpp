@@ -122,6 +122,33 @@ void expect_f32_file_equals_safetensors(const std::string& name) {
 
 TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors(GetParam()); }
 
+// The fixture's F32 GGUF against the transformers golden of its checkpoint (golden.safetensors,
+// tests/reference/make_fixtures*.py) with model_test's tolerance: every prompt row's logits within
+// 1e-4 of that row's max |ref|, and the 12 greedy ids (EOS never picked, as generate made them).
+TEST_P(GgufModel, F32FileMatchesTransformersGolden) {
+  const std::string name = GetParam();
+  Loaded g = load(data_dir() + "/gguf/models/" + name + ".f32.gguf");
+  spool::testing::Golden gold(data_dir() + "/models/" + name + "/golden.safetensors");
+  const std::vector<int32_t> ids = gold.i32("input_ids");
+  const std::vector<float> ref = gold.f32("logits");
+  const int64_t V = g.model->spec().vocab_size;
+  ASSERT_EQ(ref.size(), ids.size() * V);
+  State st = g.model->new_state();
+  std::vector<float> got(ids.size() * V);
+  g.model->forward(ids, st, LogitsMode::kAll, got.data());
+  const double worst = spool::testing::expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), V, 1e-4, name);
+  std::printf("  %s: max rel error vs transformers %.3g\n", name.c_str(), worst);
+  const std::vector<int32_t> want = gold.i32("greedy_ids");
+  std::vector<float> logits(got.end() - V, got.end());
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const int32_t t = spool::testing::argmax_except(logits.data(), V, g.model->spec().eos_token_ids);
+    out.push_back(t);
+    if (i + 1 < want.size()) g.model->forward(std::span<const int32_t>(&t, 1), st, LogitsMode::kLast, logits.data());
+  }
+  EXPECT_EQ(out, want);
+}
+
 void expect_load_error(const std::string& path, const std::string& want);
 
 // One tensor of write_gpt_oss_gguf: `shape` in PyTorch order of elements (GGUF ne is its
@@ -395,7 +422,8 @@ void expect_streaming_equals_resident(const std::string& q_path, bool int8_acts 
 TEST_P(GgufModel, StreamingEqualsResidentBitForBit) { expect_streaming_equals_resident(q_file(GetParam())); }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModel, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral",
-                                                                   "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3"));
+                                                                   "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3",
+                                                                   "gemma4_text_moe"));
 
 // The qwen3_moe fixture file's architecture made wider (hidden 256, head_dim 64, dense FFN 1280,
 // expert FFN 768; its other keys, layer pattern and vocabulary of 512), written to `dst` with
