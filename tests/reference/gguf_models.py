@@ -29,6 +29,10 @@ the `gguf` package:
   /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf [NAME...]
   gpt_oss: not stored; src/models/gguf_model_test.cpp writes the same F32 file (byte for byte) at
   test time, this writer is its independent cross-check (cmp the two).
+  gemma4_text_moe: cross-checked against llama.cpp's own converter (convert_hf_to_gguf.py of the
+  llama-cpp-python 0.3.36 sdist, --outtype f32, run on the fixture with a 512-entry stub tokenizer.json
+  and Gemma4Model.set_vocab stubbed out, since the fixture has no tokenizer): every gemma4.* key and all 90
+  tensors equal this writer's NAME.f32.gguf bit for bit (only general.* bookkeeping keys differ).
   (reads the unpacked fixtures of the build tree; then `xz -9e` the .q/.deq files and let
   tests/reference/pack_fixtures.sh pack each NAME.f32.gguf with its checkpoint, after deleting the old pack)
 """
