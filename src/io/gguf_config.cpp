@@ -118,7 +118,14 @@ nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
   if (auto ff = m.opt("feed_forward_length")) j["intermediate_size"] = *ff;
   const int64_t heads = m.first_int("attention.head_count");
   j["num_attention_heads"] = heads;
-  j["num_key_value_heads"] = m.first_int("attention.head_count_kv");
+  if (const GgufValue* kv = g.find_key(p + "attention.head_count_kv"); a.per_layer_kv_heads && kv != nullptr && kv->is_array()) {
+    const std::vector<int64_t> xs = kv->to_ints(p + "attention.head_count_kv");
+    if (static_cast<int64_t>(xs.size()) < L)
+      fail("%s: attention.head_count_kv has %zu entries for %lld layers", label.c_str(), xs.size(), (long long)L);
+    j["num_key_value_heads"] = xs[0];  // the config hook writes the per-layer-kind values
+  } else {
+    j["num_key_value_heads"] = m.first_int("attention.head_count_kv");
+  }
   const bool mla = a.mla;  // key/value_length describe the latent (the config hook reads them)
   const int64_t hd = mla ? 0 : m.opt("attention.key_length").value_or(heads > 0 ? H / heads : 0);
   if (auto vl = m.opt("attention.value_length"); !mla && vl && *vl != hd)

@@ -44,6 +44,14 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
     if (a.hybrid) m.transform = GgufTransform::kNormMinus1;
     return m;
   }
+  for (const GgufRow& r : a.globals)
+    if (name == r.gguf) {
+      m.hf_name = r.hf;
+      m.transform = r.transform;
+      m.shape = r.shape;
+      m.as_float = r.as_float;
+      return m;
+    }
   auto blk = split_block(name);
   if (!blk) return std::nullopt;
   const auto [layer, rest] = *blk;

@@ -105,6 +105,12 @@ struct GgufArch {
   /// mapped back to `mtp.fc.weight`, `mtp.pre_fc_norm_embedding.weight`, ... Otherwise they keep
   /// the DeepSeek-V3 / GLM-4.5 HF names `layers.{N}.eh_proj.weight`, ... (map_gguf_tensor).
   bool qwen_mtp = false;
+  /// attention.head_count_kv may differ per layer (gemma4: sliding and full layers): the generic
+  /// reader takes layer 0's value and the config hook writes the per-layer-kind fields.
+  bool per_layer_kv_heads = false;
+  /// Tensors outside the blocks besides token_embd / output / output_norm, by exact GGUF name ->
+  /// the name the family's loader reads (gemma4: rope_freqs.weight, kept under its GGUF name).
+  std::vector<GgufRow> globals;
   /// Per-layer rows, searched before the common rows (attn_q/k/v/output, ffn_gate_inp, dense
   /// ffn_gate/up/down) so that they can override them.
   std::vector<GgufRow> rows;

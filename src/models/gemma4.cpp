@@ -12,13 +12,16 @@
 //    raw residual: RMSNorm_noweight * router.scale * H^-1/2, softmax, top-k, renormalise,
 //    * per_expert_scale; tanh-GELU experts fused [E, 2I, H] / [E, H, I] under layers.{i}.experts).
 //  * h *= layer_scalar after each layer; logits soft-capped by final_logit_softcapping.
+// GGUF: llama.cpp's arch "gemma4" (convert_hf_to_gguf.py Gemma4Model; src/models/gemma4.cpp there).
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "models/bind.h"
 #include "models/config_read.h"
+#include "models/decoder.h"
 #include "models/family.h"
 #include "ops/rope.h"
 #include "ops/weights.h"
@@ -29,6 +32,138 @@ namespace {
 
 using J = nlohmann::ordered_json;
 using namespace cfg;
+
+// ---- GGUF ----------------------------------------------------------------------------------
+// llama.cpp's Gemma4Model (conversion/gemma.py) keeps the plain norm weights (norm_shift 0, unlike
+// Gemma 3's 1 + w), stores the fused experts as ffn_gate_up_exps [E, 2I, H] (gate rows, then up)
+// and ffn_down_exps, the router as ffn_gate_inp (+ .scale: router.scale), per_expert_scale as
+// ffn_down_exps.scale and layer_scalar as layer_output_scale.weight; full layers with
+// attention_k_eq_v have no attn_v. Its extra rope_freqs.weight [global_head_dim / 2] (1 for the
+// rotated pairs, 1e30 for the rest) encodes the proportional RoPE's partial factor: read at load.
+std::vector<io::GgufRow> gguf_rows() {
+  const auto F = io::GgufTransform::kNone;
+  const auto R = io::GgufShape::kReversed;
+  return {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+      {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+      {"pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight"},
+      {"post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight"},
+      {"post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"layer_output_scale.weight", "layer_scalar"},
+      {"ffn_gate_inp.weight", "router.proj.weight", F, R, 0, false, /*as_float=*/true},
+      {"ffn_gate_inp.scale", "router.scale"},
+      {"ffn_down_exps.scale", "router.per_expert_scale"},
+  };
+}
+
+// The Gemma4TextConfig fields from llama.cpp's gemma4 keys: head_dim = key_length_swa,
+// global_head_dim = key_length, the KV heads of each layer kind from the per-layer
+// attention.head_count_kv, layer_types from attention.sliding_window_pattern (true = sliding), the
+// two rope thetas (rope.freq_base is the full layers', rope.freq_base_swa the sliding ones'),
+// attention_k_eq_v from the full layers' missing attn_v.
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
+  const std::string& f = m.label();
+  const char* p = m.prefix().c_str();
+  const int64_t L = m.layers();
+  j["model_type"] = "gemma4_text";
+  j.erase("hidden_act");
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  if (!m.dense_layers().empty() && static_cast<int64_t>(m.dense_layers().size()) != L)
+    fail("%s: layer %lld has no router (blk.%lld.ffn_gate_inp.weight) but others do; Gemma 4 has a MoE in every layer or none",
+         f.c_str(), (long long)m.dense_layers()[0], (long long)m.dense_layers()[0]);
+  const bool moe = m.dense_layers().empty();
+  j["enable_moe_block"] = moe;  // false: configure names the dense model as unsupported
+  if (moe) {
+    m.require_gating(1, "softmax");
+    j["num_experts"] = m.need("expert_count");
+    j["top_k_experts"] = m.need("expert_used_count");
+    j["moe_intermediate_size"] = m.expert_ff();
+  }
+  j["hidden_size_per_layer_input"] = m.opt("embedding_length_per_layer_input").value_or(0);
+  j["num_kv_shared_layers"] = m.opt("attention.shared_kv_layers").value_or(0);
+  const std::optional<std::vector<int64_t>> swa = m.layer_flags("attention.sliding_window_pattern");
+  if (!swa) fail("%s: missing per-layer metadata key '%sattention.sliding_window_pattern'", f.c_str(), p);
+  nlohmann::json types = nlohmann::json::array();
+  for (int64_t l = 0; l < L; ++l) types.push_back((*swa)[l] ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  j["sliding_window"] = m.need("attention.sliding_window");
+  const int64_t hd_full = m.need("attention.key_length"), hd_swa = m.need("attention.key_length_swa");
+  if (auto v = m.opt("attention.value_length_swa"); v && *v != hd_swa)
+    fail("%s: attention.value_length_swa %lld differs from key_length_swa %lld", f.c_str(), (long long)*v, (long long)hd_swa);
+  j["head_dim"] = hd_swa;
+  j["global_head_dim"] = hd_full;
+  // KV heads per layer kind (a scalar: the same for both).
+  std::vector<int64_t> kv;
+  if (const io::GgufValue* v = m.file().find_key(m.prefix() + "attention.head_count_kv"); v != nullptr && v->is_array())
+    kv = v->to_ints(m.prefix() + "attention.head_count_kv");  // length checked by gguf_config_json
+  else
+    kv.assign(static_cast<size_t>(L), m.need("attention.head_count_kv"));
+  int64_t kv_swa = -1, kv_full = -1;
+  bool full_has_v = false, full_lacks_v = false;
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t& want = (*swa)[l] ? kv_swa : kv_full;
+    if (want >= 0 && want != kv[l])
+      fail("%s: attention.head_count_kv varies among the %s layers (%lld, %lld); spool needs one value per layer kind", f.c_str(),
+           (*swa)[l] ? "sliding" : "full", (long long)want, (long long)kv[l]);
+    want = kv[l];
+    const bool has_v = m.has_tensor(l, "attn_v.weight");
+    if ((*swa)[l] && !has_v)
+      fail("%s: sliding layer %lld has no blk.%lld.attn_v.weight (only full layers share K as V)", f.c_str(), (long long)l, (long long)l);
+    if (!(*swa)[l]) (has_v ? full_has_v : full_lacks_v) = true;
+  }
+  if (full_has_v && full_lacks_v) fail("%s: some full-attention layers have attn_v.weight and some do not", f.c_str());
+  if (kv_swa < 0) kv_swa = kv_full;
+  j["num_key_value_heads"] = kv_swa;
+  j["attention_k_eq_v"] = full_lacks_v;
+  if (kv_full >= 0 && kv_full != kv_swa) {
+    if (!full_lacks_v)
+      fail("%s: the full layers have %lld KV heads and the sliding ones %lld, with a v projection; Gemma 4 has "
+           "num_global_key_value_heads only with attention_k_eq_v", f.c_str(), (long long)kv_full, (long long)kv_swa);
+    j["num_global_key_value_heads"] = kv_full;
+  }
+  // RoPE: sliding layers rotate the whole head (default), full layers are proportional, their
+  // partial factor in rope_freqs.weight (read at load: bind_rope_freqs).
+  const std::optional<double> theta_swa = m.optf("rope.freq_base_swa");
+  if (auto rd = m.opt("rope.dimension_count_swa"); rd && *rd != hd_swa)
+    fail("%s: rope.dimension_count_swa %lld is not key_length_swa %lld: partial RoPE on the sliding layers is not supported",
+         f.c_str(), (long long)*rd, (long long)hd_swa);
+  if (auto rd = m.opt("rope.dimension_count"); rd && *rd != hd_full)
+    fail("%s: rope.dimension_count %lld is not key_length %lld (llama.cpp's gemma4 rotates the whole head and zeroes "
+         "pairs through rope_freqs)", f.c_str(), (long long)*rd, (long long)hd_full);
+  j["rope_parameters"] = {
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", theta_swa.value_or(10000.0)}}},
+      {"full_attention", {{"rope_type", "proportional"}, {"rope_theta", m.optf("rope.freq_base").value_or(1000000.0)}}}};
+  if (auto cap = m.optf("final_logit_softcapping")) j["final_logit_softcapping"] = *cap;
+}
+
+// A GGUF's rope_freqs.weight (llama.cpp's freq_factors of the full layers: position angle
+// theta^(-2i/hd) / ff_i): 1 for the first n pairs, 1e30 (no rotation) for the rest, as the
+// converter writes the proportional RoPE; sets the full layers' inverse frequencies to n pairs
+// (partial_rotary_factor 2n / hd). Other factors (a frequency-scaled RoPE) are an error.
+void bind_rope_freqs(const io::Checkpoint& ck, ModelSpec* s) {
+  if (ck.find("rope_freqs.weight") == nullptr) return;  // safetensors: rope_parameters says it
+  for (int i = 0; i < s->n_layers; ++i) {
+    if (s->attn.windowed(i)) continue;
+    AttentionSpec& f = s->attn_layers[i];
+    const std::vector<float> ff = bind_f32(ck, "rope_freqs.weight", {f.head_dim / 2});
+    int n = 0;
+    while (n < static_cast<int>(ff.size()) && ff[n] == 1.0f) ++n;
+    for (size_t k = n; k < ff.size(); ++k)
+      if (!(ff[k] >= 1e30f))
+        fail("%s: rope_freqs.weight[%zu] is %g: spool reads only the converter's proportional-RoPE pattern (1 for the rotated "
+             "pairs, then 1e30)", ck.dir().c_str(), k, ff[k]);
+    f.inv_freq = ops::proportional_inv_freq(f.rope_theta, f.head_dim, 2.0 * n / f.head_dim);
+  }
+}
+
+std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
+  bind_rope_freqs(*ckpt, &spec);
+  return load_decoder(std::move(ckpt), std::move(spec), std::move(backend));
+}
 
 // One layer type's rope_parameters entry ({"rope_type", "rope_theta", ...}), or an empty
 // object when absent.
@@ -194,9 +329,15 @@ const Family& gemma4_text_moe_family() {
                         .model_types = {"gemma4_text", "gemma4"},
                         .chat_formats = {"gemma4"},
                         .configure = configure,
-                        .load = load_decoder,
+                        .load = load,
                         .keep_float = keep_float,
-                        .describe = describe};
+                        .describe = describe,
+                        .gguf = {{.name = "gemma4",
+                                  .model_type = "gemma4_text",
+                                  .per_layer_kv_heads = true,
+                                  .globals = {{"rope_freqs.weight", "rope_freqs.weight"}},
+                                  .rows = gguf_rows(),
+                                  .config = gguf_config}}};
   return f;
 }
 

@@ -84,10 +84,12 @@ void expect_rel_close(const std::vector<float>& a, const std::vector<float>& b) 
 // Writes `src` (one GGUF file) to `dst` as GGUF v3 with the same metadata, tensor names and order,
 // every block-typed tensor replaced by its F32 dequantization (ops::ggml_dequantize_row; float
 // tensors copied as they are): the model on the dequantized weights for block-quantized files.
-// Tensors for which `drop_tensor` and keys for which `drop_key` return true are left out.
+// Tensors for which `drop_tensor` and keys for which `drop_key` return true are left out; `extra`
+// then adds metadata and tensors (replacements of dropped ones) after the copied ones.
 void write_dequantized_gguf(const std::string& src, const std::string& dst,
                             const std::function<bool(const std::string&)>& drop_tensor = nullptr,
-                            const std::function<bool(const std::string&)>& drop_key = nullptr) {
+                            const std::function<bool(const std::string&)>& drop_key = nullptr,
+                            const std::function<void(testing::GgufWriter&)>& extra = nullptr) {
   const io::GgufFile g = io::GgufFile::open(src);
   testing::GgufWriter w;
   for (const auto& [key, v] : g.metadata())
@@ -103,6 +105,7 @@ void write_dequantized_gguf(const std::string& src, const std::string& dst,
       w.add_tensor_f32(t.name, ne, f);
     }
   }
+  if (extra) extra(w);
   w.write(dst);
 }
 
@@ -121,6 +124,33 @@ void expect_f32_file_equals_safetensors(const std::string& name) {
 }
 
 TEST_P(GgufModel, F32FileEqualsSafetensorsModel) { expect_f32_file_equals_safetensors(GetParam()); }
+
+// The fixture's F32 GGUF against the transformers golden of its checkpoint (golden.safetensors,
+// tests/reference/make_fixtures*.py) with model_test's tolerance: every prompt row's logits within
+// 1e-4 of that row's max |ref|, and the 12 greedy ids (EOS never picked, as generate made them).
+TEST_P(GgufModel, F32FileMatchesTransformersGolden) {
+  const std::string name = GetParam();
+  Loaded g = load(data_dir() + "/gguf/models/" + name + ".f32.gguf");
+  spool::testing::Golden gold(data_dir() + "/models/" + name + "/golden.safetensors");
+  const std::vector<int32_t> ids = gold.i32("input_ids");
+  const std::vector<float> ref = gold.f32("logits");
+  const int64_t V = g.model->spec().vocab_size;
+  ASSERT_EQ(ref.size(), ids.size() * V);
+  State st = g.model->new_state();
+  std::vector<float> got(ids.size() * V);
+  g.model->forward(ids, st, LogitsMode::kAll, got.data());
+  const double worst = spool::testing::expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), V, 1e-4, name);
+  std::printf("  %s: max rel error vs transformers %.3g\n", name.c_str(), worst);
+  const std::vector<int32_t> want = gold.i32("greedy_ids");
+  std::vector<float> logits(got.end() - V, got.end());
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const int32_t t = spool::testing::argmax_except(logits.data(), V, g.model->spec().eos_token_ids);
+    out.push_back(t);
+    if (i + 1 < want.size()) g.model->forward(std::span<const int32_t>(&t, 1), st, LogitsMode::kLast, logits.data());
+  }
+  EXPECT_EQ(out, want);
+}
 
 void expect_load_error(const std::string& path, const std::string& want);
 
@@ -395,7 +425,8 @@ void expect_streaming_equals_resident(const std::string& q_path, bool int8_acts 
 TEST_P(GgufModel, StreamingEqualsResidentBitForBit) { expect_streaming_equals_resident(q_file(GetParam())); }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModel, ::testing::Values("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral",
-                                                                   "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3"));
+                                                                   "glm4_moe", "minimax_m2", "deepseek_v2_lite", "deepseek_v3",
+                                                                   "gemma4_text_moe"));
 
 // The qwen3_moe fixture file's architecture made wider (hidden 256, head_dim 64, dense FFN 1280,
 // expert FFN 768; its other keys, layer pattern and vocabulary of 512), written to `dst` with
@@ -591,6 +622,89 @@ TEST(GgufModelErrors, Glm4MoeDenseLayerCountMustMatchRouters) {
   write_dequantized_gguf(data_dir() + "/gguf/models/glm4_moe.f32.gguf", path, nullptr,
                          [](const std::string& k) { return k == "glm4moe.leading_dense_block_count"; });
   expect_load_error(path, "leading_dense_block_count");
+  std::filesystem::remove(path);
+}
+
+// ---- gemma4 (llama.cpp's Gemma4Model) --------------------------------------------------------
+std::string gemma4_f32() { return data_dir() + "/gguf/models/gemma4_text_moe.f32.gguf"; }
+std::string temp_gguf(const std::string& name) { return (std::filesystem::path(::testing::TempDir()) / name).string(); }
+
+// The metadata -> config.json hook: per-kind head sizes and RoPE, layer kinds from the sliding
+// window pattern, K = V from the full layer's missing attn_v; and the full layer's inverse
+// frequencies from rope_freqs.weight equal the safetensors model's (rope_parameters).
+TEST(GgufGemma4, ConfigAndRopeFromMetadata) {
+  const io::Checkpoint ck = models::open_checkpoint(gemma4_f32(), {.map = false});
+  const nlohmann::json& j = ck.raw_config().json();
+  EXPECT_EQ(j["model_type"], "gemma4_text");
+  EXPECT_EQ(j["head_dim"], 16);
+  EXPECT_EQ(j["global_head_dim"], 512);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_FALSE(j.contains("num_global_key_value_heads"));
+  EXPECT_EQ(j["attention_k_eq_v"], true);
+  EXPECT_EQ(j["enable_moe_block"], true);
+  EXPECT_EQ(j["layer_types"], nlohmann::json({"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"}));
+  EXPECT_EQ(j["sliding_window"], 8);
+  EXPECT_EQ(j["final_logit_softcapping"], 30.0);
+  EXPECT_EQ(j["rope_parameters"]["sliding_attention"]["rope_theta"], 10000.0);
+  EXPECT_EQ(j["rope_parameters"]["full_attention"]["rope_theta"], 1000000.0);
+  EXPECT_EQ(j["top_k_experts"], 2);
+  EXPECT_EQ(j["moe_intermediate_size"], 32);
+  Loaded g = load(gemma4_f32()), ref = load(data_dir() + "/models/gemma4_text_moe");
+  EXPECT_EQ(g.model->spec().attn_of(3).inv_freq, ref.model->spec().attn_of(3).inv_freq);
+  EXPECT_EQ(std::count(g.model->spec().attn_of(3).inv_freq.begin(), g.model->spec().attn_of(3).inv_freq.end(), 0.0f), 256 - 64);
+}
+
+// attention.head_count_kv as a per-layer array (what the converter writes when the full layers'
+// KV heads are given): the same model when the values agree; a different count on the K = V full
+// layer is its num_global_key_value_heads.
+TEST(GgufGemma4, PerLayerKvHeadArray) {
+  const std::string same = temp_gguf("spool_gemma4_kv_array.gguf"), global1 = temp_gguf("spool_gemma4_kv_global.gguf");
+  const auto drop = [](const std::string& k) { return k == "gemma4.attention.head_count_kv"; };
+  write_dequantized_gguf(gemma4_f32(), same, nullptr, drop,
+                         [](testing::GgufWriter& w) { w.add_u32s("gemma4.attention.head_count_kv", {2, 2, 2, 2}); });
+  write_dequantized_gguf(gemma4_f32(), global1, nullptr, drop,
+                         [](testing::GgufWriter& w) { w.add_u32s("gemma4.attention.head_count_kv", {2, 2, 2, 1}); });
+  Loaded a = load(gemma4_f32()), b = load(same);
+  std::vector<int32_t> ia, ib;
+  EXPECT_EQ(run(*a.model, &ia), run(*b.model, &ib));
+  EXPECT_EQ(ia, ib);
+  const io::Checkpoint ck = models::open_checkpoint(global1, {.map = false});
+  EXPECT_EQ(ck.raw_config().json()["num_global_key_value_heads"], 1);
+  EXPECT_EQ(ck.raw_config().json()["num_key_value_heads"], 2);
+  std::filesystem::remove(same);
+  std::filesystem::remove(global1);
+}
+
+TEST(GgufModelErrors, Gemma4RopeFreqsOtherThanProportionalAreNamed) {
+  // freq factors other than the converter's 1 / 1e30 pattern (a frequency-scaled RoPE) are named.
+  const std::string path = temp_gguf("spool_gemma4_rope_freqs.gguf");
+  write_dequantized_gguf(gemma4_f32(), path, [](const std::string& n) { return n == "rope_freqs.weight"; }, nullptr,
+                         [](testing::GgufWriter& w) {
+                           std::vector<float> ff(256, 1e30f);
+                           std::fill(ff.begin(), ff.begin() + 64, 1.0f);
+                           ff[10] = 2.0f;
+                           w.add_tensor_f32("rope_freqs.weight", {256}, ff);
+                         });
+  expect_load_error(path, "rope_freqs.weight[10] is 2");
+  std::filesystem::remove(path);
+}
+
+TEST(GgufModelErrors, Gemma4DenseIsRejectedByName) {
+  // Without routers and experts the file is a dense Gemma 4, which spool does not run.
+  const std::string path = temp_gguf("spool_gemma4_dense.gguf");
+  write_dequantized_gguf(gemma4_f32(), path, [](const std::string& n) {
+    return n.find("ffn_gate_inp") != std::string::npos || n.find("_exps") != std::string::npos ||
+           n.find("ffn_norm_2") != std::string::npos || n.find("ffw_norm_") != std::string::npos;
+  });
+  expect_load_error(path, "dense Gemma 4");
+  std::filesystem::remove(path);
+}
+
+TEST(GgufModelErrors, Gemma4SlidingLayerWithoutVIsNamed) {
+  // Only the full layers may share K as V (attention_k_eq_v); a sliding layer without attn_v is named.
+  const std::string path = temp_gguf("spool_gemma4_no_v.gguf");
+  write_dequantized_gguf(gemma4_f32(), path, [](const std::string& n) { return n == "blk.1.attn_v.weight"; });
+  expect_load_error(path, "sliding layer 1 has no blk.1.attn_v.weight");
   std::filesystem::remove(path);
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the test fixture models (tests/data/models/{qwen3_moe,qwen3_next,qwen3_5_moe_text,olmoe,
-mixtral,glm4_moe,minimax_m2,deepseek_v2_lite,deepseek_v3,gpt_oss}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
+mixtral,glm4_moe,minimax_m2,deepseek_v2_lite,deepseek_v3,gpt_oss,gemma4_text_moe}) as GGUF files the way llama.cpp's convert_hf_to_gguf.py does (names,
 1 + w norms for the hybrid architectures, A = -exp(A_log), conv1d squeezed, Qwen3.5's V heads
 reordered grouped -> tiled (bench/moe_to_gguf.py's reorder_v_heads), Qwen3-Next's in_proj_qkvz split
 into attn_qkv + attn_gate, experts stacked into ffn_*_exps; Mixtral as arch "llama" with q_proj /
@@ -9,11 +9,15 @@ post_attention_layernorm as post_attention_norm, q/k/v biases, shared experts as
 e_score_correction_bias as exp_probs_b.bias; gpt-oss's fused interleaved gate_up split into
 ffn_gate_exps / ffn_up_exps (+ biases), sinks as attn_sinks.weight, router as ffn_gate_inp (+ bias); DeepSeek's MLA as attn_q / attn_q_a + attn_q_b,
 attn_kv_a_mqa and kv_b_proj split per head into attn_k_b (transposed) + attn_v_b, or whole as
-attn_kv_b for KV_B_WHOLE, head_count_kv 1; the metadata keys each converter class writes), with
+attn_kv_b for KV_B_WHOLE, head_count_kv 1; Gemma 4 (Gemma4Model, arch gemma4) with plain norms (no + 1), the
+sandwich / parallel-FFN norms as post_attention_norm, ffn_norm, post_ffw_norm{,_1,_2}, pre_ffw_norm_2, the router as
+ffn_gate_inp (+ .scale), per_expert_scale as ffn_down_exps.scale, layer_scalar as layer_output_scale.weight, fused experts
+as ffn_gate_up_exps / ffn_down_exps, no attn_v on K = V layers and rope_freqs.weight for the proportional RoPE; the
+metadata keys each converter class writes), with
 the `gguf` package:
 
   NAME.f32.gguf  every tensor F32 (compared with the safetensors fixture)
-  NAME.q.gguf    a llama.cpp-like mix of block types: matrices Q8_0, token_embd Q8_0, output Q4_1,
+  NAME.q.gguf    a llama.cpp-like mix of block types: matrices Q8_0 (Gemma 4's full-attention q/k/o Q4_0), token_embd Q8_0, output Q4_1,
                  attn_qkv Q5_0, expert gate Q4_0 / up Q5_1 / down MXFP4 (norms, router, conv1d F32)
   NAME.deq.gguf  NAME.q.gguf with every quantized tensor replaced by its F32 dequantization
                  (gguf.quants.dequantize): "the same model on the dequantized float weights".
@@ -25,6 +29,10 @@ the `gguf` package:
   /tmp/gguf-venv/bin/python tests/reference/gguf_models.py build/tests/data/models tests/data/gguf [NAME...]
   gpt_oss: not stored; src/models/gguf_model_test.cpp writes the same F32 file (byte for byte) at
   test time, this writer is its independent cross-check (cmp the two).
+  gemma4_text_moe: cross-checked against llama.cpp's own converter (convert_hf_to_gguf.py of the
+  llama-cpp-python 0.3.36 sdist, --outtype f32, run on the fixture with a 512-entry stub tokenizer.json
+  and Gemma4Model.set_vocab stubbed out, since the fixture has no tokenizer): every gemma4.* key and all 90
+  tensors equal this writer's NAME.f32.gguf bit for bit (only general.* bookkeeping keys differ).
   (reads the unpacked fixtures of the build tree; then `xz -9e` the .q/.deq files and let
   tests/reference/pack_fixtures.sh pack each NAME.f32.gguf with its checkpoint, after deleting the old pack)
 """
@@ -119,11 +127,99 @@ def convert_gpt_oss(cfg, w):
     return "gpt-oss", out
 
 
+def convert_gemma4(cfg, w):
+    """Gemma 4 (Gemma4Model(Gemma3Model), conversion/gemma.py): norm_shift 0 (plain weights), tied head (no
+    output.weight), HF tensor names through tensor_mapping.py's gemma4 rows, router.scale -> ffn_gate_inp.scale,
+    router.per_expert_scale -> ffn_down_exps.scale, layer_scalar -> layer_output_scale.weight, experts.gate_up_proj
+    [E, 2I, H] -> ffn_gate_up_exps as is, experts.down_proj -> ffn_down_exps; generate_extra_tensors' rope_freqs
+    [global_head_dim / 2]: 1 for the int(hd * partial / 2) rotated pairs, 1e30 for the rest."""
+    hd_full = global_head_dim(cfg)
+    partial = cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"]
+    n_rot = int(hd_full * partial / 2)
+    ff = np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32)
+    out = [("token_embd.weight", w["embed_tokens.weight"], "embd"), ("output_norm.weight", w["norm.weight"], "norm"),
+           ("rope_freqs.weight", ff, "norm")]
+    if "lm_head.weight" in w and not cfg.get("tie_word_embeddings", True):
+        out.append(("output.weight", w["lm_head.weight"], "output"))
+    for b in range(cfg["num_hidden_layers"]):
+        p = f"layers.{b}."
+        for g, h in (("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
+                     ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm"),
+                     ("pre_ffw_norm_2", "pre_feedforward_layernorm_2"), ("post_ffw_norm_1", "post_feedforward_layernorm_1"),
+                     ("post_ffw_norm_2", "post_feedforward_layernorm_2"), ("attn_q_norm", "self_attn.q_norm"),
+                     ("attn_k_norm", "self_attn.k_norm")):
+            out.append((f"blk.{b}.{g}.weight", w[p + h + ".weight"], "norm"))
+        for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+            if p + f"self_attn.{h}.weight" in w:  # no v_proj on attention_k_eq_v (full) layers
+                full = cfg["layer_types"][b] == "full_attention"  # head_dim 512: Q4_0 keeps the .q file small
+                out.append((f"blk.{b}.{g}.weight", w[p + f"self_attn.{h}.weight"], "attn_full" if full else "matrix"))
+        for g, h in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+            out.append((f"blk.{b}.{g}.weight", w[p + f"mlp.{h}.weight"], "matrix"))
+        out.append((f"blk.{b}.layer_output_scale.weight", w[p + "layer_scalar"], "norm"))
+        out.append((f"blk.{b}.ffn_gate_inp.weight", w[p + "router.proj.weight"], "norm"))
+        out.append((f"blk.{b}.ffn_gate_inp.scale", w[p + "router.scale"], "norm"))
+        out.append((f"blk.{b}.ffn_gate_up_exps.weight", w[p + "experts.gate_up_proj"], "ffn_gate_exps"))
+        out.append((f"blk.{b}.ffn_down_exps.weight", w[p + "experts.down_proj"], "ffn_down_exps"))
+        out.append((f"blk.{b}.ffn_down_exps.scale", w[p + "router.per_expert_scale"], "norm"))
+    return "gemma4", out
+
+
+def global_head_dim(cfg):
+    """Gemma4Model: global_head_dim, else the first full layer's per_layer_config head_dim."""
+    if cfg.get("global_head_dim") is not None:
+        return cfg["global_head_dim"]
+    for i, c in cfg.get("per_layer_config", {}).items():
+        if cfg["layer_types"][int(i)] == "full_attention" and "head_dim" in c:
+            return c["head_dim"]
+    raise ValueError("no full-attention head_dim")
+
+
+def write_gemma4_meta(w, cfg):
+    """Gemma4Model.set_gguf_parameters (after TextModel's and Gemma3Model's): the last value of each key."""
+    rope = cfg["rope_parameters"]
+    swa = [t == "sliding_attention" for t in cfg["layer_types"]]
+    hd_full, hd_swa = global_head_dim(cfg), cfg["head_dim"]
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    kv_full = cfg.get("num_global_key_value_heads")
+    if kv_full is None:
+        for i, c in cfg.get("per_layer_config", {}).items():
+            if cfg["layer_types"][int(i)] == "full_attention" and "num_key_value_heads" in c:
+                kv_full = c["num_key_value_heads"]
+                break
+    if kv_full is not None:  # per-layer array
+        w.add_head_count_kv([cfg["num_key_value_heads"] if s else kv_full for s in swa])
+    else:
+        w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["top_k_experts"])
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    w.add_embedding_length_per_layer_input(cfg.get("hidden_size_per_layer_input") or 0)
+    w.add_sliding_window_pattern(swa)
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_key_length_swa(hd_swa)
+    w.add_value_length_swa(hd_swa)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_rope_dimension_count(hd_full)
+    w.add_rope_dimension_count_swa(int(hd_swa * rope["sliding_attention"].get("partial_rotary_factor", 1.0)))
+
+
 def convert(cfg, w, split_kv_b=True):
     """HF tensors -> list of (gguf name, float32 array in PyTorch order, role) with llama.cpp's transforms."""
     mt = cfg["model_type"]
     if mt == "gpt_oss":
         return convert_gpt_oss(cfg, w)
+    if mt == "gemma4_text":
+        return convert_gemma4(cfg, w)
     arch = ARCHS[mt]
     hybrid = arch in ("qwen3next", "qwen35moe")
     tiled = arch == "qwen35moe"
@@ -223,7 +319,7 @@ def convert(cfg, w, split_kv_b=True):
     return arch, out
 
 
-QUANT_MIX = {"matrix": Q.Q8_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
+QUANT_MIX = {"matrix": Q.Q8_0, "attn_full": Q.Q4_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
              "ffn_gate_exps": Q.Q4_0, "ffn_up_exps": Q.Q5_1, "ffn_down_exps": Q.MXFP4,
              "ffn_gate_up_exps": Q.MXFP4}  # gpt-oss gate and up: one type (spool interleaves their rows)
 
@@ -231,6 +327,15 @@ QUANT_MIX = {"matrix": Q.Q8_0, "embd": Q.Q8_0, "output": Q.Q4_1, "qkv": Q.Q5_0,
 def write(path, arch, cfg, tensors, mode, split_kv_b=True):
     """mode: 'f32', 'q' (QUANT_MIX) or 'deq' (QUANT_MIX values, stored F32)."""
     w = gguf.GGUFWriter(str(path), arch)
+    if arch == "gemma4":
+        write_gemma4_meta(w, cfg)
+    else:
+        write_meta(w, arch, cfg, split_kv_b)
+    write_tensors(w, tensors, mode)
+
+
+def write_meta(w, arch, cfg, split_kv_b):
+    """The metadata keys of the qwen / olmoe / llama / glm4moe / minimax-m2 / gpt-oss / deepseek2 converters."""
     hybrid = arch in ("qwen3next", "qwen35moe")
     qwen = arch.startswith("qwen")
     rope = cfg.get("rope_parameters", {})
@@ -318,6 +423,10 @@ def write(path, arch, cfg, tensors, mode, split_kv_b=True):
         w.add_array(f"{arch}.attention.recurrent_layers", [t == "linear_attention" for t in lt])
         w.add_full_attention_interval(4)
         w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 0.25)))
+
+
+def write_tensors(w, tensors, mode):
+    """The tensors in `mode` ('f32', 'q', 'deq'), then the file."""
     for name, a, role in tensors:
         a = np.ascontiguousarray(a, dtype=np.float32)
         qt = QUANT_MIX.get(role) if mode != "f32" else None
@@ -339,7 +448,7 @@ def main():
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     dst.mkdir(parents=True, exist_ok=True)
     for name in sys.argv[3:] or ("qwen3_moe", "qwen3_next", "qwen3_5_moe_text", "olmoe", "mixtral", "glm4_moe", "minimax_m2",
-                                   "deepseek_v2_lite", "deepseek_v3", "gpt_oss"):
+                                   "deepseek_v2_lite", "deepseek_v3", "gpt_oss", "gemma4_text_moe"):
         cfg = json.loads((src / name / "config.json").read_text())
         st = src / name / "model.safetensors"
         weights = read_safetensors(st if st.exists() else Path(str(st) + ".xz"))

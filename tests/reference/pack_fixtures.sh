@@ -37,7 +37,7 @@ recompress() {  # recompress FILE.xz OPTS: keeps the smaller of the two
   if [ "$(stat -c%s "$f.new")" -lt "$(stat -c%s "$f")" ]; then mv "$f.new" "$f"; else rm "$f.new"; fi
 }
 
-for n in qwen3_moe qwen3_next qwen3_5_moe_text olmoe mixtral glm4_moe minimax_m2 deepseek_v2_lite deepseek_v3; do
+for n in qwen3_moe qwen3_next qwen3_5_moe_text olmoe mixtral glm4_moe minimax_m2 deepseek_v2_lite deepseek_v3 gemma4_text_moe; do
   [ -f "$data/packs/$n.tar.xz" ] || pack "$n" "models/$n/model.safetensors" "gguf/models/$n.f32.gguf"
 done
 [ -f "$data/packs/qwen3_5_moe_vl.tar.xz" ] || \
