@@ -44,7 +44,7 @@ grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -q
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz anthropic_request_fuzz
-  responses_request_fuzz)
+  responses_request_fuzz json_schema_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
 cmake --build build-asan -j"$jobs" --target spool io_test gguf_test sysinfo_test tokenizer_test template_test \
@@ -98,6 +98,21 @@ seed output_parser_fuzz
 seed gguf_fuzz tests/data/gguf/*.gguf
 seed anthropic_request_fuzz tests/data/anthropic/*.json
 seed responses_request_fuzz tests/data/responses/*.json
+if [ ! -d build-asan/corpus/json_schema_fuzz ]; then  # the real templates' tool schemas
+  mkdir -p build-asan/corpus/json_schema_fuzz
+  python3 - build-asan/corpus/json_schema_fuzz tests/data/chat/*/chat_cases.json <<'PY'
+import json, sys
+out, n = sys.argv[1], 0
+for f in sys.argv[2:]:
+    d = json.load(open(f))
+    for case in d["cases"] if isinstance(d, dict) else d:
+        for tool in case.get("tools") or []:
+            params = (tool.get("function") or tool).get("parameters")
+            if isinstance(params, dict):
+                open(f"{out}/seed{n}", "w").write(json.dumps(params))
+                n += 1
+PY
+fi
 run_fuzzer() {
   SPOOL_FUZZ_TOKENIZER_DIR="$PWD/build/tests/data/tokenizers/qwen3" \
     "build-asan/fuzz/$1" -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
