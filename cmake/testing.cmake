@@ -2,6 +2,9 @@
 # skipped test fails the run (tests/support/gtest_main.cpp).
 add_library(spool_gtest_main STATIC ${CMAKE_SOURCE_DIR}/tests/support/gtest_main.cpp)
 target_link_libraries(spool_gtest_main PUBLIC GTest::gtest)
+# Every test binary links spool_gtest_main, so this puts tests/ on their include path: the shared
+# test helpers are included as "support/<file>.h".
+target_include_directories(spool_gtest_main PUBLIC ${CMAKE_SOURCE_DIR}/tests)
 
 # spool_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2])
 # Builds a GoogleTest binary and registers its tests with CTest. Tests find their data

@@ -13,7 +13,7 @@
 #include "constrain/json_schema.h"
 #include "constrain/token_mask.h"
 #include "tokenizer/tokenizer.h"
-#include "../../tests/support/grammar_walk.h"
+#include "support/grammar_walk.h"
 
 namespace spool::constrain {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "common/error.h"
 #include "engine/loader.h"
 

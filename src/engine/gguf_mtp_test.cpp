@@ -15,10 +15,10 @@
 
 #include <unistd.h>
 
-#include "../../tests/support/gguf_writer.h"
-#include "../../tests/support/golden.h"
-#include "../../tests/support/mtp.h"
-#include "../../tests/support/random.h"
+#include "support/gguf_writer.h"
+#include "support/golden.h"
+#include "support/mtp.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "template/chat_template.h"

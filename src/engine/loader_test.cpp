@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "models/family.h"
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "engine/loader.h"
 #include "io/checkpoint.h"
 #include "models/spec.h"

@@ -25,7 +25,7 @@
 #include <random>
 #include <set>
 
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"

@@ -13,8 +13,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "../../tests/support/golden.h"
-#include "../../tests/support/mtp.h"
+#include "support/golden.h"
+#include "support/mtp.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"

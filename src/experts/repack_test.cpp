@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <random>
 
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "common/error.h"
 #include "experts/calibrate.h"
 #include "models/model.h"

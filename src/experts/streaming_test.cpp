@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "common/error.h"
 #include "models/model.h"
 #include "models/family.h"

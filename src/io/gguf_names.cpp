@@ -60,8 +60,8 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
   if (rest.starts_with("nextn.")) {  // the multi-token-prediction head of block `layer`
     struct Nextn {
       const char* gguf;
-      const char* hf;       // under layers.N. (DeepSeek-V3 / GLM-4.5)
-      const char* qwen_hf;  // Qwen3-Next / 3.5 mtp.* name, or null: as hf
+      const char* hf;      // under layers.N. (MtpLayout::kNextnLayer)
+      const char* mtp_hf;  // the MtpLayout::kMtpPrefix name, or null: as hf
       bool norm;
     };
     static const Nextn kNextn[] = {
@@ -75,7 +75,7 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
     for (const Nextn& n : kNextn)
       if (rest.substr(6) == n.gguf) {
         m.nextn = true;
-        m.hf_name = a.qwen_mtp && n.qwen_hf != nullptr ? std::string(n.qwen_hf) : p + n.hf;
+        m.hf_name = a.mtp == MtpLayout::kMtpPrefix && n.mtp_hf != nullptr ? std::string(n.mtp_hf) : p + n.hf;
         if (n.norm && a.hybrid) m.transform = GgufTransform::kNormMinus1;
         return m;
       }

@@ -77,6 +77,19 @@ struct GgufRow {
   bool as_float = false;
 };
 
+/// How a checkpoint stores its multi-token-prediction (MTP) head; set by the family
+/// (GgufArch::mtp, models::ModelSpec::mtp_layout).
+enum class MtpLayout {
+  kNone,  ///< no MTP head spool writes or maps by name
+  /// One stacked `mtp.*` module: mtp.fc [H, 2H], mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden,
+  /// mtp.norm and its layers mtp.layers.{k}.*; config key mtp_num_hidden_layers (Qwen3.5, Qwen3-Next).
+  kMtpPrefix,
+  /// Whole decoder layers after the stack, layers.{n_layers + k}.*, each with eh_proj [H, 2H],
+  /// enorm, hnorm, shared_head.norm and shared_head.head; config key num_nextn_predict_layers
+  /// (DeepSeek-V3, GLM-4.5).
+  kNextnLayer,
+};
+
 /// A llama.cpp architecture a family loads from GGUF, and the converter conventions to undo.
 struct GgufArch {
   /// general.architecture ("qwen3moe", "llama", "gpt-oss", ...).
@@ -99,12 +112,12 @@ struct GgufArch {
   bool reads_rope_scaling = false;
   /// partial_rotary_factor when rope.dimension_count is absent.
   double partial_rotary_default = 1.0;
-  /// The multi-token-prediction block's `blk.{N}.nextn.*` tensors are Qwen3-Next / Qwen3.5's
-  /// `mtp.*` head, renamed by llama.cpp's converter (_QwenMtpMixin: fc -> eh_proj,
-  /// pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm):
+  /// The HF layout of the multi-token-prediction block's `blk.{N}.nextn.*` tensors. kMtpPrefix:
+  /// they are an `mtp.*` head renamed by llama.cpp's converter (_QwenMtpMixin: fc -> eh_proj,
+  /// pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm),
   /// mapped back to `mtp.fc.weight`, `mtp.pre_fc_norm_embedding.weight`, ... Otherwise they keep
-  /// the DeepSeek-V3 / GLM-4.5 HF names `layers.{N}.eh_proj.weight`, ... (map_gguf_tensor).
-  bool qwen_mtp = false;
+  /// the nextn-layer names `layers.{N}.eh_proj.weight`, ... (map_gguf_tensor).
+  MtpLayout mtp = MtpLayout::kNone;
   /// attention.head_count_kv may differ per layer (gemma4: sliding and full layers): the generic
   /// reader takes layer 0's value and the config hook writes the per-layer-kind fields.
   bool per_layer_kv_heads = false;
@@ -124,7 +137,7 @@ struct GgufArch {
 /// prediction block N (the last nextn_predict_layers blocks, as llama.cpp's converter writes
 /// them) maps like any block, plus its head (norms are 1 + w where `a.hybrid`, as every norm):
 ///   blk.N.nextn.eh_proj.weight          ne {2H, H}  -> layers.N.eh_proj.weight [H, 2H]
-///                                                      (qwen_mtp: mtp.fc.weight)
+///                                                      (MtpLayout::kMtpPrefix: mtp.fc.weight)
 ///   blk.N.nextn.enorm.weight            ne {H}      -> layers.N.enorm.weight (mtp.pre_fc_norm_embedding.weight)
 ///   blk.N.nextn.hnorm.weight            ne {H}      -> layers.N.hnorm.weight (mtp.pre_fc_norm_hidden.weight)
 ///   blk.N.nextn.shared_head_norm.weight ne {H}      -> layers.N.shared_head.norm.weight (mtp.norm.weight)

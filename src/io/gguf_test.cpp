@@ -14,7 +14,7 @@
 
 #include <unistd.h>
 
-#include "../../tests/support/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "common/error.h"
 
 namespace spool::io {

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/golden.h"
-#include "../../tests/support/mtp.h"
+#include "support/golden.h"
+#include "support/mtp.h"
 #include "common/error.h"
 #include "experts/streaming.h"
 #include "io/checkpoint.h"

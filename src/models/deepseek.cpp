@@ -102,6 +102,7 @@ void configure(const io::Config& c, ModelSpec* sp, bool v3) {
   a.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
   a.kv_latent_dim = m.kv_lora_rank + m.qk_rope_head_dim;
   read_mla_rope(c, &s);
+  if (v3) s.mtp_layout = io::MtpLayout::kNextnLayer;  // layers.{n_layers + k}.* (num_nextn_predict_layers)
 
   auto& mo = s.moe;
   if (v3) {
@@ -170,6 +171,7 @@ const Family& deepseek_v3_family() {
                                   .model_type = "deepseek_v3",
                                   .mla = true,
                                   .reads_rope_scaling = true,
+                                  .mtp = io::MtpLayout::kNextnLayer,
                                   .rows = gguf_rows(),
                                   .config = gguf_config}}};
   return f;

@@ -98,7 +98,7 @@ std::string describe_mla_moe(const ModelSpec& s) {
 std::unique_ptr<Model> load_decoder(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
                                     std::shared_ptr<ops::Backend> backend) {
   auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers
+  m->bind(GdnLayout::kSplit);  // no GDN layers
   return m;
 }
 

@@ -96,8 +96,8 @@ std::string describe_mla_moe(const ModelSpec& s);
 /// default names (DecoderModel::bind).
 std::unique_ptr<Model> load_decoder(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec,
                                     std::shared_ptr<ops::Backend> backend);
-/// Planner note for configs with multi-token-prediction layers (num_nextn_predict_layers > 0),
-/// which spool neither counts nor runs (DeepSeek-V3, GLM-4.5/4.7).
+/// Planner note for configs with nextn multi-token-prediction layers (num_nextn_predict_layers > 0:
+/// DeepSeek-V3, GLM-4.5/4.7): spool counts and runs them only with --spec mtp, which drafts with them.
 std::vector<std::string> mtp_plan_notes(const io::Config& c);
 /// Mixtral's tensor renames (Family::tensors), which MiniMax-M2 shares:
 /// block_sparse_moe.experts.{E}.{w1, w3, w2}.weight -> mlp.experts.{E}.{gate, up, down}_proj.weight

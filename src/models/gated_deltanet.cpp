@@ -18,7 +18,7 @@ void GatedDeltaNetLayer::bind(const io::Checkpoint& ck, const std::string& prefi
   eps_ = spec.rms_norm_eps;
   const int64_t H = spec.hidden_size;
   const int64_t vd = g_.value_dim(), cd = g_.conv_dim();
-  if (layout == GdnLayout::kQwen3_5) {
+  if (layout == GdnLayout::kSplit) {
     qkv_ = bind_matrix(ck, prefix + "in_proj_qkv.weight", cd, H);
     z_ = bind_matrix(ck, prefix + "in_proj_z.weight", vd, H);
     b_ = bind_matrix(ck, prefix + "in_proj_b.weight", g_.n_v, H);

@@ -18,11 +18,11 @@
 
 namespace spool::models {
 
-/// Gated DeltaNet (MixerKind::kGatedDeltaNet) as a TokenMixer; GdnLayout is in layer.h.
+/// Gated DeltaNet (MixerKind::kGatedDeltaNet) as a TokenMixer; GdnLayout is in models/spec.h.
 class GatedDeltaNetLayer final : public TokenMixer {
  public:
   /// `layout`: how bind_layer() reads the input projections.
-  explicit GatedDeltaNetLayer(GdnLayout layout = GdnLayout::kQwen3_5) : layout_(layout) {}
+  explicit GatedDeltaNetLayer(GdnLayout layout = GdnLayout::kSplit) : layout_(layout) {}
 
   /// Scratch of one forward over T tokens (cd = conv_dim, kd = key_dim, vd = value_dim):
   /// mixed and conv_out [T, cd], z [T, vd], b and a [T, n_v], q and k [T, kd], v [T, vd],

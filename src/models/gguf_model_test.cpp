@@ -17,10 +17,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "../../tests/support/golden.h"
-#include "../../tests/support/ggml_random.h"
-#include "../../tests/support/gguf_writer.h"
-#include "../../tests/support/random.h"
+#include "support/golden.h"
+#include "support/ggml_random.h"
+#include "support/gguf_writer.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "ops/ggml_q8.h"

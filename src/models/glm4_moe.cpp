@@ -60,6 +60,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
   const int first_dense = non_negative(c, "first_k_dense_replace", 1);
   s.mixers.assign(s.n_layers, MixerKind::kAttention);
   for (int i = 0; i < s.n_layers; ++i) s.ffns.push_back(i >= first_dense ? FfnKind::kMoE : FfnKind::kDense);
+  s.mtp_layout = io::MtpLayout::kNextnLayer;  // layers.{n_layers + k}.* (num_nextn_predict_layers)
 }
 
 }  // namespace
@@ -75,6 +76,7 @@ const Family& glm4_moe_family() {
                         .gguf = {{.name = "glm4moe",
                                   .model_type = "glm4_moe",
                                   .partial_rotary_default = 0.5,
+                                  .mtp = io::MtpLayout::kNextnLayer,
                                   .rows = gguf_rows(),
                                   .config = gguf_config}}};
   return f;

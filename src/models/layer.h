@@ -26,12 +26,6 @@
 
 namespace spool::models {
 
-/// Row layout of the Gated DeltaNet input projections in a checkpoint.
-enum class GdnLayout {
-  kQwen3_5,   // in_proj_qkv [q|k|v flat], in_proj_z, in_proj_b, in_proj_a
-  kQwen3Next  // in_proj_qkvz / in_proj_ba grouped per key head: [q_g|k_g|v_g|z_g], [b_g|a_g]
-};
-
 /// One sequence's rows within a step: rows [row0, row0 + T) of the step's [N, hidden] matrices,
 /// at positions [pos0, pos0 + T), and the sequence's state (caches, recurrent states).
 struct SeqRows {
@@ -102,7 +96,7 @@ class Ffn {
 
 /// The token mixer of ModelSpec::mixers[layer], unbound (`gdn_layout`: the Gated DeltaNet
 /// projections' layout in the checkpoint).
-std::unique_ptr<TokenMixer> make_token_mixer(const ModelSpec& spec, int layer, GdnLayout gdn_layout = GdnLayout::kQwen3_5);
+std::unique_ptr<TokenMixer> make_token_mixer(const ModelSpec& spec, int layer, GdnLayout gdn_layout = GdnLayout::kSplit);
 /// The FFN of ModelSpec::ffns[layer] (with ModelSpec::parallel_dense_ffn a MoE layer's is the
 /// dense MLP beside the experts), unbound.
 std::unique_ptr<Ffn> make_ffn(const ModelSpec& spec, int layer);

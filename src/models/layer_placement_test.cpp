@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/golden.h"  // data_dir
-#include "../../tests/support/mtp.h"
+#include "support/golden.h"  // data_dir
+#include "support/mtp.h"
 #include "models/family.h"
 #include "models/model.h"
 #include "ops/cpu_backend.h"

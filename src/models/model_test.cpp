@@ -12,7 +12,7 @@
 #include <functional>
 #include <set>
 
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "common/error.h"
 #include "io/safetensors.h"
 #include "models/presets.h"

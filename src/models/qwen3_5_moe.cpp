@@ -115,6 +115,8 @@ void configure_hybrid(const io::Config& c, ModelSpec* sp, bool next) {
   read_rope(c, 0.25, &s.attn);
   s.mixers = hybrid_layer_types(c, s.n_layers);
   read_gdn(c, &s.gdn);
+  s.gdn.layout = next ? GdnLayout::kGroupedQkvz : GdnLayout::kSplit;  // HF Qwen3NextGatedDeltaNet: in_proj_qkvz / in_proj_ba
+  s.mtp_layout = io::MtpLayout::kMtpPrefix;                           // mtp.* (mtp_num_hidden_layers)
   s.moe.shared_intermediate = c.has("shared_expert_intermediate_size") ? positive(c, "shared_expert_intermediate_size") : 0;
   s.moe.shared_expert_gate = s.moe.shared_intermediate > 0;
   if (!next) {
@@ -130,12 +132,12 @@ std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpe
   // Qwen3-Next stores in_proj_qkvz / in_proj_ba grouped per key head; a qwen3next GGUF written
   // by current llama.cpp carries them split into in_proj_qkv / in_proj_z (and the loader splits
   // ssm_ba into in_proj_b / in_proj_a), which is the Qwen3.5 layout.
-  GdnLayout layout = spec.family == "qwen3_next" ? GdnLayout::kQwen3Next : GdnLayout::kQwen3_5;
-  for (int i = 0; i < spec.n_layers && layout == GdnLayout::kQwen3Next; ++i)
+  for (int i = 0; i < spec.n_layers && spec.gdn.layout == GdnLayout::kGroupedQkvz; ++i)
     if (spec.mixers[i] == MixerKind::kGatedDeltaNet) {
-      if (ckpt->find("layers." + std::to_string(i) + ".linear_attn.in_proj_qkv.weight") != nullptr) layout = GdnLayout::kQwen3_5;
+      if (ckpt->find("layers." + std::to_string(i) + ".linear_attn.in_proj_qkv.weight") != nullptr) spec.gdn.layout = GdnLayout::kSplit;
       break;
     }
+  const GdnLayout layout = spec.gdn.layout;
   auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
   m->bind(layout);
   return m;
@@ -161,7 +163,7 @@ const Family& qwen3_5_moe_family() {
                                   .hybrid = true,
                                   .v_tiled = true,
                                   .partial_rotary_default = 0.25,
-                                  .qwen_mtp = true,
+                                  .mtp = io::MtpLayout::kMtpPrefix,
                                   .rows = gguf_rows(true),
                                   .config = gguf_config}}};
   return f;
@@ -178,7 +180,7 @@ const Family& qwen3_next_family() {
                                   .model_type = "qwen3_next",
                                   .hybrid = true,
                                   .partial_rotary_default = 0.25,
-                                  .qwen_mtp = true,
+                                  .mtp = io::MtpLayout::kMtpPrefix,
                                   .rows = gguf_rows(false),
                                   .config = gguf_config}}};
   return f;

@@ -56,7 +56,7 @@ void configure(const io::Config& c, ModelSpec* sp) {
 
 std::unique_ptr<Model> load(std::shared_ptr<const io::Checkpoint> ckpt, ModelSpec spec, std::shared_ptr<ops::Backend> backend) {
   auto m = std::make_unique<DecoderModel>(std::move(ckpt), std::move(spec), std::move(backend));
-  m->bind(GdnLayout::kQwen3_5);  // no GDN layers in this family
+  m->bind(GdnLayout::kSplit);  // no GDN layers in this family
   return m;
 }
 

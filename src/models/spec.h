@@ -115,8 +115,15 @@ struct MlaSpec {
   float latent_norm_eps = 0.0f;  // eps of q_a_layernorm / kv_a_layernorm; 0 = rms_norm_eps (GLM-4.7-Flash: 1e-6)
 };
 
+/// Row layout of the Gated DeltaNet input projections in a checkpoint.
+enum class GdnLayout {
+  kSplit,        // in_proj_qkv [q|k|v flat], in_proj_z, in_proj_b, in_proj_a (Qwen3.5)
+  kGroupedQkvz,  // in_proj_qkvz / in_proj_ba grouped per key head: [q_g|k_g|v_g|z_g], [b_g|a_g] (Qwen3-Next)
+};
+
 /// Gated DeltaNet geometry (linear_attention layers).
 struct GdnSpec {
+  GdnLayout layout = GdnLayout::kSplit;  // set by the family; its load() may correct it by the checkpoint
   int n_k = 0, n_v = 0;  // key heads, value heads (n_v multiple of n_k)
   int d_k = 0, d_v = 0;  // head dims
   int conv_kernel = 4;
@@ -217,6 +224,9 @@ struct ModelSpec {
   int mtp_layers = 0;
   /// The config's declared count (mtp_num_hidden_layers / num_nextn_predict_layers), loaded or not.
   int mtp_declared = 0;
+  /// How the family's checkpoints store the MTP head (set by the family's configure; kNone: the
+  /// family has none that synth writes).
+  io::MtpLayout mtp_layout = io::MtpLayout::kNone;
 
   /// Attention geometry of layer i: attn_layers[i], or attn when attn_layers is empty.
   const AttentionSpec& attn_of(int layer) const {

@@ -182,7 +182,7 @@ void plan_layer(std::vector<TensorPlan>& v, const ModelSpec& s, int i, const std
     } else {
       const auto& g = s.gdn;
       const std::string q = p + "linear_attn.";
-      if (s.family == "qwen3_next") {
+      if (g.layout == GdnLayout::kGroupedQkvz) {
         v.push_back({q + "in_proj_qkvz.weight", {2 * g.key_dim() + 2 * g.value_dim(), H}, Init::kNormal, lin(H), i});
         v.push_back({q + "in_proj_ba.weight", {2 * g.n_v, H}, Init::kNormal, lin(H), i});
       } else {
@@ -270,11 +270,13 @@ void plan_layer(std::vector<TensorPlan>& v, const ModelSpec& s, int i, const std
 }
 
 // The multi-token-prediction head of spec s (one layer after the main stack, as mtp_spec() lays
-// it out: the last attention layer's mixer + a routed-expert FFN). Qwen3.5 / Qwen3-Next: mtp.fc
-// [H, 2H], its pre-fc norms of the embedding and the hidden state, mtp.norm, and the layer as
-// mtp.layers.0.*; DeepSeek-V3 / GLM-4.5: the nextn layer under layers.{n_layers}. with eh_proj,
-// enorm, hnorm and shared_head.{norm,head} (models/decoder.cpp bind_mtp).
-void plan_mtp(std::vector<TensorPlan>& v, const ModelSpec& s, const std::string& prefix, bool fused, bool qwen) {
+// it out: the last attention layer's mixer + a routed-expert FFN), in the layout s.mtp_layout
+// names. io::MtpLayout::kMtpPrefix: mtp.fc [H, 2H], its pre-fc norms of the embedding and the
+// hidden state, mtp.norm, and the layer as mtp.layers.0.*; kNextnLayer: the nextn layer under
+// layers.{n_layers}. with eh_proj, enorm, hnorm and shared_head.{norm,head} (models/decoder.cpp
+// bind_mtp).
+void plan_mtp(std::vector<TensorPlan>& v, const ModelSpec& s, const std::string& prefix, bool fused) {
+  const bool stacked = s.mtp_layout == io::MtpLayout::kMtpPrefix;
   ModelSpec with = s;
   with.mtp_layers = 1;
   const ModelSpec full = mtp_spec(with);
@@ -282,13 +284,13 @@ void plan_mtp(std::vector<TensorPlan>& v, const ModelSpec& s, const std::string&
   const int N = s.n_layers;
   const float out_scale = 1.0f / std::sqrt(2.0f * s.n_layers);
   const float norm_id = s.norm_one_plus ? 0.0f : 1.0f;
-  const std::string p = qwen ? "mtp." : prefix + "layers." + std::to_string(N) + ".";
-  v.push_back({p + (qwen ? "fc.weight" : "eh_proj.weight"), {H, 2 * H}, Init::kNormal, lin(2 * H), N});
-  v.push_back({p + (qwen ? "pre_fc_norm_embedding.weight" : "enorm.weight"), {H}, Init::kConst, norm_id, N});
-  v.push_back({p + (qwen ? "pre_fc_norm_hidden.weight" : "hnorm.weight"), {H}, Init::kConst, norm_id, N});
-  plan_layer(v, full, N, qwen ? p + "layers.0." : p, fused, out_scale);
-  v.push_back({p + (qwen ? "norm.weight" : "shared_head.norm.weight"), {H}, Init::kConst, norm_id, N});
-  if (!qwen) v.push_back({p + "shared_head.head.weight", {s.vocab_size, H}, Init::kNormal, lin(H), N});
+  const std::string p = stacked ? "mtp." : prefix + "layers." + std::to_string(N) + ".";
+  v.push_back({p + (stacked ? "fc.weight" : "eh_proj.weight"), {H, 2 * H}, Init::kNormal, lin(2 * H), N});
+  v.push_back({p + (stacked ? "pre_fc_norm_embedding.weight" : "enorm.weight"), {H}, Init::kConst, norm_id, N});
+  v.push_back({p + (stacked ? "pre_fc_norm_hidden.weight" : "hnorm.weight"), {H}, Init::kConst, norm_id, N});
+  plan_layer(v, full, N, stacked ? p + "layers.0." : p, fused, out_scale);
+  v.push_back({p + (stacked ? "norm.weight" : "shared_head.norm.weight"), {H}, Init::kConst, norm_id, N});
+  if (!stacked) v.push_back({p + "shared_head.head.weight", {s.vocab_size, H}, Init::kNormal, lin(H), N});
 }
 
 std::vector<TensorPlan> plan_tensors(const ModelSpec& s, const std::string& prefix, bool fused) {
@@ -336,11 +338,10 @@ static SynthResult synthesize(const SynthOptions& opt, const std::function<void(
   text["dtype"] = opt.dtype == "bf16" ? "bfloat16" : opt.dtype == "f16" ? "float16" : "float32";
   io::Config raw(nlohmann::json::parse(cfg.dump()), "preset " + pr.name);
   ModelSpec spec = build_spec(io::text_config_of(raw, "preset"), {}, false, "preset " + pr.name);
-  const bool qwen_mtp = spec.family == "qwen3_5_moe" || spec.family == "qwen3_next";
   if (opt.mtp) {
-    if (!qwen_mtp && spec.family != "deepseek_v3" && spec.family != "glm4_moe")
-      throw UsageError(strfmt("--mtp: preset %s (family %s) has no multi-token-prediction layout synth writes (families "
-                              "qwen3_5_moe, qwen3_next, deepseek_v3, glm4_moe)", pr.name.c_str(), spec.family.c_str()));
+    if (spec.mtp_layout == io::MtpLayout::kNone)
+      throw UsageError(strfmt("--mtp: preset %s (family %s) has no multi-token-prediction layout (its family sets no "
+                              "ModelSpec::mtp_layout)", pr.name.c_str(), spec.family.c_str()));
     bool attention = false;
     for (int i = 0; i < spec.n_layers; ++i) attention = attention || spec.mixers[i] == MixerKind::kAttention || spec.mixers[i] == MixerKind::kMLA;
     if (!attention)
@@ -349,11 +350,11 @@ static SynthResult synthesize(const SynthOptions& opt, const std::function<void(
     // The config's own key for the head's depth (the loader counts the layers it finds).
     text.erase("mtp_num_hidden_layers");
     text.erase("num_nextn_predict_layers");
-    text[qwen_mtp ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
+    text[spec.mtp_layout == io::MtpLayout::kMtpPrefix ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
   }
 
   std::vector<TensorPlan> plan = plan_tensors(spec, pr.prefix, fused);
-  if (opt.mtp) plan_mtp(plan, spec, pr.prefix, fused, qwen_mtp);
+  if (opt.mtp) plan_mtp(plan, spec, pr.prefix, fused);
   auto dtype_of = [&](const TensorPlan& t) { return t.u8 ? io::DType::U8 : dt; };
   uint64_t total = 0;
   bool any_u8 = false;

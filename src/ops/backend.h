@@ -87,8 +87,8 @@ WeightView pack_weight(const WeightView& w, void* dst, Device device,
 /// methods are not ops (they move no activations).
 std::span<const char* const> backend_op_names();
 
-/// The generic host-fallback implementations of backend.cpp (route_grouped_top_k,
-/// attention_window, attention_sinks, mla_attention): the ops a backend runs on the host unless it
+/// The generic host-fallback implementations of backend.cpp (route_grouped_top_k, gelu_tanh_glu,
+/// scale, softcap, mul_indexed, attention_window, attention_sinks, mla_attention): the ops a backend runs on the host unless it
 /// overrides them (Backend::host_fallback_ops' default).
 std::span<const char* const> generic_host_fallback_ops();
 
@@ -328,8 +328,9 @@ class Backend {
   /// The ops of the table that this backend runs through the host: the generic implementations it
   /// does not override (generic_host_fallback_ops(), by name). Host backends (CpuBackend,
   /// ReferenceBackend) override all of them: none. A backend that overrides some overrides this.
-  /// On CUDA today: route_grouped_top_k, attention_window (when the window bites; a short
-  /// sequence runs attention()), attention_sinks, mla_attention.
+  /// On CUDA today: all of them (route_grouped_top_k, gelu_tanh_glu, scale, softcap, mul_indexed,
+  /// attention_window when the window bites (a short sequence runs attention()), attention_sinks,
+  /// mla_attention).
   virtual std::span<const char* const> host_fallback_ops() const { return generic_host_fallback_ops(); }
   /// How this backend runs op `op` (a name of backend_op_names()); throws spool::Error for
   /// another name.

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/ggml_random.h"
-#include "../../tests/support/random.h"
+#include "support/ggml_random.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "ops/cpu_backend.h"
 #include "ops/ggml_blocks.h"

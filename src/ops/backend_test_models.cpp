@@ -4,7 +4,7 @@
 // and ReferenceBackend (the table's oracle) reproduces the transformers goldens.
 #include "ops/backend_test.h"
 
-#include "../../tests/support/golden.h"
+#include "support/golden.h"
 #include "models/family.h"
 #include "models/model.h"
 #include "models/ops_used.h"

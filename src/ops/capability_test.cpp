@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/random.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "ops/cpu_backend.h"
 #include "ops/reference_backend.h"

@@ -11,8 +11,8 @@
 
 #include "ops/ggml_q8.h"
 #include "ops/weights.h"
-#include "../../tests/support/ggml_random.h"
-#include "../../tests/support/random.h"
+#include "support/ggml_random.h"
+#include "support/random.h"
 
 namespace spool::ops {
 namespace {

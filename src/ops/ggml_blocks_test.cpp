@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/random.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "io/gguf.h"
 

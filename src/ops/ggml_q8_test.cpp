@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "../../tests/support/ggml_random.h"
-#include "../../tests/support/random.h"
+#include "support/ggml_random.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "ops/cpu_backend.h"
 #include "ops/matmul.h"

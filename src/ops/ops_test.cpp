@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../tests/support/random.h"
+#include "support/random.h"
 #include "ops/kv_cache.h"
 #include "ops/elementwise.h"
 #include "ops/gated_delta.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/support/random.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "ops/matmul.h"
 #include "ops/quant_matmul.h"

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "../../tests/support/random.h"
+#include "support/random.h"
 #include "common/error.h"
 #include "ops/weights.h"
 #include "quant/codebook.h"

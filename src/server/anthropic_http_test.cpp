@@ -8,7 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "../../tests/support/demo_server.h"
+#include "support/demo_server.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
 

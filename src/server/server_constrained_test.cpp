@@ -19,7 +19,7 @@
 #include "server/constrained.h"
 #include "server/request.h"
 #include "server/serving_engine.h"
-#include "../../tests/support/grammar_walk.h"
+#include "support/grammar_walk.h"
 
 namespace spool::server {
 namespace {

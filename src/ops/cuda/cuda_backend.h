@@ -23,7 +23,8 @@
 //
 // Capabilities (Backend::capabilities): every op of the table runs on the GPU except the generic
 // host fallbacks it does not override (Backend::host_fallback_ops: route_grouped_top_k,
-// attention_window once the window bites, attention_sinks, mla_attention). In strict device mode
+// gelu_tanh_glu, scale, softcap, mul_indexed, attention_window once the window bites,
+// attention_sinks, mla_attention). In strict device mode
 // (Backend::set_strict_device, SPOOL_STRICT_DEVICE=1, --strict-device) those throw, and so does an
 // op that would copy a host weight to the GPU for one call; the rest above is unchanged.
 //
