@@ -6,47 +6,42 @@ namespace spool::constrain {
 
 using json = nlohmann::ordered_json;
 
-CallFormat qwen3_json_format() {
-  CallFormat f;
-  f.name = "qwen3_json";
-  f.begin = "<tool_call>\n{\"name\": \"";
-  f.name_in_json_string = true;
-  f.after_name = "\", \"arguments\": ";
-  f.args = ArgsSyntax::kJson;
-  f.end = "}\n</tool_call>";
-  f.reasoning_close = "</think>";
-  f.special_markup = {"<tool_call>", "</tool_call>", "</think>"};
-  return f;
-}
-
-CallFormat qwen35_xml_format() {
-  CallFormat f;
-  f.name = "qwen35_xml";
-  f.begin = "<tool_call>\n<function=";
-  f.after_name = ">\n";
-  f.args = ArgsSyntax::kXml;
-  f.end = "</function>\n</tool_call>";
-  f.reasoning_close = "</think>";
-  f.special_markup = {"<tool_call>", "</tool_call>", "</think>"};
-  return f;
-}
-
 namespace {
 
-CallFormat json_args_format(const char* name, std::string begin, std::string after_name, std::string end, std::string reasoning_close,
-                            std::vector<std::string> special) {
+// A format's common fields; the XML parameter markup, the JSON dialect and name_in_json_string
+// keep their defaults (the caller sets them where its format differs).
+CallFormat make_format(const char* name, std::string begin, std::string after_name, ArgsSyntax args, std::string end,
+                       std::string reasoning_close, std::vector<std::string> special) {
   CallFormat f;
   f.name = name;
   f.begin = std::move(begin);
   f.after_name = std::move(after_name);
-  f.args = ArgsSyntax::kJson;
+  f.args = args;
   f.end = std::move(end);
   f.reasoning_close = std::move(reasoning_close);
   f.special_markup = std::move(special);
   return f;
 }
 
+CallFormat json_args_format(const char* name, std::string begin, std::string after_name, std::string end, std::string reasoning_close,
+                            std::vector<std::string> special) {
+  return make_format(name, std::move(begin), std::move(after_name), ArgsSyntax::kJson, std::move(end), std::move(reasoning_close),
+                     std::move(special));
+}
+
 }  // namespace
+
+CallFormat qwen3_json_format() {
+  CallFormat f = json_args_format("qwen3_json", "<tool_call>\n{\"name\": \"", "\", \"arguments\": ", "}\n</tool_call>", "</think>",
+                                  {"<tool_call>", "</tool_call>", "</think>"});
+  f.name_in_json_string = true;
+  return f;
+}
+
+CallFormat qwen35_xml_format() {
+  return make_format("qwen35_xml", "<tool_call>\n<function=", ">\n", ArgsSyntax::kXml, "</function>\n</tool_call>", "</think>",
+                     {"<tool_call>", "</tool_call>", "</think>"});
+}
 
 CallFormat deepseek_v3_format() {
   return json_args_format("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
@@ -62,28 +57,16 @@ CallFormat kimi_k2_format() {
 }
 
 CallFormat glm4_5_format() {
-  CallFormat f;
-  f.name = "glm4_5";
-  f.begin = "<tool_call>";
-  f.after_name = "\n";
-  f.args = ArgsSyntax::kXml;
+  CallFormat f = make_format("glm4_5", "<tool_call>", "\n", ArgsSyntax::kXml, "</tool_call>", "</think>",
+                             {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</think>"});
   f.xml = XmlParams{"<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n"};
-  f.end = "</tool_call>";
-  f.reasoning_close = "</think>";
-  f.special_markup = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</think>"};
   return f;
 }
 
 CallFormat minimax_m2_format() {
-  CallFormat f;
-  f.name = "minimax_m2";
-  f.begin = "<minimax:tool_call>\n<invoke name=\"";
-  f.after_name = "\">\n";
-  f.args = ArgsSyntax::kXml;
+  CallFormat f = make_format("minimax_m2", "<minimax:tool_call>\n<invoke name=\"", "\">\n", ArgsSyntax::kXml,
+                             "</invoke>\n</minimax:tool_call>", "</think>", {"<minimax:tool_call>", "</minimax:tool_call>", "</think>"});
   f.xml = XmlParams{"<parameter name=\"", "\">", "</parameter>\n"};
-  f.end = "</invoke>\n</minimax:tool_call>";
-  f.reasoning_close = "</think>";
-  f.special_markup = {"<minimax:tool_call>", "</minimax:tool_call>", "</think>"};
   return f;
 }
 
@@ -103,15 +86,9 @@ CallFormat ernie4_5_format() {
 }
 
 CallFormat gemma4_format() {
-  CallFormat f;
-  f.name = "gemma4";
-  f.begin = "<|tool_call>call:";
-  f.after_name = "";
-  f.args = ArgsSyntax::kJson;
+  CallFormat f =
+      json_args_format("gemma4", "<|tool_call>call:", "", "<tool_call|>", "<channel|>", {"<|tool_call>", "<tool_call|>", "<|\"|>", "<channel|>"});
   f.dialect = JsonDialect::gemma();
-  f.end = "<tool_call|>";
-  f.reasoning_close = "<channel|>";
-  f.special_markup = {"<|tool_call>", "<tool_call|>", "<|\"|>", "<channel|>"};
   return f;
 }
 

@@ -49,6 +49,28 @@ std::string text_of(const json& content, const std::string& where) {
   return out;
 }
 
+// Calls visit(block, where, type) for each block of the array `content` in order; `where` names
+// the block for errors ("messages[0].content[2]"), `type` is its block_type.
+template <class Visit>
+void for_each_block(const json& content, const std::string& where, Visit&& visit) {
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string bw = where + "[" + std::to_string(i) + "]";
+    const json& b = content[i];
+    visit(b, bw, block_type(b, bw));
+  }
+}
+
+// A message's text blocks joined with "\n" in order; `any` tells an empty text block from none.
+struct JoinedText {
+  std::string text;
+  bool any = false;
+  void add(const std::string& s) {
+    if (any) text += "\n";
+    text += s;
+    any = true;
+  }
+};
+
 json user_turn(const std::string& text) { return json{{"role", "user"}, {"content", text}}; }
 
 // One user message's blocks, appended to `out` as OpenAI messages in order (text runs as user
@@ -58,21 +80,14 @@ void map_user(const json& content, const std::string& where, json& out) {
     out.push_back(user_turn(content.get<std::string>()));
     return;
   }
-  std::string text;
-  bool have_text = false;
+  JoinedText text;
   auto flush = [&] {
-    if (have_text) out.push_back(user_turn(text));
-    text.clear();
-    have_text = false;
+    if (text.any) out.push_back(user_turn(text.text));
+    text = JoinedText{};
   };
-  for (size_t i = 0; i < content.size(); ++i) {
-    const std::string bw = where + "[" + std::to_string(i) + "]";
-    const json& b = content[i];
-    const std::string type = block_type(b, bw);
+  for_each_block(content, where, [&](const json& b, const std::string& bw, const std::string& type) {
     if (type == "text") {
-      if (have_text) text += "\n";
-      text += string_field(b, "text", bw);
-      have_text = true;
+      text.add(string_field(b, "text", bw));
     } else if (type == "tool_result") {
       flush();
       const std::string& id = string_field(b, "tool_use_id", bw);
@@ -88,7 +103,7 @@ void map_user(const json& content, const std::string& where, json& out) {
     } else {
       bad(bw + ".type", "\"" + type + "\" is not a supported content block (text, tool_result)");
     }
-  }
+  });
   flush();
 }
 
@@ -99,17 +114,12 @@ json map_assistant(const json& content, const std::string& where) {
     m["content"] = content.get<std::string>();
     return m;
   }
-  std::string text, reasoning;
-  bool have_text = false;
+  JoinedText text;
+  std::string reasoning;
   json calls = json::array();
-  for (size_t i = 0; i < content.size(); ++i) {
-    const std::string bw = where + "[" + std::to_string(i) + "]";
-    const json& b = content[i];
-    const std::string type = block_type(b, bw);
+  for_each_block(content, where, [&](const json& b, const std::string& bw, const std::string& type) {
     if (type == "text") {
-      if (have_text) text += "\n";
-      text += string_field(b, "text", bw);
-      have_text = true;
+      text.add(string_field(b, "text", bw));
     } else if (type == "thinking") {
       if (!reasoning.empty()) reasoning += "\n";
       reasoning += string_field(b, "thinking", bw);
@@ -129,8 +139,8 @@ json map_assistant(const json& content, const std::string& where) {
     } else {
       bad(bw + ".type", "\"" + type + "\" is not a supported content block (text, thinking, redacted_thinking, tool_use)");
     }
-  }
-  m["content"] = text;
+  });
+  m["content"] = text.text;
   if (!reasoning.empty()) m["reasoning_content"] = reasoning;
   if (!calls.empty()) m["tool_calls"] = calls;
   return m;

@@ -6,10 +6,8 @@
 #include <chrono>
 
 #include "common/error.h"
-#include "common/splitmix.h"
 #include "server/anthropic_format.h"
 #include "server/anthropic_request.h"
-#include "server/connection_probe.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
 #include "server/openai_format.h"
@@ -64,28 +62,19 @@ void HttpServer::handle_count_tokens(const std::string& body_text, httplib::Resp
 void HttpServer::handle_messages(const httplib::Request& req, const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
   const AnthropicRequest a = parse_anthropic_request(parse_body(body_text), /*count_tokens=*/false);
-  uint64_t seed;
-  {
-    std::lock_guard lock(seed_mu_);
-    seed = splitmix64(seed_state_);
-  }
+  const uint64_t seed = next_seed();
   GenRequest parsed = parse_chat_request(a.chat, e.facts, seed);
   parsed.parser.stop = a.stop_sequences;
   parsed.parser.id_prefix = "toolu_";
   auto g = std::make_shared<const GenRequest>(std::move(parsed));
-  const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
-  auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
+  const std::function<bool()> alive = liveness(req);
   const std::string id = new_response_id("msg_");
   std::shared_ptr<void> slot = admit();
   const TicketReader ticket(*e.batch, g, g->stream);  // gives the request up when the response ends
 
   if (!g->stream) {
-    std::optional<GenResult> r = ticket.result(alive);
-    if (!r) {
-      if (stopping_) throw shutting_down();
-      res.status = kClientClosed;
-      return;
-    }
+    const std::optional<GenResult> r = finished(ticket, alive, res);
+    if (!r) return;
     res.set_content(dump_json(anthropic_message_json(id, e.facts.name, *r)), "application/json");
     return;
   }
@@ -108,11 +97,8 @@ void HttpServer::handle_messages(const httplib::Request& req, const std::string&
         try {
           write(stream->start());
           for (;;) {
-            std::optional<GenMessage> m = ticket.next(keep_going);
-            if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
-              if (ok && stopping_) throw shutting_down();
-              return false;
-            }
+            std::optional<GenMessage> m = next_streamed(ticket, keep_going, ok);
+            if (!m) return false;
             if (m->kind == GenMessage::kFailed) {
               write(AnthropicStream::error(m->status, m->error));
               break;

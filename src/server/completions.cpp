@@ -5,8 +5,6 @@
 #include <ctime>
 
 #include "common/error.h"
-#include "common/splitmix.h"
-#include "server/connection_probe.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
 #include "server/openai_format.h"
@@ -17,14 +15,9 @@ namespace spool::server {
 void HttpServer::handle_generation(const httplib::Request& req, const std::string& body_text, httplib::Response& res, bool chat) {
   ServingEngine& e = engine_or_503();
   const json body = parse_body(body_text);
-  uint64_t seed;
-  {
-    std::lock_guard lock(seed_mu_);
-    seed = splitmix64(seed_state_);
-  }
+  const uint64_t seed = next_seed();
   auto g = std::make_shared<const GenRequest>(chat ? parse_chat_request(body, e.facts, seed) : parse_completion_request(body, e.facts, seed));
-  const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
-  auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
+  const std::function<bool()> alive = liveness(req);
   const ResponseMeta meta{new_response_id(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)), e.facts.name};
   const tokenizer::Tokenizer& tok = *e.facts.tok;
   // Counted in from here until the response is done (the stream's provider holds it).
@@ -33,12 +26,8 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
   const TicketReader ticket(*e.batch, g, g->stream);
 
   if (!g->stream) {
-    std::optional<GenResult> r = ticket.result(alive);
-    if (!r) {
-      if (stopping_) throw shutting_down();
-      res.status = kClientClosed;
-      return;
-    }
+    const std::optional<GenResult> r = finished(ticket, alive, res);
+    if (!r) return;
     const json j = chat ? chat_completion_json(meta, *r, g->logprobs, tok) : completion_json(meta, *r, g->logprobs, tok);
     res.set_content(dump_json(j), "application/json");
     return;
@@ -59,11 +48,8 @@ void HttpServer::handle_generation(const httplib::Request& req, const std::strin
         };
         try {
           for (;;) {
-            std::optional<GenMessage> m = ticket.next([&] { return ok && alive(); });
-            if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
-              if (ok && stopping_) throw shutting_down();
-              return false;
-            }
+            std::optional<GenMessage> m = next_streamed(ticket, [&] { return ok && alive(); }, ok);
+            if (!m) return false;
             if (m->kind == GenMessage::kFailed) throw TicketReader::failed(*m);
             if (m->kind == GenMessage::kStarted) {
               if (chat) write(chunk(chat_chunk_json(meta, json{{"role", "assistant"}, {"content", ""}}, "", nullptr, tok)));

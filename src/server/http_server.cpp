@@ -8,19 +8,16 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/splitmix.h"
 #include "common/sysinfo.h"
 #include "server/api_error.h"
 #include "server/chat_prompt.h"
+#include "server/connection_probe.h"
 #include "server/json_body.h"
 
 namespace spool::server {
 
 namespace {
-
-void set_json(httplib::Response& res, int status, const json& j) {
-  res.status = status;
-  res.set_content(dump_json(j), "application/json");
-}
 
 json model_json(const ServingEngine& e) {
   return json{{"id", e.facts.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spool"}, {"max_model_len", e.facts.ctx_size}};
@@ -102,7 +99,7 @@ bool HttpServer::authorized(const httplib::Request& req) const {
 
 void HttpServer::send_error(httplib::Response& res, int status, const std::string& type, const std::string& message,
                             const std::string& param) const {
-  set_json(res, status, error_json(message, type, param));
+  send_json(res, status, error_json(message, type, param));
 }
 
 ServingEngine& HttpServer::engine_or_503() const {
@@ -117,6 +114,39 @@ std::shared_ptr<void> HttpServer::admit() {
                    strfmt("the server is busy: %d requests are already waiting for the model; retry later", opt_.max_waiting));
   }
   return std::shared_ptr<void>(nullptr, [this](void*) { --admitted_; });
+}
+
+uint64_t HttpServer::next_seed() {
+  std::lock_guard lock(seed_mu_);
+  return splitmix64(seed_state_);
+}
+
+std::function<bool()> HttpServer::liveness(const httplib::Request& req) const {
+  const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
+  return [this, probe] { return !stopping_ && (!probe || probe->alive()); };
+}
+
+std::optional<GenResult> HttpServer::finished(const TicketReader& ticket, const std::function<bool()>& alive, httplib::Response& res) const {
+  std::optional<GenResult> r = ticket.result(alive);
+  if (!r) {
+    if (stopping_) throw shutting_down();
+    res.status = kClientClosed;
+  }
+  return r;
+}
+
+std::optional<GenMessage> HttpServer::next_streamed(const TicketReader& ticket, const std::function<bool()>& keep_going, const bool& writing) const {
+  std::optional<GenMessage> m = ticket.next(keep_going);
+  if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
+    if (writing && stopping_) throw shutting_down();
+    return std::nullopt;
+  }
+  return m;
+}
+
+void HttpServer::send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump_json(j), "application/json");
 }
 
 std::string HttpServer::metrics_text() const {
@@ -146,7 +176,7 @@ void HttpServer::routes() {
       anthropic_error(res, 401, "invalid or missing API key (send \"x-api-key: KEY\" or \"Authorization: Bearer KEY\")");
       return httplib::Server::HandlerResponse::Handled;
     }
-    set_json(res, 401, error_json("invalid or missing API key (send \"Authorization: Bearer KEY\")", "authentication_error", "", "invalid_api_key"));
+    send_json(res, 401, error_json("invalid or missing API key (send \"Authorization: Bearer KEY\")", "authentication_error", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
   // Counted before the response is written (the logger runs after it, so a client could read
@@ -166,7 +196,7 @@ void HttpServer::routes() {
     try {
       std::rethrow_exception(ep);
     } catch (const ApiError& e) {
-      set_json(res, e.status, error_json(e));
+      send_json(res, e.status, error_json(e));
     } catch (const UsageError& e) {
       send_error(res, 400, "invalid_request_error", e.what());
     } catch (const Error& e) {
@@ -181,20 +211,20 @@ void HttpServer::routes() {
   });
 
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (ready_) set_json(res, 200, json{{"status", "ok"}});
-    else set_json(res, 503, json{{"status", "loading"}});
+    if (ready_) send_json(res, 200, json{{"status", "ok"}});
+    else send_json(res, 503, json{{"status", "loading"}});
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    set_json(res, 200, json{{"object", "list"}, {"data", json::array({model_json(engine_or_503())})}});
+    send_json(res, 200, json{{"object", "list"}, {"data", json::array({model_json(engine_or_503())})}});
   });
   s.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
     const ServingEngine& e = engine_or_503();
     const std::string id = req.matches[1];
     if (id != e.facts.name) throw ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model");
-    set_json(res, 200, model_json(e));
+    send_json(res, 200, model_json(e));
   });
   // POST routes read the body themselves: httplib's own reader answers 413 to a form-encoded
   // body over 8 KB (a limit built into the shared library), and `curl -d` sends JSON as
@@ -243,7 +273,7 @@ void HttpServer::handle_tokenize(const std::string& body_text, httplib::Response
   std::optional<std::string> content = get_string(body, "content");
   if (!content) throw bad_request("'content' is required", "content");
   const bool add_special = get_bool(body, "add_special").value_or(false);
-  set_json(res, 200, json{{"tokens", e.facts.tok->encode(*content, add_special)}});
+  send_json(res, 200, json{{"tokens", e.facts.tok->encode(*content, add_special)}});
 }
 
 void HttpServer::handle_detokenize(const std::string& body_text, httplib::Response& res) {
@@ -257,14 +287,14 @@ void HttpServer::handle_detokenize(const std::string& body_text, httplib::Respon
       throw bad_request(strfmt("'tokens' must hold token ids in [0, %d)", e.facts.tok->vocab_size()), "tokens");
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
-  set_json(res, 200, json{{"content", e.facts.tok->decode(ids)}});
+  send_json(res, 200, json{{"content", e.facts.tok->decode(ids)}});
 }
 
 void HttpServer::handle_apply_template(const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
   json body = parse_body(body_text);
   ChatPrompt p = render_chat(body, e.facts.chat, /*allow_template_override=*/true);
-  set_json(res, 200, json{{"prompt", p.text}});
+  send_json(res, 200, json{{"prompt", p.text}});
 }
 
 }  // namespace spool::server

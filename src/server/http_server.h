@@ -15,14 +15,19 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
+#include "server/json_body.h"
 #include "server/metrics.h"
 #include "server/responses_store.h"
 #include "server/serving_engine.h"
+#include "server/ticket_reader.h"
 
 namespace httplib {
 class Server;
@@ -84,6 +89,25 @@ class HttpServer {
   /// Counts a generation request in until the returned handle is destroyed; 503 when
   /// max_waiting + parallel are already in (running or queued).
   std::shared_ptr<void> admit();
+  // Shared by the generation routes (completions.cpp, responses_http.cpp, anthropic_routes.cpp):
+  /// The sampler seed of a request that names none: the next splitmix64 draw of the server's
+  /// seed state (thread-safe).
+  uint64_t next_seed();
+  /// Whether a response to `req` is still worth writing: the server is not stopping and the
+  /// client's connection (ConnectionProbe) is open; when the connection can't be probed, only
+  /// the first holds.
+  std::function<bool()> liveness(const httplib::Request& req) const;
+  /// A non-streamed response's result (TicketReader::result with `alive`); nullopt when the
+  /// request was cancelled, after setting res.status to kClientClosed; throws shutting_down()
+  /// when the server's stop cancelled it.
+  std::optional<GenResult> finished(const TicketReader& ticket, const std::function<bool()>& alive, httplib::Response& res) const;
+  /// A streamed response's next message (TicketReader::next with `keep_going`); nullopt when the
+  /// request ended cancelled (the stream provider then returns false); throws shutting_down()
+  /// when the server's stop cancelled it while the stream still wrote (`writing`, read after
+  /// the wait).
+  std::optional<GenMessage> next_streamed(const TicketReader& ticket, const std::function<bool()>& keep_going, const bool& writing) const;
+  /// Sets `res` to `status` with `j` as its JSON body.
+  static void send_json(httplib::Response& res, int status, const json& j);
   void handle_generation(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat);
   // Anthropic Messages routes (anthropic_routes.cpp): /v1/messages and its count_tokens; on
   // these paths every error is an Anthropic error object (anthropic_error / _exception).

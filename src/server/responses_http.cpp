@@ -8,8 +8,6 @@
 #include <ctime>
 
 #include "common/error.h"
-#include "common/splitmix.h"
-#include "server/connection_probe.h"
 #include "server/http_server.h"
 #include "server/json_body.h"
 #include "server/openai_format.h"
@@ -20,11 +18,6 @@
 namespace spool::server {
 
 namespace {
-
-void set_json(httplib::Response& res, int status, const json& j) {
-  res.status = status;
-  res.set_content(dump_json(j), "application/json");
-}
 
 // Errors that name chat's `messages` (prompt too long, template errors) name `input` here.
 ApiError as_responses_error(const ApiError& e) {
@@ -48,17 +41,13 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
     std::optional<StoredResponse> prev = responses_->get(*rr.previous_response_id);
     if (!prev) {
       // OpenAI's answer: 400 with code previous_response_not_found.
-      set_json(res, 400, error_json("Previous response with id '" + *rr.previous_response_id + "' not found.", "invalid_request_error",
+      send_json(res, 400, error_json("Previous response with id '" + *rr.previous_response_id + "' not found.", "invalid_request_error",
                                     "previous_response_id", "previous_response_not_found"));
       return;
     }
     history = std::move(prev->conversation);
   }
-  uint64_t seed;
-  {
-    std::lock_guard lock(seed_mu_);
-    seed = splitmix64(seed_state_);
-  }
+  const uint64_t seed = next_seed();
   std::shared_ptr<const GenRequest> g;
   try {
     g = std::make_shared<const GenRequest>(parse_chat_request(responses_chat_body(rr, history, e.facts.chat.source), e.facts, seed));
@@ -97,21 +86,16 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
   };
   ItemIdSource ids = [](const std::string& prefix) { return new_response_id(prefix); };
 
-  const std::optional<ConnectionProbe> probe = ConnectionProbe::find(req.remote_addr, req.remote_port);
-  auto alive = [this, probe] { return !stopping_ && (!probe || probe->alive()); };
+  const std::function<bool()> alive = liveness(req);
   std::shared_ptr<void> slot = admit();
   const TicketReader ticket(*e.batch, g, g->stream);  // gives the request up when the response ends
 
   if (!g->stream) {
-    std::optional<GenResult> r = ticket.result(alive);
-    if (!r) {
-      if (stopping_) throw shutting_down();
-      res.status = kClientClosed;
-      return;
-    }
+    const std::optional<GenResult> r = finished(ticket, alive, res);
+    if (!r) return;
     const json j = finished_response(echo, *r, output_items(*r, ids), reasoning_tokens(*r));
     keep(j);
-    set_json(res, 200, j);
+    send_json(res, 200, j);
     return;
   }
 
@@ -131,11 +115,8 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
         try {
           write(stream->start());
           for (;;) {
-            std::optional<GenMessage> m = ticket.next([&] { return ok && alive(); });
-            if (!m || (m->kind == GenMessage::kDone && m->result.cancelled)) {
-              if (ok && stopping_) throw shutting_down();
-              return false;
-            }
+            std::optional<GenMessage> m = next_streamed(ticket, [&] { return ok && alive(); }, ok);
+            if (!m) return false;
             if (m->kind == GenMessage::kFailed) throw TicketReader::failed(*m);
             if (m->kind == GenMessage::kStarted) continue;
             if (m->kind == GenMessage::kEvent) {
@@ -162,12 +143,12 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
 void HttpServer::handle_get_response(const std::string& id, httplib::Response& res) {
   std::optional<StoredResponse> s = responses_->get(id);
   if (!s) throw not_found(id);
-  set_json(res, 200, s->response);
+  send_json(res, 200, s->response);
 }
 
 void HttpServer::handle_delete_response(const std::string& id, httplib::Response& res) {
   if (!responses_->erase(id)) throw not_found(id);
-  set_json(res, 200, json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+  send_json(res, 200, json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
 }
 
 }  // namespace spool::server
