@@ -127,6 +127,25 @@ void delta_reference(const GatedDeltaArgs& a, std::vector<double>& S, std::vecto
     }
 }
 
+// Runs the recurrent kernel (pool), the chunked one with chunk 64 (pool) and chunked with
+// `serial_chunk` (no pool) from `init`, each against the double reference (out, state);
+// after(mode) runs after each (extra checks).
+void expect_modes_match(GatedDeltaArgs a, const std::vector<float>& init, const std::vector<double>& Sref,
+                        const std::vector<double>& oref, ThreadPool* pool, int64_t serial_chunk,
+                        const std::function<void(int)>& after = nullptr) {
+  for (int mode = 0; mode < 3; ++mode) {
+    std::vector<float> S = init, out(oref.size());
+    a.state = S.data();
+    a.out = out.data();
+    if (mode == 0) gated_delta_recurrent(a, pool);
+    if (mode == 1) gated_delta_chunked(a, 64, pool);
+    if (mode == 2) gated_delta_chunked(a, serial_chunk, nullptr);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
+    for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
+    if (after) after(mode);
+  }
+}
+
 TEST(GatedDelta, ChunkedAndRecurrentMatchDefinition) {
   const int64_t T = 150;  // crosses two chunk boundaries with chunk 64
   const int nk = 2, nv = 4, dk = 16, dv = 8;
@@ -147,16 +166,7 @@ TEST(GatedDelta, ChunkedAndRecurrentMatchDefinition) {
   std::vector<double> Sref(init.begin(), init.end()), oref(T * nv * dv);
   delta_reference(a, Sref, oref);
   ThreadPool pool(2);
-  for (int mode = 0; mode < 3; ++mode) {
-    std::vector<float> S = init, out(T * nv * dv);
-    a.state = S.data();
-    a.out = out.data();
-    if (mode == 0) gated_delta_recurrent(a, &pool);
-    if (mode == 1) gated_delta_chunked(a, 64, &pool);
-    if (mode == 2) gated_delta_chunked(a, 7, nullptr);
-    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
-    for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
-  }
+  expect_modes_match(a, init, Sref, oref, &pool, 7);
 }
 
 // Strong decay (g = -3 per token: the chunk's e^{gamma_i - gamma_j} reach the subnormal range and
@@ -193,20 +203,14 @@ TEST(GatedDelta, StrongDecayMatchesDefinitionAndKeepsFloatControl) {
   const unsigned csr = _mm_getcsr();
   const std::vector<unsigned> workers = csr_of_workers();
 #endif
-  for (int mode = 0; mode < 3; ++mode) {
-    std::vector<float> S = init, out(T * nv * dv);
-    a.state = S.data();
-    a.out = out.data();
-    if (mode == 0) gated_delta_recurrent(a, &pool);
-    if (mode == 1) gated_delta_chunked(a, 64, &pool);
-    if (mode == 2) gated_delta_chunked(a, 64, nullptr);
-    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], oref[i], 2e-5 * (1 + std::fabs(oref[i]))) << "mode " << mode << " i " << i;
-    for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sref[i], 2e-5 * (1 + std::fabs(Sref[i]))) << "state, mode " << mode;
+  expect_modes_match(a, init, Sref, oref, &pool, 64, [&](int mode) {
 #if defined(__SSE__)
     EXPECT_EQ(_mm_getcsr(), csr) << "mode " << mode << ": the calling thread's MXCSR changed";
     EXPECT_TRUE(same_where_seen(csr_of_workers(), workers)) << "mode " << mode << ": a worker's MXCSR changed";
+#else
+    (void)mode;
 #endif
-  }
+  });
 }
 
 // accumulate_rows (the P.V product of attention, Gated DeltaNet's chunk products): full groups
