@@ -35,7 +35,7 @@ PRESET=${PRESET:-qwen3-30b-a3b}          # spool synth preset (qwen3-30b-a3b or 
 LAYERS=${LAYERS:-8}                      # 8 of Qwen3-30B-A3B's 48 layers: 10.4 GiB in BF16
 DIR=${SPOOL_BENCH_DIR:-$HOME/.cache/spool-bench}
 MODEL=${MODEL:-$DIR/${PRESET}-${LAYERS}l}
-LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}
+LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}  # set it in GGUF mode: the file is not synthetic
 GGUF_MODE=0
 case "$MODEL" in *.gguf) GGUF_MODE=1; GGUF=$MODEL ;; esac
 GGUF=${GGUF:-$MODEL.bf16.gguf}
