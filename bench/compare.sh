@@ -35,9 +35,11 @@ PRESET=${PRESET:-qwen3-30b-a3b}          # spool synth preset (qwen3-30b-a3b or 
 LAYERS=${LAYERS:-8}                      # 8 of Qwen3-30B-A3B's 48 layers: 10.4 GiB in BF16
 DIR=${SPOOL_BENCH_DIR:-$HOME/.cache/spool-bench}
 MODEL=${MODEL:-$DIR/${PRESET}-${LAYERS}l}
-LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}  # set it in GGUF mode: the file is not synthetic
 GGUF_MODE=0
 case "$MODEL" in *.gguf) GGUF_MODE=1; GGUF=$MODEL ;; esac
+# The table's model line: a GGUF file is named by its file name unless LABEL says what it is.
+if [ "$GGUF_MODE" = 1 ]; then LABEL=${LABEL:-"GGUF $(basename "$MODEL")"}
+else LABEL=${LABEL:-"synthetic $PRESET shape, $LAYERS layers"}; fi
 GGUF=${GGUF:-$MODEL.bf16.gguf}
 LLAMA_FLAGS=${LLAMA_FLAGS:-}           # extra llama-bench flags (e.g. --repack 0)
 LLAMA_VARIANTS=${LLAMA_VARIANTS:-}     # another llama-bench run per config with these flags instead
