@@ -382,6 +382,28 @@ TEST(Cli, TokenizeInfoPerplexity) {
   EXPECT_EQ(lt.out.rfind("[1]", 0), 0u) << lt.out;
   EXPECT_NE(lt.out.find(",[2]"), std::string::npos) << lt.out;
   EXPECT_NE(lt.out.find("\nFinal estimate: PPL = "), std::string::npos) << lt.out;
+  // --kl-reference over llama-perplexity's scored positions, run in steps of 16 so the unscored
+  // first half goes through logit-free steps: the reference (the exact demo model) scores the same
+  // tokens as a plain run with the same steps; the model under test (4 of 8 experts) differs from it.
+  Result l16 = spool("perplexity --llama-compat -c 64 --chunks 2 --threads 2 --prefill-step-size 16 --file " + kData +
+                     "/corpus/dev.txt --json");
+  ASSERT_EQ(l16.code, 0) << l16.err;
+  const double ppl16 = nlohmann::json::parse(l16.out)["ppl"].get<double>();
+  Result k = spool("perplexity --llama-compat -c 64 --chunks 2 --threads 2 --prefill-step-size 16 --max-active-experts 4 --file " +
+                   kData + "/corpus/dev.txt --json --kl-reference " + std::string(SPOOL_DEFAULT_MODEL_DIR));
+  ASSERT_EQ(k.code, 0) << k.err;
+  auto kj = nlohmann::json::parse(k.out);
+  EXPECT_EQ(kj["tokens"], 62);
+  // Same per-token NLLs; only the order of the double sums differs (per token vs per chunk).
+  EXPECT_NEAR(kj["reference"]["ppl"].get<double>(), ppl16, 1e-12 * ppl16);
+  EXPECT_NE(kj["ppl"].get<double>(), ppl16);
+  EXPECT_GT(kj["reference"]["mean_kl"].get<double>(), 0.0);
+  EXPECT_GT(kj["reference"]["top1_agreement"].get<double>(), 0.5);
+  EXPECT_LT(kj["reference"]["top1_agreement"].get<double>(), 1.0);
+  Result kt = spool("perplexity --llama-compat -c 64 --chunks 2 --threads 2 --file " + kData +
+                    "/corpus/dev.txt --kl-reference " + std::string(SPOOL_DEFAULT_MODEL_DIR));
+  ASSERT_EQ(kt.code, 0) << kt.err;
+  EXPECT_NE(kt.out.find("\nMean KLD: 0.000000\nSame top p: 100.000 %"), std::string::npos) << kt.out;
   Result few = spool("perplexity --llama-compat -c 100000 --file " + kData + "/corpus/dev.txt");
   EXPECT_EQ(few.code, 1);
   EXPECT_NE(few.err.find("you need at least 200000 tokens"), std::string::npos) << few.err;

@@ -29,10 +29,29 @@ struct PerplexityOptions {
   int64_t ctx_size = 512;
 };
 
+// The --kl-reference model, loaded with the model's options (no pinning, no expert-count cap:
+// the reference is the exact model) for sequences of ctx tokens run in steps of `step`; nullopt
+// without --kl-reference.
+std::optional<Loaded> load_reference(const PerplexityOptions& o, int64_t ctx, int64_t step) {
+  if (o.kl_reference.empty()) return std::nullopt;
+  ModelOptions ro = o.model;
+  ro.model = o.kl_reference;
+  ro.pin_file.clear();
+  ro.max_active_experts = 0;
+  engine::LoadOptions rlo = ro.load_options();
+  rlo.ctx_size = ctx;
+  rlo.prefill_step = step;
+  return engine::load(rlo);
+}
+
+// The "reference" object of --json output.
+nlohmann::ordered_json reference_json(const PerplexityOptions& o, const engine::PerplexityResult& r) {
+  return {{"model", o.kl_reference}, {"ppl", r.ref_ppl()}, {"mean_kl", r.mean_kl()}, {"top1_agreement", r.top1_agreement()}};
+}
+
 // --llama-compat: llama-perplexity's definition and output ("[k]ppl," running values, then
-// "Final estimate: PPL = x +/- y").
+// "Final estimate: PPL = x +/- y"; with --kl-reference also its "Mean KLD" and "Same top p").
 void run_llama_compat(const PerplexityOptions& o) {
-  if (!o.kl_reference.empty()) throw UsageError("--kl-reference cannot be combined with --llama-compat");
   if (o.ctx_size < 2) throw UsageError(strfmt("--ctx-size must be at least 2 (got %lld)", (long long)o.ctx_size));
   const std::string text = read_file(o.file);
   engine::LoadOptions lo = o.model.load_options();
@@ -57,13 +76,16 @@ void run_llama_compat(const PerplexityOptions& o) {
   std::fprintf(stderr, "spool: perplexity (llama.cpp definition): %zu tokens, %lld chunks of n_ctx=%lld, scoring the last %lld of each, BOS %s\n",
                ids.size(), (long long)n_chunk, (long long)o.ctx_size, (long long)(o.ctx_size - 1 - o.ctx_size / 2),
                bos ? strfmt("%d", *bos).c_str() : "not added");
+  std::optional<Loaded> ref = load_reference(o, o.ctx_size, lo.prefill_step);
   const double t0 = now_seconds();
   engine::PerplexityResult r = engine::perplexity_llama(
-      *l.model, ids, o.ctx_size, o.chunks, lo.prefill_step, bos, [&](int64_t done, int64_t, const engine::PerplexityResult& acc) {
+      *l.model, ids, o.ctx_size, o.chunks, lo.prefill_step, bos,
+      [&](int64_t done, int64_t, const engine::PerplexityResult& acc) {
         if (o.json) return;
         std::printf("[%lld]%.4f,", (long long)done, acc.ppl());
         std::fflush(stdout);
-      });
+      },
+      ref ? ref->model.get() : nullptr);
   const double secs = now_seconds() - t0;
   if (o.json) {
     nlohmann::ordered_json j;
@@ -83,11 +105,15 @@ void run_llama_compat(const PerplexityOptions& o) {
       running.push_back(std::exp(sum / static_cast<double>(n)));
     }
     j["running_ppl"] = running;
+    if (r.compared) j["reference"] = reference_json(o, r);
     j["timings"] = {{"load_s", l.load_s}, {"eval_s", secs}, {"tok_s", secs > 0 ? r.tokens / secs : 0.0}};
     j["peak_rss_bytes"] = peak_rss_bytes();
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r.ppl(), r.ppl_stderr());
+    if (r.compared)
+      std::printf("Mean KLD: %.6f\nSame top p: %.3f %%\nReference PPL = %.4f\n", r.mean_kl(), 100.0 * r.top1_agreement(),
+                  r.ref_ppl());
   }
   std::fprintf(stderr, "spool: %s; peak RSS %s\n", stats_line(l, stats_snapshot(l), r.tokens).c_str(), format_bytes(peak_rss_bytes()).c_str());
 }
@@ -105,17 +131,7 @@ void run(const PerplexityOptions& o) {
   Loaded l = engine::load(lo);
   if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; perplexity needs one", o.model.dir().c_str()));
   std::vector<int32_t> ids = l.tok->encode(text, false);
-  std::optional<Loaded> ref;
-  if (!o.kl_reference.empty()) {
-    ModelOptions ro = o.model;
-    ro.model = o.kl_reference;
-    ro.pin_file.clear();
-    ro.max_active_experts = 0;  // the reference is the exact model
-    engine::LoadOptions rlo = ro.load_options();
-    rlo.ctx_size = o.window;
-    rlo.prefill_step = o.prefill_step;
-    ref.emplace(engine::load(rlo));
-  }
+  std::optional<Loaded> ref = load_reference(o, o.window, o.prefill_step);
   const double t0 = now_seconds();
   engine::PerplexityResult r;
   {
@@ -136,7 +152,7 @@ void run(const PerplexityOptions& o) {
     j["ppl"] = r.ppl();
     j["windows"] = r.window_nll.size();
     if (r.compared)
-      j["reference"] = {{"model", o.kl_reference}, {"ppl", r.ref_ppl()}, {"mean_kl", r.mean_kl()}, {"top1_agreement", r.top1_agreement()}};
+      j["reference"] = reference_json(o, r);
     const double secs = now_seconds() - t0;
     j["timings"] = {{"load_s", l.load_s}, {"eval_s", secs}, {"tok_s", secs > 0 ? r.tokens / secs : 0.0}};
     j["stats"] = stats_json(l, stats_snapshot(l), r.tokens);
@@ -162,7 +178,7 @@ void register_perplexity(CLI::App& app) {
   c->add_option("--prefill-step-size", o->prefill_step, "Tokens per forward pass (default 512)");
   c->add_option("--kl-reference", o->kl_reference,
                  "Also run this model (e.g. the unquantized checkpoint) on the same tokens: mean KL(reference || model) "
-                 "per token and top-1 agreement");
+                 "per token and top-1 agreement (with --llama-compat over its scored positions)");
   c->add_flag("--llama-compat", o->llama_compat,
               "llama-perplexity's definition: chunks of --ctx-size tokens, fresh state each, first token replaced by BOS "
               "when the vocabulary adds one, only the second half of each chunk scored; prints its running [k]ppl values");

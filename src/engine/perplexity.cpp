@@ -41,6 +41,29 @@ double kl_divergence(const float* p, const float* q, int64_t vocab) {
   return std::max(kl, 0.0);
 }
 
+namespace {
+
+// Rows [j0, j1) of one forward step against the reference's: adds KL(P_ref || P_model), top-1
+// agreement and the reference's NLL of targets[j] (the token each row predicts) to r.
+void compare_rows(const float* ref_logits, const float* logits, int64_t V, int64_t j0, int64_t j1, const int32_t* targets,
+                  PerplexityResult& r) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* p = ref_logits + j * V;
+    const float* q = logits + j * V;
+    r.sum_kl += kl_divergence(p, q, V);
+    r.top1_agree += std::max_element(p, p + V) - p == std::max_element(q, q + V) - q;
+    r.ref_sum_nll += token_nll(p, V, targets[j]);
+  }
+}
+
+// Throws unless the reference (when given) has the model's vocabulary size V.
+void check_reference(const models::Model* reference, int64_t V) {
+  if (reference != nullptr && reference->spec().vocab_size != V)
+    fail("the reference model's vocabulary (%lld) differs from the model's (%lld)", (long long)reference->spec().vocab_size,
+         (long long)V);
+}
+
+}  // namespace
 
 PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, int64_t window, int64_t max_windows,
                             int64_t step, const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress,
@@ -52,9 +75,7 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
   const int64_t V = model.spec().vocab_size;
   int64_t total = (N - 1 + window - 1) / window;
   if (max_windows > 0) total = std::min(total, max_windows);
-  if (reference != nullptr && reference->spec().vocab_size != V)
-    fail("the reference model's vocabulary (%lld) differs from the model's (%lld)", (long long)reference->spec().vocab_size,
-         (long long)V);
+  check_reference(reference, V);
   PerplexityResult r;
   r.compared = reference != nullptr;
   models::State st = model.new_state();
@@ -80,13 +101,7 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
       if (reference != nullptr) {
         ref_logits.resize(logits.size());
         reference->forward(ids.subspan(s + i, k), *ref_st, models::LogitsMode::kAll, ref_logits.data());
-        for (int64_t j = 0; j < k; ++j) {
-          const float* p = ref_logits.data() + j * V;
-          const float* q = logits.data() + j * V;
-          r.sum_kl += kl_divergence(p, q, V);
-          r.top1_agree += std::max_element(p, p + V) - p == std::max_element(q, q + V) - q;
-          r.ref_sum_nll += token_nll(p, V, ids[s + i + j + 1]);
-        }
+        compare_rows(ref_logits.data(), logits.data(), V, 0, k, ids.data() + s + i + 1, r);
       }
     }
     r.window_nll.push_back(nll);
@@ -100,7 +115,8 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
 
 PerplexityResult perplexity_llama(models::Model& model, std::span<const int32_t> ids, int64_t n_ctx, int64_t max_chunks,
                                   int64_t step, std::optional<int32_t> bos,
-                                  const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress) {
+                                  const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress,
+                                  models::Model* reference) {
   if (n_ctx < 2) throw UsageError(strfmt("--ctx-size must be at least 2 (got %lld)", (long long)n_ctx));
   if (step <= 0) throw UsageError(strfmt("prefill step must be positive (got %lld)", (long long)step));
   if (max_chunks < 0) throw UsageError("--chunks must be >= 0");
@@ -113,28 +129,41 @@ PerplexityResult perplexity_llama(models::Model& model, std::span<const int32_t>
   int64_t total = N / n_ctx;
   if (max_chunks > 0) total = std::min(total, max_chunks);
   const int64_t first = n_ctx / 2;
+  check_reference(reference, V);
   PerplexityResult r;
+  r.compared = reference != nullptr;
   models::State st = model.new_state();
+  std::optional<models::State> ref_st;
+  if (reference != nullptr) ref_st.emplace(reference->new_state());
   std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
-  std::vector<float> logits;
+  std::vector<float> logits, ref_logits;
   for (int64_t c = 0; c < total; ++c) {
     std::copy_n(ids.begin() + c * n_ctx, n_ctx, chunk.begin());
     if (bos) chunk[0] = *bos;
     st.reset();
+    if (ref_st) ref_st->reset();
     double nll = 0.0;
     for (int64_t i = 0; i < n_ctx; i += step) {
       const int64_t k = std::min(step, n_ctx - i);
       const std::span<const int32_t> part(chunk.data() + i, static_cast<size_t>(k));
       if (i + k <= first) {  // no scored position in this step
         model.forward(part, st, models::LogitsMode::kNone, nullptr);
+        if (reference != nullptr) reference->forward(part, *ref_st, models::LogitsMode::kNone, nullptr);
         continue;
       }
       logits.resize(static_cast<size_t>(k * V));
       model.forward(part, st, models::LogitsMode::kAll, logits.data());
-      for (int64_t j = std::max<int64_t>(0, first - i); j < k && i + j + 1 < n_ctx; ++j) {
+      const int64_t j0 = std::max<int64_t>(0, first - i);
+      const int64_t j1 = std::min(k, n_ctx - 1 - i);  // the chunk's last token predicts nothing
+      for (int64_t j = j0; j < j1; ++j) {
         const double x = token_nll(logits.data() + j * V, V, chunk[i + j + 1]);
         nll += x;
         r.sum_nll2 += x * x;
+      }
+      if (reference != nullptr) {
+        ref_logits.resize(logits.size());
+        reference->forward(part, *ref_st, models::LogitsMode::kAll, ref_logits.data());
+        compare_rows(ref_logits.data(), logits.data(), V, j0, j1, chunk.data() + i + 1, r);
       }
     }
     const int64_t n = n_ctx - 1 - first;

@@ -57,10 +57,13 @@ PerplexityResult perplexity(models::Model& model, std::span<const int32_t> ids, 
 /// after each chunk (acc.ppl() is llama-perplexity's running "[k]ppl" value). Forward calls of
 /// `step` tokens; positions before `first` are run without logits. Throws spool::Error when the
 /// text has fewer than 2 * n_ctx tokens (llama-perplexity's requirement), UsageError on
-/// n_ctx < 2 or step < 1.
+/// n_ctx < 2 or step < 1. With `reference` (same vocabulary), it runs the same chunks and the
+/// scored positions also accumulate KL(P_ref || P_model), top-1 agreement and the reference's NLL
+/// (llama-perplexity --kl-divergence's "Mean KLD" and "Same top p" over the same tokens).
 PerplexityResult perplexity_llama(models::Model& model, std::span<const int32_t> ids, int64_t n_ctx, int64_t max_chunks,
                                   int64_t step, std::optional<int32_t> bos,
-                                  const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress);
+                                  const std::function<void(int64_t, int64_t, const PerplexityResult&)>& progress,
+                                  models::Model* reference = nullptr);
 
 /// KL(P || Q) in nats of the softmax distributions of logits p and q (vocab entries each),
 /// computed in double.
