@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Writes bench/quality.sh's markdown table from its rows file (standard library only).
+
+    quality_table.py ROWS PARAMS OUT NAME TEXT CHUNKS CALIB CROSS
+
+ROWS: tab-separated tool, label, bytes, then KL, top-1, ppl, reference ppl, tokens (or one
+"failed: ..." field). For each llama.cpp type the table says whether a spool recipe no larger has a
+KL no higher (the issue's acceptance: spool's curve at or below llama.cpp's at every size).
+"""
+import os
+import sys
+
+
+def main() -> None:
+    rows_path, params, out, name, text, chunks, calib, cross = sys.argv[1:9]
+    params = int(params)
+    rows = []
+    for line in open(rows_path):
+        f = line.rstrip("\n").split("\t")
+        r = {"tool": f[0], "label": f[1], "bytes": int(f[2])}
+        if len(f) == 4:
+            r["failed"] = f[3]
+        else:
+            r.update(kl=float(f[3]), top1=float(f[4]), ppl=float(f[5]), ref_ppl=float(f[6]), tokens=int(f[7]))
+        rows.append(r)
+    ok = [r for r in rows if "failed" not in r]
+    ref = next((r for r in ok if r["tool"] == "bf16"), None)
+    spool = [r for r in ok if r["tool"] == "spool"]
+    lines = [
+        f"Quality per byte: **{name}** ({params / 1e6:.1f}M parameters without the MTP head), scored on "
+        f"`{os.path.basename(text)}`" + (f" (first {chunks} windows of 512 tokens)" if chunks != "0" else "") +
+        (f", {ref['tokens']} tokens" if ref else "") + ".",
+        "Every file is scored by `spool perplexity --kl-reference` against the bf16 safetensors model on the same tokens "
+        "(GGUF files with `--act-bits 32`, so only the weights differ): KL = mean KL(bf16 || quantized) per token in nats, "
+        "top-1 = tokens whose argmax equals bf16's. Size = the file(s) on disk; bits/weight = 8 x size / parameters. "
+        f"llama.cpp types come from `llama-quantize` on the BF16 GGUF of its own converter; (imatrix) types use "
+        f"`llama-imatrix` on `{os.path.basename(calib)}`. spool rows are `spool convert` recipes (data-free).",
+        "",
+        "| tool | type / recipe | size MB | bits/weight | KL to bf16 | top-1 | PPL | a spool recipe no larger with KL no higher |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: -r["bytes"]):
+        size = f"{r['bytes'] / 1e6:.2f} | {8 * r['bytes'] / params:.2f}"
+        if "failed" in r:
+            lines.append(f"| {r['tool']} | {r['label']} | {size} | {r['failed']} | | | |")
+            continue
+        verdict = ""
+        if r["tool"] == "llama.cpp" and r["label"] != "BF16 GGUF":
+            fits = [s for s in spool if s["bytes"] <= r["bytes"]]
+            wins = [s for s in fits if s["kl"] <= r["kl"]]
+            if wins:
+                best = min(wins, key=lambda s: s["kl"])
+                verdict = f"yes: {best['label']} ({best['kl']:.4f})"
+            elif fits:
+                best = min(fits, key=lambda s: s["kl"])
+                verdict = f"**no**: best no larger is {best['label']} ({best['kl']:.4f}, {best['kl'] / max(r['kl'], 1e-12):.2f}x)"
+            else:
+                verdict = "**no**: no spool recipe this small"
+        lines.append(f"| {r['tool']} | {r['label']} | {size} | {r['kl']:.4f} | {100 * r['top1']:.1f}% | {r['ppl']:.3f} | {verdict} |")
+    failed = [r for r in rows if "failed" in r]
+    beaten = sum(1 for line in lines if "| yes:" in line)
+    compared = sum(1 for r in ok if r["tool"] == "llama.cpp" and r["label"] != "BF16 GGUF")
+    lines += ["", f"spool matches or beats {beaten} of {compared} llama.cpp types that spool can read"
+              + (f"; {len(failed)} file(s) failed to score (see the rows)." if failed else ".")]
+    if cross:
+        lines += ["", "Cross-check: " + cross]
+    open(out, "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"quality_table.py: wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
