@@ -47,7 +47,7 @@ CROSS_CHUNKS=${CROSS_CHUNKS:-20}
 THREADS=${THREADS:-$(nproc)}
 WORK=${WORK:-build/quality/$NAME}
 OUT=bench/results/quality-$NAME.md
-SPOOL=$PWD/build/spool
+SPOOL=${SPOOL_BIN:-$PWD/build/spool}  # SPOOL_BIN: a copy, so a rebuild during the run does not mix builds
 
 for t in llama-quantize llama-imatrix llama-perplexity; do
   [ -x "$LLAMA_BIN/$t" ] || { echo "quality.sh: no $LLAMA_BIN/$t (set LLAMA_BIN)" >&2; exit 1; }
