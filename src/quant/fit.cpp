@@ -17,19 +17,44 @@ namespace {
 // lighter- or heavier-tailed, so the optimum moves either way). Each start is followed by a
 // least-squares re-fit, so the grid only needs to land in the right basin.
 constexpr float kStartFactors[] = {0.70f, 0.80f, 0.90f, 1.00f, 1.10f, 1.20f, 1.35f};
+// The cheaper start set of fit_codebook's rounds (the final quantization uses the full grid).
+constexpr float kFitStartFactors[] = {0.85f, 1.00f, 1.15f};
 constexpr int kRefineSteps = 3;
 constexpr double kMinScale = 1e-7;        // the format's floor of a group scale
 constexpr int64_t kFitValues = 1 << 18;   // subsample of fit_codebook (weights)
+constexpr double kMinGain = 1e-3;         // fit_codebook stops once a round gains less (relative)
 
-// Codes of v / s (nearest centroid) and the least-squares sums a = sum(v c), b = sum(c^2).
-inline void assign(const float* v, int g, float s, const Coder& k, uint8_t* codes, double* a, double* b) {
+// Least-squares sums a = sum(v c), b = sum(c^2) for the nearest codes of v * inv, in float with
+// float boundaries, as c = cb[0] + the steps cb[m + 1] - cb[m] of the boundaries below x (loops
+// the compiler vectorizes; x, c: g floats of scratch): the search's start and refinement passes
+// only, which rank scales. Final codes and errors come from Coder::code and sse_of.
+inline void assign_fast(const float* __restrict v, int g, float inv, const Coder& k, float* __restrict x, float* __restrict c,
+                        double* a, double* b) {
+  const int n = static_cast<int>(k.midf.size());
+  const float c0 = k.cb.front();
+  for (int l = 0; l < g; ++l) {
+    x[l] = v[l] * inv;
+    c[l] = c0;
+  }
+  for (int m = 0; m < n; ++m) {
+    const float mm = k.midf[static_cast<size_t>(m)], st = k.step[static_cast<size_t>(m)];
+    for (int l = 0; l < g; ++l) c[l] += x[l] > mm ? st : 0.0f;
+  }
+  float pa[8] = {}, pb[8] = {};
+  int l = 0;
+  for (; l + 8 <= g; l += 8)
+    for (int q = 0; q < 8; ++q) {
+      pa[q] += v[l + q] * c[l + q];
+      pb[q] += c[l + q] * c[l + q];
+    }
   double sa = 0, sb = 0;
-  for (int j = 0; j < g; ++j) {
-    const int c = k.code(v[j] / s);
-    if (codes != nullptr) codes[j] = static_cast<uint8_t>(c);
-    const double cv = k.cb[static_cast<size_t>(c)];
-    sa += static_cast<double>(v[j]) * cv;
-    sb += cv * cv;
+  for (; l < g; ++l) {
+    sa += static_cast<double>(v[l]) * c[l];
+    sb += static_cast<double>(c[l]) * c[l];
+  }
+  for (int q = 0; q < 8; ++q) {
+    sa += pa[q];
+    sb += pb[q];
   }
   *a = sa;
   *b = sb;
@@ -79,11 +104,18 @@ std::vector<double> codebook_boundaries(std::span<const float> cb) {
 Coder::Coder(std::span<const float> c) : cb(c.begin(), c.end()), mid(codebook_boundaries(c)) {
   if (cb.empty()) fail("quantize: empty codebook");
   lim = 1.5f * std::max(std::fabs(cb.front()), std::fabs(cb.back()));
+  for (size_t i = 0; i + 1 < cb.size(); ++i) {
+    midf.push_back(static_cast<float>(mid[i]));
+    step.push_back(cb[i + 1] - cb[i]);
+  }
 }
 
 int Coder::code(float x) const { return code_from_boundaries(mid, std::clamp(x, -lim, lim)); }
 
-GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch mode, uint8_t* codes) {
+namespace {
+
+// search_scale() with the start factors `starts` (multiples of the RMS scale).
+GroupScale search_impl(const float* v, int g, const Coder& coder, ScaleSearch mode, std::span<const float> starts, uint8_t* codes) {
   double ss = 0;
   for (int j = 0; j < g; ++j) ss += static_cast<double>(v[j]) * v[j];
   const double rms = std::max(std::sqrt(ss / g), kMinScale);
@@ -96,8 +128,8 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
     best.sse = sse_of(v, g, s0, coder, codes);
     return best;
   }
+  for (int j = 0; j < g; ++j) codes[j] = static_cast<uint8_t>(coder.code(v[j] / s0));
   double a = 0, b = 0;
-  assign(v, g, s0, coder, codes, &a, &b);
   best.sse = sse_of(v, g, s0, coder, codes);
 
   // Starts: the grid around the RMS scale, and the scale that puts max|v| on the outermost centroid.
@@ -105,10 +137,14 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
   for (int j = 0; j < g; ++j) vmax = std::max(vmax, std::fabs(v[j]));
   const float cmax = std::max(std::fabs(coder.cb.front()), std::fabs(coder.cb.back()));
   double ls_best = std::numeric_limits<double>::infinity(), s_best = 0;
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < 2 * static_cast<size_t>(g)) scratch.resize(2 * static_cast<size_t>(g));
+  float* xs = scratch.data();
+  float* cs = scratch.data() + g;
   auto try_start = [&](double s) {
     const uint16_t h = candidate_bits(s);
     if (h == 0) return;
-    assign(v, g, spool::ops::f16_to_f32(h), coder, nullptr, &a, &b);
+    assign_fast(v, g, 1.0f / spool::ops::f16_to_f32(h), coder, xs, cs, &a, &b);
     if (!(a > 0) || !(b > 0)) return;
     const double err = ss - a * a / b;  // error at the least-squares scale a / b of these codes
     if (err < ls_best) {
@@ -116,13 +152,13 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
       s_best = a / b;
     }
   };
-  for (float f : kStartFactors) try_start(static_cast<double>(s0) * f);
+  for (float f : starts) try_start(static_cast<double>(s0) * f);
   if (cmax > 0) try_start(static_cast<double>(vmax) / cmax);
   if (!(s_best > 0)) return best;
   for (int it = 0; it < kRefineSteps; ++it) {
     const uint16_t h = candidate_bits(s_best);
     if (h == 0) break;
-    assign(v, g, spool::ops::f16_to_f32(h), coder, nullptr, &a, &b);
+    assign_fast(v, g, 1.0f / spool::ops::f16_to_f32(h), coder, xs, cs, &a, &b);
     if (!(a > 0) || !(b > 0)) break;
     const double next = a / b;
     if (candidate_bits(next) == h) break;  // converged to fp16 precision
@@ -131,13 +167,9 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
   const uint16_t h = candidate_bits(s_best);
   if (h == 0 || h == h0) return best;
   const float s = spool::ops::f16_to_f32(h);
-  uint8_t alt[256];
-  std::vector<uint8_t> big;
-  uint8_t* c = alt;
-  if (g > 256) {
-    big.resize(static_cast<size_t>(g));
-    c = big.data();
-  }
+  thread_local std::vector<uint8_t> alt;
+  if (alt.size() < static_cast<size_t>(g)) alt.resize(static_cast<size_t>(g));
+  uint8_t* c = alt.data();
   for (int j = 0; j < g; ++j) c[j] = static_cast<uint8_t>(coder.code(v[j] / s));
   const double err = sse_of(v, g, s, coder, c);
   if (err < best.sse) {
@@ -145,6 +177,12 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
     std::copy_n(c, g, codes);
   }
   return best;
+}
+
+}  // namespace
+
+GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch mode, uint8_t* codes) {
+  return search_impl(v, g, coder, mode, kStartFactors, codes);
 }
 
 std::vector<float> fit_codebook(QType t, int g, int64_t rows, int64_t cols, const std::function<void(int64_t, float*)>& row,
@@ -172,7 +210,7 @@ std::vector<float> fit_codebook(QType t, int g, int64_t rows, int64_t cols, cons
     double err = 0;
     for (int64_t gi = 0; gi < groups; ++gi) {
       const float* v = data.data() + gi * g;
-      const GroupScale gs = search_scale(v, g, coder, mode, codes.data());
+      const GroupScale gs = search_impl(v, g, coder, mode, kFitStartFactors, codes.data());
       err += gs.sse;
       const double s = spool::ops::f16_to_f32(gs.scale);
       for (int j = 0; j < g; ++j) {
@@ -180,11 +218,15 @@ std::vector<float> fit_codebook(QType t, int g, int64_t rows, int64_t cols, cons
         den[codes[static_cast<size_t>(j)]] += s * s;
       }
     }
-    if (err < best_err) {  // the first round (the N(0, 1) table) always counts
+    // The first round (the N(0, 1) table) always counts; a round that gains less than
+    // kMinGain of the error ends the fit (rotated weights are close to Gaussian, where the
+    // table is already the optimum and further rounds only cost time).
+    const bool gained = err < best_err * (1 - kMinGain);
+    if (err < best_err) {
       best_err = err;
       best_cb = cur;
     }
-    if (round == rounds) break;
+    if (round == rounds || (round > 0 && !gained)) break;
     // Centroid update (least squares for these codes and scales).
     std::vector<double> next(cur.begin(), cur.end());
     if (L % 2 == 1) {  // symmetric pairs around a zero middle entry

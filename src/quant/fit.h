@@ -63,6 +63,8 @@ struct Coder {
   std::vector<float> cb;    ///< ascending centroids
   std::vector<double> mid;  ///< codebook_boundaries(cb)
   float lim = 0;            ///< codes are chosen for w / s clipped to +-lim
+  std::vector<float> midf;  ///< mid as float (the search's fast pass)
+  std::vector<float> step;  ///< cb[k + 1] - cb[k] (the search's fast pass: c = cb[0] + sum of steps below x)
   /// Builds the coder of `cb` (must be ascending and finite: validate_codebook's rules).
   explicit Coder(std::span<const float> c);
   /// Nearest code of x = w / s (clipped to +-lim; ties low), as nearest_code().
@@ -93,8 +95,9 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
 /// centroid update above (codes whose cell is empty keep their centroid); for an odd level count
 /// the codebook is kept symmetric with a zero middle entry (the format pads ternary groups with
 /// the middle code). Starts from codebook(t); returns the codebook of the lowest subsample error
-/// seen, which is never higher than the N(0, 1) table's. Ascending and finite (validate_codebook
-/// holds). Single-threaded and deterministic. `rounds` >= 0 centroid updates.
+/// seen, which is never higher than the N(0, 1) table's; stops early once a round lowers the
+/// subsample error by less than 0.1%. Ascending and finite (validate_codebook holds).
+/// Single-threaded and deterministic. `rounds` >= 0: at most that many centroid updates.
 std::vector<float> fit_codebook(QType t, int g, int64_t rows, int64_t cols, const std::function<void(int64_t, float*)>& row,
                                 ScaleSearch mode, int rounds = 4);
 
