@@ -16,12 +16,12 @@ namespace {
 // RMS scale at the optimum for Gaussian groups; real groups of 32..128 rotated weights are
 // lighter- or heavier-tailed, so the optimum moves either way). Each start is followed by a
 // least-squares re-fit, so the grid only needs to land in the right basin.
-constexpr float kStartFactors[] = {0.70f, 0.80f, 0.90f, 1.00f, 1.10f, 1.20f, 1.35f};
+constexpr float kStartFactors[] = {0.80f, 0.90f, 1.00f, 1.10f, 1.25f};
 // The cheaper start set of fit_codebook's rounds (the final quantization uses the full grid).
 constexpr float kFitStartFactors[] = {0.85f, 1.00f, 1.15f};
 constexpr int kRefineSteps = 3;
 constexpr double kMinScale = 1e-7;        // the format's floor of a group scale
-constexpr int64_t kFitValues = 1 << 18;   // subsample of fit_codebook (weights)
+constexpr int64_t kFitValues = 1 << 16;   // subsample of fit_codebook (weights)
 constexpr double kMinGain = 1e-3;         // fit_codebook stops once a round gains less (relative)
 
 // Least-squares sums a = sum(v c), b = sum(c^2) for the nearest codes of v * inv, in float with

@@ -90,7 +90,7 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
 
 /// Fits the codebook of one matrix of type `t` and group size g (g divides cols) to its own
 /// rotated rows. row(r, out) must write row r of the rotated matrix (cols floats). Uses a
-/// deterministic subsample of at most ~2^18 weights (evenly spaced whole rows, at least one).
+/// deterministic subsample of at most ~2^16 weights (evenly spaced whole rows, at least one).
 /// Rounds: scales by search_scale(mode) under the current codebook, then the scale-weighted
 /// centroid update above (codes whose cell is empty keep their centroid); for an odd level count
 /// the codebook is kept symmetric with a zero middle entry (the format pads ternary groups with
