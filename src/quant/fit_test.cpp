@@ -187,6 +187,43 @@ TEST(FitCodebook, DeterministicAcrossThreadCounts) {
   }
 }
 
+// The CPU kernels read each matrix's own codebook: quant_matmul of a matrix with a fitted (not
+// N(0, 1)) codebook equals W_hat x, W_hat = dequantize() (the view's codebook times the scales,
+// unrotated), for a decode-sized and a prefill-sized batch.
+TEST(FitCodebook, KernelsUseTheMatrixCodebook) {
+  std::mt19937 rng(11);
+  const int64_t rows = 40, cols = 256;
+  std::vector<float> W(static_cast<size_t>(rows * cols));
+  std::exponential_distribution<float> expo(10.0f);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (float& x : W) x = (uni(rng) < 0 ? -1.0f : 1.0f) * expo(rng);
+  const std::vector<int8_t> signs = rotation_signs(3, "layers.1.self_attn.o_proj", cols);
+  for (QType t : kTypes) {
+    for (const int8_t* sg : {static_cast<const int8_t*>(nullptr), signs.data()}) {
+      const QuantizedMatrix q = quantize(W.data(), rows, cols, t, 64, sg, nullptr, QuantOptions{});
+      const std::span<const float> gauss = codebook(t);
+      if (t != QType::kTernary) EXPECT_FALSE(std::equal(gauss.begin(), gauss.end(), q.codebook.begin())) << qtype_name(t);
+      std::vector<float> back(W.size());
+      dequantize(q.view(), back.data());
+      for (int64_t T : {1, 9}) {
+        std::vector<float> x(static_cast<size_t>(T * cols)), y(static_cast<size_t>(T * rows));
+        for (float& v : x) v = uni(rng);
+        spool::ops::quant_matmul(q.view(), x.data(), T, y.data(), nullptr);
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t r = 0; r < rows; ++r) {
+            double want = 0, mag = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              want += static_cast<double>(back[r * cols + c]) * x[i * cols + c];
+              mag += std::fabs(static_cast<double>(back[r * cols + c]) * x[i * cols + c]);
+            }
+            ASSERT_NEAR(y[i * rows + r], want, 1e-5 * mag + 1e-7)
+                << qtype_name(t) << (sg ? " rotated" : "") << " T " << T << " row " << r;
+          }
+      }
+    }
+  }
+}
+
 TEST(FitCodebook, FlagNamesAndErrors) {
   EXPECT_EQ(parse_scale_search("none"), ScaleSearch::kNone);
   EXPECT_EQ(parse_scale_search("mse"), ScaleSearch::kMse);
