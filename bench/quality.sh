@@ -5,9 +5,6 @@
 # Writes bench/results/quality.md (a markdown table, also pasted into docs/quantization.md).
 #   bench/quality.sh                 # the whole dev corpus (~214 windows of 512 tokens)
 #   CHUNKS=20 bench/quality.sh       # a quick look at the first 20 windows
-#   CONVERT_ARGS= bench/quality.sh   # spool convert's defaults (searched scales, fitted codebooks)
-# CONVERT_ARGS defaults to the original rules (--scale-search none --codebook gaussian): the table
-# in bench/results/quality.md is the one perplexity.quant_quality checks, in that mode.
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -15,7 +12,6 @@ CHUNKS=${CHUNKS:-0}
 THREADS=${THREADS:-$(nproc)}
 RECIPES=${RECIPES:-"q4 tq3 tq3-g64 q2 tq3a-tqTe tq3a-tqTe-down4 tq3a-tqTe-down3"}
 KS=${KS:-"6 4 2"}
-CONVERT_ARGS=${CONVERT_ARGS-"--scale-search none --codebook gaussian"}
 WORK=${WORK:-build/quality}
 OUT=bench/results/quality.md
 DEMO=build/models/spool-demo-moe
@@ -62,7 +58,7 @@ EOF
   row "bf16 (K=8)" "$DEMO"
   for r in $RECIPES; do
     rm -rf "${WORK:?}/$r"  # always fresh: a conversion takes under a second
-    build/spool convert --model "$DEMO" --recipe "$r" --out "$WORK/$r" -t "$THREADS" $CONVERT_ARGS >/dev/null 2>"$WORK/last.err" ||
+    build/spool convert --model "$DEMO" --recipe "$r" --out "$WORK/$r" -t "$THREADS" >/dev/null 2>"$WORK/last.err" ||
       { echo "quality.sh: convert $r failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
     row "$r" "$WORK/$r"
   done
