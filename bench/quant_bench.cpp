@@ -211,6 +211,20 @@ void BM_Quantize(benchmark::State& st) {
 }
 BENCHMARK(BM_Quantize)->Arg(static_cast<int64_t>(QType::kQ4))->Arg(static_cast<int64_t>(QType::kTernary))->UseRealTime();
 
+// The same with spool convert's default: searched scales and a fitted codebook (quant/fit.h).
+void BM_QuantizeFit(benchmark::State& st) {
+  const QType t = static_cast<QType>(st.range(0));
+  const int64_t rows = 1024, cols = 2048;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 4);
+  const std::vector<int8_t> s = spool::quant::rotation_signs(1, "bench", cols);
+  spool::ops::ThreadPool pool(2);
+  for (auto _ : st)
+    benchmark::DoNotOptimize(spool::quant::quantize(W.data(), rows, cols, t, 64, s.data(), &pool, spool::quant::QuantOptions{}));
+  st.SetLabel(spool::quant::qtype_name(t));
+  st.counters["Mw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e6, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_QuantizeFit)->Arg(static_cast<int64_t>(QType::kQ4))->Arg(static_cast<int64_t>(QType::kTernary))->UseRealTime();
+
 // ---- ggml block formats (GGUF weights) ----
 
 constexpr spool::GgmlType kGgmlTypes[] = {

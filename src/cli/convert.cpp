@@ -15,7 +15,7 @@ namespace {
 
 struct ConvertCmd {
   ModelOptions model;
-  std::string out, recipe = "tq3a-tqTe-down4", rotation = "hadamard";
+  std::string out, recipe = "tq3a-tqTe-down4", rotation = "hadamard", scale_search = "mse", codebook = "fit";
   quant::RecipeOverrides ov;
   uint64_t seed = 42;
   double shard_gb = 4.0;
@@ -38,14 +38,18 @@ void run(ConvertCmd& o) {
     throw UsageError(strfmt("--rotation must be hadamard or none (got '%s')", o.rotation.c_str()));
   c.rotate = o.rotation == "hadamard";
   c.rotation_seed = o.seed;
+  c.quant.scale_search = quant::parse_scale_search(o.scale_search);
+  c.quant.codebook = quant::parse_codebook_source(o.codebook);
   c.threads = o.model.thread_count();
   if (!(o.shard_gb > 0)) throw UsageError("--shard-size-gb must be positive");
   c.shard_bytes = static_cast<uint64_t>(o.shard_gb * (1ull << 30));
   c.force = o.force;
-  std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, rotation %s\n",
+  std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, rotation %s, scales %s, codebooks %s\n",
                c.in_dir.c_str(), c.out_dir.c_str(), c.recipe.name.c_str(), c.recipe.dense.describe().c_str(),
                c.recipe.lm_head.describe().c_str(), c.recipe.expert_gate_up.describe().c_str(),
-               c.recipe.expert_down.describe().c_str(), o.rotation.c_str());
+               c.recipe.expert_down.describe().c_str(), o.rotation.c_str(),
+               c.quant.scale_search == quant::ScaleSearch::kMse ? "searched (min squared error)" : "RMS",
+               c.quant.codebook == quant::CodebookSource::kFit ? "fitted per matrix" : "N(0, 1) tables");
   const double t0 = now_seconds();
   quant::ConvertResult r;
   {
@@ -83,7 +87,7 @@ void run(ConvertCmd& o) {
 
 void register_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertCmd>();
-  CLI::App* c = app.add_subcommand("convert", "Quantize a checkpoint data-free (Hadamard rotation + Lloyd-Max codebooks)");
+  CLI::App* c = app.add_subcommand("convert", "Quantize a checkpoint data-free (Hadamard rotation, searched scales, Lloyd-Max codebooks)");
   o->model.add_to(c, /*runs_model=*/false);
   c->add_option("-t,--threads", o->model.threads, "Threads (default: all cores)");
   c->add_option("-o,--out", o->out, "Output directory (new or empty)")->required();
@@ -98,6 +102,13 @@ void register_convert(CLI::App& app) {
   c->add_option("--lm-head-bits", o->ov.lm_head_bits, "Bits for lm_head: 2|3|4|ternary");
   c->add_option("--rotation", o->rotation, "Input rotation: hadamard (default) or none");
   c->add_option("--rotation-seed", o->seed, "Seed of the rotation sign vectors (default 42)");
+  c->add_option("--scale-search", o->scale_search,
+                "Group scales: mse (default; the fp16 scale of least squared error, never worse than RMS) or none "
+                "(the RMS of the group)");
+  c->add_option("--codebook", o->codebook,
+                "Codebooks: fit (default; Lloyd-Max fitted to each matrix's rotated, scale-normalized weights) or gaussian "
+                "(the fixed N(0, 1) tables). --scale-search none --codebook gaussian writes the files of earlier versions "
+                "bit for bit");
   c->add_option("--shard-size-gb", o->shard_gb, "Shard size in GB (default 4; shards hold whole layers)");
   c->add_flag("--force", o->force, "Write into a non-empty directory (replaces its shards)");
   c->add_flag("--json", o->json, "Print the summary as JSON");

@@ -91,7 +91,9 @@ void quant_specs(std::vector<SafetensorsWriter::Spec>* specs, const std::string&
 
 /// Quantizes the source matrix `t` ([rows, cols] float) and sends qweight, scales, codebook.
 /// Rows are split over `pool` (nullptr: the calling thread only).
-void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs, ops::ThreadPool* pool, const Sink& sink) {
+/// The codebook comes from fit_codebook() over the rotated source rows when opt.codebook says so.
+void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs, const QuantOptions& opt, ops::ThreadPool* pool,
+                 const Sink& sink) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const int g = effective_group(s.group, cols);
   check_group(cols, g);
@@ -100,6 +102,21 @@ void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs
   const uint64_t src_row = static_cast<uint64_t>(cols) * ops::wtype_size(wt);
   std::vector<uint8_t> qweight(static_cast<size_t>(rows * rb));
   std::vector<uint16_t> scales(static_cast<size_t>(rows * G));
+  std::vector<float> cb;
+  if (opt.codebook == CodebookSource::kFit) {
+    try {
+      cb = fit_codebook(s.type, g, rows, cols, [&](int64_t r, float* out) {
+        ops::row_to_f32(wt, t.data + r * src_row, cols, out);
+        if (signs != nullptr) rotate_input(signs, out, cols, out);
+      }, opt.scale_search);
+    } catch (const Error& e) {
+      fail("%s: %s", t.name.c_str(), e.what());
+    }
+  } else {
+    const std::span<const float> gauss = codebook(s.type);
+    cb.assign(gauss.begin(), gauss.end());
+  }
+  const Coder coder(cb);
   auto work = [&](int64_t r0, int64_t r1) {
     constexpr int64_t kBlock = 64;
     std::vector<float> buf;
@@ -108,7 +125,8 @@ void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs
       buf.resize(static_cast<size_t>(n * cols));
       ops::row_to_f32(wt, t.data + b * src_row, n * cols, buf.data());
       try {
-        quantize_rows(buf.data(), cols, s.type, g, signs, 0, n, qweight.data() + b * rb, scales.data() + b * G);
+        quantize_rows(buf.data(), cols, s.type, g, signs, 0, n, qweight.data() + b * rb, scales.data() + b * G, coder,
+                      opt.scale_search);
       } catch (const Error& e) {
         fail("%s (rows %lld..%lld): %s", t.name.c_str(), (long long)b, (long long)(b + n), e.what());
       }
@@ -116,7 +134,6 @@ void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs
   };
   if (pool != nullptr && rows >= 64) pool->parallel_for(rows, 16, [&](int64_t r0, int64_t r1, int) { work(r0, r1); });
   else work(0, rows);
-  std::span<const float> cb = codebook(s.type);
   sink(qweight.data(), qweight.size());
   sink(scales.data(), scales.size() * 2);
   sink(cb.data(), cb.size() * 4);
@@ -185,8 +202,8 @@ struct Planner {
       quant_specs(&u.specs, base, s, t.shape[0], cols);
       const int8_t* sg = signs_for(t.name, cols);
       if (sg != nullptr) u.specs.push_back({base + ".signs", io::DType::I8, {cols}});
-      u.produce = [&t, &s, sg, cols](ops::ThreadPool* pool, const Sink& sink) {
-        quantize_to(t, s, sg, pool, sink);
+      u.produce = [&t, &s, sg, cols, q = opt.quant](ops::ThreadPool* pool, const Sink& sink) {
+        quantize_to(t, s, sg, q, pool, sink);
         if (sg != nullptr) sink(sg, static_cast<uint64_t>(cols));
       };
     }
@@ -266,11 +283,11 @@ struct Planner {
         parts.push_back({&t, &s});
         part_signs.push_back(down ? dn : gu);
       }
-      u.produce = [parts, part_signs](ops::ThreadPool*, const Sink& sink) {
+      u.produce = [parts, part_signs, q = opt.quant](ops::ThreadPool*, const Sink& sink) {
         for (size_t i = 0; i < parts.size(); ++i) {
           if (parts[i].second == nullptr) sink(parts[i].first->data, parts[i].first->nbytes);  // MXFP4 bytes as stored
           else if (parts[i].second->keep) bf16_to(*parts[i].first, sink);
-          else quantize_to(*parts[i].first, *parts[i].second, part_signs[i], nullptr, sink);
+          else quantize_to(*parts[i].first, *parts[i].second, part_signs[i], q, nullptr, sink);
         }
       };
       units.push_back(std::move(u));
@@ -444,9 +461,14 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
                          {"format_version", 1},
                          {"recipe", opt.recipe.name},
                          {"rotation", opt.rotate ? "hadamard" : "none"},
-                         {"rotation_seed", opt.rotation_seed},
-                         {"classes", classes},
-                         {"bits_per_weight", r.bpw()}};
+                         {"rotation_seed", opt.rotation_seed}};
+  // Written only when they differ from the original rules, so that mode's files stay byte-identical.
+  if (!opt.quant.is_legacy()) {
+    cfg["quantization"]["scale_search"] = scale_search_name(opt.quant.scale_search);
+    cfg["quantization"]["codebook"] = codebook_source_name(opt.quant.codebook);
+  }
+  cfg["quantization"]["classes"] = classes;
+  cfg["quantization"]["bits_per_weight"] = r.bpw();
   write_json("config.json", cfg);
   for (const auto& e : fs::directory_iterator(opt.in_dir)) {
     const std::string name = e.path().filename().string();

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "io/family_rules.h"
+#include "quant/fit.h"
 #include "quant/recipe.h"
 
 namespace spool::quant {
@@ -27,6 +28,10 @@ struct ConvertOptions {
   Recipe recipe;                    ///< per-class quantization (recipe() + apply_overrides())
   bool rotate = true;               ///< --rotation hadamard (true) | none
   uint64_t rotation_seed = 42;      ///< --rotation-seed
+  /// --scale-search / --codebook: how group scales and codebooks are chosen (quant/fit.h). The
+  /// default minimizes each matrix's squared error; QuantOptions::legacy() writes the files of
+  /// the format's original rules (RMS scales, N(0, 1) codebooks) bit for bit.
+  QuantOptions quant;
   int threads = 0;                  ///< worker threads (0 = all cores)
   uint64_t shard_bytes = 4ull << 30;  ///< start a new shard past this many bytes (whole layers)
   bool force = false;               ///< write into a non-empty directory (removes its old shards)

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "ops/weights.h"
 #include "quant/hadamard.h"
+#include "quant/fit.h"
 #include "quant/pack.h"
 
 namespace spool::quant {
@@ -51,11 +52,15 @@ uint16_t f32_to_f16(float f) {
 
 void quantize_rows(const float* W, int64_t cols, QType t, int g, const int8_t* signs, int64_t r0, int64_t r1,
                    uint8_t* qweight, uint16_t* scales) {
+  quantize_rows(W, cols, t, g, signs, r0, r1, qweight, scales, Coder(codebook(t)), ScaleSearch::kNone);
+}
+
+void quantize_rows(const float* W, int64_t cols, QType t, int g, const int8_t* signs, int64_t r0, int64_t r1,
+                   uint8_t* qweight, uint16_t* scales, const Coder& coder, ScaleSearch mode) {
   check_group(cols, g);
+  if (static_cast<int64_t>(coder.cb.size()) != levels(t))
+    fail("quantize: a %zu-entry codebook for type %s (%d entries)", coder.cb.size(), qtype_name(t), levels(t));
   const int64_t ng = cols / g, gb = group_bytes(t, g), rb = ng * gb;
-  const std::span<const double> mid = boundaries(t);
-  const std::span<const float> cb = codebook(t);
-  const float lim = 1.5f * std::max(std::fabs(cb.front()), std::fabs(cb.back()));
   std::vector<float> row(static_cast<size_t>(cols));
   std::vector<uint8_t> codes(static_cast<size_t>(g));
   for (int64_t r = r0; r < r1; ++r) {
@@ -69,27 +74,20 @@ void quantize_rows(const float* W, int64_t cols, QType t, int g, const int8_t* s
       std::copy_n(src, cols, row.data());
     }
     for (int64_t gi = 0; gi < ng; ++gi) {
-      const float* v = row.data() + gi * g;
-      double ss = 0;
-      for (int j = 0; j < g; ++j) ss += static_cast<double>(v[j]) * v[j];
-      const double rms = std::max(std::sqrt(ss / g), 1e-7);
-      const uint16_t h = f32_to_f16(static_cast<float>(rms));
-      if ((h & 0x7c00u) == 0x7c00u)
-        fail("quantize: row %lld group %lld has RMS %g, beyond the fp16 range of the scales", static_cast<long long>(r),
-             static_cast<long long>(gi), rms);
-      const float s = spool::ops::f16_to_f32(h);
-      scales[r * ng + gi] = h;
-      for (int j = 0; j < g; ++j) {
-        const double x = std::clamp(v[j] / s, -lim, lim);
-        codes[static_cast<size_t>(j)] = static_cast<uint8_t>(code_from_boundaries(mid, x));
+      GroupScale gs;
+      try {
+        gs = search_scale(row.data() + gi * g, g, coder, mode, codes.data());
+      } catch (const Error& e) {
+        fail("quantize: row %lld group %lld: %s", static_cast<long long>(r), static_cast<long long>(gi), e.what());
       }
+      scales[r * ng + gi] = gs.scale;
       pack_group(t, codes.data(), g, qweight + r * rb + gi * gb);
     }
   }
 }
 
 QuantizedMatrix quantize(const float* W, int64_t rows, int64_t cols, QType t, int g, const int8_t* signs,
-                         spool::ops::ThreadPool* pool) {
+                         spool::ops::ThreadPool* pool, const QuantOptions& opts) {
   check_group(cols, g);
   if (rows < 0) fail("quantize: negative row count %lld", static_cast<long long>(rows));
   QuantizedMatrix q;
@@ -99,14 +97,22 @@ QuantizedMatrix quantize(const float* W, int64_t rows, int64_t cols, QType t, in
   q.group = g;
   q.qweight.assign(static_cast<size_t>(rows * row_bytes(t, cols, g)), 0);
   q.scales.assign(static_cast<size_t>(rows * (cols / g)), 0);
-  const std::span<const float> cb = codebook(t);
-  q.codebook.assign(cb.begin(), cb.end());
+  if (opts.codebook == CodebookSource::kFit) {
+    q.codebook = fit_codebook(t, g, rows, cols, [&](int64_t r, float* out) {
+      if (signs != nullptr) rotate_input(signs, W + r * cols, cols, out);
+      else std::copy_n(W + r * cols, cols, out);
+    }, opts.scale_search);
+  } else {
+    const std::span<const float> cb = codebook(t);
+    q.codebook.assign(cb.begin(), cb.end());
+  }
+  const Coder coder(q.codebook);
   if (signs != nullptr) q.signs.assign(signs, signs + cols);
   if (pool == nullptr || pool->size() == 1 || rows < 2) {
-    quantize_rows(W, cols, t, g, signs, 0, rows, q.qweight.data(), q.scales.data());
+    quantize_rows(W, cols, t, g, signs, 0, rows, q.qweight.data(), q.scales.data(), coder, opts.scale_search);
   } else {
     pool->parallel_for(rows, 1, [&](int64_t b, int64_t e, int) {
-      quantize_rows(W, cols, t, g, signs, b, e, q.qweight.data(), q.scales.data());
+      quantize_rows(W, cols, t, g, signs, b, e, q.qweight.data(), q.scales.data(), coder, opts.scale_search);
     });
   }
   return q;

@@ -1,5 +1,6 @@
 // Data-free quantization of one weight matrix (docs/quant-format.md): optional randomized
-// Hadamard rotation, per-group RMS scales rounded to fp16, nearest Lloyd-Max centroid, packing.
+// Hadamard rotation, per-group fp16 scales (RMS, or searched: quant/fit.h), nearest centroid of
+// the matrix's codebook (the N(0, 1) Lloyd-Max table, or fitted: quant/fit.h), packing.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "ops/quant_matmul.h"
 #include "ops/thread_pool.h"
 #include "quant/codebook.h"
+#include "quant/fit.h"
 
 namespace spool::quant {
 
@@ -35,17 +37,26 @@ uint16_t f32_to_f16(float f);
 
 /// Quantizes W [rows, cols] (f32, row-major, [out, in]) to type `t` with group size `g`.
 /// signs: cols values +-1 for the rotated format (W' = W diag(s) H_blk), or nullptr for none.
-/// Group scale = max(sqrt(mean(w'^2)), 1e-7) rounded to fp16; codes = nearest_code(w' / scale).
-/// Rows are quantized in parallel on `pool` when given. Throws spool::Error for a bad group
-/// size, a non-finite weight or a scale that overflows fp16.
+/// opts (quant/fit.h): the default here, QuantOptions::legacy(), is the format's original rule:
+/// group scale = max(sqrt(mean(w'^2)), 1e-7) rounded to fp16, codebook = codebook(t), codes =
+/// nearest_code(w' / scale); otherwise scales by search_scale() and/or the codebook by
+/// fit_codebook() on W itself. Rows are quantized in parallel on `pool` when given (the result
+/// does not depend on it). Throws spool::Error for a bad group size, a non-finite weight or a
+/// scale that overflows fp16.
 QuantizedMatrix quantize(const float* W, int64_t rows, int64_t cols, QType t, int g, const int8_t* signs,
-                         spool::ops::ThreadPool* pool = nullptr);
+                         spool::ops::ThreadPool* pool = nullptr, const QuantOptions& opts = QuantOptions::legacy());
 
 /// Quantizes rows [r0, r1) of W (pointer to row 0, `cols` floats per row) into the full-size
 /// outputs qweight [*, row_bytes] and scales [*, cols / g] (only those rows are written), so
 /// callers can split a matrix over threads or stream it. Same rules and errors as quantize().
 void quantize_rows(const float* W, int64_t cols, QType t, int g, const int8_t* signs, int64_t r0, int64_t r1,
                    uint8_t* qweight, uint16_t* scales);
+
+/// quantize_rows with the codebook of `coder` (levels(t) ascending entries: the one written as
+/// the matrix's `.codebook`) and the scale rule `mode` (search_scale()). With Coder(codebook(t))
+/// and ScaleSearch::kNone this is exactly the overload above.
+void quantize_rows(const float* W, int64_t cols, QType t, int g, const int8_t* signs, int64_t r0, int64_t r1,
+                   uint8_t* qweight, uint16_t* scales, const Coder& coder, ScaleSearch mode);
 
 /// Row r of the dequantized matrix in its STORED (rotated) basis: out[c] = codebook[code] *
 /// scale, cols floats. Throws spool::Error on a bad view or an invalid ternary byte.
