@@ -33,6 +33,7 @@
 
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_iquants.h"
 #include "ops/ggml_scales.h"
 #include "ops/vec.h"
 #include "ops/weights.h"
@@ -266,6 +267,7 @@ inline void dequant_block(GgmlType t, const uint8_t* p, float* y) {
       return;
     }
     default:
+      if (iquant_type(t)) return iquant_dequantize_block(t, p, y);  // ops/ggml_iquants
       fail("ggml type %s (id %u) is not supported", ggml_type_name(t), static_cast<unsigned>(t));
   }
 }
@@ -1360,7 +1362,7 @@ bool ggml_supported(GgmlType t) {
     case GgmlType::MXFP4:
       return true;
     default:
-      return false;
+      return iquant_type(t);
   }
 }
 
@@ -1374,7 +1376,8 @@ std::string ggml_describe(const GgmlView& w) {
 void validate(const GgmlView& w) {
   if (!ggml_supported(w.type))
     fail("%s: ggml type %s (id %u) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
-         "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
+         "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, "
+         "TQ2_0)",
          ggml_describe(w).c_str(), ggml_type_name(w.type), static_cast<unsigned>(w.type));
   const uint32_t blck = ggml_type_traits(w.type).blck;
   if (w.rows < 0 || w.cols <= 0 || w.cols % blck != 0)
