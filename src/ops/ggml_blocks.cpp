@@ -298,15 +298,22 @@ constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
 // define functions of the same names in HWY_NAMESPACE).
 namespace gb {
 
-// Reference path: dequantize each row into a thread-local buffer, then dot.
+// Reference path, and the path of the i-quant / ternary types: dequantize each row into a
+// thread-local buffer (those types: the SIMD row decoders of ggml_iquant_kernels.cpp), then dot
+// it with each token (ops::dot: the same accumulation order for any T).
 void RowsByDequant(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(w.cols));
   const int64_t rb = w.row_bytes();
   const GgmlTypeTraits tr = ggml_type_traits(w.type);
+  const bool iq = iquant_type(w.type);  // (SIMD row decoders: ggml_iquant_kernels.cpp)
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* p = w.data + r * rb;
-    for (int64_t b = 0; b < w.cols / tr.blck; ++b) ggml::dequant_block(w.type, p + b * tr.size, row.data() + b * tr.blck);
+    if (iq) {
+      iquant_decode_row(w.type, p, w.cols / tr.blck, row.data());
+    } else {
+      for (int64_t b = 0; b < w.cols / tr.blck; ++b) ggml::dequant_block(w.type, p + b * tr.size, row.data() + b * tr.blck);
+    }
     for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = ops::dot(row.data(), x + t * w.cols, w.cols);  // vec.h
   }
 }

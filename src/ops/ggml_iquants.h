@@ -21,6 +21,12 @@ bool iquant_type(GgmlType t);
 /// are inf / NaN give inf / NaN weights, as in ggml. Throws spool::Error for other types.
 void iquant_dequantize_block(GgmlType t, const uint8_t* block, float* y);
 
+/// Dequantizes `nblocks` consecutive blocks of type t (iquant_type(t)) at src into dst[0, 256 *
+/// nblocks) with the SIMD decoders (ggml_iquant_kernels.cpp, runtime dispatch): bit-identical to
+/// iquant_dequantize_block per block. IQ2_*, IQ3_*, IQ1_* and TQ2_0 decode 8 weights per vector
+/// operation; TQ1_0 runs the scalar decoder. Thread-safe.
+void iquant_decode_row(GgmlType t, const uint8_t* src, int64_t nblocks, float* dst);
+
 /// The f16 super-block scale d of an IQ1_M block (56 bytes): ggml stores its 16 bits as the top
 /// nibbles of the four u16 sub-block scale words at bytes 48..55 (word 0 holds bits 0..3).
 uint16_t iq1m_get_d(const uint8_t* block);
