@@ -63,6 +63,15 @@ HWY_INLINE void Iq1Group(float dl, const int8_t* HWY_RESTRICT g, float delta, fl
     hn::StoreU(hn::Mul(vdl, hn::Add(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, g + j))), vdelta)), df, out + j);
 }
 
+// +-0.125 from a sign bit at bit 31, by integer ops only (the sign bits are random data: a branch
+// or a select the compiler turns into one mispredicts half the time).
+HWY_INLINE float Delta(uint32_t sign31) {
+  const uint32_t bits = 0x3E000000u | (sign31 & 0x80000000u);  // 0.125f
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 // 8 magnitudes of two 4-entry grid rows (IQ3) side by side.
 HWY_INLINE void Pair4(const uint8_t* a, const uint8_t* b, uint8_t* out8) {
   std::memcpy(out8, a, 4);
@@ -142,7 +151,7 @@ void Iq1s(const uint8_t* p, float* y) {
     uint16_t h;
     std::memcpy(&h, p + 34 + 2 * ib, 2);
     const float dl = d * static_cast<float>(2 * ((h >> 12) & 7) + 1);
-    const float delta = h & 0x8000 ? -0.125f : 0.125f;
+    const float delta = Delta(static_cast<uint32_t>(h) << 16);
     for (int l = 0; l < 4; ++l) Iq1Group(dl, iq::kIq1sGrid + 8 * (p[2 + 4 * ib + l] | ((h >> (3 * l)) & 7) << 8), delta, y + 32 * ib + 8 * l);
   }
 }
@@ -151,11 +160,40 @@ void Iq1m(const uint8_t* p, float* y) {
   const float d = f16_to_f32(iq1m_get_d(p));
   uint16_t sc[4];
   std::memcpy(sc, p + 48, 8);
+  float dl[16];  // one scale per 16 elements
+  for (int i = 0; i < 16; ++i) dl[i] = d * static_cast<float>(2 * ((sc[i / 4] >> (3 * (i % 4))) & 7) + 1);
   for (int k = 0; k < 32; ++k) {
-    const float dl = d * static_cast<float>(2 * ((sc[k / 8] >> (3 * ((k / 2) % 4))) & 7) + 1);
     const int nib = (p[32 + k / 2] >> (4 * (k % 2))) & 0xF;
-    Iq1Group(dl, iq::kIq1sGrid + 8 * (p[k] | (nib & 7) << 8), nib & 8 ? -0.125f : 0.125f, y + 8 * k);
+    Iq1Group(dl[k / 2], iq::kIq1sGrid + 8 * (p[k] | (nib & 7) << 8), Delta(static_cast<uint32_t>(nib) << 28), y + 8 * k);
   }
+}
+
+// TQ1_0: 5 (the last 4 bytes: 4) base-3 digits per byte, digit n = ((u8)(byte * 3^n) * 3) >> 8.
+template <class DF, class DI, class DU8>
+HWY_INLINE void Tq1Digits(DF df, DI di, DU8 du8, const uint8_t* q, int nbytes, int ndigits, hn::Vec<DF> vd, float* y) {
+  static constexpr int kPow3[5] = {1, 3, 9, 27, 81};
+  const size_t N = hn::Lanes(df);
+  const auto ff = hn::Set(di, 0xFF), three = hn::Set(di, 3), one = hn::Set(di, 1);
+  for (int n = 0; n < ndigits; ++n)
+    for (size_t j = 0; j < static_cast<size_t>(nbytes); j += N) {
+      const auto b = hn::And(hn::Mul(hn::PromoteTo(di, hn::LoadU(du8, q + j)), hn::Set(di, kPow3[n])), ff);
+      const auto v = hn::Sub(hn::ShiftRight<8>(hn::Mul(b, three)), one);
+      hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, v)), df, y + n * nbytes + j);
+    }
+}
+
+void Tq1(const uint8_t* p, float* y) {
+  const hn::CappedTag<float, 16> d16;  // 16 or fewer lanes: the 16-byte and 4-byte runs
+  const hn::CappedTag<float, 4> d4;
+  const auto vd16 = hn::Set(d16, Half(p + 52));
+  const auto vd4 = hn::Set(d4, Half(p + 52));
+  const hn::RebindToSigned<decltype(d16)> di16;
+  const hn::Rebind<uint8_t, decltype(d16)> du16;
+  const hn::RebindToSigned<decltype(d4)> di4;
+  const hn::Rebind<uint8_t, decltype(d4)> du4;
+  Tq1Digits(d16, di16, du16, p, 32, 5, vd16, y);
+  Tq1Digits(d16, di16, du16, p + 32, 16, 5, vd16, y + 160);
+  Tq1Digits(d4, di4, du4, p + 48, 4, 4, vd4, y + 240);
 }
 
 void Tq2(const uint8_t* p, float* y) {
@@ -187,8 +225,9 @@ void DecodeRow(GgmlType t, const uint8_t* src, int64_t nblocks, float* dst) {
       case GgmlType::IQ3_S: Iq3s(p, y); break;
       case GgmlType::IQ1_S: Iq1s(p, y); break;
       case GgmlType::IQ1_M: Iq1m(p, y); break;
+      case GgmlType::TQ1_0: Tq1(p, y); break;
       case GgmlType::TQ2_0: Tq2(p, y); break;
-      default: iquant_dequantize_block(t, p, y); break;  // TQ1_0 (and errors for other types)
+      default: iquant_dequantize_block(t, p, y); break;  // (an error for other types)
     }
   }
 }

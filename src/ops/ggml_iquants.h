@@ -23,8 +23,8 @@ void iquant_dequantize_block(GgmlType t, const uint8_t* block, float* y);
 
 /// Dequantizes `nblocks` consecutive blocks of type t (iquant_type(t)) at src into dst[0, 256 *
 /// nblocks) with the SIMD decoders (ggml_iquant_kernels.cpp, runtime dispatch): bit-identical to
-/// iquant_dequantize_block per block. IQ2_*, IQ3_*, IQ1_* and TQ2_0 decode 8 weights per vector
-/// operation; TQ1_0 runs the scalar decoder. Thread-safe.
+/// iquant_dequantize_block per block (groups of 8 weights per vector operation for the grid types,
+/// a vector of digits / codes for TQ1_0 / TQ2_0). Thread-safe.
 void iquant_decode_row(GgmlType t, const uint8_t* src, int64_t nblocks, float* dst);
 
 /// The f16 super-block scale d of an IQ1_M block (56 bytes): ggml stores its 16 bits as the top
