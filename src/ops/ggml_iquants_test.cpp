@@ -2,7 +2,8 @@
 // aarch64 under qemu included; ggml_blocks_test checks the scalar decoders against gguf-py's
 // dequantize): the SIMD row decoders bit for bit against the scalar ones on every compiled target,
 // the matmul against its scalar reference, hand-built blocks against values worked out from the
-// format (ggml-common.h layouts), and the IQ1_M split scale.
+// format (ggml-common.h layouts), the IQ1_M split scale, and any bit pattern decoding (also run
+// under ASan + UBSan: label "sanitize").
 #include "ops/ggml_iquants.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -144,6 +146,34 @@ TEST(GgmlIquants, Iq1mScaleKeepsSubScales) {
     EXPECT_EQ(a & 0x0FFF, c & 0x0FFF) << w;
   }
   EXPECT_EQ(0, std::memcmp(b.data(), before.data(), 48));
+}
+
+// Every bit pattern is a valid block of these types (the grid and sign indices are as wide as
+// their tables): blocks of constant bytes and random bytes, each with a finite d, decode (scalar
+// and SIMD) to finite values. In the sanitizer step (label "sanitize") an index past its table
+// is a global-buffer-overflow.
+TEST(GgmlIquants, AnyBitPatternDecodes) {
+  std::mt19937_64 g(5);
+  for (GgmlType t : kTypes) {
+    const size_t bs = ggml_type_traits(t).size;
+    for (int fill = 0; fill < 257; ++fill) {  // 0x00 .. 0xFF, then random bytes
+      std::vector<uint8_t> b(bs);
+      for (auto& v : b) v = static_cast<uint8_t>(fill < 256 ? fill : g());
+      const uint16_t one = 0x3C00;  // 1.0
+      if (t == GgmlType::IQ1_M) {
+        iq1m_set_d(b.data(), one);
+      } else {
+        for (int off : ggml_half_fields(t)) std::memcpy(b.data() + off, &one, 2);
+      }
+      std::vector<float> y(256, NAN), z(256, NAN);
+      iquant_dequantize_block(t, b.data(), y.data());
+      iquant_decode_row(t, b.data(), 1, z.data());
+      for (int i = 0; i < 256; ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << ggml_type_name(t) << " fill " << fill << " element " << i;
+        ASSERT_EQ(y[i], z[i]) << ggml_type_name(t) << " fill " << fill << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(GgmlIquants, OtherTypesAreAnError) {

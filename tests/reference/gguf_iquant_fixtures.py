@@ -9,8 +9,9 @@ by a developer; ctest reads the committed, xz-compressed output and needs no Pyt
 File: one tensor `w.TYPE` [ROWS x COLS] per i-quant / ternary block type (IQ1_S, IQ1_M, IQ2_XXS,
 IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, TQ2_0) and `ref.TYPE` (F32): gguf.quants.dequantize of it.
 The blocks are random valid blocks: random bytes (every grid / sign index and sub-block scale the
-format can hold), with the f16 super-block scale d replaced by a finite random half (block 0: a
-subnormal). The package cannot quantize these types, so random blocks are the only way to write
+format can hold; block 2 all 0xFF bytes, block 3 all zero: every field at its largest value and at
+zero), with the f16 super-block scale d replaced by a finite random half (block 0: a subnormal,
+block 1: -3). The package cannot quantize these types, so random blocks are the only way to write
 them; every bit pattern of the other fields is a valid block.
 """
 import sys
@@ -31,6 +32,8 @@ def random_blocks(rng, name):
     blck, size = gguf.GGML_QUANT_SIZES[qt]
     nblocks = ROWS * COLS // blck
     raw = rng.integers(0, 256, size=(nblocks, size), dtype=np.uint8)
+    raw[2, :] = 0xFF  # every index, sign and scale field at its largest value
+    raw[3, :] = 0x00  # ... and at zero
     d = rng.normal(0.0, 0.01, size=nblocks).astype(np.float16)
     d[0] = np.float16(6.0e-8)  # a subnormal half
     d[1] = np.float16(-3.0)    # a large one, negative
