@@ -3,7 +3,9 @@
 // Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, and (decoded by ops/ggml_iquants) IQ1_S, IQ1_M, IQ2_XXS,
 // IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, TQ2_0. Activations and accumulation are f32; the kernels
 // (Highway, runtime dispatch) decode each block into registers and FMA, so the weights are never
-// expanded to float in memory. A scalar dequantize-row per type is the reference.
+// expanded to float in memory, except for the i-quant / ternary types: each row of those is
+// decoded by SIMD decoders into an f32 row buffer (one row, L1/L2) and dotted with each token. A
+// scalar dequantize-row per type is the reference.
 #pragma once
 
 #include <cstdint>
