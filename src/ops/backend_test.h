@@ -208,10 +208,6 @@ inline const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::k
                                       WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm, WKind::kGgmlIQ1_S, WKind::kGgmlIQ1_M,
                                       WKind::kGgmlIQ2_XXS, WKind::kGgmlIQ2_XS, WKind::kGgmlIQ2_S, WKind::kGgmlIQ3_XXS,
                                       WKind::kGgmlIQ3_S, WKind::kGgmlTQ1_0, WKind::kGgmlTQ2_0, WKind::kMxfp4};
-// The i-quant / ternary kinds (256-column blocks).
-inline const std::vector<WKind> kIquantKinds = {WKind::kGgmlIQ1_S, WKind::kGgmlIQ1_M, WKind::kGgmlIQ2_XXS,
-                                                WKind::kGgmlIQ2_XS, WKind::kGgmlIQ2_S, WKind::kGgmlIQ3_XXS,
-                                                WKind::kGgmlIQ3_S, WKind::kGgmlTQ1_0, WKind::kGgmlTQ2_0};
 
 
 // A matrix of one kind owning its storage; view() is what the kernels see.

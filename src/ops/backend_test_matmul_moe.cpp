@@ -118,7 +118,9 @@ MoeCase make_moe_case(WKind k, const MoeShape& s, unsigned route_seed) {
 TEST_P(BackendOpTable, ExpertFfnAndCombine) {
   std::vector<WKind> kinds = {WKind::kF32,          WKind::kBF16,     WKind::kF16,     WKind::kQ4Rotated, WKind::kQ3,
                               WKind::kTernaryRotated, WKind::kGgmlQ8_0, WKind::kGgmlQ4_1, WKind::kGgmlMXFP4};
-  kinds.insert(kinds.end(), kIquantKinds.begin(), kIquantKinds.end());  // (the 1024 x 512 shape: 256-column blocks)
+  // Three of the i-quant / ternary kinds (one decode-then-dot path for all nine; Matmul runs every
+  // one), on the 1024 x 512 shape (256-column blocks).
+  kinds.insert(kinds.end(), {WKind::kGgmlIQ1_M, WKind::kGgmlIQ2_XXS, WKind::kGgmlTQ1_0});
   for (WKind k : kinds)
     for (const MoeShape& s : kMoeShapes) {
       if (!group_runs(k) || !fits(k, s.H) || !fits(k, s.I)) continue;
