@@ -25,6 +25,7 @@
 
 #include "memory_read.h"
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_iquants.h"
 #include "ops/ggml_q8.h"
 #include "ops/matmul.h"
 #include "ops/quant_matmul.h"
@@ -231,7 +232,10 @@ constexpr spool::GgmlType kGgmlTypes[] = {
     spool::GgmlType::F32,  spool::GgmlType::F16,  spool::GgmlType::BF16, spool::GgmlType::Q8_0,
     spool::GgmlType::Q4_0, spool::GgmlType::Q4_1, spool::GgmlType::Q5_0, spool::GgmlType::Q5_1,
     spool::GgmlType::Q2_K, spool::GgmlType::Q3_K, spool::GgmlType::Q4_K, spool::GgmlType::Q5_K,
-    spool::GgmlType::Q6_K, spool::GgmlType::IQ4_NL, spool::GgmlType::IQ4_XS, spool::GgmlType::MXFP4};
+    spool::GgmlType::Q6_K, spool::GgmlType::IQ4_NL, spool::GgmlType::IQ4_XS, spool::GgmlType::MXFP4,
+    spool::GgmlType::IQ1_S, spool::GgmlType::IQ1_M, spool::GgmlType::IQ2_XXS, spool::GgmlType::IQ2_XS,
+    spool::GgmlType::IQ2_S, spool::GgmlType::IQ3_XXS, spool::GgmlType::IQ3_S, spool::GgmlType::TQ1_0,
+    spool::GgmlType::TQ2_0};
 
 // rows x cols of random valid blocks: random bytes, f16 scales of magnitude ~2^-8 (float types:
 // small random values).
@@ -254,7 +258,7 @@ std::vector<uint8_t> ggml_random(spool::GgmlType t, int64_t rows, int64_t cols) 
     case GgmlType::Q2_K: halves = {80, 82}; break;
     case GgmlType::Q3_K: halves = {108}; break;
     case GgmlType::Q6_K: halves = {208}; break;
-    default: break;
+    default: halves = spool::ggml_half_fields(t); break;  // the i-quants and ternary types (IQ1_M below)
   }
   for (size_t b = 0; b + tr.size <= m.size(); b += tr.size) {
     for (int off : halves) {
@@ -262,6 +266,7 @@ std::vector<uint8_t> ggml_random(spool::GgmlType t, int64_t rows, int64_t cols) 
       std::memcpy(&m[b + off], &h, 2);
     }
     if (t == GgmlType::MXFP4) m[b] = 120;
+    if (t == GgmlType::IQ1_M) spool::ops::iq1m_set_d(&m[b], static_cast<uint16_t>(0x1c00 | (g() & 0x3ff)));
   }
   return m;
 }

@@ -96,7 +96,8 @@ constexpr uint64_t ggml_row_bytes(GgmlType t, uint64_t n) {
 
 
 /// Byte offsets of the f16 scale fields (d, and dmin where the type has one) inside one block
-/// of type t (gguf.md block layouts); empty for float types and MXFP4 (e8m0 scale). For tools
+/// of type t (gguf.md block layouts); empty for float types, MXFP4 (e8m0 scale) and IQ1_M (its f16
+/// d is spread over the top nibbles of four words: ops::iq1m_get_d / iq1m_set_d). For tools
 /// and tests that build or rescale blocks.
 inline std::vector<int> ggml_half_fields(GgmlType t) {
   switch (t) {
@@ -106,7 +107,12 @@ inline std::vector<int> ggml_half_fields(GgmlType t) {
     case GgmlType::Q2_K: return {80, 82};
     case GgmlType::Q3_K: return {108};
     case GgmlType::Q6_K: return {208};
-    default: return {};
+    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S: case GgmlType::IQ3_XXS: case GgmlType::IQ3_S:
+    case GgmlType::IQ1_S:
+      return {0};
+    case GgmlType::TQ1_0: return {52};
+    case GgmlType::TQ2_0: return {64};
+    default: return {};  // (IQ1_M: its d is split over 4 words, ops::iq1m_get_d / iq1m_set_d)
   }
 }
 

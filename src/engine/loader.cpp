@@ -356,10 +356,12 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }
-  if (cuda_index >= 0 && std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; })) {
+  const auto first_ggml = std::find_if(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; });
+  if (cuda_index >= 0 && first_ggml != l.ckpt->tensors().end()) {
     if (opt.device != "auto")
-      throw UsageError(strfmt("--device %s: %s holds ggml block weights (GGUF), which the CUDA backend cannot run yet; use --device cpu",
-                              opt.device.c_str(), opt.model_dir.c_str()));
+      throw UsageError(strfmt("--device %s: %s holds ggml block weights (GGUF; e.g. '%s' in %s), which the CUDA backend cannot run "
+                              "yet; use --device cpu",
+                              opt.device.c_str(), opt.model_dir.c_str(), first_ggml->name.c_str(), ggml_type_name(first_ggml->ggml_type)));
     cuda_index = -1;
   }
 

@@ -125,7 +125,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     const bool is_float = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
     if (!is_float && !ops::ggml_supported(t.type))
       fail("%s: tensor '%s' has type %s, which spool cannot run (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K "
-           "Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4)", path.c_str(), gname.c_str(), tr.name ? tr.name : "unknown");
+           "Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4 IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S TQ1_0 TQ2_0)", path.c_str(), gname.c_str(), tr.name ? tr.name : "unknown");
     TensorRef r;
     r.shard = static_cast<int>(t.shard);
     r.dtype = t.type == GgmlType::F32 ? DType::F32 : t.type == GgmlType::F16 ? DType::F16 : t.type == GgmlType::BF16 ? DType::BF16 : DType::U8;

@@ -503,6 +503,23 @@ TEST(GgufKQuantModel, WideModelEqualsDequantizedModelAndStreams) {
   std::filesystem::remove(deq);
 }
 
+// The wide model with every matrix in an i-quant or ternary type (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
+// IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, TQ2_0 in turn: random valid blocks, ops/ggml_iquants): loads,
+// generates the logits and greedy ids of the same model dequantized to F32, and its streamed
+// experts (byte ranges read from the file) give the resident logits bit for bit.
+TEST(GgufKQuantModel, WideIquantModelEqualsDequantizedModelAndStreams) {
+  const std::filesystem::path dir = ::testing::TempDir();
+  const std::string q = (dir / "spool_wide_iquant.gguf").string(), deq = (dir / "spool_wide_iquant.deq.gguf").string();
+  ASSERT_NO_FATAL_FAILURE(write_wide_kquant_gguf(q, {GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+                                                     GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::TQ1_0,
+                                                     GgmlType::TQ2_0}));
+  write_dequantized_gguf(q, deq);
+  expect_quantized_equals_dequantized(q, deq);
+  expect_streaming_equals_resident(q);
+  std::filesystem::remove(q);
+  std::filesystem::remove(deq);
+}
+
 // --act-bits 8 inside a model: the wide model in Q4_K / Q6_K (the types with int8 kernels). Where
 // the CPU has the kernels it takes the int8 path (its logits differ from the f32 kernels' on the
 // same file), stays within the activation rounding of the dequantized model, picks the same greedy

@@ -140,6 +140,8 @@ enum class WKind {
   // ggml block types as stored in GGUF files (kGgml views); kGgmlQ8_0Perm adds a column permutation.
   kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K,
   kGgmlIQ4_NL, kGgmlIQ4_XS, kGgmlMXFP4, kGgmlQ8_0Perm,
+  // i-quants and ternary (ops/ggml_iquants)
+  kGgmlIQ1_S, kGgmlIQ1_M, kGgmlIQ2_XXS, kGgmlIQ2_XS, kGgmlIQ2_S, kGgmlIQ3_XXS, kGgmlIQ3_S, kGgmlTQ1_0, kGgmlTQ2_0,
   kMxfp4  // MXFP4 as Hugging Face stores it (gpt-oss blocks + E8M0 scales, WType::kMxfp4)
 };
 
@@ -159,6 +161,15 @@ inline GgmlType ggml_of(WKind k) {
     case WKind::kGgmlIQ4_NL: return GgmlType::IQ4_NL;
     case WKind::kGgmlIQ4_XS: return GgmlType::IQ4_XS;
     case WKind::kGgmlMXFP4: return GgmlType::MXFP4;
+    case WKind::kGgmlIQ1_S: return GgmlType::IQ1_S;
+    case WKind::kGgmlIQ1_M: return GgmlType::IQ1_M;
+    case WKind::kGgmlIQ2_XXS: return GgmlType::IQ2_XXS;
+    case WKind::kGgmlIQ2_XS: return GgmlType::IQ2_XS;
+    case WKind::kGgmlIQ2_S: return GgmlType::IQ2_S;
+    case WKind::kGgmlIQ3_XXS: return GgmlType::IQ3_XXS;
+    case WKind::kGgmlIQ3_S: return GgmlType::IQ3_S;
+    case WKind::kGgmlTQ1_0: return GgmlType::TQ1_0;
+    case WKind::kGgmlTQ2_0: return GgmlType::TQ2_0;
     default: return GgmlType::F32;
   }
 }
@@ -194,7 +205,9 @@ inline const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::k
                                       WKind::kGgmlQ8_0, WKind::kGgmlQ4_0, WKind::kGgmlQ4_1, WKind::kGgmlQ5_0,
                                       WKind::kGgmlQ5_1, WKind::kGgmlQ2_K, WKind::kGgmlQ3_K, WKind::kGgmlQ4_K,
                                       WKind::kGgmlQ5_K, WKind::kGgmlQ6_K, WKind::kGgmlIQ4_NL, WKind::kGgmlIQ4_XS,
-                                      WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm, WKind::kMxfp4};
+                                      WKind::kGgmlMXFP4, WKind::kGgmlQ8_0Perm, WKind::kGgmlIQ1_S, WKind::kGgmlIQ1_M,
+                                      WKind::kGgmlIQ2_XXS, WKind::kGgmlIQ2_XS, WKind::kGgmlIQ2_S, WKind::kGgmlIQ3_XXS,
+                                      WKind::kGgmlIQ3_S, WKind::kGgmlTQ1_0, WKind::kGgmlTQ2_0, WKind::kMxfp4};
 
 
 // A matrix of one kind owning its storage; view() is what the kernels see.

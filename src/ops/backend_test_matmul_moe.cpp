@@ -116,10 +116,14 @@ MoeCase make_moe_case(WKind k, const MoeShape& s, unsigned route_seed) {
 
 [[maybe_unused]] const bool kExpertFfnAndCombineOps = covers({"expert_ffn", "moe_combine"});
 TEST_P(BackendOpTable, ExpertFfnAndCombine) {
-  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kQ3, WKind::kTernaryRotated,
-                  WKind::kGgmlQ8_0, WKind::kGgmlQ4_1, WKind::kGgmlMXFP4})
+  std::vector<WKind> kinds = {WKind::kF32,          WKind::kBF16,     WKind::kF16,     WKind::kQ4Rotated, WKind::kQ3,
+                              WKind::kTernaryRotated, WKind::kGgmlQ8_0, WKind::kGgmlQ4_1, WKind::kGgmlMXFP4};
+  // Three of the i-quant / ternary kinds (one decode-then-dot path for all nine; Matmul runs every
+  // one), on the 1024 x 512 shape (256-column blocks).
+  kinds.insert(kinds.end(), {WKind::kGgmlIQ1_M, WKind::kGgmlIQ2_XXS, WKind::kGgmlTQ1_0});
+  for (WKind k : kinds)
     for (const MoeShape& s : kMoeShapes) {
-      if (!group_runs(k)) continue;
+      if (!group_runs(k) || !fits(k, s.H) || !fits(k, s.I)) continue;
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
       // Random distinct experts per token, random weights.
       const MoeCase c = make_moe_case(k, s, 5);

@@ -33,6 +33,7 @@
 
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_iquants.h"
 #include "ops/ggml_scales.h"
 #include "ops/vec.h"
 #include "ops/weights.h"
@@ -266,6 +267,7 @@ inline void dequant_block(GgmlType t, const uint8_t* p, float* y) {
       return;
     }
     default:
+      if (iquant_type(t)) return iquant_dequantize_block(t, p, y);  // ops/ggml_iquants
       fail("ggml type %s (id %u) is not supported", ggml_type_name(t), static_cast<unsigned>(t));
   }
 }
@@ -296,15 +298,22 @@ constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
 // define functions of the same names in HWY_NAMESPACE).
 namespace gb {
 
-// Reference path: dequantize each row into a thread-local buffer, then dot.
+// Reference path, and the path of the i-quant / ternary types: dequantize each row into a
+// thread-local buffer (those types: the SIMD row decoders of ggml_iquant_kernels.cpp), then dot
+// it with each token (ops::dot: the same accumulation order for any T).
 void RowsByDequant(const GgmlView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(w.cols));
   const int64_t rb = w.row_bytes();
   const GgmlTypeTraits tr = ggml_type_traits(w.type);
+  const bool iq = iquant_type(w.type);  // (SIMD row decoders: ggml_iquant_kernels.cpp)
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* p = w.data + r * rb;
-    for (int64_t b = 0; b < w.cols / tr.blck; ++b) ggml::dequant_block(w.type, p + b * tr.size, row.data() + b * tr.blck);
+    if (iq) {
+      iquant_decode_row(w.type, p, w.cols / tr.blck, row.data());
+    } else {
+      for (int64_t b = 0; b < w.cols / tr.blck; ++b) ggml::dequant_block(w.type, p + b * tr.size, row.data() + b * tr.blck);
+    }
     for (int64_t t = 0; t < T; ++t) y[t * ldy + r] = ops::dot(row.data(), x + t * w.cols, w.cols);  // vec.h
   }
 }
@@ -1360,7 +1369,7 @@ bool ggml_supported(GgmlType t) {
     case GgmlType::MXFP4:
       return true;
     default:
-      return false;
+      return iquant_type(t);
   }
 }
 
@@ -1374,7 +1383,8 @@ std::string ggml_describe(const GgmlView& w) {
 void validate(const GgmlView& w) {
   if (!ggml_supported(w.type))
     fail("%s: ggml type %s (id %u) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
-         "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
+         "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, "
+         "TQ2_0)",
          ggml_describe(w).c_str(), ggml_type_name(w.type), static_cast<unsigned>(w.type));
   const uint32_t blck = ggml_type_traits(w.type).blck;
   if (w.rows < 0 || w.cols <= 0 || w.cols % blck != 0)

@@ -1,8 +1,11 @@
 // Matrix products against weights in ggml block formats, as stored in GGUF files
 // (the GGUF notes (ggml docs/gguf.md) section 4): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4. Activations and accumulation are f32; the kernels
+// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, and (decoded by ops/ggml_iquants) IQ1_S, IQ1_M, IQ2_XXS,
+// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, TQ2_0. Activations and accumulation are f32; the kernels
 // (Highway, runtime dispatch) decode each block into registers and FMA, so the weights are never
-// expanded to float in memory. A scalar dequantize-row per type is the reference.
+// expanded to float in memory, except for the i-quant / ternary types: each row of those is
+// decoded by SIMD decoders into an f32 row buffer (one row, L1/L2) and dotted with each token. A
+// scalar dequantize-row per type is the reference.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +16,7 @@
 
 namespace spool::ops {
 
-/// True when the kernels here support type `t` (the 16 types listed above).
+/// True when the kernels here support type `t` (the 25 types listed above).
 bool ggml_supported(GgmlType t);
 
 /// One matrix W [rows, cols] in a ggml type, row-major (cols = ne[0] of the GGUF tensor, the

@@ -3,6 +3,7 @@
 // otherwise), and the SIMD GEMV / GEMM on every compiled target against the scalar reference
 // (random valid blocks, ragged shapes, token counts around the tile sizes), and the errors.
 #include "ops/ggml_blocks.h"
+#include "ops/ggml_iquants.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -24,10 +25,23 @@ namespace {
 using spool::testing::for_each_target;
 using spool::testing::randn;
 
+// The types of tests/data/gguf/blocks.gguf.
+constexpr GgmlType kFileTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  GgmlType::Q8_0,
+                                   GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,  GgmlType::Q5_1,
+                                   GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,  GgmlType::Q5_K,
+                                   GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+// Every supported type (the kernel tests).
 constexpr GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  GgmlType::Q8_0,
                                GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,  GgmlType::Q5_1,
                                GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,  GgmlType::Q5_K,
-                               GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+                               GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
+                               GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+                               GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::TQ1_0,
+                               GgmlType::TQ2_0};
+// The i-quant / ternary types (ops/ggml_iquants), checked against tests/data/gguf/iquants.gguf.
+constexpr GgmlType kIquantTypes[] = {GgmlType::IQ1_S,   GgmlType::IQ1_M,  GgmlType::IQ2_XXS,
+                                     GgmlType::IQ2_XS,  GgmlType::IQ2_S,  GgmlType::IQ3_XXS,
+                                     GgmlType::IQ3_S,   GgmlType::TQ1_0,  GgmlType::TQ2_0};
 
 
 // Random f16 bits of magnitude 2^-10 .. 2^5, either sign.
@@ -68,6 +82,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, uint6
       std::memcpy(p + off, &h, 2);
     }
     if (t == GgmlType::MXFP4) p[0] = static_cast<uint8_t>(115 + g() % 20);  // 2^-13 .. 2^6
+    if (t == GgmlType::IQ1_M) iq1m_set_d(p, random_half(g));
   }
   return m;
 }
@@ -99,7 +114,7 @@ io::GgufFile blocks_file() { return io::GgufFile::open(std::string(SPOOL_TEST_DA
 
 TEST(GgmlBlocks, DequantizeMatchesGgufPackageBitForBit) {
   const io::GgufFile f = blocks_file();
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kFileTypes) {
     const std::string name = ggml_type_name(t);
     const io::GgufTensor* w = f.find("w." + name);
     const io::GgufTensor* r = f.find("ref." + name);
@@ -118,10 +133,48 @@ TEST(GgmlBlocks, DequantizeMatchesGgufPackageBitForBit) {
   }
 }
 
+// tests/reference/gguf_iquant_fixtures.py: 96 random valid blocks of each i-quant / ternary type
+// (random grid / sign indices and sub-block scales, an all-0xFF and an all-zero block, finite
+// random f16 d) and gguf-py's dequantize.
+TEST(GgmlBlocks, IquantsDequantizeMatchesGgufPackageBitForBit) {
+  const io::GgufFile f = io::GgufFile::open(std::string(SPOOL_TEST_DATA_DIR) + "/gguf/iquants.gguf");
+  for (GgmlType t : kIquantTypes) {
+    const std::string name = ggml_type_name(t);
+    const io::GgufTensor* w = f.find("w." + name);
+    const io::GgufTensor* r = f.find("ref." + name);
+    ASSERT_TRUE(w != nullptr && r != nullptr) << name;
+    ASSERT_EQ(w->type, t);
+    ASSERT_EQ(r->numel(), w->numel());
+    ASSERT_TRUE(ggml_supported(t)) << name;
+    std::vector<float> got(static_cast<size_t>(w->numel()));
+    for (int64_t row = 0; row < w->rows(); ++row)
+      ggml_dequantize_row(t, f.data(*w) + row * w->row_bytes(), w->ne[0], got.data() + row * w->ne[0]);
+    const float* ref = reinterpret_cast<const float*>(f.data(*r));
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::memcmp(&got[i], &ref[i], 4) != 0 && ++bad <= 3)
+        ADD_FAILURE() << name << " element " << i << ": " << got[i] << " vs gguf " << ref[i];
+    EXPECT_EQ(bad, 0) << name;
+    // The matmul kernels on the package's blocks, every target, against the scalar reference.
+    ThreadPool pool(2);
+    const GgmlView v{t, w->rows(), w->ne[0], f.data(*w), w->name.c_str()};
+    for (int64_t T : {1, 5}) {
+      const std::vector<float> x = randn(static_cast<size_t>(T * v.cols), 13 + T);
+      std::vector<float> yref(static_cast<size_t>(T * v.rows));
+      ggml_matmul_reference(v, x.data(), T, yref.data());
+      for_each_target([&](int64_t target) {
+        std::vector<float> y(yref.size(), NAN);
+        ggml_matmul(v, x.data(), T, y.data(), &pool);
+        expect_close(v, x, T, y, yref, std::string(hwy::TargetName(target)) + " " + name);
+      });
+    }
+  }
+}
+
 TEST(GgmlBlocks, KernelsOnGgufPackageBlocksEveryTarget) {
   const io::GgufFile f = blocks_file();
   ThreadPool pool(2);
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kFileTypes) {
     const io::GgufTensor* w = f.find(std::string("w.") + ggml_type_name(t));
     ASSERT_NE(w, nullptr);
     const GgmlView v{t, w->rows(), w->ne[0], f.data(*w), w->name.c_str()};
@@ -272,8 +325,8 @@ TEST(GgmlBlocks, RowsRangeAndStride) {
 TEST(GgmlBlocks, Errors) {
   std::vector<uint8_t> buf(1 << 16, 0);
   std::vector<float> x(4096, 1.0f), y(4096);
-  for (GgmlType t : {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::IQ2_XXS, GgmlType::IQ1_M, GgmlType::TQ1_0,
-                     GgmlType::NVFP4, GgmlType::I32, static_cast<GgmlType>(77)}) {
+  for (GgmlType t : {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::NVFP4, GgmlType::I32,
+                     static_cast<GgmlType>(77)}) {
     const GgmlView v{t, 2, 256, buf.data(), "blk.3.ffn_down_exps.weight"};
     EXPECT_FALSE(ggml_supported(t));
     try {

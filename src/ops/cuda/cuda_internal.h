@@ -169,8 +169,8 @@ struct WDev {
 // ggml block weights (GGUF checkpoints) have no CUDA kernels yet: a clear error, never a guess.
 inline void check_supported(const WeightView& w) {
   if (w.type == WType::kGgml)
-    fail("cuda backend: weight %s is in a ggml block type (GGUF), which has no CUDA kernels yet; run it with --device cpu",
-         w.name ? w.name : "(unnamed)");
+    fail("cuda backend: weight %s is in ggml block type %s (GGUF), which has no CUDA kernels yet; run it with --device cpu",
+         w.name ? w.name : "(unnamed)", ggml_type_name(w.ggml));
 }
 
 // ---- Device helpers shared by several op families -------------------------------------------------
