@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "common/error.h"
 #include "quant/convert.h"
 #include "quant/recipe.h"
@@ -240,14 +241,7 @@ struct Converted {
 std::unique_ptr<Converted> convert_demo(const std::string& name, ops::ThreadPool* pool) {
   auto c = std::make_unique<Converted>();
   c->dir = ::testing::TempDir() + "/ppl_recipe_" + name;
-  std::filesystem::remove_all(c->dir);
-  quant::ConvertOptions o;
-  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.out_dir = c->dir;
-  o.rules = &models::checkpoint_rules();
-  o.recipe = quant::recipe(name);
-  o.threads = 2;
-  quant::convert(o, nullptr);
+  spool::testing::convert_demo(c->dir, name);
   c->ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(c->dir));
   c->model = models::load_model(c->ckpt, pool);
   return c;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "support/mtp.h"
 #include "common/error.h"
 #include "experts/streaming.h"
@@ -301,14 +302,7 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
 TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: the routed expert path not checked";
   const std::string dir = ::testing::TempDir() + "/cuda_routed_q4";
-  std::filesystem::remove_all(dir);
-  quant::ConvertOptions o;
-  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.out_dir = dir;
-  o.rules = &models::checkpoint_rules();
-  o.recipe = quant::recipe("q4");
-  o.threads = 2;
-  quant::convert(o, nullptr);
+  spool::testing::convert_demo(dir, "q4");
   auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);

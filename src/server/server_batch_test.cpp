@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/load.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "server/batch_engine.h"
@@ -28,16 +29,10 @@ constexpr int kWaitMs = 120000;  // deadline of any one wait for a message (a ha
 
 std::unique_ptr<ServingEngine> make_engine(int parallel, bool stream, int64_t step = 16, size_t checkpoints = 16,
                                            engine::SpecParams spec = {}) {
-  engine::LoadOptions o;
+  engine::LoadOptions o = spool::testing::test_load_options(SPOOL_DEFAULT_MODEL_DIR, stream);
   o.mtp = spec.mtp;
-  o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.threads = 2;
   o.parallel = std::max(parallel, 1);
   o.prefill_step = step;
-  if (stream) {
-    o.stream = true;
-    o.cache_budget = "0";
-  }
   EngineOptions eo;
   eo.model_name = "demo";
   eo.prefill_step = step;
