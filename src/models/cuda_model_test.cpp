@@ -96,12 +96,17 @@ std::vector<std::string> host_fallbacks(const models::Model& m, const Backend& b
   return out;
 }
 
+// Which layers of `s` have routed experts ([n_layers]), as the expert stores take them.
+std::vector<bool> moe_layers(const models::ModelSpec& s) {
+  std::vector<bool> moe(s.n_layers);
+  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  return moe;
+}
+
 // Puts every routed expert of `m` in VRAM (experts::DeviceExperts), as the loader does when they fit.
 void experts_to_vram(models::Model& m, CudaBackend& be) {
   const models::ModelSpec& s = m.spec();
-  std::vector<bool> moe(s.n_layers);
-  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
-  m.set_expert_provider(std::make_shared<experts::DeviceExperts>(m.expert_provider(), be, moe, s.moe.n_experts));
+  m.set_expert_provider(std::make_shared<experts::DeviceExperts>(m.expert_provider(), be, moe_layers(s), s.moe.n_experts));
 }
 
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
@@ -215,8 +220,7 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
-  std::vector<bool> moe(s.n_layers);
-  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  const std::vector<bool> moe = moe_layers(s);
   spool::testing::Golden g(spool::testing::data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
   const std::vector<int32_t> ids = g.i32("p1.input_ids");
   const uint64_t before = be->uploaded_bytes();
@@ -307,8 +311,7 @@ TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
-  std::vector<bool> moe(s.n_layers);
-  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  const std::vector<bool> moe = moe_layers(s);
   auto dev = std::make_shared<experts::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
   for (int i = 0; i < s.n_layers; ++i)
     if (moe[i]) {
