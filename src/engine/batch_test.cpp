@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "common/error.h"
 #include "engine/loader.h"
 
@@ -33,16 +34,7 @@ struct Trace {
   std::vector<std::vector<float>> logits;    // logits before each generated id
 };
 
-LoadedModel load_model(const std::string& dir, bool stream) {
-  LoadOptions o;
-  o.model_dir = dir;
-  o.threads = 2;
-  if (stream) {
-    o.stream = true;
-    o.cache_budget = "0";
-  }
-  return load(o);
-}
+LoadedModel load_model(const std::string& dir, bool stream) { return load(spool::testing::test_load_options(dir, stream)); }
 
 // One sequence alone: prefill in chunks of `step`, then greedy decode.
 Trace run_alone(models::Model& m, const SeqSpec& q, int64_t step) {

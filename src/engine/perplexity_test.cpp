@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "common/error.h"
 #include "engine/session.h"
 #include "quant/convert.h"
@@ -244,15 +245,7 @@ std::unique_ptr<Converted> convert_demo(const std::string& name, ops::ThreadPool
                                         const quant::QuantOptions& q = quant::QuantOptions::legacy()) {
   auto c = std::make_unique<Converted>();
   c->dir = ::testing::TempDir() + "/ppl_recipe_" + name + (q.is_legacy() ? "" : "_fit");
-  std::filesystem::remove_all(c->dir);
-  quant::ConvertOptions o;
-  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.out_dir = c->dir;
-  o.rules = &models::checkpoint_rules();
-  o.recipe = quant::recipe(name);
-  o.quant = q;
-  o.threads = 2;
-  quant::convert(o, nullptr);
+  spool::testing::convert_demo(c->dir, name, q);
   c->ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(c->dir));
   c->model = models::load_model(c->ckpt, pool);
   return c;

@@ -12,6 +12,17 @@
 namespace spool::engine {
 namespace {
 
+// Sampling from the whole softmax (temperature 1, no top-k / top-p / min-p truncation), seeded.
+SamplingParams untruncated(uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = seed;
+  return p;
+}
+
 TEST(Sampler, GreedyIsArgmax) {
   SamplingParams p;
   p.temperature = 0;
@@ -32,12 +43,7 @@ TEST(Sampler, TopKOneIsGreedy) {
 }
 
 TEST(Sampler, SameSeedSameTokens) {
-  SamplingParams p;
-  p.temperature = 1.0f;
-  p.top_k = 0;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
-  p.seed = 1234;
+  const SamplingParams p = untruncated(1234);
   std::vector<int32_t> a, b;
   Sampler s1(p, 50), s2(p, 50);
   for (int i = 0; i < 100; ++i) {
@@ -105,12 +111,7 @@ TEST(Sampler, MaskExcludesTokens) {
   l[3] = 1.0f;
   EXPECT_EQ(greedy.sample(std::vector<float>(l).data(), {}, {}, mask), 3);
   EXPECT_EQ(greedy.sample(std::vector<float>(l).data(), {}, {}), 10);  // no mask: argmax
-  SamplingParams p;
-  p.temperature = 1.0f;
-  p.top_k = 0;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
-  p.seed = 5;
+  const SamplingParams p = untruncated(5);
   Sampler s(p, V);
   std::map<int, int> counts;
   for (int i = 0; i < 4000; ++i) {

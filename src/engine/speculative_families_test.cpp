@@ -26,6 +26,7 @@
 #include <set>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"
@@ -159,15 +160,9 @@ std::string fixture_with_head(const Fixture& fx, uint64_t seed, const std::vecto
 }
 
 LoadedModel open(const std::string& dir, bool mtp, bool stream = false) {
-  LoadOptions o;
-  o.model_dir = dir;
-  o.threads = 2;
+  LoadOptions o = spool::testing::test_load_options(dir, stream);
   o.mtp = mtp;
   o.ctx_size = 256;
-  if (stream) {
-    o.stream = true;
-    o.cache_budget = "0";
-  }
   return load(o);
 }
 

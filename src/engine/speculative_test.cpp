@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "support/mtp.h"
 #include "common/error.h"
 #include "engine/loader.h"
@@ -34,15 +35,9 @@ using spool::testing::head_logits;
 constexpr double kTol = 1e-4;
 
 LoadedModel load_demo(bool mtp, bool stream = false) {
-  LoadOptions o;
-  o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.threads = 2;
+  LoadOptions o = spool::testing::test_load_options(SPOOL_DEFAULT_MODEL_DIR, stream);
   o.mtp = mtp;
   o.ctx_size = 512;
-  if (stream) {
-    o.stream = true;
-    o.cache_budget = "0";
-  }
   return load(o);
 }
 
@@ -301,17 +296,8 @@ TEST(Speculative, RewindInStepEqualsTheShorterRun) {
 // again, one with it drafts from the quantized head and keeps the quantized model's output.
 TEST(Speculative, ConvertedCheckpointKeepsItsHead) {
   const std::string out = ::testing::TempDir() + "spec_q4_" + std::to_string(::getpid());
-  std::filesystem::remove_all(out);
-  quant::ConvertOptions o;
-  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.out_dir = out;
-  o.rules = &models::checkpoint_rules();
-  o.recipe = quant::recipe("q4");
-  o.threads = 2;
-  quant::convert(o, nullptr);
-  LoadOptions lo;
-  lo.model_dir = out;
-  lo.threads = 2;
+  spool::testing::convert_demo(out, "q4");
+  LoadOptions lo = spool::testing::test_load_options(out, false);
   LoadedModel plain = load(lo);
   EXPECT_EQ(plain.model->mtp_layers(), 0);
   EXPECT_GT(plain.ckpt->mtp_bytes(), 0u);

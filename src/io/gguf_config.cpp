@@ -96,6 +96,15 @@ void GgufMeta::deepseek_style_moe(nlohmann::json& j) const {
   j["norm_topk_prob"] = optb("expert_weights_norm").value_or(false);
 }
 
+void GgufMeta::qwen_style_moe(nlohmann::json& j) const {
+  j["num_experts"] = need("expert_count");
+  j["num_experts_per_tok"] = need("expert_used_count");
+  j["moe_intermediate_size"] = need("expert_feed_forward_length");
+  j["norm_topk_prob"] = true;
+  j["mlp_only_layers"] = dense_;
+  j["decoder_sparse_step"] = 1;
+}
+
 nlohmann::json gguf_config_json(const GgufFile& g, const GgufArch& a) {
   const std::string label = g.path();
   const std::string p = a.name + ".";

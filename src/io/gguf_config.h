@@ -61,6 +61,11 @@ class GgufMeta {
   /// leading_dense_block_count layers dense (checked against the routers present), the
   /// routed-weight scale and renormalisation (llama.cpp's defaults when absent: 1, false).
   void deepseek_style_moe(nlohmann::json& j) const;
+  /// Qwen-style MoE fields (qwen3moe, qwen3next, qwen35moe): num_experts, num_experts_per_tok,
+  /// moe_intermediate_size (expert_feed_forward_length), norm_topk_prob true (llama.cpp's graphs
+  /// renormalise the top-k weights), mlp_only_layers = the layers without a router,
+  /// decoder_sparse_step 1.
+  void qwen_style_moe(nlohmann::json& j) const;
 
  private:
   const GgufFile& g_;

@@ -35,6 +35,15 @@ std::optional<std::pair<int, std::string_view>> split_block(std::string_view nam
 
 }  // namespace
 
+std::vector<GgufRow> qk_norm_block_rows(const std::string& post_norm, GgufTransform t) {
+  return {
+      {"attn_norm.weight", "input_layernorm.weight", t},
+      {post_norm + ".weight", "post_attention_layernorm.weight", t},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight", t},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight", t},
+  };
+}
+
 std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view name) {
   GgufTensorMap m;
   if (name == "token_embd.weight") return GgufTensorMap{"embed_tokens.weight"};

@@ -77,6 +77,14 @@ struct GgufRow {
   bool as_float = false;
 };
 
+/// The four RMSNorm rows of a block with q/k norms, in this order: attn_norm <- input_layernorm,
+/// `post_norm` <- post_attention_layernorm (llama.cpp's name for it in the arch: "ffn_norm" in
+/// qwen3moe, olmoe, minimax-m2; "post_attention_norm" in glm4moe, qwen3next, qwen35moe),
+/// attn_q_norm <- self_attn.q_norm, attn_k_norm <- self_attn.k_norm (all ".weight"); every row
+/// with transform `t` and the default shape.
+std::vector<GgufRow> qk_norm_block_rows(const std::string& post_norm = "ffn_norm",
+                                        GgufTransform t = GgufTransform::kNone);
+
 /// How a checkpoint stores its multi-token-prediction (MTP) head; set by the family
 /// (GgufArch::mtp, models::ModelSpec::mtp_layout).
 enum class MtpLayout {

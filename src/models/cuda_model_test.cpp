@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/golden.h"
+#include "support/load.h"
 #include "support/mtp.h"
 #include "common/error.h"
 #include "experts/streaming.h"
@@ -95,12 +96,17 @@ std::vector<std::string> host_fallbacks(const models::Model& m, const Backend& b
   return out;
 }
 
+// Which layers of `s` have routed experts ([n_layers]), as the expert stores take them.
+std::vector<bool> moe_layers(const models::ModelSpec& s) {
+  std::vector<bool> moe(s.n_layers);
+  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  return moe;
+}
+
 // Puts every routed expert of `m` in VRAM (experts::DeviceExperts), as the loader does when they fit.
 void experts_to_vram(models::Model& m, CudaBackend& be) {
   const models::ModelSpec& s = m.spec();
-  std::vector<bool> moe(s.n_layers);
-  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
-  m.set_expert_provider(std::make_shared<experts::DeviceExperts>(m.expert_provider(), be, moe, s.moe.n_experts));
+  m.set_expert_provider(std::make_shared<experts::DeviceExperts>(m.expert_provider(), be, moe_layers(s), s.moe.n_experts));
 }
 
 TEST(CudaModel, FixturesMatchGoldensAndCpu) {
@@ -214,8 +220,7 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
-  std::vector<bool> moe(s.n_layers);
-  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  const std::vector<bool> moe = moe_layers(s);
   spool::testing::Golden g(spool::testing::data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors");
   const std::vector<int32_t> ids = g.i32("p1.input_ids");
   const uint64_t before = be->uploaded_bytes();
@@ -301,20 +306,12 @@ TEST(CudaModel, StreamedExpertsMatchVramResidentBitForBit) {
 TEST(CudaModel, RoutedExpertPathMatchesHostGroupedPathBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: the routed expert path not checked";
   const std::string dir = ::testing::TempDir() + "/cuda_routed_q4";
-  std::filesystem::remove_all(dir);
-  quant::ConvertOptions o;
-  o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.out_dir = dir;
-  o.rules = &models::checkpoint_rules();
-  o.recipe = quant::recipe("q4");
-  o.threads = 2;
-  quant::convert(o, nullptr);
+  spool::testing::convert_demo(dir, "q4");
   auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   auto be = std::make_shared<CudaBackend>(0);
   auto m = models::load_model(ckpt, be);
   const models::ModelSpec& s = m->spec();
-  std::vector<bool> moe(s.n_layers);
-  for (int i = 0; i < s.n_layers; ++i) moe[i] = s.ffns[i] == models::FfnKind::kMoE;
+  const std::vector<bool> moe = moe_layers(s);
   auto dev = std::make_shared<experts::DeviceExperts>(m->expert_provider(), *be, moe, s.moe.n_experts);
   for (int i = 0; i < s.n_layers; ++i)
     if (moe[i]) {

@@ -25,11 +25,8 @@ using namespace cfg;
 // post_attention_layernorm is ATTN_POST_NORM for this arch; q/k/v biases; optional per-head q/k
 // norms; DeepSeek-style shared experts and router correction bias. No q/k permutation (NeoX RoPE).
 std::vector<io::GgufRow> gguf_rows() {
-  return {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+  std::vector<io::GgufRow> r = io::qk_norm_block_rows("post_attention_norm");
+  r.insert(r.end(), {
       {"attn_q.bias", "self_attn.q_proj.bias"},
       {"attn_k.bias", "self_attn.k_proj.bias"},
       {"attn_v.bias", "self_attn.v_proj.bias"},
@@ -37,7 +34,8 @@ std::vector<io::GgufRow> gguf_rows() {
       {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
       {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
       {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
-  };
+  });
+  return r;
 }
 
 void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {

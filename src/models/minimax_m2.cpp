@@ -27,13 +27,9 @@ using namespace cfg;
 // block_sparse_moe.e_score_correction_bias to e_score_correction.bias, so it lands on
 // exp_probs_b.bias (the safetensors name is renamed to mlp.gate.* too: tensor renames below).
 std::vector<io::GgufRow> gguf_rows() {
-  return {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
-  };
+  std::vector<io::GgufRow> r = io::qk_norm_block_rows("ffn_norm");
+  r.push_back({"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"});
+  return r;
 }
 
 void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {

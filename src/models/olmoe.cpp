@@ -19,14 +19,7 @@ using namespace cfg;
 // ---- GGUF ----------------------------------------------------------------------------------
 // Per-layer rows besides the common ones: q/k norms over the whole projection (same names), no
 // value transforms.
-std::vector<io::GgufRow> gguf_rows() {
-  return {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-  };
-}
+std::vector<io::GgufRow> gguf_rows() { return io::qk_norm_block_rows("ffn_norm"); }
 
 // llama.cpp's olmoe graph keeps the softmax weights of the top k (as the release).
 void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {

@@ -24,17 +24,14 @@ std::vector<io::GgufRow> gguf_rows(bool tiled) {
   using T = io::GgufTransform;
   using S = io::GgufShape;
   constexpr auto N1 = T::kNormMinus1;
-  std::vector<io::GgufRow> r = {
-      {"attn_norm.weight", "input_layernorm.weight", N1},
-      {"post_attention_norm.weight", "post_attention_layernorm.weight", N1},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight", N1},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight", N1},
+  std::vector<io::GgufRow> r = io::qk_norm_block_rows("post_attention_norm", N1);
+  r.insert(r.end(), {
       {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
       {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
       {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
       {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", T::kNone, S::kRowVector},
       {"ssm_norm.weight", "linear_attn.norm.weight"},  // RMSNormGated: no +1 offset
-  };
+  });
   if (!tiled) {
     r.push_back({"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"});
     r.push_back({"attn_gate.weight", "linear_attn.in_proj_z.weight"});
@@ -63,12 +60,7 @@ std::vector<io::GgufRow> gguf_rows(bool tiled) {
 // router are mlp_only. The converter's MTP blocks (nextn_predict_layers, from the HF
 // mtp_num_hidden_layers) are declared as mtp_num_hidden_layers.
 void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
-  j["num_experts"] = m.need("expert_count");
-  j["num_experts_per_tok"] = m.need("expert_used_count");
-  j["moe_intermediate_size"] = m.need("expert_feed_forward_length");
-  j["norm_topk_prob"] = true;
-  j["mlp_only_layers"] = m.dense_layers();
-  j["decoder_sparse_step"] = 1;
+  m.qwen_style_moe(j);
   if (m.nextn() > 0) j["mtp_num_hidden_layers"] = m.nextn();
 }
 

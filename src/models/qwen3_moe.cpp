@@ -19,25 +19,10 @@ using namespace cfg;
 // ---- GGUF ----------------------------------------------------------------------------------
 // Per-layer rows besides the common ones: q/k norms over the whole projection (same names), no
 // value transforms.
-std::vector<io::GgufRow> gguf_rows() {
-  return {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-  };
-}
+std::vector<io::GgufRow> gguf_rows() { return io::qk_norm_block_rows("ffn_norm"); }
 
-// llama.cpp's qwen3moe / qwen3next / qwen35moe graphs renormalise the top-k weights; layers
-// without a router are mlp_only.
-void gguf_config(const io::GgufMeta& m, nlohmann::json& j) {
-  j["num_experts"] = m.need("expert_count");
-  j["num_experts_per_tok"] = m.need("expert_used_count");
-  j["moe_intermediate_size"] = m.need("expert_feed_forward_length");
-  j["norm_topk_prob"] = true;
-  j["mlp_only_layers"] = m.dense_layers();
-  j["decoder_sparse_step"] = 1;
-}
+// llama.cpp's qwen3moe graph renormalises the top-k weights; layers without a router are mlp_only.
+void gguf_config(const io::GgufMeta& m, nlohmann::json& j) { m.qwen_style_moe(j); }
 
 void configure(const io::Config& c, ModelSpec* sp) {
   ModelSpec& s = *sp;

@@ -22,6 +22,8 @@
 // backend_test_gdn_norms.cpp, backend_test_models.cpp, and this file (the instantiation of the
 // table per backend group and the CUDA harness).
 #include "ops/backend_test.h"
+
+#include "support/backends.h"
 #ifdef SPOOL_HAVE_CUDA
 #include "experts/device_experts.h"
 #include "experts/streaming.h"
@@ -32,14 +34,8 @@ namespace {
 
 using namespace op_table;
 
-INSTANTIATE_TEST_SUITE_P(All, BackendOpTable,
-                         ::testing::Values(std::string("cpu")
-#ifdef SPOOL_HAVE_CUDA
-                                               ,
-                                           std::string("cuda")
-#endif
-                                               ),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(All, BackendOpTable, ::testing::ValuesIn(spool::testing::backend_names()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 #ifdef SPOOL_HAVE_CUDA
 // ---- CUDA: host-side harness and model forward ------------------------------------------------

@@ -15,6 +15,21 @@ struct AttnShape {
 };
 const AttnShape kAttnShapes[] = {{4, 2, 32, 0, 1}, {4, 2, 32, 0, 40}, {8, 1, 64, 13, 7}, {2, 2, 128, 300, 1}, {6, 3, 64, 5, 33}};
 
+// An empty unbounded cache of type kt for s.n_kv heads of s.hd, reserved for positions [0, P).
+KvCache empty_cache(KvType kt, const AttnShape& s, int64_t P) {
+  KvCache c;
+  c.configure(kt, s.n_kv, s.hd);
+  c.reserve(P, 0);
+  return c;
+}
+
+// An unbounded cache holding positions [0, pos0 + T) of k, v (appended by `ref`).
+KvCache full_cache(ReferenceBackend& ref, KvType kt, const AttnShape& s, const std::vector<float>& k, const std::vector<float>& v) {
+  KvCache c = empty_cache(kt, s, s.pos0 + s.T);
+  ref.kv_append(c, 0, s.pos0 + s.T, k.data(), v.data());
+  return c;
+}
+
 [[maybe_unused]] const bool kKvAppendAndAttentionOps = covers({"kv_append", "attention"});
 TEST_P(BackendOpTable, KvAppendAndAttention) {
   for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
@@ -25,11 +40,7 @@ TEST_P(BackendOpTable, KvAppendAndAttention) {
       const std::vector<float> k = randn(P * kvw, 1), v = randn(P * kvw, 2), q = randn(s.T * s.n_heads * s.hd, 3);
       const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
       for_each_backend("kv_append", [&](Backend& be, ReferenceBackend& ref) {
-        KvCache c1, c2;
-        c1.configure(kt, s.n_kv, s.hd);
-        c2.configure(kt, s.n_kv, s.hd);
-        c1.reserve(P, 0);
-        c2.reserve(P, 0);
+        KvCache c1 = empty_cache(kt, s, P), c2 = empty_cache(kt, s, P);
         // Earlier positions in one call, the new chunk in another (prefill then next chunk).
         be.kv_append(c1, 0, s.pos0, k.data(), v.data());
         be.kv_append(c1, s.pos0, s.T, k.data() + s.pos0 * kvw, v.data() + s.pos0 * kvw);
@@ -61,13 +72,7 @@ TEST_P(BackendOpTable, KvAppendAndAttention) {
             }
       });
       for_each_backend("attention", [&](Backend& be, ReferenceBackend& ref) {
-        KvCache c1, c2;
-        c1.configure(kt, s.n_kv, s.hd);
-        c2.configure(kt, s.n_kv, s.hd);
-        c1.reserve(P, 0);
-        c2.reserve(P, 0);
-        ref.kv_append(c1, 0, P, k.data(), v.data());
-        ref.kv_append(c2, 0, P, k.data(), v.data());
+        KvCache c1 = full_cache(ref, kt, s, k, v), c2 = full_cache(ref, kt, s, k, v);
         std::vector<float> got(q.size(), NAN), want(q.size(), NAN);
         be.attention(q.data(), s.T, s.n_heads, c1, s.pos0, scale, got.data());
         ref.attention(q.data(), s.T, s.n_heads, c2, s.pos0, scale, want.data());
@@ -142,15 +147,6 @@ KvCache windowed_cache(Backend& be, KvType kt, const AttnShape& s, int64_t windo
   }
   c.reserve(s.pos0 + s.T, s.pos0);
   be.kv_append(c, s.pos0, s.T, k.data() + s.pos0 * kvw, v.data() + s.pos0 * kvw);
-  return c;
-}
-
-// An unbounded cache holding positions [0, pos0 + T) of k, v (appended by `ref`).
-KvCache full_cache(ReferenceBackend& ref, KvType kt, const AttnShape& s, const std::vector<float>& k, const std::vector<float>& v) {
-  KvCache c;
-  c.configure(kt, s.n_kv, s.hd);
-  c.reserve(s.pos0 + s.T, 0);
-  ref.kv_append(c, 0, s.pos0 + s.T, k.data(), v.data());
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backends.h"
 #include "support/random.h"
 #include "common/error.h"
 #include "ops/cpu_backend.h"
@@ -34,13 +35,7 @@ class Capabilities : public ::testing::TestWithParam<std::string> {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(All, Capabilities,
-                         ::testing::Values(std::string("cpu")
-#ifdef SPOOL_HAVE_CUDA
-                                               ,
-                                           std::string("cuda")
-#endif
-                                               ),
+INSTANTIATE_TEST_SUITE_P(All, Capabilities, ::testing::ValuesIn(spool::testing::backend_names()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // ---- The capability table ----------------------------------------------------------------------

@@ -625,25 +625,21 @@ HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, 
     for (int i = 0; i < R; ++i) y[(t0 + t) * ldy + r + i] = _mm512_reduce_add_ps(acc[t * R + i]);
 }
 
+// The decode kernel for the shared row driver (DecodeRowRange): R rows rb bytes apart.
+struct DecodeKernels {
+  template <GgmlType Q, int R>
+  static HWY_INLINE void Gemv(const uint8_t* row, int64_t rb, const Q8Acts& a, float* y, const uint8_t* pf) {
+    const uint8_t* rows[R];
+    for (int i = 0; i < R; ++i) rows[i] = row + i * rb;
+    GemvRows<Q, R>(rows, a, y, pf);
+  }
+};
+
+#include "ops/ggml_q8_rows-inl.h"  // IWYU pragma: keep (DecodeRowRange)
+
 template <GgmlType Q>
 void TypedRows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t rb = w.row_bytes();
-  if (a.T == 1) {
-    // (rows [r0, r0 + ahead) are read before any prefetch reaches them: at most a quarter of a
-    // short range, so the small chunks of a 2048 x 512 matrix keep most of theirs)
-    const int64_t ahead = kRows * std::max<int64_t>(1, std::min(kPrefetchBytes / (kRows * rb), (r1 - r0) / (4 * kRows)));
-    int64_t r = r0;
-    for (; r + kRows <= r1; r += kRows) {
-      const uint8_t* rows[kRows];
-      for (int i = 0; i < kRows; ++i) rows[i] = w.data + (r + i) * rb;
-      GemvRows<Q, kRows>(rows, a, y + r, r + ahead + kRows <= r1 ? w.data + (r + ahead) * rb : nullptr);
-    }
-    for (; r < r1; ++r) {
-      const uint8_t* rows[1] = {w.data + r * rb};
-      GemvRows<Q, 1>(rows, a, y + r, nullptr);
-    }
-    return;
-  }
+  if (a.T == 1) return DecodeRowRange<DecodeKernels, Q>(w, a, y, r0, r1);
   __m512 acc[kTokenTile * kRows];
   if constexpr (Q == GgmlType::Q4_K) {
     thread_local hwy::AlignedFreeUniquePtr<uint8_t[]> xs_buf;  // a token tile's PairActs (grown only)

@@ -193,47 +193,27 @@ HWY_INLINE void PanelTile(const q8::PanelBlock* HWY_RESTRICT panel, int64_t nb, 
     }
 }
 
-// Prefill: rows [r, r + R) against tokens [t0, t1).
-template <bool kVnni, int R>
-HWY_INLINE void PanelRows(const GgmlView& w, int64_t r, int64_t t0, int64_t t1, const Q8Acts& a, float* y, int64_t ldy,
-                          q8::PanelBlock* HWY_RESTRICT panel, float* HWY_RESTRICT acc) {
-  const int64_t rb = w.row_bytes(), nt = t1 - t0, bytes = ggml_type_traits(w.type).size;
-  std::fill(acc, acc + nt * R * 16, 0.0f);
-  for (int64_t b0 = 0; b0 < a.blocks(); b0 += kSegBlocks) {
-    const int64_t nb = std::min(kSegBlocks, a.blocks() - b0);
-    for (int i = 0; i < R; ++i)
-      for (int64_t b = 0; b < nb; ++b)
-        q8::decode_panel_block(w.type, w.data + (r + i) * rb + (b0 + b) * bytes, panel[i * kSegBlocks + b]);
-    int64_t t = 0;
-    for (; t + kPanelTok <= nt; t += kPanelTok) PanelTile<kVnni, R, kPanelTok>(panel, nb, a, b0, t0 + t, acc + t * R * 16);
-    for (; t < nt; ++t) PanelTile<kVnni, R, 1>(panel, nb, a, b0, t0 + t, acc + t * R * 16);
+// The kernels of one variant (with or without AVX-VNNI) for the shared row drivers.
+template <bool kVnni>
+struct Kernels {
+  template <GgmlType Q, int R>
+  static HWY_INLINE void Gemv(const uint8_t* rows, int64_t rb, const Q8Acts& a, float* y, const uint8_t* pf) {
+    GemvRows<Q, kVnni, R>(rows, rb, a, y, pf);
   }
-  for (int64_t t = 0; t < nt; ++t)
-    for (int i = 0; i < R; ++i) {
-      const float* o = acc + (t * R + i) * 16;
-      y[(t0 + t) * ldy + r + i] = ReduceAdd(_mm256_add_ps(_mm256_load_ps(o), _mm256_load_ps(o + 8)));
-    }
-}
+  template <int R, int TT>
+  static HWY_INLINE void Tile(const q8::PanelBlock* HWY_RESTRICT panel, int64_t nb, const Q8Acts& a, int64_t b0, int64_t t,
+                              float* HWY_RESTRICT acc) {
+    PanelTile<kVnni, R, TT>(panel, nb, a, b0, t, acc);
+  }
+  static HWY_INLINE float Sum16(const float* o) { return ReduceAdd(_mm256_add_ps(_mm256_load_ps(o), _mm256_load_ps(o + 8))); }
+};
+
+#include "ops/ggml_q8_rows-inl.h"  // IWYU pragma: keep (DecodeRowRange, PrefillRowRange)
 
 template <GgmlType Q, bool kVnni>
 void TypedRows(const GgmlView& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t rb = w.row_bytes();
-  if (a.T == 1) {
-    const int64_t ahead = kRows * std::max<int64_t>(1, std::min(kPrefetchBytes / (kRows * rb), (r1 - r0) / (4 * kRows)));
-    int64_t r = r0;
-    for (; r + kRows <= r1; r += kRows)
-      GemvRows<Q, kVnni, kRows>(w.data + r * rb, rb, a, y + r, r + ahead + kRows <= r1 ? w.data + (r + ahead) * rb : nullptr);
-    for (; r < r1; ++r) GemvRows<Q, kVnni, 1>(w.data + r * rb, rb, a, y + r, nullptr);
-    return;
-  }
-  alignas(64) q8::PanelBlock panel[kPanelRows * kSegBlocks];
-  alignas(64) float acc[kTokenTile * kPanelRows * 16];
-  for (int64_t t0 = 0; t0 < a.T; t0 += kTokenTile) {
-    const int64_t t1 = std::min(a.T, t0 + kTokenTile);
-    int64_t r = r0;
-    for (; r + kPanelRows <= r1; r += kPanelRows) PanelRows<kVnni, kPanelRows>(w, r, t0, t1, a, y, ldy, panel, acc);
-    for (; r < r1; ++r) PanelRows<kVnni, 1>(w, r, t0, t1, a, y, ldy, panel, acc);
-  }
+  if (a.T == 1) return DecodeRowRange<Kernels<kVnni>, Q>(w, a, y, r0, r1);
+  PrefillRowRange<Kernels<kVnni>, kPanelRows>(w, a, y, ldy, r0, r1);
 }
 
 // Whether the CPU has AVX-VNNI (CPUID.(EAX=7, ECX=1):EAX bit 4; the VEX-encoded vpdpbusd / vpdpwssd).

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/load.h"
 #include "common/error.h"
 #include "engine/loader.h"
 #include "server/batch_engine.h"
@@ -28,16 +29,10 @@ constexpr int kWaitMs = 120000;  // deadline of any one wait for a message (a ha
 
 std::unique_ptr<ServingEngine> make_engine(int parallel, bool stream, int64_t step = 16, size_t checkpoints = 16,
                                            engine::SpecParams spec = {}) {
-  engine::LoadOptions o;
+  engine::LoadOptions o = spool::testing::test_load_options(SPOOL_DEFAULT_MODEL_DIR, stream);
   o.mtp = spec.mtp;
-  o.model_dir = SPOOL_DEFAULT_MODEL_DIR;
-  o.threads = 2;
   o.parallel = std::max(parallel, 1);
   o.prefill_step = step;
-  if (stream) {
-    o.stream = true;
-    o.cache_budget = "0";
-  }
   EngineOptions eo;
   eo.model_name = "demo";
   eo.prefill_step = step;
@@ -126,6 +121,27 @@ void expect_same(const GenResult& got, const GenResult& want, const std::string&
   }
 }
 
+// Submits every request of `reqs` to the batch at once (token events for the even ones), then
+// drains them in order: each must finish (kDone; a fatal failure otherwise, which ends the drain)
+// with the output of its run alone `ref[i]` (expect_same), and where it streamed, its deltas must
+// add up to its content. `got[i]` is what request i received.
+void run_batched(ServingEngine& e, const std::vector<GenRequest>& reqs, const std::vector<GenResult>& ref,
+                 std::vector<Got>& got) {
+  std::vector<std::shared_ptr<GenTicket>> tickets;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    tickets.push_back(e.batch->submit(std::make_shared<const GenRequest>(reqs[i]), /*events=*/i % 2 == 0));
+  got.clear();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    got.push_back(drain(*tickets[i]));
+    const Got& g = got.back();
+    ASSERT_FALSE(g.msgs.empty());
+    ASSERT_EQ(g.last().kind, GenMessage::kDone) << g.last().error;
+    const GenResult& r = g.last().result;
+    expect_same(r, ref[i], "request " + std::to_string(i));
+    if (i % 2 == 0) EXPECT_EQ(g.streamed, r.content) << "request " << i;
+  }
+}
+
 class BatchedEqualsAlone : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BatchedEqualsAlone, EightConcurrentRequestsTwice) {
@@ -139,18 +155,12 @@ TEST_P(BatchedEqualsAlone, EightConcurrentRequestsTwice) {
   int64_t rows_expected = 0;
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "first round (cold slots)" : "second round (prompt-cache hits)");
-    std::vector<std::shared_ptr<GenTicket>> tickets;
-    for (size_t i = 0; i < reqs.size(); ++i)
-      tickets.push_back(e->batch->submit(std::make_shared<const GenRequest>(reqs[i]), /*events=*/i % 2 == 0));
+    std::vector<Got> got;
+    ASSERT_NO_FATAL_FAILURE(run_batched(*e, reqs, ref, got));
     int64_t cached = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      Got g = drain(*tickets[i]);
-      ASSERT_FALSE(g.msgs.empty());
-      ASSERT_EQ(g.last().kind, GenMessage::kDone) << g.last().error;
-      const GenResult& r = g.last().result;
-      expect_same(r, ref[i], "request " + std::to_string(i));
-      if (i % 2 == 0) EXPECT_EQ(g.streamed, r.content) << "request " << i;
-      else EXPECT_TRUE(g.streamed.empty());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const GenResult& r = got[i].last().result;
+      if (i % 2 == 1) EXPECT_TRUE(got[i].streamed.empty());
       cached += r.cached_tokens;
       rows_expected += r.prompt_tokens - r.cached_tokens + r.completion_tokens - 1;
     }
@@ -192,19 +202,10 @@ TEST_P(BatchedEqualsAlone, SpeculativeMtpKeepsEveryRequestsOutput) {
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "first round (cold slots)" : "second round (prompt-cache hits)");
     const BatchStats s0 = e->batch->stats();
-    std::vector<std::shared_ptr<GenTicket>> tickets;
-    for (size_t i = 0; i < reqs.size(); ++i)
-      tickets.push_back(e->batch->submit(std::make_shared<const GenRequest>(reqs[i]), /*events=*/i % 2 == 0));
+    std::vector<Got> got;
+    ASSERT_NO_FATAL_FAILURE(run_batched(*e, reqs, ref, got));
     int64_t fed = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      Got g = drain(*tickets[i]);
-      ASSERT_FALSE(g.msgs.empty());
-      ASSERT_EQ(g.last().kind, GenMessage::kDone) << g.last().error;
-      const GenResult& r = g.last().result;
-      expect_same(r, ref[i], "request " + std::to_string(i));
-      if (i % 2 == 0) EXPECT_EQ(g.streamed, r.content) << "request " << i;
-      fed += r.completion_tokens - 1;
-    }
+    for (const Got& g : got) fed += g.last().result.completion_tokens - 1;
     const BatchStats s1 = e->batch->stats();
     EXPECT_GT(s1.spec_steps, s0.spec_steps);
     EXPECT_GT(s1.spec_accepted, s0.spec_accepted);  // the trained head gets drafts right

@@ -183,39 +183,36 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+struct WarpSum {
+  __device__ __forceinline__ float operator()(float v) const { return warp_sum(v); }
+};
+struct WarpMax {
+  __device__ __forceinline__ float operator()(float v) const { return warp_max(v); }
+};
+// Reduction over the block (blockDim.x a multiple of 32, <= 1024) with the warp reduction `warp`
+// (WarpSum / WarpMax), `none` (its identity) standing in for the lanes past the last warp: each
+// warp reduces, then warp 0 reduces the warps' results; every thread gets the result.
+template <class Warp>
+__device__ inline float block_reduce(float v, float none, Warp warp) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp(v);
+  __syncthreads();
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float s = lane < nw ? part[lane] : none;
+    s = warp(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-__device__ inline float block_sum(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) part[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float s = lane < nw ? part[lane] : 0.0f;
-    s = warp_sum(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
-__device__ inline float block_max(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) part[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float s = lane < nw ? part[lane] : -INFINITY;
-    s = warp_max(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
+__device__ inline float block_sum(float v) { return block_reduce(v, 0.0f, WarpSum{}); }
+// Maximum over the block (as block_sum).
+__device__ inline float block_max(float v) { return block_reduce(v, -INFINITY, WarpMax{}); }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }

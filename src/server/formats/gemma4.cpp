@@ -38,22 +38,34 @@ R key(std::string_view s, size_t& p, std::string& out) {
   return R::kOk;
 }
 
+// The step before an item of a {..} object or [..] list (p after the opening bracket or the
+// previous item): white space, then `close` (consumed; `closed` set) or, before any item but the
+// first, ',' (consumed, with the white space after it). kNeed where the text ends first, kBad on
+// anything else.
+R list_step(std::string_view s, size_t& p, bool first, char close, bool& closed) {
+  closed = false;
+  while (p < s.size() && is_ws(s[p])) ++p;
+  if (p == s.size()) return R::kNeed;
+  if (s[p] == close) {
+    ++p;
+    closed = true;
+    return R::kOk;
+  }
+  if (!first) {
+    if (s[p] != ',') return R::kBad;
+    ++p;
+    while (p < s.size() && is_ws(s[p])) ++p;
+    if (p == s.size()) return R::kNeed;
+  }
+  return R::kOk;
+}
+
 R object(std::string_view s, size_t& p, nlohmann::ordered_json& out, int depth) {
   out = nlohmann::ordered_json::object();
   ++p;  // '{'
   for (bool first = true;; first = false) {
-    while (p < s.size() && is_ws(s[p])) ++p;
-    if (p == s.size()) return R::kNeed;
-    if (s[p] == '}') {
-      ++p;
-      return R::kOk;
-    }
-    if (!first) {
-      if (s[p] != ',') return R::kBad;
-      ++p;
-      while (p < s.size() && is_ws(s[p])) ++p;
-      if (p == s.size()) return R::kNeed;
-    }
+    bool closed;
+    if (R r = list_step(s, p, first, '}', closed); r != R::kOk || closed) return r;
     std::string k;
     if (R r = key(s, p, k); r != R::kOk) return r;
     if (p == s.size()) return R::kNeed;
@@ -83,16 +95,8 @@ R value(std::string_view s, size_t& p, nlohmann::ordered_json& out, int depth) {
     out = nlohmann::ordered_json::array();
     ++p;
     for (bool first = true;; first = false) {
-      while (p < s.size() && is_ws(s[p])) ++p;
-      if (p == s.size()) return R::kNeed;
-      if (s[p] == ']') {
-        ++p;
-        return R::kOk;
-      }
-      if (!first) {
-        if (s[p] != ',') return R::kBad;
-        ++p;
-      }
+      bool closed;
+      if (R r = list_step(s, p, first, ']', closed); r != R::kOk || closed) return r;
       nlohmann::ordered_json v;
       if (R r = value(s, p, v, depth + 1); r != R::kOk) return r;
       out.push_back(std::move(v));
