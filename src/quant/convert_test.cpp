@@ -245,7 +245,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                                            Case{"deepseek_v3_kimi", "q4", true}, Case{"deepseek_v2_lite", "q4", true},
                                            Case{"glm4_moe", "q4", true}, Case{"glm4_moe_lite", "q4", true}, Case{"minimax_m2", "q4", true},
                                            Case{"gpt_oss", "q4", true}, Case{"gpt_oss_mxfp4", "q4", true},
-                                           Case{"ernie4_5_moe", "q4", true}),
+                                           Case{"ernie4_5_moe", "q4", true},
+                                           // q5 / q6 / q8 (issue 31): dense and experts, streamed too.
+                                           Case{"qwen3_moe", "q4-hi8-down6", true}, Case{"qwen3_next", "q5-hi8", true},
+                                           Case{"qwen3_5_moe_text", "q6", true}, Case{"olmoe", "q8", false}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
