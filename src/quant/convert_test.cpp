@@ -329,11 +329,64 @@ TEST(Convert, RejectsBadInputAndOutput) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("already"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(recipe("q5"), UsageError);
+  EXPECT_THROW(recipe("q7"), UsageError);
   Recipe r = recipe("q4");
   RecipeOverrides o;
   o.expert_bits = "7";
   EXPECT_THROW(apply_overrides(&r, o), UsageError);
+}
+
+// The 4-8 bit recipes (docs/quantization.md's table) and the overrides that take 5, 6 and 8.
+TEST(Convert, FourToEightBitRecipesAndOverrides) {
+  using ops::QType;
+  const struct {
+    const char* name;
+    QType dense, lm_head, gate_up, down;
+  } want[] = {{"q8", QType::kQ8, QType::kQ8, QType::kQ8, QType::kQ8},
+              {"q6", QType::kQ6, QType::kQ6, QType::kQ6, QType::kQ6},
+              {"q5", QType::kQ5, QType::kQ5, QType::kQ5, QType::kQ5},
+              {"q4-hi8", QType::kQ8, QType::kQ8, QType::kQ4, QType::kQ4},
+              {"q4-hi6", QType::kQ6, QType::kQ6, QType::kQ4, QType::kQ4},
+              {"q4-hi8-down6", QType::kQ8, QType::kQ8, QType::kQ4, QType::kQ6},
+              {"q5-hi8", QType::kQ8, QType::kQ8, QType::kQ5, QType::kQ5}};
+  for (const auto& w : want) {
+    SCOPED_TRACE(w.name);
+    const Recipe r = recipe(w.name);
+    for (const ClassSpec* c : {&r.dense, &r.lm_head, &r.expert_gate_up, &r.expert_down}) {
+      EXPECT_FALSE(c->keep);
+      EXPECT_EQ(c->group, 64);
+    }
+    EXPECT_EQ(r.dense.type, w.dense);
+    EXPECT_EQ(r.lm_head.type, w.lm_head);
+    EXPECT_EQ(r.expert_gate_up.type, w.gate_up);
+    EXPECT_EQ(r.expert_down.type, w.down);
+  }
+  EXPECT_EQ(recipe("q4-hi8-down6").expert_down.describe(), "q6 g64");
+  Recipe r = recipe("q4");
+  RecipeOverrides o;
+  o.attn_bits = "8";
+  o.lm_head_bits = "6";
+  o.expert_bits = "5";
+  o.expert_down_bits = "8";
+  apply_overrides(&r, o);
+  EXPECT_EQ(r.dense.type, QType::kQ8);
+  EXPECT_EQ(r.lm_head.type, QType::kQ6);
+  EXPECT_EQ(r.expert_gate_up.type, QType::kQ5);
+  EXPECT_EQ(r.expert_down.type, QType::kQ8);
+  for (int b : {5, 6, 8}) {
+    Recipe all = recipe("q4");
+    RecipeOverrides ob;
+    ob.bits = b;
+    apply_overrides(&all, ob);
+    EXPECT_EQ(ops::qtype_bits(all.expert_down.type), b);
+    EXPECT_EQ(ops::qtype_bits(all.dense.type), b);
+  }
+  for (int b : {1, 7, 9, 16}) {
+    Recipe bad = recipe("q4");
+    RecipeOverrides ob;
+    ob.bits = b;
+    EXPECT_THROW(apply_overrides(&bad, ob), UsageError) << b;
+  }
 }
 
 /// Converts the qwen3_moe fixture (q4), rewrites its shard with `edit` applied to every tensor
