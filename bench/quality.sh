@@ -10,7 +10,7 @@ shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 CHUNKS=${CHUNKS:-0}
 THREADS=${THREADS:-$(nproc)}
-RECIPES=${RECIPES:-"q4 tq3 tq3-g64 q2 tq3a-tqTe tq3a-tqTe-down4 tq3a-tqTe-down3"}
+RECIPES=${RECIPES:-"q4 tq3 tq3-g64 q2 tq3a-tqTe tq3a-tqTe-down4 tq3a-tqTe-down3 q8 q6 q5 q4-hi8 q4-hi6 q4-hi8-down6 q5-hi8"}
 KS=${KS:-"6 4 2"}
 WORK=${WORK:-build/quality}
 OUT=bench/results/quality.md
