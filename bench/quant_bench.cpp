@@ -1,7 +1,7 @@
 // Micro-benchmarks of the quantized kernels (Google Benchmark), all against baselines measured
 // in the same binary (the VM's memory bandwidth is noisy: compare within one run):
 //   - memory read bandwidth (sum of a 1 GiB buffer), 1 and 2 threads;
-//   - decode GEMV in GB/s of weight bytes (qweight + fp16 scales) for q2/q3/q4/ternary and the
+//   - decode GEMV in GB/s of weight bytes (qweight + fp16 scales) for q2/q3/q4/ternary/q5/q6/q8 and the
 //     bf16 GEMV, "hot" (one matrix, L3-resident when small) and "stream" (cycling through copies
 //     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts);
 //   - prefill GEMM GFLOP/s at T = 512; input rotation time;
@@ -38,7 +38,7 @@ namespace {
 using spool::ops::QType;
 using spool::quant::QuantizedMatrix;
 
-constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary};
+constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary, QType::kQ5, QType::kQ6, QType::kQ8};
 constexpr size_t kStreamBytes = size_t{256} << 20;
 
 std::vector<float> randn(size_t n, uint64_t seed) {

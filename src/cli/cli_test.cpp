@@ -495,8 +495,10 @@ TEST(Cli, ConvertThenGenerate) {
   EXPECT_LT(pj["reference"]["mean_kl"].get<double>(), 0.5);
   EXPECT_GT(pj["reference"]["top1_agreement"].get<double>(), 0.5);
   // Usage errors exit 2; a non-empty output directory or a quantized source exits 1.
-  EXPECT_EQ(spool("convert --recipe q5 --out " + out + "_x").code, 2);
-  EXPECT_EQ(spool("convert --bits 5 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --recipe q7 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --bits 7 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --bits 9 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --attn-bits 7 --out " + out + "_x").code, 2);
   EXPECT_EQ(spool("convert --group-size 48 --out " + out + "_x").code, 2);
   EXPECT_EQ(spool("convert --expert-bits 1 --out " + out + "_x").code, 2);
   EXPECT_EQ(spool("convert --rotation fourier --out " + out + "_x").code, 2);

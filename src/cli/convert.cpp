@@ -94,12 +94,12 @@ void register_convert(CLI::App& app) {
   std::string names;
   for (const auto& n : quant::recipe_names()) names += (names.empty() ? "" : ", ") + n;
   c->add_option("--recipe", o->recipe, "Recipe: " + names + " (default tq3a-tqTe-down4)");
-  c->add_option("--bits", o->ov.bits, "Bits for every quantized class (2, 3 or 4)");
+  c->add_option("--bits", o->ov.bits, "Bits for every quantized class (2, 3, 4, 5, 6 or 8)");
   c->add_option("--group-size", o->ov.group_size, "Group size for every quantized class (32, 64 or 128; narrower matrices use their width)");
-  c->add_option("--attn-bits", o->ov.attn_bits, "Bits for dense projections (attention, DeltaNet, shared experts): 2|3|4|ternary");
-  c->add_option("--expert-bits", o->ov.expert_bits, "Bits for routed experts (gate/up, and down unless --expert-down-bits): 2|3|4|ternary");
-  c->add_option("--expert-down-bits", o->ov.expert_down_bits, "Bits for routed experts' down_proj: 2|3|4|ternary");
-  c->add_option("--lm-head-bits", o->ov.lm_head_bits, "Bits for lm_head: 2|3|4|ternary");
+  c->add_option("--attn-bits", o->ov.attn_bits, "Bits for dense projections (attention, DeltaNet, shared experts): 2|3|4|5|6|8|ternary");
+  c->add_option("--expert-bits", o->ov.expert_bits, "Bits for routed experts (gate/up, and down unless --expert-down-bits): 2|3|4|5|6|8|ternary");
+  c->add_option("--expert-down-bits", o->ov.expert_down_bits, "Bits for routed experts' down_proj: 2|3|4|5|6|8|ternary");
+  c->add_option("--lm-head-bits", o->ov.lm_head_bits, "Bits for lm_head: 2|3|4|5|6|8|ternary");
   c->add_option("--rotation", o->rotation, "Input rotation: hadamard (default) or none");
   c->add_option("--rotation-seed", o->seed, "Seed of the rotation sign vectors (default 42)");
   c->add_option("--scale-search", o->scale_search,

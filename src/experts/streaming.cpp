@@ -159,7 +159,7 @@ std::string StreamingExperts::check_slot(int layer, int expert, const uint8_t* s
   for (int p = 0; p < 3; ++p) {
     const ops::WeightView& v = proto_[layer][p];
     if (v.type != ops::WType::kQuant) continue;
-    float cb[16];
+    float cb[256];
     std::memcpy(cb, slot + loc.part_offset[p][static_cast<int>(io::ExpertPart::kCodebook)], sizeof(float) * ops::qtype_levels(v.quant.type));
     if (!codebook_ok(cb, ops::qtype_levels(v.quant.type)))
       return strfmt("%s: tensor '%s' read from disk is not a valid codebook (corrupt file?)", ckpt_->dir().c_str(),

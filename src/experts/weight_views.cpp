@@ -41,8 +41,8 @@ ops::WeightView view_of(const io::TensorRef& t) {
 }
 
 bool codebook_ok(const float* cb, int levels) {
-  float c[16];
-  if (levels < 1 || levels > 16) return false;
+  float c[256];
+  if (levels < 1 || levels > 256) return false;
   std::memcpy(c, cb, sizeof(float) * levels);  // may be unaligned inside the file
   for (int i = 0; i < levels; ++i)
     if (!std::isfinite(c[i]) || (i > 0 && !(c[i] > c[i - 1]))) return false;
@@ -59,7 +59,10 @@ ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef&
     case 4: q.type = ops::QType::kQ2; break;
     case 8: q.type = ops::QType::kQ3; break;
     case 16: q.type = ops::QType::kQ4; break;
-    default: fail("%s: codebook has %lld entries (3, 4, 8 or 16 expected)", w, (long long)codebook.shape[0]);
+    case 32: q.type = ops::QType::kQ5; break;
+    case 64: q.type = ops::QType::kQ6; break;
+    case 256: q.type = ops::QType::kQ8; break;
+    default: fail("%s: codebook has %lld entries (3, 4, 8, 16, 32, 64 or 256 expected)", w, (long long)codebook.shape[0]);
   }
   if (scales.shape.size() != 2 || scales.shape[0] != rows || scales.shape[1] < 1 || cols % scales.shape[1] != 0)
     fail("%s: scales have shape %s, expected [%lld, G] with G dividing %lld", w, scales.shape_str().c_str(), (long long)rows,

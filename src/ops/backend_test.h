@@ -137,6 +137,7 @@ class BackendOpTable : public ::testing::TestWithParam<std::string> {
 
 enum class WKind {
   kF32, kBF16, kF16, kQ4, kQ3, kQ2, kTernary, kQ4Rotated, kTernaryRotated,
+  kQ5, kQ6, kQ8, kQ6Rotated, kQ8Rotated,
   // ggml block types as stored in GGUF files (kGgml views); kGgmlQ8_0Perm adds a column permutation.
   kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlQ2_K, kGgmlQ3_K, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K,
   kGgmlIQ4_NL, kGgmlIQ4_XS, kGgmlMXFP4, kGgmlQ8_0Perm,
@@ -194,6 +195,11 @@ inline const char* wkind_name(WKind k) {
     case WKind::kTernary: return "ternary";
     case WKind::kQ4Rotated: return "q4+hadamard";
     case WKind::kTernaryRotated: return "ternary+hadamard";
+    case WKind::kQ5: return "q5";
+    case WKind::kQ6: return "q6";
+    case WKind::kQ8: return "q8";
+    case WKind::kQ6Rotated: return "q6+hadamard";
+    case WKind::kQ8Rotated: return "q8+hadamard";
     case WKind::kGgmlQ8_0Perm: return "ggml Q8_0+col_perm";
     case WKind::kMxfp4: return "mxfp4 (HF layout)";
     default: return ggml_type_traits(ggml_of(k)).name;
@@ -202,6 +208,7 @@ inline const char* wkind_name(WKind k) {
 
 inline const std::vector<WKind> kAllKinds = {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4, WKind::kQ3,
                                       WKind::kQ2, WKind::kTernary, WKind::kQ4Rotated, WKind::kTernaryRotated,
+                                      WKind::kQ5, WKind::kQ6, WKind::kQ8, WKind::kQ6Rotated, WKind::kQ8Rotated,
                                       WKind::kGgmlQ8_0, WKind::kGgmlQ4_0, WKind::kGgmlQ4_1, WKind::kGgmlQ5_0,
                                       WKind::kGgmlQ5_1, WKind::kGgmlQ2_K, WKind::kGgmlQ3_K, WKind::kGgmlQ4_K,
                                       WKind::kGgmlQ5_K, WKind::kGgmlQ6_K, WKind::kGgmlIQ4_NL, WKind::kGgmlIQ4_XS,
@@ -269,6 +276,11 @@ struct TestWeight {
       case WKind::kTernary: qt(quant::QType::kTernary, false); break;
       case WKind::kQ4Rotated: qt(quant::QType::kQ4, true); break;
       case WKind::kTernaryRotated: qt(quant::QType::kTernary, true); break;
+      case WKind::kQ5: qt(quant::QType::kQ5, false); break;
+      case WKind::kQ6: qt(quant::QType::kQ6, false); break;
+      case WKind::kQ8: qt(quant::QType::kQ8, false); break;
+      case WKind::kQ6Rotated: qt(quant::QType::kQ6, true); break;
+      case WKind::kQ8Rotated: qt(quant::QType::kQ8, true); break;
       default: break;  // ggml kinds returned above
     }
   }

@@ -46,8 +46,8 @@ TEST_P(BackendOpTable, Matmul) {
 
 [[maybe_unused]] const bool kMatmulMultiOps = covers({"matmul_multi"});
 TEST_P(BackendOpTable, MatmulMulti) {
-  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kTernary, WKind::kGgmlQ8_0, WKind::kGgmlIQ4_NL,
-                  WKind::kGgmlQ8_0Perm, WKind::kMxfp4})
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16, WKind::kQ4Rotated, WKind::kTernary, WKind::kQ5, WKind::kQ8Rotated,
+                  WKind::kGgmlQ8_0, WKind::kGgmlIQ4_NL, WKind::kGgmlQ8_0Perm, WKind::kMxfp4})
     for (int64_t T : {1, 5, 33}) {
       if (!group_runs(k)) continue;
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(T));
@@ -117,7 +117,8 @@ MoeCase make_moe_case(WKind k, const MoeShape& s, unsigned route_seed) {
 [[maybe_unused]] const bool kExpertFfnAndCombineOps = covers({"expert_ffn", "moe_combine"});
 TEST_P(BackendOpTable, ExpertFfnAndCombine) {
   std::vector<WKind> kinds = {WKind::kF32,          WKind::kBF16,     WKind::kF16,     WKind::kQ4Rotated, WKind::kQ3,
-                              WKind::kTernaryRotated, WKind::kGgmlQ8_0, WKind::kGgmlQ4_1, WKind::kGgmlMXFP4};
+                              WKind::kTernaryRotated, WKind::kQ5,       WKind::kQ6Rotated, WKind::kQ8Rotated,
+                              WKind::kGgmlQ8_0,       WKind::kGgmlQ4_1, WKind::kGgmlMXFP4};
   // Three of the i-quant / ternary kinds (one decode-then-dot path for all nine; Matmul runs every
   // one), on the 1024 x 512 shape (256-column blocks).
   kinds.insert(kinds.end(), {WKind::kGgmlIQ1_M, WKind::kGgmlIQ2_XXS, WKind::kGgmlTQ1_0});

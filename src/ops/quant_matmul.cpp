@@ -3,10 +3,16 @@
 //
 // Lane layout. A packed row is cut into "super-blocks" (SB) of N lanes (N = f32 lanes of the
 // target); lane k of an SB owns a few whole bytes holding consecutive codes of one group:
-//   q4: 4 bytes = 8 codes, q2: 4 bytes = 16 codes, q3: 3 bytes = 8 codes, ternary: 1 byte = 5.
+//   q4: 4 bytes = 8 codes, q2: 4 bytes = 16 codes, q3: 3 bytes = 8 codes, ternary: 1 byte = 5,
+//   q5: 5 bytes = 8 codes, q6: 3 bytes = 4 codes, q8: 4 bytes = 4 codes.
 // Decoding a lane word slot by slot (shift, or base-3 digit) gives, for slot s, a vector whose
 // lane k holds code (k, s); the codebook lookup is an in-register permute (AVX-512 vpermps of a
-// 16-entry table, AVX2 two 8-entry permutes + blend for q4). Instead of shuffling decoded
+// 16-entry table, AVX2 two 8-entry permutes + blend for q4). q5 lanes (40 bits) are read as two
+// words (bytes 0-3 and 1-4 of the lane, by 32-bit gathers at byte offsets). q5 / q6 look their
+// 32 / 64 centroids up with AVX-512 two-table permutes (vpermt2ps; q6 two of them and a blend on
+// bit 5) and elsewhere with a 32-bit gather from the table in L1. q8 needs an affine codebook
+// (the format's uniform grid): centroid = c_0 + code * step, a convert and an FMA (any other
+// 256-entry codebook runs the plain path). Instead of shuffling decoded
 // values back to column order, the activation is permuted ONCE per call into the same "slot
 // order" (zeros in padding slots), so the inner loop is decode -> permute -> FMA. Each lane's
 // partial sum is multiplied by its group's scale (per-lane scale vector: lanes of one SB may
@@ -54,8 +60,30 @@ inline int code_at(QType t, const uint8_t* grp, int64_t j) {
 }
 
 /// Bytes per lane and codes per lane of the SIMD layout.
-constexpr int lane_bytes(QType t) { return t == QType::kQ3 ? 3 : t == QType::kTernary ? 1 : 4; }
-constexpr int lane_slots(QType t) { return t == QType::kQ2 ? 16 : t == QType::kTernary ? 5 : 8; }
+constexpr int lane_bytes(QType t) {
+  return t == QType::kQ3 || t == QType::kQ6 ? 3 : t == QType::kQ5 ? 5 : t == QType::kTernary ? 1 : 4;
+}
+constexpr int lane_slots(QType t) {
+  return t == QType::kQ2 ? 16 : t == QType::kTernary ? 5 : t == QType::kQ6 || t == QType::kQ8 ? 4 : 8;
+}
+static_assert(lane_bytes(QType::kQ5) * 8 == lane_slots(QType::kQ5) * 5 &&
+              lane_bytes(QType::kQ6) * 8 == lane_slots(QType::kQ6) * 6 &&
+              lane_bytes(QType::kQ8) * 8 == lane_slots(QType::kQ8) * 8, "lane words hold whole codes");
+
+/// True when the 256-entry codebook is exactly affine in the code, c_k == c_0 + k * (c_1 - c_0)
+/// both as one fused multiply-add and as a product then a sum (SIMD targets without FMA), so the
+/// q8 kernels' affine decode gives the table's values bit for bit.
+inline bool affine_codebook(const float* cb_unaligned) {
+  float c[256];
+  std::memcpy(c, cb_unaligned, sizeof c);
+  const float step = c[1] - c[0];
+  for (int k = 0; k < 256; ++k) {
+    const float kf = static_cast<float>(k);
+    const float prod = kf * step;
+    if (std::fma(kf, step, c[0]) != c[k] || prod + c[0] != c[k]) return false;
+  }
+  return true;
+}
 
 /// True when every group starts on a lane boundary (lanes never straddle groups).
 inline bool lanes_aligned(QType t, int g) {
@@ -314,18 +342,19 @@ HWY_INLINE void ToSlots(const Layout& L, const float* HWY_RESTRICT x, float* HWY
 // Bytes a fast-path lane load of one SB may touch.
 template <QType Q>
 constexpr int64_t LoadExtent() {
-  return (Q == QType::kQ3 && kN == 4) ? 16 : kN * qmm::lane_bytes(Q);
+  return ((Q == QType::kQ3 || Q == QType::kQ6) && kN == 4) ? 16 : kN * qmm::lane_bytes(Q);
 }
 
 // The N lane words of one SB at p.
 template <QType Q>
 HWY_INLINE VU LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
-  if constexpr (Q == QType::kQ2 || Q == QType::kQ4) {
+  static_assert(Q != QType::kQ5, "q5 lanes are loaded by Stepper<kQ5>");
+  if constexpr (Q == QType::kQ2 || Q == QType::kQ4 || Q == QType::kQ8) {
     return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
   } else if constexpr (Q == QType::kTernary) {
     return hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), p));
   } else {
-    // q3: lane k <- bytes 3k, 3k+1, 3k+2 (zero-extended). Each 128-bit block takes 4 lanes =
+    // q3, q6: lane k <- bytes 3k, 3k+1, 3k+2 (zero-extended). Each 128-bit block takes 4 lanes =
     // 12 bytes; the last block of a wide vector is loaded 4 bytes early so nothing past the
     // SB is read.
 #if HWY_TARGET == HWY_AVX3
@@ -355,20 +384,24 @@ HWY_INLINE VU LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
   }
 }
 
-// Codebook as lookup-table vectors (see Lookup).
+// Codebook as lookup-table vectors (see Lookup); q8: t[0] = c_0, t[1] = step; q5 / q6 off
+// AVX-512: the table in memory (lut) for gathers.
 struct Tables {
   VF t[4];
+  alignas(64) float lut[64];
 };
 
+// Tables of the types with at most 16 levels.
 template <QType Q>
-HWY_INLINE Tables MakeTables(const float* cb_unaligned) {
+HWY_INLINE Tables MakeSmallTables(const float* cb_unaligned) {
   const DF df;
-  float cb[16];
-  std::memcpy(cb, cb_unaligned, sizeof(float) * qtype_levels(Q));
   constexpr int L = qtype_levels(Q);
+  static_assert(L <= 16, "small tables only");
+  float cb[16];
+  std::memcpy(cb, cb_unaligned, sizeof(float) * L);
+  Tables tb;
   constexpr int nt = (L + kN - 1) / kN;
   alignas(64) float buf[4 * 16] = {};
-  Tables tb;
 #if HWY_TARGET == HWY_AVX3
   if constexpr (Q == QType::kTernary) {
     // Base-9 pairs (see Stepper): t0[r] = cb[r % 3], t1[r] = cb[r / 3] for r < 9.
@@ -390,6 +423,31 @@ HWY_INLINE Tables MakeTables(const float* cb_unaligned) {
   return tb;
 }
 
+template <QType Q>
+HWY_INLINE Tables MakeTables(const float* cb_unaligned) {
+  const DF df;
+  constexpr int L = qtype_levels(Q);
+  if constexpr (Q == QType::kQ8) {
+    float c[2];
+    std::memcpy(c, cb_unaligned, sizeof c);
+    Tables tb;
+    tb.t[0] = hn::Set(df, c[0]);
+    tb.t[1] = hn::Set(df, c[1] - c[0]);
+    tb.t[2] = tb.t[3] = hn::Zero(df);
+    return tb;
+  } else if constexpr (Q == QType::kQ5 || Q == QType::kQ6) {
+    Tables tb;
+    std::memcpy(tb.lut, cb_unaligned, sizeof(float) * L);
+    for (int i = 0; i < 4; ++i) tb.t[i] = hn::Zero(df);
+#if HWY_TARGET == HWY_AVX3
+    for (int i = 0; i < L / 16; ++i) tb.t[i] = hn::Load(df, tb.lut + 16 * i);
+#endif
+    return tb;
+  } else {
+    return MakeSmallTables<Q>(cb_unaligned);
+  }
+}
+
 // Truncating float -> int32 for small non-negative values (no overflow fix-up needed).
 HWY_INLINE VU CvtSmall(VF v) {
 #if HWY_TARGET == HWY_AVX3
@@ -403,8 +461,9 @@ HWY_INLINE VU CvtSmall(VF v) {
 
 // Centroids of the codes in the low bits of `raw` (higher bits may hold other codes), from
 // table `Tbl` (only the AVX3 ternary decoder uses a second table).
-template <QType Q, int Tbl = 0>
-HWY_INLINE VF Lookup(const Tables& tb, VU raw) {
+// Lookup of the types with at most 16 levels.
+template <QType Q, int Tbl>
+HWY_INLINE VF LookupSmall(const Tables& tb, VU raw) {
 #if HWY_TARGET == HWY_AVX3
   return VF{_mm512_permutexvar_ps(raw.raw, tb.t[Tbl].raw)};
 #elif HWY_TARGET == HWY_AVX2
@@ -435,6 +494,30 @@ HWY_INLINE VF Lookup(const Tables& tb, VU raw) {
 #endif
 }
 
+template <QType Q, int Tbl = 0>
+HWY_INLINE VF Lookup(const Tables& tb, VU raw) {
+  if constexpr (Q == QType::kQ8) {  // affine: c_0 + code * step
+    const VF k = hn::ConvertTo(DF(), hn::BitCast(DI(), hn::And(raw, hn::Set(DU(), 0xFFu))));
+    return hn::MulAdd(k, tb.t[1], tb.t[0]);
+  } else if constexpr (Q == QType::kQ5 || Q == QType::kQ6) {
+#if HWY_TARGET == HWY_AVX3
+    // vpermt2ps indexes 32 entries by the low 5 bits; q6 picks its upper half by bit 5.
+    const __m512 lo = _mm512_permutex2var_ps(tb.t[0].raw, raw.raw, tb.t[1].raw);
+    if constexpr (Q == QType::kQ5) {
+      return VF{lo};
+    } else {
+      const __m512 hi = _mm512_permutex2var_ps(tb.t[2].raw, raw.raw, tb.t[3].raw);
+      return VF{_mm512_mask_blend_ps(_mm512_test_epi32_mask(raw.raw, _mm512_set1_epi32(32)), lo, hi)};
+    }
+#else
+    constexpr uint32_t kMask = qtype_levels(Q) - 1;
+    return hn::GatherIndex(DF(), tb.lut, hn::BitCast(DI(), hn::And(raw, hn::Set(DU(), kMask))));
+#endif
+  } else {
+    return LookupSmall<Q, Tbl>(tb, raw);
+  }
+}
+
 // Per-row decoder state: yields the raw code vector of slot 0, 1, ... of an SB; kTable[s] is
 // the lookup table of slot s.
 template <QType Q>
@@ -442,11 +525,39 @@ struct Stepper {
   static constexpr int kTable[16] = {};
   VU w;
   HWY_INLINE void init(VU lanes) { w = lanes; }
+  // Loads the lane words of the SB at p.
+  HWY_INLINE void load(const uint8_t* HWY_RESTRICT p) { init(LoadLanes<Q>(DU(), p)); }
   template <int s>
   HWY_INLINE VU next() {
     const VU r = w;
     if constexpr (s + 1 < qmm::lane_slots(Q)) w = hn::ShiftRight<qtype_bits(Q)>(w);
     return r;
+  }
+};
+// q5: a lane is 5 bytes (8 codes, 40 bits). a = bytes 0-3 of the lane (codes 0-5 at bits 0, 5,
+// .., 25), b = bytes 1-4 (bits 8-39: code 6 at bit 30 = b >> 22, code 7 at bit 35 = b >> 27),
+// each read by a 32-bit gather at byte offsets 5k (+1), inside the SB's 5N bytes.
+template <>
+struct Stepper<QType::kQ5> {
+  static constexpr int kTable[16] = {};
+  VU a, b;
+  HWY_INLINE void load(const uint8_t* HWY_RESTRICT p) {
+    const DI di;
+    const auto off = hn::Mul(hn::Iota(di, 0), hn::Set(di, 5));
+    a = hn::BitCast(DU(), hn::GatherOffset(di, reinterpret_cast<const int32_t*>(p), off));
+    b = hn::BitCast(DU(), hn::GatherOffset(di, reinterpret_cast<const int32_t*>(p + 1), off));
+  }
+  template <int s>
+  HWY_INLINE VU next() {
+    if constexpr (s < 6) {
+      const VU r = a;
+      if constexpr (s < 5) a = hn::ShiftRight<5>(a);
+      return r;
+    } else if constexpr (s == 6) {
+      return hn::ShiftRight<22>(b);
+    } else {
+      return hn::ShiftRight<27>(b);
+    }
   }
 };
 template <>
@@ -457,6 +568,7 @@ struct Stepper<QType::kTernary> {
   // and floor(v * fl(1/81)) == floor(v / 81) for integers v < 256 (fl(1/9) > 1/9 etc.).
   static constexpr int kTable[16] = {0, 1, 0, 1, 0};
   VU r01, r23, c4;
+  HWY_INLINE void load(const uint8_t* HWY_RESTRICT p) { init(LoadLanes<QType::kTernary>(DU(), p)); }
   HWY_INLINE void init(VU lanes) {
     const DF df;
     const VF v = VF{_mm512_cvtepi32_ps(lanes.raw)};
@@ -475,6 +587,7 @@ struct Stepper<QType::kTernary> {
 #else
   static constexpr int kTable[16] = {};
   VF q;  // remaining base-3 digits as a float (exact integers < 256)
+  HWY_INLINE void load(const uint8_t* HWY_RESTRICT p) { init(LoadLanes<QType::kTernary>(DU(), p)); }
   HWY_INLINE void init(VU lanes) { q = hn::ConvertTo(DF(), hn::BitCast(DI(), lanes)); }
   template <int s>
   HWY_INLINE VU next() {
@@ -512,7 +625,6 @@ template <QType Q, int R, int TT>
 HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* const* qrow, const float* const* sc,
                           const float* HWY_RESTRICT xk, float* out, int64_t ldo, const uint8_t* pf) {
   const DF df;
-  const DU du;
   const DI di;
   constexpr int S = qmm::lane_slots(Q);
   constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
@@ -525,7 +637,7 @@ HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* cons
     if (pf != nullptr)
       for (int64_t k = 0; k < R * sbb; k += 64) hwy::Prefetch(pf + j * R * sbb + k);
     Stepper<Q> st[R];
-    for (int r = 0; r < R; ++r) st[r].init(LoadLanes<Q>(du, qrow[r] + j * sbb));
+    for (int r = 0; r < R; ++r) st[r].load(qrow[r] + j * sbb);
     VF p[TT][R];
     const float* xj = xk + j * S * kN;
     ForSlots<S>([&](auto s) {
@@ -556,13 +668,12 @@ HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* cons
 template <QType Q>
 HWY_INLINE void DequantSlots(const Layout& L, const Tables& tb, const uint8_t* qrow, const float* sc, float* wk) {
   const DF df;
-  const DU du;
   const DI di;
   constexpr int S = qmm::lane_slots(Q);
   constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
   for (int64_t j = 0; j < L.nsb; ++j) {
     Stepper<Q> st;
-    st.init(LoadLanes<Q>(du, qrow + j * sbb));
+    st.load(qrow + j * sbb);
     const auto ind = hn::IndicesFromVec(df, hn::LoadU(di, L.rel.data() + j * kN));
     const VF scv = LaneScales(df, sc, L, j, ind);
     float* out = wk + j * S * kN;
@@ -759,6 +870,11 @@ void QuantRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t 
         case QType::kQ3: if (LaneRows<QType::kQ3>(w, x, T, y, ldy, r0, r1)) return; break;
         case QType::kQ4: if (LaneRows<QType::kQ4>(w, x, T, y, ldy, r0, r1)) return; break;
         case QType::kTernary: if (LaneRows<QType::kTernary>(w, x, T, y, ldy, r0, r1)) return; break;
+        case QType::kQ5: if (LaneRows<QType::kQ5>(w, x, T, y, ldy, r0, r1)) return; break;
+        case QType::kQ6: if (LaneRows<QType::kQ6>(w, x, T, y, ldy, r0, r1)) return; break;
+        case QType::kQ8:
+          if (qmm::affine_codebook(w.codebook) && LaneRows<QType::kQ8>(w, x, T, y, ldy, r0, r1)) return;
+          break;
       }
     }
   }
@@ -796,7 +912,7 @@ void validate(const QuantView& w) {
     fail("quantized matrix [%lld x %lld]: group size %d must be 32, 64 or 128 (or the column count) and divide the "
          "column count",
          static_cast<long long>(w.rows), static_cast<long long>(w.cols), g);
-  if (w.type != QType::kQ2 && w.type != QType::kQ3 && w.type != QType::kQ4 && w.type != QType::kTernary)
+  if (qtype_levels(w.type) < 3)  // 1 for a value outside the enum
     fail("quantized matrix: unknown type %d", static_cast<int>(w.type));
   if (w.rows > 0 && (w.qweight == nullptr || w.scales == nullptr || w.codebook == nullptr))
     fail("quantized matrix [%lld x %lld]: missing qweight, scales or codebook", static_cast<long long>(w.rows),

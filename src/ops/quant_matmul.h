@@ -11,18 +11,31 @@
 
 namespace spool::ops {
 
-/// Quantization type of one matrix: b-bit codes (b = 2, 3, 4) or ternary (3 levels, base-3).
-enum class QType : uint8_t { kQ2, kQ3, kQ4, kTernary };
+/// Quantization type of one matrix: b-bit codes (b = 2, 3, 4, 5, 6, 8) or ternary (3 levels,
+/// base-3). The values are not stored in files (a tensor's type follows from its codebook
+/// length); new types are appended.
+enum class QType : uint8_t { kQ2, kQ3, kQ4, kTernary, kQ5, kQ6, kQ8 };
 
-/// Number of codebook entries: 4, 8, 16 or 3.
-constexpr int qtype_levels(QType t) {
-  return t == QType::kQ2 ? 4 : t == QType::kQ3 ? 8 : t == QType::kQ4 ? 16 : 3;
-}
+/// Every type, in the order of the enum.
+inline constexpr QType kAllQTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary,
+                                       QType::kQ5, QType::kQ6, QType::kQ8};
 
-/// Bits per code of the b-bit types (2, 3, 4); 0 for ternary (5 codes per byte).
+/// Bits per code of the b-bit types (2, 3, 4, 5, 6, 8); 0 for ternary (5 codes per byte) and for
+/// a value outside the enum.
 constexpr int qtype_bits(QType t) {
-  return t == QType::kQ2 ? 2 : t == QType::kQ3 ? 3 : t == QType::kQ4 ? 4 : 0;
+  switch (t) {
+    case QType::kQ2: return 2;
+    case QType::kQ3: return 3;
+    case QType::kQ4: return 4;
+    case QType::kQ5: return 5;
+    case QType::kQ6: return 6;
+    case QType::kQ8: return 8;
+    default: return 0;
+  }
 }
+
+/// Number of codebook entries: 2^bits (4, 8, 16, 32, 64, 256), or 3 for ternary.
+constexpr int qtype_levels(QType t) { return t == QType::kTernary ? 3 : 1 << qtype_bits(t); }
 
 /// Bytes of one packed group of `g` codes: ceil(g * b / 8), or ceil(g / 5) for ternary.
 constexpr int64_t qtype_group_bytes(QType t, int64_t g) {
@@ -32,7 +45,8 @@ constexpr int64_t qtype_group_bytes(QType t, int64_t g) {
 /// One quantized matrix W [rows, cols] as the kernels see it (all pointers borrowed):
 /// - qweight: rows * (cols / group) * qtype_group_bytes(type, group) bytes, row-major;
 /// - scales: rows * (cols / group) fp16 bit patterns;
-/// - codebook: qtype_levels(type) floats, ascending;
+/// - codebook: qtype_levels(type) floats, ascending (any values: the kernels read them; q8's
+///   fast path needs an affine codebook, c_k = c_0 + k (c_1 - c_0), like the format's grid);
 /// - signs: cols entries of +-1 when the matrix is stored rotated (W' = W diag(s) H_blk),
 ///   nullptr when it is not.
 struct QuantView {

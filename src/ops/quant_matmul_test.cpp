@@ -21,7 +21,7 @@ namespace {
 
 using spool::quant::QuantizedMatrix;
 
-constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary};
+constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary, QType::kQ5, QType::kQ6, QType::kQ8};
 
 using spool::testing::randn;
 
@@ -129,7 +129,8 @@ TEST(QuantMatmul, RotationRoundTripWithinQuantizationError) {
   const struct {
     QType t;
     double mse;
-  } cases[] = {{QType::kQ2, 0.1175}, {QType::kQ3, 0.0345}, {QType::kQ4, 0.0095}, {QType::kTernary, 0.19}};
+  } cases[] = {{QType::kQ2, 0.1175},   {QType::kQ3, 0.0345},     {QType::kQ4, 0.0095},   {QType::kTernary, 0.19},
+               {QType::kQ5, 0.002505}, {QType::kQ6, 0.00064424}, {QType::kQ8, 8.80e-5}};  // scripts/lloyd_max.py
   ThreadPool pool(2);
   for (const auto& c : cases) {
     for (bool rotated : {true, false}) {
@@ -142,7 +143,7 @@ TEST(QuantMatmul, RotationRoundTripWithinQuantizationError) {
         se += (double(y[i]) - exact[i]) * (double(y[i]) - exact[i]);
         ss += double(exact[i]) * exact[i];
       }
-      std::printf("%-8s %-9s relative output error %.4f (codebook MSE %.4f)\n", quant::qtype_name(c.t),
+      std::printf("%-8s %-9s relative output error %.4g (codebook MSE %.4g)\n", quant::qtype_name(c.t),
                   rotated ? "rotated" : "unrotated", se / ss, c.mse);
       if (rotated) {
         EXPECT_LT(se / ss, 1.3 * c.mse) << quant::qtype_name(c.t);
@@ -150,6 +151,26 @@ TEST(QuantMatmul, RotationRoundTripWithinQuantizationError) {
       }
     }
   }
+}
+
+TEST(QuantMatmul, Q8NonAffineCodebookTakesThePlainPath) {
+  // q8's lane kernels decode c_0 + code * step; a file may carry any ascending 256-entry
+  // codebook, and then the result must still be its own (the plain path), on every target.
+  const int64_t rows = 21, cols = 256, T = 3;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 33, 0.1f);
+  QuantizedMatrix q = spool::quant::quantize(W.data(), rows, cols, QType::kQ8, 64, nullptr);
+  for (int k = 0; k < 256; ++k) q.codebook[k] += 0.004f * std::sin(0.1f * k);  // still ascending (step 1/32)
+  const std::vector<float> x = randn(static_cast<size_t>(T * cols), 34);
+  std::vector<float> ref(static_cast<size_t>(T * rows));
+  quant_matmul_reference(q.view(), x.data(), T, ref.data());
+  for_each_target([&](int64_t target) {
+    for (int64_t t : {int64_t{1}, T}) {
+      std::vector<float> y(static_cast<size_t>(t * rows), NAN);
+      quant_matmul(q.view(), x.data(), t, y.data(), nullptr);
+      expect_close(q.view(), x, t, y, std::vector<float>(ref.begin(), ref.begin() + t * rows),
+                   std::string(hwy::TargetName(target)) + " T" + std::to_string(t));
+    }
+  });
 }
 
 TEST(QuantMatmul, RowsRangeAndStride) {
@@ -196,8 +217,10 @@ TEST(QuantMatmul, Errors) {
   EXPECT_THROW(quant_matmul_reference(bad, x.data(), 1, y.data()), spool::Error);
   EXPECT_THROW(quant_matmul_rows(v, x.data(), 1, y.data(), 8, 0, 9), spool::Error);
   EXPECT_THROW(quant_matmul_rows(v, x.data(), 1, y.data(), 8, -1, 3), spool::Error);
-  // The codebook length comes from the file: only 3/4/8/16 entries name a type.
+  // The codebook length comes from the file: only 3/4/8/16/32/64/256 entries name a type.
   EXPECT_THROW(spool::quant::qtype_from_levels(5), spool::Error);
+  EXPECT_THROW(spool::quant::qtype_from_levels(128), spool::Error);
+  EXPECT_EQ(spool::quant::qtype_from_levels(256), QType::kQ8);
   const std::vector<float> cb7(7, 0.0f);
   EXPECT_THROW(spool::quant::validate_codebook(QType::kQ3, cb7, "layers.0.mlp.down_proj.codebook"), spool::Error);
 }

@@ -1,5 +1,6 @@
 // Codebooks of the spool quantized format (docs/quant-format.md): fixed Lloyd-Max centroids for
-// N(0, 1), ascending and symmetric; nearest-centroid coding; type names and levels.
+// N(0, 1) (q2..q6, ternary) or a uniform grid (q8), ascending and symmetric; nearest-centroid
+// coding; type names and levels.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +14,10 @@ namespace spool::quant {
 /// The quantization type (defined next to the kernels so spool_ops needs no spool_quant).
 using QType = spool::ops::QType;
 
-/// Codebook entries of a type: 4 (q2), 8 (q3), 16 (q4) or 3 (ternary).
+/// Codebook entries of a type: 4 (q2), 8 (q3), 16 (q4), 32 (q5), 64 (q6), 256 (q8) or 3 (ternary).
 constexpr int levels(QType t) { return spool::ops::qtype_levels(t); }
 
-/// Bits per code: 2, 3, 4; 0 for ternary (packed base-3, 5 codes per byte = 1.6 bits).
+/// Bits per code: 2, 3, 4, 5, 6, 8; 0 for ternary (packed base-3, 5 codes per byte = 1.6 bits).
 constexpr int bits(QType t) { return spool::ops::qtype_bits(t); }
 
 /// The centroids of a type, ascending (exact constants of the format spec, as float).
@@ -47,11 +48,12 @@ inline int code_from_boundaries(std::span<const double> mid, double x) {
   return code;
 }
 
-/// The type with `n` codebook entries: 3 -> ternary, 4 -> q2, 8 -> q3, 16 -> q4.
+/// The type with `n` codebook entries: 3 -> ternary, 4 -> q2, 8 -> q3, 16 -> q4, 32 -> q5,
+/// 64 -> q6, 256 -> q8.
 /// Throws spool::Error for any other count (e.g. a corrupt `.codebook` tensor).
 QType qtype_from_levels(int64_t n);
 
-/// "q2", "q3", "q4" or "ternary".
+/// "q2", "q3", "q4", "q5", "q6", "q8" or "ternary".
 const char* qtype_name(QType t);
 
 /// Parses a type name as printed by qtype_name (exact, lower case); throws spool::Error.

@@ -245,7 +245,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                                            Case{"deepseek_v3_kimi", "q4", true}, Case{"deepseek_v2_lite", "q4", true},
                                            Case{"glm4_moe", "q4", true}, Case{"glm4_moe_lite", "q4", true}, Case{"minimax_m2", "q4", true},
                                            Case{"gpt_oss", "q4", true}, Case{"gpt_oss_mxfp4", "q4", true},
-                                           Case{"ernie4_5_moe", "q4", true}),
+                                           Case{"ernie4_5_moe", "q4", true},
+                                           // q5 / q6 / q8 (issue 31): dense and experts, streamed too.
+                                           Case{"qwen3_moe", "q4-hi8-down6", true}, Case{"qwen3_next", "q5-hi8", true},
+                                           Case{"qwen3_5_moe_text", "q6", true}, Case{"olmoe", "q8", false}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -326,11 +329,64 @@ TEST(Convert, RejectsBadInputAndOutput) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("already"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(recipe("q5"), UsageError);
+  EXPECT_THROW(recipe("q7"), UsageError);
   Recipe r = recipe("q4");
   RecipeOverrides o;
   o.expert_bits = "7";
   EXPECT_THROW(apply_overrides(&r, o), UsageError);
+}
+
+// The 4-8 bit recipes (docs/quantization.md's table) and the overrides that take 5, 6 and 8.
+TEST(Convert, FourToEightBitRecipesAndOverrides) {
+  using ops::QType;
+  const struct {
+    const char* name;
+    QType dense, lm_head, gate_up, down;
+  } want[] = {{"q8", QType::kQ8, QType::kQ8, QType::kQ8, QType::kQ8},
+              {"q6", QType::kQ6, QType::kQ6, QType::kQ6, QType::kQ6},
+              {"q5", QType::kQ5, QType::kQ5, QType::kQ5, QType::kQ5},
+              {"q4-hi8", QType::kQ8, QType::kQ8, QType::kQ4, QType::kQ4},
+              {"q4-hi6", QType::kQ6, QType::kQ6, QType::kQ4, QType::kQ4},
+              {"q4-hi8-down6", QType::kQ8, QType::kQ8, QType::kQ4, QType::kQ6},
+              {"q5-hi8", QType::kQ8, QType::kQ8, QType::kQ5, QType::kQ5}};
+  for (const auto& w : want) {
+    SCOPED_TRACE(w.name);
+    const Recipe r = recipe(w.name);
+    for (const ClassSpec* c : {&r.dense, &r.lm_head, &r.expert_gate_up, &r.expert_down}) {
+      EXPECT_FALSE(c->keep);
+      EXPECT_EQ(c->group, 64);
+    }
+    EXPECT_EQ(r.dense.type, w.dense);
+    EXPECT_EQ(r.lm_head.type, w.lm_head);
+    EXPECT_EQ(r.expert_gate_up.type, w.gate_up);
+    EXPECT_EQ(r.expert_down.type, w.down);
+  }
+  EXPECT_EQ(recipe("q4-hi8-down6").expert_down.describe(), "q6 g64");
+  Recipe r = recipe("q4");
+  RecipeOverrides o;
+  o.attn_bits = "8";
+  o.lm_head_bits = "6";
+  o.expert_bits = "5";
+  o.expert_down_bits = "8";
+  apply_overrides(&r, o);
+  EXPECT_EQ(r.dense.type, QType::kQ8);
+  EXPECT_EQ(r.lm_head.type, QType::kQ6);
+  EXPECT_EQ(r.expert_gate_up.type, QType::kQ5);
+  EXPECT_EQ(r.expert_down.type, QType::kQ8);
+  for (int b : {5, 6, 8}) {
+    Recipe all = recipe("q4");
+    RecipeOverrides ob;
+    ob.bits = b;
+    apply_overrides(&all, ob);
+    EXPECT_EQ(ops::qtype_bits(all.expert_down.type), b);
+    EXPECT_EQ(ops::qtype_bits(all.dense.type), b);
+  }
+  for (int b : {1, 7, 9, 16}) {
+    Recipe bad = recipe("q4");
+    RecipeOverrides ob;
+    ob.bits = b;
+    EXPECT_THROW(apply_overrides(&bad, ob), UsageError) << b;
+  }
 }
 
 /// Converts the qwen3_moe fixture (q4), rewrites its shard with `edit` applied to every tensor

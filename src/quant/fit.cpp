@@ -36,9 +36,14 @@ inline void assign_fast(const float* __restrict v, int g, float inv, const Coder
     x[l] = v[l] * inv;
     c[l] = c0;
   }
-  for (int m = 0; m < n; ++m) {
-    const float mm = k.midf[static_cast<size_t>(m)], st = k.step[static_cast<size_t>(m)];
-    for (int l = 0; l < g; ++l) c[l] += x[l] > mm ? st : 0.0f;
+  if (k.uniform) {  // a grid: the nearest entry by rounding (ties may differ from the boundary rule; ranking only)
+    const float st = k.step.front(), inv = 1.0f / st, top = static_cast<float>(n);
+    for (int l = 0; l < g; ++l) c[l] = c0 + st * std::clamp(std::floor((x[l] - c0) * inv + 0.5f), 0.0f, top);
+  } else {
+    for (int m = 0; m < n; ++m) {
+      const float mm = k.midf[static_cast<size_t>(m)], st = k.step[static_cast<size_t>(m)];
+      for (int l = 0; l < g; ++l) c[l] += x[l] > mm ? st : 0.0f;
+    }
   }
   float pa[8] = {}, pb[8] = {};
   int l = 0;
@@ -108,6 +113,7 @@ Coder::Coder(std::span<const float> c) : cb(c.begin(), c.end()), mid(codebook_bo
     midf.push_back(static_cast<float>(mid[i]));
     step.push_back(cb[i + 1] - cb[i]);
   }
+  uniform = step.size() >= 16 && std::all_of(step.begin(), step.end(), [&](float d) { return d == step.front(); });
 }
 
 int Coder::code(float x) const { return code_from_boundaries(mid, std::clamp(x, -lim, lim)); }

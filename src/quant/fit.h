@@ -65,6 +65,7 @@ struct Coder {
   float lim = 0;            ///< codes are chosen for w / s clipped to +-lim
   std::vector<float> midf;  ///< mid as float (the search's fast pass)
   std::vector<float> step;  ///< cb[k + 1] - cb[k] (the search's fast pass: c = cb[0] + sum of steps below x)
+  bool uniform = false;     ///< more than 16 entries, all steps equal (q8's grid): the fast pass rounds instead
   /// Builds the coder of `cb` (must be ascending and finite: validate_codebook's rules).
   explicit Coder(std::span<const float> c);
   /// Nearest code of x = w / s (clipped to +-lim; ties low), as nearest_code().

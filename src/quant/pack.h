@@ -1,6 +1,6 @@
 // Bit packing of the quantized format (docs/quant-format.md, step 4). Per row, group by group;
-// every group starts on a byte boundary.
-//   b-bit (2, 3, 4): ceil(g*b/8) bytes; code j occupies bits [j*b, j*b + b) of the group's
+// every group starts on a byte boundary. One rule for every b (8 bits = one byte per code).
+//   b-bit (2, 3, 4, 5, 6, 8): ceil(g*b/8) bytes; code j occupies bits [j*b, j*b + b) of the group's
 //     little-endian bit string (bit k is bit k % 8 of byte k / 8); unused trailing bits are 0.
 //   ternary: ceil(g/5) bytes, byte = c0 + 3 c1 + 9 c2 + 27 c3 + 81 c4 for the group's codes
 //     5i .. 5i+4; slots past the group's end hold code 1 (the zero centroid).

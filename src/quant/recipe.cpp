@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "io/tensor_names.h"
+#include "quant/codebook.h"
 
 namespace spool::quant {
 
@@ -9,21 +10,19 @@ namespace {
 
 ClassSpec q(ops::QType t, int g) { return ClassSpec{false, t, g}; }
 
-// "2", "3", "4" or "ternary".
+// "2", "3", "4", "5", "6", "8" or "ternary".
 ops::QType parse_bits(const std::string& v, const char* flag) {
-  if (v == "2") return ops::QType::kQ2;
-  if (v == "3") return ops::QType::kQ3;
-  if (v == "4") return ops::QType::kQ4;
   if (v == "ternary") return ops::QType::kTernary;
-  throw UsageError(strfmt("%s must be 2, 3, 4 or ternary (got '%s')", flag, v.c_str()));
+  for (ops::QType t : ops::kAllQTypes)
+    if (t != ops::QType::kTernary && v == std::to_string(ops::qtype_bits(t))) return t;
+  throw UsageError(strfmt("%s must be 2, 3, 4, 5, 6, 8 or ternary (got '%s')", flag, v.c_str()));
 }
 
 }  // namespace
 
 std::string ClassSpec::describe() const {
   if (keep) return "bf16";
-  const char* n = type == ops::QType::kTernary ? "ternary" : type == ops::QType::kQ2 ? "q2" : type == ops::QType::kQ3 ? "q3" : "q4";
-  return strfmt("%s g%d", n, group);
+  return strfmt("%s g%d", qtype_name(type), group);
 }
 
 const ClassSpec& Recipe::spec(TensorClass c) const {
@@ -38,7 +37,8 @@ const ClassSpec& Recipe::spec(TensorClass c) const {
 }
 
 const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> v = {"q4", "tq3", "tq3-g64", "q2", "tq3a-tqTe", "tq3a-tqTe-down3", "tq3a-tqTe-down4"};
+  static const std::vector<std::string> v = {"q4",     "tq3",    "tq3-g64", "q2",     "tq3a-tqTe",    "tq3a-tqTe-down3",
+                                             "tq3a-tqTe-down4", "q8", "q6", "q5", "q4-hi8", "q4-hi6", "q4-hi8-down6", "q5-hi8"};
   return v;
 }
 
@@ -55,6 +55,14 @@ Recipe recipe(const std::string& name) {
     all(q(QType::kQ3, 64));
     r.expert_gate_up = q(QType::kTernary, 64);
     r.expert_down = name == "tq3a-tqTe" ? q(QType::kTernary, 64) : name == "tq3a-tqTe-down3" ? q(QType::kQ3, 64) : q(QType::kQ4, 64);
+  } else if (name == "q8" || name == "q6" || name == "q5") {
+    all(q(name == "q8" ? QType::kQ8 : name == "q6" ? QType::kQ6 : QType::kQ5, 64));
+  } else if (name == "q4-hi8" || name == "q4-hi6" || name == "q4-hi8-down6" || name == "q5-hi8") {
+    // The few sensitive bytes high (dense: attention, DeltaNet, shared experts; lm_head), the
+    // routed experts (most of an MoE's bytes) at 4 or 5 bits.
+    all(q(name == "q4-hi6" ? QType::kQ6 : QType::kQ8, 64));
+    r.expert_gate_up = r.expert_down = q(name == "q5-hi8" ? QType::kQ5 : QType::kQ4, 64);
+    if (name == "q4-hi8-down6") r.expert_down = q(QType::kQ6, 64);
   } else {
     std::string list;
     for (const auto& n : recipe_names()) list += (list.empty() ? "" : ", ") + n;
@@ -66,7 +74,8 @@ Recipe recipe(const std::string& name) {
 void apply_overrides(Recipe* r, const RecipeOverrides& o) {
   ClassSpec* classes[4] = {&r->dense, &r->lm_head, &r->expert_gate_up, &r->expert_down};
   if (o.bits) {
-    if (*o.bits < 2 || *o.bits > 4) throw UsageError(strfmt("--bits must be 2, 3 or 4 (got %d)", *o.bits));
+    if (*o.bits < 2 || *o.bits > 8 || *o.bits == 7)
+      throw UsageError(strfmt("--bits must be 2, 3, 4, 5, 6 or 8 (got %d)", *o.bits));
     for (ClassSpec* c : classes) *c = ClassSpec{false, parse_bits(std::to_string(*o.bits), "--bits"), c->group};
   }
   if (o.attn_bits) r->dense = ClassSpec{false, parse_bits(*o.attn_bits, "--attn-bits"), r->dense.group};

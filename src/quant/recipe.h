@@ -22,7 +22,7 @@ struct ClassSpec {
   bool keep = true;                   ///< stored in bf16 (type and group unused)
   ops::QType type = ops::QType::kQ4;  ///< code type when quantized
   int group = 64;                     ///< requested group size (effective_group() narrows it per matrix)
-  /// "q3 g64", "ternary g32" or "bf16".
+  /// "q3 g64", "q8 g64", "ternary g32" or "bf16".
   std::string describe() const;
 };
 
@@ -38,14 +38,17 @@ struct Recipe {
 };
 
 /// The named recipes: q4, tq3 (3-bit g32), tq3-g64, q2, tq3a-tqTe, tq3a-tqTe-down3,
-/// tq3a-tqTe-down4 (see the recipe table of docs/quantization.md). Throws spool::UsageError listing them if unknown.
+/// tq3a-tqTe-down4; for 4-8 bits per weight q8, q6, q5 (every class), q4-hi8 / q4-hi6 (dense and
+/// lm_head q8 / q6, routed experts q4), q4-hi8-down6 (q4-hi8 with experts' down_proj q6) and
+/// q5-hi8 (dense and lm_head q8, routed experts q5); all g64 (see the recipe table of
+/// docs/quantization.md). Throws spool::UsageError listing them if unknown.
 Recipe recipe(const std::string& name);
 /// Names of all recipes.
 const std::vector<std::string>& recipe_names();
 
 /// Command-line overrides applied over a recipe (unset = keep the recipe's value).
 struct RecipeOverrides {
-  std::optional<int> bits;                      ///< --bits 2|3|4: every quantized class
+  std::optional<int> bits;                      ///< --bits 2|3|4|5|6|8: every quantized class
   std::optional<int> group_size;                ///< --group-size 32|64|128: every quantized class
   std::optional<std::string> attn_bits;         ///< --attn-bits: dense class
   std::optional<std::string> expert_bits;       ///< --expert-bits N|ternary: expert gate/up (and down unless --expert-down-bits)

@@ -43,7 +43,7 @@ __device__ __forceinline__ int code_at(int type, const uint8_t* grp, int64_t j) 
     for (int64_t d = j % 5; d > 0; --d) v /= 3;
     return v % 3;
   }
-  const int b = type == static_cast<int>(QType::kQ2) ? 2 : type == static_cast<int>(QType::kQ3) ? 3 : 4;
+  const int b = qtype_bits(static_cast<QType>(type));  // 2, 3, 4, 5, 6 or 8
   const int64_t bit = j * b;
   const int sh = static_cast<int>(bit & 7);
   unsigned v = grp[bit >> 3];
