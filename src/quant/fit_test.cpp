@@ -19,7 +19,7 @@
 namespace spool::quant {
 namespace {
 
-constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary};
+constexpr QType kTypes[] = {QType::kQ2, QType::kQ3, QType::kQ4, QType::kTernary, QType::kQ5, QType::kQ6, QType::kQ8};
 
 // Random values of one of several shapes: Gaussian, Laplace, uniform, Student-t(3), a Gaussian
 // with one large outlier, and near-constant.
@@ -202,7 +202,9 @@ TEST(FitCodebook, KernelsUseTheMatrixCodebook) {
     for (const int8_t* sg : {static_cast<const int8_t*>(nullptr), signs.data()}) {
       const QuantizedMatrix q = quantize(W.data(), rows, cols, t, 64, sg, nullptr, QuantOptions{});
       const std::span<const float> gauss = codebook(t);
-      if (t != QType::kTernary) EXPECT_FALSE(std::equal(gauss.begin(), gauss.end(), q.codebook.begin())) << qtype_name(t);
+      // Fitted, except ternary (symmetric by rule) and q8 (its uniform grid is kept).
+      const bool fixed = t == QType::kTernary || t == QType::kQ8;
+      EXPECT_EQ(std::equal(gauss.begin(), gauss.end(), q.codebook.begin()), fixed) << qtype_name(t);
       std::vector<float> back(W.size());
       dequantize(q.view(), back.data());
       for (int64_t T : {1, 9}) {
