@@ -19,6 +19,11 @@ ops::WeightView bind_matrix(const io::Checkpoint& ck, const std::string& name, i
 /// mis-shaped or quantized.
 ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
 
+/// The tensors of the token embedding table that DecoderModel::embed reads row by row:
+/// {embed_tokens.weight} (float or GGUF), {embed_tokens.qweight, embed_tokens.scales}
+/// (spool-quantized; the codebook and signs are tiny and read whole), or none.
+std::vector<const io::TensorRef*> embed_row_tensors(const io::Checkpoint& ck);
+
 /// A tensor of exactly `numel` elements with the given shape, converted to f32.
 std::vector<float> bind_f32(const io::Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape);
 
