@@ -466,6 +466,33 @@ TEST(Cli, LoaderBudgetUsesCtxSizeAndPrefillStep) {
   expect_same(pm, plan(200, 64));
 }
 
+// convert --embed-bits 4: the embedding table quantized (summary, info), the model generates
+// the same ids resident and streamed; a bad value is a usage error naming the flag.
+TEST(Cli, ConvertEmbedBits) {
+  const std::string out = ::testing::TempDir() + "/cli_convert_q4_embed4";
+  fs::remove_all(out);
+  Result c = spool("convert --recipe q4 --embed-bits 4 --out " + out + " --json");
+  ASSERT_EQ(c.code, 0) << c.err;
+  auto cj = nlohmann::json::parse(c.out);
+  ASSERT_TRUE(cj["classes"].contains("embed_tokens")) << c.out;
+  EXPECT_EQ(cj["classes"]["embed_tokens"]["tensors"], 1);
+  EXPECT_NEAR(cj["classes"]["embed_tokens"]["bits_per_weight"].get<double>(), 4.25, 0.01);  // 4 + 16/64 (+ codebook, signs)
+  EXPECT_NE(c.err.find("embed_tokens q4 g64"), std::string::npos) << c.err;
+  Result i = spool("info --model " + out);
+  ASSERT_EQ(i.code, 0) << i.err;
+  EXPECT_NE(i.out.find("embed_tokens 4 g64"), std::string::npos) << i.out;
+  Result g = spool("generate --model " + out + " --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out)["output_ids"].size(), 12u);
+  Result s = spool("generate --model " + out + " --stream --cache-budget-gb 0.001 --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["output_ids"], nlohmann::json::parse(g.out)["output_ids"]);
+  Result bad = spool("convert --embed-bits 5 --out " + out + "_x");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--embed-bits must be 2, 3, 4, ternary or bf16"), std::string::npos) << bad.err;
+  fs::remove_all(out);
+}
+
 // convert -> info -> generate -> perplexity --kl-reference on the demo model, and convert's
 // usage errors.
 TEST(Cli, ConvertThenGenerate) {

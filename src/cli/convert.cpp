@@ -44,10 +44,10 @@ void run(ConvertCmd& o) {
   if (!(o.shard_gb > 0)) throw UsageError("--shard-size-gb must be positive");
   c.shard_bytes = static_cast<uint64_t>(o.shard_gb * (1ull << 30));
   c.force = o.force;
-  std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, rotation %s, scales %s, codebooks %s\n",
+  std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, embed_tokens %s, rotation %s, scales %s, codebooks %s\n",
                c.in_dir.c_str(), c.out_dir.c_str(), c.recipe.name.c_str(), c.recipe.dense.describe().c_str(),
                c.recipe.lm_head.describe().c_str(), c.recipe.expert_gate_up.describe().c_str(),
-               c.recipe.expert_down.describe().c_str(), o.rotation.c_str(),
+               c.recipe.expert_down.describe().c_str(), c.recipe.embed.describe().c_str(), o.rotation.c_str(),
                c.quant.scale_search == quant::ScaleSearch::kMse ? "searched (min squared error)" : "RMS",
                c.quant.codebook == quant::CodebookSource::kFit ? "fitted per matrix" : "N(0, 1) tables");
   const double t0 = now_seconds();
@@ -100,6 +100,9 @@ void register_convert(CLI::App& app) {
   c->add_option("--expert-bits", o->ov.expert_bits, "Bits for routed experts (gate/up, and down unless --expert-down-bits): 2|3|4|5|6|8|ternary");
   c->add_option("--expert-down-bits", o->ov.expert_down_bits, "Bits for routed experts' down_proj: 2|3|4|5|6|8|ternary");
   c->add_option("--lm-head-bits", o->ov.lm_head_bits, "Bits for lm_head: 2|3|4|5|6|8|ternary");
+  c->add_option("--embed-bits", o->ov.embed_bits,
+                "Bits for the token embedding table (embed_tokens; with tied embeddings also the output projection): "
+                "2|3|4|5|6|8|ternary|bf16 (default bf16; group size as dense)");
   c->add_option("--rotation", o->rotation, "Input rotation: hadamard (default) or none");
   c->add_option("--rotation-seed", o->seed, "Seed of the rotation sign vectors (default 42)");
   c->add_option("--scale-search", o->scale_search,

@@ -16,6 +16,7 @@
 #include "ops/matmul.h"
 #include "engine/device.h"
 #include "experts/device_experts.h"
+#include "models/bind.h"
 #include "models/family.h"
 #include "ops/cpu_backend.h"
 #include "plan/budget.h"
@@ -154,12 +155,13 @@ void populate_resident_weights(const io::Checkpoint& ck) {
 #define MADV_POPULATE_READ 22
 #endif
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const io::TensorRef* embed = ck.find("embed_tokens.weight");
-  const bool embed_on_demand = embed != nullptr && (ck.find("lm_head.weight") != nullptr || ck.find("lm_head.qweight") != nullptr);
+  // (float: embed_tokens.weight; spool-quantized: its .qweight and .scales)
+  const bool embed_on_demand = ck.find("lm_head.weight") != nullptr || ck.find("lm_head.qweight") != nullptr;
+  const std::vector<const io::TensorRef*> embed = embed_on_demand ? models::embed_row_tensors(ck) : std::vector<const io::TensorRef*>{};
   // Page ranges per shard, merged (neighbouring tensors share pages).
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(ck.shards().size());
   for (const auto& t : ck.tensors()) {
-    if (t.nbytes == 0 || (embed_on_demand && &t == embed)) continue;
+    if (t.nbytes == 0 || std::find(embed.begin(), embed.end(), &t) != embed.end()) continue;
     ranges[t.shard].emplace_back(t.offset / page * page, (t.offset + t.nbytes + page - 1) / page * page);
   }
   for (size_t s = 0; s < ranges.size(); ++s) {

@@ -43,6 +43,13 @@ ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& n
   return experts::view_of(shaped(ck, name, {rows, cols}));
 }
 
+std::vector<const io::TensorRef*> embed_row_tensors(const io::Checkpoint& ck) {
+  if (const io::TensorRef* t = ck.find("embed_tokens.weight")) return {t};
+  const io::TensorRef *q = ck.find("embed_tokens.qweight"), *s = ck.find("embed_tokens.scales");
+  if (q != nullptr && s != nullptr) return {q, s};
+  return {};
+}
+
 std::vector<float> bind_f32(const io::Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape) {
   const io::TensorRef& t = shaped(ck, name, shape);
   std::vector<float> out(static_cast<size_t>(t.numel()));

@@ -14,10 +14,15 @@ namespace spool::models {
 /// form X.qweight/.scales/.codebook(/.signs). Throws if missing or mis-shaped.
 ops::WeightView bind_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
 
-/// A float (F32/F16/BF16) matrix `name` [rows, cols], no copy; for tensors that are read by
-/// row (embeddings) and must never be quantized. Throws naming the tensor when it is missing,
+/// A float (F32/F16/BF16) matrix `name` [rows, cols], no copy; for tensors that must never be
+/// quantized (MLA's kv_b_proj, split into per-head parts; embeddings may be: bind_matrix). Throws naming the tensor when it is missing,
 /// mis-shaped or quantized.
 ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
+
+/// The tensors of the token embedding table that DecoderModel::embed reads row by row:
+/// {embed_tokens.weight} (float or GGUF), {embed_tokens.qweight, embed_tokens.scales}
+/// (spool-quantized; the codebook and signs are tiny and read whole), or none.
+std::vector<const io::TensorRef*> embed_row_tensors(const io::Checkpoint& ck);
 
 /// A tensor of exactly `numel` elements with the given shape, converted to f32.
 std::vector<float> bind_f32(const io::Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape);

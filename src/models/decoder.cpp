@@ -14,6 +14,8 @@
 #include "experts/weight_views.h"
 #include "models/bind.h"
 #include "ops/ggml_blocks.h"
+#include "quant/hadamard.h"
+#include "quant/quantize.h"
 
 namespace spool::models {
 
@@ -103,14 +105,29 @@ void DecoderModel::reserve_workspace(int64_t max_tokens, int max_seqs) {
 void DecoderModel::bind(GdnLayout gdn_layout) {
   const io::Checkpoint& ck = *ckpt_;
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
-  embed_ = bind_float_matrix(ck, "embed_tokens.weight", V, H);
-  if (spec_.tie_word_embeddings && ck.find("lm_head.weight") == nullptr && ck.find("lm_head.qweight") == nullptr) {
-    lm_head_ = embed_;
+  // The embedding: float (F32/F16/BF16), a GGUF block type, or spool-quantized
+  // (embed_tokens.qweight/.scales/.codebook(/.signs): spool convert --embed-bits).
+  embed_ = bind_matrix(ck, "embed_tokens.weight", V, H);
+  const bool tied = spec_.tie_word_embeddings && ck.find("lm_head.weight") == nullptr && ck.find("lm_head.qweight") == nullptr;
+  if (tied) {
+    lm_head_ = embed_;  // (a quantized table: the output projection runs quant_matmul over it)
   } else {
     lm_head_ = bind_matrix(ck, "lm_head.weight", V, H);
   }
   final_norm_ = bind_norm(ck, "norm.weight", H, spec_.norm_one_plus);
-  if (lm_head_.data != embed_.data && embed_.type != ops::WType::kQuant) {
+  if (!tied && embed_.type == ops::WType::kQuant) {
+    const io::TensorRef& qt = ck.tensor("embed_tokens.qweight");
+    const io::TensorRef& st = ck.tensor("embed_tokens.scales");
+    const int qfd = ck.shards()[qt.shard].fd(), sfd = ck.shards()[st.shard].fd();
+    if (qfd >= 0 && sfd >= 0) {
+      embed_fd_ = qfd;
+      embed_offset_ = qt.offset;
+      embed_row_.resize(static_cast<size_t>(embed_.quant.row_bytes()));
+      embed_scales_fd_ = sfd;
+      embed_scales_offset_ = st.offset;
+      embed_scales_row_.resize(static_cast<size_t>(embed_.quant.groups_per_row()) * 2);
+    }
+  } else if (!tied) {
     const io::TensorRef& et = ck.tensor("embed_tokens.weight");
     const int fd = ck.shards()[et.shard].fd();
     if (fd >= 0) {
@@ -144,7 +161,8 @@ void DecoderModel::bind(GdnLayout gdn_layout) {
   // Everything dense goes where the backend reads it, once (a no-op on host backends: the CPU
   // path keeps reading the mapping and the host vectors).
   ops::Backend& be = *be_;
-  const bool mtp_shares_head = mtp_head_.data == lm_head_.data;  // (before lm_head_ moves to the device)
+  // (before lm_head_ moves to the device; quantized views have no `data`: compare their codes)
+  const bool mtp_shares_head = mtp_head_.data == lm_head_.data && mtp_head_.quant.qweight == lm_head_.quant.qweight;
   lm_head_ = be.upload(lm_head_);  // (embeddings stay on the host: read by row)
   final_norm_p_ = be.upload_floats(final_norm_);
   if (spec_.mtp_layers > 0) {
@@ -235,26 +253,49 @@ void DecoderModel::forward(std::span<const int32_t> ids, State& state, LogitsMod
   forward_batch(std::span<const SeqStep>(&one, 1));
 }
 
+void DecoderModel::read_embed_row(int fd, uint64_t offset, int32_t id, std::vector<uint8_t>& bytes) const {
+  const size_t n = bytes.size();
+  const off_t at = static_cast<off_t>(offset + static_cast<uint64_t>(id) * n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, bytes.data() + got, n - got, at + static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) fail("%s: reading embedding row %d failed (%s)", ckpt_->dir().c_str(), id, r < 0 ? std::strerror(errno) : "end of file");
+    got += static_cast<size_t>(r);
+  }
+}
+
 void DecoderModel::embed(std::span<const int32_t> ids, float* h) {
   const int64_t H = spec_.hidden_size;
-  // A ggml block-typed table (GGUF) is dequantized row by row on the host, then handed to the
-  // backend as an F32 row; float tables go to the backend as stored.
-  const bool blocks = embed_.type == ops::WType::kGgml;
-  const uint64_t row_bytes = blocks ? ggml_row_bytes(embed_.ggml, static_cast<uint64_t>(H))
-                                    : static_cast<uint64_t>(H) * ops::wtype_size(embed_.type);
-  std::vector<float> deq(blocks ? static_cast<size_t>(H) : 0);
+  // A ggml block-typed table (GGUF) or a spool-quantized one is dequantized row by row on the
+  // host, then handed to the backend as an F32 row; float tables go to the backend as stored.
+  const bool blocks = embed_.type == ops::WType::kGgml, quant = embed_.type == ops::WType::kQuant;
+  const uint64_t row_bytes = blocks  ? ggml_row_bytes(embed_.ggml, static_cast<uint64_t>(H))
+                             : quant ? 0
+                                     : static_cast<uint64_t>(H) * ops::wtype_size(embed_.type);
+  std::vector<float> deq(blocks || quant ? static_cast<size_t>(H) : 0);
   for (size_t t = 0; t < ids.size(); ++t) {
+    if (quant) {
+      // Row id of the stored (rotated) matrix: codebook[code] * fp16 group scale, then back to
+      // the original basis (the inverse Hadamard transform, signs): docs/quant-format.md.
+      ops::QuantView q = embed_.quant;
+      int64_t r = ids[t];
+      if (embed_fd_ >= 0) {  // one row: its codes and scales read from the file
+        read_embed_row(embed_fd_, embed_offset_, ids[t], embed_row_);
+        read_embed_row(embed_scales_fd_, embed_scales_offset_, ids[t], embed_scales_row_);
+        q.rows = 1;
+        q.qweight = embed_row_.data();
+        q.scales = reinterpret_cast<const uint16_t*>(embed_scales_row_.data());
+        r = 0;
+      }
+      quant::dequantize_row(q, r, deq.data());
+      if (q.signs != nullptr) quant::unrotate(q.signs, deq.data(), H, deq.data());
+      be_->row_to_f32(ops::WType::kF32, deq.data(), H, h + t * H);
+      continue;
+    }
     const uint8_t* row = static_cast<const uint8_t*>(embed_.data) + static_cast<uint64_t>(ids[t]) * row_bytes;
     if (embed_fd_ >= 0) {
-      const size_t n = embed_row_.size();
-      const off_t at = static_cast<off_t>(embed_offset_ + static_cast<uint64_t>(ids[t]) * n);
-      size_t got = 0;
-      while (got < n) {
-        const ssize_t r = ::pread(embed_fd_, embed_row_.data() + got, n - got, at + static_cast<off_t>(got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) fail("%s: reading embedding row %d failed (%s)", ckpt_->dir().c_str(), ids[t], r < 0 ? std::strerror(errno) : "end of file");
-        got += static_cast<size_t>(r);
-      }
+      read_embed_row(embed_fd_, embed_offset_, ids[t], embed_row_);
       row = embed_row_.data();
     }
     if (blocks) {

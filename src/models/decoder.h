@@ -103,9 +103,18 @@ class DecoderModel : public Model {
   ops::WeightView embed_, lm_head_;
   // When the embedding table is not lm_head, its rows are read with pread (one row per
   // token) instead of through the mapping: the table never becomes resident memory.
+  // A spool-quantized table (embed_.type == kQuant) reads two rows per token: the packed codes
+  // (embed_fd_ / embed_offset_ / embed_row_, the .qweight tensor) and the fp16 group scales
+  // (the .scales tensor, below); codebook and signs are read from the mapping.
   int embed_fd_ = -1;
   uint64_t embed_offset_ = 0;     // file offset of row 0
   std::vector<uint8_t> embed_row_;  // one row's bytes
+  int embed_scales_fd_ = -1;          // kQuant only: the .scales tensor's shard
+  uint64_t embed_scales_offset_ = 0;  // kQuant only: file offset of scale row 0
+  std::vector<uint8_t> embed_scales_row_;  // kQuant only: one row of fp16 scales
+  // Reads `bytes.size()` bytes of row `id` of a table at `offset` in `fd` into `bytes`; throws
+  // naming the checkpoint and row on a failed or short read.
+  void read_embed_row(int fd, uint64_t offset, int32_t id, std::vector<uint8_t>& bytes) const;
   std::vector<float> final_norm_;
   const float* final_norm_p_ = nullptr;  // final_norm_ where the backend reads it
   // hooks.on_hidden with a GPU backend: hidden rows copied to the host first.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "io/expert_store.h"
+#include "models/bind.h"
 #include "models/model.h"
 #include "models/state.h"
 #include "ops/cpu_backend.h"
@@ -31,10 +32,11 @@ WeightBytes weight_bytes(const io::Checkpoint& ck, const models::ModelSpec& spec
   w.shards = static_cast<int>(ck.shards().size());
   w.experts_quantized = ck.experts_quantized();
   // models/decoder.cpp reads embedding rows with pread when lm_head is its own tensor (float,
-  // or quantized: lm_head.qweight).
-  const io::TensorRef* embed = ck.find("embed_tokens.weight");
+  // or quantized: lm_head.qweight). A spool-quantized table (embed_tokens.qweight) is read
+  // the same way, its codes and scales (codebook and signs are a few bytes, resident).
   const bool tied = ck.find("lm_head.weight") == nullptr && ck.find("lm_head.qweight") == nullptr;
-  if (embed != nullptr && !tied) w.embed_on_demand = embed->nbytes;
+  if (!tied)
+    for (const io::TensorRef* t : models::embed_row_tensors(ck)) w.embed_on_demand += t->nbytes;
   w.resident_dense = w.dense - w.embed_on_demand;
   // Copies made by models/bind.cpp (bind_f32 / bind_norm) and gated_deltanet.cpp (regroups).
   for (const auto& t : ck.tensors()) {

@@ -34,6 +34,7 @@ const char* class_key(TensorClass c) {
     case TensorClass::kLmHead: return "lm_head";
     case TensorClass::kExpertGateUp: return "expert_gate_up";
     case TensorClass::kExpertDown: return "expert_down";
+    case TensorClass::kEmbed: return "embed_tokens";
     default: return "kept";
   }
 }
@@ -187,7 +188,8 @@ struct Planner {
 
   /// A non-expert tensor: kept (bf16) or quantized with its own sign vector.
   void plain(const io::TensorRef& t) {
-    const TensorClass c = opt.keep_float != nullptr && opt.keep_float(t.name) ? TensorClass::kKeep : classify(t.name, t.shape);
+    TensorClass c = opt.keep_float != nullptr && opt.keep_float(t.name) ? TensorClass::kKeep : classify(t.name, t.shape);
+    if (c == TensorClass::kEmbed && opt.recipe.embed.keep) c = TensorClass::kKeep;  // counted as "kept", as before the class
     const ClassSpec& s = opt.recipe.spec(c);
     Unit u;
     u.layer = layer_of(t.name);
@@ -452,11 +454,19 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
   nlohmann::ordered_json classes = nlohmann::ordered_json::object();
   auto stats = [&](const char* k) -> const ClassStats* { auto it = r.classes.find(k); return it == r.classes.end() ? nullptr : &it->second; };
   classes["dense"] = class_json(opt.recipe.dense, stats("dense"));
-  // Tied embeddings: no lm_head tensor, the output projection is the bf16 embedding.
-  classes["lm_head"] = stats("lm_head") ? class_json(opt.recipe.lm_head, stats("lm_head"))
-                                        : nlohmann::ordered_json{{"bits", "bf16"}, {"tied_to", "embed_tokens"}};
+  // Tied embeddings: no lm_head tensor, the output projection is the embedding (bf16, or the
+  // quantized table when --embed-bits quantized it).
+  if (stats("lm_head")) {
+    classes["lm_head"] = class_json(opt.recipe.lm_head, stats("lm_head"));
+  } else {
+    const ClassStats* e = stats("embed_tokens");
+    classes["lm_head"] = e != nullptr ? class_json(opt.recipe.embed, e) : nlohmann::ordered_json{{"bits", "bf16"}};
+    classes["lm_head"]["tied_to"] = "embed_tokens";
+  }
   classes["expert_gate_up"] = class_json(opt.recipe.expert_gate_up, stats("expert_gate_up"));
   classes["expert_down"] = class_json(opt.recipe.expert_down, stats("expert_down"));
+  // Only when quantized: bf16 tables leave the block (and so every earlier file) as it was.
+  if (const ClassStats* e = stats("embed_tokens")) classes["embed_tokens"] = class_json(opt.recipe.embed, e);
   cfg["quantization"] = {{"quant_method", "spool"},
                          {"format_version", 1},
                          {"recipe", opt.recipe.name},

@@ -17,6 +17,7 @@
 #include "experts/weight_views.h"
 #include "io/safetensors.h"
 #include "models/family.h"
+#include "plan/footprint.h"
 #include "quant/hadamard.h"
 #include "quant/quantize.h"
 
@@ -31,19 +32,25 @@ std::string fixture(const std::string& name) {
   return name == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : data_dir() + "/models/" + name;
 }
 
+/// The scratch directory of `tag` (as scratch() names it), left as it is.
+std::string scratch_path(const std::string& tag) { return ::testing::TempDir() + "/convert_" + tag; }
+
+/// The scratch directory of `tag`, emptied.
 std::string scratch(const std::string& tag) {
-  const std::string d = ::testing::TempDir() + "/convert_" + tag;
+  const std::string d = scratch_path(tag);
   fs::remove_all(d);
   return d;
 }
 
+/// `embed_bits`: RecipeOverrides::embed_bits (--embed-bits) when set.
 ConvertResult run_convert(const std::string& in, const std::string& out, const std::string& recipe_name, bool rotate = true,
-                          uint64_t shard_bytes = 4ull << 30) {
+                          uint64_t shard_bytes = 4ull << 30, std::optional<std::string> embed_bits = {}) {
   ConvertOptions o;
   o.in_dir = in;
   o.out_dir = out;
   o.rules = &models::checkpoint_rules();
   o.recipe = recipe(recipe_name);
+  if (embed_bits) apply_overrides(&o.recipe, RecipeOverrides{.embed_bits = embed_bits});
   o.rotate = rotate;
   o.threads = 2;
   o.shard_bytes = shard_bytes;
@@ -134,9 +141,10 @@ class ConvertEquivalence : public ::testing::TestWithParam<Case> {};
 // The quantized engine equals a float engine running the dequantized weights (1e-4, the f32
 // golden tolerance), so every quantized tensor is where the loader expects it, in the basis
 // the kernels assume; and streaming the quantized experts gives bit-identical logits.
-void check_equivalence(const std::string& src, const std::string& recipe_name, bool rotate, const std::string& tag) {
+void check_equivalence(const std::string& src, const std::string& recipe_name, bool rotate, const std::string& tag,
+                       std::optional<std::string> embed_bits = {}) {
   const std::string q = scratch(tag), f = scratch(tag + "_deq");
-  ConvertResult r = run_convert(src, q, recipe_name, rotate, /*shard_bytes=*/1 << 20);
+  ConvertResult r = run_convert(src, q, recipe_name, rotate, /*shard_bytes=*/1 << 20, embed_bits);
   // gpt-oss MXFP4 experts stay MXFP4 (copied as stored); every other source is quantized.
   const bool mxfp4 = models::open_checkpoint(src, {.map = false}).expert_part(0, 0, io::ExpertProj::kDown, io::ExpertPart::kMxBlocks) != nullptr;
   if (!mxfp4) {
@@ -199,42 +207,54 @@ TEST(Convert, TiedConfigWithLmHeadTensor) {
   check_equivalence(src, "q4", true, "tied");
 }
 
-// An embedding table must stay float: a quantized one is a clear error, not a crash.
-TEST(Convert, QuantizedEmbeddingIsRefused) {
-  const std::string q = scratch("qembed");
-  run_convert(fixture("qwen3_moe"), q, "q4");
-  const std::string path = q + "/model.safetensors";
-  std::vector<std::vector<uint8_t>> keep;
-  std::vector<io::TensorToWrite> ts;
-  QuantizedMatrix m;
-  std::vector<int8_t> sg;
-  {
-    io::SafetensorsFile f = io::SafetensorsFile::open(path);
-    for (const auto& t : f.tensors()) {
-      keep.emplace_back(f.data(t), f.data(t) + t.nbytes);
-      if (t.name != "model.embed_tokens.weight") {
-        ts.push_back({t.name, t.dtype, t.shape, keep.back().data()});
-        continue;
-      }
-      std::vector<float> w(static_cast<size_t>(t.numel()));
-      ops::row_to_f32(ops::WType::kBF16, keep.back().data(), t.numel(), w.data());
-      sg = rotation_signs(42, "embed", t.shape[1]);
-      m = quantize(w.data(), t.shape[0], t.shape[1], ops::QType::kQ4, 64, sg.data());
-    }
+// --embed-bits: the embedding table quantized like any matrix (rotated or not). The lookup
+// dequantizes one row per token (read with pread: lm_head is its own tensor) and equals the
+// float model made of the dequantized table (check_equivalence: the dequantized reference
+// writes embed_tokens.weight from the codes); streaming is unaffected; the footprint counts
+// the codes and scales as the table read on demand.
+TEST(Convert, QuantizedEmbedding) {
+  for (bool rotate : {true, false}) {
+    const std::string tag = rotate ? "qembed" : "qembed_norot";
+    check_equivalence(fixture("qwen3_moe"), "q4", rotate, tag, "4");
+    const std::string q = scratch(tag + "_probe");
+    ConvertResult r = run_convert(fixture("qwen3_moe"), q, "q4", rotate, 4ull << 30, "3");
+    io::Checkpoint ck = models::open_checkpoint(q);
+    EXPECT_EQ(ck.find("embed_tokens.weight"), nullptr);
+    const io::TensorRef* qw = ck.find("embed_tokens.qweight");
+    ASSERT_NE(qw, nullptr);
+    EXPECT_EQ(ck.find("embed_tokens.signs") != nullptr, rotate);
+    EXPECT_EQ(ck.tensor("embed_tokens.codebook").shape, std::vector<int64_t>{8});
+    EXPECT_EQ(r.classes["embed_tokens"].tensors, 1);
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(q + "/config.json"));
+    EXPECT_EQ(cfg["quantization"]["classes"]["embed_tokens"]["bits"], 3);
+    EXPECT_EQ(cfg["quantization"]["classes"]["embed_tokens"]["group_size"], 64);
+    EXPECT_FALSE(cfg["quantization"]["classes"]["lm_head"].contains("tied_to"));
+    const plan::WeightBytes w = plan::weight_bytes(ck, models::build_spec(ck));
+    EXPECT_EQ(w.embed_on_demand, qw->nbytes + ck.tensor("embed_tokens.scales").nbytes);
   }
-  ASSERT_GT(m.rows, 0);
-  ts.push_back({"model.embed_tokens.qweight", io::DType::U8, {m.rows, static_cast<int64_t>(m.qweight.size()) / m.rows}, m.qweight.data()});
-  ts.push_back({"model.embed_tokens.scales", io::DType::F16, {m.rows, m.cols / m.group}, m.scales.data()});
-  ts.push_back({"model.embed_tokens.codebook", io::DType::F32, {static_cast<int64_t>(m.codebook.size())}, m.codebook.data()});
-  ts.push_back({"model.embed_tokens.signs", io::DType::I8, {m.cols}, sg.data()});
-  fs::remove(path);
-  io::write_safetensors(path, ts);
-  try {
-    load(q);
-    FAIL() << "a quantized embedding was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("embed_tokens.weight' is quantized"), std::string::npos) << e.what();
-  }
+}
+
+// Tied embeddings (no lm_head tensor): the quantized table is also the output projection
+// (quant_matmul over it), and config.json says so.
+TEST(Convert, QuantizedTiedEmbedding) {
+  check_equivalence(fixture("ernie4_5_moe"), "q4", true, "qembed_tied", "4");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(scratch_path("qembed_tied") + "/config.json"));
+  const nlohmann::json& head = cfg["quantization"]["classes"]["lm_head"];
+  EXPECT_EQ(head["bits"], 4) << head.dump();
+  EXPECT_EQ(head["group_size"], 64) << head.dump();
+  EXPECT_EQ(head["tied_to"], "embed_tokens") << head.dump();
+  // The bf16 table keeps the earlier description.
+  const std::string q = scratch("qembed_tied_bf16");
+  run_convert(fixture("ernie4_5_moe"), q, "q4");
+  cfg = nlohmann::json::parse(std::ifstream(q + "/config.json"));
+  EXPECT_EQ(cfg["quantization"]["classes"]["lm_head"], nlohmann::json({{"bits", "bf16"}, {"tied_to", "embed_tokens"}}));
+  EXPECT_FALSE(cfg["quantization"]["classes"].contains("embed_tokens"));
+}
+
+// Gemma 4 scales the looked-up rows by sqrt(H) (embedding_scale) and ties the head to the
+// unscaled table: both still hold with a quantized table.
+TEST(Convert, QuantizedEmbeddingWithEmbeddingScale) {
+  check_equivalence(fixture("gemma4_text_moe"), "q4", true, "qembed_gemma4", "4");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
@@ -275,7 +295,8 @@ TEST(Convert, SizeOnDiskFollowsTheRecipe) {
     const TensorClass c = classify(t.name, t.shape);
     const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 0;
     switch (c) {
-      case TensorClass::kKeep: bits += 16.0 * t.numel(); break;
+      case TensorClass::kKeep:
+      case TensorClass::kEmbed: bits += 16.0 * t.numel(); break;  // (bf16 in every named recipe)
       case TensorClass::kDense:
       case TensorClass::kLmHead: bits += class_bits("3", 64) * t.numel(); break;
       case TensorClass::kExpertGateUp: bits += class_bits("ternary", 64) * t.numel(); break;
@@ -392,11 +413,12 @@ TEST(Convert, FourToEightBitRecipesAndOverrides) {
 /// Converts the qwen3_moe fixture (q4), rewrites its shard with `edit` applied to every tensor
 /// `match` accepts (bytes, dtype, shape; an emptied name drops the tensor), then expects loading
 /// and a forward pass (resident, or streamed with a tiny cache) to fail mentioning `want`.
+/// `embed_bits`: convert with --embed-bits.
 void expect_corrupt_rejected(const std::string& tag, const std::function<bool(const std::string&)>& match,
                              const std::function<void(io::TensorToWrite&, std::vector<uint8_t>&)>& edit, const std::string& want,
-                             bool stream = false) {
+                             bool stream = false, std::optional<std::string> embed_bits = {}) {
   const std::string q = scratch("corrupt_" + tag);
-  run_convert(fixture("qwen3_moe"), q, "q4");
+  run_convert(fixture("qwen3_moe"), q, "q4", true, 4ull << 30, embed_bits);
   const std::string path = q + "/model.safetensors";
   std::vector<std::vector<uint8_t>> bytes;
   std::vector<io::TensorToWrite> ts;
@@ -465,6 +487,55 @@ TEST(Convert, CorruptQuantizedFilesAreRejected) {
     const float nan = std::nanf("");
     std::memcpy(b.data() + 8, &nan, 4);
   }, "codebook", /*stream=*/true);
+}
+
+// A quantized embedding table with wrong shapes or a missing piece: a clear error naming it.
+TEST(Convert, CorruptQuantizedEmbeddingIsRejected) {
+  const std::string e = "model.embed_tokens";
+  expect_corrupt_rejected("embed_scales_shape", is(e + ".scales"), [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
+    t.shape[0] -= 1;
+    b.resize(static_cast<size_t>(t.shape[0] * t.shape[1] * 2));
+  }, "embed_tokens: scales have shape", false, "4");
+  expect_corrupt_rejected("embed_qweight_shape", is(e + ".qweight"), [](io::TensorToWrite& t, std::vector<uint8_t>& b) {
+    t.shape[1] -= 1;
+    b.resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
+  }, "embed_tokens: qweight has shape", false, "4");
+  expect_corrupt_rejected("embed_signs_dropped", is(e + ".signs"), [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); },
+                          "missing sign vector 'embed_tokens.signs'", false, "4");
+  expect_corrupt_rejected("embed_scales_dropped", is(e + ".scales"), [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); },
+                          "embed_tokens.scales", false, "4");
+}
+
+// The embedding class: bf16 in every named recipe (their files are unchanged), quantized only
+// by --embed-bits, with the dense class's group size; MTP copies of the table stay bf16.
+TEST(Convert, EmbedClassAndFlag) {
+  EXPECT_EQ(classify("embed_tokens.weight", {1000, 64}), TensorClass::kEmbed);
+  EXPECT_EQ(classify("layers.4.embed_tokens.weight", {1000, 64}), TensorClass::kKeep);
+  EXPECT_EQ(classify("embed_tokens_per_layer.weight", {1000, 64}), TensorClass::kKeep);
+  for (const std::string& n : recipe_names()) {
+    EXPECT_TRUE(recipe(n).embed.keep) << n;
+    EXPECT_TRUE(recipe(n).spec(TensorClass::kEmbed).keep) << n;
+  }
+  Recipe r = recipe("tq3a-tqTe-down4");
+  apply_overrides(&r, RecipeOverrides{.group_size = 32, .embed_bits = "4"});
+  EXPECT_FALSE(r.spec(TensorClass::kEmbed).keep);
+  EXPECT_EQ(r.embed.type, ops::QType::kQ4);
+  EXPECT_EQ(r.embed.group, 32);
+  EXPECT_EQ(r.embed.describe(), "q4 g32");
+  EXPECT_EQ(r.expert_down.type, ops::QType::kQ4);  // nothing else moved
+  EXPECT_EQ(r.dense.type, ops::QType::kQ3);
+  apply_overrides(&r, RecipeOverrides{.embed_bits = "ternary"});
+  EXPECT_EQ(r.embed.type, ops::QType::kTernary);
+  apply_overrides(&r, RecipeOverrides{.embed_bits = "bf16"});
+  EXPECT_TRUE(r.embed.keep);
+  apply_overrides(&r, RecipeOverrides{.bits = 2});  // --bits leaves the table alone
+  EXPECT_TRUE(r.embed.keep);
+  try {
+    apply_overrides(&r, RecipeOverrides{.embed_bits = "q4"});
+    FAIL() << "--embed-bits q4 was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--embed-bits must be 2, 3, 4, ternary or bf16 (got 'q4')"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ const ClassSpec& Recipe::spec(TensorClass c) const {
     case TensorClass::kLmHead: return lm_head;
     case TensorClass::kExpertGateUp: return expert_gate_up;
     case TensorClass::kExpertDown: return expert_down;
+    case TensorClass::kEmbed: return embed;
     default: return keep;
   }
 }
@@ -91,6 +92,17 @@ void apply_overrides(Recipe* r, const RecipeOverrides& o) {
       throw UsageError(strfmt("--group-size must be 32, 64 or 128 (got %d)", *o.group_size));
     for (ClassSpec* c : classes) c->group = *o.group_size;
   }
+  if (o.embed_bits) {
+    if (*o.embed_bits == "bf16") {
+      r->embed = ClassSpec{};
+    } else {
+      try {
+        r->embed = ClassSpec{false, parse_bits(*o.embed_bits, "--embed-bits"), r->dense.group};
+      } catch (const UsageError&) {
+        throw UsageError(strfmt("--embed-bits must be 2, 3, 4, 5, 6, 8, ternary or bf16 (got '%s')", o.embed_bits->c_str()));
+      }
+    }
+  }
 }
 
 TensorClass classify(std::string_view n, const std::vector<int64_t>& shape) {
@@ -98,6 +110,7 @@ TensorClass classify(std::string_view n, const std::vector<int64_t>& shape) {
     return e->proj == io::ExpertProj::kDown ? TensorClass::kExpertDown : TensorClass::kExpertGateUp;
   if (shape.size() != 2 || !n.ends_with(".weight")) return TensorClass::kKeep;
   if (n == "lm_head.weight") return TensorClass::kLmHead;
+  if (n == "embed_tokens.weight") return TensorClass::kEmbed;  // (MTP copies stay bf16 below: never read)
   if (io::parse_router_name(n) || n.find("shared_expert_gate") != std::string_view::npos || n.find("in_proj_a.") != std::string_view::npos ||
       n.find("in_proj_b.") != std::string_view::npos || n.find("in_proj_ba.") != std::string_view::npos ||
       n.find("conv1d") != std::string_view::npos || n.find("norm") != std::string_view::npos ||

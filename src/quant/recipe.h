@@ -4,8 +4,10 @@
 //   lm_head         the output projection
 //   expert_gate_up  routed experts' gate_proj and up_proj
 //   expert_down     routed experts' down_proj
-// Kept in bf16: routers, shared_expert_gate, in_proj_a/b (in_proj_ba), conv1d, norms,
-// embeddings, and every 1-D tensor (A_log, dt_bias, biases).
+//   embed_tokens    the token embedding table (embed_tokens.weight); bf16 in every named recipe,
+//                   quantized only by --embed-bits (RecipeOverrides::embed_bits)
+// Kept in bf16: routers, shared_expert_gate, in_proj_a/b (in_proj_ba), conv1d, norms, other
+// embedding tables (MTP copies, per-layer embeddings), and every 1-D tensor (A_log, dt_bias, biases).
 #pragma once
 
 #include <optional>
@@ -27,12 +29,13 @@ struct ClassSpec {
 };
 
 /// Tensor classes of a recipe (see the file comment).
-enum class TensorClass { kKeep, kDense, kLmHead, kExpertGateUp, kExpertDown };
+enum class TensorClass { kKeep, kDense, kLmHead, kExpertGateUp, kExpertDown, kEmbed };
 
 /// A named recipe: one ClassSpec per tensor class (the recipe table of docs/quantization.md, quant_reference.json).
 struct Recipe {
   std::string name;  ///< e.g. "tq3a-tqTe-down4"
   ClassSpec dense, lm_head, expert_gate_up, expert_down;
+  ClassSpec embed;  ///< embed_tokens: kept (bf16) unless overridden (--embed-bits)
   /// The spec of class `c` (kKeep gives a bf16 spec).
   const ClassSpec& spec(TensorClass c) const;
 };
@@ -54,6 +57,9 @@ struct RecipeOverrides {
   std::optional<std::string> expert_bits;       ///< --expert-bits N|ternary: expert gate/up (and down unless --expert-down-bits)
   std::optional<std::string> expert_down_bits;  ///< --expert-down-bits N|ternary
   std::optional<std::string> lm_head_bits;      ///< --lm-head-bits N|ternary
+  /// --embed-bits N|ternary|bf16: embed_tokens (llama-quantize's --token-embedding-type); its
+  /// group size is the dense class's (after --group-size). bf16 keeps it (the default).
+  std::optional<std::string> embed_bits;
 };
 /// Applies overrides; throws spool::UsageError for bad values.
 void apply_overrides(Recipe* r, const RecipeOverrides& o);

@@ -26,19 +26,25 @@ inline engine::LoadOptions test_load_options(const std::string& dir, bool stream
   return o;
 }
 
-/// Converts the demo model (SPOOL_DEFAULT_MODEL_DIR) with the quantization recipe named `recipe`
-/// (as `spool convert --recipe`, 2 threads) into folder `out`, removed first. Throws spool::Error
+/// Converts the demo model (SPOOL_DEFAULT_MODEL_DIR) with quantization recipe `recipe` (as
+/// `spool convert`, 2 threads) into folder `out`, removed first; `q` chooses scales and codebooks
+/// (default: spool convert's, QuantOptions::legacy() for the original rules). Throws spool::Error
 /// as quant::convert does.
-inline void convert_demo(const std::string& out, const std::string& recipe, const quant::QuantOptions& q = {}) {
+inline void convert_demo(const std::string& out, const quant::Recipe& recipe, const quant::QuantOptions& q = {}) {
   std::filesystem::remove_all(out);
   quant::ConvertOptions o;
   o.in_dir = SPOOL_DEFAULT_MODEL_DIR;
   o.out_dir = out;
   o.rules = &models::checkpoint_rules();
-  o.recipe = quant::recipe(recipe);
+  o.recipe = recipe;
   o.quant = q;
   o.threads = 2;
   quant::convert(o, nullptr);
+}
+
+/// The same with the named recipe (spool::UsageError if unknown).
+inline void convert_demo(const std::string& out, const std::string& recipe, const quant::QuantOptions& q = {}) {
+  convert_demo(out, quant::recipe(recipe), q);
 }
 
 }  // namespace spool::testing
