@@ -487,9 +487,9 @@ TEST(Cli, ConvertEmbedBits) {
   Result s = spool("generate --model " + out + " --stream --cache-budget-gb 0.001 --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
   ASSERT_EQ(s.code, 0) << s.err;
   EXPECT_EQ(nlohmann::json::parse(s.out)["output_ids"], nlohmann::json::parse(g.out)["output_ids"]);
-  Result bad = spool("convert --embed-bits 5 --out " + out + "_x");
+  Result bad = spool("convert --embed-bits 7 --out " + out + "_x");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("--embed-bits must be 2, 3, 4, ternary or bf16"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--embed-bits must be 2, 3, 4, 5, 6, 8, ternary or bf16"), std::string::npos) << bad.err;
   fs::remove_all(out);
 }
 

@@ -534,7 +534,7 @@ TEST(Convert, EmbedClassAndFlag) {
     apply_overrides(&r, RecipeOverrides{.embed_bits = "q4"});
     FAIL() << "--embed-bits q4 was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--embed-bits must be 2, 3, 4, ternary or bf16 (got 'q4')"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--embed-bits must be 2, 3, 4, 5, 6, 8, ternary or bf16 (got 'q4')"), std::string::npos) << e.what();
   }
 }
 
