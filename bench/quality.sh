@@ -19,7 +19,8 @@
 #   CALIB         calibration text for the importance matrix (default: TEXT itself, which favours the
 #                 imatrix types: they have seen the text they are scored on); IMATRIX_CHUNKS limits
 #                 the chunks of 512 tokens llama-imatrix reads (0 = all)
-#   RECIPES       spool convert recipes; SPOOL_CONVERT_FLAGS are added to every conversion
+#   RECIPES       spool convert recipes (RECIPE/eN: with --embed-bits N); SPOOL_CONVERT_FLAGS are added to
+#                 every conversion
 #   CHUNKS        windows of 512 tokens scored (0 = the whole text); CROSS_TYPE / CROSS_CHUNKS: the
 #                 llama-perplexity cross-check (empty CROSS_TYPE skips it)
 #   NAME          result file name (default: the model directory's name)
@@ -150,12 +151,15 @@ for t in $TYPES $IMATRIX_TYPES; do
 done
 
 # spool: every recipe, converted fresh from the bf16 model.
+# An entry RECIPE/eN adds --embed-bits N (the embedding table quantized too).
 for r in $RECIPES; do
-  rm -rf "${WORK:?}/spool-$r"
+  emb=()
+  case "$r" in */e*) emb=(--embed-bits "${r##*/e}") ;; esac
+  rm -rf "${WORK:?}/spool-${r//\//_}"
   # shellcheck disable=SC2086
-  "$SPOOL" convert --model "$BASE" --recipe "$r" --out "$WORK/spool-$r" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
+  "$SPOOL" convert --model "$BASE" --recipe "${r%%/*}" "${emb[@]}" --out "$WORK/spool-${r//\//_}" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
     { echo "quality.sh: spool convert $r failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
-  score spool "$r" "$WORK/spool-$r"
+  score spool "$r" "$WORK/spool-${r//\//_}"
 done
 
 # Cross-check on llama-perplexity's definition (n_ctx 512, second halves): its KLD of CROSS_TYPE

@@ -156,6 +156,9 @@ TEST(FitCodebook, BeatsTheGaussianTableOnLaplaceData) {
         EXPECT_EQ(cb[0], -cb[2]);
         // Symmetric ternary has one shape: the fit can only trade its scale against the group scales.
         EXPECT_LE(fit, gauss * 1.0001);
+      } else if (t == QType::kQ8) {  // the uniform grid is kept: same codebook, same error
+        EXPECT_TRUE(std::equal(cb.begin(), cb.end(), codebook(t).begin()));
+        EXPECT_EQ(fit, gauss);
       } else {
         EXPECT_LT(fit, gauss * 0.99) << qtype_name(t) << " " << scale_search_name(ss);
       }
@@ -202,9 +205,8 @@ TEST(FitCodebook, KernelsUseTheMatrixCodebook) {
     for (const int8_t* sg : {static_cast<const int8_t*>(nullptr), signs.data()}) {
       const QuantizedMatrix q = quantize(W.data(), rows, cols, t, 64, sg, nullptr, QuantOptions{});
       const std::span<const float> gauss = codebook(t);
-      // Fitted, except ternary (symmetric by rule) and q8 (its uniform grid is kept).
-      const bool fixed = t == QType::kTernary || t == QType::kQ8;
-      EXPECT_EQ(std::equal(gauss.begin(), gauss.end(), q.codebook.begin()), fixed) << qtype_name(t);
+      // Fitted (ternary: its one free value), except q8, whose uniform grid is kept.
+      EXPECT_EQ(std::equal(gauss.begin(), gauss.end(), q.codebook.begin()), t == QType::kQ8) << qtype_name(t);
       std::vector<float> back(W.size());
       dequantize(q.view(), back.data());
       for (int64_t T : {1, 9}) {
