@@ -466,6 +466,17 @@ TEST(Cli, LoaderBudgetUsesCtxSizeAndPrefillStep) {
   expect_same(pm, plan(200, 64));
 }
 
+// A converted model in `dir` generates 12 greedy tokens, the same ones resident and streaming its
+// experts through a 1 MB cache.
+void expect_generates_resident_and_streamed(const std::string& dir) {
+  Result g = spool("generate --model " + dir + " --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out)["output_ids"].size(), 12u);
+  Result s = spool("generate --model " + dir + " --stream --cache-budget-gb 0.001 --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["output_ids"], nlohmann::json::parse(g.out)["output_ids"]);
+}
+
 // convert --embed-bits 4: the embedding table quantized (summary, info), the model generates
 // the same ids resident and streamed; a bad value is a usage error naming the flag.
 TEST(Cli, ConvertEmbedBits) {
@@ -481,12 +492,7 @@ TEST(Cli, ConvertEmbedBits) {
   Result i = spool("info --model " + out);
   ASSERT_EQ(i.code, 0) << i.err;
   EXPECT_NE(i.out.find("embed_tokens 4 g64"), std::string::npos) << i.out;
-  Result g = spool("generate --model " + out + " --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
-  ASSERT_EQ(g.code, 0) << g.err;
-  EXPECT_EQ(nlohmann::json::parse(g.out)["output_ids"].size(), 12u);
-  Result s = spool("generate --model " + out + " --stream --cache-budget-gb 0.001 --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
-  ASSERT_EQ(s.code, 0) << s.err;
-  EXPECT_EQ(nlohmann::json::parse(s.out)["output_ids"], nlohmann::json::parse(g.out)["output_ids"]);
+  expect_generates_resident_and_streamed(out);
   Result bad = spool("convert --embed-bits 7 --out " + out + "_x");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--embed-bits must be 2, 3, 4, 5, 6, 8, ternary or bf16"), std::string::npos) << bad.err;
@@ -508,12 +514,7 @@ TEST(Cli, ConvertThenGenerate) {
   Result i = spool("info --model " + out);
   ASSERT_EQ(i.code, 0) << i.err;
   EXPECT_NE(i.out.find("quantized   spool recipe q4"), std::string::npos) << i.out;
-  Result g = spool("generate --model " + out + " --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
-  ASSERT_EQ(g.code, 0) << g.err;
-  EXPECT_EQ(nlohmann::json::parse(g.out)["output_ids"].size(), 12u);
-  Result s = spool("generate --model " + out + " --stream --cache-budget-gb 0.001 --prompt 'Call me Ishmael.' --temp 0 --max-tokens 12 --json");
-  ASSERT_EQ(s.code, 0) << s.err;
-  EXPECT_EQ(nlohmann::json::parse(s.out)["output_ids"], nlohmann::json::parse(g.out)["output_ids"]);
+  expect_generates_resident_and_streamed(out);
   Result p = spool("perplexity --model " + out + " --kl-reference " + std::string(SPOOL_DEFAULT_MODEL_DIR) +
                    " --file " + kData + "/corpus/dev.txt --chunks 1 --json");
   ASSERT_EQ(p.code, 0) << p.err;

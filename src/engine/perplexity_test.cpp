@@ -337,11 +337,41 @@ std::map<std::string, std::pair<double, double>> quality_table() {
 // class fails. Measured with 8 windows (52 s for all recipes on 2 cores): KL +4.4%..+7.3% and
 // disagreement +2.3%..+6.4% of the table. Deterministic: the same windows every run.
 constexpr int kQualityWindows = 8;
+
+/// Mean KL(bf16 || model) per token and top-1 agreement of `model` against the fixture's bf16
+/// model over the kQualityWindows windows spread over the dev corpus.
+struct FewWindowScore {
+  double kl = 0, top1 = 0;
+};
+FewWindowScore few_window_score(models::Model& model, const Fixture& f) {
+  const int64_t total = static_cast<int64_t>(f.golden["windows"].size());
+  double kl = 0, agree = 0, tokens = 0;
+  for (int64_t w : spread(total, kQualityWindows)) {
+    PerplexityResult r = score_window(model, f.ids, w, nullptr, f.model.get());
+    EXPECT_TRUE(r.compared);
+    kl += r.sum_kl;
+    agree += static_cast<double>(r.top1_agree);
+    tokens += static_cast<double>(r.tokens);
+  }
+  return {kl / tokens, agree / tokens};
+}
+
+/// `model` generates greedily from the first 16 corpus tokens: 8 tokens, each inside the vocabulary.
+void expect_generates(models::Model& model, const Fixture& f, const std::string& what) {
+  Session s(model);
+  GenerateRequest req;
+  req.prompt.assign(f.ids.begin(), f.ids.begin() + 16);
+  req.max_tokens = 8;
+  req.sampling.temperature = 0;
+  const GenerateResult g = s.generate(req, {});
+  EXPECT_EQ(g.output.size(), 8u) << what;
+  for (int32_t id : g.output) EXPECT_TRUE(id >= 0 && id < model.spec().vocab_size) << what << " id " << id;
+}
+
 TEST(QuantRecipes, FewWindowKlAndTop1NearTheQualityTable) {
   Fixture f = load();
   const auto table = quality_table();
   ASSERT_GE(table.size(), quant::recipe_names().size() - kNoQualityRow.size()) << "bench/results/quality.md unreadable";
-  const int64_t total = static_cast<int64_t>(f.golden["windows"].size());
   for (const std::string& name : quant::recipe_names()) {
     if (kNoQualityRow.count(name)) {
       EXPECT_FALSE(table.count(name)) << name << " has a quality row now: drop it from kNoQualityRow";
@@ -350,16 +380,7 @@ TEST(QuantRecipes, FewWindowKlAndTop1NearTheQualityTable) {
     ASSERT_TRUE(table.count(name)) << name << " missing from bench/results/quality.md";
     const auto [kl_want, top1_want] = table.at(name);
     auto c = convert_demo(name, f.pool.get());
-    double kl = 0, agree = 0, tokens = 0;
-    for (int64_t w : spread(total, kQualityWindows)) {
-      PerplexityResult r = score_window(*c->model, f.ids, w, nullptr, f.model.get());
-      ASSERT_TRUE(r.compared);
-      kl += r.sum_kl;
-      agree += static_cast<double>(r.top1_agree);
-      tokens += static_cast<double>(r.tokens);
-    }
-    kl /= tokens;
-    const double top1 = agree / tokens;
+    const auto [kl, top1] = few_window_score(*c->model, f);
     std::printf("%-16s KL %.4f (table %.4f, %+.1f%%)  top-1 %.4f (table %.4f, disagreement %+.1f%%)\n", name.c_str(), kl, kl_want,
                 100.0 * (kl / kl_want - 1.0), top1, top1_want, 100.0 * ((1.0 - top1) / (1.0 - top1_want) - 1.0));
     std::fflush(stdout);
@@ -377,31 +398,14 @@ TEST(QuantRecipes, FewWindowKlAndTop1NearTheQualityTable) {
 constexpr double kMinKlGain = 0.05;
 TEST(QuantRecipes, ScaleSearchAndFittedCodebooksLowerKl) {
   Fixture f = load();
-  const int64_t total = static_cast<int64_t>(f.golden["windows"].size());
   for (const std::string name : {"q4", "tq3a-tqTe-down4"}) {
     double kl[2] = {0, 0}, top1[2] = {0, 0};
     for (int mode = 0; mode < 2; ++mode) {
       auto c = convert_demo(name, f.pool.get(), mode == 0 ? quant::QuantOptions::legacy() : quant::QuantOptions{});
-      double agree = 0, tokens = 0;
-      for (int64_t w : spread(total, kQualityWindows)) {
-        PerplexityResult r = score_window(*c->model, f.ids, w, nullptr, f.model.get());
-        ASSERT_TRUE(r.compared);
-        kl[mode] += r.sum_kl;
-        agree += static_cast<double>(r.top1_agree);
-        tokens += static_cast<double>(r.tokens);
-      }
-      kl[mode] /= tokens;
-      top1[mode] = agree / tokens;
-      if (mode == 1) {  // generates: greedy, 8 tokens, every id inside the vocabulary
-        Session s(*c->model);
-        GenerateRequest req;
-        req.prompt.assign(f.ids.begin(), f.ids.begin() + 16);
-        req.max_tokens = 8;
-        req.sampling.temperature = 0;
-        const GenerateResult g = s.generate(req, {});
-        EXPECT_EQ(g.output.size(), 8u) << name;
-        for (int32_t id : g.output) EXPECT_TRUE(id >= 0 && id < c->model->spec().vocab_size) << name << " id " << id;
-      }
+      const FewWindowScore sc = few_window_score(*c->model, f);
+      kl[mode] = sc.kl;
+      top1[mode] = sc.top1;
+      if (mode == 1) expect_generates(*c->model, f, name);
     }
     std::printf("%-16s KL legacy %.4f -> %.4f (%+.1f%%)  top-1 %.4f -> %.4f\n", name.c_str(), kl[0], kl[1], 100.0 * (kl[1] / kl[0] - 1.0),
                 top1[0], top1[1]);
@@ -419,31 +423,14 @@ TEST(QuantRecipes, ScaleSearchAndFittedCodebooksLowerKl) {
 constexpr double kMaxEmbedKlRatio = 1.5;
 TEST(QuantRecipes, QuantizedEmbeddingKlNearBf16Embedding) {
   Fixture f = load();
-  const int64_t total = static_cast<int64_t>(f.golden["windows"].size());
   double kl[2] = {0, 0}, top1[2] = {0, 0};
   for (int mode = 0; mode < 2; ++mode) {
     auto c = convert_demo("q4", f.pool.get(), quant::QuantOptions{}, mode == 1 ? std::optional<std::string>("4") : std::nullopt);
     ASSERT_EQ(c->ckpt->find("embed_tokens.qweight") != nullptr, mode == 1);
-    double agree = 0, tokens = 0;
-    for (int64_t w : spread(total, kQualityWindows)) {
-      PerplexityResult r = score_window(*c->model, f.ids, w, nullptr, f.model.get());
-      ASSERT_TRUE(r.compared);
-      kl[mode] += r.sum_kl;
-      agree += static_cast<double>(r.top1_agree);
-      tokens += static_cast<double>(r.tokens);
-    }
-    kl[mode] /= tokens;
-    top1[mode] = agree / tokens;
-    if (mode == 1) {  // generates: greedy, 8 tokens, every id inside the vocabulary
-      Session s(*c->model);
-      GenerateRequest req;
-      req.prompt.assign(f.ids.begin(), f.ids.begin() + 16);
-      req.max_tokens = 8;
-      req.sampling.temperature = 0;
-      const GenerateResult g = s.generate(req, {});
-      EXPECT_EQ(g.output.size(), 8u);
-      for (int32_t id : g.output) EXPECT_TRUE(id >= 0 && id < c->model->spec().vocab_size) << "id " << id;
-    }
+    const FewWindowScore sc = few_window_score(*c->model, f);
+    kl[mode] = sc.kl;
+    top1[mode] = sc.top1;
+    if (mode == 1) expect_generates(*c->model, f, "q4 --embed-bits 4");
   }
   std::printf("q4 KL bf16 embedding %.4f -> q4 embedding %.4f (x%.3f)  top-1 %.4f -> %.4f\n", kl[0], kl[1], kl[1] / kl[0], top1[0], top1[1]);
   std::fflush(stdout);
