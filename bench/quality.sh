@@ -19,8 +19,8 @@
 #   CALIB         calibration text for the importance matrix (default: TEXT itself, which favours the
 #                 imatrix types: they have seen the text they are scored on); IMATRIX_CHUNKS limits
 #                 the chunks of 512 tokens llama-imatrix reads (0 = all)
-#   RECIPES       spool convert recipes (RECIPE/eN: with --embed-bits N); SPOOL_CONVERT_FLAGS are added to
-#                 every conversion
+#   RECIPES       spool convert recipes, each optionally with class overrides (RECIPE/eN/aN/lN/xN/dN: see the
+#                 loop below); SPOOL_CONVERT_FLAGS are added to every conversion
 #   CHUNKS        windows of 512 tokens scored (0 = the whole text); CROSS_TYPE / CROSS_CHUNKS: the
 #                 llama-perplexity cross-check (empty CROSS_TYPE skips it)
 #   NAME          result file name (default: the model directory's name)
@@ -101,12 +101,15 @@ EOF
 size_of() { if [ -d "$1" ]; then du -cbL "$1"/*.safetensors | tail -1 | cut -f1; else stat -c %s "$1"; fi; }
 
 # score TOOL LABEL PATH [spool flags...]: one row of the table (tab-separated) in $ROWS. A row is
-# kept in $WORK/scores and reused while the file (size, mtime), TEXT and CHUNKS are the same (the
-# llama.cpp files are made once per WORK; spool's are converted fresh every run); failures are not kept.
+# kept in $WORK/scores and reused while the file (a GGUF's size and mtime: made once per WORK; a spool
+# directory's bytes: converted fresh every run, deterministic), TEXT and CHUNKS are the same; failures
+# are not kept.
 score() {
   local tool=$1 label=$2 path=$3; shift 3
   local j err=$WORK/last.err key
-  key=$WORK/scores/$(printf '%s' "$tool $label $(stat -Lc '%s %Y' "$path") $TEXT $CHUNKS $*" | sha1sum | cut -c1-16)
+  local id
+  if [ -d "$path" ]; then id=$(cat "$path"/*.safetensors | sha1sum); else id=$(stat -Lc '%s %Y' "$path"); fi
+  key=$WORK/scores/$(printf '%s' "$tool $label $id $TEXT $CHUNKS $*" | sha1sum | cut -c1-16)
   if [ -s "$key" ]; then cat "$key" >> "$ROWS"; echo "  $tool $label (kept): $(cut -f3- "$key" | tr '\t' ' ')"; return 0; fi
   if ! j=$("$SPOOL" perplexity --model "$path" -f "$TEXT" --chunks "$CHUNKS" -t "$THREADS" --kl-reference "$BASE" --json "$@" 2>"$err"); then
     echo "quality.sh: spool perplexity of $label failed: $(tail -1 "$err")" >&2
@@ -151,10 +154,20 @@ for t in $TYPES $IMATRIX_TYPES; do
 done
 
 # spool: every recipe, converted fresh from the bf16 model.
-# An entry RECIPE/eN adds --embed-bits N (the embedding table quantized too).
+# An entry RECIPE/eN/aN/lN/xN/dN adds per-class overrides: --embed-bits, --attn-bits, --lm-head-bits,
+# --expert-bits, --expert-down-bits N (any subset, in any order; e.g. q4-hi6/e4/l4).
 for r in $RECIPES; do
   emb=()
-  case "$r" in */e*) emb=(--embed-bits "${r##*/e}") ;; esac
+  IFS=/ read -r -a parts <<< "${r#*/}"
+  if [ "$r" != "${r%%/*}" ]; then
+    for p in "${parts[@]}"; do
+      case "$p" in
+        e*) emb+=(--embed-bits "${p#e}") ;; a*) emb+=(--attn-bits "${p#a}") ;; l*) emb+=(--lm-head-bits "${p#l}") ;;
+        x*) emb+=(--expert-bits "${p#x}") ;; d*) emb+=(--expert-down-bits "${p#d}") ;;
+        *) echo "quality.sh: unknown override '$p' in $r (e, a, l, x, d)" >&2; exit 2 ;;
+      esac
+    done
+  fi
   rm -rf "${WORK:?}/spool-${r//\//_}"
   # shellcheck disable=SC2086
   "$SPOOL" convert --model "$BASE" --recipe "${r%%/*}" "${emb[@]}" --out "$WORK/spool-${r//\//_}" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||

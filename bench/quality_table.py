@@ -58,9 +58,11 @@ def main() -> None:
                 verdict = "**no**: no spool recipe this small"
         lines.append(f"| {r['tool']} | {r['label']} | {size} | {r['kl']:.4f} | {100 * r['top1']:.1f}% | {r['ppl']:.3f} | {verdict} |")
     failed = [r for r in rows if "failed" in r]
-    beaten = sum(1 for line in lines if "| yes:" in line)
-    compared = sum(1 for r in ok if r["tool"] == "llama.cpp" and r["label"] != "BF16 GGUF")
-    lines += ["", f"spool matches or beats {beaten} of {compared} llama.cpp types that spool can read"
+    def tally(imatrix: bool) -> str:
+        rows_ = [line for line in lines if line.startswith("| llama.cpp |") and "BF16 GGUF" not in line
+                 and ("(imatrix)" in line) == imatrix and "failed:" not in line]
+        return f"{sum(1 for line in rows_ if '| yes:' in line)} of {len(rows_)}"
+    lines += ["", f"spool (data-free) matches or beats {tally(False)} data-free llama.cpp types and {tally(True)} imatrix types"
               + (f"; {len(failed)} file(s) failed to score (see the rows)." if failed else ".")]
     if cross:
         lines += ["", "Cross-check: " + cross]
