@@ -13,8 +13,10 @@
 #   LLAMA_SRC     llama.cpp source tree with convert_hf_to_gguf.py (the llama-cpp-python 0.3.36 sdist's
 #                 vendor/llama.cpp; built beside it as in bench/compare.sh's header)
 #   LLAMA_BIN     its build/bin with llama-quantize, llama-imatrix, llama-perplexity
-#   PYTHON        a Python with what the converter imports (torch, numpy, sentencepiece, transformers)
-#   TYPES         llama-quantize types made without an importance matrix
+#   PYTHON        a Python with what the converter imports (torch, numpy, sentencepiece, transformers); the
+#                 table step reads GGUF metadata sizes with LLAMA_SRC's gguf-py through it
+#   TYPES         llama-quantize types made without an importance matrix (empty IMATRIX_TYPES or CROSS_TYPE
+#                 skips those parts)
 #   IMATRIX_TYPES types made with an importance matrix computed by llama-imatrix on CALIB
 #   CALIB         calibration text for the importance matrix (default: TEXT itself, which favours the
 #                 imatrix types: they have seen the text they are scored on); IMATRIX_CHUNKS limits
@@ -37,13 +39,13 @@ LLAMA_SRC=${LLAMA_SRC:-/work/scratch/llama.cpp}
 LLAMA_BIN=${LLAMA_BIN:-$LLAMA_SRC/build/bin}
 PYTHON=${PYTHON:-/tmp/tvenv/bin/python}
 TYPES=${TYPES:-"Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S IQ4_XS IQ4_NL Q3_K_L Q3_K_M Q3_K_S IQ3_S Q2_K"}
-IMATRIX_TYPES=${IMATRIX_TYPES:-"IQ3_XXS IQ2_M IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S"}
+IMATRIX_TYPES=${IMATRIX_TYPES-"IQ3_XXS IQ2_M IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S"}
 CALIB=$(realpath "${CALIB:-$TEXT}")
 IMATRIX_CHUNKS=${IMATRIX_CHUNKS:-0}
 RECIPES=${RECIPES:-"q4 tq3 tq3-g64 q2 tq3a-tqTe tq3a-tqTe-down4 tq3a-tqTe-down3 q8 q6 q5 q4-hi8 q4-hi6 q4-hi8-down6 q5-hi8"}
 SPOOL_CONVERT_FLAGS=${SPOOL_CONVERT_FLAGS:-}
 CHUNKS=${CHUNKS:-0}
-CROSS_TYPE=${CROSS_TYPE:-Q4_K_M}
+CROSS_TYPE=${CROSS_TYPE-Q4_K_M}
 CROSS_CHUNKS=${CROSS_CHUNKS:-20}
 THREADS=${THREADS:-$(nproc)}
 WORK=${WORK:-build/quality/$NAME}
@@ -110,20 +112,27 @@ score() {
   local id
   if [ -d "$path" ]; then id=$(cat "$path"/*.safetensors | sha1sum); else id=$(stat -Lc '%s %Y' "$path"); fi
   key=$WORK/scores/$(printf '%s' "$tool $label $id $TEXT $CHUNKS $*" | sha1sum | cut -c1-16)
-  if [ -s "$key" ]; then cat "$key" >> "$ROWS"; echo "  $tool $label (kept): $(cut -f3- "$key" | tr '\t' ' ')"; return 0; fi
+  if [ -s "$key" ]; then
+    printf '%s\t%s\n' "$(cat "$key")" "$path" >> "$ROWS"
+    echo "  $tool $label (kept): $(cut -f3- "$key" | tr '\t' ' ')"
+    return 0
+  fi
   if ! j=$("$SPOOL" perplexity --model "$path" -f "$TEXT" --chunks "$CHUNKS" -t "$THREADS" --kl-reference "$BASE" --json "$@" 2>"$err"); then
     echo "quality.sh: spool perplexity of $label failed: $(tail -1 "$err")" >&2
     printf '%s\t%s\t%s\tfailed: %s\n' "$tool" "$label" "$(size_of "$path")" "$(tail -1 "$err" | tr '\t' ' ')" >> "$ROWS"
     return 0
   fi
-  python3 - "$tool" "$label" "$(size_of "$path")" "$j" >> "$ROWS" <<'EOF'
+  local row
+  row=$(python3 - "$tool" "$label" "$(size_of "$path")" "$j" <<'EOF'
 import json, sys
 tool, label, size, j = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 r = j["reference"]
 print(f"{tool}\t{label}\t{size}\t{r['mean_kl']:.6f}\t{r['top1_agreement']:.6f}\t{j['ppl']:.4f}\t{r['ppl']:.4f}\t{j['tokens']}")
 EOF
-  mkdir -p "$WORK/scores" && tail -1 "$ROWS" > "$key"
-  echo "  $tool $label: $(tail -1 "$ROWS" | cut -f3- | tr '\t' ' ')"
+  )
+  mkdir -p "$WORK/scores" && printf '%s\n' "$row" > "$key"
+  printf '%s\t%s\n' "$row" "$path" >> "$ROWS"
+  echo "  $tool $label: $(cut -f3- <<< "$row" | tr '\t' ' ')"
 }
 
 # llama.cpp: bf16 GGUF, importance matrix, every type.
@@ -190,25 +199,25 @@ if [ -n "$CROSS_TYPE" ]; then
   llama_top=$(grep -E '^Same top p:' "$WORK/cross.log" | awk '{print $4, $5, $6}')
   cross_spool() {
     "$SPOOL" perplexity --llama-compat -c 512 --chunks "$CROSS_CHUNKS" -t "$THREADS" --model "$WORK/$CROSS_TYPE.gguf" -f "$TEXT" \
-      --kl-reference "$BASE" "$@" 2>/dev/null > "$WORK/cross-spool.log"
+      --kl-reference "$BASE" "$@" 2> "$WORK/cross-spool.err" > "$WORK/cross-spool.log" ||
+      { echo "quality.sh: spool perplexity --llama-compat on $CROSS_TYPE failed: $(tail -1 "$WORK/cross-spool.err")" >&2; return 1; }
     printf 'Mean KLD %s, same top p %s %% ' "$(sed -n 's/^Mean KLD: //p' "$WORK/cross-spool.log")" \
       "$(sed -n 's/^Same top p: \([0-9.]*\) %$/\1/p' "$WORK/cross-spool.log")"
   }
-  spool8=$(cross_spool)
-  spool32=$(cross_spool --act-bits 32)
+  spool8=$(cross_spool) || spool8="failed (see above); "
+  spool32=$(cross_spool --act-bits 32) || spool32="failed (see above); "
   CROSS="$CROSS_TYPE on llama-perplexity's definition ($CROSS_CHUNKS chunks of 512, second halves): llama-perplexity --kl-divergence
 against its BF16 GGUF: Mean KLD $llama_kld, same top p $llama_top %; spool perplexity --llama-compat --kl-reference against the bf16
 safetensors: $spool8(8-bit activations, as llama.cpp's CPU path) and $spool32(--act-bits 32)."
 fi
 
-python3 bench/quality_table.py "$ROWS" "$PARAMS" "$OUT" "$NAME" "$TEXT" "$CHUNKS" "$CALIB" "$CROSS"
+GGUF_PY=$LLAMA_SRC/gguf-py "$PYTHON" bench/quality_table.py "$ROWS" "$PARAMS" "$OUT" "$NAME" "$TEXT" "$CHUNKS" "$CALIB" "$CROSS"
 if command -v gnuplot > /dev/null; then
-  awk -F'\t' -v p="$PARAMS" '$4 !~ /failed/ && $1 != "bf16" {print ($1=="spool"?0:1), 8*$3/p, $4, 100*$5, $2}' "$ROWS" > "$WORK/plot.dat"
   gnuplot <<EOF
 set terminal pngcairo size 1200,520 font ",10" noenhanced
 set output "bench/results/quality-$NAME.png"
-set multiplot layout 1,2 title "$NAME: quality per byte (KL to bf16 on $(basename "$TEXT"))"
-set xlabel "bits per weight (whole file)"; set grid
+set multiplot layout 1,2 title "$NAME: quality per byte (KL to bf16 on $(basename "$TEXT"); * = imatrix)"
+set xlabel "bits per weight (tensor bytes)"; set grid
 set ylabel "mean KL(bf16 || quantized), nats"; set logscale y
 plot "$WORK/plot.dat" using (\$1==1?\$2:1/0):3 with points pt 7 title "llama.cpp", \
      "" using (\$1==1?\$2:1/0):3:5 with labels offset 0,0.8 font ",7" notitle, \

@@ -195,7 +195,9 @@ std::vector<float> fit_codebook(QType t, int g, int64_t rows, int64_t cols, cons
                                 ScaleSearch mode, int rounds) {
   check_group(cols, g);
   const std::span<const float> gauss = codebook(t);
-  if (rows <= 0) return {gauss.begin(), gauss.end()};
+  // q8's uniform grid is never fitted: its kernels decode the grid arithmetically, and a fitted
+  // 256-entry codebook would run on the slow table path (~6x slower decode).
+  if (rows <= 0 || t == QType::kQ8) return {gauss.begin(), gauss.end()};
   const int L = levels(t);
   // Evenly spaced whole rows: row floor(i * rows / n) for i < n.
   const int64_t n = std::clamp<int64_t>(kFitValues / cols, 1, rows);

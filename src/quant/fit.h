@@ -98,7 +98,8 @@ GroupScale search_scale(const float* v, int g, const Coder& coder, ScaleSearch m
 /// the middle code). Starts from codebook(t); returns the codebook of the lowest subsample error
 /// seen, which is never higher than the N(0, 1) table's; stops early once a round lowers the
 /// subsample error by less than 0.1%. Ascending and finite (validate_codebook holds).
-/// Single-threaded and deterministic. `rounds` >= 0: at most that many centroid updates.
+/// Single-threaded and deterministic. `rounds` >= 0: at most that many centroid updates. q8
+/// returns its uniform grid unchanged (the kernels decode it arithmetically).
 std::vector<float> fit_codebook(QType t, int g, int64_t rows, int64_t cols, const std::function<void(int64_t, float*)>& row,
                                 ScaleSearch mode, int rounds = 4);
 

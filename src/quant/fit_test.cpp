@@ -171,6 +171,22 @@ TEST(FitCodebook, BeatsTheGaussianTableOnLaplaceData) {
 
 // The whole quantizer in the default mode (scale search and fitted codebook, rotated) writes the
 // same bytes with 1, 2 and 5 threads, and differs from the legacy mode.
+// q8 keeps its uniform grid whoever asks (spool convert calls fit_codebook directly, quantize()
+// through its options): its kernels decode the grid arithmetically.
+TEST(FitCodebook, Q8KeepsItsGrid) {
+  std::mt19937 rng(5);
+  std::exponential_distribution<float> expo(20.0f);
+  const int64_t rows = 16, cols = 256;
+  std::vector<float> W(static_cast<size_t>(rows * cols));
+  for (float& x : W) x = (rng() & 1 ? -1.0f : 1.0f) * expo(rng);
+  const std::vector<float> cb = fit_codebook(QType::kQ8, 64, rows, cols, [&](int64_t r, float* out) {
+    std::copy_n(W.data() + r * cols, cols, out);
+  }, ScaleSearch::kMse);
+  const std::span<const float> grid = codebook(QType::kQ8);
+  ASSERT_EQ(cb.size(), grid.size());
+  EXPECT_TRUE(std::equal(cb.begin(), cb.end(), grid.begin()));
+}
+
 TEST(FitCodebook, DeterministicAcrossThreadCounts) {
   std::mt19937 rng(5);
   const int64_t rows = 96, cols = 384;

@@ -97,9 +97,7 @@ QuantizedMatrix quantize(const float* W, int64_t rows, int64_t cols, QType t, in
   q.group = g;
   q.qweight.assign(static_cast<size_t>(rows * row_bytes(t, cols, g)), 0);
   q.scales.assign(static_cast<size_t>(rows * (cols / g)), 0);
-  // q8's uniform grid is never fitted: its kernels decode the grid arithmetically (a fitted
-  // 256-entry codebook would run on the slow table path) and at 8 bits a fit gains nothing.
-  if (opts.codebook == CodebookSource::kFit && t != QType::kQ8) {
+  if (opts.codebook == CodebookSource::kFit) {  // (q8 keeps its grid: fit_codebook)
     q.codebook = fit_codebook(t, g, rows, cols, [&](int64_t r, float* out) {
       if (signs != nullptr) rotate_input(signs, W + r * cols, cols, out);
       else std::copy_n(W + r * cols, cols, out);
