@@ -26,7 +26,8 @@ def tensor_bytes(path: str) -> int:
                 with open(full, "rb") as fh:
                     n += os.path.getsize(full) - 8 - struct.unpack("<Q", fh.read(8))[0]
         return n
-    sys.path.insert(0, os.environ["GGUF_PY"])
+    if os.environ["GGUF_PY"] not in sys.path:
+        sys.path.insert(0, os.environ["GGUF_PY"])
     import gguf  # noqa: E402 (llama.cpp's gguf-py)
     return os.path.getsize(path) - gguf.GGUFReader(path).data_offset
 

@@ -131,16 +131,23 @@ double recon_sse(const std::vector<float>& W, int64_t rows, int64_t cols, QType 
   return e;
 }
 
+// A rows x cols Laplace matrix (random sign times Exp(rate); heavy-tailed, unlike the Gaussian
+// tables), drawn from rng.
+std::vector<float> laplace_matrix(int64_t rows, int64_t cols, float rate, std::mt19937& rng) {
+  std::vector<float> W(static_cast<size_t>(rows * cols));
+  std::exponential_distribution<float> expo(rate);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (float& x : W) x = (uni(rng) < 0 ? -1.0f : 1.0f) * expo(rng);
+  return W;
+}
+
 // On a Laplace matrix (not rotated, so its groups stay heavy-tailed) the fitted codebook is
 // ascending and finite, keeps ternary symmetric around 0, and lowers the error against the
 // N(0, 1) table with either scale rule; the scale search lowers it against RMS scales.
 TEST(FitCodebook, BeatsTheGaussianTableOnLaplaceData) {
   std::mt19937 rng(99);
   const int64_t rows = 64, cols = 512;
-  std::vector<float> W(static_cast<size_t>(rows * cols));
-  std::exponential_distribution<float> expo(20.0f);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  for (float& x : W) x = (uni(rng) < 0 ? -1.0f : 1.0f) * expo(rng);
+  const std::vector<float> W = laplace_matrix(rows, cols, 20.0f, rng);
   for (QType t : kTypes) {
     for (ScaleSearch ss : {ScaleSearch::kNone, ScaleSearch::kMse}) {
       std::vector<float> cb;
@@ -175,10 +182,8 @@ TEST(FitCodebook, BeatsTheGaussianTableOnLaplaceData) {
 // through its options): its kernels decode the grid arithmetically.
 TEST(FitCodebook, Q8KeepsItsGrid) {
   std::mt19937 rng(5);
-  std::exponential_distribution<float> expo(20.0f);
   const int64_t rows = 16, cols = 256;
-  std::vector<float> W(static_cast<size_t>(rows * cols));
-  for (float& x : W) x = (rng() & 1 ? -1.0f : 1.0f) * expo(rng);
+  const std::vector<float> W = laplace_matrix(rows, cols, 20.0f, rng);
   const std::vector<float> cb = fit_codebook(QType::kQ8, 64, rows, cols, [&](int64_t r, float* out) {
     std::copy_n(W.data() + r * cols, cols, out);
   }, ScaleSearch::kMse);
@@ -212,10 +217,8 @@ TEST(FitCodebook, DeterministicAcrossThreadCounts) {
 TEST(FitCodebook, KernelsUseTheMatrixCodebook) {
   std::mt19937 rng(11);
   const int64_t rows = 40, cols = 256;
-  std::vector<float> W(static_cast<size_t>(rows * cols));
-  std::exponential_distribution<float> expo(10.0f);
+  const std::vector<float> W = laplace_matrix(rows, cols, 10.0f, rng);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  for (float& x : W) x = (uni(rng) < 0 ? -1.0f : 1.0f) * expo(rng);
   const std::vector<int8_t> signs = rotation_signs(3, "layers.1.self_attn.o_proj", cols);
   for (QType t : kTypes) {
     for (const int8_t* sg : {static_cast<const int8_t*>(nullptr), signs.data()}) {
