@@ -43,7 +43,7 @@ san_flags="-O1"
 grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw bmi2 /proc/cpuinfo && san_flags="-O1 -march=x86-64-v3"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
-fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz anthropic_request_fuzz
+fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz ggml_blocks_fuzz anthropic_request_fuzz
   responses_request_fuzz json_schema_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
@@ -96,6 +96,14 @@ seed tokenizer_fuzz tests/data/tokenizer/qwen3/encode_cases.json
 seed template_fuzz tests/data/tokenizers/qwen3_5/chat_template.jinja
 seed output_parser_fuzz
 seed gguf_fuzz tests/data/gguf/*.gguf
+if [ ! -d build-asan/corpus/ggml_blocks_fuzz ]; then  # one seed per ggml type id: the id byte, then 2 random blocks' worth
+  mkdir -p build-asan/corpus/ggml_blocks_fuzz
+  python3 -c "
+import os, random
+r = random.Random(7)
+for i in range(43):
+    open(f'build-asan/corpus/ggml_blocks_fuzz/seed{i}', 'wb').write(bytes([i]) + bytes(r.randrange(256) for _ in range(2 * 292)))"
+fi
 seed anthropic_request_fuzz tests/data/anthropic/*.json
 seed responses_request_fuzz tests/data/responses/*.json
 if [ ! -d build-asan/corpus/json_schema_fuzz ]; then  # the real templates' tool schemas
