@@ -22,7 +22,7 @@
 #                 imatrix types: they have seen the text they are scored on); IMATRIX_CHUNKS limits
 #                 the chunks of 512 tokens llama-imatrix reads (0 = all)
 #   RECIPES       spool convert recipes, each optionally with class overrides (RECIPE/eN/aN/lN/xN/dN: see the
-#                 loop below); SPOOL_CONVERT_FLAGS are added to every conversion
+#                 loop below), or bpwX for --target-bpw X; SPOOL_CONVERT_FLAGS are added to every conversion
 #   CHUNKS        windows of 512 tokens scored (0 = the whole text); CROSS_TYPE / CROSS_CHUNKS: the
 #                 llama-perplexity cross-check (empty CROSS_TYPE skips it)
 #   NAME          result file name (default: the model directory's name)
@@ -167,6 +167,14 @@ done
 # --expert-bits, --expert-down-bits N (any subset, in any order; e.g. q4-hi6/e4/l4).
 for r in $RECIPES; do
   emb=()
+  if [[ $r == bpw* ]]; then  # bpwX: spool convert --target-bpw X (allocated per matrix)
+    rm -rf "${WORK:?}/spool-$r"
+    # shellcheck disable=SC2086
+    "$SPOOL" convert --model "$BASE" --target-bpw "${r#bpw}" --out "$WORK/spool-$r" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
+      { echo "quality.sh: spool convert --target-bpw ${r#bpw} failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
+    score spool "$r" "$WORK/spool-$r"
+    continue
+  fi
   IFS=/ read -r -a parts <<< "${r#*/}"
   if [ "$r" != "${r%%/*}" ]; then
     for p in "${parts[@]}"; do

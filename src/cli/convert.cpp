@@ -1,5 +1,8 @@
 // spool convert: quantize a Hugging Face checkpoint into spool's format (docs/quant-format.md).
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 
 #include "cli/common.h"
 #include "cli/progress.h"
@@ -19,20 +22,60 @@ struct ConvertCmd {
   quant::RecipeOverrides ov;
   uint64_t seed = 42;
   double shard_gb = 4.0;
+  double target_bpw = 0;
+  std::string sensitivity;
   bool force = false, json = false;
 };
+
+/// "dense=1,gate_up=2.5,..." over the defaults; throws spool::UsageError naming a bad entry.
+quant::AllocWeights parse_sensitivity(const std::string& v) {
+  quant::AllocWeights w = quant::AllocWeights::defaults();
+  size_t at = 0;
+  while (at <= v.size()) {
+    const size_t end = std::min(v.find(',', at), v.size());
+    const std::string item = v.substr(at, end - at);
+    const size_t eq = item.find('=');
+    double* dst = nullptr;
+    const std::string key = item.substr(0, eq);
+    if (key == "dense") dst = &w.dense;
+    else if (key == "gate_up") dst = &w.gate_up;
+    else if (key == "down") dst = &w.down;
+    else if (key == "lm_head") dst = &w.lm_head;
+    else if (key == "embed") dst = &w.embed;
+    else if (key == "total") dst = &w.total_loss;
+    char* e = nullptr;
+    const double x = eq == std::string::npos ? -1 : std::strtod(item.c_str() + eq + 1, &e);
+    if (dst == nullptr || eq == std::string::npos || e == item.c_str() + eq + 1 || *e != 0 || !(x >= 0) || !std::isfinite(x))
+      throw UsageError(strfmt("--sensitivity: bad entry '%s' (want CLASS=VALUE, CLASS one of dense, gate_up, down, lm_head, "
+                              "embed, total, VALUE >= 0)", item.c_str()));
+    *dst = x;
+    at = end + 1;
+  }
+  return w;
+}
 
 void run(ConvertCmd& o) {
   quant::ConvertOptions c;
   c.in_dir = o.model.dir();
   c.out_dir = o.out;
-  c.recipe = quant::recipe(o.recipe);
-  quant::apply_overrides(&c.recipe, o.ov);
+  if (o.target_bpw != 0) {
+    c.recipe = quant::Recipe{};
+    c.recipe.name = strfmt("target-bpw %g", o.target_bpw);
+    c.target_bpw = o.target_bpw;
+    if (!(o.target_bpw > 0 && o.target_bpw <= 16.5))
+      throw UsageError(strfmt("--target-bpw must be in (0, 16.5] bits per weight (got %g)", o.target_bpw));
+    if (!o.sensitivity.empty()) c.alloc_weights = parse_sensitivity(o.sensitivity);
+  } else {
+    if (!o.sensitivity.empty()) throw UsageError("--sensitivity needs --target-bpw");
+    c.recipe = quant::recipe(o.recipe);
+    quant::apply_overrides(&c.recipe, o.ov);
+  }
   // Only what spool can run is worth converting: unknown architectures fail here, in seconds.
   const models::ModelSpec spec = models::build_spec(models::open_checkpoint(c.in_dir, {.map = false}));
   const models::Family* family = models::family_named(spec.family);
   if (family == nullptr) throw Error(strfmt("%s: unknown model family '%s'", c.in_dir.c_str(), spec.family.c_str()));
   c.keep_float = family->keep_float;
+  if (spec.moe.n_experts > 0) c.expert_usage = static_cast<double>(spec.moe.top_k) / spec.moe.n_experts;
   c.rules = &models::checkpoint_rules();
   if (o.rotation != "hadamard" && o.rotation != "none")
     throw UsageError(strfmt("--rotation must be hadamard or none (got '%s')", o.rotation.c_str()));
@@ -44,7 +87,11 @@ void run(ConvertCmd& o) {
   if (!(o.shard_gb > 0)) throw UsageError("--shard-size-gb must be positive");
   c.shard_bytes = static_cast<uint64_t>(o.shard_gb * (1ull << 30));
   c.force = o.force;
-  std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, embed_tokens %s, rotation %s, scales %s, codebooks %s\n",
+  if (c.target_bpw > 0)
+    std::fprintf(stderr, "convert: %s -> %s, %.3f bits per weight allocated per matrix (sensitivities dense %g, gate_up %g, down %g, "
+                 "lm_head %g, embed %g; experts read %.3g)\n", c.in_dir.c_str(), c.out_dir.c_str(), c.target_bpw, c.alloc_weights.dense,
+                 c.alloc_weights.gate_up, c.alloc_weights.down, c.alloc_weights.lm_head, c.alloc_weights.embed, c.expert_usage);
+  else std::fprintf(stderr, "convert: %s -> %s, recipe %s: dense %s, lm_head %s, expert gate/up %s, expert down %s, embed_tokens %s, rotation %s, scales %s, codebooks %s\n",
                c.in_dir.c_str(), c.out_dir.c_str(), c.recipe.name.c_str(), c.recipe.dense.describe().c_str(),
                c.recipe.lm_head.describe().c_str(), c.recipe.expert_gate_up.describe().c_str(),
                c.recipe.expert_down.describe().c_str(), c.recipe.embed.describe().c_str(), o.rotation.c_str(),
@@ -68,6 +115,16 @@ void run(ConvertCmd& o) {
     for (const auto& [k, cs] : r.classes)
       j["classes"][k] = {{"tensors", cs.tensors}, {"params", cs.params}, {"bytes", cs.bytes}, {"bits_per_weight", cs.bpw()},
                          {"group_sizes", cs.groups}};
+    if (!r.allocation.slots.empty()) {
+      j["allocation"] = {{"target_bpw", c.target_bpw}, {"estimated_loss", r.allocation.estimated_loss}};
+      for (const quant::AllocSlot& s : r.allocation.slots) {
+        nlohmann::ordered_json cands = nlohmann::ordered_json::object();
+        for (size_t i = 0; i < s.candidates.size(); ++i)
+          cands[s.candidates[i].describe()] = {{"rel_err", s.rel_err[i]}, {"bytes", s.bytes[i]}};
+        j["allocation"]["slots"][s.key] = {{"format", s.candidates[s.chosen].describe()}, {"rel_err", s.rel_err[s.chosen]},
+                                           {"bytes", s.bytes[s.chosen]}, {"weight", s.weight}, {"candidates", cands}};
+      }
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -80,6 +137,22 @@ void run(ConvertCmd& o) {
     for (int g : cs.groups) groups += strfmt("%sg%d", groups.empty() ? "" : ",", g);
     std::printf("  %-15s %6lld tensors %12lld weights %10s %6.3f bits/weight %s\n", k.c_str(), (long long)cs.tensors,
                 (long long)cs.params, format_bytes(cs.bytes).c_str(), cs.bpw(), groups.c_str());
+  }
+  if (!r.allocation.slots.empty()) {
+    // Formats chosen per class: "q4 g64 x12, q6 g64 x2".
+    std::map<std::string, std::map<std::string, int>> by_class;
+    for (const quant::AllocSlot& s : r.allocation.slots) {
+      const char* cls = s.cls == quant::TensorClass::kDense ? "dense" : s.cls == quant::TensorClass::kLmHead ? "lm_head"
+                        : s.cls == quant::TensorClass::kEmbed ? "embed_tokens" : s.cls == quant::TensorClass::kExpertDown ? "expert_down"
+                                                                                                                   : "expert_gate_up";
+      by_class[cls][s.candidates[s.chosen].describe()] += 1;
+    }
+    std::printf("  allocation (estimated loss %.4g):\n", r.allocation.estimated_loss);
+    for (const auto& [cls, m] : by_class) {
+      std::string l;
+      for (const auto& [f, n] : m) l += strfmt("%s%s x%d", l.empty() ? "" : ", ", f.c_str(), n);
+      std::printf("    %-15s %s\n", cls.c_str(), l.c_str());
+    }
   }
 }
 
@@ -103,6 +176,16 @@ void register_convert(CLI::App& app) {
   c->add_option("--embed-bits", o->ov.embed_bits,
                 "Bits for the token embedding table (embed_tokens; with tied embeddings also the output projection): "
                 "2|3|4|5|6|8|ternary|bf16 (default bf16; group size as dense)");
+  CLI::Option* tb = c->add_option("--target-bpw", o->target_bpw,
+                                   "Bits per weight to fit (everything written counted): every matrix gets the format (bf16 .. "
+                                   "ternary, group 32-128) of least estimated loss within the size (docs/quantization.md); "
+                                   "replaces --recipe and the per-class bits");
+  c->add_option("--sensitivity", o->sensitivity,
+                "With --target-bpw: per-weight sensitivity of each class and the total, CLASS=VALUE,... (dense, "
+                "gate_up, down, lm_head, embed, total; default: the fitted constants, docs/quantization.md)");
+  for (const char* n : {"--recipe", "--bits", "--group-size", "--attn-bits", "--expert-bits", "--expert-down-bits", "--lm-head-bits",
+                        "--embed-bits"})
+    tb->excludes(c->get_option(n));
   c->add_option("--rotation", o->rotation, "Input rotation: hadamard (default) or none");
   c->add_option("--rotation-seed", o->seed, "Seed of the rotation sign vectors (default 42)");
   c->add_option("--scale-search", o->scale_search,

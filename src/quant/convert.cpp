@@ -16,6 +16,7 @@
 #include "io/tensor_names.h"
 #include "ops/thread_pool.h"
 #include "ops/weights.h"
+#include "quant/allocate.h"
 #include "quant/codebook.h"
 #include "quant/hadamard.h"
 #include "quant/quantize.h"
@@ -39,14 +40,6 @@ const char* class_key(TensorClass c) {
   }
 }
 
-ops::WType wtype_of(const io::TensorRef& t) {
-  switch (t.dtype) {
-    case io::DType::F32: return ops::WType::kF32;
-    case io::DType::BF16: return ops::WType::kBF16;
-    case io::DType::F16: return ops::WType::kF16;
-    default: fail("tensor '%s': dtype %s cannot be converted", t.name.c_str(), io::dtype_name(t.dtype));
-  }
-}
 
 /// Drops the source pages of `t` from this process's mapping (they stay in the page cache):
 /// keeps RSS bounded while converting a checkpoint larger than RAM.
@@ -99,7 +92,7 @@ void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs
   const int g = effective_group(s.group, cols);
   check_group(cols, g);
   const int64_t G = cols / g, rb = G * ops::qtype_group_bytes(s.type, g);
-  const ops::WType wt = wtype_of(t);
+  const ops::WType wt = source_wtype(t);
   const uint64_t src_row = static_cast<uint64_t>(cols) * ops::wtype_size(wt);
   std::vector<uint8_t> qweight(static_cast<size_t>(rows * rb));
   std::vector<uint16_t> scales(static_cast<size_t>(rows * G));
@@ -146,7 +139,7 @@ void bf16_to(const io::TensorRef& t, const Sink& sink) {
     sink(t.data, t.nbytes);
     return;
   }
-  const ops::WType wt = wtype_of(t);
+  const ops::WType wt = source_wtype(t);
   const int64_t n = t.numel();
   constexpr int64_t kChunk = 1 << 20;
   std::vector<float> f;
@@ -177,9 +170,9 @@ struct Planner {
     return it->second.data();
   }
 
-  void count(TensorClass c, int64_t params, const std::vector<SafetensorsWriter::Spec>& specs, size_t from, int64_t cols) {
+  void count(TensorClass c, const ClassSpec& s, int64_t params, const std::vector<SafetensorsWriter::Spec>& specs, size_t from,
+             int64_t cols) {
     ClassStats& cs = result->classes[class_key(c)];
-    const ClassSpec& s = opt.recipe.spec(c);
     if (c != TensorClass::kKeep && !s.keep && cols > 0) cs.groups.insert(effective_group(s.group, cols));
     cs.tensors += 1;
     cs.params += params;
@@ -189,8 +182,8 @@ struct Planner {
   /// A non-expert tensor: kept (bf16) or quantized with its own sign vector.
   void plain(const io::TensorRef& t) {
     TensorClass c = opt.keep_float != nullptr && opt.keep_float(t.name) ? TensorClass::kKeep : classify(t.name, t.shape);
-    if (c == TensorClass::kEmbed && opt.recipe.embed.keep) c = TensorClass::kKeep;  // counted as "kept", as before the class
-    const ClassSpec& s = opt.recipe.spec(c);
+    if (c == TensorClass::kEmbed && opt.recipe.spec_for(t.name, c).keep) c = TensorClass::kKeep;  // counted as "kept", as before the class
+    const ClassSpec& s = opt.recipe.spec_for(t.name, c);
     Unit u;
     u.layer = layer_of(t.name);
     u.source_bytes = t.nbytes;
@@ -209,7 +202,7 @@ struct Planner {
         if (sg != nullptr) sink(sg, static_cast<uint64_t>(cols));
       };
     }
-    count(c, t.numel(), u.specs, 0, t.numel() == 0 || t.shape.size() != 2 ? 0 : t.shape[1]);
+    count(c, s, t.numel(), u.specs, 0, t.numel() == 0 || t.shape.size() != 2 ? 0 : t.shape[1]);
     units.push_back(std::move(u));
   }
 
@@ -226,8 +219,8 @@ struct Planner {
     const std::string gu_file = io::expert_signs_name(layer, io::ExpertProj::kGate);
     const std::string dn_file = io::expert_signs_name(layer, io::ExpertProj::kDown);
     const std::string gu_name = gu_file.substr(0, gu_file.size() - 6), dn_name = dn_file.substr(0, dn_file.size() - 6);
-    const ClassSpec& sgu = opt.recipe.expert_gate_up;
-    const ClassSpec& sdn = opt.recipe.expert_down;
+    const ClassSpec& sgu = opt.recipe.spec_for(gu_name, TensorClass::kExpertGateUp);
+    const ClassSpec& sdn = opt.recipe.spec_for(dn_name, TensorClass::kExpertDown);
     const int8_t* gu = sgu.keep ? nullptr : signs_for(gu_name, H);
     const int8_t* dn = sdn.keep ? nullptr : signs_for(dn_name, I);
     for (auto [sg, name, cols] : {std::tuple{gu, gu_name, H}, std::tuple{dn, dn_name, I}}) {
@@ -261,7 +254,7 @@ struct Planner {
           const size_t from = u.specs.size();
           u.specs.push_back({out_name(t.name), io::DType::U8, t.shape});
           u.specs.push_back({out_name(sc->name), io::DType::U8, sc->shape});
-          count(TensorClass::kKeep, rows * cols, u.specs, from, 0);
+          count(TensorClass::kKeep, ClassSpec{}, rows * cols, u.specs, from, 0);
           u.source_bytes += t.nbytes + sc->nbytes;
           u.sources.push_back(&t);
           u.sources.push_back(sc);
@@ -279,7 +272,7 @@ struct Planner {
         const std::string base = out_name(base_of(t.name));
         if (s.keep) u.specs.push_back({base + ".weight", io::DType::BF16, t.shape});
         else quant_specs(&u.specs, base, s, t.shape[0], t.shape[1]);
-        count(down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, t.numel(), u.specs, from, t.shape[1]);
+        count(down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, s, t.numel(), u.specs, from, t.shape[1]);
         u.source_bytes += t.nbytes;
         u.sources.push_back(&t);
         parts.push_back({&t, &s});
@@ -361,7 +354,8 @@ void prepare_out_dir(const ConvertOptions& opt) {
 
 }  // namespace
 
-ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64_t, uint64_t)>& progress) {
+ConvertResult convert(const ConvertOptions& in_opt, const std::function<void(uint64_t, uint64_t)>& progress) {
+  ConvertOptions opt = in_opt;
   if (opt.rules == nullptr) fail("convert: no family rules given (ConvertOptions::rules)");
   // The multi-token-prediction head travels too (quantized as its classes say; a run without
   // --spec mtp drops it again: io::Checkpoint::Options::mtp).
@@ -370,7 +364,15 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
     fail("%s is already a spool quantized checkpoint; convert the original", opt.in_dir.c_str());
   prepare_out_dir(opt);
 
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  ops::ThreadPool pool(threads);
   ConvertResult r;
+  if (opt.target_bpw > 0) {
+    r.allocation = allocate(ck, {.target_bpw = opt.target_bpw, .rotate = opt.rotate, .rotation_seed = opt.rotation_seed,
+                                 .quant = opt.quant, .weights = opt.alloc_weights,
+                                 .expert_usage = opt.expert_usage, .keep_float = opt.keep_float}, &pool);
+    opt.recipe.tensor_specs = r.allocation.specs;
+  }
   Planner p{ck, opt, &r, {}, {}};
   p.plan();
   for (const Unit& u : p.units) {
@@ -397,8 +399,6 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
     cur += n;
   }
 
-  const int threads = opt.threads > 0 ? opt.threads : std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  ops::ThreadPool pool(threads);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   const int ns = static_cast<int>(shards.size());
   uint64_t done = 0;
@@ -476,6 +476,14 @@ ConvertResult convert(const ConvertOptions& opt, const std::function<void(uint64
   if (!opt.quant.is_legacy()) {
     cfg["quantization"]["scale_search"] = scale_search_name(opt.quant.scale_search);
     cfg["quantization"]["codebook"] = codebook_source_name(opt.quant.codebook);
+  }
+  if (!opt.recipe.tensor_specs.empty()) {
+    // Allocated per matrix: the classes say so, the formats are listed by matrix.
+    for (auto& [k, v] : classes.items()) v = {{"bits", "per tensor"}};
+    nlohmann::ordered_json t = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : opt.recipe.tensor_specs) t[k] = v.describe();
+    cfg["quantization"]["target_bpw"] = opt.target_bpw;
+    cfg["quantization"]["tensors"] = t;
   }
   cfg["quantization"]["classes"] = classes;
   cfg["quantization"]["bits_per_weight"] = r.bpw();

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "io/family_rules.h"
+#include "quant/allocate.h"
 #include "quant/fit.h"
 #include "quant/recipe.h"
 
@@ -32,6 +33,11 @@ struct ConvertOptions {
   /// default minimizes each matrix's squared error; QuantOptions::legacy() writes the files of
   /// the format's original rules (RMS scales, N(0, 1) codebooks) bit for bit.
   QuantOptions quant;
+  /// --target-bpw: > 0 replaces the recipe's classes by a per-matrix allocation for this many bits
+  /// per weight (quant/allocate.h) with alloc_weights as the sensitivities.
+  double target_bpw = 0;
+  AllocWeights alloc_weights = AllocWeights::defaults();
+  double expert_usage = 1.0;  ///< top_k / n_experts of the model (AllocOptions::expert_usage)
   int threads = 0;                  ///< worker threads (0 = all cores)
   uint64_t shard_bytes = 4ull << 30;  ///< start a new shard past this many bytes (whole layers)
   bool force = false;               ///< write into a non-empty directory (removes its old shards)
@@ -62,6 +68,8 @@ struct ConvertResult {
   uint64_t source_bytes = 0; ///< tensor bytes read from the source
   int shards = 0;
   int64_t tensors = 0;       ///< tensors written
+  /// The --target-bpw allocation (slots, measured errors, choices); empty otherwise.
+  Allocation allocation;
   /// Bits per weight over everything written (headers excluded).
   double bpw() const { return params > 0 ? 8.0 * static_cast<double>(data_bytes) / static_cast<double>(params) : 0.0; }
 };

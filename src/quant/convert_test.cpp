@@ -49,7 +49,12 @@ ConvertResult run_convert(const std::string& in, const std::string& out, const s
   o.in_dir = in;
   o.out_dir = out;
   o.rules = &models::checkpoint_rules();
-  o.recipe = recipe(recipe_name);
+  if (recipe_name.rfind("bpw", 0) == 0) {  // "bpwX": --target-bpw X, allocated per matrix
+    o.target_bpw = std::stod(recipe_name.substr(3));
+    o.expert_usage = 0.25;
+  } else {
+    o.recipe = recipe(recipe_name);
+  }
   if (embed_bits) apply_overrides(&o.recipe, RecipeOverrides{.embed_bits = embed_bits});
   o.rotate = rotate;
   o.threads = 2;
@@ -268,7 +273,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                                            Case{"ernie4_5_moe", "q4", true},
                                            // q5 / q6 / q8 (issue 31): dense and experts, streamed too.
                                            Case{"qwen3_moe", "q4-hi8-down6", true}, Case{"qwen3_next", "q5-hi8", true},
-                                           Case{"qwen3_5_moe_text", "q6", true}, Case{"olmoe", "q8", false}),
+                                           Case{"qwen3_5_moe_text", "q6", true}, Case{"olmoe", "q8", false},
+                                           // --target-bpw: formats mixed per matrix and per expert layer.
+                                           Case{"qwen3_5_moe_text", "bpw3.9", true}, Case{"deepseek_v3", "bpw5.5", true}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

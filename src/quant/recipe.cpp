@@ -37,6 +37,12 @@ const ClassSpec& Recipe::spec(TensorClass c) const {
   }
 }
 
+const ClassSpec& Recipe::spec_for(const std::string& key, TensorClass c) const {
+  if (c == TensorClass::kKeep) return spec(c);
+  auto it = tensor_specs.find(key);
+  return it != tensor_specs.end() ? it->second : spec(c);
+}
+
 const std::vector<std::string>& recipe_names() {
   static const std::vector<std::string> v = {"q4",     "tq3",    "tq3-g64", "q2",     "tq3a-tqTe",    "tq3a-tqTe-down3",
                                              "tq3a-tqTe-down4", "q8", "q6", "q5", "q4-hi8", "q4-hi6", "q4-hi8-down6", "q5-hi8"};

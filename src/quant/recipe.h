@@ -10,6 +10,7 @@
 // embedding tables (MTP copies, per-layer embeddings), and every 1-D tensor (A_log, dt_bias, biases).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,8 +37,16 @@ struct Recipe {
   std::string name;  ///< e.g. "tq3a-tqTe-down4"
   ClassSpec dense, lm_head, expert_gate_up, expert_down;
   ClassSpec embed;  ///< embed_tokens: kept (bf16) unless overridden (--embed-bits)
+  /// Per-matrix formats over the class specs (the --target-bpw allocation, quant/allocate.h):
+  /// keys are normalised tensor names ("layers.3.self_attn.q_proj.weight") or, for one layer's
+  /// routed experts, "layers.L.mlp.experts.gate_up" / "layers.L.mlp.experts.down". Empty for
+  /// named recipes.
+  std::map<std::string, ClassSpec> tensor_specs;
   /// The spec of class `c` (kKeep gives a bf16 spec).
   const ClassSpec& spec(TensorClass c) const;
+  /// The spec of the matrix (or expert slot) `key` of class `c`: tensor_specs[key] when present,
+  /// else spec(c).
+  const ClassSpec& spec_for(const std::string& key, TensorClass c) const;
 };
 
 /// The named recipes: q4, tq3 (3-bit g32), tq3-g64, q2, tq3a-tqTe, tq3a-tqTe-down3,
