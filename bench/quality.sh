@@ -22,7 +22,8 @@
 #                 imatrix types: they have seen the text they are scored on); IMATRIX_CHUNKS limits
 #                 the chunks of 512 tokens llama-imatrix reads (0 = all)
 #   RECIPES       spool convert recipes, each optionally with class overrides (RECIPE/eN/aN/lN/xN/dN: see the
-#                 loop below), or bpwX for --target-bpw X; SPOOL_CONVERT_FLAGS are added to every conversion
+#                 loop below), bpwX for --target-bpw X, or bpw@TYPE for the size of llama.cpp's TYPE here;
+#                 SPOOL_CONVERT_FLAGS are added to every conversion
 #   CHUNKS        windows of 512 tokens scored (0 = the whole text); CROSS_TYPE / CROSS_CHUNKS: the
 #                 llama-perplexity cross-check (empty CROSS_TYPE skips it)
 #   NAME          result file name (default: the model directory's name)
@@ -42,7 +43,7 @@ TYPES=${TYPES:-"Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S IQ4_XS IQ4_NL Q3_K_L Q3_K_
 IMATRIX_TYPES=${IMATRIX_TYPES-"IQ3_XXS IQ2_M IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S"}
 CALIB=$(realpath "${CALIB:-$TEXT}")
 IMATRIX_CHUNKS=${IMATRIX_CHUNKS:-0}
-RECIPES=${RECIPES:-"q4 tq3 tq3-g64 q2 tq3a-tqTe tq3a-tqTe-down4 tq3a-tqTe-down3 q8 q6 q5 q4-hi8 q4-hi6 q4-hi8-down6 q5-hi8"}
+RECIPES=${RECIPES:-"q4 tq3 tq3-g64 q2 tq3a-tqTe tq3a-tqTe-down4 tq3a-tqTe-down3 q8 q6 q5 q4-hi8 q4-hi6 q4-hi8-down6 q5-hi8 $(for t in $TYPES $IMATRIX_TYPES; do printf 'bpw@%s ' "$t"; done)"}
 SPOOL_CONVERT_FLAGS=${SPOOL_CONVERT_FLAGS:-}
 CHUNKS=${CHUNKS:-0}
 CROSS_TYPE=${CROSS_TYPE-Q4_K_M}
@@ -167,12 +168,21 @@ done
 # --expert-bits, --expert-down-bits N (any subset, in any order; e.g. q4-hi6/e4/l4).
 for r in $RECIPES; do
   emb=()
-  if [[ $r == bpw* ]]; then  # bpwX: spool convert --target-bpw X (allocated per matrix)
-    rm -rf "${WORK:?}/spool-$r"
+  if [[ $r == bpw* ]]; then
+    # bpwX: spool convert --target-bpw X (allocated per matrix); bpw@TYPE: the bits per weight of
+    # llama.cpp's TYPE file here (its tensor bytes over the parameters, less 0.1%): the same size.
+    bpw=${r#bpw}
+    if [[ $bpw == @* ]]; then
+      g=$WORK/${bpw#@}.gguf
+      [ -s "$g" ] || { echo "quality.sh: $r needs ${bpw#@} in TYPES or IMATRIX_TYPES" >&2; exit 2; }
+      bpw=$(GGUF_PY=$LLAMA_SRC/gguf-py "$PYTHON" -c "import sys; sys.path.insert(0, 'bench'); from quality_table import tensor_bytes; print(f'{0.999 * 8 * tensor_bytes(sys.argv[1]) / $PARAMS:.4f}')" "$g")
+    fi
+    d=$WORK/spool-${r//@/_}
+    rm -rf "${d:?}"
     # shellcheck disable=SC2086
-    "$SPOOL" convert --model "$BASE" --target-bpw "${r#bpw}" --out "$WORK/spool-$r" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
-      { echo "quality.sh: spool convert --target-bpw ${r#bpw} failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
-    score spool "$r" "$WORK/spool-$r"
+    "$SPOOL" convert --model "$BASE" --target-bpw "$bpw" --out "$d" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
+      { echo "quality.sh: spool convert --target-bpw $bpw failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
+    score spool "$r" "$d"
     continue
   fi
   IFS=/ read -r -a parts <<< "${r#*/}"
