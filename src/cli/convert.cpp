@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "cli/common.h"
@@ -23,7 +24,8 @@ struct ConvertCmd {
   uint64_t seed = 42;
   double shard_gb = 4.0;
   double target_bpw = 0;
-  std::string sensitivity;
+  std::string sensitivity, calibration;
+  int64_t calibration_tokens = 16384;
   bool force = false, json = false;
 };
 
@@ -52,6 +54,48 @@ quant::AllocWeights parse_sensitivity(const std::string& v) {
     at = end + 1;
   }
   return w;
+}
+
+/// Prior share mixed into every expert's measured share (--calibration): an expert the text never
+/// routed to still counts as a tenth of an average one, so a text that misses a topic does not
+/// send its experts to the smallest format.
+constexpr double kCalibrationPrior = 0.1;
+
+/// --calibration: routes the first `max_tokens` tokens of `file` through the source model in
+/// windows of 512 and returns, per MoE layer, each expert's share of the layer's mean squared
+/// gate weight (the layer's output error from expert e scales with g_e^2), mixed with the uniform
+/// share (kCalibrationPrior). Throws spool::Error when the model has no tokenizer or the text
+/// gives fewer than 2 tokens.
+std::map<int, std::vector<double>> expert_shares_from_text(const ConvertCmd& o, int n_experts, int64_t* tokens_used) {
+  engine::LoadOptions lo = o.model.load_options();
+  lo.ctx_size = 512;
+  lo.prefill_step = 512;
+  Loaded l = engine::load(lo);
+  if (!l.tok) throw Error(strfmt("%s has no tokenizer.json; --calibration needs one", o.model.dir().c_str()));
+  std::vector<int32_t> ids = l.tok->encode(read_file(o.calibration), false);
+  if (static_cast<int64_t>(ids.size()) > o.calibration_tokens) ids.resize(static_cast<size_t>(o.calibration_tokens));
+  if (ids.size() < 2) throw Error(strfmt("--calibration %s: fewer than 2 tokens", o.calibration.c_str()));
+  std::map<int, std::vector<double>> g2;
+  l.model->hooks.on_route = [&](int layer, int64_t, std::span<const int> e, std::span<const float> w) {
+    std::vector<double>& v = g2[layer];
+    if (v.empty()) v.assign(static_cast<size_t>(n_experts), 0.0);
+    for (size_t i = 0; i < e.size(); ++i)
+      if (e[i] >= 0 && e[i] < n_experts) v[static_cast<size_t>(e[i])] += static_cast<double>(w[i]) * w[i];
+  };
+  models::State st = l.model->new_state();
+  for (size_t s = 0; s < ids.size(); s += 512) {
+    st.reset();
+    const size_t n = std::min<size_t>(512, ids.size() - s);
+    l.model->forward(std::span<const int32_t>(ids.data() + s, n), st, models::LogitsMode::kNone, nullptr);
+  }
+  l.model->hooks.on_route = nullptr;
+  for (auto& [layer, v] : g2) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    for (double& x : v) x = (1.0 - kCalibrationPrior) * (sum > 0 ? x / sum : 1.0 / n_experts) + kCalibrationPrior / n_experts;
+  }
+  *tokens_used = static_cast<int64_t>(ids.size());
+  return g2;
 }
 
 void run(ConvertCmd& o) {
@@ -84,6 +128,20 @@ void run(ConvertCmd& o) {
   c.quant.scale_search = quant::parse_scale_search(o.scale_search);
   c.quant.codebook = quant::parse_codebook_source(o.codebook);
   c.threads = o.model.thread_count();
+  std::map<int, std::vector<double>> shares;
+  if (!o.calibration.empty()) {
+    if (c.target_bpw <= 0) throw UsageError("--calibration needs --target-bpw");
+    if (o.calibration_tokens < 2) throw UsageError("--calibration-tokens must be at least 2");
+    if (spec.moe.n_experts > 0) {
+      int64_t used = 0;
+      const double t0 = now_seconds();
+      shares = expert_shares_from_text(o, spec.moe.n_experts, &used);
+      std::fprintf(stderr, "convert: routed %lld tokens of %s through %zu MoE layers in %.1f s\n", (long long)used,
+                   o.calibration.c_str(), shares.size(), now_seconds() - t0);
+      c.expert_shares = &shares;
+      c.calibration_note = strfmt("%s, %lld tokens (expert shares)", std::filesystem::path(o.calibration).filename().c_str(), (long long)used);
+    }
+  }
   if (!(o.shard_gb > 0)) throw UsageError("--shard-size-gb must be positive");
   c.shard_bytes = static_cast<uint64_t>(o.shard_gb * (1ull << 30));
   c.force = o.force;
@@ -176,6 +234,10 @@ void register_convert(CLI::App& app) {
   c->add_option("--embed-bits", o->ov.embed_bits,
                 "Bits for the token embedding table (embed_tokens; with tied embeddings also the output projection): "
                 "2|3|4|5|6|8|ternary|bf16 (default bf16; group size as dense)");
+  c->add_option("--calibration", o->calibration,
+                "With --target-bpw: a text whose routing (the first --calibration-tokens tokens through the source model) "
+                "splits each MoE layer's bits over its experts by how much the text uses them");
+  c->add_option("--calibration-tokens", o->calibration_tokens, "Tokens of --calibration to route (default 16384)");
   CLI::Option* tb = c->add_option("--target-bpw", o->target_bpw,
                                    "Bits per weight to fit (everything written counted): every matrix gets the format (bf16 .. "
                                    "ternary, group 32-128) of least estimated loss within the size (docs/quantization.md); "

@@ -39,29 +39,20 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
                                  static_cast<uint64_t>(n_experts)
                            : opt_.cache_budget_bytes,
              store_.slot_bytes()) {
-  // Every expert of a layer must have the same storage (one view prototype per projection);
-  // expert_views() checks each expert's shapes.
+  // Each expert's storage (type, group, shapes): a calibrated conversion (spool convert
+  // --calibration) gives the experts of one layer different formats; the slot is as large as the
+  // largest (io::ExpertStore). expert_views() checks each expert's shapes.
   bool any = false;
   proto_.resize(moe_layers.size());
-  auto same = [](const ops::WeightView& a, const ops::WeightView& b) {
-    return a.type == b.type && (a.type != ops::WType::kQuant || (a.quant.type == b.quant.type && a.quant.group == b.quant.group));
-  };
   for (int l = 0; l < static_cast<int>(moe_layers.size()); ++l) {
     if (!moe_layers[l]) continue;
     any = true;
+    proto_[l].resize(static_cast<size_t>(n_experts));
     for (int e = 0; e < n_experts; ++e) {
       // Expert 0's data (codebooks, shared signs) is checked here; the others' shapes only, from
       // the headers: their bytes are checked when read (check_slot), never faulted in at load.
       const ExpertWeights v = expert_views(*ckpt_, l, e, hidden, intermediate, /*check_data=*/e == 0);
-      const ops::WeightView* views[3] = {&v.gate, &v.up, &v.down};
-      for (int p = 0; p < 3; ++p) {
-        if (e == 0) {
-          proto_[l][p] = *views[p];
-        } else if (!same(proto_[l][p], *views[p])) {
-          fail("%s: %s is stored differently from expert 0 of its layer", ckpt_->dir().c_str(),
-               io::expert_tensor_name(l, e, static_cast<io::ExpertProj>(p)).c_str());
-        }
-      }
+      proto_[l][e] = {v.gate, v.up, v.down};
     }
   }
   if (!any) fail("%s: streaming was requested but the model has no routed experts", ckpt_->dir().c_str());
@@ -134,7 +125,8 @@ void StreamingExperts::load_pins() {
 
 ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t* slot) const {
   const io::ExpertLocation& loc = store_.at(layer, expert);
-  ExpertWeights w{proto_[layer][0], proto_[layer][1], proto_[layer][2]};
+  const std::array<ops::WeightView, 3>& pv = proto_[layer][expert];
+  ExpertWeights w{pv[0], pv[1], pv[2]};
   ops::WeightView* views[3] = {&w.gate, &w.up, &w.down};
   for (int p = 0; p < 3; ++p) {
     ops::WeightView& v = *views[p];
@@ -157,7 +149,7 @@ ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t*
 std::string StreamingExperts::check_slot(int layer, int expert, const uint8_t* slot) const {
   const io::ExpertLocation& loc = store_.at(layer, expert);
   for (int p = 0; p < 3; ++p) {
-    const ops::WeightView& v = proto_[layer][p];
+    const ops::WeightView& v = proto_[layer][expert][p];
     if (v.type != ops::WType::kQuant) continue;
     float cb[256];
     std::memcpy(cb, slot + loc.part_offset[p][static_cast<int>(io::ExpertPart::kCodebook)], sizeof(float) * ops::qtype_levels(v.quant.type));

@@ -118,7 +118,7 @@ class StreamingExperts final : public ExpertProvider {
   StreamingOptions opt_;
   io::ExpertStore store_;
   std::unique_ptr<io::ExpertReader> reader_;
-  std::vector<std::array<ops::WeightView, 3>> proto_;  // [layer] gate/up/down storage (data set per slot)
+  std::vector<std::vector<std::array<ops::WeightView, 3>>> proto_;  // [layer][expert] gate/up/down storage (data set per slot)
   mutable std::mutex mu_;
   std::condition_variable ready_cv_;
   ExpertCache cache_;

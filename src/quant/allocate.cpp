@@ -76,6 +76,10 @@ std::vector<ClassSpec> alloc_candidates(int64_t cols) {
   return out;
 }
 
+std::string expert_slot_key(int layer, int expert, bool down) {
+  return strfmt("layers.%d.mlp.experts.%d.%s", layer, expert, down ? "down" : "gate_up");
+}
+
 uint64_t matrix_bytes(const ClassSpec& s, int64_t rows, int64_t cols) {
   if (s.keep) return static_cast<uint64_t>(rows * cols) * 2;
   const int g = effective_group(s.group, cols);
@@ -198,7 +202,11 @@ Allocation allocate(const io::Checkpoint& ck, const AllocOptions& o, ops::Thread
   std::vector<std::vector<float>> samples;      // per slot, original basis
   std::vector<std::string> sign_names;          // per slot: the name its sign vector is drawn from
   std::vector<int64_t> slot_cols;
-  std::vector<uint64_t> sign_bytes;             // per slot: sign bytes when quantized
+  struct ExpertSlot {
+    int layer, n;
+    bool down;
+  };
+  std::map<size_t, ExpertSlot> expert_slot;     // slot index -> its layer's experts
   auto add_slot = [&](std::string key, TensorClass c, int64_t params, int64_t cols, std::vector<float> sample,
                       std::string sign_name, const std::function<uint64_t(const ClassSpec&)>& bytes) {
     AllocSlot s;
@@ -259,6 +267,7 @@ Allocation allocate(const io::Checkpoint& ck, const AllocOptions& o, ops::Thread
       const int64_t rows = down ? H : fused ? 2 * I : I, cols = down ? I : H;
       const int64_t mats = down || fused ? n : 2 * static_cast<int64_t>(n);
       const std::string sname = io::expert_signs_name(layer, down ? io::ExpertProj::kDown : io::ExpertProj::kGate);
+      expert_slot[a.slots.size()] = {layer, n, down};
       add_slot(sname.substr(0, sname.size() - 6), down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, mats * rows * cols, cols,
                std::move(smp), sname.substr(0, sname.size() - 6),
                [rows, cols, mats](const ClassSpec& s) { return static_cast<uint64_t>(mats) * matrix_bytes(s, rows, cols); });
@@ -282,6 +291,40 @@ Allocation allocate(const io::Checkpoint& ck, const AllocOptions& o, ops::Thread
   else
     for (int64_t s = 0; s < static_cast<int64_t>(a.slots.size()); ++s) measure(s);
 
+  // Calibrated layers: one slot per expert, the layer's alpha split by the experts' shares, the
+  // layer's measured errors for each; quantized formats only (a layer's experts share one sign
+  // vector, so none may stay bf16); its sign vector becomes a fixed cost.
+  if (o.expert_shares != nullptr) {
+    std::vector<AllocSlot> out;
+    for (size_t i = 0; i < a.slots.size(); ++i) {
+      auto es = expert_slot.find(i);
+      const auto sh = es == expert_slot.end() ? o.expert_shares->end() : o.expert_shares->find(es->second.layer);
+      if (sh == o.expert_shares->end()) {
+        out.push_back(std::move(a.slots[i]));
+        continue;
+      }
+      const AllocSlot& l = a.slots[i];
+      const int n = es->second.n;
+      if (static_cast<int>(sh->second.size()) != n)
+        fail("calibration: layer %d has %zu expert shares for %d experts", es->second.layer, sh->second.size(), n);
+      if (o.rotate) a.fixed_bytes += static_cast<uint64_t>(slot_cols[i]);
+      for (int e = 0; e < n; ++e) {
+        AllocSlot x;
+        x.key = expert_slot_key(es->second.layer, e, es->second.down);
+        x.cls = l.cls;
+        x.params = l.params / n;
+        x.weight = l.weight * sh->second[static_cast<size_t>(e)];
+        for (size_t c = 0; c < l.candidates.size(); ++c) {
+          if (l.candidates[c].keep) continue;
+          x.candidates.push_back(l.candidates[c]);
+          x.bytes.push_back((l.bytes[c] - (o.rotate ? static_cast<uint64_t>(slot_cols[i]) : 0)) / static_cast<uint64_t>(n));
+          x.rel_err.push_back(l.rel_err[c]);
+        }
+        out.push_back(std::move(x));
+      }
+    }
+    a.slots = std::move(out);
+  }
   const double budget = o.target_bpw * static_cast<double>(a.params) / 8.0 - static_cast<double>(a.fixed_bytes);
   uint64_t min_bytes = a.fixed_bytes;
   for (const AllocSlot& s : a.slots) min_bytes += *std::min_element(s.bytes.begin(), s.bytes.end());

@@ -65,6 +65,12 @@ struct AllocOptions {
   QuantOptions quant;               ///< as ConvertOptions::quant (the errors are measured with it)
   AllocWeights weights = AllocWeights::defaults();
   double expert_usage = 1.0;        ///< top_k / n_experts: the share of a layer's experts a token reads
+  /// --calibration: per MoE layer, each expert's share of the layer's sensitivity (n_experts values
+  /// summing to 1, from the routing of a calibration text: mean squared gate weight). When given
+  /// for a layer, its experts are allocated one by one ("layers.L.mlp.experts.E.gate_up" /
+  /// ".down" keys, quantized formats only) instead of as one slot, the layer's alpha split by
+  /// these shares; the relative errors measured for the layer serve each of its experts.
+  const std::map<int, std::vector<double>>* expert_shares = nullptr;
   bool (*keep_float)(std::string_view name) = nullptr;  ///< as ConvertOptions::keep_float
 };
 
@@ -87,6 +93,9 @@ ops::WType source_wtype(const io::TensorRef& t);
 /// 128, 64 and 32, 5, 6 and 8 bits at groups 64 and 32, and bf16 (keep); a group that does not divide cols is
 /// narrowed (effective_group) and duplicates dropped.
 std::vector<ClassSpec> alloc_candidates(int64_t cols);
+
+/// Key of one expert's projections in an allocation: "layers.L.mlp.experts.E.gate_up" or ".down".
+std::string expert_slot_key(int layer, int expert, bool down);
 
 /// Bytes one [rows, cols] matrix takes in format s: codes + fp16 scales + codebook, or bf16.
 uint64_t matrix_bytes(const ClassSpec& s, int64_t rows, int64_t cols);

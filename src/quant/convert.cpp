@@ -219,10 +219,19 @@ struct Planner {
     const std::string gu_file = io::expert_signs_name(layer, io::ExpertProj::kGate);
     const std::string dn_file = io::expert_signs_name(layer, io::ExpertProj::kDown);
     const std::string gu_name = gu_file.substr(0, gu_file.size() - 6), dn_name = dn_file.substr(0, dn_file.size() - 6);
-    const ClassSpec& sgu = opt.recipe.spec_for(gu_name, TensorClass::kExpertGateUp);
-    const ClassSpec& sdn = opt.recipe.spec_for(dn_name, TensorClass::kExpertDown);
-    const int8_t* gu = sgu.keep ? nullptr : signs_for(gu_name, H);
-    const int8_t* dn = sdn.keep ? nullptr : signs_for(dn_name, I);
+    // Per expert: its own format (a calibrated allocation), else its layer's, else the class's.
+    auto spec_of = [&](int e, bool down) -> const ClassSpec& {
+      auto it = opt.recipe.tensor_specs.find(expert_slot_key(layer, e, down));
+      if (it != opt.recipe.tensor_specs.end()) return it->second;
+      return opt.recipe.spec_for(down ? dn_name : gu_name, down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp);
+    };
+    bool gu_quant = false, dn_quant = false;  // the layer's sign vectors are written when any expert is quantized
+    for (int e = 0; e < n_experts; ++e) {
+      gu_quant |= !spec_of(e, false).keep;
+      dn_quant |= !spec_of(e, true).keep;
+    }
+    const int8_t* gu = gu_quant ? signs_for(gu_name, H) : nullptr;
+    const int8_t* dn = dn_quant ? signs_for(dn_name, I) : nullptr;
     for (auto [sg, name, cols] : {std::tuple{gu, gu_name, H}, std::tuple{dn, dn_name, I}}) {
       if (sg == nullptr) continue;
       Unit u;
@@ -243,7 +252,7 @@ struct Planner {
         if (fused && p == io::ExpertProj::kUp) continue;
         const io::TensorRef& t = ck.expert(layer, e, p);
         const bool down = p == io::ExpertProj::kDown;
-        const ClassSpec& s = down ? sdn : sgu;
+        const ClassSpec& s = spec_of(e, down);
         const int64_t gate_rows = fused ? 2 * I : I;
         if (t.expert_part == io::ExpertPart::kMxBlocks) {  // MXFP4: blocks and scales copied as stored
           const io::TensorRef* sc = ck.expert_part(layer, e, p, io::ExpertPart::kMxScales);
@@ -370,7 +379,7 @@ ConvertResult convert(const ConvertOptions& in_opt, const std::function<void(uin
   if (opt.target_bpw > 0) {
     r.allocation = allocate(ck, {.target_bpw = opt.target_bpw, .rotate = opt.rotate, .rotation_seed = opt.rotation_seed,
                                  .quant = opt.quant, .weights = opt.alloc_weights,
-                                 .expert_usage = opt.expert_usage, .keep_float = opt.keep_float}, &pool);
+                                 .expert_usage = opt.expert_usage, .expert_shares = opt.expert_shares, .keep_float = opt.keep_float}, &pool);
     opt.recipe.tensor_specs = r.allocation.specs;
   }
   Planner p{ck, opt, &r, {}, {}};
@@ -483,6 +492,7 @@ ConvertResult convert(const ConvertOptions& in_opt, const std::function<void(uin
     nlohmann::ordered_json t = nlohmann::ordered_json::object();
     for (const auto& [k, v] : opt.recipe.tensor_specs) t[k] = v.describe();
     cfg["quantization"]["target_bpw"] = opt.target_bpw;
+    if (!opt.calibration_note.empty()) cfg["quantization"]["calibration"] = opt.calibration_note;
     cfg["quantization"]["tensors"] = t;
   }
   cfg["quantization"]["classes"] = classes;

@@ -38,6 +38,10 @@ struct ConvertOptions {
   double target_bpw = 0;
   AllocWeights alloc_weights = AllocWeights::defaults();
   double expert_usage = 1.0;  ///< top_k / n_experts of the model (AllocOptions::expert_usage)
+  /// --calibration: per MoE layer, the experts' shares (AllocOptions::expert_shares); may be null.
+  const std::map<int, std::vector<double>>* expert_shares = nullptr;
+  /// Recorded as quantization.calibration in config.json when set (e.g. "dev.txt, 16384 tokens").
+  std::string calibration_note;
   int threads = 0;                  ///< worker threads (0 = all cores)
   uint64_t shard_bytes = 4ull << 30;  ///< start a new shard past this many bytes (whole layers)
   bool force = false;               ///< write into a non-empty directory (removes its old shards)

@@ -49,9 +49,23 @@ ConvertResult run_convert(const std::string& in, const std::string& out, const s
   o.in_dir = in;
   o.out_dir = out;
   o.rules = &models::checkpoint_rules();
-  if (recipe_name.rfind("bpw", 0) == 0) {  // "bpwX": --target-bpw X, allocated per matrix
-    o.target_bpw = std::stod(recipe_name.substr(3));
+  static std::map<int, std::vector<double>> shares;  // (outlives convert())
+  if (recipe_name.rfind("bpw", 0) == 0 || recipe_name.rfind("cbpw", 0) == 0) {  // "bpwX": --target-bpw X, allocated per matrix
+    const bool cal = recipe_name[0] == 'c';
+    o.target_bpw = std::stod(recipe_name.substr(cal ? 4 : 3));
     o.expert_usage = 0.25;
+    if (cal) {  // "cbpwX": per-expert shares as a calibration would give them, rising with the expert id
+      const models::ModelSpec sp = models::build_spec(models::open_checkpoint(in, {.map = false}));
+      shares.clear();
+      for (int l = 0; l < sp.n_layers; ++l) {
+        if (sp.ffns[l] != models::FfnKind::kMoE) continue;
+        std::vector<double>& v = shares[l];
+        double sum = 0;
+        for (int e = 0; e < sp.moe.n_experts; ++e) sum += (e + 1.0) * (e + 1.0) * (e + 1.0);
+        for (int e = 0; e < sp.moe.n_experts; ++e) v.push_back((e + 1.0) * (e + 1.0) * (e + 1.0) / sum);
+      }
+      o.expert_shares = &shares;
+    }
   } else {
     o.recipe = recipe(recipe_name);
   }
@@ -275,7 +289,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                                            Case{"qwen3_moe", "q4-hi8-down6", true}, Case{"qwen3_next", "q5-hi8", true},
                                            Case{"qwen3_5_moe_text", "q6", true}, Case{"olmoe", "q8", false},
                                            // --target-bpw: formats mixed per matrix and per expert layer.
-                                           Case{"qwen3_5_moe_text", "bpw3.9", true}, Case{"deepseek_v3", "bpw5.5", true}),
+                                           Case{"qwen3_5_moe_text", "bpw3.9", true}, Case{"deepseek_v3", "bpw5.5", true},
+                                           // --calibration: formats mixed between the experts of a layer.
+                                           Case{"qwen3_5_moe_text", "cbpw3.5", true}, Case{"mixtral", "cbpw4.5", true}),
                          [](const auto& i) {
                            std::string s = i.param.model + "_" + i.param.recipe + (i.param.rotate ? "" : "_norot");
                            for (char& ch : s) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
