@@ -583,6 +583,59 @@ TEST(Cli, StreamingStatsAreTheCounts) {
   EXPECT_NEAR(pf["experts_read_per_token"].get<double>() * T, requests - pf_hits + issued, 1e-6);
 }
 
+// Routing traces end to end on the demo model: calibrate records one, bench replays it through a
+// streaming cache, and plan's simulated hit rate and bytes read are exactly what bench measured
+// (one sequence and four); bad trace files are errors naming the file.
+TEST(Cli, RoutingTraceCalibratePlanBench) {
+  const std::string trace = ::testing::TempDir() + "/cli_trace_" + std::to_string(getpid()) + ".jsonl";
+  Result c = spool("calibrate -f " + kData + "/corpus/dev.txt --max-tokens 300 --window 100 --trace-out " + trace);
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("300 tokens x 8 MoE layers, 8 of 64 experts per token; hottest 10% of experts take"), std::string::npos) << c.out;
+  std::ifstream f(trace);
+  std::string header;
+  std::getline(f, header);
+  const auto h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["format"], "spool-routing-trace");
+  EXPECT_EQ(h["version"], 1);
+  EXPECT_EQ(h["n_experts"], 64);
+  EXPECT_EQ(h["top_k"], 8);
+  EXPECT_EQ(h["moe_layers"].size(), 8u);
+  // A budget of about a quarter of the demo's 512 experts.
+  const std::string budget = " --cache-budget-gb 0.006 ";
+  for (const std::string par : {"1", "4"}) {
+    Result p = spool("plan --json --disk-gbps 1 --mem-gbps 10 --ram-gb 8 " + budget + "--trace " + trace + " -n 12 -r 2 --parallel " + par);
+    ASSERT_EQ(p.code, 0) << p.err;
+    const auto pj = nlohmann::json::parse(p.out);
+    ASSERT_TRUE(pj["trace"].is_object()) << p.out;
+    Result b = spool("bench -o json -p 0 -n 12 -r 2 -t 2 --parallel " + par + budget + "--routing-trace " + trace);
+    ASSERT_EQ(b.code, 0) << b.err;
+    const auto bj = nlohmann::json::parse(b.out);
+    ASSERT_EQ(bj.size(), 1u);
+    EXPECT_EQ(bj[0]["routing_trace"], trace);
+    const double want = pj["trace"]["hit_rate"].get<double>();
+    EXPECT_GT(want, 0.05) << "--parallel " << par;
+    EXPECT_LT(want, 0.95) << "--parallel " << par;
+    EXPECT_DOUBLE_EQ(bj[0]["cache_hit_rate"].get<double>(), want) << "--parallel " << par;
+    EXPECT_NEAR(bj[0]["bytes_read_per_token"].get<double>(), pj["trace"]["bytes_read_per_token"].get<double>(),
+                1e-9 * pj["trace"]["bytes_read_per_token"].get<double>()) << "--parallel " << par;
+  }
+  const std::string bad = ::testing::TempDir() + "/cli_trace_bad_" + std::to_string(getpid()) + ".jsonl";
+  {
+    std::ofstream o(bad);
+    o << header << "\n" << R"({"l":0,"t":0,"e":[1,2],"w":[0.5,0.5]})" << "\n";
+  }
+  for (const std::string cmd : {"bench -p 0 -n 2 -r 1 --routing-trace ", "plan --ram-gb 8 --cache-budget-gb 0.006 --trace "}) {
+    Result r = spool(cmd + bad);
+    EXPECT_EQ(r.code, 1) << cmd << r.err;
+    EXPECT_NE(r.err.find(bad + ":2: 2 experts and 2 weights; the header's top_k is 8"), std::string::npos) << cmd << r.err;
+  }
+  Result none = spool("bench -p 0 -n 2 -r 1 --routing-trace " + trace + ".missing");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("cannot open the routing trace"), std::string::npos) << none.err;
+  fs::remove(trace);
+  fs::remove(bad);
+}
+
 // The tier statistics of `generate --json` (and its stats line) with expert slots in front of
 // the experts (--host-expert-slots: the VRAM tier's code over host memory on the CPU): every
 // decode token acquires K experts at each of the L MoE layers, each a slot hit or miss; each

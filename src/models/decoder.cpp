@@ -395,7 +395,7 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
       cv.wait(lk, [&] { return turn == me || done[1 - me]; });
     }
     try {
-      run_layers(sg[me], rows[me], g[me], *ws[me], [&, me] { hand_over(me); });
+      run_layers(sg[me], rows[me], g[me], *ws[me], [&, me] { hand_over(me); }, me == 0 ? 0 : r1);
     } catch (...) {
       err[me] = std::current_exception();
     }
@@ -412,8 +412,10 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
 }
 
 void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
-                              const std::function<void()>& between) {
+                              const std::function<void()>& between, int64_t row0) {
   FfnStep step;
+  step.route_override = &hooks.route_override;
+  step.row0 = row0;
   step.top_k = top_k_;
   step.provider = provider_.get();
   step.on_route = &hooks.on_route;

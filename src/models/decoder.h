@@ -77,9 +77,10 @@ class DecoderModel : public Model {
   // forward_batch() steps: embeddings, every layer over s.h (updates the states), then final
   // norm + lm_head for the rows whose logits are wanted.
   void embed(std::span<const int32_t> ids, float* h);
-  // `between` runs inside each MoE layer once its expert reads are started (may be empty).
+  // `between` runs inside each MoE layer once its expert reads are started (may be empty);
+  // `row0`: the step row of s's row 0 (hooks.route_override numbers the step's rows).
   void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
-                  const std::function<void()>& between);
+                  const std::function<void()>& between, int64_t row0 = 0);
   // Layer i (of the main stack or the MTP layers after it) over the step's N rows.
   void run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws, FfnStep& step);
   // The multi-token-prediction head's tensors (bind() when spec_.mtp_layers > 0).

@@ -61,6 +61,8 @@ struct MtpStep {
 struct ForwardHooks {
   RouteObserver on_route;     // per (MoE layer, token) chosen experts
   MarginObserver on_margin;   // per (MoE layer, token) routing margin
+  /// Forces routing (RouteOverride); runs before on_route, which sees the forced choice.
+  RouteOverride route_override;
   /// hidden[T, H] entering layer `index` (index == n_layers: after the final norm).
   std::function<void(int index, const float* hidden, int64_t T)> on_hidden;
 };

@@ -74,9 +74,14 @@ class MoeBlock {
   /// acquired: DecoderModel hands the CPU to another group of sequences there, so their
   /// compute hides these reads. `residual` [T, H]: the layer's residual stream, which the
   /// router reads instead of x with MoeSpec::router_input_scale (required then).
+  /// `route_override` (may be null or empty) replaces each row's experts and weights after
+  /// routing (RouteOverride; its rows are numbered from `row0`, as the observers' are); the
+  /// observers see the replaced choice. Throws spool::Error for an overridden id outside
+  /// [0, n_experts) or listed twice in a row.
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-               ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr) const;
+               ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr,
+               const RouteOverride* route_override = nullptr, int64_t row0 = 0) const;
 
  private:
   MoeSpec m_;
