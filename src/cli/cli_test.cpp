@@ -602,12 +602,12 @@ TEST(Cli, RoutingTraceCalibratePlanBench) {
   EXPECT_EQ(h["moe_layers"].size(), 8u);
   // A budget of about a quarter of the demo's 512 experts.
   const std::string budget = " --cache-budget-gb 0.006 ";
-  for (const std::string par : {"1", "4"}) {
-    Result p = spool("plan --json --disk-gbps 1 --mem-gbps 10 --ram-gb 8 " + budget + "--trace " + trace + " -n 12 -r 2 --parallel " + par);
+  for (const std::string par : {std::string("1"), std::string("4")}) {
+    Result p = spool("plan --model " + std::string(SPOOL_DEFAULT_MODEL_DIR) + " --json --disk-gbps 1 --mem-gbps 10 --ram-gb 8 " + budget + "--trace " + trace + " -n 12 -r 2 --parallel " + par);
     ASSERT_EQ(p.code, 0) << p.err;
     const auto pj = nlohmann::json::parse(p.out);
     ASSERT_TRUE(pj["trace"].is_object()) << p.out;
-    Result b = spool("bench -o json -p 0 -n 12 -r 2 -t 2 --parallel " + par + budget + "--routing-trace " + trace);
+    Result b = spool("bench -o json -p 0 -n 12 -r 2 -t 2 --stream --parallel " + par + budget + "--routing-trace " + trace);
     ASSERT_EQ(b.code, 0) << b.err;
     const auto bj = nlohmann::json::parse(b.out);
     ASSERT_EQ(bj.size(), 1u);
@@ -624,7 +624,9 @@ TEST(Cli, RoutingTraceCalibratePlanBench) {
     std::ofstream o(bad);
     o << header << "\n" << R"({"l":0,"t":0,"e":[1,2],"w":[0.5,0.5]})" << "\n";
   }
-  for (const std::string cmd : {"bench -p 0 -n 2 -r 1 --routing-trace ", "plan --ram-gb 8 --cache-budget-gb 0.006 --trace "}) {
+  const std::vector<std::string> cmds = {"bench -p 0 -n 2 -r 1 --routing-trace ",
+                                         "plan --model " + std::string(SPOOL_DEFAULT_MODEL_DIR) + " --ram-gb 8 --cache-budget-gb 0.006 --trace "};
+  for (const std::string& cmd : cmds) {
     Result r = spool(cmd + bad);
     EXPECT_EQ(r.code, 1) << cmd << r.err;
     EXPECT_NE(r.err.find(bad + ":2: 2 experts and 2 weights; the header's top_k is 8"), std::string::npos) << cmd << r.err;
