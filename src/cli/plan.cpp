@@ -61,7 +61,7 @@ struct TracePlan {
   int n_gen = 0, reps = 0, parallel = 1;
   int64_t slots = 0;                 // cache entries (ExpertCache::capacity())
   experts::TraceSimResult sim;
-  uint64_t expert_bytes = 0;         // one routed expert (what a miss reads)
+  uint64_t expert_bytes = 0;         // what one miss reads (the expert; its aligned slot with O_DIRECT)
   double read_per_token = 0;         // bytes read from disk per token (all sequences' tokens)
   std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: memory time + disk time per token
 };
@@ -412,17 +412,24 @@ void run(const PlanOptions& o) {
     tp->n_gen = o.n_gen;
     tp->reps = o.reps;
     tp->parallel = o.parallel;
-    tp->expert_bytes = p.expert_count ? p.weights.experts / p.expert_count : 0;
+    // What one miss reads: the expert's bytes through the page cache, its whole 4096-aligned
+    // slot with O_DIRECT (the reader's aligned extents).
+    tp->expert_bytes = p.verdict == plan::Verdict::kStream && !p.use_page_cache && p.slot_bytes ? p.slot_bytes
+                       : p.expert_count                                                     ? p.weights.experts / p.expert_count
+                                                                                            : 0;
     // Resident experts (or a cache holding them all) never miss after the warm-up; a streaming
     // run's cache holds budget / slot entries (ExpertCache::capacity()).
     const int64_t all = static_cast<int64_t>(p.expert_count);
     tp->slots = p.verdict == plan::Verdict::kStream && p.slot_bytes ? std::max<int64_t>(1, static_cast<int64_t>(p.cache_budget / p.slot_bytes)) : all;
     tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, std::max<int64_t>(1, tp->slots), o.n_gen, o.reps, o.parallel);
     tp->read_per_token = tp->sim.misses_per_token() * static_cast<double>(tp->expert_bytes);
+    // A step of --parallel sequences: the active bytes read from memory once (the dense weights
+    // dominate them), every sequence's expert misses read from disk; tok/s over all sequences.
+    const double seqs = static_cast<double>(std::max(o.parallel, 1));
     const double t_mem = p.mem_gbps && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*p.mem_gbps * 1e9) : 0;
-    const double t_disk = p.disk_gbps ? tp->read_per_token / (*p.disk_gbps * 1e9) : 0;
-    if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = 1.0 / t_disk;
-    if (p.mem_gbps && (p.disk_gbps || tp->read_per_token == 0) && t_mem + t_disk > 0) tp->tok_s = 1.0 / (t_mem + t_disk);
+    const double t_disk = p.disk_gbps ? seqs * tp->read_per_token / (*p.disk_gbps * 1e9) : 0;
+    if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = seqs / t_disk;
+    if (p.mem_gbps && (p.disk_gbps || tp->read_per_token == 0) && t_mem + t_disk > 0) tp->tok_s = seqs / (t_mem + t_disk);
   }
   if (o.json) print_json(p, src, cgroup_now, gpu, tp);
   else print_text(p, src, gpu, tp);
