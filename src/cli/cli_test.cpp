@@ -911,6 +911,43 @@ TEST(Cli, ServeChatDeepSeekV3MatchesTheChatGoldens) {
   EXPECT_EQ(checked, 4);
 }
 
+// `spool serve --trace-out`: the served steps' routing, rows numbered through the steps (two
+// requests' prefill chunks and decode tokens), every token with every MoE layer; the file is a
+// trace bench replays.
+TEST(Cli, ServeTraceOutRecordsTheServedRows) {
+  const std::string trace = ::testing::TempDir() + "/cli_serve_trace_" + std::to_string(getpid()) + ".jsonl";
+  int64_t rows = 0;
+  {
+    Serve s("--threads 2 --ctx-size 128 --prefill-step-size 8 --parallel 2 --prompt-cache-checkpoints 0 --trace-out " + trace);
+    ASSERT_GT(s.port, 0) << slurp(s.log);
+    for (int r = 0; r < 2; ++r) {
+      const auto comp = s.post("/v1/completions", {{"prompt", {5, 17, 99, 3, 250, 7, 8, 1000, 42, 11, 12 + r}},
+                                                    {"max_tokens", 5}, {"temperature", 0}, {"logit_bias", {{"0", -100}}}});
+      ASSERT_TRUE(comp.is_object() && comp.contains("usage")) << comp.dump();
+      // The prompt's rows (no prefix reuse), then one decode row per generated token after the first.
+      rows += comp["usage"]["prompt_tokens"].get<int64_t>() + comp["usage"]["completion_tokens"].get<int64_t>() - 1;
+    }
+  }
+  std::ifstream f(trace);
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line));
+  const auto h = nlohmann::json::parse(line);
+  EXPECT_EQ(h["source"], "serve");
+  EXPECT_EQ(h["version"], 1);
+  std::set<std::pair<int64_t, int>> seen;
+  while (std::getline(f, line)) {
+    const auto r = nlohmann::json::parse(line);
+    EXPECT_TRUE(seen.emplace(r["t"].get<int64_t>(), r["l"].get<int>()).second) << line;
+    EXPECT_EQ(r["e"].size(), 8u);
+  }
+  EXPECT_GE(rows, 2 * 11);
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), rows * 8);
+  EXPECT_EQ(seen.rbegin()->first, rows - 1);
+  Result b = spool("bench -p 0 -n 4 -r 1 -o json --routing-trace " + trace);
+  EXPECT_EQ(b.code, 0) << b.err;
+  fs::remove(trace);
+}
+
 // ---------------------------------------------------------------- spool template render
 
 // Writes `text` to a scratch file and returns its path.
