@@ -61,6 +61,8 @@ struct TracePlan {
   int n_gen = 0, reps = 0, parallel = 1;
   int64_t slots = 0;                 // cache entries (ExpertCache::capacity())
   experts::TraceSimResult sim;
+  bool resident = false;             // experts resident (not streamed): no cache, nothing read
+  double hit_rate() const { return resident ? 1.0 : sim.hit_rate(); }
   uint64_t expert_bytes = 0;         // what one miss reads (the expert; its aligned slot with O_DIRECT)
   double read_per_token = 0;         // bytes read from disk per token (all sequences' tokens)
   std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: memory time + disk time per token
@@ -162,11 +164,13 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
   }
   if (tp) {
     std::printf("trace      %s: %lld tokens of %s (%d experts top-%d) onto %d experts top-%d; bench tg%d x%d, %d repetitions after a "
-                "warm-up, through %lld cache slots (LRU simulated)\n",
+                "warm-up, %s\n",
                 tp->file.c_str(), (long long)tp->trace_tokens, tp->shape.model_type.c_str(), tp->shape.n_experts, tp->shape.top_k,
-                p.spec.moe.n_experts, p.spec.moe.top_k, tp->n_gen, tp->parallel, tp->reps, (long long)tp->slots);
+                p.spec.moe.n_experts, p.spec.moe.top_k, tp->n_gen, tp->parallel, tp->reps,
+                tp->resident ? "every expert resident (no cache to simulate)"
+                             : strfmt("through %lld cache slots (LRU simulated)", (long long)tp->slots).c_str());
     std::printf("           hit rate %.1f%% (uniform-routing estimate %.0f%%), %.2f experts and %s read per token",
-                100.0 * tp->sim.hit_rate(), 100.0 * p.expected_hit_rate, tp->sim.misses_per_token(),
+                100.0 * tp->hit_rate(), 100.0 * p.expected_hit_rate, tp->sim.misses_per_token(),
                 format_bytes(static_cast<uint64_t>(tp->read_per_token)).c_str());
     if (tp->tok_s_disk_bound) std::printf(", <= %.1f tok/s from disk", *tp->tok_s_disk_bound);
     if (tp->tok_s) std::printf(", ~%.1f tok/s decode (memory + disk time per token)", *tp->tok_s);
@@ -269,7 +273,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                   {"cache_slots", tp->slots},
                   {"requests", tp->sim.requests},
                   {"hits", tp->sim.hits},
-                  {"hit_rate", tp->sim.hit_rate()},
+                  {"hit_rate", tp->hit_rate()},
+                  {"resident", tp->resident},
                   {"experts_read_per_token", tp->sim.misses_per_token()},
                   {"bytes_read_per_token", tp->read_per_token},
                   {"decode_tok_s_disk_bound", opt(tp->tok_s_disk_bound)},
@@ -417,11 +422,16 @@ void run(const PlanOptions& o) {
     tp->expert_bytes = p.verdict == plan::Verdict::kStream && !p.use_page_cache && p.slot_bytes ? p.slot_bytes
                        : p.expert_count                                                     ? p.weights.experts / p.expert_count
                                                                                             : 0;
-    // Resident experts (or a cache holding them all) never miss after the warm-up; a streaming
-    // run's cache holds budget / slot entries (ExpertCache::capacity()).
-    const int64_t all = static_cast<int64_t>(p.expert_count);
-    tp->slots = p.verdict == plan::Verdict::kStream && p.slot_bytes ? std::max<int64_t>(1, static_cast<int64_t>(p.cache_budget / p.slot_bytes)) : all;
-    tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, std::max<int64_t>(1, tp->slots), o.n_gen, o.reps, o.parallel);
+    // A streaming run's cache holds budget / slot entries (ExpertCache::capacity()); resident
+    // experts never miss (bench reports a 100% hit rate without streaming).
+    if (p.verdict == plan::Verdict::kStream && p.slot_bytes) {
+      tp->slots = std::max<int64_t>(1, static_cast<int64_t>(p.cache_budget / p.slot_bytes));
+      tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, tp->slots, o.n_gen, o.reps, o.parallel);
+    } else {
+      tp->slots = static_cast<int64_t>(p.expert_count);
+      tp->resident = true;
+      tp->sim.tokens = static_cast<int64_t>(o.reps) * o.n_gen * std::max(o.parallel, 1);
+    }
     tp->read_per_token = tp->sim.misses_per_token() * static_cast<double>(tp->expert_bytes);
     // A step of --parallel sequences: the active bytes read from memory once (the dense weights
     // dominate them), every sequence's expert misses read from disk; tok/s over all sequences.
