@@ -63,12 +63,18 @@ constexpr const char* kSpecPrompt =
 // so each row sums its own windows).
 struct ExpertWindow {
   uint64_t requests = 0, hits = 0, bytes_read = 0;
+  uint64_t misses = 0, staged = 0, staged_used = 0;  // --prefetch-next: staged reads and those a layer used
+  double stall_s = 0;                                 // seconds acquire() waited for disk reads
   uint64_t vram_hits = 0, vram_misses = 0, vram_bytes = 0;
   double vram_stall_s = 0;
   void add(const TierStats& t) {
     requests += t.ram.requests;
     hits += t.ram.hits;
     bytes_read += t.ram.bytes_read;
+    misses += t.ram.misses;
+    staged += t.ram.staged;
+    staged_used += t.ram.staged_used;
+    stall_s += t.ram.stall_s;
     vram_hits += t.vram.hits;
     vram_misses += t.vram.misses;
     vram_bytes += t.vram.bytes_copied;
@@ -82,6 +88,8 @@ struct Result {
   int n_seqs = 1;          // sequences decoded together (tg)
   std::vector<double> ts;  // tokens per second per repetition (all sequences together)
   double hit_rate = 1.0, bytes_per_token = 0, experts_per_token = 0;
+  double stall_s = 0;                                 // disk waits of the timed repetitions
+  double staged_per_token = 0, staged_used_share = 0;  // --prefetch-next: reads per token; share of misses served
   // The VRAM tier (expert slots of a GPU run whose experts do not all fit): hit rate, host->device
   // bytes per token and seconds compute waited for slot copies, over the timed repetitions.
   bool vram_tier = false;
@@ -121,6 +129,9 @@ void set_expert_columns(Result& r, const Loaded& l, const ExpertWindow& w, doubl
   r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
   r.hit_rate = l.streaming ? (w.requests ? static_cast<double>(w.hits) / w.requests : 0.0) : 1.0;
   r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
+  r.stall_s = w.stall_s;
+  r.staged_per_token = tokens > 0 ? static_cast<double>(w.staged) / tokens : 0;
+  r.staged_used_share = w.misses ? static_cast<double>(w.staged_used) / static_cast<double>(w.misses) : 0;
   if (l.expert_slots) {
     r.vram_tier = true;
     const uint64_t n = w.vram_hits + w.vram_misses;
@@ -373,6 +384,11 @@ void run(const BenchOptions& o) {
                      {"h2d_pinned_gbps", h2d_pinned},
                      {"h2d_pageable_gbps", h2d_pageable}});
       if (replay) arr.back()["routing_trace"] = o.routing_trace;
+      if (l.streaming) arr.back()["stall_s"] = r.stall_s;
+      if (o.model.prefetch_next > 0) {
+        arr.back()["prefetch_next_reads_per_token"] = r.staged_per_token;
+        arr.back()["prefetch_next_served_share"] = r.staged_used_share;  // of the misses
+      }
       if (spec.mtp && r.n_prompt == 0 && r.n_seqs == 1) {
         // The --spec pair: both rows say which they are; the mtp row carries the verify counts.
         auto& j = arr.back();

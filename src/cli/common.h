@@ -28,6 +28,7 @@ struct ModelOptions {
   std::string io_engine = "pread";
   bool use_page_cache = false, no_page_cache = false;
   int prefetch_ahead = 0;
+  int prefetch_next = 0;  // --prefetch-next
   std::string pin_file;
   int max_active_experts = 0;
   int kv_bits = 32;

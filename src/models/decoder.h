@@ -53,6 +53,7 @@ class DecoderModel : public Model {
   void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) override;
   void forward_batch(std::span<const SeqStep> seqs) override;
   void set_max_active_experts(int k) override;
+  void set_next_layer_prefetch(int m) override { next_prefetch_ = m > 0 ? m : 0; }
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
   experts::ExpertProvider& expert_provider() override { return *provider_; }
   std::shared_ptr<experts::ExpertProvider> shared_expert_provider() override { return provider_; }
@@ -131,6 +132,7 @@ class DecoderModel : public Model {
   const float *mtp_enorm_p_ = nullptr, *mtp_hnorm_p_ = nullptr, *mtp_norm_p_ = nullptr;
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
+  int next_prefetch_ = 0;  // set_next_layer_prefetch
   ops::KvType kv_type_ = ops::KvType::kF32;
 };
 

@@ -26,6 +26,8 @@
 
 namespace spool::models {
 
+class MoeBlock;
+
 /// One sequence's rows within a step: rows [row0, row0 + T) of the step's [N, hidden] matrices,
 /// at positions [pos0, pos0 + T), and the sequence's state (caches, recurrent states).
 struct SeqRows {
@@ -81,6 +83,9 @@ struct FfnStep {
   const std::function<void()>* between = nullptr;  // may point to an empty function
   const RouteOverride* route_override = nullptr;  // null or an empty function: the router decides
   int64_t row0 = 0;  // the step row of this call's row 0 (a pipelined group's offset)
+  /// Runs inside a MoE layer right after its first batch's reads were started (provider
+  /// prepare()): the decoder's next-layer prefetch hint. Null or empty: nothing.
+  const std::function<void()>* after_prepare = nullptr;
 };
 
 /// A layer's feed-forward block. Implementations: DenseFfn, MoeFfn, ParallelDenseMoeFfn.
@@ -100,6 +105,9 @@ class Ffn {
                        ops::Backend& be, ops::Workspace& ws) const = 0;
   /// Whether the block routes to experts (the layer is a "MoE layer" for the expert provider).
   virtual bool routed() const = 0;
+  /// The MoE block whose router reads the decoder's normed FFN input (MoeFfn), for next-layer
+  /// prefetch; null for other blocks.
+  virtual const MoeBlock* moe() const { return nullptr; }
 };
 
 /// The token mixer of ModelSpec::mixers[layer], unbound (`gdn_layout`: the Gated DeltaNet

@@ -90,6 +90,11 @@ class Model {
   virtual void forward_batch(std::span<const SeqStep> seqs) = 0;
   /// Caps routed experts per token to k (0 = native top-k). k > native is an error.
   virtual void set_max_active_experts(int k) = 0;
+  /// Next-layer prefetch (exact): inside each MoE layer, once its reads are started, the next MoE
+  /// layer's router (after that layer's FFN norm) is applied to this layer's residual stream and
+  /// its m best experts per row are passed to ExpertProvider::hint(). Routing and outputs do not
+  /// change. 0 = off (the default). Models that cannot (a GPU backend) ignore it.
+  virtual void set_next_layer_prefetch(int m) { (void)m; }
   /// Replaces the expert provider (e.g. a streaming one); nullptr restores resident experts.
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
   /// The provider serving routed experts now.

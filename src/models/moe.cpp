@@ -73,10 +73,35 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   return s;
 }
 
+std::vector<int> MoeBlock::predict(const float* x, int64_t T, int m, ops::Backend& be) const {
+  const int E = m_.n_experts;
+  if (m_.router_input_scale || T <= 0 || m <= 0) return {};
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  be.matmul(router_, x, T, logits.data());
+  if (router_bias_p_ != nullptr) be.add_bias(logits.data(), router_bias_p_, T, E);
+  const bool sigmoid = m_.general_router() && m_.score == RouterScore::kSigmoid;
+  std::vector<char> chosen(static_cast<size_t>(E), 0);
+  std::vector<int> order(static_cast<size_t>(E));
+  const int mm = std::min(m, E);
+  for (int64_t t = 0; t < T; ++t) {
+    float* l = logits.data() + t * E;
+    if (sigmoid)
+      for (int e = 0; e < E; ++e) l[e] = 1.0f / (1.0f + std::exp(-l[e])) + (score_bias_.empty() ? 0.0f : score_bias_[e]);
+    for (int e = 0; e < E; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + mm, order.end(), [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int i = 0; i < mm; ++i) chosen[order[i]] = 1;
+  }
+  std::vector<int> ids;
+  for (int e = 0; e < E; ++e)
+    if (chosen[e]) ids.push_back(e);
+  return ids;
+}
+
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                        ops::Workspace& ws, const std::function<void()>& between, const float* residual,
-                       const RouteOverride* route_override, int64_t row0) const {
+                       const RouteOverride* route_override, int64_t row0,
+                       const std::function<void()>* after_prepare) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
@@ -166,6 +191,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const std::span<const int> first(groups.active.data(), std::min(batch, n_active));
   provider.prepare(layer, first);
   try {
+    if (after_prepare != nullptr && *after_prepare) (*after_prepare)();
     if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
     if (between) between();
   } catch (...) {
