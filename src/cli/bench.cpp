@@ -9,6 +9,10 @@
 // "tgNNN" and "tgNNN mtp", both greedy generations of NNN tokens from the same prompt through
 // engine::Session::generate (end-of-sequence ids ignored), the plain one without the head; the
 // mtp row adds the draft acceptance, tokens per verify step and the speedup over the plain row.
+// --routing-trace FILE forces every MoE layer's routing to a recorded trace's (experts::TraceMap:
+// any checkpoint, any size), so a synthetic checkpoint streams with real routing statistics:
+// pp test repetition r (-1 = warm-up) routes its prompt as trace tokens (r + 1) * n_prompt + i,
+// tg tests as experts::tg_trace_token() says (what `spool plan --trace` simulates).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,8 +22,11 @@
 
 #include "cli/common.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "common/sysinfo.h"
 #include "engine/session.h"
+#include "experts/cache_sim.h"
+#include "experts/routing_trace.h"
 #include "ops/matmul.h"
 
 namespace spool::cli {
@@ -35,6 +42,15 @@ struct BenchOptions {
   int64_t prefill_step = 512;
   std::string output = "md";
   std::vector<int> parallel = {1};  // concurrent sequences of the tg tests
+  std::string routing_trace;        // --routing-trace: replay this trace's routing
+};
+
+// --routing-trace: the trace, its map onto the model, and the trace token of each row of the
+// step about to run (the model's route_override reads it).
+struct Replay {
+  experts::Trace trace;
+  std::unique_ptr<experts::TraceMap> map;
+  std::vector<int64_t> rows;
 };
 
 // The prompt of the --spec tg pair when the model has a tokenizer (ordinary prose: a drafter's
@@ -47,12 +63,18 @@ constexpr const char* kSpecPrompt =
 // so each row sums its own windows).
 struct ExpertWindow {
   uint64_t requests = 0, hits = 0, bytes_read = 0;
+  uint64_t misses = 0, staged = 0, staged_used = 0;  // --prefetch-next: staged reads and those a layer used
+  double stall_s = 0;                                 // seconds acquire() waited for disk reads
   uint64_t vram_hits = 0, vram_misses = 0, vram_bytes = 0;
   double vram_stall_s = 0;
   void add(const TierStats& t) {
     requests += t.ram.requests;
     hits += t.ram.hits;
     bytes_read += t.ram.bytes_read;
+    misses += t.ram.misses;
+    staged += t.ram.staged;
+    staged_used += t.ram.staged_used;
+    stall_s += t.ram.stall_s;
     vram_hits += t.vram.hits;
     vram_misses += t.vram.misses;
     vram_bytes += t.vram.bytes_copied;
@@ -66,6 +88,8 @@ struct Result {
   int n_seqs = 1;          // sequences decoded together (tg)
   std::vector<double> ts;  // tokens per second per repetition (all sequences together)
   double hit_rate = 1.0, bytes_per_token = 0, experts_per_token = 0;
+  double stall_s = 0;                                 // disk waits of the timed repetitions
+  double staged_per_token = 0, staged_used_share = 0;  // --prefetch-next: reads per token; share of misses served
   // The VRAM tier (expert slots of a GPU run whose experts do not all fit): hit rate, host->device
   // bytes per token and seconds compute waited for slot copies, over the timed repetitions.
   bool vram_tier = false;
@@ -105,6 +129,9 @@ void set_expert_columns(Result& r, const Loaded& l, const ExpertWindow& w, doubl
   r.experts_per_token = tokens > 0 ? static_cast<double>(w.requests) / tokens : 0;
   r.hit_rate = l.streaming ? (w.requests ? static_cast<double>(w.hits) / w.requests : 0.0) : 1.0;
   r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
+  r.stall_s = w.stall_s;
+  r.staged_per_token = tokens > 0 ? static_cast<double>(w.staged) / tokens : 0;
+  r.staged_used_share = w.misses ? static_cast<double>(w.staged_used) / static_cast<double>(w.misses) : 0;
   if (l.expert_slots) {
     r.vram_tier = true;
     const uint64_t n = w.vram_hits + w.vram_misses;
@@ -116,7 +143,7 @@ void set_expert_columns(Result& r, const Loaded& l, const ExpertWindow& w, doubl
 
 // One pp (n_gen == 0) or tg (n_prompt == 0, n_seqs sequences together) test: warm-up + reps
 // timed runs.
-Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int n_seqs = 1) {
+Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int n_seqs = 1, Replay* replay = nullptr) {
   models::Model& m = *l.model;
   const int64_t V = m.spec().vocab_size;
   std::vector<float> logits(V);
@@ -136,6 +163,10 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
       const double t0 = now_seconds();
       for (int64_t i = 0; i < n_prompt; i += step) {
         const int64_t n = std::min<int64_t>(step, n_prompt - i);
+        if (replay) {
+          replay->rows.resize(static_cast<size_t>(n));
+          for (int64_t j = 0; j < n; ++j) replay->rows[j] = (static_cast<int64_t>(rep + 1) * n_prompt + i + j) % replay->trace.n_tokens;
+        }
         m.forward(std::span<const int32_t>(ids.data() + i, n), st, i + n == n_prompt ? models::LogitsMode::kLast : models::LogitsMode::kNone,
                   logits.data());
       }
@@ -143,7 +174,10 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
     } else if (n_seqs == 1) {
       const std::vector<int32_t> ids = random_ids(rng, n_gen, V);
       const double t0 = now_seconds();
-      for (int i = 0; i < n_gen; ++i) m.forward(std::span<const int32_t>(&ids[i], 1), st, models::LogitsMode::kLast, logits.data());
+      for (int i = 0; i < n_gen; ++i) {
+        if (replay) replay->rows.assign(1, experts::tg_trace_token(replay->trace.n_tokens, 0, 1, rep, n_gen, i));
+        m.forward(std::span<const int32_t>(&ids[i], 1), st, models::LogitsMode::kLast, logits.data());
+      }
       dt = now_seconds() - t0;
     } else {
       std::vector<models::State> states;
@@ -157,6 +191,10 @@ Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int 
       const double t0 = now_seconds();
       for (int i = 0; i < n_gen; ++i) {
         for (int q = 0; q < n_seqs; ++q) step_seqs[q] = {std::span<const int32_t>(&ids[q][i], 1), &states[q], models::LogitsMode::kLast, out[q].data()};
+        if (replay) {
+          replay->rows.resize(static_cast<size_t>(n_seqs));
+          for (int q = 0; q < n_seqs; ++q) replay->rows[q] = experts::tg_trace_token(replay->trace.n_tokens, q, n_seqs, rep, n_gen, i);
+        }
         m.forward_batch(step_seqs);
       }
       dt = now_seconds() - t0;
@@ -243,6 +281,12 @@ void run(const BenchOptions& o) {
   if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
   const engine::SpecParams spec = o.model.spec_params();  // UsageError for bad --spec / --draft-max values
   if (spec.mtp && o.n_gen == 0) throw UsageError("--spec mtp measures the tg test: -n must be > 0");
+  if (spec.mtp && !o.routing_trace.empty()) throw UsageError("--routing-trace and --spec mtp cannot be combined (drafts route on their own)");
+  std::unique_ptr<Replay> replay;
+  if (!o.routing_trace.empty()) {
+    replay = std::make_unique<Replay>();
+    replay->trace = experts::read_trace(o.routing_trace);  // before loading: a bad trace fails fast
+  }
   engine::LoadOptions lo = o.model.load_options();
   // The --spec pair generates after a prompt: the tokenizer first, to size the context.
   std::optional<tokenizer::Tokenizer> tok;
@@ -271,8 +315,20 @@ void run(const BenchOptions& o) {
     std::vector<int32_t> p = spec_prompt(l.tok, s.vocab_size);
     prompt = std::move(p);
   }
+  if (replay) {
+    replay->map = std::make_unique<experts::TraceMap>(replay->trace, moe_layers_of(s), s.moe.n_experts);
+    Replay* r = replay.get();
+    l.model->hooks.route_override = [r](int layer, int64_t row, std::span<int> ids, std::span<float> w) {
+      if (row < 0 || row >= static_cast<int64_t>(r->rows.size())) fail("--routing-trace: step row %lld has no trace token", (long long)row);
+      r->map->route(layer, r->rows[static_cast<size_t>(row)], ids, w);
+    };
+    const experts::TraceShape& ts = replay->trace.shape;
+    log_info("routing replayed from %s: %lld tokens of %s (%zu MoE layers, %d experts, top-%d) onto %d MoE layers of %d experts, top-%d",
+             o.routing_trace.c_str(), (long long)replay->trace.n_tokens, ts.model_type.c_str(), ts.moe_layers.size(), ts.n_experts,
+             ts.top_k, static_cast<int>(replay->map->target_moe_layers().size()), s.moe.n_experts, s.moe.top_k);
+  }
   std::vector<Result> results;
-  if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, o.prefill_step));
+  if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, o.prefill_step, 1, replay.get()));
   if (o.n_gen > 0)
     for (int n : o.parallel) {
       if (spec.mtp && n == 1) {
@@ -280,7 +336,7 @@ void run(const BenchOptions& o) {
         results.push_back(std::move(plain));
         results.push_back(std::move(mtp));
       } else {
-        results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n));
+        results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n, replay.get()));
       }
     }
   // The plain row of the --spec pair (the mtp row's speedup is over it).
@@ -327,6 +383,12 @@ void run(const BenchOptions& o) {
                      {"device", l.device},
                      {"h2d_pinned_gbps", h2d_pinned},
                      {"h2d_pageable_gbps", h2d_pageable}});
+      if (replay) arr.back()["routing_trace"] = o.routing_trace;
+      if (l.streaming) arr.back()["stall_s"] = r.stall_s;
+      if (o.model.prefetch_next > 0) {
+        arr.back()["prefetch_next_reads_per_token"] = r.staged_per_token;
+        arr.back()["prefetch_next_served_share"] = r.staged_used_share;  // of the misses
+      }
       if (spec.mtp && r.n_prompt == 0 && r.n_seqs == 1) {
         // The --spec pair: both rows say which they are; the mtp row carries the verify counts.
         auto& j = arr.back();
@@ -368,6 +430,10 @@ void run(const BenchOptions& o) {
                 format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token, extra.c_str());
   }
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
+  if (replay)
+    std::printf("routing replayed from %s (%lld tokens, %d experts top-%d onto %d top-%d; docs/routing-trace.md)\n",
+                o.routing_trace.c_str(), (long long)replay->trace.n_tokens, replay->trace.shape.n_experts, replay->trace.shape.top_k,
+                s.moe.n_experts, s.moe.top_k);
   if (l.device != "cpu")
     std::printf("%s: %s uploaded; host->device %.1f GB/s pinned, %.1f GB/s pageable (cudaMemcpy of 256 MiB)\n", l.device.c_str(),
                 format_bytes(l.vram_used).c_str(), h2d_pinned, h2d_pageable);
@@ -403,6 +469,9 @@ void register_bench(CLI::App& app) {
                 "Concurrent sequences of the tg test, comma-separated (e.g. 1,2,4,8): each N adds a 'tgNNN xN' row, "
                 "t/s summed over the N sequences decoded together (default 1)")
       ->delimiter(',');
+  c->add_option("--routing-trace", o->routing_trace,
+                "Force every MoE layer's routing to this trace's (spool calibrate --trace-out), mapped onto the model's "
+                "layers and experts (docs/routing-trace.md); use -p 0 to compare with spool plan --trace");
   c->callback([o] { run(*o); });
 }
 

@@ -583,6 +583,61 @@ TEST(Cli, StreamingStatsAreTheCounts) {
   EXPECT_NEAR(pf["experts_read_per_token"].get<double>() * T, requests - pf_hits + issued, 1e-6);
 }
 
+// Routing traces end to end on the demo model: calibrate records one, bench replays it through a
+// streaming cache, and plan's simulated hit rate and bytes read are exactly what bench measured
+// (one sequence and four); bad trace files are errors naming the file.
+TEST(Cli, RoutingTraceCalibratePlanBench) {
+  const std::string trace = ::testing::TempDir() + "/cli_trace_" + std::to_string(getpid()) + ".jsonl";
+  Result c = spool("calibrate -f " + kData + "/corpus/dev.txt --max-tokens 300 --window 100 --trace-out " + trace);
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("300 tokens x 8 MoE layers, 8 of 64 experts per token; hottest 10% of experts take"), std::string::npos) << c.out;
+  std::ifstream f(trace);
+  std::string header;
+  std::getline(f, header);
+  const auto h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["format"], "spool-routing-trace");
+  EXPECT_EQ(h["version"], 1);
+  EXPECT_EQ(h["n_experts"], 64);
+  EXPECT_EQ(h["top_k"], 8);
+  EXPECT_EQ(h["moe_layers"].size(), 8u);
+  // A budget of about a quarter of the demo's 512 experts.
+  const std::string budget = " --cache-budget-gb 0.006 ";
+  for (const std::string par : {std::string("1"), std::string("4")}) {
+    Result p = spool("plan --model " + std::string(SPOOL_DEFAULT_MODEL_DIR) + " --json --disk-gbps 1 --mem-gbps 10 --ram-gb 8 " + budget + "--trace " + trace + " -n 12 -r 2 --parallel " + par);
+    ASSERT_EQ(p.code, 0) << p.err;
+    const auto pj = nlohmann::json::parse(p.out);
+    ASSERT_TRUE(pj["trace"].is_object()) << p.out;
+    Result b = spool("bench -o json -p 0 -n 12 -r 2 -t 2 --stream --parallel " + par + budget + "--routing-trace " + trace);
+    ASSERT_EQ(b.code, 0) << b.err;
+    const auto bj = nlohmann::json::parse(b.out);
+    ASSERT_EQ(bj.size(), 1u);
+    EXPECT_EQ(bj[0]["routing_trace"], trace);
+    const double want = pj["trace"]["hit_rate"].get<double>();
+    EXPECT_GT(want, 0.05) << "--parallel " << par;
+    EXPECT_LT(want, 0.95) << "--parallel " << par;
+    EXPECT_DOUBLE_EQ(bj[0]["cache_hit_rate"].get<double>(), want) << "--parallel " << par;
+    EXPECT_NEAR(bj[0]["bytes_read_per_token"].get<double>(), pj["trace"]["bytes_read_per_token"].get<double>(),
+                1e-9 * pj["trace"]["bytes_read_per_token"].get<double>()) << "--parallel " << par;
+  }
+  const std::string bad = ::testing::TempDir() + "/cli_trace_bad_" + std::to_string(getpid()) + ".jsonl";
+  {
+    std::ofstream o(bad);
+    o << header << "\n" << R"({"l":0,"t":0,"e":[1,2],"w":[0.5,0.5]})" << "\n";
+  }
+  const std::vector<std::string> cmds = {"bench -p 0 -n 2 -r 1 --routing-trace ",
+                                         "plan --model " + std::string(SPOOL_DEFAULT_MODEL_DIR) + " --ram-gb 8 --cache-budget-gb 0.006 --trace "};
+  for (const std::string& cmd : cmds) {
+    Result r = spool(cmd + bad);
+    EXPECT_EQ(r.code, 1) << cmd << r.err;
+    EXPECT_NE(r.err.find(bad + ":2: 2 experts and 2 weights; the header's top_k is 8"), std::string::npos) << cmd << r.err;
+  }
+  Result none = spool("bench -p 0 -n 2 -r 1 --routing-trace " + trace + ".missing");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("cannot open the routing trace"), std::string::npos) << none.err;
+  fs::remove(trace);
+  fs::remove(bad);
+}
+
 // The tier statistics of `generate --json` (and its stats line) with expert slots in front of
 // the experts (--host-expert-slots: the VRAM tier's code over host memory on the CPU): every
 // decode token acquires K experts at each of the L MoE layers, each a slot hit or miss; each
@@ -854,6 +909,43 @@ TEST(Cli, ServeChatDeepSeekV3MatchesTheChatGoldens) {
     ++checked;
   }
   EXPECT_EQ(checked, 4);
+}
+
+// `spool serve --trace-out`: the served steps' routing, rows numbered through the steps (two
+// requests' prefill chunks and decode tokens), every token with every MoE layer; the file is a
+// trace bench replays.
+TEST(Cli, ServeTraceOutRecordsTheServedRows) {
+  const std::string trace = ::testing::TempDir() + "/cli_serve_trace_" + std::to_string(getpid()) + ".jsonl";
+  int64_t rows = 0;
+  {
+    Serve s("--threads 2 --ctx-size 128 --prefill-step-size 8 --parallel 2 --prompt-cache-checkpoints 0 --trace-out " + trace);
+    ASSERT_GT(s.port, 0) << slurp(s.log);
+    for (int r = 0; r < 2; ++r) {
+      const auto comp = s.post("/v1/completions", {{"prompt", {5, 17, 99, 3, 250, 7, 8, 1000, 42, 11, 12 + r}},
+                                                    {"max_tokens", 5}, {"temperature", 0}, {"logit_bias", {{"0", -100}}}});
+      ASSERT_TRUE(comp.is_object() && comp.contains("usage")) << comp.dump();
+      // The prompt's rows (no prefix reuse), then one decode row per generated token after the first.
+      rows += comp["usage"]["prompt_tokens"].get<int64_t>() + comp["usage"]["completion_tokens"].get<int64_t>() - 1;
+    }
+  }
+  std::ifstream f(trace);
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line));
+  const auto h = nlohmann::json::parse(line);
+  EXPECT_EQ(h["source"], "serve");
+  EXPECT_EQ(h["version"], 1);
+  std::set<std::pair<int64_t, int>> seen;
+  while (std::getline(f, line)) {
+    const auto r = nlohmann::json::parse(line);
+    EXPECT_TRUE(seen.emplace(r["t"].get<int64_t>(), r["l"].get<int>()).second) << line;
+    EXPECT_EQ(r["e"].size(), 8u);
+  }
+  EXPECT_GE(rows, 2 * 11);
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), rows * 8);
+  EXPECT_EQ(seen.rbegin()->first, rows - 1);
+  Result b = spool("bench -p 0 -n 4 -r 1 -o json --routing-trace " + trace);
+  EXPECT_EQ(b.code, 0) << b.err;
+  fs::remove(trace);
 }
 
 // ---------------------------------------------------------------- spool template render

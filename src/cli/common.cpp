@@ -29,6 +29,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_flag("--use-page-cache", use_page_cache, "Read experts through the OS page cache (default: when the model files are < 0.6 x available memory)");
   app->add_flag("--no-page-cache", no_page_cache, "Read experts with O_DIRECT, bypassing the page cache");
   app->add_option("--prefetch-ahead", prefetch_ahead, "Read the next N layers' likely experts in the background (default 0 = off)");
+  app->add_option("--prefetch-next", prefetch_next,
+                  "Exact next-layer prefetch: apply the next MoE layer's router to each MoE layer's input and read its M best "
+                  "experts per token into a staging area beside the cache (2M buffers; CPU; default 0 = off)");
   app->add_option("--pin-file", pin_file,
                   "JSON {\"pin\": [[layer, expert], ...]} of hot experts (from spool calibrate): kept resident in the streaming cache, or "
                   "placed in VRAM first by --vram-experts static");
@@ -87,6 +90,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   if (use_page_cache) o.page_cache = true;
   if (no_page_cache) o.page_cache = false;
   o.prefetch_ahead = prefetch_ahead;
+  o.prefetch_next = prefetch_next;
   o.pin_file = pin_file;
   o.max_active_experts = max_active_experts;
   o.strict_device = strict_device;
@@ -253,5 +257,23 @@ std::vector<int32_t> parse_id_list(const std::string& s) {
 }
 
 std::string read_file(const std::string& path) { return read_whole_file(path); }
+
+std::vector<int> moe_layers_of(const models::ModelSpec& spec) {
+  std::vector<int> v;
+  for (int i = 0; i < spec.n_layers; ++i)
+    if (spec.ffns[i] == models::FfnKind::kMoE) v.push_back(i);
+  return v;
+}
+
+experts::TraceShape trace_shape_of(const models::ModelSpec& spec, int active_k, const std::string& source) {
+  experts::TraceShape t;
+  t.model_type = spec.model_type;
+  t.n_layers = spec.n_layers;
+  t.moe_layers = moe_layers_of(spec);
+  t.n_experts = spec.moe.n_experts;
+  t.top_k = active_k > 0 ? std::min(active_k, spec.moe.top_k) : spec.moe.top_k;
+  t.source = source;
+  return t;
+}
 
 }  // namespace spool::cli

@@ -12,6 +12,7 @@
 #include "ops/thread_pool.h"
 #include "engine/loader.h"
 #include "engine/speculative.h"
+#include "experts/routing_trace.h"
 #include "tokenizer/tokenizer.h"
 #include <nlohmann/json.hpp>
 
@@ -27,6 +28,7 @@ struct ModelOptions {
   std::string io_engine = "pread";
   bool use_page_cache = false, no_page_cache = false;
   int prefetch_ahead = 0;
+  int prefetch_next = 0;  // --prefetch-next
   std::string pin_file;
   int max_active_experts = 0;
   int kv_bits = 32;
@@ -80,6 +82,12 @@ nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& window, int6
 std::string stats_line(const Loaded& l, const TierStats& window, int64_t tokens);
 /// Current counters of the tiers (zeros for those the run does not have).
 TierStats stats_snapshot(const Loaded& l);
+
+/// The MoE layers of `spec` (ascending decoder-layer indices).
+std::vector<int> moe_layers_of(const models::ModelSpec& spec);
+/// The header of a routing trace recorded from a model of `spec` routing `active_k` experts per
+/// token (0 = native top-k), by `source` ("calibrate" or "serve").
+experts::TraceShape trace_shape_of(const models::ModelSpec& spec, int active_k, const std::string& source);
 
 /// True if `dir` has a tokenizer.json.
 bool has_tokenizer(const std::string& dir);

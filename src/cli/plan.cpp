@@ -2,6 +2,9 @@
 // directory or HTTP(S) Range requests), or of a synth preset at its released size (--preset:
 // the headers `spool synth` would write, made in memory), projected against this machine or a
 // stated one.
+// --trace FILE (docs/routing-trace.md): the expert cache's hit rate, bytes read per token and
+// decode tok/s predicted by replaying a routing trace through a simulation of the cache
+// (experts::simulate_tg: what `spool bench -p 0 --routing-trace FILE` measures).
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +14,8 @@
 #include "common/error.h"
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
+#include "experts/cache_sim.h"
+#include "experts/routing_trace.h"
 #include "engine/loader.h"
 #include "models/state.h"
 #include "models/family.h"
@@ -44,11 +49,29 @@ struct PlanOptions {
   bool json = false;
   std::string spec = "none";    // --spec mtp: count the multi-token-prediction head (kept by the run)
   int draft_max = 1;            // --draft-max: the step trail's copies of the recurrent state per sequence
+  std::string trace;            // --trace: predict the cache from this routing trace
+  int n_gen = 128, reps = 5;    // --n-gen / --repetitions: the bench tg test the trace prediction is for
+};
+
+// --trace's prediction (TracePlan::from): the simulated cache over bench's tg test.
+struct TracePlan {
+  std::string file;
+  experts::TraceShape shape;
+  int64_t trace_tokens = 0;
+  int n_gen = 0, reps = 0, parallel = 1;
+  int64_t slots = 0;                 // cache entries (ExpertCache::capacity())
+  experts::TraceSimResult sim;
+  bool resident = false;             // experts resident (not streamed): no cache, nothing read
+  double hit_rate() const { return resident ? 1.0 : sim.hit_rate(); }
+  uint64_t expert_bytes = 0;         // what one miss reads (the expert; its aligned slot with O_DIRECT)
+  double read_per_token = 0;         // bytes read from disk per token (all sequences' tokens)
+  std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: memory time + disk time per token
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
 
-void print_text(const plan::Projection& p, const plan::ModelSource& src, const std::optional<plan::GpuProjection>& gpu) {
+void print_text(const plan::Projection& p, const plan::ModelSource& src, const std::optional<plan::GpuProjection>& gpu,
+                const std::optional<TracePlan>& tp) {
   const auto& s = p.spec;
   const auto& w = p.weights;
   const int n_attn = s.n_layers_of(models::MixerKind::kAttention) + s.n_layers_of(models::MixerKind::kMLA);
@@ -139,6 +162,20 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
       std::printf("\n");
     }
   }
+  if (tp) {
+    std::printf("trace      %s: %lld tokens of %s (%d experts top-%d) onto %d experts top-%d; bench tg%d x%d, %d repetitions after a "
+                "warm-up, %s\n",
+                tp->file.c_str(), (long long)tp->trace_tokens, tp->shape.model_type.c_str(), tp->shape.n_experts, tp->shape.top_k,
+                p.spec.moe.n_experts, p.spec.moe.top_k, tp->n_gen, tp->parallel, tp->reps,
+                tp->resident ? "every expert resident (no cache to simulate)"
+                             : strfmt("through %lld cache slots (LRU simulated)", (long long)tp->slots).c_str());
+    std::printf("           hit rate %.1f%% (uniform-routing estimate %.0f%%), %.2f experts and %s read per token",
+                100.0 * tp->hit_rate(), 100.0 * p.expected_hit_rate, tp->sim.misses_per_token(),
+                format_bytes(static_cast<uint64_t>(tp->read_per_token)).c_str());
+    if (tp->tok_s_disk_bound) std::printf(", <= %.1f tok/s from disk", *tp->tok_s_disk_bound);
+    if (tp->tok_s) std::printf(", ~%.1f tok/s decode (memory + disk time per token)", *tp->tok_s);
+    std::printf("\n");
+  }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
   if (p.verdict != plan::Verdict::kNoFit) {
     if (src.remote) std::printf("download   huggingface-cli download <repo> --local-dir %s   (or any copy of %s)\n", src.suggested_dir.c_str(), src.location.c_str());
@@ -147,7 +184,7 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
 }
 
 void print_json(const plan::Projection& p, const plan::ModelSource& src, const CgroupMemory& cg,
-                const std::optional<plan::GpuProjection>& gpu) {
+                const std::optional<plan::GpuProjection>& gpu, const std::optional<TracePlan>& tp) {
   nlohmann::ordered_json j;
   j["verdict"] = plan::verdict_name(p.verdict);
   j["peak_bytes"] = p.peak;
@@ -223,6 +260,28 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
   } else {
     j["gpu"] = nullptr;
   }
+  if (tp) {
+    auto opt = [](const std::optional<double>& v) { return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(); };
+    j["trace"] = {{"file", tp->file},
+                  {"trace_tokens", tp->trace_tokens},
+                  {"trace_model_type", tp->shape.model_type},
+                  {"trace_n_experts", tp->shape.n_experts},
+                  {"trace_top_k", tp->shape.top_k},
+                  {"n_gen", tp->n_gen},
+                  {"repetitions", tp->reps},
+                  {"parallel", tp->parallel},
+                  {"cache_slots", tp->slots},
+                  {"requests", tp->sim.requests},
+                  {"hits", tp->sim.hits},
+                  {"hit_rate", tp->hit_rate()},
+                  {"resident", tp->resident},
+                  {"experts_read_per_token", tp->sim.misses_per_token()},
+                  {"bytes_read_per_token", tp->read_per_token},
+                  {"decode_tok_s_disk_bound", opt(tp->tok_s_disk_bound)},
+                  {"decode_tok_s", opt(tp->tok_s)}};
+  } else {
+    j["trace"] = nullptr;
+  }
   j["notes"] = p.notes;
   std::printf("%s\n", j.dump(2).c_str());
 }
@@ -279,6 +338,8 @@ void run(const PlanOptions& o) {
   const bool mtp = o.spec == "mtp";
   if (mtp && (o.draft_max < 1 || o.draft_max > 16)) throw UsageError(strfmt("--draft-max must be 1..16 (got %d)", o.draft_max));
   if (!mtp && o.draft_max != 1) throw UsageError("--draft-max needs --spec mtp");
+  if (o.n_gen < 1 || o.n_gen > 1000000) throw UsageError(strfmt("--n-gen must be 1..1000000 (got %d)", o.n_gen));
+  if (o.reps < 1 || o.reps > 1000) throw UsageError(strfmt("--repetitions must be 1..1000 (got %d)", o.reps));
   if (mtp && !o.preset.empty()) throw UsageError("--spec mtp plans a model's own head: give --model, not --preset");
   plan::ModelSource src = o.preset.empty() ? plan::open_source(o.model, 1 << 20, mtp) : preset_source(o.preset);
   if (mtp && src.ckpt.mtp_layers() == 0)
@@ -344,8 +405,44 @@ void run(const PlanOptions& o) {
                                    format_bytes(src.ckpt.mtp_bytes()).c_str()));
   if (!this_machine) p.notes.push_back(strfmt("planned for %.1f GiB available (--ram-gb), not this machine", o.ram_gb));
   if (!in.disk_gbps && p.verdict == plan::Verdict::kStream) p.notes.push_back("give --disk-gbps for a decode bound from disk bandwidth");
-  if (o.json) print_json(p, src, cgroup_now, gpu);
-  else print_text(p, src, gpu);
+  std::optional<TracePlan> tp;
+  if (!o.trace.empty()) {
+    const experts::Trace trace = experts::read_trace(o.trace);
+    if (p.spec.moe.n_experts <= 0) fail("%s: --trace: the model has no routed experts", src.location.c_str());
+    const experts::TraceMap map(trace, moe_layers_of(p.spec), p.spec.moe.n_experts);
+    tp.emplace();
+    tp->file = o.trace;
+    tp->shape = trace.shape;
+    tp->trace_tokens = trace.n_tokens;
+    tp->n_gen = o.n_gen;
+    tp->reps = o.reps;
+    tp->parallel = o.parallel;
+    // What one miss reads: the expert's bytes through the page cache, its whole 4096-aligned
+    // slot with O_DIRECT (the reader's aligned extents).
+    tp->expert_bytes = p.verdict == plan::Verdict::kStream && !p.use_page_cache && p.slot_bytes ? p.slot_bytes
+                       : p.expert_count                                                     ? p.weights.experts / p.expert_count
+                                                                                            : 0;
+    // A streaming run's cache holds budget / slot entries (ExpertCache::capacity()); resident
+    // experts never miss (bench reports a 100% hit rate without streaming).
+    if (p.verdict == plan::Verdict::kStream && p.slot_bytes) {
+      tp->slots = std::max<int64_t>(1, static_cast<int64_t>(p.cache_budget / p.slot_bytes));
+      tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, tp->slots, o.n_gen, o.reps, o.parallel);
+    } else {
+      tp->slots = static_cast<int64_t>(p.expert_count);
+      tp->resident = true;
+      tp->sim.tokens = static_cast<int64_t>(o.reps) * o.n_gen * std::max(o.parallel, 1);
+    }
+    tp->read_per_token = tp->sim.misses_per_token() * static_cast<double>(tp->expert_bytes);
+    // A step of --parallel sequences: the active bytes read from memory once (the dense weights
+    // dominate them), every sequence's expert misses read from disk; tok/s over all sequences.
+    const double seqs = static_cast<double>(std::max(o.parallel, 1));
+    const double t_mem = p.mem_gbps && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*p.mem_gbps * 1e9) : 0;
+    const double t_disk = p.disk_gbps ? seqs * tp->read_per_token / (*p.disk_gbps * 1e9) : 0;
+    if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = seqs / t_disk;
+    if (p.mem_gbps && (p.disk_gbps || tp->read_per_token == 0) && t_mem + t_disk > 0) tp->tok_s = seqs / (t_mem + t_disk);
+  }
+  if (o.json) print_json(p, src, cgroup_now, gpu, tp);
+  else print_text(p, src, gpu, tp);
   std::fflush(stdout);
   // documented exit status: does not fit (host memory, or VRAM on a GPU run)
   if (p.verdict == plan::Verdict::kNoFit || (gpu && !gpu->placement.fits)) std::exit(1);
@@ -383,6 +480,11 @@ void register_plan(CLI::App& app) {
       ->check(CLI::IsMember({"none", "mtp"}));
   c->add_option("--draft-max", o->draft_max, "With --spec mtp: drafts per step (1..16, default 1): each sequence keeps that many copies "
                                              "of its Gated DeltaNet state");
+  c->add_option("--trace", o->trace,
+                "Predict the expert cache's hit rate, bytes read per token and decode tok/s from this routing trace (spool "
+                "calibrate --trace-out) by simulating the cache: what spool bench -p 0 -n N -r R --routing-trace FILE measures");
+  c->add_option("-n,--n-gen", o->n_gen, "With --trace: tokens per repetition of the bench tg test simulated (default 128)");
+  c->add_option("-r,--repetitions", o->reps, "With --trace: timed repetitions simulated after one warm-up (default 5)");
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;
     run(*o);

@@ -38,6 +38,7 @@ struct ServeOptions {
   std::string chat_template_kwargs;
   std::string chat_format;
   size_t responses_store = server::kDefaultResponsesStore;
+  std::string trace_out;  // --trace-out
 };
 
 void run(const ServeOptions& o) {
@@ -73,6 +74,7 @@ void run(const ServeOptions& o) {
   eo.kv_bits = lo.kv_bits;
   eo.max_active_experts = lo.max_active_experts;
   eo.spec = o.model.spec_params();
+  eo.trace_out = o.trace_out;
   // The loader keeps the KV cache of the whole context out of the expert-cache budget: give it the
   // context requests may use (the model's max_position_embeddings unless --ctx-size says).
   // The prompt cache's memory checkpoints each copy the whole Gated DeltaNet state: keep them
@@ -172,6 +174,9 @@ void register_serve(CLI::App& app) {
                 strfmt("/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, least recently used "
                        "dropped first (default %zu; 0 = none; at most %zu MiB of JSON in all)",
                        server::kDefaultResponsesStore, server::kResponsesStoreMaxBytes >> 20));
+  c->add_option("--trace-out", o->trace_out,
+                "Record the routing of every served step here (JSON lines, docs/routing-trace.md; rows of the steps in the order "
+                "they ran: prefill chunks, decode tokens); replay with spool bench --routing-trace, plan with spool plan --trace");
   c->callback([o] { run(*o); });
 }
 

@@ -215,6 +215,7 @@ void validate(const LoadOptions& opt) {
   if (opt.prefetch_workers < 1 || opt.prefetch_workers > 256)
     throw UsageError(strfmt("--prefetch-workers must be between 1 and 256 (got %d)", opt.prefetch_workers));
   if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
+  if (opt.prefetch_next < 0 || opt.prefetch_next > 1024) throw UsageError("--prefetch-next must be between 0 and 1024");
   if (opt.host_expert_slots < 0) throw UsageError(strfmt("--host-expert-slots must be >= 0 (got %d)", opt.host_expert_slots));
   if (opt.ctx_size < 1) throw UsageError(strfmt("--ctx-size must be positive (got %lld)", (long long)opt.ctx_size));
   if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
@@ -267,6 +268,7 @@ void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
   so.direct = !p.use_page_cache;
   if (so.direct) keep_experts_out_of_page_cache(*l.ckpt);
   so.prefetch_ahead = opt.prefetch_ahead;
+  so.stage_slots = 2 * opt.prefetch_next;  // the guesses of two layers in flight
   so.top_k = spec.moe.top_k;
   if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
   if (p.pinned_tier) so.pin_with = backend.get();
@@ -274,6 +276,7 @@ void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
                                                             spec.moe.intermediate, so);
   l.memory.cache_budget = l.streaming->cache_budget();
   l.model->set_expert_provider(l.streaming);
+  l.model->set_next_layer_prefetch(opt.prefetch_next);
   log_info("%s", l.streaming->describe().c_str());
 }
 
@@ -468,6 +471,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
         log_warn("--pin-file applies only when streaming experts (--stream) or placing them statically on a GPU (--vram-experts static); "
                  "all experts are resident, so it has no effect");
     }
+    if (opt.prefetch_next > 0)
+      log_warn("--prefetch-next applies only when streaming experts (--stream); all experts are resident, so it has no effect");
     if (opt.prefetch_ahead > 0)
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
   }

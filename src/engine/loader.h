@@ -30,6 +30,7 @@ struct LoadOptions {
   std::string io_engine = "pread";     // --io-engine pread|uring
   std::optional<bool> page_cache;      // --use-page-cache / --no-page-cache; nullopt = auto
   int prefetch_ahead = 0;              // --prefetch-ahead
+  int prefetch_next = 0;               // --prefetch-next: next-layer router guesses per row (0 = off)
   std::string pin_file;                // --pin-file
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)

@@ -30,6 +30,15 @@ class ExpertProvider {
     (void)layer;
     (void)ids;
   }
+  /// A guess that experts `ids` of `layer` will be asked for soon (the next MoE layer's router
+  /// applied early: models::DecoderModel::set_next_layer_prefetch). A provider that reads from
+  /// disk may start reading those it does not hold into a staging area that never evicts
+  /// cached experts; a wrong guess costs bandwidth only. Never blocks on I/O, never throws for
+  /// a read. Default: nothing.
+  virtual void hint(int layer, std::span<const int> ids) {
+    (void)layer;
+    (void)ids;
+  }
   /// Undoes a prepare(layer, ids) whose acquire() will not come (an error in between).
   virtual void unprepare(int layer, std::span<const int> ids) {
     (void)layer;

@@ -27,6 +27,8 @@ StreamingStats StreamingStats::operator-(const StreamingStats& o) const {
   d.prefetch_rescued -= o.prefetch_rescued;
   d.evictions -= o.evictions;
   d.stall_s -= o.stall_s;
+  d.staged -= o.staged;
+  d.staged_used -= o.staged_used;
   return d;
 }
 
@@ -74,12 +76,19 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
     in_use_.resize(moe_layers.size());
     prepared_.resize(moe_layers.size());
     last_ids_.resize(moe_layers.size());
+    for (int i = 0; i < opt_.stage_slots; ++i) {
+      Stage st;
+      st.data = static_cast<uint8_t*>(std::aligned_alloc(4096, (store_.slot_bytes() + 4095) / 4096 * 4096));
+      if (st.data == nullptr) fail("out of memory allocating the expert staging area (--prefetch-next)");
+      stage_.push_back(std::move(st));
+    }
     if (cache_.capacity() < opt_.top_k)
       log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
                (long long)cache_.capacity(), opt_.top_k);
     load_pins();
   } catch (...) {
     reader_.reset();
+    for (Stage& st : stage_) std::free(st.data);
     if (locked_ != nullptr) opt_.pin_with->unpin_host(locked_);
     throw;
   }
@@ -87,6 +96,7 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
 
 StreamingExperts::~StreamingExperts() {
   reader_.reset();  // joins I/O threads: no callback touches the cache after this
+  for (Stage& st : stage_) std::free(st.data);
   if (locked_ != nullptr) opt_.pin_with->unpin_host(locked_);
 }
 
@@ -215,7 +225,13 @@ void StreamingExperts::lookup_and_pin(int layer, std::span<const int> ids, std::
       } else {
         ++stats_.misses;
         e = cache_.insert(layer, ids[i]);
-        misses.push_back(e);
+        const int st = stage_.empty() ? -1 : find_stage(layer, ids[i]);
+        if (st >= 0) {  // read by hint(): its bytes now, or when that read completes
+          ++stats_.staged_used;
+          if (!adopt_stage(st, e)) waits.push_back(e);
+        } else {
+          misses.push_back(e);
+        }
       }
       ++e->pins;
       cache_.touch(e);
@@ -369,9 +385,91 @@ void StreamingExperts::prepare(int layer, std::span<const int> ids) {
     e->prepared = true;
     ++e->pins;
     prepared_[layer].push_back(e);
-    todo.push_back(e);
+    const int st = stage_.empty() ? -1 : find_stage(layer, id);
+    if (st >= 0) {  // read by hint(): no second read
+      ++stats_.staged_used;
+      adopt_stage(st, e);
+    } else {
+      todo.push_back(e);
+    }
   }
   if (!todo.empty()) submit_background(std::move(todo));
+}
+
+int StreamingExperts::find_stage(int layer, int expert) const {
+  for (size_t i = 0; i < stage_.size(); ++i)
+    if (stage_[i].layer == layer && stage_[i].expert == expert) return static_cast<int>(i);
+  return -1;
+}
+
+bool StreamingExperts::adopt_stage(int slot, ExpertCache::Entry* e) {
+  Stage& st = stage_[static_cast<size_t>(slot)];
+  if (st.state == ExpertCache::State::kLoading) {
+    st.adopters.push_back(e);
+    return false;
+  }
+  std::memcpy(e->data, st.data, store_.slot_bytes());
+  e->state = ExpertCache::State::kReady;
+  st.layer = st.expert = -1;  // the bytes live in the cache now
+  return true;
+}
+
+void StreamingExperts::hint(int layer, std::span<const int> ids) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stage_.empty() || !store_.has_layer(layer)) return;
+  std::vector<int> slots;
+  for (int id : ids) {
+    if (id < 0 || id >= store_.n_experts() || cache_.find(layer, id) != nullptr || find_stage(layer, id) >= 0) continue;
+    // A free buffer, else the oldest staged expert nobody waits for; none: the staging area is
+    // all in flight (the disk is behind), and the remaining guesses are dropped.
+    int pick = -1;
+    for (size_t i = 0; i < stage_.size(); ++i) {
+      const Stage& st = stage_[i];
+      if (st.layer < 0) {
+        pick = static_cast<int>(i);
+        break;
+      }
+      if (st.state != ExpertCache::State::kLoading && st.adopters.empty() &&
+          (pick < 0 || st.seq < stage_[static_cast<size_t>(pick)].seq))
+        pick = static_cast<int>(i);
+    }
+    if (pick < 0) break;
+    Stage& st = stage_[static_cast<size_t>(pick)];
+    st.layer = layer;
+    st.expert = id;
+    st.state = ExpertCache::State::kLoading;
+    st.seq = ++stage_seq_;
+    slots.push_back(pick);
+  }
+  if (slots.empty()) return;
+  stats_.staged += slots.size();
+  std::vector<ExpertCache::Entry> views(slots.size());  // plan_reads reads layer, expert and data only
+  std::vector<ExpertCache::Entry*> ptrs;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    views[i].layer = layer;
+    views[i].expert = stage_[static_cast<size_t>(slots[i])].expert;
+    views[i].data = stage_[static_cast<size_t>(slots[i])].data;
+    ptrs.push_back(&views[i]);
+  }
+  reader_->submit(plan_reads(ptrs), [this, slots](std::exception_ptr err) {
+    {
+      std::lock_guard<std::mutex> lk2(mu_);
+      for (int i : slots) {
+        Stage& st = stage_[static_cast<size_t>(i)];
+        const std::string why = err ? "" : check_slot(st.layer, st.expert, st.data);
+        if (!why.empty()) log_warn("%s", why.c_str());
+        const bool ok = !err && why.empty();
+        st.state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
+        for (ExpertCache::Entry* e : st.adopters) {
+          if (ok) std::memcpy(e->data, st.data, store_.slot_bytes());
+          e->state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
+        }
+        if (!ok || !st.adopters.empty()) st.layer = st.expert = -1;  // failed, or moved into the cache
+        st.adopters.clear();
+      }
+    }
+    ready_cv_.notify_all();
+  });
 }
 
 bool StreamingExperts::drop_prepared_pin(ExpertCache::Entry* e) {
@@ -441,7 +539,8 @@ std::string StreamingExperts::describe() const {
                 (long long)cache_.capacity(), format_bytes(store_.slot_bytes()).c_str(),
                 opt_.engine == io::IoEngine::kUring ? "io_uring" : "pread",
                 reader_->direct() ? "O_DIRECT" : (opt_.direct ? "buffered+DONTNEED" : "page cache"), opt_.workers,
-                opt_.prefetch_ahead > 0 ? strfmt(", prefetch-ahead %d", opt_.prefetch_ahead).c_str() : "");
+                opt_.prefetch_ahead > 0 ? strfmt(", prefetch-ahead %d", opt_.prefetch_ahead).c_str() : "")
+         + (stage_.empty() ? "" : strfmt(", %zu staging buffers for next-layer prefetch", stage_.size()));
 }
 
 }  // namespace spool::experts

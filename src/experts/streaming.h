@@ -44,6 +44,9 @@ struct StreamingOptions {
   /// The cache holds every expert (its budget is their count times the slot size, whatever
   /// cache_budget_bytes says): the loader's rule when the whole expert set fits in memory.
   bool hold_all = false;
+  /// Buffers of the staging area hint() reads into (--prefetch-next; 0 = hints ignored). Not
+  /// part of the cache budget: staged experts enter the cache only when a layer asks for them.
+  int stage_slots = 0;
 };
 
 /// Counters since construction. A "request" is one expert asked for by a layer.
@@ -54,6 +57,9 @@ struct StreamingStats {
   bool prefetch_disabled = false;
   uint64_t evictions = 0, cache_peak_bytes = 0;
   double stall_s = 0;             // seconds acquire() waited for disk reads (its own and prepared/prefetched ones)
+  /// hint(): experts read into the staging area, and those a layer then asked for (misses of the
+  /// cache served from the staging area, counted in `misses` too).
+  uint64_t staged = 0, staged_used = 0;
   uint64_t pinned_bytes = 0;      // page-locked cache bytes (StreamingOptions::pin_with; a gauge)
   double hit_rate() const { return requests ? static_cast<double>(hits) / requests : 0.0; }
   /// Share of would-be misses that prefetch-ahead turned into hits: rescued / (rescued + misses).
@@ -80,6 +86,10 @@ class StreamingExperts final : public ExpertProvider {
   /// and counts them as misses.
   void prepare(int layer, std::span<const int> ids) override;
   void unprepare(int layer, std::span<const int> ids) override;
+  /// Reads the experts of `ids` that are neither cached nor staged into free staging buffers
+  /// (StreamingOptions::stage_slots; the oldest staged expert nobody waits for is dropped when
+  /// none is free). A layer that then misses one of them takes its bytes from the staging area.
+  void hint(int layer, std::span<const int> ids) override;
   /// The experts of `ids` whose bytes are in the cache now (read and checked), acquired as by
   /// acquire() and counted the same way (a hit, or a miss when prepare() read it).
   size_t acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override;
@@ -113,6 +123,22 @@ class StreamingExperts final : public ExpertProvider {
   // else an error message naming the tensor.
   std::string check_slot(int layer, int expert, const uint8_t* slot) const;
   void load_pins();
+  // The staging area (hint()). A slot holds one expert's bytes; entries of the cache that asked
+  // for it while it loads (adopters) get them copied in when the read completes.
+  struct Stage {
+    int layer = -1, expert = -1;
+    uint8_t* data = nullptr;
+    ExpertCache::State state = ExpertCache::State::kReady;
+    uint64_t seq = 0;  // hint order (the oldest is recycled first)
+    std::vector<ExpertCache::Entry*> adopters;
+  };
+  std::vector<Stage> stage_;
+  uint64_t stage_seq_ = 0;
+  // Under mu_: the staging slot holding (layer, expert), or -1.
+  int find_stage(int layer, int expert) const;
+  // Under mu_: a new cache entry `e` (kLoading) for a staged expert gets the staged bytes (now,
+  // or when the staged read completes). Returns true when `e` is ready now.
+  bool adopt_stage(int slot, ExpertCache::Entry* e);
 
   std::shared_ptr<const io::Checkpoint> ckpt_;
   StreamingOptions opt_;

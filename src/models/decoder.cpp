@@ -13,6 +13,7 @@
 #include "experts/resident.h"
 #include "experts/weight_views.h"
 #include "models/bind.h"
+#include "models/moe.h"
 #include "ops/ggml_blocks.h"
 #include "quant/hadamard.h"
 #include "quant/quantize.h"
@@ -395,7 +396,7 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
       cv.wait(lk, [&] { return turn == me || done[1 - me]; });
     }
     try {
-      run_layers(sg[me], rows[me], g[me], *ws[me], [&, me] { hand_over(me); });
+      run_layers(sg[me], rows[me], g[me], *ws[me], [&, me] { hand_over(me); }, me == 0 ? 0 : r1);
     } catch (...) {
       err[me] = std::current_exception();
     }
@@ -412,8 +413,10 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
 }
 
 void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
-                              const std::function<void()>& between) {
+                              const std::function<void()>& between, int64_t row0) {
   FfnStep step;
+  step.route_override = &hooks.route_override;
+  step.row0 = row0;
   step.top_k = top_k_;
   step.provider = provider_.get();
   step.on_route = &hooks.on_route;
@@ -439,7 +442,26 @@ void DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const
   be.add(s.h, s.tmp, N * H);
   be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
   step.layer = i;
+  // Next-layer prefetch: the next MoE layer's router on its FFN norm of this residual stream,
+  // run once this layer's own reads are in flight (host memory: CPU backends only).
+  std::function<void()> hint;
+  if (next_prefetch_ > 0 && be.device() == ops::Device::kCpu && L.ffn->routed() && i + 1 < spec_.n_layers) {
+    int j = i + 1;
+    while (j < spec_.n_layers && !layers_[j].ffn->routed()) ++j;
+    const MoeBlock* next = j < spec_.n_layers ? layers_[j].ffn->moe() : nullptr;
+    if (next != nullptr) {
+      const float* norm = spec_.sandwich_norms ? layers_[j].pre_ffn_p : layers_[j].post_norm_p;
+      hint = [this, next, norm, j, N, H, eps, &s, &be] {
+        std::vector<float> xn(static_cast<size_t>(N * H));
+        be.rms_norm(s.h, norm, N, H, eps, xn.data());
+        const std::vector<int> ids = next->predict(xn.data(), N, next_prefetch_, be);
+        if (!ids.empty()) provider_->hint(j, ids);
+      };
+    }
+  }
+  step.after_prepare = &hint;
   L.ffn->forward(s.xn, s.h, N, step, s.tmp, be, ws);
+  step.after_prepare = nullptr;
   if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_ffn_p, N, H, eps, s.tmp);
   be.add(s.h, s.tmp, N * H);
   if (spec_.residual_scale) be.scale(s.h, N * H, L.scalar);  // the whole residual stream

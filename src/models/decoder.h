@@ -53,6 +53,7 @@ class DecoderModel : public Model {
   void forward(std::span<const int32_t> ids, State& state, LogitsMode mode, float* logits) override;
   void forward_batch(std::span<const SeqStep> seqs) override;
   void set_max_active_experts(int k) override;
+  void set_next_layer_prefetch(int m) override { next_prefetch_ = m > 0 ? m : 0; }
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
   experts::ExpertProvider& expert_provider() override { return *provider_; }
   std::shared_ptr<experts::ExpertProvider> shared_expert_provider() override { return provider_; }
@@ -77,9 +78,10 @@ class DecoderModel : public Model {
   // forward_batch() steps: embeddings, every layer over s.h (updates the states), then final
   // norm + lm_head for the rows whose logits are wanted.
   void embed(std::span<const int32_t> ids, float* h);
-  // `between` runs inside each MoE layer once its expert reads are started (may be empty).
+  // `between` runs inside each MoE layer once its expert reads are started (may be empty);
+  // `row0`: the step row of s's row 0 (hooks.route_override numbers the step's rows).
   void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
-                  const std::function<void()>& between);
+                  const std::function<void()>& between, int64_t row0 = 0);
   // Layer i (of the main stack or the MTP layers after it) over the step's N rows.
   void run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws, FfnStep& step);
   // The multi-token-prediction head's tensors (bind() when spec_.mtp_layers > 0).
@@ -130,6 +132,7 @@ class DecoderModel : public Model {
   const float *mtp_enorm_p_ = nullptr, *mtp_hnorm_p_ = nullptr, *mtp_norm_p_ = nullptr;
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
+  int next_prefetch_ = 0;  // set_next_layer_prefetch
   ops::KvType kv_type_ = ops::KvType::kF32;
 };
 

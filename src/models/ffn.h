@@ -43,6 +43,7 @@ class MoeFfn final : public Ffn {
   void forward(const float* x, const float* residual, int64_t N, const FfnStep& step, float* out, ops::Backend& be,
                ops::Workspace& ws) const override;
   bool routed() const override { return true; }
+  const MoeBlock* moe() const override { return &moe_; }
 
  private:
   MoeBlock moe_;

@@ -26,6 +26,8 @@
 
 namespace spool::models {
 
+class MoeBlock;
+
 /// One sequence's rows within a step: rows [row0, row0 + T) of the step's [N, hidden] matrices,
 /// at positions [pos0, pos0 + T), and the sequence's state (caches, recurrent states).
 struct SeqRows {
@@ -63,6 +65,12 @@ using RouteObserver = std::function<void(int layer, int64_t token, std::span<con
 /// the k-th chosen expert minus that of the best expert left out. A margin near float
 /// precision (~1e-7) means another implementation may legitimately route differently.
 using MarginObserver = std::function<void(int layer, int64_t token, float margin)>;
+/// Replaces the router's choice of one token row at one MoE layer (after the router ran, before
+/// the experts are fetched): `experts` (top_k ids, best first) and `weights` (host memory) are
+/// overwritten in place; ids must stay distinct and in [0, n_experts). `row` counts the step's
+/// rows in the order Model::forward_batch concatenates its sequences. `spool bench
+/// --routing-trace` replays a recorded trace with it (experts::TraceMap).
+using RouteOverride = std::function<void(int layer, int64_t row, std::span<int> experts, std::span<float> weights)>;
 
 /// Per-step inputs an FFN may need beyond its rows: the layer, the routed-expert count, the
 /// expert provider, observers and the hand-over point of a pipelined step (MoeBlock::forward).
@@ -73,6 +81,11 @@ struct FfnStep {
   const RouteObserver* on_route = nullptr;        // may point to an empty function
   const MarginObserver* on_margin = nullptr;      // may point to an empty function
   const std::function<void()>* between = nullptr;  // may point to an empty function
+  const RouteOverride* route_override = nullptr;  // null or an empty function: the router decides
+  int64_t row0 = 0;  // the step row of this call's row 0 (a pipelined group's offset)
+  /// Runs inside a MoE layer right after its first batch's reads were started (provider
+  /// prepare()): the decoder's next-layer prefetch hint. Null or empty: nothing.
+  const std::function<void()>* after_prepare = nullptr;
 };
 
 /// A layer's feed-forward block. Implementations: DenseFfn, MoeFfn, ParallelDenseMoeFfn.
@@ -92,6 +105,9 @@ class Ffn {
                        ops::Backend& be, ops::Workspace& ws) const = 0;
   /// Whether the block routes to experts (the layer is a "MoE layer" for the expert provider).
   virtual bool routed() const = 0;
+  /// The MoE block whose router reads the decoder's normed FFN input (MoeFfn), for next-layer
+  /// prefetch; null for other blocks.
+  virtual const MoeBlock* moe() const { return nullptr; }
 };
 
 /// The token mixer of ModelSpec::mixers[layer], unbound (`gdn_layout`: the Gated DeltaNet

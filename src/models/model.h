@@ -61,6 +61,8 @@ struct MtpStep {
 struct ForwardHooks {
   RouteObserver on_route;     // per (MoE layer, token) chosen experts
   MarginObserver on_margin;   // per (MoE layer, token) routing margin
+  /// Forces routing (RouteOverride); runs before on_route, which sees the forced choice.
+  RouteOverride route_override;
   /// hidden[T, H] entering layer `index` (index == n_layers: after the final norm).
   std::function<void(int index, const float* hidden, int64_t T)> on_hidden;
 };
@@ -88,6 +90,11 @@ class Model {
   virtual void forward_batch(std::span<const SeqStep> seqs) = 0;
   /// Caps routed experts per token to k (0 = native top-k). k > native is an error.
   virtual void set_max_active_experts(int k) = 0;
+  /// Next-layer prefetch (exact): inside each MoE layer, once its reads are started, the next MoE
+  /// layer's router (after that layer's FFN norm) is applied to this layer's residual stream and
+  /// its m best experts per row are passed to ExpertProvider::hint(). Routing and outputs do not
+  /// change. 0 = off (the default). Models that cannot (a GPU backend) ignore it.
+  virtual void set_next_layer_prefetch(int m) { (void)m; }
   /// Replaces the expert provider (e.g. a streaming one); nullptr restores resident experts.
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
   /// The provider serving routed experts now.

@@ -73,9 +73,35 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   return s;
 }
 
+std::vector<int> MoeBlock::predict(const float* x, int64_t T, int m, ops::Backend& be) const {
+  const int E = m_.n_experts;
+  if (m_.router_input_scale || T <= 0 || m <= 0) return {};
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  be.matmul(router_, x, T, logits.data());
+  if (router_bias_p_ != nullptr) be.add_bias(logits.data(), router_bias_p_, T, E);
+  const bool sigmoid = m_.general_router() && m_.score == RouterScore::kSigmoid;
+  std::vector<char> chosen(static_cast<size_t>(E), 0);
+  std::vector<int> order(static_cast<size_t>(E));
+  const int mm = std::min(m, E);
+  for (int64_t t = 0; t < T; ++t) {
+    float* l = logits.data() + t * E;
+    if (sigmoid)
+      for (int e = 0; e < E; ++e) l[e] = 1.0f / (1.0f + std::exp(-l[e])) + (score_bias_.empty() ? 0.0f : score_bias_[e]);
+    for (int e = 0; e < E; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + mm, order.end(), [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int i = 0; i < mm; ++i) chosen[order[i]] = 1;
+  }
+  std::vector<int> ids;
+  for (int e = 0; e < E; ++e)
+    if (chosen[e]) ids.push_back(e);
+  return ids;
+}
+
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-                       ops::Workspace& ws, const std::function<void()>& between, const float* residual) const {
+                       ops::Workspace& ws, const std::function<void()>& between, const float* residual,
+                       const RouteOverride* route_override, int64_t row0,
+                       const std::function<void()>* after_prepare) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
@@ -90,7 +116,8 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // Experts the backend reaches through a device table (every expert uploaded to a GPU): routing
   // ids and weights stay on the device and the experts run from there (no host round trip).
   const bool plain = !m_.general_router() && !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
-  const void* table = margins || observer || !plain ? nullptr : provider.device_table(layer);
+  const bool forced = route_override != nullptr && *route_override;
+  const void* table = margins || observer || forced || !plain ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
     // The shared expert joins the routed experts' launches where the backend takes it (the same
@@ -118,6 +145,20 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids, s.weights, margins ? s.margins : nullptr);
   }
   if (m_.per_expert_scale) be.mul_indexed(s.weights, s.ids, expert_scale_.data(), T * K);  // after the renormalisation
+  if (forced) {  // the caller's routing replaces the router's (weights through host memory)
+    std::vector<float> wh(static_cast<size_t>(T * K));
+    be.to_host(s.weights, T * K, wh.data());
+    for (int64_t t = 0; t < T; ++t) {
+      int* ids = s.ids + t * K;
+      (*route_override)(layer, row0 + t, std::span<int>(ids, K), std::span<float>(wh.data() + t * K, K));
+      for (int i = 0; i < K; ++i) {
+        if (ids[i] < 0 || ids[i] >= E) fail("forced routing: expert %d of layer %d is outside 0..%d", ids[i], layer, E - 1);
+        for (int j = 0; j < i; ++j)
+          if (ids[j] == ids[i]) fail("forced routing: expert %d of layer %d chosen twice for one token", ids[i], layer);
+      }
+    }
+    be.row_to_f32(ops::WType::kF32, wh.data(), T * K, s.weights);
+  }
   if (margins || observer) {
     // Observers get host memory: on a GPU backend the weights and margins are copied down.
     const float* wts = s.weights;
@@ -134,8 +175,8 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
       }
     }
     for (int64_t t = 0; t < T; ++t) {
-      if (margins) margins(layer, t, mgs[t]);
-      if (observer) observer(layer, t, std::span<const int>(s.ids + t * K, K), std::span<const float>(wts + t * K, K));
+      if (margins) margins(layer, row0 + t, mgs[t]);
+      if (observer) observer(layer, row0 + t, std::span<const int>(s.ids + t * K, K), std::span<const float>(wts + t * K, K));
     }
   }
 
@@ -150,6 +191,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const std::span<const int> first(groups.active.data(), std::min(batch, n_active));
   provider.prepare(layer, first);
   try {
+    if (after_prepare != nullptr && *after_prepare) (*after_prepare)();
     if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
     if (between) between();
   } catch (...) {

@@ -74,9 +74,21 @@ class MoeBlock {
   /// acquired: DecoderModel hands the CPU to another group of sequences there, so their
   /// compute hides these reads. `residual` [T, H]: the layer's residual stream, which the
   /// router reads instead of x with MoeSpec::router_input_scale (required then).
+  /// `route_override` (may be null or empty) replaces each row's experts and weights after
+  /// routing (RouteOverride; its rows are numbered from `row0`, as the observers' are); the
+  /// observers see the replaced choice. Throws spool::Error for an overridden id outside
+  /// [0, n_experts) or listed twice in a row.
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
-               ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr) const;
+               ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr,
+               const RouteOverride* route_override = nullptr, int64_t row0 = 0,
+               const std::function<void()>* after_prepare = nullptr) const;
+  /// Next-layer prefetch guesses: the experts this block's router ranks among the m best for any
+  /// row of x [T, H] (the router's input: this layer's normed FFN input, in host memory on a CPU
+  /// backend), distinct, ascending. Selection scores as routing ranks them (logits, + router
+  /// bias; sigmoid + score bias for sigmoid routers), without groups. Empty for a router that
+  /// reads the residual stream (MoeSpec::router_input_scale). Never changes routing.
+  std::vector<int> predict(const float* x, int64_t T, int m, ops::Backend& be) const;
 
  private:
   MoeSpec m_;

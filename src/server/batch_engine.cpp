@@ -77,9 +77,11 @@ BatchEngine::BatchEngine(models::Model& model, const tokenizer::Tokenizer& tok, 
   model_.reserve_workspace(plan::step_rows(chunk, opt.parallel) + (opt.parallel - 1) * (per_slot - 1), opt.parallel);
   stats_.slots = opt.parallel;
   stats_.tokens_le.assign(std::size(BatchStats::kTokenBuckets) + 1, 0);
-  model_.hooks.on_route = [this](int layer, int64_t row, std::span<const int> experts, std::span<const float>) {
+  model_.hooks.on_route = [this](int layer, int64_t row, std::span<const int> experts, std::span<const float> weights) {
     if (!counting_ || row < 0 || row >= static_cast<int64_t>(row_seq_.size())) return;
     for (int e : experts) routes_.emplace_back(layer, static_cast<int>(row_seq_[static_cast<size_t>(row)]), e);
+    if (opt_.trace)  // written once the step succeeded (a failed step leaves no partial token)
+      trace_step_.push_back({layer, row, std::vector<int>(experts.begin(), experts.end()), std::vector<float>(weights.begin(), weights.end())});
   };
   thread_ = std::thread([this] { loop(); });
 }
@@ -313,6 +315,7 @@ void BatchEngine::step() {
   row_seq_.clear();
   for (size_t i = 0; i < batch.size(); ++i) row_seq_.insert(row_seq_.end(), batch[i].ids.size(), static_cast<int64_t>(i));
   routes_.clear();
+  trace_step_.clear();
   counting_ = true;
   try {
     model_.forward_batch(batch);
@@ -326,6 +329,16 @@ void BatchEngine::step() {
     return;
   }
   counting_ = false;
+  if (opt_.trace) {
+    try {
+      for (const experts::TraceRecord& r : trace_step_) opt_.trace->write(r.layer, trace_row0_ + r.token, r.experts, r.weights);
+      opt_.trace->flush();
+      trace_row0_ += static_cast<int64_t>(row_seq_.size());
+    } catch (const std::exception& e) {
+      log_warn("--trace-out: %s; the routing trace ends here", e.what());
+      opt_.trace.reset();
+    }
+  }
   {
     // Expert sharing: distinct (layer, expert) of the step vs distinct (layer, sequence, expert).
     std::sort(routes_.begin(), routes_.end());

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "engine/speculative.h"
+#include "experts/routing_trace.h"
 #include "models/model.h"
 #include "server/disk_cache.h"
 #include "server/generator.h"
@@ -98,6 +99,10 @@ struct BatchOptions {
   DiskCache* disk = nullptr;        ///< shared by every slot (thread-safe); not owned
   bool tool_syntax_greedy = false;
   engine::SpecParams spec;          ///< --spec mtp: draft with the model's MTP head (the model must have one)
+  /// --trace-out: every step's routing, its rows numbered on from the previous step's (prefill
+  /// chunks, decode and draft rows as the step runs them; docs/routing-trace.md); flushed after
+  /// each step. A write error is logged and ends the trace, never a request.
+  std::shared_ptr<experts::TraceWriter> trace;
 };
 
 /// Counters of the engine since it started (for /metrics).
@@ -178,6 +183,8 @@ class BatchEngine {
   std::atomic<bool> counting_{false};
   std::vector<int64_t> row_seq_;  // row of the step -> sequence index
   std::vector<std::tuple<int, int, int>> routes_;
+  int64_t trace_row0_ = 0;  // --trace-out: trace token of the step's row 0
+  std::vector<experts::TraceRecord> trace_step_;  // --trace-out: the step's records (token = row) until it succeeds
   std::thread thread_;
 };
 

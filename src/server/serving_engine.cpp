@@ -62,6 +62,7 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
   e->cache = std::make_unique<PromptCache>(opt.prefill_step, opt.cache_checkpoints, e->disk.get());
   e->gen = std::make_unique<Generator>(*e->session, *e->cache, *l.tok, opt.tool_syntax_greedy);
   if (opt.parallel < 0) throw UsageError(strfmt("--parallel must be >= 1 (got %d)", opt.parallel));
+  if (opt.parallel == 0 && !opt.trace_out.empty()) throw UsageError("--trace-out records the batch engine's steps: it needs --parallel >= 1");
   if (opt.parallel > 0) {
     BatchOptions bo;
     bo.parallel = opt.parallel;
@@ -71,6 +72,17 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     bo.disk = e->disk.get();
     bo.tool_syntax_greedy = opt.tool_syntax_greedy;
     bo.spec = opt.spec;
+    if (!opt.trace_out.empty()) {
+      experts::TraceShape ts;
+      ts.model_type = spec.model_type;
+      ts.n_layers = spec.n_layers;
+      for (int i = 0; i < spec.n_layers; ++i)
+        if (spec.ffns[i] == models::FfnKind::kMoE) ts.moe_layers.push_back(i);
+      ts.n_experts = spec.moe.n_experts;
+      ts.top_k = opt.max_active_experts > 0 ? std::min(opt.max_active_experts, spec.moe.top_k) : spec.moe.top_k;
+      ts.source = "serve";
+      bo.trace = std::make_shared<experts::TraceWriter>(opt.trace_out, ts);
+    }
     e->batch = std::make_unique<BatchEngine>(*l.model, *l.tok, bo);
   }
   return e;

@@ -39,6 +39,7 @@ struct EngineOptions {
   int kv_bits = 32, max_active_experts = 0;  ///< part of the disk-cache fingerprint
   int parallel = 1;                     ///< --parallel: BatchEngine slots (0 = no BatchEngine, tests)
   engine::SpecParams spec;              ///< --spec mtp / --draft-max / --draft-vocab / --spec-min-acceptance (BatchOptions::spec)
+  std::string trace_out;                ///< --trace-out: the served steps' routing trace (BatchOptions::trace); "" = none
 };
 
 /// Everything one loaded model serves with. Built by make_serving_engine(); members refer to

@@ -1,0 +1,89 @@
+// A simulation of the streaming expert cache (ExpertCache as StreamingExperts drives it, without
+// prefetch-ahead and pin files), for `spool plan --trace`: replays routing through the same LRU
+// with the same operations in the same order, so it predicts the hit rate a run measures.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "experts/routing_trace.h"
+
+namespace spool::experts {
+
+/// StreamingExperts' bookkeeping over keys (layer, expert), without the bytes: an LRU of
+/// capacity entries (ExpertCache::capacity()) that evicts the least recently used entry nobody
+/// pins and grows past capacity when every entry is pinned; prepare() / acquire() / release()
+/// pin, touch, insert and count exactly as StreamingExperts' do (an expert read by prepare()
+/// counts as a miss at its acquire(), a hit for any later acquire()). Reads finish before the
+/// next operation (the engine waits for them in acquire(); a loading entry is always pinned).
+class CacheSim {
+ public:
+  /// capacity: entries the budget holds (>= 1); top_k: the model's native experts per token
+  /// (max_batch() = max(top_k, capacity)). Throws spool::Error for capacity < 1 or top_k < 1.
+  CacheSim(int64_t capacity, int top_k);
+  /// StreamingExperts::prepare: the first max_batch() of `ids`.
+  void prepare(int layer, std::span<const int> ids);
+  /// StreamingExperts::acquire.
+  void acquire(int layer, std::span<const int> ids);
+  /// StreamingExperts::release.
+  void release(int layer);
+  /// One MoE layer of one step as MoeBlock::forward runs it over this provider: the distinct
+  /// experts of its rows in ascending order, in batches of max_batch(), the first prepared;
+  /// each batch acquired then released. `experts`: the rows' choices (any order, repeats).
+  void layer_step(int layer, std::span<const int> experts);
+  /// Counters since construction (or reset_counters()): a request is one expert of an acquire.
+  uint64_t requests() const { return requests_; }
+  uint64_t hits() const { return hits_; }
+  uint64_t misses() const { return requests_ - hits_; }
+  uint64_t evictions() const { return evictions_; }
+  void reset_counters() { requests_ = hits_ = evictions_ = 0; }
+  size_t size() const { return map_.size(); }
+  /// Whether (layer, expert) is cached now.
+  bool contains(int layer, int expert) const { return map_.count(key(layer, expert)) != 0; }
+  int max_batch() const;
+
+ private:
+  struct Entry {
+    uint64_t key;
+    int pins = 0;
+    bool prepared = false;  // read by prepare() for an acquire that has not come yet
+  };
+  using It = std::list<Entry>::iterator;
+  static uint64_t key(int layer, int expert) { return (static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(expert); }
+  It insert(uint64_t k);
+  void touch(It it) { lru_.splice(lru_.begin(), lru_, it); }
+  int64_t capacity_;
+  int top_k_;
+  std::list<Entry> lru_;  // front = most recently used
+  std::unordered_map<uint64_t, It> map_;
+  std::unordered_map<int, std::vector<It>> in_use_, prepared_;  // [layer]
+  uint64_t requests_ = 0, hits_ = 0, evictions_ = 0;
+};
+
+/// What a `spool bench -p 0 --routing-trace` tg test of this shape should measure.
+struct TraceSimResult {
+  uint64_t requests = 0, hits = 0, misses = 0;  // over the timed repetitions
+  int64_t tokens = 0;                           // tokens of the timed repetitions (all sequences)
+  double hit_rate() const { return requests ? static_cast<double>(hits) / requests : 0.0; }
+  double misses_per_token() const { return tokens ? static_cast<double>(misses) / tokens : 0.0; }
+};
+
+/// Simulates bench's tg test replaying `map` through a streaming cache of `capacity` entries on
+/// the CPU: a warm-up repetition, then `reps` timed ones of `n_gen` steps; `n_seqs` sequences
+/// decoded together, one row each per step, sequence q's row at step i of repetition r (-1 =
+/// warm-up) routed as trace token tg_trace_token(N, q, n_seqs, r, n_gen, i), native top-k
+/// `top_k` experts per row. One sequence: each MoE layer is a layer_step(). Several: the order
+/// of DecoderModel::run_pipelined (the first n_seqs / 2 sequences are group 0, the rest group
+/// 1; group 0 prepares layer l, group 1 prepares layer l, group 0 acquires l and prepares the
+/// next, group 1 acquires l and prepares the next, ...). Counts the timed repetitions only.
+TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs);
+
+/// The trace token that sequence `q` of `n_seqs` routes as at step `i` of repetition `rep`
+/// (-1 = warm-up) of a tg test of n_gen steps: (q * floor(N / n_seqs) + (rep + 1) * n_gen + i)
+/// mod N (simulate_tg's rule, shared with spool bench).
+int64_t tg_trace_token(int64_t n_tokens, int q, int n_seqs, int rep, int n_gen, int i);
+
+}  // namespace spool::experts
