@@ -72,29 +72,31 @@ QuantSet make_set(QType t, int64_t rows, int64_t cols, int g, bool stream) {
 void BM_MemoryRead(benchmark::State& st) { spool::bench::MemoryRead(st); }
 BENCHMARK(BM_MemoryRead)->ArgNames({"MiB", "threads"})->Args({1024, 1})->Args({1024, 2})->UseRealTime();
 
-// Decode GEMV, y = W x (one token, x already rotated: quant_matmul_rows per thread chunk the
-// way quant_matmul does, so the rotation is measured separately). Args: type, rows, cols,
-// threads, stream, group.
+// Decode GEMV, y = W x (T tokens, 1 or a few as in batched / speculative decoding; x already
+// rotated: quant_matmul_rows per thread chunk the way quant_matmul does, so the rotation is
+// measured separately). GB/s counts the weight bytes once per call. Args: type, rows, cols,
+// threads, stream, group, T.
 void BM_QuantGemv(benchmark::State& st) {
   const QType t = static_cast<QType>(st.range(0));
   const int64_t rows = st.range(1), cols = st.range(2);
   const int threads = static_cast<int>(st.range(3));
   const bool stream = st.range(4) != 0;
   const int g = static_cast<int>(st.range(5));
+  const int64_t T = st.range(6);
   const QuantSet set = make_set(t, rows, cols, g, stream);
-  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
   spool::ops::ThreadPool pool(threads);
   size_t i = 0;
   for (auto _ : st) {
     const spool::ops::QuantView& v = set.views[i];
     i = (i + 1) % set.views.size();
     pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
-      spool::ops::quant_matmul_rows(v, x.data(), 1, y.data(), rows, b, e);
+      spool::ops::quant_matmul_rows(v, x.data(), T, y.data(), rows, b, e);
     });
     benchmark::DoNotOptimize(y.data());
   }
-  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + " " +
-              spool::ops::quant_kernel_target());
+  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + (T > 1 ? " T=" + std::to_string(T) : "") +
+              " " + spool::ops::quant_kernel_target());
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
                                            benchmark::Counter::kIsRate);
   st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
@@ -102,13 +104,16 @@ void BM_QuantGemv(benchmark::State& st) {
 }
 
 void QuantGemvArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g"});
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
   for (int stream : {1, 0})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8192, 2048}, {2048, 8192}})
       for (QType t : kTypes)
-        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64});
+        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64, 1});
   for (int g : {32, 128})  // group size effect, q4 and ternary
-    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g});
+    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g, 1});
+  for (int stream : {1, 0})  // 4 tokens per call (a decode block serves 2 tokens at a time)
+    for (QType t : kTypes)
+      for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, 4});
 }
 BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
 
