@@ -71,6 +71,10 @@ QuantSet make_set(QType t, int64_t rows, int64_t cols, int g, bool stream) {
 
 void BM_MemoryRead(benchmark::State& st) { spool::bench::MemoryRead(st); }
 BENCHMARK(BM_MemoryRead)->ArgNames({"MiB", "threads"})->Args({1024, 1})->Args({1024, 2})->UseRealTime();
+// The same on one thread timed by its CPU time (runs on the calling thread): on a loaded machine
+// the time the thread was not scheduled drops out (BM_QuantGemvCpu's bound).
+void BM_MemoryReadCpu(benchmark::State& st) { spool::bench::MemoryRead(st); }
+BENCHMARK(BM_MemoryReadCpu)->ArgNames({"MiB", "threads"})->Args({1024, 1});
 
 // Decode GEMV, y = W x (T tokens, 1 or a few as in batched / speculative decoding; x already
 // rotated: quant_matmul_rows per thread chunk the way quant_matmul does, so the rotation is
@@ -116,6 +120,17 @@ void QuantGemvArgs(benchmark::internal::Benchmark* b) {
       for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, 4});
 }
 BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
+
+// Decode GEMV on the calling thread (one thread) timed by its CPU time: robust on a loaded
+// machine (the GB/s of the cycles it got). Args as BM_QuantGemv (thr = 1).
+void BM_QuantGemvCpu(benchmark::State& st) { BM_QuantGemv(st); }
+void QuantGemvCpuArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
+  for (int64_t T : {1, 4})
+    for (int stream : {1, 0})
+      for (QType t : kTypes) b->Args({static_cast<int64_t>(t), 8192, 2048, 1, stream, 64, T});
+}
+BENCHMARK(BM_QuantGemvCpu)->Apply(QuantGemvCpuArgs);
 
 // bf16 GEMV through the existing dense kernel. Args: rows, cols, threads, stream.
 void BM_GemvBF16(benchmark::State& st) {
