@@ -854,14 +854,16 @@ bool LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
 // so the codes are only widened (u8 -> i32 -> f32: N codes per load, in column order, no slot
 // order, no lookup) and multiplied into x; per-group partial sums take the group's scale, and
 // the c_0 term is one short dot of the row's scales with the per-group sums of x (computed once
-// per call, times c_0 / step, so that step multiplies the total once). Needs groups of whole vectors (group % N == 0: always for 32 / 64 / 128).
-template <int R, int TT>
+// per call, times c_0 / step, so that step multiplies the total once). G: the group size, 32, 64
+// or 128 (whole vectors).
+template <int R, int TT, int G>
 HWY_INLINE void Q8GemvBlock(const QuantView& w, const uint8_t* const* qrow, const float* const* sc,
                             const float* HWY_RESTRICT x, const float* HWY_RESTRICT xsum, float step, float* out, int64_t ldo, const uint8_t* pf) {
   const DF df;
   const DI di;
   const hn::Rebind<uint8_t, DI> d8;
-  const int64_t G = w.group, ng = w.groups_per_row(), cols = w.cols;
+  static_assert(G % kN == 0, "groups of whole vectors");
+  const int64_t ng = w.groups_per_row(), cols = w.cols;
   VF acc[TT][R];
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
@@ -870,14 +872,21 @@ HWY_INLINE void Q8GemvBlock(const QuantView& w, const uint8_t* const* qrow, cons
     if (pf != nullptr)
       for (int64_t k = 0; k < R * G; k += 64) hwy::Prefetch(pf + gi * R * G + k);
     VF p[TT][R];
-    for (int64_t c = 0; c < G; c += kN) {
+    ForSlots<G / kN>([&](auto v) {
+      constexpr int64_t c = decltype(v)::value * kN;
       VF xv[TT];
       for (int t = 0; t < TT; ++t) xv[t] = hn::LoadU(df, x + t * cols + c0i + c);
       for (int r = 0; r < R; ++r) {
         const VF k = hn::ConvertTo(df, hn::BitCast(di, hn::PromoteTo(di, hn::LoadU(d8, qrow[r] + c0i + c))));
-        for (int t = 0; t < TT; ++t) p[t][r] = c == 0 ? hn::Mul(k, xv[t]) : hn::MulAdd(k, xv[t], p[t][r]);
+        for (int t = 0; t < TT; ++t) {
+          if constexpr (c == 0) {
+            p[t][r] = hn::Mul(k, xv[t]);
+          } else {
+            p[t][r] = hn::MulAdd(k, xv[t], p[t][r]);
+          }
+        }
       }
-    }
+    });
     for (int r = 0; r < R; ++r) {
       const VF s = hn::Set(df, sc[r][gi]);
       for (int t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(p[t][r], s, acc[t][r]);
@@ -893,15 +902,16 @@ HWY_INLINE void Q8GemvBlock(const QuantView& w, const uint8_t* const* qrow, cons
     }
 }
 
-// Decode (T <= kSmallT) of a q8 matrix with an affine codebook and group % N == 0; false (nothing
-// done) when the grid's step is 0 or c_0 / step is not finite.
+// Decode (T <= kSmallT) of a q8 matrix with an affine codebook and groups of G = 32, 64 or 128;
+// false (nothing done) when the grid's step is 0 or c_0 / step is not finite.
+template <int G>
 bool Q8DecodeRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const DF df;
   float cb[2];
   std::memcpy(cb, w.codebook, sizeof cb);
   const float c0 = cb[0], step = cb[1] - cb[0];
   if (step == 0.0f || !std::isfinite(c0 / step)) return false;
-  const int64_t rb = w.row_bytes(), ng = w.groups_per_row(), G = w.group;
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   const int64_t scs = ng + kN;
   thread_local Scratch<float> scb, xsb;
   float* scales = scb.get(static_cast<size_t>(kMaxRows * scs));
@@ -932,14 +942,14 @@ bool Q8DecodeRows(const QuantView& w, const float* x, int64_t T, float* y, int64
     float out[2 * R];
     int64_t t = 0;
     for (; t + 2 <= T; t += 2) {
-      Q8GemvBlock<R, 2>(w, qrow, sc, x + t * w.cols, xsum + t * scs, step, out, R, pf);
+      Q8GemvBlock<R, 2, G>(w, qrow, sc, x + t * w.cols, xsum + t * scs, step, out, R, pf);
       for (int i = 0; i < R; ++i) {
         y[t * ldy + r + i] = out[i];
         y[(t + 1) * ldy + r + i] = out[R + i];
       }
     }
     if (t < T) {
-      Q8GemvBlock<R, 1>(w, qrow, sc, x + t * w.cols, xsum + t * scs, step, out, R, pf);
+      Q8GemvBlock<R, 1, G>(w, qrow, sc, x + t * w.cols, xsum + t * scs, step, out, R, pf);
       for (int i = 0; i < R; ++i) y[t * ldy + r + i] = out[i];
     }
     r += R;
@@ -989,7 +999,11 @@ void QuantRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t 
         case QType::kQ6: if (LaneRows<QType::kQ6>(w, x, T, y, ldy, r0, r1)) return; break;
         case QType::kQ8:
           if (!qmm::affine_codebook(w.codebook)) break;
-          if (T <= kSmallT && w.group % kN == 0 && Q8DecodeRows(w, x, T, y, ldy, r0, r1)) return;
+          if (T <= kSmallT) {
+            if (w.group == 32 && Q8DecodeRows<32>(w, x, T, y, ldy, r0, r1)) return;
+            if (w.group == 64 && Q8DecodeRows<64>(w, x, T, y, ldy, r0, r1)) return;
+            if (w.group == 128 && Q8DecodeRows<128>(w, x, T, y, ldy, r0, r1)) return;
+          }
           if (LaneRows<QType::kQ8>(w, x, T, y, ldy, r0, r1)) return;
           break;
       }
