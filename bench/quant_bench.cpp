@@ -3,7 +3,9 @@
 //   - memory read bandwidth (sum of a 1 GiB buffer), 1 and 2 threads;
 //   - decode GEMV in GB/s of weight bytes (qweight + fp16 scales) for q2/q3/q4/ternary/q5/q6/q8 and the
 //     bf16 GEMV, "hot" (one matrix, L3-resident when small) and "stream" (cycling through copies
-//     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts);
+//     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts), at T = 1 and
+//     4 tokens; BM_QuantGemvCpu / BM_MemoryReadCpu: the same on one thread timed by its CPU time,
+//     the numbers to compare formats with on a loaded machine;
 //   - prefill GEMM GFLOP/s at T = 512; input rotation time;
 //   - the ggml block formats of GGUF files (ops/ggml_blocks.h): decode GEMV GB/s per type
 //     (stream and hot) and prefill GEMM GFLOP/s, on random valid blocks;

@@ -430,7 +430,34 @@ HWY_INLINE VU LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
 struct Tables {
   VF t[4];
   alignas(64) float lut[64];
+  const float* pairs = nullptr;  // AVX2 q5 / q6: PairTable
 };
+
+// AVX2 decode of q5 / q6 looks codes up two at a time: one 64-bit gather element per pair of
+// codes instead of two 32-bit ones (gathers bound these kernels there).
+template <QType Q>
+constexpr bool kPairLookup = HWY_TARGET == HWY_AVX2 && (Q == QType::kQ5 || Q == QType::kQ6);
+
+// Pair table of a b-bit codebook of L = 2^b entries: entry i (two floats) = (c[i mod L],
+// c[i / L]), i < L^2 (32 KiB for q6). Built once per thread and codebook (kept while the next
+// call's codebook has the same bits).
+inline const float* PairTable(int bits, const float* cb_unaligned) {
+  thread_local Scratch<float> buf;
+  thread_local float key[64];
+  thread_local int key_bits = 0;
+  const int L = 1 << bits;
+  float c[64];
+  std::memcpy(c, cb_unaligned, sizeof(float) * L);
+  if (key_bits == bits && std::memcmp(key, c, sizeof(float) * L) == 0) return buf.p.get();
+  float* t = buf.get(static_cast<size_t>(2 * L * L));
+  for (int i = 0; i < L * L; ++i) {
+    t[2 * i] = c[i & (L - 1)];
+    t[2 * i + 1] = c[i >> bits];
+  }
+  std::memcpy(key, c, sizeof(float) * L);
+  key_bits = bits;
+  return t;
+}
 
 // Tables of the types with at most 16 levels.
 template <QType Q>
@@ -483,6 +510,7 @@ HWY_INLINE Tables MakeTables(const float* cb_unaligned) {
 #if HWY_TARGET == HWY_AVX3
     for (int i = 0; i < L / 16; ++i) tb.t[i] = hn::Load(df, tb.lut + 16 * i);
 #endif
+    if constexpr (kPairLookup<Q>) tb.pairs = PairTable(qtype_bits(Q), cb_unaligned);
     return tb;
   } else {
     return MakeSmallTables<Q>(cb_unaligned);
@@ -557,6 +585,28 @@ HWY_INLINE VF Lookup(const Tables& tb, VU raw) {
   } else {
     return LookupSmall<Q, Tbl>(tb, raw);
   }
+}
+
+// Centroids of slots 2m and 2m + 1 of the lane words w (kPairLookup types): the pair indices
+// (2 b bits from bit 2 b m) in lane order 0 1 4 5 2 3 6 7, so that the two 4-element gathers
+// de-interleave into lane order with one vshufps each.
+template <QType Q, int m>
+HWY_INLINE void PairLookup(const Tables& tb, VU w, VF& c0, VF& c1) {
+#if HWY_TARGET == HWY_AVX2
+  constexpr int b = qtype_bits(Q);
+  __m256i idx = _mm256_and_si256(_mm256_srli_epi32(w.raw, 2 * b * m), _mm256_set1_epi32((1 << (2 * b)) - 1));
+  idx = _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  const double* pt = reinterpret_cast<const double*>(tb.pairs);
+  const __m256 a = _mm256_castpd_ps(_mm256_i32gather_pd(pt, _mm256_castsi256_si128(idx), 8));
+  const __m256 z = _mm256_castpd_ps(_mm256_i32gather_pd(pt, _mm256_extracti128_si256(idx, 1), 8));
+  c0 = VF{_mm256_shuffle_ps(a, z, 0x88)};
+  c1 = VF{_mm256_shuffle_ps(a, z, 0xDD)};
+#else
+  (void)tb;
+  (void)w;
+  c0 = c1 = hn::Zero(DF());
+  static_assert(!kPairLookup<Q>, "pair lookups are AVX2 only");
+#endif
 }
 
 // Per-row decoder state: yields the raw code vector of slot 0, 1, ... of an SB; kTable[s] is
@@ -655,7 +705,28 @@ HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* cons
     for (int r = 0; r < R; ++r) st[r].load(qrow[r] + j * sbb);
     VF p[TT][R];
     const float* xj = xk + j * S * kN;
-    ForSlots<S>([&](auto s) {
+    if constexpr (kPairLookup<Q>) {
+      ForSlots<S / 2>([&](auto m) {
+        constexpr int mm = decltype(m)::value;
+        VF xa[TT], xb[TT];
+        for (int t = 0; t < TT; ++t) {
+          xa[t] = hn::Load(df, xj + t * L.len + 2 * mm * kN);
+          xb[t] = hn::Load(df, xj + t * L.len + (2 * mm + 1) * kN);
+        }
+        for (int r = 0; r < R; ++r) {
+          VF c0, c1;
+          PairLookup<Q, mm>(tb, st[r].w, c0, c1);
+          for (int t = 0; t < TT; ++t) {
+            if constexpr (mm == 0) {
+              p[t][r] = hn::Mul(c0, xa[t]);
+            } else {
+              p[t][r] = hn::MulAdd(c0, xa[t], p[t][r]);
+            }
+            p[t][r] = hn::MulAdd(c1, xb[t], p[t][r]);
+          }
+        }
+      });
+    } else ForSlots<S>([&](auto s) {
       VF xv[TT];
       for (int t = 0; t < TT; ++t) xv[t] = hn::Load(df, xj + t * L.len + s * kN);
       for (int r = 0; r < R; ++r) {
