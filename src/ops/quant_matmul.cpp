@@ -11,8 +11,9 @@
 // 16-entry table, AVX2 two 8-entry permutes + blend for q4). q3 / q5 / q6 lane words are built
 // by byte shuffles (AVX-512: one masked load, a dword permute to the 128-bit blocks, vpshufb;
 // q5 then shifts its odd lanes by 4). q5 / q6 look their 32 / 64 centroids up with AVX-512
-// two-table permutes (vpermt2ps; q6 two of them and a blend on bit 5) and elsewhere with a
-// 32-bit gather from the table in L1. q8 needs an affine codebook (the format's uniform grid):
+// two-table permutes (vpermt2ps; q6 two of them and a blend on bit 5), AVX2 decode with 64-bit
+// gathers of code pairs from a pair table (PairTable), elsewhere with a 32-bit gather from the
+// table in L1. q8 needs an affine codebook (the format's uniform grid):
 // decode (see Q8DecodeRows) widens the codes in column order and folds c_0 and step into the
 // sums; prefill uses centroid = c_0 + code * step (any other 256-entry codebook runs the plain
 // path). Instead of shuffling decoded
