@@ -3,7 +3,9 @@
 //   - memory read bandwidth (sum of a 1 GiB buffer), 1 and 2 threads;
 //   - decode GEMV in GB/s of weight bytes (qweight + fp16 scales) for q2/q3/q4/ternary/q5/q6/q8 and the
 //     bf16 GEMV, "hot" (one matrix, L3-resident when small) and "stream" (cycling through copies
-//     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts);
+//     totalling >= 256 MiB, so every byte comes from DRAM as for streamed experts), at T = 1 and
+//     4 tokens; BM_QuantGemvCpu / BM_MemoryReadCpu: the same on one thread timed by its CPU time,
+//     the numbers to compare formats with on a loaded machine;
 //   - prefill GEMM GFLOP/s at T = 512; input rotation time;
 //   - the ggml block formats of GGUF files (ops/ggml_blocks.h): decode GEMV GB/s per type
 //     (stream and hot) and prefill GEMM GFLOP/s, on random valid blocks;
@@ -71,30 +73,36 @@ QuantSet make_set(QType t, int64_t rows, int64_t cols, int g, bool stream) {
 
 void BM_MemoryRead(benchmark::State& st) { spool::bench::MemoryRead(st); }
 BENCHMARK(BM_MemoryRead)->ArgNames({"MiB", "threads"})->Args({1024, 1})->Args({1024, 2})->UseRealTime();
+// The same on one thread timed by its CPU time (runs on the calling thread): on a loaded machine
+// the time the thread was not scheduled drops out (BM_QuantGemvCpu's bound).
+void BM_MemoryReadCpu(benchmark::State& st) { spool::bench::MemoryRead(st); }
+BENCHMARK(BM_MemoryReadCpu)->ArgNames({"MiB", "threads"})->Args({1024, 1});
 
-// Decode GEMV, y = W x (one token, x already rotated: quant_matmul_rows per thread chunk the
-// way quant_matmul does, so the rotation is measured separately). Args: type, rows, cols,
-// threads, stream, group.
+// Decode GEMV, y = W x (T tokens, 1 or a few as in batched / speculative decoding; x already
+// rotated: quant_matmul_rows per thread chunk the way quant_matmul does, so the rotation is
+// measured separately). GB/s counts the weight bytes once per call. Args: type, rows, cols,
+// threads, stream, group, T.
 void BM_QuantGemv(benchmark::State& st) {
   const QType t = static_cast<QType>(st.range(0));
   const int64_t rows = st.range(1), cols = st.range(2);
   const int threads = static_cast<int>(st.range(3));
   const bool stream = st.range(4) != 0;
   const int g = static_cast<int>(st.range(5));
+  const int64_t T = st.range(6);
   const QuantSet set = make_set(t, rows, cols, g, stream);
-  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
   spool::ops::ThreadPool pool(threads);
   size_t i = 0;
   for (auto _ : st) {
     const spool::ops::QuantView& v = set.views[i];
     i = (i + 1) % set.views.size();
     pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
-      spool::ops::quant_matmul_rows(v, x.data(), 1, y.data(), rows, b, e);
+      spool::ops::quant_matmul_rows(v, x.data(), T, y.data(), rows, b, e);
     });
     benchmark::DoNotOptimize(y.data());
   }
-  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + " " +
-              spool::ops::quant_kernel_target());
+  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + (T > 1 ? " T=" + std::to_string(T) : "") +
+              " " + spool::ops::quant_kernel_target());
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
                                            benchmark::Counter::kIsRate);
   st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
@@ -102,15 +110,29 @@ void BM_QuantGemv(benchmark::State& st) {
 }
 
 void QuantGemvArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g"});
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
   for (int stream : {1, 0})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8192, 2048}, {2048, 8192}})
       for (QType t : kTypes)
-        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64});
+        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64, 1});
   for (int g : {32, 128})  // group size effect, q4 and ternary
-    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g});
+    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g, 1});
+  for (int stream : {1, 0})  // 4 tokens per call (a decode block serves 2 tokens at a time)
+    for (QType t : kTypes)
+      for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, 4});
 }
 BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
+
+// Decode GEMV on the calling thread (one thread) timed by its CPU time: robust on a loaded
+// machine (the GB/s of the cycles it got). Args as BM_QuantGemv (thr = 1).
+void BM_QuantGemvCpu(benchmark::State& st) { BM_QuantGemv(st); }
+void QuantGemvCpuArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
+  for (int64_t T : {1, 4})
+    for (int stream : {1, 0})
+      for (QType t : kTypes) b->Args({static_cast<int64_t>(t), 8192, 2048, 1, stream, 64, T});
+}
+BENCHMARK(BM_QuantGemvCpu)->Apply(QuantGemvCpuArgs);
 
 // bf16 GEMV through the existing dense kernel. Args: rows, cols, threads, stream.
 void BM_GemvBF16(benchmark::State& st) {

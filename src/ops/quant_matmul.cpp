@@ -2,17 +2,21 @@
 // target (foreach_target) and dispatched at runtime.
 //
 // Lane layout. A packed row is cut into "super-blocks" (SB) of N lanes (N = f32 lanes of the
-// target); lane k of an SB owns a few whole bytes holding consecutive codes of one group:
+// target); lane k of an SB owns a few bits holding consecutive codes of one group:
 //   q4: 4 bytes = 8 codes, q2: 4 bytes = 16 codes, q3: 3 bytes = 8 codes, ternary: 1 byte = 5,
-//   q5: 5 bytes = 8 codes, q6: 3 bytes = 4 codes, q8: 4 bytes = 4 codes.
+//   q5: 20 bits = 4 codes (odd lanes start at bit 4 of a byte), q6: 3 bytes = 4 codes,
+//   q8: 4 bytes = 4 codes.
 // Decoding a lane word slot by slot (shift, or base-3 digit) gives, for slot s, a vector whose
 // lane k holds code (k, s); the codebook lookup is an in-register permute (AVX-512 vpermps of a
-// 16-entry table, AVX2 two 8-entry permutes + blend for q4). q5 lanes (40 bits) are read as two
-// words (bytes 0-3 and 1-4 of the lane, by 32-bit gathers at byte offsets). q5 / q6 look their
-// 32 / 64 centroids up with AVX-512 two-table permutes (vpermt2ps; q6 two of them and a blend on
-// bit 5) and elsewhere with a 32-bit gather from the table in L1. q8 needs an affine codebook
-// (the format's uniform grid): centroid = c_0 + code * step, a convert and an FMA (any other
-// 256-entry codebook runs the plain path). Instead of shuffling decoded
+// 16-entry table, AVX2 two 8-entry permutes + blend for q4). q3 / q5 / q6 lane words are built
+// by byte shuffles (AVX-512: one masked load, a dword permute to the 128-bit blocks, vpshufb;
+// q5 then shifts its odd lanes by 4). q5 / q6 look their 32 / 64 centroids up with AVX-512
+// two-table permutes (vpermt2ps; q6 two of them and a blend on bit 5), AVX2 decode with 64-bit
+// gathers of code pairs from a pair table (PairTable), elsewhere with a 32-bit gather from the
+// table in L1. q8 needs an affine codebook (the format's uniform grid):
+// decode (see Q8DecodeRows) widens the codes in column order and folds c_0 and step into the
+// sums; prefill uses centroid = c_0 + code * step (any other 256-entry codebook runs the plain
+// path). Instead of shuffling decoded
 // values back to column order, the activation is permuted ONCE per call into the same "slot
 // order" (zeros in padding slots), so the inner loop is decode -> permute -> FMA. Each lane's
 // partial sum is multiplied by its group's scale (per-lane scale vector: lanes of one SB may
@@ -59,16 +63,17 @@ inline int code_at(QType t, const uint8_t* grp, int64_t j) {
   return static_cast<int>((v >> sh) & ((1u << b) - 1));
 }
 
-/// Bytes per lane and codes per lane of the SIMD layout.
-constexpr int lane_bytes(QType t) {
-  return t == QType::kQ3 || t == QType::kQ6 ? 3 : t == QType::kQ5 ? 5 : t == QType::kTernary ? 1 : 4;
+/// Bits per lane and codes per lane of the SIMD layout (q5: 20 bits, so odd lanes start in the
+/// middle of a byte).
+constexpr int lane_bits(QType t) {
+  return t == QType::kQ3 || t == QType::kQ6 ? 24 : t == QType::kQ5 ? 20 : t == QType::kTernary ? 8 : 32;
 }
 constexpr int lane_slots(QType t) {
-  return t == QType::kQ2 ? 16 : t == QType::kTernary ? 5 : t == QType::kQ6 || t == QType::kQ8 ? 4 : 8;
+  return t == QType::kQ2 ? 16 : t == QType::kTernary ? 5 : t == QType::kQ5 || t == QType::kQ6 || t == QType::kQ8 ? 4 : 8;
 }
-static_assert(lane_bytes(QType::kQ5) * 8 == lane_slots(QType::kQ5) * 5 &&
-              lane_bytes(QType::kQ6) * 8 == lane_slots(QType::kQ6) * 6 &&
-              lane_bytes(QType::kQ8) * 8 == lane_slots(QType::kQ8) * 8, "lane words hold whole codes");
+static_assert(lane_bits(QType::kQ5) == lane_slots(QType::kQ5) * 5 &&
+              lane_bits(QType::kQ6) == lane_slots(QType::kQ6) * 6 &&
+              lane_bits(QType::kQ8) == lane_slots(QType::kQ8) * 8, "lane words hold whole codes");
 
 /// True when the 256-entry codebook is exactly affine in the code, c_k == c_0 + k * (c_1 - c_0)
 /// both as one fused multiply-add and as a product then a sum (SIMD targets without FMA), so the
@@ -88,7 +93,7 @@ inline bool affine_codebook(const float* cb_unaligned) {
 /// True when every group starts on a lane boundary (lanes never straddle groups).
 inline bool lanes_aligned(QType t, int g) {
   if (t == QType::kTernary) return true;
-  return (static_cast<int64_t>(g) * qtype_bits(t)) % (8 * lane_bytes(t)) == 0;
+  return (static_cast<int64_t>(g) * qtype_bits(t)) % lane_bits(t) == 0;
 }
 
 /// One block of B (a power of two) elements: v <- Sylvester(B) v * norm, scalar.
@@ -269,9 +274,9 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
     if (l.cols == cols && l.group == group && l.type == type) return l;
   Layout& L = cache[next];
   next = (next + 1) % kCache;
-  const int bpl = qmm::lane_bytes(type), S = qmm::lane_slots(type);
+  const int lb = qmm::lane_bits(type), S = qmm::lane_slots(type);
   const int64_t gb = qtype_group_bytes(type, group), ngroups = cols / group, rb = ngroups * gb;
-  const int64_t sbb = kN * bpl;
+  const int64_t sbb = kN * lb / 8;  // bytes per SB (whole: N is even)
   L.type = type;
   L.cols = cols;
   L.group = group;
@@ -283,9 +288,9 @@ const Layout& GetLayout(QType type, int64_t cols, int group) {
   for (int64_t j = 0; j < L.nsb; ++j) {
     int64_t first = -1;
     for (int64_t k = 0; k < kN; ++k) {
-      const int64_t o = j * sbb + k * bpl;
+      const int64_t o = j * sbb * 8 + k * lb;  // first bit of the lane
       int64_t grp = ngroups - 1;
-      if (o < rb) grp = o / gb;
+      if (o < rb * 8) grp = o / (gb * 8);
       if (first < 0) first = grp;
       L.g0[static_cast<size_t>(j)] = static_cast<int32_t>(first);
       // Padding lanes past the row take the row's last group (their x slots are zero).
@@ -339,35 +344,72 @@ HWY_INLINE void ToSlots(const Layout& L, const float* HWY_RESTRICT x, float* HWY
   }
 }
 
+// Bytes of one SB.
+template <QType Q>
+constexpr int64_t SbBytes() {
+  return kN * qmm::lane_bits(Q) / 8;
+}
+
 // Bytes a fast-path lane load of one SB may touch.
 template <QType Q>
 constexpr int64_t LoadExtent() {
-  return ((Q == QType::kQ3 || Q == QType::kQ6) && kN == 4) ? 16 : kN * qmm::lane_bytes(Q);
+  if constexpr ((Q == QType::kQ3 || Q == QType::kQ5 || Q == QType::kQ6) && kN == 4) return 16;
+  if constexpr (Q == QType::kQ5 && kN == 8) return 26;
+  return SbBytes<Q>();
 }
 
 // The N lane words of one SB at p.
 template <QType Q>
 HWY_INLINE VU LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
-  static_assert(Q != QType::kQ5, "q5 lanes are loaded by Stepper<kQ5>");
   if constexpr (Q == QType::kQ2 || Q == QType::kQ4 || Q == QType::kQ8) {
     return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
   } else if constexpr (Q == QType::kTernary) {
     return hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), p));
+  } else if constexpr (Q == QType::kQ5) {
+    // q5: lane k <- the 3 bytes from byte floor(5k / 2), shifted right by 4 bits when k is odd
+    // (the lane starts at bit 20k): its 4 codes at bits 0, 5, 10, 15. Each 128-bit block takes
+    // 4 lanes = 10 bytes.
+#if HWY_TARGET == HWY_AVX3
+    // The SB's 40 bytes (a masked load: nothing past them is touched); dwords 0-3 / 2-5 / 5-8 /
+    // 7-9 to the blocks, whose 10 bytes then start at byte 0 / 2 / 0 / 2 of the block.
+    alignas(64) static constexpr uint8_t kPat[64] = {
+        0, 1, 2, 0x80, 2, 3, 4, 0x80, 5, 6, 7, 0x80, 7, 8, 9, 0x80,    //
+        2, 3, 4, 0x80, 4, 5, 6, 0x80, 7, 8, 9, 0x80, 9, 10, 11, 0x80,  //
+        0, 1, 2, 0x80, 2, 3, 4, 0x80, 5, 6, 7, 0x80, 7, 8, 9, 0x80,    //
+        2, 3, 4, 0x80, 4, 5, 6, 0x80, 7, 8, 9, 0x80, 9, 10, 11, 0x80};
+    const __m512i v = _mm512_maskz_loadu_epi32(0x3FF, p);
+    const __m512i d = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 3, 2, 3, 4, 5, 5, 6, 7, 8, 7, 8, 9, 9), v);
+    const __m512i r = _mm512_shuffle_epi8(d, _mm512_load_si512(kPat));
+    return VU{_mm512_srlv_epi32(r, _mm512_set1_epi64(int64_t{4} << 32))};
+#elif HWY_TARGET == HWY_AVX2
+    alignas(32) static constexpr uint8_t kPat[32] = {
+        0, 1, 2, 0x80, 2, 3, 4, 0x80, 5, 6, 7, 0x80, 7, 8, 9, 0x80,  //
+        0, 1, 2, 0x80, 2, 3, 4, 0x80, 5, 6, 7, 0x80, 7, 8, 9, 0x80};
+    __m256i v = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    v = _mm256_inserti128_si256(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 10)), 1);
+    const __m256i r = _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPat)));
+    return VU{_mm256_srlv_epi32(r, _mm256_set1_epi64x(int64_t{4} << 32))};
+#else
+    static_assert(kN == 4, "q5 lane loader expects 128-bit vectors");
+    const hn::Repartition<uint8_t, DU> d8;
+    alignas(16) static constexpr uint8_t kPat[16] = {0, 1, 2, 0x80, 2, 3, 4, 0x80, 5, 6, 7, 0x80, 7, 8, 9, 0x80};
+    alignas(16) static constexpr uint32_t kShift[4] = {0, 4, 0, 4};
+    const VU r = hn::BitCast(du, hn::TableLookupBytesOr0(hn::LoadU(d8, p), hn::Load(d8, kPat)));
+    return hn::Shr(r, hn::Load(du, kShift));
+#endif
   } else {
     // q3, q6: lane k <- bytes 3k, 3k+1, 3k+2 (zero-extended). Each 128-bit block takes 4 lanes =
-    // 12 bytes; the last block of a wide vector is loaded 4 bytes early so nothing past the
-    // SB is read.
+    // 12 bytes; AVX2 loads the second block 4 bytes early so nothing past the SB is read.
 #if HWY_TARGET == HWY_AVX3
+    // The SB's 48 bytes (masked load), dwords 3b .. 3b+2 to block b, the same bytes of each block.
     alignas(64) static constexpr uint8_t kPat[64] = {
         0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
         0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
         0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
-        4, 5, 6, 0x80, 7, 8, 9, 0x80, 10, 11, 12, 0x80, 13, 14, 15, 0x80};
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 12)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 24)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32)), 3);
-    return VU{_mm512_shuffle_epi8(v, _mm512_load_si512(kPat))};
+        0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80};
+    const __m512i v = _mm512_maskz_loadu_epi32(0xFFF, p);
+    const __m512i d = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11), v);
+    return VU{_mm512_shuffle_epi8(d, _mm512_load_si512(kPat))};
 #elif HWY_TARGET == HWY_AVX2
     alignas(32) static constexpr uint8_t kPat[32] = {
         0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,  //
@@ -389,7 +431,34 @@ HWY_INLINE VU LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
 struct Tables {
   VF t[4];
   alignas(64) float lut[64];
+  const float* pairs = nullptr;  // AVX2 q5 / q6: PairTable
 };
+
+// AVX2 decode of q5 / q6 looks codes up two at a time: one 64-bit gather element per pair of
+// codes instead of two 32-bit ones (gathers bound these kernels there).
+template <QType Q>
+constexpr bool kPairLookup = HWY_TARGET == HWY_AVX2 && (Q == QType::kQ5 || Q == QType::kQ6);
+
+// Pair table of a b-bit codebook of L = 2^b entries: entry i (two floats) = (c[i mod L],
+// c[i / L]), i < L^2 (32 KiB for q6). Built once per thread and codebook (kept while the next
+// call's codebook has the same bits).
+inline const float* PairTable(int bits, const float* cb_unaligned) {
+  thread_local Scratch<float> buf;
+  thread_local float key[64];
+  thread_local int key_bits = 0;
+  const int L = 1 << bits;
+  float c[64];
+  std::memcpy(c, cb_unaligned, sizeof(float) * L);
+  if (key_bits == bits && std::memcmp(key, c, sizeof(float) * L) == 0) return buf.p.get();
+  float* t = buf.get(static_cast<size_t>(2 * L * L));
+  for (int i = 0; i < L * L; ++i) {
+    t[2 * i] = c[i & (L - 1)];
+    t[2 * i + 1] = c[i >> bits];
+  }
+  std::memcpy(key, c, sizeof(float) * L);
+  key_bits = bits;
+  return t;
+}
 
 // Tables of the types with at most 16 levels.
 template <QType Q>
@@ -442,6 +511,7 @@ HWY_INLINE Tables MakeTables(const float* cb_unaligned) {
 #if HWY_TARGET == HWY_AVX3
     for (int i = 0; i < L / 16; ++i) tb.t[i] = hn::Load(df, tb.lut + 16 * i);
 #endif
+    if constexpr (kPairLookup<Q>) tb.pairs = PairTable(qtype_bits(Q), cb_unaligned);
     return tb;
   } else {
     return MakeSmallTables<Q>(cb_unaligned);
@@ -518,6 +588,28 @@ HWY_INLINE VF Lookup(const Tables& tb, VU raw) {
   }
 }
 
+// Centroids of slots 2m and 2m + 1 of the lane words w (kPairLookup types): the pair indices
+// (2 b bits from bit 2 b m) in lane order 0 1 4 5 2 3 6 7, so that the two 4-element gathers
+// de-interleave into lane order with one vshufps each.
+template <QType Q, int m>
+HWY_INLINE void PairLookup(const Tables& tb, VU w, VF& c0, VF& c1) {
+#if HWY_TARGET == HWY_AVX2
+  constexpr int b = qtype_bits(Q);
+  __m256i idx = _mm256_and_si256(_mm256_srli_epi32(w.raw, 2 * b * m), _mm256_set1_epi32((1 << (2 * b)) - 1));
+  idx = _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  const double* pt = reinterpret_cast<const double*>(tb.pairs);
+  const __m256 a = _mm256_castpd_ps(_mm256_i32gather_pd(pt, _mm256_castsi256_si128(idx), 8));
+  const __m256 z = _mm256_castpd_ps(_mm256_i32gather_pd(pt, _mm256_extracti128_si256(idx, 1), 8));
+  c0 = VF{_mm256_shuffle_ps(a, z, 0x88)};
+  c1 = VF{_mm256_shuffle_ps(a, z, 0xDD)};
+#else
+  (void)tb;
+  (void)w;
+  c0 = c1 = hn::Zero(DF());
+  static_assert(!kPairLookup<Q>, "pair lookups are AVX2 only");
+#endif
+}
+
 // Per-row decoder state: yields the raw code vector of slot 0, 1, ... of an SB; kTable[s] is
 // the lookup table of slot s.
 template <QType Q>
@@ -532,32 +624,6 @@ struct Stepper {
     const VU r = w;
     if constexpr (s + 1 < qmm::lane_slots(Q)) w = hn::ShiftRight<qtype_bits(Q)>(w);
     return r;
-  }
-};
-// q5: a lane is 5 bytes (8 codes, 40 bits). a = bytes 0-3 of the lane (codes 0-5 at bits 0, 5,
-// .., 25), b = bytes 1-4 (bits 8-39: code 6 at bit 30 = b >> 22, code 7 at bit 35 = b >> 27),
-// each read by a 32-bit gather at byte offsets 5k (+1), inside the SB's 5N bytes.
-template <>
-struct Stepper<QType::kQ5> {
-  static constexpr int kTable[16] = {};
-  VU a, b;
-  HWY_INLINE void load(const uint8_t* HWY_RESTRICT p) {
-    const DI di;
-    const auto off = hn::Mul(hn::Iota(di, 0), hn::Set(di, 5));
-    a = hn::BitCast(DU(), hn::GatherOffset(di, reinterpret_cast<const int32_t*>(p), off));
-    b = hn::BitCast(DU(), hn::GatherOffset(di, reinterpret_cast<const int32_t*>(p + 1), off));
-  }
-  template <int s>
-  HWY_INLINE VU next() {
-    if constexpr (s < 6) {
-      const VU r = a;
-      if constexpr (s < 5) a = hn::ShiftRight<5>(a);
-      return r;
-    } else if constexpr (s == 6) {
-      return hn::ShiftRight<22>(b);
-    } else {
-      return hn::ShiftRight<27>(b);
-    }
   }
 };
 template <>
@@ -627,7 +693,7 @@ HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* cons
   const DF df;
   const DI di;
   constexpr int S = qmm::lane_slots(Q);
-  constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
+  constexpr int64_t sbb = SbBytes<Q>();
   VF acc[TT][R];
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
@@ -640,7 +706,28 @@ HWY_INLINE void GemvBlock(const Layout& L, const Tables& tb, const uint8_t* cons
     for (int r = 0; r < R; ++r) st[r].load(qrow[r] + j * sbb);
     VF p[TT][R];
     const float* xj = xk + j * S * kN;
-    ForSlots<S>([&](auto s) {
+    if constexpr (kPairLookup<Q>) {
+      ForSlots<S / 2>([&](auto m) {
+        constexpr int mm = decltype(m)::value;
+        VF xa[TT], xb[TT];
+        for (int t = 0; t < TT; ++t) {
+          xa[t] = hn::Load(df, xj + t * L.len + 2 * mm * kN);
+          xb[t] = hn::Load(df, xj + t * L.len + (2 * mm + 1) * kN);
+        }
+        for (int r = 0; r < R; ++r) {
+          VF c0, c1;
+          PairLookup<Q, mm>(tb, st[r].w, c0, c1);
+          for (int t = 0; t < TT; ++t) {
+            if constexpr (mm == 0) {
+              p[t][r] = hn::Mul(c0, xa[t]);
+            } else {
+              p[t][r] = hn::MulAdd(c0, xa[t], p[t][r]);
+            }
+            p[t][r] = hn::MulAdd(c1, xb[t], p[t][r]);
+          }
+        }
+      });
+    } else ForSlots<S>([&](auto s) {
       VF xv[TT];
       for (int t = 0; t < TT; ++t) xv[t] = hn::Load(df, xj + t * L.len + s * kN);
       for (int r = 0; r < R; ++r) {
@@ -670,7 +757,7 @@ HWY_INLINE void DequantSlots(const Layout& L, const Tables& tb, const uint8_t* q
   const DF df;
   const DI di;
   constexpr int S = qmm::lane_slots(Q);
-  constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
+  constexpr int64_t sbb = SbBytes<Q>();
   for (int64_t j = 0; j < L.nsb; ++j) {
     Stepper<Q> st;
     st.load(qrow + j * sbb);
@@ -746,7 +833,7 @@ bool LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
   const Layout& L = GetLayout(Q, w.cols, w.group);
   if (!L.ok) return false;
   const Tables tb = MakeTables<Q>(w.codebook);
-  constexpr int64_t sbb = kN * qmm::lane_bytes(Q);
+  constexpr int64_t sbb = SbBytes<Q>();
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   const uint8_t* qend = w.qweight + w.rows * rb;
   const int64_t scs = ng + kN;                // stride of one row's f32 scales
@@ -834,6 +921,116 @@ bool LaneRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t l
   return true;
 }
 
+// q8 decode in column order. With the affine grid c_k = c_0 + k step, row r's product is
+//   sum_g s_g (c_0 sum_{j in g} x_j + step sum_{j in g} k_j x_j),
+// so the codes are only widened (u8 -> i32 -> f32: N codes per load, in column order, no slot
+// order, no lookup) and multiplied into x; per-group partial sums take the group's scale, and
+// the c_0 term is one short dot of the row's scales with the per-group sums of x (computed once
+// per call, times c_0 / step, so that step multiplies the total once). G: the group size, 32, 64
+// or 128 (whole vectors).
+template <int R, int TT, int G>
+HWY_INLINE void Q8GemvBlock(const QuantView& w, const uint8_t* const* qrow, const float* const* sc,
+                            const float* HWY_RESTRICT x, const float* HWY_RESTRICT xsum, float step, float* out, int64_t ldo, const uint8_t* pf) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DI> d8;
+  static_assert(G % kN == 0, "groups of whole vectors");
+  const int64_t ng = w.groups_per_row(), cols = w.cols;
+  VF acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(df);
+  for (int64_t gi = 0; gi < ng; ++gi) {
+    const int64_t c0i = gi * G;
+    if (pf != nullptr)
+      for (int64_t k = 0; k < R * G; k += 64) hwy::Prefetch(pf + gi * R * G + k);
+    VF p[TT][R];
+    ForSlots<G / kN>([&](auto v) {
+      constexpr int64_t c = decltype(v)::value * kN;
+      VF xv[TT];
+      for (int t = 0; t < TT; ++t) xv[t] = hn::LoadU(df, x + t * cols + c0i + c);
+      for (int r = 0; r < R; ++r) {
+        const VF k = hn::ConvertTo(df, hn::BitCast(di, hn::PromoteTo(di, hn::LoadU(d8, qrow[r] + c0i + c))));
+        for (int t = 0; t < TT; ++t) {
+          if constexpr (c == 0) {
+            p[t][r] = hn::Mul(k, xv[t]);
+          } else {
+            p[t][r] = hn::MulAdd(k, xv[t], p[t][r]);
+          }
+        }
+      }
+    });
+    for (int r = 0; r < R; ++r) {
+      const VF s = hn::Set(df, sc[r][gi]);
+      for (int t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(p[t][r], s, acc[t][r]);
+    }
+  }
+  // + sum_g s_g (c_0 / step) sum_{j in g} x_j (xsum holds the scaled sums; both padded with N zeros).
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) {
+      VF a = acc[t][r];
+      for (int64_t gi = 0; gi < ng; gi += kN)
+        a = hn::MulAdd(hn::LoadU(df, sc[r] + gi), hn::LoadU(df, xsum + t * (ng + kN) + gi), a);
+      out[t * ldo + r] = step * hn::GetLane(hn::SumOfLanes(df, a));
+    }
+}
+
+// Decode (T <= kSmallT) of a q8 matrix with an affine codebook and groups of G = 32, 64 or 128;
+// false (nothing done) when the grid's step is 0 or c_0 / step is not finite.
+template <int G>
+bool Q8DecodeRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const DF df;
+  float cb[2];
+  std::memcpy(cb, w.codebook, sizeof cb);
+  const float c0 = cb[0], step = cb[1] - cb[0];
+  if (step == 0.0f || !std::isfinite(c0 / step)) return false;
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
+  const int64_t scs = ng + kN;
+  thread_local Scratch<float> scb, xsb;
+  float* scales = scb.get(static_cast<size_t>(kMaxRows * scs));
+  const float ratio = c0 / step;
+  float* xsum = xsb.get(static_cast<size_t>(T * scs));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      VF a = hn::Zero(df);
+      for (int64_t c = 0; c < G; c += kN) a = hn::Add(a, hn::LoadU(df, x + t * w.cols + gi * G + c));
+      xsum[t * scs + gi] = ratio * hn::GetLane(hn::SumOfLanes(df, a));
+    }
+    std::fill(xsum + t * scs + ng, xsum + (t + 1) * scs, 0.0f);
+  }
+  const uint8_t* qrow[kMaxRows];
+  const float* sc[kMaxRows];
+  const int64_t pf_blocks = std::max<int64_t>(1, kPrefetchBytes / (4 * rb));
+  int64_t r = r0;
+  auto block = [&](auto rows) {
+    constexpr int R = decltype(rows)::value;
+    for (int i = 0; i < R; ++i) {
+      qrow[i] = w.qweight + (r + i) * rb;
+      float* s = scales + i * scs;
+      ScalesToF32(w.scales + (r + i) * ng, ng, s);
+      sc[i] = s;
+    }
+    const int64_t rp = r + R * pf_blocks;
+    const uint8_t* pf = rp + R <= w.rows ? w.qweight + rp * rb : nullptr;
+    float out[2 * R];
+    int64_t t = 0;
+    for (; t + 2 <= T; t += 2) {
+      Q8GemvBlock<R, 2, G>(w, qrow, sc, x + t * w.cols, xsum + t * scs, step, out, R, pf);
+      for (int i = 0; i < R; ++i) {
+        y[t * ldy + r + i] = out[i];
+        y[(t + 1) * ldy + r + i] = out[R + i];
+      }
+    }
+    if (t < T) {
+      Q8GemvBlock<R, 1, G>(w, qrow, sc, x + t * w.cols, xsum + t * scs, step, out, R, pf);
+      for (int i = 0; i < R; ++i) y[t * ldy + r + i] = out[i];
+    }
+    r += R;
+  };
+  while (r + 4 <= r1) block(std::integral_constant<int, 4>{});
+  while (r < r1) block(std::integral_constant<int, 1>{});
+  return true;
+}
+
 #endif  // HWY_TARGET != HWY_SCALAR
 
 float DotF32(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
@@ -873,7 +1070,13 @@ void QuantRows(const QuantView& w, const float* x, int64_t T, float* y, int64_t 
         case QType::kQ5: if (LaneRows<QType::kQ5>(w, x, T, y, ldy, r0, r1)) return; break;
         case QType::kQ6: if (LaneRows<QType::kQ6>(w, x, T, y, ldy, r0, r1)) return; break;
         case QType::kQ8:
-          if (qmm::affine_codebook(w.codebook) && LaneRows<QType::kQ8>(w, x, T, y, ldy, r0, r1)) return;
+          if (!qmm::affine_codebook(w.codebook)) break;
+          if (T <= kSmallT) {
+            if (w.group == 32 && Q8DecodeRows<32>(w, x, T, y, ldy, r0, r1)) return;
+            if (w.group == 64 && Q8DecodeRows<64>(w, x, T, y, ldy, r0, r1)) return;
+            if (w.group == 128 && Q8DecodeRows<128>(w, x, T, y, ldy, r0, r1)) return;
+          }
+          if (LaneRows<QType::kQ8>(w, x, T, y, ldy, r0, r1)) return;
           break;
       }
     }

@@ -173,6 +173,35 @@ TEST(QuantMatmul, Q8NonAffineCodebookTakesThePlainPath) {
   });
 }
 
+TEST(QuantMatmul, Q8AnyAffineCodebookOnEveryTarget) {
+  // q8 decode folds c_0 and step into per-group sums (sum_g s_g (c_0 sum x + step sum k x)):
+  // any affine codebook, not only the format's grid (c_0 = -255/64, step = 1/32), must give its
+  // own product, for every group size and the decode token counts, on every target.
+  const struct {
+    float c0, step;
+  } grids[] = {{-2.0f, 0.0625f}, {0.5f, 0.125f}, {-40.0f, 0.25f}};
+  for (int g : {32, 64, 128}) {
+    const int64_t rows = 23, cols = 384;
+    const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 40 + g, 0.1f);
+    for (const auto& grid : grids) {
+      QuantizedMatrix q = spool::quant::quantize(W.data(), rows, cols, QType::kQ8, g, nullptr);
+      for (int k = 0; k < 256; ++k) q.codebook[k] = grid.c0 + static_cast<float>(k) * grid.step;  // exact
+      const std::vector<float> x = randn(static_cast<size_t>(5 * cols), 41);
+      std::vector<float> ref(static_cast<size_t>(5 * rows));
+      quant_matmul_reference(q.view(), x.data(), 5, ref.data());
+      for_each_target([&](int64_t target) {
+        for (int64_t T : {1, 2, 3, 4, 5}) {
+          std::vector<float> y(static_cast<size_t>(T * rows), NAN);
+          quant_matmul(q.view(), x.data(), T, y.data(), nullptr);
+          expect_close(q.view(), x, T, y, std::vector<float>(ref.begin(), ref.begin() + T * rows),
+                       std::string(hwy::TargetName(target)) + " g" + std::to_string(g) + " c0 " +
+                           std::to_string(grid.c0) + " T" + std::to_string(T));
+        }
+      });
+    }
+  }
+}
+
 TEST(QuantMatmul, RowsRangeAndStride) {
   const int64_t rows = 45, cols = 256, T = 3, ldy = 50;
   const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 21, 0.1f);
