@@ -68,6 +68,29 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
     uv.cols = R;
     uv.data = src + static_cast<size_t>((h * (N + V) + N) * R) * es;
   }
+  uk_lora_.assign(nh, {});
+  uv_lora_.assign(nh, {});
+  lora_store_.clear();
+  if (kvb.lora != nullptr) {
+    for (const ops::LoraTerm& t : kvb.lora->terms) {
+      const int64_t r = t.rank;
+      std::vector<float>& at = lora_store_.emplace_back(static_cast<size_t>(R * r));  // A^T [R, r]
+      for (int64_t k = 0; k < r; ++k)
+        for (int64_t c = 0; c < R; ++c) at[c * r + k] = t.a[k * R + c];
+      const float* at_p = at.data();  // (stays valid: moving the outer vector keeps the buffers)
+      for (int64_t h = 0; h < nh; ++h) {
+        std::vector<float>& bt = lora_store_.emplace_back(static_cast<size_t>(r * N));  // B_UK_h^T [r, N]
+        for (int64_t d = 0; d < N; ++d)
+          for (int64_t k = 0; k < r; ++k) bt[k * N + d] = t.b[(h * (N + V) + d) * r + k];
+        uk_lora_[h].terms.push_back({bt.data(), at_p, r, t.scale});
+        uv_lora_[h].terms.push_back({t.a, t.b + (h * (N + V) + N) * r, r, t.scale});
+      }
+    }
+    for (int64_t h = 0; h < nh; ++h) {
+      uk_t_[h].lora = &uk_lora_[h];
+      uv_[h].lora = &uv_lora_[h];
+    }
+  }
   rope_ = a_.inv_freq.empty() ? ops::Rope(static_cast<int>(P), a_.rope_theta, a_.rope_attention_scaling)
                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
   q_a_norm_p_ = q_a_norm_.data();
