@@ -159,6 +159,7 @@ Adapter load_adapter(const std::string& path, const io::Checkpoint& base) {
     fail("%s: llama.cpp GGUF LoRA adapters are not supported yet; give the PEFT adapter directory (adapter_config.json, "
          "adapter_model.safetensors)",
          path.c_str());
+  if (!fs::exists(path)) fail("%s: no such LoRA adapter (give a PEFT adapter directory or its adapter_model.safetensors)", path.c_str());
   std::string dir, file;
   if (fs::is_directory(path)) {
     dir = path;

@@ -92,6 +92,8 @@ struct Case {
   bool stream;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.family << "/" << c.kind << (c.stream ? " streamed" : " resident"); }
+
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return i.param.family + "_" + i.param.kind + (i.param.stream ? "_streamed" : "_resident");
 }
@@ -280,7 +282,10 @@ TEST(BadAdapter, TargetTheModelDoesNotHaveIsNamed) {
 }
 
 TEST(BadAdapter, MissingFilesAndGgufAreNamed) {
-  EXPECT_NE(load_error(::testing::TempDir() + "/no_such_adapter").find("no adapter_config.json"), std::string::npos);
+  EXPECT_NE(load_error(::testing::TempDir() + "/no_such_adapter").find("no such LoRA adapter"), std::string::npos);
+  const std::string bare = ::testing::TempDir() + "/lora_no_config";
+  std::filesystem::create_directories(bare);
+  EXPECT_NE(load_error(bare).find("no adapter_config.json"), std::string::npos);
   EXPECT_NE(load_error(::testing::TempDir() + "/adapter.gguf").find("GGUF LoRA adapters are not supported yet"), std::string::npos);
 }
 
