@@ -142,6 +142,39 @@ TEST(PeftGolden, AdaptersMoveTheLogits) {
   }
 }
 
+// Over GGUF bases: the fixtures as F32 GGUF (llama.cpp's names and layouts, mapped back to the HF
+// names the adapter keys use) give PEFT's logits; over llama.cpp block types (the q mix) an adapter
+// adds exactly what it adds over the same weights dequantized to F32 (the low-rank products never
+// touch W's storage).
+TEST(GgufBase, F32GgufWithAdapterMatchesPeft) {
+  for (const char* f : {"qwen3_5_moe_text", "qwen3_moe", "deepseek_v3"})
+    for (const char* k : {"attn_mlp", "with_experts"}) {
+      const std::string fix = data_dir() + "/lora/" + f;
+      Loaded l = load(data_dir() + "/gguf/models/" + f + ".f32.gguf", {{fix + "/" + k, 1.0f}});
+      const std::vector<int32_t> ids = json_ids(fix + "/golden_lora.json", "prompt_ids");
+      Golden g(fix + "/golden_lora.safetensors");
+      const std::vector<float> ref = g.f32(std::string(k) + ".logits");
+      const std::vector<float> got = logits_all(*l.model, ids);
+      expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, kTol,
+                        std::string(f) + " gguf " + k);
+    }
+}
+
+TEST(GgufBase, BlockTypesTakeTheSameTermsAsTheirDequantizedWeights) {
+  for (const char* f : {"qwen3_5_moe_text", "qwen3_moe"})
+    for (const char* k : {"attn_mlp", "with_experts"}) {
+      const std::string fix = data_dir() + "/lora/" + f, base = data_dir() + "/gguf/models/" + f;
+      const std::vector<int32_t> ids = json_ids(fix + "/golden_lora.json", "prompt_ids");
+      Loaded q = load(base + ".q.gguf", {{fix + "/" + k, 1.0f}});
+      Loaded d = load(base + ".deq.gguf", {{fix + "/" + k, 1.0f}});
+      Loaded q0 = load(base + ".q.gguf", {});
+      const std::vector<float> got = logits_all(*q.model, ids), ref = logits_all(*d.model, ids), plain = logits_all(*q0.model, ids);
+      const int64_t V = q.model->spec().vocab_size, T = static_cast<int64_t>(ids.size());
+      expect_rows_close(got.data(), ref.data(), T, V, kTol, std::string(f) + " q vs deq " + k);
+      EXPECT_GT(spool::testing::max_row_ratio(got, plain, T, V), 100 * kTol) << f << " " << k;  // the adapter did act
+    }
+}
+
 // The demo model's trained adapter (rank 8, alpha 16 on attention, Gated DeltaNet and the shared
 // experts): the goldens with it, and without it (PEFT's disable_adapter) from the base alone and
 // from the adapter at scale 0.
