@@ -27,12 +27,18 @@ std::vector<float> randn(size_t n, float sd, uint32_t seed) {
 
 // Two adapters' terms on a [rows, cols] matrix: ranks 4 and 2, scales 2 and -0.5.
 struct Terms {
-  std::vector<float> a1, b1, a2, b2;
+  std::vector<float> a1, b1, a2, b2, bt1, bt2;  // B [rows, r] and its transpose [r, rows] (LoraTerm::bt)
   LoraDelta d;
   Terms(int64_t rows, int64_t cols, uint32_t seed)
       : a1(randn(4 * cols, 0.2f, seed)), b1(randn(rows * 4, 0.2f, seed + 1)), a2(randn(2 * cols, 0.2f, seed + 2)),
-        b2(randn(rows * 2, 0.2f, seed + 3)) {
-    d.terms = {{a1.data(), b1.data(), 4, 2.0f}, {a2.data(), b2.data(), 2, -0.5f}};
+        b2(randn(rows * 2, 0.2f, seed + 3)), bt1(transpose(b1, rows, 4)), bt2(transpose(b2, rows, 2)) {
+    d.terms = {{a1.data(), bt1.data(), 4, 2.0f}, {a2.data(), bt2.data(), 2, -0.5f}};
+  }
+  static std::vector<float> transpose(const std::vector<float>& b, int64_t rows, int64_t r) {
+    std::vector<float> t(b.size());
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t k = 0; k < r; ++k) t[k * rows + o] = b[o * r + k];
+    return t;
   }
   // y[t, r] += the terms, in double.
   void add(const float* x, int64_t T, int64_t rows, int64_t cols, float* y) const {
@@ -43,7 +49,7 @@ struct Terms {
           for (int64_t k = 0; k < t.rank; ++k) {
             double u = 0;
             for (int64_t c = 0; c < cols; ++c) u += static_cast<double>(t.a[k * cols + c]) * x[i * cols + c];
-            s += static_cast<double>(t.b[r * t.rank + k]) * u;
+            s += static_cast<double>((t.rank == 4 ? b1 : b2)[r * t.rank + k]) * u;
           }
           y[i * rows + r] += static_cast<float>(t.scale * s);
         }

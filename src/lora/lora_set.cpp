@@ -31,7 +31,10 @@ const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int6
              ad.path.c_str(), m.module.c_str(), (long long)m.rank, (long long)m.in, (long long)m.out, (long long)m.rank,
              (long long)rows, (long long)cols);
       dense_used_[ai][i] = 1;
-      d.terms.push_back({m.a.data(), m.b.data(), m.rank, m.scale * scales_[ai]});
+      std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(m.rank * rows));  // B^T [rank, rows]
+      for (int64_t o = 0; o < rows; ++o)
+        for (int64_t k = 0; k < m.rank; ++k) bt[k * rows + o] = m.b[o * m.rank + k];
+      d.terms.push_back({m.a.data(), bt.data(), m.rank, m.scale * scales_[ai]});
     }
   }
   if (d.terms.empty()) return nullptr;
@@ -82,21 +85,21 @@ const ExpertDeltas* LoraSet::experts(const std::string& name, int n_experts, int
           fail("LoRA adapter %s: '%s': shape mismatch: rank %lld per expert (lora_A %lld rows / %d experts), adapter_config.json "
                "gives r = %lld for %s",
                ad.path.c_str(), w->module.c_str(), (long long)r, (long long)w->rows_a, n_experts, (long long)rank, key.c_str());
-        // B [out, r*E] with column k*E + e -> per expert [out, r] (ParamWrapper.get_delta_weight).
+        // B [out, r*E] with column k*E + e (ParamWrapper.get_delta_weight) -> per expert B_e^T [r, out].
         const int64_t O = w->out;
-        std::vector<float>& b = relaid_.emplace_back(static_cast<size_t>(E * O * r));
+        std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(E * r * O));
         for (int64_t e = 0; e < E; ++e)
-          for (int64_t o = 0; o < O; ++o)
-            for (int64_t k = 0; k < r; ++k) b[(e * O + o) * r + k] = w->b[o * (r * E) + k * E + e];
+          for (int64_t k = 0; k < r; ++k)
+            for (int64_t o = 0; o < O; ++o) bt[(e * r + k) * O + o] = w->b[o * (r * E) + k * E + e];
         const float s = scale * scales_[ai];
         for (int64_t e = 0; e < E; ++e) {
           const float* a = w->a.data() + e * r * w->in;  // A rows e*r .. e*r + r - 1
-          const float* be = b.data() + e * O * r;
-          if (is_gate_up) {  // gate rows [0, I), up rows [I, 2I) of gate_up_proj
-            out.gate[e].terms.push_back({a, be, r, s});
-            out.up[e].terms.push_back({a, be + inter * r, r, s});
+          const float* be = bt.data() + e * r * O;
+          if (is_gate_up) {  // gate rows [0, I), up rows [I, 2I) of gate_up_proj: columns of B_e^T
+            out.gate[e].terms.push_back({a, be, r, s, O});
+            out.up[e].terms.push_back({a, be + inter, r, s, O});
           } else {
-            out.down[e].terms.push_back({a, be, r, s});
+            out.down[e].terms.push_back({a, be, r, s, O});
           }
         }
         any = true;

@@ -65,7 +65,7 @@ class LoraSet {
   std::vector<float> scales_;
   std::deque<ops::LoraDelta> dense_;                  // stable addresses
   std::deque<ExpertDeltas> experts_;
-  std::deque<std::vector<float>> relaid_;             // per-expert B copies (rank-major columns -> [E, out, r])
+  std::deque<std::vector<float>> relaid_;             // B^T copies (dense [r, out]; experts [E, r, out])
   std::vector<std::vector<char>> dense_used_, experts_used_;  // [adapter][entry]
 };
 

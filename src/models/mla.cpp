@@ -72,18 +72,16 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
   uv_lora_.assign(nh, {});
   lora_store_.clear();
   if (kvb.lora != nullptr) {
-    for (const ops::LoraTerm& t : kvb.lora->terms) {
-      const int64_t r = t.rank;
-      std::vector<float>& at = lora_store_.emplace_back(static_cast<size_t>(R * r));  // A^T [R, r]
-      for (int64_t k = 0; k < r; ++k)
-        for (int64_t c = 0; c < R; ++c) at[c * r + k] = t.a[k * R + c];
-      const float* at_p = at.data();  // (stays valid: moving the outer vector keeps the buffers)
+    for (const ops::LoraTerm& t : kvb.lora->terms) {  // t.bt = B^T [r, nh*(N+V)] (row stride ld)
+      const int64_t r = t.rank, ld = t.ldbt > 0 ? t.ldbt : nh * (N + V);
       for (int64_t h = 0; h < nh; ++h) {
-        std::vector<float>& bt = lora_store_.emplace_back(static_cast<size_t>(r * N));  // B_UK_h^T [r, N]
-        for (int64_t d = 0; d < N; ++d)
-          for (int64_t k = 0; k < r; ++k) bt[k * N + d] = t.b[(h * (N + V) + d) * r + k];
-        uk_lora_[h].terms.push_back({bt.data(), at_p, r, t.scale});
-        uv_lora_[h].terms.push_back({t.a, t.b + (h * (N + V) + N) * r, r, t.scale});
+        // W_UK_h^T [R, N] += s A^T B_UK_h^T: A' = B_UK_h^T [r, N] (a copy), B'^T = A [r, R].
+        std::vector<float>& ukt = lora_store_.emplace_back(static_cast<size_t>(r * N));
+        for (int64_t k = 0; k < r; ++k)
+          for (int64_t d = 0; d < N; ++d) ukt[k * N + d] = t.bt[k * ld + h * (N + V) + d];
+        uk_lora_[h].terms.push_back({ukt.data(), t.a, r, t.scale});
+        // W_UV_h [V, R] += s B_UV_h A: B_UV_h^T = columns h*(N+V)+N .. of B^T.
+        uv_lora_[h].terms.push_back({t.a, t.bt + h * (N + V) + N, r, t.scale, ld});
       }
     }
     for (int64_t h = 0; h < nh; ++h) {

@@ -76,7 +76,7 @@ class MlaLayer final : public TokenMixer {
   // W_UK_h^T gets s A^T (B_UK_h^T q) (a term with A' = B_UK_h^T [r, N], B' = A^T [R, r]),
   // W_UV_h gets s B_UV_h (A x) (A' = A, B' = B's rows of head h's values). Unmerged, per adapter.
   std::vector<ops::LoraDelta> uk_lora_, uv_lora_;  // per head
-  std::vector<std::vector<float>> lora_store_;     // the transposed copies
+  std::vector<std::vector<float>> lora_store_;     // the B_UK_h^T copies
   std::vector<float> q_a_norm_, kv_a_norm_;
   const float *q_a_norm_p_ = nullptr, *kv_a_norm_p_ = nullptr;  // the latent norms where the backend reads them (place())
   ops::Rope rope_;

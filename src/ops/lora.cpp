@@ -17,7 +17,8 @@ void lora_add(const LoraDelta& d, const float* x, int64_t T, int64_t cols, float
       const float* xt = x + t * cols;
       for (int64_t k = 0; k < r; ++k) u[k] = term.scale * dot(term.a + k * cols, xt, cols);  // s (A x)
       float* yt = y + t * ldy;
-      for (int64_t o = 0; o < rows; ++o) yt[o] += dot(term.b + o * r, u.data(), r);  // + B (s A x)
+      const int64_t ld = term.ldbt > 0 ? term.ldbt : rows;
+      for (int64_t k = 0; k < r; ++k) axpy(u[k], term.bt + k * ld, rows, yt);  // + B (s A x), column by column
     }
   }
 }

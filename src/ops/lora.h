@@ -14,12 +14,14 @@ namespace spool::ops {
 struct WeightView;
 
 /// One adapter's low-rank term on a matrix W [rows, cols]: adds scale * B (A x) to y = W x.
-/// a: A [rank, cols] f32 row-major; b: B [rows, rank] f32 row-major (host memory).
+/// a: A [rank, cols] f32 row-major; bt: B transposed, [rank, rows] f32 with row stride ldbt
+/// (0: rows), so that B u is `rank` contiguous axpys (host memory).
 struct LoraTerm {
   const float* a = nullptr;
-  const float* b = nullptr;
+  const float* bt = nullptr;
   int64_t rank = 0;
   float scale = 1.0f;  ///< PEFT scaling (lora_alpha / r, or / sqrt(r) with use_rslora) times the user's scale
+  int64_t ldbt = 0;
 };
 
 /// The LoRA terms of one matrix (one per adapter that targets it), in adapter order.
