@@ -427,6 +427,13 @@ TEST(Cli, LoraGenerateAndPerplexityMatchPeft) {
   Result z = spool(gen + "--lora " + a + ":0");
   ASSERT_EQ(z.code, 0) << z.err;
   EXPECT_EQ(nlohmann::json::parse(z.out)["output_ids"], base[0]["greedy_ids"]);
+  // The adapter's bytes (its f32 A and B, and the transposed B the products read) count as resident.
+  Result plain = spool(gen);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto resident = [](const Result& x) { return nlohmann::json::parse(x.out)["stats"]["memory"]["dense_resident"].get<int64_t>(); };
+  const int64_t file = static_cast<int64_t>(fs::file_size(a + "/adapter_model.safetensors"));
+  EXPECT_GE(resident(r) - resident(plain), file - 65536);
+  EXPECT_LE(resident(r) - resident(plain), 2 * file);
   Result h = spool(gen + "--lora " + a + ":0.5 --lora " + a + ":0.5");  // two halves add up to the whole
   ASSERT_EQ(h.code, 0) << h.err;
   EXPECT_EQ(nlohmann::json::parse(h.out)["output_ids"], lora[0]["greedy_ids"]);

@@ -457,6 +457,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   plan::PlacementFacts facts;
   facts.base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
   facts.base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, plan::KvCapacity{}, opt.kv_bits).snapshot;
+  if (l.lora != nullptr) facts.base.dense += l.lora->bytes();  // --lora: the adapters' f32 A and B stay resident (docs/lora.md)
   facts.available = available;
   facts.experts = experts;
   facts.top_k = spec.moe.top_k;
