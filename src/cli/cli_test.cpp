@@ -936,6 +936,18 @@ struct GoldenDate {
 // and the jinja2 references), and fails with the template's own message where the golden is an
 // error. Cases 1 (system message, enable_thinking) and 5 (tools, two calls, reasoning) of each
 // template: chat_golden_test renders every case through the library.
+// serve --lora: /v1/completions continues the golden prompt with the adapter's greedy ids.
+TEST(Cli, ServeWithLoraMatchesPeft) {
+  const std::string a = kData + "/lora/spool-demo-moe-dev";
+  const nlohmann::json lora = nlohmann::json::parse(slurp(a + "/golden_prompts_lora.json"));
+  Serve s("--threads 2 --ctx-size 256 --lora " + a);
+  ASSERT_GT(s.port, 0) << slurp(s.log);
+  const auto& g = lora[1];
+  const size_t n = g["greedy_ids"].size();
+  const auto comp = s.post("/v1/completions", {{"prompt", g["prompt_ids"]}, {"max_tokens", n}, {"temperature", 0}});
+  EXPECT_EQ(comp["choices"][0]["text"], g["greedy_text"]) << comp.dump();
+}
+
 TEST(Cli, TemplateRenderMatchesTheChatGoldens) {
   GoldenDate date;
   int rendered = 0, refused = 0;
