@@ -18,6 +18,42 @@ uint64_t LoraSet::bytes() const {
   return n;
 }
 
+std::string LoraSet::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  auto mix_str = [&](const std::string& s) { mix(s.data(), s.size() + 1); };
+  auto mix_floats = [&](const std::vector<float>& v) { mix(v.data(), v.size() * sizeof(float)); };
+  for (size_t ai = 0; ai < adapters_.size(); ++ai) {
+    const Adapter& ad = adapters_[ai];
+    mix(&scales_[ai], sizeof(float));
+    for (const DenseLora& d : ad.dense) {
+      mix_str(d.name);
+      mix(&d.rank, sizeof d.rank);
+      mix(&d.scale, sizeof d.scale);
+      mix_floats(d.a);
+      mix_floats(d.b);
+    }
+    for (const ExpertLora& e : ad.experts) {  // (their scalings come from the config below)
+      mix_str(e.name);
+      for (const ExpertWrapper& w : e.wrappers) {
+        mix_str(w.module);
+        mix_floats(w.a);
+        mix_floats(w.b);
+      }
+    }
+    const PeftConfig& c = ad.config;
+    mix(&c.r, sizeof c.r);
+    mix(&c.lora_alpha, sizeof c.lora_alpha);
+    mix(&c.use_rslora, sizeof c.use_rslora);
+    for (const auto& [p, v] : c.rank_pattern) mix_str(p + "=" + std::to_string(v));
+    for (const auto& [p, v] : c.alpha_pattern) mix_str(p + "=" + std::to_string(v));
+  }
+  return strfmt("%016llx", static_cast<unsigned long long>(h));
+}
+
 const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int64_t cols) {
   ops::LoraDelta d;
   for (size_t ai = 0; ai < adapters_.size(); ++ai) {

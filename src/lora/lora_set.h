@@ -43,6 +43,11 @@ class LoraSet {
   bool empty() const { return adapters_.empty(); }
   /// Bytes of the adapters' f32 matrices plus the per-expert copies made for binding.
   uint64_t bytes() const;
+  /// Identity of what the adapters change (hex text): every adapter's targets, ranks, PEFT
+  /// scalings, A and B values, and the user's scales, in order (a 64-bit FNV-1a over them). The
+  /// server's prompt-prefix snapshots on disk fold it into their model fingerprint, so snapshots
+  /// made with other adapters (or none) are never reused.
+  std::string fingerprint() const;
 
   /// The terms of matrix `name` (normalised, "layers.0.self_attn.q_proj.weight") of shape
   /// [rows, cols] over every adapter, or nullptr when none targets it. Valid for the set's

@@ -322,6 +322,22 @@ TEST(BadAdapter, MissingFilesAndGgufAreNamed) {
   EXPECT_NE(load_error(::testing::TempDir() + "/adapter.gguf").find("GGUF LoRA adapters are not supported yet"), std::string::npos);
 }
 
+// The fingerprint the server's disk snapshots carry: the same for the same adapters and scales,
+// different for another adapter, another scale, or another order of two adapters.
+TEST(LoraSetTest, FingerprintTellsAdaptersAndScalesApart) {
+  const io::Checkpoint ck = models::open_checkpoint(data_dir() + "/models/qwen3_moe");
+  const std::string a = data_dir() + "/lora/qwen3_moe/attn_mlp", b = data_dir() + "/lora/qwen3_moe/with_experts";
+  auto fp = [&](const std::vector<std::pair<std::string, float>>& ads) {
+    LoraSet s;
+    for (const auto& [p, scale] : ads) s.add(load_adapter(p, ck), scale);
+    return s.fingerprint();
+  };
+  EXPECT_EQ(fp({{a, 1.0f}}), fp({{a, 1.0f}}));
+  EXPECT_NE(fp({{a, 1.0f}}), fp({{b, 1.0f}}));
+  EXPECT_NE(fp({{a, 1.0f}}), fp({{a, 0.5f}}));
+  EXPECT_NE(fp({{a, 1.0f}, {b, 0.5f}}), fp({{b, 0.5f}, {a, 1.0f}}));
+}
+
 // PEFT's pattern rule: the first rank_pattern / alpha_pattern regex matching the key's end
 // (.*\.)?(pattern)$ wins; rslora divides by sqrt(r).
 TEST(PeftConfigTest, RankAndScalingFollowPatterns) {
