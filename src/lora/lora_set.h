@@ -41,7 +41,7 @@ class LoraSet {
   const std::vector<Adapter>& adapters() const { return adapters_; }
   const std::vector<float>& scales() const { return scales_; }
   bool empty() const { return adapters_.empty(); }
-  /// Bytes of the adapters' f32 matrices plus the per-expert copies made for binding.
+  /// Bytes of the adapters' f32 matrices plus the transposed B copies made for binding (what a run holds).
   uint64_t bytes() const;
   /// Identity of what the adapters change (hex text): every adapter's targets, ranks, PEFT
   /// scalings, A and B values, and the user's scales, in order (a 64-bit FNV-1a over them). The
