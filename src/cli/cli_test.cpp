@@ -410,6 +410,54 @@ TEST(Cli, TokenizeInfoPerplexity) {
   EXPECT_EQ(spool("perplexity --llama-compat -c 1 --file " + kData + "/corpus/dev.txt").code, 2);
 }
 
+// --lora FILE[:SCALE] (docs/lora.md): the demo model's trained adapter gives PEFT's greedy ids
+// and dev perplexity (40 windows of 512, make_fixtures5.py's ppl()); at scale 0 the base's ids.
+TEST(Cli, LoraGenerateAndPerplexityMatchPeft) {
+  const std::string a = kData + "/lora/spool-demo-moe-dev";
+  const nlohmann::json lora = nlohmann::json::parse(slurp(a + "/golden_prompts_lora.json"));
+  const nlohmann::json base = nlohmann::json::parse(slurp(a + "/golden_prompts_base.json"));
+  const std::string gen = "generate --prompt 'Call me Ishmael. Some years ago' --temp 0 --max-tokens 48 --json --threads 2 ";
+  Result r = spool(gen + "--lora " + a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["output_ids"], lora[0]["greedy_ids"]);
+  EXPECT_NE(r.err.find("LoRA adapter 0: " + a), std::string::npos) << r.err;
+  Result f = spool(gen + "--lora " + a + "/adapter_model.safetensors:1");
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(nlohmann::json::parse(f.out)["output_ids"], lora[0]["greedy_ids"]);
+  Result z = spool(gen + "--lora " + a + ":0");
+  ASSERT_EQ(z.code, 0) << z.err;
+  EXPECT_EQ(nlohmann::json::parse(z.out)["output_ids"], base[0]["greedy_ids"]);
+  // The adapter's bytes (its f32 A and B, and the transposed B the products read) count as resident.
+  Result plain = spool(gen);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto resident = [](const Result& x) { return nlohmann::json::parse(x.out)["stats"]["memory"]["dense_resident"].get<int64_t>(); };
+  const int64_t file = static_cast<int64_t>(fs::file_size(a + "/adapter_model.safetensors"));
+  EXPECT_GE(resident(r) - resident(plain), file - 65536);
+  EXPECT_LE(resident(r) - resident(plain), 2 * file);
+  Result h = spool(gen + "--lora " + a + ":0.5 --lora " + a + ":0.5");  // two halves add up to the whole
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_EQ(nlohmann::json::parse(h.out)["output_ids"], lora[0]["greedy_ids"]);
+  const nlohmann::json ppl = nlohmann::json::parse(slurp(a + "/golden_perplexity_lora.json"))["dev_with_lora"];
+  Result p = spool("perplexity --file " + kData + "/corpus/dev.txt --chunks 40 --threads 2 --json --lora " + a);
+  ASSERT_EQ(p.code, 0) << p.err;
+  const nlohmann::json pj = nlohmann::json::parse(p.out);
+  EXPECT_EQ(pj["tokens"], ppl["tokens"]);
+  EXPECT_NEAR(pj["mean_nll"].get<double>(), ppl["mean_nll"].get<double>(), 1e-5 * ppl["mean_nll"].get<double>());
+}
+
+TEST(Cli, LoraBadInput) {
+  Result none = spool("generate --prompt x --max-tokens 1 --lora /no/such/adapter:2");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("/no/such/adapter: no such LoRA adapter"), std::string::npos) << none.err;
+  Result empty = spool("generate --prompt x --max-tokens 1 --lora :2");
+  EXPECT_EQ(empty.code, 2);
+  EXPECT_NE(empty.err.find("no adapter path"), std::string::npos) << empty.err;
+  // An adapter of another model: its modules' shapes do not fit the demo model's.
+  Result other = spool("generate --prompt x --max-tokens 1 --lora " + kData + "/lora/qwen3_5_moe_text/attn_mlp");
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.err.find("shape mismatch"), std::string::npos) << other.err;
+}
+
 // --ctx-size and --prefill-step-size reach the loader: the KV/state and workspace it keeps out
 // of the expert-cache budget are `spool plan`'s for the same settings (stats.memory of --json).
 TEST(Cli, LoaderBudgetUsesCtxSizeAndPrefillStep) {
@@ -980,6 +1028,18 @@ struct GoldenDate {
 // and the jinja2 references), and fails with the template's own message where the golden is an
 // error. Cases 1 (system message, enable_thinking) and 5 (tools, two calls, reasoning) of each
 // template: chat_golden_test renders every case through the library.
+// serve --lora: /v1/completions continues the golden prompt with the adapter's greedy ids.
+TEST(Cli, ServeWithLoraMatchesPeft) {
+  const std::string a = kData + "/lora/spool-demo-moe-dev";
+  const nlohmann::json lora = nlohmann::json::parse(slurp(a + "/golden_prompts_lora.json"));
+  Serve s("--threads 2 --ctx-size 256 --lora " + a);
+  ASSERT_GT(s.port, 0) << slurp(s.log);
+  const auto& g = lora[1];
+  const size_t n = g["greedy_ids"].size();
+  const auto comp = s.post("/v1/completions", {{"prompt", g["prompt_ids"]}, {"max_tokens", n}, {"temperature", 0}});
+  EXPECT_EQ(comp["choices"][0]["text"], g["greedy_text"]) << comp.dump();
+}
+
 TEST(Cli, TemplateRenderMatchesTheChatGoldens) {
   GoldenDate date;
   int rendered = 0, refused = 0;

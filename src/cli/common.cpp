@@ -59,6 +59,14 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
       ->group("");  // hidden
 }
 
+void ModelOptions::add_lora_to(CLI::App* app) {
+  app->add_option("--lora", lora,
+                  "LoRA adapter applied unmerged (PEFT: its directory or adapter_model.safetensors), optionally with a scale: "
+                  "FILE[:SCALE] (default 1; 0 loads it without effect); repeatable, the adapters add up. CPU only for now "
+                  "(docs/lora.md)")
+      ->allow_extra_args(false);
+}
+
 void ModelOptions::add_spec_to(CLI::App* app) {
   app->add_option("--spec", spec,
                   "Speculative decoding: 'mtp' drafts with the model's own multi-token-prediction head (Qwen3.5/3.6, "
@@ -104,6 +112,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.host_expert_slots = host_expert_slots;
   o.mtp = spec_params().mtp;
   o.draft_max = o.mtp ? draft_max : 0;
+  for (const std::string& a : lora) o.lora.push_back(engine::parse_lora_option(a));
   return o;
 }
 

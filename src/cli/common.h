@@ -46,6 +46,9 @@ struct ModelOptions {
   /// The speculative decoding settings of --spec / --draft-max / --spec-min-acceptance
   /// (UsageError for bad values).
   engine::SpecParams spec_params() const;
+  std::vector<std::string> lora;  // --lora FILE[:SCALE] (repeatable)
+  /// Adds --lora FILE[:SCALE] (commands that run a model for text: generate, perplexity, serve).
+  void add_lora_to(CLI::App* app);
   int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);

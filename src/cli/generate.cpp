@@ -222,6 +222,7 @@ void register_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a prompt (raw text, or a chat turn with --chat)");
   o->model.add_to(c);
+  o->model.add_lora_to(c);
   o->model.add_spec_to(c);
   CLI::Option* op = c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
   CLI::Option* oi = c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");

@@ -172,6 +172,7 @@ void register_perplexity(CLI::App& app) {
   auto o = std::make_shared<PerplexityOptions>();
   CLI::App* c = app.add_subcommand("perplexity", "Perplexity of a text file (windows of --window tokens, fresh state each)");
   o->model.add_to(c);
+  o->model.add_lora_to(c);
   c->add_option("-f,--file", o->file, "Text file to score")->required();
   c->add_option("--window", o->window, "Predicted tokens per window (default 512)");
   c->add_option("--chunks", o->chunks, "Score only the first N windows (default 0 = all)");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "ops/matmul.h"
 #include "engine/device.h"
 #include "experts/device_experts.h"
+#include "lora/adapter.h"
 #include "models/bind.h"
 #include "models/family.h"
 #include "ops/cpu_backend.h"
@@ -85,6 +87,19 @@ uint64_t page_cache_resident_bytes(const io::Checkpoint& ckpt) {
     resident += std::min<uint64_t>(shard, s.file_size());  // the last page is partly past EOF
   }
   return resident;
+}
+
+LoraOption parse_lora_option(const std::string& arg) {
+  LoraOption o{arg, 1.0f};
+  const size_t colon = arg.rfind(':');
+  if (colon != std::string::npos && colon + 1 < arg.size()) {
+    const std::string tail = arg.substr(colon + 1);
+    char* end = nullptr;
+    const float v = std::strtof(tail.c_str(), &end);
+    if (end != nullptr && *end == '\0' && std::isfinite(v)) o = {arg.substr(0, colon), v};
+  }
+  if (o.path.empty()) throw UsageError(strfmt("--lora '%s': no adapter path (FILE[:SCALE])", arg.c_str()));
+  return o;
 }
 
 std::vector<std::pair<int, int>> read_pin_file(const std::string& path) {
@@ -361,6 +376,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }
+  if (!opt.lora.empty() && cuda_index >= 0) {  // the LoRA products run on the CPU backend only (ops/lora.h)
+    if (opt.device != "auto") throw UsageError(strfmt("--lora: LoRA is CPU-only for now; use --device cpu (got --device %s)", opt.device.c_str()));
+    log_info("--lora: LoRA is CPU-only for now; running on the CPU");
+    cuda_index = -1;
+  }
   const auto first_ggml = std::find_if(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; });
   if (cuda_index >= 0 && first_ggml != l.ckpt->tensors().end()) {
     if (opt.device != "auto")
@@ -383,7 +403,18 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     backend = std::make_shared<ops::CpuBackend>(l.pool.get(), ops::CpuOptions{.int8_activations = int8_acts});
   }
   const bool on_gpu = cuda_index >= 0;
-  l.model = models::load_model(l.ckpt, backend);
+  std::shared_ptr<lora::LoraSet> adapters;
+  if (!opt.lora.empty()) {
+    adapters = std::make_shared<lora::LoraSet>();
+    for (const LoraOption& a : opt.lora) {
+      lora::Adapter ad = lora::load_adapter(a.path, *l.ckpt);
+      log_info("LoRA adapter %zu: %s (%zu matrices, %zu expert layers, %.1f MB, scale %g)", adapters->adapters().size(), a.path.c_str(),
+               ad.dense.size(), ad.experts.size(), static_cast<double>(ad.bytes()) / 1e6, static_cast<double>(a.scale));
+      adapters->add(std::move(ad), a.scale);
+    }
+  }
+  l.model = models::load_model(l.ckpt, backend, adapters);
+  l.lora = adapters;
   const models::ModelSpec& spec = l.model->spec();
   if (on_gpu) {  // what of this model the device leaves on the host
     std::vector<std::string> fallbacks;
@@ -429,6 +460,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   plan::PlacementFacts facts;
   facts.base = plan::base_needs(plan::weight_bytes(*l.ckpt, spec), spec, shape);
   facts.base.state += static_cast<uint64_t>(opt.state_copies) * plan::state_bytes(spec, plan::KvCapacity{}, opt.kv_bits).snapshot;
+  if (l.lora != nullptr) facts.base.dense += l.lora->bytes();  // --lora: the adapters' f32 A and B stay resident (docs/lora.md)
   facts.available = available;
   facts.experts = experts;
   facts.top_k = spec.moe.top_k;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"  // the device helpers (cuda_devices, resolve_device, gpu_info, ...)
 #include "experts/streaming.h"
@@ -19,6 +20,17 @@
 #include "tokenizer/tokenizer.h"
 
 namespace spool::engine {
+
+/// One --lora FILE[:SCALE] (llama-server's flag): a PEFT adapter directory or its
+/// adapter_model.safetensors, and the user's scale (multiplies the adapter's alpha / r).
+struct LoraOption {
+  std::string path;
+  float scale = 1.0f;
+};
+
+/// Parses FILE[:SCALE]: the text after the last ':' is the scale when it is a finite number,
+/// else the whole argument is the path (scale 1). UsageError for an empty path.
+LoraOption parse_lora_option(const std::string& arg);
 
 /// Settings shared by every command that runs a model.
 struct LoadOptions {
@@ -61,6 +73,7 @@ struct LoadOptions {
                                        // a model without them is an error
   int draft_max = 0;                   // --draft-max with --spec mtp: the step trail's copies of the recurrent state
                                        // per sequence are kept out of the budget (plan::RunShape::draft_max)
+  std::vector<LoraOption> lora;        // --lora FILE[:SCALE], in order: PEFT LoRA adapters applied unmerged (CPU only)
   bool strict_device = false;          // --strict-device (or SPOOL_STRICT_DEVICE=1): ops::Backend::set_strict_device on a
                                        // GPU run; the load fails when the model needs an op the GPU runs on the host
 };
@@ -97,6 +110,7 @@ struct LoadedModel {
   uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
   bool int8_activations = false;  // Q4_K / Q6_K products take int8 activations (--act-bits 8, or auto on a GGUF K-quant file)
+  std::shared_ptr<const lora::LoraSet> lora;  // the --lora adapters (also held by the model); null without them
 };
 
 /// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller

@@ -24,13 +24,29 @@ const io::TensorRef& shaped(const io::Checkpoint& ck, const std::string& name, c
   return t;
 }
 
+thread_local lora::LoraSet* t_lora = nullptr;  // LoraBindScope
+
+ops::WeightView with_lora(ops::WeightView v, const std::string& name) {
+  if (t_lora != nullptr) v.lora = t_lora->dense(name, v.rows, v.cols);
+  return v;
+}
+
 }  // namespace
+
+LoraBindScope::LoraBindScope(lora::LoraSet* set) {
+  if (t_lora != nullptr) fail("LoraBindScope: a scope is already open on this thread");
+  t_lora = set;
+}
+
+LoraBindScope::~LoraBindScope() { t_lora = nullptr; }
+
+lora::LoraSet* lora_binding() { return t_lora; }
 
 ops::WeightView bind_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
   const std::string suffix = ".weight";
   if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-    return experts::bind_weight(ck, name.substr(0, name.size() - suffix.size()), rows, cols);
-  return experts::view_of(shaped(ck, name, {rows, cols}));
+    return with_lora(experts::bind_weight(ck, name.substr(0, name.size() - suffix.size()), rows, cols), name);
+  return with_lora(experts::view_of(shaped(ck, name, {rows, cols})), name);
 }
 
 ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
@@ -40,7 +56,7 @@ ops::WeightView bind_float_matrix(const io::Checkpoint& ck, const std::string& n
       fail("%s: '%s' is quantized, but it must be stored as F32/F16/BF16 (spool convert keeps it in bf16)", ck.dir().c_str(),
            name.c_str());
   }
-  return experts::view_of(shaped(ck, name, {rows, cols}));
+  return with_lora(experts::view_of(shaped(ck, name, {rows, cols})), name);
 }
 
 std::vector<const io::TensorRef*> embed_row_tensors(const io::Checkpoint& ck) {
@@ -72,6 +88,7 @@ std::vector<float> bind_norm(const io::Checkpoint& ck, const std::string& name, 
 
 ops::WeightView gather_rows(const ops::WeightView& src, const std::vector<std::pair<int64_t, int64_t>>& ranges,
                             std::vector<uint8_t>* storage) {
+  if (src.lora != nullptr) fail("gather_rows: a matrix with LoRA terms cannot be regrouped (its B rows would not follow)");
   int64_t rows = 0;
   for (auto [r0, n] : ranges) {
     if (r0 < 0 || n < 0 || r0 + n > src.rows) fail("gather_rows: rows [%lld, %lld) outside %lld", (long long)r0, (long long)(r0 + n), (long long)src.rows);

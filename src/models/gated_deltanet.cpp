@@ -29,6 +29,9 @@ void GatedDeltaNetLayer::bind(const io::Checkpoint& ck, const std::string& prefi
     const int64_t blk = 2 * g_.d_k + 2 * r * g_.d_v;
     const ops::WeightView qkvz = bind_matrix(ck, prefix + "in_proj_qkvz.weight", g_.n_k * blk, H);
     const ops::WeightView ba = bind_matrix(ck, prefix + "in_proj_ba.weight", 2 * g_.n_v, H);
+    if (qkvz.lora != nullptr || ba.lora != nullptr)
+      fail("%s: LoRA on %sin_proj_qkvz / in_proj_ba (the fused Qwen3-Next layout, regrouped at load) is not supported yet",
+           ck.dir().c_str(), prefix.c_str());
     std::vector<std::pair<int64_t, int64_t>> qkv_rows, z_rows, b_rows, a_rows;
     for (int part = 0; part < 3; ++part)  // q, k, v blocks of every group, in group order
       for (int grp = 0; grp < g_.n_k; ++grp)

@@ -68,6 +68,27 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
     uv.cols = R;
     uv.data = src + static_cast<size_t>((h * (N + V) + N) * R) * es;
   }
+  uk_lora_.assign(nh, {});
+  uv_lora_.assign(nh, {});
+  lora_store_.clear();
+  if (kvb.lora != nullptr) {
+    for (const ops::LoraTerm& t : kvb.lora->terms) {  // t.bt = B^T [r, nh*(N+V)] (row stride ld)
+      const int64_t r = t.rank, ld = t.ldbt > 0 ? t.ldbt : nh * (N + V);
+      for (int64_t h = 0; h < nh; ++h) {
+        // W_UK_h^T [R, N] += s A^T B_UK_h^T: A' = B_UK_h^T [r, N] (a copy), B'^T = A [r, R].
+        std::vector<float>& ukt = lora_store_.emplace_back(static_cast<size_t>(r * N));
+        for (int64_t k = 0; k < r; ++k)
+          for (int64_t d = 0; d < N; ++d) ukt[k * N + d] = t.bt[k * ld + h * (N + V) + d];
+        uk_lora_[h].terms.push_back({ukt.data(), t.a, r, t.scale});
+        // W_UV_h [V, R] += s B_UV_h A: B_UV_h^T = columns h*(N+V)+N .. of B^T.
+        uv_lora_[h].terms.push_back({t.a, t.bt + h * (N + V) + N, r, t.scale, ld});
+      }
+    }
+    for (int64_t h = 0; h < nh; ++h) {
+      uk_t_[h].lora = &uk_lora_[h];
+      uv_[h].lora = &uv_lora_[h];
+    }
+  }
   rope_ = a_.inv_freq.empty() ? ops::Rope(static_cast<int>(P), a_.rope_theta, a_.rope_attention_scaling)
                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
   q_a_norm_p_ = q_a_norm_.data();

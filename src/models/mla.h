@@ -19,6 +19,7 @@
 #include "models/spec.h"
 #include "models/state.h"
 #include "ops/backend.h"
+#include "ops/lora.h"
 #include "ops/rope.h"
 #include "ops/weights.h"
 #include "ops/workspace.h"
@@ -71,6 +72,11 @@ class MlaLayer final : public TokenMixer {
   ops::WeightView wqa_, wqb_, wq_, wkva_, wo_;
   std::vector<ops::WeightView> uk_t_, uv_;  // per head: W_UK_h^T [R, N] (copy), W_UV_h [V, R] (view)
   std::vector<uint8_t> uk_t_data_;          // storage of uk_t_ (kv_b_proj's element type)
+  // LoRA on kv_b_proj (dW = s B A, A [r, R], B [nh*(N+V), r]) split per head like the weight:
+  // W_UK_h^T gets s A^T (B_UK_h^T q) (a term with A' = B_UK_h^T [r, N], B' = A^T [R, r]),
+  // W_UV_h gets s B_UV_h (A x) (A' = A, B' = B's rows of head h's values). Unmerged, per adapter.
+  std::vector<ops::LoraDelta> uk_lora_, uv_lora_;  // per head
+  std::vector<std::vector<float>> lora_store_;     // the B_UK_h^T copies
   std::vector<float> q_a_norm_, kv_a_norm_;
   const float *q_a_norm_p_ = nullptr, *kv_a_norm_p_ = nullptr;  // the latent norms where the backend reads them (place())
   ops::Rope rope_;

@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include "common/error.h"
+#include "models/bind.h"
 #include "models/decoder.h"
 #include "models/family.h"
 #include "ops/cpu_backend.h"
@@ -12,6 +13,21 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, st
   const Family* f = family_named(spec.family);
   if (f == nullptr) fail("%s: unknown model family '%s'", ckpt->dir().c_str(), spec.family.c_str());
   return f->load(std::move(ckpt), std::move(spec), std::move(backend));
+}
+
+std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend,
+                                  std::shared_ptr<lora::LoraSet> adapters) {
+  if (adapters == nullptr || adapters->empty()) return load_model(std::move(ckpt), std::move(backend));
+  if (backend->device() != ops::Device::kCpu)
+    fail("LoRA is CPU-only for now: the %s backend has no LoRA products (run with --device cpu)", backend->name());
+  std::unique_ptr<Model> m;
+  {
+    LoraBindScope scope(adapters.get());
+    m = load_model(std::move(ckpt), std::move(backend));
+  }
+  adapters->check_all_bound();
+  m->lora = std::move(adapters);
+  return m;
 }
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool) {

@@ -9,6 +9,7 @@
 
 #include "experts/provider.h"
 #include "io/checkpoint.h"
+#include "lora/lora_set.h"
 #include "models/moe.h"
 #include "models/spec.h"
 #include "models/state.h"
@@ -116,11 +117,21 @@ class Model {
   virtual void mtp_forward(const MtpStep& step);
 
   ForwardHooks hooks;
+  /// The LoRA adapters the model's weights point to (load_model with adapters; null: none).
+  /// Held here so that they live as long as the model.
+  std::shared_ptr<const lora::LoraSet> lora;
 };
 
 /// Loads the model of a checkpoint (family chosen by model_type), running on `backend`.
 /// Throws spool::Error for an unknown model_type, missing/mis-shaped tensors.
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend);
+/// The same with LoRA adapters applied unmerged (ops/lora.h): every matrix and routed expert an
+/// adapter targets gets its terms while the family binds (models/bind.h LoraBindScope). Throws
+/// spool::Error when a target matches no weight the model runs (LoraSet::check_all_bound), for
+/// mismatched shapes, and on a backend other than the CPU ("LoRA is CPU-only for now").
+/// `adapters` may be null or empty (no adapters).
+std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend,
+                                  std::shared_ptr<lora::LoraSet> adapters);
 /// The same on a CpuBackend over `pool` (which must outlive the model; null = one thread).
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, ops::ThreadPool* pool);
 

@@ -43,6 +43,13 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
     if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
   }
   shared_gate_p_ = shared_gate_.empty() ? nullptr : shared_gate_.data();
+  expert_lora_ = nullptr;
+  if (lora::LoraSet* set = lora_binding()) {
+    expert_lora_ = set->experts(prefix + "experts", m_.n_experts, hidden_, m_.intermediate);
+    if (expert_lora_ != nullptr && m_.gate_up == GateUpLayout::kFusedInterleaved)
+      fail("%s: LoRA on %sexperts: experts with an interleaved gate_up (gpt-oss) are not supported yet", ck.dir().c_str(),
+           prefix.c_str());
+  }
 }
 
 void MoeBlock::place(ops::Backend& be) {
@@ -117,7 +124,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // ids and weights stay on the device and the experts run from there (no host round trip).
   const bool plain = !m_.general_router() && !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const bool forced = route_override != nullptr && *route_override;
-  const void* table = margins || observer || forced || !plain ? nullptr : provider.device_table(layer);
+  const void* table = margins || observer || forced || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
     // The shared expert joins the routed experts' launches where the backend takes it (the same
@@ -202,6 +209,13 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   for (size_t b0 = 0; b0 < n_active; b0 += batch) {
     const size_t nb = std::min(batch, n_active - b0);
     provider.acquire(layer, std::span<const int>(groups.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
+    if (expert_lora_ != nullptr)  // the experts' LoRA terms (resident, whatever the provider)
+      for (size_t j = 0; j < nb; ++j) {
+        const int e = groups.active[b0 + j];
+        w[j].gate.lora = expert_lora_->gate_of(e);
+        w[j].up.lora = expert_lora_->up_of(e);
+        w[j].down.lora = expert_lora_->down_of(e);
+      }
     if (m_.expert_bias) {  // the experts' biases: rows of the layer's resident bias tables
       const int64_t I2 = 2 * static_cast<int64_t>(m_.intermediate);
       for (size_t j = 0; j < nb; ++j) {

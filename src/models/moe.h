@@ -24,6 +24,7 @@
 
 #include "experts/provider.h"
 #include "io/checkpoint.h"
+#include "lora/lora_set.h"
 #include "models/layer.h"
 #include "models/mlp.h"
 #include "models/spec.h"
@@ -63,6 +64,8 @@ class MoeBlock {
   /// The router weight is `{prefix}{MoeSpec::router_weight}` (default gate.weight); with
   /// MoeSpec::router_input_scale also `{prefix}router.scale` [H], with MoeSpec::per_expert_scale
   /// `{prefix}router.per_expert_scale` [E].
+  /// Inside a LoraBindScope, also the routed experts' LoRA terms (module `{prefix}experts`);
+  /// spool::Error for LoRA on experts whose gate_up is interleaved (gpt-oss).
   void bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec);
   /// Moves the router, the shared expert and its gate to where `be` reads them (a no-op on
   /// host backends). Routed experts come from the ExpertProvider, not from here.
@@ -106,6 +109,9 @@ class MoeBlock {
   std::vector<float> expert_scale_;  // [E] router.per_expert_scale (host: Backend::mul_indexed)
   // router_bias / expert_bias: router bias [E], expert biases gate_up [E, 2I] and down [E, H]
   // (f32), and where the backend reads them.
+  // LoRA on the routed experts (lora::LoraSet::experts, bound while a LoraBindScope is open):
+  // attached to the views the provider hands out, so resident and streamed experts alike.
+  const lora::ExpertDeltas* expert_lora_ = nullptr;
   std::vector<float> router_bias_, gate_up_bias_, down_bias_;
   const float *router_bias_p_ = nullptr, *gate_up_bias_p_ = nullptr, *down_bias_p_ = nullptr;
 };

@@ -7,6 +7,7 @@
 #include <hwy/aligned_allocator.h>
 
 #include "ops/elementwise.h"
+#include "ops/lora.h"
 #include "ops/matmul.h"
 #include "ops/mla.h"
 #include "ops/routing.h"
@@ -51,8 +52,12 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
   // Decode-sized calls only (at most 64 token rows): the split's scratch (per expert its rows'
   // input and gate/up) stays small, and a prefill has enough experts to keep every thread busy.
   const int64_t call_rows = n_experts > 0 ? groups.first[g0 + n_experts] - groups.first[g0] : 0;
+  // (Experts with LoRA terms take the per-expert path: the low-rank products want whole rows.)
+  const bool lora = std::any_of(experts.begin(), experts.end(), [](const ExpertMats& w) {
+    return w.gate.lora != nullptr || w.up.lora != nullptr || w.down.lora != nullptr;
+  });
   if (pool_ != nullptr && n_experts > 0 && pool_->size() > n_experts && call_rows <= 64 &&
-      act != Activation::kClampedSwiGLU) {
+      act != Activation::kClampedSwiGLU && !lora) {
     expert_ffn_split(experts, groups, g0, x, H, act, y);
     return;
   }
@@ -72,6 +77,8 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         g = g_buf.get(n * I);
         float* u = u_buf.get(n * I);
         matmul_rows_pair(w.gate, g, w.up, u, xe, n, options_.int8_activations);  // [n, I] each
+        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I);
+        if (w.up.lora != nullptr) lora_add(w.up, xe, n, u, I);
         if (act == Activation::kSwiGLU) {
           ops::swiglu(g, u, n * I, g);
         } else {
@@ -83,12 +90,14 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         const int64_t I2 = w.gate.rows;
         g = g_buf.get(n * I2);
         matmul_rows(w.gate, xe, n, g, I2, 0, I2, options_.int8_activations);
+        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I2);
         // Row j's output [j*I, (j+1)*I) never overlaps the unread input of rows >= j.
         for (int64_t j = 0; j < n; ++j) clamped_swiglu(g + j * I2, w.gate_bias, I2 / 2, g + j * (I2 / 2));
         break;
       }
     }
     matmul_rows(w.down, g, n, y + r0 * H, H, 0, H, options_.int8_activations);  // [n, H]
+    if (w.down.lora != nullptr) lora_add(w.down, g, n, y + r0 * H, H);
     if (w.down_bias)
       for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias, H, y + (r0 + j) * H);
   };

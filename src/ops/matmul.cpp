@@ -14,6 +14,7 @@
 #include "ops/ggml_blocks.h"
 #include "ops/ggml_q8.h"
 #include "ops/matmul.h"
+#include "ops/lora.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace spool::ops {
@@ -310,7 +311,9 @@ void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
   HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst);
 }
 
-void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool, bool int8_acts) {
+namespace {
+// W x alone (matmul() adds the view's LoRA terms after it).
+void matmul_base(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool, bool int8_acts) {
   if (w.type == WType::kMxfp4) return mxfp4_matmul(mx_view(w), x, T, y, pool);
   if (w.type == WType::kGgml) {  // permute the input once, then the block kernels over rows
     std::vector<float> permuted;
@@ -335,6 +338,12 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
   // Chunks of 16 rows keep threads off each other's cache lines of y.
   pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { matmul_rows(w, x, T, y, w.rows, b, e, int8_acts); });
 }
+}  // namespace
+
+void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool, bool int8_acts) {
+  matmul_base(w, x, T, y, pool, int8_acts);
+  if (w.lora != nullptr) lora_add(w, x, T, y, w.rows);
+}
 
 void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool, bool int8_acts) {
   int64_t total = 0, work = 0;
@@ -345,7 +354,7 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     quantized = quantized || w->type == WType::kQuant;
   }
   if (quantized) {  // each quantized matrix rotates its input once: run them one by one
-    for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool, int8_acts);
+    for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool, int8_acts);  // (LoRA terms included)
     return;
   }
   // With int8 activations, the matrices that take them share one quantization of x.
@@ -382,20 +391,23 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
   };
   if (pool == nullptr || pool->size() == 1 || work < (1 << 15)) {
     for (size_t i = 0; i < outs.size(); ++i) rows(i, 0, outs[i].w->rows);
-    return;
+  } else {
+    // Rows of all matrices, concatenated, split across threads in chunks of 16.
+    pool->parallel_for(total, 16, [&](int64_t b, int64_t e, int) {
+      int64_t base = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const int64_t n = outs[i].w->rows, lo = std::max(b, base), hi = std::min(e, base + n);
+        if (lo < hi) rows(i, lo - base, hi - base);
+        base += n;
+      }
+    });
   }
-  // Rows of all matrices, concatenated, split across threads in chunks of 16.
-  pool->parallel_for(total, 16, [&](int64_t b, int64_t e, int) {
-    int64_t base = 0;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const int64_t n = outs[i].w->rows, lo = std::max(b, base), hi = std::min(e, base + n);
-      if (lo < hi) rows(i, lo - base, hi - base);
-      base += n;
-    }
-  });
+  for (const auto& [w, y] : outs)  // the LoRA terms, each over whole rows once W's products are done
+    if (w->lora != nullptr) lora_add(*w, x, T, y, w->rows);
 }
 
-void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
+namespace {
+void matmul_reference_base(const WeightView& w, const float* x, int64_t T, float* y) {
   if (w.type == WType::kMxfp4) return mxfp4_matmul_reference(mx_view(w), x, T, y);
   if (w.type == WType::kGgml) {
     if (w.col_perm == nullptr) return ggml_matmul_reference(ggml_view(w), x, T, y);
@@ -426,6 +438,13 @@ void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) 
       y[t * w.rows + r] = static_cast<float>(s);
     }
   }
+}
+
+}  // namespace
+
+void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y) {
+  matmul_reference_base(w, x, T, y);
+  if (w.lora != nullptr) lora_add(w, x, T, y, w.rows);
 }
 
 const char* simd_target_name() {

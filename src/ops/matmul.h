@@ -12,7 +12,7 @@
 
 namespace spool::ops {
 
-/// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows.
+/// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows, plus W's LoRA terms (ops/lora.h) when it has them.
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
 /// With `int8_acts` (CpuBackend's option, set from --act-bits 8, or auto on a K-quant GGUF) Q4_K / Q6_K weights
 /// take int8 activations quantized once per call when the CPU has the int8 kernels (ops/ggml_q8.h): not exact;
@@ -33,7 +33,8 @@ inline void matmul_multi(std::initializer_list<MatmulOut> outs, const float* x, 
   matmul_multi(std::span<const MatmulOut>(outs.begin(), outs.size()), x, T, pool, int8_acts);
 }
 
-/// Same as matmul() on one thread, for rows [r0, r1) only; y rows have stride `ldy`
+/// Same as matmul() on one thread, for rows [r0, r1) only, without W's LoRA terms (a caller of row
+/// ranges adds them over whole rows: ops::lora_add); y rows have stride `ldy`
 /// (y[t * ldy + r]). For callers that parallelise at a higher level (e.g. over experts). `int8_acts` as in matmul().
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1,
                  bool int8_acts = false);
@@ -41,11 +42,11 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
 /// ya = A x and yb = B x for T tokens on one thread (ya [T, A.rows], yb [T, B.rows]). When A
 /// and B are quantized with the same sign vector (an expert's gate and up), x is rotated once
 /// for both; with `int8_acts` and two Q4_K / Q6_K weights, x is quantized once for both.
-/// Same results as two matmul_rows() calls.
+/// Same results as two matmul_rows() calls (no LoRA terms, like matmul_rows).
 void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T,
                       bool int8_acts = false);
 
-/// Scalar reference of matmul() (double accumulation) for tests.
+/// Scalar reference of matmul() (double accumulation; LoRA terms added in f32) for tests.
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y);
 
 /// Name of the SIMD target chosen at runtime (e.g. "AVX3", "AVX2", "NEON").

@@ -9,6 +9,10 @@
 #include "ops/quant_matmul.h"
 
 namespace spool::ops {
+struct LoraDelta;  // ops/lora.h
+}
+
+namespace spool::ops {
 
 /// Where a buffer or weight lives.
 enum class Device : uint8_t { kCpu, kCuda };
@@ -45,6 +49,9 @@ struct WeightView {
   const int32_t* col_perm = nullptr;   ///< kGgml only: optional input permutation [cols]
   const char* name = nullptr;          ///< kGgml only: tensor name for errors (optional)
   const uint8_t* mx_scales = nullptr;  ///< kMxfp4 only: E8M0 scales [rows, cols/32]
+  /// LoRA terms added unmerged after W's product (ops/lora.h; any type): borrowed from the
+  /// model's lora::LoraSet. The CPU products apply them; a backend without them refuses.
+  const LoraDelta* lora = nullptr;
 
   bool empty() const { return data == nullptr && quant.qweight == nullptr; }
   /// Bytes the kernels stream for the matrix.

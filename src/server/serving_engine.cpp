@@ -56,8 +56,10 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
   if (!opt.disk_cache_dir.empty()) {
     if (!(opt.disk_cache_budget_gb > 0)) throw UsageError("--disk-cache-budget-gb must be > 0");
     const uint64_t budget = static_cast<uint64_t>(opt.disk_cache_budget_gb * 1e9);
-    e->disk = std::make_unique<DiskCache>(opt.disk_cache_dir, budget,
-                                          model_fingerprint(*l.ckpt, opt.kv_bits, opt.prefill_step, opt.max_active_experts));
+    // (--lora: the adapters change every state, so they are part of the identity)
+    std::string fp = model_fingerprint(*l.ckpt, opt.kv_bits, opt.prefill_step, opt.max_active_experts);
+    if (l.lora != nullptr) fp += "-lora" + l.lora->fingerprint();
+    e->disk = std::make_unique<DiskCache>(opt.disk_cache_dir, budget, fp);
   }
   e->cache = std::make_unique<PromptCache>(opt.prefill_step, opt.cache_checkpoints, e->disk.get());
   e->gen = std::make_unique<Generator>(*e->session, *e->cache, *l.tok, opt.tool_syntax_greedy);

@@ -3,6 +3,7 @@
 // slots filled on a copy stream ordered by events (fences, stalls), page-locked host memory, and
 // the public CUDA helpers of cuda_backend.h (device count / info, CudaBuffer, H2D bandwidth).
 #include "ops/cuda/cuda_internal.h"
+#include "ops/lora.h"
 
 namespace spool::ops::cu {
 
@@ -257,6 +258,7 @@ const float* CudaBackend::upload_floats(std::span<const float> v) {
 }
 
 WeightView CudaBackend::upload(const WeightView& w) {
+  refuse_lora(w, "cuda");
   if (w.device == Device::kCuda || w.empty()) return w;
   check_supported(w);
   if (w.type == WType::kQuant) validate(w.quant);

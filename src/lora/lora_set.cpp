@@ -1,0 +1,168 @@
+#include "lora/lora_set.h"
+
+#include "common/error.h"
+
+namespace spool::lora {
+
+void LoraSet::add(Adapter adapter, float scale) {
+  dense_used_.emplace_back(adapter.dense.size(), 0);
+  experts_used_.emplace_back(adapter.experts.size(), 0);
+  adapters_.push_back(std::move(adapter));
+  scales_.push_back(scale);
+}
+
+uint64_t LoraSet::bytes() const {
+  uint64_t n = 0;
+  for (const Adapter& a : adapters_) n += a.bytes();
+  for (const std::vector<float>& v : relaid_) n += v.size() * sizeof(float);
+  return n;
+}
+
+std::string LoraSet::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  auto mix_str = [&](const std::string& s) { mix(s.data(), s.size() + 1); };
+  auto mix_floats = [&](const std::vector<float>& v) { mix(v.data(), v.size() * sizeof(float)); };
+  for (size_t ai = 0; ai < adapters_.size(); ++ai) {
+    const Adapter& ad = adapters_[ai];
+    mix(&scales_[ai], sizeof(float));
+    for (const DenseLora& d : ad.dense) {
+      mix_str(d.name);
+      mix(&d.rank, sizeof d.rank);
+      mix(&d.scale, sizeof d.scale);
+      mix_floats(d.a);
+      mix_floats(d.b);
+    }
+    for (const ExpertLora& e : ad.experts) {  // (their scalings come from the config below)
+      mix_str(e.name);
+      for (const ExpertWrapper& w : e.wrappers) {
+        mix_str(w.module);
+        mix_floats(w.a);
+        mix_floats(w.b);
+      }
+    }
+    const PeftConfig& c = ad.config;
+    mix(&c.r, sizeof c.r);
+    mix(&c.lora_alpha, sizeof c.lora_alpha);
+    mix(&c.use_rslora, sizeof c.use_rslora);
+    for (const auto& [p, v] : c.rank_pattern) mix_str(p + "=" + std::to_string(v));
+    for (const auto& [p, v] : c.alpha_pattern) mix_str(p + "=" + std::to_string(v));
+  }
+  return strfmt("%016llx", static_cast<unsigned long long>(h));
+}
+
+const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int64_t cols) {
+  ops::LoraDelta d;
+  for (size_t ai = 0; ai < adapters_.size(); ++ai) {
+    const Adapter& ad = adapters_[ai];
+    for (size_t i = 0; i < ad.dense.size(); ++i) {
+      const DenseLora& m = ad.dense[i];
+      if (m.name != name) continue;
+      if (m.in != cols || m.out != rows)
+        fail("LoRA adapter %s: '%s': shape mismatch: lora_A [%lld, %lld] and lora_B [%lld, %lld] do not fit the model's "
+             "[%lld, %lld] weight",
+             ad.path.c_str(), m.module.c_str(), (long long)m.rank, (long long)m.in, (long long)m.out, (long long)m.rank,
+             (long long)rows, (long long)cols);
+      dense_used_[ai][i] = 1;
+      std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(m.rank * rows));  // B^T [rank, rows]
+      for (int64_t o = 0; o < rows; ++o)
+        for (int64_t k = 0; k < m.rank; ++k) bt[k * rows + o] = m.b[o * m.rank + k];
+      d.terms.push_back({m.a.data(), bt.data(), m.rank, m.scale * scales_[ai]});
+    }
+  }
+  if (d.terms.empty()) return nullptr;
+  dense_.push_back(std::move(d));
+  return &dense_.back();
+}
+
+const ExpertDeltas* LoraSet::experts(const std::string& name, int n_experts, int64_t hidden, int64_t inter) {
+  const int64_t E = n_experts;
+  ExpertDeltas out;
+  out.gate.resize(E);
+  out.up.resize(E);
+  out.down.resize(E);
+  bool any = false;
+  for (size_t ai = 0; ai < adapters_.size(); ++ai) {
+    const Adapter& ad = adapters_[ai];
+    for (size_t i = 0; i < ad.experts.size(); ++i) {
+      const ExpertLora& x = ad.experts[i];
+      if (x.name != name) continue;
+      experts_used_[ai][i] = 1;
+      const ExpertWrapper* gate_up = nullptr;
+      const ExpertWrapper* down = nullptr;
+      for (const ExpertWrapper& w : x.wrappers) {
+        // gate_up_proj [E, 2I, H]: in H, out 2I; down_proj [E, H, I]: in I, out H (PEFT swaps
+        // a non-transposed 3D parameter's last two dims into in / out).
+        const bool fits_gate_up = w.in == hidden && w.out == 2 * inter, fits_down = w.in == inter && w.out == hidden;
+        if (!fits_gate_up && !fits_down)
+          fail("LoRA adapter %s: '%s': shape mismatch: lora_A [%lld, %lld], lora_B [%lld, %lld] fit neither experts.gate_up_proj "
+               "(in %lld, out %lld) nor experts.down_proj (in %lld, out %lld) of %d experts",
+               ad.path.c_str(), w.module.c_str(), (long long)w.rows_a, (long long)w.in, (long long)w.out, (long long)w.rows_a,
+               (long long)hidden, (long long)(2 * inter), (long long)inter, (long long)hidden, n_experts);
+        const ExpertWrapper*& slot = fits_gate_up ? gate_up : down;
+        if (slot != nullptr)
+          fail("LoRA adapter %s: '%s' and '%s' both target experts.%s", ad.path.c_str(), slot->module.c_str(), w.module.c_str(),
+               fits_gate_up ? "gate_up_proj" : "down_proj");
+        slot = &w;
+      }
+      for (const ExpertWrapper* w : {gate_up, down}) {
+        if (w == nullptr) continue;
+        const bool is_gate_up = w == gate_up;
+        if (w->rows_a % E != 0)
+          fail("LoRA adapter %s: '%s': shape mismatch: lora_A has %lld rows, not a multiple of the %d experts", ad.path.c_str(),
+               w->module.c_str(), (long long)w->rows_a, n_experts);
+        const int64_t r = w->rows_a / E;
+        const std::string key = x.module + (is_gate_up ? ".gate_up_proj" : ".down_proj");
+        const auto [rank, scale] = ad.config.rank_and_scaling(key);
+        if (rank != r)
+          fail("LoRA adapter %s: '%s': shape mismatch: rank %lld per expert (lora_A %lld rows / %d experts), adapter_config.json "
+               "gives r = %lld for %s",
+               ad.path.c_str(), w->module.c_str(), (long long)r, (long long)w->rows_a, n_experts, (long long)rank, key.c_str());
+        // B [out, r*E] with column k*E + e (ParamWrapper.get_delta_weight) -> per expert B_e^T [r, out].
+        const int64_t O = w->out;
+        std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(E * r * O));
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t k = 0; k < r; ++k)
+            for (int64_t o = 0; o < O; ++o) bt[(e * r + k) * O + o] = w->b[o * (r * E) + k * E + e];
+        const float s = scale * scales_[ai];
+        for (int64_t e = 0; e < E; ++e) {
+          const float* a = w->a.data() + e * r * w->in;  // A rows e*r .. e*r + r - 1
+          const float* be = bt.data() + e * r * O;
+          if (is_gate_up) {  // gate rows [0, I), up rows [I, 2I) of gate_up_proj: columns of B_e^T
+            out.gate[e].terms.push_back({a, be, r, s, O});
+            out.up[e].terms.push_back({a, be + inter, r, s, O});
+          } else {
+            out.down[e].terms.push_back({a, be, r, s, O});
+          }
+        }
+        any = true;
+      }
+    }
+  }
+  if (!any) return nullptr;
+  experts_.push_back(std::move(out));
+  return &experts_.back();
+}
+
+void LoraSet::check_all_bound() const {
+  std::string missing;
+  int n = 0;
+  for (size_t ai = 0; ai < adapters_.size(); ++ai) {
+    const Adapter& ad = adapters_[ai];
+    auto note = [&](const std::string& module) {
+      if (n++ < 4) missing += (missing.empty() ? "" : ", ") + module;
+    };
+    for (size_t i = 0; i < ad.dense.size(); ++i)
+      if (!dense_used_[ai][i]) note(ad.dense[i].module);
+    for (size_t i = 0; i < ad.experts.size(); ++i)
+      if (!experts_used_[ai][i]) note(ad.experts[i].module);
+    if (n > 0)
+      fail("LoRA adapter %s targets %d module(s) this model does not run as a plain linear layer or routed experts: %s%s",
+           ad.path.c_str(), n, missing.c_str(), n > 4 ? ", ..." : "");
+  }
+}
+
+}  // namespace spool::lora
