@@ -22,7 +22,8 @@
 #                 imatrix types: they have seen the text they are scored on); IMATRIX_CHUNKS limits
 #                 the chunks of 512 tokens llama-imatrix reads (0 = all)
 #   RECIPES       spool convert recipes, each optionally with class overrides (RECIPE/eN/aN/lN/xN/dN: see the
-#                 loop below), bpwX for --target-bpw X, or bpw@TYPE for the size of llama.cpp's TYPE here;
+#                 loop below), bpwX for --target-bpw X, or bpw@TYPE for the size of llama.cpp's TYPE here
+#                 (cbpwX, cbpw@TYPE: with --calibration CALIB, as llama-imatrix);
 #                 SPOOL_CONVERT_FLAGS are added to every conversion
 #   CHUNKS        windows of 512 tokens scored (0 = the whole text); CROSS_TYPE / CROSS_CHUNKS: the
 #                 llama-perplexity cross-check (empty CROSS_TYPE skips it)
@@ -168,10 +169,13 @@ done
 # --expert-bits, --expert-down-bits N (any subset, in any order; e.g. q4-hi6/e4/l4).
 for r in $RECIPES; do
   emb=()
-  if [[ $r == bpw* ]]; then
+  if [[ $r == bpw* || $r == cbpw* ]]; then
     # bpwX: spool convert --target-bpw X (allocated per matrix); bpw@TYPE: the bits per weight of
     # llama.cpp's TYPE file here (its tensor bytes over the parameters, less 0.1%): the same size.
-    bpw=${r#bpw}
+    # cbpw...: the same with --calibration CALIB (the text llama-imatrix reads).
+    cal=()
+    if [[ $r == c* ]]; then cal=(--calibration "$CALIB" --calibration-tokens "$(( IMATRIX_CHUNKS > 0 ? IMATRIX_CHUNKS * 512 : 1 << 30 ))"); fi
+    bpw=${r#*bpw}
     if [[ $bpw == @* ]]; then
       g=$WORK/${bpw#@}.gguf
       [ -s "$g" ] || { echo "quality.sh: $r needs ${bpw#@} in TYPES or IMATRIX_TYPES" >&2; exit 2; }
@@ -180,7 +184,7 @@ for r in $RECIPES; do
     d=$WORK/spool-${r//@/_}
     rm -rf "${d:?}"
     # shellcheck disable=SC2086
-    "$SPOOL" convert --model "$BASE" --target-bpw "$bpw" --out "$d" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
+    "$SPOOL" convert --model "$BASE" --target-bpw "$bpw" "${cal[@]}" --out "$d" -t "$THREADS" $SPOOL_CONVERT_FLAGS > /dev/null 2> "$WORK/last.err" ||
       { echo "quality.sh: spool convert --target-bpw $bpw failed:" >&2; cat "$WORK/last.err" >&2; exit 1; }
     score spool "$r" "$d"
     continue
