@@ -583,6 +583,17 @@ TEST(Cli, ConvertThenGenerate) {
   Result q = spool("convert --model " + out + " --out " + out + "_y");
   EXPECT_EQ(q.code, 1);
   EXPECT_NE(q.err.find("already"), std::string::npos) << q.err;
+  // --target-bpw and its companions: usage errors (2), an unreachable size (1, naming the minimum).
+  EXPECT_EQ(spool("convert --target-bpw 4 --recipe q4 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --target-bpw 17 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --target-bpw 4 --sensitivity dense=-1 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --target-bpw 4 --sensitivity colour=1 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --sensitivity dense=1 --out " + out + "_x").code, 2);
+  EXPECT_EQ(spool("convert --recipe q4 --calibration tests/data/corpus/dev.txt --out " + out + "_x").code, 2);
+  Result low = spool("convert --target-bpw 1 --out " + out + "_low");
+  EXPECT_EQ(low.code, 1);
+  EXPECT_NE(low.err.find("below what this checkpoint can reach"), std::string::npos) << low.err;
+  EXPECT_FALSE(std::filesystem::exists(out + "_low"));
 }
 
 // The streaming statistics of `generate --json` are the counts they are named after, checked

@@ -200,10 +200,7 @@ void run(ConvertCmd& o) {
     // Formats chosen per class: "q4 g64 x12, q6 g64 x2".
     std::map<std::string, std::map<std::string, int>> by_class;
     for (const quant::AllocSlot& s : r.allocation.slots) {
-      const char* cls = s.cls == quant::TensorClass::kDense ? "dense" : s.cls == quant::TensorClass::kLmHead ? "lm_head"
-                        : s.cls == quant::TensorClass::kEmbed ? "embed_tokens" : s.cls == quant::TensorClass::kExpertDown ? "expert_down"
-                                                                                                                   : "expert_gate_up";
-      by_class[cls][s.candidates[s.chosen].describe()] += 1;
+      by_class[quant::class_name(s.cls)][s.candidates[s.chosen].describe()] += 1;
     }
     std::printf("  allocation (estimated loss %.4g):\n", r.allocation.estimated_loss);
     for (const auto& [cls, m] : by_class) {

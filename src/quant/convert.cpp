@@ -29,16 +29,6 @@ using Sink = std::function<void(const void*, uint64_t)>;
 
 namespace {
 
-const char* class_key(TensorClass c) {
-  switch (c) {
-    case TensorClass::kDense: return "dense";
-    case TensorClass::kLmHead: return "lm_head";
-    case TensorClass::kExpertGateUp: return "expert_gate_up";
-    case TensorClass::kExpertDown: return "expert_down";
-    case TensorClass::kEmbed: return "embed_tokens";
-    default: return "kept";
-  }
-}
 
 
 /// Drops the source pages of `t` from this process's mapping (they stay in the page cache):
@@ -172,7 +162,7 @@ struct Planner {
 
   void count(TensorClass c, const ClassSpec& s, int64_t params, const std::vector<SafetensorsWriter::Spec>& specs, size_t from,
              int64_t cols) {
-    ClassStats& cs = result->classes[class_key(c)];
+    ClassStats& cs = result->classes[class_name(c)];
     if (c != TensorClass::kKeep && !s.keep && cols > 0) cs.groups.insert(effective_group(s.group, cols));
     cs.tensors += 1;
     cs.params += params;
@@ -239,7 +229,7 @@ struct Planner {
       u.specs.push_back({out_name(name + ".signs"), io::DType::I8, {cols}});
       u.produce = [sg = sg, cols = cols](ops::ThreadPool*, const Sink& sink) { sink(sg, static_cast<uint64_t>(cols)); };
       const TensorClass c = name == gu_name ? TensorClass::kExpertGateUp : TensorClass::kExpertDown;
-      result->classes[class_key(c)].bytes += static_cast<uint64_t>(cols);
+      result->classes[class_name(c)].bytes += static_cast<uint64_t>(cols);
       units.push_back(std::move(u));
     }
     for (int e = 0; e < n_experts; ++e) {
@@ -371,7 +361,6 @@ ConvertResult convert(const ConvertOptions& in_opt, const std::function<void(uin
   io::Checkpoint ck = io::Checkpoint::open(opt.in_dir, *opt.rules, {.mtp = true});
   if (ck.raw_config().json().contains("quantization"))
     fail("%s is already a spool quantized checkpoint; convert the original", opt.in_dir.c_str());
-  prepare_out_dir(opt);
 
   const int threads = opt.threads > 0 ? opt.threads : std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   ops::ThreadPool pool(threads);
@@ -382,6 +371,7 @@ ConvertResult convert(const ConvertOptions& in_opt, const std::function<void(uin
                                  .expert_usage = opt.expert_usage, .expert_shares = opt.expert_shares, .keep_float = opt.keep_float}, &pool);
     opt.recipe.tensor_specs = r.allocation.specs;
   }
+  prepare_out_dir(opt);  // after the allocation: an unreachable target leaves no directory behind
   Planner p{ck, opt, &r, {}, {}};
   p.plan();
   for (const Unit& u : p.units) {

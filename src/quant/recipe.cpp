@@ -25,6 +25,17 @@ std::string ClassSpec::describe() const {
   return strfmt("%s g%d", qtype_name(type), group);
 }
 
+const char* class_name(TensorClass c) {
+  switch (c) {
+    case TensorClass::kDense: return "dense";
+    case TensorClass::kLmHead: return "lm_head";
+    case TensorClass::kExpertGateUp: return "expert_gate_up";
+    case TensorClass::kExpertDown: return "expert_down";
+    case TensorClass::kEmbed: return "embed_tokens";
+    default: return "kept";
+  }
+}
+
 const ClassSpec& Recipe::spec(TensorClass c) const {
   static const ClassSpec keep;
   switch (c) {

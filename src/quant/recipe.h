@@ -32,6 +32,10 @@ struct ClassSpec {
 /// Tensor classes of a recipe (see the file comment).
 enum class TensorClass { kKeep, kDense, kLmHead, kExpertGateUp, kExpertDown, kEmbed };
 
+/// "dense", "lm_head", "expert_gate_up", "expert_down", "embed_tokens" or "kept": the class's key
+/// in convert's summary and config.json.
+const char* class_name(TensorClass c);
+
 /// A named recipe: one ClassSpec per tensor class (the recipe table of docs/quantization.md, quant_reference.json).
 struct Recipe {
   std::string name;  ///< e.g. "tq3a-tqTe-down4"
