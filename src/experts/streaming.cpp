@@ -148,7 +148,8 @@ ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t*
     } else if (v.type == ops::WType::kQuant) {  // codes, scales and codebook from the slot; signs stay resident
       v.quant.qweight = slot + off[static_cast<int>(io::ExpertPart::kQWeight)];
       v.quant.scales = reinterpret_cast<const uint16_t*>(slot + off[static_cast<int>(io::ExpertPart::kScales)]);
-      v.quant.codebook = reinterpret_cast<const float*>(slot + off[static_cast<int>(io::ExpertPart::kCodebook)]);
+      const uint64_t cb = off[static_cast<int>(io::ExpertPart::kCodebook)];
+      if (cb != UINT64_MAX) v.quant.codebook = reinterpret_cast<const float*>(slot + cb);  // else q8's grid (proto)
     } else {
       v.data = slot + off[static_cast<int>(io::ExpertPart::kWeight)];
     }
@@ -160,9 +161,10 @@ std::string StreamingExperts::check_slot(int layer, int expert, const uint8_t* s
   const io::ExpertLocation& loc = store_.at(layer, expert);
   for (int p = 0; p < 3; ++p) {
     const ops::WeightView& v = proto_[layer][expert][p];
-    if (v.type != ops::WType::kQuant) continue;
+    const uint64_t cb_off = loc.part_offset[p][static_cast<int>(io::ExpertPart::kCodebook)];
+    if (v.type != ops::WType::kQuant || cb_off == UINT64_MAX) continue;  // no codebook stored: q8's fixed grid
     float cb[256];
-    std::memcpy(cb, slot + loc.part_offset[p][static_cast<int>(io::ExpertPart::kCodebook)], sizeof(float) * ops::qtype_levels(v.quant.type));
+    std::memcpy(cb, slot + cb_off, sizeof(float) * ops::qtype_levels(v.quant.type));
     if (!codebook_ok(cb, ops::qtype_levels(v.quant.type)))
       return strfmt("%s: tensor '%s' read from disk is not a valid codebook (corrupt file?)", ckpt_->dir().c_str(),
                     io::expert_tensor_name(layer, expert, static_cast<io::ExpertProj>(p), io::ExpertPart::kCodebook).c_str());

@@ -49,20 +49,28 @@ bool codebook_ok(const float* cb, int levels) {
   return true;
 }
 
-ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
+ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef* codebook,
                               const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what, bool check_data) {
   const char* w = what.c_str();
-  if (codebook.shape.size() != 1) fail("%s: codebook must be 1-D, got %s", w, codebook.shape_str().c_str());
   ops::QuantView q;
-  switch (codebook.shape[0]) {
-    case 3: q.type = ops::QType::kTernary; break;
-    case 4: q.type = ops::QType::kQ2; break;
-    case 8: q.type = ops::QType::kQ3; break;
-    case 16: q.type = ops::QType::kQ4; break;
-    case 32: q.type = ops::QType::kQ5; break;
-    case 64: q.type = ops::QType::kQ6; break;
-    case 256: q.type = ops::QType::kQ8; break;
-    default: fail("%s: codebook has %lld entries (3, 4, 8, 16, 32, 64 or 256 expected)", w, (long long)codebook.shape[0]);
+  if (codebook == nullptr) {  // q8 on its fixed grid: one byte per code
+    if (scales.shape.size() == 2 && scales.shape[0] == rows && scales.shape[1] >= 1 && cols % scales.shape[1] == 0 &&
+        qweight.shape != std::vector<int64_t>{rows, cols})
+      fail("%s: missing codebook tensor (only q8, one byte per weight, may omit it; qweight has shape %s)", w,
+           qweight.shape_str().c_str());
+    q.type = ops::QType::kQ8;
+  } else {
+    if (codebook->shape.size() != 1) fail("%s: codebook must be 1-D, got %s", w, codebook->shape_str().c_str());
+    switch (codebook->shape[0]) {
+      case 3: q.type = ops::QType::kTernary; break;
+      case 4: q.type = ops::QType::kQ2; break;
+      case 8: q.type = ops::QType::kQ3; break;
+      case 16: q.type = ops::QType::kQ4; break;
+      case 32: q.type = ops::QType::kQ5; break;
+      case 64: q.type = ops::QType::kQ6; break;
+      case 256: q.type = ops::QType::kQ8; break;
+      default: fail("%s: codebook has %lld entries (3, 4, 8, 16, 32, 64 or 256 expected)", w, (long long)codebook->shape[0]);
+    }
   }
   if (scales.shape.size() != 2 || scales.shape[0] != rows || scales.shape[1] < 1 || cols % scales.shape[1] != 0)
     fail("%s: scales have shape %s, expected [%lld, G] with G dividing %lld", w, scales.shape_str().c_str(), (long long)rows,
@@ -78,7 +86,7 @@ ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef&
     fail("%s: signs have shape %s, expected [%lld]", w, signs->shape_str().c_str(), (long long)cols);
   q.qweight = qweight.data;
   q.scales = reinterpret_cast<const uint16_t*>(scales.data);
-  q.codebook = reinterpret_cast<const float*>(codebook.data);
+  q.codebook = codebook != nullptr ? reinterpret_cast<const float*>(codebook->data) : ops::q8_grid();
   q.signs = signs ? reinterpret_cast<const int8_t*>(signs->data) : nullptr;
   if (check_data && q.codebook != nullptr && !codebook_ok(q.codebook, ops::qtype_levels(q.type)))
     fail("%s: codebook entries are not finite and strictly ascending (corrupt file?)", w);
@@ -104,7 +112,7 @@ ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, i
     return view_of(*t);
   }
   if (ck.find(base + ".qweight") == nullptr) fail("%s: missing tensor '%s.weight'", ck.dir().c_str(), base.c_str());
-  return quant_view_of(ck.tensor(base + ".qweight"), ck.tensor(base + ".scales"), ck.tensor(base + ".codebook"),
+  return quant_view_of(ck.tensor(base + ".qweight"), ck.tensor(base + ".scales"), ck.find(base + ".codebook"),
                        signs_of(ck, base + ".signs"), rows, cols, ck.dir() + ": " + base);
 }
 
@@ -154,9 +162,9 @@ ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int 
     const io::TensorRef* q = ck.expert_part(layer, expert, proj, io::ExpertPart::kQWeight);
     const io::TensorRef* s = ck.expert_part(layer, expert, proj, io::ExpertPart::kScales);
     const io::TensorRef* c = ck.expert_part(layer, expert, proj, io::ExpertPart::kCodebook);
-    if (q == nullptr || s == nullptr || c == nullptr)
+    if (q == nullptr || s == nullptr)
       fail("%s: missing expert tensor %s", ck.dir().c_str(), io::expert_tensor_name(layer, expert, proj).c_str());
-    v[p] = quant_view_of(*q, *s, *c, signs_of(ck, io::expert_signs_name(layer, proj)), rows[p], cols[p],
+    v[p] = quant_view_of(*q, *s, c, signs_of(ck, io::expert_signs_name(layer, proj)), rows[p], cols[p],
                          ck.dir() + ": " + io::expert_tensor_name(layer, expert, proj, io::ExpertPart::kQWeight), check_data);
   }
   return {v[0], v[1], v[2]};

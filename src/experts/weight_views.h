@@ -17,11 +17,12 @@ ops::WeightView view_of(const io::TensorRef& t);
 
 /// The quantized matrix [rows, cols] made of `qweight` U8 [rows, row_bytes], `scales` F16
 /// [rows, G], `codebook` F32 [levels] and optional `signs` I8 [cols]: type from the codebook
-/// length, group = cols / G. Data pointers are those of the tensors (nullptr-safe: a
+/// length, group = cols / G. A null `codebook` is q8 with its fixed grid (ops::q8_grid()); the
+/// codes must then be one byte each (else: "missing codebook"). Data pointers are those of the tensors (nullptr-safe: a
 /// header-only checkpoint gives a view for shape checks only). With `check_data`, the
 /// codebook (finite, ascending) and signs (+-1) are read and checked too. Throws spool::Error
 /// naming `what` for any inconsistency.
-ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef& codebook,
+ops::WeightView quant_view_of(const io::TensorRef& qweight, const io::TensorRef& scales, const io::TensorRef* codebook,
                               const io::TensorRef* signs, int64_t rows, int64_t cols, const std::string& what,
                               bool check_data = true);
 
@@ -35,7 +36,7 @@ const io::TensorRef* signs_of(const io::Checkpoint& ck, const std::string& name)
 bool codebook_ok(const float* cb, int levels);
 
 /// The weight `{base}.weight` [rows, cols], or its quantized form `{base}.qweight/.scales/
-/// .codebook` (+ `{base}.signs`). Throws naming the tensor when missing or mis-shaped.
+/// .codebook` (+ `{base}.signs`; no `.codebook` for q8). Throws naming the tensor when missing or mis-shaped.
 ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, int64_t rows, int64_t cols);
 
 /// Views of expert `e` of `layer` (gate/up [inter, hidden], down [hidden, inter]), float or

@@ -28,6 +28,7 @@
 // and the HWY_SCALAR target use a plain "dequantize row, then dot" path.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/quant_matmul.cpp"
+#include <array>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include <hwy/aligned_allocator.h>
@@ -1100,6 +1101,15 @@ HWY_EXPORT(HadamardTransform);
 HWY_EXPORT(KernelTarget);
 
 const char* quant_kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTarget)(); }
+
+const float* q8_grid() {
+  static const std::array<float, 256> grid = [] {
+    std::array<float, 256> c{};
+    for (int k = 0; k < 256; ++k) c[static_cast<size_t>(k)] = static_cast<float>(2 * k - 255) / 64.0f;
+    return c;
+  }();
+  return grid.data();
+}
 
 float QuantView::scale(int64_t i) const {
   uint16_t h;

@@ -77,6 +77,11 @@ struct QuantView {
   uint64_t nbytes() const { return static_cast<uint64_t>(rows) * (row_bytes() + 2 * groups_per_row()); }
 };
 
+/// The q8 codebook: the uniform symmetric grid c_k = (2k - 255) / 64, k = 0..255 (step 1/32,
+/// |c| <= 3.984, exact in float; docs/quant-format.md). A q8 matrix stored without a `.codebook`
+/// tensor uses it (spool convert writes none for q8: its grid is never fitted).
+const float* q8_grid();
+
 /// Throws spool::Error unless `w` is well-formed: rows >= 0, cols > 0, group in {32, 64, 128}
 /// or group == cols, group divides cols, non-null qweight/scales/codebook.
 void validate(const QuantView& w);

@@ -80,11 +80,11 @@ std::string expert_slot_key(int layer, int expert, bool down) {
   return strfmt("layers.%d.mlp.experts.%d.%s", layer, expert, down ? "down" : "gate_up");
 }
 
-uint64_t matrix_bytes(const ClassSpec& s, int64_t rows, int64_t cols) {
+uint64_t matrix_bytes(const ClassSpec& s, int64_t rows, int64_t cols, const QuantOptions& q) {
   if (s.keep) return static_cast<uint64_t>(rows * cols) * 2;
   const int g = effective_group(s.group, cols);
   const int64_t G = cols / g;
-  return static_cast<uint64_t>(rows * G * (ops::qtype_group_bytes(s.type, g) + 2) + levels(s.type) * 4);
+  return static_cast<uint64_t>(rows * G * (ops::qtype_group_bytes(s.type, g) + 2) + (q.stores_codebook(s.type) ? levels(s.type) * 4 : 0));
 }
 
 double sample_error(const std::vector<float>& sample, int64_t cols, const ClassSpec& s, const int8_t* signs, const QuantOptions& q) {
@@ -239,7 +239,7 @@ Allocation allocate(const io::Checkpoint& ck, const AllocOptions& o, ops::Thread
     std::vector<float> smp;
     sample_rows(t, kSampleRows, &smp);
     const int64_t rows = t.shape[0], cols = t.shape[1];
-    add_slot(t.name, c, t.numel(), cols, std::move(smp), t.name, [rows, cols](const ClassSpec& s) { return matrix_bytes(s, rows, cols); });
+    add_slot(t.name, c, t.numel(), cols, std::move(smp), t.name, [rows, cols, q = o.quant](const ClassSpec& s) { return matrix_bytes(s, rows, cols, q); });
     // Tied embeddings: the table is also the output projection.
     if (c == TensorClass::kEmbed && tied) a.slots.back().weight += o.weights.lm_head * static_cast<double>(t.numel());
   }
@@ -270,7 +270,7 @@ Allocation allocate(const io::Checkpoint& ck, const AllocOptions& o, ops::Thread
       expert_slot[a.slots.size()] = {layer, n, down};
       add_slot(sname.substr(0, sname.size() - 6), down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, mats * rows * cols, cols,
                std::move(smp), sname.substr(0, sname.size() - 6),
-               [rows, cols, mats](const ClassSpec& s) { return static_cast<uint64_t>(mats) * matrix_bytes(s, rows, cols); });
+               [rows, cols, mats, q = o.quant](const ClassSpec& s) { return static_cast<uint64_t>(mats) * matrix_bytes(s, rows, cols, q); });
       a.params += mats * rows * cols;
     }
   }

@@ -97,8 +97,9 @@ std::vector<ClassSpec> alloc_candidates(int64_t cols);
 /// Key of one expert's projections in an allocation: "layers.L.mlp.experts.E.gate_up" or ".down".
 std::string expert_slot_key(int layer, int expert, bool down);
 
-/// Bytes one [rows, cols] matrix takes in format s: codes + fp16 scales + codebook, or bf16.
-uint64_t matrix_bytes(const ClassSpec& s, int64_t rows, int64_t cols);
+/// Bytes one [rows, cols] matrix takes in format s: codes + fp16 scales + codebook (when q
+/// stores one: QuantOptions::stores_codebook), or bf16.
+uint64_t matrix_bytes(const ClassSpec& s, int64_t rows, int64_t cols, const QuantOptions& q);
 
 /// Relative squared error ||W - Q(W)||^2 / ||W||^2 of quantizing the rows `sample` ([n, cols],
 /// original basis, f32) in format s with rotation `signs` (nullptr: none) and options q: the

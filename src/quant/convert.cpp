@@ -63,17 +63,18 @@ struct Unit {
   std::function<void(ops::ThreadPool*, const Sink&)> produce;
 };
 
-/// The quantized tensors of a matrix: specs for {base}.qweight/.scales/.codebook.
+/// The quantized tensors of a matrix: specs for {base}.qweight/.scales(/.codebook: when q stores one).
 void quant_specs(std::vector<SafetensorsWriter::Spec>* specs, const std::string& base, const ClassSpec& s, int64_t rows,
-                 int64_t cols) {
+                 int64_t cols, const QuantOptions& q) {
   const int g = effective_group(s.group, cols);
   const int64_t G = cols / g;
   specs->push_back({base + ".qweight", io::DType::U8, {rows, G * ops::qtype_group_bytes(s.type, g)}});
   specs->push_back({base + ".scales", io::DType::F16, {rows, G}});
-  specs->push_back({base + ".codebook", io::DType::F32, {levels(s.type)}});
+  if (q.stores_codebook(s.type)) specs->push_back({base + ".codebook", io::DType::F32, {levels(s.type)}});
 }
 
-/// Quantizes the source matrix `t` ([rows, cols] float) and sends qweight, scales, codebook.
+/// Quantizes the source matrix `t` ([rows, cols] float) and sends qweight, scales, codebook
+/// (none for q8 unless opt keeps the fixed tables: QuantOptions::stores_codebook).
 /// Rows are split over `pool` (nullptr: the calling thread only).
 /// The codebook comes from fit_codebook() over the rotated source rows when opt.codebook says so.
 void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs, const QuantOptions& opt, ops::ThreadPool* pool,
@@ -120,7 +121,7 @@ void quantize_to(const io::TensorRef& t, const ClassSpec& s, const int8_t* signs
   else work(0, rows);
   sink(qweight.data(), qweight.size());
   sink(scales.data(), scales.size() * 2);
-  sink(cb.data(), cb.size() * 4);
+  if (opt.stores_codebook(s.type)) sink(cb.data(), cb.size() * 4);
 }
 
 /// Sends `t` as bf16, converting in chunks of 1M elements.
@@ -184,7 +185,7 @@ struct Planner {
     } else {
       const std::string base = out_name(base_of(t.name));
       const int64_t cols = t.shape[1];
-      quant_specs(&u.specs, base, s, t.shape[0], cols);
+      quant_specs(&u.specs, base, s, t.shape[0], cols, opt.quant);
       const int8_t* sg = signs_for(t.name, cols);
       if (sg != nullptr) u.specs.push_back({base + ".signs", io::DType::I8, {cols}});
       u.produce = [&t, &s, sg, cols, q = opt.quant](ops::ThreadPool* pool, const Sink& sink) {
@@ -270,7 +271,7 @@ struct Planner {
         const size_t from = u.specs.size();
         const std::string base = out_name(base_of(t.name));
         if (s.keep) u.specs.push_back({base + ".weight", io::DType::BF16, t.shape});
-        else quant_specs(&u.specs, base, s, t.shape[0], t.shape[1]);
+        else quant_specs(&u.specs, base, s, t.shape[0], t.shape[1], opt.quant);
         count(down ? TensorClass::kExpertDown : TensorClass::kExpertGateUp, s, t.numel(), u.specs, from, t.shape[1]);
         u.source_bytes += t.nbytes;
         u.sources.push_back(&t);

@@ -98,7 +98,7 @@ void write_dequantized(const std::string& src_dir, const std::string& q, const s
     }
     const std::string base = n.substr(0, n.size() - 8);
     const io::TensorRef& sc = ck.tensor(base + ".scales");
-    const io::TensorRef& cb = ck.tensor(base + ".codebook");
+    const io::TensorRef* cb = ck.find(base + ".codebook");  // none for q8 (its fixed grid)
     const io::TensorRef* sg = nullptr;
     if (t.expert_layer >= 0) sg = ck.find(io::expert_signs_name(t.expert_layer, t.expert_proj));
     else sg = ck.find(base + ".signs");
@@ -433,6 +433,43 @@ TEST(Convert, FourToEightBitRecipesAndOverrides) {
   }
 }
 
+// q8 keeps its fixed grid, so with fitted codebooks (the default) no `.codebook` tensor is
+// written: 1 KiB less per matrix, same codes as the file that stores the grid (--codebook
+// gaussian), and the same logits.
+TEST(Convert, Q8StoresNoCodebook) {
+  const std::string a = scratch("q8_fit"), b = scratch("q8_gauss");
+  run_convert(fixture("olmoe"), a, "q8");
+  ConvertOptions o;
+  o.in_dir = fixture("olmoe");
+  o.out_dir = b;
+  o.rules = &models::checkpoint_rules();
+  o.recipe = recipe("q8");
+  o.quant.codebook = CodebookSource::kGaussian;
+  o.threads = 2;
+  convert(o, nullptr);
+  const io::Checkpoint ca = models::open_checkpoint(a), cb = models::open_checkpoint(b);
+  int64_t matrices = 0;
+  for (const auto& t : cb.tensors())
+    if (t.name.ends_with(".codebook")) ++matrices;
+  ASSERT_GT(matrices, 0);
+  for (const auto& t : ca.tensors()) EXPECT_FALSE(t.name.ends_with(".codebook")) << t.name;
+  EXPECT_EQ(fs::file_size(b + "/model.safetensors") - fs::file_size(a + "/model.safetensors"),
+            static_cast<uintmax_t>(matrices) * 1024 + [&] {  // the header's entries for the codebooks
+              auto hdr = [](const std::string& f) {
+                std::ifstream in(f, std::ios::binary);
+                uint64_t n = 0;
+                in.read(reinterpret_cast<char*>(&n), 8);
+                return n;
+              };
+              return hdr(b + "/model.safetensors") - hdr(a + "/model.safetensors");
+            }());
+  for (bool stream : {false, true}) {
+    engine::LoadedModel la = load(a, stream, "0.0001"), lb = load(b, stream, "0.0001");
+    const std::vector<int32_t> ids = prompt_ids(la.model->spec().vocab_size, 6);
+    EXPECT_EQ(all_logits(*la.model, ids), all_logits(*lb.model, ids)) << "stream " << stream;
+  }
+}
+
 /// Converts the qwen3_moe fixture (q4), rewrites its shard with `edit` applied to every tensor
 /// `match` accepts (bytes, dtype, shape; an emptied name drops the tensor), then expects loading
 /// and a forward pass (resident, or streamed with a tiny cache) to fail mentioning `want`.
@@ -498,6 +535,12 @@ TEST(Convert, CorruptQuantizedFilesAreRejected) {
   expect_corrupt_rejected("expert_signs_dropped", is("model.layers.0.mlp.experts.down.signs"),
                           [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); },
                           "missing sign vector 'layers.0.mlp.experts.down.signs'", /*stream=*/true);
+  // A q4 matrix without its codebook (only q8 may omit it): refused, dense and streamed expert.
+  expect_corrupt_rejected("codebook_dropped", is(dense + ".codebook"), [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); },
+                          "layers.0.self_attn.q_proj: missing codebook tensor");
+  expect_corrupt_rejected("expert_codebook_dropped", is("model.layers.0.mlp.experts.5.down_proj.codebook"),
+                          [](io::TensorToWrite& t, std::vector<uint8_t>&) { t.name.clear(); }, "missing codebook tensor",
+                          /*stream=*/true);
   expect_corrupt_rejected("expert_codebook", is(expert + ".codebook"), [](io::TensorToWrite&, std::vector<uint8_t>& b) {
     const float nan = std::nanf("");
     std::memcpy(b.data() + 8, &nan, 4);

@@ -43,6 +43,11 @@ struct QuantOptions {
   /// RMS scales and the fixed N(0, 1) codebooks (the format's original rules).
   static constexpr QuantOptions legacy() { return {ScaleSearch::kNone, CodebookSource::kGaussian}; }
   bool is_legacy() const { return scale_search == ScaleSearch::kNone && codebook == CodebookSource::kGaussian; }
+  /// Whether a matrix of type t gets a `.codebook` tensor: always, except q8 with fitted
+  /// codebooks (q8 keeps its fixed grid, which readers know: ops::q8_grid(); 1 KiB saved per
+  /// matrix, a whole bit per weight on an 8192-weight expert). kGaussian writes every codebook,
+  /// as the files of earlier versions.
+  bool stores_codebook(QType t) const { return t != QType::kQ8 || codebook == CodebookSource::kGaussian; }
 };
 
 /// "none" | "mse".

@@ -61,7 +61,10 @@ TEST(Codebook, ExactConstants) {
   EXPECT_EQ(codebook(QType::kQ5)[16], 0.0658896598f);
   EXPECT_EQ(codebook(QType::kQ6)[63], 3.74410127f);
   EXPECT_EQ(codebook(QType::kQ6)[32], 0.0334095064f);
-  for (int k = 0; k < 256; ++k) EXPECT_EQ(codebook(QType::kQ8)[k], static_cast<float>(2 * k - 255) / 64.0f) << k;
+  for (int k = 0; k < 256; ++k) {
+    EXPECT_EQ(codebook(QType::kQ8)[k], static_cast<float>(2 * k - 255) / 64.0f) << k;
+    EXPECT_EQ(ops::q8_grid()[k], codebook(QType::kQ8)[k]) << k;  // what readers use when no codebook is stored
+  }
 }
 
 // q5 and q6 are the Lloyd-Max quantizers of N(0, 1): every centroid is the conditional mean of
