@@ -154,11 +154,13 @@ TEST_P(BackendOpTable, ExpertFfnAndCombine) {
 }
 
 // Experts whose weights live on the backend (uploaded, as VRAM-resident experts and expert slots
-// are) give the same bits as the same experts read from host views: on CUDA, q4 SwiGLU experts run
+// are) give the same bits as the same experts read from host views: on CUDA, packed SwiGLU experts run
 // in grouped launches (jobs of at most 8 rows, host views copied up for the call) whichever memory
 // holds them, with the same row arithmetic.
+// (Every packed type: q2, q3, q5, q6, q8 take the grouped launches as q4 does.)
+const WKind kPackedKinds[] = {WKind::kQ4, WKind::kQ4Rotated, WKind::kQ2, WKind::kQ3, WKind::kQ5, WKind::kQ6Rotated, WKind::kQ8, WKind::kQ8Rotated};
 TEST_P(BackendOpTable, ExpertFfnUploadedEqualsHostViews) {
-  for (WKind k : {WKind::kQ4, WKind::kQ4Rotated})
+  for (WKind k : kPackedKinds)
     for (const MoeShape& s : kMoeShapes) {
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
       const MoeCase c = make_moe_case(k, s, 9);
@@ -180,10 +182,11 @@ TEST_P(BackendOpTable, ExpertFfnUploadedEqualsHostViews) {
 
 // The routed expert path (Backend::expert_ffn_routed over a make_expert_table table, routing ids
 // and weights in device memory) gives the bits of expert_ffn + moe_combine over the same uploaded
-// experts. Backends without the path give no table; experts outside it (not q4) give none either.
+// experts. Backends without the path give no table; experts outside it (not a packed type: f32,
+// ternary) give none either.
 [[maybe_unused]] const bool kExpertFfnRoutedOps = covers({"expert_ffn_routed", "make_expert_table", "routed_takes_shared"});
 TEST_P(BackendOpTable, ExpertFfnRoutedEqualsGroupedExpertsAndCombine) {
-  for (WKind k : {WKind::kQ4, WKind::kQ4Rotated})
+  for (WKind k : kPackedKinds)
     for (const MoeShape& s : kMoeShapes) {
       SCOPED_TRACE(std::string(wkind_name(k)) + " T=" + std::to_string(s.T) + " E=" + std::to_string(s.E));
       const MoeCase c = make_moe_case(k, s, 11);
@@ -227,7 +230,7 @@ TEST_P(BackendOpTable, ExpertFfnRoutedEqualsGroupedExpertsAndCombine) {
         const TestWeight sg(k, s.I, s.H, 501), su(k, s.I, s.H, 502), sd(k, s.H, s.I, 503);
         const ExpertMats sh = {be.upload(sg.view()), be.upload(su.view()), be.upload(sd.view())};
         const bool takes = be.routed_takes_shared(table, sh, s.T);
-        EXPECT_EQ(takes, s.T <= 8) << "a q4 shared expert of the table's shape, up to 8 tokens";
+        EXPECT_EQ(takes, s.T <= 8) << "a shared expert of the table's shape and formats, up to 8 tokens";
         if (takes) {
           std::vector<float> g(s.T * s.I), u(g.size()), own(s.T * s.H, NAN), fused(own.size(), NAN), got2(want.size(), NAN);
           const MatmulOut gu[] = {{&sh.gate, g.data()}, {&sh.up, u.data()}};

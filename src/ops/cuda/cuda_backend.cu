@@ -2,10 +2,10 @@
 // CudaOpScope (scratch reset, SPOOL_CUDA_SYNC, SPOOL_CUDA_PROFILE) around the op's function in its
 // family's file (cuda_internal.h lists them). See cuda_backend.h for the memory model.
 //
-// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8): q4 weights by k_gemv_q4 (input built in
+// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8): q4 weights by k_gemv_quant (input built in
 // shared memory by a fused prologue — gather, SwiGLU, Hadamard rotation — then 16-byte weight loads),
 // f16/bf16 by k_gemv_16, other code widths by the element-wise k_gemv. MoE experts in q4 run as two
-// grouped k_gemv_q4 launches per layer (prefill too, in jobs of <= 8 rows); with every expert readable
+// grouped k_gemv_quant launches per layer (prefill too, in jobs of <= 8 rows); with every expert readable
 // by the GPU the routing stays on the device (expert_ffn_routed) and KV rows are written on the device
 // (kv_append defers the host copy). Known slow spots: dense T > 8 products dequantize W into scratch
 // and run cuBLAS SGEMM; attention keeps a score row per query in scratch (no flash tiling); the delta

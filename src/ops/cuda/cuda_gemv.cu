@@ -127,39 +127,85 @@ __global__ void k_gemv(WDev w, const float* x, int T, float* y) {
 }
 
 
-// Decode GEMV (T <= kMaxGemvT rows of x', f32 accumulation) that reads each weight byte once in
-// 16-byte loads: LPR lanes (a power of two <= 32) share a row and each takes chunks of 32 codes (4
-// words) strided by LPR, so a row of 2048 codes is 2 loads per lane of a full warp and a row of 512
-// is 1 load per lane of half a warp; partial sums meet by shuffles. Each word's 8 codes are looked
-// up in the codebook (shared memory), dotted with x' and scaled once by their group's scale
-// (group % 32 == 0: one scale per chunk). x' sits in shared memory in the chunk-interleaved order of q4_xpos, so the
+// Decode GEMV (T <= kMaxGemvT rows of x', f32 accumulation) for the packed types (q2, q3, q4, q5,
+// q6, q8: BITS bits per code, LSB first) that reads each weight byte once: LPR lanes (a power of two
+// <= 32) share a row and each takes chunks of 32 codes (4 * BITS bytes: 16-byte loads for q4 / q8,
+// 8-byte for q2 / q6, 4-byte for q3 / q5) strided by LPR, so a q4 row of 2048 codes is 2 loads per
+// lane of a full warp and a row of 512 is 1 load per lane of half a warp; partial sums meet by
+// shuffles. Each octet of 8 codes is looked up in the codebook (shared memory), dotted with x' and
+// scaled once by its group's scale (group % 32 == 0: one scale per chunk). x' sits in shared memory in the chunk-interleaved order of chunk_xpos, so the
 // lanes of a warp read consecutive 16-byte pieces (no bank conflicts). Needs cols % 32 == 0.
 //
 // Position in shared memory of x' column c (per row; nch = cols / 32 chunks): the 4 floats of
 // column quad (word k, half h) of chunk ch sit at ((2k + h) * nch + ch) * 4, so lane ch's float4 of
 // a given (k, h) is next to lane ch + 1's.
-__device__ __forceinline__ int q4_xpos(int c, int nch) {
+__device__ __forceinline__ int chunk_xpos(int c, int nch) {
   const int ch = c >> 5, k = (c >> 3) & 3, h = (c >> 2) & 1;
   return (((k << 1) | h) * nch + ch) * 4 + (c & 3);
 }
+
+// One chunk of 32 BITS-bit codes (4 * BITS bytes) as BITS little-endian 32-bit words.
+template <int BITS>
+struct Chunk {
+  uint32_t w[BITS];
+};
+
+// Chunk c of a row at `row` (4 * BITS * c bytes in; the row 4-, 8- or 16-byte aligned as BITS is
+// odd, 2 mod 4 or 0 mod 4), in the widest loads its alignment allows.
+template <int BITS>
+__device__ __forceinline__ Chunk<BITS> load_chunk(const uint8_t* row, int c) {
+  Chunk<BITS> k;
+  if constexpr (BITS % 4 == 0) {
+    const uint4* p = reinterpret_cast<const uint4*>(row) + c * (BITS / 4);
+#pragma unroll
+    for (int i = 0; i < BITS / 4; ++i) {
+      const uint4 v = __ldg(p + i);
+      k.w[4 * i] = v.x, k.w[4 * i + 1] = v.y, k.w[4 * i + 2] = v.z, k.w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (BITS % 2 == 0) {
+    const uint2* p = reinterpret_cast<const uint2*>(row) + c * (BITS / 2);
+#pragma unroll
+    for (int i = 0; i < BITS / 2; ++i) {
+      const uint2 v = __ldg(p + i);
+      k.w[2 * i] = v.x, k.w[2 * i + 1] = v.y;
+    }
+  } else {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(row) + c * BITS;
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) k.w[i] = __ldg(p + i);
+  }
+  return k;
+}
+
+// Code e (0..31, a compile-time constant after unrolling) of a chunk: bits [e BITS, e BITS + BITS).
+template <int BITS>
+__device__ __forceinline__ uint32_t chunk_code(const Chunk<BITS>& k, int e) {
+  const int bit = e * BITS, wi = bit >> 5, sh = bit & 31;
+  uint32_t v = k.w[wi] >> sh;
+  if (sh + BITS > 32) v |= k.w[wi + 1] << (32 - sh);
+  return v & ((1u << BITS) - 1u);
+}
+
+// Bytes of one row of a packed weight: cols / 32 chunks of 4 * BITS bytes.
+__host__ __device__ constexpr int64_t packed_row_bytes(int bits, int64_t cols) { return cols / 32 * 4 * bits; }
 
 // R consecutive rows r0 .. r0 + R - 1 per group of LPR lanes: each chunk of x' (one float4 pair per
 // word and row of x') is read from shared memory once for the R rows, whose weight chunks are all
 // loaded first (R 16-byte loads in flight per lane). Row r's products and their order depend only
 // on cols (LPR) and the row itself, not on R, TM or the job's other rows.
-template <int LPR, int R, int TM>
-__device__ __forceinline__ void gemv_q4_rows(const Q4GemvJob& j, const float* cbs, const float* xs, int64_t rows, int64_t cols, int group,
-                                             int64_t r0, const uint4 (&pre)[R], bool use_pre) {
+template <int BITS, int LPR, int R, int TM>
+__device__ __forceinline__ void gemv_quant_rows(const QGemvJob& j, const float* cbs, const float* xs, int64_t rows, int64_t cols, int group,
+                                             int64_t r0, const Chunk<BITS> (&pre)[R], bool use_pre) {
   const int sub = threadIdx.x & (LPR - 1);
   const int nch = static_cast<int>(cols / 32);
   const int64_t ng = cols / group;
   const int T = TM == 1 ? 1 : j.T;
-  const uint4* qr[R];
+  const uint8_t* qr[R];
   const uint16_t* sr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t rr = min(r0 + i, rows - 1);  // (rows past the last run it again for the shuffles, store nothing)
-    qr[i] = reinterpret_cast<const uint4*>(j.q + rr * (cols / 2));
+    qr[i] = j.q + rr * packed_row_bytes(BITS, cols);
     sr[i] = j.scales + rr * ng;
   }
   float acc[R][TM];
@@ -168,9 +214,9 @@ __device__ __forceinline__ void gemv_q4_rows(const Q4GemvJob& j, const float* cb
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[i][t] = 0.0f;
   for (int c = sub; c < nch; c += LPR) {
-    uint4 wq[R];
+    Chunk<BITS> wq[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) wq[i] = use_pre && c == sub ? pre[i] : __ldg(qr[i] + c);
+    for (int i = 0; i < R; ++i) wq[i] = use_pre && c == sub ? pre[i] : load_chunk<BITS>(qr[i], c);
     float sc[R];  // (group % 32 == 0: one scale per chunk of 32 codes)
 #pragma unroll
     for (int i = 0; i < R; ++i) sc[i] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
@@ -178,11 +224,9 @@ __device__ __forceinline__ void gemv_q4_rows(const Q4GemvJob& j, const float* cb
     for (int k = 0; k < 4; ++k) {
       float wv[R][8];
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const uint32_t w = k == 0 ? wq[i].x : k == 1 ? wq[i].y : k == 2 ? wq[i].z : wq[i].w;
+      for (int i = 0; i < R; ++i)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) wv[i][e] = cbs[(w >> (4 * e)) & 15u];
-      }
+        for (int e = 0; e < 8; ++e) wv[i][e] = cbs[chunk_code<BITS>(wq[i], 8 * k + e)];
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
         if (t >= T) break;
@@ -218,14 +262,14 @@ __device__ __forceinline__ void gemv_q4_rows(const Q4GemvJob& j, const float* cb
 }
 
 // Blockwise Walsh-Hadamard butterflies of fwht_smem (same pairs, same order) over a row stored in
-// q4_xpos order.
-__device__ __forceinline__ void fwht_smem_q4(float* v, int n, int B, int nch) {
+// chunk_xpos order.
+__device__ __forceinline__ void fwht_smem_chunked(float* v, int n, int B, int nch) {
   __syncthreads();
   for (int s = 0; (1 << s) < B; ++s) {
     const int h = 1 << s;
     for (int idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
       const int i = ((idx >> s) << (s + 1)) + (idx & (h - 1));
-      const int pi = q4_xpos(i, nch), ph = q4_xpos(i + h, nch);
+      const int pi = chunk_xpos(i, nch), ph = chunk_xpos(i + h, nch);
       const float a = v[pi], c = v[ph];
       v[pi] = a + c;
       v[ph] = a - c;
@@ -238,11 +282,11 @@ constexpr int kGemvThreads = 512;
 
 // One row of x' for a weight whose Hadamard block is the whole row (B == n, n = E * kGemvThreads
 // columns, E in {1, 2, 4, 8, 16}): the butterflies of fwht_smem, stage by stage with the same
-// pairs and operations (so the same bits as fwht_smem_q4 and k_rotate), mostly in registers.
+// pairs and operations (so the same bits as fwht_smem_chunked and k_rotate), mostly in registers.
 // Thread t holds columns [t E, t E + E): stages 0 .. log2(E) - 1 run in its registers, the next
 // five across the lanes of its warp (shuffles: the lower column of a pair takes a + c, the upper
 // a - c), then the last four (the columns' top 4 bits, across the 16 warps) on n / 16 runs of 16
-// columns read back from shared memory, scaled by norm as they are written (q4_xpos order).
+// columns read back from shared memory, scaled by norm as they are written (chunk_xpos order).
 // Two barriers instead of log2(n). The caller's __syncthreads() publishes the row.
 __device__ __forceinline__ void rotate_row_regs(const float* src, const float* src2, const int8_t* signs, float* v, int n, int nch,
                                                 float norm) {
@@ -278,13 +322,13 @@ __device__ __forceinline__ void rotate_row_regs(const float* src, const float* s
   }
 #pragma unroll
   for (int k = 0; k < 16; ++k)
-    if (k < E) v[q4_xpos(i0 + k, nch)] = r[k];
+    if (k < E) v[chunk_xpos(i0 + k, nch)] = r[k];
   __syncthreads();
   const int Q = n / 16;  // column c = j + k Q: k holds the top 4 bits
   for (int j = t; j < Q; j += kGemvThreads) {
     float u[16];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) u[k] = v[q4_xpos(j + k * Q, nch)];
+    for (int k = 0; k < 16; ++k) u[k] = v[chunk_xpos(j + k * Q, nch)];
 #pragma unroll
     for (int s = 0; s < 4; ++s)
 #pragma unroll
@@ -295,7 +339,7 @@ __device__ __forceinline__ void rotate_row_regs(const float* src, const float* s
           u[k + (1 << s)] = a - c;
         }
 #pragma unroll
-    for (int k = 0; k < 16; ++k) v[q4_xpos(j + k * Q, nch)] = u[k] * norm;
+    for (int k = 0; k < 16; ++k) v[chunk_xpos(j + k * Q, nch)] = u[k] * norm;
   }
 }
 
@@ -306,27 +350,27 @@ __device__ __forceinline__ void rotate_row_regs(const float* src, const float* s
 // are those of separate launches. Blocks of kGemvThreads cover kGemvThreads / LPR * R rows at a
 // time and stride over the row blocks by gridDim.x: a grid of about one block per SM (per job) builds
 // x' rarely. TM: 1 (T == 1) or kMaxGemvT (any T up to it).
-constexpr size_t kGemvStaticSmem = 16 * sizeof(float);  // k_gemv_q4's codebook (beside the dynamic x')
+constexpr size_t kGemvStaticSmem = 256 * sizeof(float);  // k_gemv_quant's codebook (beside the dynamic x'; q8's 256 entries)
 // Rows per lane group R: 4 or 1 for one row of x' (decode; 1 spreads a small weight over more
 // blocks), 2 for up to kMaxGemvT rows of x' (registers).
-template <int LPR, int TM, int R>
-__global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_q4(const Q4GemvJob* jobs, Q4GemvJob one, int64_t rows, int64_t cols, int group, int64_t B,
+template <int BITS, int LPR, int TM, int R>
+__global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_quant(const QGemvJob* jobs, QGemvJob one, int64_t rows, int64_t cols, int group, int64_t B,
                                                            float norm) {
-  const Q4GemvJob j = jobs != nullptr ? jobs[blockIdx.y] : one;
+  const QGemvJob j = jobs != nullptr ? jobs[blockIdx.y] : one;
   extern __shared__ float xs[];
-  __shared__ float cbs[16];
+  __shared__ float cbs[1 << BITS];
   const int64_t rpb = kGemvThreads / LPR * R, nrb = (rows + rpb - 1) / rpb;
   const int n = static_cast<int>(cols), nch = n / 32;
   // The first chunk of this block's first rows is loaded before the prologue (its latency overlaps it).
-  uint4 pre[R];
+  Chunk<BITS> pre[R];
   const int sub = threadIdx.x & (LPR - 1);
   const int64_t r_first = static_cast<int64_t>(blockIdx.x) * rpb + threadIdx.x / LPR * R;
   const bool prefetch = blockIdx.x < nrb && sub < nch;
   if (prefetch) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) pre[i] = __ldg(reinterpret_cast<const uint4*>(j.q + min(r_first + i, rows - 1) * (cols / 2)) + sub);
+    for (int i = 0; i < R; ++i) pre[i] = load_chunk<BITS>(j.q + min(r_first + i, rows - 1) * packed_row_bytes(BITS, cols), sub);
   }
-  if (threadIdx.x < 16) cbs[threadIdx.x] = j.cb[threadIdx.x];
+  for (int i = threadIdx.x; i < (1 << BITS); i += blockDim.x) cbs[i] = j.cb[i];
   for (int t = 0; t < j.T; ++t) {
     float* v = xs + t * n;
     const int64_t row = j.tok != nullptr ? j.tok[t] : t;
@@ -340,16 +384,16 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_q4(const Q4GemvJob* jo
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       float e = src2 != nullptr ? silu_f(src[i]) * src2[i] : src[i];
       if (j.signs != nullptr) e *= static_cast<float>(j.signs[i]);
-      v[q4_xpos(i, nch)] = e;
+      v[chunk_xpos(i, nch)] = e;
     }
     if (j.signs != nullptr) {
-      fwht_smem_q4(v, n, static_cast<int>(B), nch);
+      fwht_smem_chunked(v, n, static_cast<int>(B), nch);
       for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] *= norm;  // (every element once: order does not matter)
     }
   }
   __syncthreads();
   for (int64_t rb = blockIdx.x; rb < nrb; rb += gridDim.x)
-    gemv_q4_rows<LPR, R, TM>(j, cbs, xs, rows, cols, group, rb * rpb + threadIdx.x / LPR * R,
+    gemv_quant_rows<BITS, LPR, R, TM>(j, cbs, xs, rows, cols, group, rb * rpb + threadIdx.x / LPR * R,
                              pre, rb == blockIdx.x && prefetch);
 }
 
@@ -439,7 +483,17 @@ void CudaBackend::Impl::rotate(const int8_t* signs, const float* x, int64_t T, i
   CU_LAUNCHED("k_rotate");
 }
 
-void CudaBackend::Impl::gemv_q4(const Q4GemvJob* jobs, const Q4GemvJob& one, int64_t n_jobs, int t_max, int64_t rows, int64_t cols, int group) {
+namespace cu {
+bool gemv_quant_type(QType t) { return t != QType::kTernary; }
+
+uintptr_t gemv_quant_align(QType t) {
+  const int b = qtype_bits(t);
+  return b % 4 == 0 ? 16 : b % 2 == 0 ? 8 : 4;
+}
+}  // namespace cu
+
+void CudaBackend::Impl::gemv_quant(const QGemvJob* jobs, const QGemvJob& one, int64_t n_jobs, int t_max, int64_t rows, int64_t cols, QFmt f) {
+  const int group = f.group;
   const int64_t nc = cols / 32;
   int lpr = 1;
   while (lpr < 32 && lpr * 2 <= nc) lpr *= 2;
@@ -462,26 +516,37 @@ void CudaBackend::Impl::gemv_q4(const Q4GemvJob* jobs, const Q4GemvJob& one, int
       CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - static_cast<int>(kGemvStaticSmem)));
     kern<<<grid, kGemvThreads, smem, stream>>>(jobs, one, rows, cols, group, B, norm);
   };
-  const auto by_lpr = [&](auto tm, auto r) {
-    constexpr int TM = decltype(tm)::value, RR = decltype(r)::value;
+  const auto by_lpr = [&](auto bits, auto tm, auto r) {
+    constexpr int BITS = decltype(bits)::value, TM = decltype(tm)::value, RR = decltype(r)::value;
     switch (lpr) {
-      case 1: go(k_gemv_q4<1, TM, RR>); break;
-      case 2: go(k_gemv_q4<2, TM, RR>); break;
-      case 4: go(k_gemv_q4<4, TM, RR>); break;
-      case 8: go(k_gemv_q4<8, TM, RR>); break;
-      case 16: go(k_gemv_q4<16, TM, RR>); break;
-      default: go(k_gemv_q4<32, TM, RR>); break;
+      case 1: go(k_gemv_quant<BITS, 1, TM, RR>); break;
+      case 2: go(k_gemv_quant<BITS, 2, TM, RR>); break;
+      case 4: go(k_gemv_quant<BITS, 4, TM, RR>); break;
+      case 8: go(k_gemv_quant<BITS, 8, TM, RR>); break;
+      case 16: go(k_gemv_quant<BITS, 16, TM, RR>); break;
+      default: go(k_gemv_quant<BITS, 32, TM, RR>); break;
     }
   };
-  using I1 = std::integral_constant<int, 1>;
-  if (R == 2) {
-    by_lpr(std::integral_constant<int, kMaxGemvT>{}, std::integral_constant<int, 2>{});
-  } else if (R == 4) {
-    by_lpr(I1{}, std::integral_constant<int, 4>{});
-  } else {
-    by_lpr(I1{}, I1{});
+  const auto by_r = [&](auto bits) {
+    using I1 = std::integral_constant<int, 1>;
+    if (R == 2) {
+      by_lpr(bits, std::integral_constant<int, kMaxGemvT>{}, std::integral_constant<int, 2>{});
+    } else if (R == 4) {
+      by_lpr(bits, I1{}, std::integral_constant<int, 4>{});
+    } else {
+      by_lpr(bits, I1{}, I1{});
+    }
+  };
+  switch (f.type) {
+    case QType::kQ2: by_r(std::integral_constant<int, 2>{}); break;
+    case QType::kQ3: by_r(std::integral_constant<int, 3>{}); break;
+    case QType::kQ4: by_r(std::integral_constant<int, 4>{}); break;
+    case QType::kQ5: by_r(std::integral_constant<int, 5>{}); break;
+    case QType::kQ6: by_r(std::integral_constant<int, 6>{}); break;
+    case QType::kQ8: by_r(std::integral_constant<int, 8>{}); break;
+    case QType::kTernary: fail("gemv_quant: ternary codes are not packed in whole chunks of 32 (k_gemv takes them)");
   }
-  CU_LAUNCHED("k_gemv_q4");
+  CU_LAUNCHED("k_gemv_quant");
 }
 
 bool CudaBackend::Impl::gemv16_ok(const WeightView& w, const float* x, int64_t T) {
@@ -509,7 +574,7 @@ void CudaBackend::Impl::gemv_16(std::span<const WeightView* const> ws, std::span
   CU_LAUNCHED("k_gemv_16");
 }
 
-int CudaBackend::Impl::q4_rows_fit(int64_t cols) const {
+int CudaBackend::Impl::gemv_rows_fit(int64_t cols) const {
   const int64_t room = static_cast<int64_t>(smem_optin) - static_cast<int64_t>(kGemvStaticSmem);
   return static_cast<int>(std::clamp<int64_t>(room / (4 * std::max<int64_t>(cols, 1)), 0, kMaxGemvT));
 }
@@ -519,15 +584,16 @@ void CudaBackend::Impl::mm(const WeightView& w_in, const float* x, int64_t T, fl
   const Arena::Mark m = arena->mark();
   const WeightView w = dev_weight(w_in);
   const int64_t rows = w.rows, cols = w.cols;
-  // q4 decode GEMV (k_gemv_q4; the rotation, if any, runs in its prologue), in launches of at most
-  // q4_rows_fit(cols) rows of x (a row's result does not depend on the others of its launch).
-  const int fit = q4_rows_fit(cols);
-  if (T <= kMaxGemvT && fit >= 1 && w.type == WType::kQuant && w.quant.type == QType::kQ4 && cols % 32 == 0 && w.quant.group % 32 == 0 &&
-      reinterpret_cast<uintptr_t>(w.quant.qweight) % 16 == 0) {
+  // Packed-code decode GEMV (k_gemv_quant: q2..q8; the rotation, if any, runs in its prologue), in
+  // launches of at most gemv_rows_fit(cols) rows of x (a row's result does not depend on the others
+  // of its launch).
+  const int fit = gemv_rows_fit(cols);
+  if (T <= kMaxGemvT && fit >= 1 && w.type == WType::kQuant && gemv_quant_type(w.quant.type) && cols % 32 == 0 && w.quant.group % 32 == 0 &&
+      reinterpret_cast<uintptr_t>(w.quant.qweight) % gemv_quant_align(w.quant.type) == 0) {
     for (int64_t t0 = 0; t0 < T; t0 += fit) {
       const int n = static_cast<int>(std::min<int64_t>(fit, T - t0));
-      const Q4GemvJob one{w.quant.qweight, w.quant.scales, w.quant.codebook, x + t0 * cols, y + t0 * rows, n, nullptr, nullptr, w.quant.signs};
-      gemv_q4(nullptr, one, 1, n, rows, cols, w.quant.group);
+      const QGemvJob one{w.quant.qweight, w.quant.scales, w.quant.codebook, x + t0 * cols, y + t0 * rows, n, nullptr, nullptr, w.quant.signs};
+      gemv_quant(nullptr, one, 1, n, rows, cols, QFmt{w.quant.type, w.quant.group});
     }
     arena->release(m);
     return;

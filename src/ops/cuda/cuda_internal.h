@@ -222,13 +222,29 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 // Rows of x the decode GEMV kernels take at once (T <= kMaxGemvT: one launch, else cuBLAS or jobs).
 constexpr int kMaxGemvT = 8;
 
-// One q4 GEMV job: y [T, rows] = x' [T, cols] W^T for a q4 weight (codes 2 per byte, low nibble
-// first; f16 scales per group; a 16-entry f32 codebook). x' is built by k_gemv_q4's prologue in
+// The format of the weights of one k_gemv_quant launch: a packed type (q2, q3, q4, q5, q6, q8) and
+// its group size (a multiple of 32).
+struct QFmt {
+  QType type = QType::kQ4;
+  int group = 0;
+  bool operator==(const QFmt&) const = default;
+};
+
+// Whether k_gemv_quant takes type t (every packed type: all but ternary, whose base-3 bytes do not
+// end on chunks of 32 codes), and the alignment in bytes its code rows need (16 for q4 / q8, 8 for
+// q2 / q6, 4 for q3 / q5: the widest loads of a 4 * bits-byte chunk).
+bool gemv_quant_type(QType t);
+uintptr_t gemv_quant_align(QType t);
+// The format of a quantized weight; a non-quantized one gets {ternary, 0}, which no launch takes.
+inline QFmt fmt_of(const WeightView& w) { return w.type == WType::kQuant ? QFmt{w.quant.type, w.quant.group} : QFmt{QType::kTernary, 0}; }
+
+// One quantized GEMV job: y [T, rows] = x' [T, cols] W^T for a packed weight (bits-bit codes, LSB
+// first, ops::QuantView's layout; f16 scales per group; a 2^bits-entry f32 codebook). x' is built by k_gemv_quant's prologue in
 // shared memory: row t is x row tok[t] (t without tok), then silu(x) * x2 when x2 is set (k_swiglu's
 // formula), then rotated when signs is set (k_rotate's H_blk(signs .* x) / sqrt(B), same
 // butterflies), so fused and separate launches give the same bits. All jobs of a launch share rows,
 // cols and group.
-struct Q4GemvJob {
+struct QGemvJob {
   const uint8_t* q;
   const uint16_t* scales;
   const float* cb;
@@ -288,7 +304,7 @@ struct CudaBackend::Impl {
   uint64_t uploaded = 0, staged = 0, slot_copied = 0;
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
-  int64_t sms = 1;  // multiprocessors (gemv_q4 sizes its grids by them)
+  int64_t sms = 1;  // multiprocessors (gemv_quant sizes its grids by them)
   std::set<const void*> raised_smem;  // kernels whose dynamic shared memory limit was raised to smem_optin
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
@@ -413,10 +429,10 @@ struct CudaBackend::Impl {
   // ---- Matrix products (cuda_gemv.cu) ----
   // x_rot[t] = H_blk(signs .* x[t]) for T rows of n (device pointers).
   void rotate(const int8_t* signs, const float* x, int64_t T, int64_t n, float* out);
-  // Launches k_gemv_q4 over n_jobs jobs (the device table `jobs`, or `one` when jobs is null), each
-  // of at most t_max rows (t_max <= q4_rows_fit(cols)), all [rows, cols] with groups of `group`
-  // (a multiple of 32); about one block per SM in all, each covering several row blocks.
-  void gemv_q4(const Q4GemvJob* jobs, const Q4GemvJob& one, int64_t n_jobs, int t_max, int64_t rows, int64_t cols, int group);
+  // Launches k_gemv_quant over n_jobs jobs (the device table `jobs`, or `one` when jobs is null), each
+  // of at most t_max rows (t_max <= gemv_rows_fit(cols)), all [rows, cols] in format f (a packed
+  // type, groups a multiple of 32); about one block per SM in all, each covering several row blocks.
+  void gemv_quant(const QGemvJob* jobs, const QGemvJob& one, int64_t n_jobs, int t_max, int64_t rows, int64_t cols, QFmt f);
   // Whether k_gemv_16 takes w with T rows of x (device pointers).
   static bool gemv16_ok(const WeightView& w, const float* x, int64_t T);
   // y_i [T, rows_i] = x [T, cols] W_i^T for 1..kMaxGemv16 device weights of one type and width
@@ -424,32 +440,33 @@ struct CudaBackend::Impl {
   // SMs idle, so small weights spread over more of them.
   void gemv_16(std::span<const WeightView* const> ws, std::span<float* const> ys, const float* x, int64_t T);
   // Rows of x a fused-prologue GEMV job of `cols` columns may take (<= kMaxGemvT; 0: none fit).
-  int q4_rows_fit(int64_t cols) const;
+  int gemv_rows_fit(int64_t cols) const;
   // y [T, rows] = x [T, cols] W^T, all device pointers (w may be a host view: copied for the call).
   void mm(const WeightView& w_in, const float* x, int64_t T, float* y);
 
   // ---- MoE (cuda_moe.cu) ----
-  // The grouped path of expert_ffn (SwiGLU experts in q4 on the device, one shape): two launches for
+  // The grouped path of expert_ffn (SwiGLU experts in one packed format per projection, one shape): two launches for
   // all experts instead of eight per expert — every gate and up GEMV in one grouped launch (each
   // job gathers its tokens' rows of x and rotates them with its weight's signs in the prologue),
   // then every down GEMV (prologue: SwiGLU of the gate and up rows, rotated). An expert with more
-  // rows than a job takes (q4_rows_fit) runs as several jobs: each row's arithmetic does not depend
+  // rows than a job takes (gemv_rows_fit) runs as several jobs: each row's arithmetic does not depend
   // on the other rows of its job, so the results are the same bits as one row per job (the routed
   // path's). Returns false (nothing launched) when the experts do not qualify.
   bool expert_ffn_grouped(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* xd,
                           const std::vector<int64_t>& tok, int64_t H, float* yd);
-  // The launches of a grouped q4 SwiGLU FFN once its job tables are on the device: the gate|up GEMV
-  // jobs (2 * n_jobs, [I, H], groups of group_gu), then the down jobs (n_jobs, [H, I], group_d), each
+  // The launches of a grouped SwiGLU FFN once its job tables are on the device: the gate|up GEMV
+  // jobs (2 * n_jobs, [I, H], format gu), then the down jobs (n_jobs, [H, I], format d), each
   // of at most t_max rows, inputs built in the prologue.
-  void grouped_swiglu(const Q4GemvJob* jgu, const Q4GemvJob* jd, int64_t n_jobs, int t_max, int64_t H, int64_t I, int group_gu, int group_d);
-  // Whether expert e's gate [I, H], up [I, H], down [H, I] run on the grouped q4 kernels: q4 (in device
-  // memory when need_device; a host view is copied up by expert_ffn_grouped), group sizes group_gu
-  // (gate, up) and group_d (down), multiples of 32, 16-byte aligned codes, no biases, H and I multiples
-  // of 32 whose rows fit k_gemv_q4's shared memory.
-  bool q4_expert_ok(const ExpertMats& e, int64_t H, int64_t I, int group_gu, int group_d, bool need_device = true) const;
+  void grouped_swiglu(const QGemvJob* jgu, const QGemvJob* jd, int64_t n_jobs, int t_max, int64_t H, int64_t I, QFmt gu, QFmt d);
+  // Whether expert e's gate [I, H], up [I, H], down [H, I] run on the grouped kernels: formats gu
+  // (gate, up) and d (down), packed types with groups a multiple of 32 (in device memory when
+  // need_device; a host view is copied up by expert_ffn_grouped), codes aligned as gemv_quant_align
+  // says, no biases, H and I multiples of 32 whose rows fit k_gemv_quant's shared memory.
+  bool quant_expert_ok(const ExpertMats& e, int64_t H, int64_t I, QFmt gu, QFmt d, bool need_device = true) const;
   // make_expert_table's tables: what expert_ffn_routed needs to know of each.
   struct TableMeta {
-    int E = 0, group_gu = 0, group_d = 0;
+    int E = 0;
+    QFmt gu, d;
     int64_t H = 0, I = 0;
   };
   std::map<const void*, TableMeta> table_meta;

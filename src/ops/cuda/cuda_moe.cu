@@ -123,24 +123,24 @@ __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids
 // Pairs P .. P + S - 1 run the shared expert `sh` on token p - P the same way, its down rows going
 // to sy [S, H].
 __global__ void k_routed_jobs(const int* ids, const ExpertRef* table, int E, int64_t P, int K, int64_t H, int64_t I, const float* x,
-                              float* gate, float* up, float* yd, Q4GemvJob* jgu, Q4GemvJob* jd, int64_t* row_of, ExpertRef sh, int64_t S,
+                              float* gate, float* up, float* yd, QGemvJob* jgu, QGemvJob* jd, int64_t* row_of, ExpertRef sh, int64_t S,
                               float* sy) {
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= P + S) return;
   if (p >= P) {
     const int64_t t = p - P;
     const float* xt = x + t * H;
-    jgu[2 * p] = Q4GemvJob{sh.q[0], sh.s[0], sh.cb[0], xt, gate + p * I, 1, nullptr, nullptr, sh.sg[0]};
-    jgu[2 * p + 1] = Q4GemvJob{sh.q[1], sh.s[1], sh.cb[1], xt, up + p * I, 1, nullptr, nullptr, sh.sg[1]};
-    jd[p] = Q4GemvJob{sh.q[2], sh.s[2], sh.cb[2], gate + p * I, sy + t * H, 1, nullptr, up + p * I, sh.sg[2]};
+    jgu[2 * p] = QGemvJob{sh.q[0], sh.s[0], sh.cb[0], xt, gate + p * I, 1, nullptr, nullptr, sh.sg[0]};
+    jgu[2 * p + 1] = QGemvJob{sh.q[1], sh.s[1], sh.cb[1], xt, up + p * I, 1, nullptr, nullptr, sh.sg[1]};
+    jd[p] = QGemvJob{sh.q[2], sh.s[2], sh.cb[2], gate + p * I, sy + t * H, 1, nullptr, up + p * I, sh.sg[2]};
     return;
   }
   const int e = min(max(ids[p], 0), E - 1);  // (ids come from k_route: always in range)
   const ExpertRef r = table[e];
   const float* xt = x + (p / K) * H;
-  jgu[2 * p] = Q4GemvJob{r.q[0], r.s[0], r.cb[0], xt, gate + p * I, 1, nullptr, nullptr, r.sg[0]};
-  jgu[2 * p + 1] = Q4GemvJob{r.q[1], r.s[1], r.cb[1], xt, up + p * I, 1, nullptr, nullptr, r.sg[1]};
-  jd[p] = Q4GemvJob{r.q[2], r.s[2], r.cb[2], gate + p * I, yd + p * H, 1, nullptr, up + p * I, r.sg[2]};
+  jgu[2 * p] = QGemvJob{r.q[0], r.s[0], r.cb[0], xt, gate + p * I, 1, nullptr, nullptr, r.sg[0]};
+  jgu[2 * p + 1] = QGemvJob{r.q[1], r.s[1], r.cb[1], xt, up + p * I, 1, nullptr, nullptr, r.sg[1]};
+  jd[p] = QGemvJob{r.q[2], r.s[2], r.cb[2], gate + p * I, yd + p * H, 1, nullptr, up + p * I, r.sg[2]};
   row_of[p] = p;
 }
 
@@ -167,11 +167,11 @@ bool CudaBackend::Impl::expert_ffn_grouped(std::span<const ExpertMats> experts, 
   const ExpertMats& e0 = experts[0];
   const int64_t I = e0.gate.rows;
   const int64_t r_begin = groups.first[g0];
-  const int per_job = q4_rows_fit(std::max(H, I));
+  const int per_job = gemv_rows_fit(std::max(H, I));
   const int64_t R = static_cast<int64_t>(tok.size());
   if (per_job < 1 || R == 0) return false;
   for (const ExpertMats& e : experts)
-    if (!q4_expert_ok(e, H, I, e0.gate.quant.group, e0.down.quant.group, false)) return false;
+    if (!quant_expert_ok(e, H, I, fmt_of(e0.gate), fmt_of(e0.down), false)) return false;
   // Device scratch for every row: gate and up outputs [R, I] each, and the rows' tokens [R].
   float* gate = arena->get_n<float>(R * I);
   float* up = arena->get_n<float>(R * I);
@@ -202,11 +202,11 @@ bool CudaBackend::Impl::expert_ffn_grouped(std::span<const ExpertMats> experts, 
     if (n_jobs > 0) {
       const Arena::Mark mark = arena->mark();
       // Host tables, one upload: gate|up jobs [2 n_jobs], down jobs [n_jobs].
-      const size_t o_jd = round_up(2 * n_jobs * sizeof(Q4GemvJob), 16), bytes = o_jd + n_jobs * sizeof(Q4GemvJob);
+      const size_t o_jd = round_up(2 * n_jobs * sizeof(QGemvJob), 16), bytes = o_jd + n_jobs * sizeof(QGemvJob);
       std::vector<uint8_t> blob(bytes);
       uint8_t* dblob = arena->get_n<uint8_t>(static_cast<int64_t>(bytes));
-      auto* hjgu = reinterpret_cast<Q4GemvJob*>(blob.data());
-      auto* hjd = reinterpret_cast<Q4GemvJob*>(blob.data() + o_jd);
+      auto* hjgu = reinterpret_cast<QGemvJob*>(blob.data());
+      auto* hjd = reinterpret_cast<QGemvJob*>(blob.data() + o_jd);
       int64_t k = 0;
       for (size_t j = j0; j < j1; ++j) {
         ExpertMats e = experts[j];
@@ -218,17 +218,17 @@ bool CudaBackend::Impl::expert_ffn_grouped(std::span<const ExpertMats> experts, 
         const int64_t r_lo = groups.first[g0 + j] - r_begin, r_hi = groups.first[g0 + j + 1] - r_begin;
         for (int64_t r0 = r_lo; r0 < r_hi; r0 += per_job, ++k) {
           const int n = static_cast<int>(std::min<int64_t>(per_job, r_hi - r0));
-          hjgu[2 * k] = Q4GemvJob{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xd, gate + r0 * I, n, dtok + r0, nullptr,
+          hjgu[2 * k] = QGemvJob{e.gate.quant.qweight, e.gate.quant.scales, e.gate.quant.codebook, xd, gate + r0 * I, n, dtok + r0, nullptr,
                               e.gate.quant.signs};
-          hjgu[2 * k + 1] = Q4GemvJob{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xd, up + r0 * I, n, dtok + r0, nullptr,
+          hjgu[2 * k + 1] = QGemvJob{e.up.quant.qweight, e.up.quant.scales, e.up.quant.codebook, xd, up + r0 * I, n, dtok + r0, nullptr,
                                   e.up.quant.signs};
-          hjd[k] = Q4GemvJob{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, gate + r0 * I, yd + r0 * H, n, nullptr,
+          hjd[k] = QGemvJob{e.down.quant.qweight, e.down.quant.scales, e.down.quant.codebook, gate + r0 * I, yd + r0 * H, n, nullptr,
                          up + r0 * I, e.down.quant.signs};
         }
       }
       h2d(dblob, blob.data(), bytes);
-      grouped_swiglu(reinterpret_cast<const Q4GemvJob*>(dblob), reinterpret_cast<const Q4GemvJob*>(dblob + o_jd), n_jobs, t_max, H, I,
-                     e0.gate.quant.group, e0.down.quant.group);
+      grouped_swiglu(reinterpret_cast<const QGemvJob*>(dblob), reinterpret_cast<const QGemvJob*>(dblob + o_jd), n_jobs, t_max, H, I,
+                     fmt_of(e0.gate), fmt_of(e0.down));
       arena->release(mark);
     }
     j0 = j1;
@@ -236,20 +236,19 @@ bool CudaBackend::Impl::expert_ffn_grouped(std::span<const ExpertMats> experts, 
   return true;
 }
 
-void CudaBackend::Impl::grouped_swiglu(const Q4GemvJob* jgu, const Q4GemvJob* jd, int64_t n_jobs, int t_max, int64_t H, int64_t I, int group_gu,
-                                       int group_d) {
-  gemv_q4(jgu, Q4GemvJob{}, 2 * n_jobs, t_max, I, H, group_gu);
-  gemv_q4(jd, Q4GemvJob{}, n_jobs, t_max, H, I, group_d);
+void CudaBackend::Impl::grouped_swiglu(const QGemvJob* jgu, const QGemvJob* jd, int64_t n_jobs, int t_max, int64_t H, int64_t I, QFmt gu, QFmt d) {
+  gemv_quant(jgu, QGemvJob{}, 2 * n_jobs, t_max, I, H, gu);
+  gemv_quant(jd, QGemvJob{}, n_jobs, t_max, H, I, d);
 }
 
-bool CudaBackend::Impl::q4_expert_ok(const ExpertMats& e, int64_t H, int64_t I, int group_gu, int group_d, bool need_device) const {
-  const auto ok = [&](const WeightView& w, int64_t rows, int64_t cols, int group) {
-    return w.type == WType::kQuant && (w.device == Device::kCuda || !need_device) && w.quant.type == QType::kQ4 && w.rows == rows &&
-           w.cols == cols && w.quant.group == group && group % 32 == 0 &&
-           (w.device != Device::kCuda || reinterpret_cast<uintptr_t>(w.quant.qweight) % 16 == 0);
+bool CudaBackend::Impl::quant_expert_ok(const ExpertMats& e, int64_t H, int64_t I, QFmt gu, QFmt d, bool need_device) const {
+  const auto ok = [&](const WeightView& w, int64_t rows, int64_t cols, QFmt f) {
+    return w.type == WType::kQuant && (w.device == Device::kCuda || !need_device) && gemv_quant_type(f.type) && fmt_of(w) == f &&
+           w.rows == rows && w.cols == cols && f.group % 32 == 0 &&
+           (w.device != Device::kCuda || reinterpret_cast<uintptr_t>(w.quant.qweight) % gemv_quant_align(f.type) == 0);
   };
-  return e.gate_bias == nullptr && e.down_bias == nullptr && ok(e.gate, I, H, group_gu) && ok(e.up, I, H, group_gu) && ok(e.down, H, I, group_d) &&
-         H % 32 == 0 && I % 32 == 0 && q4_rows_fit(std::max(H, I)) >= 1;
+  return e.gate_bias == nullptr && e.down_bias == nullptr && ok(e.gate, I, H, gu) && ok(e.up, I, H, gu) && ok(e.down, H, I, d) &&
+         H % 32 == 0 && I % 32 == 0 && gemv_rows_fit(std::max(H, I)) >= 1;
 }
 
 }  // namespace spool::ops
@@ -328,12 +327,11 @@ const void* make_expert_table(CudaBackend::Impl& I, std::span<const ExpertMats> 
   if (experts.empty()) return nullptr;
   const ExpertMats& e0 = experts[0];
   const int64_t H = e0.gate.cols, Id = e0.gate.rows;
-  const int group_gu = e0.gate.type == WType::kQuant ? e0.gate.quant.group : 0;
-  const int group_d = e0.down.type == WType::kQuant ? e0.down.quant.group : 0;
+  const QFmt gu = fmt_of(e0.gate), dn = fmt_of(e0.down);
   std::vector<ExpertRef> h(experts.size());
   for (size_t e = 0; e < experts.size(); ++e) {
     const ExpertMats& x = experts[e];
-    if (!I.q4_expert_ok(x, H, Id, group_gu, group_d)) return nullptr;  // not all on the grouped q4 path: the caller groups on the host
+    if (!I.quant_expert_ok(x, H, Id, gu, dn)) return nullptr;  // not all on the grouped path: the caller groups on the host
     validate(x.gate.quant), validate(x.up.quant), validate(x.down.quant);
     h[e] = expert_ref(x);
   }
@@ -341,7 +339,7 @@ const void* make_expert_table(CudaBackend::Impl& I, std::span<const ExpertMats> 
   if (d == nullptr) fail("cuda: out of device memory for an expert table of %zu experts", h.size());
   I.expert_tables.push_back(d);
   dev_copy(d, h.data(), h.size() * sizeof(ExpertRef));
-  I.table_meta[d] = CudaBackend::Impl::TableMeta{static_cast<int>(experts.size()), group_gu, group_d, H, Id};
+  I.table_meta[d] = CudaBackend::Impl::TableMeta{static_cast<int>(experts.size()), gu, dn, H, Id};
   return d;
 }
 
@@ -351,7 +349,7 @@ bool routed_takes_shared(const CudaBackend::Impl& I, const void* table, const Ex
   const CudaBackend::Impl::TableMeta& tm = it->second;
   // Up to kMaxGemvT tokens: then matmul_multi / matmul run the shared expert as GEMVs too (one-row
   // jobs give the bits of those), and a shape, type and groups the table's launches take.
-  return T >= 1 && T <= kMaxGemvT && I.q4_expert_ok(shared, tm.H, tm.I, tm.group_gu, tm.group_d);
+  return T >= 1 && T <= kMaxGemvT && I.quant_expert_ok(shared, tm.H, tm.I, tm.gu, tm.d);
 }
 
 void expert_ffn_routed(CudaBackend::Impl& I, const void* table, const float* x, int64_t T, int64_t H, const int* ids, const float* weights, int K,
@@ -374,15 +372,15 @@ void expert_ffn_routed(CudaBackend::Impl& I, const void* table, const float* x, 
   float* gate = I.arena->get_n<float>((P + S) * Id);
   float* up = I.arena->get_n<float>((P + S) * Id);
   float* yd = I.arena->get_n<float>(P * H);
-  Q4GemvJob* jgu = I.arena->get_n<Q4GemvJob>(2 * (P + S));
-  Q4GemvJob* jd = I.arena->get_n<Q4GemvJob>(P + S);
+  QGemvJob* jgu = I.arena->get_n<QGemvJob>(2 * (P + S));
+  QGemvJob* jd = I.arena->get_n<QGemvJob>(P + S);
   int64_t* row_of = I.arena->get_n<int64_t>(P);
   const ExpertRef sh = shared != nullptr ? expert_ref(*shared) : ExpertRef{};
   constexpr int kJobThreads = 128;
   k_routed_jobs<<<static_cast<unsigned>((P + S + kJobThreads - 1) / kJobThreads), kJobThreads, 0, I.stream>>>(
       ids, static_cast<const ExpertRef*>(table), tm.E, P, K, H, Id, xd, gate, up, yd, jgu, jd, row_of, sh, S, so.d);
   CU_LAUNCHED("k_routed_jobs");
-  I.grouped_swiglu(jgu, jd, P + S, 1, H, Id, tm.group_gu, tm.group_d);
+  I.grouped_swiglu(jgu, jd, P + S, 1, H, Id, tm.gu, tm.d);
   k_moe_combine<<<blocks_for(T * H), 256, 0, I.stream>>>(yd, row_of, weights, T, K, H, oo.d);
   CU_LAUNCHED("k_moe_combine");
   I.copy_back(so);
