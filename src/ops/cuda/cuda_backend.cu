@@ -171,6 +171,37 @@ void CudaBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
   cu::add_bias(*impl_, y, b, rows, n);
 }
 
+void CudaBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
+                                      float* margins) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::route_grouped_top_k(*impl_, logits, T, E, k, r, ids, weights, margins);
+}
+
+void CudaBackend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::gelu_tanh_glu(*impl_, gate, up, n, out);
+}
+
+void CudaBackend::scale(float* x, int64_t n, float a) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::scale(*impl_, x, n, a);
+}
+
+void CudaBackend::softcap(float* x, int64_t n, float cap) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::softcap(*impl_, x, n, cap);
+}
+
+void CudaBackend::mul_indexed(float* w, const int* ids, const float* table, int64_t n) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::mul_indexed(*impl_, w, ids, table, n);
+}
+
+std::span<const char* const> CudaBackend::host_fallback_ops() const {
+  static constexpr const char* kOps[] = {"attention_window", "attention_sinks", "mla_attention"};
+  return kOps;
+}
+
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   CudaOpScope scope(*impl_, __func__, strict_device());
   cu::swiglu(*impl_, gate, up, n, out);

@@ -22,9 +22,9 @@
 // those of the backend op table (backend_test.cpp).
 //
 // Capabilities (Backend::capabilities): every op of the table runs on the GPU except the generic
-// host fallbacks it does not override (Backend::host_fallback_ops: route_grouped_top_k,
-// gelu_tanh_glu, scale, softcap, mul_indexed, attention_window once the window bites,
-// attention_sinks, mla_attention). In strict device mode
+// host fallbacks it does not override (Backend::host_fallback_ops: attention_window once the
+// window bites, attention_sinks, mla_attention; grouped routing, tanh-GELU, scale, softcap and
+// mul_indexed run natively). In strict device mode
 // (Backend::set_strict_device, SPOOL_STRICT_DEVICE=1, --strict-device) those throw, and so does an
 // op that would copy a host weight to the GPU for one call; the rest above is unchanged.
 //
@@ -129,6 +129,15 @@ class CudaBackend final : public Backend {
                          float* out, const ExpertMats* shared = nullptr, float* shared_out = nullptr) override;
   void route_softmax_top_k(float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
                            float* margins) override;
+  void route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
+                           float* margins) override;
+  void gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) override;
+  void scale(float* x, int64_t n, float a) override;
+  void softcap(float* x, int64_t n, float cap) override;
+  void mul_indexed(float* w, const int* ids, const float* table, int64_t n) override;
+  /// The generic ops it leaves to the host: attention_window (once the window bites),
+  /// attention_sinks, mla_attention.
+  std::span<const char* const> host_fallback_ops() const override;
   void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
   void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) override;
   void rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) override;

@@ -27,6 +27,24 @@ __global__ void k_mul_sigmoid(float* x, const float* g, int64_t n) {
     x[i] *= sigmoid_f(g[i]);
 }
 
+// x[i] *= a (a > 0 or not: any float).
+__global__ void k_scale(float* x, int64_t n, float a) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= a;
+}
+
+// x[i] = cap * tanh(x[i] / cap) (ops::softcap).
+__global__ void k_softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
+// w[i] *= f[i].
+__global__ void k_mul(float* w, const float* f, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    w[i] *= f[i];
+}
+
 // One block per row. mode 0: y = x / sqrt(mean(x^2) + eps) * w; 1: x = x / sqrt(sum(x^2) + eps) * post;
 // 2: x = rms_norm(x) * w * silu(z).
 __global__ void __launch_bounds__(1024) k_norm(int mode, const float* x, const float* w, const float* z, int64_t n, float eps, float post, float* y) {
@@ -147,6 +165,35 @@ void mul_sigmoid(CudaBackend::Impl& I, float* x, const float* gate, int64_t n) {
   k_mul_sigmoid<<<blocks_for(n), 256, 0, I.stream>>>(xo.d, gd, n);
   CU_LAUNCHED("k_mul_sigmoid");
   I.finish(xo);
+}
+
+void scale(CudaBackend::Impl& I, float* x, int64_t n, float a) {
+  if (n <= 0) return;
+  auto xo = I.out(x, n, true);
+  k_scale<<<blocks_for(n), 256, 0, I.stream>>>(xo.d, n, a);
+  CU_LAUNCHED("k_scale");
+  I.finish(xo);
+}
+
+void softcap(CudaBackend::Impl& I, float* x, int64_t n, float cap) {
+  if (n <= 0) return;
+  auto xo = I.out(x, n, true);
+  k_softcap<<<blocks_for(n), 256, 0, I.stream>>>(xo.d, n, cap);
+  CU_LAUNCHED("k_softcap");
+  I.finish(xo);
+}
+
+void mul_indexed(CudaBackend::Impl& I, float* w, const int* ids, const float* table, int64_t n) {
+  if (n <= 0) return;
+  // ids and table are host arrays (the routing ids the host grouped by): the factors go up as
+  // one small copy, the weights stay where they are.
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[i] = table[ids[i]];
+  const float* fd = I.in(f.data(), n);
+  auto wo = I.out(w, n, true);
+  k_mul<<<blocks_for(n), 256, 0, I.stream>>>(wo.d, fd, n);
+  CU_LAUNCHED("k_mul");
+  I.finish(wo);
 }
 
 void add_gated_rows(CudaBackend::Impl& I, float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n) {

@@ -531,6 +531,9 @@ void expert_ffn_routed(CudaBackend::Impl& I, const void* table, const float* x, 
     float* out, const ExpertMats* shared, float* shared_out);
 void route_softmax_top_k(CudaBackend::Impl& I, float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
     float* margins);
+void route_grouped_top_k(CudaBackend::Impl& I, const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
+    float* margins);
+void gelu_tanh_glu(CudaBackend::Impl& I, const float* gate, const float* up, int64_t n, float* out);
 
 // cuda_attention.cu
 void kv_append(CudaBackend::Impl& I, KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v);
@@ -551,6 +554,9 @@ void add(CudaBackend::Impl& I, float* y, const float* x, int64_t n);
 void add_bias(CudaBackend::Impl& I, float* y, const float* b, int64_t rows, int64_t n);
 void swiglu(CudaBackend::Impl& I, const float* gate, const float* up, int64_t n, float* out);
 void mul_sigmoid(CudaBackend::Impl& I, float* x, const float* gate, int64_t n);
+void scale(CudaBackend::Impl& I, float* x, int64_t n, float a);
+void softcap(CudaBackend::Impl& I, float* x, int64_t n, float cap);
+void mul_indexed(CudaBackend::Impl& I, float* w, const int* ids, const float* table, int64_t n);
 void add_gated_rows(CudaBackend::Impl& I, float* out, const float* s, const float* x, const float* w, int64_t T, int64_t n);
 void copy_2d(CudaBackend::Impl& I, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols);
 void row_to_f32(CudaBackend::Impl& I, WType t, const void* src, int64_t n, float* dst);

@@ -117,6 +117,113 @@ __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids
   }
 }
 
+// One block per token: DeepSeek-family routing (ops::route_grouped, RouterParams) — scores s
+// (sigmoid, or softmax over the E logits), selection scores s' = s + bias, groups ranked by their
+// best (or best two summed) s' with the topk_group best kept and the others' s' set to 0 (or
+// -inf), the k best s' (ties: lower id; k + 1 for the margin), weights s of those (renormalised
+// over the k when asked, sums in double as the host's) times `scaling`. Dynamic smem: 2 E floats +
+// E bytes. n_group <= kMaxRouteGroups.
+constexpr int kMaxRouteGroups = 64;
+__global__ void k_route_grouped(const float* logits, int E, int k, bool sigmoid, const float* bias, int G, int topk_group, bool top2,
+                                bool neg_inf, bool renorm, float scaling, int* ids, float* weights, float* margins) {
+  extern __shared__ float sm[];
+  float* sc = sm;
+  float* s2 = sm + E;
+  unsigned char* taken = reinterpret_cast<unsigned char*>(sm + 2 * E);
+  __shared__ int sel[kMaxTopK + 1];
+  __shared__ float wv[32];
+  __shared__ int wi[32];
+  __shared__ float gs[kMaxRouteGroups];
+  __shared__ unsigned char keep[kMaxRouteGroups];
+  __shared__ double zsum;
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * E;
+  if (sigmoid) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = 1.0f / (1.0f + expf(-row[e]));
+  } else {
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, row[e]);
+    mx = block_max(mx);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = expf(row[e] - mx);
+    __syncthreads();
+    if (threadIdx.x == 0) {  // (the host's order: one double sum)
+      double z = 0.0;
+      for (int e = 0; e < E; ++e) z += sc[e];
+      zsum = z;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = static_cast<float>(sc[e] / zsum);
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    s2[e] = sc[e] + (bias != nullptr ? bias[e] : 0.0f);
+    taken[e] = 0;
+  }
+  __syncthreads();
+  if (G > 1 && topk_group < G && E % G == 0) {
+    const int per = E / G;
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+      const float* s = s2 + g * per;
+      float a = -INFINITY, b = -INFINITY;
+      for (int i = 0; i < per; ++i) {
+        if (s[i] > a) {
+          b = a;
+          a = s[i];
+        } else if (s[i] > b) {
+          b = s[i];
+        }
+      }
+      gs[g] = top2 && per > 1 ? a + b : a;
+      keep[g] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int j = 0; j < topk_group; ++j) {
+        int bi = -1;
+        for (int g = 0; g < G; ++g)
+          if (!keep[g] && (bi < 0 || gs[g] > gs[bi])) bi = g;  // (ties: the lower group)
+        keep[bi] = 1;
+      }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!keep[e / per]) s2[e] = neg_inf ? -INFINITY : 0.0f;
+    __syncthreads();
+  }
+  const int n_sel = margins != nullptr && k < E ? k + 1 : k;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int s = 0; s < n_sel; ++s) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!taken[e]) better(bv, bi, s2[e], e);
+    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) {
+      wv[wid] = bv;
+      wi[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = wv[0];
+      int i = wi[0];
+      for (int w = 1; w < nw; ++w) better(v, i, wv[w], wi[w]);
+      if (i == INT_MAX)  // every remaining s' is -inf: the lowest id not taken (the host's sort order)
+        for (i = 0; taken[i]; ++i) {}
+      sel[s] = i;
+      taken[i] = 1;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const int64_t t = blockIdx.x;
+    double z = 0.0;
+    for (int s = 0; s < k; ++s) z += sc[sel[s]];
+    for (int s = 0; s < k; ++s) {
+      ids[t * k + s] = sel[s];
+      const float w = renorm ? static_cast<float>(sc[sel[s]] / (z + 1e-20)) : sc[sel[s]];
+      weights[t * k + s] = w * scaling;
+    }
+    if (margins) margins[t] = k < E && isfinite(s2[sel[k]]) ? s2[sel[k - 1]] - s2[sel[k]] : 1.0f;
+  }
+}
+
 // The job lists of expert_ffn_routed from the routing ids on the device: pair p = t * K + slot runs
 // expert ids[p] on token t as its own one-row jobs (gate and up jobs 2p, 2p + 1: token t's row of x,
 // rotated in the GEMV's prologue; down job p: SwiGLU of the pair's gate and up rows, rotated).
@@ -407,6 +514,40 @@ void route_softmax_top_k(CudaBackend::Impl& I, float* logits, int64_t T, int E, 
   // The host reads host outputs right after (group_by_expert): one wait for all three. Outputs in
   // device memory (expert_ffn_routed's ids) need no wait.
   if (io.host != nullptr || wo.host != nullptr || mo.host != nullptr) CU(cudaStreamSynchronize(I.stream));
+}
+
+void route_grouped_top_k(CudaBackend::Impl& I, const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
+                         float* margins) {
+  if (T == 0) return;
+  if (k < 1 || k > E || k > kMaxTopK) fail("routing: top-k %d must be in 1..min(%d, %d)", k, E, kMaxTopK);
+  const int G = std::max(1, r.n_group);
+  if (G > kMaxRouteGroups) fail("routing: %d expert groups (the CUDA router takes up to %d)", G, kMaxRouteGroups);
+  if (G > 1 && (r.topk_group < 1 || r.topk_group > G)) fail("routing: topk_group %d must be in 1..%d", r.topk_group, G);
+  const float* ld = I.in(logits, T * E);
+  const float* bd = r.bias != nullptr ? I.in(r.bias, E, false) : nullptr;  // a parameter vector: host or uploaded
+  auto io = I.out(ids, T * k, false, false);
+  auto wo = I.out(weights, T * k, false);
+  auto mo = I.out(margins, T, false);
+  const size_t smem = static_cast<size_t>(E) * (2 * sizeof(float) + 1);
+  if (smem > static_cast<size_t>(I.smem_optin)) fail("routing: %d experts need more shared memory than the device has", E);
+  if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route_grouped, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k_route_grouped<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, r.sigmoid, bd, G, r.topk_group, r.group_top2_sum, r.mask_neg_inf,
+                                                                    r.renormalize, r.scaling, io.d, wo.d, mo.d);
+  CU_LAUNCHED("k_route_grouped");
+  I.copy_back(io);
+  I.copy_back(wo);
+  I.copy_back(mo);
+  if (io.host != nullptr || wo.host != nullptr || mo.host != nullptr) CU(cudaStreamSynchronize(I.stream));
+}
+
+void gelu_tanh_glu(CudaBackend::Impl& I, const float* gate, const float* up, int64_t n, float* out) {
+  if (n <= 0) return;
+  const float* ud = I.in(up, n);
+  auto oo = I.out(out, n, out == gate);  // (out may alias gate)
+  const float* gd = out == gate ? oo.d : I.in(gate, n);
+  k_gelu_tanh_glu<<<blocks_for(n), 256, 0, I.stream>>>(gd, ud, n, oo.d);
+  CU_LAUNCHED("k_gelu_tanh_glu");
+  I.finish(oo);
 }
 
 }  // namespace spool::ops::cu
