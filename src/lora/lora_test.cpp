@@ -207,6 +207,77 @@ TEST_F(DemoAdapter, StreamedWithAdapterMatchesPeft) {
   check(*l.model, fix_ + "/golden_prompts_lora.safetensors");
 }
 
+// Continuous batching with per-sequence adapters (models::SeqStep::lora): every golden prompt
+// with the adapter and without it, all six sequences in each forward_batch step (prefill, then
+// greedy decoding in lockstep), the adapter loaded at default scale 0: each sequence's logits
+// and greedy ids are its golden's. A third sequence per prompt without a lora field takes the
+// default (0: the base).
+TEST_F(DemoAdapter, OneBatchRunsEachSequenceWithItsOwnAdapters) {
+  Loaded l = load(model_, {{fix_, 0.0f}});
+  models::Model& m = *l.model;
+  const int64_t V = m.spec().vocab_size;
+  Golden with(fix_ + "/golden_prompts_lora.safetensors"), base(fix_ + "/golden_prompts_base.safetensors");
+  const std::vector<float> on = {1.0f}, off = {0.0f};
+  struct Seq {
+    int prompt;
+    const std::vector<float>* lora;  // null: no lora field (the defaults)
+    Golden* golden;
+    models::State st;
+    std::vector<int32_t> ids, out;
+    std::vector<float> logits;
+  };
+  std::vector<Seq> seqs;
+  for (int p = 0; p < 3; ++p)
+    for (int v = 0; v < 3; ++v) {
+      Seq s{p, v == 0 ? &on : v == 1 ? &off : nullptr, v == 0 ? &with : &base, m.new_state(), {}, {}, {}};
+      s.ids = s.golden->i32("p" + std::to_string(p) + ".input_ids");
+      s.logits.resize(s.ids.size() * V);
+      seqs.push_back(std::move(s));
+    }
+  std::vector<models::SeqStep> step;
+  for (Seq& s : seqs) {
+    models::SeqStep q{s.ids, &s.st, models::LogitsMode::kAll, s.logits.data()};
+    if (s.lora != nullptr) q.lora = *s.lora;
+    step.push_back(q);
+  }
+  m.forward_batch(step);
+  for (Seq& s : seqs) {
+    const std::string k = "p" + std::to_string(s.prompt) + ".";
+    const std::vector<float> ref = s.golden->f32(k + "logits");
+    expect_rows_close(s.logits.data(), ref.data(), static_cast<int64_t>(s.ids.size()), V, kTol,
+                      k + (s.golden == &with ? " with the adapter" : " without it"));
+  }
+  const size_t n = with.i32("p0.greedy_ids").size();
+  std::vector<std::vector<float>> last(seqs.size(), std::vector<float>(V));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = seqs[i];
+    std::copy(s.logits.end() - V, s.logits.end(), last[i].begin());
+    s.out.push_back(argmax(last[i].data(), V));
+  }
+  while (seqs[0].out.size() < n) {  // one decode row per sequence per step
+    step.clear();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      models::SeqStep q{std::span<const int32_t>(&seqs[i].out.back(), 1), &seqs[i].st, models::LogitsMode::kLast, last[i].data()};
+      if (seqs[i].lora != nullptr) q.lora = *seqs[i].lora;
+      step.push_back(q);
+    }
+    m.forward_batch(step);
+    for (size_t i = 0; i < seqs.size(); ++i) seqs[i].out.push_back(argmax(last[i].data(), V));
+  }
+  for (Seq& s : seqs) {
+    const std::vector<int32_t> want = s.golden->i32("p" + std::to_string(s.prompt) + ".greedy_ids");
+    EXPECT_EQ(std::vector<int32_t>(s.out.begin(), s.out.begin() + want.size()), want)
+        << "prompt " << s.prompt << (s.golden == &with ? " with the adapter" : s.lora ? " at scale 0" : " without a lora field");
+  }
+  // A scale count other than the model's adapters is refused.
+  models::State st = m.new_state();
+  const std::vector<float> two = {1.0f, 1.0f};
+  std::vector<float> logits(V);
+  models::SeqStep q{seqs[0].ids, &st, models::LogitsMode::kLast, logits.data()};
+  q.lora = two;
+  EXPECT_THROW(m.forward_batch(std::span<const models::SeqStep>(&q, 1)), Error);
+}
+
 TEST_F(DemoAdapter, WithoutAdapterMatchesPeftsBase) {
   Loaded base = load(model_, {});
   check(*base.model, fix_ + "/golden_prompts_base.safetensors");
