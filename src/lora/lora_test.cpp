@@ -409,6 +409,30 @@ TEST(LoraSetTest, FingerprintTellsAdaptersAndScalesApart) {
   EXPECT_NE(fp({{a, 1.0f}, {b, 0.5f}}), fp({{b, 0.5f}, {a, 1.0f}}));
 }
 
+// Per-request scales: adapters at scale 0 leave no trace (all 0: "", the base model's key; an
+// adapter at 0 beside one at 1 keys like the one alone), and another scale is another key;
+// names are unique ("-2" for a second adapter of one directory) and trailing slashes don't count.
+TEST(LoraSetTest, FingerprintOfScalesSkipsAdaptersAtZeroAndNamesAreUnique) {
+  const io::Checkpoint ck = models::open_checkpoint(data_dir() + "/models/qwen3_moe");
+  const std::string a = data_dir() + "/lora/qwen3_moe/attn_mlp", b = data_dir() + "/lora/qwen3_moe/with_experts";
+  LoraSet two, one;
+  two.add(load_adapter(a + "/", ck), 1.0f);
+  two.add(load_adapter(b, ck), 0.0f);
+  two.add(load_adapter(a + "/adapter_model.safetensors", ck), 0.0f);
+  one.add(load_adapter(a, ck), 1.0f);
+  EXPECT_EQ(two.fingerprint({0, 0, 0}), "");
+  EXPECT_EQ(two.fingerprint({1, 0, 0}), one.fingerprint({1}));
+  EXPECT_EQ(two.fingerprint(), one.fingerprint());  // the defaults
+  EXPECT_NE(two.fingerprint({0.5f, 0, 0}), one.fingerprint({1}));
+  EXPECT_NE(two.fingerprint({1, 1, 0}), one.fingerprint({1}));
+  EXPECT_NE(two.fingerprint({0, 0, 1}), one.fingerprint({1}));  // keyed by id too (conservative: never shares wrongly)
+  EXPECT_THROW(two.fingerprint({1}), Error);
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_EQ(two.adapters()[0].name, "attn_mlp");
+  EXPECT_EQ(two.adapters()[1].name, "with_experts");
+  EXPECT_EQ(two.adapters()[2].name, "attn_mlp-2");
+}
+
 // PEFT's pattern rule: the first rank_pattern / alpha_pattern regex matching the key's end
 // (.*\.)?(pattern)$ wins; rslora divides by sqrt(r).
 TEST(PeftConfigTest, RankAndScalingFollowPatterns) {
