@@ -212,11 +212,11 @@ TEST_F(DemoAdapter, StreamedWithAdapterMatchesPeft) {
 // greedy decoding in lockstep), the adapter loaded at default scale 0: each sequence's logits
 // and greedy ids are its golden's. A third sequence per prompt without a lora field takes the
 // default (0: the base).
-TEST_F(DemoAdapter, OneBatchRunsEachSequenceWithItsOwnAdapters) {
-  Loaded l = load(model_, {{fix_, 0.0f}});
+void batch_with_and_without(const std::string& model_dir, const std::string& fix, bool stream) {
+  Loaded l = load(model_dir, {{fix, 0.0f}}, stream);
   models::Model& m = *l.model;
   const int64_t V = m.spec().vocab_size;
-  Golden with(fix_ + "/golden_prompts_lora.safetensors"), base(fix_ + "/golden_prompts_base.safetensors");
+  Golden with(fix + "/golden_prompts_lora.safetensors"), base(fix + "/golden_prompts_base.safetensors");
   const std::vector<float> on = {1.0f}, off = {0.0f};
   struct Seq {
     int prompt;
@@ -277,6 +277,12 @@ TEST_F(DemoAdapter, OneBatchRunsEachSequenceWithItsOwnAdapters) {
   q.lora = two;
   EXPECT_THROW(m.forward_batch(std::span<const models::SeqStep>(&q, 1)), Error);
 }
+
+TEST_F(DemoAdapter, OneBatchRunsEachSequenceWithItsOwnAdapters) { batch_with_and_without(model_, fix_, false); }
+
+// The same with the experts streamed at a zero budget: several sequences then run as two
+// pipelined groups on two threads (DecoderModel::run_pipelined), each with its own rows' scales.
+TEST_F(DemoAdapter, StreamedBatchRunsEachSequenceWithItsOwnAdapters) { batch_with_and_without(model_, fix_, true); }
 
 TEST_F(DemoAdapter, WithoutAdapterMatchesPeftsBase) {
   Loaded base = load(model_, {});
