@@ -10,6 +10,7 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -35,9 +36,10 @@ nlohmann::json golden(const char* file) {
 
 // The demo model with the adapter twice: id 0 "spool-demo-moe-dev" and id 1
 // "spool-demo-moe-dev-2" (same weights), both at default scale 0 (--lora-init-without-apply).
-std::unique_ptr<ServingEngine> lora_engine(int parallel, int64_t step, const std::string& disk_dir = "") {
+std::unique_ptr<ServingEngine> lora_engine(int parallel, int64_t step, const std::string& disk_dir = "", engine::SpecParams spec = {}) {
   engine::LoadOptions o = spool::testing::test_load_options(SPOOL_DEFAULT_MODEL_DIR, /*stream=*/false);
-  o.parallel = parallel;
+  o.mtp = spec.mtp;
+  o.parallel = std::max(parallel, 1);
   o.prefill_step = step;
   o.lora = {{kAdapter, 0.0f}, {kAdapter + "/adapter_model.safetensors", 0.0f}};
   EngineOptions eo;
@@ -46,6 +48,7 @@ std::unique_ptr<ServingEngine> lora_engine(int parallel, int64_t step, const std
   eo.prefill_step = step;
   eo.parallel = parallel;
   eo.disk_cache_dir = disk_dir;
+  eo.spec = spec;
   return make_serving_engine(engine::load(o), eo);
 }
 
@@ -105,6 +108,43 @@ TEST(ServerLora, OneBatchServesTheAdapterAndTheBase) {
   auto n = e->batch->submit(golden_request(*e, 2, nlohmann::ordered_json::object()), false);
   EXPECT_EQ(run(h), golden_ids("golden_prompts_lora.json", 1));
   EXPECT_EQ(run(n), golden_ids("golden_prompts_base.json", 2));
+}
+
+// Speculative decoding (--spec mtp): the draft head and the verify rows run with each
+// sequence's own adapters; the output is still each golden's.
+TEST(ServerLora, SpeculativeDecodingKeepsEachRequestsAdapters) {
+  engine::SpecParams spec;
+  spec.mtp = true;
+  spec.draft_max = 2;
+  spec.min_acceptance = 0;
+  auto e = lora_engine(/*parallel=*/2, /*step=*/512, "", spec);
+  nlohmann::ordered_json with;
+  with["lora"] = nlohmann::ordered_json::array({{{"id", 0}, {"scale", 1}}});
+  const BatchStats before = e->batch->stats();
+  for (int p = 0; p < 3; ++p) {
+    auto a = e->batch->submit(golden_request(*e, p, with), false);
+    auto b = e->batch->submit(golden_request(*e, p, nlohmann::ordered_json::object()), false);
+    EXPECT_EQ(run(a), golden_ids("golden_prompts_lora.json", p)) << "prompt " << p << " with the adapter";
+    EXPECT_EQ(run(b), golden_ids("golden_prompts_base.json", p)) << "prompt " << p << " without it";
+  }
+  const BatchStats after = e->batch->stats();
+  EXPECT_GT(after.spec_accepted, before.spec_accepted);
+}
+
+// The Generator (one request at a time on the engine's own session) runs each request's
+// adapters too, and its prompt cache (chunks of 4) does not hand one adapter's prefix to another.
+TEST(ServerLora, GeneratorRunsEachRequestsAdapters) {
+  auto e = lora_engine(/*parallel=*/0, /*step=*/4);
+  nlohmann::ordered_json with;
+  with["lora"] = nlohmann::ordered_json::array({{{"id", 1}, {"scale", 1}}});
+  for (int p : {0, 2, 0}) {
+    for (bool on : {true, false}) {
+      const GenResult r = e->gen->run(*golden_request(*e, p, on ? with : nlohmann::ordered_json::object()), {}, {});
+      std::vector<int32_t> ids;
+      for (const TokenLogprob& l : r.logprobs) ids.push_back(l.id);
+      EXPECT_EQ(ids, golden_ids(on ? "golden_prompts_lora.json" : "golden_prompts_base.json", p)) << "prompt " << p << (on ? " with" : " without");
+    }
+  }
 }
 
 // One slot, chunks of 4 (checkpoints at 4 and 8 of the 10- and 12-token prompts) and a disk
