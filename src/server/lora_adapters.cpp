@@ -45,6 +45,7 @@ std::vector<float> LoraAdapters::parse_scales(const json& v, const std::string& 
     if (id == e.end() || !id->is_number_integer())
       throw bad_request(where + ".id must be an integer adapter id (GET /lora-adapters lists them)", param);
     const int64_t i = id->get<int64_t>();
+    if (n == 0) throw bad_request(where + ".id: the server runs no LoRA adapters (spool serve --lora FILE)", param);
     if (i < 0 || static_cast<size_t>(i) >= n)
       throw bad_request(strfmt("%s.id %lld: no such adapter (the server has %zu: ids 0..%lld)", where.c_str(), (long long)i, n,
                                (long long)n - 1),

@@ -36,12 +36,13 @@ nlohmann::json golden(const char* file) {
 
 // The demo model with the adapter twice: id 0 "spool-demo-moe-dev" and id 1
 // "spool-demo-moe-dev-2" (same weights), both at default scale 0 (--lora-init-without-apply).
-std::unique_ptr<ServingEngine> lora_engine(int parallel, int64_t step, const std::string& disk_dir = "", engine::SpecParams spec = {}) {
+std::unique_ptr<ServingEngine> lora_engine(int parallel, int64_t step, const std::string& disk_dir = "", engine::SpecParams spec = {},
+                                           bool adapters = true) {
   engine::LoadOptions o = spool::testing::test_load_options(SPOOL_DEFAULT_MODEL_DIR, /*stream=*/false);
   o.mtp = spec.mtp;
   o.parallel = std::max(parallel, 1);
   o.prefill_step = step;
-  o.lora = {{kAdapter, 0.0f}, {kAdapter + "/adapter_model.safetensors", 0.0f}};
+  if (adapters) o.lora = {{kAdapter, 0.0f}, {kAdapter + "/adapter_model.safetensors", 0.0f}};
   EngineOptions eo;
   eo.model_name = "demo";
   eo.ctx_size = 256;
@@ -178,14 +179,14 @@ TEST(ServerLora, PrefixReuseIsKeyedByTheAdapters) {
 // ---- HTTP ----
 
 struct Running {
-  Running() {
+  explicit Running(bool adapters = true) {
     HttpOptions ho;
     ho.port = 0;
     ho.parallel = 2;
     server = std::make_unique<HttpServer>(ho);
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
-    server->set_engine(lora_engine(2, 512));
+    server->set_engine(lora_engine(2, 512, "", {}, adapters));
   }
   ~Running() {
     server->stop();
@@ -380,6 +381,31 @@ TEST(ServerLoraHttp, BadLoraFieldIs400InEachApisShape) {
     EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
     EXPECT_NE(j["error"]["message"].get<std::string>().find("lora"), std::string::npos) << r->body;
   }
+}
+
+// A server without adapters: GET /lora-adapters is empty, `lora: []` is accepted, any id is a
+// 400 saying so, and POST /lora-adapters takes only the empty list.
+TEST(ServerLoraHttp, WithoutAdaptersTheFieldNamesNone) {
+  Running s(/*adapters=*/false);
+  EXPECT_EQ(parsed(s.get("/lora-adapters")), nlohmann::json::array());
+  EXPECT_EQ(parsed(s.get("/v1/models"))["data"].size(), 1u);
+  const nlohmann::ordered_json prompt = {{"prompt", "Hi"}, {"max_tokens", 2}};
+  nlohmann::ordered_json empty = prompt, one = prompt;
+  empty["lora"] = nlohmann::ordered_json::array();
+  one["lora"] = lora_field(0, 1);
+  const httplib::Result ok = s.post("/v1/completions", empty);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  const httplib::Result bad = s.post("/v1/completions", one);
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_NE(bad->body.find("no LoRA adapters"), std::string::npos) << bad->body;
+  const httplib::Result set0 = s.post("/lora-adapters", nlohmann::ordered_json::array());
+  ASSERT_TRUE(set0);
+  EXPECT_EQ(set0->status, 200) << set0->body;
+  const httplib::Result set1 = s.post("/lora-adapters", lora_field(0, 1));
+  ASSERT_TRUE(set1);
+  EXPECT_EQ(set1->status, 400) << set1->body;
 }
 
 }  // namespace
