@@ -1,7 +1,8 @@
 // The LoRA products (ops/lora.h) on every kind of base weight: ops::matmul (one thread and a
 // pool), matmul_multi, matmul_reference and CpuBackend::expert_ffn add sum_i s_i B_i (A_i x) to
 // W x for f32, bf16 and spool-quantized (rotated q4) weights, against the same product without
-// the terms plus the low-rank terms summed in double here.
+// the terms plus the low-rank terms summed in double here; and with per-row adapter scales
+// (ops::LoraRowScales: continuous batching of requests with different adapters).
 #include <gtest/gtest.h>
 
 #include <cmath>

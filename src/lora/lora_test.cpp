@@ -2,8 +2,9 @@
 // fixture family an adapter on attention / Gated DeltaNet / shared-expert / dense linears
 // (attn_mlp) and one that also targets the routed experts' 3D parameters (with_experts,
 // PEFT target_parameters), resident and streamed at a zero expert budget; the demo model's
-// trained rank-8 adapter with and without it. Logits: per row max|diff| <= 1e-4 * max|ref|;
-// greedy ids exact. Then bad adapters: clear errors.
+// trained rank-8 adapter with and without it, also both in one forward_batch (per-sequence
+// adapters, models::SeqStep::lora; resident and streamed). Logits: per row max|diff| <= 1e-4 *
+// max|ref|; greedy ids exact. Then bad adapters: clear errors.
 #include <gtest/gtest.h>
 
 #include <filesystem>
