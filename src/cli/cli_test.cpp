@@ -1051,6 +1051,30 @@ TEST(Cli, ServeWithLoraMatchesPeft) {
   EXPECT_EQ(comp["choices"][0]["text"], g["greedy_text"]) << comp.dump();
 }
 
+// serve --lora A --lora-init-without-apply: the adapter loads at default scale 0 (GET
+// /lora-adapters), requests without a lora field get the base's greedy text, with
+// `lora: [{"id": 0, "scale": 1}]` the adapter's.
+TEST(Cli, ServeLoraInitWithoutApplyLeavesItOff) {
+  const std::string a = kData + "/lora/spool-demo-moe-dev";
+  const nlohmann::json lora = nlohmann::json::parse(slurp(a + "/golden_prompts_lora.json"));
+  const nlohmann::json base = nlohmann::json::parse(slurp(a + "/golden_prompts_base.json"));
+  Serve s("--threads 2 --ctx-size 256 --lora " + a + " --lora-init-without-apply");
+  ASSERT_GT(s.port, 0) << slurp(s.log);
+  const HttpReply list = http(s.port, "GET", "/lora-adapters", "");
+  EXPECT_EQ(list.status, 200);
+  const nlohmann::json l = nlohmann::json::parse(list.body, nullptr, false);
+  ASSERT_EQ(l.size(), 1u) << list.body;
+  EXPECT_EQ(l[0]["id"], 0);
+  EXPECT_EQ(l[0]["path"], a);
+  EXPECT_EQ(l[0]["scale"], 0.0);
+  const size_t n = base[1]["greedy_ids"].size();
+  const nlohmann::json body = {{"prompt", base[1]["prompt_ids"]}, {"max_tokens", n}, {"temperature", 0}};
+  EXPECT_EQ(s.post("/v1/completions", body)["choices"][0]["text"], base[1]["greedy_text"]);
+  nlohmann::json with = body;
+  with["lora"] = nlohmann::json::array({{{"id", 0}, {"scale", 1}}});
+  EXPECT_EQ(s.post("/v1/completions", with)["choices"][0]["text"], lora[1]["greedy_text"]);
+}
+
 TEST(Cli, TemplateRenderMatchesTheChatGoldens) {
   GoldenDate date;
   int rendered = 0, refused = 0;

@@ -59,12 +59,19 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
       ->group("");  // hidden
 }
 
-void ModelOptions::add_lora_to(CLI::App* app) {
+void ModelOptions::add_lora_to(CLI::App* app, bool server) {
   app->add_option("--lora", lora,
-                  "LoRA adapter applied unmerged (PEFT: its directory or adapter_model.safetensors), optionally with a scale: "
-                  "FILE[:SCALE] (default 1; 0 loads it without effect); repeatable, the adapters add up. CPU only for now "
-                  "(docs/lora.md)")
+                  server ? "LoRA adapter applied unmerged (PEFT: its directory or adapter_model.safetensors), optionally with its "
+                           "default scale: FILE[:SCALE] (default 1); repeatable: adapter ids 0, 1, ... in order, names from their "
+                           "directories. Requests choose adapters and scales with `lora: [{\"id\", \"scale\"}]` or a `model` "
+                           "naming one; GET/POST /lora-adapters read/set the defaults. CPU only for now (docs/lora.md)"
+                         : "LoRA adapter applied unmerged (PEFT: its directory or adapter_model.safetensors), optionally with a scale: "
+                           "FILE[:SCALE] (default 1; 0 loads it without effect); repeatable, the adapters add up. CPU only for now "
+                           "(docs/lora.md)")
       ->allow_extra_args(false);
+  if (server)
+    app->add_flag("--lora-init-without-apply", lora_init_without_apply,
+                  "Load the --lora adapters with default scale 0 (requests or POST /lora-adapters turn them on)");
 }
 
 void ModelOptions::add_spec_to(CLI::App* app) {
@@ -113,6 +120,8 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.mtp = spec_params().mtp;
   o.draft_max = o.mtp ? draft_max : 0;
   for (const std::string& a : lora) o.lora.push_back(engine::parse_lora_option(a));
+  if (lora_init_without_apply)
+    for (engine::LoraOption& a : o.lora) a.scale = 0.0f;  // loaded, off until a request or POST /lora-adapters asks
   return o;
 }
 

@@ -47,8 +47,10 @@ struct ModelOptions {
   /// (UsageError for bad values).
   engine::SpecParams spec_params() const;
   std::vector<std::string> lora;  // --lora FILE[:SCALE] (repeatable)
-  /// Adds --lora FILE[:SCALE] (commands that run a model for text: generate, perplexity, serve).
-  void add_lora_to(CLI::App* app);
+  bool lora_init_without_apply = false;  // --lora-init-without-apply (serve): every adapter's default scale 0
+  /// Adds --lora FILE[:SCALE] (commands that run a model for text: generate, perplexity, serve)
+  /// and, with `server`, llama-server's --lora-init-without-apply.
+  void add_lora_to(CLI::App* app, bool server = false);
   int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);

@@ -148,7 +148,7 @@ void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, tools, streaming, prompt cache)");
   o->model.add_to(c);
-  o->model.add_lora_to(c);
+  o->model.add_lora_to(c, /*server=*/true);
   o->model.add_spec_to(c);
   c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
   c->add_option("--port", o->port, "Port (default 8080; 0 = any free port, printed at start)");

@@ -14,11 +14,17 @@ void Session::prefill(std::span<const int32_t> ids, int64_t step) {
   for (size_t i = 0; i < ids.size(); i += static_cast<size_t>(step)) {
     const size_t n = std::min<size_t>(static_cast<size_t>(step), ids.size() - i);
     const bool last = i + n == ids.size();
-    model_.forward(ids.subspan(i, n), state_, last ? models::LogitsMode::kLast : models::LogitsMode::kNone, logits_.data());
+    models::SeqStep q{ids.subspan(i, n), &state_, last ? models::LogitsMode::kLast : models::LogitsMode::kNone, logits_.data()};
+    q.lora = lora_;
+    model_.forward_batch(std::span<const models::SeqStep>(&q, 1));
   }
 }
 
-void Session::decode(int32_t id) { model_.forward(std::span<const int32_t>(&id, 1), state_, models::LogitsMode::kLast, logits_.data()); }
+void Session::decode(int32_t id) {
+  models::SeqStep q{std::span<const int32_t>(&id, 1), &state_, models::LogitsMode::kLast, logits_.data()};
+  q.lora = lora_;
+  model_.forward_batch(std::span<const models::SeqStep>(&q, 1));
+}
 
 GenerateResult Session::generate(const GenerateRequest& req, const std::function<bool(int32_t)>& on_token) {
   if (req.prompt.empty()) fail("the prompt is empty (at least one token is needed)");

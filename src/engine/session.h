@@ -53,6 +53,9 @@ class Session {
   void prefill(std::span<const int32_t> ids, int64_t step);
   /// Feeds one token; logits() then holds the next-token logits.
   void decode(int32_t id);
+  /// LoRA user scales for the next prefill() and decode() calls (models::SeqStep::lora: one per
+  /// adapter of the model; empty = the adapters' defaults).
+  void set_lora(std::vector<float> scales) { lora_ = std::move(scales); }
   const std::vector<float>& logits() const { return logits_; }
   models::State& state() { return state_; }
   models::Model& model() { return model_; }
@@ -63,6 +66,7 @@ class Session {
   models::Model& model_;
   models::State state_;
   std::vector<float> logits_;
+  std::vector<float> lora_;  // set_lora
 };
 
 }  // namespace spool::engine

@@ -174,8 +174,10 @@ Adapter load_adapter(const std::string& path, const io::Checkpoint& base) {
   if (!fs::exists(file)) fail("%s: no adapter_model.safetensors", dir.c_str());
   Adapter ad;
   ad.path = path;
-  ad.name = fs::path(dir).filename().string();
-  if (ad.name.empty() || ad.name == ".") ad.name = fs::path(fs::absolute(dir)).lexically_normal().filename().string();
+  // The directory's last component ("dir/", "." and ".." resolved first).
+  fs::path d = fs::absolute(dir).lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  ad.name = d.filename().string();
   ad.config = parse_peft_config(read_text(cfg_path), cfg_path);
 
   const io::SafetensorsFile st = io::SafetensorsFile::open(file);

@@ -4,9 +4,58 @@
 
 namespace spool::lora {
 
+namespace {
+
+uint64_t fnv(uint64_t h, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;  // FNV-1a 64
+
+uint64_t content_hash(const Adapter& ad) {
+  uint64_t h = kFnvBasis;
+  auto mix = [&](const void* p, size_t n) { h = fnv(h, p, n); };
+  auto mix_str = [&](const std::string& s) { mix(s.data(), s.size() + 1); };
+  auto mix_floats = [&](const std::vector<float>& v) { mix(v.data(), v.size() * sizeof(float)); };
+  for (const DenseLora& d : ad.dense) {
+    mix_str(d.name);
+    mix(&d.rank, sizeof d.rank);
+    mix(&d.scale, sizeof d.scale);
+    mix_floats(d.a);
+    mix_floats(d.b);
+  }
+  for (const ExpertLora& e : ad.experts) {  // (their scalings come from the config below)
+    mix_str(e.name);
+    for (const ExpertWrapper& w : e.wrappers) {
+      mix_str(w.module);
+      mix_floats(w.a);
+      mix_floats(w.b);
+    }
+  }
+  const PeftConfig& c = ad.config;
+  mix(&c.r, sizeof c.r);
+  mix(&c.lora_alpha, sizeof c.lora_alpha);
+  mix(&c.use_rslora, sizeof c.use_rslora);
+  for (const auto& [p, v] : c.rank_pattern) mix_str(p + "=" + std::to_string(v));
+  for (const auto& [p, v] : c.alpha_pattern) mix_str(p + "=" + std::to_string(v));
+  return h;
+}
+
+}  // namespace
+
 void LoraSet::add(Adapter adapter, float scale) {
+  const std::string base = adapter.name;
+  for (int k = 2;; ++k) {  // unique names
+    bool taken = false;
+    for (const Adapter& a : adapters_) taken = taken || a.name == adapter.name;
+    if (!taken) break;
+    adapter.name = base + "-" + std::to_string(k);
+  }
   dense_used_.emplace_back(adapter.dense.size(), 0);
   experts_used_.emplace_back(adapter.experts.size(), 0);
+  content_hash_.push_back(content_hash(adapter));
   adapters_.push_back(std::move(adapter));
   scales_.push_back(scale);
 }
@@ -18,40 +67,19 @@ uint64_t LoraSet::bytes() const {
   return n;
 }
 
-std::string LoraSet::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  auto mix = [&](const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
-  auto mix_str = [&](const std::string& s) { mix(s.data(), s.size() + 1); };
-  auto mix_floats = [&](const std::vector<float>& v) { mix(v.data(), v.size() * sizeof(float)); };
+std::string LoraSet::fingerprint(const std::vector<float>& scales) const {
+  if (scales.size() != adapters_.size())
+    fail("LoRA: %zu scales given for %zu adapters", scales.size(), adapters_.size());
+  uint64_t h = kFnvBasis;
+  bool any = false;
   for (size_t ai = 0; ai < adapters_.size(); ++ai) {
-    const Adapter& ad = adapters_[ai];
-    mix(&scales_[ai], sizeof(float));
-    for (const DenseLora& d : ad.dense) {
-      mix_str(d.name);
-      mix(&d.rank, sizeof d.rank);
-      mix(&d.scale, sizeof d.scale);
-      mix_floats(d.a);
-      mix_floats(d.b);
-    }
-    for (const ExpertLora& e : ad.experts) {  // (their scalings come from the config below)
-      mix_str(e.name);
-      for (const ExpertWrapper& w : e.wrappers) {
-        mix_str(w.module);
-        mix_floats(w.a);
-        mix_floats(w.b);
-      }
-    }
-    const PeftConfig& c = ad.config;
-    mix(&c.r, sizeof c.r);
-    mix(&c.lora_alpha, sizeof c.lora_alpha);
-    mix(&c.use_rslora, sizeof c.use_rslora);
-    for (const auto& [p, v] : c.rank_pattern) mix_str(p + "=" + std::to_string(v));
-    for (const auto& [p, v] : c.alpha_pattern) mix_str(p + "=" + std::to_string(v));
+    if (scales[ai] == 0.0f) continue;
+    any = true;
+    h = fnv(h, &ai, sizeof ai);
+    h = fnv(h, &content_hash_[ai], sizeof(uint64_t));
+    h = fnv(h, &scales[ai], sizeof(float));
   }
-  return strfmt("%016llx", static_cast<unsigned long long>(h));
+  return any ? strfmt("%016llx", static_cast<unsigned long long>(h)) : std::string();
 }
 
 const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int64_t cols) {
@@ -70,7 +98,7 @@ const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int6
       std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(m.rank * rows));  // B^T [rank, rows]
       for (int64_t o = 0; o < rows; ++o)
         for (int64_t k = 0; k < m.rank; ++k) bt[k * rows + o] = m.b[o * m.rank + k];
-      d.terms.push_back({m.a.data(), bt.data(), m.rank, m.scale * scales_[ai]});
+      d.terms.push_back({m.a.data(), bt.data(), m.rank, m.scale, 0, static_cast<int>(ai), &scales_[ai]});
     }
   }
   if (d.terms.empty()) return nullptr;
@@ -127,15 +155,17 @@ const ExpertDeltas* LoraSet::experts(const std::string& name, int n_experts, int
         for (int64_t e = 0; e < E; ++e)
           for (int64_t k = 0; k < r; ++k)
             for (int64_t o = 0; o < O; ++o) bt[(e * r + k) * O + o] = w->b[o * (r * E) + k * E + e];
-        const float s = scale * scales_[ai];
+        const float s = scale;  // (the user's scale: per row, ops::lora_add)
+        const int id = static_cast<int>(ai);
+        const float* user = &scales_[ai];
         for (int64_t e = 0; e < E; ++e) {
           const float* a = w->a.data() + e * r * w->in;  // A rows e*r .. e*r + r - 1
           const float* be = bt.data() + e * r * O;
           if (is_gate_up) {  // gate rows [0, I), up rows [I, 2I) of gate_up_proj: columns of B_e^T
-            out.gate[e].terms.push_back({a, be, r, s, O});
-            out.up[e].terms.push_back({a, be + inter, r, s, O});
+            out.gate[e].terms.push_back({a, be, r, s, O, id, user});
+            out.up[e].terms.push_back({a, be + inter, r, s, O, id, user});
           } else {
-            out.down[e].terms.push_back({a, be, r, s, O});
+            out.down[e].terms.push_back({a, be, r, s, O, id, user});
           }
         }
         any = true;

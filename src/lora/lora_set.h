@@ -35,19 +35,27 @@ struct ExpertDeltas {
 
 class LoraSet {
  public:
-  /// Adds an adapter with the user's scale (multiplies PEFT's scaling; 0 loads it without effect).
+  /// Adds an adapter with the user's default scale (multiplies PEFT's scaling; 0 loads it
+  /// without effect). Its index (0, 1, ... in the order added) is its id: LoraTerm::adapter and
+  /// the column of ops::LoraRowScales. An adapter whose name an earlier one has gets "-2", "-3",
+  /// ... appended (names select adapters per request: docs/lora.md). Call before binding.
   void add(Adapter adapter, float scale);
-  /// The adapters, in the order added, and their scales.
+  /// The adapters, in the order added, and their default scales.
   const std::vector<Adapter>& adapters() const { return adapters_; }
-  const std::vector<float>& scales() const { return scales_; }
+  std::vector<float> scales() const { return std::vector<float>(scales_.begin(), scales_.end()); }
+  size_t size() const { return adapters_.size(); }
   bool empty() const { return adapters_.empty(); }
   /// Bytes of the adapters' f32 matrices plus the transposed B copies made for binding (what a run holds).
   uint64_t bytes() const;
-  /// Identity of what the adapters change (hex text): every adapter's targets, ranks, PEFT
-  /// scalings, A and B values, and the user's scales, in order (a 64-bit FNV-1a over them). The
-  /// server's prompt-prefix snapshots on disk fold it into their model fingerprint, so snapshots
-  /// made with other adapters (or none) are never reused.
-  std::string fingerprint() const;
+  /// Identity of what the adapters change at user scales `scales` (one per adapter; hex text):
+  /// for every adapter whose scale is not 0, in order, its targets, ranks, PEFT scalings, A and
+  /// B values (hashed once when added) and the scale (a 64-bit FNV-1a over them); "" when every
+  /// scale is 0 (then the products are exactly the base model's: ops::lora_add skips them).
+  /// The server keys prompt-prefix reuse by it (in memory and on disk), so a prefix computed
+  /// with other adapters or scales is never reused. Throws spool::Error for a wrong count.
+  std::string fingerprint(const std::vector<float>& scales) const;
+  /// fingerprint() at the default scales.
+  std::string fingerprint() const { return fingerprint(scales()); }
 
   /// The terms of matrix `name` (normalised, "layers.0.self_attn.q_proj.weight") of shape
   /// [rows, cols] over every adapter, or nullptr when none targets it. Valid for the set's
@@ -67,7 +75,8 @@ class LoraSet {
 
  private:
   std::vector<Adapter> adapters_;
-  std::vector<float> scales_;
+  std::deque<float> scales_;            // stable addresses: LoraTerm::user points here
+  std::vector<uint64_t> content_hash_;  // per adapter: FNV-1a of its targets, ranks, scalings, A and B
   std::deque<ops::LoraDelta> dense_;                  // stable addresses
   std::deque<ExpertDeltas> experts_;
   std::deque<std::vector<float>> relaid_;             // B^T copies (dense [r, out]; experts [E, r, out])

@@ -2,8 +2,9 @@
 // fixture family an adapter on attention / Gated DeltaNet / shared-expert / dense linears
 // (attn_mlp) and one that also targets the routed experts' 3D parameters (with_experts,
 // PEFT target_parameters), resident and streamed at a zero expert budget; the demo model's
-// trained rank-8 adapter with and without it. Logits: per row max|diff| <= 1e-4 * max|ref|;
-// greedy ids exact. Then bad adapters: clear errors.
+// trained rank-8 adapter with and without it, also both in one forward_batch (per-sequence
+// adapters, models::SeqStep::lora; resident and streamed). Logits: per row max|diff| <= 1e-4 *
+// max|ref|; greedy ids exact. Then bad adapters: clear errors.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -207,6 +208,83 @@ TEST_F(DemoAdapter, StreamedWithAdapterMatchesPeft) {
   check(*l.model, fix_ + "/golden_prompts_lora.safetensors");
 }
 
+// Continuous batching with per-sequence adapters (models::SeqStep::lora): every golden prompt
+// with the adapter and without it, all six sequences in each forward_batch step (prefill, then
+// greedy decoding in lockstep), the adapter loaded at default scale 0: each sequence's logits
+// and greedy ids are its golden's. A third sequence per prompt without a lora field takes the
+// default (0: the base).
+void batch_with_and_without(const std::string& model_dir, const std::string& fix, bool stream) {
+  Loaded l = load(model_dir, {{fix, 0.0f}}, stream);
+  models::Model& m = *l.model;
+  const int64_t V = m.spec().vocab_size;
+  Golden with(fix + "/golden_prompts_lora.safetensors"), base(fix + "/golden_prompts_base.safetensors");
+  const std::vector<float> on = {1.0f}, off = {0.0f};
+  struct Seq {
+    int prompt;
+    const std::vector<float>* lora;  // null: no lora field (the defaults)
+    Golden* golden;
+    models::State st;
+    std::vector<int32_t> ids, out;
+    std::vector<float> logits;
+  };
+  std::vector<Seq> seqs;
+  for (int p = 0; p < 3; ++p)
+    for (int v = 0; v < 3; ++v) {
+      Seq s{p, v == 0 ? &on : v == 1 ? &off : nullptr, v == 0 ? &with : &base, m.new_state(), {}, {}, {}};
+      s.ids = s.golden->i32("p" + std::to_string(p) + ".input_ids");
+      s.logits.resize(s.ids.size() * V);
+      seqs.push_back(std::move(s));
+    }
+  std::vector<models::SeqStep> step;
+  for (Seq& s : seqs) {
+    models::SeqStep q{s.ids, &s.st, models::LogitsMode::kAll, s.logits.data()};
+    if (s.lora != nullptr) q.lora = *s.lora;
+    step.push_back(q);
+  }
+  m.forward_batch(step);
+  for (Seq& s : seqs) {
+    const std::string k = "p" + std::to_string(s.prompt) + ".";
+    const std::vector<float> ref = s.golden->f32(k + "logits");
+    expect_rows_close(s.logits.data(), ref.data(), static_cast<int64_t>(s.ids.size()), V, kTol,
+                      k + (s.golden == &with ? " with the adapter" : " without it"));
+  }
+  const size_t n = with.i32("p0.greedy_ids").size();
+  std::vector<std::vector<float>> last(seqs.size(), std::vector<float>(V));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = seqs[i];
+    std::copy(s.logits.end() - V, s.logits.end(), last[i].begin());
+    s.out.push_back(argmax(last[i].data(), V));
+  }
+  while (seqs[0].out.size() < n) {  // one decode row per sequence per step
+    step.clear();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      models::SeqStep q{std::span<const int32_t>(&seqs[i].out.back(), 1), &seqs[i].st, models::LogitsMode::kLast, last[i].data()};
+      if (seqs[i].lora != nullptr) q.lora = *seqs[i].lora;
+      step.push_back(q);
+    }
+    m.forward_batch(step);
+    for (size_t i = 0; i < seqs.size(); ++i) seqs[i].out.push_back(argmax(last[i].data(), V));
+  }
+  for (Seq& s : seqs) {
+    const std::vector<int32_t> want = s.golden->i32("p" + std::to_string(s.prompt) + ".greedy_ids");
+    EXPECT_EQ(std::vector<int32_t>(s.out.begin(), s.out.begin() + want.size()), want)
+        << "prompt " << s.prompt << (s.golden == &with ? " with the adapter" : s.lora ? " at scale 0" : " without a lora field");
+  }
+  // A scale count other than the model's adapters is refused.
+  models::State st = m.new_state();
+  const std::vector<float> two = {1.0f, 1.0f};
+  std::vector<float> logits(V);
+  models::SeqStep q{seqs[0].ids, &st, models::LogitsMode::kLast, logits.data()};
+  q.lora = two;
+  EXPECT_THROW(m.forward_batch(std::span<const models::SeqStep>(&q, 1)), Error);
+}
+
+TEST_F(DemoAdapter, OneBatchRunsEachSequenceWithItsOwnAdapters) { batch_with_and_without(model_, fix_, false); }
+
+// The same with the experts streamed at a zero budget: several sequences then run as two
+// pipelined groups on two threads (DecoderModel::run_pipelined), each with its own rows' scales.
+TEST_F(DemoAdapter, StreamedBatchRunsEachSequenceWithItsOwnAdapters) { batch_with_and_without(model_, fix_, true); }
+
 TEST_F(DemoAdapter, WithoutAdapterMatchesPeftsBase) {
   Loaded base = load(model_, {});
   check(*base.model, fix_ + "/golden_prompts_base.safetensors");
@@ -336,6 +414,30 @@ TEST(LoraSetTest, FingerprintTellsAdaptersAndScalesApart) {
   EXPECT_NE(fp({{a, 1.0f}}), fp({{b, 1.0f}}));
   EXPECT_NE(fp({{a, 1.0f}}), fp({{a, 0.5f}}));
   EXPECT_NE(fp({{a, 1.0f}, {b, 0.5f}}), fp({{b, 0.5f}, {a, 1.0f}}));
+}
+
+// Per-request scales: adapters at scale 0 leave no trace (all 0: "", the base model's key; an
+// adapter at 0 beside one at 1 keys like the one alone), and another scale is another key;
+// names are unique ("-2" for a second adapter of one directory) and trailing slashes don't count.
+TEST(LoraSetTest, FingerprintOfScalesSkipsAdaptersAtZeroAndNamesAreUnique) {
+  const io::Checkpoint ck = models::open_checkpoint(data_dir() + "/models/qwen3_moe");
+  const std::string a = data_dir() + "/lora/qwen3_moe/attn_mlp", b = data_dir() + "/lora/qwen3_moe/with_experts";
+  LoraSet two, one;
+  two.add(load_adapter(a + "/", ck), 1.0f);
+  two.add(load_adapter(b, ck), 0.0f);
+  two.add(load_adapter(a + "/adapter_model.safetensors", ck), 0.0f);
+  one.add(load_adapter(a, ck), 1.0f);
+  EXPECT_EQ(two.fingerprint({0, 0, 0}), "");
+  EXPECT_EQ(two.fingerprint({1, 0, 0}), one.fingerprint({1}));
+  EXPECT_EQ(two.fingerprint(), one.fingerprint());  // the defaults
+  EXPECT_NE(two.fingerprint({0.5f, 0, 0}), one.fingerprint({1}));
+  EXPECT_NE(two.fingerprint({1, 1, 0}), one.fingerprint({1}));
+  EXPECT_NE(two.fingerprint({0, 0, 1}), one.fingerprint({1}));  // keyed by id too (conservative: never shares wrongly)
+  EXPECT_THROW(two.fingerprint({1}), Error);
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_EQ(two.adapters()[0].name, "attn_mlp");
+  EXPECT_EQ(two.adapters()[1].name, "with_experts");
+  EXPECT_EQ(two.adapters()[2].name, "attn_mlp-2");
 }
 
 // PEFT's pattern rule: the first rank_pattern / alpha_pattern regex matching the key's end

@@ -14,6 +14,7 @@
 #include "experts/weight_views.h"
 #include "models/bind.h"
 #include "models/moe.h"
+#include "ops/lora.h"
 #include "ops/ggml_blocks.h"
 #include "quant/hadamard.h"
 #include "quant/quantize.h"
@@ -309,6 +310,24 @@ void DecoderModel::embed(std::span<const int32_t> ids, float* h) {
   if (spec_.embedding_scale != 1.0f) be_->scale(h, static_cast<int64_t>(ids.size()) * H, spec_.embedding_scale);
 }
 
+void DecoderModel::set_lora_rows(const std::vector<std::pair<int64_t, std::span<const float>>>& runs) {
+  lora_n_ = 0;
+  lora_rows_.clear();
+  bool any = false;
+  for (const auto& r : runs) any = any || !r.second.empty();
+  if (!any) return;
+  const size_t nA = lora ? lora->size() : 0;
+  for (const auto& r : runs)
+    if (!r.second.empty() && r.second.size() != nA)
+      fail("forward: a sequence gives %zu LoRA adapter scales, the model has %zu adapters", r.second.size(), nA);
+  const std::vector<float> defaults = lora->scales();
+  lora_n_ = static_cast<int>(nA);
+  for (const auto& [count, scales] : runs) {
+    const std::span<const float> row = scales.empty() ? std::span<const float>(defaults) : scales;
+    for (int64_t t = 0; t < count; ++t) lora_rows_.insert(lora_rows_.end(), row.begin(), row.end());
+  }
+}
+
 void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
   const int64_t H = spec_.hidden_size, V = spec_.vocab_size;
   // Validate everything before any state changes.
@@ -326,6 +345,12 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
     N += static_cast<int64_t>(q.ids.size());
   }
   if (N == 0) return;
+  {  // per-row LoRA scales (SeqStep::lora), rows in the order of parts
+    std::vector<std::pair<int64_t, std::span<const float>>> runs;
+    for (const SeqStep& q : seqs)
+      if (!q.ids.empty()) runs.emplace_back(static_cast<int64_t>(q.ids.size()), q.lora);
+    set_lora_rows(runs);
+  }
   for (const Part& p : parts) {
     p.state->reserve(p.pos0 + p.T);
     p.state->begin_step(p.pos0, p.T);
@@ -414,6 +439,9 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
 
 void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                               const std::function<void()>& between, int64_t row0) {
+  // This thread's rows of the step's LoRA scales (ops/lora.h): rows [row0, row0 + N).
+  const ops::LoraRowScales lrows{lora_rows_.data() + row0 * lora_n_, N, lora_n_};
+  const ops::LoraRowsScope lora_scope(lora_n_ > 0 ? &lrows : nullptr);
   FfnStep step;
   step.route_override = &hooks.route_override;
   step.row0 = row0;
@@ -480,6 +508,9 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
     if (id < 0 || id >= V) fail("token id %d is outside the vocabulary (0..%lld)", id, (long long)(V - 1));
   q.state->reserve(q.pos0 + T);
   if (T > ws_tokens_) reserve_workspace(T, std::max(ws_seqs_, 1));
+  set_lora_rows({{T, q.lora}});  // (every row the sequence's; the head's rows are a prefix of them)
+  const ops::LoraRowScales lrows{lora_rows_.data(), T, lora_n_};
+  const ops::LoraRowsScope lora_scope(lora_n_ > 0 ? &lrows : nullptr);
   ops::Backend& be = *be_;
   const float eps = spec_.rms_norm_eps;
   ops::WorkspaceScope scope(ws_);
@@ -522,6 +553,8 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   if (q.vocab_limit > 0 && q.vocab_limit < V && head.type != ops::WType::kQuant) head.rows = q.vocab_limit;
   const int64_t Vd = head.rows;
   for (int64_t r = 0; r < rows; ++r) {  // (kAll: tests and tools; drafting wants the last row only)
+    const ops::LoraRowScales one{lora_rows_.data(), 1, lora_n_};  // (every row has the sequence's scales)
+    const ops::LoraRowsScope one_scope(lora_n_ > 0 ? &one : nullptr);
     be.matmul(head, s.xn + (all ? r : T - 1) * H, 1, logits);
     if (spec_.final_logit_softcap > 0) be.softcap(logits, Vd, spec_.final_logit_softcap);
     be.to_host(logits, Vd, q.logits + r * V);
@@ -551,6 +584,8 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
     if (seqs[i].mode == LogitsMode::kAll) {
       if (!hooks.on_hidden && seqs[i].hidden == nullptr)  // (normed above for the MTP head otherwise)
         be_->rms_norm(s.h + p.row0 * H, final_norm_p_, p.T, H, eps, s.xn + p.row0 * H);
+      const ops::LoraRowScales lrows{lora_rows_.data() + p.row0 * lora_n_, p.T, lora_n_};
+      const ops::LoraRowsScope lora_scope(lora_n_ > 0 ? &lrows : nullptr);
       be_->matmul(lm_head_, s.xn + p.row0 * H, p.T, seqs[i].logits);
       if (spec_.final_logit_softcap > 0) be_->softcap(seqs[i].logits, p.T * V, spec_.final_logit_softcap);
     } else if (seqs[i].mode == LogitsMode::kLast) {
@@ -565,6 +600,8 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
       if (c.state == q.state) p = &c;
     const int64_t r = p->row0 + p->T - 1;
     if (!hooks.on_hidden) be_->rms_norm(s.h + r * H, final_norm_p_, 1, H, eps, s.xn + r * H);
+    const ops::LoraRowScales lrows{lora_rows_.data() + r * lora_n_, 1, lora_n_};
+    const ops::LoraRowsScope lora_scope(lora_n_ > 0 ? &lrows : nullptr);
     be_->matmul(lm_head_, s.xn + r * H, 1, q.logits);
     if (spec_.final_logit_softcap > 0) be_->softcap(q.logits, V, spec_.final_logit_softcap);
     return;
@@ -573,12 +610,18 @@ void DecoderModel::finish(const Scratch& s, int64_t N, std::span<const SeqStep> 
   ops::WorkspaceScope scope(ws_);
   const int64_t S = static_cast<int64_t>(last.size());
   const HeadScratch hs = HeadScratch::take(ws_, H, V, S);
+  std::vector<float> last_scales(static_cast<size_t>(S * lora_n_));  // the gathered rows' LoRA scales
   for (int64_t k = 0; k < S; ++k) {
     const SeqStep& q = seqs[last[k]];
     for (const Part& c : parts)
-      if (c.state == q.state) be_->copy_2d(hs.xn + k * H, H, s.h + (c.row0 + c.T - 1) * H, H, 1, H);
+      if (c.state == q.state) {
+        be_->copy_2d(hs.xn + k * H, H, s.h + (c.row0 + c.T - 1) * H, H, 1, H);
+        std::copy_n(lora_rows_.data() + (c.row0 + c.T - 1) * lora_n_, lora_n_, last_scales.data() + k * lora_n_);
+      }
   }
   be_->rms_norm(hs.xn, final_norm_p_, S, H, eps, hs.xn);
+  const ops::LoraRowScales lrows{last_scales.data(), S, lora_n_};
+  const ops::LoraRowsScope lora_scope(lora_n_ > 0 ? &lrows : nullptr);
   be_->matmul(lm_head_, hs.xn, S, hs.logits);
   if (spec_.final_logit_softcap > 0) be_->softcap(hs.logits, S * V, spec_.final_logit_softcap);
   for (int64_t k = 0; k < S; ++k) be_->to_host(hs.logits + k * V, V, seqs[last[k]].logits);

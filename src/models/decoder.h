@@ -101,6 +101,12 @@ class DecoderModel : public Model {
   ops::Workspace ws_;       // one arena for every layer's activations (workspace_arena_bytes)
   int64_t ws_tokens_ = 0;   // token rows per step ws_ is sized for
   int ws_seqs_ = 0;         // sequences per step ws_ is sized for
+  // This step's per-row LoRA user scales [rows, lora_n_] (SeqStep::lora; ops::LoraRowScales);
+  // lora_n_ == 0: none given, the adapters' defaults apply.
+  std::vector<float> lora_rows_;
+  int lora_n_ = 0;
+  // Builds lora_rows_ for `rows` rows in runs of (count, scales) (empty scales: the defaults).
+  void set_lora_rows(const std::vector<std::pair<int64_t, std::span<const float>>>& runs);
   uint64_t group_arena_ = 0;  // group_arena_bytes(spec_), once measured
   ops::WeightView embed_, lm_head_;
   // When the embedding table is not lm_head, its rows are read with pread (one row per

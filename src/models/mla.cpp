@@ -79,9 +79,9 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
         std::vector<float>& ukt = lora_store_.emplace_back(static_cast<size_t>(r * N));
         for (int64_t k = 0; k < r; ++k)
           for (int64_t d = 0; d < N; ++d) ukt[k * N + d] = t.bt[k * ld + h * (N + V) + d];
-        uk_lora_[h].terms.push_back({ukt.data(), t.a, r, t.scale});
+        uk_lora_[h].terms.push_back({ukt.data(), t.a, r, t.scale, 0, t.adapter, t.user});
         // W_UV_h [V, R] += s B_UV_h A: B_UV_h^T = columns h*(N+V)+N .. of B^T.
-        uv_lora_[h].terms.push_back({t.a, t.bt + h * (N + V) + N, r, t.scale, ld});
+        uv_lora_[h].terms.push_back({t.a, t.bt + h * (N + V) + N, r, t.scale, ld, t.adapter, t.user});
       }
     }
     for (int64_t h = 0; h < nh; ++h) {

@@ -34,6 +34,10 @@ struct SeqStep {
   /// [ids.size(), hidden] (host memory): every row's hidden state after the final norm, the
   /// multi-token-prediction head's input (MtpStep::hidden); null = not wanted.
   float* hidden = nullptr;
+  /// The user scale of each of the model's LoRA adapters for this sequence (Model::lora order;
+  /// 0 = off; ops/lora.h), so that sequences of one step run different adapters; empty = the
+  /// adapters' default scales. Throws spool::Error in forward_batch for another count.
+  std::span<const float> lora;
 };
 
 /// One call of the multi-token-prediction head (Model::mtp_forward) over T rows of one sequence.
@@ -53,6 +57,8 @@ struct MtpStep {
   /// Logits only for ids [0, vocab_limit) (a draft vocabulary: the head's output rows are read
   /// for those ids alone); the others get kNoLogit. 0 = every id.
   int64_t vocab_limit = 0;
+  /// LoRA user scales of this sequence, as SeqStep::lora (empty = the defaults).
+  std::span<const float> lora;
   /// The logit of an id outside vocab_limit: finite (samplers refuse non-finite logits), never
   /// chosen (exp(kNoLogit - max) is 0).
   static constexpr float kNoLogit = -1e30f;

@@ -6,6 +6,7 @@
 
 #include <hwy/aligned_allocator.h>
 
+#include "common/error.h"
 #include "ops/elementwise.h"
 #include "ops/lora.h"
 #include "ops/matmul.h"
@@ -62,6 +63,9 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
     return;
   }
   const int K = groups.K;
+  // Per-row adapter scales (ops/lora.h) are in scope on this thread, not on the workers: each
+  // expert gathers its rows' scales and hands them to its LoRA products.
+  const LoraRowScales* step_rows = lora ? lora_rows() : nullptr;
   auto run_expert = [&](int64_t bi, int) {
     const size_t gi = g0 + static_cast<size_t>(bi);
     const ExpertMats& w = experts[bi];
@@ -70,6 +74,21 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
     float* xe = xe_buf.get(n * H);
     float* g = nullptr;
     for (int64_t j = 0; j < n; ++j) std::copy_n(x + (groups.rows[r0 + j] / K) * H, H, xe + j * H);
+    thread_local std::vector<float> scales_buf;
+    LoraRowScales expert_rows;
+    const LoraRowScales* rs = nullptr;
+    if (step_rows != nullptr) {
+      const int nA = step_rows->n_adapters;
+      scales_buf.resize(static_cast<size_t>(n * nA));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t t = groups.rows[r0 + j] / K;
+        if (t >= step_rows->rows)
+          fail("LoRA: expert row %lld is outside the %lld rows of the per-row adapter scales", (long long)t, (long long)step_rows->rows);
+        std::copy_n(step_rows->scales + t * nA, nA, scales_buf.data() + j * nA);
+      }
+      expert_rows = {scales_buf.data(), n, nA};
+      rs = &expert_rows;
+    }
     switch (act) {
       case Activation::kSwiGLU:
       case Activation::kGeluTanhGLU: {
@@ -77,8 +96,8 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         g = g_buf.get(n * I);
         float* u = u_buf.get(n * I);
         matmul_rows_pair(w.gate, g, w.up, u, xe, n, options_.int8_activations);  // [n, I] each
-        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I);
-        if (w.up.lora != nullptr) lora_add(w.up, xe, n, u, I);
+        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I, rs);
+        if (w.up.lora != nullptr) lora_add(w.up, xe, n, u, I, rs);
         if (act == Activation::kSwiGLU) {
           ops::swiglu(g, u, n * I, g);
         } else {
@@ -90,14 +109,14 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         const int64_t I2 = w.gate.rows;
         g = g_buf.get(n * I2);
         matmul_rows(w.gate, xe, n, g, I2, 0, I2, options_.int8_activations);
-        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I2);
+        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I2, rs);
         // Row j's output [j*I, (j+1)*I) never overlaps the unread input of rows >= j.
         for (int64_t j = 0; j < n; ++j) clamped_swiglu(g + j * I2, w.gate_bias, I2 / 2, g + j * (I2 / 2));
         break;
       }
     }
     matmul_rows(w.down, g, n, y + r0 * H, H, 0, H, options_.int8_activations);  // [n, H]
-    if (w.down.lora != nullptr) lora_add(w.down, g, n, y + r0 * H, H);
+    if (w.down.lora != nullptr) lora_add(w.down, g, n, y + r0 * H, H, rs);
     if (w.down_bias)
       for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias, H, y + (r0 + j) * H);
   };

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "ops/lora.h"
 #include "ops/matmul.h"
 
 namespace spool::ops {
@@ -27,6 +28,7 @@ void ReferenceBackend::matmul_multi(std::span<const MatmulOut> outs, const float
 
 void ReferenceBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0,
                                   const float* x, int64_t H, Activation act, float* y) {
+  const LoraRowScales* step_rows = lora_rows();  // per-row adapter scales of the step (ops/lora.h), if any
   for (size_t j = 0; j < experts.size(); ++j) {
     const ExpertMats& w = experts[j];
     const bool oai = act == Activation::kClampedSwiGLU;  // fused interleaved gate_up [2I, H], biases
@@ -34,6 +36,9 @@ void ReferenceBackend::expert_ffn(std::span<const ExpertMats> experts, const Exp
     std::vector<float> g(w.gate.rows), u(I), h(I);
     for (int64_t r = groups.first[g0 + j]; r < groups.first[g0 + j + 1]; ++r) {
       const float* xt = x + (groups.rows[r] / groups.K) * H;
+      LoraRowScales one;  // this token's row of the step's adapter scales
+      if (step_rows != nullptr) one = {step_rows->scales + (groups.rows[r] / groups.K) * step_rows->n_adapters, 1, step_rows->n_adapters};
+      const LoraRowsScope row_scope(step_rows != nullptr ? &one : nullptr);
       matmul_reference(w.gate, xt, 1, g.data());
       if (!oai) matmul_reference(w.up, xt, 1, u.data());
       for (int64_t i = 0; i < I; ++i) {

@@ -61,9 +61,11 @@ void HttpServer::handle_count_tokens(const std::string& body_text, httplib::Resp
 
 void HttpServer::handle_messages(const httplib::Request& req, const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
-  const AnthropicRequest a = parse_anthropic_request(parse_body(body_text), /*count_tokens=*/false);
+  const json body = parse_body(body_text);
+  const AnthropicRequest a = parse_anthropic_request(body, /*count_tokens=*/false);
   const uint64_t seed = next_seed();
   GenRequest parsed = parse_chat_request(a.chat, e.facts, seed);
+  parsed.lora = request_lora(e.facts.lora.get(), body);  // (the Messages body's own `lora` / `model`)
   parsed.parser.stop = a.stop_sequences;
   parsed.parser.id_prefix = "toolu_";
   auto g = std::make_shared<const GenRequest>(std::move(parsed));

@@ -200,9 +200,10 @@ void BatchEngine::loop() {
       Slot* best = nullptr;
       int64_t best_reuse = -1;
       const auto& prompt = queue_.front()->req_->prompt;
+      const std::string variant = lora_variant(model_, queue_.front()->req_->lora);  // (its adapters: reuse only under the same)
       for (auto& sp : slots_) {
         if (sp->ticket) continue;
-        const int64_t r = sp->cache.reusable(prompt);
+        const int64_t r = sp->cache.reusable(prompt, variant);
         if (r > best_reuse) {
           best_reuse = r;
           best = sp.get();
@@ -237,6 +238,7 @@ void BatchEngine::start(Slot& s) {
   const GenRequest& req = *s.ticket->req_;
   try {
     s.gen.emplace(req, tok_, model_.spec().vocab_size, opt_.tool_syntax_greedy);
+    s.cache.set_variant(lora_variant(model_, req.lora));  // a prefix computed with other adapters is not reused
     s.cached = s.fed = s.cache.begin(s.state, req.prompt);
     // The head continues from the reused prefix (its cache rows there are those of the run that
     // computed the prefix, or stale: drafts may then miss, the output stays exact).
@@ -279,14 +281,14 @@ void BatchEngine::step() {
     }
     if (s.row.size() > 1) {  // verify: every row's logits, every row's hidden state
       s.state.arm_step_trail();
-      batch.push_back({s.row, &s.state, models::LogitsMode::kAll, s.vlogits.data(), s.vhidden.data()});
+      batch.push_back({s.row, &s.state, models::LogitsMode::kAll, s.vlogits.data(), s.vhidden.data(), s.ticket->req_->lora});
     } else {
       float* h = nullptr;
       if (spec && !s.spec_off) {  // a plain step keeps its hidden row for the head
         s.hidden.resize(static_cast<size_t>((s.hidden_rows + 1) * H));
         h = s.hidden.data() + s.hidden_rows * H;
       }
-      batch.push_back({s.row, &s.state, models::LogitsMode::kLast, s.logits.data(), h});
+      batch.push_back({s.row, &s.state, models::LogitsMode::kLast, s.logits.data(), h, s.ticket->req_->lora});
     }
     who.push_back(&s);
   }
@@ -308,7 +310,8 @@ void BatchEngine::step() {
       h = pre->hidden.data() + pre->hidden_rows * H;
     }
     batch.push_back({std::span<const int32_t>(prompt.data() + pre->fed, static_cast<size_t>(pre_end - pre->fed)), &pre->state,
-                     pre_end == len ? models::LogitsMode::kLast : models::LogitsMode::kNone, pre->logits.data(), h});
+                     pre_end == len ? models::LogitsMode::kLast : models::LogitsMode::kNone, pre->logits.data(), h,
+                     pre->ticket->req_->lora});  // (each sequence its own adapters: ops/lora.h per-row scales)
     who.push_back(pre);
   }
   if (batch.empty()) return;
@@ -441,6 +444,7 @@ void BatchEngine::head_follow_prompt(Slot& s) {
   m.state = &s.state;
   m.pos0 = p0;
   m.mode = models::LogitsMode::kNone;
+  m.lora = s.ticket->req_->lora;
   model_.mtp_forward(m);
   s.state.mtp_pos = p0 + rows;
   std::copy(s.hidden.begin() + rows * H, s.hidden.begin() + s.hidden_rows * H, s.hidden.begin());
@@ -470,6 +474,7 @@ void BatchEngine::draft(Slot& s) {
   m.logits = s.qlogits.data();
   m.hidden_out = s.qhidden.data();
   m.vocab_limit = vocab;
+  m.lora = req.lora;
   model_.mtp_forward(m);
   s.hidden_rows = 0;
   std::copy(s.qhidden.end() - H, s.qhidden.end(), s.qhidden.begin());

@@ -160,21 +160,23 @@ void DiskCache::index_file(const std::string& path) {
   entries_.push_back(std::move(e));
 }
 
-int DiskCache::best_index_locked(std::span<const int32_t> prompt, int64_t limit) const {
+std::string DiskCache::fingerprint_of(const std::string& variant) const { return variant.empty() ? fp_ : fp_ + "+lora:" + variant; }
+
+int DiskCache::best_index_locked(std::span<const int32_t> prompt, int64_t limit, const std::string& fp) const {
   int best = -1;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     const int64_t n = static_cast<int64_t>(e.tokens.size());
-    if (e.fingerprint != fp_ || n > limit || n > static_cast<int64_t>(prompt.size())) continue;
+    if (e.fingerprint != fp || n > limit || n > static_cast<int64_t>(prompt.size())) continue;
     if (best >= 0 && n <= static_cast<int64_t>(entries_[best].tokens.size())) continue;
     if (std::equal(e.tokens.begin(), e.tokens.end(), prompt.begin())) best = static_cast<int>(i);
   }
   return best;
 }
 
-int64_t DiskCache::best_match(std::span<const int32_t> prompt, int64_t limit) const {
+int64_t DiskCache::best_match(std::span<const int32_t> prompt, int64_t limit, const std::string& variant) const {
   std::lock_guard lock(mu_);
-  const int i = best_index_locked(prompt, limit);
+  const int i = best_index_locked(prompt, limit, fingerprint_of(variant));
   return i < 0 ? 0 : static_cast<int64_t>(entries_[i].tokens.size());
 }
 
@@ -200,9 +202,10 @@ void DiskCache::touch_locked(size_t i) {
   if (!f) log_warn("disk cache: cannot update the access counter of %s", e.path.c_str());
 }
 
-int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::State& state) {
+int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::State& state, const std::string& variant) {
   std::lock_guard lock(mu_);
-  const int i = best_index_locked(prompt, limit);
+  const std::string want = fingerprint_of(variant);
+  const int i = best_index_locked(prompt, limit, want);
   if (i < 0) return 0;
   const Entry& e = entries_[i];
   std::string data;
@@ -218,7 +221,7 @@ int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::
   size_t need = 0;
   const size_t off = parse_head(data, data.size(), fp, tokens, access, need);
   // parse_head guarantees the checksum's 8 bytes after the tokens.
-  if (!off || fp != fp_ || tokens != e.tokens ||
+  if (!off || fp != want || tokens != e.tokens ||
       get_u64(data.data() + data.size() - 8) != checksum64(std::string_view(data).substr(kHeaderAt, data.size() - 8 - kHeaderAt))) {
     drop_locked(i, true);
     return 0;
@@ -237,14 +240,16 @@ int64_t DiskCache::load(std::span<const int32_t> prompt, int64_t limit, models::
   return n;
 }
 
-void DiskCache::save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at) {
+void DiskCache::save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at,
+                     const std::string& variant) {
+  const std::string fp = fingerprint_of(variant);
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n <= 0) return;
   if (at.pos() != n) {
     log_warn("disk cache: not saved: the snapshot is at position %lld, not after the %lld tokens given", (long long)at.pos(), (long long)n);
     return;
   }
-  std::string name = hex64(checksum64(fp_ + std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4))) + kExt;
+  std::string name = hex64(checksum64(fp + std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4))) + kExt;
   const std::string path = (fs::path(dir_) / name).string();
   {
     std::lock_guard lock(mu_);
@@ -253,7 +258,7 @@ void DiskCache::save(std::span<const int32_t> tokens, const models::State& state
   }
   std::string out(kMagic, 8);
   put_u64(out, 0);  // access counter, set below
-  const std::string header = nlohmann::json{{"fingerprint", fp_}, {"tokens", static_cast<uint64_t>(n)}}.dump();
+  const std::string header = nlohmann::json{{"fingerprint", fp}, {"tokens", static_cast<uint64_t>(n)}}.dump();
   put_u64(out, header.size());
   out += header;
   out.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
@@ -280,7 +285,7 @@ void DiskCache::save(std::span<const int32_t> tokens, const models::State& state
   std::lock_guard lock(mu_);
   Entry e;
   e.path = path;
-  e.fingerprint = fp_;
+  e.fingerprint = fp;
   e.tokens.assign(tokens.begin(), tokens.end());
   e.size = out.size();
   e.access = access;
@@ -289,10 +294,11 @@ void DiskCache::save(std::span<const int32_t> tokens, const models::State& state
   evict_locked();
 }
 
-uint64_t DiskCache::last_use(std::span<const int32_t> tokens) const {
+uint64_t DiskCache::last_use(std::span<const int32_t> tokens, const std::string& variant) const {
   std::lock_guard lock(mu_);
+  const std::string fp = fingerprint_of(variant);
   for (const Entry& e : entries_)
-    if (e.fingerprint == fp_ && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) return e.access;
+    if (e.fingerprint == fp && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) return e.access;
   return 0;
 }
 

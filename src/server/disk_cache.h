@@ -55,24 +55,27 @@ class DiskCache {
   DiskCache(std::string dir, uint64_t budget_bytes, std::string fingerprint);
 
   /// Length of the longest snapshot of this model whose tokens are a prefix of
-  /// prompt[0, limit); 0 if none.
-  int64_t best_match(std::span<const int32_t> prompt, int64_t limit) const;
+  /// prompt[0, limit); 0 if none. `variant` (every method): what else the state depends on
+  /// beyond the model fingerprint (the request's LoRA adapters and scales,
+  /// lora::LoraSet::fingerprint; "" = none): only snapshots saved with the same one match.
+  int64_t best_match(std::span<const int32_t> prompt, int64_t limit, const std::string& variant = "") const;
 
   /// Loads the snapshot best_match() names into `state` (State::deserialize: state.pos = n)
   /// and returns n, bumping its access counter; returns 0, deleting the file, when it is
   /// missing or fails a check (checksum, then the whole state image, are verified before `state`
   /// is touched: it is then left as it was).
-  int64_t load(std::span<const int32_t> prompt, int64_t limit, models::State& state);
+  int64_t load(std::span<const int32_t> prompt, int64_t limit, models::State& state, const std::string& variant = "");
 
   /// Writes a snapshot of tokens[0, n) from `state` at snapshot `at` (at.pos() == n; see
   /// State::serialize(at, ...)), or bumps the access counter of the one that exists; then evicts
   /// down to the budget. A snapshot larger than the budget is not written. I/O and state errors
   /// are logged, not thrown (the cache is an optimisation).
-  void save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at);
+  void save(std::span<const int32_t> tokens, const models::State& state, const models::StateSnapshot& at,
+            const std::string& variant = "");
 
   /// Access counter of this model's snapshot of exactly `tokens` (larger = used more recently);
   /// 0 when there is none. For tests and debugging.
-  uint64_t last_use(std::span<const int32_t> tokens) const;
+  uint64_t last_use(std::span<const int32_t> tokens, const std::string& variant = "") const;
 
   /// The counters, with files and bytes counted now.
   DiskCacheStats stats() const;
@@ -91,7 +94,8 @@ class DiskCache {
   void evict_locked();
   void drop_locked(size_t i, bool corrupt);
   void touch_locked(size_t i);
-  int best_index_locked(std::span<const int32_t> prompt, int64_t limit) const;
+  int best_index_locked(std::span<const int32_t> prompt, int64_t limit, const std::string& fp) const;
+  std::string fingerprint_of(const std::string& variant) const;  // fp_ with the variant
 
   std::string dir_;
   uint64_t budget_;

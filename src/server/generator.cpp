@@ -138,6 +138,8 @@ GenResult Generator::run(const GenRequest& req, const std::function<bool(const G
   cancelled.cancelled = true;
   cancelled.prompt_tokens = static_cast<int64_t>(req.prompt.size());
   double t0 = now_seconds();
+  session_.set_lora(req.lora);  // this request's adapters; prefix reuse only under the same
+  cache_.set_variant(lora_variant(session_.model(), req.lora));
   const int64_t reused = cache_.prefill(session_, req.prompt, alive);
   const double prefill_s = now_seconds() - t0;
   if (reused < 0) return cancelled;

@@ -23,6 +23,13 @@ json model_json(const ServingEngine& e) {
   return json{{"id", e.facts.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spool"}, {"max_model_len", e.facts.ctx_size}};
 }
 
+// A LoRA adapter as a model (its name selects it: LoraAdapters::for_request), on the base.
+json adapter_model_json(const ServingEngine& e, size_t id) {
+  const LoraAdapters::Info& a = e.facts.lora->adapters()[id];
+  return json{{"id", a.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spool"}, {"max_model_len", e.facts.ctx_size},
+              {"parent", e.facts.name}, {"root", a.path}, {"lora_id", id}};
+}
+
 bool equal_const_time(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
@@ -218,13 +225,23 @@ void HttpServer::routes() {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, json{{"object", "list"}, {"data", json::array({model_json(engine_or_503())})}});
+    const ServingEngine& e = engine_or_503();
+    json data = json::array({model_json(e)});
+    if (e.facts.lora)  // the LoRA adapters, by name (a request's `model` naming one selects it)
+      for (size_t i = 0; i < e.facts.lora->size(); ++i) data.push_back(adapter_model_json(e, i));
+    send_json(res, 200, json{{"object", "list"}, {"data", data}});
   });
   s.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
     const ServingEngine& e = engine_or_503();
     const std::string id = req.matches[1];
-    if (id != e.facts.name) throw ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model");
-    send_json(res, 200, model_json(e));
+    if (id == e.facts.name) return send_json(res, 200, model_json(e));
+    if (const int a = e.facts.lora ? e.facts.lora->find(id) : -1; a >= 0) return send_json(res, 200, adapter_model_json(e, static_cast<size_t>(a)));
+    throw ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model");
+  });
+  // llama-server's LoRA routes: the adapters with their default scales; POST sets those.
+  s.Get("/lora-adapters", [this](const httplib::Request&, httplib::Response& res) {
+    const ServingEngine& e = engine_or_503();
+    send_json(res, 200, e.facts.lora ? e.facts.lora->list_json() : json::array());
   });
   // POST routes read the body themselves: httplib's own reader answers 413 to a form-encoded
   // body over 8 KB (a limit built into the shared library), and `curl -d` sends JSON as
@@ -261,10 +278,30 @@ void HttpServer::routes() {
   s.Get("/v1/responses/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) { handle_get_response(req.matches[1], res); });
   s.Delete("/v1/responses/([^/]+)",
            [this](const httplib::Request& req, httplib::Response& res) { handle_delete_response(req.matches[1], res); });
+  post("/lora-adapters", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    handle_set_lora(body, res);
+  });
   post("/tokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_tokenize(body, res); });
   post("/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_detokenize(body, res); });
   post("/apply-template",
        [this](const httplib::Request&, const std::string& body, httplib::Response& res) { handle_apply_template(body, res); });
+}
+
+void HttpServer::handle_set_lora(const std::string& body_text, httplib::Response& res) {
+  ServingEngine& e = engine_or_503();
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& ex) {
+    throw bad_request(std::string("the body is not valid JSON: ") + ex.what());
+  }
+  if (!e.facts.lora) {
+    if (!body.is_array()) throw bad_request("the body must be an array of {\"id\", \"scale\"} objects", "lora");
+    if (!body.empty()) throw bad_request("the server runs no LoRA adapters (spool serve --lora FILE)", "lora");
+  } else {
+    e.facts.lora->set_defaults(body);
+  }
+  send_json(res, 200, json{{"success", true}});
 }
 
 void HttpServer::handle_tokenize(const std::string& body_text, httplib::Response& res) {

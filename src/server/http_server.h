@@ -2,7 +2,8 @@
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (JSON or SSE),
 // GET / DELETE /v1/responses/{id} (stored responses, responses_store.h), GET /v1/models,
-// GET /v1/models/{id}, GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize,
+// GET /v1/models/{id} (the base model and each --lora adapter by name), GET / POST /lora-adapters
+// (llama-server's: the adapters and their default scales; server/lora_adapters.h), GET /health (503 while loading), GET /metrics (Prometheus), POST /tokenize,
 // /detokenize, /apply-template; the Anthropic Messages API's POST /v1/messages and
 // /v1/messages/count_tokens. Every error is an OpenAI error object with a 4xx/5xx status (an
 // Anthropic error object under /v1/messages); with an API key, every route but /health needs
@@ -119,6 +120,8 @@ class HttpServer {
   void handle_responses(const httplib::Request& req, const std::string& body, httplib::Response& res);  // responses_http.cpp
   void handle_get_response(const std::string& id, httplib::Response& res);
   void handle_delete_response(const std::string& id, httplib::Response& res);
+  /// POST /lora-adapters: [{"id", "scale"}] sets the default scales (LoraAdapters::set_defaults).
+  void handle_set_lora(const std::string& body, httplib::Response& res);
   void handle_tokenize(const std::string& body, httplib::Response& res);
   void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_apply_template(const std::string& body, httplib::Response& res);

@@ -6,7 +6,7 @@ namespace spool::server {
 
 std::string route_label(const std::string& path) {
   static const char* kRoutes[] = {"/health",        "/metrics",     "/v1/models", "/v1/chat/completions", "/v1/completions",
-                                  "/tokenize",      "/detokenize",  "/apply-template"};
+                                  "/tokenize",      "/detokenize",  "/apply-template", "/lora-adapters"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.starts_with("/v1/models/")) return "/v1/models/{id}";

@@ -55,8 +55,8 @@ int64_t PromptCache::begin(models::State& st, std::span<const int32_t> prompt) {
   // A disk snapshot reaching further replaces the state. DiskCache::load checks the file before
   // it touches `st`, so a corrupt one (0) leaves the state and the memory checkpoints usable:
   // the memory checkpoint is restored below as if there were no disk cache.
-  if (disk_ && disk_->best_match(prompt, n - 1) > from) {
-    const int64_t got = disk_->load(prompt, n - 1, st);
+  if (disk_ && disk_->best_match(prompt, n - 1, variant_) > from) {
+    const int64_t got = disk_->load(prompt, n - 1, st, variant_);
     if (got > from) {
       // Memory checkpoints stay valid up to where the old tokens agree with the new prompt.
       std::erase_if(cps_, [&](const models::StateSnapshot& c) { return c.pos() > std::min(lcp, got); });
@@ -87,8 +87,19 @@ int64_t PromptCache::begin(models::State& st, std::span<const int32_t> prompt) {
   return from;
 }
 
-int64_t PromptCache::reusable(std::span<const int32_t> prompt) const {
-  if (prompt.empty()) return 0;
+std::string lora_variant(const models::Model& model, const std::vector<float>& scales) {
+  if (model.lora == nullptr || model.lora->empty()) return "";
+  return scales.empty() ? model.lora->fingerprint() : model.lora->fingerprint(scales);
+}
+
+void PromptCache::set_variant(const std::string& variant) {
+  if (variant == variant_) return;
+  clear();
+  variant_ = variant;
+}
+
+int64_t PromptCache::reusable(std::span<const int32_t> prompt, const std::string& variant) const {
+  if (prompt.empty() || variant != variant_) return 0;
   const int64_t lcp = std::mismatch(tokens_.begin(), tokens_.end(), prompt.begin(), prompt.end()).first - tokens_.begin();
   return std::min<int64_t>(lcp, static_cast<int64_t>(prompt.size()) - 1);
 }
@@ -100,7 +111,7 @@ void PromptCache::chunk_done(const models::State& st, std::span<const int32_t> i
 
 void PromptCache::done(const models::State& st) {
   if (disk_ && !cps_.empty() && cps_.back().pos() > saved_ && cps_.back().pos() > 0)
-    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos()), st, cps_.back());
+    disk_->save(std::span<const int32_t>(tokens_).first(cps_.back().pos()), st, cps_.back(), variant_);
 }
 
 void PromptCache::abort(models::State& st) {

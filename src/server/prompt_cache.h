@@ -17,12 +17,18 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/session.h"
 #include "server/disk_cache.h"
 
 namespace spool::server {
+
+/// The PromptCache variant of a sequence that runs `model` with LoRA user scales `scales`
+/// (models::SeqStep::lora; empty = the adapters' defaults): lora::LoraSet::fingerprint, ""
+/// without adapters or when every scale is 0 (the base model's states).
+std::string lora_variant(const models::Model& model, const std::vector<float>& scales);
 
 /// Prefix reuse for one Session: the tokens its state holds, state snapshots at chunk
 /// boundaries, and the optional DiskCache. Not thread-safe (one per sequence, used by one thread).
@@ -53,9 +59,16 @@ class PromptCache {
   void done(const models::State& st);
   /// Forgets everything and resets `st` (a cancelled or failed prefill).
   void abort(models::State& st);
-  /// Prompt tokens a prefill of `prompt` could reuse from memory (longest common prefix with
-  /// the tokens the state holds, capped at prompt.size() - 1); for choosing among slots.
-  int64_t reusable(std::span<const int32_t> prompt) const;
+  /// Prompt tokens a prefill of `prompt` under `variant` (see set_variant) could reuse from
+  /// memory (longest common prefix with the tokens the state holds, capped at prompt.size() -
+  /// 1; 0 under another variant); for choosing among slots.
+  int64_t reusable(std::span<const int32_t> prompt, const std::string& variant = "") const;
+  /// What the next prompts' states depend on besides the model (the request's LoRA adapters
+  /// and scales, lora::LoraSet::fingerprint; "" = none). Another variant than the current one
+  /// forgets the memory checkpoints and held tokens (a prefix computed with adapter X is never
+  /// reused for Y) and keys the disk snapshots (DiskCache `variant`). Call before begin().
+  void set_variant(const std::string& variant);
+  const std::string& variant() const { return variant_; }
   /// The prefill chunk (checkpoint spacing).
   int64_t step() const { return step_; }
 
@@ -76,6 +89,7 @@ class PromptCache {
   int64_t step_;
   size_t max_cps_;
   DiskCache* disk_;
+  std::string variant_;           // set_variant
   int64_t saved_ = -1;            // position of the disk snapshot loaded or saved by this prefill
   std::vector<int32_t> tokens_;   // tokens whose effect the session state holds (state.pos == size)
   std::vector<models::StateSnapshot> cps_;  // KV-less; ascending pos, multiples of step_ <= tokens_.size()

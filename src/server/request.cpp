@@ -65,6 +65,7 @@ void parse_common(const json& b, const ModelFacts& f, GenRequest& r, uint64_t se
     if (!it->is_object() || it->value("type", "") != "text")
       throw bad_request("response_format other than {\"type\": \"text\"} is only supported by /v1/chat/completions", "response_format");
   }
+  r.lora = request_lora(f.lora.get(), b);  // `lora` / a `model` naming an adapter / the defaults
   engine::SamplingParams& p = r.sampling;
   p = f.defaults;
   if (auto v = get_number(b, "temperature", 0, 2)) p.temperature = static_cast<float>(*v);

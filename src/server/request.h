@@ -12,6 +12,7 @@
 #include "constrain/token_mask.h"
 #include "engine/sampler.h"
 #include "server/chat_prompt.h"
+#include "server/lora_adapters.h"
 #include "server/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
@@ -32,6 +33,8 @@ struct ModelFacts {
   /// Vocabulary index for constrained decoding, built on first use (null: built per request from
   /// `tok`, for tests).
   std::shared_ptr<constrain::LazyTokenIndex> token_index;
+  /// The LoRA adapters served (--lora) and their default scales; null: none.
+  std::shared_ptr<LoraAdapters> lora;
 };
 
 /// One generation as the engine runs it.
@@ -59,6 +62,9 @@ struct GenRequest {
   /// and the vocabulary index its token masks are computed on.
   std::shared_ptr<const constrain::Constraint> constraint;
   std::shared_ptr<const constrain::TokenIndex> constraint_index;
+  /// The LoRA user scale of each adapter the server runs (ModelFacts::lora order, 0 = off) for
+  /// this request (LoraAdapters::for_request); empty: the adapters' defaults (or none loaded).
+  std::vector<float> lora;
 };
 
 /// Parses a /v1/chat/completions body (rendering the chat template). `seed_source` gives the

@@ -50,7 +50,9 @@ void HttpServer::handle_responses(const httplib::Request& req, const std::string
   const uint64_t seed = next_seed();
   std::shared_ptr<const GenRequest> g;
   try {
-    g = std::make_shared<const GenRequest>(parse_chat_request(responses_chat_body(rr, history, e.facts.chat.source), e.facts, seed));
+    GenRequest parsed = parse_chat_request(responses_chat_body(rr, history, e.facts.chat.source), e.facts, seed);
+    parsed.lora = request_lora(e.facts.lora.get(), body);  // (the Responses body's own `lora` / `model`)
+    g = std::make_shared<const GenRequest>(std::move(parsed));
   } catch (const ApiError& ex) {
     throw as_responses_error(ex);
   }

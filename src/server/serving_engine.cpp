@@ -50,15 +50,19 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     }
     f.chat.tool_syntax = cf->id;
   }
+  if (l.lora != nullptr && !l.lora->empty()) {  // --lora: ids in order, names, default scales (server/lora_adapters.h)
+    std::vector<LoraAdapters::Info> info;
+    for (const lora::Adapter& a : l.lora->adapters()) info.push_back({a.name, a.path});
+    f.lora = std::make_shared<LoraAdapters>(std::move(info), l.lora->scales());
+  }
   f.chat.special_tokens = tmpl::special_tokens_from_config(nlohmann::ordered_json(l.tok->config()));
   f.chat.default_kwargs = opt.template_kwargs;
   e->session = std::make_unique<engine::Session>(*l.model);
   if (!opt.disk_cache_dir.empty()) {
     if (!(opt.disk_cache_budget_gb > 0)) throw UsageError("--disk-cache-budget-gb must be > 0");
     const uint64_t budget = static_cast<uint64_t>(opt.disk_cache_budget_gb * 1e9);
-    // (--lora: the adapters change every state, so they are part of the identity)
-    std::string fp = model_fingerprint(*l.ckpt, opt.kv_bits, opt.prefill_step, opt.max_active_experts);
-    if (l.lora != nullptr) fp += "-lora" + l.lora->fingerprint();
+    // (--lora: each request's adapters and scales key its snapshots: PromptCache::set_variant)
+    const std::string fp = model_fingerprint(*l.ckpt, opt.kv_bits, opt.prefill_step, opt.max_active_experts);
     e->disk = std::make_unique<DiskCache>(opt.disk_cache_dir, budget, fp);
   }
   e->cache = std::make_unique<PromptCache>(opt.prefill_step, opt.cache_checkpoints, e->disk.get());
