@@ -98,7 +98,7 @@ const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int6
       std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(m.rank * rows));  // B^T [rank, rows]
       for (int64_t o = 0; o < rows; ++o)
         for (int64_t k = 0; k < m.rank; ++k) bt[k * rows + o] = m.b[o * m.rank + k];
-      d.terms.push_back({m.a.data(), bt.data(), m.rank, m.scale, 0, static_cast<int>(ai), &scales_[ai]});
+      d.terms.push_back({m.a.data(), bt.data(), m.rank, m.scale, rows, static_cast<int>(ai), &scales_[ai]});
     }
   }
   if (d.terms.empty()) return nullptr;
