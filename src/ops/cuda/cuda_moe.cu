@@ -59,6 +59,34 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
   }
 }
 
+// The n best of v [E] not yet taken, best first, into sel (ties and -inf: the lower index, as
+// the host's sorts), marking them taken; every thread of the block calls it (shared v, taken).
+__device__ void block_top_n(const float* v, unsigned char* taken, int E, int n, int* sel) {
+  __shared__ float wv[32];
+  __shared__ int wi[32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int s = 0; s < n; ++s) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!taken[e]) better(bv, bi, v[e], e);
+    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) {
+      wv[wid] = bv;
+      wi[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float b = wv[0];
+      int i = wi[0];
+      for (int w = 1; w < nw; ++w) better(b, i, wv[w], wi[w]);
+      sel[s] = i;
+      taken[i] = 1;
+    }
+    __syncthreads();
+  }
+}
+
 // One block per token: softmax over E logits, the k best (ties: lower id), their probabilities
 // (renormalised over the k when asked) and the margin p_k - p_{k+1}. Selection compares logits
 // (same order as the probabilities). Dynamic smem: E floats + E bytes.
@@ -69,8 +97,6 @@ __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids
   float* l = sm;
   unsigned char* taken = reinterpret_cast<unsigned char*>(sm + E);
   __shared__ int sel[kMaxTopK + 1];
-  __shared__ float wv[32];
-  __shared__ int wi[32];
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * E;
   float mx = -INFINITY;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -83,27 +109,7 @@ __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids
   for (int e = threadIdx.x; e < E; e += blockDim.x) z += expf(l[e] - mx);
   z = block_sum(z);
   const int n_sel = k < E ? k + 1 : k;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int s = 0; s < n_sel; ++s) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-      if (!taken[e]) better(bv, bi, l[e], e);
-    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    if (lane == 0) {
-      wv[wid] = bv;
-      wi[wid] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float v = wv[0];
-      int i = wi[0];
-      for (int w = 1; w < nw; ++w) better(v, i, wv[w], wi[w]);
-      sel[s] = i;
-      taken[i] = 1;
-    }
-    __syncthreads();
-  }
+  block_top_n(l, taken, E, n_sel, sel);
   if (threadIdx.x == 0) {
     const int64_t t = blockIdx.x;
     float kept = 0.0f;
@@ -131,8 +137,6 @@ __global__ void k_route_grouped(const float* logits, int E, int k, bool sigmoid,
   float* s2 = sm + E;
   unsigned char* taken = reinterpret_cast<unsigned char*>(sm + 2 * E);
   __shared__ int sel[kMaxTopK + 1];
-  __shared__ float wv[32];
-  __shared__ int wi[32];
   __shared__ float gs[kMaxRouteGroups];
   __shared__ unsigned char keep[kMaxRouteGroups];
   __shared__ double zsum;
@@ -188,29 +192,7 @@ __global__ void k_route_grouped(const float* logits, int E, int k, bool sigmoid,
     __syncthreads();
   }
   const int n_sel = margins != nullptr && k < E ? k + 1 : k;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int s = 0; s < n_sel; ++s) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-      if (!taken[e]) better(bv, bi, s2[e], e);
-    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    if (lane == 0) {
-      wv[wid] = bv;
-      wi[wid] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float v = wv[0];
-      int i = wi[0];
-      for (int w = 1; w < nw; ++w) better(v, i, wv[w], wi[w]);
-      if (i == INT_MAX)  // every remaining s' is -inf: the lowest id not taken (the host's sort order)
-        for (i = 0; taken[i]; ++i) {}
-      sel[s] = i;
-      taken[i] = 1;
-    }
-    __syncthreads();
-  }
+  block_top_n(s2, taken, E, n_sel, sel);
   if (threadIdx.x == 0) {
     const int64_t t = blockIdx.x;
     double z = 0.0;
