@@ -1,6 +1,7 @@
 #include "server/lora_adapters.h"
 
 #include <cmath>
+#include <limits>
 
 #include "common/error.h"
 #include "server/api_error.h"
@@ -52,7 +53,8 @@ std::vector<float> LoraAdapters::parse_scales(const json& v, const std::string& 
                         param);
     float scale = 0.0f;
     if (auto s = e.find("scale"); s != e.end()) {
-      if (!s->is_number() || !std::isfinite(s->get<double>())) throw bad_request(where + ".scale must be a number", param);
+      if (!s->is_number() || !std::isfinite(s->get<double>()) || std::fabs(s->get<double>()) > std::numeric_limits<float>::max())
+        throw bad_request(where + ".scale must be a finite number", param);
       scale = static_cast<float>(s->get<double>());
     }
     out[static_cast<size_t>(i)] = scale;

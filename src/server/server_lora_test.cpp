@@ -353,6 +353,7 @@ TEST(ServerLoraHttp, BadLoraFieldIs400InEachApisShape) {
       lora_field(2, 1),                                                   // no adapter 2
       lora_field(-1, 1),                                                  // negative id
       nlohmann::ordered_json::array({{{"id", 0}, {"scale", "high"}}}),    // non-numeric scale
+      nlohmann::ordered_json::array({{{"id", 0}, {"scale", 1e39}}}),       // beyond float: would run at inf
       nlohmann::ordered_json::array({{{"id", "0"}, {"scale", 1}}}),       // id not an integer
       nlohmann::ordered_json::array({{{"id", 0.5}, {"scale", 1}}}),       // id not an integer
       nlohmann::ordered_json({{"id", 0}, {"scale", 1}}),                  // not an array

@@ -2,9 +2,9 @@
 // CudaOpScope (scratch reset, SPOOL_CUDA_SYNC, SPOOL_CUDA_PROFILE) around the op's function in its
 // family's file (cuda_internal.h lists them). See cuda_backend.h for the memory model.
 //
-// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8): q4 weights by k_gemv_quant (input built in
-// shared memory by a fused prologue — gather, SwiGLU, Hadamard rotation — then 16-byte weight loads),
-// f16/bf16 by k_gemv_16, other code widths by the element-wise k_gemv. MoE experts in q4 run as two
+// One kernel per op, f32 accumulation. Decode GEMVs (T <= 8): packed codes (q2..q8) by k_gemv_quant (input
+// built in shared memory by a fused prologue — gather, SwiGLU, Hadamard rotation — then chunk loads of 4 x bits
+// bytes), f16/bf16 by k_gemv_16, ternary by the element-wise k_gemv. MoE experts in a packed format run as two
 // grouped k_gemv_quant launches per layer (prefill too, in jobs of <= 8 rows); with every expert readable
 // by the GPU the routing stays on the device (expert_ffn_routed) and KV rows are written on the device
 // (kv_append defers the host copy). Known slow spots: dense T > 8 products dequantize W into scratch
@@ -173,6 +173,10 @@ void CudaBackend::add_bias(float* y, const float* b, int64_t rows, int64_t n) {
 
 void CudaBackend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
                                       float* margins) {
+  if (k > cu::kMaxDeviceTopK || r.n_group > cu::kMaxDeviceRouteGroups) {  // beyond the kernel's shared arrays: the host's
+    Backend::route_grouped_top_k(logits, T, E, k, r, ids, weights, margins);
+    return;
+  }
   CudaOpScope scope(*impl_, __func__, strict_device());
   cu::route_grouped_top_k(*impl_, logits, T, E, k, r, ids, weights, margins);
 }

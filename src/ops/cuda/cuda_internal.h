@@ -531,6 +531,8 @@ void expert_ffn_routed(CudaBackend::Impl& I, const void* table, const float* x, 
     float* out, const ExpertMats* shared, float* shared_out);
 void route_softmax_top_k(CudaBackend::Impl& I, float* logits, int64_t T, int E, int k, bool renormalize, int* ids, float* weights,
     float* margins);
+// (k <= kMaxDeviceTopK and n_group <= kMaxDeviceRouteGroups; CudaBackend sends other routers to the host.)
+constexpr int kMaxDeviceTopK = 64, kMaxDeviceRouteGroups = 64;
 void route_grouped_top_k(CudaBackend::Impl& I, const float* logits, int64_t T, int E, int k, const RouterParams& r, int* ids, float* weights,
     float* margins);
 void gelu_tanh_glu(CudaBackend::Impl& I, const float* gate, const float* up, int64_t n, float* out);
