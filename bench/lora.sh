@@ -23,7 +23,7 @@
 #   MODELS=demo R=10 bench/lora.sh
 #   MODELS=synth LAYERS=4 RANK=16 DIR=/tmp/x bench/lora.sh
 #
-# Environment: SPOOL_BIN (build/spool), MODELS ("demo synth"), ADAPTER, LAYERS ("2 4"), FULL_LAYERS (40), RANK (16),
+# Environment: SPOOL_BIN (build/spool), MODELS ("demo synth"), DEMO (build/models/spool-demo-moe), ADAPTER, LAYERS ("2 4"), FULL_LAYERS (40), RANK (16),
 # P (128), N (64), R (5), R_DEMO (R: the demo's repetitions; they are cheap), PARALLEL (1,4), DISTINCT (0,1,4), THREADS (nproc), DIR (/tmp/spool-lora-bench:
 # the synthetic model and adapter, kept between runs), OUT (bench/results/lora.md), PYTHON (python3:
 # the standard library only), SPOOL_FLAGS (added to every bench run), REPORT_ONLY (1: rewrite OUT from
@@ -35,6 +35,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SPOOL=${SPOOL_BIN:-build/spool}
 MODELS=${MODELS:-demo synth}
+DEMO=${DEMO:-build/models/spool-demo-moe}
 ADAPTER=${ADAPTER:-build/tests/data/lora/spool-demo-moe-dev}
 LAYERS=${LAYERS:-2 4}
 RANK=${RANK:-16}
@@ -72,7 +73,7 @@ for m in $MODELS; do
   case "$m" in
   demo)
     [ -f "$ADAPTER/adapter_config.json" ] || { echo "lora.sh: no adapter at $ADAPTER (build the spool_test_data target or set ADAPTER)"; exit 1; }
-    bench_model demo build/models/spool-demo-moe "$ADAPTER" "$R_DEMO"
+    bench_model demo "$DEMO" "$ADAPTER" "$R_DEMO"
     names+=("demo|spool-demo-moe (bf16, 8 layers), trained rank-8 adapter (attention, Gated DeltaNet, shared expert)|0")
     ;;
   synth)
