@@ -150,22 +150,25 @@ for name, label, layers in models:
     raw.append("")
 # Projection to the full depth: the lm_head and embedding (248k-token vocabulary) take most of a
 # few-layer synthetic's step, and carry no LoRA terms, so its tg cost understates the full model's.
-# With two depths L1 < L2: per-layer base time b = (t0(L2) - t0(L1)) / (L2 - L1), fixed time
-# h = t0(L1) - L1 b, per-layer LoRA time dD = (tD(L2) - t0(L2)) / L2; at depth F the cost is
-# 1 - (h + F b) / (h + F (b + dD)). Assumes every layer costs alike (the routed experts dominate; at
-# these short contexts attention and Gated DeltaNet layers are close).
+# Over the depths L measured, step time t0(L) = h + L b (least squares: fixed time h, per-layer base
+# time b) and tD(L) - t0(L) = L dD (least squares through 0: per-layer LoRA time dD); at depth F the
+# cost is 1 - (h + F b) / (h + F (b + dD)). Assumes every layer costs alike (the routed experts
+# dominate; at these short contexts attention and Gated DeltaNet layers are close). Each depth is its
+# own invocation: b carries the noise between them, dD only that within one.
 if len(synth) >= 2:
-    L1, L2 = min(synth), max(synth)
-    summary += ["", f"Projected to {full} layers (from the {L1}- and {L2}-layer runs; see bench/lora.sh):", "",
+    Ls = sorted(synth)
+    summary += ["", f"Projected to {full} layers (from the {', '.join(map(str, Ls))}-layer runs; see bench/lora.sh):", "",
                 "| adapters distinct D | parallel | step ms, fixed (head) | step ms per layer | LoRA ms per layer | tg cost at "
                 f"{full} layers |", "|---:|---:|---:|---:|---:|---:|"]
-    for (D, n) in sorted(synth[L2], key=lambda k: (k[1], k[0])):
-        if D == 0 or (0, n) not in synth[L1]:
+    for (D, n) in sorted(synth[Ls[-1]], key=lambda k: (k[1], k[0])):
+        pts = [(L, synth[L][(0, n)], synth[L][(D, n)]) for L in Ls if (0, n) in synth[L] and (D, n) in synth[L]]
+        if D == 0 or len(pts) < 2:
             continue
-        t1, t2, tD = synth[L1][(0, n)], synth[L2][(0, n)], synth[L2][(D, n)]
-        b = (t2 - t1) / (L2 - L1)
-        h = t1 - L1 * b
-        dD = (tD - t2) / L2
+        mL = sum(p[0] for p in pts) / len(pts)
+        mt = sum(p[1] for p in pts) / len(pts)
+        b = sum((L - mL) * (t - mt) for L, t, _ in pts) / sum((L - mL) ** 2 for L, _, _ in pts)
+        h = mt - b * mL
+        dD = sum(L * (tD - t) for L, t, tD in pts) / sum(L * L for L, _, _ in pts)
         cost = 1 - (h + full * b) / (h + full * (b + dD))
         summary.append(f"| {D} | {n} | {1e3 * h:.1f} | {1e3 * b:.2f} | {1e3 * dD:.2f} | {100 * cost:+.1f}% |")
 table = "\n".join(summary)
