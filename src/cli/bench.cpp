@@ -13,12 +13,19 @@
 // any checkpoint, any size), so a synthetic checkpoint streams with real routing statistics:
 // pp test repetition r (-1 = warm-up) routes its prompt as trace tokens (r + 1) * n_prompt + i,
 // tg tests as experts::tg_trace_token() says (what `spool plan --trace` simulates).
+// --lora FILE[:SCALE] (repeatable) loads LoRA adapters applied unmerged (docs/lora.md); every row
+// runs them at their scales. --lora-distinct D1,D2,... instead runs each test once per D, with D
+// distinct adapters active in its batch (models::SeqStep::lora: sequence i runs adapter i mod D at
+// its --lora scale, every other adapter 0; D = 0: all off, the base cost with the adapters
+// loaded): rows "pp512 lora1", "tg128 x4 lora4", repetitions interleaved across the D rows of a
+// test (D1, D2, ..., then reversed), so drift of the machine's speed falls on all of them alike.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 
 #include "cli/common.h"
 #include "common/error.h"
@@ -43,6 +50,7 @@ struct BenchOptions {
   std::string output = "md";
   std::vector<int> parallel = {1};  // concurrent sequences of the tg tests
   std::string routing_trace;        // --routing-trace: replay this trace's routing
+  std::vector<int> lora_distinct;   // --lora-distinct: each D runs every row with D distinct adapters
 };
 
 // --routing-trace: the trace, its map onto the model, and the trace token of each row of the
@@ -86,6 +94,7 @@ struct Result {
   std::string test;
   int n_prompt = 0, n_gen = 0;
   int n_seqs = 1;          // sequences decoded together (tg)
+  int lora_distinct = -1;  // --lora-distinct: distinct adapters active in the batch (-1: not given)
   std::vector<double> ts;  // tokens per second per repetition (all sequences together)
   double hit_rate = 1.0, bytes_per_token = 0, experts_per_token = 0;
   double stall_s = 0;                                 // disk waits of the timed repetitions
@@ -141,70 +150,113 @@ void set_expert_columns(Result& r, const Loaded& l, const ExpertWindow& w, doubl
   }
 }
 
-// One pp (n_gen == 0) or tg (n_prompt == 0, n_seqs sequences together) test: warm-up + reps
-// timed runs.
-Result run_test(Loaded& l, int n_prompt, int n_gen, int reps, int64_t step, int n_seqs = 1, Replay* replay = nullptr) {
-  models::Model& m = *l.model;
-  const int64_t V = m.spec().vocab_size;
-  std::vector<float> logits(V);
-  std::mt19937_64 rng(1234);
+// One row of the table: a pp (n_gen == 0) or tg (n_prompt == 0, n_seqs sequences together)
+// test, with the per-sequence LoRA scales of --lora-distinct D. Its token ids come from its own
+// generator (seed 1234, as every row's), so the rows of one test see the same ids whatever the
+// order their repetitions run in.
+struct Row {
   Result r;
+  std::mt19937_64 rng{1234};
+  std::vector<std::vector<float>> lora;  // [n_seqs][adapters]: SeqStep::lora; empty = the adapters' defaults
+  ExpertWindow w;                        // expert-tier counters of its timed repetitions
+};
+
+// The SeqStep::lora of sequence q of a row, or an empty span (the defaults).
+std::span<const float> lora_of(const Row& row, int q) {
+  return row.lora.empty() ? std::span<const float>() : std::span<const float>(row.lora[static_cast<size_t>(q)]);
+}
+
+// The row of a pp (n_gen == 0) or tg test over n_seqs sequences with `distinct` adapters
+// (--lora-distinct: sequence q runs adapter q mod D at its default scale defaults[q mod D], every
+// other adapter at 0; D = 0: all off; -1: no --lora-distinct, every sequence at the defaults and
+// no test-name suffix).
+Row make_row(int n_prompt, int n_gen, int n_seqs, int distinct, const std::vector<float>& defaults) {
+  Row row;
+  Result& r = row.r;
   r.n_prompt = n_prompt;
   r.n_gen = n_gen;
   r.n_seqs = n_seqs;
+  r.lora_distinct = distinct;
   r.test = n_gen == 0 ? strfmt("pp%d", n_prompt) : n_seqs == 1 ? strfmt("tg%d", n_gen) : strfmt("tg%d x%d", n_gen, n_seqs);
-  TierStats before{};
-  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
-    if (rep == 0) before = stats_snapshot(l);
-    models::State st = m.new_state();
-    double dt = 0;
-    if (n_gen == 0) {
-      const std::vector<int32_t> ids = random_ids(rng, n_prompt, V);
-      const double t0 = now_seconds();
-      for (int64_t i = 0; i < n_prompt; i += step) {
-        const int64_t n = std::min<int64_t>(step, n_prompt - i);
-        if (replay) {
-          replay->rows.resize(static_cast<size_t>(n));
-          for (int64_t j = 0; j < n; ++j) replay->rows[j] = (static_cast<int64_t>(rep + 1) * n_prompt + i + j) % replay->trace.n_tokens;
-        }
-        m.forward(std::span<const int32_t>(ids.data() + i, n), st, i + n == n_prompt ? models::LogitsMode::kLast : models::LogitsMode::kNone,
-                  logits.data());
-      }
-      dt = now_seconds() - t0;
-    } else if (n_seqs == 1) {
-      const std::vector<int32_t> ids = random_ids(rng, n_gen, V);
-      const double t0 = now_seconds();
-      for (int i = 0; i < n_gen; ++i) {
-        if (replay) replay->rows.assign(1, experts::tg_trace_token(replay->trace.n_tokens, 0, 1, rep, n_gen, i));
-        m.forward(std::span<const int32_t>(&ids[i], 1), st, models::LogitsMode::kLast, logits.data());
-      }
-      dt = now_seconds() - t0;
-    } else {
-      std::vector<models::State> states;
-      std::vector<std::vector<int32_t>> ids;
-      std::vector<std::vector<float>> out(n_seqs, std::vector<float>(V));
+  if (distinct >= 0) {
+    r.test += strfmt(" lora%d", distinct);
+    row.lora.assign(static_cast<size_t>(n_seqs), std::vector<float>(defaults.size(), 0.0f));
+    if (distinct > 0)
       for (int q = 0; q < n_seqs; ++q) {
-        states.push_back(m.new_state());
-        ids.push_back(random_ids(rng, n_gen, V));
+        const size_t a = static_cast<size_t>(q % distinct);
+        row.lora[static_cast<size_t>(q)][a] = defaults[a];
       }
-      std::vector<models::SeqStep> step_seqs(n_seqs);
-      const double t0 = now_seconds();
-      for (int i = 0; i < n_gen; ++i) {
-        for (int q = 0; q < n_seqs; ++q) step_seqs[q] = {std::span<const int32_t>(&ids[q][i], 1), &states[q], models::LogitsMode::kLast, out[q].data()};
-        if (replay) {
-          replay->rows.resize(static_cast<size_t>(n_seqs));
-          for (int q = 0; q < n_seqs; ++q) replay->rows[q] = experts::tg_trace_token(replay->trace.n_tokens, q, n_seqs, rep, n_gen, i);
-        }
-        m.forward_batch(step_seqs);
-      }
-      dt = now_seconds() - t0;
-    }
-    if (rep >= 0) r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
   }
-  ExpertWindow w;
-  w.add(stats_snapshot(l) - before);
-  set_expert_columns(r, l, w, static_cast<double>(reps) * (n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs));
-  return r;
+  return row;
+}
+
+// One repetition of `row` (rep -1: the warm-up) on fresh sequence states; a timed one adds its
+// t/s (all sequences together) and its expert-tier counters to the row.
+void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
+  models::Model& m = *l.model;
+  Result& r = row.r;
+  const int64_t V = m.spec().vocab_size;
+  const int n_prompt = r.n_prompt, n_gen = r.n_gen, n_seqs = r.n_seqs;
+  const TierStats before = stats_snapshot(l);
+  double dt = 0;
+  if (n_gen == 0) {
+    std::vector<float> logits(V);
+    models::State st = m.new_state();
+    const std::vector<int32_t> ids = random_ids(row.rng, n_prompt, V);
+    const double t0 = now_seconds();
+    for (int64_t i = 0; i < n_prompt; i += step) {
+      const int64_t n = std::min<int64_t>(step, n_prompt - i);
+      if (replay) {
+        replay->rows.resize(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) replay->rows[j] = (static_cast<int64_t>(rep + 1) * n_prompt + i + j) % replay->trace.n_tokens;
+      }
+      const models::SeqStep one{std::span<const int32_t>(ids.data() + i, n), &st,
+                                i + n == n_prompt ? models::LogitsMode::kLast : models::LogitsMode::kNone, logits.data(), nullptr,
+                                lora_of(row, 0)};
+      m.forward_batch(std::span<const models::SeqStep>(&one, 1));
+    }
+    dt = now_seconds() - t0;
+  } else {
+    // n_seqs sequences decoded together (one forward_batch step = one token of each).
+    std::vector<models::State> states;
+    std::vector<std::vector<int32_t>> ids;
+    std::vector<std::vector<float>> out(n_seqs, std::vector<float>(V));
+    for (int q = 0; q < n_seqs; ++q) {
+      states.push_back(m.new_state());
+      ids.push_back(random_ids(row.rng, n_gen, V));
+    }
+    std::vector<models::SeqStep> step_seqs(n_seqs);
+    const double t0 = now_seconds();
+    for (int i = 0; i < n_gen; ++i) {
+      for (int q = 0; q < n_seqs; ++q)
+        step_seqs[q] = {std::span<const int32_t>(&ids[q][i], 1), &states[q], models::LogitsMode::kLast, out[q].data(), nullptr, lora_of(row, q)};
+      if (replay) {
+        replay->rows.resize(static_cast<size_t>(n_seqs));
+        for (int q = 0; q < n_seqs; ++q) replay->rows[q] = experts::tg_trace_token(replay->trace.n_tokens, q, n_seqs, rep, n_gen, i);
+      }
+      m.forward_batch(step_seqs);
+    }
+    dt = now_seconds() - t0;
+  }
+  if (rep < 0) return;
+  r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
+  row.w.add(stats_snapshot(l) - before);
+}
+
+// The rows of one test (one per --lora-distinct value; a single row without it): a warm-up of
+// each, then `reps` timed repetitions interleaved across the rows, in order on even repetitions
+// and reversed on odd ones (drift of the machine's speed over the run falls on every row alike).
+std::vector<Result> run_rows(Loaded& l, std::vector<Row> rows, int reps, int64_t step, Replay* replay) {
+  for (Row& row : rows) run_rep(l, row, -1, step, replay);
+  for (int rep = 0; rep < reps; ++rep)
+    for (size_t k = 0; k < rows.size(); ++k) run_rep(l, rows[rep % 2 == 0 ? k : rows.size() - 1 - k], rep, step, replay);
+  std::vector<Result> out;
+  for (Row& row : rows) {
+    Result& r = row.r;
+    set_expert_columns(r, l, row.w, static_cast<double>(reps) * (r.n_gen == 0 ? r.n_prompt : static_cast<double>(r.n_gen) * r.n_seqs));
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 // The --spec tg pair: greedy generations of n_gen tokens from `prompt`, plain and with `spec`,
@@ -282,6 +334,15 @@ void run(const BenchOptions& o) {
   const engine::SpecParams spec = o.model.spec_params();  // UsageError for bad --spec / --draft-max values
   if (spec.mtp && o.n_gen == 0) throw UsageError("--spec mtp measures the tg test: -n must be > 0");
   if (spec.mtp && !o.routing_trace.empty()) throw UsageError("--routing-trace and --spec mtp cannot be combined (drafts route on their own)");
+  for (size_t i = 0; i < o.lora_distinct.size(); ++i) {
+    const int d = o.lora_distinct[i];
+    if (d < 0 || d > static_cast<int>(o.model.lora.size()))
+      throw UsageError(strfmt("--lora-distinct %d: needs 0..%zu (the number of --lora adapters loaded)", d, o.model.lora.size()));
+    for (size_t k = 0; k < i; ++k)
+      if (o.lora_distinct[k] == d) throw UsageError(strfmt("--lora-distinct lists %d twice", d));
+  }
+  if (spec.mtp && !o.lora_distinct.empty())
+    throw UsageError("--lora-distinct and --spec mtp cannot be combined (the mtp pair runs every adapter at its --lora scale)");
   std::unique_ptr<Replay> replay;
   if (!o.routing_trace.empty()) {
     replay = std::make_unique<Replay>();
@@ -328,7 +389,15 @@ void run(const BenchOptions& o) {
              ts.top_k, static_cast<int>(replay->map->target_moe_layers().size()), s.moe.n_experts, s.moe.top_k);
   }
   std::vector<Result> results;
-  if (o.n_prompt > 0) results.push_back(run_test(l, o.n_prompt, 0, o.reps, o.prefill_step, 1, replay.get()));
+  // One row per --lora-distinct value of each test (one row without it), run interleaved.
+  const std::vector<float> lora_defaults = l.model->lora ? l.model->lora->scales() : std::vector<float>{};
+  const std::vector<int> distinct = o.lora_distinct.empty() ? std::vector<int>{-1} : o.lora_distinct;
+  auto rows_of = [&](int n_prompt, int n_gen, int n_seqs) {
+    std::vector<Row> rows;
+    for (int d : distinct) rows.push_back(make_row(n_prompt, n_gen, n_seqs, d, lora_defaults));
+    for (Result& r : run_rows(l, std::move(rows), o.reps, o.prefill_step, replay.get())) results.push_back(std::move(r));
+  };
+  if (o.n_prompt > 0) rows_of(o.n_prompt, 0, 1);
   if (o.n_gen > 0)
     for (int n : o.parallel) {
       if (spec.mtp && n == 1) {
@@ -336,7 +405,7 @@ void run(const BenchOptions& o) {
         results.push_back(std::move(plain));
         results.push_back(std::move(mtp));
       } else {
-        results.push_back(run_test(l, 0, o.n_gen, o.reps, o.prefill_step, n, replay.get()));
+        rows_of(0, o.n_gen, n);
       }
     }
   // The plain row of the --spec pair (the mtp row's speedup is over it).
@@ -384,6 +453,8 @@ void run(const BenchOptions& o) {
                      {"h2d_pinned_gbps", h2d_pinned},
                      {"h2d_pageable_gbps", h2d_pageable}});
       if (replay) arr.back()["routing_trace"] = o.routing_trace;
+      if (!o.model.lora.empty()) arr.back()["n_lora"] = o.model.lora.size();
+      if (r.lora_distinct >= 0) arr.back()["lora_distinct"] = r.lora_distinct;
       if (l.streaming) arr.back()["stall_s"] = r.stall_s;
       if (o.model.prefetch_next > 0) {
         arr.back()["prefetch_next_reads_per_token"] = r.staged_per_token;
@@ -430,6 +501,12 @@ void run(const BenchOptions& o) {
                 format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token, extra.c_str());
   }
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
+  if (!o.lora_distinct.empty())
+    std::printf("loraD rows: D of the %zu --lora adapters active, sequence i of a batch running adapter i mod D at its scale "
+                "(pp: adapter 0; lora0: every adapter loaded, all off); repetitions interleaved across D\n",
+                o.model.lora.size());
+  else if (!o.model.lora.empty())
+    std::printf("every row runs the %zu --lora adapter(s) at their scales\n", o.model.lora.size());
   if (replay)
     std::printf("routing replayed from %s (%lld tokens, %d experts top-%d onto %d top-%d; docs/routing-trace.md)\n",
                 o.routing_trace.c_str(), (long long)replay->trace.n_tokens, replay->trace.shape.n_experts, replay->trace.shape.top_k,
@@ -468,6 +545,13 @@ void register_bench(CLI::App& app) {
   c->add_option("--parallel", o->parallel,
                 "Concurrent sequences of the tg test, comma-separated (e.g. 1,2,4,8): each N adds a 'tgNNN xN' row, "
                 "t/s summed over the N sequences decoded together (default 1)")
+      ->delimiter(',');
+  o->model.add_lora_to(c);
+  c->add_option("--lora-distinct", o->lora_distinct,
+                "With --lora: run every pp/tg row once per D in this comma-separated list (e.g. 0,1,4), with D distinct "
+                "adapters active: sequence i of a batch runs adapter i mod D at its --lora scale, the others 0 (pp: "
+                "adapter 0; D = 0: all off, the base cost with the adapters loaded); rows 'tgNNN xN loraD', "
+                "repetitions interleaved across D. D must be <= the number of --lora adapters")
       ->delimiter(',');
   c->add_option("--routing-trace", o->routing_trace,
                 "Force every MoE layer's routing to this trace's (spool calibrate --trace-out), mapped onto the model's "

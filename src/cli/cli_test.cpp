@@ -236,6 +236,49 @@ TEST(Cli, BenchSpecMtpRowsBesideThePlainOnes) {
   EXPECT_EQ(spool("bench -n 8 --spec eagle").code, 2);
 }
 
+// spool bench --lora / --lora-distinct (docs/lora.md): each test runs once per D, rows "<test>
+// loraD" with lora_distinct (and n_lora) in the JSON, every row with its own -r samples; without
+// --lora-distinct the rows keep their names. D beyond the adapters loaded, a D listed twice and
+// --lora-distinct with --spec mtp are usage errors.
+TEST(Cli, BenchLoraDistinctRows) {
+  const std::string a = kData + "/lora/spool-demo-moe-dev";
+  Result r = spool("bench -p 8 -n 4 -r 2 -t 2 --parallel 1,2 --lora " + a + " --lora-distinct 0,1 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::vector<std::pair<std::string, int>> want = {{"pp8 lora0", 0}, {"pp8 lora1", 1},    {"tg4 lora0", 0},
+                                                         {"tg4 lora1", 1}, {"tg4 x2 lora0", 0}, {"tg4 x2 lora1", 1}};
+  ASSERT_EQ(j.size(), want.size()) << r.out;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(j[i]["test"], want[i].first) << i;
+    EXPECT_EQ(j[i]["lora_distinct"], want[i].second) << i;
+    EXPECT_EQ(j[i]["n_lora"], 1) << i;
+    EXPECT_EQ(j[i]["samples_ts"].size(), 2u) << i;
+    EXPECT_GT(j[i]["avg_ts"].get<double>(), 0.0) << i;
+  }
+  EXPECT_EQ(j[4]["n_parallel"], 2);
+
+  r = spool("bench -p 0 -n 4 -r 1 -t 2 --lora " + a + " --lora " + a + " --lora-distinct 2,0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("| tg4 lora2 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| tg4 lora0 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("loraD rows: D of the 2 --lora adapters active"), std::string::npos) << r.out;
+
+  r = spool("bench -p 0 -n 4 -r 1 -t 2 -o json --lora " + a);  // no --lora-distinct: plain names
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["test"], "tg4");
+  EXPECT_FALSE(j[0].contains("lora_distinct"));
+  EXPECT_EQ(j[0]["n_lora"], 1);
+
+  Result over = spool("bench -p 8 -n 4 --lora " + a + " --lora-distinct 2");
+  EXPECT_EQ(over.code, 2);
+  EXPECT_NE(over.err.find("--lora-distinct 2: needs 0..1"), std::string::npos) << over.err;
+  EXPECT_EQ(spool("bench -p 8 -n 4 --lora-distinct 1").code, 2);  // no adapters
+  EXPECT_EQ(spool("bench -p 8 -n 4 --lora " + a + " --lora-distinct 1,1").code, 2);
+  EXPECT_EQ(spool("bench -p 0 -n 4 --lora " + a + " --lora-distinct 0 --spec mtp").code, 2);
+}
+
 // synth --mtp: a family without an MTP layout is a usage error naming it.
 TEST(Cli, SynthMtpNeedsAnMtpFamily) {
   const Result r = spool("synth --preset tiny-gemma4-moe --mtp --no-check -o " + ::testing::TempDir() + "/cli_synth_mtp_bad");
