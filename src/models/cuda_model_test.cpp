@@ -71,19 +71,14 @@ std::vector<float> prompt_logits(models::Model& m, const std::vector<int32_t>& i
 // or a host weight copied for one call would throw. The test checks this list against the table.
 const std::map<std::string, std::vector<std::string>>& host_fallback_families() {
   static const std::map<std::string, std::vector<std::string>> m = {
-      {"deepseek_v3", {"route_grouped_top_k", "mla_attention"}},
-      {"deepseek_v3_kimi", {"route_grouped_top_k", "mla_attention"}},
-      {"deepseek_v2_lite", {"route_grouped_top_k", "mla_attention"}},
-      {"glm4_moe", {"route_grouped_top_k"}},
-      {"glm4_moe_qknorm", {"route_grouped_top_k"}},
-      {"glm4_moe_lite", {"route_grouped_top_k", "mla_attention"}},
-      {"glm4_moe_lite_v24", {"route_grouped_top_k", "mla_attention"}},
-      {"minimax_m2", {"route_grouped_top_k"}},
-      {"minimax_m2_top6", {"route_grouped_top_k"}},
+      {"deepseek_v3", {"mla_attention"}},
+      {"deepseek_v3_kimi", {"mla_attention"}},
+      {"deepseek_v2_lite", {"mla_attention"}},
+      {"glm4_moe_lite", {"mla_attention"}},
+      {"glm4_moe_lite_v24", {"mla_attention"}},
       {"gpt_oss", {"attention_sinks"}},
       {"gpt_oss_mxfp4", {"attention_sinks"}},
-      {"ernie4_5_moe", {"route_grouped_top_k"}},
-      {"gemma4_text_moe", {"gelu_tanh_glu", "scale", "softcap", "mul_indexed", "attention_window"}},
+      {"gemma4_text_moe", {"attention_window"}},
   };
   return m;
 }
