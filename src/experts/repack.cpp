@@ -18,6 +18,25 @@ void repack(const io::Checkpoint& in, const std::vector<std::vector<int>>& perm,
     if (l < 0 || l >= static_cast<int>(perm.size())) fail("repack: no permutation for layer %d", l);
     return perm[l];
   };
+  // Every expert's bytes move into another's place in the file's table: both must be stored
+  // alike (a calibrated conversion may give the experts of one layer different formats).
+  for (int l = 0; l < static_cast<int>(perm.size()); ++l)
+    for (int e = 0; e < static_cast<int>(perm[l].size()); ++e) {
+      const int src = perm[l][e];
+      if (src == e) continue;
+      const std::vector<const io::TensorRef*> a = in.expert_tensors(l, e), b = in.expert_tensors(l, src);
+      bool same = a.size() == b.size();
+      for (size_t i = 0; same && i < a.size(); ++i) {
+        const io::TensorRef* match = nullptr;
+        for (const io::TensorRef* y : b)
+          if (y->expert_proj == a[i]->expert_proj && y->expert_part == a[i]->expert_part) match = y;
+        same = match != nullptr && match->dtype == a[i]->dtype && match->shape == a[i]->shape;
+      }
+      if (!same)
+        fail("repack: experts %d and %d of layer %d are stored in different formats (types, shapes or parts; e.g. a "
+             "spool convert --calibration checkpoint): repack moves experts only between slots of one format",
+             e, src, l);
+    }
   uint64_t total = 0, done = 0;
   for (const auto& sh : in.shards()) total += sh.file_size();
   for (const auto& opened : in.shards()) {

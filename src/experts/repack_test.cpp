@@ -11,6 +11,7 @@
 
 #include "support/golden.h"
 #include "common/error.h"
+#include "io/safetensors.h"
 #include "experts/calibrate.h"
 #include "models/model.h"
 #include "models/family.h"
@@ -60,6 +61,60 @@ TEST_P(Repack, PermutedCheckpointGivesIdenticalLogits) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_THROW(repack(ck, perm, out, nullptr), Error);  // refuses a non-empty directory
+}
+
+// Experts of one layer stored in different formats (here expert 1's down_proj in bf16, the
+// others f32; a calibrated conversion mixes q-types the same way): moving bytes between their
+// slots would misplace every boundary, so repack refuses, naming the experts.
+TEST(Repack, RefusesExpertsOfDifferentFormats) {
+  const std::string src = spool::testing::data_dir() + "/models/qwen3_moe", mixed = ::testing::TempDir() + "/repack_mixed_src";
+  std::filesystem::remove_all(mixed);
+  std::filesystem::create_directories(mixed);
+  for (const auto& f : std::filesystem::directory_iterator(src))
+    if (f.path().extension() != ".safetensors") std::filesystem::copy_file(f.path(), mixed + "/" + f.path().filename().string());
+  {
+    const io::SafetensorsFile sh = io::SafetensorsFile::open(src + "/model.safetensors");
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<io::TensorToWrite> ts;
+    for (const auto& t : sh.tensors()) {
+      const uint8_t* d = sh.data(t);
+      if (t.name == "model.layers.0.mlp.experts.1.down_proj.weight" && t.dtype == io::DType::F32) {
+        std::vector<uint8_t> h(t.nbytes / 2);
+        for (size_t i = 0; i < t.nbytes / 4; ++i) {
+          uint32_t u;
+          std::memcpy(&u, d + 4 * i, 4);
+          const uint16_t b = static_cast<uint16_t>(u >> 16);
+          std::memcpy(h.data() + 2 * i, &b, 2);
+        }
+        bytes.push_back(std::move(h));
+        ts.push_back({t.name, io::DType::BF16, t.shape, nullptr});
+      } else {
+        bytes.emplace_back(d, d + t.nbytes);
+        ts.push_back({t.name, t.dtype, t.shape, nullptr});
+      }
+    }
+    ASSERT_EQ(ts.size(), bytes.size());
+    for (size_t i = 0; i < ts.size(); ++i) ts[i].data = bytes[i].data();
+    io::write_safetensors(mixed + "/model.safetensors", ts);
+  }
+  io::Checkpoint ck = models::open_checkpoint(mixed);
+  ASSERT_EQ(ck.expert(0, 1, io::ExpertProj::kDown).dtype, io::DType::BF16) << "the fixture's expert tensor names changed";
+  const int L = static_cast<int>(ck.config().get_int("num_hidden_layers"));
+  const int E = static_cast<int>(ck.config().has("num_experts") ? ck.config().get_int("num_experts") : ck.config().get_int("num_local_experts"));
+  std::vector<std::vector<int>> perm(L);
+  for (auto& p : perm)
+    for (int e = 0; e < E; ++e) p.push_back(e);
+  const std::string out = ::testing::TempDir() + "/repack_mixed_out";
+  std::filesystem::remove_all(out);
+  repack(ck, perm, out, nullptr);  // the identity moves nothing: fine
+  std::swap(perm[0][1], perm[0][2]);
+  std::filesystem::remove_all(out);
+  try {
+    repack(ck, perm, out, nullptr);
+    FAIL() << "experts of different formats were swapped";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("experts 1 and 2 of layer 0 are stored in different formats"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Repack, ::testing::Values("demo", "qwen3_5_moe_vl_fused", "qwen3_moe", "qwen3_next"));
