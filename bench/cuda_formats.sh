@@ -91,6 +91,7 @@ text = open(log).read()
 m = re.search(r"expert_ffn_routed\s+(\d+) calls.*stream\s+([\d.]+) s\s+([\d.]+) us/call", text)
 tok = re.search(r"\|\s*tg\d+\s*\|\s*([\d.]+)", text)
 cfg = json.load(open(q + "/config.json"))
+cfg = cfg.get("text_config", cfg)  # (multimodal configs nest the text model's)
 k = cfg.get("num_experts_per_tok", 8)
 inter, hidden = cfg["moe_intermediate_size"], cfg["hidden_size"]
 bpw = 8 * eb / (3 * inter * hidden)
