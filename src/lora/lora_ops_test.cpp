@@ -165,6 +165,39 @@ TEST(LoraOps, ExpertFfnAddsTheTermsOfEachProjection) {
   }
 }
 
+// An expert's gate and up terms sharing A (PEFT's gate_up_proj wrapper): lora_add_pair reads A
+// once and gives the bits of two lora_add calls, with default scales and with per-row scales
+// (a row off, rows at other scales); deltas with different A take the two-call path.
+TEST(LoraOps, PairSharingAEqualsTwoProducts) {
+  const int64_t rows = 24, cols = 64, T = 3;
+  Terms g(rows, cols, 900), u(rows, cols, 950);
+  u.d.terms[0].a = g.d.terms[0].a;  // same A, own B (as the wrapper's halves)
+  u.d.terms[1].a = g.d.terms[1].a;
+  u.d.terms[1].scale = 0.75f;
+  g.as_two_adapters();
+  u.as_two_adapters();
+  const std::vector<float> x = randn(T * cols, 1.0f, 21);
+  const std::vector<float> user = {1.0f, 0.0f, 0.0f, 0.0f, 0.5f, -2.0f};  // [T, 2]: row 1 runs no adapter
+  const LoraRowScales rs{user.data(), T, 2};
+  for (const LoraRowScales* r : {static_cast<const LoraRowScales*>(nullptr), &rs}) {
+    std::vector<float> y1 = randn(T * rows, 1.0f, 31), y2 = randn(T * rows, 1.0f, 32);
+    std::vector<float> w1 = y1, w2 = y2;
+    lora_add_pair(g.d, y1.data(), u.d, y2.data(), x.data(), T, cols, rows, rows, r);
+    lora_add(g.d, x.data(), T, cols, w1.data(), rows, rows, r);
+    lora_add(u.d, x.data(), T, cols, w2.data(), rows, rows, r);
+    EXPECT_EQ(y1, w1) << (r ? "row scales" : "defaults");
+    EXPECT_EQ(y2, w2) << (r ? "row scales" : "defaults");
+  }
+  Terms other(rows, cols, 990);  // its own A: two products
+  other.as_two_adapters();
+  std::vector<float> y1(T * rows, 0.0f), y2(T * rows, 0.0f), w1 = y1, w2 = y2;
+  lora_add_pair(g.d, y1.data(), other.d, y2.data(), x.data(), T, cols, rows, rows, &rs);
+  lora_add(g.d, x.data(), T, cols, w1.data(), rows, rows, &rs);
+  lora_add(other.d, x.data(), T, cols, w2.data(), rows, rows, &rs);
+  EXPECT_EQ(y1, w1);
+  EXPECT_EQ(y2, w2);
+}
+
 // Continuous batching with per-request adapters (ops::LoraRowScales): one product over rows
 // using adapter 0, adapter 1, none, and both at other scales equals each row run alone, the
 // row without adapters is exactly W x, and the terms follow each row's scales (double reference).

@@ -96,8 +96,12 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
         g = g_buf.get(n * I);
         float* u = u_buf.get(n * I);
         matmul_rows_pair(w.gate, g, w.up, u, xe, n, options_.int8_activations);  // [n, I] each
-        if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I, rs);
-        if (w.up.lora != nullptr) lora_add(w.up, xe, n, u, I, rs);
+        if (w.gate.lora != nullptr && w.up.lora != nullptr && w.gate.cols == w.up.cols) {
+          lora_add_pair(*w.gate.lora, g, *w.up.lora, u, xe, n, w.gate.cols, I, I, rs);  // one A x when they share A
+        } else {
+          if (w.gate.lora != nullptr) lora_add(w.gate, xe, n, g, I, rs);
+          if (w.up.lora != nullptr) lora_add(w.up, xe, n, u, I, rs);
+        }
         if (act == Activation::kSwiGLU) {
           ops::swiglu(g, u, n * I, g);
         } else {

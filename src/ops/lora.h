@@ -74,6 +74,13 @@ inline void lora_add(const LoraDelta& d, const float* x, int64_t T, int64_t cols
   lora_add(d, x, T, cols, y, rows, ldy, lora_rows());
 }
 
+/// lora_add() of two deltas on the same input x [T, cols] (an expert's gate and up, y1 and y2
+/// [T, rows] with row stride ldy): a term of d2 with the same adapter, A and rank as d1's term at
+/// the same position (PEFT's gate_up_proj wrapper: one A for both halves) reuses its A x products,
+/// so A is read once. The results are bit for bit those of two lora_add() calls.
+void lora_add_pair(const LoraDelta& d1, float* y1, const LoraDelta& d2, float* y2, const float* x, int64_t T, int64_t cols,
+                   int64_t rows, int64_t ldy, const LoraRowScales* rs);
+
 /// The same for the matrix `w` (w.lora must be set): y [T, w.rows] row stride ldy; `rs` as above.
 void lora_add(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, const LoraRowScales* rs);
 
