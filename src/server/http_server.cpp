@@ -289,12 +289,7 @@ void HttpServer::routes() {
 
 void HttpServer::handle_set_lora(const std::string& body_text, httplib::Response& res) {
   ServingEngine& e = engine_or_503();
-  json body;
-  try {
-    body = json::parse(body_text);
-  } catch (const json::parse_error& ex) {
-    throw bad_request(std::string("the body is not valid JSON: ") + ex.what());
-  }
+  const json body = parse_json_value(body_text);  // (the limits of every request body; any JSON value)
   if (!e.facts.lora) {
     if (!body.is_array()) throw bad_request("the body must be an array of {\"id\", \"scale\"} objects", "lora");
     if (!body.empty()) throw bad_request("the server runs no LoRA adapters (spool serve --lora FILE)", "lora");

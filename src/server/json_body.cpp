@@ -10,6 +10,13 @@ namespace spool::server {
 
 json parse_body(std::string_view body) {
   if (body.empty()) throw bad_request("the request body is empty; expected a JSON object");
+  json j = parse_json_value(body);
+  if (!j.is_object()) throw bad_request("the request body must be a JSON object");
+  return j;
+}
+
+json parse_json_value(std::string_view body) {
+  if (body.empty()) throw bad_request("the request body is empty");
   if (!valid_utf8(body)) throw bad_request("the request body is not valid UTF-8");
   // JSON text never holds a raw NUL; nlohmann's lexer would read one as the end of input.
   if (body.find('\0') != std::string_view::npos) throw bad_request("malformed JSON in the request body: a NUL byte");
@@ -44,7 +51,6 @@ json parse_body(std::string_view body) {
   } catch (const json::exception& e) {
     throw bad_request(strfmt("malformed JSON in the request body: %s", e.what()));
   }
-  if (!j.is_object()) throw bad_request("the request body must be a JSON object");
   return j;
 }
 

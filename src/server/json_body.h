@@ -26,6 +26,10 @@ inline constexpr size_t kMaxJsonKeys = 1024;
 /// kMaxJsonDepth, an object with more than kMaxJsonKeys keys, or a non-object.
 json parse_body(std::string_view body);
 
+/// The same checks for a body that may be any JSON value (POST /lora-adapters takes an array):
+/// everything parse_body refuses but a non-object.
+json parse_json_value(std::string_view body);
+
 /// `j` as compact JSON text for a response; bytes that are not valid UTF-8 (e.g. in echoed
 /// input) become U+FFFD instead of throwing.
 std::string dump_json(const json& j);

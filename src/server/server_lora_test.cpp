@@ -282,6 +282,13 @@ TEST(ServerLoraHttp, LoraAdaptersEndpointsSetTheDefaults) {
     const nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
     EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r->body;
   }
+  {  // nested past the limit every request body has (json_body.h kMaxJsonDepth): refused while parsing
+    httplib::Client c("127.0.0.1", s.port);
+    const httplib::Result r = c.Post("/lora-adapters", std::string(200, '[') + std::string(200, ']'), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("deeper than"), std::string::npos) << r->body;
+  }
   EXPECT_EQ(parsed(s.get("/lora-adapters"))[1]["scale"], 1.0);
 }
 
