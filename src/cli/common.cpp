@@ -32,6 +32,12 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_option("--prefetch-next", prefetch_next,
                   "Exact next-layer prefetch: apply the next MoE layer's router to each MoE layer's input and read its M best "
                   "experts per token into a staging area beside the cache (2M buffers; CPU; default 0 = off)");
+  app->add_option("--predictor", predictor,
+                  "Trained expert predictor (spool calibrate --train-predictor): --prefetch-next reads its heads' M best experts "
+                  "instead of the next router's guess (exact; CPU)");
+  app->add_flag("--route-by-predictor", route_by_predictor,
+                "Route each MoE layer that has a --predictor head among the head's top-k experts only (the router weighs "
+                "them): its experts are known and read one layer ahead, no stall; changes the model (docs/predictor.md)");
   app->add_option("--pin-file", pin_file,
                   "JSON {\"pin\": [[layer, expert], ...]} of hot experts (from spool calibrate): kept resident in the streaming cache, or "
                   "placed in VRAM first by --vram-experts static");
@@ -106,6 +112,8 @@ engine::LoadOptions ModelOptions::load_options() const {
   if (no_page_cache) o.page_cache = false;
   o.prefetch_ahead = prefetch_ahead;
   o.prefetch_next = prefetch_next;
+  o.predictor = predictor;
+  o.route_by_predictor = route_by_predictor;
   o.pin_file = pin_file;
   o.max_active_experts = max_active_experts;
   o.strict_device = strict_device;

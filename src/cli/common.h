@@ -29,6 +29,8 @@ struct ModelOptions {
   bool use_page_cache = false, no_page_cache = false;
   int prefetch_ahead = 0;
   int prefetch_next = 0;  // --prefetch-next
+  std::string predictor;        // --predictor
+  bool route_by_predictor = false;  // --route-by-predictor
   std::string pin_file;
   int max_active_experts = 0;
   int kv_bits = 32;

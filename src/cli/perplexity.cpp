@@ -38,6 +38,8 @@ std::optional<Loaded> load_reference(const PerplexityOptions& o, int64_t ctx, in
   ro.model = o.kl_reference;
   ro.pin_file.clear();
   ro.max_active_experts = 0;
+  ro.predictor.clear();  // exact routing
+  ro.route_by_predictor = false;
   engine::LoadOptions rlo = ro.load_options();
   rlo.ctx_size = ctx;
   rlo.prefill_step = step;

@@ -1,5 +1,7 @@
 #include "engine/loader.h"
 
+#include "experts/predictor.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -231,6 +233,7 @@ void validate(const LoadOptions& opt) {
     throw UsageError(strfmt("--prefetch-workers must be between 1 and 256 (got %d)", opt.prefetch_workers));
   if (opt.prefetch_ahead < 0 || opt.prefetch_ahead > 64) throw UsageError("--prefetch-ahead must be between 0 and 64");
   if (opt.prefetch_next < 0 || opt.prefetch_next > 1024) throw UsageError("--prefetch-next must be between 0 and 1024");
+  if (opt.route_by_predictor && opt.predictor.empty()) throw UsageError("--route-by-predictor needs --predictor FILE");
   if (opt.host_expert_slots < 0) throw UsageError(strfmt("--host-expert-slots must be >= 0 (got %d)", opt.host_expert_slots));
   if (opt.ctx_size < 1) throw UsageError(strfmt("--ctx-size must be positive (got %lld)", (long long)opt.ctx_size));
   if (opt.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)opt.prefill_step));
@@ -283,7 +286,8 @@ void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
   so.direct = !p.use_page_cache;
   if (so.direct) keep_experts_out_of_page_cache(*l.ckpt);
   so.prefetch_ahead = opt.prefetch_ahead;
-  so.stage_slots = 2 * opt.prefetch_next;  // the guesses of two layers in flight
+  // The guesses of two layers in flight (--route-by-predictor reads the head's top-k ahead).
+  so.stage_slots = 2 * std::max(opt.prefetch_next, opt.route_by_predictor ? spec.moe.top_k : 0);
   so.top_k = spec.moe.top_k;
   if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
   if (p.pinned_tier) so.pin_with = backend.get();
@@ -507,6 +511,16 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       log_warn("--prefetch-next applies only when streaming experts (--stream); all experts are resident, so it has no effect");
     if (opt.prefetch_ahead > 0)
       log_warn("--prefetch-ahead applies only when streaming experts (--stream); all experts are resident, so it has no effect");
+  }
+  if (!opt.predictor.empty()) {
+    auto pred = std::make_shared<const experts::ExpertPredictor>(experts::ExpertPredictor::load(opt.predictor));
+    l.model->set_expert_predictor(pred, opt.route_by_predictor);
+    log_info("expert predictor %s: %zu heads%s", opt.predictor.c_str(), pred->heads().size(),
+             opt.route_by_predictor ? "; routing by its predictions (--route-by-predictor: not exact)" : "");
+    if (!placement.stream && !opt.route_by_predictor)
+      log_warn("--predictor guides --prefetch-next when streaming experts; all experts are resident, so it has no effect");
+    else if (placement.stream && !opt.route_by_predictor && opt.prefetch_next == 0)
+      log_warn("--predictor guides --prefetch-next M, which is 0: it has no effect");
   }
   if (placement.gpu) build_vram_tier(l, opt, placement, moe_layers, *backend, hot);
   if (opt.host_expert_slots != 0) {

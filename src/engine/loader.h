@@ -43,6 +43,8 @@ struct LoadOptions {
   std::optional<bool> page_cache;      // --use-page-cache / --no-page-cache; nullopt = auto
   int prefetch_ahead = 0;              // --prefetch-ahead
   int prefetch_next = 0;               // --prefetch-next: next-layer router guesses per row (0 = off)
+  std::string predictor;               // --predictor: a trained expert predictor (experts::ExpertPredictor file)
+  bool route_by_predictor = false;     // --route-by-predictor: MoE layers with a head route among its top-k (not exact)
   std::string pin_file;                // --pin-file
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)

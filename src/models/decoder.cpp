@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "experts/predictor.h"
 #include "experts/resident.h"
 #include "experts/weight_views.h"
 #include "models/bind.h"
@@ -456,6 +457,105 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
   }
 }
 
+const float* DecoderModel::ffn_norm(int j) const { return spec_.sandwich_norms ? layers_[j].pre_ffn_p : layers_[j].post_norm_p; }
+
+int DecoderModel::predictor_source(int layer) const {
+  if (layer <= 0 || layer >= spec_.n_layers || !layers_[layer].ffn->routed()) return -1;
+  const MoeBlock* moe = layers_[layer].ffn->moe();
+  if (moe == nullptr || !moe->routes_normed_input()) return -1;
+  int i = layer - 1;
+  while (i >= 0 && !layers_[i].ffn->routed()) --i;
+  return i;
+}
+
+void DecoderModel::router_as_linear(int layer, std::vector<float>* w, std::vector<float>* b) {
+  if (predictor_source(layer) < 0) fail("layer %d has no router a predictor can start from", layer);
+  if (be_->device() != ops::Device::kCpu) fail("router_as_linear: CPU backends only");
+  // The router of the normed input is linear in u = h / rms(h): logits = W_r (g . u) + b_r.
+  // Its columns come out of the model's own ops: row i = sqrt(H) e_i has unit RMS (up to eps),
+  // so rms_norm gives g_i sqrt(H) / sqrt(1 + eps) e_i.
+  const int64_t H = spec_.hidden_size, E = spec_.moe.n_experts;
+  const float eps = spec_.rms_norm_eps;
+  const MoeBlock* moe = layers_[layer].ffn->moe();
+  std::vector<float> x(static_cast<size_t>((H + 1) * H), 0.0f), xn(x.size()), logits(static_cast<size_t>((H + 1) * E));
+  for (int64_t c = 0; c < H; ++c) x[static_cast<size_t>(c * H + c)] = std::sqrt(static_cast<float>(H));
+  be_->rms_norm(x.data(), ffn_norm(layer), H + 1, H, eps, xn.data());  // row H: zeros, normed to zeros
+  moe->router_logits(xn.data(), H + 1, *be_, logits.data());
+  b->assign(logits.begin() + H * E, logits.end());
+  w->assign(static_cast<size_t>(E * H), 0.0f);
+  const double f = std::sqrt(1.0 + eps) / std::sqrt(static_cast<double>(H));
+  for (int64_t c = 0; c < H; ++c)
+    for (int64_t e = 0; e < E; ++e)
+      (*w)[static_cast<size_t>(e * H + c)] = static_cast<float>((logits[static_cast<size_t>(c * E + e)] - (*b)[e]) * f);
+}
+
+void DecoderModel::set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool route_by) {
+  if (p == nullptr) {
+    if (route_by) fail("--route-by-predictor needs a predictor (--predictor FILE)");
+    predictor_.reset();
+    route_by_predictor_ = false;
+    return;
+  }
+  p->check_matches("the expert predictor", spec_.model_type, spec_.n_layers, static_cast<int>(spec_.hidden_size), spec_.moe.n_experts);
+  if (be_->device() != ops::Device::kCpu) fail("an expert predictor runs on CPU backends only (this model runs on the GPU)");
+  for (const experts::PredictorHead& h : p->heads()) {
+    if (predictor_source(h.target_layer) != h.source_layer)
+      fail("the expert predictor's head for layer %d reads layer %d; this model's MoE layer before it is %d", h.target_layer,
+           h.source_layer, predictor_source(h.target_layer));
+    if (route_by && !layers_[h.target_layer].ffn->moe()->can_route_within())
+      fail("--route-by-predictor: layer %d's router cannot be restricted (a selection bias: DeepSeek-V3's e_score_correction_bias)",
+           h.target_layer);
+  }
+  predictor_ = std::move(p);
+  route_by_predictor_ = route_by;
+}
+
+std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int64_t N, FfnStep& step) {
+  // Next-layer prefetch: the next MoE layer's guess from this residual stream, run once this
+  // layer's own reads are in flight (host memory: CPU backends only). The guess is the trained
+  // head's where the predictor has one, else the next router on its FFN norm.
+  ops::Backend& be = *be_;
+  const Layer& L = layers_[i];
+  if (be.device() != ops::Device::kCpu || !L.ffn->routed() || i + 1 >= spec_.n_layers) return {};
+  int j = i + 1;
+  while (j < spec_.n_layers && !layers_[j].ffn->routed()) ++j;
+  if (j >= spec_.n_layers) return {};
+  const experts::PredictorHead* head = predictor_ != nullptr ? predictor_->head(j) : nullptr;
+  if (head != nullptr && head->source_layer != i) head = nullptr;
+  const bool route_by = route_by_predictor_ && head != nullptr;
+  if (next_prefetch_ <= 0 && !route_by) return {};
+  const int K = top_k_;
+  const int m = std::max(next_prefetch_, route_by ? K : 0);
+  const int64_t H = spec_.hidden_size;
+  if (route_by) {  // the next layer routes among the head's top-k: known now, exactly what it will read
+    RouteWithin& w = step.within_next;
+    w.layer = j;
+    w.k = K;
+    w.ids.resize(static_cast<size_t>(N * K));
+    predictor_->top_m(*head, s.h, N, K, w.ids.data());
+  }
+  const MoeBlock* next = layers_[j].ffn->moe();
+  if (next == nullptr && head == nullptr) return {};
+  const float* norm = ffn_norm(j);
+  const float eps = spec_.rms_norm_eps;
+  return [this, head, next, norm, j, N, H, eps, m, route_by, &s, &be, &step] {
+    std::vector<int> ids;
+    if (route_by && m == step.within_next.k) {
+      ids = step.within_next.ids;
+    } else if (head != nullptr) {
+      ids.resize(static_cast<size_t>(N * m));
+      predictor_->top_m(*head, s.h, N, m, ids.data());
+    } else {
+      std::vector<float> xn(static_cast<size_t>(N * H));
+      be.rms_norm(s.h, norm, N, H, eps, xn.data());
+      ids = next->predict(xn.data(), N, m, be);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    if (!ids.empty()) provider_->hint(j, ids);
+  };
+}
+
 void DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                              FfnStep& step) {
   const int64_t H = spec_.hidden_size;
@@ -470,23 +570,17 @@ void DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const
   be.add(s.h, s.tmp, N * H);
   be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
   step.layer = i;
-  // Next-layer prefetch: the next MoE layer's router on its FFN norm of this residual stream,
-  // run once this layer's own reads are in flight (host memory: CPU backends only).
-  std::function<void()> hint;
-  if (next_prefetch_ > 0 && be.device() == ops::Device::kCpu && L.ffn->routed() && i + 1 < spec_.n_layers) {
-    int j = i + 1;
-    while (j < spec_.n_layers && !layers_[j].ffn->routed()) ++j;
-    const MoeBlock* next = j < spec_.n_layers ? layers_[j].ffn->moe() : nullptr;
-    if (next != nullptr) {
-      const float* norm = spec_.sandwich_norms ? layers_[j].pre_ffn_p : layers_[j].post_norm_p;
-      hint = [this, next, norm, j, N, H, eps, &s, &be] {
-        std::vector<float> xn(static_cast<size_t>(N * H));
-        be.rms_norm(s.h, norm, N, H, eps, xn.data());
-        const std::vector<int> ids = next->predict(xn.data(), N, next_prefetch_, be);
-        if (!ids.empty()) provider_->hint(j, ids);
-      };
+  if (hooks.on_ffn_input) {
+    if (be.device() == ops::Device::kCpu) {
+      hooks.on_ffn_input(i, s.h, N);
+    } else {
+      std::vector<float> h(static_cast<size_t>(N * H));
+      be.to_host(s.h, N * H, h.data());
+      hooks.on_ffn_input(i, h.data(), N);
     }
   }
+  if (step.within_next.layer == i) std::swap(step.within, step.within_next);
+  const std::function<void()> hint = next_layer_hint(i, s, N, step);
   step.after_prepare = &hint;
   L.ffn->forward(s.xn, s.h, N, step, s.tmp, be, ws);
   step.after_prepare = nullptr;

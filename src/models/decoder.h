@@ -54,6 +54,9 @@ class DecoderModel : public Model {
   void forward_batch(std::span<const SeqStep> seqs) override;
   void set_max_active_experts(int k) override;
   void set_next_layer_prefetch(int m) override { next_prefetch_ = m > 0 ? m : 0; }
+  void set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool route_by) override;
+  int predictor_source(int layer) const override;
+  void router_as_linear(int layer, std::vector<float>* w, std::vector<float>* b) override;
   void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) override;
   experts::ExpertProvider& expert_provider() override { return *provider_; }
   std::shared_ptr<experts::ExpertProvider> shared_expert_provider() override { return provider_; }
@@ -139,6 +142,13 @@ class DecoderModel : public Model {
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
   int next_prefetch_ = 0;  // set_next_layer_prefetch
+  std::shared_ptr<const experts::ExpertPredictor> predictor_;  // set_expert_predictor (null: none)
+  bool route_by_predictor_ = false;
+  // The next MoE layer's guess inside layer i's FFN (next-layer prefetch and --route-by-predictor):
+  // the hint to run once layer i's reads are started (empty: none). Fills step.within.
+  std::function<void()> next_layer_hint(int i, const Scratch& s, int64_t N, FfnStep& step);
+  // The FFN norm (effective weights where the backend reads them) of layer j's router input.
+  const float* ffn_norm(int j) const;
   ops::KvType kv_type_ = ops::KvType::kF32;
 };
 

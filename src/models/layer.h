@@ -72,6 +72,14 @@ using MarginObserver = std::function<void(int layer, int64_t token, float margin
 /// --routing-trace` replays a recorded trace with it (experts::TraceMap).
 using RouteOverride = std::function<void(int layer, int64_t row, std::span<int> experts, std::span<float> weights)>;
 
+/// Restricts one MoE layer's routing to listed experts per row (MoeBlock::forward; the
+/// decoder's --route-by-predictor): row t routes among ids[t*k .. t*k+k) only. layer < 0: none.
+struct RouteWithin {
+  int layer = -1;
+  int k = 0;
+  std::vector<int> ids;  // [rows, k]
+};
+
 /// Per-step inputs an FFN may need beyond its rows: the layer, the routed-expert count, the
 /// expert provider, observers and the hand-over point of a pipelined step (MoeBlock::forward).
 struct FfnStep {
@@ -86,6 +94,9 @@ struct FfnStep {
   /// Runs inside a MoE layer right after its first batch's reads were started (provider
   /// prepare()): the decoder's next-layer prefetch hint. Null or empty: nothing.
   const std::function<void()>* after_prepare = nullptr;
+  /// This layer's routing restriction (--route-by-predictor), and the next MoE layer's, which
+  /// the decoder fills one layer ahead and moves here when that layer starts.
+  RouteWithin within, within_next;
 };
 
 /// A layer's feed-forward block. Implementations: DenseFfn, MoeFfn, ParallelDenseMoeFfn.

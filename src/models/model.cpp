@@ -38,6 +38,14 @@ void Model::mtp_forward(const MtpStep&) {
   fail("this model has no multi-token-prediction head (open the checkpoint keeping it: --spec mtp)");
 }
 
+void Model::set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool) {
+  if (p != nullptr) fail("this model cannot use an expert predictor (it has no routed experts read through a router)");
+}
+
+void Model::router_as_linear(int layer, std::vector<float>*, std::vector<float>*) {
+  fail("layer %d has no router a predictor can start from", layer);
+}
+
 uint64_t workspace_arena_bytes(const ModelSpec& spec, int64_t T, int max_seqs) {
   return DecoderModel::arena_bytes(spec, T, max_seqs);
 }

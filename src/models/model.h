@@ -16,6 +16,10 @@
 #include "ops/backend.h"
 #include "ops/thread_pool.h"
 
+namespace spool::experts {
+class ExpertPredictor;
+}
+
 namespace spool::models {
 
 /// Which logits forward() writes.
@@ -72,6 +76,9 @@ struct ForwardHooks {
   RouteOverride route_override;
   /// hidden[T, H] entering layer `index` (index == n_layers: after the final norm).
   std::function<void(int index, const float* hidden, int64_t T)> on_hidden;
+  /// residual[T, H] entering layer `index`'s FFN block (after the token mixer's residual add):
+  /// what next-layer prefetch and the expert predictor read (host memory).
+  std::function<void(int index, const float* residual, int64_t T)> on_ffn_input;
 };
 
 class Model {
@@ -102,6 +109,25 @@ class Model {
   /// its m best experts per row are passed to ExpertProvider::hint(). Routing and outputs do not
   /// change. 0 = off (the default). Models that cannot (a GPU backend) ignore it.
   virtual void set_next_layer_prefetch(int m) { (void)m; }
+  /// A trained expert predictor (experts::ExpertPredictor, --predictor): where it has a head
+  /// for the next MoE layer, the next-layer prefetch reads the head's m best experts instead of
+  /// the next router's. With `route_by` (--route-by-predictor, not exact), each MoE layer with a
+  /// head routes among the head's top-k only (its router weighs them), so its experts are known
+  /// one layer ahead. Throws spool::Error when the predictor does not fit the model or the
+  /// model cannot use it (a GPU backend, a router with a selection bias). nullptr: none.
+  virtual void set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool route_by);
+  /// The MoE layer before `layer` whose FFN input a predictor for `layer` reads, or -1 when
+  /// `layer` is not a MoE layer, has none before it, or its router cannot be read early.
+  virtual int predictor_source(int layer) const {
+    (void)layer;
+    return -1;
+  }
+  /// The next-layer prefetch's guess as a linear map: w [E, H], b [E] such that layer `layer`'s
+  /// router logits of the FFN input that predictor_source(layer) sees equal w u + b, where u is
+  /// that residual row normalised to unit RMS (ExpertPredictor::normalise with the model's
+  /// rms_norm_eps). The initial head of `spool calibrate --train-predictor`. Throws spool::Error
+  /// where predictor_source(layer) < 0.
+  virtual void router_as_linear(int layer, std::vector<float>* w, std::vector<float>* b);
   /// Replaces the expert provider (e.g. a streaming one); nullptr restores resident experts.
   virtual void set_expert_provider(std::shared_ptr<experts::ExpertProvider> provider) = 0;
   /// The provider serving routed experts now.

@@ -80,20 +80,30 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   return s;
 }
 
+void MoeBlock::router_logits(const float* x, int64_t T, ops::Backend& be, float* out) const {
+  if (m_.router_input_scale) fail("MoeBlock: this router reads the residual stream; it has no logits of the FFN input");
+  be.matmul(router_, x, T, out);
+  if (router_bias_p_ != nullptr) be.add_bias(out, router_bias_p_, T, m_.n_experts);
+}
+
+void MoeBlock::selection_scores(const float* x, int64_t T, ops::Backend& be, float* out) const {
+  const int E = m_.n_experts;
+  router_logits(x, T, be, out);
+  if (!sigmoid_router()) return;
+  for (int64_t i = 0; i < T * E; ++i)
+    out[i] = 1.0f / (1.0f + std::exp(-out[i])) + (score_bias_.empty() ? 0.0f : score_bias_[i % E]);
+}
+
 std::vector<int> MoeBlock::predict(const float* x, int64_t T, int m, ops::Backend& be) const {
   const int E = m_.n_experts;
   if (m_.router_input_scale || T <= 0 || m <= 0) return {};
   std::vector<float> logits(static_cast<size_t>(T * E));
-  be.matmul(router_, x, T, logits.data());
-  if (router_bias_p_ != nullptr) be.add_bias(logits.data(), router_bias_p_, T, E);
-  const bool sigmoid = m_.general_router() && m_.score == RouterScore::kSigmoid;
+  selection_scores(x, T, be, logits.data());
   std::vector<char> chosen(static_cast<size_t>(E), 0);
   std::vector<int> order(static_cast<size_t>(E));
   const int mm = std::min(m, E);
   for (int64_t t = 0; t < T; ++t) {
-    float* l = logits.data() + t * E;
-    if (sigmoid)
-      for (int e = 0; e < E; ++e) l[e] = 1.0f / (1.0f + std::exp(-l[e])) + (score_bias_.empty() ? 0.0f : score_bias_[e]);
+    const float* l = logits.data() + t * E;
     for (int e = 0; e < E; ++e) order[e] = e;
     std::partial_sort(order.begin(), order.begin() + mm, order.end(), [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     for (int i = 0; i < mm; ++i) chosen[order[i]] = 1;
@@ -108,7 +118,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                        ops::Workspace& ws, const std::function<void()>& between, const float* residual,
                        const RouteOverride* route_override, int64_t row0,
-                       const std::function<void()>* after_prepare) const {
+                       const std::function<void()>* after_prepare, const RouteWithin* within) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
@@ -120,11 +130,30 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     be.matmul(router_, x, T, s.logits);  // [T, E]
   }
   if (router_bias_p_ != nullptr) be.add_bias(s.logits, router_bias_p_, T, E);
+  const bool restricted = within != nullptr && within->layer == layer;
+  if (restricted) {  // --route-by-predictor: only the listed experts stay selectable
+    if (be.device() != ops::Device::kCpu) fail("MoeBlock: routing restricted to predicted experts runs on CPU backends only");
+    if (!can_route_within()) fail("MoeBlock: layer %d's router cannot be restricted to predicted experts (selection bias or residual-stream input)", layer);
+    if (within->k < K || static_cast<int64_t>(within->ids.size()) < T * within->k)
+      fail("MoeBlock: layer %d's predicted experts do not cover its %lld rows of %d experts", layer, (long long)T, K);
+    std::vector<char> keep(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(keep.begin(), keep.end(), 0);
+      for (int i = 0; i < within->k; ++i) {
+        const int e = within->ids[static_cast<size_t>(t * within->k + i)];
+        if (e < 0 || e >= E) fail("MoeBlock: predicted expert %d of layer %d is outside 0..%d", e, layer, E - 1);
+        keep[e] = 1;
+      }
+      float* l = s.logits + t * E;
+      for (int e = 0; e < E; ++e)
+        if (!keep[e]) l[e] = -1e30f;  // finite: softmax gives 0, sigmoid gives 0, group sums stay finite
+    }
+  }
   // Experts the backend reaches through a device table (every expert uploaded to a GPU): routing
   // ids and weights stay on the device and the experts run from there (no host round trip).
   const bool plain = !m_.general_router() && !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const bool forced = route_override != nullptr && *route_override;
-  const void* table = margins || observer || forced || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
+  const void* table = margins || observer || forced || restricted || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
     // The shared expert joins the routed experts' launches where the backend takes it (the same

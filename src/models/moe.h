@@ -77,6 +77,9 @@ class MoeBlock {
   /// acquired: DecoderModel hands the CPU to another group of sequences there, so their
   /// compute hides these reads. `residual` [T, H]: the layer's residual stream, which the
   /// router reads instead of x with MoeSpec::router_input_scale (required then).
+  /// `within` (may be null; used when within->layer == layer): each row routes among its
+  /// within->k listed experts only (--route-by-predictor): the router's logits of every other
+  /// expert are masked before the family's own selection and weighting run. CPU backends.
   /// `route_override` (may be null or empty) replaces each row's experts and weights after
   /// routing (RouteOverride; its rows are numbered from `row0`, as the observers' are); the
   /// observers see the replaced choice. Throws spool::Error for an overridden id outside
@@ -85,13 +88,26 @@ class MoeBlock {
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr,
                const RouteOverride* route_override = nullptr, int64_t row0 = 0,
-               const std::function<void()>* after_prepare = nullptr) const;
+               const std::function<void()>* after_prepare = nullptr, const RouteWithin* within = nullptr) const;
   /// Next-layer prefetch guesses: the experts this block's router ranks among the m best for any
   /// row of x [T, H] (the router's input: this layer's normed FFN input, in host memory on a CPU
   /// backend), distinct, ascending. Selection scores as routing ranks them (logits, + router
   /// bias; sigmoid + score bias for sigmoid routers), without groups. Empty for a router that
   /// reads the residual stream (MoeSpec::router_input_scale). Never changes routing.
   std::vector<int> predict(const float* x, int64_t T, int m, ops::Backend& be) const;
+  /// The router's selection scores of rows x [T, H] (as predict() ranks them) into out [T, E],
+  /// host memory (x and out on a CPU backend). Empty router input (router_input_scale): throws.
+  void selection_scores(const float* x, int64_t T, ops::Backend& be, float* out) const;
+  /// The router's logits (x W_r^T + router bias, before softmax or sigmoid) of rows x [T, H]
+  /// into out [T, E]; CPU backends (host memory).
+  void router_logits(const float* x, int64_t T, ops::Backend& be, float* out) const;
+  /// True when the router reads the layer's normed FFN input (not the residual stream).
+  bool routes_normed_input() const { return !m_.router_input_scale; }
+  /// True when forward() can restrict routing to listed experts (RouteWithin): a router of the
+  /// normed FFN input without a selection bias (a bias would let a masked expert win).
+  bool can_route_within() const { return !m_.router_input_scale && score_bias_.empty(); }
+  /// True for a sigmoid-scored router (selection_scores differ from router_logits).
+  bool sigmoid_router() const { return m_.general_router() && m_.score == RouterScore::kSigmoid; }
 
  private:
   MoeSpec m_;
