@@ -51,6 +51,7 @@ struct BenchOptions {
   std::vector<int> parallel = {1};  // concurrent sequences of the tg tests
   std::string routing_trace;        // --routing-trace: replay this trace's routing
   std::vector<int> lora_distinct;   // --lora-distinct: each D runs every row with D distinct adapters
+  std::string text;                 // --text: token ids from this text instead of random ones
 };
 
 // --routing-trace: the trace, its map onto the model, and the trace token of each row of the
@@ -99,6 +100,7 @@ struct Result {
   double hit_rate = 1.0, bytes_per_token = 0, experts_per_token = 0;
   double stall_s = 0;                                 // disk waits of the timed repetitions
   double staged_per_token = 0, staged_used_share = 0;  // --prefetch-next: reads per token; share of misses served
+  double staged_wasted_per_token = 0;                  // --prefetch-next: staged reads no layer used, per token
   // The VRAM tier (expert slots of a GPU run whose experts do not all fit): hit rate, host->device
   // bytes per token and seconds compute waited for slot copies, over the timed repetitions.
   bool vram_tier = false;
@@ -140,6 +142,7 @@ void set_expert_columns(Result& r, const Loaded& l, const ExpertWindow& w, doubl
   r.bytes_per_token = tokens > 0 ? static_cast<double>(w.bytes_read) / tokens : 0;
   r.stall_s = w.stall_s;
   r.staged_per_token = tokens > 0 ? static_cast<double>(w.staged) / tokens : 0;
+  r.staged_wasted_per_token = tokens > 0 ? static_cast<double>(w.staged - std::min(w.staged, w.staged_used)) / tokens : 0;
   r.staged_used_share = w.misses ? static_cast<double>(w.staged_used) / static_cast<double>(w.misses) : 0;
   if (l.expert_slots) {
     r.vram_tier = true;
@@ -159,7 +162,18 @@ struct Row {
   std::mt19937_64 rng{1234};
   std::vector<std::vector<float>> lora;  // [n_seqs][adapters]: SeqStep::lora; empty = the adapters' defaults
   ExpertWindow w;                        // expert-tier counters of its timed repetitions
+  const std::vector<int32_t>* text = nullptr;  // --text: the text's token ids (null: random ids)
 };
+
+// n token ids for a row: the --text ids from `offset` on (wrapping around the text), or the
+// row's next n random ids.
+std::vector<int32_t> row_ids(Row& row, int n, int64_t offset, int64_t vocab) {
+  if (row.text == nullptr) return random_ids(row.rng, n, vocab);
+  const std::vector<int32_t>& t = *row.text;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[i] = t[static_cast<size_t>((offset + i) % static_cast<int64_t>(t.size()))];
+  return ids;
+}
 
 // The SeqStep::lora of sequence q of a row, or an empty span (the defaults).
 std::span<const float> lora_of(const Row& row, int q) {
@@ -202,7 +216,7 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
   if (n_gen == 0) {
     std::vector<float> logits(V);
     models::State st = m.new_state();
-    const std::vector<int32_t> ids = random_ids(row.rng, n_prompt, V);
+    const std::vector<int32_t> ids = row_ids(row, n_prompt, static_cast<int64_t>(rep + 1) * n_prompt, V);
     const double t0 = now_seconds();
     for (int64_t i = 0; i < n_prompt; i += step) {
       const int64_t n = std::min<int64_t>(step, n_prompt - i);
@@ -223,7 +237,8 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
     std::vector<std::vector<float>> out(n_seqs, std::vector<float>(V));
     for (int q = 0; q < n_seqs; ++q) {
       states.push_back(m.new_state());
-      ids.push_back(random_ids(row.rng, n_gen, V));
+      // (--text: sequence q reads the text where a replayed trace's sequence q would: tg_trace_token)
+      ids.push_back(row_ids(row, n_gen, row.text ? experts::tg_trace_token(static_cast<int64_t>(row.text->size()), q, n_seqs, rep, n_gen, 0) : 0, V));
     }
     std::vector<models::SeqStep> step_seqs(n_seqs);
     const double t0 = now_seconds();
@@ -344,6 +359,8 @@ void run(const BenchOptions& o) {
   if (spec.mtp && !o.lora_distinct.empty())
     throw UsageError("--lora-distinct and --spec mtp cannot be combined (the mtp pair runs every adapter at its --lora scale)");
   std::unique_ptr<Replay> replay;
+  if (!o.text.empty() && !o.routing_trace.empty()) throw UsageError("--text and --routing-trace cannot be combined (the trace routes)");
+  if (!o.text.empty() && spec.mtp) throw UsageError("--text and --spec mtp cannot be combined (the mtp pair generates from its own prompt)");
   if (!o.routing_trace.empty()) {
     replay = std::make_unique<Replay>();
     replay->trace = experts::read_trace(o.routing_trace);  // before loading: a bad trace fails fast
@@ -351,7 +368,13 @@ void run(const BenchOptions& o) {
   engine::LoadOptions lo = o.model.load_options();
   // The --spec pair generates after a prompt: the tokenizer first, to size the context.
   std::optional<tokenizer::Tokenizer> tok;
-  if (spec.mtp) tok = engine::load_tokenizer(lo.model_dir);
+  if (spec.mtp || !o.text.empty()) tok = engine::load_tokenizer(lo.model_dir);
+  std::vector<int32_t> text_ids;
+  if (!o.text.empty()) {
+    if (!tok) throw Error(strfmt("%s has no tokenizer.json; --text needs one", lo.model_dir.c_str()));
+    text_ids = tok->encode(read_file(o.text), false);
+    if (text_ids.size() < 2) throw Error(strfmt("--text %s: fewer than 2 tokens", o.text.c_str()));
+  }
   std::vector<int32_t> prompt;
   int64_t needed = std::max(o.n_prompt, o.n_gen) + 1;
   if (spec.mtp) {
@@ -394,7 +417,10 @@ void run(const BenchOptions& o) {
   const std::vector<int> distinct = o.lora_distinct.empty() ? std::vector<int>{-1} : o.lora_distinct;
   auto rows_of = [&](int n_prompt, int n_gen, int n_seqs) {
     std::vector<Row> rows;
-    for (int d : distinct) rows.push_back(make_row(n_prompt, n_gen, n_seqs, d, lora_defaults));
+    for (int d : distinct) {
+      rows.push_back(make_row(n_prompt, n_gen, n_seqs, d, lora_defaults));
+      if (!text_ids.empty()) rows.back().text = &text_ids;
+    }
     for (Result& r : run_rows(l, std::move(rows), o.reps, o.prefill_step, replay.get())) results.push_back(std::move(r));
   };
   if (o.n_prompt > 0) rows_of(o.n_prompt, 0, 1);
@@ -456,8 +482,9 @@ void run(const BenchOptions& o) {
       if (!o.model.lora.empty()) arr.back()["n_lora"] = o.model.lora.size();
       if (r.lora_distinct >= 0) arr.back()["lora_distinct"] = r.lora_distinct;
       if (l.streaming) arr.back()["stall_s"] = r.stall_s;
-      if (o.model.prefetch_next > 0) {
+      if (o.model.prefetch_next > 0 || o.model.route_by_predictor) {
         arr.back()["prefetch_next_reads_per_token"] = r.staged_per_token;
+        arr.back()["prefetch_next_wasted_per_token"] = r.staged_wasted_per_token;  // experts read early that no layer used
         arr.back()["prefetch_next_served_share"] = r.staged_used_share;  // of the misses
       }
       if (spec.mtp && r.n_prompt == 0 && r.n_seqs == 1) {
@@ -553,6 +580,9 @@ void register_bench(CLI::App& app) {
                 "adapter 0; D = 0: all off, the base cost with the adapters loaded); rows 'tgNNN xN loraD', "
                 "repetitions interleaved across D. D must be <= the number of --lora adapters")
       ->delimiter(',');
+  c->add_option("--text", o->text,
+                "Token ids from this text (through the model's tokenizer) instead of random ids: the pp prompt and each tg "
+                "sequence's forced tokens are consecutive text, so a trained model routes as on real traffic");
   c->add_option("--routing-trace", o->routing_trace,
                 "Force every MoE layer's routing to this trace's (spool calibrate --trace-out), mapped onto the model's "
                 "layers and experts (docs/routing-trace.md); use -p 0 to compare with spool plan --trace");

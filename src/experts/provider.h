@@ -31,8 +31,8 @@ class ExpertProvider {
     (void)ids;
   }
   /// A guess that experts `ids` of `layer` will be asked for soon (the next MoE layer's router
-  /// applied early: models::DecoderModel::set_next_layer_prefetch). A provider that reads from
-  /// disk may start reading those it does not hold into a staging area that never evicts
+  /// applied early: models::DecoderModel::set_next_layer_prefetch), best first. A provider that
+  /// reads from disk may start reading those it does not hold, in that order, into a staging area that never evicts
   /// cached experts; a wrong guess costs bandwidth only. Never blocks on I/O, never throws for
   /// a read. Default: nothing.
   virtual void hint(int layer, std::span<const int> ids) {

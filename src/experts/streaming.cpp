@@ -445,19 +445,19 @@ void StreamingExperts::hint(int layer, std::span<const int> ids) {
   }
   if (slots.empty()) return;
   stats_.staged += slots.size();
-  std::vector<ExpertCache::Entry> views(slots.size());  // plan_reads reads layer, expert and data only
-  std::vector<ExpertCache::Entry*> ptrs;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    views[i].layer = layer;
-    views[i].expert = stage_[static_cast<size_t>(slots[i])].expert;
-    views[i].data = stage_[static_cast<size_t>(slots[i])].data;
-    ptrs.push_back(&views[i]);
-  }
-  reader_->submit(plan_reads(ptrs), [this, slots](std::exception_ptr err) {
-    {
-      std::lock_guard<std::mutex> lk2(mu_);
-      for (int i : slots) {
-        Stage& st = stage_[static_cast<size_t>(i)];
+  // One submission per staged expert, in the order of the guesses (best first): each becomes
+  // usable as soon as its own read lands, not when the last guess of the batch does.
+  for (int slot : slots) {
+    Stage& s0 = stage_[static_cast<size_t>(slot)];
+    ExpertCache::Entry view;  // plan_reads reads layer, expert and data only
+    view.layer = layer;
+    view.expert = s0.expert;
+    view.data = s0.data;
+    std::vector<ExpertCache::Entry*> one{&view};
+    reader_->submit(plan_reads(one), [this, slot](std::exception_ptr err) {
+      {
+        std::lock_guard<std::mutex> lk2(mu_);
+        Stage& st = stage_[static_cast<size_t>(slot)];
         const std::string why = err ? "" : check_slot(st.layer, st.expert, st.data);
         if (!why.empty()) log_warn("%s", why.c_str());
         const bool ok = !err && why.empty();
@@ -469,9 +469,9 @@ void StreamingExperts::hint(int layer, std::span<const int> ids) {
         if (!ok || !st.adopters.empty()) st.layer = st.expert = -1;  // failed, or moved into the cache
         st.adopters.clear();
       }
-    }
-    ready_cv_.notify_all();
-  });
+      ready_cv_.notify_all();
+    });
+  }
 }
 
 bool StreamingExperts::drop_prepared_pin(ExpertCache::Entry* e) {

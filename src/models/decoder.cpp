@@ -539,19 +539,18 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
   const float* norm = ffn_norm(j);
   const float eps = spec_.rms_norm_eps;
   return [this, head, next, norm, j, N, H, eps, m, route_by, &s, &be, &step] {
-    std::vector<int> ids;
+    std::vector<int> ids;  // best first
     if (route_by && m == step.within_next.k) {
-      ids = step.within_next.ids;
+      ids = best_first_union(step.within_next.ids, N, m, spec_.moe.n_experts);
     } else if (head != nullptr) {
-      ids.resize(static_cast<size_t>(N * m));
-      predictor_->top_m(*head, s.h, N, m, ids.data());
+      std::vector<int> ranked(static_cast<size_t>(N * m));
+      predictor_->top_m(*head, s.h, N, m, ranked.data());
+      ids = best_first_union(ranked, N, m, spec_.moe.n_experts);
     } else {
       std::vector<float> xn(static_cast<size_t>(N * H));
       be.rms_norm(s.h, norm, N, H, eps, xn.data());
       ids = next->predict(xn.data(), N, m, be);
     }
-    std::sort(ids.begin(), ids.end());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     if (!ids.empty()) provider_->hint(j, ids);
   };
 }

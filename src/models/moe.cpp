@@ -80,6 +80,17 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   return s;
 }
 
+std::vector<int> best_first_union(std::span<const int> ranked, int64_t T, int m, int n_experts) {
+  std::vector<char> seen(static_cast<size_t>(n_experts), 0);
+  std::vector<int> ids;
+  for (int r = 0; r < m; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      const int e = ranked[static_cast<size_t>(t * m + r)];
+      if (e >= 0 && e < n_experts && !seen[e]) seen[e] = 1, ids.push_back(e);
+    }
+  return ids;
+}
+
 void MoeBlock::router_logits(const float* x, int64_t T, ops::Backend& be, float* out) const {
   if (m_.router_input_scale) fail("MoeBlock: this router reads the residual stream; it has no logits of the FFN input");
   be.matmul(router_, x, T, out);
@@ -99,19 +110,15 @@ std::vector<int> MoeBlock::predict(const float* x, int64_t T, int m, ops::Backen
   if (m_.router_input_scale || T <= 0 || m <= 0) return {};
   std::vector<float> logits(static_cast<size_t>(T * E));
   selection_scores(x, T, be, logits.data());
-  std::vector<char> chosen(static_cast<size_t>(E), 0);
-  std::vector<int> order(static_cast<size_t>(E));
+  std::vector<int> order(static_cast<size_t>(E)), ranked(static_cast<size_t>(T * std::min(m, E)));
   const int mm = std::min(m, E);
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits.data() + t * E;
     for (int e = 0; e < E; ++e) order[e] = e;
     std::partial_sort(order.begin(), order.begin() + mm, order.end(), [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-    for (int i = 0; i < mm; ++i) chosen[order[i]] = 1;
+    std::copy_n(order.begin(), mm, ranked.begin() + t * mm);
   }
-  std::vector<int> ids;
-  for (int e = 0; e < E; ++e)
-    if (chosen[e]) ids.push_back(e);
-  return ids;
+  return best_first_union(ranked, T, mm, E);
 }
 
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,

@@ -36,6 +36,11 @@
 namespace spool::models {
 
 
+/// The distinct experts of per-row rankings ranked [T, m] (each row best first), best first:
+/// every row's first choice, then every row's second, ... (ids outside [0, n_experts) skipped).
+/// The order prefetch reads its guesses in.
+std::vector<int> best_first_union(std::span<const int> ranked, int64_t T, int m, int n_experts);
+
 /// Router top-k selection (ops/routing.h), named here for model code and tests.
 using ops::route_top_k;
 
@@ -91,7 +96,7 @@ class MoeBlock {
                const std::function<void()>* after_prepare = nullptr, const RouteWithin* within = nullptr) const;
   /// Next-layer prefetch guesses: the experts this block's router ranks among the m best for any
   /// row of x [T, H] (the router's input: this layer's normed FFN input, in host memory on a CPU
-  /// backend), distinct, ascending. Selection scores as routing ranks them (logits, + router
+  /// backend), distinct, best first (best_first_union). Selection scores as routing ranks them (logits, + router
   /// bias; sigmoid + score bias for sigmoid routers), without groups. Empty for a router that
   /// reads the residual stream (MoeSpec::router_input_scale). Never changes routing.
   std::vector<int> predict(const float* x, int64_t T, int m, ops::Backend& be) const;
