@@ -1071,12 +1071,19 @@ TEST(Cli, ExpertProfileAcrossGenerateServeAndBench) {
                                                   {"logit_bias", {{"0", -100}}}});
     ASSERT_TRUE(comp.is_object() && comp.contains("usage")) << comp.dump();
     EXPECT_NE(slurp(s.log).find("preloaded the"), std::string::npos) << slurp(s.log);
+    const std::string m = http(s.port, "GET", "/metrics").body;
+    const size_t at = m.find("\nspool_expert_cache_preloaded ");
+    ASSERT_NE(at, std::string::npos) << m;
+    EXPECT_GT(std::atof(m.c_str() + at + 30), 0) << m.substr(at, 60);
   }  // SIGTERM: the profile is written on the way out
   EXPECT_EQ(tokens(), 7 + 6 + 2);
   Result b = spool("bench -p 8 -n 4 -r 1" + stream);
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_NE(b.err.find("preloaded the"), std::string::npos) << b.err;
   EXPECT_EQ(tokens(), 15 + 2 * 8 + 2 * 4);  // warm-up and one timed repetition of each test
+  Result j = spool("generate --prompt-ids 5,17 --max-tokens 2 --json" + stream);
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_GT(nlohmann::json::parse(j.out)["stats"]["ram_tier"].value("preloaded", 0), 0) << j.out;
   // A corrupt file: exit 1, naming it; a resident run does not read it.
   std::ofstream(profile, std::ios::trunc) << "{\"format\": \"spool-expert-profile\", \"version\": 1";
   Result c = spool("generate --prompt-ids 5,17 --max-tokens 2" + stream);

@@ -230,7 +230,8 @@ nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& tw, int64_t 
                      {"bytes_read", w.bytes_read},
                      {"bytes_read_per_token", static_cast<double>(w.bytes_read) * per},
                      {"stall_s", w.stall_s},
-                     {"pinned_bytes", w.pinned_bytes}};
+                     {"pinned_bytes", w.pinned_bytes},
+                     {"preloaded", w.preloaded}};
   j["memory"] = engine::memory_json(l.memory);
   j["device"] = l.device;
   if (l.device != "cpu") {

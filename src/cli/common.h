@@ -87,7 +87,8 @@ struct TierStats {
 /// loader's memory decision (`memory`: engine::memory_json, with the cache budget). With expert
 /// slots, `vram_tier` {slots, slot_bytes, hits, misses, hit_rate, early_copies, bytes_copied,
 /// bytes_copied_per_token, stall_s}; when streaming, `ram_tier` {requests, hits, misses,
-/// hit_rate, bytes_read, bytes_read_per_token, stall_s, pinned_bytes}.
+/// hit_rate, bytes_read, bytes_read_per_token, stall_s, pinned_bytes, preloaded (experts read at start from
+/// --expert-profile)}.
 nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& window, int64_t tokens);
 /// The same as one human-readable line.
 std::string stats_line(const Loaded& l, const TierStats& window, int64_t tokens);
