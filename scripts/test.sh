@@ -48,7 +48,7 @@ fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
 cmake --build build-asan -j"$jobs" --target spool io_test gguf_test ggml_iquants_test sysinfo_test tokenizer_test template_test \
-  streaming_test cli_test plan_test placement_test plan_source_test output_parser_test server_request_test server_http_test server_engine_test \
+  streaming_test expert_profile_test warm_start_test cli_test plan_test placement_test plan_source_test output_parser_test server_request_test server_http_test server_engine_test \
   server_batch_test anthropic_test anthropic_http_test server_responses_test chat_format_test chat_golden_test constrain_test \
   "${fuzzers[@]}"
 # Left out here (they run in the plain build above): Footprint.WorkspaceMatchesMeasuredAllocation
@@ -68,14 +68,16 @@ step "ASan + UBSan"
 
 # ThreadSanitizer: the tests whose threads share state: HTTP workers and the engine thread, the
 # request queue (full queue, health while busy), cancellation on disconnect and mid-batch, the
-# prompt cache, continuous batching with stop strings, and the two pipelined groups of a
-# streamed batch step. (Each costs minutes under TSan on 2 cores: one test per mechanism.)
+# prompt cache, continuous batching with stop strings, the two pipelined groups of a
+# streamed batch step (also with the --expert-profile recorder), the profile's periodic saver and
+# the page-cache warmer. (Each costs minutes under TSan on 2 cores: one test per mechanism.)
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DSPOOL_TSAN=ON -DSPOOL_CUDA=OFF \
   -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
-cmake --build build-tsan -j"$jobs" --target server_http_test server_engine_test server_batch_test batch_test
+cmake --build build-tsan -j"$jobs" --target server_http_test server_engine_test server_batch_test batch_test expert_profile_test \
+  warm_start_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build-tsan --output-on-failure -j"$jobs" \
-  -R '^(HttpApi\.(HealthIs503WhileLoadingThen200|EndpointsAndStreaming|FullQueueIs503AndHealthAnsweredWhileBusy|DisconnectCancelsAndTheNextRequestRuns)|ServerEngine\.SameRequestTwiceAndPrefixPlusOneReuseWithoutChangingOutput|BatchEngine\.StopStringAndCancellationMidBatchLeaveTheOthersUnchanged|BatchForward\.PipelinedGroupsReadEachExpertOnce)$'
+  -R '^(HttpApi\.(HealthIs503WhileLoadingThen200|EndpointsAndStreaming|FullQueueIs503AndHealthAnsweredWhileBusy|DisconnectCancelsAndTheNextRequestRuns)|ServerEngine\.SameRequestTwiceAndPrefixPlusOneReuseWithoutChangingOutput|BatchEngine\.StopStringAndCancellationMidBatchLeaveTheOthersUnchanged|BatchForward\.PipelinedGroupsReadEachExpertOnce|ProfileSaver\.SavesPeriodicallyAndAtTheEnd|PageCacheWarmer\.ReadsEveryFileAndStopsBetweenChunks|WarmStart\.(RecorderKeepsBatchedStepsPipelined|WarmPageCacheReadsTheFilesAndLeavesOutputsUnchanged))$'
 step "ThreadSanitizer"
 
 # Fuzzers: every libFuzzer target of fuzz/ (built in build-asan above) for a bounded time, two

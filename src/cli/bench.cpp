@@ -434,6 +434,7 @@ void run(const BenchOptions& o) {
         rows_of(0, o.n_gen, n);
       }
     }
+  engine::save_expert_profile(l);
   // The plain row of the --spec pair (the mtp row's speedup is over it).
   const Result* base = nullptr;
   for (const auto& r : results)
@@ -563,6 +564,7 @@ void register_bench(CLI::App& app) {
   CLI::App* c = app.add_subcommand("bench", "Throughput in llama-bench format: pp (prompt) and tg (generation) t/s, expert-cache columns");
   o->model.add_to(c);
   o->model.add_spec_to(c);
+  o->model.add_warm_start_to(c);
   c->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens of the pp test (default 512; 0 = skip)");
   c->add_option("-n,--n-gen", o->n_gen, "Generated tokens of the tg test (default 128; 0 = skip)");
   c->add_option("-r,--repetitions", o->reps, "Timed repetitions per test (default 5; one warm-up run first)");

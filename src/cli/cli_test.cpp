@@ -1050,6 +1050,52 @@ TEST(Cli, ServeTraceOutRecordsTheServedRows) {
   fs::remove(trace);
 }
 
+// --expert-profile across commands: generate creates the file and records its tokens, a served
+// model stopped by SIGTERM saves what it served on top, bench warms from it (the log says how
+// many experts) and records its rows too; a corrupt file exits 1 naming it, a bad half-life 2.
+TEST(Cli, ExpertProfileAcrossGenerateServeAndBench) {
+  const std::string dir = ::testing::TempDir() + "/cli_profile_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string profile = dir + "/p.json";
+  const std::string stream = " --threads 2 --stream --cache-budget-gb 0.01 --expert-profile " + profile;
+  Result g = spool("generate --prompt-ids 5,17,99,3 --max-tokens 4 --temp 0 --ignore-eos" + stream);
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_NE(g.err.find("does not exist yet"), std::string::npos) << g.err;
+  auto tokens = [&] { return nlohmann::json::parse(slurp(profile), nullptr, false).value("tokens_total", -1); };
+  EXPECT_EQ(tokens(), 4 + 3);  // the prompt and every generated token but the last
+  {
+    Serve s("--ctx-size 128 --prefill-step-size 8" + stream);
+    ASSERT_GT(s.port, 0) << slurp(s.log);
+    const auto comp = s.post("/v1/completions", {{"prompt", {5, 17, 99, 3, 250, 7}}, {"max_tokens", 3}, {"temperature", 0},
+                                                  {"logit_bias", {{"0", -100}}}});
+    ASSERT_TRUE(comp.is_object() && comp.contains("usage")) << comp.dump();
+    EXPECT_NE(slurp(s.log).find("preloaded the"), std::string::npos) << slurp(s.log);
+    const std::string m = http(s.port, "GET", "/metrics").body;
+    const size_t at = m.find("\nspool_expert_cache_preloaded ");
+    ASSERT_NE(at, std::string::npos) << m;
+    EXPECT_GT(std::atof(m.c_str() + at + 30), 0) << m.substr(at, 60);
+  }  // SIGTERM: the profile is written on the way out
+  EXPECT_EQ(tokens(), 7 + 6 + 2);
+  Result b = spool("bench -p 8 -n 4 -r 1" + stream);
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.err.find("preloaded the"), std::string::npos) << b.err;
+  EXPECT_EQ(tokens(), 15 + 2 * 8 + 2 * 4);  // warm-up and one timed repetition of each test
+  Result j = spool("generate --prompt-ids 5,17 --max-tokens 2 --json" + stream);
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_GT(nlohmann::json::parse(j.out)["stats"]["ram_tier"].value("preloaded", 0), 0) << j.out;
+  // A corrupt file: exit 1, naming it; a resident run does not read it.
+  std::ofstream(profile, std::ios::trunc) << "{\"format\": \"spool-expert-profile\", \"version\": 1";
+  Result c = spool("generate --prompt-ids 5,17 --max-tokens 2" + stream);
+  EXPECT_EQ(c.code, 1) << c.err;
+  EXPECT_NE(c.err.find(profile + ": not a valid expert profile"), std::string::npos) << c.err;
+  Result r = spool("generate --prompt-ids 5,17 --max-tokens 2 --threads 2 --no-stream --expert-profile " + profile);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("neither read nor written"), std::string::npos) << r.err;
+  EXPECT_EQ(spool("generate --prompt-ids 5 --max-tokens 1 --expert-profile-half-life 0" + stream).code, 2);
+  fs::remove_all(dir);
+}
+
 // ---------------------------------------------------------------- spool template render
 
 // Writes `text` to a scratch file and returns its path.

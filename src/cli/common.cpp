@@ -80,6 +80,21 @@ void ModelOptions::add_lora_to(CLI::App* app, bool server) {
                   "Load the --lora adapters with default scale 0 (requests or POST /lora-adapters turn them on)");
 }
 
+void ModelOptions::add_warm_start_to(CLI::App* app) {
+  app->add_option("--expert-profile", expert_profile,
+                  "JSON file of decayed routing counts kept across restarts: at start its hottest experts are read into the "
+                  "streaming cache (ordinary LRU entries; a missing file starts cold), and the run's routing is recorded into "
+                  "it (serve: every 60 s and at shutdown; generate, bench: at the end). A profile of another model is left "
+                  "untouched. Outputs do not change (docs/streaming.md#warm-starts)");
+  app->add_option("--expert-profile-half-life", expert_profile_half_life,
+                  strfmt("Tokens after which a routing decision counts half in the --expert-profile (default %.0f)",
+                         experts::kDefaultProfileHalfLife));
+  app->add_flag("--warm-page-cache", warm_page_cache,
+                "Read the model files into the OS page cache in the background (lowest CPU and I/O priority) when the "
+                "experts stream through the page cache and the files fit in the memory the run leaves free; the log says "
+                "when it is skipped and why, and how long it took");
+}
+
 void ModelOptions::add_spec_to(CLI::App* app) {
   app->add_option("--spec", spec,
                   "Speculative decoding: 'mtp' drafts with the model's own multi-token-prediction head (Qwen3.5/3.6, "
@@ -125,6 +140,9 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.vram_budget = vram_budget;
   o.vram_experts = vram_experts;
   o.host_expert_slots = host_expert_slots;
+  o.expert_profile = expert_profile;
+  o.expert_profile_half_life = expert_profile_half_life;
+  o.warm_page_cache = warm_page_cache;
   o.mtp = spec_params().mtp;
   o.draft_max = o.mtp ? draft_max : 0;
   for (const std::string& a : lora) o.lora.push_back(engine::parse_lora_option(a));
@@ -220,7 +238,8 @@ nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& tw, int64_t 
                      {"bytes_read", w.bytes_read},
                      {"bytes_read_per_token", static_cast<double>(w.bytes_read) * per},
                      {"stall_s", w.stall_s},
-                     {"pinned_bytes", w.pinned_bytes}};
+                     {"pinned_bytes", w.pinned_bytes},
+                     {"preloaded", w.preloaded}};
   j["memory"] = engine::memory_json(l.memory);
   j["device"] = l.device;
   if (l.device != "cpu") {

@@ -53,6 +53,12 @@ struct ModelOptions {
   /// Adds --lora FILE[:SCALE] (commands that run a model for text: generate, perplexity, serve)
   /// and, with `server`, llama-server's --lora-init-without-apply.
   void add_lora_to(CLI::App* app, bool server = false);
+  std::string expert_profile;  // --expert-profile FILE
+  double expert_profile_half_life = experts::kDefaultProfileHalfLife;  // --expert-profile-half-life TOKENS
+  bool warm_page_cache = false;  // --warm-page-cache
+  /// Adds --expert-profile, --expert-profile-half-life and --warm-page-cache (the commands that
+  /// serve or measure traffic: serve, generate, bench; docs/streaming.md#warm-starts).
+  void add_warm_start_to(CLI::App* app);
   int host_expert_slots = 0;  // tests: --host-expert-slots (hidden)
   /// Adds --model (and --threads, streaming and K-reduction flags when `runs_model`).
   void add_to(CLI::App* app, bool runs_model = true);
@@ -83,7 +89,8 @@ struct TierStats {
 /// loader's memory decision (`memory`: engine::memory_json, with the cache budget). With expert
 /// slots, `vram_tier` {slots, slot_bytes, hits, misses, hit_rate, early_copies, bytes_copied,
 /// bytes_copied_per_token, stall_s}; when streaming, `ram_tier` {requests, hits, misses,
-/// hit_rate, bytes_read, bytes_read_per_token, stall_s, pinned_bytes}.
+/// hit_rate, bytes_read, bytes_read_per_token, stall_s, pinned_bytes, preloaded (experts read at start from
+/// --expert-profile)}.
 nlohmann::ordered_json stats_json(const Loaded& l, const TierStats& window, int64_t tokens);
 /// The same as one human-readable line.
 std::string stats_line(const Loaded& l, const TierStats& window, int64_t tokens);

@@ -152,6 +152,7 @@ void run(const GenerateOptions& o) {
     return true;
   });
   const uint64_t rss = peak_rss_bytes();
+  engine::save_expert_profile(l);
   // Expert statistics of the decode phase (per decode forward), or of the prompt if none.
   const TierStats end = stats_snapshot(l);
   const bool decoded = res.timings.decode_forwards > 0;
@@ -224,6 +225,7 @@ void register_generate(CLI::App& app) {
   o->model.add_to(c);
   o->model.add_lora_to(c);
   o->model.add_spec_to(c);
+  o->model.add_warm_start_to(c);
   CLI::Option* op = c->add_option("-p,--prompt", o->prompt, "Prompt text (encoded as is, no special tokens added)");
   CLI::Option* oi = c->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
   CLI::Option* of = c->add_option("-f,--file", o->file, "Read the prompt from a file");

@@ -1,12 +1,14 @@
 // spool serve: the OpenAI-compatible HTTP server (src/server/http_server.h). The socket is
 // bound first (so a busy port fails at once and /health answers 503 while the model loads),
-// then the model is loaded and the server turns ready. SIGINT / SIGTERM stop it.
+// then the model is loaded and the server turns ready. SIGINT / SIGTERM stop it (an --expert-profile
+// is written then, and every 60 s while it serves).
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "cli/common.h"
@@ -20,6 +22,9 @@
 namespace spool::cli {
 
 namespace {
+
+// How often a running server writes its --expert-profile (when tokens were served since).
+constexpr double kProfileSaveSeconds = 60;
 
 struct ServeOptions {
   ModelOptions model;
@@ -105,6 +110,9 @@ void run(const ServeOptions& o) {
   ho.parallel = o.parallel;
   ho.responses_store = o.responses_store;
   ho.threads = std::max(ho.threads, ho.max_waiting + o.parallel + 8);
+  // --expert-profile: saved every kProfileSaveSeconds while traffic comes, and once more when the
+  // server stops (declared before `http`: destroyed after it, so after the last step has run).
+  std::optional<experts::ProfileSaver> profile_saver;
   server::HttpServer http(ho);
   const int port = http.bind();
   // The signal thread is joined before `http` goes away: when run() ends for another reason
@@ -129,6 +137,7 @@ void run(const ServeOptions& o) {
   std::fprintf(stderr, "spool: listening on http://%s:%d (loading %s)\n", o.host.c_str(), port, dir.c_str());
   try {
     engine::LoadedModel loaded = engine::load(lo);
+    if (loaded.profile) profile_saver.emplace(loaded.profile, loaded.profile_path, kProfileSaveSeconds);
     auto e = server::make_serving_engine(std::move(loaded), eo);
     std::fprintf(stderr, "spool: ready: model %s, context %lld, %d slot(s), load %.2f s\n", eo.model_name.c_str(),
                  (long long)e->facts.ctx_size, o.parallel,
@@ -150,6 +159,7 @@ void register_serve(CLI::App& app) {
   o->model.add_to(c);
   o->model.add_lora_to(c, /*server=*/true);
   o->model.add_spec_to(c);
+  o->model.add_warm_start_to(c);
   c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
   c->add_option("--port", o->port, "Port (default 8080; 0 = any free port, printed at start)");
   c->add_option("--ctx-size", o->ctx_size, "Prompt + output tokens per request at most (default: the model's max_position_embeddings)");

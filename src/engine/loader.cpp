@@ -246,6 +246,17 @@ void validate(const LoadOptions& opt) {
   parse_gb(opt.cache_budget, "--cache-budget-gb");
   parse_gb(opt.vram_budget, "--vram-budget-gb");
   ops::int8_activations_from_bits(opt.act_bits, false);
+  if (!(opt.expert_profile_half_life > 0) || !std::isfinite(opt.expert_profile_half_life))
+    throw UsageError(strfmt("--expert-profile-half-life must be a positive number of tokens (got %g)", opt.expert_profile_half_life));
+  if (!opt.expert_profile.empty()) {  // its directory must take the file: found now, not at the first save
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path dir = fs::path(opt.expert_profile).parent_path().empty() ? fs::path(".") : fs::path(opt.expert_profile).parent_path();
+    if (!fs::is_directory(dir, ec)) fail("--expert-profile %s: the directory %s does not exist", opt.expert_profile.c_str(), dir.c_str());
+    if (fs::exists(opt.expert_profile, ec) && !fs::is_regular_file(opt.expert_profile, ec))
+      fail("--expert-profile %s: not a regular file", opt.expert_profile.c_str());
+    if (access(dir.c_str(), W_OK) != 0) fail("--expert-profile %s: the directory %s is not writable", opt.expert_profile.c_str(), dir.c_str());
+  }
 }
 
 // The log lines of a placement (what was decided and why), before the providers are built.
@@ -276,7 +287,7 @@ void log_placement(const plan::Placement& p, const plan::PlacementFacts& f, cons
 
 // The streaming expert provider of a streamed placement, in front of the model.
 void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placement& p, const std::vector<bool>& moe_layers,
-                     const std::shared_ptr<ops::Backend>& backend) {
+                     const std::shared_ptr<ops::Backend>& backend, const experts::ProfileData* stored) {
   const models::ModelSpec& spec = l.model->spec();
   experts::StreamingOptions so;
   so.cache_budget_bytes = p.cache_budget;
@@ -290,6 +301,7 @@ void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
   so.stage_slots = 2 * std::max(opt.prefetch_next, opt.route_by_predictor ? spec.moe.top_k : 0);
   so.top_k = spec.moe.top_k;
   if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
+  if (stored != nullptr) so.warm = experts::hottest(*stored);
   if (p.pinned_tier) so.pin_with = backend.get();
   l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
                                                             spec.moe.intermediate, so);
@@ -350,7 +362,87 @@ void build_vram_tier(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
            format_bytes(l.vram_used).c_str(), format_bytes(l.vram_budget).c_str());
 }
 
+// --expert-profile with experts streamed through a cache: the profile of this model (seeded from
+// the file when it is this model's), its recorder on the model's routing, and the stored counts
+// to warm the cache with (nullopt: start cold). A file of another model is left as it is and
+// nothing is recorded; a corrupt one is an error.
+std::optional<experts::ProfileData> open_profile(LoadedModel& l, const LoadOptions& opt) {
+  const models::ModelSpec& spec = l.model->spec();
+  experts::ProfileShape shape;
+  shape.model_type = spec.model_type;
+  shape.n_layers = spec.n_layers;
+  for (int i = 0; i < spec.n_layers; ++i)
+    if (spec.ffns[i] == models::FfnKind::kMoE) shape.moe_layers.push_back(i);
+  shape.n_experts = spec.moe.n_experts;
+  shape.top_k = opt.max_active_experts > 0 ? std::min(opt.max_active_experts, spec.moe.top_k) : spec.moe.top_k;
+  const std::string& w = spec.moe.router_weight;
+  shape.router_hash = experts::router_fingerprint(*l.ckpt, shape.moe_layers, w.ends_with(".weight") ? w.substr(0, w.size() - 7) : w);
+  shape.expert_bytes = l.ckpt->expert_bytes();
+  std::optional<experts::ProfileData> stored;
+  std::error_code ec;
+  if (std::filesystem::exists(opt.expert_profile, ec)) {
+    experts::ProfileData d = experts::read_profile(opt.expert_profile);  // spool::Error when corrupt
+    if (const std::string why = shape.mismatch(d.shape); !why.empty()) {
+      log_warn("--expert-profile %s is the profile of another model (%s): starting with a cold cache; the file is left as it is "
+               "and this run records no profile (give another path, or delete the file)",
+               opt.expert_profile.c_str(), why.c_str());
+      return std::nullopt;
+    }
+    stored = std::move(d);
+  }
+  l.profile = std::make_shared<experts::ExpertProfile>(shape, opt.expert_profile_half_life);
+  l.profile_path = opt.expert_profile;
+  if (stored) {
+    l.profile->seed(*stored);
+    log_info("expert profile %s: %llu tokens recorded (%.0f after decay, half-life %.0f tokens)%s", opt.expert_profile.c_str(),
+             (unsigned long long)stored->tokens_total, stored->weight, opt.expert_profile_half_life,
+             stored->half_life != opt.expert_profile_half_life ? strfmt("; it was recorded with a half-life of %.0f", stored->half_life).c_str() : "");
+  } else {
+    log_info("expert profile %s does not exist yet: starting with a cold cache; this run's routing is recorded into it",
+             opt.expert_profile.c_str());
+  }
+  std::shared_ptr<experts::ExpertProfile> p = l.profile;
+  l.model->hooks.on_route = [p](int layer, int64_t, std::span<const int> experts, std::span<const float>) { p->record(layer, experts); };
+  l.model->hooks.on_route_any_order = true;  // counts only: pipelined steps stay pipelined
+  return stored;
+}
+
+// --warm-page-cache: starts the background reader when the expert reads go through the page cache
+// and the experts' file bytes fit in the memory the run's plan leaves free; logs why not otherwise.
+void start_warmer(LoadedModel& l) {
+  if (!l.streaming) {
+    log_info("--warm-page-cache: the experts are resident (read into memory at load): nothing to warm");
+    return;
+  }
+  if (l.streaming->store().direct()) {
+    log_info("--warm-page-cache: skipped: expert reads bypass the page cache (O_DIRECT: --no-page-cache, or the model files "
+             "are >= 0.6 x available memory; --use-page-cache reads through it)");
+    return;
+  }
+  const MemoryDecision& m = l.memory;
+  const uint64_t used = m.reserve + m.base.sum() + m.cache_budget;
+  const uint64_t free = m.available > used ? m.available - used : 0;
+  const uint64_t need = l.ckpt->expert_bytes();  // the dense part is resident already (plan: base.dense)
+  if (need > free) {
+    log_info("--warm-page-cache: skipped: the experts' %s do not fit in the %s the run leaves free (available %s (%s) - reserve %s - "
+             "resident weights, KV/state, workspace %s - expert cache %s)",
+             format_bytes(need).c_str(), format_bytes(free).c_str(), format_bytes(m.available).c_str(), m.source.c_str(),
+             format_bytes(m.reserve).c_str(), format_bytes(m.base.sum()).c_str(), format_bytes(m.cache_budget).c_str());
+    return;
+  }
+  std::vector<std::string> paths;
+  for (const auto& sh : l.ckpt->shards()) paths.push_back(sh.path());
+  log_info("--warm-page-cache: reading the model's files (%s) into the page cache in the background (%s free for them)",
+           format_bytes(l.ckpt->file_bytes()).c_str(), format_bytes(free).c_str());
+  l.warmer = std::make_unique<io::PageCacheWarmer>(std::move(paths));
+}
+
 }  // namespace
+
+void save_expert_profile(const LoadedModel& l) {
+  if (l.profile == nullptr || l.profile->tokens_this_run() == 0) return;
+  experts::ProfileSaver(l.profile, l.profile_path, 0).finish();
+}
 
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok) {
   // Before anything of the model is read: pages this process maps and touches turn active and
@@ -497,8 +589,17 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   std::vector<std::pair<int, int>> hot;  // --pin-file's experts, hottest first (static placement)
   l.memory.streaming = placement.stream;
   l.memory.budget_auto = placement.stream && placement.cache_budget_auto;
+  // --expert-profile: only a streaming cache (the CPU's, or the RAM tier behind VRAM slots) has
+  // anything to warm; experts resident in RAM or VRAM, or placed statically, have not.
+  const bool cached = placement.stream && placement.vram != plan::VramTier::kAll && placement.vram != plan::VramTier::kStatic;
+  std::optional<experts::ProfileData> stored;
+  if (!opt.expert_profile.empty() && cached) stored = open_profile(l, opt);
+  if (!opt.expert_profile.empty() && !cached)
+    log_info("--expert-profile: the routed experts are not streamed through a cache (%s): nothing to warm; %s is neither read nor "
+             "written",
+             placement.stream ? "placed in VRAM" : "resident", opt.expert_profile.c_str());
   if (placement.stream) {
-    build_streaming(l, opt, placement, moe_layers, backend);
+    build_streaming(l, opt, placement, moe_layers, backend, stored ? &*stored : nullptr);
   } else {
     populate_resident_weights(*l.ckpt);
     if (!opt.pin_file.empty()) {
@@ -539,6 +640,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     l.tok = tokenizer::Tokenizer::from_gguf(gguf_vocab(*g));
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
+  if (opt.warm_page_cache) start_warmer(l);
   l.int8_activations = int8_acts && kquant && ops::q8_fast() && !on_gpu;
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s%s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,

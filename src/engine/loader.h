@@ -13,6 +13,8 @@
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
 #include "experts/device_experts.h"
+#include "experts/expert_profile.h"
+#include "io/page_cache_warmer.h"
 #include "models/model.h"
 #include "plan/budget.h"
 #include <nlohmann/json.hpp>
@@ -78,6 +80,11 @@ struct LoadOptions {
   std::vector<LoraOption> lora;        // --lora FILE[:SCALE], in order: PEFT LoRA adapters applied unmerged (CPU only)
   bool strict_device = false;          // --strict-device (or SPOOL_STRICT_DEVICE=1): ops::Backend::set_strict_device on a
                                        // GPU run; the load fails when the model needs an op the GPU runs on the host
+  std::string expert_profile;          // --expert-profile FILE: warm the streaming cache from it and record this run's
+                                       // routing into LoadedModel::profile ("" = none; docs/streaming.md#warm-starts)
+  double expert_profile_half_life = experts::kDefaultProfileHalfLife;  // --expert-profile-half-life, tokens
+  bool warm_page_cache = false;        // --warm-page-cache: read the model files into the page cache in the background
+                                       // when they fit (LoadedModel::warmer)
 };
 
 /// The memory decision of a load: what was available and what the expert cache got.
@@ -113,6 +120,13 @@ struct LoadedModel {
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
   bool int8_activations = false;  // Q4_K / Q6_K products take int8 activations (--act-bits 8, or auto on a GGUF K-quant file)
   std::shared_ptr<const lora::LoraSet> lora;  // the --lora adapters (also held by the model); null without them
+  /// --expert-profile: the decayed routing counts this run records (the model's hooks.on_route
+  /// feeds it), seeded from the file; null when the flag is not given, the experts are not
+  /// streamed through a cache, or the file belongs to another model (left untouched).
+  std::shared_ptr<experts::ExpertProfile> profile;
+  std::string profile_path;       // where `profile` is saved (save_expert_profile, experts::ProfileSaver)
+  /// --warm-page-cache: the background reader (null when not started). Destroying it stops it.
+  std::unique_ptr<io::PageCacheWarmer> warmer;
 };
 
 /// Loads per `opt`. `tok`, when given, is the model's tokenizer already loaded by the caller
@@ -128,6 +142,10 @@ std::optional<tokenizer::Tokenizer> load_tokenizer(const std::string& model);
 /// The `memory` object of --json output: available bytes and their source, ctx_size and
 /// prefill_step of the estimate, the components kept out of the cache and the cache budget.
 nlohmann::ordered_json memory_json(const MemoryDecision& m);
+
+/// Writes l.profile to l.profile_path (atomically) when there is one and it recorded tokens;
+/// a failure is logged as a warning (the run's output stands). The end of generate and bench.
+void save_expert_profile(const LoadedModel& l);
 
 /// Parses a pin file {"pin": [[layer, expert], ...]}.
 std::vector<std::pair<int, int>> read_pin_file(const std::string& path);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <unordered_set>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -86,6 +87,7 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
       log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
                (long long)cache_.capacity(), opt_.top_k);
     load_pins();
+    load_warm();
   } catch (...) {
     reader_.reset();
     for (Stage& st : stage_) std::free(st.data);
@@ -131,6 +133,38 @@ void StreamingExperts::load_pins() {
   }
   pinned_count_ = static_cast<int>(entries.size());
   log_info("pinned %d experts (%s) resident", pinned_count_, format_bytes(entries.size() * store_.slot_bytes()).c_str());
+}
+
+void StreamingExperts::load_warm() {
+  if (opt_.warm.empty()) return;
+  const double t0 = now_seconds();
+  const int64_t room = cache_.capacity() - static_cast<int64_t>(cache_.size());
+  std::vector<std::pair<int, int>> take;  // hottest first
+  std::unordered_set<uint64_t> seen;
+  for (const auto& [l, e] : opt_.warm) {
+    if (!store_.has_layer(l) || e < 0 || e >= store_.n_experts())
+      fail("expert profile names expert (%d, %d), which the model does not have", l, e);
+    if (static_cast<int64_t>(take.size()) >= room) break;
+    if (cache_.find(l, e) == nullptr && seen.insert((static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(e)).second)
+      take.emplace_back(l, e);
+  }
+  if (take.empty()) return;
+  // Coldest first: each insert becomes the most recently used, so the hottest end up evicted last.
+  std::vector<ExpertCache::Entry*> entries;
+  for (auto it = take.rbegin(); it != take.rend(); ++it) entries.push_back(cache_.insert(it->first, it->second));
+  try {
+    reader_->read_all(plan_reads(entries));
+  } catch (...) {
+    for (auto* en : entries) cache_.erase(en);
+    throw;
+  }
+  for (auto* en : entries) {
+    if (std::string why = check_slot(en->layer, en->expert, en->data); !why.empty()) fail("%s", why.c_str());
+    en->state = ExpertCache::State::kReady;
+  }
+  stats_.preloaded = entries.size();
+  log_info("expert profile: preloaded the %zu hottest of %zu profiled experts (%s) into the cache in %.2f s", entries.size(),
+           opt_.warm.size(), format_bytes(entries.size() * store_.slot_bytes()).c_str(), now_seconds() - t0);
 }
 
 ExpertWeights StreamingExperts::slot_views(int layer, int expert, const uint8_t* slot) const {

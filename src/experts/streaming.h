@@ -27,7 +27,7 @@
 namespace spool::experts {
 
 /// Settings of the streaming provider (CLI: --cache-budget-gb, --prefetch-workers,
-/// --io-engine, --use-page-cache/--no-page-cache, --prefetch-ahead, --pin-file).
+/// --io-engine, --use-page-cache/--no-page-cache, --prefetch-ahead, --pin-file, --expert-profile).
 struct StreamingOptions {
   uint64_t cache_budget_bytes = 1ull << 30;
   int workers = 8;
@@ -36,6 +36,11 @@ struct StreamingOptions {
   int prefetch_ahead = 0;
   int top_k = 8;         // native experts per token (prefetch applies to decode-sized sets)
   std::vector<std::pair<int, int>> pins;  // (layer, expert) kept resident, hottest first
+  /// (layer, expert) read into the cache at construction, hottest first (--expert-profile's
+  /// experts::hottest()), after the pins and up to the cache's capacity: ordinary LRU entries
+  /// (never pinned, evicted like any other), the hottest the most recently used. Pairs the model
+  /// does not have are an error.
+  std::vector<std::pair<int, int>> warm;
   /// The RAM tier of a GPU run with VRAM expert slots: the cache's buffers (the budget's, at most
   /// every expert's) are allocated at construction as one block and page-locked with
   /// pin_with->pin_host, so the slots' host-to-device copies read pinned memory. Null: buffers
@@ -61,6 +66,7 @@ struct StreamingStats {
   /// cache served from the staging area, counted in `misses` too).
   uint64_t staged = 0, staged_used = 0;
   uint64_t pinned_bytes = 0;      // page-locked cache bytes (StreamingOptions::pin_with; a gauge)
+  uint64_t preloaded = 0;         // experts read at construction by StreamingOptions::warm (their bytes are in bytes_read)
   double hit_rate() const { return requests ? static_cast<double>(hits) / requests : 0.0; }
   /// Share of would-be misses that prefetch-ahead turned into hits: rescued / (rescued + misses).
   double rescue_rate() const {
@@ -123,6 +129,8 @@ class StreamingExperts final : public ExpertProvider {
   // else an error message naming the tensor.
   std::string check_slot(int layer, int expert, const uint8_t* slot) const;
   void load_pins();
+  // StreamingOptions::warm: reads the hottest experts into free cache entries (unpinned).
+  void load_warm();
   // The staging area (hint()). A slot holds one expert's bytes; entries of the cache that asked
   // for it while it loads (adopters) get them copied in when the read completes.
   struct Stage {

@@ -366,9 +366,10 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
   }
   try {
     // Several sequences whose experts stream from disk: two groups, each group's expert reads
-    // hidden behind the other's compute. Hooks see one row numbering: they run unpipelined.
+    // hidden behind the other's compute. Hooks see one row numbering: they run unpipelined
+    // (but an on_route that takes any order, ForwardHooks::on_route_any_order).
     const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ &&
-                           be_->device() == ops::Device::kCpu && !hooks.on_hidden && !hooks.on_route &&
+                           be_->device() == ops::Device::kCpu && !hooks.on_hidden && (!hooks.on_route || hooks.on_route_any_order) &&
                            !hooks.on_margin;
     if (pipelined) {
       run_pipelined(s, parts);

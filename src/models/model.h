@@ -71,6 +71,11 @@ struct MtpStep {
 /// Optional observers for tests and tools (calibration, debugging).
 struct ForwardHooks {
   RouteObserver on_route;     // per (MoE layer, token) chosen experts
+  /// on_route takes its calls in any order of (layer, row) (it only counts, e.g. the loader's
+  /// --expert-profile recorder), so a step of several streamed sequences still runs as two
+  /// pipelined groups; their calls never overlap (the groups take turns). False: a hooked step
+  /// runs unpipelined, its calls layer by layer over all rows.
+  bool on_route_any_order = false;
   MarginObserver on_margin;   // per (MoE layer, token) routing margin
   /// Forces routing (RouteOverride); runs before on_route, which sees the forced choice.
   RouteOverride route_override;

@@ -77,7 +77,12 @@ BatchEngine::BatchEngine(models::Model& model, const tokenizer::Tokenizer& tok, 
   model_.reserve_workspace(plan::step_rows(chunk, opt.parallel) + (opt.parallel - 1) * (per_slot - 1), opt.parallel);
   stats_.slots = opt.parallel;
   stats_.tokens_le.assign(std::size(BatchStats::kTokenBuckets) + 1, 0);
+  // The observer already installed (the loader's --expert-profile recorder) sees every row too.
+  prev_route_ = model_.hooks.on_route;
+  prev_any_order_ = model_.hooks.on_route_any_order;
+  model_.hooks.on_route_any_order = false;
   model_.hooks.on_route = [this](int layer, int64_t row, std::span<const int> experts, std::span<const float> weights) {
+    if (prev_route_) prev_route_(layer, row, experts, weights);
     if (!counting_ || row < 0 || row >= static_cast<int64_t>(row_seq_.size())) return;
     for (int e : experts) routes_.emplace_back(layer, static_cast<int>(row_seq_[static_cast<size_t>(row)]), e);
     if (opt_.trace)  // written once the step succeeded (a failed step leaves no partial token)
@@ -93,7 +98,8 @@ BatchEngine::~BatchEngine() {
   }
   cv_.notify_all();
   thread_.join();
-  model_.hooks.on_route = nullptr;
+  model_.hooks.on_route = prev_route_;
+  model_.hooks.on_route_any_order = prev_any_order_;
 }
 
 std::shared_ptr<GenTicket> BatchEngine::submit(std::shared_ptr<const GenRequest> req, bool events) {

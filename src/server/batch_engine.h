@@ -132,7 +132,8 @@ class BatchEngine {
  public:
   /// Starts the engine thread. Reserves the model's workspace for min(prefill_step, ctx_size)
   /// + parallel - 1 rows over `parallel` sequences (as the loader does for LoadOptions::parallel). UsageError for parallel < 1 or prefill_step < 1. Installs
-  /// model.hooks.on_route (expert-sharing counters).
+  /// model.hooks.on_route (expert-sharing counters, --trace-out) in front of the one already
+  /// there (which it calls first; restored at destruction).
   BatchEngine(models::Model& model, const tokenizer::Tokenizer& tok, BatchOptions opt);
   /// Fails queued and running requests with 503 and joins the thread.
   ~BatchEngine();
@@ -185,6 +186,8 @@ class BatchEngine {
   std::vector<std::tuple<int, int, int>> routes_;
   int64_t trace_row0_ = 0;  // --trace-out: trace token of the step's row 0
   std::vector<experts::TraceRecord> trace_step_;  // --trace-out: the step's records (token = row) until it succeeds
+  models::RouteObserver prev_route_;  // the model's on_route before this engine's (called by it)
+  bool prev_any_order_ = false;
   std::thread thread_;
 };
 

@@ -108,6 +108,8 @@ std::string Metrics::render(const EngineGauges& g) const {
          g.experts.stall_s);
   metric(out, "spool_expert_cache_pinned_bytes", "gauge", "Page-locked bytes of the expert cache (RAM tier of a GPU run).",
          static_cast<double>(g.experts.pinned_bytes));
+  metric(out, "spool_expert_cache_preloaded", "gauge", "Experts read into the cache at start from --expert-profile.",
+         static_cast<double>(g.experts.preloaded));
   metric(out, "spool_disk_read_bytes_total", "counter", "Bytes of expert weights read from disk.", static_cast<double>(g.experts.bytes_read));
   metric(out, "spool_vram_expert_slots", "gauge", "Expert slots of the VRAM tier (0 when experts are all resident or on the CPU).",
          static_cast<double>(g.vram_slots));

@@ -395,6 +395,38 @@ TEST(BatchEngine, BadRequestValuesFailWith400) {
   ASSERT_EQ(g2.last().kind, GenMessage::kDone);
 }
 
+// The route observer installed before the engine (the loader's --expert-profile recorder) keeps
+// seeing every row of every step: the engine calls it before its own, and puts it back when it
+// goes.
+TEST(BatchEngine, CallsTheRouteObserverInstalledBeforeIt) {
+  engine::LoadOptions o = spool::testing::test_load_options(SPOOL_DEFAULT_MODEL_DIR, false);
+  o.prefill_step = 16;
+  engine::LoadedModel l = engine::load(o);
+  models::Model& m = *l.model;
+  int64_t calls = 0;
+  m.hooks.on_route = [&](int, int64_t, std::span<const int>, std::span<const float>) { ++calls; };
+  m.hooks.on_route_any_order = true;
+  EngineOptions eo;
+  eo.model_name = "demo";
+  eo.prefill_step = 16;
+  eo.parallel = 2;
+  auto e = make_serving_engine(std::move(l), eo);
+  GenRequest r = request(*e, kText.substr(0, 60), 5);
+  const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+  Got g = drain(*e->batch->submit(std::make_shared<const GenRequest>(r), false));
+  ASSERT_EQ(g.last().kind, GenMessage::kDone);
+  // Every prompt token and every generated token but the last went through the 8 MoE layers.
+  const int64_t generated = static_cast<int64_t>(ids_of(g.last().result).size());
+  ASSERT_GT(generated, 0);
+  EXPECT_EQ(calls, (prompt + generated - 1) * 8);
+  EXPECT_FALSE(e->loaded.model->hooks.on_route_any_order);  // the engine's own observer is not order-free
+  e->batch.reset();
+  EXPECT_TRUE(e->loaded.model->hooks.on_route_any_order);
+  const int64_t before = calls;
+  e->loaded.model->hooks.on_route(0, 0, {}, {});
+  EXPECT_EQ(calls, before + 1);
+}
+
 // The loader's memory decision and the planner's projection count every slot the same way:
 // N x (KV + recurrent state) and the workspace of a step of prefill_step + N - 1 rows over N
 // sequences, which is also what the model's arena is sized to.
