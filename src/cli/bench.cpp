@@ -406,6 +406,19 @@ void run(const BenchOptions& o) {
       if (row < 0 || row >= static_cast<int64_t>(r->rows.size())) fail("--routing-trace: step row %lld has no trace token", (long long)row);
       r->map->route(layer, r->rows[static_cast<size_t>(row)], ids, w);
     };
+    if (o.model.prefetch_next > 0) {
+      if (replay->trace.shape.guesses > 0) {
+        l.model->hooks.guess_override = [r](int layer, int64_t row, std::span<int> g) {
+          if (row < 0 || row >= static_cast<int64_t>(r->rows.size())) fail("--routing-trace: step row %lld has no trace token", (long long)row);
+          return r->map->guess(layer, r->rows[static_cast<size_t>(row)], g);
+        };
+        log_info("--prefetch-next replays the trace's guesses (%d per token, made by the %s)", replay->trace.shape.guesses,
+                 replay->trace.shape.guess_source.c_str());
+      } else {
+        log_warn("--prefetch-next with a trace without guesses (calibrate --trace-guesses): the guesses come from this checkpoint's "
+                 "router, which has nothing to do with the replayed routing");
+      }
+    }
     const experts::TraceShape& ts = replay->trace.shape;
     log_info("routing replayed from %s: %lld tokens of %s (%zu MoE layers, %d experts, top-%d) onto %d MoE layers of %d experts, top-%d",
              o.routing_trace.c_str(), (long long)replay->trace.n_tokens, ts.model_type.c_str(), ts.moe_layers.size(), ts.n_experts,

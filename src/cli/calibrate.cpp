@@ -26,6 +26,7 @@ struct CalibrateOptions {
   int64_t window = 512;
   double pin_gb = 0;
   int predictor_mlp = 0;  // --predictor-mlp D (0: linear heads)
+  int trace_guesses = 0;  // --trace-guesses M
   experts::PredictorTrainOptions train;
 };
 
@@ -106,6 +107,8 @@ void run(const CalibrateOptions& o) {
   const bool predictor = !o.train_predictor.empty() || !o.model.predictor.empty();
   if (o.pin_out.empty() && o.perm_out.empty() && o.trace_out.empty() && !predictor)
     throw UsageError("give --pin-out, --perm-out, --trace-out, --train-predictor and/or --predictor (its recall on the text)");
+  if (o.trace_guesses < 0) throw UsageError(strfmt("--trace-guesses must be >= 0 (got %d)", o.trace_guesses));
+  if (o.trace_guesses > 0 && o.trace_out.empty()) throw UsageError("--trace-guesses needs --trace-out");
   if (o.model.route_by_predictor) throw UsageError("calibrate traces exact routing: --route-by-predictor does not apply");
   if (!o.train_predictor.empty() && !o.model.predictor.empty()) throw UsageError("give --train-predictor or --predictor, not both");
   if (o.predictor_mlp < 0 || o.predictor_mlp > 8192) throw UsageError(strfmt("--predictor-mlp must be between 0 and 8192 (got %d)", o.predictor_mlp));
@@ -125,8 +128,34 @@ void run(const CalibrateOptions& o) {
   if (static_cast<int64_t>(ids.size()) > o.max_tokens) ids.resize(o.max_tokens);
   experts::RoutingTrace trace(spec.n_layers, spec.moe.n_experts);
   // --trace-out: every (layer, token) decision, tokens numbered through the whole text.
+  // --trace-guesses M: each record also carries the M guesses the prefetch makes for it one layer
+  // earlier: the --predictor's heads, or the next router as a linear map (Model::router_as_linear).
+  std::optional<experts::ExpertPredictor> guesser;
+  std::vector<std::vector<int>> guess_rows;  // [layer][rows of this forward call x M]
+  if (o.trace_guesses > 0) {
+    if (l.model->backend().device() != ops::Device::kCpu) throw UsageError("--trace-guesses runs on the CPU (--device cpu)");
+    if (o.trace_guesses > spec.moe.n_experts) throw UsageError(strfmt("--trace-guesses must be 1..%d (the experts per layer)", spec.moe.n_experts));
+    if (!o.model.predictor.empty()) {
+      guesser = experts::ExpertPredictor::load(o.model.predictor);
+    } else {
+      guesser.emplace(spec.model_type, spec.n_layers, static_cast<int>(spec.hidden_size), spec.moe.n_experts, spec.moe.top_k, spec.rms_norm_eps);
+      for (int j = 0; j < spec.n_layers; ++j) {
+        if (l.model->predictor_source(j) < 0) continue;
+        experts::PredictorHead h;
+        h.target_layer = j;
+        h.source_layer = l.model->predictor_source(j);
+        l.model->router_as_linear(j, &h.w, &h.b);
+        guesser->add(std::move(h));
+      }
+    }
+    guess_rows.resize(static_cast<size_t>(spec.n_layers));
+  }
   std::unique_ptr<experts::TraceWriter> out;
-  if (!o.trace_out.empty()) out = std::make_unique<experts::TraceWriter>(o.trace_out, trace_shape_of(spec, o.model.max_active_experts, "calibrate"));
+  if (!o.trace_out.empty()) {
+    experts::TraceShape ts = trace_shape_of(spec, o.model.max_active_experts, "calibrate");
+    if (guesser) ts.guesses = o.trace_guesses, ts.guess_source = o.model.predictor.empty() ? "router" : "predictor";
+    out = std::make_unique<experts::TraceWriter>(o.trace_out, ts);
+  }
   size_t window_start = 0;
   // --train-predictor / --predictor: every source layer's residual rows and every MoE layer's choice.
   PredictorData pd;
@@ -146,16 +175,33 @@ void run(const CalibrateOptions& o) {
                                         spec.rms_norm_eps);
     l.model->hooks.on_ffn_input = [&pd, is_source, norm, H = spec.hidden_size](int layer, const float* h, int64_t T) {
       if (!is_source[layer]) return;
+      if (layer < 0) return;
       std::vector<float>& u = pd.u[layer];
       const size_t at = u.size();
       u.resize(at + static_cast<size_t>(T * H));
       norm.normalise(h, T, u.data() + at);
     };
   }
+  if (guesser) {
+    auto inner = l.model->hooks.on_ffn_input;
+    l.model->hooks.on_ffn_input = [&, inner](int layer, const float* h, int64_t T) {
+      if (inner) inner(layer, h, T);
+      const experts::PredictorHead* head = guesser->head_from(layer);
+      if (head == nullptr) return;
+      std::vector<int>& g = guess_rows[static_cast<size_t>(head->target_layer)];
+      g.resize(static_cast<size_t>(T * o.trace_guesses));
+      guesser->top_m(*head, h, T, o.trace_guesses, g.data());
+    };
+  }
   size_t window_rows = 0;  // pd.ids rows before this window
   l.model->hooks.on_route = [&](int layer, int64_t row, std::span<const int> e, std::span<const float> w) {
     trace.record(layer, e);
-    if (out) out->write(layer, static_cast<int64_t>(window_start) + row, e, w);
+    if (out) {
+      std::span<const int> g;
+      if (guesser && !guess_rows[static_cast<size_t>(layer)].empty())
+        g = std::span<const int>(guess_rows[static_cast<size_t>(layer)].data() + row * o.trace_guesses, static_cast<size_t>(o.trace_guesses));
+      out->write(layer, static_cast<int64_t>(window_start) + row, e, w, g);
+    }
     if (predictor) {
       std::vector<int>& v = pd.ids[layer];
       const size_t at = (window_rows + static_cast<size_t>(row)) * K;
@@ -227,6 +273,10 @@ void register_calibrate(CLI::App& app) {
   c->add_option("--trace-out", o->trace_out,
                 "Write the routing trace here: (layer, token, experts, gate weights) of every token, JSON lines "
                 "(docs/routing-trace.md; replay with spool bench --routing-trace, plan with spool plan --trace)");
+  c->add_option("--trace-guesses", o->trace_guesses,
+                "With --trace-out: record with each (layer, token) the M experts the next-layer prefetch guesses for it one "
+                "layer earlier (--predictor's heads, else the next router), so spool bench --routing-trace --prefetch-next "
+                "replays the prefetch too");
   c->add_option("--train-predictor", o->train_predictor,
                 "Train an expert predictor on the text and write it here: one head per MoE layer scoring its experts from the "
                 "residual stream one layer earlier, for --predictor (docs/predictor.md); prints recall against the router's guess");

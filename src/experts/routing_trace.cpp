@@ -28,6 +28,10 @@ TraceWriter::TraceWriter(const std::string& path, const TraceShape& s) : path_(p
   h["n_experts"] = s.n_experts;
   h["top_k"] = s.top_k;
   h["source"] = s.source;
+  if (s.guesses > 0) {
+    h["guesses"] = s.guesses;
+    h["guess_source"] = s.guess_source;
+  }
   const std::string line = h.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size()) {
     std::fclose(f_);
@@ -40,7 +44,8 @@ TraceWriter::~TraceWriter() {
   if (f_ != nullptr) std::fclose(f_);
 }
 
-void TraceWriter::write(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights) {
+void TraceWriter::write(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights,
+                        std::span<const int> guesses) {
   if (f_ == nullptr) fail("%s: the trace file is closed", path_.c_str());
   if (experts.size() != weights.size()) fail("%s: %zu experts but %zu weights", path_.c_str(), experts.size(), weights.size());
   std::string s = "{\"l\":" + std::to_string(layer) + ",\"t\":" + std::to_string(token) + ",\"e\":[";
@@ -51,7 +56,13 @@ void TraceWriter::write(int layer, int64_t token, std::span<const int> experts, 
     std::snprintf(buf, sizeof buf, "%s%.6g", i ? "," : "", static_cast<double>(weights[i]));
     s += buf;
   }
-  s += "]}\n";
+  s += "]";
+  if (!guesses.empty()) {
+    s += ",\"g\":[";
+    for (size_t i = 0; i < guesses.size(); ++i) s += (i ? "," : "") + std::to_string(guesses[i]);
+    s += "]";
+  }
+  s += "}\n";
   if (std::fwrite(s.data(), 1, s.size(), f_) != s.size()) fail("%s: write failed (%s)", path_.c_str(), std::strerror(errno));
   ++records_;
 }
@@ -97,9 +108,12 @@ Trace read_trace(const std::string& path) {
     s.moe_layers = h.at("moe_layers").get<std::vector<int>>();
     s.n_experts = h.at("n_experts").get<int>();
     s.top_k = h.at("top_k").get<int>();
+    s.guesses = h.value("guesses", 0);
+    s.guess_source = h.value("guess_source", std::string());
   } catch (const nlohmann::json::exception& e) {
     fail("%s:1: bad header (needs integers n_layers, n_experts, top_k and a list moe_layers): %s", path.c_str(), e.what());
   }
+  if (s.guesses < 0 || s.guesses > s.n_experts) fail("%s:1: bad header: %d guesses per record of %d experts", path.c_str(), s.guesses, s.n_experts);
   if (s.n_layers <= 0 || s.n_experts <= 0 || s.top_k <= 0 || s.top_k > s.n_experts || s.moe_layers.empty())
     fail("%s:1: bad header: n_layers %d, n_experts %d, top_k %d, %zu MoE layers", path.c_str(), s.n_layers, s.n_experts, s.top_k,
          s.moe_layers.size());
@@ -120,13 +134,23 @@ Trace read_trace(const std::string& path) {
     int64_t token = 0;
     std::vector<int> e;
     std::vector<float> w;
+    std::vector<int> g;
     try {
       layer = r.at("l").get<int>();
       token = r.at("t").get<int64_t>();
       e = r.at("e").get<std::vector<int>>();
       w = r.at("w").get<std::vector<float>>();
+      if (r.contains("g")) g = r.at("g").get<std::vector<int>>();
     } catch (const nlohmann::json::exception&) {
-      fail("%s:%lld: a record needs integers \"l\", \"t\" and lists \"e\" (ints), \"w\" (numbers)", path.c_str(), (long long)lineno);
+      fail("%s:%lld: a record needs integers \"l\", \"t\" and lists \"e\" (ints), \"w\" (numbers) (and \"g\", ints)", path.c_str(),
+           (long long)lineno);
+    }
+    if (!g.empty() && static_cast<int>(g.size()) != s.guesses)
+      fail("%s:%lld: %zu guesses; the header's guesses is %d", path.c_str(), (long long)lineno, g.size(), s.guesses);
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] < 0 || g[i] >= s.n_experts) fail("%s:%lld: guess %d outside 0..%d", path.c_str(), (long long)lineno, g[i], s.n_experts - 1);
+      for (size_t j = 0; j < i; ++j)
+        if (g[j] == g[i]) fail("%s:%lld: guess %d listed twice", path.c_str(), (long long)lineno, g[i]);
     }
     if (layer < 0 || layer >= s.n_layers || ordinal[layer] < 0)
       fail("%s:%lld: layer %d is not one of the header's MoE layers", path.c_str(), (long long)lineno, layer);
@@ -145,12 +169,14 @@ Trace read_trace(const std::string& path) {
       seen.resize(static_cast<size_t>(t.n_tokens) * L, 0);
       t.experts.resize(seen.size() * K, 0);
       t.weights.resize(seen.size() * K, 0.0f);
+      t.guesses.resize(seen.size() * s.guesses, -1);
     }
     const size_t slot = static_cast<size_t>(token) * L + ordinal[layer];
     if (seen[slot]) fail("%s:%lld: layer %d of token %lld recorded twice", path.c_str(), (long long)lineno, layer, (long long)token);
     seen[slot] = 1;
     std::copy(e.begin(), e.end(), t.experts.begin() + slot * K);
     std::copy(w.begin(), w.end(), t.weights.begin() + slot * K);
+    std::copy(g.begin(), g.end(), t.guesses.begin() + slot * s.guesses);
   }
   if (in.bad()) fail("%s: read error", path.c_str());
   if (t.n_tokens == 0) fail("%s: the trace has a header but no records", path.c_str());
@@ -217,6 +243,37 @@ void TraceMap::route(int layer, int64_t token, std::span<int> ids, std::span<flo
     ++uses[rank];
   }
   for (int i = 0; i < kt; ++i) weights[i] = sw[rank_of[i]] / static_cast<float>(uses[rank_of[i]]);
+}
+
+}  // namespace spool::experts
+
+namespace spool::experts {
+
+int TraceMap::guess(int layer, int64_t token, std::span<int> ids) const {
+  if (layer < 0 || layer >= static_cast<int>(ordinal_.size()) || ordinal_[layer] < 0)
+    fail("routing trace replay: layer %d is not a MoE layer of the target", layer);
+  const int G = trace_.shape.guesses;
+  if (G == 0) return 0;
+  const int j = ordinal_[layer];
+  const int src = j % trace_.n_moe();
+  const int64_t tok = token % trace_.n_tokens;
+  const int Es = trace_.shape.n_experts, Et = n_experts_;
+  const int R = Et >= Es ? Et / Es : 1;
+  const int* g = trace_.guesses_of(tok, src);
+  int n = 0;
+  for (int i = 0; i < G && n < static_cast<int>(ids.size()); ++i) {
+    const int e = g[i];
+    if (e < 0) return 0;  // no guesses for this record
+    int id;
+    if (Et >= Es) {  // route()'s map of a rank-0 pass
+      uint64_t st = (static_cast<uint64_t>(j) << 48) ^ (static_cast<uint64_t>(tok) << 16) ^ static_cast<uint64_t>(e);
+      id = e + Es * static_cast<int>(splitmix64(st) % static_cast<uint64_t>(R));
+    } else {
+      id = e % Et;
+    }
+    if (std::find(ids.begin(), ids.begin() + n, id) == ids.begin() + n) ids[n++] = id;
+  }
+  return n;
 }
 
 }  // namespace spool::experts

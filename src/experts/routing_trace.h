@@ -21,6 +21,8 @@ struct TraceShape {
   int n_experts = 0;            // routed experts per MoE layer
   int top_k = 0;                // experts routed per token (as recorded: every record has top_k experts)
   std::string source;           // "calibrate" or "serve"
+  int guesses = 0;              // prefetch guesses per record ("g"; 0: none recorded)
+  std::string guess_source;     // what made them: "router" (the next router one layer early) or "predictor"
 };
 
 /// One router decision: token `token` (0-based, in the order the model processed them) at
@@ -30,6 +32,7 @@ struct TraceRecord {
   int64_t token = 0;
   std::vector<int> experts;
   std::vector<float> weights;
+  std::vector<int> guesses;  // shape.guesses ids, best first (empty: none for this record)
 };
 
 /// The current trace format version (the header's "version"); readers refuse others.
@@ -44,7 +47,10 @@ class TraceWriter {
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
   /// Appends one record; experts.size() must equal weights.size() (spool::Error otherwise).
-  void write(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights);
+  /// `guesses` (empty, or the header's `guesses` ids, best first): the prefetch guesses made
+  /// for this (layer, token) one layer earlier.
+  void write(int layer, int64_t token, std::span<const int> experts, std::span<const float> weights,
+             std::span<const int> guesses = {});
   /// Flushes buffered records to the file (spool::Error on a write error).
   void flush();
   /// Flushes and closes (spool::Error on a write error); the destructor closes silently.
@@ -65,7 +71,13 @@ struct Trace {
   /// Experts [n_tokens][n_moe][top_k] and their weights, flattened.
   std::vector<int> experts;
   std::vector<float> weights;
+  /// Prefetch guesses [n_tokens][n_moe][shape.guesses], -1 where a record has none (empty when
+  /// shape.guesses == 0).
+  std::vector<int> guesses;
   int n_moe() const { return static_cast<int>(shape.moe_layers.size()); }
+  const int* guesses_of(int64_t token, int ordinal) const {
+    return guesses.data() + (static_cast<size_t>(token) * n_moe() + ordinal) * shape.guesses;
+  }
   const int* experts_of(int64_t token, int ordinal) const {
     return experts.data() + (static_cast<size_t>(token) * n_moe() + ordinal) * shape.top_k;
   }
@@ -106,6 +118,11 @@ class TraceMap {
   /// taken mod n_tokens): ids.size() (== weights.size(), <= target_experts) experts, distinct.
   /// Throws spool::Error for a layer that is not a target MoE layer.
   void route(int layer, int64_t token, std::span<int> ids, std::span<float> weights) const;
+  /// The trace's prefetch guesses for decoder layer `layer` and trace token `token`, mapped as
+  /// route() maps its rank-0 pass (a guess that names an expert the trace routed maps to the
+  /// target expert route() gives it, collisions aside): ids[0..n) best first, n <= ids.size()
+  /// and <= the trace's guesses; 0 when the record has none. Errors as route().
+  int guess(int layer, int64_t token, std::span<int> ids) const;
   const Trace& trace() const { return trace_; }
   const std::vector<int>& target_moe_layers() const { return moe_layers_; }
   int target_experts() const { return n_experts_; }

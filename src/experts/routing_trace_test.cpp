@@ -384,3 +384,74 @@ TEST(CacheSimTest, MatchesStreamingCache) {
 
 }  // namespace
 }  // namespace spool::experts
+
+namespace spool::experts {
+namespace {
+
+// Prefetch guesses ("g", calibrate --trace-guesses): written, read back, checked, and mapped
+// onto another shape as the routing is (a guess naming a routed expert lands where route() put it).
+TEST(RoutingTraceGuesses, RoundTripErrorsAndMap) {
+  const std::string path = tmp_path("guesses.jsonl");
+  TraceShape s = shape_of({0, 1}, 2, 8, 2);
+  s.guesses = 3;
+  s.guess_source = "router";
+  {
+    TraceWriter w(path, s);
+    const int e0[] = {1, 2}, e1[] = {3, 4}, g1[] = {4, 3, 7};
+    const float wt[] = {0.6f, 0.4f};
+    w.write(0, 0, e0, wt);  // the first MoE layer: no guesses
+    w.write(1, 0, e1, wt, g1);
+    w.close();
+  }
+  const Trace t = read_trace(path);
+  EXPECT_EQ(t.shape.guesses, 3);
+  EXPECT_EQ(t.shape.guess_source, "router");
+  ASSERT_EQ(t.guesses.size(), 6u);
+  EXPECT_EQ(t.guesses_of(0, 0)[0], -1);
+  EXPECT_EQ(std::vector<int>(t.guesses_of(0, 1), t.guesses_of(0, 1) + 3), (std::vector<int>{4, 3, 7}));
+  auto bad = [&](const std::string& name, const std::string& record, const std::string& words) {
+    const std::string p = tmp_path(name);
+    std::ifstream in(path);
+    std::string header;
+    std::getline(in, header);
+    write_text(p, header + "\n{\"l\":0,\"t\":0,\"e\":[1,2],\"w\":[0.5,0.5]}\n" + record + "\n");
+    try {
+      read_trace(p);
+      ADD_FAILURE() << name << " read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  bad("g_len.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":[1,2]})", "2 guesses; the header's guesses is 3");
+  bad("g_range.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":[1,2,8]})", "guess 8 outside 0..7");
+  bad("g_twice.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":[1,2,1]})", "guess 1 listed twice");
+  bad("g_type.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":"x"})", "\"g\", ints");
+
+  // The map: guesses equal to each token's routed experts land on route()'s ids (64 -> 256
+  // experts: each trace expert splits into 4 by the per-token hash).
+  Trace big = skewed_trace(3, 64, 8, 200, 11);
+  big.shape.guesses = 8;
+  big.guesses = big.experts;
+  const TraceMap map(big, {0, 1, 2, 3, 4}, 256);
+  int64_t same = 0, all = 0;
+  for (int layer = 0; layer < 5; ++layer)
+    for (int64_t tok = 0; tok < 200; ++tok) {
+      std::vector<int> ids(8), g(8);
+      std::vector<float> w(8);
+      map.route(layer, tok, ids, w);
+      ASSERT_EQ(map.guess(layer, tok, g), 8);
+      const std::set<int> a(ids.begin(), ids.end()), b(g.begin(), g.end());
+      for (int x : b) same += a.count(x);
+      all += 8;
+    }
+  EXPECT_GE(static_cast<double>(same) / static_cast<double>(all), 0.99);  // (a collision moves an id: rare)
+  std::vector<int> few(3);
+  EXPECT_EQ(map.guess(1, 5, few), 3);
+  Trace none = skewed_trace(2, 8, 2, 4, 1);
+  const TraceMap nomap(none, {0, 1}, 8);
+  EXPECT_EQ(nomap.guess(1, 0, few), 0);
+  EXPECT_THROW(nomap.guess(5, 0, few), Error);
+}
+
+}  // namespace
+}  // namespace spool::experts

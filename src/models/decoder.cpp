@@ -525,6 +525,16 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
   if (head != nullptr && head->source_layer != i) head = nullptr;
   const bool route_by = route_by_predictor_ && head != nullptr;
   if (next_prefetch_ <= 0 && !route_by) return {};
+  if (hooks.guess_override && !route_by) {  // the guesses that go with a forced routing
+    const int m = next_prefetch_, E = spec_.moe.n_experts;
+    const int64_t row0 = step.row0;
+    return [this, j, N, m, E, row0] {
+      std::vector<int> ranked(static_cast<size_t>(N * m), -1);
+      for (int64_t t = 0; t < N; ++t) hooks.guess_override(j, row0 + t, std::span<int>(ranked.data() + t * m, static_cast<size_t>(m)));
+      const std::vector<int> ids = best_first_union(ranked, N, m, E);
+      if (!ids.empty()) provider_->hint(j, ids);
+    };
+  }
   const int K = top_k_;
   const int m = std::max(next_prefetch_, route_by ? K : 0);
   const int64_t H = spec_.hidden_size;

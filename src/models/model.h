@@ -79,6 +79,11 @@ struct ForwardHooks {
   MarginObserver on_margin;   // per (MoE layer, token) routing margin
   /// Forces routing (RouteOverride); runs before on_route, which sees the forced choice.
   RouteOverride route_override;
+  /// Replaces the next-layer prefetch's guesses for one row (with a forced routing, the guesses
+  /// that go with it: `spool bench --routing-trace` of a trace with guesses): fills up to
+  /// guesses.size() expert ids of MoE layer `layer`, best first, and returns how many (0: no
+  /// guess for this row). `row` counts as RouteOverride's.
+  std::function<int(int layer, int64_t row, std::span<int> guesses)> guess_override;
   /// hidden[T, H] entering layer `index` (index == n_layers: after the final norm).
   std::function<void(int index, const float* hidden, int64_t T)> on_hidden;
   /// residual[T, H] entering layer `index`'s FFN block (after the token mixer's residual add):
