@@ -104,11 +104,11 @@ void predictor_step(const CalibrateOptions& o, models::Model& model, const Predi
 }
 
 void run(const CalibrateOptions& o) {
+  if (o.trace_guesses < 0) throw UsageError(strfmt("--trace-guesses must be >= 0 (got %d)", o.trace_guesses));
+  if (o.trace_guesses > 0 && o.trace_out.empty()) throw UsageError("--trace-guesses needs --trace-out");
   const bool predictor = !o.train_predictor.empty() || !o.model.predictor.empty();
   if (o.pin_out.empty() && o.perm_out.empty() && o.trace_out.empty() && !predictor)
     throw UsageError("give --pin-out, --perm-out, --trace-out, --train-predictor and/or --predictor (its recall on the text)");
-  if (o.trace_guesses < 0) throw UsageError(strfmt("--trace-guesses must be >= 0 (got %d)", o.trace_guesses));
-  if (o.trace_guesses > 0 && o.trace_out.empty()) throw UsageError("--trace-guesses needs --trace-out");
   if (o.model.route_by_predictor) throw UsageError("calibrate traces exact routing: --route-by-predictor does not apply");
   if (!o.train_predictor.empty() && !o.model.predictor.empty()) throw UsageError("give --train-predictor or --predictor, not both");
   if (o.predictor_mlp < 0 || o.predictor_mlp > 8192) throw UsageError(strfmt("--predictor-mlp must be between 0 and 8192 (got %d)", o.predictor_mlp));

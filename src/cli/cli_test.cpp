@@ -685,6 +685,71 @@ TEST(Cli, StreamingStatsAreTheCounts) {
   EXPECT_NEAR(pf["experts_read_per_token"].get<double>() * T, requests - pf_hits + issued, 1e-6);
 }
 
+// Expert predictors end to end on the demo model: calibrate trains heads (its recall table), a
+// second calibrate measures them on other text, a trace records their guesses, bench replays the
+// trace with them and decodes --text through a streamed cache with --predictor (prefetch) and
+// --route-by-predictor, and perplexity prints the cost of routing by them; bad uses are errors.
+TEST(Cli, ExpertPredictorTrainUseAndErrors) {
+  const std::string dir = ::testing::TempDir() + "/cli_predictor_" + std::to_string(getpid());
+  fs::create_directories(dir);
+  const std::string pred = dir + "/pred.safetensors", trace = dir + "/trace.jsonl", text = kData + "/corpus/dev.txt";
+  Result t = spool("calibrate -f " + text + " --max-tokens 600 --window 200 --train-predictor " + pred + " --predictor-epochs 3 -t 2");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("| layer | from | rows | router recall@8 | head recall@8 | router recall@16 | head recall@16 | epoch |"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("| 7 | 6 | 60 |"), std::string::npos) << t.out;  // validation: the last tenth of 600 rows
+  EXPECT_NE(t.out.find("7 heads (linear)"), std::string::npos) << t.out;
+  Result e = spool("calibrate -f " + text + " --max-tokens 300 --predictor " + pred + " --trace-out " + trace + " --trace-guesses 12 -t 2");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.out.find("every row of this text"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("| 1 | 0 | 300 |"), std::string::npos) << e.out;
+  {
+    std::ifstream f(trace);
+    std::string header, first, second;
+    std::getline(f, header), std::getline(f, first), std::getline(f, second);
+    EXPECT_NE(header.find(R"("guesses":12,"guess_source":"predictor")"), std::string::npos) << header;
+  }
+  const std::string stream = " -o json -p 0 -n 8 -r 1 -t 2 --stream --cache-budget-gb 0.006 --parallel 1,2 ";
+  Result rb = spool("bench" + stream + "--routing-trace " + trace + " --prefetch-next 12");
+  ASSERT_EQ(rb.code, 0) << rb.err;
+  EXPECT_NE(rb.err.find("replays the trace's guesses (12 per token, made by the predictor)"), std::string::npos) << rb.err;
+  EXPECT_GT(nlohmann::json::parse(rb.out)[0]["prefetch_next_reads_per_token"].get<double>(), 0.0) << rb.out;
+  for (const std::string mode : {std::string("--predictor " + pred + " --prefetch-next 12"), std::string("--predictor " + pred + " --route-by-predictor")}) {
+    Result b = spool("bench" + stream + "--text " + text + " " + mode);
+    ASSERT_EQ(b.code, 0) << mode << b.err;
+    const auto bj = nlohmann::json::parse(b.out);
+    ASSERT_EQ(bj.size(), 2u);
+    EXPECT_GT(bj[0]["prefetch_next_reads_per_token"].get<double>(), 0.0) << mode;
+    EXPECT_LT(bj[0]["cache_hit_rate"].get<double>(), 1.0) << mode;
+  }
+  Result pp = spool("perplexity -f " + text + " --chunks 1 --window 64 --predictor " + pred + " --route-by-predictor --kl-reference " +
+                    std::string(SPOOL_DEFAULT_MODEL_DIR) + " --json -t 2");
+  ASSERT_EQ(pp.code, 0) << pp.err;
+  const auto pj = nlohmann::json::parse(pp.out);
+  EXPECT_GT(pj["reference"]["mean_kl"].get<double>(), 0.0) << pp.out;  // routing by guesses changes the model
+  EXPECT_LT(pj["reference"]["top1_agreement"].get<double>(), 1.0) << pp.out;
+  struct Bad {
+    std::string args;
+    int code;
+    std::string words;
+  };
+  const std::vector<Bad> bad = {
+      {"generate -p hi -n 1 --route-by-predictor", 2, "--route-by-predictor needs --predictor FILE"},
+      {"generate -p hi -n 1 --predictor " + dir + "/missing.safetensors", 1, "missing.safetensors"},
+      {"generate -p hi -n 1 --predictor " + trace, 1, trace},
+      {"calibrate -f " + text + " --trace-guesses 4", 2, "--trace-guesses needs --trace-out"},
+      {"calibrate -f " + text + " --train-predictor " + dir + "/x --predictor " + pred, 2, "not both"},
+      {"calibrate -f " + text + " --train-predictor " + dir + "/x --predictor-lr 2", 2, "--predictor-lr must be in (0, 1)"},
+      {"bench -p 0 -n 2 --text " + text + " --routing-trace " + trace, 2, "--text and --routing-trace cannot be combined"},
+      {"bench -p 0 -n 2 --text " + dir + "/none.txt", 1, "none.txt"},
+  };
+  for (const Bad& b : bad) {
+    Result r = spool(b.args);
+    EXPECT_EQ(r.code, b.code) << b.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(b.words), std::string::npos) << b.args << "\n" << r.err;
+  }
+  fs::remove_all(dir);
+}
+
 // Routing traces end to end on the demo model: calibrate records one, bench replays it through a
 // streaming cache, and plan's simulated hit rate and bytes read are exactly what bench measured
 // (one sequence and four); bad trace files are errors naming the file.
