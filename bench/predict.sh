@@ -21,6 +21,11 @@
 # $DIR); TEXT: the decoded text (held out from TRAIN). BPS (default 1e9), FRAC (0.25), M (guesses
 # per token for prefetch, default 2 x top-k), N (tokens per sequence, 64), R (repetitions per
 # run, 2), ROUNDS (2), PARALLEL (1,4), THREADS (all), OUT (bench/results/predict.md).
+#
+# REPLAY=DIR (optional): also a checkpoint of another size (a 35B-shaped synthetic: spool synth +
+# convert) with the first model's routing replayed (`spool bench --routing-trace`), from traces of
+# TEXT that carry the prefetch's guesses (calibrate --trace-guesses M): modes lru, router (the
+# next router's guesses) and head (the trained heads'), with --prefetch-next M.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPOOL=$(realpath "${SPOOL:-build/spool}")
@@ -121,6 +126,43 @@ EOF
   sed -n '/^| layer/,/^| mean/p' "$DIR/$name-recall.log" > "$DIR/$name-recall.md"
 done
 
+if [ -n "${REPLAY:-}" ]; then
+  first=$(echo "$MODELS" | awk '{print $1}')
+  src=$(basename "$first")
+  k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(c['num_experts_per_tok'])" "$first/config.json")
+  m=${M:-$((2 * k))}
+  "$SPOOL" calibrate -m "$first" -f "$TEXT" --max-tokens 4096 --trace-out "$DIR/trace-router.jsonl" --trace-guesses "$m" -t "$THREADS" > "$DIR/trace-router.log" 2>&1
+  "$SPOOL" calibrate -m "$first" -f "$TEXT" --max-tokens 4096 --trace-out "$DIR/trace-head.jsonl" --trace-guesses "$m" \
+    --predictor "$DIR/$src-predictor.safetensors" -t "$THREADS" > "$DIR/trace-head.log" 2>&1
+  name="$(basename "$REPLAY") (${src} routing)"
+  all=$(expert_bytes "$REPLAY")
+  budget=$("$PYTHON" -c "import sys; print(f'{float(sys.argv[1]) * int(sys.argv[2]) / 1e9:.6f}')" "$FRAC" "$all")
+  one=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(int(sys.argv[2]) // (c['num_hidden_layers'] * c['num_experts']))" "$REPLAY/config.json" "$all")
+  cg=$(throttle_cgroup spool-predict "$(disk_of "$REPLAY")" "$BPS")
+  declare -A rflags=(
+    [lru]="--routing-trace $DIR/trace-router.jsonl"
+    [router]="--routing-trace $DIR/trace-router.jsonl --prefetch-next $m"
+    [head]="--routing-trace $DIR/trace-head.jsonl --prefetch-next $m"
+  )
+  for round in $(seq 1 "$ROUNDS"); do
+    for mode in lru router head; do
+      # shellcheck disable=SC2086
+      sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
+        "$SPOOL" bench -m "$REPLAY" --stream --no-page-cache --cache-budget-gb "$budget" -p 0 -n "$N" -r "$R" \
+        --parallel "$PARALLEL" -t "$THREADS" -o json ${rflags[$mode]} > "$DIR/run.json" 2> "$DIR/run.log" ||
+        { echo "predict.sh: replay $mode failed:" >&2; tail -3 "$DIR/run.log" >&2; exit 1; }
+      "$PYTHON" - "$DIR/run.json" "$name" "$mode" "$round" "$m" "$one" >> "$DIR/runs.jsonl" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+for r in rows:
+    r.update(model=sys.argv[2], mode=sys.argv[3], round=int(sys.argv[4]), m=int(sys.argv[5]), expert_bytes=int(sys.argv[6]))
+    print(json.dumps(r))
+EOF
+    done
+  done
+  MODELS="$MODELS|$name"
+fi
+
 "$PYTHON" - "$DIR" "$OUT" "$BPS" "$FRAC" "$N" "$R" "$ROUNDS" "$MODELS" <<'EOF'
 import collections, json, os, statistics, sys
 d, out, bps, frac, n, r, rounds, models = sys.argv[1:9]
@@ -135,7 +177,8 @@ lines = [f"Experts streamed with O_DIRECT from a disk throttled to {float(bps)/1
          "| model | seqs | mode | tok/s | vs LRU | hit rate | MB read / token | stall ms / token | wasted prefetch MB / token |",
          "|---|---|---|---|---|---|---|---|---|"]
 plot = collections.defaultdict(dict)
-for model in [os.path.basename(m) for m in models.split()]:
+plain, _, replay = models.partition("|")
+for model in [os.path.basename(m) for m in plain.split()] + ([replay] if replay else []):
     for seqs in sorted({k[1] for k in g if k[0] == model}):
         base = None
         for mode in modes:

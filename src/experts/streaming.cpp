@@ -442,6 +442,10 @@ bool StreamingExperts::adopt_stage(int slot, ExpertCache::Entry* e) {
   Stage& st = stage_[static_cast<size_t>(slot)];
   if (st.state == ExpertCache::State::kLoading) {
     st.adopters.push_back(e);
+    if (st.queued) {  // a guess not read yet, asked for now: read at once, as a demand miss
+      spec_queue_.erase(std::find(spec_queue_.begin(), spec_queue_.end(), slot));
+      submit_stage(slot, false);
+    }
     return false;
   }
   std::memcpy(e->data, st.data, store_.slot_bytes());
@@ -453,6 +457,13 @@ bool StreamingExperts::adopt_stage(int slot, ExpertCache::Entry* e) {
 void StreamingExperts::hint(int layer, std::span<const int> ids) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stage_.empty() || !store_.has_layer(layer)) return;
+  // Guesses of an earlier hint still waiting for their turn are stale now (their layer is
+  // running or done): they free their slots unread.
+  for (int slot : spec_queue_) {
+    Stage& st = stage_[static_cast<size_t>(slot)];
+    if (st.queued && st.adopters.empty()) st.queued = false, st.layer = st.expert = -1, st.state = ExpertCache::State::kReady;
+  }
+  spec_queue_.clear();
   std::vector<int> slots;
   for (int id : ids) {
     if (id < 0 || id >= store_.n_experts() || cache_.find(layer, id) != nullptr || find_stage(layer, id) >= 0) continue;
@@ -475,37 +486,51 @@ void StreamingExperts::hint(int layer, std::span<const int> ids) {
     st.expert = id;
     st.state = ExpertCache::State::kLoading;
     st.seq = ++stage_seq_;
+    st.queued = true;
     slots.push_back(pick);
   }
-  if (slots.empty()) return;
-  stats_.staged += slots.size();
-  // One submission per staged expert, in the order of the guesses (best first): each becomes
-  // usable as soon as its own read lands, not when the last guess of the batch does.
-  for (int slot : slots) {
-    Stage& s0 = stage_[static_cast<size_t>(slot)];
-    ExpertCache::Entry view;  // plan_reads reads layer, expert and data only
-    view.layer = layer;
-    view.expert = s0.expert;
-    view.data = s0.data;
-    std::vector<ExpertCache::Entry*> one{&view};
-    reader_->submit(plan_reads(one), [this, slot](std::exception_ptr err) {
-      {
-        std::lock_guard<std::mutex> lk2(mu_);
-        Stage& st = stage_[static_cast<size_t>(slot)];
-        const std::string why = err ? "" : check_slot(st.layer, st.expert, st.data);
-        if (!why.empty()) log_warn("%s", why.c_str());
-        const bool ok = !err && why.empty();
-        st.state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
-        for (ExpertCache::Entry* e : st.adopters) {
-          if (ok) std::memcpy(e->data, st.data, store_.slot_bytes());
-          e->state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
-        }
-        if (!ok || !st.adopters.empty()) st.layer = st.expert = -1;  // failed, or moved into the cache
-        st.adopters.clear();
-      }
-      ready_cv_.notify_all();
-    });
+  for (int slot : slots) spec_queue_.push_back(slot);
+  pump_stage();
+}
+
+void StreamingExperts::pump_stage() {
+  while (spec_in_flight_ < std::max(1, opt_.stage_in_flight) && !spec_queue_.empty()) {
+    const int slot = spec_queue_.front();
+    spec_queue_.pop_front();
+    if (stage_[static_cast<size_t>(slot)].queued) submit_stage(slot, true);
   }
+}
+
+void StreamingExperts::submit_stage(int slot, bool guess) {
+  Stage& s0 = stage_[static_cast<size_t>(slot)];
+  s0.queued = false;
+  ++stats_.staged;
+  if (guess) ++spec_in_flight_;
+  ExpertCache::Entry view;  // plan_reads reads layer, expert and data only
+  view.layer = s0.layer;
+  view.expert = s0.expert;
+  view.data = s0.data;
+  std::vector<ExpertCache::Entry*> one{&view};
+  // Each staged expert is usable as soon as its own read lands.
+  reader_->submit(plan_reads(one), [this, slot, guess](std::exception_ptr err) {
+    {
+      std::lock_guard<std::mutex> lk2(mu_);
+      Stage& st = stage_[static_cast<size_t>(slot)];
+      const std::string why = err ? "" : check_slot(st.layer, st.expert, st.data);
+      if (!why.empty()) log_warn("%s", why.c_str());
+      const bool ok = !err && why.empty();
+      st.state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
+      for (ExpertCache::Entry* e : st.adopters) {
+        if (ok) std::memcpy(e->data, st.data, store_.slot_bytes());
+        e->state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
+      }
+      if (!ok || !st.adopters.empty()) st.layer = st.expert = -1;  // failed, or moved into the cache
+      st.adopters.clear();
+      if (guess) --spec_in_flight_;
+      pump_stage();
+    }
+    ready_cv_.notify_all();
+  });
 }
 
 bool StreamingExperts::drop_prepared_pin(ExpertCache::Entry* e) {

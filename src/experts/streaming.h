@@ -12,6 +12,7 @@
 
 #include <array>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,6 +53,9 @@ struct StreamingOptions {
   /// Buffers of the staging area hint() reads into (--prefetch-next; 0 = hints ignored). Not
   /// part of the cache budget: staged experts enter the cache only when a layer asks for them.
   int stage_slots = 0;
+  /// Guess reads in flight at most (the rest wait in hint order): the demand misses a layer
+  /// reads keep most of the disk, and a guess a layer asks for before its turn is read at once.
+  int stage_in_flight = 2;
 };
 
 /// Counters since construction. A "request" is one expert asked for by a layer.
@@ -138,8 +142,15 @@ class StreamingExperts final : public ExpertProvider {
     uint8_t* data = nullptr;
     ExpertCache::State state = ExpertCache::State::kReady;
     uint64_t seq = 0;  // hint order (the oldest is recycled first)
+    bool queued = false;  // reserved by hint(), read not submitted yet (waits in spec_queue_)
     std::vector<ExpertCache::Entry*> adopters;
   };
+  std::deque<int> spec_queue_;  // queued staging slots, best guess first
+  int spec_in_flight_ = 0;      // guess reads submitted and not finished
+  // Under mu_: submits queued guesses while fewer than StreamingOptions::stage_in_flight are in flight.
+  void pump_stage();
+  // Under mu_: submits the read of staging slot `slot`; `guess`: counted against stage_in_flight.
+  void submit_stage(int slot, bool guess);
   std::vector<Stage> stage_;
   uint64_t stage_seq_ = 0;
   // Under mu_: the staging slot holding (layer, expert), or -1.
