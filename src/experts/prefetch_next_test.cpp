@@ -96,3 +96,4 @@ TEST(NextLayerPrefetch, BitIdenticalAtSeveralBudgets) {
 
 }  // namespace
 }  // namespace spool::experts
+

@@ -97,6 +97,11 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
 }
 
 StreamingExperts::~StreamingExperts() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    closing_ = true;  // a finishing guess read submits no next one (reader_ is going away)
+    spec_queue_.clear();
+  }
   reader_.reset();  // joins I/O threads: no callback touches the cache after this
   for (Stage& st : stage_) std::free(st.data);
   if (locked_ != nullptr) opt_.pin_with->unpin_host(locked_);
@@ -494,7 +499,7 @@ void StreamingExperts::hint(int layer, std::span<const int> ids) {
 }
 
 void StreamingExperts::pump_stage() {
-  while (spec_in_flight_ < std::max(1, opt_.stage_in_flight) && !spec_queue_.empty()) {
+  while (!closing_ && spec_in_flight_ < std::max(1, opt_.stage_in_flight) && !spec_queue_.empty()) {
     const int slot = spec_queue_.front();
     spec_queue_.pop_front();
     if (stage_[static_cast<size_t>(slot)].queued) submit_stage(slot, true);

@@ -147,6 +147,7 @@ class StreamingExperts final : public ExpertProvider {
   };
   std::deque<int> spec_queue_;  // queued staging slots, best guess first
   int spec_in_flight_ = 0;      // guess reads submitted and not finished
+  bool closing_ = false;        // the destructor has begun: no more guess reads
   // Under mu_: submits queued guesses while fewer than StreamingOptions::stage_in_flight are in flight.
   void pump_stage();
   // Under mu_: submits the read of staging slot `slot`; `guess`: counted against stage_in_flight.
