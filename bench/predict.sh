@@ -19,7 +19,7 @@
 #
 # TRAIN: the text the predictors are trained on (spool calibrate --train-predictor, cached in
 # $DIR); TEXT: the decoded text (held out from TRAIN). BPS (default 1e9), FRAC (0.25), M (guesses
-# per token for prefetch, default 2 x top-k), N (tokens per sequence, 64), R (repetitions per
+# per token for prefetch, default top-k: on a disk-bound run every wrong guess costs a read), N (tokens per sequence, 64), R (repetitions per
 # run, 2), ROUNDS (2), PARALLEL (1,4), THREADS (all), OUT (bench/results/predict.md).
 #
 # REPLAY=DIR (optional): also a checkpoint of another size (a 35B-shaped synthetic: spool synth +
@@ -95,7 +95,7 @@ for model in $MODELS; do
   fi
   "$SPOOL" calibrate -m "$model" -f "$TEXT" --predictor "$pred" -t "$THREADS" > "$DIR/$name-recall.log" 2>&1
   k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(c['num_experts_per_tok'])" "$model/config.json")
-  m=${M:-$((2 * k))}
+  m=${M:-$k}
   all=$(expert_bytes "$model")
   budget=$("$PYTHON" -c "import sys; print(f'{float(sys.argv[1]) * int(sys.argv[2]) / 1e9:.6f}')" "$FRAC" "$all")
   # One expert's bytes (every routed expert is the same size here): experts = layers x experts per layer.
@@ -130,7 +130,7 @@ if [ -n "${REPLAY:-}" ]; then
   first=$(echo "$MODELS" | awk '{print $1}')
   src=$(basename "$first")
   k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(c['num_experts_per_tok'])" "$first/config.json")
-  m=${M:-$((2 * k))}
+  m=${M:-$k}
   "$SPOOL" calibrate -m "$first" -f "$TEXT" --max-tokens 4096 --trace-out "$DIR/trace-router.jsonl" --trace-guesses "$m" -t "$THREADS" > "$DIR/trace-router.log" 2>&1
   "$SPOOL" calibrate -m "$first" -f "$TEXT" --max-tokens 4096 --trace-out "$DIR/trace-head.jsonl" --trace-guesses "$m" \
     --predictor "$DIR/$src-predictor.safetensors" -t "$THREADS" > "$DIR/trace-head.log" 2>&1
@@ -173,7 +173,7 @@ modes = ["lru", "router", "head", "routeby"]
 label = {"lru": "LRU only", "router": "+ next-router prefetch", "head": "+ trained-head prefetch", "routeby": "route by heads (not exact)"}
 lines = [f"Experts streamed with O_DIRECT from a disk throttled to {float(bps)/1e9:g} GB/s (cgroup), cache = {float(frac):.0%} of the experts' bytes; "
          f"`spool bench --text` (held-out text, {n} tokens per sequence, {r} repetitions x {rounds} interleaved rounds); "
-         "prefetch reads M = 2 x top-k guesses per token into staging buffers beside the cache.", "",
+         "prefetch reads up to M = top-k guesses per token (best first, at most 2 in flight, only while no miss is being read) into staging buffers beside the cache.", "",
          "| model | seqs | mode | tok/s | vs LRU | hit rate | MB read / token | stall ms / token | wasted prefetch MB / token |",
          "|---|---|---|---|---|---|---|---|---|"]
 plot = collections.defaultdict(dict)

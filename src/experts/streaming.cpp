@@ -296,6 +296,18 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
   std::exception_ptr err;
   const auto t0 = std::chrono::steady_clock::now();
   if (!misses.empty()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++demand_in_flight_;
+    }
+    struct Done {  // the demand read is over (however it ends): queued guesses may go
+      StreamingExperts* s;
+      ~Done() {
+        std::lock_guard<std::mutex> lk(s->mu_);
+        --s->demand_in_flight_;
+        s->pump_stage();
+      }
+    } done{this};
     try {
       reader_->read_all(plan_reads(misses));
       for (auto* e : misses)  // corrupt data is a failed read: never cached, never served
@@ -499,7 +511,7 @@ void StreamingExperts::hint(int layer, std::span<const int> ids) {
 }
 
 void StreamingExperts::pump_stage() {
-  while (!closing_ && spec_in_flight_ < std::max(1, opt_.stage_in_flight) && !spec_queue_.empty()) {
+  while (!closing_ && demand_in_flight_ == 0 && spec_in_flight_ < std::max(1, opt_.stage_in_flight) && !spec_queue_.empty()) {
     const int slot = spec_queue_.front();
     spec_queue_.pop_front();
     if (stage_[static_cast<size_t>(slot)].queued) submit_stage(slot, true);
@@ -559,9 +571,12 @@ void StreamingExperts::unprepare(int layer, std::span<const int> ids) {
 }
 
 void StreamingExperts::submit_background(std::vector<ExpertCache::Entry*> todo) {
+  ++demand_in_flight_;  // (called with mu_ held)
   reader_->submit(plan_reads(todo), [this, todo](std::exception_ptr err) {
     {
       std::lock_guard<std::mutex> lk(mu_);
+      --demand_in_flight_;
+      pump_stage();
       for (auto* e : todo) {
         std::string why = err ? "" : check_slot(e->layer, e->expert, e->data);
         if (!why.empty()) log_warn("%s", why.c_str());

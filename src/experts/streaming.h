@@ -53,8 +53,9 @@ struct StreamingOptions {
   /// Buffers of the staging area hint() reads into (--prefetch-next; 0 = hints ignored). Not
   /// part of the cache budget: staged experts enter the cache only when a layer asks for them.
   int stage_slots = 0;
-  /// Guess reads in flight at most (the rest wait in hint order): the demand misses a layer
-  /// reads keep most of the disk, and a guess a layer asks for before its turn is read at once.
+  /// Guess reads in flight at most (the rest wait in hint order). A guess read starts only while
+  /// no demand read (a layer's misses) is in flight, so guesses use the disk's idle time and never
+  /// slow a miss; a guess a layer asks for before its turn is read at once, as a demand miss.
   int stage_in_flight = 2;
 };
 
@@ -148,6 +149,7 @@ class StreamingExperts final : public ExpertProvider {
   std::deque<int> spec_queue_;  // queued staging slots, best guess first
   int spec_in_flight_ = 0;      // guess reads submitted and not finished
   bool closing_ = false;        // the destructor has begun: no more guess reads
+  int demand_in_flight_ = 0;    // reads a layer asked for (acquire's misses, prepare's) not finished: guesses wait
   // Under mu_: submits queued guesses while fewer than StreamingOptions::stage_in_flight are in flight.
   void pump_stage();
   // Under mu_: submits the read of staging slot `slot`; `guess`: counted against stage_in_flight.
