@@ -174,8 +174,7 @@ void run(const CalibrateOptions& o) {
     const experts::ExpertPredictor norm(spec.model_type, spec.n_layers, static_cast<int>(spec.hidden_size), spec.moe.n_experts, K,
                                         spec.rms_norm_eps);
     l.model->hooks.on_ffn_input = [&pd, is_source, norm, H = spec.hidden_size](int layer, const float* h, int64_t T) {
-      if (!is_source[layer]) return;
-      if (layer < 0) return;
+      if (layer < 0 || layer >= static_cast<int>(is_source.size()) || !is_source[layer]) return;
       std::vector<float>& u = pd.u[layer];
       const size_t at = u.size();
       u.resize(at + static_cast<size_t>(T * H));

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <set>
+#include <cstdio>
+#include <cstring>
 
 #include "common/error.h"
 #include "io/safetensors.h"
@@ -65,7 +68,8 @@ struct Adam {
 
 ExpertPredictor::ExpertPredictor(std::string model_type, int n_layers, int hidden, int n_experts, int top_k, float eps)
     : model_type_(std::move(model_type)), n_layers_(n_layers), hidden_(hidden), n_experts_(n_experts), top_k_(top_k), eps_(eps) {
-  if (n_layers <= 0 || hidden <= 0 || n_experts <= 0 || top_k <= 0 || top_k > n_experts || !(eps >= 0))
+  if (n_layers <= 0 || n_layers > (1 << 16) || hidden <= 0 || hidden > (1 << 20) || n_experts <= 0 || n_experts > (1 << 16) ||
+      top_k <= 0 || top_k > n_experts || !(eps >= 0) || !std::isfinite(eps))
     fail("expert predictor: bad shape (layers %d, hidden %d, experts %d, top-k %d)", n_layers, hidden, n_experts, top_k);
 }
 
@@ -175,10 +179,13 @@ ExpertPredictor ExpertPredictor::load(const std::string& path) {
   if (mt == md.end() || ep == md.end()) fail("%s: not a spool expert predictor (model_type or rms_norm_eps missing)", path.c_str());
   float eps = 0;
   try {
-    eps = std::stof(ep->second);
+    size_t used = 0;
+    eps = std::stof(ep->second, &used);
+    if (used != ep->second.size()) throw std::invalid_argument("rms_norm_eps");
   } catch (const std::exception&) {
-    fail("%s: metadata rms_norm_eps is not a number", path.c_str());
+    fail("%s: metadata rms_norm_eps is not a number (\"%s\")", path.c_str(), ep->second.c_str());
   }
+  if (!std::isfinite(eps) || !(eps > 0) || eps > 1) fail("%s: metadata rms_norm_eps %g is not in (0, 1]", path.c_str(), eps);
   ExpertPredictor p;
   try {
     p = ExpertPredictor(mt->second, parse_int(md, "n_layers", path), parse_int(md, "hidden_size", path), parse_int(md, "n_experts", path),
@@ -195,14 +202,26 @@ ExpertPredictor ExpertPredictor::load(const std::string& path) {
     }
     if (ti->dtype != io::DType::F32 || ti->shape != shape) fail("%s: tensor %s has the wrong dtype or shape", path.c_str(), name.c_str());
     std::vector<float> v(static_cast<size_t>(ti->numel()));
-    std::copy_n(reinterpret_cast<const float*>(f.data(*ti)), v.size(), v.data());
+    std::memcpy(v.data(), f.data(*ti), v.size() * sizeof(float));  // (file offsets need not be aligned)
     for (float x : v)
       if (!std::isfinite(x)) fail("%s: tensor %s holds a value that is not finite", path.c_str(), name.c_str());
     return v;
   };
-  for (int l = 1; l < p.n_layers_; ++l) {
+  // The heads named by the file's tensors (not a loop over n_layers: that number comes from the file).
+  std::set<int> targets;
+  for (const io::TensorInfo& t : f.tensors()) {
+    int l = -1;
+    char rest[64];
+    if (t.name.rfind("heads.", 0) != 0 || std::sscanf(t.name.c_str(), "heads.%d.%63s", &l, rest) != 2 || l < 1 || l >= p.n_layers_)
+      fail("%s: unexpected tensor %s", path.c_str(), t.name.c_str());
+    const std::string r = rest;
+    if (r != "weight" && r != "bias" && r != "mlp.up.weight" && r != "mlp.up.bias" && r != "mlp.down.weight")
+      fail("%s: unexpected tensor %s", path.c_str(), t.name.c_str());
+    targets.insert(l);
+  }
+  for (int l : targets) {
     const std::string pre = "heads." + std::to_string(l) + ".";
-    if (f.find(pre + "weight") == nullptr) continue;
+    if (f.find(pre + "weight") == nullptr) fail("%s: tensor %sweight missing", path.c_str(), pre.c_str());
     PredictorHead h;
     h.target_layer = l;
     h.source_layer = parse_int(md, pre + "source_layer", path);
@@ -222,11 +241,11 @@ ExpertPredictor ExpertPredictor::load(const std::string& path) {
       fail("%s: %s", path.c_str(), e.what());
     }
   }
-  for (const io::TensorInfo& t : f.tensors())
-    if (t.name.rfind("heads.", 0) != 0) fail("%s: unexpected tensor %s", path.c_str(), t.name.c_str());
-  size_t expected = 0;
-  for (const PredictorHead& h : p.heads_) expected += h.mlp > 0 ? 5 : 2;
-  if (expected != f.tensors().size()) fail("%s: tensors of heads outside layers 1..%d", path.c_str(), p.n_layers_ - 1);
+  for (const PredictorHead& h : p.heads_)
+    if (h.mlp == 0)
+      for (const char* part : {"mlp.up.bias", "mlp.down.weight"})
+        if (f.find("heads." + std::to_string(h.target_layer) + "." + part) != nullptr)
+          fail("%s: tensor heads.%d.%s without heads.%d.mlp.up.weight", path.c_str(), h.target_layer, part, h.target_layer);
   if (p.heads_.empty()) fail("%s: the predictor has no heads", path.c_str());
   return p;
 }
@@ -254,6 +273,8 @@ PredictorTrainReport train_head(const ExpertPredictor& p, PredictorHead& head, c
                                 const PredictorTrainOptions& opt) {
   const int E = p.n_experts(), H = p.hidden(), D = head.mlp;
   if (K < 1 || K > E) fail("predictor training: %d experts per row of %d", K, E);
+  if (opt.batch < 1 || opt.epochs < 0 || !(opt.lr > 0) || !(opt.validation > 0 && opt.validation < 1))
+    fail("predictor training: bad options (batch %d, epochs %d, lr %g, validation %g)", opt.batch, opt.epochs, opt.lr, opt.validation);
   for (int64_t i = 0; i < N * K; ++i)
     if (targets[i] < 0 || targets[i] >= E) fail("predictor training: target expert %d outside 0..%d", targets[i], E - 1);
   const int64_t n_val = std::clamp<int64_t>(static_cast<int64_t>(std::llround(N * static_cast<double>(opt.validation))), 1, N);

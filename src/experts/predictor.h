@@ -102,7 +102,9 @@ struct PredictorTrainReport {
 
 /// Trains `head` (initialised: see the file comment; head.mlp > 0 gets its branch's initial
 /// weights here) on rows u [N, H] (normalised inputs) with targets [N, K] (each row's chosen
-/// experts). Throws spool::Error when N * (1 - validation) < 1 or a target is out of range.
+/// experts); keeps the epoch whose validation recall@k + recall@2k is highest. Throws
+/// spool::Error when no row is left for training or validation, a target is out of range, or
+/// an option is out of range (batch < 1, epochs < 0, lr <= 0, validation outside (0, 1)).
 PredictorTrainReport train_head(const ExpertPredictor& p, PredictorHead& head, const float* u, const int* targets, int64_t N, int K,
                                 const PredictorTrainOptions& opt);
 

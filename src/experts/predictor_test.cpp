@@ -284,6 +284,17 @@ TEST(Predictor, UntrainedHeadsGuessAsTheNextRouter) {
   const auto got = guesses(heads);
   ASSERT_EQ(want.size(), static_cast<size_t>((L - 1) * 12));  // every layer but the last, 12 forward calls
   EXPECT_EQ(got, want);
+  // Heads moved away from the router guess otherwise: the hints are the heads' (their top-12 per row).
+  ExpertPredictor moved(heads->model_type(), L, heads->hidden(), heads->n_experts(), heads->top_k(), heads->eps());
+  for (PredictorHead h : heads->heads()) {
+    for (size_t i = 0; i < h.b.size(); ++i) h.b[i] += static_cast<float>((i * 7919) % 13);  // reorders the experts
+    moved.add(std::move(h));
+  }
+  const auto other = guesses(std::make_shared<const ExpertPredictor>(moved));
+  ASSERT_EQ(other.size(), want.size());
+  int differ = 0;
+  for (size_t i = 0; i < want.size(); ++i) differ += other[i].second != want[i].second;
+  EXPECT_GT(differ, static_cast<int>(want.size()) / 2);
 }
 
 TEST(Predictor, PrefetchFromTrainedHeadsIsExact) {

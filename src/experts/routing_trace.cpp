@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kFormat = "spool-routing-trace";
 }  // namespace
 
-TraceWriter::TraceWriter(const std::string& path, const TraceShape& s) : path_(path) {
+TraceWriter::TraceWriter(const std::string& path, const TraceShape& s) : path_(path), guesses_(s.guesses) {
   if (s.moe_layers.empty() || s.n_experts <= 0 || s.top_k <= 0) fail("%s: a routing trace needs a model with routed experts", path.c_str());
   f_ = std::fopen(path.c_str(), "wb");
   if (f_ == nullptr) fail("%s: cannot create the trace file (%s)", path.c_str(), std::strerror(errno));
@@ -48,6 +48,8 @@ void TraceWriter::write(int layer, int64_t token, std::span<const int> experts, 
                         std::span<const int> guesses) {
   if (f_ == nullptr) fail("%s: the trace file is closed", path_.c_str());
   if (experts.size() != weights.size()) fail("%s: %zu experts but %zu weights", path_.c_str(), experts.size(), weights.size());
+  if (!guesses.empty() && static_cast<int>(guesses.size()) != guesses_)
+    fail("%s: %zu guesses; the header says %d", path_.c_str(), guesses.size(), guesses_);
   std::string s = "{\"l\":" + std::to_string(layer) + ",\"t\":" + std::to_string(token) + ",\"e\":[";
   for (size_t i = 0; i < experts.size(); ++i) s += (i ? "," : "") + std::to_string(experts[i]);
   s += "],\"w\":[";
@@ -111,7 +113,8 @@ Trace read_trace(const std::string& path) {
     s.guesses = h.value("guesses", 0);
     s.guess_source = h.value("guess_source", std::string());
   } catch (const nlohmann::json::exception& e) {
-    fail("%s:1: bad header (needs integers n_layers, n_experts, top_k and a list moe_layers): %s", path.c_str(), e.what());
+    fail("%s:1: bad header (needs integers n_layers, n_experts, top_k, a list moe_layers, and an integer guesses if any): %s", path.c_str(),
+         e.what());
   }
   if (s.guesses < 0 || s.guesses > s.n_experts) fail("%s:1: bad header: %d guesses per record of %d experts", path.c_str(), s.guesses, s.n_experts);
   if (s.n_layers <= 0 || s.n_experts <= 0 || s.top_k <= 0 || s.top_k > s.n_experts || s.moe_layers.empty())
@@ -145,7 +148,7 @@ Trace read_trace(const std::string& path) {
       fail("%s:%lld: a record needs integers \"l\", \"t\" and lists \"e\" (ints), \"w\" (numbers) (and \"g\", ints)", path.c_str(),
            (long long)lineno);
     }
-    if (!g.empty() && static_cast<int>(g.size()) != s.guesses)
+    if (r.contains("g") && static_cast<int>(g.size()) != s.guesses)
       fail("%s:%lld: %zu guesses; the header's guesses is %d", path.c_str(), (long long)lineno, g.size(), s.guesses);
     for (size_t i = 0; i < g.size(); ++i) {
       if (g[i] < 0 || g[i] >= s.n_experts) fail("%s:%lld: guess %d outside 0..%d", path.c_str(), (long long)lineno, g[i], s.n_experts - 1);

@@ -61,6 +61,7 @@ class TraceWriter {
   std::string path_;
   std::FILE* f_ = nullptr;
   uint64_t records_ = 0;
+  int guesses_ = 0;  // the header's guesses
 };
 
 /// A whole trace in memory, every token complete: table[token][ordinal] for MoE layer

@@ -268,7 +268,6 @@ void StreamingExperts::lookup_and_pin(int layer, std::span<const int> ids, std::
         e = cache_.insert(layer, ids[i]);
         const int st = stage_.empty() ? -1 : find_stage(layer, ids[i]);
         if (st >= 0) {  // read by hint(): its bytes now, or when that read completes
-          ++stats_.staged_used;
           if (!adopt_stage(st, e)) waits.push_back(e);
         } else {
           misses.push_back(e);
@@ -292,6 +291,7 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
   {
     std::lock_guard<std::mutex> lk(mu_);
     lookup_and_pin(layer, ids, entries, misses, waits);
+    drop_queued_guesses(layer);
   }
   std::exception_ptr err;
   const auto t0 = std::chrono::steady_clock::now();
@@ -305,7 +305,10 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
       ~Done() {
         std::lock_guard<std::mutex> lk(s->mu_);
         --s->demand_in_flight_;
-        s->pump_stage();
+        try {
+          s->pump_stage();
+        } catch (...) {  // (a guess read that cannot start is only a lost guess)
+        }
       }
     } done{this};
     try {
@@ -440,7 +443,6 @@ void StreamingExperts::prepare(int layer, std::span<const int> ids) {
     prepared_[layer].push_back(e);
     const int st = stage_.empty() ? -1 : find_stage(layer, id);
     if (st >= 0) {  // read by hint(): no second read
-      ++stats_.staged_used;
       adopt_stage(st, e);
     } else {
       todo.push_back(e);
@@ -460,11 +462,15 @@ bool StreamingExperts::adopt_stage(int slot, ExpertCache::Entry* e) {
   if (st.state == ExpertCache::State::kLoading) {
     st.adopters.push_back(e);
     if (st.queued) {  // a guess not read yet, asked for now: read at once, as a demand miss
-      spec_queue_.erase(std::find(spec_queue_.begin(), spec_queue_.end(), slot));
+      auto it = std::find(spec_queue_.begin(), spec_queue_.end(), slot);
+      if (it != spec_queue_.end()) spec_queue_.erase(it);
       submit_stage(slot, false);
+    } else {
+      ++stats_.staged_used;  // its guess read is under way
     }
     return false;
   }
+  ++stats_.staged_used;
   std::memcpy(e->data, st.data, store_.slot_bytes());
   e->state = ExpertCache::State::kReady;
   st.layer = st.expert = -1;  // the bytes live in the cache now
@@ -474,13 +480,7 @@ bool StreamingExperts::adopt_stage(int slot, ExpertCache::Entry* e) {
 void StreamingExperts::hint(int layer, std::span<const int> ids) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stage_.empty() || !store_.has_layer(layer)) return;
-  // Guesses of an earlier hint still waiting for their turn are stale now (their layer is
-  // running or done): they free their slots unread.
-  for (int slot : spec_queue_) {
-    Stage& st = stage_[static_cast<size_t>(slot)];
-    if (st.queued && st.adopters.empty()) st.queued = false, st.layer = st.expert = -1, st.state = ExpertCache::State::kReady;
-  }
-  spec_queue_.clear();
+
   std::vector<int> slots;
   for (int id : ids) {
     if (id < 0 || id >= store_.n_experts() || cache_.find(layer, id) != nullptr || find_stage(layer, id) >= 0) continue;
@@ -510,6 +510,20 @@ void StreamingExperts::hint(int layer, std::span<const int> ids) {
   pump_stage();
 }
 
+void StreamingExperts::drop_queued_guesses(int layer) {
+  // Every group of the step prepared this layer before any acquires it (run_pipelined's order),
+  // adopting the guesses it needed: those still waiting for their turn were wrong.
+  for (auto it = spec_queue_.begin(); it != spec_queue_.end();) {
+    Stage& st = stage_[static_cast<size_t>(*it)];
+    if (st.layer == layer && st.queued && st.adopters.empty()) {
+      st.queued = false, st.layer = st.expert = -1, st.state = ExpertCache::State::kReady;
+      it = spec_queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void StreamingExperts::pump_stage() {
   while (!closing_ && demand_in_flight_ == 0 && spec_in_flight_ < std::max(1, opt_.stage_in_flight) && !spec_queue_.empty()) {
     const int slot = spec_queue_.front();
@@ -521,33 +535,64 @@ void StreamingExperts::pump_stage() {
 void StreamingExperts::submit_stage(int slot, bool guess) {
   Stage& s0 = stage_[static_cast<size_t>(slot)];
   s0.queued = false;
-  ++stats_.staged;
-  if (guess) ++spec_in_flight_;
   ExpertCache::Entry view;  // plan_reads reads layer, expert and data only
   view.layer = s0.layer;
   view.expert = s0.expert;
   view.data = s0.data;
   std::vector<ExpertCache::Entry*> one{&view};
-  // Each staged expert is usable as soon as its own read lands.
-  reader_->submit(plan_reads(one), [this, slot, guess](std::exception_ptr err) {
-    {
-      std::lock_guard<std::mutex> lk2(mu_);
-      Stage& st = stage_[static_cast<size_t>(slot)];
-      const std::string why = err ? "" : check_slot(st.layer, st.expert, st.data);
-      if (!why.empty()) log_warn("%s", why.c_str());
-      const bool ok = !err && why.empty();
-      st.state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
-      for (ExpertCache::Entry* e : st.adopters) {
-        if (ok) std::memcpy(e->data, st.data, store_.slot_bytes());
-        e->state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
-      }
-      if (!ok || !st.adopters.empty()) st.layer = st.expert = -1;  // failed, or moved into the cache
-      st.adopters.clear();
-      if (guess) --spec_in_flight_;
-      pump_stage();
-    }
+  std::vector<io::ReadRequest> reqs;
+  try {
+    reqs = plan_reads(one);
+    if (reqs.empty()) throw Error("no bytes to read");  // (never: an expert has extents)
+  } catch (...) {  // (out of memory) the slot fails; whoever waits on it reports the error
+    s0.state = ExpertCache::State::kFailed;
+    for (ExpertCache::Entry* e : s0.adopters) e->state = ExpertCache::State::kFailed;
+    s0.adopters.clear();
+    s0.layer = s0.expert = -1;
     ready_cv_.notify_all();
-  });
+    return;
+  }
+  if (guess) {
+    ++stats_.staged;
+    ++spec_in_flight_;
+  } else {
+    ++demand_in_flight_;  // a guess asked for before its turn: a demand read now
+  }
+  // Each staged expert is usable as soon as its own read lands.
+  try {
+    reader_->submit(std::move(reqs), [this, slot, guess](std::exception_ptr err) {
+      {
+        std::lock_guard<std::mutex> lk2(mu_);
+        Stage& st = stage_[static_cast<size_t>(slot)];
+        const std::string why = err ? "" : check_slot(st.layer, st.expert, st.data);
+        if (!why.empty()) log_warn("%s", why.c_str());
+        const bool ok = !err && why.empty();
+        st.state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
+        for (ExpertCache::Entry* e : st.adopters) {
+          if (ok) std::memcpy(e->data, st.data, store_.slot_bytes());
+          e->state = ok ? ExpertCache::State::kReady : ExpertCache::State::kFailed;
+        }
+        if (!ok || !st.adopters.empty()) st.layer = st.expert = -1;  // failed, or moved into the cache
+        st.adopters.clear();
+        if (guess)
+          --spec_in_flight_;
+        else
+          --demand_in_flight_;
+        pump_stage();
+      }
+      ready_cv_.notify_all();
+    });
+  } catch (...) {  // the read could not be queued (out of memory): the slot fails, counters undone
+    if (guess)
+      --spec_in_flight_, --stats_.staged;
+    else
+      --demand_in_flight_;
+    s0.state = ExpertCache::State::kFailed;
+    for (ExpertCache::Entry* e : s0.adopters) e->state = ExpertCache::State::kFailed;
+    s0.adopters.clear();
+    s0.layer = s0.expert = -1;
+    ready_cv_.notify_all();
+  }
 }
 
 bool StreamingExperts::drop_prepared_pin(ExpertCache::Entry* e) {

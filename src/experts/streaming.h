@@ -149,9 +149,13 @@ class StreamingExperts final : public ExpertProvider {
   std::deque<int> spec_queue_;  // queued staging slots, best guess first
   int spec_in_flight_ = 0;      // guess reads submitted and not finished
   bool closing_ = false;        // the destructor has begun: no more guess reads
-  int demand_in_flight_ = 0;    // reads a layer asked for (acquire's misses, prepare's) not finished: guesses wait
-  // Under mu_: submits queued guesses while fewer than StreamingOptions::stage_in_flight are in flight.
+  int demand_in_flight_ = 0;    // reads not finished of acquire's misses, prepare's and prefetch-ahead's, and
+                                // guesses promoted to demand reads: while any runs, guesses wait
+  // Under mu_: submits queued guesses while fewer than StreamingOptions::stage_in_flight are in
+  // flight and no demand read is.
   void pump_stage();
+  // Under mu_: frees the queued (unread) guesses of `layer` nobody adopted (acquire(layer) runs).
+  void drop_queued_guesses(int layer);
   // Under mu_: submits the read of staging slot `slot`; `guess`: counted against stage_in_flight.
   void submit_stage(int slot, bool guess);
   std::vector<Stage> stage_;

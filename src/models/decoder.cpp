@@ -369,7 +369,7 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
     // hidden behind the other's compute. Hooks see one row numbering: they run unpipelined
     // (but an on_route that takes any order, ForwardHooks::on_route_any_order).
     const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ &&
-                           be_->device() == ops::Device::kCpu && !hooks.on_hidden && (!hooks.on_route || hooks.on_route_any_order) &&
+                           be_->device() == ops::Device::kCpu && !hooks.on_hidden && !hooks.on_ffn_input && (!hooks.on_route || hooks.on_route_any_order) &&
                            !hooks.on_margin;
     if (pipelined) {
       run_pipelined(s, parts);
@@ -478,16 +478,24 @@ void DecoderModel::router_as_linear(int layer, std::vector<float>* w, std::vecto
   const int64_t H = spec_.hidden_size, E = spec_.moe.n_experts;
   const float eps = spec_.rms_norm_eps;
   const MoeBlock* moe = layers_[layer].ffn->moe();
-  std::vector<float> x(static_cast<size_t>((H + 1) * H), 0.0f), xn(x.size()), logits(static_cast<size_t>((H + 1) * E));
-  for (int64_t c = 0; c < H; ++c) x[static_cast<size_t>(c * H + c)] = std::sqrt(static_cast<float>(H));
-  be_->rms_norm(x.data(), ffn_norm(layer), H + 1, H, eps, xn.data());  // row H: zeros, normed to zeros
-  moe->router_logits(xn.data(), H + 1, *be_, logits.data());
-  b->assign(logits.begin() + H * E, logits.end());
+  // The bias: the logits of a zero row (no norm: a zero row stays zero).
+  std::vector<float> zero(static_cast<size_t>(H), 0.0f);
+  b->assign(static_cast<size_t>(E), 0.0f);
+  moe->router_logits(zero.data(), 1, *be_, b->data());
   w->assign(static_cast<size_t>(E * H), 0.0f);
   const double f = std::sqrt(1.0 + eps) / std::sqrt(static_cast<double>(H));
-  for (int64_t c = 0; c < H; ++c)
-    for (int64_t e = 0; e < E; ++e)
-      (*w)[static_cast<size_t>(e * H + c)] = static_cast<float>((logits[static_cast<size_t>(c * E + e)] - (*b)[e]) * f);
+  const int64_t C = std::min<int64_t>(H, 256);  // columns per pass (bounded memory at any hidden size)
+  std::vector<float> x(static_cast<size_t>(C * H)), xn(x.size()), logits(static_cast<size_t>(C * E));
+  for (int64_t c0 = 0; c0 < H; c0 += C) {
+    const int64_t n = std::min(C, H - c0);
+    std::fill(x.begin(), x.end(), 0.0f);
+    for (int64_t c = 0; c < n; ++c) x[static_cast<size_t>(c * H + c0 + c)] = std::sqrt(static_cast<float>(H));
+    be_->rms_norm(x.data(), ffn_norm(layer), n, H, eps, xn.data());
+    moe->router_logits(xn.data(), n, *be_, logits.data());
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t e = 0; e < E; ++e)
+        (*w)[static_cast<size_t>(e * H + c0 + c)] = static_cast<float>((logits[static_cast<size_t>(c * E + e)] - (*b)[e]) * f);
+  }
 }
 
 void DecoderModel::set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool route_by) {
@@ -504,7 +512,8 @@ void DecoderModel::set_expert_predictor(std::shared_ptr<const experts::ExpertPre
       fail("the expert predictor's head for layer %d reads layer %d; this model's MoE layer before it is %d", h.target_layer,
            h.source_layer, predictor_source(h.target_layer));
     if (route_by && !layers_[h.target_layer].ffn->moe()->can_route_within())
-      fail("--route-by-predictor: layer %d's router cannot be restricted (a selection bias: DeepSeek-V3's e_score_correction_bias)",
+      fail("--route-by-predictor: layer %d's router cannot be restricted to predicted experts (a selection bias, as DeepSeek-V3's "
+           "e_score_correction_bias, or group-limited selection)",
            h.target_layer);
   }
   predictor_ = std::move(p);

@@ -145,7 +145,8 @@ class DecoderModel : public Model {
   std::shared_ptr<const experts::ExpertPredictor> predictor_;  // set_expert_predictor (null: none)
   bool route_by_predictor_ = false;
   // The next MoE layer's guess inside layer i's FFN (next-layer prefetch and --route-by-predictor):
-  // the hint to run once layer i's reads are started (empty: none). Fills step.within.
+  // the hint to run once layer i's reads are started (empty: none). With --route-by-predictor it
+  // fills step.within_next (the next MoE layer's restriction) now.
   std::function<void()> next_layer_hint(int i, const Scratch& s, int64_t N, FfnStep& step);
   // The FFN norm (effective weights where the backend reads them) of layer j's router input.
   const float* ffn_norm(int j) const;

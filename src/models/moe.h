@@ -109,8 +109,12 @@ class MoeBlock {
   /// True when the router reads the layer's normed FFN input (not the residual stream).
   bool routes_normed_input() const { return !m_.router_input_scale; }
   /// True when forward() can restrict routing to listed experts (RouteWithin): a router of the
-  /// normed FFN input without a selection bias (a bias would let a masked expert win).
-  bool can_route_within() const { return !m_.router_input_scale && score_bias_.empty(); }
+  /// normed FFN input without a selection bias (a bias would let a masked expert win) and without
+  /// group-limited selection (the listed experts may span more groups than it keeps).
+  bool can_route_within() const {
+    const bool grouped = m_.selection == RouterSelection::kGroupedTopK && m_.topk_group < m_.n_group;
+    return !m_.router_input_scale && score_bias_.empty() && !grouped;
+  }
   /// True for a sigmoid-scored router (selection_scores differ from router_logits).
   bool sigmoid_router() const { return m_.general_router() && m_.score == RouterScore::kSigmoid; }
 
