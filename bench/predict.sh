@@ -85,6 +85,50 @@ print(n)
 EOF
 }
 
+# shape_of MODEL: sets k (experts per token), m (guesses per token), budget (GB: FRAC of the
+# experts' bytes), one (one expert's bytes: the experts' bytes over the (layer, expert) pairs
+# their tensors name), cg (the throttled cgroup for its disk).
+shape_of() {
+  local model=$1 all
+  k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(c['num_experts_per_tok'])" "$model/config.json")
+  m=${M:-$k}
+  all=$(expert_bytes "$model")
+  budget=$("$PYTHON" -c "import sys; print(f'{float(sys.argv[1]) * int(sys.argv[2]) / 1e9:.6f}')" "$FRAC" "$all")
+  one=$("$PYTHON" - "$model" "$all" <<'EOF'
+import json, os, struct, sys
+d, total, n = sys.argv[1], int(sys.argv[2]), set()
+for f in os.listdir(d):
+    if not f.endswith(".safetensors"): continue
+    with open(os.path.join(d, f), "rb") as fh:
+        h = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+    for name in h:
+        p = name.split(".")
+        if ".mlp.experts." in name and "layers" in p and p[p.index("experts") + 1].isdigit():
+            n.add((p[p.index("layers") + 1], p[p.index("experts") + 1]))
+c = json.load(open(os.path.join(d, "config.json"))); c = c.get("text_config", c)
+print(total // (len(n) or c["num_hidden_layers"] * c["num_experts"]))  # (fused expert tensors: every layer MoE)
+EOF
+)
+  cg=$(throttle_cgroup spool-predict "$(disk_of "$model")" "$BPS")
+}
+
+# run_mode MODEL NAME MODE ROUND FLAGS...: one `spool bench` in the throttled cgroup; its rows,
+# tagged, go to runs.jsonl.
+run_mode() {
+  local model=$1 name=$2 mode=$3 round=$4
+  shift 4
+  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
+    "$SPOOL" bench -m "$model" --stream --no-page-cache --cache-budget-gb "$budget" -p 0 -n "$N" -r "$R" \
+    --parallel "$PARALLEL" -t "$THREADS" -o json "$@" > "$DIR/run.json" 2> "$DIR/run.log" ||
+    { echo "predict.sh: $name $mode failed:" >&2; tail -3 "$DIR/run.log" >&2; exit 1; }
+  "$PYTHON" - "$DIR/run.json" "$name" "$mode" "$round" "$m" "$one" >> "$DIR/runs.jsonl" <<'EOF'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    r.update(model=sys.argv[2], mode=sys.argv[3], round=int(sys.argv[4]), m=int(sys.argv[5]), expert_bytes=int(sys.argv[6]))
+    print(json.dumps(r))
+EOF
+}
+
 echo "# predict.sh $(date -u +%FT%TZ): BPS=$BPS FRAC=$FRAC N=$N R=$R ROUNDS=$ROUNDS PARALLEL=$PARALLEL THREADS=$THREADS" > "$DIR/runs.jsonl.log"
 : > "$DIR/runs.jsonl"
 for model in $MODELS; do
@@ -94,13 +138,7 @@ for model in $MODELS; do
     "$SPOOL" calibrate -m "$model" -f "$TRAIN" --train-predictor "$pred" -t "$THREADS" > "$DIR/$name-train.log" 2>&1
   fi
   "$SPOOL" calibrate -m "$model" -f "$TEXT" --predictor "$pred" -t "$THREADS" > "$DIR/$name-recall.log" 2>&1
-  k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(c['num_experts_per_tok'])" "$model/config.json")
-  m=${M:-$k}
-  all=$(expert_bytes "$model")
-  budget=$("$PYTHON" -c "import sys; print(f'{float(sys.argv[1]) * int(sys.argv[2]) / 1e9:.6f}')" "$FRAC" "$all")
-  # One expert's bytes (every routed expert is the same size here): experts = layers x experts per layer.
-  one=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(int(sys.argv[2]) // (c['num_hidden_layers'] * c['num_experts']))" "$model/config.json" "$all")
-  cg=$(throttle_cgroup spool-predict "$(disk_of "$model")" "$BPS")
+  shape_of "$model"
   declare -A flags=(
     [lru]=""
     [router]="--prefetch-next $m"
@@ -110,17 +148,7 @@ for model in $MODELS; do
   for round in $(seq 1 "$ROUNDS"); do
     for mode in lru router head routeby; do
       # shellcheck disable=SC2086
-      sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
-        "$SPOOL" bench -m "$model" --stream --no-page-cache --cache-budget-gb "$budget" -p 0 -n "$N" -r "$R" \
-        --parallel "$PARALLEL" --text "$TEXT" -t "$THREADS" -o json ${flags[$mode]} > "$DIR/run.json" 2> "$DIR/run.log" ||
-        { echo "predict.sh: $name $mode failed:" >&2; tail -3 "$DIR/run.log" >&2; exit 1; }
-      "$PYTHON" - "$DIR/run.json" "$name" "$mode" "$round" "$m" "$one" >> "$DIR/runs.jsonl" <<'EOF'
-import json, sys
-rows = json.load(open(sys.argv[1]))
-for r in rows:
-    r.update(model=sys.argv[2], mode=sys.argv[3], round=int(sys.argv[4]), m=int(sys.argv[5]), expert_bytes=int(sys.argv[6]))
-    print(json.dumps(r))
-EOF
+      run_mode "$model" "$name" "$mode" "$round" --text "$TEXT" ${flags[$mode]}
     done
   done
   sed -n '/^| layer/,/^| mean/p' "$DIR/$name-recall.log" > "$DIR/$name-recall.md"
@@ -129,16 +157,12 @@ done
 if [ -n "${REPLAY:-}" ]; then
   first=$(echo "$MODELS" | awk '{print $1}')
   src=$(basename "$first")
-  k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(c['num_experts_per_tok'])" "$first/config.json")
-  m=${M:-$k}
+  shape_of "$first"  # (the traces' guesses: M of the first model's)
   "$SPOOL" calibrate -m "$first" -f "$TEXT" --max-tokens 4096 --trace-out "$DIR/trace-router.jsonl" --trace-guesses "$m" -t "$THREADS" > "$DIR/trace-router.log" 2>&1
   "$SPOOL" calibrate -m "$first" -f "$TEXT" --max-tokens 4096 --trace-out "$DIR/trace-head.jsonl" --trace-guesses "$m" \
     --predictor "$DIR/$src-predictor.safetensors" -t "$THREADS" > "$DIR/trace-head.log" 2>&1
   name="$(basename "$REPLAY") (${src} routing)"
-  all=$(expert_bytes "$REPLAY")
-  budget=$("$PYTHON" -c "import sys; print(f'{float(sys.argv[1]) * int(sys.argv[2]) / 1e9:.6f}')" "$FRAC" "$all")
-  one=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); c=c.get('text_config',c); print(int(sys.argv[2]) // (c['num_hidden_layers'] * c['num_experts']))" "$REPLAY/config.json" "$all")
-  cg=$(throttle_cgroup spool-predict "$(disk_of "$REPLAY")" "$BPS")
+  shape_of "$REPLAY"
   declare -A rflags=(
     [lru]="--routing-trace $DIR/trace-router.jsonl"
     [router]="--routing-trace $DIR/trace-router.jsonl --prefetch-next $m"
@@ -147,17 +171,7 @@ if [ -n "${REPLAY:-}" ]; then
   for round in $(seq 1 "$ROUNDS"); do
     for mode in lru router head; do
       # shellcheck disable=SC2086
-      sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
-        "$SPOOL" bench -m "$REPLAY" --stream --no-page-cache --cache-budget-gb "$budget" -p 0 -n "$N" -r "$R" \
-        --parallel "$PARALLEL" -t "$THREADS" -o json ${rflags[$mode]} > "$DIR/run.json" 2> "$DIR/run.log" ||
-        { echo "predict.sh: replay $mode failed:" >&2; tail -3 "$DIR/run.log" >&2; exit 1; }
-      "$PYTHON" - "$DIR/run.json" "$name" "$mode" "$round" "$m" "$one" >> "$DIR/runs.jsonl" <<'EOF'
-import json, sys
-rows = json.load(open(sys.argv[1]))
-for r in rows:
-    r.update(model=sys.argv[2], mode=sys.argv[3], round=int(sys.argv[4]), m=int(sys.argv[5]), expert_bytes=int(sys.argv[6]))
-    print(json.dumps(r))
-EOF
+      run_mode "$REPLAY" "$name" "$mode" "$round" ${rflags[$mode]}
     done
   done
   MODELS="$MODELS|$name"
