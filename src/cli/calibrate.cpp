@@ -169,6 +169,10 @@ void run(const CalibrateOptions& o) {
     if (pd.targets.empty()) throw Error("this model has no MoE layer a predictor can read one layer ahead");
     const uint64_t bytes = ids.size() * pd.targets.size() * (spec.hidden_size * sizeof(float) + K * sizeof(int));
     log_info("predictor rows: %zu tokens x %zu layers (%s)", ids.size(), pd.targets.size(), format_bytes(bytes).c_str());
+    // (heads are trained in memory: refuse rather than swap or be killed half-way)
+    if (const uint64_t avail = available_memory_bytes(); avail > 0 && bytes > avail * 8 / 10)
+      throw Error(strfmt("the predictor's rows need %s, more than 80%% of the %s available; lower --max-tokens (now %lld)",
+                         format_bytes(bytes).c_str(), format_bytes(avail).c_str(), (long long)o.max_tokens));
     std::vector<char> is_source(static_cast<size_t>(spec.n_layers), 0);
     for (int i : pd.sources) is_source[i] = 1;
     const experts::ExpertPredictor norm(spec.model_type, spec.n_layers, static_cast<int>(spec.hidden_size), spec.moe.n_experts, K,
