@@ -303,22 +303,4 @@ std::vector<int32_t> parse_id_list(const std::string& s) {
 
 std::string read_file(const std::string& path) { return read_whole_file(path); }
 
-std::vector<int> moe_layers_of(const models::ModelSpec& spec) {
-  std::vector<int> v;
-  for (int i = 0; i < spec.n_layers; ++i)
-    if (spec.ffns[i] == models::FfnKind::kMoE) v.push_back(i);
-  return v;
-}
-
-experts::TraceShape trace_shape_of(const models::ModelSpec& spec, int active_k, const std::string& source) {
-  experts::TraceShape t;
-  t.model_type = spec.model_type;
-  t.n_layers = spec.n_layers;
-  t.moe_layers = moe_layers_of(spec);
-  t.n_experts = spec.moe.n_experts;
-  t.top_k = active_k > 0 ? std::min(active_k, spec.moe.top_k) : spec.moe.top_k;
-  t.source = source;
-  return t;
-}
-
 }  // namespace spool::cli

@@ -97,11 +97,8 @@ std::string stats_line(const Loaded& l, const TierStats& window, int64_t tokens)
 /// Current counters of the tiers (zeros for those the run does not have).
 TierStats stats_snapshot(const Loaded& l);
 
-/// The MoE layers of `spec` (ascending decoder-layer indices).
-std::vector<int> moe_layers_of(const models::ModelSpec& spec);
-/// The header of a routing trace recorded from a model of `spec` routing `active_k` experts per
-/// token (0 = native top-k), by `source` ("calibrate" or "serve").
-experts::TraceShape trace_shape_of(const models::ModelSpec& spec, int active_k, const std::string& source);
+using engine::moe_layers_of;   // (engine/loader.h)
+using engine::trace_shape_of;
 
 /// True if `dir` has a tokenizer.json.
 bool has_tokenizer(const std::string& dir);

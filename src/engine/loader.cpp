@@ -368,13 +368,13 @@ void build_vram_tier(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
 // nothing is recorded; a corrupt one is an error.
 std::optional<experts::ProfileData> open_profile(LoadedModel& l, const LoadOptions& opt) {
   const models::ModelSpec& spec = l.model->spec();
+  const experts::TraceShape ts = trace_shape_of(spec, opt.max_active_experts, "");
   experts::ProfileShape shape;
-  shape.model_type = spec.model_type;
-  shape.n_layers = spec.n_layers;
-  for (int i = 0; i < spec.n_layers; ++i)
-    if (spec.ffns[i] == models::FfnKind::kMoE) shape.moe_layers.push_back(i);
-  shape.n_experts = spec.moe.n_experts;
-  shape.top_k = opt.max_active_experts > 0 ? std::min(opt.max_active_experts, spec.moe.top_k) : spec.moe.top_k;
+  shape.model_type = ts.model_type;
+  shape.n_layers = ts.n_layers;
+  shape.moe_layers = ts.moe_layers;
+  shape.n_experts = ts.n_experts;
+  shape.top_k = ts.top_k;
   const std::string& w = spec.moe.router_weight;
   shape.router_hash = experts::router_fingerprint(*l.ckpt, shape.moe_layers, w.ends_with(".weight") ? w.substr(0, w.size() - 7) : w);
   shape.expert_bytes = l.ckpt->expert_bytes();
@@ -647,6 +647,24 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
            opt.threads, on_gpu ? "device" : "SIMD", on_gpu ? l.device.c_str() : ops::simd_target_name(),
            l.int8_activations ? "; int8 activations for Q4_K / Q6_K (--act-bits 32: f32, exact)" : "");
   return l;
+}
+
+std::vector<int> moe_layers_of(const models::ModelSpec& spec) {
+  std::vector<int> v;
+  for (int i = 0; i < spec.n_layers; ++i)
+    if (spec.ffns[i] == models::FfnKind::kMoE) v.push_back(i);
+  return v;
+}
+
+experts::TraceShape trace_shape_of(const models::ModelSpec& spec, int active_k, const std::string& source) {
+  experts::TraceShape t;
+  t.model_type = spec.model_type;
+  t.n_layers = spec.n_layers;
+  t.moe_layers = moe_layers_of(spec);
+  t.n_experts = spec.moe.n_experts;
+  t.top_k = active_k > 0 ? std::min(active_k, spec.moe.top_k) : spec.moe.top_k;
+  t.source = source;
+  return t;
 }
 
 }  // namespace spool::engine

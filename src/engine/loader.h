@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/device.h"  // the device helpers (cuda_devices, resolve_device, gpu_info, ...)
+#include "experts/routing_trace.h"
 #include "experts/streaming.h"
 #include "io/checkpoint.h"
 #include "experts/device_experts.h"
@@ -134,6 +135,13 @@ struct LoadedModel {
 /// Throws spool::Error (bad files, streaming requested on a model without experts) or
 /// spool::UsageError (bad option values).
 LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok = std::nullopt);
+
+/// The MoE layers of `spec` (ascending decoder-layer indices).
+std::vector<int> moe_layers_of(const models::ModelSpec& spec);
+/// The header of a routing trace recorded from a model of `spec` routing `active_k` experts per
+/// token (0 = native top-k), by `source` ("calibrate" or "serve"); also the shape fields of an
+/// expert profile (open_profile).
+experts::TraceShape trace_shape_of(const models::ModelSpec& spec, int active_k, const std::string& source);
 
 /// The tokenizer of a model: `model`/tokenizer.json (+ config, chat template) for a checkpoint
 /// directory, the `tokenizer.ggml.*` metadata for a .gguf file; nullopt when it has none.

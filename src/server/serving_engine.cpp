@@ -79,14 +79,7 @@ std::unique_ptr<ServingEngine> make_serving_engine(engine::LoadedModel loaded, c
     bo.tool_syntax_greedy = opt.tool_syntax_greedy;
     bo.spec = opt.spec;
     if (!opt.trace_out.empty()) {
-      experts::TraceShape ts;
-      ts.model_type = spec.model_type;
-      ts.n_layers = spec.n_layers;
-      for (int i = 0; i < spec.n_layers; ++i)
-        if (spec.ffns[i] == models::FfnKind::kMoE) ts.moe_layers.push_back(i);
-      ts.n_experts = spec.moe.n_experts;
-      ts.top_k = opt.max_active_experts > 0 ? std::min(opt.max_active_experts, spec.moe.top_k) : spec.moe.top_k;
-      ts.source = "serve";
+      const experts::TraceShape ts = engine::trace_shape_of(spec, opt.max_active_experts, "serve");
       bo.trace = std::make_shared<experts::TraceWriter>(opt.trace_out, ts);
     }
     e->batch = std::make_unique<BatchEngine>(*l.model, *l.tok, bo);
