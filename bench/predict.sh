@@ -14,7 +14,7 @@
 # (--no-page-cache: the page cache cannot hide the disk) into a cache of FRAC of the experts'
 # bytes. Modes run interleaved, ROUNDS rounds; tok/s is the mean over rounds.
 #
-#   MODELS="build/models/spool-demo-moe ../shared/fixtures/models/spool-wide-moe" \
+#   MODELS="build/models/spool-demo-moe /path/to/spool-wide-moe" \
 #   TRAIN=train.txt TEXT=heldout.txt bench/predict.sh
 #
 # TRAIN: the text the predictors are trained on (spool calibrate --train-predictor, cached in
@@ -38,7 +38,7 @@ N=${N:-64} R=${R:-2} ROUNDS=${ROUNDS:-2} PARALLEL=${PARALLEL:-1,4}
 THREADS=${THREADS:-$(nproc)}
 OUT=${OUT:-bench/results/predict.md}
 DIR=${DIR:-/tmp/spool-predict}
-PYTHON=${PYTHON:-/work/scratch/venv/bin/python}
+PYTHON=${PYTHON:-python3}  # matplotlib for the PNG (optional)
 mkdir -p "$DIR"
 [ "$(id -u)" = 0 ] || { echo "predict.sh: needs root (a blkio/io cgroup)" >&2; exit 1; }
 
