@@ -545,7 +545,8 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
     };
   }
   const int K = top_k_;
-  const int m = std::max(next_prefetch_, route_by ? K : 0);
+  // Routing by the head: its top-k are the only experts the layer can take, so they are the guesses.
+  const int m = route_by ? K : next_prefetch_;
   const int64_t H = spec_.hidden_size;
   if (route_by) {  // the next layer routes among the head's top-k: known now, exactly what it will read
     RouteWithin& w = step.within_next;
@@ -560,7 +561,7 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
   const float eps = spec_.rms_norm_eps;
   return [this, head, next, norm, j, N, H, eps, m, route_by, &s, &be, &step] {
     std::vector<int> ids;  // best first
-    if (route_by && m == step.within_next.k) {
+    if (route_by) {
       ids = best_first_union(step.within_next.ids, N, m, spec_.moe.n_experts);
     } else if (head != nullptr) {
       std::vector<int> ranked(static_cast<size_t>(N * m));
