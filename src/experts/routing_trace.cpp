@@ -13,6 +13,24 @@ namespace spool::experts {
 
 namespace {
 constexpr const char* kFormat = "spool-routing-trace";
+// An integer JSON value in [lo, hi] (a float, a string or a value out of range: a
+// nlohmann type_error, reported as the field's error; nlohmann's own get<int> of a float outside
+// int's range is undefined behaviour).
+int64_t json_int(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) throw nlohmann::json::type_error::create(302, "not an integer", nullptr);
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+    throw nlohmann::json::type_error::create(302, "integer out of range", nullptr);
+  return v.get<int64_t>();
+}
+
+// A list of integers in [lo, hi] (json_int's errors).
+std::vector<int> json_ints(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (!v.is_array()) throw nlohmann::json::type_error::create(302, "not a list", nullptr);
+  std::vector<int> out;
+  for (const auto& x : v) out.push_back(static_cast<int>(json_int(x, lo, hi)));
+  return out;
+}
+
 }  // namespace
 
 TraceWriter::TraceWriter(const std::string& path, const TraceShape& s) : path_(path), guesses_(s.guesses) {
@@ -106,11 +124,11 @@ Trace read_trace(const std::string& path) {
   try {
     s.model_type = h.value("model_type", std::string());
     s.source = h.value("source", std::string());
-    s.n_layers = h.at("n_layers").get<int>();
-    s.moe_layers = h.at("moe_layers").get<std::vector<int>>();
-    s.n_experts = h.at("n_experts").get<int>();
-    s.top_k = h.at("top_k").get<int>();
-    s.guesses = h.value("guesses", 0);
+    s.n_layers = static_cast<int>(json_int(h.at("n_layers"), 0, 1 << 20));
+    s.moe_layers = json_ints(h.at("moe_layers"), -1, 1 << 20);
+    s.n_experts = static_cast<int>(json_int(h.at("n_experts"), 0, 1 << 20));
+    s.top_k = static_cast<int>(json_int(h.at("top_k"), 0, 1 << 20));
+    s.guesses = h.contains("guesses") ? static_cast<int>(json_int(h.at("guesses"), -1, 1 << 20)) : 0;
     s.guess_source = h.value("guess_source", std::string());
   } catch (const nlohmann::json::exception& e) {
     fail("%s:1: bad header (needs integers n_layers, n_experts, top_k, a list moe_layers, and an integer guesses if any): %s", path.c_str(),
@@ -139,11 +157,11 @@ Trace read_trace(const std::string& path) {
     std::vector<float> w;
     std::vector<int> g;
     try {
-      layer = r.at("l").get<int>();
-      token = r.at("t").get<int64_t>();
-      e = r.at("e").get<std::vector<int>>();
+      layer = static_cast<int>(json_int(r.at("l"), -1, 1 << 20));
+      token = json_int(r.at("t"), -1, int64_t{1} << 41);
+      e = json_ints(r.at("e"), -1, 1 << 20);
       w = r.at("w").get<std::vector<float>>();
-      if (r.contains("g")) g = r.at("g").get<std::vector<int>>();
+      if (r.contains("g")) g = json_ints(r.at("g"), -1, 1 << 20);
     } catch (const nlohmann::json::exception&) {
       fail("%s:%lld: a record needs integers \"l\", \"t\" and lists \"e\" (ints), \"w\" (numbers) (and \"g\", ints)", path.c_str(),
            (long long)lineno);

@@ -426,6 +426,9 @@ TEST(RoutingTraceGuesses, RoundTripErrorsAndMap) {
   bad("g_range.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":[1,2,8]})", "guess 8 outside 0..7");
   bad("g_twice.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":[1,2,1]})", "guess 1 listed twice");
   bad("g_type.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":"x"})", "\"g\", ints");
+  // A float where an integer goes (predictor_trace_fuzz: nlohmann's get<int> of 3e30 was undefined behaviour).
+  bad("g_float.jsonl", R"({"l":1,"t":0,"e":[1,2],"w":[0.5,0.5],"g":[1,2,3e30]})", "\"g\", ints");
+  bad("l_float.jsonl", R"({"l":1.5,"t":0,"e":[1,2],"w":[0.5,0.5]})", "\"l\", \"t\"");
 
   // The map: guesses equal to each token's routed experts land on route()'s ids (64 -> 256
   // experts: each trace expert splits into 4 by the per-token hash).
