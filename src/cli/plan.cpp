@@ -17,6 +17,7 @@
 #include "experts/cache_sim.h"
 #include "experts/routing_trace.h"
 #include "engine/loader.h"
+#include "lora/adapter.h"
 #include "models/state.h"
 #include "models/family.h"
 #include "models/synth.h"
@@ -51,6 +52,7 @@ struct PlanOptions {
   int draft_max = 1;            // --draft-max: the step trail's copies of the recurrent state per sequence
   std::string trace;            // --trace: predict the cache from this routing trace
   int n_gen = 128, reps = 5;    // --n-gen / --repetitions: the bench tg test the trace prediction is for
+  std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
 };
 
 // --trace's prediction (TracePlan::from): the simulated cache over bench's tg test.
@@ -86,7 +88,8 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
   std::printf("  weights            %12s   routed experts %s, dense %s%s\n", gib(w.total).c_str(), gib(w.experts).c_str(),
               gib(w.dense).c_str(),
               w.embed_on_demand ? strfmt(" (embedding table %s read row by row, not resident)", gib(w.embed_on_demand).c_str()).c_str() : "");
-  std::printf("  resident dense     %12s   mapped weights + f32 copies\n", gib(p.base.dense).c_str());
+  std::printf("  resident dense     %12s   mapped weights + f32 copies%s\n", gib(p.base.dense).c_str(),
+              p.lora_bytes ? strfmt(" + LoRA adapters %s (--lora)", format_bytes(p.lora_bytes).c_str()).c_str() : "");
   if (p.verdict == plan::Verdict::kStream)
     std::printf("  expert cache       %12s   %llu slots of %s (budget %s), %s\n", gib(p.cache_bytes).c_str(),
                 (unsigned long long)(p.slot_bytes ? p.cache_bytes / p.slot_bytes : 0), format_bytes(p.slot_bytes).c_str(),
@@ -189,6 +192,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
   j["verdict"] = plan::verdict_name(p.verdict);
   j["peak_bytes"] = p.peak;
   j["resident_weight_bytes"] = p.base.dense;
+  j["lora_bytes"] = p.lora_bytes;
   j["expert_bytes"] = p.weights.experts;
   j["kv_bytes_per_token"] = p.state.kv_per_token;
   j["cache_budget_bytes"] = p.cache_budget;
@@ -346,6 +350,12 @@ void run(const PlanOptions& o) {
     fail("%s: --spec mtp: the model has no multi-token-prediction layers%s", src.location.c_str(),
          src.ckpt.gguf() ? " (a GGUF keeps them as {arch}.nextn_predict_layers and blk.N.nextn.*; llama.cpp's converter drops them with --no-mtp)" : "");
   plan::PlanInputs in;
+  if (!o.lora.empty() && !o.preset.empty()) throw UsageError("--lora plans adapters over a model: give --model, not --preset");
+  for (const std::string& arg : o.lora) {  // (validated as the run does; adapters are local files)
+    const engine::LoraOption a = engine::parse_lora_option(arg);
+    in.lora_bytes += lora::load_adapter(a.path, src.ckpt, models::checkpoint_rules()).run_bytes();
+    in.lora_args.push_back(arg);
+  }
   in.shape.ctx = o.ctx;
   in.shape.kv_bits = o.kv_bits;
   in.shape.prefill_step = o.prefill_step;
@@ -484,6 +494,9 @@ void register_plan(CLI::App& app) {
                 "Predict the expert cache's hit rate, bytes read per token and decode tok/s from this routing trace (spool "
                 "calibrate --trace-out) by simulating the cache: what spool bench -p 0 -n N -r R --routing-trace FILE measures");
   c->add_option("-n,--n-gen", o->n_gen, "With --trace: tokens per repetition of the bench tg test simulated (default 128)");
+  c->add_option("--lora", o->lora,
+                "LoRA adapter FILE[:SCALE] the run will load (repeatable; PEFT directory or llama.cpp .gguf): its bytes count "
+                "with the resident dense weights, and the command repeats the flag (docs/lora.md)");
   c->add_option("-r,--repetitions", o->reps, "With --trace: timed repetitions simulated after one warm-up (default 5)");
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;

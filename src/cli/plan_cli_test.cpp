@@ -82,6 +82,30 @@ TEST(PlanCli, SpecMtpCountsTheHead) {
   EXPECT_EQ(spool("plan --preset tiny-qwen3.5 --spec mtp").code, 2);
 }
 
+// --lora: the adapters' resident bytes (A, B and B's transposed copy, f32) join the dense part
+// exactly as the loader counts them (generate --json's stats.memory.dense_resident), and the
+// printed command repeats the flag.
+TEST(PlanCli, LoraCountsTheAdaptersAsTheRunDoes) {
+  const std::string ad = std::string(SPOOL_TEST_DATA_DIR) + "/lora/spool-demo-moe-dev";
+  const Result plain = spool("plan -m " + kDemo + " --json --mem-gbps 10 --ram-gb 8");
+  const Result with = spool("plan -m " + kDemo + " --json --mem-gbps 10 --ram-gb 8 --lora " + ad + ":0.5");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(with.code, 0) << with.out;
+  const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(with.out);
+  const uint64_t lora = b["lora_bytes"].get<uint64_t>();
+  EXPECT_EQ(a["lora_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(lora, 1000000u);  // rank 8 on 8 layers' attention / DeltaNet / shared expert: ~1.1 MB of f32
+  EXPECT_EQ(b["resident_weight_bytes"].get<uint64_t>(), a["resident_weight_bytes"].get<uint64_t>() + lora);
+  EXPECT_NE(b["command"].get<std::string>().find(" --lora " + ad + ":0.5"), std::string::npos) << b["command"];
+  const Result run = spool("generate -m " + kDemo + " --lora " + ad + " --prompt The -n 1 --json");
+  ASSERT_EQ(run.code, 0) << run.out;
+  const auto r = nlohmann::json::parse(run.out.substr(run.out.find('{')));
+  EXPECT_EQ(r["stats"]["memory"]["dense_resident"].get<uint64_t>(), b["resident_weight_bytes"].get<uint64_t>());
+  EXPECT_EQ(spool("plan -m " + kDemo + " --lora /nonexistent/adapter").code, 1);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --lora :0.5").code, 2);  // no path
+  EXPECT_EQ(spool("plan --preset tiny-qwen3.5 --lora " + ad).code, 2);
+}
+
 TEST(PlanCli, TextNamesTheVerdictAndCommand) {
   const Result r = spool("plan -m " + kDemo + " --ram-gb 8 --mem-gbps 10 --disk-gbps 1");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -503,7 +503,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (!opt.lora.empty()) {
     adapters = std::make_shared<lora::LoraSet>();
     for (const LoraOption& a : opt.lora) {
-      lora::Adapter ad = lora::load_adapter(a.path, *l.ckpt);
+      lora::Adapter ad = lora::load_adapter(a.path, *l.ckpt, models::checkpoint_rules());
       log_info("LoRA adapter %zu: %s (%zu matrices, %zu expert layers, %.1f MB, scale %g)", adapters->adapters().size(), a.path.c_str(),
                ad.dense.size(), ad.experts.size(), static_cast<double>(ad.bytes()) / 1e6, static_cast<double>(a.scale));
       adapters->add(std::move(ad), a.scale);

@@ -153,12 +153,17 @@ uint64_t Adapter::bytes() const {
   return n;
 }
 
-Adapter load_adapter(const std::string& path, const io::Checkpoint& base) {
+uint64_t Adapter::run_bytes() const {
+  uint64_t n = bytes();
+  for (const DenseLora& d : dense) n += d.b.size() * sizeof(float);
+  for (const ExpertLora& e : experts)
+    for (const ExpertWrapper& w : e.wrappers) n += w.b.size() * sizeof(float);
+  return n;
+}
+
+Adapter load_adapter(const std::string& path, const io::Checkpoint& base, const io::RulesResolver& rules) {
   namespace fs = std::filesystem;
-  if (ends_with(path, ".gguf"))
-    fail("%s: llama.cpp GGUF LoRA adapters are not supported yet; give the PEFT adapter directory (adapter_config.json, "
-         "adapter_model.safetensors)",
-         path.c_str());
+  if (ends_with(path, ".gguf")) return load_gguf_adapter(path, base, rules);
   if (!fs::exists(path)) fail("%s: no such LoRA adapter (give a PEFT adapter directory or its adapter_model.safetensors)", path.c_str());
   std::string dir, file;
   if (fs::is_directory(path)) {

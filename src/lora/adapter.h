@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/family_rules.h"
 
 namespace spool::lora {
 
@@ -62,6 +63,13 @@ struct ExpertWrapper {
   int depth = 0;        ///< number of ".base_layer" segments (nesting)
   int64_t rows_a = 0, in = 0, out = 0;  ///< A [rows_a, in] (rows_a = E * r), B [out, rows_a]
   std::vector<float> a, b;
+  /// Which projection it targets. PEFT wrappers are told apart by their shapes (kByShape: the
+  /// fused gate_up_proj or down_proj); a GGUF adapter names it (ffn_gate_exps, ffn_up_exps,
+  /// ffn_down_exps; ffn_gate_up_exps is kGateUp).
+  enum class Target { kByShape, kGateUp, kGate, kUp, kDown } target = Target::kByShape;
+  /// Rank per expert and scaling when the file gives them (GGUF: alpha / r); 0: from the PEFT config.
+  int64_t rank = 0;
+  float scale = 0;
 };
 
 /// The wrappers of one experts module ("layers.1.mlp.experts", normalised).
@@ -80,15 +88,34 @@ struct Adapter {
   std::vector<ExpertLora> experts;
   /// Bytes of f32 A and B matrices held.
   uint64_t bytes() const;
+  /// Bytes a run holds for it once its terms are bound: A, B and the transposed copy of B that
+  /// lora::LoraSet makes for the products (what the loader and `spool plan --lora` count).
+  uint64_t run_bytes() const;
 };
 
-/// Loads a PEFT LoRA adapter from `path`: its directory (adapter_config.json,
+/// Loads a LoRA adapter from `path`: a llama.cpp GGUF adapter (a path ending in .gguf:
+/// load_gguf_adapter, with `rules` to resolve its architecture) or a PEFT adapter: its directory (adapter_config.json,
 /// adapter_model.safetensors) or its .safetensors file (adapter_config.json beside it), with names
 /// normalised for `base`. A/B may be F32, F16 or BF16 (kept as f32). Throws spool::Error naming
 /// the file and tensor for: a missing file, an unsupported PEFT type or variant, a key that is
 /// not a LoRA A/B weight (DoRA magnitudes, embedding LoRA, LoRA biases), an A without its B (or
 /// the reverse), mismatched A/B shapes, a rank other than the config's, a module spool does not
-/// load; a .gguf path (llama.cpp LoRA files: not supported yet).
-Adapter load_adapter(const std::string& path, const io::Checkpoint& base);
+/// load.
+Adapter load_adapter(const std::string& path, const io::Checkpoint& base, const io::RulesResolver& rules);
+
+/// Loads a llama.cpp GGUF LoRA adapter (convert_lora_to_gguf.py; llama-adapter.cpp reads the same):
+/// general.type "adapter", adapter.type "lora", general.architecture one the base's family loads,
+/// adapter.lora.alpha (absent or 0: scaling 1, else alpha / r per tensor, r = lora_b's ne[0]);
+/// tensors "<base GGUF tensor>.lora_a" ne {in, r} and ".lora_b" ne {r, out} (row-major: PEFT's
+/// A [r, in] and B [out, r]); merged experts "blk.N.ffn_{gate,up,down,gate_up}_exps.weight.lora_a"
+/// ne {in, r, E} and ".lora_b" ne {r, out, E}. Names map to `base`'s through the architecture's
+/// GGUF table (io::map_gguf_tensor), and the converter's row and column transforms are undone on
+/// B's rows / A's columns as on the base weight (llama arch's q/k row permutation, Qwen3.5's tiled
+/// V heads, Qwen3-Next's ssm_ba split). A and B may be any type spool reads (kept as f32). Throws
+/// spool::Error naming the file (and tensor) for: not an adapter, not a LoRA (control vectors),
+/// activated LoRA (invocation tokens), another architecture, a lora_a without its lora_b (or the
+/// reverse), shapes that disagree, a tensor spool cannot apply LoRA to (embeddings, norms, MLA's
+/// split attn_k_b / attn_v_b, gpt-oss's split experts, MTP blocks).
+Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, const io::RulesResolver& rules);
 
 }  // namespace spool::lora

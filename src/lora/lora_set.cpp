@@ -30,6 +30,10 @@ uint64_t content_hash(const Adapter& ad) {
     mix_str(e.name);
     for (const ExpertWrapper& w : e.wrappers) {
       mix_str(w.module);
+      const int target = static_cast<int>(w.target);
+      mix(&target, sizeof target);
+      mix(&w.rank, sizeof w.rank);
+      mix(&w.scale, sizeof w.scale);
       mix_floats(w.a);
       mix_floats(w.b);
     }
@@ -119,53 +123,79 @@ const ExpertDeltas* LoraSet::experts(const std::string& name, int n_experts, int
       const ExpertLora& x = ad.experts[i];
       if (x.name != name) continue;
       experts_used_[ai][i] = 1;
-      const ExpertWrapper* gate_up = nullptr;
-      const ExpertWrapper* down = nullptr;
+      // Slots: PEFT's fused gate_up_proj (or a GGUF ffn_gate_up_exps), separate gate / up (GGUF
+      // ffn_gate_exps / ffn_up_exps), down. PEFT wrappers are told apart by their shapes.
+      enum Slot { kGateUp, kGate, kUp, kDown };
+      const ExpertWrapper* slots[4] = {};
+      static const char* slot_names[4] = {"gate_up_proj", "gate_proj", "up_proj", "down_proj"};
+      const int64_t want_in[4] = {hidden, hidden, hidden, inter}, want_out[4] = {2 * inter, inter, inter, hidden};
       for (const ExpertWrapper& w : x.wrappers) {
-        // gate_up_proj [E, 2I, H]: in H, out 2I; down_proj [E, H, I]: in I, out H (PEFT swaps
-        // a non-transposed 3D parameter's last two dims into in / out).
-        const bool fits_gate_up = w.in == hidden && w.out == 2 * inter, fits_down = w.in == inter && w.out == hidden;
-        if (!fits_gate_up && !fits_down)
-          fail("LoRA adapter %s: '%s': shape mismatch: lora_A [%lld, %lld], lora_B [%lld, %lld] fit neither experts.gate_up_proj "
-               "(in %lld, out %lld) nor experts.down_proj (in %lld, out %lld) of %d experts",
-               ad.path.c_str(), w.module.c_str(), (long long)w.rows_a, (long long)w.in, (long long)w.out, (long long)w.rows_a,
-               (long long)hidden, (long long)(2 * inter), (long long)inter, (long long)hidden, n_experts);
-        const ExpertWrapper*& slot = fits_gate_up ? gate_up : down;
-        if (slot != nullptr)
-          fail("LoRA adapter %s: '%s' and '%s' both target experts.%s", ad.path.c_str(), slot->module.c_str(), w.module.c_str(),
-               fits_gate_up ? "gate_up_proj" : "down_proj");
-        slot = &w;
+        int slot;
+        if (w.target != ExpertWrapper::Target::kByShape) {
+          slot = w.target == ExpertWrapper::Target::kGate ? kGate : w.target == ExpertWrapper::Target::kUp ? kUp
+                 : w.target == ExpertWrapper::Target::kDown ? kDown : kGateUp;
+          if (w.in != want_in[slot] || w.out != want_out[slot])
+            fail("LoRA adapter %s: '%s': shape mismatch: in %lld, out %lld; the experts' %s is in %lld, out %lld", ad.path.c_str(),
+                 w.module.c_str(), (long long)w.in, (long long)w.out, slot_names[slot], (long long)want_in[slot], (long long)want_out[slot]);
+        } else {
+          // gate_up_proj [E, 2I, H]: in H, out 2I; down_proj [E, H, I]: in I, out H (PEFT swaps
+          // a non-transposed 3D parameter's last two dims into in / out).
+          const bool fits_gate_up = w.in == hidden && w.out == 2 * inter, fits_down = w.in == inter && w.out == hidden;
+          if (!fits_gate_up && !fits_down)
+            fail("LoRA adapter %s: '%s': shape mismatch: lora_A [%lld, %lld], lora_B [%lld, %lld] fit neither experts.gate_up_proj "
+                 "(in %lld, out %lld) nor experts.down_proj (in %lld, out %lld) of %d experts",
+                 ad.path.c_str(), w.module.c_str(), (long long)w.rows_a, (long long)w.in, (long long)w.out, (long long)w.rows_a,
+                 (long long)hidden, (long long)(2 * inter), (long long)inter, (long long)hidden, n_experts);
+          slot = fits_gate_up ? kGateUp : kDown;
+        }
+        if (slots[slot] != nullptr)
+          fail("LoRA adapter %s: '%s' and '%s' both target experts.%s", ad.path.c_str(), slots[slot]->module.c_str(), w.module.c_str(),
+               slot_names[slot]);
+        slots[slot] = &w;
       }
-      for (const ExpertWrapper* w : {gate_up, down}) {
+      if (slots[kGateUp] != nullptr && (slots[kGate] != nullptr || slots[kUp] != nullptr))
+        fail("LoRA adapter %s: '%s' targets the fused gate_up projection and '%s' a part of it", ad.path.c_str(),
+             slots[kGateUp]->module.c_str(), (slots[kGate] != nullptr ? slots[kGate] : slots[kUp])->module.c_str());
+      for (int slot = 0; slot < 4; ++slot) {
+        const ExpertWrapper* w = slots[slot];
         if (w == nullptr) continue;
-        const bool is_gate_up = w == gate_up;
         if (w->rows_a % E != 0)
           fail("LoRA adapter %s: '%s': shape mismatch: lora_A has %lld rows, not a multiple of the %d experts", ad.path.c_str(),
                w->module.c_str(), (long long)w->rows_a, n_experts);
         const int64_t r = w->rows_a / E;
-        const std::string key = x.module + (is_gate_up ? ".gate_up_proj" : ".down_proj");
-        const auto [rank, scale] = ad.config.rank_and_scaling(key);
-        if (rank != r)
-          fail("LoRA adapter %s: '%s': shape mismatch: rank %lld per expert (lora_A %lld rows / %d experts), adapter_config.json "
-               "gives r = %lld for %s",
-               ad.path.c_str(), w->module.c_str(), (long long)r, (long long)w->rows_a, n_experts, (long long)rank, key.c_str());
+        float s = w->scale;
+        if (w->rank == 0) {  // PEFT: rank and scaling from adapter_config.json
+          const std::string key = x.module + (slot == kGateUp ? ".gate_up_proj" : ".down_proj");
+          const auto [rank, scale] = ad.config.rank_and_scaling(key);
+          if (rank != r)
+            fail("LoRA adapter %s: '%s': shape mismatch: rank %lld per expert (lora_A %lld rows / %d experts), adapter_config.json "
+                 "gives r = %lld for %s",
+                 ad.path.c_str(), w->module.c_str(), (long long)r, (long long)w->rows_a, n_experts, (long long)rank, key.c_str());
+          s = scale;
+        } else if (w->rank != r) {
+          fail("LoRA adapter %s: '%s': rank %lld per expert, but lora_A has %lld rows for %d experts", ad.path.c_str(), w->module.c_str(),
+               (long long)w->rank, (long long)w->rows_a, n_experts);
+        }
         // B [out, r*E] with column k*E + e (ParamWrapper.get_delta_weight) -> per expert B_e^T [r, out].
         const int64_t O = w->out;
         std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(E * r * O));
         for (int64_t e = 0; e < E; ++e)
           for (int64_t k = 0; k < r; ++k)
             for (int64_t o = 0; o < O; ++o) bt[(e * r + k) * O + o] = w->b[o * (r * E) + k * E + e];
-        const float s = scale;  // (the user's scale: per row, ops::lora_add)
+        // (the user's scale: per row, ops::lora_add)
         const int id = static_cast<int>(ai);
         const float* user = &scales_[ai];
         for (int64_t e = 0; e < E; ++e) {
           const float* a = w->a.data() + e * r * w->in;  // A rows e*r .. e*r + r - 1
           const float* be = bt.data() + e * r * O;
-          if (is_gate_up) {  // gate rows [0, I), up rows [I, 2I) of gate_up_proj: columns of B_e^T
-            out.gate[e].terms.push_back({a, be, r, s, O, id, user});
-            out.up[e].terms.push_back({a, be + inter, r, s, O, id, user});
-          } else {
-            out.down[e].terms.push_back({a, be, r, s, O, id, user});
+          switch (slot) {
+            case kGateUp:  // gate rows [0, I), up rows [I, 2I) of gate_up_proj: columns of B_e^T
+              out.gate[e].terms.push_back({a, be, r, s, O, id, user});
+              out.up[e].terms.push_back({a, be + inter, r, s, O, id, user});
+              break;
+            case kGate: out.gate[e].terms.push_back({a, be, r, s, O, id, user}); break;
+            case kUp: out.up[e].terms.push_back({a, be, r, s, O, id, user}); break;
+            default: out.down[e].terms.push_back({a, be, r, s, O, id, user});
           }
         }
         any = true;

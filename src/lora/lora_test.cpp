@@ -45,7 +45,7 @@ Loaded load(const std::string& dir, const std::vector<std::pair<std::string, flo
   l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   l.pool = std::make_unique<ops::ThreadPool>(2);
   auto set = std::make_shared<LoraSet>();
-  for (const auto& [path, scale] : adapters) set->add(load_adapter(path, *l.ckpt), scale);
+  for (const auto& [path, scale] : adapters) set->add(load_adapter(path, *l.ckpt, models::checkpoint_rules()), scale);
   l.model = models::load_model(l.ckpt, std::make_shared<ops::CpuBackend>(l.pool.get()), set);
   if (stream) {
     const models::ModelSpec& sp = l.model->spec();
@@ -392,12 +392,12 @@ TEST(BadAdapter, TargetTheModelDoesNotHaveIsNamed) {
   EXPECT_NE(e.find("model.layers.0.self_attn.nope_proj"), std::string::npos) << e;
 }
 
-TEST(BadAdapter, MissingFilesAndGgufAreNamed) {
+TEST(BadAdapter, MissingFilesAreNamed) {
   EXPECT_NE(load_error(::testing::TempDir() + "/no_such_adapter").find("no such LoRA adapter"), std::string::npos);
   const std::string bare = ::testing::TempDir() + "/lora_no_config";
   std::filesystem::create_directories(bare);
   EXPECT_NE(load_error(bare).find("no adapter_config.json"), std::string::npos);
-  EXPECT_NE(load_error(::testing::TempDir() + "/adapter.gguf").find("GGUF LoRA adapters are not supported yet"), std::string::npos);
+  EXPECT_NE(load_error(::testing::TempDir() + "/adapter.gguf").find("no such LoRA adapter file"), std::string::npos);
 }
 
 // The fingerprint the server's disk snapshots carry: the same for the same adapters and scales,
@@ -407,7 +407,7 @@ TEST(LoraSetTest, FingerprintTellsAdaptersAndScalesApart) {
   const std::string a = data_dir() + "/lora/qwen3_moe/attn_mlp", b = data_dir() + "/lora/qwen3_moe/with_experts";
   auto fp = [&](const std::vector<std::pair<std::string, float>>& ads) {
     LoraSet s;
-    for (const auto& [p, scale] : ads) s.add(load_adapter(p, ck), scale);
+    for (const auto& [p, scale] : ads) s.add(load_adapter(p, ck, models::checkpoint_rules()), scale);
     return s.fingerprint();
   };
   EXPECT_EQ(fp({{a, 1.0f}}), fp({{a, 1.0f}}));
@@ -423,10 +423,10 @@ TEST(LoraSetTest, FingerprintOfScalesSkipsAdaptersAtZeroAndNamesAreUnique) {
   const io::Checkpoint ck = models::open_checkpoint(data_dir() + "/models/qwen3_moe");
   const std::string a = data_dir() + "/lora/qwen3_moe/attn_mlp", b = data_dir() + "/lora/qwen3_moe/with_experts";
   LoraSet two, one;
-  two.add(load_adapter(a + "/", ck), 1.0f);
-  two.add(load_adapter(b, ck), 0.0f);
-  two.add(load_adapter(a + "/adapter_model.safetensors", ck), 0.0f);
-  one.add(load_adapter(a, ck), 1.0f);
+  two.add(load_adapter(a + "/", ck, models::checkpoint_rules()), 1.0f);
+  two.add(load_adapter(b, ck, models::checkpoint_rules()), 0.0f);
+  two.add(load_adapter(a + "/adapter_model.safetensors", ck, models::checkpoint_rules()), 0.0f);
+  one.add(load_adapter(a, ck, models::checkpoint_rules()), 1.0f);
   EXPECT_EQ(two.fingerprint({0, 0, 0}), "");
   EXPECT_EQ(two.fingerprint({1, 0, 0}), one.fingerprint({1}));
   EXPECT_EQ(two.fingerprint(), one.fingerprint());  // the defaults

@@ -128,6 +128,8 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
     p.kv_capacity_windowed = p.spec.attn.window_bounds_kv && p.spec.attn.sliding_window > 0 ? cap.windowed : 0;
     p.state = state_bytes(models::mtp_spec(p.spec), cap, kv_bits);  // (with a kept MTP head: its KV too, as base_needs)
     p.base = base_needs(p.weights, p.spec, sh);
+    p.base.dense += in.lora_bytes;  // as engine::load: the adapters' f32 matrices stay resident (docs/lora.md)
+    p.lora_bytes = in.lora_bytes;
     // The placement engine::load would decide (plan::decide_placement) from these figures.
     PlacementFacts f;
     f.base = p.base;
@@ -211,6 +213,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   if (p.verdict == Verdict::kStream && !p.use_page_cache) cmd += " --no-page-cache";
   if (p.shape.kv_bits != 32) cmd += strfmt(" --kv-bits %d", p.shape.kv_bits);
   if (in.shape.prefill_step != 512) cmd += strfmt(" --prefill-step-size %lld", (long long)in.shape.prefill_step);
+  for (const std::string& a : in.lora_args) cmd += " --lora " + a;
   if (serve) cmd += strfmt(" --ctx-size %lld --parallel %d", (long long)in.shape.ctx, in.shape.parallel);
   if (in.shape.ctx > p.spec.max_position_embeddings && p.spec.max_position_embeddings > 0)
     p.notes.push_back(strfmt("--ctx-size %lld is beyond the model's max_position_embeddings %lld", (long long)in.shape.ctx,

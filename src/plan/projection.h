@@ -52,6 +52,8 @@ struct PlanInputs {
   std::optional<bool> stream;      // --stream / --no-stream; nullopt = decide as the loader does
   std::optional<uint64_t> cache_budget;  // --cache-budget-gb in bytes; nullopt = auto
   std::optional<uint64_t> vram_budget;   // plan a GPU run with this VRAM budget in bytes; nullopt = a CPU run
+  uint64_t lora_bytes = 0;               // --lora: the adapters' resident bytes (lora::Adapter::run_bytes), counted as dense
+  std::vector<std::string> lora_args;    // --lora FILE[:SCALE] flags, repeated in the printed command
 };
 
 enum class Verdict { kResident, kStream, kNoFit };
@@ -66,7 +68,8 @@ struct Projection {
   StateBytes state;
   int64_t kv_capacity = 0;       // KV positions allocated at shape.ctx by a layer that keeps every position
   int64_t kv_capacity_windowed = 0;  // by a sliding-window layer (models::State::kv_window); 0: none
-  BaseNeeds base;
+  BaseNeeds base;                // (base.dense includes lora_bytes)
+  uint64_t lora_bytes = 0;       // LoRA adapters held resident (PlanInputs::lora_bytes)
   RunShape shape;
   uint64_t available = 0, reserve = 0;
   uint64_t slot_bytes = 0;       // one expert cache slot (default page-cache policy)
