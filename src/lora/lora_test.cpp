@@ -126,6 +126,47 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Families, PeftGolden, ::testing::ValuesIn(cases()), case_name);
 
+// The same adapters as llama.cpp GGUF LoRA files (tests/reference/gguf_lora.py: GGUF names, the
+// converter's tiled V heads on B's rows / A's columns, experts as 3-D ffn_{gate,up,down}_exps
+// pairs), over the safetensors checkpoint and over its F32 GGUF: PEFT's goldens.
+struct GgufCase {
+  std::string family, kind;
+  bool gguf_base, stream;
+};
+
+std::string gguf_case_name(const ::testing::TestParamInfo<GgufCase>& i) {
+  return i.param.family + "_" + i.param.kind + (i.param.gguf_base ? "_over_gguf" : "_over_safetensors") +
+         (i.param.stream ? "_streamed" : "_resident");
+}
+
+class GgufLoraGolden : public ::testing::TestWithParam<GgufCase> {};
+
+TEST_P(GgufLoraGolden, LogitsAndGreedyMatchPeft) {
+  const GgufCase& c = GetParam();
+  const std::string fix = data_dir() + "/lora/" + c.family;
+  const std::string base = c.gguf_base ? data_dir() + "/gguf/models/" + c.family + ".f32.gguf" : data_dir() + "/models/" + c.family;
+  Loaded l = load(base, {{fix + "/" + c.kind + ".gguf", 1.0f}}, c.stream);
+  const std::vector<int32_t> ids = json_ids(fix + "/golden_lora.json", "prompt_ids");
+  Golden g(fix + "/golden_lora.safetensors");
+  const std::vector<float> ref = g.f32(c.kind + ".logits");
+  const std::vector<float> got = logits_all(*l.model, ids);
+  const std::string name = gguf_case_name({c, 0});
+  const double worst = expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, kTol, name);
+  std::printf("%s: max rel error %.3g\n", name.c_str(), worst);
+  EXPECT_EQ(greedy(*l.model, ids, g.i32(c.kind + ".greedy_ids").size()), g.i32(c.kind + ".greedy_ids"));
+}
+
+std::vector<GgufCase> gguf_cases() {
+  std::vector<GgufCase> v;
+  for (const char* f : {"qwen3_5_moe_text", "qwen3_moe"})
+    for (const char* k : {"attn_mlp", "with_experts"})
+      for (bool gb : {false, true}) v.push_back({f, k, gb, false});
+  v.push_back({"qwen3_5_moe_text", "with_experts", false, true});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GgufLoraGolden, ::testing::ValuesIn(gguf_cases()), gguf_case_name);
+
 // The adapter changes the logits well beyond the tolerance (a golden test that cannot tell the
 // adapter from the base would pass with the adapter ignored).
 TEST(PeftGolden, AdaptersMoveTheLogits) {
@@ -398,6 +439,14 @@ TEST(BadAdapter, MissingFilesAreNamed) {
   std::filesystem::create_directories(bare);
   EXPECT_NE(load_error(bare).find("no adapter_config.json"), std::string::npos);
   EXPECT_NE(load_error(::testing::TempDir() + "/adapter.gguf").find("no such LoRA adapter file"), std::string::npos);
+}
+
+// GGUF files that are not a LoRA for this model are refused by name (the base is qwen3_moe).
+TEST(BadAdapter, GgufThatIsNotThisModelsLora) {
+  EXPECT_NE(load_error(data_dir() + "/gguf/models/qwen3_moe.f32.gguf").find("not 'adapter'"), std::string::npos);
+  EXPECT_NE(load_error(data_dir() + "/lora/qwen3_5_moe_text/attn_mlp.gguf").find("the adapter is for architecture 'qwen35moe'"),
+            std::string::npos);
+  EXPECT_EQ(load_error(data_dir() + "/lora/qwen3_moe/attn_mlp.gguf"), "");
 }
 
 // The fingerprint the server's disk snapshots carry: the same for the same adapters and scales,
