@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs spool's CUDA tests (the backend op table on CudaBackend: backend_test; fixture
 # models on CUDA against the CPU, strict device mode for the fully native families:
-# cuda_model_test; the capability table and strict mode per backend: capability_test) on a machine
+# cuda_model_test; the capability table and strict mode per backend: capability_test; LoRA adapters
+# against PEFT's goldens: lora_test) on a machine
 # with an NVIDIA GPU.
 #
 #   scripts/test-cuda.sh                  build with -DSPOOL_CUDA=ON in $BUILD_DIR and run the tests here
@@ -32,7 +33,7 @@ shopt -s inherit_errexit  # a failed build inside $(build) stops the script
 mode=${1:-local}
 here=$(cd "$(dirname "$0")" && pwd)
 archs=${SPOOL_CUDA_ARCHS:-90}
-tests=(backend_test capability_test cuda_model_test)
+tests=(backend_test capability_test cuda_model_test lora_test)
 
 build() {  # build [dir]: configure and build the CUDA test binaries
   local repo bdir

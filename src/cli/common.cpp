@@ -70,11 +70,10 @@ void ModelOptions::add_lora_to(CLI::App* app, bool server) {
                   server ? "LoRA adapter applied unmerged (PEFT: its directory or adapter_model.safetensors; or a llama.cpp .gguf "
                            "LoRA), optionally with its default scale: FILE[:SCALE] (default 1); repeatable: adapter ids 0, 1, ... in order, names from their "
                            "directories. Requests choose adapters and scales with `lora: [{\"id\", \"scale\"}]` or a `model` "
-                           "naming one; GET/POST /lora-adapters read/set the defaults. CPU only for now (docs/lora.md)"
+                           "naming one; GET/POST /lora-adapters read/set the defaults (docs/lora.md)"
                          : "LoRA adapter applied unmerged (PEFT: its directory or adapter_model.safetensors; or a llama.cpp .gguf LoRA), "
                            "optionally with a scale: "
-                           "FILE[:SCALE] (default 1; 0 loads it without effect); repeatable, the adapters add up. CPU only for now "
-                           "(docs/lora.md)")
+                           "FILE[:SCALE] (default 1; 0 loads it without effect); repeatable, the adapters add up (docs/lora.md)")
       ->allow_extra_args(false);
   if (server)
     app->add_flag("--lora-init-without-apply", lora_init_without_apply,

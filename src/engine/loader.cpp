@@ -472,11 +472,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     else if (!kquant)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
   }
-  if (!opt.lora.empty() && cuda_index >= 0) {  // the LoRA products run on the CPU backend only (ops/lora.h)
-    if (opt.device != "auto") throw UsageError(strfmt("--lora: LoRA is CPU-only for now; use --device cpu (got --device %s)", opt.device.c_str()));
-    log_info("--lora: LoRA is CPU-only for now; running on the CPU");
-    cuda_index = -1;
-  }
   const auto first_ggml = std::find_if(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; });
   if (cuda_index >= 0 && first_ggml != l.ckpt->tensors().end()) {
     if (opt.device != "auto")

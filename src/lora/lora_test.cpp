@@ -20,6 +20,9 @@
 #include "models/family.h"
 #include "models/model.h"
 #include "ops/cpu_backend.h"
+#ifdef SPOOL_HAVE_CUDA
+#include "ops/cuda/cuda_backend.h"
+#endif
 #include "support/golden.h"
 
 namespace spool::lora {
@@ -38,15 +41,32 @@ struct Loaded {
   std::unique_ptr<models::Model> model;
 };
 
+// Whether this build and machine run the CUDA cases (GPU tests: SKIPPED otherwise).
+bool have_cuda() {
+#ifdef SPOOL_HAVE_CUDA
+  return ops::cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
 // The checkpoint at `dir` with the adapters (path, scale) applied; `stream`: routed experts read
-// from disk per use (a zero cache budget) instead of the resident mapping.
-Loaded load(const std::string& dir, const std::vector<std::pair<std::string, float>>& adapters, bool stream = false) {
+// from disk per use (a zero cache budget) instead of the resident mapping; `cuda`: on CudaBackend
+// (device 0; the caller checks have_cuda()), experts from the host mapping or the stream.
+Loaded load(const std::string& dir, const std::vector<std::pair<std::string, float>>& adapters, bool stream = false,
+            bool cuda = false) {
   Loaded l;
   l.ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
   l.pool = std::make_unique<ops::ThreadPool>(2);
   auto set = std::make_shared<LoraSet>();
   for (const auto& [path, scale] : adapters) set->add(load_adapter(path, *l.ckpt, models::checkpoint_rules()), scale);
-  l.model = models::load_model(l.ckpt, std::make_shared<ops::CpuBackend>(l.pool.get()), set);
+  std::shared_ptr<ops::Backend> backend = std::make_shared<ops::CpuBackend>(l.pool.get());
+#ifdef SPOOL_HAVE_CUDA
+  if (cuda) backend = std::make_shared<ops::CudaBackend>(0);
+#else
+  if (cuda) fail("lora_test: a CUDA case in a build without CUDA");
+#endif
+  l.model = models::load_model(l.ckpt, backend, set);
   if (stream) {
     const models::ModelSpec& sp = l.model->spec();
     std::vector<bool> moe(sp.n_layers);
@@ -125,6 +145,32 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PeftGolden, ::testing::ValuesIn(cases()), case_name);
+
+// The same goldens on CudaBackend (Impl::lora_add: cuBLAS f32 beside each product, the experts'
+// terms in the per-expert path), resident and streamed; the GGUF adapters too (GPU tests).
+class CudaPeftGolden : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaPeftGolden, LogitsAndGreedyMatchPeft) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or a build without CUDA): LoRA on CUDA not checked";
+  const Case& c = GetParam();
+  const std::string fix = data_dir() + "/lora/" + c.family;
+  for (const std::string& adapter : {fix + "/" + c.kind, fix + "/" + c.kind + ".gguf"}) {
+    if (!std::filesystem::exists(adapter)) continue;  // (GGUF adapters: qwen3_5_moe_text, qwen3_moe)
+    SCOPED_TRACE(adapter);
+    Loaded l = load(data_dir() + "/models/" + c.family, {{adapter, 1.0f}}, c.stream, /*cuda=*/true);
+    const std::vector<int32_t> ids = json_ids(fix + "/golden_lora.json", "prompt_ids");
+    Golden g(fix + "/golden_lora.safetensors");
+    const std::vector<float> ref = g.f32(c.kind + ".logits");
+    const std::vector<float> got = logits_all(*l.model, ids);
+    const double worst = expect_rows_close(got.data(), ref.data(), static_cast<int64_t>(ids.size()), l.model->spec().vocab_size, kTol,
+                                           "cuda " + case_name({c, 0}) + " " + adapter);
+    std::printf("cuda %s (%s): max rel error %.3g\n", case_name({c, 0}).c_str(), adapter.ends_with(".gguf") ? "gguf" : "peft", worst);
+    const std::vector<int32_t> want = g.i32(c.kind + ".greedy_ids");
+    EXPECT_EQ(greedy(*l.model, ids, want.size()), want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaPeftGolden, ::testing::ValuesIn(cases()), case_name);
 
 // The same adapters as llama.cpp GGUF LoRA files (tests/reference/gguf_lora.py: GGUF names, the
 // converter's tiled V heads on B's rows / A's columns, experts as 3-D ffn_{gate,up,down}_exps
@@ -254,8 +300,8 @@ TEST_F(DemoAdapter, StreamedWithAdapterMatchesPeft) {
 // greedy decoding in lockstep), the adapter loaded at default scale 0: each sequence's logits
 // and greedy ids are its golden's. A third sequence per prompt without a lora field takes the
 // default (0: the base).
-void batch_with_and_without(const std::string& model_dir, const std::string& fix, bool stream) {
-  Loaded l = load(model_dir, {{fix, 0.0f}}, stream);
+void batch_with_and_without(const std::string& model_dir, const std::string& fix, bool stream, bool cuda = false) {
+  Loaded l = load(model_dir, {{fix, 0.0f}}, stream, cuda);
   models::Model& m = *l.model;
   const int64_t V = m.spec().vocab_size;
   Golden with(fix + "/golden_prompts_lora.safetensors"), base(fix + "/golden_prompts_base.safetensors");
@@ -325,6 +371,18 @@ TEST_F(DemoAdapter, OneBatchRunsEachSequenceWithItsOwnAdapters) { batch_with_and
 // The same with the experts streamed at a zero budget: several sequences then run as two
 // pipelined groups on two threads (DecoderModel::run_pipelined), each with its own rows' scales.
 TEST_F(DemoAdapter, StreamedBatchRunsEachSequenceWithItsOwnAdapters) { batch_with_and_without(model_, fix_, true); }
+
+// On CudaBackend: the demo's goldens with the adapter, and the per-sequence batch (row scales
+// gathered with the experts' rows), resident and streamed (GPU tests).
+TEST_F(DemoAdapter, CudaWithAdapterAndPerSequenceBatch) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or a build without CUDA): LoRA on CUDA not checked";
+  {
+    Loaded l = load(model_, {{fix_, 1.0f}}, false, /*cuda=*/true);
+    check(*l.model, fix_ + "/golden_prompts_lora.safetensors");
+  }
+  batch_with_and_without(model_, fix_, false, /*cuda=*/true);
+  batch_with_and_without(model_, fix_, true, /*cuda=*/true);
+}
 
 TEST_F(DemoAdapter, WithoutAdapterMatchesPeftsBase) {
   Loaded base = load(model_, {});

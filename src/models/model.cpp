@@ -18,8 +18,8 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, st
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend,
                                   std::shared_ptr<lora::LoraSet> adapters) {
   if (adapters == nullptr || adapters->empty()) return load_model(std::move(ckpt), std::move(backend));
-  if (backend->device() != ops::Device::kCpu)
-    fail("LoRA is CPU-only for now: the %s backend has no LoRA products (run with --device cpu)", backend->name());
+  if (backend->device() != ops::Device::kCpu && backend->device() != ops::Device::kCuda)
+    fail("LoRA: the %s backend has no LoRA products (run with --device cpu or cuda)", backend->name());
   std::unique_ptr<Model> m;
   {
     LoraBindScope scope(adapters.get());

@@ -170,7 +170,7 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, st
 /// The same with LoRA adapters applied unmerged (ops/lora.h): every matrix and routed expert an
 /// adapter targets gets its terms while the family binds (models/bind.h LoraBindScope). Throws
 /// spool::Error when a target matches no weight the model runs (LoraSet::check_all_bound), for
-/// mismatched shapes, and on a backend other than the CPU ("LoRA is CPU-only for now").
+/// mismatched shapes, and on a backend without LoRA products (other than the CPU and CUDA).
 /// `adapters` may be null or empty (no adapters).
 std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, std::shared_ptr<ops::Backend> backend,
                                   std::shared_ptr<lora::LoraSet> adapters);

@@ -84,9 +84,4 @@ void lora_add(const WeightView& w, const float* x, int64_t T, float* y, int64_t 
   lora_add(*w.lora, x, T, w.cols, y, w.rows, ldy, lora_rows());
 }
 
-void refuse_lora(const WeightView& w, const char* backend) {
-  if (w.lora != nullptr)
-    fail("LoRA adapters are CPU-only for now: the %s backend has no LoRA products (run with --device cpu)", backend);
-}
-
 }  // namespace spool::ops

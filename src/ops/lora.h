@@ -1,6 +1,7 @@
 // LoRA terms applied unmerged beside a weight's product: y = W x + sum_i s_i B_i (A_i x). A
 // WeightView carries them (WeightView::lora); the CPU products (ops::matmul, matmul_multi,
-// matmul_reference, CpuBackend::expert_ffn) add them after W's own product, whatever W's storage
+// matmul_reference, CpuBackend::expert_ffn) and the CUDA backend's (ops/cuda/cuda_lora.cu) add
+// them after W's own product, whatever W's storage
 // (float, spool-quantized, ggml blocks): the low-rank product never touches W. The adapters'
 // f32 matrices are loaded and owned by src/lora (lora::LoraSet); these are borrowed views.
 // PEFT's LoRA (peft/tuners/lora/layer.py, Linear.forward): result + lora_B(lora_A(x)) * scaling.
@@ -86,9 +87,5 @@ void lora_add(const WeightView& w, const float* x, int64_t T, float* y, int64_t 
 
 /// The same with the row scales in scope on this thread.
 void lora_add(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy);
-
-/// Throws spool::Error when `w` carries LoRA terms: a backend without the LoRA products
-/// (CUDA for now) refuses rather than silently computing W x alone. `backend` names it.
-void refuse_lora(const WeightView& w, const char* backend);
 
 }  // namespace spool::ops

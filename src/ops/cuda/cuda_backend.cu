@@ -71,24 +71,17 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::matmul(const WeightView& w, const float* x, int64_t T, float* y) {
   CudaOpScope scope(*impl_, __func__, strict_device());
-  refuse_lora(w, "cuda");
   cu::matmul(*impl_, w, x, T, y);
 }
 
 void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) {
   CudaOpScope scope(*impl_, __func__, strict_device());
-  for (const MatmulOut& o : outs) refuse_lora(*o.w, "cuda");
   cu::matmul_multi(*impl_, outs, x, T);
 }
 
 void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                              int64_t H, Activation act, float* y) {
   CudaOpScope scope(*impl_, __func__, strict_device());
-  for (const ExpertMats& w : experts) {
-    refuse_lora(w.gate, "cuda");
-    refuse_lora(w.up, "cuda");
-    refuse_lora(w.down, "cuda");
-  }
   cu::expert_ffn(*impl_, experts, groups, g0, x, H, act, y);
 }
 

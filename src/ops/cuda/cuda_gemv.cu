@@ -579,7 +579,12 @@ int CudaBackend::Impl::gemv_rows_fit(int64_t cols) const {
   return static_cast<int>(std::clamp<int64_t>(room / (4 * std::max<int64_t>(cols, 1)), 0, kMaxGemvT));
 }
 
-void CudaBackend::Impl::mm(const WeightView& w_in, const float* x, int64_t T, float* y) {
+void CudaBackend::Impl::mm(const WeightView& w_in, const float* x, int64_t T, float* y, const int64_t* row_tok) {
+  mm_base(w_in, x, T, y);
+  if (w_in.lora != nullptr) lora_add(*w_in.lora, x, T, w_in.cols, y, w_in.rows, w_in.rows, row_tok);
+}
+
+void CudaBackend::Impl::mm_base(const WeightView& w_in, const float* x, int64_t T, float* y) {
   if (T <= 0 || w_in.rows == 0) return;
   const Arena::Mark m = arena->mark();
   const WeightView w = dev_weight(w_in);
@@ -656,7 +661,8 @@ void matmul_multi(CudaBackend::Impl& I, std::span<const MatmulOut> outs, const f
   std::vector<const WeightView*> w16;
   std::vector<float*> y16;
   for (const MatmulOut& o : outs) {
-    if (o.w->device == Device::kCuda && o.w->rows > 0 && T > 0 && is_device_ptr(o.y) && CudaBackend::Impl::gemv16_ok(*o.w, xd, T) && w16.size() < kMaxGemv16 &&
+    if (o.w->lora == nullptr && o.w->device == Device::kCuda && o.w->rows > 0 && T > 0 && is_device_ptr(o.y) &&
+        CudaBackend::Impl::gemv16_ok(*o.w, xd, T) && w16.size() < kMaxGemv16 &&
         (w16.empty() || w16[0]->type == o.w->type)) {
       w16.push_back(o.w);
       y16.push_back(o.y);

@@ -43,6 +43,7 @@
 #include "common/error.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/kv_cache.h"
+#include "ops/lora.h"
 #include "ops/quant_matmul.h"
 #include "ops/rope.h"
 #include "ops/weights.h"
@@ -441,8 +442,22 @@ struct CudaBackend::Impl {
   void gemv_16(std::span<const WeightView* const> ws, std::span<float* const> ys, const float* x, int64_t T);
   // Rows of x a fused-prologue GEMV job of `cols` columns may take (<= kMaxGemvT; 0: none fit).
   int gemv_rows_fit(int64_t cols) const;
-  // y [T, rows] = x [T, cols] W^T, all device pointers (w may be a host view: copied for the call).
-  void mm(const WeightView& w_in, const float* x, int64_t T, float* y);
+  // y [T, rows] = x [T, cols] W^T, all device pointers (w may be a host view: copied for the call),
+  // plus w's LoRA terms (lora_add; row t's adapter scales are token row_tok[t]'s, null: t's).
+  void mm(const WeightView& w_in, const float* x, int64_t T, float* y, const int64_t* row_tok = nullptr);
+  // mm() without the LoRA terms.
+  void mm_base(const WeightView& w_in, const float* x, int64_t T, float* y);
+
+  // ---- LoRA (cuda_lora.cu) ----
+  // Device copies of the LoRA terms' A and B^T (ops/lora.h), by host address: made at first use
+  // (uploaded, like weights) and kept for the backend's life, as the adapters are the model's.
+  std::unordered_map<const float*, float*> lora_dev;
+  const float* lora_matrix(const float* host, size_t n);
+  // y [T, rows] (row stride ldy) += the terms of d over x [T, cols] (device pointers, f32 cuBLAS):
+  // s(t) B (A x_t), s(t) = term.scale x the user scale of token row_tok[t] (null: t) in the
+  // LoraRowScales in scope (ops::lora_rows), else the adapter's default. Throws spool::Error as
+  // ops::lora_add does for scales that do not cover the rows or the adapter.
+  void lora_add(const LoraDelta& d, const float* x, int64_t T, int64_t cols, float* y, int64_t rows, int64_t ldy, const int64_t* row_tok);
 
   // ---- MoE (cuda_moe.cu) ----
   // The grouped path of expert_ffn (SwiGLU experts in one packed format per projection, one shape): two launches for

@@ -257,8 +257,7 @@ const float* CudaBackend::upload_floats(std::span<const float> v) {
   return static_cast<const float*>(p);
 }
 
-WeightView CudaBackend::upload(const WeightView& w) {
-  refuse_lora(w, "cuda");
+WeightView CudaBackend::upload(const WeightView& w) {  // (LoRA terms stay with the view: Impl::mm adds them)
   if (w.device == Device::kCuda || w.empty()) return w;
   check_supported(w);
   if (w.type == WType::kQuant) validate(w.quant);

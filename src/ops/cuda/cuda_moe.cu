@@ -354,7 +354,11 @@ void expert_ffn(CudaBackend::Impl& I, std::span<const ExpertMats> experts, const
   auto yo = I.out(y + r_begin * H, (r_end - r_begin) * H, false);
   std::vector<int64_t> tok(static_cast<size_t>(r_end - r_begin));
   for (int64_t r = r_begin; r < r_end; ++r) tok[r - r_begin] = groups.rows[r] / groups.K;
-  if (act == Activation::kSwiGLU && I.expert_ffn_grouped(experts, groups, g0, xd, tok, H, yo.d)) {
+  // (LoRA terms: the per-expert products below, which add them; the grouped launches do not.)
+  const bool lora = std::any_of(experts.begin(), experts.end(), [](const ExpertMats& e) {
+    return e.gate.lora != nullptr || e.up.lora != nullptr || e.down.lora != nullptr;
+  });
+  if (!lora && act == Activation::kSwiGLU && I.expert_ffn_grouped(experts, groups, g0, xd, tok, H, yo.d)) {
     I.finish(yo);
     return;
   }
@@ -370,15 +374,16 @@ void expert_ffn(CudaBackend::Impl& I, std::span<const ExpertMats> experts, const
     CU_LAUNCHED("k_gather");
     float* gate = I.arena->get_n<float>(n * Idim);
     float* up = I.arena->get_n<float>(n * Idim * (oai ? 2 : 1));
+    const int64_t* rt = tok.data() + (r0 - r_begin);  // the rows' tokens: their LoRA scales
     switch (act) {
       case Activation::kSwiGLU:
-        I.mm(e.gate, xg, n, gate);
-        I.mm(e.up, xg, n, up);
+        I.mm(e.gate, xg, n, gate, rt);
+        I.mm(e.up, xg, n, up, rt);
         launch_swiglu(I.stream, gate, up, n * Idim, gate);
         break;
       case Activation::kGeluTanhGLU:  // Gemma 4: gelu_pytorch_tanh(gate) * up
-        I.mm(e.gate, xg, n, gate);
-        I.mm(e.up, xg, n, up);
+        I.mm(e.gate, xg, n, gate, rt);
+        I.mm(e.up, xg, n, up, rt);
         k_gelu_tanh_glu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(gate, up, n * Idim, gate);
         CU_LAUNCHED("k_gelu_tanh_glu");
         break;
@@ -389,7 +394,7 @@ void expert_ffn(CudaBackend::Impl& I, std::span<const ExpertMats> experts, const
         break;
     }
     float* yd = yo.d + (r0 - r_begin) * H;
-    I.mm(e.down, gate, n, yd);
+    I.mm(e.down, gate, n, yd, rt);
     if (e.down_bias != nullptr) {
       k_add_rows<<<blocks_for(n * H), 256, 0, I.stream>>>(yd, e.down_bias, n, H);
       CU_LAUNCHED("k_add_rows");
@@ -438,6 +443,8 @@ bool routed_takes_shared(const CudaBackend::Impl& I, const void* table, const Ex
   const CudaBackend::Impl::TableMeta& tm = it->second;
   // Up to kMaxGemvT tokens: then matmul_multi / matmul run the shared expert as GEMVs too (one-row
   // jobs give the bits of those), and a shape, type and groups the table's launches take.
+  // A shared expert with LoRA terms runs as matmuls (Impl::mm adds them; the table's launches do not).
+  if (shared.gate.lora != nullptr || shared.up.lora != nullptr || shared.down.lora != nullptr) return false;
   return T >= 1 && T <= kMaxGemvT && I.quant_expert_ok(shared, tm.H, tm.I, tm.gu, tm.d);
 }
 
