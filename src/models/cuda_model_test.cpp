@@ -70,16 +70,9 @@ std::vector<float> prompt_logits(models::Model& m, const std::vector<int32_t>& i
 // (Backend::set_strict_device) with its experts in VRAM (experts::DeviceExperts): a host fallback
 // or a host weight copied for one call would throw. The test checks this list against the table.
 const std::map<std::string, std::vector<std::string>>& host_fallback_families() {
-  static const std::map<std::string, std::vector<std::string>> m = {
-      {"deepseek_v3", {"mla_attention"}},
-      {"deepseek_v3_kimi", {"mla_attention"}},
-      {"deepseek_v2_lite", {"mla_attention"}},
-      {"glm4_moe_lite", {"mla_attention"}},
-      {"glm4_moe_lite_v24", {"mla_attention"}},
-      {"gpt_oss", {"attention_sinks"}},
-      {"gpt_oss_mxfp4", {"attention_sinks"}},
-      {"gemma4_text_moe", {"attention_window"}},
-  };
+  // Empty since attention_window, attention_sinks and mla_attention run on the device
+  // (cuda_attention.cu): every family is checked in strict mode.
+  static const std::map<std::string, std::vector<std::string>> m = {};
   return m;
 }
 

@@ -328,8 +328,7 @@ class Backend {
   /// The ops of the table that this backend runs through the host: the generic implementations it
   /// does not override (generic_host_fallback_ops(), by name). Host backends (CpuBackend,
   /// ReferenceBackend) override all of them: none. A backend that overrides some overrides this.
-  /// On CUDA today: attention_window when the window bites (a short sequence runs attention()),
-  /// attention_sinks and mla_attention.
+  /// On CUDA: none.
   virtual std::span<const char* const> host_fallback_ops() const { return generic_host_fallback_ops(); }
   /// How this backend runs op `op` (a name of backend_op_names()); throws spool::Error for
   /// another name.

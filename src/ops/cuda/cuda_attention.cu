@@ -69,25 +69,33 @@ __global__ void k_kv_write(KvDev kv, void* kd, void* vd, float* ksd, float* vsd,
 }
 
 // One block per query row (t, h) of a tile starting at token t0: scores into a scratch row,
-// softmax, then out = P V. Dynamic smem: (blockDim.x / 32) * head_dim floats (the query, then the
-// warps' partial P V sums); head_dim <= kMaxAttnHd.
+// softmax, then out = P V. Query position pos0 + t sees the keys at positions [lo, pos0 + t] with
+// lo = max(0, pos0 + t + 1 - window) (window <= 0: lo = 0), read at cache row position - base
+// (a windowed cache holds only its last rows). sinks (device [n_heads] or null): head h's learned
+// logit joins the softmax's max and denominator and has no value (HF GptOssAttention). Dynamic
+// smem: (blockDim.x / 32) * head_dim floats (the query, then the warps' partial P V sums);
+// head_dim <= kMaxAttnHd.
 constexpr int kMaxAttnHd = 512;
 constexpr int kAttnThreads = 128;
-__global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, int64_t pos0, int64_t t0, float scale,
-                            float* scores, int64_t ld_scores, float* out) {
+__global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, int64_t pos0, int64_t t0, float scale, int64_t window,
+                            int64_t base, const float* sinks, float* scores, int64_t ld_scores, float* out) {
   extern __shared__ float qs[];
   const int64_t qi = blockIdx.x;
   const int64_t t = t0 + qi / n_heads;
   const int h = static_cast<int>(qi % n_heads), kvh = h / group, hd = kv.hd;
-  const int64_t n = pos0 + t + 1;
+  const int64_t end = pos0 + t + 1;
+  const int64_t lo = window > 0 ? max(int64_t{0}, end - window) : 0;
+  const int64_t n = end - lo;  // keys seen: positions lo .. end - 1, scores s[0 .. n)
+  const int64_t row0 = lo - base;
   const float* qr = q + (t * n_heads + h) * hd;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
   float* s = scores + qi * ld_scores;
-  float mx = -INFINITY;
+  const float sink = sinks != nullptr ? sinks[h] : -INFINITY;
+  float mx = sink;
   for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
     float d = 0.0f;
-    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, p);
+    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, row0 + p);
     d *= scale;
     s[p] = d;
     mx = fmaxf(mx, d);
@@ -100,6 +108,7 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
     z += e;
   }
   z = block_sum(z);  // (its __syncthreads also orders the score writes before the reads below)
+  if (sinks != nullptr) z += expf(sink - mx);
   const float inv = 1.0f / z;
   // out = P V: warp w sums positions w, w + nw, ... for dims lane, lane + 32, ... (coalesced rows of
   // V), then the warps' sums meet in shared memory (qs is free again), added in warp order.
@@ -111,7 +120,7 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
     const float sp = s[p];
 #pragma unroll
     for (int m = 0; m < kMaxAttnHd / 32; ++m)
-      if (lane + 32 * m < hd) acc[m] += sp * kv_value(kv, kvh, p, lane + 32 * m);
+      if (lane + 32 * m < hd) acc[m] += sp * kv_value(kv, kvh, row0 + p, lane + 32 * m);
   }
   __syncthreads();  // (every thread is done with qs)
   float* part = qs;  // [nw][hd] (dynamic smem holds nw * hd floats)
@@ -123,6 +132,46 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.0f;
     for (int w = 0; w < nw; ++w) a += part[w * hd + d];
+    o[d] = a * inv;
+  }
+}
+
+// Weight-absorbed MLA attention (ops/mla.h) over a keys-only latent cache of one head of D dims:
+// one block per query row (t, h) of a tile from token t0; scores softmax(scale q . key[p]) over
+// p <= pos0 + t into a scratch row, then out[d] = sum_p P[p] key[p][d] for d < dv (the value is the
+// key's first dv dims), one thread per output dim. Dynamic smem: D floats (the query).
+__global__ void k_mla_attention(const float* q, int n_heads, KvDev kv, int64_t pos0, int64_t t0, float scale, int dv, float* scores,
+                                int64_t ld_scores, float* out) {
+  extern __shared__ float qs[];
+  const int64_t qi = blockIdx.x;
+  const int64_t t = t0 + qi / n_heads;
+  const int h = static_cast<int>(qi % n_heads), D = kv.hd;
+  const int64_t n = pos0 + t + 1;
+  const float* qr = q + (t * n_heads + h) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) qs[i] = qr[i];
+  __syncthreads();
+  float* s = scores + qi * ld_scores;
+  float mx = -INFINITY;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    float d = 0.0f;
+    for (int i = 0; i < D; ++i) d += qs[i] * kv_key(kv, 0, i, p);
+    d *= scale;
+    s[p] = d;
+    mx = fmaxf(mx, d);
+  }
+  mx = block_max(mx);
+  float z = 0.0f;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    const float e = expf(s[p] - mx);
+    s[p] = e;
+    z += e;
+  }
+  z = block_sum(z);  // (orders the score writes before the reads below)
+  const float inv = 1.0f / z;
+  float* o = out + (t * n_heads + h) * static_cast<int64_t>(dv);
+  for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+    float a = 0.0f;
+    for (int64_t p = 0; p < n; ++p) a += s[p] * kv_key(kv, 0, d, p);
     o[d] = a * inv;
   }
 }
@@ -273,29 +322,76 @@ void kv_append(CudaBackend::Impl& I, KvCache& cache, int64_t pos0, int64_t T, co
   m.gen = cache.generation();  // the mirror holds the deferred rows: it is current
 }
 
-void attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) {
+// Causal attention over [lo, pos0 + t] per query row (window <= 0: from 0), with optional sinks
+// (host [n_heads]): attention(), attention_window() and attention_sinks() on the device.
+void attention_general(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                       int64_t window, const float* sinks, float* out, const char* op) {
   if (T <= 0) return;
   const int hd = kv.head_dim();
-  if (kv.n_kv_heads() <= 0 || n_heads % kv.n_kv_heads() != 0) fail("attention: %d heads over %d KV heads", n_heads, kv.n_kv_heads());
-  if (hd > kMaxAttnHd) fail("attention: head dimension %d is above the CUDA kernel's %d", hd, kMaxAttnHd);
-  // Every position from 0 is read: the cache must hold [0, pos0 + T) (row = position; a
-  // windowed cache reaches here only before it first drops rows, Backend::attention_window).
-  if (kv.base() != 0 || pos0 + T > kv.capacity())
-    fail("attention: positions [0, %lld) are needed, the cache holds [%lld, %lld)", (long long)(pos0 + T), (long long)kv.base(),
-         (long long)(kv.base() + kv.capacity()));
+  if (kv.keys_only()) fail("%s: the cache holds keys only (an MLA latent cache: use mla_attention)", op);
+  if (kv.n_kv_heads() <= 0 || n_heads % kv.n_kv_heads() != 0) fail("%s: %d heads over %d KV heads", op, n_heads, kv.n_kv_heads());
+  if (hd > kMaxAttnHd) fail("%s: head dimension %d is above the CUDA kernel's %d", op, hd, kMaxAttnHd);
+  // The cache must hold every key a query sees: [first, pos0 + T) (row = position - base).
+  const int64_t first = window > 0 ? std::max<int64_t>(0, pos0 + 1 - window) : 0;
+  if (first < kv.base() || pos0 + T - kv.base() > kv.capacity())
+    fail("%s: positions [%lld, %lld) are needed, the cache holds [%lld, %lld)", op, (long long)first, (long long)(pos0 + T),
+         (long long)kv.base(), (long long)(kv.base() + kv.capacity()));
   const KvMirror& m = I.mirror(kv, true);
   const KvDev d = kv_dev(kv, m);
   const float* qd = I.in(q, T * n_heads * hd);
+  const float* sd = sinks != nullptr ? I.in(sinks, n_heads, false) : nullptr;
   auto oo = I.out(out, T * n_heads * hd, false);
-  const int64_t nmax = pos0 + T;
+  const int64_t nmax = pos0 + T - first;  // the most keys a query row sees
   // Query tiles whose score rows fit 64 MiB of scratch.
   const int64_t tile_t = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t{16} << 20) / (nmax * n_heads)));
   float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
   for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
     const int64_t nt = std::min(tile_t, T - t0);
     k_attention<<<static_cast<unsigned>(nt * n_heads), kAttnThreads, static_cast<size_t>(hd) * sizeof(float) * (kAttnThreads / 32), I.stream>>>(
-        qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0, scale, scores, nmax, oo.d);
+        qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0, scale, window, kv.base(), sd, scores, nmax, oo.d);
     CU_LAUNCHED("k_attention");
+  }
+  I.finish(oo);
+}
+
+void attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) {
+  attention_general(I, q, T, n_heads, kv, pos0, scale, 0, nullptr, out, "attention");
+}
+
+void attention_window(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                      int64_t window, float* out) {
+  attention_general(I, q, T, n_heads, kv, pos0, scale, window, nullptr, out, "attention_window");
+}
+
+void attention_sinks(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                     int64_t window, const float* sinks, float* out) {
+  if (sinks == nullptr) fail("attention_sinks: no sinks given");
+  attention_general(I, q, T, n_heads, kv, pos0, scale, window, sinks, out, "attention_sinks");
+}
+
+void mla_attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
+                   float* out) {
+  if (T <= 0) return;
+  const int D = latent.head_dim();
+  if (!latent.keys_only() || latent.n_kv_heads() != 1)
+    fail("mla_attention: the latent cache must be keys-only with one head (got %d heads%s)", latent.n_kv_heads(),
+         latent.keys_only() ? "" : ", with values");
+  if (dv <= 0 || dv > D) fail("mla_attention: value width %d outside (0, %d]", dv, D);
+  if (latent.base() != 0 || pos0 + T > latent.capacity())
+    fail("mla_attention: positions [0, %lld) are needed, the cache holds [%lld, %lld)", (long long)(pos0 + T), (long long)latent.base(),
+         (long long)(latent.base() + latent.capacity()));
+  const KvMirror& m = I.mirror(latent, true);
+  const KvDev d = kv_dev(latent, m);
+  const float* qd = I.in(q, T * n_heads * D);
+  auto oo = I.out(out, T * n_heads * dv, false);
+  const int64_t nmax = pos0 + T;
+  const int64_t tile_t = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t{16} << 20) / (nmax * n_heads)));
+  float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
+  for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
+    const int64_t nt = std::min(tile_t, T - t0);
+    k_mla_attention<<<static_cast<unsigned>(nt * n_heads), kAttnThreads, static_cast<size_t>(D) * sizeof(float), I.stream>>>(
+        qd, n_heads, d, pos0, t0, scale, dv, scores, nmax, oo.d);
+    CU_LAUNCHED("k_mla_attention");
   }
   I.finish(oo);
 }

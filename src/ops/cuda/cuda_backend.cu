@@ -118,6 +118,24 @@ void CudaBackend::attention(const float* q, int64_t T, int n_heads, const KvCach
   cu::attention(*impl_, q, T, n_heads, kv, pos0, scale, out);
 }
 
+void CudaBackend::attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                                   float* out) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::attention_window(*impl_, q, T, n_heads, kv, pos0, scale, window, out);
+}
+
+void CudaBackend::attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                                  const float* sinks, float* out) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::attention_sinks(*impl_, q, T, n_heads, kv, pos0, scale, window, sinks, out);
+}
+
+void CudaBackend::mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
+                                float* out) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::mla_attention(*impl_, q, T, n_heads, latent, pos0, scale, dv, out);
+}
+
 void CudaBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) {
   CudaOpScope scope(*impl_, __func__, strict_device());
   cu::rope(*impl_, rope, x, T, row_stride, n_heads, head_dim, pos0);
@@ -194,10 +212,7 @@ void CudaBackend::mul_indexed(float* w, const int* ids, const float* table, int6
   cu::mul_indexed(*impl_, w, ids, table, n);
 }
 
-std::span<const char* const> CudaBackend::host_fallback_ops() const {
-  static constexpr const char* kOps[] = {"attention_window", "attention_sinks", "mla_attention"};
-  return kOps;
-}
+std::span<const char* const> CudaBackend::host_fallback_ops() const { return {}; }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   CudaOpScope scope(*impl_, __func__, strict_device());

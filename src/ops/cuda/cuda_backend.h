@@ -21,12 +21,10 @@
 // and inputs Hadamard-rotated in f32 as CpuBackend. Tolerances against ReferenceBackend are
 // those of the backend op table (backend_test.cpp).
 //
-// Capabilities (Backend::capabilities): every op of the table runs on the GPU except the generic
-// host fallbacks it does not override (Backend::host_fallback_ops: attention_window once the
-// window bites, attention_sinks, mla_attention; grouped routing, tanh-GELU, scale, softcap and
-// mul_indexed run natively). In strict device mode
-// (Backend::set_strict_device, SPOOL_STRICT_DEVICE=1, --strict-device) those throw, and so does an
-// op that would copy a host weight to the GPU for one call; the rest above is unchanged.
+// Capabilities (Backend::capabilities): every op of the table runs on the GPU (windowed attention,
+// attention sinks and MLA attention over the latent cache included: cuda_attention.cu). In strict
+// device mode (Backend::set_strict_device, SPOOL_STRICT_DEVICE=1, --strict-device) an op that
+// would copy a host weight to the GPU for one call throws.
 //
 // Sources: cuda_backend.cu dispatches each op to its family's file (see cuda_internal.h).
 //
@@ -135,11 +133,16 @@ class CudaBackend final : public Backend {
   void scale(float* x, int64_t n, float a) override;
   void softcap(float* x, int64_t n, float cap) override;
   void mul_indexed(float* w, const int* ids, const float* table, int64_t n) override;
-  /// The generic ops it leaves to the host: attention_window (once the window bites),
-  /// attention_sinks, mla_attention.
+  /// The generic ops it leaves to the host: none (every op of the table runs on the GPU).
   std::span<const char* const> host_fallback_ops() const override;
   void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
   void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) override;
+  void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                        float* out) override;
+  void attention_sinks(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,
+                       const float* sinks, float* out) override;
+  void mla_attention(const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
+                     float* out) override;
   void rope(const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) override;
   void causal_conv1d_silu(const float* x, int64_t T, int64_t C, const float* w, int K, float* state, float* out) override;
   void gated_delta(const GatedDeltaArgs& a, int chunk) override;

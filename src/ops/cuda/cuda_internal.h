@@ -555,6 +555,12 @@ void gelu_tanh_glu(CudaBackend::Impl& I, const float* gate, const float* up, int
 // cuda_attention.cu
 void kv_append(CudaBackend::Impl& I, KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v);
 void attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out);
+void attention_window(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                      int64_t window, float* out);
+void attention_sinks(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale,
+                     int64_t window, const float* sinks, float* out);
+void mla_attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads, const KvCache& latent, int64_t pos0, float scale, int dv,
+                   float* out);
 void rope(CudaBackend::Impl& I, const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0);
 
 // cuda_gdn.cu
