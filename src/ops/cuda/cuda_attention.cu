@@ -68,6 +68,31 @@ __global__ void k_kv_write(KvDev kv, void* kd, void* vd, float* ksd, float* vsd,
   }
 }
 
+// The unnormalised softmax of one query row, by the whole block: s[p] = exp(scale q . key(row0 + p)
+// - m) for p < n (q in shared memory, hd dims; key rows of KV head kvh), m the maximum of the
+// scores and `sink` (-INFINITY: none). Returns sum_p s[p] + exp(sink - m), the denominator; its
+// last __syncthreads orders the writes of s before any thread reads them.
+__device__ float block_softmax_scores(const float* qs, int hd, const KvDev& kv, int kvh, int64_t row0, int64_t n, float scale, float sink,
+                                      float* s) {
+  float mx = sink;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    float d = 0.0f;
+    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, row0 + p);
+    d *= scale;
+    s[p] = d;
+    mx = fmaxf(mx, d);
+  }
+  mx = block_max(mx);
+  float z = 0.0f;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    const float e = expf(s[p] - mx);
+    s[p] = e;
+    z += e;
+  }
+  z = block_sum(z);
+  return sink == -INFINITY ? z : z + expf(sink - mx);
+}
+
 // One block per query row (t, h) of a tile starting at token t0: scores into a scratch row,
 // softmax, then out = P V. Query position pos0 + t sees the keys at positions [lo, pos0 + t] with
 // lo = max(0, pos0 + t + 1 - window) (window <= 0: lo = 0), read at cache row position - base
@@ -91,24 +116,7 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
   float* s = scores + qi * ld_scores;
-  const float sink = sinks != nullptr ? sinks[h] : -INFINITY;
-  float mx = sink;
-  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
-    float d = 0.0f;
-    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, row0 + p);
-    d *= scale;
-    s[p] = d;
-    mx = fmaxf(mx, d);
-  }
-  mx = block_max(mx);
-  float z = 0.0f;
-  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
-    const float e = expf(s[p] - mx);
-    s[p] = e;
-    z += e;
-  }
-  z = block_sum(z);  // (its __syncthreads also orders the score writes before the reads below)
-  if (sinks != nullptr) z += expf(sink - mx);
+  const float z = block_softmax_scores(qs, hd, kv, kvh, row0, n, scale, sinks != nullptr ? sinks[h] : -INFINITY, s);
   const float inv = 1.0f / z;
   // out = P V: warp w sums positions w, w + nw, ... for dims lane, lane + 32, ... (coalesced rows of
   // V), then the warps' sums meet in shared memory (qs is free again), added in warp order.
@@ -151,23 +159,7 @@ __global__ void k_mla_attention(const float* q, int n_heads, KvDev kv, int64_t p
   for (int i = threadIdx.x; i < D; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
   float* s = scores + qi * ld_scores;
-  float mx = -INFINITY;
-  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
-    float d = 0.0f;
-    for (int i = 0; i < D; ++i) d += qs[i] * kv_key(kv, 0, i, p);
-    d *= scale;
-    s[p] = d;
-    mx = fmaxf(mx, d);
-  }
-  mx = block_max(mx);
-  float z = 0.0f;
-  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
-    const float e = expf(s[p] - mx);
-    s[p] = e;
-    z += e;
-  }
-  z = block_sum(z);  // (orders the score writes before the reads below)
-  const float inv = 1.0f / z;
+  const float inv = 1.0f / block_softmax_scores(qs, D, kv, 0, 0, n, scale, -INFINITY, s);
   float* o = out + (t * n_heads + h) * static_cast<int64_t>(dv);
   for (int d = threadIdx.x; d < dv; d += blockDim.x) {
     float a = 0.0f;
