@@ -263,15 +263,31 @@ TEST(GgufBase, BlockTypesTakeTheSameTermsAsTheirDequantizedWeights) {
     }
 }
 
+// The demo adapter's goldens: with it, golden_prompts_lora's prompt p ("p{p}." keys); without it
+// (PEFT's disable_adapter), the demo model's own goldens (models/spool-demo-moe/golden_prompts:
+// the fixture's golden_prompts_base holds the same prompts among its four with the same logits bit
+// for bit, so it is not stored). demo_key(p): the key prefix there of prompt p's input ids.
+const std::string kDemoGolden = data_dir() + "/models/spool-demo-moe/golden_prompts.safetensors";
+std::string demo_key(int p) {
+  Golden lora(data_dir() + "/lora/spool-demo-moe-dev/golden_prompts_lora.safetensors"), demo(kDemoGolden);
+  const std::vector<int32_t> ids = lora.i32("p" + std::to_string(p) + ".input_ids");
+  for (int j = 0; j < 4; ++j)
+    if (demo.i32("p" + std::to_string(j) + ".input_ids") == ids) return "p" + std::to_string(j) + ".";
+  ADD_FAILURE() << "prompt " << p << " of the adapter's goldens is none of the demo's golden prompts";
+  return "p" + std::to_string(p) + ".";
+}
+
 // The demo model's trained adapter (rank 8, alpha 16 on attention, Gated DeltaNet and the shared
 // experts): the goldens with it, and without it (PEFT's disable_adapter) from the base alone and
 // from the adapter at scale 0.
 class DemoAdapter : public ::testing::Test {
  protected:
-  static void check(models::Model& m, const std::string& golden) {
+  // `base`: the goldens without the adapter (kDemoGolden, demo_key), else golden_prompts_lora.
+  static void check(models::Model& m, bool base) {
+    const std::string golden = base ? kDemoGolden : data_dir() + "/lora/spool-demo-moe-dev/golden_prompts_lora.safetensors";
     Golden g(golden);
     for (int p = 0; p < 3; ++p) {
-      const std::string k = "p" + std::to_string(p) + ".";
+      const std::string k = base ? demo_key(p) : "p" + std::to_string(p) + ".";
       const std::vector<int32_t> ids = g.i32(k + "input_ids");
       const std::vector<float> got = logits_all(m, ids);
       const std::vector<float> ref = g.f32(k + "logits");
@@ -287,12 +303,12 @@ class DemoAdapter : public ::testing::Test {
 
 TEST_F(DemoAdapter, WithAdapterMatchesPeft) {
   Loaded l = load(model_, {{fix_, 1.0f}});
-  check(*l.model, fix_ + "/golden_prompts_lora.safetensors");
+  check(*l.model, /*base=*/false);
 }
 
 TEST_F(DemoAdapter, StreamedWithAdapterMatchesPeft) {
   Loaded l = load(model_, {{fix_ + "/adapter_model.safetensors", 1.0f}}, /*stream=*/true);
-  check(*l.model, fix_ + "/golden_prompts_lora.safetensors");
+  check(*l.model, /*base=*/false);
 }
 
 // Continuous batching with per-sequence adapters (models::SeqStep::lora): every golden prompt
@@ -304,7 +320,7 @@ void batch_with_and_without(const std::string& model_dir, const std::string& fix
   Loaded l = load(model_dir, {{fix, 0.0f}}, stream, cuda);
   models::Model& m = *l.model;
   const int64_t V = m.spec().vocab_size;
-  Golden with(fix + "/golden_prompts_lora.safetensors"), base(fix + "/golden_prompts_base.safetensors");
+  Golden with(fix + "/golden_prompts_lora.safetensors"), base(kDemoGolden);
   const std::vector<float> on = {1.0f}, off = {0.0f};
   struct Seq {
     int prompt;
@@ -313,12 +329,14 @@ void batch_with_and_without(const std::string& model_dir, const std::string& fix
     models::State st;
     std::vector<int32_t> ids, out;
     std::vector<float> logits;
+    std::string key;  // its golden's key prefix
   };
   std::vector<Seq> seqs;
   for (int p = 0; p < 3; ++p)
     for (int v = 0; v < 3; ++v) {
       Seq s{p, v == 0 ? &on : v == 1 ? &off : nullptr, v == 0 ? &with : &base, m.new_state(), {}, {}, {}};
-      s.ids = s.golden->i32("p" + std::to_string(p) + ".input_ids");
+      s.key = v == 0 ? "p" + std::to_string(p) + "." : demo_key(p);
+      s.ids = s.golden->i32(s.key + "input_ids");
       s.logits.resize(s.ids.size() * V);
       seqs.push_back(std::move(s));
     }
@@ -330,7 +348,7 @@ void batch_with_and_without(const std::string& model_dir, const std::string& fix
   }
   m.forward_batch(step);
   for (Seq& s : seqs) {
-    const std::string k = "p" + std::to_string(s.prompt) + ".";
+    const std::string& k = s.key;
     const std::vector<float> ref = s.golden->f32(k + "logits");
     expect_rows_close(s.logits.data(), ref.data(), static_cast<int64_t>(s.ids.size()), V, kTol,
                       k + (s.golden == &with ? " with the adapter" : " without it"));
@@ -353,7 +371,7 @@ void batch_with_and_without(const std::string& model_dir, const std::string& fix
     for (size_t i = 0; i < seqs.size(); ++i) seqs[i].out.push_back(argmax(last[i].data(), V));
   }
   for (Seq& s : seqs) {
-    const std::vector<int32_t> want = s.golden->i32("p" + std::to_string(s.prompt) + ".greedy_ids");
+    const std::vector<int32_t> want = s.golden->i32(s.key + "greedy_ids");
     EXPECT_EQ(std::vector<int32_t>(s.out.begin(), s.out.begin() + want.size()), want)
         << "prompt " << s.prompt << (s.golden == &with ? " with the adapter" : s.lora ? " at scale 0" : " without a lora field");
   }
@@ -378,7 +396,7 @@ TEST_F(DemoAdapter, CudaWithAdapterAndPerSequenceBatch) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or a build without CUDA): LoRA on CUDA not checked";
   {
     Loaded l = load(model_, {{fix_, 1.0f}}, false, /*cuda=*/true);
-    check(*l.model, fix_ + "/golden_prompts_lora.safetensors");
+    check(*l.model, /*base=*/false);
   }
   batch_with_and_without(model_, fix_, false, /*cuda=*/true);
   batch_with_and_without(model_, fix_, true, /*cuda=*/true);
@@ -386,9 +404,9 @@ TEST_F(DemoAdapter, CudaWithAdapterAndPerSequenceBatch) {
 
 TEST_F(DemoAdapter, WithoutAdapterMatchesPeftsBase) {
   Loaded base = load(model_, {});
-  check(*base.model, fix_ + "/golden_prompts_base.safetensors");
+  check(*base.model, /*base=*/true);
   Loaded zero = load(model_, {{fix_, 0.0f}});
-  check(*zero.model, fix_ + "/golden_prompts_base.safetensors");
+  check(*zero.model, /*base=*/true);
 }
 
 // ---- bad adapters ---------------------------------------------------------------------------
