@@ -44,7 +44,7 @@ grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -q
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$san_flags" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DSPOOL_FUZZ=ON -DSPOOL_CUDA=OFF -DSPOOL_HWY_STATIC_ONLY=ON -DSPOOL_BUILD_BENCH=OFF >/dev/null
 fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser_fuzz gguf_fuzz ggml_blocks_fuzz anthropic_request_fuzz
-  responses_request_fuzz lora_request_fuzz json_schema_fuzz predictor_trace_fuzz)
+  responses_request_fuzz lora_request_fuzz json_schema_fuzz predictor_trace_fuzz lora_adapter_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
 cmake --build build-asan -j"$jobs" --target spool io_test gguf_test ggml_iquants_test sysinfo_test tokenizer_test template_test \
@@ -98,6 +98,7 @@ seed tokenizer_fuzz tests/data/tokenizer/qwen3/encode_cases.json
 seed template_fuzz tests/data/tokenizers/qwen3_5/chat_template.jinja
 seed output_parser_fuzz
 seed gguf_fuzz tests/data/gguf/*.gguf
+seed lora_adapter_fuzz tests/data/lora/*/*.gguf
 if [ ! -d build-asan/corpus/ggml_blocks_fuzz ]; then  # one seed per ggml type id: the id byte, then 2 random blocks' worth
   mkdir -p build-asan/corpus/ggml_blocks_fuzz
   python3 -c "

@@ -506,6 +506,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   }
   l.model = models::load_model(l.ckpt, backend, adapters);
   l.lora = adapters;
+  // On a GPU the adapters' matrices go to device memory now, so the VRAM placement below counts them.
+  if (adapters != nullptr && on_gpu) adapters->for_each_delta([&](const ops::LoraDelta& d) { backend->upload_lora(d); });
   const models::ModelSpec& spec = l.model->spec();
   if (on_gpu) {  // what of this model the device leaves on the host
     std::vector<std::string> fallbacks;

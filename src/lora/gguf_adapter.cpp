@@ -2,6 +2,7 @@
 // them): the same A and B matrices as PEFT's, under the base model's GGUF tensor names, with the
 // converter's reorderings applied to B's rows (what the base weight's rows got) and A's columns
 // (the base weight's columns). lora/adapter.h has the format; here each tensor is mapped back.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -73,6 +74,11 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
     fail("%s: the adapter is for architecture '%s', the base model is %s", path.c_str(), arch_name.c_str(),
          base.gguf() != nullptr ? ("'" + base.gguf()->architecture() + "'").c_str() : base.model_type().c_str());
   const double alpha = g.get_float("adapter.lora.alpha").value_or(0.0);
+  // What the A and B matrices may take as f32: a few times the file (block types expand up to ~20x;
+  // tensors of a GGUF may share their bytes, so the sum of their sizes is not bounded by the file).
+  const uint64_t file_bytes = std::filesystem::file_size(path);
+  const uint64_t max_floats = (uint64_t{32} * file_bytes + (uint64_t{16} << 20)) / 4;
+  uint64_t floats = 0;
   const io::Config& cfg = base.config();  // (heads for the reorderings)
 
   Adapter ad;
@@ -96,7 +102,9 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
   if (pairs.empty()) fail("%s: no LoRA tensors (<tensor>.lora_a / .lora_b)", path.c_str());
 
   std::map<int, size_t> expert_index;  // layer -> ad.experts
-  for (const auto& [name, p] : pairs) {
+  for (const auto& entry : pairs) {
+    const std::string& name = entry.first;  // (not a structured binding: the lambda below captures it)
+    const Pair& p = entry.second;
     if (p.a == nullptr) fail("%s: '%s.lora_b' has no '%s.lora_a' beside it", path.c_str(), name.c_str(), name.c_str());
     if (p.b == nullptr) fail("%s: '%s.lora_a' has no '%s.lora_b' beside it", path.c_str(), name.c_str(), name.c_str());
     const io::GgufTensor& ta = *p.a;
@@ -113,17 +121,31 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
     if (m->transform == T::kInterleaveUp || m->transform == T::kWithGate) refuse("gpt-oss's split gate/up experts");
     if (m->transform == T::kNormMinus1 || m->transform == T::kALog || m->shape != io::GgufShape::kReversed || m->as_float)
       refuse("a norm, vector or table (only matrices take LoRA terms)");
+    for (const io::GgufTensor* t : {&ta, &tb})
+      for (int d = 0; d < 4; ++d)
+        if (t->ne[d] <= 0 || t->ne[d] > (int64_t{1} << 31))
+          fail("%s: '%s' has shape %s: every dimension must be in [1, 2^31]", path.c_str(), t->name.c_str(), t->shape_string().c_str());
     const int64_t rank = tb.ne[0];
-    if (rank <= 0 || ta.ne[1] != rank)
+    if (ta.ne[1] != rank)
       fail("%s: '%s': lora_a is %s and lora_b %s: lora_a must be {in, r} and lora_b {r, out} (lora_a is not transposed?)",
            path.c_str(), name.c_str(), ta.shape_string().c_str(), tb.shape_string().c_str());
+    const bool experts3d = m->merged_experts;
+    if (experts3d ? (ta.n_dims != 3 || tb.n_dims != 3 || ta.ne[2] != tb.ne[2]) : (ta.n_dims != 2 || tb.n_dims != 2))
+      fail("%s: '%s': %s, got %s and %s", path.c_str(), name.c_str(),
+           experts3d ? "expert LoRA must be lora_a {in, r, experts} and lora_b {r, out, experts}" : "lora_a and lora_b must be matrices",
+           ta.shape_string().c_str(), tb.shape_string().c_str());
+    if (rank > std::min(ta.ne[0], tb.ne[1]))
+      fail("%s: '%s': rank %lld is above min(in, out) = %lld", path.c_str(), name.c_str(), (long long)rank,
+           (long long)std::min(ta.ne[0], tb.ne[1]));
+    // (all dimensions >= 1: the GGUF reader has bounded each tensor's bytes, so its numel, by the file)
+    floats += static_cast<uint64_t>(ta.numel()) + static_cast<uint64_t>(tb.numel());
+    if (ta.numel() < 0 || tb.numel() < 0 || floats > max_floats)
+      fail("%s: its LoRA matrices would take %.1f GB as f32, far more than the file's %.1f MB holds", path.c_str(),
+           static_cast<double>(floats) * 4e-9, static_cast<double>(file_bytes) * 1e-6);
     const float scale = alpha != 0 ? static_cast<float>(alpha / static_cast<double>(rank)) : 1.0f;
     std::vector<float> a = values_f32(g, ta), b = values_f32(g, tb);
 
     if (m->merged_experts) {  // a {in, r, E}, b {r, out, E}: per expert A_e [r, in], B_e [out, r]
-      if (ta.n_dims != 3 || tb.n_dims != 3 || ta.ne[2] != tb.ne[2])
-        fail("%s: '%s': expert LoRA must be lora_a {in, r, experts} and lora_b {r, out, experts}, got %s and %s", path.c_str(),
-             name.c_str(), ta.shape_string().c_str(), tb.shape_string().c_str());
       const int64_t E = ta.ne[2], in = ta.ne[0], out = tb.ne[1];
       // A_e's rows are already expert-major ([E * r, in]); B goes to PEFT's ParamWrapper layout
       // [out, r * E] with column k * E + e (what LoraSet::experts reads).
@@ -145,9 +167,6 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
       ad.experts[it->second].wrappers.push_back(std::move(w));
       continue;
     }
-    if (ta.n_dims != 2 || tb.n_dims != 2)
-      fail("%s: '%s': lora_a and lora_b must be matrices, got %s and %s", path.c_str(), name.c_str(), ta.shape_string().c_str(),
-           tb.shape_string().c_str());
     int64_t in = ta.ne[0], out = tb.ne[1];
     // Undo the converter's reorderings: of the weight's rows on B, of its columns on A.
     if (m->transform == T::kUnpermuteQ || m->transform == T::kUnpermuteK) {

@@ -26,7 +26,7 @@ uint64_t content_hash(const Adapter& ad) {
     mix_floats(d.a);
     mix_floats(d.b);
   }
-  for (const ExpertLora& e : ad.experts) {  // (their scalings come from the config below)
+  for (const ExpertLora& e : ad.experts) {  // (PEFT's scalings come from the config below; GGUF's with the wrapper)
     mix_str(e.name);
     for (const ExpertWrapper& w : e.wrappers) {
       mix_str(w.module);
@@ -106,6 +106,8 @@ const ops::LoraDelta* LoraSet::dense(const std::string& name, int64_t rows, int6
     }
   }
   if (d.terms.empty()) return nullptr;
+  d.rows = rows;
+  d.cols = cols;
   dense_.push_back(std::move(d));
   return &dense_.back();
 }
@@ -176,22 +178,28 @@ const ExpertDeltas* LoraSet::experts(const std::string& name, int n_experts, int
           fail("LoRA adapter %s: '%s': rank %lld per expert, but lora_A has %lld rows for %d experts", ad.path.c_str(), w->module.c_str(),
                (long long)w->rank, (long long)w->rows_a, n_experts);
         }
-        // B [out, r*E] with column k*E + e (ParamWrapper.get_delta_weight) -> per expert B_e^T [r, out].
-        const int64_t O = w->out;
-        std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(E * r * O));
-        for (int64_t e = 0; e < E; ++e)
-          for (int64_t k = 0; k < r; ++k)
-            for (int64_t o = 0; o < O; ++o) bt[(e * r + k) * O + o] = w->b[o * (r * E) + k * E + e];
+        // B [out, r*E] with column k*E + e (ParamWrapper.get_delta_weight) -> per expert B_e^T
+        // [r, O] for each projection it covers (the fused gate_up's rows [0, I) are gate's, [I, 2I)
+        // up's: two arrays, so each projection's B^T is contiguous).
+        const int64_t parts = slot == kGateUp ? 2 : 1, O = w->out / parts;
+        std::vector<float>* bts[2] = {};
+        for (int64_t part = 0; part < parts; ++part) {
+          std::vector<float>& bt = relaid_.emplace_back(static_cast<size_t>(E * r * O));
+          for (int64_t e = 0; e < E; ++e)
+            for (int64_t k = 0; k < r; ++k)
+              for (int64_t o = 0; o < O; ++o) bt[(e * r + k) * O + o] = w->b[(part * O + o) * (r * E) + k * E + e];
+          bts[part] = &bt;
+        }
         // (the user's scale: per row, ops::lora_add)
         const int id = static_cast<int>(ai);
         const float* user = &scales_[ai];
         for (int64_t e = 0; e < E; ++e) {
           const float* a = w->a.data() + e * r * w->in;  // A rows e*r .. e*r + r - 1
-          const float* be = bt.data() + e * r * O;
+          const float* be = bts[0]->data() + e * r * O;
           switch (slot) {
-            case kGateUp:  // gate rows [0, I), up rows [I, 2I) of gate_up_proj: columns of B_e^T
+            case kGateUp:  // one A for both halves
               out.gate[e].terms.push_back({a, be, r, s, O, id, user});
-              out.up[e].terms.push_back({a, be + inter, r, s, O, id, user});
+              out.up[e].terms.push_back({a, bts[1]->data() + e * r * O, r, s, O, id, user});
               break;
             case kGate: out.gate[e].terms.push_back({a, be, r, s, O, id, user}); break;
             case kUp: out.up[e].terms.push_back({a, be, r, s, O, id, user}); break;
@@ -203,8 +211,20 @@ const ExpertDeltas* LoraSet::experts(const std::string& name, int n_experts, int
     }
   }
   if (!any) return nullptr;
+  for (int64_t e = 0; e < E; ++e) {  // the weights' shapes: gate / up [inter, hidden], down [hidden, inter]
+    out.gate[e].rows = out.up[e].rows = out.down[e].cols = inter;
+    out.gate[e].cols = out.up[e].cols = out.down[e].rows = hidden;
+  }
   experts_.push_back(std::move(out));
   return &experts_.back();
+}
+
+void LoraSet::for_each_delta(const std::function<void(const ops::LoraDelta&)>& fn) const {
+  for (const ops::LoraDelta& d : dense_) fn(d);
+  for (const ExpertDeltas& x : experts_)
+    for (const auto* v : {&x.gate, &x.up, &x.down})
+      for (const ops::LoraDelta& d : *v)
+        if (!d.terms.empty()) fn(d);
 }
 
 void LoraSet::check_all_bound() const {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,10 @@ class LoraSet {
   /// Throws spool::Error listing (up to a few) adapter targets that no bound weight asked for
   /// (a module this model does not have or runs without: e.g. a fused projection spool regroups).
   void check_all_bound() const;
+  /// Calls fn on every delta bound so far (dense matrices, then each expert's gate, up, down that
+  /// have terms), each with its weight's shape (LoraDelta::rows, cols): e.g. to copy them to a GPU
+  /// at load time (ops::Backend::upload_lora).
+  void for_each_delta(const std::function<void(const ops::LoraDelta&)>& fn) const;
 
  private:
   std::vector<Adapter> adapters_;

@@ -28,6 +28,8 @@
 
 namespace spool::ops {
 
+struct LoraDelta;
+
 /// The three projections of one routed expert: gate/up [I, H], down [H, I]. With
 /// Activation::kClampedSwiGLU (gpt-oss) `gate` is the fused gate_up matrix [2I, H] with gate
 /// and up rows interleaved (row 2j gate_j, row 2j+1 up_j), `up` is empty, and the optional
@@ -125,6 +127,11 @@ class Backend {
   /// at load time for resident weights. Host backends return `w` unchanged. Weights left on
   /// the host still work on every backend (a GPU backend then copies them per call).
   virtual WeightView upload(const WeightView& w) { return w; }
+  /// Copies the matrices of LoRA delta `d` (ops/lora.h: each term's A and B^T) to where this
+  /// backend's LoRA products read them, now rather than at their first use, so that they count in
+  /// the memory placed at load time (a GPU backend: device memory, in uploaded_bytes()). Host
+  /// backends read the host matrices: nothing to do. Throws spool::Error when memory cannot be had.
+  virtual void upload_lora(const LoraDelta& d) { (void)d; }
   /// The parameter vector v (norm weights, conv kernels, gate parameters) where this backend's
   /// ops read it fastest, made once at load: on a GPU backend a device copy owned by the
   /// backend (valid until it is destroyed); host backends return v.data() unchanged. Ops take

@@ -36,6 +36,7 @@ struct LoraTerm {
 /// The LoRA terms of one matrix (one per adapter that targets it), in adapter order.
 struct LoraDelta {
   std::vector<LoraTerm> terms;
+  int64_t rows = 0, cols = 0;  ///< the shape [rows, cols] of the weight they are for (0: not recorded)
 };
 
 /// The user scale of every adapter for each token row of a product: scales [rows, n_adapters]

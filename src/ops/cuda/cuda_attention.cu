@@ -148,6 +148,7 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
 // one block per query row (t, h) of a tile from token t0; scores softmax(scale q . key[p]) over
 // p <= pos0 + t into a scratch row, then out[d] = sum_p P[p] key[p][d] for d < dv (the value is the
 // key's first dv dims), one thread per output dim. Dynamic smem: D floats (the query).
+constexpr int kMaxMlaDim = 8192;  // k_mla_attention's query in shared memory: at most 32 KiB
 __global__ void k_mla_attention(const float* q, int n_heads, KvDev kv, int64_t pos0, int64_t t0, float scale, int dv, float* scores,
                                 int64_t ld_scores, float* out) {
   extern __shared__ float qs[];
@@ -369,6 +370,7 @@ void mla_attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads,
     fail("mla_attention: the latent cache must be keys-only with one head (got %d heads%s)", latent.n_kv_heads(),
          latent.keys_only() ? "" : ", with values");
   if (dv <= 0 || dv > D) fail("mla_attention: value width %d outside (0, %d]", dv, D);
+  if (D > kMaxMlaDim) fail("mla_attention: latent width %d is above the CUDA kernel's %d (its query is held in shared memory)", D, kMaxMlaDim);
   if (latent.base() != 0 || pos0 + T > latent.capacity())
     fail("mla_attention: positions [0, %lld) are needed, the cache holds [%lld, %lld)", (long long)(pos0 + T), (long long)latent.base(),
          (long long)(latent.base() + latent.capacity()));

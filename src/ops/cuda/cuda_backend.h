@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   void mul_indexed(float* w, const int* ids, const float* table, int64_t n) override;
   /// The generic ops it leaves to the host: none (every op of the table runs on the GPU).
   std::span<const char* const> host_fallback_ops() const override;
+  void upload_lora(const LoraDelta& d) override;
   void kv_append(KvCache& cache, int64_t pos0, int64_t T, const float* k, const float* v) override;
   void attention(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, float* out) override;
   void attention_window(const float* q, int64_t T, int n_heads, const KvCache& kv, int64_t pos0, float scale, int64_t window,

@@ -451,7 +451,7 @@ struct CudaBackend::Impl {
   // ---- LoRA (cuda_lora.cu) ----
   // Device copies of the LoRA terms' A and B^T (ops/lora.h), by host address: made at first use
   // (uploaded, like weights) and kept for the backend's life, as the adapters are the model's.
-  std::unordered_map<const float*, float*> lora_dev;
+  std::unordered_map<const float*, std::pair<float*, size_t>> lora_dev;  // host -> (device copy, floats)
   const float* lora_matrix(const float* host, size_t n);
   // y [T, rows] (row stride ldy) += the terms of d over x [T, cols] (device pointers, f32 cuBLAS):
   // s(t) B (A x_t), s(t) = term.scale x the user scale of token row_tok[t] (null: t) in the

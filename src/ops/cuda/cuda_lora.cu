@@ -15,14 +15,26 @@ namespace spool::ops {
 
 const float* CudaBackend::Impl::lora_matrix(const float* host, size_t n) {
   auto it = lora_dev.find(host);
-  if (it != lora_dev.end()) return it->second;
+  if (it != lora_dev.end()) {
+    if (it->second.second < n) fail("cuda: a LoRA matrix of %zu floats was uploaded with %zu", n, it->second.second);
+    return it->second.first;
+  }
   void* p = dev_alloc(n * sizeof(float));
   if (p == nullptr) fail("cuda: cannot allocate %zu bytes of device memory for a LoRA matrix", n * sizeof(float));
   uploads.push_back(p);
   uploaded += n * sizeof(float);
   CU(cudaMemcpy(p, host, n * sizeof(float), cudaMemcpyHostToDevice));
-  lora_dev.emplace(host, static_cast<float*>(p));
+  lora_dev.emplace(host, std::make_pair(static_cast<float*>(p), n));
   return static_cast<const float*>(p);
+}
+
+void CudaBackend::upload_lora(const LoraDelta& d) {
+  if (d.rows <= 0 || d.cols <= 0) fail("cuda: LoRA terms without the shape of their weight");
+  for (const LoraTerm& t : d.terms) {
+    const int64_t ldbt = t.ldbt > 0 ? t.ldbt : d.rows;
+    (void)impl_->lora_matrix(t.a, static_cast<size_t>(t.rank * d.cols));
+    (void)impl_->lora_matrix(t.bt, static_cast<size_t>((t.rank - 1) * ldbt + d.rows));
+  }
 }
 
 void CudaBackend::Impl::lora_add(const LoraDelta& d, const float* x, int64_t T, int64_t cols, float* y, int64_t rows, int64_t ldy,

@@ -388,7 +388,7 @@ void expert_ffn(CudaBackend::Impl& I, std::span<const ExpertMats> experts, const
         CU_LAUNCHED("k_gelu_tanh_glu");
         break;
       case Activation::kClampedSwiGLU:
-        I.mm(e.gate, xg, n, up);  // [n, 2I]
+        I.mm(e.gate, xg, n, up, rt);  // [n, 2I]
         k_clamped_swiglu<<<blocks_for(n * Idim), 256, 0, I.stream>>>(up, e.gate_bias, n, Idim, gate);
         CU_LAUNCHED("k_clamped_swiglu");
         break;
