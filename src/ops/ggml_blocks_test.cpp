@@ -204,7 +204,8 @@ TEST(GgmlBlocks, KernelsMatchReferenceEveryTarget) {
     } else {
       shapes = {{5, 256}, {3, 512}, {9, 768}, {6, 2048}};
     }
-    for (auto [rows, cols] : shapes) {
+    for (const auto& shape : shapes) {
+      const int64_t rows = shape.first, cols = shape.second;  // (not a structured binding: clang 14 cannot capture one)
       const std::vector<uint8_t> m = random_matrix(t, rows, cols, 17 * rows + cols);
       const GgmlView v{t, rows, cols, m.data(), "w"};
       for (int64_t T : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {

@@ -217,7 +217,8 @@ TEST(GatedDelta, StrongDecayMatchesDefinitionAndKeepsFloatControl) {
 // of 4 rows take 2 vectors of columns at a time; ragged rows, columns and strides against a
 // double-precision reference, on every SIMD target.
 TEST(Vec, AccumulateRowsMatchesReferenceEveryTarget) {
-  for (auto [m, n, vd] : std::vector<std::array<int64_t, 3>>{{4, 5, 32}, {9, 17, 40}, {7, 3, 128}, {12, 64, 77}, {1, 2, 5}}) {
+  for (const auto& mnv : std::vector<std::array<int64_t, 3>>{{4, 5, 32}, {9, 17, 40}, {7, 3, 128}, {12, 64, 77}, {1, 2, 5}}) {
+    const int64_t m = mnv[0], n = mnv[1], vd = mnv[2];  // (not a structured binding: clang 14 cannot capture one)
     const int64_t ldp = n + 3, ldv = vd + 5, ldo = vd + 2;
     const std::vector<float> p = spool::testing::randn(static_cast<size_t>(m * ldp), 1 + m);
     const std::vector<float> v = spool::testing::randn(static_cast<size_t>(n * ldv), 2 + n);
@@ -241,7 +242,8 @@ TEST(Vec, AccumulateRowsMatchesReferenceEveryTarget) {
 // one axpy per row for S^T k, the update and S^T q), bit for bit on every SIMD target, with dv a
 // multiple of the vector length and not.
 TEST(Vec, DeltaRuleStepEqualsFourPassesEveryTarget) {
-  for (auto [dk, dv] : std::vector<std::array<int64_t, 2>>{{16, 128}, {8, 37}, {3, 5}}) {
+  for (const auto& kv : std::vector<std::array<int64_t, 2>>{{16, 128}, {8, 37}, {3, 5}}) {
+    const int64_t dk = kv[0], dv = kv[1];  // (not a structured binding: clang 14 cannot capture one)
     const std::vector<float> S0 = spool::testing::randn(static_cast<size_t>(dk * dv), 1 + dv, 0.1f);
     const std::vector<float> k = spool::testing::randn(dk, 2), q = spool::testing::randn(dk, 3), v = spool::testing::randn(dv, 4);
     const float decay = 0.93f, beta = 0.61f;
