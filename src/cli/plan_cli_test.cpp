@@ -209,7 +209,7 @@ TEST(PlanCli, EveryPresetPlansAtItsReleasedSize) {
     EXPECT_EQ(j["verdict"], "resident");
     EXPECT_EQ(j["model"], "preset " + p.name);
     const auto& t = p.config.contains("text_config") ? p.config["text_config"] : p.config;
-    EXPECT_EQ(j["model_type"], t["model_type"]);
+    EXPECT_EQ(j["model_type"].get<std::string>(), t["model_type"].get<std::string>());
     EXPECT_EQ(j["kv_bytes_per_token"].get<uint64_t>(), expected_kv_per_token(p.config));
     const bool mla = t.contains("kv_lora_rank") && !t["kv_lora_rank"].is_null();
     EXPECT_EQ(j["architecture"].get<std::string>().rfind("MLA:", 0) == 0, mla) << j["architecture"];
