@@ -35,16 +35,6 @@ std::vector<int64_t> hf_shape(const GgufTensor& t, GgufShape s, const std::strin
   return shape;
 }
 
-// For a tiled V-head axis of n_v heads of `blk` elements (n_v = r * n_k): the stored position of
-// HF (grouped) head j = g * r + q is j' = q * n_k + g. Returns hf -> stored head index.
-std::vector<int64_t> tiled_of_grouped(int64_t n_k, int64_t n_v) {
-  const int64_t r = n_v / n_k;
-  std::vector<int64_t> m(static_cast<size_t>(n_v));
-  for (int64_t g = 0; g < n_k; ++g)
-    for (int64_t q = 0; q < r; ++q) m[g * r + q] = q * n_k + g;
-  return m;
-}
-
 struct Pending {  // a tensor whose bytes the loader produces
   size_t index;   // into tensors_
   std::vector<uint8_t> bytes;
@@ -92,7 +82,7 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
     c.shards_.push_back(local ? SafetensorsFile::open_raw(g.shard(s).label, map)
                               : SafetensorsFile::parse_header("{}", g.shard(s).data_offset, g.shard(s).file_size, g.shard(s).label));
   std::vector<Pending> pending;
-  const std::vector<int64_t> v_map = a.v_tiled ? tiled_of_grouped(n_k, n_v) : std::vector<int64_t>{};
+  const std::vector<int64_t> v_map = a.v_tiled ? gguf_tiled_of_grouped(n_k, n_v) : std::vector<int64_t>{};
 
   for (const GgufTensor& t : g.tensors()) {
     const std::string& gname = t.name;
@@ -351,12 +341,9 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
       if (nh <= 0 || rows % nh != 0 || (rows / nh) % 2 != 0)
         fail("%s: '%s' has %lld rows, not %lld heads of an even head size", path.c_str(), gname.c_str(), (long long)rows,
              (long long)nh);
-      const int64_t hd = rows / nh, half = hd / 2;
+      const std::vector<int64_t> order = gguf_unpermute_order(rows, nh);
       std::vector<uint8_t> out(src.size());
-      for (int64_t h = 0; h < nh; ++h)
-        for (int64_t k = 0; k < half; ++k)
-          for (int64_t s = 0; s < 2; ++s)
-            std::memcpy(out.data() + (h * hd + s * half + k) * row_bytes, src.data() + (h * hd + 2 * k + s) * row_bytes, row_bytes);
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(out.data() + i * row_bytes, src.data() + order[i] * row_bytes, row_bytes);
       src = std::move(out);
     }
     const bool v_axis = a.v_tiled && (tf == GgufTransform::kVRows || tf == GgufTransform::kVCols || tf == GgufTransform::kALog);
@@ -384,12 +371,12 @@ Checkpoint Checkpoint::gguf_checkpoint(std::shared_ptr<GgufFile> file, const std
       src = std::move(out);
     }
     if (tf == GgufTransform::kBaSplitB) {  // rows grouped per k-head [b_g (R) | a_g (R)] -> b rows, a rows
-      const int64_t R = n_v / n_k;
       if (rows != 2 * n_v) fail("%s: '%s' has %lld rows, expected %lld", path.c_str(), gname.c_str(), (long long)rows, (long long)(2 * n_v));
       std::vector<uint8_t> b(src.size() / 2), an(src.size() / 2);
-      for (int64_t grp = 0; grp < n_k; ++grp) {
-        std::memcpy(b.data() + grp * R * row_bytes, src.data() + (grp * 2 * R) * row_bytes, R * row_bytes);
-        std::memcpy(an.data() + grp * R * row_bytes, src.data() + (grp * 2 * R + R) * row_bytes, R * row_bytes);
+      const auto [b_rows, a_rows] = gguf_ba_split_rows(n_k, n_v);
+      for (int64_t i = 0; i < n_v; ++i) {
+        std::memcpy(b.data() + i * row_bytes, src.data() + b_rows[i] * row_bytes, row_bytes);
+        std::memcpy(an.data() + i * row_bytes, src.data() + a_rows[i] * row_bytes, row_bytes);
       }
       TensorRef tb = r, ta = r;
       tb.shape[0] = ta.shape[0] = n_v;

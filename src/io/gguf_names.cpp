@@ -126,4 +126,32 @@ std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view
   return std::nullopt;
 }
 
+std::vector<int64_t> gguf_unpermute_order(int64_t n, int64_t n_heads) {
+  const int64_t hd = n / n_heads, half = hd / 2;
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t k = 0; k < half; ++k)
+      for (int64_t s = 0; s < 2; ++s) order[h * hd + s * half + k] = h * hd + 2 * k + s;
+  return order;
+}
+
+std::vector<int64_t> gguf_tiled_of_grouped(int64_t n_k, int64_t n_v) {
+  const int64_t r = n_v / n_k;
+  std::vector<int64_t> m(static_cast<size_t>(n_v));
+  for (int64_t g = 0; g < n_k; ++g)
+    for (int64_t q = 0; q < r; ++q) m[g * r + q] = q * n_k + g;
+  return m;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> gguf_ba_split_rows(int64_t n_k, int64_t n_v) {
+  const int64_t R = n_v / n_k;
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> rows;
+  for (int64_t g = 0; g < n_k; ++g)
+    for (int64_t q = 0; q < R; ++q) {
+      rows.first.push_back(g * 2 * R + q);
+      rows.second.push_back(g * 2 * R + R + q);
+    }
+  return rows;
+}
+
 }  // namespace spool::io

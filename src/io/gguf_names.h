@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -153,5 +154,19 @@ struct GgufArch {
 ///   blk.N.nextn.embed_tokens.weight     ne {H, V}   -> layers.N.embed_tokens.weight
 /// Whether block N is kept is the caller's choice (Checkpoint::Options::mtp).
 std::optional<GgufTensorMap> map_gguf_tensor(const GgufArch& a, std::string_view gguf_name);
+
+// The orders llama.cpp's converter gives rows (or columns) and the loaders undo (the GGUF
+// checkpoint on weights, lora/gguf_adapter.cpp on LoRA's B rows / A columns): out[i] is the
+// stored index of HF index i.
+
+/// kUnpermuteQ / kUnpermuteK over n rows of n_heads heads (n / n_heads even; the caller checks):
+/// HF row s * hd/2 + k of head h (s = 0, 1) is stored at h * hd + 2k + s (LlamaModel.permute).
+std::vector<int64_t> gguf_unpermute_order(int64_t n, int64_t n_heads);
+/// A tiled V-head axis of n_v heads (n_v = r * n_k): HF (grouped) head g * r + q is stored at
+/// q * n_k + g (llama.cpp's _reorder_v_heads). Indices of heads, not of rows.
+std::vector<int64_t> gguf_tiled_of_grouped(int64_t n_k, int64_t n_v);
+/// qwen3next ssm_ba: 2 n_v stored rows grouped per k-head [b_g (R) | a_g (R)], R = n_v / n_k: the
+/// stored rows of in_proj_b (first) and of in_proj_a (second).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> gguf_ba_split_rows(int64_t n_k, int64_t n_v);
 
 }  // namespace spool::io

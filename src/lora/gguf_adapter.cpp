@@ -38,14 +38,6 @@ std::vector<float> gather_rows(const std::vector<float>& m, int64_t cols, const 
   return out;
 }
 
-// For a tiled V-head axis of n_v heads (n_v = r * n_k): HF (grouped) head g * r + q is stored at
-// q * n_k + g (io/gguf_checkpoint.cpp's tiled_of_grouped, the inverse of llama.cpp's
-// _reorder_v_heads).
-int64_t tiled_head(int64_t j, int64_t n_k, int64_t n_v) {
-  const int64_t r = n_v / n_k;
-  return (j % r) * n_k + j / r;
-}
-
 }  // namespace
 
 Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, const io::RulesResolver& rules) {
@@ -139,7 +131,7 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
            (long long)std::min(ta.ne[0], tb.ne[1]));
     // (all dimensions >= 1: the GGUF reader has bounded each tensor's bytes, so its numel, by the file)
     floats += static_cast<uint64_t>(ta.numel()) + static_cast<uint64_t>(tb.numel());
-    if (ta.numel() < 0 || tb.numel() < 0 || floats > max_floats)
+    if (floats > max_floats)
       fail("%s: its LoRA matrices would take %.1f GB as f32, far more than the file's %.1f MB holds", path.c_str(),
            static_cast<double>(floats) * 4e-9, static_cast<double>(file_bytes) * 1e-6);
     const float scale = alpha != 0 ? static_cast<float>(alpha / static_cast<double>(rank)) : 1.0f;
@@ -174,12 +166,7 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
       const int64_t nh = cfg.get_int(m->transform == T::kUnpermuteQ ? "num_attention_heads" : "num_key_value_heads");
       if (nh <= 0 || out % nh != 0 || (out / nh) % 2 != 0)
         fail("%s: '%s' has %lld output rows, not %lld heads of an even head size", path.c_str(), name.c_str(), (long long)out, (long long)nh);
-      const int64_t hd = out / nh, half = hd / 2;
-      std::vector<int64_t> src(static_cast<size_t>(out));
-      for (int64_t h = 0; h < nh; ++h)
-        for (int64_t k = 0; k < half; ++k)
-          for (int64_t s = 0; s < 2; ++s) src[h * hd + s * half + k] = h * hd + 2 * k + s;
-      b = gather_rows(b, rank, src);
+      b = gather_rows(b, rank, io::gguf_unpermute_order(out, nh));
     }
     const bool tiled = arch->v_tiled && (m->transform == T::kVRows || m->transform == T::kVCols);
     if (tiled) {
@@ -193,8 +180,9 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
         fail("%s: '%s' has %lld %s, expected %lld (V heads %lld x %lld after %lld)", path.c_str(), name.c_str(), (long long)n,
              m->transform == T::kVRows ? "output rows" : "input columns", (long long)(off + n_v * vb), (long long)n_v, (long long)vb,
              (long long)off);
+      const std::vector<int64_t> heads = io::gguf_tiled_of_grouped(n_k, n_v);
       std::vector<int64_t> src(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) src[i] = i < off ? i : off + tiled_head((i - off) / vb, n_k, n_v) * vb + (i - off) % vb;
+      for (int64_t i = 0; i < n; ++i) src[i] = i < off ? i : off + heads[(i - off) / vb] * vb + (i - off) % vb;
       if (m->transform == T::kVRows) {
         b = gather_rows(b, rank, src);
       } else {  // columns of A [r, in]
@@ -210,13 +198,7 @@ Adapter load_gguf_adapter(const std::string& path, const io::Checkpoint& base, c
       if (n_k <= 0 || n_v % n_k != 0 || out != 2 * n_v)
         fail("%s: '%s' has %lld output rows, expected %lld (b and a rows of the V heads)", path.c_str(), name.c_str(), (long long)out,
              (long long)(2 * n_v));
-      const int64_t R = n_v / n_k;
-      std::vector<int64_t> rb, ra;
-      for (int64_t grp = 0; grp < n_k; ++grp)
-        for (int64_t q = 0; q < R; ++q) {
-          rb.push_back(grp * 2 * R + q);
-          ra.push_back(grp * 2 * R + R + q);
-        }
+      const auto [rb, ra] = io::gguf_ba_split_rows(n_k, n_v);
       const std::string an = "layers." + std::to_string(m->layer) + ".linear_attn.in_proj_a.weight";
       ad.dense.push_back(DenseLora{an, name + " (a rows)", rank, in, n_v, scale, a, gather_rows(b, rank, ra)});
       b = gather_rows(b, rank, rb);
