@@ -130,7 +130,14 @@ for f in sys.argv[2:]:
                 n += 1
 PY
 fi
-run_fuzzer() {
+if [ ! -d build-asan/corpus/predictor_trace_fuzz ]; then  # a routing trace with guesses (docs/routing-trace.md)
+  mkdir -p build-asan/corpus/predictor_trace_fuzz
+  printf '%s\n' '{"format":"spool-routing-trace","version":1,"model_type":"qwen3_moe","n_layers":2,"moe_layers":[0,1],"n_experts":4,"top_k":2,"source":"calibrate","guesses":2,"guess_source":"router"}' \
+    '{"l":0,"t":0,"e":[1,3],"w":[0.6,0.4]}' '{"l":1,"t":0,"e":[0,2],"w":[0.7,0.3],"g":[2,1]}' \
+    > build-asan/corpus/predictor_trace_fuzz/seed0
+fi
+run_fuzzer() {  # a fuzzer without seeds starts from an empty corpus
+  mkdir -p "build-asan/corpus/$1"
   SPOOL_FUZZ_TOKENIZER_DIR="$PWD/build/tests/data/tokenizers/qwen3" \
     "build-asan/fuzz/$1" -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
     -print_final_stats=1 "build-asan/corpus/$1" >"build-asan/logs/$1.log" 2>&1
