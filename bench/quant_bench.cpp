@@ -31,6 +31,7 @@
 #include "ops/ggml_q8.h"
 #include "ops/matmul.h"
 #include "ops/quant_matmul.h"
+#include "ops/quant_q8.h"
 #include "ops/thread_pool.h"
 #include "quant/hadamard.h"
 #include "quant/quantize.h"
@@ -122,6 +123,43 @@ void QuantGemvArgs(benchmark::internal::Benchmark* b) {
       for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, 4});
 }
 BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
+
+// BM_QuantGemv with int8 activations (--act-bits 8, ops/quant_q8.h): q4 only; each call
+// quantizes the (rotated) activations once, then the rows in parallel. Args as BM_QuantGemv.
+void BM_QuantQ8Gemv(benchmark::State& st) {
+  const QType t = static_cast<QType>(st.range(0));
+  const int64_t rows = st.range(1), cols = st.range(2);
+  const int threads = static_cast<int>(st.range(3));
+  const bool stream = st.range(4) != 0;
+  const int g = static_cast<int>(st.range(5));
+  const int64_t T = st.range(6);
+  const QuantSet set = make_set(t, rows, cols, g, stream);
+  std::vector<float> x(static_cast<size_t>(T * cols)), y(static_cast<size_t>(T * rows));
+  for (size_t c = 0; c < x.size(); ++c) x[c] = 0.5f + 0.25f * static_cast<float>(c % 7);
+  spool::ops::ThreadPool pool(threads);
+  spool::ops::QuantQ8Acts a;
+  size_t i = 0;
+  for (auto _ : st) {
+    const spool::ops::QuantView& v = set.views[i];
+    i = (i + 1) % set.views.size();
+    spool::ops::quant_q8_prepare(x.data(), T, cols, a);
+    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { spool::ops::quant_q8_matmul_rows(v, a, y.data(), rows, b, e); });
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + (T > 1 ? " T=" + std::to_string(T) : "") +
+              " int8 " + spool::ops::q8_variant());
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+void QuantQ8GemvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
+  for (int stream : {1, 0})
+    for (int64_t T : {1, 4})
+      for (int thr : {1, 2}) b->Args({static_cast<int64_t>(QType::kQ4), 8192, 2048, thr, stream, 64, T});
+}
+BENCHMARK(BM_QuantQ8Gemv)->Apply(QuantQ8GemvArgs)->UseRealTime();
 
 // Decode GEMV on the calling thread (one thread) timed by its CPU time: robust on a loaded
 // machine (the GB/s of the cycles it got). Args as BM_QuantGemv (thr = 1).

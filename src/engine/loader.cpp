@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "ops/ggml_q8.h"
+#include "ops/quant_q8.h"
 #include "ops/matmul.h"
 #include "engine/device.h"
 #include "experts/device_experts.h"
@@ -465,12 +466,17 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
                                   [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
+  // spool's own q4 matrices (a 16-entry codebook) take int8 activations under --act-bits 8 only (ops/quant_q8.h).
+  const bool spool_q4 = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) {
+    return t.name.ends_with(".codebook") && t.numel() == 16;
+  });
   const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits, kquant);
   if (opt.act_bits == 8) {  // an explicit --act-bits 8: say when it changes nothing
     if (!ops::q8_fast())
       log_warn("--act-bits 8: no int8 kernels for this CPU (%s: AVX2, AVX-512 or NEON needed); products keep f32 activations", ops::q8_variant());
-    else if (!kquant)
-      log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights; %s has none, so it has no effect", opt.model_dir.c_str());
+    else if (!kquant && !(spool_q4 && ops::quant_q8_fast()))
+      log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights and spool q4 matrices (on x86); %s has none, so it has no effect",
+               opt.model_dir.c_str());
   }
   const auto first_ggml = std::find_if(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; });
   if (cuda_index >= 0 && first_ggml != l.ckpt->tensors().end()) {
@@ -638,11 +644,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   else if (std::filesystem::exists(opt.model_dir + "/tokenizer.json")) l.tok = tokenizer::Tokenizer::load(opt.model_dir);
   l.load_s = now_seconds() - t0;
   if (opt.warm_page_cache) start_warmer(l);
-  l.int8_activations = int8_acts && kquant && ops::q8_fast() && !on_gpu;
+  l.int8_activations = int8_acts && ((kquant && ops::q8_fast()) || (spool_q4 && ops::quant_q8_fast())) && !on_gpu;
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s%s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
            opt.threads, on_gpu ? "device" : "SIMD", on_gpu ? l.device.c_str() : ops::simd_target_name(),
-           l.int8_activations ? "; int8 activations for Q4_K / Q6_K (--act-bits 32: f32, exact)" : "");
+           l.int8_activations ? "; int8 activations for Q4_K / Q6_K / q4 (--act-bits 32: f32, exact)" : "");
   return l;
 }
 

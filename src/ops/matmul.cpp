@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "ops/ggml_blocks.h"
 #include "ops/ggml_q8.h"
+#include "ops/quant_q8.h"
 #include "ops/matmul.h"
 #include "ops/lora.h"
 
@@ -250,6 +251,19 @@ bool uses_q8(const WeightView& w, bool int8_acts) {
   return w.type == WType::kGgml && int8_acts && q8_supported(w.ggml) && q8_fast();
 }
 
+// True when w is a spool q4 matrix whose products take int8 activations (ops/quant_q8.h).
+bool uses_quant_q8(const WeightView& w, bool int8_acts) {
+  return w.type == WType::kQuant && int8_acts && quant_q8_supported(w.quant) && quant_q8_fast();
+}
+
+// x [T, cols] rotated by `signs` into buf (x itself when signs is nullptr).
+const float* rotated_input(const int8_t* signs, const float* x, int64_t T, int64_t cols, std::vector<float>& buf) {
+  if (signs == nullptr) return x;
+  buf.resize(static_cast<size_t>(T * cols));
+  for (int64_t t = 0; t < T; ++t) hadamard_rotate(signs, x + t * cols, cols, buf.data() + t * cols);
+  return buf.data();
+}
+
 }  // namespace
 
 void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1, bool int8_acts) {
@@ -268,12 +282,12 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
   }
   if (w.type == WType::kQuant) {
     // Rotate the input rows once for this call, then the quantized kernel.
-    const float* xr = x;
     thread_local std::vector<float> rotated;
-    if (w.quant.signs != nullptr) {
-      rotated.resize(static_cast<size_t>(T * w.cols));
-      for (int64_t t = 0; t < T; ++t) hadamard_rotate(w.quant.signs, x + t * w.cols, w.cols, rotated.data() + t * w.cols);
-      xr = rotated.data();
+    const float* xr = rotated_input(w.quant.signs, x, T, w.cols, rotated);
+    if (uses_quant_q8(w, int8_acts)) {
+      thread_local QuantQ8Acts qa;
+      quant_q8_prepare(xr, T, w.cols, qa);
+      return quant_q8_matmul_rows(w.quant, qa, y, ldy, r0, r1);
     }
     quant_matmul_rows(w.quant, xr, T, y, ldy, r0, r1);
     return;
@@ -284,15 +298,15 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
 void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T, bool int8_acts) {
   if (T <= 0) return;
   if (a.type == WType::kQuant && b.type == WType::kQuant && a.quant.signs == b.quant.signs && a.cols == b.cols) {
-    const float* xr = x;
-    thread_local std::vector<float> rotated;
-    if (a.quant.signs != nullptr) {  // one rotation serves both (e.g. an expert's gate and up)
-      rotated.resize(static_cast<size_t>(T * a.cols));
-      for (int64_t t = 0; t < T; ++t) hadamard_rotate(a.quant.signs, x + t * a.cols, a.cols, rotated.data() + t * a.cols);
-      xr = rotated.data();
-    }
-    quant_matmul_rows(a.quant, xr, T, ya, a.rows, 0, a.rows);
-    quant_matmul_rows(b.quant, xr, T, yb, b.rows, 0, b.rows);
+    thread_local std::vector<float> rotated;  // one rotation serves both (e.g. an expert's gate and up)
+    const float* xr = rotated_input(a.quant.signs, x, T, a.cols, rotated);
+    const bool qa8 = uses_quant_q8(a, int8_acts), qb8 = uses_quant_q8(b, int8_acts);
+    thread_local QuantQ8Acts qa;  // and one quantization when both take int8 activations
+    if (qa8 || qb8) quant_q8_prepare(xr, T, a.cols, qa);
+    if (qa8) quant_q8_matmul_rows(a.quant, qa, ya, a.rows, 0, a.rows);
+    else quant_matmul_rows(a.quant, xr, T, ya, a.rows, 0, a.rows);
+    if (qb8) quant_q8_matmul_rows(b.quant, qa, yb, b.rows, 0, b.rows);
+    else quant_matmul_rows(b.quant, xr, T, yb, b.rows, 0, b.rows);
     return;
   }
   if (uses_q8(a, int8_acts) && uses_q8(b, int8_acts) && a.col_perm == nullptr && b.col_perm == nullptr && a.cols == b.cols) {
@@ -327,6 +341,17 @@ void matmul_base(const WeightView& w, const float* x, int64_t T, float* y, Threa
     return;
   }
   if (w.type == WType::kQuant) {
+    if (uses_quant_q8(w, int8_acts)) {  // rotate and quantize once, then the int8 kernels over rows
+      std::vector<float> rotated;
+      const float* xr = rotated_input(w.quant.signs, x, T, w.cols, rotated);
+      thread_local QuantQ8Acts qa;  // (this thread waits in parallel_for while the workers read it)
+      quant_q8_prepare(xr, T, w.cols, qa);
+      const QuantQ8Acts& acts = qa;  // (the workers' lambda must see the caller's, not their own thread_local)
+      if (pool == nullptr || pool->size() == 1 || w.rows * w.cols * T < (1 << 15))
+        return quant_q8_matmul_rows(w.quant, acts, y, w.rows, 0, w.rows);
+      pool->parallel_for(w.rows, 16, [&](int64_t b, int64_t e, int) { quant_q8_matmul_rows(w.quant, acts, y, w.rows, b, e); });
+      return;
+    }
     quant_matmul(w.quant, x, T, y, pool);  // rotates once, then parallel over rows
     return;
   }

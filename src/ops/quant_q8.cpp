@@ -1,0 +1,366 @@
+// Int8-activation kernels for spool's q4 matrices (see quant_q8.h), compiled once per Highway
+// target and dispatched at runtime.
+#define HWY_WANT_AVX3_DL  // VNNI where the CPU has it (before highway.h)
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/quant_q8.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/cache_control.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "ops/ggml_q8.h"
+#include "ops/quant_q8.h"
+
+// ---- Target-independent helpers (compiled once) ----
+#ifndef SPOOL_OPS_QUANT_Q8_SHARED
+#define SPOOL_OPS_QUANT_Q8_SHARED
+namespace spool::ops::qq8 {
+
+/// Columns per activation block (q8_quantize's) and per lane (8 codes of one group).
+inline constexpr int64_t kBlock = kQ8Block, kLane = 8;
+
+/// The matrix's codebook in int8: c8[k] = round(c_k / dc), dc = max |c_k| / 127 (0 for an all-zero
+/// codebook: every product is then 0; NaN for a non-finite one, codes 0: every product is NaN).
+struct Codebook8 {
+  alignas(16) int8_t c8[16] = {};
+  float dc = 0.0f;
+};
+
+inline Codebook8 codebook8(const QuantView& w) {
+  Codebook8 cb;
+  float cmax = 0.0f;
+  for (int k = 0; k < 16; ++k) cmax = std::max(cmax, std::fabs(w.centroid(k)));
+  if (!std::isfinite(cmax) || std::isnan(w.centroid(0))) {
+    cb.dc = std::nanf("");
+    return cb;
+  }
+  if (cmax == 0.0f) return cb;
+  cb.dc = cmax / 127.0f;
+  const float inv = 127.0f / cmax;
+  for (int k = 0; k < 16; ++k)
+    cb.c8[k] = static_cast<int8_t>(std::clamp(std::lrint(w.centroid(k) * inv), -127L, 127L));
+  return cb;
+}
+
+/// Integer dot of lane `lane` (columns 8 lane .. 8 lane + 7) of row bytes `row` with token codes
+/// even / odd (the token's QuantQ8Acts vectors).
+inline int32_t lane_dot(const Codebook8& cb, const uint8_t* row, const int8_t* even, const int8_t* odd, int64_t lane) {
+  int32_t s = 0;
+  for (int64_t b = 4 * lane; b < 4 * lane + 4; ++b) {
+    s += cb.c8[row[b] & 15] * even[b];
+    s += cb.c8[row[b] >> 4] * odd[b];
+  }
+  return s;
+}
+
+}  // namespace spool::ops::qq8
+#endif  // SPOOL_OPS_QUANT_Q8_SHARED
+
+HWY_BEFORE_NAMESPACE();
+namespace spool::ops {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Row r's group scales as f32 at out[0, ng), then 16 zeros (the SIMD kernels load 16 at a group).
+HWY_INLINE void RowScales(const QuantView& w, int64_t r, float* out) {
+  const int64_t ng = w.groups_per_row();
+  int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  for (; i + n <= ng; i += n) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w.scales + r * ng + i))), df, out + i);
+#endif
+  for (; i < ng; ++i) out[i] = w.scale(r * ng + i);
+  std::fill(out + ng, out + ng + 16, 0.0f);
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3_DL && !HWY_COMPILER_CLANG
+// As in ggml_q8.cpp: Highway 1.0.3's AVX3_DL target string lacks "avx512vnni" although its runtime
+// check requires it; HWY_AFTER_NAMESPACE pops this.
+#pragma GCC target("avx512vnni")
+#define SPOOL_QQ8_VNNI_INTRINSICS 1
+#else
+#define SPOOL_QQ8_VNNI_INTRINSICS 0
+#endif
+namespace qq8x {
+
+constexpr bool kVnni = HWY_TARGET <= HWY_AVX3_DL;
+
+// int32 lanes += the sums of 4 products of unsigned bytes u and signed bytes s (vpdpbusd).
+HWY_INLINE __m512i Dpbusd(__m512i acc, __m512i u, __m512i s) {
+#if SPOOL_QQ8_VNNI_INTRINSICS
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [s] "v"(s));
+  return acc;
+#endif
+}
+
+// One super-block (SB): 64 code bytes = 16 lanes of 8 columns = 128 columns, in one 256-column
+// activation block. R rows x TT tokens per pass; acc[r][t] += float(lane dots) * s_g * d_b.
+template <int R, int TT>
+HWY_INLINE void Block(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t0,
+                      int group, __m512i tbl, float dc, float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
+  const int64_t nsb = a.cols / 128, half = a.cols / 2, lanes = a.cols / 8, nb = a.cols / 256;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i ones = _mm512_set1_epi16(1);
+  // Lane k's group relative to the SB's first group: 8k / group (every lane in one group when group >= 128).
+  const __m512i rel = group >= 128 ? _mm512_setzero_si512()
+                                   : _mm512_srli_epi32(_mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120),
+                                                       group == 32 ? 5 : 6);
+  __m512 acc[R][TT];
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TT; ++t) acc[i][t] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < nsb; ++j) {
+    if (pf != nullptr)
+      for (int64_t k = 0; k < R * 64; k += 64) hwy::Prefetch(pf + j * R * 64 + k);
+    const int64_t g0 = j * 128 / group;
+    __m512i xe[TT], xo[TT], off[TT];
+    __m512 dv[TT];
+    for (int t = 0; t < TT; ++t) {
+      const int64_t tt = t0 + t;
+      xe[t] = _mm512_loadu_si512(a.even.data() + tt * half + 64 * j);
+      xo[t] = _mm512_loadu_si512(a.odd.data() + tt * half + 64 * j);
+      if constexpr (kVnni) off[t] = _mm512_loadu_si512(a.lane_sum.data() + tt * lanes + 16 * j);
+      dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>(tt * nb + j / 2)]);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512i v = _mm512_loadu_si512(qrow[i] + 64 * j);
+      const __m512i cl = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
+      const __m512i ch = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+      const __m512 scv = _mm512_permutexvar_ps(rel, _mm512_loadu_ps(sc[i] + g0));
+      if constexpr (kVnni) {
+        // tbl holds c8 + 128 (unsigned): sum (c8 + 128) q - 128 sum q, the offset preloaded in off.
+        for (int t = 0; t < TT; ++t) {
+          const __m512i s = Dpbusd(Dpbusd(off[t], cl, xe[t]), ch, xo[t]);
+          acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scv, dv[t]), acc[i][t]);
+        }
+      } else {
+        // tbl holds c8: |c8| (unsigned) against q with c8's sign; pairs <= 2 * 127 * 127 fit int16.
+        const __m512i al = _mm512_abs_epi8(cl), ah = _mm512_abs_epi8(ch);
+        const __mmask64 nl = _mm512_movepi8_mask(cl), nh = _mm512_movepi8_mask(ch);
+        const __m512i z = _mm512_setzero_si512();
+        for (int t = 0; t < TT; ++t) {
+          const __m512i pl = _mm512_maddubs_epi16(al, _mm512_mask_sub_epi8(xe[t], nl, z, xe[t]));
+          const __m512i ph = _mm512_maddubs_epi16(ah, _mm512_mask_sub_epi8(xo[t], nh, z, xo[t]));
+          const __m512i s = _mm512_add_epi32(_mm512_madd_epi16(pl, ones), _mm512_madd_epi16(ph, ones));
+          acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scv, dv[t]), acc[i][t]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r + i] = dc * _mm512_reduce_add_ps(acc[i][t]);
+}
+
+}  // namespace qq8x
+#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+namespace qq8x {
+
+// One SB: 32 code bytes = 8 lanes = 64 columns; R rows, one token (AVX2 has 16 registers).
+template <int R>
+HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
+                       __m256i tbl, float dc, float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
+  const int64_t nsb = a.cols / 64, half = a.cols / 2, nb = a.cols / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i rel = group >= 64 ? _mm256_setzero_si256() : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const int8_t* even = a.even.data() + t * half;
+  const int8_t* odd = a.odd.data() + t * half;
+  __m256 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < nsb; ++j) {
+    if (pf != nullptr)
+      for (int64_t k = 0; k < R * 32; k += 64) hwy::Prefetch(pf + j * R * 32 + k);
+    const int64_t g0 = j * 64 / group;
+    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + 32 * j));
+    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + 32 * j));
+    const __m256 dv = _mm256_set1_ps(a.d[static_cast<size_t>(t * nb + j / 4)]);
+    for (int i = 0; i < R; ++i) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j));
+      const __m256i cl = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
+      const __m256i ch = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+      const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(cl), _mm256_sign_epi8(xe, cl));
+      const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(ch), _mm256_sign_epi8(xo, ch));
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+      const __m256 scv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc[i] + g0), rel);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scv, dv), acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    y[t * ldy + r + i] = dc * _mm_cvtss_f32(s);
+  }
+}
+
+}  // namespace qq8x
+#endif  // HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+
+// Scalar sums (targets without SIMD kernels): per lane the exact integer dot, then the f32 rescale.
+void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const qq8::Codebook8 cb = qq8::codebook8(w);
+  const int64_t rb = w.row_bytes(), half = a.cols / 2, lanes = a.cols / 8, nb = a.cols / 256;
+  std::vector<float> sc(static_cast<size_t>(w.groups_per_row() + 16));
+  for (int64_t r = r0; r < r1; ++r) {
+    RowScales(w, r, sc.data());
+    const uint8_t* row = w.qweight + r * rb;
+    for (int64_t t = 0; t < a.T; ++t) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < lanes; ++i) {
+        const int32_t s = qq8::lane_dot(cb, row, a.even.data() + t * half, a.odd.data() + t * half, i);
+        acc += static_cast<float>(s) * (sc[static_cast<size_t>(i * 8 / w.group)] * a.d[static_cast<size_t>(t * nb + i * 8 / 256)]);
+      }
+      y[t * ldy + r] = cb.dc * acc;
+    }
+  }
+}
+
+void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2)
+  const qq8::Codebook8 cb = qq8::codebook8(w);
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
+  constexpr int kR = 4;
+  thread_local std::vector<float> scales;
+  scales.resize(static_cast<size_t>(kR * (ng + 16)));
+  const uint8_t* qrow[kR];
+  const float* sc[kR];
+  // Prefetch whole blocks ~8 KiB ahead (at least one block), as the f32 decode kernel does.
+  const int64_t pf_blocks = std::max<int64_t>(1, 8192 / (kR * rb));
+  auto block = [&](auto rows, int64_t r) {
+    constexpr int R = decltype(rows)::value;
+    for (int i = 0; i < R; ++i) {
+      qrow[i] = w.qweight + (r + i) * rb;
+      float* s = scales.data() + i * (ng + 16);
+      RowScales(w, r + i, s);
+      sc[i] = s;
+    }
+    const int64_t rp = r + R * pf_blocks;
+    const uint8_t* pf = rp + R <= w.rows ? w.qweight + rp * rb : nullptr;
+#if HWY_TARGET <= HWY_AVX3
+    alignas(16) int8_t t8[16];
+    for (int k = 0; k < 16; ++k) t8[k] = qq8x::kVnni ? static_cast<int8_t>(cb.c8[k] ^ 0x80) : cb.c8[k];  // c8 + 128 as u8
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t8)));
+    int64_t t = 0;
+    for (; t + 4 <= a.T; t += 4) qq8x::Block<R, 4>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+    for (; t + 2 <= a.T; t += 2) qq8x::Block<R, 2>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+    for (; t < a.T; ++t) qq8x::Block<R, 1>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+#else
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(cb.c8)));
+    for (int64_t t = 0; t < a.T; ++t) qq8x::Block1<R>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+#endif
+  };
+  int64_t r = r0;
+  for (; r + kR <= r1; r += kR) block(std::integral_constant<int, kR>{}, r);
+  for (; r < r1; ++r) block(std::integral_constant<int, 1>{}, r);
+#else
+  RowsScalar(w, a, y, ldy, r0, r1);
+#endif
+}
+
+bool Fast() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace spool::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spool::ops {
+
+HWY_EXPORT(Rows);
+HWY_EXPORT(Fast);
+
+void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a) {
+  if (T < 0 || cols <= 0 || cols % qq8::kBlock != 0)
+    fail("quant_q8_prepare: %lld columns (must be a positive multiple of %lld), %lld tokens", static_cast<long long>(cols),
+         static_cast<long long>(qq8::kBlock), static_cast<long long>(T));
+  a.T = T;
+  a.cols = cols;
+  const int64_t half = cols / 2, lanes = cols / qq8::kLane, nb = cols / qq8::kBlock;
+  const auto grow = [](auto& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  };
+  grow(a.even, T * half);
+  grow(a.odd, T * half);
+  grow(a.lane_sum, T * lanes);
+  grow(a.d, T * nb);
+  thread_local Q8Acts q;  // one token at a time: column order (q8_quantize's T == 1 layout)
+  for (int64_t t = 0; t < T; ++t) {
+    q8_quantize(x_rot + t * cols, 1, cols, q);
+    const int8_t* c = q.q.data();
+    int8_t* e = a.even.data() + t * half;
+    int8_t* o = a.odd.data() + t * half;
+    for (int64_t i = 0; i < half; ++i) {
+      e[i] = c[2 * i];
+      o[i] = c[2 * i + 1];
+    }
+    int32_t* ls = a.lane_sum.data() + t * lanes;
+    for (int64_t i = 0; i < lanes; ++i) {
+      int32_t s = 0;
+      for (int64_t k = 0; k < qq8::kLane; ++k) s += c[qq8::kLane * i + k];
+      ls[i] = -128 * s;
+    }
+    std::copy_n(q.d.data(), nb, a.d.data() + t * nb);
+  }
+}
+
+bool quant_q8_supported(const QuantView& w) {
+  return w.type == QType::kQ4 && w.cols > 0 && w.cols % qq8::kBlock == 0 &&
+         (w.group == 32 || w.group == 64 || w.group == 128 || w.group == w.cols);
+}
+
+bool quant_q8_fast() { return HWY_DYNAMIC_DISPATCH(Fast)(); }
+
+namespace {
+void check(const QuantView& w, const QuantQ8Acts& a, int64_t r0, int64_t r1) {
+  validate(w);
+  if (!quant_q8_supported(w))
+    fail("quant_q8_matmul: a q4 matrix with a multiple of 256 columns is needed (got type %d, %lld columns)",
+         static_cast<int>(w.type), static_cast<long long>(w.cols));
+  if (a.cols != w.cols)
+    fail("quant_q8_matmul: activations of %lld columns for a matrix of %lld", static_cast<long long>(a.cols),
+         static_cast<long long>(w.cols));
+  if (r0 < 0 || r0 > r1 || r1 > w.rows)
+    fail("quant_q8_matmul: rows [%lld, %lld) outside [0, %lld)", static_cast<long long>(r0), static_cast<long long>(r1),
+         static_cast<long long>(w.rows));
+}
+}  // namespace
+
+void quant_q8_matmul_rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  check(w, a, r0, r1);
+  if (r0 == r1 || a.T == 0) return;
+  HWY_DYNAMIC_DISPATCH(Rows)(w, a, y, ldy, r0, r1);
+}
+
+void quant_q8_matmul_reference(const QuantView& w, const QuantQ8Acts& a, float* y) {
+  check(w, a, 0, w.rows);
+  const qq8::Codebook8 cb = qq8::codebook8(w);
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row(), half = a.cols / 2, lanes = a.cols / 8, nb = a.cols / 256;
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t t = 0; t < a.T; ++t) {
+      double acc = 0;
+      for (int64_t i = 0; i < lanes; ++i)
+        acc += static_cast<double>(qq8::lane_dot(cb, w.qweight + r * rb, a.even.data() + t * half, a.odd.data() + t * half, i)) *
+               w.scale(r * ng + i * 8 / w.group) * a.d[static_cast<size_t>(t * nb + i * 8 / 256)];
+      y[t * w.rows + r] = static_cast<float>(static_cast<double>(cb.dc) * acc);
+    }
+}
+
+}  // namespace spool::ops
+#endif  // HWY_ONCE

@@ -1,0 +1,73 @@
+// Int8 activations for spool's own q4 matrices (--act-bits 8), the arithmetic llama.cpp's CPU
+// backend uses for every quantized type, applied to spool's codebook format (quant_matmul.h).
+//
+// A q4 matrix stores per group of `group` columns an f16 scale s_g and 4-bit codes into a
+// 16-entry f32 codebook c (docs/quant-format.md). Here:
+// - the activations x (already rotated when the matrix is) are quantized per 256-column block b
+//   exactly as q8_quantize() does: x ~ d_b q, |q| <= 127 (ggml_q8.h);
+// - the codebook is quantized once per call to int8 with one step for the matrix:
+//   c_k ~ dc c8_k, dc = max_k |c_k| / 127, c8_k = round(c_k / dc), so |c8_k| <= 127;
+// - y_r = dc sum_lanes s_g(lane) d_b(lane) sum_{c in lane} c8[code(r, c)] q(c): the inner sums are
+//   exact int32 dots of 8 columns (one "lane" of the f32 kernels' layout: columns 8i .. 8i+7, inside
+//   one group and one activation block), rescaled in f32.
+// Errors against the f32 product of the dequantized matrix: |x - d q| <= d / 2 per activation and
+// |c - dc c8| <= dc / 2 per centroid, so an output moves by at most
+//   sum_c |s_g(c)| (|W~[r, c]| d_b(c) / 2 + dc / 2 |x_c|),  W~ = s_g c[code]  (tested as a bound).
+//
+// Kernels (per Highway target, raw intrinsics as in ggml_q8.cpp): the row's 4-bit codes are read
+// as they are stored, 64 bytes (AVX-512) or 32 bytes (AVX2) at a time; the low and high nibbles go
+// through vpshufb with the int8 codebook as the table, then 4-byte dots against the activations'
+// even and odd columns (QuantQ8Acts keeps them split: byte 4k + b of a vector of codes holds
+// columns 8k + 2b (low nibble) and 8k + 2b + 1 (high nibble) of its span, and byte 4k + b of the
+// even / odd activation vector holds the same two columns). AVX-512 with VNNI (Highway's AVX3_DL and later):
+// vpdpbusd of (c8 + 128) as unsigned bytes, minus 128 times the activations' lane sums; AVX-512BW
+// and AVX2: vpmaddubsw of |c8| against the activations with c8's sign, vpmaddwd by ones. Both
+// integer dots are exact, so the variants give the same int32 lanes; 4 rows x up to 4 tokens per
+// pass. Other targets (NEON, scalar) compute the same sums in scalar code and quant_q8_fast() is
+// false there, so matmul() keeps the f32 kernels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/quant_matmul.h"
+
+namespace spool::ops {
+
+/// Rotated activations x [T, cols] quantized for quant_q8_matmul_rows() (cols a multiple of 256):
+/// - even[t * cols / 2 + i] = q(t, 2 i), odd[...] = q(t, 2 i + 1): the int8 codes of q8_quantize()
+///   (per 256-column block, round-half-even(x * 127 / amax)), split by column parity;
+/// - lane_sum[t * cols / 8 + i] = 128 * (sum of q(t, c) over c in [8 i, 8 i + 8)) (the VNNI
+///   kernel's offset term);
+/// - d[t * cols / 256 + b] = block b's scale amax / 127 (NaN for a block with a NaN or infinite
+///   value, whose products are then NaN as they would be in f32).
+/// A reused object keeps its longest vectors; only the first T * ... elements are meaningful.
+struct QuantQ8Acts {
+  int64_t T = 0, cols = 0;
+  std::vector<int8_t> even, odd;
+  std::vector<int32_t> lane_sum;
+  std::vector<float> d;
+};
+
+/// Quantizes x_rot [T, cols] (rotated already when the matrices are) into a. Throws spool::Error
+/// unless cols is a positive multiple of 256 and T >= 0.
+void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a);
+
+/// True for the matrices the int8 kernels take: q4 with cols a multiple of 256 (any valid group:
+/// 32, 64, 128 or the column count).
+bool quant_q8_supported(const QuantView& w);
+
+/// True when SIMD int8 kernels for spool's q4 run on this CPU now (AVX2 or better on x86; follows
+/// hwy::SetSupportedTargetsForTest). matmul() takes the int8 path only when this holds.
+bool quant_q8_fast();
+
+/// y[t * ldy + r] for the a.T tokens of a and rows r in [r0, r1) of w, on the calling thread (the
+/// sums in the file comment). Throws spool::Error unless quant_q8_supported(w), a.cols == w.cols and
+/// 0 <= r0 <= r1 <= w.rows. The same bits for every T and every split of the rows.
+void quant_q8_matmul_rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+/// Scalar reference of quant_q8_matmul_rows() over all rows (y [a.T, w.rows]): the integer lane
+/// dots exactly, the scales applied in double precision.
+void quant_q8_matmul_reference(const QuantView& w, const QuantQ8Acts& a, float* y);
+
+}  // namespace spool::ops

@@ -1,0 +1,210 @@
+// Int8-activation kernels for spool's q4 (--act-bits 8): against their scalar reference on every
+// compiled target, the same bits for any token count and row split, within the stated error
+// bound of the f32 product, and wired into matmul() / matmul_rows_pair().
+#define HWY_WANT_AVX3_DL  // the kernels' VNNI target among the targets run (before hwy headers)
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/random.h"
+#include "common/error.h"
+#include "ops/ggml_q8.h"
+#include "ops/matmul.h"
+#include "ops/quant_matmul.h"
+#include "ops/quant_q8.h"
+#include "quant/hadamard.h"
+#include "quant/quantize.h"
+
+namespace spool::ops {
+namespace {
+
+using spool::quant::QuantizedMatrix;
+using spool::testing::for_each_target;
+using spool::testing::randn;
+
+struct Shape {
+  int64_t rows, cols;
+  int group;
+};
+
+// Rotated activations for w (x itself when w has no signs).
+std::vector<float> rotate(const QuantView& w, const std::vector<float>& x, int64_t T) {
+  std::vector<float> r(x);
+  if (w.signs != nullptr)
+    for (int64_t t = 0; t < T; ++t) hadamard_rotate(w.signs, x.data() + t * w.cols, w.cols, r.data() + t * w.cols);
+  return r;
+}
+
+TEST(QuantQ8, KernelsMatchReferenceEveryTarget) {
+  const Shape shapes[] = {{5, 256, 32}, {19, 512, 64}, {7, 768, 128}, {13, 2048, 64}, {6, 256, 256}, {3, 1024, 1024}, {1, 512, 32}};
+  int checked = 0;
+  for (const Shape& sh : shapes) {
+    const std::vector<float> W = randn(static_cast<size_t>(sh.rows * sh.cols), 300 + sh.rows * 7 + sh.cols, 0.05f);
+    const std::vector<int8_t> signs = spool::quant::rotation_signs(3, "layers.0.mlp.up_proj", sh.cols);
+    for (bool rotated : {true, false}) {
+      const QuantizedMatrix q = spool::quant::quantize(W.data(), sh.rows, sh.cols, QType::kQ4, sh.group, rotated ? signs.data() : nullptr);
+      const QuantView v = q.view();
+      ASSERT_TRUE(quant_q8_supported(v));
+      for (int64_t T : {1, 2, 3, 4, 7}) {
+        const std::vector<float> x = rotate(v, randn(static_cast<size_t>(T * sh.cols), 11 * T + sh.cols), T);
+        QuantQ8Acts a;
+        quant_q8_prepare(x.data(), T, sh.cols, a);
+        std::vector<float> ref(static_cast<size_t>(T * sh.rows));
+        quant_q8_matmul_reference(v, a, ref.data());
+        for_each_target([&](int64_t) {
+          std::vector<float> y(static_cast<size_t>(T * sh.rows), -1.0f);
+          quant_q8_matmul_rows(v, a, y.data(), sh.rows, 0, sh.rows);
+          for (int64_t i = 0; i < T * sh.rows; ++i) {
+            // f32 accumulation of exact int32 lane dots against double: relative to the sum of |terms|.
+            const double tol = 2e-6 * (std::fabs(ref[i]) + 1.0) * std::sqrt(double(sh.cols) / 8);
+            ASSERT_NEAR(y[i], ref[i], tol) << sh.rows << "x" << sh.cols << " g" << sh.group << " T=" << T << " i=" << i;
+          }
+          ++checked;
+        });
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// The VNNI (c8 + 128 with an offset) and the sign-trick integer dots are exact: the AVX3_DL and
+// AVX3 targets give the same bits; every target gives the same bits for any T and row split.
+TEST(QuantQ8, SameBitsForAnyTokenCountRowSplitAndVnni) {
+  const int64_t rows = 37, cols = 1536;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 5, 0.05f);
+  const std::vector<int8_t> signs = spool::quant::rotation_signs(1, "layers.2.mlp.gate_proj", cols);
+  const QuantizedMatrix q = spool::quant::quantize(W.data(), rows, cols, QType::kQ4, 64, signs.data());
+  const QuantView v = q.view();
+  const int64_t T = 6;
+  const std::vector<float> x = randn(static_cast<size_t>(T * cols), 77);
+  QuantQ8Acts all;
+  quant_q8_prepare(x.data(), T, cols, all);
+  std::vector<float> dl, avx3;
+  for_each_target([&](int64_t target) {
+    std::vector<float> y(static_cast<size_t>(T * rows)), y1(y.size()), ys(y.size());
+    quant_q8_matmul_rows(v, all, y.data(), rows, 0, rows);
+    for (int64_t t = 0; t < T; ++t) {  // one token at a time
+      QuantQ8Acts one;
+      quant_q8_prepare(x.data() + t * cols, 1, cols, one);
+      quant_q8_matmul_rows(v, one, y1.data() + t * rows, rows, 0, rows);
+    }
+    const int64_t cuts[] = {0, 3, 10, 29, rows};
+    for (int i = 0; i + 1 < 5; ++i) quant_q8_matmul_rows(v, all, ys.data(), rows, cuts[i], cuts[i + 1]);
+    EXPECT_EQ(std::memcmp(y.data(), y1.data(), y.size() * sizeof(float)), 0) << "T=6 vs one token at a time";
+    EXPECT_EQ(std::memcmp(y.data(), ys.data(), y.size() * sizeof(float)), 0) << "row split";
+    if (target == HWY_AVX3_DL) dl = y;
+    if (target == HWY_AVX3) avx3 = y;
+  });
+  if ((hwy::SupportedTargets() & HWY_AVX3_DL) != 0) {  // this CPU runs both AVX-512 variants
+    ASSERT_FALSE(dl.empty());
+    ASSERT_FALSE(avx3.empty());
+    EXPECT_EQ(std::memcmp(dl.data(), avx3.data(), dl.size() * sizeof(float)), 0) << "VNNI vs sign trick";
+  }
+}
+
+// Against the f32 product of the dequantized matrix: within sum_c |s_g| (|W~| d_b / 2 + dc / 2 |x|)
+// (quant_q8.h), computed in double; and much closer than that on average.
+TEST(QuantQ8, WithinTheErrorBoundOfTheF32Product) {
+  const int64_t rows = 24, cols = 2048;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 9, 0.05f);
+  const std::vector<int8_t> signs = spool::quant::rotation_signs(2, "layers.1.mlp.down_proj", cols);
+  const QuantizedMatrix q = spool::quant::quantize(W.data(), rows, cols, QType::kQ4, 64, signs.data());
+  const QuantView v = q.view();
+  const std::vector<float> x = rotate(v, randn(static_cast<size_t>(cols), 21), 1);
+  QuantQ8Acts a;
+  quant_q8_prepare(x.data(), 1, cols, a);
+  std::vector<float> y(static_cast<size_t>(rows)), f(static_cast<size_t>(rows));
+  quant_q8_matmul_rows(v, a, y.data(), rows, 0, rows);
+  quant_matmul_rows(v, x.data(), 1, f.data(), rows, 0, rows);
+  float cmax = 0;
+  for (int k = 0; k < 16; ++k) cmax = std::max(cmax, std::fabs(v.centroid(k)));
+  const double dc = cmax / 127.0;
+  std::vector<float> row(static_cast<size_t>(cols));
+  double rel_sum = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    spool::quant::dequantize_row(v, r, row.data());
+    double bound = 0, mag = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double s = std::fabs(v.scale(r * (cols / 64) + c / 64));
+      bound += std::fabs(row[c]) * a.d[c / 256] / 2 + s * dc / 2 * (std::fabs(x[c]) + a.d[c / 256] / 2);
+      mag += std::fabs(double(row[c]) * x[c]);
+    }
+    EXPECT_LE(std::fabs(double(y[r]) - f[r]), bound + 1e-4 * mag) << "row " << r;
+    rel_sum += std::fabs(double(y[r]) - f[r]) / mag;
+  }
+  EXPECT_LT(rel_sum / rows, 0.01) << "mean error relative to sum |W x|";
+}
+
+TEST(QuantQ8, NonFiniteActivationsGiveNaN) {
+  const int64_t rows = 4, cols = 512;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 4, 0.05f);
+  const QuantizedMatrix q = spool::quant::quantize(W.data(), rows, cols, QType::kQ4, 64, nullptr);
+  std::vector<float> x = randn(static_cast<size_t>(cols), 8);
+  x[300] = std::numeric_limits<float>::quiet_NaN();
+  QuantQ8Acts a;
+  quant_q8_prepare(x.data(), 1, cols, a);
+  std::vector<float> y(rows);
+  quant_q8_matmul_rows(q.view(), a, y.data(), rows, 0, rows);
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST(QuantQ8, RefusesWhatItCannotRun) {
+  const std::vector<float> W = randn(8 * 256, 1, 0.05f);
+  const QuantizedMatrix q3 = spool::quant::quantize(W.data(), 8, 256, QType::kQ3, 64, nullptr);
+  const QuantizedMatrix q4 = spool::quant::quantize(W.data(), 8, 256, QType::kQ4, 64, nullptr);
+  const std::vector<float> W2 = randn(8 * 192, 1, 0.05f);
+  const QuantizedMatrix q4n = spool::quant::quantize(W2.data(), 8, 192, QType::kQ4, 64, nullptr);
+  EXPECT_FALSE(quant_q8_supported(q3.view()));
+  EXPECT_FALSE(quant_q8_supported(q4n.view()));  // 192 columns: not a multiple of 256
+  EXPECT_TRUE(quant_q8_supported(q4.view()));
+  std::vector<float> x(512, 0.5f), y(16);
+  QuantQ8Acts a;
+  EXPECT_THROW(quant_q8_prepare(x.data(), 1, 192, a), Error);
+  quant_q8_prepare(x.data(), 1, 512, a);
+  EXPECT_THROW(quant_q8_matmul_rows(q4.view(), a, y.data(), 8, 0, 8), Error);  // 512-column activations, 256-column matrix
+  quant_q8_prepare(x.data(), 1, 256, a);
+  EXPECT_THROW(quant_q8_matmul_rows(q3.view(), a, y.data(), 8, 0, 8), Error);
+  EXPECT_THROW(quant_q8_matmul_rows(q4.view(), a, y.data(), 8, 2, 9), Error);
+}
+
+// matmul(), matmul_rows() and matmul_rows_pair() take the int8 kernels for a q4 view when asked
+// (int8_acts) and the CPU has them, and the f32 ones otherwise.
+TEST(QuantQ8, MatmulTakesTheInt8PathWhenAsked) {
+  if (!quant_q8_fast()) GTEST_SKIP() << "no int8 kernels for spool q4 on this CPU (" << q8_variant() << ")";
+  const int64_t rows = 40, cols = 1024, T = 3;
+  const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 12, 0.05f);
+  const std::vector<int8_t> signs = spool::quant::rotation_signs(4, "layers.0.mlp.experts.1.up_proj", cols);
+  const QuantizedMatrix q = spool::quant::quantize(W.data(), rows, cols, QType::kQ4, 64, signs.data());
+  WeightView w;
+  w.type = WType::kQuant;
+  w.rows = rows;
+  w.cols = cols;
+  w.quant = q.view();
+  const std::vector<float> x = randn(static_cast<size_t>(T * cols), 13);
+  const std::vector<float> xr = rotate(w.quant, x, T);
+  QuantQ8Acts a;
+  quant_q8_prepare(xr.data(), T, cols, a);
+  std::vector<float> want(static_cast<size_t>(T * rows)), f32(want.size());
+  quant_q8_matmul_rows(w.quant, a, want.data(), rows, 0, rows);
+  quant_matmul_rows(w.quant, xr.data(), T, f32.data(), rows, 0, rows);
+  ASSERT_NE(std::memcmp(want.data(), f32.data(), want.size() * sizeof(float)), 0);
+  ThreadPool pool(2);
+  std::vector<float> y(want.size()), y2(want.size());
+  matmul(w, x.data(), T, y.data(), &pool, true);
+  EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0) << "matmul, int8";
+  matmul(w, x.data(), T, y.data(), &pool, false);
+  EXPECT_EQ(std::memcmp(y.data(), f32.data(), y.size() * sizeof(float)), 0) << "matmul, f32";
+  matmul_rows(w, x.data(), T, y.data(), rows, 0, rows, true);
+  EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0) << "matmul_rows, int8";
+  matmul_rows_pair(w, y.data(), w, y2.data(), x.data(), T, true);
+  EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0) << "matmul_rows_pair a, int8";
+  EXPECT_EQ(std::memcmp(y2.data(), want.data(), y.size() * sizeof(float)), 0) << "matmul_rows_pair b, int8";
+}
+
+}  // namespace
+}  // namespace spool::ops
