@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/thread_pool.h"
+#include "ops/vec.h"
 
 namespace spool::bench {
 
@@ -20,14 +21,7 @@ inline void MemoryRead(benchmark::State& st) {
   std::vector<uint64_t> sums(threads);
   for (auto _ : st) {
     pool.parallel_for(static_cast<int64_t>(buf.size()), 4096, [&](int64_t b, int64_t e, int t) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (int64_t i = b; i + 4 <= e; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      sums[t] += s0 + s1 + s2 + s3;
+      sums[t] += spool::ops::read_sum(buf.data() + b, e - b);  // SIMD loads, as the kernels read
     });
     benchmark::DoNotOptimize(sums.data());
   }

@@ -161,6 +161,26 @@ void QuantQ8GemvArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QuantQ8Gemv)->Apply(QuantQ8GemvArgs)->UseRealTime();
 
+// The two q4 decode kernels with Highway held to its AVX2 target (an AVX2-only CPU's kernels,
+// measured on this one: f32 and int8 activations side by side). Args as BM_QuantGemv.
+void BM_QuantGemvAvx2(benchmark::State& st) {
+  hwy::SetSupportedTargetsForTest(HWY_AVX2);
+  BM_QuantGemv(st);
+  hwy::SetSupportedTargetsForTest(0);
+}
+void BM_QuantQ8GemvAvx2(benchmark::State& st) {
+  hwy::SetSupportedTargetsForTest(HWY_AVX2);
+  BM_QuantQ8Gemv(st);
+  hwy::SetSupportedTargetsForTest(0);
+}
+void QuantAvx2Args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
+  for (int stream : {1, 0})
+    for (int thr : {1, 2}) b->Args({static_cast<int64_t>(QType::kQ4), 8192, 2048, thr, stream, 64, 1});
+}
+BENCHMARK(BM_QuantGemvAvx2)->Apply(QuantAvx2Args)->UseRealTime();
+BENCHMARK(BM_QuantQ8GemvAvx2)->Apply(QuantAvx2Args)->UseRealTime();
+
 // Decode GEMV on the calling thread (one thread) timed by its CPU time: robust on a loaded
 // machine (the GB/s of the cycles it got). Args as BM_QuantGemv (thr = 1).
 void BM_QuantGemvCpu(benchmark::State& st) { BM_QuantGemv(st); }

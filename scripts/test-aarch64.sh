@@ -22,7 +22,7 @@ command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cca
 cmake -S . -B "$dir" -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
   -DSPOOL_OPS_ONLY=ON -DSPOOL_CUDA=OFF -DSPOOL_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
 cmake --build "$dir" -j"$(nproc)" --target ops_test ggml_q8_test ggml_iquants_test capability_test sysinfo_test cpu_backend_test cpu_targets_test \
-  quant_matmul_test
+  quant_matmul_test quant_q8_test
 echo "test-aarch64.sh: built in $((SECONDS - t0)) s"
 for cpu in max cortex-a72; do
   echo "test-aarch64.sh: qemu-aarch64 -cpu $cpu"

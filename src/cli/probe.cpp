@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/sysinfo.h"
+#include "ops/vec.h"
 
 namespace spool::plan {
 
@@ -31,16 +32,7 @@ double measure_memory_gbps(uint64_t bytes, int threads, double seconds) {
     for (int k = 0; k < threads; ++k) {
       th.emplace_back([&, k] {
         const size_t b = n * k / threads, e = n * (k + 1) / threads;
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        size_t i = b;
-        for (; i + 4 <= e; i += 4) {
-          s0 += buf[i];
-          s1 += buf[i + 1];
-          s2 += buf[i + 2];
-          s3 += buf[i + 3];
-        }
-        for (; i < e; ++i) s0 += buf[i];
-        sink += s0 + s1 + s2 + s3;
+        sink += ops::read_sum(buf.data() + b, static_cast<int64_t>(e - b));  // SIMD loads, as the kernels read
       });
     }
     for (auto& t : th) t.join();

@@ -8,7 +8,8 @@
 namespace spool::plan {
 
 /// Memory read bandwidth in GB/s (1e9 bytes/s): `threads` threads sum a `bytes`-sized
-/// buffer (touched first) repeatedly for about `seconds`; the best pass counts.
+/// buffer (touched first; each thread a contiguous share, with SIMD loads: ops::read_sum)
+/// repeatedly for about `seconds`; the best pass counts.
 double measure_memory_gbps(uint64_t bytes = 512ull << 20, int threads = 1, double seconds = 0.5);
 
 /// Result of a disk read probe.

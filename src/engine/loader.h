@@ -52,8 +52,8 @@ struct LoadOptions {
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
   int act_bits = 0;                    // --act-bits: 32 (f32 activations, exact), 8 (int8 activations for Q4_K /
-                                       // Q6_K GGUF weights and spool q4 matrices) or 0 = auto (8 for a K-quant GGUF
-                                       // where it applies, else 32); the model's CPU backend's option (ops::CpuOptions::int8_activations)
+                                       // Q6_K GGUF weights and spool q4 matrices) or 0 = auto (8 where measured faster:
+                                       // K-quant GGUF weights, spool q4 on x86; else 32); the model's CPU backend's option (ops::CpuOptions::int8_activations)
   std::string device = "auto";         // --device cpu | cuda | cuda:N | auto (cuda:0 when this build has CUDA and a GPU is present)
   std::string vram_budget = "auto";    // --vram-budget-gb: GB of GPU memory for dense weights + KV + workspace + experts, or
                                        // "auto" (90% of the GPU's memory); routed experts go to VRAM only when all fit

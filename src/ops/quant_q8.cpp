@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "common/error.h"
-#include "ops/ggml_q8.h"
 #include "ops/quant_q8.h"
 
 // ---- Target-independent helpers (compiled once) ----
@@ -21,8 +20,9 @@
 #define SPOOL_OPS_QUANT_Q8_SHARED
 namespace spool::ops::qq8 {
 
-/// Columns per activation block (q8_quantize's) and per lane (8 codes of one group).
-inline constexpr int64_t kBlock = kQ8Block, kLane = 8;
+/// Columns per lane (8 codes of one group, one activation scale), and the multiple of them the
+/// kernels need (an AVX-512 super-block: 16 lanes).
+inline constexpr int64_t kLane = 8, kColumns = 128;
 
 /// The matrix's codebook in int8: c8[k] = round(c_k / dc), dc = max |c_k| / 127 (0 for an all-zero
 /// codebook: every product is then 0; NaN for a non-finite one, codes 0: every product is NaN).
@@ -75,6 +75,12 @@ HWY_INLINE void RowScales(const QuantView& w, int64_t r, float* out) {
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   for (; i + n <= ng; i += n) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w.scales + r * ng + i))), df, out + i);
+  if (i < ng && n <= 16) {  // the rest (a 512-column row has 8 groups of 64) through a zero-padded copy
+    alignas(64) uint16_t tail[16] = {};
+    std::memcpy(tail, w.scales + r * ng + i, static_cast<size_t>(ng - i) * sizeof(uint16_t));
+    hn::StoreU(hn::PromoteTo(df, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(tail))), df, out + i);
+    i = ng;
+  }
 #endif
   for (; i < ng; ++i) out[i] = w.scale(r * ng + i);
   std::fill(out + ng, out + ng + 16, 0.0f);
@@ -103,12 +109,12 @@ HWY_INLINE __m512i Dpbusd(__m512i acc, __m512i u, __m512i s) {
 #endif
 }
 
-// One super-block (SB): 64 code bytes = 16 lanes of 8 columns = 128 columns, in one 256-column
-// activation block. R rows x TT tokens per pass; acc[r][t] += float(lane dots) * s_g * d_b.
+// One super-block (SB): 64 code bytes = 16 lanes of 8 columns = 128 columns. R rows x TT tokens
+// per pass; acc[r][t] += float(lane dots) * s_g * d_lane.
 template <int R, int TT>
 HWY_INLINE void Block(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t0,
                       int group, __m512i tbl, float dc, float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
-  const int64_t nsb = a.cols / 128, half = a.cols / 2, lanes = a.cols / 8, nb = a.cols / 256;
+  const int64_t nsb = a.cols / 128, half = a.cols / 2, lanes = a.cols / 8;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i ones = _mm512_set1_epi16(1);
   // Lane k's group relative to the SB's first group: 8k / group (every lane in one group when group >= 128).
@@ -129,7 +135,7 @@ HWY_INLINE void Block(const uint8_t* const* qrow, const float* const* sc, const 
       xe[t] = _mm512_loadu_si512(a.even.data() + tt * half + 64 * j);
       xo[t] = _mm512_loadu_si512(a.odd.data() + tt * half + 64 * j);
       if constexpr (kVnni) off[t] = _mm512_loadu_si512(a.lane_sum.data() + tt * lanes + 16 * j);
-      dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>(tt * nb + j / 2)]);
+      dv[t] = _mm512_loadu_ps(a.d.data() + tt * lanes + 16 * j);
     }
     for (int i = 0; i < R; ++i) {
       const __m512i v = _mm512_loadu_si512(qrow[i] + 64 * j);
@@ -170,7 +176,7 @@ namespace qq8x {
 template <int R>
 HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
                        __m256i tbl, float dc, float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
-  const int64_t nsb = a.cols / 64, half = a.cols / 2, nb = a.cols / 256;
+  const int64_t nsb = a.cols / 64, half = a.cols / 2;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i rel = group >= 64 ? _mm256_setzero_si256() : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
@@ -184,7 +190,7 @@ HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const
     const int64_t g0 = j * 64 / group;
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + 32 * j));
     const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + 32 * j));
-    const __m256 dv = _mm256_set1_ps(a.d[static_cast<size_t>(t * nb + j / 4)]);
+    const __m256 dv = _mm256_loadu_ps(a.d.data() + t * (a.cols / 8) + 8 * j);
     for (int i = 0; i < R; ++i) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j));
       const __m256i cl = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
@@ -210,7 +216,7 @@ HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const
 // Scalar sums (targets without SIMD kernels): per lane the exact integer dot, then the f32 rescale.
 void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const qq8::Codebook8 cb = qq8::codebook8(w);
-  const int64_t rb = w.row_bytes(), half = a.cols / 2, lanes = a.cols / 8, nb = a.cols / 256;
+  const int64_t rb = w.row_bytes(), half = a.cols / 2, lanes = a.cols / 8;
   std::vector<float> sc(static_cast<size_t>(w.groups_per_row() + 16));
   for (int64_t r = r0; r < r1; ++r) {
     RowScales(w, r, sc.data());
@@ -219,7 +225,7 @@ void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy,
       float acc = 0.0f;
       for (int64_t i = 0; i < lanes; ++i) {
         const int32_t s = qq8::lane_dot(cb, row, a.even.data() + t * half, a.odd.data() + t * half, i);
-        acc += static_cast<float>(s) * (sc[static_cast<size_t>(i * 8 / w.group)] * a.d[static_cast<size_t>(t * nb + i * 8 / 256)]);
+        acc += static_cast<float>(s) * (sc[static_cast<size_t>(i * 8 / w.group)] * a.d[static_cast<size_t>(t * lanes + i)]);
       }
       y[t * ldy + r] = cb.dc * acc;
     }
@@ -287,41 +293,47 @@ HWY_EXPORT(Rows);
 HWY_EXPORT(Fast);
 
 void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a) {
-  if (T < 0 || cols <= 0 || cols % qq8::kBlock != 0)
+  if (T < 0 || cols <= 0 || cols % qq8::kColumns != 0)
     fail("quant_q8_prepare: %lld columns (must be a positive multiple of %lld), %lld tokens", static_cast<long long>(cols),
-         static_cast<long long>(qq8::kBlock), static_cast<long long>(T));
+         static_cast<long long>(qq8::kColumns), static_cast<long long>(T));
   a.T = T;
   a.cols = cols;
-  const int64_t half = cols / 2, lanes = cols / qq8::kLane, nb = cols / qq8::kBlock;
+  const int64_t half = cols / 2, lanes = cols / qq8::kLane;
   const auto grow = [](auto& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   };
   grow(a.even, T * half);
   grow(a.odd, T * half);
   grow(a.lane_sum, T * lanes);
-  grow(a.d, T * nb);
-  thread_local Q8Acts q;  // one token at a time: column order (q8_quantize's T == 1 layout)
-  for (int64_t t = 0; t < T; ++t) {
-    q8_quantize(x_rot + t * cols, 1, cols, q);
-    const int8_t* c = q.q.data();
-    int8_t* e = a.even.data() + t * half;
-    int8_t* o = a.odd.data() + t * half;
-    for (int64_t i = 0; i < half; ++i) {
-      e[i] = c[2 * i];
-      o[i] = c[2 * i + 1];
-    }
-    int32_t* ls = a.lane_sum.data() + t * lanes;
+  grow(a.d, T * lanes);
+  for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < lanes; ++i) {
-      int32_t s = 0;
-      for (int64_t k = 0; k < qq8::kLane; ++k) s += c[qq8::kLane * i + k];
-      ls[i] = -128 * s;
+      const float* x = x_rot + t * cols + qq8::kLane * i;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t k = 0; k < qq8::kLane; ++k) {
+        finite = finite && std::isfinite(x[k]);
+        amax = std::max(amax, std::fabs(x[k]));
+      }
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int8_t q[qq8::kLane] = {};
+      int32_t sum = 0;
+      if (finite && std::isfinite(inv))
+        for (int64_t k = 0; k < qq8::kLane; ++k) {
+          q[k] = static_cast<int8_t>(std::nearbyint(x[k] * inv));  // |q| <= 127 (round half to even)
+          sum += q[k];
+        }
+      a.d[static_cast<size_t>(t * lanes + i)] = !finite ? std::nanf("") : std::isfinite(inv) ? amax / 127.0f : 0.0f;
+      for (int64_t b = 0; b < 4; ++b) {
+        a.even[static_cast<size_t>(t * half + 4 * i + b)] = q[2 * b];
+        a.odd[static_cast<size_t>(t * half + 4 * i + b)] = q[2 * b + 1];
+      }
+      a.lane_sum[static_cast<size_t>(t * lanes + i)] = -128 * sum;
     }
-    std::copy_n(q.d.data(), nb, a.d.data() + t * nb);
-  }
 }
 
 bool quant_q8_supported(const QuantView& w) {
-  return w.type == QType::kQ4 && w.cols > 0 && w.cols % qq8::kBlock == 0 &&
+  return w.type == QType::kQ4 && w.cols > 0 && w.cols % qq8::kColumns == 0 &&
          (w.group == 32 || w.group == 64 || w.group == 128 || w.group == w.cols);
 }
 
@@ -331,7 +343,7 @@ namespace {
 void check(const QuantView& w, const QuantQ8Acts& a, int64_t r0, int64_t r1) {
   validate(w);
   if (!quant_q8_supported(w))
-    fail("quant_q8_matmul: a q4 matrix with a multiple of 256 columns is needed (got type %d, %lld columns)",
+    fail("quant_q8_matmul: a q4 matrix with a multiple of 128 columns is needed (got type %d, %lld columns)",
          static_cast<int>(w.type), static_cast<long long>(w.cols));
   if (a.cols != w.cols)
     fail("quant_q8_matmul: activations of %lld columns for a matrix of %lld", static_cast<long long>(a.cols),
@@ -351,13 +363,13 @@ void quant_q8_matmul_rows(const QuantView& w, const QuantQ8Acts& a, float* y, in
 void quant_q8_matmul_reference(const QuantView& w, const QuantQ8Acts& a, float* y) {
   check(w, a, 0, w.rows);
   const qq8::Codebook8 cb = qq8::codebook8(w);
-  const int64_t rb = w.row_bytes(), ng = w.groups_per_row(), half = a.cols / 2, lanes = a.cols / 8, nb = a.cols / 256;
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row(), half = a.cols / 2, lanes = a.cols / 8;
   for (int64_t r = 0; r < w.rows; ++r)
     for (int64_t t = 0; t < a.T; ++t) {
       double acc = 0;
       for (int64_t i = 0; i < lanes; ++i)
         acc += static_cast<double>(qq8::lane_dot(cb, w.qweight + r * rb, a.even.data() + t * half, a.odd.data() + t * half, i)) *
-               w.scale(r * ng + i * 8 / w.group) * a.d[static_cast<size_t>(t * nb + i * 8 / 256)];
+               w.scale(r * ng + i * 8 / w.group) * a.d[static_cast<size_t>(t * lanes + i)];
       y[t * w.rows + r] = static_cast<float>(static_cast<double>(cb.dc) * acc);
     }
 }

@@ -3,16 +3,19 @@
 //
 // A q4 matrix stores per group of `group` columns an f16 scale s_g and 4-bit codes into a
 // 16-entry f32 codebook c (docs/quant-format.md). Here:
-// - the activations x (already rotated when the matrix is) are quantized per 256-column block b
-//   exactly as q8_quantize() does: x ~ d_b q, |q| <= 127 (ggml_q8.h);
+// - the activations x (already rotated when the matrix is) are quantized per "lane" of 8 columns i
+//   (columns 8i .. 8i+7: the lanes of the f32 kernels' layout, each inside one group):
+//   x ~ d_i q, d_i = max |x| / 127 over the lane, q = round-half-even(x / d_i), |q| <= 127. Lanes
+//   of 8 keep an outlier's damage to its own 8 columns (llama.cpp's Q8_K scales 256 columns at once;
+//   on the demo's first positions, where activations are largest, 256-column blocks moved the
+//   next-token distribution 10x more);
 // - the codebook is quantized once per call to int8 with one step for the matrix:
 //   c_k ~ dc c8_k, dc = max_k |c_k| / 127, c8_k = round(c_k / dc), so |c8_k| <= 127;
-// - y_r = dc sum_lanes s_g(lane) d_b(lane) sum_{c in lane} c8[code(r, c)] q(c): the inner sums are
-//   exact int32 dots of 8 columns (one "lane" of the f32 kernels' layout: columns 8i .. 8i+7, inside
-//   one group and one activation block), rescaled in f32.
+// - y_r = dc sum_i s_g(i) d_i sum_{c in lane i} c8[code(r, c)] q(c): the inner sums are exact int32
+//   dots of 8 columns, rescaled in f32.
 // Errors against the f32 product of the dequantized matrix: |x - d q| <= d / 2 per activation and
 // |c - dc c8| <= dc / 2 per centroid, so an output moves by at most
-//   sum_c |s_g(c)| (|W~[r, c]| d_b(c) / 2 + dc / 2 |x_c|),  W~ = s_g c[code]  (tested as a bound).
+//   sum_c |W~[r, c]| d_i(c) / 2 + |s_g(c)| dc / 2 (|x_c| + d_i(c) / 2),  W~ = s_g c[code]  (tested as a bound).
 //
 // Kernels (per Highway target, raw intrinsics as in ggml_q8.cpp): the row's 4-bit codes are read
 // as they are stored, 64 bytes (AVX-512) or 32 bytes (AVX2) at a time; the low and high nibbles go
@@ -34,13 +37,14 @@
 
 namespace spool::ops {
 
-/// Rotated activations x [T, cols] quantized for quant_q8_matmul_rows() (cols a multiple of 256):
-/// - even[t * cols / 2 + i] = q(t, 2 i), odd[...] = q(t, 2 i + 1): the int8 codes of q8_quantize()
-///   (per 256-column block, round-half-even(x * 127 / amax)), split by column parity;
-/// - lane_sum[t * cols / 8 + i] = 128 * (sum of q(t, c) over c in [8 i, 8 i + 8)) (the VNNI
-///   kernel's offset term);
-/// - d[t * cols / 256 + b] = block b's scale amax / 127 (NaN for a block with a NaN or infinite
-///   value, whose products are then NaN as they would be in f32).
+/// Rotated activations x [T, cols] quantized for quant_q8_matmul_rows() (cols a multiple of 128):
+/// - even[t * cols / 2 + i] = q(t, 2 i), odd[...] = q(t, 2 i + 1): the int8 codes (per lane of 8
+///   columns, round-half-even(x * 127 / amax)), split by column parity;
+/// - lane_sum[t * cols / 8 + i] = -128 * (sum of q(t, c) over lane i's columns [8 i, 8 i + 8)) (the
+///   VNNI kernel's offset term);
+/// - d[t * cols / 8 + i] = lane i's scale amax / 127 (0 for an all-zero lane or one whose amax is so
+///   small that 127 / amax overflows, codes 0; NaN for a lane with a NaN or infinite value, codes 0:
+///   its products are then NaN as they would be in f32).
 /// A reused object keeps its longest vectors; only the first T * ... elements are meaningful.
 struct QuantQ8Acts {
   int64_t T = 0, cols = 0;
@@ -50,10 +54,10 @@ struct QuantQ8Acts {
 };
 
 /// Quantizes x_rot [T, cols] (rotated already when the matrices are) into a. Throws spool::Error
-/// unless cols is a positive multiple of 256 and T >= 0.
+/// unless cols is a positive multiple of 128 and T >= 0.
 void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a);
 
-/// True for the matrices the int8 kernels take: q4 with cols a multiple of 256 (any valid group:
+/// True for the matrices the int8 kernels take: q4 with cols a multiple of 128 (any valid group:
 /// 32, 64, 128 or the column count).
 bool quant_q8_supported(const QuantView& w);
 

@@ -86,6 +86,22 @@ void Scale(float a, float* x, int64_t n) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+uint64_t ReadSum(const uint64_t* p, int64_t n) {
+  const hn::ScalableTag<uint64_t> du;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(du));
+  auto s0 = hn::Zero(du), s1 = s0, s2 = s0, s3 = s0;  // four independent streams of loads
+  int64_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    s0 = hn::Add(s0, hn::LoadU(du, p + i));
+    s1 = hn::Add(s1, hn::LoadU(du, p + i + N));
+    s2 = hn::Add(s2, hn::LoadU(du, p + i + 2 * N));
+    s3 = hn::Add(s3, hn::LoadU(du, p + i + 3 * N));
+  }
+  uint64_t s = hn::GetLane(hn::SumOfLanes(du, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
 double SumSquares(const float* x, int64_t n) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -243,6 +259,7 @@ HWY_EXPORT(Axpy);
 HWY_EXPORT(DeltaRuleStep);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumSquares);
+HWY_EXPORT(ReadSum);
 HWY_EXPORT(SoftmaxInplace);
 HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(ScoresKt);
@@ -255,6 +272,7 @@ void delta_rule_step(float* S, int64_t dk, int64_t dv, float decay, const float*
 }
 void scale(float a, float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Scale)(a, x, n); }
 double sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquares)(x, n); }
+uint64_t read_sum(const uint64_t* p, int64_t n) { return HWY_DYNAMIC_DISPATCH(ReadSum)(p, n); }
 float softmax_inplace(float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SoftmaxInplace)(x, n); }
 void accumulate_rows(const float* p, int64_t ldp, int64_t m, const float* v, int64_t ldv, int64_t n, int64_t vd, float* out,
                      int64_t ldo) {

@@ -14,6 +14,9 @@ void axpy(float a, const float* x, int64_t n, float* y);
 void scale(float a, float* x, int64_t n);
 /// sum_i x[i]^2, accumulated in double precision per lane block.
 double sum_squares(const float* x, int64_t n);
+/// sum_i p[i] (mod 2^64) with the widest vector loads in four independent streams: the inner loop
+/// of the memory read probes (spool plan's, quant_bench's BM_MemoryRead), as fast as the kernels read.
+uint64_t read_sum(const uint64_t* p, int64_t n);
 /// In-place softmax (max-subtracted); returns the normaliser sum of exp(x - max).
 /// exp has at most 1 ulp error (Highway contrib/math).
 float softmax_inplace(float* x, int64_t n);

@@ -14,6 +14,7 @@
 #include "support/golden.h"
 #include "common/error.h"
 #include "engine/loader.h"
+#include "ops/quant_q8.h"
 #include "experts/weight_views.h"
 #include "io/safetensors.h"
 #include "models/family.h"
@@ -126,6 +127,7 @@ engine::LoadedModel load(const std::string& dir, std::optional<bool> stream = fa
   o.stream = stream;
   o.cache_budget = budget;
   o.page_cache = true;
+  o.act_bits = 32;  // f32 activations: these tests check the quantized kernels against the dequantized model at 1e-4
   return engine::load(o);
 }
 
@@ -275,6 +277,66 @@ TEST(Convert, QuantizedTiedEmbedding) {
 TEST(Convert, QuantizedEmbeddingWithEmbeddingScale) {
   check_equivalence(fixture("gemma4_text_moe"), "q4", true, "qembed_gemma4", "4");
 }
+
+// --act-bits 8 (and auto on x86) on spool q4 (ops/quant_q8.h): the demo's q4 matrices with 256 input
+// columns (attention, DeltaNet, expert gate/up, lm_head) take int8 activations. Its next-token
+// distributions stay within a small KL of the f32 ones, streaming equals resident bit for bit, and
+// --act-bits 32 keeps the exact kernels.
+TEST(Convert, Int8ActivationsOnQ4) {
+  const std::string q = scratch("int8_q4");
+  run_convert(fixture("demo"), q, "q4");
+  const auto load_bits = [&](int bits, bool stream) {
+    engine::LoadOptions o;
+    o.model_dir = q;
+    o.threads = 2;
+    o.stream = stream;
+    o.cache_budget = stream ? "0.0001" : "auto";
+    o.page_cache = true;
+    o.act_bits = bits;
+    return engine::load(o);
+  };
+  engine::LoadedModel l8 = load_bits(8, false), l32 = load_bits(32, false), lauto = load_bits(0, false), ls = load_bits(8, true);
+  if (!ops::quant_q8_fast()) {  // no int8 kernels for spool q4 on this CPU: f32 everywhere
+    EXPECT_FALSE(l8.int8_activations);
+    EXPECT_FALSE(lauto.int8_activations);
+    return;
+  }
+  EXPECT_TRUE(l8.int8_activations);
+  EXPECT_TRUE(lauto.int8_activations);
+  EXPECT_FALSE(l32.int8_activations);
+  const int64_t V = l8.model->spec().vocab_size;
+  const std::vector<int32_t> ids = prompt_ids(V, 16);
+  const std::vector<float> a = all_logits(*l8.model, ids), f = all_logits(*l32.model, ids), au = all_logits(*lauto.model, ids),
+                           st = all_logits(*ls.model, ids);
+  EXPECT_EQ(0, std::memcmp(a.data(), au.data(), a.size() * sizeof(float))) << "auto is --act-bits 8 here";
+  EXPECT_EQ(0, std::memcmp(a.data(), st.data(), a.size() * sizeof(float))) << "streaming differs";
+  EXPECT_NE(0, std::memcmp(a.data(), f.data(), a.size() * sizeof(float))) << "int8 activations changed nothing";
+  // Mean KL(unquantized || q4) over the positions, with f32 and with int8 activations: the int8
+  // rounding (activations per 8 columns, the codebook per matrix) adds little to q4's own error.
+  engine::LoadedModel lo = load(fixture("demo"));
+  const std::vector<float> o = all_logits(*lo.model, ids);
+  const auto mean_kl = [&](const std::vector<float>& m) {
+    double sum = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const float* p = o.data() + t * V;
+      const float* r = m.data() + t * V;
+      double mp = p[0], mr = r[0];
+      for (int64_t v = 1; v < V; ++v) mp = std::max<double>(mp, p[v]), mr = std::max<double>(mr, r[v]);
+      double zp = 0, zr = 0;
+      for (int64_t v = 0; v < V; ++v) zp += std::exp(p[v] - mp), zr += std::exp(r[v] - mr);
+      for (int64_t v = 0; v < V; ++v) {
+        const double lp = p[v] - mp - std::log(zp), lr = r[v] - mr - std::log(zr);
+        sum += std::exp(lp) * (lp - lr);
+      }
+    }
+    return sum / static_cast<double>(ids.size());
+  };
+  const double kl_f32 = mean_kl(f), kl_int8 = mean_kl(a);
+  std::printf("demo q4, %zu positions: mean KL to the unquantized model %.4f (f32 activations), %.4f (int8)\n", ids.size(), kl_f32,
+              kl_int8);
+  EXPECT_LT(kl_int8, 1.1 * kl_f32) << "int8 activations add more than 10% to q4's KL";
+}
+
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertEquivalence,
                          ::testing::Values(Case{"qwen3_moe", "q4", true}, Case{"qwen3_next", "tq3a-tqTe-down3", true},
