@@ -147,7 +147,7 @@ void BM_QuantQ8Gemv(benchmark::State& st) {
     benchmark::DoNotOptimize(y.data());
   }
   st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + (T > 1 ? " T=" + std::to_string(T) : "") +
-              " int8 " + spool::ops::q8_variant());
+              " int8 " + spool::ops::quant_q8_variant());
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
                                            benchmark::Counter::kIsRate);
   st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
@@ -164,11 +164,13 @@ BENCHMARK(BM_QuantQ8Gemv)->Apply(QuantQ8GemvArgs)->UseRealTime();
 // The two q4 decode kernels with Highway held to its AVX2 target (an AVX2-only CPU's kernels,
 // measured on this one: f32 and int8 activations side by side). Args as BM_QuantGemv.
 void BM_QuantGemvAvx2(benchmark::State& st) {
+  if ((hwy::SupportedTargets() & HWY_AVX2) == 0) return st.SkipWithError("this CPU has no AVX2");
   hwy::SetSupportedTargetsForTest(HWY_AVX2);
   BM_QuantGemv(st);
   hwy::SetSupportedTargetsForTest(0);
 }
 void BM_QuantQ8GemvAvx2(benchmark::State& st) {
+  if ((hwy::SupportedTargets() & HWY_AVX2) == 0) return st.SkipWithError("this CPU has no AVX2");
   hwy::SetSupportedTargetsForTest(HWY_AVX2);
   BM_QuantQ8Gemv(st);
   hwy::SetSupportedTargetsForTest(0);

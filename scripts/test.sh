@@ -47,7 +47,7 @@ fuzzers=(safetensors_fuzz config_fuzz tokenizer_fuzz template_fuzz output_parser
   responses_request_fuzz lora_request_fuzz json_schema_fuzz predictor_trace_fuzz lora_adapter_fuzz)
 # Only what the sanitize-labelled tests need: parsers, the streaming provider (threads, I/O
 # callbacks, cache lifetimes), the CLI with its tests, and the server.
-cmake --build build-asan -j"$jobs" --target spool io_test gguf_test ggml_iquants_test sysinfo_test tokenizer_test template_test \
+cmake --build build-asan -j"$jobs" --target spool io_test gguf_test ggml_iquants_test quant_q8_test sysinfo_test tokenizer_test template_test \
   streaming_test expert_profile_test warm_start_test predictor_test routing_trace_test lora_ops_test cli_test plan_test placement_test plan_source_test output_parser_test server_request_test server_http_test server_engine_test \
   server_batch_test anthropic_test anthropic_http_test server_responses_test chat_format_test chat_golden_test constrain_test \
   "${fuzzers[@]}"

@@ -43,9 +43,9 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
                   "placed in VRAM first by --vram-experts static");
   app->add_option("--kv-bits", kv_bits, "KV cache entries: 32 (f32, exact; default), 16 (f16) or 8 (int8 with group scales)");
   app->add_option("--act-bits", act_bits,
-                  "Activations of Q4_K / Q6_K (GGUF) and spool q4 products: 8 (int8 per 256 columns, integer dots as llama.cpp's "
+                  "Activations of Q4_K / Q6_K (GGUF) and spool q4 / q8 products: 8 (int8 per 256 columns for GGUF, per 8 for spool; integer dots as llama.cpp's "
                   "CPU backend: faster, not exact; x86 with AVX2 or AVX-512, NEON for GGUF), 32 (f32, exact against the "
-                  "dequantized weights) or auto (8 where measured faster: Q4_K / Q6_K GGUF weights, spool q4 on x86; else 32; default)");
+                  "dequantized weights) or auto (8 where measured faster: Q4_K / Q6_K GGUF weights, spool q4 / q8 on x86; else 32; default)");
   app->add_option("--device", device, "Where the model runs: cpu, cuda, cuda:N or auto (default: cuda:0 when this build has CUDA and a GPU is present, else cpu)");
   app->add_flag("--strict-device", strict_device,
                 "GPU runs: fail instead of running an op on the host or copying a host weight to the GPU per use (the load "

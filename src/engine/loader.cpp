@@ -466,18 +466,27 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.pool = std::make_unique<ops::ThreadPool>(opt.threads);
   const bool kquant = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(),
                                   [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
-  // spool's own q4 matrices (a 16-entry codebook) take int8 activations under --act-bits 8 only (ops/quant_q8.h).
-  const bool spool_q4 = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) {
-    return t.name.ends_with(".codebook") && t.numel() == 16;
+  // spool's own q4 matrices (a 16-entry codebook) and q8 ones (no codebook tensor: the format's grid) take int8
+  // activations (ops/quant_q8.h).
+  // (q4 packs 2 columns per byte; both need a multiple of 128 input columns: ops::quant_q8_supported.)
+  const bool spool_q4 = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [&](const io::TensorRef& t) {
+    if (!t.name.ends_with(".qweight") || t.shape.empty()) return false;
+    const io::TensorRef* cb = l.ckpt->find(t.name.substr(0, t.name.size() - 7) + "codebook");
+    if (cb != nullptr && cb->numel() != 16) return false;
+    const int64_t cols = t.shape.back() * (cb != nullptr ? 2 : 1);
+    return cols % 128 == 0;
   });
-  // auto: int8 for Q4_K / Q6_K where q8_auto() says so, and for spool q4 on the CPUs with its int8 kernels
+  // auto: int8 for Q4_K / Q6_K where q8_auto() says so, and for spool q4 / q8 on the CPUs with their int8 kernels
   // (x86 AVX2 / AVX-512: measured 1.15x (AVX-512 VNNI) to 2.2x (AVX2) faster decode, KL +0.1%; docs/quantization.md).
   const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits, kquant) || (opt.act_bits == 0 && spool_q4 && ops::quant_q8_fast());
   if (opt.act_bits == 8) {  // an explicit --act-bits 8: say when it changes nothing
     if (!ops::q8_fast())
       log_warn("--act-bits 8: no int8 kernels for this CPU (%s: AVX2, AVX-512 or NEON needed); products keep f32 activations", ops::q8_variant());
-    else if (!kquant && !(spool_q4 && ops::quant_q8_fast()))
-      log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights and spool q4 matrices (on x86); %s has none, so it has no effect",
+    else if (!kquant && spool_q4 && !ops::quant_q8_fast())
+      log_warn("--act-bits 8: spool q4 / q8 matrices take int8 activations on x86 CPUs with AVX2 or AVX-512 only (this one: %s); "
+               "products keep f32 activations", ops::quant_q8_variant());
+    else if (!kquant && !spool_q4)
+      log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights and spool q4 / q8 matrices; %s has none, so it has no effect",
                opt.model_dir.c_str());
   }
   const auto first_ggml = std::find_if(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [](const io::TensorRef& t) { return t.ggml; });
@@ -650,7 +659,7 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   log_info("loaded %s (%s, %d layers, %.1fM params, %.1fM active) from %s in %.2f s; %d threads, %s %s%s", spec.model_type.c_str(),
            spec.family.c_str(), spec.n_layers, spec.params_total / 1e6, spec.params_active / 1e6, opt.model_dir.c_str(), l.load_s,
            opt.threads, on_gpu ? "device" : "SIMD", on_gpu ? l.device.c_str() : ops::simd_target_name(),
-           l.int8_activations ? "; int8 activations for Q4_K / Q6_K / q4 (--act-bits 32: f32, exact)" : "");
+           l.int8_activations ? "; int8 activations for Q4_K / Q6_K / q4 / q8 (--act-bits 32: f32, exact)" : "");
   return l;
 }
 

@@ -52,8 +52,8 @@ struct LoadOptions {
   int max_active_experts = 0;          // --max-active-experts (0 = native top-k)
   int kv_bits = 32;                    // --kv-bits: 32 (f32, exact), 16 (f16) or 8 (int8 + scales)
   int act_bits = 0;                    // --act-bits: 32 (f32 activations, exact), 8 (int8 activations for Q4_K /
-                                       // Q6_K GGUF weights and spool q4 matrices) or 0 = auto (8 where measured faster:
-                                       // K-quant GGUF weights, spool q4 on x86; else 32); the model's CPU backend's option (ops::CpuOptions::int8_activations)
+                                       // Q6_K GGUF weights and spool q4 / q8 matrices) or 0 = auto (8 where measured faster:
+                                       // K-quant GGUF weights, spool q4 / q8 on x86; else 32); the model's CPU backend's option (ops::CpuOptions::int8_activations)
   std::string device = "auto";         // --device cpu | cuda | cuda:N | auto (cuda:0 when this build has CUDA and a GPU is present)
   std::string vram_budget = "auto";    // --vram-budget-gb: GB of GPU memory for dense weights + KV + workspace + experts, or
                                        // "auto" (90% of the GPU's memory); routed experts go to VRAM only when all fit
@@ -119,7 +119,7 @@ struct LoadedModel {
   std::shared_ptr<experts::DeviceExpertCache> expert_slots;  // the VRAM tier when experts do not all fit (else null)
   uint64_t vram_budget = 0;       // --vram-budget-gb in bytes (0 on the CPU)
   uint64_t vram_used = 0;         // bytes the backend uploaded at load (dense weights, parameters, experts when resident)
-  bool int8_activations = false;  // Q4_K / Q6_K (or spool q4) products take int8 activations (--act-bits 8, or auto on a GGUF K-quant file)
+  bool int8_activations = false;  // Q4_K / Q6_K or spool q4 / q8 products take int8 activations (--act-bits 8, or auto where it applies)
   std::shared_ptr<const lora::LoraSet> lora;  // the --lora adapters (also held by the model); null without them
   /// --expert-profile: the decayed routing counts this run records (the model's hooks.on_route
   /// feeds it), seeded from the file; null when the flag is not given, the experts are not

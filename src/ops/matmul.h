@@ -14,8 +14,8 @@ namespace spool::ops {
 
 /// y[t, r] = sum_c x[t, c] * W[r, c] for t < T, r < W.rows, plus W's LoRA terms (ops/lora.h) when it has them.
 /// x: [T, W.cols] f32 row-major; y: [T, W.rows] f32 row-major. Parallel over rows of W.
-/// With `int8_acts` (CpuBackend's option, set from --act-bits 8, or auto on a K-quant GGUF or a spool q4 model on
-/// x86) Q4_K / Q6_K weights (ops/ggml_q8.h) and spool q4 matrices with a multiple of 128 columns (ops/quant_q8.h)
+/// With `int8_acts` (CpuBackend's option, set from --act-bits 8, or auto on a K-quant GGUF or a spool q4 / q8 model on
+/// x86) Q4_K / Q6_K weights (ops/ggml_q8.h) and spool q4 / q8 matrices with a multiple of 128 columns (ops/quant_q8.h)
 /// take int8 activations quantized once per call when the CPU has the int8 kernels: not exact; matmul_reference()
 /// is the f32 product. Without it, f32 activations (exact against the dequantized weights).
 void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool* pool, bool int8_acts = false);

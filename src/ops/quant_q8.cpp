@@ -34,8 +34,12 @@ struct Codebook8 {
 inline Codebook8 codebook8(const QuantView& w) {
   Codebook8 cb;
   float cmax = 0.0f;
-  for (int k = 0; k < 16; ++k) cmax = std::max(cmax, std::fabs(w.centroid(k)));
-  if (!std::isfinite(cmax) || std::isnan(w.centroid(0))) {
+  bool finite = true;
+  for (int k = 0; k < 16; ++k) {
+    finite = finite && std::isfinite(w.centroid(k));
+    cmax = std::max(cmax, std::fabs(w.centroid(k)));
+  }
+  if (!finite) {
     cb.dc = std::nanf("");
     return cb;
   }
@@ -45,6 +49,23 @@ inline Codebook8 codebook8(const QuantView& w) {
   for (int k = 0; k < 16; ++k)
     cb.c8[k] = static_cast<int8_t>(std::clamp(std::lrint(w.centroid(k) * inv), -127L, 127L));
   return cb;
+}
+
+/// True when w is a q8 matrix on the format's grid c_k = (2k - 255) / 64 (ops::q8_grid(); spool
+/// convert writes no other): c_k = (2 (k - 128) + 1) / 64, so with s = k - 128 (a signed byte) a
+/// 4-column dot is (2 dot(s, q) + sum q) / 64, exact in int32.
+inline bool q8_on_grid(const QuantView& w) {
+  if (w.type != QType::kQ8) return false;
+  if (w.codebook == q8_grid()) return true;
+  return std::memcmp(w.codebook, q8_grid(), 256 * sizeof(float)) == 0;
+}
+
+/// 2 dot(s, q) + sum q over the 4 columns 4 j .. 4 j + 3 of a q8 row (s = code - 128): 64 times the
+/// columns' centroid-weighted activation codes.
+inline int32_t q8_quad(const uint8_t* row, const int8_t* q, int64_t j) {
+  int32_t s = 0;
+  for (int64_t c = 4 * j; c < 4 * j + 4; ++c) s += (2 * (static_cast<int32_t>(row[c]) - 128) + 1) * q[c];
+  return s;
 }
 
 /// Integer dot of lane `lane` (columns 8 lane .. 8 lane + 7) of row bytes `row` with token codes
@@ -166,6 +187,55 @@ HWY_INLINE void Block(const uint8_t* const* qrow, const float* const* sc, const 
     for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r + i] = dc * _mm512_reduce_add_ps(acc[i][t]);
 }
 
+// q8 on the grid: 64 columns (64 code bytes) per step = 16 lanes of 4 columns. Lane k's int32 is
+// dot(s, q) (s = code - 128): VNNI vpdpbusd of the unsigned codes minus 128 sum q, else the sign
+// trick on s (|s| <= 128: pairs <= 2 * 128 * 127 fit int16); then t = 2 dot + sum q, and
+// acc += float(t) * s_g * d (the lane's 8-column activation scale); y = acc / 64.
+template <int R, int TT>
+HWY_INLINE void BlockQ8(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t0, int group,
+                        float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
+  const int64_t nst = a.cols / 64, lanes8 = a.cols / 8, quads = a.cols / 4;
+  const __m512i ones = _mm512_set1_epi16(1);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i rel = group == 32 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) : _mm512_setzero_si512();
+  const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc[R][TT];
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TT; ++t) acc[i][t] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < nst; ++j) {
+    if (pf != nullptr)
+      for (int64_t k = 0; k < R * 64; k += 64) hwy::Prefetch(pf + j * R * 64 + k);
+    const int64_t g0 = j * 64 / group;
+    __m512i xq[TT], s4[TT];
+    __m512 dv[TT];
+    for (int t = 0; t < TT; ++t) {
+      const int64_t tt = t0 + t;
+      xq[t] = _mm512_loadu_si512(a.q.data() + tt * a.cols + 64 * j);
+      s4[t] = _mm512_loadu_si512(a.quad_sum.data() + tt * quads + 16 * j);
+      dv[t] = _mm512_permutexvar_ps(pair, _mm512_castps256_ps512(_mm256_loadu_ps(a.d.data() + tt * lanes8 + 8 * j)));
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512i v = _mm512_loadu_si512(qrow[i] + 64 * j);
+      const __m512 scv = _mm512_permutexvar_ps(rel, _mm512_loadu_ps(sc[i] + g0));
+      for (int t = 0; t < TT; ++t) {
+        __m512i d;
+        if constexpr (kVnni) {
+          d = Dpbusd(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s4[t], 7)), v, xq[t]);
+        } else {
+          const __m512i sv = _mm512_xor_si512(v, flip);
+          const __mmask64 neg = _mm512_movepi8_mask(sv);
+          const __m512i p = _mm512_maddubs_epi16(_mm512_abs_epi8(sv), _mm512_mask_sub_epi8(xq[t], neg, _mm512_setzero_si512(), xq[t]));
+          d = _mm512_madd_epi16(p, ones);
+        }
+        const __m512i tq = _mm512_add_epi32(_mm512_slli_epi32(d, 1), s4[t]);
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tq), _mm512_mul_ps(scv, dv[t]), acc[i][t]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][t]) * (1.0f / 64.0f);
+}
+
 }  // namespace qq8x
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 
@@ -210,11 +280,61 @@ HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const
   }
 }
 
+// q8 on the grid (see BlockQ8 of AVX-512): 32 columns per step = 8 lanes of 4, one token, sign trick.
+template <int R>
+HWY_INLINE void BlockQ8One(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
+                           float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
+  const int64_t nst = a.cols / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i pair = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const int8_t* xq = a.q.data() + t * a.cols;
+  const int32_t* s4p = a.quad_sum.data() + t * (a.cols / 4);
+  const float* dp = a.d.data() + t * (a.cols / 8);
+  __m256 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < nst; ++j) {
+    if (pf != nullptr)
+      for (int64_t k = 0; k < R * 32; k += 64) hwy::Prefetch(pf + j * R * 32 + k);
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * j));
+    const __m256i s4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4p + 8 * j));
+    const __m256 dv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(dp + 4 * j)), pair);
+    const int64_t g0 = j * 32 / group;  // (a 32-column step lies in one group)
+    for (int i = 0; i < R; ++i) {
+      const __m256i sv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j)), flip);
+      const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(sv), _mm256_sign_epi8(x, sv)), ones);
+      const __m256i tq = _mm256_add_epi32(_mm256_slli_epi32(d, 1), s4);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tq), _mm256_mul_ps(_mm256_set1_ps(sc[i][g0]), dv), acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    y[t * ldy + r + i] = _mm_cvtss_f32(s) * (1.0f / 64.0f);
+  }
+}
+
 }  // namespace qq8x
 #endif  // HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 
 // Scalar sums (targets without SIMD kernels): per lane the exact integer dot, then the f32 rescale.
 void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (w.type == QType::kQ8) {
+    std::vector<float> sc(static_cast<size_t>(w.groups_per_row() + 16));
+    for (int64_t r = r0; r < r1; ++r) {
+      RowScales(w, r, sc.data());
+      const uint8_t* row = w.qweight + r * w.row_bytes();
+      for (int64_t t = 0; t < a.T; ++t) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < a.cols / 4; ++j)
+          acc += static_cast<float>(qq8::q8_quad(row, a.q.data() + t * a.cols, j)) *
+                 (sc[static_cast<size_t>(j * 4 / w.group)] * a.d[static_cast<size_t>(t * (a.cols / 8) + j / 2)]);
+        y[t * ldy + r] = acc * (1.0f / 64.0f);
+      }
+    }
+    return;
+  }
   const qq8::Codebook8 cb = qq8::codebook8(w);
   const int64_t rb = w.row_bytes(), half = a.cols / 2, lanes = a.cols / 8;
   std::vector<float> sc(static_cast<size_t>(w.groups_per_row() + 16));
@@ -234,7 +354,7 @@ void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy,
 
 void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
 #if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2)
-  const qq8::Codebook8 cb = qq8::codebook8(w);
+  const qq8::Codebook8 cb = w.type == QType::kQ4 ? qq8::codebook8(w) : qq8::Codebook8{};
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   constexpr int kR = 4;
   thread_local std::vector<float> scales;
@@ -253,6 +373,17 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
     }
     const int64_t rp = r + R * pf_blocks;
     const uint8_t* pf = rp + R <= w.rows ? w.qweight + rp * rb : nullptr;
+    if (w.type == QType::kQ8) {
+#if HWY_TARGET <= HWY_AVX3
+      int64_t t = 0;
+      for (; t + 4 <= a.T; t += 4) qq8x::BlockQ8<R, 4>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+      for (; t + 2 <= a.T; t += 2) qq8x::BlockQ8<R, 2>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+      for (; t < a.T; ++t) qq8x::BlockQ8<R, 1>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+#else
+      for (int64_t t = 0; t < a.T; ++t) qq8x::BlockQ8One<R>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+#endif
+      return;
+    }
 #if HWY_TARGET <= HWY_AVX3
     alignas(16) int8_t t8[16];
     for (int k = 0; k < 16; ++k) t8[k] = qq8x::kVnni ? static_cast<int8_t>(cb.c8[k] ^ 0x80) : cb.c8[k];  // c8 + 128 as u8
@@ -274,6 +405,18 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
 #endif
 }
 
+const char* Variant() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+  return "avx512vnni";
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return "avx512bw";
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
 bool Fast() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   return true;
@@ -291,6 +434,7 @@ namespace spool::ops {
 
 HWY_EXPORT(Rows);
 HWY_EXPORT(Fast);
+HWY_EXPORT(Variant);
 
 void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a) {
   if (T < 0 || cols <= 0 || cols % qq8::kColumns != 0)
@@ -306,6 +450,8 @@ void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& 
   grow(a.odd, T * half);
   grow(a.lane_sum, T * lanes);
   grow(a.d, T * lanes);
+  grow(a.q, T * cols);
+  grow(a.quad_sum, T * cols / 4);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < lanes; ++i) {
       const float* x = x_rot + t * cols + qq8::kLane * i;
@@ -328,22 +474,26 @@ void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& 
         a.even[static_cast<size_t>(t * half + 4 * i + b)] = q[2 * b];
         a.odd[static_cast<size_t>(t * half + 4 * i + b)] = q[2 * b + 1];
       }
+      std::copy_n(q, qq8::kLane, a.q.data() + t * cols + qq8::kLane * i);
+      for (int64_t h = 0; h < 2; ++h)
+        a.quad_sum[static_cast<size_t>(t * cols / 4 + 2 * i + h)] = q[4 * h] + q[4 * h + 1] + q[4 * h + 2] + q[4 * h + 3];
       a.lane_sum[static_cast<size_t>(t * lanes + i)] = -128 * sum;
     }
 }
 
 bool quant_q8_supported(const QuantView& w) {
-  return w.type == QType::kQ4 && w.cols > 0 && w.cols % qq8::kColumns == 0 &&
-         (w.group == 32 || w.group == 64 || w.group == 128 || w.group == w.cols);
+  return (w.type == QType::kQ4 || (w.type == QType::kQ8 && w.codebook != nullptr && qq8::q8_on_grid(w))) && w.cols > 0 &&
+         w.cols % qq8::kColumns == 0 && (w.group == 32 || w.group == 64 || w.group == 128 || w.group == w.cols);
 }
 
 bool quant_q8_fast() { return HWY_DYNAMIC_DISPATCH(Fast)(); }
+const char* quant_q8_variant() { return HWY_DYNAMIC_DISPATCH(Variant)(); }
 
 namespace {
 void check(const QuantView& w, const QuantQ8Acts& a, int64_t r0, int64_t r1) {
   validate(w);
   if (!quant_q8_supported(w))
-    fail("quant_q8_matmul: a q4 matrix with a multiple of 128 columns is needed (got type %d, %lld columns)",
+    fail("quant_q8_matmul: a q4 matrix, or a q8 one on the format's grid, with a multiple of 128 columns is needed (got type %d, %lld columns)",
          static_cast<int>(w.type), static_cast<long long>(w.cols));
   if (a.cols != w.cols)
     fail("quant_q8_matmul: activations of %lld columns for a matrix of %lld", static_cast<long long>(a.cols),
@@ -362,6 +512,18 @@ void quant_q8_matmul_rows(const QuantView& w, const QuantQ8Acts& a, float* y, in
 
 void quant_q8_matmul_reference(const QuantView& w, const QuantQ8Acts& a, float* y) {
   check(w, a, 0, w.rows);
+  if (w.type == QType::kQ8) {
+    const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
+    for (int64_t r = 0; r < w.rows; ++r)
+      for (int64_t t = 0; t < a.T; ++t) {
+        double acc = 0;
+        for (int64_t j = 0; j < a.cols / 4; ++j)
+          acc += static_cast<double>(qq8::q8_quad(w.qweight + r * rb, a.q.data() + t * a.cols, j)) * w.scale(r * ng + j * 4 / w.group) *
+                 a.d[static_cast<size_t>(t * (a.cols / 8) + j / 2)];
+        y[t * w.rows + r] = static_cast<float>(acc / 64.0);
+      }
+    return;
+  }
   const qq8::Codebook8 cb = qq8::codebook8(w);
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row(), half = a.cols / 2, lanes = a.cols / 8;
   for (int64_t r = 0; r < w.rows; ++r)

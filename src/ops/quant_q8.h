@@ -1,5 +1,8 @@
-// Int8 activations for spool's own q4 matrices (--act-bits 8), the arithmetic llama.cpp's CPU
-// backend uses for every quantized type, applied to spool's codebook format (quant_matmul.h).
+// Int8 activations for spool's own q4 and q8 matrices (--act-bits 8), the arithmetic llama.cpp's
+// CPU backend uses for every quantized type, applied to spool's codebook format (quant_matmul.h).
+// q8 (8-bit codes on the format's grid c_k = (2k - 255) / 64) needs no codebook rounding: with
+// s = k - 128 a 4-column dot is (2 dot(s, q) + sum q) / 64 in exact integers; 64-byte steps of
+// codes go straight into vpdpbusd (VNNI, minus 128 sum q) or the sign trick on s (|s| <= 128).
 //
 // A q4 matrix stores per group of `group` columns an f16 scale s_g and 4-bit codes into a
 // 16-entry f32 codebook c (docs/quant-format.md). Here:
@@ -25,8 +28,9 @@
 // even / odd activation vector holds the same two columns). AVX-512 with VNNI (Highway's AVX3_DL and later):
 // vpdpbusd of (c8 + 128) as unsigned bytes, minus 128 times the activations' lane sums; AVX-512BW
 // and AVX2: vpmaddubsw of |c8| against the activations with c8's sign, vpmaddwd by ones. Both
-// integer dots are exact, so the variants give the same int32 lanes; 4 rows x up to 4 tokens per
-// pass. Other targets (NEON, scalar) compute the same sums in scalar code and quant_q8_fast() is
+// integer dots are exact, so the variants give the same int32 lanes (and AVX-512 VNNI and BW the
+// same output bits; AVX2 accumulates the f32 rescaling in its own order); 4 rows x up to 4 tokens
+// per pass on AVX-512, 4 rows x 1 token on AVX2. Other targets (NEON, scalar) compute the same sums in scalar code and quant_q8_fast() is
 // false there, so matmul() keeps the f32 kernels.
 #pragma once
 
@@ -46,24 +50,33 @@ namespace spool::ops {
 ///   small that 127 / amax overflows, codes 0; NaN for a lane with a NaN or infinite value, codes 0:
 ///   its products are then NaN as they would be in f32).
 /// A reused object keeps its longest vectors; only the first T * ... elements are meaningful.
+/// - q[t * cols + c] = q(t, c) in column order, quad_sum[t * cols / 4 + j] = sum of q over columns
+///   4 j .. 4 j + 3 (the q8 kernels').
 struct QuantQ8Acts {
   int64_t T = 0, cols = 0;
   std::vector<int8_t> even, odd;
   std::vector<int32_t> lane_sum;
   std::vector<float> d;
+  std::vector<int8_t> q;
+  std::vector<int32_t> quad_sum;
 };
 
 /// Quantizes x_rot [T, cols] (rotated already when the matrices are) into a. Throws spool::Error
 /// unless cols is a positive multiple of 128 and T >= 0.
 void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a);
 
-/// True for the matrices the int8 kernels take: q4 with cols a multiple of 128 (any valid group:
-/// 32, 64, 128 or the column count).
+/// True for the matrices the int8 kernels take: q4, and q8 on the format's grid c_k = (2k - 255) / 64
+/// (ops::q8_grid(), exact in integers: no codebook rounding), with cols a multiple of 128 (any valid
+/// group: 32, 64, 128 or the column count).
 bool quant_q8_supported(const QuantView& w);
 
 /// True when SIMD int8 kernels for spool's q4 run on this CPU now (AVX2 or better on x86; follows
 /// hwy::SetSupportedTargetsForTest). matmul() takes the int8 path only when this holds.
 bool quant_q8_fast();
+
+/// The kernels dispatched to now: "avx512vnni", "avx512bw", "avx2" or "scalar" (follows
+/// hwy::SetSupportedTargetsForTest).
+const char* quant_q8_variant();
 
 /// y[t * ldy + r] for the a.T tokens of a and rows r in [r0, r1) of w, on the calling thread (the
 /// sums in the file comment). Throws spool::Error unless quant_q8_supported(w), a.cols == w.cols and

@@ -278,13 +278,17 @@ TEST(Convert, QuantizedEmbeddingWithEmbeddingScale) {
   check_equivalence(fixture("gemma4_text_moe"), "q4", true, "qembed_gemma4", "4");
 }
 
-// --act-bits 8 (and auto on x86) on spool q4 (ops/quant_q8.h): the demo's q4 matrices with 256 input
-// columns (attention, DeltaNet, expert gate/up, lm_head) take int8 activations. Its next-token
+// --act-bits 8 (and auto on x86) on spool q4 / q8 (ops/quant_q8.h): the demo's q4 (and, in q4-hi8, q8)
+// matrices with 256 input columns (attention, DeltaNet, expert gate/up, lm_head) take int8 activations. Its next-token
 // distributions stay within a small KL of the f32 ones, streaming equals resident bit for bit, and
 // --act-bits 32 keeps the exact kernels.
-TEST(Convert, Int8ActivationsOnQ4) {
-  const std::string q = scratch("int8_q4");
-  run_convert(fixture("demo"), q, "q4");
+class Int8Activations : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Recipes, Int8Activations, ::testing::Values("q4", "q4-hi8"),
+                         [](const auto& i) { return i.param == "q4" ? std::string("q4") : std::string("q4_hi8"); });
+
+TEST_P(Int8Activations, DemoWithinTenPercentOfItsKl) {
+  const std::string q = scratch("int8_" + GetParam());
+  run_convert(fixture("demo"), q, GetParam());
   const auto load_bits = [&](int bits, bool stream) {
     engine::LoadOptions o;
     o.model_dir = q;
@@ -305,7 +309,7 @@ TEST(Convert, Int8ActivationsOnQ4) {
   EXPECT_TRUE(lauto.int8_activations);
   EXPECT_FALSE(l32.int8_activations);
   const int64_t V = l8.model->spec().vocab_size;
-  const std::vector<int32_t> ids = prompt_ids(V, 16);
+  const std::vector<int32_t> ids = prompt_ids(V, 40);
   const std::vector<float> a = all_logits(*l8.model, ids), f = all_logits(*l32.model, ids), au = all_logits(*lauto.model, ids),
                            st = all_logits(*ls.model, ids);
   EXPECT_EQ(0, std::memcmp(a.data(), au.data(), a.size() * sizeof(float))) << "auto is --act-bits 8 here";
@@ -332,8 +336,8 @@ TEST(Convert, Int8ActivationsOnQ4) {
     return sum / static_cast<double>(ids.size());
   };
   const double kl_f32 = mean_kl(f), kl_int8 = mean_kl(a);
-  std::printf("demo q4, %zu positions: mean KL to the unquantized model %.4f (f32 activations), %.4f (int8)\n", ids.size(), kl_f32,
-              kl_int8);
+  std::printf("demo %s, %zu positions: mean KL to the unquantized model %.4f (f32 activations), %.4f (int8)\n", GetParam().c_str(),
+              ids.size(), kl_f32, kl_int8);
   EXPECT_LT(kl_int8, 1.1 * kl_f32) << "int8 activations add more than 10% to q4's KL";
 }
 
