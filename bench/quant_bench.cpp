@@ -83,50 +83,9 @@ BENCHMARK(BM_MemoryReadCpu)->ArgNames({"MiB", "threads"})->Args({1024, 1});
 // rotated: quant_matmul_rows per thread chunk the way quant_matmul does, so the rotation is
 // measured separately). GB/s counts the weight bytes once per call. Args: type, rows, cols,
 // threads, stream, group, T.
-void BM_QuantGemv(benchmark::State& st) {
-  const QType t = static_cast<QType>(st.range(0));
-  const int64_t rows = st.range(1), cols = st.range(2);
-  const int threads = static_cast<int>(st.range(3));
-  const bool stream = st.range(4) != 0;
-  const int g = static_cast<int>(st.range(5));
-  const int64_t T = st.range(6);
-  const QuantSet set = make_set(t, rows, cols, g, stream);
-  std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
-  spool::ops::ThreadPool pool(threads);
-  size_t i = 0;
-  for (auto _ : st) {
-    const spool::ops::QuantView& v = set.views[i];
-    i = (i + 1) % set.views.size();
-    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
-      spool::ops::quant_matmul_rows(v, x.data(), T, y.data(), rows, b, e);
-    });
-    benchmark::DoNotOptimize(y.data());
-  }
-  st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + (T > 1 ? " T=" + std::to_string(T) : "") +
-              " " + spool::ops::quant_kernel_target());
-  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
-                                           benchmark::Counter::kIsRate);
-  st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
-                                           benchmark::Counter::kIsRate);
-}
-
-void QuantGemvArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
-  for (int stream : {1, 0})
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8192, 2048}, {2048, 8192}})
-      for (QType t : kTypes)
-        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64, 1});
-  for (int g : {32, 128})  // group size effect, q4 and ternary
-    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g, 1});
-  for (int stream : {1, 0})  // 4 tokens per call (a decode block serves 2 tokens at a time)
-    for (QType t : kTypes)
-      for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, 4});
-}
-BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
-
-// BM_QuantGemv with int8 activations (--act-bits 8, ops/quant_q8.h): q4 only; each call
-// quantizes the (rotated) activations once, then the rows in parallel. Args as BM_QuantGemv.
-void BM_QuantQ8Gemv(benchmark::State& st) {
+// int8: --act-bits 8's kernels (ops/quant_q8.h; q4 and q8): each call quantizes the activations
+// once, then the rows in parallel.
+void QuantGemv(benchmark::State& st, bool int8) {
   const QType t = static_cast<QType>(st.range(0));
   const int64_t rows = st.range(1), cols = st.range(2);
   const int threads = static_cast<int>(st.range(3));
@@ -142,22 +101,47 @@ void BM_QuantQ8Gemv(benchmark::State& st) {
   for (auto _ : st) {
     const spool::ops::QuantView& v = set.views[i];
     i = (i + 1) % set.views.size();
-    spool::ops::quant_q8_prepare(x.data(), T, cols, a);
-    pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { spool::ops::quant_q8_matmul_rows(v, a, y.data(), rows, b, e); });
+    if (int8) {
+      spool::ops::quant_q8_prepare(x.data(), T, cols, a);
+      pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) { spool::ops::quant_q8_matmul_rows(v, a, y.data(), rows, b, e); });
+    } else {
+      pool.parallel_for(rows, 16, [&](int64_t b, int64_t e, int) {
+        spool::ops::quant_matmul_rows(v, x.data(), T, y.data(), rows, b, e);
+      });
+    }
     benchmark::DoNotOptimize(y.data());
   }
   st.SetLabel(std::string(spool::quant::qtype_name(t)) + (stream ? " stream" : " hot") + (T > 1 ? " T=" + std::to_string(T) : "") +
-              " int8 " + spool::ops::quant_q8_variant());
+              (int8 ? std::string(" int8 ") + spool::ops::quant_q8_variant() : std::string(" ") + spool::ops::quant_kernel_target()));
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(set.bytes_each) * st.iterations() / 1e9,
                                            benchmark::Counter::kIsRate);
   st.counters["Gw/s"] = benchmark::Counter(static_cast<double>(rows * cols) * st.iterations() / 1e9,
                                            benchmark::Counter::kIsRate);
 }
+void BM_QuantGemv(benchmark::State& st) { QuantGemv(st, false); }
+
+void QuantGemvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
+  for (int stream : {1, 0})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8192, 2048}, {2048, 8192}})
+      for (QType t : kTypes)
+        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), rows, cols, thr, stream, 64, 1});
+  for (int g : {32, 128})  // group size effect, q4 and ternary
+    for (QType t : {QType::kQ4, QType::kTernary}) b->Args({static_cast<int64_t>(t), 8192, 2048, 2, 1, g, 1});
+  for (int stream : {1, 0})  // 4 tokens per call (a decode block serves 2 tokens at a time)
+    for (QType t : kTypes)
+      for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, 4});
+}
+BENCHMARK(BM_QuantGemv)->Apply(QuantGemvArgs)->UseRealTime();
+
+// BM_QuantGemv with int8 activations (--act-bits 8, ops/quant_q8.h): q4 and q8. Args as BM_QuantGemv.
+void BM_QuantQ8Gemv(benchmark::State& st) { QuantGemv(st, true); }
 void QuantQ8GemvArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
   for (int stream : {1, 0})
     for (int64_t T : {1, 4})
-      for (int thr : {1, 2}) b->Args({static_cast<int64_t>(QType::kQ4), 8192, 2048, thr, stream, 64, T});
+      for (QType t : {QType::kQ4, QType::kQ8})
+        for (int thr : {1, 2}) b->Args({static_cast<int64_t>(t), 8192, 2048, thr, stream, 64, T});
 }
 BENCHMARK(BM_QuantQ8Gemv)->Apply(QuantQ8GemvArgs)->UseRealTime();
 
