@@ -466,7 +466,10 @@ void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& 
       int32_t sum = 0;
       if (finite && std::isfinite(inv))
         for (int64_t k = 0; k < qq8::kLane; ++k) {
-          q[k] = static_cast<int8_t>(std::nearbyint(x[k] * inv));  // |q| <= 127 (round half to even)
+          // Round half to even without a libm call (this code is built for the baseline target): adding
+          // and subtracting 1.5 * 2^23 leaves the nearest integer for |v| <= 2^22 (here |v| <= 127).
+          const float v = x[k] * inv;
+          q[k] = static_cast<int8_t>(static_cast<int>((v + 12582912.0f) - 12582912.0f));
           sum += q[k];
         }
       a.d[static_cast<size_t>(t * lanes + i)] = !finite ? std::nanf("") : std::isfinite(inv) ? amax / 127.0f : 0.0f;

@@ -149,6 +149,30 @@ TEST_P(QuantQ8Types, WithinTheErrorBoundOfTheF32Product) {
   EXPECT_LT(rel_sum / rows, GetParam() == QType::kQ8 ? 0.004 : 0.01) << "mean error relative to sum |W x|";
 }
 
+// Activation codes: round(x * 127 / amax) with halves to even, per lane of 8 columns; the lane sums.
+TEST(QuantQ8, PrepareRoundsHalfToEvenPerLane) {
+  std::vector<float> x(128, 0.0f);
+  const float lane0[8] = {127.0f, 2.5f, 3.5f, -2.5f, -3.5f, 126.5f, 0.49f, -0.5f};
+  std::copy_n(lane0, 8, x.begin());
+  x[8] = -254.0f;  // lane 1: amax 254, so 1.0 -> 0.5 -> 0 and 3.0 -> 1.5 -> 2
+  x[9] = 1.0f;
+  x[10] = 3.0f;
+  QuantQ8Acts a;
+  quant_q8_prepare(x.data(), 1, 128, a);
+  const int want0[8] = {127, 2, 4, -2, -4, 126, 0, 0};
+  for (int c = 0; c < 8; ++c) EXPECT_EQ(c % 2 == 0 ? a.even[c / 2] : a.odd[c / 2], want0[c]) << "column " << c;
+  for (int c = 0; c < 8; ++c) EXPECT_EQ(a.q[c], want0[c]) << "column " << c;
+  EXPECT_EQ(a.d[0], 1.0f);
+  EXPECT_EQ(a.q[8], -127);
+  EXPECT_EQ(a.q[9], 0);
+  EXPECT_EQ(a.q[10], 2);
+  EXPECT_EQ(a.d[1], 2.0f);
+  EXPECT_EQ(a.d[2], 0.0f);  // an all-zero lane
+  EXPECT_EQ(a.lane_sum[0], -128 * (127 + 2 + 4 - 2 - 4 + 126));
+  EXPECT_EQ(a.quad_sum[0], 127 + 2 + 4 - 2);
+  EXPECT_EQ(a.quad_sum[1], -4 + 126);
+}
+
 TEST(QuantQ8, NonFiniteActivationsGiveNaN) {
   const int64_t rows = 4, cols = 512;
   const std::vector<float> W = randn(static_cast<size_t>(rows * cols), 4, 0.05f);
