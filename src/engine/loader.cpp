@@ -478,12 +478,12 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   });
   // auto: int8 for Q4_K / Q6_K where q8_auto() says so, and for spool q4 / q8 on the CPUs with their int8 kernels
   // (x86 AVX2 / AVX-512: measured 1.15x (AVX-512 VNNI) to 2.2x (AVX2) faster decode, KL +0.1%; docs/quantization.md).
-  const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits, kquant) || (opt.act_bits == 0 && spool_q4 && ops::quant_q8_fast());
+  const bool int8_acts = ops::int8_activations_from_bits(opt.act_bits, kquant) || (opt.act_bits == 0 && spool_q4 && ops::quant_q8_auto());
   if (opt.act_bits == 8) {  // an explicit --act-bits 8: say when it changes nothing
     if (!ops::q8_fast())
       log_warn("--act-bits 8: no int8 kernels for this CPU (%s: AVX2, AVX-512 or NEON needed); products keep f32 activations", ops::q8_variant());
     else if (!kquant && spool_q4 && !ops::quant_q8_fast())
-      log_warn("--act-bits 8: spool q4 / q8 matrices take int8 activations on x86 CPUs with AVX2 or AVX-512 only (this one: %s); "
+      log_warn("--act-bits 8: spool q4 / q8 matrices take int8 activations on x86 CPUs with AVX2 or AVX-512 and on aarch64 only (this one: %s); "
                "products keep f32 activations", ops::quant_q8_variant());
     else if (!kquant && !spool_q4)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights and spool q4 / q8 matrices; %s has none, so it has no effect",

@@ -318,6 +318,75 @@ HWY_INLINE void BlockQ8One(const uint8_t* const* qrow, const float* const* sc, c
 }  // namespace qq8x
 #endif  // HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 
+#if HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+#define SPOOL_QQ8_NEON 1
+namespace qq8n {
+
+// The 4 int32 sums of 4 adjacent byte products of a and b (16 signed bytes each): vmull_s8 (|c8 q|
+// <= 127 * 128 fits int16), then two pairwise widening adds. Baseline Armv8-A (no dot product
+// extension): the same int32 lanes as vpdpbusd / vdotq_s32.
+HWY_INLINE int32x4_t Dot4(int8x16_t a, int8x16_t b) {
+  const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+  const int32x4_t hi = vpaddlq_s16(vmull_high_s8(a, b));
+  return vpaddq_s32(lo, hi);
+}
+
+// q4: one step = 16 code bytes = 4 lanes of 8 columns = 32 columns (inside one group); R rows, one token.
+template <int R>
+HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
+                       int8x16_t tbl, float dc, float* y, int64_t ldy, int64_t r) {
+  const int64_t nst = a.cols / 32, half = a.cols / 2;
+  const int8_t* even = a.even.data() + t * half;
+  const int8_t* odd = a.odd.data() + t * half;
+  const float* dp = a.d.data() + t * (a.cols / 8);
+  float32x4_t acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = vdupq_n_f32(0.0f);
+  for (int64_t j = 0; j < nst; ++j) {
+    const int8x16_t xe = vld1q_s8(even + 16 * j), xo = vld1q_s8(odd + 16 * j);
+    const float32x4_t dv = vld1q_f32(dp + 4 * j);
+    const int64_t g = j * 32 / group;
+    for (int i = 0; i < R; ++i) {
+      const uint8x16_t v = vld1q_u8(qrow[i] + 16 * j);
+      const int8x16_t cl = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
+      const int8x16_t ch = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
+      const int32x4_t s = vaddq_s32(Dot4(cl, xe), Dot4(ch, xo));
+      acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(s), vmulq_n_f32(dv, sc[i][g]));
+    }
+  }
+  for (int i = 0; i < R; ++i) y[t * ldy + r + i] = dc * vaddvq_f32(acc[i]);
+}
+
+// q8 on the grid: one step = 16 code bytes = 4 quads of 4 columns; s = code - 128 (a signed byte),
+// t = 2 dot(s, q) + sum q per quad, y = sum t s_g d / 64.
+template <int R>
+HWY_INLINE void BlockQ8One(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
+                           float* y, int64_t ldy, int64_t r) {
+  const int64_t nst = a.cols / 16;
+  const int8_t* xq = a.q.data() + t * a.cols;
+  const int32_t* s4p = a.quad_sum.data() + t * (a.cols / 4);
+  const float* dp = a.d.data() + t * (a.cols / 8);
+  float32x4_t acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = vdupq_n_f32(0.0f);
+  for (int64_t j = 0; j < nst; ++j) {
+    const int8x16_t x = vld1q_s8(xq + 16 * j);
+    const int32x4_t s4 = vld1q_s32(s4p + 4 * j);
+    const float32x2_t d2 = vld1_f32(dp + 2 * j);
+    const float32x4_t dv = vcombine_f32(vdup_lane_f32(d2, 0), vdup_lane_f32(d2, 1));  // quads 2k, 2k+1 share lane k's d
+    const int64_t g = j * 16 / group;
+    for (int i = 0; i < R; ++i) {
+      const int8x16_t sv = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(qrow[i] + 16 * j), vdupq_n_u8(0x80)));
+      const int32x4_t tq = vaddq_s32(vshlq_n_s32(Dot4(sv, x), 1), s4);
+      acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(tq), vmulq_n_f32(dv, sc[i][g]));
+    }
+  }
+  for (int i = 0; i < R; ++i) y[t * ldy + r + i] = vaddvq_f32(acc[i]) * (1.0f / 64.0f);
+}
+
+}  // namespace qq8n
+#else
+#define SPOOL_QQ8_NEON 0
+#endif
+
 // Scalar sums (targets without SIMD kernels): per lane the exact integer dot, then the f32 rescale.
 void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (w.type == QType::kQ8) {
@@ -353,7 +422,32 @@ void RowsScalar(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy,
 }
 
 void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-#if HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2)
+#if SPOOL_QQ8_NEON
+  const qq8::Codebook8 cb = w.type == QType::kQ4 ? qq8::codebook8(w) : qq8::Codebook8{};
+  const int8x16_t tbl = vld1q_s8(cb.c8);
+  const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
+  constexpr int kR = 4;
+  thread_local std::vector<float> scales;
+  scales.resize(static_cast<size_t>(kR * (ng + 16)));
+  const uint8_t* qrow[kR];
+  const float* sc[kR];
+  auto block = [&](auto rows, int64_t r) {
+    constexpr int R = decltype(rows)::value;
+    for (int i = 0; i < R; ++i) {
+      qrow[i] = w.qweight + (r + i) * rb;
+      float* s = scales.data() + i * (ng + 16);
+      RowScales(w, r + i, s);
+      sc[i] = s;
+    }
+    for (int64_t t = 0; t < a.T; ++t) {
+      if (w.type == QType::kQ8) qq8n::BlockQ8One<R>(qrow, sc, a, t, w.group, y, ldy, r);
+      else qq8n::Block1<R>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r);
+    }
+  };
+  int64_t r = r0;
+  for (; r + kR <= r1; r += kR) block(std::integral_constant<int, kR>{}, r);
+  for (; r < r1; ++r) block(std::integral_constant<int, 1>{}, r);
+#elif HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2)
   const qq8::Codebook8 cb = w.type == QType::kQ4 ? qq8::codebook8(w) : qq8::Codebook8{};
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   constexpr int kR = 4;
@@ -406,7 +500,9 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
 }
 
 const char* Variant() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+#if SPOOL_QQ8_NEON
+  return "neon";
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
   return "avx512vnni";
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return "avx512bw";
@@ -418,6 +514,16 @@ const char* Variant() {
 }
 
 bool Fast() {
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || SPOOL_QQ8_NEON
+  return true;
+#else
+  return false;
+#endif
+}
+
+// --act-bits auto's CPU check: the kernels measured faster than the f32 ones (x86 AVX2 and AVX-512;
+// docs/quantization.md). Not NEON: no aarch64 machine measured (--act-bits 8 runs its kernels).
+bool Auto() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   return true;
 #else
@@ -435,6 +541,7 @@ namespace spool::ops {
 HWY_EXPORT(Rows);
 HWY_EXPORT(Fast);
 HWY_EXPORT(Variant);
+HWY_EXPORT(Auto);
 
 void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a) {
   if (T < 0 || cols <= 0 || cols % qq8::kColumns != 0)
@@ -491,6 +598,7 @@ bool quant_q8_supported(const QuantView& w) {
 
 bool quant_q8_fast() { return HWY_DYNAMIC_DISPATCH(Fast)(); }
 const char* quant_q8_variant() { return HWY_DYNAMIC_DISPATCH(Variant)(); }
+bool quant_q8_auto() { return HWY_DYNAMIC_DISPATCH(Auto)(); }
 
 namespace {
 void check(const QuantView& w, const QuantQ8Acts& a, int64_t r0, int64_t r1) {

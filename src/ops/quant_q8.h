@@ -30,8 +30,10 @@
 // and AVX2: vpmaddubsw of |c8| against the activations with c8's sign, vpmaddwd by ones. Both
 // integer dots are exact, so the variants give the same int32 lanes (and AVX-512 VNNI and BW the
 // same output bits; AVX2 accumulates the f32 rescaling in its own order); 4 rows x up to 4 tokens
-// per pass on AVX-512, 4 rows x 1 token on AVX2. Other targets (NEON, scalar) compute the same sums in scalar code and quant_q8_fast() is
-// false there, so matmul() keeps the f32 kernels.
+// per pass on AVX-512, 4 rows x 1 token on AVX2. aarch64 (NEON, baseline Armv8-A):
+// vqtbl1q_s8 as the lookup, vmull_s8 and pairwise adds for the 4-byte dots; --act-bits auto leaves it
+// off until measured on such a machine (quant_q8_auto()). Other targets compute the same sums in
+// scalar code and quant_q8_fast() is false there, so matmul() keeps the f32 kernels.
 #pragma once
 
 #include <cstdint>
@@ -70,11 +72,15 @@ void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& 
 /// group: 32, 64, 128 or the column count).
 bool quant_q8_supported(const QuantView& w);
 
-/// True when SIMD int8 kernels for spool's q4 run on this CPU now (AVX2 or better on x86; follows
-/// hwy::SetSupportedTargetsForTest). matmul() takes the int8 path only when this holds.
+/// True when SIMD int8 kernels for spool's q4 / q8 run on this CPU now (AVX2 or better on x86, NEON
+/// on aarch64; follows hwy::SetSupportedTargetsForTest). matmul() takes the int8 path only when this holds.
 bool quant_q8_fast();
 
-/// The kernels dispatched to now: "avx512vnni", "avx512bw", "avx2" or "scalar" (follows
+/// Whether --act-bits auto takes them on this CPU: x86 AVX2 / AVX-512, where they were measured
+/// faster than the f32 kernels; not NEON (not measured on an aarch64 machine yet).
+bool quant_q8_auto();
+
+/// The kernels dispatched to now: "avx512vnni", "avx512bw", "avx2", "neon" or "scalar" (follows
 /// hwy::SetSupportedTargetsForTest).
 const char* quant_q8_variant();
 

@@ -306,13 +306,14 @@ TEST_P(Int8Activations, DemoWithinTenPercentOfItsKl) {
     return;
   }
   EXPECT_TRUE(l8.int8_activations);
-  EXPECT_TRUE(lauto.int8_activations);
+  EXPECT_EQ(lauto.int8_activations, ops::quant_q8_auto());  // (aarch64: --act-bits 8 only, not measured there yet)
   EXPECT_FALSE(l32.int8_activations);
   const int64_t V = l8.model->spec().vocab_size;
   const std::vector<int32_t> ids = prompt_ids(V, 40);
   const std::vector<float> a = all_logits(*l8.model, ids), f = all_logits(*l32.model, ids), au = all_logits(*lauto.model, ids),
                            st = all_logits(*ls.model, ids);
-  EXPECT_EQ(0, std::memcmp(a.data(), au.data(), a.size() * sizeof(float))) << "auto is --act-bits 8 here";
+  const std::vector<float>& auto_wants = lauto.int8_activations ? a : f;
+  EXPECT_EQ(0, std::memcmp(auto_wants.data(), au.data(), a.size() * sizeof(float))) << "auto is --act-bits 8 or 32 here";
   EXPECT_EQ(0, std::memcmp(a.data(), st.data(), a.size() * sizeof(float))) << "streaming differs";
   EXPECT_NE(0, std::memcmp(a.data(), f.data(), a.size() * sizeof(float))) << "int8 activations changed nothing";
   // Mean KL(unquantized || q4) over the positions, with f32 and with int8 activations: the int8
