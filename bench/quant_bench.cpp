@@ -159,6 +159,12 @@ void BM_QuantQ8GemvAvx2(benchmark::State& st) {
   BM_QuantQ8Gemv(st);
   hwy::SetSupportedTargetsForTest(0);
 }
+// The same without AVX-VNNI (q8_allow_dot_extension(false)): an AVX2 CPU before Alder Lake / Zen 1-3.
+void BM_QuantQ8GemvAvx2NoVnni(benchmark::State& st) {
+  spool::ops::q8_allow_dot_extension(false);
+  BM_QuantQ8GemvAvx2(st);
+  spool::ops::q8_allow_dot_extension(true);
+}
 void QuantAvx2Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
   for (int stream : {1, 0})
@@ -166,6 +172,7 @@ void QuantAvx2Args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QuantGemvAvx2)->Apply(QuantAvx2Args)->UseRealTime();
 BENCHMARK(BM_QuantQ8GemvAvx2)->Apply(QuantAvx2Args)->UseRealTime();
+BENCHMARK(BM_QuantQ8GemvAvx2NoVnni)->Apply(QuantAvx2Args)->UseRealTime();
 
 // Decode GEMV on the calling thread (one thread) timed by its CPU time: robust on a loaded
 // machine (the GB/s of the cycles it got). Args as BM_QuantGemv (thr = 1).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "ops/ggml_q8.h"
 #include "ops/quant_q8.h"
 
 // ---- Target-independent helpers (compiled once) ----
@@ -242,8 +243,17 @@ HWY_INLINE void BlockQ8(const uint8_t* const* qrow, const float* const* sc, cons
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 namespace qq8x {
 
-// One SB: 32 code bytes = 8 lanes = 64 columns; R rows, one token (AVX2 has 16 registers).
-template <int R>
+// int32 lanes += the sums of 4 products of unsigned bytes u and signed bytes s: AVX-VNNI's VEX-encoded
+// vpdpbusd (the AVX2 target's flags do not enable the intrinsic; the caller checked the CPU).
+HWY_INLINE __m256i DpbusdVex(__m256i acc, __m256i u, __m256i s) {
+  asm("%{vex%} vpdpbusd %[s], %[u], %[acc]" : [acc] "+x"(acc) : [u] "x"(u), [s] "x"(s));
+  return acc;
+}
+
+// One SB: 32 code bytes = 8 lanes = 64 columns; R rows, one token (AVX2 has 16 registers). kVnni:
+// tbl holds c8 + 128 and the dots are vpdpbusd minus 128 times the lane sums (as AVX-512 VNNI);
+// else tbl holds c8 and the sign trick runs (the same int32 lanes, so the same bits).
+template <int R, bool kVnni>
 HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
                        __m256i tbl, float dc, float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
   const int64_t nsb = a.cols / 64, half = a.cols / 2;
@@ -261,13 +271,20 @@ HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + 32 * j));
     const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + 32 * j));
     const __m256 dv = _mm256_loadu_ps(a.d.data() + t * (a.cols / 8) + 8 * j);
+    __m256i off = _mm256_setzero_si256();
+    if constexpr (kVnni) off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lane_sum.data() + t * (a.cols / 8) + 8 * j));
     for (int i = 0; i < R; ++i) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j));
       const __m256i cl = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
       const __m256i ch = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-      const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(cl), _mm256_sign_epi8(xe, cl));
-      const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(ch), _mm256_sign_epi8(xo, ch));
-      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+      __m256i s;
+      if constexpr (kVnni) {
+        s = DpbusdVex(DpbusdVex(off, cl, xe), ch, xo);
+      } else {
+        const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(cl), _mm256_sign_epi8(xe, cl));
+        const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(ch), _mm256_sign_epi8(xo, ch));
+        s = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+      }
       const __m256 scv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc[i] + g0), rel);
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scv, dv), acc[i]);
     }
@@ -280,8 +297,9 @@ HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const
   }
 }
 
-// q8 on the grid (see BlockQ8 of AVX-512): 32 columns per step = 8 lanes of 4, one token, sign trick.
-template <int R>
+// q8 on the grid (see BlockQ8 of AVX-512): 32 columns per step = 8 lanes of 4, one token; VEX
+// vpdpbusd minus 128 sum q (kVnni) or the sign trick on code - 128.
+template <int R, bool kVnni>
 HWY_INLINE void BlockQ8One(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
                            float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
   const int64_t nst = a.cols / 32;
@@ -301,8 +319,14 @@ HWY_INLINE void BlockQ8One(const uint8_t* const* qrow, const float* const* sc, c
     const __m256 dv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(dp + 4 * j)), pair);
     const int64_t g0 = j * 32 / group;  // (a 32-column step lies in one group)
     for (int i = 0; i < R; ++i) {
-      const __m256i sv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j)), flip);
-      const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(sv), _mm256_sign_epi8(x, sv)), ones);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j));
+      __m256i d;
+      if constexpr (kVnni) {
+        d = DpbusdVex(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s4, 7)), v, x);
+      } else {
+        const __m256i sv = _mm256_xor_si256(v, flip);
+        d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(sv), _mm256_sign_epi8(x, sv)), ones);
+      }
       const __m256i tq = _mm256_add_epi32(_mm256_slli_epi32(d, 1), s4);
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tq), _mm256_mul_ps(_mm256_set1_ps(sc[i][g0]), dv), acc[i]);
     }
@@ -449,6 +473,8 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
   for (; r < r1; ++r) block(std::integral_constant<int, 1>{}, r);
 #elif HWY_ARCH_X86 && (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2)
   const qq8::Codebook8 cb = w.type == QType::kQ4 ? qq8::codebook8(w) : qq8::Codebook8{};
+  // AVX2: AVX-VNNI where the CPU has it and q8_allow_dot_extension() allows it (ggml_q8's check).
+  [[maybe_unused]] const bool vnni = HWY_TARGET == HWY_AVX2 && std::strcmp(q8_variant(), "avx2-vnni") == 0;
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   constexpr int kR = 4;
   thread_local std::vector<float> scales;
@@ -474,7 +500,10 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
       for (; t + 2 <= a.T; t += 2) qq8x::BlockQ8<R, 2>(qrow, sc, a, t, w.group, y, ldy, r, pf);
       for (; t < a.T; ++t) qq8x::BlockQ8<R, 1>(qrow, sc, a, t, w.group, y, ldy, r, pf);
 #else
-      for (int64_t t = 0; t < a.T; ++t) qq8x::BlockQ8One<R>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+      for (int64_t t = 0; t < a.T; ++t) {
+        if (vnni) qq8x::BlockQ8One<R, true>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+        else qq8x::BlockQ8One<R, false>(qrow, sc, a, t, w.group, y, ldy, r, pf);
+      }
 #endif
       return;
     }
@@ -487,8 +516,13 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
     for (; t + 2 <= a.T; t += 2) qq8x::Block<R, 2>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
     for (; t < a.T; ++t) qq8x::Block<R, 1>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
 #else
-    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(cb.c8)));
-    for (int64_t t = 0; t < a.T; ++t) qq8x::Block1<R>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+    alignas(16) int8_t t8[16];
+    for (int k = 0; k < 16; ++k) t8[k] = vnni ? static_cast<int8_t>(cb.c8[k] ^ 0x80) : cb.c8[k];  // c8 + 128 as u8
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t8)));
+    for (int64_t t = 0; t < a.T; ++t) {
+      if (vnni) qq8x::Block1<R, true>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+      else qq8x::Block1<R, false>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+    }
 #endif
   };
   int64_t r = r0;
@@ -507,7 +541,7 @@ const char* Variant() {
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return "avx512bw";
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  return "avx2";
+  return std::strcmp(q8_variant(), "avx2-vnni") == 0 ? "avx2-vnni" : "avx2";
 #else
   return "scalar";
 #endif

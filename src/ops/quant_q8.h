@@ -26,8 +26,9 @@
 // even and odd columns (QuantQ8Acts keeps them split: byte 4k + b of a vector of codes holds
 // columns 8k + 2b (low nibble) and 8k + 2b + 1 (high nibble) of its span, and byte 4k + b of the
 // even / odd activation vector holds the same two columns). AVX-512 with VNNI (Highway's AVX3_DL and later):
-// vpdpbusd of (c8 + 128) as unsigned bytes, minus 128 times the activations' lane sums; AVX-512BW
-// and AVX2: vpmaddubsw of |c8| against the activations with c8's sign, vpmaddwd by ones. Both
+// vpdpbusd of (c8 + 128) as unsigned bytes, minus 128 times the activations' lane sums (AVX2 with
+// AVX-VNNI: the same with the VEX vpdpbusd); AVX-512BW and AVX2: vpmaddubsw of |c8| against the
+// activations with c8's sign, vpmaddwd by ones. Both
 // integer dots are exact, so the variants give the same int32 lanes (and AVX-512 VNNI and BW the
 // same output bits; AVX2 accumulates the f32 rescaling in its own order); 4 rows x up to 4 tokens
 // per pass on AVX-512, 4 rows x 1 token on AVX2. aarch64 (NEON, baseline Armv8-A):
@@ -80,8 +81,8 @@ bool quant_q8_fast();
 /// faster than the f32 kernels; not NEON (not measured on an aarch64 machine yet).
 bool quant_q8_auto();
 
-/// The kernels dispatched to now: "avx512vnni", "avx512bw", "avx2", "neon" or "scalar" (follows
-/// hwy::SetSupportedTargetsForTest).
+/// The kernels dispatched to now: "avx512vnni", "avx512bw", "avx2-vnni", "avx2", "neon" or "scalar"
+/// (follows hwy::SetSupportedTargetsForTest and q8_allow_dot_extension()).
 const char* quant_q8_variant();
 
 /// y[t * ldy + r] for the a.T tokens of a and rows r in [r0, r1) of w, on the calling thread (the

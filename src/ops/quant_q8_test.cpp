@@ -107,6 +107,15 @@ TEST_P(QuantQ8Types, SameBitsForAnyTokenCountRowSplitAndVnni) {
     EXPECT_EQ(std::memcmp(y.data(), ys.data(), y.size() * sizeof(float)), 0) << "row split";
     if (target == HWY_AVX3_DL) dl = y;
     if (target == HWY_AVX3) avx3 = y;
+    if (target == HWY_AVX2) {  // AVX-VNNI's vpdpbusd (where the CPU has it) and the sign trick: the same bits
+      const std::string variant = quant_q8_variant();
+      q8_allow_dot_extension(false);
+      std::vector<float> yb(y.size());
+      EXPECT_STREQ(quant_q8_variant(), "avx2");
+      quant_q8_matmul_rows(v, all, yb.data(), rows, 0, rows);
+      q8_allow_dot_extension(true);
+      EXPECT_EQ(std::memcmp(y.data(), yb.data(), y.size() * sizeof(float)), 0) << variant << " vs avx2";
+    }
   });
   const std::vector<int64_t> run = hwy::SupportedAndGeneratedTargets();  // what for_each_target ran
   if (std::count(run.begin(), run.end(), HWY_AVX3_DL) != 0 && std::count(run.begin(), run.end(), HWY_AVX3) != 0) {
