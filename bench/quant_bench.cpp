@@ -169,6 +169,7 @@ void QuantAvx2Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "thr", "stream", "g", "T"});
   for (int stream : {1, 0})
     for (int thr : {1, 2}) b->Args({static_cast<int64_t>(QType::kQ4), 8192, 2048, thr, stream, 64, 1});
+  for (int64_t T : {4, 64}) b->Args({static_cast<int64_t>(QType::kQ4), 2048, 2048, 1, 0, 64, T});  // prefill-like
 }
 BENCHMARK(BM_QuantGemvAvx2)->Apply(QuantAvx2Args)->UseRealTime();
 BENCHMARK(BM_QuantQ8GemvAvx2)->Apply(QuantAvx2Args)->UseRealTime();

@@ -250,51 +250,60 @@ HWY_INLINE __m256i DpbusdVex(__m256i acc, __m256i u, __m256i s) {
   return acc;
 }
 
-// One SB: 32 code bytes = 8 lanes = 64 columns; R rows, one token (AVX2 has 16 registers). kVnni:
-// tbl holds c8 + 128 and the dots are vpdpbusd minus 128 times the lane sums (as AVX-512 VNNI);
-// else tbl holds c8 and the sign trick runs (the same int32 lanes, so the same bits).
-template <int R, bool kVnni>
-HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t, int group,
+// One SB: 32 code bytes = 8 lanes = 64 columns; R rows x TT tokens (1 or 2: AVX2 has 16 registers;
+// each decoded row serves TT tokens). kVnni: tbl holds c8 + 128 and the dots are vpdpbusd minus 128
+// times the lane sums (as AVX-512 VNNI); else tbl holds c8 and the sign trick runs (the same int32
+// lanes, so the same bits).
+template <int R, int TT, bool kVnni>
+HWY_INLINE void Block1(const uint8_t* const* qrow, const float* const* sc, const QuantQ8Acts& a, int64_t t0, int group,
                        __m256i tbl, float dc, float* y, int64_t ldy, int64_t r, const uint8_t* pf) {
-  const int64_t nsb = a.cols / 64, half = a.cols / 2;
+  const int64_t nsb = a.cols / 64, half = a.cols / 2, lanes = a.cols / 8;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i rel = group >= 64 ? _mm256_setzero_si256() : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const int8_t* even = a.even.data() + t * half;
-  const int8_t* odd = a.odd.data() + t * half;
-  __m256 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  __m256 acc[R][TT];
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TT; ++t) acc[i][t] = _mm256_setzero_ps();
   for (int64_t j = 0; j < nsb; ++j) {
     if (pf != nullptr)
       for (int64_t k = 0; k < R * 32; k += 64) hwy::Prefetch(pf + j * R * 32 + k);
     const int64_t g0 = j * 64 / group;
-    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + 32 * j));
-    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + 32 * j));
-    const __m256 dv = _mm256_loadu_ps(a.d.data() + t * (a.cols / 8) + 8 * j);
-    __m256i off = _mm256_setzero_si256();
-    if constexpr (kVnni) off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lane_sum.data() + t * (a.cols / 8) + 8 * j));
+    __m256i xe[TT], xo[TT], off[TT];
+    __m256 dv[TT];
+    for (int t = 0; t < TT; ++t) {
+      xe[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.even.data() + (t0 + t) * half + 32 * j));
+      xo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.odd.data() + (t0 + t) * half + 32 * j));
+      dv[t] = _mm256_loadu_ps(a.d.data() + (t0 + t) * lanes + 8 * j);
+      if constexpr (kVnni) off[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lane_sum.data() + (t0 + t) * lanes + 8 * j));
+    }
     for (int i = 0; i < R; ++i) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow[i] + 32 * j));
       const __m256i cl = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
       const __m256i ch = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-      __m256i s;
-      if constexpr (kVnni) {
-        s = DpbusdVex(DpbusdVex(off, cl, xe), ch, xo);
-      } else {
-        const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(cl), _mm256_sign_epi8(xe, cl));
-        const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(ch), _mm256_sign_epi8(xo, ch));
-        s = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
-      }
       const __m256 scv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc[i] + g0), rel);
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scv, dv), acc[i]);
+      if constexpr (kVnni) {
+        for (int t = 0; t < TT; ++t) {
+          const __m256i s = DpbusdVex(DpbusdVex(off[t], cl, xe[t]), ch, xo[t]);
+          acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scv, dv[t]), acc[i][t]);
+        }
+      } else {
+        const __m256i al = _mm256_abs_epi8(cl), ah = _mm256_abs_epi8(ch);
+        for (int t = 0; t < TT; ++t) {
+          const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(xe[t], cl));
+          const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(xo[t], ch));
+          const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+          acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scv, dv[t]), acc[i][t]);
+        }
+      }
     }
   }
-  for (int i = 0; i < R; ++i) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    y[t * ldy + r + i] = dc * _mm_cvtss_f32(s);
-  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < TT; ++t) {
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i][t]), _mm256_extractf128_ps(acc[i][t], 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      s = _mm_add_ss(s, _mm_movehdup_ps(s));
+      y[(t0 + t) * ldy + r + i] = dc * _mm_cvtss_f32(s);
+    }
 }
 
 // q8 on the grid (see BlockQ8 of AVX-512): 32 columns per step = 8 lanes of 4, one token; VEX
@@ -519,9 +528,14 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
     alignas(16) int8_t t8[16];
     for (int k = 0; k < 16; ++k) t8[k] = vnni ? static_cast<int8_t>(cb.c8[k] ^ 0x80) : cb.c8[k];  // c8 + 128 as u8
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t8)));
-    for (int64_t t = 0; t < a.T; ++t) {
-      if (vnni) qq8x::Block1<R, true>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
-      else qq8x::Block1<R, false>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+    int64_t t = 0;
+    for (; t + 2 <= a.T; t += 2) {
+      if (vnni) qq8x::Block1<R, 2, true>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+      else qq8x::Block1<R, 2, false>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+    }
+    for (; t < a.T; ++t) {
+      if (vnni) qq8x::Block1<R, 1, true>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
+      else qq8x::Block1<R, 1, false>(qrow, sc, a, t, w.group, tbl, cb.dc, y, ldy, r, pf);
     }
 #endif
   };

@@ -31,7 +31,7 @@
 // activations with c8's sign, vpmaddwd by ones. Both
 // integer dots are exact, so the variants give the same int32 lanes (and AVX-512 VNNI and BW the
 // same output bits; AVX2 accumulates the f32 rescaling in its own order); 4 rows x up to 4 tokens
-// per pass on AVX-512, 4 rows x 1 token on AVX2. aarch64 (NEON, baseline Armv8-A):
+// per pass on AVX-512, 4 rows x up to 2 tokens on AVX2. aarch64 (NEON, baseline Armv8-A):
 // vqtbl1q_s8 as the lookup, vmull_s8 and pairwise adds for the 4-byte dots; --act-bits auto leaves it
 // off until measured on such a machine (quant_q8_auto()). Other targets compute the same sums in
 // scalar code and quant_q8_fast() is false there, so matmul() keeps the f32 kernels.
