@@ -569,15 +569,6 @@ bool Fast() {
 #endif
 }
 
-// --act-bits auto's CPU check: the kernels measured faster than the f32 ones (x86 AVX2 and AVX-512;
-// docs/quantization.md). Not NEON: no aarch64 machine measured (--act-bits 8 runs its kernels).
-bool Auto() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-  return true;
-#else
-  return false;
-#endif
-}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace spool::ops
@@ -589,7 +580,6 @@ namespace spool::ops {
 HWY_EXPORT(Rows);
 HWY_EXPORT(Fast);
 HWY_EXPORT(Variant);
-HWY_EXPORT(Auto);
 
 void quant_q8_prepare(const float* x_rot, int64_t T, int64_t cols, QuantQ8Acts& a) {
   if (T < 0 || cols <= 0 || cols % qq8::kColumns != 0)
@@ -646,7 +636,9 @@ bool quant_q8_supported(const QuantView& w) {
 
 bool quant_q8_fast() { return HWY_DYNAMIC_DISPATCH(Fast)(); }
 const char* quant_q8_variant() { return HWY_DYNAMIC_DISPATCH(Variant)(); }
-bool quant_q8_auto() { return HWY_DYNAMIC_DISPATCH(Auto)(); }
+// The same CPUs as the GGUF int8 kernels' auto (x86 AVX2 / AVX-512, measured faster there for both;
+// not NEON: no aarch64 machine measured yet).
+bool quant_q8_auto() { return q8_auto(); }
 
 namespace {
 void check(const QuantView& w, const QuantQ8Acts& a, int64_t r0, int64_t r1) {
