@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -468,13 +469,17 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
                                   [](const io::TensorRef& t) { return t.ggml && ops::q8_supported(t.ggml_type); });
   // spool's own q4 matrices (a 16-entry codebook) and q8 ones (no codebook tensor: the format's grid) take int8
   // activations (ops/quant_q8.h).
-  // (q4 packs 2 columns per byte; both need a multiple of 128 input columns: ops::quant_q8_supported.)
+  // (A spool matrix: U8 .qweight beside .scales; q4 has a 16-entry .codebook and packs 2 columns per byte, q8
+  // none or the format's grid; both need a multiple of 128 input columns: ops::quant_q8_supported.)
   const bool spool_q4 = std::any_of(l.ckpt->tensors().begin(), l.ckpt->tensors().end(), [&](const io::TensorRef& t) {
-    if (!t.name.ends_with(".qweight") || t.shape.empty()) return false;
-    const io::TensorRef* cb = l.ckpt->find(t.name.substr(0, t.name.size() - 7) + "codebook");
-    if (cb != nullptr && cb->numel() != 16) return false;
-    const int64_t cols = t.shape.back() * (cb != nullptr ? 2 : 1);
-    return cols % 128 == 0;
+    if (!t.name.ends_with(".qweight") || t.shape.empty() || t.dtype != io::DType::U8) return false;
+    const std::string base = t.name.substr(0, t.name.size() - 7);
+    if (l.ckpt->find(base + "scales") == nullptr) return false;
+    const io::TensorRef* cb = l.ckpt->find(base + "codebook");
+    const bool q4 = cb != nullptr && cb->numel() == 16;
+    const bool q8 = cb == nullptr || (cb->numel() == 256 && cb->dtype == io::DType::F32 && cb->data != nullptr &&
+                                      std::memcmp(cb->data, ops::q8_grid(), 256 * sizeof(float)) == 0);
+    return (q4 || q8) && t.shape.back() * (q4 ? 2 : 1) % 128 == 0;
   });
   // auto: int8 for Q4_K / Q6_K where q8_auto() says so, and for spool q4 / q8 on the CPUs with their int8 kernels
   // (x86 AVX2 / AVX-512: measured 1.15x (AVX-512 VNNI) to 2.2x (AVX2) faster decode, KL +0.1%; docs/quantization.md).
@@ -482,9 +487,6 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (opt.act_bits == 8) {  // an explicit --act-bits 8: say when it changes nothing
     if (!ops::q8_fast())
       log_warn("--act-bits 8: no int8 kernels for this CPU (%s: AVX2, AVX-512 or NEON needed); products keep f32 activations", ops::q8_variant());
-    else if (!kquant && spool_q4 && !ops::quant_q8_fast())
-      log_warn("--act-bits 8: spool q4 / q8 matrices take int8 activations on x86 CPUs with AVX2 or AVX-512 and on aarch64 only (this one: %s); "
-               "products keep f32 activations", ops::quant_q8_variant());
     else if (!kquant && !spool_q4)
       log_warn("--act-bits 8 applies to Q4_K / Q6_K GGUF weights and spool q4 / q8 matrices; %s has none, so it has no effect",
                opt.model_dir.c_str());

@@ -12,6 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 #include "common/error.h"
 #include "ops/ggml_q8.h"
 #include "ops/quant_q8.h"
@@ -351,7 +355,7 @@ HWY_INLINE void BlockQ8One(const uint8_t* const* qrow, const float* const* sc, c
 }  // namespace qq8x
 #endif  // HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 
-#if HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+#if HWY_ARCH_ARM_A64 && HWY_TARGET == HWY_NEON  // (Advanced SIMD intrinsics; SVE targets take the scalar sums)
 #define SPOOL_QQ8_NEON 1
 namespace qq8n {
 
@@ -649,6 +653,11 @@ void check(const QuantView& w, const QuantQ8Acts& a, int64_t r0, int64_t r1) {
   if (a.cols != w.cols)
     fail("quant_q8_matmul: activations of %lld columns for a matrix of %lld", static_cast<long long>(a.cols),
          static_cast<long long>(w.cols));
+  const auto short_of = [&](size_t have, int64_t per_token) { return a.T < 0 || static_cast<int64_t>(have) < a.T * per_token; };
+  if (short_of(a.even.size(), a.cols / 2) || short_of(a.odd.size(), a.cols / 2) || short_of(a.lane_sum.size(), a.cols / 8) ||
+      short_of(a.d.size(), a.cols / 8) || short_of(a.q.size(), a.cols) || short_of(a.quad_sum.size(), a.cols / 4))
+    fail("quant_q8_matmul: activations of %lld tokens x %lld columns hold fewer codes or scales than that (not from quant_q8_prepare)",
+         static_cast<long long>(a.T), static_cast<long long>(a.cols));
   if (r0 < 0 || r0 > r1 || r1 > w.rows)
     fail("quant_q8_matmul: rows [%lld, %lld) outside [0, %lld)", static_cast<long long>(r0), static_cast<long long>(r1),
          static_cast<long long>(w.rows));

@@ -59,16 +59,22 @@ TEST(QuantQ8, KernelsMatchReferenceEveryTarget) {
         quant_q8_prepare(x.data(), T, sh.cols, a);
         std::vector<float> ref(static_cast<size_t>(T * sh.rows));
         quant_q8_matmul_reference(v, a, ref.data());
-        for_each_target([&](int64_t) {
-          std::vector<float> y(static_cast<size_t>(T * sh.rows), -1.0f);
-          quant_q8_matmul_rows(v, a, y.data(), sh.rows, 0, sh.rows);
-          for (int64_t i = 0; i < T * sh.rows; ++i) {
-            // f32 accumulation of exact int32 lane dots against double: relative to the sum of |terms|.
-            const double tol = 2e-6 * (std::fabs(ref[i]) + 1.0) * std::sqrt(double(sh.cols) / 8);
-            ASSERT_NEAR(y[i], ref[i], tol) << qtype_bits(type) << "-bit " << sh.rows << "x" << sh.cols << " g" << sh.group << " T=" << T
-                                           << " i=" << i;
+        for_each_target([&](int64_t target) {
+          // AVX2: with AVX-VNNI where the CPU has it, and without (the sign trick of older AVX2 CPUs).
+          for (bool dot_ext : {true, false}) {
+            if (!dot_ext && target != HWY_AVX2) continue;
+            q8_allow_dot_extension(dot_ext);
+            std::vector<float> y(static_cast<size_t>(T * sh.rows), -1.0f);
+            quant_q8_matmul_rows(v, a, y.data(), sh.rows, 0, sh.rows);
+            q8_allow_dot_extension(true);
+            for (int64_t i = 0; i < T * sh.rows; ++i) {
+              // f32 accumulation of exact int32 lane dots against double: relative to the sum of |terms|.
+              const double tol = 2e-6 * (std::fabs(ref[i]) + 1.0) * std::sqrt(double(sh.cols) / 8);
+              ASSERT_NEAR(y[i], ref[i], tol) << qtype_bits(type) << "-bit " << sh.rows << "x" << sh.cols << " g" << sh.group << " T=" << T
+                                             << " i=" << i << " " << quant_q8_variant();
+            }
+            ++checked;
           }
-          ++checked;
         });
       }
     }
@@ -219,6 +225,10 @@ TEST(QuantQ8, RefusesWhatItCannotRun) {
   quant_q8_prepare(x.data(), 1, 256, a);
   EXPECT_THROW(quant_q8_matmul_rows(q3.view(), a, y.data(), 8, 0, 8), Error);
   EXPECT_THROW(quant_q8_matmul_rows(q4.view(), a, y.data(), 8, 2, 9), Error);
+  QuantQ8Acts hand;  // fields filled by hand, vectors too short for T x cols
+  hand.T = 2;
+  hand.cols = 256;
+  EXPECT_THROW(quant_q8_matmul_rows(q4.view(), hand, y.data(), 8, 0, 8), Error);
 }
 
 // matmul(), matmul_rows() and matmul_rows_pair() take the int8 kernels for a q4 view when asked
