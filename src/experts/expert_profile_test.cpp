@@ -294,8 +294,9 @@ TEST(PageCacheWarmer, ReadsEveryFileAndStopsBetweenChunks) {
     w.wait();
     EXPECT_NE(w.result().error.find("missing.bin"), std::string::npos);
   }
-  // stop() right away: the thread ends before it opens the file. stop() once it has read a chunk
-  // of a 512 MiB (sparse) file: it ends after that chunk or the next, long before the end.
+  // stop() right away: the thread ends at its first check, before the file's first chunk or (when it
+  // ran before stop() was called: seen once under TSan) after it. stop() once it has read a chunk of
+  // a 512 MiB (sparse) file: it ends after that chunk or the next, long before the end.
   const std::string big = tmp_path("warm_big.bin");
   const uint64_t big_size = uint64_t{512} << 20;
   {
@@ -308,7 +309,7 @@ TEST(PageCacheWarmer, ReadsEveryFileAndStopsBetweenChunks) {
     io::PageCacheWarmer w({big}, false);
     w.stop();
     EXPECT_TRUE(w.result().stopped);
-    EXPECT_EQ(w.result().bytes_read, 0u);
+    EXPECT_LE(w.result().bytes_read, io::PageCacheWarmer::kChunk);
   }
   io::PageCacheWarmer w({big}, false);
   // (SCHED_IDLE: on a busy machine the first chunk may take a while)
