@@ -115,7 +115,7 @@ Trace read_trace(const std::string& path) {
   if (!std::getline(in, line)) fail("%s: empty file, not a routing trace", path.c_str());
   ++lineno;
   const nlohmann::json h = parse(line);
-  if (!h.is_object() || h.value("format", std::string()) != kFormat)
+  if (!h.is_object() || !h.contains("format") || !h["format"].is_string() || h["format"].get<std::string>() != kFormat)
     fail("%s:1: not a routing trace (the first line must be a header with \"format\": \"%s\")", path.c_str(), kFormat);
   if (!h.contains("version") || !h["version"].is_number_integer())
     fail("%s:1: the header has no integer \"version\"", path.c_str());

@@ -116,6 +116,7 @@ TEST(RoutingTraceFile, BadFilesNameTheProblem) {
   const std::vector<Case> cases = {
       {"empty", "", "empty file"},
       {"foreign", "{\"hello\": 1}\n", "not a routing trace"},
+      {"format_not_a_string", "{\"format\": 1, \"version\": 1}\n", "not a routing trace"},  // (found by predictor_trace_fuzz)
       {"csv", "layer,token\n", "not a JSON line"},
       {"version", R"({"format":"spool-routing-trace","version":2,"n_layers":2,"moe_layers":[1],"n_experts":4,"top_k":2})"
                   "\n",
