@@ -251,7 +251,7 @@ bool uses_q8(const WeightView& w, bool int8_acts) {
   return w.type == WType::kGgml && int8_acts && q8_supported(w.ggml) && q8_fast();
 }
 
-// True when w is a spool q4 matrix whose products take int8 activations (ops/quant_q8.h).
+// True when w is a spool q4 / q8 matrix whose products take int8 activations (ops/quant_q8.h).
 bool uses_quant_q8(const WeightView& w, bool int8_acts) {
   return w.type == WType::kQuant && int8_acts && quant_q8_supported(w.quant) && quant_q8_fast();
 }
