@@ -452,10 +452,16 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
   step.on_route = &hooks.on_route;
   step.on_margin = &hooks.on_margin;
   step.between = &between;
+  bool pending = false;
   for (int i = 0; i < spec_.n_layers; ++i) {
-    if (hooks.on_hidden) observe_hidden(i, s.h, N);
-    run_layer(i, s, N, parts, ws, step);
+    if (hooks.on_hidden) {  // (observers see the whole residual stream)
+      if (pending) be_->add(s.h, s.tmp, N * spec_.hidden_size);
+      pending = false;
+      observe_hidden(i, s.h, N);
+    }
+    pending = run_layer(i, s, N, parts, ws, step, pending);
   }
+  if (pending) be_->add(s.h, s.tmp, N * spec_.hidden_size);
 }
 
 const float* DecoderModel::ffn_norm(int j) const { return spec_.sandwich_norms ? layers_[j].pre_ffn_p : layers_[j].post_norm_p; }
@@ -576,19 +582,22 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
   };
 }
 
-void DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
-                             FfnStep& step) {
+bool DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
+                             FfnStep& step, bool pending) {
   const int64_t H = spec_.hidden_size;
   ops::Backend& be = *be_;
   const Layer& L = layers_[i];
-  be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
+  if (pending) {
+    be.add_rms_norm(s.h, s.tmp, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
+  } else {
+    be.rms_norm(s.h, L.in_norm_p, N, H, spec_.rms_norm_eps, s.xn);
+  }
   // Token mixer: projections over every row of the step, RoPE / cache / attention / conv /
   // recurrence per sequence on its own state.
   L.mixer->forward_rows(s.xn, parts, N, s.tmp, be, ws);
   const float eps = spec_.rms_norm_eps;
   if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_norm_p, N, H, eps, s.tmp);  // on the branch
-  be.add(s.h, s.tmp, N * H);
-  be.rms_norm(s.h, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
+  be.add_rms_norm(s.h, s.tmp, spec_.sandwich_norms ? L.pre_ffn_p : L.post_norm_p, N, H, eps, s.xn);
   step.layer = i;
   if (hooks.on_ffn_input) {
     if (be.device() == ops::Device::kCpu) {
@@ -605,8 +614,10 @@ void DecoderModel::run_layer(int i, const Scratch& s, int64_t N, std::span<const
   L.ffn->forward(s.xn, s.h, N, step, s.tmp, be, ws);
   step.after_prepare = nullptr;
   if (spec_.sandwich_norms) be.rms_norm(s.tmp, L.post_ffn_p, N, H, eps, s.tmp);
+  if (!spec_.residual_scale) return true;  // s.h += s.tmp: in the next norm
   be.add(s.h, s.tmp, N * H);
-  if (spec_.residual_scale) be.scale(s.h, N * H, L.scalar);  // the whole residual stream
+  be.scale(s.h, N * H, L.scalar);  // the whole residual stream
+  return false;
 }
 
 void DecoderModel::mtp_forward(const MtpStep& q) {
@@ -651,7 +662,9 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   try {
     // Qwen3.5 stacks its MTP layers; DeepSeek's nextn layers are one module each (the first drafts).
     const int n = mtp_stacked_ ? spec_.mtp_layers : 1;
-    for (int i = spec_.n_layers; i < spec_.n_layers + n; ++i) run_layer(i, s, T, std::span<const Part>(&part, 1), ws_, step);
+    bool pending = false;
+    for (int i = spec_.n_layers; i < spec_.n_layers + n; ++i) pending = run_layer(i, s, T, std::span<const Part>(&part, 1), ws_, step, pending);
+    if (pending) be.add(s.h, s.tmp, T * H);
   } catch (...) {
     q.state->poisoned = true;
     throw;

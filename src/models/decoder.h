@@ -85,8 +85,10 @@ class DecoderModel : public Model {
   // `row0`: the step row of s's row 0 (hooks.route_override numbers the step's rows).
   void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                   const std::function<void()>& between, int64_t row0 = 0);
-  // Layer i (of the main stack or the MTP layers after it) over the step's N rows.
-  void run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws, FfnStep& step);
+  // One layer over s.h. `pending`: s.h still lacks the previous layer's output s.tmp (its residual
+  // add is fused into this layer's input norm, Backend::add_rms_norm). Returns whether this layer
+  // left its own output in s.tmp, to be added (by the next layer, or by the caller after the last).
+  bool run_layer(int i, const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws, FfnStep& step, bool pending);
   // The multi-token-prediction head's tensors (bind() when spec_.mtp_layers > 0).
   void bind_mtp(GdnLayout gdn_layout);
   // A decode step of >= 2 sequences with streamed experts: two groups of sequences on two

@@ -117,12 +117,18 @@ void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, i
       if (j < q.trail_n && n_conv > 0) be.copy_2d(q.trail + j * (n_conv + n_rec), n_conv, q.conv, n_conv, 1, n_conv);
     }
   }
-  // conv_out rows [q (kd) | k (kd) | v (vd)] -> q, k [T, n_k, d_k] (L2-normalised, q / sqrt(d_k)), v [T, n_v, d_v].
-  be.copy_2d(s.q, kd, s.conv_out, cd, T, kd);
-  be.copy_2d(s.k, kd, s.conv_out + kd, cd, T, kd);
-  be.copy_2d(s.v, vd, s.conv_out + 2 * kd, cd, T, vd);
-  be.l2_norm(s.q, T * nk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)));
-  be.l2_norm(s.k, T * nk, dk, 1e-6f, 1.0f);
+  // conv_out rows [q (kd) | k (kd) | v (vd)] -> q, k [T, n_k, d_k] (L2-normalised, q / sqrt(d_k)), v [T, n_v, d_v]:
+  // one row is already three contiguous parts (decode: no copies).
+  float* const sq = T == 1 ? s.conv_out : s.q;
+  float* const sk = T == 1 ? s.conv_out + kd : s.k;
+  float* const sv = T == 1 ? s.conv_out + 2 * kd : s.v;
+  if (T > 1) {
+    be.copy_2d(sq, kd, s.conv_out, cd, T, kd);
+    be.copy_2d(sk, kd, s.conv_out + kd, cd, T, kd);
+    be.copy_2d(sv, vd, s.conv_out + 2 * kd, cd, T, vd);
+  }
+  be.l2_norm(sq, T * nk, dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)));
+  be.l2_norm(sk, T * nk, dk, 1e-6f, 1.0f);
   be.gdn_gates(s.b, s.a, a_log_exp_p_, dt_bias_p_, T, nv, s.beta, s.g);
   for (const GdnSeg& q : segs) {  // the recurrence: per sequence
     if (q.trail != nullptr) {  // token by token (decode's recurrent form), each state into its slot
@@ -134,9 +140,9 @@ void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, i
         args.n_v = nv;
         args.d_k = dk;
         args.d_v = dv;
-        args.q = s.q + r * kd;
-        args.k = s.k + r * kd;
-        args.v = s.v + r * vd;
+        args.q = sq + r * kd;
+        args.k = sk + r * kd;
+        args.v = sv + r * vd;
         args.beta = s.beta + r * nv;
         args.g = s.g + r * nv;
         args.state = q.recurrent;
@@ -152,9 +158,9 @@ void GatedDeltaNetLayer::forward(const float* x, std::span<const GdnSeg> segs, i
     args.n_v = nv;
     args.d_k = dk;
     args.d_v = dv;
-    args.q = s.q + q.row0 * kd;
-    args.k = s.k + q.row0 * kd;
-    args.v = s.v + q.row0 * vd;
+    args.q = sq + q.row0 * kd;
+    args.k = sk + q.row0 * kd;
+    args.v = sv + q.row0 * vd;
     args.beta = s.beta + q.row0 * nv;
     args.g = s.g + q.row0 * nv;
     args.state = q.recurrent;

@@ -38,6 +38,7 @@ void MoeBlock::bind(const io::Checkpoint& ck, const std::string& prefix, const M
   }
   if (m_.per_expert_scale) expert_scale_ = bind_f32(ck, prefix + "router.per_expert_scale", {m_.n_experts});
   if (m_.score_bias) score_bias_ = bind_f32(ck, prefix + "gate.e_score_correction_bias", {m_.n_experts});
+  score_bias_p_ = score_bias_.empty() ? nullptr : score_bias_.data();
   if (m_.shared_intermediate > 0) {
     shared_.bind(ck, prefix + m_.shared_name + ".", hidden_, m_.shared_intermediate, act_);
     if (m_.shared_expert_gate) shared_gate_ = bind_f32(ck, prefix + "shared_expert_gate.weight", {1, hidden_});
@@ -56,6 +57,7 @@ void MoeBlock::place(ops::Backend& be) {
   router_ = be.upload(router_);
   if (m_.router_input_scale) router_norm_p_ = be.upload_floats(router_norm_);
   if (m_.router_bias) router_bias_p_ = be.upload_floats(router_bias_);
+  if (!score_bias_.empty()) score_bias_p_ = be.upload_floats(score_bias_);
   if (m_.expert_bias) {
     gate_up_bias_p_ = be.upload_floats(gate_up_bias_);
     down_bias_p_ = be.upload_floats(down_bias_);
@@ -121,6 +123,19 @@ std::vector<int> MoeBlock::predict(const float* x, int64_t T, int m, ops::Backen
   return best_first_union(ranked, T, mm, E);
 }
 
+ops::RouterParams MoeBlock::router_params() const {
+  ops::RouterParams r;  // sigmoid / softmax scores, selection bias, groups, scaling
+  r.sigmoid = m_.score == RouterScore::kSigmoid;
+  r.bias = score_bias_p_;
+  r.n_group = m_.selection == RouterSelection::kGroupedTopK ? m_.n_group : 1;
+  r.topk_group = m_.selection == RouterSelection::kGroupedTopK ? m_.topk_group : 1;
+  r.group_top2_sum = m_.group_top2_sum;
+  r.mask_neg_inf = m_.group_mask_neg_inf;
+  r.renormalize = m_.norm_topk_prob;
+  r.scaling = m_.routed_scaling_factor;
+  return r;
+}
+
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                        ops::Workspace& ws, const std::function<void()>& between, const float* residual,
@@ -158,11 +173,16 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   }
   // Experts the backend reaches through a device table (every expert uploaded to a GPU): routing
   // ids and weights stay on the device and the experts run from there (no host round trip).
-  const bool plain = !m_.general_router() && !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
+  // Any router (softmax top-k, or the general one of route_grouped_top_k), SwiGLU experts without biases.
+  const bool plain = !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const bool forced = route_override != nullptr && *route_override;
   const void* table = margins || observer || forced || restricted || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
-    be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
+    if (m_.general_router()) {
+      be.route_grouped_top_k(s.logits, T, E, K, router_params(), s.ids_device, s.weights, nullptr);
+    } else {
+      be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids_device, s.weights, nullptr);
+    }
     // The shared expert joins the routed experts' launches where the backend takes it (the same
     // bits as its own forward; a decode step saves its four launches).
     const ops::ExpertMats sm = shared_.bound() ? shared_.mats() : ops::ExpertMats{};
@@ -173,17 +193,8 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
     return;
   }
-  if (m_.general_router()) {  // sigmoid / softmax scores, selection bias, groups, scaling
-    ops::RouterParams r;
-    r.sigmoid = m_.score == RouterScore::kSigmoid;
-    r.bias = score_bias_.empty() ? nullptr : score_bias_.data();
-    r.n_group = m_.selection == RouterSelection::kGroupedTopK ? m_.n_group : 1;
-    r.topk_group = m_.selection == RouterSelection::kGroupedTopK ? m_.topk_group : 1;
-    r.group_top2_sum = m_.group_top2_sum;
-    r.mask_neg_inf = m_.group_mask_neg_inf;
-    r.renormalize = m_.norm_topk_prob;
-    r.scaling = m_.routed_scaling_factor;
-    be.route_grouped_top_k(s.logits, T, E, K, r, s.ids, s.weights, margins ? s.margins : nullptr);
+  if (m_.general_router()) {
+    be.route_grouped_top_k(s.logits, T, E, K, router_params(), s.ids, s.weights, margins ? s.margins : nullptr);
   } else {
     be.route_softmax_top_k(s.logits, T, E, K, m_.norm_topk_prob, s.ids, s.weights, margins ? s.margins : nullptr);
   }

@@ -117,6 +117,9 @@ class MoeBlock {
   }
   /// True for a sigmoid-scored router (selection_scores differ from router_logits).
   bool sigmoid_router() const { return m_.general_router() && m_.score == RouterScore::kSigmoid; }
+  /// The general router's parameters (ops::RouterParams) for route_grouped_top_k; the selection
+  /// bias where place() put it.
+  ops::RouterParams router_params() const;
 
  private:
   MoeSpec m_;
@@ -127,6 +130,7 @@ class MoeBlock {
   std::vector<float> shared_gate_;  // [H]
   const float* shared_gate_p_ = nullptr;  // shared_gate_ where the backend reads it (null: no gate)
   std::vector<float> score_bias_;   // [E] e_score_correction_bias (DeepSeek-V3)
+  const float* score_bias_p_ = nullptr;  // score_bias_ where the backend reads it (null: none)
   ops::Activation act_ = ops::Activation::kSwiGLU;  // of the routed experts
   // router_input_scale: router.scale * H^-1/2 [H], the weight of the router input's RMSNorm.
   std::vector<float> router_norm_;

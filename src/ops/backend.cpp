@@ -18,7 +18,7 @@ namespace {
 constexpr const char* kOpNames[] = {
     "matmul",          "matmul_multi",      "expert_ffn",     "moe_combine",      "expert_ffn_routed", "route_softmax_top_k",
     "kv_append",       "attention",         "rope",           "causal_conv1d_silu", "gated_delta",     "gdn_gates",
-    "rms_norm",        "l2_norm",           "rms_norm_gated", "add",              "add_bias",          "swiglu",
+    "rms_norm",        "l2_norm",           "rms_norm_gated", "add_rms_norm",     "add",              "add_bias",          "swiglu",
     "mul_sigmoid",     "add_gated_rows",    "copy_2d",        "route_grouped_top_k", "gelu_tanh_glu",   "scale",
     "softcap",         "mul_indexed",       "attention_window", "attention_sinks", "mla_attention",   "row_to_f32",
     "to_host"};
@@ -176,6 +176,11 @@ void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, 
   for (int64_t t = 0; t < T; ++t) route_grouped(l.data() + t * E, E, k, r, ids + t * k, w.data() + t * k, margins ? m.data() + t : nullptr);
   row_to_f32(WType::kF32, w.data(), T * k, weights);
   if (margins) row_to_f32(WType::kF32, m.data(), T, margins);
+}
+
+void Backend::add_rms_norm(float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
+  add(h, x, rows * n);
+  rms_norm(h, w, rows, n, eps, y);
 }
 
 void Backend::gelu_tanh_glu(const float* gate, const float* up, int64_t n, float* out) {

@@ -232,6 +232,11 @@ class Backend {
   virtual void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) = 0;
   /// Gated RMSNorm: x[r] = rms_norm(x[r], w) * silu(z[r]) for rows of n (w [n] host).
   virtual void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) = 0;
+  /// The residual add and the next norm of a pre-norm block in one op: h[i] += x[i] for rows x n,
+  /// then y[r] = rms_norm(h[r]) * w (w [n] as rms_norm's). The same bits as add() then rms_norm();
+  /// the default is those two calls (a backend fuses them to save a pass and a launch). y must
+  /// not alias h or x.
+  virtual void add_rms_norm(float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
 
   // ---- Elementwise ---------------------------------------------------------------------------
   /// y[i] += x[i] for i < n.

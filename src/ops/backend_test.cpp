@@ -178,6 +178,12 @@ class CudaHarness final : public Backend {
     be_->add(f(yd), f(xd), n);
     down(yd, y, n);
   }
+  void add_rms_norm(float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) override {
+    CudaBuffer hd = up(h, rows * n), xd = up(x, rows * n), yd = zeros(rows * n);
+    be_->add_rms_norm(f(hd), f(xd), w, rows, n, eps, f(yd));
+    down(hd, h, rows * n);
+    down(yd, y, rows * n);
+  }
   void add_bias(float* y, const float* b, int64_t rows, int64_t n) override {
     CudaBuffer yd = up(y, rows * n);
     be_->add_bias(f(yd), b, rows, n);  // b: a host parameter vector, as the contract allows

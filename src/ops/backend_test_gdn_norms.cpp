@@ -1,5 +1,7 @@
 // Backend op table (backend_test.h): Gated DeltaNet (conv1d, the delta rule, gates), norms,
 // elementwise ops and the host copies (row_to_f32, to_host).
+#include <cstring>
+
 #include "ops/backend_test.h"
 
 namespace spool::ops {
@@ -93,7 +95,7 @@ TEST_P(BackendOpTable, GdnGates) {
 
 // ---- Norms and elementwise -------------------------------------------------------------------
 
-[[maybe_unused]] const bool kNormsOps = covers({"rms_norm", "l2_norm", "rms_norm_gated"});
+[[maybe_unused]] const bool kNormsOps = covers({"rms_norm", "l2_norm", "rms_norm_gated", "add_rms_norm"});
 TEST_P(BackendOpTable, Norms) {
   for (int64_t n : {16, 128, 2048})
     for (int64_t rows : {1, 7}) {
@@ -117,6 +119,19 @@ TEST_P(BackendOpTable, Norms) {
         be.rms_norm_gated(a.data(), z.data(), w.data(), rows, n, 1e-6f);
         ref.rms_norm_gated(b.data(), z.data(), w.data(), rows, n, 1e-6f);
         expect_close(a.data(), b.data(), rows * n, 1e-5, "rms_norm_gated");
+      });
+      // The fused residual add + norm: the reference's values, and the same backend's add then
+      // rms_norm bit for bit (the decoder's outputs do not change with the fusion).
+      for_each_backend("add_rms_norm", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> h1 = x, h2 = x, h3 = x, y1(rows * n), y2(rows * n), y3(rows * n);
+        be.add_rms_norm(h1.data(), z.data(), w.data(), rows, n, 1e-6f, y1.data());
+        ref.add_rms_norm(h2.data(), z.data(), w.data(), rows, n, 1e-6f, y2.data());
+        expect_close(h1.data(), h2.data(), rows * n, 1e-6, "add_rms_norm residual");
+        expect_close(y1.data(), y2.data(), rows * n, 1e-5, "add_rms_norm");
+        be.add(h3.data(), z.data(), rows * n);
+        be.rms_norm(h3.data(), w.data(), rows, n, 1e-6f, y3.data());
+        EXPECT_EQ(0, std::memcmp(h1.data(), h3.data(), h1.size() * sizeof(float))) << "add_rms_norm residual: not add()'s bits";
+        EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float))) << "add_rms_norm: not add() then rms_norm()'s bits";
       });
     }
 }

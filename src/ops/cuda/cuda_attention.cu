@@ -70,10 +70,10 @@ __global__ void k_kv_write(KvDev kv, void* kd, void* vd, float* ksd, float* vsd,
 
 // The unnormalised softmax of one query row, by the whole block: s[p] = exp(scale q . key(row0 + p)
 // - m) for p < n (q in shared memory, hd dims; key rows of KV head kvh), m the maximum of the
-// scores and `sink` (-INFINITY: none). Returns sum_p s[p] + exp(sink - m), the denominator; its
-// last __syncthreads orders the writes of s before any thread reads them.
+// scores and `sink` (-INFINITY: none; m into *max_out when given). Returns sum_p s[p] + exp(sink -
+// m), the denominator; its last __syncthreads orders the writes of s before any thread reads them.
 __device__ float block_softmax_scores(const float* qs, int hd, const KvDev& kv, int kvh, int64_t row0, int64_t n, float scale, float sink,
-                                      float* s) {
+                                      float* s, float* max_out = nullptr) {
   float mx = sink;
   for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
     float d = 0.0f;
@@ -90,34 +90,51 @@ __device__ float block_softmax_scores(const float* qs, int hd, const KvDev& kv, 
     z += e;
   }
   z = block_sum(z);
+  if (max_out != nullptr) *max_out = mx;
   return sink == -INFINITY ? z : z + expf(sink - mx);
 }
 
-// One block per query row (t, h) of a tile starting at token t0: scores into a scratch row,
-// softmax, then out = P V. Query position pos0 + t sees the keys at positions [lo, pos0 + t] with
-// lo = max(0, pos0 + t + 1 - window) (window <= 0: lo = 0), read at cache row position - base
-// (a windowed cache holds only its last rows). sinks (device [n_heads] or null): head h's learned
-// logit joins the softmax's max and denominator and has no value (HF GptOssAttention). Dynamic
-// smem: (blockDim.x / 32) * head_dim floats (the query, then the warps' partial P V sums);
-// head_dim <= kMaxAttnHd.
+// Keys per block of split attention (flash-decoding): a query row seeing n keys is split into
+// attn_splits(n) = min(kMaxAttnSplits, ceil(n / kAttnSplitKeys)) runs of ceil(n / splits) keys, each
+// a block; a function of n alone, so a row's result does not depend on the batch (T) it runs in.
+constexpr int kAttnSplitKeys = 64;
+constexpr int kMaxAttnSplits = 64;
+__host__ __device__ __forceinline__ int attn_splits(int64_t n) {
+  const int64_t s = (n + kAttnSplitKeys - 1) / kAttnSplitKeys;
+  return static_cast<int>(s < 1 ? 1 : s > kMaxAttnSplits ? kMaxAttnSplits : s);
+}
+
+// One block per query row (t, h) of a tile starting at token t0 and split blockIdx.y: scores into
+// the row's scratch (its own slice of it), softmax, then out = P V. Query position pos0 + t sees the
+// keys at positions [lo, pos0 + t] with lo = max(0, pos0 + t + 1 - window) (window <= 0: lo = 0),
+// read at cache row position - base (a windowed cache holds only its last rows). sinks (device
+// [n_heads] or null): head h's learned logit joins the softmax's max and denominator and has no
+// value (HF GptOssAttention). A row of one split writes out directly; with several, split s writes
+// its maximum, denominator and unnormalised P V to part [rows, ps, hd + 2] (ps >= its splits) and
+// k_attention_merge combines them. Dynamic smem: (blockDim.x / 32) * head_dim floats (the query,
+// then the warps' partial P V sums); head_dim <= kMaxAttnHd.
 constexpr int kMaxAttnHd = 512;
 constexpr int kAttnThreads = 128;
 __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, int64_t pos0, int64_t t0, float scale, int64_t window,
-                            int64_t base, const float* sinks, float* scores, int64_t ld_scores, float* out) {
+                            int64_t base, const float* sinks, float* scores, int64_t ld_scores, float* part, int ps, float* out) {
   extern __shared__ float qs[];
   const int64_t qi = blockIdx.x;
   const int64_t t = t0 + qi / n_heads;
   const int h = static_cast<int>(qi % n_heads), kvh = h / group, hd = kv.hd;
   const int64_t end = pos0 + t + 1;
   const int64_t lo = window > 0 ? max(int64_t{0}, end - window) : 0;
-  const int64_t n = end - lo;  // keys seen: positions lo .. end - 1, scores s[0 .. n)
-  const int64_t row0 = lo - base;
+  const int64_t n_all = end - lo;  // keys seen: positions lo .. end - 1, scores s[0 .. n_all)
+  const int S = attn_splits(n_all), split = static_cast<int>(blockIdx.y);
+  if (split >= S) return;
+  const int64_t chunk = (n_all + S - 1) / S, p0 = split * chunk, n = max(int64_t{0}, min(n_all, p0 + chunk) - p0);
+  const int64_t row0 = lo - base + p0;
   const float* qr = q + (t * n_heads + h) * hd;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
-  float* s = scores + qi * ld_scores;
-  const float z = block_softmax_scores(qs, hd, kv, kvh, row0, n, scale, sinks != nullptr ? sinks[h] : -INFINITY, s);
-  const float inv = 1.0f / z;
+  float* s = scores + qi * ld_scores + p0;
+  const float sink = sinks != nullptr && S == 1 ? sinks[h] : -INFINITY;  // (several splits: the merge takes the sink)
+  float mx = -INFINITY;
+  const float z = n > 0 ? block_softmax_scores(qs, hd, kv, kvh, row0, n, scale, sink, s, &mx) : 0.0f;
   // out = P V: warp w sums positions w, w + nw, ... for dims lane, lane + 32, ... (coalesced rows of
   // V), then the warps' sums meet in shared memory (qs is free again), added in warp order.
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -131,15 +148,56 @@ __global__ void k_attention(const float* q, int n_heads, int group, KvDev kv, in
       if (lane + 32 * m < hd) acc[m] += sp * kv_value(kv, kvh, row0 + p, lane + 32 * m);
   }
   __syncthreads();  // (every thread is done with qs)
-  float* part = qs;  // [nw][hd] (dynamic smem holds nw * hd floats)
+  float* wpart = qs;  // [nw][hd] (dynamic smem holds nw * hd floats)
 #pragma unroll
   for (int m = 0; m < kMaxAttnHd / 32; ++m)
-    if (lane + 32 * m < hd) part[wid * hd + lane + 32 * m] = acc[m];
+    if (lane + 32 * m < hd) wpart[wid * hd + lane + 32 * m] = acc[m];
   __syncthreads();
+  if (S == 1) {
+    const float inv = 1.0f / z;
+    float* o = out + (t * n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float a = 0.0f;
+      for (int w = 0; w < nw; ++w) a += wpart[w * hd + d];
+      o[d] = a * inv;
+    }
+    return;
+  }
+  float* pp = part + (qi * ps + split) * (hd + 2);
+  if (threadIdx.x == 0) {
+    pp[0] = mx;
+    pp[1] = z;
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.0f;
+    for (int w = 0; w < nw; ++w) a += wpart[w * hd + d];
+    pp[2 + d] = a;
+  }
+}
+
+// The splits of k_attention's rows seeing more than kAttnSplitKeys keys, one block per row:
+// M = max(m_s, sink), out[d] = sum_s e^(m_s - M) acc_s[d] / (sum_s e^(m_s - M) z_s + e^(sink - M)),
+// splits in order. Rows of one split return (k_attention wrote them).
+__global__ void k_attention_merge(int n_heads, int64_t pos0, int64_t t0, int64_t window, int hd, const float* sinks, const float* part,
+                                  int ps, float* out) {
+  const int64_t qi = blockIdx.x;
+  const int64_t t = t0 + qi / n_heads;
+  const int h = static_cast<int>(qi % n_heads);
+  const int64_t end = pos0 + t + 1;
+  const int64_t lo = window > 0 ? max(int64_t{0}, end - window) : 0;
+  const int S = attn_splits(end - lo);
+  if (S == 1) return;
+  const float* pp = part + qi * ps * (hd + 2);
+  const float sink = sinks != nullptr ? sinks[h] : -INFINITY;
+  float M = sink;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, pp[s * (hd + 2)]);
+  float z = sink == -INFINITY ? 0.0f : expf(sink - M);
+  for (int s = 0; s < S; ++s) z += expf(pp[s * (hd + 2)] - M) * pp[s * (hd + 2) + 1];
+  const float inv = 1.0f / z;
   float* o = out + (t * n_heads + h) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.0f;
-    for (int w = 0; w < nw; ++w) a += part[w * hd + d];
+    for (int s = 0; s < S; ++s) a += expf(pp[s * (hd + 2)] - M) * pp[s * (hd + 2) + 2 + d];
     o[d] = a * inv;
   }
 }
@@ -336,13 +394,24 @@ void attention_general(CudaBackend::Impl& I, const float* q, int64_t T, int n_he
   auto oo = I.out(out, T * n_heads * hd, false);
   const int64_t nmax = pos0 + T - first;  // the most keys a query row sees
   // Query tiles whose score rows fit 64 MiB of scratch.
-  const int64_t tile_t = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t{16} << 20) / (nmax * n_heads)));
+  // Rows seeing more than kAttnSplitKeys keys run in splits (the longest row the most) and merge;
+  // their partial sums [tile rows, splits, hd + 2] take at most 64 MiB too.
+  const int splits = attn_splits(nmax);
+  const int64_t tile_t = std::max<int64_t>(
+      1, std::min<int64_t>({T, (int64_t{16} << 20) / (nmax * n_heads), splits > 1 ? (int64_t{16} << 20) / (int64_t{splits} * n_heads * (hd + 2)) : T}));
   float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
+  float* part = splits > 1 ? I.arena->get_n<float>(tile_t * n_heads * splits * (hd + 2)) : nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
     const int64_t nt = std::min(tile_t, T - t0);
-    k_attention<<<static_cast<unsigned>(nt * n_heads), kAttnThreads, static_cast<size_t>(hd) * sizeof(float) * (kAttnThreads / 32), I.stream>>>(
-        qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0, scale, window, kv.base(), sd, scores, nmax, oo.d);
+    k_attention<<<dim3(static_cast<unsigned>(nt * n_heads), static_cast<unsigned>(splits)), kAttnThreads,
+                  static_cast<size_t>(hd) * sizeof(float) * (kAttnThreads / 32), I.stream>>>(qd, n_heads, n_heads / kv.n_kv_heads(), d, pos0, t0,
+                                                                                            scale, window, kv.base(), sd, scores, nmax, part, splits,
+                                                                                            oo.d);
     CU_LAUNCHED("k_attention");
+    if (splits > 1) {
+      k_attention_merge<<<static_cast<unsigned>(nt * n_heads), 128, 0, I.stream>>>(n_heads, pos0, t0, window, hd, sd, part, splits, oo.d);
+      CU_LAUNCHED("k_attention_merge");
+    }
   }
   I.finish(oo);
 }

@@ -39,6 +39,7 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   impl_->sync_each = e != nullptr && e[0] == '1';
   const char* prof = std::getenv("SPOOL_CUDA_PROFILE");
   impl_->profile = prof != nullptr && prof[0] == '1';
+  if (const char* w = std::getenv("SPOOL_CUDA_GEMV_WAVES"); w != nullptr && w[0] >= '1' && w[0] <= '8' && w[1] == 0) impl_->gemv_waves = w[0] - '0';
   set_device_allocator(Device::kCuda, DeviceAllocator{dev_alloc, dev_free, dev_copy});
 }
 
@@ -170,6 +171,11 @@ void CudaBackend::l2_norm(float* x, int64_t rows, int64_t n, float eps, float po
 void CudaBackend::rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) {
   CudaOpScope scope(*impl_, __func__, strict_device());
   cu::rms_norm_gated(*impl_, x, z, w, rows, n, eps);
+}
+
+void CudaBackend::add_rms_norm(float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::add_rms_norm(*impl_, h, x, w, rows, n, eps, y);
 }
 
 void CudaBackend::add(float* y, const float* x, int64_t n) {

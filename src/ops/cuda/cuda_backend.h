@@ -153,6 +153,8 @@ class CudaBackend final : public Backend {
   void l2_norm(float* x, int64_t rows, int64_t n, float eps, float post_scale) override;
   void rms_norm_gated(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override;
   void add(float* y, const float* x, int64_t n) override;
+  /// One kernel (k_norm's add mode): the bits of add() then rms_norm().
+  void add_rms_norm(float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) override;
   void add_bias(float* y, const float* b, int64_t rows, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void mul_sigmoid(float* x, const float* gate, int64_t n) override;

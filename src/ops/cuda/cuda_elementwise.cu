@@ -46,12 +46,23 @@ __global__ void k_mul(float* w, const float* f, int64_t n) {
 }
 
 // One block per row. mode 0: y = x / sqrt(mean(x^2) + eps) * w; 1: x = x / sqrt(sum(x^2) + eps) * post;
-// 2: x = rms_norm(x) * w * silu(z).
-__global__ void __launch_bounds__(1024) k_norm(int mode, const float* x, const float* w, const float* z, int64_t n, float eps, float post, float* y) {
-  const float* xr = x + blockIdx.x * n;
+// 2: x = rms_norm(x) * w * silu(z); 3: x += z, then mode 0 (add_rms_norm: each thread adds the
+// elements it then squares, so the sums are mode 0's over the updated x).
+__global__ void __launch_bounds__(1024) k_norm(int mode, float* x, const float* w, const float* z, int64_t n, float eps, float post, float* y) {
+  float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  if (mode == 3) {
+    const float* zr = z + blockIdx.x * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xr[i] + zr[i];
+      xr[i] = v;
+      ss += v * v;
+    }
+    mode = 0;
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  }
   ss = block_sum(ss);
   if (mode == 1) {
     const float inv = 1.0f / sqrtf(ss + eps);
@@ -106,8 +117,20 @@ void rms_norm(CudaBackend::Impl& I, const float* x, const float* w, int64_t rows
   const float* xd = I.in(x, rows * n);
   const float* wd = I.in(w, n, false);
   auto yo = I.out(y, rows * n, false);
-  k_norm<<<static_cast<unsigned>(rows), row_threads(n), 0, I.stream>>>(0, xd, wd, nullptr, n, eps, 1.0f, yo.d);
+  k_norm<<<static_cast<unsigned>(rows), row_threads(n), 0, I.stream>>>(0, const_cast<float*>(xd), wd, nullptr, n, eps, 1.0f, yo.d);
   CU_LAUNCHED("k_norm");
+  I.finish(yo);
+}
+
+void add_rms_norm(CudaBackend::Impl& I, float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
+  if (rows <= 0) return;
+  const float* xd = I.in(x, rows * n);
+  const float* wd = I.in(w, n, false);
+  auto ho = I.out(h, rows * n, true);
+  auto yo = I.out(y, rows * n, false);
+  k_norm<<<static_cast<unsigned>(rows), row_threads(n), 0, I.stream>>>(3, ho.d, wd, xd, n, eps, 1.0f, yo.d);
+  CU_LAUNCHED("k_norm");
+  I.finish(ho);
   I.finish(yo);
 }
 

@@ -306,6 +306,7 @@ struct CudaBackend::Impl {
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
   int64_t sms = 1;  // multiprocessors (gemv_quant sizes its grids by them)
+  int64_t gemv_waves = 1;  // gemv_quant's blocks per SM (SPOOL_CUDA_GEMV_WAVES, 1..8: a tuning knob for benchmarks)
   std::set<const void*> raised_smem;  // kernels whose dynamic shared memory limit was raised to smem_optin
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
@@ -574,6 +575,7 @@ void rms_norm(CudaBackend::Impl& I, const float* x, const float* w, int64_t rows
 void l2_norm(CudaBackend::Impl& I, float* x, int64_t rows, int64_t n, float eps, float post_scale);
 void rms_norm_gated(CudaBackend::Impl& I, float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps);
 void add(CudaBackend::Impl& I, float* y, const float* x, int64_t n);
+void add_rms_norm(CudaBackend::Impl& I, float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
 void add_bias(CudaBackend::Impl& I, float* y, const float* b, int64_t rows, int64_t n);
 void swiglu(CudaBackend::Impl& I, const float* gate, const float* up, int64_t n, float* out);
 void mul_sigmoid(CudaBackend::Impl& I, float* x, const float* gate, int64_t n);
