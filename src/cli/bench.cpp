@@ -44,6 +44,7 @@ struct BenchOptions {
   ModelOptions model;
   int n_prompt = 512;
   int n_gen = 128;
+  int64_t n_depth = 0;  // -d: tokens already in each sequence's context before a test (untimed)
   int reps = 5;
   int64_t ctx_size = 0;       // 0 = the longer test's tokens + 1
   int64_t prefill_step = 512;
@@ -94,6 +95,7 @@ struct ExpertWindow {
 struct Result {
   std::string test;
   int n_prompt = 0, n_gen = 0;
+  int64_t n_depth = 0;     // context before the test (-d)
   int n_seqs = 1;          // sequences decoded together (tg)
   int lora_distinct = -1;  // --lora-distinct: distinct adapters active in the batch (-1: not given)
   std::vector<double> ts;  // tokens per second per repetition (all sequences together)
@@ -180,18 +182,20 @@ std::span<const float> lora_of(const Row& row, int q) {
   return row.lora.empty() ? std::span<const float>() : std::span<const float>(row.lora[static_cast<size_t>(q)]);
 }
 
-// The row of a pp (n_gen == 0) or tg test over n_seqs sequences with `distinct` adapters
+// The row of a pp (n_gen == 0) or tg test over n_seqs sequences after `depth` tokens of context, with `distinct` adapters
 // (--lora-distinct: sequence q runs adapter q mod D at its default scale defaults[q mod D], every
 // other adapter at 0; D = 0: all off; -1: no --lora-distinct, every sequence at the defaults and
 // no test-name suffix).
-Row make_row(int n_prompt, int n_gen, int n_seqs, int distinct, const std::vector<float>& defaults) {
+Row make_row(int n_prompt, int n_gen, int n_seqs, int distinct, const std::vector<float>& defaults, int64_t depth) {
   Row row;
   Result& r = row.r;
   r.n_prompt = n_prompt;
   r.n_gen = n_gen;
   r.n_seqs = n_seqs;
+  r.n_depth = depth;
   r.lora_distinct = distinct;
   r.test = n_gen == 0 ? strfmt("pp%d", n_prompt) : n_seqs == 1 ? strfmt("tg%d", n_gen) : strfmt("tg%d x%d", n_gen, n_seqs);
+  if (depth > 0) r.test += strfmt(" @ d%lld", static_cast<long long>(depth));  // (llama-bench's name)
   if (distinct >= 0) {
     r.test += strfmt(" lora%d", distinct);
     row.lora.assign(static_cast<size_t>(n_seqs), std::vector<float>(defaults.size(), 0.0f));
@@ -204,18 +208,32 @@ Row make_row(int n_prompt, int n_gen, int n_seqs, int distinct, const std::vecto
   return row;
 }
 
-// One repetition of `row` (rep -1: the warm-up) on fresh sequence states; a timed one adds its
-// t/s (all sequences together) and its expert-tier counters to the row.
+// Fills a fresh state with `depth` random tokens (-d; untimed, in steps of `step`, no logits).
+void fill_depth(models::Model& m, models::State& st, int64_t depth, int64_t step, std::mt19937_64& rng) {
+  const int64_t V = m.spec().vocab_size;
+  for (int64_t i = 0; i < depth; i += step) {
+    const int64_t n = std::min(step, depth - i);
+    const std::vector<int32_t> ids = random_ids(rng, static_cast<int>(n), V);
+    const models::SeqStep one{std::span<const int32_t>(ids.data(), ids.size()), &st, models::LogitsMode::kNone, nullptr, nullptr, {}};
+    m.forward_batch(std::span<const models::SeqStep>(&one, 1));
+  }
+}
+
+// One repetition of `row` (rep -1: the warm-up) on fresh sequence states (after -d tokens of
+// context, untimed); a timed one adds its t/s (all sequences together) and its expert-tier
+// counters to the row.
 void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
   models::Model& m = *l.model;
   Result& r = row.r;
   const int64_t V = m.spec().vocab_size;
   const int n_prompt = r.n_prompt, n_gen = r.n_gen, n_seqs = r.n_seqs;
-  const TierStats before = stats_snapshot(l);
+  std::mt19937_64 depth_rng(99);  // (the depth's ids: the same for every row and repetition)
   double dt = 0;
   if (n_gen == 0) {
     std::vector<float> logits(V);
     models::State st = m.new_state();
+    fill_depth(m, st, r.n_depth, step, depth_rng);
+    const TierStats before = stats_snapshot(l);
     const std::vector<int32_t> ids = row_ids(row, n_prompt, static_cast<int64_t>(rep + 1) * n_prompt, V);
     const double t0 = now_seconds();
     for (int64_t i = 0; i < n_prompt; i += step) {
@@ -230,6 +248,7 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
       m.forward_batch(std::span<const models::SeqStep>(&one, 1));
     }
     dt = now_seconds() - t0;
+    if (rep >= 0) row.w.add(stats_snapshot(l) - before);
   } else {
     // n_seqs sequences decoded together (one forward_batch step = one token of each).
     std::vector<models::State> states;
@@ -237,10 +256,12 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
     std::vector<std::vector<float>> out(n_seqs, std::vector<float>(V));
     for (int q = 0; q < n_seqs; ++q) {
       states.push_back(m.new_state());
+      fill_depth(m, states.back(), r.n_depth, step, depth_rng);
       // (--text: sequence q reads the text where a replayed trace's sequence q would: tg_trace_token)
       ids.push_back(row_ids(row, n_gen, row.text ? experts::tg_trace_token(static_cast<int64_t>(row.text->size()), q, n_seqs, rep, n_gen, 0) : 0, V));
     }
     std::vector<models::SeqStep> step_seqs(n_seqs);
+    const TierStats before = stats_snapshot(l);
     const double t0 = now_seconds();
     for (int i = 0; i < n_gen; ++i) {
       for (int q = 0; q < n_seqs; ++q)
@@ -252,10 +273,10 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
       m.forward_batch(step_seqs);
     }
     dt = now_seconds() - t0;
+    if (rep >= 0) row.w.add(stats_snapshot(l) - before);
   }
   if (rep < 0) return;
   r.ts.push_back((n_gen == 0 ? n_prompt : static_cast<double>(n_gen) * n_seqs) / std::max(dt, 1e-9));
-  row.w.add(stats_snapshot(l) - before);
 }
 
 // The rows of one test (one per --lora-distinct value; a single row without it): a warm-up of
@@ -343,11 +364,14 @@ std::vector<int32_t> spec_prompt(const std::optional<tokenizer::Tokenizer>& tok,
 void run(const BenchOptions& o) {
   if (o.n_prompt < 0 || o.n_gen < 0) throw UsageError("-p and -n must be >= 0");
   if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("nothing to run: -p and -n are both 0");
+  if (o.n_depth < 0) throw UsageError(strfmt("-d must be >= 0 (got %lld)", (long long)o.n_depth));
+  if (o.n_depth > 0 && !o.routing_trace.empty()) throw UsageError("-d and --routing-trace cannot be combined (the trace numbers the test's tokens)");
   if (o.reps < 1 || o.reps > 1000) throw UsageError(strfmt("-r must be 1..1000 (got %d)", o.reps));
   if (o.output != "md" && o.output != "json") throw UsageError(strfmt("-o must be md or json (got '%s')", o.output.c_str()));
   if (o.prefill_step < 1) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
   const engine::SpecParams spec = o.model.spec_params();  // UsageError for bad --spec / --draft-max values
   if (spec.mtp && o.n_gen == 0) throw UsageError("--spec mtp measures the tg test: -n must be > 0");
+  if (spec.mtp && o.n_depth > 0) throw UsageError("-d and --spec mtp cannot be combined (the mtp pair generates from its own prompt)");
   if (spec.mtp && !o.routing_trace.empty()) throw UsageError("--routing-trace and --spec mtp cannot be combined (drafts route on their own)");
   for (size_t i = 0; i < o.lora_distinct.size(); ++i) {
     const int d = o.lora_distinct[i];
@@ -376,7 +400,7 @@ void run(const BenchOptions& o) {
     if (text_ids.size() < 2) throw Error(strfmt("--text %s: fewer than 2 tokens", o.text.c_str()));
   }
   std::vector<int32_t> prompt;
-  int64_t needed = std::max(o.n_prompt, o.n_gen) + 1;
+  int64_t needed = o.n_depth + std::max(o.n_prompt, o.n_gen) + 1;
   if (spec.mtp) {
     // The vocabulary is checked against the model after loading; the context needs the length only.
     prompt = spec_prompt(tok, std::numeric_limits<int32_t>::max());
@@ -431,7 +455,7 @@ void run(const BenchOptions& o) {
   auto rows_of = [&](int n_prompt, int n_gen, int n_seqs) {
     std::vector<Row> rows;
     for (int d : distinct) {
-      rows.push_back(make_row(n_prompt, n_gen, n_seqs, d, lora_defaults));
+      rows.push_back(make_row(n_prompt, n_gen, n_seqs, d, lora_defaults, o.n_depth));
       if (!text_ids.empty()) rows.back().text = &text_ids;
     }
     for (Result& r : run_rows(l, std::move(rows), o.reps, o.prefill_step, replay.get())) results.push_back(std::move(r));
@@ -479,6 +503,7 @@ void run(const BenchOptions& o) {
                      {"n_threads", threads},
                      {"n_prompt", r.n_prompt},
                      {"n_gen", r.n_gen},
+                     {"n_depth", r.n_depth},
                      {"test", r.test},
                      {"n_parallel", r.n_seqs},
                      {"avg_ts", r.mean()},
@@ -580,6 +605,7 @@ void register_bench(CLI::App& app) {
   o->model.add_warm_start_to(c);
   c->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens of the pp test (default 512; 0 = skip)");
   c->add_option("-n,--n-gen", o->n_gen, "Generated tokens of the tg test (default 128; 0 = skip)");
+  c->add_option("-d,--n-depth", o->n_depth, "Tokens of context each test runs after (random ids, untimed; default 0)");
   c->add_option("-r,--repetitions", o->reps, "Timed repetitions per test (default 5; one warm-up run first)");
   c->add_option("-o,--output", o->output, "Output format: md or json (default md)");
   c->add_option("-c,--ctx-size", o->ctx_size, "Context the expert-cache budget leaves KV room for (default 0 = the longer test + 1)");

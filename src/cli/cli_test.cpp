@@ -279,6 +279,21 @@ TEST(Cli, BenchLoraDistinctRows) {
   EXPECT_EQ(spool("bench -p 0 -n 4 --lora " + a + " --lora-distinct 0 --spec mtp").code, 2);
 }
 
+// spool bench -d N (llama-bench's --n-depth): every test runs after N tokens of context, its rows
+// named "<test> @ dN" with n_depth in the JSON; a negative depth or one beside --spec mtp exits 2.
+TEST(Cli, BenchDepthRows) {
+  Result r = spool("bench -p 8 -n 4 -d 20 -r 1 -t 2 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["test"], "pp8 @ d20");
+  EXPECT_EQ(j[1]["test"], "tg4 @ d20");
+  EXPECT_EQ(j[1]["n_depth"], 20);
+  EXPECT_GT(j[1]["avg_ts"].get<double>(), 0.0);
+  EXPECT_EQ(spool("bench -p 8 -n 4 -d -1").code, 2);
+  EXPECT_EQ(spool("bench -p 0 -n 4 -d 8 --spec mtp").code, 2);
+}
+
 // synth --mtp: a family without an MTP layout is a usage error naming it.
 TEST(Cli, SynthMtpNeedsAnMtpFamily) {
   const Result r = spool("synth --preset tiny-gemma4-moe --mtp --no-check -o " + ::testing::TempDir() + "/cli_synth_mtp_bad");
