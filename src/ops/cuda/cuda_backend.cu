@@ -39,7 +39,6 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   impl_->sync_each = e != nullptr && e[0] == '1';
   const char* prof = std::getenv("SPOOL_CUDA_PROFILE");
   impl_->profile = prof != nullptr && prof[0] == '1';
-  if (const char* w = std::getenv("SPOOL_CUDA_GEMV_WAVES"); w != nullptr && w[0] >= '1' && w[0] <= '8' && w[1] == 0) impl_->gemv_waves = w[0] - '0';
   set_device_allocator(Device::kCuda, DeviceAllocator{dev_alloc, dev_free, dev_copy});
 }
 

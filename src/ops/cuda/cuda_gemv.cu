@@ -189,17 +189,13 @@ __device__ __forceinline__ uint32_t chunk_code(const Chunk<BITS>& k, int e) {
 // Bytes of one row of a packed weight: cols / 32 chunks of 4 * BITS bytes.
 __host__ __device__ constexpr int64_t packed_row_bytes(int bits, int64_t cols) { return cols / 32 * 4 * bits; }
 
-// R consecutive rows r0 .. r0 + R - 1 per group of LPR lanes, C chunks of each row per lane and
-// step: a lane takes chunks sub, sub + LPR, sub + 2 LPR, ... of its rows, C at a time, and loads all
-// R * C of a step before it computes any (R * C loads in flight per lane: 4 in every decode variant,
-// which keeps a small weight's bytes in flight without a second round trip). Each chunk of x' (one
-// float4 pair per word and row of x') is read from shared memory once for the R rows. `pre` holds
-// the first step's chunks when use_pre (loaded before the prologue). Row r's products and their
-// order depend only on cols (LPR) and the row itself (chunks in increasing order), not on R, C, TM
-// or the job's other rows.
-template <int BITS, int LPR, int R, int C, int TM>
+// R consecutive rows r0 .. r0 + R - 1 per group of LPR lanes: each chunk of x' (one float4 pair per
+// word and row of x') is read from shared memory once for the R rows, whose weight chunks are all
+// loaded first (R 16-byte loads in flight per lane). Row r's products and their order depend only
+// on cols (LPR) and the row itself, not on R, TM or the job's other rows.
+template <int BITS, int LPR, int R, int TM>
 __device__ __forceinline__ void gemv_quant_rows(const QGemvJob& j, const float* cbs, const float* xs, int64_t rows, int64_t cols, int group,
-                                             int64_t r0, const Chunk<BITS> (&pre)[R * C], bool use_pre) {
+                                             int64_t r0, const Chunk<BITS> (&pre)[R], bool use_pre) {
   const int sub = threadIdx.x & (LPR - 1);
   const int nch = static_cast<int>(cols / 32);
   const int64_t ng = cols / group;
@@ -217,53 +213,38 @@ __device__ __forceinline__ void gemv_quant_rows(const QGemvJob& j, const float* 
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[i][t] = 0.0f;
-  for (int c0 = sub; c0 < nch; c0 += LPR * C) {
-    Chunk<BITS> wq[R * C];
-    float sc[R * C];  // (group % 32 == 0: one scale per chunk of 32 codes)
+  for (int c = sub; c < nch; c += LPR) {
+    Chunk<BITS> wq[R];
 #pragma unroll
-    for (int u = 0; u < C; ++u) {
-      const int c = c0 + u * LPR;
-      if (c >= nch) break;
+    for (int i = 0; i < R; ++i) wq[i] = use_pre && c == sub ? pre[i] : load_chunk<BITS>(qr[i], c);
+    float sc[R];  // (group % 32 == 0: one scale per chunk of 32 codes)
 #pragma unroll
-      for (int i = 0; i < R; ++i) wq[u * R + i] = use_pre && c0 == sub ? pre[u * R + i] : load_chunk<BITS>(qr[i], c);
-    }
+    for (int i = 0; i < R; ++i) sc[i] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
 #pragma unroll
-    for (int u = 0; u < C; ++u) {
-      const int c = c0 + u * LPR;
-      if (c >= nch) break;
+    for (int k = 0; k < 4; ++k) {
+      float wv[R][8];
 #pragma unroll
-      for (int i = 0; i < R; ++i) sc[u * R + i] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
-    }
+      for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int u = 0; u < C; ++u) {
-      const int c = c0 + u * LPR;
-      if (c >= nch) break;
+        for (int e = 0; e < 8; ++e) wv[i][e] = cbs[chunk_code<BITS>(wq[i], 8 * k + e)];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float wv[R][8];
+      for (int t = 0; t < TM; ++t) {
+        if (t >= T) break;
+        const float4 a = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k) * nch + c) * 4);
+        const float4 b = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k + 1) * nch + c) * 4);
+        // The word's dot product, then one multiply-add by the group scale, in explicitly rounded
+        // operations: every variant (R, TM) and path computes a row with the same instructions.
 #pragma unroll
-        for (int i = 0; i < R; ++i)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) wv[i][e] = cbs[chunk_code<BITS>(wq[u * R + i], 8 * k + e)];
-#pragma unroll
-        for (int t = 0; t < TM; ++t) {
-          if (t >= T) break;
-          const float4 a = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k) * nch + c) * 4);
-          const float4 b = *reinterpret_cast<const float4*>(xs + t * cols + ((2 * k + 1) * nch + c) * 4);
-          // The word's dot product, then one multiply-add by the group scale, in explicitly rounded
-          // operations: every variant (R, C, TM) and path computes a row with the same instructions.
-#pragma unroll
-          for (int i = 0; i < R; ++i) {
-            float d = __fmul_rn(wv[i][0], a.x);
-            d = __fmaf_rn(wv[i][1], a.y, d);
-            d = __fmaf_rn(wv[i][2], a.z, d);
-            d = __fmaf_rn(wv[i][3], a.w, d);
-            d = __fmaf_rn(wv[i][4], b.x, d);
-            d = __fmaf_rn(wv[i][5], b.y, d);
-            d = __fmaf_rn(wv[i][6], b.z, d);
-            d = __fmaf_rn(wv[i][7], b.w, d);
-            acc[i][t] = __fmaf_rn(sc[u * R + i], d, acc[i][t]);
-          }
+        for (int i = 0; i < R; ++i) {
+          float d = __fmul_rn(wv[i][0], a.x);
+          d = __fmaf_rn(wv[i][1], a.y, d);
+          d = __fmaf_rn(wv[i][2], a.z, d);
+          d = __fmaf_rn(wv[i][3], a.w, d);
+          d = __fmaf_rn(wv[i][4], b.x, d);
+          d = __fmaf_rn(wv[i][5], b.y, d);
+          d = __fmaf_rn(wv[i][6], b.z, d);
+          d = __fmaf_rn(wv[i][7], b.w, d);
+          acc[i][t] = __fmaf_rn(sc[i], d, acc[i][t]);
         }
       }
     }
@@ -370,12 +351,9 @@ __device__ __forceinline__ void rotate_row_regs(const float* src, const float* s
 // time and stride over the row blocks by gridDim.x: a grid of about one block per SM (per job) builds
 // x' rarely. TM: 1 (T == 1) or kMaxGemvT (any T up to it).
 constexpr size_t kGemvStaticSmem = 256 * sizeof(float);  // k_gemv_quant's codebook (beside the dynamic x'; q8's 256 entries)
-// Rows per lane group R and chunks per lane and step C: for one row of x' (decode) R * C = 4 loads in
-// flight per lane ((4, 1) when a lane has one chunk per row, (2, 2) or (1, 4) when it has more; R
-// = 1 also spreads a small weight over more blocks), (2, 1) for up to kMaxGemvT rows of x'
-// (registers). The first step's chunks of the block's first rows are loaded before the prologue,
-// so their latency overlaps the building of x'.
-template <int BITS, int LPR, int TM, int R, int C>
+// Rows per lane group R: 4 or 1 for one row of x' (decode; 1 spreads a small weight over more
+// blocks), 2 for up to kMaxGemvT rows of x' (registers).
+template <int BITS, int LPR, int TM, int R>
 __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_quant(const QGemvJob* jobs, QGemvJob one, int64_t rows, int64_t cols, int group, int64_t B,
                                                            float norm) {
   const QGemvJob j = jobs != nullptr ? jobs[blockIdx.y] : one;
@@ -383,18 +361,14 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_quant(const QGemvJob* 
   __shared__ float cbs[1 << BITS];
   const int64_t rpb = kGemvThreads / LPR * R, nrb = (rows + rpb - 1) / rpb;
   const int n = static_cast<int>(cols), nch = n / 32;
-  Chunk<BITS> pre[R * C];
+  // The first chunk of this block's first rows is loaded before the prologue (its latency overlaps it).
+  Chunk<BITS> pre[R];
   const int sub = threadIdx.x & (LPR - 1);
   const int64_t r_first = static_cast<int64_t>(blockIdx.x) * rpb + threadIdx.x / LPR * R;
   const bool prefetch = blockIdx.x < nrb && sub < nch;
   if (prefetch) {
 #pragma unroll
-    for (int u = 0; u < C; ++u) {
-      const int c = sub + u * LPR;
-      if (c >= nch) break;
-#pragma unroll
-      for (int i = 0; i < R; ++i) pre[u * R + i] = load_chunk<BITS>(j.q + min(r_first + i, rows - 1) * packed_row_bytes(BITS, cols), c);
-    }
+    for (int i = 0; i < R; ++i) pre[i] = load_chunk<BITS>(j.q + min(r_first + i, rows - 1) * packed_row_bytes(BITS, cols), sub);
   }
   for (int i = threadIdx.x; i < (1 << BITS); i += blockDim.x) cbs[i] = j.cb[i];
   for (int t = 0; t < j.T; ++t) {
@@ -419,8 +393,8 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_quant(const QGemvJob* 
   }
   __syncthreads();
   for (int64_t rb = blockIdx.x; rb < nrb; rb += gridDim.x)
-    gemv_quant_rows<BITS, LPR, R, C, TM>(j, cbs, xs, rows, cols, group, rb * rpb + threadIdx.x / LPR * R,
-                                 pre, rb == blockIdx.x && prefetch);
+    gemv_quant_rows<BITS, LPR, R, TM>(j, cbs, xs, rows, cols, group, rb * rpb + threadIdx.x / LPR * R,
+                             pre, rb == blockIdx.x && prefetch);
 }
 
 // Up to kMaxGemv16 f16 / bf16 weights of one input in one launch (blockIdx.y picks the weight).
@@ -523,24 +497,18 @@ void CudaBackend::Impl::gemv_quant(const QGemvJob* jobs, const QGemvJob& one, in
   const int64_t nc = cols / 32;
   int lpr = 1;
   while (lpr < 32 && lpr * 2 <= nc) lpr *= 2;
-  // Decode (one row of x'): 4 loads in flight per lane, as chunks per lane and step C (a full warp
-  // per row with 2 or more chunks each: C = 2 or 4) times rows per lane group R = 4 / C; R = 1 when
-  // 4 / C rows per group would leave fewer than half the SMs a block (a small weight). Several rows
-  // of x': R = 2, C = 1.
-  const int64_t per_lane = (nc + lpr - 1) / lpr;
-  const int C = t_max > 1 || lpr < 32 ? 1 : per_lane >= 4 ? 4 : per_lane >= 2 ? 2 : 1;
+  // Rows per lane group: 2 for several rows of x'; 4 for one, unless that leaves fewer than half the
+  // SMs a block (a small weight), then 1.
   const int64_t per_block = kGemvThreads / lpr;
   const auto blocks_for_r = [&](int r) { return n_jobs * ((rows + per_block * r - 1) / (per_block * r)); };
-  const int R = t_max > 1 ? 2 : blocks_for_r(4 / C) >= sms / 2 ? 4 / C : 1;
+  const int R = t_max > 1 ? 2 : blocks_for_r(4) >= sms / 2 ? 4 : 1;
   const int64_t nrb = (rows + per_block * R - 1) / (per_block * R);
   const int64_t B = cols & -cols;
   const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(B)));
   const size_t smem = static_cast<size_t>(t_max) * static_cast<size_t>(cols) * sizeof(float);
   if (smem + kGemvStaticSmem > static_cast<size_t>(smem_optin))
     fail("cuda backend: a GEMV input of %d x %lld needs %zu bytes of shared memory (device has %d)", t_max, (long long)cols, smem, smem_optin);
-  // Blocks per job: about gemv_waves blocks per SM in all, each job at least one; a block strides
-  // over the row blocks past the grid (only its first row block's chunks are loaded before the prologue).
-  const int64_t gx = std::min<int64_t>(nrb, std::max<int64_t>(1, (gemv_waves * sms) / std::max<int64_t>(n_jobs, 1)));
+  const int64_t gx = std::min<int64_t>(nrb, std::max<int64_t>(1, sms / std::max<int64_t>(n_jobs, 1)));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(n_jobs));
   const auto go = [&](auto kern) {
     // Above the default 48 KiB (static + dynamic) a kernel needs the opt-in, raised once to the device's limit.
@@ -548,34 +516,23 @@ void CudaBackend::Impl::gemv_quant(const QGemvJob* jobs, const QGemvJob& one, in
       CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - static_cast<int>(kGemvStaticSmem)));
     kern<<<grid, kGemvThreads, smem, stream>>>(jobs, one, rows, cols, group, B, norm);
   };
-  using I1 = std::integral_constant<int, 1>;
-  using I2 = std::integral_constant<int, 2>;
-  using I4 = std::integral_constant<int, 4>;
-  using IT = std::integral_constant<int, kMaxGemvT>;
-  // LPR < 32 takes (R, C) = (4, 1), (1, 1) or (2, 1) with TM = kMaxGemvT; a full warp also (2, 2),
-  // (1, 2) and (1, 4).
   const auto by_lpr = [&](auto bits, auto tm, auto r) {
     constexpr int BITS = decltype(bits)::value, TM = decltype(tm)::value, RR = decltype(r)::value;
     switch (lpr) {
-      case 1: go(k_gemv_quant<BITS, 1, TM, RR, 1>); break;
-      case 2: go(k_gemv_quant<BITS, 2, TM, RR, 1>); break;
-      case 4: go(k_gemv_quant<BITS, 4, TM, RR, 1>); break;
-      case 8: go(k_gemv_quant<BITS, 8, TM, RR, 1>); break;
-      case 16: go(k_gemv_quant<BITS, 16, TM, RR, 1>); break;
-      default: go(k_gemv_quant<BITS, 32, TM, RR, 1>); break;
+      case 1: go(k_gemv_quant<BITS, 1, TM, RR>); break;
+      case 2: go(k_gemv_quant<BITS, 2, TM, RR>); break;
+      case 4: go(k_gemv_quant<BITS, 4, TM, RR>); break;
+      case 8: go(k_gemv_quant<BITS, 8, TM, RR>); break;
+      case 16: go(k_gemv_quant<BITS, 16, TM, RR>); break;
+      default: go(k_gemv_quant<BITS, 32, TM, RR>); break;
     }
   };
   const auto by_r = [&](auto bits) {
-    constexpr int BITS = decltype(bits)::value;
-    if (t_max > 1) {
-      by_lpr(bits, IT{}, I2{});
-    } else if (C == 4) {
-      go(k_gemv_quant<BITS, 32, 1, 1, 4>);
-    } else if (C == 2) {
-      if (R == 2) go(k_gemv_quant<BITS, 32, 1, 2, 2>);
-      else go(k_gemv_quant<BITS, 32, 1, 1, 2>);
+    using I1 = std::integral_constant<int, 1>;
+    if (R == 2) {
+      by_lpr(bits, std::integral_constant<int, kMaxGemvT>{}, std::integral_constant<int, 2>{});
     } else if (R == 4) {
-      by_lpr(bits, I1{}, I4{});
+      by_lpr(bits, I1{}, std::integral_constant<int, 4>{});
     } else {
       by_lpr(bits, I1{}, I1{});
     }

@@ -306,7 +306,6 @@ struct CudaBackend::Impl {
   std::unordered_map<const KvCache*, KvMirror> kv;
   int smem_optin = 48 << 10;
   int64_t sms = 1;  // multiprocessors (gemv_quant sizes its grids by them)
-  int64_t gemv_waves = 1;  // gemv_quant's blocks per SM (SPOOL_CUDA_GEMV_WAVES, 1..8: a tuning knob for benchmarks)
   std::set<const void*> raised_smem;  // kernels whose dynamic shared memory limit was raised to smem_optin
   // False once the backend is destroyed: a KV cache's deferred rows (kv_append) then cannot be fetched.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
