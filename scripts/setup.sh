@@ -11,6 +11,7 @@ packages=(
   liburing-dev libcurl4-openssl-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3-venv curl
+  openmpi-bin libopenmpi-dev
 )
 # scripts/test-aarch64.sh (run by scripts/test.sh) cross-builds the kernel tests for aarch64 and
 # runs them under qemu-user: on an amd64 machine, the cross compiler, qemu and the arm64

@@ -7,6 +7,7 @@
 
 #include "cli/common.h"
 #include "common/error.h"
+#include "dist/comm.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "engine/session.h"
@@ -58,6 +59,8 @@ engine::SamplingParams sampling_from(const GenerateOptions& o, const io::Generat
   if (o.min_p) p.min_p = *o.min_p;
   if (o.repeat_penalty) p.repetition_penalty = *o.repeat_penalty;
   p.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
+  // Expert-parallel ranks sample in lockstep: rank 0's seed everywhere (the logits are the same bits).
+  if (dist::launched_by_mpi()) dist::world().broadcast(&p.seed, sizeof(p.seed), 0);
   p.validate();
   return p;
 }

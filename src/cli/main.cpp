@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "common/error.h"
+#include "dist/comm.h"
 #include "ops/cpu_targets.h"
 
 int main(int argc, char** argv) {
@@ -44,6 +45,10 @@ int main(int argc, char** argv) {
     for (int i = 2; i < argc; ++i)
       if (std::string(argv[i]) == "-np") args[static_cast<size_t>(i)] = kParallel;
   try {
+    // Under mpirun (expert parallelism, docs/distributed.md) every rank runs this command in
+    // lockstep; rank 0 alone writes the output.
+    if (spool::dist::launched_by_mpi() && spool::dist::world().rank() > 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
+      throw spool::Error("cannot silence the standard output of an MPI rank");
     spool::ops::restrict_cpu_targets_from_env();  // SPOOL_HWY_TARGETS (ops/cpu_targets.h)
     app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {

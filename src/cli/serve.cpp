@@ -13,6 +13,7 @@
 
 #include "cli/common.h"
 #include "common/error.h"
+#include "dist/comm.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "server/chat_format.h"
@@ -48,6 +49,9 @@ struct ServeOptions {
 
 void run(const ServeOptions& o) {
   // Everything that can be checked before loading.
+  if (dist::launched_by_mpi())
+    throw UsageError("serve does not run over several MPI ranks yet (its requests reach rank 0 alone); expert parallelism runs "
+                     "generate, bench and perplexity (docs/distributed.md)");
   if (o.port < 0 || o.port > 65535) throw UsageError(strfmt("--port must be in [0, 65535] (got %d)", o.port));
   if (o.ctx_size < 0) throw UsageError(strfmt("--ctx-size must be >= 0 (got %lld)", (long long)o.ctx_size));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));

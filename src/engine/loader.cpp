@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
+#include "dist/comm.h"
 #include "ops/ggml_q8.h"
 #include "ops/quant_q8.h"
 #include "ops/matmul.h"
@@ -537,6 +538,13 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
            opt.model_dir.c_str(), line.c_str());
   }
   if (opt.strict_device) backend->set_strict_device(true);
+  // Started by mpirun with several ranks: expert parallelism over them (docs/distributed.md).
+  if (dist::launched_by_mpi()) {
+    dist::Comm& w = dist::world();
+    l.model->set_comm(&w);
+    const auto [lo, hi] = dist::owned_experts(w.rank(), spec.moe.n_experts, w.size());
+    log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here", w.rank(), w.size(), w.name(), lo, hi, spec.moe.n_experts);
+  }
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
   // other sequence (plan::base_needs counts the same).

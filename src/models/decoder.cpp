@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "dist/comm.h"
 #include "experts/predictor.h"
 #include "experts/resident.h"
 #include "experts/weight_views.h"
@@ -368,7 +369,8 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
     // Several sequences whose experts stream from disk: two groups, each group's expert reads
     // hidden behind the other's compute. Hooks see one row numbering: they run unpipelined
     // (but an on_route that takes any order, ForwardHooks::on_route_any_order).
-    const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ &&
+    // (Not with expert parallelism: the ranks' collectives must come in one order from one thread.)
+    const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ && (comm_ == nullptr || comm_->size() == 1) &&
                            be_->device() == ops::Device::kCpu && !hooks.on_hidden && !hooks.on_ffn_input && (!hooks.on_route || hooks.on_route_any_order) &&
                            !hooks.on_margin;
     if (pipelined) {
@@ -439,6 +441,16 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
     if (e) std::rethrow_exception(e);
 }
 
+void DecoderModel::set_comm(dist::Comm* comm) {
+  if (comm != nullptr && comm->size() > 1) {
+    if (be_->device() != ops::Device::kCpu)
+      fail("expert parallelism over %d ranks runs on the CPU backend (the MPI communicator moves host memory; --device cpu)", comm->size());
+    if (spec_.moe.n_experts < comm->size())
+      fail("expert parallelism: %d routed experts cannot be split over %d ranks", spec_.moe.n_experts, comm->size());
+  }
+  comm_ = comm;
+}
+
 void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                               const std::function<void()>& between, int64_t row0) {
   // This thread's rows of the step's LoRA scales (ops/lora.h): rows [row0, row0 + N).
@@ -452,6 +464,7 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
   step.on_route = &hooks.on_route;
   step.on_margin = &hooks.on_margin;
   step.between = &between;
+  step.comm = comm_;
   bool pending = false;
   for (int i = 0; i < spec_.n_layers; ++i) {
     if (hooks.on_hidden) {  // (observers see the whole residual stream)
@@ -526,6 +539,12 @@ void DecoderModel::set_expert_predictor(std::shared_ptr<const experts::ExpertPre
   route_by_predictor_ = route_by;
 }
 
+void DecoderModel::hint_owned(int layer, std::vector<int> ids) {
+  if (comm_ != nullptr && comm_->size() > 1)  // (this rank reads its own experts only)
+    std::erase_if(ids, [&](int e) { return dist::expert_owner(e, spec_.moe.n_experts, comm_->size()) != comm_->rank(); });
+  if (!ids.empty()) provider_->hint(layer, ids);
+}
+
 std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int64_t N, FfnStep& step) {
   // Next-layer prefetch: the next MoE layer's guess from this residual stream, run once this
   // layer's own reads are in flight (host memory: CPU backends only). The guess is the trained
@@ -547,7 +566,7 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
       std::vector<int> ranked(static_cast<size_t>(N * m), -1);
       for (int64_t t = 0; t < N; ++t) hooks.guess_override(j, row0 + t, std::span<int>(ranked.data() + t * m, static_cast<size_t>(m)));
       const std::vector<int> ids = best_first_union(ranked, N, m, E);
-      if (!ids.empty()) provider_->hint(j, ids);
+      hint_owned(j, ids);
     };
   }
   const int K = top_k_;
@@ -578,7 +597,7 @@ std::function<void()> DecoderModel::next_layer_hint(int i, const Scratch& s, int
       be.rms_norm(s.h, norm, N, H, eps, xn.data());
       ids = next->predict(xn.data(), N, m, be);
     }
-    if (!ids.empty()) provider_->hint(j, ids);
+    hint_owned(j, std::move(ids));
   };
 }
 
@@ -659,6 +678,7 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   step.on_route = &no_route;
   step.on_margin = &no_margin;
   step.between = &no_between;
+  step.comm = comm_;
   try {
     // Qwen3.5 stacks its MTP layers; DeepSeek's nextn layers are one module each (the first drafts).
     const int n = mtp_stacked_ ? spec_.mtp_layers : 1;

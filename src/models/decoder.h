@@ -54,6 +54,7 @@ class DecoderModel : public Model {
   void forward_batch(std::span<const SeqStep> seqs) override;
   void set_max_active_experts(int k) override;
   void set_next_layer_prefetch(int m) override { next_prefetch_ = m > 0 ? m : 0; }
+  void set_comm(dist::Comm* comm) override;
   void set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool route_by) override;
   int predictor_source(int layer) const override;
   void router_as_linear(int layer, std::vector<float>* w, std::vector<float>* b) override;
@@ -85,6 +86,8 @@ class DecoderModel : public Model {
   // `row0`: the step row of s's row 0 (hooks.route_override numbers the step's rows).
   void run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
                   const std::function<void()>& between, int64_t row0 = 0);
+  // ExpertProvider::hint(layer, ids) for the experts of ids this rank runs (all without set_comm).
+  void hint_owned(int layer, std::vector<int> ids);
   // One layer over s.h. `pending`: s.h still lacks the previous layer's output s.tmp (its residual
   // add is fused into this layer's input norm, Backend::add_rms_norm). Returns whether this layer
   // left its own output in s.tmp, to be added (by the next layer, or by the caller after the last).
@@ -144,6 +147,7 @@ class DecoderModel : public Model {
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
   int next_prefetch_ = 0;  // set_next_layer_prefetch
+  dist::Comm* comm_ = nullptr;  // set_comm: expert parallelism over its ranks (null: none)
   std::shared_ptr<const experts::ExpertPredictor> predictor_;  // set_expert_predictor (null: none)
   bool route_by_predictor_ = false;
   // The next MoE layer's guess inside layer i's FFN (next-layer prefetch and --route-by-predictor):

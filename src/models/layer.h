@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm.h"
 #include "experts/provider.h"
 #include "io/checkpoint.h"
 #include "models/spec.h"
@@ -97,6 +98,9 @@ struct FfnStep {
   /// This layer's routing restriction (--route-by-predictor), and the next MoE layer's, which
   /// the decoder fills one layer ahead and moves here when that layer starts.
   RouteWithin within, within_next;
+  /// Expert parallelism (Model::set_comm): the ranks the routed experts are split over; null or
+  /// one rank: all experts here.
+  dist::Comm* comm = nullptr;
 };
 
 /// A layer's feed-forward block. Implementations: DenseFfn, MoeFfn, ParallelDenseMoeFfn.

@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include "common/error.h"
+#include "dist/comm.h"
 #include "models/bind.h"
 #include "models/decoder.h"
 #include "models/family.h"
@@ -36,6 +37,10 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const io::Checkpoint> ckpt, op
 
 void Model::mtp_forward(const MtpStep&) {
   fail("this model has no multi-token-prediction head (open the checkpoint keeping it: --spec mtp)");
+}
+
+void Model::set_comm(dist::Comm* comm) {
+  if (comm != nullptr && comm->size() > 1) fail("this model type does not run expert-parallel over several ranks");
 }
 
 void Model::set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool) {

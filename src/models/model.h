@@ -19,6 +19,9 @@
 namespace spool::experts {
 class ExpertPredictor;
 }
+namespace spool::dist {
+class Comm;
+}
 
 namespace spool::models {
 
@@ -119,6 +122,14 @@ class Model {
   /// its m best experts per row are passed to ExpertProvider::hint(). Routing and outputs do not
   /// change. 0 = off (the default). Models that cannot (a GPU backend) ignore it.
   virtual void set_next_layer_prefetch(int m) { (void)m; }
+  /// Expert parallelism (docs/distributed.md): with a communicator of several ranks, this
+  /// process computes only the routed experts dist::expert_owner() gives its rank, and each MoE
+  /// layer's expert outputs are gathered from every rank (Comm::allgather_rows) before they are
+  /// combined, so every rank gets the single-process result bit for bit. Every rank must make the
+  /// same forward calls (lockstep: the same command and inputs on each). nullptr or one rank: all
+  /// experts here. Throws spool::Error for several ranks on a GPU backend (MPI moves host memory)
+  /// or a model type without routed experts.
+  virtual void set_comm(dist::Comm* comm);
   /// A trained expert predictor (experts::ExpertPredictor, --predictor): where it has a head
   /// for the next MoE layer, the next-layer prefetch reads the head's m best experts instead of
   /// the next router's. With `route_by` (--route-by-predictor, not exact), each MoE layer with a

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
-
+#include "dist/comm.h"
 #include "models/bind.h"
 
 namespace spool::models {
@@ -140,7 +140,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                        ops::Workspace& ws, const std::function<void()>& between, const float* residual,
                        const RouteOverride* route_override, int64_t row0,
-                       const std::function<void()>* after_prepare, const RouteWithin* within) const {
+                       const std::function<void()>* after_prepare, const RouteWithin* within, dist::Comm* comm) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
@@ -176,7 +176,9 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // Any router (softmax top-k, or the general one of route_grouped_top_k), SwiGLU experts without biases.
   const bool plain = !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const bool forced = route_override != nullptr && *route_override;
-  const void* table = margins || observer || forced || restricted || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
+  const bool ep = comm != nullptr && comm->size() > 1;  // expert parallelism: this rank's experts only
+  if (ep && be.device() != ops::Device::kCpu) fail("MoeBlock: expert parallelism runs on CPU backends");
+  const void* table = ep || margins || observer || forced || restricted || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     if (m_.general_router()) {
       be.route_grouped_top_k(s.logits, T, E, K, router_params(), s.ids_device, s.weights, nullptr);
@@ -238,11 +240,20 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // provider can hold at once (a streaming cache may be smaller than a prefill chunk's expert
   // set), each batch released before the next.
   const ops::ExpertGroups groups = ops::group_by_expert(s.ids, T, K, E);
-  const size_t n_active = groups.active.size();
+  // The active experts this process runs: all, or (expert parallelism) its rank's, which are one
+  // ascending range of them (dist::expert_owner), so its rows of s.y are one range too.
+  size_t a_lo = 0, a_hi = groups.active.size();
+  if (ep) {
+    const auto owner = [&](size_t a) { return dist::expert_owner(groups.active[a], E, comm->size()); };
+    while (a_lo < a_hi && owner(a_lo) < comm->rank()) ++a_lo;
+    size_t h = a_lo;
+    while (h < a_hi && owner(h) == comm->rank()) ++h;
+    a_hi = h;
+  }
   const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
   // A streaming provider starts reading the first batch's misses now; the shared expert
   // (and whatever `between` runs: another group of sequences) computes while they load.
-  const std::span<const int> first(groups.active.data(), std::min(batch, n_active));
+  const std::span<const int> first(groups.active.data() + a_lo, std::min(batch, a_hi - a_lo));
   provider.prepare(layer, first);
   try {
     if (after_prepare != nullptr && *after_prepare) (*after_prepare)();
@@ -252,9 +263,9 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     provider.unprepare(layer, first);
     throw;
   }
-  std::vector<experts::ExpertWeights> w(std::min(batch, n_active));
-  for (size_t b0 = 0; b0 < n_active; b0 += batch) {
-    const size_t nb = std::min(batch, n_active - b0);
+  std::vector<experts::ExpertWeights> w(std::min(batch, a_hi - a_lo));
+  for (size_t b0 = a_lo; b0 < a_hi; b0 += batch) {
+    const size_t nb = std::min(batch, a_hi - b0);
     provider.acquire(layer, std::span<const int>(groups.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
     if (expert_lora_ != nullptr)  // the experts' LoRA terms (resident, whatever the provider)
       for (size_t j = 0; j < nb; ++j) {
@@ -284,6 +295,15 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // (HF adds in ascending expert id; rank order differs only by float rounding and makes
   // the result independent of how experts are numbered, so a repacked checkpoint whose
   // experts and router rows are permuted together gives bit-identical output.)
+  if (ep) {  // every rank's rows of s.y (rank order = ascending experts = s.y's row order)
+    const int64_t r0 = groups.first[a_lo], r1 = groups.first[a_hi];
+    std::vector<float> all;
+    comm->allgather_rows(s.y + r0 * H, r1 - r0, H, all);
+    if (static_cast<int64_t>(all.size()) != T * K * H)
+      fail("expert parallelism: layer %d gathered %zu expert rows, expected %lld (do the ranks run the same model and inputs?)", layer,
+           all.size() / static_cast<size_t>(H), static_cast<long long>(T * K));
+    std::copy(all.begin(), all.end(), s.y);
+  }
   be.moe_combine(s.y, groups, s.weights, H, out);
   if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
 }

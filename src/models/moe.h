@@ -33,6 +33,10 @@
 #include "ops/weights.h"
 #include "ops/workspace.h"
 
+namespace spool::dist {
+class Comm;
+}
+
 namespace spool::models {
 
 
@@ -88,12 +92,15 @@ class MoeBlock {
   /// `route_override` (may be null or empty) replaces each row's experts and weights after
   /// routing (RouteOverride; its rows are numbered from `row0`, as the observers' are); the
   /// observers see the replaced choice. Throws spool::Error for an overridden id outside
-  /// [0, n_experts) or listed twice in a row.
+  /// [0, n_experts) or listed twice in a row. `comm` (may be null): expert parallelism
+  /// (Model::set_comm): this rank runs its own experts' rows and gathers the others' before the
+  /// combine (the same bits as one process).
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr,
                const RouteOverride* route_override = nullptr, int64_t row0 = 0,
-               const std::function<void()>* after_prepare = nullptr, const RouteWithin* within = nullptr) const;
+               const std::function<void()>* after_prepare = nullptr, const RouteWithin* within = nullptr,
+               dist::Comm* comm = nullptr) const;
   /// Next-layer prefetch guesses: the experts this block's router ranks among the m best for any
   /// row of x [T, H] (the router's input: this layer's normed FFN input, in host memory on a CPU
   /// backend), distinct, best first (best_first_union). Selection scores as routing ranks them (logits, + router

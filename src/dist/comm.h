@@ -1,0 +1,72 @@
+// The communicator seam of expert parallelism (docs/distributed.md): a group of `size` processes
+// (ranks) that run one model in lockstep, each holding a share of the routed experts. One small
+// interface with a single-process implementation (no library) and an MPI one (Open MPI, host
+// memory; built when the MPI development files are found: SPOOL_HAVE_MPI). No wire protocol of
+// spool's own: every byte between ranks goes through the library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace spool::dist {
+
+/// A communicator. Every collective must be called by every rank in the same order with
+/// matching arguments (the MPI rule); a library error throws spool::Error naming the call.
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  /// This process's rank, 0 .. size() - 1.
+  virtual int rank() const = 0;
+  /// Number of ranks (1: a single process).
+  virtual int size() const = 0;
+  /// "self" or "mpi" (logs, doctor).
+  virtual const char* name() const = 0;
+  /// Every rank's `n_rows` rows of `width` floats, concatenated in rank order, into `out` (resized
+  /// to the total; every rank gets the same bytes). Returns each rank's row count.
+  virtual std::vector<int64_t> allgather_rows(const float* rows, int64_t n_rows, int64_t width, std::vector<float>& out) = 0;
+  /// Rows to each rank and back: send holds send_counts[r] rows of `width` floats for rank r,
+  /// concatenated in rank order; recv (recv_counts[r] rows from rank r, in rank order) must hold
+  /// the sum of recv_counts rows. The counts must agree pairwise (rank a's send_counts[b] ==
+  /// rank b's recv_counts[a]).
+  virtual void alltoall_rows(const float* send, std::span<const int64_t> send_counts, float* recv, std::span<const int64_t> recv_counts,
+                             int64_t width) = 0;
+  /// x[0, n) summed over the ranks, in rank order, into every rank's x (the same bits everywhere).
+  virtual void allreduce_sum(float* x, int64_t n) = 0;
+  /// root's `bytes` bytes at p into every rank's p.
+  virtual void broadcast(void* p, size_t bytes, int root) = 0;
+  /// Returns when every rank has called it.
+  virtual void barrier() = 0;
+};
+
+/// A communicator of one rank (every collective is a copy or nothing).
+std::unique_ptr<Comm> self_comm();
+
+/// True when this build has the MPI implementation.
+bool have_mpi();
+
+/// True when this process was started by an MPI launcher with more than one rank
+/// (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_SIZE above 1 in the environment).
+bool launched_by_mpi();
+
+/// The process's communicator: MPI's world when launched_by_mpi() (throws spool::Error when this
+/// build has no MPI), else self_comm(). MPI is initialised on the first call and finalised at exit.
+Comm& world();
+
+/// The rank that owns routed expert e of n_experts over `ranks` ranks: contiguous blocks,
+/// owner(e) = floor(e * ranks / n_experts), so each rank's experts are one ascending range.
+inline int expert_owner(int e, int n_experts, int ranks) {
+  return static_cast<int>(static_cast<int64_t>(e) * ranks / n_experts);
+}
+
+/// The experts expert_owner() gives `rank`: [first, last) = [ceil(rank E / R), ceil((rank + 1) E / R)).
+inline std::pair<int, int> owned_experts(int rank, int n_experts, int ranks) {
+  const auto at = [&](int r) { return static_cast<int>((static_cast<int64_t>(n_experts) * r + ranks - 1) / ranks); };
+  return {at(rank), at(rank + 1)};
+}
+
+}  // namespace spool::dist

@@ -1,0 +1,161 @@
+// Expert parallelism (docs/distributed.md): the communicator's collectives, and every fixture
+// family run over the ranks of dist::world() against the same model in one process, bit for bit
+// (resident experts, and streamed ones through a cache of zero budget). ctest runs this binary
+// alone (one rank: the self communicator) and under mpirun with 2 and 3 ranks.
+#include "dist/comm.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "experts/streaming.h"
+#include "models/family.h"
+#include "models/model.h"
+#include "support/golden.h"
+
+namespace spool::dist {
+namespace {
+
+using spool::testing::argmax;
+using spool::testing::data_dir;
+
+// Rank r contributes r + 1 rows of (r, i, c): every rank gets all rows in rank order.
+TEST(Comm, AllgatherRowsInRankOrder) {
+  Comm& w = world();
+  const int64_t width = 3;
+  std::vector<float> mine;
+  for (int i = 0; i <= w.rank(); ++i)
+    for (int c = 0; c < width; ++c) mine.push_back(static_cast<float>(w.rank() * 100 + i * 10 + c));
+  std::vector<float> all;
+  const std::vector<int64_t> counts = w.allgather_rows(mine.data(), w.rank() + 1, width, all);
+  ASSERT_EQ(static_cast<int>(counts.size()), w.size());
+  size_t at = 0;
+  for (int r = 0; r < w.size(); ++r) {
+    EXPECT_EQ(counts[static_cast<size_t>(r)], r + 1);
+    for (int i = 0; i <= r; ++i)
+      for (int c = 0; c < width; ++c) EXPECT_EQ(all[at++], static_cast<float>(r * 100 + i * 10 + c)) << "rank " << r << " row " << i;
+  }
+  EXPECT_EQ(at, all.size());
+}
+
+// Rank a sends a + b + 1 rows to rank b, each row (a, b, row); every rank checks what it got.
+TEST(Comm, AlltoallRowsPairwise) {
+  Comm& w = world();
+  const int R = w.size(), me = w.rank();
+  const int64_t width = 2;
+  std::vector<int64_t> sc(static_cast<size_t>(R)), rc(static_cast<size_t>(R));
+  std::vector<float> send;
+  for (int b = 0; b < R; ++b) {
+    sc[static_cast<size_t>(b)] = me + b + 1;
+    rc[static_cast<size_t>(b)] = b + me + 1;
+    for (int i = 0; i < me + b + 1; ++i) send.insert(send.end(), {static_cast<float>(me * 10 + b), static_cast<float>(i)});
+  }
+  int64_t n = 0;
+  for (int64_t c : rc) n += c;
+  std::vector<float> recv(static_cast<size_t>(n * width), -1.0f);
+  w.alltoall_rows(send.data(), sc, recv.data(), rc, width);
+  size_t at = 0;
+  for (int a = 0; a < R; ++a)
+    for (int i = 0; i < a + me + 1; ++i) {
+      EXPECT_EQ(recv[at++], static_cast<float>(a * 10 + me)) << "from rank " << a;
+      EXPECT_EQ(recv[at++], static_cast<float>(i));
+    }
+}
+
+// The sum is rank 0's + rank 1's + ... on every rank (the same bits: checked by gathering them).
+TEST(Comm, AllreduceSumSameBitsEverywhere) {
+  Comm& w = world();
+  std::vector<float> x = {0.1f * static_cast<float>(w.rank() + 1), 1e8f, -1e8f + static_cast<float>(w.rank())};
+  float want[3] = {0, 0, 0};
+  for (int r = 0; r < w.size(); ++r) {
+    const float v[3] = {0.1f * static_cast<float>(r + 1), 1e8f, -1e8f + static_cast<float>(r)};
+    for (int i = 0; i < 3; ++i) want[i] = r == 0 ? v[i] : want[i] + v[i];
+  }
+  w.allreduce_sum(x.data(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(x[static_cast<size_t>(i)], want[i]);
+  std::vector<float> all;
+  w.allgather_rows(x.data(), 1, 3, all);
+  for (int r = 1; r < w.size(); ++r) EXPECT_EQ(0, std::memcmp(all.data(), all.data() + 3 * r, 3 * sizeof(float)));
+}
+
+TEST(Comm, BroadcastFromEachRoot) {
+  Comm& w = world();
+  for (int root = 0; root < w.size(); ++root) {
+    uint64_t v = w.rank() == root ? 0x1234567890abcdefULL + static_cast<uint64_t>(root) : 0;
+    w.broadcast(&v, sizeof(v), root);
+    EXPECT_EQ(v, 0x1234567890abcdefULL + static_cast<uint64_t>(root));
+  }
+  w.barrier();
+  EXPECT_THROW(w.broadcast(nullptr, 0, w.size()), Error);
+}
+
+TEST(Comm, OwnedExpertsPartitionTheExperts) {
+  for (int E : {1, 7, 64, 256})
+    for (int R = 1; R <= 5 && R <= E; ++R) {
+      int next = 0;
+      for (int r = 0; r < R; ++r) {
+        const auto [lo, hi] = owned_experts(r, E, R);
+        EXPECT_EQ(lo, next);
+        EXPECT_LT(lo, hi) << "rank " << r << " of " << R << " owns no expert of " << E;
+        for (int e = lo; e < hi; ++e) EXPECT_EQ(expert_owner(e, E, R), r);
+        next = hi;
+      }
+      EXPECT_EQ(next, E);
+    }
+}
+
+// Logits of a prefill in chunks of 16 (all rows) and 8 greedy decode steps.
+std::vector<float> run(models::Model& m, const std::vector<int32_t>& prompt) {
+  const int64_t V = m.spec().vocab_size;
+  models::State st = m.new_state();
+  std::vector<float> out(prompt.size() * V);
+  for (size_t i = 0; i < prompt.size(); i += 16) {
+    const size_t n = std::min<size_t>(16, prompt.size() - i);
+    m.forward(std::span<const int32_t>(prompt.data() + i, n), st, models::LogitsMode::kAll, out.data() + i * V);
+  }
+  std::vector<float> logits(out.end() - V, out.end());
+  for (int d = 0; d < 8; ++d) {
+    int32_t t = argmax(logits.data(), V);
+    m.forward(std::span<const int32_t>(&t, 1), st, models::LogitsMode::kLast, logits.data());
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
+}
+
+class ExpertParallel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertParallel, EqualsOneProcessBitForBit) {
+  const std::string dir = GetParam() == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : data_dir() + "/models/" + GetParam();
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
+  ops::ThreadPool pool(2);
+  std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
+  std::unique_ptr<models::Model> ep = models::load_model(ckpt, &pool);
+  Comm& w = world();
+  ep->set_comm(&w);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % static_cast<int>(one->spec().vocab_size));
+  const std::vector<float> want = run(*one, prompt);
+  const std::vector<float> got = run(*ep, prompt);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "resident experts over " << w.size() << " ranks";
+  // Streamed experts (a zero budget: every acquisition reads this rank's experts from disk).
+  const models::ModelSpec& sp = ep->spec();
+  std::vector<bool> moe_layers;
+  for (auto f : sp.ffns) moe_layers.push_back(f == models::FfnKind::kMoE);
+  experts::StreamingOptions o;
+  o.top_k = sp.moe.top_k;
+  o.direct = false;
+  ep->set_expert_provider(std::make_shared<experts::StreamingExperts>(ckpt, moe_layers, sp.moe.n_experts, sp.hidden_size, sp.moe.intermediate, o));
+  const std::vector<float> streamed = run(*ep, prompt);
+  EXPECT_EQ(0, std::memcmp(streamed.data(), want.data(), streamed.size() * sizeof(float))) << "streamed experts over " << w.size() << " ranks";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallel,
+                         ::testing::Values("demo", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe", "mixtral", "olmoe",
+                                           "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
+                                           "gpt_oss", "gpt_oss_mxfp4", "ernie4_5_moe", "gemma4_text_moe"));
+
+}  // namespace
+}  // namespace spool::dist

@@ -1,0 +1,123 @@
+// The MPI communicator (Open MPI from Debian): MPI_COMM_WORLD of the processes mpirun started.
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <numeric>
+
+#include "common/error.h"
+#include "dist/comm.h"
+
+namespace spool::dist {
+
+namespace {
+
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  fail("%s failed: %.*s", call, len, msg);
+}
+
+// Element counts and displacements for the v-collectives (int, as MPI-3 takes them).
+std::vector<int> as_ints(std::span<const int64_t> rows, int64_t width, const char* call) {
+  std::vector<int> v(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t n = rows[i] * width;
+    if (n < 0 || n > INT_MAX) fail("%s: %lld floats to one rank exceed MPI's int counts", call, static_cast<long long>(n));
+    v[i] = static_cast<int>(n);
+  }
+  return v;
+}
+std::vector<int> displs(const std::vector<int>& counts, const char* call) {
+  std::vector<int> d(counts.size());
+  int64_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (at > INT_MAX) fail("%s: more than INT_MAX floats in one collective", call);
+    d[i] = static_cast<int>(at);
+    at += counts[i];
+  }
+  return d;
+}
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm() {
+    int inited = 0;
+    check(MPI_Initialized(&inited), "MPI_Initialized");
+    if (!inited) {
+      int provided = 0;
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      std::atexit([] {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) MPI_Finalize();
+      });
+    }
+    // Errors come back as return codes (check() turns them into spool::Error), not aborts.
+    check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+
+  std::vector<int64_t> allgather_rows(const float* rows, int64_t n_rows, int64_t width, std::vector<float>& out) override {
+    std::vector<int64_t> counts(static_cast<size_t>(size_));
+    check(MPI_Allgather(&n_rows, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, MPI_COMM_WORLD), "MPI_Allgather");
+    const std::vector<int> c = as_ints(counts, width, "allgather_rows"), d = displs(c, "allgather_rows");
+    out.resize(static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}) * width));
+    check(MPI_Allgatherv(rows, c[static_cast<size_t>(rank_)], MPI_FLOAT, out.data(), c.data(), d.data(), MPI_FLOAT, MPI_COMM_WORLD),
+          "MPI_Allgatherv");
+    return counts;
+  }
+
+  void alltoall_rows(const float* send, std::span<const int64_t> send_counts, float* recv, std::span<const int64_t> recv_counts,
+                     int64_t width) override {
+    if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_)
+      fail("alltoall_rows: %zu send and %zu receive counts for %d ranks", send_counts.size(), recv_counts.size(), size_);
+    const std::vector<int> sc = as_ints(send_counts, width, "alltoall_rows"), rc = as_ints(recv_counts, width, "alltoall_rows");
+    const std::vector<int> sd = displs(sc, "alltoall_rows"), rd = displs(rc, "alltoall_rows");
+    check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Alltoallv");
+  }
+
+  // Gathered, then summed in rank order on every rank: the same bits everywhere (an MPI_Allreduce
+  // may add in a different order on different ranks).
+  void allreduce_sum(float* x, int64_t n) override {
+    std::vector<float> all;
+    allgather_rows(x, 1, n, all);
+    for (int64_t i = 0; i < n; ++i) {
+      float s = all[static_cast<size_t>(i)];
+      for (int r = 1; r < size_; ++r) s += all[static_cast<size_t>(r * n + i)];
+      x[i] = s;
+    }
+  }
+
+  void broadcast(void* p, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) fail("broadcast: root %d outside 0..%d", root, size_ - 1);
+    auto* b = static_cast<char*>(p);
+    for (size_t at = 0; at < bytes;) {  // (int counts: in pieces of at most 1 GiB)
+      const int n = static_cast<int>(std::min<size_t>(bytes - at, size_t{1} << 30));
+      check(MPI_Bcast(b + at, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+      at += static_cast<size_t>(n);
+    }
+  }
+
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+bool have_mpi() { return true; }
+
+Comm& world() {
+  static std::unique_ptr<Comm> w = launched_by_mpi() ? std::unique_ptr<Comm>(new MpiComm()) : self_comm();
+  return *w;
+}
+
+}  // namespace spool::dist
