@@ -114,12 +114,14 @@ case "$mode" in
     bins=("${tests[@]}")
     if [ "${STAGE_SPOOL:-1}" = 1 ]; then strip -o "$dir/spool" "$bdir/spool" && bins+=(spool); fi
     # Shared libraries from the Debian -dev packages spool builds against that a CUDA image lacks
-    # (Highway, liburing, utf8proc, PCRE2, cpp-httplib) and the CUDA runtime; everything else (the C/C++
+    # (Highway, liburing, utf8proc, PCRE2, cpp-httplib, Open MPI and its hwloc / libevent) and the CUDA runtime; everything else (the C/C++
     # runtime, cuBLAS, libcurl and its TLS stack, OpenBLAS) is taken from the image, where the
     # device machine has it (checked with ldconfig -p there).
     for lib in $(for b in "${bins[@]}"; do ldd "$dir/$b"; done | awk '/=>/ {print $3}' | sort -u); do
       case "$(basename "$lib")" in
         libhwy*|liburing*|libutf8proc*|libpcre2*|libcpp-httplib*|libcudart*) cp -L "$lib" "$dir/lib/" ;;
+        # Open MPI (src/dist): linked, initialised only under mpirun
+        libmpi.so*|libopen-rte*|libopen-pal*|libhwloc*|libevent_core*|libevent_pthreads*) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
     # Test data is not staged: `run` unpacks the repository's tests/data and models/ on the GPU

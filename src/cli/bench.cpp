@@ -31,6 +31,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sysinfo.h"
+#include "dist/comm.h"
 #include "engine/session.h"
 #include "experts/cache_sim.h"
 #include "experts/routing_trace.h"
@@ -208,6 +209,10 @@ Row make_row(int n_prompt, int n_gen, int n_seqs, int distinct, const std::vecto
   return row;
 }
 
+// Token rows this run has put through the model (warm-ups and -d included): the denominator of
+// the expert-parallel communication per token.
+int64_t g_rows = 0;
+
 // Fills a fresh state with `depth` random tokens (-d; untimed, in steps of `step`, no logits).
 void fill_depth(models::Model& m, models::State& st, int64_t depth, int64_t step, std::mt19937_64& rng) {
   const int64_t V = m.spec().vocab_size;
@@ -216,6 +221,7 @@ void fill_depth(models::Model& m, models::State& st, int64_t depth, int64_t step
     const std::vector<int32_t> ids = random_ids(rng, static_cast<int>(n), V);
     const models::SeqStep one{std::span<const int32_t>(ids.data(), ids.size()), &st, models::LogitsMode::kNone, nullptr, nullptr, {}};
     m.forward_batch(std::span<const models::SeqStep>(&one, 1));
+    g_rows += n;
   }
 }
 
@@ -246,6 +252,7 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
                                 i + n == n_prompt ? models::LogitsMode::kLast : models::LogitsMode::kNone, logits.data(), nullptr,
                                 lora_of(row, 0)};
       m.forward_batch(std::span<const models::SeqStep>(&one, 1));
+      g_rows += n;
     }
     dt = now_seconds() - t0;
     if (rep >= 0) row.w.add(stats_snapshot(l) - before);
@@ -271,6 +278,7 @@ void run_rep(Loaded& l, Row& row, int rep, int64_t step, Replay* replay) {
         for (int q = 0; q < n_seqs; ++q) replay->rows[q] = experts::tg_trace_token(replay->trace.n_tokens, q, n_seqs, rep, n_gen, i);
       }
       m.forward_batch(step_seqs);
+      g_rows += n_seqs;
     }
     dt = now_seconds() - t0;
     if (rep >= 0) row.w.add(stats_snapshot(l) - before);
@@ -361,7 +369,31 @@ std::vector<int32_t> spec_prompt(const std::optional<tokenizer::Tokenizer>& tok,
   return random_ids(rng, 32, vocab);
 }
 
+// Under mpirun (expert parallelism): what the ranks moved between them, per token row of the run,
+// the time rank 0 spent in the collectives against the run's `seconds`, and each rank's peak RSS.
+// A collective itself: every rank calls it.
+void print_comm_line(double seconds) {
+  dist::Comm& w = dist::world();
+  const dist::CommStats st = w.stats();
+  const float mine[3] = {static_cast<float>(st.bytes_received), static_cast<float>(st.seconds), static_cast<float>(peak_rss_bytes())};
+  std::vector<float> all;
+  w.allgather_rows(mine, 1, 3, all);
+  double bytes = 0;
+  std::string rss;
+  for (int r = 0; r < w.size(); ++r) {
+    bytes += all[static_cast<size_t>(3 * r)];
+    rss += (r ? ", " : "") + format_bytes(static_cast<uint64_t>(all[static_cast<size_t>(3 * r + 2)]));
+  }
+  std::printf("expert parallelism: %d ranks (%s): %s between ranks in all, %s per token row (%lld rows); rank 0 in collectives "
+              "%.2f s of %.2f s (%.1f%%), %llu calls; peak RSS per rank: %s\n",
+              w.size(), w.name(), format_bytes(static_cast<uint64_t>(bytes)).c_str(),
+              format_bytes(static_cast<uint64_t>(bytes / std::max<double>(1.0, static_cast<double>(g_rows)))).c_str(),
+              static_cast<long long>(g_rows), st.seconds, seconds, 100.0 * st.seconds / std::max(seconds, 1e-9),
+              static_cast<unsigned long long>(st.calls), rss.c_str());
+}
+
 void run(const BenchOptions& o) {
+  const double t_run = now_seconds();
   if (o.n_prompt < 0 || o.n_gen < 0) throw UsageError("-p and -n must be >= 0");
   if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("nothing to run: -p and -n are both 0");
   if (o.n_depth < 0) throw UsageError(strfmt("-d must be >= 0 (got %lld)", (long long)o.n_depth));
@@ -567,6 +599,7 @@ void run(const BenchOptions& o) {
                 format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token, extra.c_str());
   }
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
+  if (dist::launched_by_mpi()) print_comm_line(now_seconds() - t_run);
   if (!o.lora_distinct.empty())
     std::printf("loraD rows: D of the %zu --lora adapters active, sequence i of a batch running adapter i mod D at its scale "
                 "(pp: adapter 0; lora0: every adapter loaded, all off); repetitions interleaved across D\n",

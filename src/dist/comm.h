@@ -15,11 +15,20 @@
 
 namespace spool::dist {
 
+/// What a communicator has moved so far (this rank's view).
+struct CommStats {
+  uint64_t calls = 0;           ///< collectives
+  uint64_t bytes_received = 0;  ///< payload bytes that came from other ranks
+  double seconds = 0;           ///< wall time inside the collectives (waiting for the other ranks included)
+};
+
 /// A communicator. Every collective must be called by every rank in the same order with
 /// matching arguments (the MPI rule); a library error throws spool::Error naming the call.
 class Comm {
  public:
   virtual ~Comm() = default;
+  /// Counters since the start (CommStats).
+  const CommStats& stats() const { return stats_; }
   /// This process's rank, 0 .. size() - 1.
   virtual int rank() const = 0;
   /// Number of ranks (1: a single process).
@@ -41,6 +50,9 @@ class Comm {
   virtual void broadcast(void* p, size_t bytes, int root) = 0;
   /// Returns when every rank has called it.
   virtual void barrier() = 0;
+
+ protected:
+  CommStats stats_;
 };
 
 /// A communicator of one rank (every collective is a copy or nothing).

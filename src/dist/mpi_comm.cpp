@@ -1,6 +1,7 @@
 // The MPI communicator (Open MPI from Debian): MPI_COMM_WORLD of the processes mpirun started.
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <numeric>
@@ -41,6 +42,18 @@ std::vector<int> displs(const std::vector<int>& counts, const char* call) {
   return d;
 }
 
+// Counts one collective into a CommStats: its wall time (at scope exit) and the bytes given.
+class Timed {
+ public:
+  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
+  ~Timed() { s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  void received(uint64_t bytes) { s_.bytes_received += bytes; }
+
+ private:
+  CommStats& s_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 class MpiComm final : public Comm {
  public:
   MpiComm() {
@@ -65,12 +78,14 @@ class MpiComm final : public Comm {
   const char* name() const override { return "mpi"; }
 
   std::vector<int64_t> allgather_rows(const float* rows, int64_t n_rows, int64_t width, std::vector<float>& out) override {
+    Timed t(stats_);
     std::vector<int64_t> counts(static_cast<size_t>(size_));
     check(MPI_Allgather(&n_rows, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, MPI_COMM_WORLD), "MPI_Allgather");
     const std::vector<int> c = as_ints(counts, width, "allgather_rows"), d = displs(c, "allgather_rows");
     out.resize(static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}) * width));
     check(MPI_Allgatherv(rows, c[static_cast<size_t>(rank_)], MPI_FLOAT, out.data(), c.data(), d.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Allgatherv");
+    t.received((out.size() - static_cast<size_t>(n_rows * width)) * sizeof(float));
     return counts;
   }
 
@@ -80,6 +95,8 @@ class MpiComm final : public Comm {
       fail("alltoall_rows: %zu send and %zu receive counts for %d ranks", send_counts.size(), recv_counts.size(), size_);
     const std::vector<int> sc = as_ints(send_counts, width, "alltoall_rows"), rc = as_ints(recv_counts, width, "alltoall_rows");
     const std::vector<int> sd = displs(sc, "alltoall_rows"), rd = displs(rc, "alltoall_rows");
+    Timed t(stats_);
+    t.received(static_cast<uint64_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0}) - rc[static_cast<size_t>(rank_)]) * sizeof(float));
     check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Alltoallv");
   }
 
@@ -97,6 +114,8 @@ class MpiComm final : public Comm {
 
   void broadcast(void* p, size_t bytes, int root) override {
     if (root < 0 || root >= size_) fail("broadcast: root %d outside 0..%d", root, size_ - 1);
+    Timed t(stats_);
+    if (rank_ != root) t.received(bytes);
     auto* b = static_cast<char*>(p);
     for (size_t at = 0; at < bytes;) {  // (int counts: in pieces of at most 1 GiB)
       const int n = static_cast<int>(std::min<size_t>(bytes - at, size_t{1} << 30));
@@ -105,7 +124,10 @@ class MpiComm final : public Comm {
     }
   }
 
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() override {
+    Timed t(stats_);
+    check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  }
 
  private:
   int rank_ = 0, size_ = 1;
