@@ -18,6 +18,10 @@ class SelfComm final : public Comm {
     out.assign(rows, rows + n_rows * width);
     return {n_rows};
   }
+  void allgather_rows_in_place(float*, int64_t first, int64_t n_rows, int64_t total_rows, int64_t) override {
+    if (first != 0 || n_rows != total_rows)
+      fail("allgather_rows_in_place: one rank holds rows [%lld, %lld) of %lld", (long long)first, (long long)(first + n_rows), (long long)total_rows);
+  }
   void alltoall_rows(const float* send, std::span<const int64_t> send_counts, float* recv, std::span<const int64_t> recv_counts,
                      int64_t width) override {
     if (send_counts.size() != 1 || recv_counts.size() != 1 || send_counts[0] != recv_counts[0])

@@ -38,6 +38,11 @@ class Comm {
   /// Every rank's `n_rows` rows of `width` floats, concatenated in rank order, into `out` (resized
   /// to the total; every rank gets the same bytes). Returns each rank's row count.
   virtual std::vector<int64_t> allgather_rows(const float* rows, int64_t n_rows, int64_t width, std::vector<float>& out) = 0;
+  /// The same in place: buf holds total_rows rows of `width` floats, this rank's n_rows of them
+  /// from row `first` on; on return every rank's rows are in place (MPI_IN_PLACE: no staging copy).
+  /// The ranks' ranges must tile [0, total_rows) in rank order; throws spool::Error naming the
+  /// mismatch otherwise (ranks not running the same model and inputs).
+  virtual void allgather_rows_in_place(float* buf, int64_t first, int64_t n_rows, int64_t total_rows, int64_t width) = 0;
   /// Rows to each rank and back: send holds send_counts[r] rows of `width` floats for rank r,
   /// concatenated in rank order; recv (recv_counts[r] rows from rank r, in rank order) must hold
   /// the sum of recv_counts rows. The counts must agree pairwise (rank a's send_counts[b] ==

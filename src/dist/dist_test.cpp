@@ -40,6 +40,23 @@ TEST(Comm, AllgatherRowsInRankOrder) {
   EXPECT_EQ(at, all.size());
 }
 
+// The same in place: rank r's r + 1 rows sit at their offset in a buffer of every rank's rows;
+// ranges that do not tile the buffer throw on every rank (no hang).
+TEST(Comm, AllgatherRowsInPlace) {
+  Comm& w = world();
+  const int64_t width = 2, total = static_cast<int64_t>(w.size()) * (w.size() + 1) / 2;
+  const int64_t first = static_cast<int64_t>(w.rank()) * (w.rank() + 1) / 2;
+  std::vector<float> buf(static_cast<size_t>(total * width), -1.0f);
+  for (int i = 0; i <= w.rank(); ++i)
+    for (int c = 0; c < width; ++c) buf[static_cast<size_t>((first + i) * width + c)] = static_cast<float>(w.rank() * 100 + i * 10 + c);
+  w.allgather_rows_in_place(buf.data(), first, w.rank() + 1, total, width);
+  size_t at = 0;
+  for (int r = 0; r < w.size(); ++r)
+    for (int i = 0; i <= r; ++i)
+      for (int c = 0; c < width; ++c) EXPECT_EQ(buf[at++], static_cast<float>(r * 100 + i * 10 + c)) << "rank " << r << " row " << i;
+  EXPECT_THROW(w.allgather_rows_in_place(buf.data(), first, w.rank() + 1, total + 1, width), Error);
+}
+
 // Rank a sends a + b + 1 rows to rank b, each row (a, b, row); every rank checks what it got.
 TEST(Comm, AlltoallRowsPairwise) {
   Comm& w = world();

@@ -89,6 +89,22 @@ class MpiComm final : public Comm {
     return counts;
   }
 
+  void allgather_rows_in_place(float* buf, int64_t first, int64_t n_rows, int64_t total_rows, int64_t width) override {
+    Timed t(stats_);
+    std::vector<int64_t> counts(static_cast<size_t>(size_));
+    check(MPI_Allgather(&n_rows, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, MPI_COMM_WORLD), "MPI_Allgather");
+    int64_t at = 0;
+    for (int r = 0; r < rank_; ++r) at += counts[static_cast<size_t>(r)];
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    if (at != first || total != total_rows)
+      fail("allgather_rows_in_place: rank %d holds rows [%lld, %lld) and the ranks %lld rows in all, expected from %lld of %lld "
+           "(do the ranks run the same model and inputs?)",
+           rank_, (long long)first, (long long)(first + n_rows), (long long)total, (long long)at, (long long)total_rows);
+    const std::vector<int> c = as_ints(counts, width, "allgather_rows_in_place"), d = displs(c, "allgather_rows_in_place");
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgatherv");
+    t.received(static_cast<uint64_t>((total_rows - n_rows) * width) * sizeof(float));
+  }
+
   void alltoall_rows(const float* send, std::span<const int64_t> send_counts, float* recv, std::span<const int64_t> recv_counts,
                      int64_t width) override {
     if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_)

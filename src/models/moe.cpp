@@ -297,12 +297,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // experts and router rows are permuted together gives bit-identical output.)
   if (ep) {  // every rank's rows of s.y (rank order = ascending experts = s.y's row order)
     const int64_t r0 = groups.first[a_lo], r1 = groups.first[a_hi];
-    std::vector<float> all;
-    comm->allgather_rows(s.y + r0 * H, r1 - r0, H, all);
-    if (static_cast<int64_t>(all.size()) != T * K * H)
-      fail("expert parallelism: layer %d gathered %zu expert rows, expected %lld (do the ranks run the same model and inputs?)", layer,
-           all.size() / static_cast<size_t>(H), static_cast<long long>(T * K));
-    std::copy(all.begin(), all.end(), s.y);
+    comm->allgather_rows_in_place(s.y, r0, r1 - r0, T * K, H);
   }
   be.moe_combine(s.y, groups, s.weights, H, out);
   if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
