@@ -18,22 +18,7 @@ AttentionLayer::Scratch AttentionLayer::Scratch::take(ops::Workspace& ws, const 
     s.qg = ws.floats(T * 2 * q);
     s.gate = ws.floats(T * q);
   }
-  if (a.rope_layout == RopeLayout::kInterleavedPairs) {
-    s.even = ws.floats(T * a.n_heads * a.rotary_dim / 2);
-    s.odd = ws.floats(T * a.n_heads * a.rotary_dim / 2);
-  }
   return s;
-}
-
-void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float* even, float* odd, ops::Backend& be) {
-  const int64_t half = width / 2;
-  // even[r * half + i] = x[r * ld + 2i], odd[...] = x[r * ld + 2i + 1]; then back as halves.
-  for (int64_t i = 0; i < half; ++i) {
-    be.copy_2d(even + i, half, x + 2 * i, ld, rows, 1);
-    be.copy_2d(odd + i, half, x + 2 * i + 1, ld, rows, 1);
-  }
-  be.copy_2d(x, ld, even, half, rows, half);
-  be.copy_2d(x + half, ld, odd, half, rows, half);
 }
 
 void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const ModelSpec& spec, int layer) {
@@ -70,8 +55,9 @@ void AttentionLayer::bind(const io::Checkpoint& ck, const std::string& prefix, c
   if (a_.sinks) sinks_ = bind_f32(ck, prefix + "sinks", {a_.n_heads});
   if (a_.rope_layout == RopeLayout::kInterleavedPairs && a_.rotary_dim % 2 != 0)
     fail("%s: interleaved RoPE needs an even number of rotary dims (got %d)", ck.dir().c_str(), a_.rotary_dim);
-  rope_ = a_.inv_freq.empty() ? ops::Rope(a_.rotary_dim, a_.rope_theta, a_.rope_attention_scaling)
-                              : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
+  rope_ = (a_.inv_freq.empty() ? ops::Rope(a_.rotary_dim, a_.rope_theta, a_.rope_attention_scaling)
+                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling))
+              .with_pairs(a_.rope_layout == RopeLayout::kInterleavedPairs);
 }
 
 void AttentionLayer::place(ops::Backend& be) {
@@ -90,6 +76,7 @@ void AttentionLayer::place(ops::Backend& be) {
     bv_p_ = be.upload_floats(bv_);
   }
   if (a_.o_bias) bo_p_ = be.upload_floats(bo_);
+  rope_.set_placed_inv_freq(be.upload_floats(rope_.inv_freq()));
 }
 
 void AttentionLayer::forward(const float* x, int64_t T, int64_t pos0, AttnCache& cache, float* out, ops::Backend& be,
@@ -136,10 +123,6 @@ void AttentionLayer::forward(const float* x, std::span<const AttnSeg> segs, int6
     float* q = s.q + g.row0 * qw;
     float* k = s.k + g.row0 * kw;
     float* att = s.att + g.row0 * qw;
-    if (a_.rope_layout == RopeLayout::kInterleavedPairs) {  // rows of head_dim, the first rotary_dim dims rotated
-      deinterleave_pairs(q, g.T * nh, hd, a_.rotary_dim, s.even, s.odd, be);
-      deinterleave_pairs(k, g.T * nkv, hd, a_.rotary_dim, s.even, s.odd, be);
-    }
     be.rope(rope_, q, g.T, qw, nh, hd, g.pos0);
     be.rope(rope_, k, g.T, kw, nkv, hd, g.pos0);
     be.kv_append(*g.cache, g.pos0, g.T, k, s.v + g.row0 * kw);  // k normed and rotated, v raw

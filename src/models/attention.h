@@ -28,13 +28,6 @@
 
 namespace spool::models {
 
-/// Rows of `x` ([rows] at stride `ld`, first `width` floats of each, width even): adjacent pairs
-/// (x0 x1)(x2 x3)... -> [x0 x2 ... | x1 x3 ...] in place, through `be` (copy_2d), with scratch
-/// `even` and `odd` of rows * width / 2 floats each. Applied to q and k alike it leaves q . k
-/// unchanged and turns RoPE on adjacent pairs into RoPE on halves (rotate_half): HF DeepSeek's
-/// q_pe / k_pe (RopeLayout::kInterleavedPairs) and ERNIE-4.5's whole heads.
-void deinterleave_pairs(float* x, int64_t rows, int64_t ld, int64_t width, float* even, float* odd, ops::Backend& be);
-
 /// Softmax attention (MixerKind::kAttention) as a TokenMixer.
 class AttentionLayer final : public TokenMixer {
  public:
@@ -43,7 +36,6 @@ class AttentionLayer final : public TokenMixer {
   /// projection qg [T, nh*2*hd] and gate [T, nh*hd].
   struct Scratch {
     float *q, *k, *v, *att, *qg = nullptr, *gate = nullptr;
-    float *even = nullptr, *odd = nullptr;  // RopeLayout::kInterleavedPairs: deinterleave_pairs scratch
     static Scratch take(ops::Workspace& ws, const AttentionSpec& a, int64_t T);
   };
 

@@ -19,8 +19,6 @@ MlaLayer::Scratch MlaLayer::Scratch::take(ops::Workspace& ws, const ModelSpec& s
   r.ckv = ws.floats(T * R);
   r.kpe = ws.floats(T * P);
   r.qpe = ws.floats(T * nh * P);
-  r.even = ws.floats(T * nh * P / 2);
-  r.odd = ws.floats(T * nh * P / 2);
   r.qn = ws.floats(T * N);
   r.qabs = ws.floats(T * R);
   r.qfull = ws.floats(T * nh * (R + P));
@@ -89,8 +87,9 @@ void MlaLayer::bind(const io::Checkpoint& ck, const std::string& prefix, const M
       uv_[h].lora = &uv_lora_[h];
     }
   }
-  rope_ = a_.inv_freq.empty() ? ops::Rope(static_cast<int>(P), a_.rope_theta, a_.rope_attention_scaling)
-                              : ops::Rope(a_.inv_freq, a_.rope_attention_scaling);
+  rope_ = (a_.inv_freq.empty() ? ops::Rope(static_cast<int>(P), a_.rope_theta, a_.rope_attention_scaling)
+                               : ops::Rope(a_.inv_freq, a_.rope_attention_scaling))
+              .with_pairs(m_.rope_layout == RopeLayout::kInterleavedPairs);
   q_a_norm_p_ = q_a_norm_.data();
   kv_a_norm_p_ = kv_a_norm_.data();
 }
@@ -106,6 +105,7 @@ void MlaLayer::place(ops::Backend& be) {
   wkva_ = be.upload(wkva_);
   wo_ = be.upload(wo_);
   kv_a_norm_p_ = be.upload_floats(kv_a_norm_);
+  rope_.set_placed_inv_freq(be.upload_floats(rope_.inv_freq()));
   for (ops::WeightView& w : uk_t_) w = be.upload(w);
   for (ops::WeightView& w : uv_) w = be.upload(w);
 }
@@ -139,7 +139,6 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
   be.copy_2d(s.ckv, R, s.kva, R + P, T, R);
   be.rms_norm(s.ckv, kv_a_norm_p_, T, R, eps_, s.ckv);
   be.copy_2d(s.kpe, P, s.kva + R, R + P, T, P);
-  if (m_.rope_layout == RopeLayout::kInterleavedPairs) deinterleave_pairs(s.kpe, T, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.kpe + g.row0 * P, g.T, P, 1, static_cast<int>(P), g.pos0);
   be.copy_2d(s.key, R + P, s.ckv, R, T, R);
   be.copy_2d(s.key + R, R + P, s.kpe, P, T, P);
@@ -147,23 +146,14 @@ void MlaLayer::forward(const float* x, std::span<const AttnSeg> segs, int64_t T,
     be.kv_append(*g.cache, g.pos0, g.T, s.key + g.row0 * (R + P), s.key + g.row0 * (R + P));
   // Queries: q_pe roped per head; q~_h = W_UK_h^T q_nope_h; qfull per head [q~_h | q_pe_h].
   be.copy_2d(s.qpe, P, s.q + N, QD, T * nh, P);
-  if (m_.rope_layout == RopeLayout::kInterleavedPairs) deinterleave_pairs(s.qpe, T * nh, P, P, s.even, s.odd, be);
   for (const AttnSeg& g : segs) be.rope(rope_, s.qpe + g.row0 * nh * P, g.T, nh * P, nh, static_cast<int>(P), g.pos0);
-  for (int h = 0; h < nh; ++h) {
-    be.copy_2d(s.qn, N, s.q + h * QD, nh * QD, T, N);
-    be.matmul(uk_t_[h], s.qn, T, s.qabs);
-    be.copy_2d(s.qfull + h * (R + P), nh * (R + P), s.qabs, R, T, R);
-    be.copy_2d(s.qfull + h * (R + P) + R, nh * (R + P), s.qpe + h * P, nh * P, T, P);
-  }
+  be.matmul_heads(uk_t_, s.q, nh * QD, QD, T, s.qfull, nh * (R + P), R + P, s.qn, s.qabs);
+  be.copy_2d(s.qfull + R, R + P, s.qpe, P, T * nh, P);  // q_pe of every (t, h) row after its q~_h
   for (const AttnSeg& g : segs)
     be.mla_attention(s.qfull + g.row0 * nh * (R + P), g.T, nh, *g.cache, g.pos0, a_.softmax_scale, static_cast<int>(R),
                      s.att + g.row0 * nh * R);
   // o_h = W_UV_h (attention-weighted latent); out = o_proj(concat o_h).
-  for (int h = 0; h < nh; ++h) {
-    be.copy_2d(s.ah, R, s.att + h * R, nh * R, T, R);
-    be.matmul(uv_[h], s.ah, T, s.oh);
-    be.copy_2d(s.o + h * V, nh * V, s.oh, V, T, V);
-  }
+  be.matmul_heads(uv_, s.att, nh * R, R, T, s.o, nh * V, V, s.ah, s.oh);
   be.matmul(wo_, s.o, T, out);
 }
 

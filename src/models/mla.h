@@ -7,8 +7,8 @@
 //   o_h = W_UV_h (sum_t softmax(s)_t c_t);  out = o_proj(concat_h o_h)
 // with kv_b_proj viewed [n_heads, qk_nope + v, kv_lora_rank]: W_UK_h its first qk_nope rows,
 // W_UV_h the next v rows. Interleaved RoPE (RopeLayout::kInterleavedPairs) rotates adjacent pairs: q_pe and
-// k_pe are de-interleaved ([even dims | odd dims]) and rotated the rotate_half way, which gives
-// the same scores (q and k get the same permutation).
+// k_pe are de-interleaved ([even dims | odd dims]) and rotated the rotate_half way by RoPE's pairs
+// mode (ops::Rope::pairs), which gives the same scores (q and k get the same permutation).
 #pragma once
 
 #include <string>
@@ -35,7 +35,7 @@ class MlaLayer final : public TokenMixer {
   /// [T*nh*P/2] x2, qn [T, N], qabs [T, R], qfull [T, nh*(R+P)], att [T, nh*R], ah [T, R],
   /// oh [T, V], o [T, nh*V].
   struct Scratch {
-    float *qa = nullptr, *q, *kva, *key, *ckv, *kpe, *qpe, *even, *odd, *qn, *qabs, *qfull, *att, *ah, *oh, *o;
+    float *qa = nullptr, *q, *kva, *key, *ckv, *kpe, *qpe, *qn, *qabs, *qfull, *att, *ah, *oh, *o;
     static Scratch take(ops::Workspace& ws, const ModelSpec& s, int64_t T);
   };
 

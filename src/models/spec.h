@@ -44,8 +44,8 @@ enum class RopeLayout {
   /// Dim i with dim i + rotary_dim/2 (rotate_half, GPT-NeoX style; ops::Rope).
   kHalves,
   /// Adjacent pairs (2i, 2i + 1) (GPT-J / complex form: HF rope_interleave, ERNIE-4.5's rotate on
-  /// even/odd). Computed as kHalves after de-interleaving q and k to [even | odd]
-  /// (deinterleave_pairs): the same scores.
+  /// even/odd). Computed as kHalves after de-interleaving q and k to [even | odd] (RoPE's pairs
+  /// mode, ops::Rope::pairs): the same scores.
   kInterleavedPairs,
 };
 

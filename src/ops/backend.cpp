@@ -16,7 +16,7 @@ const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
 namespace {
 // Declaration order of backend.h's op table.
 constexpr const char* kOpNames[] = {
-    "matmul",          "matmul_multi",      "expert_ffn",     "moe_combine",      "expert_ffn_routed", "route_softmax_top_k",
+    "matmul",          "matmul_multi",      "matmul_heads",   "expert_ffn",     "moe_combine",      "expert_ffn_routed", "route_softmax_top_k",
     "kv_append",       "attention",         "rope",           "causal_conv1d_silu", "gated_delta",     "gdn_gates",
     "rms_norm",        "l2_norm",           "rms_norm_gated", "add_rms_norm",     "add",              "add_bias",          "swiglu",
     "mul_sigmoid",     "add_gated_rows",    "copy_2d",        "route_grouped_top_k", "gelu_tanh_glu",   "scale",
@@ -176,6 +176,19 @@ void Backend::route_grouped_top_k(const float* logits, int64_t T, int E, int k, 
   for (int64_t t = 0; t < T; ++t) route_grouped(l.data() + t * E, E, k, r, ids + t * k, w.data() + t * k, margins ? m.data() + t : nullptr);
   row_to_f32(WType::kF32, w.data(), T * k, weights);
   if (margins) row_to_f32(WType::kF32, m.data(), T, margins);
+}
+
+void Backend::matmul_heads(std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y, int64_t ldy,
+                           int64_t hy, float* xs, float* ys) {
+  for (size_t h = 0; h < w.size(); ++h) {
+    const int64_t rows = w[h].rows, cols = w[h].cols;
+    if (rows != w[0].rows || cols != w[0].cols)
+      fail("matmul_heads: head %zu is %lld x %lld, head 0 %lld x %lld", h, (long long)rows, (long long)cols, (long long)w[0].rows,
+           (long long)w[0].cols);
+    copy_2d(xs, cols, x + static_cast<int64_t>(h) * hx, ldx, T, cols);
+    matmul(w[h], xs, T, ys);
+    copy_2d(y + static_cast<int64_t>(h) * hy, ldy, ys, rows, T, rows);
+  }
 }
 
 void Backend::add_rms_norm(float* h, const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {

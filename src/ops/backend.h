@@ -144,6 +144,14 @@ class Backend {
   virtual void matmul(const WeightView& w, const float* x, int64_t T, float* y) = 0;
   /// Several products of the same x (all W of x's width), as one job where possible.
   virtual void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) = 0;
+  /// Per-head products (MLA's absorbed W_UK^T / W_UV, HF DeepSeek-V2/V3 kv_b_proj per head): for
+  /// h < w.size(), t < T, r < rows: y[t * ldy + h * hy + r] = sum_c W_h[r, c] x[t * ldx + h * hx + c],
+  /// every W_h of one shape (rows x cols) and type; x and y are strided views (row strides ldx,
+  /// ldy; head strides hx, hy, in floats). xs [T, cols] and ys [T, rows] are scratch: the generic
+  /// version gathers head h's rows into xs (copy_2d), runs matmul into ys and scatters them, so
+  /// its results are matmul's bits; a native one may ignore them.
+  virtual void matmul_heads(std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y, int64_t ldy,
+                            int64_t hy, float* xs, float* ys);
 
   // ---- MoE expert path -------------------------------------------------------------------
   /// For the active experts i in [g0, g0 + experts.size()) of `groups`: gathers the token rows

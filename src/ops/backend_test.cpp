@@ -71,6 +71,15 @@ class CudaHarness final : public Backend {
     be_->matmul_multi(d, f(xd), T);
     for (size_t i = 0; i < outs.size(); ++i) down(ys[i], outs[i].y, T * outs[i].w->rows);
   }
+  void matmul_heads(std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y, int64_t ldy, int64_t hy,
+                    float* xs, float* ys) override {
+    std::vector<WeightView> dw;
+    for (const WeightView& v : w) dw.push_back(be_->upload(v));
+    CudaBuffer xd = up(x, T * ldx), yd = up(y, T * ldy), xsd = zeros(T * w[0].cols), ysd = zeros(T * w[0].rows);
+    be_->matmul_heads(dw, f(xd), ldx, hx, T, f(yd), ldy, hy, f(xsd), f(ysd));
+    (void)xs, (void)ys;
+    down(yd, y, T * ldy);
+  }
   void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
                   Activation act, float* y) override {
     std::vector<ExpertMats> d;

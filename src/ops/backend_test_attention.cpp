@@ -276,10 +276,12 @@ TEST_P(BackendOpTable, Rope) {
   struct R {
     int rotary, hd, heads;
     int64_t T, pos0, stride_pad;
+    bool pairs = false;
   };
-  for (const R& r : {R{64, 64, 4, 3, 0, 0}, R{16, 64, 2, 5, 1000, 0}, R{128, 128, 3, 1, 262000, 0}, R{32, 64, 2, 4, 7, 64}}) {
-    SCOPED_TRACE("rotary=" + std::to_string(r.rotary) + " pos0=" + std::to_string(r.pos0));
-    const Rope rope(r.rotary, 1e7);
+  for (const R& r : {R{64, 64, 4, 3, 0, 0}, R{16, 64, 2, 5, 1000, 0}, R{128, 128, 3, 1, 262000, 0}, R{32, 64, 2, 4, 7, 64},
+                     R{64, 64, 16, 3, 5, 0, true}, R{64, 192, 2, 2, 70000, 32, true}, R{576, 576, 1, 2, 9, 0, true}}) {
+    SCOPED_TRACE("rotary=" + std::to_string(r.rotary) + " pos0=" + std::to_string(r.pos0) + (r.pairs ? " pairs" : ""));
+    const Rope rope = Rope(r.rotary, 1e7).with_pairs(r.pairs);
     const int64_t stride = static_cast<int64_t>(r.heads) * r.hd + r.stride_pad;
     const std::vector<float> x = randn(r.T * stride, 9);
     for_each_backend("rope", [&](Backend& be, ReferenceBackend& ref) {

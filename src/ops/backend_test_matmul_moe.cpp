@@ -66,6 +66,40 @@ TEST_P(BackendOpTable, MatmulMulti) {
     }
 }
 
+[[maybe_unused]] const bool kMatmulHeadsOps = covers({"matmul_heads"});
+// MLA's per-head products: n heads of one [rows, cols] float weight against strided slices of x
+// (row stride ldx, head stride hx) into strided slices of y; the columns of y outside the heads'
+// slices keep their values. T up to the decode kernels' limit and past it (the generic path).
+TEST_P(BackendOpTable, MatmulHeads) {
+  struct S {
+    int n;
+    int64_t rows, cols, T, hx_pad, hy_pad;
+  };
+  for (WKind k : {WKind::kF32, WKind::kBF16, WKind::kF16})
+    for (const S& s : {S{16, 64, 32, 1, 8, 4}, S{3, 37, 24, 3, 0, 0}, S{5, 16, 13, 2, 3, 1}, S{4, 8, 40, 9, 0, 2}}) {
+      SCOPED_TRACE(std::string(wkind_name(k)) + " heads=" + std::to_string(s.n) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.cols) + " T=" + std::to_string(s.T));
+      std::vector<std::unique_ptr<TestWeight>> store;
+      std::vector<WeightView> w;
+      for (int h = 0; h < s.n; ++h) {
+        store.push_back(std::make_unique<TestWeight>(k, s.rows, s.cols, 50 + h));
+        w.push_back(store.back()->view());
+      }
+      const int64_t hx = s.cols + s.hx_pad, hy = s.rows + s.hy_pad, ldx = s.n * hx + 5, ldy = s.n * hy + 3;
+      const std::vector<float> x = randn(s.T * ldx, 21);
+      const std::vector<float> y0 = randn(s.T * ldy, 22);
+      for_each_backend("matmul_heads", [&](Backend& be, ReferenceBackend& ref) {
+        std::vector<float> got = y0, want = y0, xs(s.T * s.cols), ys(s.T * s.rows);
+        be.matmul_heads(w, x.data(), ldx, hx, s.T, got.data(), ldy, hy, xs.data(), ys.data());
+        ref.matmul_heads(w, x.data(), ldx, hx, s.T, want.data(), ldy, hy, xs.data(), ys.data());
+        expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4, "matmul_heads");
+        for (int64_t t = 0; t < s.T; ++t)  // padding between and after the heads: untouched
+          for (int64_t c = 0; c < ldy; ++c)
+            if (c >= s.n * hy || c % hy >= s.rows) EXPECT_EQ(got[t * ldy + c], y0[t * ldy + c]) << "t " << t << " column " << c;
+      });
+    }
+}
+
 // ---- MoE expert path -------------------------------------------------------------------------
 
 struct MoeShape {

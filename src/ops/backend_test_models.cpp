@@ -31,6 +31,10 @@ class CountingBackend final : public Backend {
   }
   SPOOL_FWD(matmul, (const WeightView& w, const float* x, int64_t T, float* y), (w, x, T, y))
   SPOOL_FWD(matmul_multi, (std::span<const MatmulOut> o, const float* x, int64_t T), (o, x, T))
+  SPOOL_FWD(matmul_heads,
+            (std::span<const WeightView> w, const float* x, int64_t lx, int64_t hx, int64_t T, float* y, int64_t ly, int64_t hy, float* xs,
+             float* ys),
+            (w, x, lx, hx, T, y, ly, hy, xs, ys))
   SPOOL_FWD(expert_ffn, (std::span<const ExpertMats> e, const ExpertGroups& g, size_t g0, const float* x, int64_t H, Activation a, float* y),
             (e, g, g0, x, H, a, y))
   SPOOL_FWD(moe_combine, (const float* y, const ExpertGroups& g, const float* w, int64_t H, float* out), (y, g, w, H, out))

@@ -683,6 +683,23 @@ TEST(Rope, RotatesPairsHalfApart) {
   EXPECT_EQ(x[5], 6);
 }
 
+// Pairs mode (HF apply_rotary_pos_emb_interleave): adjacent pairs (0,1), (2,3) of the rotary dims
+// rotate together and leave de-interleaved: out = [x0' x2' | x1' x3'], the rest pass through.
+TEST(Rope, PairsModeRotatesAdjacentPairsAndDeinterleaves) {
+  const Rope r = Rope(4, 10000.0).with_pairs(true);
+  EXPECT_TRUE(r.pairs());
+  EXPECT_FALSE(Rope(4, 10000.0).pairs());
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  r.apply(x.data(), 1, 6, 3);
+  const double f0 = 3.0, f1 = 3.0 / 100.0;  // inv_freq = [1, 1/100]
+  EXPECT_NEAR(x[0], 1 * std::cos(f0) - 2 * std::sin(f0), 1e-5);  // pair (1, 2) at f0
+  EXPECT_NEAR(x[2], 2 * std::cos(f0) + 1 * std::sin(f0), 1e-5);
+  EXPECT_NEAR(x[1], 3 * std::cos(f1) - 4 * std::sin(f1), 1e-5);  // pair (3, 4) at f1
+  EXPECT_NEAR(x[3], 4 * std::cos(f1) + 3 * std::sin(f1), 1e-5);
+  EXPECT_EQ(x[4], 5);
+  EXPECT_EQ(x[5], 6);
+}
+
 // Proportional RoPE (HF _compute_proportional_rope_parameters): head_dim 8, partial 0.5 ->
 // 2 of the 4 frequencies non-zero, theta^(-2i/8) (exponent over the whole head), the rest 0:
 // pairs (j, j + 4) rotate for j < 2 and dims 2, 3, 6, 7 pass unchanged. Not partial rotary,

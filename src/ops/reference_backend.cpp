@@ -277,6 +277,12 @@ void ReferenceBackend::rope(const Rope& rope, float* x, int64_t T, int64_t row_s
   for (int64_t t = 0; t < T; ++t)
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + t * row_stride + static_cast<int64_t>(h) * head_dim;
+      if (rope.pairs()) {  // HF apply_rotary_pos_emb_interleave: view(d/2, 2).transpose -> [even | odd]
+        std::vector<float> even(half), odd(half);
+        for (int i = 0; i < half; ++i) even[i] = v[2 * i], odd[i] = v[2 * i + 1];
+        std::copy(even.begin(), even.end(), v);
+        std::copy(odd.begin(), odd.end(), v + half);
+      }
       for (int i = 0; i < half; ++i) {
         // HF: the angle is an f32 product of position and inverse frequency.
         const double ang = static_cast<float>(static_cast<float>(pos0 + t) * rope.inv_freq()[i]);

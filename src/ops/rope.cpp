@@ -46,8 +46,22 @@ void Rope::apply(float* x, int n_heads, int head_dim, int64_t pos) const {
     c[i] = static_cast<float>(std::cos(static_cast<double>(ang))) * scaling_;
     s[i] = static_cast<float>(std::sin(static_cast<double>(ang))) * scaling_;
   }
+  float tmp_small[1024];
+  std::vector<float> tmp_big;
+  float* tmp = tmp_small;
+  if (pairs_ && rotary_dim_ > 1024) {
+    tmp_big.resize(static_cast<size_t>(rotary_dim_));
+    tmp = tmp_big.data();
+  }
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<int64_t>(h) * head_dim;
+    if (pairs_) {  // [x0 x1 x2 x3 ...] -> [x0 x2 ... | x1 x3 ...]
+      for (int i = 0; i < half; ++i) {
+        tmp[i] = v[2 * i];
+        tmp[half + i] = v[2 * i + 1];
+      }
+      std::copy(tmp, tmp + rotary_dim_, v);
+    }
     for (int i = 0; i < half; ++i) {
       const float a = v[i], b = v[i + half];
       v[i] = a * c[i] - b * s[i];

@@ -248,6 +248,29 @@ __global__ void k_rope(float* x, int64_t T, int64_t stride, int n_heads, int hea
   }
 }
 
+// Pairs mode (Rope::pairs): one block per (t, head) row; the rotary dims arrive as adjacent pairs
+// and leave de-interleaved and rotated ([even | odd], then k_rope's arithmetic): the pairs go to
+// shared memory first (dynamic smem: 2 * half floats), since a row's outputs overwrite its inputs.
+__global__ void k_rope_pairs(float* x, int64_t stride, int n_heads, int head_dim, int half, const float* inv_freq, float scaling,
+                             int64_t pos0) {
+  extern __shared__ float pr[];
+  const int64_t t = blockIdx.x / n_heads;
+  const int h = static_cast<int>(blockIdx.x % n_heads);
+  float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
+  for (int i = threadIdx.x; i < 2 * half; i += blockDim.x) pr[i] = v[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float ang = static_cast<float>(pos0 + t) * inv_freq[j];
+    double sn, cs;
+    sincos(static_cast<double>(ang), &sn, &cs);
+    cs *= scaling;
+    sn *= scaling;
+    const double a = pr[2 * j], b = pr[2 * j + 1];
+    v[j] = static_cast<float>(a * cs - b * sn);
+    v[j + half] = static_cast<float>(b * cs + a * sn);
+  }
+}
+
 // The kernels' view of a mirror of `c`.
 KvDev kv_dev(const KvCache& c, const KvMirror& m) {
   KvDev d{};
@@ -462,10 +485,17 @@ void mla_attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads,
 void rope(CudaBackend::Impl& I, const Rope& rope, float* x, int64_t T, int64_t row_stride, int n_heads, int head_dim, int64_t pos0) {
   const int half = rope.rotary_dim() / 2;
   if (T <= 0 || half == 0) return;
-  const float* inv = I.in(rope.inv_freq().data(), half, false);
+  const float* inv = rope.placed_inv_freq() != nullptr ? rope.placed_inv_freq() : I.in(rope.inv_freq().data(), half, false);
   auto xo = I.out(x, (T - 1) * row_stride + static_cast<int64_t>(n_heads) * head_dim, true);
-  k_rope<<<blocks_for(T * n_heads * half), 256, 0, I.stream>>>(xo.d, T, row_stride, n_heads, head_dim, half, inv, rope.scaling(), pos0);
-  CU_LAUNCHED("k_rope");
+  if (rope.pairs()) {
+    const unsigned threads = static_cast<unsigned>(std::min(256, (half + 31) / 32 * 32));
+    k_rope_pairs<<<static_cast<unsigned>(T * n_heads), threads, 2 * static_cast<size_t>(half) * sizeof(float), I.stream>>>(
+        xo.d, row_stride, n_heads, head_dim, half, inv, rope.scaling(), pos0);
+    CU_LAUNCHED("k_rope_pairs");
+  } else {
+    k_rope<<<blocks_for(T * n_heads * half), 256, 0, I.stream>>>(xo.d, T, row_stride, n_heads, head_dim, half, inv, rope.scaling(), pos0);
+    CU_LAUNCHED("k_rope");
+  }
   I.finish(xo);
 }
 

@@ -79,6 +79,18 @@ void CudaBackend::matmul_multi(std::span<const MatmulOut> outs, const float* x, 
   cu::matmul_multi(*impl_, outs, x, T);
 }
 
+void CudaBackend::matmul_heads(std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y, int64_t ldy,
+                               int64_t hy, float* xs, float* ys) {
+  // Outside the native case (host weights or activations, LoRA, prefill) the generic gather /
+  // matmul / scatter, whose ops each open their own scope.
+  if (!cu::matmul_heads_native(w, x, T, y)) {
+    Backend::matmul_heads(w, x, ldx, hx, T, y, ldy, hy, xs, ys);
+    return;
+  }
+  CudaOpScope scope(*impl_, __func__, strict_device());
+  cu::matmul_heads(*impl_, w, x, ldx, hx, T, y, ldy, hy);
+}
+
 void CudaBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                              int64_t H, Activation act, float* y) {
   CudaOpScope scope(*impl_, __func__, strict_device());

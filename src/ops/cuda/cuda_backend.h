@@ -114,6 +114,8 @@ class CudaBackend final : public Backend {
 
   void matmul(const WeightView& w, const float* x, int64_t T, float* y) override;
   void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T) override;
+  void matmul_heads(std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y, int64_t ldy, int64_t hy,
+                    float* xs, float* ys) override;
   void expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x, int64_t H,
                   Activation act, float* y) override;
   void moe_combine(const float* y, const ExpertGroups& groups, const float* weights, int64_t H, float* out) override;

@@ -189,13 +189,40 @@ __device__ __forceinline__ uint32_t chunk_code(const Chunk<BITS>& k, int e) {
 // Bytes of one row of a packed weight: cols / 32 chunks of 4 * BITS bytes.
 __host__ __device__ constexpr int64_t packed_row_bytes(int bits, int64_t cols) { return cols / 32 * 4 * bits; }
 
+// Whether gemv_quant_rows pipelines its loads for BITS-bit codes and R rows per lane group (the
+// registers allow it; q8 with R = 4 would spill and loads one chunk at a time).
+template <int BITS, int R>
+constexpr bool gemv_pipelined() { return BITS * R <= 24; }
+
+// The first chunk (chunk `sub` of the lane) of R rows and its group scales, loaded ahead of use.
+template <int BITS, int R>
+struct FirstChunk {
+  Chunk<BITS> w[R];
+  uint16_t s[R];
+};
+template <int BITS, int R>
+__device__ __forceinline__ void load_first(FirstChunk<BITS, R>& f, const QGemvJob& j, int64_t rows, int64_t cols, int group, int64_t r0,
+                                           int sub) {
+  const int64_t ng = cols / group;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t rr = min(r0 + i, rows - 1);
+    f.w[i] = load_chunk<BITS>(j.q + rr * packed_row_bytes(BITS, cols), sub);
+    f.s[i] = __ldg(j.scales + rr * ng + (sub * 32) / group);
+  }
+}
+
 // R consecutive rows r0 .. r0 + R - 1 per group of LPR lanes: each chunk of x' (one float4 pair per
 // word and row of x') is read from shared memory once for the R rows, whose weight chunks are all
 // loaded first (R 16-byte loads in flight per lane). Row r's products and their order depend only
 // on cols (LPR) and the row itself, not on R, TM or the job's other rows.
+// `first` holds these rows' first chunk (loaded by the caller); where the registers allow (kPipe)
+// the loop is software pipelined: chunk c + LPR's codes and scales are loaded before chunk c's
+// products, and during the last chunk the next row block's first chunk (rows next_r0.., when
+// next_r0 >= 0) is loaded into `first`, so a lane keeps 2 R loads in flight across row blocks.
 template <int BITS, int LPR, int R, int TM>
 __device__ __forceinline__ void gemv_quant_rows(const QGemvJob& j, const float* cbs, const float* xs, int64_t rows, int64_t cols, int group,
-                                             int64_t r0, const Chunk<BITS> (&pre)[R], bool use_pre) {
+                                             int64_t r0, FirstChunk<BITS, R>& first, int64_t next_r0) {
   const int sub = threadIdx.x & (LPR - 1);
   const int nch = static_cast<int>(cols / 32);
   const int64_t ng = cols / group;
@@ -213,13 +240,37 @@ __device__ __forceinline__ void gemv_quant_rows(const QGemvJob& j, const float* 
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[i][t] = 0.0f;
+  constexpr bool kPipe = gemv_pipelined<BITS, R>();
+  Chunk<BITS> wq[R];
+  uint16_t sq[R];  // (group % 32 == 0: one scale per chunk of 32 codes)
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    wq[i] = first.w[i];
+    sq[i] = first.s[i];
+  }
   for (int c = sub; c < nch; c += LPR) {
-    Chunk<BITS> wq[R];
+    Chunk<BITS> wn[R];
+    uint16_t sn[R];
+    const bool more = kPipe && c + LPR < nch;
+    if (!kPipe && c != sub) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) wq[i] = use_pre && c == sub ? pre[i] : load_chunk<BITS>(qr[i], c);
-    float sc[R];  // (group % 32 == 0: one scale per chunk of 32 codes)
+      for (int i = 0; i < R; ++i) {
+        wq[i] = load_chunk<BITS>(qr[i], c);
+        sq[i] = __ldg(sr[i] + (c * 32) / group);
+      }
+    }
+    if (more) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) sc[i] = __half2float(__ushort_as_half(__ldg(sr[i] + (c * 32) / group)));
+      for (int i = 0; i < R; ++i) {
+        wn[i] = load_chunk<BITS>(qr[i], c + LPR);
+        sn[i] = __ldg(sr[i] + ((c + LPR) * 32) / group);
+      }
+    } else if (kPipe && next_r0 >= 0 && c + LPR >= nch) {
+      load_first<BITS, R>(first, j, rows, cols, group, next_r0, sub);
+    }
+    float sc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) sc[i] = __half2float(__ushort_as_half(sq[i]));
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       float wv[R][8];
@@ -246,6 +297,13 @@ __device__ __forceinline__ void gemv_quant_rows(const QGemvJob& j, const float* 
           d = __fmaf_rn(wv[i][7], b.w, d);
           acc[i][t] = __fmaf_rn(sc[i], d, acc[i][t]);
         }
+      }
+    }
+    if (more) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        wq[i] = wn[i];
+        sq[i] = sn[i];
       }
     }
   }
@@ -362,14 +420,10 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_quant(const QGemvJob* 
   const int64_t rpb = kGemvThreads / LPR * R, nrb = (rows + rpb - 1) / rpb;
   const int n = static_cast<int>(cols), nch = n / 32;
   // The first chunk of this block's first rows is loaded before the prologue (its latency overlaps it).
-  Chunk<BITS> pre[R];
+  FirstChunk<BITS, R> first;
   const int sub = threadIdx.x & (LPR - 1);
-  const int64_t r_first = static_cast<int64_t>(blockIdx.x) * rpb + threadIdx.x / LPR * R;
-  const bool prefetch = blockIdx.x < nrb && sub < nch;
-  if (prefetch) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) pre[i] = load_chunk<BITS>(j.q + min(r_first + i, rows - 1) * packed_row_bytes(BITS, cols), sub);
-  }
+  const int64_t lane_rows = threadIdx.x / LPR * R;
+  load_first<BITS, R>(first, j, rows, cols, group, static_cast<int64_t>(blockIdx.x) * rpb + lane_rows, sub);
   for (int i = threadIdx.x; i < (1 << BITS); i += blockDim.x) cbs[i] = j.cb[i];
   for (int t = 0; t < j.T; ++t) {
     float* v = xs + t * n;
@@ -392,9 +446,13 @@ __global__ void __launch_bounds__(kGemvThreads, 1) k_gemv_quant(const QGemvJob* 
     }
   }
   __syncthreads();
-  for (int64_t rb = blockIdx.x; rb < nrb; rb += gridDim.x)
-    gemv_quant_rows<BITS, LPR, R, TM>(j, cbs, xs, rows, cols, group, rb * rpb + threadIdx.x / LPR * R,
-                             pre, rb == blockIdx.x && prefetch);
+  constexpr bool kPipe = gemv_pipelined<BITS, R>();
+  for (int64_t rb = blockIdx.x; rb < nrb; rb += gridDim.x) {
+    const int64_t nrb_next = rb + gridDim.x;
+    gemv_quant_rows<BITS, LPR, R, TM>(j, cbs, xs, rows, cols, group, rb * rpb + lane_rows, first,
+                                      nrb_next < nrb ? nrb_next * rpb + lane_rows : -1);
+    if (!kPipe && nrb_next < nrb) load_first<BITS, R>(first, j, rows, cols, group, nrb_next * rpb + lane_rows, sub);
+  }
 }
 
 // Up to kMaxGemv16 f16 / bf16 weights of one input in one launch (blockIdx.y picks the weight).
@@ -448,6 +506,127 @@ __global__ void k_gemv_16(const __grid_constant__ Gemv16Set set, int64_t cols, c
     if (t >= T) break;
     const float s = warp_sum(acc[t]);
     if (lane == 0) y[t * rows + r] = s;
+  }
+}
+
+// Decode GEMV for MXFP4 weights (HF gpt-oss layout, ops::Mxfp4View): blocks [rows, cols/32, 16]
+// (byte k: low nibble = column 2k, high = 2k + 1, E2M1 codes) and E8M0 scales [rows, cols/32]. LPR
+// lanes (a power of two <= 32) share a row; each takes whole 32-column blocks (one 16-byte load
+// and one scale byte) strided by LPR, forms the block's dot with x in f32 and adds it times
+// 2^(scale - 127); partial sums meet by shuffles. T <= kMaxGemvT rows of x [T, cols].
+__global__ void k_gemv_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t cols, int lpr, const float* x, int T,
+                             float* y) {
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    lut[threadIdx.x] = threadIdx.x < 8 ? mag[threadIdx.x] : -mag[threadIdx.x - 8];
+  }
+  __syncthreads();
+  const int sub = threadIdx.x & (lpr - 1);
+  const int64_t r_raw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / lpr;
+  const int64_t r = min(r_raw, rows - 1);  // (rows past the last run for the shuffles, store nothing)
+  const int64_t nb = cols / 32;
+  const uint4* br = reinterpret_cast<const uint4*>(blocks + r * nb * 16);
+  const uint8_t* sr = scales + r * nb;
+  float acc[kMaxGemvT];
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+  for (int64_t b = sub; b < nb; b += lpr) {
+    const uint4 p = __ldg(br + b);
+    const float sc = ldexpf(1.0f, static_cast<int>(__ldg(sr + b)) - 127);
+    const uint32_t u[4] = {p.x, p.y, p.z, p.w};
+    float wv[32];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t byte = (u[k >> 2] >> (8 * (k & 3))) & 0xffu;
+      wv[2 * k] = lut[byte & 15u];
+      wv[2 * k + 1] = lut[byte >> 4];
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxGemvT; ++t) {
+      if (t >= T) break;
+      const float4* xt = reinterpret_cast<const float4*>(x + t * cols + b * 32);
+      float d = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const float4 a = xt[q];
+        d = fmaf(wv[4 * q], a.x, d);
+        d = fmaf(wv[4 * q + 1], a.y, d);
+        d = fmaf(wv[4 * q + 2], a.z, d);
+        d = fmaf(wv[4 * q + 3], a.w, d);
+      }
+      acc[t] = fmaf(sc, d, acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) {
+    if (t >= T) break;
+    float v = acc[t];
+    for (int o = lpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (sub == 0 && r_raw < rows) y[t * rows + r] = v;
+  }
+}
+
+// Per-head decode GEMVs (Backend::matmul_heads, MLA's absorbed products): weight blockIdx.y of
+// `set` ([rows, cols], f32 / f16 / bf16 as KIND 0 / 1 / 2) against head blockIdx.y's slice of x.
+// LPR lanes (a power of two <= 32) share a row; each reads VECN consecutive weights (16 bytes when
+// VECN > 1) per step, strided by LPR * VECN; partial sums meet by shuffles. T <= kMaxGemvT.
+constexpr int kMaxHeadsLaunch = 128;
+struct HeadsSet {
+  const void* w[kMaxHeadsLaunch];
+};
+template <int KIND>
+__device__ __forceinline__ float head_w(const void* base, int64_t i) {
+  if constexpr (KIND == 0) return static_cast<const float*>(base)[i];
+  else if constexpr (KIND == 1) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(base)[i]));
+  else return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(base)[i]) << 16);
+}
+template <int KIND, int VECN>
+__global__ void k_gemv_heads(const __grid_constant__ HeadsSet set, int64_t rows, int64_t cols, int lpr, const float* x, int64_t ldx,
+                             int64_t hx, int T, float* y, int64_t ldy, int64_t hy) {
+  const int h = blockIdx.y;
+  const int sub = threadIdx.x & (lpr - 1);
+  const int64_t r_raw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / lpr;
+  const int64_t r = min(r_raw, rows - 1);  // (rows past the last run for the shuffles, store nothing)
+  const void* wb = set.w[h];
+  const float* xh = x + static_cast<int64_t>(h) * hx;
+  float acc[kMaxGemvT];
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) acc[t] = 0.0f;
+  for (int64_t c0 = static_cast<int64_t>(sub) * VECN; c0 < cols; c0 += static_cast<int64_t>(lpr) * VECN) {
+    float wv[VECN];
+    if constexpr (VECN == 1) {
+      wv[0] = head_w<KIND>(wb, r * cols + c0);
+    } else {
+      const uint4 p = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wb) + (r * cols + c0) * (KIND == 0 ? 4 : 2)));
+      const uint32_t u[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (KIND == 0) {
+          wv[j] = __uint_as_float(u[j]);
+        } else if constexpr (KIND == 1) {
+          wv[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[j] & 0xffffu)));
+          wv[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[j] >> 16)));
+        } else {
+          wv[2 * j] = __uint_as_float(u[j] << 16);
+          wv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxGemvT; ++t) {
+      if (t >= T) break;
+      const float* xt = xh + t * ldx + c0;
+#pragma unroll
+      for (int e = 0; e < VECN; ++e) acc[t] = fmaf(wv[e], xt[e], acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxGemvT; ++t) {
+    if (t >= T) break;
+    float v = acc[t];
+    for (int o = lpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (sub == 0 && r_raw < rows) y[t * ldy + static_cast<int64_t>(h) * hy + r] = v;
   }
 }
 
@@ -618,6 +797,14 @@ void CudaBackend::Impl::mm_base(const WeightView& w_in, const float* x, int64_t 
     const WeightView* one[] = {&w};
     float* ys[] = {y};
     gemv_16(one, ys, x, T);
+  } else if (w.type == WType::kMxfp4 && T <= kMaxGemvT && cols % 32 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+             reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    int lpr = 1;
+    while (lpr < 32 && lpr * 2 <= cols / 32) lpr *= 2;
+    constexpr int threads = 256;
+    k_gemv_mxfp4<<<static_cast<unsigned>((rows * lpr + threads - 1) / threads), threads, 0, stream>>>(
+        static_cast<const uint8_t*>(w.data), w.mx_scales, rows, cols, lpr, x, static_cast<int>(T), y);
+    CU_LAUNCHED("k_gemv_mxfp4");
   } else if (T <= kMaxGemvT) {
     const WDev wd = make_wdev(w);
     const int64_t threads = rows * 32;
@@ -643,6 +830,42 @@ void CudaBackend::Impl::mm_base(const WeightView& w_in, const float* x, int64_t 
 }  // namespace spool::ops
 
 namespace spool::ops::cu {
+
+bool matmul_heads_native(std::span<const WeightView> w, const float* x, int64_t T, const float* y) {
+  if (w.empty() || w.size() > static_cast<size_t>(kMaxHeadsLaunch) || T <= 0 || T > kMaxGemvT || !is_device_ptr(x) || !is_device_ptr(y))
+    return false;
+  for (const WeightView& v : w)
+    if (v.device != Device::kCuda || v.lora != nullptr || v.type != w[0].type || v.rows != w[0].rows || v.cols != w[0].cols ||
+        (v.type != WType::kF32 && v.type != WType::kF16 && v.type != WType::kBF16))
+      return false;
+  return true;
+}
+
+void matmul_heads(CudaBackend::Impl& I, std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y,
+                  int64_t ldy, int64_t hy) {
+  const int64_t rows = w[0].rows, cols = w[0].cols;
+  if (rows == 0) return;
+  HeadsSet set{};
+  bool vec = true;
+  const int vecn = w[0].type == WType::kF32 ? 4 : 8;
+  for (size_t h = 0; h < w.size(); ++h) {
+    set.w[h] = w[h].data;
+    vec = vec && reinterpret_cast<uintptr_t>(w[h].data) % 16 == 0;
+  }
+  vec = vec && cols % vecn == 0;
+  const int64_t steps = vec ? cols / vecn : cols;
+  int lpr = 1;
+  while (lpr < 32 && lpr * 2 <= steps) lpr *= 2;
+  constexpr int threads = 256;
+  const dim3 grid(static_cast<unsigned>((rows * lpr + threads - 1) / threads), static_cast<unsigned>(w.size()));
+  const auto go = [&](auto kern) { kern<<<grid, threads, 0, I.stream>>>(set, rows, cols, lpr, x, ldx, hx, static_cast<int>(T), y, ldy, hy); };
+  switch (w[0].type) {
+    case WType::kF32: vec ? go(k_gemv_heads<0, 4>) : go(k_gemv_heads<0, 1>); break;
+    case WType::kF16: vec ? go(k_gemv_heads<1, 8>) : go(k_gemv_heads<1, 1>); break;
+    default: vec ? go(k_gemv_heads<2, 8>) : go(k_gemv_heads<2, 1>); break;
+  }
+  CU_LAUNCHED("k_gemv_heads");
+}
 
 void matmul(CudaBackend::Impl& I, const WeightView& w, const float* x, int64_t T, float* y) {
   const float* xd = I.in(x, T * w.cols);

@@ -534,6 +534,11 @@ namespace spool::ops::cu {
 // cuda_gemv.cu
 void matmul(CudaBackend::Impl& I, const WeightView& w, const float* x, int64_t T, float* y);
 void matmul_multi(CudaBackend::Impl& I, std::span<const MatmulOut> outs, const float* x, int64_t T);
+// Whether matmul_heads runs natively (k_gemv_heads): device-resident f32 / f16 / bf16 heads of one
+// shape and type without LoRA, at most 128, T <= kMaxGemvT, x and y in device memory.
+bool matmul_heads_native(std::span<const WeightView> w, const float* x, int64_t T, const float* y);
+void matmul_heads(CudaBackend::Impl& I, std::span<const WeightView> w, const float* x, int64_t ldx, int64_t hx, int64_t T, float* y,
+                  int64_t ldy, int64_t hy);
 
 // cuda_moe.cu
 void expert_ffn(CudaBackend::Impl& I, std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
