@@ -6,9 +6,12 @@
 #  1. builds llama.cpp with CUDA (llama-bench, llama-quantize) from LLAMA_SRC (a source folder or a
 #     .tar.xz of one, e.g. the llama-cpp-python sdist's vendor/llama.cpp) in the background, unless
 #     LLAMA_BIN names a build;
-#  2. meanwhile writes a Qwen3.6-35B-A3B-shaped synthetic of LAYERS layers (`spool synth`, BF16),
-#     spool's q4 of it (`spool convert --recipe q4`) and the same BF16 weights as GGUF
-#     (bench/moe_to_gguf.py) quantized by llama-quantize to Q4_K_M: both tools run the same weights;
+#  2. meanwhile writes a synthetic of LAYERS layers with the shape of PRESET (`spool synth --preset
+#     PRESET`, BF16; default qwen3.6-35b-a3b, also deepseek-v3-671b, glm-4.5-air, gpt-oss-120b or any
+#     preset bench/moe_to_gguf.py converts), spool's q4 of it (`spool convert --recipe q4`) and the same
+#     BF16 weights as GGUF (bench/moe_to_gguf.py) quantized by llama-quantize to Q4_K_M: both tools run
+#     the same weights. gpt-oss's experts are MXFP4 as released: spool's q4 keeps them, and so does
+#     llama-quantize here (--tensor-type ffn_*_exps=mxfp4; the rest Q4_K_M);
 #  3. for each VRAM budget: a ballast process (PyTorch) takes the rest of the card so that both
 #     engines see the same free VRAM; spool runs with `--vram-budget-gb auto` (the free VRAM) and a
 #     host-RAM tier of RAM_TIER_GB, twice: `--vram-experts static` (a share of each layer's experts
@@ -18,22 +21,30 @@
 #     repetitions (llama.cpp, spool, llama.cpp, ...);
 #  4. measures host->device GB/s (pinned and pageable) in the same run (`spool doctor`) and
 #     spool's share of it (its host->device bytes per token x tokens/s);
-#  5. writes $OUT/cuda.md (table) and $OUT/cuda.png (matplotlib), and the raw logs.
+#  5. writes $OUT/cuda.md (table) and $OUT/cuda.png (matplotlib), and the raw logs; for another
+#     PRESET $OUT/cuda-PRESET.md, cuda-PRESET.png and logs named the same way.
 #
-# VRAM budgets are stated for the full 40-layer model (BUDGETS, GiB: "16 8") and scaled to LAYERS:
-# the layer-independent part (embeddings, output head, final norm: F GiB of the GGUF) stays, the rest
-# scales with the layer count: budget_L = F + (B - F) * LAYERS / 40. So LAYERS=40 is the exact
-# protocol; fewer layers keep the same VRAM-to-model ratio per layer. The host-RAM tier is sized
-# like a 32 GB machine: RAM_TIER_GB (default: every expert, as 32 GB holds the 20 GB model).
+# VRAM budgets are stated for the full model (BUDGETS, GiB: "16 8"; "24 16" for deepseek-v3-671b,
+# whose dense part alone is ~9 GiB at Q4) and scaled to LAYERS: the layer-independent part
+# (embeddings, output head, final norm: F GiB of the GGUF) stays, the rest scales with the layer
+# count: budget_L = F + (B - F) * LAYERS / FULL, FULL the preset's layer count (40 for Qwen3.6-35B-A3B,
+# 61 DeepSeek-V3, 46 GLM-4.5-Air, 36 gpt-oss-120b). So LAYERS=FULL is the exact protocol; fewer layers
+# keep the same VRAM-to-model ratio per layer (the leading dense layers of DeepSeek / GLM make a cut
+# model a little denser than the whole; LAYERS must exceed them). The host-RAM tier is sized like a
+# 32 GB machine: RAM_TIER_GB (default: every expert, as 32 GB holds the 20 GB Qwen3.6 model).
+# Disk: the BF16 checkpoint and its BF16 GGUF exist together for a moment (then spool's q4 and the
+# Q4_K_M GGUF stay): about 2 x the BF16 size of LAYERS layers in DIR; a DeepSeek-V3 MoE layer is
+# 22.5 GB in BF16, so LAYERS=4 (3 dense + 1 MoE) needs ~66 GB there.
 #
 #   OUT=/tmp/out SPOOL=build-cuda/spool LLAMA_SRC=/path/llama-src.tar.xz LAYERS=40 bench/cuda.sh
+#   PRESET=gpt-oss-120b LAYERS=8 OUT=/tmp/out SPOOL=build-cuda/spool LLAMA_BIN=/path/bin bench/cuda.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPOOL=$(realpath "${SPOOL:-build-cuda/spool}")
 LLAMA_SRC=${LLAMA_SRC:-}
 LLAMA_BIN=${LLAMA_BIN:-}
-LAYERS=${LAYERS:-40}
-BUDGETS=${BUDGETS:-"16 8"}
+PRESET=${PRESET:-qwen3.6-35b-a3b}
+LAYERS=${LAYERS:-}  # default: the preset's full depth
 P=${P:-512} N=${N:-128} R=${R:-2}
 DIR=${DIR:-/tmp/spool-cuda-bench}
 OUT=${OUT:-bench/results}
@@ -43,8 +54,38 @@ PYTHON=${PYTHON:-python3}
 RAM_TIER_GB=${RAM_TIER_GB:-}
 # The gguf package for bench/moe_to_gguf.py: installed, or llama.cpp's gguf-py (GGUF_PY; found in LLAMA_SRC).
 GGUF_PY=${GGUF_PY:-}
+# The preset's full depth, leading dense layers and display name (src/models/presets/*.json).
+read -r FULL_LAYERS DENSE_LEAD MODEL_TYPE TITLE < <("$PYTHON" - "$PRESET" <<'PY'
+import glob, json, sys
+names = {"qwen3.6-35b-a3b": "Qwen3.6-35B-A3B", "deepseek-v3-671b": "DeepSeek-V3-671B", "glm-4.5-air": "GLM-4.5-Air",
+         "gpt-oss-120b": "gpt-oss-120b"}
+for f in sorted(glob.glob("src/models/presets/*.json")):
+    for p in json.load(open(f)):
+        if p["name"] == sys.argv[1]:
+            c = {**p["config"], **p["config"].get("text_config", {})}
+            print(c["num_hidden_layers"], c.get("first_k_dense_replace", 0), c["model_type"], names.get(p["name"], p["name"]))
+            sys.exit(0)
+sys.exit(f"cuda.sh: no preset {sys.argv[1]!r} in src/models/presets (spool synth --help lists them)")
+PY
+) || exit 1
+LAYERS=${LAYERS:-$FULL_LAYERS}
+[ "$LAYERS" -le "$FULL_LAYERS" ] || { echo "cuda.sh: LAYERS=$LAYERS exceeds $PRESET's $FULL_LAYERS layers"; exit 1; }
+[ "$LAYERS" -gt "$DENSE_LEAD" ] || { echo "cuda.sh: $PRESET's first $DENSE_LEAD layers are dense: LAYERS=$LAYERS would have no experts"; exit 1; }
+case "$PRESET" in
+  deepseek-v3-671b) BUDGETS=${BUDGETS:-"24 16"} ;;
+  *) BUDGETS=${BUDGETS:-"16 8"} ;;
+esac
+# File names: the default preset keeps the names of earlier runs (cuda.md, q36-*), others carry the preset.
+if [ "$PRESET" = qwen3.6-35b-a3b ]; then TAG=q36 SUF=; else TAG=$PRESET SUF=-$PRESET; fi
+# llama-quantize: Q4_K_M; gpt-oss's experts stay MXFP4 as released (spool's q4 keeps them too).
+QUANT_ARGS=()
+QUANT_NOTE=Q4_K_M
+if [ "$MODEL_TYPE" = gpt_oss ]; then
+  QUANT_ARGS=(--tensor-type ffn_gate_exps=mxfp4 --tensor-type ffn_up_exps=mxfp4 --tensor-type ffn_down_exps=mxfp4)
+  QUANT_NOTE="Q4_K_M (experts MXFP4 as released)"
+fi
 mkdir -p "$DIR" "$OUT"
-LOG=$OUT/cuda-bench.log
+LOG=$OUT/cuda-bench$SUF.log
 : > "$LOG"
 t0=$SECONDS
 say() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$LOG"; }
@@ -87,19 +128,23 @@ else
 fi
 
 # ---- 2. the checkpoint, both ways ---------------------------------------------------------------
-BF16=$DIR/q36-${LAYERS}l.bf16 Q4=$DIR/q36-${LAYERS}l-q4 GGUF=$DIR/q36-${LAYERS}l-Q4_K_M.gguf
+BF16=$DIR/$TAG-${LAYERS}l.bf16 Q4=$DIR/$TAG-${LAYERS}l-q4 GGUF=$DIR/$TAG-${LAYERS}l-Q4_K_M.gguf
 if [ ! -f "$Q4/config.json" ] || [ ! -f "$GGUF" ]; then
-  say "synth ($LAYERS layers, BF16)"
-  [ -f "$BF16/config.json" ] || "$SPOOL" synth --preset qwen3.6-35b-a3b --layers "$LAYERS" --out "$BF16" --no-check -t "$THREADS" >> "$LOG" 2>&1
+  say "synth ($PRESET, $LAYERS of $FULL_LAYERS layers, BF16)"
+  [ -f "$BF16/config.json" ] || "$SPOOL" synth --preset "$PRESET" --layers "$LAYERS" --out "$BF16" --no-check -t "$THREADS" >> "$LOG" 2>&1
   say "spool convert --recipe q4"
   [ -f "$Q4/config.json" ] || "$SPOOL" convert -m "$BF16" --recipe q4 -o "$Q4" -t "$THREADS" >> "$LOG" 2>&1
   say "moe_to_gguf (BF16 GGUF)"
+  if [ ! -f "$GGUF" ]; then  # the BF16 GGUF is about the checkpoint's size, written beside it
+    need=$(du -sb "$BF16" | cut -f1) free=$(df -B1 --output=avail "$DIR" | tail -1)
+    [ "$free" -gt $((need + need / 50)) ] || { echo "cuda.sh: the BF16 GGUF needs ~$(numfmt --to=iec "$need") in $DIR, $(numfmt --to=iec "$free") free: use fewer LAYERS or a DIR on a larger disk" | tee -a "$LOG"; exit 1; }
+  fi
   [ -f "$GGUF" ] || PYTHONPATH=$GGUF_PY "$PYTHON" bench/moe_to_gguf.py "$BF16" "$BF16.gguf" >> "$LOG" 2>&1
   rm -rf "$BF16"
   if [ -n "$build_pid" ]; then wait "$build_pid" || true; build_pid=; fi
   [ -x "$LLAMA_BIN/llama-quantize" ] || { echo "cuda.sh: no llama-quantize in $LLAMA_BIN"; cat "$LOG"; exit 1; }
-  say "llama-quantize Q4_K_M"
-  [ -f "$GGUF" ] || "$LLAMA_BIN/llama-quantize" "$BF16.gguf" "$GGUF" Q4_K_M "$THREADS" >> "$OUT/llama-quantize.log" 2>&1
+  say "llama-quantize $QUANT_NOTE"
+  [ -f "$GGUF" ] || "$LLAMA_BIN/llama-quantize" "${QUANT_ARGS[@]}" "$BF16.gguf" "$GGUF" Q4_K_M "$THREADS" >> "$OUT/llama-quantize$SUF.log" 2>&1
   rm -f "$BF16.gguf"
 fi
 if [ -n "$build_pid" ]; then wait "$build_pid" || true; fi
@@ -119,10 +164,10 @@ q4_bytes=$(du -sb "$Q4" | cut -f1)
 "$SPOOL" doctor > "$OUT/doctor.log" 2>&1 || true
 link=$(grep -o 'host->device [0-9.]* GB/s pinned, [0-9.]* GB/s pageable' "$OUT/doctor.log" | head -1 || true)
 h2d_pinned=$(echo "$link" | awk '{print $2}')
-say "GGUF Q4_K_M $(numfmt --to=iec "$gguf_bytes"), layer-independent $(numfmt --to=iec "$fixed_bytes"); spool q4 $(numfmt --to=iec "$q4_bytes"); $link"
+say "GGUF $QUANT_NOTE $(numfmt --to=iec "$gguf_bytes"), layer-independent $(numfmt --to=iec "$fixed_bytes"); spool q4 $(numfmt --to=iec "$q4_bytes"); $link"
 
-scaled() {  # scaled B: the VRAM budget (GiB) of a 40-layer model, scaled to LAYERS
-  "$PYTHON" -c "f=$fixed_bytes/2**30; print(round(f + ($1 - f) * $LAYERS / 40, 2))"
+scaled() {  # scaled B: the VRAM budget (GiB) of the full FULL_LAYERS-layer model, scaled to LAYERS
+  "$PYTHON" -c "f=$fixed_bytes/2**30; print(round(f + ($1 - f) * $LAYERS / $FULL_LAYERS, 2))"
 }
 
 # ---- 3. ballast and runs ---------------------------------------------------------------------------
@@ -158,7 +203,7 @@ on_exit() {
 }
 trap on_exit EXIT
 
-results=$OUT/cuda-results.tsv
+results=$OUT/cuda-results$SUF.tsv
 printf 'budget_gib\tengine\tconfig\ttest\trep\tts\tnote\n' > "$results"
 
 llama_run() {  # llama_run BUDGET LABEL REP FLAGS...: one llama-bench run (pp and tg); appends rows
@@ -191,7 +236,7 @@ spool_run() {  # spool_run BUDGET REP MODE: one spool bench run (pp and tg) with
     tail -5 "$DIR/spool.err" >> "$LOG"
     return 1
   fi
-  cat "$DIR/spool.err" >> "$OUT/spool-runs.log"
+  cat "$DIR/spool.err" >> "$OUT/spool-runs$SUF.log"
   local share
   share=$(grep -o 'experts placed statically: [0-9]* of [0-9]*' "$DIR/spool.err" | awk '{printf "%.0f%% of the experts in VRAM", 100 * $4 / $6}' || true)
   "$PYTHON" - "$j" "$b" "$rep" "$label" "$share" >> "$results" <<'PY'
@@ -231,9 +276,10 @@ for B in $BUDGETS; do
 done
 
 # ---- 4. table and plot ---------------------------------------------------------------------------
-"$PYTHON" - "$results" "$OUT" "$LAYERS" "$P" "$N" "$h2d_pinned" "$gguf_bytes" "$q4_bytes" "$fixed_bytes" "$link" <<'PY'
+"$PYTHON" - "$results" "$OUT" "$LAYERS" "$P" "$N" "$h2d_pinned" "$gguf_bytes" "$q4_bytes" "$fixed_bytes" "$link" \
+  "$FULL_LAYERS" "$TITLE" "$SUF" "$QUANT_NOTE" <<'PY'
 import collections, os, statistics, sys
-res, out, layers, P, N, h2d, gguf_b, q4_b, fixed_b, link = sys.argv[1:]
+res, out, layers, P, N, h2d, gguf_b, q4_b, fixed_b, link, full, title, suf, qnote = sys.argv[1:]
 rows = [l.rstrip("\n").split("\t") for l in open(res)][1:]
 agg = collections.OrderedDict()
 notes = {}
@@ -245,12 +291,12 @@ for b, eng, cfg, test, rep, ts, note in rows:
         notes[(b, eng, cfg, test)] = note
 tg, pp = f"tg{N}", f"pp{P}"
 lines = [f"# spool CUDA vs llama.cpp CUDA (experts on the CPU)", "",
-         f"Qwen3.6-35B-A3B shape, {layers} of 40 layers (synthetic weights): llama.cpp GGUF Q4_K_M "
+         f"{title} shape, {layers} of {full} layers (synthetic weights): llama.cpp GGUF {qnote} "
          f"{int(gguf_b)/2**30:.2f} GiB, spool q4 {int(q4_b)/2**30:.2f} GiB (the same BF16 weights); "
-         f"layer-independent part {int(fixed_b)/2**30:.2f} GiB. Budgets are for the 40-layer model, scaled to {layers} layers "
+         f"layer-independent part {int(fixed_b)/2**30:.2f} GiB. Budgets are for the {full}-layer model, scaled to {layers} layers "
          f"(see bench/cuda.sh). {link} (measured in this run). llama.cpp: CUDA build of this run, -ngl 99, "
          f"FlashAttention kernels {'on' if os.environ.get('LLAMA_FA') == 'ON' else 'not built'}; both engines {os.environ.get('THREADS')} threads.", "",
-         f"| VRAM budget (40 layers) | engine | config | {tg} t/s | {pp} t/s | notes |", "|---|---|---|---:|---:|---|"]
+         f"| VRAM budget ({full} layers) | engine | config | {tg} t/s | {pp} t/s | notes |", "|---|---|---|---:|---:|---|"]
 best = {}
 for (b, eng, cfg), t in agg.items():
     m = {k: statistics.mean(v) for k, v in t.items()}
@@ -272,7 +318,7 @@ for b, d in best.items():
         if nc:
             line += f"; vs best --n-cpu-moe: decode {s.get(tg,0)/max(nc[0].get(tg,1e-9),1e-9):.2f}x, prefill {s.get(pp,0)/max(nc[0].get(pp,1e-9),1e-9):.2f}x"
         lines.append(line)
-open(f"{out}/cuda.md", "w").write("\n".join(lines) + "\n")
+open(f"{out}/cuda{suf}.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 try:
     import matplotlib
@@ -288,9 +334,9 @@ try:
         ax.set_xticks(range(len(vals)), labels, fontsize=6)
         ax.set_ylabel("tokens/s")
         ax.set_title(test)
-    fig.suptitle(f"Qwen3.6-35B-A3B shape, {layers} layers, Q4: spool CUDA vs llama.cpp CUDA with CPU experts")
+    fig.suptitle(f"{title} shape, {layers} layers, Q4: spool CUDA vs llama.cpp CUDA with CPU experts")
     fig.tight_layout()
-    fig.savefig(f"{out}/cuda.png", dpi=110)
+    fig.savefig(f"{out}/cuda{suf}.png", dpi=110)
 except Exception as e:
     print("no plot:", e)
 PY

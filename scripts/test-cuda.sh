@@ -178,7 +178,7 @@ PY
     if [ "${SKIP_TESTS:-0}" != 1 ]; then run_tests "$dir" || rc=1; fi
     if [ "${BENCH:-0}" = 1 ]; then run_bench "$dir/spool" "$demo" || rc=1; fi
     # CUDA_BENCH=1: bench/cuda.sh (spool vs llama.cpp with CPU experts), llama.cpp built here from
-    # DIR/llama-src.tar.xz (put it there before staging's transfer); LAYERS etc. pass through.
+    # DIR/llama-src.tar.xz (put it there before staging's transfer); PRESET, LAYERS etc. pass through.
     if [ "${CUDA_BENCH:-0}" = 1 ]; then SPOOL=$dir/spool LLAMA_SRC=$dir/llama-src.tar.xz bash bench/cuda.sh || rc=1; fi
     exit $rc
     ;;
