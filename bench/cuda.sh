@@ -32,9 +32,10 @@
 # keep the same VRAM-to-model ratio per layer (the leading dense layers of DeepSeek / GLM make a cut
 # model a little denser than the whole; LAYERS must exceed them). The host-RAM tier is sized like a
 # 32 GB machine: RAM_TIER_GB (default: every expert, as 32 GB holds the 20 GB Qwen3.6 model).
-# Disk: the BF16 checkpoint and its BF16 GGUF exist together for a moment (then spool's q4 and the
-# Q4_K_M GGUF stay): about 2 x the BF16 size of LAYERS layers in DIR; a DeepSeek-V3 MoE layer is
-# 22.5 GB in BF16, so LAYERS=4 (3 dense + 1 MoE) needs ~66 GB there.
+# Disk: the BF16 checkpoint, spool's q4 and the BF16 GGUF exist together for a moment (then the q4 and
+# the Q4_K_M GGUF stay): about 2.3 x the BF16 size of LAYERS layers in DIR (checked before the GGUF is
+# written); a DeepSeek-V3 MoE layer is 22.6 GB in BF16, so LAYERS=4 (3 dense + 1 MoE, ~30 GB) peaks at
+# ~69 GB there, more than the single-GPU device machine's 64 GB disk (docs/benchmarks.md lists sizes).
 #
 #   OUT=/tmp/out SPOOL=build-cuda/spool LLAMA_SRC=/path/llama-src.tar.xz LAYERS=40 bench/cuda.sh
 #   PRESET=gpt-oss-120b LAYERS=8 OUT=/tmp/out SPOOL=build-cuda/spool LLAMA_BIN=/path/bin bench/cuda.sh
@@ -144,7 +145,7 @@ if [ ! -f "$Q4/config.json" ] || [ ! -f "$GGUF" ]; then
   if [ -n "$build_pid" ]; then wait "$build_pid" || true; build_pid=; fi
   [ -x "$LLAMA_BIN/llama-quantize" ] || { echo "cuda.sh: no llama-quantize in $LLAMA_BIN"; cat "$LOG"; exit 1; }
   say "llama-quantize $QUANT_NOTE"
-  [ -f "$GGUF" ] || "$LLAMA_BIN/llama-quantize" "${QUANT_ARGS[@]}" "$BF16.gguf" "$GGUF" Q4_K_M "$THREADS" >> "$OUT/llama-quantize$SUF.log" 2>&1
+  [ -f "$GGUF" ] || "$LLAMA_BIN/llama-quantize" ${QUANT_ARGS[@]+"${QUANT_ARGS[@]}"} "$BF16.gguf" "$GGUF" Q4_K_M "$THREADS" >> "$OUT/llama-quantize$SUF.log" 2>&1
   rm -f "$BF16.gguf"
 fi
 if [ -n "$build_pid" ]; then wait "$build_pid" || true; fi
