@@ -9,6 +9,12 @@
 #include "common/sysinfo.h"
 #include "engine/loader.h"
 #include "cli/doctor_checks.h"
+#include "dist/comm.h"
+#include "dist/link.h"
+
+#include <unistd.h>
+
+#include <set>
 
 namespace spool::cli {
 
@@ -50,10 +56,36 @@ std::vector<plan::Check> gpu_checks() {
   return out;
 }
 
+// Under mpirun (expert parallelism, docs/distributed.md): the ranks, the hosts they run on and
+// the links between them as an MoE layer's exchange uses them (dist::measure_link), with the
+// `spool plan --ranks` flags that carry the measurement. A collective: every rank runs it.
+plan::Check link_check() {
+  dist::Comm& w = dist::world();
+  std::set<std::string> hosts;
+  for (int r = 0; r < w.size(); ++r) {
+    char name[256] = {};
+    if (w.rank() == r && gethostname(name, sizeof(name) - 1) != 0) std::snprintf(name, sizeof(name), "rank%d", r);
+    w.broadcast(name, sizeof(name), r);
+    name[sizeof(name) - 1] = '\0';
+    hosts.insert(name);
+  }
+  const dist::LinkMeasure m = dist::measure_link(w);
+  plan::Check c{"link", plan::CheckStatus::kOk, "", ""};
+  c.detail = strfmt("%d ranks (%s) on %zu host%s; one exchange %.1f us, %.2f GB/s into a rank: spool plan --ranks %d "
+                    "--link-latency-us %.1f --link-gbps %.2f",
+                    m.ranks, w.name(), hosts.size(), hosts.size() == 1 ? "" : "s", m.latency_us, m.gbps, m.ranks, m.latency_us, m.gbps);
+  if (m.latency_us > 1000 || m.gbps < 0.1) {
+    c.status = plan::CheckStatus::kWarn;
+    c.fix = "a slow link: each MoE layer of a decoded token waits for two exchanges; prefer a faster network (or fewer ranks)";
+  }
+  return c;
+}
+
 void run(const DoctorOptions& o) {
   const unsigned hw = std::thread::hardware_concurrency();
   std::vector<plan::Check> checks = plan::run_doctor(o.model, hw ? static_cast<int>(hw) : 1);
   for (plan::Check& c : gpu_checks()) checks.push_back(std::move(c));
+  if (dist::launched_by_mpi()) checks.push_back(link_check());
   bool failed = false;
   for (const auto& c : checks) failed |= c.status == plan::CheckStatus::kFail;
   if (o.json) {

@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include "dist/link.h"
+#include "plan/placement.h"
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -106,6 +109,53 @@ TEST(Comm, BroadcastFromEachRoot) {
   }
   w.barrier();
   EXPECT_THROW(w.broadcast(nullptr, 0, w.size()), Error);
+}
+
+// The link probe: nothing to measure alone; over several ranks a positive latency and bandwidth,
+// the same numbers on every rank (rank 0's, broadcast); bad arguments are refused on every rank.
+TEST(Comm, MeasureLinkAgreesOnEveryRank) {
+  Comm& w = world();
+  const LinkMeasure m = measure_link(w, 20, size_t{1} << 20);
+  EXPECT_EQ(m.ranks, w.size());
+  if (w.size() == 1) {
+    EXPECT_EQ(m.latency_us, 0.0);
+    EXPECT_EQ(m.gbps, 0.0);
+  } else {
+    EXPECT_GT(m.latency_us, 0.0);
+    EXPECT_GT(m.gbps, 0.0);
+    double v[2] = {m.latency_us, m.gbps};
+    std::vector<float> all;
+    const float mine[2] = {static_cast<float>(v[0]), static_cast<float>(v[1])};
+    w.allgather_rows(mine, 1, 2, all);
+    for (int r = 1; r < w.size(); ++r) {
+      EXPECT_EQ(all[static_cast<size_t>(2 * r)], all[0]) << "rank " << r;
+      EXPECT_EQ(all[static_cast<size_t>(2 * r + 1)], all[1]) << "rank " << r;
+    }
+  }
+  EXPECT_THROW(measure_link(w, 0), Error);
+  EXPECT_THROW(measure_link(w, 1, 0), Error);
+}
+
+// The placement of one rank (plan::rank_facts, as the loader does under mpirun): the largest
+// share of owned_experts, i.e. ceil(E / R) of E, of the experts and of the files' expert bytes.
+TEST(Comm, RankFactsScaleTheExpertsByTheLargestShare) {
+  for (int E : {7, 64, 256})
+    for (int R : {1, 2, 3, 5}) {
+      int most = 0;
+      for (int r = 0; r < R; ++r) {
+        const auto [lo, hi] = owned_experts(r, E, R);
+        most = std::max(most, hi - lo);
+      }
+      EXPECT_DOUBLE_EQ(plan::rank_expert_share(E, R), static_cast<double>(most) / E) << E << " / " << R;
+      plan::PlacementFacts f;
+      f.experts = 1000ull * static_cast<uint64_t>(E);
+      f.file_bytes = f.experts + 500;
+      f.expert_count = static_cast<uint64_t>(E);
+      const plan::PlacementFacts g = plan::rank_facts(f, E, R);
+      EXPECT_EQ(g.experts, 1000ull * static_cast<uint64_t>(most));
+      EXPECT_EQ(g.file_bytes, g.experts + 500);
+      EXPECT_EQ(g.expert_count, static_cast<uint64_t>(most));
+    }
 }
 
 TEST(Comm, OwnedExpertsPartitionTheExperts) {

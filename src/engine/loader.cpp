@@ -604,6 +604,8 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.memory.prefill_step = opt.prefill_step;
   l.memory.parallel = opt.parallel;
 
+  // Under expert parallelism a rank reads, caches and keeps resident only its own experts.
+  if (dist::launched_by_mpi()) facts = plan::rank_facts(facts, spec.moe.n_experts, dist::world().size());
   const plan::Placement placement = plan::decide_placement(facts, popt);
   log_placement(placement, facts, l, opt);
 

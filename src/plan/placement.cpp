@@ -82,4 +82,20 @@ Placement decide_placement(const PlacementFacts& f, const PlacementOptions& o) {
   return p;
 }
 
+double rank_expert_share(int n_experts, int ranks) {
+  if (ranks <= 1 || n_experts <= 0) return 1.0;
+  const int most = (n_experts + ranks - 1) / ranks;
+  return static_cast<double>(most) / static_cast<double>(n_experts);
+}
+
+PlacementFacts rank_facts(PlacementFacts f, int n_experts, int ranks) {
+  if (ranks <= 1 || n_experts <= 0) return f;
+  const double share = rank_expert_share(n_experts, ranks);
+  const uint64_t mine = static_cast<uint64_t>(static_cast<double>(f.experts) * share);
+  f.file_bytes = f.file_bytes >= f.experts ? f.file_bytes - f.experts + mine : f.file_bytes;
+  f.experts = mine;
+  f.expert_count = static_cast<uint64_t>(static_cast<double>(f.expert_count) * share + 0.5);
+  return f;
+}
+
 }  // namespace spool::plan

@@ -100,4 +100,15 @@ struct Placement {
 /// --vram-experts static when the experts do not fit in host memory. Pure: no I/O.
 Placement decide_placement(const PlacementFacts& facts, const PlacementOptions& options);
 
+/// The largest share of a MoE layer's `n_experts` routed experts that one of `ranks` ranks owns
+/// under expert parallelism (dist::owned_experts: contiguous blocks of at most ceil(E / R)), as a
+/// fraction of the layer's experts; 1 for one rank or no experts.
+double rank_expert_share(int n_experts, int ranks);
+
+/// `f` as the rank with the largest share sees it under expert parallelism over `ranks` ranks: it
+/// reads, caches and keeps resident only its own routed experts (experts, expert_count and the
+/// files' expert bytes scaled by rank_expert_share); the dense part, KV and workspace are replicated
+/// (unchanged). `f` itself for one rank.
+PlacementFacts rank_facts(PlacementFacts f, int n_experts, int ranks);
+
 }  // namespace spool::plan

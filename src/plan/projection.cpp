@@ -149,6 +149,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
                        .expert_slot_bytes = p.expert_count ? p.weights.experts / p.expert_count : 0,  // one routed expert
                        .one_token = p.spec.moe.top_k};
     }
+    f = rank_facts(f, p.spec.moe.n_experts, in.ranks);  // (one rank: unchanged)
     PlacementOptions o;
     o.stream = in.stream;
     o.cache_budget = in.cache_budget;
@@ -196,18 +197,38 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   }
   const uint64_t embed_row = p.spec.vocab_size > 0 ? p.weights.embed_on_demand / static_cast<uint64_t>(p.spec.vocab_size) : 0;
   p.active_bytes_per_token = p.weights.resident_dense + embed_row + p.expert_bytes_per_token + kv_read;
-  p.expected_hit_rate = p.verdict == Verdict::kStream && p.weights.experts
-                            ? std::min(1.0, static_cast<double>(p.cache_bytes) / static_cast<double>(p.weights.experts))
+  p.ranks = std::max(in.ranks, 1);
+  p.rank_experts = static_cast<uint64_t>(static_cast<double>(p.weights.experts) * rank_expert_share(p.spec.moe.n_experts, p.ranks));
+  const uint64_t experts_here = p.ranks > 1 ? p.rank_experts : p.weights.experts;  // what this (largest) rank caches
+  p.expected_hit_rate = p.verdict == Verdict::kStream && experts_here
+                            ? std::min(1.0, static_cast<double>(p.cache_bytes) / static_cast<double>(experts_here))
                             : 1.0;
   if (in.mem_gbps && p.active_bytes_per_token) p.tok_s_mem_bound = *in.mem_gbps * 1e9 / static_cast<double>(p.active_bytes_per_token);
   if (in.disk_gbps && p.verdict == Verdict::kStream && p.expert_bytes_per_token) {
     const double miss = std::max(1e-9, 1.0 - p.expected_hit_rate);
-    p.tok_s_disk_bound = *in.disk_gbps * 1e9 / (static_cast<double>(p.expert_bytes_per_token) * miss);
+    p.tok_s_disk_bound = *in.disk_gbps * 1e9 / (static_cast<double>(p.expert_bytes_per_token) / p.ranks * miss);
+  }
+  if (p.ranks > 1) {
+    p.rank_active_bytes_per_token = p.active_bytes_per_token - p.expert_bytes_per_token + p.expert_bytes_per_token / static_cast<uint64_t>(p.ranks);
+    const uint64_t row = static_cast<uint64_t>(std::max<int64_t>(p.spec.hidden_size, 0)) * sizeof(float);
+    p.net_bytes_per_token = static_cast<uint64_t>(n_moe) * static_cast<uint64_t>(std::max(p.spec.moe.top_k, 0)) * row *
+                            static_cast<uint64_t>(p.ranks - 1);
+    p.collectives_per_token = 2 * n_moe;
+    p.link_latency_us = in.link_latency_us;
+    p.link_gbps = in.link_gbps;
+    if (in.mem_gbps && in.link_latency_us && in.link_gbps && *in.mem_gbps > 0 && *in.link_gbps > 0) {
+      const double t = static_cast<double>(p.rank_active_bytes_per_token) / (*in.mem_gbps * 1e9) +
+                       p.collectives_per_token * *in.link_latency_us * 1e-6 +
+                       static_cast<double>(p.net_bytes_per_token) / p.ranks / (*in.link_gbps * 1e9);
+      p.tok_s_ranks = 1.0 / t;
+    }
+    if (p.spec.moe.n_experts <= 0) p.notes.push_back("--ranks: the model has no routed experts; every rank would run the whole model");
   }
 
   // The command line.
   const bool serve = in.shape.parallel > 1;  // several sequences: the server's command
-  std::string cmd = std::string(serve ? "spool serve" : "spool generate") + " --model " + in.model_arg;
+  std::string cmd = (p.ranks > 1 ? strfmt("mpirun -n %d ", p.ranks) : std::string()) + (serve ? "spool serve" : "spool generate") +
+                    " --model " + in.model_arg;
   if (p.verdict == Verdict::kStream) cmd += " --stream --cache-budget-gb " + gb_arg(p.cache_budget);
   if (p.verdict == Verdict::kResident && p.weights.experts > 0) cmd += " --no-stream";
   if (p.verdict == Verdict::kStream && !p.use_page_cache) cmd += " --no-page-cache";

@@ -54,6 +54,9 @@ struct PlanInputs {
   std::optional<uint64_t> vram_budget;   // plan a GPU run with this VRAM budget in bytes; nullopt = a CPU run
   uint64_t lora_bytes = 0;               // --lora: the adapters' resident bytes (lora::Adapter::run_bytes), counted as dense
   std::vector<std::string> lora_args;    // --lora FILE[:SCALE] flags, repeated in the printed command
+  int ranks = 1;                         // --ranks: expert parallelism over this many ranks (mpirun -n), each with `available`
+  std::optional<double> link_latency_us; // --link-latency-us: one expert-parallel exchange between the ranks (spool doctor)
+  std::optional<double> link_gbps;       // --link-gbps: GB/s one rank receives from the others in a large exchange
 };
 
 enum class Verdict { kResident, kStream, kNoFit };
@@ -86,6 +89,19 @@ struct Projection {
   double expected_hit_rate = 0;  // cache / experts (uniform routing; real routing is skewed higher)
   std::optional<double> mem_gbps, disk_gbps;
   std::optional<double> tok_s_mem_bound, tok_s_disk_bound;  // decode tokens/s upper bounds
+  // Expert parallelism (PlanInputs::ranks > 1; docs/distributed.md). The memory figures above are
+  // then one rank's, the rank with the largest share of the routed experts (plan::rank_facts).
+  int ranks = 1;
+  uint64_t rank_experts = 0;            // routed-expert bytes that rank holds (rank_expert_share of weights.experts)
+  uint64_t rank_active_bytes_per_token = 0;  // bytes a rank reads per decoded token: active_bytes_per_token with
+                                             // top_k / ranks of the experts (uniform routing)
+  uint64_t net_bytes_per_token = 0;     // bytes the ranks receive from each other per decoded token, all ranks together
+                                        // (what `spool bench` prints under mpirun): per MoE layer top_k rows of hidden_size
+                                        // floats, each rank receiving the (ranks - 1) / ranks from the others
+  int collectives_per_token = 0;        // 2 per MoE layer (the row counts, then the rows)
+  std::optional<double> link_latency_us, link_gbps;
+  std::optional<double> tok_s_ranks;    // decode estimate: 1 / (rank_active_bytes / mem_gbps + collectives x latency +
+                                        // net_bytes_per_token / ranks / link_gbps), when all three are known
   std::vector<std::string> notes;
   std::string command;           // "" when the model does not fit
 };
