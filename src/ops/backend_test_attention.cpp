@@ -247,7 +247,9 @@ TEST_P(BackendOpTable, MlaAttention) {
     int64_t pos0, T;
   };
   for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kI8})
-    for (const M& s : {M{4, 32, 8, 0, 24}, M{4, 32, 8, 24, 1}, M{16, 512, 64, 40, 1}, M{3, 64, 16, 5, 9}}) {
+    for (const M& s : {M{4, 32, 8, 0, 24}, M{4, 32, 8, 24, 1}, M{16, 512, 64, 40, 1}, M{3, 64, 16, 5, 9},
+                        // rows of more than 64 keys (split over the keys on CUDA), and a batch crossing that line
+                        M{4, 64, 16, 3000, 2}, M{2, 32, 8, 60, 10}}) {
       SCOPED_TRACE("kv=" + std::to_string(static_cast<int>(kt)) + " heads=" + std::to_string(s.heads) + " R=" + std::to_string(s.R) +
                    " pos0=" + std::to_string(s.pos0) + " T=" + std::to_string(s.T));
       const int D = s.R + s.P;
