@@ -53,7 +53,7 @@ if [ ! -x "$T" ] || [ bench/llama_logits.cpp -nt "$T" ]; then
 fi
 
 # spool: greedy ids, then their log-probabilities from the server (same greedy path).
-"$SPOOL" generate -m "$M" --prompt-ids "$IDS" -n "$N" --temp 0 --ignore-eos --json -t "$THREADS" 2> "$DIR/generate.err" | head -1 > "$DIR/gen.json"
+"$SPOOL" generate -m "$M" --prompt-ids "$IDS" -n "$N" --temp 0 --ignore-eos --json -t "$THREADS" 2> "$DIR/generate.err" | sed -n 1p > "$DIR/gen.json"
 "$SPOOL" serve -m "$M" --port "$PORT" -t "$THREADS" > "$DIR/serve.log" 2>&1 &
 spid=$!
 trap 'kill "$spid" 2>/dev/null || true' EXIT

@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <set>
 
 namespace spool::cli {
@@ -83,9 +84,12 @@ plan::Check link_check() {
 
 void run(const DoctorOptions& o) {
   const unsigned hw = std::thread::hardware_concurrency();
+  // (the link check first: its collectives run on every rank before any rank's other checks can throw)
+  std::optional<plan::Check> link;
+  if (dist::launched_by_mpi()) link = link_check();
   std::vector<plan::Check> checks = plan::run_doctor(o.model, hw ? static_cast<int>(hw) : 1);
   for (plan::Check& c : gpu_checks()) checks.push_back(std::move(c));
-  if (dist::launched_by_mpi()) checks.push_back(link_check());
+  if (link) checks.push_back(std::move(*link));
   bool failed = false;
   for (const auto& c : checks) failed |= c.status == plan::CheckStatus::kFail;
   if (o.json) {

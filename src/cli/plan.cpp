@@ -7,6 +7,7 @@
 // (experts::simulate_tg: what `spool bench -p 0 --routing-trace FILE` measures).
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
 #include <cstdio>
+#include <optional>
 #include <cstdlib>
 #include <thread>
 
@@ -54,7 +55,7 @@ struct PlanOptions {
   int n_gen = 128, reps = 5;    // --n-gen / --repetitions: the bench tg test the trace prediction is for
   std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
   int ranks = 1;                  // --ranks: expert parallelism over N ranks (mpirun -n N)
-  double link_latency_us = -1, link_gbps = -1;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
+  std::optional<double> link_latency_us, link_gbps;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
 };
 
 // --trace's prediction (TracePlan::from): the simulated cache over bench's tg test.
@@ -137,8 +138,9 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
   if (p.tok_s_mem_bound || p.tok_s_disk_bound) {
     std::printf("decode     ");
     if (p.tok_s_mem_bound)
-      std::printf("<= %.1f tok/s from memory bandwidth (%.1f GB/s, %s read per token)", *p.tok_s_mem_bound, *p.mem_gbps,
-                  format_bytes(p.active_bytes_per_token).c_str());
+      std::printf("<= %.1f tok/s from memory bandwidth (%.1f GB/s, %s read per token%s)", *p.tok_s_mem_bound, *p.mem_gbps,
+                  format_bytes(p.ranks > 1 ? p.rank_active_bytes_per_token : p.active_bytes_per_token).c_str(),
+                  p.ranks > 1 ? " by one rank" : "");
     if (p.tok_s_disk_bound)
       std::printf("%s<= %.1f tok/s from disk (%.2f GB/s direct reads, %s of experts per token, %.0f%% missing)",
                   p.tok_s_mem_bound ? "; " : "", *p.tok_s_disk_bound, *p.disk_gbps, format_bytes(p.expert_bytes_per_token).c_str(),
@@ -149,14 +151,16 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
     std::printf("ranks      %d (expert parallelism, docs/distributed.md): the figures above are one rank's, the one with the most "
                 "routed experts (%s of %s); dense part and KV on every rank\n",
                 p.ranks, gib(p.rank_experts).c_str(), gib(p.weights.experts).c_str());
-    std::printf("network    %s between the ranks per token (all ranks; %s into each), %d collectives per token",
+    std::printf("network    %s between the ranks per token (all ranks; %s into each), %d exchanges per token (one per MoE layer)",
                 format_bytes(p.net_bytes_per_token).c_str(), format_bytes(p.net_bytes_per_token / static_cast<uint64_t>(p.ranks)).c_str(),
-                p.collectives_per_token);
+                p.exchanges_per_token);
     if (p.tok_s_ranks)
-      std::printf("; decode ~%.1f tok/s (%s read per rank per token at %.1f GB/s, %.0f us per collective, %.2f GB/s into a rank)\n",
+      std::printf("; decode ~%.1f tok/s (%s read per rank per token at %.1f GB/s, %.1f us per exchange, %.2f GB/s into a rank)\n",
                   *p.tok_s_ranks, format_bytes(p.rank_active_bytes_per_token).c_str(), *p.mem_gbps, *p.link_latency_us, *p.link_gbps);
-    else
+    else if (!p.link_latency_us || !p.link_gbps)
       std::printf("; give --link-latency-us and --link-gbps (spool doctor under mpirun measures them) for a decode estimate\n");
+    else
+      std::printf("; give --mem-gbps (the memory bandwidth of a rank's machine) for a decode estimate\n");
   }
   if (gpu) {
     const plan::GpuPlacement& g = gpu->placement;
@@ -259,7 +263,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
     r["rank_expert_bytes"] = p.rank_experts;
     r["rank_active_bytes_per_token"] = p.rank_active_bytes_per_token;
     r["net_bytes_per_token"] = p.net_bytes_per_token;
-    r["collectives_per_token"] = p.collectives_per_token;
+    r["exchanges_per_token"] = p.exchanges_per_token;
     r["link_latency_us"] = p.link_latency_us ? nlohmann::ordered_json(*p.link_latency_us) : nlohmann::ordered_json();
     r["link_gbps"] = p.link_gbps ? nlohmann::ordered_json(*p.link_gbps) : nlohmann::ordered_json();
     r["decode_tok_s"] = p.tok_s_ranks ? nlohmann::ordered_json(*p.tok_s_ranks) : nlohmann::ordered_json();
@@ -350,19 +354,21 @@ void run(const PlanOptions& o) {
   if (o.disk_gbps < 0 || o.mem_gbps < 0) throw UsageError("--disk-gbps and --mem-gbps must be positive");
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads must be 1..1024, or 0 for all hardware threads");
   if (o.ranks < 1 || o.ranks > 4096) throw UsageError(strfmt("--ranks must be 1..4096 (got %d)", o.ranks));
-  if ((o.link_latency_us != -1 && !(o.link_latency_us >= 0 && o.link_latency_us <= 1e7)) ||
-      (o.link_gbps != -1 && !(o.link_gbps > 0 && o.link_gbps <= 1e6)))
+  if ((o.link_latency_us && !(*o.link_latency_us >= 0 && *o.link_latency_us <= 1e7)) || (o.link_gbps && !(*o.link_gbps > 0 && *o.link_gbps <= 1e6)))
     throw UsageError("--link-latency-us must be in [0, 1e7] and --link-gbps in (0, 1e6]");
-  if ((o.link_latency_us != -1 || o.link_gbps != -1) && o.ranks < 2) throw UsageError("--link-latency-us and --link-gbps need --ranks 2 or more");
+  if ((o.link_latency_us || o.link_gbps) && o.ranks < 2) throw UsageError("--link-latency-us and --link-gbps need --ranks 2 or more");
   if (o.ranks > 1 && o.parallel > 1)
     throw UsageError("--ranks plans generate / bench / perplexity runs: serve (--parallel) does not run over several ranks yet");
-  if (o.ranks > 1 && o.vram_gb != -1) throw UsageError("--ranks plans CPU runs: GPU runs over several ranks are not supported yet");
+  if (o.ranks > 1 && (o.vram_gb != -1 || (o.device != "auto" && o.device != "cpu")))
+    throw UsageError("--ranks plans CPU runs: GPU runs over several ranks are not supported yet (--device cpu)");
+  if (o.ranks > 1 && !o.trace.empty()) throw UsageError("--trace simulates one process's cache: it cannot be combined with --ranks yet");
   if (o.vram_gb != -1 && !(o.vram_gb > 0 && o.vram_gb <= 1e6)) throw UsageError("--vram-gb must be in (0, 1e6]");
   if (o.h2d_gbps < 0) throw UsageError("--h2d-gbps must be positive");
   // --vram-gb alone plans for a stated GPU; with --device cuda[:N] (or a GPU found by auto) the
   // GPU's name and memory come from the device, --vram-gb then standing for --vram-budget-gb.
   if (o.device == "cpu" && o.vram_gb > 0) throw UsageError("--vram-gb plans a GPU run: it contradicts --device cpu");
-  const int gpu_index = o.device == "auto" && o.vram_gb > 0 && engine::cuda_devices() == 0 ? -1 : engine::resolve_device(o.device);
+  // (--ranks: a CPU run on every rank, whatever GPU this machine has)
+  const int gpu_index = o.ranks > 1 || (o.device == "auto" && o.vram_gb > 0 && engine::cuda_devices() == 0) ? -1 : engine::resolve_device(o.device);
 
   if (o.stream && o.no_stream) throw UsageError("--stream and --no-stream contradict each other");
   std::optional<uint64_t> budget;
@@ -406,8 +412,8 @@ void run(const PlanOptions& o) {
   if (o.no_stream) in.stream = false;
   in.cache_budget = budget;
   in.ranks = o.ranks;
-  if (o.link_latency_us != -1) in.link_latency_us = o.link_latency_us;
-  if (o.link_gbps != -1) in.link_gbps = o.link_gbps;
+  in.link_latency_us = o.link_latency_us;
+  in.link_gbps = o.link_gbps;
   const bool this_machine = o.ram_gb == 0;
   in.available = this_machine ? available_now : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
   if (o.mem_gbps > 0) in.mem_gbps = o.mem_gbps;
@@ -538,9 +544,11 @@ void register_plan(CLI::App& app) {
   c->add_option("--ranks", o->ranks,
                 "Plan expert parallelism over N ranks (mpirun -n N spool ...; docs/distributed.md): one rank's memory with its share "
                 "of the routed experts, the bytes between the ranks per token (default 1)");
-  c->add_option("--link-latency-us", o->link_latency_us,
-                "With --ranks: microseconds of one exchange between the ranks (spool doctor under mpirun measures it)");
-  c->add_option("--link-gbps", o->link_gbps, "With --ranks: GB/s one rank receives from the others (spool doctor under mpirun)");
+  c->add_option_function<double>(
+      "--link-latency-us", [o](double v) { o->link_latency_us = v; },
+      "With --ranks: microseconds of one MoE layer's exchange between the ranks (spool doctor under mpirun measures it)");
+  c->add_option_function<double>("--link-gbps", [o](double v) { o->link_gbps = v; },
+                                 "With --ranks: GB/s one rank receives from the others (spool doctor under mpirun)");
   c->add_option("-r,--repetitions", o->reps, "With --trace: timed repetitions simulated after one warm-up (default 5)");
   c->callback([o, kv] {
     o->kv_bits_given = kv->count() > 0;

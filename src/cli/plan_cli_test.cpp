@@ -65,8 +65,6 @@ TEST(PlanCli, JsonKeysAndExitCodes) {
   EXPECT_EQ(spool("plan -m " + kDemo + " --stream --no-stream").code, 2);
 }
 
-// --spec mtp counts the head's weights, its KV cache and the step trail's copies of the recurrent
-// state; without it the head is a note only.
 // --ranks (expert parallelism): one rank's memory holds the largest share of the routed experts,
 // the bytes between the ranks follow the exchange (per MoE layer top_k rows of hidden_size floats,
 // (R - 1) / R of them into each rank), the decode estimate adds the link terms, and the command
@@ -89,9 +87,9 @@ TEST(PlanCli, RanksSplitTheExpertsAndCountTheExchange) {
     EXPECT_EQ(e["rank_expert_bytes"].get<uint64_t>(), static_cast<uint64_t>(static_cast<double>(experts) * most / 64));
     const int n_moe = 8;  // the demo's MoE layers (every layer)
     EXPECT_EQ(e["net_bytes_per_token"].get<uint64_t>(), static_cast<uint64_t>(n_moe) * 8 * 256 * 4 * (R - 1));
-    EXPECT_EQ(e["collectives_per_token"], 2 * n_moe);
+    EXPECT_EQ(e["exchanges_per_token"], n_moe);
     const double active = e["rank_active_bytes_per_token"].get<double>();
-    const double want = 1.0 / (active / 10e9 + 2 * n_moe * 50e-6 + e["net_bytes_per_token"].get<double>() / R / 1e9);
+    const double want = 1.0 / (active / 10e9 + n_moe * 50e-6 + e["net_bytes_per_token"].get<double>() / R / 1e9);
     EXPECT_NEAR(e["decode_tok_s"].get<double>(), want, want * 1e-9);
     EXPECT_LT(j["peak_bytes"].get<uint64_t>(), a["peak_bytes"].get<uint64_t>());  // the experts' share only
     EXPECT_EQ(j["command"].get<std::string>().rfind("mpirun -n " + std::to_string(R) + " spool generate", 0), 0u) << j["command"];
@@ -101,10 +99,12 @@ TEST(PlanCli, RanksSplitTheExpertsAndCountTheExchange) {
   EXPECT_TRUE(n["expert_parallel"]["decode_tok_s"].is_null());
   // Usage errors.
   for (const char* bad : {"--ranks 0", "--ranks 2 --parallel 2", "--link-gbps 1", "--ranks 2 --link-gbps 0", "--ranks 2 --link-latency-us -3",
-                          "--ranks 2 --vram-gb 8"})
+                          "--ranks 2 --link-latency-us -1", "--ranks 2 --vram-gb 8", "--ranks 2 --device cuda", "--ranks 2 --trace x.json"})
     EXPECT_EQ(spool("plan -m " + kDemo + " " + bad).code, 2) << bad;
 }
 
+// --spec mtp counts the head's weights, its KV cache and the step trail's copies of the recurrent
+// state; without it the head is a note only.
 TEST(PlanCli, SpecMtpCountsTheHead) {
   const Result plain = spool("plan -m " + kDemo + " --json --mem-gbps 10");
   const Result mtp = spool("plan -m " + kDemo + " --json --mem-gbps 10 --spec mtp --draft-max 3");

@@ -32,7 +32,9 @@ LinkMeasure measure_link(Comm& c, int reps, size_t bytes_per_rank) {
   std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
   const double lat = t[static_cast<size_t>(reps / 2)];
   // Bandwidth: one row of bytes_per_rank per rank, best of 3 after one unmeasured.
-  const int64_t width = static_cast<int64_t>(bytes_per_rank / sizeof(float));
+  // (at most 256 MiB of buffer on a rank however many ranks there are)
+  const size_t per = std::min(bytes_per_rank, std::max<size_t>(sizeof(float), (size_t{256} << 20) / static_cast<size_t>(R)));
+  const int64_t width = static_cast<int64_t>(per / sizeof(float));
   std::vector<float> big(static_cast<size_t>(R * width), 0.5f);
   double best = 1e300;
   for (int i = 0; i < 4; ++i) {

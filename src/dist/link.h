@@ -17,7 +17,7 @@ struct LinkMeasure {
 };
 
 /// Measures the links of `c`: `reps` small exchanges (after a few unmeasured ones) and large ones
-/// of `bytes_per_rank` bytes from every rank, all with Comm::allgather_rows_in_place (the MoE
+/// of `bytes_per_rank` bytes from every rank (less when R ranks' would pass 256 MiB), all with Comm::allgather_rows_in_place (the MoE
 /// layer's collective). A collective: every rank must call it with the same arguments. With one
 /// rank there is nothing to measure: {1, 0, 0}. Throws spool::Error for reps < 1 or a zero size.
 LinkMeasure measure_link(Comm& c, int reps = 200, size_t bytes_per_rank = size_t{8} << 20);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <cmath>
 #include <cstdlib>
@@ -169,8 +170,10 @@ void keep_experts_out_of_page_cache(const io::Checkpoint& ck) {
 // load (MADV_POPULATE_READ, or one read per page on kernels before 5.14), so the run holds the
 // whole model from the start, as `spool plan` counts it (plan::WeightBytes::resident_dense +
 // experts), whatever the prompt happens to route to. The embedding table read row by row
-// (WeightBytes::embed_on_demand) stays out.
-void populate_resident_weights(const io::Checkpoint& ck) {
+// (WeightBytes::embed_on_demand) stays out, and so do the routed experts outside `owned` (expert
+// ids [first, last): under expert parallelism a rank reads only its own; a layer's experts fused
+// in one tensor are populated whole).
+void populate_resident_weights(const io::Checkpoint& ck, std::pair<int, int> owned = {0, INT_MAX}) {
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
@@ -182,6 +185,7 @@ void populate_resident_weights(const io::Checkpoint& ck) {
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(ck.shards().size());
   for (const auto& t : ck.tensors()) {
     if (t.nbytes == 0 || std::find(embed.begin(), embed.end(), &t) != embed.end()) continue;
+    if (t.expert_layer >= 0 && t.expert_id >= 0 && (t.expert_id < owned.first || t.expert_id >= owned.second)) continue;
     ranges[t.shard].emplace_back(t.offset / page * page, (t.offset + t.nbytes + page - 1) / page * page);
   }
   for (size_t s = 0; s < ranges.size(); ++s) {
@@ -627,7 +631,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (placement.stream) {
     build_streaming(l, opt, placement, moe_layers, backend, stored ? &*stored : nullptr);
   } else {
-    populate_resident_weights(*l.ckpt);
+    populate_resident_weights(*l.ckpt, dist::launched_by_mpi()
+                                           ? dist::owned_experts(dist::world().rank(), spec.moe.n_experts, dist::world().size())
+                                           : std::pair<int, int>{0, INT_MAX});
     if (!opt.pin_file.empty()) {
       hot = read_pin_file(opt.pin_file);  // (a clear error if the file is missing or malformed, used or not)
       if (placement.vram != plan::VramTier::kStatic)

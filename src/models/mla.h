@@ -31,8 +31,7 @@ class MlaLayer final : public TokenMixer {
  public:
   /// Scratch of one forward over T tokens (nh heads, R = kv_lora_rank, P = qk_rope_head_dim,
   /// N = qk_nope_head_dim, V = v_head_dim, Q = q_lora_rank): qa [T, Q] (q_lora only), q
-  /// [T, nh*(N+P)], kva and key [T, R+P], ckv [T, R], kpe [T, P], qpe [T*nh, P], split halves
-  /// [T*nh*P/2] x2, qn [T, N], qabs [T, R], qfull [T, nh*(R+P)], att [T, nh*R], ah [T, R],
+  /// [T, nh*(N+P)], kva and key [T, R+P], ckv [T, R], kpe [T, P], qpe [T*nh, P], qn [T, N], qabs [T, R], qfull [T, nh*(R+P)], att [T, nh*R], ah [T, R],
   /// oh [T, V], o [T, nh*V].
   struct Scratch {
     float *qa = nullptr, *q, *kva, *key, *ckv, *kpe, *qpe, *qn, *qabs, *qfull, *att, *ah, *oh, *o;

@@ -210,15 +210,17 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   }
   if (p.ranks > 1) {
     p.rank_active_bytes_per_token = p.active_bytes_per_token - p.expert_bytes_per_token + p.expert_bytes_per_token / static_cast<uint64_t>(p.ranks);
+    if (in.mem_gbps && p.rank_active_bytes_per_token)  // (the memory figures are one rank's: so is this bound)
+      p.tok_s_mem_bound = *in.mem_gbps * 1e9 / static_cast<double>(p.rank_active_bytes_per_token);
     const uint64_t row = static_cast<uint64_t>(std::max<int64_t>(p.spec.hidden_size, 0)) * sizeof(float);
     p.net_bytes_per_token = static_cast<uint64_t>(n_moe) * static_cast<uint64_t>(std::max(p.spec.moe.top_k, 0)) * row *
                             static_cast<uint64_t>(p.ranks - 1);
-    p.collectives_per_token = 2 * n_moe;
+    p.exchanges_per_token = n_moe;
     p.link_latency_us = in.link_latency_us;
     p.link_gbps = in.link_gbps;
     if (in.mem_gbps && in.link_latency_us && in.link_gbps && *in.mem_gbps > 0 && *in.link_gbps > 0) {
       const double t = static_cast<double>(p.rank_active_bytes_per_token) / (*in.mem_gbps * 1e9) +
-                       p.collectives_per_token * *in.link_latency_us * 1e-6 +
+                       p.exchanges_per_token * *in.link_latency_us * 1e-6 +
                        static_cast<double>(p.net_bytes_per_token) / p.ranks / (*in.link_gbps * 1e9);
       p.tok_s_ranks = 1.0 / t;
     }

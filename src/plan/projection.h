@@ -55,7 +55,7 @@ struct PlanInputs {
   uint64_t lora_bytes = 0;               // --lora: the adapters' resident bytes (lora::Adapter::run_bytes), counted as dense
   std::vector<std::string> lora_args;    // --lora FILE[:SCALE] flags, repeated in the printed command
   int ranks = 1;                         // --ranks: expert parallelism over this many ranks (mpirun -n), each with `available`
-  std::optional<double> link_latency_us; // --link-latency-us: one expert-parallel exchange between the ranks (spool doctor)
+  std::optional<double> link_latency_us; // --link-latency-us: one MoE layer's exchange between the ranks (spool doctor)
   std::optional<double> link_gbps;       // --link-gbps: GB/s one rank receives from the others in a large exchange
 };
 
@@ -98,9 +98,9 @@ struct Projection {
   uint64_t net_bytes_per_token = 0;     // bytes the ranks receive from each other per decoded token, all ranks together
                                         // (what `spool bench` prints under mpirun): per MoE layer top_k rows of hidden_size
                                         // floats, each rank receiving the (ranks - 1) / ranks from the others
-  int collectives_per_token = 0;        // 2 per MoE layer (the row counts, then the rows)
+  int exchanges_per_token = 0;          // one per MoE layer (Comm::allgather_rows_in_place: the row counts, then the rows)
   std::optional<double> link_latency_us, link_gbps;
-  std::optional<double> tok_s_ranks;    // decode estimate: 1 / (rank_active_bytes / mem_gbps + collectives x latency +
+  std::optional<double> tok_s_ranks;    // decode estimate: 1 / (rank_active_bytes / mem_gbps + exchanges x latency +
                                         // net_bytes_per_token / ranks / link_gbps), when all three are known
   std::vector<std::string> notes;
   std::string command;           // "" when the model does not fit
