@@ -1,7 +1,7 @@
 // Decode GEMVs on CUDA against the GPU's memory bandwidth, measured in the same binary (Google
 // Benchmark; built with SPOOL_CUDA, run on a machine with a GPU):
-//   - BM_CopyBound: a device-to-device copy (Backend::copy_2d of 512 MiB), GB/s counting the bytes
-//     read and written: the practical HBM limit the GEMVs are set against;
+//   - BM_CopyBound: a device-to-device copy (cudaMemcpy of 1 GiB), GB/s counting the bytes read and
+//     written: the practical HBM limit the GEMVs are set against;
 //   - BM_Gemv: one packed-code weight (spool q2 .. q8, group 64) times one token, Backend::matmul
 //     with the weight and activations in device memory (one k_gemv_quant launch), at the
 //     Qwen3.6-35B-A3B shapes: lm_head (248320 x 2048), a dense projection (4096 x 2048) and one
@@ -15,6 +15,7 @@
 // float), so a small kernel's time includes the gap between launches, as in a decode step.
 //   build/bench/cuda_gemv_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -71,16 +72,28 @@ spool::quant::QuantizedMatrix random_quant(QType t, int64_t rows, int64_t cols, 
   return m;
 }
 
-void BM_CopyBound(benchmark::State& st) {
-  const int64_t cols = 4096, rows = (int64_t{512} << 20) / 4 / cols;
-  CudaBuffer a, b;
-  float* src = dev_floats(a, static_cast<size_t>(rows * cols), 1.0f);
-  float* dst = dev_floats(b, static_cast<size_t>(rows * cols), 0.0f);
+// Times kCalls back-to-back decode products of the device weight `w` (one token of ones/2) per
+// iteration; GB/s from `bytes` per call.
+void time_gemv(benchmark::State& st, const WeightView& w, double bytes) {
+  CudaBuffer xb, yb;
+  const float* x = dev_floats(xb, static_cast<size_t>(w.cols), 0.5f);
+  float* y = dev_floats(yb, static_cast<size_t>(w.rows), 0.0f);
   for (auto _ : st) {
-    for (int i = 0; i < 4; ++i) backend().copy_2d(dst, cols, src, cols, rows, cols);
+    for (int i = 0; i < kCalls; ++i) backend().matmul(w, x, 1, y);
     sync();
   }
-  st.counters["GB/s"] = benchmark::Counter(2.0 * 4 * static_cast<double>(rows * cols * 4) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["GB/s"] = benchmark::Counter(bytes * kCalls * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["us/call"] = benchmark::Counter(static_cast<double>(kCalls) * st.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+void BM_CopyBound(benchmark::State& st) {
+  const size_t bytes = size_t{1} << 30;
+  CudaBuffer a(bytes), b(bytes);
+  for (auto _ : st) {
+    for (int i = 0; i < 4; ++i)
+      if (cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) st.SkipWithError("cudaMemcpy failed");
+  }
+  st.counters["GB/s"] = benchmark::Counter(2.0 * 4 * static_cast<double>(bytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CopyBound)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
@@ -90,18 +103,10 @@ void BM_Gemv(benchmark::State& st) {
   const int64_t rows = st.range(1), cols = st.range(2);
   const auto m = random_quant(t, rows, cols, 64, 1);
   const WeightView w = backend().upload(spool::ops::quant_weight_view(m.view()));
-  CudaBuffer xb, yb;
-  const float* x = dev_floats(xb, static_cast<size_t>(cols), 0.5f);
-  float* y = dev_floats(yb, static_cast<size_t>(rows), 0.0f);
-  for (auto _ : st) {
-    for (int i = 0; i < kCalls; ++i) backend().matmul(w, x, 1, y);
-    sync();
-  }
   const double bytes = static_cast<double>(m.view().nbytes());
+  time_gemv(st, w, bytes);
   st.SetLabel(std::string(spool::quant::qtype_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
               std::to_string(static_cast<int>(bytes / 1e6 * 10) / 10.0).substr(0, 6) + " MB");
-  st.counters["GB/s"] = benchmark::Counter(bytes * kCalls * st.iterations() / 1e9, benchmark::Counter::kIsRate);
-  st.counters["us/call"] = benchmark::Counter(static_cast<double>(kCalls) * st.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 void GemvArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols"});
@@ -180,17 +185,8 @@ void BM_GemvMxfp4(benchmark::State& st) {
   std::vector<uint8_t> blocks(static_cast<size_t>(rows * cols / 2)), scales(static_cast<size_t>(rows * cols / 32), 121);
   for (auto& b : blocks) b = static_cast<uint8_t>(r());
   const WeightView w = backend().upload(spool::ops::mxfp4_weight_view(rows, cols, blocks.data(), scales.data()));
-  CudaBuffer xb, yb;
-  const float* x = dev_floats(xb, static_cast<size_t>(cols), 0.5f);
-  float* y = dev_floats(yb, static_cast<size_t>(rows), 0.0f);
-  for (auto _ : st) {
-    for (int i = 0; i < kCalls; ++i) backend().matmul(w, x, 1, y);
-    sync();
-  }
-  const double bytes = static_cast<double>(blocks.size() + scales.size());
+  time_gemv(st, w, static_cast<double>(blocks.size() + scales.size()));
   st.SetLabel("mxfp4 " + std::to_string(rows) + "x" + std::to_string(cols));
-  st.counters["GB/s"] = benchmark::Counter(bytes * kCalls * st.iterations() / 1e9, benchmark::Counter::kIsRate);
-  st.counters["us/call"] = benchmark::Counter(static_cast<double>(kCalls) * st.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_GemvMxfp4)->ArgNames({"rows", "cols"})->Args({5760, 2880})->Args({2880, 2880})->UseRealTime()->Unit(benchmark::kMicrosecond);
 

@@ -320,6 +320,14 @@ def plan_routed_ffn(plan, ck, p, b, E):
     plan_stacked_experts(plan, ck, p, b, E)
 
 
+def plan_globals(plan, ck):
+    """The embedding, final norm and (untied) output head, as every family names them."""
+    plan.add("token_embd.weight", "embed_tokens.weight")
+    plan.add("output_norm.weight", "norm.weight", "f32")
+    if "lm_head.weight" in ck:
+        plan.add("output.weight", "lm_head.weight")
+
+
 def plan_deepseek2(w, cfg, ck, plan):
     """deepseek2 (DeepseekV2Model, for deepseek_v2 / deepseek_v3): MLA as MQA over the latent
     (head_count_kv 1, key_length kv_lora_rank + rope dim, value_length kv_lora_rank, the per-head
@@ -359,10 +367,7 @@ def plan_deepseek2(w, cfg, ck, plan):
     w.add_tokenizer_model("none")
 
     add = plan.add
-    add("token_embd.weight", "embed_tokens.weight")
-    add("output_norm.weight", "norm.weight", "f32")
-    if "lm_head.weight" in ck:
-        add("output.weight", "lm_head.weight")
+    plan_globals(plan, ck)
     for b in range(L):
         p, a = f"layers.{b}.", f"layers.{b}.self_attn."
         add(f"blk.{b}.attn_norm.weight", p + "input_layernorm.weight", "f32")
@@ -411,10 +416,7 @@ def plan_glm4moe(w, cfg, ck, plan):
     w.add_vocab_size(cfg["vocab_size"])
 
     add = plan.add
-    add("token_embd.weight", "embed_tokens.weight")
-    add("output_norm.weight", "norm.weight", "f32")
-    if "lm_head.weight" in ck:
-        add("output.weight", "lm_head.weight")
+    plan_globals(plan, ck)
     for b in range(L):
         p, a = f"layers.{b}.", f"layers.{b}.self_attn."
         add(f"blk.{b}.attn_norm.weight", p + "input_layernorm.weight", "f32")
