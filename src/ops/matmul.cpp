@@ -321,6 +321,43 @@ void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float
   matmul_rows(b, x, T, yb, b.rows, 0, b.rows, int8_acts);
 }
 
+void prepare_input(const WeightView& w, const float* x, int64_t T, bool int8_acts, PreparedInput& p) {
+  if (T < 1) fail("prepare_input: %lld tokens (at least 1)", static_cast<long long>(T));
+  p.T = T;
+  p.cols = w.cols;
+  p.quant = w.type == WType::kQuant;
+  p.signs = p.quant ? w.quant.signs : nullptr;
+  p.int8 = uses_quant_q8(w, int8_acts);
+  const size_t n = static_cast<size_t>(T * w.cols);
+  if (p.x.size() < n) p.x.resize(n);
+  if (p.signs != nullptr) {
+    for (int64_t t = 0; t < T; ++t) hadamard_rotate(p.signs, x + t * w.cols, w.cols, p.x.data() + t * w.cols);
+  } else {
+    std::copy_n(x, n, p.x.data());
+  }
+  if (p.int8) quant_q8_prepare(p.x.data(), T, w.cols, p.q);
+}
+
+bool prepared_for(const PreparedInput& p, const WeightView& w, bool int8_acts) {
+  if (p.T < 1 || p.cols != w.cols || p.quant != (w.type == WType::kQuant)) return false;
+  if (!p.quant) return true;
+  const int8_t* s = w.quant.signs;
+  if ((p.signs == nullptr) != (s == nullptr)) return false;
+  if (s != nullptr && s != p.signs && std::memcmp(s, p.signs, static_cast<size_t>(w.cols)) != 0) return false;
+  return p.int8 == uses_quant_q8(w, int8_acts);
+}
+
+void matmul_prepared_rows(const WeightView& w, const PreparedInput& p, float* y, int64_t ldy, int64_t r0, int64_t r1,
+                          bool int8_acts) {
+  if (!prepared_for(p, w, int8_acts))
+    fail("matmul_prepared_rows: the input was prepared for another matrix (%lld columns; this one has %lld, or another "
+         "rotation or activation type)", static_cast<long long>(p.cols), static_cast<long long>(w.cols));
+  if (r0 >= r1) return;
+  if (!p.quant) return matmul_rows(w, p.x.data(), p.T, y, ldy, r0, r1, int8_acts);
+  if (p.int8) return quant_q8_matmul_rows(w.quant, p.q, y, ldy, r0, r1);
+  quant_matmul_rows(w.quant, p.x.data(), p.T, y, ldy, r0, r1);
+}
+
 void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
   if (t == WType::kQuant || t == WType::kGgml || t == WType::kMxfp4) fail("row_to_f32: a quantized weight has no float rows to read");
   HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst);
