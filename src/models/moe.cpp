@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "dist/comm.h"
 #include "models/bind.h"
+#include "ops/cpu_backend.h"
 
 namespace spool::models {
 
@@ -73,7 +74,9 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   s.ids_device = reinterpret_cast<int*>(ws.floats(T * top_k));
   s.weights = ws.floats(T * top_k);
   s.margins = ws.floats(T);
-  s.y = ws.floats((T * top_k + (m.shared_intermediate > 0 ? T : 0)) * H);
+  // (+ T rows for the shared expert's output where forward() folds it into the routed experts' call:
+  // decode-sized calls, T (top_k + 1) <= ops::kSplitRows)
+  s.y = ws.floats((T * top_k + (m.shared_intermediate > 0 && T * (top_k + 1) <= ops::kSplitRows ? T : 0)) * H);
   if (m.router_input_scale) s.router_in = ws.floats(T * H);
   if (m.shared_intermediate > 0) {
     s.shared = ws.floats(T * H);
@@ -254,10 +257,14 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // On a CPU backend with every expert in memory (no reads to hide) the shared expert runs as one
   // more expert, with every token's row, in the routed experts' expert_ffn call: the same kernels
   // on the same inputs (the bits of its own forward), and a decode step's MoE layer takes two jobs
-  // for all its experts instead of five (ops::CpuBackend::expert_ffn). Not with expert parallelism:
-  // the shared expert's group would follow the last active expert, not this rank's range.
+  // for all its experts instead of five (ops::CpuBackend::expert_ffn). Decode-sized calls only (the
+  // split path's ops::kSplitRows rows): in a prefill the shared expert's T rows would be one task on one thread
+  // (its own forward splits them over the pool) and that thread's expert scratch would grow to T rows
+  // of the shared expert's width, more than the planner's workspace terms count
+  // (ops::expert_ffn_thread_bytes of the routed width). Not with expert parallelism: the shared
+  // expert's group would follow the last active expert, not this rank's range.
   const ops::ExpertMats shared_mats = shared_.bound() ? shared_.mats() : ops::ExpertMats{};
-  const bool fold_shared = shared_.bound() && be.device() == ops::Device::kCpu && provider.in_memory() && !between && !ep &&
+  const bool fold_shared = shared_.bound() && be.device() == ops::Device::kCpu && provider.in_memory() && !between && !ep && T * (K + 1) <= ops::kSplitRows &&
                            groups.active.size() <= batch && act_ != ops::Activation::kClampedSwiGLU && shared_mats.gate.lora == nullptr &&
                            shared_mats.up.lora == nullptr && shared_mats.down.lora == nullptr;
   float* shared_out = fold_shared ? s.y + T * K * H : s.shared;
@@ -299,7 +306,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
       }
     }
     try {
-      if (fold_shared) {  // (one batch: n_active <= batch)
+      if (fold_shared) {  // (one batch: every active expert)
         w[nb] = shared_mats;
         be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb + 1), with_shared, b0, x, H, act_, s.y);
       } else {

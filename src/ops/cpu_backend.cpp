@@ -48,6 +48,13 @@ uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I) {
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(H + 2 * I) * sizeof(float);
 }
 
+uint64_t expert_ffn_split_bytes(int64_t H, int64_t I, int64_t n_experts) {
+  const uint64_t rows = static_cast<uint64_t>(kSplitRows), h = static_cast<uint64_t>(H), i = static_cast<uint64_t>(I);
+  const uint64_t buf = (rows * (h + 2 * i) + 16 * static_cast<uint64_t>(std::max<int64_t>(n_experts, 1))) * sizeof(float);
+  const uint64_t prep = 3 * rows * h * (sizeof(float) + 4), down = rows * i * (sizeof(float) + 4);
+  return buf + prep + down;
+}
+
 void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                             int64_t H, Activation act, float* y) {
   const int64_t n_experts = static_cast<int64_t>(experts.size());
@@ -58,7 +65,7 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
   const bool lora = std::any_of(experts.begin(), experts.end(), [](const ExpertMats& w) {
     return w.gate.lora != nullptr || w.up.lora != nullptr || w.down.lora != nullptr;
   });
-  if (pool_ != nullptr && n_experts > 0 && pool_->size() > 1 && call_rows <= 64 && act != Activation::kClampedSwiGLU && !lora) {
+  if (pool_ != nullptr && n_experts > 0 && pool_->size() > 1 && call_rows <= kSplitRows && act != Activation::kClampedSwiGLU && !lora) {
     expert_ffn_split(experts, groups, g0, x, H, act, y);
     return;
   }

@@ -101,4 +101,16 @@ class CpuBackend : public Backend {
 /// buffers that grow to this size; the planner counts them once per pool thread.
 uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I);
 
+/// Scratch (bytes) CpuBackend keeps for its decode-sized expert calls (expert_ffn_split, at most
+/// kSplitRows token rows over `n_experts` experts, the shared expert included where the MoE layer
+/// folds it in): the gathered inputs and gate/up rows (16-float aligned per expert), the prepared
+/// gate/up inputs (a rotated f32 copy and its int8 activations, 4 bytes a column, for each of up to
+/// three sign vectors: the routed experts' gate/up, the shared expert's gate and up) and each
+/// expert's prepared down input. `I` is the widest expert's intermediate size. Members grown
+/// only: counted once, not per thread.
+uint64_t expert_ffn_split_bytes(int64_t H, int64_t I, int64_t n_experts);
+
+/// Most token rows (all experts' together) that CpuBackend::expert_ffn runs as expert_ffn_split.
+inline constexpr int64_t kSplitRows = 64;
+
 }  // namespace spool::ops

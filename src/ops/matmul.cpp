@@ -410,15 +410,22 @@ void matmul(const WeightView& w, const float* x, int64_t T, float* y, ThreadPool
 
 void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool, bool int8_acts) {
   int64_t total = 0, work = 0;
+  bool quantized = false;
   for (const auto& [w, y] : outs) {
     total += w->rows;
     work += w->rows * w->cols * T;
+    quantized = quantized || w->type == WType::kQuant;
+  }
+  if (quantized && T > kMultiQuantRows) {  // prefill: one matrix at a time, one rotation buffer reused
+    for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool, int8_acts);  // (LoRA terms included)
+    return;
   }
   // Everything the row kernels read besides the weights is made once here, before the one parallel
   // job (decided once per matrix, not per row chunk in the workers):
-  // - spool q4 / q8 views: x rotated once per distinct sign vector (an in_proj's q/k/v and z, a
-  //   shared expert's gate and up share one), and quantized once per rotation when int8 activations
-  //   are taken: the same bits as one matmul() per matrix, with one hand-off instead of one each;
+  // - spool q4 / q8 views (at most kMultiQuantRows tokens): x rotated once per distinct sign vector
+  //   (compared by value; spool convert gives each tensor its own, so a Gated DeltaNet in_proj's four
+  //   matrices take four), and quantized once per rotation when int8 activations are taken: the same
+  //   bits as one matmul() per matrix, with one hand-off instead of one each;
   // - GGML views: x quantized once for those that take int8 activations; a view with a column
   //   permutation (GGUF's V-head reordering) gets x permuted once, and quantized once when it takes
   //   int8 activations, rather than once per chunk.

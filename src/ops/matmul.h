@@ -28,10 +28,16 @@ struct MatmulOut {
   float* y = nullptr;
 };
 
+/// Most tokens for which matmul_multi() runs spool q4 / q8 matrices in one job, keeping a rotated
+/// copy of x and its int8 quantization per distinct sign vector at once (the caller thread's buffers,
+/// grown only: plan::workspace_bytes counts them); with more tokens each matrix runs as matmul().
+inline constexpr int64_t kMultiQuantRows = 64;
+
 /// Several products of the same input in one parallel job (fewer hand-offs in decode):
 /// y[i][t, r] = sum_c x[t, c] * W_i[r, c]; all W_i must have x's column count. `int8_acts` as in matmul().
-/// Spool q4 / q8 matrices share one rotation of x per distinct sign vector and one int8 quantization
-/// per rotation; every product has the bits of matmul() on that matrix alone (LoRA terms included).
+/// Spool q4 / q8 matrices (up to kMultiQuantRows tokens) share one rotation of x per distinct sign
+/// vector and one int8 quantization per rotation; every product has the bits of matmul() on that
+/// matrix alone (LoRA terms included).
 void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool, bool int8_acts = false);
 inline void matmul_multi(std::initializer_list<MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool,
                          bool int8_acts = false) {
