@@ -4,7 +4,9 @@
 # token) over the memory read bandwidth measured by `spool plan`'s probe (best of 0.3 s of SIMD sums
 # over a buffer of 4x the last-level cache, 256 MiB to 2 GiB: DRAM, as the weights are read; JSON
 # mem_probe_bytes). This VM's bandwidth moves within minutes, so each bench run sits between two
-# probes and is set against their mean; the settings take turns within every round.
+# probes and is set against their mean; the settings take turns within every round. On a shared
+# machine the load of others comes and goes within a run: the table also gives, per setting, the best
+# repetition's decode against the highest probe of all its rounds (both from the quietest moments).
 #
 #   MODEL=/path/q4 ROUNDS=3 MODES="32 8" TARGETS="native AVX2" bench/decode_bound.sh
 #   SPOOLS="/tmp/spool-before build/spool" MODEL=... bench/decode_bound.sh   # a baseline and a change
@@ -49,7 +51,7 @@ for r in $(seq "$ROUNDS"); do
         env_tgt=()
         [ "$tgt" = native ] || env_tgt=(SPOOL_HWY_TARGETS="$tgt")
         tps=$(env "${env_tgt[@]}" "$SPOOL" bench -m "$MODEL" -t "$THREADS" -p 0 -n "$N" -r "$REPS" --act-bits "$ab" -o json 2>>"$LOG" |
-          python3 -c "import json,sys; d=json.load(sys.stdin); print(d[0]['avg_ts'], d[0]['backend'])")
+          python3 -c "import json,sys; d=json.load(sys.stdin); print(d[0]['avg_ts'], max(d[0]['samples_ts']), d[0]['backend'])")
         a1=$(also)
         read -r g1 _ _ < <(probe)
         bin=$([ "${#SPOOLS_ABS[@]}" -gt 1 ] && basename "$SPOOL" || echo -)
@@ -67,12 +69,13 @@ model, rounds, n, reps, rows, also_mib = sys.argv[1:7]
 runs, sizes = {}, set()
 for line in open(rows):
     r, binary, tgt, ab, tps, g0, g1, bpt, pbytes, a0, a1 = line.strip().split("|")
-    tps, backend = tps.split(" ", 1)
+    tps, best, backend = tps.split(" ", 2)
     gbps = float(tps) * float(bpt) / 1e9
     bound = (float(g0) + float(g1)) / 2
     also = (float(a0) + float(a1)) / 2 if also_mib else None
     sizes.add(int(pbytes))
-    runs.setdefault((binary, tgt, ab, backend), []).append((float(tps), gbps, bound, gbps / bound, also))
+    runs.setdefault((binary, tgt, ab, backend), []).append((float(tps), gbps, bound, gbps / bound, also,
+                                                           float(best) * float(bpt) / 1e9, max(float(g0), float(g1))))
 bpt = float(line.strip().split("|")[7])
 size = " / ".join(f"{s / 2**20:.0f} MiB" for s in sorted(sizes))
 print(f"Resident decode of `{os.path.basename(model.rstrip('/'))}` ({bpt / 1e6:.1f} MB read per token), `spool bench -p 0 -n {n} -r {reps}`, "
@@ -81,8 +84,9 @@ print(f"Resident decode of `{os.path.basename(model.rstrip('/'))}` ({bpt / 1e6:.
 print()
 several = any(b != "-" for b, *_ in runs)
 extra_h = f" {also_mib} MiB probe GB/s | % of it |" if also_mib else ""
-print(f"| {'binary | ' if several else ''}kernels | --act-bits | tok/s (median) | GB/s read | probe GB/s | % of the bound (median) | rounds (%) |{extra_h}")
-print(f"|{'---|' if several else ''}---|---|---|---|---|---|---|{'---|---|' if also_mib else ''}")
+print(f"| {'binary | ' if several else ''}kernels | --act-bits | tok/s (median) | GB/s read | probe GB/s | % of the bound (median) | rounds (%) | "
+      f"best: rep GB/s / highest probe |{extra_h}")
+print(f"|{'---|' if several else ''}---|---|---|---|---|---|---|---|{'---|---|' if also_mib else ''}")
 for (binary, tgt, ab, backend), v in runs.items():
     med = statistics.median(x[3] for x in v)
     extra = ""
@@ -90,6 +94,7 @@ for (binary, tgt, ab, backend), v in runs.items():
         extra = f" {statistics.median(x[4] for x in v):.1f} | {100 * statistics.median(x[1] / x[4] for x in v):.0f}% |"
     print(f"| {binary + ' | ' if several else ''}{backend}{'' if tgt == 'native' else ' (SPOOL_HWY_TARGETS=' + tgt + ')'} | {ab} | {statistics.median(x[0] for x in v):.1f} | "
           f"{statistics.median(x[1] for x in v):.1f} | {statistics.median(x[2] for x in v):.1f} | {100 * med:.0f}% | "
-          f"{' / '.join(f'{100 * x[3]:.0f}' for x in v)} |{extra}")
+          f"{' / '.join(f'{100 * x[3]:.0f}' for x in v)} | {max(x[5] for x in v):.1f} / {max(x[6] for x in v):.1f} = "
+          f"{100 * max(x[5] for x in v) / max(x[6] for x in v):.0f}% |{extra}")
 PY
 cat "$OUT"
