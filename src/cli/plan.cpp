@@ -42,6 +42,7 @@ struct PlanOptions {
   int parallel = 1;
   double ram_gb = 0;
   double disk_gbps = 0, mem_gbps = 0;
+  int64_t mem_probe_mib = 0;  // --mem-probe-mib: the memory probe's buffer (0 = auto, plan::memory_probe_bytes)
   int threads = 0;
   bool stream = false, no_stream = false;
   std::string cache_budget = "auto";
@@ -75,8 +76,9 @@ struct TracePlan {
 
 std::string gib(uint64_t b) { return format_bytes(b); }
 
+// mem_probe_bytes: the buffer the memory probe read (0 when p.mem_gbps was given, not measured).
 void print_text(const plan::Projection& p, const plan::ModelSource& src, const std::optional<plan::GpuProjection>& gpu,
-                const std::optional<TracePlan>& tp) {
+                const std::optional<TracePlan>& tp, uint64_t mem_probe_bytes) {
   const auto& s = p.spec;
   const auto& w = p.weights;
   const int n_attn = s.n_layers_of(models::MixerKind::kAttention) + s.n_layers_of(models::MixerKind::kMLA);
@@ -138,7 +140,8 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
   if (p.tok_s_mem_bound || p.tok_s_disk_bound) {
     std::printf("decode     ");
     if (p.tok_s_mem_bound)
-      std::printf("<= %.1f tok/s from memory bandwidth (%.1f GB/s, %s read per token%s)", *p.tok_s_mem_bound, *p.mem_gbps,
+      std::printf("<= %.1f tok/s from memory bandwidth (%.1f GB/s%s, %s read per token%s)", *p.tok_s_mem_bound, *p.mem_gbps,
+                  mem_probe_bytes ? (" measured over " + format_bytes(mem_probe_bytes)).c_str() : "",
                   format_bytes(p.ranks > 1 ? p.rank_active_bytes_per_token : p.active_bytes_per_token).c_str(),
                   p.ranks > 1 ? " by one rank" : "");
     if (p.tok_s_disk_bound)
@@ -206,7 +209,7 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
 }
 
 void print_json(const plan::Projection& p, const plan::ModelSource& src, const CgroupMemory& cg,
-                const std::optional<plan::GpuProjection>& gpu, const std::optional<TracePlan>& tp) {
+                const std::optional<plan::GpuProjection>& gpu, const std::optional<TracePlan>& tp, uint64_t mem_probe_bytes) {
   nlohmann::ordered_json j;
   j["verdict"] = plan::verdict_name(p.verdict);
   j["peak_bytes"] = p.peak;
@@ -257,6 +260,7 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
   j["active_bytes_per_token"] = p.active_bytes_per_token;
   j["expert_bytes_per_token"] = p.expert_bytes_per_token;
   j["mem_gbps"] = p.mem_gbps ? nlohmann::ordered_json(*p.mem_gbps) : nlohmann::ordered_json();
+  j["mem_probe_bytes"] = mem_probe_bytes ? nlohmann::ordered_json(mem_probe_bytes) : nlohmann::ordered_json();
   if (p.ranks > 1) {
     nlohmann::ordered_json r;
     r["ranks"] = p.ranks;
@@ -352,6 +356,10 @@ void run(const PlanOptions& o) {
   if (o.parallel < 1 || o.parallel > 256) throw UsageError(strfmt("--parallel must be between 1 and 256 (got %d)", o.parallel));
   if (o.ram_gb < 0 || o.ram_gb > 1e6) throw UsageError("--ram-gb must be in (0, 1e6]");
   if (o.disk_gbps < 0 || o.mem_gbps < 0) throw UsageError("--disk-gbps and --mem-gbps must be positive");
+  if (o.mem_probe_mib < 0 || o.mem_probe_mib > (int64_t{1} << 20))
+    throw UsageError(strfmt("--mem-probe-mib must be 1..1048576, or 0 for auto (got %lld)", (long long)o.mem_probe_mib));
+  if (o.mem_probe_mib > 0 && (o.mem_gbps > 0 || o.ram_gb > 0))
+    throw UsageError("--mem-probe-mib sizes the memory probe of this machine: it does not go with --mem-gbps or --ram-gb");
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads must be 1..1024, or 0 for all hardware threads");
   if (o.ranks < 1 || o.ranks > 4096) throw UsageError(strfmt("--ranks must be 1..4096 (got %d)", o.ranks));
   if ((o.link_latency_us && !(*o.link_latency_us >= 0 && *o.link_latency_us <= 1e7)) || (o.link_gbps && !(*o.link_gbps > 0 && *o.link_gbps <= 1e6)))
@@ -416,8 +424,15 @@ void run(const PlanOptions& o) {
   in.link_gbps = o.link_gbps;
   const bool this_machine = o.ram_gb == 0;
   in.available = this_machine ? available_now : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
-  if (o.mem_gbps > 0) in.mem_gbps = o.mem_gbps;
-  else if (this_machine) in.mem_gbps = plan::measure_memory_gbps(256ull << 20, in.shape.threads, 0.3);
+  uint64_t mem_probe_bytes = 0;  // the buffer the probe read; 0 = not measured
+  if (o.mem_gbps > 0) {
+    in.mem_gbps = o.mem_gbps;
+  } else if (this_machine) {
+    // A buffer several times the last-level cache, so the probe reads DRAM as a decode's weights do.
+    mem_probe_bytes = o.mem_probe_mib > 0 ? static_cast<uint64_t>(o.mem_probe_mib) << 20
+                                          : plan::memory_probe_bytes(plan::last_level_cache_bytes(), available_now);
+    in.mem_gbps = plan::measure_memory_gbps(mem_probe_bytes, in.shape.threads, 0.3);
+  }
   if (o.disk_gbps > 0) {
     in.disk_gbps = o.disk_gbps;
   } else if (this_machine && !src.remote && o.preset.empty() && !src.ckpt.shards().empty()) {
@@ -495,8 +510,8 @@ void run(const PlanOptions& o) {
     if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = seqs / t_disk;
     if (p.mem_gbps && (p.disk_gbps || tp->read_per_token == 0) && t_mem + t_disk > 0) tp->tok_s = seqs / (t_mem + t_disk);
   }
-  if (o.json) print_json(p, src, cgroup_now, gpu, tp);
-  else print_text(p, src, gpu, tp);
+  if (o.json) print_json(p, src, cgroup_now, gpu, tp, mem_probe_bytes);
+  else print_text(p, src, gpu, tp, mem_probe_bytes);
   std::fflush(stdout);
   // documented exit status: does not fit (host memory, or VRAM on a GPU run)
   if (p.verdict == plan::Verdict::kNoFit || (gpu && !gpu->placement.fits)) std::exit(1);
@@ -520,6 +535,9 @@ void register_plan(CLI::App& app) {
   c->add_option("--ram-gb", o->ram_gb, "Plan for this much available memory (GiB) instead of this machine's");
   c->add_option("--disk-gbps", o->disk_gbps, "Direct-read disk bandwidth, GB/s (default: measured on a local model's shard)");
   c->add_option("--mem-gbps", o->mem_gbps, "Memory read bandwidth, GB/s (default: measured on this machine)");
+  c->add_option("--mem-probe-mib", o->mem_probe_mib,
+                "Buffer of the memory bandwidth probe, MiB (default 0 = auto: 4x the last-level cache, 256 MiB to 2 GiB, at most "
+                "a quarter of the available memory)");
   c->add_option("-t,--threads", o->threads, "Threads the run will use (default 0 = all hardware threads)");
   c->add_flag("--stream", o->stream, "Plan a streaming run even if the experts would fit");
   c->add_flag("--no-stream", o->no_stream, "Plan with every expert resident");

@@ -350,6 +350,30 @@ TEST(PlanCli, GpuPlacementForAStatedGpu) {
   EXPECT_EQ(spool("plan -m " + kDemo + " --vram-gb -3").code, 2);
 }
 
+TEST(PlanCli, MemoryProbeBuffer) {
+  // This machine's probe: auto sizes the buffer from the cache (at least 256 MiB), --mem-probe-mib
+  // sets it, and a stated bandwidth or machine measures nothing.
+  Result r = spool("plan -m " + kDemo + " --json --disk-gbps 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["mem_probe_bytes"].get<uint64_t>(), 256ull << 20);
+  EXPECT_LE(j["mem_probe_bytes"].get<uint64_t>(), 2048ull << 20);
+  EXPECT_GT(j["mem_gbps"].get<double>(), 0);
+  r = spool("plan -m " + kDemo + " --json --disk-gbps 1 --mem-probe-mib 32");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["mem_probe_bytes"].get<uint64_t>(), 32ull << 20);
+  EXPECT_GT(j["mem_gbps"].get<double>(), 0);
+  r = spool("plan -m " + kDemo + " --disk-gbps 1 --mem-probe-mib 32");
+  EXPECT_NE(r.out.find("GB/s measured over 32.00 MiB"), std::string::npos) << r.out;
+  r = spool("plan -m " + kDemo + " --json --mem-gbps 10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["mem_probe_bytes"].is_null());
+  EXPECT_EQ(spool("plan -m " + kDemo + " --mem-gbps 10 --mem-probe-mib 32").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --ram-gb 8 --mem-probe-mib 32").code, 2);
+  EXPECT_EQ(spool("plan -m " + kDemo + " --mem-probe-mib -1").code, 2);
+}
+
 TEST(DoctorCli, ChecksWithFixes) {
   Result r = spool("doctor -m " + kDemo + " --json");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -10,6 +10,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -21,8 +25,8 @@ namespace spool::plan {
 double measure_memory_gbps(uint64_t bytes, int threads, double seconds) {
   threads = std::max(threads, 1);
   const size_t n = static_cast<size_t>(bytes / sizeof(uint64_t));
-  std::vector<uint64_t> buf(n);
-  for (size_t i = 0; i < n; ++i) buf[i] = i;  // touch every page
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);  // not value-initialized: written once below
+  for (size_t i = 0; i < n; ++i) buf[i] = i;          // touch every page
   double best = 0;
   const double t_end = now_seconds() + seconds;
   std::atomic<uint64_t> sink{0};
@@ -32,7 +36,7 @@ double measure_memory_gbps(uint64_t bytes, int threads, double seconds) {
     for (int k = 0; k < threads; ++k) {
       th.emplace_back([&, k] {
         const size_t b = n * k / threads, e = n * (k + 1) / threads;
-        sink += ops::read_sum(buf.data() + b, static_cast<int64_t>(e - b));  // SIMD loads, as the kernels read
+        sink += ops::read_sum(buf.get() + b, static_cast<int64_t>(e - b));  // SIMD loads, as the kernels read
       });
     }
     for (auto& t : th) t.join();
@@ -40,6 +44,82 @@ double measure_memory_gbps(uint64_t bytes, int threads, double seconds) {
     if (dt > 0) best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / dt / 1e9);
   } while (now_seconds() < t_end);
   return best;
+}
+
+namespace {
+
+// First line of a small text file, whitespace trimmed; "" when it cannot be read.
+std::string read_line(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::string s;
+  if (!f || !std::getline(f, s)) return "";
+  const auto b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// sysfs cache size text ("266240K", "32M", "512") in bytes; 0 when unparsable.
+uint64_t parse_cache_size(const std::string& s) {
+  size_t used = 0;
+  uint64_t v = 0;
+  try {
+    v = std::stoull(s, &used);
+  } catch (...) {
+    return 0;
+  }
+  const std::string unit = s.substr(used);
+  if (unit.empty()) return v;
+  if (unit == "K") return v << 10;
+  if (unit == "M") return v << 20;
+  if (unit == "G") return v << 30;
+  return 0;
+}
+
+// True for `prefix` followed by one or more digits ("cpu12", "index3").
+bool numbered(const std::string& name, const char* prefix) {
+  const size_t n = std::strlen(prefix);
+  return name.size() > n && name.compare(0, n, prefix) == 0 &&
+         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(n), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+uint64_t last_level_cache_bytes(const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // level -> (shared_cpu_list -> size): one entry per cache instance of each level.
+  std::map<int, std::map<std::string, uint64_t>> caches;
+  for (const auto& cpu : fs::directory_iterator(root, ec)) {
+    if (!numbered(cpu.path().filename().string(), "cpu")) continue;
+    std::error_code ec2;
+    for (const auto& idx : fs::directory_iterator(cpu.path() / "cache", ec2)) {
+      if (!numbered(idx.path().filename().string(), "index")) continue;
+      const std::string type = read_line(idx.path() / "type");
+      if (type != "Data" && type != "Unified") continue;
+      int level = 0;
+      try {
+        level = std::stoi(read_line(idx.path() / "level"));
+      } catch (...) {
+        continue;
+      }
+      const uint64_t size = parse_cache_size(read_line(idx.path() / "size"));
+      if (level <= 0 || size == 0) continue;
+      std::string shared = read_line(idx.path() / "shared_cpu_list");
+      if (shared.empty()) shared = cpu.path().filename().string();  // unknown sharing: one per CPU
+      caches[level][shared] = size;
+    }
+  }
+  if (caches.empty()) return 0;
+  uint64_t total = 0;
+  for (const auto& [shared, size] : caches.rbegin()->second) total += size;
+  return total;
+}
+
+uint64_t memory_probe_bytes(uint64_t llc_bytes, uint64_t available_bytes) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  uint64_t b = std::max<uint64_t>(256 * kMiB, llc_bytes > (UINT64_MAX >> 2) ? UINT64_MAX : 4 * llc_bytes);
+  b = std::min<uint64_t>(b, 2048 * kMiB);
+  if (available_bytes > 0) b = std::min<uint64_t>(b, available_bytes / 4);
+  return std::max<uint64_t>(b / kMiB * kMiB, 16 * kMiB);
 }
 
 DiskProbe measure_disk_gbps(const std::string& path, uint64_t bytes, uint64_t block, int depth, double seconds) {

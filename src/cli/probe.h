@@ -12,6 +12,20 @@ namespace spool::plan {
 /// repeatedly for about `seconds`; the best pass counts.
 double measure_memory_gbps(uint64_t bytes = 512ull << 20, int threads = 1, double seconds = 0.5);
 
+/// Size in bytes of the machine's last-level cache, read from a sysfs CPU tree (`root`, normally
+/// /sys/devices/system/cpu): among the cpu<N>/cache/index<M> entries of type Data or Unified,
+/// those of the highest `level`; each distinct cache instance (its `shared_cpu_list`, so a cache
+/// shared by several CPUs counts once) adds its `size` ("266240K"; K, M, G suffixes are binary
+/// units, none means bytes). Two sockets' L3s, or the L3s of several AMD CCDs, thus sum. Returns 0
+/// when the tree is missing or holds no readable cache entry (never throws).
+uint64_t last_level_cache_bytes(const std::string& root = "/sys/devices/system/cpu");
+
+/// Buffer size in bytes for measure_memory_gbps to stream from DRAM rather than from cache:
+/// 4 x `llc_bytes` (last_level_cache_bytes()), at least 256 MiB, at most 2 GiB and at most a
+/// quarter of `available_bytes` (memory available to the process, MemAvailable / cgroup; 0 =
+/// unknown, no cap), never below 16 MiB; a multiple of 1 MiB.
+uint64_t memory_probe_bytes(uint64_t llc_bytes, uint64_t available_bytes);
+
 /// Result of a disk read probe.
 struct DiskProbe {
   bool ok = false;

@@ -68,6 +68,10 @@ class ExpertProvider {
     (void)layer;
     return nullptr;
   }
+  /// True when acquire() never waits: every expert stays in memory for this provider's life
+  /// (ResidentExperts), so nothing needs to run between prepare() and acquire() to hide reads.
+  /// Default: false.
+  virtual bool in_memory() const { return false; }
   /// Most experts that may be acquired at once (callers split larger sets into batches,
   /// releasing each batch before acquiring the next).
   virtual int max_batch() const { return 1 << 30; }

@@ -26,6 +26,8 @@ class ResidentExperts final : public ExpertProvider {
     return ids.size();
   }
   void release(int layer) override {}
+  /// Every expert is in memory (the mapping): true.
+  bool in_memory() const override { return true; }
   std::string describe() const override;
 
  private:

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "dist/comm.h"
 #include "models/bind.h"
+#include "ops/cpu_backend.h"
 
 namespace spool::models {
 
@@ -73,7 +74,9 @@ MoeBlock::Scratch MoeBlock::Scratch::take(ops::Workspace& ws, const MoeSpec& m, 
   s.ids_device = reinterpret_cast<int*>(ws.floats(T * top_k));
   s.weights = ws.floats(T * top_k);
   s.margins = ws.floats(T);
-  s.y = ws.floats(T * top_k * H);
+  // (+ T rows for the shared expert's output where forward() folds it into the routed experts' call:
+  // decode-sized calls, T (top_k + 1) <= ops::kSplitRows)
+  s.y = ws.floats((T * top_k + (m.shared_intermediate > 0 && T * (top_k + 1) <= ops::kSplitRows ? T : 0)) * H);
   if (m.router_input_scale) s.router_in = ws.floats(T * H);
   if (m.shared_intermediate > 0) {
     s.shared = ws.floats(T * H);
@@ -251,19 +254,40 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     a_hi = h;
   }
   const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
+  // On a CPU backend with every expert in memory (no reads to hide) the shared expert runs as one
+  // more expert, with every token's row, in the routed experts' expert_ffn call: the same kernels
+  // on the same inputs (the bits of its own forward), and a decode step's MoE layer takes two jobs
+  // for all its experts instead of five (ops::CpuBackend::expert_ffn). Decode-sized calls only (the
+  // split path's ops::kSplitRows rows): in a prefill the shared expert's T rows would be one task on one thread
+  // (its own forward splits them over the pool) and that thread's expert scratch would grow to T rows
+  // of the shared expert's width, more than the planner's workspace terms count
+  // (ops::expert_ffn_thread_bytes of the routed width). Not with expert parallelism: the shared
+  // expert's group would follow the last active expert, not this rank's range.
+  const ops::ExpertMats shared_mats = shared_.bound() ? shared_.mats() : ops::ExpertMats{};
+  const bool fold_shared = shared_.bound() && be.device() == ops::Device::kCpu && provider.in_memory() && !between && !ep && T * (K + 1) <= ops::kSplitRows &&
+                           groups.active.size() <= batch && act_ != ops::Activation::kClampedSwiGLU && shared_mats.gate.lora == nullptr &&
+                           shared_mats.up.lora == nullptr && shared_mats.down.lora == nullptr;
+  float* shared_out = fold_shared ? s.y + T * K * H : s.shared;
   // A streaming provider starts reading the first batch's misses now; the shared expert
   // (and whatever `between` runs: another group of sequences) computes while they load.
   const std::span<const int> first(groups.active.data() + a_lo, std::min(batch, a_hi - a_lo));
   provider.prepare(layer, first);
   try {
     if (after_prepare != nullptr && *after_prepare) (*after_prepare)();
-    if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
+    if (shared_.bound() && !fold_shared) shared_.forward(x, T, s.shared, be, s.shared_mlp);
     if (between) between();
   } catch (...) {
     provider.unprepare(layer, first);
     throw;
   }
-  std::vector<experts::ExpertWeights> w(std::min(batch, a_hi - a_lo));
+  std::vector<experts::ExpertWeights> w(std::min(batch, a_hi - a_lo) + (fold_shared ? 1 : 0));
+  ops::ExpertGroups with_shared;  // groups plus the shared expert's group: rows t * K for every token t
+  if (fold_shared) {
+    with_shared = groups;
+    with_shared.active.push_back(E);
+    with_shared.first.push_back(with_shared.first.back() + T);
+    for (int64_t t = 0; t < T; ++t) with_shared.rows.push_back(t * K);
+  }
   for (size_t b0 = a_lo; b0 < a_hi; b0 += batch) {
     const size_t nb = std::min(batch, a_hi - b0);
     provider.acquire(layer, std::span<const int>(groups.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
@@ -282,8 +306,12 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
       }
     }
     try {
-      be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), groups, b0, x, H,
-                    act_, s.y);
+      if (fold_shared) {  // (one batch: every active expert)
+        w[nb] = shared_mats;
+        be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb + 1), with_shared, b0, x, H, act_, s.y);
+      } else {
+        be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), groups, b0, x, H, act_, s.y);
+      }
     } catch (...) {
       provider.release(layer);
       throw;
@@ -300,7 +328,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     comm->allgather_rows_in_place(s.y, r0, r1 - r0, T * K, H);
   }
   be.moe_combine(s.y, groups, s.weights, H, out);
-  if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
+  if (shared_.bound()) be.add_gated_rows(out, shared_out, x, shared_gate_p_, T, H);
 }
 
 }  // namespace spool::models

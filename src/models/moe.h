@@ -52,7 +52,8 @@ class MoeBlock {
  public:
   /// Scratch of one forward over T tokens with `top_k` experts per token (H hidden, E
   /// experts): router logits [T, E], ids [T, k] (host ints), weights [T, k], margins [T],
-  /// expert outputs y [T*k, H] and, with a shared expert, its output [T, H] and scratch.
+  /// expert outputs y [T*k, H] and, with a shared expert, its output [T, H] and scratch (y then has
+  /// T more rows: the shared expert's output where it runs with the routed experts, see forward()).
   struct Scratch {
     float* logits;
     int* ids;         // host-visible (Workspace::ints)

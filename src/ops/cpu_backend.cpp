@@ -1,6 +1,7 @@
 #include "ops/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -47,6 +48,13 @@ uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I) {
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(H + 2 * I) * sizeof(float);
 }
 
+uint64_t expert_ffn_split_bytes(int64_t H, int64_t I, int64_t n_experts) {
+  const uint64_t rows = static_cast<uint64_t>(kSplitRows), h = static_cast<uint64_t>(H), i = static_cast<uint64_t>(I);
+  const uint64_t buf = (rows * (h + 2 * i) + 16 * static_cast<uint64_t>(std::max<int64_t>(n_experts, 1))) * sizeof(float);
+  const uint64_t prep = 3 * rows * h * (sizeof(float) + 4), down = rows * i * (sizeof(float) + 4);
+  return buf + prep + down;
+}
+
 void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                             int64_t H, Activation act, float* y) {
   const int64_t n_experts = static_cast<int64_t>(experts.size());
@@ -57,8 +65,7 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
   const bool lora = std::any_of(experts.begin(), experts.end(), [](const ExpertMats& w) {
     return w.gate.lora != nullptr || w.up.lora != nullptr || w.down.lora != nullptr;
   });
-  if (pool_ != nullptr && n_experts > 0 && pool_->size() > n_experts && call_rows <= 64 &&
-      act != Activation::kClampedSwiGLU && !lora) {
+  if (pool_ != nullptr && n_experts > 0 && pool_->size() > 1 && call_rows <= kSplitRows && act != Activation::kClampedSwiGLU && !lora) {
     expert_ffn_split(experts, groups, g0, x, H, act, y);
     return;
   }
@@ -135,8 +142,11 @@ void CpuBackend::expert_ffn(std::span<const ExpertMats> experts, const ExpertGro
 void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0,
                                   const float* x, int64_t H, Activation act, float* y) {
   const int K = groups.K;
+  const bool int8 = options_.int8_activations;
   const int64_t nb = static_cast<int64_t>(experts.size());
-  const int64_t parts = (pool_->size() + nb - 1) / nb;
+  // Tasks per expert and phase: at least 8 per thread in all (9 experts on 2 threads: 18 tasks, which
+  // end within one small task of each other; one task per expert left a thread idle for a whole expert).
+  const int64_t parts = std::max<int64_t>(1, (8 * pool_->size() + nb - 1) / nb);
   // Scratch layout per expert e: xe [n_e, H], g [n_e, I_e], u [n_e, I_e], 16-float aligned.
   std::vector<int64_t> off(static_cast<size_t>(nb) + 1, 0);
   auto rows_of = [&](int64_t e) { return groups.first[g0 + e + 1] - groups.first[g0 + e]; };
@@ -151,6 +161,34 @@ void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const Exp
     const int64_t r0 = groups.first[g0 + e], n = rows_of(e);
     for (int64_t j = 0; j < n; ++j) std::copy_n(x + (groups.rows[r0 + j] / K) * H, H, buf + off[e] + j * H);
   }
+  // Gate / up inputs, each prepared once (rotated, int8-quantized) per distinct token rows and
+  // rotation: in a decode step every routed expert has the token's one row and the layer's gate/up
+  // sign vector, so one preparation serves them all (was one per expert, on its thread).
+  auto same_rows = [&](int64_t a, int64_t b) {
+    const int64_t n = rows_of(a);
+    if (rows_of(b) != n) return false;
+    for (int64_t j = 0; j < n; ++j)
+      if (groups.rows[groups.first[g0 + a] + j] / K != groups.rows[groups.first[g0 + b] + j] / K) return false;
+    return true;
+  };
+  std::vector<int64_t> owner;  // owner[k]: the expert whose gathered rows prep_[k] was made from
+  auto input_for = [&](int64_t e, const WeightView& w) -> int {
+    for (size_t k = 0; k < owner.size(); ++k)
+      if (same_rows(owner[k], e) && prepared_for(prep_[k], w, int8)) return static_cast<int>(k);
+    const size_t k = owner.size();
+    owner.push_back(e);
+    if (prep_.size() <= k) prep_.resize(k + 1);
+    prepare_input(w, buf + off[e], rows_of(e), int8, prep_[k]);
+    return static_cast<int>(k);
+  };
+  std::vector<int> gate_in(static_cast<size_t>(nb), -1), up_in(static_cast<size_t>(nb), -1);
+  for (int64_t e = 0; e < nb; ++e) {
+    if (rows_of(e) == 0) continue;
+    gate_in[e] = input_for(e, experts[e].gate);
+    up_in[e] = input_for(e, experts[e].up);
+  }
+  if (static_cast<int64_t>(down_in_.size()) < nb) down_in_.resize(static_cast<size_t>(nb));
+  std::vector<std::atomic<int64_t>> done(static_cast<size_t>(nb));
   // [b, e) of `rows` for part p of `parts`, in 16-row units (the kernels' row tiles).
   auto range = [&](int64_t rows, int64_t p, int64_t& b, int64_t& e) {
     const int64_t units = (rows + 15) / 16, per = (units + parts - 1) / parts;
@@ -159,32 +197,37 @@ void CpuBackend::expert_ffn_split(std::span<const ExpertMats> experts, const Exp
   };
   pool_->run(nb * parts, [&](int64_t task, int) {  // gate, up and the activation, rows [b, e) of I
     const int64_t ei = task / parts, n = rows_of(ei);
+    if (n == 0) return;
     const ExpertMats& w = experts[ei];
     const int64_t I = w.gate.rows;
     int64_t b, e;
     range(I, task % parts, b, e);
-    if (b >= e || n == 0) return;
-    const float* xe = buf + off[ei];
     float* g = buf + off[ei] + n * H;
     float* u = g + n * I;
-    matmul_rows(w.gate, xe, n, g, I, b, e, options_.int8_activations);
-    matmul_rows(w.up, xe, n, u, I, b, e, options_.int8_activations);
-    for (int64_t t = 0; t < n; ++t) {
-      if (act == Activation::kSwiGLU) {
-        ops::swiglu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
-      } else {
-        ops::gelu_tanh_glu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
+    if (b < e) {
+      matmul_prepared_rows(w.gate, prep_[gate_in[ei]], g, I, b, e, int8);
+      matmul_prepared_rows(w.up, prep_[up_in[ei]], u, I, b, e, int8);
+      for (int64_t t = 0; t < n; ++t) {
+        if (act == Activation::kSwiGLU) {
+          ops::swiglu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
+        } else {
+          ops::gelu_tanh_glu(g + t * I + b, u + t * I + b, e - b, g + t * I + b);
+        }
       }
     }
+    // The expert's last part prepares its down input (every part's rows are visible to it: the
+    // counter's release / acquire), so the next job starts without a serial step on this thread.
+    if (done[ei].fetch_add(1, std::memory_order_acq_rel) + 1 == parts) prepare_input(w.down, g, n, int8, down_in_[ei]);
   });
   pool_->run(nb * parts, [&](int64_t task, int) {  // down, rows [b, e) of H
     const int64_t ei = task / parts, n = rows_of(ei);
+    if (n == 0) return;
     const ExpertMats& w = experts[ei];
     int64_t b, e;
     range(H, task % parts, b, e);
-    if (b >= e || n == 0) return;
+    if (b >= e) return;
     const int64_t r0 = groups.first[g0 + ei];
-    matmul_rows(w.down, buf + off[ei] + n * H, n, y + r0 * H, H, b, e, options_.int8_activations);
+    matmul_prepared_rows(w.down, down_in_[ei], y + r0 * H, H, b, e, int8);
     if (w.down_bias)
       for (int64_t j = 0; j < n; ++j) axpy(1.0f, w.down_bias + b, e - b, y + (r0 + j) * H + b);
   });

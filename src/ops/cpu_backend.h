@@ -4,7 +4,10 @@
 
 #include <hwy/aligned_allocator.h>
 
+#include <vector>
+
 #include "ops/backend.h"
+#include "ops/matmul.h"
 #include "ops/thread_pool.h"
 
 namespace spool::ops {
@@ -72,12 +75,15 @@ class CpuBackend : public Backend {
   void to_host(const float* src, int64_t n, float* dst) override;
 
  private:
-  /// expert_ffn when the pool has more threads than the call has experts and the call has at most
-  /// 64 token rows (decode: top-k experts, 16 threads): each expert's gate/up rows and then its
-  /// down rows are split over ceil(threads / experts) tasks, two jobs instead of one, so that no
-  /// thread idles. Same values as the one-task-per-expert path (every output row is computed by
-  /// the same kernel). Its scratch is a member: like every Backend call, one caller at a time
-  /// (the pipelined decode's two groups take turns, models/decoder.cpp run_pipelined).
+  /// expert_ffn for decode-sized calls (at most 64 token rows) on a pool of several threads: two
+  /// jobs, one for every expert's gate/up rows (and the activation), one for every expert's down
+  /// rows, each split into enough tasks per expert (at least 8 per thread in all) that no thread idles
+  /// for long. The gate/up input is prepared (rotated, int8-quantized) once per distinct token rows and
+  /// rotation before the first job (decode: once for every routed expert), an expert's down input by
+  /// whichever task finishes its gate/up rows. Same values as the one-task-per-expert path (every
+  /// output row is computed by the same kernel from the same prepared input). Its scratch is members:
+  /// like every Backend call, one caller at a time (the pipelined decode's two groups take turns,
+  /// models/decoder.cpp run_pipelined).
   void expert_ffn_split(std::span<const ExpertMats> experts, const ExpertGroups& groups, size_t g0, const float* x,
                         int64_t H, Activation act, float* y);
 
@@ -86,11 +92,25 @@ class CpuBackend : public Backend {
   /// expert_ffn_split's scratch: per expert its gathered input [n, H] and gate/up [n, I] each.
   hwy::AlignedFreeUniquePtr<float[]> split_buf_;
   int64_t split_n_ = 0;
+  /// expert_ffn_split's prepared gate/up inputs (distinct ones first) and each expert's down input.
+  std::vector<PreparedInput> prep_, down_in_;
 };
 
 /// Per-thread scratch (bytes) of CpuBackend::expert_ffn when one expert gets up to `rows` token
 /// rows: the gathered input [rows, H] and gate/up [rows, I] each. Taken from thread-local
 /// buffers that grow to this size; the planner counts them once per pool thread.
 uint64_t expert_ffn_thread_bytes(int64_t rows, int64_t H, int64_t I);
+
+/// Scratch (bytes) CpuBackend keeps for its decode-sized expert calls (expert_ffn_split, at most
+/// kSplitRows token rows over `n_experts` experts, the shared expert included where the MoE layer
+/// folds it in): the gathered inputs and gate/up rows (16-float aligned per expert), the prepared
+/// gate/up inputs (a rotated f32 copy and its int8 activations, 4 bytes a column, for each of up to
+/// three sign vectors: the routed experts' gate/up, the shared expert's gate and up) and each
+/// expert's prepared down input. `I` is the widest expert's intermediate size. Members grown
+/// only: counted once, not per thread.
+uint64_t expert_ffn_split_bytes(int64_t H, int64_t I, int64_t n_experts);
+
+/// Most token rows (all experts' together) that CpuBackend::expert_ffn runs as expert_ffn_split.
+inline constexpr int64_t kSplitRows = 64;
 
 }  // namespace spool::ops

@@ -8,6 +8,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "common/error.h"
@@ -320,6 +321,43 @@ void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float
   matmul_rows(b, x, T, yb, b.rows, 0, b.rows, int8_acts);
 }
 
+void prepare_input(const WeightView& w, const float* x, int64_t T, bool int8_acts, PreparedInput& p) {
+  if (T < 1) fail("prepare_input: %lld tokens (at least 1)", static_cast<long long>(T));
+  p.T = T;
+  p.cols = w.cols;
+  p.quant = w.type == WType::kQuant;
+  p.signs = p.quant ? w.quant.signs : nullptr;
+  p.int8 = uses_quant_q8(w, int8_acts);
+  const size_t n = static_cast<size_t>(T * w.cols);
+  if (p.x.size() < n) p.x.resize(n);
+  if (p.signs != nullptr) {
+    for (int64_t t = 0; t < T; ++t) hadamard_rotate(p.signs, x + t * w.cols, w.cols, p.x.data() + t * w.cols);
+  } else {
+    std::copy_n(x, n, p.x.data());
+  }
+  if (p.int8) quant_q8_prepare(p.x.data(), T, w.cols, p.q);
+}
+
+bool prepared_for(const PreparedInput& p, const WeightView& w, bool int8_acts) {
+  if (p.T < 1 || p.cols != w.cols || p.quant != (w.type == WType::kQuant)) return false;
+  if (!p.quant) return true;
+  const int8_t* s = w.quant.signs;
+  if ((p.signs == nullptr) != (s == nullptr)) return false;
+  if (s != nullptr && s != p.signs && std::memcmp(s, p.signs, static_cast<size_t>(w.cols)) != 0) return false;
+  return p.int8 == uses_quant_q8(w, int8_acts);
+}
+
+void matmul_prepared_rows(const WeightView& w, const PreparedInput& p, float* y, int64_t ldy, int64_t r0, int64_t r1,
+                          bool int8_acts) {
+  if (!prepared_for(p, w, int8_acts))
+    fail("matmul_prepared_rows: the input was prepared for another matrix (%lld columns; this one has %lld, or another "
+         "rotation or activation type)", static_cast<long long>(p.cols), static_cast<long long>(w.cols));
+  if (r0 >= r1) return;
+  if (!p.quant) return matmul_rows(w, p.x.data(), p.T, y, ldy, r0, r1, int8_acts);
+  if (p.int8) return quant_q8_matmul_rows(w.quant, p.q, y, ldy, r0, r1);
+  quant_matmul_rows(w.quant, p.x.data(), p.T, y, ldy, r0, r1);
+}
+
 void row_to_f32(WType t, const void* src, int64_t n, float* dst) {
   if (t == WType::kQuant || t == WType::kGgml || t == WType::kMxfp4) fail("row_to_f32: a quantized weight has no float rows to read");
   HWY_DYNAMIC_DISPATCH(RowToF32)(t, src, n, dst);
@@ -378,17 +416,32 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
     work += w->rows * w->cols * T;
     quantized = quantized || w->type == WType::kQuant;
   }
-  if (quantized) {  // each quantized matrix rotates its input once: run them one by one
+  if (quantized && T > kMultiQuantRows) {  // prefill: one matrix at a time, one rotation buffer reused
     for (const auto& [w, y] : outs) matmul(*w, x, T, y, pool, int8_acts);  // (LoRA terms included)
     return;
   }
-  // With int8 activations, the matrices that take them share one quantization of x.
+  // Everything the row kernels read besides the weights is made once here, before the one parallel
+  // job (decided once per matrix, not per row chunk in the workers):
+  // - spool q4 / q8 views (at most kMultiQuantRows tokens): x rotated once per distinct sign vector
+  //   (compared by value; spool convert gives each tensor its own, so a Gated DeltaNet in_proj's four
+  //   matrices take four), and quantized once per rotation when int8 activations are taken: the same
+  //   bits as one matmul() per matrix, with one hand-off instead of one each;
+  // - GGML views: x quantized once for those that take int8 activations; a view with a column
+  //   permutation (GGUF's V-head reordering) gets x permuted once, and quantized once when it takes
+  //   int8 activations, rather than once per chunk.
+  // Buffers are the caller's thread's (the workers' lambda must see the caller's, not their own
+  // thread_local), grown only: decode calls this several times per layer.
   thread_local Q8Acts this_threads_q8;
-  Q8Acts& qa = this_threads_q8;  // (the workers' lambda must see the caller's, not their own thread_local)
-  // (decided once per matrix here, not per row chunk in the workers). A GGML view with a column
-  // permutation (GGUF's V-head reordering) gets x permuted once here, and quantized once when it
-  // takes int8 activations, rather than once per chunk.
+  Q8Acts& qa = this_threads_q8;
+  thread_local std::vector<std::vector<float>> this_threads_rot;
+  thread_local std::vector<QuantQ8Acts> this_threads_qq8;
+  std::vector<std::vector<float>>& rot = this_threads_rot;
+  std::vector<QuantQ8Acts>& qq8 = this_threads_qq8;
   std::vector<char> q8(outs.size(), 0), shared(outs.size(), 0);
+  std::vector<int> rot_of(outs.size(), -1), qq8_of(outs.size(), -1);  // index into rot / qq8 (-1: none)
+  std::vector<const int8_t*> rot_signs;     // the sign vector each rot[k] was made with
+  std::vector<int64_t> rot_cols;
+  std::vector<int> qq8_rot;                 // the rotation each qq8[k] quantizes (-2: x itself, no signs)
   std::vector<std::vector<float>> perm_x;  // (sized only when a permuted view is present)
   std::vector<Q8Acts> perm_q8;
   bool any_shared = false;
@@ -403,10 +456,41 @@ void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, Th
       permuted_input(w, x, T, perm_x[i]);
       if (q8[i]) q8_quantize(perm_x[i].data(), T, w.cols, perm_q8[i]);
     }
+    if (w.type != WType::kQuant) continue;
+    int r = -2;  // x itself (no rotation)
+    if (w.quant.signs != nullptr) {
+      for (size_t k = 0; k < rot_signs.size() && r < 0; ++k)
+        if (rot_cols[k] == w.cols &&
+            (rot_signs[k] == w.quant.signs || std::memcmp(rot_signs[k], w.quant.signs, static_cast<size_t>(w.cols)) == 0))
+          r = static_cast<int>(k);
+      if (r < 0) {
+        r = static_cast<int>(rot_signs.size());
+        rot_signs.push_back(w.quant.signs);
+        rot_cols.push_back(w.cols);
+        if (rot.size() <= static_cast<size_t>(r)) rot.resize(static_cast<size_t>(r) + 1);
+        rotated_input(w.quant.signs, x, T, w.cols, rot[r]);
+      }
+      rot_of[i] = r;
+    }
+    if (!uses_quant_q8(w, int8_acts)) continue;
+    int k = -1;
+    for (size_t j = 0; j < qq8_rot.size() && k < 0; ++j)
+      if (qq8_rot[j] == r && qq8[j].cols == w.cols) k = static_cast<int>(j);
+    if (k < 0) {
+      k = static_cast<int>(qq8_rot.size());
+      qq8_rot.push_back(r);
+      if (qq8.size() <= static_cast<size_t>(k)) qq8.resize(static_cast<size_t>(k) + 1);
+      quant_q8_prepare(r >= 0 ? rot[r].data() : x, T, w.cols, qq8[k]);
+    }
+    qq8_of[i] = k;
   }
   if (any_shared) q8_quantize(x, T, outs[0].w->cols, qa);
   auto rows = [&](size_t i, int64_t r0, int64_t r1) {
     const WeightView& w = *outs[i].w;
+    if (w.type == WType::kQuant) {
+      if (qq8_of[i] >= 0) return quant_q8_matmul_rows(w.quant, qq8[qq8_of[i]], outs[i].y, w.rows, r0, r1);
+      return quant_matmul_rows(w.quant, rot_of[i] >= 0 ? rot[rot_of[i]].data() : x, T, outs[i].y, w.rows, r0, r1);
+    }
     if (shared[i]) return ggml_q8_matmul_rows(ggml_view(w), qa, outs[i].y, w.rows, r0, r1);
     if (!perm_x.empty() && !perm_x[i].empty()) {
       if (q8[i]) return ggml_q8_matmul_rows(ggml_view(w), perm_q8[i], outs[i].y, w.rows, r0, r1);

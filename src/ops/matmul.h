@@ -6,7 +6,9 @@
 #include <initializer_list>
 #include <span>
 #include <utility>
+#include <vector>
 
+#include "ops/quant_q8.h"
 #include "ops/thread_pool.h"
 #include "ops/weights.h"
 
@@ -26,8 +28,16 @@ struct MatmulOut {
   float* y = nullptr;
 };
 
+/// Most tokens for which matmul_multi() runs spool q4 / q8 matrices in one job, keeping a rotated
+/// copy of x and its int8 quantization per distinct sign vector at once (the caller thread's buffers,
+/// grown only: plan::workspace_bytes counts them); with more tokens each matrix runs as matmul().
+inline constexpr int64_t kMultiQuantRows = 64;
+
 /// Several products of the same input in one parallel job (fewer hand-offs in decode):
 /// y[i][t, r] = sum_c x[t, c] * W_i[r, c]; all W_i must have x's column count. `int8_acts` as in matmul().
+/// Spool q4 / q8 matrices (up to kMultiQuantRows tokens) share one rotation of x per distinct sign
+/// vector and one int8 quantization per rotation; every product has the bits of matmul() on that
+/// matrix alone (LoRA terms included).
 void matmul_multi(std::span<const MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool, bool int8_acts = false);
 inline void matmul_multi(std::initializer_list<MatmulOut> outs, const float* x, int64_t T, ThreadPool* pool,
                          bool int8_acts = false) {
@@ -46,6 +56,34 @@ void matmul_rows(const WeightView& w, const float* x, int64_t T, float* y, int64
 /// Same results as two matmul_rows() calls (no LoRA terms, like matmul_rows).
 void matmul_rows_pair(const WeightView& a, float* ya, const WeightView& b, float* yb, const float* x, int64_t T,
                       bool int8_acts = false);
+
+/// An input x [T, cols] made ready once for the row kernels of the matrices it serves, so that many
+/// row ranges on any threads read it without redoing the work (a decode step's experts: one
+/// rotation and one int8 quantization for every expert that has the token's row and the same sign
+/// vector). Filled by prepare_input(); read by matmul_prepared_rows(). Reused objects keep their
+/// buffers (grow only).
+struct PreparedInput {
+  int64_t T = 0, cols = 0;
+  const int8_t* signs = nullptr;  ///< the sign vector x was rotated with (nullptr: x as given)
+  bool quant = false;             ///< made for a spool q4 / q8 matrix (rotated as it says)
+  bool int8 = false;              ///< q holds x's int8 quantization (quant_q8_prepare)
+  std::vector<float> x;           ///< [T, cols]: x, rotated when signs != nullptr
+  QuantQ8Acts q;
+};
+
+/// Fills p from x [T, w.cols] for w's products: rotated by w's signs and quantized to int8 when w
+/// takes int8 activations (a spool q4 / q8 matrix; `int8_acts` as in matmul()); a copy of x for
+/// every other type (their kernels prepare per call, as matmul_rows() does). T >= 1.
+void prepare_input(const WeightView& w, const float* x, int64_t T, bool int8_acts, PreparedInput& p);
+
+/// True when p (from prepare_input) serves w's products: the same column count, rotation (the
+/// same signs, compared by value) and activation type as prepare_input(w, ...) would make.
+bool prepared_for(const PreparedInput& p, const WeightView& w, bool int8_acts);
+
+/// matmul_rows() of the input p was prepared from (p.T tokens): y[t * ldy + r] for rows [r0, r1)
+/// of w on the calling thread, the same bits. Throws spool::Error unless prepared_for(p, w, int8_acts).
+void matmul_prepared_rows(const WeightView& w, const PreparedInput& p, float* y, int64_t ldy, int64_t r0, int64_t r1,
+                          bool int8_acts);
 
 /// Scalar reference of matmul() (double accumulation; LoRA terms added in f32) for tests.
 void matmul_reference(const WeightView& w, const float* x, int64_t T, float* y);

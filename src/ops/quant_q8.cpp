@@ -92,7 +92,10 @@ namespace spool::ops {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Row r's group scales as f32 at out[0, ng), then 16 zeros (the SIMD kernels load 16 at a group).
+// Row r's group scales as f32 at out[0, ng); out must have room for ng + 16 floats: the SIMD kernels
+// load 16 at a group and use only the lanes of that super-block's groups, so what lies past ng is
+// never used (a grow-only buffer: earlier rows' values). Called once per row: no library calls
+// (a 64-byte memset per row cost ~2.5% of a decode step's CPU time).
 HWY_INLINE void RowScales(const QuantView& w, int64_t r, float* out) {
   const int64_t ng = w.groups_per_row();
   int64_t i = 0;
@@ -100,16 +103,16 @@ HWY_INLINE void RowScales(const QuantView& w, int64_t r, float* out) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  for (; i + n <= ng; i += n) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w.scales + r * ng + i))), df, out + i);
-  if (i < ng && n <= 16) {  // the rest (a 512-column row has 8 groups of 64) through a zero-padded copy
-    alignas(64) uint16_t tail[16] = {};
-    std::memcpy(tail, w.scales + r * ng + i, static_cast<size_t>(ng - i) * sizeof(uint16_t));
-    hn::StoreU(hn::PromoteTo(df, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(tail))), df, out + i);
+  const uint16_t* src = w.scales + r * ng;
+  for (; i + n <= ng; i += n) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i))), df, out + i);
+  // The rest (a 512-column row has 8 groups of 64): one whole vector when the matrix's scales go on
+  // that far (the next row's scales land past ng, unused), else one at a time below.
+  if (i < ng && r * ng + i + n <= w.rows * ng) {
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i))), df, out + i);
     i = ng;
   }
 #endif
   for (; i < ng; ++i) out[i] = w.scale(r * ng + i);
-  std::fill(out + ng, out + ng + 16, 0.0f);
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -465,7 +468,7 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   constexpr int kR = 4;
   thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>(kR * (ng + 16)));
+  if (scales.size() < static_cast<size_t>(kR * (ng + 16))) scales.resize(static_cast<size_t>(kR * (ng + 16)));  // grow only
   const uint8_t* qrow[kR];
   const float* sc[kR];
   auto block = [&](auto rows, int64_t r) {
@@ -491,7 +494,7 @@ void Rows(const QuantView& w, const QuantQ8Acts& a, float* y, int64_t ldy, int64
   const int64_t rb = w.row_bytes(), ng = w.groups_per_row();
   constexpr int kR = 4;
   thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>(kR * (ng + 16)));
+  if (scales.size() < static_cast<size_t>(kR * (ng + 16))) scales.resize(static_cast<size_t>(kR * (ng + 16)));  // grow only
   const uint8_t* qrow[kR];
   const float* sc[kR];
   // Prefetch whole blocks ~8 KiB ahead (at least one block), as the f32 decode kernel does.

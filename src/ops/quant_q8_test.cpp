@@ -269,5 +269,71 @@ TEST_P(QuantQ8Types, MatmulTakesTheInt8PathWhenAsked) {
   EXPECT_EQ(std::memcmp(y2.data(), want.data(), y.size() * sizeof(float)), 0) << "matmul_rows_pair b, int8";
 }
 
+
+// matmul_multi() over spool q4 / q8 matrices (one rotation per sign vector, compared by value; one
+// int8 quantization per rotation) and a bf16 one in one job, and prepare_input() +
+// matmul_prepared_rows() over any row split: the bits of matmul() on each matrix alone, f32 and
+// int8 activations, one and three tokens, one to three threads.
+TEST(QuantQ8, MultiAndPreparedRowsEqualMatmulAlone) {
+  const int64_t cols = 512;
+  const std::vector<int8_t> s1 = spool::quant::rotation_signs(5, "layers.0.linear_attn.in_proj_qkv", cols);
+  const std::vector<int8_t> s1_copy = s1;  // the same values at another address (another tensor's signs)
+  const std::vector<int8_t> s2 = spool::quant::rotation_signs(6, "layers.0.linear_attn.in_proj_z", cols);
+  struct Spec {
+    QType type;
+    int64_t rows;
+    const std::vector<int8_t>* signs;
+  };
+  const Spec specs[] = {{QType::kQ4, 40, &s1}, {QType::kQ8, 24, &s1_copy}, {QType::kQ4, 36, &s2}, {QType::kQ4, 8, nullptr}};
+  std::vector<QuantizedMatrix> qs;
+  std::vector<WeightView> ws;
+  for (size_t i = 0; i < std::size(specs); ++i) {
+    const std::vector<float> W = randn(static_cast<size_t>(specs[i].rows * cols), 40 + i, 0.05f);
+    qs.push_back(spool::quant::quantize(W.data(), specs[i].rows, cols, specs[i].type, 64, specs[i].signs ? specs[i].signs->data() : nullptr));
+  }
+  for (const QuantizedMatrix& q : qs) ws.push_back(quant_weight_view(q.view()));
+  const std::vector<float> bf = randn(static_cast<size_t>(16 * cols), 49, 0.05f);
+  std::vector<uint16_t> bf16(bf.size());
+  for (size_t i = 0; i < bf.size(); ++i) bf16[i] = f32_to_bf16(bf[i]);
+  ws.push_back(WeightView{WType::kBF16, 16, cols, bf16.data()});
+  ThreadPool two(2), three(3);
+  for (bool int8 : {false, true})
+    for (int64_t T : {1, 3})
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+        SCOPED_TRACE(std::string(int8 ? "int8" : "f32") + " T=" + std::to_string(T) + " threads=" + std::to_string(pool ? pool->size() : 1));
+        const std::vector<float> x = randn(static_cast<size_t>(T * cols), 50 + T);
+        std::vector<std::vector<float>> want(ws.size()), got(ws.size());
+        std::vector<MatmulOut> outs;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          want[i].assign(static_cast<size_t>(T * ws[i].rows), 0.0f);
+          got[i].assign(want[i].size(), NAN);
+          matmul(ws[i], x.data(), T, want[i].data(), nullptr, int8);
+          outs.push_back({&ws[i], got[i].data()});
+        }
+        matmul_multi(outs, x.data(), T, pool, int8);
+        for (size_t i = 0; i < ws.size(); ++i)
+          EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "matmul_multi, matrix " << i;
+        // Prepared once for the first matrix: serves the second (same signs by value, q8), not the third
+        // (other signs), the fourth (none) or the bf16 one.
+        PreparedInput p;
+        prepare_input(ws[0], x.data(), T, int8, p);
+        EXPECT_TRUE(prepared_for(p, ws[1], int8));
+        EXPECT_FALSE(prepared_for(p, ws[2], int8));
+        EXPECT_FALSE(prepared_for(p, ws[3], int8));
+        EXPECT_FALSE(prepared_for(p, ws[4], int8));
+        if (quant_q8_fast()) EXPECT_FALSE(prepared_for(p, ws[0], !int8)) << "another activation type";
+        EXPECT_THROW(matmul_prepared_rows(ws[2], p, got[2].data(), ws[2].rows, 0, ws[2].rows, int8), Error);
+        for (size_t i = 0; i < ws.size(); ++i) {
+          PreparedInput own;
+          prepare_input(ws[i], x.data(), T, int8, own);
+          const PreparedInput& use = i == 1 ? p : own;
+          std::fill(got[i].begin(), got[i].end(), NAN);
+          const int64_t n = ws[i].rows, cuts[] = {0, 5, n / 2, n - 1, n};  // (rows in any split)
+          for (int c = 0; c + 1 < 5; ++c) matmul_prepared_rows(ws[i], use, got[i].data(), n, cuts[c], cuts[c + 1], int8);
+          EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "prepared rows, matrix " << i;
+        }
+      }
+}
+
 }  // namespace
 }  // namespace spool::ops

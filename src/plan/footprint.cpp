@@ -8,6 +8,7 @@
 #include "models/state.h"
 #include "ops/cpu_backend.h"
 #include "ops/kv_cache.h"
+#include "ops/matmul.h"
 
 namespace spool::plan {
 
@@ -141,10 +142,19 @@ uint64_t workspace_bytes(const models::ModelSpec& s, int64_t T, int64_t ctx, int
                               // mla.cpp: 16 query rows' scores over the context and one latent key row
                               (s.n_layers_of(models::MixerKind::kMLA) ? (16 + 1) * static_cast<uint64_t>(ctx) * kF : 0);
   n += per_thread * static_cast<uint64_t>(std::max(threads, 1));
+  // The CPU backend's decode-sized expert calls (ops::expert_ffn_split_bytes; members, once), the
+  // shared expert folded in: the widest of the routed and shared intermediate sizes.
+  if (std::find(s.ffns.begin(), s.ffns.end(), models::FfnKind::kMoE) != s.ffns.end())
+    n += ops::expert_ffn_split_bytes(static_cast<int64_t>(H), std::max<int64_t>(m.intermediate, m.shared_intermediate),
+                                     static_cast<int64_t>(m.n_experts) + 1);
   if (quantized) {
     // quant_matmul.cpp `rot` (the calling thread rotates a whole matmul's input) and
     // matmul.cpp `rotated` (each thread rotates its expert's tokens).
     n += t * widest * kF + static_cast<uint64_t>(std::max(threads, 1)) * t * std::max<uint64_t>(H, m.intermediate) * kF;
+    // ops::matmul_multi (up to ops::kMultiQuantRows tokens): a rotated copy of x and its int8
+    // activations (4 bytes a column) per matrix of a Gated DeltaNet in_proj (four, each its own signs).
+    if (s.n_layers_of(models::MixerKind::kGatedDeltaNet) > 0)
+      n += 4 * std::min<uint64_t>(t, static_cast<uint64_t>(ops::kMultiQuantRows)) * H * (kF + 4);
   }
   n += V * kF + V * (kF + sizeof(int32_t)) + V * sizeof(int32_t);  // session.cpp logits_, sampler cand_, counts_
   return n;
