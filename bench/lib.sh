@@ -7,6 +7,9 @@
 #                         memory.limit_in_bytes) or cgroup v2 (/sys/fs/cgroup/NAME, memory.max)
 #   cg_reset CG           before a run: drops the page cache, empties CG and resets its peak
 #   cg_peak CG            CG's peak usage in bytes since the last reset (0 when the kernel keeps none)
+#   disk_of PATH          the whole disk under PATH as MAJ:MIN (read throttles apply to disks)
+#   throttle_cgroup NAME DEV BPS
+#                         a cgroup reading at most BPS bytes/s from disk DEV (v1 blkio or v2 io); prints its directory
 
 run_in() {
   local cg=$1; shift
@@ -56,4 +59,33 @@ cg_peak() {
   if [ -f "$cg/memory.max_usage_in_bytes" ]; then cat "$cg/memory.max_usage_in_bytes"
   elif [ -f "$cg/memory.peak" ]; then cat "$cg/memory.peak"
   else echo 0; fi
+}
+
+# The whole disk under a path, as MAJ:MIN (throttles apply to disks, not partitions).
+disk_of() {
+  local d sys
+  d=$(stat -c '%Hd:%Ld' "$(realpath "$1")")
+  sys=/sys/dev/block/$d
+  [ -e "$sys" ] || { echo "bench/lib.sh: no block device $d under $1 (tmpfs or overlay?)" >&2; return 1; }
+  if [ -f "$sys/partition" ]; then d=$(cat "$(realpath "$sys/..")/dev"); fi
+  echo "$d"
+}
+
+# A cgroup reading at most BPS bytes/s from disk DEV; prints its directory.
+throttle_cgroup() {
+  local name=$1 dev=$2 bps=$3 cg
+  if [ -f /sys/fs/cgroup/blkio/blkio.throttle.read_bps_device ]; then
+    cg=/sys/fs/cgroup/blkio/$name
+    mkdir -p "$cg"
+    echo "$dev $bps" > "$cg/blkio.throttle.read_bps_device"
+  elif grep -qw io /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    echo +io > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    cg=/sys/fs/cgroup/$name
+    mkdir -p "$cg"
+    echo "$dev rbps=$bps" > "$cg/io.max"
+  else
+    echo "bench/lib.sh: no blkio (v1) or io (v2) cgroup controller" >&2
+    return 1
+  fi
+  echo "$cg"
 }

@@ -11,7 +11,9 @@
 # Writes $OUT (markdown table: per rank count the median decode and prefill t/s over the rounds,
 # bytes between ranks per token row, rank 0's share of time in collectives, each rank's peak RSS),
 # logs beside it. DROP=0 skips dropping the page cache before each run (experts are read with O_DIRECT
-# anyway; the drop keeps the dense part's first reads honest).
+# anyway; the drop keeps the dense part's first reads honest). BPS=N (bytes/s) also throttles each
+# rank's reads from the model's disk to N in its own blkio / io cgroup: every rank, and the one
+# process, gets a disk of that speed, as machines that each stream from their own SSD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TMP=$(mktemp -d)
@@ -27,21 +29,30 @@ command -v mpirun >/dev/null || { echo "multi.sh: mpirun not found (scripts/setu
 bytes=$(du -b --apparent-size -c "$MODEL"/*.safetensors | tail -1 | cut -f1)
 gib=$(python3 -c "print($bytes * $FRAC / 2**30)")
 cores=$(nproc)
+BPS=${BPS:-}
+dev=
+[ -z "$BPS" ] || dev=$(disk_of "$MODEL")
 
 run_ranks() {  # run_ranks R ROUND: prints rank 0's bench output
   local R=$1 round=$2 t cgs=() r
   t=$(( cores / R )); [ "$t" -ge 1 ] || t=1
   if [ "${DROP:-1}" = 1 ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi  # (DROP=0: keep the page cache, e.g. a quick check)
-  for r in $(seq 0 $((R - 1))); do cgs+=("$(mem_cgroup "spool_multi_${R}_$r" "$gib")"); done
+  local ios=()
+  for r in $(seq 0 $((R - 1))); do
+    cgs+=("$(mem_cgroup "spool_multi_${R}_$r" "$gib")")
+    [ -z "$BPS" ] || ios+=("$(throttle_cgroup "spool_multi_io_${R}_$r" "$dev" "$BPS")")
+  done
   local args=(bench -m "$MODEL" -t "$t" -p "$P" -n "$N" -r "$REPS" --stream --no-page-cache)
+  # (IOBASE empty: no read throttle; else rank r also joins ${IOBASE}_r)
+  local iob=; [ -z "$BPS" ] || iob=${ios[0]%_0}
   if [ "$R" = 1 ]; then
-    run_in "${cgs[0]}" "$SPOOL" "${args[@]}"
+    IOBASE=$iob run_in "${cgs[0]}" sh -c '[ -z "$IOBASE" ] || echo $$ > "${IOBASE}_0/cgroup.procs"; exec "$0" "$@"' "$SPOOL" "${args[@]}"
   else
-    # Each rank moves itself into its own cgroup, then becomes spool.
-    CGBASE=${cgs[0]%_0} mpirun --allow-run-as-root --oversubscribe --bind-to none -n "$R" \
-      sh -c 'echo $$ > "${CGBASE}_${OMPI_COMM_WORLD_RANK}/cgroup.procs" && exec "$0" "$@"' "$SPOOL" "${args[@]}" 2>>"$LOG"
+    # Each rank moves itself into its own cgroups, then becomes spool.
+    CGBASE=${cgs[0]%_0} IOBASE=$iob mpirun --allow-run-as-root --oversubscribe --bind-to none -x CGBASE -x IOBASE -n "$R" \
+      sh -c 'echo $$ > "${CGBASE}_${OMPI_COMM_WORLD_RANK}/cgroup.procs" && { [ -z "$IOBASE" ] || echo $$ > "${IOBASE}_${OMPI_COMM_WORLD_RANK}/cgroup.procs"; } && exec "$0" "$@"' "$SPOOL" "${args[@]}" 2>>"$LOG"
   fi
-  for cg in "${cgs[@]}"; do rmdir "$cg" 2>/dev/null || true; done
+  for cg in "${cgs[@]}" "${ios[@]}"; do rmdir "$cg" 2>/dev/null || true; done
 }
 
 rows=()
@@ -61,17 +72,18 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$OUT" "$MODEL" "$FRAC" "$gib" "$cores" "$P" "$N" "${rows[@]}" <<'PY'
+python3 - "$OUT" "$MODEL" "$FRAC" "$gib" "$cores" "$P" "$N" "${BPS:-0}" "${rows[@]}" <<'PY'
 import re, statistics, sys, datetime
-out, model, frac, gib, cores, P, N = sys.argv[1:8]
-rows = [r.split("|") for r in sys.argv[8:]]
+out, model, frac, gib, cores, P, N, bps = sys.argv[1:9]
+rows = [r.split("|") for r in sys.argv[9:]]
+bps_note = f", each rank's reads from the disk throttled to {float(bps) / 1e9:g} GB/s in its own cgroup" if float(bps) > 0 else ""
 by = {}
 for R, rnd, tg, pp, comm, rss in rows:
     by.setdefault(int(R), []).append((float(tg or 0), float(pp or 0), comm, rss))
 base = statistics.median(t for t, _, _, _ in by.get(1, [(0, 0, "", "")])) or None
 with open(out, "w") as f:
     f.write(f"Expert parallelism over loopback MPI: `{model}`, each rank in a memory cgroup of {float(frac):.2f} x the model's files "
-            f"({float(gib):.2f} GiB), experts streamed with O_DIRECT through each rank's cache, {cores} cores shared equally; "
+            f"({float(gib):.2f} GiB), experts streamed with O_DIRECT through each rank's cache, {cores} cores shared equally{bps_note}; "
             f"`spool bench -p {P} -n {N} --stream --no-page-cache`, {datetime.date.today()} (`bench/multi.sh`).\n\n")
     f.write("| ranks | tg t/s (median) | pp t/s (median) | vs 1 rank (tg) | rounds (tg) | between ranks per token row | rank 0 in collectives | peak RSS per rank |\n")
     f.write("|---|---|---|---|---|---|---|---|\n")

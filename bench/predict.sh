@@ -41,35 +41,7 @@ DIR=${DIR:-/tmp/spool-predict}
 PYTHON=${PYTHON:-python3}  # matplotlib for the PNG (optional)
 mkdir -p "$DIR"
 [ "$(id -u)" = 0 ] || { echo "predict.sh: needs root (a blkio/io cgroup)" >&2; exit 1; }
-
-# The whole disk under a path, as MAJ:MIN (throttles apply to disks, not partitions).
-disk_of() {
-  local d sys
-  d=$(stat -c '%Hd:%Ld' "$(realpath "$1")")
-  sys=/sys/dev/block/$d
-  [ -e "$sys" ] || { echo "predict.sh: no block device $d under $1 (tmpfs or overlay?)" >&2; return 1; }
-  if [ -f "$sys/partition" ]; then d=$(cat "$(realpath "$sys/..")/dev"); fi
-  echo "$d"
-}
-
-# A cgroup reading at most BPS bytes/s from disk DEV; prints its directory.
-throttle_cgroup() {
-  local name=$1 dev=$2 bps=$3 cg
-  if [ -f /sys/fs/cgroup/blkio/blkio.throttle.read_bps_device ]; then
-    cg=/sys/fs/cgroup/blkio/$name
-    mkdir -p "$cg"
-    echo "$dev $bps" > "$cg/blkio.throttle.read_bps_device"
-  elif grep -qw io /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
-    echo +io > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-    cg=/sys/fs/cgroup/$name
-    mkdir -p "$cg"
-    echo "$dev rbps=$bps" > "$cg/io.max"
-  else
-    echo "predict.sh: no blkio (v1) or io (v2) cgroup controller" >&2
-    return 1
-  fi
-  echo "$cg"
-}
+source bench/lib.sh  # disk_of, throttle_cgroup
 
 # Bytes of every routed expert of a checkpoint (from the safetensors headers).
 expert_bytes() {
