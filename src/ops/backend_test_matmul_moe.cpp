@@ -91,7 +91,13 @@ TEST_P(BackendOpTable, MatmulHeads) {
       for_each_backend("matmul_heads", [&](Backend& be, ReferenceBackend& ref) {
         std::vector<float> got = y0, want = y0, xs(s.T * s.cols), ys(s.T * s.rows);
         be.matmul_heads(w, x.data(), ldx, hx, s.T, got.data(), ldy, hy, xs.data(), ys.data());
-        ref.matmul_heads(w, x.data(), ldx, hx, s.T, want.data(), ldy, hy, xs.data(), ys.data());
+        for (int h = 0; h < s.n; ++h) {  // (the op's definition, written out: head h's slice, the reference's matmul)
+          for (int64_t t = 0; t < s.T; ++t)
+            std::copy_n(x.data() + t * ldx + h * hx, s.cols, xs.data() + t * s.cols);
+          ref.matmul(w[static_cast<size_t>(h)], xs.data(), s.T, ys.data());
+          for (int64_t t = 0; t < s.T; ++t)
+            std::copy_n(ys.data() + t * s.rows, s.rows, want.data() + t * ldy + h * hy);
+        }
         expect_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4, "matmul_heads");
         for (int64_t t = 0; t < s.T; ++t)  // padding between and after the heads: untouched
           for (int64_t c = 0; c < ldy; ++c)
