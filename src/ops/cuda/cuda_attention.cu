@@ -77,7 +77,8 @@ __device__ float block_softmax_scores(const float* qs, int hd, const KvDev& kv, 
   float mx = sink;
   for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
     float d = 0.0f;
-    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, row0 + p);
+#pragma unroll 8
+    for (int i = 0; i < hd; ++i) d += qs[i] * kv_key(kv, kvh, i, row0 + p);  // (unrolled: 8 loads in flight, same sum order)
     d *= scale;
     s[p] = d;
     mx = fmaxf(mx, d);
@@ -203,27 +204,43 @@ __global__ void k_attention_merge(int n_heads, int64_t pos0, int64_t t0, int64_t
 }
 
 // Weight-absorbed MLA attention (ops/mla.h) over a keys-only latent cache of one head of D dims:
-// one block per query row (t, h) of a tile from token t0; scores softmax(scale q . key[p]) over
-// p <= pos0 + t into a scratch row, then out[d] = sum_p P[p] key[p][d] for d < dv (the value is the
-// key's first dv dims), one thread per output dim. Dynamic smem: D floats (the query).
+// one block per query row (t, h) of a tile from token t0 and split blockIdx.y of its keys (the
+// splits of k_attention: attn_splits(n) runs of ceil(n / splits) keys, a function of the row's key
+// count n = pos0 + t + 1 alone). Scores softmax(scale q . key[p]) over the split's keys into the
+// row's scratch, then out[d] = sum_p P[p] key[p][d] for d < dv (the value is the key's first dv
+// dims): warp w takes dims w, w + nw, ..., its lanes the split's keys (the cache stores a key's dim d
+// for consecutive positions together: coalesced). A row of one split writes out; with several,
+// split s writes its maximum, denominator and unnormalised P V to part [rows, ps, dv + 2] and
+// k_attention_merge combines them. Dynamic smem: D floats (the query).
 constexpr int kMaxMlaDim = 8192;  // k_mla_attention's query in shared memory: at most 32 KiB
 __global__ void k_mla_attention(const float* q, int n_heads, KvDev kv, int64_t pos0, int64_t t0, float scale, int dv, float* scores,
-                                int64_t ld_scores, float* out) {
+                                int64_t ld_scores, float* part, int ps, float* out) {
   extern __shared__ float qs[];
   const int64_t qi = blockIdx.x;
   const int64_t t = t0 + qi / n_heads;
   const int h = static_cast<int>(qi % n_heads), D = kv.hd;
-  const int64_t n = pos0 + t + 1;
+  const int64_t n_all = pos0 + t + 1;
+  const int S = attn_splits(n_all), split = static_cast<int>(blockIdx.y);
+  if (split >= S) return;
+  const int64_t chunk = (n_all + S - 1) / S, p0 = split * chunk, n = max(int64_t{0}, min(n_all, p0 + chunk) - p0);
   const float* qr = q + (t * n_heads + h) * D;
   for (int i = threadIdx.x; i < D; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
-  float* s = scores + qi * ld_scores;
-  const float inv = 1.0f / block_softmax_scores(qs, D, kv, 0, 0, n, scale, -INFINITY, s);
-  float* o = out + (t * n_heads + h) * static_cast<int64_t>(dv);
-  for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+  float* s = scores + qi * ld_scores + p0;
+  float mx = -INFINITY;
+  const float z = n > 0 ? block_softmax_scores(qs, D, kv, 0, p0, n, scale, -INFINITY, s, &mx) : 0.0f;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float* o = S == 1 ? out + (t * n_heads + h) * static_cast<int64_t>(dv) : part + (qi * ps + split) * (dv + 2) + 2;
+  const float inv = S == 1 ? 1.0f / z : 1.0f;
+  for (int d = wid; d < dv; d += nw) {
     float a = 0.0f;
-    for (int64_t p = 0; p < n; ++p) a += s[p] * kv_key(kv, 0, d, p);
-    o[d] = a * inv;
+    for (int64_t p = lane; p < n; p += 32) a += s[p] * kv_key(kv, 0, d, p0 + p);
+    a = warp_sum(a);
+    if (lane == 0) o[d] = a * inv;
+  }
+  if (S > 1 && threadIdx.x == 0) {
+    o[-2] = mx;
+    o[-1] = z;
   }
 }
 
@@ -471,13 +488,22 @@ void mla_attention(CudaBackend::Impl& I, const float* q, int64_t T, int n_heads,
   const float* qd = I.in(q, T * n_heads * D);
   auto oo = I.out(out, T * n_heads * dv, false);
   const int64_t nmax = pos0 + T;
-  const int64_t tile_t = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t{16} << 20) / (nmax * n_heads)));
+  // Rows seeing more than kAttnSplitKeys keys run in splits and merge (k_attention's scheme); the
+  // scores and the partial sums [tile rows, splits, dv + 2] each take at most 64 MiB.
+  const int splits = attn_splits(nmax);
+  const int64_t tile_t = std::max<int64_t>(
+      1, std::min<int64_t>({T, (int64_t{16} << 20) / (nmax * n_heads), splits > 1 ? (int64_t{16} << 20) / (int64_t{splits} * n_heads * (dv + 2)) : T}));
   float* scores = I.arena->get_n<float>(tile_t * n_heads * nmax);
+  float* part = splits > 1 ? I.arena->get_n<float>(tile_t * n_heads * splits * (dv + 2)) : nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += tile_t) {
     const int64_t nt = std::min(tile_t, T - t0);
-    k_mla_attention<<<static_cast<unsigned>(nt * n_heads), kAttnThreads, static_cast<size_t>(D) * sizeof(float), I.stream>>>(
-        qd, n_heads, d, pos0, t0, scale, dv, scores, nmax, oo.d);
+    k_mla_attention<<<dim3(static_cast<unsigned>(nt * n_heads), static_cast<unsigned>(splits)), kAttnThreads,
+                      static_cast<size_t>(D) * sizeof(float), I.stream>>>(qd, n_heads, d, pos0, t0, scale, dv, scores, nmax, part, splits, oo.d);
     CU_LAUNCHED("k_mla_attention");
+    if (splits > 1) {
+      k_attention_merge<<<static_cast<unsigned>(nt * n_heads), 128, 0, I.stream>>>(n_heads, pos0, t0, 0, dv, nullptr, part, splits, oo.d);
+      CU_LAUNCHED("k_attention_merge");
+    }
   }
   I.finish(oo);
 }
