@@ -1,6 +1,7 @@
 // Backend op table (backend_test.h): matrix products, the MoE expert path (grouped, uploaded,
 // routed; SwiGLU, clamped SwiGLU, tanh-GELU), Gemma 4's elementwise ops and router selection.
 #include "ops/backend_test.h"
+#include <cmath>
 #include <numeric>
 
 #include "quant/convert.h"
@@ -444,12 +445,17 @@ TEST(BackendOps, GroupByExpert) {
 
 [[maybe_unused]] const bool kRouteSoftmaxTopKOps = covers({"route_softmax_top_k"});
 TEST_P(BackendOpTable, RouteSoftmaxTopK) {
-  for (int E : {8, 64, 256})
+  // (CUDA: a warp per token up to 512 experts, a block per token above: both sides of that line,
+  // experts not a multiple of 32, k == E, and rows of tied and -inf logits, ties going to the lower id.)
+  for (int E : {8, 64, 100, 256, 384, 520})
     for (int k : {1, 2, 8})
       for (bool renorm : {false, true}) {
         SCOPED_TRACE("E=" + std::to_string(E) + " k=" + std::to_string(k) + " renorm=" + std::to_string(renorm));
         const int64_t T = 9;
-        const std::vector<float> logits = randn(T * E, E + k, 2.0f);
+        std::vector<float> logits = randn(T * E, E + k, 2.0f);
+        for (int e = 0; e < E; ++e) logits[E + e] = e % 3 == 0 ? 0.5f : -1.0f;  // row 1: ties
+        for (int e = 0; e < E; ++e)
+          if (e % 2 == 1) logits[2 * E + e] = -INFINITY;  // row 2: half -inf (k == E takes them too)
         for_each_backend("route_softmax_top_k", [&](Backend& be, ReferenceBackend& ref) {
           std::vector<float> l1 = logits, l2 = logits, w1(T * k), w2(T * k), m1(T), m2(T);
           std::vector<int> i1(T * k), i2(T * k);

@@ -123,6 +123,61 @@ __global__ void k_route(const float* logits, int E, int k, bool renorm, int* ids
   }
 }
 
+// k_route with one warp per token, for E <= 32 * kRouteWarpJ experts: lane l holds the logits of
+// experts l, l + 32, ... in registers, and each of the k (+ 1 for the margin) selections is one
+// warp-wide arg-max over the experts not yet taken (shuffles; no barriers, no shared memory).
+// The selection (ties and -inf: the lower id), the probabilities and the margin are k_route's;
+// only the softmax denominator is summed in another order (each lane's experts, then the warp
+// tree). Blocks of kRouteWarpTokens warps, token t = warp index; t >= T: nothing.
+constexpr int kRouteWarpJ = 16, kRouteWarpTokens = 4;
+__global__ void k_route_warp(const float* logits, int64_t T, int E, int k, bool renorm, int* ids, float* weights, float* margins) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarpTokens + (threadIdx.x >> 5);
+  if (t >= T) return;  // (the whole warp: t is the warp's)
+  const float* row = logits + t * E;
+  float v[kRouteWarpJ];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kRouteWarpJ; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < E ? row[e] : -INFINITY;
+    if (e < E) mx = fmaxf(mx, v[j]);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float z = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRouteWarpJ; ++j)
+    if (lane + 32 * j < E) z += expf(v[j] - mx);
+  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+  uint32_t taken = 0;  // bit j: expert lane + 32 j is selected
+  int sel[kMaxTopK + 1];
+  float selv[kMaxTopK + 1];
+  const int n_sel = k < E ? k + 1 : k;
+  for (int s = 0; s < n_sel; ++s) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kRouteWarpJ; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E && ((taken >> j) & 1u) == 0) better(bv, bi, v[j], e);
+    }
+    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    sel[s] = bi < E ? bi : 0;  // (no expert left only when every logit is NaN)
+    selv[s] = bv;
+    if (bi < E && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+  }
+  if (lane == 0) {
+    float kept = 0.0f;
+    for (int s = 0; s < k; ++s) kept += expf(selv[s] - mx) / z;
+    for (int s = 0; s < k; ++s) {
+      const float p = expf(selv[s] - mx) / z;
+      ids[t * k + s] = sel[s];
+      weights[t * k + s] = renorm ? p / kept : p;
+    }
+    if (margins) margins[t] = k < E ? expf(selv[k - 1] - mx) / z - expf(selv[k] - mx) / z : 1.0f;
+  }
+}
+
 // One block per token: DeepSeek-family routing (ops::route_grouped, RouterParams) — scores s
 // (sigmoid, or softmax over the E logits), selection scores s' = s + bias, groups ranked by their
 // best (or best two summed) s' with the topk_group best kept and the others' s' set to 0 (or
@@ -492,11 +547,17 @@ void route_softmax_top_k(CudaBackend::Impl& I, float* logits, int64_t T, int E, 
   auto io = I.out(ids, T * k, false, false);
   auto wo = I.out(weights, T * k, false);
   auto mo = I.out(margins, T, false);
-  const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
-  if (smem > static_cast<size_t>(I.smem_optin)) fail("routing: %d experts need more shared memory than the device has", E);
-  if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  k_route<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
-  CU_LAUNCHED("k_route");
+  if (E <= 32 * kRouteWarpJ) {  // a warp per token (the usual 64 .. 512 experts)
+    k_route_warp<<<static_cast<unsigned>((T + kRouteWarpTokens - 1) / kRouteWarpTokens), 32 * kRouteWarpTokens, 0, I.stream>>>(
+        ld, T, E, k, renormalize, io.d, wo.d, mo.d);
+    CU_LAUNCHED("k_route_warp");
+  } else {
+    const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
+    if (smem > static_cast<size_t>(I.smem_optin)) fail("routing: %d experts need more shared memory than the device has", E);
+    if (smem > (48 << 10)) CU(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    k_route<<<static_cast<unsigned>(T), 256, smem, I.stream>>>(ld, E, k, renormalize, io.d, wo.d, mo.d);
+    CU_LAUNCHED("k_route");
+  }
   I.copy_back(io);
   I.copy_back(wo);
   I.copy_back(mo);
