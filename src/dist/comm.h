@@ -57,7 +57,7 @@ class Comm {
   virtual void barrier() = 0;
   /// broadcast() for ranks that may wait long (a follower between a server's requests): a waiting
   /// rank polls the transfer and sleeps between polls once it has waited 20 ms (a millisecond at
-  /// a time), instead of spinning on a core. Every rank of one such broadcast must call
+  /// a time; 5 ms after a second), instead of spinning on a core. Every rank of one such broadcast must call
   /// broadcast_idle (MPI matches a nonblocking collective only with nonblocking ones). Bytes up to
   /// 1 GiB.
   virtual void broadcast_idle(void* p, size_t bytes, int root) { broadcast(p, bytes, root); }

@@ -158,7 +158,12 @@ class MpiComm final : public Comm {
     for (int done = 0;;) {
       check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) break;
-      if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(20)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      if (waited > std::chrono::seconds(1)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // idle: a first step after it waits 5 ms at most
+      } else if (waited > std::chrono::milliseconds(20)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }
     // (Counted from the start: a follower's idle wait is time in collectives too.)
     ++stats_.calls;
