@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -40,6 +41,24 @@ int wait_exit(pid_t pid, double seconds) {
     int st = 0;
     if (::waitpid(pid, &st, WNOHANG) == pid) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+// The child process of `parent` whose environment holds `env` (NAME=VALUE), or -1.
+pid_t child_of(pid_t parent, const std::string& env) {
+  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = d.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::istringstream stat(slurp(d.path().string() + "/stat"));
+    std::string pid, comm, state;
+    long ppid = 0;
+    stat >> pid >> comm >> state >> ppid;
+    if (ppid != parent) continue;
+    std::string e = slurp(d.path().string() + "/environ");
+    for (char& c : e)
+      if (c == '\0') c = '\n';
+    if (("\n" + e).find("\n" + env + "\n") != std::string::npos) return static_cast<pid_t>(std::stol(name));
   }
   return -1;
 }
@@ -130,12 +149,29 @@ TEST(ServeRanks, GreedyRepliesEqualOneProcess) {
   for (size_t i = 0; i < kPrompts.size(); ++i) clients.emplace_back([&, i] { got[i] = two.chat(kPrompts[i]); });
   for (std::thread& t : clients) t.join();
   for (size_t i = 0; i < kPrompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "concurrent: " << kPrompts[i];
-  // SIGTERM to mpirun reaches rank 0, which stops the server and then the other rank: no hang.
-  const int st = two.stop(60);
-  EXPECT_NE(st, -1) << "mpirun did not end within 60 s of SIGTERM: " << slurp(two.log);
+  // SIGTERM to rank 0 alone (as mpirun forwards it): it stops the server, then tells rank 1 to
+  // leave its loop; every rank ends with status 0 (mpirun kills nobody).
+  const pid_t rank0 = child_of(two.pid, "OMPI_COMM_WORLD_RANK=0");
+  ASSERT_GT(rank0, 0);
+  ::kill(rank0, SIGTERM);
+  const int st = wait_exit(two.pid, 60);
+  EXPECT_NE(st, -1) << "mpirun did not end within 60 s of SIGTERM to rank 0: " << slurp(two.log);
+  if (st != -1) {
+    two.pid = -1;
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << slurp(two.log);
+  }
   const std::string l = slurp(two.log);
   EXPECT_NE(l.find("signal 15: stopping"), std::string::npos) << l;
   EXPECT_EQ(l.find("cannot follow"), std::string::npos) << l;
+}
+
+// SIGTERM to mpirun itself (forwarded to every rank): rank 0 stops, the job ends, no hang.
+TEST(ServeRanks, SigtermToMpirunEndsTheJob) {
+  Server two(kMpirun, kFlags, "term");
+  ASSERT_TRUE(two.ready()) << slurp(two.log);
+  EXPECT_NE(two.chat(kPrompts[0]).find("completion_tokens"), std::string::npos);
+  EXPECT_NE(two.stop(60), -1) << "mpirun did not end within 60 s of SIGTERM: " << slurp(two.log);
+  EXPECT_NE(slurp(two.log).find("signal 15: stopping"), std::string::npos) << slurp(two.log);
 }
 
 // Balanced owners from a routing trace the single-process server records: the same replies.
