@@ -372,6 +372,67 @@ TEST_P(ExpertParallel, BalancedOwnersAndLeaderEqualOneProcess) {
     }
 }
 
+// A provider that fails its next `fail` acquisitions (a read error on one rank), else the inner one's.
+class FailingProvider final : public experts::ExpertProvider {
+ public:
+  explicit FailingProvider(std::shared_ptr<experts::ExpertProvider> inner) : inner_(std::move(inner)) {}
+  int fail = 0;
+  void acquire(int layer, std::span<const int> ids, std::span<experts::ExpertWeights> out) override {
+    if (fail > 0) {
+      --fail;
+      throw Error("planted read error");
+    }
+    inner_->acquire(layer, ids, out);
+  }
+  void release(int layer) override { inner_->release(layer); }
+  std::string describe() const override { return "failing " + inner_->describe(); }
+  bool in_memory() const override { return inner_->in_memory(); }
+  int max_batch() const override { return inner_->max_batch(); }
+
+ private:
+  std::shared_ptr<experts::ExpertProvider> inner_;
+};
+
+// An expert that cannot be read on the last rank, once: in lockstep every rank's forward throws
+// at that MoE layer (the gather's counts show it), led by rank 0 its forward throws and the
+// followers log it and go on; no rank is left waiting, and the next run equals one process again.
+TEST(ExpertParallelErrors, OneRankFailingDoesNotDeadlock) {
+  Comm& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "one rank";
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
+  ops::ThreadPool pool(2);
+  std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
+  std::unique_ptr<models::Model> ep = models::load_model(ckpt, &pool);
+  auto failing = std::make_shared<FailingProvider>(ep->shared_expert_provider());
+  ep->set_expert_provider(failing);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back((i * 37 + 11) % static_cast<int>(one->spec().vocab_size));
+  const std::vector<float> want = run(*one, prompt);
+  const bool last = w.rank() == w.size() - 1;
+  for (bool lead : {false, true}) {
+    dist::ExpertParallel cfg;
+    cfg.comm = &w;
+    cfg.lead = lead;
+    ep->set_expert_parallel(cfg);
+    failing->fail = last ? 1 : 0;
+    if (lead && w.rank() > 0) {
+      EXPECT_EQ(ep->serve_experts(), 0);
+      EXPECT_EQ(failing->fail, 0);  // (the planted error happened here)
+      continue;
+    }
+    EXPECT_THROW(run(*ep, prompt), Error) << (lead ? "led" : "lockstep");
+    const std::vector<float> got = run(*ep, prompt);
+    if (lead) {
+      ExpertStep x;
+      x.op = StepOp::kExit;
+      auto words = x.encode();
+      w.broadcast_idle(words.data(), sizeof(words), 0);
+    }
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << (lead ? "led" : "lockstep") << ", after the error";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallel,
                          ::testing::Values("demo", "qwen3_5_moe_text", "qwen3_5_moe_vl_fused", "qwen3_next", "qwen3_moe", "mixtral", "olmoe",
                                            "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite", "minimax_m2",
