@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "experts/streaming.h"
+#include "lora/adapter.h"
+#include "lora/lora_set.h"
+#include "ops/cpu_backend.h"
 #include "models/family.h"
 #include "models/model.h"
 #include "support/golden.h"
@@ -430,6 +433,67 @@ TEST(ExpertParallelErrors, OneRankFailingDoesNotDeadlock) {
     }
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << (lead ? "led" : "lockstep") << ", after the error";
+  }
+}
+
+// LoRA on the routed experts with per-sequence scales (a batch of two sequences, one with the
+// adapter off): in lockstep and led by rank 0 (whose rows' scales travel with the announced step),
+// the logits of one process bit for bit.
+TEST(ExpertParallelLora, PerRowScalesReachEveryRank) {
+  Comm& w = world();
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(data_dir() + "/models/qwen3_moe"));
+  ops::ThreadPool pool(2);
+  auto set = std::make_shared<lora::LoraSet>();
+  lora::Adapter ad = lora::load_adapter(data_dir() + "/lora/qwen3_moe/with_experts", *ckpt, models::checkpoint_rules());
+  ASSERT_GT(ad.experts.size(), 0u) << "the adapter has no routed-expert terms";
+  set->add(std::move(ad), 1.0f);
+  std::unique_ptr<models::Model> one = models::load_model(ckpt, std::make_shared<ops::CpuBackend>(&pool), set);
+  std::unique_ptr<models::Model> ep = models::load_model(ckpt, std::make_shared<ops::CpuBackend>(&pool), set);
+  const int64_t V = one->spec().vocab_size;
+  const auto batch_run = [&](models::Model& m) {
+    std::vector<models::State> st;
+    st.push_back(m.new_state());
+    st.push_back(m.new_state());
+    const float scales[2] = {0.0f, 0.7f};
+    std::vector<std::vector<int32_t>> ids(2);
+    for (int i = 0; i < 12; ++i) {
+      ids[0].push_back((i * 31 + 5) % static_cast<int>(V));
+      ids[1].push_back((i * 17 + 9) % static_cast<int>(V));
+    }
+    std::vector<float> out, logits(static_cast<size_t>(2 * V));
+    for (int step = 0; step < 5; ++step) {
+      models::SeqStep q[2];
+      for (int k = 0; k < 2; ++k) {
+        q[k].ids = std::span<const int32_t>(ids[static_cast<size_t>(k)]);
+        q[k].state = &st[static_cast<size_t>(k)];
+        q[k].logits = logits.data() + k * V;
+        q[k].lora = std::span<const float>(&scales[k], 1);
+      }
+      m.forward_batch(std::span<const models::SeqStep>(q, 2));
+      out.insert(out.end(), logits.begin(), logits.end());
+      for (int k = 0; k < 2; ++k) ids[static_cast<size_t>(k)] = {argmax(logits.data() + k * V, V)};
+    }
+    return out;
+  };
+  const std::vector<float> want = batch_run(*one);
+  for (bool lead : {false, true}) {
+    dist::ExpertParallel cfg;
+    cfg.comm = &w;
+    cfg.lead = lead;
+    ep->set_expert_parallel(cfg);
+    if (lead && w.rank() > 0) {
+      EXPECT_EQ(ep->serve_experts(), 0);
+      continue;
+    }
+    const std::vector<float> got = batch_run(*ep);
+    if (lead && w.size() > 1) {
+      ExpertStep x;
+      x.op = StepOp::kExit;
+      auto words = x.encode();
+      w.broadcast_idle(words.data(), sizeof(words), 0);
+    }
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << (lead ? "led" : "lockstep") << " over " << w.size();
   }
 }
 
