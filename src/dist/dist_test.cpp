@@ -24,6 +24,7 @@
 #include "models/family.h"
 #include "models/model.h"
 #include "support/golden.h"
+#include "support/mtp.h"
 
 namespace spool::dist {
 namespace {
@@ -495,6 +496,38 @@ TEST(ExpertParallelLora, PerRowScalesReachEveryRank) {
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << (lead ? "led" : "lockstep") << " over " << w.size();
   }
+}
+
+// The multi-token-prediction head's MoE layer (serve --spec mtp drafts through it): led by rank 0,
+// its layer index past the main stack reaches the followers' MTP layer; the head's logits of one
+// process bit for bit.
+TEST(ExpertParallelMtp, HeadLogitsLedByRankZero) {
+  Comm& w = world();
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR, {.mtp = true}));
+  ops::ThreadPool pool(2);
+  std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
+  std::unique_ptr<models::Model> ep = models::load_model(ckpt, &pool);
+  ASSERT_GT(one->mtp_layers(), 0);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back((i * 37 + 11) % static_cast<int>(one->spec().vocab_size));
+  const std::vector<float> want = spool::testing::head_logits(*one, ids, 3);
+  dist::ExpertParallel cfg;
+  cfg.comm = &w;
+  cfg.lead = true;
+  ep->set_expert_parallel(cfg);
+  if (w.rank() > 0) {
+    EXPECT_EQ(ep->serve_experts(), 0);
+    return;
+  }
+  const std::vector<float> got = spool::testing::head_logits(*ep, ids, 3);
+  if (w.size() > 1) {
+    ExpertStep x;
+    x.op = StepOp::kExit;
+    auto words = x.encode();
+    w.broadcast_idle(words.data(), sizeof(words), 0);
+  }
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "over " << w.size() << " ranks";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallel,

@@ -477,6 +477,7 @@ int DecoderModel::serve_experts() {
       fail("expert step: layer %lld with rows of %lld floats, but this model's layer %lld is no MoE layer of hidden size %lld (do the ranks "
            "run the same model?)",
            (long long)st.layer, (long long)st.hidden, (long long)st.layer, (long long)H);
+    if (st.rows > ws_tokens_) reserve_workspace(st.rows, std::max(ws_seqs_, 1));  // (as forward_batch grows it)
     x.resize(static_cast<size_t>(st.rows * H));
     ids.resize(static_cast<size_t>(st.rows * st.top_k));
     lora.resize(static_cast<size_t>(st.rows * st.lora_n));
