@@ -58,6 +58,10 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
                   "per-layer waits), 'slots' (LRU expert "
                   "slots in VRAM over the RAM tier and disk) or 'auto' (static when every expert fits in host memory; default)")
       ->check(CLI::IsMember({"auto", "static", "slots"}));
+  app->add_option("--expert-owners", expert_owners,
+                  "Under mpirun: place each MoE layer's experts on the ranks balanced by the routing in FILE (an --expert-profile "
+                  "file or a routing trace), at most ceil(E / ranks) per rank; every rank must read the same file (default: "
+                  "contiguous blocks; docs/distributed.md)");
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
   app->add_option("--host-expert-slots", host_expert_slots,
@@ -130,6 +134,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.predictor = predictor;
   o.route_by_predictor = route_by_predictor;
   o.pin_file = pin_file;
+  o.expert_owners = expert_owners;
   o.max_active_experts = max_active_experts;
   o.strict_device = strict_device;
   ops::kv_type_from_bits(kv_bits);  // UsageError for other values

@@ -32,6 +32,7 @@ struct ModelOptions {
   std::string predictor;        // --predictor
   bool route_by_predictor = false;  // --route-by-predictor
   std::string pin_file;
+  std::string expert_owners;  // --expert-owners (under mpirun)
   int max_active_experts = 0;
   int kv_bits = 32;
   std::string act_bits = "auto";  // --act-bits: 8, 32 or auto

@@ -1,5 +1,8 @@
 // spool: run Mixture-of-Experts language models larger than memory.
 // Exit codes: 0 success, 1 error (message on stderr), 2 usage error.
+#include <pthread.h>
+#include <signal.h>
+
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +50,15 @@ int main(int argc, char** argv) {
   try {
     // Under mpirun (expert parallelism, docs/distributed.md) every rank runs this command in
     // lockstep; rank 0 alone writes the output.
+    // serve takes SIGINT / SIGTERM on one thread (sigwait): blocked here, before MPI starts its
+    // own threads under mpirun, so that none of those takes one (and ends the process).
+    if (argc > 1 && std::string(argv[1]) == "serve") {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGINT);
+      sigaddset(&set, SIGTERM);
+      pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    }
     if (spool::dist::launched_by_mpi() && spool::dist::world().rank() > 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
       throw spool::Error("cannot silence the standard output of an MPI rank");
     spool::ops::restrict_cpu_targets_from_env();  // SPOOL_HWY_TARGETS (ops/cpu_targets.h)

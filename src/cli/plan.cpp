@@ -57,6 +57,7 @@ struct PlanOptions {
   std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
   int ranks = 1;                  // --ranks: expert parallelism over N ranks (mpirun -n N)
   std::optional<double> link_latency_us, link_gbps;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
+  std::string expert_owners;       // --expert-owners FILE: the ranks' experts balanced by FILE's routing
 };
 
 // --trace's prediction (TracePlan::from): the simulated cache over bench's tg test.
@@ -154,9 +155,13 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
     std::printf("ranks      %d (expert parallelism, docs/distributed.md): the figures above are one rank's, the one with the most "
                 "routed experts (%s of %s); dense part and KV on every rank\n",
                 p.ranks, gib(p.rank_experts).c_str(), gib(p.weights.experts).c_str());
-    std::printf("network    %s between the ranks per token (all ranks; %s into each), %d exchanges per token (one per MoE layer)",
+    if (p.rank_load_share)
+      std::printf("load       the busiest rank takes %.1f%% of a MoE layer's routings (mean over the layers; experts balanced by "
+                  "--expert-owners; contiguous blocks: %.1f%%, even: %.1f%%)\n",
+                  100.0 * *p.rank_load_share, 100.0 * *p.contiguous_load_share, 100.0 / p.ranks);
+    std::printf("network    %s between the ranks per token (all ranks; %s into each), %d exchanges per token (%s)",
                 format_bytes(p.net_bytes_per_token).c_str(), format_bytes(p.net_bytes_per_token / static_cast<uint64_t>(p.ranks)).c_str(),
-                p.exchanges_per_token);
+                p.exchanges_per_token, p.exchanges_per_token > 0 && p.leader_broadcasts ? "two per MoE layer: rank 0's broadcast, the gather" : "one per MoE layer");
     if (p.tok_s_ranks)
       std::printf("; decode ~%.1f tok/s (%s read per rank per token at %.1f GB/s, %.1f us per exchange, %.2f GB/s into a rank)\n",
                   *p.tok_s_ranks, format_bytes(p.rank_active_bytes_per_token).c_str(), *p.mem_gbps, *p.link_latency_us, *p.link_gbps);
@@ -271,6 +276,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
     r["link_latency_us"] = p.link_latency_us ? nlohmann::ordered_json(*p.link_latency_us) : nlohmann::ordered_json();
     r["link_gbps"] = p.link_gbps ? nlohmann::ordered_json(*p.link_gbps) : nlohmann::ordered_json();
     r["decode_tok_s"] = p.tok_s_ranks ? nlohmann::ordered_json(*p.tok_s_ranks) : nlohmann::ordered_json();
+    r["rank_load_share"] = p.rank_load_share ? nlohmann::ordered_json(*p.rank_load_share) : nlohmann::ordered_json();
+    r["contiguous_load_share"] = p.contiguous_load_share ? nlohmann::ordered_json(*p.contiguous_load_share) : nlohmann::ordered_json();
     j["expert_parallel"] = std::move(r);
   }
   j["disk_gbps"] = p.disk_gbps ? nlohmann::ordered_json(*p.disk_gbps) : nlohmann::ordered_json();
@@ -365,8 +372,7 @@ void run(const PlanOptions& o) {
   if ((o.link_latency_us && !(*o.link_latency_us >= 0 && *o.link_latency_us <= 1e7)) || (o.link_gbps && !(*o.link_gbps > 0 && *o.link_gbps <= 1e6)))
     throw UsageError("--link-latency-us must be in [0, 1e7] and --link-gbps in (0, 1e6]");
   if ((o.link_latency_us || o.link_gbps) && o.ranks < 2) throw UsageError("--link-latency-us and --link-gbps need --ranks 2 or more");
-  if (o.ranks > 1 && o.parallel > 1)
-    throw UsageError("--ranks plans generate / bench / perplexity runs: serve (--parallel) does not run over several ranks yet");
+  if (!o.expert_owners.empty() && o.ranks < 2) throw UsageError("--expert-owners needs --ranks 2 or more");
   if (o.ranks > 1 && (o.vram_gb != -1 || (o.device != "auto" && o.device != "cpu")))
     throw UsageError("--ranks plans CPU runs: GPU runs over several ranks are not supported yet (--device cpu)");
   if (o.ranks > 1 && !o.trace.empty()) throw UsageError("--trace simulates one process's cache: it cannot be combined with --ranks yet");
@@ -422,6 +428,7 @@ void run(const PlanOptions& o) {
   in.ranks = o.ranks;
   in.link_latency_us = o.link_latency_us;
   in.link_gbps = o.link_gbps;
+  in.expert_owners = o.expert_owners;
   const bool this_machine = o.ram_gb == 0;
   in.available = this_machine ? available_now : static_cast<uint64_t>(o.ram_gb * (1ull << 30));
   uint64_t mem_probe_bytes = 0;  // the buffer the probe read; 0 = not measured
@@ -565,6 +572,9 @@ void register_plan(CLI::App& app) {
   c->add_option_function<double>(
       "--link-latency-us", [o](double v) { o->link_latency_us = v; },
       "With --ranks: microseconds of one MoE layer's exchange between the ranks (spool doctor under mpirun measures it)");
+  c->add_option("--expert-owners", o->expert_owners,
+                 "With --ranks: the experts placed on the ranks balanced by the routing in FILE (an --expert-profile file or a "
+                 "routing trace), as the run's --expert-owners: the busiest rank's share of the routings, and its reads");
   c->add_option_function<double>("--link-gbps", [o](double v) { o->link_gbps = v; },
                                  "With --ranks: GB/s one rank receives from the others (spool doctor under mpirun)");
   c->add_option("-r,--repetitions", o->reps, "With --trace: timed repetitions simulated after one warm-up (default 5)");

@@ -2,6 +2,7 @@
 // error, 2 usage), the documented --json keys, and the llama-bench-style table.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -98,9 +99,35 @@ TEST(PlanCli, RanksSplitTheExpertsAndCountTheExchange) {
   const auto n = nlohmann::json::parse(spool("plan -m " + kDemo + " --json --mem-gbps 10 --ranks 2").out);
   EXPECT_TRUE(n["expert_parallel"]["decode_tok_s"].is_null());
   // Usage errors.
-  for (const char* bad : {"--ranks 0", "--ranks 2 --parallel 2", "--link-gbps 1", "--ranks 2 --link-gbps 0", "--ranks 2 --link-latency-us -3",
+  for (const char* bad : {"--ranks 0", "--expert-owners x.json", "--link-gbps 1", "--ranks 2 --link-gbps 0", "--ranks 2 --link-latency-us -3",
                           "--ranks 2 --link-latency-us -1", "--ranks 2 --vram-gb 8", "--ranks 2 --device cuda", "--ranks 2 --trace x.json"})
     EXPECT_EQ(spool("plan -m " + kDemo + " " + bad).code, 2) << bad;
+}
+
+// --ranks with --parallel plans `mpirun -n N spool serve`: rank 0 also broadcasts each MoE layer's
+// rows (hidden_size floats) and routing (top_k ints) per token, two exchanges per MoE layer.
+// --expert-owners FILE (a profile recorded by generate): the busiest rank's share of the routings
+// under the balanced map, at most the contiguous blocks' and at least even, and that rank's reads.
+TEST(PlanCli, RanksServeAndBalancedOwners) {
+  const auto s = nlohmann::json::parse(spool("plan -m " + kDemo + " --json --mem-gbps 10 --ranks 2 --parallel 2").out);
+  ASSERT_TRUE(s.contains("expert_parallel"));
+  EXPECT_EQ(s["expert_parallel"]["exchanges_per_token"], 16);
+  EXPECT_EQ(s["expert_parallel"]["net_bytes_per_token"].get<uint64_t>(), 8ull * (8 * 256 * 4 + 256 * 4 + 8 * 4));
+  EXPECT_EQ(s["command"].get<std::string>().rfind("mpirun -n 2 spool serve", 0), 0u) << s["command"];
+  const std::string prof = ::testing::TempDir() + "/plan_owners_" + std::to_string(getpid()) + ".json";
+  ASSERT_EQ(spool("generate -p 'The sea' -n 48 --threads 1 --stream --expert-profile " + prof).code, 0);
+  const Result r = spool("plan -m " + kDemo + " --json --mem-gbps 10 --ranks 2 --expert-owners " + prof);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& e = j["expert_parallel"];
+  const double b = e["rank_load_share"].get<double>(), c = e["contiguous_load_share"].get<double>();
+  EXPECT_GE(b, 0.5 - 1e-12);
+  EXPECT_LT(b, c);  // (the recorded routing is skewed: contiguous blocks are uneven)
+  const double expert = j["expert_bytes_per_token"].get<double>(), active = j["active_bytes_per_token"].get<double>();
+  EXPECT_NEAR(e["rank_active_bytes_per_token"].get<double>(), active - expert + expert * b, 1.0);
+  EXPECT_NE(j["command"].get<std::string>().find("--expert-owners " + prof), std::string::npos) << j["command"];
+  EXPECT_EQ(spool("plan -m " + kDemo + " --ranks 2 --expert-owners /nonexistent.json").code, 1);
+  std::remove(prof.c_str());
 }
 
 // --spec mtp counts the head's weights, its KV cache and the step trail's copies of the recurrent

@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <array>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "cli/common.h"
 #include "common/error.h"
 #include "dist/comm.h"
+#include "dist/expert_parallel.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "server/chat_format.h"
@@ -47,11 +50,65 @@ struct ServeOptions {
   std::string trace_out;  // --trace-out
 };
 
+// Under mpirun with several ranks (docs/distributed.md#serving-over-ranks): a start-up step that
+// may fail on one rank alone (binding the port, loading the model) ends with this agreement, so
+// every rank leaves together instead of some waiting in a collective for one that has gone.
+// Called once per rank; throws spool::Error on the ranks that did not fail when another did.
+void agree_started(bool failed) {
+  float f = failed ? 1.0f : 0.0f;
+  dist::world().allreduce_sum(&f, 1);
+  if (!failed && f > 0) fail("%g other rank(s) of this mpirun failed to start serving (see their log lines)", static_cast<double>(f));
+}
+
+// Rank 0 of a serve over ranks: when destroyed (after the server and its engine are gone, so no
+// model step runs any more), tells the following ranks to leave their loop, with exit status 1
+// when the server is ending on an error.
+struct StopFollowers {
+  ~StopFollowers() {
+    dist::ExpertStep st;
+    st.op = dist::StepOp::kExit;
+    st.code = std::uncaught_exceptions() > 0 ? 1 : 0;
+    try {
+      std::array<int64_t, dist::ExpertStep::kWords> w = st.encode();
+      dist::world().broadcast_idle(w.data(), sizeof(w), 0);
+    } catch (const std::exception& e) {
+      log_warn("serve: telling the other ranks to stop failed (%s): ending every rank", e.what());
+      dist::world().abort(1);
+    }
+  }
+};
+
+// A following rank (1 .. N-1) of `mpirun -n N spool serve`: loads the same model with the same
+// options (holding its own share of the experts), then runs its experts' rows of every MoE layer
+// rank 0 announces until rank 0 says stop (Model::serve_experts). SIGINT / SIGTERM (which mpirun
+// forwards to every rank) are left to rank 0, which stops the server and then this loop.
+void follow(const engine::LoadOptions& lo) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::optional<engine::LoadedModel> loaded;
+  try {
+    loaded.emplace(engine::load(lo));
+  } catch (...) {
+    agree_started(true);
+    throw;
+  }
+  agree_started(false);
+  int code = 0;
+  try {
+    code = loaded->model->serve_experts();
+  } catch (const std::exception& e) {  // the ranks are out of step: nothing can go on
+    log_warn("serve: rank %d cannot follow rank 0 (%s): ending every rank", dist::world().rank(), e.what());
+    dist::world().abort(1);
+  }
+  if (code != 0) fail("rank 0 stopped serving on an error (exit status %d; see its log)", code);
+}
+
 void run(const ServeOptions& o) {
-  // Everything that can be checked before loading.
-  if (dist::launched_by_mpi())
-    throw UsageError("serve does not run over several MPI ranks yet (its requests reach rank 0 alone); expert parallelism runs "
-                     "generate, bench and perplexity (docs/distributed.md)");
+  // Everything that can be checked before loading (the same on every rank under mpirun).
+  const bool ranks = dist::launched_by_mpi();
   if (o.port < 0 || o.port > 65535) throw UsageError(strfmt("--port must be in [0, 65535] (got %d)", o.port));
   if (o.ctx_size < 0) throw UsageError(strfmt("--ctx-size must be >= 0 (got %lld)", (long long)o.ctx_size));
   if (o.prefill_step <= 0) throw UsageError(strfmt("--prefill-step-size must be positive (got %lld)", (long long)o.prefill_step));
@@ -101,6 +158,12 @@ void run(const ServeOptions& o) {
       lo.ctx_size = text["max_position_embeddings"].get<int64_t>();
   }
 
+  lo.expert_lead = ranks;
+  if (ranks && dist::world().rank() > 0) {
+    follow(lo);
+    return;
+  }
+
   // Signals go to one thread that stops the server.
   sigset_t set;
   sigemptyset(&set);
@@ -117,8 +180,17 @@ void run(const ServeOptions& o) {
   // --expert-profile: saved every kProfileSaveSeconds while traffic comes, and once more when the
   // server stops (declared before `http`: destroyed after it, so after the last step has run).
   std::optional<experts::ProfileSaver> profile_saver;
+  // Over ranks: once every rank has started, the followers are told to stop when this run ends
+  // (declared before `http`: after the engine's last step).
+  std::optional<StopFollowers> stop_followers;
   server::HttpServer http(ho);
-  const int port = http.bind();
+  int port = 0;
+  try {
+    port = http.bind();
+  } catch (...) {
+    if (ranks) agree_started(true);
+    throw;
+  }
   // The signal thread is joined before `http` goes away: when run() ends for another reason
   // (a load error), it is woken with SIGUSR1 sent to it alone and exits without touching `http`.
   sigaddset(&set, SIGUSR1);
@@ -139,8 +211,14 @@ void run(const ServeOptions& o) {
   } join_signals{signals};
   std::thread listener([&http] { http.listen(); });
   std::fprintf(stderr, "spool: listening on http://%s:%d (loading %s)\n", o.host.c_str(), port, dir.c_str());
+  bool agreed = false;
   try {
     engine::LoadedModel loaded = engine::load(lo);
+    if (ranks) {
+      agreed = true;
+      agree_started(false);
+      stop_followers.emplace();
+    }
     if (loaded.profile) profile_saver.emplace(loaded.profile, loaded.profile_path, kProfileSaveSeconds);
     auto e = server::make_serving_engine(std::move(loaded), eo);
     std::fprintf(stderr, "spool: ready: model %s, context %lld, %d slot(s), load %.2f s\n", eo.model_name.c_str(),
@@ -148,6 +226,7 @@ void run(const ServeOptions& o) {
                  e->loaded.load_s);
     http.set_engine(std::move(e));
   } catch (...) {
+    if (ranks && !agreed) agree_started(true);
     http.stop();
     listener.join();
     throw;

@@ -55,6 +55,15 @@ class Comm {
   virtual void broadcast(void* p, size_t bytes, int root) = 0;
   /// Returns when every rank has called it.
   virtual void barrier() = 0;
+  /// broadcast() for ranks that may wait long (a follower between a server's requests): a waiting
+  /// rank polls the transfer and sleeps between polls once it has waited 20 ms (a millisecond at
+  /// a time; 5 ms after a second), instead of spinning on a core. Every rank of one such broadcast must call
+  /// broadcast_idle (MPI matches a nonblocking collective only with nonblocking ones). Bytes up to
+  /// 1 GiB.
+  virtual void broadcast_idle(void* p, size_t bytes, int root) { broadcast(p, bytes, root); }
+  /// Ends the processes of every rank with exit status `code` (MPI_Abort): for an error after
+  /// which the ranks cannot stay in step. Does not return.
+  [[noreturn]] virtual void abort(int code) = 0;
 
  protected:
   CommStats stats_;

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <numeric>
+#include <thread>
 
 #include "common/error.h"
 #include "dist/comm.h"
@@ -61,7 +62,10 @@ class MpiComm final : public Comm {
     check(MPI_Initialized(&inited), "MPI_Initialized");
     if (!inited) {
       int provided = 0;
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      // SERIALIZED: one thread at a time, not always the one that initialised (a server's engine
+      // thread runs the model; its main thread tells the followers to stop).
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      if (provided < MPI_THREAD_SERIALIZED) fail("this MPI library gives thread level %d, below MPI_THREAD_SERIALIZED", provided);
       std::atexit([] {
         int fin = 0;
         MPI_Finalized(&fin);
@@ -143,6 +147,33 @@ class MpiComm final : public Comm {
   void barrier() override {
     Timed t(stats_);
     check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  }
+
+  void broadcast_idle(void* p, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) fail("broadcast_idle: root %d outside 0..%d", root, size_ - 1);
+    if (bytes > (size_t{1} << 30)) fail("broadcast_idle: %zu bytes (at most 1 GiB)", bytes);
+    const auto t0 = std::chrono::steady_clock::now();
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Ibcast(p, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req), "MPI_Ibcast");
+    for (int done = 0;;) {
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) break;
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      if (waited > std::chrono::seconds(1)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // idle: a first step after it waits 5 ms at most
+      } else if (waited > std::chrono::milliseconds(20)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    // (Counted from the start: a follower's idle wait is time in collectives too.)
+    ++stats_.calls;
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank_ != root) stats_.bytes_received += bytes;
+  }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // (MPI_Abort should not return)
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -173,7 +174,9 @@ void keep_experts_out_of_page_cache(const io::Checkpoint& ck) {
 // (WeightBytes::embed_on_demand) stays out, and so do the routed experts outside `owned` (expert
 // ids [first, last): under expert parallelism a rank reads only its own; a layer's experts fused
 // in one tensor are populated whole).
-void populate_resident_weights(const io::Checkpoint& ck, std::pair<int, int> owned = {0, INT_MAX}) {
+// Populates the pages of every tensor but the routed experts `owned` says this rank does not hold
+// (owned(layer, expert); empty: all).
+void populate_resident_weights(const io::Checkpoint& ck, const std::function<bool(int, int)>& owned = {}) {
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
@@ -185,7 +188,7 @@ void populate_resident_weights(const io::Checkpoint& ck, std::pair<int, int> own
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(ck.shards().size());
   for (const auto& t : ck.tensors()) {
     if (t.nbytes == 0 || std::find(embed.begin(), embed.end(), &t) != embed.end()) continue;
-    if (t.expert_layer >= 0 && t.expert_id >= 0 && (t.expert_id < owned.first || t.expert_id >= owned.second)) continue;
+    if (owned && t.expert_layer >= 0 && t.expert_id >= 0 && !owned(t.expert_layer, t.expert_id)) continue;
     ranges[t.shard].emplace_back(t.offset / page * page, (t.offset + t.nbytes + page - 1) / page * page);
   }
   for (size_t s = 0; s < ranges.size(); ++s) {
@@ -309,6 +312,12 @@ void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
   so.top_k = spec.moe.top_k;
   if (!opt.pin_file.empty()) so.pins = read_pin_file(opt.pin_file);
   if (stored != nullptr) so.warm = experts::hottest(*stored);
+  if (l.expert_parallel.active()) {  // (this rank holds and reads only its own experts)
+    const dist::ExpertParallel& ep = l.expert_parallel;
+    const auto foreign = [&](const std::pair<int, int>& le) { return ep.owner(le.first, le.second, spec.moe.n_experts) != ep.comm->rank(); };
+    std::erase_if(so.warm, foreign);
+    std::erase_if(so.pins, foreign);
+  }
   if (p.pinned_tier) so.pin_with = backend.get();
   l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
                                                             spec.moe.intermediate, so);
@@ -545,9 +554,27 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   // Started by mpirun with several ranks: expert parallelism over them (docs/distributed.md).
   if (dist::launched_by_mpi()) {
     dist::Comm& w = dist::world();
-    l.model->set_comm(&w);
-    const auto [lo, hi] = dist::owned_experts(w.rank(), spec.moe.n_experts, w.size());
-    log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here", w.rank(), w.size(), w.name(), lo, hi, spec.moe.n_experts);
+    dist::ExpertParallel ep;
+    ep.comm = &w;
+    ep.lead = opt.expert_lead;
+    if (!opt.expert_owners.empty())
+      ep.owners = std::make_shared<const dist::ExpertOwners>(dist::ExpertOwners::balanced(
+          experts::routing_load(opt.expert_owners, spec.n_layers + spec.mtp_layers, spec.moe.n_experts), spec.moe.n_experts, w.size()));
+    l.model->set_expert_parallel(ep);
+    l.expert_parallel = ep;
+    if (ep.owners != nullptr) {
+      int most = 0;
+      for (int layer : moe_layers_of(spec)) most = std::max(most, static_cast<int>(ep.owners->owned(layer, w.rank()).size()));
+      log_info("expert parallelism: rank %d of %d (%s), experts %s (--expert-owners %s): at most %d of %d per layer here%s", w.rank(),
+               w.size(), w.name(), ep.owners->describe().c_str(), opt.expert_owners.c_str(), most, spec.moe.n_experts,
+               ep.lead ? "; rank 0 leads" : "");
+    } else {
+      const auto [lo, hi] = dist::owned_experts(w.rank(), spec.moe.n_experts, w.size());
+      log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here%s", w.rank(), w.size(), w.name(), lo, hi,
+               spec.moe.n_experts, ep.lead ? "; rank 0 leads" : "");
+    }
+  } else if (!opt.expert_owners.empty()) {
+    log_warn("--expert-owners places experts on the ranks of an mpirun; this is one process: it has no effect");
   }
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
@@ -631,9 +658,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   if (placement.stream) {
     build_streaming(l, opt, placement, moe_layers, backend, stored ? &*stored : nullptr);
   } else {
-    populate_resident_weights(*l.ckpt, dist::launched_by_mpi()
-                                           ? dist::owned_experts(dist::world().rank(), spec.moe.n_experts, dist::world().size())
-                                           : std::pair<int, int>{0, INT_MAX});
+    const dist::ExpertParallel& ep = l.expert_parallel;
+    populate_resident_weights(*l.ckpt, ep.active() ? std::function<bool(int, int)>([&](int layer, int e) {
+                                return ep.owner(layer, e, spec.moe.n_experts) == ep.comm->rank();
+                              })
+                                                   : std::function<bool(int, int)>{});
     if (!opt.pin_file.empty()) {
       hot = read_pin_file(opt.pin_file);  // (a clear error if the file is missing or malformed, used or not)
       if (placement.vram != plan::VramTier::kStatic)

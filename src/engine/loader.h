@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/expert_parallel.h"
 #include "engine/device.h"  // the device helpers (cuda_devices, resolve_device, gpu_info, ...)
 #include "experts/routing_trace.h"
 #include "experts/streaming.h"
@@ -84,6 +85,11 @@ struct LoadOptions {
   std::string expert_profile;          // --expert-profile FILE: warm the streaming cache from it and record this run's
                                        // routing into LoadedModel::profile ("" = none; docs/streaming.md#warm-starts)
   double expert_profile_half_life = experts::kDefaultProfileHalfLife;  // --expert-profile-half-life, tokens
+  std::string expert_owners;           // --expert-owners FILE: under mpirun, each MoE layer's experts placed on the ranks
+                                       // balanced by the routing in FILE (an expert profile or a routing trace); "" =
+                                       // contiguous blocks (docs/distributed.md)
+  bool expert_lead = false;            // under mpirun: rank 0 leads and the other ranks follow (serve over ranks:
+                                       // dist::ExpertParallel::lead; they then run Model::serve_experts)
   bool warm_page_cache = false;        // --warm-page-cache: read the model files into the page cache in the background
                                        // when they fit (LoadedModel::warmer)
 };
@@ -126,6 +132,9 @@ struct LoadedModel {
   /// streamed through a cache, or the file belongs to another model (left untouched).
   std::shared_ptr<experts::ExpertProfile> profile;
   std::string profile_path;       // where `profile` is saved (save_expert_profile, experts::ProfileSaver)
+  /// Expert parallelism under mpirun (docs/distributed.md): the communicator, the owners of the
+  /// experts and the mode, as the model was given them (no comm: one process).
+  dist::ExpertParallel expert_parallel;
   /// --warm-page-cache: the background reader (null when not started). Destroying it stops it.
   std::unique_ptr<io::PageCacheWarmer> warmer;
 };

@@ -1,6 +1,8 @@
 #include "experts/expert_profile.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/splitmix.h"
+#include "experts/routing_trace.h"
 #include "io/checkpoint.h"
 
 namespace spool::experts {
@@ -321,6 +324,49 @@ bool ProfileSaver::save_if_changed(bool announce) {
       log_info("expert profile saved to %s (%llu tokens recorded in all, %.0f after decay)", path_.c_str(),
              (unsigned long long)d.tokens_total, d.weight);
   return true;
+}
+
+std::vector<std::vector<double>> routing_load(const std::string& path, int n_layers, int n_experts) {
+  std::string first;
+  {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) fail("%s: cannot open: %s", path.c_str(), std::strerror(errno));
+    char buf[4096];
+    const size_t n = std::fread(buf, 1, sizeof(buf), f);
+    std::fclose(f);
+    first.assign(buf, n);
+  }
+  std::vector<std::vector<double>> load(static_cast<size_t>(n_layers));
+  const auto check_shape = [&](int file_experts, const std::vector<int>& layers) {
+    if (file_experts != n_experts) fail("%s: routing of %d experts per layer; this model has %d", path.c_str(), file_experts, n_experts);
+    for (int l : layers)
+      if (l < 0 || l >= n_layers) fail("%s: MoE layer %d; this model has %d layers", path.c_str(), l, n_layers);
+  };
+  double total = 0;
+  if (first.find("spool-routing-trace") != std::string::npos && first.find("spool-routing-trace") < first.find('\n')) {
+    const Trace t = read_trace(path);
+    check_shape(t.shape.n_experts, t.shape.moe_layers);
+    for (int o = 0; o < t.n_moe(); ++o) {
+      std::vector<double>& c = load[static_cast<size_t>(t.shape.moe_layers[static_cast<size_t>(o)])];
+      c.assign(static_cast<size_t>(n_experts), 0.0);
+      for (int64_t tok = 0; tok < t.n_tokens; ++tok) {
+        const int* e = t.experts_of(tok, o);
+        for (int k = 0; k < t.shape.top_k; ++k) c[static_cast<size_t>(e[k])] += 1;
+      }
+      total += static_cast<double>(t.n_tokens) * t.shape.top_k;
+    }
+  } else {
+    const ProfileData d = read_profile(path);
+    check_shape(d.shape.n_experts, d.shape.moe_layers);
+    for (size_t o = 0; o < d.shape.moe_layers.size(); ++o) {
+      std::vector<double>& c = load[static_cast<size_t>(d.shape.moe_layers[o])];
+      c.assign(d.counts.begin() + static_cast<ptrdiff_t>(o * static_cast<size_t>(n_experts)),
+               d.counts.begin() + static_cast<ptrdiff_t>((o + 1) * static_cast<size_t>(n_experts)));
+      for (double v : c) total += v;
+    }
+  }
+  if (!(total > 0)) fail("%s: no routing recorded (every count is 0)", path.c_str());
+  return load;
 }
 
 }  // namespace spool::experts

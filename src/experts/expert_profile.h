@@ -66,6 +66,14 @@ void write_profile(const std::string& path, const ProfileData& d);
 /// lower expert).
 std::vector<std::pair<int, int>> hottest(const ProfileData& d);
 
+/// How often each routed expert of each layer was routed to, from `path`: an expert profile
+/// (read_profile: its decayed counts) or a routing trace (docs/routing-trace.md: its records
+/// counted), told apart by the first line's "format". [n_layers][n_experts] for a model of
+/// `n_layers` layers (MTP layers after them included) and `n_experts` experts: the file's MoE
+/// layers filled, the others empty. Throws spool::Error naming the file for a file of neither
+/// format, one of another expert count, a MoE layer at or beyond n_layers, or no routing at all.
+std::vector<std::vector<double>> routing_load(const std::string& path, int n_layers, int n_experts);
+
 /// A fingerprint of the routing function: a 64-bit hash (16 hex digits) of the names, shapes
 /// and bytes of the router tensors of `moe_layers` (tensors "layers.L.[...].{stem}.*" with
 /// `router_stem` e.g. "mlp.gate" or "gate", the router weight name without ".weight"). A

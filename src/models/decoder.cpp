@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "dist/comm.h"
 #include "experts/predictor.h"
 #include "experts/resident.h"
@@ -370,7 +372,7 @@ void DecoderModel::forward_batch(std::span<const SeqStep> seqs) {
     // hidden behind the other's compute. Hooks see one row numbering: they run unpipelined
     // (but an on_route that takes any order, ForwardHooks::on_route_any_order).
     // (Not with expert parallelism: the ranks' collectives must come in one order from one thread.)
-    const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ && (comm_ == nullptr || comm_->size() == 1) &&
+    const bool pipelined = n_seqs >= 2 && N <= kPipelineMaxRows && provider_ != resident_ && !ep_.active() &&
                            be_->device() == ops::Device::kCpu && !hooks.on_hidden && !hooks.on_ffn_input && (!hooks.on_route || hooks.on_route_any_order) &&
                            !hooks.on_margin;
     if (pipelined) {
@@ -442,13 +444,54 @@ void DecoderModel::run_pipelined(const Scratch& s, std::span<const Part> parts) 
 }
 
 void DecoderModel::set_comm(dist::Comm* comm) {
-  if (comm != nullptr && comm->size() > 1) {
+  dist::ExpertParallel ep;
+  ep.comm = comm;
+  set_expert_parallel(ep);
+}
+
+void DecoderModel::set_expert_parallel(const dist::ExpertParallel& ep) {
+  if (ep.active()) {
+    const int R = ep.comm->size();
     if (be_->device() != ops::Device::kCpu)
-      fail("expert parallelism over %d ranks runs on the CPU backend (the MPI communicator moves host memory; --device cpu)", comm->size());
-    if (spec_.moe.n_experts < comm->size())
-      fail("expert parallelism: %d routed experts cannot be split over %d ranks", spec_.moe.n_experts, comm->size());
+      fail("expert parallelism over %d ranks runs on the CPU backend (the MPI communicator moves host memory; --device cpu)", R);
+    if (spec_.moe.n_experts < R) fail("expert parallelism: %d routed experts cannot be split over %d ranks", spec_.moe.n_experts, R);
+    if (ep.owners != nullptr && (ep.owners->n_experts() != spec_.moe.n_experts || ep.owners->ranks() != R))
+      fail("expert parallelism: the expert owners map %d experts over %d ranks; the model has %d experts, the communicator %d ranks",
+           ep.owners->n_experts(), ep.owners->ranks(), spec_.moe.n_experts, R);
   }
-  comm_ = comm;
+  ep_ = ep;
+}
+
+int DecoderModel::serve_experts() {
+  if (!ep_.active() || !ep_.lead || ep_.comm->rank() == 0) fail("serve_experts: this rank does not follow a leading rank 0");
+  dist::Comm& comm = *ep_.comm;
+  const int64_t H = spec_.hidden_size;
+  std::vector<float> x, lora;
+  std::vector<int> ids;
+  for (;;) {
+    std::array<int64_t, dist::ExpertStep::kWords> w{};
+    comm.broadcast_idle(w.data(), sizeof(w), 0);
+    const dist::ExpertStep st = dist::ExpertStep::decode(w);
+    if (st.op == dist::StepOp::kExit) return static_cast<int>(st.code);
+    if (st.layer >= static_cast<int64_t>(layers_.size()) || layers_[static_cast<size_t>(st.layer)].ffn->routed_block() == nullptr || st.hidden != H)
+      fail("expert step: layer %lld with rows of %lld floats, but this model's layer %lld is no MoE layer of hidden size %lld (do the ranks "
+           "run the same model?)",
+           (long long)st.layer, (long long)st.hidden, (long long)st.layer, (long long)H);
+    if (st.rows > ws_tokens_) reserve_workspace(st.rows, std::max(ws_seqs_, 1));  // (as forward_batch grows it)
+    x.resize(static_cast<size_t>(st.rows * H));
+    ids.resize(static_cast<size_t>(st.rows * st.top_k));
+    lora.resize(static_cast<size_t>(st.rows * st.lora_n));
+    comm.broadcast(x.data(), x.size() * sizeof(float), 0);
+    comm.broadcast(ids.data(), ids.size() * sizeof(int), 0);
+    if (st.lora_n > 0) comm.broadcast(lora.data(), lora.size() * sizeof(float), 0);
+    try {
+      layers_[static_cast<size_t>(st.layer)].ffn->routed_block()->serve_step(x.data(), ids.data(), st.rows, static_cast<int>(st.top_k),
+                                                                    st.lora_n > 0 ? lora.data() : nullptr, static_cast<int>(st.lora_n),
+                                                                    static_cast<int>(st.layer), *provider_, *be_, ws_, ep_);
+    } catch (const Error& e) {  // (after the gather: the ranks are still in step)
+      log_warn("expert parallelism: rank %d, MoE layer %lld: %s", comm.rank(), (long long)st.layer, e.what());
+    }
+  }
 }
 
 void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part> parts, ops::Workspace& ws,
@@ -464,7 +507,7 @@ void DecoderModel::run_layers(const Scratch& s, int64_t N, std::span<const Part>
   step.on_route = &hooks.on_route;
   step.on_margin = &hooks.on_margin;
   step.between = &between;
-  step.comm = comm_;
+  step.ep = &ep_;
   bool pending = false;
   for (int i = 0; i < spec_.n_layers; ++i) {
     if (hooks.on_hidden) {  // (observers see the whole residual stream)
@@ -540,8 +583,8 @@ void DecoderModel::set_expert_predictor(std::shared_ptr<const experts::ExpertPre
 }
 
 void DecoderModel::hint_owned(int layer, std::vector<int> ids) {
-  if (comm_ != nullptr && comm_->size() > 1)  // (this rank reads its own experts only)
-    std::erase_if(ids, [&](int e) { return dist::expert_owner(e, spec_.moe.n_experts, comm_->size()) != comm_->rank(); });
+  if (ep_.active())  // (this rank reads its own experts only)
+    std::erase_if(ids, [&](int e) { return ep_.owner(layer, e, spec_.moe.n_experts) != ep_.comm->rank(); });
   if (!ids.empty()) provider_->hint(layer, ids);
 }
 
@@ -678,7 +721,7 @@ void DecoderModel::mtp_forward(const MtpStep& q) {
   step.on_route = &no_route;
   step.on_margin = &no_margin;
   step.between = &no_between;
-  step.comm = comm_;
+  step.ep = &ep_;
   try {
     // Qwen3.5 stacks its MTP layers; DeepSeek's nextn layers are one module each (the first drafts).
     const int n = mtp_stacked_ ? spec_.mtp_layers : 1;

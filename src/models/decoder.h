@@ -55,6 +55,8 @@ class DecoderModel : public Model {
   void set_max_active_experts(int k) override;
   void set_next_layer_prefetch(int m) override { next_prefetch_ = m > 0 ? m : 0; }
   void set_comm(dist::Comm* comm) override;
+  void set_expert_parallel(const dist::ExpertParallel& ep) override;
+  int serve_experts() override;
   void set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool route_by) override;
   int predictor_source(int layer) const override;
   void router_as_linear(int layer, std::vector<float>* w, std::vector<float>* b) override;
@@ -147,7 +149,7 @@ class DecoderModel : public Model {
   std::shared_ptr<experts::ExpertProvider> resident_, provider_;
   int top_k_ = 0;
   int next_prefetch_ = 0;  // set_next_layer_prefetch
-  dist::Comm* comm_ = nullptr;  // set_comm: expert parallelism over its ranks (null: none)
+  dist::ExpertParallel ep_;  // set_expert_parallel: expert parallelism over its ranks (no comm: none)
   std::shared_ptr<const experts::ExpertPredictor> predictor_;  // set_expert_predictor (null: none)
   bool route_by_predictor_ = false;
   // The next MoE layer's guess inside layer i's FFN (next-layer prefetch and --route-by-predictor):

@@ -34,7 +34,7 @@ void MoeFfn::forward(const float* x, const float* residual, int64_t N, const Ffn
                      ops::Workspace& ws) const {
   // All rows of the step together: each routed expert acquired once.
   moe_.forward(x, N, step.layer, step.top_k, *step.provider, *step.on_route, *step.on_margin, out, be, ws, *step.between,
-               residual, step.route_override, step.row0, step.after_prepare, &step.within, step.comm);
+               residual, step.route_override, step.row0, step.after_prepare, &step.within, step.ep);
 }
 
 void ParallelDenseMoeFfn::bind_layer(const io::Checkpoint& ck, const ModelSpec& spec, int layer) {
@@ -82,7 +82,7 @@ void ParallelDenseMoeFfn::forward(const float* x, const float* residual, int64_t
   be.rms_norm(out, post1_p_, N, H, eps_, out);
   be.rms_norm(residual, pre2_p_, N, H, eps_, x2);
   moe_.forward(x2, N, step.layer, step.top_k, *step.provider, *step.on_route, *step.on_margin, y2, be, ws, *step.between,
-               residual, step.route_override, step.row0, step.after_prepare, &step.within, step.comm);
+               residual, step.route_override, step.row0, step.after_prepare, &step.within, step.ep);
   be.rms_norm(y2, post2_p_, N, H, eps_, y2);
   be.add(out, y2, N * H);
 }

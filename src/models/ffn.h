@@ -62,6 +62,7 @@ class ParallelDenseMoeFfn final : public Ffn {
   void forward(const float* x, const float* residual, int64_t N, const FfnStep& step, float* out, ops::Backend& be,
                ops::Workspace& ws) const override;
   bool routed() const override { return true; }
+  const MoeBlock* routed_block() const override { return &moe_; }
 
  private:
   DenseMlp mlp_;

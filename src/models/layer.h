@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
+#include "dist/expert_parallel.h"
 #include "experts/provider.h"
 #include "io/checkpoint.h"
 #include "models/spec.h"
@@ -98,9 +98,9 @@ struct FfnStep {
   /// This layer's routing restriction (--route-by-predictor), and the next MoE layer's, which
   /// the decoder fills one layer ahead and moves here when that layer starts.
   RouteWithin within, within_next;
-  /// Expert parallelism (Model::set_comm): the ranks the routed experts are split over; null or
-  /// one rank: all experts here.
-  dist::Comm* comm = nullptr;
+  /// Expert parallelism (Model::set_expert_parallel): the ranks the routed experts are split
+  /// over and their owners; null or one rank: all experts here.
+  const dist::ExpertParallel* ep = nullptr;
 };
 
 /// A layer's feed-forward block. Implementations: DenseFfn, MoeFfn, ParallelDenseMoeFfn.
@@ -123,6 +123,9 @@ class Ffn {
   /// The MoE block whose router reads the decoder's normed FFN input (MoeFfn), for next-layer
   /// prefetch; null for other blocks.
   virtual const MoeBlock* moe() const { return nullptr; }
+  /// The block of the layer's routed experts, whatever else the FFN runs (moe() is null for an FFN
+  /// that is more than its MoE block); what a following rank runs (Model::serve_experts).
+  virtual const MoeBlock* routed_block() const { return moe(); }
 };
 
 /// The token mixer of ModelSpec::mixers[layer], unbound (`gdn_layout`: the Gated DeltaNet

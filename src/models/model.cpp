@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include "dist/expert_parallel.h"
+
 #include "common/error.h"
 #include "dist/comm.h"
 #include "models/bind.h"
@@ -42,6 +44,12 @@ void Model::mtp_forward(const MtpStep&) {
 void Model::set_comm(dist::Comm* comm) {
   if (comm != nullptr && comm->size() > 1) fail("this model type does not run expert-parallel over several ranks");
 }
+
+void Model::set_expert_parallel(const dist::ExpertParallel& ep) {
+  if (ep.active()) fail("this model type does not run expert-parallel over several ranks");
+}
+
+int Model::serve_experts() { fail("this model type does not run expert-parallel over several ranks"); }
 
 void Model::set_expert_predictor(std::shared_ptr<const experts::ExpertPredictor> p, bool) {
   if (p != nullptr) fail("this model cannot use an expert predictor (it has no routed experts read through a router)");

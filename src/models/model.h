@@ -21,6 +21,7 @@ class ExpertPredictor;
 }
 namespace spool::dist {
 class Comm;
+struct ExpertParallel;
 }
 
 namespace spool::models {
@@ -130,6 +131,19 @@ class Model {
   /// experts here. Throws spool::Error for several ranks on a GPU backend (MPI moves host memory)
   /// or a model type without routed experts.
   virtual void set_comm(dist::Comm* comm);
+  /// set_comm() with the owners of the experts (dist::ExpertOwners: null = contiguous blocks) and
+  /// the mode: ep.lead makes rank 0 announce each MoE layer's input rows and routing to the other
+  /// ranks, which run serve_experts() instead of the model (`spool serve` over ranks). Throws as
+  /// set_comm(), and for owners of another expert or rank count.
+  virtual void set_expert_parallel(const dist::ExpertParallel& ep);
+  /// A following rank's loop under a leading rank 0 (set_expert_parallel with lead): waits for
+  /// each announced MoE layer (dist::ExpertStep), runs this rank's experts' rows of it and takes
+  /// part in the gather, until rank 0 announces the end; returns the exit status it sent. An
+  /// error computing one layer is logged and the loop goes on (rank 0's step fails with it); an
+  /// error that leaves the ranks out of step (a malformed descriptor, an MPI error) throws
+  /// spool::Error: the caller must end every rank then (Comm::abort). Throws spool::Error
+  /// without a leading communicator.
+  virtual int serve_experts();
   /// A trained expert predictor (experts::ExpertPredictor, --predictor): where it has a head
   /// for the next MoE layer, the next-layer prefetch reads the head's m best experts instead of
   /// the next router's. With `route_by` (--route-by-predictor, not exact), each MoE layer with a

@@ -1,10 +1,15 @@
 #include "models/moe.h"
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <cmath>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "dist/comm.h"
+#include "dist/expert_parallel.h"
+#include "ops/lora.h"
 #include "models/bind.h"
 #include "ops/cpu_backend.h"
 
@@ -139,11 +144,15 @@ ops::RouterParams MoeBlock::router_params() const {
   return r;
 }
 
+namespace {
+void announce(const dist::ExpertParallel& ep, int layer, const float* x, int64_t T, int K, int64_t H, const int* ids, bool expert_lora);
+}  // namespace
+
 void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                        const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                        ops::Workspace& ws, const std::function<void()>& between, const float* residual,
                        const RouteOverride* route_override, int64_t row0,
-                       const std::function<void()>* after_prepare, const RouteWithin* within, dist::Comm* comm) const {
+                       const std::function<void()>* after_prepare, const RouteWithin* within, const dist::ExpertParallel* epp) const {
   ops::WorkspaceScope scope(ws);
   const int E = m_.n_experts, K = top_k, H = hidden_;
   const Scratch s = Scratch::take(ws, m_, H, T, K);
@@ -179,7 +188,7 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // Any router (softmax top-k, or the general one of route_grouped_top_k), SwiGLU experts without biases.
   const bool plain = !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const bool forced = route_override != nullptr && *route_override;
-  const bool ep = comm != nullptr && comm->size() > 1;  // expert parallelism: this rank's experts only
+  const bool ep = epp != nullptr && epp->active();  // expert parallelism: this rank's experts only
   if (ep && be.device() != ops::Device::kCpu) fail("MoeBlock: expert parallelism runs on CPU backends");
   const void* table = ep || margins || observer || forced || restricted || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
@@ -243,16 +252,19 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // provider can hold at once (a streaming cache may be smaller than a prefill chunk's expert
   // set), each batch released before the next.
   const ops::ExpertGroups groups = ops::group_by_expert(s.ids, T, K, E);
-  // The active experts this process runs: all, or (expert parallelism) its rank's, which are one
-  // ascending range of them (dist::expert_owner), so its rows of s.y are one range too.
-  size_t a_lo = 0, a_hi = groups.active.size();
-  if (ep) {
-    const auto owner = [&](size_t a) { return dist::expert_owner(groups.active[a], E, comm->size()); };
-    while (a_lo < a_hi && owner(a_lo) < comm->rank()) ++a_lo;
-    size_t h = a_lo;
-    while (h < a_hi && owner(h) == comm->rank()) ++h;
-    a_hi = h;
+  if (ep) {  // this rank's experts' rows, every rank's gathered (run_owned), then the one-process combine
+    if (epp->lead) announce(*epp, layer, x, T, K, H, s.ids, expert_lora_ != nullptr);
+    const std::function<void()> while_reading = [&] {
+      if (after_prepare != nullptr && *after_prepare) (*after_prepare)();
+      if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
+      if (between) between();
+    };
+    run_owned(groups, x, layer, provider, be, s.y, *epp, while_reading, nullptr);
+    be.moe_combine(s.y, groups, s.weights, H, out);
+    if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
+    return;
   }
+  const size_t a_lo = 0, a_hi = groups.active.size();
   const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
   // On a CPU backend with every expert in memory (no reads to hide) the shared expert runs as one
   // more expert, with every token's row, in the routed experts' expert_ffn call: the same kernels
@@ -323,12 +335,168 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   // (HF adds in ascending expert id; rank order differs only by float rounding and makes
   // the result independent of how experts are numbered, so a repacked checkpoint whose
   // experts and router rows are permuted together gives bit-identical output.)
-  if (ep) {  // every rank's rows of s.y (rank order = ascending experts = s.y's row order)
-    const int64_t r0 = groups.first[a_lo], r1 = groups.first[a_hi];
-    comm->allgather_rows_in_place(s.y, r0, r1 - r0, T * K, H);
-  }
   be.moe_combine(s.y, groups, s.weights, H, out);
   if (shared_.bound()) be.add_gated_rows(out, shared_out, x, shared_gate_p_, T, H);
+}
+
+namespace {
+
+// The leader's announcement of one MoE layer (ExpertParallel::lead): the step descriptor, then
+// the input rows, the routing and the rows' LoRA scales. An MPI error here leaves the ranks out
+// of step: every rank's process ends (Comm::abort).
+void announce(const dist::ExpertParallel& ep, int layer, const float* x, int64_t T, int K, int64_t H, const int* ids, bool expert_lora) {
+  const ops::LoraRowScales* lr = expert_lora ? ops::lora_rows() : nullptr;
+  if (lr != nullptr && lr->rows < T) lr = nullptr;  // (not this step's rows: the defaults)
+  dist::ExpertStep st;
+  st.op = dist::StepOp::kExperts;
+  st.layer = layer;
+  st.rows = T;
+  st.top_k = K;
+  st.hidden = H;
+  st.lora_n = lr != nullptr ? lr->n_adapters : 0;
+  try {
+    std::array<int64_t, dist::ExpertStep::kWords> w = st.encode();
+    ep.comm->broadcast_idle(w.data(), sizeof(w), 0);
+    ep.comm->broadcast(const_cast<float*>(x), static_cast<size_t>(T * H) * sizeof(float), 0);
+    ep.comm->broadcast(const_cast<int*>(ids), static_cast<size_t>(T * K) * sizeof(int), 0);
+    if (lr != nullptr) ep.comm->broadcast(const_cast<float*>(lr->scales), static_cast<size_t>(T * lr->n_adapters) * sizeof(float), 0);
+  } catch (const std::exception& e) {
+    log_warn("expert parallelism: announcing MoE layer %d to the other ranks failed (%s); ending every rank", layer, e.what());
+    ep.comm->abort(1);
+  }
+}
+
+}  // namespace
+
+void MoeBlock::run_owned(const ops::ExpertGroups& groups, const float* x, int layer, experts::ExpertProvider& provider, ops::Backend& be,
+                         float* y, const dist::ExpertParallel& ep, const std::function<void()>& while_reading, std::exception_ptr failed) const {
+  dist::Comm& comm = *ep.comm;
+  const int me = comm.rank(), R = comm.size(), E = m_.n_experts;
+  const int64_t H = hidden_, total = groups.T * groups.K;
+  // This rank's experts' pairs as groups of their own (ascending experts, rows from 0), and every
+  // rank's row count (all ranks compute all of them: the gather's expected layout).
+  ops::ExpertGroups mine;
+  mine.T = groups.T;
+  mine.K = groups.K;
+  mine.first.push_back(0);
+  std::vector<int64_t> want(static_cast<size_t>(R), 0);
+  int64_t r0 = -1;  // the first row of s.y this rank's rows start at (contiguous owners)
+  for (size_t a = 0; a < groups.active.size(); ++a) {
+    const int e = groups.active[a];
+    const int o = ep.owner(layer, e, E);
+    const int64_t n = groups.first[a + 1] - groups.first[a];
+    want[static_cast<size_t>(o)] += n;
+    if (o != me) continue;
+    if (r0 < 0) r0 = groups.first[a];
+    mine.active.push_back(e);
+    mine.rows.insert(mine.rows.end(), groups.rows.begin() + groups.first[a], groups.rows.begin() + groups.first[a + 1]);
+    mine.first.push_back(static_cast<int64_t>(mine.rows.size()));
+  }
+  const int64_t n_mine = static_cast<int64_t>(mine.rows.size());
+  // Contiguous owners: each rank's rows are one range of y in rank order, gathered in place.
+  // A map: this rank's rows go to a buffer of their own, and the gathered rows are put back
+  // where one process has them.
+  const bool in_place = ep.owners == nullptr || ep.owners->contiguous();
+  if (r0 < 0) {
+    r0 = 0;
+    for (int r = 0; r < me; ++r) r0 += want[static_cast<size_t>(r)];
+  }
+  thread_local std::vector<float> own_rows, gathered;
+  if (!in_place) own_rows.resize(static_cast<size_t>(n_mine * H));
+  float* dst = in_place ? y + r0 * H : own_rows.data();
+  if (!failed) {
+    try {
+      const size_t batch = static_cast<size_t>(std::max(1, provider.max_batch()));
+      const std::span<const int> first(mine.active.data(), std::min(batch, mine.active.size()));
+      provider.prepare(layer, first);
+      try {
+        if (while_reading) while_reading();
+      } catch (...) {
+        provider.unprepare(layer, first);
+        throw;
+      }
+      std::vector<experts::ExpertWeights> w(std::min(batch, mine.active.size()));
+      for (size_t b0 = 0; b0 < mine.active.size(); b0 += batch) {
+        const size_t nb = std::min(batch, mine.active.size() - b0);
+        provider.acquire(layer, std::span<const int>(mine.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
+        for (size_t j = 0; j < nb; ++j) {
+          const int e = mine.active[b0 + j];
+          if (expert_lora_ != nullptr) {
+            w[j].gate.lora = expert_lora_->gate_of(e);
+            w[j].up.lora = expert_lora_->up_of(e);
+            w[j].down.lora = expert_lora_->down_of(e);
+          }
+          if (m_.expert_bias) {
+            w[j].gate_bias = gate_up_bias_p_ + static_cast<int64_t>(e) * 2 * static_cast<int64_t>(m_.intermediate);
+            w[j].down_bias = down_bias_p_ + static_cast<int64_t>(e) * H;
+          }
+        }
+        try {
+          be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), mine, b0, x, H, act_, dst);
+        } catch (...) {
+          provider.release(layer);
+          throw;
+        }
+        provider.release(layer);
+      }
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  // The gather, whatever happened here: a failed rank sends no rows, so every rank sees counts
+  // that do not add up and throws (none is left waiting in a collective).
+  const auto mismatch = [&](const char* what) {
+    if (failed) std::rethrow_exception(failed);
+    fail("expert parallelism: MoE layer %d: the ranks' expert rows do not add up (%s): another rank failed computing its experts (see "
+         "its log), or the ranks do not run the same model and inputs",
+         layer, what);
+  };
+  if (in_place) {
+    try {
+      comm.allgather_rows_in_place(y, r0, failed ? 0 : n_mine, total, H);
+    } catch (const Error& e) {
+      mismatch(e.what());
+    }
+  } else {
+    const std::vector<int64_t> got = comm.allgather_rows(own_rows.data(), failed ? 0 : n_mine, H, gathered);
+    if (got != want) mismatch("row counts per rank");
+    // Rank r's rows are its experts' in ascending order; each expert's rows go back to its group.
+    std::vector<const float*> from(static_cast<size_t>(R));
+    const float* at = gathered.data();
+    for (int r = 0; r < R; ++r) {
+      from[static_cast<size_t>(r)] = at;
+      at += want[static_cast<size_t>(r)] * H;
+    }
+    for (size_t a = 0; a < groups.active.size(); ++a) {
+      const int o = ep.owner(layer, groups.active[a], E);
+      const int64_t n = groups.first[a + 1] - groups.first[a];
+      std::memcpy(y + groups.first[a] * H, from[static_cast<size_t>(o)], static_cast<size_t>(n * H) * sizeof(float));
+      from[static_cast<size_t>(o)] += n * H;
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
+void MoeBlock::serve_step(const float* x, const int* ids, int64_t T, int K, const float* lora, int lora_n, int layer,
+                          experts::ExpertProvider& provider, ops::Backend& be, ops::Workspace& ws, const dist::ExpertParallel& ep) const {
+  ops::WorkspaceScope scope(ws);
+  std::exception_ptr failed;
+  ops::ExpertGroups groups;
+  float* y = nullptr;
+  try {
+    if (K < 1 || K > m_.top_k) fail("expert step: %d experts per row (the model routes to %d)", K, m_.top_k);
+    groups = ops::group_by_expert(ids, T, K, m_.n_experts);
+    y = ws.floats(T * K * hidden_);
+  } catch (...) {
+    failed = std::current_exception();
+    groups = ops::ExpertGroups{};
+    groups.T = T;
+    groups.K = std::max(K, 1);
+    groups.first.push_back(0);
+  }
+  const ops::LoraRowScales rows{lora, T, lora_n};
+  const ops::LoraRowsScope lora_scope(lora != nullptr && lora_n > 0 ? &rows : nullptr);
+  run_owned(groups, x, layer, provider, be, y, ep, {}, failed);
 }
 
 }  // namespace spool::models

@@ -17,6 +17,7 @@
 // experts (ModelSpec::activation).
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <span>
 #include <string>
@@ -34,7 +35,8 @@
 #include "ops/workspace.h"
 
 namespace spool::dist {
-class Comm;
+struct ExpertParallel;
+struct ExpertStep;
 }
 
 namespace spool::models {
@@ -93,15 +95,24 @@ class MoeBlock {
   /// `route_override` (may be null or empty) replaces each row's experts and weights after
   /// routing (RouteOverride; its rows are numbered from `row0`, as the observers' are); the
   /// observers see the replaced choice. Throws spool::Error for an overridden id outside
-  /// [0, n_experts) or listed twice in a row. `comm` (may be null): expert parallelism
-  /// (Model::set_comm): this rank runs its own experts' rows and gathers the others' before the
-  /// combine (the same bits as one process).
+  /// [0, n_experts) or listed twice in a row. `ep` (may be null): expert parallelism
+  /// (Model::set_expert_parallel): this rank runs its own experts' rows and gathers the others'
+  /// before the combine (the same bits as one process); with ep->lead it first announces the
+  /// layer's rows and routing to the following ranks (serve_step). A rank that fails computing
+  /// its experts still takes part in the gather (with no rows), so every rank throws spool::Error
+  /// for that layer and none is left waiting.
   void forward(const float* x, int64_t T, int layer, int top_k, experts::ExpertProvider& provider,
                const RouteObserver& observer, const MarginObserver& margins, float* out, ops::Backend& be,
                ops::Workspace& ws, const std::function<void()>& between = {}, const float* residual = nullptr,
                const RouteOverride* route_override = nullptr, int64_t row0 = 0,
                const std::function<void()>* after_prepare = nullptr, const RouteWithin* within = nullptr,
-               dist::Comm* comm = nullptr) const;
+               const dist::ExpertParallel* ep = nullptr) const;
+  /// A following rank's part of one MoE layer led by rank 0 (ExpertParallel::lead): x [T, H]
+  /// (host) and ids [T, K] the leader's input rows and routing, lora [T, lora_n] its rows' LoRA
+  /// scales (null: the defaults). Runs this rank's experts' rows and takes part in the gather;
+  /// throws spool::Error after the gather when this rank or another failed.
+  void serve_step(const float* x, const int* ids, int64_t T, int K, const float* lora, int lora_n, int layer,
+                  experts::ExpertProvider& provider, ops::Backend& be, ops::Workspace& ws, const dist::ExpertParallel& ep) const;
   /// Next-layer prefetch guesses: the experts this block's router ranks among the m best for any
   /// row of x [T, H] (the router's input: this layer's normed FFN input, in host memory on a CPU
   /// backend), distinct, best first (best_first_union). Selection scores as routing ranks them (logits, + router
@@ -130,6 +141,13 @@ class MoeBlock {
   ops::RouterParams router_params() const;
 
  private:
+  // Expert parallelism: runs the pairs of `groups` (all of the layer's) whose experts ep gives
+  // this rank, then gathers every rank's rows into y [T*K, H] in groups' order. `while_reading`
+  // runs once the first batch's reads are started. `failed`: this rank already failed (it sends
+  // no rows). Throws after the gather when any rank failed.
+  void run_owned(const ops::ExpertGroups& groups, const float* x, int layer, experts::ExpertProvider& provider, ops::Backend& be,
+                 float* y, const dist::ExpertParallel& ep, const std::function<void()>& while_reading, std::exception_ptr failed) const;
+
   MoeSpec m_;
   int hidden_ = 0;
   float eps_ = 1e-6f;  // rms_norm_eps (the router input's norm)

@@ -101,8 +101,9 @@ struct Placement {
 Placement decide_placement(const PlacementFacts& facts, const PlacementOptions& options);
 
 /// The largest share of a MoE layer's `n_experts` routed experts that one of `ranks` ranks owns
-/// under expert parallelism (dist::owned_experts: contiguous blocks of at most ceil(E / R)), as a
-/// fraction of the layer's experts; 1 for one rank or no experts.
+/// under expert parallelism (dist::owned_experts: contiguous blocks of at most ceil(E / R); owners
+/// balanced by --expert-owners keep the same cap, dist::ExpertOwners::balanced), as a fraction of
+/// the layer's experts; 1 for one rank or no experts.
 double rank_expert_share(int n_experts, int ranks);
 
 /// `f` as the rank with the largest share sees it under expert parallelism over `ranks` ranks: it

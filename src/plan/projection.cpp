@@ -1,5 +1,8 @@
 #include "plan/projection.h"
 
+#include "dist/expert_parallel.h"
+#include "experts/expert_profile.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -210,12 +213,35 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
   }
   if (p.ranks > 1) {
     p.rank_active_bytes_per_token = p.active_bytes_per_token - p.expert_bytes_per_token + p.expert_bytes_per_token / static_cast<uint64_t>(p.ranks);
+    if (!in.expert_owners.empty() && p.spec.moe.n_experts >= p.ranks) {
+      const int E = p.spec.moe.n_experts;
+      const std::vector<std::vector<double>> load = experts::routing_load(in.expert_owners, p.spec.n_layers + p.spec.mtp_layers, E);
+      const dist::ExpertOwners balanced = dist::ExpertOwners::balanced(load, E, p.ranks), blocks(E, p.ranks);
+      double b = 0, c = 0;
+      int n = 0;
+      for (size_t l = 0; l < load.size(); ++l) {
+        if (load[l].empty()) continue;
+        b += balanced.max_load_share(static_cast<int>(l), load[l]);
+        c += blocks.max_load_share(static_cast<int>(l), load[l]);
+        ++n;
+      }
+      p.rank_load_share = b / n;
+      p.contiguous_load_share = c / n;
+      p.rank_active_bytes_per_token = p.active_bytes_per_token - p.expert_bytes_per_token +
+                                      static_cast<uint64_t>(static_cast<double>(p.expert_bytes_per_token) * *p.rank_load_share);
+    }
     if (in.mem_gbps && p.rank_active_bytes_per_token)  // (the memory figures are one rank's: so is this bound)
       p.tok_s_mem_bound = *in.mem_gbps * 1e9 / static_cast<double>(p.rank_active_bytes_per_token);
     const uint64_t row = static_cast<uint64_t>(std::max<int64_t>(p.spec.hidden_size, 0)) * sizeof(float);
     p.net_bytes_per_token = static_cast<uint64_t>(n_moe) * static_cast<uint64_t>(std::max(p.spec.moe.top_k, 0)) * row *
                             static_cast<uint64_t>(p.ranks - 1);
     p.exchanges_per_token = n_moe;
+    if (in.shape.parallel > 1) {  // a server: rank 0 broadcasts each MoE layer's rows (hidden floats) and routing (top-k ints)
+      p.net_bytes_per_token += static_cast<uint64_t>(n_moe) * (row + static_cast<uint64_t>(std::max(p.spec.moe.top_k, 0)) * sizeof(int32_t)) *
+                               static_cast<uint64_t>(p.ranks - 1);
+      p.exchanges_per_token = 2 * n_moe;
+      p.leader_broadcasts = true;
+    }
     p.link_latency_us = in.link_latency_us;
     p.link_gbps = in.link_gbps;
     if (in.mem_gbps && in.link_latency_us && in.link_gbps && *in.mem_gbps > 0 && *in.link_gbps > 0) {
@@ -233,6 +259,7 @@ Projection project(const io::Checkpoint& ck, const PlanInputs& in) {
                     " --model " + in.model_arg;
   if (p.verdict == Verdict::kStream) cmd += " --stream --cache-budget-gb " + gb_arg(p.cache_budget);
   if (p.verdict == Verdict::kResident && p.weights.experts > 0) cmd += " --no-stream";
+  if (p.ranks > 1 && !in.expert_owners.empty()) cmd += " --expert-owners " + in.expert_owners;
   if (p.verdict == Verdict::kStream && !p.use_page_cache) cmd += " --no-page-cache";
   if (p.shape.kv_bits != 32) cmd += strfmt(" --kv-bits %d", p.shape.kv_bits);
   if (in.shape.prefill_step != 512) cmd += strfmt(" --prefill-step-size %lld", (long long)in.shape.prefill_step);

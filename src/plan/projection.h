@@ -57,6 +57,8 @@ struct PlanInputs {
   int ranks = 1;                         // --ranks: expert parallelism over this many ranks (mpirun -n), each with `available`
   std::optional<double> link_latency_us; // --link-latency-us: one MoE layer's exchange between the ranks (spool doctor)
   std::optional<double> link_gbps;       // --link-gbps: GB/s one rank receives from the others in a large exchange
+  std::string expert_owners;             // --expert-owners FILE (with ranks > 1): the experts placed on the ranks balanced
+                                         // by FILE's routing (experts::routing_load, dist::ExpertOwners::balanced)
 };
 
 enum class Verdict { kResident, kStream, kNoFit };
@@ -98,8 +100,15 @@ struct Projection {
   uint64_t net_bytes_per_token = 0;     // bytes the ranks receive from each other per decoded token, all ranks together
                                         // (what `spool bench` prints under mpirun): per MoE layer top_k rows of hidden_size
                                         // floats, each rank receiving the (ranks - 1) / ranks from the others
-  int exchanges_per_token = 0;          // one per MoE layer (Comm::allgather_rows_in_place: the row counts, then the rows)
+  int exchanges_per_token = 0;          // one per MoE layer (Comm::allgather_rows_in_place: the row counts, then the rows);
+                                        // two for a server (PlanInputs::shape.parallel > 1: rank 0 first broadcasts the
+                                        // layer's rows and routing to the other ranks, which hold no sequence state)
   std::optional<double> link_latency_us, link_gbps;
+  // --expert-owners: the mean over the file's MoE layers of the busiest rank's share of a layer's
+  // routings, with the experts balanced by the file and with contiguous blocks (1 / ranks is
+  // even). With it, rank_active_bytes_per_token reads the busiest rank's share of the experts.
+  std::optional<double> rank_load_share, contiguous_load_share;
+  bool leader_broadcasts = false;       // a server over ranks: rank 0 broadcasts each MoE layer's rows (exchanges_per_token)
   std::optional<double> tok_s_ranks;    // decode estimate: 1 / (rank_active_bytes / mem_gbps + exchanges x latency +
                                         // net_bytes_per_token / ranks / link_gbps), when all three are known
   std::vector<std::string> notes;
