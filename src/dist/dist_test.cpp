@@ -287,14 +287,22 @@ std::vector<float> run(models::Model& m, const std::vector<int32_t>& prompt) {
   return out;
 }
 
-class ExpertParallel : public ::testing::TestWithParam<std::string> {};
+class ExpertParallel : public ::testing::TestWithParam<std::string> {
+ protected:
+  /// The fixture model GetParam() ("demo": the shipped demo) loaded twice: `one` stays a single
+  /// process, `ep` gets the communicator.
+  void SetUp() override {
+    const std::string dir = GetParam() == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : data_dir() + "/models/" + GetParam();
+    ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
+    one = models::load_model(ckpt, &pool);
+    ep = models::load_model(ckpt, &pool);
+  }
+  std::shared_ptr<io::Checkpoint> ckpt;
+  ops::ThreadPool pool{2};
+  std::unique_ptr<models::Model> one, ep;
+};
 
 TEST_P(ExpertParallel, EqualsOneProcessBitForBit) {
-  const std::string dir = GetParam() == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : data_dir() + "/models/" + GetParam();
-  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
-  ops::ThreadPool pool(2);
-  std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
-  std::unique_ptr<models::Model> ep = models::load_model(ckpt, &pool);
   Comm& w = world();
   ep->set_comm(&w);
   std::vector<int32_t> prompt;
@@ -320,11 +328,6 @@ TEST_P(ExpertParallel, EqualsOneProcessBitForBit) {
 // (serve over ranks): it alone runs the model and announces each MoE layer, the other ranks run
 // serve_experts() until rank 0 sends the exit. Bit for bit the one process, resident and streamed.
 TEST_P(ExpertParallel, BalancedOwnersAndLeaderEqualOneProcess) {
-  const std::string dir = GetParam() == "demo" ? std::string(SPOOL_DEFAULT_MODEL_DIR) : data_dir() + "/models/" + GetParam();
-  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(dir));
-  ops::ThreadPool pool(2);
-  std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
-  std::unique_ptr<models::Model> ep = models::load_model(ckpt, &pool);
   Comm& w = world();
   const models::ModelSpec& sp = one->spec();
   const int E = sp.moe.n_experts;
