@@ -6,6 +6,7 @@
 // decode tok/s predicted by replaying a routing trace through a simulation of the cache
 // (experts::simulate_tg: what `spool bench -p 0 --routing-trace FILE` measures).
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
 #include "experts/cache_sim.h"
+#include "experts/expert_profile.h"
 #include "experts/routing_trace.h"
 #include "engine/loader.h"
 #include "lora/adapter.h"
@@ -54,6 +56,9 @@ struct PlanOptions {
   int draft_max = 1;            // --draft-max: the step trail's copies of the recurrent state per sequence
   std::string trace;            // --trace: predict the cache from this routing trace
   int n_gen = 128, reps = 5;    // --n-gen / --repetitions: the bench tg test the trace prediction is for
+  std::string cache_policy = "lru";  // --cache-policy: the policy the simulated cache evicts by
+  double cache_half_life = 100000;   // --cache-half-life TOKENS (lfu)
+  std::string expert_profile;        // --expert-profile FILE: lfu's prior counts, as the run seeds its cache
   std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
   int ranks = 1;                  // --ranks: expert parallelism over N ranks (mpirun -n N)
   std::optional<double> link_latency_us, link_gbps;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
@@ -66,6 +71,8 @@ struct TracePlan {
   int64_t trace_tokens = 0;
   int n_gen = 0, reps = 0, parallel = 1;
   int64_t slots = 0;                 // cache entries (ExpertCache::capacity())
+  experts::CachePolicy policy = experts::CachePolicy::kLru;  // the simulated replacement policy
+  bool seeded = false;               // lfu seeded with --expert-profile's counts
   experts::TraceSimResult sim;
   bool resident = false;             // experts resident (not streamed): no cache, nothing read
   double hit_rate() const { return resident ? 1.0 : sim.hit_rate(); }
@@ -193,7 +200,9 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
                 tp->file.c_str(), (long long)tp->trace_tokens, tp->shape.model_type.c_str(), tp->shape.n_experts, tp->shape.top_k,
                 p.spec.moe.n_experts, p.spec.moe.top_k, tp->n_gen, tp->parallel, tp->reps,
                 tp->resident ? "every expert resident (no cache to simulate)"
-                             : strfmt("through %lld cache slots (LRU simulated)", (long long)tp->slots).c_str());
+                             : strfmt("through %lld cache slots (%s simulated%s)", (long long)tp->slots,
+                                      tp->policy == experts::CachePolicy::kLfu ? "LFU" : "LRU",
+                                      tp->seeded ? ", seeded with the expert profile" : "").c_str());
     std::printf("           hit rate %.1f%% (uniform-routing estimate %.0f%%), %.2f experts and %s read per token",
                 100.0 * tp->hit_rate(), 100.0 * p.expected_hit_rate, tp->sim.misses_per_token(),
                 format_bytes(static_cast<uint64_t>(tp->read_per_token)).c_str());
@@ -310,6 +319,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                   {"repetitions", tp->reps},
                   {"parallel", tp->parallel},
                   {"cache_slots", tp->slots},
+                  {"cache_policy", experts::cache_policy_name(tp->policy)},
+                  {"profile_seeded", tp->seeded},
                   {"requests", tp->sim.requests},
                   {"hits", tp->sim.hits},
                   {"hit_rate", tp->hit_rate()},
@@ -369,6 +380,11 @@ void run(const PlanOptions& o) {
     throw UsageError("--ranks plans generate / bench / perplexity runs: serve (--parallel) does not run over several ranks yet");
   if (o.ranks > 1 && (o.vram_gb != -1 || (o.device != "auto" && o.device != "cpu")))
     throw UsageError("--ranks plans CPU runs: GPU runs over several ranks are not supported yet (--device cpu)");
+  experts::parse_cache_policy(o.cache_policy);  // UsageError for another name
+  if (!(o.cache_half_life > 0) || !std::isfinite(o.cache_half_life))
+    throw UsageError(strfmt("--cache-half-life must be a positive number of tokens (got %g)", o.cache_half_life));
+  if ((o.cache_policy != "lru" || !o.expert_profile.empty()) && o.trace.empty())
+    throw UsageError("--cache-policy and --expert-profile are simulated with --trace only");
   if (o.ranks > 1 && !o.trace.empty()) throw UsageError("--trace simulates one process's cache: it cannot be combined with --ranks yet");
   if (o.vram_gb != -1 && !(o.vram_gb > 0 && o.vram_gb <= 1e6)) throw UsageError("--vram-gb must be in (0, 1e6]");
   if (o.h2d_gbps < 0) throw UsageError("--h2d-gbps must be positive");
@@ -495,7 +511,20 @@ void run(const PlanOptions& o) {
     // experts never miss (bench reports a 100% hit rate without streaming).
     if (p.verdict == plan::Verdict::kStream && p.slot_bytes) {
       tp->slots = std::max<int64_t>(1, static_cast<int64_t>(p.cache_budget / p.slot_bytes));
-      tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, tp->slots, o.n_gen, o.reps, o.parallel);
+      const std::vector<int> moe = moe_layers_of(p.spec);
+      tp->policy = experts::parse_cache_policy(o.cache_policy);
+      const experts::CachePolicyOptions pol =
+          experts::cache_policy_options(tp->policy, o.cache_half_life, static_cast<int>(moe.size()), p.spec.moe.top_k);
+      std::vector<experts::ExpertCount> seed;
+      if (!o.expert_profile.empty() && tp->policy == experts::CachePolicy::kLfu) {  // as the loader seeds the run's cache
+        const experts::ProfileData d = experts::read_profile(o.expert_profile);
+        if (d.shape.moe_layers != moe || d.shape.n_experts != p.spec.moe.n_experts)
+          fail("--expert-profile %s: a profile of another model (%zu MoE layers of %d experts; this one has %zu of %d)",
+               o.expert_profile.c_str(), d.shape.moe_layers.size(), d.shape.n_experts, moe.size(), p.spec.moe.n_experts);
+        seed = experts::profile_counts(d);
+        tp->seeded = true;
+      }
+      tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, tp->slots, o.n_gen, o.reps, o.parallel, pol, seed);
     } else {
       tp->slots = static_cast<int64_t>(p.expert_count);
       tp->resident = true;
@@ -556,6 +585,10 @@ void register_plan(CLI::App& app) {
                 "Predict the expert cache's hit rate, bytes read per token and decode tok/s from this routing trace (spool "
                 "calibrate --trace-out) by simulating the cache: what spool bench -p 0 -n N -r R --routing-trace FILE measures");
   c->add_option("-n,--n-gen", o->n_gen, "With --trace: tokens per repetition of the bench tg test simulated (default 128)");
+  c->add_option("--cache-policy", o->cache_policy, "With --trace: the replacement policy simulated, lru (default) or lfu, as the run's --cache-policy");
+  c->add_option("--cache-half-life", o->cache_half_life, "With --trace and --cache-policy lfu: the run's --cache-half-life (tokens, default 100000)");
+  c->add_option("--expert-profile", o->expert_profile,
+                "With --trace and --cache-policy lfu: the run's --expert-profile, whose counts seed the simulated cache as they seed the run's");
   c->add_option("--lora", o->lora,
                 "LoRA adapter FILE[:SCALE] the run will load (repeatable; PEFT directory or llama.cpp .gguf): its bytes count "
                 "with the resident dense weights, and the command repeats the flag (docs/lora.md)");

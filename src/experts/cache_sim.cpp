@@ -6,22 +6,28 @@
 
 namespace spool::experts {
 
-CacheSim::CacheSim(int64_t capacity, int top_k) : capacity_(capacity), top_k_(top_k) {
+CacheSim::CacheSim(int64_t capacity, int top_k, CachePolicyOptions policy)
+    : capacity_(capacity), top_k_(top_k), policy_(policy), freq_(policy.half_life) {
   if (capacity < 1 || top_k < 1) fail("cache simulation: capacity %lld and top_k %d must be >= 1", (long long)capacity, top_k);
 }
 
 int CacheSim::max_batch() const { return static_cast<int>(std::max<int64_t>(top_k_, capacity_)); }
 
 CacheSim::It CacheSim::insert(uint64_t k) {
-  // ExpertCache::insert: evict from the LRU end while at capacity, skipping pinned entries.
+  // ExpertCache::insert: while at capacity, evict (scanning from the LRU end, skipping pinned
+  // entries) the least recently used, or kLfu's lowest score (the least recent of equal ones).
   while (static_cast<int64_t>(map_.size()) >= capacity_) {
     It victim = lru_.end();
+    double best = 0;
     for (It it = lru_.end(); it != lru_.begin();) {
       --it;
-      if (it->pins == 0) {
+      if (it->pins != 0) continue;
+      if (policy_.policy == CachePolicy::kLru) {
         victim = it;
         break;
       }
+      const double s = freq_.score(it->key);
+      if (victim == lru_.end() || s < best) victim = it, best = s;
     }
     if (victim == lru_.end()) break;  // everything pinned: grow past capacity
     map_.erase(victim->key);
@@ -60,6 +66,7 @@ void CacheSim::acquire(int layer, std::span<const int> ids) {
   std::vector<It> entries;
   for (int id : ids) {
     ++requests_;
+    if (policy_.policy == CachePolicy::kLfu) freq_.request(key(layer, id));  // StreamingExperts: ExpertCache::count
     auto f = map_.find(key(layer, id));
     It e;
     if (f != map_.end() && f->second->prepared) {  // read by prepare() for this acquire: a miss
@@ -126,9 +133,11 @@ std::vector<int> group_experts(const TraceMap& map, int layer, int top_k, int q0
 
 }  // namespace
 
-TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs) {
+TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs,
+                           CachePolicyOptions policy, std::span<const ExpertCount> seed) {
   if (n_gen < 1 || reps < 1 || n_seqs < 1) fail("cache simulation: n_gen, reps and n_seqs must be >= 1");
-  CacheSim sim(capacity, top_k);
+  CacheSim sim(capacity, top_k, policy);
+  for (const ExpertCount& s : seed) sim.seed(s.layer, s.expert, s.count);
   const std::vector<int>& layers = map.target_moe_layers();
   const size_t batch = static_cast<size_t>(sim.max_batch());
   for (int rep = -1; rep < reps; ++rep) {

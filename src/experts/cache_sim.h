@@ -9,13 +9,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "experts/cache.h"
 #include "experts/routing_trace.h"
 
 namespace spool::experts {
 
-/// StreamingExperts' bookkeeping over keys (layer, expert), without the bytes: an LRU of
-/// capacity entries (ExpertCache::capacity()) that evicts the least recently used entry nobody
-/// pins and grows past capacity when every entry is pinned; prepare() / acquire() / release()
+/// StreamingExperts' bookkeeping over keys (layer, expert), without the bytes: a cache of
+/// capacity entries (ExpertCache::capacity()) that evicts, by the same policy as ExpertCache
+/// (the least recently used entry nobody pins, or kLfu's lowest decayed request count with the
+/// same FrequencyScores), and grows past capacity when every entry is pinned; prepare() / acquire() / release()
 /// pin, touch, insert and count exactly as StreamingExperts' do (an expert read by prepare()
 /// counts as a miss at its acquire(), a hit for any later acquire()). Reads finish before the
 /// next operation (the engine waits for them in acquire(); a loading entry is always pinned).
@@ -23,7 +25,9 @@ class CacheSim {
  public:
   /// capacity: entries the budget holds (>= 1); top_k: the model's native experts per token
   /// (max_batch() = max(top_k, capacity)). Throws spool::Error for capacity < 1 or top_k < 1.
-  CacheSim(int64_t capacity, int top_k);
+  CacheSim(int64_t capacity, int top_k, CachePolicyOptions policy = {});
+  /// ExpertCache::seed: a routing profile's counts for kLfu, before the first request.
+  void seed(int layer, int expert, double count) { freq_.seed(key(layer, expert), count); }
   /// StreamingExperts::prepare: the first max_batch() of `ids`.
   void prepare(int layer, std::span<const int> ids);
   /// StreamingExperts::acquire.
@@ -57,6 +61,8 @@ class CacheSim {
   void touch(It it) { lru_.splice(lru_.begin(), lru_, it); }
   int64_t capacity_;
   int top_k_;
+  CachePolicyOptions policy_;
+  FrequencyScores freq_;
   std::list<Entry> lru_;  // front = most recently used
   std::unordered_map<uint64_t, It> map_;
   std::unordered_map<int, std::vector<It>> in_use_, prepared_;  // [layer]
@@ -79,7 +85,10 @@ struct TraceSimResult {
 /// of DecoderModel::run_pipelined (the first n_seqs / 2 sequences are group 0, the rest group
 /// 1; group 0 prepares layer l, group 1 prepares layer l, group 0 acquires l and prepares the
 /// next, group 1 acquires l and prepares the next, ...). Counts the timed repetitions only.
-TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs);
+/// `policy` and `seed` (kLfu: per (layer, expert) prior counts, as ExpertCache::seed; empty: none)
+/// as the run's cache has them.
+TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs,
+                           CachePolicyOptions policy = {}, std::span<const ExpertCount> seed = {});
 
 /// The trace token that sequence `q` of `n_seqs` routes as at step `i` of repetition `rep`
 /// (-1 = warm-up) of a tg test of n_gen steps: (q * floor(N / n_seqs) + (rep + 1) * n_gen + i)

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "experts/cache.h"
+
 namespace spool::io {
 class Checkpoint;
 }
@@ -65,6 +67,10 @@ void write_profile(const std::string& path, const ProfileData& d);
 /// The (layer, expert) pairs of `d` with a count > 0, hottest first (ties: lower layer, then
 /// lower expert).
 std::vector<std::pair<int, int>> hottest(const ProfileData& d);
+
+/// The (layer, expert) counts of `d` that are > 0, as prior request counts for the cache's
+/// kLfu policy (ExpertCache::seed; docs/streaming.md#replacement-policy).
+std::vector<ExpertCount> profile_counts(const ProfileData& d);
 
 /// A fingerprint of the routing function: a 64-bit hash (16 hex digits) of the names, shapes
 /// and bytes of the router tensors of `moe_layers` (tensors "layers.L.[...].{stem}.*" with

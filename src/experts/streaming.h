@@ -57,6 +57,13 @@ struct StreamingOptions {
   /// no demand read (a layer's misses) is in flight, so guesses use the disk's idle time and never
   /// slow a miss; a guess a layer asks for before its turn is read at once, as a demand miss.
   int stage_in_flight = 2;
+  /// compute_while_reading(): the MoE block computes a layer's cached experts while its misses
+  /// are read (--no-hits-first turns it off).
+  bool hits_first = true;
+  /// Which cached expert an insert evicts (--cache-policy, --cache-half-life in requests).
+  CachePolicyOptions policy;
+  /// kLfu: prior request counts (--expert-profile's decayed counts), before the first request.
+  std::vector<ExpertCount> seed;
 };
 
 /// Counters since construction. A "request" is one expert asked for by a layer.
@@ -105,6 +112,9 @@ class StreamingExperts final : public ExpertProvider {
   /// acquire() and counted the same way (a hit, or a miss when prepare() read it).
   size_t acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override;
   void release(int layer) override;
+  bool compute_while_reading() const override { return opt_.hits_first; }
+  void begin_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override;
+  void finish_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<const uint8_t> got) override;
   std::string describe() const override;
   int max_batch() const override;
 
@@ -181,6 +191,7 @@ class StreamingExperts final : public ExpertProvider {
   // Under mu_: drops one prepare() pin of `e` if it has one; true if it did.
   bool drop_prepared_pin(ExpertCache::Entry* e);
   std::vector<std::vector<int>> last_ids_;                // [layer] experts of the last acquire
+  std::vector<std::vector<ExpertCache::Entry*>> begun_;   // [layer] begin_acquire()'s entries, in ids order, until finish_acquire()
   StreamingStats stats_;
   int pinned_count_ = 0;
   void* locked_ = nullptr;        // the cache block page-locked with opt_.pin_with (unlocked at destruction)
