@@ -59,6 +59,7 @@ struct PlanOptions {
   std::string cache_policy = "lru";  // --cache-policy: the policy the simulated cache evicts by
   double cache_half_life = 100000;   // --cache-half-life TOKENS (lfu)
   std::string expert_profile;        // --expert-profile FILE: lfu's prior counts, as the run seeds its cache
+  bool no_hits_first = false;        // --no-hits-first: the run computes a layer's experts once all are read
   std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
   int ranks = 1;                  // --ranks: expert parallelism over N ranks (mpirun -n N)
   std::optional<double> link_latency_us, link_gbps;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
@@ -78,7 +79,8 @@ struct TracePlan {
   double hit_rate() const { return resident ? 1.0 : sim.hit_rate(); }
   uint64_t expert_bytes = 0;         // what one miss reads (the expert; its aligned slot with O_DIRECT)
   double read_per_token = 0;         // bytes read from disk per token (all sequences' tokens)
-  std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: memory time + disk time per token
+  std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: compute time + modelled stall per step (experts::model_decode_time)
+  std::optional<double> stall_ms;    // modelled stall per token, ms
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
@@ -207,7 +209,8 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
                 100.0 * tp->hit_rate(), 100.0 * p.expected_hit_rate, tp->sim.misses_per_token(),
                 format_bytes(static_cast<uint64_t>(tp->read_per_token)).c_str());
     if (tp->tok_s_disk_bound) std::printf(", <= %.1f tok/s from disk", *tp->tok_s_disk_bound);
-    if (tp->tok_s) std::printf(", ~%.1f tok/s decode (memory + disk time per token)", *tp->tok_s);
+    if (tp->tok_s)
+      std::printf(", ~%.1f tok/s decode (compute at memory bandwidth + %.1f ms stall per token)", *tp->tok_s, tp->stall_ms.value_or(0));
     std::printf("\n");
   }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
@@ -328,7 +331,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                   {"experts_read_per_token", tp->sim.misses_per_token()},
                   {"bytes_read_per_token", tp->read_per_token},
                   {"decode_tok_s_disk_bound", opt(tp->tok_s_disk_bound)},
-                  {"decode_tok_s", opt(tp->tok_s)}};
+                  {"decode_tok_s", opt(tp->tok_s)},
+                  {"stall_ms_per_token", opt(tp->stall_ms)}};
   } else {
     j["trace"] = nullptr;
   }
@@ -532,12 +536,32 @@ void run(const PlanOptions& o) {
     }
     tp->read_per_token = tp->sim.misses_per_token() * static_cast<double>(tp->expert_bytes);
     // A step of --parallel sequences: the active bytes read from memory once (the dense weights
-    // dominate them), every sequence's expert misses read from disk; tok/s over all sequences.
+    // dominate them), plus what each acquire waits for its misses beyond the work that overlaps
+    // their reads (experts::model_decode_time); tok/s over all sequences.
     const double seqs = static_cast<double>(std::max(o.parallel, 1));
     const double t_mem = p.mem_gbps && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*p.mem_gbps * 1e9) : 0;
     const double t_disk = p.disk_gbps ? seqs * tp->read_per_token / (*p.disk_gbps * 1e9) : 0;
     if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = seqs / t_disk;
-    if (p.mem_gbps && (p.disk_gbps || tp->read_per_token == 0) && t_mem + t_disk > 0) tp->tok_s = seqs / (t_mem + t_disk);
+    if (p.mem_gbps && tp->read_per_token == 0 && t_mem > 0) {
+      tp->tok_s = seqs / t_mem;
+      tp->stall_ms = 0.0;
+    } else if (p.mem_gbps && p.disk_gbps && t_mem > 0) {
+      experts::DecodeTimeInputs di;
+      di.n_seqs = std::max(o.parallel, 1);
+      di.n_moe_layers = static_cast<int>(moe_layers_of(p.spec).size());
+      di.compute_s = t_mem;
+      di.read_bytes = static_cast<double>(tp->expert_bytes);
+      di.expert_bytes = p.expert_count ? static_cast<double>(p.weights.experts) / static_cast<double>(p.expert_count) : 0;
+      di.shared_bytes = p.spec.moe.n_experts > 0 && p.spec.moe.intermediate > 0
+                            ? di.expert_bytes * p.spec.moe.shared_intermediate / p.spec.moe.intermediate
+                            : 0;
+      di.mem_gbps = *p.mem_gbps;
+      di.disk_gbps = *p.disk_gbps;
+      di.hits_first = !o.no_hits_first;
+      const experts::DecodeTime dt = experts::model_decode_time(tp->sim, di);
+      tp->tok_s = dt.tok_s;
+      tp->stall_ms = dt.stall_s_per_token * 1e3;
+    }
   }
   if (o.json) print_json(p, src, cgroup_now, gpu, tp, mem_probe_bytes);
   else print_text(p, src, gpu, tp, mem_probe_bytes);
@@ -587,6 +611,8 @@ void register_plan(CLI::App& app) {
   c->add_option("-n,--n-gen", o->n_gen, "With --trace: tokens per repetition of the bench tg test simulated (default 128)");
   c->add_option("--cache-policy", o->cache_policy, "With --trace: the replacement policy simulated, lru (default) or lfu, as the run's --cache-policy");
   c->add_option("--cache-half-life", o->cache_half_life, "With --trace and --cache-policy lfu: the run's --cache-half-life (tokens, default 100000)");
+  c->add_flag("--no-hits-first", o->no_hits_first,
+              "With --trace: model a run with --no-hits-first (a layer's cached experts do not compute while its misses are read)");
   c->add_option("--expert-profile", o->expert_profile,
                 "With --trace and --cache-policy lfu: the run's --expert-profile, whose counts seed the simulated cache as they seed the run's");
   c->add_option("--lora", o->lora,

@@ -1,6 +1,7 @@
 #include "experts/cache_sim.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/error.h"
 
@@ -63,6 +64,7 @@ void CacheSim::prepare(int layer, std::span<const int> ids) {
 }
 
 void CacheSim::acquire(int layer, std::span<const int> ids) {
+  const uint64_t h0 = hits_, r0 = requests_;
   std::vector<It> entries;
   for (int id : ids) {
     ++requests_;
@@ -82,6 +84,7 @@ void CacheSim::acquire(int layer, std::span<const int> ids) {
     touch(e);
     entries.push_back(e);
   }
+  if (record_) acquires.push_back({static_cast<int>(hits_ - h0), static_cast<int>((requests_ - r0) - (hits_ - h0))});
   auto& use = in_use_[layer];
   use.insert(use.end(), entries.begin(), entries.end());
   auto& prep = prepared_[layer];
@@ -109,6 +112,25 @@ void CacheSim::layer_step(int layer, std::span<const int> experts) {
     acquire(layer, std::span<const int>(active.data() + b0, std::min(batch, active.size() - b0)));
     release(layer);
   }
+}
+
+DecodeTime model_decode_time(const TraceSimResult& sim, const DecodeTimeInputs& in) {
+  if (in.disk_gbps <= 0 || in.mem_gbps <= 0 || in.n_seqs < 1 || sim.tokens <= 0) fail("decode time model: needs positive bandwidths, sequences and tokens");
+  const double disk = in.disk_gbps * 1e9, mem = in.mem_gbps * 1e9;
+  const double steps = static_cast<double>(sim.tokens) / in.n_seqs;
+  const double pipelined = in.n_seqs > 1 ? in.compute_s / (2.0 * std::max(1, in.n_moe_layers)) : 0.0;
+  double stall = 0, read = 0;
+  for (const SimAcquire& a : sim.acquires) {
+    const double overlap = (in.shared_bytes + (in.hits_first ? a.hits * in.expert_bytes : 0.0)) / mem + pipelined;
+    const double t_read = a.misses * in.read_bytes / disk;
+    stall += std::max(0.0, t_read - overlap);
+    read += t_read;
+  }
+  DecodeTime d;
+  d.stall_s_per_token = stall / static_cast<double>(sim.tokens);
+  const double step = std::max(in.compute_s + stall / steps, read / steps);
+  d.tok_s = step > 0 ? in.n_seqs / step : 0.0;
+  return d;
 }
 
 int64_t tg_trace_token(int64_t n_tokens, int q, int n_seqs, int rep, int n_gen, int i) {
@@ -141,7 +163,10 @@ TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int
   const std::vector<int>& layers = map.target_moe_layers();
   const size_t batch = static_cast<size_t>(sim.max_batch());
   for (int rep = -1; rep < reps; ++rep) {
-    if (rep == 0) sim.reset_counters();
+    if (rep == 0) {
+      sim.reset_counters();
+      sim.record(true);
+    }
     for (int i = 0; i < n_gen; ++i) {
       if (n_seqs == 1) {
         for (int layer : layers) sim.layer_step(layer, group_experts(map, layer, top_k, 0, 1, 1, rep, n_gen, i));
@@ -178,6 +203,7 @@ TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int
   r.hits = sim.hits();
   r.misses = sim.misses();
   r.tokens = static_cast<int64_t>(reps) * n_gen * n_seqs;
+  r.acquires = std::move(sim.acquires);
   return r;
 }
 

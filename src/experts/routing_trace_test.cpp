@@ -506,3 +506,41 @@ TEST(RoutingTraceGuesses, RoundTripErrorsAndMap) {
 
 }  // namespace
 }  // namespace spool::experts
+
+namespace spool::experts {
+namespace {
+
+// plan --trace's decode time, by hand: two acquires of one sequence's 2 tokens, (2 hits, 3
+// misses) and (0 hits, 1 miss); a miss reads 0.1 GB at 1 GB/s, an expert computes 0.05 GB and the
+// shared expert 0.02 GB at 1 GB/s. Stalls: 0.3 - (0.02 + 2 x 0.05) = 0.18 s and 0.1 - 0.02 = 0.08 s.
+TEST(DecodeTimeModel, StallIsWhatTheReadsTakeBeyondTheOverlap) {
+  TraceSimResult sim;
+  sim.tokens = 2;
+  sim.acquires = {{2, 3}, {0, 1}};
+  DecodeTimeInputs in;
+  in.n_moe_layers = 2;
+  in.compute_s = 0.5;
+  in.read_bytes = 0.1e9;
+  in.expert_bytes = 0.05e9;
+  in.shared_bytes = 0.02e9;
+  in.mem_gbps = 1;
+  in.disk_gbps = 1;
+  DecodeTime d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.stall_s_per_token, 0.13, 1e-12);
+  EXPECT_NEAR(d.tok_s, 1 / 0.63, 1e-9);
+  in.hits_first = false;  // the hits no longer overlap: 0.28 + 0.08
+  d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.stall_s_per_token, 0.18, 1e-12);
+  EXPECT_NEAR(d.tok_s, 1 / 0.68, 1e-9);
+  in.compute_s = 0.01;  // disk-bound: 0.4 s of reads over 2 steps, more than compute + stall
+  d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.tok_s, 5.0, 1e-9);
+  in.n_seqs = 2;  // pipelined: the other group's compute (0.01 / 4) overlaps too; 1 step of 2 tokens
+  d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.stall_s_per_token, (0.28 - 0.0025 + 0.08 - 0.0025) / 2, 1e-12);
+  in.disk_gbps = 0;
+  EXPECT_THROW(model_decode_time(sim, in), Error);
+}
+
+}  // namespace
+}  // namespace spool::experts
