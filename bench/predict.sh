@@ -159,16 +159,20 @@ if [ -n "${REPLAY:-}" ]; then
   # Outside the throttled cgroup: blk-throttle grants a group BPS x its 100 ms slice at once, so
   # a token's reads (tens of MB, the disk idle in between) run at the disk's own speed while the
   # average stays under BPS; plan's probe (1 s of back-to-back reads) would measure BPS instead.
+  # The memory, disk and compute probes run once (the first call); every mode is then predicted
+  # from the same rates, so the modes differ by their model only, not by the load of the moment.
   : > "$DIR/plan.jsonl"
+  probes=""
   for seqs in ${PARALLEL//,/ }; do
     for mode in lru hf lfu; do
-      [ "$mode" = lru ] || [ "$mode" = hf ] || [ "$mode" = lfu ] || continue
       pflags="--trace $DIR/trace-router.jsonl -n $N -r $R --parallel $seqs"
       [ "$mode" = lru ] && pflags="$pflags --no-hits-first"
       [ "$mode" = lfu ] && pflags="$pflags --cache-policy lfu"
       # shellcheck disable=SC2086
-      "$SPOOL" plan -m "$REPLAY" --stream --cache-budget-gb "$budget" -t "$THREADS" --json $pflags > "$DIR/plan.json" 2> "$DIR/plan.log" ||
+      "$SPOOL" plan -m "$REPLAY" --stream --cache-budget-gb "$budget" -t "$THREADS" --json $pflags $probes > "$DIR/plan.json" 2> "$DIR/plan.log" ||
         { echo "predict.sh: plan $mode failed:" >&2; tail -3 "$DIR/plan.log" >&2; exit 1; }
+      [ -n "$probes" ] || probes=$("$PYTHON" -c "import json,sys; j=json.load(open(sys.argv[1])); print('--mem-gbps %.3f --disk-gbps %.3f --compute-gbps %.3f' % (j['mem_gbps'], j['disk_gbps'], j['trace']['compute_gbps']))" "$DIR/plan.json")
+      echo "$probes" > "$DIR/plan-probes.txt"
       "$PYTHON" -c "import json,sys; t=json.load(open(sys.argv[1]))['trace']; print(json.dumps(dict(model=sys.argv[2], mode=sys.argv[3], n_parallel=int(sys.argv[4]), hit_rate=t['hit_rate'], tok_s=t['decode_tok_s'], stall_ms=t.get('stall_ms_per_token'))))" \
         "$DIR/plan.json" "$name" "$mode" "$seqs" >> "$DIR/plan.jsonl"
     done
@@ -211,7 +215,10 @@ for model in [os.path.basename(m) for m in plain.split()] + ([replay] if replay 
             plot[(model, seqs)][mode] = ts / base
 pj = os.path.join(d, "plan.jsonl")
 if replay and os.path.exists(pj) and os.path.getsize(pj):
-    lines += ["", f"`spool plan --trace` (same cgroup, same trace, budget and tg test) against the measured {replay} rows:", "",
+    pp = os.path.join(d, "plan-probes.txt")
+    probes = open(pp).read().strip() if os.path.exists(pp) else ""
+    lines += ["", f"`spool plan --trace` (same trace, budget and tg test; outside the throttled cgroup; its probes once, before the predictions: `{probes}`) "
+              f"against the measured {replay} rows:", "",
               "| seqs | mode | plan hit rate | measured | plan tok/s | measured | plan / measured tok/s | plan stall ms / token | measured |",
               "|---|---|---|---|---|---|---|---|---|"]
     for l in open(pj):

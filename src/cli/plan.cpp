@@ -60,6 +60,7 @@ struct PlanOptions {
   double cache_half_life = 100000;   // --cache-half-life TOKENS (lfu)
   std::string expert_profile;        // --expert-profile FILE: lfu's prior counts, as the run seeds its cache
   bool no_hits_first = false;        // --no-hits-first: the run computes a layer's experts once all are read
+  double compute_gbps = 0;           // --compute-gbps: the CPU kernels' rate over weight bytes (0 = measure with --trace)
   std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
   int ranks = 1;                  // --ranks: expert parallelism over N ranks (mpirun -n N)
   std::optional<double> link_latency_us, link_gbps;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
@@ -81,6 +82,7 @@ struct TracePlan {
   double read_per_token = 0;         // bytes read from disk per token (all sequences' tokens)
   std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: compute time + modelled stall per step (experts::model_decode_time)
   std::optional<double> stall_ms;    // modelled stall per token, ms
+  std::optional<double> compute_gbps;  // the kernels' rate over weight bytes (measured, or --compute-gbps)
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
@@ -210,7 +212,8 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
                 format_bytes(static_cast<uint64_t>(tp->read_per_token)).c_str());
     if (tp->tok_s_disk_bound) std::printf(", <= %.1f tok/s from disk", *tp->tok_s_disk_bound);
     if (tp->tok_s)
-      std::printf(", ~%.1f tok/s decode (compute at memory bandwidth + %.1f ms stall per token)", *tp->tok_s, tp->stall_ms.value_or(0));
+      std::printf(", ~%.1f tok/s decode (compute at %.1f GB/s of weights + %.1f ms stall per token)", *tp->tok_s,
+                  tp->compute_gbps && p.mem_gbps ? std::min(*tp->compute_gbps, *p.mem_gbps) : p.mem_gbps.value_or(0), tp->stall_ms.value_or(0));
     std::printf("\n");
   }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
@@ -332,7 +335,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                   {"bytes_read_per_token", tp->read_per_token},
                   {"decode_tok_s_disk_bound", opt(tp->tok_s_disk_bound)},
                   {"decode_tok_s", opt(tp->tok_s)},
-                  {"stall_ms_per_token", opt(tp->stall_ms)}};
+                  {"stall_ms_per_token", opt(tp->stall_ms)},
+                  {"compute_gbps", opt(tp->compute_gbps)}};
   } else {
     j["trace"] = nullptr;
   }
@@ -539,7 +543,26 @@ void run(const PlanOptions& o) {
     // dominate them), plus what each acquire waits for its misses beyond the work that overlaps
     // their reads (experts::model_decode_time); tok/s over all sequences.
     const double seqs = static_cast<double>(std::max(o.parallel, 1));
-    const double t_mem = p.mem_gbps && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*p.mem_gbps * 1e9) : 0;
+    // The compute rate: memory bandwidth, or the CPU kernels' rate over weight bytes when that is
+    // lower (few cores: the kernels, not memory, bound a token; measured on this checkpoint's
+    // experts unless --compute-gbps gives it).
+    if (o.compute_gbps > 0) {
+      tp->compute_gbps = o.compute_gbps;
+    } else if (this_machine && !src.remote && o.preset.empty() && p.spec.moe.n_experts > 0 && gpu_index < 0 && !plan_gpu) {
+      const std::vector<int> moe = moe_layers_of(p.spec);
+      try {
+        std::vector<bool> is_moe(static_cast<size_t>(p.spec.n_layers), false);
+        for (int l : moe) is_moe[static_cast<size_t>(l)] = true;
+        const double g = experts::measure_expert_gbps(std::shared_ptr<const io::Checkpoint>(&src.ckpt, [](const io::Checkpoint*) {}), is_moe,
+                                                      moe.front(), p.spec.moe.n_experts, static_cast<int>(p.spec.hidden_size),
+                                                      p.spec.moe.intermediate, in.shape.threads, 0.3);
+        if (g > 0) tp->compute_gbps = g;
+      } catch (const Error& e) {  // (a layout the probe does not bind: memory bandwidth stands for compute)
+        p.notes.push_back(std::string("the expert compute probe did not run: ") + e.what());
+      }
+    }
+    const std::optional<double> rate = tp->compute_gbps && p.mem_gbps ? std::min(*tp->compute_gbps, *p.mem_gbps) : p.mem_gbps;
+    const double t_mem = rate && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*rate * 1e9) : 0;
     const double t_disk = p.disk_gbps ? seqs * tp->read_per_token / (*p.disk_gbps * 1e9) : 0;
     if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = seqs / t_disk;
     if (p.mem_gbps && tp->read_per_token == 0 && t_mem > 0) {
@@ -555,7 +578,7 @@ void run(const PlanOptions& o) {
       di.shared_bytes = p.spec.moe.n_experts > 0 && p.spec.moe.intermediate > 0
                             ? di.expert_bytes * p.spec.moe.shared_intermediate / p.spec.moe.intermediate
                             : 0;
-      di.mem_gbps = *p.mem_gbps;
+      di.mem_gbps = *rate;
       di.disk_gbps = *p.disk_gbps;
       di.hits_first = !o.no_hits_first;
       const experts::DecodeTime dt = experts::model_decode_time(tp->sim, di);
@@ -611,6 +634,9 @@ void register_plan(CLI::App& app) {
   c->add_option("-n,--n-gen", o->n_gen, "With --trace: tokens per repetition of the bench tg test simulated (default 128)");
   c->add_option("--cache-policy", o->cache_policy, "With --trace: the replacement policy simulated, lru (default) or lfu, as the run's --cache-policy");
   c->add_option("--cache-half-life", o->cache_half_life, "With --trace and --cache-policy lfu: the run's --cache-half-life (tokens, default 100000)");
+  c->add_option("--compute-gbps", o->compute_gbps,
+                "With --trace: GB/s of weights the CPU kernels process (default: measured on the checkpoint's experts); a token's "
+                "compute is its active bytes over the lower of this and the memory bandwidth");
   c->add_flag("--no-hits-first", o->no_hits_first,
               "With --trace: model a run with --no-hits-first (a layer's cached experts do not compute while its misses are read)");
   c->add_option("--expert-profile", o->expert_profile,

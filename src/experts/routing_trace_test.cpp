@@ -544,3 +544,20 @@ TEST(DecodeTimeModel, StallIsWhatTheReadsTakeBeyondTheOverlap) {
 
 }  // namespace
 }  // namespace spool::experts
+
+namespace spool::experts {
+namespace {
+
+// plan's compute probe runs the fixture's experts through the CPU kernels and reports a rate:
+// positive, finite, and below what summing the same bytes would need no time for (a sanity bound).
+TEST(ExpertComputeProbe, MeasuresAPositiveRate) {
+  Loaded s = load(testing::data_dir() + "/models/qwen3_moe");
+  const auto& sp = s.model->spec();
+  const double g = measure_expert_gbps(s.ckpt, s.moe_layers, s.moe_list.front(), sp.moe.n_experts, sp.hidden_size, sp.moe.intermediate, 1, 0.05);
+  EXPECT_GT(g, 0.0);
+  EXPECT_LT(g, 1e4);
+  EXPECT_THROW(measure_expert_gbps(s.ckpt, s.moe_layers, s.moe_list.front(), sp.moe.n_experts, sp.hidden_size, sp.moe.intermediate, 0, 0.05), Error);
+}
+
+}  // namespace
+}  // namespace spool::experts

@@ -1,6 +1,7 @@
 #include "experts/streaming.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <unordered_set>
@@ -9,6 +10,8 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "experts/weight_views.h"
+#include "ops/thread_pool.h"
+#include "ops/cpu_backend.h"
 
 namespace spool::experts {
 
@@ -738,6 +741,50 @@ std::string StreamingExperts::describe() const {
                 reader_->direct() ? "O_DIRECT" : (opt_.direct ? "buffered+DONTNEED" : "page cache"), opt_.workers,
                 opt_.prefetch_ahead > 0 ? strfmt(", prefetch-ahead %d", opt_.prefetch_ahead).c_str() : "")
          + (stage_.empty() ? "" : strfmt(", %zu staging buffers for next-layer prefetch", stage_.size()));
+}
+
+double measure_expert_gbps(std::shared_ptr<const io::Checkpoint> ck, const std::vector<bool>& moe_layers, int layer, int n_experts,
+                           int hidden, int inter, int threads, double seconds) {
+  const int n = std::min(n_experts, 64), k = std::min(n, 8);
+  if (n < 1 || hidden < 1 || inter < 1 || threads < 1) fail("expert compute probe: needs experts, shapes and threads");
+  StreamingOptions so;
+  so.workers = 2;
+  so.hits_first = false;
+  StreamingExperts src(ck, moe_layers, n_experts, hidden, inter, so);
+  so.cache_budget_bytes = src.store().slot_bytes() * static_cast<uint64_t>(n);
+  StreamingExperts st(std::move(ck), moe_layers, n_experts, hidden, inter, so);
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int e = 0; e < n; ++e) ids[static_cast<size_t>(e)] = e;
+  std::vector<ExpertWeights> w(static_cast<size_t>(n));
+  st.acquire(layer, ids, w);  // read once; held until release
+  double bytes_all = 0;
+  for (const ExpertWeights& x : w)
+    for (const ops::WeightView* v : {&x.gate, &x.up, &x.down}) bytes_all += static_cast<double>(v->nbytes());
+  ops::ThreadPool pool(threads);
+  ops::CpuBackend be(&pool);
+  ops::ExpertGroups g;  // one token, k experts: row j of y is expert j's
+  g.T = 1, g.K = k;
+  for (int j = 0; j < k; ++j) g.active.push_back(j), g.first.push_back(j), g.rows.push_back(j), g.row_of.push_back(j);
+  g.first.push_back(k);
+  std::vector<float> x(static_cast<size_t>(hidden)), y(static_cast<size_t>(k) * hidden);
+  for (int i = 0; i < hidden; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i));
+  const ops::Activation act = w[0].up.rows == 0 ? ops::Activation::kClampedSwiGLU : ops::Activation::kSwiGLU;  // gpt-oss: fused gate_up
+  auto pass = [&] {  // every expert of the set once, k per call
+    for (int e0 = 0; e0 + k <= n; e0 += k)
+      be.expert_ffn(std::span<const ops::ExpertMats>(w.data() + e0, static_cast<size_t>(k)), g, 0, x.data(), hidden, act, y.data());
+  };
+  pass();
+  const double bytes = bytes_all * static_cast<double>(n / k * k) / n;
+  double best = 0;
+  const double t_end = now_seconds() + seconds;
+  do {
+    const double t0 = now_seconds();
+    pass();
+    const double dt = now_seconds() - t0;
+    if (dt > 0) best = std::max(best, bytes / dt / 1e9);
+  } while (now_seconds() < t_end);
+  st.release(layer);
+  return best;
 }
 
 }  // namespace spool::experts

@@ -198,4 +198,13 @@ class StreamingExperts final : public ExpertProvider {
   uint64_t locked_bytes_ = 0;
 };
 
+/// The rate, in GB/s of weight bytes (1e9 bytes/s), at which this machine's CPU kernels run one
+/// token through routed experts of `ck`: ops::CpuBackend::expert_ffn on `threads` threads over
+/// experts of MoE layer `layer` (read into a streaming cache of their own through the page cache, as the run binds them), 8 per call (a decode step's top-k), cycling through up to 64 of
+/// them (more than a last-level cache holds on most machines), for about `seconds` after one
+/// warm-up pass; the best of the passes over the set counts. `spool plan` uses it as the compute
+/// rate of a token's weights where the cores, not memory, bound decode. Throws spool::Error when
+/// the experts cannot be bound (the streaming provider's errors).
+double measure_expert_gbps(std::shared_ptr<const io::Checkpoint> ck, const std::vector<bool>& moe_layers, int layer, int n_experts, int hidden, int inter, int threads, double seconds = 0.3);
+
 }  // namespace spool::experts
