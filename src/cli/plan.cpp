@@ -543,9 +543,9 @@ void run(const PlanOptions& o) {
     // dominate them), plus what each acquire waits for its misses beyond the work that overlaps
     // their reads (experts::model_decode_time); tok/s over all sequences.
     const double seqs = static_cast<double>(std::max(o.parallel, 1));
-    // The compute rate: memory bandwidth, or the CPU kernels' rate over weight bytes when that is
-    // lower (few cores: the kernels, not memory, bound a token; measured on this checkpoint's
-    // experts unless --compute-gbps gives it).
+    // The routed experts' compute rate: memory bandwidth, or the CPU kernels' rate over expert
+    // weights when that is lower (few cores, small matrices: the kernels, not memory, bound them;
+    // measured on this checkpoint's experts unless --compute-gbps gives it).
     if (o.compute_gbps > 0) {
       tp->compute_gbps = o.compute_gbps;
     } else if (this_machine && !src.remote && o.preset.empty() && p.spec.moe.n_experts > 0 && gpu_index < 0 && !plan_gpu) {
@@ -572,7 +572,12 @@ void run(const PlanOptions& o) {
       experts::DecodeTimeInputs di;
       di.n_seqs = std::max(o.parallel, 1);
       di.n_moe_layers = static_cast<int>(moe_layers_of(p.spec).size());
-      di.compute_s = t_mem;
+      // The step's compute apart from the routed experts (read once per step); the experts are
+      // counted per acquire by the model: several sequences compute every expert they route to.
+      // The dense part runs as large products at memory bandwidth; the routed experts (and the
+      // overlaps, all experts) at the experts' kernel rate (the lower of it and memory).
+      di.compute_s = static_cast<double>(p.active_bytes_per_token - std::min(p.active_bytes_per_token, p.expert_bytes_per_token)) /
+                     (*p.mem_gbps * 1e9);
       di.read_bytes = static_cast<double>(tp->expert_bytes);
       di.expert_bytes = p.expert_count ? static_cast<double>(p.weights.experts) / static_cast<double>(p.expert_count) : 0;
       di.shared_bytes = p.spec.moe.n_experts > 0 && p.spec.moe.intermediate > 0
@@ -635,8 +640,8 @@ void register_plan(CLI::App& app) {
   c->add_option("--cache-policy", o->cache_policy, "With --trace: the replacement policy simulated, lru (default) or lfu, as the run's --cache-policy");
   c->add_option("--cache-half-life", o->cache_half_life, "With --trace and --cache-policy lfu: the run's --cache-half-life (tokens, default 100000)");
   c->add_option("--compute-gbps", o->compute_gbps,
-                "With --trace: GB/s of weights the CPU kernels process (default: measured on the checkpoint's experts); a token's "
-                "compute is its active bytes over the lower of this and the memory bandwidth");
+                "With --trace: GB/s of routed-expert weights the CPU kernels process (default: measured on the checkpoint's "
+                "experts); the experts compute at the lower of this and the memory bandwidth, the dense part at memory bandwidth");
   c->add_flag("--no-hits-first", o->no_hits_first,
               "With --trace: model a run with --no-hits-first (a layer's cached experts do not compute while its misses are read)");
   c->add_option("--expert-profile", o->expert_profile,

@@ -118,7 +118,10 @@ DecodeTime model_decode_time(const TraceSimResult& sim, const DecodeTimeInputs& 
   if (in.disk_gbps <= 0 || in.mem_gbps <= 0 || in.n_seqs < 1 || sim.tokens <= 0) fail("decode time model: needs positive bandwidths, sequences and tokens");
   const double disk = in.disk_gbps * 1e9, mem = in.mem_gbps * 1e9;
   const double steps = static_cast<double>(sim.tokens) / in.n_seqs;
-  const double pipelined = in.n_seqs > 1 ? in.compute_s / (2.0 * std::max(1, in.n_moe_layers)) : 0.0;
+  double experts = 0;  // experts computed over all steps
+  for (const SimAcquire& a : sim.acquires) experts += a.hits + a.misses;
+  const double compute = in.compute_s + experts * in.expert_bytes / mem / steps;  // one step's
+  const double pipelined = in.n_seqs > 1 ? compute / (2.0 * std::max(1, in.n_moe_layers)) : 0.0;
   double stall = 0, read = 0;
   for (const SimAcquire& a : sim.acquires) {
     const double overlap = (in.shared_bytes + (in.hits_first ? a.hits * in.expert_bytes : 0.0)) / mem + pipelined;
@@ -128,7 +131,7 @@ DecodeTime model_decode_time(const TraceSimResult& sim, const DecodeTimeInputs& 
   }
   DecodeTime d;
   d.stall_s_per_token = stall / static_cast<double>(sim.tokens);
-  const double step = std::max(in.compute_s + stall / steps, read / steps);
+  const double step = std::max(compute + stall / steps, read / steps);
   d.tok_s = step > 0 ? in.n_seqs / step : 0.0;
   return d;
 }

@@ -107,20 +107,21 @@ TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int
 struct DecodeTimeInputs {
   int n_seqs = 1;              // sequences per step
   int n_moe_layers = 1;        // MoE layers a step runs (acquires per step and group)
-  double compute_s = 0;        // one step's compute: its active bytes over the memory bandwidth (read once per step)
+  double compute_s = 0;        // one step's compute apart from the routed experts: the other active bytes over the compute rate
   double read_bytes = 0;       // what one miss reads (the expert, or its aligned slot with O_DIRECT)
   double expert_bytes = 0;     // one routed expert's weight bytes (what computing it reads from memory)
   double shared_bytes = 0;     // the shared expert's weight bytes (0: none), computed while a layer's misses load
-  double mem_gbps = 0;         // memory bandwidth, GB/s: the compute rate of the overlaps
+  double mem_gbps = 0;         // the compute rate over weight bytes, GB/s (the experts and the overlaps)
   double disk_gbps = 0;        // the disk's read bandwidth, GB/s
   bool hits_first = true;      // the cached experts compute while the misses load (StreamingOptions::hits_first)
 };
 
 /// The modelled decode time of `sim` (its acquires, from simulate_tg): a step computes for
-/// compute_s and, at each acquire, waits for what its misses' reads take beyond the work that
+/// compute_s plus its acquired experts (hits + misses, each expert_bytes at mem_gbps: several
+/// sequences compute every distinct expert they route to) and, at each acquire, waits for what its misses' reads take beyond the work that
 /// runs while they load: stall = max(0, misses x read_bytes / disk - overlap), overlap = the
 /// shared expert (+ the acquire's hits with hits_first) at memory bandwidth (+, pipelined
-/// sequences, the other group's share of the step's compute: compute_s / (2 x n_moe_layers)).
+/// sequences, the other group's share of the step's compute: step compute / (2 x n_moe_layers)).
 /// A step is never shorter than its bytes read over the disk bandwidth.
 struct DecodeTime {
   double stall_s_per_token = 0;  // modelled wait for reads, per token (all sequences' tokens)

@@ -519,7 +519,7 @@ TEST(DecodeTimeModel, StallIsWhatTheReadsTakeBeyondTheOverlap) {
   sim.acquires = {{2, 3}, {0, 1}};
   DecodeTimeInputs in;
   in.n_moe_layers = 2;
-  in.compute_s = 0.5;
+  in.compute_s = 0.5;  // + the 6 acquired experts' 0.3 s over 2 steps: 0.65 s a step
   in.read_bytes = 0.1e9;
   in.expert_bytes = 0.05e9;
   in.shared_bytes = 0.02e9;
@@ -527,17 +527,21 @@ TEST(DecodeTimeModel, StallIsWhatTheReadsTakeBeyondTheOverlap) {
   in.disk_gbps = 1;
   DecodeTime d = model_decode_time(sim, in);
   EXPECT_NEAR(d.stall_s_per_token, 0.13, 1e-12);
-  EXPECT_NEAR(d.tok_s, 1 / 0.63, 1e-9);
+  EXPECT_NEAR(d.tok_s, 1 / 0.78, 1e-9);
   in.hits_first = false;  // the hits no longer overlap: 0.28 + 0.08
   d = model_decode_time(sim, in);
   EXPECT_NEAR(d.stall_s_per_token, 0.18, 1e-12);
-  EXPECT_NEAR(d.tok_s, 1 / 0.68, 1e-9);
-  in.compute_s = 0.01;  // disk-bound: 0.4 s of reads over 2 steps, more than compute + stall
+  EXPECT_NEAR(d.tok_s, 1 / 0.83, 1e-9);
+  // Pipelined (2 sequences: 1 step of 2 tokens): step compute 0.01 + 0.3 = 0.31, the other
+  // group's share 0.31 / 4 overlaps too: stalls 0.3 - 0.0975 and 0.1 - 0.0975.
+  in.compute_s = 0.01;
+  in.n_seqs = 2;
   d = model_decode_time(sim, in);
-  EXPECT_NEAR(d.tok_s, 5.0, 1e-9);
-  in.n_seqs = 2;  // pipelined: the other group's compute (0.01 / 4) overlaps too; 1 step of 2 tokens
+  EXPECT_NEAR(d.stall_s_per_token, (0.2025 + 0.0025) / 2, 1e-12);
+  EXPECT_NEAR(d.tok_s, 2 / (0.31 + 0.205), 1e-9);
+  in.disk_gbps = 0.01;  // disk-bound: 40 s of reads, more than compute + stall can be
   d = model_decode_time(sim, in);
-  EXPECT_NEAR(d.stall_s_per_token, (0.28 - 0.0025 + 0.08 - 0.0025) / 2, 1e-12);
+  EXPECT_GE(2 / d.tok_s, 40.0 - 1e-9);
   in.disk_gbps = 0;
   EXPECT_THROW(model_decode_time(sim, in), Error);
 }
