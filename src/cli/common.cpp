@@ -24,6 +24,15 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
   app->add_flag("--stream", stream, "Stream routed experts from disk through a cache (default: only when the model does not fit in memory)");
   app->add_flag("--no-stream", no_stream, "Keep every expert resident even if the model looks too big");
   app->add_option("--cache-budget-gb", cache_budget, "Expert cache size in GB, or 'auto' (available memory - resident weights - KV - reserve)");
+  app->add_option("--cache-policy", cache_policy,
+                  "Which cached expert makes room for a read: lru (least recently used, default) or lfu (fewest requests, "
+                  "decayed by --cache-half-life; seeded with --expert-profile's counts). Outputs do not change");
+  app->add_flag("--no-hits-first", no_hits_first,
+                "Streamed experts: compute a layer's experts only once all of them are read (default: the cached ones "
+                "compute while the misses are read). Outputs do not change");
+  app->add_option("--cache-half-life", cache_half_life,
+                  "--cache-policy lfu: tokens after which a request counts half (default 100000; a token is MoE layers x "
+                  "top-k requests)");
   app->add_option("--prefetch-workers", prefetch_workers, "Threads reading missing experts in parallel (default 8)");
   app->add_option("--io-engine", io_engine, "How experts are read: pread or uring (default pread)");
   app->add_flag("--use-page-cache", use_page_cache, "Read experts through the OS page cache (default: when the model files are < 0.6 x available memory)");
@@ -125,6 +134,9 @@ engine::LoadOptions ModelOptions::load_options() const {
   if (stream) o.stream = true;
   if (no_stream) o.stream = false;
   o.cache_budget = cache_budget;
+  o.cache_policy = experts::parse_cache_policy(cache_policy);
+  o.cache_half_life = cache_half_life;
+  o.hits_first = !no_hits_first;
   o.prefetch_workers = prefetch_workers;
   o.io_engine = io_engine;
   if (use_page_cache) o.page_cache = true;

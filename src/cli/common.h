@@ -24,6 +24,9 @@ struct ModelOptions {
   int threads = 0;    // 0 = all hardware threads
   bool stream = false, no_stream = false;
   std::string cache_budget = "auto";
+  std::string cache_policy = "lru";  // --cache-policy lru|lfu
+  double cache_half_life = 100000;   // --cache-half-life TOKENS
+  bool no_hits_first = false;        // --no-hits-first
   int prefetch_workers = 8;
   std::string io_engine = "pread";
   bool use_page_cache = false, no_page_cache = false;

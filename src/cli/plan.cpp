@@ -6,6 +6,7 @@
 // decode tok/s predicted by replaying a routing trace through a simulation of the cache
 // (experts::simulate_tg: what `spool bench -p 0 --routing-trace FILE` measures).
 // Exit 0: fits (resident or streaming); 1: does not fit, or files missing; 2: usage error.
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "common/sysinfo.h"
 #include "io/checkpoint.h"
 #include "experts/cache_sim.h"
+#include "experts/expert_profile.h"
 #include "experts/routing_trace.h"
 #include "engine/loader.h"
 #include "lora/adapter.h"
@@ -54,6 +56,11 @@ struct PlanOptions {
   int draft_max = 1;            // --draft-max: the step trail's copies of the recurrent state per sequence
   std::string trace;            // --trace: predict the cache from this routing trace
   int n_gen = 128, reps = 5;    // --n-gen / --repetitions: the bench tg test the trace prediction is for
+  std::string cache_policy = "lru";  // --cache-policy: the policy the simulated cache evicts by
+  double cache_half_life = 100000;   // --cache-half-life TOKENS (lfu)
+  std::string expert_profile;        // --expert-profile FILE: lfu's prior counts, as the run seeds its cache
+  bool no_hits_first = false;        // --no-hits-first: the run computes a layer's experts once all are read
+  double compute_gbps = 0;           // --compute-gbps: the CPU kernels' rate over weight bytes (0 = measure with --trace)
   std::vector<std::string> lora;  // --lora FILE[:SCALE]: adapters the run loads (their bytes stay resident)
   int ranks = 1;                  // --ranks: expert parallelism over N ranks (mpirun -n N)
   std::optional<double> link_latency_us, link_gbps;  // --link-latency-us / --link-gbps (spool doctor under mpirun)
@@ -67,12 +74,16 @@ struct TracePlan {
   int64_t trace_tokens = 0;
   int n_gen = 0, reps = 0, parallel = 1;
   int64_t slots = 0;                 // cache entries (ExpertCache::capacity())
+  experts::CachePolicy policy = experts::CachePolicy::kLru;  // the simulated replacement policy
+  bool seeded = false;               // lfu seeded with --expert-profile's counts
   experts::TraceSimResult sim;
   bool resident = false;             // experts resident (not streamed): no cache, nothing read
   double hit_rate() const { return resident ? 1.0 : sim.hit_rate(); }
   uint64_t expert_bytes = 0;         // what one miss reads (the expert; its aligned slot with O_DIRECT)
   double read_per_token = 0;         // bytes read from disk per token (all sequences' tokens)
-  std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: memory time + disk time per token
+  std::optional<double> tok_s_disk_bound, tok_s;  // tok/s: compute time + modelled stall per step (experts::model_decode_time)
+  std::optional<double> stall_ms;    // modelled stall per token, ms
+  std::optional<double> compute_gbps;  // the kernels' rate over weight bytes (measured, or --compute-gbps)
 };
 
 std::string gib(uint64_t b) { return format_bytes(b); }
@@ -198,12 +209,16 @@ void print_text(const plan::Projection& p, const plan::ModelSource& src, const s
                 tp->file.c_str(), (long long)tp->trace_tokens, tp->shape.model_type.c_str(), tp->shape.n_experts, tp->shape.top_k,
                 p.spec.moe.n_experts, p.spec.moe.top_k, tp->n_gen, tp->parallel, tp->reps,
                 tp->resident ? "every expert resident (no cache to simulate)"
-                             : strfmt("through %lld cache slots (LRU simulated)", (long long)tp->slots).c_str());
+                             : strfmt("through %lld cache slots (%s simulated%s)", (long long)tp->slots,
+                                      tp->policy == experts::CachePolicy::kLfu ? "LFU" : "LRU",
+                                      tp->seeded ? ", seeded with the expert profile" : "").c_str());
     std::printf("           hit rate %.1f%% (uniform-routing estimate %.0f%%), %.2f experts and %s read per token",
                 100.0 * tp->hit_rate(), 100.0 * p.expected_hit_rate, tp->sim.misses_per_token(),
                 format_bytes(static_cast<uint64_t>(tp->read_per_token)).c_str());
     if (tp->tok_s_disk_bound) std::printf(", <= %.1f tok/s from disk", *tp->tok_s_disk_bound);
-    if (tp->tok_s) std::printf(", ~%.1f tok/s decode (memory + disk time per token)", *tp->tok_s);
+    if (tp->tok_s)
+      std::printf(", ~%.1f tok/s decode (compute at %.1f GB/s of weights + %.1f ms stall per token)", *tp->tok_s,
+                  tp->compute_gbps && p.mem_gbps ? std::min(*tp->compute_gbps, *p.mem_gbps) : p.mem_gbps.value_or(0), tp->stall_ms.value_or(0));
     std::printf("\n");
   }
   for (const auto& n : p.notes) std::printf("note       %s\n", n.c_str());
@@ -317,6 +332,8 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                   {"repetitions", tp->reps},
                   {"parallel", tp->parallel},
                   {"cache_slots", tp->slots},
+                  {"cache_policy", experts::cache_policy_name(tp->policy)},
+                  {"profile_seeded", tp->seeded},
                   {"requests", tp->sim.requests},
                   {"hits", tp->sim.hits},
                   {"hit_rate", tp->hit_rate()},
@@ -324,7 +341,9 @@ void print_json(const plan::Projection& p, const plan::ModelSource& src, const C
                   {"experts_read_per_token", tp->sim.misses_per_token()},
                   {"bytes_read_per_token", tp->read_per_token},
                   {"decode_tok_s_disk_bound", opt(tp->tok_s_disk_bound)},
-                  {"decode_tok_s", opt(tp->tok_s)}};
+                  {"decode_tok_s", opt(tp->tok_s)},
+                  {"stall_ms_per_token", opt(tp->stall_ms)},
+                  {"compute_gbps", opt(tp->compute_gbps)}};
   } else {
     j["trace"] = nullptr;
   }
@@ -375,6 +394,11 @@ void run(const PlanOptions& o) {
   if (!o.expert_owners.empty() && o.ranks < 2) throw UsageError("--expert-owners needs --ranks 2 or more");
   if (o.ranks > 1 && (o.vram_gb != -1 || (o.device != "auto" && o.device != "cpu")))
     throw UsageError("--ranks plans CPU runs: GPU runs over several ranks are not supported yet (--device cpu)");
+  experts::parse_cache_policy(o.cache_policy);  // UsageError for another name
+  if (!(o.cache_half_life > 0) || !std::isfinite(o.cache_half_life))
+    throw UsageError(strfmt("--cache-half-life must be a positive number of tokens (got %g)", o.cache_half_life));
+  if ((o.cache_policy != "lru" || !o.expert_profile.empty()) && o.trace.empty())
+    throw UsageError("--cache-policy and --expert-profile are simulated with --trace only");
   if (o.ranks > 1 && !o.trace.empty()) throw UsageError("--trace simulates one process's cache: it cannot be combined with --ranks yet");
   if (o.vram_gb != -1 && !(o.vram_gb > 0 && o.vram_gb <= 1e6)) throw UsageError("--vram-gb must be in (0, 1e6]");
   if (o.h2d_gbps < 0) throw UsageError("--h2d-gbps must be positive");
@@ -502,7 +526,20 @@ void run(const PlanOptions& o) {
     // experts never miss (bench reports a 100% hit rate without streaming).
     if (p.verdict == plan::Verdict::kStream && p.slot_bytes) {
       tp->slots = std::max<int64_t>(1, static_cast<int64_t>(p.cache_budget / p.slot_bytes));
-      tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, tp->slots, o.n_gen, o.reps, o.parallel);
+      const std::vector<int> moe = moe_layers_of(p.spec);
+      tp->policy = experts::parse_cache_policy(o.cache_policy);
+      const experts::CachePolicyOptions pol =
+          experts::cache_policy_options(tp->policy, o.cache_half_life, static_cast<int>(moe.size()), p.spec.moe.top_k);
+      std::vector<experts::ExpertCount> seed;
+      if (!o.expert_profile.empty() && tp->policy == experts::CachePolicy::kLfu) {  // as the loader seeds the run's cache
+        const experts::ProfileData d = experts::read_profile(o.expert_profile);
+        if (d.shape.moe_layers != moe || d.shape.n_experts != p.spec.moe.n_experts)
+          fail("--expert-profile %s: a profile of another model (%zu MoE layers of %d experts; this one has %zu of %d)",
+               o.expert_profile.c_str(), d.shape.moe_layers.size(), d.shape.n_experts, moe.size(), p.spec.moe.n_experts);
+        seed = experts::profile_counts(d);
+        tp->seeded = true;
+      }
+      tp->sim = experts::simulate_tg(map, p.spec.moe.top_k, tp->slots, o.n_gen, o.reps, o.parallel, pol, seed);
     } else {
       tp->slots = static_cast<int64_t>(p.expert_count);
       tp->resident = true;
@@ -510,12 +547,56 @@ void run(const PlanOptions& o) {
     }
     tp->read_per_token = tp->sim.misses_per_token() * static_cast<double>(tp->expert_bytes);
     // A step of --parallel sequences: the active bytes read from memory once (the dense weights
-    // dominate them), every sequence's expert misses read from disk; tok/s over all sequences.
+    // dominate them), plus what each acquire waits for its misses beyond the work that overlaps
+    // their reads (experts::model_decode_time); tok/s over all sequences.
     const double seqs = static_cast<double>(std::max(o.parallel, 1));
-    const double t_mem = p.mem_gbps && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*p.mem_gbps * 1e9) : 0;
+    // The routed experts' compute rate: memory bandwidth, or the CPU kernels' rate over expert
+    // weights when that is lower (few cores, small matrices: the kernels, not memory, bound them;
+    // measured on this checkpoint's experts unless --compute-gbps gives it).
+    if (o.compute_gbps > 0) {
+      tp->compute_gbps = o.compute_gbps;
+    } else if (this_machine && !src.remote && o.preset.empty() && p.spec.moe.n_experts > 0 && gpu_index < 0 && !plan_gpu) {
+      const std::vector<int> moe = moe_layers_of(p.spec);
+      try {
+        std::vector<bool> is_moe(static_cast<size_t>(p.spec.n_layers), false);
+        for (int l : moe) is_moe[static_cast<size_t>(l)] = true;
+        const double g = experts::measure_expert_gbps(std::shared_ptr<const io::Checkpoint>(&src.ckpt, [](const io::Checkpoint*) {}), is_moe,
+                                                      moe.front(), p.spec.moe.n_experts, static_cast<int>(p.spec.hidden_size),
+                                                      p.spec.moe.intermediate, in.shape.threads, 0.3);
+        if (g > 0) tp->compute_gbps = g;
+      } catch (const Error& e) {  // (a layout the probe does not bind: memory bandwidth stands for compute)
+        p.notes.push_back(std::string("the expert compute probe did not run: ") + e.what());
+      }
+    }
+    const std::optional<double> rate = tp->compute_gbps && p.mem_gbps ? std::min(*tp->compute_gbps, *p.mem_gbps) : p.mem_gbps;
+    const double t_mem = rate && p.active_bytes_per_token ? static_cast<double>(p.active_bytes_per_token) / (*rate * 1e9) : 0;
     const double t_disk = p.disk_gbps ? seqs * tp->read_per_token / (*p.disk_gbps * 1e9) : 0;
     if (p.disk_gbps && t_disk > 0) tp->tok_s_disk_bound = seqs / t_disk;
-    if (p.mem_gbps && (p.disk_gbps || tp->read_per_token == 0) && t_mem + t_disk > 0) tp->tok_s = seqs / (t_mem + t_disk);
+    if (p.mem_gbps && tp->read_per_token == 0 && t_mem > 0) {
+      tp->tok_s = seqs / t_mem;
+      tp->stall_ms = 0.0;
+    } else if (p.mem_gbps && p.disk_gbps && t_mem > 0) {
+      experts::DecodeTimeInputs di;
+      di.n_seqs = std::max(o.parallel, 1);
+      di.n_moe_layers = static_cast<int>(moe_layers_of(p.spec).size());
+      // The step's compute apart from the routed experts (read once per step); the experts are
+      // counted per acquire by the model: several sequences compute every expert they route to.
+      // The dense part runs as large products at memory bandwidth; the routed experts (and the
+      // overlaps, all experts) at the experts' kernel rate (the lower of it and memory).
+      di.compute_s = static_cast<double>(p.active_bytes_per_token - std::min(p.active_bytes_per_token, p.expert_bytes_per_token)) /
+                     (*p.mem_gbps * 1e9);
+      di.read_bytes = static_cast<double>(tp->expert_bytes);
+      di.expert_bytes = p.expert_count ? static_cast<double>(p.weights.experts) / static_cast<double>(p.expert_count) : 0;
+      di.shared_bytes = p.spec.moe.n_experts > 0 && p.spec.moe.intermediate > 0
+                            ? di.expert_bytes * p.spec.moe.shared_intermediate / p.spec.moe.intermediate
+                            : 0;
+      di.mem_gbps = *rate;
+      di.disk_gbps = *p.disk_gbps;
+      di.hits_first = !o.no_hits_first;
+      const experts::DecodeTime dt = experts::model_decode_time(tp->sim, di);
+      tp->tok_s = dt.tok_s;
+      tp->stall_ms = dt.stall_s_per_token * 1e3;
+    }
   }
   if (o.json) print_json(p, src, cgroup_now, gpu, tp, mem_probe_bytes);
   else print_text(p, src, gpu, tp, mem_probe_bytes);
@@ -563,6 +644,15 @@ void register_plan(CLI::App& app) {
                 "Predict the expert cache's hit rate, bytes read per token and decode tok/s from this routing trace (spool "
                 "calibrate --trace-out) by simulating the cache: what spool bench -p 0 -n N -r R --routing-trace FILE measures");
   c->add_option("-n,--n-gen", o->n_gen, "With --trace: tokens per repetition of the bench tg test simulated (default 128)");
+  c->add_option("--cache-policy", o->cache_policy, "With --trace: the replacement policy simulated, lru (default) or lfu, as the run's --cache-policy");
+  c->add_option("--cache-half-life", o->cache_half_life, "With --trace and --cache-policy lfu: the run's --cache-half-life (tokens, default 100000)");
+  c->add_option("--compute-gbps", o->compute_gbps,
+                "With --trace: GB/s of routed-expert weights the CPU kernels process (default: measured on the checkpoint's "
+                "experts); the experts compute at the lower of this and the memory bandwidth, the dense part at memory bandwidth");
+  c->add_flag("--no-hits-first", o->no_hits_first,
+              "With --trace: model a run with --no-hits-first (a layer's cached experts do not compute while its misses are read)");
+  c->add_option("--expert-profile", o->expert_profile,
+                "With --trace and --cache-policy lfu: the run's --expert-profile, whose counts seed the simulated cache as they seed the run's");
   c->add_option("--lora", o->lora,
                 "LoRA adapter FILE[:SCALE] the run will load (repeatable; PEFT directory or llama.cpp .gguf): its bytes count "
                 "with the resident dense weights, and the command repeats the flag (docs/lora.md)");

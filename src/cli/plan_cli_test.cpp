@@ -443,3 +443,38 @@ TEST(BenchCli, LlamaBenchTable) {
 }
 
 }  // namespace
+
+namespace {
+
+// The cache policy flags: plan refuses them without --trace and a policy it does not know (usage
+// errors, exit 2); with a trace, lfu is simulated and named in the JSON with the modelled stall.
+TEST(PlanCli, CachePolicyNeedsATraceAndAKnownName) {
+  for (const char* bad : {"--cache-policy lfu", "--cache-policy arc --trace x.jsonl", "--cache-half-life 0 --trace x.jsonl", "--expert-profile p.json"})
+    EXPECT_EQ(spool("plan -m " + kDemo + " " + bad).code, 2) << bad;
+  // A trace of the demo's shape (8 MoE layers, 64 experts, top-8) written here: 24 tokens.
+  const std::string trace = "/tmp/spool_plan_policy_" + std::to_string(getpid()) + ".jsonl";
+  {
+    FILE* f = std::fopen(trace.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "{\"format\":\"spool-routing-trace\",\"version\":1,\"model_type\":\"x\",\"n_layers\":8,"
+                    "\"moe_layers\":[0,1,2,3,4,5,6,7],\"n_experts\":64,\"top_k\":8,\"source\":\"calibrate\"}\n");
+    for (int t = 0; t < 24; ++t)
+      for (int l = 0; l < 8; ++l) {
+        std::fprintf(f, "{\"l\":%d,\"t\":%d,\"e\":[", l, t);
+        for (int i = 0; i < 8; ++i) std::fprintf(f, "%s%d", i ? "," : "", i < 4 ? i : 8 + (i * 5 + t * 3 + l) % 56);  // 4 hot, 4 moving
+        std::fprintf(f, "],\"w\":[0.125,0.125,0.125,0.125,0.125,0.125,0.125,0.125]}\n");
+      }
+    std::fclose(f);
+  }
+  const Result r = spool("plan -m " + kDemo + " --json --stream --cache-budget-gb 0.002 --trace " + trace +
+                         " -n 8 -r 1 --cache-policy lfu --mem-gbps 10 --disk-gbps 1 --compute-gbps 5");
+  std::remove(trace.c_str());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["trace"]["cache_policy"], "lfu");
+  EXPECT_GT(j["trace"]["stall_ms_per_token"].get<double>(), 0);
+  EXPECT_GT(j["trace"]["decode_tok_s"].get<double>(), 0);
+  EXPECT_EQ(j["trace"]["compute_gbps"].get<double>(), 5);
+}
+
+}  // namespace

@@ -256,6 +256,8 @@ void validate(const LoadOptions& opt) {
   parse_gb(opt.cache_budget, "--cache-budget-gb");
   parse_gb(opt.vram_budget, "--vram-budget-gb");
   ops::int8_activations_from_bits(opt.act_bits, false);
+  if (!(opt.cache_half_life > 0) || !std::isfinite(opt.cache_half_life))
+    throw UsageError(strfmt("--cache-half-life must be a positive number of tokens (got %g)", opt.cache_half_life));
   if (!(opt.expert_profile_half_life > 0) || !std::isfinite(opt.expert_profile_half_life))
     throw UsageError(strfmt("--expert-profile-half-life must be a positive number of tokens (got %g)", opt.expert_profile_half_life));
   if (!opt.expert_profile.empty()) {  // its directory must take the file: found now, not at the first save
@@ -318,6 +320,10 @@ void build_streaming(LoadedModel& l, const LoadOptions& opt, const plan::Placeme
     std::erase_if(so.warm, foreign);
     std::erase_if(so.pins, foreign);
   }
+  const int n_moe = static_cast<int>(std::count(moe_layers.begin(), moe_layers.end(), true));
+  so.hits_first = opt.hits_first;
+  so.policy = experts::cache_policy_options(opt.cache_policy, opt.cache_half_life, n_moe, spec.moe.top_k);
+  if (stored != nullptr && opt.cache_policy == experts::CachePolicy::kLfu) so.seed = experts::profile_counts(*stored);
   if (p.pinned_tier) so.pin_with = backend.get();
   l.streaming = std::make_shared<experts::StreamingExperts>(l.ckpt, moe_layers, spec.moe.n_experts, spec.hidden_size,
                                                             spec.moe.intermediate, so);

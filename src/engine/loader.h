@@ -42,6 +42,9 @@ struct LoadOptions {
   int threads = 1;
   std::optional<bool> stream;          // --stream; nullopt = automatic (stream if it does not fit)
   std::string cache_budget = "auto";   // --cache-budget-gb: a number of GB or "auto"
+  experts::CachePolicy cache_policy = experts::CachePolicy::kLru;  // --cache-policy (docs/streaming.md#replacement-policy)
+  bool hits_first = true;              // !--no-hits-first: cached experts compute while the misses are read
+  double cache_half_life = 100000;     // --cache-half-life, tokens (kLfu's decay; MoE layers x top-k requests a token)
   int prefetch_workers = 8;            // --prefetch-workers
   std::string io_engine = "pread";     // --io-engine pread|uring
   std::optional<bool> page_cache;      // --use-page-cache / --no-page-cache; nullopt = auto

@@ -1,6 +1,7 @@
 #include "experts/cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 
@@ -8,7 +9,43 @@
 
 namespace spool::experts {
 
-ExpertCache::ExpertCache(uint64_t budget_bytes, uint64_t slot_bytes) : budget_(budget_bytes), slot_bytes_(slot_bytes) {}
+CachePolicy parse_cache_policy(const std::string& s) {
+  if (s == "lru") return CachePolicy::kLru;
+  if (s == "lfu") return CachePolicy::kLfu;
+  throw UsageError("--cache-policy must be lru or lfu, not '" + s + "'");
+}
+
+const char* cache_policy_name(CachePolicy p) { return p == CachePolicy::kLfu ? "lfu" : "lru"; }
+
+CachePolicyOptions cache_policy_options(CachePolicy policy, double half_life_tokens, int n_moe_layers, int top_k) {
+  if (!(half_life_tokens > 0) || !std::isfinite(half_life_tokens))
+    throw UsageError(strfmt("--cache-half-life must be a positive number of tokens (got %g)", half_life_tokens));
+  CachePolicyOptions o;
+  o.policy = policy;
+  o.half_life = half_life_tokens * std::max(1, n_moe_layers) * std::max(1, top_k);
+  return o;
+}
+
+double FrequencyScores::weight_now() const { return half_life_ > 0 ? std::exp2((clock_ - base_) / half_life_) : 1.0; }
+
+void FrequencyScores::request(uint64_t key) {
+  if (half_life_ > 0 && clock_ - base_ > 256 * half_life_) {  // rescale before 2^x grows large
+    const double f = std::exp2(-(clock_ - base_) / half_life_);
+    for (auto& [k, v] : s_) v *= f;
+    base_ = clock_;
+  }
+  s_[key] += weight_now();
+  clock_ += 1;
+}
+
+void FrequencyScores::seed(uint64_t key, double count) {
+  if (!(count > 0)) return;
+  // Made at clock 0: scaled to the base (before any request, base = clock = 0: weight 1).
+  s_[key] += count * (half_life_ > 0 ? std::exp2(-base_ / half_life_) : 1.0);
+}
+
+ExpertCache::ExpertCache(uint64_t budget_bytes, uint64_t slot_bytes, CachePolicyOptions policy)
+    : budget_(budget_bytes), slot_bytes_(slot_bytes), policy_(policy), freq_(policy.half_life) {}
 
 ExpertCache::~ExpertCache() {
   for (auto& [k, e] : map_) {
@@ -58,15 +95,20 @@ uint8_t* ExpertCache::take_buffer() {
 }
 
 ExpertCache::Entry* ExpertCache::insert(int layer, int expert) {
-  // Evict from the LRU end while at the budget.
+  // Evict while at the budget: kLru the least recently used evictable entry; kLfu the evictable
+  // entry of the lowest score, the least recently used of equal ones (scanned from the LRU end).
   while (static_cast<int64_t>(map_.size()) >= capacity()) {
     Entry* victim = nullptr;
+    double best = 0;
     for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
       Entry* c = *it;
-      if (c->pins == 0 && !c->pinned && c->state != State::kLoading) {
+      if (c->pins != 0 || c->pinned || c->state == State::kLoading) continue;
+      if (policy_.policy == CachePolicy::kLru) {
         victim = c;
         break;
       }
+      const double s = freq_.score(key(c->layer, c->expert));
+      if (victim == nullptr || s < best) victim = c, best = s;
     }
     if (victim == nullptr) break;  // everything is in use: grow past the budget
     erase(victim);

@@ -1,27 +1,34 @@
 #include "experts/cache_sim.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/error.h"
 
 namespace spool::experts {
 
-CacheSim::CacheSim(int64_t capacity, int top_k) : capacity_(capacity), top_k_(top_k) {
+CacheSim::CacheSim(int64_t capacity, int top_k, CachePolicyOptions policy)
+    : capacity_(capacity), top_k_(top_k), policy_(policy), freq_(policy.half_life) {
   if (capacity < 1 || top_k < 1) fail("cache simulation: capacity %lld and top_k %d must be >= 1", (long long)capacity, top_k);
 }
 
 int CacheSim::max_batch() const { return static_cast<int>(std::max<int64_t>(top_k_, capacity_)); }
 
 CacheSim::It CacheSim::insert(uint64_t k) {
-  // ExpertCache::insert: evict from the LRU end while at capacity, skipping pinned entries.
+  // ExpertCache::insert: while at capacity, evict (scanning from the LRU end, skipping pinned
+  // entries) the least recently used, or kLfu's lowest score (the least recent of equal ones).
   while (static_cast<int64_t>(map_.size()) >= capacity_) {
     It victim = lru_.end();
+    double best = 0;
     for (It it = lru_.end(); it != lru_.begin();) {
       --it;
-      if (it->pins == 0) {
+      if (it->pins != 0) continue;
+      if (policy_.policy == CachePolicy::kLru) {
         victim = it;
         break;
       }
+      const double s = freq_.score(it->key);
+      if (victim == lru_.end() || s < best) victim = it, best = s;
     }
     if (victim == lru_.end()) break;  // everything pinned: grow past capacity
     map_.erase(victim->key);
@@ -57,9 +64,11 @@ void CacheSim::prepare(int layer, std::span<const int> ids) {
 }
 
 void CacheSim::acquire(int layer, std::span<const int> ids) {
+  const uint64_t h0 = hits_, r0 = requests_;
   std::vector<It> entries;
   for (int id : ids) {
     ++requests_;
+    if (policy_.policy == CachePolicy::kLfu) freq_.request(key(layer, id));  // StreamingExperts: ExpertCache::count
     auto f = map_.find(key(layer, id));
     It e;
     if (f != map_.end() && f->second->prepared) {  // read by prepare() for this acquire: a miss
@@ -75,6 +84,7 @@ void CacheSim::acquire(int layer, std::span<const int> ids) {
     touch(e);
     entries.push_back(e);
   }
+  if (record_) acquires.push_back({static_cast<int>(hits_ - h0), static_cast<int>((requests_ - r0) - (hits_ - h0))});
   auto& use = in_use_[layer];
   use.insert(use.end(), entries.begin(), entries.end());
   auto& prep = prepared_[layer];
@@ -104,6 +114,28 @@ void CacheSim::layer_step(int layer, std::span<const int> experts) {
   }
 }
 
+DecodeTime model_decode_time(const TraceSimResult& sim, const DecodeTimeInputs& in) {
+  if (in.disk_gbps <= 0 || in.mem_gbps <= 0 || in.n_seqs < 1 || sim.tokens <= 0) fail("decode time model: needs positive bandwidths, sequences and tokens");
+  const double disk = in.disk_gbps * 1e9, mem = in.mem_gbps * 1e9;
+  const double steps = static_cast<double>(sim.tokens) / in.n_seqs;
+  double experts = 0;  // experts computed over all steps
+  for (const SimAcquire& a : sim.acquires) experts += a.hits + a.misses;
+  const double compute = in.compute_s + experts * in.expert_bytes / mem / steps;  // one step's
+  const double pipelined = in.n_seqs > 1 ? compute / (2.0 * std::max(1, in.n_moe_layers)) : 0.0;
+  double stall = 0, read = 0;
+  for (const SimAcquire& a : sim.acquires) {
+    const double overlap = (in.shared_bytes + (in.hits_first ? a.hits * in.expert_bytes : 0.0)) / mem + pipelined;
+    const double t_read = a.misses * in.read_bytes / disk;
+    stall += std::max(0.0, t_read - overlap);
+    read += t_read;
+  }
+  DecodeTime d;
+  d.stall_s_per_token = stall / static_cast<double>(sim.tokens);
+  const double step = std::max(compute + stall / steps, read / steps);
+  d.tok_s = step > 0 ? in.n_seqs / step : 0.0;
+  return d;
+}
+
 int64_t tg_trace_token(int64_t n_tokens, int q, int n_seqs, int rep, int n_gen, int i) {
   const int64_t stride = n_seqs > 0 ? n_tokens / n_seqs : 0;
   const int64_t t = static_cast<int64_t>(q) * stride + static_cast<int64_t>(rep + 1) * n_gen + i;
@@ -126,13 +158,18 @@ std::vector<int> group_experts(const TraceMap& map, int layer, int top_k, int q0
 
 }  // namespace
 
-TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs) {
+TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int n_gen, int reps, int n_seqs,
+                           CachePolicyOptions policy, std::span<const ExpertCount> seed) {
   if (n_gen < 1 || reps < 1 || n_seqs < 1) fail("cache simulation: n_gen, reps and n_seqs must be >= 1");
-  CacheSim sim(capacity, top_k);
+  CacheSim sim(capacity, top_k, policy);
+  for (const ExpertCount& s : seed) sim.seed(s.layer, s.expert, s.count);
   const std::vector<int>& layers = map.target_moe_layers();
   const size_t batch = static_cast<size_t>(sim.max_batch());
   for (int rep = -1; rep < reps; ++rep) {
-    if (rep == 0) sim.reset_counters();
+    if (rep == 0) {
+      sim.reset_counters();
+      sim.record(true);
+    }
     for (int i = 0; i < n_gen; ++i) {
       if (n_seqs == 1) {
         for (int layer : layers) sim.layer_step(layer, group_experts(map, layer, top_k, 0, 1, 1, rep, n_gen, i));
@@ -169,6 +206,7 @@ TraceSimResult simulate_tg(const TraceMap& map, int top_k, int64_t capacity, int
   r.hits = sim.hits();
   r.misses = sim.misses();
   r.tokens = static_cast<int64_t>(reps) * n_gen * n_seqs;
+  r.acquires = std::move(sim.acquires);
   return r;
 }
 

@@ -153,6 +153,17 @@ void write_profile(const std::string& path, const ProfileData& d) {
   write_file_atomic(path, out);
 }
 
+std::vector<ExpertCount> profile_counts(const ProfileData& d) {
+  std::vector<ExpertCount> out;
+  const int E = d.shape.n_experts;
+  for (size_t o = 0; o < d.shape.moe_layers.size(); ++o)
+    for (int e = 0; e < E; ++e) {
+      const double c = d.counts[o * static_cast<size_t>(E) + static_cast<size_t>(e)];
+      if (c > 0) out.push_back({d.shape.moe_layers[o], e, c});
+    }
+  return out;
+}
+
 std::vector<std::pair<int, int>> hottest(const ProfileData& d) {
   const int E = d.shape.n_experts;
   std::vector<std::pair<double, std::pair<int, int>>> v;

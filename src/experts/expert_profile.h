@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "experts/cache.h"
+
 namespace spool::io {
 class Checkpoint;
 }
@@ -73,6 +75,9 @@ std::vector<std::pair<int, int>> hottest(const ProfileData& d);
 /// layers filled, the others empty. Throws spool::Error naming the file for a file of neither
 /// format, one of another expert count, a MoE layer at or beyond n_layers, or no routing at all.
 std::vector<std::vector<double>> routing_load(const std::string& path, int n_layers, int n_experts);
+/// The (layer, expert) counts of `d` that are > 0, as prior request counts for the cache's
+/// kLfu policy (ExpertCache::seed; docs/streaming.md#replacement-policy).
+std::vector<ExpertCount> profile_counts(const ProfileData& d);
 
 /// A fingerprint of the routing function: a 64-bit hash (16 hex digits) of the names, shapes
 /// and bytes of the router tensors of `moe_layers` (tensors "layers.L.[...].{stem}.*" with

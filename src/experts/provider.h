@@ -68,6 +68,24 @@ class ExpertProvider {
     (void)layer;
     return nullptr;
   }
+  /// True when the MoE block should acquire in two halves (begin_acquire, finish_acquire) and
+  /// compute the experts the first half hands out while the rest are read. Default: false.
+  virtual bool compute_while_reading() const { return false; }
+  /// The first half of acquire(layer, ids, out): the same bookkeeping as acquire() for every id,
+  /// in order (so hit rates and evictions are acquire()'s), and the reads of the missing experts
+  /// started; out[i] and got[i] = 1 for the experts whose bytes are in memory now, got[i] = 0 for
+  /// the others. Never waits for I/O. finish_acquire() must follow before release(layer).
+  /// Default: acquire() of every id, all got.
+  virtual void begin_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) {
+    acquire(layer, ids, out);
+    std::fill(got.begin(), got.end(), uint8_t{1});
+  }
+  /// The second half: waits for the experts with got[i] == 0 and fills their out[i]. `ids` and
+  /// `got` are begin_acquire()'s. Throws spool::Error as acquire() does (a failed read), having
+  /// undone the call's pins; release(layer) is still called after. Default: nothing.
+  virtual void finish_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<const uint8_t> got) {
+    (void)layer, (void)ids, (void)out, (void)got;
+  }
   /// True when acquire() never waits: every expert stays in memory for this provider's life
   /// (ResidentExperts), so nothing needs to run between prepare() and acquire() to hide reads.
   /// Default: false.

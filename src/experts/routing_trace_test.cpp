@@ -332,17 +332,63 @@ TEST(ForcedRouting, ExpertsUsedEqualTheTrace) {
 // The simulation predicts the streaming cache's own counters: bench's tg test (warm-up + timed
 // repetitions of forced routing) run on a real StreamingExperts, one sequence and four decoded
 // together (the pipelined two-group path), against simulate_tg over the same trace and budget.
+// kLfu keeps the expert asked for more often where kLru keeps the most recent one (capacity 2,
+// top-1, one layer): A A B C evicts B under kLfu (1 request against A's 2), A under kLru.
+TEST(CacheSimTest, LfuKeepsTheFrequentExpert) {
+  const auto step = [](CacheSim& c, int e) { c.layer_step(0, std::vector<int>{e}); };
+  CacheSim lru(2, 1), lfu(2, 1, {CachePolicy::kLfu, 0});
+  for (int e : {0, 0, 1, 2}) step(lru, e), step(lfu, e);
+  EXPECT_FALSE(lru.contains(0, 0));
+  EXPECT_TRUE(lru.contains(0, 1));
+  EXPECT_TRUE(lfu.contains(0, 0));
+  EXPECT_FALSE(lfu.contains(0, 1));
+  // A seed (a profile's counts) outweighs fewer requests: expert 3 seeded with 5 stays against 0's 2.
+  CacheSim seeded(2, 1, {CachePolicy::kLfu, 0});
+  seeded.seed(0, 3, 5.0);
+  for (int e : {3, 0, 0, 1}) step(seeded, e);
+  EXPECT_TRUE(seeded.contains(0, 3));
+  EXPECT_TRUE(seeded.contains(0, 1));
+  EXPECT_FALSE(seeded.contains(0, 0));
+}
+
+// A request `h` requests old weighs half: after 1 request of A then h of B, A's score is half of one fresh request.
+TEST(CacheSimTest, FrequencyScoresDecayByTheHalfLife) {
+  FrequencyScores f(4.0);
+  f.request(1);
+  for (int i = 0; i < 4; ++i) f.request(2);
+  f.request(3);  // one request, made now
+  EXPECT_NEAR(f.score(1) / f.score(3), 0.5 * std::exp2(-1.0 / 4.0), 1e-12);  // 5 requests old
+  FrequencyScores g(2.0);
+  g.seed(7, 3.0);
+  for (int i = 0; i < 2000; ++i) g.request(8);  // past the rescaling (256 half-lives): still consistent
+  g.request(9);
+  const double r = std::exp2(-0.5);                 // requests 1..2000 old: sum of r^a = r / (1 - r) (the tail is < 1e-290)
+  EXPECT_NEAR(g.score(8) / g.score(9), r / (1 - r), 1e-9);
+  EXPECT_EQ(g.score(42), 0.0);
+  EXPECT_THROW(cache_policy_options(CachePolicy::kLfu, 0.0, 8, 8), UsageError);
+  EXPECT_EQ(cache_policy_options(CachePolicy::kLfu, 2.0, 8, 4).half_life, 64.0);
+  EXPECT_EQ(parse_cache_policy("lfu"), CachePolicy::kLfu);
+  EXPECT_THROW(parse_cache_policy("arc"), UsageError);
+}
+
 TEST(CacheSimTest, MatchesStreamingCache) {
   Loaded s = load(testing::data_dir() + "/models/qwen3_moe");
   const auto& sp = s.model->spec();
   const Trace t = skewed_trace(2, 16, 2, 97, 5);
   TraceMap map(t, s.moe_list, sp.moe.n_experts);
   const int n_gen = 9, reps = 3;
+  // LRU; LFU with a half-life of 3 tokens and a seed, as the loader gives a profile's counts.
+  const std::vector<ExpertCount> seed = {{s.moe_list.front(), 1, 4.0}, {s.moe_list.back(), 2, 2.5}};
+  for (int lfu = 0; lfu < 2; ++lfu)
   for (int n_seqs : {1, 4}) {
     for (int64_t slots : {3, 6, 11}) {
       StreamingOptions o;
       o.top_k = sp.moe.top_k;
       o.workers = 2;
+      if (lfu) {
+        o.policy = cache_policy_options(CachePolicy::kLfu, 3.0, static_cast<int>(s.moe_list.size()), sp.moe.top_k);
+        o.seed = seed;
+      }
       const io::ExpertStore store(*s.ckpt, s.moe_layers, sp.moe.n_experts, false);
       o.cache_budget_bytes = store.slot_bytes() * static_cast<uint64_t>(slots);
       auto streaming = std::make_shared<StreamingExperts>(s.ckpt, s.moe_layers, sp.moe.n_experts, sp.hidden_size, sp.moe.intermediate, o);
@@ -373,10 +419,11 @@ TEST(CacheSimTest, MatchesStreamingCache) {
       const StreamingStats got = streaming->stats() - before;
       s.model->hooks = {};
       s.model->set_expert_provider(nullptr);
-      const TraceSimResult want = simulate_tg(map, sp.moe.top_k, slots, n_gen, reps, n_seqs);
-      EXPECT_EQ(got.requests, want.requests) << n_seqs << " sequences, " << slots << " slots";
-      EXPECT_EQ(got.hits, want.hits) << n_seqs << " sequences, " << slots << " slots";
-      EXPECT_EQ(got.misses, want.misses) << n_seqs << " sequences, " << slots << " slots";
+      const TraceSimResult want = simulate_tg(map, sp.moe.top_k, slots, n_gen, reps, n_seqs, o.policy,
+                                              lfu ? std::span<const ExpertCount>(seed) : std::span<const ExpertCount>());
+      EXPECT_EQ(got.requests, want.requests) << n_seqs << " sequences, " << slots << " slots, lfu " << lfu;
+      EXPECT_EQ(got.hits, want.hits) << n_seqs << " sequences, " << slots << " slots, lfu " << lfu;
+      EXPECT_EQ(got.misses, want.misses) << n_seqs << " sequences, " << slots << " slots, lfu " << lfu;
       EXPECT_GT(want.misses, 0u);
       EXPECT_GT(want.hits, 0u);
     }
@@ -455,6 +502,65 @@ TEST(RoutingTraceGuesses, RoundTripErrorsAndMap) {
   const TraceMap nomap(none, {0, 1}, 8);
   EXPECT_EQ(nomap.guess(1, 0, few), 0);
   EXPECT_THROW(nomap.guess(5, 0, few), Error);
+}
+
+}  // namespace
+}  // namespace spool::experts
+
+namespace spool::experts {
+namespace {
+
+// plan --trace's decode time, by hand: two acquires of one sequence's 2 tokens, (2 hits, 3
+// misses) and (0 hits, 1 miss); a miss reads 0.1 GB at 1 GB/s, an expert computes 0.05 GB and the
+// shared expert 0.02 GB at 1 GB/s. Stalls: 0.3 - (0.02 + 2 x 0.05) = 0.18 s and 0.1 - 0.02 = 0.08 s.
+TEST(DecodeTimeModel, StallIsWhatTheReadsTakeBeyondTheOverlap) {
+  TraceSimResult sim;
+  sim.tokens = 2;
+  sim.acquires = {{2, 3}, {0, 1}};
+  DecodeTimeInputs in;
+  in.n_moe_layers = 2;
+  in.compute_s = 0.5;  // + the 6 acquired experts' 0.3 s over 2 steps: 0.65 s a step
+  in.read_bytes = 0.1e9;
+  in.expert_bytes = 0.05e9;
+  in.shared_bytes = 0.02e9;
+  in.mem_gbps = 1;
+  in.disk_gbps = 1;
+  DecodeTime d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.stall_s_per_token, 0.13, 1e-12);
+  EXPECT_NEAR(d.tok_s, 1 / 0.78, 1e-9);
+  in.hits_first = false;  // the hits no longer overlap: 0.28 + 0.08
+  d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.stall_s_per_token, 0.18, 1e-12);
+  EXPECT_NEAR(d.tok_s, 1 / 0.83, 1e-9);
+  // Pipelined (2 sequences: 1 step of 2 tokens): step compute 0.01 + 0.3 = 0.31, the other
+  // group's share 0.31 / 4 overlaps too: stalls 0.3 - 0.0975 and 0.1 - 0.0975.
+  in.compute_s = 0.01;
+  in.n_seqs = 2;
+  d = model_decode_time(sim, in);
+  EXPECT_NEAR(d.stall_s_per_token, (0.2025 + 0.0025) / 2, 1e-12);
+  EXPECT_NEAR(d.tok_s, 2 / (0.31 + 0.205), 1e-9);
+  in.disk_gbps = 0.01;  // disk-bound: 40 s of reads, more than compute + stall can be
+  d = model_decode_time(sim, in);
+  EXPECT_GE(2 / d.tok_s, 40.0 - 1e-9);
+  in.disk_gbps = 0;
+  EXPECT_THROW(model_decode_time(sim, in), Error);
+}
+
+}  // namespace
+}  // namespace spool::experts
+
+namespace spool::experts {
+namespace {
+
+// plan's compute probe runs the fixture's experts through the CPU kernels and reports a rate:
+// positive, finite, and below what summing the same bytes would need no time for (a sanity bound).
+TEST(ExpertComputeProbe, MeasuresAPositiveRate) {
+  Loaded s = load(testing::data_dir() + "/models/qwen3_moe");
+  const auto& sp = s.model->spec();
+  const double g = measure_expert_gbps(s.ckpt, s.moe_layers, s.moe_list.front(), sp.moe.n_experts, sp.hidden_size, sp.moe.intermediate, 1, 0.05);
+  EXPECT_GT(g, 0.0);
+  EXPECT_LT(g, 1e4);
+  EXPECT_THROW(measure_expert_gbps(s.ckpt, s.moe_layers, s.moe_list.front(), sp.moe.n_experts, sp.hidden_size, sp.moe.intermediate, 0, 0.05), Error);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "experts/streaming.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <unordered_set>
@@ -9,6 +10,8 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "experts/weight_views.h"
+#include "ops/thread_pool.h"
+#include "ops/cpu_backend.h"
 
 namespace spool::experts {
 
@@ -41,7 +44,7 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
       cache_(opt_.hold_all ? store_.slot_bytes() * static_cast<uint64_t>(std::count(moe_layers.begin(), moe_layers.end(), true)) *
                                  static_cast<uint64_t>(n_experts)
                            : opt_.cache_budget_bytes,
-             store_.slot_bytes()) {
+             store_.slot_bytes(), opt_.policy) {
   // Each expert's storage (type, group, shapes): a calibrated conversion (spool convert
   // --calibration) gives the experts of one layer different formats; the slot is as large as the
   // largest (io::ExpertStore). expert_views() checks each expert's shapes.
@@ -77,6 +80,7 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
     in_use_.resize(moe_layers.size());
     prepared_.resize(moe_layers.size());
     last_ids_.resize(moe_layers.size());
+    begun_.resize(moe_layers.size());
     for (int i = 0; i < opt_.stage_slots; ++i) {
       Stage st;
       st.data = static_cast<uint8_t*>(std::aligned_alloc(4096, (store_.slot_bytes() + 4095) / 4096 * 4096));
@@ -86,6 +90,7 @@ StreamingExperts::StreamingExperts(std::shared_ptr<const io::Checkpoint> ckpt, c
     if (cache_.capacity() < opt_.top_k)
       log_warn("--cache-budget-gb holds %lld experts, fewer than the %d a token uses; the cache will exceed it",
                (long long)cache_.capacity(), opt_.top_k);
+    for (const ExpertCount& c : opt_.seed) cache_.seed(c.layer, c.expert, c.count);
     load_pins();
     load_warm();
   } catch (...) {
@@ -248,6 +253,7 @@ void StreamingExperts::lookup_and_pin(int layer, std::span<const int> ids, std::
     for (; i < ids.size(); ++i) {
       ExpertCache::Entry* e = cache_.find(layer, ids[i]);
       ++stats_.requests;
+      cache_.count(layer, ids[i]);
       if (e != nullptr && e->state == ExpertCache::State::kFailed && e->pins == 0) {
         cache_.erase(e);  // a failed read never serves data: read it again
         e = nullptr;
@@ -355,6 +361,73 @@ void StreamingExperts::acquire(int layer, std::span<const int> ids, std::span<Ex
   }
 }
 
+void StreamingExperts::begin_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) {
+  std::vector<ExpertCache::Entry*> entries(ids.size()), misses, waits;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    lookup_and_pin(layer, ids, entries, misses, waits);
+    drop_queued_guesses(layer);
+    if (!misses.empty()) {
+      try {
+        submit_background(misses);  // ready (or failed, kept while pinned) when the read lands
+      } catch (...) {  // the read could not be queued: undo this call as acquire()'s error path does
+        for (auto* e : entries) --e->pins;
+        auto& use = in_use_[layer];
+        use.erase(use.end() - static_cast<std::ptrdiff_t>(entries.size()), use.end());
+        for (auto* e : misses)
+          if (e->pins == 0) cache_.erase(e);
+        throw;
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) got[i] = entries[i]->state == ExpertCache::State::kReady ? 1 : 0;
+    begun_[layer] = entries;
+  }
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (got[i]) out[i] = slot_views(layer, ids[i], entries[i]->data);
+}
+
+void StreamingExperts::finish_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<const uint8_t> got) {
+  std::exception_ptr err;
+  std::vector<ExpertCache::Entry*> entries;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    entries.swap(begun_[layer]);
+    if (entries.size() != ids.size()) fail("finish_acquire(layer %d) without its begin_acquire", layer);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool waited = false;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (got[i]) continue;
+      ExpertCache::Entry* e = entries[i];
+      waited = true;
+      ready_cv_.wait(lk, [&] { return e->state != ExpertCache::State::kLoading; });
+      if (e->state == ExpertCache::State::kFailed && !err)
+        err = std::make_exception_ptr(
+            Error(strfmt("reading expert %d of layer %d failed (read error or corrupt data; see the log)", e->expert, layer)));
+    }
+    if (waited) stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (err) {  // as acquire(): unpin this call's entries and drop every failed one
+      for (auto* e : entries) --e->pins;
+      std::vector<ExpertCache::Entry*> failed;
+      for (auto* e : entries)
+        if (e->state == ExpertCache::State::kFailed && e->pins == 0 && std::find(failed.begin(), failed.end(), e) == failed.end())
+          failed.push_back(e);
+      auto& use = in_use_[layer];
+      use.erase(std::remove_if(use.begin(), use.end(),
+                               [&](ExpertCache::Entry* x) { return std::find(entries.begin(), entries.end(), x) != entries.end(); }),
+                use.end());
+      for (auto* e : failed) cache_.erase(e);
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (!got[i]) out[i] = slot_views(layer, ids[i], entries[i]->data);
+  if (opt_.prefetch_ahead > 0 && static_cast<int>(ids.size()) <= opt_.top_k) {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_ids_[layer].assign(ids.begin(), ids.end());
+    prefetch_after(layer);
+  }
+}
+
 size_t StreamingExperts::acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out,
                                            std::span<uint8_t> got) {
   std::fill(got.begin(), got.end(), uint8_t{0});
@@ -367,6 +440,7 @@ size_t StreamingExperts::acquire_available(int layer, std::span<const int> ids, 
     if (e == nullptr || e->state != ExpertCache::State::kReady) continue;
     // As lookup_and_pin() counts it: read by prepare() for this acquire is a miss, else a hit.
     ++stats_.requests;
+    cache_.count(layer, ids[i]);
     if (e->prepared) {
       ++stats_.misses;
       e->prepared = false;
@@ -658,15 +732,59 @@ StreamingStats StreamingExperts::stats() const {
 }
 
 std::string StreamingExperts::describe() const {
-  return strfmt("streaming %lld expert tensors (%s) through a %s%s cache (%lld experts of %s), %s %s, %d workers%s",
+  return strfmt("streaming %lld expert tensors (%s) through a %s%s %s cache (%lld experts of %s), %s %s, %d workers%s",
                 (long long)store_.tensor_count(), format_bytes(store_.total_bytes()).c_str(),
                 format_bytes(cache_.budget()).c_str(),
                 locked_ != nullptr ? strfmt(" pinned (%s page-locked)", format_bytes(locked_bytes_).c_str()).c_str() : "",
-                (long long)cache_.capacity(), format_bytes(store_.slot_bytes()).c_str(),
+                opt_.policy.policy == CachePolicy::kLfu ? "LFU" : "LRU", (long long)cache_.capacity(), format_bytes(store_.slot_bytes()).c_str(),
                 opt_.engine == io::IoEngine::kUring ? "io_uring" : "pread",
                 reader_->direct() ? "O_DIRECT" : (opt_.direct ? "buffered+DONTNEED" : "page cache"), opt_.workers,
                 opt_.prefetch_ahead > 0 ? strfmt(", prefetch-ahead %d", opt_.prefetch_ahead).c_str() : "")
          + (stage_.empty() ? "" : strfmt(", %zu staging buffers for next-layer prefetch", stage_.size()));
+}
+
+double measure_expert_gbps(std::shared_ptr<const io::Checkpoint> ck, const std::vector<bool>& moe_layers, int layer, int n_experts,
+                           int hidden, int inter, int threads, double seconds) {
+  const int n = std::min(n_experts, 64), k = std::min(n, 8);
+  if (n < 1 || hidden < 1 || inter < 1 || threads < 1) fail("expert compute probe: needs experts, shapes and threads");
+  StreamingOptions so;
+  so.workers = 2;
+  so.hits_first = false;
+  StreamingExperts src(ck, moe_layers, n_experts, hidden, inter, so);
+  so.cache_budget_bytes = src.store().slot_bytes() * static_cast<uint64_t>(n);
+  StreamingExperts st(std::move(ck), moe_layers, n_experts, hidden, inter, so);
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int e = 0; e < n; ++e) ids[static_cast<size_t>(e)] = e;
+  std::vector<ExpertWeights> w(static_cast<size_t>(n));
+  st.acquire(layer, ids, w);  // read once; held until release
+  double bytes_all = 0;
+  for (const ExpertWeights& x : w)
+    for (const ops::WeightView* v : {&x.gate, &x.up, &x.down}) bytes_all += static_cast<double>(v->nbytes());
+  ops::ThreadPool pool(threads);
+  ops::CpuBackend be(&pool);
+  ops::ExpertGroups g;  // one token, k experts: row j of y is expert j's
+  g.T = 1, g.K = k;
+  for (int j = 0; j < k; ++j) g.active.push_back(j), g.first.push_back(j), g.rows.push_back(j), g.row_of.push_back(j);
+  g.first.push_back(k);
+  std::vector<float> x(static_cast<size_t>(hidden)), y(static_cast<size_t>(k) * hidden);
+  for (int i = 0; i < hidden; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i));
+  const ops::Activation act = w[0].up.rows == 0 ? ops::Activation::kClampedSwiGLU : ops::Activation::kSwiGLU;  // gpt-oss: fused gate_up
+  auto pass = [&] {  // every expert of the set once, k per call
+    for (int e0 = 0; e0 + k <= n; e0 += k)
+      be.expert_ffn(std::span<const ops::ExpertMats>(w.data() + e0, static_cast<size_t>(k)), g, 0, x.data(), hidden, act, y.data());
+  };
+  pass();
+  const double bytes = bytes_all * static_cast<double>(n / k * k) / n;
+  double best = 0;
+  const double t_end = now_seconds() + seconds;
+  do {
+    const double t0 = now_seconds();
+    pass();
+    const double dt = now_seconds() - t0;
+    if (dt > 0) best = std::max(best, bytes / dt / 1e9);
+  } while (now_seconds() < t_end);
+  st.release(layer);
+  return best;
 }
 
 }  // namespace spool::experts

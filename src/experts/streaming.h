@@ -57,6 +57,13 @@ struct StreamingOptions {
   /// no demand read (a layer's misses) is in flight, so guesses use the disk's idle time and never
   /// slow a miss; a guess a layer asks for before its turn is read at once, as a demand miss.
   int stage_in_flight = 2;
+  /// compute_while_reading(): the MoE block computes a layer's cached experts while its misses
+  /// are read (--no-hits-first turns it off).
+  bool hits_first = true;
+  /// Which cached expert an insert evicts (--cache-policy, --cache-half-life in requests).
+  CachePolicyOptions policy;
+  /// kLfu: prior request counts (--expert-profile's decayed counts), before the first request.
+  std::vector<ExpertCount> seed;
 };
 
 /// Counters since construction. A "request" is one expert asked for by a layer.
@@ -105,6 +112,9 @@ class StreamingExperts final : public ExpertProvider {
   /// acquire() and counted the same way (a hit, or a miss when prepare() read it).
   size_t acquire_available(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override;
   void release(int layer) override;
+  bool compute_while_reading() const override { return opt_.hits_first; }
+  void begin_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<uint8_t> got) override;
+  void finish_acquire(int layer, std::span<const int> ids, std::span<ExpertWeights> out, std::span<const uint8_t> got) override;
   std::string describe() const override;
   int max_batch() const override;
 
@@ -181,10 +191,20 @@ class StreamingExperts final : public ExpertProvider {
   // Under mu_: drops one prepare() pin of `e` if it has one; true if it did.
   bool drop_prepared_pin(ExpertCache::Entry* e);
   std::vector<std::vector<int>> last_ids_;                // [layer] experts of the last acquire
+  std::vector<std::vector<ExpertCache::Entry*>> begun_;   // [layer] begin_acquire()'s entries, in ids order, until finish_acquire()
   StreamingStats stats_;
   int pinned_count_ = 0;
   void* locked_ = nullptr;        // the cache block page-locked with opt_.pin_with (unlocked at destruction)
   uint64_t locked_bytes_ = 0;
 };
+
+/// The rate, in GB/s of weight bytes (1e9 bytes/s), at which this machine's CPU kernels run one
+/// token through routed experts of `ck`: ops::CpuBackend::expert_ffn on `threads` threads over
+/// experts of MoE layer `layer` (read into a streaming cache of their own through the page cache, as the run binds them), 8 per call (a decode step's top-k), cycling through up to 64 of
+/// them (more than a last-level cache holds on most machines), for about `seconds` after one
+/// warm-up pass; the best of the passes over the set counts. `spool plan` uses it as the compute
+/// rate of a token's weights where the cores, not memory, bound decode. Throws spool::Error when
+/// the experts cannot be bound (the streaming provider's errors).
+double measure_expert_gbps(std::shared_ptr<const io::Checkpoint> ck, const std::vector<bool>& moe_layers, int layer, int n_experts, int hidden, int inter, int threads, double seconds = 0.3);
 
 }  // namespace spool::experts

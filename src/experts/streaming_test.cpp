@@ -69,10 +69,13 @@ struct Config {
   bool direct;
   io::IoEngine engine;
   int prefetch;
+  bool hits_first = true;                   // StreamingOptions::hits_first (the MoE block's two-half acquire)
+  CachePolicy policy = CachePolicy::kLru;   // StreamingOptions::policy (kLfu with a short half-life)
   std::string name() const {
     return "budget" + std::to_string(static_cast<int>(budget_frac * 100)) + "_w" + std::to_string(workers) +
            (direct ? "_direct" : "_pagecache") + (engine == io::IoEngine::kUring ? "_uring" : "_pread") +
-           (prefetch ? "_prefetch" + std::to_string(prefetch) : "");
+           (prefetch ? "_prefetch" + std::to_string(prefetch) : "") + (hits_first ? "" : "_nohitsfirst") +
+           (policy == CachePolicy::kLfu ? "_lfu" : "");
   }
 };
 
@@ -92,6 +95,8 @@ TEST_P(BitIdentical, StreamingEqualsResident) {
   o.direct = cfg.direct;
   o.prefetch_ahead = cfg.prefetch;
   o.workers = cfg.workers;
+  o.hits_first = cfg.hits_first;
+  o.policy = cache_policy_options(cfg.policy, 2.0, 8, 8);  // a half-life of 128 requests: the decay matters within the run
   // All experts' bytes, or their slots when the 4096-byte alignment of each extent makes those
   // larger (gpt-oss MXFP4: four small extents per expert in the tiny fixture).
   const io::ExpertStore plan(*s.ckpt, s.moe_layers, s.model->spec().moe.n_experts, cfg.direct);
@@ -130,6 +135,11 @@ std::vector<Config> all_configs() {
       for (bool direct : {false, true})
         for (auto eng : {io::IoEngine::kPread, io::IoEngine::kUring})
           for (int pf : {0, 2}) v.push_back({b, w, direct, eng, pf});
+  // The replacement policy and the one-call acquire, at the budgets where the cache evicts.
+  for (double b : {0.0, 0.1, 0.5})
+    for (bool hf : {false, true})
+      for (auto pol : {CachePolicy::kLru, CachePolicy::kLfu})
+        if (!hf || pol == CachePolicy::kLfu) v.push_back({b, 8, true, io::IoEngine::kPread, 0, hf, pol});
   return v;
 }
 
@@ -145,8 +155,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BitIdentical,
                                                               "deepseek_v3", "deepseek_v3_kimi", "deepseek_v2_lite", "glm4_moe", "glm4_moe_lite",
                                                               "minimax_m2", "gpt_oss_mxfp4", "ernie4_5_moe", "gemma4_text_moe"),
                                             ::testing::Values(Config{0.0, 1, true, io::IoEngine::kPread, 0},
-                                                              Config{0.1, 8, false, io::IoEngine::kUring, 2},
+                                                              Config{0.1, 8, false, io::IoEngine::kUring, 2, true, CachePolicy::kLfu},
                                                               Config{0.5, 8, true, io::IoEngine::kUring, 0},
+                                                              Config{0.5, 8, true, io::IoEngine::kPread, 0, false, CachePolicy::kLfu},
                                                               Config{1.0, 1, false, io::IoEngine::kPread, 1})),
                          param_name);
 // gpt-oss float experts ([E, in, out] in the file) are streamed from the in-memory shard that

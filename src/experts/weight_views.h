@@ -47,4 +47,5 @@ ops::WeightView bind_weight(const io::Checkpoint& ck, const std::string& base, i
 /// (the streaming provider checks them after reading).
 ExpertWeights expert_views(const io::Checkpoint& ck, int layer, int expert, int hidden, int inter, bool check_data = true);
 
+
 }  // namespace spool::experts

@@ -300,23 +300,102 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
     with_shared.first.push_back(with_shared.first.back() + T);
     for (int64_t t = 0; t < T; ++t) with_shared.rows.push_back(t * K);
   }
-  for (size_t b0 = a_lo; b0 < a_hi; b0 += batch) {
-    const size_t nb = std::min(batch, a_hi - b0);
-    provider.acquire(layer, std::span<const int>(groups.active.data() + b0, nb), std::span<experts::ExpertWeights>(w.data(), nb));
-    if (expert_lora_ != nullptr)  // the experts' LoRA terms (resident, whatever the provider)
-      for (size_t j = 0; j < nb; ++j) {
-        const int e = groups.active[b0 + j];
-        w[j].gate.lora = expert_lora_->gate_of(e);
-        w[j].up.lora = expert_lora_->up_of(e);
-        w[j].down.lora = expert_lora_->down_of(e);
-      }
+  // Sets the LoRA terms and biases of w[j] for expert `e` (resident, whatever the provider).
+  auto bind_extras = [&](experts::ExpertWeights& wj, int e) {
+    if (expert_lora_ != nullptr) {
+      wj.gate.lora = expert_lora_->gate_of(e);
+      wj.up.lora = expert_lora_->up_of(e);
+      wj.down.lora = expert_lora_->down_of(e);
+    }
     if (m_.expert_bias) {  // the experts' biases: rows of the layer's resident bias tables
       const int64_t I2 = 2 * static_cast<int64_t>(m_.intermediate);
-      for (size_t j = 0; j < nb; ++j) {
-        w[j].gate_bias = gate_up_bias_p_ + groups.active[b0 + j] * I2;
-        w[j].down_bias = down_bias_p_ + static_cast<int64_t>(groups.active[b0 + j]) * H;
+      wj.gate_bias = gate_up_bias_p_ + e * I2;
+      wj.down_bias = down_bias_p_ + static_cast<int64_t>(e) * H;
+    }
+  };
+  // Hits first (ExpertProvider::compute_while_reading): begin_acquire() hands out the experts of
+  // a batch already in memory, which compute while the batch's misses are still being read;
+  // finish_acquire() waits for the misses, which compute then. Each expert's rows
+  // of s.y depend on that expert and its rows only, so the order changes no bit.
+  const bool hits_first = provider.compute_while_reading() && !fold_shared && !ep && be.device() == ops::Device::kCpu;
+  std::vector<uint8_t> got;
+  std::vector<experts::ExpertWeights> w2;
+  for (size_t b0 = a_lo; b0 < a_hi; b0 += batch) {
+    const size_t nb = std::min(batch, a_hi - b0);
+    const std::span<const int> ids(groups.active.data() + b0, nb);
+    if (hits_first) {
+      got.assign(nb, 0);
+      try {
+        provider.begin_acquire(layer, ids, std::span<experts::ExpertWeights>(w.data(), nb), got);
+      } catch (...) {
+        provider.release(layer);
+        throw;
+      }
+      const size_t n_avail = static_cast<size_t>(std::count(got.begin(), got.end(), uint8_t{1}));
+      if (n_avail > 0 && n_avail < nb) {
+        try {
+          // The two parts as groups of their own, available then the rest, each computed into
+          // `tmp` (rows in the part's order) and copied to the rows of s.y the whole grouping has.
+          ops::ExpertGroups part[2];
+          std::vector<int64_t> pos[2];  // [part] row position in s.y of each of the part's rows
+          std::vector<int> rest;
+          w2.clear();
+          std::vector<experts::ExpertWeights> wa;
+          for (int pass = 0; pass < 2; ++pass) {
+            ops::ExpertGroups& g = part[pass];
+            g.T = groups.T, g.K = groups.K;
+            g.first.push_back(0);
+            for (size_t j = 0; j < nb; ++j) {
+              if ((got[j] != 0) != (pass == 0)) continue;
+              const size_t gi = b0 + j;
+              g.active.push_back(groups.active[gi]);
+              g.rows.insert(g.rows.end(), groups.rows.begin() + groups.first[gi], groups.rows.begin() + groups.first[gi + 1]);
+              for (int64_t r = groups.first[gi]; r < groups.first[gi + 1]; ++r) pos[pass].push_back(r);
+              g.first.push_back(static_cast<int64_t>(g.rows.size()));
+              if (pass == 0) {
+                wa.push_back(w[j]);
+                bind_extras(wa.back(), groups.active[gi]);
+              } else {
+                rest.push_back(groups.active[gi]);
+              }
+            }
+          }
+          thread_local std::vector<float> tmp;
+          auto scatter = [&](int pass) {
+            for (size_t r = 0; r < pos[pass].size(); ++r)
+              std::copy_n(tmp.data() + r * static_cast<size_t>(H), H, s.y + pos[pass][r] * H);
+          };
+          tmp.resize(std::max(pos[0].size(), pos[1].size()) * static_cast<size_t>(H));
+          be.expert_ffn(std::span<const ops::ExpertMats>(wa.data(), wa.size()), part[0], 0, x, H, act_, tmp.data());
+          scatter(0);
+          provider.finish_acquire(layer, ids, std::span<experts::ExpertWeights>(w.data(), nb), got);
+          for (size_t j = 0; j < nb; ++j)
+            if (!got[j]) w2.push_back(w[j]);
+          for (size_t j = 0; j < rest.size(); ++j) bind_extras(w2[j], rest[j]);
+          be.expert_ffn(std::span<const ops::ExpertMats>(w2.data(), w2.size()), part[1], 0, x, H, act_, tmp.data());
+          scatter(1);
+        } catch (...) {
+          provider.release(layer);
+          throw;
+        }
+        provider.release(layer);
+        continue;
+      }
+      {  // every expert in memory, or none: one call after the wait, as below
+        try {
+          provider.finish_acquire(layer, ids, std::span<experts::ExpertWeights>(w.data(), nb), got);
+          for (size_t j = 0; j < nb; ++j) bind_extras(w[j], groups.active[b0 + j]);
+          be.expert_ffn(std::span<const ops::ExpertMats>(w.data(), nb), groups, b0, x, H, act_, s.y);
+        } catch (...) {
+          provider.release(layer);
+          throw;
+        }
+        provider.release(layer);
+        continue;
       }
     }
+    provider.acquire(layer, ids, std::span<experts::ExpertWeights>(w.data(), nb));
+    for (size_t j = 0; j < nb; ++j) bind_extras(w[j], groups.active[b0 + j]);
     try {
       if (fold_shared) {  // (one batch: every active expert)
         w[nb] = shared_mats;
