@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "dist/nccl_comm.h"
 #include "models/ops_used.h"
 #include "plan/gpu.h"
 #if SPOOL_HAVE_CUDA
@@ -86,6 +87,13 @@ GpuBackend make_gpu_backend(int index, std::optional<uint64_t> vram_budget) {
   fail("cuda:%d: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", index);
 #endif
   return g;
+}
+
+std::unique_ptr<dist::Comm> make_device_comm(ops::Backend& be, dist::Comm& host) {
+#if SPOOL_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<ops::CudaBackend*>(&be)) return dist::nccl_comm(host, cuda->device_index(), cuda->stream_handle());
+#endif
+  fail("--comm nccl: the %s backend runs on the host; the NCCL communicator moves GPU memory (--device cuda)", be.name());
 }
 
 uint64_t device_uploaded_bytes(const ops::Backend& be) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm.h"
 #include "models/spec.h"
 #include "ops/backend.h"
 
@@ -46,6 +47,11 @@ struct GpuBackend {
 /// The backend of GPU `index` (>= 0, from resolve_device) with its VRAM budget: `vram_budget`
 /// bytes (--vram-budget-gb), or nullopt for auto. Throws spool::Error in a build without CUDA.
 GpuBackend make_gpu_backend(int index, std::optional<uint64_t> vram_budget);
+
+/// The NCCL communicator over `host`'s ranks on GPU backend `be`: its device, its compute stream
+/// (dist::nccl_comm; collectives queued in order with the backend's ops). Every rank must call
+/// it. Throws spool::Error for a host backend, or in a build without CUDA or NCCL.
+std::unique_ptr<dist::Comm> make_device_comm(ops::Backend& be, dist::Comm& host);
 
 /// Bytes a device backend has uploaded so far (dense weights and parameters at bind, experts
 /// once placed); 0 for a host backend.
