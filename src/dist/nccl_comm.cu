@@ -66,7 +66,7 @@ void grouped(F&& f) {
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(Comm& host, int device, cudaStream_t s) : host_(host), s_(s), rank_(host.rank()), size_(host.size()) {
+  NcclComm(Comm& host, int device, cudaStream_t s) : host_(host), s_(s), device_(device), rank_(host.rank()), size_(host.size()) {
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     // Rank 0's id (and whether it got one) to every rank: a failure there fails every rank.
     struct {
@@ -184,6 +184,7 @@ class NcclComm final : public Comm {
     Timed t(stats_);
     float* all = scratch(static_cast<size_t>(size_) * static_cast<size_t>(n));
     check(ncclAllGather(x, all, static_cast<size_t>(n), ncclFloat, comm_, s_), "ncclAllGather");
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");  // (the launch goes to this thread's current device)
     const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
     k_sum_ranks<<<blocks, 256, 0, s_>>>(all, size_, n, x);
     check_cuda(cudaGetLastError(), "k_sum_ranks launch");
@@ -269,6 +270,7 @@ class NcclComm final : public Comm {
 
   Comm& host_;
   cudaStream_t s_;
+  int device_ = 0;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
   int64_t* counts_dev_ = nullptr;   // [R] this rank's counts, then [R * R] every rank's

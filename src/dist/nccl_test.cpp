@@ -174,7 +174,9 @@ TEST(NcclComm, AlltoallRowsWithZeroRowCounts) {
         for (int64_t j = 0; j < W; ++j) want.push_back(value(a, 100 * me + i, j));
     }
     DevBuf<float> ds(send.size()), dr(want.size() + 1);
-    if (!send.empty()) CUDA_OK(cudaMemcpy(ds.p, send.data(), send.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if (!send.empty()) {
+      CUDA_OK(cudaMemcpy(ds.p, send.data(), send.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
     const float sentinel = -7.0f;  // the float after the received rows stays untouched
     CUDA_OK(cudaMemcpy(dr.p + want.size(), &sentinel, sizeof(float), cudaMemcpyHostToDevice));
     f.comm->alltoall_rows(ds.p, sc, dr.p, rc, W);

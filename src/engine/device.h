@@ -33,7 +33,9 @@ struct GpuInfo {
 };
 GpuInfo gpu_info(int index);
 /// Resolves --device (cpu | cuda | cuda:N | auto) to a GPU index, or -1 for the CPU: auto is
-/// cuda:0 when this build has CUDA and a GPU is present. Throws spool::UsageError for another
+/// cuda:0 when this build has CUDA and a GPU is present. Under an MPI launcher with several ranks
+/// (dist::launched_by_mpi), auto and cuda take GPU (local rank mod the GPUs seen) instead of 0:
+/// one GPU per rank of a host. Throws spool::UsageError for another
 /// value or for cuda[:N] in a build without CUDA, spool::Error when the GPU is not there.
 int resolve_device(const std::string& device);
 
