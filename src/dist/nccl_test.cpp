@@ -157,10 +157,11 @@ TEST(NcclComm, AlltoallRowsWithZeroRowCounts) {
   Fixture f;
   const int R = f.comm->size(), me = f.comm->rank();
   const int64_t W = 3;
-  // Rank a sends (a + 2 b) % 3 rows to rank b (zeros among them); row i of a's rows to b holds value(a, 100 b + i, j).
-  const auto n_send = [](int a, int b) { return static_cast<int64_t>((a + 2 * b) % 3); };
+  // Rank a sends (a + 2 b + 1) % 3 rows to rank b (one to itself on one rank; zeros among them with
+  // more); row i of a's rows to b holds value(a, 100 b + i, j).
+  const auto n_send = [](int a, int b) { return static_cast<int64_t>((a + 2 * b + 1) % 3); };
   for (const bool all_zero : {false, true}) {
-    SCOPED_TRACE(all_zero ? "no rows at all" : "counts (a + 2b) % 3");
+    SCOPED_TRACE(all_zero ? "no rows at all" : "counts (a + 2b + 1) % 3");
     std::vector<int64_t> sc(static_cast<size_t>(R)), rc(static_cast<size_t>(R));
     std::vector<float> send, want;
     for (int b = 0; b < R; ++b) {
