@@ -21,7 +21,9 @@ bool have_nccl();
 /// index; `stream` a cudaStream_t on that device that outlives every collective (pointers passed
 /// to the collectives are device memory of that device, allgather_rows's `out` excepted: host).
 /// Throws spool::Error naming the NCCL or CUDA call and its error string, or when this build has
-/// no NCCL. Every rank must call it (a collective).
+/// no NCCL. Every rank must call it (a collective). Its CommStats::seconds are host time: queueing
+/// the collectives plus the waits for the row counts (a gather's counts are read on the host, after
+/// the stream's earlier work); the collectives' own GPU time overlaps and is not in it.
 std::unique_ptr<Comm> nccl_comm(Comm& host, int device, void* stream);
 
 }  // namespace spool::dist
