@@ -577,11 +577,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       int most = 0;
       for (int layer : moe_layers_of(spec)) most = std::max(most, static_cast<int>(ep.owners->owned(layer, w.rank()).size()));
       log_info("expert parallelism: rank %d of %d (%s), experts %s (--expert-owners %s): at most %d of %d per layer here%s", w.rank(),
-               w.size(), w.name(), ep.owners->describe().c_str(), opt.expert_owners.c_str(), most, spec.moe.n_experts,
+               w.size(), ep.comm->name(), ep.owners->describe().c_str(), opt.expert_owners.c_str(), most, spec.moe.n_experts,
                ep.lead ? "; rank 0 leads" : "");
     } else {
       const auto [lo, hi] = dist::owned_experts(w.rank(), spec.moe.n_experts, w.size());
-      log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here%s", w.rank(), w.size(), w.name(), lo, hi,
+      log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here%s", w.rank(), w.size(), ep.comm->name(), lo, hi,
                spec.moe.n_experts, ep.lead ? "; rank 0 leads" : "");
     }
   } else if (!opt.expert_owners.empty()) {
