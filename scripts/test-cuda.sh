@@ -73,7 +73,7 @@ run_tests() {  # run_tests BIN_DIR: runs every test binary, logs to $OUT when se
     fi
     if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
       echo "== compute-sanitizer memcheck: $t (CUDA cases)"
-      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/$t" --gtest_filter='*cuda*:CudaModel*' \
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/$t" --gtest_filter='*cuda*:CudaModel*:Nccl*:*/Nccl*' \
         --gtest_brief=1 > "${OUT:-/tmp}/$t.memcheck.log" 2>&1 || { echo "memcheck failed (rc $?)"; rc=1; }
       tail -5 "${OUT:-/tmp}/$t.memcheck.log"
     fi
