@@ -2,7 +2,8 @@
 # Builds and runs spool's CUDA tests (the backend op table on CudaBackend: backend_test; fixture
 # models on CUDA against the CPU, strict device mode for the fully native families:
 # cuda_model_test; the capability table and strict mode per backend: capability_test; LoRA adapters
-# against PEFT's goldens: lora_test) on a machine
+# against PEFT's goldens: lora_test; the NCCL communicator and expert parallelism over it, one rank:
+# nccl_test, where the build has NCCL) on a machine
 # with an NVIDIA GPU.
 #
 #   scripts/test-cuda.sh                  build with -DSPOOL_CUDA=ON in $BUILD_DIR and run the tests here
@@ -20,7 +21,8 @@
 # Environment: SPOOL_CUDA_ARCHS (default 90), BUILD_DIR (default build-cuda), NO_BUILD=1 (stage BUILD_DIR's
 # binaries as they are, e.g. build/ from scripts/test.sh, which compiles CUDA when nvcc is found), STAGE_SPOOL=0 (stage: the
 # test binaries only, without spool), OUT (a folder for
-# the logs, optional), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases),
+# the logs, optional), STAGE_NCCL=1 (stage: also NCCL's libnccl.so.2, ~200 MB; by default `run` takes the GPU
+# machine's, e.g. PyTorch's wheel's), SANITIZE=1 (also run compute-sanitizer memcheck over the CUDA cases),
 # BENCH=1 (after the tests, `spool bench` CPU vs CUDA of the demo model and of a
 # Qwen3.6-35B-A3B-shaped q4 synthetic of BENCH_LAYERS layers (default 8) made on the GPU machine,
 # with the host->device bandwidth; logs bench*.log in $OUT), CUDA_BENCH=1 (bench/cuda.sh against llama.cpp,
@@ -33,7 +35,7 @@ shopt -s inherit_errexit  # a failed build inside $(build) stops the script
 mode=${1:-local}
 here=$(cd "$(dirname "$0")" && pwd)
 archs=${SPOOL_CUDA_ARCHS:-90}
-tests=(backend_test capability_test cuda_model_test lora_test)
+tests=(backend_test capability_test cuda_model_test lora_test nccl_test)  # (nccl_test: in builds with NCCL, SPOOL_NCCL)
 
 build() {  # build [dir]: configure and build the CUDA test binaries
   local repo bdir
@@ -50,7 +52,9 @@ build() {  # build [dir]: configure and build the CUDA test binaries
   fi
   cmake -S "$repo" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPOOL_CUDA=ON -DSPOOL_CUDA_ARCHS="$archs" \
     -DSPOOL_BUILD_BENCH=OFF "${launch[@]}" >&2
-  cmake --build "$bdir" -j"$(nproc)" --target "${tests[@]}" spool spool_test_data spool_model_data >&2
+  local targets=("${tests[@]}")
+  grep -q 'SPOOL_NCCL:BOOL=ON' "$bdir/CMakeCache.txt" || targets=("${targets[@]/nccl_test}")
+  cmake --build "$bdir" -j"$(nproc)" --target ${targets[@]} spool spool_test_data spool_model_data >&2
   echo "$bdir"
 }
 
@@ -60,6 +64,7 @@ run_tests() {  # run_tests BIN_DIR: runs every test binary, logs to $OUT when se
   for t in "${tests[@]}"; do
     log=${OUT:+$OUT/$t.log}
     echo "== $t"
+    if [ ! -x "$bin/$t" ] && [ "$t" = nccl_test ]; then echo "nccl_test: not built (no NCCL in this build)"; continue; fi
     if [ -n "$log" ]; then
       "$bin/$t" --gtest_color=no > "$log" 2>&1 || rc=1
       grep -E '^\[  (FAILED|SKIPPED|PASSED) |^\[==========\]|Failure|rror' "$log" | head -80 || true
@@ -68,7 +73,7 @@ run_tests() {  # run_tests BIN_DIR: runs every test binary, logs to $OUT when se
     fi
     if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
       echo "== compute-sanitizer memcheck: $t (CUDA cases)"
-      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/$t" --gtest_filter='*cuda*:CudaModel*' \
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/$t" --gtest_filter='*cuda*:CudaModel*:Nccl*:*/Nccl*' \
         --gtest_brief=1 > "${OUT:-/tmp}/$t.memcheck.log" 2>&1 || { echo "memcheck failed (rc $?)"; rc=1; }
       tail -5 "${OUT:-/tmp}/$t.memcheck.log"
     fi
@@ -110,8 +115,13 @@ case "$mode" in
     dir=${2:?usage: test-cuda.sh stage DIR}
     bdir=$(build | tail -1)
     rm -rf "$dir" && mkdir -p "$dir/lib"
-    for t in "${tests[@]}"; do strip -o "$dir/$t" "$(find "$bdir/src" -name "$t" -type f -perm -u+x | head -1)"; done
-    bins=("${tests[@]}")
+    bins=()
+    for t in "${tests[@]}"; do
+      f=$(find "$bdir/src" -name "$t" -type f -perm -u+x | head -1)
+      if [ -z "$f" ] && [ "$t" = nccl_test ]; then echo "stage: nccl_test not built here (no NCCL in this build)" >&2; continue; fi
+      [ -n "$f" ] || { echo "stage: $t not built in $bdir" >&2; exit 1; }
+      strip -o "$dir/$t" "$f" && bins+=("$t")
+    done
     if [ "${STAGE_SPOOL:-1}" = 1 ]; then strip -o "$dir/spool" "$bdir/spool" && bins+=(spool); fi
     # Shared libraries from the Debian -dev packages spool builds against that a CUDA image lacks
     # (Highway, liburing, utf8proc, PCRE2, cpp-httplib, Open MPI and its hwloc / libevent) and the CUDA runtime; everything else (the C/C++
@@ -122,12 +132,15 @@ case "$mode" in
         libhwy*|liburing*|libutf8proc*|libpcre2*|libcpp-httplib*|libcudart*) cp -L "$lib" "$dir/lib/" ;;
         # Open MPI (src/dist): linked, initialised only under mpirun
         libmpi.so*|libopen-rte*|libopen-pal*|libhwloc*|libevent_core*|libevent_pthreads*) cp -L "$lib" "$dir/lib/" ;;
+        # NCCL (src/dist/nccl_comm.cu; ~200 MB): taken from the GPU machine (PyTorch's wheel has
+        # libnccl.so.2; `run` finds it) unless STAGE_NCCL=1
+        libnccl*) if [ "${STAGE_NCCL:-0}" = 1 ]; then cp -L "$lib" "$dir/lib/"; fi ;;
       esac
     done
     # Test data is not staged: `run` unpacks the repository's tests/data and models/ on the GPU
     # machine (the working tree travels there anyway). Binaries and libraries travel xz-compressed.
     tar -C "$dir" -cf - "${bins[@]}" lib | xz -T0 -9 > "$dir/bundle.tar.xz"
-    rm -rf "$dir/lib" "$dir/spool" "${tests[@]/#/$dir/}"
+    rm -rf "$dir/lib" "$dir/spool" "${bins[@]/#/$dir/}"
     echo "$bdir" > "$dir/build_dir"
     cp "$0" "$dir/test-cuda.sh"
     du -sh "$dir"
@@ -167,7 +180,12 @@ PY
     demo=$bdir/models/spool-demo-moe
     cublas=$(ldconfig -p | awk '/libcublas.so.13 / {print $NF; exit}')
     [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
-    export LD_LIBRARY_PATH=$dir/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # NCCL: the system's, else PyTorch's wheel (nvidia/nccl/lib) when not staged (STAGE_NCCL=1)
+    nccl=
+    if [ ! -e "$dir/lib/libnccl.so.2" ] && ! ldconfig -p | grep -q 'libnccl.so.2 '; then
+      nccl=$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+    fi
+    export LD_LIBRARY_PATH=$dir/lib${cublas:+:$(dirname "$cublas")}${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     rc=0
     for b in "${tests[@]}" spool; do  # a library the image lacks: say which, instead of failing later
       [ -x "$dir/$b" ] || continue

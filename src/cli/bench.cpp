@@ -372,9 +372,11 @@ std::vector<int32_t> spec_prompt(const std::optional<tokenizer::Tokenizer>& tok,
 // Under mpirun (expert parallelism): what the ranks moved between them, per token row of the run,
 // the time rank 0 spent in the collectives against the run's `seconds`, and each rank's peak RSS.
 // A collective itself: every rank calls it.
-void print_comm_line(double seconds) {
+// `ex`: the MoE exchange's communicator (MPI's world, or NCCL over its ranks: --comm); the
+// figures are gathered over the world.
+void print_comm_line(const dist::Comm& ex, double seconds) {
   dist::Comm& w = dist::world();
-  const dist::CommStats st = w.stats();
+  const dist::CommStats st = ex.stats();
   const float mine[3] = {static_cast<float>(st.bytes_received), static_cast<float>(st.seconds), static_cast<float>(peak_rss_bytes())};
   std::vector<float> all;
   w.allgather_rows(mine, 1, 3, all);
@@ -386,7 +388,7 @@ void print_comm_line(double seconds) {
   }
   std::printf("expert parallelism: %d ranks (%s): %s between ranks in all, %s per token row (%lld rows); rank 0 in collectives "
               "%.2f s of %.2f s (%.1f%%), %llu calls; peak RSS per rank: %s\n",
-              w.size(), w.name(), format_bytes(static_cast<uint64_t>(bytes)).c_str(),
+              w.size(), ex.name(), format_bytes(static_cast<uint64_t>(bytes)).c_str(),
               format_bytes(static_cast<uint64_t>(bytes / std::max<double>(1.0, static_cast<double>(g_rows)))).c_str(),
               static_cast<long long>(g_rows), st.seconds, seconds, 100.0 * st.seconds / std::max(seconds, 1e-9),
               static_cast<unsigned long long>(st.calls), rss.c_str());
@@ -599,7 +601,8 @@ void run(const BenchOptions& o) {
                 format_bytes(static_cast<uint64_t>(r.bytes_per_token)).c_str(), r.experts_per_token, extra.c_str());
   }
   std::printf("\npeak RSS %s\n", format_bytes(peak_rss_bytes()).c_str());
-  if (dist::launched_by_mpi()) print_comm_line(now_seconds() - t_run);
+  if (dist::launched_by_mpi())
+    print_comm_line(l.expert_parallel.comm != nullptr ? *l.expert_parallel.comm : dist::world(), now_seconds() - t_run);
   if (!o.lora_distinct.empty())
     std::printf("loraD rows: D of the %zu --lora adapters active, sequence i of a batch running adapter i mod D at its scale "
                 "(pp: adapter 0; lora0: every adapter loaded, all off); repetitions interleaved across D\n",

@@ -71,6 +71,11 @@ void ModelOptions::add_to(CLI::App* app, bool runs_model) {
                   "Under mpirun: place each MoE layer's experts on the ranks balanced by the routing in FILE (an --expert-profile "
                   "file or a routing trace), at most ceil(E / ranks) per rank; every rank must read the same file (default: "
                   "contiguous blocks; docs/distributed.md)");
+  app->add_option("--comm", comm,
+                  "Under mpirun: the communicator of the MoE layers' exchange: 'mpi' (host memory; CPU runs), 'nccl' (GPU memory, "
+                  "one GPU per rank; --device cuda) or 'auto' (nccl with --device cuda when this build has NCCL, else mpi; default; "
+                  "docs/distributed.md)")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}));
   app->add_option("--max-active-experts", max_active_experts,
                   "Use only the K best experts per token (0 = the model's top-k). Changes the model: only 0 is exact");
   app->add_option("--host-expert-slots", host_expert_slots,
@@ -147,6 +152,7 @@ engine::LoadOptions ModelOptions::load_options() const {
   o.route_by_predictor = route_by_predictor;
   o.pin_file = pin_file;
   o.expert_owners = expert_owners;
+  o.comm = comm;
   o.max_active_experts = max_active_experts;
   o.strict_device = strict_device;
   ops::kv_type_from_bits(kv_bits);  // UsageError for other values

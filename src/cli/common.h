@@ -36,6 +36,7 @@ struct ModelOptions {
   bool route_by_predictor = false;  // --route-by-predictor
   std::string pin_file;
   std::string expert_owners;  // --expert-owners (under mpirun)
+  std::string comm = "auto";  // --comm auto|mpi|nccl (under mpirun)
   int max_active_experts = 0;
   int kv_bits = 32;
   std::string act_bits = "auto";  // --act-bits: 8, 32 or auto

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "dist/nccl_comm.h"
 
 namespace spool::dist {
 
@@ -57,6 +58,14 @@ Comm& world() {
          "(install libopenmpi-dev and rebuild: scripts/setup.sh)");
   static SelfComm self;
   return self;
+}
+#endif
+
+#ifndef SPOOL_HAVE_NCCL
+bool have_nccl() { return false; }
+
+std::unique_ptr<Comm> nccl_comm(Comm&, int, void*) {
+  fail("--comm nccl: this spool was built without NCCL (a CUDA build with NCCL's nccl.h and libnccl found: SPOOL_NCCL)");
 }
 #endif
 

@@ -1,8 +1,9 @@
 // The communicator seam of expert parallelism (docs/distributed.md): a group of `size` processes
 // (ranks) that run one model in lockstep, each holding a share of the routed experts. One small
-// interface with a single-process implementation (no library) and an MPI one (Open MPI, host
-// memory; built when the MPI development files are found: SPOOL_HAVE_MPI). No wire protocol of
-// spool's own: every byte between ranks goes through the library.
+// interface with a single-process implementation (no library), an MPI one (Open MPI, host
+// memory; built when the MPI development files are found: SPOOL_HAVE_MPI) and an NCCL one (device
+// memory: dist/nccl_comm.h, SPOOL_HAVE_NCCL). No wire protocol of spool's own: every byte between
+// ranks goes through the library.
 #pragma once
 
 #include <cstddef>
@@ -33,10 +34,14 @@ class Comm {
   virtual int rank() const = 0;
   /// Number of ranks (1: a single process).
   virtual int size() const = 0;
-  /// "self" or "mpi" (logs, doctor).
+  /// "self", "mpi" or "nccl" (logs, doctor).
   virtual const char* name() const = 0;
+  /// True when the collectives' pointers are device memory (NcclComm: rows, x, p; queued on its
+  /// stream, so on return they may still be running, except where noted), false for host memory.
+  virtual bool device_memory() const { return false; }
   /// Every rank's `n_rows` rows of `width` floats, concatenated in rank order, into `out` (resized
-  /// to the total; every rank gets the same bytes). Returns each rank's row count.
+  /// to the total; every rank gets the same bytes). Returns each rank's row count. (NcclComm:
+  /// rows on the device, `out` on the host, complete on return.)
   virtual std::vector<int64_t> allgather_rows(const float* rows, int64_t n_rows, int64_t width, std::vector<float>& out) = 0;
   /// The same in place: buf holds total_rows rows of `width` floats, this rank's n_rows of them
   /// from row `first` on; on return every rank's rows are in place (MPI_IN_PLACE: no staging copy).

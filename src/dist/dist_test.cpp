@@ -323,6 +323,55 @@ TEST_P(ExpertParallel, EqualsOneProcessBitForBit) {
   EXPECT_EQ(0, std::memcmp(streamed.data(), want.data(), streamed.size() * sizeof(float))) << "streamed experts over " << w.size() << " ranks";
 }
 
+// ExpertParallel::one_rank_exchange: one rank runs the exchange path (its experts, the gather of a
+// one-rank communicator, the combine) with the bits of the plain path (nccl_test does the same on
+// a GPU with NcclComm); a communicator whose memory is not the backend's is refused.
+TEST(ExpertParallelOneRank, ExchangePathEqualsThePlainPath) {
+  auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
+  ops::ThreadPool pool(2);
+  std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
+  std::unique_ptr<models::Model> ex = models::load_model(ckpt, &pool);
+  std::unique_ptr<Comm> self = self_comm();
+  dist::ExpertParallel ep;
+  ep.comm = self.get();
+  EXPECT_FALSE(ep.active());
+  ep.one_rank_exchange = true;
+  EXPECT_TRUE(ep.active());
+  ex->set_expert_parallel(ep);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back((i * 53 + 5) % static_cast<int>(one->spec().vocab_size));
+  const std::vector<float> want = run(*one, prompt), got = run(*ex, prompt);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+
+  // A communicator of device memory (as NcclComm) on the CPU backend.
+  struct DeviceClaim final : Comm {
+    Comm& c;
+    explicit DeviceClaim(Comm& inner) : c(inner) {}
+    int rank() const override { return c.rank(); }
+    int size() const override { return c.size(); }
+    const char* name() const override { return "nccl"; }
+    bool device_memory() const override { return true; }
+    std::vector<int64_t> allgather_rows(const float* r, int64_t n, int64_t w, std::vector<float>& out) override { return c.allgather_rows(r, n, w, out); }
+    void allgather_rows_in_place(float* b, int64_t f, int64_t n, int64_t t, int64_t w) override { c.allgather_rows_in_place(b, f, n, t, w); }
+    void alltoall_rows(const float* s, std::span<const int64_t> sc, float* r, std::span<const int64_t> rc, int64_t w) override {
+      c.alltoall_rows(s, sc, r, rc, w);
+    }
+    void allreduce_sum(float* x, int64_t n) override { c.allreduce_sum(x, n); }
+    void broadcast(void* p, size_t b, int root) override { c.broadcast(p, b, root); }
+    void barrier() override { c.barrier(); }
+    [[noreturn]] void abort(int code) override { c.abort(code); }
+  } claim(*self);
+  dist::ExpertParallel dev = ep;
+  dev.comm = &claim;
+  try {
+    ex->set_expert_parallel(dev);
+    ADD_FAILURE() << "a device-memory communicator on the CPU backend was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--comm mpi"), std::string::npos) << e.what();
+  }
+}
+
 // The owners balanced by a (synthetic, skewed) routing load: a permutation of the experts over the
 // ranks, each rank's rows put back in the one-process order after the gather. Then rank 0 leading
 // (serve over ranks): it alone runs the model and announces each MoE layer, the other ranks run

@@ -69,8 +69,11 @@ struct ExpertParallel {
   /// broadcasts an ExpertStep with the layer's input rows and routing. False: every rank runs the
   /// same forward calls itself (lockstep: generate, bench, perplexity).
   bool lead = false;
-  /// Several ranks?
-  bool active() const { return comm != nullptr && comm->size() > 1; }
+  /// Tests: run the exchange path (this rank's experts, the gather, the combine of the gathered
+  /// rows) with a one-rank communicator too, as several ranks would (e.g. NcclComm on one GPU).
+  bool one_rank_exchange = false;
+  /// Several ranks (or one_rank_exchange)?
+  bool active() const { return comm != nullptr && (comm->size() > 1 || one_rank_exchange); }
   /// Owner of expert e of `layer` among comm's ranks.
   int owner(int layer, int e, int n_experts) const {
     return owners != nullptr ? owners->owner(layer, e) : expert_owner(e, n_experts, comm->size());

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "dist/nccl_comm.h"
 #include "models/ops_used.h"
 #include "plan/gpu.h"
 #if SPOOL_HAVE_CUDA
@@ -54,8 +55,21 @@ GpuInfo gpu_info(int index) {
   return g;
 }
 
+namespace {
+// This process's rank among the launcher's ranks on this host (Open MPI, MPICH / Hydra, PMIx); 0
+// outside a launcher with several ranks.
+int local_rank() {
+  if (!dist::launched_by_mpi()) return 0;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK"})
+    if (const char* v = std::getenv(name)) return std::max(0, std::atoi(v));
+  return 0;
+}
+}  // namespace
+
 int resolve_device(const std::string& device) {
-  if (device == "auto") return cuda_devices() > 0 ? 0 : -1;  // (GGUF block weights: CPU only, decided once the checkpoint is open)
+  // (GGUF block weights: CPU only, decided once the checkpoint is open.) Under mpirun, "auto" and
+  // "cuda" give each rank of a host its own GPU: local rank mod the GPUs seen.
+  if (device == "auto") return cuda_devices() > 0 ? local_rank() % cuda_devices() : -1;
   if (device == "cpu") return -1;
   if (device != "cuda" && device.rfind("cuda:", 0) != 0)
     throw UsageError(strfmt("--device must be cpu, cuda, cuda:N or auto (got '%s')", device.c_str()));
@@ -69,6 +83,7 @@ int resolve_device(const std::string& device) {
   }
   if (!has_cuda_backend())
     throw UsageError(strfmt("--device %s: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", device.c_str()));
+  if (device == "cuda" && cuda_devices() > 0) index = local_rank() % cuda_devices();
   if (index >= cuda_devices()) fail("--device %s: no such GPU (the CUDA runtime sees %d)", device.c_str(), cuda_devices());
   return index;
 }
@@ -86,6 +101,13 @@ GpuBackend make_gpu_backend(int index, std::optional<uint64_t> vram_budget) {
   fail("cuda:%d: this build has no CUDA backend (configure with -DSPOOL_CUDA=ON)", index);
 #endif
   return g;
+}
+
+std::unique_ptr<dist::Comm> make_device_comm(ops::Backend& be, dist::Comm& host) {
+#if SPOOL_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<ops::CudaBackend*>(&be)) return dist::nccl_comm(host, cuda->device_index(), cuda->stream_handle());
+#endif
+  fail("--comm nccl: the %s backend runs on the host; the NCCL communicator moves GPU memory (--device cuda)", be.name());
 }
 
 uint64_t device_uploaded_bytes(const ops::Backend& be) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm.h"
 #include "models/spec.h"
 #include "ops/backend.h"
 
@@ -32,7 +33,9 @@ struct GpuInfo {
 };
 GpuInfo gpu_info(int index);
 /// Resolves --device (cpu | cuda | cuda:N | auto) to a GPU index, or -1 for the CPU: auto is
-/// cuda:0 when this build has CUDA and a GPU is present. Throws spool::UsageError for another
+/// cuda:0 when this build has CUDA and a GPU is present. Under an MPI launcher with several ranks
+/// (dist::launched_by_mpi), auto and cuda take GPU (local rank mod the GPUs seen) instead of 0:
+/// one GPU per rank of a host. Throws spool::UsageError for another
 /// value or for cuda[:N] in a build without CUDA, spool::Error when the GPU is not there.
 int resolve_device(const std::string& device);
 
@@ -46,6 +49,11 @@ struct GpuBackend {
 /// The backend of GPU `index` (>= 0, from resolve_device) with its VRAM budget: `vram_budget`
 /// bytes (--vram-budget-gb), or nullopt for auto. Throws spool::Error in a build without CUDA.
 GpuBackend make_gpu_backend(int index, std::optional<uint64_t> vram_budget);
+
+/// The NCCL communicator over `host`'s ranks on GPU backend `be`: its device, its compute stream
+/// (dist::nccl_comm; collectives queued in order with the backend's ops). Every rank must call
+/// it. Throws spool::Error for a host backend, or in a build without CUDA or NCCL.
+std::unique_ptr<dist::Comm> make_device_comm(ops::Backend& be, dist::Comm& host);
 
 /// Bytes a device backend has uploaded so far (dense weights and parameters at bind, experts
 /// once placed); 0 for a host backend.

@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/sysinfo.h"
 #include "dist/comm.h"
+#include "dist/nccl_comm.h"
 #include "ops/ggml_q8.h"
 #include "ops/quant_q8.h"
 #include "ops/matmul.h"
@@ -562,6 +563,16 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     dist::Comm& w = dist::world();
     dist::ExpertParallel ep;
     ep.comm = &w;
+    // The exchange's communicator (--comm): MPI's world (host memory) or NCCL over its ranks
+    // (device memory, on the backend's stream); auto: NCCL on a GPU when this build has it.
+    const std::string comm = opt.comm == "auto" ? (on_gpu && dist::have_nccl() ? "nccl" : "mpi") : opt.comm;
+    if (comm == "nccl") {
+      if (!on_gpu) throw UsageError("--comm nccl moves GPU memory: it needs --device cuda (the CPU backend takes --comm mpi)");
+      l.device_comm = make_device_comm(*backend, w);
+      ep.comm = l.device_comm.get();
+    } else if (comm != "mpi") {
+      throw UsageError(strfmt("--comm must be auto, mpi or nccl (got '%s')", opt.comm.c_str()));
+    }
     ep.lead = opt.expert_lead;
     if (!opt.expert_owners.empty())
       ep.owners = std::make_shared<const dist::ExpertOwners>(dist::ExpertOwners::balanced(
@@ -572,16 +583,18 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
       int most = 0;
       for (int layer : moe_layers_of(spec)) most = std::max(most, static_cast<int>(ep.owners->owned(layer, w.rank()).size()));
       log_info("expert parallelism: rank %d of %d (%s), experts %s (--expert-owners %s): at most %d of %d per layer here%s", w.rank(),
-               w.size(), w.name(), ep.owners->describe().c_str(), opt.expert_owners.c_str(), most, spec.moe.n_experts,
+               w.size(), ep.comm->name(), ep.owners->describe().c_str(), opt.expert_owners.c_str(), most, spec.moe.n_experts,
                ep.lead ? "; rank 0 leads" : "");
     } else {
       const auto [lo, hi] = dist::owned_experts(w.rank(), spec.moe.n_experts, w.size());
-      log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here%s", w.rank(), w.size(), w.name(), lo, hi,
+      log_info("expert parallelism: rank %d of %d (%s), experts [%d, %d) of %d here%s", w.rank(), w.size(), ep.comm->name(), lo, hi,
                spec.moe.n_experts, ep.lead ? "; rank 0 leads" : "");
     }
   } else if (!opt.expert_owners.empty()) {
     log_warn("--expert-owners places experts on the ranks of an mpirun; this is one process: it has no effect");
   }
+  if (!dist::launched_by_mpi() && opt.comm != "auto")
+    log_warn("--comm %s chooses the communicator of the ranks of an mpirun; this is one process: it has no effect", opt.comm.c_str());
   l.model->set_kv_type(ops::kv_type_from_bits(opt.kv_bits));
   // The workspace arena for the steps this run feeds: one chunk plus a decode token of each
   // other sequence (plan::base_needs counts the same).

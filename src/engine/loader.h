@@ -91,6 +91,8 @@ struct LoadOptions {
   std::string expert_owners;           // --expert-owners FILE: under mpirun, each MoE layer's experts placed on the ranks
                                        // balanced by the routing in FILE (an expert profile or a routing trace); "" =
                                        // contiguous blocks (docs/distributed.md)
+  std::string comm = "auto";           // --comm auto|mpi|nccl: under mpirun, the communicator of the MoE exchange (auto: nccl
+                                       // on a GPU when built with NCCL, else mpi; docs/distributed.md)
   bool expert_lead = false;            // under mpirun: rank 0 leads and the other ranks follow (serve over ranks:
                                        // dist::ExpertParallel::lead; they then run Model::serve_experts)
   bool warm_page_cache = false;        // --warm-page-cache: read the model files into the page cache in the background
@@ -116,6 +118,9 @@ struct LoadedModel {
   std::shared_ptr<io::Checkpoint> ckpt;
   std::unique_ptr<ops::ThreadPool> pool;
   std::unique_ptr<models::Model> model;
+  /// --comm nccl under mpirun: the NCCL communicator of the MoE exchange (expert_parallel.comm;
+  /// MPI's world still carries the host messages). Destroyed before the model and its backend.
+  std::unique_ptr<dist::Comm> device_comm;
   std::optional<tokenizer::Tokenizer> tok;       // absent without tokenizer.json
   std::shared_ptr<experts::StreamingExperts> streaming;  // null when experts are resident
   double load_s = 0;

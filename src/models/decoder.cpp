@@ -452,8 +452,16 @@ void DecoderModel::set_comm(dist::Comm* comm) {
 void DecoderModel::set_expert_parallel(const dist::ExpertParallel& ep) {
   if (ep.active()) {
     const int R = ep.comm->size();
-    if (be_->device() != ops::Device::kCpu)
-      fail("expert parallelism over %d ranks runs on the CPU backend (the MPI communicator moves host memory; --device cpu)", R);
+    const bool gpu = be_->device() != ops::Device::kCpu;
+    if (gpu && !ep.comm->device_memory())
+      fail("expert parallelism over %d ranks on %s needs the NCCL communicator (--comm nccl): the %s communicator moves host memory", R,
+           ops::device_name(be_->device()), ep.comm->name());
+    if (!gpu && ep.comm->device_memory())
+      fail("expert parallelism over %d ranks on the CPU backend needs a host-memory communicator (--comm mpi), not %s", R, ep.comm->name());
+    if (gpu && ep.lead)
+      fail("serving over %d ranks (rank 0 leading, the others following) runs on the CPU backend (--device cpu); on GPUs expert "
+           "parallelism runs generate, bench and perplexity in lockstep",
+           R);
     if (spec_.moe.n_experts < R) fail("expert parallelism: %d routed experts cannot be split over %d ranks", spec_.moe.n_experts, R);
     if (ep.owners != nullptr && (ep.owners->n_experts() != spec_.moe.n_experts || ep.owners->ranks() != R))
       fail("expert parallelism: the expert owners map %d experts over %d ranks; the model has %d experts, the communicator %d ranks",

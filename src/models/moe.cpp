@@ -189,7 +189,12 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
   const bool plain = !m_.expert_bias && !m_.per_expert_scale && act_ == ops::Activation::kSwiGLU;
   const bool forced = route_override != nullptr && *route_override;
   const bool ep = epp != nullptr && epp->active();  // expert parallelism: this rank's experts only
-  if (ep && be.device() != ops::Device::kCpu) fail("MoeBlock: expert parallelism runs on CPU backends");
+  // (A GPU backend's rows are device memory: its communicator must move device memory, NcclComm.)
+  const bool ep_device = ep && be.device() != ops::Device::kCpu;
+  if (ep && ep_device != epp->comm->device_memory())
+    fail("MoeBlock: expert parallelism on the %s backend with the %s communicator (%s memory): use --comm %s", ops::device_name(be.device()),
+         epp->comm->name(), epp->comm->device_memory() ? "device" : "host", ep_device ? "nccl" : "mpi");
+  if (ep_device && epp->lead) fail("MoeBlock: a leading rank 0 (serve over ranks) runs on CPU backends");
   const void* table = ep || margins || observer || forced || restricted || !plain || expert_lora_ != nullptr ? nullptr : provider.device_table(layer);
   if (table != nullptr && T * K <= be.max_routed_pairs()) {
     if (m_.general_router()) {
@@ -259,8 +264,9 @@ void MoeBlock::forward(const float* x, int64_t T, int layer, int top_k, experts:
       if (shared_.bound()) shared_.forward(x, T, s.shared, be, s.shared_mlp);
       if (between) between();
     };
-    run_owned(groups, x, layer, provider, be, s.y, *epp, while_reading, nullptr);
-    be.moe_combine(s.y, groups, s.weights, H, out);
+    ops::ExpertGroups rank_order;  // (device: the rows as gathered, rank by rank)
+    run_owned(groups, x, layer, provider, be, s.y, *epp, while_reading, nullptr, ep_device ? &rank_order : nullptr);
+    be.moe_combine(s.y, ep_device ? rank_order : groups, s.weights, H, out);
     if (shared_.bound()) be.add_gated_rows(out, s.shared, x, shared_gate_p_, T, H);
     return;
   }
@@ -448,7 +454,8 @@ void announce(const dist::ExpertParallel& ep, int layer, const float* x, int64_t
 }  // namespace
 
 void MoeBlock::run_owned(const ops::ExpertGroups& groups, const float* x, int layer, experts::ExpertProvider& provider, ops::Backend& be,
-                         float* y, const dist::ExpertParallel& ep, const std::function<void()>& while_reading, std::exception_ptr failed) const {
+                         float* y, const dist::ExpertParallel& ep, const std::function<void()>& while_reading, std::exception_ptr failed,
+                         ops::ExpertGroups* rank_order) const {
   dist::Comm& comm = *ep.comm;
   const int me = comm.rank(), R = comm.size(), E = m_.n_experts;
   const int64_t H = hidden_, total = groups.T * groups.K;
@@ -475,8 +482,9 @@ void MoeBlock::run_owned(const ops::ExpertGroups& groups, const float* x, int la
   // Contiguous owners: each rank's rows are one range of y in rank order, gathered in place.
   // A map: this rank's rows go to a buffer of their own, and the gathered rows are put back
   // where one process has them.
-  const bool in_place = ep.owners == nullptr || ep.owners->contiguous();
-  if (r0 < 0) {
+  // (rank_order: always in place, in rank order; the combine follows that order.)
+  const bool in_place = ep.owners == nullptr || ep.owners->contiguous() || rank_order != nullptr;
+  if (r0 < 0 || rank_order != nullptr) {
     r0 = 0;
     for (int r = 0; r < me; ++r) r0 += want[static_cast<size_t>(r)];
   }
@@ -535,6 +543,23 @@ void MoeBlock::run_owned(const ops::ExpertGroups& groups, const float* x, int la
       comm.allgather_rows_in_place(y, r0, failed ? 0 : n_mine, total, H);
     } catch (const Error& e) {
       mismatch(e.what());
+    }
+    if (rank_order != nullptr && !failed) {  // groups in the gathered order: rank by rank, each rank's experts ascending
+      ops::ExpertGroups& g = *rank_order;
+      g.T = groups.T;
+      g.K = groups.K;
+      g.active.clear();
+      g.rows.clear();
+      g.first.assign(1, 0);
+      for (int r = 0; r < R; ++r)
+        for (size_t a = 0; a < groups.active.size(); ++a) {
+          if (ep.owner(layer, groups.active[a], E) != r) continue;
+          g.active.push_back(groups.active[a]);
+          g.rows.insert(g.rows.end(), groups.rows.begin() + groups.first[a], groups.rows.begin() + groups.first[a + 1]);
+          g.first.push_back(static_cast<int64_t>(g.rows.size()));
+        }
+      g.row_of.assign(g.rows.size(), 0);
+      for (size_t i = 0; i < g.rows.size(); ++i) g.row_of[static_cast<size_t>(g.rows[i])] = static_cast<int64_t>(i);
     }
   } else {
     const std::vector<int64_t> got = comm.allgather_rows(own_rows.data(), failed ? 0 : n_mine, H, gathered);

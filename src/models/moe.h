@@ -97,7 +97,8 @@ class MoeBlock {
   /// observers see the replaced choice. Throws spool::Error for an overridden id outside
   /// [0, n_experts) or listed twice in a row. `ep` (may be null): expert parallelism
   /// (Model::set_expert_parallel): this rank runs its own experts' rows and gathers the others'
-  /// before the combine (the same bits as one process); with ep->lead it first announces the
+  /// before the combine (the same bits as one process; on a GPU backend with a device-memory
+  /// communicator, NcclComm, the rows stay on the device); with ep->lead (CPU only) it first announces the
   /// layer's rows and routing to the following ranks (serve_step). A rank that fails computing
   /// its experts still takes part in the gather (with no rows), so every rank throws spool::Error
   /// for that layer and none is left waiting.
@@ -144,9 +145,14 @@ class MoeBlock {
   // Expert parallelism: runs the pairs of `groups` (all of the layer's) whose experts ep gives
   // this rank, then gathers every rank's rows into y [T*K, H] in groups' order. `while_reading`
   // runs once the first batch's reads are started. `failed`: this rank already failed (it sends
-  // no rows). Throws after the gather when any rank failed.
+  // no rows). Throws after the gather when any rank failed. With `rank_order` (a communicator on
+  // device memory, dist::Comm::device_memory): y is gathered in place in rank order (each rank's
+  // experts ascending) whatever the owners, and *rank_order gets groups rearranged to that order
+  // (rows, first, row_of; active in that order) for the combine, which then reads each pair's row
+  // where the gather left it: no reorder copy, the same sums.
   void run_owned(const ops::ExpertGroups& groups, const float* x, int layer, experts::ExpertProvider& provider, ops::Backend& be,
-                 float* y, const dist::ExpertParallel& ep, const std::function<void()>& while_reading, std::exception_ptr failed) const;
+                 float* y, const dist::ExpertParallel& ep, const std::function<void()>& while_reading, std::exception_ptr failed,
+                 ops::ExpertGroups* rank_order = nullptr) const;
 
   MoeSpec m_;
   int hidden_ = 0;

@@ -167,6 +167,11 @@ class CudaBackend final : public Backend {
 
   /// Waits for all work queued so far; throws spool::Error naming a failed kernel's error.
   void synchronize();
+  /// The compute stream every op of this backend runs on (a cudaStream_t): for a communicator
+  /// that queues its collectives in order with the ops (dist::NcclComm), so no extra sync.
+  void* stream_handle() const;
+  /// The CUDA device this backend uses (the constructor's device_index).
+  int device_index() const;
   /// Bytes copied between host and device for host-resident activations, states and weights
   /// (the slow paths above; 0 when everything lives on the device).
   uint64_t staged_bytes() const;

@@ -243,6 +243,10 @@ void CudaBackend::synchronize() {
   CU(cudaStreamSynchronize(impl_->copy_stream));
   CU(cudaStreamSynchronize(impl_->stream));
 }
+
+void* CudaBackend::stream_handle() const { return impl_->stream; }
+
+int CudaBackend::device_index() const { return impl_->device; }
 uint64_t CudaBackend::staged_bytes() const { return impl_->staged; }
 uint64_t CudaBackend::uploaded_bytes() const { return impl_->uploaded; }
 
