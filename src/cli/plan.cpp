@@ -393,12 +393,15 @@ void run(const PlanOptions& o) {
   if ((o.link_latency_us || o.link_gbps) && o.ranks < 2) throw UsageError("--link-latency-us and --link-gbps need --ranks 2 or more");
   if (!o.expert_owners.empty() && o.ranks < 2) throw UsageError("--expert-owners needs --ranks 2 or more");
   if (o.ranks > 1 && (o.vram_gb != -1 || (o.device != "auto" && o.device != "cpu")))
-    throw UsageError("--ranks plans CPU runs: GPU runs over several ranks are not supported yet (--device cpu)");
+    throw UsageError("--ranks plans CPU runs (--device cpu): GPU runs over several ranks (NCCL) load, but cannot be planned yet");
   experts::parse_cache_policy(o.cache_policy);  // UsageError for another name
   if (!(o.cache_half_life > 0) || !std::isfinite(o.cache_half_life))
     throw UsageError(strfmt("--cache-half-life must be a positive number of tokens (got %g)", o.cache_half_life));
   if ((o.cache_policy != "lru" || !o.expert_profile.empty()) && o.trace.empty())
     throw UsageError("--cache-policy and --expert-profile are simulated with --trace only");
+  if (o.compute_gbps < 0) throw UsageError(strfmt("--compute-gbps must be positive, or 0 to measure (got %g)", o.compute_gbps));
+  if (o.trace.empty() && (o.compute_gbps > 0 || o.no_hits_first))
+    throw UsageError("--compute-gbps and --no-hits-first go into the decode-time model of --trace: give --trace FILE");
   if (o.ranks > 1 && !o.trace.empty()) throw UsageError("--trace simulates one process's cache: it cannot be combined with --ranks yet");
   if (o.vram_gb != -1 && !(o.vram_gb > 0 && o.vram_gb <= 1e6)) throw UsageError("--vram-gb must be in (0, 1e6]");
   if (o.h2d_gbps < 0) throw UsageError("--h2d-gbps must be positive");

@@ -449,7 +449,8 @@ namespace {
 // The cache policy flags: plan refuses them without --trace and a policy it does not know (usage
 // errors, exit 2); with a trace, lfu is simulated and named in the JSON with the modelled stall.
 TEST(PlanCli, CachePolicyNeedsATraceAndAKnownName) {
-  for (const char* bad : {"--cache-policy lfu", "--cache-policy arc --trace x.jsonl", "--cache-half-life 0 --trace x.jsonl", "--expert-profile p.json"})
+  for (const char* bad : {"--cache-policy lfu", "--cache-policy arc --trace x.jsonl", "--cache-half-life 0 --trace x.jsonl", "--expert-profile p.json",
+                          "--no-hits-first", "--compute-gbps 5", "--compute-gbps -1 --trace x.jsonl"})
     EXPECT_EQ(spool("plan -m " + kDemo + " " + bad).code, 2) << bad;
   // A trace of the demo's shape (8 MoE layers, 64 experts, top-8) written here: 24 tokens.
   const std::string trace = "/tmp/spool_plan_policy_" + std::to_string(getpid()) + ".jsonl";

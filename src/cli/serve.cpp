@@ -158,6 +158,9 @@ void run(const ServeOptions& o) {
       lo.ctx_size = text["max_position_embeddings"].get<int64_t>();
   }
 
+  if (ranks && !dist::world().serialized())
+    fail("serve over MPI ranks needs an MPI library with MPI_THREAD_SERIALIZED (this one gives less); generate, bench and "
+         "perplexity run over ranks with it");
   lo.expert_lead = ranks;
   if (ranks && dist::world().rank() > 0) {
     follow(lo);

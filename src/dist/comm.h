@@ -39,6 +39,9 @@ class Comm {
   /// True when the collectives' pointers are device memory (NcclComm: rows, x, p; queued on its
   /// stream, so on return they may still be running, except where noted), false for host memory.
   virtual bool device_memory() const { return false; }
+  /// Whether collectives may come from different threads, one at a time (MPI_THREAD_SERIALIZED;
+  /// serve over ranks needs it: its engine thread runs the model, its main thread stops the ranks).
+  virtual bool serialized() const { return true; }
   /// Every rank's `n_rows` rows of `width` floats, concatenated in rank order, into `out` (resized
   /// to the total; every rank gets the same bytes). Returns each rank's row count. (NcclComm:
   /// rows on the device, `out` on the host, complete on return.)

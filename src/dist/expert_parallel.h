@@ -45,7 +45,9 @@ class ExpertOwners {
   bool contiguous() const { return by_layer_.empty(); }
   /// Whether `rank` holds expert e of layer `layer`.
   bool owns(int layer, int e, int rank) const { return owner(layer, e) == rank; }
+  /// The number of ranks the map spreads the experts over.
   int ranks() const { return ranks_; }
+  /// Routed experts per MoE layer.
   int n_experts() const { return n_experts_; }
   /// The experts `rank` holds in layer `layer`, ascending.
   std::vector<int> owned(int layer, int rank) const;

@@ -255,8 +255,10 @@ class NcclComm final : public Comm {
     return scratch_;
   }
 
-  // (The stream belongs to the caller and may be gone: a device-wide wait, errors ignored.)
+  // (The stream belongs to the caller and may be gone: a wait for this communicator's whole
+  // device — made current first, as the thread may be on another — errors ignored.)
   void release() {
+    cudaSetDevice(device_);
     cudaDeviceSynchronize();
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (counts_dev_ != nullptr) cudaFree(counts_dev_);

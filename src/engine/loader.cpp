@@ -566,12 +566,11 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
     // The exchange's communicator (--comm): MPI's world (host memory) or NCCL over its ranks
     // (device memory, on the backend's stream); auto: NCCL on a GPU when this build has it.
     const std::string comm = opt.comm == "auto" ? (on_gpu && dist::have_nccl() ? "nccl" : "mpi") : opt.comm;
+    if (comm != "mpi" && comm != "nccl") throw UsageError(strfmt("--comm must be auto, mpi or nccl (got '%s')", opt.comm.c_str()));
     if (comm == "nccl") {
       if (!on_gpu) throw UsageError("--comm nccl moves GPU memory: it needs --device cuda (the CPU backend takes --comm mpi)");
       l.device_comm = make_device_comm(*backend, w);
       ep.comm = l.device_comm.get();
-    } else if (comm != "mpi") {
-      throw UsageError(strfmt("--comm must be auto, mpi or nccl (got '%s')", opt.comm.c_str()));
     }
     ep.lead = opt.expert_lead;
     if (!opt.expert_owners.empty())
@@ -655,7 +654,9 @@ LoadedModel load(const LoadOptions& opt, std::optional<tokenizer::Tokenizer> tok
   l.memory.parallel = opt.parallel;
 
   // Under expert parallelism a rank reads, caches and keeps resident only its own experts.
-  if (dist::launched_by_mpi()) facts = plan::rank_facts(facts, spec.moe.n_experts, dist::world().size());
+  // (A GPU rank still uploads every expert to its VRAM tier — DeviceExperts has no owner filter
+  // yet — so its plan counts them all.)
+  if (dist::launched_by_mpi() && !on_gpu) facts = plan::rank_facts(facts, spec.moe.n_experts, dist::world().size());
   const plan::Placement placement = plan::decide_placement(facts, popt);
   log_placement(placement, facts, l, opt);
 

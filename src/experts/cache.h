@@ -116,6 +116,7 @@ class ExpertCache {
   /// Adds `count` requests' worth to (layer, expert)'s kLfu score before the first request (a
   /// routing profile's decayed counts: --expert-profile).
   void seed(int layer, int expert, double count) { freq_.seed(key(layer, expert), count); }
+  /// The replacement policy (--cache-policy: kLru or kLfu).
   CachePolicy policy() const { return policy_.policy; }
   /// Removes `e` (e.g. after a failed read); its buffer is kept for reuse.
   void erase(Entry* e);

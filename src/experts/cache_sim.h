@@ -116,6 +116,11 @@ struct DecodeTimeInputs {
   bool hits_first = true;      // the cached experts compute while the misses load (StreamingOptions::hits_first)
 };
 
+/// model_decode_time's answer.
+struct DecodeTime {
+  double stall_s_per_token = 0;  // modelled wait for reads, per token (all sequences' tokens)
+  double tok_s = 0;              // tokens per second over all sequences
+};
 /// The modelled decode time of `sim` (its acquires, from simulate_tg): a step computes for
 /// compute_s plus its acquired experts (hits + misses, each expert_bytes at mem_gbps: several
 /// sequences compute every distinct expert they route to) and, at each acquire, waits for what its misses' reads take beyond the work that
@@ -123,10 +128,6 @@ struct DecodeTimeInputs {
 /// shared expert (+ the acquire's hits with hits_first) at memory bandwidth (+, pipelined
 /// sequences, the other group's share of the step's compute: step compute / (2 x n_moe_layers)).
 /// A step is never shorter than its bytes read over the disk bandwidth.
-struct DecodeTime {
-  double stall_s_per_token = 0;  // modelled wait for reads, per token (all sequences' tokens)
-  double tok_s = 0;              // tokens per second over all sequences
-};
 DecodeTime model_decode_time(const TraceSimResult& sim, const DecodeTimeInputs& in);
 
 /// The trace token that sequence `q` of `n_seqs` routes as at step `i` of repetition `rep`

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "dist/comm.h"
+#include "dist/nccl_comm.h"
 #include "experts/predictor.h"
 #include "experts/resident.h"
 #include "experts/weight_views.h"
@@ -454,8 +455,9 @@ void DecoderModel::set_expert_parallel(const dist::ExpertParallel& ep) {
     const int R = ep.comm->size();
     const bool gpu = be_->device() != ops::Device::kCpu;
     if (gpu && !ep.comm->device_memory())
-      fail("expert parallelism over %d ranks on %s needs the NCCL communicator (--comm nccl): the %s communicator moves host memory", R,
-           ops::device_name(be_->device()), ep.comm->name());
+      fail("expert parallelism over %d ranks on %s needs the NCCL communicator (%s): the %s communicator moves host memory", R,
+           ops::device_name(be_->device()), dist::have_nccl() ? "--comm nccl" : "this build has none: build with CUDA and NCCL found",
+           ep.comm->name());
     if (!gpu && ep.comm->device_memory())
       fail("expert parallelism over %d ranks on the CPU backend needs a host-memory communicator (--comm mpi), not %s", R, ep.comm->name());
     if (gpu && ep.lead)
