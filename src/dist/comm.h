@@ -6,6 +6,7 @@
 // ranks goes through the library.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -75,6 +76,23 @@ class Comm {
 
  protected:
   CommStats stats_;
+};
+
+/// Counts one collective into a CommStats (the implementations' helper): one call, its wall time
+/// at scope exit (host time: for a device communicator, queueing plus any wait), and the payload
+/// bytes given to received().
+class CommTimer {
+ public:
+  explicit CommTimer(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
+  ~CommTimer() { s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  CommTimer(const CommTimer&) = delete;
+  CommTimer& operator=(const CommTimer&) = delete;
+  /// Adds `bytes` that came from other ranks.
+  void received(uint64_t bytes) { s_.bytes_received += bytes; }
+
+ private:
+  CommStats& s_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 /// A communicator of one rank (every collective is a copy or nothing).

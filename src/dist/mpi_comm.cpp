@@ -43,17 +43,7 @@ std::vector<int> displs(const std::vector<int>& counts, const char* call) {
   return d;
 }
 
-// Counts one collective into a CommStats: its wall time (at scope exit) and the bytes given.
-class Timed {
- public:
-  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
-  ~Timed() { s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
-  void received(uint64_t bytes) { s_.bytes_received += bytes; }
-
- private:
-  CommStats& s_;
-  std::chrono::steady_clock::time_point t0_;
-};
+using Timed = CommTimer;
 
 class MpiComm final : public Comm {
  public:

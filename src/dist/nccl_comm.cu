@@ -39,17 +39,7 @@ __global__ void k_sum_ranks(const float* all, int R, int64_t n, float* x) {
   }
 }
 
-// Counts one collective into a CommStats: its host wall time (at scope exit) and the bytes given.
-class Timed {
- public:
-  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
-  ~Timed() { s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
-  void received(uint64_t bytes) { s_.bytes_received += bytes; }
-
- private:
-  CommStats& s_;
-  std::chrono::steady_clock::time_point t0_;
-};
+using Timed = CommTimer;
 
 // ncclGroupStart .. ncclGroupEnd around f(); the group is closed even when f throws.
 template <class F>

@@ -22,12 +22,15 @@
 #include "experts/device_experts.h"
 #include "io/checkpoint.h"
 #include "models/family.h"
+#include "models/greedy_logits.h"
 #include "models/model.h"
 #include "ops/cuda/cuda_backend.h"
 #include "support/golden.h"
 
 namespace spool::dist {
 namespace {
+
+using models::greedy_logits;
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
@@ -237,20 +240,6 @@ TEST(NcclComm, AllreduceBroadcastBarrier) {
 // Fixture models on CudaBackend, experts in VRAM: run expert parallel over the NCCL communicator
 // (one rank: forced through the exchange path; several: each rank its share, owners balanced by
 // a made-up load so that they are not contiguous) against the plain CUDA run, bit for bit.
-std::vector<float> greedy_logits(models::Model& m, const std::vector<int32_t>& ids, int n) {
-  models::State st = m.new_state();
-  const int64_t V = m.spec().vocab_size;
-  std::vector<float> logits(static_cast<size_t>(V)), all;
-  m.forward(ids, st, models::LogitsMode::kLast, logits.data());
-  for (int i = 0; i < n; ++i) {
-    all.insert(all.end(), logits.begin(), logits.end());
-    const int32_t t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    m.forward(std::span<const int32_t>(&t, 1), st, models::LogitsMode::kLast, logits.data());
-  }
-  all.insert(all.end(), logits.begin(), logits.end());
-  return all;
-}
-
 std::vector<float> prompt_logits(models::Model& m, const std::vector<int32_t>& ids) {
   std::vector<float> out(ids.size() * static_cast<size_t>(m.spec().vocab_size));
   models::State st = m.new_state();

@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "experts/streaming.h"
+#include "models/greedy_logits.h"
 #include "models/model.h"
 #include "ops/cpu_backend.h"
 #include "models/family.h"
@@ -25,20 +26,7 @@ namespace {
 
 using namespace models;  // the test runs whole models over the tiers
 
-// Logits of a prompt and of `n` greedy steps after it, concatenated.
-std::vector<float> greedy_logits(Model& m, const std::vector<int32_t>& ids, int n) {
-  State st = m.new_state();
-  const int64_t V = m.spec().vocab_size;
-  std::vector<float> logits(V), all;
-  m.forward(ids, st, LogitsMode::kLast, logits.data());
-  for (int i = 0; i < n; ++i) {
-    all.insert(all.end(), logits.begin(), logits.end());
-    const int32_t t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    m.forward(std::span<const int32_t>(&t, 1), st, LogitsMode::kLast, logits.data());
-  }
-  all.insert(all.end(), logits.begin(), logits.end());
-  return all;
-}
+using models::greedy_logits;
 
 std::vector<bool> moe_layers(const ModelSpec& s) {
   std::vector<bool> moe(s.n_layers);

@@ -25,6 +25,7 @@
 #include "io/checkpoint.h"
 #include "models/family.h"
 #include "experts/device_experts.h"
+#include "models/greedy_logits.h"
 #include "models/model.h"
 #include "models/ops_used.h"
 #include "ops/cpu_backend.h"
@@ -184,20 +185,7 @@ TEST(CudaModel, FixturesMatchGoldensAndCpu) {
   }
 }
 
-// Logits of a prompt (kLast) and then `n` greedy steps, all concatenated (each step's logits).
-std::vector<float> greedy_logits(models::Model& m, const std::vector<int32_t>& ids, int n) {
-  models::State st = m.new_state();
-  const int64_t V = m.spec().vocab_size;
-  std::vector<float> logits(V), all;
-  m.forward(ids, st, models::LogitsMode::kLast, logits.data());
-  for (int i = 0; i < n; ++i) {
-    all.insert(all.end(), logits.begin(), logits.end());
-    const int32_t t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    m.forward(std::span<const int32_t>(&t, 1), st, models::LogitsMode::kLast, logits.data());
-  }
-  all.insert(all.end(), logits.begin(), logits.end());
-  return all;
-}
+using models::greedy_logits;
 
 // Routed experts resident in VRAM (DeviceExperts), served from the host mapping (copied to the
 // GPU per use) and streamed through a cache far smaller than the experts (the small-VRAM-budget
