@@ -452,9 +452,10 @@ class FailingProvider final : public experts::ExpertProvider {
 // An expert that cannot be read on the last rank, once: in lockstep every rank's forward throws
 // at that MoE layer (the gather's counts show it), led by rank 0 its forward throws and the
 // followers log it and go on; no rank is left waiting, and the next run equals one process again.
+// (One rank, the plain ctest run: the lockstep half — the read error reaches the caller and the
+// model is whole for the next run; leading needs followers.)
 TEST(ExpertParallelErrors, OneRankFailingDoesNotDeadlock) {
   Comm& w = world();
-  if (w.size() < 2) GTEST_SKIP() << "one rank";
   auto ckpt = std::make_shared<io::Checkpoint>(models::open_checkpoint(SPOOL_DEFAULT_MODEL_DIR));
   ops::ThreadPool pool(2);
   std::unique_ptr<models::Model> one = models::load_model(ckpt, &pool);
@@ -466,6 +467,7 @@ TEST(ExpertParallelErrors, OneRankFailingDoesNotDeadlock) {
   const std::vector<float> want = run(*one, prompt);
   const bool last = w.rank() == w.size() - 1;
   for (bool lead : {false, true}) {
+    if (lead && w.size() < 2) continue;
     dist::ExpertParallel cfg;
     cfg.comm = &w;
     cfg.lead = lead;
